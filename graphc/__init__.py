@@ -1,0 +1,44 @@
+"""graphc: a deep-learning graph compiler with a static execution engine.
+
+Write models as in PyTorch (`graphc.Tensor`, `graphc.autograd.Function`, `graphc.nn.Module`,
+`graphc.optim`); eager mode runs numpy kernels with autograd. Importing graphc never loads
+llvmlite or CUDA.
+
+>>> import graphc
+>>> x = graphc.tensor([1.0, 2.0], requires_grad=True)
+>>> y = (x * 3).sum()
+>>> y.backward()
+>>> x.grad
+tensor([3., 3.])
+"""
+
+from graphc import dispatch as _dispatch  # noqa: F401  (installs the dispatch point)
+from graphc import ops as _ops
+from graphc import tensor_methods as _tensor_methods
+from graphc.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from graphc.creation import as_tensor, from_numpy, tensor
+from graphc.errors import (
+    ArgumentError,
+    AutogradError,
+    DTypeError,
+    GraphcError,
+    ShapeError,
+    TraceError,
+)
+from graphc.tensor import Size, Tensor
+from graphc.types import DType, TensorType, bool_, float32, float64, int64
+
+__version__ = "0.1.0"
+
+bool = bool_  # noqa: A001  (graphc.bool as torch.bool)
+float = float32  # noqa: A001
+double = float64
+long = int64
+
+_tensor_methods.attach()
+for _module in _ops.OP_MODULES:
+    for _name in _module.PUBLIC:
+        globals()[_name] = getattr(_module, _name)
+del _module, _name
+
+from graphc import autograd  # noqa: E402

@@ -1,0 +1,193 @@
+"""User-defined differentiable functions: `graphc.autograd.Function`.
+
+As in PyTorch: subclass `Function`, write static `forward(ctx, *args)` and
+`backward(ctx, *grad_outputs)`, call `MyFn.apply(*args)`. `forward` runs with grad mode off;
+its tensor outputs get a `MyFnBackward` node whose `backward` returns one gradient per forward
+argument (`None` for non-tensor arguments and for inputs that need none). Saved tensors are
+version-checked when the backward reads them.
+
+>>> import graphc
+>>> class MulConstant(graphc.autograd.Function):
+...     @staticmethod
+...     def forward(ctx, x, c):
+...         ctx.c = c
+...         return x * c
+...     @staticmethod
+...     def backward(ctx, g):
+...         return g * ctx.c, None
+>>> x = graphc.ones(3, requires_grad=True)
+>>> MulConstant.apply(x, 2.0).sum().backward()
+>>> x.grad
+tensor([2., 2., 2.])
+"""
+
+from __future__ import annotations
+
+from graphc.autograd.grad_mode import is_grad_enabled, no_grad
+from graphc.autograd.graph import Node, SavedTensor
+from graphc.errors import AutogradError
+
+
+class FunctionCtx:
+    """The `ctx` of a Function: what forward leaves for backward."""
+
+    def __init__(self) -> None:
+        self._saved: tuple = ()
+        self._dirty: set[int] = set()
+        self._non_differentiable: set[int] = set()
+        self.needs_input_grad: tuple[bool, ...] = ()
+        self.materialize_grads = True
+        self._node_name = "Function"
+
+    def save_for_backward(self, *tensors) -> None:
+        self._saved = tensors
+
+    @property
+    def saved_tensors(self) -> tuple:
+        return tuple(
+            s.unpack(self._node_name) if isinstance(s, SavedTensor) else s for s in self._saved
+        )
+
+    def mark_dirty(self, *tensors) -> None:
+        """Declare inputs that forward changed in place (they are returned as outputs)."""
+        self._dirty = {id(t) for t in tensors}
+
+    def mark_non_differentiable(self, *tensors) -> None:
+        self._non_differentiable = {id(t) for t in tensors}
+
+    def set_materialize_grads(self, value: bool) -> None:
+        """With True (the default), None output gradients reach backward as zeros."""
+        self.materialize_grads = value
+
+
+class FunctionBackward(Node):
+    """The node a Function call leaves in the graph; it calls the Function's backward."""
+
+    def __init__(self, fn_cls, ctx: FunctionCtx, next_functions, input_meta) -> None:
+        super().__init__(next_functions, input_meta)
+        self.fn_cls = fn_cls
+        self.ctx = ctx
+        self.output_types: tuple = ()
+
+    def name(self) -> str:
+        return f"{self.fn_cls.__name__}Backward"
+
+    def backward(self, grads: tuple) -> tuple:
+        from graphc.ops.grad_utils import full_like
+
+        if self.ctx.materialize_grads:
+            grads = tuple(
+                full_like(_Like(ty), 0.0) if g is None else g
+                for g, ty in zip(grads, self.output_types)
+            )
+        result = self.fn_cls.backward(self.ctx, *grads)
+        if not isinstance(result, tuple):
+            result = (result,)
+        n = len(self.next_functions)
+        if len(result) > n and all(r is None for r in result[n:]):
+            result = result[:n]
+        if len(result) != n:
+            raise AutogradError(
+                f"function {self.name()} returned an incorrect number of gradients "
+                f"(expected {n}, got {len(result)})"
+            )
+        return result
+
+    def release(self) -> None:
+        for saved in self.ctx._saved:
+            if isinstance(saved, SavedTensor):
+                saved.free()
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.output_types)
+
+
+class _Like:
+    """A stand-in with `.shape`/`.dtype` so full_like can build zeros of an output's type."""
+
+    def __init__(self, ty) -> None:
+        self.shape, self.dtype = ty.shape, ty.dtype
+
+
+class Function:
+    """Base class of user-defined differentiable functions (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError("a Function subclass must define forward(ctx, ...)")
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        raise NotImplementedError("a Function subclass must define backward(ctx, ...)")
+
+    def __init__(self, *args, **kwargs) -> None:
+        raise RuntimeError(
+            f"{type(self).__name__}: call the Function with {type(self).__name__}.apply(...), "
+            "not by constructing it (forward and backward are static methods)"
+        )
+
+    @classmethod
+    def apply(cls, *args):
+        from graphc.dispatch import current_tracer
+        from graphc.tensor import Tensor
+
+        tracer = current_tracer()
+        if tracer is not None:
+            return tracer.record_function(cls, args)
+        ctx = FunctionCtx()
+        ctx._node_name = f"{cls.__name__}Backward"
+        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        record = is_grad_enabled() and any(ctx.needs_input_grad)
+        with no_grad():
+            outputs = cls.forward(ctx, *args)
+        single = not isinstance(outputs, tuple)
+        outs = (outputs,) if single else outputs
+        if not record:
+            return outputs
+        edges, meta = [], []
+        for a in args:
+            if isinstance(a, Tensor):
+                edges.append(_edge(a))
+                meta.append((a.shape, a.dtype))
+            else:
+                edges.append((None, 0))
+                meta.append(None)
+        node = FunctionBackward(cls, ctx, tuple(edges), tuple(meta))
+        wrapped = tuple(_wrap_output(ctx, node, nr, o, args) for nr, o in enumerate(outs))
+        node.output_types = tuple(o.type if isinstance(o, Tensor) else None for o in wrapped)
+        ctx._saved = tuple(SavedTensor(t) if isinstance(t, Tensor) else t for t in ctx._saved)
+        return wrapped[0] if single else wrapped
+
+
+def _edge(t):
+    if t.grad_fn is not None:
+        return (t.grad_fn, t._output_nr)
+    if t.requires_grad:
+        return (t._grad_accumulator(), 0)
+    return (None, 0)
+
+
+def _wrap_output(ctx: FunctionCtx, node: FunctionBackward, nr: int, out, args):
+    from graphc.tensor import Tensor
+
+    if not isinstance(out, Tensor):
+        return out
+    if id(out) in ctx._non_differentiable or not out.dtype.is_floating:
+        return out
+    if id(out) in ctx._dirty:
+        if out.is_leaf and out.requires_grad:
+            raise AutogradError(
+                f"{node.name()}: a leaf Variable that requires grad has been used in an "
+                "in-place operation (mark_dirty)."
+            )
+        out._set_history(node, nr)
+        return out
+    if any(out is a for a in args):  # an input returned unchanged: a new alias of it
+        alias = out.detach()
+        alias._set_history(node, nr)
+        return alias
+    if out.grad_fn is not None or out.requires_grad:
+        out = out.detach()
+    out._set_history(node, nr)
+    return out

@@ -1,0 +1,225 @@
+"""The autograd graph: nodes (`grad_fn`), edges, saved tensors and hooks.
+
+A `Node` turns the gradients of its outputs into gradients of its inputs. Its
+`next_functions` are the edges to the nodes that produced those inputs: `(node, output_nr)`
+pairs, with an `AccumulateGrad` node for a leaf that requires grad and `None` for an input
+that does not. `OpBackward` runs a registry op's VJP; `graphc.autograd.function` adds the
+node of a user Function. Saved tensors remember the version counter of the tensor they saved,
+so a later in-place change is caught when the backward unpacks them (PyTorch's check).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable
+
+from graphc.errors import AutogradError, ShapeError
+
+if TYPE_CHECKING:
+    from graphc.tensor import Tensor
+
+_FREED = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed). Saved intermediate values of the graph are freed "
+    "when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to "
+    "backward through the graph a second time or if you need to access saved tensors after "
+    "calling backward."
+)
+
+
+class RemovableHandle:
+    """Returned by every register_*hook; `remove()` takes the hook out again."""
+
+    _next_id = 0
+
+    def __init__(self, hooks: dict) -> None:
+        self._hooks = hooks
+        self.id = RemovableHandle._next_id
+        RemovableHandle._next_id += 1
+
+    def remove(self) -> None:
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def add_hook(hooks: OrderedDict, fn: Callable) -> RemovableHandle:
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = fn
+    return handle
+
+
+class SavedTensor:
+    """A tensor saved for backward plus the version it had when saved."""
+
+    __slots__ = ("tensor", "version", "node_name", "output_nr", "freed")
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.tensor = tensor
+        self.version = tensor._version_counter.value
+        self.freed = False
+
+    def unpack(self, needed_by: str) -> Tensor:
+        if self.freed:
+            raise AutogradError(_FREED)
+        t = self.tensor
+        now = t._version_counter.value
+        if now != self.version:
+            owner = ""
+            if t.grad_fn is not None:
+                owner = f", which is output {t._output_nr} of {t.grad_fn.name()},"
+            raise AutogradError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{t.type_name()} {list(t.shape)}]{owner} is at version "
+                f"{now}; expected version {self.version} instead. Hint: {needed_by} saved this "
+                "tensor for its backward; clone() it before changing it in place, or use the "
+                "out-of-place op."
+            )
+        return t
+
+    def free(self) -> None:
+        self.tensor = None
+        self.freed = True
+
+
+class Node:
+    """A backward function. Subclasses implement `backward(grads) -> grads per input`."""
+
+    def __init__(self, next_functions: tuple, input_meta: tuple) -> None:
+        # input_meta: (shape, dtype) per input, or None for non-tensor inputs.
+        self.next_functions = next_functions
+        self.input_meta = input_meta
+        self.tensor_pre_hooks: dict[int, OrderedDict] = {}
+        self.retains_grad: dict[int, Callable] = {}
+        self.pre_hooks: OrderedDict = OrderedDict()
+        self.post_hooks: OrderedDict = OrderedDict()
+
+    def name(self) -> str:
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"<{self.name()} object at {id(self):#x}>"
+
+    def register_hook(self, fn: Callable) -> RemovableHandle:
+        """fn(grad_inputs, grad_outputs) -> None or replacement grad_inputs, after backward."""
+        return add_hook(self.post_hooks, fn)
+
+    def register_prehook(self, fn: Callable) -> RemovableHandle:
+        """fn(grad_outputs) -> None or replacement grad_outputs, before backward."""
+        return add_hook(self.pre_hooks, fn)
+
+    def add_tensor_hook(self, output_nr: int, fn: Callable) -> RemovableHandle:
+        return add_hook(self.tensor_pre_hooks.setdefault(output_nr, OrderedDict()), fn)
+
+    def backward(self, grads: tuple) -> tuple:
+        raise AutogradError(f"{self.name()} defines no backward")
+
+    def release(self) -> None:
+        """Free saved tensors (after a backward without retain_graph)."""
+
+    def __call__(self, grads: tuple) -> tuple:
+        return self.backward(grads)
+
+    def check_grads(self, grads_in: tuple) -> tuple:
+        """Check the count and shapes of computed input gradients; sum broadcast ones down."""
+        if len(grads_in) != len(self.next_functions):
+            raise AutogradError(
+                f"function {self.name()} returned an incorrect number of gradients "
+                f"(expected {len(self.next_functions)}, got {len(grads_in)})"
+            )
+        out = []
+        for i, (g, meta) in enumerate(zip(grads_in, self.input_meta)):
+            if g is None or meta is None:
+                out.append(None)
+                continue
+            shape, dtype = meta
+            if tuple(g.shape) != tuple(shape):
+                g = _sum_to_or_fail(self, i, g, shape)
+            if g.dtype is not dtype and dtype.is_floating:
+                g = g.to(dtype)
+            out.append(g)
+        return tuple(out)
+
+
+def _sum_to_or_fail(node: Node, index: int, grad: Tensor, shape: tuple) -> Tensor:
+    from graphc.ops.grad_utils import can_sum_to, sum_to
+
+    if not can_sum_to(tuple(grad.shape), tuple(shape)):
+        raise ShapeError(
+            f"Function {node.name()} returned an invalid gradient at index {index} - got "
+            f"{list(grad.shape)} but expected shape compatible with {list(shape)}"
+        )
+    return sum_to(grad, tuple(shape))
+
+
+class AccumulateGrad(Node):
+    """The node of a leaf that requires grad: adds incoming gradients into `leaf.grad`."""
+
+    def __init__(self, variable: Tensor) -> None:
+        super().__init__((), ())
+        self.variable = variable
+
+    def accumulate(self, grad: Tensor, create_graph: bool) -> None:
+        from graphc.tensor import Tensor
+
+        var = self.variable
+        if not create_graph:
+            grad = Tensor._wrap(grad._data.astype(var.dtype.np, copy=True))
+        if var.grad is None:
+            var.grad = grad
+        elif create_graph or var.grad.requires_grad:
+            var.grad = var.grad + grad
+        else:
+            var.grad._data += grad._data
+            var.grad._version_counter.bump()
+
+
+class OpBackward(Node):
+    """Backward of one registry op: runs the op's VJP over its saved tensors."""
+
+    def __init__(self, opdef, inputs, outputs, attrs, next_functions) -> None:
+        meta = tuple((t.shape, t.dtype) for t in inputs)
+        super().__init__(next_functions, meta)
+        self.opdef = opdef
+        self.attrs = attrs
+        self.input_types = tuple(t.type for t in inputs)
+        self.output_types = tuple(t.type for t in outputs)
+        self.needs_input_grad = tuple(fn is not None for fn, _ in next_functions)
+        self.saved_inputs = {i: SavedTensor(inputs[i]) for i in opdef.saved_inputs}
+        self.saved_outputs = {i: SavedTensor(outputs[i]) for i in opdef.saved_outputs}
+
+    def name(self) -> str:
+        return "".join(p.capitalize() for p in self.opdef.name.split("_")) + "Backward"
+
+    def backward(self, grads: tuple) -> tuple:
+        ctx = VJPContext(self)
+        result = self.opdef.vjp(ctx, *grads)
+        if not isinstance(result, tuple):
+            result = (result,)
+        return result
+
+    def release(self) -> None:
+        for saved in (*self.saved_inputs.values(), *self.saved_outputs.values()):
+            saved.free()
+
+
+class VJPContext:
+    """What a VJP rule sees: saved tensors, types, attributes and which inputs need grads."""
+
+    def __init__(self, node: OpBackward) -> None:
+        name = node.name()
+        n_in, n_out = len(node.input_types), len(node.output_types)
+        self.inputs = [None] * n_in
+        self.outputs = [None] * n_out
+        for i, saved in node.saved_inputs.items():
+            self.inputs[i] = saved.unpack(name)
+        for i, saved in node.saved_outputs.items():
+            self.outputs[i] = saved.unpack(name)
+        self.input_types = node.input_types
+        self.output_types = node.output_types
+        self.attrs = node.attrs
+        self.needs_input_grad = node.needs_input_grad

@@ -1,0 +1,208 @@
+"""The one dispatch point all tensor math goes through.
+
+`apply(opdef, *inputs, **attrs)` checks the inputs against the op's shape/dtype rule, then
+either hands the call to the active tracer (which records an IR node) or runs the numpy
+kernel, wraps the results, and, when grad mode is on and an input requires grad, attaches an
+`OpBackward` node. `apply_inplace` is the in-place variant: it computes the out-of-place result
+with history, writes it into the target, bumps the target's version counter, and rebases the
+target's history onto the new node (PyTorch's semantics, including its errors for leaves that
+require grad and for shape changes).
+
+The tracer hook (`set_tracer`) is how a trace mode records the same calls without eager work.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from graphc.autograd.grad_mode import is_grad_enabled, no_grad
+from graphc.autograd.graph import OpBackward
+from graphc.errors import AutogradError, DTypeError, GraphcError, ShapeError, where
+from graphc.ops import registry
+from graphc.ops.registry import OpDef
+from graphc.types import TensorType, bool_, float32, int64, promote
+
+_tracer = None  # an object with record(opdef, inputs, attrs, out_types) -> outputs
+
+
+def set_tracer(tracer) -> object:
+    """Install a tracer (None to remove); returns the previous one so it can be restored."""
+    global _tracer
+    previous, _tracer = _tracer, tracer
+    return previous
+
+
+def current_tracer():
+    return _tracer
+
+
+def scalar_dtype(value, like):
+    """PyTorch's weak typing of Python scalars: a float tensor keeps its dtype."""
+    if like is not None and like.dtype.is_floating:
+        return like.dtype
+    if isinstance(value, bool):
+        return bool_ if like is None or like.dtype is bool_ else like.dtype
+    if isinstance(value, (int, np.integer)):
+        return int64
+    return float32
+
+
+def _tensorize(opdef: OpDef, inputs: tuple) -> tuple:
+    """Turn Python scalars among the inputs into 0-d tensors typed after the tensor inputs."""
+    from graphc.tensor import Tensor
+
+    if all(isinstance(t, Tensor) for t in inputs):
+        return inputs
+    like = None
+    for t in inputs:
+        if isinstance(t, Tensor) and (like is None or promote(like.dtype, t.dtype) is t.dtype):
+            like = t
+    out = []
+    for i, t in enumerate(inputs):
+        if isinstance(t, (bool, int, float, np.number, np.bool_)):
+            t = Tensor._wrap(np.asarray(t, dtype=scalar_dtype(t, like).np))
+        elif not isinstance(t, Tensor):
+            raise TypeError(
+                f"{where(opdef.name)}: input {i} must be a graphc.Tensor or a number, "
+                f"got {type(t).__name__}"
+            )
+        out.append(t)
+    return tuple(out)
+
+
+def _check_inputs(opdef: OpDef, inputs: tuple) -> None:
+    if not opdef.variadic and len(inputs) != len(opdef.inputs):
+        raise GraphcError(
+            f"{where(opdef.name)}: takes {len(opdef.inputs)} tensor inputs "
+            f"{opdef.inputs}, got {len(inputs)}"
+        )
+
+
+def apply(opdef: OpDef, *inputs, **attrs):
+    """Run one op on tensors: eagerly (with autograd) or, inside a trace, as an IR node."""
+    inputs = _tensorize(opdef, inputs)
+    _check_inputs(opdef, inputs)
+    out_types = opdef.infer(*(t.type for t in inputs), **attrs)
+    single = isinstance(out_types, TensorType)
+    if single:
+        out_types = (out_types,)
+    if _tracer is not None:
+        outputs = _tracer.record(opdef, inputs, attrs, out_types)
+        return outputs[0] if single else tuple(outputs)
+
+    with np.errstate(all="ignore"):  # inf/nan follow IEEE as in PyTorch, without warnings
+        result = opdef.kernel(*(t._data for t in inputs), **attrs)
+    arrays = (result,) if single else tuple(result)
+    outputs = tuple(_wrap_output(opdef, a, ty, inputs) for a, ty in zip(arrays, out_types))
+
+    if (
+        opdef.vjp is not None
+        and is_grad_enabled()
+        and any(t.requires_grad for t in inputs)
+        and any(ty.dtype.is_floating for ty in out_types)
+    ):
+        edges = tuple(_edge(t) for t in inputs)
+        node = OpBackward(opdef, inputs, outputs, attrs, edges)
+        for nr, out in enumerate(outputs):
+            if out.dtype.is_floating:
+                out._set_history(node, nr)
+    return outputs[0] if single else outputs
+
+
+def _wrap_output(opdef: OpDef, array, ty: TensorType, inputs: tuple):
+    from graphc.tensor import Tensor
+
+    array = np.asarray(array)
+    if array.dtype != ty.dtype.np:
+        array = array.astype(ty.dtype.np)
+    if array.shape != ty.shape:
+        raise GraphcError(
+            f"internal error: kernel of {opdef.name} ({opdef.source}) returned shape "
+            f"{array.shape}, its shape rule says {ty.shape}"
+        )
+    out = Tensor._wrap(array)
+    if opdef.view and inputs and np.shares_memory(array, inputs[0]._data):
+        base = inputs[0]._base if inputs[0]._base is not None else inputs[0]
+        out._base = base
+        out._version_counter = inputs[0]._version_counter
+    return out
+
+
+def _edge(t):
+    if t.grad_fn is not None:
+        return (t.grad_fn, t._output_nr)
+    if t.requires_grad:
+        return (t._grad_accumulator(), 0)
+    return (None, 0)
+
+
+def _castable(src, dst) -> bool:
+    if src.is_floating and not dst.is_floating:
+        return False
+    return not (dst.name == "bool" and src.name != "bool")
+
+
+def apply_inplace(target, op_name: str, compute: Callable):
+    """Change `target` in place to `compute(old)`, where `old` stands for its current value.
+
+    `compute` builds the new value from `old` with ordinary (out-of-place) graphc calls, so
+    the autograd history is the ordinary one; this function then writes the result into the
+    target's memory, bumps its version counter and moves the target's history onto the result.
+    """
+    if _tracer is not None:
+        return _tracer.record_inplace(target, op_name, compute)
+    grad_mode = is_grad_enabled()
+    if grad_mode and target.is_leaf and target.requires_grad:
+        raise AutogradError(
+            f"{where(op_name)}: a leaf Variable that requires grad is being used in an in-place "
+            "operation. Wrap the update in `with graphc.no_grad():`, or work on a clone()."
+        )
+    if grad_mode:
+        old = target._detached_copy_with_history()
+        result = compute(old)
+    else:
+        with no_grad():
+            result = compute(target)
+    if tuple(result.shape) != tuple(target.shape):
+        raise ShapeError(
+            f"{where(op_name)}: output with shape {list(target.shape)} doesn't match the "
+            f"broadcast shape {list(result.shape)}"
+        )
+    if not _castable(result.dtype, target.dtype):
+        raise DTypeError(
+            f"{where(op_name)}: result type {result.dtype.name} can't be cast to the desired "
+            f"output type {target.dtype.name}"
+        )
+    if grad_mode and result.requires_grad and target._base is not None:
+        raise AutogradError(
+            f"{where(op_name)}: in-place change of a view of another tensor while autograd is "
+            "recording is not supported by graphc; clone() the view first, or use the "
+            "out-of-place op"
+        )
+    if not target._data.flags.writeable:
+        raise ShapeError(
+            f"{where(op_name)}: unsupported operation: more than one element of the written-to "
+            "tensor refers to a single memory location. Please clone() the tensor before "
+            "performing the operation."
+        )
+    np.copyto(target._data, result._data, casting="unsafe")
+    target._version_counter.bump()
+    if grad_mode and result.requires_grad:
+        node = result.grad_fn
+        target._set_history(node, result._output_nr)
+        if isinstance(node, OpBackward):  # the node saved `result`: it now lives in target
+            for saved in node.saved_outputs.values():
+                if saved.tensor is result:
+                    saved.tensor = target
+                    saved.version = target._version_counter.value
+    elif grad_mode and target.requires_grad:
+        # The new value does not depend on anything that requires grad (fill_, zero_,
+        # copy_ from a constant): the target's old history no longer describes it.
+        target._set_history(None, 0)
+        target._requires_grad = False
+    return target
+
+
+registry.set_dispatcher(apply, apply_inplace)

@@ -1,0 +1,56 @@
+"""The one error hierarchy of graphc.
+
+Every error graphc raises on purpose is a `GraphcError`. The kinds also derive from the
+builtin exception PyTorch raises in the same situation (RuntimeError for shape and autograd
+errors, TypeError/ValueError for bad arguments), so code written for PyTorch that catches those
+keeps working. A message says what failed, where (op and user source line), what was expected
+and what came, and what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class GraphcError(Exception):
+    """Base of every error graphc raises on purpose."""
+
+
+class ShapeError(GraphcError, RuntimeError):
+    """Shapes that do not fit an op (broadcasting, matmul inner dims, reshape sizes...)."""
+
+
+class DTypeError(GraphcError, RuntimeError):
+    """A dtype an op does not accept (e.g. a float index, an integer tensor requiring grad)."""
+
+
+class ArgumentError(GraphcError, ValueError):
+    """A bad non-tensor argument: an axis out of range, a negative stride, an unknown mode."""
+
+
+class AutogradError(GraphcError, RuntimeError):
+    """Misuse of autograd: saved tensors changed in place, backward twice, wrong grad count."""
+
+
+class TraceError(GraphcError, RuntimeError):
+    """Something a trace cannot record: data-dependent control flow, an escape to numpy."""
+
+
+def user_source_location() -> str | None:
+    """`file:line` of the innermost stack frame outside the graphc package, if any."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(_PACKAGE_DIR + os.sep):
+            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def where(op_name: str) -> str:
+    """Prefix for error messages: the op and, when known, the user's source line."""
+    loc = user_source_location()
+    return f"{op_name} at {loc}" if loc else op_name

@@ -1,0 +1,24 @@
+"""graphc.ops: the op registry and the modules that register every primitive op.
+
+Importing this package registers all ops. `REGISTRY` maps op names to `OpDef`s;
+`python -m graphc.ops` lists them with the file and line where each rule lives.
+"""
+
+from graphc.ops import registry
+from graphc.ops.registry import REGISTRY, OpDef, call, get, register
+
+from graphc.ops import (  # noqa: E402  (order: sources first, the others use `full`)
+    sources,
+    elementwise,
+    reduce,
+    movement,
+    linalg,
+    conv,
+    pool,
+    nn_ops,
+    random,
+)
+
+OP_MODULES = (sources, elementwise, reduce, movement, linalg, conv, pool, nn_ops, random)
+
+__all__ = ["REGISTRY", "OpDef", "OP_MODULES", "call", "get", "register", "registry"]

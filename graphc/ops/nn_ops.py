@@ -1,0 +1,4 @@
+"""Ops of the 'nn_ops' group (being written)."""
+
+TENSOR_METHODS: dict = {}
+PUBLIC: tuple = ()

@@ -1,0 +1,4 @@
+"""Ops of the 'random' group (being written)."""
+
+TENSOR_METHODS: dict = {}
+PUBLIC: tuple = ()

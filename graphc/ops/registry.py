@@ -1,0 +1,128 @@
+"""The op registry: one `OpDef` per primitive, everything about the op in one place.
+
+An OpDef holds the op's name and kind, its shape/dtype rule (a pure function over
+`TensorType`s, never "run numpy and look"), its numpy kernel (eager mode and the reference
+interpreter), its gradient rule (a VJP written with graph-building calls, so a backward can be
+traced and compiled like any forward), and, for elementwise ops, the scalar operation a backend
+renders. `register` records the file and line of the registration so `python -m graphc.ops` can
+say where each rule lives.
+
+Contracts:
+- `infer(*input_types, **attrs)` returns one TensorType or a tuple of them (multi-output ops);
+  it raises ShapeError/DTypeError/ArgumentError with the op name for bad inputs.
+- `kernel(*arrays, **attrs)` returns one ndarray or a tuple, exactly the inferred types
+  (the dispatch point checks this in debug mode and the op tests check it always).
+- `vjp(ctx, *grad_outputs)` returns one gradient (a tensor, or None) per input. It computes
+  with tensor methods and `call(...)`, never with numpy, so the same rule runs eagerly, records
+  autograd history under create_graph, and records IR nodes inside a trace. `ctx` exposes the
+  saved inputs and outputs the op asked for (`saved_inputs` / `saved_outputs` indices; the
+  others are None), the input and output types, the attributes and `needs_input_grad`.
+  A grad_output may be None when that output got no gradient (multi-output ops only).
+- Attributes are literals only (int, float, bool, str, None, and tuples of those), so the IR
+  text form can round-trip.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from graphc.errors import GraphcError
+from graphc.types import TensorType
+
+ELEMENTWISE = "elementwise"
+REDUCE = "reduce"
+MOVEMENT = "movement"
+CONTRACTION = "contraction"
+POOL = "pool"
+NORM = "norm"
+LOSS = "loss"
+SOURCE = "source"
+RANDOM = "random"
+KINDS = (ELEMENTWISE, REDUCE, MOVEMENT, CONTRACTION, POOL, NORM, LOSS, SOURCE, RANDOM)
+
+VARIADIC = "*"  # an `inputs` entry starting with this takes any number of tensors (concat)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything about one primitive op. See the module docstring for the contracts."""
+
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    infer: Callable[..., TensorType | tuple[TensorType, ...]]
+    kernel: Callable[..., Any]
+    vjp: Callable[..., tuple] | None = None
+    scalar: str | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    saved_inputs: tuple[int, ...] = ()
+    saved_outputs: tuple[int, ...] = ()
+    view: bool = False
+    effectful: bool = False
+    doc: str = ""
+    source: str = ""
+
+    @property
+    def differentiable(self) -> bool:
+        return self.vjp is not None
+
+    @property
+    def variadic(self) -> bool:
+        return bool(self.inputs) and self.inputs[-1].startswith(VARIADIC)
+
+    def __repr__(self) -> str:
+        return f"OpDef({self.name!r}, kind={self.kind!r}, at {self.source})"
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    """Add an op to the registry, recording where the registration stands in the source."""
+    if opdef.kind not in KINDS:
+        raise GraphcError(f"op {opdef.name!r}: unknown kind {opdef.kind!r}, expected {KINDS}")
+    if opdef.name in REGISTRY:
+        raise GraphcError(f"op {opdef.name!r} registered twice: {REGISTRY[opdef.name].source}")
+    frame = inspect.currentframe().f_back
+    while frame.f_back is not None and frame.f_code.co_name != "<module>":
+        frame = frame.f_back  # the module-level statement that registered the op
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.relpath(os.path.abspath(frame.f_code.co_filename), os.path.dirname(here))
+    object.__setattr__(opdef, "source", f"{path}:{frame.f_lineno}")
+    REGISTRY[opdef.name] = opdef
+    return opdef
+
+
+def get(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise GraphcError(f"no op named {name!r} in the registry") from None
+
+
+# The dispatch point lives in the front end (graphc.dispatch) and installs itself here, so the
+# ops package never imports the Tensor class and VJP rules can still build graph calls.
+_dispatcher: Callable[..., Any] | None = None
+_inplace_dispatcher: Callable[..., Any] | None = None
+
+
+def set_dispatcher(apply: Callable[..., Any], apply_inplace: Callable[..., Any]) -> None:
+    global _dispatcher, _inplace_dispatcher
+    _dispatcher, _inplace_dispatcher = apply, apply_inplace
+
+
+def call(name: str, *inputs, **attrs):
+    """Apply the registered op `name` through the dispatch point (eager, autograd or trace)."""
+    if _dispatcher is None:
+        raise GraphcError("graphc.dispatch is not loaded: import graphc first")
+    return _dispatcher(get(name), *inputs, **attrs)
+
+
+def inplace(target, op_name: str, compute: Callable[[Any], Any]):
+    """Change `target` in place to `compute(old)` (see graphc.dispatch.apply_inplace)."""
+    if _inplace_dispatcher is None:
+        raise GraphcError("graphc.dispatch is not loaded: import graphc first")
+    return _inplace_dispatcher(target, op_name, compute)

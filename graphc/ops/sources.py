@@ -1,0 +1,125 @@
+"""Source ops: tensors made from attributes alone (full, arange), plus the creation API.
+
+Random sources (rand, randn) live in graphc.ops.random with the counter-based generator.
+`graphc.tensor` and `graphc.from_numpy` wrap user data: they are not ops (a trace treats such
+tensors as constants or inputs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.errors import ArgumentError, where
+from graphc.ops.registry import SOURCE, OpDef, call, register
+from graphc.types import TensorType, as_dtype, float32, int64
+
+
+def _check_shape(op: str, shape) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ArgumentError(f"{where(op)}: Trying to create tensor with negative dimension: "
+                            f"{list(shape)}")
+    return shape
+
+
+def _full_infer(shape: tuple, value: float, dtype: str) -> TensorType:
+    return TensorType(shape, as_dtype(dtype))
+
+
+def _full_kernel(shape: tuple, value: float, dtype: str):
+    return np.full(shape, value, dtype=as_dtype(dtype).np)
+
+
+register(OpDef("full", SOURCE, (), _full_infer, _full_kernel, None,
+               attrs={"shape": tuple, "value": float, "dtype": str}))
+
+
+def _arange_infer(start: float, end: float, step: float, dtype: str) -> TensorType:
+    if step == 0:
+        raise ArgumentError(f"{where('arange')}: step must be nonzero")
+    if (end - start) * step < 0:
+        raise ArgumentError(
+            f"{where('arange')}: upper bound and larger bound inconsistent with step sign"
+        )
+    n = max(0, int(np.ceil((end - start) / step)))
+    return TensorType((n,), as_dtype(dtype))
+
+
+def _arange_kernel(start: float, end: float, step: float, dtype: str):
+    return np.arange(start, end, step).astype(as_dtype(dtype).np)
+
+
+register(OpDef("arange", SOURCE, (), _arange_infer, _arange_kernel, None,
+               attrs={"start": float, "end": float, "step": float, "dtype": str}))
+
+
+def _make(op_value, shape, dtype, requires_grad):
+    dt = float32 if dtype is None else as_dtype(dtype)
+    t = call("full", shape=_check_shape("full", shape), value=op_value, dtype=dt.name)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def full(size, fill_value, *, dtype=None, requires_grad=False):
+    if dtype is None:
+        dtype = (int64 if isinstance(fill_value, int) and not isinstance(fill_value, bool)
+                 else "bool" if isinstance(fill_value, bool) else float32)
+    return _make(fill_value, tuple(size), dtype, requires_grad)
+
+
+def zeros(*size, dtype=None, requires_grad=False):
+    return _make(0, size, dtype, requires_grad)
+
+
+def ones(*size, dtype=None, requires_grad=False):
+    return _make(1, size, dtype, requires_grad)
+
+
+def zeros_like(t, *, dtype=None, requires_grad=False):
+    return _make(0, tuple(t.shape), dtype or t.dtype, requires_grad)
+
+
+def ones_like(t, *, dtype=None, requires_grad=False):
+    return _make(1, tuple(t.shape), dtype or t.dtype, requires_grad)
+
+
+def full_like(t, fill_value, *, dtype=None, requires_grad=False):
+    return _make(fill_value, tuple(t.shape), dtype or t.dtype, requires_grad)
+
+
+def empty(*size, dtype=None, requires_grad=False):
+    """Zero-filled (graphc never hands out uninitialised memory)."""
+    return zeros(*size, dtype=dtype, requires_grad=requires_grad)
+
+
+def arange(start, end=None, step=1, *, dtype=None, requires_grad=False):
+    if end is None:
+        start, end = 0, start
+    if dtype is None:
+        is_int = all(isinstance(v, int) for v in (start, end, step))
+        dtype = int64 if is_int else float32
+    t = call("arange", start=float(start), end=float(end), step=float(step),
+             dtype=as_dtype(dtype).name)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _new_zeros(self, *size, dtype=None, requires_grad=False):
+    return zeros(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+
+
+def _new_ones(self, *size, dtype=None, requires_grad=False):
+    return ones(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+
+
+def _new_full(self, size, fill_value, *, dtype=None, requires_grad=False):
+    return _make(fill_value, tuple(size), dtype or self.dtype, requires_grad)
+
+
+TENSOR_METHODS = {"new_zeros": _new_zeros, "new_ones": _new_ones, "new_full": _new_full}
+
+PUBLIC = ("full", "zeros", "ones", "zeros_like", "ones_like", "full_like", "empty", "arange")

@@ -1,0 +1,342 @@
+"""`Tensor`: a numpy array plus autograd state.
+
+A Tensor owns (or, for views and `from_numpy`, shares) a numpy array in one of graphc's four
+dtypes. Its autograd state follows PyTorch: `requires_grad`, `grad`, `grad_fn` with the output
+slot it fills, a version counter shared with its views and bumped by every in-place change,
+and `is_leaf`. Every piece of math is a function in `graphc.tensor_ops` that goes through the
+dispatch point; the methods and operators here only forward to those functions, so eager mode
+and trace mode see the same calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.autograd.grad_mode import is_grad_enabled
+from graphc.autograd.graph import AccumulateGrad, RemovableHandle, add_hook
+from graphc.errors import AutogradError, DTypeError, TraceError
+from graphc.types import DType, TensorType, dtype_of_numpy, float32
+
+
+class VersionCounter:
+    """Counts in-place changes; a tensor and all its views share one counter."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def bump(self) -> None:
+        self.value += 1
+
+
+class Size(tuple):
+    """A shape, as PyTorch's torch.Size: a tuple of ints with a readable repr."""
+
+    def __repr__(self) -> str:
+        return f"graphc.Size({list(self)})"
+
+    def numel(self) -> int:
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+
+_TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "LongTensor",
+               "bool": "BoolTensor"}
+
+
+class Tensor:
+    """An n-dimensional array with autograd. Create one with `graphc.tensor(data)`.
+
+    >>> import graphc
+    >>> x = graphc.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    >>> (x * x).sum().backward()
+    >>> x.grad
+    tensor([2., 4., 6.])
+    """
+
+    __array_priority__ = 1000  # numpy defers `ndarray + Tensor` to Tensor.__radd__
+
+    def __init__(self, *args, **kwargs) -> None:
+        raise TypeError(
+            "create tensors with graphc.tensor(data), graphc.zeros(shape), graphc.from_numpy"
+        )
+
+    @classmethod
+    def _wrap(cls, array: np.ndarray, requires_grad: bool = False) -> Tensor:
+        """Make a tensor around `array` without copying (internal constructor)."""
+        t = object.__new__(cls)
+        t._init(array, requires_grad)
+        return t
+
+    def _init(self, array: np.ndarray, requires_grad: bool = False) -> None:
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array)
+        dtype = dtype_of_numpy(array.dtype)
+        if array.dtype != dtype.np:
+            array = array.astype(dtype.np)
+        self._data = array
+        self._dtype = dtype
+        self._requires_grad = False
+        self.grad = None
+        self.grad_fn = None
+        self._output_nr = 0
+        self._version_counter = VersionCounter()
+        self._base = None
+        self._accumulator = None
+        self._retains_grad = False
+        if requires_grad:
+            self.requires_grad = True
+
+    # ---- metadata -------------------------------------------------------------------------
+    @property
+    def shape(self) -> Size:
+        return Size(self._data.shape)
+
+    def size(self, dim: int | None = None):
+        if dim is None:
+            return self.shape
+        from graphc.ops.shapes import normalize_axis
+
+        return self._data.shape[normalize_axis("size", dim, self.ndim)]
+
+    @property
+    def dtype(self) -> DType:
+        return self._dtype
+
+    @property
+    def type(self) -> TensorType:
+        """The static type (shape, dtype) the op registry's rules compute with."""
+        return TensorType(self._data.shape, self._dtype)
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    def dim(self) -> int:
+        return self._data.ndim
+
+    def numel(self) -> int:
+        return int(self._data.size)
+
+    def nelement(self) -> int:
+        return int(self._data.size)
+
+    def element_size(self) -> int:
+        return self._dtype.itemsize
+
+    def is_floating_point(self) -> bool:
+        return self._dtype.is_floating
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    def type_name(self) -> str:
+        return "graphc." + _TYPE_NAMES[self._dtype.name]
+
+    @property
+    def _version(self) -> int:
+        return self._version_counter.value
+
+    # ---- autograd state -------------------------------------------------------------------
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if self.grad_fn is not None:
+            raise AutogradError(
+                "you can only change requires_grad flags of leaf variables. If you want to use "
+                "a computed variable in a subgraph that doesn't require differentiation use "
+                "var_no_grad = var.detach()."
+            )
+        if value and not self._dtype.is_floating:
+            raise DTypeError(
+                "only Tensors of floating point dtype can require gradients "
+                f"(this one is {self._dtype.name})"
+            )
+        self._requires_grad = bool(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        self.requires_grad = requires_grad
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    def _set_history(self, node, output_nr: int) -> None:
+        self.grad_fn = node
+        self._output_nr = output_nr
+        self._requires_grad = node is not None
+
+    def _grad_accumulator(self) -> AccumulateGrad:
+        if self._accumulator is None:
+            self._accumulator = AccumulateGrad(self)
+        return self._accumulator
+
+    def _detached_copy_with_history(self) -> Tensor:
+        """A snapshot of the current value that keeps this tensor's history (for in-place)."""
+        t = Tensor._wrap(self._data.copy())
+        t.grad_fn, t._output_nr, t._requires_grad = self.grad_fn, self._output_nr, False
+        if self.grad_fn is not None:
+            t._requires_grad = True
+        elif self._requires_grad:  # a leaf: route gradients to this tensor's accumulator
+            t._requires_grad = True
+            t._accumulator = self._grad_accumulator()
+        return t
+
+    def detach(self) -> Tensor:
+        """A tensor sharing this one's memory and version counter, with no history."""
+        t = Tensor._wrap(self._data)
+        t._version_counter = self._version_counter
+        t._base = self._base
+        return t
+
+    def detach_(self) -> Tensor:
+        self._set_history(None, 0)
+        return self
+
+    @property
+    def data(self) -> Tensor:
+        return self.detach()
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        self._data = value._data
+        self._dtype = value._dtype
+
+    def retain_grad(self) -> None:
+        """Keep the gradient of this non-leaf tensor in `.grad` after backward."""
+        if not self._requires_grad:
+            raise AutogradError("can't retain_grad on Tensor that has requires_grad=False")
+        if self.grad_fn is None or self._retains_grad:
+            return
+        self._retains_grad = True
+        self.grad_fn.retains_grad[self._output_nr] = self._store_retained_grad
+
+    def _store_retained_grad(self, grad: Tensor) -> None:
+        g = grad.detach() if not is_grad_enabled() else grad
+        self.grad = Tensor._wrap(g._data.copy()) if self.grad is None else self.grad + g
+
+    @property
+    def retains_grad(self) -> bool:
+        return self._retains_grad
+
+    def register_hook(self, hook) -> RemovableHandle:
+        """hook(grad) -> None or a replacement grad; runs when this tensor's grad is computed."""
+        if not self._requires_grad:
+            raise AutogradError(
+                "cannot register a hook on a tensor that doesn't require gradient"
+            )
+        if self.grad_fn is not None:
+            return self.grad_fn.add_tensor_hook(self._output_nr, hook)
+        acc = self._grad_accumulator()
+        return add_hook(acc.tensor_pre_hooks.setdefault(0, {}), hook)
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """Accumulate d(self)/d(leaf) into every leaf's `.grad` (see graphc.autograd)."""
+        from graphc.autograd import backward
+
+        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
+    # ---- conversion -----------------------------------------------------------------------
+    def _refuse_in_trace(self, what: str) -> None:
+        from graphc.dispatch import current_tracer
+
+        if current_tracer() is not None:
+            raise TraceError(
+                f"{what} needs the tensor's value, which a trace does not have. Use graphc.where "
+                "for data-dependent choices, or move this code out of the compiled function."
+            )
+
+    def numpy(self) -> np.ndarray:
+        """The underlying array (shared memory, as PyTorch's .numpy())."""
+        self._refuse_in_trace(".numpy()")
+        if self._requires_grad:
+            raise AutogradError(
+                "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
+                "instead."
+            )
+        return self._data
+
+    def item(self):
+        self._refuse_in_trace(".item()")
+        if self._data.size != 1:
+            raise ValueError(
+                f"a Tensor with {self._data.size} elements cannot be converted to Scalar"
+            )
+        return self._data.reshape(()).item()
+
+    def tolist(self):
+        self._refuse_in_trace(".tolist()")
+        return self._data.tolist()
+
+    def __array__(self, dtype=None, copy=None):
+        self._refuse_in_trace("numpy conversion")
+        return self._data if dtype is None else self._data.astype(dtype)
+
+    def __bool__(self) -> bool:
+        self._refuse_in_trace("bool(tensor) (e.g. `if tensor:`)")
+        if self._data.size != 1:
+            raise RuntimeError(
+                f"Boolean value of Tensor with more than one value is ambiguous"
+            )
+        return bool(self._data.reshape(()).item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self._dtype.is_floating or self._data.size != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self._data.shape[0]))
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        from graphc.printing import tensor_repr
+
+        return tensor_repr(self)
+
+    def __reduce_ex__(self, protocol):
+        return (_rebuild, (self._data, self._requires_grad))
+
+    def __deepcopy__(self, memo):
+        if not self.is_leaf:
+            raise AutogradError(
+                "Only Tensors created explicitly by the user (graph leaves) support the "
+                "deepcopy protocol at the moment."
+            )
+        new = type(self)._wrap(self._data.copy(), self._requires_grad)
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in new.__dict__})
+        if self.grad is not None:
+            new.grad = Tensor._wrap(self.grad._data.copy())
+        memo[id(self)] = new
+        return new
+
+
+def _rebuild(array, requires_grad):
+    return Tensor._wrap(np.array(array), requires_grad)
+
+
+def default_dtype() -> DType:
+    return float32

@@ -1,0 +1,106 @@
+"""Data types and tensor types shared by every layer.
+
+`DType` names the four element types graphc knows (float32, float64, int64, bool) and maps
+them to numpy. `TensorType` is a shape plus a dtype: it is what the op registry's shape rules
+compute with, what IR values carry, and what backends plan buffers from. Both are immutable and
+hashable, so they can be dictionary keys and IR attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    """An element type: `name` as users spell it, `short` as the IR prints it."""
+
+    name: str
+    short: str
+    np: type
+    is_floating: bool
+    itemsize: int
+
+    def __repr__(self) -> str:
+        return f"graphc.{self.name}"
+
+
+float32 = DType("float32", "f32", np.float32, True, 4)
+float64 = DType("float64", "f64", np.float64, True, 8)
+int64 = DType("int64", "i64", np.int64, False, 8)
+bool_ = DType("bool", "bool", np.bool_, False, 1)
+
+ALL_DTYPES = (float32, float64, int64, bool_)
+_BY_NUMPY = {np.dtype(d.np): d for d in ALL_DTYPES}
+_BY_NAME = {d.name: d for d in ALL_DTYPES} | {d.short: d for d in ALL_DTYPES}
+# numpy types graphc accepts and converts on the way in (PyTorch would keep them; we narrow).
+_NARROWED = {
+    np.dtype(np.float16): float32,
+    np.dtype(np.int8): int64,
+    np.dtype(np.int16): int64,
+    np.dtype(np.int32): int64,
+    np.dtype(np.uint8): int64,
+    np.dtype(np.uint16): int64,
+    np.dtype(np.uint32): int64,
+}
+
+
+def dtype_of_numpy(dtype: np.dtype) -> DType:
+    """The graphc dtype for a numpy dtype; float16 and small ints widen, others are refused."""
+    dtype = np.dtype(dtype)
+    if dtype in _BY_NUMPY:
+        return _BY_NUMPY[dtype]
+    if dtype in _NARROWED:
+        return _NARROWED[dtype]
+    raise TypeError(
+        f"graphc has no dtype for numpy {dtype}: expected one of float32, float64, int64, bool"
+    )
+
+
+def as_dtype(spec) -> DType:
+    """Accept a DType, its name ('float32', 'f32'), or a numpy dtype/type."""
+    if isinstance(spec, DType):
+        return spec
+    if isinstance(spec, str) and spec in _BY_NAME:
+        return _BY_NAME[spec]
+    try:
+        return dtype_of_numpy(np.dtype(spec))
+    except TypeError as err:
+        raise TypeError(f"not a graphc dtype: {spec!r}") from err
+
+
+def promote(a: DType, b: DType) -> DType:
+    """Result type of a binary op on two tensors (bool < int64 < float32 < float64)."""
+    order = (bool_, int64, float32, float64)
+    return a if order.index(a) >= order.index(b) else b
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """The static type of a tensor: a shape (tuple of non-negative ints) and a dtype."""
+
+    shape: tuple[int, ...]
+    dtype: DType
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype.short}[{','.join(str(s) for s in self.shape)}]"

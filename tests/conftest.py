@@ -1,0 +1,22 @@
+"""Shared fixtures: a numpy Generator seeded from the test id, and the optional torch module."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def torch_or_skip():
+    """The torch module, or a skip naming why parity cannot run."""
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("PyTorch is not installed: parity needs `pip install torch==2.13.0`")
+    return torch

@@ -1,0 +1,5 @@
+"""OpInfo entries for the 'linalg' op group."""
+
+from tests.opinfo import OpInfo
+
+OP_INFOS: list[OpInfo] = []
