@@ -1,0 +1,80 @@
+"""The numpy interpreter: runs any graph with the registry's kernels; the oracle of backends.
+
+`run(graph, *arrays)` binds the inputs, runs each node's kernel in order, frees every value
+after its last use, and returns the outputs. A failing kernel is reported with the node
+("while executing %7 = matmul(%3, %w) at model.py:12"). `Interpreter` can be subclassed to
+observe or override single nodes (`run_node`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.errors import GraphcError
+from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.printer import format_node
+from graphc.ops.registry import REGISTRY
+
+
+class InterpreterError(GraphcError, RuntimeError):
+    """A kernel failed or an input did not match the graph's declared type."""
+
+
+def last_uses(graph: Graph) -> dict[int, list[Value]]:
+    """node index -> values whose last reader is that node (graph outputs are never freed)."""
+    last: dict[Value, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[v] = i
+    keep = set(graph.outputs)
+    out: dict[int, list[Value]] = {}
+    for v, i in last.items():
+        if v not in keep:
+            out.setdefault(i, []).append(v)
+    return out
+
+
+class Interpreter:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self._frees = last_uses(graph)
+
+    def run_node(self, node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+        opdef = REGISTRY[node.op]
+        with np.errstate(all="ignore"):
+            result = opdef.kernel(*args, **node.attrs)
+        results = [result] if len(node.outputs) == 1 else list(result)
+        return [np.asarray(r).astype(v.type.dtype.np, copy=False)
+                for r, v in zip(results, node.outputs)]
+
+    def run(self, *inputs) -> list[np.ndarray]:
+        g = self.graph
+        if len(inputs) != len(g.inputs):
+            raise InterpreterError(f"graph @{g.name} takes {len(g.inputs)} inputs, got "
+                                   f"{len(inputs)}")
+        env: dict[Value, np.ndarray] = {}
+        for v, a in zip(g.inputs, inputs):
+            a = np.asarray(a)
+            if a.shape != v.type.shape or a.dtype != v.type.dtype.np:
+                raise InterpreterError(
+                    f"graph @{g.name}: input %{v.name} expects {v.type}, got "
+                    f"{a.dtype}{list(a.shape)}")
+            env[v] = a
+        for i, node in enumerate(g.nodes):
+            try:
+                results = self.run_node(node, [env[v] for v in node.inputs])
+            except GraphcError:
+                raise
+            except Exception as err:
+                raise InterpreterError(f"while executing {format_node(node)}: "
+                                       f"{type(err).__name__}: {err}") from err
+            for v, r in zip(node.outputs, results):
+                env[v] = r
+            for v in self._frees.get(i, ()):
+                env.pop(v, None)
+        return [env[v] for v in g.outputs]
+
+
+def run(graph: Graph, *inputs) -> list[np.ndarray]:
+    """Run `graph` on numpy arrays with the registry's kernels; returns the output arrays."""
+    return Interpreter(graph).run(*inputs)
