@@ -1,0 +1,74 @@
+"""SGD with momentum, dampening, Nesterov, weight decay and maximize: PyTorch's update.
+
+Per parameter, in the order of `torch.optim.sgd._single_tensor_sgd`:
+
+    g = -grad if maximize else grad
+    g = g + weight_decay * p                          (if weight_decay != 0)
+    buf = clone(g) on the first step, else buf * momentum + (1 - dampening) * g
+    g = g + momentum * buf if nesterov else buf       (if momentum != 0)
+    p = p - lr * g
+
+Every line is a graphc op (in-place methods on `p` and the buffer), so a trace records it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphc.optim.optimizer import Optimizer, check_lr, check_weight_decay, clone
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent (optionally with momentum), as `torch.optim.SGD`.
+
+    >>> import graphc
+    >>> from graphc.optim import SGD
+    >>> w = graphc.tensor([1.0], requires_grad=True)
+    >>> opt = SGD([w], lr=0.1, momentum=0.9)
+    >>> (w * w).sum().backward()
+    >>> opt.step()
+    >>> w
+    tensor([0.8000], requires_grad=True)
+    """
+
+    _STATE_KEYS = ("momentum_buffer",)
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0, dampening: float = 0,
+                 weight_decay: float = 0, nesterov: bool = False, *,
+                 maximize: bool = False) -> None:
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "dampening": dampening,
+            "weight_decay": weight_decay,
+            "nesterov": nesterov,
+            "maximize": maximize,
+        }
+        self._check_group(defaults)
+        super().__init__(params, defaults)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        check_lr(group["lr"])
+        if group["momentum"] < 0.0:
+            raise ValueError(f"Invalid momentum value: {group['momentum']}")
+        check_weight_decay(group["weight_decay"])
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+    def _update_group(self, group: dict[str, Any], params: list, grads: list) -> None:
+        lr, momentum = group["lr"], group["momentum"]
+        dampening, weight_decay = group["dampening"], group["weight_decay"]
+        for p, grad in zip(params, grads):
+            g = -grad if group["maximize"] else grad
+            if weight_decay != 0:
+                g = g.add(p, alpha=weight_decay)
+            if momentum != 0:
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = clone(g)
+                    state["momentum_buffer"] = buf
+                else:
+                    buf.mul_(momentum).add_(g, alpha=1 - dampening)
+                g = g.add(buf, alpha=momentum) if group["nesterov"] else buf
+            p.add_(g, alpha=-lr)
