@@ -1,4 +1,411 @@
-"""Ops of the 'pool' group (being written)."""
+"""2-D pooling: max_pool2d and avg_pool2d with their gradient ops, vectorised numpy.
+
+Registry ops (kind POOL) and how they differentiate (the set closes, so any order works):
+
+    max_pool2d(x)                 -> (values, indices)  VJP: max_pool2d_grad(g, indices)
+    max_pool2d_grad(g, indices)   -> gx                 VJP: max_pool2d_gather(ggx, indices)
+    max_pool2d_gather(t, indices) -> values of t        VJP: max_pool2d_grad(g, indices)
+    avg_pool2d(x)                 -> y                  VJP: avg_pool2d_grad(g)
+    avg_pool2d_grad(g)            -> gx                 VJP: avg_pool2d(ggx)
+
+Invariants:
+- Inputs are (N, C, H, W) or unbatched (C, H, W); every op keeps the leading dimensions and
+  works on the last two.
+- `indices` are int64 flat positions `row * W + col` inside each H*W plane, as PyTorch
+  returns them; ties and NaN follow PyTorch's CPU kernel (the first maximum in row-major
+  window order wins, a NaN wins over numbers), and a window of -inf points at its first
+  in-bounds element.
+- Output sizes follow PyTorch's `pooling_output_shape`, ceil_mode included: the last window
+  must start inside the input or the left padding. Padding is at most half the effective
+  kernel, so no window lies entirely in the padding.
+- Attributes are canonical: kernel_size, stride, padding, dilation are (h, w) int pairs; the
+  gradient ops carry the input's spatial size as `input_hw`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphc.errors import ArgumentError, DTypeError, ShapeError, where
+from graphc.ops.registry import POOL, OpDef, call, register
+from graphc.types import TensorType, int64
+
+_MAX_ATTRS = {"kernel_size": tuple, "stride": tuple, "padding": tuple, "dilation": tuple,
+              "ceil_mode": bool}
+_AVG_ATTRS = {"kernel_size": tuple, "stride": tuple, "padding": tuple, "ceil_mode": bool,
+              "count_include_pad": bool, "divisor_override": int}
+_AVG_NAMES = tuple(_AVG_ATTRS)
+
+
+# ---- shapes ----------------------------------------------------------------------------------
+def _size(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def pool_output_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """PyTorch's pooling_output_shape for one dimension."""
+    out = (n + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= n + p:
+        out -= 1  # the last window must start inside the input or the left padding
+    return out
+
+
+def _pool_shape(op: str, x: TensorType, kernel_size, stride, padding, dilation, ceil_mode):
+    """PyTorch's pool2d_shape_check, in its order and wording; returns (H_out, W_out)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
+    if kh <= 0 or kw <= 0:
+        raise ArgumentError(
+            f"{where(op)}: kernel size should be greater than zero, but got kH: {kh} kW: {kw}")
+    if sh <= 0 or sw <= 0:
+        raise ArgumentError(
+            f"{where(op)}: stride should be greater than zero, but got dH: {sh} dW: {sw}")
+    if dh <= 0 or dw <= 0:
+        raise ArgumentError(
+            f"{where(op)}: dilation should be greater than zero, but got dilationH: {dh} "
+            f"dilationW: {dw}")
+    if ph < 0 or pw < 0:
+        raise ArgumentError(f"{where(op)}: pad must be non-negative, but got pad: {min(ph, pw)}")
+    if x.ndim not in (3, 4) or x.numel == 0:
+        raise ShapeError(
+            f"{where(op)}: non-empty 3D or 4D (batch mode) tensor expected for input, but got "
+            f"input of size {_size(x.shape)}")
+    for p, k, d in ((ph, kh, dh), (pw, kw, dw)):
+        if p > (d * (k - 1) + 1) // 2:
+            raise ArgumentError(
+                f"{where(op)}: pad should be at most half of effective kernel size, but got "
+                f"pad={p}, kernel_size={k} and dilation={d}")
+    c, h, w = x.shape[-3:]
+    ho = pool_output_size(h, kh, sh, ph, dh, ceil_mode)
+    wo = pool_output_size(w, kw, sw, pw, dw, ceil_mode)
+    if ho < 1 or wo < 1:
+        raise ShapeError(
+            f"{where(op)}: Given input size: ({c}x{h}x{w}). Calculated output size: "
+            f"({c}x{ho}x{wo}). Output size is too small")
+    return ho, wo
+
+
+def _require_float(op: str, t: TensorType, what: str) -> None:
+    if not t.dtype.is_floating:
+        raise DTypeError(
+            f"{where(op)}: expected a floating point {what} (float32 or float64), got "
+            f"{t.dtype.name}; convert it with .float() or .double()")
+
+
+def _check_grad_shape(op: str, g: TensorType, x_shape, out_hw) -> None:
+    want = tuple(x_shape[:-2]) + tuple(out_hw)
+    if g.shape != want:
+        raise ShapeError(
+            f"{where(op)}: expected grad_output of size {_size(want)} for an input of size "
+            f"{_size(x_shape)}, got {_size(g.shape)}")
+
+
+# ---- numpy building blocks -------------------------------------------------------------------
+def _planes(x: np.ndarray) -> np.ndarray:
+    """View the leading dimensions as one: (B, H, W)."""
+    return x.reshape((-1,) + x.shape[-2:])
+
+
+def _padded(x3: np.ndarray, padding, needed_hw, fill) -> np.ndarray:
+    """Pad (B, H, W) by `padding` on the left/top and to at least `needed_hw` overall."""
+    b, h, w = x3.shape
+    ph, pw = padding
+    hp, wp = max(h + 2 * ph, needed_hw[0]), max(w + 2 * pw, needed_hw[1])
+    if (hp, wp) == (h, w):
+        return x3
+    out = np.full((b, hp, wp), fill, dtype=x3.dtype)
+    out[:, ph:ph + h, pw:pw + w] = x3
+    return out
+
+
+def _window_slices(i: int, j: int, out_hw, stride, dilation) -> tuple:
+    """The strided slice of the padded planes that holds offset (i, j) of every window."""
+    (ho, wo), (sh, sw), (dh, dw) = out_hw, stride, dilation
+    r0, c0 = i * dh, j * dw
+    return (slice(None), slice(r0, r0 + sh * (ho - 1) + 1, sh),
+            slice(c0, c0 + sw * (wo - 1) + 1, sw))
+
+
+def _needed_hw(out_hw, kernel_size, stride, dilation) -> tuple[int, int]:
+    return tuple((o - 1) * s + d * (k - 1) + 1
+                 for o, k, s, d in zip(out_hw, kernel_size, stride, dilation))
+
+
+def _lowest(dtype) -> float | int:
+    return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+
+
+# ---- max_pool2d ------------------------------------------------------------------------------
+def _max_pool2d_infer(x: TensorType, *, kernel_size, stride, padding, dilation, ceil_mode):
+    if x.dtype.name == "bool":
+        raise DTypeError(f'{where("max_pool2d")}: "max_pool2d" not implemented for \'Bool\'')
+    out_hw = _pool_shape("max_pool2d", x, kernel_size, stride, padding, dilation, ceil_mode)
+    shape = x.shape[:-2] + out_hw
+    return (TensorType(shape, x.dtype), TensorType(shape, int64))
+
+
+def _max_pool2d_kernel(x, *, kernel_size, stride, padding, dilation, ceil_mode):
+    h, w = x.shape[-2:]
+    out_hw = tuple(pool_output_size(n, k, s, p, d, ceil_mode) for n, k, s, p, d in
+                   zip((h, w), kernel_size, stride, padding, dilation))
+    x3 = _planes(x)
+    low = _lowest(x.dtype)
+    xp = _padded(x3, padding, _needed_hw(out_hw, kernel_size, stride, dilation), low)
+    # Window starts in input coordinates; each window's first in-bounds element (PyTorch's
+    # initial maxindex) is its start moved forward by whole dilation steps.
+    starts = [np.arange(o) * s - p for o, s, p in zip(out_hw, stride, padding)]
+    firsts = [np.where(st < 0, st + (-st + d - 1) // d * d, st)
+              for st, d in zip(starts, dilation)]
+    best = np.full((x3.shape[0],) + out_hw, low, dtype=x.dtype)
+    index = np.broadcast_to(firsts[0][:, None] * w + firsts[1][None, :], best.shape).copy()
+    is_float = np.issubdtype(x.dtype, np.floating)
+    for i in range(kernel_size[0]):
+        rows = starts[0] + i * dilation[0]
+        for j in range(kernel_size[1]):
+            cols = starts[1] + j * dilation[1]
+            valid = ((rows >= 0) & (rows < h))[:, None] & ((cols >= 0) & (cols < w))[None, :]
+            vals = xp[_window_slices(i, j, out_hw, stride, dilation)]
+            better = vals > best
+            if is_float:
+                better |= np.isnan(vals)
+            better &= valid
+            np.copyto(best, vals, where=better)
+            np.copyto(index, np.broadcast_to(rows[:, None] * w + cols[None, :], best.shape),
+                      where=better)
+    shape = x.shape[:-2] + out_hw
+    return best.reshape(shape), index.reshape(shape)
+
+
+def _max_pool2d_vjp(ctx, g, _g_indices):
+    if g is None:
+        return (None,)
+    indices = ctx.outputs[1]
+    return (call("max_pool2d_grad", g, indices, input_hw=tuple(ctx.input_types[0].shape[-2:])),)
+
+
+register(OpDef("max_pool2d", POOL, ("input",), _max_pool2d_infer, _max_pool2d_kernel,
+               _max_pool2d_vjp, attrs=dict(_MAX_ATTRS), saved_outputs=(1,),
+               doc="2-D max pooling; returns the maxima and their flat H*W positions."))
+
+
+# ---- max_pool2d_grad: scatter by indices -----------------------------------------------------
+def _check_indices(op: str, t: TensorType, indices: TensorType) -> None:
+    if indices.dtype is not int64:
+        raise DTypeError(f"{where(op)}: expected indices of dtype int64, got "
+                         f"{indices.dtype.name}")
+    if indices.shape != t.shape or t.ndim not in (3, 4):
+        raise ShapeError(
+            f"{where(op)}: expected 3D or 4D grad_output and indices of the same size, got "
+            f"{_size(t.shape)} and {_size(indices.shape)}")
+
+
+def _max_pool2d_grad_infer(g: TensorType, indices: TensorType, *, input_hw):
+    op = "max_pool2d_grad"
+    _require_float(op, g, "grad_output")
+    _check_indices(op, g, indices)
+    return TensorType(g.shape[:-2] + tuple(input_hw), g.dtype)
+
+
+def _max_pool2d_grad_kernel(g, indices, *, input_hw):
+    plane = input_hw[0] * input_hw[1]
+    g3, i3 = _planes(g), _planes(indices)
+    b = g3.shape[0]
+    flat = (i3.reshape(b, -1) + (np.arange(b) * plane)[:, None]).ravel()
+    out = np.bincount(flat, weights=g3.ravel(), minlength=b * plane)
+    return out.astype(g.dtype, copy=False).reshape(g.shape[:-2] + tuple(input_hw))
+
+
+def _max_pool2d_grad_vjp(ctx, gg):
+    return (call("max_pool2d_gather", gg, ctx.inputs[1]), None)
+
+
+register(OpDef("max_pool2d_grad", POOL, ("grad_output", "indices"), _max_pool2d_grad_infer,
+               _max_pool2d_grad_kernel, _max_pool2d_grad_vjp, attrs={"input_hw": tuple},
+               saved_inputs=(1,),
+               doc="Gradient of max_pool2d: grad_output scattered (added) at the indices."))
+
+
+# ---- max_pool2d_gather: the transpose of the scatter (max pooling's double backward) ---------
+def _max_pool2d_gather_infer(t: TensorType, indices: TensorType):
+    op = "max_pool2d_gather"
+    _require_float(op, t, "input")
+    if indices.dtype is not int64:
+        raise DTypeError(f"{where(op)}: expected indices of dtype int64, got "
+                         f"{indices.dtype.name}")
+    if t.ndim not in (3, 4) or indices.shape[:-2] != t.shape[:-2] or indices.ndim != t.ndim:
+        raise ShapeError(
+            f"{where(op)}: expected an input and indices of the same 3D or 4D layout, got "
+            f"{_size(t.shape)} and {_size(indices.shape)}")
+    return TensorType(indices.shape, t.dtype)
+
+
+def _max_pool2d_gather_kernel(t, indices):
+    t3, i3 = _planes(t), _planes(indices)
+    b = t3.shape[0]
+    out = np.take_along_axis(t3.reshape(b, -1), i3.reshape(b, -1), axis=1)
+    return out.reshape(indices.shape)
+
+
+def _max_pool2d_gather_vjp(ctx, g):
+    indices = ctx.inputs[1]
+    return (call("max_pool2d_grad", g, indices, input_hw=tuple(ctx.input_types[0].shape[-2:])),
+            None)
+
+
+register(OpDef("max_pool2d_gather", POOL, ("input", "indices"), _max_pool2d_gather_infer,
+               _max_pool2d_gather_kernel, _max_pool2d_gather_vjp, saved_inputs=(1,),
+               doc="Values of input at max_pool2d's flat H*W indices (its double backward)."))
+
+
+# ---- avg_pool2d ------------------------------------------------------------------------------
+def _avg_pool2d_infer(x: TensorType, *, kernel_size, stride, padding, ceil_mode,
+                      count_include_pad, divisor_override):
+    op = "avg_pool2d"
+    _require_float(op, x, "input")
+    if divisor_override is not None and divisor_override == 0:
+        raise ArgumentError(f"{where(op)}: divisor must be not zero")
+    out_hw = _pool_shape(op, x, kernel_size, stride, padding, (1, 1), ceil_mode)
+    return TensorType(x.shape[:-2] + out_hw, x.dtype)
+
+
+def _avg_divisor(in_hw, out_hw, kernel_size, stride, padding, count_include_pad,
+                 divisor_override, dtype) -> np.ndarray | float:
+    """The (H_out, W_out) divisor of each window, as PyTorch's CPU kernel computes it."""
+    if divisor_override is not None:
+        return float(divisor_override)
+    sizes = []
+    for n, o, k, s, p in zip(in_hw, out_hw, kernel_size, stride, padding):
+        start = np.arange(o) * s - p
+        end = np.minimum(start + k, n + p)  # windows may reach past the padding (ceil_mode)
+        if count_include_pad:
+            sizes.append(end - start)
+        else:
+            sizes.append(np.minimum(end, n) - np.maximum(start, 0))
+    return (sizes[0][:, None] * sizes[1][None, :]).astype(dtype)
+
+
+def _avg_pool2d_kernel(x, *, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                       divisor_override):
+    in_hw = x.shape[-2:]
+    out_hw = tuple(pool_output_size(n, k, s, p, 1, ceil_mode)
+                   for n, k, s, p in zip(in_hw, kernel_size, stride, padding))
+    x3 = _planes(x)
+    xp = _padded(x3, padding, _needed_hw(out_hw, kernel_size, stride, (1, 1)), 0)
+    total = np.zeros((x3.shape[0],) + out_hw, dtype=x.dtype)
+    for i in range(kernel_size[0]):
+        for j in range(kernel_size[1]):
+            total += xp[_window_slices(i, j, out_hw, stride, (1, 1))]
+    total /= _avg_divisor(in_hw, out_hw, kernel_size, stride, padding, count_include_pad,
+                          divisor_override, x.dtype)
+    return total.reshape(x.shape[:-2] + out_hw)
+
+
+def _avg_pool2d_vjp(ctx, g):
+    input_hw = tuple(ctx.input_types[0].shape[-2:])
+    return (call("avg_pool2d_grad", g, input_hw=input_hw, **ctx.attrs),)
+
+
+register(OpDef("avg_pool2d", POOL, ("input",), _avg_pool2d_infer, _avg_pool2d_kernel,
+               _avg_pool2d_vjp, attrs=dict(_AVG_ATTRS),
+               doc="2-D average pooling (PyTorch's divisor rules, ceil_mode, overrides)."))
+
+
+# ---- avg_pool2d_grad -------------------------------------------------------------------------
+def _avg_pool2d_grad_infer(g: TensorType, *, input_hw, kernel_size, stride, padding, ceil_mode,
+                           count_include_pad, divisor_override):
+    op = "avg_pool2d_grad"
+    _require_float(op, g, "grad_output")
+    if g.ndim not in (3, 4):
+        raise ShapeError(f"{where(op)}: expected a 3D or 4D grad_output, got {_size(g.shape)}")
+    x_shape = g.shape[:-2] + tuple(input_hw)
+    out_hw = _pool_shape(op, TensorType(x_shape, g.dtype), kernel_size, stride, padding, (1, 1),
+                         ceil_mode)
+    _check_grad_shape(op, g, x_shape, out_hw)
+    return TensorType(x_shape, g.dtype)
+
+
+def _avg_pool2d_grad_kernel(g, *, input_hw, kernel_size, stride, padding, ceil_mode,
+                            count_include_pad, divisor_override):
+    out_hw = g.shape[-2:]
+    g3 = _planes(g) / _avg_divisor(input_hw, out_hw, kernel_size, stride, padding,
+                                   count_include_pad, divisor_override, g.dtype)
+    (h, w), (ph, pw) = input_hw, padding
+    needed = _needed_hw(out_hw, kernel_size, stride, (1, 1))
+    out = np.zeros((g3.shape[0], max(h + 2 * ph, needed[0]), max(w + 2 * pw, needed[1])),
+                   dtype=g.dtype)
+    for i in range(kernel_size[0]):
+        for j in range(kernel_size[1]):
+            out[_window_slices(i, j, out_hw, stride, (1, 1))] += g3
+    return out[:, ph:ph + h, pw:pw + w].reshape(g.shape[:-2] + tuple(input_hw))
+
+
+def _avg_pool2d_grad_vjp(ctx, gg):
+    return (call("avg_pool2d", gg, **{k: ctx.attrs[k] for k in _AVG_NAMES}),)
+
+
+register(OpDef("avg_pool2d_grad", POOL, ("grad_output",), _avg_pool2d_grad_infer,
+               _avg_pool2d_grad_kernel, _avg_pool2d_grad_vjp,
+               attrs=dict(_AVG_ATTRS, input_hw=tuple),
+               doc="Gradient of avg_pool2d: grad_output / divisor spread over each window."))
+
+
+# ---- public functions ------------------------------------------------------------------------
+def _pair(op: str, name: str, value) -> tuple[int, int]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return (int(value), int(value))
+    if isinstance(value, (tuple, list)) and len(value) in (1, 2) \
+            and all(isinstance(v, (int, np.integer)) for v in value):
+        return (int(value[0]), int(value[-1]))
+    raise ArgumentError(
+        f"{where(op)}: {name} must either be a single int, or a tuple of two ints")
+
+
+def _stride(op: str, stride, kernel_size) -> tuple[int, int]:
+    if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0):
+        return kernel_size
+    stride = _pair(op, "stride", stride)
+    if 0 in stride:
+        raise ArgumentError(f"{where(op)}: stride should not be zero")
+    return stride
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """2-D max pooling over an NCHW or CHW input, as torch's F.max_pool2d.
+
+    >>> import graphc
+    >>> graphc.max_pool2d(graphc.arange(16.0).reshape(1, 1, 4, 4), 2).tolist()
+    [[[[5.0, 7.0], [13.0, 15.0]]]]
+    """
+    op = "max_pool2d"
+    kernel_size = _pair(op, "kernel_size", kernel_size)
+    values, indices = call("max_pool2d", input, kernel_size=kernel_size,
+                           stride=_stride(op, stride, kernel_size),
+                           padding=_pair(op, "padding", padding),
+                           dilation=_pair(op, "dilation", dilation), ceil_mode=bool(ceil_mode))
+    return (values, indices) if return_indices else values
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    """2-D average pooling over an NCHW or CHW input, as torch's F.avg_pool2d.
+
+    >>> import graphc
+    >>> graphc.avg_pool2d(graphc.arange(16.0).reshape(1, 1, 4, 4), 2).tolist()
+    [[[[2.5, 4.5], [10.5, 12.5]]]]
+    """
+    op = "avg_pool2d"
+    kernel_size = _pair(op, "kernel_size", kernel_size)
+    if divisor_override is not None:
+        if isinstance(divisor_override, bool) or not isinstance(divisor_override,
+                                                                (int, np.integer)):
+            raise ArgumentError(f"{where(op)}: divisor_override must be an int or None, got "
+                                f"{divisor_override!r}")
+        divisor_override = int(divisor_override)
+    return call("avg_pool2d", input, kernel_size=kernel_size,
+                stride=_stride(op, stride, kernel_size), padding=_pair(op, "padding", padding),
+                ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad),
+                divisor_override=divisor_override)
+
 
 TENSOR_METHODS: dict = {}
-PUBLIC: tuple = ()
+PUBLIC: tuple = ("max_pool2d", "avg_pool2d")
