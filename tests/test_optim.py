@@ -255,7 +255,8 @@ def test_updates_go_through_graphc_ops(name, monkeypatch):
         written.append(id(target))
         return apply_inplace(target, op_name, compute)
 
-    params = [graphc.tensor([1.0, -2.0], requires_grad=True), graphc.tensor(0.5, requires_grad=True)]
+    params = [graphc.tensor([1.0, -2.0], requires_grad=True),
+              graphc.tensor(0.5, requires_grad=True)]
     cfg = dict(lr=0.1, momentum=0.9) if name == "SGD" else dict(lr=0.1, amsgrad=True)
     opt = GRAPHC_CLASSES[name](params, **cfg)
     for step in range(2):
