@@ -178,6 +178,17 @@ class AccumulateGrad(Node):
             var.grad._version_counter.bump()
 
 
+# Registry ops whose PyTorch backward node has another name than "<Op>Backward0".
+_TORCH_NODE_NAMES = {
+    "cast": "ToCopyBackward0",
+    "reduce_sum": "SumBackward1",
+    "reduce_mean": "MeanBackward1",
+    "clamp": "ClampBackward1",
+    "broadcast_to": "ExpandBackward0",
+    "reshape": "ViewBackward0",
+}
+
+
 class OpBackward(Node):
     """Backward of one registry op: runs the op's VJP over its saved tensors."""
 
@@ -193,7 +204,10 @@ class OpBackward(Node):
         self.saved_outputs = {i: SavedTensor(outputs[i]) for i in opdef.saved_outputs}
 
     def name(self) -> str:
-        return "".join(p.capitalize() for p in self.opdef.name.split("_")) + "Backward"
+        """PyTorch's node name (`MulBackward0`) where it differs from the op name, else ours."""
+        if self.opdef.name in _TORCH_NODE_NAMES:
+            return _TORCH_NODE_NAMES[self.opdef.name]
+        return "".join(p.capitalize() for p in self.opdef.name.split("_")) + "Backward0"
 
     def backward(self, grads: tuple) -> tuple:
         ctx = VJPContext(self)
