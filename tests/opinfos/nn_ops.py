@@ -234,11 +234,12 @@ def _np_nll_backward(g, target, weight, ignore_index=-100, reduction="mean", inp
 
 def _torch_nll_backward(g, target, weight, ignore_index=-100, reduction="mean", input_shape=()):
     import torch
+    import torch.nn.functional as F
 
-    x = torch.zeros(input_shape, dtype=g.dtype)
-    red = {"none": 0, "mean": 1, "sum": 2}[reduction]
-    _, total = torch.ops.aten.nll_loss_forward(x, target, weight, red, ignore_index)
-    return torch.ops.aten.nll_loss_backward(g, x, target, weight, red, ignore_index, total)
+    x = torch.zeros(input_shape, dtype=g.dtype, requires_grad=True)
+    loss = F.nll_loss(x, target, weight, ignore_index=ignore_index, reduction=reduction)
+    (gx,) = torch.autograd.grad(loss, x, g, create_graph=True)
+    return gx
 
 
 def _nll_backward_samples(rng):
@@ -308,7 +309,7 @@ def _bce_samples(rng):
         out.append(Sample((arr(rng, 3, 4, low=-4, high=4), arr(rng, 3, 4, low=0, high=1)),
                           {"reduction": reduction}, desc=reduction))
     out.append(Sample((arr(rng, 3, 4), arr(rng, 3, 4, low=0, high=1), arr(rng, 4, low=0.5, high=2)),
-                      desc="weight"))
+                      grad_args=(0, 1), desc="weight"))  # weight: no grad in PyTorch
     out.append(Sample((np.array([-100.0, -30.0, 30.0, 100.0], dtype=np.float32),
                        np.array([1.0, 0.0, 1.0, 0.0], dtype=np.float32)),
                       {"reduction": "none"}, desc="huge logits stay finite"))
@@ -332,7 +333,8 @@ def _torch_bce_pos_weight(x, t, pos_weight, reduction="mean"):
 
 def _bce_pw_samples(rng):
     return [Sample((arr(rng, 3, 4), arr(rng, 3, 4, low=0, high=1), arr(rng, 4, low=0.5, high=3)),
-                   {"reduction": r}, desc=r) for r in ("mean", "sum", "none")]
+                   {"reduction": r}, grad_args=(0, 1), desc=r)  # pos_weight: no grad in PyTorch
+            for r in ("mean", "sum", "none")]
 
 
 def _bce_errors(rng):
@@ -386,9 +388,12 @@ def _emb_samples(rng):
     return [
         Sample((np.array([0, 2, 2, 4]), arr(rng, 5, 3)), desc="repeated rows"),
         Sample((rng.integers(0, 6, size=(2, 3)), arr(rng, 6, 2)), desc="2-d indices"),
-        Sample((np.array([[1, 0], [0, 3]]), arr(rng, 4, 3)), {"padding_idx": 0},
+        # The padding row's gradient is zero by definition, so finite differences disagree
+        # there (as in PyTorch): no gradient checks here; tests/test_losses.py compares the
+        # padding gradients with PyTorch's.
+        Sample((np.array([[1, 0], [0, 3]]), arr(rng, 4, 3)), {"padding_idx": 0}, grad_args=(),
                desc="padding_idx"),
-        Sample((np.array([1, 3, 3]), arr(rng, 4, 2)), {"padding_idx": -1},
+        Sample((np.array([1, 3, 3]), arr(rng, 4, 2)), {"padding_idx": -1}, grad_args=(),
                desc="negative padding_idx"),
         Sample((np.array(2), arr(rng, 4, 2)), desc="0-d index"),
     ]
