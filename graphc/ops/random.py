@@ -146,6 +146,43 @@ def _numel(shape) -> int:
     return int(math.prod(shape))
 
 
+# ---- scalar reference: the specification above, one word at a time ----------------------------
+def philox4x32_scalar(ctr, key, rounds: int = PHILOX_ROUNDS) -> list[int]:
+    """Philox4x32-R on Python ints, as a backend renders it in C (tests check the kernels
+    against it, and it against the Random123 known answers)."""
+    c0, c1, c2, c3 = ctr
+    k0, k1 = key
+    for r in range(rounds):
+        if r:
+            k0, k1 = (k0 + PHILOX_W0) & _MASK32, (k1 + PHILOX_W1) & _MASK32
+        p0, p1 = PHILOX_M0 * c0, PHILOX_M1 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _MASK32, p1 & _MASK32, \
+            ((p0 >> 32) ^ c3 ^ k1) & _MASK32, p0 & _MASK32
+    return [c0, c1, c2, c3]
+
+
+class ReferenceStream:
+    """word(j) and the uniforms of the (seed, offset) stream, from the docstring's formulas."""
+
+    def __init__(self, seed: int, offset: int) -> None:
+        self.seed, self.offset = int(seed) % _U64, int(offset) % _U64
+        self._blocks: dict[int, list[int]] = {}
+
+    def word(self, j: int) -> int:
+        n = j // 4
+        if n not in self._blocks:
+            ctr = (self.offset + n) % _U64
+            self._blocks[n] = philox4x32_scalar((ctr & _MASK32, ctr >> 32, 0, 0),
+                                                (self.seed & _MASK32, self.seed >> 32))
+        return self._blocks[n][j % 4]
+
+    def uniform(self, i: int, dtype: str) -> float:
+        """Uniform i: 53 bits of words 2i, 2i+1 (float64) or 24 bits of word i (float32)."""
+        if dtype == "float64":
+            return (((self.word(2 * i) << 32) | self.word(2 * i + 1)) >> 11) * 2.0**-53
+        return (self.word(i) >> 8) * 2.0**-24
+
+
 # ---- word counts per op (the public functions advance the generator by these) ----------------
 def uniform_words(n: int, dtype: DType) -> int:
     return n * words_per_uniform(dtype)

@@ -1,8 +1,8 @@
 """OpInfo entries for the 'random' op group.
 
-The reference is a second, scalar implementation of the stream that graphc/ops/random.py's
-docstring specifies, written with Python ints one element at a time (the way a C backend
-renders it), independent of the vectorised numpy kernels. Uniform, dropout masks, bernoulli,
+The reference builds on `graphc.ops.random.ReferenceStream`, the scalar implementation of the
+stream its docstring specifies (Python ints, one word at a time, the way a C backend renders
+it), independent of the vectorised numpy kernels. Uniform, dropout masks, bernoulli,
 randint and randperm must equal it exactly; normal agrees to libm rounding (numpy's
 log/cos/sin against Python's math). No PyTorch parity of values: torch draws from its own
 generator (mt19937 on CPU), so the same seed gives different numbers by design.
@@ -16,60 +16,28 @@ import numpy as np
 
 import graphc
 from graphc.errors import ArgumentError, DTypeError
+from graphc.ops.random import ReferenceStream
 from graphc.ops.registry import call
 from tests.opinfo import ErrorInput, OpInfo, Sample, arr
 
-_M32 = 0xFFFFFFFF
 _TORCH_SKIP = {"torch": "torch draws from its own generator (mt19937): values differ by design"}
 
 
-# ---- scalar reference of the Philox stream ---------------------------------------------------
-def philox_ref(ctr, key, rounds: int = 10) -> list[int]:
-    """Philox4x32-R on Python ints (Random123's philox4x32_R): 4 output words."""
-    c0, c1, c2, c3 = ctr
-    k0, k1 = key
-    for r in range(rounds):
-        if r:
-            k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
-        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
-        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _M32, p1 & _M32, \
-            ((p0 >> 32) ^ c3 ^ k1) & _M32, p0 & _M32
-    return [c0, c1, c2, c3]
-
-
-class Stream:
-    """word(j) of the (seed, offset) stream, from the module docstring's formula."""
-
-    def __init__(self, seed_offset: np.ndarray) -> None:
-        self.seed, self.offset = (int(v) for v in seed_offset.astype(np.int64).view(np.uint64))
-        self._blocks: dict[int, list[int]] = {}
-
-    def word(self, j: int) -> int:
-        n = j // 4
-        if n not in self._blocks:
-            ctr = (self.offset + n) % (1 << 64)
-            self._blocks[n] = philox_ref((ctr & _M32, ctr >> 32, 0, 0),
-                                         (self.seed & _M32, self.seed >> 32))
-        return self._blocks[n][j % 4]
-
-    def uniform(self, i: int, dtype: str) -> float:
-        if dtype == "float64":
-            x = (self.word(2 * i) << 32) | self.word(2 * i + 1)
-            return (x >> 11) * 2.0**-53
-        return (self.word(i) >> 8) * 2.0**-24
-
-    def u24(self, i: int) -> float:
-        return (self.word(i) >> 8) * 2.0**-24
+# ---- op references on the scalar stream (graphc.ops.random.ReferenceStream) ------------------
+def _stream(seed_offset: np.ndarray) -> ReferenceStream:
+    """The reference stream of an op's [seed, offset] input array."""
+    seed, offset = (int(v) for v in seed_offset.astype(np.int64).view(np.uint64))
+    return ReferenceStream(seed, offset)
 
 
 def uniform_ref(seed, shape, dtype):
-    s = Stream(seed)
+    s = _stream(seed)
     n = math.prod(shape)
     return np.array([s.uniform(i, dtype) for i in range(n)], dtype=dtype).reshape(shape)
 
 
 def normal_ref(seed, shape, dtype):
-    s = Stream(seed)
+    s = _stream(seed)
     n = math.prod(shape)
     out = []
     for k in range((n + 1) // 2):
@@ -80,8 +48,8 @@ def normal_ref(seed, shape, dtype):
 
 
 def dropout_mask_ref(seed, n: int, p: float) -> np.ndarray:
-    s = Stream(seed)
-    return np.array([s.u24(i) < 1.0 - p for i in range(n)])
+    s = _stream(seed)
+    return np.array([s.uniform(i, "float32") < 1.0 - p for i in range(n)])
 
 
 def dropout_ref(x, seed, p):
@@ -90,14 +58,14 @@ def dropout_ref(x, seed, p):
 
 
 def bernoulli_ref(p, seed):
-    s = Stream(seed)
+    s = _stream(seed)
     flat = p.reshape(-1)
-    return np.array([s.u24(i) < float(flat[i]) for i in range(flat.size)],
+    return np.array([s.uniform(i, "float32") < float(flat[i]) for i in range(flat.size)],
                     dtype=p.dtype).reshape(p.shape)
 
 
 def randint_ref(seed, low, high, shape):
-    s = Stream(seed)
+    s = _stream(seed)
     r = high - low
     out = []
     for i in range(math.prod(shape)):
@@ -108,7 +76,7 @@ def randint_ref(seed, low, high, shape):
 
 
 def randperm_ref(seed, n):
-    s = Stream(seed)
+    s = _stream(seed)
     keys = [((s.word(2 * i) << 32) | s.word(2 * i + 1), i) for i in range(n)]
     return np.array([i for _, i in sorted(keys)], dtype=np.int64)
 
