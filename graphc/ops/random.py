@@ -357,11 +357,10 @@ register(OpDef("randperm", RANDOM, ("seed",), _randperm_infer, _randperm_kernel,
 # ---- Generator -------------------------------------------------------------------------------
 def _canonical_seed(seed) -> int:
     """PyTorch's range: [-2^63, 2^64); negative seeds map to seed + 2^64."""
+    if hasattr(seed, "dtype") and getattr(seed, "ndim", 1) == 0 and seed.dtype.name == "int64":
+        seed = seed.item()  # a 0-d int64 tensor or numpy scalar
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        if hasattr(seed, "item") and not isinstance(seed, float):
-            seed = seed.item()
-        else:
-            raise TypeError(f"manual_seed expected an int seed, got {type(seed).__name__}")
+        raise TypeError(f"manual_seed expected an int seed, got {type(seed).__name__}")
     seed = int(seed)
     if not -(1 << 63) <= seed < _U64:
         raise ArgumentError(
