@@ -352,7 +352,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         raise ArgumentError(f"{where(op)}: groups must be an int, got {groups!r}")
     if extra is not None and any(extra):
         # Even kernel extents under 'same': one more zero row/column at the bottom/right.
-        input = call("pad", input, pad=(0, extra[1], 0, extra[0]), mode="constant", value=0.0)
+        pads = (0, 0) * (input.ndim - 2) + (0, extra[0], 0, extra[1])
+        input = call("pad", input, pads=pads, value=0.0)
     out = call("conv2d", input, weight, stride=stride, padding=padding, dilation=dilation,
                groups=int(groups))
     if bias is not None:

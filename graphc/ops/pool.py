@@ -1,12 +1,12 @@
 """2-D pooling: max_pool2d and avg_pool2d with their gradient ops, vectorised numpy.
 
-Registry ops (kind POOL) and how they differentiate (the set closes, so any order works):
+Registry ops (kind POOL) and how they differentiate (with the movement ops gather/reshape
+and scatter_add, the gather's VJP, the set closes, so any order works):
 
-    max_pool2d(x)                 -> (values, indices)  VJP: max_pool2d_grad(g, indices)
-    max_pool2d_grad(g, indices)   -> gx                 VJP: max_pool2d_gather(ggx, indices)
-    max_pool2d_gather(t, indices) -> values of t        VJP: max_pool2d_grad(g, indices)
-    avg_pool2d(x)                 -> y                  VJP: avg_pool2d_grad(g)
-    avg_pool2d_grad(g)            -> gx                 VJP: avg_pool2d(ggx)
+    max_pool2d(x)               -> (values, indices)  VJP: max_pool2d_grad(g, indices)
+    max_pool2d_grad(g, indices) -> gx                 VJP: gather(ggx, indices) per H*W plane
+    avg_pool2d(x)               -> y                  VJP: avg_pool2d_grad(g)
+    avg_pool2d_grad(g)          -> gx                 VJP: avg_pool2d(ggx)
 
 Invariants:
 - Inputs are (N, C, H, W) or unbatched (C, H, W); every op keeps the leading dimensions and
@@ -215,45 +215,19 @@ def _max_pool2d_grad_kernel(g, indices, *, input_hw):
 
 
 def _max_pool2d_grad_vjp(ctx, gg):
-    return (call("max_pool2d_gather", gg, ctx.inputs[1]), None)
+    # The transpose of a scatter by indices is a gather by the same indices (per H*W plane).
+    indices = ctx.inputs[1]
+    lead = tuple(indices.shape[:-2])
+    planes = call("reshape", gg, shape=lead + (gg.shape[-2] * gg.shape[-1],))
+    flat = call("reshape", indices, shape=lead + (indices.shape[-2] * indices.shape[-1],))
+    picked = call("gather", planes, flat, axis=len(lead))
+    return (call("reshape", picked, shape=tuple(indices.shape)), None)
 
 
 register(OpDef("max_pool2d_grad", POOL, ("grad_output", "indices"), _max_pool2d_grad_infer,
                _max_pool2d_grad_kernel, _max_pool2d_grad_vjp, attrs={"input_hw": tuple},
                saved_inputs=(1,),
                doc="Gradient of max_pool2d: grad_output scattered (added) at the indices."))
-
-
-# ---- max_pool2d_gather: the transpose of the scatter (max pooling's double backward) ---------
-def _max_pool2d_gather_infer(t: TensorType, indices: TensorType):
-    op = "max_pool2d_gather"
-    _require_float(op, t, "input")
-    if indices.dtype is not int64:
-        raise DTypeError(f"{where(op)}: expected indices of dtype int64, got "
-                         f"{indices.dtype.name}")
-    if t.ndim not in (3, 4) or indices.shape[:-2] != t.shape[:-2] or indices.ndim != t.ndim:
-        raise ShapeError(
-            f"{where(op)}: expected an input and indices of the same 3D or 4D layout, got "
-            f"{_size(t.shape)} and {_size(indices.shape)}")
-    return TensorType(indices.shape, t.dtype)
-
-
-def _max_pool2d_gather_kernel(t, indices):
-    t3, i3 = _planes(t), _planes(indices)
-    b = t3.shape[0]
-    out = np.take_along_axis(t3.reshape(b, -1), i3.reshape(b, -1), axis=1)
-    return out.reshape(indices.shape)
-
-
-def _max_pool2d_gather_vjp(ctx, g):
-    indices = ctx.inputs[1]
-    return (call("max_pool2d_grad", g, indices, input_hw=tuple(ctx.input_types[0].shape[-2:])),
-            None)
-
-
-register(OpDef("max_pool2d_gather", POOL, ("input", "indices"), _max_pool2d_gather_infer,
-               _max_pool2d_gather_kernel, _max_pool2d_gather_vjp, saved_inputs=(1,),
-               doc="Values of input at max_pool2d's flat H*W indices (its double backward)."))
 
 
 # ---- avg_pool2d ------------------------------------------------------------------------------
