@@ -539,7 +539,7 @@ def _bn_vjp(ctx, g, g_mean=None, g_invstd=None):
         # save_mean and save_invstd are functions of x in training mode.
         if g_mean is not None:
             gm = _channel_view(g_mean, nd) / m
-            gx = gm if gx is None else gx + gm
+            gx = call("broadcast_to", gm, shape=tuple(x.shape)) if gx is None else gx + gm
         if g_invstd is not None:
             gi = _channel_view(g_invstd * invstd * invstd * invstd, nd) * centred * (-1.0 / m)
             gx = gi if gx is None else gx + gi
