@@ -1,4 +1,1191 @@
-"""Ops of the 'movement' group (being written)."""
+"""Movement ops: reshape, permute, broadcast, slicing, gathers and scatters, concat, pad, flip.
 
-TENSOR_METHODS: dict = {}
-PUBLIC: tuple = ()
+Primitives (registry ops), each with its rule, kernel and VJP on consecutive lines:
+  reshape, permute, broadcast_to, slice        views of the input (`view=True`) where numpy
+                                               gives one, so they share the version counter
+  slice_scatter                                out-of-place slice assignment (slice's VJP)
+  take, index_add, index_put                   integer-tensor indexing along one axis, its
+                                               scatter-add VJP, and out-of-place index assignment
+  gather, scatter_add                          PyTorch's gather and its scatter-add VJP
+  concat, pad, flip, copy
+Every VJP is written with these ops, so gradients of gradients work and trace.
+
+Indices given to take/index_add/index_put may be negative (in [-n, n), numpy's wrap-around);
+slices are canonical (0 <= start <= stop <= n, step >= 1): the public functions normalise.
+Everything else (transpose, squeeze, stack, split, narrow, repeat, __getitem__, __setitem__...)
+is a composition of the primitives. `__getitem__` follows PyTorch's order: integers select,
+slices slice, None inserts, then integer tensors index what is left (together, in place if
+they are adjacent, in front otherwise). Unlike PyTorch, a negative slice step is accepted
+(numpy's meaning), computed as a positive-step slice plus `flip`.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+from graphc.errors import ArgumentError, DTypeError, ShapeError, TraceError, where
+from graphc.ops.grad_utils import sum_to
+from graphc.ops.registry import MOVEMENT, OpDef, call, inplace, register
+from graphc.ops.shapes import index_dtype_check, normalize_axis, numel, result_dtype
+from graphc.types import TensorType, as_dtype, bool_, int64
+
+
+class IndexOutOfRangeError(ArgumentError, IndexError):
+    """An index past the end of a dimension (PyTorch raises IndexError here)."""
+
+
+def _zeros(ty: TensorType, dtype):
+    return call("full", shape=tuple(ty.shape), value=0.0, dtype=dtype.name)
+
+
+def _check_index_range(op: str, index: np.ndarray, size: int, dim: int, message=None,
+                       allow_negative: bool = True) -> None:
+    """Raise PyTorch's IndexError when an index lies outside [-size, size) (or [0, size))."""
+    if index.size == 0:
+        return
+    bad = (index < (-size if allow_negative else 0)) | (index >= size)
+    if bad.any():
+        value = int(index[bad].reshape(-1)[0])
+        raise IndexOutOfRangeError(
+            f"{where(op)}: " + (message or f"index {value} is out of bounds for dimension {dim} "
+                                f"with size {size}")
+        )
+
+
+def _axis_index(axis: int, index):
+    return (slice(None),) * axis + (index,)
+
+
+# ---- reshape ---------------------------------------------------------------------------------
+def _reshape_infer(x: TensorType, shape: tuple) -> TensorType:
+    if numel(shape) != x.numel or any(s < 0 for s in shape):
+        raise ShapeError(
+            f"{where('reshape')}: shape '{list(shape)}' is invalid for input of size {x.numel}"
+        )
+    return TensorType(shape, x.dtype)
+
+
+def _reshape_kernel(x, shape):
+    return np.reshape(x, shape)  # a view when the strides allow one, else a copy
+
+
+def _reshape_vjp(ctx, g):
+    return (call("reshape", g, shape=ctx.input_types[0].shape),)
+
+
+register(OpDef("reshape", MOVEMENT, ("x",), _reshape_infer, _reshape_kernel, _reshape_vjp,
+               attrs={"shape": tuple}, view=True))
+
+
+# ---- permute ---------------------------------------------------------------------------------
+def _permute_infer(x: TensorType, dims: tuple) -> TensorType:
+    if len(dims) != x.ndim:
+        raise ShapeError(
+            f"{where('permute')}: number of dimensions in the tensor input does not match the "
+            f"length of the desired ordering of dimensions i.e. input.dim() = {x.ndim} is not "
+            f"equal to len(dims) = {len(dims)}"
+        )
+    if sorted(dims) != list(range(x.ndim)):
+        raise ArgumentError(f"{where('permute')}: duplicate dims are not allowed (got {dims})")
+    return TensorType(tuple(x.shape[d] for d in dims), x.dtype)
+
+
+def _permute_kernel(x, dims):
+    return np.transpose(x, dims)
+
+
+def _permute_vjp(ctx, g):
+    inverse = tuple(int(i) for i in np.argsort(ctx.attrs["dims"]))
+    return (call("permute", g, dims=inverse),)
+
+
+register(OpDef("permute", MOVEMENT, ("x",), _permute_infer, _permute_kernel, _permute_vjp,
+               attrs={"dims": tuple}, view=True))
+
+
+# ---- broadcast_to ----------------------------------------------------------------------------
+def _expand_error(x_shape, shape) -> str | None:
+    if len(shape) < len(x_shape):
+        return (f"the number of sizes provided ({len(shape)}) must be greater or equal to the "
+                f"number of dimensions in the tensor ({len(x_shape)})")
+    lead = len(shape) - len(x_shape)
+    for i, s in enumerate(shape):
+        if s < 0:
+            return f"The expanded size of the tensor ({s}) isn't allowed (dimension {i})"
+        if i >= lead and x_shape[i - lead] not in (1, s):
+            return (f"The expanded size of the tensor ({s}) must match the existing size "
+                    f"({x_shape[i - lead]}) at non-singleton dimension {i}.  Target sizes: "
+                    f"{list(shape)}.  Tensor sizes: {list(x_shape)}")
+    return None
+
+
+def _broadcast_to_infer(x: TensorType, shape: tuple) -> TensorType:
+    problem = _expand_error(x.shape, shape)
+    if problem:
+        raise ShapeError(f"{where('broadcast_to')}: {problem}")
+    return TensorType(shape, x.dtype)
+
+
+def _broadcast_to_kernel(x, shape):
+    lead = len(shape) - x.ndim
+    if all(s == 1 for s in shape[:lead]) and tuple(shape[lead:]) == x.shape:
+        return np.reshape(x, shape)  # nothing repeats: a writable view, as PyTorch's expand
+    return np.broadcast_to(x, shape)  # read-only: in-place writes to it are refused
+
+
+def _broadcast_to_vjp(ctx, g):
+    return (sum_to(g, ctx.input_types[0].shape),)
+
+
+register(OpDef("broadcast_to", MOVEMENT, ("x",), _broadcast_to_infer, _broadcast_to_kernel,
+               _broadcast_to_vjp, attrs={"shape": tuple}, view=True))
+
+
+# ---- slice and slice_scatter -----------------------------------------------------------------
+def _slice_shape(op: str, x: TensorType, starts, stops, steps) -> tuple[int, ...]:
+    if not len(starts) == len(stops) == len(steps) == x.ndim:
+        raise ArgumentError(f"{where(op)}: expected one start/stop/step per dimension of "
+                            f"{x}, got {starts}, {stops}, {steps}")
+    out = []
+    for d, (a, b, s) in enumerate(zip(starts, stops, steps)):
+        if not (0 <= a <= b <= x.shape[d] and s >= 1):
+            raise ArgumentError(f"{where(op)}: slice {a}:{b}:{s} of dimension {d} (size "
+                                f"{x.shape[d]}) is not canonical (0 <= start <= stop <= size, "
+                                "step >= 1)")
+        out.append(len(range(a, b, s)))
+    return tuple(out)
+
+
+def _slices(starts, stops, steps) -> tuple:
+    return tuple(slice(a, b, s) for a, b, s in zip(starts, stops, steps))
+
+
+def _slice_infer(x: TensorType, starts: tuple, stops: tuple, steps: tuple) -> TensorType:
+    return TensorType(_slice_shape("slice", x, starts, stops, steps), x.dtype)
+
+
+def _slice_kernel(x, starts, stops, steps):
+    return x[_slices(starts, stops, steps)]
+
+
+def _slice_vjp(ctx, g):
+    return (call("slice_scatter", _zeros(ctx.input_types[0], g.dtype), g, **ctx.attrs),)
+
+
+register(OpDef("slice", MOVEMENT, ("x",), _slice_infer, _slice_kernel, _slice_vjp,
+               attrs={"starts": tuple, "stops": tuple, "steps": tuple}, view=True))
+
+
+def _slice_scatter_infer(x: TensorType, src: TensorType, starts, stops, steps) -> TensorType:
+    shape = _slice_shape("slice_scatter", x, starts, stops, steps)
+    if src.shape != shape or src.dtype != x.dtype:
+        raise ShapeError(f"{where('slice_scatter')}: src must be {TensorType(shape, x.dtype)} "
+                         f"(the slice it replaces), got {src}")
+    return x
+
+
+def _slice_scatter_kernel(x, src, starts, stops, steps):
+    out = x.copy()
+    out[_slices(starts, stops, steps)] = src
+    return out
+
+
+def _slice_scatter_vjp(ctx, g):
+    gx = gsrc = None
+    if ctx.needs_input_grad[0]:
+        gx = call("slice_scatter", g, _zeros(ctx.input_types[1], g.dtype), **ctx.attrs)
+    if ctx.needs_input_grad[1]:
+        gsrc = call("slice", g, **ctx.attrs)
+    return (gx, gsrc)
+
+
+register(OpDef("slice_scatter", MOVEMENT, ("x", "src"), _slice_scatter_infer,
+               _slice_scatter_kernel, _slice_scatter_vjp,
+               attrs={"starts": tuple, "stops": tuple, "steps": tuple}))
+
+
+# ---- take, index_add, index_put: integer-tensor indexing along one axis ----------------------
+def _taken_shape(op: str, x: TensorType, index: TensorType, axis: int) -> tuple[int, ...]:
+    index_dtype_check(op, index)
+    axis = normalize_axis(op, axis, x.ndim)
+    if x.ndim == 0:
+        raise ShapeError(f"{where(op)}: cannot index a 0-d tensor along an axis")
+    return x.shape[:axis] + index.shape + x.shape[axis + 1:]
+
+
+def _take_infer(x: TensorType, index: TensorType, axis: int) -> TensorType:
+    return TensorType(_taken_shape("take", x, index, axis), x.dtype)
+
+
+def _take_kernel(x, index, axis):
+    _check_index_range("take", index, x.shape[axis], axis)
+    return np.take(x, index, axis=axis)
+
+
+def _take_vjp(ctx, g):
+    x = ctx.input_types[0]
+    return (call("index_add", _zeros(x, g.dtype), ctx.inputs[1], g, axis=ctx.attrs["axis"]),
+            None)
+
+
+register(OpDef("take", MOVEMENT, ("x", "index"), _take_infer, _take_kernel, _take_vjp,
+               attrs={"axis": int}, saved_inputs=(1,)))
+
+
+def _scatter_like_infer(op: str, x: TensorType, index: TensorType, src: TensorType,
+                        axis: int) -> TensorType:
+    shape = _taken_shape(op, x, index, axis)
+    if src.shape != shape or src.dtype != x.dtype:
+        raise ShapeError(f"{where(op)}: source must be {TensorType(shape, x.dtype)} (what "
+                         f"take would give for this index), got {src}")
+    return x
+
+
+def _index_add_infer(x: TensorType, index: TensorType, src: TensorType, axis: int):
+    return _scatter_like_infer("index_add", x, index, src, axis)
+
+
+def _index_add_kernel(x, index, src, axis):
+    _check_index_range("index_add", index, x.shape[axis], axis)
+    out = x.copy()
+    np.add.at(out, _axis_index(axis, index), src)  # repeated indices accumulate
+    return out
+
+
+def _index_add_vjp(ctx, g):
+    gsrc = call("take", g, ctx.inputs[1], axis=ctx.attrs["axis"])
+    return (g, None, gsrc if ctx.needs_input_grad[2] else None)
+
+
+register(OpDef("index_add", MOVEMENT, ("x", "index", "src"), _index_add_infer,
+               _index_add_kernel, _index_add_vjp, attrs={"axis": int}, saved_inputs=(1,)))
+
+
+def _index_put_infer(x: TensorType, index: TensorType, values: TensorType, axis: int):
+    return _scatter_like_infer("index_put", x, index, values, axis)
+
+
+def _index_put_kernel(x, index, values, axis):
+    _check_index_range("index_put", index, x.shape[axis], axis)
+    out = x.copy()
+    out[_axis_index(axis, index)] = values  # a repeated index keeps one of its values
+    return out
+
+
+def _index_put_vjp(ctx, g):
+    index, axis = ctx.inputs[1], ctx.attrs["axis"]
+    gx = gv = None
+    if ctx.needs_input_grad[0]:
+        gx = call("index_put", g, index, _zeros(ctx.input_types[2], g.dtype), axis=axis)
+    if ctx.needs_input_grad[2]:
+        gv = call("take", g, index, axis=axis)
+    return (gx, None, gv)
+
+
+register(OpDef("index_put", MOVEMENT, ("x", "index", "values"), _index_put_infer,
+               _index_put_kernel, _index_put_vjp, attrs={"axis": int}, saved_inputs=(1,)))
+
+
+# ---- gather and scatter_add (PyTorch's) ------------------------------------------------------
+def _gather_check(op: str, x: TensorType, index: TensorType, axis: int) -> None:
+    index_dtype_check(op, index)
+    if index.ndim != x.ndim and not (index.ndim <= 1 and x.ndim <= 1):
+        raise ShapeError(f"{where(op)}: Index tensor must have the same number of dimensions "
+                         f"as input tensor ({index.ndim} vs {x.ndim})")
+    for d in range(index.ndim):
+        if d != axis and index.shape[d] > x.shape[d]:
+            raise ShapeError(
+                f"{where(op)}: Size does not match at dimension {d} expected index "
+                f"{list(index.shape)} to be no larger than self {list(x.shape)} apart from "
+                f"dimension {axis}"
+            )
+
+
+def _gather_infer(x: TensorType, index: TensorType, axis: int) -> TensorType:
+    _gather_check("gather", x, index, axis)
+    return TensorType(index.shape, x.dtype)
+
+
+def _along_axis(index, axis):
+    """Full numpy index arrays that pick, at each position of `index`, entry index[...]."""
+    grids = list(np.indices(index.shape, sparse=True))
+    grids[axis] = index
+    return tuple(grids)
+
+
+def _gather_kernel(x, index, axis):
+    if x.ndim == 0:
+        return x.reshape(index.shape)
+    _check_index_range("gather", index, x.shape[axis], axis, allow_negative=False)
+    return x[_along_axis(index, axis)]
+
+
+def _gather_vjp(ctx, g):
+    x = ctx.input_types[0]
+    return (call("scatter_add", _zeros(x, g.dtype), ctx.inputs[1], g, axis=ctx.attrs["axis"]),
+            None)
+
+
+register(OpDef("gather", MOVEMENT, ("x", "index"), _gather_infer, _gather_kernel, _gather_vjp,
+               attrs={"axis": int}, saved_inputs=(1,)))
+
+
+def _scatter_add_infer(x: TensorType, index: TensorType, src: TensorType, axis: int):
+    _gather_check("scatter_add", x, index, axis)
+    if src.shape != index.shape or src.dtype != x.dtype:
+        raise ShapeError(f"{where('scatter_add')}: src must be "
+                         f"{TensorType(index.shape, x.dtype)} (the index's shape), got {src}")
+    return x
+
+
+def _scatter_add_kernel(x, index, src, axis):
+    out = x.copy()
+    if x.ndim == 0:
+        return out + src.sum()
+    _check_index_range("scatter_add", index, x.shape[axis], axis, allow_negative=False)
+    np.add.at(out, _along_axis(index, axis), src)
+    return out
+
+
+def _scatter_add_vjp(ctx, g):
+    gsrc = call("gather", g, ctx.inputs[1], axis=ctx.attrs["axis"])
+    return (g, None, gsrc if ctx.needs_input_grad[2] else None)
+
+
+register(OpDef("scatter_add", MOVEMENT, ("x", "index", "src"), _scatter_add_infer,
+               _scatter_add_kernel, _scatter_add_vjp, attrs={"axis": int}, saved_inputs=(1,)))
+
+
+# ---- concat ----------------------------------------------------------------------------------
+def _concat_infer(*xs: TensorType, axis: int) -> TensorType:
+    if not xs:
+        raise ArgumentError(f"{where('concat')}: expected a non-empty list of Tensors")
+    first = xs[0]
+    for k, t in enumerate(xs[1:], 1):
+        if t.ndim != first.ndim:
+            raise ShapeError(f"{where('concat')}: Tensors must have same number of dimensions: "
+                             f"got {first.ndim} and {t.ndim}")
+        for d in range(first.ndim):
+            if d != axis and t.shape[d] != first.shape[d]:
+                raise ShapeError(
+                    f"{where('concat')}: Sizes of tensors must match except in dimension "
+                    f"{axis}. Expected size {first.shape[d]} but got size {t.shape[d]} for "
+                    f"tensor number {k} in the list."
+                )
+    shape = list(first.shape)
+    shape[axis] = sum(t.shape[axis] for t in xs)
+    return TensorType(tuple(shape), result_dtype(*xs))
+
+
+def _concat_kernel(*xs, axis):
+    dtype = np.result_type(*xs)  # promotion agrees with graphc's for its four dtypes
+    return np.concatenate([x.astype(dtype, copy=False) for x in xs], axis=axis)
+
+
+def _concat_vjp(ctx, g):
+    axis = ctx.attrs["axis"]
+    grads, offset = [], 0
+    for ty, needed in zip(ctx.input_types, ctx.needs_input_grad):
+        size = ty.shape[axis]
+        grads.append(_narrow(g, axis, offset, size) if needed else None)
+        offset += size
+    return tuple(grads)
+
+
+register(OpDef("concat", MOVEMENT, ("*tensors",), _concat_infer, _concat_kernel, _concat_vjp,
+               attrs={"axis": int}))
+
+
+# ---- pad -------------------------------------------------------------------------------------
+def _pad_infer(x: TensorType, pads: tuple, value: float) -> TensorType:
+    """pads: (before, after) per axis, axis 0 first, flattened; negative entries crop."""
+    if len(pads) != 2 * x.ndim:
+        raise ArgumentError(f"{where('pad')}: expected {2 * x.ndim} pads for {x}, got {pads}")
+    shape = []
+    for d in range(x.ndim):
+        size = x.shape[d] + pads[2 * d] + pads[2 * d + 1]
+        if size < 0:
+            raise ShapeError(
+                f"{where('pad')}: The input size {x.shape[d]}, plus negative padding "
+                f"{pads[2 * d]} and {pads[2 * d + 1]} resulted in a negative output size, "
+                f"which is invalid. Check dimension {d} of your input."
+            )
+        shape.append(size)
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _pad_kernel(x, pads, value):
+    before, after = pads[0::2], pads[1::2]
+    crop = tuple(slice(max(-b, 0), n - max(-a, 0)) for n, b, a in zip(x.shape, before, after))
+    widths = tuple((max(b, 0), max(a, 0)) for b, a in zip(before, after))
+    cropped = x[crop]
+    if cropped.size == 0 and any(n == 0 for n in cropped.shape):
+        out_shape = tuple(c + w0 + w1 for c, (w0, w1) in zip(cropped.shape, widths))
+        return np.full(out_shape, value, dtype=x.dtype)
+    return np.pad(cropped, widths, constant_values=value).astype(x.dtype, copy=False)
+
+
+def _pad_vjp(ctx, g):
+    return (call("pad", g, pads=tuple(-p for p in ctx.attrs["pads"]), value=0.0),)
+
+
+register(OpDef("pad", MOVEMENT, ("x",), _pad_infer, _pad_kernel, _pad_vjp,
+               attrs={"pads": tuple, "value": float}))
+
+
+# ---- flip and copy ---------------------------------------------------------------------------
+def _flip_infer(x: TensorType, axes: tuple) -> TensorType:
+    return x
+
+
+def _flip_kernel(x, axes):
+    return np.flip(x, axes).copy()  # PyTorch's flip copies (no negative strides)
+
+
+def _flip_vjp(ctx, g):
+    return (call("flip", g, axes=ctx.attrs["axes"]),)
+
+
+register(OpDef("flip", MOVEMENT, ("x",), _flip_infer, _flip_kernel, _flip_vjp,
+               attrs={"axes": tuple}))
+
+
+def _copy_infer(x: TensorType) -> TensorType:
+    return x
+
+
+def _copy_kernel(x):
+    return np.array(x, copy=True, order="C")
+
+
+def _copy_vjp(ctx, g):
+    return (g,)
+
+
+register(OpDef("copy", MOVEMENT, ("x",), _copy_infer, _copy_kernel, _copy_vjp))
+
+
+# ---- public functions: shapes ----------------------------------------------------------------
+def _ints(op: str, args) -> tuple[int, ...]:
+    """Accept f(2, 3) and f((2, 3)) / f([2, 3]) / f(Size): a tuple of ints."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        args = tuple(args[0])
+    try:
+        return tuple(operator.index(a) for a in args)
+    except TypeError:
+        raise TypeError(f"{op}(): expected a sequence of ints, got {args!r}") from None
+
+
+def _infer_shape(op: str, shape: tuple[int, ...], size: int) -> tuple[int, ...]:
+    """Resolve one -1 in `shape` against `size` elements (PyTorch's errors)."""
+    unknown = [i for i, s in enumerate(shape) if s == -1]
+    if len(unknown) > 1:
+        raise ShapeError(f"{where(op)}: only one dimension can be inferred")
+    for i, s in enumerate(shape):
+        if s < -1:
+            raise ShapeError(f"{where(op)}: invalid shape dimension {s} at index {i} of shape "
+                             f"{list(shape)}")
+    known = numel(tuple(s for s in shape if s != -1))
+    if unknown:
+        if known == 0 or size % known:
+            raise ShapeError(f"{where(op)}: shape '{list(shape)}' is invalid for input of "
+                             f"size {size}")
+        shape = tuple(size // known if s == -1 else s for s in shape)
+    elif known != size:
+        raise ShapeError(f"{where(op)}: shape '{list(shape)}' is invalid for input of size {size}")
+    return shape
+
+
+def reshape(x, *shape):
+    """A tensor with x's elements in `shape` (one entry may be -1); a view when possible.
+
+    >>> import graphc
+    >>> graphc.arange(6).reshape(2, -1).shape
+    graphc.Size([2, 3])
+    """
+    shape = _infer_shape("reshape", _ints("reshape", shape), x.numel())
+    return call("reshape", x, shape=shape)
+
+
+def view(x, *shape):
+    """As reshape (graphc does not refuse non-viewable strides as PyTorch's view does)."""
+    shape = _infer_shape("view", _ints("view", shape), x.numel())
+    return call("reshape", x, shape=shape)
+
+
+def view_as(x, other):
+    return view(x, tuple(other.shape))
+
+
+def reshape_as(x, other):
+    return reshape(x, tuple(other.shape))
+
+
+def permute(x, *dims):
+    dims = _ints("permute", dims)
+    if len(dims) != x.ndim:
+        call("permute", x, dims=dims)  # raises PyTorch's count error
+    dims = tuple(normalize_axis("permute", d, x.ndim) for d in dims)
+    if len(set(dims)) != len(dims):
+        raise ArgumentError(f"{where('permute')}: duplicate dims are not allowed.")
+    return call("permute", x, dims=dims)
+
+
+def transpose(x, dim0: int, dim1: int):
+    """Swap two dimensions (a view)."""
+    if x.ndim == 0:
+        normalize_axis("transpose", dim0, 0)
+        normalize_axis("transpose", dim1, 0)
+        return call("reshape", x, shape=())
+    d0, d1 = normalize_axis("transpose", dim0, x.ndim), normalize_axis("transpose", dim1, x.ndim)
+    dims = list(range(x.ndim))
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return call("permute", x, dims=tuple(dims))
+
+
+def t(x):
+    """Transpose a tensor of at most 2 dimensions."""
+    if x.ndim > 2:
+        raise ShapeError(f"{where('t')}: t() expects a tensor with <= 2 dimensions, but self "
+                         f"is {x.ndim}D")
+    return transpose(x, 0, -1) if x.ndim == 2 else call("reshape", x, shape=tuple(x.shape))
+
+
+def _T(x):  # noqa: N802 (PyTorch's name)
+    return call("permute", x, dims=tuple(reversed(range(x.ndim))))
+
+
+def _mT(x):  # noqa: N802
+    if x.ndim < 2:
+        raise ShapeError(f"{where('mT')}: tensor.mT is only supported on matrices or batches "
+                         f"of matrices. Got {x.ndim}-D tensor.")
+    return transpose(x, -2, -1)
+
+
+def broadcast_to(x, shape):
+    shape = _ints("broadcast_to", (shape,))
+    return expand(x, shape, _op="broadcast_to")
+
+
+def expand(x, *sizes, _op: str = "expand"):
+    """A broadcast view of x with `sizes` (-1 keeps a dimension); no memory is copied."""
+    sizes = _ints(_op, sizes)
+    lead = len(sizes) - x.ndim
+    if lead < 0:
+        raise ShapeError(f"{where(_op)}: expand({x.type_name()}{{{list(x.shape)}}}, size="
+                         f"{list(sizes)}): the number of sizes provided ({len(sizes)}) must be "
+                         f"greater or equal to the number of dimensions in the tensor ({x.ndim})")
+    shape = []
+    for i, s in enumerate(sizes):
+        if s == -1:
+            if i < lead:
+                raise ShapeError(f"{where(_op)}: The expanded size of the tensor (-1) isn't "
+                                 f"allowed in a leading, non-existing dimension {i}")
+            s = x.shape[i - lead]
+        shape.append(s)
+    return call("broadcast_to", x, shape=tuple(shape))
+
+
+def expand_as(x, other):
+    return expand(x, tuple(other.shape))
+
+
+def squeeze(x, dim=None):
+    """Remove size-1 dimensions (all, or those among `dim`; others are left alone)."""
+    if dim is None:
+        dims = range(x.ndim)
+    else:
+        dims = {normalize_axis("squeeze", d, x.ndim)
+                for d in ((dim,) if isinstance(dim, int) else dim)}
+    shape = tuple(s for d, s in enumerate(x.shape) if not (d in dims and s == 1))
+    return call("reshape", x, shape=shape)
+
+
+def unsqueeze(x, dim: int):
+    d = normalize_axis("unsqueeze", dim, x.ndim + 1)
+    shape = tuple(x.shape)
+    return call("reshape", x, shape=shape[:d] + (1,) + shape[d:])
+
+
+def flatten(x, start_dim: int = 0, end_dim: int = -1):
+    if x.ndim == 0:
+        normalize_axis("flatten", start_dim, 0)
+        normalize_axis("flatten", end_dim, 0)
+        return call("reshape", x, shape=(1,))
+    a = normalize_axis("flatten", start_dim, x.ndim)
+    b = normalize_axis("flatten", end_dim, x.ndim)
+    if a > b:
+        raise ArgumentError(f"{where('flatten')}: flatten() has invalid args: start_dim cannot "
+                            "come after end_dim")
+    shape = tuple(x.shape)
+    return call("reshape", x, shape=shape[:a] + (numel(shape[a:b + 1]),) + shape[b + 1:])
+
+
+def unflatten(x, dim: int, sizes):
+    d = normalize_axis("unflatten", dim, x.ndim)
+    sizes = _ints("unflatten", (sizes,))
+    n = x.shape[d]
+    known = numel(tuple(s for s in sizes if s != -1))
+    if sizes.count(-1) > 1:
+        raise ShapeError(f"{where('unflatten')}: only one dimension can be inferred")
+    if (-1 in sizes and (known == 0 or n % known)) or (-1 not in sizes and known != n):
+        raise ShapeError(f"{where('unflatten')}: Provided sizes {list(sizes)} don't multiply up "
+                         f"to the size of dim {dim} ({n}) in the input tensor")
+    sizes = tuple(n // known if s == -1 else s for s in sizes)
+    shape = tuple(x.shape)
+    return call("reshape", x, shape=shape[:d] + sizes + shape[d + 1:])
+
+
+def flip(x, *dims):
+    """Reverse the order of elements along `dims` (a copy, as in PyTorch)."""
+    dims = _ints("flip", dims)
+    axes = tuple(normalize_axis("flip", d, x.ndim) for d in dims)
+    if len(set(axes)) != len(axes):
+        raise ArgumentError(f"{where('flip')}: dim {dims[0]} appears multiple times in the list "
+                            "of dims")
+    return call("flip", x, axes=tuple(sorted(axes)))
+
+
+def clone(x, *, memory_format=None):
+    """A copy of x with its own memory; gradients flow through unchanged."""
+    return call("copy", x)
+
+
+def contiguous(x, memory_format=None):
+    """x itself when its memory is row-major already, else a row-major copy."""
+    from graphc.dispatch import current_tracer
+
+    if current_tracer() is not None or x._data.flags.c_contiguous:
+        return x
+    return call("copy", x)
+
+
+def repeat(x, *sizes):
+    """Tile x: sizes[i] copies along dimension i (extra leading sizes add dimensions)."""
+    sizes = _ints("repeat", sizes)
+    if len(sizes) < x.ndim:
+        raise ShapeError(f"{where('repeat')}: Number of dimensions of repeat dims can not be "
+                         "smaller than number of dimensions of tensor")
+    shape = (1,) * (len(sizes) - x.ndim) + tuple(x.shape)
+    spread = tuple(v for s in shape for v in (1, s))  # (1, s0, 1, s1, ...)
+    target = tuple(v for r, s in zip(sizes, shape) for v in (r, s))
+    y = call("broadcast_to", call("reshape", x, shape=spread), shape=target)
+    y = call("reshape", y, shape=tuple(r * s for r, s in zip(sizes, shape)))
+    return call("copy", y)  # the reshape may still alias x (all sizes 1): repeat always copies
+
+
+# ---- public functions: slicing, joining, splitting -------------------------------------------
+def _narrow(x, axis: int, start: int, length: int):
+    starts = [0] * x.ndim
+    stops = list(x.shape)
+    starts[axis], stops[axis] = start, start + length
+    return call("slice", x, starts=tuple(starts), stops=tuple(stops), steps=(1,) * x.ndim)
+
+
+def narrow(x, dim: int, start: int, length: int):
+    """x's elements start..start+length-1 along `dim` (a view)."""
+    d = normalize_axis("narrow", dim, x.ndim)
+    n = x.shape[d]
+    if length < 0:
+        raise ArgumentError(f"{where('narrow')}: narrow(): length must be non-negative.")
+    if not -n <= start <= n:
+        raise IndexOutOfRangeError(f"{where('narrow')}: start out of range (expected to be in "
+                                   f"range of [{-n}, {n}], but got {start})")
+    start = start % n if start < 0 else start
+    if start + length > n:
+        raise ArgumentError(f"{where('narrow')}: start ({start}) + length ({length}) exceeds "
+                            f"dimension size ({n}).")
+    return _narrow(x, d, start, length)
+
+
+def select(x, dim: int, index: int):
+    d = normalize_axis("select", dim, x.ndim)
+    n = x.shape[d]
+    if not -n <= index < n:
+        raise IndexOutOfRangeError(f"{where('select')}: select(): index {index} out of range "
+                                   f"for tensor of size {list(x.shape)} at dimension {dim}")
+    y = _narrow(x, d, index % n, 1)
+    shape = tuple(x.shape)
+    return call("reshape", y, shape=shape[:d] + shape[d + 1:])
+
+
+def _cast_all(op: str, tensors):
+    from graphc.ops.elementwise import cast
+
+    tensors = list(tensors)
+    if not tensors:
+        return tensors
+    dtype = result_dtype(*(t.type for t in tensors))
+    return [cast(t, dtype) for t in tensors]
+
+
+def cat(tensors, dim: int = 0):
+    """Join tensors along an existing dimension.
+
+    >>> import graphc
+    >>> graphc.cat([graphc.zeros(2, 3), graphc.ones(1, 3)]).shape
+    graphc.Size([3, 3])
+    """
+    tensors = list(tensors)
+    if not tensors:
+        raise ArgumentError(f"{where('cat')}: torch.cat(): expected a non-empty list of Tensors")
+    # PyTorch still accepts 1-d empty tensors next to tensors of any shape: reshape them to
+    # an empty slab of the others' shape so they stay in the graph (and get a gradient).
+    shaped = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or tensors[:1]
+    axis = normalize_axis("cat", dim, shaped[0].ndim)
+    empty = list(shaped[0].shape)
+    empty[axis] = 0
+    tensors = [call("reshape", t, shape=tuple(empty))
+               if t.ndim == 1 and t.shape[0] == 0 and len(empty) != 1 else t for t in tensors]
+    return call("concat", *_cast_all("cat", tensors), axis=axis)
+
+
+concat = cat
+concatenate = cat
+
+
+def stack(tensors, dim: int = 0):
+    """Join equal-shaped tensors along a new dimension `dim`."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ArgumentError(f"{where('stack')}: stack expects a non-empty TensorList")
+    for k, t in enumerate(tensors[1:], 1):
+        if tuple(t.shape) != tuple(tensors[0].shape):
+            raise ShapeError(f"{where('stack')}: stack expects each tensor to be equal size, "
+                             f"but got {list(tensors[0].shape)} at entry 0 and "
+                             f"{list(t.shape)} at entry {k}")
+    d = normalize_axis("stack", dim, tensors[0].ndim + 1)
+    return call("concat", *(unsqueeze(t, d) for t in _cast_all("stack", tensors)), axis=d)
+
+
+def split(x, split_size_or_sections, dim: int = 0):
+    """Views of x along `dim`: pieces of one size (the last may be smaller) or given sizes."""
+    d = normalize_axis("split", dim, x.ndim)
+    n = x.shape[d]
+    if isinstance(split_size_or_sections, int):
+        size = split_size_or_sections
+        if size < 0:
+            raise ArgumentError(f"{where('split')}: split expects split_size be non-negative, "
+                                f"but got split_size={size}")
+        if size == 0 and n != 0:
+            raise ArgumentError(f"{where('split')}: split_size can only be 0 if dimension size "
+                                f"is 0, but got dimension size of {n}")
+        sizes = [min(size, n - s) for s in range(0, n, size)] if size else [0]
+    else:
+        sizes = [operator.index(s) for s in split_size_or_sections]
+        if sum(sizes) != n or any(s < 0 for s in sizes):
+            raise ArgumentError(f"{where('split')}: split_with_sizes expects split_sizes to sum "
+                                f"exactly to {n} (input tensor's size at dimension {d}), but "
+                                f"got split_sizes={sizes}")
+    out, offset = [], 0
+    for s in sizes:
+        out.append(_narrow(x, d, offset, s))
+        offset += s
+    return tuple(out)
+
+
+def chunk(x, chunks: int, dim: int = 0):
+    if chunks <= 0:
+        raise ArgumentError(f"{where('chunk')}: chunk expects `chunks` to be greater than 0, "
+                            f"got: {chunks}")
+    n = x.shape[normalize_axis("chunk", dim, x.ndim)]
+    return split(x, max(1, math.ceil(n / chunks)) if n else 0, dim) if n else \
+        split(x, [0] * chunks, dim)
+
+
+def unbind(x, dim: int = 0):
+    d = normalize_axis("unbind", dim, x.ndim)
+    return tuple(select(x, d, i) for i in range(x.shape[d]))
+
+
+def pad(x, pad, mode: str = "constant", value=None):  # noqa: A002 (PyTorch's F.pad signature)
+    """Pad (or, with negative entries, crop) x; `pad` starts from the last dimension.
+
+    >>> import graphc
+    >>> graphc.ops.movement.pad(graphc.ones(2, 3), (1, 1)).shape
+    graphc.Size([2, 5])
+    """
+    pad = _ints("pad", (pad,))
+    if mode != "constant":
+        raise ArgumentError(f"{where('pad')}: mode {mode!r} is not supported by graphc yet; "
+                            "only 'constant'")
+    if len(pad) % 2:
+        raise ArgumentError(f"{where('pad')}: Padding length must be divisible by 2")
+    if len(pad) > 2 * x.ndim:
+        raise ArgumentError(f"{where('pad')}: Padding length should be less than or equal to "
+                            f"two times the input dimension but got padding length {len(pad)} "
+                            f"and input of dimension {x.ndim}")
+    pads = [0] * (2 * x.ndim)
+    for k in range(len(pad) // 2):
+        axis = x.ndim - 1 - k
+        pads[2 * axis], pads[2 * axis + 1] = pad[2 * k], pad[2 * k + 1]
+    return call("pad", x, pads=tuple(pads), value=0.0 if value is None else float(value))
+
+
+# ---- public functions: gathers and scatters --------------------------------------------------
+def _as_index(op: str, index, what: str = "index"):
+    from graphc.tensor import Tensor
+
+    if not isinstance(index, Tensor):
+        index = Tensor._wrap(np.asarray(index))
+    if index.dtype is not int64:
+        raise DTypeError(f"{where(op)}: {op}(): Expected dtype int64 for {what}, got "
+                         f"{index.dtype.name}")
+    return index
+
+
+def index_select(x, dim: int, index):
+    """Rows (along `dim`) of x picked by a 1-d int64 `index`."""
+    index = _as_index("index_select", index)
+    if index.ndim > 1:
+        raise IndexOutOfRangeError(f"{where('index_select')}: index_select(): Index is "
+                                   "supposed to be a vector")
+    d = normalize_axis("index_select", dim, x.ndim)
+    _eager_range_check("index_select", index, x.shape[d] if x.ndim else 1, d,
+                       allow_negative=False, message="index out of range in self")
+    if index.ndim == 0:
+        index = call("reshape", index, shape=(1,))
+    if x.ndim == 0:
+        return call("reshape", call("take", call("reshape", x, shape=(1,)), index, axis=0),
+                    shape=())
+    return call("take", x, index, axis=d)
+
+
+def index_add(x, dim: int, index, source, *, alpha=1):
+    """x with `source` rows added at `index` along `dim` (repeated indices accumulate)."""
+    index = _as_index("index_add", index)
+    d = normalize_axis("index_add", dim, x.ndim)
+    if alpha != 1:
+        source = source * alpha
+    return call("index_add", x, index, source, axis=d)
+
+
+def gather(x, dim: int, index):
+    """out[i][j] = x[index[i][j]][j] for dim 0 (and so on): PyTorch's gather."""
+    index = _as_index("gather", index)
+    d = normalize_axis("gather", dim, x.ndim)
+    return call("gather", x, index, axis=d)
+
+
+def scatter_add(x, dim: int, index, src):
+    """x plus src's entries added at the positions `index` names along `dim`."""
+    index = _as_index("scatter_add", index)
+    d = normalize_axis("scatter_add", dim, x.ndim)
+    if tuple(src.shape) != tuple(index.shape):
+        if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
+            raise ShapeError(f"{where('scatter_add')}: Expected index {list(index.shape)} to be "
+                             f"no larger than src {list(src.shape)}")
+        src = call("slice", src, starts=(0,) * src.ndim, stops=tuple(index.shape),
+                   steps=(1,) * src.ndim)
+    return call("scatter_add", x, index, src, axis=d)
+
+
+def _eager_range_check(op, index, size, dim, allow_negative=True, message=None) -> None:
+    """Check index values now when they are known (eager mode); a trace checks at run time."""
+    from graphc.dispatch import current_tracer
+
+    if current_tracer() is None:
+        _check_index_range(op, index._data, size, dim, message, allow_negative)
+
+
+# ---- __getitem__ / __setitem__ ---------------------------------------------------------------
+class _IndexPlan:
+    """What an index does to a tensor: one slice, flips, one reshape, then integer indexing.
+
+    starts/stops/steps: the canonical slice of every input dimension; flips: dimensions
+    read backwards (negative steps); sliced: the shape after slicing; basic: the shape after
+    integers drop their dimension and None adds one; advanced: (position in `basic`, index)
+    pairs, the index an int64 Tensor or ndarray.
+    """
+
+    def __init__(self, x, index) -> None:
+        shape = tuple(x.shape)
+        items = self._items(x, index if isinstance(index, tuple) else (index,))
+        self.starts, self.stops = [0] * len(shape), list(shape)
+        self.steps, self.flips = [1] * len(shape), []
+        self.basic: list[int] = []
+        self.advanced: list[tuple[int, object]] = []
+        d = 0
+        for it in items:
+            if it is None:
+                self.basic.append(1)
+                continue
+            if isinstance(it, _Mask):
+                d = self._mask(it, shape, d)
+                continue
+            n = shape[d]
+            if isinstance(it, int):
+                if not -n <= it < n:
+                    raise IndexOutOfRangeError(f"{where('getitem')}: index {it} is out of bounds "
+                                               f"for dimension {d} with size {n}")
+                self.starts[d], self.stops[d] = it % n, it % n + 1
+            elif isinstance(it, slice):
+                self.basic.append(self._slice(it, d, n))
+            else:
+                self.advanced.append((len(self.basic), it))
+                self.basic.append(n)
+            d += 1
+        self.sliced = tuple(len(range(a, b, s))
+                            for a, b, s in zip(self.starts, self.stops, self.steps))
+
+    @staticmethod
+    def _items(x, index: tuple) -> list:
+        from graphc.tensor import Tensor
+
+        items, consumed, ellipses = [], 0, 0
+        for it in index:
+            if isinstance(it, (bool, np.bool_)):
+                it = _Mask(np.asarray(it))
+            elif isinstance(it, (int, np.integer)):
+                it = int(it)
+            elif isinstance(it, Tensor):
+                if it.dtype is bool_:
+                    it = _Mask(_mask_values(it))
+                elif it.dtype is not int64:
+                    raise IndexOutOfRangeError(_bad_index_message(it.dtype.name))
+            elif isinstance(it, (list, np.ndarray)):
+                arr = np.asarray(it)
+                if arr.dtype == np.bool_:
+                    it = _Mask(arr)
+                elif arr.size == 0 or np.issubdtype(arr.dtype, np.integer):
+                    it = arr.astype(np.int64)
+                else:
+                    raise IndexOutOfRangeError(_bad_index_message(str(arr.dtype)))
+            elif not (it is None or it is Ellipsis or isinstance(it, slice)):
+                raise IndexOutOfRangeError(_bad_index_message(type(it).__name__))
+            if it is Ellipsis:
+                ellipses += 1
+                if ellipses > 1:
+                    raise IndexOutOfRangeError(f"{where('getitem')}: an index can only have a "
+                                               "single ellipsis ('...')")
+            elif isinstance(it, _Mask):
+                consumed += it.values.ndim
+            elif it is not None:
+                consumed += 1
+            items.append(it)
+        if consumed > x.ndim:
+            raise IndexOutOfRangeError(f"{where('getitem')}: too many indices for tensor of "
+                                       f"dimension {x.ndim}")
+        fill = [slice(None)] * (x.ndim - consumed)
+        if ellipses:
+            k = next(i for i, it in enumerate(items) if it is Ellipsis)
+            return items[:k] + fill + items[k + 1:]
+        return items + fill
+
+    def _slice(self, it: slice, d: int, n: int) -> int:
+        start, stop, step = it.indices(n)  # ValueError for a zero step, as Python
+        count = len(range(start, stop, step))
+        if step < 0:
+            if count:
+                self.flips.append(d)
+                start, stop, step = start + (count - 1) * step, start + 1, -step
+            else:
+                start, stop, step = 0, 0, 1
+        self.starts[d], self.stops[d], self.steps[d] = start, max(start, stop), step
+        return count
+
+    def _mask(self, mask: _Mask, shape: tuple, d: int) -> int:
+        m = mask.values
+        if m.ndim == 0:  # x[True] adds a dimension of size 1, x[False] one of size 0
+            self.advanced.append((len(self.basic), np.zeros(int(m), dtype=np.int64)))
+            self.basic.append(1)
+            return d
+        for k, (ms, xs) in enumerate(zip(m.shape, shape[d:])):
+            if ms != xs:
+                raise IndexOutOfRangeError(
+                    f"{where('getitem')}: The shape of the mask {list(m.shape)} at index {k} "
+                    f"does not match the shape of the indexed tensor {list(shape)} at index "
+                    f"{d + k}"
+                )
+        for k, positions in enumerate(np.nonzero(m)):
+            self.advanced.append((len(self.basic), positions.astype(np.int64)))
+            self.basic.append(shape[d + k])
+        return d + m.ndim
+
+    def is_identity_slice(self, shape) -> bool:
+        return self.sliced == tuple(shape) and all(s == 1 for s in self.steps)
+
+
+class _Mask:
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+
+def _mask_values(mask) -> np.ndarray:
+    from graphc.dispatch import current_tracer
+
+    if current_tracer() is not None:
+        raise TraceError(
+            f"{where('getitem')}: indexing with a boolean mask gives a shape that depends on the "
+            "mask's values, which a trace does not have. Use graphc.where(mask, x, other) to "
+            "keep the shape, or move this code out of the compiled function."
+        )
+    return mask._data
+
+
+def _bad_index_message(got: str) -> str:
+    return (f"{where('getitem')}: only integers, slices (`:`), ellipsis (`...`), None and long "
+            f"or byte Variables are valid indices (got {got})")
+
+
+def _basic(x, plan: _IndexPlan):
+    """Slice, flip and reshape x as the plan's basic part says (views unless flipped)."""
+    y = x
+    if not plan.is_identity_slice(x.shape):
+        y = call("slice", y, starts=tuple(plan.starts), stops=tuple(plan.stops),
+                 steps=tuple(plan.steps))
+    if plan.flips:
+        y = call("flip", y, axes=tuple(plan.flips))
+    if tuple(plan.basic) != plan.sliced:
+        y = call("reshape", y, shape=tuple(plan.basic))
+    if y is x and not plan.advanced:  # x[:] and x[...] are new views of x, not x itself
+        y = call("reshape", x, shape=tuple(x.shape))
+    return y
+
+
+def _index_tensor(index):
+    from graphc.tensor import Tensor
+
+    return index if isinstance(index, Tensor) else Tensor._wrap(np.asarray(index, np.int64))
+
+
+def _advanced_layout(y, plan: _IndexPlan):
+    """Bring the advanced dimensions of y together and merge them into one.
+
+    Returns (merged tensor, axis, flat index, undo) where undo(t) maps a tensor of the merged
+    layout back to y's layout (for __setitem__).
+    """
+    from graphc.tensor import Tensor
+
+    positions = [p for p, _ in plan.advanced]
+    sizes = [y.shape[p] for p in positions]
+    indices = [idx for _, idx in plan.advanced]
+    for p, n, idx in zip(positions, sizes, indices):
+        if isinstance(idx, Tensor):
+            _eager_range_check("getitem", idx, n, p)
+        else:
+            _check_index_range("getitem", idx, n, p)
+    try:
+        np.broadcast_shapes(*(tuple(i.shape) for i in indices))
+    except ValueError:
+        shapes = ", ".join(str(list(i.shape)) for i in indices)
+        raise IndexOutOfRangeError(f"{where('getitem')}: shape mismatch: indexing tensors could "
+                                   f"not be broadcast together with shapes {shapes}") from None
+    if len(indices) == 1:
+        return y, positions[0], _index_tensor(indices[0]), _identity
+
+    perm = None
+    if positions != list(range(positions[0], positions[0] + len(positions))):
+        perm = tuple(positions) + tuple(d for d in range(y.ndim) if d not in positions)
+        y = call("permute", y, dims=perm)
+        positions = list(range(len(positions)))
+    p0, k = positions[0], len(positions)
+    grouped = tuple(y.shape)
+    merged = call("reshape", y, shape=grouped[:p0] + (numel(tuple(sizes)),) + grouped[p0 + k:])
+
+    if all(not isinstance(i, Tensor) for i in indices):
+        flat = np.zeros((), np.int64)
+        for idx, n in zip(indices, sizes):
+            flat = flat * n + np.where(idx < 0, idx + n, idx)
+        flat = _index_tensor(flat)
+    else:
+        flat = None
+        for idx, n in zip(indices, sizes):
+            idx = _index_tensor(idx)
+            idx = call("where", idx < 0, idx + n, idx)
+            flat = idx if flat is None else flat * n + idx
+
+    def undo(t):
+        t = call("reshape", t, shape=grouped)
+        if perm is not None:
+            t = call("permute", t, dims=tuple(int(i) for i in np.argsort(perm)))
+        return t
+
+    return merged, p0, flat, undo
+
+
+def _identity(t):
+    return t
+
+
+def getitem(x, index):
+    """x[index] with PyTorch's rules (ints, slices, None, ..., int and bool tensors/lists)."""
+    plan = _IndexPlan(x, index)
+    y = _basic(x, plan)
+    if not plan.advanced:
+        return y
+    merged, axis, flat, _ = _advanced_layout(y, plan)
+    return call("take", merged, flat, axis=axis)
+
+
+def _value_like(value, target, shape: tuple):
+    """`value` as a tensor of target's dtype broadcast to `shape` (PyTorch's setitem rules)."""
+    from graphc.ops.elementwise import cast
+    from graphc.tensor import Tensor
+
+    if isinstance(value, Tensor):
+        value = cast(value, target.dtype)
+    else:
+        value = Tensor._wrap(np.asarray(value).astype(target.dtype.np))
+    while value.ndim > len(shape) and value.shape[0] == 1:
+        value = call("reshape", value, shape=tuple(value.shape)[1:])
+    if tuple(value.shape) != shape:
+        value = expand(value, shape, _op="setitem")
+    return value
+
+
+def index_put_value(x, index, value):
+    """Out-of-place x[index] = value: a new tensor (what `__setitem__` writes back)."""
+    plan = _IndexPlan(x, index)
+    if plan.advanced:
+        y = _basic(x, plan)
+        merged, axis, flat, undo = _advanced_layout(y, plan)
+        ty = _taken_shape("setitem", merged.type, flat.type, axis)
+        new = call("index_put", merged, flat, _value_like(value, x, ty), axis=axis)
+        new_basic = undo(new)
+    else:
+        new_basic = _value_like(value, x, tuple(plan.basic))
+    if tuple(plan.basic) != plan.sliced:
+        new_basic = call("reshape", new_basic, shape=plan.sliced)
+    if plan.flips:
+        new_basic = call("flip", new_basic, axes=tuple(plan.flips))
+    if plan.is_identity_slice(x.shape):
+        return new_basic
+    return call("slice_scatter", x, new_basic, starts=tuple(plan.starts),
+                stops=tuple(plan.stops), steps=tuple(plan.steps))
+
+
+def setitem(x, index, value) -> None:
+    """x[index] = value, in place: bumps x's version counter and records autograd history."""
+
+    def assigned(old):
+        return index_put_value(old, index, value)
+
+    inplace(x, "setitem", assigned)
+
+
+TENSOR_METHODS = {
+    "reshape": reshape, "view": view, "view_as": view_as, "reshape_as": reshape_as,
+    "permute": permute, "transpose": transpose, "swapaxes": transpose, "swapdims": transpose,
+    "t": t, "T": property(_T), "mT": property(_mT), "expand": expand, "expand_as": expand_as,
+    "broadcast_to": broadcast_to, "squeeze": squeeze, "unsqueeze": unsqueeze,
+    "flatten": flatten, "unflatten": unflatten, "flip": flip, "clone": clone,
+    "contiguous": contiguous, "repeat": repeat, "narrow": narrow, "select": select,
+    "split": split, "chunk": chunk, "unbind": unbind, "index_select": index_select,
+    "index_add": index_add, "gather": gather, "scatter_add": scatter_add,
+    "__getitem__": getitem, "__setitem__": setitem,
+}
+
+PUBLIC = (
+    "reshape", "view_as", "reshape_as", "permute", "transpose", "swapaxes", "swapdims", "t",
+    "expand_as", "broadcast_to", "squeeze", "unsqueeze", "flatten", "unflatten", "flip",
+    "clone", "repeat", "narrow", "select", "cat", "concat", "concatenate", "stack", "split",
+    "chunk", "unbind", "index_select", "index_add", "gather", "scatter_add",
+)
+
+swapaxes = swapdims = transpose
