@@ -67,7 +67,7 @@ def _reduce(loss, reduction: str):
         return loss
     total = _sum_all(loss)
     if reduction == "mean":
-        return total / float(max(loss.numel(), 1)) if loss.numel() else total / 0.0
+        return total / float(loss.numel()) if loss.numel() else total / 0.0  # empty: nan
     return total
 
 
@@ -112,14 +112,14 @@ def _softmax_infer_for(op: str):
 
 def _shifted(x, dim: int):
     """x minus its max along dim (keepdims), the stable starting point of both kernels."""
-    if x.ndim == 0:
+    if x.ndim == 0 or x.size == 0:
         return x - x
     return x - np.max(x, axis=dim, keepdims=True)
 
 
 def _softmax_kernel(x, dim: int):
     e = np.exp(_shifted(x, dim))
-    if x.ndim == 0:
+    if x.ndim == 0 or x.size == 0:
         return e
     return e / np.sum(e, axis=dim, keepdims=True)
 
@@ -136,7 +136,7 @@ register(OpDef("softmax", NORM, ("x",), _softmax_infer_for("softmax"), _softmax_
 
 def _log_softmax_kernel(x, dim: int):
     s = _shifted(x, dim)
-    if x.ndim == 0:
+    if x.ndim == 0 or x.size == 0:
         return s
     return s - np.log(np.sum(np.exp(s), axis=dim, keepdims=True))
 
@@ -322,7 +322,7 @@ register(OpDef("nll_loss_backward", LOSS, ("grad_output", "target", "weight", "t
                saved_inputs=(1, 2)))
 
 
-def _weight_or_ones(op: str, x, weight):
+def _weight_or_ones(x, weight):
     if weight is not None:
         return weight
     n_classes = x.shape[0] if x.ndim == 1 else (x.shape[1] if x.ndim > 1 else 1)
@@ -332,7 +332,7 @@ def _weight_or_ones(op: str, x, weight):
 def _nll_loss_op(x, target, weight, ignore_index: int, reduction: str):
     """(loss, total_weight) of PyTorch's nll_loss_forward."""
     _check_reduction("nll_loss", reduction)
-    weight = _weight_or_ones("nll_loss", x, weight)
+    weight = _weight_or_ones(x, weight)
     return call("nll_loss", x, target, weight, ignore_index=int(ignore_index),
                 reduction=reduction)
 
@@ -571,8 +571,10 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,  # noqa
     >>> import graphc
     >>> x = graphc.tensor([[1.0, 2.0], [3.0, 6.0]])
     >>> rm, rv = graphc.zeros(2), graphc.ones(2)
-    >>> batch_norm(x, rm, rv, training=True).tolist()[0]
-    [-0.9999950..., -0.9999987...]
+    >>> [round(v, 4) for v in batch_norm(x, rm, rv, training=True).tolist()[0]]
+    [-1.0, -1.0]
+    >>> [round(v, 2) for v in rm.tolist()]  # running_mean += 0.1 * (batch mean - running_mean)
+    [0.2, 0.4]
     """
     x = input
     if x.ndim < 2:
@@ -601,12 +603,11 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,  # noqa
         training=bool(training), eps=float(eps))
     if training and momentum is not None:
         n = numel(x.shape) // c
-        with no_grad():
+        with no_grad():  # buffers: the update records no history
             if running_mean is not None:
-                _bn_update(running_mean, mean.detach(), float(momentum))
+                _bn_update(running_mean, mean, float(momentum))
             if running_var is not None:
-                inv = invstd.detach()
-                unbiased = (1.0 / (inv * inv) - float(eps)) * (n / (n - 1))
+                unbiased = (1.0 / (invstd * invstd) - float(eps)) * (n / (n - 1))
                 _bn_update(running_var, unbiased, float(momentum))
     return out
 

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from graphc.errors import ArgumentError, DTypeError, GraphcError, ShapeError
+from graphc.errors import ArgumentError, DTypeError, ShapeError
 from graphc.ops import nn_ops
 from graphc.ops.registry import call
 from tests.opinfo import ErrorInput, OpInfo, Sample, arr
@@ -470,5 +470,3 @@ OP_INFOS: list[OpInfo] = [
            _emb_backward_samples, ("embedding_backward", "embedding"),
            torch_fn=_torch_embedding_backward),
 ]
-
-__all__ = ["OP_INFOS", "GraphcError"]
