@@ -82,8 +82,10 @@ def relu_(input):  # noqa: A002
 
 def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False):  # noqa: A002
     if inplace:
-        return _inplace(input, "leaky_relu_",
-                        lambda old: _elementwise.leaky_relu(old, negative_slope))
+        def leaked(old):
+            return _elementwise.leaky_relu(old, negative_slope)
+
+        return _inplace(input, "leaky_relu_", leaked)
     return _elementwise.leaky_relu(input, negative_slope)
 
 

@@ -61,7 +61,8 @@ class BackwardHookFunction(Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
+        # Inputs that need no grad get the materialised zeros, as PyTorch's hooks see them.
+        return grads
 
 
 def _pack_with_none(indices, values, size) -> tuple:
@@ -162,6 +163,9 @@ class BackwardHook:
                 self.grad_outputs = new
             local = self.grad_outputs
             if self.input_tensors_index is None:  # no input requires grad: call hooks now
+                warnings.warn(
+                    "Full backward hook is firing when gradients are computed with respect to "
+                    "module outputs since no inputs require gradients.", stacklevel=5)
                 grad_inputs = _pack_with_none([], [], self.n_inputs)
                 for user_hook in self.user_hooks:
                     out = user_hook(self.module, grad_inputs, self.grad_outputs)

@@ -69,7 +69,9 @@ def _as_state_tensor(value):
     """A graphc Tensor from a state_dict value (graphc tensors, numpy arrays, array-likes)."""
     if isinstance(value, Tensor):
         return value
-    if hasattr(value, "__array__"):  # numpy arrays, torch CPU tensors
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch CPU tensor
+        return Tensor._wrap(np.array(value.detach().numpy()))
+    if hasattr(value, "__array__"):  # numpy arrays and other array-likes
         return Tensor._wrap(np.array(value))
     return None
 

@@ -22,7 +22,7 @@ class _BatchNorm(Module):
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True, device=None,
-                 dtype=None) -> None:
+                 dtype=None, *, bias: bool = True) -> None:
         super().__init__()
         kw = {"dtype": dtype} if dtype is not None else {}
         self.num_features = num_features
@@ -32,7 +32,10 @@ class _BatchNorm(Module):
         self.track_running_stats = track_running_stats
         if affine:
             self.weight = Parameter(graphc.empty(num_features, **kw))
-            self.bias = Parameter(graphc.empty(num_features, **kw))
+            if bias:
+                self.bias = Parameter(graphc.empty(num_features, **kw))
+            else:
+                self.register_parameter("bias", None)
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -56,7 +59,8 @@ class _BatchNorm(Module):
         self.reset_running_stats()
         if self.affine:
             init.ones_(self.weight)
-            init.zeros_(self.bias)
+            if self.bias is not None:
+                init.zeros_(self.bias)
 
     def _check_input_dim(self, input) -> None:  # noqa: A002
         raise NotImplementedError
@@ -80,7 +84,7 @@ class _BatchNorm(Module):
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+                f"affine={self.affine}, bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs) -> None:
@@ -101,7 +105,7 @@ class BatchNorm1d(_BatchNorm):
 
     >>> import graphc.nn as nn
     >>> nn.BatchNorm1d(4)
-    BatchNorm1d(4, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)
+    BatchNorm1d(4, eps=1e-05, momentum=0.1, affine=True, bias=True, track_running_stats=True)
     """
 
     def _check_input_dim(self, input) -> None:  # noqa: A002

@@ -54,10 +54,7 @@ class Unflatten(Module):
         self.unflattened_size = unflattened_size
 
     def forward(self, input):  # noqa: A002
-        dim = self.dim if self.dim >= 0 else self.dim + input.dim()
-        shape = (tuple(input.shape[:dim]) + tuple(self.unflattened_size)
-                 + tuple(input.shape[dim + 1:]))
-        return input.reshape(shape)
+        return input.unflatten(self.dim, self.unflattened_size)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, unflattened_size={self.unflattened_size}"

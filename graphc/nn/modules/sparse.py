@@ -59,8 +59,7 @@ class Embedding(Module):
     def _fill_padding_idx_with_zero(self) -> None:
         if self.padding_idx is not None:
             with graphc.no_grad():
-                self.weight._data[self.padding_idx] = 0  # a direct write: the value is a constant
-                self.weight._version_counter.bump()
+                self.weight[self.padding_idx] = 0
 
     def forward(self, input):  # noqa: A002
         return F.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
