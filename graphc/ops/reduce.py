@@ -69,10 +69,16 @@ def _expand_back(g, in_shape: tuple, axes: tuple, keepdim: bool):
 
 
 # ---- reduce_sum ------------------------------------------------------------------------------
-def _sum_infer(x: TensorType, axes: tuple, keepdim: bool) -> TensorType:
-    _check_axes("reduce_sum", x, axes)
-    dtype = x.dtype if x.dtype.is_floating else int64
-    return TensorType(_reduced_shape(x.shape, axes, keepdim), dtype)
+def _sum_like_infer(op: str):
+    """Shape rule of reduce_sum and reduce_prod: bool and int64 inputs give int64."""
+
+    def infer(x: TensorType, axes: tuple, keepdim: bool) -> TensorType:
+        _check_axes(op, x, axes)
+        dtype = x.dtype if x.dtype.is_floating else int64
+        return TensorType(_reduced_shape(x.shape, axes, keepdim), dtype)
+
+    infer.__name__ = f"_{op}_infer"
+    return infer
 
 
 def _sum_kernel(x, axes, keepdim):
@@ -85,8 +91,8 @@ def _sum_vjp(ctx, g):
     return (_expand_back(g, x.shape, ctx.attrs["axes"], ctx.attrs["keepdim"]),)
 
 
-register(OpDef("reduce_sum", REDUCE, ("x",), _sum_infer, _sum_kernel, _sum_vjp,
-               attrs={"axes": tuple, "keepdim": bool}))
+register(OpDef("reduce_sum", REDUCE, ("x",), _sum_like_infer("reduce_sum"), _sum_kernel,
+               _sum_vjp, attrs={"axes": tuple, "keepdim": bool}))
 
 
 # ---- reduce_mean -----------------------------------------------------------------------------
@@ -163,6 +169,42 @@ register(OpDef("reduce_max", REDUCE, ("x",), _extremum_infer("reduce_max"), _max
                saved_inputs=(0,), saved_outputs=(0,)))
 register(OpDef("reduce_min", REDUCE, ("x",), _extremum_infer("reduce_min"), _min_kernel,
                _extremum_vjp, attrs={"axes": tuple, "keepdim": bool},
+               saved_inputs=(0,), saved_outputs=(0,)))
+
+
+# ---- reduce_prod -----------------------------------------------------------------------------
+def _prod_kernel(x, axes, keepdim):
+    dtype = None if np.issubdtype(x.dtype, np.floating) else np.int64
+    return np.asarray(np.prod(x, axis=axes, keepdims=keepdim, dtype=dtype))
+
+
+def _prod_vjp(ctx, g):
+    """d prod / d x_i = product of the others, computed without dividing by zero.
+
+    Where x_i != 0 that is result / x_i; where x_i == 0 it is the product of the non-zero
+    elements if x_i is the slice's only zero, else 0. Zeros are replaced by 1 before dividing
+    (`nonzero`), so no branch ever computes 0/0, and the rule differentiates again; its
+    second derivative is exact except between two zeros of one slice (it reads 0 there, as
+    PyTorch's full-reduction rule does).
+    """
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    axes, keepdim = ctx.attrs["axes"], ctx.attrs["keepdim"]
+    if not axes:
+        return (g,)
+    if not keepdim:
+        keep = _reduced_shape(tuple(x.shape), axes, True)
+        y = call("reshape", y, shape=keep)
+        g = call("reshape", g, shape=keep)
+    is_zero = call("eq", x, 0.0)
+    nonzero = call("where", is_zero, 1.0, x)
+    zeros = call("reduce_sum", is_zero, axes=axes, keepdim=True)
+    others_if_zero = call("where", call("eq", zeros, 1),
+                          call("reduce_prod", nonzero, axes=axes, keepdim=True), 0.0)
+    return (g * call("where", is_zero, others_if_zero, y / nonzero),)
+
+
+register(OpDef("reduce_prod", REDUCE, ("x",), _sum_like_infer("reduce_prod"), _prod_kernel,
+               _prod_vjp, attrs={"axes": tuple, "keepdim": bool},
                saved_inputs=(0,), saved_outputs=(0,)))
 
 
@@ -251,6 +293,22 @@ def mean(x, dim=None, keepdim: bool = False, *, dtype=None):
     if dtype is not None:
         x = cast(x, as_dtype(dtype))
     return call("reduce_mean", x, axes=_axes("mean", x, dim), keepdim=bool(keepdim))
+
+
+def prod(x, dim=None, keepdim: bool = False, *, dtype=None):
+    """Product over one `dim` (all elements by default); bool and int64 products are int64.
+
+    >>> graphc.tensor([[1.0, 2.0], [3.0, 4.0]]).prod(1)
+    tensor([ 2., 12.])
+    """
+    if dtype is not None:
+        x = cast(x, as_dtype(dtype))
+    if dim is None:
+        axes = tuple(range(x.ndim))
+    else:
+        axis = normalize_axis("prod", _int_dim("prod", dim), x.ndim)
+        axes = (axis,) if x.ndim else ()
+    return call("reduce_prod", x, axes=axes, keepdim=bool(keepdim))
 
 
 def amax(x, dim=(), keepdim: bool = False):
@@ -467,12 +525,12 @@ def any(x, dim=None, keepdim: bool = False):  # noqa: A001
 
 
 TENSOR_METHODS = {
-    "sum": sum, "mean": mean, "amax": amax, "amin": amin, "argmax": argmax, "argmin": argmin,
-    "max": max, "min": min, "var": var, "std": std, "logsumexp": logsumexp, "norm": norm,
-    "all": all, "any": any,
+    "sum": sum, "mean": mean, "prod": prod, "amax": amax, "amin": amin, "argmax": argmax,
+    "argmin": argmin, "max": max, "min": min, "var": var, "std": std, "logsumexp": logsumexp,
+    "norm": norm, "all": all, "any": any,
 }
 
 PUBLIC = (
-    "sum", "mean", "amax", "amin", "argmax", "argmin", "max", "min", "var", "std", "logsumexp",
-    "norm", "all", "any", "return_types",
+    "sum", "mean", "prod", "amax", "amin", "argmax", "argmin", "max", "min", "var", "std",
+    "logsumexp", "norm", "all", "any", "return_types",
 )

@@ -132,6 +132,38 @@ def _sum_samples(rng):
     ]
 
 
+def _prod_samples(rng):
+    with_zero = arr(rng, 3, 4)
+    with_zero[0, 1] = 0.0
+    two_zeros = arr(rng, 3, 4)
+    two_zeros[1, 0] = two_zeros[1, 2] = 0.0
+    return [
+        Sample((arr(rng, 3, 4),), desc="all elements"),
+        Sample((arr(rng, 3, 4),), {"dim": 1}, desc="dim=1"),
+        Sample((arr(rng, 2, 3, 4),), {"dim": -3, "keepdim": True}, desc="dim=-3 keep"),
+        Sample((with_zero,), {"dim": 1}, desc="one zero in a row"),
+        Sample((two_zeros,), {"dim": 1}, desc="two zeros in a row"),
+        Sample((with_zero,), desc="one zero, all elements"),
+        Sample((arr(rng),), {"dim": 0}, desc="0-d"),
+        Sample((rng.integers(-3, 4, size=(3, 4)),), {"dim": 0}, desc="int64"),
+        Sample((rng.random((3, 4)) > 0.3,), desc="bool -> int64"),
+    ]
+
+
+def _prod_errors(rng):
+    return [
+        ErrorInput(Sample((arr(rng, 2, 3),), {"dim": 2}), ArgumentError, "Dimension out of range"),
+        ErrorInput(Sample((arr(rng, 2, 3),), {"dim": (0, 1)}), TypeError,
+                   "argument 'dim' must be int, not tuple"),
+    ]
+
+
+def _np_prod(x, dim=None, keepdim=False):
+    dtype = None if np.issubdtype(x.dtype, np.floating) else np.int64
+    return np.asarray(np.prod(x, axis=None if x.ndim == 0 else dim, keepdims=keepdim,
+                              dtype=dtype))
+
+
 def _mean_samples(rng):
     return _dim_samples(rng) + [Sample((arr(rng, 0, 3),), {"dim": 0}, desc="empty: nan")]
 
@@ -354,6 +386,8 @@ OP_INFOS: list[OpInfo] = [
            torch_fn=_torch("mean"), error_inputs=_mean_errors),
     OpInfo("mean_dtype", _mean_float64, _np_mean_float64, _sum_dtype_samples,
            ("reduce_mean", "cast"), torch_fn=_torch_mean_float64),
+    OpInfo("prod", graphc.prod, _np_prod, _prod_samples, ("reduce_prod",),
+           torch_fn=_torch("prod"), error_inputs=_prod_errors),
     OpInfo("amax", graphc.amax, _np_reduce(np.max), _amax_samples, ("reduce_max",),
            torch_fn=_torch("amax"), error_inputs=_amax_errors),
     OpInfo("amin", graphc.amin, _np_reduce(np.min), _amax_samples, ("reduce_min",),
