@@ -3,9 +3,9 @@
 The three registry ops (kind CONTRACTION) close under differentiation, so gradients of any
 order are themselves these ops (the standard identities, with y = conv2d(x, w)):
 
-    conv2d(x, w)                 -> y      VJP: conv2d_input_grad(gy, w), conv2d_weight_grad(gy, x)
-    conv2d_input_grad(gy, w)     -> gx     VJP: conv2d(ggx, w),           conv2d_weight_grad(gy, ggx)
-    conv2d_weight_grad(gy, x)    -> gw     VJP: conv2d(x, ggw),           conv2d_input_grad(gy, ggw)
+    conv2d(x, w)              -> y   VJP: conv2d_input_grad(gy, w), conv2d_weight_grad(gy, x)
+    conv2d_input_grad(gy, w)  -> gx  VJP: conv2d(ggx, w),           conv2d_weight_grad(gy, ggx)
+    conv2d_weight_grad(gy, x) -> gw  VJP: conv2d(x, ggw),           conv2d_input_grad(gy, ggw)
 
 Invariants:
 - Attributes are canonical: stride, padding, dilation are (h, w) int pairs, groups an int;
@@ -153,7 +153,8 @@ def _col2im(cols: np.ndarray, in_shape, kernel_hw, out_hw, stride, padding, dila
         r0 = i * dh
         for j in range(kw):
             c0 = j * dw
-            out[:, :, r0:r0 + sh * (ho - 1) + 1:sh, c0:c0 + sw * (wo - 1) + 1:sw] += cols[:, :, i, j]
+            rows = slice(r0, r0 + sh * (ho - 1) + 1, sh)
+            out[:, :, rows, c0:c0 + sw * (wo - 1) + 1:sw] += cols[:, :, i, j]
     return out[:, :, ph:ph + h, pw:pw + w]
 
 
@@ -205,10 +206,11 @@ def _conv2d_input_grad_infer(gy: TensorType, w: TensorType, *, stride, padding, 
     _check_weight(op, w, groups)
     in_shape = gy.shape[:-3] + (w.shape[1] * groups,) + tuple(input_hw)
     out_hw = _check_input_fits(op, in_shape, w.shape, groups, stride, padding, dilation)
-    if gy.shape[-3:] != (w.shape[0],) + out_hw:
+    want = gy.shape[:-3] + (w.shape[0],) + out_hw
+    if gy.shape != want:
         raise ShapeError(
-            f"{where(op)}: expected grad_output of size {_size(gy.shape[:-3] + (w.shape[0],) + out_hw)} "
-            f"for input{_size(in_shape)} and weight{_size(w.shape)}, got {_size(gy.shape)}"
+            f"{where(op)}: expected grad_output of size {_size(want)} for input"
+            f"{_size(in_shape)} and weight{_size(w.shape)}, got {_size(gy.shape)}"
         )
     return TensorType(in_shape, gy.dtype)
 

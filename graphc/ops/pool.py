@@ -16,8 +16,8 @@ Invariants:
   window order wins, a NaN wins over numbers), and a window of -inf points at its first
   in-bounds element.
 - Output sizes follow PyTorch's `pooling_output_shape`, ceil_mode included: the last window
-  must start inside the input or the left padding. Padding is at most half the effective
-  kernel, so no window lies entirely in the padding.
+  must start inside the input or the left padding. Padding is at most half the kernel (with
+  and without dilation, PyTorch's two checks), so no window lies entirely in the padding.
 - Attributes are canonical: kernel_size, stride, padding, dilation are (h, w) int pairs; the
   gradient ops carry the input's spatial size as `input_hw`.
 """
@@ -65,15 +65,23 @@ def _pool_shape(op: str, x: TensorType, kernel_size, stride, padding, dilation, 
             f"dilationW: {dw}")
     if ph < 0 or pw < 0:
         raise ArgumentError(f"{where(op)}: pad must be non-negative, but got pad: {min(ph, pw)}")
-    if x.ndim not in (3, 4) or x.numel == 0:
+    if x.ndim not in (3, 4):
         raise ShapeError(
             f"{where(op)}: non-empty 3D or 4D (batch mode) tensor expected for input, but got "
             f"input of size {_size(x.shape)}")
+    if 0 in x.shape[-3:]:
+        raise ShapeError(
+            f"{where(op)}: Expected 3D or 4D (batch mode) tensor with optional 0 dim batch size "
+            f"for input, but got:{_size(x.shape)}")
     for p, k, d in ((ph, kh, dh), (pw, kw, dw)):
         if p > (d * (k - 1) + 1) // 2:
             raise ArgumentError(
                 f"{where(op)}: pad should be at most half of effective kernel size, but got "
                 f"pad={p}, kernel_size={k} and dilation={d}")
+    if ph > kh // 2 or pw > kw // 2:  # PyTorch checks the undilated kernel as well
+        raise ArgumentError(
+            f"{where(op)}: pad should be smaller than or equal to half of kernel size, but got "
+            f"padW = {pw}, padH = {ph}, kW = {kw}, kH = {kh}")
     c, h, w = x.shape[-3:]
     ho = pool_output_size(h, kh, sh, ph, dh, ceil_mode)
     wo = pool_output_size(w, kw, sw, pw, dw, ceil_mode)
@@ -209,7 +217,7 @@ def _max_pool2d_grad_kernel(g, indices, *, input_hw):
     plane = input_hw[0] * input_hw[1]
     g3, i3 = _planes(g), _planes(indices)
     b = g3.shape[0]
-    flat = (i3.reshape(b, -1) + (np.arange(b) * plane)[:, None]).ravel()
+    flat = (i3.reshape(b, i3.shape[1] * i3.shape[2]) + (np.arange(b) * plane)[:, None]).ravel()
     out = np.bincount(flat, weights=g3.ravel(), minlength=b * plane)
     return out.astype(g.dtype, copy=False).reshape(g.shape[:-2] + tuple(input_hw))
 
