@@ -1154,8 +1154,8 @@ def index_put_value(x, index, value):
         new_basic = call("reshape", new_basic, shape=plan.sliced)
     if plan.flips:
         new_basic = call("flip", new_basic, axes=tuple(plan.flips))
-    if plan.is_identity_slice(x.shape):
-        return new_basic
+    # Even x[...] = value goes through slice_scatter: the result is a new tensor whose history
+    # still reaches x (with a zero gradient), as in PyTorch.
     return call("slice_scatter", x, new_basic, starts=tuple(plan.starts),
                 stops=tuple(plan.stops), steps=tuple(plan.steps))
 
