@@ -1,61 +1,141 @@
 """Tensors from user data: `graphc.tensor`, `as_tensor`, `from_numpy`.
 
 `tensor` always copies; `from_numpy` shares memory with the array (as PyTorch); `as_tensor`
-shares when it can. Python floats become float32 (the default dtype), ints int64.
+shares when it can. Dtypes are inferred as PyTorch does: Python floats become float32 (the
+default dtype), ints int64, bools bool; numpy arrays and numpy scalars keep their dtype
+(float64 stays float64); graphc tensors inside a list keep theirs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from graphc.errors import DTypeError
 from graphc.tensor import Tensor
-from graphc.types import as_dtype, dtype_of_numpy, float32
+from graphc.types import as_dtype, dtype_of_numpy, float32, float64
+
+
+def _has_exact_float(data) -> bool:
+    """True when a float64 array built from `data` must stay float64 (numpy/graphc values)."""
+    if isinstance(data, (np.ndarray, np.generic)):
+        return data.dtype == np.float64
+    if isinstance(data, Tensor):
+        return data.dtype is float64
+    if isinstance(data, (list, tuple)):
+        return any(_has_exact_float(x) for x in data)
+    return False
+
+
+def _ragged_error(data, dim: int = 0):
+    """PyTorch's message for a list whose rows differ in length, or None if it is not ragged."""
+    if not isinstance(data, (list, tuple)) or not data:
+        return None
+    lengths = [len(x) if isinstance(x, (list, tuple)) else None for x in data]
+    first = lengths[0]
+    for n in lengths:
+        if n != first:
+            if first is None or n is None:
+                return f"expected sequence of length {first} at dim {dim} (got {n})"
+            return f"expected sequence of length {first} at dim {dim + 1} (got {n})"
+    for x in data:
+        message = _ragged_error(x, dim + 1)
+        if message:
+            return message
+    return None
 
 
 def _array_of(data, dtype) -> np.ndarray:
     if isinstance(data, Tensor):
         arr = data._data
-    elif isinstance(data, (list, tuple)) and any(isinstance(x, Tensor) for x in data):
-        arr = np.array([x._data if isinstance(x, Tensor) else x for x in data])
+    elif isinstance(data, (list, tuple)) and _has_tensor(data):
+        arr = np.array([_array_of(x, None) for x in data])
     else:
-        arr = np.asarray(data)
+        try:
+            arr = np.asarray(data)
+        except ValueError as err:
+            raise ValueError(_ragged_error(data) or str(err)) from None
+    if arr.dtype.kind in "USO":
+        found = _first_str(data)
+        if found is not None:
+            raise TypeError(f"new(): invalid data type '{type(found).__name__}'")
+        raise TypeError(f"graphc.tensor: cannot make a tensor from {type(data).__name__} data "
+                        f"(numpy made an array of dtype {arr.dtype})")
     if dtype is not None:
         return arr.astype(as_dtype(dtype).np)
-    if arr.dtype == np.float64 and not isinstance(data, np.ndarray):
+    if arr.dtype == np.float64 and not _has_exact_float(data):
         return arr.astype(float32.np)  # Python floats take the default dtype
-    if arr.dtype.kind in "U S O".split():
-        raise TypeError(f"graphc.tensor: cannot make a tensor from {type(data).__name__} data")
-    return arr.astype(dtype_of_numpy(arr.dtype).np)
+    return arr.astype(dtype_of_numpy(arr.dtype).np, copy=False)
 
 
-def tensor(data, *, dtype=None, requires_grad: bool = False) -> Tensor:
+def _has_tensor(data) -> bool:
+    return any(isinstance(x, Tensor) or (isinstance(x, (list, tuple)) and _has_tensor(x))
+               for x in data)
+
+
+def _first_str(data):
+    if isinstance(data, (str, bytes)):
+        return data
+    if isinstance(data, (list, tuple)):
+        for x in data:
+            found = _first_str(x)
+            if found is not None:
+                return found
+    return None
+
+
+def tensor(data, *, dtype=None, device=None, requires_grad: bool = False,
+           pin_memory: bool = False) -> Tensor:
     """A new tensor holding a copy of `data` (nested lists, numbers, arrays, tensors).
 
     >>> import graphc
     >>> graphc.tensor([[1, 2], [3, 4]]).dtype
     graphc.int64
+    >>> graphc.tensor([0.5, 1.0], requires_grad=True)
+    tensor([0.5000, 1.0000], requires_grad=True)
     """
+    _check_device(device)
     arr = np.array(_array_of(data, dtype), copy=True)
+    if requires_grad and not dtype_of_numpy(arr.dtype).is_floating:
+        raise DTypeError("Only Tensors of floating point and complex dtype can require gradients")
     return Tensor._wrap(arr, requires_grad)
 
 
-def as_tensor(data, dtype=None) -> Tensor:
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+    """`data` as a tensor, sharing memory with a tensor or ndarray of the right dtype."""
+    _check_device(device)
     if isinstance(data, Tensor) and (dtype is None or as_dtype(dtype) is data.dtype):
         return data
     if isinstance(data, np.ndarray) and (dtype is None or np.dtype(as_dtype(dtype).np) ==
                                          data.dtype):
-        return from_numpy(data)
-    return Tensor._wrap(_array_of(data, dtype))
+        try:
+            return from_numpy(data)
+        except TypeError:
+            pass  # a numpy dtype graphc widens (int32, float16): copy instead
+    return Tensor._wrap(np.array(_array_of(data, dtype)))
 
 
 def from_numpy(array: np.ndarray) -> Tensor:
-    """A tensor sharing memory with `array` (changes to one show in the other)."""
+    """A tensor sharing memory with `array` (changes to one show in the other).
+
+    >>> import numpy as np, graphc
+    >>> a = np.zeros(2)
+    >>> t = graphc.from_numpy(a)
+    >>> a[0] = 5.0
+    >>> t
+    tensor([5., 0.], dtype=graphc.float64)
+    """
     if not isinstance(array, np.ndarray):
-        raise TypeError(f"from_numpy expects an np.ndarray, got {type(array).__name__}")
+        raise TypeError(f"expected np.ndarray (got {type(array).__name__})")
     dtype = dtype_of_numpy(array.dtype)
     if array.dtype != dtype.np:
         raise TypeError(
-            f"from_numpy: can't share memory with a {array.dtype} array: graphc keeps float32, "
-            "float64, int64 and bool; convert it first (array.astype(...))"
+            f"can't convert np.ndarray of type numpy.{array.dtype} without a copy: graphc "
+            "keeps float32, float64, int64 and bool; convert it first (array.astype(...)) or "
+            "use graphc.tensor(array)"
         )
     return Tensor._wrap(array)
+
+
+def _check_device(device) -> None:
+    if device is not None and str(device) != "cpu":
+        raise ValueError(f"graphc eager tensors live on the CPU; got device={device!r}")

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from graphc.autograd.grad_mode import is_grad_enabled, no_grad
-from graphc.autograd.graph import OpBackward
+from graphc.autograd.graph import Node, OpBackward
 from graphc.errors import AutogradError, DTypeError, GraphcError, ShapeError, where
 from graphc.ops import registry
 from graphc.ops.registry import OpDef
@@ -138,10 +138,39 @@ def _edge(t):
     return (None, 0)
 
 
+_TORCH_TYPE_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}
+
+
 def _castable(src, dst) -> bool:
+    """PyTorch's rule for writing a result into an existing tensor (no float -> int etc.)."""
     if src.is_floating and not dst.is_floating:
         return False
     return not (dst.name == "bool" and src.name != "bool")
+
+
+class OverwriteBackward(Node):
+    """History of a tensor overwritten by a value that does not depend on its old value.
+
+    `zero_`, `fill_` and `copy_` from a constant on a tensor with history keep it in the graph
+    as PyTorch does (`ZeroBackward0`, `FillBackward0`): gradients flowing back through it are
+    zero for the old value, so `backward` still works and reaches no leaf with a non-zero
+    contribution.
+    """
+
+    def __init__(self, op_name: str, old_edge: tuple, old_type: TensorType) -> None:
+        super().__init__((old_edge,), ((old_type.shape, old_type.dtype),))
+        self._name = "".join(p.capitalize() for p in op_name.rstrip("_").split("_"))
+        self.old_type = old_type
+
+    def name(self) -> str:
+        return f"{self._name}Backward0"
+
+    def backward(self, grads: tuple) -> tuple:
+        return (call_full(self.old_type),)
+
+
+def call_full(ty: TensorType):
+    return registry.call("full", shape=tuple(ty.shape), value=0, dtype=ty.dtype.name)
 
 
 def apply_inplace(target, op_name: str, compute: Callable):
@@ -149,15 +178,24 @@ def apply_inplace(target, op_name: str, compute: Callable):
 
     `compute` builds the new value from `old` with ordinary (out-of-place) graphc calls, so
     the autograd history is the ordinary one; this function then writes the result into the
-    target's memory, bumps its version counter and moves the target's history onto the result.
+    target's memory, bumps its version counter and moves the target's history onto the result
+    (PyTorch's "rebase"). A result of a wider dtype is cast back with history; one that cannot
+    be cast (float into int) is refused with PyTorch's message, as is a shape change.
     """
     if _tracer is not None:
         return _tracer.record_inplace(target, op_name, compute)
     grad_mode = is_grad_enabled()
-    if grad_mode and target.is_leaf and target.requires_grad:
+    base = target._base
+    if grad_mode and target.requires_grad and target.is_leaf:
         raise AutogradError(
             f"{where(op_name)}: a leaf Variable that requires grad is being used in an in-place "
             "operation. Wrap the update in `with graphc.no_grad():`, or work on a clone()."
+        )
+    if grad_mode and base is not None and base.is_leaf and base.requires_grad:
+        raise AutogradError(
+            f"{where(op_name)}: a view of a leaf Variable that requires grad is being used in an "
+            "in-place operation. Wrap the update in `with graphc.no_grad():`, or work on a "
+            "clone()."
         )
     if grad_mode:
         old = target._detached_copy_with_history()
@@ -172,14 +210,15 @@ def apply_inplace(target, op_name: str, compute: Callable):
         )
     if not _castable(result.dtype, target.dtype):
         raise DTypeError(
-            f"{where(op_name)}: result type {result.dtype.name} can't be cast to the desired "
-            f"output type {target.dtype.name}"
+            f"{where(op_name)}: result type {_TORCH_TYPE_NAMES[result.dtype.name]} can't be cast "
+            f"to the desired output type {_TORCH_TYPE_NAMES[target.dtype.name]}"
         )
-    if grad_mode and result.requires_grad and target._base is not None:
+    records = grad_mode and (result.requires_grad or target.requires_grad)
+    if records and base is not None:
         raise AutogradError(
             f"{where(op_name)}: in-place change of a view of another tensor while autograd is "
-            "recording is not supported by graphc; clone() the view first, or use the "
-            "out-of-place op"
+            "recording is not supported by graphc; clone() the view first, use the "
+            "out-of-place op, or change the base tensor in place instead"
         )
     if not target._data.flags.writeable:
         raise ShapeError(
@@ -187,22 +226,37 @@ def apply_inplace(target, op_name: str, compute: Callable):
             "tensor refers to a single memory location. Please clone() the tensor before "
             "performing the operation."
         )
+    if records and result.dtype is not target.dtype:
+        result = registry.call("cast", result, dtype=target.dtype.name)
     np.copyto(target._data, result._data, casting="unsafe")
     target._version_counter.bump()
-    if grad_mode and result.requires_grad:
-        node = result.grad_fn
-        target._set_history(node, result._output_nr)
+    if records:
+        _rebase_history(target, result, op_name)
+    return target
+
+
+def _rebase_history(target, result, op_name: str) -> None:
+    """Move target's autograd history onto the node that computed its new value."""
+    retained = target._retains_grad
+    old_node, old_nr = target.grad_fn, target._output_nr
+    if result.requires_grad:
+        node, nr = result.grad_fn, result._output_nr
+        if node is None:  # a leaf result (e.g. `copy_` of a leaf that requires grad)
+            node = registry.call("cast", result, dtype=result.dtype.name).grad_fn
+            nr = 0
         if isinstance(node, OpBackward):  # the node saved `result`: it now lives in target
             for saved in node.saved_outputs.values():
                 if saved.tensor is result:
                     saved.tensor = target
                     saved.version = target._version_counter.value
-    elif grad_mode and target.requires_grad:
-        # The new value does not depend on anything that requires grad (fill_, zero_,
-        # copy_ from a constant): the target's old history no longer describes it.
-        target._set_history(None, 0)
-        target._requires_grad = False
-    return target
+    else:
+        node = OverwriteBackward(op_name, (old_node, old_nr), target.type)
+        nr = 0
+    target._set_history(node, nr)
+    if retained and old_node is not None:
+        old_node.retains_grad.pop(old_nr, None)
+        target._retains_grad = False
+        target.retain_grad()
 
 
 registry.set_dispatcher(apply, apply_inplace)

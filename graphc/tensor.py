@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+import warnings
+
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.autograd.graph import AccumulateGrad, RemovableHandle, add_hook
-from graphc.errors import AutogradError, DTypeError, TraceError
+from graphc.errors import AutogradError, DTypeError, ShapeError, TraceError
 from graphc.types import DType, TensorType, dtype_of_numpy, float32
 
 
@@ -47,6 +49,41 @@ _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "Lo
                "bool": "BoolTensor"}
 
 
+class device:  # noqa: N801 (PyTorch's name)
+    """The device a tensor lives on; eager graphc tensors are always on the CPU."""
+
+    __slots__ = ("type", "index")
+
+    def __init__(self, type: str = "cpu", index: int | None = None) -> None:  # noqa: A002
+        self.type, self.index = str(type), index
+
+    def __repr__(self) -> str:
+        return f"device(type={self.type!r})"
+
+    def __str__(self) -> str:
+        return self.type
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, device):
+            return self.type == other.type
+        return isinstance(other, str) and other == self.type
+
+    def __hash__(self) -> int:
+        return hash(self.type)
+
+
+CPU = device("cpu")
+
+_NON_FLOAT_GRAD = "only Tensors of floating point and complex dtype can require gradients"
+
+_NON_LEAF_GRAD_WARNING = (
+    "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
+    "attribute won't be populated during autograd.backward(). If you indeed want the .grad "
+    "field to be populated for a non-leaf Tensor, use .retain_grad() on the non-leaf Tensor. "
+    "If you access the non-leaf Tensor by mistake, make sure you access the leaf Tensor instead."
+)
+
+
 class Tensor:
     """An n-dimensional array with autograd. Create one with `graphc.tensor(data)`.
 
@@ -59,10 +96,31 @@ class Tensor:
 
     __array_priority__ = 1000  # numpy defers `ndarray + Tensor` to Tensor.__radd__
 
+    def __new__(cls, *args, **kwargs):
+        """`graphc.Tensor(data)` or `graphc.Tensor(*sizes)`: float32, as `torch.Tensor(...)`.
+
+        Prefer `graphc.tensor(data)` (dtype inferred) or `graphc.zeros(shape)`.
+        """
+        if kwargs:
+            raise TypeError(f"Tensor(): unexpected keyword arguments {sorted(kwargs)}")
+        if all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in args):
+            array = np.zeros(tuple(int(a) for a in args) if args else (0,), dtype=np.float32)
+        elif len(args) == 1:
+            source = args[0]
+            if isinstance(source, Tensor):
+                source = source._data
+            array = np.array(source, dtype=np.float32)
+        else:
+            raise TypeError(
+                "Tensor(): expected a sequence of numbers or sizes, got "
+                f"({', '.join(type(a).__name__ for a in args)})"
+            )
+        t = object.__new__(cls)
+        t._init(array)
+        return t
+
     def __init__(self, *args, **kwargs) -> None:
-        raise TypeError(
-            "create tensors with graphc.tensor(data), graphc.zeros(shape), graphc.from_numpy"
-        )
+        pass  # __new__ (or a subclass's __new__) has built the tensor
 
     @classmethod
     def _wrap(cls, array: np.ndarray, requires_grad: bool = False) -> Tensor:
@@ -80,7 +138,7 @@ class Tensor:
         self._data = array
         self._dtype = dtype
         self._requires_grad = False
-        self.grad = None
+        self._grad = None
         self.grad_fn = None
         self._output_nr = 0
         self._version_counter = VersionCounter()
@@ -88,7 +146,9 @@ class Tensor:
         self._accumulator = None
         self._retains_grad = False
         if requires_grad:
-            self.requires_grad = True
+            if not dtype.is_floating:
+                raise DTypeError("O" + _NON_FLOAT_GRAD[1:])
+            self._requires_grad = True
 
     # ---- metadata -------------------------------------------------------------------------
     @property
@@ -131,8 +191,21 @@ class Tensor:
         return self._dtype.is_floating
 
     @property
-    def device(self) -> str:
-        return "cpu"
+    def device(self) -> device:
+        return CPU
+
+    @property
+    def is_cuda(self) -> bool:
+        return False
+
+    def get_device(self) -> int:
+        return -1
+
+    def is_contiguous(self, memory_format=None) -> bool:
+        return True
+
+    def contiguous(self, memory_format=None) -> Tensor:
+        return self
 
     def type_name(self) -> str:
         return "graphc." + _TYPE_NAMES[self._dtype.name]
@@ -148,22 +221,59 @@ class Tensor:
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
+        self._change_requires_grad(value, _NON_FLOAT_GRAD)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        self._change_requires_grad(requires_grad,
+                                   "only Tensors of floating point dtype can require gradients")
+        return self
+
+    def _change_requires_grad(self, value: bool, non_float_message: str) -> None:
+        value = bool(value)
         if self.grad_fn is not None:
+            if value:
+                return  # a non-leaf already requires grad: nothing to change (as PyTorch)
             raise AutogradError(
                 "you can only change requires_grad flags of leaf variables. If you want to use "
                 "a computed variable in a subgraph that doesn't require differentiation use "
                 "var_no_grad = var.detach()."
             )
         if value and not self._dtype.is_floating:
-            raise DTypeError(
-                "only Tensors of floating point dtype can require gradients "
-                f"(this one is {self._dtype.name})"
-            )
-        self._requires_grad = bool(value)
+            raise DTypeError(f"{non_float_message} (got {self._dtype.name})")
+        self._requires_grad = value
 
-    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
-        self.requires_grad = requires_grad
-        return self
+    @property
+    def grad(self) -> Tensor | None:
+        """The accumulated gradient (leaves, and non-leaves after retain_grad())."""
+        if self.grad_fn is not None and not self._retains_grad and self._grad is None:
+            warnings.warn(_NON_LEAF_GRAD_WARNING, UserWarning, stacklevel=2)
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(
+                    f"assigned grad expected to be a Tensor or None but got grad of type "
+                    f"{type(value).__name__}"
+                )
+            if tuple(value.shape) != tuple(self.shape):
+                raise ShapeError(
+                    f"attempting to assign a gradient of size '{list(value.shape)}' to a "
+                    f"tensor of size '{list(self.shape)}'. Please ensure that the gradient and "
+                    "the tensor are the same size"
+                )
+            if value.dtype is not self._dtype:
+                raise DTypeError(
+                    f"attempting to assign a gradient with dtype '{value.dtype.name}' to a "
+                    f"tensor with dtype '{self._dtype.name}'. Please ensure that the gradient "
+                    "and the tensor have the same dtype"
+                )
+        self._grad = value
+
+    @grad.deleter
+    def grad(self) -> None:
+        self._grad = None
 
     @property
     def is_leaf(self) -> bool:
@@ -173,6 +283,8 @@ class Tensor:
         self.grad_fn = node
         self._output_nr = output_nr
         self._requires_grad = node is not None
+        if node is None:
+            self._retains_grad = False
 
     def _grad_accumulator(self) -> AccumulateGrad:
         if self._accumulator is None:
@@ -203,10 +315,19 @@ class Tensor:
 
     @property
     def data(self) -> Tensor:
-        return self.detach()
+        """This tensor's memory without history and with its own version counter.
+
+        Changes through `.data` are invisible to autograd (PyTorch's semantics): prefer
+        `detach()` or `with graphc.no_grad():`, which keep the in-place checks.
+        """
+        t = Tensor._wrap(self._data)
+        t._base = self._base
+        return t
 
     @data.setter
     def data(self, value: Tensor) -> None:
+        if not isinstance(value, Tensor):
+            raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
         self._data = value._data
         self._dtype = value._dtype
 
@@ -220,8 +341,9 @@ class Tensor:
         self.grad_fn.retains_grad[self._output_nr] = self._store_retained_grad
 
     def _store_retained_grad(self, grad: Tensor) -> None:
-        g = grad.detach() if not is_grad_enabled() else grad
-        self.grad = Tensor._wrap(g._data.copy()) if self.grad is None else self.grad + g
+        if not grad.requires_grad:
+            grad = Tensor._wrap(grad._data.astype(self._dtype.np, copy=True))
+        self._grad = grad if self._grad is None else self._grad + grad
 
     @property
     def retains_grad(self) -> bool:
@@ -254,9 +376,11 @@ class Tensor:
                 "for data-dependent choices, or move this code out of the compiled function."
             )
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self, *, force: bool = False) -> np.ndarray:
         """The underlying array (shared memory, as PyTorch's .numpy())."""
         self._refuse_in_trace(".numpy()")
+        if force:
+            return self._data.copy() if self._requires_grad else self._data
         if self._requires_grad:
             raise AutogradError(
                 "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
@@ -267,10 +391,15 @@ class Tensor:
     def item(self):
         self._refuse_in_trace(".item()")
         if self._data.size != 1:
-            raise ValueError(
+            raise RuntimeError(
                 f"a Tensor with {self._data.size} elements cannot be converted to Scalar"
             )
         return self._data.reshape(()).item()
+
+    def _scalar(self):
+        if self._data.size != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars")
+        return self.item()
 
     def tolist(self):
         self._refuse_in_trace(".tolist()")
@@ -283,16 +412,22 @@ class Tensor:
     def __bool__(self) -> bool:
         self._refuse_in_trace("bool(tensor) (e.g. `if tensor:`)")
         if self._data.size != 1:
-            raise RuntimeError(
-                f"Boolean value of Tensor with more than one value is ambiguous"
-            )
+            raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
         return bool(self._data.reshape(()).item())
 
     def __float__(self) -> float:
-        return float(self.item())
+        return float(self._scalar())
 
     def __int__(self) -> int:
-        return int(self.item())
+        return int(self._scalar())
+
+    def __complex__(self) -> complex:
+        return complex(self._scalar())
+
+    def __format__(self, spec: str) -> str:
+        if self.ndim == 0:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
 
     def __index__(self) -> int:
         if self._dtype.is_floating or self._data.size != 1:

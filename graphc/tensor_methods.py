@@ -13,11 +13,29 @@ from graphc.ops import OP_MODULES
 from graphc.ops.elementwise import cast
 from graphc.ops.registry import call, inplace
 from graphc.tensor import Tensor
+from graphc.tensor import device as CpuDevice
 from graphc.types import as_dtype, bool_, float32, float64, int64
+
+
+def _operand(other):
+    """A binary operator's other operand as something `call` takes, or None if it is foreign.
+
+    Tensors and Python/numpy numbers pass; an ndarray becomes a tensor (as PyTorch does);
+    anything else makes the operator return NotImplemented, so Python tries the reflected
+    method and `tensor == None` is False rather than an error.
+    """
+    if isinstance(other, (Tensor, bool, int, float, np.number, np.bool_)):
+        return other
+    if isinstance(other, np.ndarray):
+        return Tensor._wrap(np.array(other))
+    return None
 
 
 def _reflect(name: str):
     def method(self, other):
+        other = _operand(other)
+        if other is None:
+            return NotImplemented
         return call(name, other, self)
 
     method.__name__ = f"__r{name}__"
@@ -25,16 +43,46 @@ def _reflect(name: str):
 
 
 def _to(self, *args, **kwargs):
-    """`to(dtype)`, `to("cpu")`, `to(other_tensor)`: a dtype change or a no-op for devices."""
+    """`to(dtype)`, `to("cpu")`, `to(device, dtype)`, `to(other_tensor)`; devices are no-ops.
+
+    `copy=True` always returns a new tensor (with history), as PyTorch.
+    """
     dtype = kwargs.get("dtype")
+    device = kwargs.get("device")
     for a in args:
         if isinstance(a, Tensor):
             dtype = a.dtype
-        elif isinstance(a, str) and a in ("cpu",):
-            continue
+        elif isinstance(a, (str, CpuDevice)):
+            device = a
         elif a is not None:
             dtype = a
-    return self if dtype is None else cast(self, as_dtype(dtype))
+    if device is not None and str(device) != "cpu":
+        raise ValueError(f"graphc eager tensors live on the CPU; got device={str(device)!r}")
+    if dtype is None or as_dtype(dtype) is self.dtype:
+        return call("cast", self, dtype=self.dtype.name) if kwargs.get("copy") else self
+    return cast(self, as_dtype(dtype))
+
+
+def _new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+    from graphc.creation import tensor
+
+    if isinstance(data, Tensor):
+        data = data.detach()
+    return tensor(data, dtype=dtype or self.dtype, device=device, requires_grad=requires_grad)
+
+
+def _clone(self, memory_format=None):
+    """A copy with history (used when no op module supplies `clone`)."""
+    return call("cast", self, dtype=self.dtype.name)
+
+
+def _abs(self):
+    return call("abs", self)
+
+
+def _cuda(self, *args, **kwargs):
+    raise ValueError("graphc eager tensors live on the CPU: there is no .cuda(); "
+                     "use graphc.compile with the CUDA backend instead")
 
 
 def _type_as(self, other):
@@ -103,6 +151,9 @@ _REFLECTED = ("add", "sub", "mul", "div", "pow", "matmul")
 
 def _forward(name: str):
     def method(self, other):
+        other = _operand(other)
+        if other is None:
+            return NotImplemented
         return call(name, self, other)
 
     method.__name__ = name
@@ -125,27 +176,42 @@ def _inplace_operator(name: str):
     op = _OPERATORS[name]
 
     def method(self, other):
+        other = _operand(other)
+        if other is None:
+            return NotImplemented
         return inplace(self, op + "_", lambda old: call(op, old, other))
 
     return method
+
+
+# Operators whose op may or may not be registered yet (attached only when it is).
+_OPTIONAL_OPERATORS = {"__floordiv__": "floor_divide", "__mod__": "remainder"}
 
 
 def attach() -> None:
     for module in OP_MODULES:
         for name, fn in getattr(module, "TENSOR_METHODS", {}).items():
             setattr(Tensor, name, fn)
-    for dunder, op in _OPERATORS.items():
+    from graphc.ops.registry import REGISTRY
+
+    operators = dict(_OPERATORS)
+    operators.update({d: op for d, op in _OPTIONAL_OPERATORS.items() if op in REGISTRY})
+    for dunder, op in operators.items():
         setattr(Tensor, dunder, _forward(op))
-    for op in _REFLECTED:
-        setattr(Tensor, f"__r{'truediv' if op == 'div' else op}__", _reflect(op))
+    for op in (*_REFLECTED, *(op for op in _OPTIONAL_OPERATORS.values() if op in REGISTRY)):
+        dunder = {"div": "truediv", "floor_divide": "floordiv", "remainder": "mod"}.get(op, op)
+        setattr(Tensor, f"__r{dunder}__", _reflect(op))
     for dunder in ("__add__", "__sub__", "__mul__", "__truediv__", "__pow__"):
         setattr(Tensor, dunder.replace("__", "__i", 1), _inplace_operator(dunder))
     Tensor.__neg__ = _neg
     Tensor.__invert__ = _invert
     Tensor.__pos__ = _pos
+    Tensor.__abs__ = _abs
     Tensor.__hash__ = object.__hash__
     extras = {"to": _to, "type_as": _type_as, "float": _float, "double": _double,
-              "long": _long, "bool": _bool, "cpu": _cpu, "zero_": _zero_, "fill_": _fill_,
-              "copy_": _copy_}
+              "long": _long, "int": _long, "bool": _bool, "cpu": _cpu, "cuda": _cuda,
+              "zero_": _zero_, "fill_": _fill_, "copy_": _copy_, "new_tensor": _new_tensor}
     for name, fn in extras.items():
         setattr(Tensor, name, fn)
+    if not hasattr(Tensor, "clone"):
+        Tensor.clone = _clone

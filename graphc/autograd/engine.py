@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
+
 from graphc.autograd.grad_mode import set_grad_enabled
 from graphc.autograd.graph import AccumulateGrad, Node
 from graphc.errors import AutogradError, ShapeError
@@ -104,7 +106,7 @@ def run_backward(
         if g is None:
             if t.numel() != 1:
                 raise AutogradError("grad can be implicitly created only for scalar outputs")
-            g = Tensor._wrap(t._data.dtype.type(1) + 0 * t._data)
+            g = Tensor._wrap(np.ones_like(t._data))
         elif tuple(g.shape) != tuple(t.shape):
             raise ShapeError(
                 f"Mismatch in shape: grad_output[{i}] has a shape of {list(g.shape)} and "
@@ -120,7 +122,7 @@ def run_backward(
         for k, t in enumerate(inputs):
             node, nr = _edge_of(t)
             if node is None:
-                raise AutogradError(f"One of the differentiated Tensors (input {k}) does not "
+                raise AutogradError(f"One of the differentiated Tensors (index {k}) does not "
                                     "require grad")
             targets[(id(node), nr)] = k
         wanted = _nodes_leading_to({_edge_of(t)[0] for t in inputs}, roots)
@@ -166,8 +168,8 @@ def run_backward(
         g = captured.get((id(node), nr))
         if g is None and not allow_unused:
             raise AutogradError(
-                f"One of the differentiated Tensors (input {k}) appears to not have been used "
-                "in the graph. Set allow_unused=True if this is the desired behavior."
+                f"The differentiated Tensor at index {k} appears to not have been used in the "
+                "graph. Set allow_unused=True if this is the desired behavior."
             )
         result.append(g)
     return tuple(result)

@@ -61,13 +61,29 @@ class FunctionCtx:
 
 
 class FunctionBackward(Node):
-    """The node a Function call leaves in the graph; it calls the Function's backward."""
+    """The node a Function call leaves in the graph; it calls the Function's backward.
+
+    Each Function class gets its own subclass named `<Function>Backward` (as PyTorch's
+    `type(y.grad_fn).__name__`), and, as in PyTorch where the node *is* the ctx, attributes the
+    forward stored on `ctx` can be read from the node (`y.grad_fn.needs_input_grad`).
+    """
 
     def __init__(self, fn_cls, ctx: FunctionCtx, next_functions, input_meta) -> None:
         super().__init__(next_functions, input_meta)
         self.fn_cls = fn_cls
         self.ctx = ctx
         self.output_types: tuple = ()
+
+    def __getattr__(self, name: str):
+        ctx = self.__dict__.get("ctx")
+        if ctx is None or name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return getattr(ctx, name)
+        except AttributeError:
+            raise AttributeError(
+                f"'{type(self).__name__}' object has no attribute '{name}'"
+            ) from None
 
     def name(self) -> str:
         return f"{self.fn_cls.__name__}Backward"
@@ -77,7 +93,7 @@ class FunctionBackward(Node):
 
         if self.ctx.materialize_grads:
             grads = tuple(
-                full_like(_Like(ty), 0.0) if g is None else g
+                full_like(_Like(ty), 0.0) if g is None and ty is not None else g
                 for g, ty in zip(grads, self.output_types)
             )
         result = self.fn_cls.backward(self.ctx, *grads)
@@ -110,8 +126,34 @@ class _Like:
         self.shape, self.dtype = ty.shape, ty.dtype
 
 
+def _backward_class(fn_cls) -> type:
+    """The node class of `fn_cls` (`<Function>Backward`), made once per Function class."""
+    cls = fn_cls.__dict__.get("_backward_cls")
+    if cls is None:
+        cls = type(f"{fn_cls.__name__}Backward", (FunctionBackward,),
+                   {"__module__": fn_cls.__module__})
+        fn_cls._backward_cls = cls
+    return cls
+
+
+def once_differentiable(backward):
+    """Decorator for a `backward` that cannot itself be differentiated (runs without history)."""
+    import functools
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with no_grad():
+            return backward(ctx, *grads)
+
+    return wrapper
+
+
 class Function:
-    """Base class of user-defined differentiable functions (see the module docstring)."""
+    """Base class of user-defined differentiable functions (see the module docstring).
+
+    Both PyTorch styles work: `forward(ctx, *args)`, or `forward(*args)` together with a
+    static `setup_context(ctx, inputs, output)`.
+    """
 
     @staticmethod
     def forward(ctx, *args, **kwargs):
@@ -127,6 +169,10 @@ class Function:
             "not by constructing it (forward and backward are static methods)"
         )
 
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        raise NotImplementedError("setup_context is not defined for this Function")
+
     @classmethod
     def apply(cls, *args):
         from graphc.dispatch import current_tracer
@@ -140,7 +186,11 @@ class Function:
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         record = is_grad_enabled() and any(ctx.needs_input_grad)
         with no_grad():
-            outputs = cls.forward(ctx, *args)
+            if _has_setup_context(cls):
+                outputs = cls.forward(*args)
+                cls.setup_context(ctx, args, outputs)
+            else:
+                outputs = cls.forward(ctx, *args)
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
         if not record:
@@ -153,11 +203,16 @@ class Function:
             else:
                 edges.append((None, 0))
                 meta.append(None)
-        node = FunctionBackward(cls, ctx, tuple(edges), tuple(meta))
+        node = _backward_class(cls)(cls, ctx, tuple(edges), tuple(meta))
         wrapped = tuple(_wrap_output(ctx, node, nr, o, args) for nr, o in enumerate(outs))
         node.output_types = tuple(o.type if isinstance(o, Tensor) else None for o in wrapped)
         ctx._saved = tuple(SavedTensor(t) if isinstance(t, Tensor) else t for t in ctx._saved)
         return wrapped[0] if single else wrapped
+
+
+def _has_setup_context(cls) -> bool:
+    setup = getattr(cls, "setup_context", None)
+    return setup is not None and getattr(setup, "__func__", setup) is not _no_setup_context
 
 
 def _edge(t):
@@ -179,8 +234,9 @@ def _wrap_output(ctx: FunctionCtx, node: FunctionBackward, nr: int, out, args):
         if out.is_leaf and out.requires_grad:
             raise AutogradError(
                 f"{node.name()}: a leaf Variable that requires grad has been used in an "
-                "in-place operation (mark_dirty)."
+                "in-place operation. (The Function changed it in place and marked it dirty.)"
             )
+        out._version_counter.bump()  # as PyTorch: a dirty output counts one more change
         out._set_history(node, nr)
         return out
     if any(out is a for a in args):  # an input returned unchanged: a new alias of it
@@ -191,3 +247,6 @@ def _wrap_output(ctx: FunctionCtx, node: FunctionBackward, nr: int, out, args):
         out = out.detach()
     out._set_history(node, nr)
     return out
+
+
+_no_setup_context = Function.__dict__["setup_context"].__func__

@@ -54,13 +54,21 @@ def add_hook(hooks: OrderedDict, fn: Callable) -> RemovableHandle:
 
 
 class SavedTensor:
-    """A tensor saved for backward plus the version it had when saved."""
+    """A tensor saved for backward plus the version it had when saved.
 
-    __slots__ = ("tensor", "version", "node_name", "output_nr", "freed")
+    It also remembers which node produced the saved value (`owner`, `output_nr`; None for a
+    leaf), so the in-place error names that node as PyTorch does even after an in-place op has
+    moved the tensor's history on. A saved output is owned by the node that saves it: pass
+    `owner` explicitly, as its grad_fn is not set yet when the node is built.
+    """
 
-    def __init__(self, tensor: Tensor) -> None:
+    __slots__ = ("tensor", "version", "owner", "output_nr", "freed")
+
+    def __init__(self, tensor: Tensor, owner: Node | None = None, output_nr: int | None = None):
         self.tensor = tensor
         self.version = tensor._version_counter.value
+        self.owner = tensor.grad_fn if owner is None else owner
+        self.output_nr = tensor._output_nr if output_nr is None else output_nr
         self.freed = False
 
     def unpack(self, needed_by: str) -> Tensor:
@@ -69,12 +77,12 @@ class SavedTensor:
         t = self.tensor
         now = t._version_counter.value
         if now != self.version:
-            owner = ""
-            if t.grad_fn is not None:
-                owner = f", which is output {t._output_nr} of {t.grad_fn.name()},"
+            produced = ""
+            if self.owner is not None:
+                produced = f", which is output {self.output_nr} of {self.owner.name()},"
             raise AutogradError(
                 "one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: [{t.type_name()} {list(t.shape)}]{owner} is at version "
+                f"inplace operation: [{t.type_name()} {list(t.shape)}]{produced} is at version "
                 f"{now}; expected version {self.version} instead. Hint: {needed_by} saved this "
                 "tensor for its backward; clone() it before changing it in place, or use the "
                 "out-of-place op."
@@ -83,6 +91,7 @@ class SavedTensor:
 
     def free(self) -> None:
         self.tensor = None
+        self.owner = None
         self.freed = True
 
 
@@ -162,20 +171,36 @@ class AccumulateGrad(Node):
     def __init__(self, variable: Tensor) -> None:
         super().__init__((), ())
         self.variable = variable
+        self.post_accumulate_hooks: OrderedDict = OrderedDict()
+
+    def name(self) -> str:
+        return "AccumulateGrad"
 
     def accumulate(self, grad: Tensor, create_graph: bool) -> None:
+        """Add `grad` into the leaf's `.grad`, as PyTorch's AccumulateGrad.
+
+        The first gradient is stored as a fresh tensor (never aliased with another leaf's
+        gradient or with the engine's buffers); later ones are added in place, unless either
+        side has history (create_graph), where a new tensor with history replaces `.grad`.
+        """
+        from graphc.ops.registry import call
         from graphc.tensor import Tensor
 
         var = self.variable
-        if not create_graph:
-            grad = Tensor._wrap(grad._data.astype(var.dtype.np, copy=True))
-        if var.grad is None:
-            var.grad = grad
-        elif create_graph or var.grad.requires_grad:
-            var.grad = var.grad + grad
+        if grad.requires_grad:
+            grad = call("cast", grad, dtype=var.dtype.name)  # a copy that keeps the history
         else:
-            var.grad._data += grad._data
-            var.grad._version_counter.bump()
+            grad = Tensor._wrap(grad._data.astype(var.dtype.np, copy=True))
+        old = var._grad
+        if old is None:
+            var._grad = grad
+        elif old.requires_grad or grad.requires_grad:
+            var._grad = old + grad
+        else:
+            old._data += grad._data
+            old._version_counter.bump()
+        for hook in list(self.post_accumulate_hooks.values()):
+            hook(var)
 
 
 # Registry ops whose PyTorch backward node has another name than "<Op>Backward0".
@@ -201,7 +226,7 @@ class OpBackward(Node):
         self.output_types = tuple(t.type for t in outputs)
         self.needs_input_grad = tuple(fn is not None for fn, _ in next_functions)
         self.saved_inputs = {i: SavedTensor(inputs[i]) for i in opdef.saved_inputs}
-        self.saved_outputs = {i: SavedTensor(outputs[i]) for i in opdef.saved_outputs}
+        self.saved_outputs = {i: SavedTensor(outputs[i], self, i) for i in opdef.saved_outputs}
 
     def name(self) -> str:
         """PyTorch's node name (`MulBackward0`) where it differs from the op name, else ours."""
