@@ -25,8 +25,10 @@ INDICES = [
     (_i(0, 3), _i(1, 4)), (_i(0, 3), slice(1, 4), _i(2, 0)), (slice(None), _i(0, 4), _i(2, 0)),
     (_i(1, 2).reshape(2, 1), _i(0, 1, 4)), (Ellipsis, _i(2, 1, 0)), (None, _i(1), None),
     np.array([True, False, True, True]), (slice(None), np.array([True, False, True, False, True])),
-    (np.arange(20).reshape(4, 5) % 3 == 0,), (slice(1, 2), slice(None), np.array([False, True, True])),
+    (np.arange(20).reshape(4, 5) % 3 == 0,),
+    (slice(1, 2), slice(None), np.array([False, True, True])),
     (_i(3, 1), Ellipsis, None), [0, 2], (slice(1, 1),), (slice(None), slice(4, 2)),
+    True, (slice(None), False), np.array(2, dtype=np.int64), (0, np.array(True)),
 ]
 
 
@@ -59,8 +61,10 @@ def test_getitem_matches_numpy_and_torch(index, rng):
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
-NEGATIVE_STEPS = [slice(None, None, -1), (slice(None), slice(3, 0, -2)), (Ellipsis, slice(-1, None, -2)),
-                  (slice(3, None, -2), _i(1, 4)), (slice(1, 3, -1),), (0, slice(None, None, -3))]
+NEGATIVE_STEPS = [
+    slice(None, None, -1), (slice(None), slice(3, 0, -2)), (Ellipsis, slice(-1, None, -2)),
+    (slice(3, None, -2), _i(1, 4)), (slice(1, 3, -1),), (0, slice(None, None, -3)),
+]
 
 
 @pytest.mark.parametrize("index", NEGATIVE_STEPS, ids=[_name(i) for i in NEGATIVE_STEPS])
@@ -81,7 +85,8 @@ def test_negative_steps_match_numpy(index, rng):
 
 
 SET_CASES = [
-    (1, (5, 3)), ((slice(1, 3), 0), (3,)), ((Ellipsis, 2), (1,)), ((slice(None, None, 2),), (5, 3)),
+    (1, (5, 3)), ((slice(1, 3), 0), (3,)), ((Ellipsis, 2), (1,)),
+    ((slice(None, None, 2),), (5, 3)),
     (_i(3, 0), (2, 5, 3)), ((slice(None), _i(0, 4)), (4, 2, 3)), ((_i(0, 3), 1, _i(2, 0)), (2,)),
     ((_i(0, 3), slice(None), _i(2, 0)), (2, 5)), (np.array([True, False, False, True]), (3,)),
     ((slice(None), np.array([True, False, True, False, True])), (1, 1, 3)),

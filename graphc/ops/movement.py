@@ -694,7 +694,7 @@ def narrow(x, dim: int, start: int, length: int):
     if not -n <= start <= n:
         raise IndexOutOfRangeError(f"{where('narrow')}: start out of range (expected to be in "
                                    f"range of [{-n}, {n}], but got {start})")
-    start = start % n if start < 0 else start
+    start = start + n if start < 0 else start
     if start + length > n:
         raise ArgumentError(f"{where('narrow')}: start ({start}) + length ({length}) exceeds "
                             f"dimension size ({n}).")
@@ -792,8 +792,9 @@ def chunk(x, chunks: int, dim: int = 0):
         raise ArgumentError(f"{where('chunk')}: chunk expects `chunks` to be greater than 0, "
                             f"got: {chunks}")
     n = x.shape[normalize_axis("chunk", dim, x.ndim)]
-    return split(x, max(1, math.ceil(n / chunks)) if n else 0, dim) if n else \
-        split(x, [0] * chunks, dim)
+    if n == 0:
+        return split(x, [0] * chunks, dim)  # PyTorch gives `chunks` empty pieces here
+    return split(x, math.ceil(n / chunks), dim)
 
 
 def unbind(x, dim: int = 0):
