@@ -147,7 +147,7 @@ def test_embedding(rng):
         torch.nn.Embedding(5, 2, padding_idx=-1))
 
 
-# ---- parameter-free layers ------------------------------------------------------------------------
+# ---- parameter-free layers -----------------------------------------------------------------
 @pytest.mark.parametrize("nn_name,args,kwargs,shape", [
     ("MaxPool2d", (2,), {}, (2, 3, 6, 6)),
     ("MaxPool2d", (3,), {"stride": 2, "padding": 1}, (1, 2, 7, 6)),
@@ -345,7 +345,8 @@ def test_functional_matches_torch(rng):
     assert_close(y, tf.relu(tx))
     assert F.dropout(gx, 0.5, training=False) is gx
     rm, rv = np.zeros(3), np.ones(3)
-    g_rm, g_rv, t_rm, t_rv = graphc.tensor(rm), graphc.tensor(rv), torch.tensor(rm), torch.tensor(rv)
+    g_rm, g_rv = graphc.tensor(rm), graphc.tensor(rv)
+    t_rm, t_rv = torch.tensor(rm), torch.tensor(rv)
     assert_close(F.batch_norm(gx, g_rm, g_rv, training=True),
                  tf.batch_norm(tx, t_rm, t_rv, training=True))
     assert_close(g_rm, t_rm)

@@ -133,15 +133,16 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float =
 
 
 # ---- losses ---------------------------------------------------------------------------------
-def cross_entropy(input, target, weight=None, size_average=None, ignore_index: int = -100,  # noqa: A002
-                  reduce=None, reduction: str = "mean", label_smoothing: float = 0.0):
+def cross_entropy(input, target, weight=None, size_average=None,  # noqa: A002
+                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                  label_smoothing: float = 0.0):
     reduction = _legacy_reduction(size_average, reduce, reduction)
     return _nn_ops.cross_entropy(input, target, weight, ignore_index, reduction,
                                  label_smoothing)
 
 
-def nll_loss(input, target, weight=None, size_average=None, ignore_index: int = -100,  # noqa: A002
-             reduce=None, reduction: str = "mean"):
+def nll_loss(input, target, weight=None, size_average=None,  # noqa: A002
+             ignore_index: int = -100, reduce=None, reduction: str = "mean"):
     reduction = _legacy_reduction(size_average, reduce, reduction)
     return _nn_ops.nll_loss(input, target, weight, ignore_index, reduction)
 
