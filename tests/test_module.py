@@ -525,6 +525,54 @@ def test_hook_handle_as_context_manager():
     assert not m._forward_hooks and not m._forward_hooks_with_kwargs
 
 
+def test_always_call_forward_hook_runs_when_forward_raises():
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+
+    m, seen = Boom(), []
+    m.register_forward_hook(lambda mod, args, out: seen.append(("always", out)), always_call=True)
+    m.register_forward_hook(lambda mod, args, out: seen.append("normal"))
+    with pytest.raises(ValueError, match="boom"):
+        m(graphc.ones(1))
+    assert seen == [("always", None)]
+
+
+def test_state_dict_hooks():
+    m = nn.Linear(2, 1)
+    log = []
+    m.register_state_dict_pre_hook(lambda mod, prefix, keep_vars: log.append(("pre", prefix)))
+    m.register_state_dict_post_hook(
+        lambda mod, sd, prefix, meta: log.append(("post", list(sd))))
+    sd = m.state_dict()
+    assert log == [("pre", ""), ("post", ["weight", "bias"])]
+
+    def load_pre(mod, state_dict, prefix, meta, strict, missing, unexpected, errors):
+        log.append(("load_pre", mod is m))
+        state_dict[prefix + "bias"] = graphc.tensor([7.0])
+
+    def load_post(mod, keys):
+        log.append(("load_post", list(keys.missing_keys)))
+
+    m.register_load_state_dict_pre_hook(load_pre)
+    handle = m.register_load_state_dict_post_hook(load_post)
+    del sd["bias"]
+    m.load_state_dict(sd)
+    assert m.bias.tolist() == [7.0]
+    assert log[-2:] == [("load_pre", True), ("load_post", [])]
+    handle.remove()
+    m.register_load_state_dict_post_hook(lambda mod, keys: keys)
+    with pytest.raises(AssertionError, match="not expected to return new values"):
+        m.load_state_dict(m.state_dict())
+
+
+def test_to_other_devices_is_refused():
+    with pytest.raises(ValueError, match="got device 'cuda'"):
+        nn.Linear(2, 2).to("cuda")
+    with pytest.raises(ValueError, match="got device 'cuda:0'"):
+        nn.Linear(2, 2).to(device="cuda:0")
+
+
 # ---- full backward hooks vs PyTorch --------------------------------------------------------------
 def _two_input_module(nn_mod, lib):
     class TwoIn(nn_mod.Module):

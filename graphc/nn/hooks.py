@@ -51,6 +51,16 @@ def add_module_hook(hooks: OrderedDict, fn, prepend: bool = False, *extra) -> Mo
     return handle
 
 
+class WithModule:
+    """Calls `hook(module, *args)`: public load_state_dict pre-hooks receive the module."""
+
+    def __init__(self, module, hook) -> None:
+        self.module, self.hook = module, hook
+
+    def __call__(self, *args):
+        return self.hook(self.module, *args)
+
+
 class BackwardHookFunction(Function):
     """Identity on its tensor arguments; its backward node is where module hooks attach."""
 

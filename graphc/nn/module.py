@@ -100,6 +100,7 @@ class Module:
         setattr_("_forward_pre_hooks_with_kwargs", {})
         setattr_("_forward_hooks", OrderedDict())
         setattr_("_forward_hooks_with_kwargs", {})
+        setattr_("_forward_hooks_always_called", {})
         setattr_("_backward_hooks", OrderedDict())
         setattr_("_backward_pre_hooks", OrderedDict())
         setattr_("_state_dict_hooks", OrderedDict())
@@ -423,16 +424,17 @@ class Module:
         from graphc.types import as_dtype
 
         dtype = kwargs.get("dtype")
+        device = kwargs.get("device")
         for a in args:
             if isinstance(a, Tensor):
                 dtype = a.dtype
-            elif isinstance(a, str) and a == "cpu":
-                continue
+            elif isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda", "mps", "meta"):
+                device = a
             elif a is not None:
                 dtype = a
-        if kwargs.get("device") not in (None, "cpu"):
-            raise ArgumentError(f"graphc runs on the CPU in eager mode; got device "
-                                f"{kwargs['device']!r}")
+        if device not in (None, "cpu"):
+            raise ArgumentError(f"graphc modules live on the CPU in eager mode (compile for "
+                                f"other devices); got device {device!r}")
         if dtype is None:
             return self
         dtype = as_dtype(dtype)
@@ -464,12 +466,18 @@ class Module:
         return handle
 
     def register_forward_hook(self, hook: Callable, *, prepend: bool = False,
-                              with_kwargs: bool = False):
-        """hook(module, args, output) -> None or a new output (with_kwargs: args, kwargs)."""
+                              with_kwargs: bool = False, always_call: bool = False):
+        """hook(module, args, output) -> None or a new output (with_kwargs: args, kwargs).
+
+        With always_call=True the hook also runs when forward raises (then with output None).
+        """
         handle = _hooks.add_module_hook(self._forward_hooks, hook, prepend,
-                                        self._forward_hooks_with_kwargs)
+                                        self._forward_hooks_with_kwargs,
+                                        self._forward_hooks_always_called)
         if with_kwargs:
             self._forward_hooks_with_kwargs[handle.id] = True
+        if always_call:
+            self._forward_hooks_always_called[handle.id] = True
         return handle
 
     def register_full_backward_hook(self, hook: Callable, prepend: bool = False):
@@ -501,7 +509,16 @@ class Module:
             bw_hook = _hooks.BackwardHook(self, list(self._backward_hooks.values()),
                                           list(self._backward_pre_hooks.values()))
             args = bw_hook.setup_input_hook(args)
-        result = self.forward(*args, **kwargs)
+        try:
+            result = self.forward(*args, **kwargs)
+        except Exception:
+            for hook_id, hook in list(self._forward_hooks.items()):
+                if hook_id in self._forward_hooks_always_called:
+                    if hook_id in self._forward_hooks_with_kwargs:
+                        hook(self, args, kwargs, None)
+                    else:
+                        hook(self, args, None)
+            raise
         for hook_id, hook in list(self._forward_hooks.items()):
             if hook_id in self._forward_hooks_with_kwargs:
                 hook_result = hook(self, args, kwargs, result)
@@ -517,6 +534,24 @@ class Module:
     __call__ = _call_impl
 
     # ---- state dict --------------------------------------------------------------------------
+    def register_state_dict_pre_hook(self, hook: Callable):
+        """hook(module, prefix, keep_vars), called before state_dict() collects this module."""
+        return _hooks.add_module_hook(self._state_dict_pre_hooks, hook)
+
+    def register_state_dict_post_hook(self, hook: Callable):
+        """hook(module, state_dict, prefix, local_metadata), after this module is collected."""
+        return _hooks.add_module_hook(self._state_dict_hooks, hook)
+
+    def register_load_state_dict_pre_hook(self, hook: Callable):
+        """hook(module, state_dict, prefix, local_metadata, strict, missing_keys,
+        unexpected_keys, error_msgs), before this module's entries are loaded."""
+        return _hooks.add_module_hook(self._load_state_dict_pre_hooks,
+                                      _hooks.WithModule(self, hook))
+
+    def register_load_state_dict_post_hook(self, hook: Callable):
+        """hook(module, incompatible_keys), after load_state_dict; may edit the key lists."""
+        return _hooks.add_module_hook(self._load_state_dict_post_hooks, hook)
+
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         for name, param in self._parameters.items():
             if param is not None:
@@ -631,7 +666,11 @@ class Module:
                     load(child, child_state, child_prefix)
             keys = _IncompatibleKeys(missing_keys, unexpected_keys)
             for hook in module._load_state_dict_post_hooks.values():
-                hook(module, keys)
+                if hook(module, keys) is not None:
+                    raise AssertionError(
+                        "Hooks registered with ``register_load_state_dict_post_hook`` are not "
+                        "expected to return new values, if incompatible_keys need to be "
+                        "modified, it should be done inplace.")
 
         load(self, state_dict)
         if strict:
