@@ -30,7 +30,7 @@ from graphc.errors import ArgumentError, DTypeError, ShapeError, TraceError, whe
 from graphc.ops.grad_utils import sum_to
 from graphc.ops.registry import MOVEMENT, OpDef, call, inplace, register
 from graphc.ops.shapes import index_dtype_check, normalize_axis, numel, result_dtype
-from graphc.types import TensorType, as_dtype, bool_, int64
+from graphc.types import TensorType, bool_, dtype_of_numpy, int64, promote
 
 
 class IndexOutOfRangeError(ArgumentError, IndexError):
@@ -381,8 +381,10 @@ def _concat_infer(*xs: TensorType, axis: int) -> TensorType:
 
 
 def _concat_kernel(*xs, axis):
-    dtype = np.result_type(*xs)  # promotion agrees with graphc's for its four dtypes
-    return np.concatenate([x.astype(dtype, copy=False) for x in xs], axis=axis)
+    dtype = dtype_of_numpy(xs[0].dtype)
+    for x in xs[1:]:
+        dtype = promote(dtype, dtype_of_numpy(x.dtype))  # graphc's rule: int64 + f32 is f32
+    return np.concatenate([x.astype(dtype.np, copy=False) for x in xs], axis=axis)
 
 
 def _concat_vjp(ctx, g):
@@ -544,6 +546,9 @@ def transpose(x, dim0: int, dim1: int):
     dims = list(range(x.ndim))
     dims[d0], dims[d1] = dims[d1], dims[d0]
     return call("permute", x, dims=tuple(dims))
+
+
+swapaxes = swapdims = transpose
 
 
 def t(x):
@@ -1188,5 +1193,3 @@ PUBLIC = (
     "clone", "repeat", "narrow", "select", "cat", "concat", "concatenate", "stack", "split",
     "chunk", "unbind", "index_select", "index_add", "gather", "scatter_add",
 )
-
-swapaxes = swapdims = transpose
