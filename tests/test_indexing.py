@@ -263,3 +263,17 @@ def _set(x, index, value):
 def test_second_derivatives(name, rng):
     fn, shapes = SECOND_ORDER[name]
     _second_order(_square(fn), *shapes, rng=rng)
+
+
+def test_indexing_errors_name_the_op_and_line():
+    x = graphc.ones(2, 3)
+    with pytest.raises(ValueError, match=r"getitem at test_indexing.py:\d+: slice step cannot be"):
+        x[::0]
+    with pytest.raises(IndexError, match=r"getitem at test_indexing.py:\d+: index 2 is out of"):
+        x[2]
+    with pytest.raises(ShapeError, match=r"setitem at test_indexing.py:\d+: The expanded size"):
+        x[0] = graphc.ones(2)
+    with pytest.raises(ValueError, match="expected a non-empty list of Tensors"):
+        graphc.cat([])
+    with pytest.raises(IndexError, match="single ellipsis"):
+        x[..., ...]

@@ -478,7 +478,7 @@ def _ints(op: str, args) -> tuple[int, ...]:
     try:
         return tuple(operator.index(a) for a in args)
     except TypeError:
-        raise TypeError(f"{op}(): expected a sequence of ints, got {args!r}") from None
+        raise TypeError(f"{where(op)}: expected a sequence of ints, got {args!r}") from None
 
 
 def _infer_shape(op: str, shape: tuple[int, ...], size: int) -> tuple[int, ...]:
@@ -982,7 +982,9 @@ class _IndexPlan:
         return items + fill
 
     def _slice(self, it: slice, d: int, n: int) -> int:
-        start, stop, step = it.indices(n)  # ValueError for a zero step, as Python
+        if it.step == 0:
+            raise ArgumentError(f"{where('getitem')}: slice step cannot be zero")
+        start, stop, step = it.indices(n)
         count = len(range(start, stop, step))
         if step < 0:
             if count:
