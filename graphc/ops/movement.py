@@ -591,6 +591,9 @@ def expand(x, *sizes, _op: str = "expand"):
                                  f"allowed in a leading, non-existing dimension {i}")
             s = x.shape[i - lead]
         shape.append(s)
+    problem = _expand_error(tuple(x.shape), tuple(shape))
+    if problem:  # raised here so the message names the user's call (expand, setitem...)
+        raise ShapeError(f"{where(_op)}: {problem}")
     return call("broadcast_to", x, shape=tuple(shape))
 
 
