@@ -113,29 +113,31 @@ def _planes(x: np.ndarray) -> np.ndarray:
     return x.reshape((-1,) + x.shape[-2:])
 
 
-def _padded(x3: np.ndarray, padding, needed_hw, fill) -> np.ndarray:
-    """Pad (B, H, W) by `padding` on the left/top and to at least `needed_hw` overall."""
-    b, h, w = x3.shape
-    ph, pw = padding
-    hp, wp = max(h + 2 * ph, needed_hw[0]), max(w + 2 * pw, needed_hw[1])
-    if (hp, wp) == (h, w):
-        return x3
-    out = np.full((b, hp, wp), fill, dtype=x3.dtype)
-    out[:, ph:ph + h, pw:pw + w] = x3
-    return out
+def _offset_range(n: int, out: int, stride: int, start: int) -> tuple[slice, slice] | None:
+    """Outputs o whose tap o*stride + start lies inside [0, n): their slice, and the taps'.
+
+    Pooling then reads (or writes) the unpadded planes directly, one strided slice per kernel
+    offset, and never builds a padded copy: padding only shrinks the range of windows a tap
+    reaches.
+    """
+    lo = max(0, -(start // stride))  # ceil(-start / stride)
+    hi = min(out, (n - 1 - start) // stride + 1)
+    if hi <= lo:
+        return None
+    first = lo * stride + start
+    return slice(lo, hi), slice(first, first + (hi - lo - 1) * stride + 1, stride)
 
 
-def _window_slices(i: int, j: int, out_hw, stride, dilation) -> tuple:
-    """The strided slice of the padded planes that holds offset (i, j) of every window."""
-    (ho, wo), (sh, sw), (dh, dw) = out_hw, stride, dilation
-    r0, c0 = i * dh, j * dw
-    return (slice(None), slice(r0, r0 + sh * (ho - 1) + 1, sh),
-            slice(c0, c0 + sw * (wo - 1) + 1, sw))
-
-
-def _needed_hw(out_hw, kernel_size, stride, dilation) -> tuple[int, int]:
-    return tuple((o - 1) * s + d * (k - 1) + 1
-                 for o, k, s, d in zip(out_hw, kernel_size, stride, dilation))
+def _taps(kernel_size, in_hw, out_hw, stride, padding, dilation):
+    """For each kernel offset (i, j) that reaches the input: (i, j, out slices, in slices)."""
+    for i in range(kernel_size[0]):
+        rows = _offset_range(in_hw[0], out_hw[0], stride[0], i * dilation[0] - padding[0])
+        if rows is None:
+            continue
+        for j in range(kernel_size[1]):
+            cols = _offset_range(in_hw[1], out_hw[1], stride[1], j * dilation[1] - padding[1])
+            if cols is not None:
+                yield (i, j, (slice(None), rows[0], cols[0]), (slice(None), rows[1], cols[1]))
 
 
 def _lowest(dtype) -> float | int:
@@ -156,29 +158,31 @@ def _max_pool2d_kernel(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     out_hw = tuple(pool_output_size(n, k, s, p, d, ceil_mode) for n, k, s, p, d in
                    zip((h, w), kernel_size, stride, padding, dilation))
     x3 = _planes(x)
-    low = _lowest(x.dtype)
-    xp = _padded(x3, padding, _needed_hw(out_hw, kernel_size, stride, dilation), low)
-    # Window starts in input coordinates; each window's first in-bounds element (PyTorch's
-    # initial maxindex) is its start moved forward by whole dilation steps.
+    # One pass per kernel offset keeps the running maximum and the offset it came from; a
+    # strict `>` keeps the first maximum, and a NaN always wins (PyTorch's CPU rule).
+    has_nan = np.issubdtype(x.dtype, np.floating) and bool(np.isnan(x3).any())
+    best = np.full((x3.shape[0],) + out_hw, _lowest(x.dtype), dtype=x.dtype)
+    # The winning offset from each window's start, as a flat H*W distance (-1: none yet).
+    offset = np.full(best.shape, -1, dtype=np.int32 if h * w < 2**31 else np.int64)
+    better_buf = np.empty(best.shape, dtype=bool)
+    for i, j, out_sl, in_sl in _taps(kernel_size, (h, w), out_hw, stride, padding, dilation):
+        vals, best_sl, better = x3[in_sl], best[out_sl], better_buf[out_sl]
+        np.greater(vals, best_sl, out=better)
+        if has_nan:
+            better |= np.isnan(vals)
+        np.copyto(best_sl, vals, where=better)
+        np.copyto(offset[out_sl], i * dilation[0] * w + j * dilation[1], where=better)
+    # Flat index = window start + the winning offset. A window that never beat its initial
+    # value (all -inf) points at its first in-bounds element, as PyTorch's maxindex starts.
     starts = [np.arange(o) * s - p for o, s, p in zip(out_hw, stride, padding)]
-    firsts = [np.where(st < 0, st + (-st + d - 1) // d * d, st)
-              for st, d in zip(starts, dilation)]
-    best = np.full((x3.shape[0],) + out_hw, low, dtype=x.dtype)
-    index = np.broadcast_to(firsts[0][:, None] * w + firsts[1][None, :], best.shape).copy()
-    is_float = np.issubdtype(x.dtype, np.floating)
-    for i in range(kernel_size[0]):
-        rows = starts[0] + i * dilation[0]
-        for j in range(kernel_size[1]):
-            cols = starts[1] + j * dilation[1]
-            valid = ((rows >= 0) & (rows < h))[:, None] & ((cols >= 0) & (cols < w))[None, :]
-            vals = xp[_window_slices(i, j, out_hw, stride, dilation)]
-            better = vals > best
-            if is_float:
-                better |= np.isnan(vals)
-            better &= valid
-            np.copyto(best, vals, where=better)
-            np.copyto(index, np.broadcast_to(rows[:, None] * w + cols[None, :], best.shape),
-                      where=better)
+    unset = offset < 0
+    index = offset.astype(np.int64)
+    index += starts[0][:, None] * w + starts[1][None, :]
+    if unset.any():
+        firsts = [np.where(st < 0, st + (-st + d - 1) // d * d, st)
+                  for st, d in zip(starts, dilation)]
+        first = np.broadcast_to(firsts[0][:, None] * w + firsts[1][None, :], index.shape)
+        index[unset] = first[unset]
     shape = x.shape[:-2] + out_hw
     return best.reshape(shape), index.reshape(shape)
 
@@ -271,11 +275,9 @@ def _avg_pool2d_kernel(x, *, kernel_size, stride, padding, ceil_mode, count_incl
     out_hw = tuple(pool_output_size(n, k, s, p, 1, ceil_mode)
                    for n, k, s, p in zip(in_hw, kernel_size, stride, padding))
     x3 = _planes(x)
-    xp = _padded(x3, padding, _needed_hw(out_hw, kernel_size, stride, (1, 1)), 0)
     total = np.zeros((x3.shape[0],) + out_hw, dtype=x.dtype)
-    for i in range(kernel_size[0]):
-        for j in range(kernel_size[1]):
-            total += xp[_window_slices(i, j, out_hw, stride, (1, 1))]
+    for _, _, out_sl, in_sl in _taps(kernel_size, in_hw, out_hw, stride, padding, (1, 1)):
+        total[out_sl] += x3[in_sl]
     total /= _avg_divisor(in_hw, out_hw, kernel_size, stride, padding, count_include_pad,
                           divisor_override, x.dtype)
     return total.reshape(x.shape[:-2] + out_hw)
@@ -310,14 +312,10 @@ def _avg_pool2d_grad_kernel(g, *, input_hw, kernel_size, stride, padding, ceil_m
     out_hw = g.shape[-2:]
     g3 = _planes(g) / _avg_divisor(input_hw, out_hw, kernel_size, stride, padding,
                                    count_include_pad, divisor_override, g.dtype)
-    (h, w), (ph, pw) = input_hw, padding
-    needed = _needed_hw(out_hw, kernel_size, stride, (1, 1))
-    out = np.zeros((g3.shape[0], max(h + 2 * ph, needed[0]), max(w + 2 * pw, needed[1])),
-                   dtype=g.dtype)
-    for i in range(kernel_size[0]):
-        for j in range(kernel_size[1]):
-            out[_window_slices(i, j, out_hw, stride, (1, 1))] += g3
-    return out[:, ph:ph + h, pw:pw + w].reshape(g.shape[:-2] + tuple(input_hw))
+    out = np.zeros((g3.shape[0],) + tuple(input_hw), dtype=g.dtype)
+    for _, _, out_sl, in_sl in _taps(kernel_size, input_hw, out_hw, stride, padding, (1, 1)):
+        out[in_sl] += g3[out_sl]
+    return out.reshape(g.shape[:-2] + tuple(input_hw))
 
 
 def _avg_pool2d_grad_vjp(ctx, gg):
