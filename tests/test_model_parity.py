@@ -6,12 +6,19 @@ STEPS steps on one fixed random batch with cross-entropy, with SGD(momentum=0.9)
 Adam; after every step the losses agree, and at the end every parameter (and BatchNorm's
 running statistics) agree to 1e-5 relative.
 
-Precision: the models compute in float64 in both libraries. In float32 the two libraries sum
-in different orders (BLAS/oneDNN blocking against numpy's), and Adam turns gradient entries
-that are zero up to rounding (e.g. a conv bias whose gradient cancels over the batch) into
-steps of size lr whose sign follows the rounding error, so 1e-5 relative is not reachable for
-every parameter in float32; in float64 the same comparison holds with margin. One float32 run
-of the MLP with SGD checks the default dtype end to end at a tolerance float32 can meet.
+Precision: SGD runs in float32 (the default dtype) and in float64; Adam runs in float64 only.
+The two libraries sum in different orders (BLAS/oneDNN blocking against numpy's), and Adam's
+first step is about lr * g / |g| per entry: for a weight whose gradient is a sum that nearly
+cancels over the batch, float32 rounding moves g by a large fraction of itself, and that shows
+up at 1e-4 relative in the updated weight (measured: a handful of the 200k MLP weights). So
+1e-5 relative is not reachable for Adam in float32 however exact the optimizer is; in float64
+the same comparison holds with margin. The absolute floor for entries near zero is a few ulps
+(float32) or 1e-8 (float64) of the largest weight, see `train_both`.
+The BatchNorm LeNet runs in float64 only: there torch's own float32 gradient is the inexact
+one. Measured on this test's batch: at step 2 torch float32's conv1 weight gradient differs
+from torch float64's by 2.6% of its largest entry, while graphc's float32 parameters stay
+within 2e-7 of torch float64's through all steps; so a float32 comparison would measure torch's
+rounding, not graphc.
 
 Dropout: the two libraries' generators differ, so the torch model multiplies by graphc's mask.
 Before each step the test draws the masks graphc's Dropout layers are about to draw (it saves
@@ -72,11 +79,12 @@ def lenet(nn, dropout, batchnorm=False, with_dropout=False):
     def drop():
         return [dropout()] if with_dropout else []
 
+    bias = not batchnorm  # a bias right before BatchNorm is cancelled by it: leave it out
     return nn.Sequential(
-        nn.Conv2d(1, 6, 5, padding=2), *norm2d(6), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), *norm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(1, 6, 5, padding=2, bias=bias), *norm2d(6), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5, bias=bias), *norm2d(16), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(16 * 5 * 5, 120), *norm1d(120), nn.ReLU(), *drop(),
+        nn.Linear(16 * 5 * 5, 120, bias=bias), *norm1d(120), nn.ReLU(), *drop(),
         nn.Linear(120, 84), nn.ReLU(), *drop(),
         nn.Linear(84, 10),
     )
@@ -176,9 +184,11 @@ def train_both(name: str, opt_name: str, dtype: str, rng, rtol=RTOL):
     g_opt, t_opt = g_cls(g_model.parameters(), **cfg), t_cls(t_model.parameters(), **cfg)
     g_loss_fn, t_loss_fn = gnn.CrossEntropyLoss(), torch.nn.CrossEntropyLoss()
     masks = DropoutMasks(g_model, t_model, gx) if name.endswith("dropout") else None
-    # atol: entries that pass through zero carry only absolute error; scale it to the weights
+    # atol: an entry that passes near zero keeps the absolute rounding error of the larger
+    # terms that cancelled in it, so the floor is a few ulps (float32) or 1e-8 (float64) of the
+    # largest weight; every other entry is held to rtol.
     scale = max(float(np.abs(p.detach().numpy()).max()) for p in t_model.parameters())
-    atol = rtol * 1e-3 * scale
+    atol = max(rtol * 1e-3, 8 * float(np.finfo(dtype).eps)) * scale
     initial = {k: v.detach().numpy().copy() for k, v in t_model.named_parameters()}
 
     for step in range(STEPS):
@@ -208,12 +218,11 @@ def train_both(name: str, opt_name: str, dtype: str, rng, rtol=RTOL):
     return g_loss.item(), t_loss.item()
 
 
-@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("name", list(MODELS))
-def test_training_matches_torch(name, opt_name, rng):
-    train_both(name, opt_name, "float64", rng)
+CASES = [(name, "sgd_momentum", "float64") for name in MODELS]
+CASES += [(name, "sgd_momentum", "float32") for name in MODELS if name != "lenet_batchnorm"]
+CASES += [(name, "adam", "float64") for name in MODELS]
 
 
-def test_mlp_float32_sgd_matches_torch(rng):
-    """The default dtype end to end; float32 rounding differs between the libraries' GEMMs."""
-    train_both("mlp", "sgd_momentum", "float32", rng, rtol=1e-4)
+@pytest.mark.parametrize("name, opt_name, dtype", CASES, ids=["-".join(c) for c in CASES])
+def test_training_matches_torch(name, opt_name, dtype, rng):
+    train_both(name, opt_name, dtype, rng)
