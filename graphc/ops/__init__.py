@@ -12,6 +12,7 @@ from graphc.ops import (  # noqa: E402  (order: sources first, the others use `f
     elementwise,
     reduce,
     movement,
+    indexing,
     linalg,
     conv,
     pool,
@@ -19,6 +20,6 @@ from graphc.ops import (  # noqa: E402  (order: sources first, the others use `f
     random,
 )
 
-OP_MODULES = (sources, elementwise, reduce, movement, linalg, conv, pool, nn_ops, random)
+OP_MODULES = (sources, elementwise, reduce, movement, indexing, linalg, conv, pool, nn_ops, random)
 
 __all__ = ["REGISTRY", "OpDef", "OP_MODULES", "call", "get", "register", "registry"]
