@@ -20,3 +20,17 @@ def torch_or_skip():
     except ImportError:
         pytest.skip("PyTorch is not installed: parity needs `pip install torch==2.13.0`")
     return torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torch_single_thread():
+    """PyTorch's thread pool makes tiny parity calls ~100x slower on this 2-core machine."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
