@@ -283,6 +283,52 @@ def test_updates_go_through_graphc_ops(name, monkeypatch):
                 assert id(value) in written and value._version > version, key
 
 
+class _RecordingTracer:
+    """A stand-in trace mode: records op names and in-place targets, computes no values.
+
+    Its outputs are zero tensors of the inferred types, so an update that needs a value
+    (`.item()`, `bool(tensor)`, numpy) fails with graphc's TraceError, as in a real trace.
+    """
+
+    def __init__(self) -> None:
+        self.ops, self.targets = [], []
+
+    def record(self, opdef, inputs, attrs, out_types):
+        self.ops.append(opdef.name)
+        return tuple(graphc.Tensor._wrap(np.zeros(t.shape, t.dtype.np)) for t in out_types)
+
+    def record_inplace(self, target, op_name, compute):
+        compute(target)
+        self.targets.append(id(target))
+        return target
+
+
+@pytest.mark.parametrize("name, cfg", [
+    ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1)),
+    ("Adam", dict(lr=0.1, amsgrad=True, weight_decay=0.1, maximize=True)),
+    ("AdamW", dict(lr=0.1)),
+])
+def test_step_records_as_graph_ops_under_a_trace(name, cfg):
+    """The whole update (first step and later steps) runs without reading a tensor's value."""
+    from graphc.dispatch import set_tracer
+
+    params = _two_params()
+    opt = GRAPHC_CLASSES[name](params, **cfg)
+    for step in range(2):
+        for p in params:
+            p.grad = graphc.ones_like(p)
+        tracer = _RecordingTracer()
+        previous = set_tracer(tracer)
+        try:
+            opt.step()
+        finally:
+            set_tracer(previous)
+        assert all(id(p) in tracer.targets for p in params), "each parameter is written in place"
+        if name != "SGD":  # the step counter and the bias corrections are graph ops too
+            assert all(id(opt.state[p]["step"]) in tracer.targets for p in params)
+            assert "pow" in tracer.ops and "sqrt" in tracer.ops
+
+
 # ---- no half-updates -------------------------------------------------------------------------
 def _snapshot(opt, params):
     values = [p.detach().numpy().copy() for p in params]
