@@ -330,7 +330,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     graphc.Size([1, 1, 4, 4])
     """
     op = "conv2d"
-    _check_batched(op, input.type, "input")
+    if isinstance(getattr(input, "type", None), TensorType):  # non-tensors: dispatch says so
+        _check_batched(op, input.type, "input")
     stride = _pair(op, "stride", stride)
     dilation = _pair(op, "dilation", dilation)
     extra = None
