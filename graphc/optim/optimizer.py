@@ -111,7 +111,6 @@ class Optimizer:
         """Add a group of parameters with its own options (the others come from defaults)."""
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
-        param_group = dict(param_group)  # never change the caller's dict
         params = param_group["params"]
         if isinstance(params, Tensor):
             params = [params]
