@@ -210,7 +210,7 @@ class Optimizer:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                self._check_grad(p, len(params))
+                self._check_grad(p)
                 self._check_state(p)
                 params.append(p)
                 grads.append(p.grad)
@@ -221,7 +221,7 @@ class Optimizer:
                     self._update_group(group, params, grads)
         return loss
 
-    def _check_grad(self, p: Tensor, index: int) -> None:
+    def _check_grad(self, p: Tensor) -> None:
         name = type(self).__name__
         g = p.grad
         if not isinstance(g, Tensor):
