@@ -95,7 +95,8 @@ def apply(opdef: OpDef, *inputs, **attrs):
     with np.errstate(all="ignore"):  # inf/nan follow IEEE as in PyTorch, without warnings
         result = opdef.kernel(*(t._data for t in inputs), **attrs)
     arrays = (result,) if single else tuple(result)
-    outputs = tuple(_wrap_output(opdef, a, ty, inputs) for a, ty in zip(arrays, out_types))
+    outputs = tuple(_wrap_output(opdef, a, ty, inputs, attrs)
+                    for a, ty in zip(arrays, out_types))
 
     if (
         opdef.vjp is not None
@@ -111,7 +112,7 @@ def apply(opdef: OpDef, *inputs, **attrs):
     return outputs[0] if single else outputs
 
 
-def _wrap_output(opdef: OpDef, array, ty: TensorType, inputs: tuple):
+def _wrap_output(opdef: OpDef, array, ty: TensorType, inputs: tuple, attrs: dict):
     from graphc.tensor import Tensor
 
     array = np.asarray(array)
@@ -127,6 +128,7 @@ def _wrap_output(opdef: OpDef, array, ty: TensorType, inputs: tuple):
         base = inputs[0]._base if inputs[0]._base is not None else inputs[0]
         out._base = base
         out._version_counter = inputs[0]._version_counter
+        out._view_of = (inputs[0], opdef.name, attrs)
     return out
 
 
@@ -213,12 +215,14 @@ def apply_inplace(target, op_name: str, compute: Callable):
             f"{where(op_name)}: result type {_TORCH_TYPE_NAMES[result.dtype.name]} can't be cast "
             f"to the desired output type {_TORCH_TYPE_NAMES[target.dtype.name]}"
         )
-    records = grad_mode and (result.requires_grad or target.requires_grad)
-    if records and base is not None:
+    records = grad_mode and (result.requires_grad or target.requires_grad
+                             or (base is not None and base.requires_grad))
+    chain = _view_chain(target) if records and base is not None else None
+    if records and base is not None and chain is None:
         raise AutogradError(
-            f"{where(op_name)}: in-place change of a view of another tensor while autograd is "
-            "recording is not supported by graphc; clone() the view first, use the "
-            "out-of-place op, or change the base tensor in place instead"
+            f"{where(op_name)}: in-place change of a tensor that shares memory with another "
+            "one (e.g. a detached view) while autograd is recording; clone() it first, or use "
+            "the out-of-place op"
         )
     if not target._data.flags.writeable:
         raise ShapeError(
@@ -228,11 +232,66 @@ def apply_inplace(target, op_name: str, compute: Callable):
         )
     if records and result.dtype is not target.dtype:
         result = registry.call("cast", result, dtype=target.dtype.name)
+    if chain is not None:
+        _write_through_view(target, base, chain, result)
+        return target
     np.copyto(target._data, result._data, casting="unsafe")
     target._version_counter.bump()
     if records:
         _rebase_history(target, result, op_name)
     return target
+
+
+def _view_chain(target):
+    """[(view tensor, op name, attrs), ...] from the base down to `target`, or None if unknown."""
+    chain = []
+    t = target
+    while t._view_of is not None:
+        parent, name, attrs = t._view_of
+        chain.append((t, name, attrs))
+        t = parent
+    if t is not target._base:
+        return None
+    return chain[::-1]
+
+
+def _write_through_view(target, base, chain, new_view) -> None:
+    """In-place change of a view with autograd (PyTorch's CopySlices, written with ops).
+
+    The base's new value is `where(mask, F^T(new_view), base)`, where F is the chain of view ops
+    from base to target, F^T its adjoint (scatter) computed by differentiating F, and mask
+    marks the base elements the view covers. The base takes that history; the view (and the
+    views between them) take the history of replaying F on the new base.
+    """
+    from graphc.autograd import grad
+    from graphc.tensor import Tensor
+
+    def replay(t):
+        for _, name, attrs in chain:
+            t = registry.call(name, t, **attrs)
+        return t
+
+    probe = Tensor._wrap(np.zeros(base.shape, dtype=base.dtype.np), requires_grad=True)
+    probed = replay(probe)
+    ones = Tensor._wrap(np.ones(probed.shape, dtype=base.dtype.np))
+    (mask,) = grad(probed, probe, ones, retain_graph=True)
+    (scattered,) = grad(probed, probe, new_view, create_graph=new_view.requires_grad)
+    old_base = base._detached_copy_with_history()
+    new_base = registry.call("where", Tensor._wrap(mask._data != 0), scattered, old_base)
+    np.copyto(base._data, new_base._data, casting="unsafe")
+    base._version_counter.bump()
+    if not new_base.requires_grad:
+        return
+    base._set_history(new_base.grad_fn, new_base._output_nr)
+    t = base
+    for view, name, attrs in chain:
+        t = registry.call(name, t, **attrs)
+        if view._retains_grad:
+            view.grad_fn.retains_grad.pop(view._output_nr, None)
+        retained, view._retains_grad = view._retains_grad, False
+        view._set_history(t.grad_fn, t._output_nr)
+        if retained:
+            view.retain_grad()
 
 
 def _rebase_history(target, result, op_name: str) -> None:

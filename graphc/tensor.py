@@ -143,6 +143,7 @@ class Tensor:
         self._output_nr = 0
         self._version_counter = VersionCounter()
         self._base = None
+        self._view_of = None  # (parent, op name, attrs) for a view made by a view op
         self._accumulator = None
         self._retains_grad = False
         if requires_grad:

@@ -186,6 +186,39 @@ def test_inplace_after_output_saving_op_errors_like_torch(program, node, version
         (y * y).sum().backward()
 
 
+VIEW_PROGRAMS = {
+    "slice_mul_": lambda m, x: _then(x * 2, lambda y: y[1:].mul_(3)),
+    "slice_zero_": lambda m, x: _then(x * 2, lambda y: y[:2].zero_()),
+    "view_of_view": lambda m, x: _then((x * 2).reshape(3, 1), lambda y: y.t()[0].exp_()),
+    "setitem_on_view": lambda m, x: _then((x + 1).reshape(3, 1), _set_row),
+    "view_add_leaf": lambda m, x: _then(m.zeros(2, 3), lambda y: y[1].add_(x)),
+}
+
+
+def _then(y, change):
+    change(y)
+    return y
+
+
+def _set_row(y):
+    y[1][0] = 7.0
+
+
+@pytest.mark.parametrize("name", list(VIEW_PROGRAMS))
+def test_inplace_on_views_with_autograd_matches_torch(name):
+    torch = torch_or_skip()
+    program = VIEW_PROGRAMS[name]
+    results = []
+    for mod in (graphc, torch):
+        x = mod.tensor([0.5, 1.0, 2.0], requires_grad=True)
+        y = program(mod, x)
+        assert y.requires_grad
+        (y * y).sum().backward()
+        results.append((y.detach().numpy(), x.grad.numpy()))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5)
+
+
 def test_zero_keeps_tensor_in_graph():
     x = graphc.tensor([1.0, 2.0], requires_grad=True)
     y = x * 2
