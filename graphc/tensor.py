@@ -159,9 +159,15 @@ class Tensor:
     def size(self, dim: int | None = None):
         if dim is None:
             return self.shape
-        from graphc.ops.shapes import normalize_axis
-
-        return self._data.shape[normalize_axis("size", dim, self.ndim)]
+        if self.ndim == 0:
+            raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")
+        bound = self.ndim
+        if not -bound <= dim < bound:
+            raise IndexError(
+                f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], "
+                f"but got {dim})"
+            )
+        return self._data.shape[dim]
 
     @property
     def dtype(self) -> DType:

@@ -334,3 +334,46 @@ def test_python_control_flow_rebuilds_graph_each_time():
         y = x * 2 if step % 2 == 0 else x * x
         y.sum().backward()
         assert x.grad.tolist() == ([2.0, 2.0] if step % 2 == 0 else [2.0, -4.0])
+
+
+def test_grad_mode_bare_decorators_and_inference_mode():
+    x = graphc.tensor([1.0], requires_grad=True)
+
+    @graphc.no_grad
+    def bare():
+        return x * 2
+
+    @graphc.set_grad_enabled(False)
+    def disabled():
+        return x * 2
+
+    assert graphc.is_grad_enabled()  # the decorator form does not leak the mode
+    assert not bare().requires_grad and not disabled().requires_grad
+    with graphc.autograd.inference_mode():
+        assert not (x * 2).requires_grad
+    with graphc.autograd.inference_mode(False):
+        assert (x * 2).requires_grad
+    with graphc.autograd.detect_anomaly():
+        (x * 2).sum().backward()
+    assert x.grad.tolist() == [2.0]
+
+
+def test_ready_nodes_run_latest_first_like_torch():
+    torch = torch_or_skip()
+    logs = []
+    for mod in (graphc, torch):
+        log = []
+        x = mod.tensor([1.0, 2.0], requires_grad=True)
+        a, b = x * 2, x * 3
+        c, d = a * b, a.exp()
+        e, f = c + d, b.sin()
+        for name, t in (("a", a), ("b", b), ("c", c), ("d", d), ("e", e), ("f", f), ("x", x)):
+            t.register_hook(lambda g, name=name, log=log: log.append(name))
+        (e.sum() + f.sum()).backward()
+        p, q = x * 2, x * 5
+        p.register_hook(lambda g, log=log: log.append("p"))
+        q.register_hook(lambda g, log=log: log.append("q"))
+        mod.autograd.backward([p.sum(), q.sum()], retain_graph=True)
+        mod.autograd.backward([q.sum(), p.sum()])
+        logs.append(log)
+    assert logs[0] == logs[1]

@@ -148,9 +148,11 @@ def test_shape_size_dim_numel():
     assert t.is_floating_point() and not graphc.tensor([1]).is_floating_point()
     assert t.device == "cpu" and repr(t.device) == "device(type='cpu')"
     assert t.type_name() == "graphc.FloatTensor"
-    with pytest.raises(Exception, match=r"Dimension out of range \(expected to be in range of "
-                                        r"\[-2, 1\], but got 2\)"):
+    with pytest.raises(IndexError, match=r"Dimension out of range \(expected to be in range of "
+                                         r"\[-2, 1\], but got 2\)"):
         t.size(2)
+    with pytest.raises(IndexError, match="Dimension specified as 0 but tensor has no dimensions"):
+        graphc.tensor(1.0).size(0)
 
 
 # ---- requires_grad rules, leaves, detach, .data ------------------------------------------

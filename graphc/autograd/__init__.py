@@ -11,7 +11,17 @@ from typing import Sequence
 
 from graphc.autograd.engine import run_backward
 from graphc.autograd.function import Function, FunctionCtx
-from graphc.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from graphc.autograd.function import once_differentiable
+from graphc.autograd.grad_mode import (
+    detect_anomaly,
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_detect_anomaly,
+    set_grad_enabled,
+)
 from graphc.autograd.gradcheck import GradcheckError, gradcheck, gradgradcheck
 
 
@@ -60,6 +70,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
 
 
 __all__ = [
-    "Function", "FunctionCtx", "GradcheckError", "backward", "enable_grad", "grad",
-    "gradcheck", "gradgradcheck", "is_grad_enabled", "no_grad", "set_grad_enabled",
+    "Function", "FunctionCtx", "GradcheckError", "backward", "detect_anomaly", "enable_grad",
+    "grad", "gradcheck", "gradgradcheck", "inference_mode", "is_grad_enabled",
+    "is_inference_mode_enabled", "no_grad", "once_differentiable", "set_detect_anomaly",
+    "set_grad_enabled",
 ]

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+import heapq
+import itertools
+
 import numpy as np
 
 from graphc.autograd.grad_mode import set_grad_enabled
@@ -20,6 +23,9 @@ from graphc.errors import AutogradError, ShapeError
 
 if TYPE_CHECKING:
     from graphc.tensor import Tensor
+
+
+_tiebreak = itertools.count()
 
 
 def _edge_of(t: Tensor) -> tuple[Node, int]:
@@ -134,10 +140,13 @@ def run_backward(
         buf = buffers.setdefault(node, [None] * _num_outputs(node))
         buf[nr] = _add(buf[nr], g)
 
-    ready = [n for n in dict.fromkeys(roots) if deps[n] == 0]
+    ready: list = []  # a heap: the most recently created ready node runs first
+    for n in dict.fromkeys(roots):
+        if deps[n] == 0:
+            heapq.heappush(ready, (-n.sequence_nr, next(_tiebreak), n))
     with set_grad_enabled(create_graph):
         while ready:
-            node = ready.pop()
+            node = heapq.heappop(ready)[2]
             grads = buffers.pop(node, None) or [None] * _num_outputs(node)
             _run_tensor_hooks(node, grads)
             for k in (key for key in targets if key[0] == id(node)):
@@ -158,7 +167,7 @@ def run_backward(
                     buf[nr] = _add(buf[nr], g)
                 deps[child] -= 1
                 if deps[child] == 0:
-                    ready.append(child)
+                    heapq.heappush(ready, (-child.sequence_nr, next(_tiebreak), child))
 
     if inputs is None:
         return None

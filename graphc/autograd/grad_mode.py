@@ -24,6 +24,13 @@ class _GradModeContext:
 
     _mode = True
 
+    def __new__(cls, orig_func=None):
+        if orig_func is None:
+            return super().__new__(cls)
+        if not callable(orig_func):
+            raise TypeError(f"{cls.__name__}() takes no arguments (got {orig_func!r})")
+        return cls()(orig_func)  # used as a bare decorator: @no_grad
+
     def __enter__(self):
         self._prev = is_grad_enabled()
         _set(self._mode)
@@ -66,3 +73,64 @@ class set_grad_enabled:  # noqa: N801
 
     def __exit__(self, *exc) -> None:
         _set(self._prev)
+
+    def __call__(self, fn):
+        """As a decorator the mode applies inside `fn` only (and is undone here at once)."""
+        _set(self._prev)
+        mode = self._mode
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with set_grad_enabled(mode):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+class inference_mode(_GradModeContext):  # noqa: N801
+    """PyTorch's inference_mode: here the same as `no_grad` (or a no-op with mode=False)."""
+
+    def __new__(cls, mode=True):
+        if callable(mode):
+            return cls()(mode)
+        return object.__new__(cls)
+
+    def __init__(self, mode: bool = True) -> None:
+        self._enabled = bool(mode)
+
+    def __enter__(self):
+        self._prev = is_grad_enabled()
+        if self._enabled:
+            _set(False)
+        return self
+
+    def __call__(self, fn):
+        enabled = self._enabled
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with inference_mode(enabled):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def is_inference_mode_enabled() -> bool:
+    return not is_grad_enabled()
+
+
+class detect_anomaly:  # noqa: N801
+    """Accepted for PyTorch compatibility; graphc's errors already name the failing node."""
+
+    def __init__(self, check_nan: bool = True) -> None:
+        self.check_nan = check_nan
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def set_detect_anomaly(mode: bool, check_nan: bool = True) -> None:
+    """Accepted for PyTorch compatibility (see detect_anomaly)."""

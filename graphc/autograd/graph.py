@@ -10,6 +10,7 @@ so a later in-place change is caught when the backward unpacks them (PyTorch's c
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable
 
@@ -95,11 +96,19 @@ class SavedTensor:
         self.freed = True
 
 
+_sequence = itertools.count()
+
+
 class Node:
-    """A backward function. Subclasses implement `backward(grads) -> grads per input`."""
+    """A backward function. Subclasses implement `backward(grads) -> grads per input`.
+
+    `sequence_nr` grows with creation order; among nodes ready to run, the engine runs the
+    most recently created first (PyTorch's order, which hooks observe).
+    """
 
     def __init__(self, next_functions: tuple, input_meta: tuple) -> None:
         # input_meta: (shape, dtype) per input, or None for non-tensor inputs.
+        self.sequence_nr = next(_sequence)
         self.next_functions = next_functions
         self.input_meta = input_meta
         self.tensor_pre_hooks: dict[int, OrderedDict] = {}
@@ -170,6 +179,7 @@ class AccumulateGrad(Node):
 
     def __init__(self, variable: Tensor) -> None:
         super().__init__((), ())
+        self.sequence_nr = 1 << 62  # as PyTorch: accumulate as soon as a leaf's grad is ready
         self.variable = variable
         self.post_accumulate_hooks: OrderedDict = OrderedDict()
 
