@@ -13,7 +13,7 @@ The tracer hook (`set_tracer`) is how a trace mode records the same calls withou
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -10,11 +10,10 @@ and trace mode see the same calls.
 
 from __future__ import annotations
 
-import numpy as np
-
 import warnings
 
-from graphc.autograd.grad_mode import is_grad_enabled
+import numpy as np
+
 from graphc.autograd.graph import AccumulateGrad, RemovableHandle, add_hook
 from graphc.errors import AutogradError, DTypeError, ShapeError, TraceError
 from graphc.types import DType, TensorType, dtype_of_numpy, float32
@@ -49,12 +48,12 @@ _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "int64": "Lo
                "bool": "BoolTensor"}
 
 
-class device:  # noqa: N801 (PyTorch's name)
+class device:
     """The device a tensor lives on; eager graphc tensors are always on the CPU."""
 
-    __slots__ = ("type", "index")
+    __slots__ = ("index", "type")
 
-    def __init__(self, type: str = "cpu", index: int | None = None) -> None:  # noqa: A002
+    def __init__(self, type: str = "cpu", index: int | None = None) -> None:
         self.type, self.index = str(type), index
 
     def __repr__(self) -> str:

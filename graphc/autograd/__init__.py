@@ -7,11 +7,10 @@ inputs instead. `Function` lets users define their own differentiable functions;
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from graphc.autograd.engine import run_backward
-from graphc.autograd.function import Function, FunctionCtx
-from graphc.autograd.function import once_differentiable
+from graphc.autograd.function import Function, FunctionCtx, once_differentiable
 from graphc.autograd.grad_mode import (
     detect_anomaly,
     enable_grad,

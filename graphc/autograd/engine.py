@@ -10,10 +10,10 @@ have history of their own and can be differentiated again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
-
 import heapq
 import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -48,19 +48,19 @@ class _GradModeContext:
         return wrapper
 
 
-class no_grad(_GradModeContext):  # noqa: N801 (PyTorch's name)
+class no_grad(_GradModeContext):
     """Disable autograd recording inside the block: results do not require grad."""
 
     _mode = False
 
 
-class enable_grad(_GradModeContext):  # noqa: N801
+class enable_grad(_GradModeContext):
     """Enable autograd recording inside the block (e.g. inside a no_grad region)."""
 
     _mode = True
 
 
-class set_grad_enabled:  # noqa: N801
+class set_grad_enabled:
     """Set grad mode to `mode`; as a context manager the previous mode comes back on exit."""
 
     def __init__(self, mode: bool) -> None:
@@ -87,7 +87,7 @@ class set_grad_enabled:  # noqa: N801
         return wrapper
 
 
-class inference_mode(_GradModeContext):  # noqa: N801
+class inference_mode(_GradModeContext):
     """PyTorch's inference_mode: here the same as `no_grad` (or a no-op with mode=False)."""
 
     def __new__(cls, mode=True):
@@ -119,7 +119,7 @@ def is_inference_mode_enabled() -> bool:
     return not is_grad_enabled()
 
 
-class detect_anomaly:  # noqa: N801
+class detect_anomaly:
     """Accepted for PyTorch compatibility; graphc's errors already name the failing node."""
 
     def __init__(self, check_nan: bool = True) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from graphc.errors import AutogradError, ShapeError
 
@@ -63,7 +64,7 @@ class SavedTensor:
     `owner` explicitly, as its grad_fn is not set yet when the node is built.
     """
 
-    __slots__ = ("tensor", "version", "owner", "output_nr", "freed")
+    __slots__ = ("freed", "output_nr", "owner", "tensor", "version")
 
     def __init__(self, tensor: Tensor, owner: Node | None = None, output_nr: int | None = None):
         self.tensor = tensor
