@@ -9,6 +9,7 @@ the corner cases PyTorch defines (NaN and -inf windows, unbatched inputs, saved 
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -80,7 +81,8 @@ def test_conv2d_string_padding(padding, kernel, dilation, rng):
     wt = rng.standard_normal((4, 3) + kernel).astype(np.float32)
     (gx, gw), (tx, tw) = _pair_tensors(torch, x, wt)
     g_out = graphc.conv2d(gx, gw, padding=padding, dilation=dilation)
-    with pytest.warns(UserWarning) if padding == "same" and kernel == (2, 4) else _no_warning():
+    with warnings.catch_warnings():  # torch warns (once per process) about even 'same' kernels
+        warnings.simplefilter("ignore", UserWarning)
         t_out = torch.nn.functional.conv2d(tx, tw, padding=padding, dilation=dilation)
     if padding == "same":
         assert tuple(g_out.shape[2:]) == (7, 8)
@@ -88,14 +90,6 @@ def test_conv2d_string_padding(padding, kernel, dilation, rng):
     _backward_both(torch, g_out, t_out, rng)
     _close(gx.grad, tx.grad)
     _close(gw.grad, tw.grad)
-
-
-class _no_warning:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_conv2d_unbatched_matches_batched(rng):
