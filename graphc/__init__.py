@@ -15,7 +15,13 @@ tensor([3., 3.])
 from graphc import dispatch as _dispatch  # noqa: F401  (installs the dispatch point)
 from graphc import ops as _ops
 from graphc import tensor_methods as _tensor_methods
-from graphc.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from graphc.autograd.grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from graphc.creation import as_tensor, from_numpy, tensor
 from graphc.errors import (
     ArgumentError,
@@ -29,6 +35,13 @@ from graphc.tensor import Size, Tensor
 from graphc.types import DType, TensorType, bool_, float32, float64, int64
 
 __version__ = "0.1.0"
+
+
+def is_tensor(obj) -> bool:
+    """True for graphc tensors (and Parameters), as torch.is_tensor."""
+    return isinstance(obj, Tensor)
+
+
 
 bool = bool_  # noqa: A001  (graphc.bool as torch.bool)
 float = float32  # noqa: A001

@@ -71,11 +71,6 @@ def _new_tensor(self, data, dtype=None, device=None, requires_grad=False):
     return tensor(data, dtype=dtype or self.dtype, device=device, requires_grad=requires_grad)
 
 
-def _clone(self, memory_format=None):
-    """A copy with history (used when no op module supplies `clone`)."""
-    return call("cast", self, dtype=self.dtype.name)
-
-
 def _abs(self):
     return call("abs", self)
 
@@ -144,9 +139,11 @@ _OPERATORS = {
     "__add__": "add", "__sub__": "sub", "__mul__": "mul", "__truediv__": "div",
     "__pow__": "pow", "__matmul__": "matmul", "__eq__": "eq", "__ne__": "ne", "__lt__": "lt",
     "__le__": "le", "__gt__": "gt", "__ge__": "ge", "__and__": "logical_and",
-    "__or__": "logical_or", "__xor__": "logical_xor",
+    "__or__": "logical_or", "__xor__": "logical_xor", "__floordiv__": "floor_divide",
+    "__mod__": "remainder",
 }
-_REFLECTED = ("add", "sub", "mul", "div", "pow", "matmul")
+_REFLECTED = {"add": "add", "sub": "sub", "mul": "mul", "div": "truediv", "pow": "pow",
+              "matmul": "matmul", "floor_divide": "floordiv", "remainder": "mod"}
 
 
 def _forward(name: str):
@@ -184,24 +181,16 @@ def _inplace_operator(name: str):
     return method
 
 
-# Operators whose op may or may not be registered yet (attached only when it is).
-_OPTIONAL_OPERATORS = {"__floordiv__": "floor_divide", "__mod__": "remainder"}
-
-
 def attach() -> None:
     for module in OP_MODULES:
         for name, fn in getattr(module, "TENSOR_METHODS", {}).items():
             setattr(Tensor, name, fn)
-    from graphc.ops.registry import REGISTRY
-
-    operators = dict(_OPERATORS)
-    operators.update({d: op for d, op in _OPTIONAL_OPERATORS.items() if op in REGISTRY})
-    for dunder, op in operators.items():
+    for dunder, op in _OPERATORS.items():
         setattr(Tensor, dunder, _forward(op))
-    for op in (*_REFLECTED, *(op for op in _OPTIONAL_OPERATORS.values() if op in REGISTRY)):
-        dunder = {"div": "truediv", "floor_divide": "floordiv", "remainder": "mod"}.get(op, op)
+    for op, dunder in _REFLECTED.items():
         setattr(Tensor, f"__r{dunder}__", _reflect(op))
-    for dunder in ("__add__", "__sub__", "__mul__", "__truediv__", "__pow__"):
+    for dunder in ("__add__", "__sub__", "__mul__", "__truediv__", "__pow__", "__floordiv__",
+                   "__mod__"):
         setattr(Tensor, dunder.replace("__", "__i", 1), _inplace_operator(dunder))
     Tensor.__neg__ = _neg
     Tensor.__invert__ = _invert
@@ -213,5 +202,4 @@ def attach() -> None:
               "zero_": _zero_, "fill_": _fill_, "copy_": _copy_, "new_tensor": _new_tensor}
     for name, fn in extras.items():
         setattr(Tensor, name, fn)
-    if not hasattr(Tensor, "clone"):
-        Tensor.clone = _clone
+

@@ -15,7 +15,7 @@ from graphc.errors import ArgumentError, where as _where
 from graphc.ops.grad_utils import sum_to, zeros_like
 from graphc.ops.registry import ELEMENTWISE, OpDef, call, inplace, register
 from graphc.ops.shapes import binary_type, broadcast_many, compare_type, float_unary
-from graphc.types import TensorType, as_dtype, bool_
+from graphc.types import TensorType, as_dtype, bool_, float32
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -199,7 +199,16 @@ def _erf_vjp(ctx, g):
 _unary("erf", _float_kernel(special.erf), _erf_vjp, saved_inputs=(0,))
 
 
+def _clamp_infer(x: TensorType, min, max) -> TensorType:  # noqa: A002
+    # An integer tensor clamped with a float bound becomes float32, as in PyTorch.
+    if not x.dtype.is_floating and any(isinstance(b, float) for b in (min, max)):
+        return TensorType(x.shape, float32)
+    return x
+
+
 def _clamp_kernel(x, min, max):  # noqa: A002 (PyTorch's argument names)
+    if not np.issubdtype(x.dtype, np.floating) and any(isinstance(b, float) for b in (min, max)):
+        x = x.astype(np.float32)
     out = x
     if min is not None:
         out = np.maximum(out, min)
@@ -219,8 +228,8 @@ def _clamp_vjp(ctx, g):
     return (g if keep is None else call("where", keep, g, zeros_like(g)),)
 
 
-_unary("clamp", _clamp_kernel, _clamp_vjp, saved_inputs=(0,), attrs={"min": float, "max": float},
-       float_only=False)
+register(OpDef("clamp", ELEMENTWISE, ("x",), _clamp_infer, _clamp_kernel, _clamp_vjp,
+               scalar="clamp", attrs={"min": float, "max": float}, saved_inputs=(0,)))
 
 
 # ---- binary ----------------------------------------------------------------------------------
@@ -236,7 +245,8 @@ def _binary(name: str, kernel, vjp, saved_inputs=(), saved_outputs=(), infer=Non
 
 def _add_vjp(ctx, g):
     a, b = ctx.input_types
-    return (sum_to(g, a.shape), sum_to(g, b.shape))
+    need_a, need_b = ctx.needs_input_grad
+    return (sum_to(g, a.shape) if need_a else None, sum_to(g, b.shape) if need_b else None)
 
 
 _binary("add", np.add, _add_vjp)
@@ -244,7 +254,8 @@ _binary("add", np.add, _add_vjp)
 
 def _sub_vjp(ctx, g):
     a, b = ctx.input_types
-    return (sum_to(g, a.shape), sum_to(-g, b.shape) if ctx.needs_input_grad[1] else None)
+    need_a, need_b = ctx.needs_input_grad
+    return (sum_to(g, a.shape) if need_a else None, sum_to(-g, b.shape) if need_b else None)
 
 
 _binary("sub", np.subtract, _sub_vjp)
@@ -326,6 +337,35 @@ def _minimum_vjp(ctx, g):
 
 _binary("maximum", np.maximum, _maximum_vjp, saved_inputs=(0, 1))
 _binary("minimum", np.minimum, _minimum_vjp, saved_inputs=(0, 1))
+
+
+def _floor_divide_kernel(a, b):
+    if not np.issubdtype(a.dtype, np.floating) and not np.issubdtype(b.dtype, np.floating):
+        if (b == 0).any():
+            raise ArgumentError(f"{_where('floor_divide')}: ZeroDivisionError")
+    return np.floor_divide(a, b)
+
+
+# PyTorch defines no derivative for floor_divide: it is piecewise constant.
+_binary("floor_divide", _floor_divide_kernel, None)
+
+
+def _remainder_kernel(a, b):
+    if not np.issubdtype(a.dtype, np.floating) and not np.issubdtype(b.dtype, np.floating):
+        if (b == 0).any():
+            raise ArgumentError(f"{_where('remainder')}: ZeroDivisionError")
+    return np.mod(a, b)  # the result takes the divisor's sign, as Python's % and PyTorch's
+
+
+def _remainder_vjp(ctx, g):
+    a, b = ctx.inputs
+    need_a, need_b = ctx.needs_input_grad
+    ga = sum_to(g, a.shape) if need_a else None
+    gb = sum_to(-g * call("floor_divide", a, b), b.shape) if need_b else None
+    return (ga, gb)
+
+
+_binary("remainder", _remainder_kernel, _remainder_vjp, saved_inputs=(0, 1))
 
 
 def _compare(name: str, kernel) -> None:
@@ -453,9 +493,16 @@ def erf(x):
 def clamp(x, min=None, max=None):  # noqa: A002
     if min is None and max is None:
         raise ArgumentError(f"{_where('clamp')}: At least one of 'min' or 'max' must not be None")
-    lo = None if min is None else float(min)
-    hi = None if max is None else float(max)
-    return call("clamp", x, min=lo, max=hi)
+    return call("clamp", x, min=_bound(min), max=_bound(max))
+
+
+def _bound(value):
+    """A clamp bound as an IR literal: ints stay ints (integer tensors stay integer)."""
+    if value is None or isinstance(value, float):
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    return float(value)
 
 
 def add(a, b, alpha=1):
@@ -480,6 +527,14 @@ def pow(a, b):  # noqa: A001
 
 def maximum(a, b):
     return call("maximum", a, b)
+
+
+def floor_divide(a, b):
+    return call("floor_divide", a, b)
+
+
+def remainder(a, b):
+    return call("remainder", a, b)
 
 
 def minimum(a, b):
@@ -561,7 +616,8 @@ TENSOR_METHODS = {
     "neg": neg, "abs": abs, "sign": sign, "exp": exp, "log": log, "sqrt": sqrt, "rsqrt": rsqrt,
     "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "sin": sin, "cos": cos, "erf": erf,
     "clamp": clamp, "clip": clamp, "add": add, "sub": sub, "mul": mul, "div": div, "pow": pow,
-    "maximum": maximum, "minimum": minimum, "eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt,
+    "maximum": maximum, "minimum": minimum, "floor_divide": floor_divide,
+    "remainder": remainder, "eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt,
     "ge": ge, "logical_and": logical_and, "logical_or": logical_or, "logical_not": logical_not,
     "logical_xor": logical_xor, "where": where,
     "add_": _inplace_binary("add_", add), "sub_": _inplace_binary("sub_", sub),
@@ -576,6 +632,6 @@ TENSOR_METHODS = {
 PUBLIC = (
     "neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "leaky_relu",
     "gelu", "sin", "cos", "erf", "clamp", "add", "sub", "mul", "div", "pow", "maximum",
-    "minimum", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+    "minimum", "floor_divide", "remainder", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
     "logical_not", "where", "cast",
 )

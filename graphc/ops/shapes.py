@@ -59,10 +59,22 @@ def normalize_axes(op: str, axes, ndim: int) -> tuple[int, ...]:
     return out if ndim else ()
 
 
+def _category(dtype) -> int:
+    return 2 if dtype.is_floating else (0 if dtype is bool_ else 1)
+
+
 def result_dtype(*types: TensorType):
-    out = types[0].dtype
-    for t in types[1:]:
-        out = promote(out, t.dtype)
+    """PyTorch's promotion: 0-d tensors only decide the dtype when their category (bool <
+    integer < floating) is higher than that of every dimensioned tensor."""
+    dims = [t.dtype for t in types if t.shape]
+    zero_d = [t.dtype for t in types if not t.shape]
+    out = None
+    for group in (dims, zero_d):
+        best = None
+        for d in group:
+            best = d if best is None else promote(best, d)
+        if best is not None and (out is None or _category(best) > _category(out)):
+            out = best
     return out
 
 

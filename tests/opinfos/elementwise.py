@@ -275,3 +275,44 @@ def _torch_cast(x, dtype):
 
 OP_INFOS.append(OpInfo("cast", graphc.cast, _np_cast, _cast_samples, ("cast",),
                        torch_fn=_torch_cast))
+
+
+def _divmod_samples(rng):
+    a = rng.uniform(-5, 5, size=(3, 4)).astype(np.float32)
+    b = rng.choice([-2.5, -1.5, 1.25, 3.0], size=(4,)).astype(np.float32)
+    ints = rng.integers(-9, 9, size=(3, 4))
+    return [Sample((a, b), desc="float broadcast"),
+            Sample((ints, rng.choice([-3, 2, 4], size=(3, 4))), desc="int64", grad_args=())]
+
+
+def _remainder_grad_samples(rng):
+    # Keep a/b away from integers, where remainder jumps.
+    b = rng.choice([-2.5, 1.25, 3.0], size=(4,))
+    q = rng.integers(-3, 3, size=(3, 4)) + rng.uniform(0.2, 0.8, size=(3, 4))
+    return [Sample(((q * b).astype(np.float32), b.astype(np.float32)), desc="float broadcast")]
+
+
+def _divmod_errors(rng):
+    return [ErrorInput(Sample((np.array([1, 2]), np.array([1, 0]))), ArgumentError,
+                       "ZeroDivisionError")]
+
+
+def _remainder_samples(rng):
+    return _divmod_samples(rng)[1:] + _remainder_grad_samples(rng)
+
+
+def _clamp_int_samples(rng):
+    x = rng.integers(-5, 5, size=(6,))
+    return [Sample((x,), {"min": -2, "max": 3}, desc="int bounds stay int64"),
+            Sample((x,), {"min": -2.5}, desc="float bound gives float32")]
+
+
+OP_INFOS += [
+    OpInfo("floor_divide", graphc.floor_divide, np.floor_divide, _divmod_samples,
+           ("floor_divide",), torch_fn=_torch("floor_divide"), differentiable=False,
+           error_inputs=_divmod_errors),
+    OpInfo("remainder", graphc.remainder, np.mod, _remainder_samples, ("remainder",),
+           torch_fn=_torch("remainder"), error_inputs=_divmod_errors),
+    OpInfo("clamp_int", graphc.clamp, _np_clamp, _clamp_int_samples, (),
+           torch_fn=_torch("clamp"), differentiable=False, exact=True),
+]
