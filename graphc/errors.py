@@ -31,6 +31,10 @@ class ArgumentError(GraphcError, ValueError):
     """A bad non-tensor argument: an axis out of range, a negative stride, an unknown mode."""
 
 
+class IndexOutOfRangeError(ArgumentError, IndexError):
+    """An index past the end of a dimension or a class target out of range (IndexError)."""
+
+
 class AutogradError(GraphcError, RuntimeError):
     """Misuse of autograd: saved tensors changed in place, backward twice, wrong grad count."""
 

@@ -11,12 +11,10 @@ history follow PyTorch's rules.
 
 from __future__ import annotations
 
-
 import numpy as np
 
-from graphc.errors import ArgumentError, TraceError, where
+from graphc.errors import ArgumentError, IndexOutOfRangeError, TraceError, where
 from graphc.ops.movement import (
-    IndexOutOfRangeError,
     _check_index_range,
     _eager_range_check,
     _taken_shape,

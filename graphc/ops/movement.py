@@ -26,15 +26,11 @@ import operator
 
 import numpy as np
 
-from graphc.errors import ArgumentError, DTypeError, ShapeError, where
+from graphc.errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError, where
 from graphc.ops.grad_utils import sum_to
 from graphc.ops.registry import MOVEMENT, OpDef, call, register
 from graphc.ops.shapes import index_dtype_check, normalize_axis, numel, result_dtype
 from graphc.types import TensorType, dtype_of_numpy, int64, promote
-
-
-class IndexOutOfRangeError(ArgumentError, IndexError):
-    """An index past the end of a dimension (PyTorch raises IndexError here)."""
 
 
 def _zeros(ty: TensorType, dtype):

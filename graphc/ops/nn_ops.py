@@ -25,11 +25,18 @@ import warnings
 import numpy as np
 
 from graphc.autograd.grad_mode import no_grad
-from graphc.errors import ArgumentError, DTypeError, GraphcError, ShapeError
+from graphc.errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from graphc.errors import where as _where
 from graphc.ops.grad_utils import full_like
 from graphc.ops.registry import (
-    ELEMENTWISE, LOSS, MOVEMENT, NORM, OpDef, call, inplace, register,
+    ELEMENTWISE,
+    LOSS,
+    MOVEMENT,
+    NORM,
+    OpDef,
+    call,
+    inplace,
+    register,
 )
 from graphc.ops.shapes import float_unary, normalize_axis, numel, require_float
 from graphc.types import TensorType, as_dtype, int64
@@ -37,9 +44,6 @@ from graphc.types import TensorType, as_dtype, int64
 _REDUCTIONS = ("none", "mean", "sum")
 _TORCH_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}
 
-
-class IndexOutOfRange(GraphcError, IndexError):
-    """A target or index value outside its range (PyTorch raises IndexError here)."""
 
 
 # ---- helpers (graph-building only) -----------------------------------------------------------
@@ -237,7 +241,7 @@ def _picked(x, target, ignore_index: int):
     mask = target != ignore_index
     bad = mask & ((target < 0) | (target >= n_classes))
     if bad.any():
-        raise IndexOutOfRange(f"{_where('nll_loss')}: Target {int(target[bad].flat[0])} is out "
+        raise IndexOutOfRangeError(f"{_where('nll_loss')}: Target {int(target[bad].flat[0])} is out "
                               "of bounds.")
     return mask, np.where(mask, target, 0)
 
@@ -627,7 +631,7 @@ def _embedding_infer(weight: TensorType, indices: TensorType, padding_idx) -> Te
 
 def _check_indices(indices, n: int) -> None:
     if indices.size and (indices.min() < 0 or indices.max() >= n):
-        raise IndexOutOfRange(f"{_where('embedding')}: index out of range in self")
+        raise IndexOutOfRangeError(f"{_where('embedding')}: index out of range in self")
 
 
 def _embedding_kernel(weight, indices, padding_idx):
