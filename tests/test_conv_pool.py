@@ -137,7 +137,7 @@ def test_conv2d_double_backward_matches_torch(rng):
     (gx, gw), (tx, tw) = _pair_tensors(torch, x, wt)
     kwargs = dict(stride=(1, 2), padding=(1, 0), dilation=(2, 1), groups=2)
     results = []
-    for lib, fgrad, xs, conv in ((graphc, grad, (gx, gw), graphc.conv2d),
+    for _lib, fgrad, xs, conv in ((graphc, grad, (gx, gw), graphc.conv2d),
                                  (torch, torch.autograd.grad, (tx, tw),
                                   torch.nn.functional.conv2d)):
         y = conv(*xs, **kwargs)

@@ -151,7 +151,7 @@ class _TooEarly:
                 elif what == "register_buffer":
                     self.register_buffer("b", value_fn())
                 else:
-                    setattr(self, "w", value_fn())
+                    self.w = value_fn()
                 super().__init__()
 
         return Early

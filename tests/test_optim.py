@@ -155,7 +155,7 @@ def test_param_groups_with_different_options(name, rng):
     assert [g["lr"] for g in g_opt.param_groups] == [0.1, 0.01]
     for key in g_opt.defaults:
         assert g_opt.param_groups[1][key] == t_opt.param_groups[1][key], key
-    for step in range(4):
+    for _step in range(4):
         _set_grads(g_params, t_params, rng, dtype)
         g_opt.step()
         t_opt.step()
@@ -184,7 +184,7 @@ def test_add_param_group_midway_matches_torch(rng):
 
 
 def test_changing_lr_in_a_group_takes_effect(rng):
-    torch = torch_or_skip()
+    torch_or_skip()
     dtype = np.float64
     g_params, t_params = _pairs(rng, dtype)
     g_opt, t_opt = _make("Adam", (g_params, t_params), dict(lr=0.1))
@@ -314,7 +314,7 @@ def test_step_records_as_graph_ops_under_a_trace(name, cfg):
 
     params = _two_params()
     opt = GRAPHC_CLASSES[name](params, **cfg)
-    for step in range(2):
+    for _step in range(2):
         for p in params:
             p.grad = graphc.ones_like(p)
         tracer = _RecordingTracer()

@@ -9,9 +9,9 @@ import pytest
 import graphc
 from graphc.errors import ArgumentError, AutogradError, DTypeError, ShapeError
 from graphc.ops import random as R
-from graphc.ops.registry import RANDOM, REGISTRY, call
 from graphc.ops.random import ReferenceStream
 from graphc.ops.random import philox4x32_scalar as philox_ref
+from graphc.ops.registry import RANDOM, REGISTRY, call
 
 # Random123 kat_vectors, "philox4x32 10" lines: counter[4], key[2] -> output[4].
 KAT = [

@@ -4,21 +4,20 @@ Importing this package registers all ops. `REGISTRY` maps op names to `OpDef`s;
 `python -m graphc.ops` lists them with the file and line where each rule lives.
 """
 
-from graphc.ops import registry
-from graphc.ops.registry import REGISTRY, OpDef, call, get, register
-
 from graphc.ops import (  # noqa: E402  (order: sources first, the others use `full`)
-    sources,
+    conv,
     elementwise,
-    reduce,
-    movement,
     indexing,
     linalg,
-    conv,
-    pool,
+    movement,
     nn_ops,
+    pool,
     random,
+    reduce,
+    registry,
+    sources,
 )
+from graphc.ops.registry import REGISTRY, OpDef, call, get, register
 
 OP_MODULES = (sources, elementwise, reduce, movement, indexing, linalg, conv, pool, nn_ops, random)
 

@@ -11,7 +11,8 @@ import math
 import numpy as np
 from scipy import special
 
-from graphc.errors import ArgumentError, where as _where
+from graphc.errors import ArgumentError
+from graphc.errors import where as _where
 from graphc.ops.grad_utils import sum_to, zeros_like
 from graphc.ops.registry import ELEMENTWISE, OpDef, call, inplace, register
 from graphc.ops.shapes import binary_type, broadcast_many, compare_type, float_unary
@@ -632,6 +633,6 @@ TENSOR_METHODS = {
 PUBLIC = (
     "neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "leaky_relu",
     "gelu", "sin", "cos", "erf", "clamp", "add", "sub", "mul", "div", "pow", "maximum",
-    "minimum", "floor_divide", "remainder", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-    "logical_not", "where", "cast",
+    "minimum", "floor_divide", "remainder", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
+    "logical_or", "logical_xor", "logical_not", "where", "cast",
 )

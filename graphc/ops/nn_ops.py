@@ -241,8 +241,8 @@ def _picked(x, target, ignore_index: int):
     mask = target != ignore_index
     bad = mask & ((target < 0) | (target >= n_classes))
     if bad.any():
-        raise IndexOutOfRangeError(f"{_where('nll_loss')}: Target {int(target[bad].flat[0])} is out "
-                              "of bounds.")
+        first = int(target[bad].flat[0])
+        raise IndexOutOfRangeError(f"{_where('nll_loss')}: Target {first} is out of bounds.")
     return mask, np.where(mask, target, 0)
 
 
