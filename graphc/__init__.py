@@ -31,6 +31,7 @@ from graphc.errors import (
     ShapeError,
     TraceError,
 )
+from graphc.serialization import load, save
 from graphc.tensor import Size, Tensor
 from graphc.types import DType, TensorType, bool_, float32, float64, int64
 
