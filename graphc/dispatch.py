@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from graphc.autograd.grad_mode import is_grad_enabled, no_grad
-from graphc.autograd.graph import Node, OpBackward
+from graphc.autograd.graph import Node, OpBackward, gradient_edge
 from graphc.errors import AutogradError, DTypeError, GraphcError, ShapeError, where
 from graphc.ops import registry
 from graphc.ops.registry import OpDef
@@ -104,7 +104,7 @@ def apply(opdef: OpDef, *inputs, **attrs):
         and any(t.requires_grad for t in inputs)
         and any(ty.dtype.is_floating for ty in out_types)
     ):
-        edges = tuple(_edge(t) for t in inputs)
+        edges = tuple(gradient_edge(t) for t in inputs)
         node = OpBackward(opdef, inputs, outputs, attrs, edges)
         for nr, out in enumerate(outputs):
             if out.dtype.is_floating:
@@ -131,13 +131,6 @@ def _wrap_output(opdef: OpDef, array, ty: TensorType, inputs: tuple, attrs: dict
         out._view_of = (inputs[0], opdef.name, attrs)
     return out
 
-
-def _edge(t):
-    if t.grad_fn is not None:
-        return (t.grad_fn, t._output_nr)
-    if t.requires_grad:
-        return (t._grad_accumulator(), 0)
-    return (None, 0)
 
 
 _TORCH_TYPE_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}

@@ -14,20 +14,6 @@ import graphc.nn.functional as F
 from tests.conftest import torch_or_skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _torch_single_thread():
-    """Torch's intra-op threads make tiny batch-norm calls ~100x slower on 2 CI cores."""
-    try:
-        import torch
-    except ImportError:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _np(t):
     return t.detach().numpy()
 

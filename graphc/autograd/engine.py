@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from graphc.autograd.grad_mode import set_grad_enabled
-from graphc.autograd.graph import AccumulateGrad, Node
+from graphc.autograd.graph import AccumulateGrad, Node, gradient_edge
 from graphc.errors import AutogradError, ShapeError
 
 if TYPE_CHECKING:
@@ -27,13 +27,6 @@ if TYPE_CHECKING:
 
 _tiebreak = itertools.count()
 
-
-def _edge_of(t: Tensor) -> tuple[Node, int]:
-    if t.grad_fn is not None:
-        return t.grad_fn, t._output_nr
-    if t.requires_grad:
-        return t._grad_accumulator(), 0
-    return None, 0
 
 
 def _dependencies(roots: list[Node]) -> dict[Node, int]:
@@ -104,7 +97,7 @@ def run_backward(
 
     root_edges = []
     for i, (t, g) in enumerate(zip(tensors, grad_tensors)):
-        node, nr = _edge_of(t)
+        node, nr = gradient_edge(t)
         if node is None:
             raise AutogradError(
                 f"element {i} of tensors does not require grad and does not have a grad_fn"
@@ -126,12 +119,12 @@ def run_backward(
     targets: dict[tuple[int, int], int] = {}
     if inputs is not None:
         for k, t in enumerate(inputs):
-            node, nr = _edge_of(t)
+            node, nr = gradient_edge(t)
             if node is None:
                 raise AutogradError(f"One of the differentiated Tensors (index {k}) does not "
                                     "require grad")
             targets[(id(node), nr)] = k
-        wanted = _nodes_leading_to({_edge_of(t)[0] for t in inputs}, roots)
+        wanted = _nodes_leading_to({gradient_edge(t)[0] for t in inputs}, roots)
     else:
         wanted = None
 
@@ -173,7 +166,7 @@ def run_backward(
         return None
     result = []
     for k, t in enumerate(inputs):
-        node, nr = _edge_of(t)
+        node, nr = gradient_edge(t)
         g = captured.get((id(node), nr))
         if g is None and not allow_unused:
             raise AutogradError(

@@ -24,7 +24,7 @@ tensor([2., 2., 2.])
 from __future__ import annotations
 
 from graphc.autograd.grad_mode import is_grad_enabled, no_grad
-from graphc.autograd.graph import Node, SavedTensor
+from graphc.autograd.graph import Node, SavedTensor, gradient_edge
 from graphc.errors import AutogradError
 
 
@@ -198,7 +198,7 @@ class Function:
         edges, meta = [], []
         for a in args:
             if isinstance(a, Tensor):
-                edges.append(_edge(a))
+                edges.append(gradient_edge(a))
                 meta.append((a.shape, a.dtype))
             else:
                 edges.append((None, 0))
@@ -214,13 +214,6 @@ def _has_setup_context(cls) -> bool:
     setup = getattr(cls, "setup_context", None)
     return setup is not None and getattr(setup, "__func__", setup) is not _no_setup_context
 
-
-def _edge(t):
-    if t.grad_fn is not None:
-        return (t.grad_fn, t._output_nr)
-    if t.requires_grad:
-        return (t._grad_accumulator(), 0)
-    return (None, 0)
 
 
 def _wrap_output(ctx: FunctionCtx, node: FunctionBackward, nr: int, out, args):

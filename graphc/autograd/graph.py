@@ -55,6 +55,15 @@ def add_hook(hooks: OrderedDict, fn: Callable) -> RemovableHandle:
     return handle
 
 
+def gradient_edge(t: Tensor) -> tuple[Node | None, int]:
+    """Where a gradient for `t` goes: its grad_fn slot, its leaf accumulator, or nowhere."""
+    if t.grad_fn is not None:
+        return (t.grad_fn, t._output_nr)
+    if t.requires_grad:
+        return (t._grad_accumulator(), 0)
+    return (None, 0)
+
+
 class SavedTensor:
     """A tensor saved for backward plus the version it had when saved.
 

@@ -26,16 +26,13 @@ import numpy as np
 
 from graphc.errors import ArgumentError, DTypeError, ShapeError, where
 from graphc.ops.registry import CONTRACTION, OpDef, call, register
+from graphc.ops.shapes import format_size
 from graphc.types import TensorType
 
 _CONV_ATTRS = {"stride": tuple, "padding": tuple, "dilation": tuple, "groups": int}
 
 
 # ---- shared shape helpers --------------------------------------------------------------------
-def _size(shape) -> str:
-    return "[" + ", ".join(str(s) for s in shape) + "]"
-
-
 def conv_output_hw(in_hw, kernel_hw, stride, padding, dilation) -> tuple[int, int]:
     """H_out = (H + 2*pad - dilation*(k-1) - 1) // stride + 1, per spatial dimension."""
     return tuple(
@@ -79,12 +76,12 @@ def _check_weight(op: str, w: TensorType, groups: int) -> None:
     if w.ndim != 4:
         raise ShapeError(
             f"{where(op)}: expected weight to be 4-D [out_channels, in_channels/groups, kH, kW], "
-            f"but got weight of size {_size(w.shape)}"
+            f"but got weight of size {format_size(w.shape)}"
         )
     if w.shape[0] % groups:
         raise ShapeError(
             f"{where(op)}: Given groups={groups}, expected weight to be divisible by {groups} "
-            f"at dimension 0, but got weight of size {_size(w.shape)} instead"
+            f"at dimension 0, but got weight of size {format_size(w.shape)} instead"
         )
 
 
@@ -92,7 +89,7 @@ def _check_batched(op: str, t: TensorType, what: str) -> None:
     if t.ndim not in (3, 4):
         raise ShapeError(
             f"{where(op)}: Expected 3D (unbatched) or 4D (batched) {what} to conv2d, but got "
-            f"{what} of size: {_size(t.shape)}"
+            f"{what} of size: {format_size(t.shape)}"
         )
 
 
@@ -100,8 +97,8 @@ def _check_input_fits(op: str, x_shape, w_shape, groups, stride, padding, dilati
     """The channel and kernel-size checks of PyTorch's conv, in its wording; returns out hw."""
     if x_shape[-3] != w_shape[1] * groups:
         raise ShapeError(
-            f"{where(op)}: Given groups={groups}, weight of size {_size(w_shape)}, expected "
-            f"input{_size(x_shape)} to have {w_shape[1] * groups} channels, but got "
+            f"{where(op)}: Given groups={groups}, weight of size {format_size(w_shape)}, expected "
+            f"input{format_size(x_shape)} to have {w_shape[1] * groups} channels, but got "
             f"{x_shape[-3]} channels instead"
         )
     padded = tuple(n + 2 * p for n, p in zip(x_shape[-2:], padding))
@@ -209,8 +206,8 @@ def _conv2d_input_grad_infer(gy: TensorType, w: TensorType, *, stride, padding, 
     want = gy.shape[:-3] + (w.shape[0],) + out_hw
     if gy.shape != want:
         raise ShapeError(
-            f"{where(op)}: expected grad_output of size {_size(want)} for input"
-            f"{_size(in_shape)} and weight{_size(w.shape)}, got {_size(gy.shape)}"
+            f"{where(op)}: expected grad_output of size {format_size(want)} for input"
+            f"{format_size(in_shape)} and weight{format_size(w.shape)}, got {format_size(gy.shape)}"
         )
     return TensorType(in_shape, gy.dtype)
 
@@ -254,12 +251,13 @@ def _conv2d_weight_grad_infer(gy: TensorType, x: TensorType, *, stride, padding,
     out_ch, in_ch = gy.shape[-3], x.shape[-3]
     if gy.ndim != x.ndim or gy.shape[:-3] != x.shape[:-3]:
         raise ShapeError(
-            f"{where(op)}: grad_output{_size(gy.shape)} and input{_size(x.shape)} disagree "
+            f"{where(op)}: grad_output{format_size(gy.shape)} and "
+            f"input{format_size(x.shape)} disagree "
             "on the batch dimension"
         )
     if in_ch % groups:
         raise ShapeError(
-            f"{where(op)}: Given groups={groups}, expected input{_size(x.shape)} to have a "
+            f"{where(op)}: Given groups={groups}, expected input{format_size(x.shape)} to have a "
             f"channel count divisible by {groups}"
         )
     w_shape = (out_ch, in_ch // groups) + tuple(kernel_size)
@@ -268,7 +266,8 @@ def _conv2d_weight_grad_infer(gy: TensorType, x: TensorType, *, stride, padding,
     if gy.shape[-2:] != out_hw:
         raise ShapeError(
             f"{where(op)}: expected grad_output of spatial size {list(out_hw)} for "
-            f"input{_size(x.shape)} and kernel {list(kernel_size)}, got {_size(gy.shape)}"
+            f"input{format_size(x.shape)} and kernel {list(kernel_size)}, "
+            f"got {format_size(gy.shape)}"
         )
     return TensorType(w_shape, x.dtype)
 
@@ -363,9 +362,10 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         out_ch = weight.shape[0]
         if bias.ndim != 1 or bias.shape[0] != out_ch:
             raise ShapeError(
-                f"{where(op)}: Given weight of size {_size(weight.shape)}, expected bias to be "
+                f"{where(op)}: Given weight of size {format_size(weight.shape)}, "
+                "expected bias to be "
                 f"1-dimensional with {out_ch} elements, but got bias of size "
-                f"{_size(bias.shape)} instead"
+                f"{format_size(bias.shape)} instead"
             )
         if bias.dtype is not out.dtype:
             raise DTypeError(

@@ -28,6 +28,7 @@ import numpy as np
 
 from graphc.errors import ArgumentError, DTypeError, ShapeError, where
 from graphc.ops.registry import POOL, OpDef, call, register
+from graphc.ops.shapes import format_size
 from graphc.types import TensorType, int64
 
 _MAX_ATTRS = {"kernel_size": tuple, "stride": tuple, "padding": tuple, "dilation": tuple,
@@ -38,10 +39,6 @@ _AVG_NAMES = tuple(_AVG_ATTRS)
 
 
 # ---- shapes ----------------------------------------------------------------------------------
-def _size(shape) -> str:
-    return "[" + ", ".join(str(s) for s in shape) + "]"
-
-
 def pool_output_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
     """PyTorch's pooling_output_shape for one dimension."""
     out = (n + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
@@ -68,11 +65,11 @@ def _pool_shape(op: str, x: TensorType, kernel_size, stride, padding, dilation, 
     if x.ndim not in (3, 4):
         raise ShapeError(
             f"{where(op)}: non-empty 3D or 4D (batch mode) tensor expected for input, but got "
-            f"input of size {_size(x.shape)}")
+            f"input of size {format_size(x.shape)}")
     if 0 in x.shape[-3:]:
         raise ShapeError(
             f"{where(op)}: Expected 3D or 4D (batch mode) tensor with optional 0 dim batch size "
-            f"for input, but got:{_size(x.shape)}")
+            f"for input, but got:{format_size(x.shape)}")
     for p, k, d in ((ph, kh, dh), (pw, kw, dw)):
         if p > (d * (k - 1) + 1) // 2:
             raise ArgumentError(
@@ -103,8 +100,8 @@ def _check_grad_shape(op: str, g: TensorType, x_shape, out_hw) -> None:
     want = tuple(x_shape[:-2]) + tuple(out_hw)
     if g.shape != want:
         raise ShapeError(
-            f"{where(op)}: expected grad_output of size {_size(want)} for an input of size "
-            f"{_size(x_shape)}, got {_size(g.shape)}")
+            f"{where(op)}: expected grad_output of size {format_size(want)} for an input of size "
+            f"{format_size(x_shape)}, got {format_size(g.shape)}")
 
 
 # ---- numpy building blocks -------------------------------------------------------------------
@@ -207,7 +204,7 @@ def _check_indices(op: str, t: TensorType, indices: TensorType) -> None:
     if indices.shape != t.shape or t.ndim not in (3, 4):
         raise ShapeError(
             f"{where(op)}: expected 3D or 4D grad_output and indices of the same size, got "
-            f"{_size(t.shape)} and {_size(indices.shape)}")
+            f"{format_size(t.shape)} and {format_size(indices.shape)}")
 
 
 def _max_pool2d_grad_infer(g: TensorType, indices: TensorType, *, input_hw):
@@ -299,7 +296,8 @@ def _avg_pool2d_grad_infer(g: TensorType, *, input_hw, kernel_size, stride, padd
     op = "avg_pool2d_grad"
     _require_float(op, g, "grad_output")
     if g.ndim not in (3, 4):
-        raise ShapeError(f"{where(op)}: expected a 3D or 4D grad_output, got {_size(g.shape)}")
+        raise ShapeError(
+            f"{where(op)}: expected a 3D or 4D grad_output, got {format_size(g.shape)}")
     x_shape = g.shape[:-2] + tuple(input_hw)
     out_hw = _pool_shape(op, TensorType(x_shape, g.dtype), kernel_size, stride, padding, (1, 1),
                          ceil_mode)

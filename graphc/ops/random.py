@@ -72,6 +72,7 @@ import numpy as np
 from graphc.errors import ArgumentError, DTypeError, ShapeError, where
 from graphc.ops.registry import RANDOM, OpDef, call, inplace, register
 from graphc.ops.registry import inplace as _inplace  # `dropout` has an `inplace` flag
+from graphc.ops.shapes import size_arg
 from graphc.types import DType, TensorType, as_dtype, float32, float64, int64, promote
 
 PHILOX_M0 = 0xD2511F53
@@ -488,16 +489,6 @@ def set_rng_state(state) -> None:
 
 
 # ---- public functions ------------------------------------------------------------------------
-def _size(op: str, size) -> tuple[int, ...]:
-    if len(size) == 1 and isinstance(size[0], (tuple, list)):
-        size = tuple(size[0])
-    shape = tuple(int(s) for s in size)
-    if any(s < 0 for s in shape):
-        raise ArgumentError(f"{where(op)}: Trying to create tensor with negative dimension: "
-                            f"{list(shape)}")
-    return shape
-
-
 def _finish(t, requires_grad: bool):
     if requires_grad:
         t.requires_grad_(True)
@@ -511,14 +502,14 @@ def rand(*size, generator=None, dtype=None, requires_grad=False):
     >>> graphc.rand(2, 3, generator=graphc.Generator().manual_seed(0)).shape
     graphc.Size([2, 3])
     """
-    shape, dt = _size("rand", size), _float_dtype("rand", dtype)
+    shape, dt = size_arg("rand", size), _float_dtype("rand", dtype)
     seed_t = seed_input(generator, uniform_words(_numel(shape), dt))
     return _finish(call("uniform", seed_t, shape=shape, dtype=dt.name), requires_grad)
 
 
 def randn(*size, generator=None, dtype=None, requires_grad=False):
     """Standard normal floats."""
-    shape, dt = _size("randn", size), _float_dtype("randn", dtype)
+    shape, dt = size_arg("randn", size), _float_dtype("randn", dtype)
     seed_t = seed_input(generator, normal_words(_numel(shape), dt))
     return _finish(call("normal", seed_t, shape=shape, dtype=dt.name), requires_grad)
 
@@ -540,7 +531,7 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, requires_g
             raise TypeError("randint() missing the size argument: randint(low, high, size)")
         low, high, size = 0, low, high
     low, high = int(low), int(high)
-    shape = _size("randint", (size,))
+    shape = size_arg("randint", (size,))
     seed_t = seed_input(generator, randint_words(_numel(shape), low, high) if low < high else 0)
     out = call("randint", seed_t, low=low, high=high, shape=shape)
     if dtype is not None and as_dtype(dtype) is not int64:
@@ -576,7 +567,7 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, requires
     if not mean_is_t and not std_is_t:
         if size is None:
             raise TypeError("normal() with float mean and std needs a size")
-        z = randn(_size("normal", (size,)), generator=generator, dtype=dtype)
+        z = randn(size_arg("normal", (size,)), generator=generator, dtype=dtype)
         return _finish(z * float(std) + float(mean), requires_grad)
     tensors = [t for t in (mean, std) if hasattr(t, "shape")]
     shape, dt = tuple(tensors[0].shape), tensors[0].dtype

@@ -120,3 +120,19 @@ def numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         n *= s
     return n
+
+
+def size_arg(op: str, size) -> tuple[int, ...]:
+    """A shape given as varargs `(2, 3)` or one sequence `((2, 3),)`; negatives refused."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    shape = tuple(int(s) for s in size)
+    if any(s < 0 for s in shape):
+        raise ArgumentError(f"{where(op)}: Trying to create tensor with negative dimension: "
+                            f"{list(shape)}")
+    return shape
+
+
+def format_size(shape) -> str:
+    """A shape as PyTorch prints it in messages: [2, 3]."""
+    return "[" + ", ".join(str(s) for s in shape) + "]"

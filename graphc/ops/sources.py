@@ -11,17 +11,8 @@ import numpy as np
 
 from graphc.errors import ArgumentError, where
 from graphc.ops.registry import SOURCE, OpDef, call, register
+from graphc.ops.shapes import size_arg
 from graphc.types import TensorType, as_dtype, float32, int64
-
-
-def _check_shape(op: str, shape) -> tuple[int, ...]:
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    shape = tuple(int(s) for s in shape)
-    if any(s < 0 for s in shape):
-        raise ArgumentError(f"{where(op)}: Trying to create tensor with negative dimension: "
-                            f"{list(shape)}")
-    return shape
 
 
 def _full_infer(shape: tuple, value: float, dtype: str) -> TensorType:
@@ -57,7 +48,7 @@ register(OpDef("arange", SOURCE, (), _arange_infer, _arange_kernel, None,
 
 def _make(op_value, shape, dtype, requires_grad):
     dt = float32 if dtype is None else as_dtype(dtype)
-    t = call("full", shape=_check_shape("full", shape), value=op_value, dtype=dt.name)
+    t = call("full", shape=size_arg("full", shape), value=op_value, dtype=dt.name)
     if requires_grad:
         t.requires_grad_(True)
     return t
