@@ -13,24 +13,32 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DType:
-    """An element type: `name` as users spell it, `short` as the IR prints it."""
+    """An element type: `name` as users spell it, `short` as the IR prints it.
+
+    The four dtypes are singletons compared by identity (fast on the dispatch path);
+    unpickling returns the singleton.
+    """
 
     name: str
     short: str
     np: type
     is_floating: bool
     itemsize: int
+    rank: int  # promotion order: bool < int64 < float32 < float64
 
     def __repr__(self) -> str:
         return f"graphc.{self.name}"
 
+    def __reduce__(self):
+        return (as_dtype, (self.name,))
 
-float32 = DType("float32", "f32", np.float32, True, 4)
-float64 = DType("float64", "f64", np.float64, True, 8)
-int64 = DType("int64", "i64", np.int64, False, 8)
-bool_ = DType("bool", "bool", np.bool_, False, 1)
+
+float32 = DType("float32", "f32", np.float32, True, 4, 2)
+float64 = DType("float64", "f64", np.float64, True, 8, 3)
+int64 = DType("int64", "i64", np.int64, False, 8, 1)
+bool_ = DType("bool", "bool", np.bool_, False, 1, 0)
 
 ALL_DTYPES = (float32, float64, int64, bool_)
 _BY_NUMPY = {np.dtype(d.np): d for d in ALL_DTYPES}
@@ -73,8 +81,7 @@ def as_dtype(spec) -> DType:
 
 def promote(a: DType, b: DType) -> DType:
     """Result type of a binary op on two tensors (bool < int64 < float32 < float64)."""
-    order = (bool_, int64, float32, float64)
-    return a if order.index(a) >= order.index(b) else b
+    return a if a.rank >= b.rank else b
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,9 @@ class TensorType:
     dtype: DType
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        shape = self.shape
+        if type(shape) is not tuple:
+            object.__setattr__(self, "shape", tuple(int(s) for s in shape))
 
     @property
     def ndim(self) -> int:
