@@ -8,7 +8,8 @@ with history, writes it into the target, bumps the target's version counter, and
 target's history onto the new node (PyTorch's semantics, including its errors for leaves that
 require grad and for shape changes).
 
-The tracer hook (`set_tracer`) is how a trace mode records the same calls without eager work.
+The tracer hook (`set_tracer`): inside a trace every op still runs eagerly (so values, shapes and
+autograd are real), and the tracer is told of each op application and each in-place write.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from graphc.autograd.grad_mode import is_grad_enabled, no_grad
 from graphc.autograd.graph import Node, OpBackward, gradient_edge
-from graphc.errors import AutogradError, DTypeError, GraphcError, ShapeError, where
+from graphc.errors import AutogradError, DTypeError, GraphcError, ShapeError, TraceError, where
 from graphc.ops import registry
 from graphc.ops.registry import OpDef
 from graphc.types import TensorType, bool_, float32, int64, promote
@@ -88,10 +89,6 @@ def apply(opdef: OpDef, *inputs, **attrs):
     single = isinstance(out_types, TensorType)
     if single:
         out_types = (out_types,)
-    if _tracer is not None:
-        outputs = _tracer.record(opdef, inputs, attrs, out_types)
-        return outputs[0] if single else tuple(outputs)
-
     with np.errstate(all="ignore"):  # inf/nan follow IEEE as in PyTorch, without warnings
         result = opdef.kernel(*(t._data for t in inputs), **attrs)
     arrays = (result,) if single else tuple(result)
@@ -109,6 +106,8 @@ def apply(opdef: OpDef, *inputs, **attrs):
         for nr, out in enumerate(outputs):
             if out.dtype.is_floating:
                 out._set_history(node, nr)
+    if _tracer is not None:
+        _tracer.record(opdef, inputs, attrs, outputs)
     return outputs[0] if single else outputs
 
 
@@ -177,8 +176,6 @@ def apply_inplace(target, op_name: str, compute: Callable):
     (PyTorch's "rebase"). A result of a wider dtype is cast back with history; one that cannot
     be cast (float into int) is refused with PyTorch's message, as is a shape change.
     """
-    if _tracer is not None:
-        return _tracer.record_inplace(target, op_name, compute)
     grad_mode = is_grad_enabled()
     base = target._base
     if grad_mode and target.requires_grad and target.is_leaf:
@@ -225,11 +222,19 @@ def apply_inplace(target, op_name: str, compute: Callable):
         )
     if records and result.dtype is not target.dtype:
         result = registry.call("cast", result, dtype=target.dtype.name)
+    if _tracer is not None and base is not None:
+        raise TraceError(
+            f"{where(op_name)}: in-place change of a view (a slice, reshape or transpose of "
+            "another tensor) inside a traced function is not supported yet; clone() the view "
+            "first, or build the new value with out-of-place ops (graphc.where, slicing, cat)"
+        )
     if chain is not None:
         _write_through_view(target, base, chain, result)
         return target
     np.copyto(target._data, result._data, casting="unsafe")
     target._version_counter.bump()
+    if _tracer is not None:
+        _tracer.rebind(target, result)
     if records:
         _rebase_history(target, result, op_name)
     return target

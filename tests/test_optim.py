@@ -284,23 +284,20 @@ def test_updates_go_through_graphc_ops(name, monkeypatch):
 
 
 class _RecordingTracer:
-    """A stand-in trace mode: records op names and in-place targets, computes no values.
+    """A stand-in trace mode that records op names and in-place targets.
 
-    Its outputs are zero tensors of the inferred types, so an update that needs a value
-    (`.item()`, `bool(tensor)`, numpy) fails with graphc's TraceError, as in a real trace.
+    While a tracer is installed, an update that needs a value (`.item()`, `bool(tensor)`,
+    numpy) fails with graphc's TraceError, as in a real trace.
     """
 
     def __init__(self) -> None:
         self.ops, self.targets = [], []
 
-    def record(self, opdef, inputs, attrs, out_types):
+    def record(self, opdef, inputs, attrs, outputs):
         self.ops.append(opdef.name)
-        return tuple(graphc.Tensor._wrap(np.zeros(t.shape, t.dtype.np)) for t in out_types)
 
-    def record_inplace(self, target, op_name, compute):
-        compute(target)
+    def rebind(self, target, result):
         self.targets.append(id(target))
-        return target
 
 
 @pytest.mark.parametrize("name, cfg", [

@@ -203,22 +203,24 @@ class AccumulateGrad(Node):
         gradient or with the engine's buffers); later ones are added in place, unless either
         side has history (create_graph), where a new tensor with history replaces `.grad`.
         """
+        from graphc.autograd.grad_mode import no_grad
         from graphc.ops.registry import call
-        from graphc.tensor import Tensor
 
         var = self.variable
         if grad.requires_grad:
             grad = call("cast", grad, dtype=var.dtype.name)  # a copy that keeps the history
         else:
-            grad = Tensor._wrap(grad._data.astype(var.dtype.np, copy=True))
+            with no_grad():  # ops, not raw numpy, so that a trace records the accumulation
+                same = grad.dtype is var.dtype
+                grad = call("copy", grad) if same else call("cast", grad, dtype=var.dtype.name)
         old = var._grad
         if old is None:
             var._grad = grad
         elif old.requires_grad or grad.requires_grad:
             var._grad = old + grad
         else:
-            old._data += grad._data
-            old._version_counter.bump()
+            with no_grad():
+                old.add_(grad)
         for hook in list(self.post_accumulate_hooks.values()):
             hook(var)
 
