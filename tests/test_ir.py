@@ -88,3 +88,24 @@ def test_interpreter_checks_input_types():
 
     with pytest.raises(InterpreterError, match=r"input %x expects f32\[2,3\], got float64"):
         run(parse(TEXT), np.zeros((2, 3)), np.zeros(3, np.float32))
+
+
+UPDATES = """graph @bn(%x: f32[4], %mean: f32[4]) -> (f32[4]) {
+  %0: f32[] = full[shape=(), value=0.9, dtype="float32"]()
+  %1: f32[4] = mul(%mean, %0)
+  %2: f32[4] = add(%1, %x)
+  %mean <- %2
+  return (%2)
+}"""
+
+
+def test_updates_round_trip_verify_and_run():
+    g = verify(parse(UPDATES))
+    assert [(a.name, b.name) for a, b in g.updates] == [("mean", "2")]
+    assert parse(format_graph(g)) == g
+    out, new_mean = run(g, np.ones(4, np.float32), np.full(4, 2.0, np.float32))
+    np.testing.assert_allclose(new_mean, np.full(4, 2.8), rtol=1e-6)
+    with pytest.raises(VerifyError, match=r"only graph inputs can be updated"):
+        verify(parse(UPDATES.replace("%mean <- %2", "%1 <- %2")))
+    with pytest.raises(VerifyError, match=r"the new value is f32\[\], the input f32\[4\]"):
+        verify(parse(UPDATES.replace("%mean <- %2", "%mean <- %0")))

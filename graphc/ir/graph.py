@@ -6,6 +6,11 @@ fused group) to input values with literal attributes and defines output values; 
 the user's source line it was traced from. A `Graph` has named inputs, nodes in a valid
 execution order, and outputs. Equality is structural (names, types, ops, attributes), so
 `parse(print(g)) == g` is a meaningful test.
+
+`updates` lists in-place writes to graph inputs as (input, new value) pairs: a module buffer
+or parameter that the traced code changed in place (BatchNorm's running stats, an optimizer
+step). An executable writes each new value back into the tensor bound to that input after
+the run, so the graph itself stays pure SSA.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class Graph:
     inputs: list[Value] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
     outputs: list[Value] = field(default_factory=list)
+    updates: list[tuple[Value, Value]] = field(default_factory=list)
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)
@@ -100,7 +106,8 @@ def structural_key(g: Graph) -> tuple:
         for n in g.nodes
     )
     outputs = tuple(ref(v) for v in g.outputs)
-    return (g.name, inputs, nodes, outputs)
+    updates = tuple((ref(a), ref(b)) for a, b in g.updates)
+    return (g.name, inputs, nodes, outputs, updates)
 
 
 def _freeze(value: Any) -> Any:

@@ -1,7 +1,8 @@
 """The numpy interpreter: runs any graph with the registry's kernels; the oracle of backends.
 
 `run(graph, *arrays)` binds the inputs, runs each node's kernel in order, frees every value
-after its last use, and returns the outputs. A failing kernel is reported with the node
+after its last use, and returns the outputs followed by the new value of each updated input
+(in `graph.updates` order). A failing kernel is reported with the node
 ("while executing %7 = matmul(%3, %w) at model.py:12"). `Interpreter` can be subclassed to
 observe or override single nodes (`run_node`).
 """
@@ -26,7 +27,7 @@ def last_uses(graph: Graph) -> dict[int, list[Value]]:
     for i, node in enumerate(graph.nodes):
         for v in node.inputs:
             last[v] = i
-    keep = set(graph.outputs)
+    keep = set(graph.outputs) | {value for _, value in graph.updates}
     out: dict[int, list[Value]] = {}
     for v, i in last.items():
         if v not in keep:
@@ -72,9 +73,9 @@ class Interpreter:
                 env[v] = r
             for v in self._frees.get(i, ()):
                 env.pop(v, None)
-        return [env[v] for v in g.outputs]
+        return [env[v] for v in g.outputs] + [env[v] for _, v in g.updates]
 
 
 def run(graph: Graph, *inputs) -> list[np.ndarray]:
-    """Run `graph` on numpy arrays with the registry's kernels; returns the output arrays."""
+    """Run `graph` on numpy arrays; returns the outputs, then the updated inputs' values."""
     return Interpreter(graph).run(*inputs)

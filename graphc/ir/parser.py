@@ -3,7 +3,8 @@
 The grammar (whitespace between tokens is free; `#` starts the node's source location):
 
     graph   := 'graph' '@' NAME '(' [param {',' param}] ')' '->' '(' [type {',' type}] ')'
-               '{' {node} 'return' '(' [value {',' value}] ')' '}'
+               '{' {node} {update} 'return' '(' [value {',' value}] ')' '}'
+    update  := value '<-' value                        (an in-place write to a graph input)
     param   := value ':' type
     type    := DTYPE '[' [INT {',' INT}] ']'          DTYPE: f32 f64 i64 bool
     node    := value ':' type {',' value ':' type} '=' OP [attrs] '(' [value {',' value}] ')'
@@ -38,6 +39,7 @@ _TOKEN = re.compile(r"""
   | (?P<string>"(?:[^"\\]|\\.)*")
   | (?P<number>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+|inf\b))
   | (?P<arrow>->)
+  | (?P<larrow><-)
   | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
   | (?P<punct>[()\[\]{}:,=])
 """, re.VERBOSE)
@@ -119,9 +121,12 @@ class _Parser:
         self.take("punct", "(")
         result_types = self.comma_list(")", self.type)
         self.take("punct", "{")
-        nodes = []
+        nodes, updates = [], []
         while self.peek().text != "return":
-            nodes.append(self.node())
+            if self.tokens[self.pos + 1].kind == "larrow" and self.peek().kind == "value":
+                updates.append(self.update())
+            else:
+                nodes.append(self.node())
         self.take("name", "return")
         self.take("punct", "(")
         outputs = self.comma_list(")", self.use)
@@ -132,7 +137,12 @@ class _Parser:
         if got != result_types:
             raise ParseError(f"graph @{name}: return types {[str(t) for t in got]} differ from "
                              f"the declared {[str(t) for t in result_types]}")
-        return Graph(name, inputs, nodes, outputs)
+        return Graph(name, inputs, nodes, outputs, updates)
+
+    def update(self) -> tuple[Value, Value]:
+        target = self.use()
+        self.take("larrow")
+        return target, self.use()
 
     def param(self) -> Value:
         return self.define()

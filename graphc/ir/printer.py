@@ -3,8 +3,11 @@
     graph @mlp(%x: f32[32,784], %w: f32[784,10]) -> (f32[32,10]) {
       %0: f32[32,10] = matmul(%x, %w)                       # model.py:14
       %1: f32[32,10] = relu(%0)                             # model.py:15
+      %w <- %2
       return (%1)
     }
+
+`%w <- %2` records that the graph writes %2 back into its input %w (an in-place update).
 
 Attributes print in brackets after the op name as literals: ints, floats (always with a '.'
 or an exponent, `inf`, `-inf`, `nan`), `true`/`false`, `none`, double-quoted strings and
@@ -67,6 +70,7 @@ def format_graph(g: Graph) -> str:
     results = ", ".join(str(v.type) for v in g.outputs)
     lines = [f"graph @{g.name}({params}) -> ({results}) {{"]
     lines += ["  " + format_node(n) for n in g.nodes]
+    lines += [f"  %{target.name} <- %{value.name}" for target, value in g.updates]
     lines.append("  return (" + ", ".join(format_value(v) for v in g.outputs) + ")")
     lines.append("}")
     return "\n".join(lines)

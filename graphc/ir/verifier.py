@@ -85,4 +85,20 @@ def verify(graph: Graph) -> Graph:
     for v in graph.outputs:
         if v not in defined:
             raise VerifyError(f"graph @{graph.name}: output %{v.name} is never defined")
+    _check_updates(graph, defined)
     return graph
+
+
+def _check_updates(graph: Graph, defined: set) -> None:
+    inputs, seen = set(graph.inputs), set()
+    for target, value in graph.updates:
+        where = f"graph @{graph.name}: update %{target.name} <- %{value.name}"
+        if target not in inputs:
+            raise VerifyError(f"{where}: only graph inputs can be updated in place")
+        if target in seen:
+            raise VerifyError(f"{where}: %{target.name} is updated twice")
+        if value not in defined:
+            raise VerifyError(f"{where}: %{value.name} is never defined")
+        if value.type != target.type:
+            raise VerifyError(f"{where}: the new value is {value.type}, the input {target.type}")
+        seen.add(target)
