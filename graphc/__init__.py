@@ -56,3 +56,5 @@ for _module in _ops.OP_MODULES:
 del _module, _name
 
 from graphc import autograd  # noqa: E402
+from graphc.compiler import RecompileLimitError, compile  # noqa: E402
+from graphc.tracing import trace  # noqa: E402

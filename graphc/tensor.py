@@ -12,11 +12,21 @@ from __future__ import annotations
 
 import warnings
 
+import itertools
+
 import numpy as np
 
 from graphc.autograd.graph import AccumulateGrad, RemovableHandle, add_hook
 from graphc.errors import AutogradError, DTypeError, ShapeError, TraceError
 from graphc.types import DType, TensorType, dtype_of_numpy, float32
+
+
+_SERIALS = itertools.count()
+
+
+def tensor_serial() -> int:
+    """A serial number above every tensor made so far (tensors are numbered as they are made)."""
+    return next(_SERIALS)
 
 
 class VersionCounter:
@@ -136,6 +146,7 @@ class Tensor:
             array = array.astype(dtype.np)
         self._data = array
         self._dtype = dtype
+        self._serial = next(_SERIALS)
         self._requires_grad = False
         self._grad = None
         self.grad_fn = None

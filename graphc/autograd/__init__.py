@@ -57,7 +57,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     >>> x = graphc.tensor([3.0], requires_grad=True)
     >>> (g,) = graphc.autograd.grad(x * x, x, create_graph=True)
     >>> g
-    tensor([6.], grad_fn=<MulBackward>)
+    tensor([6.], grad_fn=<AddBackward0>)
     """
     outputs = _as_seq(outputs)
     inputs_seq: Sequence = _as_seq(inputs)

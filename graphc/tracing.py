@@ -1,0 +1,341 @@
+"""Tracing: run a function or module once and record every op it applies into an ir.Graph.
+
+Inside a trace every op still runs eagerly (values, shapes and autograd are real); the
+dispatch point tells the `Tracer` about each op application and each in-place write. The
+tracer maps every tensor's storage (its numpy array) to the IR value that currently holds it:
+- a tensor passed as an argument becomes a graph input named after the parameter;
+- a tensor that existed before the trace and is read inside it (module parameters and
+  buffers, optimizer state, closure tensors) becomes a *captured* graph input, bound by the
+  executable to that tensor object at every call, never a constant baked into the graph;
+- a tensor created inside the trace by something other than an op (a Python scalar operand,
+  `graphc.tensor([...])`) becomes a constant node;
+- an in-place write rebinds the storage to the value that was written, and an input whose
+  storage ends up bound to a new value becomes an update (`%w <- %v`) of the graph;
+- random ops read their [seed, offset] from a graph input bound to the generator, so every
+  call of a compiled graph draws fresh numbers, exactly as the same eager calls would.
+Reading a tensor's value (`bool(t)`, `.item()`, `.numpy()`) inside a trace raises TraceError.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from graphc.dispatch import current_tracer, set_tracer
+from graphc.errors import TraceError, user_source_location
+from graphc.ir.graph import Graph, Node, Value
+from graphc.ops import random as _random
+from graphc.tensor import Tensor, tensor_serial
+from graphc.types import DType
+
+
+@dataclass
+class ArgBinding:
+    """A graph input fed by the tensor at `path` in the call's (args, kwargs)."""
+
+    path: tuple
+
+
+@dataclass
+class TensorBinding:
+    """A graph input bound to a tensor captured by the traced code (a parameter, a buffer)."""
+
+    tensor: Tensor
+
+
+@dataclass
+class RngBinding:
+    """A graph input that holds [seed, offset] of `generator`; a call advances it by `counters`."""
+
+    generator: Any
+    counters: int = 0
+
+
+@dataclass
+class TraceResult:
+    """A traced graph plus what is needed to call it again with new arguments."""
+
+    graph: Graph
+    bindings: list  # one ArgBinding / TensorBinding / RngBinding per graph input, in order
+    out_spec: Any  # the output structure with tensors replaced by their output index
+    result: Any = None  # what the tracing call returned (it ran eagerly)
+
+
+def _literal(op: str, key: str, value):
+    """Canonicalise an attribute into an IR literal (int, float, bool, str, None, tuples)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    if isinstance(value, DType):
+        return value.name
+    if isinstance(value, (tuple, list)):
+        return tuple(_literal(op, key, v) for v in value)
+    raise TraceError(
+        f"{op}: attribute {key}={value!r} is not a literal (int, float, bool, str, None or a "
+        "tuple of those), so it cannot be recorded in the IR"
+    )
+
+
+class Tracer:
+    """Records op applications into a Graph while they run eagerly (see the module docstring)."""
+
+    def __init__(self, name: str, names_by_storage: dict[int, str]) -> None:
+        self.graph = Graph(name)
+        self.start_serial = tensor_serial()
+        self.bindings: list = []
+        self._rngs: dict[int, tuple[RngBinding, Tensor]] = {}
+        self._values: dict[int, Value] = {}
+        self._keep: list[np.ndarray] = []  # keeps recorded arrays alive, so ids stay unique
+        self._input_of: dict[Value, Tensor] = {}
+        self._names_by_storage = names_by_storage
+        self._used_names: set[str] = set()
+        self._counter = itertools.count()
+
+    # ---- names and values ------------------------------------------------------------------
+    def _name(self, hint: str | None = None) -> str:
+        if hint:
+            name = "".join(c if c.isalnum() or c in "_." else "_" for c in hint)
+            candidate, k = name, 1
+            while candidate in self._used_names or candidate.isdigit():
+                candidate, k = f"{name}_{k}", k + 1
+        else:
+            candidate = str(next(self._counter))
+            while candidate in self._used_names:
+                candidate = str(next(self._counter))
+        self._used_names.add(candidate)
+        return candidate
+
+    def _bind(self, t: Tensor, v: Value) -> None:
+        self._values[id(t._data)] = v
+        self._keep.append(t._data)
+
+    def add_input(self, t: Tensor, name: str, binding) -> Value:
+        v = Value(self._name(name), t.type)
+        self.graph.inputs.append(v)
+        self.bindings.append(binding)
+        self._input_of[v] = t
+        self._bind(t, v)
+        return v
+
+    def value_of(self, t: Tensor) -> Value:
+        v = self._values.get(id(t._data))
+        if v is not None:
+            return v
+        if t._serial < self.start_serial:
+            name = self._names_by_storage.get(id(t._data), f"c{len(self.bindings)}")
+            return self.add_input(t, name, TensorBinding(t))
+        return self._constant(t)
+
+    def _constant(self, t: Tensor) -> Value:
+        data = t._data
+        flat = data.reshape(-1)
+        if flat.size and (flat == flat[0]).all() or data.ndim == 0:
+            value = flat[0].item() if flat.size else 0
+            node = Node("full", [], {"shape": tuple(data.shape), "value": value,
+                                     "dtype": t.dtype.name}, [], user_source_location())
+        else:
+            node = Node("constant", [], {"values": tuple(flat.tolist()),
+                                         "shape": tuple(data.shape), "dtype": t.dtype.name},
+                        [], user_source_location())
+        v = Value(self._name(), t.type)
+        node.outputs.append(v)
+        self.graph.nodes.append(node)
+        self._bind(t, v)
+        return v
+
+    # ---- the dispatch protocol -------------------------------------------------------------
+    def record(self, opdef, inputs, attrs, outputs) -> None:
+        node = Node(
+            opdef.name,
+            [self.value_of(t) for t in inputs],
+            {k: _literal(opdef.name, k, v) for k, v in attrs.items()},
+            [Value(self._name(), t.type) for t in outputs],
+            user_source_location(),
+        )
+        self.graph.nodes.append(node)
+        for t, v in zip(outputs, node.outputs):
+            self._bind(t, v)
+
+    def rebind(self, target: Tensor, result: Tensor) -> None:
+        self._bind(target, self.value_of(result))
+
+    def seed_input(self, generator, counters: int) -> Tensor:
+        """The [seed, offset] tensor of one random call: the bound rng input plus an offset."""
+        from graphc.ops.registry import call
+
+        if id(generator) not in self._rngs:
+            state = np.array([generator.initial_seed(), generator.offset],
+                             np.uint64).view(np.int64)
+            t = Tensor._wrap(state)
+            binding = RngBinding(generator)
+            self._rngs[id(generator)] = (binding, t)
+            self.add_input(t, "rng", binding)
+        binding, state = self._rngs[id(generator)]
+        step = np.array([0, binding.counters], np.int64)
+        binding.counters += counters
+        generator._take(counters)  # advance as the eager call would
+        return call("add", state, Tensor._wrap(step))
+
+    # ---- finishing ---------------------------------------------------------------------------
+    def finish(self, outputs: list[Tensor]) -> None:
+        self.graph.outputs = [self.value_of(t) for t in outputs]
+        for v, t in self._input_of.items():
+            current = self._values.get(id(t._data))
+            if current is not None and current is not v:
+                self.graph.updates.append((v, current))
+        for b in self.bindings:
+            g = b.tensor._grad if isinstance(b, TensorBinding) else None
+            if g is not None and g._serial >= self.start_serial:
+                raise TraceError(
+                    "backward() inside a traced function wrote the .grad of a captured tensor; "
+                    "compiled training steps are not supported yet: call backward() outside "
+                    "the compiled function"
+                )
+
+
+def _flatten(obj, path=()):
+    """Yield (path, tensor) for every tensor in nested tuples, lists and dicts."""
+    if isinstance(obj, Tensor):
+        yield path, obj
+    elif isinstance(obj, (tuple, list)):
+        for i, item in enumerate(obj):
+            yield from _flatten(item, path + (i,))
+    elif isinstance(obj, dict):
+        for k, item in obj.items():
+            yield from _flatten(item, path + (k,))
+
+
+def _spec(obj, index: dict[int, int]):
+    """The output structure with each tensor replaced by ('out', position)."""
+    if isinstance(obj, Tensor):
+        return ("out", index[id(obj)])
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_spec(item, index) for item in obj)
+    if isinstance(obj, dict):
+        return {k: _spec(v, index) for k, v in obj.items()}
+    return ("const", obj)
+
+
+def unflatten(spec, outputs: list):
+    """Rebuild the traced function's output structure from the outputs of a run."""
+    if isinstance(spec, tuple) and len(spec) == 2 and spec[0] in ("out", "const"):
+        return outputs[spec[1]] if spec[0] == "out" else spec[1]
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(unflatten(s, outputs) for s in spec)
+    if isinstance(spec, dict):
+        return {k: unflatten(v, outputs) for k, v in spec.items()}
+    return spec
+
+
+def captured_roots(fn) -> list[tuple[str, Any]]:
+    """(name, object) for what `fn` can reach: itself if a Module, else its bound `self`, its
+    closure cells and the globals its code names. Used for names and for guards."""
+    from graphc.nn.module import Module
+
+    roots: list[tuple[str, Any]] = []
+    if isinstance(fn, Module):
+        roots.append(("", fn))
+    else:
+        target = getattr(fn, "__func__", fn)
+        if getattr(fn, "__self__", None) is not None:
+            roots.append(("self", fn.__self__))
+        code = getattr(target, "__code__", None)
+        if code is not None:
+            cells = dict(zip(code.co_freevars, target.__closure__ or ()))
+            for var, cell in cells.items():
+                try:
+                    roots.append((var, cell.cell_contents))
+                except ValueError:  # an empty cell
+                    continue
+            glb = getattr(target, "__globals__", {})
+            roots += [(n, glb[n]) for n in code.co_names if n in glb]
+    return roots
+
+
+def _storage_names(fn) -> dict[int, str]:
+    """Readable names for state the function may capture: module parameters and buffers."""
+    from graphc.nn.module import Module
+
+    names: dict[int, str] = {}
+    for prefix, obj in captured_roots(fn):
+        if isinstance(obj, Module):
+            for name, t in itertools.chain(obj.named_parameters(), obj.named_buffers()):
+                full = f"{prefix}.{name}" if prefix else name
+                names.setdefault(id(t._data), full)
+        elif isinstance(obj, Tensor):
+            names.setdefault(id(obj._data), prefix)
+    return names
+
+
+def _arg_names(fn, args) -> list[str]:
+    try:
+        sig = inspect.signature(fn.forward if hasattr(fn, "forward") else fn)
+        params = [p.name for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(len(args)):
+        names.append(params[i] if i < len(params) and not params[-1:] == ["args"] else f"arg{i}")
+    return names
+
+
+def graph_name(fn) -> str:
+    name = type(fn).__name__ if not hasattr(fn, "__name__") else fn.__name__
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "graph"
+
+
+def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
+               name: str | None = None) -> TraceResult:
+    """Run `fn(*args, **kwargs)` once under a Tracer; return the graph and its bindings."""
+    kwargs = kwargs or {}
+    if current_tracer() is not None:
+        raise TraceError("graphc.trace cannot be nested: a trace is already running")
+    tracer = Tracer(name or graph_name(fn), _storage_names(fn))
+    arg_names = _arg_names(fn, args)
+    for path, t in _flatten((args, kwargs)):
+        if id(t._data) in tracer._values:
+            continue  # the same tensor passed twice: one input
+        label = arg_names[path[1]] if path[0] == 0 and len(path) >= 2 else str(path[-1])
+        suffix = "".join(f"_{p}" for p in path[2:])
+        tracer.add_input(t, label + suffix, ArgBinding(path))
+    previous_provider = _random.set_seed_provider(tracer.seed_input)
+    set_tracer(tracer)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        set_tracer(None)
+        _random.set_seed_provider(previous_provider)
+    flat = [t for _, t in _flatten(result)]
+    index: dict[int, int] = {}
+    outputs = []
+    for t in flat:
+        if id(t) not in index:
+            index[id(t)] = len(outputs)
+            outputs.append(t)
+    tracer.finish(outputs)
+    return TraceResult(tracer.graph, tracer.bindings, _spec(result, index), result)
+
+
+def trace(fn: Callable, *example_inputs, **kwargs) -> Graph:
+    """Trace `fn` (a function or a Module) on example inputs into an IR graph.
+
+    >>> import graphc
+    >>> def f(x):
+    ...     return (x * 2).relu()
+    >>> print(graphc.trace(f, graphc.ones(3)))  # doctest: +NORMALIZE_WHITESPACE +ELLIPSIS
+    graph @f(%x: f32[3]) -> (f32[3]) {
+      %0: f32[] = full[shape=(), value=2.0, dtype="float32"]()  # <doctest ...>:2
+      %1: f32[3] = mul(%x, %0)                                # <doctest ...>:2
+      %2: f32[3] = relu(%1)                                   # <doctest ...>:2
+      return (%2)
+    }
+    """
+    return trace_call(fn, example_inputs, kwargs).graph
