@@ -10,16 +10,14 @@ and trace mode see the same calls.
 
 from __future__ import annotations
 
-import warnings
-
 import itertools
+import warnings
 
 import numpy as np
 
 from graphc.autograd.graph import AccumulateGrad, RemovableHandle, add_hook
 from graphc.errors import AutogradError, DTypeError, ShapeError, TraceError
 from graphc.types import DType, TensorType, dtype_of_numpy, float32
-
 
 _SERIALS = itertools.count()
 
