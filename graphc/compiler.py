@@ -23,9 +23,9 @@ import numpy as np
 
 from graphc import config
 from graphc.autograd.grad_mode import is_grad_enabled
-from graphc.backends import BACKENDS, Executable
+from graphc.backends import Executable, check_backend
 from graphc.backends import compile as compile_graph
-from graphc.errors import ArgumentError, GraphcError
+from graphc.errors import GraphcError
 from graphc.ir.printer import format_graph
 from graphc.tensor import Tensor
 from graphc.tracing import (
@@ -122,10 +122,7 @@ class Compiled:
     """The callable graphc.compile returns (see the module docstring)."""
 
     def __init__(self, fn: Callable, backend: str, recompile_limit: int | None) -> None:
-        if backend not in BACKENDS:
-            raise ArgumentError(
-                f"graphc.compile: unknown backend {backend!r}; available: {', '.join(BACKENDS)}"
-            )
+        check_backend(backend)
         self.fn = fn
         self.backend = backend
         self.recompile_limit = recompile_limit

@@ -9,14 +9,12 @@ updates back; backends only compute.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
 from graphc.errors import ArgumentError
 from graphc.ir.graph import Graph
-
-BACKENDS = ("interp",)
 
 
 class Executable(Protocol):
@@ -26,12 +24,29 @@ class Executable(Protocol):
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]: ...
 
 
+def _interp(graph: Graph, options: dict) -> Executable:
+    from graphc.backends.interp import InterpExecutable
+
+    return InterpExecutable(graph)
+
+
+# name -> factory(graph, options) -> Executable
+BACKENDS: dict[str, Callable[[Graph, dict], Executable]] = {"interp": _interp}
+
+
+def register_backend(name: str, factory: Callable[[Graph, dict], Executable]) -> None:
+    """Make `factory(graph, options)` available as `backend=name` (tests add broken ones)."""
+    BACKENDS[name] = factory
+
+
+def check_backend(name: str) -> None:
+    if name not in BACKENDS:
+        raise ArgumentError(
+            f"graphc.compile: unknown backend {name!r}; available: {', '.join(BACKENDS)}"
+        )
+
+
 def compile(graph: Graph, backend: str = "interp", options: dict | None = None) -> Executable:  # noqa: A001
     """Make an executable of `graph` with the named backend."""
-    if backend == "interp":
-        from graphc.backends.interp import InterpExecutable
-
-        return InterpExecutable(graph)
-    raise ArgumentError(
-        f"graphc.compile: unknown backend {backend!r}; available: {', '.join(BACKENDS)}"
-    )
+    check_backend(backend)
+    return BACKENDS[backend](graph, options or {})
