@@ -4,9 +4,10 @@ Importing this package registers all ops. `REGISTRY` maps op names to `OpDef`s;
 `python -m graphc.ops` lists them with the file and line where each rule lives.
 """
 
-from graphc.ops import (  # noqa: E402  (order: sources first, the others use `full`)
+from graphc.ops import (
     conv,
     elementwise,
+    gather,
     indexing,
     linalg,
     movement,
@@ -19,6 +20,7 @@ from graphc.ops import (  # noqa: E402  (order: sources first, the others use `f
 )
 from graphc.ops.registry import REGISTRY, OpDef, call, get, register
 
-OP_MODULES = (sources, elementwise, reduce, movement, indexing, linalg, conv, pool, nn_ops, random)
+OP_MODULES = (sources, elementwise, reduce, movement, gather, indexing, linalg, conv, pool,
+              nn_ops, random)
 
 __all__ = ["REGISTRY", "OpDef", "OP_MODULES", "call", "get", "register", "registry"]

@@ -14,12 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.errors import ArgumentError, IndexOutOfRangeError, TraceError, where
-from graphc.ops.movement import (
-    _check_index_range,
-    _eager_range_check,
-    _taken_shape,
-    expand,
-)
+from graphc.ops.gather import _check_index_range, _eager_range_check, _taken_shape
+from graphc.ops.movement import expand
 from graphc.ops.registry import call, inplace
 from graphc.ops.shapes import numel
 from graphc.types import bool_, int64
