@@ -1,22 +1,295 @@
-"""The `graphc` command line: `graphc ops [--markdown]` lists the op registry."""
+"""The `graphc` command line.
+
+    graphc ops [--markdown]                         list the op registry
+    graphc dump FILE.py:builder [--out DIR]         print (or save) the traced IR
+    graphc viz FILE.py:builder|FILE.gir [-o OUT]    draw a graph as SVG
+    graphc run FILE.gir --inputs FILE.npz [--backend interp] [--out OUT.npz]
+    graphc check FILE.py:builder [--backends interp,...] [--no-grads]
+
+A *builder* is a function in a Python file that takes no arguments and returns
+`(model_or_fn, example_inputs)`, example_inputs being a tuple of tensors; `dump` and `viz`
+trace `model_or_fn(*example_inputs)` under `graphc.no_grad()`.
+
+Exit codes: 0 on success, 1 when `check` finds a mismatch, 2 on bad input (a missing file,
+no such builder, a builder returning the wrong thing, malformed IR text, a failing trace):
+one line on stderr says what and where.
+
+The tools `viz`, `run` and `check` stand on `graphc.ir.export`, `graphc.ir.repro` and
+`graphc.testing`, imported when the command runs, so `graphc dump` works without them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib
+import importlib.util
+import os
 import sys
+from typing import Any
+
+import numpy as np
+
+import graphc
+from graphc.errors import GraphcError
+
+
+class UsageError(Exception):
+    """Bad input from the command line: reported as one line on stderr, exit code 2."""
+
+
+# ---- loading inputs --------------------------------------------------------------------------
+def _import_file(path: str):
+    """Import a Python file as a fresh module; its directory is importable while it loads."""
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file")
+    path = os.path.abspath(path)
+    digest = hashlib.sha1(path.encode()).hexdigest()[:8]
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name = f"_graphc_builder_{''.join(c if c.isalnum() else '_' for c in stem)}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path}: cannot be imported as a Python module (expected FILE.py)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # the user's module failed: say where, not a traceback
+        sys.modules.pop(name, None)
+        raise UsageError(f"importing {path} failed: {type(err).__name__}: {err}") from err
+    finally:
+        sys.path.remove(os.path.dirname(path))
+    return module
+
+
+def load_builder(target: str) -> tuple[Any, tuple]:
+    """`FILE.py:builder` -> (model_or_fn, example_inputs) from calling builder()."""
+    path, sep, func = target.rpartition(":")
+    if not sep or not path or not func:
+        raise UsageError(f"{target}: expected FILE.py:builder (a file and a function in it)")
+    module = _import_file(path)
+    builder = getattr(module, func, None)
+    if builder is None:
+        defined = sorted(n for n, v in vars(module).items()
+                         if callable(v) and not n.startswith("_")
+                         and getattr(v, "__module__", None) == module.__name__)
+        raise UsageError(f"{path} has no function {func!r}"
+                         + (f" (it defines: {', '.join(defined)})" if defined else ""))
+    if not callable(builder):
+        raise UsageError(f"{path}:{func} is a {type(builder).__name__}, not a function")
+    try:
+        built = builder()
+    except Exception as err:
+        raise UsageError(f"{target}() raised {type(err).__name__}: {err}") from err
+    if not (isinstance(built, (tuple, list)) and len(built) == 2):
+        raise UsageError(f"{target}() must return (model_or_fn, example_inputs), got "
+                         f"{_describe(built)}")
+    fn, inputs = built
+    if isinstance(inputs, graphc.Tensor):
+        inputs = (inputs,)
+    if not callable(fn):
+        raise UsageError(f"{target}() returned {_describe(fn)} as the model: expected a "
+                         "function or Module")
+    if not isinstance(inputs, (tuple, list)):
+        raise UsageError(f"{target}() returned {_describe(inputs)} as example inputs: "
+                         "expected a tuple of tensors")
+    return fn, tuple(inputs)
+
+
+def _describe(obj) -> str:
+    if isinstance(obj, (tuple, list)):
+        return f"a {type(obj).__name__} of {len(obj)}"
+    return f"a {type(obj).__name__}"
+
+
+def _trace(target: str):
+    fn, inputs = load_builder(target)
+    try:
+        with graphc.no_grad():
+            return graphc.trace(fn, *inputs)
+    except GraphcError as err:
+        raise UsageError(f"tracing {target} failed: {type(err).__name__}: {err}") from err
+
+
+def _read_gir(path: str):
+    from graphc.ir import ParseError, parse
+
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file")
+    with open(path) as f:
+        text = f.read()
+    try:
+        return parse(text)
+    except ParseError as err:
+        raise UsageError(f"{path}: {err}") from err
+
+
+def _verify(graph, path: str):
+    from graphc.ir import VerifyError, verify
+
+    try:
+        return verify(graph)
+    except VerifyError as err:
+        raise UsageError(f"{path}: {err}") from err
+
+
+def _tool(module: str, name: str, command: str):
+    """Import `module.name` when a command needs it; a clear error where it is missing."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise UsageError(f"graphc {command} needs {module}.{name}, which this installation "
+                         f"lacks ({type(err).__name__}: {err})") from err
+
+
+# ---- commands --------------------------------------------------------------------------------
+def cmd_dump(args) -> int:
+    from graphc.ir.printer import format_graph
+
+    graph = _trace(args.target)
+    text = format_graph(graph)
+    if args.out is None:
+        print(text)
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{graph.name}.gir")
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_viz(args) -> int:
+    if args.target.endswith(".gir"):
+        graph = _read_gir(args.target)
+        default = os.path.splitext(args.target)[0] + ".svg"
+    else:
+        graph = _trace(args.target)
+        default = f"{graph.name}.svg"
+    out = args.output or default
+    render_svg = _tool("graphc.ir.export", "render_svg", "viz")
+    render_svg(graph, out)
+    print(f"wrote {out}")
+    return 0
+
+
+def summarize(a: np.ndarray) -> str:
+    """A short description of an array's values: range and mean, NaN/inf counts."""
+    a = np.asarray(a)
+    if a.size == 0:
+        return "empty"
+    if a.dtype == np.bool_:
+        return f"true={int(a.sum())}/{a.size}"
+    finite = a[np.isfinite(a)] if a.dtype.kind == "f" else a
+    parts = []
+    if finite.size:
+        parts.append(f"min={finite.min():.6g} max={finite.max():.6g} "
+                     f"mean={finite.astype(np.float64).mean():.6g}")
+    if a.dtype.kind == "f":
+        nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
+        parts += [f"nan={nan}"] * bool(nan) + [f"inf={inf}"] * bool(inf)
+    return " ".join(parts)
+
+
+def _labelled_results(graph, results) -> list[tuple[str, np.ndarray]]:
+    """(label, array) for what run_repro returned: a dict, or outputs then updated inputs."""
+    if isinstance(results, dict):
+        return [(str(k), np.asarray(v)) for k, v in results.items()]
+    results = list(results)
+    labels = [f"out{i}" for i in range(len(graph.outputs))]
+    labels += [f"update.{target.name}" for target, _ in graph.updates]
+    labels += [f"result{i}" for i in range(len(labels), len(results))]
+    return [(label, np.asarray(r)) for label, r in zip(labels, results)]
+
+
+def cmd_run(args) -> int:
+    graph = _verify(_read_gir(args.gir), args.gir)
+    if not os.path.isfile(args.inputs):
+        raise UsageError(f"{args.inputs}: no such file")
+    run_repro = _tool("graphc.ir.repro", "run_repro", "run")
+    try:
+        results = run_repro(args.gir, args.inputs, args.backend)
+    except GraphcError as err:
+        raise UsageError(f"running {args.gir}: {type(err).__name__}: {err}") from err
+    labelled = _labelled_results(graph, results)
+    width = max((len(label) for label, _ in labelled), default=0)
+    for label, a in labelled:
+        print(f"{label.ljust(width)}  {a.shape} {a.dtype}  {summarize(a)}")
+    if args.out:
+        np.savez(args.out, **dict(labelled))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    fn, inputs = load_builder(args.target)
+    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+    if not backends:
+        raise UsageError(f"--backends {args.backends!r}: name at least one backend")
+    assert_compiled_matches = _tool("graphc.testing", "assert_compiled_matches", "check")
+    try:
+        assert_compiled_matches(fn, *inputs, backends=backends, grads=not args.no_grads)
+    except AssertionError as err:
+        print(f"MISMATCH {args.target} ({', '.join(backends)})")
+        print(err)
+        return 1
+    except GraphcError as err:
+        raise UsageError(f"checking {args.target} failed: {type(err).__name__}: {err}") from err
+    print(f"OK {args.target} ({', '.join(backends)})")
+    return 0
+
+
+def cmd_ops(args) -> int:
+    from graphc.ops.__main__ import print_ops
+
+    print_ops(markdown=args.markdown)
+    return 0
+
+
+# ---- the parser ------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="graphc", description="graphc command line")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ops = sub.add_parser("ops", help="list every op in the registry and where its rules live")
+    ops.add_argument("--markdown", action="store_true", help="print a markdown table")
+    ops.set_defaults(run=cmd_ops)
+
+    dump = sub.add_parser("dump", help="trace FILE.py:builder and print its IR")
+    dump.add_argument("target", metavar="FILE.py:builder")
+    dump.add_argument("--out", metavar="DIR", help="write DIR/<graph name>.gir instead")
+    dump.set_defaults(run=cmd_dump)
+
+    viz = sub.add_parser("viz", help="draw a graph (traced from a builder, or a .gir) as SVG")
+    viz.add_argument("target", metavar="FILE.py:builder|FILE.gir")
+    viz.add_argument("-o", "--output", metavar="OUT.svg",
+                     help="where to write (default: FILE.svg for a .gir, <graph>.svg here)")
+    viz.set_defaults(run=cmd_viz)
+
+    run = sub.add_parser("run", help="run a saved .gir graph on inputs from a .npz file")
+    run.add_argument("gir", metavar="FILE.gir")
+    run.add_argument("--inputs", required=True, metavar="FILE.npz")
+    run.add_argument("--backend", default="interp")
+    run.add_argument("--out", metavar="OUT.npz", help="save the outputs")
+    run.set_defaults(run=cmd_run)
+
+    check = sub.add_parser("check", help="compare eager, interpreter and backends on a builder")
+    check.add_argument("target", metavar="FILE.py:builder")
+    check.add_argument("--backends", default="interp", help="comma-separated (default: interp)")
+    check.add_argument("--no-grads", action="store_true", help="compare forward outputs only")
+    check.set_defaults(run=cmd_check)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="graphc", description="graphc command line")
-    sub = parser.add_subparsers(dest="command", required=True)
-    ops = sub.add_parser("ops", help="list every op in the registry and where its rules live")
-    ops.add_argument("--markdown", action="store_true", help="print a markdown table")
-    args = parser.parse_args(argv)
-    if args.command == "ops":
-        from graphc.ops.__main__ import print_ops
-
-        print_ops(markdown=args.markdown)
-    return 0
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as err:
+        message = " ".join(line.strip() for line in str(err).splitlines())
+        print(f"graphc {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
