@@ -8,19 +8,24 @@ tracer maps every tensor's storage (its numpy array) to the IR value that curren
   buffers, optimizer state, closure tensors) becomes a *captured* graph input, bound by the
   executable to that tensor object at every call, never a constant baked into the graph;
 - a tensor created inside the trace by something other than an op (a Python scalar operand,
-  `graphc.tensor([...])`) becomes a constant node;
+  `graphc.tensor([...])`) becomes a `full` node when all its elements are one value that an
+  attribute holds exactly, else a graph input bound to a copy of its data (a `ConstantBinding`;
+  the registry has no op that carries array data);
 - an in-place write rebinds the storage to the value that was written, and an input whose
   storage ends up bound to a new value becomes an update (`%w <- %v`) of the graph;
 - random ops read their [seed, offset] from a graph input bound to the generator, so every
   call of a compiled graph draws fresh numbers, exactly as the same eager calls would.
-Reading a tensor's value (`bool(t)`, `.item()`, `.numpy()`) inside a trace raises TraceError.
+Reading a tensor's value (`bool(t)`, `.item()`, `.numpy()`) inside a trace raises TraceError;
+`trace_call` adds the user's source line (and the custom Function it happened in) to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -31,6 +36,9 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ops import random as _random
 from graphc.tensor import Tensor, tensor_serial
 from graphc.types import DType
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_FUNCTION_FILE = os.path.join(_PACKAGE_DIR, "autograd", "function.py")
 
 
 @dataclass
@@ -45,6 +53,13 @@ class TensorBinding:
     """A graph input bound to a tensor captured by the traced code (a parameter, a buffer)."""
 
     tensor: Tensor
+
+
+@dataclass
+class ConstantBinding:
+    """A graph input fed with (a fresh copy of) data the traced code created, not from an op."""
+
+    array: np.ndarray
 
 
 @dataclass
@@ -63,12 +78,17 @@ class TraceResult:
     bindings: list  # one ArgBinding / TensorBinding / RngBinding per graph input, in order
     out_spec: Any  # the output structure with tensors replaced by their output index
     result: Any = None  # what the tracing call returned (it ran eagerly)
+    # output index -> graph input index, for outputs that ARE an input tensor (`return x`,
+    # `return self.weight`): a compiled call returns that very tensor, as the eager call does
+    output_aliases: dict[int, int] = field(default_factory=dict)
 
 
 def _literal(op: str, key: str, value):
     """Canonicalise an attribute into an IR literal (int, float, bool, str, None, tuples)."""
     if value is None or isinstance(value, (bool, str)):
         return value
+    if isinstance(value, np.bool_):
+        return bool(value)
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)):
@@ -116,11 +136,12 @@ class Tracer:
         self._values[id(t._data)] = v
         self._keep.append(t._data)
 
-    def add_input(self, t: Tensor, name: str, binding) -> Value:
+    def add_input(self, t: Tensor, name: str, binding, updatable: bool = True) -> Value:
         v = Value(self._name(name), t.type)
         self.graph.inputs.append(v)
         self.bindings.append(binding)
-        self._input_of[v] = t
+        if updatable:  # an in-place write to it becomes an update of the graph
+            self._input_of[v] = t
         self._bind(t, v)
         return v
 
@@ -134,21 +155,24 @@ class Tracer:
         return self._constant(t)
 
     def _constant(self, t: Tensor) -> Value:
+        """A tensor made inside the trace without an op: a `full` node, or a bound copy."""
         data = t._data
         flat = data.reshape(-1)
-        if flat.size and (flat == flat[0]).all() or data.ndim == 0:
-            value = flat[0].item() if flat.size else 0
-            node = Node("full", [], {"shape": tuple(data.shape), "value": value,
-                                     "dtype": t.dtype.name}, [], user_source_location())
-        else:
-            node = Node("constant", [], {"values": tuple(flat.tolist()),
-                                         "shape": tuple(data.shape), "dtype": t.dtype.name},
-                        [], user_source_location())
+        value = _uniform_literal(flat) if flat.size else 0.0
+        if value is None:
+            binding = ConstantBinding(np.array(data, copy=True))
+            return self.add_input(t, "const", binding, updatable=False)
+        node = Node("full", [], {"shape": tuple(data.shape), "value": value,
+                                 "dtype": t.dtype.name}, [], user_source_location())
         v = Value(self._name(), t.type)
         node.outputs.append(v)
         self.graph.nodes.append(node)
         self._bind(t, v)
         return v
+
+    def alias(self, copy: Tensor, original: Tensor) -> None:
+        """`copy` holds the current value of `original` (a snapshot an in-place op made)."""
+        self._bind(copy, self.value_of(original))
 
     # ---- the dispatch protocol -------------------------------------------------------------
     def record(self, opdef, inputs, attrs, outputs) -> None:
@@ -178,10 +202,13 @@ class Tracer:
             self._rngs[id(generator)] = (binding, t)
             self.add_input(t, "rng", binding)
         binding, state = self._rngs[id(generator)]
-        step = np.array([0, binding.counters], np.int64)
+        start = binding.counters
         binding.counters += counters
         generator._take(counters)  # advance as the eager call would
-        return call("add", state, Tensor._wrap(step))
+        if start == 0:
+            return state
+        step = call("arange", start=0.0, end=2.0 * start, step=float(start), dtype="int64")
+        return call("add", state, step)  # [seed, offset + start]
 
     # ---- finishing ---------------------------------------------------------------------------
     def finish(self, outputs: list[Tensor]) -> None:
@@ -200,6 +227,23 @@ class Tracer:
                 )
 
 
+def _uniform_literal(flat: np.ndarray):
+    """The one value of a non-empty 1-d array as a float attribute of `full`, or None if the
+    elements differ (bit for bit: -0.0 is not 0.0) or a float cannot hold the value exactly
+    (int64 values past 2**53)."""
+    bits = flat.view(f"u{flat.dtype.itemsize}") if flat.dtype.kind == "f" else flat
+    if not (bits == bits[0]).all():
+        return None
+    value = float(flat[0])
+    if flat.dtype.kind in "iu" and (abs(int(flat[0])) > 2 ** 53 or int(value) != int(flat[0])):
+        return None
+    return value
+
+
+def _is_namedtuple(obj) -> bool:
+    return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
+
+
 def _flatten(obj, path=()):
     """Yield (path, tensor) for every tensor in nested tuples, lists and dicts."""
     if isinstance(obj, Tensor):
@@ -216,6 +260,8 @@ def _spec(obj, index: dict[int, int]):
     """The output structure with each tensor replaced by ('out', position)."""
     if isinstance(obj, Tensor):
         return ("out", index[id(obj)])
+    if _is_namedtuple(obj):
+        return type(obj)(*(_spec(item, index) for item in obj))
     if isinstance(obj, (tuple, list)):
         return type(obj)(_spec(item, index) for item in obj)
     if isinstance(obj, dict):
@@ -225,8 +271,10 @@ def _spec(obj, index: dict[int, int]):
 
 def unflatten(spec, outputs: list):
     """Rebuild the traced function's output structure from the outputs of a run."""
-    if isinstance(spec, tuple) and len(spec) == 2 and spec[0] in ("out", "const"):
+    if type(spec) is tuple and len(spec) == 2 and spec[0] in ("out", "const"):
         return outputs[spec[1]] if spec[0] == "out" else spec[1]
+    if _is_namedtuple(spec):
+        return type(spec)(*(unflatten(s, outputs) for s in spec))
     if isinstance(spec, (tuple, list)):
         return type(spec)(unflatten(s, outputs) for s in spec)
     if isinstance(spec, dict):
@@ -303,13 +351,17 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
     for path, t in _flatten((args, kwargs)):
         if id(t._data) in tracer._values:
             continue  # the same tensor passed twice: one input
-        label = arg_names[path[1]] if path[0] == 0 and len(path) >= 2 else str(path[-1])
+        label = arg_names[path[1]] if path[0] == 0 else str(path[1])
         suffix = "".join(f"_{p}" for p in path[2:])
         tracer.add_input(t, label + suffix, ArgBinding(path))
     previous_provider = _random.set_seed_provider(tracer.seed_input)
     set_tracer(tracer)
     try:
-        result = fn(*args, **kwargs)
+        with _snapshots_follow(tracer):
+            result = fn(*args, **kwargs)
+    except TraceError as err:
+        _locate(err)
+        raise
     finally:
         set_tracer(None)
         _random.set_seed_provider(previous_provider)
@@ -321,7 +373,73 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
             index[id(t)] = len(outputs)
             outputs.append(t)
     tracer.finish(outputs)
-    return TraceResult(tracer.graph, tracer.bindings, _spec(result, index), result)
+    aliases = {}
+    for i, t in enumerate(outputs):
+        for j, b in enumerate(tracer.bindings):
+            bound = _at((args, kwargs), b.path) if isinstance(b, ArgBinding) else \
+                b.tensor if isinstance(b, TensorBinding) else None
+            if t is bound:
+                aliases[i] = j
+    return TraceResult(tracer.graph, tracer.bindings, _spec(result, index), result, aliases)
+
+
+def _at(tree, path: tuple):
+    """The item at `path` in nested tuples, lists and dicts."""
+    for p in path:
+        tree = tree[p]
+    return tree
+
+
+@contextlib.contextmanager
+def _snapshots_follow(tracer: Tracer):
+    """Make the snapshot an in-place op takes of its target hold the target's IR value.
+
+    Under grad mode, dispatch.apply_inplace computes the new value from
+    `target._detached_copy_with_history()`, a copy made without an op; the tracer would take
+    it for a constant and bake the trace-time value into the graph. A workaround until
+    apply_inplace tells the tracer itself (`tracer.alias(old, target)`).
+    """
+    original = Tensor._detached_copy_with_history
+
+    def snapshot(self: Tensor) -> Tensor:
+        copy = original(self)
+        tracer.alias(copy, self)
+        return copy
+
+    Tensor._detached_copy_with_history = snapshot
+    try:
+        yield
+    finally:
+        Tensor._detached_copy_with_history = original
+
+
+def _locate(err: TraceError) -> None:
+    """Add the user's source line to a TraceError raised inside the traced code.
+
+    That is the innermost frame of the traceback outside graphc (where `bool(t)` or `.item()`
+    was written); when it lies in the forward of a custom autograd.Function, say so too.
+    """
+    loc, function, applying = None, None, None
+    tb = err.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        filename = os.path.abspath(code.co_filename)
+        if not filename.startswith(_PACKAGE_DIR + os.sep):
+            loc, function = f"{os.path.basename(filename)}:{tb.tb_lineno}", applying
+        elif code.co_name == "apply" and filename == _FUNCTION_FILE:
+            applying = tb.tb_frame.f_locals.get("cls")
+        tb = tb.tb_next
+    message = str(err)
+    if function is not None and "autograd.Function" not in message:
+        message += (
+            f" This happened in the forward of the custom autograd.Function "
+            f"{function.__name__}: a Function is traced only when its forward is built from "
+            "graphc ops; rewrite the forward with graphc ops (no numpy), or call it outside "
+            "the compiled function."
+        )
+    if loc is not None and loc not in message:
+        message = f"{loc}: {message}"
+    err.args = (message,) + err.args[1:]
 
 
 def trace(fn: Callable, *example_inputs, **kwargs) -> Graph:
