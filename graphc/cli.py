@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 import graphc
-from graphc.errors import GraphcError
+from graphc.errors import GraphcError, user_source_location
 
 
 class UsageError(Exception):
@@ -104,12 +104,21 @@ def _describe(obj) -> str:
 
 
 def _trace(target: str):
+    """Trace the builder's model on its inputs under no_grad."""
     fn, inputs = load_builder(target)
     try:
         with graphc.no_grad():
-            return graphc.trace(fn, *inputs)
+            graph = graphc.trace(fn, *inputs)
     except GraphcError as err:
         raise UsageError(f"tracing {target} failed: {type(err).__name__}: {err}") from err
+    # Ops applied inside graphc's own layers get the innermost frame outside the package,
+    # which here is whatever started the command (the console script, runpy), not user
+    # code: drop that location rather than print a misleading one.
+    driver = user_source_location()
+    for node in graph.nodes:
+        if node.loc == driver:
+            node.loc = None
+    return graph
 
 
 def _read_gir(path: str):
@@ -286,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
+    except BrokenPipeError:  # `graphc dump ... | head`: stop quietly, as other tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except UsageError as err:
         message = " ".join(line.strip() for line in str(err).splitlines())
         print(f"graphc {args.command}: error: {message}", file=sys.stderr)

@@ -10,13 +10,13 @@ One entry point for "show me the graph" in bug reports and notebooks. It accepts
 The text is what `graphc.ir.parse` reads back, and what `graphc dump` and `GRAPHC_DUMP` write.
 
 >>> import graphc
->>> from graphc.dump import dump
->>> text = dump(lambda x: x.exp(), graphc.ones(2))  # doctest: +ELLIPSIS
+>>> from graphc.dump import dump, ir_text
+>>> dump(lambda x: x.exp(), graphc.ones(2))  # doctest: +ELLIPSIS
 graph @_lambda_(%x: f32[2]) -> (f32[2]) {
   %0: f32[2] = exp(%x)                                    # <doctest ...>:1
   return (%0)
 }
->>> graphc.ir.parse(text).nodes[0].op
+>>> graphc.ir.parse(ir_text(lambda x: x.exp(), graphc.ones(2))).nodes[0].op
 'exp'
 """
 
@@ -55,13 +55,18 @@ def graph_of(obj: Any, *example_inputs) -> Graph:
     )
 
 
-def dump(obj: Any, *example_inputs, file: str | os.PathLike | IO[str] | None = None) -> str:
-    """Print the IR text of `obj` (see the module docstring) and return it.
+def ir_text(obj: Any, *example_inputs) -> str:
+    """The IR text `dump` prints, as a string (no trailing newline)."""
+    return format_graph(graph_of(obj, *example_inputs))
+
+
+def dump(obj: Any, *example_inputs, file: str | os.PathLike | IO[str] | None = None) -> None:
+    """Print the IR text of `obj` (see the module docstring), one newline at the end.
 
     `file=None` prints to stdout; a path writes (overwrites) that file; an open text file
-    is written to. The text ends without a newline; what is printed or written has one.
+    is written to. `ir_text` returns the same text as a string.
     """
-    text = format_graph(graph_of(obj, *example_inputs))
+    text = ir_text(obj, *example_inputs)
     if file is None:
         print(text, file=sys.stdout)
     elif isinstance(file, (str, os.PathLike)):
@@ -69,7 +74,6 @@ def dump(obj: Any, *example_inputs, file: str | os.PathLike | IO[str] | None = N
             f.write(text + "\n")
     else:
         file.write(text + "\n")
-    return text
 
 
-__all__ = ["dump", "graph_of"]
+__all__ = ["dump", "graph_of", "ir_text"]
