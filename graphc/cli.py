@@ -4,7 +4,7 @@
     graphc dump FILE.py:builder [--out DIR]         print (or save) the traced IR
     graphc viz FILE.py:builder|FILE.gir [-o OUT]    draw a graph as SVG
     graphc run FILE.gir --inputs FILE.npz [--backend interp] [--out OUT.npz]
-    graphc check FILE.py:builder [--backends interp,...] [--no-grads]
+    graphc check FILE.py:builder [--backends interp,...] [--no-grads] [--repro-dir DIR]
 
 A *builder* is a function in a Python file that takes no arguments and returns
 `(model_or_fn, example_inputs)`, example_inputs being a tuple of tensors; `dump` and `viz`
@@ -237,8 +237,10 @@ def cmd_check(args) -> int:
     if not backends:
         raise UsageError(f"--backends {args.backends!r}: name at least one backend")
     assert_compiled_matches = _tool("graphc.testing", "assert_compiled_matches", "check")
+    options = {"repro_dir": args.repro_dir} if args.repro_dir else {}
     try:
-        assert_compiled_matches(fn, *inputs, backends=backends, grads=not args.no_grads)
+        assert_compiled_matches(fn, *inputs, backends=backends, grads=not args.no_grads,
+                                **options)
     except AssertionError as err:
         print(f"MISMATCH {args.target} ({', '.join(backends)})")
         print(err)
@@ -287,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("target", metavar="FILE.py:builder")
     check.add_argument("--backends", default="interp", help="comma-separated (default: interp)")
     check.add_argument("--no-grads", action="store_true", help="compare forward outputs only")
+    check.add_argument("--repro-dir", metavar="DIR",
+                       help="where a mismatch's repro goes (default: a fresh temporary dir)")
     check.set_defaults(run=cmd_check)
     return parser
 

@@ -416,3 +416,43 @@ def test_doc_examples_run(name):
     runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     runner.run(test)
     assert runner.failures == 0, f"{runner.failures} example(s) in docs/{name} failed"
+
+
+# ---- check -> repro -> run, with a deliberately broken backend -----------------------------
+class _OffByOneMul:
+    """A test-only backend whose `mul` lowering adds 1: the harness must catch it."""
+
+    def __init__(self, graph):
+        from graphc.ir.interpreter import Interpreter
+
+        class Broken(Interpreter):
+            def run_node(self, node, args):
+                results = super().run_node(node, args)
+                return [r + 1 for r in results] if node.op == "mul" else results
+
+        self.graph, self.memory_plan = graph, None
+        self._interp = Broken(graph)
+
+    def run(self, *arrays):
+        return self._interp.run(*arrays)
+
+
+@pytest.mark.skipif(not (_has("graphc.testing") and _has("graphc.ir.repro")),
+                    reason="graphc.testing / graphc.ir.repro have not landed yet")
+def test_check_catches_a_broken_backend_and_run_reproduces_it(capsys, monkeypatch, builders,
+                                                              tmp_path):
+    from graphc import backends
+
+    monkeypatch.setitem(backends.BACKENDS, "offbyone", lambda graph, options: _OffByOneMul(graph))
+    rc, out, _ = _cli(capsys, "check", f"{builders}:fn", "--backends", "offbyone", "--no-grads",
+                      "--repro-dir", tmp_path / "repros")
+    assert rc == 1
+    assert out.startswith(f"MISMATCH {builders}:fn (offbyone)")
+    assert "mul(%x, %y)" in out and "models.py:14" in out
+    gir = re.search(r"(\S+\.gir)", out).group(1)
+    assert gir.startswith(str(tmp_path / "repros"))
+    npz = re.search(r"(\S+\.npz)", out).group(1)
+    rc, good, _ = _cli(capsys, "run", gir, "--inputs", npz)
+    assert rc == 0 and "min=2 max=2 mean=2" in good  # 1 * 2 on the interpreter
+    rc, bad, _ = _cli(capsys, "run", gir, "--inputs", npz, "--backend", "offbyone")
+    assert rc == 0 and "min=3 max=3 mean=3" in bad  # the backend's bug, reproduced
