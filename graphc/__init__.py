@@ -57,4 +57,5 @@ del _module, _name
 
 from graphc import autograd  # noqa: E402
 from graphc.compiler import RecompileLimitError, compile  # noqa: E402
+from graphc.dump import dump  # noqa: E402
 from graphc.tracing import trace  # noqa: E402
