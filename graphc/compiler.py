@@ -309,7 +309,7 @@ class Compiled:
         arrays, bound = [], {}
         for b, v in zip(traced.bindings, graph.inputs):
             if isinstance(b, RngBinding):
-                seed, offset = b.generator._take(b.counters)
+                seed, offset = b.traced_state if b.transient else b.generator._take(b.counters)
                 arrays.append(np.array([seed, offset], np.uint64).view(np.int64))
                 continue
             if isinstance(b, ConstantBinding):  # a copy: an output may be a view of it

@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import itertools
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -64,10 +65,18 @@ class ConstantBinding:
 
 @dataclass
 class RngBinding:
-    """A graph input that holds [seed, offset] of `generator`; a call advances it by `counters`."""
+    """A graph input that holds [seed, offset] of `generator`; a call advances it by `counters`.
+
+    `traced_state` is the (seed, offset) the trace started from. A generator the traced call
+    made itself and dropped (`graphc.Generator().manual_seed(s)` inside it) is `transient`:
+    every eager call makes it afresh, so every run reads `traced_state`, unadvanced, and
+    `generator` is then a stand-in holding that state.
+    """
 
     generator: Any
     counters: int = 0
+    traced_state: tuple[int, int] = (0, 0)
+    transient: bool = False
 
 
 @dataclass
@@ -101,6 +110,15 @@ def _literal(op: str, key: str, value):
         f"{op}: attribute {key}={value!r} is not a literal (int, float, bool, str, None or a "
         "tuple of those), so it cannot be recorded in the IR"
     )
+
+
+def _attribute(op: str, key: str, value, kind):
+    """An attribute as a literal; a bool where the op's schema expects a number
+    (`full(value=True)`) becomes 1.0 / 0.0 (ints stay: clamp's int bounds keep int64)."""
+    lit = _literal(op, key, value)
+    if kind in (int, float) and isinstance(lit, bool):
+        return kind(lit)
+    return lit
 
 
 class Tracer:
@@ -176,10 +194,11 @@ class Tracer:
 
     # ---- the dispatch protocol -------------------------------------------------------------
     def record(self, opdef, inputs, attrs, outputs) -> None:
+        schema = opdef.attrs or {}
         node = Node(
             opdef.name,
             [self.value_of(t) for t in inputs],
-            {k: _literal(opdef.name, k, v) for k, v in attrs.items()},
+            {k: _attribute(opdef.name, k, v, schema.get(k)) for k, v in attrs.items()},
             [Value(self._name(), t.type) for t in outputs],
             user_source_location(),
         )
@@ -195,13 +214,12 @@ class Tracer:
         from graphc.ops.registry import call
 
         if id(generator) not in self._rngs:
-            state = np.array([generator.initial_seed(), generator.offset],
-                             np.uint64).view(np.int64)
-            t = Tensor._wrap(state)
-            binding = RngBinding(generator)
-            self._rngs[id(generator)] = (binding, t)
+            traced_state = (generator.initial_seed(), generator.offset)
+            t = Tensor._wrap(np.array(traced_state, np.uint64).view(np.int64))
+            binding = RngBinding(None, traced_state=traced_state)  # see settle_generators
+            self._rngs[id(generator)] = (binding, t, generator)
             self.add_input(t, "rng", binding)
-        binding, state = self._rngs[id(generator)]
+        binding, state, _ = self._rngs[id(generator)]
         start = binding.counters
         binding.counters += counters
         generator._take(counters)  # advance as the eager call would
@@ -211,6 +229,21 @@ class Tracer:
         return call("add", state, step)  # [seed, offset + start]
 
     # ---- finishing ---------------------------------------------------------------------------
+    def settle_generators(self) -> None:
+        """Give each RngBinding its generator, or mark it transient if nothing else holds it.
+
+        The tracer alone held the generators so far (keeping their ids unique); once it lets
+        go, a generator the traced call made and dropped is gone.
+        """
+        refs = [(binding, weakref.ref(gen)) for binding, _, gen in self._rngs.values()]
+        self._rngs.clear()
+        for binding, ref in refs:
+            binding.generator = ref()
+            if binding.generator is None:
+                binding.transient = True
+                binding.generator = _random.Generator().set_state(
+                    np.array(binding.traced_state, np.uint64).view(np.int64))
+
     def finish(self, outputs: list[Tensor]) -> None:
         self.graph.outputs = [self.value_of(t) for t in outputs]
         for v, t in self._input_of.items():
@@ -373,6 +406,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
             index[id(t)] = len(outputs)
             outputs.append(t)
     tracer.finish(outputs)
+    tracer.settle_generators()
     aliases = {}
     for i, t in enumerate(outputs):
         for j, b in enumerate(tracer.bindings):

@@ -464,3 +464,26 @@ def test_graph_dump_writes_one_file_per_traced_graph(tmp_path, monkeypatch):
     assert len(files) == 2 and all(f.startswith("dumped.") for f in files), files
     graphs = [parse((tmp_path / f).read_text()) for f in files]
     assert graphs == dumped.graphs
+
+
+def test_a_generator_made_inside_the_function_is_made_afresh_on_every_run():
+    def f(x):
+        return graphc.dropout(x, 0.5, True, generator=graphc.Generator().manual_seed(5))
+
+    cf = graphc.compile(f)
+    x = graphc.ones(32)
+    want = f(x).numpy()
+    for _ in range(3):
+        np.testing.assert_array_equal(cf(x).numpy(), want)
+
+
+def test_a_generator_passed_in_advances_as_in_eager():
+    def f(x, gen):
+        return x * graphc.rand(8, generator=gen)
+
+    cf = graphc.compile(f)
+    gen, ref = graphc.Generator().manual_seed(1), graphc.Generator().manual_seed(1)
+    x = graphc.ones(8)
+    for _ in range(3):
+        np.testing.assert_array_equal(cf(x, gen).numpy(), f(x, ref).numpy())
+    assert gen.offset == ref.offset == 6
