@@ -76,7 +76,7 @@ def _describe(value) -> Any:
         return _tensor_key(value, identity=False)
     if isinstance(value, float):
         return ("py", "float", repr(value))  # repr: nan equals nan, -0.0 differs from 0.0
-    if isinstance(value, (bool, int, str, type(None))):
+    if isinstance(value, (bool, int, str, type(None), np.generic)):
         return ("py", type(value).__name__, repr(value))
     if isinstance(value, (tuple, list)):
         return (type(value).__name__,) + tuple(_describe(v) for v in value)
@@ -85,12 +85,13 @@ def _describe(value) -> Any:
     return ("object", type(value).__qualname__, id(value))
 
 
-_LITERALS = (bool, int, float, str, type(None))
+_LITERALS = (bool, int, float, str, type(None), np.generic)
 
 
 def _module_state(modules: list[tuple[str, Any]]) -> dict[str, Any]:
-    """Training flags, hooks, plain attributes (p, eps, momentum...) and the identity and type
-    of every parameter and buffer of the modules a call can reach."""
+    """Training flags, hooks, plain attributes (p, eps, momentum..., tensors that are neither
+    parameters nor buffers) and the identity and type of every parameter and buffer of the
+    modules a call can reach."""
     state: dict[str, Any] = {}
     for prefix, module in modules:
         for name, m in module.named_modules():
@@ -100,30 +101,38 @@ def _module_state(modules: list[tuple[str, Any]]) -> dict[str, Any]:
                      getattr(m, "_backward_pre_hooks", {}))
             state[f"{key} hooks"] = tuple(tuple(h.keys()) for h in hooks)
             for attr, v in vars(m).items():
-                if not attr.startswith("_") and attr != "training" and isinstance(v, _LITERALS):
+                if attr.startswith("_") or attr == "training":
+                    continue
+                if isinstance(v, _LITERALS):
                     state[f"{key}.{attr}"] = _describe(v)
+                elif isinstance(v, Tensor):
+                    state[f"{key}.{attr}"] = _tensor_key(v, identity=True)
         for name, t in list(module.named_parameters()) + list(module.named_buffers()):
             state[".".join(p for p in (prefix, name) if p)] = _tensor_key(t, identity=True)
     return state
 
 
 def reachable_state(fn, args: tuple = (), kwargs: dict | None = None):
-    """(modules, tensors) the call can reach: Modules and Tensors among `fn`'s captured roots
+    """(modules, captured) the call can reach: the Modules, and a description of the Tensors
+    (identity and type) and Python values (type and value) among `fn`'s captured roots
     (itself, its `self`, closure cells, globals), one level into plain objects, containers
     and helper functions, and the same for the arguments (a Module or an object holding one
     passed in). Names are for the recompile diff."""
     modules: list[tuple[str, Any]] = []
-    tensors: dict[str, Tensor] = {}
+    captured: dict[str, Any] = {}
     seen: set[int] = set()
 
     def visit(name: str, obj, depth: int) -> None:
-        if id(obj) in seen or isinstance(obj, (type, types.ModuleType) + _LITERALS):
+        if isinstance(obj, _LITERALS):  # a global SCALE = 2.0 is baked into the graph
+            captured[name] = _describe(obj)
+            return
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType)):
             return
         seen.add(id(obj))
         if _is_module(obj):
             modules.append((name, obj))
         elif isinstance(obj, Tensor):
-            tensors[name] = obj
+            captured[name] = _tensor_key(obj, identity=True)
         elif depth >= 2:
             return
         elif isinstance(obj, (types.FunctionType, types.MethodType)):
@@ -142,12 +151,12 @@ def reachable_state(fn, args: tuple = (), kwargs: dict | None = None):
     for name, obj in captured_roots(fn):
         visit(name, obj, 0)
     for path, arg in _flat_leaves((args, kwargs or {})):
-        if not isinstance(arg, Tensor):  # tensors among the arguments are guarded by type
+        if not isinstance(arg, (Tensor,) + _LITERALS):  # those are described as arguments
             visit(_path_name(path), arg, 1)
-    return modules, tensors
+    return modules, captured
 
 
-def signature_of(fn, modules, args: tuple, kwargs: dict, tensors=None) -> dict[str, Any]:
+def signature_of(fn, modules, args: tuple, kwargs: dict, captured=None) -> dict[str, Any]:
     """The guard fields of one call (see the module docstring)."""
     sig: dict[str, Any] = {"grad mode": is_grad_enabled()}
     for i, a in enumerate(args):
@@ -155,8 +164,8 @@ def signature_of(fn, modules, args: tuple, kwargs: dict, tensors=None) -> dict[s
     for k, v in kwargs.items():
         sig[f"kwarg {k}"] = _describe(v)
     sig.update(_module_state(modules))
-    for name, t in (tensors or {}).items():
-        sig[f"captured {name}"] = _tensor_key(t, identity=True)
+    for name, description in (captured or {}).items():
+        sig[f"captured {name}"] = description
     return sig
 
 
@@ -250,8 +259,8 @@ class Compiled:
     def __call__(self, *args, **kwargs):
         if current_tracer() is not None:  # called inside another trace: inline it
             return self.fn(*args, **kwargs)
-        modules, tensors = reachable_state(self.fn, args, kwargs)
-        sig = signature_of(self.fn, modules, args, kwargs, tensors)
+        modules, captured = reachable_state(self.fn, args, kwargs)
+        sig = signature_of(self.fn, modules, args, kwargs, captured)
         stale: list[str] = []
         for entry in reversed(self._entries):
             if entry.signature == sig:

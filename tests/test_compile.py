@@ -487,3 +487,46 @@ def test_a_generator_passed_in_advances_as_in_eager():
     for _ in range(3):
         np.testing.assert_array_equal(cf(x, gen).numpy(), f(x, ref).numpy())
     assert gen.offset == ref.offset == 6
+
+
+SCALE = 2.0
+
+
+def _scaled(x):
+    return x * SCALE
+
+
+def test_python_values_the_function_reads_are_guarded():
+    global SCALE
+    cf = graphc.compile(_scaled)
+    assert cf(graphc.ones(2)).tolist() == [2.0, 2.0]
+    SCALE = 3.0
+    try:
+        assert cf(graphc.ones(2)).tolist() == [3.0, 3.0]
+        assert cf.recompile_reasons == [["captured SCALE: 2.0 -> 3.0"]]
+    finally:
+        SCALE = 2.0
+
+
+def test_plain_tensor_attributes_of_modules_are_guarded():
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mask = graphc.ones(3)
+
+        def forward(self, x):
+            return x * self.mask
+
+    m = Masked()
+    cm = graphc.compile(m)
+    assert cm(graphc.ones(3)).tolist() == [1.0] * 3
+    m.mask = graphc.zeros(3)
+    assert cm(graphc.ones(3)).tolist() == [0.0] * 3
+
+
+def test_numpy_scalar_arguments_are_guarded_by_value():
+    cf = graphc.compile(lambda x, k: x * float(k))
+    for _ in range(3):
+        assert cf(graphc.ones(1), np.float32(2.0)).tolist() == [2.0]
+    assert cf(graphc.ones(1), np.float32(4.0)).tolist() == [4.0]
+    assert len(cf.graphs) == 2
