@@ -70,7 +70,7 @@ class RngBinding:
     `traced_state` is the (seed, offset) the trace started from. A generator the traced call
     made itself and dropped (`graphc.Generator().manual_seed(s)` inside it) is `transient`:
     every eager call makes it afresh, so every run reads `traced_state`, unadvanced, and
-    `generator` is then a stand-in holding that state.
+    `generator` is then a stand-in in the state the trace left it in.
     """
 
     generator: Any
@@ -239,10 +239,12 @@ class Tracer:
         self._rngs.clear()
         for binding, ref in refs:
             binding.generator = ref()
-            if binding.generator is None:
+            if binding.generator is None:  # a stand-in, left where the trace left it
                 binding.transient = True
+                seed, offset = binding.traced_state
+                after = (seed, (offset + binding.counters) % (1 << 63))
                 binding.generator = _random.Generator().set_state(
-                    np.array(binding.traced_state, np.uint64).view(np.int64))
+                    np.array(after, np.uint64).view(np.int64))
 
     def finish(self, outputs: list[Tensor]) -> None:
         self.graph.outputs = [self.value_of(t) for t in outputs]
