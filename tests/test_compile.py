@@ -530,3 +530,15 @@ def test_numpy_scalar_arguments_are_guarded_by_value():
         assert cf(graphc.ones(1), np.float32(2.0)).tolist() == [2.0]
     assert cf(graphc.ones(1), np.float32(4.0)).tolist() == [4.0]
     assert len(cf.graphs) == 2
+
+
+def test_inplace_ops_under_grad_mode_replay_with_new_values():
+    with graphc.enable_grad():
+        @graphc.compile
+        def f(x):
+            y = x * 2
+            y.add_(1)
+            return y
+
+        assert f(graphc.ones(2)).tolist() == [3.0, 3.0]
+        assert f(graphc.tensor([0.0, 5.0])).tolist() == [1.0, 11.0]
