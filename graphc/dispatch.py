@@ -191,6 +191,8 @@ def apply_inplace(target, op_name: str, compute: Callable):
         )
     if grad_mode:
         old = target._detached_copy_with_history()
+        if _tracer is not None:
+            _tracer.alias(old, target)  # the snapshot holds the target's current IR value
         result = compute(old)
     else:
         with no_grad():

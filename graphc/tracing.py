@@ -21,7 +21,6 @@ Reading a tensor's value (`bool(t)`, `.item()`, `.numpy()`) inside a trace raise
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
 import os
@@ -392,8 +391,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
     previous_provider = _random.set_seed_provider(tracer.seed_input)
     set_tracer(tracer)
     try:
-        with _snapshots_follow(tracer):
-            result = fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     except TraceError as err:
         _locate(err)
         raise
@@ -424,29 +422,6 @@ def _at(tree, path: tuple):
     for p in path:
         tree = tree[p]
     return tree
-
-
-@contextlib.contextmanager
-def _snapshots_follow(tracer: Tracer):
-    """Make the snapshot an in-place op takes of its target hold the target's IR value.
-
-    Under grad mode, dispatch.apply_inplace computes the new value from
-    `target._detached_copy_with_history()`, a copy made without an op; the tracer would take
-    it for a constant and bake the trace-time value into the graph. A workaround until
-    apply_inplace tells the tracer itself (`tracer.alias(old, target)`).
-    """
-    original = Tensor._detached_copy_with_history
-
-    def snapshot(self: Tensor) -> Tensor:
-        copy = original(self)
-        tracer.alias(copy, self)
-        return copy
-
-    Tensor._detached_copy_with_history = snapshot
-    try:
-        yield
-    finally:
-        Tensor._detached_copy_with_history = original
 
 
 def _locate(err: TraceError) -> None:
