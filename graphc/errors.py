@@ -44,11 +44,13 @@ class TraceError(GraphcError, RuntimeError):
 
 
 def user_source_location() -> str | None:
-    """`file:line` of the innermost stack frame outside the graphc package, if any."""
+    """`file:line` of the innermost stack frame outside the graphc package and outside the
+    interpreter's own machinery (`<frozen runpy>`), if any."""
     frame = sys._getframe(1)
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_PACKAGE_DIR + os.sep):
+        raw = frame.f_code.co_filename
+        filename = os.path.abspath(raw)
+        if not filename.startswith(_PACKAGE_DIR + os.sep) and not raw.startswith("<frozen"):
             return f"{os.path.basename(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None

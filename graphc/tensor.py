@@ -411,7 +411,8 @@ class Tensor:
             )
         return self._data.reshape(()).item()
 
-    def _scalar(self):
+    def _scalar(self, what: str = ".item()"):
+        self._refuse_in_trace(what)
         if self._data.size != 1:
             raise ValueError("only one element tensors can be converted to Python scalars")
         return self.item()
@@ -431,16 +432,17 @@ class Tensor:
         return bool(self._data.reshape(()).item())
 
     def __float__(self) -> float:
-        return float(self._scalar())
+        return float(self._scalar("float(tensor)"))
 
     def __int__(self) -> int:
-        return int(self._scalar())
+        return int(self._scalar("int(tensor)"))
 
     def __complex__(self) -> complex:
-        return complex(self._scalar())
+        return complex(self._scalar("complex(tensor)"))
 
     def __format__(self, spec: str) -> str:
         if self.ndim == 0:
+            self._refuse_in_trace("formatting a tensor (f-string)")
             return self.item().__format__(spec)
         return object.__format__(self, spec)
 

@@ -114,7 +114,7 @@ DATA_DEPENDENT = [
     (numpy_of, "numpy", r"\.numpy\(\)"),
     (asarray_of, "asarray", "numpy conversion"),
     (tolist_of, "tolist", r"\.tolist\(\)"),
-    (float_of, "float", r"\.item\(\)"),
+    (float_of, "float", r"float\(tensor\)"),
     (uses_numpy_function, "fn_numpy", r"autograd\.Function NumpyExp"),
     (uses_asarray_function, "fn_asarray", r"autograd\.Function NumpyAsarray"),
 ]
