@@ -7,6 +7,7 @@ Importing this package registers all ops. `REGISTRY` maps op names to `OpDef`s;
 from graphc.ops import (
     conv,
     elementwise,
+    fused,
     gather,
     indexing,
     linalg,
@@ -21,6 +22,6 @@ from graphc.ops import (
 from graphc.ops.registry import REGISTRY, OpDef, call, get, register
 
 OP_MODULES = (sources, elementwise, reduce, movement, gather, indexing, linalg, conv, pool,
-              nn_ops, random)
+              nn_ops, random, fused)
 
 __all__ = ["REGISTRY", "OpDef", "OP_MODULES", "call", "get", "register", "registry"]

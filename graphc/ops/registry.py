@@ -41,7 +41,8 @@ NORM = "norm"
 LOSS = "loss"
 SOURCE = "source"
 RANDOM = "random"
-KINDS = (ELEMENTWISE, REDUCE, MOVEMENT, CONTRACTION, POOL, NORM, LOSS, SOURCE, RANDOM)
+FUSED = "fused"  # a group of ops made into one node by the fuse pass (graphc.ops.fused)
+KINDS = (ELEMENTWISE, REDUCE, MOVEMENT, CONTRACTION, POOL, NORM, LOSS, SOURCE, RANDOM, FUSED)
 
 VARIADIC = "*"  # an `inputs` entry starting with this takes any number of tensors (concat)
 

@@ -316,3 +316,41 @@ OP_INFOS += [
     OpInfo("clamp_int", graphc.clamp, _np_clamp, _clamp_int_samples, (),
            torch_fn=_torch("clamp"), differentiable=False, exact=True),
 ]
+
+
+# ---- the fused op: a body of elementwise instructions and a reduction ------------------------
+_FUSED_BODY = (("mul", (0, 1), ()), ("add", (3, 2), ()), ("relu", (4,), ()),
+               ("reduce_sum", (5,), (("axes", (1,)), ("keepdim", False))))
+
+
+def _fused_call(*inputs, body=_FUSED_BODY, outputs=(5, 6)):
+    from graphc.ops.registry import call
+
+    return call("fused", *inputs, body=body, outputs=outputs)
+
+
+def _fused_ref(x, w, b):
+    y = np.maximum(x * w + b, 0)
+    return y, y.sum(axis=1)
+
+
+def _fused_samples(rng):
+    return [Sample((away_from(rng, 3, 4), arr(rng, 4), arr(rng, 3, 1)), desc="broadcast")]
+
+
+def _fused_errors(rng):
+    from graphc.ops.fused import FusedBodyError
+
+    x = arr(rng, 3)
+    return [
+        ErrorInput(Sample((x,), {"body": (("relu", (3,), ()),), "outputs": (1,)}),
+                   FusedBodyError, "refers to %3"),
+        ErrorInput(Sample((x,), {"body": (("frobnicate", (0,), ()),), "outputs": (1,)}),
+                   FusedBodyError, "unknown op 'frobnicate'"),
+        ErrorInput(Sample((x, arr(rng, 4)), {"body": (("add", (0, 1), ()),), "outputs": (2,)}),
+                   ShapeError, "must match"),
+    ]
+
+
+OP_INFOS.append(OpInfo("fused", _fused_call, _fused_ref, _fused_samples, ("fused",),
+                       differentiable=False, error_inputs=_fused_errors))
