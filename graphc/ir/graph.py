@@ -57,6 +57,9 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     outputs: list[Value] = field(default_factory=list)
     updates: list[tuple[Value, Value]] = field(default_factory=list)
+    # Analysis results passes leave for later stages (e.g. "memory_plan" from plan_buffers).
+    # Not part of the text form or of equality; a pass that changes the graph drops stale keys.
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes)
