@@ -1,0 +1,473 @@
+"""plan_buffers: a memory-aware schedule, liveness, in-place reuse and one arena for a graph.
+
+Terms. An *intermediate* is a value a node defines; graph inputs are bound externally and
+never live in the arena. A *buffer* is one piece of arena memory. Every intermediate belongs
+to exactly one buffer (`MemoryPlan.buffer_of`), or to none when it aliases a graph input:
+- a view (an op registered with `view=True` whose numpy kernel really returns a view of its
+  input; a reshape that must copy gets a buffer of its own) lives in its input's buffer and
+  keeps that buffer alive as long as the view is read;
+- an ELEMENTWISE node (or a fused node whose body is elementwise) writes an output in place
+  into an input's buffer when that input is a buffer's own value (not a view), dies at this
+  node, is read by no other input of the node through an alias, and has the output's shape
+  and element size: element i is read before element i is written, so this is safe;
+- every other output gets a buffer of its own.
+A buffer is live over the inclusive schedule steps [start, end]: from the node that defines
+it to its last reader through any of its values; a buffer holding a graph output or an
+update's new value lives to the last step. Two buffers whose lifetimes meet never share a
+byte: the node that frees an input at step s still reads it while writing its outputs.
+
+Offsets are 64-byte aligned and come from greedy interval packing (best fit, in several
+orders; the smallest arena wins). The schedule is the better of the graph's own order and a
+deterministic greedy list schedule that prefers nodes that free more bytes than they allocate;
+it keeps data dependencies and the relative order of effectful (random) ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphc.errors import GraphcError
+from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.printer import format_node
+from graphc.ops.registry import ELEMENTWISE, FUSED, REGISTRY
+
+ALIGN = 64
+_FUSED_INPLACE_OPS = {"broadcast_to"}  # movement ops a fused elementwise body may hold
+
+
+class PlanError(GraphcError, AssertionError):
+    """A memory plan breaks one of its invariants (see `check_plan`)."""
+
+
+def align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass
+class Buffer:
+    """One piece of the arena: its first value's name, bytes, live steps and its values."""
+
+    name: str
+    size: int
+    start: int
+    end: int
+    offset: int = 0
+    values: list[str] = field(default_factory=list)  # owner, in-place successors, views
+    kept: bool = False  # holds a graph output or an update value
+
+
+@dataclass
+class MemoryPlan:
+    """The result of plan_buffers, in `graph.meta["memory_plan"]`.
+
+    `offsets`, `sizes`, `lifetimes` are keyed by buffer name; `buffer_of` maps every
+    intermediate in the arena (views and in-place outputs included) to its buffer, so
+    `plan.offset(value_name)` is where any intermediate's buffer starts.
+    """
+
+    graph_name: str
+    schedule: list[Node]
+    buffers: dict[str, Buffer]
+    buffer_of: dict[str, str]
+    views: dict[str, str]  # view value -> the value it aliases
+    inplace: dict[str, str]  # output -> the input whose buffer it overwrote
+    live_bytes: list[int]  # per schedule step, bytes of the buffers live at it
+    arena_bytes: int
+    naive_bytes: int
+    scheduler: str
+
+    @property
+    def offsets(self) -> dict[str, int]:
+        return {b.name: b.offset for b in self.buffers.values()}
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {b.name: b.size for b in self.buffers.values()}
+
+    @property
+    def lifetimes(self) -> dict[str, tuple[int, int]]:
+        return {b.name: (b.start, b.end) for b in self.buffers.values()}
+
+    @property
+    def max_live_bytes(self) -> int:
+        """The lower bound on any arena for this schedule: the most bytes live at one step."""
+        return max(self.live_bytes, default=0)
+
+    def offset(self, value_name: str) -> int:
+        return self.buffers[self.buffer_of[value_name]].offset
+
+    @property
+    def table(self) -> str:
+        """One line per buffer: offset, bytes, live steps and the values it holds."""
+        rows = [f"{'buffer':<10} {'offset':>10} {'bytes':>10} {'steps':>11}  values",
+                "-" * 64]
+        for b in sorted(self.buffers.values(), key=lambda b: (b.offset, b.start)):
+            names = []
+            for v in b.values:
+                mark = "(view)" if v in self.views else "(in place)" if v in self.inplace else ""
+                names.append(f"%{v}{mark}")
+            steps = f"{b.start}-{b.end}" + ("*" if b.kept else "")
+            rows.append(f"%{b.name:<9} {b.offset:>10} {b.size:>10} {steps:>11}  "
+                        + " ".join(names))
+        rows.append("(* holds a graph output or update: live to the last step)")
+        return "\n".join(rows)
+
+    @property
+    def report(self) -> str:
+        """One paragraph: arena bytes against the max-live lower bound and the naive sum."""
+        live, arena, naive = self.max_live_bytes, self.arena_bytes, self.naive_bytes
+        peak = self.live_bytes.index(live) if self.live_bytes else 0
+        at = format_node(self.schedule[peak]).split("#")[0].strip() if self.schedule else ""
+        return (
+            f"plan_buffers @{self.graph_name}: {len(self.schedule)} nodes in a "
+            f"{self.scheduler} schedule; {len(self.buffer_of)} intermediates in "
+            f"{len(self.buffers)} buffers ({len(self.views)} views alias their input, "
+            f"{len(self.inplace)} outputs written in place). Arena {_kib(arena)} = "
+            f"{_ratio(arena, live)} x the max-live lower bound {_kib(live)} (peak at step "
+            f"{peak}: {at}) and {_ratio(arena, naive)} x the naive sum of all intermediates "
+            f"{_kib(naive)}; offsets are {ALIGN}-byte aligned.")
+
+    def __str__(self) -> str:
+        return self.report + "\n" + self.table
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+def _ratio(a: int, b: int) -> str:
+    return f"{a / b:.3f}" if b else "-"
+
+
+# ---- static facts: aliases, users, dependencies -------------------------------------------
+class _Facts:
+    """What does not depend on the schedule: view aliases, readers of each root, deps."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.nodes = list(graph.nodes)
+        self.external = set(graph.inputs)
+        self.root: dict[Value, Value] = {v: v for v in graph.inputs}
+        self.views: dict[Value, Value] = {}
+        producer: dict[Value, int] = {}
+        fakes: dict[Value, np.ndarray] = {}
+        for i, node in enumerate(self.nodes):
+            for v in node.outputs:
+                producer[v] = i
+                self.root[v] = v
+            if node.op in REGISTRY and REGISTRY[node.op].view:
+                self._view(node, fakes)
+        self.users: dict[Value, set[int]] = {}  # root -> indices of nodes reading it or a view
+        for i, node in enumerate(self.nodes):
+            for v in node.inputs:
+                self.users.setdefault(self.root[v], set()).add(i)
+        self.kept = {self.root[v] for v in graph.outputs} | \
+                    {self.root[v] for _, v in graph.updates}
+        self.preds: list[set[int]] = []
+        last_effect = None
+        for i, node in enumerate(self.nodes):
+            deps = {producer[v] for v in node.inputs if v in producer}
+            if node.op in REGISTRY and REGISTRY[node.op].effectful:
+                if last_effect is not None:
+                    deps.add(last_effect)  # random ops keep their order: they draw in turn
+                last_effect = i
+            self.preds.append(deps)
+
+    def _view(self, node: Node, fakes: dict[Value, np.ndarray]) -> None:
+        """Run the view kernel on a stand-in array: does numpy give a view or a copy?"""
+        x, out = node.inputs[0], node.outputs[0]
+        root = self.root[x]
+        if root not in fakes:
+            fakes[root] = np.empty(root.type.shape, root.type.dtype.np)  # never touched
+        if x not in fakes:
+            return  # x is a copy made by an earlier view op whose stand-in we did not keep
+        try:
+            result = REGISTRY[node.op].kernel(*[fakes.get(v) for v in node.inputs],
+                                              **node.attrs)
+        except Exception:  # a kernel that needs real values: plan a copy, the safe choice
+            return
+        if isinstance(result, np.ndarray) and result.size and \
+                np.may_share_memory(result, fakes[root]):
+            self.root[out], self.views[out] = root, x
+            fakes[out] = result
+
+    def size(self, v: Value) -> int:
+        return v.type.nbytes
+
+    def in_arena(self, v: Value) -> bool:
+        return self.root[v] not in self.external
+
+
+def _inplace_capable(node: Node) -> bool:
+    if node.op not in REGISTRY:
+        return False
+    kind = REGISTRY[node.op].kind
+    if kind == ELEMENTWISE:
+        return True
+    if kind == FUSED:
+        body = node.attrs.get("body", ())
+        return all(REGISTRY[op].kind == ELEMENTWISE or op in _FUSED_INPLACE_OPS
+                   for op, _, _ in body)
+    return False
+
+
+# ---- schedules ------------------------------------------------------------------------------
+def _greedy_schedule(f: _Facts, by_program_order: bool) -> list[int]:
+    """List scheduling: among ready nodes, the one freeing the most bytes net.
+
+    Ties go to program order; with `by_program_order`, so do all nodes that free nothing net
+    (allocating the buffer needed soonest rather than the smallest one).
+    """
+    n = len(f.nodes)
+    succs: list[list[int]] = [[] for _ in range(n)]
+    waiting = [len(p) for p in f.preds]
+    for i, deps in enumerate(f.preds):
+        for d in deps:
+            succs[d].append(i)
+    remaining = {r: len(u) for r, u in f.users.items()}
+    ready = {i for i in range(n) if waiting[i] == 0}
+    order: list[int] = []
+    while ready:
+        best, best_key = -1, None
+        for i in ready:
+            net = _net_freed(f, i, remaining)
+            key = (net > 0, net, -i) if by_program_order and net > 0 else \
+                  (False, 0, -i) if by_program_order else (True, net, -i)
+            if best_key is None or key > best_key:
+                best, best_key = i, key
+        ready.discard(best)
+        order.append(best)
+        for r in {f.root[v] for v in f.nodes[best].inputs}:
+            remaining[r] -= 1
+        for s in succs[best]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                ready.add(s)
+    return order
+
+
+def _sink_sources(f: _Facts, order: list[int]) -> list[int]:
+    """Move each node that reads nothing from the arena to just before its first reader.
+
+    Such a node (a `full`, an op on parameters only) frees nothing wherever it runs, so
+    running it late only shortens its outputs' lifetimes. Effectful nodes stay put.
+    """
+    readers: dict[int, list[int]] = {}
+    for i, deps in enumerate(f.preds):
+        for d in deps:
+            readers.setdefault(d, []).append(i)
+    movable = {i for i, node in enumerate(f.nodes)
+               if not any(f.in_arena(v) for v in node.inputs) and i in readers
+               and not (node.op in REGISTRY and REGISTRY[node.op].effectful)}
+    result = [i for i in order if i not in movable]
+    for i in sorted(movable, key=order.index, reverse=True):
+        first = min(result.index(r) for r in readers[i] if r in result)
+        result.insert(first, i)
+    return result
+
+
+def _net_freed(f: _Facts, i: int, remaining: dict[Value, int]) -> int:
+    node = f.nodes[i]
+    freed = sum(f.size(r) for r in {f.root[v] for v in node.inputs}
+                if f.in_arena(r) and r not in f.kept and remaining[r] == 1)
+    allocated = sum(f.size(v) for v in node.outputs if f.root[v] is v)
+    return freed - allocated
+
+
+# ---- liveness, in-place, packing for one schedule -------------------------------------------
+def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
+    step = {i: s for s, i in enumerate(order)}
+    final = len(order) - 1
+    last = {r: (final if r in f.kept else max((step[u] for u in f.users.get(r, ())),
+                                              default=-1)) for r in f.root.values()}
+    buffers: dict[str, Buffer] = {}
+    buffer_of: dict[Value, Buffer] = {}
+    inplace: dict[str, str] = {}
+    for s, i in enumerate(order):
+        node = f.nodes[i]
+        claimed: set[int] = set()
+        for o in node.outputs:
+            if not f.in_arena(o):
+                continue
+            if f.root[o] is not o:  # a view: its root's buffer
+                buf = buffer_of[f.root[o]]
+                buffer_of[o] = buf
+                buf.values.append(o.name)
+                continue
+            donor = _inplace_donor(f, node, o, s, buffer_of, claimed) \
+                if _inplace_capable(node) else None
+            if donor is not None:
+                buf = buffer_of[donor]
+                claimed.add(id(buf))
+                inplace[o.name] = donor.name
+            else:
+                buf = Buffer(o.name, f.size(o), s, s)
+                buffers[o.name] = buf
+            buffer_of[o] = buf
+            buf.values.append(o.name)
+            buf.end = max(buf.end, last[o], s)
+            buf.kept = buf.kept or o in f.kept
+    live = [0] * len(order)
+    for b in buffers.values():
+        for s in range(b.start, b.end + 1):
+            live[s] += b.size
+    arena = _pack(list(buffers.values()))
+    naive = sum(f.size(v) for n in f.nodes for v in n.outputs if f.root[v] is v)
+    return MemoryPlan(f.graph.name, [f.nodes[i] for i in order], buffers,
+                      {v.name: b.name for v, b in buffer_of.items()},
+                      {o.name: x.name for o, x in f.views.items()}, inplace, live, arena,
+                      naive, scheduler)
+
+
+def _inplace_donor(f: _Facts, node: Node, o: Value, s: int,
+                   buffer_of: dict[Value, Buffer], claimed: set[int]) -> Value | None:
+    for x in node.inputs:
+        buf = buffer_of.get(x)
+        if (buf is None or f.root[x] is not x or id(buf) in claimed or buf.kept
+                or buf.end != s or x.type.shape != o.type.shape
+                or x.type.dtype.itemsize != o.type.dtype.itemsize):
+            continue
+        if any(buffer_of.get(w) is buf and w is not x for w in node.inputs):
+            continue  # another input reads the same memory in another order
+        return x
+    return None
+
+
+def _pack(buffers: list[Buffer]) -> int:
+    """Best-fit interval packing in a few orders; sets offsets, returns the arena bytes."""
+    orders = (
+        lambda b: (-align(b.size), b.start, b.name),
+        lambda b: (-b.end, -align(b.size), b.name),
+        lambda b: (-align(b.size) * (b.end - b.start + 1), b.start, b.name),
+        lambda b: (-(b.end - b.start), -align(b.size), b.start, b.name),
+        lambda b: (b.start, -align(b.size), b.name),
+    )
+    best, best_offsets = None, None
+    for key in orders:
+        offsets = _best_fit(sorted(buffers, key=key))
+        arena = max((offsets[id(b)] + align(b.size) for b in buffers), default=0)
+        if best is None or arena < best:
+            best, best_offsets = arena, offsets
+    for b in buffers:
+        b.offset = best_offsets[id(b)]
+    return best or 0
+
+
+def _best_fit(ordered: list[Buffer]) -> dict[int, int]:
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end offset, start, end)
+    offsets: dict[int, int] = {}
+    for b in ordered:
+        size = align(b.size)
+        busy = sorted((lo, hi) for lo, hi, s, e in placed if s <= b.end and b.start <= e)
+        choice, gap_best, top = None, None, 0
+        for lo, hi in busy:
+            gap = lo - top
+            if gap >= size and (gap_best is None or gap < gap_best):
+                choice, gap_best = top, gap
+            top = max(top, hi)
+        if choice is None:
+            choice = top
+        offsets[id(b)] = choice
+        if size:
+            placed.append((choice, choice + size, b.start, b.end))
+    return offsets
+
+
+# ---- the pass -------------------------------------------------------------------------------
+def plan_buffers(graph: Graph) -> Graph:
+    """Schedule the graph for memory and give every intermediate an arena offset.
+
+    Needs: a verified graph. Guarantees: the same graph (same values, nodes, outputs and
+    updates), its nodes possibly reordered into a memory-aware schedule that is still
+    topologically valid and keeps effectful ops in order, with `graph.meta["memory_plan"]` a
+    `MemoryPlan` that passes `check_plan`.
+
+    >>> import graphc
+    >>> from graphc.ir import parse
+    >>> g = plan_buffers(parse('''graph @f(%x: f32[16]) -> (f32[16]) {
+    ...   %0: f32[16] = exp(%x)
+    ...   %1: f32[16] = neg(%0)
+    ...   return (%1)
+    ... }'''))
+    >>> plan = g.meta["memory_plan"]
+    >>> plan.inplace, plan.arena_bytes, plan.naive_bytes
+    ({'1': '0'}, 64, 128)
+    """
+    facts = _Facts(graph)
+    program = list(range(len(facts.nodes)))
+    orders = {"program-order": program,
+              "greedy (free first, else program order)": _greedy_schedule(facts, True),
+              "greedy (most bytes freed net)": _greedy_schedule(facts, False)}
+    for name, order in list(orders.items()):
+        orders[f"{name}, sources sunk"] = _sink_sources(facts, order)
+    plans, seen = [], []
+    for name, order in orders.items():
+        if order not in seen:
+            seen.append(order)
+            plans.append(_plan(facts, order, name))
+    plan = min(plans, key=lambda p: (p.arena_bytes, p.max_live_bytes))  # first wins ties
+    graph.nodes = list(plan.schedule)
+    graph.meta["memory_plan"] = plan
+    return graph
+
+
+def check_plan(graph: Graph, plan: MemoryPlan | None = None) -> None:
+    """Audit a plan against the graph from first principles; raise PlanError on any breach.
+
+    Checks: the schedule is the graph's node order and defines every value before use; every
+    intermediate not aliasing a graph input has a buffer; offsets are aligned and inside the
+    arena; each buffer's lifetime covers every definition and read of its values (graph
+    outputs and updates to the end); in-place outputs overwrite an input read last at their
+    node; and no two buffers that are live at a common step overlap in memory (all pairs).
+    """
+    plan = plan or graph.meta["memory_plan"]
+    if [id(n) for n in plan.schedule] != [id(n) for n in graph.nodes]:
+        raise PlanError("the plan's schedule is not the graph's node order")
+    defined = set(graph.inputs)
+    step: dict[str, int] = {}
+    reads: dict[str, list[int]] = {}
+    for s, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            if v not in defined:
+                raise PlanError(f"step {s}: %{v.name} is read before it is defined")
+            reads.setdefault(v.name, []).append(s)
+        for v in node.outputs:
+            defined.add(v)
+            step[v.name] = s
+    final = len(graph.nodes) - 1
+    for v in list(graph.outputs) + [v for _, v in graph.updates]:
+        reads.setdefault(v.name, []).append(final)
+    for b in plan.buffers.values():
+        if b.offset % ALIGN or b.offset < 0 or b.offset + b.size > plan.arena_bytes:
+            raise PlanError(f"buffer %{b.name} at {b.offset} (+{b.size}) is misaligned or "
+                            f"outside the arena of {plan.arena_bytes} bytes")
+        for name in b.values:
+            touched = [step[name]] + reads.get(name, [])
+            if min(touched) < b.start or max(touched) > b.end:
+                raise PlanError(f"%{name} is used at steps {touched}, outside its buffer "
+                                f"%{b.name}'s lifetime {b.start}-{b.end}")
+    for node in graph.nodes:
+        for v in node.outputs:
+            if v.name not in plan.buffer_of and v.name not in plan.views:
+                raise PlanError(f"%{v.name} has no buffer")
+    for out, donor in plan.inplace.items():
+        buf = plan.buffers[plan.buffer_of[out]]
+        if plan.buffer_of[donor] != buf.name or max(reads[donor]) != step[out]:
+            raise PlanError(f"%{out} overwrites %{donor}, which is not read last at %{out}")
+        for name in buf.values:  # the donor's views and earlier owners die here too
+            if step[name] < step[out] and max(reads.get(name, [-1])) > step[out]:
+                raise PlanError(f"%{out} overwrites the buffer of %{name}, read later")
+    bufs = sorted(plan.buffers.values(), key=lambda b: b.start)
+    for i, a in enumerate(bufs):
+        for b in bufs[i + 1:]:
+            if b.start > a.end:
+                break
+            if a.size and b.size and a.offset < b.offset + b.size and \
+                    b.offset < a.offset + a.size:
+                raise PlanError(f"buffers %{a.name} [{a.start}-{a.end}] and %{b.name} "
+                                f"[{b.start}-{b.end}] are live together and overlap in memory")
+
+
+__all__ = ["ALIGN", "Buffer", "MemoryPlan", "PlanError", "check_plan", "plan_buffers"]
