@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,14 +37,18 @@ from graphc.errors import GraphcError
 from graphc.ir.printer import format_graph
 from graphc.tensor import Tensor
 from graphc.tracing import (
+    _LITERALS,
     ConstantBinding,
+    GradBinding,
     RngBinding,
     TensorBinding,
     TraceResult,
     _at,
     _flatten,
-    captured_roots,
+    grad_holders,
     graph_name,
+    optimizer_params,
+    reachable,
     trace_call,
     unflatten,
 )
@@ -85,9 +88,6 @@ def _describe(value) -> Any:
     return ("object", type(value).__qualname__, id(value))
 
 
-_LITERALS = (bool, int, float, str, type(None), np.generic)
-
-
 def _module_state(modules: list[tuple[str, Any]]) -> dict[str, Any]:
     """Training flags, hooks, plain attributes (p, eps, momentum..., tensors that are neither
     parameters nor buffers) and the identity and type of every parameter and buffer of the
@@ -113,47 +113,53 @@ def _module_state(modules: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def reachable_state(fn, args: tuple = (), kwargs: dict | None = None):
-    """(modules, captured) the call can reach: the Modules, and a description of the Tensors
-    (identity and type) and Python values (type and value) among `fn`'s captured roots
-    (itself, its `self`, closure cells, globals), one level into plain objects, containers
-    and helper functions, and the same for the arguments (a Module or an object holding one
-    passed in). Names are for the recompile diff."""
-    modules: list[tuple[str, Any]] = []
-    captured: dict[str, Any] = {}
-    seen: set[int] = set()
+    """(modules, captured) the call can reach (see `graphc.tracing.reachable`): the Modules,
+    and a description of the Tensors (identity and type), Python values (type and value) and
+    Optimizers (hyperparameters, parameters, state: see `_optimizer_state`) among them, plus
+    the presence and type of the `.grad` of every tensor whose gradient the call may read or
+    write (`grad_holders`). Names are for the recompile diff."""
+    from graphc.optim.optimizer import Optimizer
 
-    def visit(name: str, obj, depth: int) -> None:
-        if isinstance(obj, _LITERALS):  # a global SCALE = 2.0 is baked into the graph
+    modules: list[tuple[str, Any]] = []
+    optimizers: list[tuple[str, Any]] = []
+    captured: dict[str, Any] = {}
+    for name, obj in reachable(fn, args, kwargs):
+        if isinstance(obj, _LITERALS):
             captured[name] = _describe(obj)
-            return
-        if id(obj) in seen or isinstance(obj, (type, types.ModuleType)):
-            return
-        seen.add(id(obj))
-        if _is_module(obj):
+        elif _is_module(obj):
             modules.append((name, obj))
         elif isinstance(obj, Tensor):
             captured[name] = _tensor_key(obj, identity=True)
-        elif depth >= 2:
-            return
-        elif isinstance(obj, (types.FunctionType, types.MethodType)):
-            for sub, item in captured_roots(obj):
-                visit(f"{name}.{sub}" if sub != "self" else f"{name}.__self__", item, depth + 1)
-        elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
-            for i, item in enumerate(obj):
-                visit(f"{name}[{i}]", item, depth + 1)
-        elif isinstance(obj, dict) and len(obj) <= 64:
-            for k, item in obj.items():
-                visit(f"{name}[{k!r}]", item, depth + 1)
-        elif hasattr(obj, "__dict__") and not callable(obj):
-            for attr, item in list(vars(obj).items())[:64]:
-                visit(f"{name}.{attr}", item, depth + 1)
-
-    for name, obj in captured_roots(fn):
-        visit(name, obj, 0)
-    for path, arg in _flat_leaves((args, kwargs or {})):
-        if not isinstance(arg, (Tensor,) + _LITERALS):  # those are described as arguments
-            visit(_path_name(path), arg, 1)
+        elif isinstance(obj, Optimizer):
+            optimizers.append((name, obj))
+    names = {id(p): ".".join(x for x in (prefix, n) if x) for prefix, m in modules
+             for n, p in m.named_parameters()}
+    for name, opt in optimizers:
+        captured.update(_optimizer_state(name, opt, names))
+    for name, t, _ in grad_holders(fn, args, kwargs):
+        captured[f"{name}.grad"] = None if t._grad is None else \
+            _tensor_key(t._grad, identity=False)
     return modules, captured
+
+
+def _optimizer_state(name: str, opt, param_names: dict[int, str]) -> dict[str, Any]:
+    """Guard fields of an optimizer: every group's hyperparameters (baked into the graph as
+    literals), the identity and type of each parameter, and per parameter each state entry
+    (a tensor's identity and type, another value's type and value), the parameter named after
+    its module where one holds it. State is created lazily by the first step (momentum
+    buffers, Adam's moments and step count), so the call after it traces again."""
+    fields: dict[str, Any] = {}
+    for g, group in enumerate(opt.param_groups):
+        for key, value in group.items():
+            if key not in ("params", "param_names"):
+                fields[f"{name}.param_groups[{g}][{key!r}]"] = _describe(value)
+    for label, p in optimizer_params(opt):
+        label = param_names.get(id(p), label)
+        fields[f"{name}.params[{label}]"] = _tensor_key(p, identity=True)
+        for key, value in opt.state.get(p, {}).items():
+            fields[f"{name}.state[{label}].{key}"] = _tensor_key(value, identity=True) \
+                if isinstance(value, Tensor) else _describe(value)
+    return fields
 
 
 def signature_of(fn, modules, args: tuple, kwargs: dict, captured=None) -> dict[str, Any]:
@@ -291,9 +297,8 @@ class Compiled:
                     f"What changed between calls:\n{listing}\nKeep shapes and Python "
                     "arguments stable across calls, or compile separate functions."
                 )
-        _refuse_gradients(self.__name__, modules, args, kwargs)
         traced = trace_call(self.fn, args, kwargs)
-        _refuse_grad_outputs(self.__name__, traced)
+        _refuse_grad_outputs(self.__name__, traced, args, kwargs)
         executable = compile_graph(traced.graph, self.backend)
         self._entries.append(_Entry(sig, traced, executable, _aliasing(traced, args, kwargs)))
         _dump(traced.graph)
@@ -308,6 +313,12 @@ class Compiled:
                 t = b.tensor
                 if tuple(t._data.shape) != v.type.shape or t.dtype is not v.type.dtype:
                     reasons.append(f"captured %{v.name} {v.type} -> {t.type}")
+            elif isinstance(b, GradBinding):
+                g = b.resolve(args, kwargs)._grad
+                if g is None:
+                    reasons.append(f"%{v.name} {v.type} -> None")
+                elif tuple(g._data.shape) != v.type.shape or g.dtype is not v.type.dtype:
+                    reasons.append(f"%{v.name} {v.type} -> {g.type}")
         if _aliasing(entry.traced, args, kwargs) != entry.aliasing:
             reasons.append("which argument tensors share storage (e.g. f(x, x) -> f(x, y))")
         return reasons
@@ -324,7 +335,12 @@ class Compiled:
             if isinstance(b, ConstantBinding):  # a copy: an output may be a view of it
                 arrays.append(b.array.copy())
                 continue
-            t = b.tensor if isinstance(b, TensorBinding) else _at((args, kwargs), b.path)
+            if isinstance(b, TensorBinding):
+                t = b.tensor
+            elif isinstance(b, GradBinding):  # the holder's .grad as it is now
+                t = b.resolve(args, kwargs)._grad
+            else:
+                t = _at((args, kwargs), b.path)
             bound[id(v)] = t
             arrays.append(t._data)
         results = entry.executable.run(*arrays)
@@ -335,29 +351,36 @@ class Compiled:
             t = bound[id(target)]
             np.copyto(t._data, value)
             t._version_counter.bump()
+        grads = self._assign_grads(traced, outputs, arrays, args, kwargs)
         wrapped = []
-        for i, o in enumerate(outputs):
+        n_own = len(outputs) - sum(go.index is not None for go in traced.grad_outputs)
+        for i, o in enumerate(outputs[:n_own]):
             j = traced.output_aliases.get(i)
+            k = traced.output_grads.get(i)
             wrapped.append(bound[id(graph.inputs[j])] if j is not None
-                           else Tensor._wrap(np.asarray(o)))
+                           else grads[k] if k is not None else Tensor._wrap(np.asarray(o)))
         return unflatten(traced.out_spec, wrapped)
 
-
-def _flat_leaves(obj, path=()):
-    """(path, leaf) for every non-container leaf of nested tuples, lists and dicts."""
-    if isinstance(obj, (tuple, list)):
-        for i, item in enumerate(obj):
-            yield from _flat_leaves(item, path + (i,))
-    elif isinstance(obj, dict):
-        for k, item in obj.items():
-            yield from _flat_leaves(item, path + (k,))
-    else:
-        yield path, obj
-
-
-def _path_name(path: tuple) -> str:
-    head = f"arg {path[1]}" if path[0] == 0 else f"kwarg {path[1]}"
-    return head + "".join(f"[{p!r}]" for p in path[2:])
+    @staticmethod
+    def _assign_grads(traced: TraceResult, outputs: list, inputs: list, args: tuple,
+                      kwargs: dict) -> list:
+        """Assign each GradOutput's value (a fresh tensor, or None) to its holder's `.grad`,
+        after the updates (a `.grad` accumulated in place and then set to None gets both);
+        returns the assigned tensors in grad_outputs order (None where it set None)."""
+        assigned, taken = [], list(inputs)
+        for go in traced.grad_outputs:
+            holder = go.resolve(args, kwargs)
+            if go.index is None:
+                holder._grad = None
+                assigned.append(None)
+                continue
+            array = np.asarray(outputs[go.index])
+            if any(np.may_share_memory(array, other) for other in taken):
+                array = array.copy()  # a .grad never shares memory with another tensor
+            taken.append(array)
+            holder._grad = Tensor._wrap(array)
+            assigned.append(holder._grad)
+        return assigned
 
 
 def _is_module(obj) -> bool:
@@ -371,28 +394,55 @@ _NO_GRADS = ("compiled callables do not return gradients yet (that comes with "
              "requires_grad=False / model.eval() with no_grad, or keep this part in eager mode.")
 
 
-def _refuse_gradients(name: str, modules, args: tuple, kwargs: dict) -> None:
-    if not is_grad_enabled():
-        return
-    needs = [f"argument {_path_name(path)}"
-             for path, t in _flatten((args, kwargs)) if t.requires_grad]
-    needs += [f"parameter {prefix + '.' if prefix else ''}{n}" for prefix, m in modules
-              for n, p in m.named_parameters() if p.requires_grad]
-    if needs:
-        raise GraphcError(f"graphc.compile({name}): {needs[0]} requires grad, and {_NO_GRADS}")
+def _history_consumed(t: Tensor) -> bool:
+    """Whether a backward() inside the traced call already ran through `t`'s history (freed
+    saved tensors in it): calling backward on it again would fail in eager code too, so the
+    compiled call may return it as a plain value (the loss of a training step)."""
+    from graphc.autograd.graph import SavedTensor
+
+    stack, seen = [t.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        saved = list(getattr(node, "saved_inputs", {}).values())
+        saved += list(getattr(node, "saved_outputs", {}).values())
+        ctx = getattr(node, "ctx", None)
+        saved += [x for x in getattr(ctx, "_saved", ()) if isinstance(x, SavedTensor)]
+        if any(x.freed for x in saved):
+            return True
+        stack.extend(child for child, _ in node.next_functions)
+    return False
 
 
-def _refuse_grad_outputs(name: str, traced: TraceResult) -> None:
-    """After the trace: an output with history (from a captured tensor that requires grad, or
-    one made inside) would have gradients on this call and none on the replays."""
+def _refuse_grad_outputs(name: str, traced: TraceResult, args: tuple, kwargs: dict) -> None:
+    """After the trace: an output that needs a grad_fn (it requires grad, is not an input
+    tensor returned as itself, and no backward inside the call consumed its history) would
+    have gradients on this call and none on the replays; so would a `.grad` with history
+    (backward(create_graph=True) inside the call)."""
     if not is_grad_enabled():
         return
-    for path, t in _flatten(traced.result):
-        if t.requires_grad:
-            where = "".join(f"[{p!r}]" for p in path) or ""
+    flat = list(_flatten(traced.result))
+    outputs: dict[int, int] = {}
+    for _path, t in flat:
+        outputs.setdefault(id(t), len(outputs))
+    for path, t in flat:
+        if not t.requires_grad or outputs[id(t)] in traced.output_aliases:
+            continue
+        if t.grad_fn is not None and _history_consumed(t):
+            continue
+        where = "".join(f"[{p!r}]" for p in path) or ""
+        raise GraphcError(
+            f"graphc.compile({name}): output{where} requires grad (it depends on a tensor "
+            f"that requires grad, e.g. a captured one), and {_NO_GRADS}"
+        )
+    for go in traced.grad_outputs:
+        g = go.resolve(args, kwargs)._grad
+        if g is not None and g.requires_grad:
             raise GraphcError(
-                f"graphc.compile({name}): output{where} requires grad (it depends on a tensor "
-                f"that requires grad, e.g. a captured one), and {_NO_GRADS}"
+                f"graphc.compile({name}): backward(create_graph=True) inside the compiled "
+                f"function left a .grad with history, and {_NO_GRADS}"
             )
 
 

@@ -15,6 +15,25 @@ tracer maps every tensor's storage (its numpy array) to the IR value that curren
   storage ends up bound to a new value becomes an update (`%w <- %v`) of the graph;
 - random ops read their [seed, offset] from a graph input bound to the generator, so every
   call of a compiled graph draws fresh numbers, exactly as the same eager calls would.
+
+Gradients are state too, so a training step (zero_grad, forward, `loss.backward()`,
+`opt.step()`) traces into one graph. The tracer snapshots, before the call, the `.grad` of
+every tensor that can hold one (parameters of the modules and optimizers the function reaches,
+captured and argument tensors that require grad), and binds them explicitly:
+- a `.grad` that existed before the call and is read inside it (accumulation without
+  zero_grad, the optimizer reading it) is a `GradBinding` input: the executable feeds it the
+  holder's `.grad` as it is at each call (`%fc.weight.grad`);
+- such a `.grad` written in place (accumulated into, `zero_grad(set_to_none=False)`) is an
+  update of that input (`%fc.weight.grad <- %v`), written back into the same tensor object; an
+  input is added for it even when the step only writes it, since updates are of inputs only;
+- a holder whose `.grad` ends the call as another tensor (zero_grad set it to None and backward
+  assigned a fresh one) or as None (`zero_grad()` after `step()`) is a `GradOutput`: an extra
+  graph output after the function's own, which the executable assigns to `holder.grad` after
+  every run (a fresh tensor), or None without an output.
+Optimizer state (momentum buffers, Adam moments, `step`) needs nothing special: state tensors
+that exist before the call are captured inputs updated in place. State created lazily inside
+the call makes the traced graph valid for that first call only; graphc.compile guards on the
+optimizer's state so the next call traces again.
 Reading a tensor's value (`bool(t)`, `.item()`, `.numpy()`) inside a trace raises TraceError;
 `trace_call` adds the user's source line (and the custom Function it happened in) to it.
 """
@@ -24,6 +43,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
+import types
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -63,6 +83,32 @@ class ConstantBinding:
 
 
 @dataclass
+class GradBinding:
+    """A graph input fed by the `.grad` of a tensor that requires grad (its *holder*), read at
+    every call: `holder` is a captured tensor, or the argument at `path` when `holder` is None.
+    """
+
+    holder: Tensor | None = None
+    path: tuple | None = None
+
+    def resolve(self, args: tuple, kwargs: dict) -> Tensor:
+        return self.holder if self.path is None else _at((args, kwargs), self.path)
+
+
+@dataclass
+class GradOutput:
+    """After every run, the holder's `.grad` becomes graph output `index` (a fresh tensor), or
+    None when `index` is None. The holder as in GradBinding."""
+
+    holder: Tensor | None
+    path: tuple | None
+    index: int | None
+
+    def resolve(self, args: tuple, kwargs: dict) -> Tensor:
+        return self.holder if self.path is None else _at((args, kwargs), self.path)
+
+
+@dataclass
 class RngBinding:
     """A graph input that holds [seed, offset] of `generator`; a call advances it by `counters`.
 
@@ -83,12 +129,19 @@ class TraceResult:
     """A traced graph plus what is needed to call it again with new arguments."""
 
     graph: Graph
-    bindings: list  # one ArgBinding / TensorBinding / RngBinding per graph input, in order
+    # one ArgBinding / TensorBinding / GradBinding / ConstantBinding / RngBinding per graph
+    # input, in order
+    bindings: list
     out_spec: Any  # the output structure with tensors replaced by their output index
     result: Any = None  # what the tracing call returned (it ran eagerly)
     # output index -> graph input index, for outputs that ARE an input tensor (`return x`,
     # `return self.weight`): a compiled call returns that very tensor, as the eager call does
     output_aliases: dict[int, int] = field(default_factory=dict)
+    # the .grad write-backs; their outputs follow the function's own in graph.outputs
+    grad_outputs: list[GradOutput] = field(default_factory=list)
+    # output index -> position in grad_outputs, for an output that IS a holder's new .grad
+    # (`return w.grad`): a compiled call returns the tensor it assigned to `.grad`
+    output_grads: dict[int, int] = field(default_factory=dict)
 
 
 def _literal(op: str, key: str, value):
@@ -123,10 +176,12 @@ def _attribute(op: str, key: str, value, kind):
 class Tracer:
     """Records op applications into a Graph while they run eagerly (see the module docstring)."""
 
-    def __init__(self, name: str, names_by_storage: dict[int, str]) -> None:
+    def __init__(self, name: str, names_by_storage: dict[int, str],
+                 grad_holders: list[tuple[Tensor, tuple | None]] = ()) -> None:
         self.graph = Graph(name)
         self.start_serial = tensor_serial()
         self.bindings: list = []
+        self.grad_outputs: list[GradOutput] = []
         self._rngs: dict[int, tuple[RngBinding, Tensor]] = {}
         self._values: dict[int, Value] = {}
         self._keep: list[np.ndarray] = []  # keeps recorded arrays alive, so ids stay unique
@@ -134,6 +189,10 @@ class Tracer:
         self._names_by_storage = names_by_storage
         self._used_names: set[str] = set()
         self._counter = itertools.count()
+        # (holder, argument path or None, its .grad before the call): see the module docstring
+        self._holders = [(h, path, h._grad) for h, path in grad_holders]
+        self._grad_of = {id(g): (h, path) for h, path, g in self._holders if g is not None}
+        self._grad_inputs: dict[int, Value] = {}  # id(holder) -> its GradBinding input
 
     # ---- names and values ------------------------------------------------------------------
     def _name(self, hint: str | None = None) -> str:
@@ -167,9 +226,33 @@ class Tracer:
         if v is not None:
             return v
         if t._serial < self.start_serial:
+            if id(t) in self._grad_of:  # the .grad of a holder, as it was before the call
+                holder, path = self._grad_of[id(t)]
+                return self._grad_input(holder, path, t, bind=True)
             name = self._names_by_storage.get(id(t._data), f"c{len(self.bindings)}")
             return self.add_input(t, name, TensorBinding(t))
         return self._constant(t)
+
+    def _holder_name(self, holder: Tensor) -> str:
+        v = self._values.get(id(holder._data))
+        if v is not None and v in self._input_of:
+            return v.name
+        return self._names_by_storage.get(id(holder._data), "param")
+
+    def _grad_input(self, holder: Tensor, path, grad: Tensor, bind: bool) -> Value:
+        """The GradBinding input of `holder` (its `.grad` at the call). Without `bind`, the
+        grad's storage keeps the value the trace gave it (an input added at the end for an
+        update only)."""
+        v = Value(self._name(self._holder_name(holder) + ".grad"), grad.type)
+        self.graph.inputs.append(v)
+        self.bindings.append(GradBinding(None if path is not None else holder, path))
+        self._input_of[v] = grad
+        self._grad_inputs[id(holder)] = v
+        if bind:
+            self._bind(grad, v)
+        else:
+            self._keep.append(grad._data)
+        return v
 
     def _constant(self, t: Tensor) -> Value:
         """A tensor made inside the trace without an op: a `full` node, or a bound copy."""
@@ -247,18 +330,42 @@ class Tracer:
 
     def finish(self, outputs: list[Tensor]) -> None:
         self.graph.outputs = [self.value_of(t) for t in outputs]
+        self._finish_grads()
         for v, t in self._input_of.items():
             current = self._values.get(id(t._data))
             if current is not None and current is not v:
                 self.graph.updates.append((v, current))
-        for b in self.bindings:
-            g = b.tensor._grad if isinstance(b, TensorBinding) else None
-            if g is not None and g._serial >= self.start_serial:
-                raise TraceError(
-                    "backward() inside a traced function wrote the .grad of a captured tensor; "
-                    "compiled training steps are not supported yet: call backward() outside "
-                    "the compiled function"
-                )
+
+    def _finish_grads(self) -> None:
+        """Bind the `.grad` writes of the call (see the module docstring): an in-place write
+        into a `.grad` that existed before is an update of its GradBinding input; a `.grad`
+        that ends as another tensor, or as None, is a GradOutput."""
+        holders = list(self._holders)
+        known = {id(h) for h, _, _ in holders}
+        for b, v in zip(self.bindings, self.graph.inputs):
+            # tensors read by the trace that the walk did not find: a .grad made inside
+            if isinstance(b, (TensorBinding, ArgBinding)) and v in self._input_of:
+                t = self._input_of[v]
+                g = t._grad
+                if id(t) not in known and g is not None and g._serial >= self.start_serial:
+                    known.add(id(t))
+                    path = b.path if isinstance(b, ArgBinding) else None
+                    holders.append((t, path, None))
+        for holder, path, before in holders:
+            if before is not None and id(holder) not in self._grad_inputs:
+                written = self._values.get(id(before._data))
+                if written is not None:  # written in place, never read: an input to update
+                    self._grad_input(holder, path, before, bind=False)
+            after = holder._grad
+            if after is before:
+                continue
+            if after is None:
+                self.grad_outputs.append(GradOutput(None if path is not None else holder,
+                                                    path, None))
+                continue
+            self.graph.outputs.append(self.value_of(after))
+            self.grad_outputs.append(GradOutput(None if path is not None else holder, path,
+                                                len(self.graph.outputs) - 1))
 
 
 def _uniform_literal(flat: np.ndarray):
@@ -341,9 +448,115 @@ def captured_roots(fn) -> list[tuple[str, Any]]:
     return roots
 
 
-def _storage_names(fn) -> dict[int, str]:
-    """Readable names for state the function may capture: module parameters and buffers."""
+_LITERALS = (bool, int, float, str, type(None), np.generic)
+
+
+def _flat_leaves(obj, path=()):
+    """(path, leaf) for every non-container leaf of nested tuples, lists and dicts."""
+    if isinstance(obj, (tuple, list)):
+        for i, item in enumerate(obj):
+            yield from _flat_leaves(item, path + (i,))
+    elif isinstance(obj, dict):
+        for k, item in obj.items():
+            yield from _flat_leaves(item, path + (k,))
+    else:
+        yield path, obj
+
+
+def _path_name(path: tuple) -> str:
+    head = f"arg {path[1]}" if path[0] == 0 else f"kwarg {path[1]}"
+    return head + "".join(f"[{p!r}]" for p in path[2:])
+
+
+def reachable(fn, args: tuple = (), kwargs: dict | None = None) -> list[tuple[str, Any]]:
+    """(name, object) for the state a call of `fn` can reach: Python literals, Modules,
+    Tensors and Optimizers among `fn`'s captured roots (itself, its `self`, closure cells,
+    globals), one level into plain objects, containers and helper functions, and the same
+    for the arguments that are neither tensors nor literals (a Module or an object holding one
+    passed in). Modules, tensors and optimizers are not looked into. Names are for people
+    (recompile diffs, input names)."""
     from graphc.nn.module import Module
+    from graphc.optim.optimizer import Optimizer
+
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+
+    def visit(name: str, obj, depth: int) -> None:
+        if isinstance(obj, _LITERALS):  # a global SCALE = 2.0 is baked into the graph
+            found.append((name, obj))
+            return
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (Module, Tensor, Optimizer)):
+            found.append((name, obj))
+        elif depth >= 2:
+            return
+        elif isinstance(obj, (types.FunctionType, types.MethodType)):
+            for sub, item in captured_roots(obj):
+                visit(f"{name}.{sub}" if sub != "self" else f"{name}.__self__", item, depth + 1)
+        elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
+            for i, item in enumerate(obj):
+                visit(f"{name}[{i}]", item, depth + 1)
+        elif isinstance(obj, dict) and len(obj) <= 64:
+            for k, item in obj.items():
+                visit(f"{name}[{k!r}]", item, depth + 1)
+        elif hasattr(obj, "__dict__") and not callable(obj):
+            for attr, item in list(vars(obj).items())[:64]:
+                visit(f"{name}.{attr}", item, depth + 1)
+
+    for name, obj in captured_roots(fn):
+        visit(name, obj, 0)
+    for path, arg in _flat_leaves((args, kwargs or {})):
+        if not isinstance(arg, (Tensor,) + _LITERALS):  # those are described as arguments
+            visit(_path_name(path), arg, 1)
+    return found
+
+
+def optimizer_params(opt) -> list[tuple[str, Tensor]]:
+    """(label, parameter) for every parameter of an optimizer, labelled by group and index."""
+    return [(f"param_groups[{g}][{i}]", p) for g, group in enumerate(opt.param_groups)
+            for i, p in enumerate(group["params"])]
+
+
+def grad_holders(fn, args: tuple = (), kwargs: dict | None = None
+                 ) -> list[tuple[str, Tensor, tuple | None]]:
+    """(name, tensor, argument path or None) for every tensor whose `.grad` a call of `fn`
+    may read or write: the parameters of the modules and optimizers it reaches, the captured
+    tensors and the argument tensors that require grad (leaves)."""
+    from graphc.nn.module import Module
+    from graphc.optim.optimizer import Optimizer
+
+    out: list[tuple[str, Tensor, tuple | None]] = []
+    seen: set[int] = set()
+
+    def add(name: str, t: Tensor, path) -> None:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append((name, t, path))
+
+    for path, t in _flatten((args, kwargs or {})):
+        if t.requires_grad and t.is_leaf:
+            add(_path_name(path), t, path)
+    found = reachable(fn, args, kwargs)
+    for name, obj in found:  # module names first: they name the parameters best
+        if isinstance(obj, Module):
+            for pname, p in obj.named_parameters():
+                add(f"{name}.{pname}" if name else pname, p, None)
+    for name, obj in found:
+        if isinstance(obj, Optimizer):
+            for label, p in optimizer_params(obj):
+                add(f"{name}.{label}", p, None)
+        elif isinstance(obj, Tensor) and obj.requires_grad and obj.is_leaf:
+            add(name, obj, None)
+    return out
+
+
+def _storage_names(fn) -> dict[int, str]:
+    """Readable names for state the function may capture: module parameters and buffers,
+    and optimizer state (`<parameter>.<key>`: `fc.weight.momentum_buffer`)."""
+    from graphc.nn.module import Module
+    from graphc.optim.optimizer import Optimizer
 
     names: dict[int, str] = {}
     for prefix, obj in captured_roots(fn):
@@ -353,6 +566,18 @@ def _storage_names(fn) -> dict[int, str]:
                 names.setdefault(id(t._data), full)
         elif isinstance(obj, Tensor):
             names.setdefault(id(obj._data), prefix)
+    found = reachable(fn)
+    for prefix, obj in found:  # modules further in (`self.model`)
+        if isinstance(obj, Module):
+            for name, t in itertools.chain(obj.named_parameters(), obj.named_buffers()):
+                names.setdefault(id(t._data), f"{prefix}.{name}" if prefix else name)
+    for prefix, obj in found:
+        if isinstance(obj, Optimizer):
+            for label, p in optimizer_params(obj):
+                pname = names.setdefault(id(p._data), f"{prefix}.{label}")
+                for key, value in obj.state.get(p, {}).items():
+                    if isinstance(value, Tensor):
+                        names.setdefault(id(value._data), f"{pname}.{key}")
     return names
 
 
@@ -380,7 +605,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
     kwargs = kwargs or {}
     if current_tracer() is not None:
         raise TraceError("graphc.trace cannot be nested: a trace is already running")
-    tracer = Tracer(name or graph_name(fn), _storage_names(fn))
+    holders = [(t, path) for _, t, path in grad_holders(fn, args, kwargs)]
+    tracer = Tracer(name or graph_name(fn), _storage_names(fn), holders)
     arg_names = _arg_names(fn, args)
     for path, t in _flatten((args, kwargs)):
         if id(t._data) in tracer._values:
@@ -410,11 +636,23 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
     aliases = {}
     for i, t in enumerate(outputs):
         for j, b in enumerate(tracer.bindings):
-            bound = _at((args, kwargs), b.path) if isinstance(b, ArgBinding) else \
-                b.tensor if isinstance(b, TensorBinding) else None
+            if isinstance(b, ArgBinding):
+                bound = _at((args, kwargs), b.path)
+            elif isinstance(b, TensorBinding):
+                bound = b.tensor
+            elif isinstance(b, GradBinding):
+                bound = tracer._input_of[tracer.graph.inputs[j]]  # the .grad before the call
+            else:
+                bound = None
             if t is bound:
                 aliases[i] = j
-    return TraceResult(tracer.graph, tracer.bindings, _spec(result, index), result, aliases)
+    output_grads = {}
+    for i, t in enumerate(outputs):
+        for k, go in enumerate(tracer.grad_outputs):
+            if go.index is not None and go.resolve(args, kwargs)._grad is t:
+                output_grads[i] = k
+    return TraceResult(tracer.graph, tracer.bindings, _spec(result, index), result, aliases,
+                       tracer.grad_outputs, output_grads)
 
 
 def _at(tree, path: tuple):
