@@ -2,6 +2,8 @@
 
 `derive_backward(graph, wrt=None, seeds="inputs")` joins a forward graph and its backward into
 one graph. It needs a graph that verifies and holds registry ops only (run it before `fuse`).
+`wrt` names the inputs to differentiate (names, Values or positions; default: every floating
+input, so buffers such as BatchNorm's running stats get zero gradients).
 It replays the forward nodes through the dispatch point under a `graphc.tracing.Tracer`, on
 placeholder tensors of the input types (zeros for int and bool inputs, so index kernels stay in
 range; values in [0.1, 1) for floats), with the `wrt` inputs made leaves that require grad, and
@@ -163,6 +165,7 @@ def derive_backward(graph: Graph, wrt=None, seeds: str = "inputs") -> Graph:
                 seed = call("full", shape=out.type.shape, value=1.0, dtype=out.type.dtype.name)
             seed_tensors.append(seed)
         rec.loc = "(backward)"
+        # create_graph: VJPs run with grad mode on, exactly as in an eager double backward
         grads = autograd_grad(roots, [env[w] for w in wrt_values], grad_outputs=seed_tensors,
                               create_graph=True, allow_unused=True) if roots else \
             (None,) * len(wrt_values)
