@@ -10,10 +10,15 @@ to exactly one buffer (`MemoryPlan.buffer_of`), or to none when it aliases a gra
   into an input's buffer when that input is a buffer's own value (not a view), dies at this
   node, is read by no other input of the node through an alias, and has the output's shape
   and element size: element i is read before element i is written, so this is safe;
+- an update's new value (`%w <- %v`) is computed straight into the input `w`'s memory when
+  nothing reads `w` afterwards (the same in-place rule applies when `v`'s own node is its
+  last reader) and `v` is no graph output: it then needs no arena space, and the executable
+  needs no copy back (`MemoryPlan.in_input`);
 - every other output gets a buffer of its own.
-A buffer is live over the inclusive schedule steps [start, end]: from the node that defines
-it to its last reader through any of its values; a buffer holding a graph output or an
-update's new value lives to the last step. Two buffers whose lifetimes meet never share a
+Graph outputs stay in the arena (an executable copies them out). A buffer is live over the
+inclusive schedule steps [start, end]: from the node that defines it to its last reader
+through any of its values; a buffer holding a graph output or an update's new value lives
+to the last step. Two buffers whose lifetimes meet never share a
 byte: the node that frees an input at step s still reads it while writing its outputs.
 
 Offsets are 64-byte aligned and come from greedy interval packing (best fit, in several
@@ -30,8 +35,7 @@ import numpy as np
 
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
-from graphc.ir.printer import format_node
-from graphc.ops.registry import ELEMENTWISE, FUSED, REGISTRY
+from graphc.ops.registry import ELEMENTWISE, FUSED, REGISTRY, SOURCE
 
 ALIGN = 64
 _FUSED_INPLACE_OPS = {"broadcast_to"}  # movement ops a fused elementwise body may hold
@@ -73,6 +77,7 @@ class MemoryPlan:
     buffer_of: dict[str, str]
     views: dict[str, str]  # view value -> the value it aliases
     inplace: dict[str, str]  # output -> the input whose buffer it overwrote
+    in_input: dict[str, str]  # update value -> the graph input it is computed straight into
     live_bytes: list[int]  # per schedule step, bytes of the buffers live at it
     arena_bytes: int
     naive_bytes: int
@@ -100,45 +105,20 @@ class MemoryPlan:
 
     @property
     def table(self) -> str:
-        """One line per buffer: offset, bytes, live steps and the values it holds."""
-        rows = [f"{'buffer':<10} {'offset':>10} {'bytes':>10} {'steps':>11}  values",
-                "-" * 64]
-        for b in sorted(self.buffers.values(), key=lambda b: (b.offset, b.start)):
-            names = []
-            for v in b.values:
-                mark = "(view)" if v in self.views else "(in place)" if v in self.inplace else ""
-                names.append(f"%{v}{mark}")
-            steps = f"{b.start}-{b.end}" + ("*" if b.kept else "")
-            rows.append(f"%{b.name:<9} {b.offset:>10} {b.size:>10} {steps:>11}  "
-                        + " ".join(names))
-        rows.append("(* holds a graph output or update: live to the last step)")
-        return "\n".join(rows)
+        """The lifetime table: one line per buffer (graphc.passes.memory_viz.format_table)."""
+        from graphc.passes.memory_viz import format_table
+
+        return format_table(self)
 
     @property
     def report(self) -> str:
-        """One paragraph: arena bytes against the max-live lower bound and the naive sum."""
-        live, arena, naive = self.max_live_bytes, self.arena_bytes, self.naive_bytes
-        peak = self.live_bytes.index(live) if self.live_bytes else 0
-        at = format_node(self.schedule[peak]).split("#")[0].strip() if self.schedule else ""
-        return (
-            f"plan_buffers @{self.graph_name}: {len(self.schedule)} nodes in a "
-            f"{self.scheduler} schedule; {len(self.buffer_of)} intermediates in "
-            f"{len(self.buffers)} buffers ({len(self.views)} views alias their input, "
-            f"{len(self.inplace)} outputs written in place). Arena {_kib(arena)} = "
-            f"{_ratio(arena, live)} x the max-live lower bound {_kib(live)} (peak at step "
-            f"{peak}: {at}) and {_ratio(arena, naive)} x the naive sum of all intermediates "
-            f"{_kib(naive)}; offsets are {ALIGN}-byte aligned.")
+        """One paragraph: arena bytes against the max-live bound and the naive sum."""
+        from graphc.passes.memory_viz import format_report
+
+        return format_report(self)
 
     def __str__(self) -> str:
         return self.report + "\n" + self.table
-
-
-def _kib(n: int) -> str:
-    return f"{n / 1024:.1f} KiB"
-
-
-def _ratio(a: int, b: int) -> str:
-    return f"{a / b:.3f}" if b else "-"
 
 
 # ---- static facts: aliases, users, dependencies -------------------------------------------
@@ -165,6 +145,14 @@ class _Facts:
                 self.users.setdefault(self.root[v], set()).add(i)
         self.kept = {self.root[v] for v in graph.outputs} | \
                     {self.root[v] for _, v in graph.updates}
+        # update value -> its input, where the value could be computed into the input itself:
+        # the value owns its memory, is no output and feeds no other update; the input is no
+        # output and holds no other kept value
+        roots = [self.root[v] for _, v in graph.updates]
+        outs = {self.root[v] for v in graph.outputs}
+        self.update_target = {v: w for w, v in graph.updates
+                              if self.root[v] is v and v not in self.external
+                              and roots.count(v) == 1 and v not in outs and w not in self.kept}
         self.preds: list[set[int]] = []
         last_effect = None
         for i, node in enumerate(self.nodes):
@@ -209,7 +197,8 @@ def _inplace_capable(node: Node) -> bool:
     if kind == FUSED:
         body = node.attrs.get("body", ())
         return all(REGISTRY[op].kind == ELEMENTWISE or op in _FUSED_INPLACE_OPS
-                   for op, _, _ in body)
+                   or (REGISTRY[op].kind == SOURCE and not args)  # a constant copied in
+                   for op, args, _ in body)
     return False
 
 
@@ -272,7 +261,10 @@ def _net_freed(f: _Facts, i: int, remaining: dict[Value, int]) -> int:
     node = f.nodes[i]
     freed = sum(f.size(r) for r in {f.root[v] for v in node.inputs}
                 if f.in_arena(r) and r not in f.kept and remaining[r] == 1)
-    allocated = sum(f.size(v) for v in node.outputs if f.root[v] is v)
+    reads = {f.root[v] for v in node.inputs}
+    allocated = sum(f.size(v) for v in node.outputs if f.root[v] is v and not (
+        v in f.update_target
+        and remaining.get(f.update_target[v], 0) == (f.update_target[v] in reads)))
     return freed - allocated
 
 
@@ -285,16 +277,21 @@ def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
     buffers: dict[str, Buffer] = {}
     buffer_of: dict[Value, Buffer] = {}
     inplace: dict[str, str] = {}
+    in_input: dict[Value, Value] = {}
     for s, i in enumerate(order):
         node = f.nodes[i]
         claimed: set[int] = set()
         for o in node.outputs:
-            if not f.in_arena(o):
+            if not f.in_arena(o) or f.root[o] in in_input:
                 continue
             if f.root[o] is not o:  # a view: its root's buffer
                 buf = buffer_of[f.root[o]]
                 buffer_of[o] = buf
                 buf.values.append(o.name)
+                continue
+            target = f.update_target.get(o)
+            if target is not None and _fits_input(f, node, o, target, s, last):
+                in_input[o] = target  # the new value goes straight into its input's memory
                 continue
             donor = _inplace_donor(f, node, o, s, buffer_of, claimed) \
                 if _inplace_capable(node) else None
@@ -317,7 +314,8 @@ def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
     naive = sum(f.size(v) for n in f.nodes for v in n.outputs if f.root[v] is v)
     return MemoryPlan(f.graph.name, [f.nodes[i] for i in order], buffers,
                       {v.name: b.name for v, b in buffer_of.items()},
-                      {o.name: x.name for o, x in f.views.items()}, inplace, live, arena,
+                      {o.name: x.name for o, x in f.views.items()}, inplace,
+                      {o.name: w.name for o, w in in_input.items()}, live, arena,
                       naive, scheduler)
 
 
@@ -333,6 +331,19 @@ def _inplace_donor(f: _Facts, node: Node, o: Value, s: int,
             continue  # another input reads the same memory in another order
         return x
     return None
+
+
+def _fits_input(f: _Facts, node: Node, o: Value, w: Value, s: int,
+                last: dict[Value, int]) -> bool:
+    """May update value `o`, defined at step s, be written into its input `w`'s memory?
+
+    Yes when nothing reads `w` (or a view of it) after step s, and, when this very node still
+    reads it, the node is elementwise and reads `w` itself and through no other alias.
+    """
+    if last[w] < s:
+        return True
+    return (last[w] == s and _inplace_capable(node) and w in node.inputs
+            and all(f.root[x] is not w or x is w for x in node.inputs))
 
 
 def _pack(buffers: list[Buffer]) -> int:
@@ -417,7 +428,8 @@ def check_plan(graph: Graph, plan: MemoryPlan | None = None) -> None:
     """Audit a plan against the graph from first principles; raise PlanError on any breach.
 
     Checks: the schedule is the graph's node order and defines every value before use; every
-    intermediate not aliasing a graph input has a buffer; offsets are aligned and inside the
+    intermediate not aliasing a graph input has a buffer, or is an update value written into
+    its input after that input's last read; offsets are aligned and inside the
     arena; each buffer's lifetime covers every definition and read of its values (graph
     outputs and updates to the end); in-place outputs overwrite an input read last at their
     node; and no two buffers that are live at a common step overlap in memory (all pairs).
@@ -450,8 +462,20 @@ def check_plan(graph: Graph, plan: MemoryPlan | None = None) -> None:
                                 f"%{b.name}'s lifetime {b.start}-{b.end}")
     for node in graph.nodes:
         for v in node.outputs:
-            if v.name not in plan.buffer_of and v.name not in plan.views:
+            if v.name not in plan.buffer_of and v.name not in plan.views and \
+                    v.name not in plan.in_input:
                 raise PlanError(f"%{v.name} has no buffer")
+    root = {}
+    for name in [v.name for v in graph.inputs] + list(step):
+        base = plan.views.get(name)
+        root[name] = root[base] if base is not None else name
+    updates = {v.name: w.name for w, v in graph.updates}
+    for value, target in plan.in_input.items():
+        late = [s for name, r in root.items() if r == target for s in reads.get(name, [])
+                if s > step[value]]
+        if updates.get(value) != target or late or target in {v.name for v in graph.outputs}:
+            raise PlanError(f"%{value} is written into input %{target}, which is still read "
+                            f"at steps {late} or is not that value's update target")
     for out, donor in plan.inplace.items():
         buf = plan.buffers[plan.buffer_of[out]]
         if plan.buffer_of[donor] != buf.name or max(reads[donor]) != step[out]:
