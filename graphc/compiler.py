@@ -123,7 +123,8 @@ def reachable_state(fn, args: tuple = (), kwargs: dict | None = None):
     modules: list[tuple[str, Any]] = []
     optimizers: list[tuple[str, Any]] = []
     captured: dict[str, Any] = {}
-    for name, obj in reachable(fn, args, kwargs):
+    found = reachable(fn, args, kwargs)
+    for name, obj in found:
         if isinstance(obj, _LITERALS):
             captured[name] = _describe(obj)
         elif _is_module(obj):
@@ -136,7 +137,7 @@ def reachable_state(fn, args: tuple = (), kwargs: dict | None = None):
              for n, p in m.named_parameters()}
     for name, opt in optimizers:
         captured.update(_optimizer_state(name, opt, names))
-    for name, t, _ in grad_holders(fn, args, kwargs):
+    for name, t, _ in grad_holders(fn, args, kwargs, found):
         captured[f"{name}.grad"] = None if t._grad is None else \
             _tensor_key(t._grad, identity=False)
     return modules, captured

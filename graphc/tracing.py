@@ -468,13 +468,14 @@ def _path_name(path: tuple) -> str:
     return head + "".join(f"[{p!r}]" for p in path[2:])
 
 
-def reachable(fn, args: tuple = (), kwargs: dict | None = None) -> list[tuple[str, Any]]:
+def reachable(fn, args: tuple = (), kwargs: dict | None = None,
+              arg_names: list[str] | None = None) -> list[tuple[str, Any]]:
     """(name, object) for the state a call of `fn` can reach: Python literals, Modules,
     Tensors and Optimizers among `fn`'s captured roots (itself, its `self`, closure cells,
     globals), one level into plain objects, containers and helper functions, and the same
     for the arguments that are neither tensors nor literals (a Module or an object holding one
     passed in). Modules, tensors and optimizers are not looked into. Names are for people
-    (recompile diffs, input names)."""
+    (recompile diffs; input names, where `arg_names` names the positional arguments)."""
     from graphc.nn.module import Module
     from graphc.optim.optimizer import Optimizer
 
@@ -509,7 +510,10 @@ def reachable(fn, args: tuple = (), kwargs: dict | None = None) -> list[tuple[st
         visit(name, obj, 0)
     for path, arg in _flat_leaves((args, kwargs or {})):
         if not isinstance(arg, (Tensor,) + _LITERALS):  # those are described as arguments
-            visit(_path_name(path), arg, 1)
+            named = arg_names is not None and path[0] == 0 and path[1] < len(arg_names)
+            label = arg_names[path[1]] + "".join(f"[{p!r}]" for p in path[2:]) if named \
+                else _path_name(path)
+            visit(label, arg, 1)
     return found
 
 
@@ -519,11 +523,12 @@ def optimizer_params(opt) -> list[tuple[str, Tensor]]:
             for i, p in enumerate(group["params"])]
 
 
-def grad_holders(fn, args: tuple = (), kwargs: dict | None = None
+def grad_holders(fn, args: tuple = (), kwargs: dict | None = None, found=None
                  ) -> list[tuple[str, Tensor, tuple | None]]:
     """(name, tensor, argument path or None) for every tensor whose `.grad` a call of `fn`
     may read or write: the parameters of the modules and optimizers it reaches, the captured
-    tensors and the argument tensors that require grad (leaves)."""
+    tensors and the argument tensors that require grad (leaves). `found`: `reachable(fn,
+    args, kwargs)` when the caller has it already."""
     from graphc.nn.module import Module
     from graphc.optim.optimizer import Optimizer
 
@@ -538,7 +543,8 @@ def grad_holders(fn, args: tuple = (), kwargs: dict | None = None
     for path, t in _flatten((args, kwargs or {})):
         if t.requires_grad and t.is_leaf:
             add(_path_name(path), t, path)
-    found = reachable(fn, args, kwargs)
+    if found is None:
+        found = reachable(fn, args, kwargs)
     for name, obj in found:  # module names first: they name the parameters best
         if isinstance(obj, Module):
             for pname, p in obj.named_parameters():
@@ -552,9 +558,11 @@ def grad_holders(fn, args: tuple = (), kwargs: dict | None = None
     return out
 
 
-def _storage_names(fn) -> dict[int, str]:
-    """Readable names for state the function may capture: module parameters and buffers,
-    and optimizer state (`<parameter>.<key>`: `fc.weight.momentum_buffer`)."""
+def _storage_names(fn, args: tuple = (), kwargs: dict | None = None,
+                   arg_names: list[str] | None = None) -> dict[int, str]:
+    """Readable names for state the function may capture: module parameters and buffers
+    (also of modules held by an argument, `self.model` of a method), and optimizer state
+    (`<parameter>.<key>`: `fc.weight.momentum_buffer`)."""
     from graphc.nn.module import Module
     from graphc.optim.optimizer import Optimizer
 
@@ -566,7 +574,7 @@ def _storage_names(fn) -> dict[int, str]:
                 names.setdefault(id(t._data), full)
         elif isinstance(obj, Tensor):
             names.setdefault(id(obj._data), prefix)
-    found = reachable(fn)
+    found = reachable(fn, args, kwargs, arg_names)
     for prefix, obj in found:  # modules further in (`self.model`)
         if isinstance(obj, Module):
             for name, t in itertools.chain(obj.named_parameters(), obj.named_buffers()):
@@ -606,8 +614,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
     if current_tracer() is not None:
         raise TraceError("graphc.trace cannot be nested: a trace is already running")
     holders = [(t, path) for _, t, path in grad_holders(fn, args, kwargs)]
-    tracer = Tracer(name or graph_name(fn), _storage_names(fn), holders)
     arg_names = _arg_names(fn, args)
+    tracer = Tracer(name or graph_name(fn), _storage_names(fn, args, kwargs, arg_names), holders)
     for path, t in _flatten((args, kwargs)):
         if id(t._data) in tracer._values:
             continue  # the same tensor passed twice: one input
