@@ -3,16 +3,25 @@
 A compiled callable keys its executables by a *signature* of the call: every tensor
 argument's shape, dtype and requires_grad, every other argument's type and value (objects by
 identity), grad mode, the identity and type of tensors the function captures (closure cells,
-globals, attributes of its `self`), and the state of the modules it can reach (training flags,
-plain attributes such as `p` or `eps`, parameter and buffer identity and types, hook ids). A
-call whose signature has an executable runs it: arguments and captured tensors (parameters,
-buffers, closure tensors) are bound by pointer, the graph runs, in-place updates are written
-back, and an output that is an input tensor comes back as that tensor. A new signature traces
+globals, attributes of its `self`), the state of the modules it can reach (training flags,
+plain attributes such as `p` or `eps`, parameter and buffer identity and types, hook ids),
+of the optimizers it can reach (hyperparameters, parameters, and per parameter the state keys
+and state tensors' identity and type: state made lazily by a first step means a new graph),
+and whether each `.grad` it may touch is None (else its type). A call whose signature has an
+executable runs it: arguments and captured tensors (parameters, buffers, closure tensors,
+optimizer state, `.grad`s read: see graphc.tracing) are bound by pointer, the graph runs,
+in-place updates are written back, fresh `.grad`s are assigned (`GradOutput`), and an output
+that is an input tensor comes back as that tensor. So a whole training step (zero_grad,
+forward, backward, optimizer step) runs as one graph. A new signature traces
 again (the tracing call runs eagerly and its result is returned); with GRAPHC_LOG=recompiles
 each retrace logs which fields changed, and after the recompile limit the call raises
 `RecompileLimitError` listing them. A stale executable is never replayed: captured tensors
 are checked against the graph's types, and storage sharing among the call's tensors against
 the trace's (`f(x, x)` traced one input), on every call.
+
+Outputs that would need a `grad_fn` are refused (after the tracing run) until compiled
+backward graphs exist: an output that requires grad, unless it is an input tensor returned as
+itself or a backward inside the call already consumed its history (a training step's loss).
 
 Called inside another trace, a compiled callable runs its function inline, so the outer
 trace records its ops.
@@ -436,7 +445,8 @@ def _refuse_grad_outputs(name: str, traced: TraceResult, args: tuple, kwargs: di
         where = "".join(f"[{p!r}]" for p in path) or ""
         raise GraphcError(
             f"graphc.compile({name}): output{where} requires grad (it depends on a tensor "
-            f"that requires grad, e.g. a captured one), and {_NO_GRADS}"
+            f"that requires grad, e.g. a captured one), and {_NO_GRADS} (A training step "
+            "that ran backward(retain_graph=True) inside can return loss.detach().)"
         )
     for go in traced.grad_outputs:
         g = go.resolve(args, kwargs)._grad
