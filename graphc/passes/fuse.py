@@ -22,6 +22,8 @@ body of every group that reads them (a constant costs nothing to recompute); the
 node stays only while a non-fused consumer, an output or an update still reads it.
 
 Invariants:
+- Every value a fused node materialises has its group's domain shape (see _split_mixed),
+  so a backend renders an elementwise group as one loop nest over that shape.
 - No cycles. A node joins a group only if no path leaves the group and comes back into it,
   checked on the grouped ("quotient") graph at each merge, so the grouping stays acyclic;
   the result is checked on the networkx view (graphc.ir.export.to_networkx) as well.
@@ -179,7 +181,47 @@ class _Grouping:
                                            -len(self.groups[g].members), g))
             for gid in candidates:
                 self._try_merge(gid, i)
-        return sorted(self.groups.values(), key=lambda g: min(g.members))
+        groups = [part for g in self.groups.values() for part in self._split_mixed(g)]
+        return sorted(groups, key=lambda g: min(g.members))
+
+    def _shape(self, m: int) -> tuple:
+        return tuple(self.nodes[m].outputs[0].type.shape)
+
+    def _split_mixed(self, group: _Group) -> list[_Group]:
+        """Every value a group materialises has the group's domain shape.
+
+        The domain is the reduction's input shape (reduce groups) or the broadcast of the
+        members' shapes. A smaller member (a scalar step count, a per-row factor) may stay
+        inside, recomputed per element or hoisted by a backend, only while no one outside
+        reads it; otherwise it moves, with its in-group ancestors (all smaller too, as
+        elementwise ops only broadcast up), to a group of its own that feeds the rest. That
+        keeps the grouping acyclic: the part split off only feeds the rest, and any path
+        around it would have left and re-entered the original group.
+        """
+        if group.kind == "epilogue" or len(group.members) == 1:
+            return [group]
+        members = set(group.members)
+        if group.kind == "reduce":
+            domain = tuple(self.nodes[group.members[-1]].inputs[0].type.shape)
+        else:
+            domain = tuple(np.broadcast_shapes(*(self._shape(m) for m in members)))
+        stack = [m for m in members if self.roles[m] == ELEMENTWISE_ROLE
+                 and self._shape(m) != domain and self._read_outside(m, members)]
+        if not stack:
+            return [group]
+        small: set[int] = set()
+        while stack:
+            m = stack.pop()
+            if m not in small:
+                small.add(m)
+                stack.extend(p for p in self.preds[m] if p in members)
+        rest = _Group(sorted(members - small), group.kind, closed=group.closed)
+        return self._split_mixed(_Group(sorted(small), "elementwise")) + \
+            self._split_mixed(rest)
+
+    def _read_outside(self, m: int, members: set[int]) -> bool:
+        return (self.nodes[m].outputs[0] in self.escaping
+                or any(c not in members for c in self.succs[m]))
 
     def _try_merge(self, gid: int, i: int) -> bool:
         """Merge group `gid` into the group of node i (the node being visited) if allowed."""
