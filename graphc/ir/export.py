@@ -108,7 +108,9 @@ def to_networkx(graph: Graph) -> nx.MultiDiGraph:
 def node_label(node: Node) -> list[str]:
     """Label lines of an IR node: op (a fused node lists its ops), short attributes, types."""
     head = node.op
-    if node.op == "fused" and isinstance(node.attrs.get("ops"), (tuple, list)):
+    if node.op == "fused" and isinstance(node.attrs.get("body"), (tuple, list)):
+        head = "fused(" + ", ".join(str(i[0]) for i in node.attrs["body"]) + ")"
+    elif node.op == "fused" and isinstance(node.attrs.get("ops"), (tuple, list)):
         head = "fused(" + ", ".join(str(op) for op in node.attrs["ops"]) + ")"
     shown = [f"{key}={_short(value)}" for key, value in node.attrs.items()
              if not _redundant(node, key, value)]
@@ -131,7 +133,8 @@ def _short(value: Any) -> str:
 
 def _redundant(node: Node, key: str, value: Any) -> bool:
     """Attributes the picture shows elsewhere (group, fused ops, the output type) or defaults."""
-    if key in ("group", "ops") or _QUIET_ATTRS.get(key, object()) == value:
+    fused_detail = node.op == "fused" and key in ("ops", "body", "outputs")
+    if key == "group" or fused_detail or _QUIET_ATTRS.get(key, object()) == value:
         return True
     if len(node.outputs) == 1:
         out = node.outputs[0].type
