@@ -44,6 +44,7 @@ from graphc.backends import compile as compile_graph
 from graphc.dispatch import current_tracer
 from graphc.errors import GraphcError
 from graphc.ir.printer import format_graph
+from graphc.passes import default_passes, run_pipeline
 from graphc.tensor import Tensor
 from graphc.tracing import (
     _LITERALS,
@@ -234,11 +235,14 @@ def _fmt(x) -> str:
 class Compiled:
     """The callable graphc.compile returns (see the module docstring)."""
 
-    def __init__(self, fn: Callable, backend: str, recompile_limit: int | None) -> None:
+    def __init__(self, fn: Callable, backend: str, recompile_limit: int | None,
+                 passes=None) -> None:
         check_backend(backend)
         self.fn = fn
         self.backend = backend
         self.recompile_limit = recompile_limit
+        self.passes = passes  # None: graphc.passes.default_passes(); [] runs the traced graph
+        self.report = None  # the PipelineReport of the latest trace
         self._entries: list[_Entry] = []
         self._recompile_reasons: list[list[str]] = []
         functools.update_wrapper(self, fn, updated=())
@@ -251,14 +255,20 @@ class Compiled:
     # ---- introspection -----------------------------------------------------------------------
     @property
     def graph(self):
-        """The graph of the most recent trace."""
+        """The traced graph of the most recent trace (what the passes started from)."""
         if not self._entries:
             raise GraphcError("this compiled callable has not been called yet: no graph")
-        return self._entries[-1].executable.graph
+        return self._entries[-1].traced.graph
 
     @property
     def graphs(self) -> list:
-        return [e.executable.graph for e in self._entries]
+        """The traced graph of every trace, oldest first."""
+        return [e.traced.graph for e in self._entries]
+
+    @property
+    def optimized_graph(self):
+        """The graph the backend runs for the most recent trace (after the passes)."""
+        return self.executable.graph
 
     @property
     def executable(self) -> Executable:
@@ -309,9 +319,12 @@ class Compiled:
                 )
         traced = trace_call(self.fn, args, kwargs)
         _refuse_grad_outputs(self.__name__, traced, args, kwargs)
-        executable = compile_graph(traced.graph, self.backend)
+        prefix = _dump(traced.graph)
+        passes = default_passes() if self.passes is None else list(self.passes)
+        optimized, self.report = run_pipeline(traced.graph, passes, verify=True,
+                                              dump_prefix=prefix)
+        executable = compile_graph(optimized, self.backend)
         self._entries.append(_Entry(sig, traced, executable, _aliasing(traced, args, kwargs)))
-        _dump(traced.graph)
         return traced.result
 
     def _stale(self, entry: _Entry, args: tuple, kwargs: dict) -> list[str]:
@@ -460,21 +473,23 @@ def _refuse_grad_outputs(name: str, traced: TraceResult, args: tuple, kwargs: di
 _dump_counts: dict[str, int] = {}
 
 
-def _dump(graph) -> None:
-    """With GRAPHC_DUMP=<dir>: write the traced graph to <dir>/<name>.<n>.traced.gir, where n
-    counts the graphs of that name traced in this process (so none overwrites another)."""
+def _dump(graph) -> str | None:
+    """With GRAPHC_DUMP=<dir>: write the traced graph to <dir>/<name>.<n>.0.traced.gir, where
+    n counts the graphs of that name traced in this process (so none overwrites another);
+    the passes then write <name>.<n>.<stage>.<pass>.gir. Returns the `<name>.<n>` prefix."""
     directory = config.dump_dir()
     if not directory:
-        return
+        return None
     os.makedirs(directory, exist_ok=True)
     index = _dump_counts[graph.name] = _dump_counts.get(graph.name, 0) + 1
-    path = os.path.join(directory, f"{graph.name}.{index}.traced.gir")
-    with open(path, "w") as f:
+    prefix = f"{graph.name}.{index}"
+    with open(os.path.join(directory, f"{prefix}.0.traced.gir"), "w") as f:
         f.write(format_graph(graph) + "\n")
+    return prefix
 
 
 def compile(fn: Callable | None = None, *, backend: str = "interp",  # noqa: A001
-            recompile_limit: int | None = None):
+            recompile_limit: int | None = None, passes=None):
     """Compile a function or Module: trace on the first call, then run the executable.
 
     Usable directly (`graphc.compile(model)`) or as a decorator (`@graphc.compile` or
@@ -490,8 +505,9 @@ def compile(fn: Callable | None = None, *, backend: str = "interp",  # noqa: A00
     tensor([4., 0.])
     """
     if fn is None:
-        return functools.partial(compile, backend=backend, recompile_limit=recompile_limit)
-    return Compiled(fn, backend, recompile_limit)
+        return functools.partial(compile, backend=backend, recompile_limit=recompile_limit,
+                                 passes=passes)
+    return Compiled(fn, backend, recompile_limit, passes)
 
 
 __all__ = ["Compiled", "RecompileLimitError", "compile", "reachable_state", "signature_of"]

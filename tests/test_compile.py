@@ -450,7 +450,7 @@ def test_compiled_callable_inside_a_trace_is_inlined():
     assert [n.op for n in g][0] == "exp" and not inner.graphs
 
 
-def test_graph_dump_writes_one_file_per_traced_graph(tmp_path, monkeypatch):
+def test_graph_dump_writes_one_file_per_traced_graph_and_pass(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHC_DUMP", str(tmp_path))
 
     @graphc.compile
@@ -461,9 +461,12 @@ def test_graph_dump_writes_one_file_per_traced_graph(tmp_path, monkeypatch):
     dumped(graphc.ones(2))
     dumped(graphc.ones(3))
     files = sorted(os.listdir(tmp_path))
-    assert len(files) == 2 and all(f.startswith("dumped.") for f in files), files
-    graphs = [parse((tmp_path / f).read_text()) for f in files]
-    assert graphs == dumped.graphs
+    stages = ["0.traced", "1.simplify", "2.fuse", "3.plan_buffers"]
+    assert files == [f"dumped.{n}.{stage}.gir" for n in (1, 2) for stage in stages], files
+    traced = [parse((tmp_path / f).read_text()) for f in files if "traced" in f]
+    assert traced == dumped.graphs
+    last = parse((tmp_path / "dumped.2.3.plan_buffers.gir").read_text())
+    assert last == dumped.optimized_graph
 
 
 def test_a_generator_made_inside_the_function_is_made_afresh_on_every_run():

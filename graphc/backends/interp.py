@@ -20,7 +20,7 @@ class InterpExecutable:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = verify(graph)
-        self.memory_plan = None
+        self.memory_plan = graph.meta.get("memory_plan")  # set by plan_buffers, if it ran
         self._interpreter = Interpreter(graph)
 
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:

@@ -51,20 +51,23 @@ class PipelineReport:
         return sum(r.seconds for r in self.records)
 
 
-def _dump(graph: Graph, stage: int, name: str, record: PassRecord | None) -> None:
+def _dump(graph: Graph, stage: int, name: str, record: PassRecord | None,
+          prefix: str | None) -> None:
     directory = config.dump_dir()
     if not directory:
         return
     os.makedirs(directory, exist_ok=True)
     header = f"# after {name}" + (f" ({record.seconds * 1e3:.2f} ms)" if record else "")
-    path = os.path.join(directory, f"{graph.name}.{stage}.{name}.gir")
+    path = os.path.join(directory, f"{prefix or graph.name}.{stage}.{name}.gir")
     with open(path, "w") as f:
         f.write(header + "\n" + format_graph(graph) + "\n")
 
 
-def run_pipeline(graph: Graph, passes: list[Pass], verify: bool = True
-                 ) -> tuple[Graph, PipelineReport]:
-    """Run `passes` in order on `graph`; return the final graph and the report."""
+def run_pipeline(graph: Graph, passes: list[Pass], verify: bool = True,
+                 dump_prefix: str | None = None) -> tuple[Graph, PipelineReport]:
+    """Run `passes` in order on `graph`; return the final graph and the report.
+
+    Dumps go to `<dump_prefix or graph name>.<stage>.<pass>.gir` under GRAPHC_DUMP."""
     report = PipelineReport()
     if verify:
         verify_graph(graph)
@@ -80,8 +83,17 @@ def run_pipeline(graph: Graph, passes: list[Pass], verify: bool = True
             verify_graph(graph)
         record = PassRecord(name, seconds, before, len(graph.nodes))
         report.records.append(record)
-        _dump(graph, stage, name, record)
+        _dump(graph, stage, name, record, dump_prefix)
     return graph, report
 
 
-__all__ = ["Pass", "PassRecord", "PipelineReport", "run_pipeline"]
+def default_passes() -> list[Pass]:
+    """What graphc.compile runs between tracing and the backend, in order."""
+    from graphc.passes.fuse import fuse
+    from graphc.passes.plan import plan_buffers
+    from graphc.passes.simplify import simplify
+
+    return [simplify, fuse, plan_buffers]
+
+
+__all__ = ["Pass", "PassRecord", "PipelineReport", "default_passes", "run_pipeline"]
