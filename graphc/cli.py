@@ -3,6 +3,7 @@
     graphc ops [--markdown]                         list the op registry
     graphc dump FILE.py:builder [--out DIR]         print (or save) the traced IR
     graphc viz FILE.py:builder|FILE.gir [-o OUT]    draw a graph as SVG
+    graphc viz --memory ...                         draw its planned buffers over the schedule
     graphc run FILE.gir --inputs FILE.npz [--backend interp] [--out OUT.npz]
     graphc check FILE.py:builder [--backends interp,...] [--no-grads] [--repro-dir DIR]
 
@@ -176,9 +177,26 @@ def cmd_viz(args) -> int:
     else:
         graph = _trace(args.target)
         default = f"{graph.name}.svg"
+    if args.memory:
+        return _viz_memory(graph, args.output or default.replace(".svg", ".memory.png"))
     out = args.output or default
     render_svg = _tool("graphc.ir.export", "render_svg", "viz")
     render_svg(graph, out)
+    print(f"wrote {out}")
+    return 0
+
+
+def _viz_memory(graph, out: str) -> int:
+    """Fuse and plan the graph, print the memory report, draw buffers over the schedule."""
+    from graphc.passes import run_pipeline
+    from graphc.passes.fuse import fuse
+    from graphc.passes.memory_viz import render_memory
+    from graphc.passes.plan import plan_buffers
+
+    planned, _ = run_pipeline(graph, [fuse, plan_buffers])
+    plan = planned.meta["memory_plan"]
+    print(plan.report)
+    render_memory(plan, out)
     print(f"wrote {out}")
     return 0
 
@@ -276,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     viz.add_argument("target", metavar="FILE.py:builder|FILE.gir")
     viz.add_argument("-o", "--output", metavar="OUT.svg",
                      help="where to write (default: FILE.svg for a .gir, <graph>.svg here)")
+    viz.add_argument("--memory", action="store_true",
+                     help="fuse and plan the graph, then draw its buffers over the schedule "
+                          "(PNG or SVG by the output's extension; default <graph>.memory.png)")
     viz.set_defaults(run=cmd_viz)
 
     run = sub.add_parser("run", help="run a saved .gir graph on inputs from a .npz file")

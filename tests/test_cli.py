@@ -9,7 +9,6 @@ modules exist (skipped, with the reason, where they do not).
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import io
 import re
 import textwrap
@@ -105,13 +104,6 @@ def _stub(monkeypatch, name: str, **attrs) -> types.ModuleType:
     module.__dict__.update(attrs)
     monkeypatch.setitem(__import__("sys").modules, name, module)
     return module
-
-
-def _has(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 # ---- graphc ops ------------------------------------------------------------------------------
@@ -250,13 +242,19 @@ def test_viz_plumbing_from_builder_and_gir(capsys, monkeypatch, builders, tmp_pa
     assert rc == 0 and (tmp_path / "g.svg").read_text() == "<svg><!-- _f: 3 nodes --></svg>"
 
 
-@pytest.mark.skipif(not _has("graphc.ir.export"),
-                    reason="graphc.ir.export (render_svg) has not landed in this checkout yet")
 def test_viz_renders_a_real_svg(capsys, builders, tmp_path):
     out_svg = tmp_path / "mlp.svg"
     rc, _, err = _cli(capsys, "viz", f"{builders}:mlp", "-o", out_svg)
     assert rc == 0, err
     assert "<svg" in out_svg.read_text()
+
+
+def test_viz_memory_draws_the_planned_buffers(capsys, builders, tmp_path):
+    out_png = tmp_path / "mlp.memory.png"
+    rc, out, err = _cli(capsys, "viz", "--memory", f"{builders}:mlp", "-o", out_png)
+    assert rc == 0, err
+    assert "plan_buffers @" in out and f"wrote {out_png}" in out
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_viz_missing_tool_or_bad_gir_exit_2(capsys, monkeypatch, tmp_path):
@@ -335,8 +333,6 @@ def test_run_bad_inputs_exit_2(capsys, monkeypatch, tmp_path):
     assert "wrong.gir: exp at unknown location: output types ['f32[3]'] differ" in err
 
 
-@pytest.mark.skipif(not _has("graphc.ir.repro"),
-                    reason="graphc.ir.repro (run_repro) has not landed in this checkout yet")
 def test_run_with_the_real_repro_runner(capsys, tmp_path):
     gir, npz = _write_case(tmp_path)
     rc, out, err = _cli(capsys, "run", gir, "--inputs", npz, "--backend", "interp")
@@ -384,8 +380,6 @@ def test_check_errors_exit_2(capsys, monkeypatch, builders):
     assert "has no function 'missing'" in err
 
 
-@pytest.mark.skipif(not _has("graphc.testing"),
-                    reason="graphc.testing (assert_compiled_matches) has not landed yet")
 def test_check_with_the_real_harness(capsys, builders):
     rc, out, err = _cli(capsys, "check", f"{builders}:fn")
     assert rc == 0, out + err
@@ -437,8 +431,6 @@ class _OffByOneMul:
         return self._interp.run(*arrays)
 
 
-@pytest.mark.skipif(not (_has("graphc.testing") and _has("graphc.ir.repro")),
-                    reason="graphc.testing / graphc.ir.repro have not landed yet")
 def test_check_catches_a_broken_backend_and_run_reproduces_it(capsys, monkeypatch, builders,
                                                               tmp_path):
     from graphc import backends
