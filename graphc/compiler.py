@@ -41,6 +41,7 @@ from graphc import config
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.backends import Executable, check_backend
 from graphc.backends import compile as compile_graph
+from graphc.compiled_autograd import CompiledFunction, GradientPlan, partition
 from graphc.dispatch import current_tracer
 from graphc.errors import GraphcError
 from graphc.ir.printer import format_graph
@@ -48,6 +49,7 @@ from graphc.passes import default_passes, run_pipeline
 from graphc.tensor import Tensor
 from graphc.tracing import (
     _LITERALS,
+    ArgBinding,
     ConstantBinding,
     GradBinding,
     RngBinding,
@@ -74,6 +76,7 @@ class _Entry:
     traced: TraceResult
     executable: Executable
     aliasing: tuple  # which call tensors shared storage when it was traced (see _aliasing)
+    gradient: GradientPlan | None = None  # forward/backward executables when outputs need grad
 
 
 # ---- the signature of a call -----------------------------------------------------------------
@@ -318,14 +321,38 @@ class Compiled:
                     "arguments stable across calls, or compile separate functions."
                 )
         traced = trace_call(self.fn, args, kwargs)
-        _refuse_grad_outputs(self.__name__, traced, args, kwargs)
+        needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
         prefix = _dump(traced.graph)
         passes = default_passes() if self.passes is None else list(self.passes)
         optimized, self.report = run_pipeline(traced.graph, passes, verify=True,
                                               dump_prefix=prefix)
         executable = compile_graph(optimized, self.backend)
-        self._entries.append(_Entry(sig, traced, executable, _aliasing(traced, args, kwargs)))
+        gradient = self._gradient_plan(traced, args, kwargs, passes, needs_grad) \
+            if needs_grad else None
+        self._entries.append(_Entry(sig, traced, executable, _aliasing(traced, args, kwargs),
+                                    gradient))
         return traced.result
+
+    def _gradient_plan(self, traced: TraceResult, args: tuple, kwargs: dict, passes,
+                       needs_grad: list[str]) -> GradientPlan:
+        """Derive, partition and compile the backward of a graph whose outputs need grad."""
+        from graphc.passes.autodiff import derive_backward
+
+        wrt = [i for i, b in enumerate(traced.bindings)
+               if isinstance(b, (ArgBinding, TensorBinding))
+               and _bound_tensor(b, args, kwargs).requires_grad]
+        try:
+            joint = derive_backward(traced.graph, wrt=wrt)
+        except GraphcError as err:
+            raise GraphcError(
+                f"graphc.compile({self.__name__}): {needs_grad[0]} requires grad, and the "
+                f"backward of the traced graph could not be derived: {err}"
+            ) from err
+        part = partition(joint)
+        forward, _ = run_pipeline(part.forward, passes)
+        backward, _ = run_pipeline(part.backward, passes)
+        return GradientPlan(part, compile_graph(forward, self.backend),
+                            compile_graph(backward, self.backend), wrt)
 
     def _stale(self, entry: _Entry, args: tuple, kwargs: dict) -> list[str]:
         """Why the entry's graph no longer fits this call (empty when it does): a captured
@@ -366,14 +393,11 @@ class Compiled:
                 t = _at((args, kwargs), b.path)
             bound[id(v)] = t
             arrays.append(t._data)
-        results = entry.executable.run(*arrays)
-        n_out = len(graph.outputs)
-        outputs, updates = results[:n_out], results[n_out:]
-        new_values = [np.array(u, copy=True) for u in updates]  # never alias a written input
-        for (target, _), value in zip(graph.updates, new_values):
-            t = bound[id(target)]
-            np.copyto(t._data, value)
-            t._version_counter.bump()
+        if entry.gradient is not None and is_grad_enabled():
+            by_index = [bound.get(id(v)) for v in graph.inputs]
+            outputs = self._run_with_gradient(entry, arrays, by_index)
+        else:
+            outputs = _run_and_write_back(entry.executable, arrays, bound)
         grads = self._assign_grads(traced, outputs, arrays, args, kwargs)
         wrapped = []
         n_own = len(outputs) - sum(go.index is not None for go in traced.grad_outputs)
@@ -381,8 +405,23 @@ class Compiled:
             j = traced.output_aliases.get(i)
             k = traced.output_grads.get(i)
             wrapped.append(bound[id(graph.inputs[j])] if j is not None
-                           else grads[k] if k is not None else Tensor._wrap(np.asarray(o)))
+                           else grads[k] if k is not None else _as_tensor(o))
         return unflatten(traced.out_spec, wrapped)
+
+    @staticmethod
+    def _run_with_gradient(entry: _Entry, arrays: list, by_index: list) -> list:
+        """Run the forward part under a CompiledFunction node: outputs carry a grad_fn.
+        `by_index[i]` is the tensor bound to graph input i (None for rng/constant inputs)."""
+        plan = entry.gradient
+        inputs = plan.forward.graph.inputs
+        bound = {id(v): t for v, t in zip(inputs, by_index) if t is not None}
+        updated = {inputs.index(target) for target, _ in plan.forward.graph.updates}
+
+        def run_forward(forward_arrays):
+            return _run_and_write_back(plan.forward, forward_arrays, bound)
+
+        wrt = [by_index[i] for i in plan.wrt]
+        return list(CompiledFunction.apply(plan, run_forward, arrays, by_index, updated, *wrt))
 
     @staticmethod
     def _assign_grads(traced: TraceResult, outputs: list, inputs: list, args: tuple,
@@ -406,15 +445,38 @@ class Compiled:
         return assigned
 
 
+def _run_and_write_back(executable: Executable, arrays: list, bound: dict) -> list:
+    """Run an executable; write its updates into the bound tensors; return its outputs."""
+    graph = executable.graph
+    results = executable.run(*arrays)
+    n_out = len(graph.outputs)
+    outputs, updates = results[:n_out], results[n_out:]
+    new_values = [np.array(u, copy=True) for u in updates]  # never alias a written input
+    for (target, _), value in zip(graph.updates, new_values):
+        t = bound[id(target)]
+        np.copyto(t._data, value)
+        t._version_counter.bump()
+    return outputs
+
+
+def _as_tensor(output) -> Tensor:
+    """An executable's output array as a tensor (a CompiledFunction output already is one)."""
+    return output if isinstance(output, Tensor) else Tensor._wrap(np.asarray(output))
+
+
+def _bound_tensor(binding, args: tuple, kwargs: dict) -> Tensor:
+    return binding.tensor if isinstance(binding, TensorBinding) else _at((args, kwargs),
+                                                                         binding.path)
+
+
 def _is_module(obj) -> bool:
     from graphc.nn.module import Module
 
     return isinstance(obj, Module)
 
 
-_NO_GRADS = ("compiled callables do not return gradients yet (that comes with "
-             "derive_backward). Call it under `with graphc.no_grad():` (inference), or set "
-             "requires_grad=False / model.eval() with no_grad, or keep this part in eager mode.")
+_NO_GRADS = ("a compiled call cannot mix the two: return loss.detach() from a training step, "
+             "or call backward() outside the compiled function.")
 
 
 def _history_consumed(t: Tensor) -> bool:
@@ -439,28 +501,33 @@ def _history_consumed(t: Tensor) -> bool:
     return False
 
 
-def _refuse_grad_outputs(name: str, traced: TraceResult, args: tuple, kwargs: dict) -> None:
-    """After the trace: an output that needs a grad_fn (it requires grad, is not an input
-    tensor returned as itself, and no backward inside the call consumed its history) would
-    have gradients on this call and none on the replays; so would a `.grad` with history
-    (backward(create_graph=True) inside the call)."""
+def _outputs_needing_grad(name: str, traced: TraceResult, args: tuple,
+                          kwargs: dict) -> list[str]:
+    """After the trace: the outputs that need a grad_fn (they require grad, are not input
+    tensors returned as themselves, and no backward inside the call consumed their history).
+    They get one through a derived backward graph, unless the function also ran a backward
+    inside (a training step returning an undetached loss), which is refused; so is a `.grad`
+    with history (backward(create_graph=True) inside the call)."""
     if not is_grad_enabled():
-        return
+        return []
     flat = list(_flatten(traced.result))
     outputs: dict[int, int] = {}
     for _path, t in flat:
         outputs.setdefault(id(t), len(outputs))
+    needing = []
     for path, t in flat:
         if not t.requires_grad or outputs[id(t)] in traced.output_aliases:
             continue
         if t.grad_fn is not None and _history_consumed(t):
             continue
         where = "".join(f"[{p!r}]" for p in path) or ""
-        raise GraphcError(
-            f"graphc.compile({name}): output{where} requires grad (it depends on a tensor "
-            f"that requires grad, e.g. a captured one), and {_NO_GRADS} (A training step "
-            "that ran backward(retain_graph=True) inside can return loss.detach().)"
-        )
+        if traced.grad_outputs:
+            raise GraphcError(
+                f"graphc.compile({name}): output{where} requires grad, and the function also "
+                f"ran backward() inside; {_NO_GRADS} (A training step that ran "
+                "backward(retain_graph=True) inside can return loss.detach().)"
+            )
+        needing.append(f"output{where}")
     for go in traced.grad_outputs:
         g = go.resolve(args, kwargs)._grad
         if g is not None and g.requires_grad:
@@ -468,6 +535,7 @@ def _refuse_grad_outputs(name: str, traced: TraceResult, args: tuple, kwargs: di
                 f"graphc.compile({name}): backward(create_graph=True) inside the compiled "
                 f"function left a .grad with history, and {_NO_GRADS}"
             )
+    return needing
 
 
 _dump_counts: dict[str, int] = {}

@@ -10,7 +10,6 @@ import pytest
 import graphc
 import graphc.nn as nn
 from graphc.compiler import Compiled, RecompileLimitError
-from graphc.errors import GraphcError
 from graphc.ir import parse, verify
 
 
@@ -325,14 +324,16 @@ def test_a_parameter_passed_as_an_argument_is_not_confused_with_the_capture(rng)
     close(cf(x), model(x))
 
 
-def test_requires_grad_is_refused_with_what_to_do(rng):
+def test_outputs_that_require_grad_carry_a_compiled_grad_fn(rng):
     with graphc.enable_grad():
-        model = nn.Linear(2, 2)
-        with pytest.raises(GraphcError, match="no_grad"):
-            graphc.compile(model)(t(rng, 1, 2))
         w = graphc.ones(2, requires_grad=True)
-        with pytest.raises(GraphcError, match="requires grad"):
-            graphc.compile(lambda x: x * w)(graphc.ones(2))
+        compiled = graphc.compile(lambda x: x * w)
+        for _ in range(3):  # traces (again once w.grad exists: it is guarded), then replays
+            out = compiled(graphc.tensor([2.0, 3.0]))
+            assert out.requires_grad and out.grad_fn is not None
+            out.sum().backward()
+        assert w.grad.tolist() == [6.0, 9.0]  # accumulated over the three calls
+        assert type(out.grad_fn).__name__ == "CompiledFunctionBackward"
 
 
 # ---- calling conventions ---------------------------------------------------------------------

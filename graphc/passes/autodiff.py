@@ -20,7 +20,8 @@ and broadcast reductions (`check_grads`). The result:
 - source locations: a forward node keeps its own; a node of the backward carries the forward
   node's location plus " (backward)" (`model.py:14 (backward)`), so errors and bisection name
   the user line whose gradient it computes;
-- `graph.meta["autodiff"]`: the `wrt` names, the seed names and the forward output count.
+- `graph.meta["autodiff"]`: the `wrt` names, the seed names, the forward output each seed
+  belongs to (`seed_outputs`, indices) and the forward output count.
 The result is an ordinary graph: `derive_backward` of it gives second derivatives (grad of
 grad, e.g. a gradient penalty), because every VJP is written with differentiable registry ops.
 
@@ -151,12 +152,13 @@ def derive_backward(graph: Graph, wrt=None, seeds: str = "inputs") -> Graph:
     previous = set_tracer(rec)
     try:
         _replay_forward(graph, rec, env)
-        roots, seed_tensors, seed_names = [], [], []
-        for out in graph.outputs:
+        roots, seed_tensors, seed_names, seed_outputs = [], [], [], []
+        for index, out in enumerate(graph.outputs):
             t = env[out]
             if not (t.dtype.is_floating and t.requires_grad):
                 continue
             roots.append(t)
+            seed_outputs.append(index)
             rec.loc = f"seed of %{out.name}"
             if seeds == "inputs":
                 seed = Tensor._wrap(np.ones(out.type.shape, out.type.dtype.np))
@@ -188,6 +190,7 @@ def derive_backward(graph: Graph, wrt=None, seeds: str = "inputs") -> Graph:
     result.updates = [(by_input[target], rec.value_of(env[value]))
                       for target, value in graph.updates]
     result.meta["autodiff"] = {"wrt": [w.name for w in wrt_values], "seeds": seed_names,
+                               "seed_outputs": seed_outputs,
                                "forward_outputs": len(graph.outputs)}
     return verify(result)
 

@@ -1,0 +1,126 @@
+"""Gradients through compiled callables (the torch.compile habit): outputs carry a grad_fn,
+and eager `backward()` runs the compiled backward graph partitioned from one joint graph."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+import graphc
+import graphc.nn as nn
+import graphc.nn.functional as F
+import graphc.optim as optim
+from graphc.compiled_autograd import partition
+from graphc.ir import format_graph, parse
+from graphc.passes.autodiff import derive_backward
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3),
+                         nn.Linear(16, 4))
+
+
+def _lenet_bn():
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 5, padding=2), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(400, 84), nn.ReLU(), nn.Dropout(0.2), nn.Linear(84, 10))
+
+
+def _rel(a, b) -> float:
+    return float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6)))
+
+
+@pytest.mark.parametrize("make,shape", [(_mlp, (6, 8)), (_lenet_bn, (4, 1, 28, 28))],
+                         ids=["mlp_bn_dropout", "lenet5_bn_dropout"])
+def test_compiled_model_trains_from_eager_code_like_the_eager_model(make, shape):
+    graphc.manual_seed(0)
+    model = make()
+    reference = copy.deepcopy(model)
+    compiled = graphc.compile(model)
+    opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    x = graphc.randn(*shape)
+    y = graphc.randint(0, 4, (shape[0],))
+    for step in range(5):
+        graphc.manual_seed(100 + step)  # the same dropout masks in both
+        opt.zero_grad()
+        out = compiled(x)
+        assert out.grad_fn is not None
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        graphc.manual_seed(100 + step)
+        ref_opt.zero_grad()
+        ref_loss = F.cross_entropy(reference(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        assert _rel(loss.detach().numpy(), ref_loss.detach().numpy()) <= 1e-5
+    assert type(out.grad_fn).__name__ == "CompiledFunctionBackward"  # replays ran compiled
+    assert len(compiled.graphs) == 1
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert _rel(p.detach().numpy(), q.detach().numpy()) <= 1e-5
+    for b, c in zip(model.buffers(), reference.buffers()):
+        np.testing.assert_allclose(b.numpy(), c.numpy(), rtol=1e-5)
+
+
+def test_inputs_that_require_grad_get_gradients():
+    w = graphc.randn(3, 3)
+
+    def f(x):
+        return (x @ w).tanh() * x
+
+    compiled = graphc.compile(f)
+    for _ in range(2):
+        x = graphc.randn(2, 3, requires_grad=True)
+        compiled(x).sum().backward()
+        x_ref = x.detach().clone().requires_grad_()
+        f(x_ref).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), x_ref.grad.numpy(), rtol=1e-5)
+
+
+def test_forward_saves_only_what_the_backward_reads():
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 2))
+    with graphc.no_grad():
+        graph = graphc.trace(model, graphc.randn(3, 4))
+    wrt = [i for i, v in enumerate(graph.inputs) if v.name != "input"]
+    part = partition(derive_backward(graph, wrt=wrt))
+    seeds = [v for v in part.backward.inputs if v.name.startswith("grad_")]
+    assert len(seeds) == 1 and len(part.backward.outputs) == len(wrt)
+    assert part.backward.inputs == part.saved + seeds
+    assert all(n.op != "matmul" or "backward" not in (n.loc or "") for n in part.forward.nodes)
+    for g in (part.forward, part.backward):
+        assert parse(format_graph(g)) == g
+
+
+def test_double_backward_through_a_compiled_call_is_refused():
+    compiled = graphc.compile(lambda x: (x * x).sum())
+    x = graphc.randn(3, requires_grad=True)
+    compiled(x)
+    (g,) = graphc.autograd.grad(compiled(x), x, create_graph=False)
+    np.testing.assert_allclose(g.numpy(), 2 * x.detach().numpy(), rtol=1e-6)
+    with pytest.raises(graphc.AutogradError, match="create_graph=True.*compiled callable"):
+        graphc.autograd.grad(compiled(x), x, create_graph=True)
+
+
+def test_a_parameter_changed_between_forward_and_backward_is_an_error():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    compiled = graphc.compile(model)
+    x = graphc.randn(4, 3)
+    compiled(x)  # the trace
+    out = compiled(x)
+    with graphc.no_grad():  # the first layer's gradient reads this weight
+        model[2].weight.add_(1.0)
+    with pytest.raises(graphc.AutogradError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_no_grad_calls_run_the_plain_forward():
+    model = nn.Linear(3, 2)
+    compiled = graphc.compile(model)
+    with graphc.no_grad():
+        compiled(graphc.randn(4, 3))
+        out = compiled(graphc.randn(4, 3))
+    assert out.grad_fn is None and not out.requires_grad
