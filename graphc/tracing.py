@@ -142,6 +142,9 @@ class TraceResult:
     # output index -> position in grad_outputs, for an output that IS a holder's new .grad
     # (`return w.grad`): a compiled call returns the tensor it assigned to `.grad`
     output_grads: dict[int, int] = field(default_factory=dict)
+    # names of the custom autograd.Functions the traced code applied: the IR holds their
+    # forward ops only, so a backward derived on the IR differentiates those
+    custom_functions: list[str] = field(default_factory=list)
 
 
 def _literal(op: str, key: str, value):
@@ -180,6 +183,7 @@ class Tracer:
                  grad_holders: list[tuple[Tensor, tuple | None]] = ()) -> None:
         self.graph = Graph(name)
         self.start_serial = tensor_serial()
+        self.custom_functions: list[str] = []
         self.bindings: list = []
         self.grad_outputs: list[GradOutput] = []
         self._rngs: dict[int, tuple[RngBinding, Tensor]] = {}
@@ -660,7 +664,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
             if go.index is not None and go.resolve(args, kwargs)._grad is t:
                 output_grads[i] = k
     return TraceResult(tracer.graph, tracer.bindings, _spec(result, index), result, aliases,
-                       tracer.grad_outputs, output_grads)
+                       tracer.grad_outputs, output_grads, tracer.custom_functions)
 
 
 def _at(tree, path: tuple):

@@ -124,3 +124,42 @@ def test_no_grad_calls_run_the_plain_forward():
         compiled(graphc.randn(4, 3))
         out = compiled(graphc.randn(4, 3))
     assert out.grad_fn is None and not out.requires_grad
+
+
+class _StraightThroughSign(graphc.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.sign()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g  # deliberately not the derivative of sign
+
+
+def test_custom_function_backward_is_not_silently_replaced():
+    w = graphc.ones(3, requires_grad=True)
+
+    def f(x):
+        return _StraightThroughSign.apply(x * w)
+
+    with pytest.raises(graphc.GraphcError, match="custom autograd.Function.*_StraightThroughSign"
+                                                 ".*training step"):
+        graphc.compile(f)(graphc.randn(3))
+    with graphc.no_grad():
+        assert graphc.compile(f)(graphc.tensor([2.0, -1.0, 3.0])).tolist() == [1.0, -1.0, 1.0]
+
+
+def test_a_compiled_training_step_runs_the_custom_backward():
+    w = graphc.ones(3, requires_grad=True)
+
+    def step(x):
+        w.grad = None
+        loss = _StraightThroughSign.apply(x * w).sum()
+        loss.backward()
+        return loss.detach()
+
+    compiled = graphc.compile(step)
+    x = graphc.tensor([2.0, -1.0, 3.0])
+    for _ in range(3):
+        compiled(x)
+        assert w.grad.tolist() == [2.0, -1.0, 3.0]  # x * (straight-through 1), not 0

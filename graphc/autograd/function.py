@@ -175,8 +175,12 @@ class Function:
 
     @classmethod
     def apply(cls, *args):
+        from graphc.dispatch import current_tracer
         from graphc.tensor import Tensor
 
+        tracer = current_tracer()
+        if tracer is not None and hasattr(tracer, "custom_functions"):
+            tracer.custom_functions.append(cls.__name__)  # its forward ops are recorded inline
         ctx = FunctionCtx()
         ctx._node_name = f"{cls.__name__}Backward"
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
