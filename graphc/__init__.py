@@ -55,7 +55,7 @@ for _module in _ops.OP_MODULES:
         globals()[_name] = getattr(_module, _name)
 del _module, _name
 
-from graphc import autograd  # noqa: E402
+from graphc import autograd, nn, optim  # noqa: E402  (graphc.nn / graphc.optim, as torch.*)
 from graphc.compiler import RecompileLimitError, compile  # noqa: E402
 from graphc.dump import dump  # noqa: E402
 from graphc.tracing import trace  # noqa: E402
