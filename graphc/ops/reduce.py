@@ -146,19 +146,24 @@ def _min_kernel(x, axes, keepdim):
     return np.asarray(np.min(x, axis=axes, keepdims=keepdim)) if axes else x.copy()
 
 
+def _with_kept_dims(ctx, *tensors):
+    """The reduced tensors reshaped to keepdim form, so they broadcast against the input."""
+    if ctx.attrs["keepdim"]:
+        return tensors
+    keep = _reduced_shape(tuple(ctx.input_types[0].shape), ctx.attrs["axes"], True)
+    return tuple(call("reshape", t, shape=keep) for t in tensors)
+
+
 def _extremum_vjp(ctx, g):
     """Gradient split evenly among the elements equal to the result (PyTorch's amax/amin).
 
     A row whose result is NaN gets NaN gradients (PyTorch routes them to the NaN elements).
     """
     x, y = ctx.inputs[0], ctx.outputs[0]
-    axes, keepdim = ctx.attrs["axes"], ctx.attrs["keepdim"]
+    axes = ctx.attrs["axes"]
     if not axes:
         return (g,)
-    if not keepdim:
-        keep = _reduced_shape(tuple(x.shape), axes, True)
-        y = call("reshape", y, shape=keep)
-        g = call("reshape", g, shape=keep)
+    y, g = _with_kept_dims(ctx, y, g)
     mask = cast(call("eq", x, y), x.dtype)
     count = call("reduce_sum", mask, axes=axes, keepdim=True)
     return (g * mask / count,)
@@ -188,13 +193,10 @@ def _prod_vjp(ctx, g):
     PyTorch's full-reduction rule does).
     """
     x, y = ctx.inputs[0], ctx.outputs[0]
-    axes, keepdim = ctx.attrs["axes"], ctx.attrs["keepdim"]
+    axes = ctx.attrs["axes"]
     if not axes:
         return (g,)
-    if not keepdim:
-        keep = _reduced_shape(tuple(x.shape), axes, True)
-        y = call("reshape", y, shape=keep)
-        g = call("reshape", g, shape=keep)
+    y, g = _with_kept_dims(ctx, y, g)
     is_zero = call("eq", x, 0.0)
     nonzero = call("where", is_zero, 1.0, x)
     zeros = call("reduce_sum", is_zero, axes=axes, keepdim=True)

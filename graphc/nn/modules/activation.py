@@ -64,8 +64,8 @@ class GELU(Module):
         return f"approximate={self.approximate!r}"
 
 
-class Softmax(Module):
-    """exp(x) / sum(exp(x)) along `dim`."""
+class _AlongDim(Module):
+    """A module applying one function along `dim` (Softmax, LogSoftmax)."""
 
     def __init__(self, dim: int | None = None) -> None:
         super().__init__()
@@ -75,28 +75,20 @@ class Softmax(Module):
         super().__setstate__(state)
         if not hasattr(self, "dim"):
             self.dim = None
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Softmax(_AlongDim):
+    """exp(x) / sum(exp(x)) along `dim`."""
 
     def forward(self, input):  # noqa: A002
         return F.softmax(input, self.dim, _stacklevel=5)
 
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
 
-
-class LogSoftmax(Module):
+class LogSoftmax(_AlongDim):
     """log(softmax(x)) along `dim`, computed stably."""
-
-    def __init__(self, dim: int | None = None) -> None:
-        super().__init__()
-        self.dim = dim
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        if not hasattr(self, "dim"):
-            self.dim = None
 
     def forward(self, input):  # noqa: A002
         return F.log_softmax(input, self.dim, _stacklevel=5)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"
