@@ -321,14 +321,18 @@ class Compiled:
                     "arguments stable across calls, or compile separate functions."
                 )
         traced = trace_call(self.fn, args, kwargs)
-        needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
-        prefix = _dump(traced.graph)
-        passes = default_passes() if self.passes is None else list(self.passes)
-        optimized, self.report = run_pipeline(traced.graph, passes, verify=True,
-                                              dump_prefix=prefix)
-        executable = compile_graph(optimized, self.backend)
-        gradient = self._gradient_plan(traced, args, kwargs, passes, needs_grad) \
-            if needs_grad else None
+        try:
+            needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
+            prefix = _dump(traced.graph)
+            passes = default_passes() if self.passes is None else list(self.passes)
+            optimized, self.report = run_pipeline(traced.graph, passes, verify=True,
+                                                  dump_prefix=prefix)
+            executable = compile_graph(optimized, self.backend)
+            gradient = self._gradient_plan(traced, args, kwargs, passes, needs_grad) \
+                if needs_grad else None
+        except BaseException:
+            traced.restore()  # the refused call leaves no trace of its eager run
+            raise
         self._entries.append(_Entry(sig, traced, executable, _aliasing(traced, args, kwargs),
                                     gradient))
         return traced.result

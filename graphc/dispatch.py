@@ -233,6 +233,8 @@ def apply_inplace(target, op_name: str, compute: Callable):
     if chain is not None:
         _write_through_view(target, base, chain, result)
         return target
+    if _tracer is not None:
+        _tracer.before_write(target)
     np.copyto(target._data, result._data, casting="unsafe")
     target._version_counter.bump()
     if _tracer is not None:

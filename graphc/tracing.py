@@ -145,6 +145,7 @@ class TraceResult:
     # names of the custom autograd.Functions the traced code applied: the IR holds their
     # forward ops only, so a backward derived on the IR differentiates those
     custom_functions: list[str] = field(default_factory=list)
+    restore: Any = None  # undoes the tracing run's effects (Tracer.restore), for refusals
 
 
 def _literal(op: str, key: str, value):
@@ -184,6 +185,8 @@ class Tracer:
         self.graph = Graph(name)
         self.start_serial = tensor_serial()
         self.custom_functions: list[str] = []
+        self._originals: dict[int, tuple[Tensor, np.ndarray]] = {}
+        self._generators_before = weakref.WeakKeyDictionary()  # never keeps one alive
         self.bindings: list = []
         self.grad_outputs: list[GradOutput] = []
         self._rngs: dict[int, tuple[RngBinding, Tensor]] = {}
@@ -295,12 +298,32 @@ class Tracer:
     def rebind(self, target: Tensor, result: Tensor) -> None:
         self._bind(target, self.value_of(result))
 
+    def before_write(self, target: Tensor) -> None:
+        """Keep the value a pre-existing tensor had before the trace first writes it, so a
+        failed or refused trace can be undone (`restore`)."""
+        key = id(target._data)
+        if target._serial < self.start_serial and key not in self._originals:
+            self._originals[key] = (target, target._data.copy())
+
+    def restore(self) -> None:
+        """Undo the tracing run's effects on state that existed before it: tensors written in
+        place, `.grad`s assigned, generators advanced. For a trace that fails, or whose result
+        graphc.compile refuses, so that no exception leaves a model half-updated."""
+        for t, saved in self._originals.values():
+            np.copyto(t._data, saved)
+            t._version_counter.bump()
+        for holder, _path, grad in self._holders:
+            holder._grad = grad
+        for generator, (seed, offset) in list(self._generators_before.items()):
+            generator._seed, generator._offset = seed, offset
+
     def seed_input(self, generator, counters: int) -> Tensor:
         """The [seed, offset] tensor of one random call: the bound rng input plus an offset."""
         from graphc.ops.registry import call
 
         if id(generator) not in self._rngs:
             traced_state = (generator.initial_seed(), generator.offset)
+            self._generators_before[generator] = traced_state
             t = Tensor._wrap(np.array(traced_state, np.uint64).view(np.int64))
             binding = RngBinding(None, traced_state=traced_state)  # see settle_generators
             self._rngs[id(generator)] = (binding, t, generator)
@@ -630,8 +653,11 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
     set_tracer(tracer)
     try:
         result = fn(*args, **kwargs)
-    except TraceError as err:
-        _locate(err)
+    except BaseException as err:
+        set_tracer(None)
+        tracer.restore()
+        if isinstance(err, TraceError):
+            _locate(err)
         raise
     finally:
         set_tracer(None)
@@ -664,7 +690,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
             if go.index is not None and go.resolve(args, kwargs)._grad is t:
                 output_grads[i] = k
     return TraceResult(tracer.graph, tracer.bindings, _spec(result, index), result, aliases,
-                       tracer.grad_outputs, output_grads, tracer.custom_functions)
+                       tracer.grad_outputs, output_grads, tracer.custom_functions,
+                       tracer.restore)
 
 
 def _at(tree, path: tuple):

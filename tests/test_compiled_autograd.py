@@ -194,3 +194,26 @@ def test_a_compiled_gradient_penalty_step_matches_eager_and_gradgradcheck():
     assert graphc.autograd.gradgradcheck(lambda t: double(t).sum(),
                                          (graphc.randn(2, 3, dtype=graphc.float64,
                                                        requires_grad=True),))
+
+
+def test_a_refused_or_failed_trace_leaves_no_state_behind():
+    graphc.manual_seed(3)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
+    x = graphc.randn(5, 3)
+    before = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    rng_before = graphc.get_rng_state().numpy().copy()
+
+    def refused(x):  # a custom Function on the grad path: refused after the tracing run
+        return _StraightThroughSign.apply(model(x))
+
+    def fails(x):  # a data-dependent branch after BatchNorm updated its running stats
+        y = model(x)
+        return y if y.sum() > 0 else -y
+
+    for fn, error in ((refused, graphc.GraphcError), (fails, graphc.TraceError)):
+        with pytest.raises(error):
+            graphc.compile(fn)(x)
+        for k, v in model.state_dict().items():
+            np.testing.assert_array_equal(v.detach().numpy(), before[k], err_msg=k)
+        assert all(p.grad is None for p in model.parameters())
+        np.testing.assert_array_equal(graphc.get_rng_state().numpy(), rng_before)

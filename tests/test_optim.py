@@ -299,6 +299,9 @@ class _RecordingTracer:
     def rebind(self, target, result):
         self.targets.append(id(target))
 
+    def before_write(self, target):
+        pass
+
 
 @pytest.mark.parametrize("name, cfg", [
     ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1)),
