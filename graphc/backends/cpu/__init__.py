@@ -1,0 +1,15 @@
+"""The CPU backend (being built): one LLVM module per graph, compiled with llvmlite.
+
+Layers, bottom-up (one module each, one owner each):
+- `llvm.py`: llvmlite set-up (host target machine with its CPU features, the O3 pipeline),
+  `compile_module(llvm_ir_text, name) -> Library` (JIT-compiled object code and function
+  addresses), and the on-disk object-code cache keyed by the IR hash, CPU name and
+  features, llvmlite/LLVM and graphc versions, written atomically.
+- `mathlib.py`: vectorisable polynomial approximations of exp, log, tanh, sigmoid, erf,
+  sin, cos (and friends), emitted as LLVM IR with an `llvmlite.ir.IRBuilder`, accurate to a
+  few ulp over their whole domain, inf/nan/denormals included.
+- `codegen.py` / `executable.py`: lowering of a planned graph (fused elementwise nodes,
+  reductions, GEMM through a BLAS resolved once at load, ...) into kernels and one driver
+  function that runs the schedule over the planned arena; registered as backend "cpu".
+Importing `graphc` never imports this package (it loads llvmlite).
+"""
