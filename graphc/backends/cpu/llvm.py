@@ -1,0 +1,417 @@
+"""llvmlite set-up, `compile_module` and the on-disk object-code cache of the CPU backend.
+
+`compile_module(ir_text, name)` turns LLVM IR text into a `Library` of callable native
+functions: parse and verify, optimise at O3 (loop and SLP vectorisation) through the new pass
+manager with the host CPU and its features, emit object code, load it into an MCJIT engine.
+Object code is cached on disk, so a second compile of the same text skips optimisation and
+code generation and only loads the object.
+
+Invariants:
+- One-time initialisation (native target, asm printer/parser, libgomp when present) happens
+  on first use, under a lock; importing this module does not touch LLVM.
+- Every `Library` owns its execution engine, and every engine owns its own target machine
+  (created for it, never shared: LLVM frees the machine with the engine, and PERF_NOTES
+  records that reusing one afterwards segfaults). Engines' placeholder modules live in the
+  global context, which is never disposed; modules that are optimised live in a private
+  context closed right after, module first.
+- Native functions stay valid while their `Library` lives; `ctypes_function` ties the
+  returned function to its Library, so holding the function is enough.
+- Nothing unverified reaches LLVM's object loader (it crashes on bad input instead of
+  reporting): a cache entry carries its length and sha256, and its ELF structure is checked
+  before loading. Symbols the object needs from outside must resolve in this process
+  (`register_symbol`, libgomp, libc/libm) or `compile_module` raises instead of LLVM aborting.
+- Cache key = sha256 of (IR text, triple, CPU name, features, llvmlite, LLVM and graphc
+  versions, entry format). Entries are written to a temp file and `os.replace`d, so readers
+  see a whole entry or none; a bad entry is deleted and rebuilt. Compiles of one key in one
+  process are serialised, so concurrent callers compile it once.
+- Every failure graphc expects is an `LLVMCompileError` naming the module and LLVM's message.
+
+Example:
+    >>> lib = compile_module("define i64 @twice(i64 %x) {\\n  %y = add i64 %x, %x\\n"
+    ...                      "  ret i64 %y\\n}\\n", "doc_example", use_cache=False)
+    >>> import ctypes
+    >>> lib.ctypes_function("twice", ctypes.c_int64, [ctypes.c_int64])(21)
+    42
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import os
+import struct
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+import llvmlite
+import llvmlite.binding as llvm
+
+from graphc import __version__ as _GRAPHC_VERSION
+from graphc import config
+from graphc.errors import GraphcError
+
+__all__ = [
+    "HostTarget", "Library", "LLVMCompileError", "cache_clear", "cache_info", "compile_module",
+    "host_target", "load_openmp", "register_symbol",
+]
+
+_CACHE_FORMAT = "llvm-objects-v1"  # the versioned subfolder; bump when the entry format changes
+_MAGIC = b"GCOBJ01\n"
+_HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of the payload
+
+
+class LLVMCompileError(GraphcError, RuntimeError):
+    """LLVM refused a module: IR that does not parse or verify, or an unresolvable symbol."""
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """The machine code is generated for: LLVM's triple, CPU name and feature string."""
+
+    triple: str
+    cpu: str
+    features: str  # "+avx2,-avx512f,..." as LLVM spells it
+
+    def has_feature(self, feature: str) -> bool:
+        return f"+{feature}" in self.features.split(",")
+
+
+_init_lock = threading.Lock()
+_host: HostTarget | None = None
+_openmp_path: str | None = None
+_symbols: dict[str, int] = {}
+
+
+def _initialize() -> HostTarget:
+    global _host, _openmp_path
+    if _host is not None:
+        return _host
+    with _init_lock:
+        if _host is None:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            llvm.initialize_native_asmparser()
+            _openmp_path = _load_library(ctypes.util.find_library("gomp"))
+            _host = HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(),
+                               llvm.get_host_cpu_features().flatten())
+    return _host
+
+
+def _load_library(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        llvm.load_library_permanently(path)
+    except RuntimeError:
+        return None
+    return path
+
+
+def host_target() -> HostTarget:
+    """The host CPU as LLVM sees it (e.g. `znver4` with `+avx512f`)."""
+    return _initialize()
+
+
+def load_openmp() -> str | None:
+    """The libgomp loaded for generated code (GOMP_parallel & co.), or None if absent."""
+    _initialize()
+    return _openmp_path
+
+
+def register_symbol(name: str, address: int) -> None:
+    """Make `name` resolve to `address` in code compiled afterwards (e.g. a BLAS sgemm_
+    pointer from ctypes). Registering the same name again must give the same address."""
+    _initialize()
+    known = _symbols.get(name)
+    if known is not None and known != address:
+        raise LLVMCompileError(f"register_symbol: {name!r} is already registered at "
+                               f"{known:#x}; got {address:#x}")
+    llvm.add_symbol(name, address)
+    _symbols[name] = address
+
+
+def _new_target_machine() -> llvm.TargetMachine:
+    host = _initialize()
+    # jitdefault = the large code model on x86-64: MCJIT may place sections and the symbols
+    # they call (libgomp, BLAS) more than 2 GiB apart.
+    return llvm.Target.from_triple(host.triple).create_target_machine(
+        cpu=host.cpu, features=host.features, opt=3, codemodel="jitdefault", jit=True)
+
+
+class Library:
+    """Native code loaded from one module: its engine, its object code, its symbols."""
+
+    def __init__(self, name: str, ir_text: str, object_code: bytes, *, key: str,
+                 from_cache: bool) -> None:
+        self.name = name
+        self.key = key
+        self.from_cache = from_cache
+        self.compile_seconds = 0.0  # compile_module's wall time, loading included
+        self._ir_text = ir_text
+        self._object_code = object_code  # kept alive with the engine that loaded it
+        self._optimized: tuple[str, str] | None = None
+        defined, undefined = _elf_symbols(object_code)
+        self.symbols = frozenset(defined)
+        tm = _new_target_machine()
+        placeholder = llvm.parse_assembly("")  # global context: never disposed
+        placeholder.triple = tm.triple
+        placeholder.data_layout = str(tm.target_data)
+        self._engine = llvm.create_mcjit_compiler(placeholder, tm)  # owns tm from here
+        # Creating the engine opened the process's symbols; check before LLVM aborts on them.
+        missing = sorted(s for s in undefined if not llvm.address_of_symbol(s))
+        if missing:
+            raise LLVMCompileError(
+                f"compile_module {name!r}: the code calls {', '.join(missing)}, which this "
+                f"process does not define; register_symbol(name, address) or load the "
+                f"library that provides them before compiling")
+        self._engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
+        self._engine.finalize_object()
+
+    def address(self, symbol: str) -> int:
+        """The address of a function or global defined by this module."""
+        address = self._engine.get_function_address(symbol) if symbol in self.symbols else 0
+        if not address:
+            raise LLVMCompileError(f"module {self.name!r} defines no symbol {symbol!r}; "
+                                   f"it defines {sorted(self.symbols)}")
+        return address
+
+    def ctypes_function(self, symbol: str, restype, argtypes) -> ctypes._CFuncPtr:
+        """A typed ctypes callable for `symbol`; it keeps this Library (and its code) alive."""
+        function = ctypes.CFUNCTYPE(restype, *argtypes)(self.address(symbol))
+        function._graphc_library = self
+        return function
+
+    @property
+    def ir(self) -> str:
+        """The optimised LLVM IR text (recomputed on first use: a cache hit never made it)."""
+        return self._optimized_texts()[0]
+
+    @property
+    def asm(self) -> str:
+        """The assembly text of the optimised module."""
+        return self._optimized_texts()[1]
+
+    def _optimized_texts(self) -> tuple[str, str]:
+        if self._optimized is None:
+            self._optimized = _with_optimized(self._ir_text, self.name, _module_texts)
+        return self._optimized
+
+    def __repr__(self) -> str:
+        origin = "cache" if self.from_cache else "compiled"
+        return (f"Library({self.name!r}, {len(self.symbols)} symbols, {origin} in "
+                f"{self.compile_seconds * 1e3:.1f} ms)")
+
+
+def _module_texts(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> tuple[str, str]:
+    return str(module), tm.emit_assembly(module)
+
+
+def _emit_object(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> bytes:
+    return tm.emit_object(module)
+
+
+def _with_optimized(ir_text: str, name: str, use):
+    """Parse, verify and O3-optimise `ir_text` in a private context, return `use(module, tm)`,
+    then free the module and its context (module first)."""
+    tm = _new_target_machine()  # never given to an engine, so freed with this call
+    context = llvm.create_context()
+    module = None
+    try:
+        try:
+            module = llvm.parse_assembly(ir_text, context=context)
+            module.verify()
+        except RuntimeError as error:
+            message = str(error).replace("LLVM IR parsing error\n", "").strip()
+            raise LLVMCompileError(
+                f"compile_module {name!r}: LLVM rejected the module: {message}\n"
+                f"(the IR comes from graphc's code generator: please report it with the "
+                f"module text)") from None
+        module.name = name
+        module.triple = tm.triple
+        module.data_layout = str(tm.target_data)
+        tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+        tuning.loop_vectorization = True
+        tuning.slp_vectorization = True
+        tuning.loop_unrolling = True
+        builder = llvm.create_pass_builder(tm, tuning)
+        builder.getModulePassManager().run(module, builder)
+        return use(module, tm)
+    finally:
+        if module is not None:
+            module.close()
+        context.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation and the cache
+
+
+_stats = {"hits": 0, "misses": 0, "corrupt": 0}  # this process's, for cache_info()
+_key_locks: dict[str, threading.Lock] = {}  # one per key compiled here: small, never pruned
+_key_locks_guard = threading.Lock()
+
+
+def _count(event: str) -> None:
+    with _key_locks_guard:
+        _stats[event] += 1
+
+
+def _cache_folder() -> str:
+    return os.path.join(config.cache_dir(), _CACHE_FORMAT)
+
+
+def cache_key(ir_text: str) -> str:
+    """The hex sha256 naming the cached object of `ir_text` on this host and toolchain."""
+    host = _initialize()
+    parts = (ir_text, host.triple, host.cpu, host.features, llvmlite.__version__,
+             ".".join(map(str, llvm.llvm_version_info)), _GRAPHC_VERSION, _CACHE_FORMAT)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def compile_module(ir_text: str, name: str, *, use_cache: bool = True) -> Library:
+    """Compile LLVM IR text into a loaded `Library` (cached on disk by `cache_key`)."""
+    start = time.perf_counter()
+    key = cache_key(ir_text)
+    if not use_cache:
+        library = Library(name, ir_text, _with_optimized(ir_text, name, _emit_object),
+                          key=key, from_cache=False)
+        library.compile_seconds = time.perf_counter() - start
+        return library
+    with _key_locks_guard:
+        lock = _key_locks.setdefault(key, threading.Lock())
+    with lock:
+        path = os.path.join(_cache_folder(), key + ".o")
+        code = _cache_read(path)
+        from_cache = code is not None
+        if code is None:
+            _count("misses")
+            code = _with_optimized(ir_text, name, _emit_object)
+            _cache_write(path, code)
+        else:
+            _count("hits")
+        library = Library(name, ir_text, code, key=key, from_cache=from_cache)
+    library.compile_seconds = time.perf_counter() - start
+    return library
+
+
+def _cache_read(path: str) -> bytes | None:
+    """The verified object code stored at `path`, or None (a bad entry is deleted)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    payload = data[_HEADER.size:]
+    try:
+        magic, length, digest = _HEADER.unpack_from(data)
+        ok = (magic == _MAGIC and length == len(payload)
+              and hashlib.sha256(payload).digest() == digest)
+        if ok:
+            _elf_symbols(payload)
+    except (struct.error, ValueError):
+        ok = False
+    if ok:
+        return payload
+    _count("corrupt")
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return None
+
+
+def _cache_write(path: str, code: bytes) -> None:
+    """Write an entry atomically; a cache that cannot be written only costs speed."""
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".",
+                                   suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_HEADER.pack(_MAGIC, len(code), hashlib.sha256(code).digest()))
+                f.write(code)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
+
+
+def cache_info() -> dict:
+    """Where the object cache lives, its entries and bytes, and this process's hit counts."""
+    folder = _cache_folder()
+    entries = 0
+    size = 0
+    if os.path.isdir(folder):
+        for entry in os.scandir(folder):
+            if entry.name.endswith(".o") and entry.is_file():
+                entries += 1
+                size += entry.stat().st_size
+    return {"path": folder, "entries": entries, "bytes": size, **_stats}
+
+
+def cache_clear() -> int:
+    """Delete every cached object (and leftover temp files); return how many entries went."""
+    folder = _cache_folder()
+    removed = 0
+    if os.path.isdir(folder):
+        for entry in os.scandir(folder):
+            if entry.name.endswith((".o", ".tmp")):
+                try:
+                    os.unlink(entry.path)
+                    removed += entry.name.endswith(".o")
+                except FileNotFoundError:
+                    pass
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# ELF64 reading: just enough to vet an object before LLVM's loader sees it
+
+
+_ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
+_SECTION = struct.Struct("<IIQQQQIIQQ")
+_SYMBOL = struct.Struct("<IBBHQQ")
+_SHT_SYMTAB, _SHT_NOBITS = 2, 8
+
+
+def _elf_symbols(data: bytes) -> tuple[list[str], list[str]]:
+    """(defined global symbols, undefined symbols) of a little-endian ELF64 relocatable
+    object; ValueError if its structure does not hold together."""
+    if len(data) < _ELF_HEADER.size or data[:6] != b"\x7fELF\x02\x01":
+        raise ValueError("not a little-endian ELF64 object")
+    header = _ELF_HEADER.unpack_from(data)
+    shoff, shentsize, shnum = header[6], header[11], header[12]
+    if shentsize != _SECTION.size or shoff + shnum * shentsize > len(data):
+        raise ValueError("section table outside the file")
+    sections = [_SECTION.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
+    for sh in sections:
+        if sh[1] != _SHT_NOBITS and sh[4] + sh[5] > len(data):
+            raise ValueError("section outside the file")
+    defined, undefined = [], []
+    for sh in sections:
+        if sh[1] != _SHT_SYMTAB:
+            continue
+        if sh[6] >= shnum or sh[9] != _SYMBOL.size:
+            raise ValueError("bad symbol table")
+        strtab = sections[sh[6]]
+        names = data[strtab[4]:strtab[4] + strtab[5]]
+        for offset in range(sh[4], sh[4] + sh[5], _SYMBOL.size):
+            name_at, info, _, shndx, _, _ = _SYMBOL.unpack_from(data, offset)
+            end = names.find(b"\0", name_at)
+            if name_at and end < 0:
+                raise ValueError("symbol name outside the string table")
+            name = names[name_at:end].decode("ascii", "replace") if name_at else ""
+            if not name or info >> 4 == 0:  # unnamed or STB_LOCAL
+                continue
+            if shndx == 0:
+                if name != "_GLOBAL_OFFSET_TABLE_":  # provided by the JIT linker itself
+                    undefined.append(name)
+            else:
+                defined.append(name)
+    return defined, undefined
