@@ -1,0 +1,1191 @@
+"""codegen: a planned graph lowered into one LLVM module (kernels + one driver function).
+
+`lower(graph, blas)` reads `graph.meta["memory_plan"]` and returns a `Lowered`: the LLVM IR
+text of one module holding one kernel per scheduled node that does work, and the driver
+`i32 @run(ptr inputs, ptr outputs, ptr arena)` that calls them in schedule order, then copies
+the graph outputs (and the update values not computed straight into their inputs) into
+`outputs[k]` (fresh contiguous arrays the executable allocates). A call of the graph is one
+native call.
+
+Where values live (`Loc`): graph inputs at `inputs[i]` (C-contiguous); intermediates at their
+buffer's arena offset (C-contiguous); views (the plan's `views`) as a byte offset and byte
+strides into their root's memory, found by running the view op's numpy kernel on a stand-in
+array, so they agree with the plan by construction; update values the plan computes straight
+into an input (`in_input`) at that input. The arena also holds the backend's own scratch
+(contiguous copies of GEMM operands no BLAS layout can read, GEMM results an epilogue
+consumes) past `plan.arena_bytes`.
+
+Lowered ops:
+- elementwise (each as a lone node and inside fused bodies), by their registry `scalar`
+  name: add sub mul div neg abs sign maximum minimum relu leaky_relu clamp select(where)
+  eq ne lt le gt ge logical_and/or/xor/not cast pow floor_divide remainder log1p, and the
+  mathlib functions exp log tanh sigmoid erf sin cos gelu sqrt rsqrt; float32, float64,
+  int64 and bool, with broadcasting by strides;
+- fused nodes (graphc.ops.fused): elementwise bodies with broadcast_to and constant
+  full/arange, bodies ending in a reduction (reduce_sum/mean/max/min/prod over any axes,
+  softmax/log_softmax over any dim), GEMM epilogues (matmul first, elementwise after);
+- reduce_sum, reduce_mean, reduce_max, reduce_min, reduce_prod (any axes, keepdim or not);
+  softmax, log_softmax (any dim);
+- matmul (1-D, 2-D, batched with broadcast batch dims; float32/float64) through the BLAS
+  cblas_sgemm/cblas_dgemm, transposed views passed as transposed operands;
+- movement: reshape, permute, broadcast_to, slice (views where the plan has them, copies
+  otherwise), copy, concat; sources full and arange;
+- nll_loss and nll_loss_backward (class-index targets, any reduction; a target out of range
+  makes the call fail with a clear error instead of reading out of bounds).
+Anything else raises `CpuLoweringError` at compile time, naming the op and its node.
+
+Kernels take one pointer per distinct memory region, all `noalias` (an in-place output and
+the input it overwrites are the same region, so the same argument); loops run over the
+domain's dimensions after merging the ones contiguous for every operand, innermost last, with
+constant trip counts and strides, so contiguous loops vectorise.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+from llvmlite import ir
+
+from graphc.errors import GraphcError
+from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.printer import format_node
+from graphc.ops.registry import ELEMENTWISE, REGISTRY
+from graphc.ops.shapes import result_dtype
+from graphc.types import TensorType, as_dtype, bool_, float32, float64, int64
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+F32, F64 = ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+_REG = {"float32": F32, "float64": F64, "int64": I64, "bool": I1}
+_MEM = {"float32": F32, "float64": F64, "int64": I64, "bool": I8}
+_MATHLIB = ("exp", "log", "tanh", "sigmoid", "erf", "sin", "cos", "sqrt")
+REDUCTIONS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")
+ROW_OPS = ("softmax", "log_softmax")
+VIEW_OPS = ("reshape", "permute", "broadcast_to", "slice")
+LOWERED = (tuple(sorted(op for op, d in REGISTRY.items() if d.kind == ELEMENTWISE))
+           + ("fused", "matmul", "copy", "concat", "full", "arange", "nll_loss",
+              "nll_loss_backward") + REDUCTIONS + ROW_OPS + VIEW_OPS)
+
+
+class CpuLoweringError(GraphcError, NotImplementedError):
+    """An op (or a form of it) the CPU backend has no lowering for."""
+
+
+def unsupported(node: Node, what: str) -> CpuLoweringError:
+    return CpuLoweringError(
+        f"cpu backend: no lowering for {what} in node {format_node(node)}"
+        f"{' at ' + node.loc if node.loc else ''}; compile with backend=\"interp\" for this "
+        f"graph (lowered ops are listed in graphc.backends.cpu.codegen)")
+
+
+# ---- where values live ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Loc:
+    """A tensor in memory: base ("input" i, "arena", "output" k), byte offset, byte strides."""
+
+    base: str
+    index: int
+    offset: int
+    strides: tuple[int, ...]
+    type: TensorType
+
+    @property
+    def region(self) -> tuple:
+        return (self.base, self.index, self.offset)
+
+
+def contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def contiguous(base: str, index: int, offset: int, t: TensorType) -> Loc:
+    return Loc(base, index, offset, contiguous_strides(t.shape, t.dtype.itemsize), t)
+
+
+class Locations:
+    """The Loc of every value of a planned graph (see the module docstring)."""
+
+    def __init__(self, graph: Graph, plan) -> None:
+        self.plan = plan
+        self.locs: dict[Value, Loc] = {}
+        index = {v.name: i for i, v in enumerate(graph.inputs)}
+        for i, v in enumerate(graph.inputs):
+            self.locs[v] = contiguous("input", i, 0, v.type)
+        self._index = index
+        self._values = {v.name: v for v in graph.inputs}
+        for node in graph.nodes:
+            for v in node.outputs:
+                self._values[v.name] = v
+
+    def define(self, node: Node) -> None:
+        """Place the outputs of `node` (called in schedule order)."""
+        plan = self.plan
+        for v in node.outputs:
+            if v.name in plan.views:
+                self.locs[v] = self._view(node, v)
+            elif v.name in plan.in_input:
+                self.locs[v] = contiguous("input", self._index[plan.in_input[v.name]], 0,
+                                          v.type)
+            else:
+                self.locs[v] = contiguous("arena", 0, plan.offset(v.name), v.type)
+
+    def _view(self, node: Node, v: Value) -> Loc:
+        src = self.locs[node.inputs[0]]
+        dtype = src.type.dtype.np
+        span = _span(src) + 64
+        buf = np.empty(span, np.uint8)  # a stand-in: never read or written
+        fake = np.ndarray(src.type.shape, dtype, buffer=buf, offset=0, strides=src.strides)
+        result = REGISTRY[node.op].kernel(fake, **node.attrs)
+        if not isinstance(result, np.ndarray) or (result.size and
+                                                  not np.may_share_memory(result, buf)):
+            raise CpuLoweringError(f"cpu backend: the plan treats {format_node(node)} as a "
+                                   "view, but its kernel copies")
+        start = result.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
+        return Loc(src.base, src.index, src.offset + start, tuple(result.strides), v.type)
+
+    def __getitem__(self, v: Value) -> Loc:
+        return self.locs[v]
+
+
+def _span(loc: Loc) -> int:
+    if not loc.type.numel:
+        return 0
+    return sum((n - 1) * abs(s) for n, s in zip(loc.type.shape, loc.strides)) + \
+        loc.type.dtype.itemsize
+
+
+# ---- loops ---------------------------------------------------------------------------------
+def i64(n: int) -> ir.Constant:
+    return ir.Constant(I64, n)
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, count: int, name: str = "i"):
+    """`for i in range(count)` (count a constant); the builder ends after the loop."""
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    body = b.append_basic_block(f"{name}.body")
+    end = b.append_basic_block(f"{name}.end")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(i64(0), pre)
+    b.cbranch(b.icmp_signed("<", i, i64(count)), body, end)
+    b.position_at_end(body)
+    yield i
+    nxt = b.add(i, i64(1), name=f"{name}.next")
+    nxt.flags.append("nsw")
+    i.add_incoming(nxt, b.block)
+    b.branch(head)
+    b.position_at_end(end)
+
+
+def collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]):
+    """Drop size-1 dims and merge neighbours contiguous for every operand.
+
+    Returns (sizes, per-operand strides) over the remaining dims, outermost first."""
+    dims = [(n, [s[d] for s in strides]) for d, n in enumerate(shape) if n != 1]
+    out: list[tuple[int, list[int]]] = []
+    for n, ss in dims:
+        if out:
+            pn, ps = out[-1]
+            if all(p == s * n for p, s in zip(ps, ss)):
+                out[-1] = (pn * n, ss)
+                continue
+        out.append((n, ss))
+    return [n for n, _ in out], [tuple(ss[k] for _, ss in out) for k in range(len(strides))]
+
+
+def broadcast_strides(loc_shape, loc_strides, domain) -> tuple[int, ...]:
+    """Element strides of a tensor read at every index of `domain` (right-aligned)."""
+    pad = len(domain) - len(loc_shape)
+    out = []
+    for d, n in enumerate(domain):
+        k = d - pad
+        out.append(0 if k < 0 or loc_shape[k] == 1 else loc_strides[k])
+    return tuple(out)
+
+
+# ---- scalars -------------------------------------------------------------------------------
+def const(dtype, value) -> ir.Constant:
+    ty = _REG[dtype.name]
+    if dtype is bool_:
+        return ir.Constant(I1, int(bool(value)))
+    if dtype.is_floating:
+        return ir.Constant(ty, float(value))
+    return ir.Constant(ty, int(value))
+
+
+def convert(b: ir.IRBuilder, v, src, dst):
+    """A register value of dtype `src` as dtype `dst` (numpy's astype)."""
+    if src is dst:
+        return v
+    if dst is bool_:
+        if src.is_floating:
+            return b.fcmp_unordered("!=", v, const(src, 0.0))
+        return b.icmp_signed("!=", v, const(src, 0))
+    if src is bool_:
+        return b.uitofp(v, _REG[dst.name]) if dst.is_floating else b.zext(v, I64)
+    if src.is_floating and dst.is_floating:
+        return b.fpext(v, F64) if dst is float64 else b.fptrunc(v, F32)
+    if src.is_floating:
+        return b.fptosi(v, I64)
+    return b.sitofp(v, _REG[dst.name])
+
+
+class Scalars:
+    """Renders registry scalar ops on register values; one per LLVM module."""
+
+    def __init__(self, module: ir.Module) -> None:
+        self.module = module
+        self._ipow: ir.Function | None = None
+
+    def intrinsic(self, b, name: str, dtype, *args):
+        ty = _REG[dtype.name]
+        fn = self.module.declare_intrinsic(name, [ty])
+        return b.call(fn, list(args))
+
+    def mathlib(self, b, name: str, x, dtype, attrs: dict | None = None):
+        """A graphc.backends.cpu.mathlib function (vectorisable, no libm calls)."""
+        from graphc.backends.cpu import mathlib
+
+        if name in getattr(mathlib, "SUPPORTED", ()):
+            return mathlib.emit(b, name, [x], attrs) if attrs else mathlib.emit(b, name, [x])
+        if name == "sqrt":
+            return self.intrinsic(b, "llvm.sqrt", dtype, x)
+        raise KeyError(name)
+
+    def has_mathlib(self, name: str) -> bool:
+        from graphc.backends.cpu import mathlib
+
+        return name in getattr(mathlib, "SUPPORTED", ())
+
+    # ---- the op table: one method per scalar name --------------------------------------
+    def emit(self, b, op: str, attrs: dict, args: list, types: list, out: TensorType):
+        """`op` applied to register values `args` of dtypes `types`, giving `out.dtype`."""
+        rt = out.dtype
+        method = getattr(self, "op_" + op, None)
+        if method is None:
+            raise KeyError(op)
+        return method(b, attrs, args, types, rt)
+
+    def _promoted(self, b, args, types, ct):
+        return [convert(b, a, t, ct) for a, t in zip(args, types)]
+
+    def _float_in(self, b, args, types, rt):
+        return convert(b, args[0], types[0], rt)
+
+    def op_add(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        return b.fadd(x, y) if rt.is_floating else b.or_(x, y) if rt is bool_ else b.add(x, y)
+
+    def op_sub(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        return b.fsub(x, y) if rt.is_floating else b.xor(x, y) if rt is bool_ else b.sub(x, y)
+
+    def op_mul(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        return b.fmul(x, y) if rt.is_floating else b.and_(x, y) if rt is bool_ else b.mul(x, y)
+
+    def op_div(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        return b.fdiv(x, y)
+
+    def op_neg(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        return b.fneg(x) if rt.is_floating else b.sub(const(rt, 0), x) if rt is int64 else x
+
+    def op_abs(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if rt.is_floating:
+            return self.intrinsic(b, "llvm.fabs", rt, x)
+        if rt is bool_:
+            return x
+        return b.select(b.icmp_signed("<", x, const(rt, 0)), b.sub(const(rt, 0), x), x)
+
+    def op_sign(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if rt is bool_:
+            return x
+        if rt.is_floating:
+            pos, neg = b.fcmp_ordered(">", x, const(rt, 0)), b.fcmp_ordered("<", x, const(rt, 0))
+            return b.select(pos, const(rt, 1), b.select(neg, const(rt, -1), b.fmul(x, const(rt, 0))))
+        pos, neg = b.icmp_signed(">", x, const(rt, 0)), b.icmp_signed("<", x, const(rt, 0))
+        return b.select(pos, const(rt, 1), b.select(neg, const(rt, -1), const(rt, 0)))
+
+    def _max_min(self, b, x, y, rt, is_max: bool):
+        if rt.is_floating:
+            wins = b.fcmp_ordered(">" if is_max else "<", x, y)
+            r = b.select(wins, x, y)  # y when y is NaN
+            return b.select(b.fcmp_unordered("uno", x, x), x, r)  # x when x is NaN
+        if rt is bool_:
+            return b.or_(x, y) if is_max else b.and_(x, y)
+        return b.select(b.icmp_signed(">" if is_max else "<", x, y), x, y)
+
+    def op_maximum(self, b, attrs, args, types, rt):
+        return self._max_min(b, *self._promoted(b, args, types, rt), rt, True)
+
+    def op_minimum(self, b, attrs, args, types, rt):
+        return self._max_min(b, *self._promoted(b, args, types, rt), rt, False)
+
+    def op_relu(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if rt is bool_:
+            return x
+        if rt.is_floating:
+            return b.select(b.fcmp_ordered("<", x, const(rt, 0)), const(rt, 0), x)
+        return b.select(b.icmp_signed("<", x, const(rt, 0)), const(rt, 0), x)
+
+    def op_leaky_relu(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        slope = b.fmul(x, const(rt, attrs["negative_slope"]))
+        return b.select(b.fcmp_ordered(">", x, const(rt, 0)), x, slope)
+
+    def op_clamp(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if attrs.get("min") is not None:
+            x = self._max_min(b, x, const(rt, attrs["min"]), rt, True)
+        if attrs.get("max") is not None:
+            x = self._max_min(b, x, const(rt, attrs["max"]), rt, False)
+        return x
+
+    def op_cast(self, b, attrs, args, types, rt):
+        return convert(b, args[0], types[0], rt)
+
+    def op_select(self, b, attrs, args, types, rt):
+        cond = convert(b, args[0], types[0], bool_)
+        x, y = self._promoted(b, args[1:], types[1:], rt)
+        return b.select(cond, x, y)
+
+    def _compare(self, b, args, types, pred: str):
+        ta, tb = (TensorType((1,), t) for t in types)
+        ct = result_dtype(ta, tb)
+        x, y = self._promoted(b, args, types, ct)
+        if ct.is_floating:
+            if pred == "!=":
+                return b.fcmp_unordered("!=", x, y)
+            return b.fcmp_ordered(pred, x, y)
+        if ct is bool_:
+            return b.icmp_unsigned(pred, x, y)
+        return b.icmp_signed(pred, x, y)
+
+    def op_eq(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, "==")
+
+    def op_ne(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, "!=")
+
+    def op_lt(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, "<")
+
+    def op_le(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, "<=")
+
+    def op_gt(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, ">")
+
+    def op_ge(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, ">=")
+
+    def _bools(self, b, args, types):
+        return [convert(b, a, t, bool_) for a, t in zip(args, types)]
+
+    def op_logical_and(self, b, attrs, args, types, rt):
+        return b.and_(*self._bools(b, args, types))
+
+    def op_logical_or(self, b, attrs, args, types, rt):
+        return b.or_(*self._bools(b, args, types))
+
+    def op_logical_xor(self, b, attrs, args, types, rt):
+        return b.xor(*self._bools(b, args, types))
+
+    def op_logical_not(self, b, attrs, args, types, rt):
+        return b.not_(self._bools(b, args, types)[0])
+
+    def op_pow(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        if rt.is_floating:
+            fn = self.module.declare_intrinsic("llvm.pow", [_REG[rt.name]])
+            return b.call(fn, [x, y])
+        if rt is bool_:
+            return b.or_(x, b.not_(y))  # x**y for bools: 1 when y is 0, else x
+        return b.call(self._integer_pow(), [x, y])
+
+    def _integer_pow(self) -> ir.Function:
+        """i64 graphc_ipow(i64 x, i64 n): x**n by squaring (n < 0 gives 0; eager refuses)."""
+        if self._ipow is None:
+            fn = ir.Function(self.module, ir.FunctionType(I64, [I64, I64]), "graphc_ipow")
+            fn.linkage = "internal"
+            x, n = fn.args
+            b = ir.IRBuilder(fn.append_basic_block("entry"))
+            head, body, end = (fn.append_basic_block(s) for s in ("head", "body", "end"))
+            entry = b.block
+            b.branch(head)
+            b.position_at_end(head)
+            acc, base, k = b.phi(I64), b.phi(I64), b.phi(I64)
+            acc.add_incoming(i64(1), entry)
+            base.add_incoming(x, entry)
+            k.add_incoming(n, entry)
+            b.cbranch(b.icmp_signed(">", k, i64(0)), body, end)
+            b.position_at_end(body)
+            odd = b.trunc(k, I1)
+            acc2 = b.select(odd, b.mul(acc, base), acc)
+            acc.add_incoming(acc2, body)
+            base.add_incoming(b.mul(base, base), body)
+            k.add_incoming(b.ashr(k, i64(1)), body)
+            b.branch(head)
+            b.position_at_end(end)
+            b.ret(b.select(b.icmp_signed("<", n, i64(0)), i64(0), acc))
+            self._ipow = fn
+        return self._ipow
+
+    def op_floor_divide(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        if rt.is_floating:
+            return self.intrinsic(b, "llvm.floor", rt, b.fdiv(x, y))
+        safe = b.select(b.icmp_signed("==", y, const(rt, 0)), const(rt, 1), y)
+        q, r = b.sdiv(x, safe), b.srem(x, safe)
+        fix = b.and_(b.icmp_signed("!=", r, const(rt, 0)),
+                     b.icmp_signed("!=", b.icmp_signed("<", r, const(rt, 0)),
+                                   b.icmp_signed("<", safe, const(rt, 0))))
+        return b.select(fix, b.sub(q, const(rt, 1)), q)
+
+    def op_remainder(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        if rt.is_floating:
+            r = b.frem(x, y)
+            fix = b.and_(b.fcmp_ordered("!=", r, const(rt, 0)),
+                         b.icmp_unsigned("!=", b.fcmp_ordered("<", r, const(rt, 0)),
+                                         b.fcmp_ordered("<", y, const(rt, 0))))
+            return b.select(fix, b.fadd(r, y), r)
+        safe = b.select(b.icmp_signed("==", y, const(rt, 0)), const(rt, 1), y)
+        r = b.srem(x, safe)
+        fix = b.and_(b.icmp_signed("!=", r, const(rt, 0)),
+                     b.icmp_signed("!=", b.icmp_signed("<", r, const(rt, 0)),
+                                   b.icmp_signed("<", safe, const(rt, 0))))
+        return b.select(fix, b.add(r, safe), r)
+
+    def op_rsqrt(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if self.has_mathlib("rsqrt"):
+            return self.mathlib(b, "rsqrt", x, rt)
+        return b.fdiv(const(rt, 1.0), self.mathlib(b, "sqrt", x, rt))
+
+    def op_log1p(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if self.has_mathlib("log1p"):
+            return self.mathlib(b, "log1p", x, rt)
+        u = b.fadd(const(rt, 1.0), x)
+        exact = b.fdiv(b.fmul(self.mathlib(b, "log", u, rt), x), b.fsub(u, const(rt, 1.0)))
+        r = b.select(b.fcmp_ordered("==", u, const(rt, 1.0)), x, exact)
+        return b.select(b.fcmp_ordered("==", u, const(rt, math.inf)), u, r)
+
+    def op_gelu(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if self.has_mathlib("gelu"):
+            return self.mathlib(b, "gelu", x, rt, {"approximate": attrs.get("approximate",
+                                                                             "none")})
+        half_x = b.fmul(x, const(rt, 0.5))
+        if attrs.get("approximate") == "tanh":
+            cube = b.fmul(b.fmul(x, x), x)
+            inner = b.fmul(b.fadd(x, b.fmul(cube, const(rt, 0.044715))),
+                           const(rt, math.sqrt(2.0 / math.pi)))
+            t = self.mathlib(b, "tanh", inner, rt)
+        else:
+            t = self.mathlib(b, "erf", b.fmul(x, const(rt, 1.0 / math.sqrt(2.0))), rt)
+        return b.fmul(half_x, b.fadd(const(rt, 1.0), t))
+
+
+def _mathlib_method(name: str):
+    """Scalars.op_<name> for a mathlib function (integer inputs computed in float32)."""
+
+    def method(self, b, attrs, args, types, rt):
+        return self.mathlib(b, name, self._float_in(b, args, types, rt), rt)
+
+    method.__name__ = f"op_{name}"
+    return method
+
+
+for _name in _MATHLIB:
+    setattr(Scalars, f"op_{_name}", _mathlib_method(_name))
+
+
+# ---- kernels over a domain -----------------------------------------------------------------
+@dataclass
+class Operand:
+    """A tensor a kernel reads or writes: its Loc and element strides over the domain.
+    A virtual operand (`loc` None) is an arange: its value is start + step * offset."""
+
+    loc: Loc | None
+    dtype: object
+    strides: tuple[int, ...]
+    arange: tuple[float, float] | None = None  # (start, step)
+
+
+@dataclass
+class Kernel:
+    """One kernel function: name, the Loc regions its pointer arguments are, IR function."""
+
+    name: str
+    regions: list[tuple] = field(default_factory=list)
+    args: list[Loc] = field(default_factory=list)
+
+
+class KernelBuilder:
+    """Builds one `void name(ptr noalias...)` function over a domain of `shape`."""
+
+    def __init__(self, cg: "Codegen", name: str, shape: tuple[int, ...]) -> None:
+        self.cg = cg
+        self.shape = tuple(shape)
+        self.kernel = Kernel(name)
+        self.operands: list[Operand] = []
+
+    def operand(self, loc: Loc, strides: tuple[int, ...] | None = None) -> int:
+        """Read or write `loc` broadcast over the domain (or with explicit element strides)."""
+        if strides is None:
+            item = loc.type.dtype.itemsize
+            strides = broadcast_strides(loc.type.shape, tuple(s // item for s in loc.strides),
+                                        self.shape)
+        if loc.region not in self.kernel.regions:
+            self.kernel.regions.append(loc.region)
+            self.kernel.args.append(loc)
+        self.operands.append(Operand(loc, loc.type.dtype, tuple(strides)))
+        return len(self.operands) - 1
+
+    def virtual(self, dtype, start: float, step: float, strides) -> int:
+        self.operands.append(Operand(None, dtype, tuple(strides), (start, step)))
+        return len(self.operands) - 1
+
+    def begin(self) -> ir.IRBuilder:
+        fn = ir.Function(self.cg.module, ir.FunctionType(ir.VoidType(),
+                                                          [PTR] * len(self.kernel.regions)),
+                         self.kernel.name)
+        for a in fn.args:
+            a.add_attribute("noalias")
+        fn.attributes.add("nounwind")
+        fn.attributes.add("noinline")
+        self.fn = fn
+        return ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def pointer(self, b, k: int, offset) -> ir.Value:
+        op = self.operands[k]
+        base = self.fn.args[self.kernel.regions.index(op.loc.region)]
+        return b.gep(base, [offset], inbounds=True, source_etype=_MEM[op.dtype.name])
+
+    def load(self, b, k: int, offset):
+        op = self.operands[k]
+        if op.arange is not None:
+            start, step = op.arange
+            dt = op.dtype
+            if dt.is_floating:
+                f = b.sitofp(offset, F64)
+                v = b.fadd(ir.Constant(F64, start), b.fmul(ir.Constant(F64, step), f))
+                return convert(b, v, float64, dt)
+            v = b.add(i64(int(start)), b.mul(i64(int(step)), offset))
+            return convert(b, v, int64, dt)
+        v = b.load(self.pointer(b, k, offset), typ=_MEM[op.dtype.name])
+        return b.trunc(v, I1) if op.dtype is bool_ else v
+
+    def store(self, b, k: int, offset, value) -> None:
+        op = self.operands[k]
+        if op.dtype is bool_:
+            value = b.zext(value, I8)
+        b.store(value, self.pointer(b, k, offset))
+
+    def nest(self, b, sizes, strides, leaf, inner=None, depth=0, offsets=None):
+        """Loops over collapsed `sizes`; `leaf(b, offsets)` per element.
+
+        `inner`, when given, is (before, after) called around the innermost loop."""
+        if offsets is None:
+            offsets = [i64(0)] * len(self.operands)
+        if depth == len(sizes):
+            leaf(b, offsets)
+            return
+        last = depth == len(sizes) - 1
+        state = inner[0](b, offsets) if inner and last else None
+        with for_range(b, sizes[depth], f"d{depth}") as i:
+            new = []
+            for o, s in zip(offsets, strides):
+                if s[depth] == 0:
+                    new.append(o)
+                else:
+                    step = i if s[depth] == 1 else b.mul(i, i64(s[depth]))
+                    new.append(step if isinstance(o, ir.Constant) and o.constant == 0
+                               else b.add(o, step))
+            self.nest(b, sizes, strides, leaf, inner, depth + 1, new)
+        if inner and last:
+            inner[1](b, offsets, state)
+
+    def finish(self, b) -> Kernel:
+        b.ret_void()
+        return self.kernel
+
+
+class Codegen:
+    """One LLVM module under construction: kernels, BLAS declarations, the driver."""
+
+    def __init__(self, name: str, blas) -> None:
+        import llvmlite.binding as llvm
+
+        self.module = ir.Module(name=name)
+        self.module.triple = llvm.get_process_triple()
+        self.scalars = Scalars(self.module)
+        self.blas = blas
+        self.scratch = 0  # bytes of backend scratch past the plan's arena
+        self._count = 0
+        self._decls: dict[str, ir.Function] = {}
+
+    def name(self, op: str) -> str:
+        self._count += 1
+        return f"k{self._count}_{op}"
+
+    def add_scratch(self, nbytes: int) -> int:
+        at = self.scratch
+        self.scratch += -(-nbytes // 64) * 64
+        return at
+
+    def declare(self, name: str, ftype: ir.FunctionType) -> ir.Function:
+        if name not in self._decls:
+            self._decls[name] = ir.Function(self.module, ftype, name)
+        return self._decls[name]
+
+
+# ---- bodies: the instructions of a fused node (or of one elementwise node) ------------------
+_BODY_OPS = ("broadcast_to", "full", "arange")
+
+
+class Body:
+    """A fused body's instructions with their types; refs < n are the node's inputs."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.n = len(node.inputs)
+        if node.op == "fused":
+            self.instrs = [(op, tuple(args), dict(attrs)) for op, args, attrs in
+                           node.attrs["body"]]
+            self.outputs = tuple(node.attrs["outputs"])
+        else:
+            self.instrs = [(node.op, tuple(range(self.n)), dict(node.attrs))]
+            self.outputs = (self.n,)
+        self.types = [v.type for v in node.inputs]
+        for op, args, attrs in self.instrs:
+            self.types.append(REGISTRY[op].infer(*(self.types[r] for r in args), **attrs))
+
+    def evaluate(self, cg: Codegen, kb: KernelBuilder, b, offsets, leaves: dict[int, int],
+                 stop: int, wanted) -> dict[int, ir.Value]:
+        """Register values of the refs in `wanted` (and what they need), instructions < stop."""
+        env: dict[int, ir.Value] = {}
+
+        def value(ref: int):
+            if ref in env:
+                return env[ref]
+            if ref in leaves:
+                env[ref] = kb.load(b, leaves[ref], offsets[leaves[ref]])
+                return env[ref]
+            op, args, attrs = self.instrs[ref - self.n]
+            t = self.types[ref]
+            if op == "broadcast_to":
+                env[ref] = value(args[0])
+            elif op == "full":
+                env[ref] = const(t.dtype, attrs["value"])
+            else:
+                vals = [value(a) for a in args]
+                try:
+                    env[ref] = cg.scalars.emit(b, REGISTRY[op].scalar, attrs, vals,
+                                               [self.types[a].dtype for a in args], t)
+                except KeyError:
+                    raise unsupported(self.node, f"the scalar op {op!r}") from None
+            return env[ref]
+
+        for ref in wanted:
+            value(ref)
+        return env
+
+    def check(self, start: int, stop: int) -> None:
+        for op, _, _ in self.instrs[start:stop]:
+            d = REGISTRY[op]
+            if op not in _BODY_OPS and (d.kind != ELEMENTWISE or d.scalar is None):
+                raise unsupported(self.node, f"{op!r} inside a fused body")
+
+
+# ---- lowering of the schedule --------------------------------------------------------------
+@dataclass
+class Lowered:
+    """The module text and what the executable needs to run it."""
+
+    ir_text: str
+    arena_bytes: int  # the plan's arena plus the backend's scratch
+    kernels: list[str]
+    entry: str = "run"
+
+
+class Lowerer(Codegen):
+    """Lowers each scheduled node into kernels, in order; `calls` is the driver's program."""
+
+    def __init__(self, graph: Graph, plan, blas) -> None:
+        super().__init__(graph.name or "graph", blas)
+        self.graph = graph
+        self.plan = plan
+        self.locs = Locations(graph, plan)
+        self.calls: list[Kernel] = []
+
+    def scratch_loc(self, t: TensorType) -> Loc:
+        return contiguous("arena", 0, self.plan.arena_bytes + self.add_scratch(t.nbytes), t)
+
+    # ---- dispatch ------------------------------------------------------------------------
+    def lower_node(self, node: Node) -> None:
+        self.locs.define(node)
+        op = node.op
+        if op in VIEW_OPS and all(v.name in self.plan.views for v in node.outputs):
+            return  # a view: its Loc says where it is
+        if any(v.type.numel == 0 for v in node.outputs) and op not in ("nll_loss",):
+            return
+        if op == "fused":
+            return self.fused(node)
+        d = REGISTRY.get(op)
+        if d is not None and d.kind == ELEMENTWISE and d.scalar is not None:
+            return self.elementwise(node, Body(node), 0)
+        method = getattr(self, "op_" + op, None)
+        if method is None:
+            raise unsupported(node, f"the op {op!r}")
+        method(node)
+
+    def fused(self, node: Node) -> None:
+        body = Body(node)
+        first, last = body.instrs[0][0], body.instrs[-1][0]
+        start = 0
+        leaves: dict[int, int] = {}
+        if first in ("matmul", "conv2d"):
+            if first != "matmul":
+                raise unsupported(node, f"a fused {first} epilogue")
+            t = body.types[body.n]
+            a, b_ = (node.inputs[r] for r in body.instrs[0][1])
+            same = [v for v in node.outputs if v.type == t]
+            c = self.locs[same[0]] if same else self.scratch_loc(t)
+            self.gemm(node, self.locs[a], self.locs[b_], c)
+            start = 1
+            leaves[body.n] = c
+        if last in REDUCTIONS or last in ROW_OPS:
+            body.check(start, len(body.instrs) - 1)
+            return self.reduction(node, body, start, leaves)
+        body.check(start, len(body.instrs))
+        return self.elementwise(node, body, start, leaves)
+
+    # ---- elementwise ---------------------------------------------------------------------
+    def _leaves(self, kb: KernelBuilder, body: Body, extra: dict[int, Loc], start: int,
+                stop: int) -> dict[int, int]:
+        leaves: dict[int, int] = {}
+        used = {r for _, args, _ in body.instrs[start:stop] for r in args} | set(body.outputs)
+        for r in sorted(used):
+            if r in extra:
+                leaves[r] = kb.operand(extra[r])
+            elif r < body.n:
+                leaves[r] = kb.operand(self.locs[body.node.inputs[r]])
+        for k in range(start, stop):
+            op, _, attrs = body.instrs[k]
+            if op == "arange":
+                t = body.types[body.n + k]
+                leaves[body.n + k] = kb.virtual(
+                    t.dtype, attrs["start"], attrs["step"],
+                    broadcast_strides(t.shape, (1,), kb.shape))
+        return leaves
+
+    def elementwise(self, node: Node, body: Body, start: int,
+                    extra: dict[int, Loc] | None = None) -> None:
+        domain = node.outputs[0].type.shape
+        kb = KernelBuilder(self, self.name(node.op), domain)
+        leaves = self._leaves(kb, body, extra or {}, start, len(body.instrs))
+        outs = [kb.operand(self.locs[v]) for v in node.outputs]
+        sizes, strides = collapse(domain, [o.strides for o in kb.operands])
+        b = kb.begin()
+
+        def leaf(b, offsets):
+            env = body.evaluate(self, kb, b, offsets, leaves, len(body.instrs), body.outputs)
+            for ref, k, v in zip(body.outputs, outs, node.outputs):
+                val = convert(b, env[ref], body.types[ref].dtype, v.type.dtype)
+                kb.store(b, k, offsets[k], val)
+
+        kb.nest(b, sizes, strides, leaf)
+        self.calls.append(kb.finish(b))
+
+    def copy(self, src: Loc, dst: Loc, name: str = "copy", domain=None,
+             dst_strides=None) -> None:
+        """dst[...] = src[...] over `domain` (dst's shape by default)."""
+        domain = dst.type.shape if domain is None else domain
+        if math.prod(domain) == 0:
+            return
+        kb = KernelBuilder(self, self.name(name), domain)
+        i = kb.operand(src)
+        o = kb.operand(dst, dst_strides)
+        sizes, strides = collapse(domain, [op.strides for op in kb.operands])
+        b = kb.begin()
+
+        def leaf(b, offsets):
+            v = convert(b, kb.load(b, i, offsets[i]), src.type.dtype, dst.type.dtype)
+            kb.store(b, o, offsets[o], v)
+
+        kb.nest(b, sizes, strides, leaf)
+        self.calls.append(kb.finish(b))
+
+    def fill(self, dst: Loc, value, name: str = "full") -> None:
+        kb = KernelBuilder(self, self.name(name), dst.type.shape)
+        o = kb.operand(dst)
+        sizes, strides = collapse(dst.type.shape, [kb.operands[0].strides])
+        b = kb.begin()
+        kb.nest(b, sizes, strides,
+                lambda b, offsets: kb.store(b, o, offsets[o], const(dst.type.dtype, value)))
+        self.calls.append(kb.finish(b))
+
+    # ---- reductions and softmax ----------------------------------------------------------
+    def reduction(self, node: Node, body: Body, start: int, extra: dict[int, Loc]) -> None:
+        op, (src,), attrs = body.instrs[-1]
+        red = body.n + len(body.instrs) - 1
+        domain = body.types[src].shape
+        kb = KernelBuilder(self, self.name(op), domain if domain else (1,))
+        if not domain:  # a 0-d input: one element
+            domain = (1,)
+            kb.shape = domain
+        leaves = self._leaves(kb, body, extra, start, len(body.instrs) - 1)
+        if src in extra or src < body.n:
+            leaves.setdefault(src, kb.operand(extra[src] if src in extra
+                                              else self.locs[node.inputs[src]]))
+        stores = [(ref, kb.operand(self.locs[v]), v) for ref, v in zip(body.outputs,
+                                                                        node.outputs)
+                  if ref != red]
+        out_v = node.outputs[body.outputs.index(red)] if red in body.outputs else None
+        if out_v is None:
+            raise unsupported(node, "a fused reduction whose result is not an output")
+        if op in ROW_OPS:
+            return self._rows(node, kb, body, src, leaves, stores, out_v, attrs)
+        axes = tuple(attrs["axes"])
+        keep = tuple(1 if d in axes else n for d, n in enumerate(domain))
+        out_loc = self.locs[out_v]
+        cstr = contiguous_strides(keep, 1)
+        o = kb.operand(out_loc, tuple(0 if d in axes else s for d, s in enumerate(cstr)))
+        acc_t = out_v.type.dtype
+        sizes, strides = collapse(domain, [x.strides for x in kb.operands])
+        b = kb.begin()
+        ident = _identity(op, acc_t)
+        count = out_v.type.numel
+        with for_range(b, count, "init") as i:
+            kb.store(b, o, i, ident)
+        combine = _combiner(self.scalars, op, acc_t)
+
+        def element(b, offsets):
+            env = body.evaluate(self, kb, b, offsets, leaves, len(body.instrs) - 1,
+                                [src] + [r for r, _, _ in stores])
+            for ref, k, v in stores:
+                kb.store(b, k, offsets[k],
+                         convert(b, env[ref], body.types[ref].dtype, v.type.dtype))
+            return convert(b, env[src], body.types[src].dtype, acc_t)
+
+        inner_reduced = bool(sizes) and strides[o][-1] == 0
+        if inner_reduced:
+            with b.goto_entry_block():
+                acc = b.alloca(_REG[acc_t.name] if acc_t is not bool_ else I1, name="acc")
+
+            def before(b, offsets):
+                b.store(ident, acc)
+
+            def leaf(b, offsets):
+                b.store(combine(b, b.load(acc), element(b, offsets), True), acc)
+
+            def after(b, offsets, state):
+                old = kb.load(b, o, offsets[o])
+                kb.store(b, o, offsets[o], combine(b, old, b.load(acc), False))
+
+            kb.nest(b, sizes, strides, leaf, (before, after))
+        else:
+            def leaf(b, offsets):
+                v = element(b, offsets)
+                kb.store(b, o, offsets[o], combine(b, kb.load(b, o, offsets[o]), v, False))
+
+            kb.nest(b, sizes, strides, leaf)
+        if op == "reduce_mean":
+            n = math.prod(domain[d] for d in axes)
+            with for_range(b, count, "mean") as i:
+                kb.store(b, o, i, b.fdiv(kb.load(b, o, i), const(acc_t, n)))
+        self.calls.append(kb.finish(b))
+
+    def _rows(self, node, kb, body, src, leaves, stores, out_v, attrs) -> None:
+        """softmax / log_softmax along `dim`: per row, max, sum of exp, then the result."""
+        op = body.instrs[-1][0]
+        domain = kb.shape
+        dim = attrs["dim"] if body.types[src].ndim else 0
+        y = kb.operand(self.locs[out_v]) if out_v.type.ndim else \
+            kb.operand(self.locs[out_v], (1,))
+        t = out_v.type.dtype
+        order = [d for d in range(len(domain)) if d != dim]
+        outer_sizes, outer_strides = collapse(tuple(domain[d] for d in order),
+                                              [tuple(x.strides[d] for d in order)
+                                               for x in kb.operands])
+        row = domain[dim]
+        row_strides = [x.strides[dim] for x in kb.operands]
+        b = kb.begin()
+        with b.goto_entry_block():
+            m_acc = b.alloca(_REG[t.name], name="max")
+            s_acc = b.alloca(_REG[t.name], name="sum")
+        combine_max = _combiner(self.scalars, "reduce_max", t)
+
+        def at(b, offsets, j):
+            return [o if s == 0 else b.add(o, j if s == 1 else b.mul(j, i64(s)))
+                    for o, s in zip(offsets, row_strides)]
+
+        def leaf(b, offsets):
+            b.store(const(t, -math.inf), m_acc)
+            with for_range(b, row, "r1") as j:
+                offs = at(b, offsets, j)
+                env = body.evaluate(self, kb, b, offs, leaves, len(body.instrs) - 1,
+                                    [src] + [r for r, _, _ in stores])
+                for ref, k, v in stores:
+                    kb.store(b, k, offs[k], convert(b, env[ref], body.types[ref].dtype,
+                                                    v.type.dtype))
+                v = convert(b, env[src], body.types[src].dtype, t)
+                kb.store(b, y, offs[y], v)
+                b.store(combine_max(b, b.load(m_acc), v, True), m_acc)
+            m = b.load(m_acc)
+            b.store(const(t, 0.0), s_acc)
+            with for_range(b, row, "r2") as j:
+                offs = at(b, offsets, j)
+                e = self.scalars.mathlib(b, "exp", b.fsub(kb.load(b, y, offs[y]), m), t)
+                if op == "softmax":
+                    kb.store(b, y, offs[y], e)
+                total = b.fadd(b.load(s_acc), e)
+                total.flags.extend(("reassoc", "nsz"))
+                b.store(total, s_acc)
+            s = b.load(s_acc)
+            log_s = self.scalars.mathlib(b, "log", s, t) if op == "log_softmax" else None
+            with for_range(b, row, "r3") as j:
+                offs = at(b, offsets, j)
+                v = kb.load(b, y, offs[y])
+                r = b.fdiv(v, s) if op == "softmax" else b.fsub(b.fsub(v, m), log_s)
+                kb.store(b, y, offs[y], r)
+
+        kb.nest(b, outer_sizes, outer_strides, leaf)
+        self.calls.append(kb.finish(b))
+
+    def op_reduce(self, node: Node) -> None:
+        self.reduction(node, Body(node), 0, {})
+
+    op_reduce_sum = op_reduce_mean = op_reduce_max = op_reduce_min = op_reduce_prod = op_reduce
+    op_softmax = op_log_softmax = op_reduce
+
+    # ---- matmul through BLAS -------------------------------------------------------------
+    def op_matmul(self, node: Node) -> None:
+        a, b = node.inputs
+        self.gemm(node, self.locs[a], self.locs[b], self.locs[node.outputs[0]])
+
+    def gemm(self, node: Node, a: Loc, b: Loc, c: Loc) -> None:
+        dt = a.type.dtype
+        if dt not in (float32, float64):
+            raise unsupported(node, f"matmul of {dt.name} (BLAS has float32/float64 only)")
+        item = dt.itemsize
+        sa = [s // item for s in a.strides]
+        sb = [s // item for s in b.strides]
+        sa_shape, sb_shape = list(a.type.shape), list(b.type.shape)
+        if len(sa_shape) == 1:
+            sa_shape, sa = [1] + sa_shape, [0] + sa
+        if len(sb_shape) == 1:
+            sb_shape, sb = sb_shape + [1], sb + [0]
+        m, k = sa_shape[-2:]
+        n = sb_shape[-1]
+        batch = tuple(np.broadcast_shapes(tuple(sa_shape[:-2]), tuple(sb_shape[:-2])))
+        c_shape = batch + (m, n)
+        c = Loc(c.base, c.index, c.offset, contiguous_strides(c_shape, item),
+                TensorType(c_shape, dt))
+        if m * n == 0:
+            return
+        if k == 0:
+            return self.fill(c, 0.0, "gemm_zero")
+        lay_a = _gemm_layout(m, k, sa[-2], sa[-1])
+        if lay_a is None:  # no BLAS layout reads it: a contiguous copy in scratch
+            t = TensorType(tuple(sa_shape), dt)
+            src = Loc(a.base, a.index, a.offset, tuple(s * item for s in sa), t)
+            a = self.scratch_loc(t)
+            self.copy(src, a, "gemm_pack")
+            sa = [s // item for s in a.strides]
+            lay_a = _gemm_layout(m, k, sa[-2], sa[-1])
+        lay_b = _gemm_layout(k, n, sb[-2], sb[-1])
+        if lay_b is None:
+            t = TensorType(tuple(sb_shape), dt)
+            src = Loc(b.base, b.index, b.offset, tuple(s * item for s in sb), t)
+            b = self.scratch_loc(t)
+            self.copy(src, b, "gemm_pack")
+            sb = [s // item for s in b.strides]
+            lay_b = _gemm_layout(k, n, sb[-2], sb[-1])
+        fn = self._blas_function(dt)
+        kb = KernelBuilder(self, self.name("gemm"), batch)
+        ka = kb.operand(a, broadcast_strides(tuple(sa_shape[:-2]), tuple(sa[:-2]), batch))
+        kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
+        kc = kb.operand(c, tuple(contiguous_strides(batch, m * n)))
+        bld = kb.begin()
+        iT = I64 if self.blas.ilp64 else I32
+        fty = _REG[dt.name]
+
+        def leaf(bb, offsets):
+            bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, lay_a[0]),
+                         ir.Constant(I32, lay_b[0]), ir.Constant(iT, m), ir.Constant(iT, n),
+                         ir.Constant(iT, k), ir.Constant(fty, 1.0),
+                         kb.pointer(bb, ka, offsets[ka]), ir.Constant(iT, lay_a[1]),
+                         kb.pointer(bb, kb_, offsets[kb_]), ir.Constant(iT, lay_b[1]),
+                         ir.Constant(fty, 0.0), kb.pointer(bb, kc, offsets[kc]),
+                         ir.Constant(iT, n)])
+
+        kb.nest(bld, *collapse(batch, [x.strides for x in kb.operands]), leaf)
+        self.calls.append(kb.finish(bld))
+
+    def _blas_function(self, dt) -> ir.Function:
+        if self.blas is None:
+            raise CpuLoweringError("cpu backend: matmul needs a BLAS and none was found")
+        iT = I64 if self.blas.ilp64 else I32
+        fty = _REG[dt.name]
+        ftype = ir.FunctionType(ir.VoidType(), [I32, I32, I32, iT, iT, iT, fty, PTR, iT, PTR,
+                                                iT, fty, PTR, iT])
+        return self.declare(self.blas.symbol(dt.name), ftype)
+
+    # ---- movement and sources ------------------------------------------------------------
+    def op_copy(self, node: Node) -> None:
+        self.copy(self.locs[node.inputs[0]], self.locs[node.outputs[0]])
+
+    def op_reshape(self, node: Node) -> None:  # a reshape the plan copies
+        x, out = node.inputs[0], node.outputs[0]
+        dst = self.locs[out]
+        item = out.type.dtype.itemsize
+        self.copy(self.locs[x], dst, "reshape", x.type.shape,
+                  tuple(s // item for s in contiguous_strides(x.type.shape, item)))
+
+    def _virtual_view(self, node: Node) -> None:
+        out = node.outputs[0]
+        self.copy(self.locs._view(node, out), self.locs[out])
+
+    op_permute = op_broadcast_to = op_slice = _virtual_view
+
+    def op_concat(self, node: Node) -> None:
+        out = self.locs[node.outputs[0]]
+        axis = node.attrs["axis"]
+        at = 0
+        for x in node.inputs:
+            t = x.type
+            if t.numel:
+                dst = Loc(out.base, out.index, out.offset + at * out.strides[axis], out.strides,
+                          t)
+                self.copy(self.locs[x], dst, "concat")
+            at += t.shape[axis]
+
+    def op_full(self, node: Node) -> None:
+        self.fill(self.locs[node.outputs[0]], node.attrs["value"])
+
+    def op_arange(self, node: Node) -> None:
+        out = node.outputs[0]
+        kb = KernelBuilder(self, self.name("arange"), out.type.shape)
+        v = kb.virtual(out.type.dtype, node.attrs["start"], node.attrs["step"], (1,))
+        o = kb.operand(self.locs[out])
+        b = kb.begin()
+        kb.nest(b, *collapse(out.type.shape, [x.strides for x in kb.operands]),
+                lambda b, offs: kb.store(b, o, offs[o], kb.load(b, v, offs[v])))
+        self.calls.append(kb.finish(b))
+
+    # ---- the driver ----------------------------------------------------------------------
+    def outputs(self) -> None:
+        """Copy graph outputs and the update values left in the arena to `outputs[k]`."""
+        k = 0
+        for v in self.graph.outputs:
+            self.copy(self.locs[v], contiguous("output", k, 0, v.type), "output")
+            k += 1
+        for _, v in self.graph.updates:
+            if v.name not in self.plan.in_input:
+                self.copy(self.locs[v], contiguous("output", k, 0, v.type), "update")
+                k += 1
+
+    def driver(self) -> None:
+        fn = ir.Function(self.module, ir.FunctionType(I32, [PTR, PTR, PTR]), "run")
+        inputs, outputs, arena = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        bases: dict[tuple, ir.Value] = {}
+
+        def base(kind: str, index: int):
+            if (kind, index) not in bases:
+                if kind == "arena":
+                    bases[(kind, index)] = arena
+                else:
+                    table = inputs if kind == "input" else outputs
+                    slot = b.gep(table, [i64(index)], source_etype=PTR)
+                    bases[(kind, index)] = b.load(slot, typ=PTR)
+            return bases[(kind, index)]
+
+        for kernel in self.calls:
+            args = []
+            for loc in kernel.args:
+                p = base(loc.base, loc.index)
+                args.append(b.gep(p, [i64(loc.offset)], source_etype=I8) if loc.offset else p)
+            b.call(self.module.get_global(kernel.name), args)
+        b.ret(ir.Constant(I32, 0))
+
+
+def _gemm_layout(rows: int, cols: int, sr: int, sc: int):
+    """(CBLAS transpose flag, leading dimension) reading a rows x cols matrix with element
+    strides (sr, sc) as a row-major operand, or None when no layout reads it."""
+    if cols == 1 or sc == 1:
+        ld = sr if rows > 1 else max(cols, 1)
+        if ld >= max(1, cols):
+            return (111, ld)
+    if rows == 1 or sr == 1:
+        ld = sc if cols > 1 else max(rows, 1)
+        if ld >= max(1, rows):
+            return (112, ld)
+    return None
+
+
+def _identity(op: str, dt) -> ir.Constant:
+    if op in ("reduce_sum", "reduce_mean"):
+        return const(dt, 0)
+    if op == "reduce_prod":
+        return const(dt, 1)
+    big = op == "reduce_min"
+    if dt.is_floating:
+        return const(dt, math.inf if big else -math.inf)
+    if dt is bool_:
+        return const(dt, big)
+    return const(dt, 2**63 - 1 if big else -2**63)
+
+
+def _combiner(scalars: Scalars, op: str, dt):
+    """combine(b, acc, v, in_register) for a reduction; float sums in registers reassociate
+    (so they vectorise); max/min propagate NaN as numpy does."""
+    def combine(b, acc, v, in_register: bool):
+        if op in ("reduce_sum", "reduce_mean"):
+            if dt.is_floating:
+                r = b.fadd(acc, v)
+                if in_register:
+                    r.flags.extend(("reassoc", "nsz"))
+                return r
+            return b.or_(acc, v) if dt is bool_ else b.add(acc, v)
+        if op == "reduce_prod":
+            if dt.is_floating:
+                r = b.fmul(acc, v)
+                if in_register:
+                    r.flags.extend(("reassoc", "nsz"))
+                return r
+            return b.and_(acc, v) if dt is bool_ else b.mul(acc, v)
+        return scalars._max_min(b, acc, v, dt, op == "reduce_max")
+
+    return combine
+
+
+def lower(graph: Graph, blas=None) -> tuple[Lowered, Lowerer]:
+    """Lower a planned graph (graph.meta["memory_plan"]) into one LLVM module."""
+    plan = graph.meta["memory_plan"]
+    lw = Lowerer(graph, plan, blas)
+    for node in plan.schedule:
+        lw.lower_node(node)
+    lw.outputs()
+    lw.driver()
+    text = str(lw.module)
+    return Lowered(text, plan.arena_bytes + lw.scratch, [k.name for k in lw.calls]), lw

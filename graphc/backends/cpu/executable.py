@@ -1,0 +1,211 @@
+"""CpuExecutable: a planned graph compiled into one native call over one arena.
+
+`CpuExecutable(graph)` plans the graph if it has no `memory_plan` yet (plan_buffers), lowers
+it with graphc.backends.cpu.codegen into one LLVM module, compiles it with
+graphc.backends.cpu.llvm (on-disk object cache included) and allocates the arena once (numpy,
+64-byte aligned). `run(*arrays)` is one native call of the module's driver
+`run(void** inputs, void** outputs, char* arena)`; it returns fresh arrays for the outputs,
+then one value per update (see graphc.backends): an update the plan computes straight into
+its input (`plan.in_input`) is written into that input array, which is returned as the value.
+
+Invariants:
+- The Library (its engine and code), the ctypes function and the arena live as long as the
+  executable; calls on one executable are serialised by a lock (they share the arena).
+- Inputs must match the graph's types; a non-contiguous (or read-only updated) input is
+  copied first, never read through wrong strides.
+- BLAS: `resolve_blas()` finds cblas_sgemm/cblas_dgemm once per process, in numpy's bundled
+  OpenBLAS (ILP64, `scipy_cblas_sgemm64_`), else scipy's (LP64, `scipy_cblas_sgemm`), else a
+  system libopenblas/libcblas, and registers them with the llvm layer as
+  `graphc_blas_sgemm`/`graphc_blas_dgemm`; a graph with a matmul and no BLAS is refused with
+  a GraphcError.
+
+Importing this module registers the backend as "cpu" (`graphc.backends.register_backend`).
+
+>>> import graphc, numpy as np
+>>> from graphc.ir import parse
+>>> g = parse('''graph @f(%x: f32[4], %b: f32[4]) -> (f32[4]) {
+...   %0: f32[4] = add(%x, %b)
+...   %1: f32[4] = relu(%0)
+...   return (%1)
+... }''')
+>>> CpuExecutable(g).run(np.array([1, -2, 3, -4], np.float32), np.ones(4, np.float32))
+[array([2., 0., 4., 0.], dtype=float32)]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import glob
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphc.backends import register_backend
+from graphc.backends.cpu import llvm
+from graphc.backends.cpu.codegen import lower
+from graphc.errors import ArgumentError, GraphcError
+from graphc.ir.graph import Graph
+from graphc.ir.verifier import verify
+
+
+# ---- BLAS ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Blas:
+    """CBLAS GEMM entry points: the library, the functions' addresses, integer width."""
+
+    path: str
+    sgemm: int
+    dgemm: int
+    ilp64: bool  # 64-bit integer arguments
+
+    def symbol(self, dtype: str) -> str:
+        return {"float32": "graphc_blas_sgemm", "float64": "graphc_blas_dgemm"}[dtype]
+
+
+# (symbol of sgemm, symbol of dgemm, ilp64) tried in each library, in order
+_SYMBOLS = (("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
+            ("cblas_sgemm64_", "cblas_dgemm64_", True),
+            ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
+            ("cblas_sgemm", "cblas_dgemm", False))
+
+
+def _blas_libraries() -> list[str]:
+    """Candidate shared libraries: numpy's bundled OpenBLAS, scipy's, the system's."""
+    paths = []
+    try:
+        import numpy
+
+        root = os.path.dirname(os.path.dirname(numpy.__file__))
+        paths += sorted(glob.glob(os.path.join(root, "numpy.libs", "*openblas*.so*")))
+        paths += sorted(glob.glob(os.path.join(os.path.dirname(numpy.__file__), ".dylibs",
+                                               "*openblas*")))
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import scipy
+
+        root = os.path.dirname(os.path.dirname(scipy.__file__))
+        paths += sorted(glob.glob(os.path.join(root, "scipy.libs", "*openblas*.so*")))
+    except ImportError:
+        pass
+    for name in ("openblas", "cblas", "blas"):
+        found = ctypes.util.find_library(name)
+        if found:
+            paths.append(found)
+    return paths
+
+
+_HANDLES: list = []
+
+
+@functools.lru_cache(maxsize=None)
+def resolve_blas() -> Blas:
+    """Find sgemm/dgemm once and register them with the llvm layer (see module docstring)."""
+    tried = []
+    for path in _blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            tried.append(f"{path} (does not load)")
+            continue
+        for s, d, ilp64 in _SYMBOLS:
+            try:
+                sgemm, dgemm = getattr(lib, s), getattr(lib, d)
+            except AttributeError:
+                continue
+            blas = Blas(path, ctypes.cast(sgemm, ctypes.c_void_p).value,
+                        ctypes.cast(dgemm, ctypes.c_void_p).value, ilp64)
+            llvm.register_symbol(blas.symbol("float32"), blas.sgemm)
+            llvm.register_symbol(blas.symbol("float64"), blas.dgemm)
+            _HANDLES.append(lib)  # the library stays open for the process
+            return blas
+        tried.append(f"{path} (no cblas_sgemm/cblas_dgemm)")
+    raise GraphcError(
+        "cpu backend: no BLAS with cblas_sgemm/cblas_dgemm found (tried: "
+        f"{', '.join(tried) or 'nothing: no numpy/scipy OpenBLAS, no system libopenblas'}); "
+        "install numpy or scipy wheels (they bundle OpenBLAS) or libopenblas, or compile "
+        "with backend=\"interp\"")
+
+
+# ---- the executable ------------------------------------------------------------------------
+class CpuExecutable:
+    """Executable of the "cpu" backend (see graphc.backends for the contract)."""
+
+    backend = "cpu"
+
+    def __init__(self, graph: Graph, options: dict | None = None) -> None:
+        self.graph = verify(graph)
+        if "memory_plan" not in graph.meta:
+            from graphc.passes.plan import plan_buffers
+
+            plan_buffers(graph)
+        self.memory_plan = plan = graph.meta["memory_plan"]
+        blas = resolve_blas() if any(_uses_gemm(n) for n in graph.nodes) else None
+        self.lowered, _ = lower(graph, blas)
+        self.library = llvm.compile_module(self.lowered.ir_text, f"graphc_{graph.name}")
+        self._run = self.library.ctypes_function(
+            "run", ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p])
+        raw = np.empty(self.lowered.arena_bytes + 64, np.uint8)
+        skip = -raw.ctypes.data % 64
+        self._arena = raw[skip:skip + self.lowered.arena_bytes]
+        self._arena_ptr = ctypes.c_void_p(self._arena.ctypes.data)
+        self._raw = raw
+        index = {v.name: i for i, v in enumerate(graph.inputs)}
+        self._in_types = [(v.type.shape, np.dtype(v.type.dtype.np)) for v in graph.inputs]
+        self._copied = [v.type for v in graph.outputs]
+        self._results: list[tuple[str, int]] = [("out", k) for k in range(len(graph.outputs))]
+        self._written = set()
+        for _, v in graph.updates:
+            if v.name in plan.in_input:
+                i = index[plan.in_input[v.name]]
+                self._results.append(("in", i))
+                self._written.add(i)
+            else:
+                self._results.append(("out", len(self._copied)))
+                self._copied.append(v.type)
+        self._lock = threading.Lock()
+
+    @property
+    def asm(self) -> str:
+        return self.library.asm
+
+    def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        g = self.graph
+        if len(arrays) != len(self._in_types):
+            raise ArgumentError(f"graph @{g.name} takes {len(self._in_types)} inputs, got "
+                                f"{len(arrays)}")
+        bound = []
+        for i, (a, (shape, dtype)) in enumerate(zip(arrays, self._in_types)):
+            a = np.asarray(a)
+            if a.shape != shape or a.dtype != dtype:
+                raise ArgumentError(f"graph @{g.name}: input %{g.inputs[i].name} expects "
+                                    f"{g.inputs[i].type}, got {a.dtype}{list(a.shape)}")
+            if not a.flags.c_contiguous or (i in self._written and not a.flags.writeable):
+                a = np.ascontiguousarray(a).copy()
+            bound.append(a)
+        outs = [np.empty(t.shape, t.dtype.np) for t in self._copied]
+        in_ptrs = (ctypes.c_void_p * max(len(bound), 1))(*[a.ctypes.data for a in bound])
+        out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[o.ctypes.data for o in outs])
+        with self._lock:
+            status = self._run(in_ptrs, out_ptrs, self._arena_ptr)
+        if status:
+            raise GraphcError(f"cpu backend: graph @{g.name} failed with status {status}")
+        return [outs[k] if kind == "out" else bound[k] for kind, k in self._results]
+
+
+def _uses_gemm(node) -> bool:
+    if node.op == "matmul":
+        return True
+    return node.op == "fused" and any(op == "matmul" for op, _, _ in node.attrs["body"])
+
+
+def cpu_backend(graph: Graph, options: dict) -> CpuExecutable:
+    """The backend factory: `graphc.backends.compile(graph, "cpu")`."""
+    return CpuExecutable(graph, options)
+
+
+register_backend("cpu", cpu_backend)
