@@ -307,6 +307,7 @@ def test_mlp_forward_matches_the_interpreter(rng):
     with graphc.no_grad():
         for _ in range(2):
             np.testing.assert_allclose(cf(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert isinstance(cf.executable, CpuExecutable)
 
 
 # ---- errors, lifetime ----------------------------------------------------------------------
@@ -348,3 +349,53 @@ def test_concurrent_calls_are_serialised(rng):
         t.join()
     for i in range(4):
         np.testing.assert_allclose(results[i], xs[i].sum(1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss_and_its_backward(reduction, rng):
+    x = sample(rng, (6, 5), "float32")
+    t = np.array([0, 4, 2, -100, 1, 4])
+    w = rng.uniform(0.5, 2, 5).astype(np.float32)
+    g = one_op_graph("nll_loss", [((6, 5), "float32"), ((6,), "int64"), ((5,), "float32")],
+                     ignore_index=-100, reduction=reduction)
+    compare(g, [x, t, w])
+    gshape = (6,) if reduction == "none" else ()
+    gb = one_op_graph("nll_loss_backward", [(gshape, "float32"), ((6,), "int64"),
+                                            ((5,), "float32"), ((), "float32")],
+                      ignore_index=-100, reduction=reduction, input_shape=(6, 5))
+    compare(gb, [sample(rng, gshape, "float32"), t, w, np.float32(3.5)])
+    bad = t.copy()
+    bad[2] = 5
+    with pytest.raises(GraphcError, match="out of bounds"):
+        CpuExecutable(g).run(x, bad, w)
+
+
+def test_mlp_training_step_matches_the_interpreter(rng):
+    import graphc.nn.functional as F
+    from graphc import optim
+
+    def make():
+        graphc.manual_seed(0)
+        model = mlp()
+        opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return model, step
+
+    (m_cpu, s_cpu), (m_ref, s_ref) = make(), make()
+    s_cpu, s_ref = graphc.compile(s_cpu, backend="cpu"), graphc.compile(s_ref)
+    for _ in range(4):  # the first call traces (eagerly), the others run the executables
+        x = graphc.tensor(sample(rng, (64, 784), "float32"))
+        y = graphc.tensor(rng.integers(0, 10, 64))
+        np.testing.assert_allclose(s_cpu(x, y).detach().numpy(), s_ref(x, y).detach().numpy(),
+                                   rtol=1e-5)
+    assert isinstance(s_cpu.executable, CpuExecutable)
+    for a, b in zip(m_cpu.parameters(), m_ref.parameters()):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)

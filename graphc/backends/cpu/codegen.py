@@ -54,7 +54,7 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import format_node
 from graphc.ops.registry import ELEMENTWISE, REGISTRY
 from graphc.ops.shapes import result_dtype
-from graphc.types import TensorType, as_dtype, bool_, float32, float64, int64
+from graphc.types import TensorType, bool_, float32, float64, int64
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -207,7 +207,7 @@ def broadcast_strides(loc_shape, loc_strides, domain) -> tuple[int, ...]:
     """Element strides of a tensor read at every index of `domain` (right-aligned)."""
     pad = len(domain) - len(loc_shape)
     out = []
-    for d, n in enumerate(domain):
+    for d in range(len(domain)):
         k = d - pad
         out.append(0 if k < 0 or loc_shape[k] == 1 else loc_strides[k])
     return tuple(out)
@@ -315,8 +315,10 @@ class Scalars:
         if rt is bool_:
             return x
         if rt.is_floating:
-            pos, neg = b.fcmp_ordered(">", x, const(rt, 0)), b.fcmp_ordered("<", x, const(rt, 0))
-            return b.select(pos, const(rt, 1), b.select(neg, const(rt, -1), b.fmul(x, const(rt, 0))))
+            pos = b.fcmp_ordered(">", x, const(rt, 0))
+            neg = b.fcmp_ordered("<", x, const(rt, 0))
+            zero_or_nan = b.fmul(x, const(rt, 0))
+            return b.select(pos, const(rt, 1), b.select(neg, const(rt, -1), zero_or_nan))
         pos, neg = b.icmp_signed(">", x, const(rt, 0)), b.icmp_signed("<", x, const(rt, 0))
         return b.select(pos, const(rt, 1), b.select(neg, const(rt, -1), const(rt, 0)))
 
@@ -536,6 +538,7 @@ class Kernel:
     name: str
     regions: list[tuple] = field(default_factory=list)
     args: list[Loc] = field(default_factory=list)
+    status: bool = False  # returns i32: 0, or the 1-based index of an error message
 
 
 class KernelBuilder:
@@ -564,7 +567,8 @@ class KernelBuilder:
         return len(self.operands) - 1
 
     def begin(self) -> ir.IRBuilder:
-        fn = ir.Function(self.cg.module, ir.FunctionType(ir.VoidType(),
+        ret = I32 if self.kernel.status else ir.VoidType()
+        fn = ir.Function(self.cg.module, ir.FunctionType(ret,
                                                           [PTR] * len(self.kernel.regions)),
                          self.kernel.name)
         for a in fn.args:
@@ -723,6 +727,7 @@ class Lowered:
     ir_text: str
     arena_bytes: int  # the plan's arena plus the backend's scratch
     kernels: list[str]
+    errors: list[str] = field(default_factory=list)  # the driver's status k: errors[k - 1]
     entry: str = "run"
 
 
@@ -735,6 +740,7 @@ class Lowerer(Codegen):
         self.plan = plan
         self.locs = Locations(graph, plan)
         self.calls: list[Kernel] = []
+        self.errors: list[str] = []  # status k of the driver -> errors[k - 1]
 
     def scratch_loc(self, t: TensorType) -> Loc:
         return contiguous("arena", 0, self.plan.arena_bytes + self.add_scratch(t.nbytes), t)
@@ -1092,6 +1098,115 @@ class Lowerer(Codegen):
                 lambda b, offs: kb.store(b, o, offs[o], kb.load(b, v, offs[v])))
         self.calls.append(kb.finish(b))
 
+    # ---- losses --------------------------------------------------------------------------
+    def _nll_rows(self, node: Node, x_t: TensorType, target: Value, weight: Value):
+        """(rows, classes, element strides of x's rows/classes, of target, of weight)."""
+        if x_t.ndim > 2:
+            raise unsupported(node, "nll_loss over more than 2 dimensions")
+        if x_t.ndim == 1:
+            return 1, x_t.shape[0]
+        return x_t.shape[0], x_t.shape[1]
+
+    def _nll_kernel(self, node: Node, name: str, x_type: TensorType, reads: list[Loc],
+                    writes: list[Loc]):
+        """A status kernel over the rows: (kb, builder, row loop body callback runner)."""
+        kb = KernelBuilder(self, self.name(name), (1,))
+        kb.kernel.status = True
+        ids = [kb.operand(loc, (0,)) for loc in reads + writes]
+        self.errors.append(f"{node.op}: a target is out of bounds (classes 0..."
+                           f"{(x_type.shape[0] if x_type.ndim == 1 else x_type.shape[1]) - 1})"
+                           f" in node {format_node(node)}"
+                           f"{' at ' + node.loc if node.loc else ''}")
+        return kb, ids, len(self.errors)
+
+    def _strides(self, loc: Loc, rank: int) -> tuple[int, ...]:
+        item = loc.type.dtype.itemsize
+        s = tuple(x // item for x in loc.strides)
+        return (0,) * (rank - len(s)) + s
+
+    def _pick(self, b, kb, node, t_id, w_id, n, row, st, sw, classes, status):
+        """(safe class index, counted mask, weight) of row `row`; flags bad targets."""
+        ignore = node.attrs["ignore_index"]
+        t = kb.load(b, t_id, b.mul(row, i64(st)) if st else i64(0))
+        counted = b.icmp_signed("!=", t, i64(ignore))
+        inside = b.and_(b.icmp_signed(">=", t, i64(0)), b.icmp_signed("<", t, i64(classes)))
+        bad = b.and_(counted, b.not_(inside))
+        b.store(b.select(bad, ir.Constant(I32, status), b.load(self._status)), self._status)
+        safe = b.select(inside, t, i64(0))
+        counted = b.and_(counted, inside)
+        w = kb.load(b, w_id, b.mul(safe, i64(sw)))
+        return safe, counted, w
+
+    def op_nll_loss(self, node: Node) -> None:
+        x, target, weight = node.inputs
+        loss_v, total_v = node.outputs
+        rows, classes = self._nll_rows(node, x.type, target, weight)
+        lx, lt, lw = self.locs[x], self.locs[target], self.locs[weight]
+        kb, (xi, ti, wi, li, twi), status = self._nll_kernel(
+            node, "nll_loss", x.type, [lx, lt, lw], [self.locs[loss_v], self.locs[total_v]])
+        sn, sc = self._strides(lx, 2)
+        st, sw = self._strides(lt, 1)[0], self._strides(lw, 1)[0]
+        sl = self._strides(self.locs[loss_v], 1)[0]
+        dt = x.type.dtype
+        reduction = node.attrs["reduction"]
+        b = kb.begin()
+        with b.goto_entry_block():
+            self._status = b.alloca(I32, name="status")
+            tot_w = b.alloca(F64, name="total_weight")
+            tot = b.alloca(F64, name="total")
+        b.store(ir.Constant(I32, 0), self._status)
+        b.store(ir.Constant(F64, 0.0), tot_w)
+        b.store(ir.Constant(F64, 0.0), tot)
+        with for_range(b, rows, "row") as n:
+            safe, counted, w = self._pick(b, kb, node, ti, wi, n, n, st, sw, classes, status)
+            w = b.select(counted, w, const(dt, 0.0))
+            xv = kb.load(b, xi, b.add(b.mul(n, i64(sn)), b.mul(safe, i64(sc))))
+            v = b.fmul(b.fneg(xv), w)
+            b.store(b.fadd(b.load(tot_w), convert(b, w, dt, float64)), tot_w)
+            b.store(b.fadd(b.load(tot), convert(b, v, dt, float64)), tot)
+            if reduction == "none":
+                kb.store(b, li, b.mul(n, i64(sl)), v)
+        total_w = convert(b, b.load(tot_w), float64, dt)
+        kb.store(b, twi, i64(0), total_w)
+        if reduction != "none":
+            total = b.load(tot)
+            if reduction == "mean":
+                w64 = convert(b, total_w, dt, float64)
+                total = b.select(b.fcmp_ordered("!=", w64, ir.Constant(F64, 0.0)),
+                                 b.fdiv(total, w64), ir.Constant(F64, math.nan))
+            kb.store(b, li, i64(0), convert(b, total, float64, dt))
+        b.ret(b.load(self._status))
+        self.calls.append(kb.kernel)
+
+    def op_nll_loss_backward(self, node: Node) -> None:
+        g, target, weight, total_weight = node.inputs
+        out = node.outputs[0]
+        rows, classes = self._nll_rows(node, out.type, target, weight)
+        lo = self.locs[out]
+        kb, (gi, ti, wi, twi, oi), status = self._nll_kernel(
+            node, "nll_loss_backward", out.type,
+            [self.locs[g], self.locs[target], self.locs[weight], self.locs[total_weight]], [lo])
+        dt = out.type.dtype
+        st, sw = self._strides(self.locs[target], 1)[0], self._strides(self.locs[weight], 1)[0]
+        sg = self._strides(self.locs[g], 1)[0] if g.type.ndim else 0
+        sn, sc = self._strides(lo, 2)
+        reduction = node.attrs["reduction"]
+        b = kb.begin()
+        with b.goto_entry_block():
+            self._status = b.alloca(I32, name="status")
+        b.store(ir.Constant(I32, 0), self._status)
+        with for_range(b, out.type.numel, "zero") as i:
+            kb.store(b, oi, i, const(dt, 0.0))
+        with for_range(b, rows, "row") as n:
+            safe, counted, w = self._pick(b, kb, node, ti, wi, n, n, st, sw, classes, status)
+            scale = kb.load(b, gi, b.mul(n, i64(sg)) if reduction == "none" else i64(0))
+            if reduction == "mean":
+                scale = b.fdiv(scale, kb.load(b, twi, i64(0)))
+            v = b.select(counted, b.fmul(b.fneg(w), scale), const(dt, 0.0))
+            kb.store(b, oi, b.add(b.mul(n, i64(sn)), b.mul(safe, i64(sc))), v)
+        b.ret(b.load(self._status))
+        self.calls.append(kb.kernel)
+
     # ---- the driver ----------------------------------------------------------------------
     def outputs(self) -> None:
         """Copy graph outputs and the update values left in the arena to `outputs[k]`."""
@@ -1125,7 +1240,10 @@ class Lowerer(Codegen):
             for loc in kernel.args:
                 p = base(loc.base, loc.index)
                 args.append(b.gep(p, [i64(loc.offset)], source_etype=I8) if loc.offset else p)
-            b.call(self.module.get_global(kernel.name), args)
+            r = b.call(self.module.get_global(kernel.name), args)
+            if kernel.status:
+                with b.if_then(b.icmp_signed("!=", r, ir.Constant(I32, 0)), likely=False):
+                    b.ret(r)
         b.ret(ir.Constant(I32, 0))
 
 
@@ -1188,4 +1306,5 @@ def lower(graph: Graph, blas=None) -> tuple[Lowered, Lowerer]:
     lw.outputs()
     lw.driver()
     text = str(lw.module)
-    return Lowered(text, plan.arena_bytes + lw.scratch, [k.name for k in lw.calls]), lw
+    return Lowered(text, plan.arena_bytes + lw.scratch, [k.name for k in lw.calls],
+                   lw.errors), lw

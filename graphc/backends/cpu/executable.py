@@ -47,7 +47,7 @@ import numpy as np
 from graphc.backends import register_backend
 from graphc.backends.cpu import llvm
 from graphc.backends.cpu.codegen import lower
-from graphc.errors import ArgumentError, GraphcError
+from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
 from graphc.ir.verifier import verify
 
@@ -193,7 +193,9 @@ class CpuExecutable:
         with self._lock:
             status = self._run(in_ptrs, out_ptrs, self._arena_ptr)
         if status:
-            raise GraphcError(f"cpu backend: graph @{g.name} failed with status {status}")
+            errors = self.lowered.errors
+            what = errors[status - 1] if 0 < status <= len(errors) else f"status {status}"
+            raise IndexOutOfRangeError(f"cpu backend: graph @{g.name} failed: {what}")
         return [outs[k] if kind == "out" else bound[k] for kind, k in self._results]
 
 
