@@ -1026,8 +1026,9 @@ class Lowerer(Codegen):
             self.copy(src, b, "gemm_pack")
             sb = [s // item for s in b.strides]
             lay_b = _gemm_layout(k, n, sb[-2], sb[-1])
-        fn = self._blas_function(dt)
-        kb = KernelBuilder(self, self.name("gemm"), batch)
+        gemv = self._gemv(m, n, k, sa, sb, lay_a, lay_b)
+        fn = self._blas_function(dt, "gemv" if gemv else "gemm")
+        kb = KernelBuilder(self, self.name("gemv" if gemv else "gemm"), batch)
         ka = kb.operand(a, broadcast_strides(tuple(sa_shape[:-2]), tuple(sa[:-2]), batch))
         kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
         kc = kb.operand(c, tuple(contiguous_strides(batch, m * n)))
@@ -1035,7 +1036,22 @@ class Lowerer(Codegen):
         iT = I64 if self.blas.ilp64 else I32
         fty = _REG[dt.name]
 
+        def leaf_gemv(bb, offsets):
+            trans, rows, cols, mat, ld, vec, inc = gemv
+            bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, trans), ir.Constant(iT, rows),
+                         ir.Constant(iT, cols), ir.Constant(fty, 1.0),
+                         kb.pointer(bb, mat, offsets[mat]), ir.Constant(iT, ld),
+                         kb.pointer(bb, vec, offsets[vec]), ir.Constant(iT, inc),
+                         ir.Constant(fty, 0.0), kb.pointer(bb, kc, offsets[kc]),
+                         ir.Constant(iT, 1)])
+
+        if gemv:  # operand names to operand ids
+            gemv = gemv[:3] + ((ka if gemv[3] == "a" else kb_), gemv[4],
+                               (ka if gemv[5] == "a" else kb_), gemv[6])
+
         def leaf(bb, offsets):
+            if gemv:
+                return leaf_gemv(bb, offsets)
             bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, lay_a[0]),
                          ir.Constant(I32, lay_b[0]), ir.Constant(iT, m), ir.Constant(iT, n),
                          ir.Constant(iT, k), ir.Constant(fty, 1.0),
@@ -1047,14 +1063,31 @@ class Lowerer(Codegen):
         kb.nest(bld, *collapse(batch, [x.strides for x in kb.operands]), leaf)
         self.calls.append(kb.finish(bld))
 
-    def _blas_function(self, dt) -> ir.Function:
+    def _gemv(self, m, n, k, sa, sb, lay_a, lay_b):
+        """A single-row or single-column product as one GEMV (OpenBLAS's GEMM is slow at
+        M = 1): (transpose flag, rows, cols, matrix, ld, vector, increment), or None."""
+        if self.blas is None or not self.blas.sgemv or k == 1:
+            return None
+        if m == 1 and sa[-1] > 0:  # c[0, :] = B^T a
+            trans = 112 if lay_b[0] == 111 else 111
+            rows, cols = (k, n) if lay_b[0] == 111 else (n, k)
+            return (trans, rows, cols, "b", lay_b[1], "a", sa[-1])
+        if n == 1 and sb[-2] > 0:  # c[:, 0] = A b
+            rows, cols = (m, k) if lay_a[0] == 111 else (k, m)
+            return (lay_a[0], rows, cols, "a", lay_a[1], "b", sb[-2])
+        return None
+
+    def _blas_function(self, dt, routine: str = "gemm") -> ir.Function:
         if self.blas is None:
             raise CpuLoweringError("cpu backend: matmul needs a BLAS and none was found")
         iT = I64 if self.blas.ilp64 else I32
         fty = _REG[dt.name]
-        ftype = ir.FunctionType(ir.VoidType(), [I32, I32, I32, iT, iT, iT, fty, PTR, iT, PTR,
-                                                iT, fty, PTR, iT])
-        return self.declare(self.blas.symbol(dt.name), ftype)
+        if routine == "gemv":
+            args = [I32, I32, iT, iT, fty, PTR, iT, PTR, iT, fty, PTR, iT]
+        else:
+            args = [I32, I32, I32, iT, iT, iT, fty, PTR, iT, PTR, iT, fty, PTR, iT]
+        return self.declare(self.blas.symbol(dt.name, routine),
+                            ir.FunctionType(ir.VoidType(), args))
 
     # ---- movement and sources ------------------------------------------------------------
     def op_copy(self, node: Node) -> None:

@@ -61,9 +61,13 @@ class Blas:
     sgemm: int
     dgemm: int
     ilp64: bool  # 64-bit integer arguments
+    sgemv: int = 0  # 0 where the library has no cblas_?gemv: GEMM serves single rows too
+    dgemv: int = 0
 
-    def symbol(self, dtype: str) -> str:
-        return {"float32": "graphc_blas_sgemm", "float64": "graphc_blas_dgemm"}[dtype]
+    def symbol(self, dtype: str, routine: str = "gemm") -> str | None:
+        if routine == "gemv" and not self.sgemv:
+            return None
+        return f"graphc_blas_{'s' if dtype == 'float32' else 'd'}{routine}"
 
 
 # (symbol of sgemm, symbol of dgemm, ilp64) tried in each library, in order
@@ -117,10 +121,16 @@ def resolve_blas() -> Blas:
                 sgemm, dgemm = getattr(lib, s), getattr(lib, d)
             except AttributeError:
                 continue
+            gemv = [getattr(lib, n.replace("gemm", "gemv"), None) for n in (s, d)]
+            sgemv, dgemv = (ctypes.cast(f, ctypes.c_void_p).value if f is not None and
+                            all(gemv) else 0 for f in gemv)
             blas = Blas(path, ctypes.cast(sgemm, ctypes.c_void_p).value,
-                        ctypes.cast(dgemm, ctypes.c_void_p).value, ilp64)
-            llvm.register_symbol(blas.symbol("float32"), blas.sgemm)
-            llvm.register_symbol(blas.symbol("float64"), blas.dgemm)
+                        ctypes.cast(dgemm, ctypes.c_void_p).value, ilp64, sgemv, dgemv)
+            addresses = {("float32", "gemm"): blas.sgemm, ("float64", "gemm"): blas.dgemm,
+                         ("float32", "gemv"): blas.sgemv, ("float64", "gemv"): blas.dgemv}
+            for (dtype, routine), address in addresses.items():
+                if address:
+                    llvm.register_symbol(blas.symbol(dtype, routine), address)
             _HANDLES.append(lib)  # the library stays open for the process
             return blas
         tried.append(f"{path} (no cblas_sgemm/cblas_dgemm)")
