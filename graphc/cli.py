@@ -6,6 +6,7 @@
     graphc viz --memory ...                         draw its planned buffers over the schedule
     graphc run FILE.gir --inputs FILE.npz [--backend interp] [--out OUT.npz]
     graphc check FILE.py:builder [--backends interp,...] [--no-grads] [--repro-dir DIR]
+    graphc cache info|clear                         the CPU backend's object-code cache
 
 A *builder* is a function in a Python file that takes no arguments and returns
 `(model_or_fn, example_inputs)`, example_inputs being a tuple of tensors; `dump` and `viz`
@@ -269,6 +270,17 @@ def cmd_check(args) -> int:
     return 0
 
 
+def cmd_cache(args) -> int:
+    from graphc.backends.cpu.llvm import cache_clear, cache_info
+
+    if args.action == "clear":
+        print(f"removed {cache_clear()} entries")
+        return 0
+    info = cache_info()
+    print(f"path: {info['path']}\nentries: {info['entries']}\nbytes: {info['bytes']}")
+    return 0
+
+
 def cmd_ops(args) -> int:
     from graphc.ops.__main__ import print_ops
 
@@ -284,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     ops = sub.add_parser("ops", help="list every op in the registry and where its rules live")
     ops.add_argument("--markdown", action="store_true", help="print a markdown table")
     ops.set_defaults(run=cmd_ops)
+
+    cache = sub.add_parser("cache", help="show or clear the CPU backend's object-code cache "
+                                         "(GRAPHC_CACHE_DIR)")
+    cache.add_argument("action", choices=("info", "clear"))
+    cache.set_defaults(run=cmd_cache)
 
     dump = sub.add_parser("dump", help="trace FILE.py:builder and print its IR")
     dump.add_argument("target", metavar="FILE.py:builder")

@@ -448,3 +448,17 @@ def test_check_catches_a_broken_backend_and_run_reproduces_it(capsys, monkeypatc
     assert rc == 0 and "min=2 max=2 mean=2" in good  # 1 * 2 on the interpreter
     rc, bad, _ = _cli(capsys, "run", gir, "--inputs", npz, "--backend", "offbyone")
     assert rc == 0 and "min=3 max=3 mean=3" in bad  # the backend's bug, reproduced
+
+
+def test_cache_info_and_clear(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("llvmlite", reason="the CPU backend's cache needs llvmlite")
+    from graphc.backends.cpu.llvm import compile_module
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    compile_module("define i32 @seven() {\n  ret i32 7\n}\n", "seven")
+    rc, out, _ = _cli(capsys, "cache", "info")
+    assert rc == 0 and str(tmp_path) in out and "entries: 1" in out
+    rc, out, _ = _cli(capsys, "cache", "clear")
+    assert rc == 0 and out.strip() == "removed 1 entries"
+    rc, out, _ = _cli(capsys, "cache", "info")
+    assert "entries: 0" in out

@@ -30,8 +30,14 @@ def _interp(graph: Graph, options: dict) -> Executable:
     return InterpExecutable(graph)
 
 
+def _cpu(graph: Graph, options: dict) -> Executable:
+    from graphc.backends.cpu.executable import CpuExecutable  # loads llvmlite: only here
+
+    return CpuExecutable(graph, options)
+
+
 # name -> factory(graph, options) -> Executable
-BACKENDS: dict[str, Callable[[Graph, dict], Executable]] = {"interp": _interp}
+BACKENDS: dict[str, Callable[[Graph, dict], Executable]] = {"interp": _interp, "cpu": _cpu}
 
 
 def register_backend(name: str, factory: Callable[[Graph, dict], Executable]) -> None:
