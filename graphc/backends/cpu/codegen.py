@@ -1,5 +1,6 @@
 """codegen: a planned graph lowered into one LLVM module (kernels + one driver function).
 
+The top layer of the CPU code generator (values <- scalars <- kernels <- codegen).
 `lower(graph, blas)` reads `graph.meta["memory_plan"]` and returns a `Lowered`: the LLVM IR
 text of one module holding one kernel per scheduled node that does work, and the driver
 `i32 @run(ptr inputs, ptr outputs, ptr arena)` that calls them in schedule order, then copies
@@ -7,13 +8,9 @@ the graph outputs (and the update values not computed straight into their inputs
 `outputs[k]` (fresh contiguous arrays the executable allocates). A call of the graph is one
 native call.
 
-Where values live (`Loc`): graph inputs at `inputs[i]` (C-contiguous); intermediates at their
-buffer's arena offset (C-contiguous); views (the plan's `views`) as a byte offset and byte
-strides into their root's memory, found by running the view op's numpy kernel on a stand-in
-array, so they agree with the plan by construction; update values the plan computes straight
-into an input (`in_input`) at that input. The arena also holds the backend's own scratch
-(contiguous copies of GEMM operands no BLAS layout can read, GEMM results an epilogue
-consumes) past `plan.arena_bytes`.
+Values live where graphc.backends.cpu.values places them (inputs, arena buffers, views into
+either). The arena also holds the backend's own scratch (contiguous copies of GEMM operands
+no BLAS layout can read, GEMM results an epilogue consumes) past `plan.arena_bytes`.
 
 Lowered ops:
 - elementwise (each as a lone node and inside fused bodies), by their registry `scalar`
@@ -33,693 +30,49 @@ Lowered ops:
 - nll_loss and nll_loss_backward (class-index targets, any reduction; a target out of range
   makes the call fail with a clear error instead of reading out of bounds).
 Anything else raises `CpuLoweringError` at compile time, naming the op and its node.
-
-Kernels take one pointer per distinct memory region, all `noalias` (an in-place output and
-the input it overwrites are the same region, so the same argument); loops run over the
-domain's dimensions after merging the ones contiguous for every operand, innermost last, with
-constant trip counts and strides, so contiguous loops vectorise.
 """
 
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 from llvmlite import ir
 
-from graphc.errors import GraphcError
-from graphc.ir.graph import Graph, Node, Value
+from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
+from graphc.backends.cpu.scalars import const, convert, reduction_combiner, reduction_identity
+from graphc.backends.cpu.values import (
+    F64,
+    I1,
+    I8,
+    I32,
+    I64,
+    PTR,
+    REG,
+    CpuLoweringError,
+    Loc,
+    Locations,
+    broadcast_strides,
+    collapse,
+    contiguous,
+    contiguous_strides,
+    for_range,
+    i64,
+    unsupported,
+)
+from graphc.ir.graph import Graph, Node
 from graphc.ir.printer import format_node
 from graphc.ops.registry import ELEMENTWISE, REGISTRY
-from graphc.ops.shapes import result_dtype
-from graphc.types import TensorType, bool_, float32, float64, int64
+from graphc.types import TensorType, bool_, float32, float64
 
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
-F32, F64 = ir.FloatType(), ir.DoubleType()
-PTR = ir.PointerType()
-_REG = {"float32": F32, "float64": F64, "int64": I64, "bool": I1}
-_MEM = {"float32": F32, "float64": F64, "int64": I64, "bool": I8}
-_MATHLIB = ("exp", "log", "tanh", "sigmoid", "erf", "sin", "cos", "sqrt")
+__all__ = ["CpuLoweringError", "Lowered", "Lowerer", "lower"]
+
 REDUCTIONS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")
 ROW_OPS = ("softmax", "log_softmax")
 VIEW_OPS = ("reshape", "permute", "broadcast_to", "slice")
-LOWERED = (tuple(sorted(op for op, d in REGISTRY.items() if d.kind == ELEMENTWISE))
-           + ("fused", "matmul", "copy", "concat", "full", "arange", "nll_loss",
-              "nll_loss_backward") + REDUCTIONS + ROW_OPS + VIEW_OPS)
 
 
-class CpuLoweringError(GraphcError, NotImplementedError):
-    """An op (or a form of it) the CPU backend has no lowering for."""
-
-
-def unsupported(node: Node, what: str) -> CpuLoweringError:
-    return CpuLoweringError(
-        f"cpu backend: no lowering for {what} in node {format_node(node)}"
-        f"{' at ' + node.loc if node.loc else ''}; compile with backend=\"interp\" for this "
-        f"graph (lowered ops are listed in graphc.backends.cpu.codegen)")
-
-
-# ---- where values live ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class Loc:
-    """A tensor in memory: base ("input" i, "arena", "output" k), byte offset, byte strides."""
-
-    base: str
-    index: int
-    offset: int
-    strides: tuple[int, ...]
-    type: TensorType
-
-    @property
-    def region(self) -> tuple:
-        return (self.base, self.index, self.offset)
-
-
-def contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    out, step = [], itemsize
-    for n in reversed(shape):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))
-
-
-def contiguous(base: str, index: int, offset: int, t: TensorType) -> Loc:
-    return Loc(base, index, offset, contiguous_strides(t.shape, t.dtype.itemsize), t)
-
-
-class Locations:
-    """The Loc of every value of a planned graph (see the module docstring)."""
-
-    def __init__(self, graph: Graph, plan) -> None:
-        self.plan = plan
-        self.locs: dict[Value, Loc] = {}
-        index = {v.name: i for i, v in enumerate(graph.inputs)}
-        for i, v in enumerate(graph.inputs):
-            self.locs[v] = contiguous("input", i, 0, v.type)
-        self._index = index
-        self._values = {v.name: v for v in graph.inputs}
-        for node in graph.nodes:
-            for v in node.outputs:
-                self._values[v.name] = v
-
-    def define(self, node: Node) -> None:
-        """Place the outputs of `node` (called in schedule order)."""
-        plan = self.plan
-        for v in node.outputs:
-            if v.name in plan.views:
-                self.locs[v] = self._view(node, v)
-            elif v.name in plan.in_input:
-                self.locs[v] = contiguous("input", self._index[plan.in_input[v.name]], 0,
-                                          v.type)
-            else:
-                self.locs[v] = contiguous("arena", 0, plan.offset(v.name), v.type)
-
-    def _view(self, node: Node, v: Value) -> Loc:
-        src = self.locs[node.inputs[0]]
-        dtype = src.type.dtype.np
-        span = _span(src) + 64
-        buf = np.empty(span, np.uint8)  # a stand-in: never read or written
-        fake = np.ndarray(src.type.shape, dtype, buffer=buf, offset=0, strides=src.strides)
-        result = REGISTRY[node.op].kernel(fake, **node.attrs)
-        if not isinstance(result, np.ndarray) or (result.size and
-                                                  not np.may_share_memory(result, buf)):
-            raise CpuLoweringError(f"cpu backend: the plan treats {format_node(node)} as a "
-                                   "view, but its kernel copies")
-        start = result.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
-        return Loc(src.base, src.index, src.offset + start, tuple(result.strides), v.type)
-
-    def __getitem__(self, v: Value) -> Loc:
-        return self.locs[v]
-
-
-def _span(loc: Loc) -> int:
-    if not loc.type.numel:
-        return 0
-    return sum((n - 1) * abs(s) for n, s in zip(loc.type.shape, loc.strides)) + \
-        loc.type.dtype.itemsize
-
-
-# ---- loops ---------------------------------------------------------------------------------
-def i64(n: int) -> ir.Constant:
-    return ir.Constant(I64, n)
-
-
-@contextmanager
-def for_range(b: ir.IRBuilder, count: int, name: str = "i"):
-    """`for i in range(count)` (count a constant); the builder ends after the loop."""
-    pre = b.block
-    head = b.append_basic_block(f"{name}.head")
-    body = b.append_basic_block(f"{name}.body")
-    end = b.append_basic_block(f"{name}.end")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64, name=name)
-    i.add_incoming(i64(0), pre)
-    b.cbranch(b.icmp_signed("<", i, i64(count)), body, end)
-    b.position_at_end(body)
-    yield i
-    nxt = b.add(i, i64(1), name=f"{name}.next")
-    nxt.flags.append("nsw")
-    i.add_incoming(nxt, b.block)
-    b.branch(head)
-    b.position_at_end(end)
-
-
-def collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]):
-    """Drop size-1 dims and merge neighbours contiguous for every operand.
-
-    Returns (sizes, per-operand strides) over the remaining dims, outermost first."""
-    dims = [(n, [s[d] for s in strides]) for d, n in enumerate(shape) if n != 1]
-    out: list[tuple[int, list[int]]] = []
-    for n, ss in dims:
-        if out:
-            pn, ps = out[-1]
-            if all(p == s * n for p, s in zip(ps, ss)):
-                out[-1] = (pn * n, ss)
-                continue
-        out.append((n, ss))
-    return [n for n, _ in out], [tuple(ss[k] for _, ss in out) for k in range(len(strides))]
-
-
-def broadcast_strides(loc_shape, loc_strides, domain) -> tuple[int, ...]:
-    """Element strides of a tensor read at every index of `domain` (right-aligned)."""
-    pad = len(domain) - len(loc_shape)
-    out = []
-    for d in range(len(domain)):
-        k = d - pad
-        out.append(0 if k < 0 or loc_shape[k] == 1 else loc_strides[k])
-    return tuple(out)
-
-
-# ---- scalars -------------------------------------------------------------------------------
-def const(dtype, value) -> ir.Constant:
-    ty = _REG[dtype.name]
-    if dtype is bool_:
-        return ir.Constant(I1, int(bool(value)))
-    if dtype.is_floating:
-        return ir.Constant(ty, float(value))
-    return ir.Constant(ty, int(value))
-
-
-def convert(b: ir.IRBuilder, v, src, dst):
-    """A register value of dtype `src` as dtype `dst` (numpy's astype)."""
-    if src is dst:
-        return v
-    if dst is bool_:
-        if src.is_floating:
-            return b.fcmp_unordered("!=", v, const(src, 0.0))
-        return b.icmp_signed("!=", v, const(src, 0))
-    if src is bool_:
-        return b.uitofp(v, _REG[dst.name]) if dst.is_floating else b.zext(v, I64)
-    if src.is_floating and dst.is_floating:
-        return b.fpext(v, F64) if dst is float64 else b.fptrunc(v, F32)
-    if src.is_floating:
-        return b.fptosi(v, I64)
-    return b.sitofp(v, _REG[dst.name])
-
-
-class Scalars:
-    """Renders registry scalar ops on register values; one per LLVM module."""
-
-    def __init__(self, module: ir.Module) -> None:
-        self.module = module
-        self._ipow: ir.Function | None = None
-
-    def intrinsic(self, b, name: str, dtype, *args):
-        ty = _REG[dtype.name]
-        fn = self.module.declare_intrinsic(name, [ty])
-        return b.call(fn, list(args))
-
-    def mathlib(self, b, name: str, x, dtype, attrs: dict | None = None):
-        """A graphc.backends.cpu.mathlib function (vectorisable, no libm calls)."""
-        from graphc.backends.cpu import mathlib
-
-        if name in getattr(mathlib, "SUPPORTED", ()):
-            return mathlib.emit(b, name, [x], attrs) if attrs else mathlib.emit(b, name, [x])
-        if name == "sqrt":
-            return self.intrinsic(b, "llvm.sqrt", dtype, x)
-        raise KeyError(name)
-
-    def has_mathlib(self, name: str) -> bool:
-        from graphc.backends.cpu import mathlib
-
-        return name in getattr(mathlib, "SUPPORTED", ())
-
-    # ---- the op table: one method per scalar name --------------------------------------
-    def emit(self, b, op: str, attrs: dict, args: list, types: list, out: TensorType):
-        """`op` applied to register values `args` of dtypes `types`, giving `out.dtype`."""
-        rt = out.dtype
-        method = getattr(self, "op_" + op, None)
-        if method is None:
-            raise KeyError(op)
-        return method(b, attrs, args, types, rt)
-
-    def _promoted(self, b, args, types, ct):
-        return [convert(b, a, t, ct) for a, t in zip(args, types)]
-
-    def _float_in(self, b, args, types, rt):
-        return convert(b, args[0], types[0], rt)
-
-    def op_add(self, b, attrs, args, types, rt):
-        x, y = self._promoted(b, args, types, rt)
-        return b.fadd(x, y) if rt.is_floating else b.or_(x, y) if rt is bool_ else b.add(x, y)
-
-    def op_sub(self, b, attrs, args, types, rt):
-        x, y = self._promoted(b, args, types, rt)
-        return b.fsub(x, y) if rt.is_floating else b.xor(x, y) if rt is bool_ else b.sub(x, y)
-
-    def op_mul(self, b, attrs, args, types, rt):
-        x, y = self._promoted(b, args, types, rt)
-        return b.fmul(x, y) if rt.is_floating else b.and_(x, y) if rt is bool_ else b.mul(x, y)
-
-    def op_div(self, b, attrs, args, types, rt):
-        x, y = self._promoted(b, args, types, rt)
-        return b.fdiv(x, y)
-
-    def op_neg(self, b, attrs, args, types, rt):
-        x = self._float_in(b, args, types, rt)
-        return b.fneg(x) if rt.is_floating else b.sub(const(rt, 0), x) if rt is int64 else x
-
-    def op_abs(self, b, attrs, args, types, rt):
-        x = self._float_in(b, args, types, rt)
-        if rt.is_floating:
-            return self.intrinsic(b, "llvm.fabs", rt, x)
-        if rt is bool_:
-            return x
-        return b.select(b.icmp_signed("<", x, const(rt, 0)), b.sub(const(rt, 0), x), x)
-
-    def op_sign(self, b, attrs, args, types, rt):
-        x = self._float_in(b, args, types, rt)
-        if rt is bool_:
-            return x
-        if rt.is_floating:
-            pos = b.fcmp_ordered(">", x, const(rt, 0))
-            neg = b.fcmp_ordered("<", x, const(rt, 0))
-            zero_or_nan = b.fmul(x, const(rt, 0))
-            return b.select(pos, const(rt, 1), b.select(neg, const(rt, -1), zero_or_nan))
-        pos, neg = b.icmp_signed(">", x, const(rt, 0)), b.icmp_signed("<", x, const(rt, 0))
-        return b.select(pos, const(rt, 1), b.select(neg, const(rt, -1), const(rt, 0)))
-
-    def _max_min(self, b, x, y, rt, is_max: bool):
-        if rt.is_floating:
-            wins = b.fcmp_ordered(">" if is_max else "<", x, y)
-            r = b.select(wins, x, y)  # y when y is NaN
-            return b.select(b.fcmp_unordered("uno", x, x), x, r)  # x when x is NaN
-        if rt is bool_:
-            return b.or_(x, y) if is_max else b.and_(x, y)
-        return b.select(b.icmp_signed(">" if is_max else "<", x, y), x, y)
-
-    def op_maximum(self, b, attrs, args, types, rt):
-        return self._max_min(b, *self._promoted(b, args, types, rt), rt, True)
-
-    def op_minimum(self, b, attrs, args, types, rt):
-        return self._max_min(b, *self._promoted(b, args, types, rt), rt, False)
-
-    def op_relu(self, b, attrs, args, types, rt):
-        x = self._float_in(b, args, types, rt)
-        if rt is bool_:
-            return x
-        if rt.is_floating:
-            return b.select(b.fcmp_ordered("<", x, const(rt, 0)), const(rt, 0), x)
-        return b.select(b.icmp_signed("<", x, const(rt, 0)), const(rt, 0), x)
-
-    def op_leaky_relu(self, b, attrs, args, types, rt):
-        x = self._float_in(b, args, types, rt)
-        slope = b.fmul(x, const(rt, attrs["negative_slope"]))
-        return b.select(b.fcmp_ordered(">", x, const(rt, 0)), x, slope)
-
-    def op_clamp(self, b, attrs, args, types, rt):
-        x = self._float_in(b, args, types, rt)
-        if attrs.get("min") is not None:
-            x = self._max_min(b, x, const(rt, attrs["min"]), rt, True)
-        if attrs.get("max") is not None:
-            x = self._max_min(b, x, const(rt, attrs["max"]), rt, False)
-        return x
-
-    def op_cast(self, b, attrs, args, types, rt):
-        return convert(b, args[0], types[0], rt)
-
-    def op_select(self, b, attrs, args, types, rt):
-        cond = convert(b, args[0], types[0], bool_)
-        x, y = self._promoted(b, args[1:], types[1:], rt)
-        return b.select(cond, x, y)
-
-    def _compare(self, b, args, types, pred: str):
-        ta, tb = (TensorType((1,), t) for t in types)
-        ct = result_dtype(ta, tb)
-        x, y = self._promoted(b, args, types, ct)
-        if ct.is_floating:
-            if pred == "!=":
-                return b.fcmp_unordered("!=", x, y)
-            return b.fcmp_ordered(pred, x, y)
-        if ct is bool_:
-            return b.icmp_unsigned(pred, x, y)
-        return b.icmp_signed(pred, x, y)
-
-    def op_eq(self, b, attrs, args, types, rt):
-        return self._compare(b, args, types, "==")
-
-    def op_ne(self, b, attrs, args, types, rt):
-        return self._compare(b, args, types, "!=")
-
-    def op_lt(self, b, attrs, args, types, rt):
-        return self._compare(b, args, types, "<")
-
-    def op_le(self, b, attrs, args, types, rt):
-        return self._compare(b, args, types, "<=")
-
-    def op_gt(self, b, attrs, args, types, rt):
-        return self._compare(b, args, types, ">")
-
-    def op_ge(self, b, attrs, args, types, rt):
-        return self._compare(b, args, types, ">=")
-
-    def _bools(self, b, args, types):
-        return [convert(b, a, t, bool_) for a, t in zip(args, types)]
-
-    def op_logical_and(self, b, attrs, args, types, rt):
-        return b.and_(*self._bools(b, args, types))
-
-    def op_logical_or(self, b, attrs, args, types, rt):
-        return b.or_(*self._bools(b, args, types))
-
-    def op_logical_xor(self, b, attrs, args, types, rt):
-        return b.xor(*self._bools(b, args, types))
-
-    def op_logical_not(self, b, attrs, args, types, rt):
-        return b.not_(self._bools(b, args, types)[0])
-
-    def op_pow(self, b, attrs, args, types, rt):
-        x, y = self._promoted(b, args, types, rt)
-        if rt.is_floating:
-            fn = self.module.declare_intrinsic("llvm.pow", [_REG[rt.name]])
-            return b.call(fn, [x, y])
-        if rt is bool_:
-            return b.or_(x, b.not_(y))  # x**y for bools: 1 when y is 0, else x
-        return b.call(self._integer_pow(), [x, y])
-
-    def _integer_pow(self) -> ir.Function:
-        """i64 graphc_ipow(i64 x, i64 n): x**n by squaring (n < 0 gives 0; eager refuses)."""
-        if self._ipow is None:
-            fn = ir.Function(self.module, ir.FunctionType(I64, [I64, I64]), "graphc_ipow")
-            fn.linkage = "internal"
-            x, n = fn.args
-            b = ir.IRBuilder(fn.append_basic_block("entry"))
-            head, body, end = (fn.append_basic_block(s) for s in ("head", "body", "end"))
-            entry = b.block
-            b.branch(head)
-            b.position_at_end(head)
-            acc, base, k = b.phi(I64), b.phi(I64), b.phi(I64)
-            acc.add_incoming(i64(1), entry)
-            base.add_incoming(x, entry)
-            k.add_incoming(n, entry)
-            b.cbranch(b.icmp_signed(">", k, i64(0)), body, end)
-            b.position_at_end(body)
-            odd = b.trunc(k, I1)
-            acc2 = b.select(odd, b.mul(acc, base), acc)
-            acc.add_incoming(acc2, body)
-            base.add_incoming(b.mul(base, base), body)
-            k.add_incoming(b.ashr(k, i64(1)), body)
-            b.branch(head)
-            b.position_at_end(end)
-            b.ret(b.select(b.icmp_signed("<", n, i64(0)), i64(0), acc))
-            self._ipow = fn
-        return self._ipow
-
-    def op_floor_divide(self, b, attrs, args, types, rt):
-        x, y = self._promoted(b, args, types, rt)
-        if rt.is_floating:
-            return self.intrinsic(b, "llvm.floor", rt, b.fdiv(x, y))
-        safe = b.select(b.icmp_signed("==", y, const(rt, 0)), const(rt, 1), y)
-        q, r = b.sdiv(x, safe), b.srem(x, safe)
-        fix = b.and_(b.icmp_signed("!=", r, const(rt, 0)),
-                     b.icmp_signed("!=", b.icmp_signed("<", r, const(rt, 0)),
-                                   b.icmp_signed("<", safe, const(rt, 0))))
-        return b.select(fix, b.sub(q, const(rt, 1)), q)
-
-    def op_remainder(self, b, attrs, args, types, rt):
-        x, y = self._promoted(b, args, types, rt)
-        if rt.is_floating:
-            r = b.frem(x, y)
-            fix = b.and_(b.fcmp_ordered("!=", r, const(rt, 0)),
-                         b.icmp_unsigned("!=", b.fcmp_ordered("<", r, const(rt, 0)),
-                                         b.fcmp_ordered("<", y, const(rt, 0))))
-            return b.select(fix, b.fadd(r, y), r)
-        safe = b.select(b.icmp_signed("==", y, const(rt, 0)), const(rt, 1), y)
-        r = b.srem(x, safe)
-        fix = b.and_(b.icmp_signed("!=", r, const(rt, 0)),
-                     b.icmp_signed("!=", b.icmp_signed("<", r, const(rt, 0)),
-                                   b.icmp_signed("<", safe, const(rt, 0))))
-        return b.select(fix, b.add(r, safe), r)
-
-    def op_rsqrt(self, b, attrs, args, types, rt):
-        x = self._float_in(b, args, types, rt)
-        if self.has_mathlib("rsqrt"):
-            return self.mathlib(b, "rsqrt", x, rt)
-        return b.fdiv(const(rt, 1.0), self.mathlib(b, "sqrt", x, rt))
-
-    def op_log1p(self, b, attrs, args, types, rt):
-        x = self._float_in(b, args, types, rt)
-        if self.has_mathlib("log1p"):
-            return self.mathlib(b, "log1p", x, rt)
-        u = b.fadd(const(rt, 1.0), x)
-        exact = b.fdiv(b.fmul(self.mathlib(b, "log", u, rt), x), b.fsub(u, const(rt, 1.0)))
-        r = b.select(b.fcmp_ordered("==", u, const(rt, 1.0)), x, exact)
-        return b.select(b.fcmp_ordered("==", u, const(rt, math.inf)), u, r)
-
-    def op_gelu(self, b, attrs, args, types, rt):
-        x = self._float_in(b, args, types, rt)
-        if self.has_mathlib("gelu"):
-            return self.mathlib(b, "gelu", x, rt, {"approximate": attrs.get("approximate",
-                                                                             "none")})
-        half_x = b.fmul(x, const(rt, 0.5))
-        if attrs.get("approximate") == "tanh":
-            cube = b.fmul(b.fmul(x, x), x)
-            inner = b.fmul(b.fadd(x, b.fmul(cube, const(rt, 0.044715))),
-                           const(rt, math.sqrt(2.0 / math.pi)))
-            t = self.mathlib(b, "tanh", inner, rt)
-        else:
-            t = self.mathlib(b, "erf", b.fmul(x, const(rt, 1.0 / math.sqrt(2.0))), rt)
-        return b.fmul(half_x, b.fadd(const(rt, 1.0), t))
-
-
-def _mathlib_method(name: str):
-    """Scalars.op_<name> for a mathlib function (integer inputs computed in float32)."""
-
-    def method(self, b, attrs, args, types, rt):
-        return self.mathlib(b, name, self._float_in(b, args, types, rt), rt)
-
-    method.__name__ = f"op_{name}"
-    return method
-
-
-for _name in _MATHLIB:
-    setattr(Scalars, f"op_{_name}", _mathlib_method(_name))
-
-
-# ---- kernels over a domain -----------------------------------------------------------------
-@dataclass
-class Operand:
-    """A tensor a kernel reads or writes: its Loc and element strides over the domain.
-    A virtual operand (`loc` None) is an arange: its value is start + step * offset."""
-
-    loc: Loc | None
-    dtype: object
-    strides: tuple[int, ...]
-    arange: tuple[float, float] | None = None  # (start, step)
-
-
-@dataclass
-class Kernel:
-    """One kernel function: name, the Loc regions its pointer arguments are, IR function."""
-
-    name: str
-    regions: list[tuple] = field(default_factory=list)
-    args: list[Loc] = field(default_factory=list)
-    status: bool = False  # returns i32: 0, or the 1-based index of an error message
-
-
-class KernelBuilder:
-    """Builds one `void name(ptr noalias...)` function over a domain of `shape`."""
-
-    def __init__(self, cg: "Codegen", name: str, shape: tuple[int, ...]) -> None:
-        self.cg = cg
-        self.shape = tuple(shape)
-        self.kernel = Kernel(name)
-        self.operands: list[Operand] = []
-
-    def operand(self, loc: Loc, strides: tuple[int, ...] | None = None) -> int:
-        """Read or write `loc` broadcast over the domain (or with explicit element strides)."""
-        if strides is None:
-            item = loc.type.dtype.itemsize
-            strides = broadcast_strides(loc.type.shape, tuple(s // item for s in loc.strides),
-                                        self.shape)
-        if loc.region not in self.kernel.regions:
-            self.kernel.regions.append(loc.region)
-            self.kernel.args.append(loc)
-        self.operands.append(Operand(loc, loc.type.dtype, tuple(strides)))
-        return len(self.operands) - 1
-
-    def virtual(self, dtype, start: float, step: float, strides) -> int:
-        self.operands.append(Operand(None, dtype, tuple(strides), (start, step)))
-        return len(self.operands) - 1
-
-    def begin(self) -> ir.IRBuilder:
-        ret = I32 if self.kernel.status else ir.VoidType()
-        fn = ir.Function(self.cg.module, ir.FunctionType(ret,
-                                                          [PTR] * len(self.kernel.regions)),
-                         self.kernel.name)
-        for a in fn.args:
-            a.add_attribute("noalias")
-        fn.attributes.add("nounwind")
-        fn.attributes.add("noinline")
-        self.fn = fn
-        return ir.IRBuilder(fn.append_basic_block("entry"))
-
-    def pointer(self, b, k: int, offset) -> ir.Value:
-        op = self.operands[k]
-        base = self.fn.args[self.kernel.regions.index(op.loc.region)]
-        return b.gep(base, [offset], inbounds=True, source_etype=_MEM[op.dtype.name])
-
-    def load(self, b, k: int, offset):
-        op = self.operands[k]
-        if op.arange is not None:
-            start, step = op.arange
-            dt = op.dtype
-            if dt.is_floating:
-                f = b.sitofp(offset, F64)
-                v = b.fadd(ir.Constant(F64, start), b.fmul(ir.Constant(F64, step), f))
-                return convert(b, v, float64, dt)
-            v = b.add(i64(int(start)), b.mul(i64(int(step)), offset))
-            return convert(b, v, int64, dt)
-        v = b.load(self.pointer(b, k, offset), typ=_MEM[op.dtype.name])
-        return b.trunc(v, I1) if op.dtype is bool_ else v
-
-    def store(self, b, k: int, offset, value) -> None:
-        op = self.operands[k]
-        if op.dtype is bool_:
-            value = b.zext(value, I8)
-        b.store(value, self.pointer(b, k, offset))
-
-    def nest(self, b, sizes, strides, leaf, inner=None, depth=0, offsets=None):
-        """Loops over collapsed `sizes`; `leaf(b, offsets)` per element.
-
-        `inner`, when given, is (before, after) called around the innermost loop."""
-        if offsets is None:
-            offsets = [i64(0)] * len(self.operands)
-        if depth == len(sizes):
-            leaf(b, offsets)
-            return
-        last = depth == len(sizes) - 1
-        state = inner[0](b, offsets) if inner and last else None
-        with for_range(b, sizes[depth], f"d{depth}") as i:
-            new = []
-            for o, s in zip(offsets, strides):
-                if s[depth] == 0:
-                    new.append(o)
-                else:
-                    step = i if s[depth] == 1 else b.mul(i, i64(s[depth]))
-                    new.append(step if isinstance(o, ir.Constant) and o.constant == 0
-                               else b.add(o, step))
-            self.nest(b, sizes, strides, leaf, inner, depth + 1, new)
-        if inner and last:
-            inner[1](b, offsets, state)
-
-    def finish(self, b) -> Kernel:
-        b.ret_void()
-        return self.kernel
-
-
-class Codegen:
-    """One LLVM module under construction: kernels, BLAS declarations, the driver."""
-
-    def __init__(self, name: str, blas) -> None:
-        import llvmlite.binding as llvm
-
-        self.module = ir.Module(name=name)
-        self.module.triple = llvm.get_process_triple()
-        self.scalars = Scalars(self.module)
-        self.blas = blas
-        self.scratch = 0  # bytes of backend scratch past the plan's arena
-        self._count = 0
-        self._decls: dict[str, ir.Function] = {}
-
-    def name(self, op: str) -> str:
-        self._count += 1
-        return f"k{self._count}_{op}"
-
-    def add_scratch(self, nbytes: int) -> int:
-        at = self.scratch
-        self.scratch += -(-nbytes // 64) * 64
-        return at
-
-    def declare(self, name: str, ftype: ir.FunctionType) -> ir.Function:
-        if name not in self._decls:
-            self._decls[name] = ir.Function(self.module, ftype, name)
-        return self._decls[name]
-
-
-# ---- bodies: the instructions of a fused node (or of one elementwise node) ------------------
-_BODY_OPS = ("broadcast_to", "full", "arange")
-
-
-class Body:
-    """A fused body's instructions with their types; refs < n are the node's inputs."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.n = len(node.inputs)
-        if node.op == "fused":
-            self.instrs = [(op, tuple(args), dict(attrs)) for op, args, attrs in
-                           node.attrs["body"]]
-            self.outputs = tuple(node.attrs["outputs"])
-        else:
-            self.instrs = [(node.op, tuple(range(self.n)), dict(node.attrs))]
-            self.outputs = (self.n,)
-        self.types = [v.type for v in node.inputs]
-        for op, args, attrs in self.instrs:
-            self.types.append(REGISTRY[op].infer(*(self.types[r] for r in args), **attrs))
-
-    def evaluate(self, cg: Codegen, kb: KernelBuilder, b, offsets, leaves: dict[int, int],
-                 stop: int, wanted) -> dict[int, ir.Value]:
-        """Register values of the refs in `wanted` (and what they need), instructions < stop."""
-        env: dict[int, ir.Value] = {}
-
-        def value(ref: int):
-            if ref in env:
-                return env[ref]
-            if ref in leaves:
-                env[ref] = kb.load(b, leaves[ref], offsets[leaves[ref]])
-                return env[ref]
-            op, args, attrs = self.instrs[ref - self.n]
-            t = self.types[ref]
-            if op == "broadcast_to":
-                env[ref] = value(args[0])
-            elif op == "full":
-                env[ref] = const(t.dtype, attrs["value"])
-            else:
-                vals = [value(a) for a in args]
-                try:
-                    env[ref] = cg.scalars.emit(b, REGISTRY[op].scalar, attrs, vals,
-                                               [self.types[a].dtype for a in args], t)
-                except KeyError:
-                    raise unsupported(self.node, f"the scalar op {op!r}") from None
-            return env[ref]
-
-        for ref in wanted:
-            value(ref)
-        return env
-
-    def check(self, start: int, stop: int) -> None:
-        for op, _, _ in self.instrs[start:stop]:
-            d = REGISTRY[op]
-            if op not in _BODY_OPS and (d.kind != ELEMENTWISE or d.scalar is None):
-                raise unsupported(self.node, f"{op!r} inside a fused body")
-
-
-# ---- lowering of the schedule --------------------------------------------------------------
 @dataclass
 class Lowered:
     """The module text and what the executable needs to run it."""
@@ -728,7 +81,6 @@ class Lowered:
     arena_bytes: int  # the plan's arena plus the backend's scratch
     kernels: list[str]
     errors: list[str] = field(default_factory=list)  # the driver's status k: errors[k - 1]
-    entry: str = "run"
 
 
 class Lowerer(Codegen):
@@ -853,11 +205,8 @@ class Lowerer(Codegen):
     def reduction(self, node: Node, body: Body, start: int, extra: dict[int, Loc]) -> None:
         op, (src,), attrs = body.instrs[-1]
         red = body.n + len(body.instrs) - 1
-        domain = body.types[src].shape
-        kb = KernelBuilder(self, self.name(op), domain if domain else (1,))
-        if not domain:  # a 0-d input: one element
-            domain = (1,)
-            kb.shape = domain
+        domain = body.types[src].shape or (1,)  # a 0-d input: one element
+        kb = KernelBuilder(self, self.name(op), domain)
         leaves = self._leaves(kb, body, extra, start, len(body.instrs) - 1)
         if src in extra or src < body.n:
             leaves.setdefault(src, kb.operand(extra[src] if src in extra
@@ -878,11 +227,11 @@ class Lowerer(Codegen):
         acc_t = out_v.type.dtype
         sizes, strides = collapse(domain, [x.strides for x in kb.operands])
         b = kb.begin()
-        ident = _identity(op, acc_t)
+        ident = reduction_identity(op, acc_t)
         count = out_v.type.numel
         with for_range(b, count, "init") as i:
             kb.store(b, o, i, ident)
-        combine = _combiner(self.scalars, op, acc_t)
+        combine = reduction_combiner(self.scalars, op, acc_t)
 
         def element(b, offsets):
             env = body.evaluate(self, kb, b, offsets, leaves, len(body.instrs) - 1,
@@ -895,7 +244,7 @@ class Lowerer(Codegen):
         inner_reduced = bool(sizes) and strides[o][-1] == 0
         if inner_reduced:
             with b.goto_entry_block():
-                acc = b.alloca(_REG[acc_t.name] if acc_t is not bool_ else I1, name="acc")
+                acc = b.alloca(REG[acc_t.name] if acc_t is not bool_ else I1, name="acc")
 
             def before(b, offsets):
                 b.store(ident, acc)
@@ -936,9 +285,9 @@ class Lowerer(Codegen):
         row_strides = [x.strides[dim] for x in kb.operands]
         b = kb.begin()
         with b.goto_entry_block():
-            m_acc = b.alloca(_REG[t.name], name="max")
-            s_acc = b.alloca(_REG[t.name], name="sum")
-        combine_max = _combiner(self.scalars, "reduce_max", t)
+            m_acc = b.alloca(REG[t.name], name="max")
+            s_acc = b.alloca(REG[t.name], name="sum")
+        combine_max = reduction_combiner(self.scalars, "reduce_max", t)
 
         def at(b, offsets, j):
             return [o if s == 0 else b.add(o, j if s == 1 else b.mul(j, i64(s)))
@@ -960,14 +309,14 @@ class Lowerer(Codegen):
             b.store(const(t, 0.0), s_acc)
             with for_range(b, row, "r2") as j:
                 offs = at(b, offsets, j)
-                e = self.scalars.mathlib(b, "exp", b.fsub(kb.load(b, y, offs[y]), m), t)
+                e = self.scalars.mathlib(b, "exp", b.fsub(kb.load(b, y, offs[y]), m))
                 if op == "softmax":
                     kb.store(b, y, offs[y], e)
                 total = b.fadd(b.load(s_acc), e)
                 total.flags.extend(("reassoc", "nsz"))
                 b.store(total, s_acc)
             s = b.load(s_acc)
-            log_s = self.scalars.mathlib(b, "log", s, t) if op == "log_softmax" else None
+            log_s = self.scalars.mathlib(b, "log", s) if op == "log_softmax" else None
             with for_range(b, row, "r3") as j:
                 offs = at(b, offsets, j)
                 v = kb.load(b, y, offs[y])
@@ -1034,7 +383,7 @@ class Lowerer(Codegen):
         kc = kb.operand(c, tuple(contiguous_strides(batch, m * n)))
         bld = kb.begin()
         iT = I64 if self.blas.ilp64 else I32
-        fty = _REG[dt.name]
+        fty = REG[dt.name]
 
         def leaf_gemv(bb, offsets):
             trans, rows, cols, mat, ld, vec, inc = gemv
@@ -1081,7 +430,7 @@ class Lowerer(Codegen):
         if self.blas is None:
             raise CpuLoweringError("cpu backend: matmul needs a BLAS and none was found")
         iT = I64 if self.blas.ilp64 else I32
-        fty = _REG[dt.name]
+        fty = REG[dt.name]
         if routine == "gemv":
             args = [I32, I32, iT, iT, fty, PTR, iT, PTR, iT, fty, PTR, iT]
         else:
@@ -1102,7 +451,7 @@ class Lowerer(Codegen):
 
     def _virtual_view(self, node: Node) -> None:
         out = node.outputs[0]
-        self.copy(self.locs._view(node, out), self.locs[out])
+        self.copy(self.locs.view(node, out), self.locs[out])
 
     op_permute = op_broadcast_to = op_slice = _virtual_view
 
@@ -1132,8 +481,8 @@ class Lowerer(Codegen):
         self.calls.append(kb.finish(b))
 
     # ---- losses --------------------------------------------------------------------------
-    def _nll_rows(self, node: Node, x_t: TensorType, target: Value, weight: Value):
-        """(rows, classes, element strides of x's rows/classes, of target, of weight)."""
+    def _nll_rows(self, node: Node, x_t: TensorType) -> tuple[int, int]:
+        """(rows, classes) of nll_loss's input (or of its gradient) `x_t`."""
         if x_t.ndim > 2:
             raise unsupported(node, "nll_loss over more than 2 dimensions")
         if x_t.ndim == 1:
@@ -1142,7 +491,8 @@ class Lowerer(Codegen):
 
     def _nll_kernel(self, node: Node, name: str, x_type: TensorType, reads: list[Loc],
                     writes: list[Loc]):
-        """A status kernel over the rows: (kb, builder, row loop body callback runner)."""
+        """A status kernel reading `reads` and writing `writes` (whole, strides 0):
+        (kb, their operand ids, the status it returns for a target out of range)."""
         kb = KernelBuilder(self, self.name(name), (1,))
         kb.kernel.status = True
         ids = [kb.operand(loc, (0,)) for loc in reads + writes]
@@ -1157,7 +507,7 @@ class Lowerer(Codegen):
         s = tuple(x // item for x in loc.strides)
         return (0,) * (rank - len(s)) + s
 
-    def _pick(self, b, kb, node, t_id, w_id, n, row, st, sw, classes, status):
+    def _pick(self, b, kb, node, t_id, w_id, row, st, sw, classes, status):
         """(safe class index, counted mask, weight) of row `row`; flags bad targets."""
         ignore = node.attrs["ignore_index"]
         t = kb.load(b, t_id, b.mul(row, i64(st)) if st else i64(0))
@@ -1173,7 +523,7 @@ class Lowerer(Codegen):
     def op_nll_loss(self, node: Node) -> None:
         x, target, weight = node.inputs
         loss_v, total_v = node.outputs
-        rows, classes = self._nll_rows(node, x.type, target, weight)
+        rows, classes = self._nll_rows(node, x.type)
         lx, lt, lw = self.locs[x], self.locs[target], self.locs[weight]
         kb, (xi, ti, wi, li, twi), status = self._nll_kernel(
             node, "nll_loss", x.type, [lx, lt, lw], [self.locs[loss_v], self.locs[total_v]])
@@ -1191,7 +541,7 @@ class Lowerer(Codegen):
         b.store(ir.Constant(F64, 0.0), tot_w)
         b.store(ir.Constant(F64, 0.0), tot)
         with for_range(b, rows, "row") as n:
-            safe, counted, w = self._pick(b, kb, node, ti, wi, n, n, st, sw, classes, status)
+            safe, counted, w = self._pick(b, kb, node, ti, wi, n, st, sw, classes, status)
             w = b.select(counted, w, const(dt, 0.0))
             xv = kb.load(b, xi, b.add(b.mul(n, i64(sn)), b.mul(safe, i64(sc))))
             v = b.fmul(b.fneg(xv), w)
@@ -1214,7 +564,7 @@ class Lowerer(Codegen):
     def op_nll_loss_backward(self, node: Node) -> None:
         g, target, weight, total_weight = node.inputs
         out = node.outputs[0]
-        rows, classes = self._nll_rows(node, out.type, target, weight)
+        rows, classes = self._nll_rows(node, out.type)
         lo = self.locs[out]
         kb, (gi, ti, wi, twi, oi), status = self._nll_kernel(
             node, "nll_loss_backward", out.type,
@@ -1231,7 +581,7 @@ class Lowerer(Codegen):
         with for_range(b, out.type.numel, "zero") as i:
             kb.store(b, oi, i, const(dt, 0.0))
         with for_range(b, rows, "row") as n:
-            safe, counted, w = self._pick(b, kb, node, ti, wi, n, n, st, sw, classes, status)
+            safe, counted, w = self._pick(b, kb, node, ti, wi, n, st, sw, classes, status)
             scale = kb.load(b, gi, b.mul(n, i64(sg)) if reduction == "none" else i64(0))
             if reduction == "mean":
                 scale = b.fdiv(scale, kb.load(b, twi, i64(0)))
@@ -1280,6 +630,7 @@ class Lowerer(Codegen):
         b.ret(ir.Constant(I32, 0))
 
 
+
 def _gemm_layout(rows: int, cols: int, sr: int, sc: int):
     """(CBLAS transpose flag, leading dimension) reading a rows x cols matrix with element
     strides (sr, sc) as a row-major operand, or None when no layout reads it."""
@@ -1293,41 +644,6 @@ def _gemm_layout(rows: int, cols: int, sr: int, sc: int):
             return (112, ld)
     return None
 
-
-def _identity(op: str, dt) -> ir.Constant:
-    if op in ("reduce_sum", "reduce_mean"):
-        return const(dt, 0)
-    if op == "reduce_prod":
-        return const(dt, 1)
-    big = op == "reduce_min"
-    if dt.is_floating:
-        return const(dt, math.inf if big else -math.inf)
-    if dt is bool_:
-        return const(dt, big)
-    return const(dt, 2**63 - 1 if big else -2**63)
-
-
-def _combiner(scalars: Scalars, op: str, dt):
-    """combine(b, acc, v, in_register) for a reduction; float sums in registers reassociate
-    (so they vectorise); max/min propagate NaN as numpy does."""
-    def combine(b, acc, v, in_register: bool):
-        if op in ("reduce_sum", "reduce_mean"):
-            if dt.is_floating:
-                r = b.fadd(acc, v)
-                if in_register:
-                    r.flags.extend(("reassoc", "nsz"))
-                return r
-            return b.or_(acc, v) if dt is bool_ else b.add(acc, v)
-        if op == "reduce_prod":
-            if dt.is_floating:
-                r = b.fmul(acc, v)
-                if in_register:
-                    r.flags.extend(("reassoc", "nsz"))
-                return r
-            return b.and_(acc, v) if dt is bool_ else b.mul(acc, v)
-        return scalars._max_min(b, acc, v, dt, op == "reduce_max")
-
-    return combine
 
 
 def lower(graph: Graph, blas=None) -> tuple[Lowered, Lowerer]:

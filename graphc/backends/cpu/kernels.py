@@ -1,0 +1,245 @@
+"""kernels: LLVM functions that apply per-element code over a domain of tensor elements.
+
+The third layer of the CPU code generator (values <- scalars <- kernels <- codegen).
+
+- `Codegen`: one LLVM module under construction (its `Scalars`, the BLAS, external
+  declarations, backend scratch bytes past the plan's arena, unique kernel names).
+- `KernelBuilder`: one kernel over a domain `shape`. Each `operand` is a Loc read or written
+  with element strides over the domain (broadcast by strides: 0 along broadcast dims), or a
+  `virtual` arange computed from the offset. `begin` makes the function, `nest` the loops
+  (over `values.collapse`d dims, innermost last, constant trip counts), `load` / `store`
+  one element, `finish` returns the `Kernel`.
+- `Kernel`: its name and its pointer arguments, one per distinct Loc region, in the order
+  the driver passes them; `status` kernels return i32 (0, or an error's 1-based index).
+- `Body`: the instructions of a fused node (or of one elementwise node) with their types;
+  `evaluate` renders the ones an element needs through `Scalars`.
+
+Invariants: a kernel takes one pointer per distinct memory region, all `noalias` (an in-place
+output and the input it overwrites are the same region, so the same argument); its loops run
+over the domain's dimensions after merging the ones contiguous for every operand, innermost
+last, with constant trip counts and strides, so contiguous loops vectorise. Kernels are
+`nounwind noinline`: each stays one function the driver calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llvmlite import ir
+
+from graphc.backends.cpu.scalars import Scalars, const, convert
+from graphc.backends.cpu.values import (
+    F64,
+    I1,
+    I8,
+    I32,
+    MEM,
+    PTR,
+    Loc,
+    broadcast_strides,
+    for_range,
+    i64,
+    unsupported,
+)
+from graphc.ir.graph import Node
+from graphc.ops.registry import ELEMENTWISE, REGISTRY
+from graphc.types import bool_, float64, int64
+
+
+@dataclass
+class Operand:
+    """A tensor a kernel reads or writes: its Loc and element strides over the domain.
+    A virtual operand (`loc` None) is an arange: its value is start + step * offset."""
+
+    loc: Loc | None
+    dtype: object
+    strides: tuple[int, ...]
+    arange: tuple[float, float] | None = None  # (start, step)
+
+
+@dataclass
+class Kernel:
+    """One kernel function: name, the Loc regions its pointer arguments are, IR function."""
+
+    name: str
+    regions: list[tuple] = field(default_factory=list)
+    args: list[Loc] = field(default_factory=list)
+    status: bool = False  # returns i32: 0, or the 1-based index of an error message
+
+
+class KernelBuilder:
+    """Builds one `void name(ptr noalias...)` function over a domain of `shape`."""
+
+    def __init__(self, cg: "Codegen", name: str, shape: tuple[int, ...]) -> None:
+        self.cg = cg
+        self.shape = tuple(shape)
+        self.kernel = Kernel(name)
+        self.operands: list[Operand] = []
+
+    def operand(self, loc: Loc, strides: tuple[int, ...] | None = None) -> int:
+        """Read or write `loc` broadcast over the domain (or with explicit element strides)."""
+        if strides is None:
+            item = loc.type.dtype.itemsize
+            strides = broadcast_strides(loc.type.shape, tuple(s // item for s in loc.strides),
+                                        self.shape)
+        if loc.region not in self.kernel.regions:
+            self.kernel.regions.append(loc.region)
+            self.kernel.args.append(loc)
+        self.operands.append(Operand(loc, loc.type.dtype, tuple(strides)))
+        return len(self.operands) - 1
+
+    def virtual(self, dtype, start: float, step: float, strides) -> int:
+        self.operands.append(Operand(None, dtype, tuple(strides), (start, step)))
+        return len(self.operands) - 1
+
+    def begin(self) -> ir.IRBuilder:
+        ret = I32 if self.kernel.status else ir.VoidType()
+        fn = ir.Function(self.cg.module, ir.FunctionType(ret,
+                                                          [PTR] * len(self.kernel.regions)),
+                         self.kernel.name)
+        for a in fn.args:
+            a.add_attribute("noalias")
+        fn.attributes.add("nounwind")
+        fn.attributes.add("noinline")
+        self.fn = fn
+        return ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def pointer(self, b, k: int, offset) -> ir.Value:
+        op = self.operands[k]
+        base = self.fn.args[self.kernel.regions.index(op.loc.region)]
+        return b.gep(base, [offset], inbounds=True, source_etype=MEM[op.dtype.name])
+
+    def load(self, b, k: int, offset):
+        op = self.operands[k]
+        if op.arange is not None:
+            start, step = op.arange
+            dt = op.dtype
+            if dt.is_floating:
+                f = b.sitofp(offset, F64)
+                v = b.fadd(ir.Constant(F64, start), b.fmul(ir.Constant(F64, step), f))
+                return convert(b, v, float64, dt)
+            v = b.add(i64(int(start)), b.mul(i64(int(step)), offset))
+            return convert(b, v, int64, dt)
+        v = b.load(self.pointer(b, k, offset), typ=MEM[op.dtype.name])
+        return b.trunc(v, I1) if op.dtype is bool_ else v
+
+    def store(self, b, k: int, offset, value) -> None:
+        op = self.operands[k]
+        if op.dtype is bool_:
+            value = b.zext(value, I8)
+        b.store(value, self.pointer(b, k, offset))
+
+    def nest(self, b, sizes, strides, leaf, inner=None, depth=0, offsets=None):
+        """Loops over collapsed `sizes`; `leaf(b, offsets)` per element.
+
+        `inner`, when given, is (before, after) called around the innermost loop."""
+        if offsets is None:
+            offsets = [i64(0)] * len(self.operands)
+        if depth == len(sizes):
+            leaf(b, offsets)
+            return
+        last = depth == len(sizes) - 1
+        state = inner[0](b, offsets) if inner and last else None
+        with for_range(b, sizes[depth], f"d{depth}") as i:
+            new = []
+            for o, s in zip(offsets, strides):
+                if s[depth] == 0:
+                    new.append(o)
+                else:
+                    step = i if s[depth] == 1 else b.mul(i, i64(s[depth]))
+                    new.append(step if isinstance(o, ir.Constant) and o.constant == 0
+                               else b.add(o, step))
+            self.nest(b, sizes, strides, leaf, inner, depth + 1, new)
+        if inner and last:
+            inner[1](b, offsets, state)
+
+    def finish(self, b) -> Kernel:
+        b.ret_void()
+        return self.kernel
+
+
+class Codegen:
+    """One LLVM module under construction: kernels, BLAS declarations, the driver."""
+
+    def __init__(self, name: str, blas) -> None:
+        import llvmlite.binding as llvm
+
+        self.module = ir.Module(name=name)
+        self.module.triple = llvm.get_process_triple()
+        self.scalars = Scalars(self.module)
+        self.blas = blas
+        self.scratch = 0  # bytes of backend scratch past the plan's arena
+        self._count = 0
+        self._decls: dict[str, ir.Function] = {}
+
+    def name(self, op: str) -> str:
+        self._count += 1
+        return f"k{self._count}_{op}"
+
+    def add_scratch(self, nbytes: int) -> int:
+        at = self.scratch
+        self.scratch += -(-nbytes // 64) * 64
+        return at
+
+    def declare(self, name: str, ftype: ir.FunctionType) -> ir.Function:
+        if name not in self._decls:
+            self._decls[name] = ir.Function(self.module, ftype, name)
+        return self._decls[name]
+
+
+# ---- bodies: the instructions of a fused node (or of one elementwise node) ------------------
+_BODY_OPS = ("broadcast_to", "full", "arange")
+
+
+class Body:
+    """A fused body's instructions with their types; refs < n are the node's inputs."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.n = len(node.inputs)
+        if node.op == "fused":
+            self.instrs = [(op, tuple(args), dict(attrs)) for op, args, attrs in
+                           node.attrs["body"]]
+            self.outputs = tuple(node.attrs["outputs"])
+        else:
+            self.instrs = [(node.op, tuple(range(self.n)), dict(node.attrs))]
+            self.outputs = (self.n,)
+        self.types = [v.type for v in node.inputs]
+        for op, args, attrs in self.instrs:
+            self.types.append(REGISTRY[op].infer(*(self.types[r] for r in args), **attrs))
+
+    def evaluate(self, cg: Codegen, kb: KernelBuilder, b, offsets, leaves: dict[int, int],
+                 stop: int, wanted) -> dict[int, ir.Value]:
+        """Register values of the refs in `wanted` (and what they need), instructions < stop."""
+        env: dict[int, ir.Value] = {}
+
+        def value(ref: int):
+            if ref in env:
+                return env[ref]
+            if ref in leaves:
+                env[ref] = kb.load(b, leaves[ref], offsets[leaves[ref]])
+                return env[ref]
+            op, args, attrs = self.instrs[ref - self.n]
+            t = self.types[ref]
+            if op == "broadcast_to":
+                env[ref] = value(args[0])
+            elif op == "full":
+                env[ref] = const(t.dtype, attrs["value"])
+            else:
+                vals = [value(a) for a in args]
+                try:
+                    env[ref] = cg.scalars.emit(b, REGISTRY[op].scalar, attrs, vals,
+                                               [self.types[a].dtype for a in args], t)
+                except KeyError:
+                    raise unsupported(self.node, f"the scalar op {op!r}") from None
+            return env[ref]
+
+        for ref in wanted:
+            value(ref)
+        return env
+
+    def check(self, start: int, stop: int) -> None:
+        for op, _, _ in self.instrs[start:stop]:
+            d = REGISTRY[op]
+            if op not in _BODY_OPS and (d.kind != ELEMENTWISE or d.scalar is None):
+                raise unsupported(self.node, f"{op!r} inside a fused body")

@@ -1,0 +1,340 @@
+"""scalars: registry scalar ops as LLVM instructions on register values.
+
+The second layer of the CPU code generator (values <- scalars <- kernels <- codegen): it knows
+nothing of memory, loops or graphs; it turns one element's values into another's.
+
+- `const(dtype, value)` and `convert(b, v, src, dst)` (numpy's astype) on register values,
+  whose LLVM types are `values.REG` (bool is i1: loads and stores widen and narrow it).
+- `Scalars` (one per LLVM module) renders the registry's `scalar` names:
+  `emit(b, op, attrs, args, types, out)` promotes `args` (of dtypes `types`) as numpy does and
+  returns one value of `out.dtype`, or raises KeyError for a name it has no method `op_<name>`
+  for. exp log log1p tanh sigmoid erf sin cos sqrt rsqrt and gelu come from
+  graphc.backends.cpu.mathlib.
+- `reduction_identity(op, dt)` and `reduction_combiner(scalars, op, dt)`: the start value and
+  the step of reduce_sum/mean/prod/max/min.
+
+Invariants: every op is straight-line code in the caller's block (selects, no branches, no
+libm calls; integer pow calls `graphc_ipow`, an internal function added to the module once),
+so a loop around it stays one block and vectorises. maximum/minimum and the max/min
+reductions propagate NaN as numpy does. The only fast-math flags set here are `reassoc nsz`
+on the float sums and products a reduction keeps in a register (mathlib adds `contract`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from graphc.backends.cpu import mathlib
+from graphc.backends.cpu.values import F32, F64, I1, I64, REG, i64
+from graphc.ops.shapes import result_dtype
+from graphc.types import TensorType, bool_, float64, int64
+
+# scalar names rendered by mathlib, each with an `op_<name>` method made below
+_MATHLIB = ("exp", "log", "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "sqrt", "rsqrt")
+
+
+def const(dtype, value) -> ir.Constant:
+    ty = REG[dtype.name]
+    if dtype is bool_:
+        return ir.Constant(I1, int(bool(value)))
+    if dtype.is_floating:
+        return ir.Constant(ty, float(value))
+    return ir.Constant(ty, int(value))
+
+
+def convert(b: ir.IRBuilder, v, src, dst):
+    """A register value of dtype `src` as dtype `dst` (numpy's astype)."""
+    if src is dst:
+        return v
+    if dst is bool_:
+        if src.is_floating:
+            return b.fcmp_unordered("!=", v, const(src, 0.0))
+        return b.icmp_signed("!=", v, const(src, 0))
+    if src is bool_:
+        return b.uitofp(v, REG[dst.name]) if dst.is_floating else b.zext(v, I64)
+    if src.is_floating and dst.is_floating:
+        return b.fpext(v, F64) if dst is float64 else b.fptrunc(v, F32)
+    if src.is_floating:
+        return b.fptosi(v, I64)
+    return b.sitofp(v, REG[dst.name])
+
+
+class Scalars:
+    """Renders registry scalar ops on register values; one per LLVM module."""
+
+    def __init__(self, module: ir.Module) -> None:
+        self.module = module
+        self._ipow: ir.Function | None = None
+
+    def intrinsic(self, b, name: str, dtype, *args):
+        ty = REG[dtype.name]
+        fn = self.module.declare_intrinsic(name, [ty])
+        return b.call(fn, list(args))
+
+    def mathlib(self, b, name: str, x, attrs: dict | None = None):
+        """A graphc.backends.cpu.mathlib function (vectorisable, no libm calls)."""
+        return mathlib.emit(b, name, [x], attrs)
+
+    # ---- the op table: one method per scalar name --------------------------------------
+    def emit(self, b, op: str, attrs: dict, args: list, types: list, out: TensorType):
+        """`op` applied to register values `args` of dtypes `types`, giving `out.dtype`."""
+        rt = out.dtype
+        method = getattr(self, "op_" + op, None)
+        if method is None:
+            raise KeyError(op)
+        return method(b, attrs, args, types, rt)
+
+    def _promoted(self, b, args, types, ct):
+        return [convert(b, a, t, ct) for a, t in zip(args, types)]
+
+    def _float_in(self, b, args, types, rt):
+        return convert(b, args[0], types[0], rt)
+
+    def op_add(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        return b.fadd(x, y) if rt.is_floating else b.or_(x, y) if rt is bool_ else b.add(x, y)
+
+    def op_sub(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        return b.fsub(x, y) if rt.is_floating else b.xor(x, y) if rt is bool_ else b.sub(x, y)
+
+    def op_mul(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        return b.fmul(x, y) if rt.is_floating else b.and_(x, y) if rt is bool_ else b.mul(x, y)
+
+    def op_div(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        return b.fdiv(x, y)
+
+    def op_neg(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        return b.fneg(x) if rt.is_floating else b.sub(const(rt, 0), x) if rt is int64 else x
+
+    def op_abs(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if rt.is_floating:
+            return self.intrinsic(b, "llvm.fabs", rt, x)
+        if rt is bool_:
+            return x
+        return b.select(b.icmp_signed("<", x, const(rt, 0)), b.sub(const(rt, 0), x), x)
+
+    def op_sign(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if rt is bool_:
+            return x
+        if rt.is_floating:
+            pos = b.fcmp_ordered(">", x, const(rt, 0))
+            neg = b.fcmp_ordered("<", x, const(rt, 0))
+            zero_or_nan = b.fmul(x, const(rt, 0))
+            return b.select(pos, const(rt, 1), b.select(neg, const(rt, -1), zero_or_nan))
+        pos, neg = b.icmp_signed(">", x, const(rt, 0)), b.icmp_signed("<", x, const(rt, 0))
+        return b.select(pos, const(rt, 1), b.select(neg, const(rt, -1), const(rt, 0)))
+
+    def _max_min(self, b, x, y, rt, is_max: bool):
+        if rt.is_floating:
+            wins = b.fcmp_ordered(">" if is_max else "<", x, y)
+            r = b.select(wins, x, y)  # y when y is NaN
+            return b.select(b.fcmp_unordered("uno", x, x), x, r)  # x when x is NaN
+        if rt is bool_:
+            return b.or_(x, y) if is_max else b.and_(x, y)
+        return b.select(b.icmp_signed(">" if is_max else "<", x, y), x, y)
+
+    def op_maximum(self, b, attrs, args, types, rt):
+        return self._max_min(b, *self._promoted(b, args, types, rt), rt, True)
+
+    def op_minimum(self, b, attrs, args, types, rt):
+        return self._max_min(b, *self._promoted(b, args, types, rt), rt, False)
+
+    def op_relu(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if rt is bool_:
+            return x
+        if rt.is_floating:
+            return b.select(b.fcmp_ordered("<", x, const(rt, 0)), const(rt, 0), x)
+        return b.select(b.icmp_signed("<", x, const(rt, 0)), const(rt, 0), x)
+
+    def op_leaky_relu(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        slope = b.fmul(x, const(rt, attrs["negative_slope"]))
+        return b.select(b.fcmp_ordered(">", x, const(rt, 0)), x, slope)
+
+    def op_clamp(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        if attrs.get("min") is not None:
+            x = self._max_min(b, x, const(rt, attrs["min"]), rt, True)
+        if attrs.get("max") is not None:
+            x = self._max_min(b, x, const(rt, attrs["max"]), rt, False)
+        return x
+
+    def op_cast(self, b, attrs, args, types, rt):
+        return convert(b, args[0], types[0], rt)
+
+    def op_select(self, b, attrs, args, types, rt):
+        cond = convert(b, args[0], types[0], bool_)
+        x, y = self._promoted(b, args[1:], types[1:], rt)
+        return b.select(cond, x, y)
+
+    def _compare(self, b, args, types, pred: str):
+        ta, tb = (TensorType((1,), t) for t in types)
+        ct = result_dtype(ta, tb)
+        x, y = self._promoted(b, args, types, ct)
+        if ct.is_floating:
+            if pred == "!=":
+                return b.fcmp_unordered("!=", x, y)
+            return b.fcmp_ordered(pred, x, y)
+        if ct is bool_:
+            return b.icmp_unsigned(pred, x, y)
+        return b.icmp_signed(pred, x, y)
+
+    def op_eq(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, "==")
+
+    def op_ne(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, "!=")
+
+    def op_lt(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, "<")
+
+    def op_le(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, "<=")
+
+    def op_gt(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, ">")
+
+    def op_ge(self, b, attrs, args, types, rt):
+        return self._compare(b, args, types, ">=")
+
+    def _bools(self, b, args, types):
+        return [convert(b, a, t, bool_) for a, t in zip(args, types)]
+
+    def op_logical_and(self, b, attrs, args, types, rt):
+        return b.and_(*self._bools(b, args, types))
+
+    def op_logical_or(self, b, attrs, args, types, rt):
+        return b.or_(*self._bools(b, args, types))
+
+    def op_logical_xor(self, b, attrs, args, types, rt):
+        return b.xor(*self._bools(b, args, types))
+
+    def op_logical_not(self, b, attrs, args, types, rt):
+        return b.not_(self._bools(b, args, types)[0])
+
+    def op_pow(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        if rt.is_floating:
+            fn = self.module.declare_intrinsic("llvm.pow", [REG[rt.name]])
+            return b.call(fn, [x, y])
+        if rt is bool_:
+            return b.or_(x, b.not_(y))  # x**y for bools: 1 when y is 0, else x
+        return b.call(self._integer_pow(), [x, y])
+
+    def _integer_pow(self) -> ir.Function:
+        """i64 graphc_ipow(i64 x, i64 n): x**n by squaring (n < 0 gives 0; eager refuses)."""
+        if self._ipow is None:
+            fn = ir.Function(self.module, ir.FunctionType(I64, [I64, I64]), "graphc_ipow")
+            fn.linkage = "internal"
+            x, n = fn.args
+            b = ir.IRBuilder(fn.append_basic_block("entry"))
+            head, body, end = (fn.append_basic_block(s) for s in ("head", "body", "end"))
+            entry = b.block
+            b.branch(head)
+            b.position_at_end(head)
+            acc, base, k = b.phi(I64), b.phi(I64), b.phi(I64)
+            acc.add_incoming(i64(1), entry)
+            base.add_incoming(x, entry)
+            k.add_incoming(n, entry)
+            b.cbranch(b.icmp_signed(">", k, i64(0)), body, end)
+            b.position_at_end(body)
+            odd = b.trunc(k, I1)
+            acc2 = b.select(odd, b.mul(acc, base), acc)
+            acc.add_incoming(acc2, body)
+            base.add_incoming(b.mul(base, base), body)
+            k.add_incoming(b.ashr(k, i64(1)), body)
+            b.branch(head)
+            b.position_at_end(end)
+            b.ret(b.select(b.icmp_signed("<", n, i64(0)), i64(0), acc))
+            self._ipow = fn
+        return self._ipow
+
+    def op_floor_divide(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        if rt.is_floating:
+            return self.intrinsic(b, "llvm.floor", rt, b.fdiv(x, y))
+        safe = b.select(b.icmp_signed("==", y, const(rt, 0)), const(rt, 1), y)
+        q, r = b.sdiv(x, safe), b.srem(x, safe)
+        fix = b.and_(b.icmp_signed("!=", r, const(rt, 0)),
+                     b.icmp_signed("!=", b.icmp_signed("<", r, const(rt, 0)),
+                                   b.icmp_signed("<", safe, const(rt, 0))))
+        return b.select(fix, b.sub(q, const(rt, 1)), q)
+
+    def op_remainder(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        if rt.is_floating:
+            r = b.frem(x, y)
+            fix = b.and_(b.fcmp_ordered("!=", r, const(rt, 0)),
+                         b.icmp_unsigned("!=", b.fcmp_ordered("<", r, const(rt, 0)),
+                                         b.fcmp_ordered("<", y, const(rt, 0))))
+            return b.select(fix, b.fadd(r, y), r)
+        safe = b.select(b.icmp_signed("==", y, const(rt, 0)), const(rt, 1), y)
+        r = b.srem(x, safe)
+        fix = b.and_(b.icmp_signed("!=", r, const(rt, 0)),
+                     b.icmp_signed("!=", b.icmp_signed("<", r, const(rt, 0)),
+                                   b.icmp_signed("<", safe, const(rt, 0))))
+        return b.select(fix, b.add(r, safe), r)
+
+    def op_gelu(self, b, attrs, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        return self.mathlib(b, "gelu", x, {"approximate": attrs.get("approximate", "none")})
+
+
+def _mathlib_method(name: str):
+    """Scalars.op_<name> for a mathlib function (integer inputs computed in float32)."""
+
+    def method(self, b, attrs, args, types, rt):
+        return self.mathlib(b, name, self._float_in(b, args, types, rt))
+
+    method.__name__ = f"op_{name}"
+    return method
+
+
+for _name in _MATHLIB:
+    setattr(Scalars, f"op_{_name}", _mathlib_method(_name))
+
+
+def reduction_identity(op: str, dt) -> ir.Constant:
+    """The start value of reduction `op` in dtype `dt`: the identity of its combine step."""
+    if op in ("reduce_sum", "reduce_mean"):
+        return const(dt, 0)
+    if op == "reduce_prod":
+        return const(dt, 1)
+    big = op == "reduce_min"
+    if dt.is_floating:
+        return const(dt, math.inf if big else -math.inf)
+    if dt is bool_:
+        return const(dt, big)
+    return const(dt, 2**63 - 1 if big else -2**63)
+
+
+def reduction_combiner(scalars: Scalars, op: str, dt):
+    """combine(b, acc, v, in_register) for a reduction; float sums in registers reassociate
+    (so they vectorise); max/min propagate NaN as numpy does."""
+    def combine(b, acc, v, in_register: bool):
+        if op in ("reduce_sum", "reduce_mean"):
+            if dt.is_floating:
+                r = b.fadd(acc, v)
+                if in_register:
+                    r.flags.extend(("reassoc", "nsz"))
+                return r
+            return b.or_(acc, v) if dt is bool_ else b.add(acc, v)
+        if op == "reduce_prod":
+            if dt.is_floating:
+                r = b.fmul(acc, v)
+                if in_register:
+                    r.flags.extend(("reassoc", "nsz"))
+                return r
+            return b.and_(acc, v) if dt is bool_ else b.mul(acc, v)
+        return scalars._max_min(b, acc, v, dt, op == "reduce_max")
+
+    return combine

@@ -1,0 +1,184 @@
+"""values: where the tensors of a planned graph live, and the loops that walk them.
+
+The bottom layer of the CPU code generator (values <- scalars <- kernels <- codegen): it
+imports nothing else from the backend.
+
+- LLVM types: `REG` maps a dtype name to its type in a register (bool is i1), `MEM` to its
+  type in memory (bool is i8, as numpy stores it).
+- `Loc`: a tensor in memory: base ("input" i = `inputs[i]`, "arena", "output" k =
+  `outputs[k]`), byte offset from that base, byte strides, type. Values with the same
+  `region` (base, index, offset) start at the same address, so a kernel passes them as one
+  pointer argument.
+- `Locations`: the Loc of every value of a planned graph. Graph inputs at `inputs[i]`
+  (C-contiguous); intermediates at their buffer's arena offset (C-contiguous); views (the
+  plan's `views`) as a byte offset and byte strides into their root's memory, found by running
+  the view op's numpy kernel on a stand-in array, so they agree with the plan by construction;
+  update values the plan computes straight into an input (`in_input`) at that input. Nodes are
+  placed in schedule order (`define`), so a view's source is always placed before the view.
+- Loops: `for_range` (a counted loop with a constant trip count), `collapse` (drop size-1
+  dims and merge the ones contiguous for every operand, so inner loops are long and
+  vectorise), `broadcast_strides` (element strides of an operand read over a larger domain).
+- `CpuLoweringError` / `unsupported`: what every layer raises for a graph it cannot lower.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from graphc.errors import GraphcError
+from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.printer import format_node
+from graphc.ops.registry import REGISTRY
+from graphc.types import TensorType
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+F32, F64 = ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+REG = {"float32": F32, "float64": F64, "int64": I64, "bool": I1}  # in a register
+MEM = {"float32": F32, "float64": F64, "int64": I64, "bool": I8}  # in memory
+
+
+class CpuLoweringError(GraphcError, NotImplementedError):
+    """An op (or a form of it) the CPU backend has no lowering for."""
+
+
+def unsupported(node: Node, what: str) -> CpuLoweringError:
+    return CpuLoweringError(
+        f"cpu backend: no lowering for {what} in node {format_node(node)}"
+        f"{' at ' + node.loc if node.loc else ''}; compile with backend=\"interp\" for this "
+        f"graph (lowered ops are listed in graphc.backends.cpu.codegen)")
+
+
+# ---- where values live ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Loc:
+    """A tensor in memory: base ("input" i, "arena", "output" k), byte offset, byte strides."""
+
+    base: str
+    index: int
+    offset: int
+    strides: tuple[int, ...]
+    type: TensorType
+
+    @property
+    def region(self) -> tuple:
+        return (self.base, self.index, self.offset)
+
+
+def contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def contiguous(base: str, index: int, offset: int, t: TensorType) -> Loc:
+    return Loc(base, index, offset, contiguous_strides(t.shape, t.dtype.itemsize), t)
+
+
+class Locations:
+    """The Loc of every value of a planned graph (see the module docstring)."""
+
+    def __init__(self, graph: Graph, plan) -> None:
+        self.plan = plan
+        self.locs: dict[Value, Loc] = {}
+        index = {v.name: i for i, v in enumerate(graph.inputs)}
+        for i, v in enumerate(graph.inputs):
+            self.locs[v] = contiguous("input", i, 0, v.type)
+        self._index = index
+
+    def define(self, node: Node) -> None:
+        """Place the outputs of `node` (called in schedule order)."""
+        plan = self.plan
+        for v in node.outputs:
+            if v.name in plan.views:
+                self.locs[v] = self.view(node, v)
+            elif v.name in plan.in_input:
+                self.locs[v] = contiguous("input", self._index[plan.in_input[v.name]], 0,
+                                          v.type)
+            else:
+                self.locs[v] = contiguous("arena", 0, plan.offset(v.name), v.type)
+
+    def view(self, node: Node, v: Value) -> Loc:
+        """Where output `v` of the view op `node` lies in its source's memory."""
+        src = self.locs[node.inputs[0]]
+        dtype = src.type.dtype.np
+        span = _span(src) + 64
+        buf = np.empty(span, np.uint8)  # a stand-in: never read or written
+        fake = np.ndarray(src.type.shape, dtype, buffer=buf, offset=0, strides=src.strides)
+        result = REGISTRY[node.op].kernel(fake, **node.attrs)
+        if not isinstance(result, np.ndarray) or (result.size and
+                                                  not np.may_share_memory(result, buf)):
+            raise CpuLoweringError(f"cpu backend: the plan treats {format_node(node)} as a "
+                                   "view, but its kernel copies")
+        start = result.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
+        return Loc(src.base, src.index, src.offset + start, tuple(result.strides), v.type)
+
+    def __getitem__(self, v: Value) -> Loc:
+        return self.locs[v]
+
+
+def _span(loc: Loc) -> int:
+    if not loc.type.numel:
+        return 0
+    return sum((n - 1) * abs(s) for n, s in zip(loc.type.shape, loc.strides)) + \
+        loc.type.dtype.itemsize
+
+
+
+# ---- loops ---------------------------------------------------------------------------------
+def i64(n: int) -> ir.Constant:
+    return ir.Constant(I64, n)
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, count: int, name: str = "i"):
+    """`for i in range(count)` (count a constant); the builder ends after the loop."""
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    body = b.append_basic_block(f"{name}.body")
+    end = b.append_basic_block(f"{name}.end")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(i64(0), pre)
+    b.cbranch(b.icmp_signed("<", i, i64(count)), body, end)
+    b.position_at_end(body)
+    yield i
+    nxt = b.add(i, i64(1), name=f"{name}.next")
+    nxt.flags.append("nsw")
+    i.add_incoming(nxt, b.block)
+    b.branch(head)
+    b.position_at_end(end)
+
+
+def collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]):
+    """Drop size-1 dims and merge neighbours contiguous for every operand.
+
+    Returns (sizes, per-operand strides) over the remaining dims, outermost first."""
+    dims = [(n, [s[d] for s in strides]) for d, n in enumerate(shape) if n != 1]
+    out: list[tuple[int, list[int]]] = []
+    for n, ss in dims:
+        if out:
+            pn, ps = out[-1]
+            if all(p == s * n for p, s in zip(ps, ss)):
+                out[-1] = (pn * n, ss)
+                continue
+        out.append((n, ss))
+    return [n for n, _ in out], [tuple(ss[k] for _, ss in out) for k in range(len(strides))]
+
+
+def broadcast_strides(loc_shape, loc_strides, domain) -> tuple[int, ...]:
+    """Element strides of a tensor read at every index of `domain` (right-aligned)."""
+    pad = len(domain) - len(loc_shape)
+    out = []
+    for d in range(len(domain)):
+        k = d - pad
+        out.append(0 if k < 0 or loc_shape[k] == 1 else loc_strides[k])
+    return tuple(out)
+
