@@ -1,4 +1,4 @@
-"""The CPU backend (being built): one LLVM module per graph, compiled with llvmlite.
+"""The CPU backend: one LLVM module per graph, compiled with llvmlite.
 
 Layers, bottom-up (one module each, one owner each):
 - `llvm.py`: llvmlite set-up (host target machine with its CPU features, the O3 pipeline),
@@ -8,8 +8,12 @@ Layers, bottom-up (one module each, one owner each):
 - `mathlib.py`: vectorisable polynomial approximations of exp, log, tanh, sigmoid, erf,
   sin, cos (and friends), emitted as LLVM IR with an `llvmlite.ir.IRBuilder`, accurate to a
   few ulp over their whole domain, inf/nan/denormals included.
-- `codegen.py` / `executable.py`: lowering of a planned graph (fused elementwise nodes,
-  reductions, GEMM through a BLAS resolved once at load, ...) into kernels and one driver
-  function that runs the schedule over the planned arena; registered as backend "cpu".
+- `values.py` (where values live, loops), `scalars.py` (scalar ops in LLVM IR),
+  `kernels.py` (loops over a domain, fused bodies), `codegen.py` (lowering of a planned
+  graph: fused elementwise nodes, reductions, softmax, GEMM through a BLAS resolved once at
+  load, movement, nll_loss) and `executable.py` (one LLVM module with one driver function
+  that runs the schedule over the planned arena: a call is one native call); the backend
+  is `graphc.compile(..., backend="cpu")`. Not lowered yet: conv2d, pooling, batch_norm,
+  random ops, gathers/scatters, pad, flip, argmax/argmin (a clear error names them).
 Importing `graphc` never imports this package (it loads llvmlite).
 """
