@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import special
 
 from graphc.errors import ArgumentError
 from graphc.errors import where as _where
@@ -152,7 +151,7 @@ def _gelu_kernel(x, approximate):
     if approximate == "tanh":
         inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)
         return 0.5 * x * (1.0 + np.tanh(inner))
-    return 0.5 * x * (1.0 + special.erf(x * _SQRT_HALF))
+    return 0.5 * x * (1.0 + _erf_kernel(x * _SQRT_HALF))
 
 
 def _gelu_vjp(ctx, g):
@@ -197,7 +196,13 @@ def _erf_vjp(ctx, g):
     return (g * call("exp", -(x * x)) * _TWO_OVER_SQRT_PI,)
 
 
-_unary("erf", _float_kernel(special.erf), _erf_vjp, saved_inputs=(0,))
+def _erf_kernel(x):
+    from scipy import special  # imported on first use: it costs ~0.4 s of `import graphc`
+
+    return special.erf(x)
+
+
+_unary("erf", _float_kernel(_erf_kernel), _erf_vjp, saved_inputs=(0,))
 
 
 def _clamp_infer(x: TensorType, min, max) -> TensorType:  # noqa: A002
