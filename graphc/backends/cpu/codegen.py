@@ -20,7 +20,7 @@ Lowered ops:
   int64 and bool, with broadcasting by strides;
 - fused nodes (graphc.ops.fused): elementwise bodies with broadcast_to and constant
   full/arange, bodies ending in a reduction (reduce_sum/mean/max/min/prod over any axes,
-  softmax/log_softmax over any dim), GEMM epilogues (matmul first, elementwise after);
+  softmax/log_softmax over any dim), GEMM epilogues (matmul or conv2d first, elementwise after);
 - reduce_sum, reduce_mean, reduce_max, reduce_min, reduce_prod (any axes, keepdim or not);
   softmax, log_softmax (any dim);
 - matmul (1-D, 2-D, batched with broadcast batch dims; float32/float64) through the BLAS
@@ -28,7 +28,9 @@ Lowered ops:
 - movement: reshape, permute, broadcast_to, slice (views where the plan has them, copies
   otherwise), copy, concat; sources full and arange;
 - nll_loss and nll_loss_backward (class-index targets, any reduction; a target out of range
-  makes the call fail with a clear error instead of reading out of bounds).
+  makes the call fail with a clear error instead of reading out of bounds);
+- conv2d (alone or with a fused epilogue), conv2d_input_grad, conv2d_weight_grad,
+  max_pool2d(_grad), avg_pool2d(_grad), batch_norm: graphc.backends.cpu.conv.
 Anything else raises `CpuLoweringError` at compile time, naming the op and its node.
 """
 
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from llvmlite import ir
 
+from graphc.backends.cpu import conv
 from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
 from graphc.backends.cpu.scalars import const, convert, reduction_combiner, reduction_identity
 from graphc.backends.cpu.values import (
@@ -121,13 +124,14 @@ class Lowerer(Codegen):
         start = 0
         leaves: dict[int, int] = {}
         if first in ("matmul", "conv2d"):
-            if first != "matmul":
-                raise unsupported(node, f"a fused {first} epilogue")
             t = body.types[body.n]
             a, b_ = (node.inputs[r] for r in body.instrs[0][1])
             same = [v for v in node.outputs if v.type == t]
             c = self.locs[same[0]] if same else self.scratch_loc(t)
-            self.gemm(node, self.locs[a], self.locs[b_], c)
+            if first == "matmul":
+                self.gemm(node, self.locs[a], self.locs[b_], c)
+            else:
+                conv.conv2d(self, node, self.locs[a], self.locs[b_], c, body.instrs[0][2])
             start = 1
             leaves[body.n] = c
         if last in REDUCTIONS or last in ROW_OPS:
@@ -437,6 +441,33 @@ class Lowerer(Codegen):
             args = [I32, I32, I32, iT, iT, iT, fty, PTR, iT, PTR, iT, fty, PTR, iT]
         return self.declare(self.blas.symbol(dt.name, routine),
                             ir.FunctionType(ir.VoidType(), args))
+
+    # ---- convolution, pooling, batch_norm (graphc.backends.cpu.conv) ------------------------
+    def op_conv2d(self, node: Node) -> None:
+        x, w = node.inputs
+        conv.conv2d(self, node, self.locs[x], self.locs[w], self.locs[node.outputs[0]],
+                    node.attrs)
+
+    def op_conv2d_input_grad(self, node: Node) -> None:
+        conv.conv2d_input_grad(self, node)
+
+    def op_conv2d_weight_grad(self, node: Node) -> None:
+        conv.conv2d_weight_grad(self, node)
+
+    def op_max_pool2d(self, node: Node) -> None:
+        conv.max_pool2d(self, node)
+
+    def op_max_pool2d_grad(self, node: Node) -> None:
+        conv.max_pool2d_grad(self, node)
+
+    def op_avg_pool2d(self, node: Node) -> None:
+        conv.avg_pool2d(self, node)
+
+    def op_avg_pool2d_grad(self, node: Node) -> None:
+        conv.avg_pool2d_grad(self, node)
+
+    def op_batch_norm(self, node: Node) -> None:
+        conv.batch_norm(self, node)
 
     # ---- movement and sources ------------------------------------------------------------
     def op_copy(self, node: Node) -> None:
