@@ -498,34 +498,62 @@ def max_pool2d(lw, node: Node) -> None:
     with b.goto_entry_block():
         best = b.alloca(REG[dt.name], name="best")
         where = b.alloca(I64, name="where")
+
+    def better(v, m):
+        if dt.is_floating:
+            return b.or_(b.fcmp_ordered(">", v, m), b.fcmp_unordered("!=", v, v))
+        return b.icmp_signed(">", v, m)
+
+    full = all(t.uniform for t in rows + cols) and (rows[0].values[0], rows[1].values[0],
+                                                    cols[0].values[0], cols[1].values[0]) \
+        == (0, a["kernel_size"][0], 0, a["kernel_size"][1])
     with _over_planes(b, sizes, [xs, vs, is_]) as (xo, vo, io):
-        with loop(b, 0, ho, "oh") as oh:
-            i_lo, i_hi = (t(b, oh) for t in rows)
-            ih0 = _add(b, _mul(b, oh, sh), -ph)
-            with loop(b, 0, wo, "ow") as ow:
-                j_lo, j_hi = (t(b, ow) for t in cols)
-                iw0 = _add(b, _mul(b, ow, sw), -pw)
-                ih = _add(b, ih0, _mul(b, i_lo, dh))
-                iw = _add(b, iw0, _mul(b, j_lo, dw))
-                b.store(kb.load(b, xi, _add(b, xo, _mul(b, ih, xsh), _mul(b, iw, xsw))), best)
-                b.store(_val(_add(b, _mul(b, ih, w), iw)), where)
-                with loop(b, i_lo, i_hi, "ki") as i:
-                    ih = _add(b, ih0, _mul(b, i, dh))
-                    with loop(b, j_lo, j_hi, "kj") as j:
-                        iw = _add(b, iw0, _mul(b, j, dw))
-                        v = kb.load(b, xi, _add(b, xo, _mul(b, ih, xsh), _mul(b, iw, xsw)))
-                        m = b.load(best)
-                        if dt.is_floating:
-                            better = b.or_(b.fcmp_ordered(">", v, m),
-                                           b.fcmp_unordered("!=", v, v))
-                        else:
-                            better = b.icmp_signed(">", v, m)
-                        b.store(b.select(better, v, m), best)
-                        b.store(b.select(better, _val(_add(b, _mul(b, ih, w), iw)),
-                                         b.load(where)), where)
-                kb.store(b, vi, _add(b, vo, _mul(b, oh, vsh), _mul(b, ow, vsw)), b.load(best))
-                kb.store(b, ii, _add(b, io, _mul(b, oh, ish), _mul(b, ow, isw)),
-                         b.load(where))
+        if full:  # every tap of every window is inside: tap by tap, a select per output
+            # over the row of outputs (an inner loop that vectorises, no branches)
+            with loop(b, 0, ho, "oh") as oh:
+                ih0 = _add(b, _mul(b, oh, sh), -ph)
+                vrow = _add(b, vo, _mul(b, oh, vsh))
+                irow = _add(b, io, _mul(b, oh, ish))
+                for i in range(a["kernel_size"][0]):
+                    ih = _add(b, ih0, i * dh)
+                    for j in range(a["kernel_size"][1]):
+                        with loop(b, 0, wo, "ow") as ow:
+                            iw = _add(b, _mul(b, ow, sw), j * dw - pw)
+                            v = kb.load(b, xi, _add(b, xo, _mul(b, ih, xsh), _mul(b, iw, xsw)))
+                            flat = _add(b, _mul(b, ih, w), iw)
+                            vat = _add(b, vrow, _mul(b, ow, vsw))
+                            iat = _add(b, irow, _mul(b, ow, isw))
+                            if i or j:
+                                m = kb.load(b, vi, vat)
+                                up = better(v, m)
+                                v = b.select(up, v, m)
+                                flat = b.select(up, flat, kb.load(b, ii, iat))
+                            kb.store(b, vi, vat, v)
+                            kb.store(b, ii, iat, flat)
+        else:
+            with loop(b, 0, ho, "oh") as oh:
+                i_lo, i_hi = (t(b, oh) for t in rows)
+                ih0 = _add(b, _mul(b, oh, sh), -ph)
+                with loop(b, 0, wo, "ow") as ow:
+                    j_lo, j_hi = (t(b, ow) for t in cols)
+                    iw0 = _add(b, _mul(b, ow, sw), -pw)
+                    ih = _add(b, ih0, _mul(b, i_lo, dh))
+                    iw = _add(b, iw0, _mul(b, j_lo, dw))
+                    b.store(kb.load(b, xi, _add(b, xo, _mul(b, ih, xsh), _mul(b, iw, xsw))), best)
+                    b.store(_val(_add(b, _mul(b, ih, w), iw)), where)
+                    with loop(b, i_lo, i_hi, "ki") as i:
+                        ih = _add(b, ih0, _mul(b, i, dh))
+                        with loop(b, j_lo, j_hi, "kj") as j:
+                            iw = _add(b, iw0, _mul(b, j, dw))
+                            v = kb.load(b, xi, _add(b, xo, _mul(b, ih, xsh), _mul(b, iw, xsw)))
+                            m = b.load(best)
+                            up = better(v, m)
+                            b.store(b.select(up, v, m), best)
+                            b.store(b.select(up, _add(b, _mul(b, ih, w), iw), b.load(where)),
+                                    where)
+                    kb.store(b, vi, _add(b, vo, _mul(b, oh, vsh), _mul(b, ow, vsw)), b.load(best))
+                    kb.store(b, ii, _add(b, io, _mul(b, oh, ish), _mul(b, ow, isw)),
+                             b.load(where))
     lw.calls.append(kb.finish(b))
 
 
