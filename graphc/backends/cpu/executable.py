@@ -19,7 +19,8 @@ Invariants:
   `graphc_blas_sgemm`/`graphc_blas_dgemm`; a graph with a matmul and no BLAS is refused with
   a GraphcError.
 
-Importing this module registers the backend as "cpu" (`graphc.backends.register_backend`).
+The backend is `graphc.backends.compile(graph, "cpu")` (graphc/backends/__init__.py imports
+this module on first use, so importing graphc never loads llvmlite).
 
 >>> import graphc, numpy as np
 >>> from graphc.ir import parse
@@ -44,7 +45,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphc.backends import register_backend
 from graphc.backends.cpu import llvm
 from graphc.backends.cpu.codegen import lower
 from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
@@ -209,15 +209,11 @@ class CpuExecutable:
         return [outs[k] if kind == "out" else bound[k] for kind, k in self._results]
 
 
+_GEMM_OPS = ("matmul", "conv2d", "conv2d_input_grad", "conv2d_weight_grad")
+
+
 def _uses_gemm(node) -> bool:
-    if node.op == "matmul":
+    """Whether the node's lowering calls BLAS (so BLAS is resolved once for the module)."""
+    if node.op in _GEMM_OPS:
         return True
-    return node.op == "fused" and any(op == "matmul" for op, _, _ in node.attrs["body"])
-
-
-def cpu_backend(graph: Graph, options: dict) -> CpuExecutable:
-    """The backend factory: `graphc.backends.compile(graph, "cpu")`."""
-    return CpuExecutable(graph, options)
-
-
-register_backend("cpu", cpu_backend)
+    return node.op == "fused" and any(op in _GEMM_OPS for op, _, _ in node.attrs["body"])
