@@ -30,7 +30,9 @@ Lowered ops:
 - nll_loss and nll_loss_backward (class-index targets, any reduction; a target out of range
   makes the call fail with a clear error instead of reading out of bounds);
 - conv2d (alone or with a fused epilogue), conv2d_input_grad, conv2d_weight_grad,
-  max_pool2d(_grad), avg_pool2d(_grad), batch_norm: graphc.backends.cpu.conv.
+  max_pool2d(_grad), avg_pool2d(_grad), batch_norm: graphc.backends.cpu.conv;
+- random ops uniform, normal, dropout, bernoulli (the eager Philox stream, seed input read
+  once per call): graphc.backends.cpu.random_ops.
 Anything else raises `CpuLoweringError` at compile time, naming the op and its node.
 """
 
@@ -44,6 +46,7 @@ from llvmlite import ir
 
 from graphc.backends.cpu import conv
 from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
+from graphc.backends.cpu.random_ops import lower_random
 from graphc.backends.cpu.scalars import const, convert, reduction_combiner, reduction_identity
 from graphc.backends.cpu.values import (
     F64,
@@ -468,6 +471,12 @@ class Lowerer(Codegen):
 
     def op_batch_norm(self, node: Node) -> None:
         conv.batch_norm(self, node)
+
+    # ---- random ops (graphc.backends.cpu.random_ops) -------------------------------------------
+    def _random(self, node: Node) -> None:
+        lower_random(self, node)
+
+    op_uniform = op_normal = op_dropout = op_bernoulli = _random
 
     # ---- movement and sources ------------------------------------------------------------
     def op_copy(self, node: Node) -> None:
