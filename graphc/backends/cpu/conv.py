@@ -45,8 +45,10 @@ from graphc.backends.cpu.values import (
     I64,
     REG,
     Loc,
+    as_i64,
     contiguous_strides,
     i64,
+    loop,
     unsupported,
 )
 from graphc.ir.graph import Node
@@ -60,31 +62,6 @@ _ROW, _NOTRANS, _TRANS = 101, 111, 112
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _val(x) -> ir.Value:
-    return i64(x) if isinstance(x, int) else x
-
-
-@contextmanager
-def loop(b: ir.IRBuilder, start, stop, name: str = "i"):
-    """`for i in range(start, stop)` with constant or run-time bounds."""
-    pre = b.block
-    head = b.append_basic_block(f"{name}.head")
-    body = b.append_basic_block(f"{name}.body")
-    end = b.append_basic_block(f"{name}.end")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64, name=name)
-    i.add_incoming(_val(start), pre)
-    b.cbranch(b.icmp_signed("<", i, _val(stop)), body, end)
-    b.position_at_end(body)
-    yield i
-    nxt = b.add(i, i64(1), name=f"{name}.next")
-    nxt.flags.append("nsw")
-    i.add_incoming(nxt, b.block)
-    b.branch(head)
-    b.position_at_end(end)
-
-
 def _add(b, *terms) -> ir.Value:
     """Sum of i64 terms (ints or values), folding the constants."""
     k, vals = 0, []
@@ -282,9 +259,9 @@ class _Conv:
         b.call(self.gemm_fn, [
             ir.Constant(I32, _ROW), ir.Constant(I32, trans_a), ir.Constant(I32, trans_b),
             ir.Constant(iT, m), ir.Constant(iT, n), ir.Constant(iT, k), ir.Constant(fty, 1.0),
-            kb.pointer(b, a, _val(a_off)), ir.Constant(iT, lda),
-            kb.pointer(b, bb, _val(b_off)), ir.Constant(iT, ldb), beta,
-            kb.pointer(b, c, _val(c_off)), ir.Constant(iT, ldc)])
+            kb.pointer(b, a, as_i64(a_off)), ir.Constant(iT, lda),
+            kb.pointer(b, bb, as_i64(b_off)), ir.Constant(iT, ldb), beta,
+            kb.pointer(b, c, as_i64(c_off)), ir.Constant(iT, ldc)])
 
     def _rows(self, b, fn):
         """fn(b, row, c, i, j) for every column row (c, i, j), row = (c*kH + i)*kW + j."""
@@ -540,7 +517,7 @@ def max_pool2d(lw, node: Node) -> None:
                     ih = _add(b, ih0, _mul(b, i_lo, dh))
                     iw = _add(b, iw0, _mul(b, j_lo, dw))
                     b.store(kb.load(b, xi, _add(b, xo, _mul(b, ih, xsh), _mul(b, iw, xsw))), best)
-                    b.store(_val(_add(b, _mul(b, ih, w), iw)), where)
+                    b.store(as_i64(_add(b, _mul(b, ih, w), iw)), where)
                     with loop(b, i_lo, i_hi, "ki") as i:
                         ih = _add(b, ih0, _mul(b, i, dh))
                         with loop(b, j_lo, j_hi, "kj") as j:
@@ -587,7 +564,7 @@ def max_pool2d_grad(lw, node: Node) -> None:
                     inside = b.and_(b.icmp_signed(">=", k, i64(0)),
                                     b.icmp_signed("<", k, i64(h * w)))
                     b.store(b.select(inside, b.load(status), ir.Constant(I32, code)), status)
-                    at = _val(_add(b, oo, b.select(inside, k, i64(0))))
+                    at = as_i64(_add(b, oo, b.select(inside, k, i64(0))))
                     v = b.select(inside, v, const(dt, 0.0))
                     kb.store(b, oi, at, b.fadd(kb.load(b, oi, at), v))
         b.ret(b.load(status))
@@ -616,7 +593,7 @@ def _divisor(b, dt, divs, oh, ow, override):
     row, col = divs[0](b, oh), divs[1](b, ow)
     if isinstance(row, int) and isinstance(col, int):
         return const(dt, float(row * col))
-    return b.sitofp(b.mul(_val(row), _val(col)), REG[dt.name])
+    return b.sitofp(b.mul(as_i64(row), as_i64(col)), REG[dt.name])
 
 
 def avg_pool2d(lw, node: Node) -> None:
@@ -686,7 +663,7 @@ def avg_pool2d_grad(lw, node: Node) -> None:
                     with loop(b, i_lo, i_hi, "ki") as i:
                         row = _add(b, oo, _mul(b, _add(b, ih0, i), w))
                         with loop(b, j_lo, j_hi, "kj") as j:
-                            at = _val(_add(b, row, _add(b, iw0, j)))
+                            at = as_i64(_add(b, row, _add(b, iw0, j)))
                             kb.store(b, oi, at, b.fadd(kb.load(b, oi, at), v))
         lw.calls.append(kb.finish(b))
 

@@ -15,9 +15,10 @@ imports nothing else from the backend.
   the view op's numpy kernel on a stand-in array, so they agree with the plan by construction;
   update values the plan computes straight into an input (`in_input`) at that input. Nodes are
   placed in schedule order (`define`), so a view's source is always placed before the view.
-- Loops: `for_range` (a counted loop with a constant trip count), `collapse` (drop size-1
-  dims and merge the ones contiguous for every operand, so inner loops are long and
-  vectorise), `broadcast_strides` (element strides of an operand read over a larger domain).
+- Loops: `loop` (bounds constant or run time), `for_range` (a constant trip count),
+  `collapse` (drop size-1 dims and merge the ones contiguous for every operand, so inner
+  loops are long and vectorise), `broadcast_strides` (element strides of an operand read
+  over a larger domain).
 - `CpuLoweringError` / `unsupported`: what every layer raises for a graph it cannot lower.
 """
 
@@ -137,8 +138,8 @@ def i64(n: int) -> ir.Constant:
 
 
 @contextmanager
-def for_range(b: ir.IRBuilder, count: int, name: str = "i"):
-    """`for i in range(count)` (count a constant); the builder ends after the loop."""
+def loop(b: ir.IRBuilder, start, stop, name: str = "i"):
+    """`for i in range(start, stop)`, bounds ints or i64 values; the builder ends after it."""
     pre = b.block
     head = b.append_basic_block(f"{name}.head")
     body = b.append_basic_block(f"{name}.body")
@@ -146,8 +147,8 @@ def for_range(b: ir.IRBuilder, count: int, name: str = "i"):
     b.branch(head)
     b.position_at_end(head)
     i = b.phi(I64, name=name)
-    i.add_incoming(i64(0), pre)
-    b.cbranch(b.icmp_signed("<", i, i64(count)), body, end)
+    i.add_incoming(as_i64(start), pre)
+    b.cbranch(b.icmp_signed("<", i, as_i64(stop)), body, end)
     b.position_at_end(body)
     yield i
     nxt = b.add(i, i64(1), name=f"{name}.next")
@@ -155,6 +156,16 @@ def for_range(b: ir.IRBuilder, count: int, name: str = "i"):
     i.add_incoming(nxt, b.block)
     b.branch(head)
     b.position_at_end(end)
+
+
+def for_range(b: ir.IRBuilder, count: int, name: str = "i"):
+    """`for i in range(count)` (count a constant); the builder ends after the loop."""
+    return loop(b, 0, count, name)
+
+
+def as_i64(x) -> ir.Value:
+    """An int as an i64 constant; an IR value as it is."""
+    return i64(x) if isinstance(x, int) else x
 
 
 def collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]):
