@@ -36,8 +36,16 @@ def _cpu(graph: Graph, options: dict) -> Executable:
     return CpuExecutable(graph, options)
 
 
+def _cuda(graph: Graph, options: dict) -> Executable:
+    from graphc.backends.cuda.executable import CudaExecutable  # loads the runtime: only here
+
+    return CudaExecutable(graph, options)
+
+
 # name -> factory(graph, options) -> Executable
-BACKENDS: dict[str, Callable[[Graph, dict], Executable]] = {"interp": _interp, "cpu": _cpu}
+BACKENDS: dict[str, Callable[[Graph, dict], Executable]] = {
+    "interp": _interp, "cpu": _cpu, "cuda": _cuda,
+}
 
 
 def register_backend(name: str, factory: Callable[[Graph, dict], Executable]) -> None:

@@ -46,6 +46,7 @@ from llvmlite import ir
 
 from graphc.backends.cpu import conv
 from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
+from graphc.backends.cpu.index_ops import INDEX_OPS, lower_index
 from graphc.backends.cpu.random_ops import lower_random
 from graphc.backends.cpu.scalars import const, convert, reduction_combiner, reduction_identity
 from graphc.backends.cpu.values import (
@@ -113,6 +114,8 @@ class Lowerer(Codegen):
             return
         if op == "fused":
             return self.fused(node)
+        if op in INDEX_OPS:
+            return lower_index(self, node)
         d = REGISTRY.get(op)
         if d is not None and d.kind == ELEMENTWISE and d.scalar is not None:
             return self.elementwise(node, Body(node), 0)
