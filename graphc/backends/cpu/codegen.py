@@ -45,8 +45,8 @@ import numpy as np
 from llvmlite import ir
 
 from graphc.backends.cpu import conv
-from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
 from graphc.backends.cpu.index_ops import INDEX_OPS, lower_index
+from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
 from graphc.backends.cpu.random_ops import lower_random
 from graphc.backends.cpu.scalars import const, convert, reduction_combiner, reduction_identity
 from graphc.backends.cpu.values import (
