@@ -300,12 +300,27 @@ _NEUTRAL = (("mul", 1, 1.0), ("mul", 0, 1.0), ("add", 1, 0.0), ("add", 0, 0.0),
             ("sub", 1, 0.0), ("div", 1, 1.0))
 
 
+_REDUCTIONS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")
+
+
+def _dropped(shape: tuple, reduction: Node) -> tuple:
+    """`shape` (a keepdim reduction's result) without the reduced axes."""
+    return tuple(n for i, n in enumerate(shape) if i not in reduction.attrs["axes"])
+
+
 def _compose_permute(inner: tuple, outer: tuple) -> tuple:
     """dims of permute(permute(x, inner), outer) as one permute of x."""
     return tuple(inner[d] for d in outer)
 
 
-def _algebra_rewrite(node: Node, producer: dict[Value, Node]) -> Value | Node | None:
+def _fresh(node: Node | None) -> bool:
+    """Whether `node` writes new buffers (it is not a view op and not a graph input)."""
+    opdef = REGISTRY.get(node.op) if node is not None else None
+    return opdef is not None and not opdef.view
+
+
+def _algebra_rewrite(node: Node, producer: dict[Value, Node],
+                     uses: dict[Value, int]) -> Value | Node | None:
     """The value `node`'s single output equals, a node to compute it instead, or None."""
     op, out = node.op, node.outputs[0]
     x = node.inputs[0] if node.inputs else None
@@ -323,6 +338,11 @@ def _algebra_rewrite(node: Node, producer: dict[Value, Node]) -> Value | Node | 
         return x
     if src is None:
         return None
+    if op == "copy" and uses.get(x) == 1 and _fresh(src):
+        return x  # the copy's input is a fresh buffer nothing else reads
+    if (op == "reshape" and src.op in _REDUCTIONS and src.attrs["keepdim"]
+            and uses.get(x) == 1 and out.type.shape == _dropped(x.type.shape, src)):
+        return Node(src.op, list(src.inputs), {**src.attrs, "keepdim": False}, [out], node.loc)
     if op == "neg" and src.op == "neg":
         return src.inputs[0]
     if op in ("reshape", "broadcast_to") and src.op == op:
@@ -353,17 +373,22 @@ def simplify_algebra(graph: Graph) -> Graph:
       that changes nothing (same type; identity dims) is dropped.
     - `broadcast_to(full)` is a `full` of the target shape.
     - `cast` to the dtype x already has is dropped; `neg(neg(x))` is `x`.
+    - `copy(x)` is `x` when x is a fresh buffer (made by a non-view op) read only there.
+    - `reshape(reduce(x, keepdim=True))` that only drops the kept axes is
+      `reduce(x, keepdim=False)` (when the keepdim result is read only there).
     Needs: a graph that verifies. Guarantees: same values, same types; the intermediate node a
     rewrite bypasses stays until eliminate_dead_code drops it (it may have other users).
     """
     producer: dict[Value, Node] = {}
     replace: dict[Value, Value] = {}
     nodes: list[Node] = []
+    uses = _use_counts(graph)
     for node in graph.nodes:
         node = _substituted(node, replace)
-        rewrite = _algebra_rewrite(node, producer) if len(node.outputs) == 1 else None
+        rewrite = _algebra_rewrite(node, producer, uses) if len(node.outputs) == 1 else None
         if isinstance(rewrite, Value):
             replace[node.outputs[0]] = rewrite
+            uses[rewrite] = uses.get(rewrite, 0) + uses.get(node.outputs[0], 0)
             continue
         node = rewrite or node
         producer.update((v, node) for v in node.outputs)
@@ -371,6 +396,15 @@ def simplify_algebra(graph: Graph) -> Graph:
     if not replace and _same_nodes(graph, nodes):
         return graph
     return _rebuild(graph, nodes, replace)
+
+
+def _use_counts(graph: Graph) -> dict[Value, int]:
+    """How many times each value is read: by nodes, as an output, as an update's value."""
+    uses: dict[Value, int] = {}
+    reads = [v for n in graph.nodes for v in n.inputs] + list(graph.outputs)
+    for v in reads + [value for _, value in graph.updates]:
+        uses[v] = uses.get(v, 0) + 1
+    return uses
 
 
 # ---- BatchNorm folding ------------------------------------------------------------------------
