@@ -7,6 +7,12 @@
 - GRAPHC_RECOMPILE_LIMIT: how many times one compiled callable may trace (default 8).
 - GRAPHC_CACHE_DIR: where compiled object code is cached on disk (default
   `$XDG_CACHE_HOME/graphc`, else `~/.cache/graphc`).
+- GRAPHC_CHECK_NANS: `1` makes every call of a graphc.compile'd function check its floating
+  outputs and in-place updates for NaN/Inf; on one it replays the traced graph on the
+  interpreter with the same inputs and raises `graphc.nan_check.NonFiniteError` naming the first
+  node that produced a NaN or an Inf (its op, its IR line, the user source line it was traced
+  from), before anything is written back (see graphc.nan_check). The first call of a signature
+  then runs the compiled graph too (its eager run is undone). Off by default, and free when off.
 
 Read at use, not at import, so tests can set them with monkeypatch.
 """
@@ -22,6 +28,10 @@ def log_topics() -> set[str]:
 
 def dump_dir() -> str | None:
     return os.environ.get("GRAPHC_DUMP") or None
+
+
+def check_nans() -> bool:
+    return os.environ.get("GRAPHC_CHECK_NANS", "") not in ("", "0")
 
 
 def recompile_limit() -> int:
