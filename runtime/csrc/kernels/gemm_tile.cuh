@@ -1,0 +1,254 @@
+/* gemm_tile.cuh: the SIMT SGEMM tile kernel, generic over where its operands come from.
+ *
+ * C[m, n] = op(A)[m, k] @ op(B)[k, n] computed by blocks of 256 threads over a 128 x 128 tile
+ * of C, stepping k by 8 through double-buffered shared memory (one barrier per step); each
+ * thread owns an 8 x 8 register tile made of 4 x 4 quarters at rows {4ty, 64 + 4ty} and
+ * columns {4tx, 64 + 4tx}, so its shared-memory reads are float4 and conflict-free.
+ *
+ * Operands are policies (a plain row-major matrix, or conv.cu's implicit im2col view):
+ *   static constexpr bool K_CONTIGUOUS; true when 4 consecutive k of one row/column are
+ *       adjacent in memory (A not transposed, B transposed);
+ *   void select(int64_t z): move to batch entry z (blockIdx.z plus a base);
+ *   void load4(int64_t outer, int64_t inner, float (&v)[4]): 4 values along the contiguous
+ *       dimension starting at (outer, inner), zeros outside the matrix.
+ * The output policy has select(z) and store4(row, col, const float (&v)[4]) (4 consecutive
+ * columns of C; it applies alpha/beta/bias and its own bounds checks).
+ * Invariants: any m, n, k >= 0 (k == 0 gives a zero product); beta == 0 never reads C;
+ * no thread leaves before the last barrier (the emulation reports partial barriers).
+ */
+#ifndef GC_GEMM_TILE_CUH
+#define GC_GEMM_TILE_CUH
+
+#include "kernel_util.cuh"
+
+namespace gc_kernels {
+
+constexpr int kTileM = 128, kTileN = 128, kTileK = 8, kTileThreads = 256, kTilePad = 4;
+/* grid.y and grid.z are limited to 65535 blocks */
+constexpr int64_t kMaxGridYZ = 65535;
+
+/* The rounding of cvt.rna.tf32.f32: to 10 mantissa bits, ties away from zero. */
+__device__ inline float round_to_tf32(float x) {
+    uint32_t bits = __float_as_uint(x);
+    if ((bits & 0x7f800000u) != 0x7f800000u) { /* finite: round; inf/NaN pass through */
+        bits += 0x1000u;
+        bits &= 0xffffe000u;
+    }
+    return __uint_as_float(bits);
+}
+
+/* A row-major matrix (outer x inner with leading dimension ld) as a GEMM operand. */
+template <bool K_CONTIG, bool TF32>
+struct MatrixOperand {
+    static constexpr bool K_CONTIGUOUS = K_CONTIG;
+    const float *base;
+    const float *p;
+    int64_t ld, batch_stride, outer_n, inner_n;
+    bool vector_loads; /* ld, batch_stride and base allow aligned float4 loads */
+
+    __device__ void select(int64_t z) { p = base + z * batch_stride; }
+
+    __device__ void load4(int64_t outer, int64_t inner, float (&v)[4]) const {
+        if (outer < outer_n && vector_loads && inner + 3 < inner_n) {
+            const float4 q = *reinterpret_cast<const float4 *>(p + outer * ld + inner);
+            v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+        } else {
+            GC_UNROLL
+            for (int i = 0; i < 4; ++i)
+                v[i] = (outer < outer_n && inner + i < inner_n) ? p[outer * ld + inner + i]
+                                                                  : 0.0f;
+        }
+        if (TF32) {
+            GC_UNROLL
+            for (int i = 0; i < 4; ++i) v[i] = round_to_tf32(v[i]);
+        }
+    }
+};
+
+/* C = alpha * product + beta * C (+ bias[row]) into a row-major matrix. */
+struct MatrixOutput {
+    float *base;
+    float *c;
+    const float *bias_base; /* per-row bias or NULL */
+    const float *bias;
+    int64_t ldc, batch_stride, bias_stride, m, n;
+    float alpha, beta;
+    bool vector_stores;
+
+    __device__ void select(int64_t z) {
+        c = base + z * batch_stride;
+        bias = bias_base ? bias_base + z * bias_stride : nullptr;
+    }
+
+    __device__ void store4(int64_t row, int64_t col, const float (&v)[4]) const {
+        if (row >= m) return;
+        const float add = bias ? bias[row] : 0.0f;
+        float *out = c + row * ldc + col;
+        if (vector_stores && col + 3 < n) {
+            float4 q = make_float4(alpha * v[0] + add, alpha * v[1] + add, alpha * v[2] + add,
+                                   alpha * v[3] + add);
+            if (beta != 0.0f) {
+                const float4 old = *reinterpret_cast<const float4 *>(out);
+                q.x += beta * old.x; q.y += beta * old.y; q.z += beta * old.z;
+                q.w += beta * old.w;
+            }
+            *reinterpret_cast<float4 *>(out) = q;
+            return;
+        }
+        GC_UNROLL
+        for (int i = 0; i < 4; ++i) {
+            if (col + i >= n) break;
+            float r = alpha * v[i] + add;
+            if (beta != 0.0f) r += beta * out[i];
+            out[i] = r;
+        }
+    }
+};
+
+/* Global -> registers -> shared for one 8 x 128 operand tile; the thread layout depends on
+ * which dimension is contiguous so global loads stay coalesced. */
+template <class Operand>
+__device__ inline void load_tile(const Operand &op, int64_t free0, int64_t k0, float (&reg)[4]) {
+    const int tid = threadIdx.x;
+    if (Operand::K_CONTIGUOUS) op.load4(free0 + tid / 2, k0 + (tid % 2) * 4, reg);
+    else op.load4(k0 + tid / 32, free0 + (tid % 32) * 4, reg);
+}
+
+template <class Operand>
+__device__ inline void store_tile(float (*tile)[kTileM + kTilePad], const float (&reg)[4]) {
+    const int tid = threadIdx.x;
+    if (Operand::K_CONTIGUOUS) {
+        GC_UNROLL
+        for (int i = 0; i < 4; ++i) tile[(tid % 2) * 4 + i][tid / 2] = reg[i];
+    } else {
+        *reinterpret_cast<float4 *>(&tile[tid / 32][(tid % 32) * 4]) =
+            make_float4(reg[0], reg[1], reg[2], reg[3]);
+    }
+}
+
+template <class OpA, class OpB, class Out>
+__global__ void __launch_bounds__(kTileThreads)
+gemm_tile_kernel(OpA a, OpB b, Out out, int64_t k, int64_t z_base) {
+    __shared__ __align__(16) float a_tile[2][kTileK][kTileM + kTilePad];
+    __shared__ __align__(16) float b_tile[2][kTileK][kTileN + kTilePad];
+
+    const int64_t z = z_base + blockIdx.z;
+    a.select(z);
+    b.select(z);
+    out.select(z);
+    const int64_t m0 = (int64_t)blockIdx.y * kTileM, n0 = (int64_t)blockIdx.x * kTileN;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+
+    float acc[8][8];
+    GC_UNROLL
+    for (int i = 0; i < 8; ++i) {
+        GC_UNROLL
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+    }
+
+    const int64_t steps = (k + kTileK - 1) / kTileK;
+    float reg_a[4], reg_b[4];
+    if (steps > 0) {
+        load_tile(a, m0, 0, reg_a);
+        load_tile(b, n0, 0, reg_b);
+        store_tile<OpA>(a_tile[0], reg_a);
+        store_tile<OpB>(b_tile[0], reg_b);
+    }
+    __syncthreads();
+
+    for (int64_t step = 0; step < steps; ++step) {
+        const int cur = (int)(step & 1);
+        const bool more = step + 1 < steps;
+        if (more) { /* the next tile's global loads overlap this tile's arithmetic */
+            load_tile(a, m0, (step + 1) * kTileK, reg_a);
+            load_tile(b, n0, (step + 1) * kTileK, reg_b);
+        }
+        GC_UNROLL
+        for (int kk = 0; kk < kTileK; ++kk) {
+            const float4 a_lo = *reinterpret_cast<const float4 *>(&a_tile[cur][kk][ty * 4]);
+            const float4 a_hi = *reinterpret_cast<const float4 *>(&a_tile[cur][kk][64 + ty * 4]);
+            const float4 b_lo = *reinterpret_cast<const float4 *>(&b_tile[cur][kk][tx * 4]);
+            const float4 b_hi = *reinterpret_cast<const float4 *>(&b_tile[cur][kk][64 + tx * 4]);
+            const float av[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
+            const float bv[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
+            GC_UNROLL
+            for (int i = 0; i < 8; ++i) {
+                GC_UNROLL
+                for (int j = 0; j < 8; ++j) acc[i][j] += av[i] * bv[j];
+            }
+        }
+        if (more) {
+            store_tile<OpA>(a_tile[cur ^ 1], reg_a);
+            store_tile<OpB>(b_tile[cur ^ 1], reg_b);
+        }
+        __syncthreads();
+    }
+
+    GC_UNROLL
+    for (int i = 0; i < 8; ++i) {
+        const int64_t row = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
+        const float lo[4] = {acc[i][0], acc[i][1], acc[i][2], acc[i][3]};
+        const float hi[4] = {acc[i][4], acc[i][5], acc[i][6], acc[i][7]};
+        out.store4(row, n0 + tx * 4, lo);
+        out.store4(row, n0 + 64 + tx * 4, hi);
+    }
+}
+
+/* Launch the tile kernel over an m x n output for `batch` entries (blockIdx.z, chunked at
+ * 65535). The caller has validated everything; m, n, batch > 0. */
+template <class OpA, class OpB, class Out>
+gc_status launch_gemm_tiles(const OpA &a, const OpB &b, const Out &out, int64_t m, int64_t n,
+                            int64_t k, int64_t batch, gc_stream stream, const char *what) {
+    const int64_t tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
+    if (tiles_m > kMaxGridYZ)
+        return gc_fail(GC_ERROR_NOT_SUPPORTED, "%s: m = %lld rows exceed the %lld this GEMM "
+                       "grid covers; split the product", what, (long long)m,
+                       (long long)(kMaxGridYZ * kTileM));
+    const auto kernel = &gemm_tile_kernel<OpA, OpB, Out>;
+    for (int64_t z0 = 0; z0 < batch; z0 += kMaxGridYZ) {
+        const int64_t chunk = batch - z0 < kMaxGridYZ ? batch - z0 : kMaxGridYZ;
+        const dim3 grid((unsigned)tiles_n, (unsigned)tiles_m, (unsigned)chunk);
+        GC_LAUNCH(kernel, grid, dim3(kTileThreads, 1, 1), 0, stream)(a, b, out, k, z0);
+        GC_CHECK_LAUNCH(what);
+    }
+    return GC_SUCCESS;
+}
+
+/* Whether a pointer and the element strides used with it allow aligned float4 access. */
+inline bool vector_friendly(const void *p, int64_t ld, int64_t batch_stride) {
+    return ((uintptr_t)p % 16 == 0) && ld % 4 == 0 && batch_stride % 4 == 0;
+}
+
+template <bool K_CONTIG, bool TF32 = false>
+MatrixOperand<K_CONTIG, TF32> matrix_operand(const float *p, int64_t ld, int64_t batch_stride,
+                                             int64_t outer_n, int64_t inner_n) {
+    MatrixOperand<K_CONTIG, TF32> op;
+    op.base = op.p = p;
+    op.ld = ld;
+    op.batch_stride = batch_stride;
+    op.outer_n = outer_n;
+    op.inner_n = inner_n;
+    op.vector_loads = vector_friendly(p, ld, batch_stride);
+    return op;
+}
+
+inline MatrixOutput matrix_output(float *c, int64_t ldc, int64_t batch_stride, int64_t m,
+                                  int64_t n, float alpha, float beta, const float *bias,
+                                  int64_t bias_stride) {
+    MatrixOutput out;
+    out.base = out.c = c;
+    out.bias_base = out.bias = bias;
+    out.ldc = ldc;
+    out.batch_stride = batch_stride;
+    out.bias_stride = bias_stride;
+    out.m = m;
+    out.n = n;
+    out.alpha = alpha;
+    out.beta = beta;
+    out.vector_stores = vector_friendly(c, ldc, batch_stride);
+    return out;
+}
+
+} /* namespace gc_kernels */
+
+#endif /* GC_GEMM_TILE_CUH */
