@@ -2,8 +2,11 @@
 
 - GRAPHC_LOG: comma-separated topics to log to stderr; `recompiles` logs why a compiled
   callable traced again (a field-level diff of its guards).
-- GRAPHC_DUMP: a directory; the IR of every compiled graph is written there after tracing
-  (and after every pass, once passes exist), one file per stage.
+- GRAPHC_DUMP: what to write for every compiled graph, and where: comma-separated topics
+  `ir` (the IR after tracing and after every pass, one `.gir` file per stage), `llvm` (the
+  CPU backend's LLVM IR as generated and as optimised, `.ll`), `asm` (its assembly, `.s`),
+  `all`; any other item is the directory (default `./graphc-dump`). Without a topic, `ir`:
+  `GRAPHC_DUMP=/tmp/d` dumps the IR into /tmp/d; `GRAPHC_DUMP=llvm,asm` the code.
 - GRAPHC_RECOMPILE_LIMIT: how many times one compiled callable may trace (default 8).
 - GRAPHC_CACHE_DIR: where compiled object code is cached on disk (default
   `$XDG_CACHE_HOME/graphc`, else `~/.cache/graphc`).
@@ -26,8 +29,29 @@ def log_topics() -> set[str]:
     return {t.strip() for t in os.environ.get("GRAPHC_LOG", "").split(",") if t.strip()}
 
 
+DUMP_TOPICS = ("ir", "llvm", "asm")
+
+
+def _dump_items() -> list[str]:
+    return [t.strip() for t in os.environ.get("GRAPHC_DUMP", "").split(",") if t.strip()]
+
+
 def dump_dir() -> str | None:
-    return os.environ.get("GRAPHC_DUMP") or None
+    """Where GRAPHC_DUMP writes, or None when it is unset."""
+    items = _dump_items()
+    if not items:
+        return None
+    places = [t for t in items if t not in DUMP_TOPICS + ("all",)]
+    return places[-1] if places else os.path.join(os.getcwd(), "graphc-dump")
+
+
+def dumps(topic: str) -> bool:
+    """Whether GRAPHC_DUMP asks for `topic` (one of DUMP_TOPICS)."""
+    items = _dump_items()
+    topics = [t for t in items if t in DUMP_TOPICS + ("all",)]
+    if items and not topics:
+        topics = ["ir"]
+    return topic in topics or "all" in topics
 
 
 def check_nans() -> bool:

@@ -285,3 +285,34 @@ def test_cache_dir_default_honours_xdg(tmp_path, monkeypatch):
     assert config.cache_dir() == str(tmp_path / "home" / ".cache" / "graphc")
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "mine"))
     assert config.cache_dir() == str(tmp_path / "mine")
+
+
+@pytest.mark.parametrize("setting, files", [
+    ("llvm,asm,{dir}", (".ll", ".opt.ll", ".s")),
+    ("asm,{dir}", (".s",)),
+    ("{dir}", ()),  # a directory alone dumps the graph IR only
+])
+def test_graphc_dump_writes_llvm_ir_and_assembly(setting, files, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_DUMP", setting.format(dir=tmp_path / "dump"))
+    lib = llvm.compile_module(axpy_ir(3.0), "axpy")
+    written = sorted(p.name for p in (tmp_path / "dump").glob("*")) \
+        if (tmp_path / "dump").exists() else []
+    stem = f"axpy.{lib.key[:12]}"
+    assert written == sorted(stem + s for s in files)
+    if ".s" in files:
+        assert "ymm" in (tmp_path / "dump" / f"{stem}.s").read_text()  # vectorised (AVX2+)
+    if ".ll" in files:
+        assert (tmp_path / "dump" / f"{stem}.ll").read_text() == axpy_ir(3.0)
+        assert "<8 x float>" in (tmp_path / "dump" / f"{stem}.opt.ll").read_text()
+
+
+def test_graphc_dump_topics_and_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_DUMP", "llvm")
+    assert config.dumps("llvm") and not config.dumps("ir") and not config.dumps("asm")
+    assert config.dump_dir() == os.path.join(os.getcwd(), "graphc-dump")
+    monkeypatch.setenv("GRAPHC_DUMP", f"all,{tmp_path}")
+    assert all(config.dumps(t) for t in config.DUMP_TOPICS) and config.dump_dir() == str(tmp_path)
+    monkeypatch.setenv("GRAPHC_DUMP", str(tmp_path))
+    assert config.dumps("ir") and not config.dumps("llvm")
+    monkeypatch.delenv("GRAPHC_DUMP")
+    assert config.dump_dir() is None and not config.dumps("ir")

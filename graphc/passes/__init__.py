@@ -54,7 +54,7 @@ class PipelineReport:
 def _dump(graph: Graph, stage: int, name: str, record: PassRecord | None,
           prefix: str | None) -> None:
     directory = config.dump_dir()
-    if not directory:
+    if not directory or not config.dumps("ir"):
         return
     os.makedirs(directory, exist_ok=True)
     header = f"# after {name}" + (f" ({record.seconds * 1e3:.2f} ms)" if record else "")

@@ -294,7 +294,23 @@ def compile_module(ir_text: str, name: str, *, use_cache: bool = True) -> Librar
             _count("hits")
         library = Library(name, ir_text, code, key=key, from_cache=from_cache)
     library.compile_seconds = time.perf_counter() - start
+    _dump(library)
     return library
+
+
+def _dump(library: Library) -> None:
+    """GRAPHC_DUMP=llvm,asm: write `<name>.<key>.ll` (as generated), `.opt.ll` (optimised) and
+    `.s` (assembly) into the dump directory (see graphc.config)."""
+    wanted = [(suffix, text) for topic, suffix, text in (
+        ("llvm", ".ll", lambda: library._ir_text), ("llvm", ".opt.ll", lambda: library.ir),
+        ("asm", ".s", lambda: library.asm)) if config.dumps(topic)]
+    if not wanted:
+        return
+    directory = config.dump_dir()
+    os.makedirs(directory, exist_ok=True)
+    for suffix, text in wanted:
+        with open(os.path.join(directory, f"{library.name}.{library.key[:12]}{suffix}"), "w") as f:
+            f.write(text())
 
 
 def _cache_read(path: str) -> bytes | None:
