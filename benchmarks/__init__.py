@@ -1,0 +1,1 @@
+"""graphc's benchmark suite: `python -m benchmarks.run` (see benchmarks/run.py)."""

@@ -1,0 +1,147 @@
+"""Cold and warm compile time of the LeNet-5 training step, each in a fresh process.
+
+What is measured (`measure`, run in a child process by `compile_time_case`): the child imports
+graphc, builds LeNet-5 with SGD momentum and runs one eager step (so the momentum buffers
+exist and the compiled step traces exactly once); none of that is counted. The figure is the
+wall time of the first compiled call, which does all of the compile work:
+- trace: the traced call runs the step eagerly while recording it (graphc.tracing),
+- default_passes: building the pass list, which imports graphc.passes.fuse (and networkx)
+  on the first compile of a process,
+- passes: simplify, fuse, plan_buffers (with the verifier after each),
+- backend: CpuExecutable set-up; inside it `lower` (LLVM IR text from the planned graph)
+  and `llvm` (`compile_module`: llvmlite's first-use set-up, cache key, then O3 + object
+  code on a cache miss, or reading and checking the cached object on a hit, and loading it
+  into MCJIT), the rest being BLAS resolution and arena allocation;
+- import: the CPU backend's modules and llvmlite, which a fresh process loads on its first
+  compile (imported just before the call, so its stages can be wrapped, and counted);
+- other: the rest of the call (guards, output checks, bookkeeping).
+*Cold* runs with `GRAPHC_CACHE_DIR` set to an empty temporary directory; *warm* runs again in
+a new process with that directory populated by the cold run: a warm compile still traces,
+runs the passes and lowers (the cache key is the hash of the IR text), and skips LLVM's
+optimisation and code generation. The stage times come from wrapping the functions
+graphc.compiler calls (trace_call, default_passes, run_pipeline, compile_graph) and the CPU
+backend's `lower` and `llvm.compile_module` in timers in the child; graphc is not changed.
+
+    python -m benchmarks.compile_time --batch 64   # one measurement, JSON on stdout
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks.harness import CaseResult, Contender
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAGES = ("import", "trace", "default_passes", "passes", "backend", "lower", "llvm", "other")
+OUTER = ("import", "trace", "default_passes", "passes", "backend")  # they add up to the call
+
+
+def _timed(table: dict, key: str, fn):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            table[key] = table.get(key, 0.0) + time.perf_counter() - start
+    return wrapper
+
+
+def measure(batch: int) -> dict:
+    """In this (fresh) process: the compile time of the LeNet-5 step and its stages."""
+    import graphc
+    import graphc.compiler as compiler
+    from benchmarks import models
+
+    stages: dict[str, float] = {}
+    compiler.trace_call = _timed(stages, "trace", compiler.trace_call)
+    compiler.run_pipeline = _timed(stages, "passes", compiler.run_pipeline)
+    compiler.compile_graph = _timed(stages, "backend", compiler.compile_graph)
+    compiler.default_passes = _timed(stages, "default_passes", compiler.default_passes)
+
+    x, y = models.batch("lenet5", batch)
+    gx, gy = graphc.tensor(x), graphc.tensor(y)
+    step = models.graphc_step(models.graphc_model("lenet5"))
+    step(gx, gy)  # creates the momentum buffers: the compiled call below traces once
+    compiled = graphc.compile(step, backend="cpu")
+
+    imported = time.perf_counter()
+    import graphc.backends.cpu.executable as executable  # what the first compile imports
+
+    stages["import"] = time.perf_counter() - imported
+    executable.lower = _timed(stages, "lower", executable.lower)
+    executable.llvm.compile_module = _timed(stages, "llvm", executable.llvm.compile_module)
+    start = time.perf_counter()
+    compiled(gx, gy)
+    first = stages["import"] + time.perf_counter() - start
+    stages["other"] = first - sum(stages[k] for k in OUTER)
+    start = time.perf_counter()
+    compiled(gx, gy)
+    second = time.perf_counter() - start
+    library = compiled.executable.library
+    return {"compile_s": first, "stages": stages, "next_call_s": second,
+            "traces": len(compiled.graphs), "from_cache": library.from_cache,
+            "passes": {r.name: r.seconds for r in compiled.report.records},
+            "ir_chars": len(compiled.executable.lowered.ir_text)}
+
+
+def _child(batch: int, cache_dir: str) -> dict:
+    env = dict(os.environ, GRAPHC_CACHE_DIR=cache_dir, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", "--batch",
+                           str(batch)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compile-time child failed (exit {proc.returncode}): "
+                           f"{proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compile_time_cases(batch: int, runs: int) -> list[CaseResult]:
+    """Two rows: cold and warm compile of the LeNet-5 step, medians over `runs` pairs of
+    fresh processes (each pair: an empty cache directory, cold, then warm)."""
+    cold, warm = [], []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="graphc-bench-cache-") as cache:
+            cold.append(_child(batch, cache))
+            warm.append(_child(batch, cache))
+    rows = []
+    for label, target, results, cached in (("cold", 2.0, cold, False),
+                                           ("warm", 0.3, warm, True)):
+        bad = [r for r in results if r["from_cache"] != cached or r["traces"] != 1]
+        status = "ok" if not bad else (f"disagrees: a {label} run loaded from_cache="
+                                       f"{bad[0]['from_cache']} after {bad[0]['traces']} traces")
+        median = float(np.median([r["compile_s"] for r in results]))
+        stages = {k: float(np.median([r["stages"].get(k, 0.0) for r in results]))
+                  for k in STAGES}
+        passes = {k: float(np.median([r["passes"][k] for r in results]))
+                  for k in results[0]["passes"]}
+        contender = Contender(f"graphc {label}", run=lambda: None, status=status,
+                              seconds=median if status == "ok" else None, rounds=len(results))
+        breakdown = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in stages.items())
+        rows.append(CaseResult(
+            f"compile_{label}", f"LeNet-5 step (batch {batch}) compile, {label}",
+            f"graphc {label}", None, ("<=", target), [contender],
+            note=f"median of {len(results)} fresh processes; stages: {breakdown} (lower and "
+                 "llvm are inside backend); the next call takes "
+                 f"{np.median([r['next_call_s'] for r in results]) * 1e3:.1f} ms",
+            extra={"stages": stages, "passes": passes,
+                   "ir_chars": results[0]["ir_chars"]}))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="one compile-time measurement (JSON)")
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    print(json.dumps(measure(args.batch)))
+
+
+if __name__ == "__main__":
+    main()

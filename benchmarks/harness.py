@@ -1,0 +1,210 @@
+"""Timing and reporting for the benchmark suite: interleaved medians, agreement checks, the
+markdown table.
+
+These 2-core machines are shared and noisy, so a case never times its contenders one after
+another. `interleaved_medians` warms every contender up, calibrates how many calls make one
+sample (a sample lasts at least `SAMPLE_SECONDS`, so sub-millisecond calls are not timer
+noise), then runs rounds in which every contender takes one sample, the order rotating from
+round to round; the result is each contender's median seconds per call over the rounds.
+
+Invariants:
+- A contender is timed only after `check_agreement` compared its result with the anchor's
+  (the first contender that produced one): a contender that disagrees, or failed to run,
+  keeps its reason in `Contender.status` and is never timed.
+- `CaseResult.ratio` is always graphc's figure over the anchor's, in the direction the target
+  is written (time ratio, or throughput ratio for SGEMM); `met` compares it with the target.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+SAMPLE_SECONDS = 1e-3  # a sample is at least this long (several calls for tiny steps)
+WARMUP_SECONDS = 0.3  # untimed calls per contender: at least this long (and `warmup` calls)
+WARMUP_CALLS_MAX = 50
+CASE_SECONDS = 60.0  # a case stops adding rounds after this long (at least MIN_ROUNDS)
+MIN_ROUNDS = 5
+
+
+@dataclass
+class Contender:
+    """One implementation of a case: `run()` does the timed work once; `result()` returns the
+    array compared with the anchor's (called after the warm-up steps `prepare` runs)."""
+
+    name: str
+    run: Callable[[], object]
+    result: Callable[[], np.ndarray] | None = None
+    prepare: Callable[[], None] | None = None  # warm-up outside the timed loop (compiles)
+    status: str = "ok"  # "ok", or why it was not timed
+    error: float | None = None  # relative difference from the anchor's result
+    seconds: float | None = None  # median seconds per call
+    rounds: int = 0
+
+
+@dataclass
+class CaseResult:
+    """A row of the table: the case, its contenders, and graphc's ratio against the anchor."""
+
+    name: str
+    description: str
+    graphc: str  # the contender whose figure is compared
+    anchor: str | None  # None: the target bounds graphc's own figure (seconds)
+    target: tuple[str, float]  # ("<=", 0.6): graphc / anchor <= 0.6
+    contenders: list[Contender]
+    unit: str = "ms"  # "ms" (time per call, lower is better) or "GFLOP/s"
+    flops: float | None = None  # per call, for GFLOP/s
+    note: str = ""
+    extra: dict = field(default_factory=dict)  # case-specific figures (compile breakdowns)
+
+    def by_name(self, name: str) -> Contender:
+        return next(c for c in self.contenders if c.name == name)
+
+    def figure(self, c: Contender) -> float | None:
+        if c.seconds is None:
+            return None
+        return self.flops / c.seconds / 1e9 if self.unit == "GFLOP/s" else c.seconds * 1e3
+
+    @property
+    def ratio(self) -> float | None:
+        """graphc's figure over the anchor's (graphc's seconds when there is no anchor)."""
+        mine = self.by_name(self.graphc).seconds
+        if self.anchor is None or mine is None:
+            return mine
+        anchor = self.figure(self.by_name(self.anchor))
+        return None if anchor is None else self.figure(self.by_name(self.graphc)) / anchor
+
+    @property
+    def target_text(self) -> str:
+        op, bound = self.target
+        return f"{op} {bound:g} s" if self.anchor is None else f"{op} {bound:g}x"
+
+    @property
+    def met(self) -> bool | None:
+        if self.ratio is None:
+            return None
+        op, bound = self.target
+        return self.ratio <= bound if op == "<=" else self.ratio >= bound
+
+    @property
+    def agreed(self) -> bool:
+        """Every contender ran and matched the anchor, or was skipped for a stated reason."""
+        return all(c.status == "ok" or c.status.startswith("skipped") for c in self.contenders)
+
+
+# ---- agreement ------------------------------------------------------------------------------
+def relative_error(value: np.ndarray, reference: np.ndarray) -> float:
+    """max |value - reference| / max(|reference|, tiny): one number per comparison."""
+    value, reference = np.asarray(value, np.float64), np.asarray(reference, np.float64)
+    if value.shape != reference.shape:
+        raise ValueError(f"shapes differ: {value.shape} vs reference {reference.shape}")
+    scale = max(float(np.max(np.abs(reference))), 1e-30)
+    return float(np.max(np.abs(value - reference))) / scale
+
+
+def check_agreement(contenders: list[Contender], tolerance: float) -> None:
+    """Run every contender's warm-up and compare its result with the first one's; record the
+    error, or why the contender cannot be timed (it raised, or it disagrees)."""
+    reference = None
+    for c in contenders:
+        if c.status != "ok":
+            continue
+        try:
+            if c.prepare is not None:
+                c.prepare()
+            value = c.result() if c.result is not None else None
+        except Exception as err:  # a contender that fails is reported, not fatal
+            c.status = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
+            continue
+        if value is None:
+            continue
+        if reference is None:
+            reference, c.error = value, 0.0
+            continue
+        c.error = relative_error(value, reference)
+        if not c.error <= tolerance:
+            c.status = f"disagrees: rel. error {c.error:.1e} > {tolerance:.0e}"
+
+
+# ---- timing ---------------------------------------------------------------------------------
+def _calls_per_sample(run: Callable[[], object]) -> int:
+    start = time.perf_counter()
+    run()
+    once = max(time.perf_counter() - start, 1e-7)
+    return max(1, math.ceil(SAMPLE_SECONDS / once))
+
+
+def interleaved_medians(contenders: list[Contender], repeat: int, warmup: int = 2) -> None:
+    """Time the contenders whose status is ok: untimed calls (at least `warmup`, and at least
+    WARMUP_SECONDS unless that takes over WARMUP_CALLS_MAX calls) each, then up to
+    `repeat` rounds (fewer when the case passes CASE_SECONDS, never under MIN_ROUNDS) of one
+    sample per contender in rotating order; store the median seconds per call."""
+    live = [c for c in contenders if c.status == "ok"]
+    for c in live:  # PyTorch's first steps are slow (allocator, thread pool): warm up by time
+        start, calls = time.perf_counter(), 0
+        while calls < warmup or (time.perf_counter() - start < WARMUP_SECONDS
+                                 and calls < WARMUP_CALLS_MAX):
+            c.run()
+            calls += 1
+    numbers = [_calls_per_sample(c.run) for c in live]
+    samples: list[list[float]] = [[] for _ in live]
+    started = time.perf_counter()
+    for r in range(repeat):
+        for k in range(len(live)):
+            i = (k + r) % len(live)
+            run, number = live[i].run, numbers[i]
+            start = time.perf_counter()
+            for _ in range(number):
+                run()
+            samples[i].append((time.perf_counter() - start) / number)
+        if r + 1 >= MIN_ROUNDS and time.perf_counter() - started > CASE_SECONDS:
+            break
+    for c, s in zip(live, samples):
+        c.seconds, c.rounds = float(np.median(s)), len(s)
+
+
+# ---- the table ------------------------------------------------------------------------------
+def _fmt_figure(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "GFLOP/s":
+        return f"{value:.1f} GFLOP/s"
+    return f"{value:.3f} ms" if value < 1 else f"{value:.2f} ms" if value < 100 else \
+        f"{value:.0f} ms"
+
+
+def _cell(case: CaseResult, c: Contender) -> str:
+    if c.status != "ok":
+        return f"{c.name}: {c.status}"
+    text = f"{c.name} {_fmt_figure(case.figure(c), case.unit)}"
+    return text + (f" (err {c.error:.0e})" if c.error else "")
+
+
+def markdown_table(cases: list[CaseResult]) -> str:
+    """The results as one markdown table: a row per case."""
+    lines = ["| case | contenders (median per call; err = rel. difference from the first) | "
+             "graphc / anchor | target | met |", "|---|---|---|---|---|"]
+    for case in cases:
+        cells = "<br>".join(_cell(case, c) for c in case.contenders)
+        ratio = "-" if case.ratio is None else f"{case.ratio:.2f} s" if case.anchor is None \
+            else f"{case.ratio:.2f}x {case.anchor}"
+        met = {True: "met", False: "**missed**", None: "n/a"}[case.met]
+        lines.append(f"| {case.description} | {cells} | {ratio} | {case.target_text} | {met} |")
+    notes = [f"- {case.description}: {case.note}" for case in cases if case.note]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def as_json(cases: list[CaseResult]) -> list[dict]:
+    """The results as plain data (for tests and tools)."""
+    return [{"name": case.name, "description": case.description, "graphc": case.graphc,
+             "anchor": case.anchor, "target": case.target_text, "unit": case.unit,
+             "ratio": case.ratio, "met": case.met, "agreed": case.agreed, "note": case.note,
+             "extra": case.extra,
+             "contenders": [{"name": c.name, "status": c.status, "error": c.error,
+                             "seconds": c.seconds, "rounds": c.rounds,
+                             "figure": case.figure(c)} for c in case.contenders]}
+            for case in cases]

@@ -1,0 +1,140 @@
+"""One command for graphc's performance table: graphc next to numpy, PyTorch eager and
+torch.compile in one process, medians and ratios against the issue's targets.
+
+    python -m benchmarks.run                        # the full run (~10 minutes on 2 cores)
+    python benchmarks/run.py --quick                # tiny sizes, no torch.compile: a smoke run
+    python -m benchmarks.run --only mlp_b64 --only sgemm --repeat 15
+    python -m benchmarks.run --markdown docs/table.md --json results.json --profile
+
+Cases (names for --only; a name selects every case that starts with it): mlp_b64, mlp_b1,
+lenet5_b64, elementwise_chain, sgemm (sgemm_256, sgemm_1024, sgemm_2048), conv2d,
+compile (compile_cold, compile_warm). How each is measured: benchmarks/cases.py,
+benchmarks/compile_time.py; timing and agreement rules: benchmarks/harness.py. With
+--profile, every case that missed its target gets a profile (benchmarks/profiles.py) after
+the table. The exit status is 0 when every contender agreed with its case's reference (or
+was skipped for a stated reason), 1 otherwise; a missed target is not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import cases  # noqa: E402
+from benchmarks.compile_time import compile_time_cases  # noqa: E402
+from benchmarks.harness import as_json, markdown_table  # noqa: E402
+
+CASE_NAMES = ("mlp_b64", "mlp_b1", "lenet5_b64", "elementwise_chain", "sgemm_256",
+              "sgemm_1024", "sgemm_2048", "conv2d", "compile_cold", "compile_warm")
+
+
+def _selected(only: list[str] | None) -> list[str]:
+    if not only:
+        return list(CASE_NAMES)
+    chosen = [n for n in CASE_NAMES if any(n.startswith(o) for o in only)]
+    unknown = [o for o in only if not any(n.startswith(o) for n in CASE_NAMES)]
+    if unknown:
+        raise SystemExit(f"benchmarks/run.py: --only {unknown[0]!r} matches no case; the cases "
+                         f"are {', '.join(CASE_NAMES)}")
+    return chosen
+
+
+def run_cases(names: list[str], sizes: cases.Sizes, repeat: int, log) -> list:
+    """Run the named cases in table order; `log` gets one progress line per case."""
+    results = []
+    quick_sgemm = dict(zip(("sgemm_256", "sgemm_1024", "sgemm_2048"), sizes.sgemm))
+    for name in names:
+        log(f"running {name} ...")
+        if name in ("mlp_b64", "mlp_b1"):
+            batch = sizes.mlp_batch if name == "mlp_b64" else 1
+            results.append(cases.train_step("mlp", batch, sizes, repeat))
+        elif name == "lenet5_b64":
+            results.append(cases.train_step("lenet5", sizes.lenet_batch, sizes, repeat))
+        elif name == "elementwise_chain":
+            results.append(cases.elementwise_chain(sizes, repeat))
+        elif name.startswith("sgemm"):
+            if name in quick_sgemm:
+                results.append(cases.sgemm(quick_sgemm[name], repeat))
+        elif name == "conv2d":
+            results.append(cases.conv2d(sizes, repeat))
+        elif name == "compile_cold":
+            results += compile_time_cases(sizes.compile_lenet_batch, sizes.compile_runs)
+        elif name == "compile_warm" and "compile_cold" not in names:
+            results += [r for r in compile_time_cases(sizes.compile_lenet_batch,
+                                                      sizes.compile_runs)
+                        if r.name == "compile_warm"]
+    return results
+
+
+def header(argv: list[str]) -> str:
+    """The command, the machine and the date, for the top of a report."""
+    import numpy as np
+
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",) * 3
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"command: `python -m benchmarks.run {' '.join(argv)}`".rstrip() + "\n"
+            f"date: {datetime.datetime.now().isoformat(timespec='seconds')}; machine: {cpu}, "
+            f"{os.cpu_count()} cores, {platform.system()} {platform.release()}; Python "
+            f"{platform.python_version()}, numpy {np.__version__}, torch {torch_version}; "
+            f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, few repetitions, no torch.compile (a smoke run)")
+    parser.add_argument("--only", action="append", metavar="NAME",
+                        help="run only the cases whose name starts with NAME (repeatable): "
+                        + ", ".join(CASE_NAMES))
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="timed rounds per case (default 25, 3 with --quick)")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the report to PATH")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile every case that missed its target (after the table)")
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if args.repeat is not None and args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    names = _selected(args.only)
+    sizes = cases.Sizes.quick() if args.quick else cases.Sizes()
+    repeat = args.repeat or (3 if args.quick else 25)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    results = run_cases(names, sizes, repeat, log)
+    report = header(argv) + "\n\n" + markdown_table(results) + "\n"
+    if args.profile:
+        from benchmarks.profiles import profile_missed
+
+        report += "\n" + profile_missed(results, sizes, log)
+    print(report)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"header": header(argv), "cases": as_json(results)}, f, indent=1)
+    return 0 if all(r.agreed for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
