@@ -236,20 +236,23 @@ class Runtime:
                                    f"{error}; rebuild it with `graphc build-runtime`") from None
         self.path = path
         self.raw: dict[str, ctypes._CFuncPtr] = {}
-        missing = []
+        self.missing: list[str] = []
         for name, restype, args in SIGNATURES:
             try:
                 fn = getattr(self.lib, name)
-            except AttributeError:
-                missing.append(name)
+            except AttributeError:  # a partial build: fails when (and only if) called
+                self.missing.append(name)
+                setattr(self, name, self._absent(name))
                 continue
             fn.restype, fn.argtypes = restype, [t for _, t in args]
             self.raw[name] = fn
             setattr(self, name, self._plain(fn) if name in NOT_STATUS else
                     self._checked(name, fn))
-        if missing:
-            raise CudaRuntimeError(f"cuda backend: {path} lacks {', '.join(missing)}; it is "
-                                   "not a graphc_rt library of this version; rebuild it with "
+        essential = [n for n in ("gc_abi_version", "gc_last_error", "gc_malloc") if n in
+                     self.missing]
+        if essential:
+            raise CudaRuntimeError(f"cuda backend: {path} lacks {', '.join(essential)}; it is "
+                                   "not a graphc_rt library; rebuild it with "
                                    "`graphc build-runtime`")
         version = self.raw["gc_abi_version"]()
         if version != ABI_VERSION:
@@ -257,6 +260,14 @@ class Runtime:
                                    f"expects {ABI_VERSION}; rebuild it with "
                                    "`graphc build-runtime`")
         self.kind = self.raw["gc_runtime_kind"]().decode()
+
+    def _absent(self, name: str):
+        def call(*args):
+            raise CudaNotSupportedError(f"cuda backend: {self.path} has no {name} (a partial "
+                                        "build of the runtime); rebuild it with "
+                                        "`graphc build-runtime`", name,
+                                        STATUS["GC_ERROR_NOT_SUPPORTED"])
+        return call
 
     @staticmethod
     def _plain(fn):

@@ -1,0 +1,212 @@
+"""compile: one generated CUDA C source per graph -> a loaded runtime module, cached on disk.
+
+`load_module(rt, source)` returns a `Module` (the `gc_module` handle and a `function(name)`
+lookup) for the runtime `rt`:
+- emulation (`rt.kind == "emulation"`): `g++ -O1 -shared -fPIC -x c++ -include
+  runtime/csrc/emu/gc_emu.h` linked with libgraphc_rt_emu.so -> a shared object;
+- CUDA: `nvcc -ptx -arch=sm_<major><minor>` of the device `rt` runs on -> a PTX file (NVRTC is
+  not used: nvcc is what the runtime build needs anyway).
+Invariants of the cache (under `graphc.config.cache_dir()/cuda-<format>`):
+- the key is the sha256 of (source, compiler command and `--version` text, the emulation
+  header's bytes, graphc's version, the cache format), so a change of any of them misses;
+- an entry is two files written through temp files and `os.replace`: the object, then
+  `<object>.sha256` holding the object's digest; an entry whose digest file is missing or
+  does not match, or that the runtime refuses to load, is deleted and rebuilt (once);
+- compiles of one key in one process are serialised; a failed compile raises
+  `CudaCompileError` with the command and the compiler's messages.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+
+from graphc import __version__ as GRAPHC_VERSION
+from graphc import config
+from graphc.backends.cuda.build import build_dir, emu_header
+from graphc.backends.cuda.rt import CudaRuntimeError, Runtime
+from graphc.errors import GraphcError
+
+CACHE_FORMAT = "cuda-1"
+_stats = {"hits": 0, "misses": 0, "corrupt": 0}
+_key_locks: dict[str, threading.Lock] = {}
+_key_locks_guard = threading.Lock()
+
+
+class CudaCompileError(GraphcError, RuntimeError):
+    """The generated source did not compile (or the compiler is missing)."""
+
+
+def cache_folder() -> str:
+    return os.path.join(config.cache_dir(), CACHE_FORMAT)
+
+
+def cache_stats() -> dict:
+    """This process's cache hits, misses and corrupt entries rebuilt."""
+    return dict(_stats)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_version(compiler: str) -> str:
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                              check=False)
+    except OSError:
+        return ""
+    return done.stdout + done.stderr
+
+
+def _emu_command(source_path: str, out_path: str) -> list[str]:
+    return ["g++", "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-x", "c++", "-include",
+            emu_header(), source_path, "-o", out_path, f"-L{build_dir()}", "-lgraphc_rt_emu",
+            f"-Wl,-rpath,{build_dir()}"]
+
+
+def _cuda_command(source_path: str, out_path: str, arch: str) -> list[str]:
+    return ["nvcc", "-ptx", f"-arch={arch}", "-O3", "-x", "cu", source_path, "-o", out_path]
+
+
+def _device_arch(rt: Runtime) -> str:
+    name = ctypes.create_string_buffer(256)
+    major, minor = ctypes.c_int32(), ctypes.c_int32()
+    memory, sms = ctypes.c_int64(), ctypes.c_int32()
+    rt.gc_device_properties(0, name, 256, ctypes.byref(major), ctypes.byref(minor),
+                            ctypes.byref(memory), ctypes.byref(sms))
+    return f"sm_{major.value}{minor.value}"
+
+
+def _toolchain(rt: Runtime) -> tuple[str, str, str, bytes]:
+    """(compiler, arch, suffix, extra key bytes) for the runtime's kind."""
+    if rt.kind == "emulation":
+        if shutil.which("g++") is None:
+            raise CudaCompileError("cuda backend (emulation): g++ is not on PATH; install g++ "
+                                   "to compile generated kernels")
+        try:
+            with open(emu_header(), "rb") as f:
+                header = f.read()
+        except OSError as error:
+            raise CudaCompileError(f"cuda backend (emulation): cannot read the emulation "
+                                   f"header {emu_header()}: {error}") from None
+        return "g++", "emulation", ".so", header
+    if shutil.which("nvcc") is None:
+        raise CudaCompileError("cuda backend: nvcc is not on PATH; install the CUDA toolkit "
+                               "to compile generated kernels")
+    return "nvcc", _device_arch(rt), ".ptx", b""
+
+
+def cache_key(rt: Runtime, source: str) -> str:
+    compiler, arch, _, extra = _toolchain(rt)
+    parts = [source.encode(), compiler.encode(), arch.encode(),
+             _compiler_version(compiler).encode(), extra, GRAPHC_VERSION.encode(),
+             CACHE_FORMAT.encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()
+
+
+class Module:
+    """A loaded generated module; `function(name)` -> gc_function handle (an int)."""
+
+    def __init__(self, rt: Runtime, path: str, key: str, from_cache: bool) -> None:
+        self.rt, self.path, self.key, self.from_cache = rt, path, key, from_cache
+        handle = ctypes.c_void_p()
+        rt.gc_module_load(ctypes.byref(handle), path.encode())
+        self.handle = handle.value
+
+    def function(self, name: str) -> int:
+        fn = ctypes.c_void_p()
+        self.rt.gc_module_function(ctypes.byref(fn), self.handle, name.encode())
+        return fn.value
+
+    def __del__(self) -> None:
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle:
+            try:
+                self.rt.gc_module_unload(handle)
+            except Exception:  # noqa: BLE001 (interpreter shutdown: nothing to report to)
+                pass
+
+
+def load_module(rt: Runtime, source: str, name: str = "graph") -> Module:
+    """Compile (or find in the cache) and load `source` (see the module docstring)."""
+    key = cache_key(rt, source)
+    _, _, suffix, _ = _toolchain(rt)
+    with _key_locks_guard:
+        lock = _key_locks.setdefault(key, threading.Lock())
+    with lock:
+        path = os.path.join(cache_folder(), key + suffix)
+        if _entry_ok(path):
+            try:
+                module = Module(rt, path, key, True)
+                _stats["hits"] += 1
+                return module
+            except CudaRuntimeError:
+                pass  # a corrupt object that passed the digest check: rebuild it
+        if os.path.exists(path) or os.path.exists(path + ".sha256"):
+            _stats["corrupt"] += 1
+            _remove(path)
+        _stats["misses"] += 1
+        _compile_into(rt, source, path, name)
+        return Module(rt, path, key, False)
+
+
+def _entry_ok(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path + ".sha256") as f:
+            digest = f.read().strip()
+    except OSError:
+        return False
+    return hashlib.sha256(data).hexdigest() == digest
+
+
+def _remove(path: str) -> None:
+    for p in (path + ".sha256", path):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def _compile_into(rt: Runtime, source: str, path: str, name: str) -> None:
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="graphc-cuda-") as work:
+        src = os.path.join(work, f"{name}.cu")
+        obj = os.path.join(work, "module" + os.path.splitext(path)[1])
+        with open(src, "w") as f:
+            f.write(source)
+        if rt.kind == "emulation":
+            command = _emu_command(src, obj)
+        else:
+            command = _cuda_command(src, obj, _device_arch(rt))
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise CudaCompileError(f"cuda backend: compiling the kernels of graph @{name} "
+                                   f"failed ({' '.join(command)}):\n"
+                                   f"{(done.stdout + done.stderr)[-4000:]}")
+        with open(obj, "rb") as f:
+            data = f.read()
+    _atomic_write(path, data)
+    _atomic_write(path + ".sha256", hashlib.sha256(data).hexdigest().encode())
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+__all__ = ["CACHE_FORMAT", "CudaCompileError", "Module", "cache_folder", "cache_key",
+           "cache_stats", "load_module"]

@@ -1,0 +1,282 @@
+"""cudagen: CUDA C text for the kernels the runtime library does not have.
+
+One translation unit per graph: `PRELUDE` (scalar helpers shared by every kernel: NaN-aware
+max/min, floor division, remainder, integer pow, sign, gelu, sigmoid, the Philox4x32-10
+stream of graphc.ops.random) followed by one `__global__` function per `Kernel`, each marked
+`GC_EMU_EXPORT(name)` so the emulation build finds it (the macro is empty under nvcc).
+
+Kernel shape: one thread per element of a `threads`-long index space (1-D grid, `BLOCK`
+threads a block, no shared memory and no barriers, so every kernel is correct for any
+block size and cheap to emulate). Every pointer a kernel reads or writes is a `char *`
+parameter `p<k>` whose address is fixed when the graph is compiled (arena offsets, the
+executable's input buffers), so sizes, strides and offsets are constants in the text.
+
+Helpers here are pure text builders:
+- `ctype(dtype)`: float32 float, float64 double, int64 long long, bool bool (one byte, as
+  numpy stores it); `literal(value, dtype)`;
+- `decompose(shape, index, prefix)`: statements declaring coordinates `<prefix><d>` of a flat
+  index over `shape` (row-major); `offset(coords, strides)`: the element offset expression;
+- `scalar(op, attrs, args, types, out)`: a registry scalar op (graphc.ops.registry `scalar`
+  names) as a C expression, with numpy's promotion (arguments cast to the result type,
+  comparisons in the promoted type of their operands);
+- `render(kernels)`: the whole translation unit.
+Invariants: the text depends only on what it is given (no addresses of this process, no
+timestamps), so identical graphs give identical sources and share one cache entry.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from graphc.ops.shapes import result_dtype
+from graphc.types import TensorType
+
+BLOCK = 128
+
+_CTYPES = {"float32": "float", "float64": "double", "int64": "long long", "bool": "bool"}
+
+
+def ctype(dtype) -> str:
+    return _CTYPES[getattr(dtype, "name", dtype)]
+
+
+def literal(value, dtype) -> str:
+    """`value` as a C literal of `dtype` (exact: hex floats; inf/nan through math.h)."""
+    name = getattr(dtype, "name", dtype)
+    if name == "bool":
+        return "true" if value else "false"
+    if name == "int64":
+        return f"{int(value)}LL"
+    value = float(value)
+    t = _CTYPES[name]
+    if math.isnan(value):
+        return f"(({t})NAN)"
+    if math.isinf(value):
+        return f"(({t})INFINITY)" if value > 0 else f"(-({t})INFINITY)"
+    return f"(({t}){value.hex()})"
+
+
+def decompose(shape: tuple[int, ...], index: str, prefix: str = "c") -> list[str]:
+    """Statements declaring `<prefix>d` = coordinate d of flat `index` over `shape`."""
+    lines, rest = [], index
+    for d in range(len(shape) - 1, -1, -1):
+        if d == 0:
+            lines.append(f"long long {prefix}{d} = {rest};")
+        else:
+            lines.append(f"long long {prefix}{d} = {rest} % {shape[d]}LL;")
+            lines.append(f"long long {prefix}{d}q = {rest} / {shape[d]}LL;")
+            rest = f"{prefix}{d}q"
+    return lines
+
+
+def offset(coords: list[str], strides: tuple[int, ...]) -> str:
+    terms = [f"{c} * {s}LL" if s != 1 else c for c, s in zip(coords, strides) if s != 0]
+    return " + ".join(terms) if terms else "0"
+
+
+def load(param: str, dtype, index: str) -> str:
+    return f"(({ctype(dtype)} *){param})[{index}]"
+
+
+# ---- scalar ops ------------------------------------------------------------------------------
+def _cast(expr: str, src, dst) -> str:
+    if src is dst:
+        return expr
+    if dst.name == "bool":
+        return f"(({expr}) != 0)"
+    return f"(({ctype(dst)})({expr}))"
+
+
+def _promoted(args, types, out):
+    return [_cast(a, t, out) for a, t in zip(args, types)]
+
+
+_UNARY_MATH = ("exp", "log", "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "sqrt",
+               "rsqrt")
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def scalar(op: str, attrs: dict, args: list[str], types: list, out) -> str:
+    """The C expression of registry scalar op `op` (KeyError for a name not rendered)."""
+    is_bool, is_float = out.name == "bool", out.is_floating
+    if op in ("add", "sub", "mul"):
+        x, y = _promoted(args, types, out)
+        if is_bool:
+            return f"({x} {dict(add='||', sub='!=', mul='&&')[op]} {y})"
+        return f"({x} {dict(add='+', sub='-', mul='*')[op]} {y})"
+    if op == "div":
+        x, y = _promoted(args, types, out)
+        return f"({x} / {y})"
+    if op in ("neg", "abs", "sign", "relu"):
+        (x,) = _promoted(args, types, out)
+        if is_bool:
+            return x
+        return f"(-{x})" if op == "neg" else f"gc_{op}({x})"
+    if op in ("maximum", "minimum"):
+        x, y = _promoted(args, types, out)
+        return f"gc_{op[:3]}({x}, {y})"
+    if op == "leaky_relu":
+        (x,) = _promoted(args, types, out)
+        return f"({x} > 0 ? {x} : {x} * {literal(attrs['negative_slope'], out)})"
+    if op == "clamp":
+        (x,) = _promoted(args, types, out)
+        if attrs.get("min") is not None:
+            x = f"gc_max({x}, {literal(attrs['min'], out)})"
+        if attrs.get("max") is not None:
+            x = f"gc_min({x}, {literal(attrs['max'], out)})"
+        return x
+    if op == "cast":
+        return _cast(args[0], types[0], out)
+    if op == "select":
+        x, y = _promoted(args[1:], types[1:], out)
+        return f"({_cast(args[0], types[0], _bool())} ? {x} : {y})"
+    if op in _COMPARE:
+        ct = result_dtype(*(TensorType((1,), t) for t in types))
+        x, y = _promoted(args, types, ct)
+        return f"({x} {_COMPARE[op]} {y})"
+    if op.startswith("logical_"):
+        xs = [_cast(a, t, _bool()) for a, t in zip(args, types)]
+        if op == "logical_not":
+            return f"(!{xs[0]})"
+        return f"({xs[0]} {dict(logical_and='&&', logical_or='||', logical_xor='!=')[op[8:]]}" \
+               f" {xs[1]})"
+    if op == "pow":
+        x, y = _promoted(args, types, out)
+        return f"({x} || !{y})" if is_bool else f"gc_pow({x}, {y})"
+    if op in ("floor_divide", "remainder"):
+        x, y = _promoted(args, types, out)
+        return f"gc_{op}({x}, {y})"
+    if op == "gelu" and is_float:
+        (x,) = _promoted(args, types, out)
+        return f"gc_gelu_{'tanh' if attrs.get('approximate') == 'tanh' else 'erf'}({x})"
+    if op in _UNARY_MATH and is_float:
+        (x,) = _promoted(args, types, out)
+        return f"gc_{op}({x})"
+    raise KeyError(op)
+
+
+def _bool():
+    from graphc.types import bool_
+
+    return bool_
+
+
+# ---- kernels and the translation unit -----------------------------------------------------------
+@dataclass
+class Kernel:
+    """One generated kernel: `threads` work items, pointer parameters p0..p(n-1)."""
+
+    name: str
+    threads: int
+    params: int
+    body: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        params = ", ".join(f"char *p{k}" for k in range(self.params)) or "void"
+        lines = [f'extern "C" __global__ void {self.name}({params}) {{',
+                 "  long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
+                 f"  if (gi >= {self.threads}LL) return;"]
+        lines += ["  " + line for line in self.body]
+        lines += ["}", f"GC_EMU_EXPORT({self.name})", ""]
+        return "\n".join(lines)
+
+
+def render(kernels: list[Kernel]) -> str:
+    return PRELUDE + "\n".join(k.text() for k in kernels)
+
+
+PRELUDE = r"""// generated by graphc.backends.cuda.cudagen
+#ifndef __CUDACC_RTC__
+#include <math.h>
+#endif
+#ifndef GC_EMU_EXPORT
+#define GC_EMU_EXPORT(name)
+#endif
+#define GC_D static __device__ __forceinline__
+GC_D float gc_max(float a, float b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
+GC_D double gc_max(double a, double b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
+GC_D long long gc_max(long long a, long long b) { return a > b ? a : b; }
+GC_D bool gc_max(bool a, bool b) { return a || b; }
+GC_D float gc_min(float a, float b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+GC_D double gc_min(double a, double b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+GC_D long long gc_min(long long a, long long b) { return a < b ? a : b; }
+GC_D bool gc_min(bool a, bool b) { return a && b; }
+GC_D float gc_abs(float x) { return fabsf(x); }
+GC_D double gc_abs(double x) { return fabs(x); }
+GC_D long long gc_abs(long long x) { return x < 0 ? -x : x; }
+template <typename T> GC_D T gc_sign(T x) { return x > 0 ? T(1) : (x < 0 ? T(-1) : x * T(0)); }
+template <typename T> GC_D T gc_relu(T x) { return x < 0 ? T(0) : x; }
+GC_D float gc_pow(float a, float b) { return powf(a, b); }
+GC_D double gc_pow(double a, double b) { return pow(a, b); }
+GC_D long long gc_pow(long long a, long long n) {
+  long long r = 1;
+  if (n < 0) return 0;
+  while (n > 0) { if (n & 1) r *= a; a *= a; n >>= 1; }
+  return r;
+}
+GC_D float gc_floor_divide(float a, float b) { return floorf(a / b); }
+GC_D double gc_floor_divide(double a, double b) { return floor(a / b); }
+GC_D long long gc_floor_divide(long long a, long long b) {
+  if (b == 0) b = 1;
+  long long q = a / b, r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
+}
+GC_D float gc_remainder(float a, float b) {
+  float r = fmodf(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+GC_D double gc_remainder(double a, double b) {
+  double r = fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+GC_D long long gc_remainder(long long a, long long b) {
+  if (b == 0) b = 1;
+  long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+GC_D float gc_exp(float x) { return expf(x); }
+GC_D double gc_exp(double x) { return exp(x); }
+GC_D float gc_log(float x) { return logf(x); }
+GC_D double gc_log(double x) { return log(x); }
+GC_D float gc_log1p(float x) { return log1pf(x); }
+GC_D double gc_log1p(double x) { return log1p(x); }
+GC_D float gc_tanh(float x) { return tanhf(x); }
+GC_D double gc_tanh(double x) { return tanh(x); }
+GC_D float gc_erf(float x) { return erff(x); }
+GC_D double gc_erf(double x) { return erf(x); }
+GC_D float gc_sin(float x) { return sinf(x); }
+GC_D double gc_sin(double x) { return sin(x); }
+GC_D float gc_cos(float x) { return cosf(x); }
+GC_D double gc_cos(double x) { return cos(x); }
+GC_D float gc_sqrt(float x) { return sqrtf(x); }
+GC_D double gc_sqrt(double x) { return sqrt(x); }
+GC_D float gc_rsqrt(float x) { return 1.0f / sqrtf(x); }
+GC_D double gc_rsqrt(double x) { return 1.0 / sqrt(x); }
+GC_D float gc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+GC_D double gc_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+template <typename T> GC_D T gc_gelu_erf(T x) {
+  return T(0.5) * x * (T(1) + gc_erf(x * T(0.7071067811865476))); }
+template <typename T> GC_D T gc_gelu_tanh(T x) {
+  return T(0.5) * x * (T(1) + gc_tanh(T(0.7978845608028654) * (x + T(0.044715) * x * x * x)));
+}
+// Philox4x32-10 word j of the stream (seed, offset): graphc/ops/random.py's specification
+GC_D unsigned int gc_philox_word(unsigned long long seed, unsigned long long offset,
+                                 unsigned long long j) {
+  unsigned long long n = offset + j / 4;
+  unsigned int c0 = (unsigned int)n, c1 = (unsigned int)(n >> 32), c2 = 0, c3 = 0;
+  unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    if (round) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+    unsigned long long p0 = 0xD2511F53ull * c0, p1 = 0xCD9E8D57ull * c2;
+    unsigned int n0 = (unsigned int)(p1 >> 32) ^ c1 ^ k0, n1 = (unsigned int)p1;
+    unsigned int n2 = (unsigned int)(p0 >> 32) ^ c3 ^ k1, n3 = (unsigned int)p0;
+    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+  }
+  unsigned int w = j % 4;
+  return w == 0 ? c0 : (w == 1 ? c1 : (w == 2 ? c2 : c3));
+}
+GC_D double gc_uniform24(unsigned int w) { return (double)(w >> 8) * 0x1p-24; }
+GC_D float gc_uniform_f32(unsigned long long s, unsigned long long o, unsigned long long i) {
+  return (float)(gc_philox_word(s, o, i) >> 8) * 0x1p-24f; }
+GC_D double gc_uniform_f64(unsigned long long s, unsigned long long o, unsigned long long i) {
+  unsigned long long a = gc_philox_word(s, o, 2 * i), b = gc_philox_word(s, o, 2 * i + 1);
+  return (double)(((a << 32) | b) >> 11) * 0x1p-53; }
+"""
+
+__all__ = ["BLOCK", "PRELUDE", "Kernel", "ctype", "decompose", "literal", "load", "offset",
+           "render", "scalar"]

@@ -1,0 +1,275 @@
+"""lowering: a planned graph -> CUDA C kernels and a launch list over one device allocation.
+
+`lower(graph)` reads `graph.meta["memory_plan"]` and returns a `Lowered`: the generated
+source (graphc.backends.cuda.cudagen), the device bytes needed, where each graph input is
+copied in and each result copied out, and `steps`, the whole program of a call: kernel
+launches and runtime library calls in schedule order, every argument already known.
+
+Device memory is one allocation laid out as [plan arena | graph inputs | scratch]; every
+address below is an offset from its start (`Addr`), made absolute once by the executable, so a
+call does no planning. Scratch holds the error words (int64, one per check that can fail at
+run time: index ranges, NLL targets), library workspaces, contiguous copies of operands a
+library call cannot read through their strides, and GEMM results an epilogue reads.
+
+Where values live (`Layout`: offset, element strides, type): graph inputs contiguous in
+their slot; intermediates contiguous at their buffer's arena offset; views (the plan's
+`views`) as offset and strides into their source, found by running the view op's numpy
+kernel on a stand-in array; update values the plan computes into an input, in that input.
+
+Lowered: elementwise ops and fused groups (graphc.ops.fused: elementwise bodies, bodies
+ending in a reduction or softmax/log_softmax, GEMM/conv epilogues) as generated kernels;
+matmul (float32: gc_gemm_f32 / gc_gemm_strided_batched_f32, transposed views read as
+transposed operands; other dtypes or layouts: a generated kernel), conv2d and its two
+gradients, max/avg pooling and their gradients, softmax/log_softmax, nll_loss(_backward),
+batch_norm and reductions over a contiguous (outer, extent, inner) view through the library
+(float32); movement (copies of views, concat, pad, flip), gather/take/embedding and their
+scatters (atomicAdd), full/arange, argmax/argmin, multi-axis reductions and uniform/normal/
+dropout/bernoulli (Philox, the eager stream) as generated kernels (ops.py). Anything else
+raises `CudaLoweringError` naming the op and node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphc.backends.cuda import cudagen
+from graphc.backends.cuda.cudagen import BLOCK, Kernel
+from graphc.errors import GraphcError
+from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.printer import format_node
+from graphc.ops.registry import REGISTRY
+from graphc.types import TensorType
+
+ALIGN = 256
+ERROR_SLOTS = 64
+VIEW_OPS = ("reshape", "permute", "broadcast_to", "slice")
+
+
+class CudaLoweringError(GraphcError, NotImplementedError):
+    """An op (or a form of it) the cuda backend has no lowering for."""
+
+
+def unsupported(node: Node, what: str) -> CudaLoweringError:
+    return CudaLoweringError(
+        f"cuda backend: {what} is not supported on the cuda backend (node "
+        f"{format_node(node)}{' at ' + node.loc if node.loc else ''}); compile this graph "
+        "with backend=\"cpu\" or backend=\"interp\"")
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def contiguous_strides(shape) -> tuple[int, ...]:
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
+@dataclass(frozen=True)
+class Addr:
+    """A device address: `offset` bytes from the start of the executable's allocation."""
+
+    offset: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A tensor on the device: byte offset of element 0, element strides, type."""
+
+    offset: int
+    strides: tuple[int, ...]
+    type: TensorType
+
+    @property
+    def contiguous(self) -> bool:
+        return all(s == c for n, s, c in zip(self.type.shape, self.strides,
+                                             contiguous_strides(self.type.shape)) if n != 1)
+
+    def broadcast(self, domain: tuple[int, ...]) -> tuple[int, ...]:
+        """Element strides of this tensor read at each index of `domain` (right-aligned)."""
+        pad = len(domain) - self.type.ndim
+        return tuple(0 if d < pad or self.type.shape[d - pad] == 1 else self.strides[d - pad]
+                     for d in range(len(domain)))
+
+
+@dataclass
+class Launch:
+    function: str
+    threads: int
+    args: list[Addr]
+
+
+@dataclass
+class Call:
+    """A runtime library call: `function` of rt with `args` (Addr resolved at bind time);
+    `keep` holds ctypes objects (descriptors) the arguments point into."""
+
+    function: str
+    args: tuple
+    keep: tuple = ()
+
+
+@dataclass
+class Lowered:
+    source: str
+    device_bytes: int
+    input_offsets: list[int]
+    result_layouts: list[Layout]  # graph outputs, then update values (contiguous)
+    steps: list = field(default_factory=list)
+    errors_offset: int = 0
+    errors: list[str] = field(default_factory=list)  # error word k -> message
+    kernels: list[str] = field(default_factory=list)
+
+
+class KernelText:
+    """A kernel being written: its pointer parameters (deduplicated) and its lines."""
+
+    def __init__(self, name: str, threads: int) -> None:
+        self.name, self.threads = name, threads
+        self.params: list[int] = []
+        self.lines: list[str] = []
+
+    def ptr(self, offset: int) -> str:
+        if offset not in self.params:
+            self.params.append(offset)
+        return f"p{self.params.index(offset)}"
+
+    def read(self, layout: Layout, coords: list[str], domain: tuple[int, ...]) -> str:
+        """The element of `layout` at `coords` over `domain` (broadcasting)."""
+        index = cudagen.offset(coords, layout.broadcast(domain))
+        return cudagen.load(self.ptr(layout.offset), layout.type.dtype, index)
+
+    def at(self, layout: Layout, coords: list[str]) -> str:
+        """The element of `layout` at its own coordinates (an lvalue)."""
+        index = cudagen.offset(coords, layout.strides)
+        return cudagen.load(self.ptr(layout.offset), layout.type.dtype, index)
+
+
+class Lowerer:
+    """Lowers the scheduled nodes in order (ops.py holds the per-op methods)."""
+
+    def __init__(self, graph: Graph, plan) -> None:
+        self.graph, self.plan = graph, plan
+        top = _align(plan.arena_bytes)
+        self.input_offsets = []
+        self.layouts: dict[Value, Layout] = {}
+        for v in graph.inputs:
+            self.input_offsets.append(top)
+            self.layouts[v] = Layout(top, contiguous_strides(v.type.shape), v.type)
+            top += _align(v.type.nbytes)
+        self.errors_offset = top
+        self.top = top + _align(8 * ERROR_SLOTS)
+        self.errors: list[str] = []
+        self.kernels: list[Kernel] = []
+        self.steps: list = []
+        self._index = {v.name: i for i, v in enumerate(graph.inputs)}
+
+    # ---- memory ------------------------------------------------------------------------
+    def scratch(self, nbytes: int) -> int:
+        at, self.top = self.top, self.top + _align(max(nbytes, 1))
+        return at
+
+    def scratch_layout(self, t: TensorType) -> Layout:
+        return Layout(self.scratch(t.nbytes), contiguous_strides(t.shape), t)
+
+    def error_word(self, message: str) -> int:
+        if len(self.errors) >= ERROR_SLOTS:
+            raise GraphcError(f"cuda backend: more than {ERROR_SLOTS} run-time checks in one "
+                              "graph")
+        self.errors.append(message)
+        return self.errors_offset + 8 * (len(self.errors) - 1)
+
+    def place(self, node: Node) -> None:
+        plan = self.plan
+        for v in node.outputs:
+            if v.name in plan.views:
+                self.layouts[v] = self.view_layout(node, v)
+            elif v.name in plan.in_input:
+                self.layouts[v] = self.layouts[self.graph.inputs[
+                    self._index[plan.in_input[v.name]]]]
+            else:
+                self.layouts[v] = Layout(plan.offset(v.name), contiguous_strides(v.type.shape),
+                                         v.type)
+
+    def view_layout(self, node: Node, v: Value, src: Layout | None = None) -> Layout | None:
+        """Where `v` (a view op's output) lies in its source's memory; None if numpy copies."""
+        src = src or self.layouts[node.inputs[0]]
+        item = src.type.dtype.itemsize
+        span = sum((n - 1) * abs(s) for n, s in zip(src.type.shape, src.strides)) + 1
+        buf = np.empty(max(span, 1) + 8, src.type.dtype.np)
+        first = sum((n - 1) * -s for n, s in zip(src.type.shape, src.strides) if s < 0)
+        fake = np.ndarray(src.type.shape, src.type.dtype.np, buffer=buf, offset=first * item,
+                          strides=tuple(s * item for s in src.strides))
+        result = REGISTRY[node.op].kernel(fake, **node.attrs)
+        if not isinstance(result, np.ndarray) or (result.size and
+                                                  not np.may_share_memory(result, buf)):
+            if v.name in self.plan.views:
+                raise unsupported(node, "a view the plan expects but numpy copies")
+            return None
+        start = result.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
+        return Layout(src.offset + start - first * item,
+                      tuple(s // item for s in result.strides), v.type)
+
+    # ---- emitting ------------------------------------------------------------------------
+    def new_kernel(self, node: Node, threads: int) -> KernelText:
+        name = f"k{len(self.kernels)}_{node.op}"
+        return KernelText(name, threads)
+
+    def emit(self, k: KernelText) -> None:
+        if k.threads <= 0:
+            return
+        self.kernels.append(Kernel(k.name, k.threads, len(k.params), k.lines))
+        self.steps.append(Launch(k.name, k.threads, [Addr(o) for o in k.params]))
+
+    def call(self, function: str, *args, keep: tuple = ()) -> None:
+        self.steps.append(Call(function, args, keep))
+
+    def copy_to(self, src: Layout, dst: Layout, node: Node) -> None:
+        """dst (contiguous) = src, elementwise with broadcasting and casting."""
+        shape = dst.type.shape
+        k = self.new_kernel(node, dst.type.numel)
+        k.lines += cudagen.decompose(shape, "gi")
+        coords = [f"c{d}" for d in range(len(shape))]
+        value = cudagen.scalar("cast", {}, [k.read(src, coords, shape)], [src.type.dtype],
+                               dst.type.dtype)
+        k.lines.append(f"{k.at(dst, coords)} = {value};")
+        self.emit(k)
+
+    def contiguous(self, layout: Layout, node: Node) -> Layout:
+        """`layout` itself when contiguous, else a contiguous copy in scratch."""
+        if layout.contiguous:
+            return layout
+        copy = self.scratch_layout(layout.type)
+        self.copy_to(layout, copy, node)
+        return copy
+
+
+def lower(graph: Graph) -> Lowered:
+    """Lower a planned graph (see the module docstring)."""
+    from graphc.backends.cuda.ops import lower_node
+
+    plan = graph.meta["memory_plan"]
+    lowerer = Lowerer(graph, plan)
+    for node in plan.schedule:
+        lowerer.place(node)
+        lower_node(lowerer, node)
+    results = []
+    for v in list(graph.outputs) + [v for _, v in graph.updates]:
+        layout = lowerer.layouts[v]
+        if not layout.contiguous or v in graph.inputs:
+            copy = lowerer.scratch_layout(v.type)
+            lowerer.copy_to(layout, copy, Node("copy", [v], {}, [v]))
+            layout = copy
+        results.append(layout)
+    return Lowered(cudagen.render(lowerer.kernels), lowerer.top, lowerer.input_offsets, results,
+                   lowerer.steps, lowerer.errors_offset, lowerer.errors,
+                   [k.name for k in lowerer.kernels])
+
+
+__all__ = ["Addr", "BLOCK", "Call", "CudaLoweringError", "Launch", "Layout", "Lowered",
+           "Lowerer", "lower", "unsupported"]

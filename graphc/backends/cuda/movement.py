@@ -1,0 +1,286 @@
+"""movement: generated kernels for data movement, indexing, arg-reductions and random ops.
+
+`MOVEMENT_LOWERINGS` maps op names to `lower(lowerer, node)` (graphc.backends.cuda.ops
+dispatches to it). Every kernel runs one thread per output element (gathers) or per source
+element (scatters: the base is copied first, then values are added with atomicAdd, so
+repeated indices accumulate as numpy's `add.at`). Index checks follow the eager kernels'
+ranges (negative indices wrap where eager allows them); a bad index sets an error word
+(the executable raises IndexOutOfRangeError after the call) and is never dereferenced.
+Random ops follow graphc/ops/random.py's Philox stream exactly (same words, same
+conversions), reading `[seed, offset]` from their int64 seed input on the device.
+"""
+
+from __future__ import annotations
+
+from graphc.backends.cuda import cudagen
+from graphc.backends.cuda.lowering import Layout, Lowerer, unsupported
+from graphc.ir.graph import Node
+
+
+def _coords(n: int, prefix: str = "c") -> list[str]:
+    return [f"{prefix}{d}" for d in range(n)]
+
+
+def _start(lw: Lowerer, node: Node, threads: int | None = None):
+    out = lw.layouts[node.outputs[0]]
+    k = lw.new_kernel(node, out.type.numel if threads is None else threads)
+    return k, out
+
+
+def lower_copy_like(lw: Lowerer, node: Node) -> None:
+    """copy, and reshape/permute/slice/broadcast_to where the plan gave them a buffer."""
+    src, out = lw.layouts[node.inputs[0]], lw.layouts[node.outputs[0]]
+    view = None if node.op == "copy" else lw.view_layout(node, node.outputs[0], src)
+    if node.op == "copy":
+        view = Layout(src.offset, src.strides, src.type)
+    if view is not None:
+        return lw.copy_to(view, out, node)
+    # a reshape numpy copies: element i of the output is element i of the input, row-major
+    k, _ = _start(lw, node)
+    k.lines += cudagen.decompose(src.type.shape, "gi")
+    k.lines.append(f"{_flat(k, out)} = "
+                   f"{k.at(src, _coords(src.type.ndim))};")
+    lw.emit(k)
+
+
+def _flat(k, out: Layout) -> str:
+    return cudagen.load(k.ptr(out.offset), out.type.dtype, "gi")
+
+
+def lower_flip(lw: Lowerer, node: Node) -> None:
+    src = lw.layouts[node.inputs[0]]
+    k, out = _start(lw, node)
+    shape = out.type.shape
+    axes = {a % len(shape) for a in node.attrs["axes"]}
+    k.lines += cudagen.decompose(shape, "gi")
+    coords = [f"({shape[d] - 1}LL - c{d})" if d in axes else f"c{d}" for d in range(len(shape))]
+    k.lines.append(f"{_flat(k, out)} = {k.at(src, coords)};")
+    lw.emit(k)
+
+
+def lower_pad(lw: Lowerer, node: Node) -> None:
+    src = lw.layouts[node.inputs[0]]
+    k, out = _start(lw, node)
+    shape, pads = out.type.shape, node.attrs["pads"]
+    k.lines += cudagen.decompose(shape, "gi")
+    coords = [f"(c{d} - {pads[2 * d]}LL)" for d in range(len(shape))]
+    inside = " && ".join(f"{c} >= 0 && {c} < {n}LL" for c, n in zip(coords, src.type.shape))
+    value = cudagen.literal(node.attrs["value"], out.type.dtype)
+    k.lines.append(f"{_flat(k, out)} = ({inside or 'true'}) ? "
+                   f"{k.at(src, coords) if src.type.numel else value} : {value};")
+    lw.emit(k)
+
+
+def lower_concat(lw: Lowerer, node: Node) -> None:
+    k, out = _start(lw, node)
+    shape, axis = out.type.shape, node.attrs["axis"] % len(out.type.shape)
+    k.lines += cudagen.decompose(shape, "gi")
+    start, first = 0, True
+    for v in node.inputs:
+        layout = lw.layouts[v]
+        size = v.type.shape[axis]
+        if size == 0:
+            continue
+        coords = [f"(c{d} - {start}LL)" if d == axis else f"c{d}" for d in range(len(shape))]
+        value = cudagen.scalar("cast", {}, [k.at(layout, coords)], [v.type.dtype],
+                               out.type.dtype)
+        cond = f"c{axis} < {start + size}LL"
+        k.lines.append(f"{'' if first else 'else '}if ({cond}) {_flat(k, out)} = {value};")
+        start, first = start + size, False
+    lw.emit(k)
+
+
+def _checked_index(lw: Lowerer, k, node: Node, expr: str, size: int, negative: bool,
+                   what: str) -> None:
+    """Declare `ix` = the index `expr` wrapped and checked against [0, size)."""
+    word = lw.error_word(f"{node.op}: an index is out of bounds for dimension of size {size} "
+                         f"({what})")
+    k.lines.append(f"long long ix = {expr};")
+    if negative:
+        k.lines.append(f"if (ix < 0 && ix >= -{size}LL) ix += {size}LL;")
+    k.lines.append(f"if (ix < 0 || ix >= {size}LL) {{ "
+                   f"((long long *){k.ptr(word)})[0] = 1; return; }}")
+
+
+def lower_gather(lw: Lowerer, node: Node) -> None:
+    x, index = (lw.layouts[v] for v in node.inputs)
+    k, out = _start(lw, node)
+    shape, axis = out.type.shape, node.attrs["axis"]
+    if x.type.ndim == 0:
+        raise unsupported(node, "gather from a 0-d tensor")
+    axis %= x.type.ndim
+    coords = _coords(len(shape))
+    k.lines += cudagen.decompose(shape, "gi")
+    _checked_index(lw, k, node, k.at(index, coords), x.type.shape[axis], False, "gather")
+    src = ["ix" if d == axis else c for d, c in enumerate(coords)]
+    k.lines.append(f"{_flat(k, out)} = {k.at(x, src)};")
+    lw.emit(k)
+
+
+def _take_coords(x: Layout, index: Layout, axis: int, coords: list[str]):
+    """(x coords with `ix` at axis, index coords) for an element of take's output."""
+    ni = index.type.ndim
+    icoords = coords[axis:axis + ni]
+    xcoords = coords[:axis] + ["ix"] + coords[axis + ni:]
+    return xcoords, icoords
+
+
+def lower_take(lw: Lowerer, node: Node) -> None:
+    x, index = (lw.layouts[v] for v in node.inputs)
+    k, out = _start(lw, node)
+    axis = node.attrs["axis"] % x.type.ndim
+    coords = _coords(out.type.ndim)
+    k.lines += cudagen.decompose(out.type.shape, "gi")
+    xc, ic = _take_coords(x, index, axis, coords)
+    _checked_index(lw, k, node, k.at(index, ic), x.type.shape[axis], True, "take")
+    k.lines.append(f"{_flat(k, out)} = {k.at(x, xc)};")
+    lw.emit(k)
+
+
+def lower_embedding(lw: Lowerer, node: Node) -> None:
+    weight, indices = (lw.layouts[v] for v in node.inputs)
+    k, out = _start(lw, node)
+    coords = _coords(out.type.ndim)
+    k.lines += cudagen.decompose(out.type.shape, "gi")
+    _checked_index(lw, k, node, k.at(indices, coords[:-1]), weight.type.shape[0], False,
+                   "embedding")
+    k.lines.append(f"{_flat(k, out)} = {k.at(weight, ['ix', coords[-1]])};")
+    lw.emit(k)
+
+
+def _atomic(out: Layout, node: Node) -> str:
+    if out.type.dtype.name not in ("float32", "float64"):
+        raise unsupported(node, f"{node.op} on {out.type.dtype.name} (atomicAdd on floats only)")
+    return "atomicAdd"
+
+
+def lower_scatter(lw: Lowerer, node: Node) -> None:
+    """scatter_add, index_add, index_put, slice_scatter: copy the base, then write sources."""
+    out = lw.layouts[node.outputs[0]]
+    x = lw.layouts[node.inputs[0]]
+    if x.type.ndim == 0:
+        raise unsupported(node, f"{node.op} on a 0-d tensor")
+    lw.copy_to(x, out, node)
+    src = lw.layouts[node.inputs[-1]]
+    k = lw.new_kernel(node, src.type.numel)
+    coords = _coords(src.type.ndim)
+    k.lines += cudagen.decompose(src.type.shape, "gi")
+    value = k.at(src, coords)
+    if node.op == "slice_scatter":
+        starts, steps = node.attrs["starts"], node.attrs["steps"]
+        target = [f"({s}LL + c{d} * {st}LL)" for d, (s, st) in enumerate(zip(starts, steps))]
+        k.lines.append(f"{k.at(out, target)} = {value};")
+        return lw.emit(k)
+    index = lw.layouts[node.inputs[1]]
+    axis = node.attrs["axis"] % x.type.ndim
+    if node.op == "scatter_add":
+        _checked_index(lw, k, node, k.at(index, coords), x.type.shape[axis], False,
+                       "scatter_add")
+        target = ["ix" if d == axis else c for d, c in enumerate(coords)]
+    else:
+        target, ic = _take_coords(x, index, axis, coords)
+        _checked_index(lw, k, node, k.at(index, ic), x.type.shape[axis], True, node.op)
+    if node.op == "index_put":
+        k.lines.append(f"{k.at(out, target)} = {value};")
+    else:
+        k.lines.append(f"{_atomic(out, node)}(&{k.at(out, target)}, {value});")
+    lw.emit(k)
+
+
+def lower_embedding_backward(lw: Lowerer, node: Node) -> None:
+    g, indices = (lw.layouts[v] for v in node.inputs)
+    out = lw.layouts[node.outputs[0]]
+    lw.call("gc_memset", _addr(out), 0, out.type.nbytes, None)
+    k = lw.new_kernel(node, g.type.numel)
+    coords = _coords(g.type.ndim)
+    k.lines += cudagen.decompose(g.type.shape, "gi")
+    _checked_index(lw, k, node, k.at(indices, coords[:-1]), out.type.shape[0], False,
+                   "embedding_backward")
+    pad = node.attrs.get("padding_idx")
+    if pad is not None:
+        k.lines.append(f"if (ix == {pad % out.type.shape[0]}LL) return;")
+    k.lines.append(f"{_atomic(out, node)}(&{k.at(out, ['ix', coords[-1]])}, "
+                   f"{k.at(g, coords)});")
+    lw.emit(k)
+
+
+def _addr(layout: Layout):
+    from graphc.backends.cuda.lowering import Addr
+
+    return Addr(layout.offset)
+
+
+def lower_arg(lw: Lowerer, node: Node) -> None:
+    x = lw.layouts[node.inputs[0]]
+    k, out = _start(lw, node)
+    shape, is_min = x.type.shape, node.op == "argmin"
+    if not shape:
+        k.lines.append(f"{_flat(k, out)} = 0;")
+        return lw.emit(k)
+    axis = node.attrs["axis"] % len(shape)
+    kept = [d for d in range(len(shape)) if d != axis]
+    k.lines += cudagen.decompose(tuple(shape[d] for d in kept), "gi", "o")
+    k.lines += [f"long long c{d} = o{i};" for i, d in enumerate(kept)]
+    ct = cudagen.ctype(x.type.dtype)
+    k.lines.append(f"long long c{axis} = 0; {ct} best = {k.at(x, _coords(len(shape)))}; "
+                   "long long at = 0;")
+    k.lines.append(f"for (c{axis} = 1; c{axis} < {shape[axis]}LL; ++c{axis}) {{")
+    k.lines.append(f"  {ct} v = {k.at(x, _coords(len(shape)))};")
+    better = "v < best" if is_min else "v > best"
+    nan = "(v != v && best == best) || " if x.type.dtype.is_floating else ""
+    k.lines.append(f"  if ({nan}{better}) {{ best = v; at = c{axis}; }}")
+    k.lines.append("}")
+    k.lines.append(f"{_flat(k, out)} = at;")
+    lw.emit(k)
+
+
+def lower_random(lw: Lowerer, node: Node) -> None:
+    seed = lw.layouts[node.inputs[-1]]
+    k, out = _start(lw, node)
+    dt = out.type.dtype
+    ct = cudagen.ctype(dt)
+    k.lines.append(f"unsigned long long s = (unsigned long long){k.at(seed, ['0'])}; "
+                   f"unsigned long long o = (unsigned long long){k.at(seed, ['1'])};")
+    word = "gc_philox_word(s, o, (unsigned long long)gi)"
+    if node.op == "uniform":
+        value = f"gc_uniform_{'f32' if dt.name == 'float32' else 'f64'}(s, o, gi)"
+    elif node.op == "normal":
+        u = f"gc_uniform_{'f32' if dt.name == 'float32' else 'f64'}"
+        k.lines.append(f"double u1 = (double){u}(s, o, gi & ~1LL); "
+                       f"double u2 = (double){u}(s, o, gi | 1LL);")
+        k.lines.append("double r = sqrt(-2.0 * log(1.0 - u1)); "
+                       "double t = 6.283185307179586 * u2;")
+        value = f"({ct})((gi & 1) ? r * sin(t) : r * cos(t))"
+    elif node.op == "dropout":
+        x = lw.layouts[node.inputs[0]]
+        p = float(node.attrs["p"])
+        scale = cudagen.literal(0.0 if p == 1 else 1.0, dt)
+        scale = f"({scale} / ({ct})({cudagen.literal(1.0 - p, 'float64')}))" if p != 1 else \
+            scale
+        keep = f"gc_uniform24({word}) < {cudagen.literal(1.0 - p, 'float64')}"
+        coords = _coords(out.type.ndim)
+        k.lines += cudagen.decompose(out.type.shape, "gi")
+        value = f"{k.at(x, coords)} * (({keep}) ? {scale} : ({ct})0)"
+    elif node.op == "bernoulli":
+        p = lw.layouts[node.inputs[0]]
+        coords = _coords(out.type.ndim)
+        k.lines += cudagen.decompose(out.type.shape, "gi")
+        value = f"(gc_uniform24({word}) < (double){k.at(p, coords)} ? ({ct})1 : ({ct})0)"
+    else:
+        raise unsupported(node, node.op)
+    k.lines.append(f"{_flat(k, out)} = {value};")
+    lw.emit(k)
+
+
+MOVEMENT_LOWERINGS = {
+    "copy": lower_copy_like, "reshape": lower_copy_like, "permute": lower_copy_like,
+    "slice": lower_copy_like, "broadcast_to": lower_copy_like, "flip": lower_flip,
+    "pad": lower_pad, "concat": lower_concat, "gather": lower_gather, "take": lower_take,
+    "embedding": lower_embedding, "scatter_add": lower_scatter, "index_add": lower_scatter,
+    "index_put": lower_scatter, "slice_scatter": lower_scatter,
+    "embedding_backward": lower_embedding_backward, "argmax": lower_arg, "argmin": lower_arg,
+    "uniform": lower_random, "normal": lower_random, "dropout": lower_random,
+    "bernoulli": lower_random,
+}
+
+__all__ = ["MOVEMENT_LOWERINGS"]

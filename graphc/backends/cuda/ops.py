@@ -1,0 +1,510 @@
+"""ops: the per-op lowerings of the cuda backend (`lower_node(lowerer, node)`).
+
+Each function appends the node's kernels (graphc.backends.cuda.lowering.KernelText, text from
+graphc.backends.cuda.cudagen) or runtime library calls to the Lowerer, reading inputs where
+`lowerer.layouts` places them and writing its outputs' (contiguous) layouts. See
+graphc.backends.cuda.lowering for what is lowered and how memory is laid out.
+Invariants: a kernel writes each output element from exactly one thread, except the scatters
+(atomicAdd, after a copy of their base); index checks set an error word instead of reading
+out of bounds; float32 is the library's dtype, other dtypes take generated kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+from graphc.backends.cuda import cudagen, rt
+from graphc.backends.cuda.lowering import Addr, Layout, Lowerer, unsupported
+from graphc.ir.graph import Node
+from graphc.ops.registry import ELEMENTWISE, REGISTRY, SOURCE
+from graphc.types import TensorType
+
+_REDUCE = {"reduce_sum": "sum", "reduce_mean": "mean", "reduce_max": "max",
+           "reduce_min": "min", "reduce_prod": "prod"}
+
+
+def _coords(n: int, prefix: str = "c") -> list[str]:
+    return [f"{prefix}{d}" for d in range(n)]
+
+
+# ---- fused bodies -------------------------------------------------------------------------------
+def _body_lines(lw: Lowerer, k, node: Node, domain, coords, body, env: dict) -> list[str]:
+    """Statements computing `body` at `coords`; env: ref -> (expr, dtype) for refs known."""
+    lines, n_in = [], len(node.inputs)
+    known = dict(env)
+
+    def value(ref: int):
+        if ref not in known:
+            v = node.inputs[ref]
+            lines.append(f"{cudagen.ctype(v.type.dtype)} a{ref} = "
+                         f"{k.read(lw.layouts[v], coords, domain)};")
+            known[ref] = (f"a{ref}", v.type.dtype)
+        return known[ref]
+
+    for i, (op, args, attrs) in enumerate(body):
+        ref, attrs = n_in + i, dict(attrs)
+        if ref in known:
+            continue
+        operands = [value(a) for a in args]
+        types = [REGISTRY[op].infer(*(_type_of(node, a, body) for a in args), **attrs)]
+        out = types[0].dtype
+        if op == "broadcast_to":
+            expr = cudagen.scalar("cast", {}, [operands[0][0]], [operands[0][1]], out)
+        elif op == "full":
+            expr = cudagen.literal(attrs["value"], out)
+        elif op == "arange":
+            n = types[0].shape[0]
+            c = coords[-1] if n > 1 and coords else "0"
+            expr = f"(({cudagen.ctype(out)})({attrs['start']!r} + (double){c} * " \
+                   f"{attrs['step']!r}))"
+        elif REGISTRY[op].kind == ELEMENTWISE:
+            try:
+                expr = cudagen.scalar(REGISTRY[op].scalar, attrs, [o[0] for o in operands],
+                                      [o[1] for o in operands], out)
+            except KeyError:
+                raise unsupported(node, f"{op} on {out.name}") from None
+        else:
+            raise unsupported(node, f"{op} inside a fused body")
+        lines.append(f"{cudagen.ctype(out)} v{ref} = {expr};")
+        known[ref] = (f"v{ref}", out)
+    return lines
+
+
+def _type_of(node: Node, ref: int, body) -> TensorType:
+    n_in = len(node.inputs)
+    if ref < n_in:
+        return node.inputs[ref].type
+    env = [v.type for v in node.inputs]
+    for op, args, attrs in body[:ref - n_in + 1]:
+        env.append(REGISTRY[op].infer(*(env[a] for a in args), **dict(attrs)))
+    return env[ref]
+
+
+def _map(lw: Lowerer, node: Node, body, outputs, env=None) -> None:
+    """One kernel over the outputs' (common) shape computing `body` and storing `outputs`."""
+    first = lw.layouts[node.outputs[0]]
+    shape = first.type.shape
+    for v in node.outputs:
+        if v.type.shape != shape:
+            raise unsupported(node, "a fused group whose outputs differ in shape")
+    k = lw.new_kernel(node, first.type.numel)
+    coords = _coords(len(shape))
+    k.lines += cudagen.decompose(shape, "gi")
+    k.lines += _body_lines(lw, k, node, shape, coords, body, env or {})
+    for v, ref in zip(node.outputs, outputs):
+        k.lines.append(f"{k.at(lw.layouts[v], coords)} = v{ref};")
+    lw.emit(k)
+
+
+def lower_fused(lw: Lowerer, node: Node) -> None:
+    body, outputs = node.attrs["body"], node.attrs["outputs"]
+    n_in, last = len(node.inputs), body[-1][0]
+    if body[0][0] in ("matmul", "conv2d"):  # a contraction with an elementwise epilogue
+        t = _type_of(node, n_in, body)
+        tmp = lw.scratch_layout(t)
+        fake = Node(body[0][0], [node.inputs[a] for a in body[0][1]], dict(body[0][2]), [])
+        (lower_matmul if body[0][0] == "matmul" else lower_conv2d)(lw, fake, [tmp])
+        if n_in in outputs:
+            raise unsupported(node, "an epilogue group that returns its raw contraction")
+        return _map_with(lw, node, body, outputs, tmp)
+    if last in _REDUCE or last in ("softmax", "log_softmax"):
+        return _reduce_group(lw, node, body, outputs)
+    _map(lw, node, body, outputs)
+
+
+def _map_with(lw: Lowerer, node: Node, body, outputs, contraction: Layout) -> None:
+    """An epilogue: instruction 0's result lives in `contraction` (scratch)."""
+    first = lw.layouts[node.outputs[0]]
+    shape = first.type.shape
+    k = lw.new_kernel(node, first.type.numel)
+    coords = _coords(len(shape))
+    k.lines += cudagen.decompose(shape, "gi")
+    n_in = len(node.inputs)
+    k.lines.append(f"{cudagen.ctype(contraction.type.dtype)} v{n_in} = "
+                   f"{k.read(contraction, coords, shape)};")
+    env = {n_in: (f"v{n_in}", contraction.type.dtype)}
+    k.lines += _body_lines(lw, k, node, shape, coords, body, env)
+    for v, ref in zip(node.outputs, outputs):
+        k.lines.append(f"{k.at(lw.layouts[v], coords)} = v{ref};")
+    lw.emit(k)
+
+
+def _reduce_group(lw: Lowerer, node: Node, body, outputs) -> None:
+    n_in = len(node.inputs)
+    last_ref = n_in + len(body) - 1
+    op, args, attrs = body[-1]
+    attrs = dict(attrs)
+    src_type = _type_of(node, args[0], body)
+    for v, ref in zip(node.outputs, outputs):
+        if ref == last_ref:
+            _reduction(lw, node, body[:-1], args[0], src_type, op, attrs, lw.layouts[v])
+        elif v.type.shape == src_type.shape:
+            _map_one(lw, node, body[:ref - n_in + 1], ref, lw.layouts[v])
+        else:
+            raise unsupported(node, "a reduce group returning an intermediate of another shape")
+
+
+def _map_one(lw: Lowerer, node: Node, body, ref: int, out: Layout) -> None:
+    shape = out.type.shape
+    k = lw.new_kernel(node, out.type.numel)
+    coords = _coords(len(shape))
+    k.lines += cudagen.decompose(shape, "gi")
+    k.lines += _body_lines(lw, k, node, shape, coords, body, {})
+    k.lines.append(f"{k.at(out, coords)} = {_ref_expr(node, ref)};")
+    lw.emit(k)
+
+
+def _ref_expr(node: Node, ref: int) -> str:
+    return f"a{ref}" if ref < len(node.inputs) else f"v{ref}"
+
+
+def _identity(kind: str, dt) -> str:
+    if kind in ("sum", "mean"):
+        return cudagen.literal(0, dt)
+    if kind == "prod":
+        return cudagen.literal(1, dt)
+    big = kind == "min"
+    if dt.is_floating:
+        return cudagen.literal(math.inf if big else -math.inf, dt)
+    if dt.name == "bool":
+        return cudagen.literal(big, dt)
+    return f"({'9223372036854775807LL' if big else '(-9223372036854775807LL - 1)'})"
+
+
+def _combine(kind: str, acc: str, v: str, dt) -> str:
+    if kind in ("sum", "mean"):
+        return f"{acc} || {v}" if dt.name == "bool" else f"{acc} + {v}"
+    if kind == "prod":
+        return f"{acc} && {v}" if dt.name == "bool" else f"{acc} * {v}"
+    return f"gc_{kind}({acc}, {v})"
+
+
+def _reduction(lw: Lowerer, node: Node, body, src_ref: int, src: TensorType, op: str,
+               attrs: dict, out: Layout) -> None:
+    """out = op over `src_ref` (an input or a body value) computed at every source index."""
+    shape = src.shape
+    coords = _coords(len(shape))
+    if op in ("softmax", "log_softmax"):
+        return _softmax_kernel(lw, node, body, src_ref, src, op == "log_softmax",
+                               attrs["dim"] % max(len(shape), 1), out)
+    kind, axes = _REDUCE[op], tuple(a % max(len(shape), 1) for a in attrs["axes"])
+    kept = [d for d in range(len(shape)) if d not in axes]
+    red = [d for d in range(len(shape)) if d in axes]
+    dt = out.type.dtype
+    acc_t = "double" if dt.name == "float32" and kind in ("sum", "mean", "prod") else \
+        cudagen.ctype(dt)
+    k = lw.new_kernel(node, out.type.numel)
+    k.lines += cudagen.decompose(tuple(shape[d] for d in kept), "gi", "o")
+    k.lines += [f"long long c{d} = o{i};" for i, d in enumerate(kept)]
+    count = math.prod(shape[d] for d in red)
+    k.lines.append(f"{acc_t} acc = ({acc_t}){_identity(kind, dt)};")
+    k.lines.append(f"for (long long r = 0; r < {count}LL; ++r) {{")
+    inner = cudagen.decompose(tuple(shape[d] for d in red), "r", "q")
+    inner += [f"long long c{d} = q{i};" for i, d in enumerate(red)]
+    inner += _body_lines(lw, k, node, shape, coords, body, {})
+    value = k.read(lw.layouts[node.inputs[src_ref]], coords, shape) \
+        if src_ref < len(node.inputs) else f"v{src_ref}"
+    src_dt = src.dtype
+    inner.append(f"{acc_t} x = ({acc_t})({cudagen.scalar('cast', {}, [value], [src_dt], dt)});")
+    inner.append(f"acc = {_combine(kind, 'acc', 'x', dt)};")
+    k.lines += ["  " + line for line in inner] + ["}"]
+    result = f"acc / {count}.0" if kind == "mean" else "acc"
+    k.lines.append(f"{k.at(out, _kept_coords(out, kept, attrs))} = "
+                   f"({cudagen.ctype(dt)})({result});")
+    lw.emit(k)
+
+
+def _kept_coords(out: Layout, kept: list[int], attrs: dict) -> list[str]:
+    """Output coordinates: the kept source dims (and 0 for reduced ones with keepdim)."""
+    if out.type.ndim == len(kept):
+        return [f"c{d}" for d in kept]
+    return [f"c{d}" if d in kept else "0" for d in range(out.type.ndim)]
+
+
+def _softmax_kernel(lw: Lowerer, node: Node, body, src_ref: int, src: TensorType, log: bool,
+                    dim: int, out: Layout) -> None:
+    shape = src.shape
+    coords = _coords(len(shape))
+    ct = cudagen.ctype(out.type.dtype)
+    k = lw.new_kernel(node, out.type.numel)
+    k.lines += cudagen.decompose(shape, "gi")
+    k.lines.append(f"long long own = c{dim};")
+
+    def row_value() -> list[str]:
+        lines = [f"long long c{dim} = t;"]
+        lines += _body_lines(lw, k, node, shape, coords, body, {})
+        value = k.read(lw.layouts[node.inputs[src_ref]], coords, shape) \
+            if src_ref < len(node.inputs) else f"v{src_ref}"
+        return lines + [f"{ct} x = ({ct})({value});"]
+
+    n = shape[dim]
+    k.lines.append(f"{ct} mx = {cudagen.literal(-math.inf, out.type.dtype)}; "
+                   f"{ct} mine = 0; double total = 0;")
+    k.lines.append(f"for (long long t = 0; t < {n}LL; ++t) {{")
+    k.lines += ["  " + line for line in row_value()] + ["  mx = gc_max(mx, x);", "}"]
+    k.lines.append(f"for (long long t = 0; t < {n}LL; ++t) {{")
+    k.lines += ["  " + line for line in row_value()]
+    k.lines += ["  total += (double)gc_exp(x - mx);", "  if (t == own) mine = x;", "}"]
+    result = f"(mine - mx) - ({ct})log(total)" if log else f"gc_exp(mine - mx) / ({ct})total"
+    k.lines.append(f"{k.at(out, coords)} = {result};")
+    lw.emit(k)
+
+
+# ---- library-backed ops ----------------------------------------------------------------------
+def _f32(layout: Layout) -> bool:
+    return layout.type.dtype.name == "float32"
+
+
+def _gemm_operand(layout: Layout, rows: int, cols: int, strides, batch_strides):
+    """(trans, ld, batch stride) reading a (rows, cols) matrix from `strides`, or None."""
+    sr, sc = strides
+    if sc == 1 and (sr >= max(cols, 1) or rows == 1):
+        trans, ld = 0, max(sr if rows > 1 else cols, 1)
+    elif sr == 1 and (sc >= max(rows, 1) or cols == 1):
+        trans, ld = 1, max(sc if cols > 1 else rows, 1)
+    else:
+        return None
+    nonunit = [s for s in batch_strides if s]
+    stride = nonunit[-1] if nonunit else 0
+    expect = stride
+    return (trans, ld, stride) if all(s in (0, expect) for s in nonunit) and len(
+        set(nonunit)) <= 1 and len(nonunit) <= 1 else None
+
+
+def lower_matmul(lw: Lowerer, node: Node, outs=None) -> None:
+    a_l, b_l = (lw.layouts[v] for v in node.inputs[:2])
+    out = (outs or [lw.layouts[v] for v in node.outputs])[0]
+    ta, tb = a_l.type, b_l.type
+    k_dim = ta.shape[-1]
+    a_shape = ta.shape if ta.ndim >= 2 else (1, k_dim)
+    a_str = a_l.strides if ta.ndim >= 2 else (0, a_l.strides[0])
+    b_shape = tb.shape if tb.ndim >= 2 else (k_dim, 1)
+    b_str = b_l.strides if tb.ndim >= 2 else (b_l.strides[0], 1)
+    m, n = a_shape[-2], b_shape[-1]
+    batch = out.type.shape[:max(out.type.ndim - (ta.ndim >= 2) - (tb.ndim >= 2), 0)]
+    nb = math.prod(batch)
+
+    def batch_strides(shape, strides):
+        pad = len(batch) - (len(shape) - 2)
+        return tuple(0 if d < pad or shape[d - pad] == 1 else strides[d - pad]
+                     for d in range(len(batch)))
+
+    ga = _gemm_operand(a_l, m, k_dim, a_str[-2:], batch_strides(a_shape, a_str))
+    gb = _gemm_operand(b_l, k_dim, n, b_str[-2:], batch_strides(b_shape, b_str))
+    if _f32(a_l) and ga and gb and (nb <= 1 or len([d for d in batch if d > 1]) <= 1 or
+                                    (ga[2] in (0, m * k_dim) and gb[2] in (0, k_dim * n))):
+        if nb <= 1:
+            lw.call("gc_gemm_f32", ga[0], gb[0], m, n, k_dim, 1.0, Addr(a_l.offset), ga[1],
+                    Addr(b_l.offset), gb[1], 0.0, Addr(out.offset), max(n, 1), None)
+        else:
+            lw.call("gc_gemm_strided_batched_f32", ga[0], gb[0], m, n, k_dim, 1.0,
+                    Addr(a_l.offset), ga[1], ga[2], Addr(b_l.offset), gb[1], gb[2], 0.0,
+                    Addr(out.offset), max(n, 1), m * n, nb, None)
+        return
+    # any dtype and layout: one thread per output element
+    kt = lw.new_kernel(node, out.type.numel)
+    kt.lines += cudagen.decompose(batch + (m, n), "gi")
+    bc = _coords(len(batch))
+    nd = len(batch)
+    a_full = Layout(a_l.offset, batch_strides(a_shape, a_str) + tuple(a_str[-2:]),
+                    TensorType(batch + (m, k_dim), ta.dtype))
+    b_full = Layout(b_l.offset, batch_strides(b_shape, b_str) + tuple(b_str[-2:]),
+                    TensorType(batch + (k_dim, n), tb.dtype))
+    ct = cudagen.ctype(out.type.dtype)
+    acc = "double" if ct == "float" else ct
+    kt.lines.append(f"{acc} acc = 0;")
+    kt.lines.append(f"for (long long t = 0; t < {k_dim}LL; ++t) {{")
+    kt.lines.append(f"  acc += ({acc}){kt.at(a_full, bc + [f'c{nd}', 't'])} * "
+                    f"({acc}){kt.at(b_full, bc + ['t', f'c{nd + 1}'])};")
+    kt.lines.append("}")
+    kt.lines.append(f"(({ct} *){kt.ptr(out.offset)})[gi] = ({ct})acc;")
+    lw.emit(kt)
+
+
+def _conv_desc(x: TensorType, w: TensorType, y: TensorType, attrs: dict) -> rt.Conv2dDesc:
+    (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["padding"], attrs["dilation"]
+    return rt.Conv2dDesc(x.shape[0], x.shape[1], x.shape[2], x.shape[3], w.shape[0],
+                         w.shape[2], w.shape[3], sh, sw, ph, pw, dh, dw, attrs["groups"],
+                         y.shape[2], y.shape[3])
+
+
+def _workspace(lw: Lowerer, desc, which: str):
+    size = ctypes.c_int64(0)
+    try:
+        runtime = rt.runtime_library()
+        runtime.gc_conv2d_workspace_size(ctypes.byref(desc), rt.CONV2D_PASS[which],
+                                         ctypes.byref(size))
+    except rt.CudaRuntimeError:
+        raise
+    return Addr(lw.scratch(size.value)), size.value
+
+
+def _need_f32(node: Node, layouts) -> None:
+    if not all(_f32(layout) for layout in layouts):
+        raise unsupported(node, f"{node.op} on {layouts[0].type.dtype.name} (float32 only)")
+
+
+def lower_conv2d(lw: Lowerer, node: Node, outs=None) -> None:
+    x, w = (lw.contiguous(lw.layouts[v], node) for v in node.inputs[:2])
+    y = (outs or [lw.layouts[v] for v in node.outputs])[0]
+    _need_f32(node, [x, w])
+    desc = _conv_desc(x.type, w.type, y.type, node.attrs)
+    ws, nbytes = _workspace(lw, desc, "GC_CONV2D_FWD_IM2COL")
+    lw.call("gc_conv2d_fwd_f32", ctypes.byref(desc), rt.CONV2D_PASS["GC_CONV2D_FWD_IM2COL"],
+            Addr(x.offset), Addr(w.offset), None, Addr(y.offset), ws, nbytes, None,
+            keep=(desc,))
+
+
+def lower_conv2d_input_grad(lw: Lowerer, node: Node) -> None:
+    dy, w = (lw.contiguous(lw.layouts[v], node) for v in node.inputs[:2])
+    dx = lw.layouts[node.outputs[0]]
+    _need_f32(node, [dy, w])
+    desc = _conv_desc(dx.type, w.type, dy.type, node.attrs)
+    ws, nbytes = _workspace(lw, desc, "GC_CONV2D_BWD_DATA")
+    lw.call("gc_conv2d_bwd_data_f32", ctypes.byref(desc), Addr(dy.offset), Addr(w.offset),
+            Addr(dx.offset), ws, nbytes, None, keep=(desc,))
+
+
+def lower_conv2d_weight_grad(lw: Lowerer, node: Node) -> None:
+    dy, x = (lw.contiguous(lw.layouts[v], node) for v in node.inputs[:2])
+    dw = lw.layouts[node.outputs[0]]
+    _need_f32(node, [dy, x])
+    desc = _conv_desc(x.type, dw.type, dy.type, node.attrs)
+    ws, nbytes = _workspace(lw, desc, "GC_CONV2D_BWD_FILTER")
+    lw.call("gc_conv2d_bwd_filter_f32", ctypes.byref(desc), Addr(x.offset), Addr(dy.offset),
+            Addr(dw.offset), ws, nbytes, None, keep=(desc,))
+
+
+def _pool_desc(x_shape, y_shape, attrs: dict, dilation=(1, 1)) -> rt.Pool2dDesc:
+    kh, kw = attrs["kernel_size"]
+    (sh, sw), (ph, pw) = attrs["stride"], attrs["padding"]
+    dh, dw = attrs.get("dilation", dilation)
+    override = attrs.get("divisor_override") or 0
+    return rt.Pool2dDesc(x_shape[0] * x_shape[1], x_shape[2], x_shape[3], y_shape[2],
+                         y_shape[3], kh, kw, sh, sw, ph, pw, dh, dw,
+                         int(bool(attrs.get("count_include_pad", True))), override)
+
+
+def lower_pool(lw: Lowerer, node: Node) -> None:
+    ins = [lw.contiguous(lw.layouts[v], node) for v in node.inputs]
+    outs = [lw.layouts[v] for v in node.outputs]
+    _need_f32(node, ins[:1])
+    op, attrs = node.op, node.attrs
+    if op == "max_pool2d":
+        desc = _pool_desc(ins[0].type.shape, outs[0].type.shape, attrs)
+        lw.call("gc_max_pool2d_fwd_f32", ctypes.byref(desc), Addr(ins[0].offset),
+                Addr(outs[0].offset), Addr(outs[1].offset), None, keep=(desc,))
+    elif op == "avg_pool2d":
+        desc = _pool_desc(ins[0].type.shape, outs[0].type.shape, attrs)
+        lw.call("gc_avg_pool2d_fwd_f32", ctypes.byref(desc), Addr(ins[0].offset),
+                Addr(outs[0].offset), None, keep=(desc,))
+    elif op == "max_pool2d_grad":
+        gy, dx = ins[0], outs[0]
+        h, w = attrs["input_hw"]
+        desc = rt.Pool2dDesc(gy.type.shape[0] * gy.type.shape[1], h, w, gy.type.shape[2],
+                             gy.type.shape[3], 1, 1, 1, 1, 0, 0, 1, 1, 0, 0)
+        lw.call("gc_max_pool2d_bwd_f32", ctypes.byref(desc), Addr(gy.offset),
+                Addr(ins[1].offset), Addr(dx.offset), None, keep=(desc,))
+    else:  # avg_pool2d_grad
+        desc = _pool_desc(outs[0].type.shape, ins[0].type.shape, attrs)
+        lw.call("gc_avg_pool2d_bwd_f32", ctypes.byref(desc), Addr(ins[0].offset),
+                Addr(outs[0].offset), None, keep=(desc,))
+
+
+def lower_softmax(lw: Lowerer, node: Node) -> None:
+    x, y = lw.layouts[node.inputs[0]], lw.layouts[node.outputs[0]]
+    shape = x.type.shape
+    if not (_f32(x) and x.contiguous and shape):
+        return _reduction(lw, node, (), 0, x.type, node.op, dict(node.attrs), y)
+    dim = node.attrs["dim"] % len(shape)
+    lw.call("gc_softmax_fwd_f32", math.prod(shape[:dim]), shape[dim],
+            math.prod(shape[dim + 1:]), int(node.op == "log_softmax"), Addr(x.offset),
+            Addr(y.offset), None)
+
+
+def lower_reduce(lw: Lowerer, node: Node) -> None:
+    x, y = lw.layouts[node.inputs[0]], lw.layouts[node.outputs[0]]
+    shape, axes = x.type.shape, sorted(a % max(x.type.ndim, 1) for a in node.attrs["axes"])
+    run = axes and axes == list(range(axes[0], axes[-1] + 1))
+    if _f32(x) and _f32(y) and x.contiguous and run and x.type.numel:
+        lw.call("gc_reduce_f32", rt.REDUCE_OP[f"GC_REDUCE_{_REDUCE[node.op].upper()}"],
+                math.prod(shape[:axes[0]]), math.prod(shape[a] for a in axes),
+                math.prod(shape[axes[-1] + 1:]), Addr(x.offset), Addr(y.offset), None)
+        return
+    _reduction(lw, node, (), 0, x.type, node.op, dict(node.attrs), y)
+
+
+_NLL_REDUCTION = {"none": 0, "mean": 1, "sum": 2}
+
+
+def lower_nll(lw: Lowerer, node: Node) -> None:
+    ins = [lw.contiguous(lw.layouts[v], node) for v in node.inputs]
+    outs = [lw.layouts[v] for v in node.outputs]
+    _need_f32(node, ins[:1])
+    attrs = node.attrs
+    red = _NLL_REDUCTION[attrs["reduction"]]
+    if node.op == "nll_loss":
+        shape = ins[0].type.shape
+        n, classes, inner = (1, shape[0], 1) if len(shape) == 1 else \
+            (shape[0], shape[1], math.prod(shape[2:]))
+        bad = lw.error_word(f"nll_loss: a target is out of bounds (node {format_op(node)})")
+        lw.call("gc_nll_loss_fwd_f32", n, classes, inner, Addr(ins[0].offset),
+                Addr(ins[1].offset), Addr(ins[2].offset), attrs["ignore_index"], red,
+                Addr(outs[0].offset), Addr(outs[1].offset), Addr(bad), None)
+    else:
+        shape = attrs["input_shape"]
+        n, classes, inner = (1, shape[0], 1) if len(shape) == 1 else \
+            (shape[0], shape[1], math.prod(shape[2:]))
+        lw.call("gc_nll_loss_bwd_f32", n, classes, inner, Addr(ins[0].offset),
+                Addr(ins[1].offset), Addr(ins[2].offset), Addr(ins[3].offset),
+                attrs["ignore_index"], red, Addr(outs[0].offset), None)
+
+
+def format_op(node: Node) -> str:
+    from graphc.ir.printer import format_node
+
+    return format_node(node)
+
+
+def lower_batch_norm(lw: Lowerer, node: Node) -> None:
+    ins = [lw.contiguous(lw.layouts[v], node) for v in node.inputs]
+    y, mean, invstd = (lw.layouts[v] for v in node.outputs)
+    _need_f32(node, ins)
+    shape = ins[0].type.shape
+    lw.call("gc_batch_norm_fwd_f32", shape[0], shape[1], math.prod(shape[2:]),
+            int(node.attrs["training"]), float(node.attrs["eps"]),
+            *(Addr(i.offset) for i in ins), Addr(y.offset), Addr(mean.offset),
+            Addr(invstd.offset), None)
+
+
+def lower_node(lw: Lowerer, node: Node) -> None:
+    """Append the kernels and calls of one scheduled node."""
+    from graphc.backends.cuda.movement import MOVEMENT_LOWERINGS
+
+    op = node.op
+    if op in ("reshape", "permute", "broadcast_to", "slice") and all(
+            v.name in lw.plan.views for v in node.outputs):
+        return  # a view: its Layout says where it is
+    if any(v.type.numel == 0 for v in node.outputs) and op not in ("nll_loss",):
+        return
+    d = REGISTRY.get(op)
+    if op == "fused":
+        return lower_fused(lw, node)
+    if d is not None and d.kind == ELEMENTWISE or (d is not None and d.kind == SOURCE):
+        body = ((op, tuple(range(len(node.inputs))), tuple(node.attrs.items())),)
+        return _map(lw, node, body, (len(node.inputs),))
+    table = {"matmul": lower_matmul, "conv2d": lower_conv2d,
+             "conv2d_input_grad": lower_conv2d_input_grad,
+             "conv2d_weight_grad": lower_conv2d_weight_grad, "max_pool2d": lower_pool,
+             "avg_pool2d": lower_pool, "max_pool2d_grad": lower_pool,
+             "avg_pool2d_grad": lower_pool, "softmax": lower_softmax,
+             "log_softmax": lower_softmax, "nll_loss": lower_nll,
+             "nll_loss_backward": lower_nll, "batch_norm": lower_batch_norm,
+             **{name: lower_reduce for name in _REDUCE}, **MOVEMENT_LOWERINGS}
+    if op not in table:
+        raise unsupported(node, op)
+    table[op](lw, node)
+
+
+__all__ = ["lower_node"]
