@@ -307,17 +307,19 @@ def run(options: DemoOptions, out: TextIO | None = None) -> int:
                         f"{len(data.x_train)}", exit_code=2)
     folder = prepare_folder(options.out)
     check_backend(options.backend)
-    print(f"graphc demo: {MODEL_TEXT}\n  on scikit-learn's digits ({len(data.y_train)} "
-          f"training / {len(data.y_test)} test images, 8x8); Adam lr {LEARNING_RATE}, "
-          f"batch {options.batch_size}, {options.epochs} epoch{'s' * (options.epochs != 1)}, "
-          f"seed {options.seed}; the step compiled for backend {options.backend}",
-          file=out, flush=True)
+    header = [f"graphc demo: a small CNN on scikit-learn's digits, the whole training step "
+              f"compiled (backend {options.backend})",
+              f"  model  {MODEL_TEXT}",
+              f"  data   {len(data.y_train)} training / {len(data.y_test)} test images (8x8); "
+              f"Adam lr {LEARNING_RATE}, batch {options.batch_size}, {options.epochs} "
+              f"epoch{'s' * (options.epochs != 1)}, seed {options.seed}"]
+    print("\n".join(header), file=out, flush=True)
     result = train(options, data)
     timings = step_timings(result.model, data, options.batch_size, LEARNING_RATE)
     lines = summary_lines(options, data, result, timings)
     written = write_artifacts(folder, result.step)
     lines.append(f"total time      {time.perf_counter() - started:.1f} s")
     lines.append(f"wrote           {folder}/: {', '.join(written + ['summary.txt'])}")
-    write_summary(folder, lines, result.step)
+    write_summary(folder, header + lines, result.step)
     print("\n".join(lines), file=out)
     return 0

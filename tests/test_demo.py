@@ -42,7 +42,7 @@ def test_small_demo_prints_its_summary_and_writes_valid_files(capsys, tmp_path, 
     printed = capsys.readouterr()
     assert rc == 0, printed.err
     text = printed.out
-    assert "240 training / 60 test images" in text
+    assert "240 training / 60 test images" in text and "(backend cpu)" in text
     train, test = re.search(r"accuracy\s+train (\d+\.\d)%\s+test (\d+\.\d)%", text).groups()
     assert 0.0 <= float(train) <= 100.0 and 0.0 <= float(test) <= 100.0
     compile_seconds = re.search(r"compile time\s+(\d+\.\d+) s for 2 traces", text).group(1)
