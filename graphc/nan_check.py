@@ -14,7 +14,11 @@ call through `run_checked`, which
   (its text and line number in the printed graph) and the user's source line.
 graphc.compile asks for the check before it binds the call's inputs, so nothing has been
 written back when the error is raised: parameters, optimizer state, `.grad`s and generators
-are as they were before the call, and the compiled callable stays usable.
+are as they were before the call, and the compiled callable stays usable. On the first call of
+a signature (the tracing call, which runs eagerly) graphc.compile undoes the eager run and runs
+the compiled graph through the same check; should it fail, the call leaves no executable
+behind and `LazyState` drops the optimizer state the eager run created lazily, so the next call
+traces afresh.
 
 Off by default, and then free: graphc.compile does not call this module at all.
 
@@ -42,7 +46,7 @@ from graphc.ir.graph import Graph, Node
 from graphc.ir.interpreter import Interpreter
 from graphc.ir.printer import format_node
 
-__all__ = ["Check", "NonFiniteError", "run_checked"]
+__all__ = ["Check", "LazyState", "NonFiniteError", "run_checked"]
 
 
 class NonFiniteError(GraphcError, RuntimeError):
@@ -83,6 +87,30 @@ class Check:
     def rewind(self) -> None:
         for generator, seed, offset in self._generators:
             generator._seed, generator._offset = seed, offset
+
+
+class LazyState:
+    """The state keys of every optimizer a call can reach, taken before its first (tracing)
+    call: when the checked compiled run of that call fails, `drop_new()` removes the state the
+    undone eager run created lazily (momentum buffers, Adam's moments), which
+    `TraceResult.restore` does not know about."""
+
+    def __init__(self, fn, args: tuple, kwargs: dict) -> None:
+        from graphc.optim.optimizer import Optimizer
+        from graphc.tracing import reachable
+
+        optimizers = [obj for _, obj in reachable(fn, args, kwargs) if isinstance(obj, Optimizer)]
+        self._before = [(opt, {id(p): set(state) for p, state in opt.state.items()})
+                        for opt in optimizers]
+
+    def drop_new(self) -> None:
+        for opt, before in self._before:
+            for p, state in list(opt.state.items()):
+                if id(p) not in before:
+                    del opt.state[p]
+                    continue
+                for key in set(state) - before[id(p)]:
+                    del state[key]
 
 
 class _Found(GraphcError):
