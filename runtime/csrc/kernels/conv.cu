@@ -1,0 +1,313 @@
+/* conv.cu: 2-D convolution (NCHW, weight (c_out, c_in / groups, kh, kw)): gc_conv2d_check,
+ * gc_conv2d_workspace_size, the forward (im2col + GEMM or implicit GEMM), backward data
+ * (GEMM + col2im), backward filter (im2col + GEMM accumulated over the batch) and the bias
+ * gradient, with stride, padding, dilation and groups.
+ *
+ * Per group g, with K = (c_in / groups) * kh * kw and P = out_h * out_w:
+ *   forward      y_g[c_out/groups, P] = W_g[c_out/groups, K] @ col_g[K, P] + bias_g
+ *   backward data  col_g[K, P] = W_g^T @ dy_g, then dx = col2im(col) (a gather: each dx element
+ *                sums the column entries that read it; deterministic, no atomics)
+ *   backward filter dW_g += dy_g[c_out/groups, P] @ col_g^T (beta = 0 for the first image)
+ * The groups are the batch (blockIdx.z) of gemm_tile.cuh's kernel. The im2col passes work one
+ * image at a time through a column buffer of c_in * kh * kw * P floats (the workspace); the
+ * implicit GEMM reads x through an im2col view instead, over all images at once (its GEMM
+ * columns are n * P), and needs no workspace.
+ * Invariants: the descriptor is re-checked by every entry (out_h/out_w must be what
+ * gc_conv2d_check computes); a workspace smaller than gc_conv2d_workspace_size gives
+ * GC_ERROR_WORKSPACE before any launch.
+ */
+#include "gemm_tile.cuh"
+
+using namespace gc_kernels;
+
+namespace {
+
+/* The column matrix of one image: col[(ci * kh + ki) * kw + kj][oh * out_w + ow]. */
+__global__ void im2col_kernel(gc_conv2d_desc d, const float *x, float *col) {
+    const int64_t p_count = d.out_h * d.out_w, total = d.c_in * d.kh * d.kw * p_count;
+    for (int64_t i = global_thread_index(); i < total; i += global_thread_count()) {
+        const int64_t p = i % p_count, row = i / p_count;
+        const int64_t kj = row % d.kw, ki = (row / d.kw) % d.kh, ci = row / (d.kw * d.kh);
+        const int64_t ih = (p / d.out_w) * d.stride_h - d.pad_h + ki * d.dilation_h;
+        const int64_t iw = (p % d.out_w) * d.stride_w - d.pad_w + kj * d.dilation_w;
+        col[i] = (ih >= 0 && ih < d.h && iw >= 0 && iw < d.w) ? x[(ci * d.h + ih) * d.w + iw]
+                                                              : 0.0f;
+    }
+}
+
+/* dx of one image from its column matrix: the transpose of im2col_kernel. */
+__global__ void col2im_kernel(gc_conv2d_desc d, const float *col, float *dx) {
+    const int64_t p_count = d.out_h * d.out_w, total = d.c_in * d.h * d.w;
+    for (int64_t i = global_thread_index(); i < total; i += global_thread_count()) {
+        const int64_t iw = i % d.w, ih = (i / d.w) % d.h, ci = i / (d.w * d.h);
+        float sum = 0.0f;
+        for (int64_t ki = 0; ki < d.kh; ++ki) {
+            const int64_t oh_scaled = ih + d.pad_h - ki * d.dilation_h;
+            if (oh_scaled < 0 || oh_scaled % d.stride_h != 0) continue;
+            const int64_t oh = oh_scaled / d.stride_h;
+            if (oh >= d.out_h) continue;
+            for (int64_t kj = 0; kj < d.kw; ++kj) {
+                const int64_t ow_scaled = iw + d.pad_w - kj * d.dilation_w;
+                if (ow_scaled < 0 || ow_scaled % d.stride_w != 0) continue;
+                const int64_t ow = ow_scaled / d.stride_w;
+                if (ow >= d.out_w) continue;
+                sum += col[((ci * d.kh + ki) * d.kw + kj) * p_count + oh * d.out_w + ow];
+            }
+        }
+        dx[i] = sum;
+    }
+}
+
+/* x through an im2col view, as the B operand (K x n*P) of one group's GEMM. */
+struct ImplicitConvInput {
+    static constexpr bool K_CONTIGUOUS = false; /* 4 consecutive output pixels per load */
+    gc_conv2d_desc d;
+    const float *x;
+    int64_t channel0; /* first input channel of the selected group */
+
+    __device__ void select(int64_t group) { channel0 = group * (d.c_in / d.groups); }
+
+    __device__ void load4(int64_t kidx, int64_t column, float (&v)[4]) const {
+        const int64_t k_count = (d.c_in / d.groups) * d.kh * d.kw;
+        const int64_t p_count = d.out_h * d.out_w, columns = d.n * p_count;
+        const int64_t kj = kidx % d.kw, ki = (kidx / d.kw) % d.kh, ci = kidx / (d.kw * d.kh);
+        GC_UNROLL
+        for (int i = 0; i < 4; ++i) {
+            const int64_t c = column + i;
+            v[i] = 0.0f;
+            if (kidx >= k_count || c >= columns) continue;
+            const int64_t image = c / p_count, p = c % p_count;
+            const int64_t ih = (p / d.out_w) * d.stride_h - d.pad_h + ki * d.dilation_h;
+            const int64_t iw = (p % d.out_w) * d.stride_w - d.pad_w + kj * d.dilation_w;
+            if (ih >= 0 && ih < d.h && iw >= 0 && iw < d.w)
+                v[i] = x[((image * d.c_in + channel0 + ci) * d.h + ih) * d.w + iw];
+        }
+    }
+};
+
+/* One group's GEMM result (c_out/groups x n*P) written into NCHW y with the bias added. */
+struct ConvOutput {
+    gc_conv2d_desc d;
+    float *y;
+    const float *bias;
+    int64_t channel0; /* first output channel of the selected group */
+
+    __device__ void select(int64_t group) { channel0 = group * (d.c_out / d.groups); }
+
+    __device__ void store4(int64_t row, int64_t column, const float (&v)[4]) const {
+        const int64_t p_count = d.out_h * d.out_w, columns = d.n * p_count;
+        if (row >= d.c_out / d.groups) return;
+        const int64_t channel = channel0 + row;
+        const float add = bias ? bias[channel] : 0.0f;
+        GC_UNROLL
+        for (int i = 0; i < 4; ++i) {
+            const int64_t c = column + i;
+            if (c >= columns) break;
+            y[((c / p_count) * d.c_out + channel) * p_count + c % p_count] = v[i] + add;
+        }
+    }
+};
+
+__global__ void bias_grad_kernel(gc_conv2d_desc d, const float *dy, float *dbias) {
+    __shared__ float scratch[kThreads];
+    const int64_t p_count = d.out_h * d.out_w, m = d.n * p_count;
+    for (int64_t channel = blockIdx.x; channel < d.c_out; channel += gridDim.x) {
+        float local = 0.0f;
+        for (int64_t e = threadIdx.x; e < m; e += blockDim.x)
+            local += dy[((e / p_count) * d.c_out + channel) * p_count + e % p_count];
+        const float sum = block_reduce(local, SumOp(), scratch);
+        if (threadIdx.x == 0) dbias[channel] = sum;
+    }
+}
+
+int64_t column_buffer_bytes(const gc_conv2d_desc &d) {
+    return d.c_in * d.kh * d.kw * d.out_h * d.out_w * (int64_t)sizeof(float);
+}
+
+/* gc_conv2d_check's rules, reported under the caller's name; fills out_h/out_w. */
+gc_status check_desc(const char *fn, gc_conv2d_desc *d) {
+    if (d == nullptr) return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
+    if (d->n < 0 || d->c_in <= 0 || d->h <= 0 || d->w <= 0 || d->c_out <= 0 || d->kh <= 0 ||
+        d->kw <= 0)
+        return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: expected n >= 0 and c_in, h, w, c_out, "
+                       "kh, kw > 0, got n=%lld c_in=%lld h=%lld w=%lld c_out=%lld kh=%lld "
+                       "kw=%lld", fn, (long long)d->n, (long long)d->c_in, (long long)d->h,
+                       (long long)d->w, (long long)d->c_out, (long long)d->kh, (long long)d->kw);
+    if (d->stride_h <= 0 || d->stride_w <= 0 || d->dilation_h <= 0 || d->dilation_w <= 0 ||
+        d->pad_h < 0 || d->pad_w < 0)
+        return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: expected stride and dilation > 0 and "
+                       "padding >= 0, got stride %lldx%lld, dilation %lldx%lld, padding "
+                       "%lldx%lld", fn, (long long)d->stride_h, (long long)d->stride_w,
+                       (long long)d->dilation_h, (long long)d->dilation_w, (long long)d->pad_h,
+                       (long long)d->pad_w);
+    if (d->groups <= 0 || d->c_in % d->groups != 0 || d->c_out % d->groups != 0)
+        return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: groups = %lld must be > 0 and divide "
+                       "c_in = %lld and c_out = %lld", fn, (long long)d->groups,
+                       (long long)d->c_in, (long long)d->c_out);
+    const int64_t span_h = d->dilation_h * (d->kh - 1) + 1, span_w = d->dilation_w * (d->kw - 1) + 1;
+    if (span_h > d->h + 2 * d->pad_h || span_w > d->w + 2 * d->pad_w)
+        return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: the dilated kernel (%lldx%lld) is larger "
+                       "than the padded input (%lldx%lld)", fn, (long long)span_h,
+                       (long long)span_w, (long long)(d->h + 2 * d->pad_h),
+                       (long long)(d->w + 2 * d->pad_w));
+    d->out_h = (d->h + 2 * d->pad_h - span_h) / d->stride_h + 1;
+    d->out_w = (d->w + 2 * d->pad_w - span_w) / d->stride_w + 1;
+    return GC_SUCCESS;
+}
+
+/* Re-checks a caller's descriptor into `checked` (out_h/out_w must match) and the workspace. */
+gc_status check_call(const char *fn, const gc_conv2d_desc *desc, gc_conv2d_desc *checked,
+                     int64_t workspace_needed, const void *workspace, int64_t workspace_bytes) {
+    if (desc == nullptr) return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
+    *checked = *desc;
+    GC_TRY(check_desc(fn, checked));
+    if (checked->out_h != desc->out_h || checked->out_w != desc->out_w)
+        return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: desc has out_h x out_w = %lldx%lld but "
+                       "its geometry gives %lldx%lld; call gc_conv2d_check on it first", fn,
+                       (long long)desc->out_h, (long long)desc->out_w,
+                       (long long)checked->out_h, (long long)checked->out_w);
+    if (workspace_needed > 0 && (workspace == nullptr || workspace_bytes < workspace_needed))
+        return gc_fail(GC_ERROR_WORKSPACE, "%s: the workspace (%p, %lld bytes) is smaller than "
+                       "the %lld bytes gc_conv2d_workspace_size asks for", fn, workspace,
+                       (long long)workspace_bytes, (long long)workspace_needed);
+    return GC_SUCCESS;
+}
+
+gc_status require_pointers(const char *fn, const void *a, const void *b, const void *c) {
+    if (a == nullptr || b == nullptr || c == nullptr)
+        return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: a tensor pointer is NULL (got %p, %p, "
+                       "%p)", fn, a, b, c);
+    return GC_SUCCESS;
+}
+
+gc_status launch_im2col(const gc_conv2d_desc &d, const float *x_image, float *col,
+                        gc_stream stream, const char *fn) {
+    const int64_t total = d.c_in * d.kh * d.kw * d.out_h * d.out_w;
+    GC_LAUNCH(im2col_kernel, grid_1d(total), dim3(kThreads, 1, 1), 0, stream)(d, x_image, col);
+    GC_CHECK_LAUNCH(fn);
+    return GC_SUCCESS;
+}
+
+} /* namespace */
+
+extern "C" gc_status gc_conv2d_check(gc_conv2d_desc *desc) {
+    return check_desc("gc_conv2d_check", desc);
+}
+
+extern "C" gc_status gc_conv2d_workspace_size(const gc_conv2d_desc *desc, gc_conv2d_pass pass,
+                                              int64_t *bytes) {
+    const char *fn = "gc_conv2d_workspace_size";
+    GC_REQUIRE(bytes != nullptr, "bytes is NULL");
+    gc_conv2d_desc checked;
+    GC_TRY(check_call(fn, desc, &checked, 0, nullptr, 0));
+    switch (pass) {
+    case GC_CONV2D_FWD_IMPLICIT: *bytes = 0; return GC_SUCCESS;
+    case GC_CONV2D_FWD_IM2COL:
+    case GC_CONV2D_BWD_DATA:
+    case GC_CONV2D_BWD_FILTER: *bytes = column_buffer_bytes(checked); return GC_SUCCESS;
+    default:
+        return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: pass must be a gc_conv2d_pass (0..3), "
+                       "got %d", fn, (int)pass);
+    }
+}
+
+extern "C" gc_status gc_conv2d_fwd_f32(const gc_conv2d_desc *desc, gc_conv2d_pass pass,
+                                       const float *x, const float *weight, const float *bias,
+                                       float *y, void *workspace, int64_t workspace_bytes,
+                                       gc_stream stream) {
+    const char *fn = "gc_conv2d_fwd_f32";
+    GC_REQUIRE(pass == GC_CONV2D_FWD_IM2COL || pass == GC_CONV2D_FWD_IMPLICIT,
+               "pass must be GC_CONV2D_FWD_IM2COL or GC_CONV2D_FWD_IMPLICIT, got %d", (int)pass);
+    gc_conv2d_desc d;
+    const bool im2col = pass == GC_CONV2D_FWD_IM2COL;
+    GC_TRY(check_call(fn, desc, &d, im2col && desc ? column_buffer_bytes(*desc) : 0, workspace,
+                      workspace_bytes));
+    if (d.n == 0) return GC_SUCCESS;
+    GC_TRY(require_pointers(fn, x, weight, y));
+    const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
+    const int64_t p_count = d.out_h * d.out_w;
+    const auto op_w = matrix_operand<true>(weight, k, c_out_g * k, c_out_g, k);
+    if (!im2col) {
+        const ImplicitConvInput op_x{d, x, 0};
+        const ConvOutput out{d, y, bias, 0};
+        return launch_gemm_tiles(op_w, op_x, out, c_out_g, d.n * p_count, k, d.groups, stream,
+                                 fn);
+    }
+    float *col = static_cast<float *>(workspace);
+    for (int64_t image = 0; image < d.n; ++image) {
+        GC_TRY(launch_im2col(d, x + image * d.c_in * d.h * d.w, col, stream, fn));
+        const auto op_col = matrix_operand<false>(col, p_count, k * p_count, k, p_count);
+        const MatrixOutput out = matrix_output(y + image * d.c_out * p_count, p_count,
+                                               c_out_g * p_count, c_out_g, p_count, 1.0f, 0.0f,
+                                               bias, c_out_g);
+        GC_TRY(launch_gemm_tiles(op_w, op_col, out, c_out_g, p_count, k, d.groups, stream, fn));
+    }
+    return GC_SUCCESS;
+}
+
+extern "C" gc_status gc_conv2d_bwd_data_f32(const gc_conv2d_desc *desc, const float *dy,
+                                            const float *weight, float *dx, void *workspace,
+                                            int64_t workspace_bytes, gc_stream stream) {
+    const char *fn = "gc_conv2d_bwd_data_f32";
+    gc_conv2d_desc d;
+    GC_TRY(check_call(fn, desc, &d, desc ? column_buffer_bytes(*desc) : 0, workspace,
+                      workspace_bytes));
+    if (d.n == 0) return GC_SUCCESS;
+    GC_TRY(require_pointers(fn, dy, weight, dx));
+    const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
+    const int64_t p_count = d.out_h * d.out_w, dx_image = d.c_in * d.h * d.w;
+    float *col = static_cast<float *>(workspace);
+    /* op(A) = W_g^T (k x c_out_g): W_g is stored (c_out_g, k), so A is transposed */
+    const auto op_wt = matrix_operand<false>(weight, k, c_out_g * k, c_out_g, k);
+    for (int64_t image = 0; image < d.n; ++image) {
+        const auto op_dy = matrix_operand<false>(dy + image * d.c_out * p_count, p_count,
+                                                 c_out_g * p_count, c_out_g, p_count);
+        const MatrixOutput out = matrix_output(col, p_count, k * p_count, k, p_count, 1.0f, 0.0f,
+                                               nullptr, 0);
+        GC_TRY(launch_gemm_tiles(op_wt, op_dy, out, k, p_count, c_out_g, d.groups, stream, fn));
+        GC_LAUNCH(col2im_kernel, grid_1d(dx_image), dim3(kThreads, 1, 1), 0, stream)(
+            d, col, dx + image * dx_image);
+        GC_CHECK_LAUNCH(fn);
+    }
+    return GC_SUCCESS;
+}
+
+extern "C" gc_status gc_conv2d_bwd_filter_f32(const gc_conv2d_desc *desc, const float *x,
+                                              const float *dy, float *dweight, void *workspace,
+                                              int64_t workspace_bytes, gc_stream stream) {
+    const char *fn = "gc_conv2d_bwd_filter_f32";
+    gc_conv2d_desc d;
+    GC_TRY(check_call(fn, desc, &d, desc ? column_buffer_bytes(*desc) : 0, workspace,
+                      workspace_bytes));
+    GC_REQUIRE(dweight != nullptr, "dweight is NULL");
+    const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
+    const int64_t p_count = d.out_h * d.out_w;
+    if (d.n == 0) return gc_fill_f32(dweight, 0.0f, d.c_out * k, stream); /* no images: 0 */
+    GC_TRY(require_pointers(fn, x, dy, dweight));
+    float *col = static_cast<float *>(workspace);
+    /* op(B) = col_g^T (p_count x k): col_g is stored (k, p_count), so B is transposed */
+    const auto op_colt = matrix_operand<true>(col, p_count, k * p_count, k, p_count);
+    for (int64_t image = 0; image < d.n; ++image) {
+        GC_TRY(launch_im2col(d, x + image * d.c_in * d.h * d.w, col, stream, fn));
+        const auto op_dy = matrix_operand<true>(dy + image * d.c_out * p_count, p_count,
+                                                c_out_g * p_count, c_out_g, p_count);
+        const MatrixOutput out = matrix_output(dweight, k, c_out_g * k, c_out_g, k, 1.0f,
+                                               image == 0 ? 0.0f : 1.0f, nullptr, 0);
+        GC_TRY(launch_gemm_tiles(op_dy, op_colt, out, c_out_g, k, p_count, d.groups, stream, fn));
+    }
+    return GC_SUCCESS;
+}
+
+extern "C" gc_status gc_conv2d_bwd_bias_f32(const gc_conv2d_desc *desc, const float *dy,
+                                            float *dbias, gc_stream stream) {
+    const char *fn = "gc_conv2d_bwd_bias_f32";
+    gc_conv2d_desc d;
+    GC_TRY(check_call(fn, desc, &d, 0, nullptr, 0));
+    GC_REQUIRE(dbias != nullptr && (dy != nullptr || d.n == 0),
+               "dy and dbias must not be NULL (got %p, %p)", (const void *)dy, (void *)dbias);
+    const int64_t blocks = d.c_out < kMaxBlocks ? d.c_out : kMaxBlocks;
+    GC_LAUNCH(bias_grad_kernel, dim3((unsigned)blocks, 1, 1), dim3(kThreads, 1, 1), 0, stream)(
+        d, dy, dbias);
+    GC_CHECK_LAUNCH(fn);
+    return GC_SUCCESS;
+}
