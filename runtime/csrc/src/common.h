@@ -12,7 +12,8 @@
  *   - GC_CHECK_LAUNCH(what) follows every launch: it returns GC_ERROR_LAUNCH (CUDA:
  *     cudaGetLastError) or GC_ERROR_EMULATION (emulation: the scheduler's fault record, e.g.
  *     a barrier reached by part of a block) with a message naming `what`.
- *   - GC_DYNAMIC_SHARED(type, name) declares the launch's dynamic shared memory in a kernel.
+ *   - GC_DYNAMIC_SHARED(type, name) declares the launch's dynamic shared memory in a kernel
+ *     (16-byte aligned; CUDA: one name per type within a translation unit).
  *   - GC_EMULATION is defined in the emulation build only (e.g. the TF32 tensor-core GEMM
  *     falls back to SIMT arithmetic there); __CUDA_ARCH__ is never defined in emulation.
  */
@@ -51,7 +52,7 @@ gc_status gc_fail(gc_status status, const char *fmt, ...) __attribute__((format(
 #ifdef GC_EMULATION
 
 #define GC_LAUNCH(kernel, grid, block, shared_bytes, stream) \
-    ::gc_emu::Launcher<decltype(&(kernel))>(&(kernel), #kernel, (grid), (block), (shared_bytes))
+    ::gc_emu::make_launcher((kernel), #kernel, (grid), (block), (shared_bytes), (stream))
 
 #define GC_CHECK_LAUNCH(what)                                                          \
     do {                                                                               \
@@ -79,7 +80,7 @@ gc_status gc_fail(gc_status status, const char *fmt, ...) __attribute__((format(
                            cudaGetErrorName(gc_launch_error_));                         \
     } while (0)
 
-#define GC_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#define GC_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
 
 #endif /* GC_EMULATION */
 
