@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 
+from graphc.errors import ArgumentError
+
 
 def log_topics() -> set[str]:
     return {t.strip() for t in os.environ.get("GRAPHC_LOG", "").split(",") if t.strip()}
@@ -59,7 +61,14 @@ def check_nans() -> bool:
 
 
 def recompile_limit() -> int:
-    return int(os.environ.get("GRAPHC_RECOMPILE_LIMIT", "8"))
+    raw = os.environ.get("GRAPHC_RECOMPILE_LIMIT", "8")
+    limit = int(raw) if raw.strip().isdigit() else 0
+    if limit < 1:
+        raise ArgumentError(
+            "GRAPHC_RECOMPILE_LIMIT: expected a positive integer (how many times one compiled "
+            f"callable may trace), got {raw!r}; set it to e.g. 16, or unset it for the default 8"
+        )
+    return limit
 
 
 def cache_dir() -> str:
