@@ -86,6 +86,7 @@ class Training:
     model: nn.Module
     step: graphc.compiler.Compiled
     compile_seconds: float = 0.0  # wall time of the calls that traced and compiled
+    cache_note: str = ""  # where the cpu backend's object code came from
     step_seconds: list[float] = field(default_factory=list)  # the calls that ran the executable
     test_accuracy_per_epoch: list[float] = field(default_factory=list)
 
@@ -223,6 +224,7 @@ def train(options: DemoOptions, data: Digits) -> Training:
     result = Training(model, compiled)
     rng = np.random.default_rng(options.seed)
     width = len(str(options.epochs))
+    cache_before = _object_cache_counts(options.backend)
     for epoch in range(1, options.epochs + 1):
         epoch_batches = batches(rng, len(data.x_train), options.batch_size)
         losses = []
@@ -250,7 +252,29 @@ def train(options: DemoOptions, data: Digits) -> Training:
             test = accuracy(model, data.x_test, data.y_test)
             result.test_accuracy_per_epoch.append(test)
             bar.set_postfix_str(f"loss {statistics.fmean(losses):.3f}, test {test:.1%}")
+    result.cache_note = _cache_note(cache_before, _object_cache_counts(options.backend))
     return result
+
+
+def _object_cache_counts(backend: str) -> tuple[int, int] | None:
+    """(hits, misses) of the cpu backend's on-disk object cache so far; None for others."""
+    if backend != "cpu":
+        return None
+    from graphc.backends.cpu.llvm import cache_info
+
+    info = cache_info()
+    return info["hits"], info["misses"]
+
+
+def _cache_note(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:
+    if before is None or after is None:
+        return ""
+    hits, misses = after[0] - before[0], after[1] - before[1]
+    if hits and not misses:
+        return "; object code from the disk cache"
+    if hits:
+        return f"; {hits} of {hits + misses} object files from the disk cache"
+    return "; LLVM compiled the object code (cached on disk for the next run)"
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -270,21 +294,21 @@ def summary_lines(options: DemoOptions, data: Digits, result: Training,
     lines = [f"accuracy        train {train_acc:.1%}   test {test_acc:.1%} "
              f"({len(data.y_test)} held-out images)",
              f"compile time    {result.compile_seconds:.2f} s for {traces} trace"
-             f"{'s' * (traces != 1)}{why}: trace, passes, {options.backend} code"]
+             f"{'s' * (traces != 1)}{why}{result.cache_note}"]
     if compiled_time is None:
         lines.append("step time       no step ran the compiled executable: use more epochs "
                      "or a smaller --batch-size to time it")
         return lines
     lines.append(f"step time       median, batch of {options.batch_size}: zero_grad, "
                  "forward, loss, backward, Adam")
-    lines.append(f"  {'graphc compiled (' + options.backend + ')':<22} {_ms(compiled_time):>9}")
+    lines.append(f"  {'graphc compiled (' + options.backend + ')':<26} {_ms(compiled_time):>9}")
     for label, value in timings.items():
         if isinstance(value, str):
-            lines.append(f"  {label:<22} {value}")
+            lines.append(f"  {label:<26} {value}")
             continue
         ratio = value / compiled_time
         relative = f"{ratio:.1f}x slower" if ratio >= 1 else f"{1 / ratio:.1f}x faster"
-        lines.append(f"  {label:<22} {_ms(value):>9}   {relative} than compiled")
+        lines.append(f"  {label:<26} {_ms(value):>9}   {relative} than compiled")
     optimized = compiled.optimized_graph
     plan = optimized.meta.get("memory_plan")
     arena = f"; arena {plan.arena_bytes / 1024:.1f} KiB" if plan is not None else ""
@@ -319,7 +343,8 @@ def run(options: DemoOptions, out: TextIO | None = None) -> int:
     lines = summary_lines(options, data, result, timings)
     written = write_artifacts(folder, result.step)
     lines.append(f"total time      {time.perf_counter() - started:.1f} s")
-    lines.append(f"wrote           {folder}/: {', '.join(written + ['summary.txt'])}")
+    lines.append(f"wrote           {folder}/")
+    lines += [f"  {name:<13} {what}" for name, what in written.items()]
     write_summary(folder, header + lines, result.step)
     print("\n".join(lines), file=out)
     return 0

@@ -64,8 +64,24 @@ def torch_model(model):
 
 
 def torch_eager_step_seconds(model, images: np.ndarray, labels: np.ndarray,
-                             lr: float) -> float:
-    """The median time of the same training step in PyTorch eager mode."""
+                             lr: float) -> tuple[float, int]:
+    """(median seconds, threads) of the same training step in PyTorch eager mode: with its
+    default thread count and with one thread, the faster of the two (steps this small gain
+    nothing from threads, and on a busy machine spinning threads can slow them tenfold)."""
+    import torch
+
+    default = torch.get_num_threads()
+    timings = []
+    try:
+        for threads in sorted({default, 1}, reverse=True):
+            torch.set_num_threads(threads)
+            timings.append((_torch_step_seconds(model, images, labels, lr), threads))
+    finally:
+        torch.set_num_threads(default)
+    return min(timings)
+
+
+def _torch_step_seconds(model, images: np.ndarray, labels: np.ndarray, lr: float) -> float:
     import torch
 
     net = torch_model(model)
@@ -93,5 +109,6 @@ def step_timings(model, data, batch_size: int, lr: float) -> dict[str, float | s
     except ImportError:
         timings["PyTorch eager"] = "torch not installed"
     else:
-        timings["PyTorch eager"] = torch_eager_step_seconds(model, images, labels, lr)
+        seconds, threads = torch_eager_step_seconds(model, images, labels, lr)
+        timings[f"PyTorch eager ({threads} thread{'s' * (threads != 1)})"] = seconds
     return timings

@@ -55,21 +55,22 @@ def write_pass_dumps(traced: Graph, folder: str, passes=None) -> list[str]:
     return names
 
 
-def write_artifacts(folder: str, compiled) -> list[str]:
-    """The IR dumps, step.svg and memory.png of a compiled training step; returns what was
-    written, relative to `folder`."""
+def write_artifacts(folder: str, compiled) -> dict[str, str]:
+    """The IR dumps, step.svg and memory.png of a compiled training step, and summary.txt's
+    entry (write_summary writes it last); returns {name in `folder`: what it holds}."""
     from graphc.ir.export import render_svg
     from graphc.passes.memory_viz import render_memory
 
-    written = [os.path.join("ir", name) for name in
-               write_pass_dumps(compiled.graph, os.path.join(folder, "ir"), compiled.passes)]
+    dumps = write_pass_dumps(compiled.graph, os.path.join(folder, "ir"), compiled.passes)
+    written = {"summary.txt": "this report, the passes' times and the memory plan"}
     optimized = compiled.optimized_graph
     render_svg(optimized, os.path.join(folder, "step.svg"))
-    written.append("step.svg")
+    written["step.svg"] = "the optimized training step, fused groups boxed"
     plan = optimized.meta.get("memory_plan")
     if plan is not None:
         render_memory(plan, os.path.join(folder, "memory.png"))
-        written.append("memory.png")
+        written["memory.png"] = "its buffers over the schedule (arena offset x step)"
+    written["ir/"] = f"its IR after tracing and after each pass ({len(dumps)} .gir files)"
     return written
 
 

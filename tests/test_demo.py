@@ -50,7 +50,8 @@ def test_small_demo_prints_its_summary_and_writes_valid_files(capsys, tmp_path, 
     compiled_ms = re.search(r"graphc compiled \(cpu\)\s+(\d+\.\d+) ms", text).group(1)
     assert float(compiled_ms) > 0.0
     assert re.search(r"graphc eager\s+\d+(\.\d+)? ms\s+\d+\.\dx (slower|faster) than", text)
-    assert re.search(r"PyTorch eager\s+(\d+(\.\d+)? ms|torch not installed)", text)
+    assert re.search(r"PyTorch eager( \(\d+ threads?\))?\s+(\d+(\.\d+)? ms|torch not installed)",
+                     text)
     assert re.search(r"total time\s+\d+\.\d s", text)
     assert "epoch 1/1" in printed.err  # the tqdm bar
 
@@ -66,6 +67,8 @@ def test_small_demo_prints_its_summary_and_writes_valid_files(capsys, tmp_path, 
     assert (out / "memory.png").read_bytes().startswith(PNG_SIGNATURE)
     summary = (out / "summary.txt").read_text()
     assert summary.startswith(text.strip()) and "plan_buffers @step" in summary
+    for name in ("summary.txt", "step.svg", "memory.png", "ir/"):
+        assert re.search(rf"^  {re.escape(name)}\s+\w", text, re.MULTILINE), name
 
 
 @pytest.mark.parametrize("argv, says", [
