@@ -311,12 +311,16 @@ def test_mlp_forward_matches_the_interpreter(rng):
 
 
 # ---- errors, lifetime ----------------------------------------------------------------------
-def test_unsupported_ops_are_refused_at_compile_time():
-    g = one_op_graph("flip", [((3, 4), "float32")], axes=(1,))
+def test_unsupported_ops_are_refused_at_compile_time(monkeypatch):
+    # Every registry op is lowered: an op the backend has never heard of stands in.
+    import dataclasses
+    monkeypatch.setitem(REGISTRY, "mystery", dataclasses.replace(
+        REGISTRY["flip"], name="mystery"))
+    g = one_op_graph("mystery", [((3, 4), "float32")], axes=(1,))
     with pytest.raises(CpuLoweringError) as err:
         CpuExecutable(g)
     msg = str(err.value)
-    assert "'flip'" in msg and "flip[" in msg and 'backend="interp"' in msg
+    assert "'mystery'" in msg and "mystery[" in msg and 'backend="interp"' in msg
 
 
 def test_bad_inputs_are_refused_and_executables_outlive_their_graphs(rng):
@@ -399,3 +403,26 @@ def test_mlp_training_step_matches_the_interpreter(rng):
     for a, b in zip(m_cpu.parameters(), m_ref.parameters()):
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5,
                                    atol=1e-6)
+
+
+# ---- OpenMP: large elementwise kernels fork over the cores ----------------------------------
+@pytest.mark.skipif(__import__("graphc.backends.cpu.llvm", fromlist=["x"]).load_openmp() is None,
+                    reason="libgomp is not installed: kernels stay on one core")
+def test_large_elementwise_copy_and_fill_kernels_run_on_all_cores(rng, monkeypatch):
+    from graphc.backends.cpu import kernels
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 64)
+    g = graphc.ir.parse('''graph @par(%x: f32[37,5,3], %w: f32[5,1]) -> (f32[3,5,37], f32[37,5,3]) {
+      %0: f32[37,5,3] = tanh(%x)
+      %1: f32[37,5,3] = mul(%0, %w)
+      %2: f32[3,5,37] = permute[dims=(2, 1, 0)](%1)
+      %3: f32[3,5,37] = copy(%2)
+      %4: f32[37,5,3] = full[shape=(37, 5, 3), value=2.5, dtype="float32"]()
+      %5: f32[37,5,3] = add(%x, %4)
+      return (%3, %5)
+    }''')
+    fused = fuse(g)
+    exe = compare(fused, [sample(rng, (37, 5, 3), "float32"), sample(rng, (5, 1), "float32")])
+    assert "GOMP_parallel" in exe.library.ir and ".omp" in exe.library.ir
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1 << 40)
+    serial = CpuExecutable(fuse(g))
+    assert "GOMP_parallel" not in serial.library.ir

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from llvmlite import ir
 
-from graphc.backends.cpu import conv
+from graphc.backends.cpu import conv, llvm
 from graphc.backends.cpu.index_ops import INDEX_OPS, lower_index
 from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
 from graphc.backends.cpu.random_ops import lower_random
@@ -94,7 +94,7 @@ class Lowerer(Codegen):
     """Lowers each scheduled node into kernels, in order; `calls` is the driver's program."""
 
     def __init__(self, graph: Graph, plan, blas) -> None:
-        super().__init__(graph.name or "graph", blas)
+        super().__init__(graph.name or "graph", blas, openmp=llvm.load_openmp() is not None)
         self.graph = graph
         self.plan = plan
         self.locs = Locations(graph, plan)
@@ -172,7 +172,7 @@ class Lowerer(Codegen):
         leaves = self._leaves(kb, body, extra or {}, start, len(body.instrs))
         outs = [kb.operand(self.locs[v]) for v in node.outputs]
         sizes, strides = collapse(domain, [o.strides for o in kb.operands])
-        b = kb.begin()
+        b = kb.begin(parallel=True)
 
         def leaf(b, offsets):
             env = body.evaluate(self, kb, b, offsets, leaves, len(body.instrs), body.outputs)
@@ -193,7 +193,7 @@ class Lowerer(Codegen):
         i = kb.operand(src)
         o = kb.operand(dst, dst_strides)
         sizes, strides = collapse(domain, [op.strides for op in kb.operands])
-        b = kb.begin()
+        b = kb.begin(parallel=True)
 
         def leaf(b, offsets):
             v = convert(b, kb.load(b, i, offsets[i]), src.type.dtype, dst.type.dtype)
@@ -206,7 +206,7 @@ class Lowerer(Codegen):
         kb = KernelBuilder(self, self.name(name), dst.type.shape)
         o = kb.operand(dst)
         sizes, strides = collapse(dst.type.shape, [kb.operands[0].strides])
-        b = kb.begin()
+        b = kb.begin(parallel=True)
         kb.nest(b, sizes, strides,
                 lambda b, offsets: kb.store(b, o, offsets[o], const(dst.type.dtype, value)))
         self.calls.append(kb.finish(b))

@@ -19,6 +19,13 @@ output and the input it overwrites are the same region, so the same argument); i
 over the domain's dimensions after merging the ones contiguous for every operand, innermost
 last, with constant trip counts and strides, so contiguous loops vectorise. Kernels are
 `nounwind noinline`: each stays one function the driver calls.
+
+Parallel kernels: elementwise, copy and fill kernels over PARALLEL_MIN_ELEMENTS or more
+(when libgomp is loaded) split their outermost loop into one contiguous share per thread:
+`<name>` calls libgomp's `GOMP_parallel` on `<name>.omp`, which calls `<name>.range(ptrs...,
+lo, hi)`. Each element is computed by exactly the code of the serial loop, so results are bit
+for bit the same. libgomp threads spin briefly (GOMP_SPINCOUNT, set by graphc.backends.cpu.llvm
+unless the user did) and then sleep, leaving the cores to the BLAS threads of a following GEMM.
 """
 
 from __future__ import annotations
@@ -33,17 +40,22 @@ from graphc.backends.cpu.values import (
     I1,
     I8,
     I32,
+    I64,
     MEM,
     PTR,
     Loc,
     broadcast_strides,
-    for_range,
     i64,
+    loop,
     unsupported,
 )
 from graphc.ir.graph import Node
 from graphc.ops.registry import ELEMENTWISE, REGISTRY
 from graphc.types import bool_, float64, int64
+
+# A kernel over this many elements or more forks over the cores (when it may); below it,
+# the fork and join (a few microseconds) cost more than the second core saves.
+PARALLEL_MIN_ELEMENTS = 1 << 16
 
 
 @dataclass
@@ -92,12 +104,20 @@ class KernelBuilder:
         self.operands.append(Operand(None, dtype, tuple(strides), (start, step)))
         return len(self.operands) - 1
 
-    def begin(self) -> ir.IRBuilder:
+    def begin(self, parallel: bool = False) -> ir.IRBuilder:
+        """Start the kernel function. `parallel` (a void kernel whose outermost loop's
+        iterations are independent, over PARALLEL_MIN_ELEMENTS or more, with libgomp loaded):
+        the loops go into `<name>.range(ptrs..., i64 lo, i64 hi)`, which runs the outermost
+        loop from lo to hi, and `finish` makes `<name>` fork it over the cores."""
+        import math
+
+        self.parallel = (parallel and not self.kernel.status and self.cg.openmp
+                         and math.prod(self.shape) >= PARALLEL_MIN_ELEMENTS)
         ret = I32 if self.kernel.status else ir.VoidType()
-        fn = ir.Function(self.cg.module, ir.FunctionType(ret,
-                                                          [PTR] * len(self.kernel.regions)),
-                         self.kernel.name)
-        for a in fn.args:
+        params = [PTR] * len(self.kernel.regions) + ([I64, I64] if self.parallel else [])
+        name = self.kernel.name + (".range" if self.parallel else "")
+        fn = ir.Function(self.cg.module, ir.FunctionType(ret, params), name)
+        for a in fn.args[:len(self.kernel.regions)]:
             a.add_attribute("noalias")
         fn.attributes.add("nounwind")
         fn.attributes.add("noinline")
@@ -140,7 +160,11 @@ class KernelBuilder:
             return
         last = depth == len(sizes) - 1
         state = inner[0](b, offsets) if inner and last else None
-        with for_range(b, sizes[depth], f"d{depth}") as i:
+        bounds = (self.fn.args[-2], self.fn.args[-1]) if self.parallel and depth == 0 \
+            else (0, sizes[depth])
+        if self.parallel and depth == 0:
+            self.outer_size = sizes[0]
+        with loop(b, *bounds, f"d{depth}") as i:
             new = []
             for o, s in zip(offsets, strides):
                 if s[depth] == 0:
@@ -155,15 +179,54 @@ class KernelBuilder:
 
     def finish(self, b) -> Kernel:
         b.ret_void()
+        if self.parallel:
+            self._fork(getattr(self, "outer_size", 1))
         return self.kernel
+
+    def _fork(self, outer: int) -> None:
+        """`<name>(ptrs...)`: GOMP_parallel over `<name>.omp(ptr args)`, whose thread t of n
+        calls `<name>.range(ptrs..., lo, hi)` on its contiguous share of [0, outer)."""
+        cg, n = self.cg, len(self.kernel.regions)
+        worker = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR]),
+                             self.kernel.name + ".omp")
+        worker.attributes.add("nounwind")
+        b = ir.IRBuilder(worker.append_basic_block("entry"))
+        table = worker.args[0]
+        ptrs = [b.load(b.gep(table, [i64(k)], source_etype=PTR), typ=PTR) for k in range(n)]
+        thread = b.sext(b.call(cg.declare("omp_get_thread_num", ir.FunctionType(I32, [])), []),
+                        I64)
+        threads = b.sext(b.call(cg.declare("omp_get_num_threads", ir.FunctionType(I32, [])),
+                                []), I64)
+        share = b.sdiv(b.add(i64(outer), b.sub(threads, i64(1))), threads)
+        lo = b.mul(thread, share)
+        hi = b.add(lo, share)
+        hi = b.select(b.icmp_signed("<", hi, i64(outer)), hi, i64(outer))
+        with b.if_then(b.icmp_signed("<", lo, hi)):
+            b.call(self.fn, ptrs + [lo, hi])
+        b.ret_void()
+
+        kernel = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR] * n),
+                             self.kernel.name)
+        kernel.attributes.add("nounwind")
+        kernel.attributes.add("noinline")
+        b = ir.IRBuilder(kernel.append_basic_block("entry"))
+        table = b.alloca(PTR, size=max(n, 1))
+        for k, arg in enumerate(kernel.args):
+            b.store(arg, b.gep(table, [i64(k)], source_etype=PTR))
+        gomp = cg.declare("GOMP_parallel", ir.FunctionType(
+            ir.VoidType(), [PTR, PTR, I32, I32]))
+        b.call(gomp, [worker, table, ir.Constant(I32, 0), ir.Constant(I32, 0)])
+        b.ret_void()
 
 
 class Codegen:
-    """One LLVM module under construction: kernels, BLAS declarations, the driver."""
+    """One LLVM module under construction: kernels, BLAS declarations, the driver.
+    `openmp`: whether libgomp is loaded, so kernels may fork over the cores."""
 
-    def __init__(self, name: str, blas) -> None:
+    def __init__(self, name: str, blas, openmp: bool = False) -> None:
         import llvmlite.binding as llvm
 
+        self.openmp = openmp
         self.module = ir.Module(name=name)
         self.module.triple = llvm.get_process_triple()
         self.scalars = Scalars(self.module)

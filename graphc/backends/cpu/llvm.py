@@ -94,6 +94,10 @@ def _initialize() -> HostTarget:
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
             llvm.initialize_native_asmparser()
+            # Threads that spin long after a parallel kernel would take the cores from the
+            # BLAS threads of the GEMM that follows: spin briefly, then sleep. libgomp reads
+            # this once, when it loads (an explicit setting wins).
+            os.environ.setdefault("GOMP_SPINCOUNT", "20000")
             _openmp_path = _load_library(ctypes.util.find_library("gomp"))
             _host = HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(),
                                llvm.get_host_cpu_features().flatten())
