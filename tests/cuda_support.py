@@ -1,0 +1,61 @@
+"""Test support for graphc's CUDA runtime library: builds it once per test session.
+
+`runtime_library("emu")` returns the path of `runtime/build/libgraphc_rt_emu.so` (g++ only),
+`runtime_library("cuda")` that of `runtime/build/libgraphc_rt.so` (needs nvcc), each built by
+`make -C runtime/csrc <kind>` at most once per process. Builds run under an exclusive file lock
+(pytest-xdist workers share the build directory); make itself skips what is up to date, so the
+second worker only pays a no-op make. A missing compiler is a skip naming it; a failing build
+is an error carrying make's output.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUNTIME_SOURCE = REPO_ROOT / "runtime" / "csrc"
+RUNTIME_BUILD = REPO_ROOT / "runtime" / "build"
+
+LIBRARIES = {"emu": "libgraphc_rt_emu.so", "cuda": "libgraphc_rt.so"}
+COMPILERS = {"emu": "g++", "cuda": "nvcc"}
+BUILD_TIMEOUT_S = 900  # the CUDA build takes about two minutes on two cores
+
+_built: dict[str, Path] = {}
+
+
+def run_make(*targets: str, timeout: float = BUILD_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Runs `make -C runtime/csrc -j2 <targets>` under the build lock; returns the result."""
+    RUNTIME_BUILD.mkdir(parents=True, exist_ok=True)
+    with open(RUNTIME_BUILD / ".make.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.run(
+            ["make", "-C", str(RUNTIME_SOURCE), "-j2", *targets],
+            capture_output=True, text=True, timeout=timeout,
+        )
+
+
+def runtime_library(kind: str) -> str:
+    """The path of the built runtime library of `kind` ("emu" or "cuda"), built if needed."""
+    if kind not in LIBRARIES:
+        raise ValueError(f"runtime_library: kind must be 'emu' or 'cuda', got {kind!r}")
+    if kind in _built:
+        return str(_built[kind])
+    compiler = COMPILERS[kind]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"{compiler} is not on PATH: the {kind} runtime library cannot be built")
+    if shutil.which("make") is None:
+        pytest.skip("GNU make is not on PATH: the runtime libraries cannot be built")
+    result = run_make(kind)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"runtime_library({kind!r}): `make -C {RUNTIME_SOURCE} {kind}` failed with exit "
+            f"code {result.returncode}:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+        )
+    path = RUNTIME_BUILD / LIBRARIES[kind]
+    _built[kind] = path
+    return str(path)
