@@ -37,13 +37,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from graphc import config
+from graphc import config, nan_check
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.backends import Executable, check_backend
 from graphc.backends import compile as compile_graph
 from graphc.compiled_autograd import CompiledFunction, GradientPlan, partition
 from graphc.dispatch import current_tracer
-from graphc.errors import GraphcError
+from graphc.errors import ArgumentError, GraphcError
 from graphc.ir.printer import format_graph
 from graphc.passes import default_passes, run_pipeline
 from graphc.tensor import Tensor
@@ -241,6 +241,11 @@ class Compiled:
     def __init__(self, fn: Callable, backend: str, recompile_limit: int | None,
                  passes=None) -> None:
         check_backend(backend)
+        if not callable(fn):
+            raise ArgumentError(
+                f"graphc.compile: expected a function or an nn.Module to compile, got "
+                f"{type(fn).__name__} {fn!r}; pass the callable itself (graphc.compile(model), "
+                "not graphc.compile(model(x)))")
         self.fn = fn
         self.backend = backend
         self.recompile_limit = recompile_limit
@@ -320,6 +325,7 @@ class Compiled:
                     f"What changed between calls:\n{listing}\nKeep shapes and Python "
                     "arguments stable across calls, or compile separate functions."
                 )
+        lazy_state = nan_check.LazyState(self.fn, args, kwargs) if config.check_nans() else None
         traced = trace_call(self.fn, args, kwargs)
         try:
             needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
@@ -335,6 +341,14 @@ class Compiled:
             raise
         self._entries.append(_Entry(sig, traced, executable, _aliasing(traced, args, kwargs),
                                     gradient))
+        if lazy_state is not None:  # undo the eager run; the checked compiled run replaces it
+            traced.restore()
+            try:
+                return self._run(self._entries[-1], args, kwargs)
+            except nan_check.NonFiniteError:  # refused like a failed trace: no entry, no state
+                self._entries.pop()
+                lazy_state.drop_new()
+                raise
         return traced.result
 
     def _gradient_plan(self, traced: TraceResult, args: tuple, kwargs: dict, passes,
@@ -390,6 +404,9 @@ class Compiled:
     def _run(self, entry: _Entry, args: tuple, kwargs: dict):
         traced = entry.traced
         graph = entry.executable.graph
+        check = nan_check.Check(self.__name__, traced.graph, [
+            b.generator for b in traced.bindings if isinstance(b, RngBinding)
+            and not b.transient]) if config.check_nans() else None
         arrays, bound = [], {}
         for b, v in zip(traced.bindings, graph.inputs):
             if isinstance(b, RngBinding):
@@ -409,9 +426,9 @@ class Compiled:
             arrays.append(t._data)
         if entry.gradient is not None and is_grad_enabled():
             by_index = [bound.get(id(v)) for v in graph.inputs]
-            outputs = self._run_with_gradient(entry, arrays, by_index)
+            outputs = self._run_with_gradient(entry, arrays, by_index, check)
         else:
-            outputs = _run_and_write_back(entry.executable, arrays, bound)
+            outputs = _run_and_write_back(entry.executable, arrays, bound, check)
         grads = self._assign_grads(traced, outputs, arrays, args, kwargs)
         wrapped = []
         n_own = len(outputs) - sum(go.index is not None for go in traced.grad_outputs)
@@ -423,7 +440,8 @@ class Compiled:
         return unflatten(traced.out_spec, wrapped)
 
     @staticmethod
-    def _run_with_gradient(entry: _Entry, arrays: list, by_index: list) -> list:
+    def _run_with_gradient(entry: _Entry, arrays: list, by_index: list,
+                           check: nan_check.Check | None = None) -> list:
         """Run the forward part under a CompiledFunction node: outputs carry a grad_fn.
         `by_index[i]` is the tensor bound to graph input i (None for rng/constant inputs)."""
         plan = entry.gradient
@@ -432,7 +450,8 @@ class Compiled:
         updated = {inputs.index(target) for target, _ in plan.forward.graph.updates}
 
         def run_forward(forward_arrays):
-            return _run_and_write_back(plan.forward, forward_arrays, bound)
+            return _run_and_write_back(plan.forward, forward_arrays, bound, check,
+                                       plan.partition.n_outputs)
 
         wrt = [by_index[i] for i in plan.wrt]
         return list(CompiledFunction.apply(plan, run_forward, arrays, by_index, updated, *wrt))
@@ -459,11 +478,16 @@ class Compiled:
         return assigned
 
 
-def _run_and_write_back(executable: Executable, arrays: list, bound: dict) -> list:
-    """Run an executable; write its updates into the bound tensors; return its outputs."""
+def _run_and_write_back(executable: Executable, arrays: list, bound: dict,
+                        check: nan_check.Check | None = None, n_checked: int | None = None
+                        ) -> list:
+    """Run an executable; write its updates into the bound tensors; return its outputs.
+    With a `check` (GRAPHC_CHECK_NANS=1), its first `n_checked` outputs (default: all) and its
+    updates must be finite, else graphc.nan_check raises before anything is written back."""
     graph = executable.graph
-    results = executable.run(*arrays)
     n_out = len(graph.outputs)
+    results = executable.run(*arrays) if check is None else nan_check.run_checked(
+        executable, arrays, check, n_out if n_checked is None else n_checked)
     outputs, updates = results[:n_out], results[n_out:]
     new_values = [np.array(u, copy=True) for u in updates]  # never alias a written input
     for (target, _), value in zip(graph.updates, new_values):
