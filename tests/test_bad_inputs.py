@@ -814,3 +814,28 @@ def test_an_embedding_index_out_of_range_in_a_compiled_model(rng):
             compiled(graphc.tensor([0, 9]))
         close(compiled(good), model(good))
     assert_unchanged(before, model)
+
+
+def test_check_nans_on_a_compiled_forward_that_carries_a_grad_fn(rng, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CHECK_NANS", "1")
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))  # normalised: |z| < 3
+    shift = graphc.tensor(10.0)
+
+    def forward(x):
+        return (model(x) + shift).log()  # LINE:shifted-log
+
+    f = graphc.compile(forward)
+    x = t(rng, 5, 3).requires_grad_()
+    f(x)
+    f(x).sum().backward()  # the compiled forward and backward work
+    x.grad = None
+    before = snapshot(model)
+    shift.fill_(-10.0)
+    with pytest.raises(NonFiniteError) as err:
+        f(x)
+    assert f"op 'log' at {line('shifted-log')}" in str(err.value)
+    assert_unchanged(before, model)  # BatchNorm's running stats were not written
+    assert x.grad is None
+    shift.fill_(10.0)
+    f(x).sum().backward()
+    assert np.isfinite(x.grad._data).all()
