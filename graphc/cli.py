@@ -301,6 +301,9 @@ def cmd_demo(args) -> int:
 
     try:
         return run(options_from(args))
+    except KeyboardInterrupt:
+        print("\ngraphc demo: interrupted", file=sys.stderr)
+        return 130
     except DemoError as err:
         message = " ".join(line.strip() for line in str(err).splitlines())
         print(f"graphc demo: error: {message}", file=sys.stderr)

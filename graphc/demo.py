@@ -207,6 +207,19 @@ def check_backend(backend: str) -> None:
                         "use --backend cpu") from err
 
 
+def backend_label(backend: str) -> str:
+    """The backend's name, saying so when cuda runs on the CPU emulation (GRAPHC_CUDA=emu)."""
+    if backend != "cuda":
+        return backend
+    try:
+        from graphc.backends.cuda.rt import requested_kind
+
+        emulated = requested_kind() == "emu"
+    except (ImportError, GraphcError):
+        return backend
+    return "cuda, emulated on the CPU" if emulated else backend
+
+
 # ---- training -------------------------------------------------------------------------------
 def batches(rng: np.random.Generator, n: int, batch_size: int) -> list[np.ndarray]:
     """Indices of the full batches of one shuffled epoch (the partial last batch is dropped)."""
@@ -301,7 +314,8 @@ def summary_lines(options: DemoOptions, data: Digits, result: Training,
         return lines
     lines.append(f"step time       median, batch of {options.batch_size}: zero_grad, "
                  "forward, loss, backward, Adam")
-    lines.append(f"  {'graphc compiled (' + options.backend + ')':<26} {_ms(compiled_time):>9}")
+    label = f"graphc compiled ({options.backend})"
+    lines.append(f"  {label:<26} {_ms(compiled_time):>9}")
     for label, value in timings.items():
         if isinstance(value, str):
             lines.append(f"  {label:<26} {value}")
@@ -332,7 +346,7 @@ def run(options: DemoOptions, out: TextIO | None = None) -> int:
     folder = prepare_folder(options.out)
     check_backend(options.backend)
     header = [f"graphc demo: a small CNN on scikit-learn's digits, the whole training step "
-              f"compiled (backend {options.backend})",
+              f"compiled (backend {backend_label(options.backend)})",
               f"  model  {MODEL_TEXT}",
               f"  data   {len(data.y_train)} training / {len(data.y_test)} test images (8x8); "
               f"Adam lr {LEARNING_RATE}, batch {options.batch_size}, {options.epochs} "

@@ -19,7 +19,7 @@ import pytest
 import graphc.backends
 import graphc.demo_bench as demo_bench
 from graphc.cli import main
-from graphc.demo import batches
+from graphc.demo import batches, build_model, load_digits
 from graphc.errors import GraphcError
 from graphc.ir import parse, verify
 
@@ -119,6 +119,16 @@ def test_a_backend_that_cannot_run_is_one_line_and_exit_1(capsys, tmp_path, monk
     rc = main(["demo", "--backend", "cuda", "--limit", "100", "--out", str(out)])
     assert rc == 1
     assert says in _one_error_line(capsys, "graphc demo: error:")
+
+
+def test_step_timings_without_torch_say_so(monkeypatch):
+    monkeypatch.setattr(demo_bench, "WARMUP_STEPS", 1)
+    monkeypatch.setattr(demo_bench, "MAX_STEPS", 3)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails
+    data = load_digits(seed=0, limit=100)
+    timings = demo_bench.step_timings(build_model(), data, batch_size=8, lr=1e-3)
+    assert timings["PyTorch eager"] == "torch not installed"
+    assert timings["graphc eager"] > 0.0
 
 
 def test_help_lists_demo_and_build_runtime(capsys):
