@@ -82,6 +82,9 @@ gc_status gc_fail(gc_status status, const char *fmt, ...) __attribute__((format(
 
 #define GC_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
 
+/* generated kernels export an emulation entry next to each kernel; nothing to do in CUDA */
+#define GC_EMU_EXPORT(name)
+
 #endif /* GC_EMULATION */
 
 /* Ceiling division for grid sizes: gc_ceil_div(n, 256) blocks of 256 threads. */
