@@ -23,7 +23,7 @@ import graphc.optim as optim
 
 WARMUP_STEPS = 2
 MAX_STEPS = 30
-BUDGET_SECONDS = 1.5  # per timing, after the warm-up
+BUDGET_SECONDS = 1.0  # per timing, after the warm-up
 
 
 def median_step_seconds(step: Callable[[], object]) -> float:
