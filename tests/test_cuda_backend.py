@@ -1,0 +1,199 @@
+"""The cuda backend (graphc.backends.cuda) under the CPU emulation (GRAPHC_CUDA=emu).
+
+Covers: the OpInfo table compiled with backend="cuda" and compared with the interpreter and
+the float64 reference, forward and gradients (tests/compile_opinfo.py; the first sample of
+each entry, to keep the emulated suite fast, plus `EXPECTED_REFUSALS`, checked not skipped);
+fused kernels (elementwise, reductions, epilogues); the MLP 784-256-256-10 and LeNet-5
+training steps (batch 4) against the interpreter over a few steps; the on-disk kernel cache
+(a hit, a corrupt entry rebuilt); and the clear error with no GPU and no emulation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import graphc
+import graphc.nn.functional as F
+from graphc import nn, optim
+from graphc.backends import compile as compile_graph
+from graphc.ir import parse
+from tests.compile_opinfo import cases, check_case
+
+
+@pytest.fixture(autouse=True)
+def _emulation(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _runtime_or_skip():
+    try:
+        from tests.cuda_support import runtime_library
+    except ImportError:
+        from graphc.backends.cuda.rt import runtime_library as load
+
+        try:
+            return load("emu")
+        except Exception as error:  # noqa: BLE001 (any build failure: say why)
+            pytest.skip(f"the emulation runtime does not build here: {error}")
+    return runtime_library("emu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _runtime():
+    os.environ.setdefault("GRAPHC_CUDA", "emu")
+    _runtime_or_skip()
+
+
+# ---- OpInfo ----------------------------------------------------------------------------------
+_FIRST = [c for c in cases() if c.index == 0]
+# case key -> (error class, message regex, why): what the cuda backend refuses, checked
+EXPECTED_REFUSALS: dict[str, tuple[type, str, str]] = {}
+
+
+@pytest.mark.parametrize("case", _FIRST, ids=[c.id for c in _FIRST])
+def test_opinfo_first_sample_matches(case):
+    refusal = EXPECTED_REFUSALS.get(case.key)
+    if refusal is not None:
+        with pytest.raises(refusal[0], match=refusal[1]):
+            check_case(case, "cuda")
+        return
+    check_case(case, "cuda")
+
+
+# ---- fused kernels ---------------------------------------------------------------------------
+def _run_both(text: str, *arrays):
+    g = parse(text)
+    got = compile_graph(parse(text), "cuda").run(*arrays)
+    want = compile_graph(g, "interp").run(*arrays)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    return got
+
+
+def test_fused_elementwise_with_broadcasting_and_strides(rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    (out,) = _run_both('''graph @f(%x: f32[3,4], %b: f32[4]) -> (f32[4,3]) {
+  %0: f32[3,4] = fused[body=(("mul", (0, 1), ()), ("tanh", (2,), ())), outputs=(3,)](%x, %b)
+  %1: f32[4,3] = permute[dims=(1, 0)](%0)
+  %2: f32[4,3] = exp(%1)
+  return (%2)
+}''', x, b)
+    np.testing.assert_allclose(out, np.exp(np.tanh(x * b)).T, rtol=1e-5)
+
+
+def test_fused_reduction_and_softmax(rng):
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    _run_both('''graph @f(%x: f32[3,5]) -> (f32[5], f32[3,5]) {
+  %0: f32[5] = fused[body=(("mul", (0, 0), ()), ("reduce_sum", (1,), (("axes", (0,)), ("keepdim", false)))), outputs=(2,)](%x)
+  %1: f32[3,5] = fused[body=(("neg", (0,), ()), ("log_softmax", (1,), (("dim", 1),))), outputs=(2,)](%x)
+  return (%0, %1)
+}''', x)  # noqa: E501
+
+
+def test_matmul_epilogue_and_transposed_operands(rng):
+    a = rng.standard_normal((4, 3)).astype(np.float32)
+    w = rng.standard_normal((5, 3)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    _run_both('''graph @f(%a: f32[4,3], %w: f32[5,3], %b: f32[5]) -> (f32[4,5]) {
+  %0: f32[3,5] = permute[dims=(1, 0)](%w)
+  %1: f32[4,5] = fused[body=(("matmul", (0, 1), ()), ("add", (3, 2), ()), ("relu", (4,), ())), outputs=(5,)](%a, %0, %b)
+  return (%1)
+}''', a, w, b)  # noqa: E501
+
+
+# ---- models ----------------------------------------------------------------------------------
+def _track(make_model, x_shape, classes, rng, steps=3):
+    def make():
+        graphc.manual_seed(0)
+        model = make_model()
+        opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return model, step
+
+    (m_cuda, s_cuda), (m_ref, s_ref) = make(), make()
+    s_cuda, s_ref = graphc.compile(s_cuda, backend="cuda"), graphc.compile(s_ref)
+    for _ in range(steps):
+        x = graphc.tensor(rng.standard_normal(x_shape).astype(np.float32))
+        y = graphc.tensor(rng.integers(0, classes, x_shape[0]))
+        np.testing.assert_allclose(s_cuda(x, y).detach().numpy(),
+                                   s_ref(x, y).detach().numpy(), rtol=1e-4, atol=1e-5)
+    for a, b in zip(m_cuda.parameters(), m_ref.parameters()):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_mlp_training_step_tracks_the_interpreter(rng):
+    _track(lambda: nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256),
+                                 nn.ReLU(), nn.Linear(256, 10)), (4, 784), 10, rng)
+
+
+def test_lenet5_training_step_tracks_the_interpreter(rng):
+    _track(lambda: nn.Sequential(
+        nn.Conv2d(1, 6, 5, padding=2), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+        nn.Linear(84, 10)), (4, 1, 28, 28), 10, rng, steps=2)
+
+
+# ---- the kernel cache ------------------------------------------------------------------------
+_CACHED = '''graph @c(%x: f32[6]) -> (f32[6]) {
+  %0: f32[6] = sigmoid(%x)
+  return (%0)
+}'''
+
+
+def test_kernel_cache_hit_and_corrupt_entry_rebuilt(tmp_path, monkeypatch):
+    from graphc.backends.cuda import compile as cuda_compile
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    x = np.linspace(-3, 3, 6).astype(np.float32)
+    first = compile_graph(parse(_CACHED), "cuda")
+    assert first.module.from_cache is False
+    second = compile_graph(parse(_CACHED), "cuda")
+    assert second.module.from_cache is True and second.module.key == first.module.key
+    with open(second.module.path, "r+b") as f:  # damage the stored object
+        f.seek(64)
+        f.write(b"\0garbage\0")
+    before = cuda_compile.cache_stats()["corrupt"]
+    third = compile_graph(parse(_CACHED), "cuda")
+    assert third.module.from_cache is False
+    assert cuda_compile.cache_stats()["corrupt"] == before + 1
+    np.testing.assert_allclose(third.run(x)[0], 1 / (1 + np.exp(-x)), rtol=1e-6)
+
+
+# ---- errors ----------------------------------------------------------------------------------
+def test_no_gpu_and_no_emulation_is_a_clear_error(monkeypatch):
+    from graphc.backends.cuda import rt
+
+    monkeypatch.delenv("GRAPHC_CUDA")
+    monkeypatch.setattr(rt, "_cuda_driver_present", lambda: False)
+    monkeypatch.setattr(rt, "_runtimes", {})
+    with pytest.raises(rt.CudaNoDeviceError,
+                       match="no CUDA device found.*set GRAPHC_CUDA=emu"):
+        compile_graph(parse(_CACHED), "cuda")
+
+
+def test_bad_index_raises_after_the_call():
+    from graphc.errors import IndexOutOfRangeError
+
+    g = '''graph @t(%w: f32[4,3], %i: i64[2]) -> (f32[2,3]) {
+  %0: f32[2,3] = embedding[padding_idx=None](%w, %i)
+  return (%0)
+}'''
+    ex = compile_graph(parse(g), "cuda")
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(ex.run(w, np.array([3, 0]))[0], w[[3, 0]])
+    with pytest.raises(IndexOutOfRangeError, match="embedding: an index is out of bounds"):
+        ex.run(w, np.array([1, 7]))
