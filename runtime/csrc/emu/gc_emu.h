@@ -30,6 +30,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <memory> /* before __noinline__ below: libstdc++ spells an attribute with it */
 #include <tuple>
 #include <type_traits>
 #include <utility>

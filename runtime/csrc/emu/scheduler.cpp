@@ -19,7 +19,9 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gc_emu.h"
@@ -114,13 +116,22 @@ struct Scheduler {
     void *fake_stack = nullptr;
     const void *stack_bottom = nullptr;
     size_t stack_size = 0;
+    std::vector<std::pair<void *, size_t>> stack_regions; /* mmap'ed, unmapped at thread exit */
+
+    ~Scheduler() {
+        for (auto &region : stack_regions) munmap(region.first, region.second);
+    }
 };
 
-__thread Scheduler *tls_scheduler;
+__thread Scheduler *tls_scheduler;             /* fast access from the fibers */
+thread_local std::unique_ptr<Scheduler> tls_owner; /* frees it when the thread exits */
 thread_local std::string tls_fault;
 
 Scheduler &scheduler() {
-    if (!tls_scheduler) tls_scheduler = new Scheduler(); /* lives as long as its thread */
+    if (!tls_scheduler) {
+        tls_owner.reset(new Scheduler());
+        tls_scheduler = tls_owner.get();
+    }
     return *tls_scheduler;
 }
 
@@ -144,6 +155,7 @@ void grow_fibers(Scheduler &s, int count) {
         fprintf(stderr, "graphc emulation: cannot map %zu bytes of fiber stacks\n", bytes);
         abort();
     }
+    s.stack_regions.emplace_back(region, bytes);
     s.fibers.resize(count);
     for (int i = have; i < count; ++i) {
         char *base = static_cast<char *>(region) + each * (size_t)(i - have);
