@@ -32,7 +32,10 @@ Lowered ops:
 - conv2d (alone or with a fused epilogue), conv2d_input_grad, conv2d_weight_grad,
   max_pool2d(_grad), avg_pool2d(_grad), batch_norm: graphc.backends.cpu.conv;
 - random ops uniform, normal, dropout, bernoulli (the eager Philox stream, seed input read
-  once per call): graphc.backends.cpu.random_ops.
+  once per call): graphc.backends.cpu.random_ops;
+- take, gather, index_add, index_put, scatter_add, slice_scatter, embedding,
+  embedding_backward, pad, flip, argmax, argmin, randint, randperm (indices out of range make
+  the call fail with a clear error): graphc.backends.cpu.index_ops.
 Anything else raises `CpuLoweringError` at compile time, naming the op and its node.
 """
 
