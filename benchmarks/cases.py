@@ -13,11 +13,13 @@ Cases (full sizes; `Sizes.quick()` shrinks every one for the smoke test):
 - `conv2d`: conv2d forward with bias, pad 1, NCHW: graphc compiled, torch eager (anchor),
   torch.compile.
 torch.compile contenders compile in `prepare` (outside the timed loop); a failure is
-reported in the table. PyTorch runs with 2 threads, the machine's cores.
+reported in the table. PyTorch runs with OMP_NUM_THREADS threads, by default every core (2
+on the reference machine).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,12 +51,13 @@ class Sizes:
 
 
 def _torch():
-    """torch, set to the machine's 2 threads, or None when it is not installed."""
+    """torch with OMP_NUM_THREADS intra-op threads (default: every core), or None when it is
+    not installed."""
     try:
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
     return torch
 
 

@@ -1,31 +1,32 @@
 """What the passes do to compiled training steps (batch 64): node counts, fused kernels, the
 planned arena against its bounds, pass times, and 10 compiled steps against eager.
 
-    python benchmarks/pipeline_report.py
+    python benchmarks/pipeline_report.py      (or python -m benchmarks.pipeline_report)
+
+The timing table of the same steps is benchmarks/run.py.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import sys
 
 import numpy as np
 
-import graphc
-import graphc.nn as nn
-import graphc.optim as optim
-from graphc.ops.registry import REGISTRY
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import graphc  # noqa: E402
+import graphc.nn as nn  # noqa: E402
+import graphc.optim as optim  # noqa: E402
+from benchmarks.models import lenet5  # noqa: E402
+from benchmarks.models import mlp as mlp_784  # noqa: E402
+from graphc.ops.registry import REGISTRY  # noqa: E402
 
 
 def mlp():
-    return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256),
-                         nn.ReLU(), nn.Linear(256, 10))
-
-
-def lenet5():
-    return nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                         nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
-                         nn.Linear(84, 10))
+    return nn.Sequential(nn.Flatten(), mlp_784())
 
 
 OPTIMIZERS = {"sgd_momentum": lambda p: optim.SGD(p, lr=0.01, momentum=0.9),

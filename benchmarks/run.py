@@ -5,14 +5,19 @@ torch.compile in one process, medians and ratios against the issue's targets.
     python benchmarks/run.py --quick                # tiny sizes, no torch.compile: a smoke run
     python -m benchmarks.run --only mlp_b64 --only sgemm --repeat 15
     python -m benchmarks.run --markdown docs/table.md --json results.json --profile
+    python -m benchmarks.run --threads 1           # every library on one thread
 
 Cases (names for --only; a name selects every case that starts with it): mlp_b64, mlp_b1,
 lenet5_b64, elementwise_chain, sgemm (sgemm_256, sgemm_1024, sgemm_2048), conv2d,
 compile (compile_cold, compile_warm). How each is measured: benchmarks/cases.py,
 benchmarks/compile_time.py; timing and agreement rules: benchmarks/harness.py. With
 --profile, every case that missed its target gets a profile (benchmarks/profiles.py) after
-the table. The exit status is 0 when every contender agreed with its case's reference (or
-was skipped for a stated reason), 1 otherwise; a missed target is not an error.
+the table. `--threads N` sets OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (graphc's OpenMP loops,
+numpy's and graphc's OpenBLAS) and PyTorch's intra-op threads to N, restarting the process so
+the libraries read them at load; on a machine shared with other work, one thread each keeps
+spin-waiting thread pools from distorting the ratios. The exit status is 0 when every
+contender agreed with its case's reference (or was skipped for a stated reason), 1
+otherwise; a missed target is not an error.
 """
 
 from __future__ import annotations
@@ -82,7 +87,8 @@ def header(argv: list[str]) -> str:
         torch_version = torch.__version__
     except ImportError:
         torch_version = "not installed"
-    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",) * 3
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    threads = os.environ.get("OMP_NUM_THREADS", f"default ({os.cpu_count()})")
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -93,7 +99,8 @@ def header(argv: list[str]) -> str:
             f"date: {datetime.datetime.now().isoformat(timespec='seconds')}; machine: {cpu}, "
             f"{os.cpu_count()} cores, {platform.system()} {platform.release()}; Python "
             f"{platform.python_version()}, numpy {np.__version__}, torch {torch_version}; "
-            f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+            f"threads: {threads}; load average at the end {load[0]:.2f} {load[1]:.2f} "
+            f"{load[2]:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,12 +114,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="timed rounds per case (default 25, 3 with --quick)")
     parser.add_argument("--markdown", metavar="PATH", help="also write the report to PATH")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="threads for OpenMP, OpenBLAS and PyTorch (default: every core)")
     parser.add_argument("--profile", action="store_true",
                         help="profile every case that missed its target (after the table)")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     if args.repeat is not None and args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    if args.threads is not None and os.environ.get("OMP_NUM_THREADS") != str(args.threads):
+        os.environ.update(OMP_NUM_THREADS=str(args.threads),
+                          OPENBLAS_NUM_THREADS=str(args.threads))
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        os.chdir(root)
+        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.run", *argv])
     names = _selected(args.only)
     sizes = cases.Sizes.quick() if args.quick else cases.Sizes()
     repeat = args.repeat or (3 if args.quick else 25)
@@ -122,17 +139,19 @@ def main(argv: list[str] | None = None) -> int:
 
     results = run_cases(names, sizes, repeat, log)
     report = header(argv) + "\n\n" + markdown_table(results) + "\n"
-    if args.profile:
-        from benchmarks.profiles import profile_missed
-
-        report += "\n" + profile_missed(results, sizes, log)
-    print(report)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(report)
+    print(report, flush=True)  # the table first: profiling takes minutes
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"header": header(argv), "cases": as_json(results)}, f, indent=1)
+    if args.profile:
+        from benchmarks.profiles import profile_missed
+
+        profiles = profile_missed(results, sizes, log)
+        print(profiles)
+        report += "\n" + profiles
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report)
     return 0 if all(r.agreed for r in results) else 1
 
 
