@@ -48,6 +48,9 @@ from tests.fuzz.program import Program
 
 ATTEMPTS = 3
 STATS: Counter = Counter()  # graphs, runs per backend, skips, rejections (this process)
+# CpuLoweringError messages of forms the CPU backend refuses on purpose (a clear error, not a
+# wrong number): the case is skipped on that backend and counted
+KNOWN_REFUSALS = ("nll_loss over more than 2 dimensions",)
 _INDEX_OPS = ("pad", "flip", "argmax", "argmin", "gather", "take", "index_add", "index_put",
               "scatter_add", "embedding", "embedding_backward", "slice_scatter")
 
@@ -147,9 +150,11 @@ def check_program(program: Program, backends=("cpu",)) -> list[str]:
         try:
             executable = compile_graph(optimised, backend)
         except Exception as err:  # noqa: BLE001 - any compile failure is reported
-            if skip and type(err).__name__ == "CpuLoweringError":
-                STATS[f"{backend} skipped: {'/'.join(sorted(skip))} not lowered"] += 1
-                continue
+            if type(err).__name__ == "CpuLoweringError":
+                known = [k for k in KNOWN_REFUSALS if k in str(err)]
+                if skip or known:
+                    STATS[f"{backend} skipped: {'/'.join(sorted(skip) + known)}"] += 1
+                    continue
             if type(err).__name__ == "CudaLoweringError":  # a backend still being written
                 STATS[f"{backend} refused: {str(err).split(' (node')[0]}"] += 1
                 continue
@@ -163,10 +168,12 @@ def check_program(program: Program, backends=("cpu",)) -> list[str]:
     return runs
 
 
-def _flat(result):
-    if isinstance(result, (tuple, list)):
-        return [t for r in result for t in _flat(r)]
-    return [result]
+def _flat(result) -> list:
+    """The tensors of a program's result as the trace numbers its outputs: each tensor once
+    (a gradient shared by two inputs is one output)."""
+    if not isinstance(result, (tuple, list)):
+        return [result]
+    return list({id(t): t for r in result for t in _flat(r)}.values())
 
 
 def _guarded(program, run, graph, inputs, ref, action):
