@@ -13,10 +13,11 @@ Layers, bottom-up (one module each, one owner each):
   graph: fused elementwise nodes, reductions, softmax, GEMM through a BLAS resolved once at
   load, movement, nll_loss), `conv.py` (conv2d as im2col + GEMM, its two gradients,
   max/avg pooling and their gradients, batch_norm), `philox.py` (the eager random stream
-  as IR) with `random_ops.py` (uniform, normal, dropout, bernoulli kernels), and
-  `executable.py` (one LLVM module with one driver function that runs the
+  as IR) with `random_ops.py` (uniform, normal, dropout, bernoulli kernels), `index_ops.py`
+  (gathers, scatters, embedding, pad, flip, argmax/argmin, randint, randperm; indices checked
+  before use), and `executable.py` (one LLVM module with one driver function that runs the
   schedule over the planned arena: a call is one native call); the backend is
-  `graphc.compile(..., backend="cpu")`. Not lowered yet: gathers/scatters, embedding,
-  pad, flip, argmax/argmin (a clear error names them).
+  `graphc.compile(..., backend="cpu")`. Every registry op is lowered; refused cases (int64
+  matmul, nll_loss over more than 2 dims) get a clear error naming the node.
 Importing `graphc` never imports this package (it loads llvmlite).
 """
