@@ -181,8 +181,10 @@ typedef enum gc_reduction { GC_REDUCTION_NONE = 0, GC_REDUCTION_MEAN = 1,
 /* x: (n, classes, inner) log-probabilities; target: (n, inner) class indices; weight:
  * (classes,) or NULL (all ones). out: (n, inner) for GC_REDUCTION_NONE, else one value;
  * total_weight: one value (the sum of the picked weights). Targets equal to ignore_index
- * count nothing. A target out of [0, classes) sets *bad_target (device int64, may be NULL)
- * to that target + 1 (0 stays 0 when all are in range); its loss is then 0. */
+ * count nothing. *bad_target (device int64, may be NULL) receives 0 when every other target
+ * is in [0, classes), else 1 + the flat position (in target) of the first one that is not;
+ * a bad target's loss and weight count 0. weight, out and total_weight: NULL weight means
+ * all ones; NULL total_weight is not written. */
 gc_status gc_nll_loss_fwd_f32(int64_t n, int64_t classes, int64_t inner, const float *x,
                               const int64_t *target, const float *weight,
                               int64_t ignore_index, gc_reduction reduction, float *out,

@@ -6,7 +6,7 @@
  * (outer, inner) column so that neighbouring threads read neighbouring addresses.
  * NLL forward runs one block over all n * inner targets and accumulates the loss and the
  * picked weights in double, so reductions are deterministic; it writes *bad_target = 0, then
- * (first bad target in flat order) + 1 when a target outside [0, classes) that is not
+ * 1 + the flat position of the first target outside [0, classes) that is not
  * ignore_index is found (that target's loss and weight count 0). Mean with a total weight of
  * 0 is 0 / 0 = NaN, as PyTorch. NLL backward overwrites every element of dx (a gather: no
  * separate zeroing, no atomics); ignored and bad targets get 0.
@@ -137,7 +137,7 @@ __global__ void nll_fwd_kernel(int64_t count, int64_t classes, int64_t inner, co
         if (reduction == GC_REDUCTION_SUM) out[0] = (float)loss_sum;
         if (reduction == GC_REDUCTION_MEAN) out[0] = (float)(loss_sum / weight_sum);
         if (total_weight) total_weight[0] = (float)weight_sum;
-        if (bad_target) bad_target[0] = first_bad < count ? target[first_bad] + 1 : 0;
+        if (bad_target) bad_target[0] = first_bad < count ? first_bad + 1 : 0;
     }
 }
 

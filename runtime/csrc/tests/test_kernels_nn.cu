@@ -184,13 +184,18 @@ void test_nll() {
             test::all_close(dx.get(), dx_ref, 1e-6, 1e-7, "nll backward");
         }
     }
-    /* a bad target: reported as target + 1 (the first in flat order), counted as 0 */
+    /* a bad target: reported as 1 + its flat position (the first), counted as 0 */
     Device<int64_t> bad_targets(std::vector<int64_t>{0, 1, 4, 1, 7, 2});
     Device<float> out(1, NAN);
     EXPECT_OK(gc_nll_loss_fwd_f32(n, classes, inner, dxv.ptr, bad_targets.ptr, nullptr, ignore,
                                   GC_REDUCTION_SUM, out.ptr, total.ptr, bad.ptr, nullptr));
-    test::all_equal(bad.get(), {5}, "nll bad_target = first bad target + 1");
+    test::all_equal(bad.get(), {3}, "nll bad_target = 1 + position of the first bad target");
     test::all_close(total.get(), {4.0}, 0, 0, "nll total weight skips the bad targets");
+    /* -1 is out of range too when it is not ignore_index (position 1 -> reported 2) */
+    Device<int64_t> minus_one(std::vector<int64_t>{0, -1, 1, 1, 2, 2});
+    EXPECT_OK(gc_nll_loss_fwd_f32(n, classes, inner, dxv.ptr, minus_one.ptr, nullptr, ignore,
+                                  GC_REDUCTION_SUM, out.ptr, total.ptr, bad.ptr, nullptr));
+    test::all_equal(bad.get(), {2}, "nll bad_target for a target of -1");
     /* mean over nothing but ignored targets: 0 / 0 */
     Device<int64_t> ignored(std::vector<int64_t>(count, ignore));
     EXPECT_OK(gc_nll_loss_fwd_f32(n, classes, inner, dxv.ptr, ignored.ptr, nullptr, ignore,
