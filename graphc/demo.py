@@ -284,10 +284,10 @@ def _cache_note(before: tuple[int, int] | None, after: tuple[int, int] | None) -
         return ""
     hits, misses = after[0] - before[0], after[1] - before[1]
     if hits and not misses:
-        return "; object code from the disk cache"
+        return "its object code came from the disk cache (graphc cache clear: a cold start)"
     if hits:
-        return f"; {hits} of {hits + misses} object files from the disk cache"
-    return "; LLVM compiled the object code (cached on disk for the next run)"
+        return f"{hits} of its {hits + misses} object files came from the disk cache"
+    return "LLVM compiled its object code (cached on disk for the next run)"
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -307,7 +307,14 @@ def summary_lines(options: DemoOptions, data: Digits, result: Training,
     lines = [f"accuracy        train {train_acc:.1%}   test {test_acc:.1%} "
              f"({len(data.y_test)} held-out images)",
              f"compile time    {result.compile_seconds:.2f} s for {traces} trace"
-             f"{'s' * (traces != 1)}{why}{result.cache_note}"]
+             f"{'s' * (traces != 1)}{why}"]
+    if result.cache_note:
+        lines.append(f"                {result.cache_note}")
+    optimized = compiled.optimized_graph
+    plan = optimized.meta.get("memory_plan")
+    arena = f"; arena {plan.arena_bytes / 1024:.1f} KiB" if plan is not None else ""
+    lines.append(f"graph           {len(compiled.graph.nodes)} traced ops -> "
+                 f"{len(optimized.nodes)} nodes after simplify and fuse{arena}")
     if compiled_time is None:
         lines.append("step time       no step ran the compiled executable: use more epochs "
                      "or a smaller --batch-size to time it")
@@ -323,11 +330,6 @@ def summary_lines(options: DemoOptions, data: Digits, result: Training,
         ratio = value / compiled_time
         relative = f"{ratio:.1f}x slower" if ratio >= 1 else f"{1 / ratio:.1f}x faster"
         lines.append(f"  {label:<26} {_ms(value):>9}   {relative} than compiled")
-    optimized = compiled.optimized_graph
-    plan = optimized.meta.get("memory_plan")
-    arena = f"; arena {plan.arena_bytes / 1024:.1f} KiB" if plan is not None else ""
-    lines.append(f"graph           {len(compiled.graph.nodes)} traced ops -> "
-                 f"{len(optimized.nodes)} nodes after simplify and fuse{arena}")
     return lines
 
 
@@ -353,7 +355,8 @@ def run(options: DemoOptions, out: TextIO | None = None) -> int:
               f"epoch{'s' * (options.epochs != 1)}, seed {options.seed}"]
     print("\n".join(header), file=out, flush=True)
     result = train(options, data)
-    timings = step_timings(result.model, data, options.batch_size, LEARNING_RATE)
+    timings = step_timings(result.model, data, options.batch_size, LEARNING_RATE) \
+        if result.step_seconds else {}
     lines = summary_lines(options, data, result, timings)
     written = write_artifacts(folder, result.step)
     lines.append(f"total time      {time.perf_counter() - started:.1f} s")
