@@ -62,8 +62,8 @@ def _pool_gap(x: np.ndarray, attrs: dict) -> np.ndarray:
     if windows.shape[1] < 2:
         return np.zeros(0)
     top = np.sort(windows, axis=1)[:, -2:]
-    finite = np.isfinite(top).all(axis=1)
-    return (top[:, 1] - top[:, 0])[finite]
+    top = top[np.isfinite(top).all(axis=1)]  # windows reaching into the padding
+    return top[:, 1] - top[:, 0]
 
 
 def decision_distance(op: str, attrs: dict, inputs: list[np.ndarray]):
@@ -86,7 +86,7 @@ def decision_distance(op: str, attrs: dict, inputs: list[np.ndarray]):
     if op == "cast":
         target = attrs["dtype"]
         if target == "int64":
-            return np.where(np.abs(x - np.round(x)) < 0.5, x - np.round(x), 0.5), x
+            return x - np.round(x), x
         if target == "bool":
             return x, x
         return None
