@@ -284,7 +284,7 @@ def _cache_note(before: tuple[int, int] | None, after: tuple[int, int] | None) -
         return ""
     hits, misses = after[0] - before[0], after[1] - before[1]
     if hits and not misses:
-        return "its object code came from the disk cache (graphc cache clear: a cold start)"
+        return "its object code came from the disk cache (`graphc cache clear` for a cold start)"
     if hits:
         return f"{hits} of its {hits + misses} object files came from the disk cache"
     return "LLVM compiled its object code (cached on disk for the next run)"
