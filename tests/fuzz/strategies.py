@@ -29,7 +29,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from graphc.errors import GraphcError
-from tests.fuzz.program import FLOAT_KINDS, Input, Program, Step, probe_type
+from tests.fuzz.program import Input, Program, Step, probe_type
 
 UNARY = (
     "graphc.neg({0})", "graphc.exp({0})", "graphc.tanh({0})", "graphc.sigmoid({0})",
@@ -275,9 +275,8 @@ def movement(b: Builder) -> None:
 
 
 def _factorization(b: Builder, n: int) -> tuple[int, ...]:
-    factors = [p for p in _primes(n)]
     dims = [1] * b.draw(st.integers(1, 4))
-    for p in factors:
+    for p in _primes(n):
         dims[b.draw(st.integers(0, len(dims) - 1))] *= p
     dims = list(b.draw(st.permutations(dims)))
     if len(dims) > 1 and b.draw(st.booleans()):
@@ -426,4 +425,4 @@ def programs(draw, family: str, max_steps: int = 4, grads=None) -> Program:
     return b.program(with_grads, draw(st.integers(0, 2**32 - 1)))
 
 
-__all__ = ["FAMILIES", "Builder", "programs", "FLOAT_KINDS"]
+__all__ = ["FAMILIES", "Builder", "programs"]
