@@ -21,8 +21,9 @@ runs the passes and lowers (the cache key is the hash of the IR text), and skips
 optimisation and code generation. The stage times come from wrapping the functions
 graphc.compiler calls (trace_call, default_passes, run_pipeline, compile_graph) and the CPU
 backend's `lower` and `llvm.compile_module` in timers in the child; graphc is not changed.
+The timers read the clock run.py's --clock chose (wall, or this process's CPU time).
 
-    python -m benchmarks.compile_time --batch 64   # one measurement, JSON on stdout
+    python -m benchmarks.compile_time --batch 64 --clock wall   # one measurement, JSON
 """
 
 from __future__ import annotations
@@ -33,11 +34,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
-from benchmarks.harness import CaseResult, Contender
+from benchmarks.harness import CaseResult, Contender, now, set_clock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("import", "trace", "default_passes", "passes", "backend", "lower", "llvm", "other")
@@ -46,11 +46,11 @@ OUTER = ("import", "trace", "default_passes", "passes", "backend")  # they add u
 
 def _timed(table: dict, key: str, fn):
     def wrapper(*args, **kwargs):
-        start = time.perf_counter()
+        start = now()
         try:
             return fn(*args, **kwargs)
         finally:
-            table[key] = table.get(key, 0.0) + time.perf_counter() - start
+            table[key] = table.get(key, 0.0) + now() - start
     return wrapper
 
 
@@ -72,19 +72,19 @@ def measure(batch: int) -> dict:
     step(gx, gy)  # creates the momentum buffers: the compiled call below traces once
     compiled = graphc.compile(step, backend="cpu")
 
-    imported = time.perf_counter()
+    imported = now()
     import graphc.backends.cpu.executable as executable  # what the first compile imports
 
-    stages["import"] = time.perf_counter() - imported
+    stages["import"] = now() - imported
     executable.lower = _timed(stages, "lower", executable.lower)
     executable.llvm.compile_module = _timed(stages, "llvm", executable.llvm.compile_module)
-    start = time.perf_counter()
+    start = now()
     compiled(gx, gy)
-    first = stages["import"] + time.perf_counter() - start
+    first = stages["import"] + now() - start
     stages["other"] = first - sum(stages[k] for k in OUTER)
-    start = time.perf_counter()
+    start = now()
     compiled(gx, gy)
-    second = time.perf_counter() - start
+    second = now() - start
     library = compiled.executable.library
     return {"compile_s": first, "stages": stages, "next_call_s": second,
             "traces": len(compiled.graphs), "from_cache": library.from_cache,
@@ -92,25 +92,25 @@ def measure(batch: int) -> dict:
             "ir_chars": len(compiled.executable.lowered.ir_text)}
 
 
-def _child(batch: int, cache_dir: str) -> dict:
+def _child(batch: int, cache_dir: str, clock: str) -> dict:
     env = dict(os.environ, GRAPHC_CACHE_DIR=cache_dir, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", "--batch",
-                           str(batch)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+                           str(batch), "--clock", clock], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"compile-time child failed (exit {proc.returncode}): "
                            f"{proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def compile_time_cases(batch: int, runs: int) -> list[CaseResult]:
+def compile_time_cases(batch: int, runs: int, clock: str = "wall") -> list[CaseResult]:
     """Two rows: cold and warm compile of the LeNet-5 step, medians over `runs` pairs of
     fresh processes (each pair: an empty cache directory, cold, then warm)."""
     cold, warm = [], []
     for _ in range(runs):
         with tempfile.TemporaryDirectory(prefix="graphc-bench-cache-") as cache:
-            cold.append(_child(batch, cache))
-            warm.append(_child(batch, cache))
+            cold.append(_child(batch, cache, clock))
+            warm.append(_child(batch, cache, clock))
     rows = []
     for label, target, results, cached in (("cold", 2.0, cold, False),
                                            ("warm", 0.3, warm, True)):
@@ -139,7 +139,9 @@ def compile_time_cases(batch: int, runs: int) -> list[CaseResult]:
 def main() -> None:
     parser = argparse.ArgumentParser(description="one compile-time measurement (JSON)")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args()
+    set_clock(args.clock)
     print(json.dumps(measure(args.batch)))
 
 

@@ -6,6 +6,10 @@ another. `interleaved_medians` warms every contender up, calibrates how many cal
 sample (a sample lasts at least `SAMPLE_SECONDS`, so sub-millisecond calls are not timer
 noise), then runs rounds in which every contender takes one sample, the order rotating from
 round to round; the result is each contender's median seconds per call over the rounds.
+Samples are read from the clock `set_clock` chose: "wall" (time.perf_counter, the default)
+or "cpu" (time.process_time: CPU seconds of this process, all threads). With one thread per
+library (`run.py --threads 1`), CPU time is the work itself and stays put while other
+processes take the cores; with several threads it also counts spin-waiting.
 
 Invariants:
 - A contender is timed only after `check_agreement` compared its result with the anchor's
@@ -29,6 +33,20 @@ WARMUP_SECONDS = 0.3  # untimed calls per contender: at least this long (and `wa
 WARMUP_CALLS_MAX = 50
 CASE_SECONDS = 60.0  # a case stops adding rounds after this long (at least MIN_ROUNDS)
 MIN_ROUNDS = 5
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = {"name": "wall"}
+
+
+def set_clock(name: str) -> None:
+    """Time samples with CLOCKS[name] from now on."""
+    if name not in CLOCKS:
+        raise ValueError(f"set_clock: expected one of {sorted(CLOCKS)}, got {name!r}")
+    _clock["name"] = name
+
+
+def now() -> float:
+    """The current reading of the chosen clock, in seconds."""
+    return CLOCKS[_clock["name"]]()
 
 
 @dataclass
@@ -132,9 +150,9 @@ def check_agreement(contenders: list[Contender], tolerance: float) -> None:
 
 # ---- timing ---------------------------------------------------------------------------------
 def _calls_per_sample(run: Callable[[], object]) -> int:
-    start = time.perf_counter()
+    start = now()
     run()
-    once = max(time.perf_counter() - start, 1e-7)
+    once = max(now() - start, 1e-7)
     return max(1, math.ceil(SAMPLE_SECONDS / once))
 
 
@@ -157,10 +175,10 @@ def interleaved_medians(contenders: list[Contender], repeat: int, warmup: int = 
         for k in range(len(live)):
             i = (k + r) % len(live)
             run, number = live[i].run, numbers[i]
-            start = time.perf_counter()
+            start = now()
             for _ in range(number):
                 run()
-            samples[i].append((time.perf_counter() - start) / number)
+            samples[i].append((now() - start) / number)
         if r + 1 >= MIN_ROUNDS and time.perf_counter() - started > CASE_SECONDS:
             break
     for c, s in zip(live, samples):

@@ -31,25 +31,26 @@ import numpy as np
 
 import graphc
 from benchmarks import cases, models
-from benchmarks.harness import CaseResult
+from benchmarks.harness import CaseResult, now
 
 _TOP = 12
 
 
 def median_seconds(fn, min_seconds: float = 0.3, max_calls: int = 2000) -> float:
-    """Median seconds per call of fn() over ~min_seconds of samples (each >= 0.2 ms)."""
+    """Median seconds per call of fn() over ~min_seconds of samples (each >= 0.2 ms), read
+    from the harness's clock (wall or CPU time, as run.py --clock chose)."""
     fn()
-    start = time.perf_counter()
+    start = now()
     fn()
-    once = max(time.perf_counter() - start, 1e-7)
+    once = max(now() - start, 1e-7)
     number = max(1, int(2e-4 / once))
     samples, started = [], time.perf_counter()
     while (len(samples) < 5 or time.perf_counter() - started < min_seconds) and \
             len(samples) * number < max_calls:
-        start = time.perf_counter()
+        start = now()
         for _ in range(number):
             fn()
-        samples.append((time.perf_counter() - start) / number)
+        samples.append((now() - start) / number)
     return float(np.median(samples))
 
 

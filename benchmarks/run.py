@@ -5,7 +5,7 @@ torch.compile in one process, medians and ratios against the issue's targets.
     python benchmarks/run.py --quick                # tiny sizes, no torch.compile: a smoke run
     python -m benchmarks.run --only mlp_b64 --only sgemm --repeat 15
     python -m benchmarks.run --markdown docs/table.md --json results.json --profile
-    python -m benchmarks.run --threads 1           # every library on one thread
+    python -m benchmarks.run --threads 1 --clock cpu   # one thread each, CPU time
 
 Cases (names for --only; a name selects every case that starts with it): mlp_b64, mlp_b1,
 lenet5_b64, elementwise_chain, sgemm (sgemm_256, sgemm_1024, sgemm_2048), conv2d,
@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` i
 
 from benchmarks import cases  # noqa: E402
 from benchmarks.compile_time import compile_time_cases  # noqa: E402
-from benchmarks.harness import as_json, markdown_table  # noqa: E402
+from benchmarks.harness import as_json, markdown_table, set_clock  # noqa: E402
 
 CASE_NAMES = ("mlp_b64", "mlp_b1", "lenet5_b64", "elementwise_chain", "sgemm_256",
               "sgemm_1024", "sgemm_2048", "conv2d", "compile_cold", "compile_warm")
@@ -51,7 +51,8 @@ def _selected(only: list[str] | None) -> list[str]:
     return chosen
 
 
-def run_cases(names: list[str], sizes: cases.Sizes, repeat: int, log) -> list:
+def run_cases(names: list[str], sizes: cases.Sizes, repeat: int, log,
+              clock: str = "wall") -> list:
     """Run the named cases in table order; `log` gets one progress line per case."""
     results = []
     quick_sgemm = dict(zip(("sgemm_256", "sgemm_1024", "sgemm_2048"), sizes.sgemm))
@@ -70,15 +71,15 @@ def run_cases(names: list[str], sizes: cases.Sizes, repeat: int, log) -> list:
         elif name == "conv2d":
             results.append(cases.conv2d(sizes, repeat))
         elif name == "compile_cold":
-            results += compile_time_cases(sizes.compile_lenet_batch, sizes.compile_runs)
+            results += compile_time_cases(sizes.compile_lenet_batch, sizes.compile_runs, clock)
         elif name == "compile_warm" and "compile_cold" not in names:
             results += [r for r in compile_time_cases(sizes.compile_lenet_batch,
-                                                      sizes.compile_runs)
+                                                      sizes.compile_runs, clock)
                         if r.name == "compile_warm"]
     return results
 
 
-def header(argv: list[str]) -> str:
+def header(argv: list[str], clock: str) -> str:
     """The command, the machine and the date, for the top of a report."""
     import numpy as np
 
@@ -99,8 +100,8 @@ def header(argv: list[str]) -> str:
             f"date: {datetime.datetime.now().isoformat(timespec='seconds')}; machine: {cpu}, "
             f"{os.cpu_count()} cores, {platform.system()} {platform.release()}; Python "
             f"{platform.python_version()}, numpy {np.__version__}, torch {torch_version}; "
-            f"threads: {threads}; load average at the end {load[0]:.2f} {load[1]:.2f} "
-            f"{load[2]:.2f}")
+            f"threads: {threads}; clock: {clock}; load average at the end {load[0]:.2f} "
+            f"{load[1]:.2f} {load[2]:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="threads for OpenMP, OpenBLAS and PyTorch (default: every core)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time samples by wall clock, or by this process's CPU time "
+                        "(steadier on a shared machine; use with --threads 1)")
     parser.add_argument("--profile", action="store_true",
                         help="profile every case that missed its target (after the table)")
     args = parser.parse_args(argv)
@@ -137,12 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    results = run_cases(names, sizes, repeat, log)
-    report = header(argv) + "\n\n" + markdown_table(results) + "\n"
+    set_clock(args.clock)
+    results = run_cases(names, sizes, repeat, log, args.clock)
+    report = header(argv, args.clock) + "\n\n" + markdown_table(results) + "\n"
     print(report, flush=True)  # the table first: profiling takes minutes
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"header": header(argv), "cases": as_json(results)}, f, indent=1)
+            json.dump({"header": header(argv, args.clock), "cases": as_json(results)}, f, indent=1)
     if args.profile:
         from benchmarks.profiles import profile_missed
 
