@@ -40,7 +40,7 @@ import graphc.optim as optim
 from graphc.errors import GraphcError
 
 BACKENDS = ("cpu", "interp", "cuda")
-DEFAULT_EPOCHS = 20
+DEFAULT_EPOCHS = 30
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_OUT = "graphc-out/demo"
 LEARNING_RATE = 3e-3
