@@ -44,10 +44,12 @@ class Sizes:
     compile_lenet_batch: int = 64
     compile_runs: int = 3  # fresh processes per cold/warm measurement
     torch_compile: bool = True
+    warmup_seconds: float = 0.3  # untimed calls per contender (see interleaved_medians)
 
     @staticmethod
     def quick() -> Sizes:
-        return Sizes(models.MlpSizes(64, 32, 10), 8, 4, 4096, (64,), (2, 3, 4, 8), 4, 1, False)
+        return Sizes(models.MlpSizes(64, 32, 10), 8, 4, 4096, (64,), (2, 3, 4, 8), 4, 1, False,
+                     0.0)
 
 
 def _torch():
@@ -123,7 +125,7 @@ def train_step(name: str, batch: int, sizes: Sizes, repeat: int) -> CaseResult:
     # torch eager first: it is the reference every other result is compared with
     contenders.sort(key=lambda c: c.name != "torch eager")
     check_agreement(contenders, STEP_TOLERANCE)
-    interleaved_medians(contenders, repeat)
+    interleaved_medians(contenders, repeat, warmup_seconds=sizes.warmup_seconds)
     contenders.sort(key=lambda c: ["graphc cpu", "graphc eager", "torch eager",
                                    "torch.compile"].index(c.name))
     target = {("mlp", False): 0.6, ("lenet5", False): 0.35, ("mlp", True): 0.1}[
@@ -180,7 +182,7 @@ def elementwise_chain(sizes: Sizes, repeat: int) -> CaseResult:
                           _array_contender("torch.compile", lambda: tc(tx), lambda t: t.numpy()))
     contenders.sort(key=lambda c: c.name != "numpy")
     check_agreement(contenders, KERNEL_TOLERANCE)
-    interleaved_medians(contenders, repeat)
+    interleaved_medians(contenders, repeat, warmup_seconds=sizes.warmup_seconds)
     anchor = "torch.compile" if sizes.torch_compile and torch is not None else "torch eager"
     return CaseResult("elementwise_chain", f"tanh(x*0.5+1)*sigmoid(x)+relu(x-0.1), {n:,} f32",
                       "graphc cpu", anchor, ("<=", 0.5), contenders,
@@ -193,7 +195,7 @@ def graphc_matmul(a, b):
     return a @ b
 
 
-def sgemm(n: int, repeat: int) -> CaseResult:
+def sgemm(n: int, sizes: Sizes, repeat: int) -> CaseResult:
     rng = np.random.default_rng(3)
     a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
     ga, gb = graphc.tensor(a), graphc.tensor(b)
@@ -207,7 +209,7 @@ def sgemm(n: int, repeat: int) -> CaseResult:
                   _array_contender("graphc cpu", run_graphc, lambda t: t.numpy(),
                                    prepare=lambda: (run_graphc(), run_graphc()))]
     check_agreement(contenders, KERNEL_TOLERANCE)
-    interleaved_medians(contenders, repeat)
+    interleaved_medians(contenders, repeat, warmup_seconds=sizes.warmup_seconds)
     return CaseResult(f"sgemm_{n}", f"SGEMM {n}x{n} @ {n}x{n}", "graphc cpu", "numpy",
                       (">=", 0.95), contenders, unit="GFLOP/s", flops=2.0 * n**3)
 
@@ -249,7 +251,7 @@ def conv2d(sizes: Sizes, repeat: int) -> CaseResult:
                                            lambda t: t.numpy()))
     contenders.sort(key=lambda c: c.name != "torch eager")
     check_agreement(contenders, KERNEL_TOLERANCE)
-    interleaved_medians(contenders, repeat)
+    interleaved_medians(contenders, repeat, warmup_seconds=sizes.warmup_seconds)
     contenders.sort(key=lambda c: c.name != "graphc cpu")
     return CaseResult("conv2d", f"conv2d forward N={n}, {c_in}->{c_out}, 3x3, pad 1, "
                       f"{hw}x{hw} (bias)", "graphc cpu", "torch eager", ("<=", 1.0),

@@ -156,15 +156,16 @@ def _calls_per_sample(run: Callable[[], object]) -> int:
     return max(1, math.ceil(SAMPLE_SECONDS / once))
 
 
-def interleaved_medians(contenders: list[Contender], repeat: int, warmup: int = 2) -> None:
+def interleaved_medians(contenders: list[Contender], repeat: int, warmup: int = 2,
+                        warmup_seconds: float = WARMUP_SECONDS) -> None:
     """Time the contenders whose status is ok: untimed calls (at least `warmup`, and at least
-    WARMUP_SECONDS unless that takes over WARMUP_CALLS_MAX calls) each, then up to
+    `warmup_seconds` unless that takes over WARMUP_CALLS_MAX calls) each, then up to
     `repeat` rounds (fewer when the case passes CASE_SECONDS, never under MIN_ROUNDS) of one
     sample per contender in rotating order; store the median seconds per call."""
     live = [c for c in contenders if c.status == "ok"]
     for c in live:  # PyTorch's first steps are slow (allocator, thread pool): warm up by time
         start, calls = time.perf_counter(), 0
-        while calls < warmup or (time.perf_counter() - start < WARMUP_SECONDS
+        while calls < warmup or (time.perf_counter() - start < warmup_seconds
                                  and calls < WARMUP_CALLS_MAX):
             c.run()
             calls += 1

@@ -67,7 +67,7 @@ def run_cases(names: list[str], sizes: cases.Sizes, repeat: int, log,
             results.append(cases.elementwise_chain(sizes, repeat))
         elif name.startswith("sgemm"):
             if name in quick_sgemm:
-                results.append(cases.sgemm(quick_sgemm[name], repeat))
+                results.append(cases.sgemm(quick_sgemm[name], sizes, repeat))
         elif name == "conv2d":
             results.append(cases.conv2d(sizes, repeat))
         elif name == "compile_cold":
