@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphc.errors import DTypeError
-from graphc.tensor import Tensor
+from graphc.tensor import Tensor, check_device
 from graphc.types import as_dtype, dtype_of_numpy, float32, float64
 
 
@@ -93,7 +93,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False,
     >>> graphc.tensor([0.5, 1.0], requires_grad=True)
     tensor([0.5000, 1.0000], requires_grad=True)
     """
-    _check_device(device)
+    check_device("graphc.tensor", device)
     arr = np.array(_array_of(data, dtype), copy=True)
     if requires_grad and not dtype_of_numpy(arr.dtype).is_floating:
         raise DTypeError("Only Tensors of floating point and complex dtype can require gradients")
@@ -102,7 +102,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False,
 
 def as_tensor(data, dtype=None, device=None) -> Tensor:
     """`data` as a tensor, sharing memory with a tensor or ndarray of the right dtype."""
-    _check_device(device)
+    check_device("graphc.as_tensor", device)
     if isinstance(data, Tensor) and (dtype is None or as_dtype(dtype) is data.dtype):
         return data
     if isinstance(data, np.ndarray) and (dtype is None or np.dtype(as_dtype(dtype).np) ==
@@ -136,6 +136,4 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return Tensor._wrap(array)
 
 
-def _check_device(device) -> None:
-    if device is not None and str(device) != "cpu":
-        raise ValueError(f"graphc eager tensors live on the CPU; got device={device!r}")
+

@@ -81,6 +81,17 @@ class device:
 
 CPU = device("cpu")
 
+
+def check_device(function: str, value) -> None:
+    """Refuse a device other than the CPU for an eager tensor, naming `function`."""
+    if value is not None and str(value) != "cpu":
+        from graphc.errors import ArgumentError, where
+
+        raise ArgumentError(
+            f"{where(function)}: graphc eager tensors live on the CPU; got device={str(value)!r}."
+            " Keep tensors on 'cpu' and compile for a GPU instead: "
+            "graphc.compile(fn, backend=\"cuda\")")
+
 _NON_FLOAT_GRAD = "only Tensors of floating point and complex dtype can require gradients"
 
 _NON_LEAF_GRAD_WARNING = (

@@ -12,7 +12,7 @@ import numpy as np
 from graphc.ops import OP_MODULES
 from graphc.ops.elementwise import cast
 from graphc.ops.registry import call, inplace
-from graphc.tensor import Tensor
+from graphc.tensor import Tensor, check_device
 from graphc.tensor import device as CpuDevice
 from graphc.types import as_dtype, bool_, float32, float64, int64
 
@@ -56,8 +56,7 @@ def _to(self, *args, **kwargs):
             device = a
         elif a is not None:
             dtype = a
-    if device is not None and str(device) != "cpu":
-        raise ValueError(f"graphc eager tensors live on the CPU; got device={str(device)!r}")
+    check_device("Tensor.to", device)
     if dtype is None or as_dtype(dtype) is self.dtype:
         return call("cast", self, dtype=self.dtype.name) if kwargs.get("copy") else self
     return cast(self, as_dtype(dtype))

@@ -176,11 +176,6 @@ def test_a_device_string_other_than_cpu_is_refused_and_named(call):
     assert_unchanged(before, model, x)
 
 
-@pytest.mark.xfail(strict=True, reason="defect in graphc/creation.py and tensor_methods.py: "
-                   "Tensor.to('cuda') and graphc.tensor(device=...) raise a bare ValueError, not "
-                   "a GraphcError (ArgumentError), naming neither the function nor what to do; "
-                   "graphc.zeros/ones(device=...) fail with Python's 'unexpected keyword "
-                   "argument' TypeError instead of naming the device")
 def test_device_errors_are_graphc_errors_naming_the_function():
     with pytest.raises(ArgumentError, match="Tensor.to.*compile"):
         graphc.ones(3).to("cuda")
@@ -692,10 +687,6 @@ def test_bad_optimizer_arguments_use_pytorchs_words(make, error, expected):
     assert_unchanged(before, model)
 
 
-@pytest.mark.xfail(strict=True, reason="defect in graphc/optim/optimizer.py (check_lr and the "
-                   "other hyperparameter checks): bad optimizer arguments raise a bare "
-                   "ValueError, not graphc's ArgumentError (a ValueError too), and name neither "
-                   "the optimizer nor the accepted range")
 def test_bad_optimizer_arguments_are_argument_errors_naming_the_optimizer():
     with pytest.raises(ArgumentError, match="SGD.*lr.*>= 0"):
         graphc.optim.SGD(nn.Linear(3, 2).parameters(), lr=-1.0)
@@ -722,10 +713,6 @@ def test_a_training_step_whose_loss_is_not_a_scalar(rng):
     assert step._entries == []
 
 
-@pytest.mark.xfail(strict=True, reason="defect in graphc/autograd/engine.py: backward() of a "
-                   "non-scalar says only 'grad can be implicitly created only for scalar "
-                   "outputs': not the shape that came, the user's line, or what to do "
-                   "(reduce with .sum()/.mean(), or pass a gradient)")
 def test_a_non_scalar_loss_message_names_the_shape_and_what_to_do(rng):
     model = nn.Linear(3, 2)
     opt = graphc.optim.SGD(model.parameters(), lr=0.1)

@@ -19,7 +19,7 @@ import numpy as np
 
 from graphc.autograd.grad_mode import set_grad_enabled
 from graphc.autograd.graph import AccumulateGrad, Node, gradient_edge
-from graphc.errors import AutogradError, ShapeError
+from graphc.errors import AutogradError, ShapeError, where
 
 if TYPE_CHECKING:
     from graphc.tensor import Tensor
@@ -104,7 +104,11 @@ def run_backward(
             )
         if g is None:
             if t.numel() != 1:
-                raise AutogradError("grad can be implicitly created only for scalar outputs")
+                raise AutogradError(
+                    f"{where('backward')}: grad can be implicitly created only for scalar "
+                    f"outputs, got a tensor of shape {list(t.shape)}; reduce it first "
+                    "(loss.sum().backward() or loss.mean().backward()) or pass the gradient: "
+                    "loss.backward(gradient)")
             g = Tensor._wrap(np.ones_like(t._data))
         elif tuple(g.shape) != tuple(t.shape):
             raise ShapeError(

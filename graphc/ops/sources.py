@@ -12,6 +12,7 @@ import numpy as np
 from graphc.errors import ArgumentError, where
 from graphc.ops.registry import SOURCE, OpDef, call, register
 from graphc.ops.shapes import size_arg
+from graphc.tensor import check_device
 from graphc.types import TensorType, as_dtype, float32, int64
 
 
@@ -54,26 +55,31 @@ def _make(op_value, shape, dtype, requires_grad):
     return t
 
 
-def full(size, fill_value, *, dtype=None, requires_grad=False):
+def full(size, fill_value, *, dtype=None, requires_grad=False, device=None):
+    check_device("graphc.full", device)
     if dtype is None:
         dtype = (int64 if isinstance(fill_value, int) and not isinstance(fill_value, bool)
                  else "bool" if isinstance(fill_value, bool) else float32)
     return _make(fill_value, tuple(size), dtype, requires_grad)
 
 
-def zeros(*size, dtype=None, requires_grad=False):
+def zeros(*size, dtype=None, requires_grad=False, device=None):
+    check_device("graphc.zeros", device)
     return _make(0, size, dtype, requires_grad)
 
 
-def ones(*size, dtype=None, requires_grad=False):
+def ones(*size, dtype=None, requires_grad=False, device=None):
+    check_device("graphc.ones", device)
     return _make(1, size, dtype, requires_grad)
 
 
-def zeros_like(t, *, dtype=None, requires_grad=False):
+def zeros_like(t, *, dtype=None, requires_grad=False, device=None):
+    check_device("graphc.zeros_like", device)
     return _make(0, tuple(t.shape), dtype or t.dtype, requires_grad)
 
 
-def ones_like(t, *, dtype=None, requires_grad=False):
+def ones_like(t, *, dtype=None, requires_grad=False, device=None):
+    check_device("graphc.ones_like", device)
     return _make(1, tuple(t.shape), dtype or t.dtype, requires_grad)
 
 

@@ -68,20 +68,20 @@ class Adam(Optimizer):
             "maximize": maximize,
             "decoupled_weight_decay": decoupled_weight_decay,
         }
-        self._check_group(defaults)
+        self._validate(defaults)
         super().__init__(params, defaults)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_lr(group["lr"])
         eps, betas = group["eps"], group["betas"]
         if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
+            raise ValueError(f"Invalid epsilon value: {eps} (eps must be >= 0)")
         if len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {betas}")
         if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]} (must be in [0, 1))")
         if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]} (must be in [0, 1))")
         check_weight_decay(group["weight_decay"])
 
     def _check_state(self, p) -> None:

@@ -34,7 +34,7 @@ from itertools import chain
 from typing import Any, Callable
 
 from graphc.autograd.grad_mode import enable_grad, no_grad
-from graphc.errors import DTypeError, ShapeError
+from graphc.errors import ArgumentError, DTypeError, ShapeError
 from graphc.tensor import Tensor
 
 
@@ -154,7 +154,7 @@ class Optimizer:
                     f"{name}"
                 )
             param_group.setdefault(name, default)
-        self._check_group(param_group)
+        self._validate(param_group)
 
         if len(tensors) != len({id(p) for p in tensors}):
             warnings.warn(
@@ -178,6 +178,15 @@ class Optimizer:
 
     def _check_group(self, group: dict[str, Any]) -> None:
         """Raise ValueError (PyTorch's wording) for an invalid hyperparameter of `group`."""
+
+    def _validate(self, group: dict[str, Any]) -> None:
+        """`_check_group`, its ValueError raised as an ArgumentError naming the optimizer."""
+        try:
+            self._check_group(group)
+        except ArgumentError:
+            raise
+        except ValueError as err:
+            raise ArgumentError(f"{type(self).__name__}: {err}") from None
 
     # ---- gradients ------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -205,7 +214,7 @@ class Optimizer:
                 loss = closure()
         work = []
         for group in self.param_groups:  # check everything before the first write
-            self._check_group(group)
+            self._validate(group)
             params, grads = [], []
             for p in group["params"]:
                 if p.grad is None:
@@ -321,7 +330,7 @@ class Optimizer:
                 saved["param_names"] = group["param_names"]
             new_groups.append(saved)
         for group in new_groups:  # a loaded group must be as valid as a constructed one
-            self._check_group(group)
+            self._validate(group)
         self.state = state
         self.param_groups = new_groups
 
@@ -362,9 +371,9 @@ def check_lr(lr) -> None:
     if isinstance(lr, Tensor) and lr.numel() != 1:
         raise ValueError("Tensor lr must be 1-element")
     if not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr}")
+        raise ValueError(f"Invalid learning rate: {lr} (lr must be >= 0)")
 
 
 def check_weight_decay(weight_decay) -> None:
     if not 0.0 <= weight_decay:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        raise ValueError(f"Invalid weight_decay value: {weight_decay} (weight_decay must be >= 0)")

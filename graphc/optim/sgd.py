@@ -44,13 +44,13 @@ class SGD(Optimizer):
             "nesterov": nesterov,
             "maximize": maximize,
         }
-        self._check_group(defaults)
+        self._validate(defaults)
         super().__init__(params, defaults)
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_lr(group["lr"])
         if group["momentum"] < 0.0:
-            raise ValueError(f"Invalid momentum value: {group['momentum']}")
+            raise ValueError(f"Invalid momentum value: {group['momentum']} (momentum must be >= 0)")
         check_weight_decay(group["weight_decay"])
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
