@@ -353,19 +353,11 @@ class Compiled:
 
     def _gradient_plan(self, traced: TraceResult, args: tuple, kwargs: dict, passes,
                        needs_grad: list[str]) -> GradientPlan:
-        """Derive, partition and compile the backward of a graph whose outputs need grad."""
+        """Derive, partition and compile the backward of a graph whose outputs need grad.
+        Custom autograd.Functions keep their own backward: derive_backward calls it on the
+        traced graph (and refuses, with the reason, one whose backward reads tensor values)."""
         from graphc.passes.autodiff import derive_backward
 
-        if traced.custom_functions:
-            names = ", ".join(sorted(set(traced.custom_functions)))
-            raise GraphcError(
-                f"graphc.compile({self.__name__}): {needs_grad[0]} requires grad and the traced "
-                f"code applies custom autograd.Function(s) {names}; a compiled call derives its "
-                "backward from the IR, which holds their forward ops only, so it cannot honour "
-                "a hand-written backward. Compile the whole training step instead (backward() "
-                "inside the compiled function traces the custom backward), or call under "
-                "graphc.no_grad(), or keep this part in eager mode."
-            )
         wrt = [i for i, b in enumerate(traced.bindings)
                if isinstance(b, (ArgBinding, TensorBinding))
                and _bound_tensor(b, args, kwargs).requires_grad]

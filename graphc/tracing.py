@@ -34,6 +34,13 @@ Optimizer state (momentum buffers, Adam moments, `step`) needs nothing special: 
 that exist before the call are captured inputs updated in place. State created lazily inside
 the call makes the traced graph valid for that first call only; graphc.compile guards on the
 optimizer's state so the next call traces again.
+Custom autograd.Functions: a Function's forward ops are recorded inline, like any others, and
+the application itself is remembered as a `FunctionRegion` in `graph.meta["functions"]`
+(`record_function`): the class, its arguments (graph values for tensors, literals for the
+rest), its outputs, what `ctx.save_for_backward` saved, the other attributes the forward set
+on ctx, which outputs are non-differentiable, and how many nodes the forward recorded. That
+is what `derive_backward` needs to call the Function's own `backward`; the IR text prints it
+as a `function` line (see graphc.ir.printer). Regions are recorded in grad mode or not.
 Reading a tensor's value (`bool(t)`, `.item()`, `.numpy()`) inside a trace raises TraceError;
 `trace_call` adds the user's source line (and the custom Function it happened in) to it.
 """
@@ -53,6 +60,7 @@ import numpy as np
 from graphc.dispatch import current_tracer, set_tracer
 from graphc.errors import TraceError, user_source_location
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.printer import FunctionRegion, Opaque
 from graphc.ops import random as _random
 from graphc.tensor import Tensor, tensor_serial
 from graphc.types import DType
@@ -142,9 +150,6 @@ class TraceResult:
     # output index -> position in grad_outputs, for an output that IS a holder's new .grad
     # (`return w.grad`): a compiled call returns the tensor it assigned to `.grad`
     output_grads: dict[int, int] = field(default_factory=dict)
-    # names of the custom autograd.Functions the traced code applied: the IR holds their
-    # forward ops only, so a backward derived on the IR differentiates those
-    custom_functions: list[str] = field(default_factory=list)
     restore: Any = None  # undoes the tracing run's effects (Tracer.restore), for refusals
 
 
@@ -184,7 +189,6 @@ class Tracer:
                  grad_holders: list[tuple[Tensor, tuple | None]] = ()) -> None:
         self.graph = Graph(name)
         self.start_serial = tensor_serial()
-        self.custom_functions: list[str] = []
         self._originals: dict[int, tuple[Tensor, np.ndarray]] = {}
         self._generators_before = weakref.WeakKeyDictionary()  # never keeps one alive
         self.bindings: list = []
@@ -294,6 +298,44 @@ class Tracer:
         self.graph.nodes.append(node)
         for t, v in zip(outputs, node.outputs):
             self._bind(t, v)
+
+    def record_function(self, cls, ctx, args: tuple, outputs: tuple, start: int) -> None:
+        """Remember one `cls.apply(*args)` whose forward recorded the nodes from `start` on
+        and returned `outputs` (see the module docstring)."""
+        internal = ("_saved", "_dirty", "_non_differentiable", "needs_input_grad",
+                    "materialize_grads", "_node_name")
+        region = FunctionRegion(
+            f"{cls.__module__}:{cls.__qualname__}",
+            self._items(args), self._items(outputs), 0, 0,
+            saved=self._items(ctx._saved),
+            ctx={k: self._item(v) for k, v in vars(ctx).items() if k not in internal},
+            non_differentiable=tuple(i for i, o in enumerate(outputs)
+                                     if id(o) in ctx._non_differentiable),
+            dirty=tuple(i for i, o in enumerate(outputs) if id(o) in ctx._dirty),
+            materialize_grads=bool(ctx.materialize_grads), loc=self.function_location(),
+            cls=cls)
+        region.end = len(self.graph.nodes)  # after the values above made their constants
+        region.nodes = region.end - start
+        self.graph.meta.setdefault("functions", []).append(region)
+
+    def function_location(self) -> str | None:
+        return user_source_location()
+
+    def _items(self, items) -> tuple:
+        return tuple(self._item(x) for x in items)
+
+    def _item(self, x):
+        """A region item: a Value for a tensor, a literal, a tuple of items, else Opaque."""
+        if isinstance(x, Tensor):
+            return self.value_of(x)
+        if isinstance(x, (tuple, list)) and not _is_namedtuple(x):
+            return self._items(x)
+        if isinstance(x, DType):  # a literal would hand backward its name, not the dtype
+            return Opaque(type(x).__name__, x)
+        try:
+            return _literal("function", "item", x)
+        except TraceError:
+            return Opaque(type(x).__name__, x)
 
     def rebind(self, target: Tensor, result: Tensor) -> None:
         self._bind(target, self.value_of(result))
@@ -690,8 +732,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
             if go.index is not None and go.resolve(args, kwargs)._grad is t:
                 output_grads[i] = k
     return TraceResult(tracer.graph, tracer.bindings, _spec(result, index), result, aliases,
-                       tracer.grad_outputs, output_grads, tracer.custom_functions,
-                       tracer.restore)
+                       tracer.grad_outputs, output_grads, restore=tracer.restore)
 
 
 def _at(tree, path: tuple):

@@ -4,7 +4,9 @@ As in PyTorch: subclass `Function`, write static `forward(ctx, *args)` and
 `backward(ctx, *grad_outputs)`, call `MyFn.apply(*args)`. `forward` runs with grad mode off;
 its tensor outputs get a `MyFnBackward` node whose `backward` returns one gradient per forward
 argument (`None` for non-tensor arguments and for inputs that need none). Saved tensors are
-version-checked when the backward reads them.
+version-checked when the backward reads them. Inside a trace, `apply` also tells the tracer
+what the application was (`Tracer.record_function`), so that `derive_backward` can call this
+`backward` on the traced graph.
 
 >>> import graphc
 >>> class MulConstant(graphc.autograd.Function):
@@ -179,8 +181,9 @@ class Function:
         from graphc.tensor import Tensor
 
         tracer = current_tracer()
-        if tracer is not None and hasattr(tracer, "custom_functions"):
-            tracer.custom_functions.append(cls.__name__)  # its forward ops are recorded inline
+        if tracer is not None and not hasattr(tracer, "record_function"):
+            tracer = None
+        start = len(tracer.graph.nodes) if tracer is not None else 0
         ctx = FunctionCtx()
         ctx._node_name = f"{cls.__name__}Backward"
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
@@ -193,21 +196,33 @@ class Function:
                 outputs = cls.forward(ctx, *args)
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
+        if tracer is not None:  # the forward's ops are recorded inline; remember the region
+            tracer.record_function(cls, ctx, args, outs, start)
         if not record:
             return outputs
-        edges, meta = [], []
-        for a in args:
-            if isinstance(a, Tensor):
-                edges.append(gradient_edge(a))
-                meta.append((a.shape, a.dtype))
-            else:
-                edges.append((None, 0))
-                meta.append(None)
-        node = _backward_class(cls)(cls, ctx, tuple(edges), tuple(meta))
-        wrapped = tuple(_wrap_output(ctx, node, nr, o, args) for nr, o in enumerate(outs))
-        node.output_types = tuple(o.type if isinstance(o, Tensor) else None for o in wrapped)
-        ctx._saved = tuple(SavedTensor(t) if isinstance(t, Tensor) else t for t in ctx._saved)
+        wrapped = connect(cls, ctx, args, outs)
         return wrapped[0] if single else wrapped
+
+
+def connect(cls, ctx: FunctionCtx, args: tuple, outs: tuple) -> tuple:
+    """Give the outputs of `cls.forward(ctx, *args)` (already run) a `<cls>Backward` node with
+    edges to the tensor arguments; return the outputs as the caller sees them. Used by
+    `Function.apply` and by `derive_backward`, which replays a traced Function this way."""
+    from graphc.tensor import Tensor
+
+    edges, meta = [], []
+    for a in args:
+        if isinstance(a, Tensor):
+            edges.append(gradient_edge(a))
+            meta.append((a.shape, a.dtype))
+        else:
+            edges.append((None, 0))
+            meta.append(None)
+    node = _backward_class(cls)(cls, ctx, tuple(edges), tuple(meta))
+    wrapped = tuple(_wrap_output(ctx, node, nr, o, args) for nr, o in enumerate(outs))
+    node.output_types = tuple(o.type if isinstance(o, Tensor) else None for o in wrapped)
+    ctx._saved = tuple(SavedTensor(t) if isinstance(t, Tensor) else t for t in ctx._saved)
+    return wrapped
 
 
 def _has_setup_context(cls) -> bool:

@@ -3,7 +3,10 @@
 The grammar (whitespace between tokens is free; `#` starts the node's source location):
 
     graph   := 'graph' '@' NAME '(' [param {',' param}] ')' '->' '(' [type {',' type}] ')'
-               '{' {node} {update} 'return' '(' [value {',' value}] ')' '}'
+               '{' {node | function} {update} 'return' '(' [value {',' value}] ')' '}'
+    function := 'function' NAME '[' NAME '=' item {',' NAME '=' item} ']'
+                '(' [item {',' item}] ')' '->' '(' [item {',' item}] ')'
+    item    := value | literal | 'opaque' '(' STRING ')' | '(' [item {',' item} [',']] ')'
     update  := value '<-' value                        (an in-place write to a graph input)
     param   := value ':' type
     type    := DTYPE '[' [INT {',' INT}] ']'          DTYPE: f32 f64 i64 bool
@@ -12,6 +15,8 @@ The grammar (whitespace between tokens is free; `#` starts the node's source loc
     literal := INT | FLOAT | STRING | true | false | none | inf | -inf | nan | NAME
                | '(' [literal {',' literal} [',']] ')'
 
+A `function` line (a custom autograd.Function's region, see graphc.ir.printer) becomes a
+`FunctionRegion` in `graph.meta["functions"]`, positioned after the nodes parsed before it.
 Errors name the line and column and what was expected.
 """
 
@@ -23,6 +28,7 @@ from typing import Any
 
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.printer import MISSING, FunctionRegion, Opaque
 from graphc.types import TensorType, as_dtype
 
 
@@ -121,10 +127,12 @@ class _Parser:
         self.take("punct", "(")
         result_types = self.comma_list(")", self.type)
         self.take("punct", "{")
-        nodes, updates = [], []
+        nodes, updates, regions = [], [], []
         while self.peek().text != "return":
             if self.tokens[self.pos + 1].kind == "larrow" and self.peek().kind == "value":
                 updates.append(self.update())
+            elif self.peek().text == "function":
+                regions.append(self.function(len(nodes)))
             else:
                 nodes.append(self.node())
         self.take("name", "return")
@@ -137,7 +145,61 @@ class _Parser:
         if got != result_types:
             raise ParseError(f"graph @{name}: return types {[str(t) for t in got]} differ from "
                              f"the declared {[str(t) for t in result_types]}")
-        return Graph(name, inputs, nodes, outputs, updates)
+        graph = Graph(name, inputs, nodes, outputs, updates)
+        if regions:
+            graph.meta["functions"] = regions
+        return graph
+
+    def function(self, end: int) -> FunctionRegion:
+        start = self.take("name", "function")
+        self.take("name")  # the class's short name, for people; `class` is the definition
+        self.take("punct", "[")
+        attrs = dict(self.comma_list("]", self.function_attr))
+        if not isinstance(attrs.get("class"), str) or not isinstance(attrs.get("nodes"), int):
+            raise ParseError(f"line {start.line}, column {start.col}: a function line needs "
+                             'class="module:qualname" and nodes=<count> attributes')
+        self.take("punct", "(")
+        args = tuple(self.comma_list(")", self.item))
+        self.take("arrow")
+        self.take("punct", "(")
+        outputs = tuple(self.comma_list(")", self.item))
+        loc = None
+        tok = self.tokens[self.pos]
+        if tok.kind == "comment":
+            loc = tok.text[1:].strip() or None
+            self.pos += 1
+        ctx = {k[len("ctx."):]: v for k, v in attrs.items() if k.startswith("ctx.")}
+        return FunctionRegion(
+            attrs["class"], args, outputs, end, attrs["nodes"], saved=attrs.get("saved", ()),
+            ctx=ctx, non_differentiable=attrs.get("non_differentiable", ()),
+            dirty=attrs.get("dirty", ()), materialize_grads=attrs.get("materialize_grads", True),
+            loc=loc)
+
+    def function_attr(self) -> tuple[str, Any]:
+        key = self.take("name").text
+        self.take("punct", "=")
+        return key, self.item()
+
+    def item(self) -> Any:
+        """A literal that may also hold values (`%x`) and `opaque("TypeName")`."""
+        tok = self.peek()
+        if tok.kind == "value":
+            return self.use()
+        if tok.text == "opaque" and self.tokens[self.pos + 1].text == "(":
+            self.pos += 2
+            type_name = json.loads(self.take("string").text)
+            self.take("punct", ")")
+            return Opaque(type_name, MISSING)
+        if tok.text != "(":
+            return self.literal()
+        self.pos += 1
+        items = []
+        while not self.accept(")"):
+            items.append(self.item())
+            if not self.accept(","):
+                self.take("punct", ")")
+                break
+        return tuple(items)
 
     def update(self) -> tuple[Value, Value]:
         target = self.use()

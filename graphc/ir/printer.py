@@ -9,6 +9,15 @@
 
 `%w <- %2` records that the graph writes %2 back into its input %w (an in-place update).
 
+A custom `autograd.Function` the traced code applied is a `function` line right after the last
+node its forward recorded (`FunctionRegion`, kept in `graph.meta["functions"]`):
+
+      function Clip[class="model:Clip", nodes=2, saved=(%x,), ctx.low=-1.0](%x, -1.0) -> (%1)
+
+says that the 2 nodes above it are the forward of `model.Clip` applied to (%x, -1.0), that its
+output is %1, that it saved %x with `ctx.save_for_backward` and set `ctx.low = -1.0`;
+`derive_backward` calls `Clip.backward` there instead of differentiating those nodes.
+
 Attributes print in brackets after the op name as literals: ints, floats (always with a '.'
 or an exponent, `inf`, `-inf`, `nan`), `true`/`false`, `none`, double-quoted strings and
 parenthesised tuples (`(1,)` for one element).
@@ -16,8 +25,10 @@ parenthesised tuples (`(1,)` for one element).
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from graphc.ir.graph import Graph, Node, Value
@@ -46,6 +57,116 @@ def format_literal(value: Any) -> str:
     raise TypeError(f"IR attributes must be literals, got {type(value).__name__}: {value!r}")
 
 
+@dataclass(eq=False)
+class Opaque:
+    """A Function argument or ctx attribute that is no IR literal (a dtype object, a module).
+    `value` is the object itself in memory; IR text keeps only its type name, so a parsed
+    graph has `value=MISSING`."""
+
+    type_name: str
+    value: Any = None
+
+
+MISSING = object()  # the value of an Opaque read back from text
+
+
+@dataclass(eq=False)
+class FunctionRegion:
+    """One application of a custom `autograd.Function` in a graph (see the module docstring).
+
+    Items (`args`, `outputs`, `saved`, `ctx` values) are graph Values (tensors), literals,
+    tuples of items, or `Opaque`. The region's forward is the `nodes` nodes before position
+    `end` of `graph.nodes`; `end` is where the `function` line prints. `cls` is the Function
+    class in memory (None after parsing: `function_class()` imports it from `class_path`).
+    """
+
+    class_path: str  # "module:qualname"
+    args: tuple
+    outputs: tuple
+    end: int
+    nodes: int
+    saved: tuple = ()
+    ctx: dict[str, Any] = field(default_factory=dict)
+    non_differentiable: tuple[int, ...] = ()
+    dirty: tuple[int, ...] = ()
+    materialize_grads: bool = True
+    loc: str | None = None
+    cls: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.class_path.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+    def values(self) -> list[Value]:
+        """Every graph Value the region refers to."""
+        found: list[Value] = []
+        _collect(self.args + self.outputs + self.saved + tuple(self.ctx.values()), found)
+        return found
+
+    def function_class(self) -> type:
+        """The Function class: `cls`, or imported from `class_path` (LookupError if not)."""
+        if self.cls is not None:
+            return self.cls
+        module_name, _, qualname = self.class_path.partition(":")
+        if "<locals>" in qualname:
+            raise LookupError(
+                f"custom autograd.Function {self.class_path} was defined inside a function, so "
+                "it cannot be imported again from IR text; derive the backward on the traced "
+                "graph in memory, or define the Function at module level")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as err:
+            raise LookupError(f"custom autograd.Function {self.class_path} cannot be imported "
+                              f"({err}); import its module first or check the name") from err
+        self.cls = obj
+        return obj
+
+
+def _collect(item, found: list[Value]) -> None:
+    if isinstance(item, Value):
+        found.append(item)
+    elif isinstance(item, tuple):
+        for x in item:
+            _collect(x, found)
+
+
+def format_item(item: Any) -> str:
+    """A function line's item: a value (`%x`), an opaque object, or a literal (of items)."""
+    if isinstance(item, Value):
+        return format_value(item)
+    if isinstance(item, Opaque):
+        return f"opaque({format_literal(item.type_name)})"
+    if isinstance(item, tuple):
+        parts = [format_item(x) for x in item]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    return format_literal(item)
+
+
+def _items(items: tuple) -> str:
+    return ", ".join(format_item(x) for x in items)
+
+
+def format_region(region: FunctionRegion) -> str:
+    attrs: dict[str, Any] = {"class": region.class_path, "nodes": region.nodes}
+    if region.saved:
+        attrs["saved"] = region.saved
+    if region.non_differentiable:
+        attrs["non_differentiable"] = region.non_differentiable
+    if region.dirty:
+        attrs["dirty"] = region.dirty
+    if not region.materialize_grads:
+        attrs["materialize_grads"] = False
+    attrs.update({f"ctx.{k}": v for k, v in region.ctx.items()})
+    text = (f"function {region.name}["
+            + ", ".join(f"{k}={format_item(v)}" for k, v in attrs.items())
+            + f"]({_items(region.args)}) -> ({_items(region.outputs)})")
+    if region.loc:
+        text = text.ljust(COMMENT_COLUMN - 2) + f"  # {region.loc}"
+    return text
+
+
 def format_value(v: Value) -> str:
     return f"%{v.name}"
 
@@ -69,7 +190,13 @@ def format_graph(g: Graph) -> str:
     params = ", ".join(f"%{v.name}: {v.type}" for v in g.inputs)
     results = ", ".join(str(v.type) for v in g.outputs)
     lines = [f"graph @{g.name}({params}) -> ({results}) {{"]
-    lines += ["  " + format_node(n) for n in g.nodes]
+    regions: dict[int, list[FunctionRegion]] = {}
+    for region in g.meta.get("functions", ()):
+        regions.setdefault(min(region.end, len(g.nodes)), []).append(region)
+    lines += ["  " + format_region(r) for r in regions.get(0, ())]
+    for i, node in enumerate(g.nodes):
+        lines.append("  " + format_node(node))
+        lines += ["  " + format_region(r) for r in regions.get(i + 1, ())]
     lines += [f"  %{target.name} <- %{value.name}" for target, value in g.updates]
     lines.append("  return (" + ", ".join(format_value(v) for v in g.outputs) + ")")
     lines.append("}")

@@ -25,12 +25,22 @@ and broadcast reductions (`check_grads`). The result:
 The result is an ordinary graph: `derive_backward` of it gives second derivatives (grad of
 grad, e.g. a gradient penalty), because every VJP is written with differentiable registry ops.
 
-Custom `autograd.Function`s: a traced graph holds only the ops a Function's `forward` ran; its
-custom `backward` is not in the IR (the IR has no node for it). `derive_backward` therefore
-differentiates the Function's forward ops. That is right when the custom backward is the exact
-derivative of its forward (the usual case: a hand-written, cheaper or more stable formula), and
-different when the backward is deliberately not the derivative (straight-through estimators,
-gradient clipping or reversal inside backward): such a model must run its backward eagerly.
+Custom `autograd.Function`s: a traced graph holds the ops a Function's `forward` ran plus a
+`FunctionRegion` per application in `graph.meta["functions"]` (printed as a `function` line;
+see graphc.ir.printer). The replay runs the region's nodes with grad mode off, as eager
+`apply` runs `forward`, then connects its outputs to a `<Function>Backward` node
+(`graphc.autograd.function.connect`) whose ctx holds the replayed values of what the forward
+saved and the ctx attributes it set, and `needs_input_grad` from the replay (the `wrt`
+inputs the arguments depend on). Autograd then calls the Function's own `backward` under the
+recorder, so straight-through estimators, gradient clipping or reversal come out as written,
+as graph ops (located `<apply line> (backward of <Function>)`); the result differentiates
+again through the backward's ops, and its forward part keeps the regions (re-positioned), so
+`derive_backward` of it honours them too. Refused with an AutodiffError naming the Function
+and its line: a backward that reads tensor values (`.item()`, `bool(t)`, numpy: a graph is
+replayed for other values), a Function that returns an input or a pre-existing tensor
+unchanged (the IR cannot tell that alias from the input), one that marks outputs dirty (an
+in-place forward), and, for a graph parsed from text, a Function class that cannot be
+imported or a ctx attribute that IR text could not hold (`opaque(...)`).
 A forward op without a VJP on the path (a float output of a non-differentiable op) is refused
 with the node and its line, never silently given a zero gradient.
 
@@ -45,9 +55,12 @@ import functools
 import numpy as np
 
 from graphc.autograd import grad as autograd_grad
+from graphc.autograd.function import FunctionBackward, FunctionCtx, connect
+from graphc.autograd.grad_mode import is_grad_enabled, no_grad
 from graphc.dispatch import apply, current_tracer, set_tracer
-from graphc.errors import GraphcError
+from graphc.errors import GraphcError, TraceError
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ir.printer import MISSING, FunctionRegion, Opaque
 from graphc.ir.verifier import verify
 from graphc.ops.registry import ELEMENTWISE, REGISTRY, call
 from graphc.tensor import Tensor
@@ -67,6 +80,7 @@ class _Recorder(Tracer):
         super().__init__(name, {})
         self.loc: str | None = None
         self._stamped = 0
+        self.function: FunctionRegion | None = None  # whose backward runs now, if custom
 
     def _stamp(self) -> None:
         for node in self.graph.nodes[self._stamped:]:
@@ -82,10 +96,15 @@ class _Recorder(Tracer):
         self._stamp()  # a constant turned into a `full` node
         return v
 
+    def function_location(self) -> str | None:
+        return self.loc  # a Function applied inside a backward: the line being derived
 
-def _set_loc(recorder: _Recorder, loc: str | None, grads: tuple) -> None:
+
+def _set_loc(recorder: _Recorder, loc: str | None, grads: tuple,
+             function: FunctionRegion | None = None) -> None:
     """Pre-hook of a forward node's grad_fn: what its VJP records is its backward."""
     recorder.loc = loc
+    recorder.function = function
 
 
 def _placeholder(ty: TensorType, rng: np.random.Generator) -> np.ndarray:
@@ -168,9 +187,19 @@ def derive_backward(graph: Graph, wrt=None, seeds: str = "inputs") -> Graph:
             seed_tensors.append(seed)
         rec.loc = "(backward)"
         # create_graph: VJPs run with grad mode on, exactly as in an eager double backward
-        grads = autograd_grad(roots, [env[w] for w in wrt_values], grad_outputs=seed_tensors,
-                              create_graph=True, allow_unused=True) if roots else \
-            (None,) * len(wrt_values)
+        try:
+            grads = autograd_grad(roots, [env[w] for w in wrt_values],
+                                  grad_outputs=seed_tensors, create_graph=True,
+                                  allow_unused=True) if roots else (None,) * len(wrt_values)
+        except TraceError as err:
+            if rec.function is None:
+                raise
+            raise AutodiffError(
+                f"derive_backward of @{graph.name}: {_describe(rec.function)}: its backward "
+                f"reads tensor values ({err}). A derived backward is a graph that runs again "
+                "for other values, so the backward must be written with graphc ops only "
+                "(graphc.where for data-dependent choices); otherwise keep this Function in "
+                "eager code") from err
         for k, (w, g) in enumerate(zip(wrt_values, grads)):
             if g is None:  # no output depends on w
                 rec.loc = f"zero gradient: no output depends on %{w.name}"
@@ -196,8 +225,17 @@ def derive_backward(graph: Graph, wrt=None, seeds: str = "inputs") -> Graph:
 
 
 def _replay_forward(graph: Graph, rec: _Recorder, env: dict[Value, Tensor]) -> None:
-    """Run each forward node through the dispatch point (recorded, with autograd history)."""
-    for node in graph.nodes:
+    """Run each forward node through the dispatch point (recorded, with autograd history);
+    custom Function regions as eager `apply` runs them (see the module docstring)."""
+    regions_at: dict[int, list[FunctionRegion]] = {}
+    inside: set[int] = set()
+    for region in graph.meta.get("functions", ()):
+        _check_region(graph, region)
+        regions_at.setdefault(region.end, []).append(region)
+        inside.update(range(region.end - region.nodes, region.end))
+    for i, node in enumerate(graph.nodes):
+        for region in regions_at.get(i, ()):
+            _apply_region(region, rec, env)
         opdef = REGISTRY.get(node.op)
         where = f"{node.op} at {node.loc or 'unknown location'}"
         if opdef is None or opdef.kind == "fused":
@@ -205,10 +243,15 @@ def _replay_forward(graph: Graph, rec: _Recorder, env: dict[Value, Tensor]) -> N
                                 "with a VJP; differentiate before fuse")
         args = [env[v] for v in node.inputs]
         rec.loc = node.loc
-        result = apply(opdef, *args, **node.attrs)
+        if i in inside:  # a Function's forward: no history, as under apply's no_grad
+            with no_grad():
+                result = apply(opdef, *args, **node.attrs)
+        else:
+            result = apply(opdef, *args, **node.attrs)
         results = (result,) if len(node.outputs) == 1 else tuple(result)
         floats = any(v.type.dtype.is_floating for v in node.outputs)
-        if opdef.vjp is None and floats and any(t.requires_grad for t in args):
+        if opdef.vjp is None and floats and any(t.requires_grad for t in args) \
+                and i not in inside:
             raise AutodiffError(f"derive_backward: {where}: {node.op} has no VJP, but its "
                                 "input depends on a differentiated input")
         for v, t in zip(node.outputs, results):
@@ -217,6 +260,102 @@ def _replay_forward(graph: Graph, rec: _Recorder, env: dict[Value, Tensor]) -> N
         if fn is not None and getattr(fn, "opdef", None) is opdef:
             loc = f"{node.loc} (backward)" if node.loc else f"backward of %{node.outputs[0].name}"
             fn.register_prehook(functools.partial(_set_loc, rec, loc))
+    for region in regions_at.get(len(graph.nodes), ()):
+        _apply_region(region, rec, env)
+
+
+# ---- custom autograd.Functions ----------------------------------------------------------------
+def _describe(region: FunctionRegion) -> str:
+    at = f" applied at {region.loc}" if region.loc else ""
+    return f"custom autograd.Function {region.name}{at}"
+
+
+def _check_region(graph: Graph, region: FunctionRegion) -> None:
+    """Refuse a region derive_backward cannot honour (see the module docstring)."""
+    what = f"derive_backward of @{graph.name}: {_describe(region)}"
+    if not 0 <= region.nodes <= region.end <= len(graph.nodes):
+        raise AutodiffError(f"{what}: its region (the {region.nodes} nodes before node "
+                            f"{region.end}) does not fit the graph's {len(graph.nodes)} nodes; "
+                            "graph.meta['functions'] is stale (a pass changed the nodes)")
+    defined = {v: -1 for v in graph.inputs}
+    for i, node in enumerate(graph.nodes[:region.end]):
+        defined.update((v, i) for v in node.outputs)
+    missing = [v.name for v in region.values() if v not in defined]
+    if missing:
+        raise AutodiffError(f"{what}: it refers to %{missing[0]}, which is not defined before "
+                            "its function line")
+    start = region.end - region.nodes
+    for k, out in enumerate(region.outputs):
+        if isinstance(out, Value) and defined[out] < start and k not in \
+                region.non_differentiable and out.type.dtype.is_floating:
+            raise AutodiffError(
+                f"{what}: output {k} is %{out.name}, which its forward did not compute (an "
+                "argument or a tensor from before the call, returned unchanged), so the IR "
+                "cannot tell it from that tensor; return x.clone() (or x.view_as(x)) instead")
+    if region.dirty:
+        raise AutodiffError(f"{what}: its forward changes outputs {list(region.dirty)} in "
+                            "place (ctx.mark_dirty), which derive_backward does not support; "
+                            "return new tensors instead")
+
+
+def _apply_region(region: FunctionRegion, rec: _Recorder, env: dict[Value, Tensor]) -> None:
+    """Connect a replayed Function application to its own backward (module docstring), and
+    record the region in the result at its new position."""
+    try:
+        cls = region.function_class()
+    except LookupError as err:
+        raise AutodiffError(f"derive_backward: {_describe(region)}: {err}") from None
+
+    def live(item):
+        if isinstance(item, Value):
+            return env[item]
+        if isinstance(item, tuple):
+            return tuple(live(x) for x in item)
+        if isinstance(item, Opaque):
+            if item.value is MISSING:
+                raise AutodiffError(
+                    f"derive_backward: {_describe(region)}: it holds a {item.type_name} object "
+                    "that IR text cannot keep (opaque); derive the backward on the traced "
+                    "graph in memory, or pass that value as an IR literal")
+            return item.value
+        return item
+
+    args, outs = live(region.args), live(region.outputs)
+    ctx = FunctionCtx()
+    ctx._node_name = f"{cls.__name__}Backward"
+    ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+    ctx.materialize_grads = region.materialize_grads
+    ctx._saved = live(region.saved)
+    ctx._non_differentiable = {id(outs[k]) for k in region.non_differentiable}
+    for name, item in region.ctx.items():
+        setattr(ctx, name, live(item))
+    placed = FunctionRegion(
+        region.class_path, _mapped(region.args, rec, env), _mapped(region.outputs, rec, env),
+        len(rec.graph.nodes), region.nodes, saved=_mapped(region.saved, rec, env),
+        ctx={k: _mapped(v, rec, env) for k, v in region.ctx.items()},
+        non_differentiable=region.non_differentiable, materialize_grads=region.materialize_grads,
+        loc=region.loc, cls=cls)
+    rec.graph.meta.setdefault("functions", []).append(placed)
+    if not (is_grad_enabled() and any(ctx.needs_input_grad)):
+        return
+    wrapped = connect(cls, ctx, args, outs)
+    for out, t in zip(region.outputs, wrapped):
+        if isinstance(out, Value):
+            env[out] = t
+    node = next(t.grad_fn for t in wrapped if isinstance(t, Tensor)
+                and isinstance(t.grad_fn, FunctionBackward))
+    loc = f"{region.loc} (backward of {region.name})" if region.loc else \
+        f"backward of {region.name}"
+    node.register_prehook(functools.partial(_set_loc, rec, loc, function=region))
+
+
+def _mapped(item, rec: _Recorder, env: dict[Value, Tensor]):
+    """A region item with the forward graph's values replaced by the result's."""
+    if isinstance(item, Value):
+        return rec.value_of(env[item])
+    if isinstance(item, tuple):
+        return tuple(_mapped(x, rec, env) for x in item)
+    return item
 
 
 # ---- memory: liveness and rematerialisation --------------------------------------------------
@@ -323,7 +462,8 @@ def _try_remat(graph: Graph, v: Value, tag: int) -> Graph | None:
         nodes.append(node)
     if k == 0:  # no use before the gap: the original computation moves, it is not repeated
         nodes.remove(graph.nodes[producers[v]])
-    return Graph(graph.name, graph.inputs, nodes, graph.outputs, graph.updates, dict(graph.meta))
+    meta = {k: v for k, v in graph.meta.items() if k != "functions"}  # node positions moved
+    return Graph(graph.name, graph.inputs, nodes, graph.outputs, graph.updates, meta)
 
 
 def rematerialize(graph: Graph) -> Graph:
