@@ -19,6 +19,27 @@ each retrace logs which fields changed, and after the recompile limit the call r
 are checked against the graph's types, and storage sharing among the call's tensors against
 the trace's (`f(x, x)` traced one input), on every call.
 
+The fast path: computing the full signature walks every reachable module, optimizer and
+`.grad` (hundreds of microseconds for an MLP), so each entry also keeps a `_Guard`, built from
+the same state at the same moment as a signature it equals (at the trace, and again whenever
+the full signature picks the entry): cheap checks, run first on every call, that together
+imply the full signature is unchanged. By identity, everything the signature reads through: the
+function's `__code__`/`__closure__`/`__globals__` and its closure cells and named globals, the
+keys and items of every container `graphc.tracing.reachable` looks into, each module's
+`__dict__` (its key set; training flag, parameter/buffer/child tables, hook dicts and public
+attributes by identity), each optimizer's param_groups (every hyperparameter object), params
+and per-parameter state dicts; Python literals are immutable, so identity implies the same
+value. By type: every guarded tensor (shape, dtype, requires_grad, is_leaf) and every `.grad`
+the signature describes (None, or shape, dtype, requires_grad), the arguments (their full
+description, as in the signature), grad mode, and which argument tensors are `.grad` holders.
+A check may fail where the signature would be equal (a hyperparameter set again to an equal
+new float): the full signature then decides, and refreshes the entry's guard. A guard never
+holds where the signature differs; the one assumption is that no guarded object changes its
+`__class__`. An entry whose signature equals a newer entry's (traced again because it was
+stale) is never taken by the fast path, so both paths pick the same entry. The stale checks
+and the storage-sharing check run on every call, fast path or not; retrace decisions and the
+recompile reasons are the full signature's.
+
 Outputs that would need a `grad_fn` are refused (after the tracing run) until compiled
 backward graphs exist: an output that requires grad, unless it is an input tensor returned as
 itself or a backward inside the call already consumed its history (a training step's loss).
@@ -30,8 +51,11 @@ trace records its ops.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import os
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -50,12 +74,12 @@ from graphc.tensor import Tensor
 from graphc.tracing import (
     _LITERALS,
     ArgBinding,
-    ConstantBinding,
     GradBinding,
     RngBinding,
     TensorBinding,
     TraceResult,
     _at,
+    _flat_leaves,
     _flatten,
     grad_holders,
     graph_name,
@@ -77,6 +101,23 @@ class _Entry:
     executable: Executable
     aliasing: tuple  # which call tensors shared storage when it was traced (see _aliasing)
     gradient: GradientPlan | None = None  # forward/backward executables when outputs need grad
+    guard: _Guard | None = None  # the fast path's checks (see the module docstring)
+    shadowed: bool = False  # a newer entry has the same signature: only the full one decides
+
+    def __post_init__(self) -> None:
+        """What every call of this entry needs and no call changes."""
+        graph, traced = self.executable.graph, self.traced
+        position = {id(v): i for i, v in enumerate(graph.inputs)}
+        self.update_inputs = [position[id(target)] for target, _ in graph.updates]
+        self.feeds = list(zip(traced.bindings, graph.inputs))
+        self.typed = [(b, v, v.type.shape, v.type.dtype) for b, v in self.feeds
+                      if isinstance(b, (TensorBinding, GradBinding))]
+        self.captured = [b.tensor for b in traced.bindings if isinstance(b, TensorBinding)]
+        self.distinct = self.aliasing == tuple(range(len(self.aliasing)))
+        self.fresh = getattr(self.executable, "fresh_results", False)
+        n_own = len(graph.outputs) - sum(go.index is not None for go in traced.grad_outputs)
+        self.wraps = [(traced.output_aliases.get(i), traced.output_grads.get(i))
+                      for i in range(n_own)]
 
 
 # ---- the signature of a call -----------------------------------------------------------------
@@ -198,6 +239,16 @@ def _aliasing(traced: TraceResult, args: tuple, kwargs: dict) -> tuple:
     return tuple(first.setdefault(id(t._data), i) for i, t in enumerate(flat))
 
 
+def _same_sharing(entry: _Entry, args: tuple, kwargs: dict) -> bool:
+    """Whether the call's tensors share storage as at the trace (`_aliasing`): when none did,
+    it is enough that none does."""
+    if not entry.distinct:
+        return _aliasing(entry.traced, args, kwargs) == entry.aliasing
+    ids = [id(t._data) for _, t in _flatten((args, kwargs))]
+    ids += [id(t._data) for t in entry.captured]
+    return len(ids) == len(entry.aliasing) == len(set(ids))
+
+
 def _diff(old: dict, new: dict) -> list[str]:
     rows = []
     for key in dict.fromkeys(list(old) + list(new)):
@@ -232,6 +283,287 @@ def _fmt(x) -> str:
     if isinstance(x, tuple) and x[:1] in (("tuple",), ("list",), ("dict",)):
         return x[0] + "(" + ", ".join(_fmt(i) for i in x[1:]) + ")"
     return repr(x)
+
+
+# ---- the fast guard --------------------------------------------------------------------------
+_ABSENT = object()  # an attribute, global, cell or dict entry that is not there
+
+
+class _Guard:
+    """Cheap checks that, when they all hold, imply the call's full signature equals the one
+    computed at the same moment as the guard was built (see "The fast path" in the module
+    docstring). They may fail where the signature is equal (then the full signature decides);
+    they never hold where it differs."""
+
+    __slots__ = ("grad_mode", "call", "attrs", "cells", "lookups", "keysets", "empty",
+                 "dicts", "seqs", "big", "tensors", "grads", "holder_ids", "arg_holders")
+
+    def __init__(self, fn, args: tuple, kwargs: dict) -> None:
+        self.grad_mode = is_grad_enabled()
+        self.call = _describe_call(args, kwargs)
+        self.attrs: list = []  # (object, attribute, value or _ABSENT): getattr is value
+        self.cells: list = []  # (closure cell, contents or _ABSENT)
+        self.lookups: list = []  # (dict, keys, values or _ABSENT): d.get(key) is value
+        self.keysets: list = []  # (dict, frozenset of its keys)
+        self.empty: list = []  # containers that are empty
+        self.dicts: list = []  # (dict, keys in order, values): same keys, same objects
+        self.seqs: list = []  # (list or tuple, items): same length, same objects
+        self.big: list = []  # containers reachable() does not look into (more than 64 items)
+        self.tensors: list = []  # (tensor, shape, dtype, requires_grad, is_leaf)
+        self.grads: list = []  # (holder, None or (shape, dtype, requires_grad) of its .grad)
+        _GuardBuilder(self).build(fn, args, kwargs)
+
+    def holds(self, args: tuple, kwargs: dict) -> bool:
+        try:
+            return self._holds(args, kwargs)
+        except (AttributeError, KeyError, TypeError, ValueError):  # let the signature say
+            return False
+
+    def _holds(self, args: tuple, kwargs: dict) -> bool:
+        if is_grad_enabled() is not self.grad_mode or _describe_call(args, kwargs) != self.call:
+            return False
+        for obj, attr, value in self.attrs:
+            if getattr(obj, attr, _ABSENT) is not value:
+                return False
+        for cell, value in self.cells:
+            if _cell_contents(cell) is not value:
+                return False
+        for d, keys, values in self.lookups:
+            if not all(map(operator.is_, map(d.get, keys, itertools.repeat(_ABSENT)), values)):
+                return False
+        for d, keys in self.keysets:
+            if d.keys() != keys:
+                return False
+        if any(map(len, self.empty)):
+            return False
+        for d, keys, values in self.dicts:
+            if len(d) != len(keys) or tuple(d) != keys or not all(map(
+                    operator.is_, d.values(), values)):
+                return False
+        for seq, items in self.seqs:
+            if len(seq) != len(items) or not all(map(operator.is_, seq, items)):
+                return False
+        for container in self.big:
+            if len(container) <= 64:
+                return False
+        for t, shape, dtype, requires_grad, leaf in self.tensors:
+            if (t._data.shape != shape or t._dtype is not dtype
+                    or t._requires_grad is not requires_grad or (t.grad_fn is None) is not leaf):
+                return False
+        for t, key in self.grads:
+            g = t._grad
+            if g is None or key is None:
+                if g is not key:
+                    return False
+            elif (g._data.shape != key[0] or g._dtype is not key[1]
+                  or g._requires_grad is not key[2]):
+                return False
+        return self.arg_holders is None or \
+            _arg_holders(args, kwargs, self.holder_ids) == self.arg_holders
+
+
+def _describe_call(args: tuple, kwargs: dict) -> tuple:
+    return tuple(map(_describe, args)), tuple((k, _describe(v)) for k, v in kwargs.items())
+
+
+def _cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _ABSENT
+
+
+def _grad_type(g):
+    return None if g is None else (g._data.shape, g._dtype, g._requires_grad)
+
+
+def _arg_holders(args: tuple, kwargs: dict, captured_ids: frozenset) -> tuple:
+    """The argument tensors whose `.grad` the signature describes (`grad_holders`): for each,
+    once, its path, its `.grad`'s type, and whether it is also a captured holder (which then
+    goes undescribed under its own name)."""
+    seen: set[int] = set()
+    out = []
+    for path, t in _flatten((args, kwargs)):
+        if t._requires_grad and t.grad_fn is None and id(t) not in seen:
+            seen.add(id(t))
+            out.append((path, _grad_type(t._grad), id(t) in captured_ids))
+    return tuple(out)
+
+
+class _GuardBuilder:
+    """Fills a _Guard by walking what `reachable_state` walks: `graphc.tracing.reachable`
+    (captured_roots, one level into plain objects, containers and functions), the modules'
+    `_module_state`, the optimizers' `_optimizer_state` and the `grad_holders`. It records every
+    container it reads, so a change to any of them fails the guard."""
+
+    def __init__(self, guard: _Guard) -> None:
+        self.g = guard
+        self.seen: set[int] = set()
+        self.found: list = []
+        self.modules_seen: set[int] = set()
+
+    def build(self, fn, args: tuple, kwargs: dict) -> None:
+        from graphc.nn.module import Module
+        from graphc.optim.optimizer import Optimizer
+
+        for obj in self._roots(fn):
+            self._visit(obj, 0)
+        for _, arg in _flat_leaves((args, kwargs)):
+            if not isinstance(arg, (Tensor,) + _LITERALS):
+                self._visit(arg, 1)
+        holders: list[Tensor] = []
+        for obj in self.found:
+            if isinstance(obj, Module):
+                holders += self._module(obj)
+        for obj in self.found:
+            if isinstance(obj, Optimizer):
+                holders += self._optimizer(obj)
+            elif isinstance(obj, Tensor):
+                self._tensor(obj)
+                if obj.requires_grad and obj.is_leaf:
+                    holders.append(obj)
+        unique = {id(t): t for t in holders}
+        self.g.grads = [(t, _grad_type(t._grad)) for t in unique.values()]
+        self.g.holder_ids = frozenset(unique)
+        arg_holders = _arg_holders(args, kwargs, self.g.holder_ids)
+        self.g.arg_holders = arg_holders or None
+
+    def _roots(self, fn) -> list:
+        """What `graphc.tracing.captured_roots` returns, each read recorded."""
+        if _is_module(fn):
+            return [fn]
+        g = self.g
+        target = getattr(fn, "__func__", fn)
+        roots = []
+        owner = getattr(fn, "__self__", None)
+        if isinstance(fn, types.FunctionType):  # __func__, __self__: only set in its __dict__
+            self._dict(fn.__dict__)
+            g.attrs.append((fn, "__code__", fn.__code__))  # the one writable one
+        elif not isinstance(fn, types.MethodType):  # a method's attributes are read-only
+            g.attrs += [(fn, a, getattr(fn, a, _ABSENT)) for a in ("__func__", "__self__")]
+        if target is not fn:
+            g.attrs += [(target, a, getattr(target, a, _ABSENT))
+                        for a in ("__code__", "__closure__", "__globals__")]
+        if owner is not None:
+            roots.append(owner)
+        code = getattr(target, "__code__", None)
+        closure = getattr(target, "__closure__", None)
+        glb = getattr(target, "__globals__", {})
+        if code is not None:
+            for cell in dict(zip(code.co_freevars, closure or ())).values():
+                value = _cell_contents(cell)
+                g.cells.append((cell, value))
+                if value is not _ABSENT:
+                    roots.append(value)
+            values = tuple(glb.get(name, _ABSENT) for name in code.co_names)
+            g.lookups.append((glb, code.co_names, values))
+            roots += [value for value in values if value is not _ABSENT]
+        return roots
+
+    def _visit(self, obj, depth: int) -> None:
+        """`graphc.tracing.reachable`'s visit, recording the containers it reads."""
+        from graphc.nn.module import Module
+        from graphc.optim.optimizer import Optimizer
+
+        if isinstance(obj, _LITERALS):
+            self.found.append(obj)
+            return
+        if id(obj) in self.seen or isinstance(obj, (type, types.ModuleType)):
+            return
+        self.seen.add(id(obj))
+        if isinstance(obj, (Module, Tensor, Optimizer)):
+            self.found.append(obj)
+        elif depth >= 2:
+            return
+        elif isinstance(obj, (types.FunctionType, types.MethodType)):
+            for item in self._roots(obj):
+                self._visit(item, depth + 1)
+        elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
+            self.g.seqs.append((obj, tuple(obj)))
+            for item in obj:
+                self._visit(item, depth + 1)
+        elif isinstance(obj, dict) and len(obj) <= 64:
+            self._dict(obj)
+            for item in obj.values():
+                self._visit(item, depth + 1)
+        else:
+            if isinstance(obj, (list, tuple, dict)):
+                self.g.big.append(obj)
+            if hasattr(obj, "__dict__") and not callable(obj):
+                d = vars(obj)
+                self.g.attrs.append((obj, "__dict__", d))
+                self._dict(d)
+                for item in list(d.values())[:64]:
+                    self._visit(item, depth + 1)
+
+    def _dict(self, d: dict) -> None:
+        if d:
+            self.g.dicts.append((d, tuple(d), tuple(d.values())))
+        else:
+            self.g.empty.append(d)
+
+    def _tensor(self, t: Tensor) -> None:
+        self.g.tensors.append((t, t._data.shape, t._dtype, t._requires_grad, t.grad_fn is None))
+
+    def _module(self, module) -> list[Tensor]:
+        """Guard `_module_state` of `module` and every module below it; returns its
+        parameters (they hold `.grad`s)."""
+        if id(module) in self.modules_seen:
+            return []
+        self.modules_seen.add(id(module))
+        g = self.g
+        d = vars(module)
+        g.attrs.append((module, "__dict__", d))
+        g.keysets.append((d, frozenset(d)))
+        keys = tuple(k for k in d if k in _MODULE_TABLES or not k.startswith("_"))
+        g.lookups.append((d, keys, tuple(d[k] for k in keys)))
+        for key in keys:
+            if isinstance(d[key], Tensor):
+                self._tensor(d[key])
+        for name in _HOOK_DICTS:
+            hooks = d[name] if name in d else getattr(module, name, _ABSENT)
+            if name not in d:
+                g.attrs.append((module, name, hooks))
+            if isinstance(hooks, dict):
+                self._dict(hooks)
+        params = module._parameters
+        for table in (params, module._buffers, module._modules):
+            self._dict(table)
+        for t in list(params.values()) + list(module._buffers.values()):
+            if t is not None:
+                self._tensor(t)
+        params = [p for p in params.values() if p is not None]
+        for child in module._modules.values():
+            if child is not None:
+                params += self._module(child)
+        return params
+
+    def _optimizer(self, opt) -> list[Tensor]:
+        """Guard `_optimizer_state`; returns the optimizer's parameters."""
+        g = self.g
+        groups, state = opt.param_groups, opt.state
+        g.attrs += [(opt, "param_groups", groups), (opt, "state", state)]
+        g.seqs.append((groups, tuple(groups)))
+        params = []
+        for group in groups:
+            self._dict(group)
+            g.seqs.append((group["params"], tuple(group["params"])))
+            params += group["params"]
+        entries = tuple(state.get(p, _ABSENT) for p in params)
+        g.lookups.append((state, tuple(params), entries))
+        for p, entry in zip(params, entries):
+            self._tensor(p)
+            if entry is not _ABSENT:
+                self._dict(entry)
+                for value in entry.values():
+                    if isinstance(value, Tensor):
+                        self._tensor(value)
+        return params
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
+# the entries of a Module's __dict__ the signature reads besides its public attributes
+_MODULE_TABLES = frozenset(("training", "_parameters", "_buffers", "_modules") + _HOOK_DICTS)
 
 
 # ---- the compiled callable -------------------------------------------------------------------
@@ -293,6 +625,12 @@ class Compiled:
     def __call__(self, *args, **kwargs):
         if current_tracer() is not None:  # called inside another trace: inline it
             return self.fn(*args, **kwargs)
+        for entry in reversed(self._entries):  # the fast path
+            if entry.guard is not None and entry.guard.holds(args, kwargs):
+                if not entry.shadowed and self._fits(entry, args, kwargs):
+                    return self._run(entry, args, kwargs)
+                break
+        guard = _Guard(self.fn, args, kwargs)  # the same state as the signature below
         modules, captured = reachable_state(self.fn, args, kwargs)
         sig = signature_of(self.fn, modules, args, kwargs, captured)
         stale: list[str] = []
@@ -300,14 +638,16 @@ class Compiled:
             if entry.signature == sig:
                 stale = self._stale(entry, args, kwargs)
                 if not stale:
+                    entry.guard = guard
                     return self._run(entry, args, kwargs)
-        return self._trace(sig, args, kwargs, modules, stale)
+        return self._trace(sig, guard, args, kwargs, modules, stale)
 
     def _limit(self) -> int:
         return self.recompile_limit if self.recompile_limit is not None \
             else config.recompile_limit()
 
-    def _trace(self, sig: dict, args: tuple, kwargs: dict, modules, stale: list[str]):
+    def _trace(self, sig: dict, guard: _Guard, args: tuple, kwargs: dict, modules,
+               stale: list[str]):
         if self._entries:
             reasons = stale or _diff(self._entries[-1].signature, sig) or [
                 "an earlier signature came back but its graph no longer fits"]
@@ -339,8 +679,10 @@ class Compiled:
         except BaseException:
             traced.restore()  # the refused call leaves no trace of its eager run
             raise
+        for entry in self._entries:
+            entry.shadowed = entry.shadowed or entry.signature == sig
         self._entries.append(_Entry(sig, traced, executable, _aliasing(traced, args, kwargs),
-                                    gradient))
+                                    gradient, guard))
         if lazy_state is not None:  # undo the eager run; the checked compiled run replaces it
             traced.restore()
             try:
@@ -378,57 +720,64 @@ class Compiled:
         """Why the entry's graph no longer fits this call (empty when it does): a captured
         tensor changed its type, or tensors that shared storage at the trace no longer do."""
         reasons = []
-        for b, v in zip(entry.traced.bindings, entry.executable.graph.inputs):
+        for b, v, shape, dtype in entry.typed:
             if isinstance(b, TensorBinding):
                 t = b.tensor
-                if tuple(t._data.shape) != v.type.shape or t.dtype is not v.type.dtype:
+                if tuple(t._data.shape) != shape or t.dtype is not dtype:
                     reasons.append(f"captured %{v.name} {v.type} -> {t.type}")
-            elif isinstance(b, GradBinding):
+            else:
                 g = b.resolve(args, kwargs)._grad
                 if g is None:
                     reasons.append(f"%{v.name} {v.type} -> None")
-                elif tuple(g._data.shape) != v.type.shape or g.dtype is not v.type.dtype:
+                elif tuple(g._data.shape) != shape or g.dtype is not dtype:
                     reasons.append(f"%{v.name} {v.type} -> {g.type}")
-        if _aliasing(entry.traced, args, kwargs) != entry.aliasing:
+        if not _same_sharing(entry, args, kwargs):
             reasons.append("which argument tensors share storage (e.g. f(x, x) -> f(x, y))")
         return reasons
 
+    @staticmethod
+    def _fits(entry: _Entry, args: tuple, kwargs: dict) -> bool:
+        """`not _stale(entry, ...)`, without building the reasons."""
+        for b, _, shape, dtype in entry.typed:
+            t = b.tensor if isinstance(b, TensorBinding) else b.resolve(args, kwargs)._grad
+            if t is None or t._data.shape != shape or t._dtype is not dtype:
+                return False
+        return _same_sharing(entry, args, kwargs)
+
     def _run(self, entry: _Entry, args: tuple, kwargs: dict):
         traced = entry.traced
-        graph = entry.executable.graph
         check = nan_check.Check(self.__name__, traced.graph, [
             b.generator for b in traced.bindings if isinstance(b, RngBinding)
             and not b.transient]) if config.check_nans() else None
-        arrays, bound = [], {}
-        for b, v in zip(traced.bindings, graph.inputs):
-            if isinstance(b, RngBinding):
-                seed, offset = b.traced_state if b.transient else b.generator._take(b.counters)
-                arrays.append(np.array([seed, offset], np.uint64).view(np.int64))
-                continue
-            if isinstance(b, ConstantBinding):  # a copy: an output may be a view of it
-                arrays.append(b.array.copy())
-                continue
+        arrays, tensors = [], []  # per graph input: its array, its tensor (None: rng/constant)
+        for b, _ in entry.feeds:
             if isinstance(b, TensorBinding):
                 t = b.tensor
+            elif isinstance(b, ArgBinding):
+                t = _at((args, kwargs), b.path)
             elif isinstance(b, GradBinding):  # the holder's .grad as it is now
                 t = b.resolve(args, kwargs)._grad
-            else:
-                t = _at((args, kwargs), b.path)
-            bound[id(v)] = t
+            elif isinstance(b, RngBinding):
+                seed, offset = b.traced_state if b.transient else b.generator._take(b.counters)
+                arrays.append(np.array([seed, offset], np.uint64).view(np.int64))
+                tensors.append(None)
+                continue
+            else:  # a ConstantBinding: a copy, an output may be a view of it
+                arrays.append(b.array.copy())
+                tensors.append(None)
+                continue
+            tensors.append(t)
             arrays.append(t._data)
         if entry.gradient is not None and is_grad_enabled():
-            by_index = [bound.get(id(v)) for v in graph.inputs]
-            outputs = self._run_with_gradient(entry, arrays, by_index, check)
+            outputs = self._run_with_gradient(entry, arrays, tensors, check)
+            fresh = False
         else:
-            outputs = _run_and_write_back(entry.executable, arrays, bound, check)
-        grads = self._assign_grads(traced, outputs, arrays, args, kwargs)
-        wrapped = []
-        n_own = len(outputs) - sum(go.index is not None for go in traced.grad_outputs)
-        for i, o in enumerate(outputs[:n_own]):
-            j = traced.output_aliases.get(i)
-            k = traced.output_grads.get(i)
-            wrapped.append(bound[id(graph.inputs[j])] if j is not None
-                           else grads[k] if k is not None else _as_tensor(o))
+            outputs = _run_and_write_back(entry.executable, arrays,
+                                          [tensors[i] for i in entry.update_inputs], check)
+            fresh = entry.fresh
+        grads = self._assign_grads(traced, outputs, arrays, args, kwargs, fresh)
+        wrapped = [tensors[j] if j is not None else grads[k] if k is not None
+                   else _as_tensor(o) for (j, k), o in zip(entry.wraps, outputs)]
         return unflatten(traced.out_spec, wrapped)
 
     @staticmethod
@@ -441,8 +790,10 @@ class Compiled:
         bound = {id(v): t for v, t in zip(inputs, by_index) if t is not None}
         updated = {inputs.index(target) for target, _ in plan.forward.graph.updates}
 
+        targets = [bound[id(target)] for target, _ in plan.forward.graph.updates]
+
         def run_forward(forward_arrays):
-            return _run_and_write_back(plan.forward, forward_arrays, bound, check,
+            return _run_and_write_back(plan.forward, forward_arrays, targets, check,
                                        plan.partition.n_outputs)
 
         wrt = [by_index[i] for i in plan.wrt]
@@ -450,11 +801,13 @@ class Compiled:
 
     @staticmethod
     def _assign_grads(traced: TraceResult, outputs: list, inputs: list, args: tuple,
-                      kwargs: dict) -> list:
+                      kwargs: dict, fresh: bool = False) -> list:
         """Assign each GradOutput's value (a fresh tensor, or None) to its holder's `.grad`,
         after the updates (a `.grad` accumulated in place and then set to None gets both);
-        returns the assigned tensors in grad_outputs order (None where it set None)."""
-        assigned, taken = [], list(inputs)
+        returns the assigned tensors in grad_outputs order (None where it set None).
+        `fresh`: every output is an array of its own (`fresh_results`), so only an output
+        assigned twice needs a copy."""
+        assigned, taken, used = [], list(inputs), set()
         for go in traced.grad_outputs:
             holder = go.resolve(args, kwargs)
             if go.index is None:
@@ -462,29 +815,42 @@ class Compiled:
                 assigned.append(None)
                 continue
             array = np.asarray(outputs[go.index])
-            if any(np.may_share_memory(array, other) for other in taken):
+            if go.index in used if fresh else any(np.may_share_memory(array, other)
+                                                  for other in taken):
                 array = array.copy()  # a .grad never shares memory with another tensor
+            used.add(go.index)
             taken.append(array)
             holder._grad = Tensor._wrap(array)
             assigned.append(holder._grad)
         return assigned
 
 
-def _run_and_write_back(executable: Executable, arrays: list, bound: dict,
+def _run_and_write_back(executable: Executable, arrays: list, targets: list,
                         check: nan_check.Check | None = None, n_checked: int | None = None
                         ) -> list:
-    """Run an executable; write its updates into the bound tensors; return its outputs.
+    """Run an executable; write its updates into `targets` (the tensors of graph.updates'
+    targets, in order); return its outputs.
     With a `check` (GRAPHC_CHECK_NANS=1), its first `n_checked` outputs (default: all) and its
     updates must be finite, else graphc.nan_check raises before anything is written back."""
-    graph = executable.graph
-    n_out = len(graph.outputs)
+    n_out = len(executable.graph.outputs)
     results = executable.run(*arrays) if check is None else nan_check.run_checked(
         executable, arrays, check, n_out if n_checked is None else n_checked)
     outputs, updates = results[:n_out], results[n_out:]
-    new_values = [np.array(u, copy=True) for u in updates]  # never alias a written input
-    for (target, _), value in zip(graph.updates, new_values):
-        t = bound[id(target)]
-        np.copyto(t._data, value)
+    # A value the backend computed straight into its target needs no write. Any other value
+    # that shares memory with a call array is copied first: writing one target must never
+    # change a value still to be written. A backend with `fresh_results` returns call arrays
+    # only as their own targets' values, so only those are looked for.
+    if getattr(executable, "fresh_results", False):
+        call_arrays = {id(a) for a in arrays}
+        new_values = [u if u is t._data or id(u) not in call_arrays else np.array(u, copy=True)
+                      for t, u in zip(targets, updates)]
+    else:
+        new_values = [u if u is t._data else
+                      np.array(u, copy=True) if any(np.may_share_memory(u, a) for a in arrays)
+                      else u for t, u in zip(targets, updates)]
+    for t, value in zip(targets, new_values):
+        if value is not t._data:
+            np.copyto(t._data, value)
         t._version_counter.bump()
     return outputs
 
@@ -576,7 +942,7 @@ def _dump(graph) -> str | None:
     n counts the graphs of that name traced in this process (so none overwrites another);
     the passes then write <name>.<n>.<stage>.<pass>.gir. Returns the `<name>.<n>` prefix."""
     directory = config.dump_dir()
-    if not directory:
+    if not directory or not config.dumps("ir"):
         return None
     os.makedirs(directory, exist_ok=True)
     index = _dump_counts[graph.name] = _dump_counts.get(graph.name, 0) + 1
