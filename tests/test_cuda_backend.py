@@ -53,6 +53,10 @@ def _runtime():
 # suite's budget: CI runs every 6th entry; GRAPHC_CUDA_ALL_OPINFO=1 runs them all.
 _ALL = [c for c in cases() if c.index == 0]
 _FIRST = _ALL if os.environ.get("GRAPHC_CUDA_ALL_OPINFO") else _ALL[::6]
+# cases that once gave wrong results on the cuda backend: always run
+_REGRESSIONS = ("clamp/0", "logical_and/0", "logical_or/0", "logical_xor/0", "argmax/0",
+                "argmin/0")
+_FIRST += [c for c in _ALL if c.key in _REGRESSIONS and c not in _FIRST]
 # case key -> (error class, message regex, why): what the cuda backend refuses, checked
 EXPECTED_REFUSALS: dict[str, tuple[type, str, str]] = {
     "random.randperm/0": (NotImplementedError, "randperm is not supported on the cuda",
@@ -60,18 +64,10 @@ EXPECTED_REFUSALS: dict[str, tuple[type, str, str]] = {
     "random.randint/0": (NotImplementedError, "randint is not supported on the cuda",
                          "randint is not lowered yet"),
 }
-# known wrong results, to fix (strict: a fix makes the xfail fail, then remove the entry)
-KNOWN_BUGS = {"clamp/0": "clamp with both bounds differs from the reference",
-              "logical_and/0": "bool logical ops differ", "logical_or/0": "bool logical ops",
-              "logical_xor/0": "bool logical ops differ",
-              "argmax/0": "argmax over the flattened tensor (axis=None) differs",
-              "argmin/0": "argmin over the flattened tensor (axis=None) differs"}
 
 
 @pytest.mark.parametrize("case", _FIRST, ids=[c.id for c in _FIRST])
 def test_opinfo_first_sample_matches(case):
-    if case.key in KNOWN_BUGS:
-        pytest.xfail(KNOWN_BUGS[case.key])
     refusal = EXPECTED_REFUSALS.get(case.key)
     if refusal is not None:
         with pytest.raises(refusal[0], match=refusal[1]):

@@ -139,8 +139,8 @@ def scalar(op: str, attrs: dict, args: list[str], types: list, out) -> str:
         xs = [_cast(a, t, _bool()) for a, t in zip(args, types)]
         if op == "logical_not":
             return f"(!{xs[0]})"
-        return f"({xs[0]} {dict(logical_and='&&', logical_or='||', logical_xor='!=')[op[8:]]}" \
-               f" {xs[1]})"
+        symbol = {"logical_and": "&&", "logical_or": "||", "logical_xor": "!="}[op]
+        return f"({xs[0]} {symbol} {xs[1]})"
     if op == "pow":
         x, y = _promoted(args, types, out)
         return f"({x} || !{y})" if is_bool else f"gc_pow({x}, {y})"

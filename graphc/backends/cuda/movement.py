@@ -211,25 +211,32 @@ def _addr(layout: Layout):
 
 
 def lower_arg(lw: Lowerer, node: Node) -> None:
+    """argmax/argmin over one axis, or over the flattened tensor (axis=None, row-major index);
+    the first extreme wins, and a NaN beats every number (numpy's rule)."""
     x = lw.layouts[node.inputs[0]]
     k, out = _start(lw, node)
     shape, is_min = x.type.shape, node.op == "argmin"
     if not shape:
         k.lines.append(f"{_flat(k, out)} = 0;")
         return lw.emit(k)
-    axis = node.attrs["axis"] % len(shape)
-    kept = [d for d in range(len(shape)) if d != axis]
+    axis = node.attrs["axis"]
+    red = list(range(len(shape))) if axis is None else [axis % len(shape)]
+    kept = [d for d in range(len(shape)) if d not in red]
     k.lines += cudagen.decompose(tuple(shape[d] for d in kept), "gi", "o")
     k.lines += [f"long long c{d} = o{i};" for i, d in enumerate(kept)]
     ct = cudagen.ctype(x.type.dtype)
-    k.lines.append(f"long long c{axis} = 0; {ct} best = {k.at(x, _coords(len(shape)))}; "
-                   "long long at = 0;")
-    k.lines.append(f"for (c{axis} = 1; c{axis} < {shape[axis]}LL; ++c{axis}) {{")
-    k.lines.append(f"  {ct} v = {k.at(x, _coords(len(shape)))};")
+    count = 1
+    for d in red:
+        count *= shape[d]
+    k.lines.append(f"{ct} best = 0; long long at = -1;")
+    k.lines.append(f"for (long long r = 0; r < {count}LL; ++r) {{")
+    inner = cudagen.decompose(tuple(shape[d] for d in red), "r", "q")
+    inner += [f"long long c{d} = q{i};" for i, d in enumerate(red)]
+    inner.append(f"{ct} v = {k.at(x, _coords(len(shape)))};")
     better = "v < best" if is_min else "v > best"
     nan = "(v != v && best == best) || " if x.type.dtype.is_floating else ""
-    k.lines.append(f"  if ({nan}{better}) {{ best = v; at = c{axis}; }}")
-    k.lines.append("}")
+    inner.append(f"if (at < 0 || {nan}{better}) {{ best = v; at = r; }}")
+    k.lines += ["  " + line for line in inner] + ["}"]
     k.lines.append(f"{_flat(k, out)} = at;")
     lw.emit(k)
 
