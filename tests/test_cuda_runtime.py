@@ -162,6 +162,9 @@ def test_generated_module_loads_and_launches(emu, tmp_path):
 def test_cuda_build_compiles_and_reports_a_missing_device():
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH: the CUDA build cannot be checked here")
+    # the emulation library loaded RTLD_GLOBAL first (as for generated modules) must not
+    # capture the CUDA library's own gc_fail: each binds its own symbols (-Bsymbolic)
+    ctypes.CDLL(runtime_library("emu"), mode=ctypes.RTLD_GLOBAL)
     cuda = load(runtime_library("cuda"))
     assert cuda.gc_abi_version() == ABI_VERSION
     assert cuda.gc_runtime_kind() == b"cuda"
