@@ -3,7 +3,8 @@
  *
  * Covers: ABI version and kind, status strings, the thread-local last error, memory copies
  * and memset, streams and events, GC_LAUNCH with multi-dimensional grids and blocks, kernel
- * templates, static and dynamic shared memory, warp shuffles/votes (whole and partial warps),
+ * templates, static and dynamic shared memory, warp shuffles/votes (whole and partial warps,
+ * sub-warp widths),
  * atomics, and a launch fault reported through GC_CHECK_LAUNCH.
  */
 #include <stdio.h>
@@ -102,6 +103,14 @@ __global__ void warp_functions(const int *x, int *sum, int *max_out, int *scan, 
         max_out[warp] = largest;
         ballot[warp] = odd;
     }
+}
+
+/* sub-warp shuffles (width 8): the segment's first lane, a butterfly, a shift down */
+__global__ void segment_shuffles(int *first, int *swapped, int *next) {
+    int value = 100 + (int)threadIdx.x;
+    first[threadIdx.x] = __shfl_sync(0xffffffffu, value, 0, 8);
+    swapped[threadIdx.x] = __shfl_xor_sync(0xffffffffu, value, 4, 8);
+    next[threadIdx.x] = __shfl_down_sync(0xffffffffu, value, 1, 8);
 }
 
 __global__ void atomic_counts(const int *bins, int count, int *histogram, float *total,
@@ -261,6 +270,18 @@ static void test_warp_functions(int threads, int block) {
     }
 }
 
+static void test_segment_shuffles() {
+    int first[32], swapped[32], next[32];
+    GC_LAUNCH(segment_shuffles, dim3(1), dim3(32), 0, nullptr)(first, swapped, next);
+    for (int lane = 0; lane < 32; ++lane) {
+        int segment = lane & ~7;
+        CHECK(first[lane] == 100 + segment, "lane %d: first %d", lane, first[lane]);
+        CHECK(swapped[lane] == 100 + (lane ^ 4), "lane %d: xor %d", lane, swapped[lane]);
+        int expected_next = lane + 1 < segment + 8 ? lane + 1 : lane;
+        CHECK(next[lane] == 100 + expected_next, "lane %d: down %d", lane, next[lane]);
+    }
+}
+
 static void test_atomics() {
     const int count = 1000;
     std::vector<int> bins(count), histogram(10, 0);
@@ -284,6 +305,7 @@ int main() {
     test_shared_memory();
     test_warp_functions(96, 96);   /* three whole warps */
     test_warp_functions(200, 64);  /* a partial warp in a partial block */
+    test_segment_shuffles();
     test_atomics();
     if (failures) {
         fprintf(stderr, "test_runtime: %d check(s) failed\n", failures);
