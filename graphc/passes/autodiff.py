@@ -21,7 +21,9 @@ and broadcast reductions (`check_grads`). The result:
   node's location plus " (backward)" (`model.py:14 (backward)`), so errors and bisection name
   the user line whose gradient it computes;
 - `graph.meta["autodiff"]`: the `wrt` names, the seed names, the forward output each seed
-  belongs to (`seed_outputs`, indices) and the forward output count.
+  belongs to (`seed_outputs`, indices) and the forward output count;
+  `graph.meta["functions"]`: the custom Function regions (below), at their new positions,
+  then those of Functions applied inside a custom backward.
 The result is an ordinary graph: `derive_backward` of it gives second derivatives (grad of
 grad, e.g. a gradient penalty), because every VJP is written with differentiable registry ops.
 
@@ -42,7 +44,8 @@ unchanged (the IR cannot tell that alias from the input), one that marks outputs
 in-place forward), and, for a graph parsed from text, a Function class that cannot be
 imported or a ctx attribute that IR text could not hold (`opaque(...)`).
 A forward op without a VJP on the path (a float output of a non-differentiable op) is refused
-with the node and its line, never silently given a zero gradient.
+with the node and its line, never silently given a zero gradient, except inside a custom
+Function's forward, whose `backward` stands in for it (a straight-through `floor_divide`).
 
 `rematerialize(graph)` recomputes cheap values next to their late uses when that lowers the
 peak of live intermediate bytes (see its docstring); `peak_bytes` is the measure.
