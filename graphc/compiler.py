@@ -19,26 +19,26 @@ each retrace logs which fields changed, and after the recompile limit the call r
 are checked against the graph's types, and storage sharing among the call's tensors against
 the trace's (`f(x, x)` traced one input), on every call.
 
-The fast path: computing the full signature walks every reachable module, optimizer and
-`.grad` (hundreds of microseconds for an MLP), so each entry also keeps a `_Guard`, built from
-the same state at the same moment as a signature it equals (at the trace, and again whenever
-the full signature picks the entry): cheap checks, run first on every call, that together
-imply the full signature is unchanged. By identity, everything the signature reads through: the
-function's `__code__`/`__closure__`/`__globals__` and its closure cells and named globals, the
-keys and items of every container `graphc.tracing.reachable` looks into, each module's
-`__dict__` (its key set; training flag, parameter/buffer/child tables, hook dicts and public
-attributes by identity), each optimizer's param_groups (every hyperparameter object), params
-and per-parameter state dicts; Python literals are immutable, so identity implies the same
-value. By type: every guarded tensor (shape, dtype, requires_grad, is_leaf) and every `.grad`
-the signature describes (None, or shape, dtype, requires_grad), the arguments (their full
-description, as in the signature), grad mode, and which argument tensors are `.grad` holders.
-A check may fail where the signature would be equal (a hyperparameter set again to an equal
-new float): the full signature then decides, and refreshes the entry's guard. A guard never
-holds where the signature differs; the one assumption is that no guarded object changes its
-`__class__`. An entry whose signature equals a newer entry's (traced again because it was
-stale) is never taken by the fast path, so both paths pick the same entry. The stale checks
-and the storage-sharing check run on every call, fast path or not; retrace decisions and the
-recompile reasons are the full signature's.
+The fast path: computing the full signature walks every reachable module, optimizer and `.grad`
+(hundreds of microseconds for an MLP), so each entry also keeps a `_Guard`, built from the same
+state at the same moment as a signature it equals (at the trace, and again whenever the full
+signature picks the entry): cheap checks, run first on every call, that together imply the full
+signature is unchanged. By identity, everything the signature reads through: the function's
+`__code__`/`__closure__`/`__globals__` and its closure cells and named globals, the keys and
+items of every container `graphc.tracing.reachable` looks into, each module's `__dict__` (keys
+in order, every value: training flag, parameter/buffer/child tables, hook dicts, public
+attributes) and its tables and hook dicts, each optimizer's param_groups (every hyperparameter
+object), params and per-parameter state dicts; Python literals are immutable, so identity
+implies the same value. By type: every guarded tensor (shape, dtype, requires_grad, is_leaf)
+and every `.grad` the signature describes (None, or shape, dtype, requires_grad), the arguments
+(their full description, as in the signature), grad mode, and which argument tensors are
+`.grad` holders. A check may fail where the signature would be equal (a hyperparameter set
+again to an equal new float): the full signature then decides, and refreshes the entry's guard.
+A guard never holds where the signature differs; the one assumption is that no guarded object
+changes its `__class__`. An entry whose signature equals a newer entry's (traced again because
+it was stale) is never taken by the fast path, so both paths pick the same entry. The stale
+checks and the storage-sharing check run on every call, fast path or not; retrace decisions and
+the recompile reasons are the full signature's.
 
 Outputs that would need a `grad_fn` are refused (after the tracing run) until compiled
 backward graphs exist: an output that requires grad, unless it is an input tensor returned as
@@ -295,7 +295,7 @@ class _Guard:
     docstring). They may fail where the signature is equal (then the full signature decides);
     they never hold where it differs."""
 
-    __slots__ = ("grad_mode", "call", "attrs", "cells", "lookups", "keysets", "empty",
+    __slots__ = ("grad_mode", "call", "attrs", "cells", "lookups", "empty",
                  "dicts", "seqs", "big", "tensors", "grads", "holder_ids", "arg_holders")
 
     def __init__(self, fn, args: tuple, kwargs: dict) -> None:
@@ -304,7 +304,6 @@ class _Guard:
         self.attrs: list = []  # (object, attribute, value or _ABSENT): getattr is value
         self.cells: list = []  # (closure cell, contents or _ABSENT)
         self.lookups: list = []  # (dict, keys, values or _ABSENT): d.get(key) is value
-        self.keysets: list = []  # (dict, frozenset of its keys)
         self.empty: list = []  # containers that are empty
         self.dicts: list = []  # (dict, keys in order, values): same keys, same objects
         self.seqs: list = []  # (list or tuple, items): same length, same objects
@@ -320,7 +319,7 @@ class _Guard:
             return False
 
     def _holds(self, args: tuple, kwargs: dict) -> bool:
-        if is_grad_enabled() is not self.grad_mode or _describe_call(args, kwargs) != self.call:
+        if is_grad_enabled() != self.grad_mode or _describe_call(args, kwargs) != self.call:
             return False
         for obj, attr, value in self.attrs:
             if getattr(obj, attr, _ABSENT) is not value:
@@ -330,9 +329,6 @@ class _Guard:
                 return False
         for d, keys, values in self.lookups:
             if not all(map(operator.is_, map(d.get, keys, itertools.repeat(_ABSENT)), values)):
-                return False
-        for d, keys in self.keysets:
-            if d.keys() != keys:
                 return False
         if any(map(len, self.empty)):
             return False
@@ -425,8 +421,9 @@ class _GuardBuilder:
         unique = {id(t): t for t in holders}
         self.g.grads = [(t, _grad_type(t._grad)) for t in unique.values()]
         self.g.holder_ids = frozenset(unique)
-        arg_holders = _arg_holders(args, kwargs, self.g.holder_ids)
-        self.g.arg_holders = arg_holders or None
+        needs_grad = any(t.requires_grad for _, t in _flatten((args, kwargs)))
+        self.g.arg_holders = _arg_holders(args, kwargs, self.g.holder_ids) if needs_grad \
+            else None  # none requires grad: the arguments' description says so for the call
 
     def _roots(self, fn) -> list:
         """What `graphc.tracing.captured_roots` returns, each read recorded."""
@@ -514,12 +511,10 @@ class _GuardBuilder:
         g = self.g
         d = vars(module)
         g.attrs.append((module, "__dict__", d))
-        g.keysets.append((d, frozenset(d)))
-        keys = tuple(k for k in d if k in _MODULE_TABLES or not k.startswith("_"))
-        g.lookups.append((d, keys, tuple(d[k] for k in keys)))
-        for key in keys:
-            if isinstance(d[key], Tensor):
-                self._tensor(d[key])
+        self._dict(d)  # its keys in order, every value by identity
+        for key, value in d.items():
+            if isinstance(value, Tensor) and not key.startswith("_"):
+                self._tensor(value)
         for name in _HOOK_DICTS:
             hooks = d[name] if name in d else getattr(module, name, _ABSENT)
             if name not in d:
@@ -562,8 +557,6 @@ class _GuardBuilder:
 
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
-# the entries of a Module's __dict__ the signature reads besides its public attributes
-_MODULE_TABLES = frozenset(("training", "_parameters", "_buffers", "_modules") + _HOOK_DICTS)
 
 
 # ---- the compiled callable -------------------------------------------------------------------

@@ -285,3 +285,18 @@ def test_cpu_executable_reuses_and_refreshes_input_pointers():
     np.testing.assert_array_equal(ex.run(strided, b)[0], np.arange(0, 8, 2) + 1)
     with pytest.raises(graphc.GraphcError, match="expects f32"):
         ex.run(np.ones(5, np.float32), b)
+
+
+def test_an_argument_that_becomes_a_grad_holder_fails_the_guard():
+    f = graphc.compile(lambda x: x.detach() * 2)
+    interior = graphc.ones(3, requires_grad=True) * 1  # requires grad, not a leaf: no .grad
+    f(interior)
+    f(interior)
+    guard = f._entries[-1].guard
+    assert guard.holds((graphc.ones(3, requires_grad=True) * 1,), {})
+    leaf = graphc.ones(3, requires_grad=True)  # a leaf: its .grad is part of the signature
+    assert not guard.holds((leaf,), {})
+    f(leaf)
+    assert len(f._entries) == 2
+    shared = f._entries[-1].guard
+    assert shared.holds((graphc.ones(3, requires_grad=True),), {})
