@@ -16,6 +16,11 @@
   node that produced a NaN or an Inf (its op, its IR line, the user source line it was traced
   from), before anything is written back (see graphc.nan_check). The first call of a signature
   then runs the compiled graph too (its eager run is undone). Off by default, and free when off.
+- GRAPHC_CUDA: which library the cuda backend runs on: `cuda` (or `gpu`, or unset) the GPU
+  build, `emu` (or `emulation`) the CPU emulation of graphc's CUDA runtime (every CUDA thread
+  a fiber on the host; slow, for machines without a GPU); anything else is an error.
+- GRAPHC_CUDA_ALL_OPINFO: `1` makes tests/test_cuda_backend.py run the first sample of every
+  OpInfo entry on the cuda backend instead of its default subset (slow under emulation).
 
 Read at use, not at import, so tests can set them with monkeypatch.
 """
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import os
 
-from graphc.errors import ArgumentError
+from graphc.errors import ArgumentError, GraphcError
 
 
 def log_topics() -> set[str]:
@@ -78,3 +83,19 @@ def cache_dir() -> str:
         return os.path.abspath(os.path.expanduser(explicit))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(os.path.abspath(base), "graphc")
+
+
+def cuda_kind() -> str:
+    """"emu" or "cuda", from GRAPHC_CUDA (unset: "cuda"); anything else is an error."""
+    value = os.environ.get("GRAPHC_CUDA", "").strip().lower()
+    if value in ("", "cuda", "gpu"):
+        return "cuda"
+    if value in ("emu", "emulation"):
+        return "emu"
+    raise GraphcError(f"cuda backend: GRAPHC_CUDA={value!r} is not understood; expected "
+                      "\"emu\" (the CPU emulation) or \"cuda\" (a GPU), or leave it unset")
+
+
+def cuda_all_opinfo() -> bool:
+    """Whether GRAPHC_CUDA_ALL_OPINFO asks the cuda OpInfo test for every entry."""
+    return os.environ.get("GRAPHC_CUDA_ALL_OPINFO", "") not in ("", "0")

@@ -11,13 +11,14 @@ training steps (batch 4) against the interpreter over a few steps; the on-disk k
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
 
 import graphc
 import graphc.nn.functional as F
-from graphc import nn, optim
+from graphc import config, nn, optim
 from graphc.backends import compile as compile_graph
 from graphc.ir import parse
 from tests.compile_opinfo import cases, check_case
@@ -52,7 +53,7 @@ def _runtime():
 # Every entry's first sample takes ~330 s on 2 cores (one g++ compile per graph), over the
 # suite's budget: CI runs every 6th entry; GRAPHC_CUDA_ALL_OPINFO=1 runs them all.
 _ALL = [c for c in cases() if c.index == 0]
-_FIRST = _ALL if os.environ.get("GRAPHC_CUDA_ALL_OPINFO") else _ALL[::6]
+_FIRST = _ALL if config.cuda_all_opinfo() else _ALL[::6]
 # cases that once gave wrong results on the cuda backend: always run
 _REGRESSIONS = ("clamp/0", "logical_and/0", "logical_or/0", "logical_xor/0", "argmax/0",
                 "argmin/0")
@@ -183,6 +184,35 @@ def test_kernel_cache_hit_and_corrupt_entry_rebuilt(tmp_path, monkeypatch):
     assert third.module.from_cache is False
     assert cuda_compile.cache_stats()["corrupt"] == before + 1
     np.testing.assert_allclose(third.run(x)[0], 1 / (1 + np.exp(-x)), rtol=1e-6)
+
+
+def test_emulated_compiles_use_the_precompiled_header(tmp_path, monkeypatch):
+    from graphc.backends.cuda import emu_pch
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    ex = compile_graph(parse(_CACHED), "cuda")
+    (gch,) = tmp_path.glob("cuda-*/pch-*/gc_emu.h.gch")
+    assert emu_pch.header_for(str(gch.parent.parent), b"", "") == str(gch)[:-len(".gch")]
+    x = np.linspace(-3, 3, 6).astype(np.float32)
+    np.testing.assert_allclose(ex.run(x)[0], 1 / (1 + np.exp(-x)), rtol=1e-6)
+
+
+def test_unwritable_cache_folder_costs_only_speed(tmp_path, monkeypatch):
+    from graphc.backends.cuda import compile as cuda_compile
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(cuda_compile, "_fallback", [])
+    x = np.linspace(-3, 3, 6).astype(np.float32)
+    with pytest.warns(RuntimeWarning, match="cannot be written.*GRAPHC_CACHE_DIR"):
+        first = compile_graph(parse(_CACHED), "cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warning comes once per process
+        second = compile_graph(parse(_CACHED.replace("sigmoid", "tanh")), "cuda")
+    assert os.path.dirname(first.module.path) == cuda_compile._fallback[0]
+    np.testing.assert_allclose(first.run(x)[0], 1 / (1 + np.exp(-x)), rtol=1e-6)
+    np.testing.assert_allclose(second.run(x)[0], np.tanh(x), rtol=1e-6)
 
 
 # ---- errors ----------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 `load_module(rt, source)` returns a `Module` (the `gc_module` handle and a `function(name)`
 lookup) for the runtime `rt`:
-- emulation (`rt.kind == "emulation"`): `g++ -O1 -shared -fPIC -x c++ -include
-  runtime/csrc/emu/gc_emu.h` linked with libgraphc_rt_emu.so -> a shared object;
+- emulation (`rt.kind == "emulation"`): `g++ -O1 -shared -fPIC -x c++ -include gc_emu.h`
+  linked with libgraphc_rt_emu.so -> a shared object; the header is precompiled once per
+  cache folder (graphc.backends.cuda.emu_pch), which halves a small graph's compile;
 - CUDA: `nvcc -ptx -arch=sm_<major><minor>` of the device `rt` runs on -> a PTX file (NVRTC is
   not used: nvcc is what the runtime build needs anyway).
 Invariants of the cache (under `graphc.config.cache_dir()/cuda-<format>`):
@@ -13,11 +14,14 @@ Invariants of the cache (under `graphc.config.cache_dir()/cuda-<format>`):
   `<object>.sha256` holding the object's digest; an entry whose digest file is missing or
   does not match, or that the runtime refuses to load, is deleted and rebuilt (once);
 - compiles of one key in one process are serialised; a failed compile raises
-  `CudaCompileError` with the command and the compiler's messages.
+  `CudaCompileError` with the command and the compiler's messages;
+- a cache folder that cannot be written costs only speed: the module is compiled into a
+  temporary folder of this process (removed at exit), with one warning per process.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
@@ -26,9 +30,11 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 
 from graphc import __version__ as GRAPHC_VERSION
 from graphc import config
+from graphc.backends.cuda import emu_pch
 from graphc.backends.cuda.build import build_dir, emu_header
 from graphc.backends.cuda.rt import CudaRuntimeError, Runtime
 from graphc.errors import GraphcError
@@ -62,10 +68,9 @@ def _compiler_version(compiler: str) -> str:
     return done.stdout + done.stderr
 
 
-def _emu_command(source_path: str, out_path: str) -> list[str]:
-    return ["g++", "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-x", "c++", "-include",
-            emu_header(), source_path, "-o", out_path, f"-L{build_dir()}", "-lgraphc_rt_emu",
-            f"-Wl,-rpath,{build_dir()}"]
+def _emu_command(source_path: str, out_path: str, header: str) -> list[str]:
+    return ["g++", *emu_pch.FLAGS, "-shared", "-x", "c++", "-include", header, source_path,
+            "-o", out_path, f"-L{build_dir()}", "-lgraphc_rt_emu", f"-Wl,-rpath,{build_dir()}"]
 
 
 def _cuda_command(source_path: str, out_path: str, arch: str) -> list[str]:
@@ -150,8 +155,35 @@ def load_module(rt: Runtime, source: str, name: str = "graph") -> Module:
             _stats["corrupt"] += 1
             _remove(path)
         _stats["misses"] += 1
+        folder = _writable(os.path.dirname(path))
+        path = os.path.join(folder, os.path.basename(path))
         _compile_into(rt, source, path, name)
         return Module(rt, path, key, False)
+
+
+_fallback: list[str] = []  # this process's temporary folder, once made
+
+
+def _writable(folder: str) -> str:
+    """`folder` when a file can be created in it, else this process's temporary folder."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+        return folder
+    except OSError as error:
+        reason = error
+    with _key_locks_guard:
+        if not _fallback:
+            _fallback.append(tempfile.mkdtemp(prefix="graphc-cuda-cache-"))
+            atexit.register(shutil.rmtree, _fallback[0], True)
+            warnings.warn(f"graphc cuda backend: the kernel cache folder {folder} cannot be "
+                          f"written ({reason}); compiling into {_fallback[0]} for this "
+                          "process instead (nothing is reused across runs); set "
+                          "GRAPHC_CACHE_DIR to a writable folder", RuntimeWarning,
+                          stacklevel=4)
+        return _fallback[0]
 
 
 def _entry_ok(path: str) -> bool:
@@ -175,14 +207,15 @@ def _remove(path: str) -> None:
 
 def _compile_into(rt: Runtime, source: str, path: str, name: str) -> None:
     folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="graphc-cuda-") as work:
         src = os.path.join(work, f"{name}.cu")
         obj = os.path.join(work, "module" + os.path.splitext(path)[1])
         with open(src, "w") as f:
             f.write(source)
         if rt.kind == "emulation":
-            command = _emu_command(src, obj)
+            _, _, _, header = _toolchain(rt)
+            command = _emu_command(src, obj, emu_pch.header_for(
+                folder, header, _compiler_version("g++")))
         else:
             command = _cuda_command(src, obj, _device_arch(rt))
         done = subprocess.run(command, capture_output=True, text=True, check=False)

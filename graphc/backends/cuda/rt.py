@@ -297,14 +297,10 @@ class Runtime:
 
 
 def requested_kind() -> str:
-    """"emu" or "cuda", from GRAPHC_CUDA (unset: "cuda"); anything else is an error."""
-    value = os.environ.get("GRAPHC_CUDA", "").strip().lower()
-    if value in ("", "cuda", "gpu"):
-        return "cuda"
-    if value in ("emu", "emulation"):
-        return "emu"
-    raise GraphcError(f"cuda backend: GRAPHC_CUDA={value!r} is not understood; expected "
-                      "\"emu\" (the CPU emulation) or \"cuda\" (a GPU), or leave it unset")
+    """"emu" or "cuda", from GRAPHC_CUDA (graphc.config.cuda_kind)."""
+    from graphc import config
+
+    return config.cuda_kind()
 
 
 def library_path(kind: str) -> str:
