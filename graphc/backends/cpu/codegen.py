@@ -100,7 +100,7 @@ class Lowerer(Codegen):
         super().__init__(graph.name or "graph", blas, openmp=llvm.load_openmp() is not None)
         self.graph = graph
         self.plan = plan
-        self.locs = Locations(graph, plan)
+        self.locs = Locations(graph, plan, _direct_outputs(graph, plan))
         self.calls: list[Kernel] = []
         self.errors: list[str] = []  # status k of the driver -> errors[k - 1]
 
@@ -527,13 +527,33 @@ class Lowerer(Codegen):
         self.calls.append(kb.finish(b))
 
     # ---- losses --------------------------------------------------------------------------
-    def _nll_rows(self, node: Node, x_t: TensorType) -> tuple[int, int]:
-        """(rows, classes) of nll_loss's input (or of its gradient) `x_t`."""
-        if x_t.ndim > 2:
-            raise unsupported(node, "nll_loss over more than 2 dimensions")
+    def _nll_rows(self, x_t: TensorType) -> tuple[tuple[int, ...], int]:
+        """(row shape, classes) of nll_loss's input (or its gradient) `x_t`: (C,) has one
+        row of shape (); (N, C, d1, ...) has rows (N, d1, ...), the class dim being 1."""
         if x_t.ndim == 1:
-            return 1, x_t.shape[0]
-        return x_t.shape[0], x_t.shape[1]
+            return (), x_t.shape[0]
+        return (x_t.shape[0],) + x_t.shape[2:], x_t.shape[1]
+
+    def _x_strides(self, loc: Loc, rank: int) -> tuple[tuple[int, ...], int]:
+        """(element strides over the row shape, class stride) of an (N, C, d...) location."""
+        s = self._strides(loc, rank)
+        if rank == 1:
+            return (), s[0]
+        return (s[0],) + s[2:], s[1]
+
+    def _row_offset(self, b, row, shape: tuple[int, ...], strides: tuple[int, ...]):
+        """The element offset of flat (row-major) index `row` over `shape` with `strides`."""
+        total, rest = i64(0), row
+        for d in range(len(shape) - 1, -1, -1):
+            if strides[d] == 0 or shape[d] == 1:
+                if d:
+                    rest = b.udiv(rest, i64(shape[d]))
+                continue
+            coord = b.urem(rest, i64(shape[d])) if d else rest
+            total = b.add(total, b.mul(coord, i64(strides[d])))
+            if d:
+                rest = b.udiv(rest, i64(shape[d]))
+        return total
 
     def _nll_kernel(self, node: Node, name: str, x_type: TensorType, reads: list[Loc],
                     writes: list[Loc]):
@@ -553,10 +573,11 @@ class Lowerer(Codegen):
         s = tuple(x // item for x in loc.strides)
         return (0,) * (rank - len(s)) + s
 
-    def _pick(self, b, kb, node, t_id, w_id, row, st, sw, classes, status):
-        """(safe class index, counted mask, weight) of row `row`; flags bad targets."""
+    def _pick(self, b, kb, node, t_id, w_id, t_offset, sw, classes, status):
+        """(safe class index, counted mask, weight) of the target at `t_offset`; flags bad
+        targets."""
         ignore = node.attrs["ignore_index"]
-        t = kb.load(b, t_id, b.mul(row, i64(st)) if st else i64(0))
+        t = kb.load(b, t_id, t_offset)
         counted = b.icmp_signed("!=", t, i64(ignore))
         inside = b.and_(b.icmp_signed(">=", t, i64(0)), b.icmp_signed("<", t, i64(classes)))
         bad = b.and_(counted, b.not_(inside))
@@ -569,15 +590,15 @@ class Lowerer(Codegen):
     def op_nll_loss(self, node: Node) -> None:
         x, target, weight = node.inputs
         loss_v, total_v = node.outputs
-        rows, classes = self._nll_rows(node, x.type)
+        row_shape, classes = self._nll_rows(x.type)
         lx, lt, lw = self.locs[x], self.locs[target], self.locs[weight]
         kb, (xi, ti, wi, li, twi), status = self._nll_kernel(
             node, "nll_loss", x.type, [lx, lt, lw], [self.locs[loss_v], self.locs[total_v]])
-        sn, sc = self._strides(lx, 2)
-        st, sw = self._strides(lt, 1)[0], self._strides(lw, 1)[0]
-        sl = self._strides(self.locs[loss_v], 1)[0]
-        dt = x.type.dtype
+        sx, sc = self._x_strides(lx, x.type.ndim)
+        st, sw = self._strides(lt, len(row_shape)), self._strides(lw, 1)[0]
         reduction = node.attrs["reduction"]
+        sl = self._strides(self.locs[loss_v], len(row_shape)) if reduction == "none" else ()
+        dt = x.type.dtype
         b = kb.begin()
         with b.goto_entry_block():
             self._status = b.alloca(I32, name="status")
@@ -586,15 +607,18 @@ class Lowerer(Codegen):
         b.store(ir.Constant(I32, 0), self._status)
         b.store(ir.Constant(F64, 0.0), tot_w)
         b.store(ir.Constant(F64, 0.0), tot)
-        with for_range(b, rows, "row") as n:
-            safe, counted, w = self._pick(b, kb, node, ti, wi, n, st, sw, classes, status)
+        with for_range(b, math.prod(row_shape), "row") as n:
+            safe, counted, w = self._pick(b, kb, node, ti, wi,
+                                          self._row_offset(b, n, row_shape, st), sw, classes,
+                                          status)
             w = b.select(counted, w, const(dt, 0.0))
-            xv = kb.load(b, xi, b.add(b.mul(n, i64(sn)), b.mul(safe, i64(sc))))
+            xv = kb.load(b, xi, b.add(self._row_offset(b, n, row_shape, sx),
+                                      b.mul(safe, i64(sc))))
             v = b.fmul(b.fneg(xv), w)
             b.store(b.fadd(b.load(tot_w), convert(b, w, dt, float64)), tot_w)
             b.store(b.fadd(b.load(tot), convert(b, v, dt, float64)), tot)
             if reduction == "none":
-                kb.store(b, li, b.mul(n, i64(sl)), v)
+                kb.store(b, li, self._row_offset(b, n, row_shape, sl), v)
         total_w = convert(b, b.load(tot_w), float64, dt)
         kb.store(b, twi, i64(0), total_w)
         if reduction != "none":
@@ -610,29 +634,35 @@ class Lowerer(Codegen):
     def op_nll_loss_backward(self, node: Node) -> None:
         g, target, weight, total_weight = node.inputs
         out = node.outputs[0]
-        rows, classes = self._nll_rows(node, out.type)
+        row_shape, classes = self._nll_rows(out.type)
         lo = self.locs[out]
         kb, (gi, ti, wi, twi, oi), status = self._nll_kernel(
             node, "nll_loss_backward", out.type,
             [self.locs[g], self.locs[target], self.locs[weight], self.locs[total_weight]], [lo])
         dt = out.type.dtype
-        st, sw = self._strides(self.locs[target], 1)[0], self._strides(self.locs[weight], 1)[0]
-        sg = self._strides(self.locs[g], 1)[0] if g.type.ndim else 0
-        sn, sc = self._strides(lo, 2)
         reduction = node.attrs["reduction"]
+        st = self._strides(self.locs[target], len(row_shape))
+        sw = self._strides(self.locs[weight], 1)[0]
+        sg = self._strides(self.locs[g], len(row_shape)) if reduction == "none" else ()
+        so, sc = self._x_strides(lo, out.type.ndim)
         b = kb.begin()
         with b.goto_entry_block():
             self._status = b.alloca(I32, name="status")
         b.store(ir.Constant(I32, 0), self._status)
         with for_range(b, out.type.numel, "zero") as i:
-            kb.store(b, oi, i, const(dt, 0.0))
-        with for_range(b, rows, "row") as n:
-            safe, counted, w = self._pick(b, kb, node, ti, wi, n, st, sw, classes, status)
-            scale = kb.load(b, gi, b.mul(n, i64(sg)) if reduction == "none" else i64(0))
+            kb.store(b, oi, self._row_offset(b, i, out.type.shape, self._strides(
+                lo, out.type.ndim)), const(dt, 0.0))
+        with for_range(b, math.prod(row_shape), "row") as n:
+            safe, counted, w = self._pick(b, kb, node, ti, wi,
+                                          self._row_offset(b, n, row_shape, st), sw, classes,
+                                          status)
+            scale = kb.load(b, gi, self._row_offset(b, n, row_shape, sg)
+                            if reduction == "none" else i64(0))
             if reduction == "mean":
                 scale = b.fdiv(scale, kb.load(b, twi, i64(0)))
             v = b.select(counted, b.fmul(b.fneg(w), scale), const(dt, 0.0))
-            kb.store(b, oi, b.add(b.mul(n, i64(sn)), b.mul(safe, i64(sc))), v)
+            kb.store(b, oi, b.add(self._row_offset(b, n, row_shape, so),
+                                  b.mul(safe, i64(sc))), v)
         b.ret(b.load(self._status))
         self.calls.append(kb.kernel)
 
@@ -641,7 +671,8 @@ class Lowerer(Codegen):
         """Copy graph outputs and the update values left in the arena to `outputs[k]`."""
         k = 0
         for v in self.graph.outputs:
-            self.copy(self.locs[v], contiguous("output", k, 0, v.type), "output")
+            if self.locs[v].base != "output":  # else computed there directly
+                self.copy(self.locs[v], contiguous("output", k, 0, v.type), "output")
             k += 1
         for _, v in self.graph.updates:
             if v.name not in self.plan.in_input:
@@ -675,6 +706,18 @@ class Lowerer(Codegen):
                     b.ret(r)
         b.ret(ir.Constant(I32, 0))
 
+
+
+def _direct_outputs(graph: Graph, plan) -> dict[str, int]:
+    """Graph outputs a node can compute straight into their output array (slot k) instead of
+    the arena: made by a node, not a view, not written into an input, returned once and not
+    also an update's value. Saves the copy out of the arena."""
+    made = {v.name for n in graph.nodes for v in n.outputs}
+    names = [v.name for v in graph.outputs]
+    updated = {v.name for _, v in graph.updates}
+    return {name: k for k, name in enumerate(names)
+            if name in made and name not in plan.views and name not in plan.in_input
+            and names.count(name) == 1 and name not in updated}
 
 
 def _gemm_layout(rows: int, cols: int, sr: int, sc: int):

@@ -85,8 +85,9 @@ def contiguous(base: str, index: int, offset: int, t: TensorType) -> Loc:
 class Locations:
     """The Loc of every value of a planned graph (see the module docstring)."""
 
-    def __init__(self, graph: Graph, plan) -> None:
+    def __init__(self, graph: Graph, plan, direct_outputs: dict[str, int] | None = None) -> None:
         self.plan = plan
+        self.direct_outputs = direct_outputs or {}  # value name -> its output slot
         self.locs: dict[Value, Loc] = {}
         index = {v.name: i for i, v in enumerate(graph.inputs)}
         for i, v in enumerate(graph.inputs):
@@ -102,6 +103,8 @@ class Locations:
             elif v.name in plan.in_input:
                 self.locs[v] = contiguous("input", self._index[plan.in_input[v.name]], 0,
                                           v.type)
+            elif v.name in self.direct_outputs:
+                self.locs[v] = contiguous("output", self.direct_outputs[v.name], 0, v.type)
             else:
                 self.locs[v] = contiguous("arena", 0, plan.offset(v.name), v.type)
 
