@@ -137,16 +137,30 @@ class _StraightThroughSign(graphc.autograd.Function):
 
 
 def test_custom_function_backward_is_not_silently_replaced():
+    """A compiled call whose output needs a grad_fn runs the Function's own backward."""
     w = graphc.ones(3, requires_grad=True)
 
     def f(x):
         return _StraightThroughSign.apply(x * w)
 
-    with pytest.raises(graphc.GraphcError, match="custom autograd.Function.*_StraightThroughSign"
-                                                 ".*training step"):
-        graphc.compile(f)(graphc.randn(3))
+    compiled = graphc.compile(f)
+    x = graphc.tensor([2.0, -1.0, 3.0])
+    for _ in range(2):  # the trace, then the compiled forward and backward
+        w.grad = None
+        compiled(x).sum().backward()
+        assert w.grad.tolist() == [2.0, -1.0, 3.0]  # x * (straight-through 1), not 0
     with graphc.no_grad():
-        assert graphc.compile(f)(graphc.tensor([2.0, -1.0, 3.0])).tolist() == [1.0, -1.0, 1.0]
+        assert compiled(x).tolist() == [1.0, -1.0, 1.0]
+
+
+class _ReadsItsGradient(graphc.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float(g.sum().item())  # a data-dependent value: not traceable
 
 
 def test_a_compiled_training_step_runs_the_custom_backward():
@@ -203,8 +217,8 @@ def test_a_refused_or_failed_trace_leaves_no_state_behind():
     before = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     rng_before = graphc.get_rng_state().numpy().copy()
 
-    def refused(x):  # a custom Function on the grad path: refused after the tracing run
-        return _StraightThroughSign.apply(model(x))
+    def refused(x):  # a custom backward reading a value: refused after the tracing run
+        return _ReadsItsGradient.apply(model(x))
 
     def fails(x):  # a data-dependent branch after BatchNorm updated its running stats
         y = model(x)
