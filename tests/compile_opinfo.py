@@ -44,7 +44,6 @@ __all__ = ["Case", "EXPECTED_ERRORS", "cases", "check_case", "coverage_gaps"]
 _MASK = ("a boolean mask's result shape depends on the mask's values, which a trace does "
          "not have (graphc refuses it with TraceError, by design)")
 _INT_GEMM = "the cpu backend's matmul is BLAS (float32/float64): int64 matmul is not lowered"
-_NLL_KDIM = "the cpu backend lowers nll_loss over (N, C) and (C,) inputs only, not (N, C, d...)"
 
 # backend ("any": all) -> {case key: (error class, message regex, why)}
 EXPECTED_ERRORS: dict[str, dict[str, tuple[type, str, str]]] = {
@@ -57,13 +56,6 @@ EXPECTED_ERRORS: dict[str, dict[str, tuple[type, str, str]]] = {
     "cpu": {
         "matmul/11": (NotImplementedError, "matmul of int64", _INT_GEMM),
         "dot/1": (NotImplementedError, "matmul of int64", _INT_GEMM),
-        "nll_loss/2": (NotImplementedError, "nll_loss over more than 2 dimensions", _NLL_KDIM),
-        "nll_loss/5": (NotImplementedError, "nll_loss over more than 2 dimensions", _NLL_KDIM),
-        "nll_loss/8": (NotImplementedError, "nll_loss over more than 2 dimensions", _NLL_KDIM),
-        "nll_loss_backward/3": (NotImplementedError, "nll_loss over more than 2 dimensions",
-                                _NLL_KDIM),
-        "cross_entropy/9": (NotImplementedError, "nll_loss over more than 2 dimensions",
-                            _NLL_KDIM),
     },
 }
 
