@@ -81,8 +81,8 @@ gc_status gc_event_synchronize(gc_event event);
 gc_status gc_event_elapsed_ms(float *ms, gc_event start, gc_event end);
 
 /* ---- generated kernels ----------------------------------------------------------------
- * CUDA build: `path` is a PTX or cubin file (cuModuleLoad); a function is a __global__
- * kernel declared extern "C". Emulation build: `path` is a shared object compiled with g++
+ * CUDA build: `path` is a PTX or cubin file (cudaLibraryLoadFromFile); a function is a
+ * __global__ kernel declared extern "C". Emulation build: `path` is a shared object compiled with g++
  * against runtime/csrc/emu/gc_emu.h and linked with libgraphc_rt_emu.so; the function `name`
  * is found as the symbol `name` + GC_EMU_ENTRY_SUFFIX, which GC_EMU_EXPORT(name) in the
  * emulation header defines next to the kernel.
