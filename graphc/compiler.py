@@ -36,7 +36,8 @@ and every `.grad` the signature describes (None, or shape, dtype, requires_grad)
 again to an equal new float): the full signature then decides, and refreshes the entry's guard.
 A guard never holds where the signature differs; the one assumption is that no guarded object
 changes its `__class__`. An entry whose signature equals a newer entry's (traced again because
-it was stale) is never taken by the fast path, so both paths pick the same entry. The stale
+it was stale) is never taken by the fast path, so both paths pick the same entry. A guard
+holds the objects it checks, so no id it compares is reused while it lives. The stale
 checks and the storage-sharing check run on every call, fast path or not; retrace decisions and
 the recompile reasons are the full signature's.
 
@@ -672,19 +673,24 @@ class Compiled:
         except BaseException:
             traced.restore()  # the refused call leaves no trace of its eager run
             raise
-        for entry in self._entries:
-            entry.shadowed = entry.shadowed or entry.signature == sig
         self._entries.append(_Entry(sig, traced, executable, _aliasing(traced, args, kwargs),
                                     gradient, guard))
+        self._mark_shadowed()
         if lazy_state is not None:  # undo the eager run; the checked compiled run replaces it
             traced.restore()
             try:
                 return self._run(self._entries[-1], args, kwargs)
             except nan_check.NonFiniteError:  # refused like a failed trace: no entry, no state
                 self._entries.pop()
+                self._mark_shadowed()
                 lazy_state.drop_new()
                 raise
         return traced.result
+
+    def _mark_shadowed(self) -> None:
+        """An entry whose signature a newer entry also has is left to the full signature."""
+        for i, entry in enumerate(self._entries):
+            entry.shadowed = any(e.signature == entry.signature for e in self._entries[i + 1:])
 
     def _gradient_plan(self, traced: TraceResult, args: tuple, kwargs: dict, passes,
                        needs_grad: list[str]) -> GradientPlan:

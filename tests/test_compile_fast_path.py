@@ -252,6 +252,9 @@ def test_a_stale_entry_is_not_taken_by_the_fast_path():
     out = f(x)
     np.testing.assert_array_equal(out._data, np.ones(3, np.float32))
     assert len(f._entries) == 2
+    assert f._entries[0].shadowed and not f._entries[1].shadowed  # the same signature
+    f(x)  # the new entry, through its guard
+    assert len(f._entries) == 2
 
 
 def test_the_cpu_step_matches_eager_and_outputs_are_fresh():
