@@ -243,12 +243,12 @@ def test_an_old_signature_comes_back_to_its_entry_through_the_fast_path():
 
 def test_a_stale_entry_is_not_taken_by_the_fast_path():
     x = graphc.ones(3)
-    nested = [[graphc.ones(3)]]  # too deep for the signature: a binding only
-    f = graphc.compile(lambda a: a * nested[0][0][0:3])
+    nested = [[[graphc.ones(3)]]]  # too deep for the signature: a binding only
+    f = graphc.compile(lambda a: a * nested[0][0][0][0:3])
     f(x)
     f(x)
     assert f._entries[-1].guard.holds((x,), {})
-    nested[0][0]._data = np.ones(4, np.float32)  # the same tensor, another shape: stale
+    nested[0][0][0]._data = np.ones(4, np.float32)  # the same tensor, another shape: stale
     out = f(x)
     np.testing.assert_array_equal(out._data, np.ones(3, np.float32))
     assert len(f._entries) == 2
