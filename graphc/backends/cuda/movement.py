@@ -7,7 +7,9 @@ repeated indices accumulate as numpy's `add.at`). Index checks follow the eager 
 ranges (negative indices wrap where eager allows them); a bad index sets an error word
 (the executable raises IndexOutOfRangeError after the call) and is never dereferenced.
 Random ops follow graphc/ops/random.py's Philox stream exactly (same words, same
-conversions), reading `[seed, offset]` from their int64 seed input on the device.
+conversions), reading `[seed, offset]` from their int64 seed input on the device; randperm
+ranks every key against all others (O(n^2) work, one thread per element), so it is exact
+(the stable argsort) but meant for modest n.
 """
 
 from __future__ import annotations
@@ -279,6 +281,45 @@ def lower_random(lw: Lowerer, node: Node) -> None:
     lw.emit(k)
 
 
+def _seed_words(k, seed: Layout) -> None:
+    k.lines.append(f"unsigned long long s = (unsigned long long){k.at(seed, ['0'])}; "
+                   f"unsigned long long o = (unsigned long long){k.at(seed, ['1'])};")
+
+
+def _key64(index: str) -> str:
+    """The 64-bit word pair (2*index, 2*index + 1) of the stream, high word first."""
+    return (f"(((unsigned long long)gc_philox_word(s, o, 2ULL * (unsigned long long)({index}))"
+            f" << 32) | (unsigned long long)gc_philox_word(s, o, 2ULL * (unsigned long long)"
+            f"({index}) + 1ULL))")
+
+
+def lower_randint(lw: Lowerer, node: Node) -> None:
+    """low + word(i) % r (r = high - low <= 2^32), else low + key64(i) % r, mod 2^64."""
+    k, out = _start(lw, node)
+    _seed_words(k, lw.layouts[node.inputs[-1]])
+    low, span = node.attrs["low"], node.attrs["high"] - node.attrs["low"]
+    word = "(unsigned long long)gc_philox_word(s, o, (unsigned long long)gi)" \
+        if span <= 1 << 32 else _key64("gi")
+    k.lines.append(f"{_flat(k, out)} = (long long)((unsigned long long){low}LL + "
+                   f"{word} % {span}ULL);")
+    lw.emit(k)
+
+
+def lower_randperm(lw: Lowerer, node: Node) -> None:
+    """The stable argsort of the 64-bit keys: element i goes to its rank (keys below it, and
+    equal keys at lower indices). O(n^2) work: one thread per element scans all keys."""
+    k, out = _start(lw, node)
+    n = out.type.numel
+    _seed_words(k, lw.layouts[node.inputs[-1]])
+    k.lines.append(f"unsigned long long mine = {_key64('gi')}; long long rank = 0;")
+    k.lines.append(f"for (long long j = 0; j < {n}LL; ++j) {{")
+    k.lines.append(f"  unsigned long long other = {_key64('j')};")
+    k.lines.append("  rank += other < mine || (other == mine && j < gi);")
+    k.lines.append("}")
+    k.lines.append(f"{cudagen.load(k.ptr(out.offset), out.type.dtype, 'rank')} = gi;")
+    lw.emit(k)
+
+
 MOVEMENT_LOWERINGS = {
     "copy": lower_copy_like, "reshape": lower_copy_like, "permute": lower_copy_like,
     "slice": lower_copy_like, "broadcast_to": lower_copy_like, "flip": lower_flip,
@@ -287,7 +328,7 @@ MOVEMENT_LOWERINGS = {
     "index_put": lower_scatter, "slice_scatter": lower_scatter,
     "embedding_backward": lower_embedding_backward, "argmax": lower_arg, "argmin": lower_arg,
     "uniform": lower_random, "normal": lower_random, "dropout": lower_random,
-    "bernoulli": lower_random,
+    "bernoulli": lower_random, "randint": lower_randint, "randperm": lower_randperm,
 }
 
 __all__ = ["MOVEMENT_LOWERINGS"]

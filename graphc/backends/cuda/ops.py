@@ -256,8 +256,10 @@ def _f32(layout: Layout) -> bool:
     return layout.type.dtype.name == "float32"
 
 
-def _gemm_operand(layout: Layout, rows: int, cols: int, strides, batch_strides):
-    """(trans, ld, batch stride) reading a (rows, cols) matrix from `strides`, or None."""
+def _gemm_operand(layout: Layout, rows: int, cols: int, strides, batch_strides, batch):
+    """(trans, ld, batch stride) reading a (rows, cols) matrix from `strides` at every index
+    of the flattened `batch`, or None: the batch strides must be those of one step (0 when
+    broadcast) over the whole row-major batch."""
     sr, sc = strides
     if sc == 1 and (sr >= max(cols, 1) or rows == 1):
         trans, ld = 0, max(sr if rows > 1 else cols, 1)
@@ -265,11 +267,12 @@ def _gemm_operand(layout: Layout, rows: int, cols: int, strides, batch_strides):
         trans, ld = 1, max(sc if cols > 1 else rows, 1)
     else:
         return None
-    nonunit = [s for s in batch_strides if s]
-    stride = nonunit[-1] if nonunit else 0
-    expect = stride
-    return (trans, ld, stride) if all(s in (0, expect) for s in nonunit) and len(
-        set(nonunit)) <= 1 and len(nonunit) <= 1 else None
+    sized = [d for d in range(len(batch)) if batch[d] > 1]
+    step = batch_strides[sized[-1]] if sized else 0
+    for d in sized:
+        if batch_strides[d] != step * math.prod(batch[d + 1:]):
+            return None
+    return trans, ld, step
 
 
 def lower_matmul(lw: Lowerer, node: Node, outs=None) -> None:
@@ -290,10 +293,9 @@ def lower_matmul(lw: Lowerer, node: Node, outs=None) -> None:
         return tuple(0 if d < pad or shape[d - pad] == 1 else strides[d - pad]
                      for d in range(len(batch)))
 
-    ga = _gemm_operand(a_l, m, k_dim, a_str[-2:], batch_strides(a_shape, a_str))
-    gb = _gemm_operand(b_l, k_dim, n, b_str[-2:], batch_strides(b_shape, b_str))
-    if _f32(a_l) and ga and gb and (nb <= 1 or len([d for d in batch if d > 1]) <= 1 or
-                                    (ga[2] in (0, m * k_dim) and gb[2] in (0, k_dim * n))):
+    ga = _gemm_operand(a_l, m, k_dim, a_str[-2:], batch_strides(a_shape, a_str), batch)
+    gb = _gemm_operand(b_l, k_dim, n, b_str[-2:], batch_strides(b_shape, b_str), batch)
+    if _f32(a_l) and ga and gb:
         if nb <= 1:
             lw.call("gc_gemm_f32", ga[0], gb[0], m, n, k_dim, 1.0, Addr(a_l.offset), ga[1],
                     Addr(b_l.offset), gb[1], 0.0, Addr(out.offset), max(n, 1), None)
@@ -322,11 +324,16 @@ def lower_matmul(lw: Lowerer, node: Node, outs=None) -> None:
     lw.emit(kt)
 
 
+def _nchw(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """An unbatched (C, H, W) image as the batch of one the library takes."""
+    return shape if len(shape) == 4 else (1,) + tuple(shape)
+
+
 def _conv_desc(x: TensorType, w: TensorType, y: TensorType, attrs: dict) -> rt.Conv2dDesc:
     (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["padding"], attrs["dilation"]
-    return rt.Conv2dDesc(x.shape[0], x.shape[1], x.shape[2], x.shape[3], w.shape[0],
-                         w.shape[2], w.shape[3], sh, sw, ph, pw, dh, dw, attrs["groups"],
-                         y.shape[2], y.shape[3])
+    xs, ys = _nchw(x.shape), _nchw(y.shape)
+    return rt.Conv2dDesc(xs[0], xs[1], xs[2], xs[3], w.shape[0], w.shape[2], w.shape[3], sh,
+                         sw, ph, pw, dh, dw, attrs["groups"], ys[2], ys[3])
 
 
 def _workspace(lw: Lowerer, desc, which: str):
@@ -381,8 +388,8 @@ def _pool_desc(x_shape, y_shape, attrs: dict, dilation=(1, 1)) -> rt.Pool2dDesc:
     (sh, sw), (ph, pw) = attrs["stride"], attrs["padding"]
     dh, dw = attrs.get("dilation", dilation)
     override = attrs.get("divisor_override") or 0
-    return rt.Pool2dDesc(x_shape[0] * x_shape[1], x_shape[2], x_shape[3], y_shape[2],
-                         y_shape[3], kh, kw, sh, sw, ph, pw, dh, dw,
+    return rt.Pool2dDesc(math.prod(x_shape[:-2]), x_shape[-2], x_shape[-1], y_shape[-2],
+                         y_shape[-1], kh, kw, sh, sw, ph, pw, dh, dw,
                          int(bool(attrs.get("count_include_pad", True))), override)
 
 
@@ -402,8 +409,9 @@ def lower_pool(lw: Lowerer, node: Node) -> None:
     elif op == "max_pool2d_grad":
         gy, dx = ins[0], outs[0]
         h, w = attrs["input_hw"]
-        desc = rt.Pool2dDesc(gy.type.shape[0] * gy.type.shape[1], h, w, gy.type.shape[2],
-                             gy.type.shape[3], 1, 1, 1, 1, 0, 0, 1, 1, 0, 0)
+        gs = gy.type.shape
+        desc = rt.Pool2dDesc(math.prod(gs[:-2]), h, w, gs[-2], gs[-1], 1, 1, 1, 1, 0, 0, 1, 1,
+                             0, 0)
         lw.call("gc_max_pool2d_bwd_f32", ctypes.byref(desc), Addr(gy.offset),
                 Addr(ins[1].offset), Addr(dx.offset), None, keep=(desc,))
     else:  # avg_pool2d_grad
