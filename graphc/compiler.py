@@ -123,7 +123,7 @@ class _Entry:
 
 # ---- the signature of a call -----------------------------------------------------------------
 def _tensor_key(t: Tensor, identity: bool) -> tuple:
-    key = ("tensor", tuple(t.shape), t.dtype.name, t.requires_grad)
+    key = ("tensor", t._data.shape, t._dtype.name, t._requires_grad)  # t.shape is _data's
     return key + (id(t),) if identity else key
 
 
