@@ -19,8 +19,8 @@
 - GRAPHC_CUDA: which library the cuda backend runs on: `cuda` (or `gpu`, or unset) the GPU
   build, `emu` (or `emulation`) the CPU emulation of graphc's CUDA runtime (every CUDA thread
   a fiber on the host; slow, for machines without a GPU); anything else is an error.
-- GRAPHC_CUDA_ALL_OPINFO: `1` makes tests/test_cuda_backend.py run the first sample of every
-  OpInfo entry on the cuda backend instead of its default subset (slow under emulation).
+- GRAPHC_CUDA_ALL_OPINFO: `1` makes tests/test_cuda_backend.py run every sample of every
+  OpInfo entry on the cuda backend instead of each entry's first (slow under emulation).
 
 Read at use, not at import, so tests can set them with monkeypatch.
 """

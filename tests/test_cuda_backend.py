@@ -1,11 +1,14 @@
 """The cuda backend (graphc.backends.cuda) under the CPU emulation (GRAPHC_CUDA=emu).
 
 Covers: the OpInfo table compiled with backend="cuda" and compared with the interpreter and
-the float64 reference, forward and gradients (tests/compile_opinfo.py; the first sample of
-each entry, to keep the emulated suite fast, plus `EXPECTED_REFUSALS`, checked not skipped);
-fused kernels (elementwise, reductions, epilogues); the MLP 784-256-256-10 and LeNet-5
-training steps (batch 4) against the interpreter over a few steps; the on-disk kernel cache
-(a hit, a corrupt entry rebuilt); and the clear error with no GPU and no emulation.
+the float64 reference, forward and gradients (tests/compile_opinfo.py; every entry's first
+sample plus `_REGRESSIONS`, later samples that once failed; GRAPHC_CUDA_ALL_OPINFO=1 runs every
+sample; `EXPECTED_REFUSALS` are checked, not skipped); fused kernels (elementwise, reductions,
+epilogues); the MLP 784-256-256-10 and LeNet-5 training steps (batch 4) against the
+interpreter over a few steps; the on-disk kernel cache (a hit, a corrupt entry rebuilt, the
+precompiled emulation header, an unwritable cache folder); randint/randperm bit for bit with
+eager; the clear refusal of float64 library ops; and the clear error with no GPU and no
+emulation.
 """
 
 from __future__ import annotations

@@ -23,9 +23,11 @@ transposed operands; other dtypes or layouts: a generated kernel), conv2d and it
 gradients, max/avg pooling and their gradients, softmax/log_softmax, nll_loss(_backward),
 batch_norm and reductions over a contiguous (outer, extent, inner) view through the library
 (float32); movement (copies of views, concat, pad, flip), gather/take/embedding and their
-scatters (atomicAdd), full/arange, argmax/argmin, multi-axis reductions and uniform/normal/
-dropout/bernoulli (Philox, the eager stream) as generated kernels (ops.py). Anything else
-raises `CudaLoweringError` naming the op and node.
+scatters (atomicAdd), full/arange, argmax/argmin (one axis or the flattened tensor),
+multi-axis reductions and uniform/normal/dropout/bernoulli/randint/randperm (Philox, the eager
+stream) as generated kernels (ops.py, movement.py). The library ops (conv, pooling, NLL,
+batch norm) are float32 only: other dtypes are refused. Anything else raises
+`CudaLoweringError` naming the op and node.
 """
 
 from __future__ import annotations
