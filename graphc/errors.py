@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -43,9 +45,26 @@ class TraceError(GraphcError, RuntimeError):
     """Something a trace cannot record: data-dependent control flow, an escape to numpy."""
 
 
+_traced_location: ContextVar[str | None] = ContextVar("graphc_traced_location", default=None)
+
+
+@contextmanager
+def traced_location(loc: str | None):
+    """While a graph node runs (the interpreter), errors name the line it was traced from."""
+    token = _traced_location.set(loc)
+    try:
+        yield
+    finally:
+        _traced_location.reset(token)
+
+
 def user_source_location() -> str | None:
     """`file:line` of the innermost stack frame outside the graphc package and outside the
-    interpreter's own machinery (`<frozen runpy>`), if any."""
+    interpreter's own machinery (`<frozen runpy>`), if any; inside `traced_location(loc)`,
+    that node's `loc`."""
+    traced = _traced_location.get()
+    if traced:
+        return traced
     frame = sys._getframe(1)
     while frame is not None:
         raw = frame.f_code.co_filename

@@ -750,13 +750,7 @@ def _gather(x, index):
 
 
 def _names_the_traced_line(message: str, traced_line: str, backend: str) -> None:
-    """The error of a compiled run must name the line the op was traced from (checked last,
-    after the state checks, because the interpreter backend does not yet)."""
-    if backend == "interp" and traced_line not in message:
-        pytest.xfail("defect in graphc/ir/interpreter.py: a kernel's GraphcError (raised with "
-                     "where(op) at run time) passes through without the node, so a compiled "
-                     "call on the interpreter names the line of the call, not the line the op "
-                     f"was traced from ({traced_line}): {message}")
+    """The error of a compiled run names the line the op was traced from, on every backend."""
     assert traced_line in message
 
 

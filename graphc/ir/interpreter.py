@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.errors import GraphcError
+from graphc.errors import GraphcError, traced_location
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import format_node
 from graphc.ops.registry import REGISTRY
@@ -42,7 +42,7 @@ class Interpreter:
 
     def run_node(self, node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
         opdef = REGISTRY[node.op]
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), traced_location(node.loc):
             result = opdef.kernel(*args, **node.attrs)
         results = [result] if len(node.outputs) == 1 else list(result)
         return [np.asarray(r).astype(v.type.dtype.np, copy=False)
