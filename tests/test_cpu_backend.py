@@ -426,3 +426,17 @@ def test_large_elementwise_copy_and_fill_kernels_run_on_all_cores(rng, monkeypat
     monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1 << 40)
     serial = CpuExecutable(fuse(g))
     assert "GOMP_parallel" not in serial.library.ir
+
+
+def test_outputs_computed_in_place_and_views_of_them(rng):
+    """Outputs made by a node are computed straight into their output arrays; an output that
+    is a view of another output, or the same value returned twice, is still copied out."""
+    g = graphc.ir.parse('''graph @outs(%x: f32[2,3]) -> (f32[3,2], f32[2,3], f32[2,3], f32[2,3]) {
+      %0: f32[2,3] = exp(%x)
+      %1: f32[3,2] = reshape[shape=(3, 2)](%0)
+      %2: f32[2,3] = tanh(%x)
+      return (%1, %0, %2, %2)
+    }''')
+    exe = compare(g, [sample(rng, (2, 3), "float32")])
+    outs = exe.run(np.ones((2, 3), np.float32))
+    assert not np.shares_memory(outs[2], outs[3])

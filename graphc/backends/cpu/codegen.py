@@ -671,8 +671,9 @@ class Lowerer(Codegen):
         """Copy graph outputs and the update values left in the arena to `outputs[k]`."""
         k = 0
         for v in self.graph.outputs:
-            if self.locs[v].base != "output":  # else computed there directly
-                self.copy(self.locs[v], contiguous("output", k, 0, v.type), "output")
+            target = contiguous("output", k, 0, v.type)
+            if self.locs[v] != target:  # else computed there directly
+                self.copy(self.locs[v], target, "output")
             k += 1
         for _, v in self.graph.updates:
             if v.name not in self.plan.in_input:
