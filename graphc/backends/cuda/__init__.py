@@ -6,8 +6,8 @@ Layers, each importing only those below it:
 - `build`: `build_runtime(kind)` (make) and the `graphc build-runtime` command;
 - `cudagen`: CUDA C for generated kernels (fused elementwise groups, reductions, movement,
   indexing, random ops);
-- `compile`: one source per graph compiled (NVRTC / `nvcc -ptx`, or g++ against the
-  emulation header) with an on-disk cache;
+- `compile`: one source per graph compiled (`nvcc -ptx`, or g++ against the emulation
+  header, precompiled once per cache folder by `emu_pch`) with an on-disk cache;
 - `lowering`: each scheduled node -> a runtime library call or a generated kernel, with
   every address fixed at compile time (the launch list);
 - `executable`: `CudaExecutable(graph, options)`, one device arena, copies only at its
