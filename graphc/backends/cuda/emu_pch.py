@@ -39,7 +39,7 @@ def pch_key(header: bytes, compiler_version: str) -> str:
 def header_for(folder: str, header: bytes, compiler_version: str) -> str:
     """The header to `-include`: a precompiled copy under `folder`, else the original."""
     with _lock:
-        if folder not in _ready:
+        if folder not in _ready or not os.path.isfile(_ready[folder]):  # (a folder removed)
             _ready[folder] = _build(folder, header, compiler_version) or emu_header()
         return _ready[folder]
 
