@@ -1,0 +1,497 @@
+"""The guards of `graphc.compile`: the signature of a call, and the fast path's cheap checks.
+
+A compiled callable (graphc.compiler) keys its executables by a *signature* of the call
+(`signature_of`, `reachable_state`): every tensor argument's shape, dtype and requires_grad,
+every other argument's type and value (objects by identity), grad mode, the identity and type
+of tensors the function captures (closure cells, globals, attributes of its `self`), the state
+of the modules it can reach (training flags, plain attributes such as `p` or `eps`, parameter
+and buffer identity and types, hook ids), of the optimizers it can reach (hyperparameters,
+parameters, and per parameter the state keys and state tensors' identity and type: state made
+lazily by a first step means a new graph), and whether each `.grad` it may touch is None (else
+its type). A new signature traces again; `_diff` names the fields that changed (the recompile
+reasons). `_aliasing` records which of the call's tensors share storage, so a graph traced
+with `f(x, x)` (one input) never runs for `f(x, y)`.
+
+The fast path: computing the full signature walks every reachable module, optimizer and `.grad`
+(hundreds of microseconds for an MLP), so each entry also keeps a `_Guard`, built from the same
+state at the same moment as a signature it equals (at the trace, and again whenever the full
+signature picks the entry): cheap checks, run first on every call, that together imply the full
+signature is unchanged. By identity, everything the signature reads through: the function's
+`__code__`/`__closure__`/`__globals__` and its closure cells and named globals, the keys and
+items of every container `graphc.tracing.reachable` looks into, each module's `__dict__` (keys
+in order, every value: training flag, parameter/buffer/child tables, hook dicts, public
+attributes) and its tables and hook dicts, each optimizer's param_groups (every hyperparameter
+object), params and per-parameter state dicts; Python literals are immutable, so identity
+implies the same value. By type: every guarded tensor (shape, dtype, requires_grad, is_leaf)
+and every `.grad` the signature describes (None, or shape, dtype, requires_grad), the arguments
+(their full description, as in the signature), grad mode, and which argument tensors are
+`.grad` holders. A check may fail where the signature would be equal (a hyperparameter set
+again to an equal new float): the full signature then decides, and refreshes the entry's guard.
+A guard never holds where the signature differs; the one assumption is that no guarded object
+changes its `__class__`. An entry whose signature equals a newer entry's (traced again because
+it was stale) is never taken by the fast path, so both paths pick the same entry. A guard
+holds the objects it checks, so no id it compares is reused while it lives. The stale
+checks and the storage-sharing check run on every call, fast path or not; retrace decisions and
+the recompile reasons are the full signature's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import types
+from typing import Any
+
+import numpy as np
+
+from graphc.autograd.grad_mode import is_grad_enabled
+from graphc.tensor import Tensor
+from graphc.tracing import (
+    _LITERALS,
+    TensorBinding,
+    TraceResult,
+    _flat_leaves,
+    _flatten,
+    grad_holders,
+    optimizer_params,
+    reachable,
+)
+
+
+# ---- the signature of a call -----------------------------------------------------------------
+def _tensor_key(t: Tensor, identity: bool) -> tuple:
+    key = ("tensor", t._data.shape, t._dtype.name, t._requires_grad)  # t.shape is _data's
+    return key + (id(t),) if identity else key
+
+
+def _describe(value) -> Any:
+    """A comparable description of an argument: a tensor's type, a Python value with its type
+    (1, 1.0 and True trace differently), an object's identity."""
+    if isinstance(value, Tensor):
+        return _tensor_key(value, identity=False)
+    if isinstance(value, float):
+        return ("py", "float", repr(value))  # repr: nan equals nan, -0.0 differs from 0.0
+    if isinstance(value, (bool, int, str, type(None), np.generic)):
+        return ("py", type(value).__name__, repr(value))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__,) + tuple(_describe(v) for v in value)
+    if isinstance(value, dict):
+        return ("dict",) + tuple((k, _describe(v)) for k, v in value.items())
+    return ("object", type(value).__qualname__, id(value))
+
+
+def _module_state(modules: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Training flags, hooks, plain attributes (p, eps, momentum..., tensors that are neither
+    parameters nor buffers) and the identity and type of every parameter and buffer of the
+    modules a call can reach."""
+    state: dict[str, Any] = {}
+    for prefix, module in modules:
+        for name, m in module.named_modules():
+            key = ".".join(p for p in (prefix, name) if p) or "module"
+            state[f"{key} training"] = m.training
+            hooks = (m._forward_pre_hooks, m._forward_hooks, m._backward_hooks,
+                     getattr(m, "_backward_pre_hooks", {}))
+            state[f"{key} hooks"] = tuple(tuple(h.keys()) for h in hooks)
+            for attr, v in vars(m).items():
+                if attr.startswith("_") or attr == "training":
+                    continue
+                if isinstance(v, _LITERALS):
+                    state[f"{key}.{attr}"] = _describe(v)
+                elif isinstance(v, Tensor):
+                    state[f"{key}.{attr}"] = _tensor_key(v, identity=True)
+        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+            state[".".join(p for p in (prefix, name) if p)] = _tensor_key(t, identity=True)
+    return state
+
+
+def reachable_state(fn, args: tuple = (), kwargs: dict | None = None):
+    """(modules, captured) the call can reach (see `graphc.tracing.reachable`): the Modules,
+    and a description of the Tensors (identity and type), Python values (type and value) and
+    Optimizers (hyperparameters, parameters, state: see `_optimizer_state`) among them, plus
+    the presence and type of the `.grad` of every tensor whose gradient the call may read or
+    write (`grad_holders`). Names are for the recompile diff."""
+    from graphc.optim.optimizer import Optimizer
+
+    modules: list[tuple[str, Any]] = []
+    optimizers: list[tuple[str, Any]] = []
+    captured: dict[str, Any] = {}
+    found = reachable(fn, args, kwargs)
+    for name, obj in found:
+        if isinstance(obj, _LITERALS):
+            captured[name] = _describe(obj)
+        elif _is_module(obj):
+            modules.append((name, obj))
+        elif isinstance(obj, Tensor):
+            captured[name] = _tensor_key(obj, identity=True)
+        elif isinstance(obj, Optimizer):
+            optimizers.append((name, obj))
+    names = {id(p): ".".join(x for x in (prefix, n) if x) for prefix, m in modules
+             for n, p in m.named_parameters()}
+    for name, opt in optimizers:
+        captured.update(_optimizer_state(name, opt, names))
+    for name, t, _ in grad_holders(fn, args, kwargs, found):
+        captured[f"{name}.grad"] = None if t._grad is None else \
+            _tensor_key(t._grad, identity=False)
+    return modules, captured
+
+
+def _optimizer_state(name: str, opt, param_names: dict[int, str]) -> dict[str, Any]:
+    """Guard fields of an optimizer: every group's hyperparameters (baked into the graph as
+    literals), the identity and type of each parameter, and per parameter each state entry
+    (a tensor's identity and type, another value's type and value), the parameter named after
+    its module where one holds it. State is created lazily by the first step (momentum
+    buffers, Adam's moments and step count), so the call after it traces again."""
+    fields: dict[str, Any] = {}
+    for g, group in enumerate(opt.param_groups):
+        for key, value in group.items():
+            if key not in ("params", "param_names"):
+                fields[f"{name}.param_groups[{g}][{key!r}]"] = _describe(value)
+    for label, p in optimizer_params(opt):
+        label = param_names.get(id(p), label)
+        fields[f"{name}.params[{label}]"] = _tensor_key(p, identity=True)
+        for key, value in opt.state.get(p, {}).items():
+            fields[f"{name}.state[{label}].{key}"] = _tensor_key(value, identity=True) \
+                if isinstance(value, Tensor) else _describe(value)
+    return fields
+
+
+def signature_of(fn, modules, args: tuple, kwargs: dict, captured=None) -> dict[str, Any]:
+    """The guard fields of one call (see the module docstring)."""
+    sig: dict[str, Any] = {"grad mode": is_grad_enabled()}
+    for i, a in enumerate(args):
+        sig[f"arg {i}"] = _describe(a)
+    for k, v in kwargs.items():
+        sig[f"kwarg {k}"] = _describe(v)
+    sig.update(_module_state(modules))
+    for name, description in (captured or {}).items():
+        sig[f"captured {name}"] = description
+    return sig
+
+
+def _aliasing(traced: TraceResult, args: tuple, kwargs: dict) -> tuple:
+    """For each tensor of the call and each captured tensor, the first one with its storage:
+    a graph traced with `f(x, x)` (one input) must not run for `f(x, y)`."""
+    flat = [t for _, t in _flatten((args, kwargs))]
+    flat += [b.tensor for b in traced.bindings if isinstance(b, TensorBinding)]
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(t._data), i) for i, t in enumerate(flat))
+
+
+
+def _diff(old: dict, new: dict) -> list[str]:
+    rows = []
+    for key in dict.fromkeys(list(old) + list(new)):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if a == b:
+            continue
+        if _is_tensor_key(a) and _is_tensor_key(b):
+            for label, x, y in (("shape", a[1], b[1]), ("dtype", a[2], b[2]),
+                                ("requires_grad", a[3], b[3])):
+                if x != y:
+                    rows.append(f"{key} {label} {_fmt(x)} -> {_fmt(y)}")
+            if len(a) > 4 and a[4] != b[4]:
+                rows.append(f"{key} replaced by another tensor")
+        else:
+            rows.append(f"{key}: {_fmt(a)} -> {_fmt(b)}")
+    return rows
+
+
+def _is_tensor_key(x) -> bool:
+    return isinstance(x, tuple) and x[:1] == ("tensor",)
+
+
+def _fmt(x) -> str:
+    if isinstance(x, tuple) and x[:1] == ("py",):
+        return x[2]
+    if isinstance(x, tuple) and x[:1] == ("object",):
+        return f"<{x[1]} object at {x[2]:#x}>"
+    if _is_tensor_key(x):
+        return f"tensor{_fmt(x[1])} {x[2]}"
+    if isinstance(x, tuple) and x and all(isinstance(i, int) for i in x):
+        return "(" + ",".join(str(i) for i in x) + ")"
+    if isinstance(x, tuple) and x[:1] in (("tuple",), ("list",), ("dict",)):
+        return x[0] + "(" + ", ".join(_fmt(i) for i in x[1:]) + ")"
+    return repr(x)
+
+
+# ---- the fast guard --------------------------------------------------------------------------
+_ABSENT = object()  # an attribute, global, cell or dict entry that is not there
+
+
+class _Guard:
+    """Cheap checks that, when they all hold, imply the call's full signature equals the one
+    computed at the same moment as the guard was built (see "The fast path" in the module
+    docstring). They may fail where the signature is equal (then the full signature decides);
+    they never hold where it differs."""
+
+    __slots__ = ("grad_mode", "call", "attrs", "cells", "lookups", "empty",
+                 "dicts", "seqs", "big", "tensors", "grads", "holder_ids", "arg_holders")
+
+    def __init__(self, fn, args: tuple, kwargs: dict) -> None:
+        self.grad_mode = is_grad_enabled()
+        self.call = _describe_call(args, kwargs)
+        self.attrs: list = []  # (object, attribute, value or _ABSENT): getattr is value
+        self.cells: list = []  # (closure cell, contents or _ABSENT)
+        self.lookups: list = []  # (dict, keys, values or _ABSENT): d.get(key) is value
+        self.empty: list = []  # containers that are empty
+        self.dicts: list = []  # (dict, keys in order, values): same keys, same objects
+        self.seqs: list = []  # (list or tuple, items): same length, same objects
+        self.big: list = []  # containers reachable() does not look into (more than 64 items)
+        self.tensors: list = []  # (tensor, shape, dtype, requires_grad, is_leaf)
+        self.grads: list = []  # (holder, None or (shape, dtype, requires_grad) of its .grad)
+        _GuardBuilder(self).build(fn, args, kwargs)
+
+    def holds(self, args: tuple, kwargs: dict) -> bool:
+        try:
+            return self._holds(args, kwargs)
+        except (AttributeError, KeyError, TypeError, ValueError):  # let the signature say
+            return False
+
+    def _holds(self, args: tuple, kwargs: dict) -> bool:
+        if is_grad_enabled() != self.grad_mode or _describe_call(args, kwargs) != self.call:
+            return False
+        for obj, attr, value in self.attrs:
+            if getattr(obj, attr, _ABSENT) is not value:
+                return False
+        for cell, value in self.cells:
+            if _cell_contents(cell) is not value:
+                return False
+        for d, keys, values in self.lookups:
+            if not all(map(operator.is_, map(d.get, keys, itertools.repeat(_ABSENT)), values)):
+                return False
+        if any(map(len, self.empty)):
+            return False
+        for d, keys, values in self.dicts:
+            if len(d) != len(keys) or tuple(d) != keys or not all(map(
+                    operator.is_, d.values(), values)):
+                return False
+        for seq, items in self.seqs:
+            if len(seq) != len(items) or not all(map(operator.is_, seq, items)):
+                return False
+        for container in self.big:
+            if len(container) <= 64:
+                return False
+        for t, shape, dtype, requires_grad, leaf in self.tensors:
+            if (t._data.shape != shape or t._dtype is not dtype
+                    or t._requires_grad is not requires_grad or (t.grad_fn is None) is not leaf):
+                return False
+        for t, key in self.grads:
+            g = t._grad
+            if g is None or key is None:
+                if g is not key:
+                    return False
+            elif (g._data.shape != key[0] or g._dtype is not key[1]
+                  or g._requires_grad is not key[2]):
+                return False
+        return self.arg_holders is None or \
+            _arg_holders(args, kwargs, self.holder_ids) == self.arg_holders
+
+
+def _describe_call(args: tuple, kwargs: dict) -> tuple:
+    return tuple(map(_describe, args)), tuple((k, _describe(v)) for k, v in kwargs.items())
+
+
+def _cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _ABSENT
+
+
+def _grad_type(g):
+    return None if g is None else (g._data.shape, g._dtype, g._requires_grad)
+
+
+def _arg_holders(args: tuple, kwargs: dict, captured_ids: frozenset) -> tuple:
+    """The argument tensors whose `.grad` the signature describes (`grad_holders`): for each,
+    once, its path, its `.grad`'s type, and whether it is also a captured holder (which then
+    goes undescribed under its own name)."""
+    seen: set[int] = set()
+    out = []
+    for path, t in _flatten((args, kwargs)):
+        if t._requires_grad and t.grad_fn is None and id(t) not in seen:
+            seen.add(id(t))
+            out.append((path, _grad_type(t._grad), id(t) in captured_ids))
+    return tuple(out)
+
+
+class _GuardBuilder:
+    """Fills a _Guard by walking what `reachable_state` walks: `graphc.tracing.reachable`
+    (captured_roots, one level into plain objects, containers and functions), the modules'
+    `_module_state`, the optimizers' `_optimizer_state` and the `grad_holders`. It records every
+    container it reads, so a change to any of them fails the guard."""
+
+    def __init__(self, guard: _Guard) -> None:
+        self.g = guard
+        self.seen: set[int] = set()
+        self.found: list = []
+        self.modules_seen: set[int] = set()
+
+    def build(self, fn, args: tuple, kwargs: dict) -> None:
+        from graphc.nn.module import Module
+        from graphc.optim.optimizer import Optimizer
+
+        for obj in self._roots(fn):
+            self._visit(obj, 0)
+        for _, arg in _flat_leaves((args, kwargs)):
+            if not isinstance(arg, (Tensor,) + _LITERALS):
+                self._visit(arg, 1)
+        holders: list[Tensor] = []
+        for obj in self.found:
+            if isinstance(obj, Module):
+                holders += self._module(obj)
+        for obj in self.found:
+            if isinstance(obj, Optimizer):
+                holders += self._optimizer(obj)
+            elif isinstance(obj, Tensor):
+                self._tensor(obj)
+                if obj.requires_grad and obj.is_leaf:
+                    holders.append(obj)
+        unique = {id(t): t for t in holders}
+        self.g.grads = [(t, _grad_type(t._grad)) for t in unique.values()]
+        self.g.holder_ids = frozenset(unique)
+        needs_grad = any(t.requires_grad for _, t in _flatten((args, kwargs)))
+        self.g.arg_holders = _arg_holders(args, kwargs, self.g.holder_ids) if needs_grad \
+            else None  # none requires grad: the arguments' description says so for the call
+
+    def _roots(self, fn) -> list:
+        """What `graphc.tracing.captured_roots` returns, each read recorded."""
+        if _is_module(fn):
+            return [fn]
+        g = self.g
+        target = getattr(fn, "__func__", fn)
+        roots = []
+        owner = getattr(fn, "__self__", None)
+        if isinstance(fn, types.FunctionType):  # __func__, __self__: only set in its __dict__
+            self._dict(fn.__dict__)
+            g.attrs.append((fn, "__code__", fn.__code__))  # the one writable one
+        elif not isinstance(fn, types.MethodType):  # a method's attributes are read-only
+            g.attrs += [(fn, a, getattr(fn, a, _ABSENT)) for a in ("__func__", "__self__")]
+        if target is not fn:
+            g.attrs += [(target, a, getattr(target, a, _ABSENT))
+                        for a in ("__code__", "__closure__", "__globals__")]
+        if owner is not None:
+            roots.append(owner)
+        code = getattr(target, "__code__", None)
+        closure = getattr(target, "__closure__", None)
+        glb = getattr(target, "__globals__", {})
+        if code is not None:
+            for cell in dict(zip(code.co_freevars, closure or ())).values():
+                value = _cell_contents(cell)
+                g.cells.append((cell, value))
+                if value is not _ABSENT:
+                    roots.append(value)
+            values = tuple(glb.get(name, _ABSENT) for name in code.co_names)
+            g.lookups.append((glb, code.co_names, values))
+            roots += [value for value in values if value is not _ABSENT]
+        return roots
+
+    def _visit(self, obj, depth: int) -> None:
+        """`graphc.tracing.reachable`'s visit, recording the containers it reads."""
+        from graphc.nn.module import Module
+        from graphc.optim.optimizer import Optimizer
+
+        if isinstance(obj, _LITERALS):
+            self.found.append(obj)
+            return
+        if id(obj) in self.seen or isinstance(obj, (type, types.ModuleType)):
+            return
+        self.seen.add(id(obj))
+        if isinstance(obj, (Module, Tensor, Optimizer)):
+            self.found.append(obj)
+        elif depth >= 2:
+            return
+        elif isinstance(obj, (types.FunctionType, types.MethodType)):
+            for item in self._roots(obj):
+                self._visit(item, depth + 1)
+        elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
+            self.g.seqs.append((obj, tuple(obj)))
+            for item in obj:
+                self._visit(item, depth + 1)
+        elif isinstance(obj, dict) and len(obj) <= 64:
+            self._dict(obj)
+            for item in obj.values():
+                self._visit(item, depth + 1)
+        else:
+            if isinstance(obj, (list, tuple, dict)):
+                self.g.big.append(obj)
+            if hasattr(obj, "__dict__") and not callable(obj):
+                d = vars(obj)
+                self.g.attrs.append((obj, "__dict__", d))
+                self._dict(d)
+                for item in list(d.values())[:64]:
+                    self._visit(item, depth + 1)
+
+    def _dict(self, d: dict) -> None:
+        if d:
+            self.g.dicts.append((d, tuple(d), tuple(d.values())))
+        else:
+            self.g.empty.append(d)
+
+    def _tensor(self, t: Tensor) -> None:
+        self.g.tensors.append((t, t._data.shape, t._dtype, t._requires_grad, t.grad_fn is None))
+
+    def _module(self, module) -> list[Tensor]:
+        """Guard `_module_state` of `module` and every module below it; returns its
+        parameters (they hold `.grad`s)."""
+        if id(module) in self.modules_seen:
+            return []
+        self.modules_seen.add(id(module))
+        g = self.g
+        d = vars(module)
+        g.attrs.append((module, "__dict__", d))
+        self._dict(d)  # its keys in order, every value by identity
+        for key, value in d.items():
+            if isinstance(value, Tensor) and not key.startswith("_"):
+                self._tensor(value)
+        for name in _HOOK_DICTS:
+            hooks = d[name] if name in d else getattr(module, name, _ABSENT)
+            if name not in d:
+                g.attrs.append((module, name, hooks))
+            if isinstance(hooks, dict):
+                self._dict(hooks)
+        params = module._parameters
+        for table in (params, module._buffers, module._modules):
+            self._dict(table)
+        for t in list(params.values()) + list(module._buffers.values()):
+            if t is not None:
+                self._tensor(t)
+        params = [p for p in params.values() if p is not None]
+        for child in module._modules.values():
+            if child is not None:
+                params += self._module(child)
+        return params
+
+    def _optimizer(self, opt) -> list[Tensor]:
+        """Guard `_optimizer_state`; returns the optimizer's parameters."""
+        g = self.g
+        groups, state = opt.param_groups, opt.state
+        g.attrs += [(opt, "param_groups", groups), (opt, "state", state)]
+        g.seqs.append((groups, tuple(groups)))
+        params = []
+        for group in groups:
+            self._dict(group)
+            g.seqs.append((group["params"], tuple(group["params"])))
+            params += group["params"]
+        entries = tuple(state.get(p, _ABSENT) for p in params)
+        g.lookups.append((state, tuple(params), entries))
+        for p, entry in zip(params, entries):
+            self._tensor(p)
+            if entry is not _ABSENT:
+                self._dict(entry)
+                for value in entry.values():
+                    if isinstance(value, Tensor):
+                        self._tensor(value)
+        return params
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _is_module(obj) -> bool:
+    from graphc.nn.module import Module
+
+    return isinstance(obj, Module)
+
+
+__all__ = ["reachable_state", "signature_of"]
