@@ -22,9 +22,11 @@ was stale) is `shadowed`: the fast path never takes it, so both paths pick the s
 stale checks and the storage-sharing check run on every call, fast path or not; retrace
 decisions and the recompile reasons are the full signature's.
 
-Outputs that would need a `grad_fn` are refused (after the tracing run) until compiled
-backward graphs exist: an output that requires grad, unless it is an input tensor returned as
-itself or a backward inside the call already consumed its history (a training step's loss).
+Outputs that need a `grad_fn` (they require grad, are not an input returned as itself, and no
+backward inside the call consumed their history) get one: the traced graph's backward is
+derived on the IR (custom autograd.Functions run their own backward), partitioned into a
+forward and a backward graph (graphc.compiled_autograd), and both are compiled; eager
+`backward()` then runs the compiled backward graph.
 
 Called inside another trace, a compiled callable runs its function inline, so the outer
 trace records its ops.
