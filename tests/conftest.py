@@ -34,3 +34,24 @@ def _torch_single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def sgd_training_step(make_model, lr: float = 0.05, momentum: float = 0.9):
+    """(model, step) with `step(x, y)` one SGD-momentum cross-entropy training step; the model
+    is built after seeding graphc with 0, so two calls give identical twins."""
+    import graphc
+    import graphc.nn.functional as F
+    from graphc import optim
+
+    graphc.manual_seed(0)
+    model = make_model()
+    opt = optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, step

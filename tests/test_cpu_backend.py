@@ -24,6 +24,7 @@ from graphc.ops.registry import REGISTRY  # noqa: E402
 from graphc.passes.fuse import fuse  # noqa: E402
 from graphc.passes.plan import plan_buffers  # noqa: E402
 from graphc.types import TensorType, as_dtype  # noqa: E402
+from tests.conftest import sgd_training_step  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -375,22 +376,8 @@ def test_nll_loss_and_its_backward(reduction, rng):
 
 
 def test_mlp_training_step_matches_the_interpreter(rng):
-    import graphc.nn.functional as F
-    from graphc import optim
-
     def make():
-        graphc.manual_seed(0)
-        model = mlp()
-        opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
-        return model, step
+        return sgd_training_step(mlp)
 
     (m_cpu, s_cpu), (m_ref, s_ref) = make(), make()
     s_cpu, s_ref = graphc.compile(s_cpu, backend="cpu"), graphc.compile(s_ref)

@@ -14,13 +14,13 @@ import pytest
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
 import graphc  # noqa: E402
-import graphc.nn.functional as F  # noqa: E402
-from graphc import nn, optim  # noqa: E402
+from graphc import nn  # noqa: E402
 from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
 from graphc.errors import GraphcError  # noqa: E402
 from graphc.ops.conv import conv_output_hw  # noqa: E402
 from graphc.ops.registry import REGISTRY  # noqa: E402
 from graphc.passes.fuse import fuse  # noqa: E402
+from tests.conftest import sgd_training_step  # noqa: E402
 from tests.test_cpu_backend import compare, one_op_graph, sample  # noqa: E402
 
 
@@ -198,18 +198,7 @@ def _median_ms(fn, repeat=15) -> float:
 
 def test_lenet5_training_step_tracks_the_interpreter(rng):
     def make():
-        graphc.manual_seed(0)
-        model = lenet5_bn()
-        opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
-        return model, step
+        return sgd_training_step(lenet5_bn)
 
     (m_cpu, s_cpu), (m_ref, s_ref) = make(), make()
     s_cpu, s_ref = graphc.compile(s_cpu, backend="cpu"), graphc.compile(s_ref)

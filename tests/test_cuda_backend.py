@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 import graphc
-import graphc.nn.functional as F
-from graphc import config, nn, optim
+from graphc import config, nn
 from graphc.backends import compile as compile_graph
 from graphc.ir import parse
 from tests.compile_opinfo import cases, check_case
+from tests.conftest import sgd_training_step
 
 
 @pytest.fixture(autouse=True)
@@ -120,18 +120,7 @@ def test_matmul_epilogue_and_transposed_operands(rng):
 # ---- models ----------------------------------------------------------------------------------
 def _track(make_model, x_shape, classes, rng, steps=3):
     def make():
-        graphc.manual_seed(0)
-        model = make_model()
-        opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
-        return model, step
+        return sgd_training_step(make_model)
 
     (m_cuda, s_cuda), (m_ref, s_ref) = make(), make()
     s_cuda, s_ref = graphc.compile(s_cuda, backend="cuda"), graphc.compile(s_ref)
