@@ -29,36 +29,32 @@ class MlpSizes:
     classes: int = 10
 
 
-def mlp(sizes: MlpSizes = MlpSizes()):
-    """MLP features-hidden-hidden-classes with ReLUs (784-256-256-10 by default)."""
-    return gnn.Sequential(gnn.Linear(sizes.features, sizes.hidden), gnn.ReLU(),
-                          gnn.Linear(sizes.hidden, sizes.hidden), gnn.ReLU(),
-                          gnn.Linear(sizes.hidden, sizes.classes))
+def mlp(sizes: MlpSizes = MlpSizes(), nn=gnn):
+    """MLP features-hidden-hidden-classes with ReLUs (784-256-256-10 by default), built from
+    `nn` (graphc.nn, or torch.nn: the two share these layers' signatures)."""
+    return nn.Sequential(nn.Linear(sizes.features, sizes.hidden), nn.ReLU(),
+                         nn.Linear(sizes.hidden, sizes.hidden), nn.ReLU(),
+                         nn.Linear(sizes.hidden, sizes.classes))
 
 
-def lenet5():
-    """LeNet-5 on 1x28x28 inputs (the first convolution pads by 2, as for MNIST)."""
-    return gnn.Sequential(gnn.Conv2d(1, 6, 5, padding=2), gnn.ReLU(), gnn.MaxPool2d(2),
-                          gnn.Conv2d(6, 16, 5), gnn.ReLU(), gnn.MaxPool2d(2), gnn.Flatten(),
-                          gnn.Linear(400, 120), gnn.ReLU(), gnn.Linear(120, 84), gnn.ReLU(),
-                          gnn.Linear(84, 10))
+def lenet5(nn=gnn):
+    """LeNet-5 on 1x28x28 inputs (the first convolution pads by 2, as for MNIST), from `nn`."""
+    return nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                         nn.Linear(84, 10))
 
 
 def torch_mlp(sizes: MlpSizes = MlpSizes()):
     import torch.nn as tnn
 
-    return tnn.Sequential(tnn.Linear(sizes.features, sizes.hidden), tnn.ReLU(),
-                          tnn.Linear(sizes.hidden, sizes.hidden), tnn.ReLU(),
-                          tnn.Linear(sizes.hidden, sizes.classes))
+    return mlp(sizes, tnn)
 
 
 def torch_lenet5():
     import torch.nn as tnn
 
-    return tnn.Sequential(tnn.Conv2d(1, 6, 5, padding=2), tnn.ReLU(), tnn.MaxPool2d(2),
-                          tnn.Conv2d(6, 16, 5), tnn.ReLU(), tnn.MaxPool2d(2), tnn.Flatten(),
-                          tnn.Linear(400, 120), tnn.ReLU(), tnn.Linear(120, 84), tnn.ReLU(),
-                          tnn.Linear(84, 10))
+    return lenet5(tnn)
 
 
 def graphc_model(name: str, sizes: MlpSizes = MlpSizes(), seed: int = 0):

@@ -262,33 +262,30 @@ class Compiled:
         return GradientPlan(part, compile_graph(forward, self.backend),
                             compile_graph(backward, self.backend), wrt)
 
+    @staticmethod
+    def _misfits(entry: _Entry, args: tuple, kwargs: dict):
+        """(binding, graph value, tensor or None) for each captured tensor or `.grad` that no
+        longer has the type the entry's graph was traced with."""
+        for b, v, shape, dtype in entry.typed:
+            t = b.tensor if isinstance(b, TensorBinding) else b.resolve(args, kwargs)._grad
+            if t is None or t._data.shape != shape or t._dtype is not dtype:
+                yield b, v, t
+
     def _stale(self, entry: _Entry, args: tuple, kwargs: dict) -> list[str]:
         """Why the entry's graph no longer fits this call (empty when it does): a captured
         tensor changed its type, or tensors that shared storage at the trace no longer do."""
-        reasons = []
-        for b, v, shape, dtype in entry.typed:
-            if isinstance(b, TensorBinding):
-                t = b.tensor
-                if tuple(t._data.shape) != shape or t.dtype is not dtype:
-                    reasons.append(f"captured %{v.name} {v.type} -> {t.type}")
-            else:
-                g = b.resolve(args, kwargs)._grad
-                if g is None:
-                    reasons.append(f"%{v.name} {v.type} -> None")
-                elif tuple(g._data.shape) != shape or g.dtype is not dtype:
-                    reasons.append(f"%{v.name} {v.type} -> {g.type}")
+        reasons = [f"{'captured ' if isinstance(b, TensorBinding) else ''}%{v.name} {v.type} -> "
+                   f"{'None' if t is None else t.type}"
+                   for b, v, t in self._misfits(entry, args, kwargs)]
         if not _same_sharing(entry, args, kwargs):
             reasons.append("which argument tensors share storage (e.g. f(x, x) -> f(x, y))")
         return reasons
 
     @staticmethod
     def _fits(entry: _Entry, args: tuple, kwargs: dict) -> bool:
-        """`not _stale(entry, ...)`, without building the reasons."""
-        for b, _, shape, dtype in entry.typed:
-            t = b.tensor if isinstance(b, TensorBinding) else b.resolve(args, kwargs)._grad
-            if t is None or t._data.shape != shape or t._dtype is not dtype:
-                return False
-        return _same_sharing(entry, args, kwargs)
+        """`not _stale(entry, ...)`, without building the reasons (the per-call check)."""
+        return next(Compiled._misfits(entry, args, kwargs), None) is None \
+            and _same_sharing(entry, args, kwargs)
 
     def _run(self, entry: _Entry, args: tuple, kwargs: dict):
         traced = entry.traced

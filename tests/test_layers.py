@@ -433,3 +433,13 @@ def test_init_errors_match_torch():
         with pytest.raises(ValueError) as g_err:
             g_fn()
         assert str(g_err.value) == str(t_err.value)
+
+
+def test_batchnorm_base_class_takes_any_n_c_input():
+    from graphc.errors import ArgumentError
+    from graphc.nn.modules.batchnorm import _BatchNorm
+
+    m = _BatchNorm(3)
+    assert tuple(m(graphc.randn(4, 3, 5, 2)).shape) == (4, 3, 5, 2)
+    with pytest.raises(ArgumentError, match=r"expected 2D or more input \(got 1D input\)"):
+        m(graphc.randn(3))

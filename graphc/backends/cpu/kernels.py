@@ -30,6 +30,7 @@ unless the user did) and then sleep, leaving the cores to the BLAS threads of a 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from llvmlite import ir
@@ -87,6 +88,8 @@ class KernelBuilder:
         self.shape = tuple(shape)
         self.kernel = Kernel(name)
         self.operands: list[Operand] = []
+        self.parallel = False
+        self.outer_size = 1  # a parallel kernel's outermost trip count (set by nest)
 
     def operand(self, loc: Loc, strides: tuple[int, ...] | None = None) -> int:
         """Read or write `loc` broadcast over the domain (or with explicit element strides)."""
@@ -109,8 +112,6 @@ class KernelBuilder:
         iterations are independent, over PARALLEL_MIN_ELEMENTS or more, with libgomp loaded):
         the loops go into `<name>.range(ptrs..., i64 lo, i64 hi)`, which runs the outermost
         loop from lo to hi, and `finish` makes `<name>` fork it over the cores."""
-        import math
-
         self.parallel = (parallel and not self.kernel.status and self.cg.openmp
                          and math.prod(self.shape) >= PARALLEL_MIN_ELEMENTS)
         ret = I32 if self.kernel.status else ir.VoidType()
@@ -180,7 +181,7 @@ class KernelBuilder:
     def finish(self, b) -> Kernel:
         b.ret_void()
         if self.parallel:
-            self._fork(getattr(self, "outer_size", 1))
+            self._fork(self.outer_size)
         return self.kernel
 
     def _fork(self, outer: int) -> None:

@@ -63,7 +63,9 @@ class _BatchNorm(Module):
                 init.zeros_(self.bias)
 
     def _check_input_dim(self, input) -> None:  # noqa: A002
-        raise NotImplementedError
+        """The base class takes any (N, C, ...) input; each subclass narrows the rank."""
+        if input.dim() < 2:
+            raise ArgumentError(f"expected 2D or more input (got {input.dim()}D input)")
 
     def forward(self, input):  # noqa: A002
         self._check_input_dim(input)
