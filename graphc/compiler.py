@@ -358,8 +358,9 @@ class Compiled:
                 assigned.append(None)
                 continue
             array = np.asarray(outputs[go.index])
-            if go.index in used if fresh else any(np.may_share_memory(array, other)
-                                                  for other in taken):
+            shared = (go.index in used) if fresh else \
+                any(np.may_share_memory(array, other) for other in taken)
+            if shared:
                 array = array.copy()  # a .grad never shares memory with another tensor
             used.add(go.index)
             taken.append(array)
