@@ -57,7 +57,7 @@ def _timed(table: dict, key: str, fn):
 def measure(batch: int) -> dict:
     """In this (fresh) process: the compile time of the LeNet-5 step and its stages."""
     import graphc
-    import graphc.compiler as compiler
+    import graphc.jit.compiler as compiler
     from benchmarks import models
 
     stages: dict[str, float] = {}

@@ -84,7 +84,7 @@ class Training:
     """What training produced and measured."""
 
     model: nn.Module
-    step: graphc.compiler.Compiled
+    step: graphc.jit.compiler.Compiled
     compile_seconds: float = 0.0  # wall time of the calls that traced and compiled
     cache_note: str = ""  # where the cpu backend's object code came from
     step_seconds: list[float] = field(default_factory=list)  # the calls that ran the executable

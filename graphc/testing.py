@@ -10,7 +10,7 @@ One call checks a function or Module on its example inputs, in up to two *checks
   tensors it captures. Autograd runs eagerly inside the trace, so the traced graph holds the
   backward ops too.
 
-Each check traces the function once with `graphc.tracing.trace_call` (that run is the eager
+Each check traces the function once with `graphc.jit.tracer.trace_call` (that run is the eager
 result) and runs the traced graph on the interpreter and on each named backend
 (`graphc.backends.compile(graph, name).run`). Eager, interpreter and every backend are then
 compared, output by output and updated input by updated input (BatchNorm's running stats),
@@ -62,18 +62,13 @@ from graphc.ir.graph import Graph, Value
 from graphc.ir.interpreter import Interpreter
 from graphc.ir.printer import format_node
 from graphc.ir.repro import first_divergent_node, record_values, run_repro, write_node_repro
+from graphc.jit.bindings import ArgBinding, RngBinding, TensorBinding
+from graphc.jit.pytree import flatten
+from graphc.jit.reach import captured_roots
+from graphc.jit.tracer import graph_name, trace_call
 from graphc.nn.module import Module
 from graphc.ops import random as _random
 from graphc.tensor import Tensor
-from graphc.tracing import (
-    ArgBinding,
-    RngBinding,
-    TensorBinding,
-    _flatten,
-    captured_roots,
-    graph_name,
-    trace_call,
-)
 from graphc.types import float64
 
 DEFAULT_TOLERANCES = {"float32": (1e-4, 1e-5), "float64": (1e-10, 1e-10)}
@@ -133,7 +128,7 @@ class _State:
     """The values of every tensor the function can reach, and the generators' offsets."""
 
     def __init__(self, fn, inputs) -> None:
-        tensors: dict[int, Tensor] = {id(t): t for _, t in _flatten(list(inputs))}
+        tensors: dict[int, Tensor] = {id(t): t for _, t in flatten(list(inputs))}
         for _, obj in captured_roots(fn):
             if isinstance(obj, Module):
                 for t in itertools.chain(obj.parameters(), obj.buffers()):
@@ -159,7 +154,7 @@ class _State:
 
 # ---- one check: trace, run everything, compare ------------------------------------------------
 def _leaves(spec, path=()):
-    """(path, output index) of every traced output in `out_spec`, in `_flatten` order."""
+    """(path, output index) of every traced output in `out_spec`, in `flatten` order."""
     if type(spec) is tuple and len(spec) == 2 and spec[0] in ("out", "const"):
         if spec[0] == "out":
             yield path, spec[1]
@@ -303,7 +298,7 @@ def _with_grads(model, n_inputs: int, params: list):
     def forward_and_grads(*args):
         inputs, projections = args[:n_inputs], args[n_inputs:]
         out = model(*inputs)  # `model`: traced parameters are named model.<name>
-        floats = [t for _, t in _flatten(out) if t.is_floating_point()]
+        floats = [t for _, t in flatten(out) if t.is_floating_point()]
         terms = [(o * p).sum() for o, p in zip(floats, projections) if o.requires_grad]
         wrt = [a for a in inputs if isinstance(a, Tensor) and a.requires_grad] + params
         if not terms or not wrt:
@@ -320,7 +315,7 @@ def _with_grads(model, n_inputs: int, params: list):
 def _projections(out) -> list[Tensor]:
     rng = np.random.default_rng(0)
     return [Tensor._wrap(rng.standard_normal(t.shape).astype(t.dtype.np))
-            for _, t in _flatten(out) if t.is_floating_point()]
+            for _, t in flatten(out) if t.is_floating_point()]
 
 
 # ---- the float64 reference --------------------------------------------------------------------

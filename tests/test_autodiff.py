@@ -13,9 +13,10 @@ import graphc.nn.functional as F
 from graphc import nn
 from graphc.autograd import Function, grad, gradgradcheck
 from graphc.ir import VerifyError, format_graph, parse, run
+from graphc.jit.bindings import ArgBinding, TensorBinding
+from graphc.jit.tracer import trace_call
 from graphc.passes import run_pipeline
 from graphc.passes.autodiff import AutodiffError, derive_backward, peak_bytes, rematerialize
-from graphc.tracing import ArgBinding, TensorBinding, trace_call
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "autodiff")
 

@@ -20,8 +20,8 @@ import pytest
 import graphc
 import graphc.nn as nn
 from graphc.backends import BACKENDS
-from graphc.compiler import RecompileLimitError
 from graphc.errors import ArgumentError, GraphcError
+from graphc.jit.compiler import RecompileLimitError
 from tests.bad_inputs_support import (  # noqa: F401 (module_object_cache: an autouse fixture)
     assert_unchanged,
     close,

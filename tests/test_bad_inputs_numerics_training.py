@@ -18,7 +18,7 @@ import graphc
 import graphc.nn as nn
 import graphc.nn.functional as F
 from graphc.errors import ArgumentError, AutogradError, GraphcError, IndexOutOfRangeError
-from graphc.nan_check import NonFiniteError
+from graphc.jit.nan_check import NonFiniteError
 from tests.bad_inputs_support import (  # noqa: F401 (module_object_cache: an autouse fixture)
     assert_unchanged,
     close,

@@ -21,7 +21,7 @@ import pytest
 import graphc
 import graphc.nn as nn
 from graphc.cli import main, summarize
-from graphc.dump import dump, ir_text
+from graphc.jit.dump import dump, ir_text
 from graphc.errors import ArgumentError, GraphcError
 from graphc.ir import format_graph, parse, run, verify
 

@@ -9,7 +9,7 @@ import pytest
 
 import graphc
 import graphc.nn as nn
-from graphc.compiler import Compiled, RecompileLimitError
+from graphc.jit.compiler import Compiled, RecompileLimitError
 from graphc.ir import parse, verify
 
 

@@ -19,10 +19,10 @@ import pytest
 import graphc
 import graphc.nn as nn
 import graphc.optim as optim
-from graphc import compiler
 from graphc.backends.cpu.executable import CpuExecutable
-from graphc.compiler import reachable_state, signature_of
 from graphc.ir import parse
+from graphc.jit import compiler
+from graphc.jit.compiler import reachable_state, signature_of
 
 _SCALE = graphc.ones(3)  # a global the step below reads
 

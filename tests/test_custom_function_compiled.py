@@ -12,8 +12,8 @@ import graphc
 import graphc.nn as nn
 from graphc.autograd import Function, grad
 from graphc.ir import format_graph, parse, run, verify
+from graphc.jit.tracer import trace_call
 from graphc.passes.autodiff import AutodiffError, derive_backward
-from graphc.tracing import trace_call
 
 BACKENDS = ["interp", "cpu"]
 

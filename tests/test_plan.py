@@ -18,11 +18,11 @@ import graphc
 import graphc.nn.functional as F
 from graphc import nn
 from graphc.ir import Interpreter, VerifyError, parse, run
+from graphc.jit.tracer import trace_call
 from graphc.passes import run_pipeline
 from graphc.passes.fuse import fuse
 from graphc.passes.memory_viz import render_memory
 from graphc.passes.plan import ALIGN, PlanError, check_plan, plan_buffers
-from graphc.tracing import trace_call
 
 
 def planned(text: str):

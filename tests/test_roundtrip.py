@@ -18,7 +18,8 @@ import graphc
 import graphc.nn as nn
 from graphc.errors import TraceError
 from graphc.ir import format_graph, parse, run, verify
-from graphc.tracing import ArgBinding, ConstantBinding, RngBinding, TensorBinding, trace_call
+from graphc.jit.bindings import ArgBinding, ConstantBinding, RngBinding, TensorBinding
+from graphc.jit.tracer import trace_call
 from tests.opinfo import OP_INFOS, OpInfo
 from tests.test_ops import _to_graphc
 

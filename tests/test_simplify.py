@@ -19,6 +19,8 @@ import pytest
 import graphc
 from graphc import nn
 from graphc.ir import Graph, VerifyError, format_graph, parse, run, verify
+from graphc.jit.bindings import ArgBinding, ConstantBinding, RngBinding, TensorBinding
+from graphc.jit.tracer import trace_call
 from graphc.ops.registry import RANDOM, REGISTRY
 from graphc.passes import run_pipeline
 from graphc.passes import simplify as passes
@@ -30,7 +32,6 @@ from graphc.passes.simplify import (
     simplify,
     simplify_algebra,
 )
-from graphc.tracing import ArgBinding, ConstantBinding, RngBinding, TensorBinding, trace_call
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "simplify"
 CASES = sorted(p.name[: -len(".in.gir")] for p in FIXTURES.glob("*.in.gir"))

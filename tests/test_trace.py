@@ -16,7 +16,8 @@ import graphc
 import graphc.nn as nn
 from graphc.errors import TraceError
 from graphc.ir import format_graph, parse, run, verify
-from graphc.tracing import ArgBinding, ConstantBinding, RngBinding, TensorBinding, trace_call
+from graphc.jit.bindings import ArgBinding, ConstantBinding, RngBinding, TensorBinding
+from graphc.jit.tracer import trace_call
 
 _SOURCE = open(__file__).read().splitlines()
 
@@ -296,7 +297,7 @@ def test_namedtuple_outputs_keep_their_type():
     x = graphc.tensor([[1.0, 5.0], [7.0, 2.0]])
     traced = trace_call(f, (x,))
     assert type(traced.result).__name__ == "max"
-    from graphc.tracing import unflatten
+    from graphc.jit.pytree import unflatten
 
     values, indices = run(traced.graph, x._data)
     rebuilt = unflatten(traced.out_spec, [values, indices])

@@ -15,7 +15,8 @@ import graphc.nn.functional as F
 from graphc import optim
 from graphc.errors import GraphcError
 from graphc.ir import parse, verify
-from graphc.tracing import GradBinding, trace_call
+from graphc.jit.bindings import GradBinding
+from graphc.jit.tracer import trace_call
 
 STEPS = 10
 RTOL = 1e-5

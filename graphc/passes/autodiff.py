@@ -65,9 +65,10 @@ from graphc.errors import GraphcError, TraceError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import MISSING, FunctionRegion, Opaque
 from graphc.ir.verifier import verify
+from graphc.jit.bindings import ArgBinding
+from graphc.jit.tracer import Tracer
 from graphc.ops.registry import ELEMENTWISE, REGISTRY, call
 from graphc.tensor import Tensor
-from graphc.tracing import ArgBinding, Tracer
 from graphc.types import TensorType
 
 

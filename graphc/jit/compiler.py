@@ -2,9 +2,9 @@
 
 A compiled callable keys its executables by a *signature* of the call: the arguments' types
 and Python values, grad mode, and the state of the tensors, modules, optimizers and `.grad`s
-the function can reach (graphc.guards says exactly which fields). A call whose signature has
+the function can reach (graphc.jit.guards says exactly which fields). A call whose signature has
 an executable runs it: arguments and captured tensors (parameters, buffers, closure tensors,
-optimizer state, `.grad`s read: see graphc.tracing) are bound by pointer, the graph runs,
+optimizer state, `.grad`s read: see graphc.jit.tracer) are bound by pointer, the graph runs,
 in-place updates are written back, fresh `.grad`s are assigned (`GradOutput`), and an output
 that is an input tensor comes back as that tensor. So a whole training step (zero_grad,
 forward, backward, optimizer step) runs as one graph. A new signature traces
@@ -14,8 +14,8 @@ each retrace logs which fields changed, and after the recompile limit the call r
 are checked against the graph's types, and storage sharing among the call's tensors against
 the trace's (`f(x, x)` traced one input), on every call.
 
-The fast path: each entry also keeps a `graphc.guards._Guard`, cheap checks tried first on
-every call that imply the full signature is unchanged (see graphc.guards for what they check
+The fast path: each entry also keeps a `graphc.jit.guards._Guard`, cheap checks tried first on
+every call that imply the full signature is unchanged (see graphc.jit.guards for what they check
 and why that is sound). Otherwise the full signature decides, and refreshes the guard of the
 entry it picks. An entry whose signature equals a newer entry's (traced again because it
 was stale) is `shadowed`: the fast path never takes it, so both paths pick the same entry. The
@@ -25,7 +25,7 @@ decisions and the recompile reasons are the full signature's.
 Outputs that need a `grad_fn` (they require grad, are not an input returned as itself, and no
 backward inside the call consumed their history) get one: the traced graph's backward is
 derived on the IR (custom autograd.Functions run their own backward), partitioned into a
-forward and a backward graph (graphc.compiled_autograd), and both are compiled; eager
+forward and a backward graph (graphc.jit.compiled_autograd), and both are compiled; eager
 `backward()` then runs the compiled backward graph.
 
 Called inside another trace, a compiled callable runs its function inline, so the outer
@@ -42,29 +42,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from graphc import config, nan_check
+from graphc import config
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.backends import Executable, check_backend
 from graphc.backends import compile as compile_graph
-from graphc.compiled_autograd import CompiledFunction, GradientPlan, partition
 from graphc.dispatch import current_tracer
 from graphc.errors import ArgumentError, GraphcError
-from graphc.guards import _aliasing, _diff, _Guard, reachable_state, signature_of
 from graphc.ir.printer import format_graph
+from graphc.jit import nan_check
+from graphc.jit.bindings import ArgBinding, GradBinding, RngBinding, TensorBinding, TraceResult
+from graphc.jit.compiled_autograd import CompiledFunction, GradientPlan, partition
+from graphc.jit.guards import Guard, aliasing, diff_signatures, reachable_state, signature_of
+from graphc.jit.pytree import at, flatten, unflatten
+from graphc.jit.tracer import graph_name, trace_call
 from graphc.passes import default_passes, run_pipeline
 from graphc.tensor import Tensor
-from graphc.tracing import (
-    ArgBinding,
-    GradBinding,
-    RngBinding,
-    TensorBinding,
-    TraceResult,
-    _at,
-    _flatten,
-    graph_name,
-    trace_call,
-    unflatten,
-)
 
 
 class RecompileLimitError(GraphcError, RuntimeError):
@@ -76,9 +68,9 @@ class _Entry:
     signature: dict[str, Any]
     traced: TraceResult
     executable: Executable
-    aliasing: tuple  # which call tensors shared storage when it was traced (see _aliasing)
+    aliasing: tuple  # which call tensors shared storage when it was traced (see aliasing)
     gradient: GradientPlan | None = None  # forward/backward executables when outputs need grad
-    guard: _Guard | None = None  # the fast path's checks (see graphc.guards)
+    guard: Guard | None = None  # the fast path's checks (see graphc.jit.guards)
     shadowed: bool = False  # a newer entry has the same signature: only the full one decides
 
     def __post_init__(self) -> None:
@@ -98,11 +90,11 @@ class _Entry:
 
 
 def _same_sharing(entry: _Entry, args: tuple, kwargs: dict) -> bool:
-    """Whether the call's tensors share storage as at the trace (`_aliasing`): when none did,
+    """Whether the call's tensors share storage as at the trace (`aliasing`): when none did,
     it is enough that none does."""
     if not entry.distinct:
-        return _aliasing(entry.traced, args, kwargs) == entry.aliasing
-    ids = [id(t._data) for _, t in _flatten((args, kwargs))]
+        return aliasing(entry.traced, args, kwargs) == entry.aliasing
+    ids = [id(t._data) for _, t in flatten((args, kwargs))]
     ids += [id(t._data) for t in entry.captured]
     return len(ids) == len(entry.aliasing) == len(set(ids))
 
@@ -171,7 +163,7 @@ class Compiled:
                 if not entry.shadowed and self._fits(entry, args, kwargs):
                     return self._run(entry, args, kwargs)
                 break
-        guard = _Guard(self.fn, args, kwargs)  # the same state as the signature below
+        guard = Guard(self.fn, args, kwargs)  # the same state as the signature below
         modules, captured = reachable_state(self.fn, args, kwargs)
         sig = signature_of(self.fn, modules, args, kwargs, captured)
         stale: list[str] = []
@@ -187,10 +179,10 @@ class Compiled:
         return self.recompile_limit if self.recompile_limit is not None \
             else config.recompile_limit()
 
-    def _trace(self, sig: dict, guard: _Guard, args: tuple, kwargs: dict, modules,
+    def _trace(self, sig: dict, guard: Guard, args: tuple, kwargs: dict, modules,
                stale: list[str]):
         if self._entries:
-            reasons = stale or _diff(self._entries[-1].signature, sig) or [
+            reasons = stale or diff_signatures(self._entries[-1].signature, sig) or [
                 "an earlier signature came back but its graph no longer fits"]
             self._recompile_reasons.append(reasons)
             if "recompiles" in config.log_topics():
@@ -220,7 +212,7 @@ class Compiled:
         except BaseException:
             traced.restore()  # the refused call leaves no trace of its eager run
             raise
-        self._entries.append(_Entry(sig, traced, executable, _aliasing(traced, args, kwargs),
+        self._entries.append(_Entry(sig, traced, executable, aliasing(traced, args, kwargs),
                                     gradient, guard))
         self._mark_shadowed()
         if lazy_state is not None:  # undo the eager run; the checked compiled run replaces it
@@ -297,7 +289,7 @@ class Compiled:
             if isinstance(b, TensorBinding):
                 t = b.tensor
             elif isinstance(b, ArgBinding):
-                t = _at((args, kwargs), b.path)
+                t = at((args, kwargs), b.path)
             elif isinstance(b, GradBinding):  # the holder's .grad as it is now
                 t = b.resolve(args, kwargs)._grad
             elif isinstance(b, RngBinding):
@@ -375,7 +367,7 @@ def _run_and_write_back(executable: Executable, arrays: list, targets: list,
     """Run an executable; write its updates into `targets` (the tensors of graph.updates'
     targets, in order); return its outputs.
     With a `check` (GRAPHC_CHECK_NANS=1), its first `n_checked` outputs (default: all) and its
-    updates must be finite, else graphc.nan_check raises before anything is written back."""
+    updates must be finite, else graphc.jit.nan_check raises before anything is written back."""
     n_out = len(executable.graph.outputs)
     results = executable.run(*arrays) if check is None else nan_check.run_checked(
         executable, arrays, check, n_out if n_checked is None else n_checked)
@@ -405,7 +397,7 @@ def _as_tensor(output) -> Tensor:
 
 
 def _bound_tensor(binding, args: tuple, kwargs: dict) -> Tensor:
-    return binding.tensor if isinstance(binding, TensorBinding) else _at((args, kwargs),
+    return binding.tensor if isinstance(binding, TensorBinding) else at((args, kwargs),
                                                                          binding.path)
 
 
@@ -444,7 +436,7 @@ def _outputs_needing_grad(name: str, traced: TraceResult, args: tuple,
     with history (backward(create_graph=True) inside the call)."""
     if not is_grad_enabled():
         return []
-    flat = list(_flatten(traced.result))
+    flat = list(flatten(traced.result))
     outputs: dict[int, int] = {}
     for _path, t in flat:
         outputs.setdefault(id(t), len(outputs))

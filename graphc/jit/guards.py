@@ -1,6 +1,6 @@
 """The guards of `graphc.compile`: the signature of a call, and the fast path's cheap checks.
 
-A compiled callable (graphc.compiler) keys its executables by a *signature* of the call
+A compiled callable (graphc.jit.compiler) keys its executables by a *signature* of the call
 (`signature_of`, `reachable_state`): every tensor argument's shape, dtype and requires_grad,
 every other argument's type and value (objects by identity), grad mode, the identity and type
 of tensors the function captures (closure cells, globals, attributes of its `self`), the state
@@ -8,17 +8,17 @@ of the modules it can reach (training flags, plain attributes such as `p` or `ep
 and buffer identity and types, hook ids), of the optimizers it can reach (hyperparameters,
 parameters, and per parameter the state keys and state tensors' identity and type: state made
 lazily by a first step means a new graph), and whether each `.grad` it may touch is None (else
-its type). A new signature traces again; `_diff` names the fields that changed (the recompile
-reasons). `_aliasing` records which of the call's tensors share storage, so a graph traced
+its type). A new signature traces again; `diff_signatures` names the fields that changed (the
+recompile reasons). `aliasing` records which of the call's tensors share storage, so a graph traced
 with `f(x, x)` (one input) never runs for `f(x, y)`.
 
 The fast path: computing the full signature walks every reachable module, optimizer and `.grad`
-(hundreds of microseconds for an MLP), so each entry also keeps a `_Guard`, built from the same
+(hundreds of microseconds for an MLP), so each entry also keeps a `Guard`, built from the same
 state at the same moment as a signature it equals (at the trace, and again whenever the full
 signature picks the entry): cheap checks, run first on every call, that together imply the full
 signature is unchanged. By identity, everything the signature reads through: the function's
 `__code__`/`__closure__`/`__globals__` and its closure cells and named globals, the keys and
-items of every container `graphc.tracing.reachable` looks into, each module's `__dict__` (keys
+items of every container `graphc.jit.reach.reachable` looks into, each module's `__dict__` (keys
 in order, every value: training flag, parameter/buffer/child tables, hook dicts, public
 attributes) and its tables and hook dicts, each optimizer's param_groups (every hyperparameter
 object), params and per-parameter state dicts; Python literals are immutable, so identity
@@ -45,17 +45,10 @@ from typing import Any
 import numpy as np
 
 from graphc.autograd.grad_mode import is_grad_enabled
+from graphc.jit.bindings import TensorBinding, TraceResult
+from graphc.jit.pytree import LITERALS, flat_leaves, flatten
+from graphc.jit.reach import grad_holders, optimizer_params, reachable
 from graphc.tensor import Tensor
-from graphc.tracing import (
-    _LITERALS,
-    TensorBinding,
-    TraceResult,
-    _flat_leaves,
-    _flatten,
-    grad_holders,
-    optimizer_params,
-    reachable,
-)
 
 
 # ---- the signature of a call -----------------------------------------------------------------
@@ -95,7 +88,7 @@ def _module_state(modules: list[tuple[str, Any]]) -> dict[str, Any]:
             for attr, v in vars(m).items():
                 if attr.startswith("_") or attr == "training":
                     continue
-                if isinstance(v, _LITERALS):
+                if isinstance(v, LITERALS):
                     state[f"{key}.{attr}"] = _describe(v)
                 elif isinstance(v, Tensor):
                     state[f"{key}.{attr}"] = _tensor_key(v, identity=True)
@@ -105,7 +98,7 @@ def _module_state(modules: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def reachable_state(fn, args: tuple = (), kwargs: dict | None = None):
-    """(modules, captured) the call can reach (see `graphc.tracing.reachable`): the Modules,
+    """(modules, captured) the call can reach (see `graphc.jit.reach.reachable`): the Modules,
     and a description of the Tensors (identity and type), Python values (type and value) and
     Optimizers (hyperparameters, parameters, state: see `_optimizer_state`) among them, plus
     the presence and type of the `.grad` of every tensor whose gradient the call may read or
@@ -117,7 +110,7 @@ def reachable_state(fn, args: tuple = (), kwargs: dict | None = None):
     captured: dict[str, Any] = {}
     found = reachable(fn, args, kwargs)
     for name, obj in found:
-        if isinstance(obj, _LITERALS):
+        if isinstance(obj, LITERALS):
             captured[name] = _describe(obj)
         elif _is_module(obj):
             modules.append((name, obj))
@@ -168,17 +161,17 @@ def signature_of(fn, modules, args: tuple, kwargs: dict, captured=None) -> dict[
     return sig
 
 
-def _aliasing(traced: TraceResult, args: tuple, kwargs: dict) -> tuple:
+def aliasing(traced: TraceResult, args: tuple, kwargs: dict) -> tuple:
     """For each tensor of the call and each captured tensor, the first one with its storage:
     a graph traced with `f(x, x)` (one input) must not run for `f(x, y)`."""
-    flat = [t for _, t in _flatten((args, kwargs))]
+    flat = [t for _, t in flatten((args, kwargs))]
     flat += [b.tensor for b in traced.bindings if isinstance(b, TensorBinding)]
     first: dict[int, int] = {}
     return tuple(first.setdefault(id(t._data), i) for i, t in enumerate(flat))
 
 
 
-def _diff(old: dict, new: dict) -> list[str]:
+def diff_signatures(old: dict, new: dict) -> list[str]:
     rows = []
     for key in dict.fromkeys(list(old) + list(new)):
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
@@ -218,7 +211,7 @@ def _fmt(x) -> str:
 _ABSENT = object()  # an attribute, global, cell or dict entry that is not there
 
 
-class _Guard:
+class Guard:
     """Cheap checks that, when they all hold, imply the call's full signature equals the one
     computed at the same moment as the guard was built (see "The fast path" in the module
     docstring). They may fail where the signature is equal (then the full signature decides);
@@ -308,7 +301,7 @@ def _arg_holders(args: tuple, kwargs: dict, captured_ids: frozenset) -> tuple:
     goes undescribed under its own name)."""
     seen: set[int] = set()
     out = []
-    for path, t in _flatten((args, kwargs)):
+    for path, t in flatten((args, kwargs)):
         if t._requires_grad and t.grad_fn is None and id(t) not in seen:
             seen.add(id(t))
             out.append((path, _grad_type(t._grad), id(t) in captured_ids))
@@ -316,12 +309,12 @@ def _arg_holders(args: tuple, kwargs: dict, captured_ids: frozenset) -> tuple:
 
 
 class _GuardBuilder:
-    """Fills a _Guard by walking what `reachable_state` walks: `graphc.tracing.reachable`
+    """Fills a Guard by walking what `reachable_state` walks: `graphc.jit.reach.reachable`
     (captured_roots, one level into plain objects, containers and functions), the modules'
     `_module_state`, the optimizers' `_optimizer_state` and the `grad_holders`. It records every
     container it reads, so a change to any of them fails the guard."""
 
-    def __init__(self, guard: _Guard) -> None:
+    def __init__(self, guard: Guard) -> None:
         self.g = guard
         self.seen: set[int] = set()
         self.found: list = []
@@ -333,8 +326,8 @@ class _GuardBuilder:
 
         for obj in self._roots(fn):
             self._visit(obj, 0)
-        for _, arg in _flat_leaves((args, kwargs)):
-            if not isinstance(arg, (Tensor,) + _LITERALS):
+        for _, arg in flat_leaves((args, kwargs)):
+            if not isinstance(arg, (Tensor,) + LITERALS):
                 self._visit(arg, 1)
         holders: list[Tensor] = []
         for obj in self.found:
@@ -350,12 +343,12 @@ class _GuardBuilder:
         unique = {id(t): t for t in holders}
         self.g.grads = [(t, _grad_type(t._grad)) for t in unique.values()]
         self.g.holder_ids = frozenset(unique)
-        needs_grad = any(t.requires_grad for _, t in _flatten((args, kwargs)))
+        needs_grad = any(t.requires_grad for _, t in flatten((args, kwargs)))
         self.g.arg_holders = _arg_holders(args, kwargs, self.g.holder_ids) if needs_grad \
             else None  # none requires grad: the arguments' description says so for the call
 
     def _roots(self, fn) -> list:
-        """What `graphc.tracing.captured_roots` returns, each read recorded."""
+        """What `graphc.jit.reach.captured_roots` returns, each read recorded."""
         if _is_module(fn):
             return [fn]
         g = self.g
@@ -387,11 +380,11 @@ class _GuardBuilder:
         return roots
 
     def _visit(self, obj, depth: int) -> None:
-        """`graphc.tracing.reachable`'s visit, recording the containers it reads."""
+        """`graphc.jit.reach.reachable`'s visit, recording the containers it reads."""
         from graphc.nn.module import Module
         from graphc.optim.optimizer import Optimizer
 
-        if isinstance(obj, _LITERALS):
+        if isinstance(obj, LITERALS):
             self.found.append(obj)
             return
         if id(obj) in self.seen or isinstance(obj, (type, types.ModuleType)):
@@ -494,4 +487,4 @@ def _is_module(obj) -> bool:
     return isinstance(obj, Module)
 
 
-__all__ = ["reachable_state", "signature_of"]
+__all__ = ["Guard", "aliasing", "diff_signatures", "reachable_state", "signature_of"]

@@ -50,10 +50,8 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
-import types
 import weakref
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -61,96 +59,23 @@ from graphc.dispatch import current_tracer, set_tracer
 from graphc.errors import TraceError, user_source_location
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import FunctionRegion, Opaque
+from graphc.jit.bindings import (
+    ArgBinding,
+    ConstantBinding,
+    GradBinding,
+    GradOutput,
+    RngBinding,
+    TensorBinding,
+    TraceResult,
+)
+from graphc.jit.pytree import at, flatten, is_namedtuple, output_spec
+from graphc.jit.reach import grad_holders, storage_names
 from graphc.ops import random as _random
 from graphc.tensor import Tensor, tensor_serial
 from graphc.types import DType
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # graphc/
 _FUNCTION_FILE = os.path.join(_PACKAGE_DIR, "autograd", "function.py")
-
-
-@dataclass
-class ArgBinding:
-    """A graph input fed by the tensor at `path` in the call's (args, kwargs)."""
-
-    path: tuple
-
-
-@dataclass
-class TensorBinding:
-    """A graph input bound to a tensor captured by the traced code (a parameter, a buffer)."""
-
-    tensor: Tensor
-
-
-@dataclass
-class ConstantBinding:
-    """A graph input fed with (a fresh copy of) data the traced code created, not from an op."""
-
-    array: np.ndarray
-
-
-@dataclass
-class GradBinding:
-    """A graph input fed by the `.grad` of a tensor that requires grad (its *holder*), read at
-    every call: `holder` is a captured tensor, or the argument at `path` when `holder` is None.
-    """
-
-    holder: Tensor | None = None
-    path: tuple | None = None
-
-    def resolve(self, args: tuple, kwargs: dict) -> Tensor:
-        return self.holder if self.path is None else _at((args, kwargs), self.path)
-
-
-@dataclass
-class GradOutput:
-    """After every run, the holder's `.grad` becomes graph output `index` (a fresh tensor), or
-    None when `index` is None. The holder as in GradBinding."""
-
-    holder: Tensor | None
-    path: tuple | None
-    index: int | None
-
-    def resolve(self, args: tuple, kwargs: dict) -> Tensor:
-        return self.holder if self.path is None else _at((args, kwargs), self.path)
-
-
-@dataclass
-class RngBinding:
-    """A graph input that holds [seed, offset] of `generator`; a call advances it by `counters`.
-
-    `traced_state` is the (seed, offset) the trace started from. A generator the traced call
-    made itself and dropped (`graphc.Generator().manual_seed(s)` inside it) is `transient`:
-    every eager call makes it afresh, so every run reads `traced_state`, unadvanced, and
-    `generator` is then a stand-in in the state the trace left it in.
-    """
-
-    generator: Any
-    counters: int = 0
-    traced_state: tuple[int, int] = (0, 0)
-    transient: bool = False
-
-
-@dataclass
-class TraceResult:
-    """A traced graph plus what is needed to call it again with new arguments."""
-
-    graph: Graph
-    # one ArgBinding / TensorBinding / GradBinding / ConstantBinding / RngBinding per graph
-    # input, in order
-    bindings: list
-    out_spec: Any  # the output structure with tensors replaced by their output index
-    result: Any = None  # what the tracing call returned (it ran eagerly)
-    # output index -> graph input index, for outputs that ARE an input tensor (`return x`,
-    # `return self.weight`): a compiled call returns that very tensor, as the eager call does
-    output_aliases: dict[int, int] = field(default_factory=dict)
-    # the .grad write-backs; their outputs follow the function's own in graph.outputs
-    grad_outputs: list[GradOutput] = field(default_factory=list)
-    # output index -> position in grad_outputs, for an output that IS a holder's new .grad
-    # (`return w.grad`): a compiled call returns the tensor it assigned to `.grad`
-    output_grads: dict[int, int] = field(default_factory=dict)
-    restore: Any = None  # undoes the tracing run's effects (Tracer.restore), for refusals
 
 
 def _literal(op: str, key: str, value):
@@ -328,7 +253,7 @@ class Tracer:
         """A region item: a Value for a tensor, a literal, a tuple of items, else Opaque."""
         if isinstance(x, Tensor):
             return self.value_of(x)
-        if isinstance(x, (tuple, list)) and not _is_namedtuple(x):
+        if isinstance(x, (tuple, list)) and not is_namedtuple(x):
             return self._items(x)
         if isinstance(x, DType):  # a literal would hand backward its name, not the dtype
             return Opaque(type(x).__name__, x)
@@ -450,213 +375,6 @@ def _uniform_literal(flat: np.ndarray):
     return value
 
 
-def _is_namedtuple(obj) -> bool:
-    return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
-
-
-def _flatten(obj, path=()):
-    """Yield (path, tensor) for every tensor in nested tuples, lists and dicts."""
-    if isinstance(obj, Tensor):
-        yield path, obj
-    elif isinstance(obj, (tuple, list)):
-        for i, item in enumerate(obj):
-            yield from _flatten(item, path + (i,))
-    elif isinstance(obj, dict):
-        for k, item in obj.items():
-            yield from _flatten(item, path + (k,))
-
-
-def _spec(obj, index: dict[int, int]):
-    """The output structure with each tensor replaced by ('out', position)."""
-    if isinstance(obj, Tensor):
-        return ("out", index[id(obj)])
-    if _is_namedtuple(obj):
-        return type(obj)(*(_spec(item, index) for item in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_spec(item, index) for item in obj)
-    if isinstance(obj, dict):
-        return {k: _spec(v, index) for k, v in obj.items()}
-    return ("const", obj)
-
-
-def unflatten(spec, outputs: list):
-    """Rebuild the traced function's output structure from the outputs of a run."""
-    if type(spec) is tuple and len(spec) == 2 and spec[0] in ("out", "const"):
-        return outputs[spec[1]] if spec[0] == "out" else spec[1]
-    if _is_namedtuple(spec):
-        return type(spec)(*(unflatten(s, outputs) for s in spec))
-    if isinstance(spec, (tuple, list)):
-        return type(spec)(unflatten(s, outputs) for s in spec)
-    if isinstance(spec, dict):
-        return {k: unflatten(v, outputs) for k, v in spec.items()}
-    return spec
-
-
-def captured_roots(fn) -> list[tuple[str, Any]]:
-    """(name, object) for what `fn` can reach: itself if a Module, else its bound `self`, its
-    closure cells and the globals its code names. Used for names and for guards."""
-    from graphc.nn.module import Module
-
-    roots: list[tuple[str, Any]] = []
-    if isinstance(fn, Module):
-        roots.append(("", fn))
-    else:
-        target = getattr(fn, "__func__", fn)
-        if getattr(fn, "__self__", None) is not None:
-            roots.append(("self", fn.__self__))
-        code = getattr(target, "__code__", None)
-        if code is not None:
-            cells = dict(zip(code.co_freevars, target.__closure__ or ()))
-            for var, cell in cells.items():
-                try:
-                    roots.append((var, cell.cell_contents))
-                except ValueError:  # an empty cell
-                    continue
-            glb = getattr(target, "__globals__", {})
-            roots += [(n, glb[n]) for n in code.co_names if n in glb]
-    return roots
-
-
-_LITERALS = (bool, int, float, str, type(None), np.generic)
-
-
-def _flat_leaves(obj, path=()):
-    """(path, leaf) for every non-container leaf of nested tuples, lists and dicts."""
-    if isinstance(obj, (tuple, list)):
-        for i, item in enumerate(obj):
-            yield from _flat_leaves(item, path + (i,))
-    elif isinstance(obj, dict):
-        for k, item in obj.items():
-            yield from _flat_leaves(item, path + (k,))
-    else:
-        yield path, obj
-
-
-def _path_name(path: tuple) -> str:
-    head = f"arg {path[1]}" if path[0] == 0 else f"kwarg {path[1]}"
-    return head + "".join(f"[{p!r}]" for p in path[2:])
-
-
-def reachable(fn, args: tuple = (), kwargs: dict | None = None,
-              arg_names: list[str] | None = None) -> list[tuple[str, Any]]:
-    """(name, object) for the state a call of `fn` can reach: Python literals, Modules,
-    Tensors and Optimizers among `fn`'s captured roots (itself, its `self`, closure cells,
-    globals), one level into plain objects, containers and helper functions, and the same
-    for the arguments that are neither tensors nor literals (a Module or an object holding one
-    passed in). Modules, tensors and optimizers are not looked into. Names are for people
-    (recompile diffs; input names, where `arg_names` names the positional arguments)."""
-    from graphc.nn.module import Module
-    from graphc.optim.optimizer import Optimizer
-
-    found: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-
-    def visit(name: str, obj, depth: int) -> None:
-        if isinstance(obj, _LITERALS):  # a global SCALE = 2.0 is baked into the graph
-            found.append((name, obj))
-            return
-        if id(obj) in seen or isinstance(obj, (type, types.ModuleType)):
-            return
-        seen.add(id(obj))
-        if isinstance(obj, (Module, Tensor, Optimizer)):
-            found.append((name, obj))
-        elif depth >= 2:
-            return
-        elif isinstance(obj, (types.FunctionType, types.MethodType)):
-            for sub, item in captured_roots(obj):
-                visit(f"{name}.{sub}" if sub != "self" else f"{name}.__self__", item, depth + 1)
-        elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
-            for i, item in enumerate(obj):
-                visit(f"{name}[{i}]", item, depth + 1)
-        elif isinstance(obj, dict) and len(obj) <= 64:
-            for k, item in obj.items():
-                visit(f"{name}[{k!r}]", item, depth + 1)
-        elif hasattr(obj, "__dict__") and not callable(obj):
-            for attr, item in list(vars(obj).items())[:64]:
-                visit(f"{name}.{attr}", item, depth + 1)
-
-    for name, obj in captured_roots(fn):
-        visit(name, obj, 0)
-    for path, arg in _flat_leaves((args, kwargs or {})):
-        if not isinstance(arg, (Tensor,) + _LITERALS):  # those are described as arguments
-            named = arg_names is not None and path[0] == 0 and path[1] < len(arg_names)
-            label = arg_names[path[1]] + "".join(f"[{p!r}]" for p in path[2:]) if named \
-                else _path_name(path)
-            visit(label, arg, 1)
-    return found
-
-
-def optimizer_params(opt) -> list[tuple[str, Tensor]]:
-    """(label, parameter) for every parameter of an optimizer, labelled by group and index."""
-    return [(f"param_groups[{g}][{i}]", p) for g, group in enumerate(opt.param_groups)
-            for i, p in enumerate(group["params"])]
-
-
-def grad_holders(fn, args: tuple = (), kwargs: dict | None = None, found=None
-                 ) -> list[tuple[str, Tensor, tuple | None]]:
-    """(name, tensor, argument path or None) for every tensor whose `.grad` a call of `fn`
-    may read or write: the parameters of the modules and optimizers it reaches, the captured
-    tensors and the argument tensors that require grad (leaves). `found`: `reachable(fn,
-    args, kwargs)` when the caller has it already."""
-    from graphc.nn.module import Module
-    from graphc.optim.optimizer import Optimizer
-
-    out: list[tuple[str, Tensor, tuple | None]] = []
-    seen: set[int] = set()
-
-    def add(name: str, t: Tensor, path) -> None:
-        if id(t) not in seen:
-            seen.add(id(t))
-            out.append((name, t, path))
-
-    for path, t in _flatten((args, kwargs or {})):
-        if t.requires_grad and t.is_leaf:
-            add(_path_name(path), t, path)
-    if found is None:
-        found = reachable(fn, args, kwargs)
-    for name, obj in found:  # module names first: they name the parameters best
-        if isinstance(obj, Module):
-            for pname, p in obj.named_parameters():
-                add(f"{name}.{pname}" if name else pname, p, None)
-    for name, obj in found:
-        if isinstance(obj, Optimizer):
-            for label, p in optimizer_params(obj):
-                add(f"{name}.{label}", p, None)
-        elif isinstance(obj, Tensor) and obj.requires_grad and obj.is_leaf:
-            add(name, obj, None)
-    return out
-
-
-def _storage_names(fn, args: tuple = (), kwargs: dict | None = None,
-                   arg_names: list[str] | None = None) -> dict[int, str]:
-    """Readable names for state the function may capture: module parameters and buffers
-    (also of modules held by an argument, `self.model` of a method), and optimizer state
-    (`<parameter>.<key>`: `fc.weight.momentum_buffer`)."""
-    from graphc.nn.module import Module
-    from graphc.optim.optimizer import Optimizer
-
-    names: dict[int, str] = {}
-    for prefix, obj in captured_roots(fn):
-        if isinstance(obj, Module):
-            for name, t in itertools.chain(obj.named_parameters(), obj.named_buffers()):
-                full = f"{prefix}.{name}" if prefix else name
-                names.setdefault(id(t._data), full)
-        elif isinstance(obj, Tensor):
-            names.setdefault(id(obj._data), prefix)
-    found = reachable(fn, args, kwargs, arg_names)
-    for prefix, obj in found:  # modules further in (`self.model`)
-        if isinstance(obj, Module):
-            for name, t in itertools.chain(obj.named_parameters(), obj.named_buffers()):
-                names.setdefault(id(t._data), f"{prefix}.{name}" if prefix else name)
-    for prefix, obj in found:
-        if isinstance(obj, Optimizer):
-            for label, p in optimizer_params(obj):
-                pname = names.setdefault(id(p._data), f"{prefix}.{label}")
-                for key, value in obj.state.get(p, {}).items():
-                    if isinstance(value, Tensor):
-                        names.setdefault(id(value._data), f"{pname}.{key}")
-    return names
-
 
 def _arg_names(fn, args) -> list[str]:
     try:
@@ -684,8 +402,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
         raise TraceError("graphc.trace cannot be nested: a trace is already running")
     holders = [(t, path) for _, t, path in grad_holders(fn, args, kwargs)]
     arg_names = _arg_names(fn, args)
-    tracer = Tracer(name or graph_name(fn), _storage_names(fn, args, kwargs, arg_names), holders)
-    for path, t in _flatten((args, kwargs)):
+    tracer = Tracer(name or graph_name(fn), storage_names(fn, args, kwargs, arg_names), holders)
+    for path, t in flatten((args, kwargs)):
         if id(t._data) in tracer._values:
             continue  # the same tensor passed twice: one input
         label = arg_names[path[1]] if path[0] == 0 else str(path[1])
@@ -704,7 +422,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
     finally:
         set_tracer(None)
         _random.set_seed_provider(previous_provider)
-    flat = [t for _, t in _flatten(result)]
+    flat = [t for _, t in flatten(result)]
     index: dict[int, int] = {}
     outputs = []
     for t in flat:
@@ -717,7 +435,7 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
     for i, t in enumerate(outputs):
         for j, b in enumerate(tracer.bindings):
             if isinstance(b, ArgBinding):
-                bound = _at((args, kwargs), b.path)
+                bound = at((args, kwargs), b.path)
             elif isinstance(b, TensorBinding):
                 bound = b.tensor
             elif isinstance(b, GradBinding):
@@ -731,15 +449,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
         for k, go in enumerate(tracer.grad_outputs):
             if go.index is not None and go.resolve(args, kwargs)._grad is t:
                 output_grads[i] = k
-    return TraceResult(tracer.graph, tracer.bindings, _spec(result, index), result, aliases,
+    return TraceResult(tracer.graph, tracer.bindings, output_spec(result, index), result, aliases,
                        tracer.grad_outputs, output_grads, restore=tracer.restore)
-
-
-def _at(tree, path: tuple):
-    """The item at `path` in nested tuples, lists and dicts."""
-    for p in path:
-        tree = tree[p]
-    return tree
 
 
 def _locate(err: TraceError) -> None:

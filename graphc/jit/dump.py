@@ -10,7 +10,7 @@ One entry point for "show me the graph" in bug reports and notebooks. It accepts
 The text is what `graphc.ir.parse` reads back, and what `graphc dump` and `GRAPHC_DUMP` write.
 
 >>> import graphc
->>> from graphc.dump import dump, ir_text
+>>> from graphc.jit.dump import dump, ir_text
 >>> dump(lambda x: x.exp(), graphc.ones(2))  # doctest: +ELLIPSIS
 graph @_lambda_(%x: f32[2]) -> (f32[2]) {
   %0: f32[2] = exp(%x)                                    # <doctest ...>:1
@@ -33,8 +33,8 @@ from graphc.ir.printer import format_graph
 
 def graph_of(obj: Any, *example_inputs) -> Graph:
     """The graph `dump` prints for `obj` (see the module docstring)."""
-    from graphc.compiler import Compiled
-    from graphc.tracing import trace
+    from graphc.jit.compiler import Compiled
+    from graphc.jit.tracer import trace
 
     if isinstance(obj, Graph):
         if example_inputs:

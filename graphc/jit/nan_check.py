@@ -32,7 +32,7 @@ tensor([0.0000, 1.3863])
 >>> f(graphc.tensor([2.0, 0.5]))
 Traceback (most recent call last):
 ...
-graphc.nan_check.NonFiniteError: graphc.compile(f): GRAPHC_CHECK_NANS=1: output 0 ... 1 NaN ...
+graphc.jit.nan_check.NonFiniteError: graphc.compile(f): GRAPHC_CHECK_NANS=1: output 0 ... 1 NaN ...
 ...is op 'log' at <doctest ...>:3, IR line 4; ...
 >>> del os.environ["GRAPHC_CHECK_NANS"]
 """
@@ -96,8 +96,8 @@ class LazyState:
     `TraceResult.restore` does not know about."""
 
     def __init__(self, fn, args: tuple, kwargs: dict) -> None:
+        from graphc.jit.reach import reachable
         from graphc.optim.optimizer import Optimizer
-        from graphc.tracing import reachable
 
         optimizers = [obj for _, obj in reachable(fn, args, kwargs) if isinstance(obj, Optimizer)]
         self._before = [(opt, {id(p): set(state) for p, state in opt.state.items()})

@@ -1,0 +1,164 @@
+"""What a call can reach: the one walker that both tracing and the guards use.
+
+`captured_roots(fn)` lists what `fn` captures (itself if a Module, its bound `self`, closure
+cells, the globals its code names); `reachable(fn, args, kwargs)` walks from there, one level
+into plain objects, containers and helper functions, and finds the Python literals, Modules,
+Tensors and Optimizers the call can read. Tracing names captured state from it
+(`storage_names`) and finds the tensors whose `.grad` a step may touch (`grad_holders`);
+`graphc.jit.guards` describes the same state as the call's signature.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from typing import Any
+
+from graphc.jit.pytree import LITERALS, flat_leaves, flatten, path_name
+from graphc.tensor import Tensor
+
+
+def captured_roots(fn) -> list[tuple[str, Any]]:
+    """(name, object) for what `fn` can reach: itself if a Module, else its bound `self`, its
+    closure cells and the globals its code names. Used for names and for guards."""
+    from graphc.nn.module import Module
+
+    roots: list[tuple[str, Any]] = []
+    if isinstance(fn, Module):
+        roots.append(("", fn))
+    else:
+        target = getattr(fn, "__func__", fn)
+        if getattr(fn, "__self__", None) is not None:
+            roots.append(("self", fn.__self__))
+        code = getattr(target, "__code__", None)
+        if code is not None:
+            cells = dict(zip(code.co_freevars, target.__closure__ or ()))
+            for var, cell in cells.items():
+                try:
+                    roots.append((var, cell.cell_contents))
+                except ValueError:  # an empty cell
+                    continue
+            glb = getattr(target, "__globals__", {})
+            roots += [(n, glb[n]) for n in code.co_names if n in glb]
+    return roots
+
+
+def reachable(fn, args: tuple = (), kwargs: dict | None = None,
+              arg_names: list[str] | None = None) -> list[tuple[str, Any]]:
+    """(name, object) for the state a call of `fn` can reach: Python literals, Modules,
+    Tensors and Optimizers among `fn`'s captured roots (itself, its `self`, closure cells,
+    globals), one level into plain objects, containers and helper functions, and the same
+    for the arguments that are neither tensors nor literals (a Module or an object holding one
+    passed in). Modules, tensors and optimizers are not looked into. Names are for people
+    (recompile diffs; input names, where `arg_names` names the positional arguments)."""
+    from graphc.nn.module import Module
+    from graphc.optim.optimizer import Optimizer
+
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+
+    def visit(name: str, obj, depth: int) -> None:
+        if isinstance(obj, LITERALS):  # a global SCALE = 2.0 is baked into the graph
+            found.append((name, obj))
+            return
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (Module, Tensor, Optimizer)):
+            found.append((name, obj))
+        elif depth >= 2:
+            return
+        elif isinstance(obj, (types.FunctionType, types.MethodType)):
+            for sub, item in captured_roots(obj):
+                visit(f"{name}.{sub}" if sub != "self" else f"{name}.__self__", item, depth + 1)
+        elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
+            for i, item in enumerate(obj):
+                visit(f"{name}[{i}]", item, depth + 1)
+        elif isinstance(obj, dict) and len(obj) <= 64:
+            for k, item in obj.items():
+                visit(f"{name}[{k!r}]", item, depth + 1)
+        elif hasattr(obj, "__dict__") and not callable(obj):
+            for attr, item in list(vars(obj).items())[:64]:
+                visit(f"{name}.{attr}", item, depth + 1)
+
+    for name, obj in captured_roots(fn):
+        visit(name, obj, 0)
+    for path, arg in flat_leaves((args, kwargs or {})):
+        if not isinstance(arg, (Tensor,) + LITERALS):  # those are described as arguments
+            named = arg_names is not None and path[0] == 0 and path[1] < len(arg_names)
+            label = arg_names[path[1]] + "".join(f"[{p!r}]" for p in path[2:]) if named \
+                else path_name(path)
+            visit(label, arg, 1)
+    return found
+
+
+def optimizer_params(opt) -> list[tuple[str, Tensor]]:
+    """(label, parameter) for every parameter of an optimizer, labelled by group and index."""
+    return [(f"param_groups[{g}][{i}]", p) for g, group in enumerate(opt.param_groups)
+            for i, p in enumerate(group["params"])]
+
+
+def grad_holders(fn, args: tuple = (), kwargs: dict | None = None, found=None
+                 ) -> list[tuple[str, Tensor, tuple | None]]:
+    """(name, tensor, argument path or None) for every tensor whose `.grad` a call of `fn`
+    may read or write: the parameters of the modules and optimizers it reaches, the captured
+    tensors and the argument tensors that require grad (leaves). `found`: `reachable(fn,
+    args, kwargs)` when the caller has it already."""
+    from graphc.nn.module import Module
+    from graphc.optim.optimizer import Optimizer
+
+    out: list[tuple[str, Tensor, tuple | None]] = []
+    seen: set[int] = set()
+
+    def add(name: str, t: Tensor, path) -> None:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append((name, t, path))
+
+    for path, t in flatten((args, kwargs or {})):
+        if t.requires_grad and t.is_leaf:
+            add(path_name(path), t, path)
+    if found is None:
+        found = reachable(fn, args, kwargs)
+    for name, obj in found:  # module names first: they name the parameters best
+        if isinstance(obj, Module):
+            for pname, p in obj.named_parameters():
+                add(f"{name}.{pname}" if name else pname, p, None)
+    for name, obj in found:
+        if isinstance(obj, Optimizer):
+            for label, p in optimizer_params(obj):
+                add(f"{name}.{label}", p, None)
+        elif isinstance(obj, Tensor) and obj.requires_grad and obj.is_leaf:
+            add(name, obj, None)
+    return out
+
+
+def storage_names(fn, args: tuple = (), kwargs: dict | None = None,
+                   arg_names: list[str] | None = None) -> dict[int, str]:
+    """Readable names for state the function may capture: module parameters and buffers
+    (also of modules held by an argument, `self.model` of a method), and optimizer state
+    (`<parameter>.<key>`: `fc.weight.momentum_buffer`)."""
+    from graphc.nn.module import Module
+    from graphc.optim.optimizer import Optimizer
+
+    names: dict[int, str] = {}
+    for prefix, obj in captured_roots(fn):
+        if isinstance(obj, Module):
+            for name, t in itertools.chain(obj.named_parameters(), obj.named_buffers()):
+                full = f"{prefix}.{name}" if prefix else name
+                names.setdefault(id(t._data), full)
+        elif isinstance(obj, Tensor):
+            names.setdefault(id(obj._data), prefix)
+    found = reachable(fn, args, kwargs, arg_names)
+    for prefix, obj in found:  # modules further in (`self.model`)
+        if isinstance(obj, Module):
+            for name, t in itertools.chain(obj.named_parameters(), obj.named_buffers()):
+                names.setdefault(id(t._data), f"{prefix}.{name}" if prefix else name)
+    for prefix, obj in found:
+        if isinstance(obj, Optimizer):
+            for label, p in optimizer_params(obj):
+                pname = names.setdefault(id(p._data), f"{prefix}.{label}")
+                for key, value in obj.state.get(p, {}).items():
+                    if isinstance(value, Tensor):
+                        names.setdefault(id(value._data), f"{pname}.{key}")
+    return names
