@@ -20,7 +20,7 @@ from graphc.jit.bindings import ArgBinding, ConstantBinding, TensorBinding
 from graphc.jit.tracer import trace_call
 from graphc.ops.registry import ELEMENTWISE, REGISTRY, SOURCE
 from graphc.passes import run_pipeline
-from graphc.passes.fuse import EPILOGUE_ANCHORS, REDUCTIONS, FuseReport, fuse, kernel_count
+from graphc.passes.fuse import FuseReport, fuse, kernel_count
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "fuse"
 CASES = sorted(p.name[:-len(".in.gir")] for p in FIXTURES.glob("*.in.gir"))
@@ -64,10 +64,10 @@ def check_invariants(before, after) -> None:
     assert after.outputs == before.outputs and after.updates == before.updates
     for node, body in fused_bodies(after):  # materialised values have the domain shape
         ops = [op for op, _, _ in body]
-        if ops[0] in EPILOGUE_ANCHORS:
+        if REGISTRY[ops[0]].epilogue_anchor:
             continue  # checked by test_epilogue_shape
         shapes = [v.type.shape for v in node.outputs]
-        if ops[-1] in REDUCTIONS and node.attrs["outputs"][-1] == len(node.inputs) + len(body) - 1:
+        if REGISTRY[ops[-1]].ends_fused_group and node.attrs["outputs"][-1] == len(node.inputs) + len(body) - 1:
             shapes = shapes[:-1]  # the reduction's result; the rest are its input's shape
         assert len(set(shapes)) <= 1, node
     report = after.meta["fuse"]
@@ -267,7 +267,7 @@ def test_models_compute_the_same_values(name, mode):
     check_invariants(before, after)
     assert_same_values(before, after, inputs)
     if mode == "forward":  # every Linear/Conv2d + bias (+ ReLU) is one GEMM with an epilogue
-        anchors = [n for n in before.nodes if n.op in EPILOGUE_ANCHORS]
+        anchors = [n for n in before.nodes if n.op in REGISTRY and REGISTRY[n.op].epilogue_anchor]
         epilogues = [g for g in after.meta["fuse"]["groups"] if g["kind"] == "epilogue"]
         assert len(epilogues) == len(anchors)
 
@@ -300,7 +300,7 @@ def test_epilogue_shape(name):
     seen = 0
     for node, body in fused_bodies(after):
         kinds = [REGISTRY[op].kind for op, _, _ in body]
-        contractions = [k for k, (op, _, _) in enumerate(body) if op in EPILOGUE_ANCHORS]
+        contractions = [k for k, (op, _, _) in enumerate(body) if REGISTRY[op].epilogue_anchor]
         if not contractions:
             continue
         seen += 1

@@ -189,7 +189,7 @@ def _conv2d_vjp(ctx, g):
 
 
 register(OpDef("conv2d", CONTRACTION, ("input", "weight"), _conv2d_infer, _conv2d_kernel,
-               _conv2d_vjp, attrs=dict(_CONV_ATTRS), saved_inputs=(0, 1),
+               _conv2d_vjp, attrs=dict(_CONV_ATTRS), saved_inputs=(0, 1), epilogue_anchor=True,
                doc="2-D cross-correlation, NCHW (or CHW), im2col + GEMM per group."))
 
 

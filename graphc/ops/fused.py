@@ -12,13 +12,16 @@ round-trips, for example:
 
     %4: f32[8,16] = fused[body=(("add", (0, 1), ()), ("relu", (3,), ())), outputs=(4,)](%x, %b, %s)
 
-Types are inferred by running each instruction's registry shape rule, the reference kernel by
-running each instruction's numpy kernel (so the interpreter and the verifier need nothing
-special), and a backend renders the body as one loop nest. A fused node has no VJP: fusion
+`FusedBody` is the one decoder of a body: it checks the refs, infers each instruction's type
+once with its registry shape rule, and is what the shape rule, the reference kernel (each
+instruction's numpy kernel, so the interpreter and the verifier need nothing special), the
+passes and the backends read; a backend renders the body as one loop nest. A fused node has no VJP: fusion
 runs after the backward graph is derived.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,6 +32,84 @@ from graphc.types import TensorType, dtype_of_numpy
 
 class FusedBodyError(GraphcError, ValueError):
     """A fused body that refers to a missing value or an unknown op."""
+
+
+class Instruction(NamedTuple):
+    """One instruction of a fused body: registry op name, argument refs, attributes."""
+
+    op: str
+    args: tuple[int, ...]
+    attrs: dict
+
+
+class FusedBody:
+    """A fused body decoded and typed once: the one reader of `body`/`outputs` attributes.
+
+    `instructions[k]` is an `Instruction` (attrs as a dict); `types[ref]` is the TensorType of
+    every ref (inputs first, then one per instruction, from each op's registry shape rule);
+    `outputs` are the refs the node returns. Passes and backends read bodies through this
+    class; none re-decodes the tuples or re-runs shape rules per ref.
+
+    >>> from graphc.types import TensorType, float32
+    >>> t = TensorType((4,), float32)
+    >>> fb = FusedBody((t, t), (("add", (0, 1), ()), ("relu", (2,), ())), (3,))
+    >>> [i.op for i in fb.instructions], str(fb.types[3])
+    (['add', 'relu'], 'f32[4]')
+    """
+
+    def __init__(self, input_types, body: tuple, outputs: tuple) -> None:
+        self.n_inputs = len(input_types)
+        types = list(input_types)
+        instructions = []
+        for i, raw in enumerate(body):
+            op, args, attrs = _instruction(i, raw)
+            for ref in args:
+                _check_ref(i, ref, len(types))
+            result = REGISTRY[op].infer(*(types[r] for r in args), **attrs)
+            if not isinstance(result, TensorType):
+                raise FusedBodyError(f"fused: instruction {i} ({op}) has several outputs; a "
+                                     "fused body holds single-output ops only")
+            types.append(result)
+            instructions.append(Instruction(op, args, attrs))
+        for ref in outputs:
+            _check_ref(len(body), ref, len(types))
+        self.instructions: tuple[Instruction, ...] = tuple(instructions)
+        self.types: tuple[TensorType, ...] = tuple(types)
+        self.outputs: tuple[int, ...] = tuple(outputs)
+
+    @classmethod
+    def of_node(cls, node) -> "FusedBody":
+        """The body of a `fused` node, or a one-instruction body computing any other node
+        (so a backend renders a lone elementwise op as it renders a fused group)."""
+        types = [v.type for v in node.inputs]
+        if node.op == "fused":
+            return cls(types, node.attrs["body"], node.attrs["outputs"])
+        body = ((node.op, tuple(range(len(types))), tuple(node.attrs.items())),)
+        return cls(types, body, (len(types),))
+
+    def ref(self, k: int) -> int:
+        """The ref of instruction k's result."""
+        return self.n_inputs + k
+
+    def instruction(self, ref: int) -> Instruction:
+        """The instruction that computes `ref` (a ref past the inputs)."""
+        return self.instructions[ref - self.n_inputs]
+
+    @property
+    def anchor(self) -> Instruction | None:
+        """Instruction 0 when it is an epilogue anchor (matmul, conv2d): a GEMM or convolution
+        whose result the rest of the body reads as its epilogue."""
+        first = self.instructions[0] if self.instructions else None
+        return first if first is not None and REGISTRY[first.op].epilogue_anchor else None
+
+    @property
+    def ending(self) -> Instruction | None:
+        """The last instruction when the body ends with a reduction or a row-wise op."""
+        last = self.instructions[-1] if self.instructions else None
+        return last if last is not None and REGISTRY[last.op].ends_fused_group else None
+
+    def __len__(self) -> int:
+        return len(self.instructions)
 
 
 def _check_ref(i: int, ref: int, available: int) -> None:
@@ -52,33 +133,18 @@ def _instruction(i: int, instruction) -> tuple[str, tuple, dict]:
 
 
 def _fused_infer(*types: TensorType, body: tuple, outputs: tuple):
-    env = list(types)
-    for i, instruction in enumerate(body):
-        op, args, attrs = _instruction(i, instruction)
-        for ref in args:
-            _check_ref(i, ref, len(env))
-        result = REGISTRY[op].infer(*(env[r] for r in args), **attrs)
-        if not isinstance(result, TensorType):
-            raise FusedBodyError(f"fused: instruction {i} ({op}) has several outputs; a fused "
-                                 "body holds single-output ops only")
-        env.append(result)
-    for ref in outputs:
-        _check_ref(len(body), ref, len(env))
-    out = tuple(env[r] for r in outputs)
+    fb = FusedBody(types, body, outputs)
+    out = tuple(fb.types[r] for r in fb.outputs)
     return out[0] if len(out) == 1 else out
 
 
 def _fused_kernel(*arrays, body: tuple, outputs: tuple):
     env = [np.asarray(a) for a in arrays]
-    for i, instruction in enumerate(body):
-        op, args, attrs = _instruction(i, instruction)
-        opdef = REGISTRY[op]
-        operands = [env[r] for r in args]
-        ty = opdef.infer(*(TensorType(a.shape, dtype_of_numpy(a.dtype)) for a in operands),
-                         **attrs)
-        env.append(np.asarray(opdef.kernel(*operands, **attrs)).astype(ty.dtype.np,
-                                                                         copy=False))
-    out = tuple(env[r] for r in outputs)
+    fb = FusedBody([TensorType(a.shape, dtype_of_numpy(a.dtype)) for a in env], body, outputs)
+    for k, (op, args, attrs) in enumerate(fb.instructions):
+        result = REGISTRY[op].kernel(*(env[r] for r in args), **attrs)
+        env.append(np.asarray(result).astype(fb.types[fb.ref(k)].dtype.np, copy=False))
+    out = tuple(env[r] for r in fb.outputs)
     return out[0] if len(out) == 1 else out
 
 
@@ -89,6 +155,8 @@ register(OpDef("fused", FUSED, ("*inputs",), _fused_infer, _fused_kernel, None,
 def body_ops(body: tuple) -> tuple[str, ...]:
     """The op names of a fused body, in order (for reports and pictures)."""
     return tuple(instruction[0] for instruction in body)
+
+
 
 
 TENSOR_METHODS: dict = {}

@@ -113,7 +113,7 @@ def _matmul_vjp(ctx, g):
 
 
 register(OpDef("matmul", CONTRACTION, ("a", "b"), _matmul_infer, _matmul_kernel, _matmul_vjp,
-               saved_inputs=(0, 1)))
+               saved_inputs=(0, 1), epilogue_anchor=True))
 
 
 # ---- public functions ------------------------------------------------------------------------

@@ -25,7 +25,13 @@ import numpy as np
 from graphc.errors import ArgumentError, IndexOutOfRangeError, ShapeError, where
 from graphc.ops.grad_utils import sum_to
 from graphc.ops.registry import MOVEMENT, OpDef, call, register
-from graphc.ops.shapes import normalize_axis, numel, result_dtype
+from graphc.ops.shapes import (
+    c_contiguous,
+    contiguous_element_strides,
+    normalize_axis,
+    numel,
+    result_dtype,
+)
 from graphc.types import TensorType, dtype_of_numpy, promote
 
 
@@ -46,12 +52,54 @@ def _reshape_kernel(x, shape):
     return np.reshape(x, shape)  # a view when the strides allow one, else a copy
 
 
+def _reshape_without_copy(shape: tuple, strides: tuple, new: tuple) -> tuple[int, ...] | None:
+    """numpy's `_attempt_nocopy_reshape` (C order): strides of `new` over the same elements,
+    or None when some merged run of old dims is not contiguous."""
+    old = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    new_strides = [0] * len(new)
+    oi = ni = 0
+    while ni < len(new) and oi < len(old):
+        nj, oj = ni + 1, oi + 1
+        np_, op = new[ni], old[oi][0]
+        while np_ != op:
+            if np_ < op:
+                np_ *= new[nj]
+                nj += 1
+            else:
+                op *= old[oj][0]
+                oj += 1
+        for k in range(oi, oj - 1):
+            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
+                return None
+        new_strides[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            new_strides[k - 1] = new_strides[k] * new[k]
+        ni, oi = nj, oj
+    last = new_strides[ni - 1] if ni >= 1 else 1
+    for k in range(ni, len(new)):
+        new_strides[k] = last
+    return tuple(new_strides)
+
+
+def _reshape_view_strides(shape: tuple, strides: tuple, *, shape_to: tuple):
+    if tuple(shape_to) == tuple(shape):
+        return 0, tuple(strides)
+    if c_contiguous(shape, strides):
+        return 0, contiguous_element_strides(shape_to)
+    found = _reshape_without_copy(tuple(shape), tuple(strides), tuple(shape_to))
+    return None if found is None else (0, found)
+
+
+def _reshape_view(shape: tuple, strides: tuple, /, **attrs):
+    return _reshape_view_strides(shape, strides, shape_to=attrs["shape"])
+
+
 def _reshape_vjp(ctx, g):
     return (call("reshape", g, shape=ctx.input_types[0].shape),)
 
 
 register(OpDef("reshape", MOVEMENT, ("x",), _reshape_infer, _reshape_kernel, _reshape_vjp,
-               attrs={"shape": tuple}, view=True))
+               attrs={"shape": tuple}, view=True, view_strides=_reshape_view))
 
 
 # ---- permute ---------------------------------------------------------------------------------
@@ -71,13 +119,17 @@ def _permute_kernel(x, dims):
     return np.transpose(x, dims)
 
 
+def _permute_view(shape: tuple, strides: tuple, /, *, dims: tuple):
+    return 0, tuple(strides[d] for d in dims)
+
+
 def _permute_vjp(ctx, g):
     inverse = tuple(int(i) for i in np.argsort(ctx.attrs["dims"]))
     return (call("permute", g, dims=inverse),)
 
 
 register(OpDef("permute", MOVEMENT, ("x",), _permute_infer, _permute_kernel, _permute_vjp,
-               attrs={"dims": tuple}, view=True))
+               attrs={"dims": tuple}, view=True, view_strides=_permute_view))
 
 
 # ---- broadcast_to ----------------------------------------------------------------------------
@@ -110,12 +162,23 @@ def _broadcast_to_kernel(x, shape):
     return np.broadcast_to(x, shape)  # read-only: in-place writes to it are refused
 
 
+def _broadcast_to_view(shape: tuple, strides: tuple, /, **attrs):
+    to = tuple(attrs["shape"])
+    lead = len(to) - len(shape)
+    if all(s == 1 for s in to[:lead]) and to[lead:] == tuple(shape):
+        return _reshape_view_strides(shape, strides, shape_to=to)  # as the kernel does
+    # np.broadcast_to: stride 0 along new dims and along every size-1 dim of the input
+    return 0, tuple(0 if d < lead or shape[d - lead] == 1 else strides[d - lead]
+                    for d in range(len(to)))
+
+
 def _broadcast_to_vjp(ctx, g):
     return (sum_to(g, ctx.input_types[0].shape),)
 
 
 register(OpDef("broadcast_to", MOVEMENT, ("x",), _broadcast_to_infer, _broadcast_to_kernel,
-               _broadcast_to_vjp, attrs={"shape": tuple}, view=True))
+               _broadcast_to_vjp, attrs={"shape": tuple}, view=True,
+               view_strides=_broadcast_to_view))
 
 
 # ---- slice and slice_scatter -----------------------------------------------------------------
@@ -145,12 +208,23 @@ def _slice_kernel(x, starts, stops, steps):
     return x[_slices(starts, stops, steps)]
 
 
+def _slice_view(shape: tuple, strides: tuple, /, *, starts: tuple, stops: tuple, steps: tuple):
+    if not shape:
+        return None  # numpy's x[()] of a 0-d array is a scalar: a copy
+    # numpy points an empty dim at its start with step 1
+    ranges = [(a, step) if len(range(a, b, step)) else (0, 1)
+              for a, b, step in zip(starts, stops, steps)]
+    return (sum(a * s for (a, _), s in zip(ranges, strides)),
+            tuple(s * step for (_, step), s in zip(ranges, strides)))
+
+
 def _slice_vjp(ctx, g):
     return (call("slice_scatter", _zeros(ctx.input_types[0], g.dtype), g, **ctx.attrs),)
 
 
 register(OpDef("slice", MOVEMENT, ("x",), _slice_infer, _slice_kernel, _slice_vjp,
-               attrs={"starts": tuple, "stops": tuple, "steps": tuple}, view=True))
+               attrs={"starts": tuple, "stops": tuple, "steps": tuple}, view=True,
+               view_strides=_slice_view))
 
 
 def _slice_scatter_infer(x: TensorType, src: TensorType, starts, stops, steps) -> TensorType:

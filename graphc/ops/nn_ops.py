@@ -135,7 +135,7 @@ def _softmax_vjp(ctx, g):
 
 
 register(OpDef("softmax", NORM, ("x",), _softmax_infer_for("softmax"), _softmax_kernel,
-               _softmax_vjp, attrs={"dim": int}, saved_outputs=(0,)))
+               _softmax_vjp, attrs={"dim": int}, saved_outputs=(0,), row_wise=True))
 
 
 def _log_softmax_kernel(x, dim: int):
@@ -152,7 +152,8 @@ def _log_softmax_vjp(ctx, g):
 
 
 register(OpDef("log_softmax", NORM, ("x",), _softmax_infer_for("log_softmax"),
-               _log_softmax_kernel, _log_softmax_vjp, attrs={"dim": int}, saved_outputs=(0,)))
+               _log_softmax_kernel, _log_softmax_vjp, attrs={"dim": int}, saved_outputs=(0,),
+               row_wise=True))
 
 
 def _softmax_dim(op: str, x, dim, dtype):

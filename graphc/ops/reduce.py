@@ -30,7 +30,7 @@ import numpy as np
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.errors import ArgumentError, DTypeError, ShapeError, where
 from graphc.ops.elementwise import cast
-from graphc.ops.registry import REDUCE, OpDef, call, register
+from graphc.ops.registry import REDUCE, OpDef, Reduction, call, register
 from graphc.ops.shapes import normalize_axes, normalize_axis, numel
 from graphc.types import TensorType, as_dtype, bool_, int64
 
@@ -92,7 +92,8 @@ def _sum_vjp(ctx, g):
 
 
 register(OpDef("reduce_sum", REDUCE, ("x",), _sum_like_infer("reduce_sum"), _sum_kernel,
-               _sum_vjp, attrs={"axes": tuple, "keepdim": bool}))
+               _sum_vjp, attrs={"axes": tuple, "keepdim": bool},
+               reduction=Reduction("add", "zero")))
 
 
 # ---- reduce_mean -----------------------------------------------------------------------------
@@ -124,7 +125,8 @@ def _mean_vjp(ctx, g):
 
 
 register(OpDef("reduce_mean", REDUCE, ("x",), _mean_infer, _mean_kernel, _mean_vjp,
-               attrs={"axes": tuple, "keepdim": bool}))
+               attrs={"axes": tuple, "keepdim": bool},
+               reduction=Reduction("add", "zero", mean=True)))
 
 
 # ---- reduce_max / reduce_min -----------------------------------------------------------------
@@ -171,10 +173,10 @@ def _extremum_vjp(ctx, g):
 
 register(OpDef("reduce_max", REDUCE, ("x",), _extremum_infer("reduce_max"), _max_kernel,
                _extremum_vjp, attrs={"axes": tuple, "keepdim": bool},
-               saved_inputs=(0,), saved_outputs=(0,)))
+               saved_inputs=(0,), saved_outputs=(0,), reduction=Reduction("max", "lowest")))
 register(OpDef("reduce_min", REDUCE, ("x",), _extremum_infer("reduce_min"), _min_kernel,
                _extremum_vjp, attrs={"axes": tuple, "keepdim": bool},
-               saved_inputs=(0,), saved_outputs=(0,)))
+               saved_inputs=(0,), saved_outputs=(0,), reduction=Reduction("min", "highest")))
 
 
 # ---- reduce_prod -----------------------------------------------------------------------------
@@ -207,7 +209,7 @@ def _prod_vjp(ctx, g):
 
 register(OpDef("reduce_prod", REDUCE, ("x",), _sum_like_infer("reduce_prod"), _prod_kernel,
                _prod_vjp, attrs={"axes": tuple, "keepdim": bool},
-               saved_inputs=(0,), saved_outputs=(0,)))
+               saved_inputs=(0,), saved_outputs=(0,), reduction=Reduction("mul", "one")))
 
 
 # ---- argmax / argmin (not differentiable) ----------------------------------------------------

@@ -3,9 +3,12 @@
 An OpDef holds the op's name and kind, its shape/dtype rule (a pure function over
 `TensorType`s, never "run numpy and look"), its numpy kernel (eager mode and the reference
 interpreter), its gradient rule (a VJP written with graph-building calls, so a backward can be
-traced and compiled like any forward), and, for elementwise ops, the scalar operation a backend
-renders. `register` records the file and line of the registration so `python -m graphc.ops` can
-say where each rule lives.
+traced and compiled like any forward), for elementwise ops the scalar operation a backend
+renders, and the facts passes and backends need instead of keeping their own lists of op
+names: a reduction's identity and combiner (`Reduction`), whether a row-wise op (softmax) may
+end a fused group, whether a contraction anchors a GEMM/conv epilogue, and the pure strides
+rule of a view op (`view_strides`). `register` records the file and line of the registration
+so `python -m graphc.ops` can say where each rule lives.
 
 Contracts:
 - `infer(*input_types, **attrs)` returns one TensorType or a tuple of them (multi-output ops);
@@ -20,11 +23,15 @@ Contracts:
   A grad_output may be None when that output got no gradient (multi-output ops only).
 - Attributes are literals only (int, float, bool, str, None, and tuples of those), so the IR
   text form can round-trip.
+- `view_strides(shape, strides, /, **attrs)` (view ops only) is pure: from the source's shape and
+  element strides it returns `(offset, strides)` of the view in elements, or None where the
+  kernel would copy; it agrees with what the numpy kernel gives (a test checks it).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -46,6 +53,37 @@ KINDS = (ELEMENTWISE, REDUCE, MOVEMENT, CONTRACTION, POOL, NORM, LOSS, SOURCE, R
 
 VARIADIC = "*"  # an `inputs` entry starting with this takes any number of tensors (concat)
 
+# The combiners a Reduction may name, and the identities it may start from.
+COMBINERS = ("add", "mul", "max", "min")
+IDENTITIES = ("zero", "one", "lowest", "highest")
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """What a reduction op computes: `acc = combiner(acc, x)` over the reduced elements,
+    starting from `identity`; `mean` divides the result by the number of elements reduced.
+
+    `combiner` is one of COMBINERS: add and mul on bool are `or` and `and` (numpy's sum and
+    prod of bools, cast back), max and min propagate NaN as numpy does. `identity` is one of
+    IDENTITIES, the combiner's identity element: `identity_value(dtype)` gives it as a Python
+    literal (lowest/highest are -inf/inf for floats, the int64 limits, False/True for bool).
+    """
+
+    combiner: str
+    identity: str
+    mean: bool = False
+
+    def identity_value(self, dtype) -> bool | int | float:
+        """The start value of the accumulator in `dtype` (a graphc DType)."""
+        if self.identity in ("zero", "one"):
+            return int(self.identity == "one")
+        highest = self.identity == "highest"
+        if dtype.is_floating:
+            return math.inf if highest else -math.inf
+        if dtype.name == "bool":
+            return highest
+        return 2**63 - 1 if highest else -(2**63)
+
 
 @dataclass(frozen=True)
 class OpDef:
@@ -65,6 +103,11 @@ class OpDef:
     effectful: bool = False
     doc: str = ""
     source: str = ""
+    # facts passes and backends ask for instead of listing op names (see the module docstring)
+    reduction: Reduction | None = None
+    row_wise: bool = False  # reduces along one dim and maps back (softmax): may end a fused group
+    epilogue_anchor: bool = False  # a contraction whose result a fused elementwise epilogue reads
+    view_strides: Callable[..., tuple[int, tuple[int, ...]] | None] | None = None
 
     @property
     def differentiable(self) -> bool:
@@ -73,6 +116,11 @@ class OpDef:
     @property
     def variadic(self) -> bool:
         return bool(self.inputs) and self.inputs[-1].startswith(VARIADIC)
+
+    @property
+    def ends_fused_group(self) -> bool:
+        """Whether a fused group may end with this op: a reduction or a row-wise op."""
+        return self.reduction is not None or self.row_wise
 
     def __repr__(self) -> str:
         return f"OpDef({self.name!r}, kind={self.kind!r}, at {self.source})"
@@ -85,6 +133,13 @@ def register(opdef: OpDef) -> OpDef:
     """Add an op to the registry, recording where the registration stands in the source."""
     if opdef.kind not in KINDS:
         raise GraphcError(f"op {opdef.name!r}: unknown kind {opdef.kind!r}, expected {KINDS}")
+    if opdef.reduction is not None and (opdef.reduction.combiner not in COMBINERS
+                                        or opdef.reduction.identity not in IDENTITIES):
+        raise GraphcError(f"op {opdef.name!r}: bad reduction {opdef.reduction}, expected a "
+                          f"combiner in {COMBINERS} and an identity in {IDENTITIES}")
+    if opdef.view != (opdef.view_strides is not None):
+        raise GraphcError(f"op {opdef.name!r}: a view op needs a view_strides rule, and only "
+                          "a view op has one")
     if opdef.name in REGISTRY:
         raise GraphcError(f"op {opdef.name!r} registered twice: {REGISTRY[opdef.name].source}")
     frame = inspect.currentframe().f_back

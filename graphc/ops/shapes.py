@@ -1,4 +1,5 @@
-"""Helpers the shape/dtype rules share: broadcasting, axis normalisation, type checks.
+"""Helpers the shape/dtype rules share: broadcasting, axis normalisation, type checks, and
+the element-stride helpers of the view rules (`c_contiguous`, `contiguous_element_strides`).
 
 All of them are pure functions over shapes and TensorTypes. Errors carry PyTorch's wording
 where PyTorch has one (broadcasting), prefixed with the op name and the user's source line.
@@ -136,3 +137,26 @@ def size_arg(op: str, size) -> tuple[int, ...]:
 def format_size(shape) -> str:
     """A shape as PyTorch prints it in messages: [2, 3]."""
     return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+# ---- element strides (the view ops' `view_strides` rules and the backends use them) --------
+def c_contiguous(shape: tuple, strides: tuple) -> bool:
+    """numpy's C-contiguity in element strides: size-1 dims do not count, empty is contiguous."""
+    if 0 in shape:
+        return True
+    step = 1
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1:
+            if s != step:
+                return False
+            step *= n
+    return True
+
+
+def contiguous_element_strides(shape: tuple) -> tuple[int, ...]:
+    """Row-major element strides of `shape` (numpy's: a 0-size dim does not scale the rest)."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= n or 1
+    return tuple(reversed(out))

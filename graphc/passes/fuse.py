@@ -4,12 +4,12 @@ What forms a group (nodes are visited in graph order; a node joins the groups of
 that produce its inputs, and several such groups merge when it joins them all):
 - elementwise: chains and DAGs of pure ELEMENTWISE ops, with broadcasting; each instruction
   of the body keeps its own type, as the registry's shape rule gives it;
-- reduce: a reduction (`REDUCTIONS`: reduce_sum/mean/max/min/prod, and softmax/log_softmax,
-  which the registry has as row-wise primitives) absorbs the elementwise group that produces
+- reduce: an op whose OpDef `ends_fused_group` (a `reduction`: reduce_sum/mean/max/min/prod,
+  or `row_wise`: softmax/log_softmax) absorbs the elementwise group that produces
   its input, when every member's shape broadcasts into the reduction's input; the reduction
   ends the group (nothing joins it afterwards), e.g. sum of squares, an optimizer's moment
   update followed by its norm, the exp/mul/sub pieces of log_softmax's backward;
-- epilogue: a matmul or conv2d (`EPILOGUE_ANCHORS`) whose raw result is read by exactly one
+- epilogue: an `epilogue_anchor` op (matmul, conv2d) whose raw result is read by exactly one
   node, an elementwise one, and by no graph output or update, starts a group; elementwise ops
   over its result (bias add, activation, a ReLU mask) join it when their output has the
   contraction's shape and none of them is an ancestor of the contraction. The contraction is
@@ -64,10 +64,6 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.verifier import verify
 from graphc.ops.registry import ELEMENTWISE, REGISTRY, SOURCE
 
-EPILOGUE_ANCHORS = ("matmul", "conv2d")
-REDUCTIONS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod",
-              "softmax", "log_softmax")
-
 # Roles a node can play; the kind of a group is "elementwise", "reduce", "epilogue" or "single".
 ELEMENTWISE_ROLE, REDUCE_ROLE, ANCHOR_ROLE, CONSTANT_ROLE, OPAQUE_ROLE = (
     "elementwise", "reduce", "anchor", "constant", "opaque")
@@ -108,9 +104,9 @@ def _role(node: Node) -> str:
         return OPAQUE_ROLE
     if opdef.kind == ELEMENTWISE:
         return ELEMENTWISE_ROLE
-    if node.op in REDUCTIONS:
+    if opdef.ends_fused_group:
         return REDUCE_ROLE
-    if node.op in EPILOGUE_ANCHORS:
+    if opdef.epilogue_anchor:
         return ANCHOR_ROLE
     if opdef.kind == SOURCE and not node.inputs:
         return CONSTANT_ROLE
@@ -412,4 +408,4 @@ def fuse(graph: Graph) -> Graph:
     return out
 
 
-__all__ = ["EPILOGUE_ANCHORS", "REDUCTIONS", "FuseError", "FuseReport", "fuse", "kernel_count"]
+__all__ = ["FuseError", "FuseReport", "fuse", "kernel_count"]

@@ -3,8 +3,9 @@
 Terms. An *intermediate* is a value a node defines; graph inputs are bound externally and
 never live in the arena. A *buffer* is one piece of arena memory. Every intermediate belongs
 to exactly one buffer (`MemoryPlan.buffer_of`), or to none when it aliases a graph input:
-- a view (an op registered with `view=True` whose numpy kernel really returns a view of its
-  input; a reshape that must copy gets a buffer of its own) lives in its input's buffer and
+- a view (an op registered with `view=True` whose `view_strides` rule finds the view's
+  strides over its input, as numpy's kernel would return a view; a reshape that must copy
+  gets a buffer of its own) lives in its input's buffer and
   keeps that buffer alive as long as the view is read;
 - an ELEMENTWISE node (or a fused node whose body is elementwise) writes an output in place
   into an input's buffer when that input is a buffer's own value (not a view), dies at this
@@ -31,11 +32,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.registry import ELEMENTWISE, FUSED, REGISTRY, SOURCE
+from graphc.ops.shapes import contiguous_element_strides
 
 ALIGN = 64
 _FUSED_INPLACE_OPS = {"broadcast_to"}  # movement ops a fused elementwise body may hold
@@ -132,13 +132,13 @@ class _Facts:
         self.root: dict[Value, Value] = {v: v for v in graph.inputs}
         self.views: dict[Value, Value] = {}
         producer: dict[Value, int] = {}
-        fakes: dict[Value, np.ndarray] = {}
+        strides: dict[Value, tuple[int, ...]] = {}  # element strides of views and roots
         for i, node in enumerate(self.nodes):
             for v in node.outputs:
                 producer[v] = i
                 self.root[v] = v
             if node.op in REGISTRY and REGISTRY[node.op].view:
-                self._view(node, fakes)
+                self._view(node, strides)
         self.users: dict[Value, set[int]] = {}  # root -> indices of nodes reading it or a view
         for i, node in enumerate(self.nodes):
             for v in node.inputs:
@@ -163,23 +163,19 @@ class _Facts:
                 last_effect = i
             self.preds.append(deps)
 
-    def _view(self, node: Node, fakes: dict[Value, np.ndarray]) -> None:
-        """Run the view kernel on a stand-in array: does numpy give a view or a copy?"""
+    def _view(self, node: Node, strides: dict[Value, tuple[int, ...]]) -> None:
+        """Does the view op give a view of its input (its OpDef's `view_strides` rule) or a
+        copy? A view of nothing (0 elements) is planned as a copy, as before."""
         x, out = node.inputs[0], node.outputs[0]
         root = self.root[x]
-        if root not in fakes:
-            fakes[root] = np.empty(root.type.shape, root.type.dtype.np)  # never touched
-        if x not in fakes:
-            return  # x is a copy made by an earlier view op whose stand-in we did not keep
-        try:
-            result = REGISTRY[node.op].kernel(*[fakes.get(v) for v in node.inputs],
-                                              **node.attrs)
-        except Exception:  # a kernel that needs real values: plan a copy, the safe choice
-            return
-        if isinstance(result, np.ndarray) and result.size and \
-                np.may_share_memory(result, fakes[root]):
+        if root not in strides:
+            strides[root] = contiguous_element_strides(root.type.shape)
+        if x not in strides:
+            return  # x is a copy made by an earlier view op: it is a root of its own
+        found = REGISTRY[node.op].view_strides(x.type.shape, strides[x], **node.attrs)
+        if found is not None and out.type.numel:
             self.root[out], self.views[out] = root, x
-            fakes[out] = result
+            strides[out] = found[1]
 
     def size(self, v: Value) -> int:
         return v.type.nbytes

@@ -300,9 +300,6 @@ _NEUTRAL = (("mul", 1, 1.0), ("mul", 0, 1.0), ("add", 1, 0.0), ("add", 0, 0.0),
             ("sub", 1, 0.0), ("div", 1, 1.0))
 
 
-_REDUCTIONS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")
-
-
 def _dropped(shape: tuple, reduction: Node) -> tuple:
     """`shape` (a keepdim reduction's result) without the reduced axes."""
     return tuple(n for i, n in enumerate(shape) if i not in reduction.attrs["axes"])
@@ -311,6 +308,12 @@ def _dropped(shape: tuple, reduction: Node) -> tuple:
 def _compose_permute(inner: tuple, outer: tuple) -> tuple:
     """dims of permute(permute(x, inner), outer) as one permute of x."""
     return tuple(inner[d] for d in outer)
+
+
+def _is_reduction(node: Node) -> bool:
+    """Whether `node` is a registry reduction (reduce_sum/mean/max/min/prod: axes, keepdim)."""
+    opdef = REGISTRY.get(node.op)
+    return opdef is not None and opdef.reduction is not None
 
 
 def _fresh(node: Node | None) -> bool:
@@ -340,7 +343,7 @@ def _algebra_rewrite(node: Node, producer: dict[Value, Node],
         return None
     if op == "copy" and uses.get(x) == 1 and _fresh(src):
         return x  # the copy's input is a fresh buffer nothing else reads
-    if (op == "reshape" and src.op in _REDUCTIONS and src.attrs["keepdim"]
+    if (op == "reshape" and _is_reduction(src) and src.attrs["keepdim"]
             and uses.get(x) == 1 and out.type.shape == _dropped(x.type.shape, src)):
         return Node(src.op, list(src.inputs), {**src.attrs, "keepdim": False}, [out], node.loc)
     if op == "neg" and src.op == "neg":
