@@ -1,20 +1,33 @@
 """The one dispatch point all tensor math goes through.
 
 `apply(opdef, *inputs, **attrs)` checks the inputs against the op's shape/dtype rule, then
-either hands the call to the active tracer (which records an IR node) or runs the numpy
-kernel, wraps the results, and, when grad mode is on and an input requires grad, attaches an
-`OpBackward` node. `apply_inplace` is the in-place variant: it computes the out-of-place result
-with history, writes it into the target, bumps the target's version counter, and rebases the
-target's history onto the new node (PyTorch's semantics, including its errors for leaves that
-require grad and for shape changes).
+runs the numpy kernel (eager mode) or, in abstract evaluation, only that rule, wraps the
+results, and, when grad mode is on and an input requires grad, attaches an `OpBackward` node.
+Inside a trace the active tracer is then told of the application and records an IR node.
+`apply_inplace` is the in-place variant: it computes the out-of-place result with history,
+writes it into the target, bumps the target's version counter, and rebases the target's
+history onto the new node (PyTorch's semantics, including its errors for leaves that require
+grad and for shape changes).
 
-The tracer hook (`set_tracer`): inside a trace every op still runs eagerly (so values, shapes and
-autograd are real), and the tracer is told of each op application and each in-place write.
+Abstract evaluation (`abstract_eval()`; JAX's abstract eval, PyTorch's FakeTensor mode): ops
+run their `OpDef.infer` rule only and return *abstract* tensors, which have a shape, a dtype
+and autograd state but no data (`Tensor.is_abstract`; their array is a `graphc.tensor.
+AbstractArray`, whose values cannot be read). Autograd works unchanged on them (VJPs are ops
+too), so a forward and its backward cost time in the number of ops, not in tensor sizes.
+Concrete tensors (parameters, inputs) may be read by ops in that mode; an in-place write into
+one changes no data: inside a trace the tracer rebinds the tensor to the written value (the
+compiled graph makes the change), outside one it is refused. `derive_backward` and
+`graphc.trace` / `graphc.compile` run in this mode.
+
+The tracer hook (`set_tracer`) and the abstract flag are per thread: a trace in one thread does
+not see ops that another thread runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -25,18 +38,49 @@ from graphc.ops import registry
 from graphc.ops.registry import OpDef
 from graphc.types import TensorType, bool_, float32, int64, promote
 
-_tracer = None  # an object with record(opdef, inputs, attrs, out_types) -> outputs
+class _DispatchState(threading.local):
+    """This thread's tracer (an object with `record(opdef, inputs, attrs, outputs)`, `alias`,
+    `before_write` and `rebind`; None outside a trace) and abstract-evaluation flag."""
+
+    tracer = None
+    abstract = False
+
+
+_state = _DispatchState()
 
 
 def set_tracer(tracer) -> object:
-    """Install a tracer (None to remove); returns the previous one so it can be restored."""
-    global _tracer
-    previous, _tracer = _tracer, tracer
+    """Install this thread's tracer (None to remove); returns the previous one to restore."""
+    previous, _state.tracer = _state.tracer, tracer
     return previous
 
 
 def current_tracer():
-    return _tracer
+    """This thread's tracer, or None outside a trace."""
+    return _state.tracer
+
+
+def is_abstract() -> bool:
+    """Whether ops run in abstract evaluation (shape/dtype rules only) in this thread."""
+    return _state.abstract
+
+
+@contextlib.contextmanager
+def abstract_eval(enabled: bool = True) -> Iterator[None]:
+    """Run ops by their shape/dtype rule only (see the module docstring).
+
+    >>> import graphc
+    >>> x = graphc.ones(8192, 784)
+    >>> with abstract_eval():
+    ...     y = (x @ graphc.ones(784, 10)).relu()
+    >>> y.shape, y.is_abstract
+    (graphc.Size([8192, 10]), True)
+    """
+    previous, _state.abstract = _state.abstract, bool(enabled)
+    try:
+        yield
+    finally:
+        _state.abstract = previous
 
 
 def scalar_dtype(value, like):
@@ -89,11 +133,14 @@ def apply(opdef: OpDef, *inputs, **attrs):
     single = isinstance(out_types, TensorType)
     if single:
         out_types = (out_types,)
-    with np.errstate(all="ignore"):  # inf/nan follow IEEE as in PyTorch, without warnings
-        result = opdef.kernel(*(t._data for t in inputs), **attrs)
-    arrays = (result,) if single else tuple(result)
-    outputs = tuple(_wrap_output(opdef, a, ty, inputs, attrs)
-                    for a, ty in zip(arrays, out_types))
+    if _state.abstract:
+        outputs = tuple(_abstract_output(opdef, ty, inputs, attrs) for ty in out_types)
+    else:
+        with np.errstate(all="ignore"):  # inf/nan follow IEEE as in PyTorch, without warnings
+            result = opdef.kernel(*(t._data for t in inputs), **attrs)
+        arrays = (result,) if single else tuple(result)
+        outputs = tuple(_wrap_output(opdef, a, ty, inputs, attrs)
+                        for a, ty in zip(arrays, out_types))
 
     if (
         opdef.vjp is not None
@@ -106,8 +153,9 @@ def apply(opdef: OpDef, *inputs, **attrs):
         for nr, out in enumerate(outputs):
             if out.dtype.is_floating:
                 out._set_history(node, nr)
-    if _tracer is not None:
-        _tracer.record(opdef, inputs, attrs, outputs)
+    tracer = _state.tracer
+    if tracer is not None:
+        tracer.record(opdef, inputs, attrs, outputs)
     return outputs[0] if single else outputs
 
 
@@ -124,12 +172,25 @@ def _wrap_output(opdef: OpDef, array, ty: TensorType, inputs: tuple, attrs: dict
         )
     out = Tensor._wrap(array)
     if opdef.view and inputs and np.shares_memory(array, inputs[0]._data):
-        base = inputs[0]._base if inputs[0]._base is not None else inputs[0]
-        out._base = base
-        out._version_counter = inputs[0]._version_counter
-        out._view_of = (inputs[0], opdef.name, attrs)
+        _make_view(out, inputs[0], opdef, attrs)
     return out
 
+
+def _abstract_output(opdef: OpDef, ty: TensorType, inputs: tuple, attrs: dict):
+    """An abstract tensor of type `ty`; a view op's result counts as a view of its input
+    (there is no memory to compare, and a kernel gives a view wherever it can)."""
+    from graphc.tensor import Tensor
+
+    out = Tensor._abstract(ty)
+    if opdef.view and inputs:
+        _make_view(out, inputs[0], opdef, attrs)
+    return out
+
+
+def _make_view(out, source, opdef: OpDef, attrs: dict) -> None:
+    out._base = source._base if source._base is not None else source
+    out._version_counter = source._version_counter
+    out._view_of = (source, opdef.name, attrs)
 
 
 _TORCH_TYPE_NAMES = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}
@@ -178,6 +239,7 @@ def apply_inplace(target, op_name: str, compute: Callable):
     """
     grad_mode = is_grad_enabled()
     base = target._base
+    tracer = _state.tracer
     if grad_mode and target.requires_grad and target.is_leaf:
         raise AutogradError(
             f"{where(op_name)}: a leaf Variable that requires grad is being used in an in-place "
@@ -191,8 +253,8 @@ def apply_inplace(target, op_name: str, compute: Callable):
         )
     if grad_mode:
         old = target._detached_copy_with_history()
-        if _tracer is not None:
-            _tracer.alias(old, target)  # the snapshot holds the target's current IR value
+        if tracer is not None:
+            tracer.alias(old, target)  # the snapshot holds the target's current IR value
         result = compute(old)
     else:
         with no_grad():
@@ -216,7 +278,13 @@ def apply_inplace(target, op_name: str, compute: Callable):
             "one (e.g. a detached view) while autograd is recording; clone() it first, or use "
             "the out-of-place op"
         )
-    if not target._data.flags.writeable:
+    abstract = _state.abstract or target.is_abstract
+    if abstract and tracer is None and not target.is_abstract:
+        raise TraceError(
+            f"{where(op_name)}: an in-place change of a concrete tensor under abstract "
+            "evaluation (graphc.dispatch.abstract_eval) would change no data; work on a clone(), "
+            "or leave abstract evaluation first")
+    if not abstract and not target._data.flags.writeable:
         raise ShapeError(
             f"{where(op_name)}: unsupported operation: more than one element of the written-to "
             "tensor refers to a single memory location. Please clone() the tensor before "
@@ -224,7 +292,7 @@ def apply_inplace(target, op_name: str, compute: Callable):
         )
     if records and result.dtype is not target.dtype:
         result = registry.call("cast", result, dtype=target.dtype.name)
-    if _tracer is not None and base is not None:
+    if (tracer is not None or abstract) and base is not None:
         raise TraceError(
             f"{where(op_name)}: in-place change of a view (a slice, reshape or transpose of "
             "another tensor) inside a traced function is not supported yet; clone() the view "
@@ -233,12 +301,13 @@ def apply_inplace(target, op_name: str, compute: Callable):
     if chain is not None:
         _write_through_view(target, base, chain, result)
         return target
-    if _tracer is not None:
-        _tracer.before_write(target)
-    np.copyto(target._data, result._data, casting="unsafe")
+    if not abstract:  # abstract: no data to write, the tracer's rebinding below is the write
+        if tracer is not None:
+            tracer.before_write(target)
+        np.copyto(target._data, result._data, casting="unsafe")
     target._version_counter.bump()
-    if _tracer is not None:
-        _tracer.rebind(target, result)
+    if tracer is not None:
+        tracer.rebind(target, result)
     if records:
         _rebase_history(target, result, op_name)
     return target

@@ -1,7 +1,9 @@
 """`Tensor`: a numpy array plus autograd state.
 
 A Tensor owns (or, for views and `from_numpy`, shares) a numpy array in one of graphc's four
-dtypes. Its autograd state follows PyTorch: `requires_grad`, `grad`, `grad_fn` with the output
+dtypes, or, when abstract evaluation made it (graphc.dispatch.abstract_eval, which tracing and
+`derive_backward` use), an `AbstractArray`: a shape and a dtype with no data, whose values
+cannot be read. Its autograd state follows PyTorch: `requires_grad`, `grad`, `grad_fn` with the output
 slot it fills, a version counter shared with its views and bumped by every in-place change,
 and `is_leaf`. Every piece of math is a function in `graphc.tensor_ops` that goes through the
 dispatch point; the methods and operators here only forward to those functions, so eager mode
@@ -25,6 +27,49 @@ _SERIALS = itertools.count()
 def tensor_serial() -> int:
     """A serial number above every tensor made so far (tensors are numbered as they are made)."""
     return next(_SERIALS)
+
+
+class AbstractArray:
+    """Stands in for the numpy array of an abstract tensor: a shape and a dtype, no data.
+
+    It answers what code asks of an array's metadata (`shape`, `dtype`, `ndim`, `size`,
+    `nbytes`); anything that needs the values (numpy conversion, arithmetic) raises TraceError.
+    """
+
+    __slots__ = ("dtype", "shape")
+    __array_priority__ = 2000  # `ndarray + AbstractArray` asks this class, which refuses
+
+    def __init__(self, shape: tuple, dtype) -> None:
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def copy(self) -> AbstractArray:
+        return AbstractArray(self.shape, self.dtype)
+
+    def __array__(self, dtype=None, copy=None):
+        raise TraceError(
+            f"an abstract tensor (shape {list(self.shape)}, dtype {self.dtype}) has no values: "
+            "it was made by abstract evaluation (tracing, derive_backward), which runs each op's "
+            "shape rule only. Read values outside the traced function, or from the compiled "
+            "call's results.")
+
+    def __repr__(self) -> str:
+        return f"AbstractArray(shape={self.shape}, dtype={self.dtype})"
 
 
 class VersionCounter:
@@ -147,8 +192,15 @@ class Tensor:
         t._init(array, requires_grad)
         return t
 
-    def _init(self, array: np.ndarray, requires_grad: bool = False) -> None:
-        if not isinstance(array, np.ndarray):
+    @classmethod
+    def _abstract(cls, ty: TensorType, requires_grad: bool = False) -> Tensor:
+        """An abstract tensor of type `ty`: shape and dtype, no data (internal constructor)."""
+        t = object.__new__(cls)
+        t._init(AbstractArray(ty.shape, ty.dtype.np), requires_grad)
+        return t
+
+    def _init(self, array: np.ndarray | AbstractArray, requires_grad: bool = False) -> None:
+        if not isinstance(array, (np.ndarray, AbstractArray)):
             array = np.asarray(array)
         dtype = dtype_of_numpy(array.dtype)
         if array.dtype != dtype.np:
@@ -237,6 +289,12 @@ class Tensor:
         return "graphc." + _TYPE_NAMES[self._dtype.name]
 
     @property
+    def is_abstract(self) -> bool:
+        """Whether this tensor has a shape and dtype but no data (made by abstract evaluation,
+        see graphc.dispatch.abstract_eval); reading its values raises TraceError."""
+        return type(self._data) is AbstractArray
+
+    @property
     def _version(self) -> int:
         return self._version_counter.value
 
@@ -318,8 +376,11 @@ class Tensor:
         return self._accumulator
 
     def _detached_copy_with_history(self) -> Tensor:
-        """A snapshot of the current value that keeps this tensor's history (for in-place)."""
-        t = Tensor._wrap(self._data.copy())
+        """A snapshot of the current value that keeps this tensor's history (for in-place);
+        an abstract one under abstract evaluation (no data is copied)."""
+        from graphc.dispatch import is_abstract
+
+        t = Tensor._abstract(self.type) if is_abstract() else Tensor._wrap(self._data.copy())
         t.grad_fn, t._output_nr, t._requires_grad = self.grad_fn, self._output_nr, False
         if self.grad_fn is not None:
             t._requires_grad = True
@@ -367,8 +428,10 @@ class Tensor:
         self.grad_fn.retains_grad[self._output_nr] = self._store_retained_grad
 
     def _store_retained_grad(self, grad: Tensor) -> None:
-        if not grad.requires_grad:
-            grad = Tensor._wrap(grad._data.astype(self._dtype.np, copy=True))
+        if not grad.requires_grad:  # a copy of its own, through the dispatch point (traceable)
+            from graphc.ops.registry import call
+
+            grad = call("cast", grad, dtype=self._dtype.name)
         self._grad = grad if self._grad is None else self._grad + grad
 
     @property
@@ -400,6 +463,12 @@ class Tensor:
             raise TraceError(
                 f"{what} needs the tensor's value, which a trace does not have. Use graphc.where "
                 "for data-dependent choices, or move this code out of the compiled function."
+            )
+        if self.is_abstract:
+            raise TraceError(
+                f"{what} needs the tensor's value, and this tensor is abstract (shape "
+                f"{list(self.shape)}, {self._dtype.name}, no data): it was made by abstract "
+                "evaluation (graphc.dispatch.abstract_eval). Compute it outside that mode."
             )
 
     def numpy(self, *, force: bool = False) -> np.ndarray:
@@ -476,6 +545,10 @@ class Tensor:
         return id(self)
 
     def __repr__(self) -> str:
+        if self.is_abstract:
+            grad = ", requires_grad=True" if self._requires_grad else ""
+            return (f"tensor(..., size={tuple(self.shape)}, dtype=graphc.{self._dtype.name}, "
+                    f"abstract=True{grad})")
         from graphc.printing import tensor_repr
 
         return tensor_repr(self)

@@ -109,7 +109,7 @@ def run_backward(
                     f"outputs, got a tensor of shape {list(t.shape)}; reduce it first "
                     "(loss.sum().backward() or loss.mean().backward()) or pass the gradient: "
                     "loss.backward(gradient)")
-            g = Tensor._wrap(np.ones_like(t._data))
+            g = Tensor._wrap(np.ones(tuple(t.shape), t.dtype.np))  # no data read: t may be abstract
         elif tuple(g.shape) != tuple(t.shape):
             raise ShapeError(
                 f"Mismatch in shape: grad_output[{i}] has a shape of {list(g.shape)} and "
