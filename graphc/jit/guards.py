@@ -39,15 +39,21 @@ from __future__ import annotations
 
 import itertools
 import operator
-import types
 from typing import Any
 
 import numpy as np
 
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.jit.bindings import TensorBinding, TraceResult
-from graphc.jit.pytree import LITERALS, flat_leaves, flatten
-from graphc.jit.reach import grad_holders, optimizer_params, reachable
+from graphc.jit.pytree import LITERALS, flatten
+from graphc.jit.reach import (
+    ABSENT,
+    Reads,
+    cell_contents,
+    grad_holders,
+    optimizer_params,
+    reachable,
+)
 from graphc.tensor import Tensor
 
 
@@ -208,9 +214,6 @@ def _fmt(x) -> str:
 
 
 # ---- the fast guard --------------------------------------------------------------------------
-_ABSENT = object()  # an attribute, global, cell or dict entry that is not there
-
-
 class Guard:
     """Cheap checks that, when they all hold, imply the call's full signature equals the one
     computed at the same moment as the guard was built (see "The fast path" in the module
@@ -223,9 +226,9 @@ class Guard:
     def __init__(self, fn, args: tuple, kwargs: dict) -> None:
         self.grad_mode = is_grad_enabled()
         self.call = _describe_call(args, kwargs)
-        self.attrs: list = []  # (object, attribute, value or _ABSENT): getattr is value
-        self.cells: list = []  # (closure cell, contents or _ABSENT)
-        self.lookups: list = []  # (dict, keys, values or _ABSENT): d.get(key) is value
+        self.attrs: list = []  # (object, attribute, value or ABSENT): getattr is value
+        self.cells: list = []  # (closure cell, contents or ABSENT)
+        self.lookups: list = []  # (dict, keys, values or ABSENT): d.get(key) is value
         self.empty: list = []  # containers that are empty
         self.dicts: list = []  # (dict, keys in order, values): same keys, same objects
         self.seqs: list = []  # (list or tuple, items): same length, same objects
@@ -244,13 +247,13 @@ class Guard:
         if is_grad_enabled() != self.grad_mode or _describe_call(args, kwargs) != self.call:
             return False
         for obj, attr, value in self.attrs:
-            if getattr(obj, attr, _ABSENT) is not value:
+            if getattr(obj, attr, ABSENT) is not value:
                 return False
         for cell, value in self.cells:
-            if _cell_contents(cell) is not value:
+            if cell_contents(cell) is not value:
                 return False
         for d, keys, values in self.lookups:
-            if not all(map(operator.is_, map(d.get, keys, itertools.repeat(_ABSENT)), values)):
+            if not all(map(operator.is_, map(d.get, keys, itertools.repeat(ABSENT)), values)):
                 return False
         if any(map(len, self.empty)):
             return False
@@ -284,13 +287,6 @@ def _describe_call(args: tuple, kwargs: dict) -> tuple:
     return tuple(map(_describe, args)), tuple((k, _describe(v)) for k, v in kwargs.items())
 
 
-def _cell_contents(cell):
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return _ABSENT
-
-
 def _grad_type(g):
     return None if g is None else (g._data.shape, g._dtype, g._requires_grad)
 
@@ -308,32 +304,26 @@ def _arg_holders(args: tuple, kwargs: dict, captured_ids: frozenset) -> tuple:
     return tuple(out)
 
 
-class _GuardBuilder:
+class _GuardBuilder(Reads):
     """Fills a Guard by walking what `reachable_state` walks: `graphc.jit.reach.reachable`
-    (captured_roots, one level into plain objects, containers and functions), the modules'
-    `_module_state`, the optimizers' `_optimizer_state` and the `grad_holders`. It records every
-    container it reads, so a change to any of them fails the guard."""
+    (told every read, as a `Reads`), the modules' `_module_state`, the optimizers'
+    `_optimizer_state` and the `grad_holders`. It records every container it reads, so a
+    change to any of them fails the guard."""
 
     def __init__(self, guard: Guard) -> None:
         self.g = guard
-        self.seen: set[int] = set()
-        self.found: list = []
         self.modules_seen: set[int] = set()
 
     def build(self, fn, args: tuple, kwargs: dict) -> None:
         from graphc.nn.module import Module
         from graphc.optim.optimizer import Optimizer
 
-        for obj in self._roots(fn):
-            self._visit(obj, 0)
-        for _, arg in flat_leaves((args, kwargs)):
-            if not isinstance(arg, (Tensor,) + LITERALS):
-                self._visit(arg, 1)
+        found = [obj for _, obj in reachable(fn, args, kwargs, reads=self)]
         holders: list[Tensor] = []
-        for obj in self.found:
+        for obj in found:
             if isinstance(obj, Module):
                 holders += self._module(obj)
-        for obj in self.found:
+        for obj in found:
             if isinstance(obj, Optimizer):
                 holders += self._optimizer(obj)
             elif isinstance(obj, Tensor):
@@ -347,80 +337,29 @@ class _GuardBuilder:
         self.g.arg_holders = _arg_holders(args, kwargs, self.g.holder_ids) if needs_grad \
             else None  # none requires grad: the arguments' description says so for the call
 
-    def _roots(self, fn) -> list:
-        """What `graphc.jit.reach.captured_roots` returns, each read recorded."""
-        if _is_module(fn):
-            return [fn]
-        g = self.g
-        target = getattr(fn, "__func__", fn)
-        roots = []
-        owner = getattr(fn, "__self__", None)
-        if isinstance(fn, types.FunctionType):  # __func__, __self__: only set in its __dict__
-            self._dict(fn.__dict__)
-            g.attrs.append((fn, "__code__", fn.__code__))  # the one writable one
-        elif not isinstance(fn, types.MethodType):  # a method's attributes are read-only
-            g.attrs += [(fn, a, getattr(fn, a, _ABSENT)) for a in ("__func__", "__self__")]
-        if target is not fn:
-            g.attrs += [(target, a, getattr(target, a, _ABSENT))
-                        for a in ("__code__", "__closure__", "__globals__")]
-        if owner is not None:
-            roots.append(owner)
-        code = getattr(target, "__code__", None)
-        closure = getattr(target, "__closure__", None)
-        glb = getattr(target, "__globals__", {})
-        if code is not None:
-            for cell in dict(zip(code.co_freevars, closure or ())).values():
-                value = _cell_contents(cell)
-                g.cells.append((cell, value))
-                if value is not _ABSENT:
-                    roots.append(value)
-            values = tuple(glb.get(name, _ABSENT) for name in code.co_names)
-            g.lookups.append((glb, code.co_names, values))
-            roots += [value for value in values if value is not _ABSENT]
-        return roots
+    # ---- the walk's reads (graphc.jit.reach.Reads) -----------------------------------------
+    def attr(self, obj, name: str, value) -> None:
+        self.g.attrs.append((obj, name, value))
 
-    def _visit(self, obj, depth: int) -> None:
-        """`graphc.jit.reach.reachable`'s visit, recording the containers it reads."""
-        from graphc.nn.module import Module
-        from graphc.optim.optimizer import Optimizer
+    def cell(self, cell, value) -> None:
+        self.g.cells.append((cell, value))
 
-        if isinstance(obj, LITERALS):
-            self.found.append(obj)
-            return
-        if id(obj) in self.seen or isinstance(obj, (type, types.ModuleType)):
-            return
-        self.seen.add(id(obj))
-        if isinstance(obj, (Module, Tensor, Optimizer)):
-            self.found.append(obj)
-        elif depth >= 2:
-            return
-        elif isinstance(obj, (types.FunctionType, types.MethodType)):
-            for item in self._roots(obj):
-                self._visit(item, depth + 1)
-        elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
-            self.g.seqs.append((obj, tuple(obj)))
-            for item in obj:
-                self._visit(item, depth + 1)
-        elif isinstance(obj, dict) and len(obj) <= 64:
-            self._dict(obj)
-            for item in obj.values():
-                self._visit(item, depth + 1)
-        else:
-            if isinstance(obj, (list, tuple, dict)):
-                self.g.big.append(obj)
-            if hasattr(obj, "__dict__") and not callable(obj):
-                d = vars(obj)
-                self.g.attrs.append((obj, "__dict__", d))
-                self._dict(d)
-                for item in list(d.values())[:64]:
-                    self._visit(item, depth + 1)
+    def lookup(self, d: dict, keys: tuple, values: tuple) -> None:
+        self.g.lookups.append((d, keys, values))
 
-    def _dict(self, d: dict) -> None:
+    def mapping(self, d: dict) -> None:
         if d:
             self.g.dicts.append((d, tuple(d), tuple(d.values())))
         else:
             self.g.empty.append(d)
 
+    def sequence(self, seq) -> None:
+        self.g.seqs.append((seq, tuple(seq)))
+
+    def big(self, container) -> None:
+        self.g.big.append(container)
+
+    # ---- the state the signature describes ---------------------------------------------------
     def _tensor(self, t: Tensor) -> None:
         self.g.tensors.append((t, t._data.shape, t._dtype, t._requires_grad, t.grad_fn is None))
 
@@ -433,19 +372,19 @@ class _GuardBuilder:
         g = self.g
         d = vars(module)
         g.attrs.append((module, "__dict__", d))
-        self._dict(d)  # its keys in order, every value by identity
+        self.mapping(d)  # its keys in order, every value by identity
         for key, value in d.items():
             if isinstance(value, Tensor) and not key.startswith("_"):
                 self._tensor(value)
         for name in _HOOK_DICTS:
-            hooks = d[name] if name in d else getattr(module, name, _ABSENT)
+            hooks = d[name] if name in d else getattr(module, name, ABSENT)
             if name not in d:
                 g.attrs.append((module, name, hooks))
             if isinstance(hooks, dict):
-                self._dict(hooks)
+                self.mapping(hooks)
         params = module._parameters
         for table in (params, module._buffers, module._modules):
-            self._dict(table)
+            self.mapping(table)
         for t in list(params.values()) + list(module._buffers.values()):
             if t is not None:
                 self._tensor(t)
@@ -463,15 +402,15 @@ class _GuardBuilder:
         g.seqs.append((groups, tuple(groups)))
         params = []
         for group in groups:
-            self._dict(group)
+            self.mapping(group)
             g.seqs.append((group["params"], tuple(group["params"])))
             params += group["params"]
-        entries = tuple(state.get(p, _ABSENT) for p in params)
+        entries = tuple(state.get(p, ABSENT) for p in params)
         g.lookups.append((state, tuple(params), entries))
         for p, entry in zip(params, entries):
             self._tensor(p)
-            if entry is not _ABSENT:
-                self._dict(entry)
+            if entry is not ABSENT:
+                self.mapping(entry)
                 for value in entry.values():
                     if isinstance(value, Tensor):
                         self._tensor(value)

@@ -17,40 +17,91 @@ from typing import Any
 from graphc.jit.pytree import LITERALS, flat_leaves, flatten, path_name
 from graphc.tensor import Tensor
 
+ABSENT = object()  # an attribute, global, cell or dict entry that is not there
 
-def captured_roots(fn) -> list[tuple[str, Any]]:
+
+class Reads:
+    """What a walk reads, reported to a caller that must notice when any of it changes (the
+    guards of graphc.compile record it). The walker calls one hook per read; this base class
+    records nothing, which is what tracing needs."""
+
+    def attr(self, obj, name: str, value) -> None:
+        """`getattr(obj, name, ABSENT)` was `value`."""
+
+    def cell(self, cell, value) -> None:
+        """A closure cell held `value` (ABSENT when empty)."""
+
+    def lookup(self, d: dict, keys: tuple, values: tuple) -> None:
+        """`d.get(key, ABSENT)` was `value` for each key (a function's globals)."""
+
+    def mapping(self, d: dict) -> None:
+        """All keys (in order) and values of `d` were read."""
+
+    def sequence(self, seq) -> None:
+        """All items of a list or tuple were read."""
+
+    def big(self, container) -> None:
+        """A container with more than 64 items, which the walk does not look into."""
+
+
+_NO_READS = Reads()
+
+
+def cell_contents(cell):
+    """A closure cell's contents, ABSENT for an empty cell."""
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return ABSENT
+
+
+def captured_roots(fn, reads: Reads = _NO_READS) -> list[tuple[str, Any]]:
     """(name, object) for what `fn` can reach: itself if a Module, else its bound `self`, its
-    closure cells and the globals its code names. Used for names and for guards."""
+    closure cells and the globals its code names. Used for names and for guards; `reads` is
+    told everything read on the way."""
     from graphc.nn.module import Module
 
-    roots: list[tuple[str, Any]] = []
     if isinstance(fn, Module):
-        roots.append(("", fn))
-    else:
-        target = getattr(fn, "__func__", fn)
-        if getattr(fn, "__self__", None) is not None:
-            roots.append(("self", fn.__self__))
-        code = getattr(target, "__code__", None)
-        if code is not None:
-            cells = dict(zip(code.co_freevars, target.__closure__ or ()))
-            for var, cell in cells.items():
-                try:
-                    roots.append((var, cell.cell_contents))
-                except ValueError:  # an empty cell
-                    continue
-            glb = getattr(target, "__globals__", {})
-            roots += [(n, glb[n]) for n in code.co_names if n in glb]
+        return [("", fn)]
+    target = getattr(fn, "__func__", fn)
+    if isinstance(fn, types.FunctionType):  # __func__, __self__: only set in its __dict__
+        reads.mapping(fn.__dict__)
+        reads.attr(fn, "__code__", fn.__code__)  # the one writable one
+    elif not isinstance(fn, types.MethodType):  # a method's attributes are read-only
+        for attr in ("__func__", "__self__"):
+            reads.attr(fn, attr, getattr(fn, attr, ABSENT))
+    if target is not fn:
+        for attr in ("__code__", "__closure__", "__globals__"):
+            reads.attr(target, attr, getattr(target, attr, ABSENT))
+    roots: list[tuple[str, Any]] = []
+    owner = getattr(fn, "__self__", None)
+    if owner is not None:
+        roots.append(("self", owner))
+    code = getattr(target, "__code__", None)
+    if code is not None:
+        closure = getattr(target, "__closure__", None) or ()
+        for var, cell in zip(code.co_freevars, closure):
+            value = cell_contents(cell)
+            reads.cell(cell, value)
+            if value is not ABSENT:
+                roots.append((var, value))
+        glb = getattr(target, "__globals__", {})
+        values = tuple(glb.get(name, ABSENT) for name in code.co_names)
+        reads.lookup(glb, code.co_names, values)
+        roots += [(n, v) for n, v in zip(code.co_names, values) if v is not ABSENT]
     return roots
 
 
 def reachable(fn, args: tuple = (), kwargs: dict | None = None,
-              arg_names: list[str] | None = None) -> list[tuple[str, Any]]:
+              arg_names: list[str] | None = None,
+              reads: Reads = _NO_READS) -> list[tuple[str, Any]]:
     """(name, object) for the state a call of `fn` can reach: Python literals, Modules,
     Tensors and Optimizers among `fn`'s captured roots (itself, its `self`, closure cells,
     globals), one level into plain objects, containers and helper functions, and the same
     for the arguments that are neither tensors nor literals (a Module or an object holding one
     passed in). Modules, tensors and optimizers are not looked into. Names are for people
-    (recompile diffs; input names, where `arg_names` names the positional arguments)."""
+    (recompile diffs; input names, where `arg_names` names the positional arguments).
+    `reads` is told every attribute, cell and container the walk reads (see `Reads`)."""
     from graphc.nn.module import Module
     from graphc.optim.optimizer import Optimizer
 
@@ -69,19 +120,27 @@ def reachable(fn, args: tuple = (), kwargs: dict | None = None,
         elif depth >= 2:
             return
         elif isinstance(obj, (types.FunctionType, types.MethodType)):
-            for sub, item in captured_roots(obj):
+            for sub, item in captured_roots(obj, reads):
                 visit(f"{name}.{sub}" if sub != "self" else f"{name}.__self__", item, depth + 1)
         elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
+            reads.sequence(obj)
             for i, item in enumerate(obj):
                 visit(f"{name}[{i}]", item, depth + 1)
         elif isinstance(obj, dict) and len(obj) <= 64:
+            reads.mapping(obj)
             for k, item in obj.items():
                 visit(f"{name}[{k!r}]", item, depth + 1)
-        elif hasattr(obj, "__dict__") and not callable(obj):
-            for attr, item in list(vars(obj).items())[:64]:
-                visit(f"{name}.{attr}", item, depth + 1)
+        else:
+            if isinstance(obj, (list, tuple, dict)):
+                reads.big(obj)
+            if hasattr(obj, "__dict__") and not callable(obj):
+                d = vars(obj)
+                reads.attr(obj, "__dict__", d)
+                reads.mapping(d)
+                for attr, item in list(d.items())[:64]:
+                    visit(f"{name}.{attr}", item, depth + 1)
 
-    for name, obj in captured_roots(fn):
+    for name, obj in captured_roots(fn, reads):
         visit(name, obj, 0)
     for path, arg in flat_leaves((args, kwargs or {})):
         if not isinstance(arg, (Tensor,) + LITERALS):  # those are described as arguments
