@@ -7,6 +7,8 @@ The modules, from the bottom up (each imports only those before it):
 - `bindings`: what feeds each graph input (`ArgBinding`, `TensorBinding`, ...) and
   `TraceResult`;
 - `tracer`: the `Tracer` that dispatch reports every op to, `trace_call` and `graphc.trace`;
+- `autodiff`: the engine of `graphc.passes.autodiff.derive_backward` (eager autograd traced
+  abstractly), installed into that pass when this package is imported;
 - `guards`: the signature of a call and the fast path's cheap checks;
 - `compiled_autograd`: the forward/backward split of a graph whose outputs need a grad_fn;
 - `nan_check`: `GRAPHC_CHECK_NANS`, the first node that made a NaN or an Inf;
@@ -31,6 +33,7 @@ from graphc.jit.bindings import (
     TensorBinding,
     TraceResult,
 )
+from graphc.jit import autodiff as _autodiff  # noqa: F401  (installs derive_backward's engine)
 from graphc.jit.compiler import Compiled, RecompileLimitError, compile  # noqa: I001
 from graphc.jit.tracer import Tracer, trace, trace_call
 

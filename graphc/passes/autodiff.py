@@ -4,14 +4,17 @@
 one graph. It needs a graph that verifies and holds registry ops only (run it before `fuse`).
 `wrt` names the inputs to differentiate (names, Values or positions; default: every floating
 input, so buffers such as BatchNorm's running stats get zero gradients).
-It replays the forward nodes through the dispatch point under a `graphc.tracing.Tracer`, on
-placeholder tensors of the input types (zeros for int and bool inputs, so index kernels stay in
-range; values in [0.1, 1) for floats), with the `wrt` inputs made leaves that require grad, and
-calls `graphc.autograd.grad` on the outputs with one seed per differentiable output. Every VJP
-then runs through the dispatch point and is recorded as IR, so the result is built from the
-registry's VJP rules by the same engine as eager autograd: gradients only for values on a path
-from a `wrt` input to an output, accumulation (`add`) where a value fans out, the same casts
-and broadcast reductions (`check_grads`). The result:
+The backward is built by the front end's own autograd, traced abstractly: the engine in
+graphc.jit.autodiff (installed here with `set_differentiator`, so passes never import the
+front end) replays the forward nodes through the dispatch point in abstract evaluation
+(abstract tensors of the input types: shapes and dtypes, no data, no kernel runs), with the
+`wrt` inputs made leaves that require grad, and calls `graphc.autograd.grad` on the outputs
+with one seed per differentiable output. Every VJP runs through the dispatch point and is
+recorded as IR, so the result is built from the registry's VJP rules by the same engine as
+eager autograd: gradients only for values on a path from a `wrt` input to an output,
+accumulation (`add`) where a value fans out, the same casts and broadcast reductions
+(`check_grads`). Its cost follows the number of nodes, not the tensors' sizes.
+The result:
 - inputs: the forward inputs (same names and order), then one seed `grad_<out>` per
   differentiable output (a floating output that depends on a `wrt` input), in output order;
   with `seeds="ones"` no seed inputs: each seed is a `full` of ones (d sum(outputs));
@@ -53,68 +56,29 @@ peak of live intermediate bytes (see its docstring); `peak_bytes` is the measure
 
 from __future__ import annotations
 
-import functools
+from typing import Callable
 
 import numpy as np
 
-from graphc.autograd import grad as autograd_grad
-from graphc.autograd.function import FunctionBackward, FunctionCtx, connect
-from graphc.autograd.grad_mode import is_grad_enabled, no_grad
-from graphc.dispatch import apply, current_tracer, set_tracer
-from graphc.errors import GraphcError, TraceError
+from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
-from graphc.ir.printer import MISSING, FunctionRegion, Opaque
+from graphc.ir.printer import FunctionRegion
 from graphc.ir.verifier import verify
-from graphc.jit.bindings import ArgBinding
-from graphc.jit.tracer import Tracer
-from graphc.ops.registry import ELEMENTWISE, REGISTRY, call
-from graphc.tensor import Tensor
-from graphc.types import TensorType
+from graphc.ops.registry import ELEMENTWISE, REGISTRY
 
 
 class AutodiffError(GraphcError, ValueError):
     """The graph cannot be differentiated as asked (bad `wrt`, an op without a VJP, ...)."""
 
 
-class _Recorder(Tracer):
-    """A Tracer that stamps every node it records with `self.loc` instead of the Python frame
-    (the replay runs inside this module, so the frame would name the caller, not the model)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name, {})
-        self.loc: str | None = None
-        self._stamped = 0
-        self.function: FunctionRegion | None = None  # whose backward runs now, if custom
-
-    def _stamp(self) -> None:
-        for node in self.graph.nodes[self._stamped:]:
-            node.loc = self.loc
-        self._stamped = len(self.graph.nodes)
-
-    def record(self, opdef, inputs, attrs, outputs) -> None:
-        super().record(opdef, inputs, attrs, outputs)
-        self._stamp()
-
-    def value_of(self, t: Tensor) -> Value:
-        v = super().value_of(t)
-        self._stamp()  # a constant turned into a `full` node
-        return v
-
-    def function_location(self) -> str | None:
-        return self.loc  # a Function applied inside a backward: the line being derived
+# graph, wrt Values, seeds -> the joint graph; installed by graphc.jit.autodiff
+_differentiator: Callable[[Graph, list, str], Graph] | None = None
 
 
-def _set_loc(recorder: _Recorder, loc: str | None, grads: tuple,
-             function: FunctionRegion | None = None) -> None:
-    """Pre-hook of a forward node's grad_fn: what its VJP records is its backward."""
-    recorder.loc = loc
-    recorder.function = function
-
-
-def _placeholder(ty: TensorType, rng: np.random.Generator) -> np.ndarray:
-    if ty.dtype.is_floating:
-        return rng.uniform(0.1, 1.0, ty.shape).astype(ty.dtype.np)
-    return np.zeros(ty.shape, ty.dtype.np)
+def set_differentiator(differentiate: Callable[[Graph, list, str], Graph]) -> None:
+    """Install the engine that builds the joint graph (graphc.jit.autodiff.differentiate)."""
+    global _differentiator
+    _differentiator = differentiate
 
 
 def _resolve_wrt(graph: Graph, wrt) -> list[Value]:
@@ -161,122 +125,25 @@ def derive_backward(graph: Graph, wrt=None, seeds: str = "inputs") -> Graph:
     """
     if seeds not in ("inputs", "ones"):
         raise AutodiffError(f"derive_backward: seeds must be 'inputs' or 'ones', got {seeds!r}")
-    if current_tracer() is not None:
-        raise AutodiffError("derive_backward cannot run inside graphc.trace")
+    if _differentiator is None:
+        raise GraphcError("derive_backward: graphc.jit is not loaded: import graphc first")
     verify(graph)
     wrt_values = _resolve_wrt(graph, wrt)
-    rec = _Recorder(graph.name)
-    rng = np.random.default_rng(0)
-    env: dict[Value, Tensor] = {}
-    for i, v in enumerate(graph.inputs):
-        t = Tensor._wrap(_placeholder(v.type, rng), requires_grad=v in wrt_values)
-        env[v] = t
-        rec.add_input(t, v.name, ArgBinding((0, i)))
-    previous = set_tracer(rec)
-    try:
-        _replay_forward(graph, rec, env)
-        roots, seed_tensors, seed_names, seed_outputs = [], [], [], []
-        for index, out in enumerate(graph.outputs):
-            t = env[out]
-            if not (t.dtype.is_floating and t.requires_grad):
-                continue
-            roots.append(t)
-            seed_outputs.append(index)
-            rec.loc = f"seed of %{out.name}"
-            if seeds == "inputs":
-                seed = Tensor._wrap(np.ones(out.type.shape, out.type.dtype.np))
-                seed_names.append(rec.add_input(seed, f"grad_{out.name}", ArgBinding(())).name)
-            else:
-                seed = call("full", shape=out.type.shape, value=1.0, dtype=out.type.dtype.name)
-            seed_tensors.append(seed)
-        rec.loc = "(backward)"
-        # create_graph: VJPs run with grad mode on, exactly as in an eager double backward
-        try:
-            grads = autograd_grad(roots, [env[w] for w in wrt_values],
-                                  grad_outputs=seed_tensors, create_graph=True,
-                                  allow_unused=True) if roots else (None,) * len(wrt_values)
-        except TraceError as err:
-            if rec.function is None:
-                raise
-            raise AutodiffError(
-                f"derive_backward of @{graph.name}: {_describe(rec.function)}: its backward "
-                f"reads tensor values ({err}). A derived backward is a graph that runs again "
-                "for other values, so the backward must be written with graphc ops only "
-                "(graphc.where for data-dependent choices); otherwise keep this Function in "
-                "eager code") from err
-        for k, (w, g) in enumerate(zip(wrt_values, grads)):
-            if g is None:  # no output depends on w
-                rec.loc = f"zero gradient: no output depends on %{w.name}"
-                grads = grads[:k] + (call("full", shape=w.type.shape, value=0.0,
-                                          dtype=w.type.dtype.name),) + grads[k + 1:]
-        result = rec.graph
-        result.outputs = [rec.value_of(env[v]) for v in graph.outputs] + \
-            [rec.value_of(g) for g in grads]
-    finally:
-        set_tracer(previous)
-    n_inputs = len(graph.inputs) + len(seed_names)
-    if len(result.inputs) != n_inputs:
-        extra = [v.name for v in result.inputs if v.name not in seed_names][len(graph.inputs):]
-        raise AutodiffError(f"derive_backward of @{graph.name}: a VJP read tensors that are not "
-                            f"values of the graph (made from raw data): {extra}")
-    by_input = dict(zip(graph.inputs, result.inputs))
-    result.updates = [(by_input[target], rec.value_of(env[value]))
-                      for target, value in graph.updates]
-    result.meta["autodiff"] = {"wrt": [w.name for w in wrt_values], "seeds": seed_names,
-                               "seed_outputs": seed_outputs,
-                               "forward_outputs": len(graph.outputs)}
-    return verify(result)
-
-
-def _replay_forward(graph: Graph, rec: _Recorder, env: dict[Value, Tensor]) -> None:
-    """Run each forward node through the dispatch point (recorded, with autograd history);
-    custom Function regions as eager `apply` runs them (see the module docstring)."""
-    regions_at: dict[int, list[FunctionRegion]] = {}
-    inside: set[int] = set()
     for region in graph.meta.get("functions", ()):
         _check_region(graph, region)
-        regions_at.setdefault(region.end, []).append(region)
-        inside.update(range(region.end - region.nodes, region.end))
-    for i, node in enumerate(graph.nodes):
-        for region in regions_at.get(i, ()):
-            _apply_region(region, rec, env)
-        opdef = REGISTRY.get(node.op)
-        where = f"{node.op} at {node.loc or 'unknown location'}"
-        if opdef is None or opdef.kind == "fused":
-            raise AutodiffError(f"derive_backward: {where}: {node.op!r} is not a registry op "
-                                "with a VJP; differentiate before fuse")
-        args = [env[v] for v in node.inputs]
-        rec.loc = node.loc
-        if i in inside:  # a Function's forward: no history, as under apply's no_grad
-            with no_grad():
-                result = apply(opdef, *args, **node.attrs)
-        else:
-            result = apply(opdef, *args, **node.attrs)
-        results = (result,) if len(node.outputs) == 1 else tuple(result)
-        floats = any(v.type.dtype.is_floating for v in node.outputs)
-        if opdef.vjp is None and floats and any(t.requires_grad for t in args) \
-                and i not in inside:
-            raise AutodiffError(f"derive_backward: {where}: {node.op} has no VJP, but its "
-                                "input depends on a differentiated input")
-        for v, t in zip(node.outputs, results):
-            env[v] = t
-        fn = results[0].grad_fn
-        if fn is not None and getattr(fn, "opdef", None) is opdef:
-            loc = f"{node.loc} (backward)" if node.loc else f"backward of %{node.outputs[0].name}"
-            fn.register_prehook(functools.partial(_set_loc, rec, loc))
-    for region in regions_at.get(len(graph.nodes), ()):
-        _apply_region(region, rec, env)
+    return verify(_differentiator(graph, wrt_values, seeds))
 
 
 # ---- custom autograd.Functions ----------------------------------------------------------------
-def _describe(region: FunctionRegion) -> str:
+def describe_region(region: FunctionRegion) -> str:
+    """How an error names a custom Function application."""
     at = f" applied at {region.loc}" if region.loc else ""
     return f"custom autograd.Function {region.name}{at}"
 
 
 def _check_region(graph: Graph, region: FunctionRegion) -> None:
     """Refuse a region derive_backward cannot honour (see the module docstring)."""
-    what = f"derive_backward of @{graph.name}: {_describe(region)}"
+    what = f"derive_backward of @{graph.name}: {describe_region(region)}"
     if not 0 <= region.nodes <= region.end <= len(graph.nodes):
         raise AutodiffError(f"{what}: its region (the {region.nodes} nodes before node "
                             f"{region.end}) does not fit the graph's {len(graph.nodes)} nodes; "
@@ -300,66 +167,6 @@ def _check_region(graph: Graph, region: FunctionRegion) -> None:
         raise AutodiffError(f"{what}: its forward changes outputs {list(region.dirty)} in "
                             "place (ctx.mark_dirty), which derive_backward does not support; "
                             "return new tensors instead")
-
-
-def _apply_region(region: FunctionRegion, rec: _Recorder, env: dict[Value, Tensor]) -> None:
-    """Connect a replayed Function application to its own backward (module docstring), and
-    record the region in the result at its new position."""
-    try:
-        cls = region.function_class()
-    except LookupError as err:
-        raise AutodiffError(f"derive_backward: {_describe(region)}: {err}") from None
-
-    def live(item):
-        if isinstance(item, Value):
-            return env[item]
-        if isinstance(item, tuple):
-            return tuple(live(x) for x in item)
-        if isinstance(item, Opaque):
-            if item.value is MISSING:
-                raise AutodiffError(
-                    f"derive_backward: {_describe(region)}: it holds a {item.type_name} object "
-                    "that IR text cannot keep (opaque); derive the backward on the traced "
-                    "graph in memory, or pass that value as an IR literal")
-            return item.value
-        return item
-
-    args, outs = live(region.args), live(region.outputs)
-    ctx = FunctionCtx()
-    ctx._node_name = f"{cls.__name__}Backward"
-    ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
-    ctx.materialize_grads = region.materialize_grads
-    ctx._saved = live(region.saved)
-    ctx._non_differentiable = {id(outs[k]) for k in region.non_differentiable}
-    for name, item in region.ctx.items():
-        setattr(ctx, name, live(item))
-    placed = FunctionRegion(
-        region.class_path, _mapped(region.args, rec, env), _mapped(region.outputs, rec, env),
-        len(rec.graph.nodes), region.nodes, saved=_mapped(region.saved, rec, env),
-        ctx={k: _mapped(v, rec, env) for k, v in region.ctx.items()},
-        non_differentiable=region.non_differentiable, materialize_grads=region.materialize_grads,
-        loc=region.loc, cls=cls)
-    rec.graph.meta.setdefault("functions", []).append(placed)
-    if not (is_grad_enabled() and any(ctx.needs_input_grad)):
-        return
-    wrapped = connect(cls, ctx, args, outs)
-    for out, t in zip(region.outputs, wrapped):
-        if isinstance(out, Value):
-            env[out] = t
-    node = next(t.grad_fn for t in wrapped if isinstance(t, Tensor)
-                and isinstance(t.grad_fn, FunctionBackward))
-    loc = f"{region.loc} (backward of {region.name})" if region.loc else \
-        f"backward of {region.name}"
-    node.register_prehook(functools.partial(_set_loc, rec, loc, function=region))
-
-
-def _mapped(item, rec: _Recorder, env: dict[Value, Tensor]):
-    """A region item with the forward graph's values replaced by the result's."""
-    if isinstance(item, Value):
-        return rec.value_of(env[item])
-    if isinstance(item, tuple):
-        return tuple(_mapped(x, rec, env) for x in item)
-    return item
 
 
 # ---- memory: liveness and rematerialisation --------------------------------------------------
@@ -510,4 +317,5 @@ def rematerialize(graph: Graph) -> Graph:
     return verify(result)
 
 
-__all__ = ["AutodiffError", "derive_backward", "live_profile", "peak_bytes", "rematerialize"]
+__all__ = ["AutodiffError", "derive_backward", "describe_region", "live_profile", "peak_bytes",
+           "rematerialize", "set_differentiator"]
