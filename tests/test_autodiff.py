@@ -372,3 +372,21 @@ def test_pipeline_derive_then_rematerialize_records_both():
     g, report = run_pipeline(fixture("remat.gir"), [derive_backward, rematerialize])
     assert [r.name for r in report.records] == ["derive_backward", "rematerialize"]
     assert g.meta["autodiff"]["wrt"] == ["x", "w1", "w2"]
+
+
+def test_no_kernel_runs_so_huge_types_cost_nothing(monkeypatch):
+    """derive_backward works on types: 2**40-element operands would not fit in memory."""
+    from graphc.ops.registry import REGISTRY
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("a kernel ran")
+
+    monkeypatch.setattr(type(REGISTRY["matmul"]), "kernel", property(lambda self: no_kernel),
+                        raising=False)
+    g = derive_backward(parse("""graph @f(%x: f32[1048576,1048576], %w: f32[1048576,8]) -> (f32[]) {
+      %0: f32[1048576,8] = matmul(%x, %w)                 # model.py:2
+      %1: f32[1048576,8] = tanh(%0)                        # model.py:3
+      %2: f32[] = reduce_sum[axes=(0, 1), keepdim=false](%1)  # model.py:4
+      return (%2)
+    }"""), wrt=["w"])
+    assert [str(v.type) for v in g.outputs] == ["f32[]", "f32[1048576,8]"]
