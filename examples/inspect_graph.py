@@ -12,7 +12,7 @@ import os
 import graphc
 import graphc.nn as nn
 from graphc.ir.export import render_svg
-from graphc.passes.memory_viz import format_report
+from graphc.passes.memory_report import format_report
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -1,7 +1,7 @@
-"""The `graphc` command line and `graphc.dump`: every subcommand through `graphc.cli.main`,
+"""The `graphc` command line and `graphc.dump`: every subcommand through `graphc.tools.cli.main`,
 its error paths (one line on stderr, exit code 2), and the IR examples of docs/ir.md.
 
-`viz`, `run` and `check` stand on graphc.ir.export, graphc.ir.repro and graphc.testing: the
+`viz`, `run` and `check` stand on graphc.ir.export, graphc.testing.repro and graphc.testing: the
 plumbing is tested with small stand-ins put in sys.modules, and end to end where the real
 modules exist (skipped, with the reason, where they do not).
 """
@@ -20,10 +20,10 @@ import pytest
 
 import graphc
 import graphc.nn as nn
-from graphc.cli import main, summarize
-from graphc.jit.dump import dump, ir_text
 from graphc.errors import ArgumentError, GraphcError
 from graphc.ir import format_graph, parse, run, verify
+from graphc.jit.dump import dump, ir_text
+from graphc.tools.cli import main, summarize
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -299,7 +299,7 @@ def test_run_plumbing_prints_and_saves_outputs(capsys, monkeypatch, tmp_path):
         calls.append(backend)
         return _interp_repro(gir_path, npz_path, backend)
 
-    _stub(monkeypatch, "graphc.ir.repro", run_repro=run_repro)
+    _stub(monkeypatch, "graphc.testing.repro", run_repro=run_repro)
     gir, npz = _write_case(tmp_path)
     out_npz = tmp_path / "out.npz"
     rc, out, _ = _cli(capsys, "run", gir, "--inputs", npz, "--out", out_npz)
@@ -316,7 +316,7 @@ def test_run_plumbing_prints_and_saves_outputs(capsys, monkeypatch, tmp_path):
 
 
 def test_run_bad_inputs_exit_2(capsys, monkeypatch, tmp_path):
-    _stub(monkeypatch, "graphc.ir.repro", run_repro=_interp_repro)
+    _stub(monkeypatch, "graphc.testing.repro", run_repro=_interp_repro)
     gir, npz = _write_case(tmp_path)
     err = _error_line(capsys, "run", tmp_path / "nope.gir", "--inputs", npz)
     assert "nope.gir: no such file" in err

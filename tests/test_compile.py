@@ -9,8 +9,8 @@ import pytest
 
 import graphc
 import graphc.nn as nn
-from graphc.jit.compiler import Compiled, RecompileLimitError
 from graphc.ir import parse, verify
+from graphc.jit.compiler import Compiled, RecompileLimitError
 
 
 def t(rng, *shape) -> graphc.Tensor:

@@ -12,8 +12,8 @@ import graphc
 import graphc.nn as nn
 import graphc.nn.functional as F
 import graphc.optim as optim
-from graphc.jit.compiled_autograd import partition
 from graphc.ir import format_graph, parse
+from graphc.jit.compiled_autograd import partition
 from graphc.passes.autodiff import derive_backward
 
 

@@ -1,4 +1,4 @@
-"""`graphc demo` and `graphc build-runtime`, run in-process through `graphc.cli.main`.
+"""`graphc demo` and `graphc build-runtime`, run in-process through `graphc.tools.cli.main`.
 
 One small demo run (300 images, one epoch, the benchmark cut to a few steps) checks the
 printed summary and every file of the output folder; the rest checks that bad options, a
@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 import graphc.backends
-import graphc.demo_bench as demo_bench
-from graphc.cli import main
-from graphc.demo import batches, build_model, load_digits
+import graphc.tools.demo_bench as demo_bench
 from graphc.errors import GraphcError
 from graphc.ir import parse, verify
+from graphc.tools.cli import main
+from graphc.tools.demo import batches, load_digits
+from graphc.tools.demo_model import build_model
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -40,8 +40,8 @@ from graphc.backends import compile as compile_graph
 from graphc.backends import register_backend
 from graphc.backends.interp import InterpExecutable
 from graphc.ir.interpreter import Interpreter
-from graphc.ir.repro import load_repro, run_repro
 from graphc.testing import compare, tolerance
+from graphc.testing.repro import load_repro, run_repro
 from tests.fuzz.harness import STATS, FuzzMismatch, check_program
 from tests.fuzz.strategies import programs
 

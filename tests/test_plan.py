@@ -21,8 +21,8 @@ from graphc.ir import Interpreter, VerifyError, parse, run
 from graphc.jit.tracer import trace_call
 from graphc.passes import run_pipeline
 from graphc.passes.fuse import fuse
-from graphc.passes.memory_viz import render_memory
 from graphc.passes.plan import ALIGN, PlanError, check_plan, plan_buffers
+from graphc.tools.memory_viz import render_memory
 
 
 def planned(text: str):

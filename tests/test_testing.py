@@ -1,4 +1,4 @@
-"""graphc.testing.assert_compiled_matches and graphc.ir.repro.
+"""graphc.testing.assert_compiled_matches and graphc.testing.repro.
 
 Models (MLP, LeNet-5 with BatchNorm in eval and train mode, with dropout, a custom
 autograd.Function) pass on the interpreter, forward and gradients. A backend registered here
@@ -20,8 +20,8 @@ from graphc import nn
 from graphc.autograd import Function
 from graphc.backends import BACKENDS, register_backend
 from graphc.ir import Interpreter, parse, verify
-from graphc.ir.repro import load_repro, run_repro, save_repro
 from graphc.testing import CompiledMismatch, assert_compiled_matches, compare
+from graphc.testing.repro import load_repro, run_repro, save_repro
 
 
 # ---- models -----------------------------------------------------------------------------------

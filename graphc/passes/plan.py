@@ -106,14 +106,14 @@ class MemoryPlan:
     @property
     def table(self) -> str:
         """The lifetime table: one line per buffer (graphc.passes.memory_viz.format_table)."""
-        from graphc.passes.memory_viz import format_table
+        from graphc.passes.memory_report import format_table
 
         return format_table(self)
 
     @property
     def report(self) -> str:
         """One paragraph: arena bytes against the max-live bound and the naive sum."""
-        from graphc.passes.memory_viz import format_report
+        from graphc.passes.memory_report import format_report
 
         return format_report(self)
 

@@ -39,11 +39,11 @@ from hypothesis import reject
 import graphc
 from graphc.backends import compile as compile_graph
 from graphc.ir.interpreter import Interpreter
-from graphc.ir.repro import first_divergent_node, record_values, save_repro, write_node_repro
 from graphc.jit.bindings import ArgBinding, ConstantBinding
 from graphc.jit.tracer import trace_call
 from graphc.passes import default_passes, run_pipeline
 from graphc.testing import compare, tolerance
+from graphc.testing.repro import first_divergent_node, record_values, save_repro, write_node_repro
 from tests.fuzz.margins import ill_conditioned
 from tests.fuzz.program import Program
 

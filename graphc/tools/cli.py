@@ -20,11 +20,11 @@ backend that cannot run, a missing package), 2 on bad input (a bad option, a mis
 such builder, a builder returning the wrong thing, malformed IR text, a failing trace): one
 line on stderr says what and where, and what to do.
 
-`demo` stands on graphc.demo (scikit-learn and tqdm); `build-runtime` hands its arguments to
+`demo` stands on graphc.tools.demo (scikit-learn and tqdm); `build-runtime` hands its arguments to
 `graphc.backends.cuda.build.main`. Both are imported when the command runs.
 
-The tools `viz`, `run` and `check` stand on `graphc.ir.export`, `graphc.ir.repro` and
-`graphc.testing`, imported when the command runs, so `graphc dump` works without them.
+The tools `viz`, `run` and `check` stand on `graphc.ir.export`, `graphc.testing.repro`
+and `graphc.testing`, imported when the command runs, so `graphc dump` works without them.
 """
 
 from __future__ import annotations
@@ -206,8 +206,8 @@ def _viz_memory(graph, out: str) -> int:
     """Fuse and plan the graph, print the memory report, draw buffers over the schedule."""
     from graphc.passes import run_pipeline
     from graphc.passes.fuse import fuse
-    from graphc.passes.memory_viz import render_memory
     from graphc.passes.plan import plan_buffers
+    from graphc.tools.memory_viz import render_memory
 
     planned, _ = run_pipeline(graph, [fuse, plan_buffers])
     plan = planned.meta["memory_plan"]
@@ -250,7 +250,7 @@ def cmd_run(args) -> int:
     graph = _verify(_read_gir(args.gir), args.gir)
     if not os.path.isfile(args.inputs):
         raise UsageError(f"{args.inputs}: no such file")
-    run_repro = _tool("graphc.ir.repro", "run_repro", "run")
+    run_repro = _tool("graphc.testing.repro", "run_repro", "run")
     try:
         results = run_repro(args.gir, args.inputs, args.backend)
     except GraphcError as err:
@@ -297,7 +297,7 @@ def cmd_cache(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from graphc.demo import DemoError, options_from, run
+    from graphc.tools.demo import DemoError, options_from, run
 
     try:
         return run(options_from(args))
@@ -330,7 +330,7 @@ def cmd_ops(args) -> int:
 
 # ---- the parser ------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from graphc.demo import add_arguments as add_demo_arguments
+    from graphc.tools.demo import add_arguments as add_demo_arguments
 
     parser = _Parser(prog="graphc", description="graphc command line")
     sub = parser.add_subparsers(dest="command", required=True)

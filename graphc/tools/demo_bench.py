@@ -20,6 +20,7 @@ import numpy as np
 
 import graphc
 import graphc.optim as optim
+from graphc.tools.demo_model import make_step
 
 WARMUP_STEPS = 2
 MAX_STEPS = 30
@@ -41,7 +42,6 @@ def median_step_seconds(step: Callable[[], object]) -> float:
 
 def graphc_eager_step_seconds(model, images: np.ndarray, labels: np.ndarray, lr: float) -> float:
     """The median time of the demo's training step run eagerly by graphc."""
-    from graphc.demo import make_step
 
     model = copy.deepcopy(model)
     step = make_step(model, optim.Adam(model.parameters(), lr=lr))

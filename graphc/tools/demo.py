@@ -4,12 +4,12 @@ What a run does, in order:
 1. loads `sklearn.datasets.load_digits` (1797 8x8 images shipped inside scikit-learn, no
    download), scales the pixels to [0, 1] and splits them 80/20, stratified, by `--seed`
    (`--limit N` keeps N images first, for quick runs and tests);
-2. builds `build_model()` and Adam, both seeded by `--seed`;
+2. builds `build_model()` (graphc.tools.demo_model) and Adam, both seeded by `--seed`;
 3. compiles the whole training step (zero_grad, forward, loss, backward, Adam's update) with
    `graphc.compile(step, backend=...)` and trains `--epochs` epochs, one tqdm bar each;
 4. prints train and test accuracy, the compile time, and the median step time of the compiled
-   step against eager graphc and PyTorch eager (graphc.demo_bench);
-5. writes the output folder (graphc.demo_outputs): the IR after each pass, an SVG of the
+   step against eager graphc and PyTorch eager (graphc.tools.demo_bench);
+5. writes the output folder (graphc.tools.demo_outputs): the IR after each pass, an SVG of the
    optimized step, a PNG of its memory plan and `summary.txt`.
 
 Invariants:
@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, TextIO
+from typing import TextIO
 
 import numpy as np
 
@@ -38,6 +38,9 @@ import graphc
 import graphc.nn as nn
 import graphc.optim as optim
 from graphc.errors import GraphcError
+from graphc.tools.demo_bench import step_timings
+from graphc.tools.demo_model import MODEL_TEXT, DemoError, build_model, make_step
+from graphc.tools.demo_outputs import prepare_folder, write_artifacts, write_summary
 
 BACKENDS = ("cpu", "interp", "cuda")
 DEFAULT_EPOCHS = 30
@@ -46,17 +49,6 @@ DEFAULT_OUT = "graphc-out/demo"
 LEARNING_RATE = 3e-3
 TEST_FRACTION = 0.2
 MIN_LIMIT = 50  # a stratified 80/20 split needs at least one test image per digit
-MODEL_TEXT = ("conv 1->16 3x3, relu, maxpool 2, conv 16->32 3x3, relu, maxpool 2, "
-              "linear 128->10")
-
-
-class DemoError(Exception):
-    """Something the user can fix; `str` is one line, `exit_code` what `graphc demo` returns
-    (2 for bad options, 1 when the demo cannot run here)."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
@@ -160,28 +152,6 @@ def load_digits(seed: int, limit: int | None = None) -> Digits:
     x_train, x_test, y_train, y_test = model_selection.train_test_split(
         images, labels, test_size=TEST_FRACTION, random_state=seed, stratify=labels)
     return Digits(x_train, y_train, x_test, y_test)
-
-
-def build_model() -> nn.Sequential:
-    """The CNN (MODEL_TEXT): 8x8 -> 16x4x4 -> 32x2x2 -> 10 logits."""
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(128, 10))
-
-
-def make_step(model: nn.Module, optimizer: optim.Optimizer) -> Callable:
-    """The training step the demo compiles: one batch in, the loss out."""
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step(images: graphc.Tensor, labels: graphc.Tensor) -> graphc.Tensor:
-        optimizer.zero_grad()
-        loss = loss_fn(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
 
 
 def accuracy(model: nn.Module, images: np.ndarray, labels: np.ndarray) -> float:
@@ -335,8 +305,6 @@ def summary_lines(options: DemoOptions, data: Digits, result: Training,
 
 def run(options: DemoOptions, out: TextIO | None = None) -> int:
     """Run the demo (see the module docstring); returns 0, raises DemoError."""
-    from graphc.demo_bench import step_timings
-    from graphc.demo_outputs import prepare_folder, write_artifacts, write_summary
 
     out = out or sys.stdout
     started = time.perf_counter()

@@ -35,7 +35,7 @@ some other way (an optimizer's state) cannot be checked: that raises GraphcError
 
 On a mismatch a `CompiledMismatch` (an AssertionError) is raised. For a backend, the harness
 bisects to the first node whose output diverges from the interpreter (the oracle; see
-`graphc.ir.repro.first_divergent_node`) and writes a repro to `repro_dir` (a fresh temporary
+`graphc.testing.repro.first_divergent_node`) and writes a repro to `repro_dir` (a fresh temporary
 directory by default): that node alone, with its inputs as graph inputs holding the
 interpreter's values, as `.gir` + `.npz`; if the node alone runs right on the backend, the
 nodes up to it that it depends on. The message names the node as its IR text line with its
@@ -61,7 +61,6 @@ from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Value
 from graphc.ir.interpreter import Interpreter
 from graphc.ir.printer import format_node
-from graphc.ir.repro import first_divergent_node, record_values, run_repro, write_node_repro
 from graphc.jit.bindings import ArgBinding, RngBinding, TensorBinding
 from graphc.jit.pytree import flatten
 from graphc.jit.reach import captured_roots
@@ -69,6 +68,7 @@ from graphc.jit.tracer import graph_name, trace_call
 from graphc.nn.module import Module
 from graphc.ops import random as _random
 from graphc.tensor import Tensor
+from graphc.testing.repro import first_divergent_node, record_values, run_repro, write_node_repro
 from graphc.types import float64
 
 DEFAULT_TOLERANCES = {"float32": (1e-4, 1e-5), "float64": (1e-10, 1e-10)}
@@ -285,7 +285,7 @@ def _bisected(head: str, backend: str, check: str, label: str, graph: Graph, arr
         f"  {format_node(node)}\n"
         f"Repro, {what}:\n  {gir}\n  {npz}\n"
         f"  graphc run {gir} --inputs {npz} --backend {backend}\n"
-        f"  graphc.ir.repro.run_repro({gir!r}, {npz!r}, backend={backend!r})")
+        f"  graphc.testing.run_repro({gir!r}, {npz!r}, backend={backend!r})")
     return CompiledMismatch(message, run=backend, check=check, label=label, node=node,
                             node_text=format_node(node), gir_path=gir, npz_path=npz)
 

@@ -7,7 +7,7 @@ inputs as graph inputs, and the interpreter's values of those inputs. Anyone can
 it on any backend, without the model or the code that traced it:
 
     graphc run FILE.gir --inputs FILE.npz [--backend NAME]       (the command line)
-    graphc.ir.repro.run_repro("FILE.gir", "FILE.npz", backend="NAME")
+    graphc.testing.run_repro("FILE.gir", "FILE.npz", backend="NAME")
 
 Format: the `.gir` file is `format_graph(graph)` (STYLE.md's IR text, source lines kept as
 comments) and parses back with `graphc.ir.parse`. The `.npz` holds one array per graph input,
@@ -30,6 +30,7 @@ from typing import Callable
 
 import numpy as np
 
+from graphc.backends import compile as compile_graph
 from graphc.errors import ArgumentError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.interpreter import Interpreter
@@ -89,8 +90,6 @@ def run_repro(gir_path: str, npz_path: str, backend: str = "interp") -> list[np.
     >>> run_repro(gir, npz)[0].tolist()
     [0.0, 2.0]
     """
-    from graphc.backends import compile as compile_graph
-
     graph, arrays = load_repro(gir_path, npz_path)
     return list(compile_graph(graph, backend).run(*arrays))
 
@@ -131,8 +130,6 @@ def subgraph(nodes: list[Node], outputs: list[Value], name: str) -> Graph:
 def diverging_output(sub: Graph, backend: str, values: dict, differs: Differs):
     """(value, error) of the first output of `sub` that `backend` computes differently from
     `values`, or None."""
-    from graphc.backends import compile as compile_graph
-
     got = compile_graph(sub, backend).run(*(values[v.name] for v in sub.inputs))
     for v, array in zip(sub.outputs, got):
         err = differs(v, array, values[v.name])

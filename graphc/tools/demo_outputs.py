@@ -2,7 +2,7 @@
 
     ir/step.0.traced.gir ... ir/step.3.plan_buffers.gir   the training step's IR after each pass
     step.svg          the optimized step, fused groups boxed (graphc.ir.export.render_svg)
-    memory.png        its buffers over the schedule (graphc.passes.memory_viz.render_memory)
+    memory.png        its buffers over the schedule (graphc.tools.memory_viz.render_memory)
     summary.txt       what the run printed, the passes' report and the memory report
 
 Invariants:
@@ -22,11 +22,11 @@ from graphc.ir.graph import Graph
 from graphc.ir.parser import parse
 from graphc.ir.printer import format_graph
 from graphc.passes import PassRecord, default_passes, run_pipeline
+from graphc.tools.demo_model import DemoError
 
 
 def prepare_folder(path: str) -> str:
     """Create the output folder (and its `ir/`) or raise DemoError saying why it cannot be."""
-    from graphc.demo import DemoError
 
     try:
         os.makedirs(os.path.join(path, "ir"), exist_ok=True)
@@ -59,7 +59,7 @@ def write_artifacts(folder: str, compiled) -> dict[str, str]:
     """The IR dumps, step.svg and memory.png of a compiled training step, and summary.txt's
     entry (write_summary writes it last); returns {name in `folder`: what it holds}."""
     from graphc.ir.export import render_svg
-    from graphc.passes.memory_viz import render_memory
+    from graphc.tools.memory_viz import render_memory
 
     dumps = write_pass_dumps(compiled.graph, os.path.join(folder, "ir"), compiled.passes)
     written = {"summary.txt": "this report, the passes' times and the memory plan"}
