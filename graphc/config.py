@@ -19,6 +19,9 @@
 - GRAPHC_CUDA: which library the cuda backend runs on: `cuda` (or `gpu`, or unset) the GPU
   build, `emu` (or `emulation`) the CPU emulation of graphc's CUDA runtime (every CUDA thread
   a fiber on the host; slow, for machines without a GPU); anything else is an error.
+- GRAPHC_BLAS_THREADS: how the CPU backend's BLAS (OpenBLAS) uses threads: `shared` (the
+  default) runs its parallel jobs on the one libgomp team graphc's own loops use (see
+  graphc.backends.cpu.threads); `native` leaves OpenBLAS's own thread pool alone.
 - GRAPHC_CUDA_ALL_OPINFO: `1` makes tests/test_cuda_backend.py run every sample of every
   OpInfo entry on the cuda backend instead of each entry's first (slow under emulation).
 
@@ -99,3 +102,12 @@ def cuda_kind() -> str:
 def cuda_all_opinfo() -> bool:
     """Whether GRAPHC_CUDA_ALL_OPINFO asks the cuda OpInfo test for every entry."""
     return os.environ.get("GRAPHC_CUDA_ALL_OPINFO", "") not in ("", "0")
+
+
+def blas_threads() -> str:
+    """GRAPHC_BLAS_THREADS: "shared" (default) or "native"."""
+    raw = os.environ.get("GRAPHC_BLAS_THREADS", "shared").strip().lower() or "shared"
+    if raw not in ("shared", "native"):
+        raise ArgumentError(f"GRAPHC_BLAS_THREADS: expected 'shared' or 'native', got {raw!r}; "
+                            "unset it for the default (shared)")
+    return raw

@@ -122,11 +122,11 @@ def test_an_interrupted_compile_leaves_no_half_written_entry(own_cache, monkeypa
 
 
 def test_a_missing_blas_is_a_clear_error_and_nothing_is_left_behind(rng, monkeypatch):
-    from graphc.backends.cpu import executable
+    from graphc.backends.cpu import blas
 
     missing = "/nonexistent/libopenblas.so.0"
-    monkeypatch.setattr(executable, "_blas_libraries", lambda: [missing])
-    executable.resolve_blas.cache_clear()
+    monkeypatch.setattr(blas, "blas_libraries", lambda: [missing])
+    blas.resolve_blas.cache_clear()
     try:
         f = graphc.compile(_matmul_relu, backend="cpu")
         x, w = t(rng, 2, 3), t(rng, 3, 4)
@@ -139,7 +139,7 @@ def test_a_missing_blas_is_a_clear_error_and_nothing_is_left_behind(rng, monkeyp
         assert f._entries == []
         monkeypatch.undo()
     finally:
-        executable.resolve_blas.cache_clear()  # the next caller resolves the real library
+        blas.resolve_blas.cache_clear()  # the next caller resolves the real library
     close(f(x, w), _matmul_relu(x, w))
 
 

@@ -14,7 +14,7 @@ pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvm
 
 import graphc  # noqa: E402
 from graphc import nn  # noqa: E402
-from graphc.backends.cpu import executable as cpu_executable  # noqa: E402
+from graphc.backends.cpu import blas as cpu_blas  # noqa: E402
 from graphc.backends.cpu.codegen import CpuLoweringError  # noqa: E402
 from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
 from graphc.errors import GraphcError  # noqa: E402
@@ -221,15 +221,15 @@ def test_matmul_reads_transposed_and_strided_views(rng):
 
 
 def test_matmul_needs_a_blas(monkeypatch):
-    cpu_executable.resolve_blas.cache_clear()
-    monkeypatch.setattr(cpu_executable, "_blas_libraries", lambda: [])
+    cpu_blas.resolve_blas.cache_clear()
+    monkeypatch.setattr(cpu_blas, "blas_libraries", lambda: [])
     try:
         with pytest.raises(GraphcError, match="no BLAS"):
             CpuExecutable(one_op_graph("matmul", [((2, 2), "float32"), ((2, 2), "float32")]))
     finally:
-        cpu_executable.resolve_blas.cache_clear()
+        cpu_blas.resolve_blas.cache_clear()
     monkeypatch.undo()
-    assert cpu_executable.resolve_blas().sgemm
+    assert cpu_blas.resolve_blas().sgemm
 
 
 # ---- movement and sources ------------------------------------------------------------------

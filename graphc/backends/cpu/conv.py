@@ -235,7 +235,7 @@ class _Conv:
         if dt not in (float32, float64):
             raise unsupported(node, f"{node.op} of {dt.name}")
         if lw.blas is None:  # the executable resolves a BLAS for matmul graphs only
-            from graphc.backends.cpu.executable import resolve_blas
+            from graphc.backends.cpu.blas import resolve_blas
 
             lw.blas = resolve_blas()
         self.lw, self.node, self.g, self.dt = lw, node, g, dt

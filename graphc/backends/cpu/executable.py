@@ -20,11 +20,8 @@ Invariants:
   every call (they become user tensors: none may alias another call's), so every output is
   an array of its own and every update value is its target input's array or a fresh array
   (`fresh_results`: graphc.compiler needs no overlap checks for them).
-- BLAS: `resolve_blas()` finds cblas_sgemm/cblas_dgemm once per process, in numpy's bundled
-  OpenBLAS (ILP64, `scipy_cblas_sgemm64_`), else scipy's (LP64, `scipy_cblas_sgemm`), else a
-  system libopenblas/libcblas, and registers them with the llvm layer as
-  `graphc_blas_sgemm`/`graphc_blas_dgemm`; a graph with a matmul and no BLAS is refused with
-  a GraphcError.
+- BLAS: resolved once per process by graphc.backends.cpu.blas for graphs that call it; a
+  graph with a matmul and no BLAS is refused with a GraphcError.
 
 The backend is `graphc.backends.compile(graph, "cpu")` (graphc/backends/__init__.py imports
 this module on first use, so importing graphc never loads llvmlite).
@@ -44,108 +41,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import functools
-import glob
-import os
 import threading
-from dataclasses import dataclass
+import time
 
 import numpy as np
 
-from graphc.backends.cpu import llvm
+from graphc.backends.cpu import llvm, threads
+from graphc.backends.cpu.blas import resolve_blas
 from graphc.backends.cpu.codegen import lower
-from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
+from graphc.errors import ArgumentError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
 from graphc.ir.verifier import verify
-
-
-# ---- BLAS ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Blas:
-    """CBLAS GEMM entry points: the library, the functions' addresses, integer width."""
-
-    path: str
-    sgemm: int
-    dgemm: int
-    ilp64: bool  # 64-bit integer arguments
-    sgemv: int = 0  # 0 where the library has no cblas_?gemv: GEMM serves single rows too
-    dgemv: int = 0
-
-    def symbol(self, dtype: str, routine: str = "gemm") -> str | None:
-        if routine == "gemv" and not self.sgemv:
-            return None
-        return f"graphc_blas_{'s' if dtype == 'float32' else 'd'}{routine}"
-
-
-# (symbol of sgemm, symbol of dgemm, ilp64) tried in each library, in order
-_SYMBOLS = (("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
-            ("cblas_sgemm64_", "cblas_dgemm64_", True),
-            ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
-            ("cblas_sgemm", "cblas_dgemm", False))
-
-
-def _blas_libraries() -> list[str]:
-    """Candidate shared libraries: numpy's bundled OpenBLAS, scipy's, the system's."""
-    paths = []
-    try:
-        import numpy
-
-        root = os.path.dirname(os.path.dirname(numpy.__file__))
-        paths += sorted(glob.glob(os.path.join(root, "numpy.libs", "*openblas*.so*")))
-        paths += sorted(glob.glob(os.path.join(os.path.dirname(numpy.__file__), ".dylibs",
-                                               "*openblas*")))
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        import scipy
-
-        root = os.path.dirname(os.path.dirname(scipy.__file__))
-        paths += sorted(glob.glob(os.path.join(root, "scipy.libs", "*openblas*.so*")))
-    except ImportError:
-        pass
-    for name in ("openblas", "cblas", "blas"):
-        found = ctypes.util.find_library(name)
-        if found:
-            paths.append(found)
-    return paths
-
-
-_HANDLES: list = []
-
-
-@functools.lru_cache(maxsize=None)
-def resolve_blas() -> Blas:
-    """Find sgemm/dgemm once and register them with the llvm layer (see module docstring)."""
-    tried = []
-    for path in _blas_libraries():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            tried.append(f"{path} (does not load)")
-            continue
-        for s, d, ilp64 in _SYMBOLS:
-            try:
-                sgemm, dgemm = getattr(lib, s), getattr(lib, d)
-            except AttributeError:
-                continue
-            gemv = [getattr(lib, n.replace("gemm", "gemv"), None) for n in (s, d)]
-            sgemv, dgemv = (ctypes.cast(f, ctypes.c_void_p).value if f is not None and
-                            all(gemv) else 0 for f in gemv)
-            blas = Blas(path, ctypes.cast(sgemm, ctypes.c_void_p).value,
-                        ctypes.cast(dgemm, ctypes.c_void_p).value, ilp64, sgemv, dgemv)
-            addresses = {("float32", "gemm"): blas.sgemm, ("float64", "gemm"): blas.dgemm,
-                         ("float32", "gemv"): blas.sgemv, ("float64", "gemv"): blas.dgemv}
-            for (dtype, routine), address in addresses.items():
-                if address:
-                    llvm.register_symbol(blas.symbol(dtype, routine), address)
-            _HANDLES.append(lib)  # the library stays open for the process
-            return blas
-        tried.append(f"{path} (no cblas_sgemm/cblas_dgemm)")
-    raise GraphcError(
-        "cpu backend: no BLAS with cblas_sgemm/cblas_dgemm found (tried: "
-        f"{', '.join(tried) or 'nothing: no numpy/scipy OpenBLAS, no system libopenblas'}); "
-        "install numpy or scipy wheels (they bundle OpenBLAS) or libopenblas, or compile "
-        "with backend=\"interp\"")
 
 
 # ---- the executable ------------------------------------------------------------------------
@@ -192,6 +98,7 @@ class CpuExecutable:
         self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
         self._last_inputs: list = [None] * len(graph.inputs)
         self._lock = threading.Lock()
+        self._threads = threads.ThreadChooser(threads.most_threads())
 
     @property
     def asm(self) -> str:
@@ -207,7 +114,12 @@ class CpuExecutable:
             out_ptrs = self._out_ptrs
             for k, o in enumerate(outs):
                 out_ptrs[k] = _address(o)
+            n = self._threads.pick()
+            if self._threads.most > 1:
+                threads.use(n)
+            start = time.perf_counter()
             status = self._run(self._in_ptrs, out_ptrs, self._arena_ptr)
+            self._threads.record(n, time.perf_counter() - start)
         if status:
             errors = self.lowered.errors
             what = errors[status - 1] if 0 < status <= len(errors) else f"status {status}"

@@ -58,6 +58,10 @@ __all__ = [
     "host_target", "load_openmp", "register_symbol",
 ]
 
+# libgomp's threads spin this many rounds (some hundred microseconds) after a parallel region
+# before they sleep: enough to catch the next kernel of the same step, short enough that the
+# core is soon free for other work.
+SPIN_COUNT = "20000"
 _CACHE_FORMAT = "llvm-objects-v1"  # the versioned subfolder; bump when the entry format changes
 _MAGIC = b"GCOBJ01\n"
 _HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of the payload
@@ -94,10 +98,10 @@ def _initialize() -> HostTarget:
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
             llvm.initialize_native_asmparser()
-            # Threads that spin long after a parallel kernel would take the cores from the
-            # BLAS threads of the GEMM that follows: spin briefly, then sleep. libgomp reads
-            # this once, when it loads (an explicit setting wins).
-            os.environ.setdefault("GOMP_SPINCOUNT", "20000")
+            # libgomp's team is the one pool of the process (graphc.backends.cpu.threads):
+            # spin briefly after a parallel region, then sleep. libgomp reads this once,
+            # when it loads (an explicit setting wins).
+            os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
             _openmp_path = _load_library(ctypes.util.find_library("gomp"))
             _host = HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(),
                                llvm.get_host_cpu_features().flatten())

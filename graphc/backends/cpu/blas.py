@@ -1,0 +1,112 @@
+"""blas: the BLAS the CPU backend's generated code calls for GEMM and GEMV.
+
+`resolve_blas()` finds cblas_sgemm/cblas_dgemm (and ?gemv) once per process, in numpy's
+bundled OpenBLAS (ILP64, `scipy_cblas_sgemm64_`), else scipy's (LP64, `scipy_cblas_sgemm`),
+else a system libopenblas/libcblas; it registers them with the llvm layer as
+`graphc_blas_sgemm`/`graphc_blas_dgemm` (and `..gemv`), and hands the library's threads to
+graphc's one pool (graphc.backends.cpu.threads). A graph that needs GEMM where no BLAS is
+found is refused with a GraphcError that says what was tried and what to do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import glob
+import os
+from dataclasses import dataclass
+
+from graphc.backends.cpu import llvm, threads
+from graphc.errors import GraphcError
+
+__all__ = ["Blas", "blas_libraries", "resolve_blas"]
+
+
+@dataclass(frozen=True)
+class Blas:
+    """CBLAS GEMM entry points: the library, the functions' addresses, integer width."""
+
+    path: str
+    sgemm: int
+    dgemm: int
+    ilp64: bool  # 64-bit integer arguments
+    sgemv: int = 0  # 0 where the library has no cblas_?gemv: GEMM serves single rows too
+    dgemv: int = 0
+
+    def symbol(self, dtype: str, routine: str = "gemm") -> str | None:
+        if routine == "gemv" and not self.sgemv:
+            return None
+        return f"graphc_blas_{'s' if dtype == 'float32' else 'd'}{routine}"
+
+
+# (symbol of sgemm, symbol of dgemm, ilp64) tried in each library, in order
+_SYMBOLS = (("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
+            ("cblas_sgemm64_", "cblas_dgemm64_", True),
+            ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
+            ("cblas_sgemm", "cblas_dgemm", False))
+
+
+def blas_libraries() -> list[str]:
+    """Candidate shared libraries: numpy's bundled OpenBLAS, scipy's, the system's."""
+    paths = []
+    try:
+        import numpy
+
+        root = os.path.dirname(os.path.dirname(numpy.__file__))
+        paths += sorted(glob.glob(os.path.join(root, "numpy.libs", "*openblas*.so*")))
+        paths += sorted(glob.glob(os.path.join(os.path.dirname(numpy.__file__), ".dylibs",
+                                               "*openblas*")))
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import scipy
+
+        root = os.path.dirname(os.path.dirname(scipy.__file__))
+        paths += sorted(glob.glob(os.path.join(root, "scipy.libs", "*openblas*.so*")))
+    except ImportError:
+        pass
+    for name in ("openblas", "cblas", "blas"):
+        found = ctypes.util.find_library(name)
+        if found:
+            paths.append(found)
+    return paths
+
+
+_HANDLES: list = []
+
+
+@functools.lru_cache(maxsize=None)
+def resolve_blas() -> Blas:
+    """Find sgemm/dgemm once and register them with the llvm layer (see module docstring)."""
+    tried = []
+    for path in blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            tried.append(f"{path} (does not load)")
+            continue
+        for s, d, ilp64 in _SYMBOLS:
+            try:
+                sgemm, dgemm = getattr(lib, s), getattr(lib, d)
+            except AttributeError:
+                continue
+            gemv = [getattr(lib, n.replace("gemm", "gemv"), None) for n in (s, d)]
+            sgemv, dgemv = (ctypes.cast(f, ctypes.c_void_p).value if f is not None and
+                            all(gemv) else 0 for f in gemv)
+            blas = Blas(path, ctypes.cast(sgemm, ctypes.c_void_p).value,
+                        ctypes.cast(dgemm, ctypes.c_void_p).value, ilp64, sgemv, dgemv)
+            addresses = {("float32", "gemm"): blas.sgemm, ("float64", "gemm"): blas.dgemm,
+                         ("float32", "gemv"): blas.sgemv, ("float64", "gemv"): blas.dgemv}
+            for (dtype, routine), address in addresses.items():
+                if address:
+                    llvm.register_symbol(blas.symbol(dtype, routine), address)
+            _HANDLES.append(lib)  # the library stays open for the process
+            threads.install(lib, path)  # its parallel jobs run on libgomp's team
+            return blas
+        tried.append(f"{path} (no cblas_sgemm/cblas_dgemm)")
+    raise GraphcError(
+        "cpu backend: no BLAS with cblas_sgemm/cblas_dgemm found (tried: "
+        f"{', '.join(tried) or 'nothing: no numpy/scipy OpenBLAS, no system libopenblas'}); "
+        "install numpy or scipy wheels (they bundle OpenBLAS) or libopenblas, or compile "
+        "with backend=\"interp\"")
