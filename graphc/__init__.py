@@ -14,7 +14,6 @@ tensor([3., 3.])
 
 from graphc import dispatch as _dispatch  # noqa: F401  (installs the dispatch point)
 from graphc import ops as _ops
-from graphc import tensor_methods as _tensor_methods
 from graphc.autograd.grad_mode import (
     enable_grad,
     inference_mode,
@@ -34,8 +33,7 @@ from graphc.errors import (
 from graphc.serialization import load, save
 from graphc.tensor import Size, Tensor
 from graphc.types import DType, TensorType, bool_, float32, float64, int64
-
-__version__ = "0.1.0"
+from graphc.version import __version__
 
 
 def is_tensor(obj) -> bool:
@@ -49,7 +47,6 @@ float = float32  # noqa: A001
 double = float64
 long = int64
 
-_tensor_methods.attach()
 for _module in _ops.OP_MODULES:
     for _name in _module.PUBLIC:
         globals()[_name] = getattr(_module, _name)

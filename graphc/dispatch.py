@@ -38,6 +38,7 @@ from graphc.ops import registry
 from graphc.ops.registry import OpDef
 from graphc.types import TensorType, bool_, float32, int64, promote
 
+
 class _DispatchState(threading.local):
     """This thread's tracer (an object with `record(opdef, inputs, attrs, outputs)`, `alias`,
     `before_write` and `rebind`; None outside a trace) and abstract-evaluation flag."""

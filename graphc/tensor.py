@@ -3,11 +3,12 @@
 A Tensor owns (or, for views and `from_numpy`, shares) a numpy array in one of graphc's four
 dtypes, or, when abstract evaluation made it (graphc.dispatch.abstract_eval, which tracing and
 `derive_backward` use), an `AbstractArray`: a shape and a dtype with no data, whose values
-cannot be read. Its autograd state follows PyTorch: `requires_grad`, `grad`, `grad_fn` with the output
-slot it fills, a version counter shared with its views and bumped by every in-place change,
-and `is_leaf`. Every piece of math is a function in `graphc.tensor_ops` that goes through the
-dispatch point; the methods and operators here only forward to those functions, so eager mode
-and trace mode see the same calls.
+cannot be read. Its autograd state follows PyTorch: `requires_grad`, `grad`, `grad_fn` with
+the output slot it fills, a version counter shared with its views and bumped by every in-place
+change, and `is_leaf`. Every piece of math is a function of an op module that goes through the
+dispatch point; the operators and math methods (graphc.tensor_methods) and the shape methods
+(graphc.tensor_shape) are mixins of one-line methods that only forward to those functions, so
+eager mode and trace mode see the same calls.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import numpy as np
 
 from graphc.autograd.graph import AccumulateGrad, RemovableHandle, add_hook
 from graphc.errors import AutogradError, DTypeError, ShapeError, TraceError
+from graphc.tensor_methods import TensorMethods
+from graphc.tensor_shape import ShapeMethods
 from graphc.types import DType, TensorType, dtype_of_numpy, float32
 
 _SERIALS = itertools.count()
@@ -147,7 +150,7 @@ _NON_LEAF_GRAD_WARNING = (
 )
 
 
-class Tensor:
+class Tensor(TensorMethods, ShapeMethods):
     """An n-dimensional array with autograd. Create one with `graphc.tensor(data)`.
 
     >>> import graphc
@@ -281,9 +284,6 @@ class Tensor:
 
     def is_contiguous(self, memory_format=None) -> bool:
         return True
-
-    def contiguous(self, memory_format=None) -> Tensor:
-        return self
 
     def type_name(self) -> str:
         return "graphc." + _TYPE_NAMES[self._dtype.name]
@@ -540,9 +540,6 @@ class Tensor:
         if self.ndim == 0:
             raise TypeError("iteration over a 0-d tensor")
         return (self[i] for i in range(self._data.shape[0]))
-
-    def __hash__(self) -> int:
-        return id(self)
 
     def __repr__(self) -> str:
         if self.is_abstract:
