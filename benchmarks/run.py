@@ -6,6 +6,7 @@ torch.compile in one process, medians and ratios against the issue's targets.
     python -m benchmarks.run --only mlp_b64 --only sgemm --repeat 15
     python -m benchmarks.run --markdown docs/table.md --json results.json --profile
     python -m benchmarks.run --threads 1 --clock cpu   # one thread each, CPU time
+    python -m benchmarks.run --contention              # with a busy process on one core
 
 Cases (names for --only; a name selects every case that starts with it): mlp_b64, mlp_b1,
 lenet5_b64, elementwise_chain, sgemm (sgemm_256, sgemm_1024, sgemm_2048), conv2d,
@@ -15,7 +16,9 @@ benchmarks/compile_time.py; timing and agreement rules: benchmarks/harness.py. W
 the table. `--threads N` sets OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (graphc's OpenMP loops,
 numpy's and graphc's OpenBLAS) and PyTorch's intra-op threads to N, restarting the process so
 the libraries read them at load; on a machine shared with other work, one thread each keeps
-spin-waiting thread pools from distorting the ratios. The exit status is 0 when every
+spin-waiting thread pools from distorting the ratios. `--contention` runs a busy process
+pinned to one core while measuring (benchmarks/contention.py), as on a machine that is not
+idle. The exit status is 0 when every
 contender agreed with its case's reference (or was skipped for a stated reason), 1
 otherwise; a missed target is not an error.
 """
@@ -23,6 +26,7 @@ otherwise; a missed target is not an error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -34,6 +38,7 @@ if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` i
 
 from benchmarks import cases  # noqa: E402
 from benchmarks.compile_time import compile_time_cases  # noqa: E402
+from benchmarks.contention import busy_core  # noqa: E402
 from benchmarks.harness import as_json, markdown_table, set_clock  # noqa: E402
 
 CASE_NAMES = ("mlp_b64", "mlp_b1", "lenet5_b64", "elementwise_chain", "sgemm_256",
@@ -79,7 +84,7 @@ def run_cases(names: list[str], sizes: cases.Sizes, repeat: int, log,
     return results
 
 
-def header(argv: list[str], clock: str) -> str:
+def header(argv: list[str], clock: str, contention: int | None = None) -> str:
     """The command, the machine and the date, for the top of a report."""
     import numpy as np
 
@@ -101,7 +106,9 @@ def header(argv: list[str], clock: str) -> str:
             f"{os.cpu_count()} cores, {platform.system()} {platform.release()}; Python "
             f"{platform.python_version()}, numpy {np.__version__}, torch {torch_version}; "
             f"threads: {threads}; clock: {clock}; load average at the end {load[0]:.2f} "
-            f"{load[1]:.2f} {load[2]:.2f}")
+            f"{load[1]:.2f} {load[2]:.2f}"
+            + ("" if contention is None else
+               f"; contention: a busy process pinned to core {contention}"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time samples by wall clock, or by this process's CPU time "
                         "(steadier on a shared machine; use with --threads 1)")
+    parser.add_argument("--contention", action="store_true",
+                        help="run a busy process on one core while measuring")
     parser.add_argument("--profile", action="store_true",
                         help="profile every case that missed its target (after the table)")
     args = parser.parse_args(argv)
@@ -142,12 +151,15 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
 
     set_clock(args.clock)
-    results = run_cases(names, sizes, repeat, log, args.clock)
-    report = header(argv, args.clock) + "\n\n" + markdown_table(results) + "\n"
+    with contextlib.ExitStack() as stack:
+        busy = stack.enter_context(busy_core()) if args.contention else None
+        results = run_cases(names, sizes, repeat, log, args.clock)
+        top = header(argv, args.clock, busy)
+    report = top + "\n\n" + markdown_table(results) + "\n"
     print(report, flush=True)  # the table first: profiling takes minutes
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"header": header(argv, args.clock), "cases": as_json(results)}, f, indent=1)
+            json.dump({"header": top, "cases": as_json(results)}, f, indent=1)
     if args.profile:
         from benchmarks.profiles import profile_missed
 
