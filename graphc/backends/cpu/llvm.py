@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import llvmlite
 import llvmlite.binding as llvm
 
-from graphc import __version__ as _GRAPHC_VERSION
+from graphc.version import __version__ as _GRAPHC_VERSION
 from graphc import config
 from graphc.errors import GraphcError
 

@@ -32,7 +32,7 @@ import tempfile
 import threading
 import warnings
 
-from graphc import __version__ as GRAPHC_VERSION
+from graphc.version import __version__ as GRAPHC_VERSION
 from graphc import config
 from graphc.backends.cuda import emu_pch
 from graphc.backends.cuda.build import build_dir, emu_header
