@@ -36,7 +36,10 @@ Lowered ops:
 - take, gather, index_add, index_put, scatter_add, slice_scatter, embedding,
   embedding_backward, pad, flip, argmax, argmin, randint, randperm (indices out of range make
   the call fail with a clear error): graphc.backends.cpu.index_ops.
-Anything else raises `CpuLoweringError` at compile time, naming the op and its node.
+`LOWERINGS` (below the Lowerer) is the backend's one table from op name to lowering, and
+graphc.backends.cpu.scalars.SCALAR_LOWERINGS the table of scalar ops every elementwise op
+renders through (graphc.backends.common states the contract). Anything else raises
+`CpuLoweringError` at compile time, naming the op and its node.
 """
 
 from __future__ import annotations
@@ -47,11 +50,18 @@ from dataclasses import dataclass, field
 import numpy as np
 from llvmlite import ir
 
+from graphc.backends import common
 from graphc.backends.cpu import conv, llvm
-from graphc.backends.cpu.index_ops import INDEX_OPS, lower_index
+from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
 from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
 from graphc.backends.cpu.random_ops import lower_random
-from graphc.backends.cpu.scalars import const, convert, reduction_combiner, reduction_identity
+from graphc.backends.cpu.scalars import (
+    SCALAR_LOWERINGS,
+    const,
+    convert,
+    reduction_combiner,
+    reduction_identity,
+)
 from graphc.backends.cpu.values import (
     F64,
     I1,
@@ -73,14 +83,10 @@ from graphc.backends.cpu.values import (
 )
 from graphc.ir.graph import Graph, Node
 from graphc.ir.printer import format_node
-from graphc.ops.registry import ELEMENTWISE, REGISTRY
+from graphc.ops.registry import REGISTRY
 from graphc.types import TensorType, bool_, float32, float64
 
-__all__ = ["CpuLoweringError", "Lowered", "Lowerer", "lower"]
-
-REDUCTIONS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")
-ROW_OPS = ("softmax", "log_softmax")
-VIEW_OPS = ("reshape", "permute", "broadcast_to", "slice")
+__all__ = ["LOWERINGS", "REFUSALS", "CpuLoweringError", "Lowered", "Lowerer", "lower"]
 
 
 @dataclass
@@ -107,43 +113,32 @@ class Lowerer(Codegen):
     def scratch_loc(self, t: TensorType) -> Loc:
         return contiguous("arena", 0, self.plan.arena_bytes + self.add_scratch(t.nbytes), t)
 
-    # ---- dispatch ------------------------------------------------------------------------
-    def lower_node(self, node: Node) -> None:
+    # ---- dispatch (the shared prologue: graphc.backends.common.lower_node) ---------------
+    def place(self, node: Node) -> None:
         self.locs.define(node)
-        op = node.op
-        if op in VIEW_OPS and all(v.name in self.plan.views for v in node.outputs):
-            return  # a view: its Loc says where it is
-        if any(v.type.numel == 0 for v in node.outputs) and op not in ("nll_loss",):
-            return
-        if op == "fused":
-            return self.fused(node)
-        if op in INDEX_OPS:
-            return lower_index(self, node)
-        d = REGISTRY.get(op)
-        if d is not None and d.kind == ELEMENTWISE and d.scalar is not None:
-            return self.elementwise(node, Body(node), 0)
-        method = getattr(self, "op_" + op, None)
-        if method is None:
-            raise unsupported(node, f"the op {op!r}")
-        method(node)
+
+    def lower_node(self, node: Node) -> None:
+        lowering = common.find_lowering(node.op, LOWERINGS, SCALAR_LOWERINGS,
+                                        Lowerer.lower_elementwise)
+        common.lower_node(self, node, lowering, CpuLoweringError)
+
+    def lower_elementwise(self, node: Node) -> None:
+        self.elementwise(node, Body(node), 0)
 
     def fused(self, node: Node) -> None:
         body = Body(node)
-        first, last = body.instrs[0][0], body.instrs[-1][0]
         start = 0
         leaves: dict[int, int] = {}
-        if first in ("matmul", "conv2d"):
+        anchor = body.fused.anchor
+        if anchor is not None:
             t = body.types[body.n]
-            a, b_ = (node.inputs[r] for r in body.instrs[0][1])
+            a, b_ = (self.locs[node.inputs[r]] for r in anchor.args)
             same = [v for v in node.outputs if v.type == t]
             c = self.locs[same[0]] if same else self.scratch_loc(t)
-            if first == "matmul":
-                self.gemm(node, self.locs[a], self.locs[b_], c)
-            else:
-                conv.conv2d(self, node, self.locs[a], self.locs[b_], c, body.instrs[0][2])
+            EPILOGUE_ANCHOR_LOWERINGS[anchor.op](self, node, a, b_, c, anchor.attrs)
             start = 1
             leaves[body.n] = c
-        if last in REDUCTIONS or last in ROW_OPS:
+        if body.fused.ending is not None:
             body.check(start, len(body.instrs) - 1)
             return self.reduction(node, body, start, leaves)
         body.check(start, len(body.instrs))
@@ -230,7 +225,7 @@ class Lowerer(Codegen):
         out_v = node.outputs[body.outputs.index(red)] if red in body.outputs else None
         if out_v is None:
             raise unsupported(node, "a fused reduction whose result is not an output")
-        if op in ROW_OPS:
+        if REGISTRY[op].row_wise:
             return self._rows(node, kb, body, src, leaves, stores, out_v, attrs)
         axes = tuple(attrs["axes"])
         keep = tuple(1 if d in axes else n for d, n in enumerate(domain))
@@ -276,7 +271,7 @@ class Lowerer(Codegen):
                 kb.store(b, o, offsets[o], combine(b, kb.load(b, o, offsets[o]), v, False))
 
             kb.nest(b, sizes, strides, leaf)
-        if op == "reduce_mean":
+        if REGISTRY[op].reduction.mean:
             n = math.prod(domain[d] for d in axes)
             with for_range(b, count, "mean") as i:
                 kb.store(b, o, i, b.fdiv(kb.load(b, o, i), const(acc_t, n)))
@@ -339,16 +334,18 @@ class Lowerer(Codegen):
         kb.nest(b, outer_sizes, outer_strides, leaf)
         self.calls.append(kb.finish(b))
 
-    def op_reduce(self, node: Node) -> None:
+    def lower_reduction(self, node: Node) -> None:
+        """A lone reduction or row-wise op (softmax): a body of one instruction."""
         self.reduction(node, Body(node), 0, {})
 
-    op_reduce_sum = op_reduce_mean = op_reduce_max = op_reduce_min = op_reduce_prod = op_reduce
-    op_softmax = op_log_softmax = op_reduce
-
     # ---- matmul through BLAS -------------------------------------------------------------
-    def op_matmul(self, node: Node) -> None:
+    def lower_matmul(self, node: Node) -> None:
         a, b = node.inputs
         self.gemm(node, self.locs[a], self.locs[b], self.locs[node.outputs[0]])
+
+    def epilogue_gemm(self, node: Node, a: Loc, b: Loc, c: Loc, attrs: dict) -> None:
+        """A fused body's matmul anchor: c = a @ b, read by the epilogue."""
+        self.gemm(node, a, b, c)
 
     def gemm(self, node: Node, a: Loc, b: Loc, c: Loc) -> None:
         dt = a.type.dtype
@@ -451,57 +448,33 @@ class Lowerer(Codegen):
         return self.declare(self.blas.symbol(dt.name, routine),
                             ir.FunctionType(ir.VoidType(), args))
 
-    # ---- convolution, pooling, batch_norm (graphc.backends.cpu.conv) ------------------------
-    def op_conv2d(self, node: Node) -> None:
+    # ---- convolution (graphc.backends.cpu.conv; pooling and batch_norm: LOWERINGS) --------
+    def lower_conv2d(self, node: Node) -> None:
         x, w = node.inputs
         conv.conv2d(self, node, self.locs[x], self.locs[w], self.locs[node.outputs[0]],
                     node.attrs)
 
-    def op_conv2d_input_grad(self, node: Node) -> None:
-        conv.conv2d_input_grad(self, node)
-
-    def op_conv2d_weight_grad(self, node: Node) -> None:
-        conv.conv2d_weight_grad(self, node)
-
-    def op_max_pool2d(self, node: Node) -> None:
-        conv.max_pool2d(self, node)
-
-    def op_max_pool2d_grad(self, node: Node) -> None:
-        conv.max_pool2d_grad(self, node)
-
-    def op_avg_pool2d(self, node: Node) -> None:
-        conv.avg_pool2d(self, node)
-
-    def op_avg_pool2d_grad(self, node: Node) -> None:
-        conv.avg_pool2d_grad(self, node)
-
-    def op_batch_norm(self, node: Node) -> None:
-        conv.batch_norm(self, node)
-
-    # ---- random ops (graphc.backends.cpu.random_ops) -------------------------------------------
-    def _random(self, node: Node) -> None:
-        lower_random(self, node)
-
-    op_uniform = op_normal = op_dropout = op_bernoulli = _random
+    def epilogue_conv2d(self, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
+        """A fused body's conv2d anchor: out = conv2d(x, w), read by the epilogue."""
+        conv.conv2d(self, node, x, w, out, attrs)
 
     # ---- movement and sources ------------------------------------------------------------
-    def op_copy(self, node: Node) -> None:
+    def lower_copy(self, node: Node) -> None:
         self.copy(self.locs[node.inputs[0]], self.locs[node.outputs[0]])
 
-    def op_reshape(self, node: Node) -> None:  # a reshape the plan copies
+    def lower_reshape(self, node: Node) -> None:  # a reshape the plan copies
         x, out = node.inputs[0], node.outputs[0]
         dst = self.locs[out]
         item = out.type.dtype.itemsize
         self.copy(self.locs[x], dst, "reshape", x.type.shape,
                   tuple(s // item for s in contiguous_strides(x.type.shape, item)))
 
-    def _virtual_view(self, node: Node) -> None:
+    def lower_view_copy(self, node: Node) -> None:
+        """permute, broadcast_to or slice the plan copies: a copy out of the view."""
         out = node.outputs[0]
         self.copy(self.locs.view(node, out), self.locs[out])
 
-    op_permute = op_broadcast_to = op_slice = _virtual_view
-
-    def op_concat(self, node: Node) -> None:
+    def lower_concat(self, node: Node) -> None:
         out = self.locs[node.outputs[0]]
         axis = node.attrs["axis"]
         at = 0
@@ -513,10 +486,10 @@ class Lowerer(Codegen):
                 self.copy(self.locs[x], dst, "concat")
             at += t.shape[axis]
 
-    def op_full(self, node: Node) -> None:
+    def lower_full(self, node: Node) -> None:
         self.fill(self.locs[node.outputs[0]], node.attrs["value"])
 
-    def op_arange(self, node: Node) -> None:
+    def lower_arange(self, node: Node) -> None:
         out = node.outputs[0]
         kb = KernelBuilder(self, self.name("arange"), out.type.shape)
         v = kb.virtual(out.type.dtype, node.attrs["start"], node.attrs["step"], (1,))
@@ -587,7 +560,7 @@ class Lowerer(Codegen):
         w = kb.load(b, w_id, b.mul(safe, i64(sw)))
         return safe, counted, w
 
-    def op_nll_loss(self, node: Node) -> None:
+    def lower_nll_loss(self, node: Node) -> None:
         x, target, weight = node.inputs
         loss_v, total_v = node.outputs
         row_shape, classes = self._nll_rows(x.type)
@@ -631,7 +604,7 @@ class Lowerer(Codegen):
         b.ret(b.load(self._status))
         self.calls.append(kb.kernel)
 
-    def op_nll_loss_backward(self, node: Node) -> None:
+    def lower_nll_loss_backward(self, node: Node) -> None:
         g, target, weight, total_weight = node.inputs
         out = node.outputs[0]
         row_shape, classes = self._nll_rows(out.type)
@@ -707,6 +680,33 @@ class Lowerer(Codegen):
                     b.ret(r)
         b.ret(ir.Constant(I32, 0))
 
+
+# ---- the lowering table: op name -> lower(lowerer, node) -----------------------------------
+LOWERINGS = {
+    "fused": Lowerer.fused,
+    "reduce_sum": Lowerer.lower_reduction, "reduce_mean": Lowerer.lower_reduction,
+    "reduce_max": Lowerer.lower_reduction, "reduce_min": Lowerer.lower_reduction,
+    "reduce_prod": Lowerer.lower_reduction, "softmax": Lowerer.lower_reduction,
+    "log_softmax": Lowerer.lower_reduction,
+    "matmul": Lowerer.lower_matmul,
+    "conv2d": Lowerer.lower_conv2d, "conv2d_input_grad": conv.conv2d_input_grad,
+    "conv2d_weight_grad": conv.conv2d_weight_grad, "max_pool2d": conv.max_pool2d,
+    "max_pool2d_grad": conv.max_pool2d_grad, "avg_pool2d": conv.avg_pool2d,
+    "avg_pool2d_grad": conv.avg_pool2d_grad, "batch_norm": conv.batch_norm,
+    "uniform": lower_random, "normal": lower_random, "dropout": lower_random,
+    "bernoulli": lower_random,
+    "copy": Lowerer.lower_copy, "reshape": Lowerer.lower_reshape,
+    "permute": Lowerer.lower_view_copy, "broadcast_to": Lowerer.lower_view_copy,
+    "slice": Lowerer.lower_view_copy, "concat": Lowerer.lower_concat,
+    "full": Lowerer.lower_full, "arange": Lowerer.lower_arange,
+    "nll_loss": Lowerer.lower_nll_loss, "nll_loss_backward": Lowerer.lower_nll_loss_backward,
+    **INDEX_LOWERINGS,
+}
+# the anchors of GEMM/conv epilogues (OpDef.epilogue_anchor): lower(lowerer, node, a, b, out,
+# attrs) computes the anchor's result into `out` for the fused epilogue to read
+EPILOGUE_ANCHOR_LOWERINGS = {"matmul": Lowerer.epilogue_gemm, "conv2d": Lowerer.epilogue_conv2d}
+# registry ops this backend declines on purpose, with the reason (none today)
+REFUSALS: dict[str, str] = {}
 
 
 def _direct_outputs(graph: Graph, plan) -> dict[str, int]:

@@ -55,7 +55,7 @@ from graphc.ir.graph import Node
 from graphc.ir.printer import format_node
 from graphc.types import TensorType, bool_, int64
 
-__all__ = ["INDEX_OPS", "lower_index"]
+__all__ = ["INDEX_LOWERINGS", "INDEX_OPS", "lower_index"]
 
 INDEX_OPS: tuple[str, ...] = (
     "take", "gather", "index_add", "index_put", "scatter_add", "slice_scatter", "embedding",
@@ -65,7 +65,7 @@ INDEX_OPS: tuple[str, ...] = (
 
 def lower_index(lw, node: Node) -> None:
     """Append to `lw.calls` the kernels computing `node` (one of INDEX_OPS)."""
-    _LOWERINGS[node.op](lw, node)
+    INDEX_LOWERINGS[node.op](lw, node)
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -482,7 +482,7 @@ def _min(b, x, y):
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
-_LOWERINGS = {
+INDEX_LOWERINGS = {
     "take": _lower_take, "embedding": _lower_embedding, "gather": _lower_gather,
     "index_add": _lower_index_add_put, "index_put": _lower_index_add_put,
     "scatter_add": _lower_scatter_add, "embedding_backward": _lower_embedding_backward,
@@ -490,4 +490,4 @@ _LOWERINGS = {
     "argmax": _lower_arg, "argmin": _lower_arg, "randint": _lower_randint,
     "randperm": _lower_randperm,
 }
-assert set(_LOWERINGS) == set(INDEX_OPS)
+assert set(INDEX_LOWERINGS) == set(INDEX_OPS)

@@ -11,7 +11,7 @@ The third layer of the CPU code generator (values <- scalars <- kernels <- codeg
   one element, `finish` returns the `Kernel`.
 - `Kernel`: its name and its pointer arguments, one per distinct Loc region, in the order
   the driver passes them; `status` kernels return i32 (0, or an error's 1-based index).
-- `Body`: the instructions of a fused node (or of one elementwise node) with their types;
+- `Body`: a fused node's (or one elementwise node's) `graphc.ops.fused.FusedBody`;
   `evaluate` renders the ones an element needs through `Scalars`.
 
 Invariants: a kernel takes one pointer per distinct memory region, all `noalias` (an in-place
@@ -51,6 +51,7 @@ from graphc.backends.cpu.values import (
     unsupported,
 )
 from graphc.ir.graph import Node
+from graphc.ops.fused import FusedBody
 from graphc.ops.registry import ELEMENTWISE, REGISTRY
 from graphc.types import bool_, float64, int64
 
@@ -256,21 +257,16 @@ _BODY_OPS = ("broadcast_to", "full", "arange")
 
 
 class Body:
-    """A fused body's instructions with their types; refs < n are the node's inputs."""
+    """A node's `FusedBody` (graphc.ops.fused, the one decoder of bodies) and how to render
+    it; refs < n are the node's inputs."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.n = len(node.inputs)
-        if node.op == "fused":
-            self.instrs = [(op, tuple(args), dict(attrs)) for op, args, attrs in
-                           node.attrs["body"]]
-            self.outputs = tuple(node.attrs["outputs"])
-        else:
-            self.instrs = [(node.op, tuple(range(self.n)), dict(node.attrs))]
-            self.outputs = (self.n,)
-        self.types = [v.type for v in node.inputs]
-        for op, args, attrs in self.instrs:
-            self.types.append(REGISTRY[op].infer(*(self.types[r] for r in args), **attrs))
+        self.fused = FusedBody.of_node(node)
+        self.n = self.fused.n_inputs
+        self.instrs = self.fused.instructions
+        self.outputs = self.fused.outputs
+        self.types = self.fused.types
 
     def evaluate(self, cg: Codegen, kb: KernelBuilder, b, offsets, leaves: dict[int, int],
                  stop: int, wanted) -> dict[int, ir.Value]:

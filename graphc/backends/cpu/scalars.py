@@ -5,13 +5,15 @@ nothing of memory, loops or graphs; it turns one element's values into another's
 
 - `const(dtype, value)` and `convert(b, v, src, dst)` (numpy's astype) on register values,
   whose LLVM types are `values.REG` (bool is i1: loads and stores widen and narrow it).
-- `Scalars` (one per LLVM module) renders the registry's `scalar` names:
-  `emit(b, op, attrs, args, types, out)` promotes `args` (of dtypes `types`) as numpy does and
-  returns one value of `out.dtype`, or raises KeyError for a name it has no method `op_<name>`
-  for. exp log log1p tanh sigmoid erf sin cos sqrt rsqrt and gelu come from
-  graphc.backends.cpu.mathlib.
+- `SCALAR_LOWERINGS`: the backend's table from the registry's `scalar` names to the function
+  rendering one element (graphc.backends.common's contract, tinygrad's `code_for_op`).
+  `Scalars` (one per LLVM module) renders through it: `emit(b, op, attrs, args, types, out)`
+  promotes `args` (of dtypes `types`) as numpy does and returns one value of `out.dtype`, or
+  raises KeyError for a name the table lacks. exp log log1p tanh sigmoid erf sin cos sqrt
+  rsqrt and gelu come from graphc.backends.cpu.mathlib.
 - `reduction_identity(op, dt)` and `reduction_combiner(scalars, op, dt)`: the start value and
-  the step of reduce_sum/mean/prod/max/min.
+  the step of a reduction, from its OpDef's `Reduction` (identity and combiner:
+  `COMBINER_LOWERINGS`).
 
 Invariants: every op is straight-line code in the caller's block (selects, no branches, no
 libm calls; integer pow calls `graphc_ipow`, an internal function added to the module once),
@@ -28,6 +30,7 @@ from llvmlite import ir
 
 from graphc.backends.cpu import mathlib
 from graphc.backends.cpu.values import F32, F64, I1, I64, REG, i64
+from graphc.ops.registry import REGISTRY
 from graphc.ops.shapes import result_dtype
 from graphc.types import TensorType, bool_, float64, int64
 
@@ -80,11 +83,7 @@ class Scalars:
     # ---- the op table: one method per scalar name --------------------------------------
     def emit(self, b, op: str, attrs: dict, args: list, types: list, out: TensorType):
         """`op` applied to register values `args` of dtypes `types`, giving `out.dtype`."""
-        rt = out.dtype
-        method = getattr(self, "op_" + op, None)
-        if method is None:
-            raise KeyError(op)
-        return method(b, attrs, args, types, rt)
+        return SCALAR_LOWERINGS[op](self, b, attrs, args, types, out.dtype)
 
     def _promoted(self, b, args, types, ct):
         return [convert(b, a, t, ct) for a, t in zip(args, types)]
@@ -132,7 +131,7 @@ class Scalars:
         pos, neg = b.icmp_signed(">", x, const(rt, 0)), b.icmp_signed("<", x, const(rt, 0))
         return b.select(pos, const(rt, 1), b.select(neg, const(rt, -1), const(rt, 0)))
 
-    def _max_min(self, b, x, y, rt, is_max: bool):
+    def max_min(self, b, x, y, rt, is_max: bool):
         if rt.is_floating:
             wins = b.fcmp_ordered(">" if is_max else "<", x, y)
             r = b.select(wins, x, y)  # y when y is NaN
@@ -142,10 +141,10 @@ class Scalars:
         return b.select(b.icmp_signed(">" if is_max else "<", x, y), x, y)
 
     def op_maximum(self, b, attrs, args, types, rt):
-        return self._max_min(b, *self._promoted(b, args, types, rt), rt, True)
+        return self.max_min(b, *self._promoted(b, args, types, rt), rt, True)
 
     def op_minimum(self, b, attrs, args, types, rt):
-        return self._max_min(b, *self._promoted(b, args, types, rt), rt, False)
+        return self.max_min(b, *self._promoted(b, args, types, rt), rt, False)
 
     def op_relu(self, b, attrs, args, types, rt):
         x = self._float_in(b, args, types, rt)
@@ -163,9 +162,9 @@ class Scalars:
     def op_clamp(self, b, attrs, args, types, rt):
         x = self._float_in(b, args, types, rt)
         if attrs.get("min") is not None:
-            x = self._max_min(b, x, const(rt, attrs["min"]), rt, True)
+            x = self.max_min(b, x, const(rt, attrs["min"]), rt, True)
         if attrs.get("max") is not None:
-            x = self._max_min(b, x, const(rt, attrs["max"]), rt, False)
+            x = self.max_min(b, x, const(rt, attrs["max"]), rt, False)
         return x
 
     def op_cast(self, b, attrs, args, types, rt):
@@ -290,7 +289,7 @@ class Scalars:
 
 
 def _mathlib_method(name: str):
-    """Scalars.op_<name> for a mathlib function (integer inputs computed in float32)."""
+    """The lowering of mathlib function `name` (integer inputs computed in float32)."""
 
     def method(self, b, attrs, args, types, rt):
         return self.mathlib(b, name, self._float_in(b, args, types, rt))
@@ -299,42 +298,64 @@ def _mathlib_method(name: str):
     return method
 
 
-for _name in _MATHLIB:
-    setattr(Scalars, f"op_{_name}", _mathlib_method(_name))
+SCALAR_LOWERINGS = {
+    "add": Scalars.op_add, "sub": Scalars.op_sub, "mul": Scalars.op_mul,
+    "div": Scalars.op_div, "neg": Scalars.op_neg, "abs": Scalars.op_abs,
+    "sign": Scalars.op_sign, "maximum": Scalars.op_maximum, "minimum": Scalars.op_minimum,
+    "relu": Scalars.op_relu, "leaky_relu": Scalars.op_leaky_relu, "clamp": Scalars.op_clamp,
+    "cast": Scalars.op_cast, "select": Scalars.op_select, "eq": Scalars.op_eq,
+    "ne": Scalars.op_ne, "lt": Scalars.op_lt, "le": Scalars.op_le, "gt": Scalars.op_gt,
+    "ge": Scalars.op_ge, "logical_and": Scalars.op_logical_and,
+    "logical_or": Scalars.op_logical_or, "logical_xor": Scalars.op_logical_xor,
+    "logical_not": Scalars.op_logical_not, "pow": Scalars.op_pow,
+    "floor_divide": Scalars.op_floor_divide, "remainder": Scalars.op_remainder,
+    "gelu": Scalars.op_gelu,
+    **{name: _mathlib_method(name) for name in _MATHLIB},
+}
 
 
+# ---- reductions: the identity and combiner of each OpDef's Reduction ------------------------
 def reduction_identity(op: str, dt) -> ir.Constant:
     """The start value of reduction `op` in dtype `dt`: the identity of its combine step."""
-    if op in ("reduce_sum", "reduce_mean"):
-        return const(dt, 0)
-    if op == "reduce_prod":
-        return const(dt, 1)
-    big = op == "reduce_min"
+    return const(dt, REGISTRY[op].reduction.identity_value(dt))
+
+
+def _combine_add(scalars: Scalars, b, acc, v, dt, in_register: bool):
     if dt.is_floating:
-        return const(dt, math.inf if big else -math.inf)
-    if dt is bool_:
-        return const(dt, big)
-    return const(dt, 2**63 - 1 if big else -2**63)
+        r = b.fadd(acc, v)
+        if in_register:
+            r.flags.extend(("reassoc", "nsz"))
+        return r
+    return b.or_(acc, v) if dt is bool_ else b.add(acc, v)
+
+
+def _combine_mul(scalars: Scalars, b, acc, v, dt, in_register: bool):
+    if dt.is_floating:
+        r = b.fmul(acc, v)
+        if in_register:
+            r.flags.extend(("reassoc", "nsz"))
+        return r
+    return b.and_(acc, v) if dt is bool_ else b.mul(acc, v)
+
+
+def _combine_max(scalars: Scalars, b, acc, v, dt, in_register: bool):
+    return scalars.max_min(b, acc, v, dt, True)
+
+
+def _combine_min(scalars: Scalars, b, acc, v, dt, in_register: bool):
+    return scalars.max_min(b, acc, v, dt, False)
+
+
+COMBINER_LOWERINGS = {"add": _combine_add, "mul": _combine_mul, "max": _combine_max,
+                      "min": _combine_min}
 
 
 def reduction_combiner(scalars: Scalars, op: str, dt):
     """combine(b, acc, v, in_register) for a reduction; float sums in registers reassociate
     (so they vectorise); max/min propagate NaN as numpy does."""
+    step = COMBINER_LOWERINGS[REGISTRY[op].reduction.combiner]
+
     def combine(b, acc, v, in_register: bool):
-        if op in ("reduce_sum", "reduce_mean"):
-            if dt.is_floating:
-                r = b.fadd(acc, v)
-                if in_register:
-                    r.flags.extend(("reassoc", "nsz"))
-                return r
-            return b.or_(acc, v) if dt is bool_ else b.add(acc, v)
-        if op == "reduce_prod":
-            if dt.is_floating:
-                r = b.fmul(acc, v)
-                if in_register:
-                    r.flags.extend(("reassoc", "nsz"))
-                return r
-            return b.and_(acc, v) if dt is bool_ else b.mul(acc, v)
-        return scalars._max_min(b, acc, v, dt, op == "reduce_max")
+        return step(scalars, b, acc, v, dt, in_register)
 
     return combine

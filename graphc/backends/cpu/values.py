@@ -11,15 +11,16 @@ imports nothing else from the backend.
   pointer argument.
 - `Locations`: the Loc of every value of a planned graph. Graph inputs at `inputs[i]`
   (C-contiguous); intermediates at their buffer's arena offset (C-contiguous); views (the
-  plan's `views`) as a byte offset and byte strides into their root's memory, found by running
-  the view op's numpy kernel on a stand-in array, so they agree with the plan by construction;
+  plan's `views`) as a byte offset and byte strides into their root's memory, from the view
+  op's `view_strides` rule (graphc.backends.common.view_of), the rule the plan uses too;
   update values the plan computes straight into an input (`in_input`) at that input. Nodes are
   placed in schedule order (`define`), so a view's source is always placed before the view.
 - Loops: `loop` (bounds constant or run time), `for_range` (a constant trip count),
   `collapse` (drop size-1 dims and merge the ones contiguous for every operand, so inner
   loops are long and vectorise), `broadcast_strides` (element strides of an operand read
-  over a larger domain).
-- `CpuLoweringError` / `unsupported`: what every layer raises for a graph it cannot lower.
+  over a larger domain, graphc.backends.common's).
+- `CpuLoweringError` / `unsupported`: what every layer raises for a graph it cannot lower
+  (graphc.backends.common.LoweringError's wording).
 """
 
 from __future__ import annotations
@@ -27,13 +28,18 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import numpy as np
 from llvmlite import ir
 
-from graphc.errors import GraphcError
+from graphc.backends.common import (
+    LoweringError,
+    broadcast_strides,
+    byte_strides,
+    contiguous_strides,
+    element_strides,
+    view_of,
+)
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import format_node
-from graphc.ops.registry import REGISTRY
 from graphc.types import TensorType
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -43,15 +49,15 @@ REG = {"float32": F32, "float64": F64, "int64": I64, "bool": I1}  # in a registe
 MEM = {"float32": F32, "float64": F64, "int64": I64, "bool": I8}  # in memory
 
 
-class CpuLoweringError(GraphcError, NotImplementedError):
+class CpuLoweringError(LoweringError):
     """An op (or a form of it) the CPU backend has no lowering for."""
+
+    backend = "cpu"
+    instead = ("interp",)
 
 
 def unsupported(node: Node, what: str) -> CpuLoweringError:
-    return CpuLoweringError(
-        f"cpu backend: no lowering for {what} in node {format_node(node)}"
-        f"{' at ' + node.loc if node.loc else ''}; compile with backend=\"interp\" for this "
-        f"graph (lowered ops are listed in graphc.backends.cpu.codegen)")
+    return CpuLoweringError.at(node, what)
 
 
 # ---- where values live ---------------------------------------------------------------------
@@ -68,14 +74,6 @@ class Loc:
     @property
     def region(self) -> tuple:
         return (self.base, self.index, self.offset)
-
-
-def contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    out, step = [], itemsize
-    for n in reversed(shape):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))
 
 
 def contiguous(base: str, index: int, offset: int, t: TensorType) -> Loc:
@@ -111,28 +109,17 @@ class Locations:
     def view(self, node: Node, v: Value) -> Loc:
         """Where output `v` of the view op `node` lies in its source's memory."""
         src = self.locs[node.inputs[0]]
-        dtype = src.type.dtype.np
-        span = _span(src) + 64
-        buf = np.empty(span, np.uint8)  # a stand-in: never read or written
-        fake = np.ndarray(src.type.shape, dtype, buffer=buf, offset=0, strides=src.strides)
-        result = REGISTRY[node.op].kernel(fake, **node.attrs)
-        if not isinstance(result, np.ndarray) or (result.size and
-                                                  not np.may_share_memory(result, buf)):
+        item = src.type.dtype.itemsize
+        found = view_of(node, src.type.shape, element_strides(src.strides, item))
+        if found is None:
             raise CpuLoweringError(f"cpu backend: the plan treats {format_node(node)} as a "
                                    "view, but its kernel copies")
-        start = result.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
-        return Loc(src.base, src.index, src.offset + start, tuple(result.strides), v.type)
+        offset, strides = found
+        return Loc(src.base, src.index, src.offset + offset * item, byte_strides(strides, item),
+                   v.type)
 
     def __getitem__(self, v: Value) -> Loc:
         return self.locs[v]
-
-
-def _span(loc: Loc) -> int:
-    if not loc.type.numel:
-        return 0
-    return sum((n - 1) * abs(s) for n, s in zip(loc.type.shape, loc.strides)) + \
-        loc.type.dtype.itemsize
-
 
 
 # ---- loops ---------------------------------------------------------------------------------
@@ -185,14 +172,4 @@ def collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]):
                 continue
         out.append((n, ss))
     return [n for n, _ in out], [tuple(ss[k] for _, ss in out) for k in range(len(strides))]
-
-
-def broadcast_strides(loc_shape, loc_strides, domain) -> tuple[int, ...]:
-    """Element strides of a tensor read at every index of `domain` (right-aligned)."""
-    pad = len(domain) - len(loc_shape)
-    out = []
-    for d in range(len(domain)):
-        k = d - pad
-        out.append(0 if k < 0 or loc_shape[k] == 1 else loc_strides[k])
-    return tuple(out)
 

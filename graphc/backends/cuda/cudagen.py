@@ -17,7 +17,7 @@ Helpers here are pure text builders:
 - `decompose(shape, index, prefix)`: statements declaring coordinates `<prefix><d>` of a flat
   index over `shape` (row-major); `offset(coords, strides)`: the element offset expression;
 - `scalar(op, attrs, args, types, out)`: a registry scalar op (graphc.ops.registry `scalar`
-  names) as a C expression, with numpy's promotion (arguments cast to the result type,
+  names, through `SCALAR_LOWERINGS`, the backend's scalar table) as a C expression, with numpy's promotion (arguments cast to the result type,
   comparisons in the promoted type of their operands);
 - `render(kernels)`: the whole translation unit.
 Invariants: the text depends only on what it is given (no addresses of this process, no
@@ -97,63 +97,112 @@ _UNARY_MATH = ("exp", "log", "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "s
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
+def _arithmetic(op, attrs, args, types, out) -> str:
+    x, y = _promoted(args, types, out)
+    if out.name == "bool":
+        return f"({x} {dict(add='||', sub='!=', mul='&&')[op]} {y})"
+    return f"({x} {dict(add='+', sub='-', mul='*')[op]} {y})"
+
+
+def _div(op, attrs, args, types, out) -> str:
+    x, y = _promoted(args, types, out)
+    return f"({x} / {y})"
+
+
+def _unary_helper(op, attrs, args, types, out) -> str:
+    """neg, abs, sign, relu: `-x` or `gc_<op>(x)`; bools are their own result."""
+    (x,) = _promoted(args, types, out)
+    if out.name == "bool":
+        return x
+    return f"(-{x})" if op == "neg" else f"gc_{op}({x})"
+
+
+def _max_min(op, attrs, args, types, out) -> str:
+    x, y = _promoted(args, types, out)
+    return f"gc_{op[:3]}({x}, {y})"
+
+
+def _leaky_relu(op, attrs, args, types, out) -> str:
+    (x,) = _promoted(args, types, out)
+    return f"({x} > 0 ? {x} : {x} * {literal(attrs['negative_slope'], out)})"
+
+
+def _clamp(op, attrs, args, types, out) -> str:
+    (x,) = _promoted(args, types, out)
+    if attrs.get("min") is not None:
+        x = f"gc_max({x}, {literal(attrs['min'], out)})"
+    if attrs.get("max") is not None:
+        x = f"gc_min({x}, {literal(attrs['max'], out)})"
+    return x
+
+
+def _cast_op(op, attrs, args, types, out) -> str:
+    return _cast(args[0], types[0], out)
+
+
+def _select(op, attrs, args, types, out) -> str:
+    x, y = _promoted(args[1:], types[1:], out)
+    return f"({_cast(args[0], types[0], _bool())} ? {x} : {y})"
+
+
+def _compare(op, attrs, args, types, out) -> str:
+    ct = result_dtype(*(TensorType((1,), t) for t in types))
+    x, y = _promoted(args, types, ct)
+    return f"({x} {_COMPARE[op]} {y})"
+
+
+def _logical(op, attrs, args, types, out) -> str:
+    xs = [_cast(a, t, _bool()) for a, t in zip(args, types)]
+    if op == "logical_not":
+        return f"(!{xs[0]})"
+    symbol = {"logical_and": "&&", "logical_or": "||", "logical_xor": "!="}[op]
+    return f"({xs[0]} {symbol} {xs[1]})"
+
+
+def _pow(op, attrs, args, types, out) -> str:
+    x, y = _promoted(args, types, out)
+    return f"({x} || !{y})" if out.name == "bool" else f"gc_pow({x}, {y})"
+
+
+def _binary_helper(op, attrs, args, types, out) -> str:
+    """floor_divide, remainder: `gc_<op>(x, y)`."""
+    x, y = _promoted(args, types, out)
+    return f"gc_{op}({x}, {y})"
+
+
+def _gelu(op, attrs, args, types, out) -> str:
+    if not out.is_floating:
+        raise KeyError(op)
+    (x,) = _promoted(args, types, out)
+    return f"gc_gelu_{'tanh' if attrs.get('approximate') == 'tanh' else 'erf'}({x})"
+
+
+def _unary_math(op, attrs, args, types, out) -> str:
+    """exp log log1p tanh sigmoid erf sin cos sqrt rsqrt: `gc_<op>(x)`, floating results only."""
+    if not out.is_floating:
+        raise KeyError(op)
+    (x,) = _promoted(args, types, out)
+    return f"gc_{op}({x})"
+
+
+# The backend's table of scalar ops (graphc.backends.common's contract): scalar name ->
+# render(op, attrs, args, types, out) -> a C expression (KeyError for a dtype it refuses).
+SCALAR_LOWERINGS = {
+    "add": _arithmetic, "sub": _arithmetic, "mul": _arithmetic, "div": _div,
+    "neg": _unary_helper, "abs": _unary_helper, "sign": _unary_helper, "relu": _unary_helper,
+    "maximum": _max_min, "minimum": _max_min, "leaky_relu": _leaky_relu, "clamp": _clamp,
+    "cast": _cast_op, "select": _select,
+    **{name: _compare for name in _COMPARE},
+    "logical_and": _logical, "logical_or": _logical, "logical_xor": _logical,
+    "logical_not": _logical, "pow": _pow, "floor_divide": _binary_helper,
+    "remainder": _binary_helper, "gelu": _gelu,
+    **{name: _unary_math for name in _UNARY_MATH},
+}
+
+
 def scalar(op: str, attrs: dict, args: list[str], types: list, out) -> str:
     """The C expression of registry scalar op `op` (KeyError for a name not rendered)."""
-    is_bool, is_float = out.name == "bool", out.is_floating
-    if op in ("add", "sub", "mul"):
-        x, y = _promoted(args, types, out)
-        if is_bool:
-            return f"({x} {dict(add='||', sub='!=', mul='&&')[op]} {y})"
-        return f"({x} {dict(add='+', sub='-', mul='*')[op]} {y})"
-    if op == "div":
-        x, y = _promoted(args, types, out)
-        return f"({x} / {y})"
-    if op in ("neg", "abs", "sign", "relu"):
-        (x,) = _promoted(args, types, out)
-        if is_bool:
-            return x
-        return f"(-{x})" if op == "neg" else f"gc_{op}({x})"
-    if op in ("maximum", "minimum"):
-        x, y = _promoted(args, types, out)
-        return f"gc_{op[:3]}({x}, {y})"
-    if op == "leaky_relu":
-        (x,) = _promoted(args, types, out)
-        return f"({x} > 0 ? {x} : {x} * {literal(attrs['negative_slope'], out)})"
-    if op == "clamp":
-        (x,) = _promoted(args, types, out)
-        if attrs.get("min") is not None:
-            x = f"gc_max({x}, {literal(attrs['min'], out)})"
-        if attrs.get("max") is not None:
-            x = f"gc_min({x}, {literal(attrs['max'], out)})"
-        return x
-    if op == "cast":
-        return _cast(args[0], types[0], out)
-    if op == "select":
-        x, y = _promoted(args[1:], types[1:], out)
-        return f"({_cast(args[0], types[0], _bool())} ? {x} : {y})"
-    if op in _COMPARE:
-        ct = result_dtype(*(TensorType((1,), t) for t in types))
-        x, y = _promoted(args, types, ct)
-        return f"({x} {_COMPARE[op]} {y})"
-    if op.startswith("logical_"):
-        xs = [_cast(a, t, _bool()) for a, t in zip(args, types)]
-        if op == "logical_not":
-            return f"(!{xs[0]})"
-        symbol = {"logical_and": "&&", "logical_or": "||", "logical_xor": "!="}[op]
-        return f"({xs[0]} {symbol} {xs[1]})"
-    if op == "pow":
-        x, y = _promoted(args, types, out)
-        return f"({x} || !{y})" if is_bool else f"gc_pow({x}, {y})"
-    if op in ("floor_divide", "remainder"):
-        x, y = _promoted(args, types, out)
-        return f"gc_{op}({x}, {y})"
-    if op == "gelu" and is_float:
-        (x,) = _promoted(args, types, out)
-        return f"gc_gelu_{'tanh' if attrs.get('approximate') == 'tanh' else 'erf'}({x})"
-    if op in _UNARY_MATH and is_float:
-        (x,) = _promoted(args, types, out)
-        return f"gc_{op}({x})"
-    raise KeyError(op)
+    return SCALAR_LOWERINGS[op](op, attrs, args, types, out)
 
 
 def _bool():

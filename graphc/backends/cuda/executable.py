@@ -22,6 +22,7 @@ import threading
 
 import numpy as np
 
+from graphc.backends.common import planned
 from graphc.backends.cuda import rt as rtmod
 from graphc.backends.cuda.compile import load_module
 from graphc.backends.cuda.cudagen import BLOCK
@@ -39,11 +40,7 @@ class CudaExecutable:
     def __init__(self, graph: Graph, options: dict | None = None) -> None:
         self.graph = verify(graph)
         self.rt = rtmod.runtime_library()
-        if "memory_plan" not in graph.meta:
-            from graphc.passes.plan import plan_buffers
-
-            plan_buffers(graph)
-        self.memory_plan = plan = graph.meta["memory_plan"]
+        self.memory_plan = plan = planned(graph)
         self.lowered = low = lower(graph)
         self.module = load_module(self.rt, low.source, graph.name or "graph") \
             if low.kernels else None

@@ -13,8 +13,8 @@ library call cannot read through their strides, and GEMM results an epilogue rea
 
 Where values live (`Layout`: offset, element strides, type): graph inputs contiguous in
 their slot; intermediates contiguous at their buffer's arena offset; views (the plan's
-`views`) as offset and strides into their source, found by running the view op's numpy
-kernel on a stand-in array; update values the plan computes into an input, in that input.
+`views`) as offset and strides into their source, from the view op's `view_strides` rule
+(graphc.backends.common.view_of); update values the plan computes into an input, in that input.
 
 Lowered: elementwise ops and fused groups (graphc.ops.fused: elementwise bodies, bodies
 ending in a reduction or softmax/log_softmax, GEMM/conv epilogues) as generated kernels;
@@ -26,50 +26,40 @@ batch_norm and reductions over a contiguous (outer, extent, inner) view through 
 scatters (atomicAdd), full/arange, argmax/argmin (one axis or the flattened tensor),
 multi-axis reductions and uniform/normal/dropout/bernoulli/randint/randperm (Philox, the eager
 stream) as generated kernels (ops.py, movement.py). The library ops (conv, pooling, NLL,
-batch norm) are float32 only: other dtypes are refused. Anything else raises
-`CudaLoweringError` naming the op and node.
+batch norm) are float32 only: other dtypes are refused. `ops.LOWERINGS` is the backend's one
+table from op name to lowering and `cudagen.SCALAR_LOWERINGS` its table of scalar ops
+(graphc.backends.common states the contract). Anything else raises `CudaLoweringError`
+naming the op and node.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from graphc.backends.common import LoweringError, broadcast_strides, contiguous_strides, view_of
 from graphc.backends.cuda import cudagen
 from graphc.backends.cuda.cudagen import BLOCK, Kernel
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
-from graphc.ir.printer import format_node
-from graphc.ops.registry import REGISTRY
 from graphc.types import TensorType
 
 ALIGN = 256
 ERROR_SLOTS = 64
-VIEW_OPS = ("reshape", "permute", "broadcast_to", "slice")
 
 
-class CudaLoweringError(GraphcError, NotImplementedError):
+class CudaLoweringError(LoweringError):
     """An op (or a form of it) the cuda backend has no lowering for."""
+
+    backend = "cuda"
+    instead = ("cpu", "interp")
 
 
 def unsupported(node: Node, what: str) -> CudaLoweringError:
-    return CudaLoweringError(
-        f"cuda backend: {what} is not supported on the cuda backend (node "
-        f"{format_node(node)}{' at ' + node.loc if node.loc else ''}); compile this graph "
-        "with backend=\"cpu\" or backend=\"interp\"")
+    return CudaLoweringError.at(node, what)
 
 
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
-
-
-def contiguous_strides(shape) -> tuple[int, ...]:
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))
 
 
 @dataclass(frozen=True)
@@ -94,9 +84,7 @@ class Layout:
 
     def broadcast(self, domain: tuple[int, ...]) -> tuple[int, ...]:
         """Element strides of this tensor read at each index of `domain` (right-aligned)."""
-        pad = len(domain) - self.type.ndim
-        return tuple(0 if d < pad or self.type.shape[d - pad] == 1 else self.strides[d - pad]
-                     for d in range(len(domain)))
+        return broadcast_strides(self.type.shape, self.strides, domain)
 
 
 @dataclass
@@ -199,23 +187,15 @@ class Lowerer:
                                          v.type)
 
     def view_layout(self, node: Node, v: Value, src: Layout | None = None) -> Layout | None:
-        """Where `v` (a view op's output) lies in its source's memory; None if numpy copies."""
+        """Where `v` (a view op's output) lies in its source's memory; None if the op copies."""
         src = src or self.layouts[node.inputs[0]]
-        item = src.type.dtype.itemsize
-        span = sum((n - 1) * abs(s) for n, s in zip(src.type.shape, src.strides)) + 1
-        buf = np.empty(max(span, 1) + 8, src.type.dtype.np)
-        first = sum((n - 1) * -s for n, s in zip(src.type.shape, src.strides) if s < 0)
-        fake = np.ndarray(src.type.shape, src.type.dtype.np, buffer=buf, offset=first * item,
-                          strides=tuple(s * item for s in src.strides))
-        result = REGISTRY[node.op].kernel(fake, **node.attrs)
-        if not isinstance(result, np.ndarray) or (result.size and
-                                                  not np.may_share_memory(result, buf)):
+        found = view_of(node, src.type.shape, src.strides)
+        if found is None:
             if v.name in self.plan.views:
                 raise unsupported(node, "a view the plan expects but numpy copies")
             return None
-        start = result.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
-        return Layout(src.offset + start - first * item,
-                      tuple(s // item for s in result.strides), v.type)
+        offset, strides = found
+        return Layout(src.offset + offset * src.type.dtype.itemsize, strides, v.type)
 
     # ---- emitting ------------------------------------------------------------------------
     def new_kernel(self, node: Node, threads: int) -> KernelText:

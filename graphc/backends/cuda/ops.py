@@ -1,4 +1,10 @@
-"""ops: the per-op lowerings of the cuda backend (`lower_node(lowerer, node)`).
+"""ops: the per-op lowerings of the cuda backend and `LOWERINGS`, its one table of them.
+
+`LOWERINGS` maps op names to `lower(lowerer, node)` (tinygrad's `code_for_op`; movement,
+indexing and random ops come from graphc.backends.cuda.movement); an elementwise op renders
+through cudagen.SCALAR_LOWERINGS instead; `lower_node` is the shared prologue
+(graphc.backends.common.lower_node). Fused bodies are read through graphc.ops.fused.FusedBody
+and reductions through their OpDef's `Reduction` (identity and combiner).
 
 Each function appends the node's kernels (graphc.backends.cuda.lowering.KernelText, text from
 graphc.backends.cuda.cudagen) or runtime library calls to the Lowerer, reading inputs where
@@ -14,14 +20,14 @@ from __future__ import annotations
 import ctypes
 import math
 
+from graphc.backends import common
 from graphc.backends.cuda import cudagen, rt
-from graphc.backends.cuda.lowering import Addr, Layout, Lowerer, unsupported
+from graphc.backends.cuda.lowering import Addr, CudaLoweringError, Layout, Lowerer, unsupported
+from graphc.backends.cuda.movement import MOVEMENT_LOWERINGS
 from graphc.ir.graph import Node
-from graphc.ops.registry import ELEMENTWISE, REGISTRY, SOURCE
+from graphc.ops.fused import FusedBody
+from graphc.ops.registry import ELEMENTWISE, REGISTRY, Reduction
 from graphc.types import TensorType
-
-_REDUCE = {"reduce_sum": "sum", "reduce_mean": "mean", "reduce_max": "max",
-           "reduce_min": "min", "reduce_prod": "prod"}
 
 
 def _coords(n: int, prefix: str = "c") -> list[str]:
@@ -29,9 +35,11 @@ def _coords(n: int, prefix: str = "c") -> list[str]:
 
 
 # ---- fused bodies -------------------------------------------------------------------------------
-def _body_lines(lw: Lowerer, k, node: Node, domain, coords, body, env: dict) -> list[str]:
-    """Statements computing `body` at `coords`; env: ref -> (expr, dtype) for refs known."""
-    lines, n_in = [], len(node.inputs)
+def _body_lines(lw: Lowerer, k, node: Node, domain, coords, fb: FusedBody, stop: int,
+                env: dict) -> list[str]:
+    """Statements computing instructions [0, stop) of `fb` at `coords`; env: ref -> (expr,
+    dtype) for refs known."""
+    lines, n_in = [], fb.n_inputs
     known = dict(env)
 
     def value(ref: int):
@@ -42,19 +50,19 @@ def _body_lines(lw: Lowerer, k, node: Node, domain, coords, body, env: dict) -> 
             known[ref] = (f"a{ref}", v.type.dtype)
         return known[ref]
 
-    for i, (op, args, attrs) in enumerate(body):
-        ref, attrs = n_in + i, dict(attrs)
+    for i, (op, args, attrs) in enumerate(fb.instructions[:stop]):
+        ref = n_in + i
         if ref in known:
             continue
         operands = [value(a) for a in args]
-        types = [REGISTRY[op].infer(*(_type_of(node, a, body) for a in args), **attrs)]
-        out = types[0].dtype
+        t = fb.types[ref]
+        out = t.dtype
         if op == "broadcast_to":
             expr = cudagen.scalar("cast", {}, [operands[0][0]], [operands[0][1]], out)
         elif op == "full":
             expr = cudagen.literal(attrs["value"], out)
         elif op == "arange":
-            n = types[0].shape[0]
+            n = t.shape[0]
             c = coords[-1] if n > 1 and coords else "0"
             expr = f"(({cudagen.ctype(out)})({attrs['start']!r} + (double){c} * " \
                    f"{attrs['step']!r}))"
@@ -71,18 +79,8 @@ def _body_lines(lw: Lowerer, k, node: Node, domain, coords, body, env: dict) -> 
     return lines
 
 
-def _type_of(node: Node, ref: int, body) -> TensorType:
-    n_in = len(node.inputs)
-    if ref < n_in:
-        return node.inputs[ref].type
-    env = [v.type for v in node.inputs]
-    for op, args, attrs in body[:ref - n_in + 1]:
-        env.append(REGISTRY[op].infer(*(env[a] for a in args), **dict(attrs)))
-    return env[ref]
-
-
-def _map(lw: Lowerer, node: Node, body, outputs, env=None) -> None:
-    """One kernel over the outputs' (common) shape computing `body` and storing `outputs`."""
+def _map(lw: Lowerer, node: Node, fb: FusedBody, env=None) -> None:
+    """One kernel over the outputs' (common) shape computing `fb` and storing its outputs."""
     first = lw.layouts[node.outputs[0]]
     shape = first.type.shape
     for v in node.outputs:
@@ -91,29 +89,34 @@ def _map(lw: Lowerer, node: Node, body, outputs, env=None) -> None:
     k = lw.new_kernel(node, first.type.numel)
     coords = _coords(len(shape))
     k.lines += cudagen.decompose(shape, "gi")
-    k.lines += _body_lines(lw, k, node, shape, coords, body, env or {})
-    for v, ref in zip(node.outputs, outputs):
+    k.lines += _body_lines(lw, k, node, shape, coords, fb, len(fb), env or {})
+    for v, ref in zip(node.outputs, fb.outputs):
         k.lines.append(f"{k.at(lw.layouts[v], coords)} = v{ref};")
     lw.emit(k)
 
 
+def lower_map(lw: Lowerer, node: Node) -> None:
+    """A lone elementwise op or constant source (full, arange): one generated kernel."""
+    _map(lw, node, FusedBody.of_node(node))
+
+
 def lower_fused(lw: Lowerer, node: Node) -> None:
-    body, outputs = node.attrs["body"], node.attrs["outputs"]
-    n_in, last = len(node.inputs), body[-1][0]
-    if body[0][0] in ("matmul", "conv2d"):  # a contraction with an elementwise epilogue
-        t = _type_of(node, n_in, body)
-        tmp = lw.scratch_layout(t)
-        fake = Node(body[0][0], [node.inputs[a] for a in body[0][1]], dict(body[0][2]), [])
-        (lower_matmul if body[0][0] == "matmul" else lower_conv2d)(lw, fake, [tmp])
-        if n_in in outputs:
+    fb = FusedBody.of_node(node)
+    n_in = fb.n_inputs
+    anchor = fb.anchor
+    if anchor is not None:  # a contraction with an elementwise epilogue
+        tmp = lw.scratch_layout(fb.types[n_in])
+        contraction = Node(anchor.op, [node.inputs[a] for a in anchor.args], anchor.attrs, [])
+        EPILOGUE_ANCHOR_LOWERINGS[anchor.op](lw, contraction, [tmp])
+        if n_in in fb.outputs:
             raise unsupported(node, "an epilogue group that returns its raw contraction")
-        return _map_with(lw, node, body, outputs, tmp)
-    if last in _REDUCE or last in ("softmax", "log_softmax"):
-        return _reduce_group(lw, node, body, outputs)
-    _map(lw, node, body, outputs)
+        return _map_with(lw, node, fb, tmp)
+    if fb.ending is not None:
+        return _reduce_group(lw, node, fb)
+    _map(lw, node, fb)
 
 
-def _map_with(lw: Lowerer, node: Node, body, outputs, contraction: Layout) -> None:
+def _map_with(lw: Lowerer, node: Node, fb: FusedBody, contraction: Layout) -> None:
     """An epilogue: instruction 0's result lives in `contraction` (scratch)."""
     first = lw.layouts[node.outputs[0]]
     shape = first.type.shape
@@ -124,33 +127,33 @@ def _map_with(lw: Lowerer, node: Node, body, outputs, contraction: Layout) -> No
     k.lines.append(f"{cudagen.ctype(contraction.type.dtype)} v{n_in} = "
                    f"{k.read(contraction, coords, shape)};")
     env = {n_in: (f"v{n_in}", contraction.type.dtype)}
-    k.lines += _body_lines(lw, k, node, shape, coords, body, env)
-    for v, ref in zip(node.outputs, outputs):
+    k.lines += _body_lines(lw, k, node, shape, coords, fb, len(fb), env)
+    for v, ref in zip(node.outputs, fb.outputs):
         k.lines.append(f"{k.at(lw.layouts[v], coords)} = v{ref};")
     lw.emit(k)
 
 
-def _reduce_group(lw: Lowerer, node: Node, body, outputs) -> None:
-    n_in = len(node.inputs)
-    last_ref = n_in + len(body) - 1
-    op, args, attrs = body[-1]
-    attrs = dict(attrs)
-    src_type = _type_of(node, args[0], body)
-    for v, ref in zip(node.outputs, outputs):
+def _reduce_group(lw: Lowerer, node: Node, fb: FusedBody) -> None:
+    n_in = fb.n_inputs
+    last_ref = n_in + len(fb) - 1
+    op, args, attrs = fb.instructions[-1]
+    src_type = fb.types[args[0]]
+    for v, ref in zip(node.outputs, fb.outputs):
         if ref == last_ref:
-            _reduction(lw, node, body[:-1], args[0], src_type, op, attrs, lw.layouts[v])
+            _reduction(lw, node, fb, len(fb) - 1, args[0], src_type, op, attrs,
+                       lw.layouts[v])
         elif v.type.shape == src_type.shape:
-            _map_one(lw, node, body[:ref - n_in + 1], ref, lw.layouts[v])
+            _map_one(lw, node, fb, ref - n_in + 1, ref, lw.layouts[v])
         else:
             raise unsupported(node, "a reduce group returning an intermediate of another shape")
 
 
-def _map_one(lw: Lowerer, node: Node, body, ref: int, out: Layout) -> None:
+def _map_one(lw: Lowerer, node: Node, fb: FusedBody, stop: int, ref: int, out: Layout) -> None:
     shape = out.type.shape
     k = lw.new_kernel(node, out.type.numel)
     coords = _coords(len(shape))
     k.lines += cudagen.decompose(shape, "gi")
-    k.lines += _body_lines(lw, k, node, shape, coords, body, {})
+    k.lines += _body_lines(lw, k, node, shape, coords, fb, stop, {})
     k.lines.append(f"{k.at(out, coords)} = {_ref_expr(node, ref)};")
     lw.emit(k)
 
@@ -159,57 +162,73 @@ def _ref_expr(node: Node, ref: int) -> str:
     return f"a{ref}" if ref < len(node.inputs) else f"v{ref}"
 
 
-def _identity(kind: str, dt) -> str:
-    if kind in ("sum", "mean"):
-        return cudagen.literal(0, dt)
-    if kind == "prod":
-        return cudagen.literal(1, dt)
-    big = kind == "min"
-    if dt.is_floating:
-        return cudagen.literal(math.inf if big else -math.inf, dt)
-    if dt.name == "bool":
-        return cudagen.literal(big, dt)
-    return f"({'9223372036854775807LL' if big else '(-9223372036854775807LL - 1)'})"
+# ---- reductions: the identity and combiner of each OpDef's Reduction ------------------------
+def _identity(red: Reduction, dt) -> str:
+    value = red.identity_value(dt)
+    if dt.name == "int64" and red.identity in ("lowest", "highest"):
+        return f"({'9223372036854775807LL' if value > 0 else '(-9223372036854775807LL - 1)'})"
+    return cudagen.literal(value, dt)
 
 
-def _combine(kind: str, acc: str, v: str, dt) -> str:
-    if kind in ("sum", "mean"):
-        return f"{acc} || {v}" if dt.name == "bool" else f"{acc} + {v}"
-    if kind == "prod":
-        return f"{acc} && {v}" if dt.name == "bool" else f"{acc} * {v}"
-    return f"gc_{kind}({acc}, {v})"
+def _combine_add(acc: str, v: str, dt) -> str:
+    return f"{acc} || {v}" if dt.name == "bool" else f"{acc} + {v}"
 
 
-def _reduction(lw: Lowerer, node: Node, body, src_ref: int, src: TensorType, op: str,
-               attrs: dict, out: Layout) -> None:
-    """out = op over `src_ref` (an input or a body value) computed at every source index."""
+def _combine_mul(acc: str, v: str, dt) -> str:
+    return f"{acc} && {v}" if dt.name == "bool" else f"{acc} * {v}"
+
+
+def _combine_max(acc: str, v: str, dt) -> str:
+    return f"gc_max({acc}, {v})"
+
+
+def _combine_min(acc: str, v: str, dt) -> str:
+    return f"gc_min({acc}, {v})"
+
+
+COMBINER_LOWERINGS = {"add": _combine_add, "mul": _combine_mul, "max": _combine_max,
+                      "min": _combine_min}
+
+
+def _library_reduce_op(red: Reduction) -> int:
+    """The runtime library's gc_reduce_op of a Reduction."""
+    name = "MEAN" if red.mean else {"add": "SUM", "mul": "PROD", "max": "MAX",
+                                    "min": "MIN"}[red.combiner]
+    return rt.REDUCE_OP[f"GC_REDUCE_{name}"]
+
+
+def _reduction(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int,
+               src: TensorType, op: str, attrs: dict, out: Layout) -> None:
+    """out = op over `src_ref` (an input or a value of fb's instructions [0, stop)) computed
+    at every source index."""
     shape = src.shape
     coords = _coords(len(shape))
-    if op in ("softmax", "log_softmax"):
-        return _softmax_kernel(lw, node, body, src_ref, src, op == "log_softmax",
+    if REGISTRY[op].row_wise:
+        return _softmax_kernel(lw, node, fb, stop, src_ref, src, op == "log_softmax",
                                attrs["dim"] % max(len(shape), 1), out)
-    kind, axes = _REDUCE[op], tuple(a % max(len(shape), 1) for a in attrs["axes"])
+    reduction = REGISTRY[op].reduction
+    axes = tuple(a % max(len(shape), 1) for a in attrs["axes"])
     kept = [d for d in range(len(shape)) if d not in axes]
     red = [d for d in range(len(shape)) if d in axes]
     dt = out.type.dtype
-    acc_t = "double" if dt.name == "float32" and kind in ("sum", "mean", "prod") else \
+    acc_t = "double" if dt.name == "float32" and reduction.combiner in ("add", "mul") else \
         cudagen.ctype(dt)
     k = lw.new_kernel(node, out.type.numel)
     k.lines += cudagen.decompose(tuple(shape[d] for d in kept), "gi", "o")
     k.lines += [f"long long c{d} = o{i};" for i, d in enumerate(kept)]
     count = math.prod(shape[d] for d in red)
-    k.lines.append(f"{acc_t} acc = ({acc_t}){_identity(kind, dt)};")
+    k.lines.append(f"{acc_t} acc = ({acc_t}){_identity(reduction, dt)};")
     k.lines.append(f"for (long long r = 0; r < {count}LL; ++r) {{")
     inner = cudagen.decompose(tuple(shape[d] for d in red), "r", "q")
     inner += [f"long long c{d} = q{i};" for i, d in enumerate(red)]
-    inner += _body_lines(lw, k, node, shape, coords, body, {})
+    inner += _body_lines(lw, k, node, shape, coords, fb, stop, {})
     value = k.read(lw.layouts[node.inputs[src_ref]], coords, shape) \
         if src_ref < len(node.inputs) else f"v{src_ref}"
     src_dt = src.dtype
     inner.append(f"{acc_t} x = ({acc_t})({cudagen.scalar('cast', {}, [value], [src_dt], dt)});")
-    inner.append(f"acc = {_combine(kind, 'acc', 'x', dt)};")
+    inner.append(f"acc = {COMBINER_LOWERINGS[reduction.combiner]('acc', 'x', dt)};")
     k.lines += ["  " + line for line in inner] + ["}"]
-    result = f"acc / {count}.0" if kind == "mean" else "acc"
+    result = f"acc / {count}.0" if reduction.mean else "acc"
     k.lines.append(f"{k.at(out, _kept_coords(out, kept, attrs))} = "
                    f"({cudagen.ctype(dt)})({result});")
     lw.emit(k)
@@ -222,8 +241,8 @@ def _kept_coords(out: Layout, kept: list[int], attrs: dict) -> list[str]:
     return [f"c{d}" if d in kept else "0" for d in range(out.type.ndim)]
 
 
-def _softmax_kernel(lw: Lowerer, node: Node, body, src_ref: int, src: TensorType, log: bool,
-                    dim: int, out: Layout) -> None:
+def _softmax_kernel(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int,
+                    src: TensorType, log: bool, dim: int, out: Layout) -> None:
     shape = src.shape
     coords = _coords(len(shape))
     ct = cudagen.ctype(out.type.dtype)
@@ -233,7 +252,7 @@ def _softmax_kernel(lw: Lowerer, node: Node, body, src_ref: int, src: TensorType
 
     def row_value() -> list[str]:
         lines = [f"long long c{dim} = t;"]
-        lines += _body_lines(lw, k, node, shape, coords, body, {})
+        lines += _body_lines(lw, k, node, shape, coords, fb, stop, {})
         value = k.read(lw.layouts[node.inputs[src_ref]], coords, shape) \
             if src_ref < len(node.inputs) else f"v{src_ref}"
         return lines + [f"{ct} x = ({ct})({value});"]
@@ -424,7 +443,8 @@ def lower_softmax(lw: Lowerer, node: Node) -> None:
     x, y = lw.layouts[node.inputs[0]], lw.layouts[node.outputs[0]]
     shape = x.type.shape
     if not (_f32(x) and x.contiguous and shape):
-        return _reduction(lw, node, (), 0, x.type, node.op, dict(node.attrs), y)
+        return _reduction(lw, node, FusedBody.of_node(node), 0, 0, x.type, node.op,
+                          dict(node.attrs), y)
     dim = node.attrs["dim"] % len(shape)
     lw.call("gc_softmax_fwd_f32", math.prod(shape[:dim]), shape[dim],
             math.prod(shape[dim + 1:]), int(node.op == "log_softmax"), Addr(x.offset),
@@ -436,11 +456,11 @@ def lower_reduce(lw: Lowerer, node: Node) -> None:
     shape, axes = x.type.shape, sorted(a % max(x.type.ndim, 1) for a in node.attrs["axes"])
     run = axes and axes == list(range(axes[0], axes[-1] + 1))
     if _f32(x) and _f32(y) and x.contiguous and run and x.type.numel:
-        lw.call("gc_reduce_f32", rt.REDUCE_OP[f"GC_REDUCE_{_REDUCE[node.op].upper()}"],
+        lw.call("gc_reduce_f32", _library_reduce_op(REGISTRY[node.op].reduction),
                 math.prod(shape[:axes[0]]), math.prod(shape[a] for a in axes),
                 math.prod(shape[axes[-1] + 1:]), Addr(x.offset), Addr(y.offset), None)
         return
-    _reduction(lw, node, (), 0, x.type, node.op, dict(node.attrs), y)
+    _reduction(lw, node, FusedBody.of_node(node), 0, 0, x.type, node.op, dict(node.attrs), y)
 
 
 _NLL_REDUCTION = {"none": 0, "mean": 1, "sum": 2}
@@ -486,33 +506,30 @@ def lower_batch_norm(lw: Lowerer, node: Node) -> None:
             Addr(invstd.offset), None)
 
 
+# ---- the lowering table: op name -> lower(lowerer, node) -----------------------------------
+LOWERINGS = {
+    "fused": lower_fused, "full": lower_map, "arange": lower_map,
+    "matmul": lower_matmul, "conv2d": lower_conv2d,
+    "conv2d_input_grad": lower_conv2d_input_grad,
+    "conv2d_weight_grad": lower_conv2d_weight_grad, "max_pool2d": lower_pool,
+    "avg_pool2d": lower_pool, "max_pool2d_grad": lower_pool, "avg_pool2d_grad": lower_pool,
+    "softmax": lower_softmax, "log_softmax": lower_softmax, "nll_loss": lower_nll,
+    "nll_loss_backward": lower_nll, "batch_norm": lower_batch_norm,
+    "reduce_sum": lower_reduce, "reduce_mean": lower_reduce, "reduce_max": lower_reduce,
+    "reduce_min": lower_reduce, "reduce_prod": lower_reduce,
+    **MOVEMENT_LOWERINGS,
+}
+# the anchors of GEMM/conv epilogues (OpDef.epilogue_anchor): lower(lowerer, node, outs)
+# computes the anchor's result into outs[0] for the fused epilogue to read
+EPILOGUE_ANCHOR_LOWERINGS = {"matmul": lower_matmul, "conv2d": lower_conv2d}
+# registry ops this backend declines on purpose, with the reason (none today)
+REFUSALS: dict[str, str] = {}
+
+
 def lower_node(lw: Lowerer, node: Node) -> None:
     """Append the kernels and calls of one scheduled node."""
-    from graphc.backends.cuda.movement import MOVEMENT_LOWERINGS
-
-    op = node.op
-    if op in ("reshape", "permute", "broadcast_to", "slice") and all(
-            v.name in lw.plan.views for v in node.outputs):
-        return  # a view: its Layout says where it is
-    if any(v.type.numel == 0 for v in node.outputs) and op not in ("nll_loss",):
-        return
-    d = REGISTRY.get(op)
-    if op == "fused":
-        return lower_fused(lw, node)
-    if d is not None and d.kind == ELEMENTWISE or (d is not None and d.kind == SOURCE):
-        body = ((op, tuple(range(len(node.inputs))), tuple(node.attrs.items())),)
-        return _map(lw, node, body, (len(node.inputs),))
-    table = {"matmul": lower_matmul, "conv2d": lower_conv2d,
-             "conv2d_input_grad": lower_conv2d_input_grad,
-             "conv2d_weight_grad": lower_conv2d_weight_grad, "max_pool2d": lower_pool,
-             "avg_pool2d": lower_pool, "max_pool2d_grad": lower_pool,
-             "avg_pool2d_grad": lower_pool, "softmax": lower_softmax,
-             "log_softmax": lower_softmax, "nll_loss": lower_nll,
-             "nll_loss_backward": lower_nll, "batch_norm": lower_batch_norm,
-             **{name: lower_reduce for name in _REDUCE}, **MOVEMENT_LOWERINGS}
-    if op not in table:
-        raise unsupported(node, op)
-    table[op](lw, node)
+    lowering = common.find_lowering(node.op, LOWERINGS, cudagen.SCALAR_LOWERINGS, lower_map)
+    common.lower_node(lw, node, lowering, CudaLoweringError)
 
 
-__all__ = ["lower_node"]
+__all__ = ["EPILOGUE_ANCHOR_LOWERINGS", "LOWERINGS", "REFUSALS", "lower_node"]
