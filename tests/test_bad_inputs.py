@@ -282,13 +282,15 @@ _GOOD = "graph @f(%x: f32[3]) -> (f32[3]) {\n  %0: f32[3] = relu(%x)\n  return (
 
 
 @pytest.mark.parametrize("text, expected", [
-    (_GOOD.replace("relu(%x)", "relu(%x"), "line 3, column 3: expected ',', got 'return'"),
+    (_GOOD.replace("relu(%x)", "relu(%x"),
+     "line 3, column 3: expected ',' or ')', got 'return'"),
     (_GOOD.replace("%x: f32[3])", "%x: f33[3])"),
      "line 1, column 14: expected a dtype (f32, f64, i64, bool), got 'f33'"),
     (_GOOD.replace("relu(%x)", "relu(%y)"), "line 2, column 21: %y is used before it is defined"),
     (_GOOD.replace("relu(%x)", "relu(%x) $"), "line 2, column 25: unexpected character '$'"),
     (_GOOD.replace("-> (f32[3])", "-> (f32[4])"),
-     "graph @f: return types ['f32[3]'] differ from the declared ['f32[4]']"),
+     "line 3, column 3: graph @f: return types ['f32[3]'] differ from the declared "
+     "['f32[4]']"),
     (_GOOD.replace("f32[3] = relu", "f32[-3] = relu"),
      "line 2, column 11: expected a non-negative integer dimension, got '-3'"),
     (_GOOD + "\n}", "line 5, column 1: expected end of input after the graph, got '}'"),
@@ -297,7 +299,7 @@ _GOOD = "graph @f(%x: f32[3]) -> (f32[3]) {\n  %0: f32[3] = relu(%x)\n  return (
 def test_malformed_ir_text_names_line_column_and_what_was_expected(text, expected):
     with pytest.raises(ParseError) as err:
         parse(text)
-    assert str(err.value) == expected
+    assert str(err.value).startswith(expected + "; ")  # then what to do
     assert parse(_GOOD) == parse(_GOOD)  # the parser holds no state between calls
 
 

@@ -325,7 +325,7 @@ def test_run_bad_inputs_exit_2(capsys, monkeypatch, tmp_path):
     bad = tmp_path / "bad.gir"
     bad.write_text("graph @g(%x: f32[2]) -> (f32[2]) {\n  %0: f32[2] = exp[(%x)\n}\n")
     err = _error_line(capsys, "run", bad, "--inputs", npz)
-    assert "bad.gir: line 2, column 20: expected name, got '('" in err
+    assert "bad.gir: line 2, column 20: expected a name, got '('" in err
     wrong = tmp_path / "wrong.gir"
     wrong.write_text("graph @g(%x: f32[2]) -> (f32[3]) {\n  %0: f32[3] = exp(%x)\n"
                      "  return (%0)\n}\n")

@@ -45,7 +45,7 @@ def test_graphs_with_different_attrs_differ():
     (TEXT.replace("f32[2,3] = mul", "f32[2,3) = mul"), r"line 6, column \d+: expected"),
     (TEXT.replace("%2: bool", "%1: bool"), r"%1 is defined twice"),
     (TEXT.replace("return (%4, %2)", "return (%4)"), r"return types"),
-    (TEXT.replace("dtype=\"float32\"", "dtype=\"float32"), r"unexpected character"),
+    (TEXT.replace("dtype=\"float32\"", "dtype=\"float32"), r"unterminated string"),
 ])
 def test_parse_errors_name_line_and_column(bad, message):
     with pytest.raises(ParseError, match=message):

@@ -157,6 +157,14 @@ class Function:
     static `setup_context(ctx, inputs, output)`.
     """
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        # Defining a subclass registers it, so that IR text can name it in a `function` line
+        # (graphc.ir.printer): parsing IR text looks classes up and never imports modules.
+        super().__init_subclass__(**kwargs)
+        from graphc.ir.printer import register_function_class
+
+        register_function_class(cls)
+
     @staticmethod
     def forward(ctx, *args, **kwargs):
         raise NotImplementedError("a Function subclass must define forward(ctx, ...)")

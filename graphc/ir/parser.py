@@ -17,93 +17,152 @@ The grammar (whitespace between tokens is free; `#` starts the node's source loc
 
 A `function` line (a custom autograd.Function's region, see graphc.ir.printer) becomes a
 `FunctionRegion` in `graph.meta["functions"]`, positioned after the nodes parsed before it.
-Errors name the line and column and what was expected.
+Its `class` must name a Function class that is already registered (its module imported by
+the user's code): parsing never imports anything.
+
+Any text gives either a Graph or a `ParseError` naming the line and column, what was
+expected, what came and what to do. Untrusted text cannot exhaust the parser: tuples nest at
+most `MAX_DEPTH` deep, a number has at most `MAX_NUMBER_CHARS` characters, a dimension is at
+most `MAX_DIM`. Tokens are read one at a time from the text (`_scan`), so an error stops the
+work where it is found and memory follows the graph, not the token count.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
-from graphc.ir.printer import MISSING, FunctionRegion, Opaque
-from graphc.types import TensorType, as_dtype
+from graphc.ir.printer import MISSING, FunctionRegion, Opaque, registered_function_class
+from graphc.types import ALL_DTYPES, TensorType
+
+MAX_DEPTH = 64  # nested tuples in one literal or function item
+MAX_NUMBER_CHARS = 64  # characters in one number; int64, uint64 and every float repr fit
+MAX_DIM = 2**63 - 1  # a dimension is an int64
+
+_DTYPES = {d.short: d for d in ALL_DTYPES}
+_NAMED_LITERALS = {"true": True, "false": False, "none": None, "nan": float("nan"),
+                   "inf": float("inf")}
+_REGION_KEYS = ("class", "nodes", "saved", "non_differentiable", "dirty", "materialize_grads")
+# FunctionCtx's own attributes: a `ctx.` entry may not overwrite them.
+_CTX_INTERNAL = ("_saved", "_dirty", "_non_differentiable", "needs_input_grad",
+                 "materialize_grads", "_node_name")
+_SYNTAX_HINT = "fix the text there (docs/ir.md has the grammar)"
 
 
 class ParseError(GraphcError, ValueError):
     """Malformed IR text; the message gives line and column."""
 
 
+# Each match is one token and the blanks before it; `bad` catches any other character, so the
+# scan never skips text. Strings stay on one line.
 _TOKEN = re.compile(r"""
-    (?P<ws>[ \t\r]+)
-  | (?P<nl>\n)
-  | (?P<comment>\#[^\n]*)
-  | (?P<value>%[A-Za-z0-9_.]+)
-  | (?P<gname>@[A-Za-z0-9_.]+)
-  | (?P<string>"(?:[^"\\]|\\.)*")
-  | (?P<number>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+|inf\b))
-  | (?P<arrow>->)
-  | (?P<larrow><-)
-  | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
-  | (?P<punct>[()\[\]{}:,=])
+    [ \t\r]*
+    (?:
+      (?P<nl>\n)
+    | (?P<comment>\#[^\n]*)
+    | (?P<value>%[A-Za-z0-9_.]+)
+    | (?P<gname>@[A-Za-z0-9_.]+)
+    | (?P<string>"(?:[^"\\\n]|\\[^\n])*")
+    | (?P<badstring>"[^\n]*)
+    | (?P<number>-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|[0-9]+|inf\b))
+    | (?P<arrow>->)
+    | (?P<larrow><-)
+    | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
+    | (?P<punct>[()\[\]{}:,=])
+    | (?P<eof>\Z)
+    | (?P<bad>.)
+    )
 """, re.VERBOSE)
 
-
-class _Token:
-    __slots__ = ("kind", "text", "line", "col")
-
-    def __init__(self, kind: str, text: str, line: int, col: int) -> None:
-        self.kind, self.text, self.line, self.col = kind, text, line, col
-
-    def __repr__(self) -> str:
-        return repr(self.text) if self.kind != "eof" else "end of input"
+# A token: (kind, text, line, column).
+Token = tuple[str, str, int, int]
 
 
-def _tokenize(text: str) -> list[_Token]:
-    tokens, pos, line, line_start = [], 0, 1, 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            raise ParseError(f"line {line}, column {pos - line_start + 1}: unexpected "
-                             f"character {text[pos]!r}")
+def _scan(text: str) -> Iterator[Token]:
+    """The tokens of `text`, one at a time, newlines left out; ends with an `eof` token."""
+    line, line_start = 1, 0
+    for m in _TOKEN.finditer(text):
         kind = m.lastgroup
+        start = m.start(kind)
         if kind == "nl":
-            tokens.append(_Token("nl", "\n", line, pos - line_start + 1))
-            line, line_start = line + 1, m.end()
-        elif kind != "ws":
-            tokens.append(_Token(kind, m.group(), line, pos - line_start + 1))
-        pos = m.end()
-    tokens.append(_Token("eof", "", line, pos - line_start + 1))
-    return tokens
+            line, line_start = line + 1, start + 1
+            continue
+        col = start - line_start + 1
+        if kind == "bad":
+            raise ParseError(f"line {line}, column {col}: unexpected character "
+                             f"{m.group(kind)!r}; IR text holds only the tokens of the "
+                             f"grammar: {_SYNTAX_HINT}")
+        if kind == "badstring":
+            raise ParseError(f"line {line}, column {col}: unterminated string: expected a "
+                             "closing '\"' on the same line; close the string")
+        yield kind, m.group(kind), line, col
+        if kind == "eof":
+            return
+
+
+def _show(tok: Token) -> str:
+    if tok[0] == "eof":
+        return "end of input"
+    text = tok[1]
+    return repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
+
+
+def _where(tok: Token) -> str:
+    return f"line {tok[2]}, column {tok[3]}"
 
 
 class _Parser:
     def __init__(self, text: str) -> None:
-        self.tokens = _tokenize(text)
-        self.pos = 0
+        self._tokens = _scan(text)
+        self._ahead: Token | None = None
+        self.comment: Token | None = None  # a comment skipped by the last `advance`
+        self.prev: Token = ("bof", "", 1, 1)  # the token the last `advance` consumed
+        self.tok: Token = self._pull()  # the current token
         self.values: dict[str, Value] = {}
 
     # ---- token helpers ---------------------------------------------------------------------
-    def peek(self, skip_newlines: bool = True) -> _Token:
-        while skip_newlines and self.tokens[self.pos].kind in ("nl", "comment"):
-            self.pos += 1
-        return self.tokens[self.pos]
-
-    def fail(self, tok: _Token, expected: str):
-        raise ParseError(f"line {tok.line}, column {tok.col}: expected {expected}, got {tok!r}")
-
-    def take(self, kind: str | None = None, text: str | None = None) -> _Token:
-        tok = self.peek()
-        if (kind and tok.kind != kind) or (text and tok.text != text):
-            self.fail(tok, repr(text) if text else kind)
-        self.pos += 1
+    def _pull(self) -> Token:
+        if self._ahead is not None:
+            tok, self._ahead = self._ahead, None
+        else:
+            tok = next(self._tokens)
+        while tok[0] == "comment":
+            self.comment = tok
+            tok = next(self._tokens)
         return tok
 
+    def advance(self) -> Token:
+        """Consume the current token and return it."""
+        tok = self.prev = self.tok
+        self.comment = None
+        if tok[0] != "eof":
+            self.tok = self._pull()
+        return tok
+
+    def lookahead(self) -> Token:
+        """The token after the current one (comments skipped), not consumed."""
+        if self._ahead is None:
+            saved = self.comment
+            self._ahead = self._pull()
+            self.comment = saved
+        return self._ahead
+
+    def fail(self, tok: Token, expected: str, hint: str = _SYNTAX_HINT):
+        raise ParseError(f"{_where(tok)}: expected {expected}, got {_show(tok)}; {hint}")
+
+    def take(self, kind: str, text: str | None = None) -> Token:
+        tok = self.tok
+        if tok[0] != kind or (text is not None and tok[1] != text):
+            self.fail(tok, repr(text) if text else _KIND_NAMES[kind])
+        return self.advance()
+
     def accept(self, text: str) -> bool:
-        if self.peek().text == text:
-            self.pos += 1
+        if self.tok[1] == text and self.tok[0] in ("punct", "name"):
+            self.advance()
             return True
         return False
 
@@ -115,36 +174,52 @@ class _Parser:
             out.append(item())
             if self.accept(close):
                 return out
-            self.take("punct", ",")
+            if self.tok[1] != "," or self.tok[0] != "punct":
+                self.fail(self.tok, f"',' or {close!r}")
+            self.advance()
+
+    def trailing_comment(self) -> str | None:
+        """The source location in a comment right after the token just taken, on its line."""
+        comment = self.comment
+        if comment is None or comment[2] != self.prev[2]:
+            return None
+        return comment[1][1:].strip() or None
 
     # ---- grammar ---------------------------------------------------------------------------
     def graph(self) -> Graph:
         self.take("name", "graph")
-        name = self.take("gname").text[1:]
+        name = self.take("gname")[1][1:]
         self.take("punct", "(")
-        inputs = self.comma_list(")", self.param)
+        inputs = self.comma_list(")", self.define)
         self.take("arrow")
         self.take("punct", "(")
         result_types = self.comma_list(")", self.type)
         self.take("punct", "{")
         nodes, updates, regions = [], [], []
-        while self.peek().text != "return":
-            if self.tokens[self.pos + 1].kind == "larrow" and self.peek().kind == "value":
+        while not (self.tok[0] == "name" and self.tok[1] == "return"):
+            kind = self.tok[0]
+            if kind == "value" and self.lookahead()[0] == "larrow":
                 updates.append(self.update())
-            elif self.peek().text == "function":
+            elif kind == "name" and self.tok[1] == "function":
                 regions.append(self.function(len(nodes)))
-            else:
+            elif kind == "value":
                 nodes.append(self.node())
-        self.take("name", "return")
+            else:
+                self.fail(self.tok, "a node ('%name: type = op(...)'), a function line, an "
+                                    "update ('%input <- %value') or 'return'")
+        ret = self.take("name", "return")
         self.take("punct", "(")
         outputs = self.comma_list(")", self.use)
         self.take("punct", "}")
-        if self.peek().kind != "eof":
-            self.fail(self.peek(), "end of input after the graph")
+        if self.tok[0] != "eof":
+            self.fail(self.tok, "end of input after the graph",
+                      "remove the text after the graph's closing '}'")
         got = [v.type for v in outputs]
         if got != result_types:
-            raise ParseError(f"graph @{name}: return types {[str(t) for t in got]} differ from "
-                             f"the declared {[str(t) for t in result_types]}")
+            raise ParseError(f"{_where(ret)}: graph @{name}: return types "
+                             f"{[str(t) for t in got]} differ from the declared "
+                             f"{[str(t) for t in result_types]}; make the signature's result "
+                             "types match the returned values")
         graph = Graph(name, inputs, nodes, outputs, updates)
         if regions:
             graph.meta["functions"] = regions
@@ -154,20 +229,18 @@ class _Parser:
         start = self.take("name", "function")
         self.take("name")  # the class's short name, for people; `class` is the definition
         self.take("punct", "[")
-        attrs = dict(self.comma_list("]", self.function_attr))
-        if not isinstance(attrs.get("class"), str) or not isinstance(attrs.get("nodes"), int):
-            raise ParseError(f"line {start.line}, column {start.col}: a function line needs "
-                             'class="module:qualname" and nodes=<count> attributes')
+        attrs, where = {}, {}
+        for key, tok, value in self.comma_list("]", self.function_attr):
+            if key in attrs:
+                self.fail(tok, f"each attribute once, {key!r} again", "remove one of the two")
+            attrs[key], where[key] = value, tok
+        self._check_region(start, attrs, where, end)
         self.take("punct", "(")
-        args = tuple(self.comma_list(")", self.item))
+        args = tuple(self.comma_list(")", self.argument))
         self.take("arrow")
         self.take("punct", "(")
-        outputs = tuple(self.comma_list(")", self.item))
-        loc = None
-        tok = self.tokens[self.pos]
-        if tok.kind == "comment":
-            loc = tok.text[1:].strip() or None
-            self.pos += 1
+        outputs = tuple(self.comma_list(")", self.argument))
+        loc = self.trailing_comment()
         ctx = {k[len("ctx."):]: v for k, v in attrs.items() if k.startswith("ctx.")}
         return FunctionRegion(
             attrs["class"], args, outputs, end, attrs["nodes"], saved=attrs.get("saved", ()),
@@ -175,27 +248,73 @@ class _Parser:
             dirty=attrs.get("dirty", ()), materialize_grads=attrs.get("materialize_grads", True),
             loc=loc)
 
-    def function_attr(self) -> tuple[str, Any]:
-        key = self.take("name").text
-        self.take("punct", "=")
-        return key, self.item()
+    def _check_region(self, start: Token, attrs: dict, where: dict, end: int) -> None:
+        """The attributes of a `function` line: known keys, the right kinds of values, and a
+        class that is registered (never imported)."""
+        for key, tok in where.items():
+            if key.startswith("ctx."):
+                name = key[len("ctx."):]
+                if not name or name in _CTX_INTERNAL or name.startswith("__"):
+                    self.fail(tok, f"a ctx attribute the Function set, got {key!r}, a name "
+                                   "ctx keeps for itself", "remove that attribute")
+            elif key not in _REGION_KEYS:
+                self.fail(tok, f"one of {', '.join(_REGION_KEYS)} or ctx.NAME, got {key!r}",
+                          "remove that attribute")
+        if not isinstance(attrs.get("class"), str) or type(attrs.get("nodes")) is not int:
+            raise ParseError(f"{_where(start)}: a function line needs class=\"module:qualname\" "
+                             "and nodes=<count> attributes; add them")
+        if not 0 <= attrs["nodes"] <= end:
+            self.fail(where["nodes"], f"a node count from 0 to {end} (the nodes above the "
+                                      f"line), got nodes={attrs['nodes']}", "fix the count")
+        for key in ("non_differentiable", "dirty"):
+            value = attrs.get(key, ())
+            if not (isinstance(value, tuple)
+                    and all(type(i) is int and i >= 0 for i in value)):
+                self.fail(where[key], f"{key}=(output indices), got {value!r}",
+                          "write a tuple of non-negative ints")
+        if not isinstance(attrs.get("saved", ()), tuple):
+            self.fail(where["saved"], "saved=(items)", "write a tuple")
+        if type(attrs.get("materialize_grads", True)) is not bool:
+            self.fail(where["materialize_grads"], "materialize_grads=true or false",
+                      "write true or false")
+        try:
+            registered_function_class(attrs["class"])
+        except LookupError as err:
+            raise ParseError(f"{_where(where['class'])}: function line: {err}") from None
 
-    def item(self) -> Any:
+    def function_attr(self) -> tuple[str, Token, Any]:
+        tok = self.take("name")
+        self.take("punct", "=")
+        return tok[1], tok, self.item(0)
+
+    def argument(self) -> Any:
+        """One argument or output of a `function` line."""
+        return self.item(0)
+
+    def item(self, depth: int) -> Any:
         """A literal that may also hold values (`%x`) and `opaque("TypeName")`."""
-        tok = self.peek()
-        if tok.kind == "value":
+        tok = self.tok
+        if tok[0] == "value":
             return self.use()
-        if tok.text == "opaque" and self.tokens[self.pos + 1].text == "(":
-            self.pos += 2
-            type_name = json.loads(self.take("string").text)
+        if tok[0] == "name" and tok[1] == "opaque" and self.lookahead()[1] == "(":
+            self.advance()
+            self.advance()
+            type_name = self.string(self.take("string"))
             self.take("punct", ")")
             return Opaque(type_name, MISSING)
-        if tok.text != "(":
-            return self.literal()
-        self.pos += 1
+        if tok[0] != "punct" or tok[1] != "(":
+            return self.literal(depth)
+        return self.tuple_of(self.item, depth)
+
+    def tuple_of(self, element, depth: int) -> tuple:
+        """`(a, b, ...)` with an optional trailing comma; the current token is the '('."""
+        if depth >= MAX_DEPTH:
+            self.fail(self.tok, f"at most {MAX_DEPTH} nested tuples (the parser's limit), got "
+                                "a deeper one", "flatten the literal")
+        self.advance()
         items = []
         while not self.accept(")"):
-            items.append(self.item())
+            items.append(element(depth + 1))
             if not self.accept(","):
                 self.take("punct", ")")
                 break
@@ -206,14 +325,11 @@ class _Parser:
         self.take("larrow")
         return target, self.use()
 
-    def param(self) -> Value:
-        return self.define()
-
     def define(self) -> Value:
         tok = self.take("value")
-        name = tok.text[1:]
+        name = tok[1][1:]
         if name in self.values:
-            raise ParseError(f"line {tok.line}, column {tok.col}: %{name} is defined twice")
+            raise ParseError(f"{_where(tok)}: %{name} is defined twice; rename one of them")
         self.take("punct", ":")
         v = Value(name, self.type())
         self.values[name] = v
@@ -221,77 +337,114 @@ class _Parser:
 
     def use(self) -> Value:
         tok = self.take("value")
-        name = tok.text[1:]
-        if name not in self.values:
-            raise ParseError(f"line {tok.line}, column {tok.col}: %{name} is used before it "
-                             "is defined")
-        return self.values[name]
+        name = tok[1][1:]
+        value = self.values.get(name)
+        if value is None:
+            raise ParseError(f"{_where(tok)}: %{name} is used before it is defined; define it "
+                             "above this line or take it as a graph input")
+        return value
 
     def type(self) -> TensorType:
-        tok = self.take("name")
-        try:
-            dtype = as_dtype(tok.text)
-        except TypeError:
+        tok = self.tok
+        dtype = _DTYPES.get(tok[1]) if tok[0] == "name" else None
+        if dtype is None:
             self.fail(tok, "a dtype (f32, f64, i64, bool)")
+        self.advance()
         self.take("punct", "[")
         dims = self.comma_list("]", self.dim)
         return TensorType(tuple(dims), dtype)
 
     def dim(self) -> int:
-        tok = self.take("number")
-        if not tok.text.isdigit():
+        tok = self.tok
+        if tok[0] != "number" or not tok[1].isdigit() or not tok[1].isascii():
             self.fail(tok, "a non-negative integer dimension")
-        return int(tok.text)
+        value = self.number(tok)
+        if value > MAX_DIM:
+            self.fail(tok, f"a dimension of at most 2**63-1 (the parser's limit), got "
+                           f"{len(tok[1])} digits", "use a smaller dimension")
+        return value
+
+    def number(self, tok: Token) -> int | float:
+        """The value of a number token (current): an int, or a float; then advance."""
+        text = tok[1]
+        if len(text) > MAX_NUMBER_CHARS:
+            self.fail(tok, f"a number of at most {MAX_NUMBER_CHARS} characters (the parser's "
+                           f"limit), got one of {len(text)}", "use a smaller number")
+        self.advance()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        return float(text)
+
+    def string(self, tok: Token) -> str:
+        try:
+            return json.loads(tok[1])
+        except ValueError as err:  # a bad escape such as "\q"
+            raise ParseError(f"{_where(tok)}: expected a JSON string literal, got {_show(tok)} "
+                             f"({err.msg} at character {err.pos}); escape backslashes as "
+                             "\\\\") from None
 
     def node(self) -> Node:
         outputs = [self.define()]
         while self.accept(","):
             outputs.append(self.define())
         self.take("punct", "=")
-        op = self.take("name").text
+        op = self.take("name")[1]
         attrs: dict[str, Any] = {}
         if self.accept("["):
-            for key, value in self.comma_list("]", self.attr):
+            for key, tok, value in self.comma_list("]", self.attr):
+                if key in attrs:
+                    self.fail(tok, f"each attribute once, {key!r} again",
+                              "remove one of the two")
                 attrs[key] = value
         self.take("punct", "(")
         inputs = self.comma_list(")", self.use)
-        loc = None
-        tok = self.tokens[self.pos]
-        if tok.kind == "comment":
-            loc = tok.text[1:].strip() or None
-            self.pos += 1
+        loc = self.trailing_comment()
         return Node(op, inputs, attrs, outputs, loc)
 
-    def attr(self) -> tuple[str, Any]:
-        key = self.take("name").text
+    def attr(self) -> tuple[str, Token, Any]:
+        tok = self.take("name")
         self.take("punct", "=")
-        return key, self.literal()
+        return tok[1], tok, self.literal(0)
 
-    def literal(self) -> Any:
-        tok = self.peek()
-        if tok.text == "(":
-            self.pos += 1
-            items = []
-            while not self.accept(")"):
-                items.append(self.literal())
-                if not self.accept(","):
-                    self.take("punct", ")")
-                    break
-            return tuple(items)
-        self.pos += 1
-        if tok.kind == "number":
-            text = tok.text
-            if text.lstrip("-").isdigit():
-                return int(text)
-            return float(text)
-        if tok.kind == "string":
-            return json.loads(tok.text)
-        if tok.kind == "name":
-            return {"true": True, "false": False, "none": None, "nan": float("nan"),
-                    "inf": float("inf")}.get(tok.text, tok.text)
-        self.fail(tok, "a literal")
+    def literal(self, depth: int) -> Any:
+        tok = self.tok
+        kind = tok[0]
+        if kind == "punct" and tok[1] == "(":
+            return self.tuple_of(self.literal, depth)
+        if kind == "number":
+            return self.number(tok)
+        if kind == "string":
+            self.advance()
+            return self.string(tok)
+        if kind == "name":
+            self.advance()
+            return _NAMED_LITERALS.get(tok[1], tok[1])
+        self.fail(tok, "a literal (a number, a string, true, false, none or a tuple)")
 
 
-def parse(text: str) -> Graph:
-    """Parse IR text into a Graph (see the module docstring for the grammar)."""
+_KIND_NAMES = {
+    "value": "a value (%name)", "gname": "a graph name (@name)", "string": "a string",
+    "number": "a number", "arrow": "'->'", "larrow": "'<-'", "name": "a name",
+    "punct": "punctuation",
+}
+
+
+def parse(text: str | bytes) -> Graph:
+    """Parse IR text into a Graph (see the module docstring for the grammar and limits).
+
+    Bytes are read as UTF-8. Raises ParseError, with line and column, for any text that is
+    not a graph; nothing else.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as err:
+            head = bytes(text)[:err.start]
+            line = head.count(b"\n") + 1
+            col = err.start - (head.rfind(b"\n") + 1) + 1
+            raise ParseError(f"line {line}, column {col}: expected UTF-8 text, got the byte "
+                             f"{bytes(text)[err.start]:#04x}; save the file as UTF-8") from None
+    if not isinstance(text, str):
+        raise ParseError(f"line 1, column 1: expected IR text (str or bytes), got a "
+                         f"{type(text).__name__}; pass the file's text")
     return _Parser(text).graph()

@@ -18,6 +18,11 @@ says that the 2 nodes above it are the forward of `model.Clip` applied to (%x, -
 output is %1, that it saved %x with `ctx.save_for_backward` and set `ctx.low = -1.0`;
 `derive_backward` calls `Clip.backward` there instead of differentiating those nodes.
 
+IR text never imports code. `class="model:Clip"` names a class that must already be
+registered: every `autograd.Function` subclass registers itself under "module:qualname" when
+its class statement runs (`register_function_class`), so the user's code imports `model`
+before parsing. Reading a name that is not registered is a ParseError that says so.
+
 Attributes print in brackets after the op name as literals: ints, floats (always with a '.'
 or an exponent, `inf`, `-inf`, `nan`), `true`/`false`, `none`, double-quoted strings and
 parenthesised tuples (`(1,)` for one element).
@@ -25,9 +30,10 @@ parenthesised tuples (`(1,)` for one element).
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +83,7 @@ class FunctionRegion:
     Items (`args`, `outputs`, `saved`, `ctx` values) are graph Values (tensors), literals,
     tuples of items, or `Opaque`. The region's forward is the `nodes` nodes before position
     `end` of `graph.nodes`; `end` is where the `function` line prints. `cls` is the Function
-    class in memory (None after parsing: `function_class()` imports it from `class_path`).
+    class in memory (None after parsing: `function_class()` finds it in the registry).
     """
 
     class_path: str  # "module:qualname"
@@ -104,24 +110,54 @@ class FunctionRegion:
         return found
 
     def function_class(self) -> type:
-        """The Function class: `cls`, or imported from `class_path` (LookupError if not)."""
-        if self.cls is not None:
-            return self.cls
-        module_name, _, qualname = self.class_path.partition(":")
-        if "<locals>" in qualname:
-            raise LookupError(
-                f"custom autograd.Function {self.class_path} was defined inside a function, so "
-                "it cannot be imported again from IR text; derive the backward on the traced "
-                "graph in memory, or define the Function at module level")
-        try:
-            obj: Any = importlib.import_module(module_name)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError) as err:
-            raise LookupError(f"custom autograd.Function {self.class_path} cannot be imported "
-                              f"({err}); import its module first or check the name") from err
-        self.cls = obj
-        return obj
+        """The Function class: `cls`, or the registered class named by `class_path`
+        (LookupError, saying what to do, if there is none). Never imports anything."""
+        if self.cls is None:
+            return registered_function_class(self.class_path)
+        return self.cls
+
+
+# ---- the Function classes IR text may name ---------------------------------------------------
+# "module:qualname" -> class; weak, so a registered class can still be collected.
+_FUNCTION_CLASSES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_FUNCTION_CLASSES_LOCK = threading.Lock()
+
+
+def function_class_path(cls: type) -> str:
+    """The name a `function` line gives `cls`: "module:qualname"."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def register_function_class(cls: type) -> None:
+    """Let IR text name `cls` (an `autograd.Function` subclass) by its `function_class_path`.
+
+    `autograd.Function.__init_subclass__` calls it for every subclass, so defining the class
+    (importing its module) is what registers it. A class defined inside a function is not
+    registered: its path does not name one class. A later class with the same path (a module
+    imported again) replaces the earlier one.
+    """
+    path = function_class_path(cls)
+    if "<locals>" not in path:
+        with _FUNCTION_CLASSES_LOCK:
+            _FUNCTION_CLASSES[path] = cls
+
+
+def registered_function_class(path: str) -> type:
+    """The class registered under `path` ("module:qualname"); LookupError with the reason and
+    what to do if there is none. IR text never imports a module to find one."""
+    if "<locals>" in path:
+        raise LookupError(
+            f"custom autograd.Function {path} was defined inside a function, so IR text "
+            "cannot name it; derive the backward on the traced graph in memory, or define the "
+            "Function at module level")
+    with _FUNCTION_CLASSES_LOCK:
+        cls = _FUNCTION_CLASSES.get(path)
+    if cls is None:
+        module = path.partition(":")[0]
+        raise LookupError(
+            f"custom autograd.Function {path} is not registered (IR text never imports code): "
+            f"import the module that defines it ({module}) before reading this text")
+    return cls
 
 
 def _collect(item, found: list[Value]) -> None:
