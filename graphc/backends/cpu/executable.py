@@ -46,12 +46,15 @@ import time
 
 import numpy as np
 
+from graphc.backends.common import planned
 from graphc.backends.cpu import llvm, threads
 from graphc.backends.cpu.blas import resolve_blas
 from graphc.backends.cpu.codegen import lower
 from graphc.errors import ArgumentError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
 from graphc.ir.verifier import verify
+from graphc.ops.fused import FusedBody
+from graphc.ops.registry import CONTRACTION, REGISTRY
 
 
 # ---- the executable ------------------------------------------------------------------------
@@ -63,11 +66,7 @@ class CpuExecutable:
 
     def __init__(self, graph: Graph, options: dict | None = None) -> None:
         self.graph = verify(graph)
-        if "memory_plan" not in graph.meta:
-            from graphc.passes.plan import plan_buffers
-
-            plan_buffers(graph)
-        self.memory_plan = plan = graph.meta["memory_plan"]
+        self.memory_plan = plan = planned(graph)
         blas = resolve_blas() if any(_uses_gemm(n) for n in graph.nodes) else None
         self.lowered, _ = lower(graph, blas)
         self.library = llvm.compile_module(self.lowered.ir_text, f"graphc_{graph.name}")
@@ -161,11 +160,10 @@ def _address(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-_GEMM_OPS = ("matmul", "conv2d", "conv2d_input_grad", "conv2d_weight_grad")
-
-
 def _uses_gemm(node) -> bool:
-    """Whether the node's lowering calls BLAS (so BLAS is resolved once for the module)."""
-    if node.op in _GEMM_OPS:
-        return True
-    return node.op == "fused" and any(op in _GEMM_OPS for op, _, _ in node.attrs["body"])
+    """Whether the node's lowering may call BLAS (so BLAS is resolved once for the module):
+    a CONTRACTION op (matmul, conv2d and its gradients), alone or anchoring a fused body."""
+    if node.op == "fused":
+        anchor = FusedBody.of_node(node).anchor
+        return anchor is not None and REGISTRY[anchor.op].kind == CONTRACTION
+    return node.op in REGISTRY and REGISTRY[node.op].kind == CONTRACTION
