@@ -1,0 +1,1 @@
+"""graphc.utils: helpers beside the tensor library, as `torch.utils` (data loading)."""
