@@ -120,6 +120,16 @@ def _broadcasts_into(shape: tuple, domain: tuple) -> bool:
         return False
 
 
+def _broadcastable(shapes) -> bool:
+    """Whether the shapes broadcast to one domain: (8, 4) and (3, 8), both fed by one scalar,
+    do not, so their elementwise ops cannot share a loop nest."""
+    try:
+        np.broadcast_shapes(*(tuple(s) for s in shapes))
+    except ValueError:
+        return False
+    return True
+
+
 class _Grouping:
     """Greedy grouping over the graph in order; see the module docstring for the rules."""
 
@@ -234,6 +244,9 @@ class _Grouping:
             if not all(_broadcasts_into(self.nodes[m].outputs[0].type.shape, domain)
                        for m in members if m != i):
                 return False
+        elif not anchors and not _broadcastable(self.nodes[m].outputs[0].type.shape
+                                                for m in members):
+            return False  # siblings of a shared value whose shapes have no common domain
         if self._makes_cycle(members, i):
             return False
         kind = "reduce" if reduce else "epilogue" if anchors else "elementwise"
