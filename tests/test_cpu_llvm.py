@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import hashlib
 import os
 import threading
 import uuid
@@ -16,6 +15,7 @@ import pytest
 pytest.importorskip("llvmlite", reason="the CPU backend needs llvmlite")
 
 from graphc import config  # noqa: E402
+from graphc.backends.cache import pack_entry  # noqa: E402
 from graphc.backends.cpu import llvm  # noqa: E402
 from graphc.errors import GraphcError  # noqa: E402
 
@@ -139,8 +139,7 @@ def _flip_a_byte(data: bytes) -> bytes:
 def _not_an_object(data: bytes) -> bytes:
     # A well-formed entry (length and checksum right) whose payload LLVM would choke on.
     payload = b"\x7fELF\x02\x01" + b"\xff" * 200
-    header = llvm._HEADER.pack(llvm._MAGIC, len(payload), hashlib.sha256(payload).digest())
-    return header + payload
+    return pack_entry(payload)
 
 
 def _empty(data: bytes) -> bytes:

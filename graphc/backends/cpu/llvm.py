@@ -21,9 +21,10 @@ Invariants:
   before loading. Symbols the object needs from outside must resolve in this process
   (`register_symbol`, libgomp, libc/libm) or `compile_module` raises instead of LLVM aborting.
 - Cache key = sha256 of (IR text, triple, CPU name, features, llvmlite, LLVM and graphc
-  versions, entry format). Entries are written to a temp file and `os.replace`d, so readers
-  see a whole entry or none; a bad entry is deleted and rebuilt. Compiles of one key in one
-  process are serialised, so concurrent callers compile it once.
+  versions, entry format). The cache is graphc.backends.cache's `DiskCache` (the one format
+  of every backend: length and sha256 header, one atomic rename), so readers see a whole
+  entry or none; a bad entry is deleted and rebuilt. Compiles of one key in one process are
+  serialised, so concurrent callers compile it once.
 - Every failure graphc expects is an `LLVMCompileError` naming the module and LLVM's message.
 
 Example:
@@ -41,7 +42,6 @@ import ctypes.util
 import hashlib
 import os
 import struct
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -51,6 +51,7 @@ import llvmlite.binding as llvm
 
 from graphc.version import __version__ as _GRAPHC_VERSION
 from graphc import config
+from graphc.backends.cache import DiskCache
 from graphc.errors import GraphcError
 
 __all__ = [
@@ -63,8 +64,6 @@ __all__ = [
 # core is soon free for other work.
 SPIN_COUNT = "20000"
 _CACHE_FORMAT = "llvm-objects-v1"  # the versioned subfolder; bump when the entry format changes
-_MAGIC = b"GCOBJ01\n"
-_HEADER = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of the payload
 
 
 class LLVMCompileError(GraphcError, RuntimeError):
@@ -257,18 +256,13 @@ def _with_optimized(ir_text: str, name: str, use):
 # Compilation and the cache
 
 
-_stats = {"hits": 0, "misses": 0, "corrupt": 0}  # this process's, for cache_info()
-_key_locks: dict[str, threading.Lock] = {}  # one per key compiled here: small, never pruned
-_key_locks_guard = threading.Lock()
+def _check_object(payload: bytes) -> None:
+    """ValueError unless `payload` holds together as an ELF64 object (LLVM's loader crashes
+    on bad input instead of reporting)."""
+    _elf_symbols(payload)
 
 
-def _count(event: str) -> None:
-    with _key_locks_guard:
-        _stats[event] += 1
-
-
-def _cache_folder() -> str:
-    return os.path.join(config.cache_dir(), _CACHE_FORMAT)
+OBJECT_CACHE = DiskCache(_CACHE_FORMAT, ".o", _check_object)
 
 
 def cache_key(ir_text: str) -> str:
@@ -288,18 +282,15 @@ def compile_module(ir_text: str, name: str, *, use_cache: bool = True) -> Librar
                           key=key, from_cache=False)
         library.compile_seconds = time.perf_counter() - start
         return library
-    with _key_locks_guard:
-        lock = _key_locks.setdefault(key, threading.Lock())
-    with lock:
-        path = os.path.join(_cache_folder(), key + ".o")
-        code = _cache_read(path)
+    with OBJECT_CACHE.lock(key):
+        code = OBJECT_CACHE.read(key)
         from_cache = code is not None
         if code is None:
-            _count("misses")
+            OBJECT_CACHE.count("misses")
             code = _with_optimized(ir_text, name, _emit_object)
-            _cache_write(path, code)
+            OBJECT_CACHE.write(key, code)
         else:
-            _count("hits")
+            OBJECT_CACHE.count("hits")
         library = Library(name, ir_text, code, key=key, from_cache=from_cache)
     library.compile_seconds = time.perf_counter() - start
     _dump(library)
@@ -321,77 +312,14 @@ def _dump(library: Library) -> None:
             f.write(text())
 
 
-def _cache_read(path: str) -> bytes | None:
-    """The verified object code stored at `path`, or None (a bad entry is deleted)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    payload = data[_HEADER.size:]
-    try:
-        magic, length, digest = _HEADER.unpack_from(data)
-        ok = (magic == _MAGIC and length == len(payload)
-              and hashlib.sha256(payload).digest() == digest)
-        if ok:
-            _elf_symbols(payload)
-    except (struct.error, ValueError):
-        ok = False
-    if ok:
-        return payload
-    _count("corrupt")
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-    return None
-
-
-def _cache_write(path: str, code: bytes) -> None:
-    """Write an entry atomically; a cache that cannot be written only costs speed."""
-    folder = os.path.dirname(path)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".",
-                                   suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_HEADER.pack(_MAGIC, len(code), hashlib.sha256(code).digest()))
-                f.write(code)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass
-
-
 def cache_info() -> dict:
     """Where the object cache lives, its entries and bytes, and this process's hit counts."""
-    folder = _cache_folder()
-    entries = 0
-    size = 0
-    if os.path.isdir(folder):
-        for entry in os.scandir(folder):
-            if entry.name.endswith(".o") and entry.is_file():
-                entries += 1
-                size += entry.stat().st_size
-    return {"path": folder, "entries": entries, "bytes": size, **_stats}
+    return OBJECT_CACHE.info()
 
 
 def cache_clear() -> int:
     """Delete every cached object (and leftover temp files); return how many entries went."""
-    folder = _cache_folder()
-    removed = 0
-    if os.path.isdir(folder):
-        for entry in os.scandir(folder):
-            if entry.name.endswith((".o", ".tmp")):
-                try:
-                    os.unlink(entry.path)
-                    removed += entry.name.endswith(".o")
-                except FileNotFoundError:
-                    pass
-    return removed
+    return OBJECT_CACHE.clear()
 
 
 # ---------------------------------------------------------------------------------------------
