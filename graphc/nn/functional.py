@@ -175,3 +175,4 @@ __all__ = [
     "dropout", "embedding", "flatten", "gelu", "leaky_relu", "linear", "log_softmax",
     "max_pool2d", "mse_loss", "nll_loss", "pad", "relu", "relu_", "sigmoid", "softmax", "tanh",
 ]
+from graphc.nn.functional_vision import *  # noqa: E402,F401,F403  (vision half, issue 12)
