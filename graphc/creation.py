@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.errors import DTypeError
+from graphc.errors import DTypeError, TraceError
 from graphc.tensor import Tensor, check_device
 from graphc.types import as_dtype, dtype_of_numpy, float32, float64
 
@@ -46,6 +46,10 @@ def _ragged_error(data, dim: int = 0):
 
 def _array_of(data, dtype) -> np.ndarray:
     if isinstance(data, Tensor):
+        if data.is_abstract:
+            raise TraceError(
+                "graphc.tensor(t) copies t's values, and t is abstract (a trace has shapes and "
+                "dtypes only); use t.clone() or t.detach() inside a traced function")
         arr = data._data
     elif isinstance(data, (list, tuple)) and _has_tensor(data):
         arr = np.array([_array_of(x, None) for x in data])

@@ -154,6 +154,10 @@ class _Parser:
     def fail(self, tok: Token, expected: str, hint: str = _SYNTAX_HINT):
         raise ParseError(f"{_where(tok)}: expected {expected}, got {_show(tok)}; {hint}")
 
+    def refuse(self, tok: Token, what: str, expected: str, hint: str):
+        """A token of the right kind that is still wrong: `what` says what came."""
+        raise ParseError(f"{_where(tok)}: {what}: expected {expected}; {hint}")
+
     def take(self, kind: str, text: str | None = None) -> Token:
         tok = self.tok
         if tok[0] != kind or (text is not None and tok[1] != text):
@@ -232,7 +236,8 @@ class _Parser:
         attrs, where = {}, {}
         for key, tok, value in self.comma_list("]", self.function_attr):
             if key in attrs:
-                self.fail(tok, f"each attribute once, {key!r} again", "remove one of the two")
+                self.refuse(tok, f"attribute {key!r} given twice", "each attribute once",
+                            "remove one of the two")
             attrs[key], where[key] = value, tok
         self._check_region(start, attrs, where, end)
         self.take("punct", "(")
@@ -255,28 +260,30 @@ class _Parser:
             if key.startswith("ctx."):
                 name = key[len("ctx."):]
                 if not name or name in _CTX_INTERNAL or name.startswith("__"):
-                    self.fail(tok, f"a ctx attribute the Function set, got {key!r}, a name "
-                                   "ctx keeps for itself", "remove that attribute")
+                    self.refuse(tok, f"{key!r} names what ctx keeps for itself",
+                                "ctx.NAME for an attribute the Function set",
+                                "remove that attribute")
             elif key not in _REGION_KEYS:
-                self.fail(tok, f"one of {', '.join(_REGION_KEYS)} or ctx.NAME, got {key!r}",
-                          "remove that attribute")
+                self.refuse(tok, f"unknown attribute {key!r}",
+                            f"one of {', '.join(_REGION_KEYS)} or ctx.NAME",
+                            "remove that attribute")
         if not isinstance(attrs.get("class"), str) or type(attrs.get("nodes")) is not int:
             raise ParseError(f"{_where(start)}: a function line needs class=\"module:qualname\" "
                              "and nodes=<count> attributes; add them")
         if not 0 <= attrs["nodes"] <= end:
-            self.fail(where["nodes"], f"a node count from 0 to {end} (the nodes above the "
-                                      f"line), got nodes={attrs['nodes']}", "fix the count")
+            self.refuse(where["nodes"], f"nodes={attrs['nodes']}",
+                        f"a count from 0 to {end} (the nodes above the line)", "fix the count")
         for key in ("non_differentiable", "dirty"):
             value = attrs.get(key, ())
             if not (isinstance(value, tuple)
                     and all(type(i) is int and i >= 0 for i in value)):
-                self.fail(where[key], f"{key}=(output indices), got {value!r}",
-                          "write a tuple of non-negative ints")
+                self.refuse(where[key], f"{key}={value!r}"[:80], "a tuple of output indices",
+                            "write a tuple of non-negative ints")
         if not isinstance(attrs.get("saved", ()), tuple):
-            self.fail(where["saved"], "saved=(items)", "write a tuple")
+            self.refuse(where["saved"], "saved is no tuple", "saved=(items)", "write a tuple")
         if type(attrs.get("materialize_grads", True)) is not bool:
-            self.fail(where["materialize_grads"], "materialize_grads=true or false",
-                      "write true or false")
+            self.refuse(where["materialize_grads"], "materialize_grads is no bool",
+                        "materialize_grads=true or false", "write true or false")
         try:
             registered_function_class(attrs["class"])
         except LookupError as err:
@@ -309,8 +316,8 @@ class _Parser:
     def tuple_of(self, element, depth: int) -> tuple:
         """`(a, b, ...)` with an optional trailing comma; the current token is the '('."""
         if depth >= MAX_DEPTH:
-            self.fail(self.tok, f"at most {MAX_DEPTH} nested tuples (the parser's limit), got "
-                                "a deeper one", "flatten the literal")
+            self.refuse(self.tok, f"tuples nested more than {MAX_DEPTH} deep",
+                        f"at most {MAX_DEPTH} levels (the parser's limit)", "flatten the literal")
         self.advance()
         items = []
         while not self.accept(")"):
@@ -360,16 +367,16 @@ class _Parser:
             self.fail(tok, "a non-negative integer dimension")
         value = self.number(tok)
         if value > MAX_DIM:
-            self.fail(tok, f"a dimension of at most 2**63-1 (the parser's limit), got "
-                           f"{len(tok[1])} digits", "use a smaller dimension")
+            self.refuse(tok, f"a dimension of {len(tok[1])} digits",
+                        "at most 2**63-1 (the parser's limit)", "use a smaller dimension")
         return value
 
     def number(self, tok: Token) -> int | float:
         """The value of a number token (current): an int, or a float; then advance."""
         text = tok[1]
         if len(text) > MAX_NUMBER_CHARS:
-            self.fail(tok, f"a number of at most {MAX_NUMBER_CHARS} characters (the parser's "
-                           f"limit), got one of {len(text)}", "use a smaller number")
+            self.refuse(tok, f"a number of {len(text)} characters",
+                        f"at most {MAX_NUMBER_CHARS} (the parser's limit)", "use a smaller number")
         self.advance()
         if text.lstrip("-").isdigit():
             return int(text)
@@ -380,7 +387,7 @@ class _Parser:
             return json.loads(tok[1])
         except ValueError as err:  # a bad escape such as "\q"
             raise ParseError(f"{_where(tok)}: expected a JSON string literal, got {_show(tok)} "
-                             f"({err.msg} at character {err.pos}); escape backslashes as "
+                             f"({err.msg} at character {err.pos}); escape a backslash as "
                              "\\\\") from None
 
     def node(self) -> Node:
@@ -393,8 +400,8 @@ class _Parser:
         if self.accept("["):
             for key, tok, value in self.comma_list("]", self.attr):
                 if key in attrs:
-                    self.fail(tok, f"each attribute once, {key!r} again",
-                              "remove one of the two")
+                    self.refuse(tok, f"attribute {key!r} given twice", "each attribute once",
+                                "remove one of the two")
                 attrs[key] = value
         self.take("punct", "(")
         inputs = self.comma_list(")", self.use)

@@ -52,6 +52,9 @@ def _check_types(node: Node) -> None:
         inferred = opdef.infer(*(v.type for v in node.inputs), **node.attrs)
     except (GraphcError, TypeError) as err:
         _fail(node, f"the op's shape rule rejects the inputs: {err}")
+    except Exception as err:  # IR text from anyone: an attribute a rule cannot read at all
+        detail = f"{type(err).__name__}: {err}"[:300]
+        _fail(node, f"the op's shape rule rejects the attributes: {detail}")
     if isinstance(inferred, TensorType):
         inferred = (inferred,)
     got = tuple(v.type for v in node.outputs)

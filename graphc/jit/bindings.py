@@ -91,7 +91,7 @@ class TraceResult:
     # input, in order
     bindings: list
     out_spec: Any  # the output structure with tensors replaced by their output index
-    result: Any = None  # what the tracing call returned (it ran eagerly)
+    result: Any = None  # what the tracing call returned (abstract tensors, unless it ran eagerly)
     # output index -> graph input index, for outputs that ARE an input tensor (`return x`,
     # `return self.weight`): a compiled call returns that very tensor, as the eager call does
     output_aliases: dict[int, int] = field(default_factory=dict)
@@ -101,4 +101,8 @@ class TraceResult:
     # (`return w.grad`): a compiled call returns the tensor it assigned to `.grad`
     output_grads: dict[int, int] = field(default_factory=dict)
     restore: Any = None  # undoes the tracing run's effects (Tracer.restore), for refusals
+    # (output index, tensor) for each abstract tensor the call made and left in state it can
+    # reach (optimizer state created lazily, a module attribute): its output follows the
+    # .grad outputs, and the first compiled run gives the tensor that output's value
+    escaped: list[tuple[int, Tensor]] = field(default_factory=list)
 

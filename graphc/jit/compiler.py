@@ -8,7 +8,11 @@ optimizer state, `.grad`s read: see graphc.jit.tracer) are bound by pointer, the
 in-place updates are written back, fresh `.grad`s are assigned (`GradOutput`), and an output
 that is an input tensor comes back as that tensor. So a whole training step (zero_grad,
 forward, backward, optimizer step) runs as one graph. A new signature traces
-again (the tracing call runs eagerly and its result is returned); with GRAPHC_LOG=recompiles
+again, abstractly (graphc.jit.tracer: no kernel runs and no tensor changes), and that call's
+result then comes from running the new executable, as torch.compile does: its side effects
+(parameter and optimizer-state updates, `.grad`s, random draws) happen once, in the compiled
+run; optimizer state the call creates lazily gets its values from that run too
+(`TraceResult.escaped`). With GRAPHC_LOG=recompiles
 each retrace logs which fields changed, and after the recompile limit the call raises
 `RecompileLimitError` listing them. A stale executable is never replayed: captured tensors
 are checked against the graph's types, and storage sharing among the call's tensors against
@@ -46,7 +50,7 @@ from graphc import config
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.backends import Executable, check_backend
 from graphc.backends import compile as compile_graph
-from graphc.dispatch import current_tracer
+from graphc.dispatch import current_tracer, is_abstract
 from graphc.errors import ArgumentError, GraphcError
 from graphc.ir.printer import format_graph
 from graphc.jit import nan_check
@@ -84,7 +88,8 @@ class _Entry:
         self.captured = [b.tensor for b in traced.bindings if isinstance(b, TensorBinding)]
         self.distinct = self.aliasing == tuple(range(len(self.aliasing)))
         self.fresh = getattr(self.executable, "fresh_results", False)
-        n_own = len(graph.outputs) - sum(go.index is not None for go in traced.grad_outputs)
+        n_own = len(graph.outputs) - sum(go.index is not None for go in traced.grad_outputs) \
+            - len(traced.escaped)
         self.wraps = [(traced.output_aliases.get(i), traced.output_grads.get(i))
                       for i in range(n_own)]
 
@@ -156,7 +161,7 @@ class Compiled:
 
     # ---- calling -----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        if current_tracer() is not None:  # called inside another trace: inline it
+        if current_tracer() is not None or is_abstract():  # inside a trace: inline it
             return self.fn(*args, **kwargs)
         for entry in reversed(self._entries):  # the fast path
             if entry.guard is not None and entry.guard.holds(args, kwargs):
@@ -198,8 +203,12 @@ class Compiled:
                     f"What changed between calls:\n{listing}\nKeep shapes and Python "
                     "arguments stable across calls, or compile separate functions."
                 )
-        lazy_state = nan_check.LazyState(self.fn, args, kwargs) if config.check_nans() else None
-        traced = trace_call(self.fn, args, kwargs)
+        lazy_state = nan_check.LazyState(self.fn, args, kwargs)  # undoes state made lazily
+        try:
+            traced = trace_call(self.fn, args, kwargs)
+        except BaseException:
+            lazy_state.drop_new()  # a failed trace leaves no abstract optimizer state behind
+            raise
         try:
             needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
             prefix = _dump(traced.graph)
@@ -210,21 +219,22 @@ class Compiled:
             gradient = self._gradient_plan(traced, args, kwargs, passes, needs_grad) \
                 if needs_grad else None
         except BaseException:
-            traced.restore()  # the refused call leaves no trace of its eager run
+            traced.restore()  # the refused call leaves no trace of its run
+            lazy_state.drop_new()
             raise
         self._entries.append(_Entry(sig, traced, executable, aliasing(traced, args, kwargs),
                                     gradient, guard))
         self._mark_shadowed()
-        if lazy_state is not None:  # undo the eager run; the checked compiled run replaces it
-            traced.restore()
-            try:
-                return self._run(self._entries[-1], args, kwargs)
-            except nan_check.NonFiniteError:  # refused like a failed trace: no entry, no state
-                self._entries.pop()
-                self._mark_shadowed()
-                lazy_state.drop_new()
-                raise
-        return traced.result
+        # The trace ran abstractly: it wrote no tensor, and the compiled run makes this call's
+        # effects, once. Undo what it did set (.grads, generator draws) before that run.
+        traced.restore()
+        try:
+            return self._run(self._entries[-1], args, kwargs, escaped=traced.escaped)
+        except nan_check.NonFiniteError:  # refused like a failed trace: no entry, no state
+            self._entries.pop()
+            self._mark_shadowed()
+            lazy_state.drop_new()
+            raise
 
     def _mark_shadowed(self) -> None:
         """An entry whose signature a newer entry also has is left to the full signature."""
@@ -279,7 +289,9 @@ class Compiled:
         return next(Compiled._misfits(entry, args, kwargs), None) is None \
             and _same_sharing(entry, args, kwargs)
 
-    def _run(self, entry: _Entry, args: tuple, kwargs: dict):
+    def _run(self, entry: _Entry, args: tuple, kwargs: dict, escaped: list = ()):
+        """Run the entry's executable for this call. `escaped`: (output index, tensor) pairs
+        of the traced call (`TraceResult.escaped`), given values by this, its first, run."""
         traced = entry.traced
         check = nan_check.Check(self.__name__, traced.graph, [
             b.generator for b in traced.bindings if isinstance(b, RngBinding)
@@ -311,6 +323,8 @@ class Compiled:
                                           [tensors[i] for i in entry.update_inputs], check)
             fresh = entry.fresh
         grads = self._assign_grads(traced, outputs, arrays, args, kwargs, fresh)
+        for index, t in escaped:  # a copy: a tensor of state owns its memory
+            t._data = np.array(_as_array(outputs[index]), copy=True)
         wrapped = [tensors[j] if j is not None else grads[k] if k is not None
                    else _as_tensor(o) for (j, k), o in zip(entry.wraps, outputs)]
         return unflatten(traced.out_spec, wrapped)
@@ -389,6 +403,11 @@ def _run_and_write_back(executable: Executable, arrays: list, targets: list,
             np.copyto(t._data, value)
         t._version_counter.bump()
     return outputs
+
+
+def _as_array(output) -> np.ndarray:
+    """An executable's output as an array (a CompiledFunction output is a tensor)."""
+    return output._data if isinstance(output, Tensor) else np.asarray(output)
 
 
 def _as_tensor(output) -> Tensor:

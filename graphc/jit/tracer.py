@@ -1,8 +1,14 @@
 """Tracing: run a function or module once and record every op it applies into an ir.Graph.
 
-Inside a trace every op still runs eagerly (values, shapes and autograd are real); the
-dispatch point tells the `Tracer` about each op application and each in-place write. The
-tracer maps every tensor's storage (its numpy array) to the IR value that currently holds it:
+A trace runs the function once in abstract evaluation (graphc.dispatch.abstract_eval): each
+op runs its shape/dtype rule only and makes abstract tensors (shape and dtype, no data), and
+autograd records and runs as usual, so a trace costs time in the number of ops, not in the
+tensors' sizes. The dispatch point tells the `Tracer` about each op application and each
+in-place write; an in-place write into a tensor that existed before the call changes no data,
+the tracer rebinds the tensor to the written value instead, so an abstract trace leaves every
+tensor as it was (`trace_call(..., abstract=False)` runs every kernel eagerly, as tests that
+compare against eager values want). The tracer maps every tensor's storage (its array, or the
+abstract stand-in) to the IR value that currently holds it:
 - a tensor passed as an argument becomes a graph input named after the parameter;
 - a tensor that existed before the trace and is read inside it (module parameters and
   buffers, optimizer state, closure tensors) becomes a *captured* graph input, bound by the
@@ -33,7 +39,10 @@ captured and argument tensors that require grad), and binds them explicitly:
 Optimizer state (momentum buffers, Adam moments, `step`) needs nothing special: state tensors
 that exist before the call are captured inputs updated in place. State created lazily inside
 the call makes the traced graph valid for that first call only; graphc.compile guards on the
-optimizer's state so the next call traces again.
+optimizer's state so the next call traces again. In an abstract trace such state is made of
+abstract tensors: each tensor the call made and left in state it reaches (optimizer state,
+module attributes, reachable containers) becomes an extra graph output after the `.grad`
+outputs (`TraceResult.escaped`), and graphc.compile's first run gives it that value.
 Custom autograd.Functions: a Function's forward ops are recorded inline, like any others, and
 the application itself is remembered as a `FunctionRegion` in `graph.meta["functions"]`
 (`record_function`): the class, its arguments (graph values for tensors, literals for the
@@ -41,7 +50,8 @@ rest), its outputs, what `ctx.save_for_backward` saved, the other attributes the
 on ctx, which outputs are non-differentiable, and how many nodes the forward recorded. That
 is what `derive_backward` needs to call the Function's own `backward`; the IR text prints it
 as a `function` line (see graphc.ir.printer). Regions are recorded in grad mode or not.
-Reading a tensor's value (`bool(t)`, `.item()`, `.numpy()`) inside a trace raises TraceError;
+Reading a tensor's value (`bool(t)`, `.item()`, `.numpy()`, a data-dependent shape such as
+boolean-mask indexing) inside a trace raises TraceError;
 `trace_call` adds the user's source line (and the custom Function it happened in) to it.
 """
 
@@ -55,7 +65,7 @@ from typing import Callable
 
 import numpy as np
 
-from graphc.dispatch import current_tracer, set_tracer
+from graphc.dispatch import abstract_eval, current_tracer, set_tracer
 from graphc.errors import TraceError, user_source_location
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import FunctionRegion, Opaque
@@ -68,8 +78,9 @@ from graphc.jit.bindings import (
     TensorBinding,
     TraceResult,
 )
+from graphc.jit.nan_check import LazyState
 from graphc.jit.pytree import at, flatten, is_namedtuple, output_spec
-from graphc.jit.reach import grad_holders, storage_names
+from graphc.jit.reach import grad_holders, reachable, storage_names
 from graphc.ops import random as _random
 from graphc.tensor import Tensor, tensor_serial
 from graphc.types import DType
@@ -322,13 +333,20 @@ class Tracer:
                 binding.generator = _random.Generator().set_state(
                     np.array(after, np.uint64).view(np.int64))
 
-    def finish(self, outputs: list[Tensor]) -> None:
+    def finish(self, outputs: list[Tensor], escaped: list[Tensor] = ()) -> list[int]:
+        """Set the graph's outputs (the function's, then the .grad outputs, then one per
+        `escaped` tensor) and updates; returns the output index of each escaped tensor."""
         self.graph.outputs = [self.value_of(t) for t in outputs]
         self._finish_grads()
+        indices = []
+        for t in escaped:
+            indices.append(len(self.graph.outputs))
+            self.graph.outputs.append(self.value_of(t))
         for v, t in self._input_of.items():
             current = self._values.get(id(t._data))
             if current is not None and current is not v:
                 self.graph.updates.append((v, current))
+        return indices
 
     def _finish_grads(self) -> None:
         """Bind the `.grad` writes of the call (see the module docstring): an in-place write
@@ -395,8 +413,11 @@ def graph_name(fn) -> str:
 
 
 def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
-               name: str | None = None) -> TraceResult:
-    """Run `fn(*args, **kwargs)` once under a Tracer; return the graph and its bindings."""
+               name: str | None = None, abstract: bool = True) -> TraceResult:
+    """Run `fn(*args, **kwargs)` once under a Tracer; return the graph and its bindings.
+
+    `abstract` (the default): in abstract evaluation, so no kernel runs and no tensor that
+    existed before the call changes (see the module docstring); else every op runs eagerly."""
     kwargs = kwargs or {}
     if current_tracer() is not None:
         raise TraceError("graphc.trace cannot be nested: a trace is already running")
@@ -412,7 +433,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
     previous_provider = _random.set_seed_provider(tracer.seed_input)
     set_tracer(tracer)
     try:
-        result = fn(*args, **kwargs)
+        with abstract_eval(abstract):
+            result = fn(*args, **kwargs)
     except BaseException as err:
         set_tracer(None)
         tracer.restore()
@@ -429,7 +451,8 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
         if id(t) not in index:
             index[id(t)] = len(outputs)
             outputs.append(t)
-    tracer.finish(outputs)
+    escaped = _escaped(fn, args, kwargs, tracer.start_serial, outputs) if abstract else []
+    escaped_at = tracer.finish(outputs, escaped)
     tracer.settle_generators()
     aliases = {}
     for i, t in enumerate(outputs):
@@ -450,7 +473,43 @@ def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
             if go.index is not None and go.resolve(args, kwargs)._grad is t:
                 output_grads[i] = k
     return TraceResult(tracer.graph, tracer.bindings, output_spec(result, index), result, aliases,
-                       tracer.grad_outputs, output_grads, restore=tracer.restore)
+                       tracer.grad_outputs, output_grads, restore=tracer.restore,
+                       escaped=list(zip(escaped_at, escaped)))
+
+
+def _escaped(fn, args: tuple, kwargs: dict, start_serial: int, outputs: list[Tensor]
+             ) -> list[Tensor]:
+    """The abstract tensors an abstract trace made and left where the state that the call
+    reaches holds them (see `reachable`): optimizer state created lazily, module parameters,
+    buffers and tensor attributes assigned inside, tensors put into reachable containers.
+    The function's own outputs are not among them (the compiled call returns those)."""
+    from graphc.nn.module import Module
+    from graphc.optim.optimizer import Optimizer
+
+    found: list[Tensor] = []
+    seen = {id(t) for t in outputs}
+
+    def add(t) -> None:
+        if isinstance(t, Tensor) and t.is_abstract and t._serial >= start_serial \
+                and id(t) not in seen:
+            seen.add(id(t))
+            found.append(t)
+
+    for _, obj in reachable(fn, args, kwargs):
+        if isinstance(obj, Module):
+            for module in obj.modules():
+                for value in vars(module).values():
+                    add(value)
+                for _, t in itertools.chain(module.named_parameters(recurse=False),
+                                            module.named_buffers(recurse=False)):
+                    add(t)
+        elif isinstance(obj, Optimizer):
+            for state in obj.state.values():
+                for value in state.values():
+                    add(value)
+        else:
+            add(obj)
+    return found
 
 
 def _locate(err: TraceError) -> None:
@@ -485,6 +544,10 @@ def _locate(err: TraceError) -> None:
 def trace(fn: Callable, *example_inputs, **kwargs) -> Graph:
     """Trace `fn` (a function or a Module) on example inputs into an IR graph.
 
+    The trace is abstract (shapes and dtypes only, no kernel runs) and leaves no effect: no
+    tensor changes, `.grad`s and random generators are as before, and optimizer state the
+    call creates lazily is dropped. Run the function (or `graphc.compile` it) for its effects.
+
     >>> import graphc
     >>> def f(x):
     ...     return (x * 2).relu()
@@ -496,4 +559,8 @@ def trace(fn: Callable, *example_inputs, **kwargs) -> Graph:
       return (%2)
     }
     """
-    return trace_call(fn, example_inputs, kwargs).graph
+    state = LazyState(fn, example_inputs, kwargs)
+    traced = trace_call(fn, example_inputs, kwargs)
+    traced.restore()  # the trace changed no tensor; undo the .grads and draws it set
+    state.drop_new()  # and the optimizer state it made (abstract tensors)
+    return traced.graph

@@ -187,7 +187,7 @@ def _run_check(check: str, fn, args: tuple, ref_fn, ref_args: tuple, labeler, tw
     """Trace `fn` on `args`, run eager/interpreter/backends and `ref_fn` on `ref_args`, and
     compare; returns what the eager (tracing) call returned. `twin(t)` is the reference's
     copy of a captured tensor `t`."""
-    traced = trace_call(fn, args)
+    traced = trace_call(fn, args, abstract=False)  # eager: its values are compared
     graph = traced.graph
     leaves = {}
     for path, i in _leaves(traced.out_spec):

@@ -139,16 +139,45 @@ def _trace(target: str):
 
 
 def _read_gir(path: str):
+    """Parse a .gir file; any bad file (unreadable, not UTF-8, malformed) is a UsageError."""
     from graphc.ir import ParseError, parse
 
     if not os.path.isfile(path):
         raise UsageError(f"{path}: no such file")
-    with open(path) as f:
-        text = f.read()
     try:
-        return parse(text)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise UsageError(f"{path}: cannot be read ({err.strerror or err}); check the file's "
+                         "permissions") from err
+    try:
+        return parse(data)  # bytes: the parser reports non-UTF-8 text with its line
     except ParseError as err:
         raise UsageError(f"{path}: {err}") from err
+
+
+def _check_npz(path: str) -> None:
+    """Check that `path` is an .npz archive of plain arrays, reading every entry with
+    `allow_pickle=False` (an object array or pickled data would need code to load); a
+    UsageError saying what is wrong and what to do otherwise."""
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file")
+    how = "write it with numpy.savez or graphc.testing.save_repro, holding numeric arrays only"
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except Exception as err:  # not a zip, truncated, pickled data: no traceback, exit 2
+        raise UsageError(f"{path}: expected an .npz archive of arrays, but it cannot be read "
+                         f"({type(err).__name__}: {err}); {how}") from err
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise UsageError(f"{path}: expected an .npz archive of arrays, got a single .npy "
+                         f"array; {how}")
+    with loaded as archive:
+        for name in archive.files:
+            try:
+                archive[name]
+            except Exception as err:  # an object array, a damaged entry
+                raise UsageError(f"{path}: entry {name!r} cannot be read as a plain array "
+                                 f"({type(err).__name__}: {err}); {how}") from err
 
 
 def _verify(graph, path: str):
@@ -248,8 +277,7 @@ def _labelled_results(graph, results) -> list[tuple[str, np.ndarray]]:
 
 def cmd_run(args) -> int:
     graph = _verify(_read_gir(args.gir), args.gir)
-    if not os.path.isfile(args.inputs):
-        raise UsageError(f"{args.inputs}: no such file")
+    _check_npz(args.inputs)
     run_repro = _tool("graphc.testing.repro", "run_repro", "run")
     try:
         results = run_repro(args.gir, args.inputs, args.backend)

@@ -104,7 +104,7 @@ def _trace(program: Program, arrays: list[np.ndarray], float_dtype: str):
         for t in tensors:
             if t.is_floating_point():
                 t.requires_grad_(True)
-    traced = trace_call(fn, tuple(tensors), name="program")
+    traced = trace_call(fn, tuple(tensors), name="program", abstract=False)  # eager values
     inputs = [np.array(arrays[b.path[1]]) if isinstance(b, ArgBinding) else
               np.array(b.array) if isinstance(b, ConstantBinding) else None
               for b in traced.bindings]
