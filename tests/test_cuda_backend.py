@@ -123,7 +123,7 @@ def _track(make_model, x_shape, classes, rng, steps=3):
         return sgd_training_step(make_model)
 
     (m_cuda, s_cuda), (m_ref, s_ref) = make(), make()
-    s_cuda, s_ref = graphc.compile(s_cuda, backend="cuda"), graphc.compile(s_ref)
+    s_cuda, s_ref = graphc.compile(s_cuda, backend="cuda"), graphc.compile(s_ref, backend="interp")
     for _ in range(steps):
         x = graphc.tensor(rng.standard_normal(x_shape).astype(np.float32))
         y = graphc.tensor(rng.integers(0, classes, x_shape[0]))
@@ -163,7 +163,8 @@ def test_kernel_cache_hit_and_corrupt_entry_rebuilt(tmp_path, monkeypatch):
     assert first.module.from_cache is False
     second = compile_graph(parse(_CACHED), "cuda")
     assert second.module.from_cache is True and second.module.key == first.module.key
-    with open(second.module.path, "r+b") as f:  # damage the stored object
+    (entry,) = (tmp_path / cuda_compile.CACHE_FORMAT).glob(f"{second.module.key}.*")
+    with open(entry, "r+b") as f:  # damage the stored object
         f.seek(64)
         f.write(b"\0garbage\0")
     before = cuda_compile.cache_stats()["corrupt"]
@@ -191,6 +192,7 @@ def test_unwritable_cache_folder_costs_only_speed(tmp_path, monkeypatch):
     blocker.write_text("not a folder")
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(blocker / "cache"))
     monkeypatch.setattr(cuda_compile, "_fallback", [])
+    monkeypatch.setattr(cuda_compile, "_warned", [])
     x = np.linspace(-3, 3, 6).astype(np.float32)
     with pytest.warns(RuntimeWarning, match="cannot be written.*GRAPHC_CACHE_DIR"):
         first = compile_graph(parse(_CACHED), "cuda")

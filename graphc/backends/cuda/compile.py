@@ -10,13 +10,15 @@ lookup) for the runtime `rt`:
 Invariants of the cache (under `graphc.config.cache_dir()/cuda-<format>`):
 - the key is the sha256 of (source, compiler command and `--version` text, the emulation
   header's bytes, graphc's version, the cache format), so a change of any of them misses;
-- an entry is two files written through temp files and `os.replace`: the object, then
-  `<object>.sha256` holding the object's digest; an entry whose digest file is missing or
-  does not match, or that the runtime refuses to load, is deleted and rebuilt (once);
+- entries are graphc.backends.cache's `DiskCache` entries (the one format of every backend:
+  a length and sha256 header, one file published with one atomic rename); an entry that
+  does not verify, or whose object the runtime refuses to load, is deleted and rebuilt
+  (once). The runtime loads a module from a file, so a verified object is copied into a
+  folder of this process (removed at exit) and loaded from there;
 - compiles of one key in one process are serialised; a failed compile raises
   `CudaCompileError` with the command and the compiler's messages;
-- a cache folder that cannot be written costs only speed: the module is compiled into a
-  temporary folder of this process (removed at exit), with one warning per process.
+- a cache folder that cannot be written costs only speed: the precompiled header goes to
+  this process's folder and nothing is stored, with one warning per process.
 """
 
 from __future__ import annotations
@@ -33,16 +35,15 @@ import threading
 import warnings
 
 from graphc.version import __version__ as GRAPHC_VERSION
-from graphc import config
+from graphc.backends.cache import DiskCache
 from graphc.backends.cuda import emu_pch
 from graphc.backends.cuda.build import build_dir, emu_header
 from graphc.backends.cuda.rt import CudaRuntimeError, Runtime
 from graphc.errors import GraphcError
 
-CACHE_FORMAT = "cuda-1"
-_stats = {"hits": 0, "misses": 0, "corrupt": 0}
-_key_locks: dict[str, threading.Lock] = {}
-_key_locks_guard = threading.Lock()
+CACHE_FORMAT = "cuda-2"  # cuda-1 kept an object and a .sha256 file: two renames
+_CACHES = {suffix: DiskCache(CACHE_FORMAT, suffix) for suffix in (".so", ".ptx")}
+_guard = threading.Lock()
 
 
 class CudaCompileError(GraphcError, RuntimeError):
@@ -50,12 +51,13 @@ class CudaCompileError(GraphcError, RuntimeError):
 
 
 def cache_folder() -> str:
-    return os.path.join(config.cache_dir(), CACHE_FORMAT)
+    return _CACHES[".so"].folder
 
 
 def cache_stats() -> dict:
     """This process's cache hits, misses and corrupt entries rebuilt."""
-    return dict(_stats)
+    return {event: sum(cache.stats[event] for cache in _CACHES.values())
+            for event in ("hits", "misses", "corrupt")}
 
 
 @functools.lru_cache(maxsize=None)
@@ -140,32 +142,44 @@ def load_module(rt: Runtime, source: str, name: str = "graph") -> Module:
     """Compile (or find in the cache) and load `source` (see the module docstring)."""
     key = cache_key(rt, source)
     _, _, suffix, _ = _toolchain(rt)
-    with _key_locks_guard:
-        lock = _key_locks.setdefault(key, threading.Lock())
-    with lock:
-        path = os.path.join(cache_folder(), key + suffix)
-        if _entry_ok(path):
+    cache = _CACHES[suffix]
+    with cache.lock(key):
+        data = cache.read(key)
+        if data is not None:
             try:
-                module = Module(rt, path, key, True)
-                _stats["hits"] += 1
+                module = Module(rt, _loadable(key, suffix, data), key, True)
+                cache.count("hits")
                 return module
             except CudaRuntimeError:
-                pass  # a corrupt object that passed the digest check: rebuild it
-        if os.path.exists(path) or os.path.exists(path + ".sha256"):
-            _stats["corrupt"] += 1
-            _remove(path)
-        _stats["misses"] += 1
-        folder = _writable(os.path.dirname(path))
-        path = os.path.join(folder, os.path.basename(path))
-        _compile_into(rt, source, path, name)
-        return Module(rt, path, key, False)
+                cache.discard(key)  # a corrupt object that passed the digest check: rebuild
+        cache.count("misses")
+        data = _compile(rt, source, name, suffix, _writable(cache.folder))
+        cache.write(key, data)
+        return Module(rt, _loadable(key, suffix, data), key, False)
 
 
-_fallback: list[str] = []  # this process's temporary folder, once made
+_fallback: list[str] = []  # this process's folder (loaded module copies, an unwritable cache)
+_warned: list[str] = []  # the unwritable cache folder warned about, once per process
+
+
+def _process_folder() -> str:
+    with _guard:
+        if not _fallback:
+            _fallback.append(tempfile.mkdtemp(prefix="graphc-cuda-cache-"))
+            atexit.register(shutil.rmtree, _fallback[0], True)
+        return _fallback[0]
+
+
+def _loadable(key: str, suffix: str, data: bytes) -> str:
+    """A file of this process holding the verified object `data`, for the runtime to load."""
+    fd, path = tempfile.mkstemp(dir=_process_folder(), prefix=key[:16] + ".", suffix=suffix)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return path
 
 
 def _writable(folder: str) -> str:
-    """`folder` when a file can be created in it, else this process's temporary folder."""
+    """`folder` when a file can be created in it, else this process's folder."""
     try:
         os.makedirs(folder, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
@@ -174,42 +188,23 @@ def _writable(folder: str) -> str:
         return folder
     except OSError as error:
         reason = error
-    with _key_locks_guard:
-        if not _fallback:
-            _fallback.append(tempfile.mkdtemp(prefix="graphc-cuda-cache-"))
-            atexit.register(shutil.rmtree, _fallback[0], True)
+    fallback = _process_folder()
+    with _guard:
+        if not _warned:
+            _warned.append(folder)
             warnings.warn(f"graphc cuda backend: the kernel cache folder {folder} cannot be "
-                          f"written ({reason}); compiling into {_fallback[0]} for this "
+                          f"written ({reason}); compiling into {fallback} for this "
                           "process instead (nothing is reused across runs); set "
                           "GRAPHC_CACHE_DIR to a writable folder", RuntimeWarning,
                           stacklevel=4)
-        return _fallback[0]
+    return fallback
 
 
-def _entry_ok(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-        with open(path + ".sha256") as f:
-            digest = f.read().strip()
-    except OSError:
-        return False
-    return hashlib.sha256(data).hexdigest() == digest
-
-
-def _remove(path: str) -> None:
-    for p in (path + ".sha256", path):
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
-
-
-def _compile_into(rt: Runtime, source: str, path: str, name: str) -> None:
-    folder = os.path.dirname(path)
+def _compile(rt: Runtime, source: str, name: str, suffix: str, folder: str) -> bytes:
+    """The compiled object of `source` (`folder` holds the precompiled emulation header)."""
     with tempfile.TemporaryDirectory(prefix="graphc-cuda-") as work:
         src = os.path.join(work, f"{name}.cu")
-        obj = os.path.join(work, "module" + os.path.splitext(path)[1])
+        obj = os.path.join(work, "module" + suffix)
         with open(src, "w") as f:
             f.write(source)
         if rt.kind == "emulation":
@@ -224,21 +219,7 @@ def _compile_into(rt: Runtime, source: str, path: str, name: str) -> None:
                                    f"failed ({' '.join(command)}):\n"
                                    f"{(done.stdout + done.stderr)[-4000:]}")
         with open(obj, "rb") as f:
-            data = f.read()
-    _atomic_write(path, data)
-    _atomic_write(path + ".sha256", hashlib.sha256(data).hexdigest().encode())
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+            return f.read()
 
 
 __all__ = ["CACHE_FORMAT", "CudaCompileError", "Module", "cache_folder", "cache_key",
