@@ -55,3 +55,4 @@ del _module, _name
 from graphc import autograd, nn, optim  # noqa: E402  (graphc.nn / graphc.optim, as torch.*)
 from graphc.jit import RecompileLimitError, compile, trace  # noqa: E402
 from graphc.jit.dump import dump  # noqa: E402
+from graphc.utils.composites import cumsum, einsum, masked_fill, multinomial, topk, tril, triu  # noqa: E402

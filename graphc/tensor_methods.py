@@ -19,6 +19,7 @@ import numpy as np
 from graphc.ops import elementwise, linalg, nn_ops, random, reduce
 from graphc.ops.registry import call, inplace
 from graphc.types import as_dtype, bool_, float32, float64, int64
+from graphc.utils import composites
 
 
 def _operand(other):
@@ -314,6 +315,43 @@ class TensorMethods:
     def where(self, a, b):
         """Elementwise choice: a where cond is True, else b (broadcasting all three)."""
         return elementwise.where(self, a, b)
+
+    # ---- composites (graphc.utils.composites) ---------------------------------------------
+    def tril(self, diagonal=0):
+        """The lower triangle of the last two dims, zeros elsewhere."""
+        return composites.tril(self, diagonal)
+
+    def triu(self, diagonal=0):
+        """The upper triangle of the last two dims, zeros elsewhere."""
+        return composites.triu(self, diagonal)
+
+    def tril_(self, diagonal=0):
+        """In-place tril."""
+        return composites.tril_(self, diagonal)
+
+    def triu_(self, diagonal=0):
+        """In-place triu."""
+        return composites.triu_(self, diagonal)
+
+    def masked_fill(self, mask, value):
+        """`value` where the boolean `mask` is True, self elsewhere."""
+        return composites.masked_fill(self, mask, value)
+
+    def masked_fill_(self, mask, value):
+        """In-place masked_fill."""
+        return composites.masked_fill_(self, mask, value)
+
+    def cumsum(self, dim, *, dtype=None):
+        """Running sum along `dim`."""
+        return composites.cumsum(self, dim, dtype=dtype)
+
+    def topk(self, k, dim=-1, largest=True, sorted=True):  # noqa: A002
+        """The k largest (smallest) elements along `dim` and their indices."""
+        return composites.topk(self, k, dim, largest, sorted)
+
+    def multinomial(self, num_samples, replacement=False, *, generator=None):
+        """Category indices drawn with the probabilities in each row of self."""
+        return composites.multinomial(self, num_samples, replacement, generator=generator)
 
     # ---- in place ----------------------------------------------------------------------------
     def add_(self, other, **kwargs):
