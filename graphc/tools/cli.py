@@ -41,6 +41,7 @@ import numpy as np
 
 import graphc
 from graphc.errors import GraphcError, user_source_location
+from graphc.tools import launch
 
 
 class UsageError(Exception):
@@ -392,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", default="interp")
     run.add_argument("--out", metavar="OUT.npz", help="save the outputs")
     run.set_defaults(run=cmd_run)
+
+    launch.add_parser(sub)
 
     check = sub.add_parser("check", help="compare eager, interpreter and backends on a builder")
     check.add_argument("target", metavar="FILE.py:builder")

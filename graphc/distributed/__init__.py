@@ -1,0 +1,277 @@
+"""graphc.distributed: data-parallel training over MPI, with torch.distributed's names.
+
+    import graphc.distributed as dist
+    dist.init_process_group(backend="mpi")      # rank and world size come from MPI
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)    # in place, on every rank
+
+Launch with `graphc launch -n 2 script.py` or `mpirun -n 2 python script.py`. MPI comes from
+mpi4py with an MPI built from pip (`pip install graphc[distributed]`: mpi4py and mpich);
+importing graphc, or this module, never loads MPI: `init_process_group` does.
+
+Collectives work on tensors in place (all_reduce, broadcast) or into given tensors
+(all_gather, reduce_scatter), in the calling rank's order; every rank must call them in the
+same order with the same shapes and dtypes, as with any MPI program. A collective whose
+shapes differ across ranks is detected and reported before any data moves (each collective
+first agrees on a small header). A collective waits at most the group's timeout for the
+other ranks, then aborts the job with an error naming the rank; an exception that escapes
+on one rank aborts the whole job (MPI_Abort), so the other ranks fail at once instead of
+waiting forever (see `init_process_group`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from graphc.errors import GraphcError
+
+__all__ = ["DistributedError", "ReduceOp", "all_gather", "all_reduce", "barrier", "broadcast",
+           "destroy_process_group", "get_rank", "get_world_size", "init_process_group",
+           "is_available", "is_initialized", "reduce_scatter"]
+
+
+class DistributedError(GraphcError, RuntimeError):
+    """A collective could not run: no process group, or ranks that disagree."""
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    AVG = "avg"
+    PRODUCT = "product"
+    MAX = "max"
+    MIN = "min"
+
+
+class _Group:
+    def __init__(self, comm, timeout: float) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.timeout = timeout  # seconds a collective may wait for the other ranks
+
+
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # as torch.distributed's default
+
+
+_group: _Group | None = None
+
+
+def is_available() -> bool:
+    """Whether mpi4py can be imported (the `distributed` extra is installed)."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise DistributedError("graphc.distributed needs mpi4py and an MPI: pip install "
+                               "'graphc[distributed]' (mpi4py and mpich from pip)") from None
+    return MPI
+
+
+def init_process_group(backend: str | None = "mpi", init_method: str | None = None,
+                       timeout: Any = None, world_size: int = -1, rank: int = -1,
+                       store: Any = None, group_name: str = "", pg_options: Any = None,
+                       device_id: Any = None) -> None:
+    """Join the job's process group. Only `backend="mpi"` (or None) exists; rank and world
+    size come from MPI (`world_size`/`rank`, when given, must agree with it). A collective
+    that waits longer than `timeout` (a timedelta or seconds; default 30 minutes) for the
+    other ranks raises DistributedError and aborts the job; so does an uncaught exception
+    on any rank, naming the rank."""
+    global _group
+    if backend not in (None, "mpi"):
+        raise DistributedError(f"init_process_group: backend {backend!r} is not available; "
+                               "graphc's backend is \"mpi\" (launch with graphc launch or "
+                               "mpirun)")
+    if _group is not None:
+        raise DistributedError("trying to initialize the default process group twice!")
+    MPI = _mpi()
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) \
+        else float(timeout)
+    group = _Group(MPI.COMM_WORLD, seconds)
+    if world_size not in (-1, group.size) or rank not in (-1, group.rank):
+        raise DistributedError(f"init_process_group: world_size={world_size}, rank={rank} "
+                               f"disagree with MPI's world of {group.size} (this is rank "
+                               f"{group.rank}); leave them out")
+    _group = group
+    _install_abort_on_error(MPI)
+
+
+def _install_abort_on_error(MPI) -> None:
+    previous = sys.excepthook
+
+    def abort(kind, value, traceback):
+        previous(kind, value, traceback)
+        if _group is not None and _group.size > 1:
+            print(f"graphc.distributed: rank {_group.rank} raised {kind.__name__}; aborting "
+                  "the job so the other ranks do not wait forever", file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = abort
+
+
+def is_initialized() -> bool:
+    return _group is not None
+
+
+def _current() -> _Group:
+    if _group is None:
+        raise DistributedError("Default process group has not been initialized, please make "
+                               "sure to call init_process_group.")
+    return _group
+
+
+def get_rank(group=None) -> int:
+    return _current().rank
+
+
+def get_world_size(group=None) -> int:
+    return _current().size
+
+
+def barrier(group=None, async_op: bool = False, device_ids=None) -> None:
+    g = _current()
+    _wait(g, g.comm.Ibarrier(), "barrier")
+
+
+def destroy_process_group(group=None) -> None:
+    """Leave the process group (MPI itself is finalised when the process exits)."""
+    global _group
+    _current()
+    _group = None
+
+
+# ---- collectives ---------------------------------------------------------------------------------
+def _array(tensor, what: str) -> np.ndarray:
+    from graphc.tensor import Tensor
+
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"{what}: expected a graphc.Tensor, got {type(tensor).__name__}")
+    if tensor.is_abstract:
+        raise DistributedError(f"{what} inside graphc.compile: collectives are not graph ops "
+                               "yet, so a step with them (DistributedDataParallel included) "
+                               "runs eagerly; call it outside graphc.compile "
+                               "(docs/distributed.md)")
+    return tensor.detach().numpy()
+
+
+_WHAT = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+_HEADER = 12  # what, ndim, dtype, and up to 9 sizes
+
+
+def _header(what: str, array: np.ndarray) -> np.ndarray:
+    shape = list(array.shape)[:_HEADER - 3]
+    dtype = int.from_bytes(array.dtype.str.encode()[:8].ljust(8, b"\0"), "little")
+    header = [_WHAT.index(what), array.ndim, dtype] + shape
+    return np.array(header + [-1] * (_HEADER - len(header)), np.int64)
+
+
+def _wait(g: _Group, request, what: str) -> None:
+    """Wait for a non-blocking MPI request, at most the group's timeout; past it, abort."""
+    deadline = time.monotonic() + g.timeout
+    spins = 0
+    while not request.Test():
+        spins += 1
+        if spins > 1000:
+            time.sleep(1e-4)  # polite after the first ~ms
+            if time.monotonic() > deadline:
+                message = (f"{what} on rank {g.rank} waited {g.timeout:g} s for the other "
+                           "ranks (one has died or is stuck); aborting the job")
+                print(f"graphc.distributed: {message}", file=sys.stderr, flush=True)
+                g.comm.Abort(1)
+                raise DistributedError(message)
+
+
+def _agree(g: _Group, what: str, array: np.ndarray) -> None:
+    """Every rank states (collective, shape, dtype); a mismatch is reported on every rank
+    before any data moves."""
+    mine = _header(what, array)
+    everyone = np.empty((g.size, _HEADER), np.int64)
+    _wait(g, g.comm.Iallgather(mine, everyone), what)
+    if (everyone != mine).any():
+        def describe(row):
+            dims = [int(n) for n in row[3:3 + int(row[1])]]
+            return f"{_WHAT[int(row[0])]} of {dims}"
+
+        lines = "; ".join(f"rank {r}: {describe(row)}" for r, row in enumerate(everyone))
+        raise DistributedError(f"{what}: the ranks disagree ({lines}); every rank must call "
+                               "the same collectives with the same shapes and dtypes")
+
+
+def _op(MPI, op: ReduceOp):
+    table = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PRODUCT: MPI.PROD,
+             ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN}
+    if op not in table:
+        raise DistributedError(f"unknown reduce op {op!r}; use graphc.distributed.ReduceOp")
+    return table[op]
+
+
+def all_reduce(tensor, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool = False):
+    """Reduce `tensor` over every rank, in place (AVG divides the sum by the world size)."""
+    g, MPI = _current(), _mpi()
+    array = _array(tensor, "all_reduce")
+    _agree(g, "all_reduce", array)
+    buffer = np.ascontiguousarray(array)
+    _wait(g, g.comm.Iallreduce(MPI.IN_PLACE, buffer, op=_op(MPI, op)), "all_reduce")
+    if op is ReduceOp.AVG:
+        if buffer.dtype.kind != "f":
+            raise DistributedError("all_reduce with ReduceOp.AVG needs a floating tensor")
+        buffer /= g.size
+    if buffer is not array:
+        array[...] = buffer
+    return None
+
+
+def broadcast(tensor, src: int, group=None, async_op: bool = False):
+    """Copy rank `src`'s `tensor` into every rank's, in place."""
+    g = _current()
+    array = _array(tensor, "broadcast")
+    _agree(g, "broadcast", array)
+    buffer = np.ascontiguousarray(array)
+    _wait(g, g.comm.Ibcast(buffer, root=src), "broadcast")
+    if buffer is not array:
+        array[...] = buffer
+
+
+def all_gather(tensor_list: list, tensor, group=None, async_op: bool = False):
+    """`tensor_list[r]` receives rank r's `tensor`, on every rank."""
+    g = _current()
+    array = np.ascontiguousarray(_array(tensor, "all_gather"))
+    _agree(g, "all_gather", array)
+    if len(tensor_list) != g.size:
+        raise DistributedError(f"all_gather: tensor_list has {len(tensor_list)} tensors, "
+                               f"expected one per rank ({g.size})")
+    gathered = np.empty((g.size,) + array.shape, array.dtype)
+    _wait(g, g.comm.Iallgather(array, gathered), "all_gather")
+    for out, part in zip(tensor_list, gathered):
+        _array(out, "all_gather")[...] = part
+
+
+def reduce_scatter(output, input_list: list, op: ReduceOp = ReduceOp.SUM, group=None,
+                   async_op: bool = False):
+    """Rank r's `output` receives the reduction over ranks of their `input_list[r]`."""
+    g, MPI = _current(), _mpi()
+    if len(input_list) != g.size:
+        raise DistributedError(f"reduce_scatter: input_list has {len(input_list)} tensors, "
+                               f"expected one per rank ({g.size})")
+    out = _array(output, "reduce_scatter")
+    stacked = np.ascontiguousarray(np.stack([_array(t, "reduce_scatter") for t in input_list]))
+    _agree(g, "reduce_scatter", stacked)
+    received = np.empty_like(stacked[0])
+    _wait(g, g.comm.Ireduce_scatter_block(stacked, received, op=_op(MPI, op)),
+          "reduce_scatter")
+    if op is ReduceOp.AVG:
+        received /= g.size
+    out[...] = received
