@@ -50,7 +50,7 @@ from graphc.backends.common import planned
 from graphc.backends.cpu import llvm, threads
 from graphc.backends.cpu.blas import resolve_blas
 from graphc.backends.cpu.codegen import lower
-from graphc.errors import ArgumentError, IndexOutOfRangeError
+from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
 from graphc.ir.verifier import verify
 from graphc.ops.fused import FusedBody
@@ -67,12 +67,14 @@ class CpuExecutable:
     def __init__(self, graph: Graph, options: dict | None = None) -> None:
         self.graph = verify(graph)
         self.memory_plan = plan = planned(graph)
+        raw = _allocate_arena(graph, plan)  # before compiling: an impossible size fails fast
         blas = resolve_blas() if any(_uses_gemm(n) for n in graph.nodes) else None
         self.lowered, _ = lower(graph, blas)
         self.library = llvm.compile_module(self.lowered.ir_text, f"graphc_{graph.name}")
         self._run = self.library.ctypes_function(
             "run", ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p])
-        raw = np.empty(self.lowered.arena_bytes + 64, np.uint8)
+        if self.lowered.arena_bytes > plan.arena_bytes:  # backend scratch past the plan's
+            raw = _allocate_arena(graph, plan, self.lowered.arena_bytes)
         skip = -raw.ctypes.data % 64
         self._arena = raw[skip:skip + self.lowered.arena_bytes]
         self._arena_ptr = ctypes.c_void_p(self._arena.ctypes.data)
@@ -150,6 +152,31 @@ class CpuExecutable:
             bound[i] = a
             self._in_ptrs[i] = _address(a)
         return bound
+
+
+class ArenaAllocationError(GraphcError, MemoryError):
+    """The arena of a compiled graph does not fit in memory."""
+
+
+def _allocate_arena(graph: Graph, plan, nbytes: int | None = None) -> np.ndarray:
+    """The arena's bytes (+64 for alignment), or an ArenaAllocationError naming the bytes
+    requested and the largest buffer's node and source line."""
+    nbytes = plan.arena_bytes if nbytes is None else nbytes
+    try:
+        return np.empty(nbytes + 64, np.uint8)
+    except (MemoryError, ValueError):
+        pass
+    biggest = max(plan.buffers.values(), key=lambda b: b.size, default=None)
+    node = next((n for n in graph.nodes if biggest is not None
+                 and any(v.name == biggest.name for v in n.outputs)), None)
+    what = ""
+    if node is not None:
+        where = f" at {node.loc}" if node.loc else ""
+        what = (f"; the largest buffer is %{biggest.name} ({biggest.size:,} bytes), made by "
+                f"{node.op}{where}")
+    raise ArenaAllocationError(
+        f"cpu backend: graph @{graph.name} needs an arena of {nbytes:,} bytes, which cannot "
+        f"be allocated{what}; use smaller tensors (e.g. a smaller batch) or free memory")
 
 
 def _address(a: np.ndarray) -> int:
