@@ -18,3 +18,4 @@ from graphc.nn.parameter import Buffer, Parameter
 
 __all__ = ["Buffer", "Module", "ModuleAssignmentError", "Parameter", "StateDictError",
            "functional", "init", *_modules_all]
+from graphc.nn.modules.layers_issue12 import *  # noqa: E402,F401,F403  (issue 12 layers)

@@ -24,3 +24,4 @@ __all__ = [
     "MSELoss", "MaxPool2d", "ModuleDict", "ModuleList", "NLLLoss", "ReLU", "Sequential",
     "Sigmoid", "Softmax", "Tanh", "Unflatten",
 ]
+from graphc.nn.modules.layers_issue12 import *  # noqa: E402,F401,F403  (issue 12 layers)

@@ -1,4 +1,5 @@
-"""Pooling layers: `MaxPool2d` and `AvgPool2d` over NCHW (or CHW) inputs."""
+"""Pooling layers: `MaxPool2d`, `AvgPool2d` and the adaptive `AdaptiveAvgPool1d/2d`,
+`AdaptiveMaxPool1d/2d` over N, C, ... (or unbatched) inputs."""
 
 from __future__ import annotations
 
@@ -57,3 +58,54 @@ class AvgPool2d(Module):
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class _AdaptivePool(Module):
+    """Pooling to a fixed output size whatever the input size (None keeps that dim)."""
+
+    def __init__(self, output_size, return_indices: bool = False) -> None:
+        super().__init__()
+        self.output_size = output_size
+        self.return_indices = return_indices
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(_AdaptivePool):
+    """Mean over windows of the last dim giving `output_size` entries."""
+
+    def __init__(self, output_size) -> None:
+        super().__init__(output_size)
+
+    def forward(self, input):  # noqa: A002
+        return F.adaptive_avg_pool1d(input, self.output_size)
+
+
+class AdaptiveAvgPool2d(_AdaptivePool):
+    """Mean over windows of the last two dims giving an `output_size` map (ResNet's head).
+
+    >>> import graphc, graphc.nn as nn
+    >>> nn.AdaptiveAvgPool2d((1, 1))(graphc.ones(2, 8, 5, 7)).shape
+    graphc.Size([2, 8, 1, 1])
+    """
+
+    def __init__(self, output_size) -> None:
+        super().__init__(output_size)
+
+    def forward(self, input):  # noqa: A002
+        return F.adaptive_avg_pool2d(input, self.output_size)
+
+
+class AdaptiveMaxPool1d(_AdaptivePool):
+    """Maximum over windows of the last dim giving `output_size` entries."""
+
+    def forward(self, input):  # noqa: A002
+        return F.adaptive_max_pool1d(input, self.output_size, self.return_indices)
+
+
+class AdaptiveMaxPool2d(_AdaptivePool):
+    """Maximum over windows of the last two dims giving an `output_size` map."""
+
+    def forward(self, input):  # noqa: A002
+        return F.adaptive_max_pool2d(input, self.output_size, self.return_indices)
