@@ -238,6 +238,25 @@ register(OpDef("clamp", ELEMENTWISE, ("x",), _clamp_infer, _clamp_kernel, _clamp
                scalar="clamp", attrs={"min": float, "max": float}, saved_inputs=(0,)))
 
 
+# ---- log1p (log(1 + x), accurate near 0: the stable log-sigmoid uses it) -----------------------
+def _log1p_infer(x: TensorType) -> TensorType:
+    return float_unary("log1p", x)
+
+
+def _log1p_kernel(x):
+    if not np.issubdtype(x.dtype, np.floating):
+        x = x.astype(np.float32)
+    return np.log1p(x)
+
+
+def _log1p_vjp(ctx, g):
+    return (g / (ctx.inputs[0] + 1.0),)
+
+
+register(OpDef("log1p", ELEMENTWISE, ("x",), _log1p_infer, _log1p_kernel, _log1p_vjp,
+               scalar="log1p", saved_inputs=(0,)))
+
+
 # ---- binary ----------------------------------------------------------------------------------
 def _binary(name: str, kernel, vjp, saved_inputs=(), saved_outputs=(), infer=None):
     def infer_binary(a: TensorType, b: TensorType) -> TensorType:
@@ -436,67 +455,88 @@ register(OpDef("cast", ELEMENTWISE, ("x",), _cast_infer, _cast_kernel, _cast_vjp
 
 # ---- public functions (graphc.exp, Tensor.exp, ...) ------------------------------------------
 def neg(x):
+    """-x, elementwise."""
     return call("neg", x)
 
 
 def abs(x):  # noqa: A001 (PyTorch's name)
+    """|x|, elementwise."""
     return call("abs", x)
 
 
 def sign(x):
+    """The sign of x (-1, 0 or 1; NaN stays NaN)."""
     return call("sign", x)
 
 
 def exp(x):
+    """e**x, elementwise."""
     return call("exp", x)
 
 
 def log(x):
+    """The natural logarithm of x, elementwise."""
     return call("log", x)
 
 
 def sqrt(x):
+    """The square root of x, elementwise."""
     return call("sqrt", x)
 
 
 def rsqrt(x):
+    """1 / sqrt(x), elementwise."""
     return call("rsqrt", x)
 
 
 def tanh(x):
+    """The hyperbolic tangent of x, elementwise."""
     return call("tanh", x)
 
 
 def sigmoid(x):
+    """1 / (1 + exp(-x)), elementwise."""
     return call("sigmoid", x)
 
 
+def log1p(x):
+    """log(1 + x), accurate near 0."""
+    return call("log1p", x)
+
+
 def relu(x):
+    """max(x, 0), elementwise."""
     return call("relu", x)
 
 
 def leaky_relu(x, negative_slope: float = 0.01):
+    """x where x > 0, else x * negative_slope."""
     return call("leaky_relu", x, negative_slope=float(negative_slope))
 
 
 def gelu(x, approximate: str = "none"):
+    """x * Phi(x) (the Gaussian error linear unit; `approximate="tanh"` for the tanh form)."""
     _check_gelu(approximate)
     return call("gelu", x, approximate=approximate)
 
 
 def sin(x):
+    """The sine of x, elementwise."""
     return call("sin", x)
 
 
 def cos(x):
+    """The cosine of x, elementwise."""
     return call("cos", x)
 
 
 def erf(x):
+    """The error function of x, elementwise."""
     return call("erf", x)
 
 
 def clamp(x, min=None, max=None):  # noqa: A002
+    """x limited to [min, max] (either bound may be None)."""
     if min is None and max is None:
         raise ArgumentError(f"{_where('clamp')}: At least one of 'min' or 'max' must not be None")
     return call("clamp", x, min=_bound(min), max=_bound(max))
@@ -512,78 +552,97 @@ def _bound(value):
 
 
 def add(a, b, alpha=1):
+    """a + b with broadcasting (`alpha` scales b, as torch.add)."""
     return call("add", a, b if alpha == 1 else call("mul", b, alpha))
 
 
 def sub(a, b, alpha=1):
+    """a - b with broadcasting (`alpha` scales b, as torch.sub)."""
     return call("sub", a, b if alpha == 1 else call("mul", b, alpha))
 
 
 def mul(a, b):
+    """a * b with broadcasting."""
     return call("mul", a, b)
 
 
 def div(a, b):
+    """a / b with broadcasting (true division)."""
     return call("div", a, b)
 
 
 def pow(a, b):  # noqa: A001
+    """a ** b with broadcasting."""
     return call("pow", a, b)
 
 
 def maximum(a, b):
+    """The larger of a and b, elementwise (NaN wins)."""
     return call("maximum", a, b)
 
 
 def floor_divide(a, b):
+    """floor(a / b), elementwise, as Python's //."""
     return call("floor_divide", a, b)
 
 
 def remainder(a, b):
+    """a mod b with the sign of b, as Python's %."""
     return call("remainder", a, b)
 
 
 def minimum(a, b):
+    """The smaller of a and b, elementwise (NaN wins)."""
     return call("minimum", a, b)
 
 
 def eq(a, b):
+    """a == b, elementwise (bool)."""
     return call("eq", a, b)
 
 
 def ne(a, b):
+    """a != b, elementwise (bool)."""
     return call("ne", a, b)
 
 
 def lt(a, b):
+    """a < b, elementwise (bool)."""
     return call("lt", a, b)
 
 
 def le(a, b):
+    """a <= b, elementwise (bool)."""
     return call("le", a, b)
 
 
 def gt(a, b):
+    """a > b, elementwise (bool)."""
     return call("gt", a, b)
 
 
 def ge(a, b):
+    """a >= b, elementwise (bool)."""
     return call("ge", a, b)
 
 
 def logical_and(a, b):
+    """a and b as truth values, elementwise (bool)."""
     return call("logical_and", a, b)
 
 
 def logical_or(a, b):
+    """a or b as truth values, elementwise (bool)."""
     return call("logical_or", a, b)
 
 
 def logical_xor(a, b):
+    """a xor b as truth values, elementwise (bool)."""
     return call("logical_xor", a, b)
 
 
 def logical_not(x):
+    """not x as a truth value, elementwise (bool)."""
     return call("logical_not", x)
 
 
@@ -593,6 +652,7 @@ def where(cond, a, b):
 
 
 def cast(x, dtype):
+    """x converted to `dtype` (numpy's astype)."""
     dtype = as_dtype(dtype)
     if x.dtype is dtype:
         return x
@@ -625,7 +685,7 @@ TENSOR_METHODS = {
     "maximum": maximum, "minimum": minimum, "floor_divide": floor_divide,
     "remainder": remainder, "eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt,
     "ge": ge, "logical_and": logical_and, "logical_or": logical_or, "logical_not": logical_not,
-    "logical_xor": logical_xor, "where": where,
+    "logical_xor": logical_xor, "where": where, "log1p": log1p,
     "add_": _inplace_binary("add_", add), "sub_": _inplace_binary("sub_", sub),
     "mul_": _inplace_binary("mul_", mul), "div_": _inplace_binary("div_", div),
     "pow_": _inplace_binary("pow_", pow), "clamp_": _inplace_unary("clamp_", clamp),
@@ -639,5 +699,5 @@ PUBLIC = (
     "neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "leaky_relu",
     "gelu", "sin", "cos", "erf", "clamp", "add", "sub", "mul", "div", "pow", "maximum",
     "minimum", "floor_divide", "remainder", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
-    "logical_or", "logical_xor", "logical_not", "where", "cast",
+    "logical_or", "logical_xor", "logical_not", "where", "cast", "log1p",
 )

@@ -415,14 +415,17 @@ def view(x, *shape):
 
 
 def view_as(x, other):
+    """x reshaped to the shape of `other`."""
     return view(x, tuple(other.shape))
 
 
 def reshape_as(x, other):
+    """x reshaped to the shape of `other`."""
     return reshape(x, tuple(other.shape))
 
 
 def permute(x, *dims):
+    """x with its dimensions reordered by `dims`."""
     dims = _ints("permute", dims)
     if len(dims) != x.ndim:
         call("permute", x, dims=dims)  # raises PyTorch's count error
@@ -467,6 +470,7 @@ def _mT(x):  # noqa: N802
 
 
 def broadcast_to(x, shape):
+    """x broadcast to `shape` (a view: nothing is copied)."""
     shape = _ints("broadcast_to", (shape,))
     return expand(x, shape, _op="broadcast_to")
 
@@ -494,6 +498,7 @@ def expand(x, *sizes, _op: str = "expand"):
 
 
 def expand_as(x, other):
+    """x broadcast to the shape of `other`."""
     return expand(x, tuple(other.shape))
 
 
@@ -509,12 +514,14 @@ def squeeze(x, dim=None):
 
 
 def unsqueeze(x, dim: int):
+    """x with a dimension of size 1 inserted at `dim`."""
     d = normalize_axis("unsqueeze", dim, x.ndim + 1)
     shape = tuple(x.shape)
     return call("reshape", x, shape=shape[:d] + (1,) + shape[d:])
 
 
 def flatten(x, start_dim: int = 0, end_dim: int = -1):
+    """x with dimensions start_dim..end_dim merged into one."""
     if x.ndim == 0:
         normalize_axis("flatten", start_dim, 0)
         normalize_axis("flatten", end_dim, 0)
@@ -529,6 +536,7 @@ def flatten(x, start_dim: int = 0, end_dim: int = -1):
 
 
 def unflatten(x, dim: int, sizes):
+    """x with dimension `dim` split into `sizes`."""
     d = normalize_axis("unflatten", dim, x.ndim)
     sizes = _ints("unflatten", (sizes,))
     n = x.shape[d]
@@ -606,6 +614,7 @@ def narrow(x, dim: int, start: int, length: int):
 
 
 def select(x, dim: int, index: int):
+    """The slice of x at `index` along `dim`, that dimension removed."""
     d = normalize_axis("select", dim, x.ndim)
     n = x.shape[d]
     if not -n <= index < n:
@@ -692,6 +701,7 @@ def split(x, split_size_or_sections, dim: int = 0):
 
 
 def chunk(x, chunks: int, dim: int = 0):
+    """x split into `chunks` pieces along `dim` (the last may be smaller)."""
     if chunks <= 0:
         raise ArgumentError(f"{where('chunk')}: chunk expects `chunks` to be greater than 0, "
                             f"got: {chunks}")
@@ -702,6 +712,7 @@ def chunk(x, chunks: int, dim: int = 0):
 
 
 def unbind(x, dim: int = 0):
+    """The slices of x along `dim`, each without that dimension."""
     d = normalize_axis("unbind", dim, x.ndim)
     return tuple(select(x, d, i) for i in range(x.shape[d]))
 

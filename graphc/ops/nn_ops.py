@@ -4,7 +4,7 @@ Primitives (registry ops) are the ones a backend gains from: `softmax` / `log_so
 (numerically stable kernels, VJPs from the saved output), `nll_loss` with its own backward op
 `nll_loss_backward` (a gather and its scatter, PyTorch's `total_weight` as a second output),
 `batch_norm` (out, save_mean, save_invstd), `embedding` with its scatter-add backward
-`embedding_backward`, and the elementwise `log1p`. cross_entropy, mse_loss and
+`embedding_backward` (the elementwise `log1p` lives in graphc.ops.elementwise). cross_entropy, mse_loss and
 binary_cross_entropy_with_logits are compositions of those and of elementwise/reduce ops.
 
 Invariants:
@@ -24,9 +24,9 @@ import warnings
 
 import numpy as np
 
-from graphc.autograd.grad_mode import no_grad
 from graphc.errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from graphc.errors import where as _where
+from graphc.ops.elementwise import log1p
 from graphc.ops.grad_utils import full_like
 from graphc.ops.registry import (
     ELEMENTWISE,
@@ -82,25 +82,6 @@ def _check_reduction(op: str, reduction) -> None:
 
 def _torch_name(dtype) -> str:
     return _TORCH_NAMES[dtype.name]
-
-
-# ---- log1p (elementwise, for the stable log-sigmoid) -----------------------------------------
-def _log1p_infer(x: TensorType) -> TensorType:
-    return float_unary("log1p", x)
-
-
-def _log1p_kernel(x):
-    if not np.issubdtype(x.dtype, np.floating):
-        x = x.astype(np.float32)
-    return np.log1p(x)
-
-
-def _log1p_vjp(ctx, g):
-    return (g / (ctx.inputs[0] + 1.0),)
-
-
-register(OpDef("log1p", ELEMENTWISE, ("x",), _log1p_infer, _log1p_kernel, _log1p_vjp,
-               scalar="log1p", saved_inputs=(0,)))
 
 
 # ---- softmax / log_softmax -------------------------------------------------------------------
@@ -183,11 +164,6 @@ def log_softmax(x, dim=None, dtype=None):
     """log(softmax(x, dim)) without the overflow of the naive formula."""
     x, dim = _softmax_dim("log_softmax", x, dim, dtype)
     return call("log_softmax", x, dim=dim)
-
-
-def log1p(x):
-    """log(1 + x), accurate near 0."""
-    return call("log1p", x)
 
 
 # ---- nll_loss and its backward ---------------------------------------------------------------
@@ -608,6 +584,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,  # noqa
         training=bool(training), eps=float(eps))
     if training and momentum is not None:
         n = numel(x.shape) // c
+        from graphc.autograd.grad_mode import no_grad  # the front end's, when called
+
         with no_grad():  # buffers: the update records no history
             if running_mean is not None:
                 _bn_update(running_mean, mean, float(momentum))
@@ -711,6 +689,6 @@ def embedding(input, weight, padding_idx=None):  # noqa: A002
     return call("embedding", weight, input, padding_idx=padding_idx)
 
 
-TENSOR_METHODS = {"softmax": softmax, "log_softmax": log_softmax, "log1p": log1p}
+TENSOR_METHODS = {"softmax": softmax, "log_softmax": log_softmax}
 
-PUBLIC = ("softmax", "log_softmax", "log1p")
+PUBLIC = ("softmax", "log_softmax")

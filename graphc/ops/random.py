@@ -473,18 +473,22 @@ def manual_seed(seed) -> Generator:
 
 
 def seed() -> int:
+    """Seed the default generator from the operating system's entropy; returns the seed."""
     return default_generator.seed()
 
 
 def initial_seed() -> int:
+    """The seed the default generator started from."""
     return default_generator.initial_seed()
 
 
 def get_rng_state():
+    """The default generator's state, as a tensor (set_rng_state restores it)."""
     return default_generator.get_state()
 
 
 def set_rng_state(state) -> None:
+    """Restore the default generator's state from get_rng_state's tensor."""
     default_generator.set_state(state)
 
 
@@ -515,11 +519,13 @@ def randn(*size, generator=None, dtype=None, requires_grad=False):
 
 
 def rand_like(t, *, dtype=None, requires_grad=False, generator=None):
+    """Uniform [0, 1) samples with the shape (and dtype) of `x`."""
     return rand(tuple(t.shape), generator=generator, dtype=dtype or t.dtype,
                 requires_grad=requires_grad)
 
 
 def randn_like(t, *, dtype=None, requires_grad=False, generator=None):
+    """Standard normal samples with the shape (and dtype) of `x`."""
     return randn(tuple(t.shape), generator=generator, dtype=dtype or t.dtype,
                  requires_grad=requires_grad)
 
@@ -663,6 +669,7 @@ def bernoulli_(self, p=0.5, *, generator=None):
 
 
 def _bernoulli_method(self, p=None, *, generator=None):
+    """Tensor.bernoulli: 0/1 samples with probabilities `p` (or this tensor's values)."""
     return bernoulli(self, p, generator=generator)
 
 

@@ -27,7 +27,6 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.errors import ArgumentError, DTypeError, ShapeError, where
 from graphc.ops.elementwise import cast
 from graphc.ops.registry import REDUCE, OpDef, Reduction, call, register
@@ -365,6 +364,8 @@ def _extremum_with_dim(op: str, x, dim, keepdim: bool, result_type):
     axis = normalize_axis(op, dim, x.ndim)
     keepdim = bool(keepdim)
     reduce_op, arg_op = ("reduce_max", "argmax") if op == "max" else ("reduce_min", "argmin")
+    from graphc.autograd.grad_mode import is_grad_enabled  # the front end's, when called
+
     if x.ndim == 0 or not (x.dtype.is_floating and x.requires_grad and is_grad_enabled()):
         values = call(reduce_op, x, axes=(axis,) if x.ndim else (), keepdim=keepdim)
         return result_type(values, call(arg_op, x, axis=axis, keepdim=keepdim))

@@ -12,8 +12,15 @@ import numpy as np
 from graphc.errors import ArgumentError, where
 from graphc.ops.registry import SOURCE, OpDef, call, register
 from graphc.ops.shapes import size_arg
-from graphc.tensor import check_device
 from graphc.types import TensorType, as_dtype, float32, int64
+
+
+def check_device(function: str, device) -> None:
+    """The front end's device check (graphc.tensor.check_device), imported when called: the
+    ops package never imports graphc.tensor at module level."""
+    from graphc.tensor import check_device as front_end_check
+
+    front_end_check(function, device)
 
 
 def _full_infer(shape: tuple, value: float, dtype: str) -> TensorType:
@@ -56,6 +63,7 @@ def _make(op_value, shape, dtype, requires_grad):
 
 
 def full(size, fill_value, *, dtype=None, requires_grad=False, device=None):
+    """A tensor of `size` filled with `fill_value` (PyTorch's torch.full)."""
     check_device("graphc.full", device)
     if dtype is None:
         dtype = (int64 if isinstance(fill_value, int) and not isinstance(fill_value, bool)
@@ -64,26 +72,31 @@ def full(size, fill_value, *, dtype=None, requires_grad=False, device=None):
 
 
 def zeros(*size, dtype=None, requires_grad=False, device=None):
+    """A tensor of zeros of the given size (float32 unless `dtype` says otherwise)."""
     check_device("graphc.zeros", device)
     return _make(0, size, dtype, requires_grad)
 
 
 def ones(*size, dtype=None, requires_grad=False, device=None):
+    """A tensor of ones of the given size (float32 unless `dtype` says otherwise)."""
     check_device("graphc.ones", device)
     return _make(1, size, dtype, requires_grad)
 
 
 def zeros_like(t, *, dtype=None, requires_grad=False, device=None):
+    """Zeros with the shape (and, unless given, the dtype) of `x`."""
     check_device("graphc.zeros_like", device)
     return _make(0, tuple(t.shape), dtype or t.dtype, requires_grad)
 
 
 def ones_like(t, *, dtype=None, requires_grad=False, device=None):
+    """Ones with the shape (and, unless given, the dtype) of `x`."""
     check_device("graphc.ones_like", device)
     return _make(1, tuple(t.shape), dtype or t.dtype, requires_grad)
 
 
 def full_like(t, fill_value, *, dtype=None, requires_grad=False):
+    """`fill_value` with the shape (and, unless given, the dtype) of `x`."""
     return _make(fill_value, tuple(t.shape), dtype or t.dtype, requires_grad)
 
 
@@ -93,6 +106,7 @@ def empty(*size, dtype=None, requires_grad=False):
 
 
 def arange(start, end=None, step=1, *, dtype=None, requires_grad=False):
+    """Values from `start` to `end` (exclusive) in steps of `step`, as torch.arange."""
     if end is None:
         start, end = 0, start
     if dtype is None:
@@ -106,14 +120,17 @@ def arange(start, end=None, step=1, *, dtype=None, requires_grad=False):
 
 
 def _new_zeros(self, *size, dtype=None, requires_grad=False):
+    """Zeros of `size` with this tensor's dtype unless `dtype` is given."""
     return zeros(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
 
 
 def _new_ones(self, *size, dtype=None, requires_grad=False):
+    """Ones of `size` with this tensor's dtype unless `dtype` is given."""
     return ones(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
 
 
 def _new_full(self, size, fill_value, *, dtype=None, requires_grad=False):
+    """`fill_value` over `size` with this tensor's dtype unless `dtype` is given."""
     return _make(fill_value, tuple(size), dtype or self.dtype, requires_grad)
 
 
