@@ -58,7 +58,8 @@ class ParseError(GraphcError, ValueError):
 
 
 # Each match is one token and the blanks before it; `bad` catches any other character, so the
-# scan never skips text. Strings stay on one line.
+# scan never skips text. Strings stay on one line. A type as the printer writes it (`f32[2,3]`,
+# no blanks, short dims) is one token, for speed; any other spelling is read token by token.
 _TOKEN = re.compile(r"""
     [ \t\r]*
     (?:
@@ -69,6 +70,7 @@ _TOKEN = re.compile(r"""
     | (?P<string>"(?:[^"\\\n]|\\[^\n])*")
     | (?P<badstring>"[^\n]*)
     | (?P<number>-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|[0-9]+|inf\b))
+    | (?P<type>(?:f32|f64|i64|bool)\[(?:[0-9]{1,19}(?:,[0-9]{1,19})*)?\])
     | (?P<arrow>->)
     | (?P<larrow><-)
     | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
@@ -123,6 +125,7 @@ class _Parser:
         self.prev: Token = ("bof", "", 1, 1)  # the token the last `advance` consumed
         self.tok: Token = self._pull()  # the current token
         self.values: dict[str, Value] = {}
+        self.types: dict[str, TensorType] = {}  # one-token type text -> its type
 
     # ---- token helpers ---------------------------------------------------------------------
     def _pull(self) -> Token:
@@ -139,8 +142,16 @@ class _Parser:
         """Consume the current token and return it."""
         tok = self.prev = self.tok
         self.comment = None
-        if tok[0] != "eof":
-            self.tok = self._pull()
+        if tok[0] != "eof":  # _pull, inlined: this runs once per token
+            nxt = self._ahead
+            if nxt is None:
+                nxt = next(self._tokens)
+            else:
+                self._ahead = None
+            while nxt[0] == "comment":
+                self.comment = nxt
+                nxt = next(self._tokens)
+            self.tok = nxt
         return tok
 
     def lookahead(self) -> Token:
@@ -353,6 +364,9 @@ class _Parser:
 
     def type(self) -> TensorType:
         tok = self.tok
+        if tok[0] == "type":
+            self.advance()
+            return self.compact_type(tok)
         dtype = _DTYPES.get(tok[1]) if tok[0] == "name" else None
         if dtype is None:
             self.fail(tok, "a dtype (f32, f64, i64, bool)")
@@ -360,6 +374,22 @@ class _Parser:
         self.take("punct", "[")
         dims = self.comma_list("]", self.dim)
         return TensorType(tuple(dims), dtype)
+
+    def compact_type(self, tok: Token) -> TensorType:
+        """The TensorType of a one-token type (`f32[2,3]`); equal texts share one object."""
+        ty = self.types.get(tok[1])
+        if ty is None:
+            short, _, dims = tok[1][:-1].partition("[")
+            shape = tuple(int(d) for d in dims.split(",")) if dims else ()
+            for k, value in enumerate(shape):
+                if value > MAX_DIM:
+                    digits = dims.split(",")
+                    col = tok[3] + len(short) + 1 + sum(len(d) + 1 for d in digits[:k])
+                    self.refuse((tok[0], digits[k], tok[2], col),
+                                f"a dimension of {len(digits[k])} digits",
+                                "at most 2**63-1 (the parser's limit)", "use a smaller dimension")
+            ty = self.types[tok[1]] = TensorType(shape, _DTYPES[short])
+        return ty
 
     def dim(self) -> int:
         tok = self.tok
@@ -431,8 +461,8 @@ class _Parser:
 
 _KIND_NAMES = {
     "value": "a value (%name)", "gname": "a graph name (@name)", "string": "a string",
-    "number": "a number", "arrow": "'->'", "larrow": "'<-'", "name": "a name",
-    "punct": "punctuation",
+    "number": "a number", "type": "a type (f32[2,3])", "arrow": "'->'", "larrow": "'<-'",
+    "name": "a name", "punct": "punctuation",
 }
 
 
