@@ -1,9 +1,11 @@
 """`graphc.nn.functional`: PyTorch's `torch.nn.functional` signatures over graphc's ops.
 
-Nothing here computes: each function normalises PyTorch's arguments (legacy `size_average` /
-`reduce` flags, `inplace=True`, defaults) and forwards to the op modules, where the shape
-rules, kernels and gradients live (graphc.ops.linalg, conv, pool, nn_ops, random, movement,
-elementwise). The op modules are looked up when a function is called, so this module imports
+Each function normalises PyTorch's arguments (legacy `size_average` / `reduce` flags,
+`inplace=True`, defaults) and forwards to the op modules, where the shape rules, kernels and
+gradients live (graphc.ops.linalg, conv, pool, nn_ops, random, movement, elementwise). The
+composites (layer_norm, rms_norm, group_norm, scaled_dot_product_attention, and the losses
+binary_cross_entropy, l1, smooth_l1, huber, kl_div) are written here as decompositions into
+those ops, so they trace and compile on every backend with no lowering of their own. The op modules are looked up when a function is called, so this module imports
 even while an op module is still being written.
 
 >>> import graphc
@@ -14,9 +16,13 @@ tensor([0., 2.])
 
 from __future__ import annotations
 
+import math
 import warnings
 
-from graphc.errors import ArgumentError
+import numpy as np
+
+from graphc.dispatch import current_tracer
+from graphc.errors import ArgumentError, ShapeError
 from graphc.ops import conv as _conv
 from graphc.ops import elementwise as _elementwise
 from graphc.ops import linalg as _linalg
@@ -24,7 +30,9 @@ from graphc.ops import movement as _movement
 from graphc.ops import nn_ops as _nn_ops
 from graphc.ops import pool as _pool
 from graphc.ops import random as _random
+from graphc.ops.registry import call as _call
 from graphc.ops.registry import inplace as _inplace
+from graphc.utils import composites as _composites
 
 
 def _legacy_reduction(size_average, reduce, reduction: str) -> str:
@@ -121,6 +129,116 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,  # noqa
                               momentum, eps)
 
 
+def _normalized_dims(name: str, input, normalized_shape) -> tuple[int, ...]:  # noqa: A002
+    """The trailing dims `normalized_shape` names, checked against input's shape."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or tuple(input.shape[input.ndim - k:]) != shape or input.ndim < k:
+        expected = ", ".join(str(n) for n in shape)
+        raise ShapeError(f"{name}: Given normalized_shape={list(shape)}, expected input with "
+                         f"shape [*, {expected}], but got input of size{list(input.shape)}")
+    return tuple(range(input.ndim - k, input.ndim))
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):  # noqa: A002
+    """(x - mean) / sqrt(var + eps) * weight + bias over the trailing `normalized_shape` dims
+    (biased variance, as PyTorch).
+
+    >>> import graphc
+    >>> graphc.nn.functional.layer_norm(graphc.tensor([[1.0, 3.0]]), (2,))
+    tensor([[-1.0000,  1.0000]])
+    """
+    dims = _normalized_dims("layer_norm", input, normalized_shape)
+    centred = input - input.mean(dims, keepdim=True)
+    var = (centred * centred).mean(dims, keepdim=True)
+    out = centred * _elementwise.rsqrt(var + eps)
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
+    """x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps defaults to the dtype's
+    machine epsilon, as PyTorch."""
+    dims = _normalized_dims("rms_norm", input, normalized_shape)
+    if eps is None:
+        eps = float(np.finfo(input.dtype.np).eps)
+    out = input * _elementwise.rsqrt((input * input).mean(dims, keepdim=True) + eps)
+    return out * weight if weight is not None else out
+
+
+def group_norm(input, num_groups: int, weight=None, bias=None,  # noqa: A002
+               eps: float = 1e-5):
+    """Normalise (N, C, *) over each group of C // num_groups channels and the spatial dims,
+    then scale and shift per channel."""
+    if input.ndim < 2:
+        raise ShapeError(f"group_norm: Expected at least 2 dimensions for input tensor but "
+                         f"received {input.ndim}")
+    n, c = input.shape[0], input.shape[1]
+    if c % num_groups != 0:
+        raise ShapeError(f"group_norm: Expected number of channels in input to be divisible "
+                         f"by num_groups, but got input of shape {list(input.shape)} and "
+                         f"num_groups={num_groups}")
+    grouped = input.reshape(n, num_groups, -1)
+    centred = grouped - grouped.mean(2, keepdim=True)
+    var = (centred * centred).mean(2, keepdim=True)
+    out = (centred * _elementwise.rsqrt(var + eps)).reshape(tuple(input.shape))
+    per_channel = (1, c) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        out = out * weight.reshape(per_channel)
+    if bias is not None:
+        out = out + bias.reshape(per_channel)
+    return out
+
+
+# ---- attention ------------------------------------------------------------------------------
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale=None, enable_gqa: bool = False):
+    """softmax(q @ k^T * scale + mask) @ v over (..., L, E) queries and (..., S, E) keys, as
+    PyTorch's math reference: a bool mask keeps where True, a float mask is added,
+    `is_causal` keeps the lower triangle; dropout on the weights when dropout_p > 0.
+
+    >>> import graphc
+    >>> q = graphc.ones(1, 2, 3, 4)
+    >>> graphc.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).shape
+    graphc.Size([1, 2, 3, 4])
+    """
+    if is_causal and attn_mask is not None:
+        raise ArgumentError("scaled_dot_product_attention: Explicit attn_mask should not be set "
+                            "when is_causal=True")
+    length, source = query.shape[-2], key.shape[-2]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        key, value = _repeat_heads(key, query.shape[-3]), _repeat_heads(value, query.shape[-3])
+    scores = _linalg.matmul(query, key.transpose(-2, -1)) * scale
+    if is_causal:
+        causal = _composites.tril(_call("full", shape=(length, source), value=True,
+                                        dtype="bool"))
+        scores = scores.masked_fill(causal.logical_not(), -math.inf)
+    elif attn_mask is not None:
+        if attn_mask.dtype.name == "bool":
+            scores = scores.masked_fill(attn_mask.logical_not(), -math.inf)
+        else:
+            scores = scores + attn_mask
+    weights = _nn_ops.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        weights = _random.dropout(weights, dropout_p, True, False)
+    return _linalg.matmul(weights, value)
+
+
+def _repeat_heads(t, heads: int):
+    """(..., Hkv, S, E) -> (..., heads, S, E), each kv head repeated heads // Hkv times."""
+    hkv = t.shape[-3]
+    if heads % hkv != 0:
+        raise ShapeError(f"scaled_dot_product_attention: number of heads in key/value ({hkv}) "
+                         f"must divide the number of heads in query ({heads})")
+    lead, tail = tuple(t.shape[:-3]), tuple(t.shape[-2:])
+    expanded = t.unsqueeze(-3).expand(*lead, hkv, heads // hkv, *tail)
+    return expanded.reshape(lead + (heads,) + tail)
+
+
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float = 2.0,  # noqa: A002
               scale_grad_by_freq: bool = False, sparse: bool = False):
     unsupported = {"max_norm": max_norm is not None, "scale_grad_by_freq": scale_grad_by_freq,
@@ -160,6 +278,106 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
                                                     pos_weight)
 
 
+def _reduce(name: str, loss, reduction: str):
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise ArgumentError(f"{name}: {reduction} is not a valid value for reduction")
+
+
+def _same_size(name: str, input, target) -> None:  # noqa: A002
+    if tuple(target.shape) != tuple(input.shape):
+        warnings.warn(f"Using a target size ({_size(target)}) that is different to the input "
+                      f"size ({_size(input)}). This will likely lead to incorrect results due "
+                      "to broadcasting. Please ensure they have the same size.", UserWarning,
+                      stacklevel=3)
+
+
+def _size(t) -> str:
+    return f"graphc.Size({list(t.shape)})"
+
+
+def _eager(t) -> bool:
+    return current_tracer() is None and not t.is_abstract
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None,  # noqa: A002
+                         reduce=None, reduction: str = "mean"):
+    """-(t log x + (1 - t) log(1 - x)), each log clamped at -100 as PyTorch."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ShapeError(f"Using a target size ({_size(target)}) that is different to the "
+                         f"input size ({_size(input)}) is deprecated. Please ensure they have "
+                         "the same size.")
+    if _eager(input) and input.numel() and not bool(((input >= 0) & (input <= 1)).all()):
+        raise ArgumentError("all elements of input should be between 0 and 1")
+    log_x = _elementwise.clamp(_elementwise.log(input), -100.0, None)
+    log_1mx = _elementwise.clamp(_elementwise.log(1 - input), -100.0, None)
+    loss = -(target * log_x + (1 - target) * log_1mx)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce("binary_cross_entropy", loss, reduction)
+
+
+def l1_loss(input, target, size_average=None, reduce=None,  # noqa: A002
+            reduction: str = "mean", weight=None):
+    """Mean (or sum) of |input - target|."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _same_size("l1_loss", input, target)
+    loss = (input - target).abs()
+    return _reduce("l1_loss", loss * weight if weight is not None else loss, reduction)
+
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None,  # noqa: A002
+                   reduction: str = "mean", beta: float = 1.0):
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta = 0 is the L1 loss)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _same_size("smooth_l1_loss", input, target)
+    if beta < 0:
+        raise ArgumentError("smooth_l1_loss does not support negative values for beta.")
+    d = (input - target).abs()
+    if beta == 0.0:
+        return _reduce("smooth_l1_loss", d, reduction)
+    loss = _elementwise.where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta)
+    return _reduce("smooth_l1_loss", loss, reduction)
+
+
+def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0,  # noqa: A002
+               weight=None):
+    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta)."""
+    _same_size("huber_loss", input, target)
+    if delta <= 0:
+        raise ArgumentError("huber_loss does not support non-positive values for delta.")
+    d = (input - target).abs()
+    loss = _elementwise.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta)
+    return _reduce("huber_loss", loss * weight if weight is not None else loss, reduction)
+
+
+def kl_div(input, target, size_average=None, reduce=None,  # noqa: A002
+           reduction: str = "mean", log_target: bool = False):
+    """KL(target || exp(input)) pointwise: target (log target - input), 0 where target is 0;
+    reduction "batchmean" divides the sum by the batch size."""
+    if size_average is not None or reduce is not None:
+        reduction = _legacy_reduction(size_average, reduce, reduction)
+    elif reduction == "mean":
+        warnings.warn("reduction: 'mean' divides the total loss by both the batch size and the "
+                      "support size.'batchmean' divides only by the batch size, and aligns with "
+                      "the KL div math definition.'mean' will be changed to behave the same as "
+                      "'batchmean' in the next major release.", UserWarning, stacklevel=2)
+    if log_target:
+        loss = _elementwise.exp(target) * (target - input)
+    else:
+        positive = target > 0
+        safe = _elementwise.where(positive, target, 1.0)
+        loss = _elementwise.where(positive, target * _elementwise.log(safe), 0.0) - target * input
+    if reduction == "batchmean":
+        return loss.sum() / input.shape[0] if input.ndim else loss.sum()
+    return _reduce("kl_div", loss, reduction)
+
+
 # ---- shape ----------------------------------------------------------------------------------
 def pad(input, pad, mode: str = "constant", value=None):  # noqa: A002
     """Pad the last dims: `pad` is (left, right, top, bottom, ...) as in PyTorch."""
@@ -171,8 +389,10 @@ def flatten(input, start_dim: int = 0, end_dim: int = -1):  # noqa: A002
 
 
 __all__ = [
-    "avg_pool2d", "batch_norm", "binary_cross_entropy_with_logits", "conv2d", "cross_entropy",
-    "dropout", "embedding", "flatten", "gelu", "leaky_relu", "linear", "log_softmax",
-    "max_pool2d", "mse_loss", "nll_loss", "pad", "relu", "relu_", "sigmoid", "softmax", "tanh",
+    "avg_pool2d", "batch_norm", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+    "conv2d", "cross_entropy", "dropout", "embedding", "flatten", "gelu", "group_norm",
+    "huber_loss", "kl_div", "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax",
+    "max_pool2d", "mse_loss", "nll_loss", "pad", "relu", "relu_", "rms_norm",
+    "scaled_dot_product_attention", "sigmoid", "smooth_l1_loss", "softmax", "tanh",
 ]
 from graphc.nn.functional_vision import *  # noqa: E402,F401,F403  (vision half, issue 12)

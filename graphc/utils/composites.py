@@ -257,7 +257,7 @@ def topk(input, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
     """The k largest (or smallest) elements along `dim` and their indices, as torch.topk.
 
     >>> graphc.topk(graphc.tensor([1.0, 3.0, 2.0]), 2)
-    graphc.return_types.topk(values=tensor([3., 2.]), indices=tensor([1, 2]))
+    topk(values=tensor([3., 2.]), indices=tensor([1, 2]))
     """
     d = normalize_axis("topk", dim, max(input.ndim, 1))
     n = input.shape[d] if input.ndim else 1

@@ -1,0 +1,393 @@
+"""Attention and transformer layers: `MultiheadAttention`, `TransformerEncoderLayer`,
+`TransformerEncoder`, `TransformerDecoderLayer`, `TransformerDecoder`, `Transformer`.
+
+As torch.nn: the same constructor arguments and defaults, the same parameter names
+(`in_proj_weight`, `in_proj_bias`, `out_proj.weight`, `self_attn.*`, `linear1`, `norm1`, ...)
+so state_dicts interchange, the same mask conventions (a bool `attn_mask` or
+`key_padding_mask` marks what may NOT be attended, a float one is added to the scores), and
+(L, N, E) inputs unless `batch_first`. Everything is a decomposition into graphc ops
+(linear, matmul, softmax, masked_fill, layer_norm), so it traces and compiles.
+
+Not matched: PyTorch's inference "fast path" (nested tensors, fused kernels) is a speed
+path only, and its results are those of the ordinary path computed here; `add_bias_kv`,
+`add_zero_attn` and `enable_nested_tensor=True` are accepted only at their defaults (the last
+is ignored).
+
+>>> import graphc
+>>> import graphc.nn as nn
+>>> mha = nn.MultiheadAttention(8, 2, batch_first=True)
+>>> x = graphc.randn(3, 5, 8)
+>>> out, weights = mha(x, x, x)
+>>> out.shape, weights.shape
+(graphc.Size([3, 5, 8]), graphc.Size([3, 5, 5]))
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import graphc
+from graphc.errors import ArgumentError, ShapeError
+from graphc.nn import functional as F
+from graphc.nn import init
+from graphc.nn.module import Module
+from graphc.nn.modules.container import ModuleList
+from graphc.nn.modules.linear import Linear
+from graphc.nn.modules.misc import Dropout
+from graphc.nn.modules.normalization import LayerNorm
+from graphc.nn.parameter import Parameter
+
+
+def _factory(dtype) -> dict:
+    return {"dtype": dtype} if dtype is not None else {}
+
+
+def _float_mask(mask, dtype):
+    """PyTorch's `_canonical_mask`: a bool mask becomes 0 / -inf in `dtype` (True = -inf)."""
+    if mask is None or mask.dtype.is_floating:
+        return mask
+    if mask.dtype is not graphc.bool:
+        raise ArgumentError("only bool and floating types of masks are supported")
+    return graphc.zeros(*mask.shape, dtype=dtype).masked_fill(mask, -math.inf)
+
+
+class MultiheadAttention(Module):
+    """Attention over `num_heads` heads of embed_dim // num_heads features each.
+
+    forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+    average_attn_weights=True, is_causal=False) -> (output, weights or None).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim=None, vdim=None,
+                 batch_first: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0:
+            raise ValueError(f"embed_dim and num_heads must be greater than 0, got "
+                             f"embed_dim={embed_dim} and num_heads={num_heads} instead")
+        if add_bias_kv or add_zero_attn:
+            raise ArgumentError("MultiheadAttention: add_bias_kv and add_zero_attn are not "
+                                "supported by graphc yet; leave them False")
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.head_dim = embed_dim // num_heads
+        if self.head_dim * num_heads != embed_dim:
+            raise ValueError("embed_dim must be divisible by num_heads")
+        kw = _factory(dtype)
+        if not self._qkv_same_embed_dim:
+            self.q_proj_weight = Parameter(graphc.empty(embed_dim, embed_dim, **kw))
+            self.k_proj_weight = Parameter(graphc.empty(embed_dim, self.kdim, **kw))
+            self.v_proj_weight = Parameter(graphc.empty(embed_dim, self.vdim, **kw))
+            self.register_parameter("in_proj_weight", None)
+        else:
+            self.in_proj_weight = Parameter(graphc.empty(3 * embed_dim, embed_dim, **kw))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        if bias:
+            self.in_proj_bias = Parameter(graphc.empty(3 * embed_dim, **kw))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        if self._qkv_same_embed_dim:
+            init.xavier_uniform_(self.in_proj_weight)
+        else:
+            init.xavier_uniform_(self.q_proj_weight)
+            init.xavier_uniform_(self.k_proj_weight)
+            init.xavier_uniform_(self.v_proj_weight)
+        if self.in_proj_bias is not None:
+            init.constant_(self.in_proj_bias, 0.0)
+            init.constant_(self.out_proj.bias, 0.0)
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
+                attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
+        batched = query.ndim == 3
+        if query.ndim not in (2, 3):
+            raise ShapeError(f"query should be unbatched 2D or batched 3D tensor but received "
+                             f"{query.ndim}-D query tensor")
+        if not batched:  # (L, E): one sequence
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:  # (L, N, E) -> (N, L, E)
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        out, weights = self._attend(query, key, value, key_padding_mask, need_weights,
+                                    attn_mask, average_attn_weights, is_causal)
+        if not batched:
+            out = out.squeeze(0)
+            weights = weights.squeeze(0) if weights is not None else None
+        elif not self.batch_first:
+            out = out.transpose(0, 1)
+        return out, weights
+
+    def _project(self, query, key, value):
+        e = self.embed_dim
+        b = self.in_proj_bias
+        bq, bk, bv = (None, None, None) if b is None else (b[:e], b[e:2 * e], b[2 * e:])
+        if self._qkv_same_embed_dim:
+            w = self.in_proj_weight
+            wq, wk, wv = w[:e], w[e:2 * e], w[2 * e:]
+        else:
+            wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
+
+    def _attend(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                average_attn_weights, is_causal):
+        n, length, e = query.shape
+        source = key.shape[1]
+        if e != self.embed_dim:
+            raise ShapeError(f"was expecting embedding dimension of {self.embed_dim}, but got "
+                             f"{e}")
+        if is_causal and attn_mask is None:
+            raise ArgumentError("Need attn_mask if specifying the is_causal hint. You may use "
+                                "the Transformer module method `generate_square_subsequent_mask` "
+                                "to create this mask.")
+        h, d = self.num_heads, self.head_dim
+        kpm = _float_mask(key_padding_mask, query.dtype)
+        if is_causal and kpm is None and not need_weights:
+            mask = None
+        else:
+            is_causal = False
+            mask = _float_mask(attn_mask, query.dtype)
+            if mask is not None:
+                if mask.ndim == 2 and tuple(mask.shape) != (length, source):
+                    raise ShapeError(f"The shape of the 2D attn_mask is {list(mask.shape)}, but "
+                                     f"should be {[length, source]}.")
+                if mask.ndim == 3:
+                    if tuple(mask.shape) != (n * h, length, source):
+                        raise ShapeError(f"The shape of the 3D attn_mask is "
+                                         f"{list(mask.shape)}, but should be "
+                                         f"{[n * h, length, source]}.")
+                    mask = mask.reshape(n, h, length, source)
+                elif mask.ndim != 2:
+                    raise ShapeError(f"attn_mask's dimension {mask.ndim} is not supported")
+            if kpm is not None:
+                if tuple(kpm.shape) != (n, source):
+                    raise ShapeError(f"expecting key_padding_mask shape of {(n, source)}, but "
+                                     f"got {tuple(kpm.shape)}")
+                kpm = kpm.reshape(n, 1, 1, source)
+                mask = kpm if mask is None else mask + kpm
+        q, k, v = self._project(query, key, value)
+        q = q.reshape(n, length, h, d).transpose(1, 2)
+        k = k.reshape(n, source, h, d).transpose(1, 2)
+        v = v.reshape(n, source, h, d).transpose(1, 2)
+        p = self.dropout if self.training else 0.0
+        if need_weights:
+            scores = graphc.matmul(q * math.sqrt(1.0 / d), k.transpose(-2, -1))
+            if mask is not None:
+                scores = scores + mask
+            weights = F.softmax(scores, dim=-1)
+            if p > 0.0:
+                weights = F.dropout(weights, p)
+            out = graphc.matmul(weights, v)
+            if average_attn_weights:
+                weights = weights.mean(dim=1)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, mask, p, is_causal)
+            weights = None
+        out = out.transpose(1, 2).reshape(n, length, e)
+        return self.out_proj(out), weights
+
+
+def _activation(activation):
+    if isinstance(activation, str):
+        if activation == "relu":
+            return F.relu
+        if activation == "gelu":
+            return F.gelu
+        raise ArgumentError(f"activation should be relu/gelu, not {activation}")
+    return activation
+
+
+class TransformerEncoderLayer(Module):
+    """Self-attention then a feed-forward block, each with a residual and LayerNorm (after
+    the block, or before it with norm_first)."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
+                 batch_first: bool = False, norm_first: bool = False, bias: bool = True,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                            batch_first=batch_first, dtype=dtype)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, dtype=dtype)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.activation = _activation(activation)
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            x = x + self._ff_block(self.norm2(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+            x = self.norm2(x + self._ff_block(x))
+        return x
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           need_weights=False, is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def _ff_block(self, x):
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+class TransformerDecoderLayer(Module):
+    """Self-attention, attention over the encoder's memory, and a feed-forward block, each
+    with a residual and LayerNorm."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
+                 batch_first: bool = False, norm_first: bool = False, bias: bool = True,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                            batch_first=batch_first, dtype=dtype)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                 batch_first=batch_first, dtype=dtype)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, dtype=dtype)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
+        self.activation = _activation(activation)
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal: bool = False,
+                memory_is_causal: bool = False):
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask,
+                                    memory_key_padding_mask, memory_is_causal)
+            x = x + self._ff_block(self.norm3(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+            x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask,
+                                               memory_is_causal))
+            x = self.norm3(x + self._ff_block(x))
+        return x
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           is_causal=is_causal, need_weights=False)[0]
+        return self.dropout1(x)
+
+    def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal):
+        x = self.multihead_attn(x, mem, mem, attn_mask=attn_mask,
+                                key_padding_mask=key_padding_mask, is_causal=is_causal,
+                                need_weights=False)[0]
+        return self.dropout2(x)
+
+    def _ff_block(self, x):
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+def _clones(module: Module, n: int) -> ModuleList:
+    return ModuleList([copy.deepcopy(module) for _ in range(n)])
+
+
+class TransformerEncoder(Module):
+    """`num_layers` deep copies of `encoder_layer`, then an optional final norm."""
+
+    def __init__(self, encoder_layer, num_layers: int, norm=None,
+                 enable_nested_tensor: bool = True, mask_check: bool = True) -> None:
+        super().__init__()
+        self.layers = _clones(encoder_layer, num_layers)
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        x = src
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
+                      is_causal=bool(is_causal) and mask is not None)
+        return self.norm(x) if self.norm is not None else x
+
+
+class TransformerDecoder(Module):
+    """`num_layers` deep copies of `decoder_layer`, then an optional final norm."""
+
+    def __init__(self, decoder_layer, num_layers: int, norm=None) -> None:
+        super().__init__()
+        self.layers = _clones(decoder_layer, num_layers)
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=None,
+                memory_is_causal: bool = False):
+        x = tgt
+        for layer in self.layers:
+            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                      tgt_key_padding_mask=tgt_key_padding_mask,
+                      memory_key_padding_mask=memory_key_padding_mask,
+                      tgt_is_causal=bool(tgt_is_causal) and tgt_mask is not None,
+                      memory_is_causal=memory_is_causal)
+        return self.norm(x) if self.norm is not None else x
+
+
+class Transformer(Module):
+    """An encoder-decoder transformer (Vaswani et al.), as torch.nn.Transformer."""
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6,
+                 num_decoder_layers: int = 6, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation="relu", custom_encoder=None,
+                 custom_decoder=None, layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        options = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+                       layer_norm_eps=layer_norm_eps, batch_first=batch_first,
+                       norm_first=norm_first, bias=bias, dtype=dtype)
+        self.encoder = custom_encoder if custom_encoder is not None else TransformerEncoder(
+            TransformerEncoderLayer(d_model, nhead, **options), num_encoder_layers,
+            LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
+        self.decoder = custom_decoder if custom_decoder is not None else TransformerDecoder(
+            TransformerDecoderLayer(d_model, nhead, **options), num_decoder_layers,
+            LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype))
+        self.d_model = d_model
+        self.nhead = nhead
+        self.batch_first = batch_first
+        for p in self.parameters():
+            if p.ndim > 1:
+                init.xavier_uniform_(p)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
+                src_key_padding_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
+                memory_is_causal: bool = False):
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
+                              is_causal=src_is_causal)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask,
+                            tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device=None, dtype=None):
+        """A float (sz, sz) mask: -inf above the diagonal, 0 on and below it."""
+        dtype = dtype if dtype is not None else graphc.float32
+        return graphc.triu(graphc.full((sz, sz), -math.inf, dtype=dtype), diagonal=1)
