@@ -72,7 +72,7 @@ def test_wrong_shape_at_a_compiled_call_retraces_into_a_shape_error(rng, backend
 
 
 def test_wrong_dtype_at_a_compiled_call_is_a_dtype_error(rng):
-    f = graphc.compile(_matmul_relu)
+    f = graphc.compile(_matmul_relu, backend="interp")
     x, w = t(rng, 2, 3), t(rng, 3, 4)
     f(x, w)
     with pytest.raises(DTypeError) as err:
@@ -83,7 +83,7 @@ def test_wrong_dtype_at_a_compiled_call_is_a_dtype_error(rng):
 
 
 def test_a_valid_new_shape_retraces_and_says_why(rng):
-    f = graphc.compile(_matmul_relu)
+    f = graphc.compile(_matmul_relu, backend="interp")
     w = t(rng, 3, 4)
     f(t(rng, 2, 3), w)
     x = t(rng, 7, 3)
@@ -143,7 +143,7 @@ def test_data_dependent_control_flow_in_a_trace_names_the_line_and_undoes_the_ru
             return x * 2
         return x
 
-    cf = graphc.compile(f)
+    cf = graphc.compile(f, backend="interp")
     with pytest.raises(TraceError) as err:
         cf(t(rng, 3))
     message = str(err.value)
@@ -159,7 +159,7 @@ _READS = {"item": lambda s: s.item(), "float": lambda s: float(s), "numpy": lamb
 @pytest.mark.parametrize("read", ["item", "float", "numpy"])
 def test_reading_a_value_inside_a_trace_names_the_read_and_the_line(rng, read):
     with pytest.raises(TraceError) as err:
-        graphc.compile(lambda x: x * _READS[read](x.sum()))(t(rng, 3))
+        graphc.compile(lambda x: x * _READS[read](x.sum()), backend="interp")(t(rng, 3))
     message = str(err.value)
     named = {"item": ".item()", "float": "float(tensor)", "numpy": ".numpy()"}[read]
     assert message.startswith(f"{line('read')}: {named} needs the tensor's value")
@@ -178,7 +178,7 @@ class _NumpyEscape(Function):
 
 def test_a_custom_function_escaping_to_numpy_is_named_in_the_trace_error(rng):
     with pytest.raises(TraceError) as err:
-        graphc.compile(lambda x: _NumpyEscape.apply(x) * 2)(t(rng, 3))
+        graphc.compile(lambda x: _NumpyEscape.apply(x) * 2, backend="interp")(t(rng, 3))
     message = str(err.value)
     assert message.startswith(line("escape"))
     assert "_NumpyEscape" in message and "rewrite the forward with graphc ops" in message
@@ -201,7 +201,7 @@ def test_eager_in_place_change_to_a_saved_tensor_names_the_node_and_versions(rng
 
 def test_compiled_in_place_change_to_a_saved_parameter_before_backward(rng):
     model = nn.Linear(3, 2)
-    cmodel = graphc.compile(model)
+    cmodel = graphc.compile(model, backend="interp")
     x = graphc.tensor(rng.standard_normal((4, 3)).astype(np.float32), requires_grad=True)
     cmodel(x)
     y = cmodel(x)  # the compiled forward, with a CompiledFunction grad_fn
@@ -232,7 +232,7 @@ def test_in_place_change_to_a_saved_tensor_inside_a_compiled_training_step(rng):
         return y.detach()
 
     with pytest.raises(AutogradError, match="output 0 of TanhBackward0"):
-        graphc.compile(step)(t(rng, 4, 3))
+        graphc.compile(step, backend="interp")(t(rng, 4, 3))
     assert_unchanged(before, w)
     assert w.grad is None
 

@@ -63,7 +63,7 @@ def test_check_nans_names_the_first_node_its_ir_line_and_source_line(monkeypatch
 
 def test_check_nans_is_off_by_default(monkeypatch):
     monkeypatch.delenv("GRAPHC_CHECK_NANS", raising=False)
-    f = graphc.compile(_log_shifted)
+    f = graphc.compile(_log_shifted, backend="interp")
     f(graphc.tensor([2.0, 3.0]))
     assert np.isnan(f(graphc.tensor([2.0, 0.25])).item())
 
@@ -76,7 +76,7 @@ def test_check_nans_names_the_inf_origin_and_the_later_nan(monkeypatch):
         return big - big  # LINE:nan
 
     with pytest.raises(NonFiniteError) as err:
-        graphc.compile(f)(graphc.tensor([1.0, 100.0]))
+        graphc.compile(f, backend="interp")(graphc.tensor([1.0, 100.0]))
     message = str(err.value)
     assert f"op 'exp' at {line('overflow')}" in message and "1 Inf of 2 element(s)" in message
     assert f"The first NaN appears later, at op 'sub' at {line('nan')}" in message
@@ -126,7 +126,7 @@ def test_check_nans_in_a_training_step_leaves_parameters_and_state_untouched(
 def test_check_nans_rewinds_the_generator_a_failing_call_advanced(monkeypatch):
     monkeypatch.setenv("GRAPHC_CHECK_NANS", "1")
     gen = graphc.Generator().manual_seed(7)
-    f = graphc.compile(lambda x: (graphc.rand(3, generator=gen) * x).log())
+    f = graphc.compile(lambda x: (graphc.rand(3, generator=gen) * x).log(), backend="interp")
     f(graphc.ones(3))
     state = gen.get_state()._data.copy()
     with pytest.raises(NonFiniteError, match="op 'log'"):
@@ -144,7 +144,7 @@ def test_check_nans_on_a_compiled_forward_that_carries_a_grad_fn(rng, monkeypatc
     def forward(x):
         return (model(x) + shift).log()  # LINE:shifted-log
 
-    f = graphc.compile(forward)
+    f = graphc.compile(forward, backend="interp")
     x = t(rng, 5, 3).requires_grad_()
     f(x)
     f(x).sum().backward()  # the compiled forward and backward work
@@ -209,7 +209,7 @@ def test_a_training_step_whose_loss_is_not_a_scalar(rng):
     model = nn.Linear(3, 2)
     opt = graphc.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     before = snapshot(model, opt)
-    step = graphc.compile(_non_scalar_step(model, opt))
+    step = graphc.compile(_non_scalar_step(model, opt), backend="interp")
     with pytest.raises(AutogradError, match="grad can be implicitly created only for scalar"):
         step(t(rng, 4, 3))
     assert_unchanged(before, model, opt)
@@ -220,7 +220,7 @@ def test_a_non_scalar_loss_message_names_the_shape_and_what_to_do(rng):
     model = nn.Linear(3, 2)
     opt = graphc.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(AutogradError, match=r"\[4, 2\].*(mean|sum)"):
-        graphc.compile(_non_scalar_step(model, opt))(t(rng, 4, 3))
+        graphc.compile(_non_scalar_step(model, opt), backend="interp")(t(rng, 4, 3))
 
 
 def test_a_step_returning_a_loss_with_history_after_backward_is_refused_and_undone(rng):
@@ -236,7 +236,7 @@ def test_a_step_returning_a_loss_with_history_after_backward_is_refused_and_undo
         return loss  # not detached: it would need a grad_fn
 
     with pytest.raises(GraphcError) as err:
-        graphc.compile(step)(t(rng, 4, 3))
+        graphc.compile(step, backend="interp")(t(rng, 4, 3))
     message = str(err.value)
     assert "graphc.compile(step): output requires grad" in message
     assert "return loss.detach()" in message
@@ -289,7 +289,7 @@ def test_a_gather_index_out_of_range_in_a_compiled_graph(rng, backend, bad):
 
 def test_an_embedding_index_out_of_range_in_a_compiled_model(rng):
     model = nn.Embedding(5, 3)
-    compiled = graphc.compile(model)
+    compiled = graphc.compile(model, backend="interp")
     good = graphc.tensor([0, 4])
     before = snapshot(model)
     with graphc.no_grad():

@@ -198,7 +198,7 @@ def test_dump_function_graph_and_compiled(capsys, tmp_path):
     dump(g)
     assert capsys.readouterr().out == text
 
-    compiled = graphc.compile(_f)
+    compiled = graphc.compile(_f, backend="interp")
     with pytest.raises(GraphcError, match="not been called yet"):
         dump(compiled)
     compiled(x)

@@ -10,7 +10,7 @@ import pytest
 import graphc
 import graphc.nn as nn
 from graphc.ir import parse, verify
-from graphc.jit.compiler import Compiled, RecompileLimitError
+from graphc.jit.compiler import Compiled, RecompileLimitError, default_backend
 
 
 def t(rng, *shape) -> graphc.Tensor:
@@ -31,7 +31,7 @@ def _inference():
 # ---- module state is bound, not baked ----------------------------------------------------------
 def test_parameters_changed_in_place_change_the_compiled_output(rng):
     model = nn.Linear(4, 3)
-    cmodel = graphc.compile(model)
+    cmodel = graphc.compile(model, backend="interp")
     x = t(rng, 2, 4)
     close(cmodel(x), model(x))
     close(cmodel(x), model(x))  # the replay
@@ -43,7 +43,7 @@ def test_parameters_changed_in_place_change_the_compiled_output(rng):
 
 def test_load_state_dict_reaches_the_compiled_model(rng):
     model, other = nn.Linear(4, 3), nn.Linear(4, 3)
-    cmodel = graphc.compile(model)
+    cmodel = graphc.compile(model, backend="interp")
     x = t(rng, 5, 4)
     cmodel(x)
     model.load_state_dict(other.state_dict())
@@ -64,7 +64,7 @@ def test_batchnorm_running_stats_update_through_graph_updates(rng):
 
     model = _lenet_bn()
     eager = copy.deepcopy(model)
-    cmodel = graphc.compile(model)
+    cmodel = graphc.compile(model, backend="interp")
     g = None
     for step in range(3):
         x = t(rng, 4, 1, 28, 28)
@@ -86,7 +86,7 @@ def test_batchnorm_running_stats_update_through_graph_updates(rng):
 
 def test_dropout_draws_fresh_masks_matching_eager_step_by_step(rng):
     drop = nn.Dropout(0.5)
-    cdrop = graphc.compile(drop)
+    cdrop = graphc.compile(drop, backend="interp")
     x = graphc.ones(64)
     graphc.manual_seed(7)
     eager = [drop(x).numpy().copy() for _ in range(4)]
@@ -102,7 +102,7 @@ def test_two_random_ops_in_one_graph_follow_the_eager_stream():
     def f(x):
         return nn.functional.dropout(x, 0.5, training=True) * graphc.rand(5) + graphc.randn(5)
 
-    cf = graphc.compile(f)
+    cf = graphc.compile(f, backend="interp")
     x = graphc.ones(5)
     graphc.manual_seed(11)
     want = [f(x).numpy().copy() for _ in range(3)]
@@ -121,7 +121,7 @@ def test_forward_hooks_are_recorded_and_adding_or_removing_one_retraces(rng):
         calls.append("hook")
         return output + 1
 
-    cmodel = graphc.compile(model)
+    cmodel = graphc.compile(model, backend="interp")
     x = t(rng, 2, 3)
     close(cmodel(x), model(x))
     handle = model[0].register_forward_hook(add_one)
@@ -147,7 +147,7 @@ def test_forward_hooks_are_recorded_and_adding_or_removing_one_retraces(rng):
 def test_recompile_log_shows_a_field_level_diff(rng, monkeypatch, capsys):
     monkeypatch.setenv("GRAPHC_LOG", "recompiles")
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 26 * 26, 3))
-    cmodel = graphc.compile(model)
+    cmodel = graphc.compile(model, backend="interp")
     cmodel(t(rng, 64, 1, 28, 28))
     assert capsys.readouterr().err == ""
     cmodel(t(rng, 32, 1, 28, 28))
@@ -162,14 +162,14 @@ def test_recompile_log_shows_a_field_level_diff(rng, monkeypatch, capsys):
 
 def test_no_log_without_the_topic(rng, monkeypatch, capsys):
     monkeypatch.delenv("GRAPHC_LOG", raising=False)
-    f = graphc.compile(lambda x: x + 1)
+    f = graphc.compile(lambda x: x + 1, backend="interp")
     f(graphc.ones(2))
     f(graphc.ones(3))
     assert capsys.readouterr().err == ""
 
 
 def test_recompile_limit_error_lists_the_diffs(monkeypatch):
-    f = graphc.compile(lambda x: x * 2, recompile_limit=3)
+    f = graphc.compile(lambda x: x * 2, recompile_limit=3, backend="interp")
     for n in (1, 2, 3):
         f(graphc.ones(n))
     with pytest.raises(RecompileLimitError) as info:
@@ -179,7 +179,7 @@ def test_recompile_limit_error_lists_the_diffs(monkeypatch):
     assert "recompile 1: arg 0 shape (1) -> (2)" in message
     assert "recompile 3: arg 0 shape (3) -> (4)" in message
     monkeypatch.setenv("GRAPHC_RECOMPILE_LIMIT", "2")
-    g = graphc.compile(lambda x: x * 2)
+    g = graphc.compile(lambda x: x * 2, backend="interp")
     g(graphc.ones(1))
     g(graphc.ones(2))
     with pytest.raises(RecompileLimitError):
@@ -188,7 +188,7 @@ def test_recompile_limit_error_lists_the_diffs(monkeypatch):
 
 def test_train_eval_switch_retraces(rng):
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
-    cmodel = graphc.compile(model)
+    cmodel = graphc.compile(model, backend="interp")
     x = t(rng, 8, 4)
     cmodel(x)
     model.eval()
@@ -201,7 +201,7 @@ def test_train_eval_switch_retraces(rng):
 
 
 def test_python_scalars_are_guarded_by_value_and_type():
-    f = graphc.compile(lambda x, k: x * k)
+    f = graphc.compile(lambda x, k: x * k, backend="interp")
     x = graphc.tensor([1, 2])
     assert f(x, 2).tolist() == [2, 4]
     assert f(x, 3).tolist() == [3, 6]
@@ -214,7 +214,7 @@ def test_python_scalars_are_guarded_by_value_and_type():
 
 def test_module_attributes_are_guarded():
     drop = nn.Dropout(0.5)
-    cdrop = graphc.compile(drop)
+    cdrop = graphc.compile(drop, backend="interp")
     cdrop(graphc.ones(8))
     drop.p = 0.0
     assert cdrop(graphc.ones(8)).tolist() == [1.0] * 8
@@ -223,7 +223,7 @@ def test_module_attributes_are_guarded():
 
 def test_a_parameter_replaced_by_one_of_another_shape_retraces(rng):
     model = nn.Linear(4, 3)
-    cmodel = graphc.compile(model)
+    cmodel = graphc.compile(model, backend="interp")
     cmodel(t(rng, 2, 4))
     model.weight = nn.Parameter(t(rng, 5, 4))
     model.bias = nn.Parameter(t(rng, 5))
@@ -236,7 +236,7 @@ def test_a_parameter_replaced_by_one_of_another_shape_retraces(rng):
 
 def test_a_parameter_replaced_by_one_of_the_same_shape_is_bound_anew(rng):
     model = nn.Linear(4, 3)
-    cmodel = graphc.compile(model)
+    cmodel = graphc.compile(model, backend="interp")
     x = t(rng, 2, 4)
     cmodel(x)
     model.weight = nn.Parameter(t(rng, 3, 4))
@@ -246,7 +246,7 @@ def test_a_parameter_replaced_by_one_of_the_same_shape_is_bound_anew(rng):
 
 def test_parameter_data_swapped_for_another_shape_is_never_replayed(rng):
     model = nn.Linear(4, 3)
-    cmodel = graphc.compile(model)
+    cmodel = graphc.compile(model, backend="interp")
     x = t(rng, 2, 4)
     cmodel(x)
     model.weight.data = t(rng, 6, 4)
@@ -260,7 +260,7 @@ def test_a_replaced_closure_tensor_is_never_stale(rng):
     def f(x):
         return x * w
 
-    cf = graphc.compile(f)
+    cf = graphc.compile(f, backend="interp")
     x = t(rng, 3)
     close(cf(x), x * w)
     w = t(rng, 3)  # noqa: F841 (read by f through its closure cell)
@@ -277,7 +277,7 @@ def _uses_global(x):
 
 def test_a_replaced_global_tensor_is_never_stale():
     global GLOBAL_W
-    cf = graphc.compile(_uses_global)
+    cf = graphc.compile(_uses_global, backend="interp")
     x = graphc.zeros(3)
     assert cf(x).tolist() == [1.0] * 3
     saved, GLOBAL_W = GLOBAL_W, graphc.full((3,), 5.0)
@@ -296,7 +296,7 @@ def test_a_module_inside_a_plain_object_is_guarded(rng):
             return self.model(x)
 
     trainer = Trainer()
-    predict = graphc.compile(trainer.predict)
+    predict = graphc.compile(trainer.predict, backend="interp")
     x = t(rng, 4, 3)
     predict(x)
     trainer.model.eval()
@@ -304,7 +304,7 @@ def test_a_module_inside_a_plain_object_is_guarded(rng):
 
 
 def test_the_same_tensor_twice_then_two_tensors_retraces(rng):
-    f = graphc.compile(lambda a, b: a - b)
+    f = graphc.compile(lambda a, b: a - b, backend="interp")
     x, y = t(rng, 3), t(rng, 3)
     assert f(x, x).tolist() == [0.0] * 3
     close(f(x, y), x - y)
@@ -318,7 +318,7 @@ def test_a_parameter_passed_as_an_argument_is_not_confused_with_the_capture(rng)
     def f(w):
         return model(w)
 
-    cf = graphc.compile(f)
+    cf = graphc.compile(f, backend="interp")
     close(cf(model.weight), model(model.weight))
     x = t(rng, 3, 3)
     close(cf(x), model(x))
@@ -327,7 +327,7 @@ def test_a_parameter_passed_as_an_argument_is_not_confused_with_the_capture(rng)
 def test_outputs_that_require_grad_carry_a_compiled_grad_fn(rng):
     with graphc.enable_grad():
         w = graphc.ones(2, requires_grad=True)
-        compiled = graphc.compile(lambda x: x * w)
+        compiled = graphc.compile(lambda x: x * w, backend="interp")
         for _ in range(3):  # traces (again once w.grad exists: it is guarded), then replays
             out = compiled(graphc.tensor([2.0, 3.0]))
             assert out.requires_grad and out.grad_fn is not None
@@ -338,7 +338,7 @@ def test_outputs_that_require_grad_carry_a_compiled_grad_fn(rng):
 
 # ---- calling conventions ---------------------------------------------------------------------
 def test_decorator_forms():
-    @graphc.compile
+    @graphc.compile(backend="interp")
     def f(x):
         return x + 1
 
@@ -360,7 +360,7 @@ def test_decorated_method_binds_self(rng):
             super().__init__()
             self.fc = nn.Linear(3, 2)
 
-        @graphc.compile
+        @graphc.compile(backend="interp")
         def forward(self, x):
             return self.fc(x).relu()
 
@@ -373,7 +373,7 @@ def test_decorated_method_binds_self(rng):
 
 
 def test_nested_tuple_and_dict_outputs(rng):
-    @graphc.compile
+    @graphc.compile(backend="interp")
     def f(x):
         return {"a": (x + 1, [x * 2, 3]), "b": x.sum(), "c": "label"}
 
@@ -389,7 +389,7 @@ def test_nested_tuple_and_dict_outputs(rng):
 
 
 def test_kwargs_and_the_same_output_twice(rng):
-    @graphc.compile
+    @graphc.compile(backend="interp")
     def f(x, *, shift, scale=1.0):
         y = x * scale + shift
         return y, y
@@ -405,7 +405,7 @@ def test_kwargs_and_the_same_output_twice(rng):
 def test_outputs_that_are_inputs_come_back_as_those_tensors(rng):
     model = nn.Linear(2, 2)
 
-    @graphc.compile
+    @graphc.compile(backend="interp")
     def f(x, y):
         x.add_(1)
         return x, y, y * 2, model.weight
@@ -420,7 +420,7 @@ def test_outputs_that_are_inputs_come_back_as_those_tensors(rng):
 
 
 def test_constants_are_not_corrupted_by_changes_to_outputs():
-    @graphc.compile
+    @graphc.compile(backend="interp")
     def f(x):
         return graphc.tensor([1.0, 2.0]).reshape(2, 1), x
 
@@ -431,7 +431,7 @@ def test_constants_are_not_corrupted_by_changes_to_outputs():
 
 
 def test_python_control_flow_on_shapes(rng):
-    @graphc.compile
+    @graphc.compile(backend="interp")
     def f(x):
         if x.shape[0] > 2:
             return x[:2].sum(0)
@@ -446,7 +446,7 @@ def test_python_control_flow_on_shapes(rng):
 
 
 def test_compiled_callable_inside_a_trace_is_inlined():
-    inner = graphc.compile(lambda x: x.exp())
+    inner = graphc.compile(lambda x: x.exp(), backend="interp")
     g = graphc.trace(lambda x: inner(x) + 1, graphc.ones(2))
     assert [n.op for n in g][0] == "exp" and not inner.graphs
 
@@ -454,7 +454,7 @@ def test_compiled_callable_inside_a_trace_is_inlined():
 def test_graph_dump_writes_one_file_per_traced_graph_and_pass(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHC_DUMP", str(tmp_path))
 
-    @graphc.compile
+    @graphc.compile(backend="interp")
     def dumped(x):
         return x.tanh()
 
@@ -474,7 +474,7 @@ def test_a_generator_made_inside_the_function_is_made_afresh_on_every_run():
     def f(x):
         return graphc.dropout(x, 0.5, True, generator=graphc.Generator().manual_seed(5))
 
-    cf = graphc.compile(f)
+    cf = graphc.compile(f, backend="interp")
     x = graphc.ones(32)
     want = f(x).numpy()
     for _ in range(3):
@@ -485,7 +485,7 @@ def test_a_generator_passed_in_advances_as_in_eager():
     def f(x, gen):
         return x * graphc.rand(8, generator=gen)
 
-    cf = graphc.compile(f)
+    cf = graphc.compile(f, backend="interp")
     gen, ref = graphc.Generator().manual_seed(1), graphc.Generator().manual_seed(1)
     x = graphc.ones(8)
     for _ in range(3):
@@ -502,7 +502,7 @@ def _scaled(x):
 
 def test_python_values_the_function_reads_are_guarded():
     global SCALE
-    cf = graphc.compile(_scaled)
+    cf = graphc.compile(_scaled, backend="interp")
     assert cf(graphc.ones(2)).tolist() == [2.0, 2.0]
     SCALE = 3.0
     try:
@@ -522,14 +522,14 @@ def test_plain_tensor_attributes_of_modules_are_guarded():
             return x * self.mask
 
     m = Masked()
-    cm = graphc.compile(m)
+    cm = graphc.compile(m, backend="interp")
     assert cm(graphc.ones(3)).tolist() == [1.0] * 3
     m.mask = graphc.zeros(3)
     assert cm(graphc.ones(3)).tolist() == [0.0] * 3
 
 
 def test_numpy_scalar_arguments_are_guarded_by_value():
-    cf = graphc.compile(lambda x, k: x * float(k))
+    cf = graphc.compile(lambda x, k: x * float(k), backend="interp")
     for _ in range(3):
         assert cf(graphc.ones(1), np.float32(2.0)).tolist() == [2.0]
     assert cf(graphc.ones(1), np.float32(4.0)).tolist() == [4.0]
@@ -538,7 +538,7 @@ def test_numpy_scalar_arguments_are_guarded_by_value():
 
 def test_inplace_ops_under_grad_mode_replay_with_new_values():
     with graphc.enable_grad():
-        @graphc.compile
+        @graphc.compile(backend="interp")
         def f(x):
             y = x * 2
             y.add_(1)
@@ -546,3 +546,23 @@ def test_inplace_ops_under_grad_mode_replay_with_new_values():
 
         assert f(graphc.ones(2)).tolist() == [3.0, 3.0]
         assert f(graphc.tensor([0.0, 5.0])).tolist() == [1.0, 11.0]
+
+
+# ---- the default backend -----------------------------------------------------------------------
+def test_the_default_backend_is_the_native_one(rng):
+    """As torch.compile: no backend named compiles natively ("cuda" with a usable GPU, else
+    "cpu"); the tests above name "interp", since they are about tracing and guards."""
+    f = graphc.compile(lambda x: (x * 2).relu())
+    assert f.backend == default_backend() in ("cpu", "cuda")
+    x = t(rng, 3, 4)
+    close(f(x), (x * 2).relu())
+    assert graphc.compile(lambda x: x, backend="interp").backend == "interp"
+
+
+def test_an_emulated_gpu_is_not_a_default(monkeypatch):
+    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    default_backend.cache_clear()
+    try:
+        assert default_backend() == "cpu"
+    finally:
+        default_backend.cache_clear()

@@ -174,7 +174,7 @@ def test_arguments_and_grad_mode():
 
 
 def test_python_arguments_by_value_and_type():
-    calls = graphc.compile(lambda x, k: x * k)
+    calls = graphc.compile(lambda x, k: x * k, backend="interp")
     x = graphc.ones(3)
     calls(x, 2)
     calls(x, 2)
@@ -244,7 +244,7 @@ def test_an_old_signature_comes_back_to_its_entry_through_the_fast_path():
 def test_a_stale_entry_is_not_taken_by_the_fast_path():
     x = graphc.ones(3)
     nested = [[[graphc.ones(3)]]]  # too deep for the signature: a binding only
-    f = graphc.compile(lambda a: a * nested[0][0][0][0:3])
+    f = graphc.compile(lambda a: a * nested[0][0][0][0:3], backend="interp")
     f(x)
     f(x)
     assert f._entries[-1].guard.holds((x,), {})
@@ -291,7 +291,7 @@ def test_cpu_executable_reuses_and_refreshes_input_pointers():
 
 
 def test_an_argument_that_becomes_a_grad_holder_fails_the_guard():
-    f = graphc.compile(lambda x: x.detach() * 2)
+    f = graphc.compile(lambda x: x.detach() * 2, backend="interp")
     interior = graphc.ones(3, requires_grad=True) * 1  # requires grad, not a leaf: no .grad
     f(interior)
     f(interior)

@@ -39,7 +39,7 @@ def test_compiled_model_trains_from_eager_code_like_the_eager_model(make, shape)
     graphc.manual_seed(0)
     model = make()
     reference = copy.deepcopy(model)
-    compiled = graphc.compile(model)
+    compiled = graphc.compile(model, backend="interp")
     opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ref_opt = optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
     x = graphc.randn(*shape)
@@ -72,7 +72,7 @@ def test_inputs_that_require_grad_get_gradients():
     def f(x):
         return (x @ w).tanh() * x
 
-    compiled = graphc.compile(f)
+    compiled = graphc.compile(f, backend="interp")
     for _ in range(2):
         x = graphc.randn(2, 3, requires_grad=True)
         compiled(x).sum().backward()
@@ -96,7 +96,7 @@ def test_forward_saves_only_what_the_backward_reads():
 
 
 def test_double_backward_through_a_compiled_call_is_refused():
-    compiled = graphc.compile(lambda x: (x * x).sum())
+    compiled = graphc.compile(lambda x: (x * x).sum(), backend="interp")
     x = graphc.randn(3, requires_grad=True)
     compiled(x)
     (g,) = graphc.autograd.grad(compiled(x), x, create_graph=False)
@@ -107,7 +107,7 @@ def test_double_backward_through_a_compiled_call_is_refused():
 
 def test_a_parameter_changed_between_forward_and_backward_is_an_error():
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
-    compiled = graphc.compile(model)
+    compiled = graphc.compile(model, backend="interp")
     x = graphc.randn(4, 3)
     compiled(x)  # the trace
     out = compiled(x)
@@ -119,7 +119,7 @@ def test_a_parameter_changed_between_forward_and_backward_is_an_error():
 
 def test_no_grad_calls_run_the_plain_forward():
     model = nn.Linear(3, 2)
-    compiled = graphc.compile(model)
+    compiled = graphc.compile(model, backend="interp")
     with graphc.no_grad():
         compiled(graphc.randn(4, 3))
         out = compiled(graphc.randn(4, 3))
@@ -143,7 +143,7 @@ def test_custom_function_backward_is_not_silently_replaced():
     def f(x):
         return _StraightThroughSign.apply(x * w)
 
-    compiled = graphc.compile(f)
+    compiled = graphc.compile(f, backend="interp")
     x = graphc.tensor([2.0, -1.0, 3.0])
     for _ in range(2):  # the trace, then the compiled forward and backward
         w.grad = None
@@ -172,7 +172,7 @@ def test_a_compiled_training_step_runs_the_custom_backward():
         loss.backward()
         return loss.detach()
 
-    compiled = graphc.compile(step)
+    compiled = graphc.compile(step, backend="interp")
     x = graphc.tensor([2.0, -1.0, 3.0])
     for _ in range(3):
         compiled(x)
@@ -197,7 +197,8 @@ def test_a_compiled_gradient_penalty_step_matches_eager_and_gradgradcheck():
             return penalty.detach()
         return step
 
-    compiled = graphc.compile(make_step(model, optim.SGD(model.parameters(), lr=0.1)))
+    compiled = graphc.compile(make_step(model, optim.SGD(model.parameters(), lr=0.1)),
+                              backend="interp")
     eager = make_step(reference, optim.SGD(reference.parameters(), lr=0.1))
     x = graphc.randn(5, 3)
     for _ in range(10):
@@ -226,7 +227,7 @@ def test_a_refused_or_failed_trace_leaves_no_state_behind():
 
     for fn, error in ((refused, graphc.GraphcError), (fails, graphc.TraceError)):
         with pytest.raises(error):
-            graphc.compile(fn)(x)
+            graphc.compile(fn, backend="interp")(x)
         for k, v in model.state_dict().items():
             np.testing.assert_array_equal(v.detach().numpy(), before[k], err_msg=k)
         assert all(p.grad is None for p in model.parameters())

@@ -297,7 +297,7 @@ def test_mlp_forward_matches_the_interpreter(rng):
     graphc.manual_seed(0)
     model = mlp()
     x = graphc.tensor(sample(rng, (64, 784), "float32"))
-    f = graphc.compile(lambda x: model(x))
+    f = graphc.compile(lambda x: model(x), backend="interp")
     with graphc.no_grad():
         f(x)
     g = f.optimized_graph
@@ -380,7 +380,7 @@ def test_mlp_training_step_matches_the_interpreter(rng):
         return sgd_training_step(mlp)
 
     (m_cpu, s_cpu), (m_ref, s_ref) = make(), make()
-    s_cpu, s_ref = graphc.compile(s_cpu, backend="cpu"), graphc.compile(s_ref)
+    s_cpu, s_ref = graphc.compile(s_cpu, backend="cpu"), graphc.compile(s_ref, backend="interp")
     for _ in range(4):  # the first call traces (eagerly), the others run the executables
         x = graphc.tensor(sample(rng, (64, 784), "float32"))
         y = graphc.tensor(rng.integers(0, 10, 64))

@@ -201,7 +201,7 @@ def test_lenet5_training_step_tracks_the_interpreter(rng):
         return sgd_training_step(lenet5_bn)
 
     (m_cpu, s_cpu), (m_ref, s_ref) = make(), make()
-    s_cpu, s_ref = graphc.compile(s_cpu, backend="cpu"), graphc.compile(s_ref)
+    s_cpu, s_ref = graphc.compile(s_cpu, backend="cpu"), graphc.compile(s_ref, backend="interp")
     data = [(graphc.tensor(sample(rng, (64, 1, 28, 28), "float32")),
              graphc.tensor(rng.integers(0, 10, 64))) for _ in range(5)]
     for x, y in data:
@@ -218,7 +218,7 @@ def test_lenet5_training_step_tracks_the_interpreter(rng):
     m_cpu.eval()
     m_ref.eval()
     f_cpu = graphc.compile(m_cpu, backend="cpu")
-    f_ref = graphc.compile(m_ref)
+    f_ref = graphc.compile(m_ref, backend="interp")
     with graphc.no_grad():
         np.testing.assert_allclose(f_cpu(x).numpy(), f_ref(x).numpy(), rtol=1e-5, atol=1e-5)
         fwd_cpu = _median_ms(lambda: f_cpu(x))

@@ -195,7 +195,7 @@ def test_compiled_call_gradients_equal_eager(case, backend, rng):
 def test_straight_through_gradient_is_not_the_clamp_derivative(rng):
     x0 = np.array([[-2.0, -0.2, 0.3, 3.0]], np.float32)
     w0 = np.ones((1, 4), np.float32)
-    compiled = graphc.compile(_stc)
+    compiled = graphc.compile(_stc, backend="interp")
     for _ in range(2):
         x = graphc.tensor(x0, requires_grad=True)
         compiled(x, graphc.tensor(w0)).sum().backward()
@@ -207,7 +207,7 @@ def test_needs_input_grad_follows_the_inputs_that_require_grad(rng):
     x0 = rng.standard_normal((2, 3)).astype(np.float32)
     w0 = rng.standard_normal((2, 3)).astype(np.float32)
     for requires in ([True, False], [False, True], [True, True]):
-        compiled = graphc.compile(_scaled_mul)
+        compiled = graphc.compile(_scaled_mul, backend="interp")
         want_out, want = _grads(_scaled_mul, [x0, w0], requires)
         eager_needs = SEEN_NEEDS[-1]
         assert eager_needs == (requires[0], False, requires[1], False)
@@ -348,7 +348,7 @@ def test_a_local_function_class_is_refused_after_parsing_with_the_reason():
 # ---- what still cannot work: clear errors ----------------------------------------------------
 def test_a_backward_that_reads_tensor_values_is_refused_with_the_reason():
     w = graphc.ones(3, requires_grad=True)
-    compiled = graphc.compile(lambda x: ItemBackward.apply(x * w))
+    compiled = graphc.compile(lambda x: ItemBackward.apply(x * w), backend="interp")
     with pytest.raises(graphc.GraphcError, match=r"requires grad.*custom autograd.Function "
                        r"ItemBackward applied at test_custom_function_compiled.py:\d+: its "
                        r"backward reads tensor values.*graphc ops only"):

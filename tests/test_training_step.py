@@ -113,7 +113,7 @@ def train_both(model_name: str, opt_name: str, rng, zero_grad: str = "start"):
     eager_opt = OPTIMIZERS[opt_name](eager_model.parameters())
     opt = OPTIMIZERS[opt_name](model.parameters())
     eager_step = make_step(eager_model, eager_opt, zero_grad)
-    compiled = graphc.compile(make_step(model, opt, zero_grad))
+    compiled = graphc.compile(make_step(model, opt, zero_grad), backend="interp")
     data = batches(rng, in_shape)
     eager_rng = compiled_rng = graphc.manual_seed(7).get_state()  # same dropout masks
     worst = 0.0
@@ -166,14 +166,15 @@ def test_compiled_training_matches_eager(model_name, opt_name, rng, monkeypatch,
 
 def test_inference_graph_of_an_eval_model_has_no_backward(rng):
     model = lenet_bn()
-    compiled_step = graphc.compile(make_step(model, optim.SGD(model.parameters(), lr=0.1)))
+    compiled_step = graphc.compile(make_step(model, optim.SGD(model.parameters(), lr=0.1)),
+                                   backend="interp")
     x, y = batches(rng, (1, 28, 28), n=1)[0]
     compiled_step(x, y)
     train_ops = {n.op for n in compiled_step.graph}
     assert {"conv2d_input_grad", "conv2d_weight_grad", "max_pool2d_grad"} <= train_ops
 
     model.eval()
-    infer = graphc.compile(model)
+    infer = graphc.compile(model, backend="interp")
     with graphc.no_grad():
         got = infer(x)
         got = infer(x)  # the replay
@@ -200,7 +201,7 @@ def test_zero_grad_variants_match_eager(zero_grad, rng):
 def test_grads_read_and_accumulated_are_bound_inputs_updated_in_place(rng):
     model = mlp()
     opt = optim.SGD(model.parameters(), lr=0.01)
-    compiled = graphc.compile(make_step(model, opt, "never"))
+    compiled = graphc.compile(make_step(model, opt, "never"), backend="interp")
     data = batches(rng, (32,), n=3)
     compiled(*data[0])
     compiled(*data[1])  # the grads exist now: read and accumulated into
@@ -220,7 +221,7 @@ def test_zeroed_grads_keep_their_tensors(rng):
     not read before writing: the graph still takes it as an input, to update it."""
     model = mlp()
     opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
-    compiled = graphc.compile(make_step(model, opt, "start_zeros"))
+    compiled = graphc.compile(make_step(model, opt, "start_zeros"), backend="interp")
     data = batches(rng, (32,), n=4)
     for x, y in data[:2]:
         compiled(x, y)
@@ -235,7 +236,7 @@ def test_plain_sgd_zeroing_at_the_end_traces_once(rng):
     """Nothing the step depends on changes between calls (no state, grads None at entry)."""
     model = mlp()
     opt = optim.SGD(model.parameters(), lr=0.01)
-    compiled = graphc.compile(make_step(model, opt, "end"))
+    compiled = graphc.compile(make_step(model, opt, "end"), backend="interp")
     for x, y in batches(rng, (32,), n=4):
         compiled(x, y)
     assert len(compiled.graphs) == 1
@@ -271,7 +272,7 @@ def test_a_returned_grad_is_the_assigned_tensor(rng):
         (w * x).sum().backward()
         return w.grad
 
-    cf = graphc.compile(f)
+    cf = graphc.compile(f, backend="interp")
     for _ in range(3):
         x = graphc.tensor(rng.standard_normal(2).astype(np.float32))
         g = cf(x)
@@ -290,7 +291,7 @@ def test_outputs_needing_a_grad_fn_after_a_backward_inside_are_refused(rng):
 
     with pytest.raises(GraphcError, match="requires grad, and the function also ran "
                                           "backward"):
-        graphc.compile(forward_after_backward)(graphc.ones(2))
+        graphc.compile(forward_after_backward, backend="interp")(graphc.ones(2))
 
 
 def test_a_compiled_method_of_a_trainer_object(rng):
@@ -308,7 +309,7 @@ def test_a_compiled_method_of_a_trainer_object(rng):
             self.opt.step()
             return loss
 
-        compiled_step = graphc.compile(step)
+        compiled_step = graphc.compile(step, backend="interp")
 
     graphc.manual_seed(0)
     eager = Trainer(mlp())

@@ -18,7 +18,7 @@ each retrace logs which fields changed, and after the recompile limit the call r
 are checked against the graph's types, and storage sharing among the call's tensors against
 the trace's (`f(x, x)` traced one input), on every call.
 
-The fast path: each entry also keeps a `graphc.jit.guards._Guard`, cheap checks tried first on
+The fast path: each entry also keeps a `graphc.jit.guards.Guard`, cheap checks tried first on
 every call that imply the full signature is unchanged (see graphc.jit.guards for what they check
 and why that is sound). Otherwise the full signature decides, and refreshes the guard of the
 entry it picks. An entry whose signature equals a newer entry's (traced again because it
@@ -34,6 +34,10 @@ forward and a backward graph (graphc.jit.compiled_autograd), and both are compil
 
 Called inside another trace, a compiled callable runs its function inline, so the outer
 trace records its ops.
+
+The backend: the native one unless the call names another (`default_backend`): "cuda" where a
+GPU is usable, else "cpu", as torch.compile compiles for the device by default. "interp" (the
+numpy interpreter, the reference every backend is tested against) stays available by name.
 """
 
 from __future__ import annotations
@@ -501,12 +505,33 @@ def _dump(graph) -> str | None:
     return prefix
 
 
-def compile(fn: Callable | None = None, *, backend: str = "interp",  # noqa: A001
+@functools.cache
+def default_backend() -> str:
+    """The backend `graphc.compile` uses when none is named: "cuda" where a GPU is usable (a
+    CUDA driver, at least one device, and the runtime library already built, as by
+    `graphc build-runtime`: compiling never builds it), else "cpu". GRAPHC_CUDA=emu selects
+    an emulation, not a GPU: "cpu". Decided once per process, at the first compile that
+    needs it, never when graphc is imported."""
+    if config.cuda_kind() != "cuda":
+        return "cpu"
+    from graphc.backends.cuda import rt  # ctypes and the library only here (import-linter)
+
+    if not os.path.exists(rt.library_path("cuda")):
+        return "cpu"
+    try:
+        rt.runtime_library("cuda")
+    except (GraphcError, OSError):  # no driver, no device, a library that does not load
+        return "cpu"
+    return "cuda"
+
+
+def compile(fn: Callable | None = None, *, backend: str | None = None,  # noqa: A001
             recompile_limit: int | None = None, passes=None):
     """Compile a function or Module: trace on the first call, then run the executable.
 
     Usable directly (`graphc.compile(model)`) or as a decorator (`@graphc.compile` or
-    `@graphc.compile(backend="interp")`).
+    `@graphc.compile(backend="interp")`). `backend`: "cpu", "cuda" or "interp"; by default
+    the native one (`default_backend()`: "cuda" where a GPU is usable, else "cpu").
 
     >>> import graphc
     >>> @graphc.compile
@@ -517,10 +542,13 @@ def compile(fn: Callable | None = None, *, backend: str = "interp",  # noqa: A00
     >>> f(graphc.tensor([2.0, -5.0]))
     tensor([4., 0.])
     """
+    if backend is None:
+        backend = default_backend()
     if fn is None:
         return functools.partial(compile, backend=backend, recompile_limit=recompile_limit,
                                  passes=passes)
     return Compiled(fn, backend, recompile_limit, passes)
 
 
-__all__ = ["Compiled", "RecompileLimitError", "compile", "reachable_state", "signature_of"]
+__all__ = ["Compiled", "RecompileLimitError", "compile", "default_backend", "reachable_state",
+           "signature_of"]
