@@ -55,4 +55,14 @@ del _module, _name
 from graphc import autograd, nn, optim  # noqa: E402  (graphc.nn / graphc.optim, as torch.*)
 from graphc.jit import RecompileLimitError, compile, trace  # noqa: E402
 from graphc.jit.dump import dump  # noqa: E402
+
+
+def profile(fn, *args, repeat: int = 20, trace: str | None = None, **kwargs):
+    """Time every kernel of `fn(*args)` compiled on the cpu backend; see graphc.tools.profile.
+
+    `print(graphc.profile(step, x, y))` shows the kernels slowest first; `trace="t.json"`
+    also writes a Chrome / Perfetto trace."""
+    from graphc.tools.profile import profile as run
+
+    return run(fn, *args, repeat=repeat, trace=trace, **kwargs)
 from graphc.utils.composites import cumsum, einsum, masked_fill, multinomial, topk, tril, triu  # noqa: E402

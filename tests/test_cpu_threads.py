@@ -127,3 +127,14 @@ def test_the_chooser_weighs_the_slow_calls_of_a_bimodal_count():
 def test_one_thread_machines_never_switch():
     chooser = ThreadChooser(1)
     assert _drive(chooser, {1: 1.0}, 50) == [1] * 50
+
+
+def test_the_first_calls_try_both_counts_so_a_loaded_machine_costs_two_slow_calls():
+    chooser = ThreadChooser(2)
+    used = _drive(chooser, {2: 50.0, 1: 1.0}, 10)
+    assert used[:4] == [2, 2, 1, 1] and used[4:] == [1] * 6
+
+
+def test_a_fixed_chooser_never_explores():
+    chooser = ThreadChooser(2, fixed=1)
+    assert _drive(chooser, {2: 1.0, 1: 5.0}, 40) == [1] * 40

@@ -97,6 +97,7 @@ class Lowered:
     arena_bytes: int  # the plan's arena plus the backend's scratch
     kernels: list[str]
     errors: list[str] = field(default_factory=list)  # the driver's status k: errors[k - 1]
+    kernel_nodes: list = field(default_factory=list)  # per kernel: its node (None: a copy out)
 
 
 class Lowerer(Codegen):
@@ -653,11 +654,17 @@ class Lowerer(Codegen):
                 self.copy(self.locs[v], contiguous("output", k, 0, v.type), "update")
                 k += 1
 
-    def driver(self) -> None:
-        fn = ir.Function(self.module, ir.FunctionType(I32, [PTR, PTR, PTR]), "run")
-        inputs, outputs, arena = fn.args
+    def driver(self, profile: bool = False) -> None:
+        """`i32 run(ptr inputs, ptr outputs, ptr arena)`: every kernel in schedule order.
+        With `profile`, the driver takes a fourth argument, an i64 array of len(calls) + 1
+        slots, and stores CLOCK_MONOTONIC nanoseconds before each kernel and after the last
+        (graphc.tools.profile reads them)."""
+        params = [PTR, PTR, PTR] + ([PTR] if profile else [])
+        fn = ir.Function(self.module, ir.FunctionType(I32, params), "run")
+        inputs, outputs, arena = fn.args[:3]
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         bases: dict[tuple, ir.Value] = {}
+        stamp = self._stamper(b, fn.args[3]) if profile else None
 
         def base(kind: str, index: int):
             if (kind, index) not in bases:
@@ -669,16 +676,37 @@ class Lowerer(Codegen):
                     bases[(kind, index)] = b.load(slot, typ=PTR)
             return bases[(kind, index)]
 
-        for kernel in self.calls:
+        for k, kernel in enumerate(self.calls):
             args = []
             for loc in kernel.args:
                 p = base(loc.base, loc.index)
                 args.append(b.gep(p, [i64(loc.offset)], source_etype=I8) if loc.offset else p)
+            if stamp is not None:
+                stamp(k)
             r = b.call(self.module.get_global(kernel.name), args)
             if kernel.status:
                 with b.if_then(b.icmp_signed("!=", r, ir.Constant(I32, 0)), likely=False):
                     b.ret(r)
+        if stamp is not None:
+            stamp(len(self.calls))
         b.ret(ir.Constant(I32, 0))
+
+    def _stamper(self, b: ir.IRBuilder, stamps: ir.Value):
+        """stamp(k): stamps[k] = CLOCK_MONOTONIC in nanoseconds (clock_gettime)."""
+        timespec = ir.LiteralStructType([I64, I64])
+        clock = self.declare("clock_gettime", ir.FunctionType(I32, [I32, PTR]))
+        slot = b.alloca(timespec)
+
+        def stamp(k: int) -> None:
+            b.call(clock, [ir.Constant(I32, 1), slot])  # CLOCK_MONOTONIC
+            sec = b.load(b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, 0)],
+                               source_etype=timespec), typ=I64)
+            nsec = b.load(b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, 1)],
+                                source_etype=timespec), typ=I64)
+            now = b.add(b.mul(sec, i64(1_000_000_000)), nsec)
+            b.store(now, b.gep(stamps, [i64(k)], source_etype=I64))
+
+        return stamp
 
 
 # ---- the lowering table: op name -> lower(lowerer, node) -----------------------------------
@@ -736,14 +764,18 @@ def _gemm_layout(rows: int, cols: int, sr: int, sc: int):
 
 
 
-def lower(graph: Graph, blas=None) -> tuple[Lowered, Lowerer]:
-    """Lower a planned graph (graph.meta["memory_plan"]) into one LLVM module."""
+def lower(graph: Graph, blas=None, profile: bool = False) -> tuple[Lowered, Lowerer]:
+    """Lower a planned graph (graph.meta["memory_plan"]) into one LLVM module. `profile`:
+    the driver records a timestamp around every kernel (see Lowerer.driver)."""
     plan = graph.meta["memory_plan"]
     lw = Lowerer(graph, plan, blas)
+    kernel_nodes: list = []
     for node in plan.schedule:
         lw.lower_node(node)
+        kernel_nodes += [node] * (len(lw.calls) - len(kernel_nodes))
     lw.outputs()
-    lw.driver()
+    kernel_nodes += [None] * (len(lw.calls) - len(kernel_nodes))  # copies out of the arena
+    lw.driver(profile)
     text = str(lw.module)
     return Lowered(text, plan.arena_bytes + lw.scratch, [k.name for k in lw.calls],
-                   lw.errors), lw
+                   lw.errors, kernel_nodes), lw

@@ -69,10 +69,13 @@ class CpuExecutable:
         self.memory_plan = plan = planned(graph)
         raw = _allocate_arena(graph, plan)  # before compiling: an impossible size fails fast
         blas = resolve_blas() if any(_uses_gemm(n) for n in graph.nodes) else None
-        self.lowered, _ = lower(graph, blas)
+        # options["profile"]: the driver stamps the clock around every kernel (last_stamps)
+        self.profiled = bool((options or {}).get("profile"))
+        self.lowered, _ = lower(graph, blas, profile=self.profiled)
         self.library = llvm.compile_module(self.lowered.ir_text, f"graphc_{graph.name}")
         self._run = self.library.ctypes_function(
-            "run", ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p])
+            "run", ctypes.c_int32, [ctypes.c_void_p] * (4 if self.profiled else 3))
+        self.last_stamps = np.zeros(len(self.lowered.kernels) + 1, np.int64)
         if self.lowered.arena_bytes > plan.arena_bytes:  # backend scratch past the plan's
             raw = _allocate_arena(graph, plan, self.lowered.arena_bytes)
         skip = -raw.ctypes.data % 64
@@ -99,7 +102,7 @@ class CpuExecutable:
         self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
         self._last_inputs: list = [None] * len(graph.inputs)
         self._lock = threading.Lock()
-        self._threads = threads.ThreadChooser(threads.most_threads())
+        self.thread_chooser = threads.ThreadChooser(threads.most_threads())
 
     @property
     def asm(self) -> str:
@@ -115,12 +118,16 @@ class CpuExecutable:
             out_ptrs = self._out_ptrs
             for k, o in enumerate(outs):
                 out_ptrs[k] = _address(o)
-            n = self._threads.pick()
-            if self._threads.most > 1:
+            n = self.thread_chooser.pick()
+            if self.thread_chooser.most > 1:
                 threads.use(n)
             start = time.perf_counter()
-            status = self._run(self._in_ptrs, out_ptrs, self._arena_ptr)
-            self._threads.record(n, time.perf_counter() - start)
+            if self.profiled:
+                status = self._run(self._in_ptrs, out_ptrs, self._arena_ptr,
+                                   self.last_stamps.ctypes.data)
+            else:
+                status = self._run(self._in_ptrs, out_ptrs, self._arena_ptr)
+            self.thread_chooser.record(n, time.perf_counter() - start)
         if status:
             errors = self.lowered.errors
             what = errors[status - 1] if 0 < status <= len(errors) else f"status {status}"

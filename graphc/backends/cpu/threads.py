@@ -235,33 +235,41 @@ class ThreadChooser:
     """How many threads one executable's calls use: `most` (all cores) or 1, whichever its
     recent calls ran faster with.
 
-    `pick()` gives the count for the next call and `record(n, seconds)` its time. The chooser
-    runs the current count, and every `interval` calls tries the other one for TRIAL calls; it
-    switches when the trial's mean beats the mean of the current count's last WINDOW calls by
-    10%. Means, not medians: under load two threads run most calls fast and some 5-10x slow
-    (a parked thread), and a training loop pays the mean. A trial that loses doubles the interval (up to MAX_INTERVAL calls), so a count that
-    keeps losing costs a few calls in a thousand; a switch resets it to FIRST_INTERVAL.
+    `pick()` gives the count for the next call and `record(n, seconds)` its time. The first
+    FIRST_TRIAL calls run on `most` threads and the next FIRST_TRIAL on one, and the faster
+    count is kept (so a loaded machine costs a couple of slow calls, not dozens). After
+    that the chooser runs the current count, and every `interval` calls tries the other one
+    for TRIAL calls; it switches when the trial's mean beats the mean of the current count's
+    last WINDOW calls by 10%. Means, not medians: under load two threads run most calls fast
+    and some 5-10x slow (a parked thread), and a training loop pays the mean. A trial that
+    loses doubles the interval (up to MAX_INTERVAL calls), so a count that keeps losing costs
+    a few calls in a thousand; a switch resets it to FIRST_INTERVAL.
+    `fixed=n` always picks n (e.g. a profiling copy of an executable that already chose).
     """
 
+    FIRST_TRIAL = 2
     TRIAL = 3
     WINDOW = 9
     FIRST_INTERVAL = 16
     MAX_INTERVAL = 1024
 
-    def __init__(self, most: int) -> None:
-        self.most = most
-        self.current = most
+    def __init__(self, most: int, fixed: int | None = None) -> None:
+        self.most = most if fixed is None else 1
+        self.current = most if fixed is None else fixed
         self.samples = {most: deque(maxlen=self.WINDOW), 1: deque(maxlen=self.WINDOW)}
         self.interval = self.countdown = self.FIRST_INTERVAL
-        self.trial_left = 0
+        self.trial_left = self.FIRST_TRIAL if self.most > 1 else 0
+        self.countdown = self.FIRST_TRIAL  # the first trial starts after FIRST_TRIAL calls
 
     def _other(self) -> int:
         return 1 if self.current == self.most else self.most
 
     def pick(self) -> int:
         if self.most == 1:
-            return 1
-        return self._other() if self.trial_left else self.current
+            return self.current
+        if self.countdown <= 0 and self.trial_left:
+            return self._other()
+        return self.current
 
     def record(self, n: int, seconds: float) -> None:
         if self.most == 1:
@@ -273,7 +281,7 @@ class ThreadChooser:
                 self._decide()
             return
         self.countdown -= 1
-        if self.countdown <= 0 and len(self.samples[n]) >= 3:
+        if self.countdown <= 0 and not self.trial_left:
             self.trial_left = self.TRIAL
 
     def _decide(self) -> None:

@@ -1,0 +1,199 @@
+"""`graphc.profile`: where a compiled call's time goes, kernel by kernel, timed natively.
+
+    >>> import graphc
+    >>> f = graphc.compile(lambda x: (x @ x).relu().sum(), backend="cpu")
+    >>> report = graphc.profile(f, graphc.randn(64, 64), repeat=3)
+    >>> report.rows[0].op in {"matmul", "fused", "reduce_sum"}
+    True
+
+How: the graph of the call's compiled entry is compiled again with a profiling driver (the
+same kernels; the driver reads CLOCK_MONOTONIC before every kernel and after the last,
+graphc.backends.cpu.codegen), and run `repeat` times on copies of the arrays the real call
+binds (its inputs, parameters and optimizer state), so profiling never changes the user's
+model. Each kernel's figure is its median over the runs. A callable that was never called is
+called once first (a real call, with its effects), to trace it.
+
+`Profile.table()` is a text table sorted by time: op, output shape, bytes read and written,
+GB/s, GFLOP/s (for GEMMs and convolutions) and the user's source line.
+`Profile.chrome_trace(path)` writes a Chrome / Perfetto trace (JSON, one event per kernel of
+one run), which chrome://tracing and ui.perfetto.dev open.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphc.errors import GraphcError
+
+__all__ = ["KernelTime", "Profile", "profile"]
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One kernel of the compiled step: what it computes and its median time."""
+
+    step: int  # position in the driver
+    op: str  # the node's op ("fused(add,relu)" for fused nodes; "output copy")
+    shape: str  # its output types
+    seconds: float
+    bytes: int  # input + output bytes of the node
+    flops: int  # for GEMMs and convolutions; 0 where not counted
+    source: str  # the user's source line the node was traced from
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / self.seconds / 1e9 if self.seconds > 0 and self.flops else 0.0
+
+
+@dataclass
+class Profile:
+    """The kernels of one compiled call, slowest first, and the whole call's median."""
+
+    graph_name: str
+    rows: list[KernelTime]
+    total: float  # median seconds of the whole native call
+    runs: int
+    starts: list[float]  # one run's kernel start times (seconds from its start), by step
+
+    def table(self, limit: int | None = None) -> str:
+        lines = [f"graph @{self.graph_name}: {len(self.rows)} kernels, native call "
+                 f"{_time(self.total)} (median of {self.runs} runs)",
+                 f"{'time':>10} {'share':>6} {'GB/s':>7} {'GFLOP/s':>8}  "
+                 f"{'op':<28} {'output':<28} source"]
+        for row in self.rows[:limit]:
+            gflops = f"{row.gflops:8.1f}" if row.flops else f"{'-':>8}"
+            lines.append(f"{_time(row.seconds):>10} {row.seconds / self.total:6.1%} "
+                         f"{row.gbps:7.2f} {gflops}  {row.op[:28]:<28} {row.shape[:28]:<28} "
+                         f"{row.source}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def chrome_trace(self, path: str) -> str:
+        """Write one run as Chrome trace events ("X" complete events, microseconds)."""
+        by_step = sorted(self.rows, key=lambda r: r.step)
+        events = [{"name": row.op, "cat": "kernel", "ph": "X", "pid": 1, "tid": 1,
+                   "ts": self.starts[row.step] * 1e6, "dur": row.seconds * 1e6,
+                   "args": {"output": row.shape, "bytes": row.bytes, "flops": row.flops,
+                            "source": row.source, "step": row.step}}
+                  for row in by_step]
+        with open(path, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms",
+                       "otherData": {"graph": self.graph_name, "runs": self.runs}}, f)
+        return path
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
+
+
+class _Captured(Exception):
+    """Raised by the capturing shim to stop the real call before it runs."""
+
+
+def profile(fn, *args, repeat: int = 20, trace: str | None = None, **kwargs) -> Profile:
+    """Time every kernel of `fn(*args, **kwargs)` compiled on the cpu backend (see the
+    module docstring). `fn` is a graphc.compile'd callable, or a plain function (compiled
+    here with backend="cpu"). `trace`: also write a Chrome trace to that path."""
+    import graphc
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.backends.cpu.threads import ThreadChooser
+
+    if repeat < 1:
+        raise GraphcError(f"graphc.profile: repeat must be at least 1, got {repeat}")
+    compiled = fn if hasattr(fn, "_entries") else graphc.compile(fn, backend="cpu")
+    if not compiled._entries:
+        compiled(*args, **kwargs)
+    executable = compiled.executable
+    if getattr(executable, "backend", None) != "cpu":
+        raise GraphcError(f"graphc.profile times the cpu backend's kernels; this callable "
+                          f"runs on {getattr(executable, 'backend', '?')!r}: compile it with "
+                          "backend=\"cpu\"")
+    arrays = _bound_arrays(compiled, executable, args, kwargs)
+    timed = CpuExecutable(executable.graph, {"profile": True})
+    # the thread count the real executable settled on, not a fresh exploration
+    chosen = executable.thread_chooser
+    timed.thread_chooser = ThreadChooser(chosen.most, fixed=chosen.current)
+    stamps, totals = [], []
+    for _ in range(repeat):
+        timed.run(*[a.copy() for a in arrays])
+        stamps.append(timed.last_stamps.copy())
+        totals.append((timed.last_stamps[-1] - timed.last_stamps[0]) / 1e9)
+    stamps = np.array(stamps, np.float64)
+    durations = np.median(np.diff(stamps, axis=1), axis=0) / 1e9
+    starts = list((stamps[0, :-1] - stamps[0, 0]) / 1e9)
+    rows = [_row(k, node, float(seconds))
+            for k, (node, seconds) in enumerate(zip(timed.lowered.kernel_nodes, durations))]
+    rows.sort(key=lambda r: r.seconds, reverse=True)
+    result = Profile(executable.graph.name, rows, float(np.median(totals)), repeat, starts)
+    if trace is not None:
+        result.chrome_trace(trace)
+    return result
+
+
+def _bound_arrays(compiled, executable, args, kwargs) -> list[np.ndarray]:
+    """Copies of the arrays a call binds to the executable, caught before it runs."""
+    captured: list = []
+
+    def capture(*arrays):
+        captured.extend(np.array(a, copy=True) for a in arrays)
+        raise _Captured
+
+    executable.run = capture  # an instance attribute shadows the method for one call
+    try:
+        compiled(*args, **kwargs)
+    except _Captured:
+        pass
+    finally:
+        del executable.run
+    if not captured or compiled.executable is not executable:
+        raise GraphcError("graphc.profile: these arguments do not replay the compiled entry "
+                          "(they traced again); call the function with them once first")
+    return captured
+
+
+def _label(node) -> str:
+    if node.op != "fused":
+        return node.op
+    ops = [op for op, _, _ in node.attrs["body"] if op != "full"]
+    return "fused(" + ",".join(ops) + ")"
+
+
+def _nbytes(values) -> int:
+    return sum(math.prod(v.type.shape) * v.type.dtype.itemsize for v in values)
+
+
+def _row(step: int, node, seconds: float) -> KernelTime:
+    if node is None:
+        return KernelTime(step, "output copy", "", seconds, 0, 0, "")
+    shape = ", ".join(str(v.type) for v in node.outputs)
+    return KernelTime(step, _label(node), shape, seconds,
+                      _nbytes(node.inputs) + _nbytes(node.outputs), _flops(node),
+                      node.loc or "")
+
+
+def _flops(node) -> int:
+    """2 x the multiply-adds of a GEMM or a forward convolution (also as a fused node's
+    anchor); 0 for other ops (their figure is GB/s)."""
+    from graphc.ops.fused import FusedBody
+
+    if node.op != "fused" and node.op not in ("matmul", "conv2d"):
+        return 0
+    body = FusedBody.of_node(node)
+    first = body.instructions[0] if body.instructions else None
+    if first is None or first.op not in ("matmul", "conv2d"):
+        return 0
+    a, b = (body.types[r].shape for r in first.args[:2])
+    out = body.types[body.ref(0)].shape
+    if first.op == "matmul":
+        return 2 * math.prod(out) * (a[-1] if a else 1)
+    return 2 * math.prod(out) * math.prod(b[1:])  # weight (C_out, C_in / groups, kH, kW)
