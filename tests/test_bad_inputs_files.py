@@ -73,6 +73,23 @@ def test_a_function_line_naming_an_unimported_module_is_a_parse_error_and_runs_n
     assert "planted_fn_module" not in sys.modules and not marker.exists()
 
 
+def test_run_and_viz_keep_an_unregistered_function_line_as_a_name_and_import_nothing(
+        capsys, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "planted_run_module.py").write_text("raise SystemExit('imported')\n")
+    gir = tmp_path / "f.gir"
+    gir.write_text(_function_text("planted_run_module:Evil") + "\n")
+    npz = tmp_path / "f.npz"
+    np.savez(npz, x=np.ones(2, np.float32))
+    assert main(["run", str(gir), "--inputs", str(npz)]) == 0
+    assert "(2,) float32  min=3 max=3 mean=3" in capsys.readouterr().out
+    assert "planted_run_module" not in sys.modules
+    graph = parse(gir.read_text(), require_registered=False)
+    with pytest.raises(graphc.GraphcError, match=r"planted_run_module:Evil is not registered"):
+        derive_backward(graph)  # differentiating needs the class: still nothing imported
+    assert "planted_run_module" not in sys.modules
+
+
 def test_a_function_line_naming_a_registered_class_parses_and_differentiates():
     text = _function_text(f"{__name__}:Triple")
     graph = verify(parse(text))

@@ -118,7 +118,8 @@ def _where(tok: Token) -> str:
 
 
 class _Parser:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, require_registered: bool = True) -> None:
+        self.require_registered = require_registered
         self._tokens = _scan(text)
         self._ahead: Token | None = None
         self.comment: Token | None = None  # a comment skipped by the last `advance`
@@ -295,6 +296,8 @@ class _Parser:
         if type(attrs.get("materialize_grads", True)) is not bool:
             self.refuse(where["materialize_grads"], "materialize_grads is no bool",
                         "materialize_grads=true or false", "write true or false")
+        if not self.require_registered:
+            return  # a tool that never differentiates keeps the name only
         try:
             registered_function_class(attrs["class"])
         except LookupError as err:
@@ -466,11 +469,13 @@ _KIND_NAMES = {
 }
 
 
-def parse(text: str | bytes) -> Graph:
+def parse(text: str | bytes, *, require_registered: bool = True) -> Graph:
     """Parse IR text into a Graph (see the module docstring for the grammar and limits).
 
     Bytes are read as UTF-8. Raises ParseError, with line and column, for any text that is
-    not a graph; nothing else.
+    not a graph; nothing else. A `function` line must name a registered Function class; with
+    `require_registered=False` (tools that only run or draw the graph) an unregistered name is
+    kept as a name, and differentiating the graph later says which module to import.
     """
     if isinstance(text, (bytes, bytearray)):
         try:
@@ -484,4 +489,4 @@ def parse(text: str | bytes) -> Graph:
     if not isinstance(text, str):
         raise ParseError(f"line 1, column 1: expected IR text (str or bytes), got a "
                          f"{type(text).__name__}; pass the file's text")
-    return _Parser(text).graph()
+    return _Parser(text, require_registered).graph()

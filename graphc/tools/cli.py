@@ -140,7 +140,9 @@ def _trace(target: str):
 
 
 def _read_gir(path: str):
-    """Parse a .gir file; any bad file (unreadable, not UTF-8, malformed) is a UsageError."""
+    """Parse a .gir file; any bad file (unreadable, not UTF-8, malformed) is a UsageError.
+    `run` and `viz` never differentiate, so a `function` line's class need not be imported
+    (it is never imported either: see graphc.ir.printer)."""
     from graphc.ir import ParseError, parse
 
     if not os.path.isfile(path):
@@ -152,7 +154,7 @@ def _read_gir(path: str):
         raise UsageError(f"{path}: cannot be read ({err.strerror or err}); check the file's "
                          "permissions") from err
     try:
-        return parse(data)  # bytes: the parser reports non-UTF-8 text with its line
+        return parse(data, require_registered=False)  # bytes: non-UTF-8 has a line
     except ParseError as err:
         raise UsageError(f"{path}: {err}") from err
 
