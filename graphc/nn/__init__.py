@@ -10,12 +10,12 @@ PyTorch model code runs with only its imports changed:
 58
 """
 
-from graphc.nn import functional, init
+from graphc.nn import functional, init, utils
 from graphc.nn.module import Module, ModuleAssignmentError, StateDictError
 from graphc.nn.modules import *  # noqa: F403
 from graphc.nn.modules import __all__ as _modules_all
 from graphc.nn.parameter import Buffer, Parameter
 
 __all__ = ["Buffer", "Module", "ModuleAssignmentError", "Parameter", "StateDictError",
-           "functional", "init", *_modules_all]
+           "functional", "init", "utils", *_modules_all]
 from graphc.nn.modules.layers_issue12 import *  # noqa: E402,F401,F403  (issue 12 layers)

@@ -5,8 +5,7 @@ Each function normalises PyTorch's arguments (legacy `size_average` / `reduce` f
 gradients live (graphc.ops.linalg, conv, pool, nn_ops, random, movement, elementwise). The
 composites (layer_norm, rms_norm, group_norm, scaled_dot_product_attention, and the losses
 binary_cross_entropy, l1, smooth_l1, huber, kl_div) are written here as decompositions into
-those ops, so they trace and compile on every backend with no lowering of their own. The op modules are looked up when a function is called, so this module imports
-even while an op module is still being written.
+those ops, so they trace and compile on every backend with no lowering of their own.
 
 >>> import graphc
 >>> import graphc.nn.functional as F

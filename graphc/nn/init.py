@@ -19,6 +19,7 @@ import warnings
 
 from graphc.autograd.grad_mode import no_grad
 from graphc.errors import ArgumentError
+from graphc.ops.elementwise import where
 
 
 def calculate_gain(nonlinearity: str, param=None) -> float:
@@ -135,7 +136,51 @@ def kaiming_normal_(tensor, a: float = 0, mode: str = "fan_in",
     return normal_(tensor, 0.0, std, generator)
 
 
+def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
+                  generator=None):
+    """N(mean, std^2) restricted to [a, b]: out-of-range draws are drawn again until none is
+    left (rejection sampling; PyTorch inverts the CDF instead: the same distribution, other
+    draws)."""
+    if mean < a - 2 * std or mean > b + 2 * std:
+        warnings.warn("mean is more than 2 std from [a, b] in nn.init.trunc_normal_. The "
+                      "distribution of values may be incorrect.", stacklevel=2)
+    with no_grad():
+        tensor.normal_(mean, std, generator=generator)
+        for _ in range(1000):
+            outside = (tensor < a) | (tensor > b)
+            if not bool(outside.any()):
+                break
+            fresh = tensor.clone().normal_(mean, std, generator=generator)
+            tensor.copy_(where(outside, fresh, tensor))
+        return tensor.clamp_(a, b)
+
+
+def orthogonal_(tensor, gain: float = 1.0, generator=None):
+    """A (semi-)orthogonal matrix (rows flattened past dim 0) from the QR decomposition of a
+    normal draw, scaled by `gain` (Saxe et al., 2013)."""
+    import numpy as np
+
+    from graphc.creation import tensor as make_tensor
+
+    if tensor.ndim < 2:
+        raise ArgumentError("Only tensors with 2 or more dimensions are supported")
+    if tensor.numel() == 0:
+        return tensor
+    rows = tensor.shape[0]
+    cols = tensor.numel() // rows
+    with no_grad():
+        flat = tensor.new_zeros(rows, cols).normal_(0.0, 1.0, generator=generator).numpy()
+        if rows < cols:
+            flat = flat.T
+        q, r = np.linalg.qr(flat)
+        q = q * np.sign(np.diag(r))
+        if rows < cols:
+            q = q.T
+        return tensor.copy_(make_tensor(np.ascontiguousarray(q), dtype=tensor.dtype)
+                            .reshape(tuple(tensor.shape)) * gain)
+
+
 __all__ = [
     "calculate_gain", "constant_", "kaiming_normal_", "kaiming_uniform_", "normal_", "ones_",
-    "uniform_", "xavier_normal_", "xavier_uniform_", "zeros_",
+    "orthogonal_", "trunc_normal_", "uniform_", "xavier_normal_", "xavier_uniform_", "zeros_",
 ]
