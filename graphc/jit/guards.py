@@ -88,6 +88,7 @@ def _module_state(modules: list[tuple[str, Any]]) -> dict[str, Any]:
         for name, m in module.named_modules():
             key = ".".join(p for p in (prefix, name) if p) or "module"
             state[f"{key} training"] = m.training
+            state.update(_class_state(type(m)))
             hooks = (m._forward_pre_hooks, m._forward_hooks, m._backward_hooks,
                      getattr(m, "_backward_pre_hooks", {}))
             state[f"{key} hooks"] = tuple(tuple(h.keys()) for h in hooks)
@@ -100,6 +101,28 @@ def _module_state(modules: list[tuple[str, Any]]) -> dict[str, Any]:
                     state[f"{key}.{attr}"] = _tensor_key(v, identity=True)
         for name, t in list(module.named_parameters()) + list(module.named_buffers()):
             state[".".join(p for p in (prefix, name) if p)] = _tensor_key(t, identity=True)
+    return state
+
+
+def user_classes(cls: type) -> list[type]:
+    """The classes of a module's MRO whose attributes a trace may read: all but
+    graphc.nn.Module and object."""
+    from graphc.nn.module import Module
+
+    return [k for k in cls.__mro__ if k is not Module and k is not object]
+
+
+def _class_state(cls: type) -> dict[str, Any]:
+    """Class attributes of a module's classes: literals by value, anything else (methods,
+    `forward`) by identity; a class attribute changed or a method replaced retraces."""
+    state: dict[str, Any] = {}
+    for klass in user_classes(cls):
+        label = f"class {klass.__module__}.{klass.__qualname__}"
+        for attr, v in vars(klass).items():
+            if attr.startswith("__") and attr != "__call__":
+                continue
+            state[f"{label}.{attr}"] = _describe(v) if isinstance(v, LITERALS) else \
+                ("object", type(v).__qualname__, id(v))
     return state
 
 
@@ -313,6 +336,7 @@ class _GuardBuilder(Reads):
     def __init__(self, guard: Guard) -> None:
         self.g = guard
         self.modules_seen: set[int] = set()
+        self.classes_seen: set[int] = set()
 
     def build(self, fn, args: tuple, kwargs: dict) -> None:
         from graphc.nn.module import Module
@@ -382,6 +406,7 @@ class _GuardBuilder(Reads):
                 g.attrs.append((module, name, hooks))
             if isinstance(hooks, dict):
                 self.mapping(hooks)
+        self._classes(type(module))
         params = module._parameters
         for table in (params, module._buffers, module._modules):
             self.mapping(table)
@@ -393,6 +418,16 @@ class _GuardBuilder(Reads):
             if child is not None:
                 params += self._module(child)
         return params
+
+    def _classes(self, cls: type) -> None:
+        """Guard every class attribute a module's methods can read (numbers, strings, the
+        methods themselves, `forward` included): each class dict of its MRO below
+        graphc.nn.Module, once per class. Assigning `Model.scale = 5.0` or replacing
+        `Model.forward` then retraces, as Dynamo's guards do."""
+        for klass in user_classes(cls):
+            if id(klass) not in self.classes_seen:
+                self.classes_seen.add(id(klass))
+                self.mapping(vars(klass))
 
     def _optimizer(self, opt) -> list[Tensor]:
         """Guard `_optimizer_state`; returns the optimizer's parameters."""
