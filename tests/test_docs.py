@@ -39,3 +39,12 @@ def test_passes_doc_examples_are_real():
     before, simplified, fused = graphs[2], graphs[3], graphs[4]
     assert format_graph(simplify(before)) == format_graph(simplified)
     assert format_graph(fuse(simplified)) == format_graph(fused)
+
+
+def test_readme_layout_names_every_package():
+    """README's Layout section names every package under graphc/ (`graphc/jit`, ...)."""
+    readme = (DOCS.parent / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    packages = sorted(p.parent.name for p in (DOCS.parent / "graphc").glob("*/__init__.py"))
+    missing = [name for name in packages if f"graphc/{name}" not in layout]
+    assert not missing, f"README.md's Layout section does not name graphc/{missing[0]}"
