@@ -1,0 +1,360 @@
+"""The export table: one function per registry op, emitting the ONNX nodes that compute it.
+
+`EXPORTERS` maps a registry op name to a function `(em, node, xs) -> list[str | None]`: `em`
+is the `Emitter` of graphc.onnx.export (fresh names, constants, `em.node(...)`), `node` the IR
+node and `xs` the ONNX names of its inputs. It returns one ONNX name per IR output (None for
+an output nothing may read, such as max_pool2d's indices). `REFUSED` names the registry ops
+that have no export, each with the reason; graphc.onnx.export raises OnnxExportError for them.
+
+Semantics follow the registry's numpy kernels, not the ONNX op of the same name: graphc's
+`remainder` is Python's (sign of the divisor) and `floor_divide` floors, so both are built from
+ONNX ops that agree for every sign; `gelu` is written with Erf/Tanh so it needs no opset 20.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from onnx import TensorProto
+
+from graphc.types import TensorType
+
+ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float64": TensorProto.DOUBLE,
+               "int64": TensorProto.INT64, "bool": TensorProto.BOOL}
+INT64_MAX = np.iinfo(np.int64).max
+INT64_MIN = np.iinfo(np.int64).min
+
+
+def onnx_dtype(ty: TensorType) -> int:
+    """The ONNX element type of a graphc tensor type."""
+    return ONNX_DTYPES[ty.dtype.name]
+
+
+def _cast_to(em, name: str, src: TensorType, dst_dtype) -> str:
+    if src.dtype is dst_dtype:
+        return name
+    return em.node("Cast", [name], to=ONNX_DTYPES[dst_dtype.name])
+
+
+def _inputs_as(em, node, xs, dtype) -> list[str]:
+    return [_cast_to(em, x, v.type, dtype) for x, v in zip(xs, node.inputs)]
+
+
+def _common_dtype(node):
+    dtypes = [v.type.dtype for v in node.inputs]
+    return max(dtypes, key=lambda d: d.rank)
+
+
+# ---- elementwise -------------------------------------------------------------------------
+def _simple(op_type: str, same_as_output: bool = True):
+    """An op that is one ONNX node; inputs are cast to the output (or common) dtype first."""
+    def export(em, node, xs):
+        dtype = node.outputs[0].type.dtype if same_as_output else _common_dtype(node)
+        return [em.node(op_type, _inputs_as(em, node, xs, dtype))]
+
+    export.__name__ = f"export_{op_type.lower()}"
+    return export
+
+
+def export_rsqrt(em, node, xs):
+    return [em.node("Reciprocal", [em.node("Sqrt", xs)])]
+
+
+def export_log1p(em, node, xs):
+    one = em.const(np.ones((), node.outputs[0].type.dtype.np))
+    return [em.node("Log", [em.node("Add", [xs[0], one])])]
+
+
+def export_gelu(em, node, xs):
+    dt = node.outputs[0].type.dtype.np
+    x = xs[0]
+    half, one = em.const(np.array(0.5, dt)), em.const(np.array(1.0, dt))
+    if node.attrs["approximate"] == "tanh":
+        c = em.const(np.array(math.sqrt(2.0 / math.pi), dt))
+        k = em.const(np.array(0.044715, dt))
+        cube = em.node("Mul", [em.node("Mul", [x, x]), x])
+        inner = em.node("Mul", [c, em.node("Add", [x, em.node("Mul", [k, cube])])])
+        t = em.node("Tanh", [inner])
+    else:
+        t = em.node("Erf", [em.node("Div", [x, em.const(np.array(math.sqrt(2.0), dt))])])
+    return [em.node("Mul", [em.node("Mul", [half, x]), em.node("Add", [one, t])])]
+
+
+def export_leaky_relu(em, node, xs):
+    return [em.node("LeakyRelu", xs, alpha=float(node.attrs["negative_slope"]))]
+
+
+def export_clamp(em, node, xs):
+    ty = node.outputs[0].type
+    x = _cast_to(em, xs[0], node.inputs[0].type, ty.dtype)
+    bounds = [em.const(np.array(b, ty.dtype.np)) if b is not None else ""
+              for b in (node.attrs["min"], node.attrs["max"])]
+    while bounds and bounds[-1] == "":
+        bounds.pop()
+    return [em.node("Clip", [x, *bounds])]
+
+
+def export_cast(em, node, xs):
+    return [em.node("Cast", xs, to=onnx_dtype(node.outputs[0].type))]
+
+
+def export_ne(em, node, xs):
+    return [em.node("Not", [export_compare("Equal")(em, node, xs)[0]])]
+
+
+def export_compare(op_type: str):
+    return _simple(op_type, same_as_output=False)
+
+
+def export_minmax(op_type: str):
+    return _simple(op_type)
+
+
+def export_remainder(em, node, xs):
+    dtype = node.outputs[0].type.dtype
+    a, b = _inputs_as(em, node, xs, dtype)
+    if not dtype.is_floating:
+        return [em.node("Mod", [a, b], fmod=0)]  # integer Mod takes the divisor's sign
+    floor = em.node("Floor", [em.node("Div", [a, b])])
+    return [em.node("Sub", [a, em.node("Mul", [floor, b])])]
+
+
+def export_floor_divide(em, node, xs):
+    dtype = node.outputs[0].type.dtype
+    a, b = _inputs_as(em, node, xs, dtype)
+    if dtype.is_floating:
+        return [em.node("Floor", [em.node("Div", [a, b])])]
+    # (a - a mod b) / b divides exactly, so ONNX's truncating integer Div gives the floor
+    return [em.node("Div", [em.node("Sub", [a, em.node("Mod", [a, b], fmod=0)]), b])]
+
+
+def export_where(em, node, xs):
+    dtype = node.outputs[0].type.dtype
+    cond = _cast_to(em, xs[0], node.inputs[0].type, node.inputs[0].type.dtype)
+    a, b = (_cast_to(em, x, v.type, dtype) for x, v in zip(xs[1:], node.inputs[1:]))
+    return [em.node("Where", [cond, a, b])]
+
+
+# ---- contraction, norm, pool ---------------------------------------------------------------
+def export_conv2d(em, node, xs):
+    a = node.attrs
+    ph, pw = a["padding"]
+    return [em.node("Conv", xs, strides=list(a["stride"]), pads=[ph, pw, ph, pw],
+                    dilations=list(a["dilation"]), group=a["groups"])]
+
+
+def export_batch_norm(em, node, xs):
+    if node.attrs["training"]:
+        raise em.refuse(node, "batch_norm in training mode: call model.eval() before export")
+    y = em.node("BatchNormalization", [xs[0], xs[1], xs[2], xs[3], xs[4]],
+                epsilon=float(node.attrs["eps"]))
+    return [y, xs[3], xs[4]]  # eval mode: the running statistics pass through unchanged
+
+
+def export_softmax(op_type: str):
+    def export(em, node, xs):
+        return [em.node(op_type, xs, axis=node.attrs["dim"])]
+
+    export.__name__ = f"export_{op_type.lower()}"
+    return export
+
+
+def export_max_pool2d(em, node, xs):
+    a = node.attrs
+    ph, pw = a["padding"]
+    y = em.node("MaxPool", xs, kernel_shape=list(a["kernel_size"]), strides=list(a["stride"]),
+                pads=[ph, pw, ph, pw], dilations=list(a["dilation"]), ceil_mode=int(a["ceil_mode"]))
+    return [y, None]  # ONNX's indices count across N and C; graphc's within one plane
+
+
+def export_avg_pool2d(em, node, xs):
+    a = node.attrs
+    ph, pw = a["padding"]
+    kh, kw = a["kernel_size"]
+    y = em.node("AveragePool", xs, kernel_shape=[kh, kw], strides=list(a["stride"]),
+                pads=[ph, pw, ph, pw], ceil_mode=int(a["ceil_mode"]),
+                count_include_pad=int(a["count_include_pad"] or a["divisor_override"] is not None))
+    if a["divisor_override"] is not None:
+        dt = node.outputs[0].type.dtype.np
+        y = em.node("Mul", [y, em.const(np.array(kh * kw / a["divisor_override"], dt))])
+    return [y]
+
+
+# ---- movement --------------------------------------------------------------------------------
+def export_reshape(em, node, xs):
+    shape = list(em.dynamic_shape(node.inputs[0], node.outputs[0]))
+    allowzero = {"allowzero": 1} if 0 in shape and not em.dynamic else {}
+    return [em.node("Reshape", [xs[0], em.const(np.array(shape, np.int64))], **allowzero)]
+
+
+def export_permute(em, node, xs):
+    return [em.node("Transpose", xs, perm=list(node.attrs["dims"]))]
+
+
+def export_broadcast_to(em, node, xs):
+    shape = np.array(node.attrs["shape"], np.int64)
+    return [em.node("Expand", [xs[0], em.const(shape)])]
+
+
+def export_concat(em, node, xs):
+    return [em.node("Concat", xs, axis=node.attrs["axis"])]
+
+
+def export_copy(em, node, xs):
+    return [em.node("Identity", xs)]
+
+
+def export_flip(em, node, xs):
+    axes = list(node.attrs["axes"])
+    if not axes:
+        return [em.node("Identity", xs)]
+    n = len(axes)
+    return [em.node("Slice", [xs[0], em.const(np.full(n, -1, np.int64)),
+                              em.const(np.full(n, INT64_MIN, np.int64)),
+                              em.const(np.array(axes, np.int64)),
+                              em.const(np.full(n, -1, np.int64))])]
+
+
+def export_slice(em, node, xs):
+    a = node.attrs
+    if not a["starts"]:
+        return [em.node("Identity", xs)]
+    starts = [0 if s is None else s for s in a["starts"]]
+    ends = [(INT64_MIN if step < 0 else INT64_MAX) if e is None else e
+            for e, step in zip(a["stops"], a["steps"])]
+    arrays = [np.array(v, np.int64) for v in
+              (starts, ends, list(range(len(starts))), list(a["steps"]))]
+    return [em.node("Slice", [xs[0], *(em.const(v) for v in arrays)])]
+
+
+def export_pad(em, node, xs):
+    pads = node.attrs["pads"]
+    ty = node.inputs[0].type
+    pads = list(pads) + [0] * (2 * len(ty.shape) - len(pads))
+    onnx_pads = np.array(pads[0::2] + pads[1::2], np.int64)
+    value = em.const(np.array(node.attrs["value"], ty.dtype.np))
+    return [em.node("Pad", [xs[0], em.const(onnx_pads), value], mode="constant")]
+
+
+def export_take(em, node, xs):
+    return [em.node("Gather", xs, axis=node.attrs["axis"])]
+
+
+def export_gather(em, node, xs):
+    return [em.node("GatherElements", xs, axis=node.attrs["axis"])]
+
+
+def export_embedding(em, node, xs):
+    return [em.node("Gather", xs, axis=0)]
+
+
+def export_scatter_add(em, node, xs):
+    if em.opset < 16:
+        raise em.refuse(node, "ScatterElements with reduction='add' needs opset 16 or newer")
+    return [em.node("ScatterElements", xs, axis=node.attrs["axis"], reduction="add")]
+
+
+# ---- reductions, sources -----------------------------------------------------------------
+def export_reduce(op_type: str):
+    def export(em, node, xs):
+        x = xs[0]
+        in_ty, out_ty = node.inputs[0].type, node.outputs[0].type
+        axes = list(node.attrs["axes"]) if node.attrs["axes"] is not None else []
+        keep = int(node.attrs["keepdim"])
+        if not in_ty.shape:  # a 0-d reduction is the value itself
+            return [_cast_to(em, x, in_ty, out_ty.dtype)]
+        if not axes:
+            axes = list(range(len(in_ty.shape)))
+        if in_ty.dtype.name == "bool":
+            x = em.node("Cast", [x], to=TensorProto.INT64)
+        if op_type == "ReduceSum" or em.opset >= 18:
+            y = em.node(op_type, [x, em.const(np.array(axes, np.int64))], keepdims=keep)
+        else:
+            y = em.node(op_type, [x], axes=axes, keepdims=keep)
+        if in_ty.dtype.name == "bool" and out_ty.dtype.name == "bool":
+            y = em.node("Cast", [y], to=TensorProto.BOOL)
+        return [y]
+
+    export.__name__ = f"export_{op_type.lower()}"
+    return export
+
+
+def export_arg(op_type: str):
+    def export(em, node, xs):
+        in_ty = node.inputs[0].type
+        axis, keep = node.attrs["axis"], int(node.attrs["keepdim"])
+        x = xs[0]
+        if not in_ty.shape:
+            return [em.const(np.zeros((), np.int64))]
+        if axis is None:
+            y = em.node(op_type, [em.node("Reshape", [x, em.const(np.array([-1], np.int64))])],
+                        axis=0, keepdims=0)
+            if keep:
+                y = em.node("Reshape", [y, em.const(np.ones(len(in_ty.shape), np.int64))])
+            return [y]
+        return [em.node(op_type, [x], axis=axis, keepdims=keep)]
+
+    export.__name__ = f"export_{op_type.lower()}"
+    return export
+
+
+def export_full(em, node, xs):
+    ty = node.outputs[0].type
+    value = np.array(node.attrs["value"], ty.dtype.np)
+    if len(ty.shape) == 0 or int(np.prod(ty.shape)) <= 16:
+        return [em.const(np.full(ty.shape, value))]
+    return [em.node("ConstantOfShape", [em.const(np.array(ty.shape, np.int64))],
+                    value=value.reshape(1))]
+
+
+def export_arange(em, node, xs):
+    a = node.attrs
+    values = np.arange(a["start"], a["end"], a["step"]).astype(node.outputs[0].type.dtype.np)
+    return [em.const(values)]
+
+
+EXPORTERS = {
+    "abs": _simple("Abs"), "neg": _simple("Neg"), "exp": _simple("Exp"), "log": _simple("Log"),
+    "sqrt": _simple("Sqrt"), "rsqrt": export_rsqrt, "tanh": _simple("Tanh"),
+    "sigmoid": _simple("Sigmoid"), "sign": _simple("Sign"), "sin": _simple("Sin"),
+    "cos": _simple("Cos"), "erf": _simple("Erf"), "relu": _simple("Relu"),
+    "log1p": export_log1p, "gelu": export_gelu, "leaky_relu": export_leaky_relu,
+    "clamp": export_clamp, "cast": export_cast, "logical_not": _simple("Not"),
+    "add": _simple("Add"), "sub": _simple("Sub"), "mul": _simple("Mul"),
+    "div": _simple("Div"), "pow": _simple("Pow"), "maximum": export_minmax("Max"),
+    "minimum": export_minmax("Min"), "remainder": export_remainder,
+    "floor_divide": export_floor_divide,
+    "eq": export_compare("Equal"), "ne": export_ne, "lt": export_compare("Less"),
+    "le": export_compare("LessOrEqual"), "gt": export_compare("Greater"),
+    "ge": export_compare("GreaterOrEqual"), "logical_and": _simple("And"),
+    "logical_or": _simple("Or"), "logical_xor": _simple("Xor"),
+    "where": export_where,
+    "matmul": _simple("MatMul"), "conv2d": export_conv2d, "batch_norm": export_batch_norm,
+    "softmax": export_softmax("Softmax"), "log_softmax": export_softmax("LogSoftmax"),
+    "max_pool2d": export_max_pool2d, "avg_pool2d": export_avg_pool2d,
+    "reshape": export_reshape, "permute": export_permute, "broadcast_to": export_broadcast_to,
+    "concat": export_concat, "copy": export_copy, "flip": export_flip, "slice": export_slice,
+    "pad": export_pad, "take": export_take, "gather": export_gather,
+    "embedding": export_embedding, "scatter_add": export_scatter_add,
+    "reduce_sum": export_reduce("ReduceSum"), "reduce_mean": export_reduce("ReduceMean"),
+    "reduce_max": export_reduce("ReduceMax"), "reduce_min": export_reduce("ReduceMin"),
+    "reduce_prod": export_reduce("ReduceProd"),
+    "argmax": export_arg("ArgMax"), "argmin": export_arg("ArgMin"),
+    "full": export_full, "arange": export_arange,
+}
+
+_BACKWARD = "a backward op: export an inference graph (under graphc.no_grad(), model.eval())"
+_RANDOM = "a random op: call model.eval() so dropout is off; ONNX random ops differ in stream"
+REFUSED = {
+    "fused": "a fused group: export the traced IR, before the fuse pass",
+    "conv2d_input_grad": _BACKWARD, "conv2d_weight_grad": _BACKWARD,
+    "avg_pool2d_grad": _BACKWARD, "max_pool2d_grad": _BACKWARD,
+    "embedding_backward": _BACKWARD, "nll_loss_backward": _BACKWARD,
+    "nll_loss": "a training loss: export the model's forward, not the loss",
+    "dropout": _RANDOM, "bernoulli": _RANDOM, "normal": _RANDOM, "uniform": _RANDOM,
+    "randint": _RANDOM, "randperm": _RANDOM,
+    "index_add": "no single ONNX op adds rows at a 1-D index along an axis (not yet mapped)",
+    "index_put": "no single ONNX op writes rows at a 1-D index along an axis (not yet mapped)",
+    "slice_scatter": "a strided slice write has no ONNX op (not yet mapped)",
+}
