@@ -3,7 +3,7 @@
     >>> import graphc
     >>> f = graphc.compile(lambda x: (x @ x).relu().sum(), backend="cpu")
     >>> report = graphc.profile(f, graphc.randn(64, 64), repeat=3)
-    >>> report.rows[0].op in {"matmul", "fused", "reduce_sum"}
+    >>> any("matmul" in row.op and row.gflops > 0 for row in report.rows)
     True
 
 How: the graph of the call's compiled entry is compiled again with a profiling driver (the
