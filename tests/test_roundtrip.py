@@ -125,13 +125,22 @@ def test_opinfo_samples_round_trip_verify_and_interpret_to_eager(info: OpInfo, i
     fragments, reason = UNTRACEABLE.get(info.name, ((), ""))
     try:
         with graphc.no_grad():
-            traced = trace_call(info.op, tuple(args), kwargs, name=info.name)
+            shapes_only = _trace(info.op, tuple(args), kwargs, info.name, abstract=True)
+            shapes_only.restore()  # the generator draws it took
+            traced = _trace(info.op, tuple(args), kwargs, info.name, abstract=False)
     except TraceError as err:
         assert any(f in sample.desc for f in fragments), \
             f"{info.name} [{sample.desc}] does not trace: {err}"
         assert "graphc.where" in str(err)
         pytest.skip(f"{info.name} [{sample.desc}]: {reason}")
+    assert shapes_only.graph == traced.graph, "the abstract and the eager trace differ"
     check_graph(traced, args, kwargs, before)
+
+
+def _trace(fn, args: tuple, kwargs: dict, name: str, abstract: bool):
+    """trace_call from one call site, so that the abstract and the eager (value-giving) trace
+    record the same source lines."""
+    return trace_call(fn, args, kwargs, name=name, abstract=abstract)
 
 
 def test_every_opinfo_has_a_traceable_sample():
@@ -216,8 +225,11 @@ def test_model_graphs_round_trip_verify_and_interpret_to_eager(name, mode, rng):
     x = graphc.tensor(rng.standard_normal(shape).astype(np.float32))
     before = _snapshot([x, *model.parameters(), *model.buffers()])
     with graphc.no_grad():
-        traced = trace_call(model, (x,))
+        shapes_only = _trace(model, (x,), {}, None, abstract=True)
+        shapes_only.restore()
+        traced = _trace(model, (x,), {}, None, abstract=False)
     g = traced.graph
+    assert shapes_only.graph == g, "the abstract and the eager trace differ"
     check_graph(traced, (x,), {}, before, exact=False)
     ops = {n.op for n in g}
     state = {id(t) for t in [*model.parameters(), *model.buffers()]}
