@@ -233,7 +233,7 @@ def import_hardmax(ctx, x):
         shape = None
     idx = call("argmax", x, axis=axis, keepdim=True)
     positions = call("arange", start=0.0, end=float(x.shape[axis]), step=1.0, dtype="int64")
-    positions = call("reshape", positions, shape=tuple(-1 if i == axis else 1
+    positions = call("reshape", positions, shape=tuple(x.shape[axis] if i == axis else 1
                                                        for i in range(x.ndim)))
     y = call("cast", call("eq", positions, idx), dtype=x.dtype.name)
     return y if shape is None else call("reshape", y, shape=shape)

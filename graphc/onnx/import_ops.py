@@ -288,6 +288,18 @@ def _reduce_axes(ctx, x, axes_input):
     return tuple(sorted(int(a) % max(x.ndim, 1) for a in np.ravel(axes)))
 
 
+def _empty_extreme(ctx, x, dims, is_max):
+    """Max or min over an empty dimension: ONNX's identity (-inf / +inf, the int limits)."""
+    keep = bool(ctx.attr("keepdims", 1))
+    shape = tuple(1 if i in dims else d for i, d in enumerate(x.shape) if keep or i not in dims)
+    if x.dtype.is_floating:
+        value = -math.inf if is_max else math.inf
+    else:
+        info = np.iinfo(np.int64)
+        value = info.min if is_max else info.max
+    return call("full", shape=shape, value=value, dtype=x.dtype.name)
+
+
 def _reduce(op: str, pre=None, post=None):
     def run(ctx, x, axes=None):
         x = _t(ctx, x)
@@ -298,6 +310,8 @@ def _reduce(op: str, pre=None, post=None):
             y = call("copy", x)
         elif x.ndim == 0:
             y = call("copy", x)
+        elif op in ("reduce_max", "reduce_min") and any(x.shape[d] == 0 for d in dims):
+            y = _empty_extreme(ctx, x, dims, op == "reduce_max")
         else:
             src = x.dtype
             if x.dtype is bool_:

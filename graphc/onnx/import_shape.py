@@ -67,7 +67,8 @@ def import_reshape(ctx, x, shape=None):
 
 def import_flatten(ctx, x):
     x = _t(ctx, x)
-    axis = ctx.attr("axis", 1) % (x.ndim + 1) if x.ndim else 0
+    axis = ctx.attr("axis", 1)
+    axis = axis + x.ndim if axis < 0 else axis
     rows = int(np.prod(x.shape[:axis], dtype=np.int64))
     return call("reshape", x, shape=(rows, int(np.prod(x.shape[axis:], dtype=np.int64))))
 

@@ -33,6 +33,11 @@ from graphc.errors import GraphcError, TraceError
 from graphc.nn.module import Module
 from graphc.nn.parameter import Parameter
 
+_T = onnx.TensorProto
+# element types graphc reads: its own four, and the narrower ones it widens on the way in
+SUPPORTED_ELEM_TYPES = {_T.FLOAT, _T.DOUBLE, _T.INT64, _T.BOOL, _T.FLOAT16, _T.INT8, _T.INT16,
+                        _T.INT32, _T.UINT8, _T.UINT16, _T.UINT32}
+
 
 class UnsupportedOnnxOp(GraphcError, NotImplementedError):
     """An ONNX node graphc does not map: names the op, its opset and the node."""
@@ -105,7 +110,7 @@ def to_tensor(x):
 
     if x is None or isinstance(x, Tensor):
         return x
-    return tensor(np.ascontiguousarray(x))
+    return tensor(x if x.flags.c_contiguous else x.copy(order="C"))
 
 
 def _is_static(x) -> bool:
@@ -155,6 +160,7 @@ class OnnxModule(Module):
                 self._add_parameter(init.name, array)
             else:
                 self._constants[init.name] = array
+        self._check_types(graph)
         initialized = {i.name for i in graph.initializer}
         self.input_names = [i.name for i in graph.input if i.name not in initialized]
         self.output_names = [o.name for o in graph.output]
@@ -173,10 +179,26 @@ class OnnxModule(Module):
                 raise ctx.refuse("no graphc mapping for this op")
             self._nodes.append((ctx, IMPORTERS[node.op_type]))
 
+    def _check_types(self, graph: onnx.GraphProto) -> None:
+        """Refuse graph inputs and outputs graphc has no tensor for (uint64, bfloat16, strings,
+        sequences, optionals), naming the first node that reads or writes them."""
+        for value in [*graph.input, *graph.output]:
+            kind = value.type.WhichOneof("value")
+            elem = value.type.tensor_type.elem_type if kind == "tensor_type" else None
+            if kind == "tensor_type" and elem in SUPPORTED_ELEM_TYPES:
+                continue
+            what = (helper.tensor_dtype_to_string(elem) if elem else kind) or "unknown"
+            node = next((n for n in graph.node
+                         if value.name in n.input or value.name in n.output), None)
+            op, label = (node.op_type, node.name or node.op_type) if node else ("?", "graph")
+            raise UnsupportedOnnxOp(op, self.opset, label,
+                                    f"value {value.name!r} of type {what}: graphc computes in "
+                                    "float32/float64/int64/bool (narrower types widen)")
+
     def _add_parameter(self, name: str, array: np.ndarray) -> None:
         from graphc.creation import tensor
 
-        param = Parameter(tensor(np.ascontiguousarray(array)))
+        param = Parameter(tensor(array.copy(order="C")))
         *path, leaf = name.split(".")
         owner: Module = self
         try:

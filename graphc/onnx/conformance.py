@@ -1,0 +1,140 @@
+"""ONNX's backend node tests through graphc.onnx.backend, in memory.
+
+`run_node_tests()` collects the node test cases the installed onnx package generates
+(`onnx.backend.test.case.node.collect_testcases`: a model and input/output data sets per
+case), runs each through `GraphcBackend`, and compares as ONNX's test runner does (the same
+dtype, then `assert_allclose` with the case's rtol and atol). Each case ends as one `Outcome`:
+- `passed`;
+- `refused`: the import raised UnsupportedOnnxOp (the op, or a form of it, is not mapped) or
+  the case uses value types graphc has no tensor for (sequences, optionals, strings);
+- `failed`: the outputs differ; `error`: any other exception (a bug to look at).
+
+`python -m graphc.onnx.conformance` prints the counts and the refusals by op (docs/onnx.md
+lists them); `--all` runs every case, else a deterministic subset (`subset(names, n)`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Outcome:
+    """How one node test case ended: status is passed, refused, failed or error."""
+
+    name: str
+    op_type: str
+    status: str
+    detail: str = ""
+
+
+def collect_cases() -> list:
+    """The node test cases of the installed onnx package (generated in memory, ~20 s)."""
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = node.collect_testcases()
+    seen, unique = set(), []
+    for case in cases:  # collect_testcases keeps a module-level list: repeated calls append
+        if case.name not in seen:
+            seen.add(case.name)
+            unique.append(case)
+    return unique
+
+
+def subset(cases: list, every: int) -> list:
+    """A deterministic 1-in-`every` sample of cases, chosen by a hash of the name."""
+    def keep(case) -> bool:
+        digest = hashlib.sha256(case.name.encode()).digest()
+        return digest[0] % every == 0
+
+    return [c for c in cases if keep(c)]
+
+
+def _op_type(case) -> str:
+    return case.model.graph.node[0].op_type if case.model.graph.node else "?"
+
+
+def _plain(values) -> bool:
+    return all(isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype.kind in "fiub"
+               for v in values)
+
+
+def run_case(case) -> Outcome:
+    """Run one node test case through the graphc backend."""
+    from graphc.errors import GraphcError
+    from graphc.onnx.backend import GraphcBackend
+    from graphc.onnx.importer import UnsupportedOnnxOp
+
+    op = _op_type(case)
+    for inputs, expected in case.data_sets:
+        if not (_plain(inputs) and _plain(expected)):
+            return Outcome(case.name, op, "refused", "sequence, optional or string values")
+        try:
+            with np.errstate(all="ignore"):
+                rep = GraphcBackend.prepare(case.model)
+                outputs = rep.run(inputs)
+        except UnsupportedOnnxOp as err:
+            return Outcome(case.name, err.op_type, "refused", str(err))
+        except (GraphcError, TypeError, ValueError, IndexError, KeyError,
+                NotImplementedError, ZeroDivisionError, OverflowError, RuntimeError) as err:
+            return Outcome(case.name, op, "error", f"{type(err).__name__}: {err}"[:300])
+        if len(outputs) != len(expected):
+            return Outcome(case.name, op, "failed", "number of outputs")
+        for ref, out in zip(map(np.asarray, expected), outputs):
+            if ref.dtype != out.dtype or ref.shape != out.shape:
+                return Outcome(case.name, op, "failed",
+                               f"{out.dtype}{out.shape} for {ref.dtype}{ref.shape}")
+            try:
+                np.testing.assert_allclose(out, ref, rtol=case.rtol, atol=case.atol)
+            except AssertionError as err:
+                return Outcome(case.name, op, "failed", str(err).strip().splitlines()[0][:200])
+    return Outcome(case.name, op, "passed")
+
+
+def run_node_tests(cases: list | None = None) -> list[Outcome]:
+    """Run `cases` (default: every collected node test case); one Outcome per case."""
+    return [run_case(c) for c in (collect_cases() if cases is None else cases)]
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    """Counts by status, then the refused and failing cases grouped by op type."""
+    counts = collections.Counter(o.status for o in outcomes)
+    lines = [f"{len(outcomes)} cases: " + ", ".join(f"{counts[s]} {s}" for s in
+                                                    ("passed", "refused", "failed", "error"))]
+    for status in ("refused", "failed", "error"):
+        by_op = collections.defaultdict(list)
+        for o in outcomes:
+            if o.status == status:
+                by_op[o.op_type].append(o)
+        if by_op:
+            lines.append(f"\n{status} by op:")
+        for op in sorted(by_op):
+            first = by_op[op][0]
+            lines.append(f"  {op} ({len(by_op[op])}): {first.detail[:160]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: run the node tests and print the summary."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--every", type=int, default=1, help="run 1 case in EVERY (default all)")
+    parser.add_argument("--op", default=None, help="only cases of this op type")
+    args = parser.parse_args(argv)
+    cases = collect_cases()
+    if args.op:
+        cases = [c for c in cases if _op_type(c) == args.op]
+    if args.every > 1:
+        cases = subset(cases, args.every)
+    print(summary(run_node_tests(cases)))
+
+
+if __name__ == "__main__":
+    main()
