@@ -33,7 +33,7 @@ from graphc.types import float32, float64
 _STEP_DTYPE = float32  # PyTorch's `_get_scalar_dtype()` under the default dtype
 
 
-def _lerp_(start, end, weight: float):
+def lerp_(start, end, weight: float):
     """start.lerp_(end, weight) with ATen's two formulas (exact at weight 0 and 1)."""
     if abs(weight) < 0.5:
         return start.add_((end - start).mul(weight))
@@ -115,7 +115,7 @@ class Adam(Optimizer):
                     p.mul_(1 - lr * weight_decay)
                 else:
                     g = g.add(p, alpha=weight_decay)
-            _lerp_(exp_avg, g, 1 - beta1)
+            lerp_(exp_avg, g, 1 - beta1)
             exp_avg_sq.mul_(beta2).add_(g.mul(1 - beta2).mul(g))
 
             step = cast(step_t, float64)

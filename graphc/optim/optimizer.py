@@ -34,6 +34,7 @@ from itertools import chain
 from typing import Any, Callable
 
 from graphc.autograd.grad_mode import enable_grad, no_grad
+from graphc.dispatch import current_tracer
 from graphc.errors import ArgumentError, DTypeError, ShapeError
 from graphc.tensor import Tensor
 
@@ -367,11 +368,25 @@ def _cast_state(param: Tensor, key, value):
 
 
 def check_lr(lr) -> None:
-    """Shared hyperparameter checks with PyTorch's messages."""
-    if isinstance(lr, Tensor) and lr.numel() != 1:
-        raise ValueError("Tensor lr must be 1-element")
+    """Shared hyperparameter checks with PyTorch's messages. A tensor lr (a runtime input of a
+    compiled step, as the lr schedulers keep it) is checked by value only outside a trace."""
+    if isinstance(lr, Tensor):
+        if lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if current_tracer() is not None or lr.is_abstract:
+            return
+        lr = lr.item()
     if not 0.0 <= lr:
         raise ValueError(f"Invalid learning rate: {lr} (lr must be >= 0)")
+
+
+def add_scaled_(p: Tensor, update: Tensor, scale) -> Tensor:
+    """p += scale * update, in place, where `scale` is a Python number (PyTorch's `alpha`) or a
+    0-d tensor (a learning rate that is a runtime input), cast to p's dtype as PyTorch casts a
+    scalar at the op."""
+    if isinstance(scale, Tensor):
+        return p.add_(update * scale.to(p.dtype))
+    return p.add_(update, alpha=scale)
 
 
 def check_weight_decay(weight_decay) -> None:

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc.optim.optimizer import Optimizer, check_lr, check_weight_decay, clone
+from graphc.optim.optimizer import (
+    Optimizer,
+    add_scaled_,
+    check_lr,
+    check_weight_decay,
+    clone,
+)
 
 
 class SGD(Optimizer):
@@ -71,4 +77,4 @@ class SGD(Optimizer):
                 else:
                     buf.mul_(momentum).add_(g, alpha=1 - dampening)
                 g = g.add(buf, alpha=momentum) if group["nesterov"] else buf
-            p.add_(g, alpha=-lr)
+            add_scaled_(p, g, -lr)
