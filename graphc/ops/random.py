@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -445,13 +446,16 @@ default_generator = Generator()
 
 # A trace installs a provider (generator, counters) -> seed tensor, e.g. one that hands out a
 # graph input and records how far to advance the offset per run. None: a constant tensor.
-_seed_provider = None
+# Per thread, as tracing is: another thread's eager random ops never reach a trace's
+# provider, and a trace that ends restores only its own thread's.
+_seed_state = threading.local()
 
 
 def set_seed_provider(provider):
-    """Install provider(generator, counters) -> int64[2] tensor; returns the previous one."""
-    global _seed_provider
-    previous, _seed_provider = _seed_provider, provider
+    """Install provider(generator, counters) -> int64[2] tensor for the calling thread;
+    returns the previous one."""
+    previous = getattr(_seed_state, "provider", None)
+    _seed_state.provider = provider
     return previous
 
 
@@ -459,8 +463,9 @@ def seed_input(generator: Generator | None, n_words: int):
     """The [seed, offset] input tensor of one random call reading `n_words` words."""
     gen = default_generator if generator is None else generator
     counters = counters_for(n_words)
-    if _seed_provider is not None:
-        return _seed_provider(gen, counters)
+    provider = getattr(_seed_state, "provider", None)
+    if provider is not None:
+        return provider(gen, counters)
     from graphc.tensor import Tensor
 
     seed, offset = gen._take(counters)
