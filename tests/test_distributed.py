@@ -57,5 +57,7 @@ def test_a_rank_that_raises_ends_the_job_with_its_error():
 
 def test_a_rank_that_dies_ends_the_job_within_bounds():
     done, seconds = _launch("exit", "30", env={"GRAPHC_TEST_EXIT": "3"})
-    assert done.returncode == 3 and seconds < 60
-    assert "graphc launch: the job on 2 ranks failed (exit code 3)" in done.stderr
+    # the code is the dead rank's (3), or the signal MPI stopped the other with (9)
+    assert done.returncode in (3, 9) and seconds < 60
+    assert f"graphc launch: the job on 2 ranks failed (exit code {done.returncode})" \
+        in done.stderr
