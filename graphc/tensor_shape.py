@@ -161,18 +161,20 @@ class ShapeMethods:
         return gather.scatter_add(self, dim, index, src)
 
     # ---- new tensors like this one -----------------------------------------------------------
-    def new_zeros(self, *size, dtype=None, requires_grad=False):
+    def new_zeros(self, *size, dtype=None, requires_grad=False, device=None):
         """Zeros of `size`, of this tensor's dtype unless `dtype` is given."""
-        return sources.zeros(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+        return sources.zeros(*size, dtype=dtype or self.dtype, requires_grad=requires_grad,
+                             device=device)
 
-    def new_ones(self, *size, dtype=None, requires_grad=False):
+    def new_ones(self, *size, dtype=None, requires_grad=False, device=None):
         """Ones of `size`, of this tensor's dtype unless `dtype` is given."""
-        return sources.ones(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+        return sources.ones(*size, dtype=dtype or self.dtype, requires_grad=requires_grad,
+                            device=device)
 
-    def new_full(self, size, fill_value, *, dtype=None, requires_grad=False):
+    def new_full(self, size, fill_value, *, dtype=None, requires_grad=False, device=None):
         """`fill_value` in `size`, of this tensor's dtype unless `dtype` is given."""
         return sources.full(size, fill_value, dtype=dtype or self.dtype,
-                            requires_grad=requires_grad)
+                            requires_grad=requires_grad, device=device)
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
         """A new tensor (a copy, no history) of `data`, of this tensor's dtype by default."""

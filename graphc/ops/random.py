@@ -504,39 +504,45 @@ def _finish(t, requires_grad: bool):
     return t
 
 
-def rand(*size, generator=None, dtype=None, requires_grad=False):
+def rand(*size, generator=None, dtype=None, requires_grad=False, device=None):
     """Uniform floats in [0, 1).
 
     >>> import graphc
     >>> graphc.rand(2, 3, generator=graphc.Generator().manual_seed(0)).shape
     graphc.Size([2, 3])
     """
+    check_device("graphc.rand", device)
     shape, dt = size_arg("rand", size), _float_dtype("rand", dtype)
     seed_t = seed_input(generator, uniform_words(_numel(shape), dt))
     return _finish(call("uniform", seed_t, shape=shape, dtype=dt.name), requires_grad)
 
 
-def randn(*size, generator=None, dtype=None, requires_grad=False):
+def randn(*size, generator=None, dtype=None, requires_grad=False, device=None):
     """Standard normal floats."""
+    check_device("graphc.randn", device)
     shape, dt = size_arg("randn", size), _float_dtype("randn", dtype)
     seed_t = seed_input(generator, normal_words(_numel(shape), dt))
     return _finish(call("normal", seed_t, shape=shape, dtype=dt.name), requires_grad)
 
 
-def rand_like(t, *, dtype=None, requires_grad=False, generator=None):
+def rand_like(t, *, dtype=None, requires_grad=False, generator=None, device=None):
     """Uniform [0, 1) samples with the shape (and dtype) of `x`."""
+    check_device("graphc.rand_like", device)
     return rand(tuple(t.shape), generator=generator, dtype=dtype or t.dtype,
                 requires_grad=requires_grad)
 
 
-def randn_like(t, *, dtype=None, requires_grad=False, generator=None):
+def randn_like(t, *, dtype=None, requires_grad=False, generator=None, device=None):
     """Standard normal samples with the shape (and dtype) of `x`."""
+    check_device("graphc.randn_like", device)
     return randn(tuple(t.shape), generator=generator, dtype=dtype or t.dtype,
                  requires_grad=requires_grad)
 
 
-def randint(low, high=None, size=None, *, generator=None, dtype=None, requires_grad=False):
+def randint(low, high=None, size=None, *, generator=None, dtype=None, requires_grad=False,
+            device=None):
     """Integers uniform in [low, high): randint(high, size) or randint(low, high, size)."""
+    check_device("graphc.randint", device)
     if size is None:
         if high is None or not isinstance(high, (tuple, list)):
             raise TypeError("randint() missing the size argument: randint(low, high, size)")
@@ -550,8 +556,9 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, requires_g
     return _finish(out, requires_grad)
 
 
-def randperm(n, *, generator=None, dtype=None, requires_grad=False):
+def randperm(n, *, generator=None, dtype=None, requires_grad=False, device=None):
     """A random permutation of 0..n-1 (int64), e.g. to shuffle a data set."""
+    check_device("graphc.randperm", device)
     n = int(n)
     seed_t = seed_input(generator, 2 * max(n, 0))
     out = call("randperm", seed_t, n=n)
@@ -560,16 +567,25 @@ def randperm(n, *, generator=None, dtype=None, requires_grad=False):
     return _finish(out, requires_grad)
 
 
+def check_device(function: str, device) -> None:
+    """The front end's device check (graphc.ops.sources.check_device), imported when called."""
+    from graphc.ops.sources import check_device as source_check
+
+    source_check(function, device)
+
+
 def _check_std(std: float) -> None:
     if std < 0:
         raise ArgumentError(f"{where('normal')}: normal expects std >= 0.0, but found std {std}")
 
 
-def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, requires_grad=False):
+def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, requires_grad=False,
+           device=None):
     """mean + std * randn: floats with `size`, or tensors broadcast together.
 
     With tensor mean/std the result is the reparameterised sample, so gradients flow to them.
     """
+    check_device("graphc.normal", device)
     from graphc.ops.shapes import broadcast_shapes
 
     mean_is_t, std_is_t = hasattr(mean, "shape"), hasattr(std, "shape")

@@ -95,18 +95,21 @@ def ones_like(t, *, dtype=None, requires_grad=False, device=None):
     return _make(1, tuple(t.shape), dtype or t.dtype, requires_grad)
 
 
-def full_like(t, fill_value, *, dtype=None, requires_grad=False):
+def full_like(t, fill_value, *, dtype=None, requires_grad=False, device=None):
     """`fill_value` with the shape (and, unless given, the dtype) of `x`."""
+    check_device("graphc.full_like", device)
     return _make(fill_value, tuple(t.shape), dtype or t.dtype, requires_grad)
 
 
-def empty(*size, dtype=None, requires_grad=False):
+def empty(*size, dtype=None, requires_grad=False, device=None):
     """Zero-filled (graphc never hands out uninitialised memory)."""
+    check_device("graphc.empty", device)
     return zeros(*size, dtype=dtype, requires_grad=requires_grad)
 
 
-def arange(start, end=None, step=1, *, dtype=None, requires_grad=False):
+def arange(start, end=None, step=1, *, dtype=None, requires_grad=False, device=None):
     """Values from `start` to `end` (exclusive) in steps of `step`, as torch.arange."""
+    check_device("graphc.arange", device)
     if end is None:
         start, end = 0, start
     if dtype is None:
@@ -119,18 +122,21 @@ def arange(start, end=None, step=1, *, dtype=None, requires_grad=False):
     return t
 
 
-def _new_zeros(self, *size, dtype=None, requires_grad=False):
+def _new_zeros(self, *size, dtype=None, requires_grad=False, device=None):
     """Zeros of `size` with this tensor's dtype unless `dtype` is given."""
+    check_device("Tensor.new_zeros", device)
     return zeros(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
 
 
-def _new_ones(self, *size, dtype=None, requires_grad=False):
+def _new_ones(self, *size, dtype=None, requires_grad=False, device=None):
     """Ones of `size` with this tensor's dtype unless `dtype` is given."""
+    check_device("Tensor.new_ones", device)
     return ones(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
 
 
-def _new_full(self, size, fill_value, *, dtype=None, requires_grad=False):
+def _new_full(self, size, fill_value, *, dtype=None, requires_grad=False, device=None):
     """`fill_value` over `size` with this tensor's dtype unless `dtype` is given."""
+    check_device("Tensor.new_full", device)
     return _make(fill_value, tuple(size), dtype or self.dtype, requires_grad)
 
 
