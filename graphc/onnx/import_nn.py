@@ -181,6 +181,45 @@ def import_layer_norm(ctx, x, scale, bias=None):
     return y, mean, inv
 
 
+def import_rms_norm(ctx, x, scale):
+    x = _t(ctx, x)
+    axis = ctx.attr("axis", -1) % x.ndim
+    axes = tuple(range(axis, x.ndim))
+    ms = call("reduce_mean", call("mul", x, x), axes=axes, keepdim=True)
+    inv = call("rsqrt", call("add", ms, _scalar(ms, ctx.attr("epsilon", 1e-5))))
+    return call("mul", call("mul", x, inv), _t(ctx, scale))
+
+
+def import_lp_norm(ctx, x):
+    x = _t(ctx, x)
+    axis, p = ctx.attr("axis", -1) % x.ndim, ctx.attr("p", 2)
+    if p == 1:
+        norm = call("reduce_sum", call("abs", x), axes=(axis,), keepdim=True)
+    else:
+        norm = call("sqrt", call("reduce_sum", call("mul", x, x), axes=(axis,), keepdim=True))
+    safe = call("where", call("eq", norm, _scalar(norm, 0)), _scalar(norm, 1), norm)
+    return call("div", x, safe)
+
+
+def import_one_hot(ctx, indices, depth, values):
+    indices = _t(ctx, indices)
+    depth = int(np.ravel(ctx.static(depth, "depth"))[0])
+    values = _t(ctx, values)
+    axis = ctx.attr("axis", -1)
+    axis = axis + indices.ndim + 1 if axis < 0 else axis
+    idx = call("cast", indices, dtype="int64") if indices.dtype.name != "int64" else indices
+    idx = call("where", call("lt", idx, 0), call("add", idx, depth), idx)
+    shape = list(idx.shape)
+    shape.insert(axis, 1)
+    idx = call("reshape", idx, shape=tuple(shape))
+    positions = call("arange", start=0.0, end=float(depth), step=1.0, dtype="int64")
+    positions = call("reshape", positions, shape=tuple(depth if i == axis else 1
+                                                       for i in range(len(shape))))
+    off = call("take", values, call("full", shape=(), value=0, dtype="int64"), axis=0)
+    on = call("take", values, call("full", shape=(), value=1, dtype="int64"), axis=0)
+    return call("where", call("eq", positions, idx), on, off)
+
+
 def import_group_norm(ctx, x, scale, bias):
     x = _t(ctx, x)
     groups = ctx.attr("num_groups")
@@ -289,6 +328,11 @@ def import_dropout(ctx, x, ratio=None, training=None):
 
 
 def import_einsum(ctx, *xs):
+    equation = ctx.attr("equation").replace(" ", "")
+    for operand in equation.split("->")[0].split(","):
+        letters = operand.replace("...", "")
+        if len(set(letters)) != len(letters):
+            raise ctx.refuse(f"a subscript repeated within one operand ({operand!r}: a diagonal)")
     return einsum(ctx.attr("equation"), *(_t(ctx, x) for x in xs))
 
 
@@ -325,7 +369,8 @@ NN_IMPORTERS = {
     "GlobalAveragePool": _global("reduce_mean"), "GlobalMaxPool": _global("reduce_max"),
     "BatchNormalization": import_batch_norm, "InstanceNormalization": import_instance_norm,
     "LayerNormalization": import_layer_norm, "GroupNormalization": import_group_norm,
-    "MeanVarianceNormalization": import_mvn,
+    "MeanVarianceNormalization": import_mvn, "RMSNormalization": import_rms_norm,
+    "LpNormalization": import_lp_norm, "OneHot": import_one_hot,
     "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"),
     "Hardmax": import_hardmax, "LRN": import_lrn, "Dropout": import_dropout,
     "Einsum": import_einsum, "TopK": import_topk, "CumSum": import_cumsum,

@@ -183,6 +183,19 @@ def import_mish(ctx, x):
     return call("mul", x, call("tanh", import_softplus(ctx, x)))
 
 
+def import_swish(ctx, x):
+    x = _t(ctx, x)
+    return call("mul", x, call("sigmoid", call("mul", x, _scalar(x, ctx.attr("alpha", 1.0)))))
+
+
+def import_round(ctx, x):
+    x = _t(ctx, x)  # half to even: floor(x + 0.5), one less where that rounded a tie up to odd
+    r = import_floor(ctx, call("add", x, _scalar(x, 0.5)))
+    tie = call("eq", call("sub", r, x), _scalar(x, 0.5))
+    odd = call("ne", call("remainder", r, _scalar(x, 2)), _scalar(x, 0))
+    return call("where", call("logical_and", tie, odd), call("sub", r, _scalar(x, 1)), r)
+
+
 def import_gelu(ctx, x):
     return call("gelu", _t(ctx, x), approximate=ctx.attr("approximate", "none"))
 
@@ -294,6 +307,8 @@ def _empty_extreme(ctx, x, dims, is_max):
     shape = tuple(1 if i in dims else d for i, d in enumerate(x.shape) if keep or i not in dims)
     if x.dtype.is_floating:
         value = -math.inf if is_max else math.inf
+    elif x.dtype is bool_:
+        value = not is_max
     else:
         info = np.iinfo(np.int64)
         value = info.min if is_max else info.max
@@ -338,6 +353,8 @@ def import_reduce_log_sum_exp(ctx, x, axes=None):
     if dims is None or x.ndim == 0:
         return call("copy", x)
     keep = bool(ctx.attr("keepdims", 1))
+    if any(x.shape[d] == 0 for d in dims):
+        return _empty_extreme(ctx, x, dims, True)  # log(0) = -inf
     m = call("reduce_max", x, axes=dims, keepdim=True)
     m = call("where", call("eq", call("abs", m), _scalar(m, math.inf)), _scalar(m, 0), m)
     s = call("reduce_sum", call("exp", call("sub", x, m)), axes=dims, keepdim=True)
@@ -383,7 +400,8 @@ ELEMENTWISE_IMPORTERS = {
     "Celu": import_celu, "Selu": import_selu, "HardSigmoid": import_hard_sigmoid,
     "HardSwish": import_hard_swish, "LeakyRelu": import_leaky_relu,
     "ThresholdedRelu": import_thresholded_relu, "PRelu": import_prelu, "Mish": import_mish,
-    "Gelu": import_gelu, "Shrink": import_shrink, "IsNaN": import_isnan, "IsInf": import_isinf,
+    "Gelu": import_gelu, "Swish": import_swish, "Round": import_round,
+    "Shrink": import_shrink, "IsNaN": import_isnan, "IsInf": import_isinf,
     "Clip": import_clip, "Not": import_not, "Cast": import_cast, "CastLike": import_cast,
     "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": import_div,
     "Pow": import_pow, "Mod": import_mod,

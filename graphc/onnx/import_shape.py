@@ -180,12 +180,24 @@ def import_gather_elements(ctx, x, index):
 
 
 def import_scatter_elements(ctx, x, index, updates):
-    if ctx.attr("reduction", "none") != "add":
-        raise ctx.refuse(f"reduction={ctx.attr('reduction', 'none')!r} (graphc has scatter_add)")
-    x = _t(ctx, x)
+    reduction = ctx.attr("reduction", "none")
+    if reduction not in ("none", "add"):
+        raise ctx.refuse(f"reduction={reduction!r} (graphc has scatter_add)")
+    x, updates = _t(ctx, x), _t(ctx, updates)
     axis = ctx.attr("axis", 0) % x.ndim
-    return call("scatter_add", x, _nonnegative(_t(ctx, index), x.shape[axis]),
-                _t(ctx, updates), axis=axis)
+    index = _nonnegative(_t(ctx, index), x.shape[axis])
+    if reduction == "add":
+        return call("scatter_add", x, index, updates, axis=axis)
+    # replace: clear the written places, then add (ONNX leaves repeated indices undefined)
+    zeros = call("full", shape=tuple(x.shape), value=0.0, dtype=x.dtype.name)
+    ones = call("full", shape=tuple(updates.shape), value=1.0, dtype=x.dtype.name)
+    written = call("gt", call("scatter_add", zeros, index, ones, axis=axis), _scalar0(x))
+    kept = call("where", written, zeros, x)
+    return call("scatter_add", kept, index, updates, axis=axis)
+
+
+def _scalar0(x):
+    return call("full", shape=(), value=0.0, dtype=x.dtype.name)
 
 
 def import_expand(ctx, x, shape):
@@ -217,8 +229,8 @@ def import_pad(ctx, x, pads=None, value=None, axes=None):
         pads, fill = list(ctx.attr("pads")), ctx.attr("value", 0.0)
     else:
         pads = _ints(ctx, pads, "pads")
-        fill = 0.0 if value is None else np.ravel(ctx.static(value, "constant_value"))
-        fill = float(fill[0]) if np.size(fill) else 0.0
+        fill = [] if value is None else np.ravel(ctx.static(value, "constant_value"))
+        fill = float(fill[0]) if len(fill) else 0.0
     dims = list(range(x.ndim)) if axes is None else [a % x.ndim for a in
                                                       _ints(ctx, axes, "axes")]
     k = len(dims)
@@ -260,7 +272,8 @@ def import_space_to_depth(ctx, x):
     b = ctx.attr("blocksize")
     n, c, h, w = x.shape
     y = call("reshape", x, shape=(n, c, h // b, b, w // b, b))
-    y = call("permute", y, dims=(0, 3, 5, 1, 2, 4))
+    crd = ctx.attr("mode", "DCR") == "CRD"
+    y = call("permute", y, dims=(0, 1, 3, 5, 2, 4) if crd else (0, 3, 5, 1, 2, 4))
     return call("reshape", y, shape=(n, c * b * b, h // b, w // b))
 
 
