@@ -10,7 +10,7 @@ Importing `graphc` does not import this package (it loads the `onnx` package): i
 explicitly, `import graphc.onnx`. See docs/onnx.md.
 """
 
-from graphc.onnx.export import OnnxExportError, export, to_model
+from graphc.onnx.exporter import OnnxExportError, export, to_model
 from graphc.onnx.importer import OnnxModule, UnsupportedOnnxOp, load
 
 __all__ = ["OnnxExportError", "OnnxModule", "UnsupportedOnnxOp", "export", "load", "to_model"]

@@ -1,7 +1,7 @@
 """The export table: one function per registry op, emitting the ONNX nodes that compute it.
 
 `EXPORTERS` maps a registry op name to a function `(em, node, xs) -> list[str | None]`: `em`
-is the `Emitter` of graphc.onnx.export (fresh names, constants, `em.node(...)`), `node` the IR
+is the `Emitter` of graphc.onnx.exporter (fresh names, constants, `em.node(...)`), `node` the IR
 node and `xs` the ONNX names of its inputs. It returns one ONNX name per IR output (None for
 an output nothing may read, such as max_pool2d's indices). `REFUSED` names the registry ops
 that have no export, each with the reason; graphc.onnx.export raises OnnxExportError for them.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from graphc.types import TensorType
 
@@ -133,6 +133,9 @@ def export_where(em, node, xs):
     dtype = node.outputs[0].type.dtype
     cond = _cast_to(em, xs[0], node.inputs[0].type, node.inputs[0].type.dtype)
     a, b = (_cast_to(em, x, v.type, dtype) for x, v in zip(xs[1:], node.inputs[1:]))
+    if dtype.name == "bool":  # onnxruntime has no bool Where: (c and a) or (not c and b)
+        return [em.node("Or", [em.node("And", [cond, a]),
+                               em.node("And", [em.node("Not", [cond]), b])])]
     return [em.node("Where", [cond, a, b])]
 
 
@@ -142,6 +145,17 @@ def export_conv2d(em, node, xs):
     ph, pw = a["padding"]
     return [em.node("Conv", xs, strides=list(a["stride"]), pads=[ph, pw, ph, pw],
                     dilations=list(a["dilation"]), group=a["groups"])]
+
+
+def export_conv_transpose(em, node, xs):
+    """conv2d_input_grad in a forward graph is a transposed convolution (ConvTranspose2d)."""
+    a = node.attrs
+    ph, pw = a["padding"]
+    gy, w = node.inputs[0].type.shape, node.inputs[1].type.shape
+    extra = [size - ((n - 1) * s - 2 * p + d * (k - 1) + 1) for size, n, s, p, d, k in
+             zip(a["input_hw"], gy[-2:], a["stride"], a["padding"], a["dilation"], w[-2:])]
+    return [em.node("ConvTranspose", xs, strides=list(a["stride"]), pads=[ph, pw, ph, pw],
+                    dilations=list(a["dilation"]), group=a["groups"], output_padding=extra)]
 
 
 def export_batch_norm(em, node, xs):
@@ -305,7 +319,7 @@ def export_full(em, node, xs):
     if len(ty.shape) == 0 or int(np.prod(ty.shape)) <= 16:
         return [em.const(np.full(ty.shape, value))]
     return [em.node("ConstantOfShape", [em.const(np.array(ty.shape, np.int64))],
-                    value=value.reshape(1))]
+                    value=numpy_helper.from_array(value.reshape(1)))]
 
 
 def export_arange(em, node, xs):
@@ -330,7 +344,8 @@ EXPORTERS = {
     "ge": export_compare("GreaterOrEqual"), "logical_and": _simple("And"),
     "logical_or": _simple("Or"), "logical_xor": _simple("Xor"),
     "where": export_where,
-    "matmul": _simple("MatMul"), "conv2d": export_conv2d, "batch_norm": export_batch_norm,
+    "matmul": _simple("MatMul"), "conv2d": export_conv2d,
+    "conv2d_input_grad": export_conv_transpose, "batch_norm": export_batch_norm,
     "softmax": export_softmax("Softmax"), "log_softmax": export_softmax("LogSoftmax"),
     "max_pool2d": export_max_pool2d, "avg_pool2d": export_avg_pool2d,
     "reshape": export_reshape, "permute": export_permute, "broadcast_to": export_broadcast_to,
@@ -348,7 +363,7 @@ _BACKWARD = "a backward op: export an inference graph (under graphc.no_grad(), m
 _RANDOM = "a random op: call model.eval() so dropout is off; ONNX random ops differ in stream"
 REFUSED = {
     "fused": "a fused group: export the traced IR, before the fuse pass",
-    "conv2d_input_grad": _BACKWARD, "conv2d_weight_grad": _BACKWARD,
+    "conv2d_weight_grad": _BACKWARD,
     "avg_pool2d_grad": _BACKWARD, "max_pool2d_grad": _BACKWARD,
     "embedding_backward": _BACKWARD, "nll_loss_backward": _BACKWARD,
     "nll_loss": "a training loss: export the model's forward, not the loss",

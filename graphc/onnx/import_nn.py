@@ -81,6 +81,42 @@ def import_conv(ctx, x, w, b=None):
     return y if ns == 2 else call("reshape", y, shape=(*y.shape[:2], y.shape[3]))
 
 
+def import_conv_transpose(ctx, x, w, b=None):
+    x, w = _t(ctx, x), _t(ctx, w)
+    ns = x.ndim - 2
+    kernel = list(ctx.attr("kernel_shape", w.shape[2:]))
+    strides = list(ctx.attr("strides", [1] * ns))
+    dilations = list(ctx.attr("dilations", [1] * ns))
+    extra = list(ctx.attr("output_padding", [0] * ns))
+    full = [s * (n - 1) + e + (k - 1) * d + 1 for s, n, e, k, d in
+            zip(strides, x.shape[2:], extra, kernel, dilations)]
+    pads = list(ctx.attr("pads", [0] * (2 * ns)))
+    begin, end = pads[:ns], pads[ns:]
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    out_shape = ctx.attr("output_shape")
+    if out_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        wanted = (list(out_shape)[-ns:] if out_shape is not None
+                  else [n * s for n, s in zip(x.shape[2:], strides)])
+        full = [max(f, o) for f, o in zip(full, wanted)]  # a larger output: output padding
+        total = [f - o for f, o in zip(full, wanted)]
+        if auto_pad == "SAME_UPPER":
+            begin, end = [t // 2 for t in total], [t - t // 2 for t in total]
+        else:
+            begin, end = [t - t // 2 for t in total], [t // 2 for t in total]
+    x2, w2 = _to_2d(ctx, x, ns), _to_2d(ctx, w, ns)
+    y = call("conv2d_input_grad", x2, w2, stride=_pair(strides, ns, 1), padding=(0, 0),
+             dilation=_pair(dilations, ns, 1), groups=ctx.attr("group", 1),
+             input_hw=_pair(full, ns, 1))
+    if any(begin) or any(end):
+        starts = (0, 0) + _pair(begin, ns, 0)
+        stops = tuple(y.shape[:2]) + tuple(f - e for f, e in zip(_pair(full, ns, 1),
+                                                                 _pair(end, ns, 0)))
+        y = call("slice", y, starts=starts, stops=stops, steps=(1, 1, 1, 1))
+    if b is not None:
+        y = call("add", y, call("reshape", _t(ctx, b), shape=(y.shape[1], 1, 1)))
+    return y if ns == 2 else call("reshape", y, shape=(*y.shape[:2], y.shape[3]))
+
+
 def _pool_setup(ctx, x):
     ns = x.ndim - 2
     kernel = list(ctx.attr("kernel_shape"))
@@ -365,6 +401,7 @@ def import_trilu(ctx, x, k=None):
 
 NN_IMPORTERS = {
     "MatMul": import_matmul, "Gemm": import_gemm, "Conv": import_conv,
+    "ConvTranspose": import_conv_transpose,
     "MaxPool": import_max_pool, "AveragePool": import_average_pool,
     "GlobalAveragePool": _global("reduce_mean"), "GlobalMaxPool": _global("reduce_max"),
     "BatchNormalization": import_batch_norm, "InstanceNormalization": import_instance_norm,
