@@ -105,11 +105,16 @@ def _trace_for_inference(model_or_fn, args: tuple):
     return traced
 
 
+_RANDOM_STATE = object()  # a generator's state input: only random ops read it, and they refuse
+
+
 def _input_value(binding, name: str, value) -> np.ndarray | None:
-    from graphc.jit import ArgBinding, ConstantBinding, TensorBinding
+    from graphc.jit import ArgBinding, ConstantBinding, RngBinding, TensorBinding
 
     if isinstance(binding, ArgBinding):
         return None
+    if isinstance(binding, RngBinding):
+        return _RANDOM_STATE
     if isinstance(binding, TensorBinding):
         return np.asarray(binding.tensor.detach().numpy())
     if isinstance(binding, ConstantBinding):
@@ -173,6 +178,8 @@ def to_model(model_or_fn, args, input_names=None, output_names=None,
     inputs = []
     for v in graph.inputs:
         array = _input_value(binding_of[v.name], v.name, v)
+        if array is _RANDOM_STATE:
+            continue
         if array is None:
             name = input_names[arg_inputs.index(v)]
             inputs.append(_value_info(name, v.type, dynamic_axes.get(name, {})))
