@@ -26,6 +26,7 @@ def load(name: str):
 def test_every_example_has_a_smoke_test():
     tested = {"mlp", "lenet5", "custom_function", "gradient_penalty", "inspect_graph"}
     tested |= {"resnet", "lstm_lm", "vae", "dcgan"}  # tests/test_examples_models.py
+    tested |= {"gpt"}  # tests/test_models_transformer.py
     assert {p.stem for p in EXAMPLES.glob("*.py")} == tested
 
 

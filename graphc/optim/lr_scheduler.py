@@ -109,13 +109,17 @@ class LRScheduler:
     def step(self, epoch: int | None = None) -> None:
         """Advance one step (or to `epoch`, deprecated in PyTorch) and set the new rates."""
         self._step_count += 1
+        if epoch is not None:
+            warnings.warn("The epoch parameter in `scheduler.step()` was not necessary and is "
+                          "being deprecated where possible. Please use `scheduler.step()` to "
+                          "step the scheduler.", UserWarning, stacklevel=2)
+        self._update_lr(epoch)
+
+    def _update_lr(self, epoch: int | None = None) -> None:
         if epoch is None:
             self.last_epoch += 1
             values = self.get_lr()
         else:
-            warnings.warn("The epoch parameter in `scheduler.step()` was not necessary and is "
-                          "being deprecated where possible. Please use `scheduler.step()` to "
-                          "step the scheduler.", UserWarning, stacklevel=2)
             self.last_epoch = epoch
             closed = getattr(self, "_get_closed_form_lr", None)
             values = closed() if closed is not None else self.get_lr()
@@ -428,7 +432,7 @@ class SequentialLR(LRScheduler):
         idx = bisect_right(self._milestones, self.last_epoch)
         scheduler = self._schedulers[idx]
         if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
-            scheduler.step(0)
+            scheduler._update_lr(0)
         else:
             scheduler.step()
         self._last_lr = scheduler.get_last_lr()
