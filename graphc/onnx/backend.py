@@ -87,6 +87,13 @@ class GraphcBackend(Backend):
         graph = helper.make_graph([node], "run_node", graph_inputs, graph_outputs)
         opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        if not outputs_info:  # the output types ONNX's shape inference gives, to cast back to
+            inferred = onnx.shape_inference.infer_shapes(model)
+            types = {v.name: v.type for v in [*inferred.graph.value_info,
+                                              *inferred.graph.output]}
+            for out in model.graph.output:
+                if out.name in types:
+                    out.type.CopyFrom(types[out.name])
         rep = GraphcRep(load(model))
         return rep.run([a for name, a in zip(node.input, arrays) if name])
 

@@ -127,10 +127,10 @@ def _run_static(fn, ctx, inputs):
     try:
         with abstract_eval(False), no_grad():
             out = fn(ctx, *inputs)
+            outs = out if isinstance(out, tuple) else (out,)
+            return tuple(o.numpy() if isinstance(o, Tensor) else o for o in outs)
     finally:
         set_tracer(previous)
-    outs = out if isinstance(out, tuple) else (out,)
-    return tuple(o.numpy() if isinstance(o, Tensor) else o for o in outs)
 
 
 class _Holder(Module):
@@ -185,8 +185,8 @@ class OnnxModule(Module):
         for value in [*graph.input, *graph.output]:
             kind = value.type.WhichOneof("value")
             elem = value.type.tensor_type.elem_type if kind == "tensor_type" else None
-            if kind == "tensor_type" and elem in SUPPORTED_ELEM_TYPES:
-                continue
+            if kind is None or kind == "tensor_type" and elem in (*SUPPORTED_ELEM_TYPES, 0):
+                continue  # no type given (0: undefined), or one graphc reads
             what = (helper.tensor_dtype_to_string(elem) if elem else kind) or "unknown"
             node = next((n for n in graph.node
                          if value.name in n.input or value.name in n.output), None)
