@@ -1,14 +1,16 @@
 """The one import table: ONNX op type -> the function that runs it with graphc ops.
 
-It joins the three parts (graphc.onnx.import_ops: elementwise and reductions; import_nn:
+It joins the four parts (graphc.onnx.import_ops: elementwise and reductions; import_nn:
 contractions, convolution, pooling, normalisation; import_shape: constants, shapes and
-movement). An op type missing here is refused at load time with UnsupportedOnnxOp.
+movement; import_extra: Attention and the losses). An op type missing here is refused at
+load time with UnsupportedOnnxOp.
 """
 
 from __future__ import annotations
 
+from graphc.onnx.import_extra import EXTRA_IMPORTERS
 from graphc.onnx.import_nn import NN_IMPORTERS
 from graphc.onnx.import_ops import ELEMENTWISE_IMPORTERS
 from graphc.onnx.import_shape import SHAPE_IMPORTERS
 
-IMPORTERS = {**ELEMENTWISE_IMPORTERS, **NN_IMPORTERS, **SHAPE_IMPORTERS}
+IMPORTERS = {**ELEMENTWISE_IMPORTERS, **NN_IMPORTERS, **SHAPE_IMPORTERS, **EXTRA_IMPORTERS}

@@ -1,0 +1,174 @@
+"""Import table, part 4: ONNX's Attention (opset 23+) and its loss ops.
+
+`Attention` follows onnx.reference's definition step by step: 3-D inputs split into heads,
+the past key/value concatenated, grouped-query heads repeated, Q and K each scaled by
+sqrt(scale), softcap, a bias from the mask (bool: -inf where False; float: added), the
+bottom-right causal frontier and sliding window (constants built with numpy, since they
+depend on shapes only), softmax with fully masked rows set to 0. Losses
+(`NegativeLogLikelihoodLoss`, `SoftmaxCrossEntropyLoss`) pick the target's log-probability
+with `gather`, weight it, and reduce as ONNX says (mean divides by the summed weights).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from graphc.ops.registry import call
+
+
+def _t(ctx, x):
+    return ctx.tensor(x)
+
+
+def _scalar(x, value):
+    return call("full", shape=(), value=float(value), dtype=x.dtype.name)
+
+
+def _heads(x, heads):
+    b, s, hidden = x.shape
+    x = call("reshape", x, shape=(b, s, heads, hidden // heads))
+    return call("permute", x, dims=(0, 2, 1, 3))
+
+
+def _repeat_heads(x, reps):
+    b, h, s, d = x.shape
+    x = call("reshape", x, shape=(b, h, 1, s, d))
+    x = call("broadcast_to", x, shape=(b, h, reps, s, d))
+    return call("reshape", x, shape=(b, h * reps, s, d))
+
+
+def _frontier(q_len, kv_len, offset, left, right, causal):
+    """The allowed (query, key) pairs as a numpy bool array: (q, kv) or (batch, 1, q, kv)."""
+    i = np.arange(q_len).reshape(q_len, 1)
+    j = np.arange(kv_len).reshape(1, kv_len)
+    offset = np.asarray(offset)
+    if offset.ndim:
+        i = i + offset.reshape(-1, 1, 1)
+    else:
+        i = i + int(offset)
+    allowed = np.ones(np.broadcast_shapes(i.shape, j.shape), bool)
+    if causal:
+        allowed &= j <= i
+    if left >= 0:
+        allowed &= (i - j) <= left
+    if right >= 0:
+        allowed &= (j - i) <= right
+    return allowed if allowed.ndim == 2 else allowed.reshape(allowed.shape[0], 1, q_len, kv_len)
+
+
+def import_attention(ctx, q, k, v, mask=None, past_key=None, past_value=None,
+                     nonpad_kv_seqlen=None):
+    q, k, v = _t(ctx, q), _t(ctx, k), _t(ctx, v)
+    three_d = q.ndim == 3
+    if three_d:
+        q = _heads(q, ctx.attr("q_num_heads"))
+        k = _heads(k, ctx.attr("kv_num_heads"))
+        v = _heads(v, ctx.attr("kv_num_heads"))
+    scale = ctx.attr("scale", 1 / math.sqrt(q.shape[3]))
+    if past_key is not None:
+        k = call("concat", _t(ctx, past_key), k, axis=2)
+        v = call("concat", _t(ctx, past_value), v, axis=2)
+    present_key, present_value = k, v
+    q_len, kv_len = q.shape[2], k.shape[2]
+    if q.shape[1] != k.shape[1] and q.shape[1] % k.shape[1] == 0:
+        k = _repeat_heads(k, q.shape[1] // k.shape[1])
+        v = _repeat_heads(v, q.shape[1] // v.shape[1])
+    root = _scalar(q, math.sqrt(scale))
+    scores = call("matmul", call("mul", q, root),
+                  call("permute", call("mul", k, root), dims=(0, 1, 3, 2)))
+    softcap = ctx.attr("softcap", None)
+    if softcap:
+        scores = call("mul", call("tanh", call("div", scores, _scalar(scores, softcap))),
+                      _scalar(scores, softcap))
+    bias = None
+    if mask is not None:
+        mask = _t(ctx, mask)
+        if mask.shape[-1] < kv_len:
+            pads = [0] * (2 * mask.ndim)
+            pads[-1] = kv_len - mask.shape[-1]
+            mask = call("pad", mask, pads=tuple(pads),
+                        value=0.0 if mask.dtype.name == "bool" else -math.inf)
+        if mask.dtype.name == "bool":
+            mask = call("where", mask, _scalar(q, 0), _scalar(q, -math.inf))
+        bias = mask
+    left, right = ctx.attr("left_window_size", -1), ctx.attr("right_window_size", -1)
+    causal = bool(ctx.attr("is_causal", 0))
+    if causal or left >= 0 or right >= 0:
+        if past_key is None and nonpad_kv_seqlen is not None:
+            offset = ctx.static(nonpad_kv_seqlen, "nonpad_kv_seqlen").reshape(-1) - q_len
+        else:
+            offset = past_key.shape[2] if past_key is not None else 0
+        allowed = _frontier(q_len, kv_len, offset, left, right, causal)
+        frontier = np.where(allowed, 0.0, -np.inf).astype(q.dtype.np)
+        bias = _t(ctx, frontier) if bias is None else call("add", bias, _t(ctx, frontier))
+    if nonpad_kv_seqlen is not None:
+        lengths = ctx.static(nonpad_kv_seqlen, "nonpad_kv_seqlen").reshape(-1, 1)
+        keep = (np.arange(kv_len) < lengths).reshape(-1, 1, 1, kv_len)
+        padding = _t(ctx, np.where(keep, 0.0, -np.inf).astype(q.dtype.np))
+        bias = padding if bias is None else call("add", bias, padding)
+    with_bias = scores if bias is None else call("add", scores, bias)
+    top = call("reduce_max", with_bias, axes=(3,), keepdim=True)
+    top = call("where", call("eq", top, _scalar(top, -math.inf)), _scalar(top, 0), top)
+    e = call("exp", call("sub", with_bias, top))
+    total = call("reduce_sum", e, axes=(3,), keepdim=True)
+    probs = call("div", e, call("where", call("eq", total, _scalar(total, 0)),
+                                _scalar(total, 1), total))
+    if bias is not None:  # rows the bias masks entirely attend to nothing
+        dead = call("eq", call("reduce_max", call("broadcast_to", bias, shape=tuple(
+            np.broadcast_shapes(tuple(bias.shape), tuple(with_bias.shape)))),
+            axes=(bias.ndim - 1,), keepdim=True), _scalar(q, -math.inf))
+        probs = call("where", dead, _scalar(probs, 0), probs)
+    y = call("matmul", probs, v)
+    if three_d:
+        y = call("permute", y, dims=(0, 2, 1, 3))
+        y = call("reshape", y, shape=(y.shape[0], y.shape[1], y.shape[2] * y.shape[3]))
+    mode = ctx.attr("qk_matmul_output_mode", 0)
+    qk = {2: with_bias, 3: probs}.get(mode, scores)
+    return (y, present_key, present_value, qk)[:max(ctx.num_outputs, 1)]
+
+
+def _nll(ctx, logp, target, weight):
+    """ONNX's NegativeLogLikelihoodLoss on log-probabilities (N, C, d1, ...)."""
+    target = _t(ctx, target)
+    if target.dtype.name != "int64":
+        target = call("cast", target, dtype="int64")
+    ignore = ctx.attr("ignore_index", None)
+    valid = None
+    if ignore is not None:
+        valid = call("ne", target, call("full", shape=(), value=ignore, dtype="int64"))
+        target = call("where", valid, target, call("full", shape=(), value=0, dtype="int64"))
+    shape = list(target.shape)
+    shape.insert(1, 1)
+    picked = call("gather", logp, call("reshape", target, shape=tuple(shape)), axis=1)
+    picked = call("reshape", picked, shape=tuple(target.shape))
+    w = (call("full", shape=tuple(target.shape), value=1.0, dtype=logp.dtype.name)
+         if weight is None else call("take", _t(ctx, weight), target, axis=0))
+    if valid is not None:
+        w = call("where", valid, w, _scalar(w, 0))
+    loss = call("neg", call("mul", picked, w))
+    reduction = ctx.attr("reduction", "mean")
+    axes = tuple(range(loss.ndim))
+    if reduction == "none":
+        return loss
+    total = call("reduce_sum", loss, axes=axes, keepdim=False)
+    if reduction == "sum":
+        return total
+    return call("div", total, call("reduce_sum", w, axes=axes, keepdim=False))
+
+
+def import_nll_loss(ctx, logp, target, weight=None):
+    return _nll(ctx, _t(ctx, logp), target, weight)
+
+
+def import_softmax_cross_entropy(ctx, scores, labels, weight=None):
+    logp = call("log_softmax", _t(ctx, scores), dim=1)
+    loss = _nll(ctx, logp, labels, weight)
+    return (loss, logp) if ctx.wants(1) else loss
+
+
+EXTRA_IMPORTERS = {
+    "Attention": import_attention, "NegativeLogLikelihoodLoss": import_nll_loss,
+    "SoftmaxCrossEntropyLoss": import_softmax_cross_entropy,
+}
