@@ -16,6 +16,7 @@ OPTIMIZERS = [
     ("RMSprop", {"lr": 0.01}),
     ("RMSprop", {"lr": 0.01, "momentum": 0.9, "centered": True, "weight_decay": 0.1}),
     ("RMSprop", {"lr": 0.01, "maximize": True}),
+    ("RMSprop", {"lr": 0.01, "momentum": 0.5}),
     ("Adagrad", {"lr": 0.1}),
     ("Adagrad", {"lr": 0.1, "lr_decay": 0.01, "weight_decay": 0.1,
                  "initial_accumulator_value": 0.5}),
@@ -75,6 +76,9 @@ SCHEDULERS = {
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 @pytest.mark.parametrize("opt_name,kwargs", [("SGD", {"lr": 0.1, "momentum": 0.9}),
+                                             ("SGD", {"lr": 0.1, "momentum": 0.9,
+                                                      "nesterov": True}),
+                                             ("RMSprop", {"lr": 0.01, "momentum": 0.5}),
                                              ("Adam", {"lr": 0.05})])
 def test_scheduler_matches_pytorch(name, opt_name, kwargs):
     got, got_lrs = _run("graphc", opt_name, kwargs, steps=9, scheduler=SCHEDULERS[name])
@@ -83,16 +87,24 @@ def test_scheduler_matches_pytorch(name, opt_name, kwargs):
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("opt_name", ["SGD", "Adam", "RMSprop", "Adagrad"])
-def test_scheduled_lr_is_a_runtime_input_of_the_compiled_step(opt_name):
+@pytest.mark.parametrize("opt_name,schedule", [
+    ("SGD", "cosine"), ("Adam", "cosine"), ("RMSprop", "cosine"), ("Adagrad", "cosine"),
+    ("SGD", "onecycle"), ("Adam", "onecycle"), ("RMSprop", "onecycle")])
+def test_scheduled_lr_is_a_runtime_input_of_the_compiled_step(opt_name, schedule):
+    """The lr (and, for OneCycleLR, the momentum or beta1) changes every step: the compiled
+    step follows eager without tracing again."""
     graphc.manual_seed(0)
     model, twin = nn.Linear(3, 2), nn.Linear(3, 2)
     twin.load_state_dict(model.state_dict())
     x, y = graphc.randn(8, 3), graphc.randn(8, 2)
 
     def make(m):
-        opt = getattr(optim, opt_name)(m.parameters(), lr=0.1)
-        sched = optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4)
+        kwargs = {"momentum": 0.5} if opt_name in ("SGD", "RMSprop") else {}
+        opt = getattr(optim, opt_name)(m.parameters(), lr=0.1, **kwargs)
+        if schedule == "cosine":
+            sched = optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4)
+        else:
+            sched = optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=8)
 
         def step(x, y):
             opt.zero_grad()

@@ -25,16 +25,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphc.ops.elementwise import cast, maximum, sqrt
+from graphc.ops.elementwise import cast, maximum, sqrt, where
 from graphc.ops.registry import call
-from graphc.optim.optimizer import Optimizer, check_lr, check_weight_decay, zeros_state
+from graphc.optim.optimizer import (
+    Optimizer,
+    check_lr,
+    check_weight_decay,
+    checkable,
+    zeros_state,
+)
+from graphc.tensor import Tensor
 from graphc.types import float32, float64
 
 _STEP_DTYPE = float32  # PyTorch's `_get_scalar_dtype()` under the default dtype
 
 
-def lerp_(start, end, weight: float):
-    """start.lerp_(end, weight) with ATen's two formulas (exact at weight 0 and 1)."""
+def lerp_(start, end, weight):
+    """start.lerp_(end, weight) with ATen's two formulas (exact at weight 0 and 1); `weight`
+    a Python number or a 0-d tensor (a runtime input: both formulas, chosen by `where`)."""
+    if isinstance(weight, Tensor):
+        w = cast(weight, start.dtype)
+        diff = end - start
+        return start.copy_(where(w.abs() < 0.5, start + diff * w, end - diff * (1 - w)))
     if abs(weight) < 0.5:
         return start.add_((end - start).mul(weight))
     one_minus = 1 - call("full", shape=(), value=weight, dtype=start.dtype.name)
@@ -78,10 +90,10 @@ class Adam(Optimizer):
             raise ValueError(f"Invalid epsilon value: {eps} (eps must be >= 0)")
         if len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta1, beta2), got {betas}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]} (must be in [0, 1))")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]} (must be in [0, 1))")
+        for i, beta in enumerate(map(checkable, betas)):  # a tensor beta1: OneCycleLR's
+            if beta is not None and not 0.0 <= beta < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {beta} (must be in "
+                                 "[0, 1))")
         check_weight_decay(group["weight_decay"])
 
     def _check_state(self, p) -> None:

@@ -14,8 +14,8 @@ reads the tensor by pointer at every call, and its guard checks only the tensor'
 compiled function, as usual.
 
 OneCycleLR with `cycle_momentum=True` (the default) also changes the momentum (or Adam's
-beta1) every step; those are plain floats, as in PyTorch, so a compiled step traces again
-when they change: pass `cycle_momentum=False` for a compiled step with one trace.
+beta1) every step: it keeps them as 0-d float64 tensors written in place too (SGD and Adam
+accept tensor momentum and betas), so they are runtime inputs as well.
 
 >>> import graphc
 >>> from graphc import optim
@@ -339,10 +339,7 @@ class OneCycleLR(LRScheduler):
             maxes = _per_group(max_momentum, groups, "max_momentum")
             if last_epoch == -1:
                 for m_max, m_base, group in zip(maxes, bases, groups):
-                    if self.use_beta1:
-                        group["betas"] = (m_max, *group["betas"][1:])
-                    else:
-                        group["momentum"] = m_max
+                    self._set_momentum(group, m_max)
                     group["max_momentum"] = m_max
                     group["base_momentum"] = m_base
         super().__init__(optimizer, last_epoch)
@@ -375,11 +372,22 @@ class OneCycleLR(LRScheduler):
                 start_step = phase["end_step"]
             lrs.append(lr)
             if self.cycle_momentum:
-                if self.use_beta1:
-                    group["betas"] = (momentum, *group["betas"][1:])
-                else:
-                    group["momentum"] = momentum
+                self._set_momentum(group, momentum)
         return lrs
+
+    def _set_momentum(self, group: dict[str, Any], value: float) -> None:
+        """The group's momentum (or beta1) as a 0-d float64 tensor written in place, so a
+        compiled step reads it as a runtime input, as the learning rate."""
+        current = group["betas"][0] if self.use_beta1 else group["momentum"]
+        if isinstance(current, Tensor):
+            with no_grad():
+                current.fill_(value)
+            return
+        value_t = tensor(float(value), dtype=float64)
+        if self.use_beta1:
+            group["betas"] = (value_t, *group["betas"][1:])
+        else:
+            group["momentum"] = value_t
 
     def state_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_anneal")}

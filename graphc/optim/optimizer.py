@@ -370,14 +370,22 @@ def _cast_state(param: Tensor, key, value):
 def check_lr(lr) -> None:
     """Shared hyperparameter checks with PyTorch's messages. A tensor lr (a runtime input of a
     compiled step, as the lr schedulers keep it) is checked by value only outside a trace."""
-    if isinstance(lr, Tensor):
-        if lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-        if current_tracer() is not None or lr.is_abstract:
-            return
-        lr = lr.item()
-    if not 0.0 <= lr:
+    if isinstance(lr, Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    lr = checkable(lr)
+    if lr is not None and not 0.0 <= lr:
         raise ValueError(f"Invalid learning rate: {lr} (lr must be >= 0)")
+
+
+def checkable(value):
+    """A hyperparameter's value for a range check: a Python number as is, a tensor's value
+    outside a trace, None inside one (a runtime input, such as a scheduled lr, has no value
+    there; it was checked when it was set)."""
+    if isinstance(value, Tensor):
+        if current_tracer() is not None or value.is_abstract:
+            return None
+        return value.item()
+    return value
 
 
 def add_scaled_(p: Tensor, update: Tensor, scale) -> Tensor:

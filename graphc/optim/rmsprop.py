@@ -23,8 +23,10 @@ from graphc.optim.optimizer import (
     add_scaled_,
     check_lr,
     check_weight_decay,
+    checkable,
     zeros_state,
 )
+from graphc.tensor import Tensor
 
 
 class RMSprop(Optimizer):
@@ -55,8 +57,9 @@ class RMSprop(Optimizer):
         check_lr(group["lr"])
         if not 0.0 <= group["eps"]:
             raise ValueError(f"Invalid epsilon value: {group['eps']}")
-        if not 0.0 <= group["momentum"]:
-            raise ValueError(f"Invalid momentum value: {group['momentum']}")
+        momentum = checkable(group["momentum"])  # a tensor: a runtime input (OneCycleLR)
+        if momentum is not None and not 0.0 <= momentum:
+            raise ValueError(f"Invalid momentum value: {momentum}")
         check_weight_decay(group["weight_decay"])
         if not 0.0 <= group["alpha"]:
             raise ValueError(f"Invalid alpha value: {group['alpha']}")
@@ -64,12 +67,13 @@ class RMSprop(Optimizer):
     def _update_group(self, group: dict[str, Any], params: list, grads: list) -> None:
         lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
         weight_decay, momentum = group["weight_decay"], group["momentum"]
+        uses_momentum = isinstance(momentum, Tensor) or momentum > 0
         for p, grad in zip(params, grads):
             state = self.state[p]
             if len(state) == 0:
                 state["step"] = call("full", shape=(), value=0.0, dtype="float32")
                 state["square_avg"] = zeros_state(p)
-                if momentum > 0:
+                if uses_momentum:
                     state["momentum_buffer"] = zeros_state(p)
                 if group["centered"]:
                     state["grad_avg"] = zeros_state(p)
@@ -86,9 +90,12 @@ class RMSprop(Optimizer):
             else:
                 avg = square_avg.sqrt()
             avg = avg.add_(eps)
-            if momentum > 0:
+            if uses_momentum:
+                if "momentum_buffer" not in state:  # momentum switched on after some steps
+                    state["momentum_buffer"] = zeros_state(p)
                 buf = state["momentum_buffer"]
-                buf.mul_(momentum).add_(g / avg)
+                m = momentum.to(p.dtype) if isinstance(momentum, Tensor) else momentum
+                buf.mul_(m).add_(g / avg)
                 add_scaled_(p, buf, -lr)
             else:
                 add_scaled_(p, g / avg, -lr)

@@ -20,8 +20,10 @@ from graphc.optim.optimizer import (
     add_scaled_,
     check_lr,
     check_weight_decay,
+    checkable,
     clone,
 )
+from graphc.tensor import Tensor
 
 
 class SGD(Optimizer):
@@ -55,10 +57,12 @@ class SGD(Optimizer):
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_lr(group["lr"])
-        if group["momentum"] < 0.0:
-            raise ValueError(f"Invalid momentum value: {group['momentum']} (momentum must be >= 0)")
+        momentum = checkable(group["momentum"])  # a tensor: a runtime input (OneCycleLR)
+        if momentum is not None and momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum} (momentum must be >= 0)")
         check_weight_decay(group["weight_decay"])
-        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+        if group["nesterov"] and ((momentum is not None and momentum <= 0)
+                                  or group["dampening"] != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
 
     def _update_group(self, group: dict[str, Any], params: list, grads: list) -> None:
@@ -68,13 +72,14 @@ class SGD(Optimizer):
             g = -grad if group["maximize"] else grad
             if weight_decay != 0:
                 g = g.add(p, alpha=weight_decay)
-            if momentum != 0:
+            if isinstance(momentum, Tensor) or momentum != 0:
+                m = momentum.to(p.dtype) if isinstance(momentum, Tensor) else momentum
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
                 if buf is None:
                     buf = clone(g)
                     state["momentum_buffer"] = buf
                 else:
-                    buf.mul_(momentum).add_(g, alpha=1 - dampening)
-                g = g.add(buf, alpha=momentum) if group["nesterov"] else buf
+                    buf.mul_(m).add_(g, alpha=1 - dampening)
+                g = g + buf * m if group["nesterov"] else buf
             add_scaled_(p, g, -lr)
