@@ -236,6 +236,23 @@ def full_reduce(b: Builder) -> None:
     b.step(f"graphc.{fn}({{0}})" if fn != "amax" else "graphc.amax({0}, ())", b.pick("f"))
 
 
+def shared_reduction(b: Builder) -> None:
+    """A reduction's result read by elementwise ops over differently shaped operands, which
+    need not broadcast together (issue 12: fuse crashed on `c = s.sum() * 2; a * c, b * c`
+    with a (8, 4) and b (3, 8); every gradient clipping by a global norm makes it)."""
+    x = b.pick("f")
+    shape = b.shape(x)
+    if shape and b.draw(st.booleans()):  # per-row statistics: keepdim over the last axis
+        s = b.step("graphc.sum({0} * {0}, dim=-1, keepdim=True) * 0.5", x)
+        readers = [b.new_input(shape[:-1] + (n,)) for n in
+                   (b.draw(st.integers(1, 5)), b.draw(st.integers(1, 5)))]
+    else:
+        s = b.step("graphc.sqrt(graphc.sum({0} * {0}) + 1.0) * 2.0", x)
+        readers = [b.new_input(b.draw(shapes(1, 3))) for _ in range(2)]
+    b.step("{0} * {1}", readers[0], s)
+    b.step("{0} * {1} + {0}", readers[1], s)
+
+
 def movement(b: Builder) -> None:
     x = b.pick("f", min_ndim=1)
     shape = b.shape(x)
@@ -401,13 +418,13 @@ def loss(b: Builder) -> None:
 
 FAMILIES = {
     "elementwise": (unary, unary, binary, binary, compare_where, cast, integer),
-    "reduce": (unary, binary, reduce, reduce, reduce, full_reduce),
+    "reduce": (unary, binary, reduce, reduce, reduce, full_reduce, shared_reduction),
     "movement": (unary, binary, movement, movement, movement),
     "matmul": (unary, binary, matmul, matmul, reduce, movement),
     "conv_pool": (unary, conv, conv, pool, pool, batch_norm),
     "softmax_loss": (unary, binary, softmax, loss, loss),
     "mixed": (unary, binary, compare_where, cast, reduce, movement, matmul, conv, pool,
-              softmax, loss),
+              softmax, loss, shared_reduction),
 }
 
 
