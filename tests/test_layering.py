@@ -1,4 +1,4 @@
-"""The layering of graphc: import-linter's contracts (pyproject.toml) and what `import graphc` loads.
+"""The layering of graphc: import-linter's contracts (pyproject.toml), what `import graphc` loads.
 
 Dependencies point one way: tools and testing, then jit, the front end, backends, passes, ir,
 ops and the base modules (ARCHITECTURE.md). `lint-imports` checks every import of the package

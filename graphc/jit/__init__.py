@@ -24,6 +24,7 @@ sits above the front end, ops, IR, passes and backends, and nothing below it imp
 tensor([0., 6.])
 """
 
+from graphc.jit import autodiff as _autodiff  # noqa: F401  (installs derive_backward's engine)
 from graphc.jit.bindings import (
     ArgBinding,
     ConstantBinding,
@@ -33,8 +34,7 @@ from graphc.jit.bindings import (
     TensorBinding,
     TraceResult,
 )
-from graphc.jit import autodiff as _autodiff  # noqa: F401  (installs derive_backward's engine)
-from graphc.jit.compiler import Compiled, RecompileLimitError, compile  # noqa: I001
+from graphc.jit.compiler import Compiled, RecompileLimitError, compile
 from graphc.jit.tracer import Tracer, trace, trace_call
 
 __all__ = [
