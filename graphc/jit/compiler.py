@@ -12,7 +12,11 @@ again, abstractly (graphc.jit.tracer: no kernel runs and no tensor changes), and
 result then comes from running the new executable, as torch.compile does: its side effects
 (parameter and optimizer-state updates, `.grad`s, random draws) happen once, in the compiled
 run; optimizer state the call creates lazily gets its values from that run too
-(`TraceResult.escaped`). With GRAPHC_LOG=recompiles
+(`TraceResult.escaped`). A call that creates state the next call reads (a training step's
+first call: optimizer moments, momentum buffers, `.grad`s that were None) would make the
+next call trace again; so it runs on the interpreter instead, and the call is traced again
+at once on the state it left, and only that steady graph is compiled (`_warm_up`): one
+compile per training step, and the second call replays it. With GRAPHC_LOG=recompiles
 each retrace logs which fields changed, and after the recompile limit the call raises
 `RecompileLimitError` listing them. A stale executable is never replayed: captured tensors
 are checked against the graph's types, and storage sharing among the call's tensors against
@@ -219,6 +223,9 @@ class Compiled:
             passes = default_passes() if self.passes is None else list(self.passes)
             optimized, self.report = run_pipeline(traced.graph, passes, verify=True,
                                                   dump_prefix=prefix)
+            if not needs_grad and self.backend != "interp" and \
+                    _creates_state(traced, guard, args, kwargs):
+                return self._warm_up(sig, guard, traced, optimized, args, kwargs, lazy_state)
             executable = compile_graph(optimized, self.backend)
             gradient = self._gradient_plan(traced, args, kwargs, passes, needs_grad) \
                 if needs_grad else None
@@ -239,6 +246,44 @@ class Compiled:
             self._mark_shadowed()
             lazy_state.drop_new()
             raise
+
+    def _warm_up(self, sig: dict, guard: Guard, traced: TraceResult, optimized, args: tuple,
+                 kwargs: dict, lazy_state):
+        """The first call of a step that creates state (optimizer moments, momentum buffers,
+        `.grad`s that were None): the next call would see that state and trace again, so
+        compiling this graph would be wasted. Run this call's graph on the interpreter (its
+        results and effects, once), then trace the call again on the state it left (an
+        abstract trace: no kernel, no effect) and compile only that graph, the one every
+        later call replays: one compile per training step."""
+        first = _Entry(sig, traced, compile_graph(optimized, "interp"),
+                       aliasing(traced, args, kwargs), None, guard)
+        traced.restore()
+        try:
+            result = self._run(first, args, kwargs, escaped=traced.escaped)
+        except nan_check.NonFiniteError:
+            lazy_state.drop_new()
+            raise
+        try:
+            guard = Guard(self.fn, args, kwargs)
+            modules, captured = reachable_state(self.fn, args, kwargs)
+            steady = signature_of(self.fn, modules, args, kwargs, captured)
+            traced = trace_call(self.fn, args, kwargs)
+            traced.restore()
+            optimized, self.report = run_pipeline(traced.graph, default_passes()
+                                                  if self.passes is None else list(self.passes),
+                                                  verify=True, dump_prefix=_dump(traced.graph))
+            entry = _Entry(steady, traced, compile_graph(optimized, self.backend),
+                           aliasing(traced, args, kwargs), None, guard)
+        except GraphcError:
+            # the steady graph could not be made now: the next call traces as it would have
+            self._entries.append(first)
+            self._mark_shadowed()
+            return result
+        if traced.escaped:  # still creating state: keep the interpreter's entry out of it
+            self._entries.append(first)
+        self._entries.append(entry)
+        self._mark_shadowed()
+        return result
 
     def _mark_shadowed(self) -> None:
         """An entry whose signature a newer entry also has is left to the full signature."""
@@ -377,6 +422,16 @@ class Compiled:
             holder._grad = Tensor._wrap(array)
             assigned.append(holder._grad)
         return assigned
+
+
+def _creates_state(traced: TraceResult, guard: Guard, args: tuple, kwargs: dict) -> bool:
+    """Whether this call makes state the next call will read: optimizer state created
+    lazily (`escaped`), or a `.grad` that was None before the call and is assigned by it."""
+    if traced.escaped:
+        return True
+    was_none = {id(t) for t, key in guard.grads if key is None}
+    return any(go.index is not None and id(go.resolve(args, kwargs)) in was_none
+               for go in traced.grad_outputs)
 
 
 def _run_and_write_back(executable: Executable, arrays: list, targets: list,
