@@ -57,12 +57,12 @@ from graphc.jit import RecompileLimitError, compile, trace  # noqa: E402
 from graphc.jit.dump import dump  # noqa: E402
 
 
-def profile(fn, *args, repeat: int = 20, trace: str | None = None, **kwargs):
+def profile(fn, *args, **kwargs):
     """Time every kernel of `fn(*args)` compiled on the cpu backend; see graphc.tools.profile.
 
     `print(graphc.profile(step, x, y))` shows the kernels slowest first; `trace="t.json"`
-    also writes a Chrome / Perfetto trace."""
+    also writes a Chrome / Perfetto trace; `repeat=N` sets the runs (default 20)."""
     from graphc.tools.profile import profile as run
 
-    return run(fn, *args, repeat=repeat, trace=trace, **kwargs)
+    return run(fn, *args, **kwargs)
 from graphc.utils.composites import cumsum, einsum, masked_fill, multinomial, topk, tril, triu  # noqa: E402

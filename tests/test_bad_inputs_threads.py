@@ -106,3 +106,24 @@ def test_eager_random_ops_in_another_thread_are_not_recorded():
     t.join(timeout=30)
     ops = [n.op for n in f.graph.nodes]
     assert "uniform" not in ops and drawn and not drawn[0].is_abstract
+
+
+def test_threads_making_the_first_call_of_one_callable_at_once_trace_it_once():
+    f = graphc.compile(lambda x, w: (x @ w).relu().sum(1), backend="interp")
+    rng = np.random.default_rng(0)
+    x = graphc.tensor(rng.standard_normal((8, 16)).astype(np.float32))
+    w = graphc.tensor(rng.standard_normal((16, 4)).astype(np.float32))
+    want = (x.numpy() @ w.numpy()).clip(0).sum(1)
+    barrier, results = threading.Barrier(8), []
+
+    def call():
+        barrier.wait()
+        results.append(f(x, w).numpy())
+
+    workers = [threading.Thread(target=call) for _ in range(8)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=120)
+    assert len(results) == 8 and all(np.allclose(r, want, rtol=1e-5) for r in results)
+    assert len(f.graphs) == 1  # eight first calls, one trace: no recompile limit reached

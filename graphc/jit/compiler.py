@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -130,6 +131,9 @@ class Compiled:
         self.passes = passes  # None: graphc.passes.default_passes(); [] runs the traced graph
         self.report = None  # the PipelineReport of the latest trace
         self._entries: list[_Entry] = []
+        # the full-signature path (tracing, compiling) runs one thread at a time; a thread's
+        # own nested call of the same callable re-enters it
+        self._slow_path = threading.RLock()
         self._recompile_reasons: list[list[str]] = []
         functools.update_wrapper(self, fn, updated=())
         self.__name__ = graph_name(fn)
@@ -176,17 +180,18 @@ class Compiled:
                 if not entry.shadowed and self._fits(entry, args, kwargs):
                     return self._run(entry, args, kwargs)
                 break
-        guard = Guard(self.fn, args, kwargs)  # the same state as the signature below
-        modules, captured = reachable_state(self.fn, args, kwargs)
-        sig = signature_of(self.fn, modules, args, kwargs, captured)
-        stale: list[str] = []
-        for entry in reversed(self._entries):
-            if entry.signature == sig:
-                stale = self._stale(entry, args, kwargs)
-                if not stale:
-                    entry.guard = guard
-                    return self._run(entry, args, kwargs)
-        return self._trace(sig, guard, args, kwargs, modules, stale)
+        with self._slow_path:  # threads making a first call at once: one traces, the rest
+            guard = Guard(self.fn, args, kwargs)  # find its entry; same state as the sig
+            modules, captured = reachable_state(self.fn, args, kwargs)
+            sig = signature_of(self.fn, modules, args, kwargs, captured)
+            stale: list[str] = []
+            for entry in reversed(self._entries):
+                if entry.signature == sig:
+                    stale = self._stale(entry, args, kwargs)
+                    if not stale:
+                        entry.guard = guard
+                        return self._run(entry, args, kwargs)
+            return self._trace(sig, guard, args, kwargs, modules, stale)
 
     def _limit(self) -> int:
         return self.recompile_limit if self.recompile_limit is not None \
