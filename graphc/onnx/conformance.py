@@ -10,7 +10,8 @@ dtype, then `assert_allclose` with the case's rtol and atol). Each case ends as 
 - `failed`: the outputs differ; `error`: any other exception (a bug to look at).
 
 `python -m graphc.onnx.conformance` prints the counts and the refusals by op (docs/onnx.md
-lists them); `--all` runs every case, else a deterministic subset (`subset(names, n)`).
+lists them, `--markdown` as a table); `--every N` runs a deterministic 1-in-N subset
+(`subset`), `--op` the cases of one op type.
 """
 
 from __future__ import annotations
@@ -64,7 +65,21 @@ def _op_type(case) -> str:
 
 def _plain(values) -> bool:
     return all(isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype.kind in "fiub"
-               for v in values)
+               and np.asarray(v).dtype != np.uint64 for v in values)
+
+
+def _kinds(values) -> str:
+    """What graphc has no tensor for among `values`: sequences, optionals, dtypes."""
+    found = set()
+    for v in values:
+        if isinstance(v, list):
+            found.add("sequence")
+        elif v is None:
+            found.add("optional")
+        elif not _plain([v]):
+            dtype = np.asarray(v).dtype
+            found.add("string" if dtype.kind in "OSU" else str(dtype))
+    return ", ".join(sorted(found))
 
 
 def run_case(case) -> Outcome:
@@ -76,7 +91,8 @@ def run_case(case) -> Outcome:
     op = _op_type(case)
     for inputs, expected in case.data_sets:
         if not (_plain(inputs) and _plain(expected)):
-            return Outcome(case.name, op, "refused", "sequence, optional or string values")
+            return Outcome(case.name, op, "refused", "values graphc has no tensor for: "
+                           + _kinds([*inputs, *expected]))
         try:
             with np.errstate(all="ignore"):
                 rep = GraphcBackend.prepare(case.model)
@@ -122,18 +138,40 @@ def summary(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def _reason(detail: str) -> str:
+    """The why of a refusal, without the op/opset/node preamble."""
+    why = detail.split("is not supported by graphc", 1)[-1].lstrip(": ")
+    return why.replace("|", "/") or "no graphc mapping for this op"
+
+
+def markdown(outcomes: list[Outcome]) -> str:
+    """The refusals as a Markdown table: op, cases refused, the reason(s) (docs/onnx.md)."""
+    by_op = collections.defaultdict(list)
+    for o in outcomes:
+        if o.status == "refused":
+            by_op[o.op_type].append(_reason(o.detail))
+    lines = ["| op | refused | why |", "|---|---:|---|"]
+    for op in sorted(by_op):
+        reasons = collections.Counter(by_op[op])
+        why = "; ".join(r for r, _ in reasons.most_common(3))
+        lines.append(f"| {op} | {len(by_op[op])} | {why} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line: run the node tests and print the summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--every", type=int, default=1, help="run 1 case in EVERY (default all)")
     parser.add_argument("--op", default=None, help="only cases of this op type")
+    parser.add_argument("--markdown", action="store_true", help="the refusals as a table")
     args = parser.parse_args(argv)
     cases = collect_cases()
     if args.op:
         cases = [c for c in cases if _op_type(c) == args.op]
     if args.every > 1:
         cases = subset(cases, args.every)
-    print(summary(run_node_tests(cases)))
+    outcomes = run_node_tests(cases)
+    print(markdown(outcomes) if args.markdown else summary(outcomes))
 
 
 if __name__ == "__main__":
