@@ -4,7 +4,8 @@ What is measured (`measure`, run in a child process by `compile_time_case`): the
 graphc, builds LeNet-5 with SGD momentum and runs one eager step (so the momentum buffers
 exist and the compiled step traces exactly once); none of that is counted. The figure is the
 wall time of the first compiled call, which does all of the compile work:
-- trace: the traced call runs the step eagerly while recording it (graphc.tracing),
+- trace: the traced call runs the step abstractly (shape rules only) while recording it
+  (graphc.jit.tracer),
 - default_passes: building the pass list, which imports graphc.passes.fuse (and networkx)
   on the first compile of a process,
 - passes: simplify, fuse, plan_buffers (with the verifier after each),
@@ -19,7 +20,7 @@ wall time of the first compiled call, which does all of the compile work:
 a new process with that directory populated by the cold run: a warm compile still traces,
 runs the passes and lowers (the cache key is the hash of the IR text), and skips LLVM's
 optimisation and code generation. The stage times come from wrapping the functions
-graphc.compiler calls (trace_call, default_passes, run_pipeline, compile_graph) and the CPU
+graphc.jit.compiler calls (trace_call, default_passes, run_pipeline, compile_graph) and the CPU
 backend's `lower` and `llvm.compile_module` in timers in the child; graphc is not changed.
 The timers read the clock run.py's --clock chose (wall, or this process's CPU time).
 

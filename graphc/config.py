@@ -12,9 +12,9 @@
   `$XDG_CACHE_HOME/graphc`, else `~/.cache/graphc`).
 - GRAPHC_CHECK_NANS: `1` makes every call of a graphc.compile'd function check its floating
   outputs and in-place updates for NaN/Inf; on one it replays the traced graph on the
-  interpreter with the same inputs and raises `graphc.nan_check.NonFiniteError` naming the first
+  interpreter with the same inputs and raises `graphc.jit.nan_check.NonFiniteError` naming the first
   node that produced a NaN or an Inf (its op, its IR line, the user source line it was traced
-  from), before anything is written back (see graphc.nan_check). The first call of a signature
+  from), before anything is written back (see graphc.jit.nan_check). The first call of a signature
   then runs the compiled graph too (its eager run is undone). Off by default, and free when off.
 - GRAPHC_CUDA: which library the cuda backend runs on: `cuda` (or `gpu`, or unset) the GPU
   build, `emu` (or `emulation`) the CPU emulation of graphc's CUDA runtime (every CUDA thread

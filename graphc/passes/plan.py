@@ -105,7 +105,7 @@ class MemoryPlan:
 
     @property
     def table(self) -> str:
-        """The lifetime table: one line per buffer (graphc.passes.memory_viz.format_table)."""
+        """The lifetime table: one line per buffer (graphc.passes.memory_report.format_table)."""
         from graphc.passes.memory_report import format_table
 
         return format_table(self)

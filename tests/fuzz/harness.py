@@ -19,7 +19,7 @@ On a mismatch or an unexpected exception it writes the graph that failed (the tr
 for eager/interpreter, the optimised one for passes and backends), its inputs and the
 reference outputs (`<stem>.gir`, `<stem>.npz`, `<stem>.expected.npz`) under one temporary
 directory per process, bisects a backend mismatch to its first divergent node
-(graphc.ir.repro), and raises `FuzzMismatch` with the program's source, the numbers and the
+(graphc.testing.repro), and raises `FuzzMismatch` with the program's source, the numbers and the
 `graphc run` command. A backend that does not lower an op the graph uses (CpuLoweringError
 for an op of `unlowered_ops()`; CudaLoweringError, as the CUDA backend is being written) is
 skipped for that case and counted in `STATS`.

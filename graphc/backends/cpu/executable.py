@@ -19,7 +19,7 @@ Invariants:
   the executable holds a reference to the last call's input arrays. Outputs are fresh arrays
   every call (they become user tensors: none may alias another call's), so every output is
   an array of its own and every update value is its target input's array or a fresh array
-  (`fresh_results`: graphc.compiler needs no overlap checks for them).
+  (`fresh_results`: graphc.jit.compiler needs no overlap checks for them).
 - BLAS: resolved once per process by graphc.backends.cpu.blas for graphs that call it; a
   graph with a matmul and no BLAS is refused with a GraphcError.
 

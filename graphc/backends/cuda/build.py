@@ -3,7 +3,7 @@
 `build_runtime("emu")` runs `make -C runtime/csrc emu` (-> runtime/build/libgraphc_rt_emu.so,
 the CPU emulation), `build_runtime("cuda")` runs `make -C runtime/csrc cuda` (->
 runtime/build/libgraphc_rt.so, needs nvcc). `main(argv)` is the CLI command
-`graphc build-runtime [--emu|--cuda|--all]` (graphc/cli.py imports it lazily).
+`graphc build-runtime [--emu|--cuda|--all]` (graphc/tools/cli.py imports it lazily).
 
 Invariants: builds of one process are serialised (a lock), so concurrent first uses build
 once; a failed build raises `RuntimeBuildError` with the command and the tail of its output,
