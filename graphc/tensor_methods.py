@@ -312,9 +312,10 @@ class TensorMethods:
         """Elementwise logical exclusive or."""
         return elementwise.logical_xor(self, b)
 
-    def where(self, a, b):
-        """Elementwise choice: a where cond is True, else b (broadcasting all three)."""
-        return elementwise.where(self, a, b)
+    def where(self, condition, other):
+        """`graphc.where(condition, self, other)`: self where condition is True, else other
+        (as torch.Tensor.where)."""
+        return elementwise.where(condition, self, other)
 
     # ---- composites (graphc.utils.composites) ---------------------------------------------
     def tril(self, diagonal=0):
