@@ -87,54 +87,85 @@ def test_the_threads_setting_is_checked(monkeypatch):
 
 
 # ---- the chooser -------------------------------------------------------------------------------
-def _drive(chooser: ThreadChooser, cost: dict[int, float], calls: int) -> list[int]:
+class _Clock:
+    """Fake time: advances by each call's cost."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _chooser(most: int, fixed=None):
+    clock = _Clock()
+    return ThreadChooser(most, fixed=fixed, clock=clock), clock
+
+
+def _drive(chooser: ThreadChooser, clock: _Clock, cost: dict[int, float], calls: int,
+           ) -> list[int]:
     used = []
     for _ in range(calls):
         n = chooser.pick()
         used.append(n)
+        clock.now += cost[n]
         chooser.record(n, cost[n])
     return used
 
 
+MS = 1e-3
+
+
 def test_the_chooser_keeps_all_threads_while_they_are_faster():
-    chooser = ThreadChooser(2)
-    used = _drive(chooser, {2: 1.0, 1: 1.8}, 2000)
+    chooser, clock = _chooser(2)
+    used = _drive(chooser, clock, {2: 1.0 * MS, 1: 1.8 * MS}, 20000)
     assert chooser.current == 2
-    assert used.count(1) < 0.02 * len(used)  # the trials of one thread back off
+    assert used.count(1) < 0.01 * len(used)  # trials of one thread are rare
 
 
 def test_the_chooser_moves_to_one_thread_under_load_and_back_when_it_lifts():
-    chooser = ThreadChooser(2)
-    _drive(chooser, {2: 1.0, 1: 1.8}, 100)
-    loaded = _drive(chooser, {2: 6.0, 1: 1.9}, 400)  # another process took a core
+    chooser, clock = _chooser(2)
+    _drive(chooser, clock, {2: 1.0 * MS, 1: 1.8 * MS}, 500)
+    loaded = _drive(chooser, clock, {2: 60 * MS, 1: 1.9 * MS}, 20000)  # a core taken
     assert chooser.current == 1
-    assert loaded[-300:].count(2) < 0.05 * 300
-    _drive(chooser, {2: 1.0, 1: 1.8}, 3000)  # the load is gone
+    slow = loaded.count(2)
+    assert slow * 60 * MS < 0.05 * (len(loaded) - slow) * 1.9 * MS  # < 5% of the time lost
+    _drive(chooser, clock, {2: 1.0 * MS, 1: 1.8 * MS}, 40000)  # the load is gone
     assert chooser.current == 2
 
 
 def test_the_chooser_weighs_the_slow_calls_of_a_bimodal_count():
     """Under load two threads run most calls fast and some very slow: the mean decides."""
-    chooser = ThreadChooser(2)
+    chooser, clock = _chooser(2)
     chooser.current = 1
-    spiky = iter([0.7, 0.7, 6.0] * 2000)
-    for _ in range(600):
+    spiky = iter([0.7 * MS, 0.7 * MS, 6.0 * MS] * 20000)
+    for _ in range(5000):
         n = chooser.pick()
-        chooser.record(n, next(spiky) if n == 2 else 1.3)
+        cost = next(spiky) if n == 2 else 1.3 * MS
+        clock.now += cost
+        chooser.record(n, cost)
     assert chooser.current == 1
 
 
-def test_one_thread_machines_never_switch():
-    chooser = ThreadChooser(1)
-    assert _drive(chooser, {1: 1.0}, 50) == [1] * 50
-
-
 def test_the_first_calls_try_both_counts_so_a_loaded_machine_costs_two_slow_calls():
-    chooser = ThreadChooser(2)
-    used = _drive(chooser, {2: 50.0, 1: 1.0}, 10)
+    chooser, clock = _chooser(2)
+    used = _drive(chooser, clock, {2: 50 * MS, 1: 1 * MS}, 10)
     assert used[:4] == [2, 2, 1, 1] and used[4:] == [1] * 6
 
 
+def test_a_hopeless_trial_stops_after_one_call():
+    chooser, clock = _chooser(2)
+    _drive(chooser, clock, {2: 50 * MS, 1: 1 * MS}, 4)  # settled on one thread
+    clock.now += 10.0  # long after: a trial is due once MIN_CALLS calls have run
+    used = _drive(chooser, clock, {2: 50 * MS, 1: 1 * MS}, ThreadChooser.MIN_CALLS + 10)
+    assert used.count(2) == 1 and used[ThreadChooser.MIN_CALLS] == 2
+
+
 def test_a_fixed_chooser_never_explores():
-    chooser = ThreadChooser(2, fixed=1)
-    assert _drive(chooser, {2: 1.0, 1: 5.0}, 40) == [1] * 40
+    chooser, clock = _chooser(2, fixed=1)
+    assert _drive(chooser, clock, {2: 1 * MS, 1: 5 * MS}, 40) == [1] * 40
+
+
+def test_one_thread_machines_never_switch():
+    chooser, clock = _chooser(1)
+    assert _drive(chooser, clock, {1: 1 * MS}, 50) == [1] * 50

@@ -51,6 +51,7 @@ import functools
 import os
 import statistics
 import threading
+import time
 from collections import deque
 
 from graphc import config
@@ -236,30 +237,35 @@ class ThreadChooser:
     recent calls ran faster with.
 
     `pick()` gives the count for the next call and `record(n, seconds)` its time. The first
-    FIRST_TRIAL calls run on `most` threads and the next FIRST_TRIAL on one, and the faster
-    count is kept (so a loaded machine costs a couple of slow calls, not dozens). After
-    that the chooser runs the current count, and every `interval` calls tries the other one
-    for TRIAL calls; it switches when the trial's mean beats the mean of the current count's
-    last WINDOW calls by 10%. Means, not medians: under load two threads run most calls fast
-    and some 5-10x slow (a parked thread), and a training loop pays the mean. A trial that
-    loses doubles the interval (up to MAX_INTERVAL calls), so a count that keeps losing costs
-    a few calls in a thousand; a switch resets it to FIRST_INTERVAL.
-    `fixed=n` always picks n (e.g. a profiling copy of an executable that already chose).
+    FIRST_TRIAL calls run on `most` threads and the next FIRST_TRIAL on one; the faster count
+    is kept. After that the chooser runs the current count and, once FIRST_WAIT seconds and
+    at least MIN_CALLS calls have passed, tries the other count for up to TRIAL calls; it
+    switches when the trial's mean beats the mean of the current count's last WINDOW calls
+    by 10%. A trial call slower than twice that mean ends the trial at once: on a loaded
+    machine one call on two threads can cost 50 times one on a single thread (a parked
+    thread at every barrier), so trials must be rare and short. A trial that loses doubles
+    the wait (up to MAX_WAIT seconds); a switch resets it. Means, not medians: under load two
+    threads run most calls fast and some very slow, and a training loop pays the mean.
+    `fixed=n` always picks n (e.g. a profiling copy of an executable that already chose);
+    `clock` is for tests.
     """
 
     FIRST_TRIAL = 2
-    TRIAL = 3
+    TRIAL = 2
     WINDOW = 9
-    FIRST_INTERVAL = 16
-    MAX_INTERVAL = 1024
+    MIN_CALLS = 8
+    FIRST_WAIT = 0.25  # seconds
+    MAX_WAIT = 30.0
 
-    def __init__(self, most: int, fixed: int | None = None) -> None:
+    def __init__(self, most: int, fixed: int | None = None, clock=time.monotonic) -> None:
         self.most = most if fixed is None else 1
         self.current = most if fixed is None else fixed
         self.samples = {most: deque(maxlen=self.WINDOW), 1: deque(maxlen=self.WINDOW)}
-        self.interval = self.countdown = self.FIRST_INTERVAL
-        self.trial_left = self.FIRST_TRIAL if self.most > 1 else 0
-        self.countdown = self.FIRST_TRIAL  # the first trial starts after FIRST_TRIAL calls
+        self.clock = clock
+        self.wait = self.FIRST_WAIT
+        self.next_trial = clock()  # the first trial right after the first FIRST_TRIAL calls
+        self.calls_left = self.FIRST_TRIAL
+        self.trial_left = 0
 
     def _other(self) -> int:
         return 1 if self.current == self.most else self.most
@@ -267,29 +273,32 @@ class ThreadChooser:
     def pick(self) -> int:
         if self.most == 1:
             return self.current
-        if self.countdown <= 0 and self.trial_left:
-            return self._other()
-        return self.current
+        if not self.trial_left and self.calls_left <= 0 and self.clock() >= self.next_trial:
+            self.trial_left = self.TRIAL if self.samples[self._other()] else self.FIRST_TRIAL
+        return self._other() if self.trial_left else self.current
 
     def record(self, n: int, seconds: float) -> None:
         if self.most == 1:
             return
-        self.samples[n].append(seconds)
-        if n != self.current:
-            self.trial_left -= 1
-            if self.trial_left <= 0:
-                self._decide()
+        if n == self.current:
+            self.samples[n].append(seconds)
+            self.calls_left -= 1
             return
-        self.countdown -= 1
-        if self.countdown <= 0 and not self.trial_left:
-            self.trial_left = self.TRIAL
+        self.samples[n].append(seconds)
+        self.trial_left -= 1
+        if seconds > 2 * statistics.fmean(self.samples[self.current]):
+            self.trial_left = 0  # hopeless: stop paying for it now
+        if self.trial_left <= 0:
+            self._decide()
 
     def _decide(self) -> None:
         other = self._other()
         trial = statistics.fmean(list(self.samples[other])[-self.TRIAL:])
         if trial < 0.9 * statistics.fmean(self.samples[self.current]):
             self.current = other
-            self.interval = self.FIRST_INTERVAL
+            self.wait = self.FIRST_WAIT
         else:
-            self.interval = min(2 * self.interval, self.MAX_INTERVAL)
-        self.countdown = self.interval
+            self.wait = min(2 * self.wait, self.MAX_WAIT)
+        self.trial_left = 0
+        self.calls_left = self.MIN_CALLS
+        self.next_trial = self.clock() + self.wait
