@@ -11,7 +11,9 @@ dtype, then `assert_allclose` with the case's rtol and atol). Each case ends as 
 
 `python -m graphc.onnx.conformance` prints the counts and the refusals by op (docs/onnx.md
 lists them, `--markdown` as a table); `--every N` runs a deterministic 1-in-N subset
-(`subset`), `--op` the cases of one op type.
+(`subset`), `--op` the cases of one op type. `run_light_model` (`--light [--compile cpu]`)
+runs the real architectures of onnx's test data ("light" models: random weights) against
+onnxruntime on every node output, and compiled against eager.
 """
 
 from __future__ import annotations
@@ -138,6 +140,83 @@ def summary(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+                "shufflenet", "squeezenet", "vgg19", "zfnet512")
+
+
+@dataclass
+class LightResult:
+    """One light model: the worst relative difference from onnxruntime over every node output
+    (eager), and, when compiled, the compiled logits' relative difference from eager."""
+
+    name: str
+    values: int
+    worst_eager: float
+    worst_value: str
+    compiled: float | None = None
+
+
+def _light_path(name: str) -> str:
+    import os
+
+    import onnx
+
+    return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
+                        f"light_{name}.onnx")
+
+
+def _relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / (np.abs(want).max() + 1e-6)) if want.size else 0.0
+
+
+def run_light_model(name: str, backend: str | None = None, seed: int = 0) -> LightResult:
+    """Run onnx's light model `name` (random weights, real architecture) on a random input:
+    every node output of graphc.onnx.load's eager run against onnxruntime's; with `backend`,
+    also the logits (the model cut before its final Softmax) compiled against eager."""
+    import onnx
+    import onnxruntime
+    from onnx import helper, shape_inference
+
+    from graphc.autograd.grad_mode import no_grad
+    from graphc.creation import tensor
+    from graphc.onnx.importer import load
+
+    model = onnx.load(_light_path(name))
+    inits = {i.name for i in model.graph.initializer}
+    graph_input = next(i for i in model.graph.input if i.name not in inits)
+    shape = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
+    x = np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    typed = {v.name: v for v in shape_inference.infer_shapes(probe).graph.value_info}
+    names = [o for n in probe.graph.node for o in n.output if o in typed]
+    del probe.graph.output[:]
+    probe.graph.output.extend(typed[n] for n in names)
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(probe.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    want = session.run(None, {graph_input.name: x})
+    with no_grad():
+        got = load(probe)(tensor(x))
+    worst, where = max((_relative(g.numpy(), w), n) for g, w, n in zip(got, want, names))
+    result = LightResult(name, len(names), worst, where)
+    if backend is not None:
+        from graphc.jit import compile as graphc_compile
+
+        last = model.graph.node[-1]
+        if last.op_type == "Softmax":  # random weights saturate it: compare the logits
+            model.graph.node.pop()
+            del model.graph.output[:]
+            model.graph.output.append(helper.make_empty_tensor_value_info(last.input[0]))
+        module = load(model)
+        with no_grad():
+            eager = module(tensor(x)).numpy()
+            compiled = graphc_compile(module, backend=backend)(tensor(x)).numpy()
+        result.compiled = _relative(compiled, eager)
+    return result
+
+
 def _reason(detail: str) -> str:
     """The why of a refusal, without the op/opset/node preamble."""
     why = detail.split("is not supported by graphc", 1)[-1].lstrip(": ")
@@ -164,7 +243,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=int, default=1, help="run 1 case in EVERY (default all)")
     parser.add_argument("--op", default=None, help="only cases of this op type")
     parser.add_argument("--markdown", action="store_true", help="the refusals as a table")
+    parser.add_argument("--light", action="store_true", help="onnx's light models instead")
+    parser.add_argument("--compile", default=None, help="with --light: compile on BACKEND too")
     args = parser.parse_args(argv)
+    if args.light:
+        for name in LIGHT_MODELS:
+            r = run_light_model(name, args.compile)
+            compiled = "" if r.compiled is None else f", compiled {r.compiled:.1e}"
+            print(f"{name}: {r.values} values, worst relative difference from onnxruntime "
+                  f"{r.worst_eager:.1e} ({r.worst_value}){compiled}")
+        return
     cases = collect_cases()
     if args.op:
         cases = [c for c in cases if _op_type(c) == args.op]
