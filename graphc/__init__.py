@@ -21,7 +21,7 @@ from graphc.autograd.grad_mode import (
     no_grad,
     set_grad_enabled,
 )
-from graphc.creation import as_tensor, from_numpy, tensor
+from graphc.creation import as_tensor, from_dlpack, from_numpy, tensor
 from graphc.errors import (
     ArgumentError,
     AutogradError,

@@ -141,3 +141,26 @@ def from_numpy(array: np.ndarray) -> Tensor:
 
 
 
+
+
+def from_dlpack(ext) -> Tensor:
+    """A tensor sharing memory with `ext`, any object with `__dlpack__` on the CPU (a torch
+    tensor, a numpy array, a JAX array...), as torch.from_dlpack. A dtype graphc does not
+    hold (int32, float16...) is copied into the nearest one it does.
+
+    >>> import numpy as np, graphc
+    >>> a = np.arange(3.0)
+    >>> t = graphc.from_dlpack(a)
+    >>> a[0] = 7.0
+    >>> t.tolist()
+    [7.0, 1.0, 2.0]
+    """
+    try:
+        array = np.from_dlpack(ext)
+    except (TypeError, BufferError, RuntimeError, AttributeError) as err:
+        raise TypeError(f"graphc.from_dlpack: cannot take {type(ext).__name__} ({err}); it "
+                        "must be a CPU tensor with __dlpack__ (a tensor that requires grad "
+                        "must be detached first)") from None
+    if array.dtype in (np.float32, np.float64, np.int64, np.bool_):
+        return from_numpy(array)
+    return tensor(array)

@@ -505,6 +505,22 @@ class Tensor(TensorMethods, ShapeMethods):
         self._refuse_in_trace("numpy conversion")
         return self._data if dtype is None else self._data.astype(dtype)
 
+    @property
+    def __array_interface__(self) -> dict:
+        """numpy's array interface of the data (no copy): torch.as_tensor, numpy and others
+        read a graphc tensor's memory through it."""
+        self._refuse_in_trace("the array interface")
+        return self._data.__array_interface__
+
+    def __dlpack__(self, *args, **kwargs):
+        """A DLPack capsule of the data (no copy), for torch.from_dlpack and friends."""
+        self._refuse_in_trace("DLPack export")
+        return self._data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(kDLCPU, 0): graphc tensors live in host memory."""
+        return (1, 0)
+
     def __bool__(self) -> bool:
         self._refuse_in_trace("bool(tensor) (e.g. `if tensor:`)")
         if self._data.size != 1:
