@@ -1,4 +1,4 @@
-"""Import table, part 4: ONNX's Attention (opset 23+) and its loss ops.
+"""Import table, part 4: ONNX's Attention (opset 23+), Resize and the loss ops.
 
 `Attention` follows onnx.reference's definition step by step: 3-D inputs split into heads,
 the past key/value concatenated, grouped-query heads repeated, Q and K each scaled by
@@ -7,6 +7,9 @@ bottom-right causal frontier and sliding window (constants built with numpy, sin
 depend on shapes only), softmax with fully masked rows set to 0. Losses
 (`NegativeLogLikelihoodLoss`, `SoftmaxCrossEntropyLoss`) pick the target's log-probability
 with `gather`, weight it, and reduce as ONNX says (mean divides by the summed weights).
+`Resize` is one matmul per resized axis with weights taken from onnx's reference Resize on
+an identity (every mode, coordinate transformation, antialias and extrapolation; see
+`_resize_weights`), computed once per node and shape.
 """
 
 from __future__ import annotations
@@ -168,7 +171,85 @@ def import_softmax_cross_entropy(ctx, scores, labels, weight=None):
     return (loss, logp) if ctx.wants(1) else loss
 
 
+_RESIZE_ATTRS = ("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a",
+                 "exclude_outside", "extrapolation_value", "antialias")
+
+
+def _resize_weights(ctx, n, scale, size, roi):
+    """Resize along one axis as `y = x @ w + b` (w: n x m, b: m): what onnx's reference
+    Resize gives for the rows of an identity (w + b) and for zeros (b), with this node's
+    interpolation attributes. Resize is linear in the data and separable, so these weights
+    are exact; they depend on shapes and attributes only, never on the data."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    attrs = {k: ctx.attrs[k] for k in _RESIZE_ATTRS if k in ctx.attrs}
+    inputs = [helper.make_tensor_value_info("x", 11, None)]
+    names = ["x", "roi" if roi is not None else "", "scales" if size is None else ""]
+    feeds = {}
+    if roi is not None:
+        feeds["roi"] = np.array(roi, np.float32)
+    if size is None:
+        feeds["scales"] = np.array([scale], np.float32)
+    else:
+        names.append("sizes")
+        feeds["sizes"] = np.array([size], np.int64)
+    node = helper.make_node("Resize", names, ["y"], axes=[1], **attrs)
+    graph = helper.make_graph([node], "weights", inputs,
+                              [helper.make_tensor_value_info("y", 11, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    ref = ReferenceEvaluator(model)
+    b = ref.run(None, {"x": np.zeros((1, n)), **feeds})[0]
+    return ref.run(None, {"x": np.eye(n), **feeds})[0] - b, b[0]
+
+
+def import_resize(ctx, x, roi=None, scales=None, sizes=None):
+    x = _t(ctx, x)
+    scales = None if scales is None else np.ravel(ctx.static(scales, "scales"))
+    sizes = None if sizes is None else np.ravel(ctx.static(sizes, "sizes"))
+    scales = None if scales is not None and scales.size == 0 else scales
+    sizes = None if sizes is not None and sizes.size == 0 else sizes
+    roi = None if roi is None else np.ravel(ctx.static(roi, "roi")).astype(np.float64)
+    roi = None if roi is not None and roi.size == 0 else roi
+    axes = [a % x.ndim for a in ctx.attr("axes", range(x.ndim))]
+    policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+    if sizes is not None and policy != "stretch":
+        ratios = [sizes[i] / x.shape[a] for i, a in enumerate(axes)]
+        common = min(ratios) if policy == "not_larger" else max(ratios)
+        wanted = [int(common * x.shape[a] + 0.5) for a in axes]
+        if any(int(common * x.shape[a]) != w for a, w in zip(axes, wanted)):
+            raise ctx.refuse(f"keep_aspect_ratio_policy={policy!r} with a rounded-up size")
+        scales, sizes = np.full(len(axes), common), None
+    y = x if x.dtype.is_floating else call("cast", x, dtype="float64")
+    k = len(axes)
+    for i, a in enumerate(axes):
+        n = x.shape[a]
+        axis_roi = None if roi is None else [roi[i], roi[k + i]]
+        key = (n, None if scales is None else float(scales[i]),
+               None if sizes is None else int(sizes[i]),
+               None if axis_roi is None else tuple(axis_roi))
+        if key not in ctx.cache:
+            ctx.cache[key] = _resize_weights(ctx, *key[:3], axis_roi)
+        w, b = ctx.cache[key]
+        dims = tuple(d for d in range(x.ndim) if d != a) + (a,)
+        moved = call("permute", y, dims=dims)
+        moved = call("add", call("matmul", moved, ctx.tensor(w.astype(y.dtype.np))),
+                     ctx.tensor(b.astype(y.dtype.np)))
+        y = call("permute", moved, dims=tuple(int(d) for d in np.argsort(dims)))
+    return y if y.dtype is x.dtype else call("cast", y, dtype=x.dtype.name)
+
+
+def import_upsample(ctx, x, scales=None):
+    """Upsample (deprecated): Resize with asymmetric coordinates and floor rounding."""
+    if scales is None:
+        scales = np.array(ctx.attr("scales"), np.float32)
+    ctx.attrs.update(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    ctx.attrs.pop("scales", None)
+    return import_resize(ctx, x, None, scales)
+
+
 EXTRA_IMPORTERS = {
+    "Resize": import_resize, "Upsample": import_upsample,
     "Attention": import_attention, "NegativeLogLikelihoodLoss": import_nll_loss,
     "SoftmaxCrossEntropyLoss": import_softmax_cross_entropy,
 }

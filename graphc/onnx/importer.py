@@ -71,6 +71,7 @@ class NodeContext:
         self.label = label
         self.attrs = {a.name: _attribute(a) for a in node.attribute}
         self.num_outputs = len(node.output)
+        self.cache: dict = {}  # what an import function derives from shapes only, per node
 
     def attr(self, name: str, default: Any = None) -> Any:
         """The attribute `name`, or `default` when the node does not set it."""
