@@ -125,22 +125,43 @@ def _pool_setup(ctx, x):
 
 
 def import_max_pool(ctx, x):
-    if ctx.wants(1):
-        raise ctx.refuse("the Indices output (ONNX counts them across N and C)")
-    if ctx.attr("storage_order", 0):
-        raise ctx.refuse("storage_order=1")
     x = _t(ctx, x)
     ns, kernel, strides, dilations, begin, end = _pool_setup(ctx, x)
     x2 = _to_2d(ctx, x, ns)
+    h, w = x2.shape[2:]
     fits = all(b == e and 2 * b <= (k - 1) * d + 1
                for b, e, k, d in zip(begin, end, kernel, dilations))
+    shift = (0, 0)
     if not fits:
         x2 = _pad_spatial(x2, _pair(begin, ns, 0), _pair(end, ns, 0), -math.inf)
-        begin = [0] * ns
-    y = call("max_pool2d", x2, kernel_size=_pair(kernel, ns, 1), stride=_pair(strides, ns, 1),
-             padding=_pair(begin, ns, 0), dilation=_pair(dilations, ns, 1),
-             ceil_mode=bool(ctx.attr("ceil_mode", 0)))[0]
-    return y if ns == 2 else call("reshape", y, shape=(*y.shape[:2], y.shape[3]))
+        shift, begin = _pair(begin, ns, 0), [0] * ns
+    y, idx = call("max_pool2d", x2, kernel_size=_pair(kernel, ns, 1),
+                  stride=_pair(strides, ns, 1), padding=_pair(begin, ns, 0),
+                  dilation=_pair(dilations, ns, 1), ceil_mode=bool(ctx.attr("ceil_mode", 0)))
+    if ns == 1:
+        y = call("reshape", y, shape=(*y.shape[:2], y.shape[3]))
+    if not ctx.wants(1):
+        return y
+    return y, _onnx_indices(ctx, idx, x2.shape[3], shift, h, w, ns)
+
+
+def _onnx_indices(ctx, idx, padded_w, shift, h, w, ns):
+    """graphc's indices (row * W + col in the pooled plane) as ONNX's: offsets into the
+    whole unpadded N x C x H x W tensor, row-major (or column-major, storage_order=1)."""
+    def const(v):
+        return call("full", shape=(), value=int(v), dtype="int64")
+
+    row = call("sub", call("floor_divide", idx, const(padded_w)), const(shift[0]))
+    col = call("sub", call("remainder", idx, const(padded_w)), const(shift[1]))
+    if ctx.attr("storage_order", 0):
+        flat = call("add", call("mul", col, const(h)), row)
+    else:
+        flat = call("add", call("mul", row, const(w)), col)
+    n, c = idx.shape[:2]
+    planes = call("arange", start=0.0, end=float(n * c), step=1.0, dtype="int64")
+    planes = call("mul", call("reshape", planes, shape=(n, c, 1, 1)), const(h * w))
+    flat = call("add", flat, planes)
+    return flat if ns == 2 else call("reshape", flat, shape=(n, c, flat.shape[3]))
 
 
 def import_average_pool(ctx, x):

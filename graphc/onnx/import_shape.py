@@ -200,6 +200,91 @@ def _scalar0(x):
     return call("full", shape=(), value=0.0, dtype=x.dtype.name)
 
 
+def _linear_index(index, dims):
+    """(..., k) int64 indices into the first k `dims` (negative ones wrap) as (...) offsets
+    into those dims flattened."""
+    k = len(dims)
+    flat = None
+    stride = int(np.prod(dims, dtype=np.int64))
+    for j in range(k):
+        stride //= dims[j]
+        starts = (0,) * (index.ndim - 1) + (j,)
+        stops = tuple(index.shape[:-1]) + (j + 1,)
+        part = call("slice", index, starts=starts, stops=stops, steps=(1,) * index.ndim)
+        part = call("reshape", part, shape=tuple(index.shape[:-1]))
+        part = _nonnegative(part, dims[j])
+        term = call("mul", part, call("full", shape=(), value=stride, dtype="int64"))
+        flat = term if flat is None else call("add", flat, term)
+    return flat
+
+
+def import_gather_nd(ctx, x, index):
+    x, index = _t(ctx, x), _t(ctx, index)
+    b = ctx.attr("batch_dims", 0)
+    k = index.shape[-1]
+    batch = int(np.prod(x.shape[:b], dtype=np.int64))
+    dims = tuple(x.shape[b:b + k])
+    rest = tuple(x.shape[b + k:])
+    size = int(np.prod(dims, dtype=np.int64))
+    data = call("reshape", x, shape=(batch * size, *rest))
+    inner = tuple(index.shape[b:-1])
+    linear = _linear_index(call("reshape", index, shape=(batch, *inner, k)), dims)
+    offsets = call("arange", start=0.0, end=float(batch), step=1.0, dtype="int64")
+    offsets = call("reshape", offsets, shape=(batch,) + (1,) * len(inner))
+    linear = call("add", linear, call("mul", offsets, call("full", shape=(), value=size,
+                                                            dtype="int64")))
+    out = call("take", data, linear, axis=0)
+    return call("reshape", out, shape=tuple(x.shape[:b]) + inner + rest)
+
+
+def import_scatter_nd(ctx, x, index, updates):
+    reduction = ctx.attr("reduction", "none")
+    if reduction not in ("none", "add"):
+        raise ctx.refuse(f"reduction={reduction!r} (graphc has index_put and index_add)")
+    x, index, updates = _t(ctx, x), _t(ctx, index), _t(ctx, updates)
+    k = index.shape[-1]
+    dims, rest = tuple(x.shape[:k]), tuple(x.shape[k:])
+    m = int(np.prod(index.shape[:-1], dtype=np.int64))
+    data = call("reshape", x, shape=(int(np.prod(dims, dtype=np.int64)), *rest))
+    linear = _linear_index(call("reshape", index, shape=(m, k)), dims)
+    updates = call("reshape", updates, shape=(m, *rest))
+    op = "index_put" if reduction == "none" else "index_add"
+    return call("reshape", call(op, data, linear, updates, axis=0), shape=tuple(x.shape))
+
+
+def import_center_crop_pad(ctx, x, shape):
+    x = _t(ctx, x)
+    target = _ints(ctx, shape, "shape")
+    axes = [a % x.ndim for a in ctx.attr("axes", range(x.ndim))]
+    for a, want in zip(axes, target):
+        n = x.shape[a]
+        if want < n:  # crop the centre; the extra element comes off the end
+            start = (n - want) // 2
+            x = _slice_axis(x, a, start, start + want, 1)
+        elif want > n:  # pad around; the extra zero goes at the end
+            before = (want - n) // 2
+            pads = [0] * (2 * x.ndim)
+            pads[2 * a], pads[2 * a + 1] = before, want - n - before
+            x = call("pad", x, pads=tuple(pads), value=0.0)
+    return x
+
+
+def import_reverse_sequence(ctx, x, lengths):
+    x = _t(ctx, x)
+    lengths = ctx.static(lengths, "sequence_lens").astype(np.int64)
+    time_axis, batch_axis = ctx.attr("time_axis", 0), ctx.attr("batch_axis", 1)
+    steps = x.shape[time_axis]
+    # source time step for each (time, batch): reversed inside the length, kept after it
+    t = np.arange(steps).reshape(-1, 1)
+    source = np.where(t < lengths.reshape(1, -1), lengths.reshape(1, -1) - 1 - t, t)
+    if time_axis > batch_axis:
+        source = source.T
+    shape = [1] * x.ndim
+    shape[time_axis], shape[batch_axis] = steps, len(lengths)
+    index = np.broadcast_to(source.reshape(shape), x.shape)
+    return call("gather", x, ctx.tensor(np.ascontiguousarray(index)), axis=time_axis)
+
+
 def import_expand(ctx, x, shape):
     x = _t(ctx, x)
     target = np.broadcast_shapes(tuple(x.shape), tuple(_ints(ctx, shape, "shape")))
@@ -223,8 +308,8 @@ def import_tile(ctx, x, repeats):
 def import_pad(ctx, x, pads=None, value=None, axes=None):
     x = _t(ctx, x)
     mode = ctx.attr("mode", "constant")
-    if mode != "constant":
-        raise ctx.refuse(f"mode={mode!r} (graphc maps constant padding)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise ctx.refuse(f"mode={mode!r}")
     if ctx.opset < 11:
         pads, fill = list(ctx.attr("pads")), ctx.attr("value", 0.0)
     else:
@@ -237,7 +322,26 @@ def import_pad(ctx, x, pads=None, value=None, axes=None):
     interleaved = [0] * (2 * x.ndim)
     for i, d in enumerate(dims):
         interleaved[2 * d], interleaved[2 * d + 1] = pads[i], pads[k + i]
-    return call("pad", x, pads=tuple(interleaved), value=fill)
+    if mode == "constant":
+        return call("pad", x, pads=tuple(interleaved), value=fill)
+    for d in range(x.ndim):  # the other modes read source positions: one take per axis
+        before, after = interleaved[2 * d], interleaved[2 * d + 1]
+        if before or after:
+            index = _pad_index(mode, x.shape[d], before, after)
+            x = call("take", x, ctx.tensor(index), axis=d)
+    return x
+
+
+def _pad_index(mode: str, n: int, before: int, after: int) -> np.ndarray:
+    """The source position of each output position along one padded axis."""
+    pos = np.arange(-before, n + after)
+    if mode == "edge":
+        return np.clip(pos, 0, n - 1)
+    if mode == "wrap":
+        return pos % n
+    period = 2 * (n - 1) if n > 1 else 1  # reflect, without repeating the edge
+    pos = np.abs(pos) % period
+    return np.where(pos >= n, period - pos, pos)
 
 
 def import_range(ctx, start, limit, delta):
@@ -286,5 +390,7 @@ SHAPE_IMPORTERS = {
     "GatherElements": import_gather_elements, "ScatterElements": import_scatter_elements,
     "Expand": import_expand, "Tile": import_tile, "Pad": import_pad, "Range": import_range,
     "EyeLike": import_eye_like, "DepthToSpace": import_depth_to_space,
-    "SpaceToDepth": import_space_to_depth,
+    "SpaceToDepth": import_space_to_depth, "GatherND": import_gather_nd,
+    "ScatterND": import_scatter_nd, "Scatter": import_scatter_elements,
+    "CenterCropPad": import_center_crop_pad, "ReverseSequence": import_reverse_sequence,
 }
