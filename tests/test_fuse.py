@@ -67,7 +67,8 @@ def check_invariants(before, after) -> None:
         if REGISTRY[ops[0]].epilogue_anchor:
             continue  # checked by test_epilogue_shape
         shapes = [v.type.shape for v in node.outputs]
-        if REGISTRY[ops[-1]].ends_fused_group and node.attrs["outputs"][-1] == len(node.inputs) + len(body) - 1:
+        last = len(node.inputs) + len(body) - 1
+        if REGISTRY[ops[-1]].ends_fused_group and node.attrs["outputs"][-1] == last:
             shapes = shapes[:-1]  # the reduction's result; the rest are its input's shape
         assert len(set(shapes)) <= 1, node
     report = after.meta["fuse"]

@@ -13,9 +13,9 @@
   `REFUSALS` maps the ops a backend declines on purpose to the reason. `find_lowering` picks
   the entry of a node; `lower_node` is the shared prologue every scheduled node goes
   through (place its outputs, skip what needs no code, dispatch or refuse).
-- Strides: `contiguous_strides`, `element_strides` / `byte_strides`, `broadcast_strides` (an operand read over a
-  larger domain) and `view_of` (a view op's offset and strides from its OpDef's pure
-  `view_strides` rule, never from numpy run on a stand-in buffer).
+- Strides: `contiguous_strides`, `element_strides` / `byte_strides`, `broadcast_strides` (an
+  operand read over a larger domain) and `view_of` (a view op's offset and strides from its
+  OpDef's pure `view_strides` rule, never from numpy run on a stand-in buffer).
 """
 
 from __future__ import annotations

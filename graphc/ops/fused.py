@@ -15,8 +15,8 @@ round-trips, for example:
 `FusedBody` is the one decoder of a body: it checks the refs, infers each instruction's type
 once with its registry shape rule, and is what the shape rule, the reference kernel (each
 instruction's numpy kernel, so the interpreter and the verifier need nothing special), the
-passes and the backends read; a backend renders the body as one loop nest. A fused node has no VJP: fusion
-runs after the backward graph is derived.
+passes and the backends read; a backend renders the body as one loop nest. A fused node has no
+VJP: fusion runs after the backward graph is derived.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Primitives (registry ops) are the ones a backend gains from: `softmax` / `log_so
 (numerically stable kernels, VJPs from the saved output), `nll_loss` with its own backward op
 `nll_loss_backward` (a gather and its scatter, PyTorch's `total_weight` as a second output),
 `batch_norm` (out, save_mean, save_invstd), `embedding` with its scatter-add backward
-`embedding_backward` (the elementwise `log1p` lives in graphc.ops.elementwise). cross_entropy, mse_loss and
-binary_cross_entropy_with_logits are compositions of those and of elementwise/reduce ops.
+`embedding_backward` (the elementwise `log1p` lives in graphc.ops.elementwise). cross_entropy,
+mse_loss and binary_cross_entropy_with_logits are compositions of those and of
+elementwise/reduce ops.
 
 Invariants:
 - Every VJP is written with `call(...)` and tensor operators, so it records history under
@@ -29,7 +30,6 @@ from graphc.errors import where as _where
 from graphc.ops.elementwise import log1p
 from graphc.ops.grad_utils import full_like
 from graphc.ops.registry import (
-    ELEMENTWISE,
     LOSS,
     MOVEMENT,
     NORM,
@@ -38,7 +38,7 @@ from graphc.ops.registry import (
     inplace,
     register,
 )
-from graphc.ops.shapes import float_unary, normalize_axis, numel, require_float
+from graphc.ops.shapes import normalize_axis, numel, require_float
 from graphc.types import TensorType, as_dtype, int64
 
 _REDUCTIONS = ("none", "mean", "sum")

@@ -49,10 +49,10 @@ from dataclasses import dataclass
 import llvmlite
 import llvmlite.binding as llvm
 
-from graphc.version import __version__ as _GRAPHC_VERSION
 from graphc import config
 from graphc.backends.cache import DiskCache
 from graphc.errors import GraphcError
+from graphc.version import __version__ as _GRAPHC_VERSION
 
 __all__ = [
     "HostTarget", "Library", "LLVMCompileError", "cache_clear", "cache_info", "compile_module",

@@ -24,8 +24,6 @@ on the float sums and products a reduction keeps in a register (mathlib adds `co
 
 from __future__ import annotations
 
-import math
-
 from llvmlite import ir
 
 from graphc.backends.cpu import mathlib

@@ -32,7 +32,7 @@ from llvmlite import ir
 
 from graphc.backends.common import (
     LoweringError,
-    broadcast_strides,
+    broadcast_strides,  # noqa: F401  (re-exported: the other layers import it from here)
     byte_strides,
     contiguous_strides,
     element_strides,

@@ -34,12 +34,12 @@ import tempfile
 import threading
 import warnings
 
-from graphc.version import __version__ as GRAPHC_VERSION
 from graphc.backends.cache import DiskCache
 from graphc.backends.cuda import emu_pch
 from graphc.backends.cuda.build import build_dir, emu_header
 from graphc.backends.cuda.rt import CudaRuntimeError, Runtime
 from graphc.errors import GraphcError
+from graphc.version import __version__ as GRAPHC_VERSION
 
 CACHE_FORMAT = "cuda-2"  # cuda-1 kept an object and a .sha256 file: two renames
 _CACHES = {suffix: DiskCache(CACHE_FORMAT, suffix) for suffix in (".so", ".ptx")}

@@ -17,8 +17,9 @@ Helpers here are pure text builders:
 - `decompose(shape, index, prefix)`: statements declaring coordinates `<prefix><d>` of a flat
   index over `shape` (row-major); `offset(coords, strides)`: the element offset expression;
 - `scalar(op, attrs, args, types, out)`: a registry scalar op (graphc.ops.registry `scalar`
-  names, through `SCALAR_LOWERINGS`, the backend's scalar table) as a C expression, with numpy's promotion (arguments cast to the result type,
-  comparisons in the promoted type of their operands);
+  names, through `SCALAR_LOWERINGS`, the backend's scalar table) as a C expression, with
+  numpy's promotion (arguments cast to the result type, comparisons in the promoted type of
+  their operands);
 - `render(kernels)`: the whole translation unit.
 Invariants: the text depends only on what it is given (no addresses of this process, no
 timestamps), so identical graphs give identical sources and share one cache entry.
