@@ -1,9 +1,9 @@
 """The one import table: ONNX op type -> the function that runs it with graphc ops.
 
-It joins the four parts (graphc.onnx.import_ops: elementwise and reductions; import_nn:
-contractions, convolution, pooling, normalisation; import_shape: constants, shapes and
-movement; import_extra: Attention and the losses). An op type missing here is refused at
-load time with UnsupportedOnnxOp.
+It joins the five parts: graphc.onnx.import_ops (elementwise and reductions), import_nn
+(contractions, convolution, pooling, normalisation), import_shape (constants, shapes and
+movement), import_extra (Attention, Resize and the losses) and import_rnn (RNN, GRU, LSTM).
+An op type missing here is refused at load time with UnsupportedOnnxOp.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from graphc.onnx.import_extra import EXTRA_IMPORTERS
 from graphc.onnx.import_nn import NN_IMPORTERS
 from graphc.onnx.import_ops import ELEMENTWISE_IMPORTERS
+from graphc.onnx.import_rnn import RNN_IMPORTERS
 from graphc.onnx.import_shape import SHAPE_IMPORTERS
 
-IMPORTERS = {**ELEMENTWISE_IMPORTERS, **NN_IMPORTERS, **SHAPE_IMPORTERS, **EXTRA_IMPORTERS}
+IMPORTERS = {**ELEMENTWISE_IMPORTERS, **NN_IMPORTERS, **SHAPE_IMPORTERS, **EXTRA_IMPORTERS,
+             **RNN_IMPORTERS}
