@@ -131,12 +131,11 @@ def test_unsupported_op_names_op_opset_and_node():
 
 def test_unsupported_forms_and_types_are_refused():
     pool = _one_node_model(
-        helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2]),
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
-         helper.make_tensor_value_info("i", TensorProto.INT64, None)])
-    with pytest.raises(UnsupportedOnnxOp, match="Indices"):
-        graphc.onnx.load(pool)(graphc.ones(1, 1, 4, 4))
+        helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2], name="pool3d"),
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(UnsupportedOnnxOp, match="MaxPool.*pool3d.*3 spatial dimensions"):
+        graphc.onnx.load(pool)(graphc.ones(1, 1, 4, 4, 4))
     u64 = _one_node_model(
         helper.make_node("Relu", ["x"], ["y"]),
         [helper.make_tensor_value_info("x", TensorProto.UINT64, [2])],
@@ -185,3 +184,79 @@ def test_graphc_import_stays_light():
     code = "import graphc, sys; assert 'onnx' not in sys.modules and 'graphc.onnx' not in " \
            "sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _TorchModels:
+    """PyTorch models exported with torch.onnx (the TorchScript exporter), built lazily."""
+
+    @staticmethod
+    def conv_lstm(torch):
+        class ConvLSTM(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv, self.bn = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+                self.lstm = torch.nn.LSTM(32, 16, batch_first=True, bidirectional=True)
+                self.ln, self.fc = torch.nn.LayerNorm(32), torch.nn.Linear(32, 5)
+
+            def forward(self, x):
+                y = torch.relu(self.bn(self.conv(x))).permute(0, 3, 1, 2).flatten(2)
+                y, _ = self.lstm(y)
+                return torch.softmax(self.fc(torch.nn.functional.gelu(self.ln(y))), -1)
+
+        return ConvLSTM(), (2, 3, 4, 6)
+
+    @staticmethod
+    def gpt_block(torch):
+        class Block(torch.nn.Module):
+            def __init__(self, d=16, heads=2):
+                super().__init__()
+                self.heads, self.ln1, self.ln2 = heads, torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+                self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+                self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                               torch.nn.Linear(4 * d, d))
+
+            def forward(self, x):
+                b, t, c = x.shape
+                q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+                q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+                att = (q @ k.transpose(-2, -1)) / (c // self.heads) ** 0.5
+                mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
+                att = torch.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+                y = (att @ v).transpose(1, 2).reshape(b, t, c)
+                x = x + self.proj(y)
+                return x + self.mlp(self.ln2(x))
+
+        return Block(), (2, 5, 16)
+
+    @staticmethod
+    def resnet_block(torch):
+        block = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1), torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(), torch.nn.Linear(8, 4))
+        return block, (2, 3, 16, 16)
+
+
+@pytest.mark.parametrize("name", ["conv_lstm", "gpt_block", "resnet_block"])
+def test_torch_exported_models_match_pytorch(name, rng):
+    import io
+
+    from tests.conftest import torch_or_skip
+
+    torch = torch_or_skip()
+    torch.manual_seed(0)
+    model, shape = getattr(_TorchModels, name)(torch)
+    model.eval()
+    x = torch.tensor(rng.normal(size=shape).astype(np.float32))
+    buffer = io.BytesIO()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), buffer, dynamo=False, opset_version=17)
+    module = graphc.onnx.load(buffer.getvalue())
+    with graphc.no_grad():
+        got = module(graphc.tensor(x.numpy())).numpy()
+        want = model(x).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert list(module.parameters())  # the weights are trainable Parameters
