@@ -248,7 +248,78 @@ def import_upsample(ctx, x, scales=None):
     return import_resize(ctx, x, None, scales)
 
 
+def import_swiglu(ctx, a, b):
+    a, b = _t(ctx, a), _t(ctx, b)
+    gate = call("sigmoid", call("mul", a, _scalar(a, ctx.attr("alpha", 1.0))))
+    return call("mul", call("mul", a, gate), b)
+
+
+def _last_slice(x, start, stop, step=1):
+    starts = (0,) * (x.ndim - 1) + (start,)
+    stops = tuple(x.shape[:-1]) + (stop,)
+    return call("slice", x, starts=starts, stops=stops, steps=(1,) * (x.ndim - 1) + (step,))
+
+
+def import_rotary_embedding(ctx, x, cos, sin, position_ids=None):
+    x, cos, sin = _t(ctx, x), _t(ctx, cos), _t(ctx, sin)
+    shape = tuple(x.shape)
+    if x.ndim == 4:  # (batch, heads, seq, head) -> (batch, seq, heads, head)
+        x = call("permute", x, dims=(0, 2, 1, 3))
+    else:
+        heads = ctx.attr("num_heads")
+        x = call("reshape", x, shape=(shape[0], shape[1], heads, shape[2] // heads))
+    head = x.shape[3]
+    dim = ctx.attr("rotary_embedding_dim", 0) or head
+    if position_ids is not None:
+        ids = _t(ctx, position_ids)
+        cos, sin = (call("take", c, ids, axis=0) for c in (cos, sin))
+    cos, sin = (call("reshape", c, shape=(*c.shape[:-1], 1, c.shape[-1])) for c in (cos, sin))
+    rotate = _last_slice(x, 0, dim)
+    if ctx.attr("interleaved", 0):
+        x1, x2 = _last_slice(rotate, 0, dim, 2), _last_slice(rotate, 1, dim, 2)
+    else:
+        x1, x2 = _last_slice(rotate, 0, dim // 2), _last_slice(rotate, dim // 2, dim)
+    real = call("sub", call("mul", cos, x1), call("mul", sin, x2))
+    imag = call("add", call("mul", sin, x1), call("mul", cos, x2))
+    if ctx.attr("interleaved", 0):
+        pair = (*real.shape, 1)
+        rotated = call("concat", call("reshape", real, shape=pair),
+                       call("reshape", imag, shape=pair), axis=real.ndim)
+        rotated = call("reshape", rotated, shape=tuple(rotate.shape))
+    else:
+        rotated = call("concat", real, imag, axis=3)
+    if dim < head:
+        rotated = call("concat", rotated, _last_slice(x, dim, head), axis=3)
+    if len(shape) == 4:
+        return call("permute", rotated, dims=(0, 2, 1, 3))
+    return call("reshape", rotated, shape=shape)
+
+
+def import_cum_prod(ctx, x, axis):
+    """Running product along an axis, one multiply per position (no cumprod primitive)."""
+    x = _t(ctx, x)
+    dim = int(np.ravel(ctx.static(axis, "axis"))[0]) % x.ndim
+    n = x.shape[dim]
+    order = range(n - 1, -1, -1) if ctx.attr("reverse", 0) else range(n)
+    shape = list(x.shape)
+    shape[dim] = 1
+    running = call("full", shape=tuple(shape), value=1.0, dtype=x.dtype.name)
+    out = [None] * n
+    for i in order:
+        starts = tuple(i if d == dim else 0 for d in range(x.ndim))
+        stops = tuple(i + 1 if d == dim else x.shape[d] for d in range(x.ndim))
+        step = call("slice", x, starts=starts, stops=stops, steps=(1,) * x.ndim)
+        if ctx.attr("exclusive", 0):
+            out[i], running = running, call("mul", running, step)
+        else:
+            running = call("mul", running, step)
+            out[i] = running
+    return call("concat", *out, axis=dim) if n else call("copy", x)
+
+
 EXTRA_IMPORTERS = {
+    "SwiGLU": import_swiglu, "RotaryEmbedding": import_rotary_embedding,
+    "CumProd": import_cum_prod,
     "Resize": import_resize, "Upsample": import_upsample,
     "Attention": import_attention, "NegativeLogLikelihoodLoss": import_nll_loss,
     "SoftmaxCrossEntropyLoss": import_softmax_cross_entropy,

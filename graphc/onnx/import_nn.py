@@ -188,6 +188,22 @@ def import_average_pool(ctx, x):
     return y if ns == 2 else call("reshape", y, shape=(*y.shape[:2], y.shape[3]))
 
 
+def import_lp_pool(ctx, x):
+    x = _t(ctx, x)
+    ns, kernel, strides, dilations, begin, end = _pool_setup(ctx, x)
+    if any(d != 1 for d in dilations):
+        raise ctx.refuse("dilations (graphc's avg_pool2d has none)")
+    p = ctx.attr("p", 2)
+    x2 = call("pow", call("abs", _to_2d(ctx, x, ns)), _scalar(x, p))
+    padded = _pad_spatial(x2, _pair(begin, ns, 0), _pair(end, ns, 0), 0.0)
+    total = call("avg_pool2d", padded, kernel_size=_pair(kernel, ns, 1),
+                 stride=_pair(strides, ns, 1), padding=(0, 0),
+                 ceil_mode=bool(ctx.attr("ceil_mode", 0)), count_include_pad=True,
+                 divisor_override=1)
+    y = call("pow", total, _scalar(x, 1.0 / p))
+    return y if ns == 2 else call("reshape", y, shape=(*y.shape[:2], y.shape[3]))
+
+
 def _global(op: str):
     def run(ctx, x):
         x = _t(ctx, x)
@@ -424,7 +440,8 @@ NN_IMPORTERS = {
     "MatMul": import_matmul, "Gemm": import_gemm, "Conv": import_conv,
     "ConvTranspose": import_conv_transpose,
     "MaxPool": import_max_pool, "AveragePool": import_average_pool,
-    "GlobalAveragePool": _global("reduce_mean"), "GlobalMaxPool": _global("reduce_max"),
+    "LpPool": import_lp_pool, "GlobalAveragePool": _global("reduce_mean"),
+    "GlobalMaxPool": _global("reduce_max"),
     "BatchNormalization": import_batch_norm, "InstanceNormalization": import_instance_norm,
     "LayerNormalization": import_layer_norm, "GroupNormalization": import_group_norm,
     "MeanVarianceNormalization": import_mvn, "RMSNormalization": import_rms_norm,
