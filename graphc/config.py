@@ -55,6 +55,27 @@ def dump_dir() -> str | None:
     return places[-1] if places else os.path.join(os.getcwd(), "graphc-dump")
 
 
+def write_dump_file(directory: str, filename: str, text: str) -> str:
+    """Write one GRAPHC_DUMP file and return its path. The folder must be this user's; the
+    file is created anew (an earlier one is unlinked first, a symlink included, never
+    followed) with O_EXCL and O_NOFOLLOW, so a link planted in a shared folder cannot send
+    the dump anywhere else."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    folder = os.lstat(directory)
+    if hasattr(os, "getuid") and folder.st_uid != os.getuid():
+        raise GraphcError(f"GRAPHC_DUMP: {directory} belongs to another user; graphc writes "
+                          "dumps only into a folder of yours: set GRAPHC_DUMP to one")
+    path = os.path.join(directory, filename)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    with os.fdopen(os.open(path, flags, 0o644), "w") as f:
+        f.write(text)
+    return path
+
+
 def dumps(topic: str) -> bool:
     """Whether GRAPHC_DUMP asks for `topic` (one of DUMP_TOPICS)."""
     items = _dump_items()

@@ -14,15 +14,26 @@ payload's length, the payload's sha256) followed by the payload.
   `info()` and `clear()` serve `graphc cache info|clear`.
 The key is the backend's (a sha256 of everything the compiled code depends on, the cache's
 format name included), so a change of format, toolchain or graphc version misses.
+
+Trust: cached code is loaded and run, so only files this user wrote count. The cache root
+and each backend's folder are created 0700; a folder that is a symlink, belongs to another
+user, or is writable by group or others is not used at all (a `CacheWarning` names it and
+says what to do; the backend compiles without the cache), and an entry that is not a
+regular file of this user's, writable by no one else, is skipped the same way (never
+loaded, never deleted). Entries are opened with O_NOFOLLOW; `clear` never follows a link
+(a link in the folder is removed itself, its target untouched). `ALL` lists every cache
+made in the process, for `graphc cache info|clear`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import struct
 import tempfile
 import threading
+import warnings
 from typing import Callable
 
 from graphc import config
@@ -48,6 +59,39 @@ def unpack_entry(data: bytes) -> bytes | None:
     return payload
 
 
+class CacheWarning(UserWarning):
+    """A cache folder or entry that graphc does not trust was left unused."""
+
+
+def untrusted(st: os.stat_result, kind: str) -> str | None:
+    """Why a folder's or entry's lstat result makes it untrusted, or None: a symlink, not a
+    `kind` ("dir" or "file"), another user's, or writable by group or others."""
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if not (stat.S_ISDIR(st.st_mode) if kind == "dir" else stat.S_ISREG(st.st_mode)):
+        return f"it is not a {'folder' if kind == 'dir' else 'regular file'}"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"it belongs to user id {st.st_uid}, not to you ({os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"others may write to it (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+_warned: set[str] = set()
+
+
+def _warn(path: str, reason: str) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        warnings.warn(f"graphc cache: not using {path}: {reason}; compiled code is loaded from "
+                      "the cache and run, so graphc trusts only a folder (and files) of yours "
+                      "that no one else can write: fix its owner or mode, or point "
+                      "GRAPHC_CACHE_DIR at one", CacheWarning, stacklevel=3)
+
+
+ALL: list["DiskCache"] = []  # every cache made in this process (graphc cache info|clear)
+
+
 class DiskCache:
     """One folder of checksummed entries (see the module docstring)."""
 
@@ -57,6 +101,27 @@ class DiskCache:
         self.stats = {"hits": 0, "misses": 0, "corrupt": 0}  # this process's
         self._locks: dict[str, threading.Lock] = {}  # one per key compiled here
         self._guard = threading.Lock()
+        ALL.append(self)
+
+    def trusted_folder(self, create: bool = False) -> bool:
+        """Whether the cache root and this folder are usable (created 0700 when `create`);
+        warns once per folder it refuses."""
+        root, folder = config.cache_dir(), self.folder
+        for path in (root, folder):
+            if create and not os.path.lexists(path):
+                try:
+                    os.makedirs(path, mode=0o700, exist_ok=True)
+                except OSError:
+                    return False
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return False
+            reason = untrusted(st, "dir")
+            if reason is not None:
+                _warn(path, reason)
+                return False
+        return True
 
     @property
     def folder(self) -> str:
@@ -77,11 +142,20 @@ class DiskCache:
     def read(self, key: str) -> bytes | None:
         """The verified payload of `key`'s entry, or None (a bad entry is deleted)."""
         path = self.path(key)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError:
+        if not os.path.lexists(path) or not self.trusted_folder():
             return None
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:  # gone, or a symlink (O_NOFOLLOW)
+            if os.path.islink(path):
+                _warn(path, "it is a symbolic link")
+            return None
+        with os.fdopen(fd, "rb") as f:
+            reason = untrusted(os.fstat(f.fileno()), "file")
+            if reason is not None:
+                _warn(path, reason)
+                return None
+            data = f.read()
         payload = unpack_entry(data)
         if payload is not None and self.check is not None:
             try:
@@ -104,8 +178,9 @@ class DiskCache:
     def write(self, key: str, payload: bytes) -> bool:
         """Store `payload` under `key` atomically; False when the folder cannot be written."""
         path = self.path(key)
+        if not self.trusted_folder(create=True):
+            return False
         try:
-            os.makedirs(self.folder, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=os.path.basename(path) + ".",
                                        suffix=".tmp")
             try:
@@ -122,19 +197,21 @@ class DiskCache:
     def info(self) -> dict:
         """Where the cache lives, its entries and bytes, and this process's counts."""
         folder, entries, size = self.folder, 0, 0
-        if os.path.isdir(folder):
+        if os.path.lexists(folder) and self.trusted_folder():
             for entry in os.scandir(folder):
-                if entry.name.endswith(self.suffix) and entry.is_file():
+                if entry.name.endswith(self.suffix) and entry.is_file(follow_symlinks=False):
                     entries += 1
-                    size += entry.stat().st_size
+                    size += entry.stat(follow_symlinks=False).st_size
         return {"path": folder, "entries": entries, "bytes": size, **self.stats}
 
     def clear(self) -> int:
         """Delete every entry (and leftover temp files); return how many entries went."""
         folder, removed = self.folder, 0
-        if os.path.isdir(folder):
+        if os.path.lexists(folder) and self.trusted_folder():  # never a linked folder
             for entry in os.scandir(folder):
-                if entry.name.endswith((self.suffix, ".tmp")) and entry.is_file():
+                # a link is removed itself (unlink never follows one), its target untouched
+                if entry.name.endswith((self.suffix, ".tmp")) and (
+                        entry.is_file(follow_symlinks=False) or entry.is_symlink()):
                     try:
                         os.unlink(entry.path)
                         removed += entry.name.endswith(self.suffix)
@@ -143,4 +220,5 @@ class DiskCache:
         return removed
 
 
-__all__ = ["HEADER", "MAGIC", "DiskCache", "pack_entry", "unpack_entry"]
+__all__ = ["ALL", "HEADER", "MAGIC", "CacheWarning", "DiskCache", "pack_entry", "unpack_entry",
+           "untrusted"]

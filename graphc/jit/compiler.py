@@ -557,11 +557,9 @@ def _dump(graph) -> str | None:
     directory = config.dump_dir()
     if not directory or not config.dumps("ir"):
         return None
-    os.makedirs(directory, exist_ok=True)
     index = _dump_counts[graph.name] = _dump_counts.get(graph.name, 0) + 1
     prefix = f"{graph.name}.{index}"
-    with open(os.path.join(directory, f"{prefix}.0.traced.gir"), "w") as f:
-        f.write(format_graph(graph) + "\n")
+    config.write_dump_file(directory, f"{prefix}.0.traced.gir", format_graph(graph) + "\n")
     return prefix
 
 

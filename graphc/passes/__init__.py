@@ -56,11 +56,9 @@ def _dump(graph: Graph, stage: int, name: str, record: PassRecord | None,
     directory = config.dump_dir()
     if not directory or not config.dumps("ir"):
         return
-    os.makedirs(directory, exist_ok=True)
     header = f"# after {name}" + (f" ({record.seconds * 1e3:.2f} ms)" if record else "")
-    path = os.path.join(directory, f"{prefix or graph.name}.{stage}.{name}.gir")
-    with open(path, "w") as f:
-        f.write(header + "\n" + format_graph(graph) + "\n")
+    config.write_dump_file(directory, f"{prefix or graph.name}.{stage}.{name}.gir",
+                           header + "\n" + format_graph(graph) + "\n")
 
 
 def run_pipeline(graph: Graph, passes: list[Pass], verify: bool = True,

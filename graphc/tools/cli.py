@@ -317,13 +317,18 @@ def cmd_check(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    from graphc.backends.cpu.llvm import cache_clear, cache_info
+    """Every backend's cache: the cpu objects and the cuda modules."""
+    import graphc.backends.cpu.llvm  # noqa: F401  (each registers its caches in cache.ALL)
+    import graphc.backends.cuda.compile  # noqa: F401
+    from graphc.backends.cache import ALL
 
     if args.action == "clear":
-        print(f"removed {cache_clear()} entries")
+        print(f"removed {sum(cache.clear() for cache in ALL)} entries")
         return 0
-    info = cache_info()
-    print(f"path: {info['path']}\nentries: {info['entries']}\nbytes: {info['bytes']}")
+    for cache in ALL:
+        info = cache.info()
+        print(f"{cache.name} ({cache.suffix}): path: {info['path']}; entries: "
+              f"{info['entries']}; bytes: {info['bytes']}")
     return 0
 
 

@@ -306,10 +306,8 @@ def _dump(library: Library) -> None:
     if not wanted:
         return
     directory = config.dump_dir()
-    os.makedirs(directory, exist_ok=True)
     for suffix, text in wanted:
-        with open(os.path.join(directory, f"{library.name}.{library.key[:12]}{suffix}"), "w") as f:
-            f.write(text())
+        config.write_dump_file(directory, f"{library.name}.{library.key[:12]}{suffix}", text())
 
 
 def cache_info() -> dict:
