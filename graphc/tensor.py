@@ -509,7 +509,7 @@ class Tensor(TensorMethods, ShapeMethods):
     def __array_interface__(self) -> dict:
         """numpy's array interface of the data (no copy): torch.as_tensor, numpy and others
         read a graphc tensor's memory through it."""
-        self._refuse_in_trace("the array interface")
+        self._refuse_in_trace("numpy conversion")
         return self._data.__array_interface__
 
     def __dlpack__(self, *args, **kwargs):
