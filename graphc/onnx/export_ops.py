@@ -3,12 +3,14 @@
 `EXPORTERS` maps a registry op name to a function `(em, node, xs) -> list[str | None]`: `em`
 is the `Emitter` of graphc.onnx.exporter (fresh names, constants, `em.node(...)`), `node` the IR
 node and `xs` the ONNX names of its inputs. It returns one ONNX name per IR output (None for
-an output nothing may read, such as max_pool2d's indices). `REFUSED` names the registry ops
+an output it cannot give). `REFUSED` names the registry ops
 that have no export, each with the reason; graphc.onnx.export raises OnnxExportError for them.
 
 Semantics follow the registry's numpy kernels, not the ONNX op of the same name: graphc's
 `remainder` is Python's (sign of the divisor) and `floor_divide` floors, so both are built from
-ONNX ops that agree for every sign; `gelu` is written with Erf/Tanh so it needs no opset 20.
+ONNX ops that agree for every sign; `gelu` is written with Erf/Tanh so it needs no opset 20;
+max_pool2d's indices are ONNX's modulo the plane; index_put/index_add/slice_scatter are
+ScatterND; an unbatched (C, H, W) conv or pool gets a batch of one.
 """
 
 from __future__ import annotations
@@ -140,6 +142,19 @@ def export_where(em, node, xs):
 
 
 # ---- contraction, norm, pool ---------------------------------------------------------------
+def _batched(export):
+    """Wrap a conv/pool export so an unbatched (C, H, W) input gets a batch of one."""
+    def run(em, node, xs):
+        if len(node.inputs[0].type.shape) != 3:
+            return export(em, node, xs)
+        axis0 = em.const(np.array([0], np.int64))
+        outs = export(em, node, [em.node("Unsqueeze", [xs[0], axis0]), *xs[1:]])
+        return [None if o is None else em.node("Squeeze", [o, axis0]) for o in outs]
+
+    run.__name__ = export.__name__
+    return run
+
+
 def export_conv2d(em, node, xs):
     a = node.attrs
     ph, pw = a["padding"]
@@ -177,9 +192,11 @@ def export_softmax(op_type: str):
 def export_max_pool2d(em, node, xs):
     a = node.attrs
     ph, pw = a["padding"]
-    y = em.node("MaxPool", xs, kernel_shape=list(a["kernel_size"]), strides=list(a["stride"]),
-                pads=[ph, pw, ph, pw], dilations=list(a["dilation"]), ceil_mode=int(a["ceil_mode"]))
-    return [y, None]  # ONNX's indices count across N and C; graphc's within one plane
+    y, idx = em.node("MaxPool", xs, outputs=2, kernel_shape=list(a["kernel_size"]),
+                     strides=list(a["stride"]), pads=[ph, pw, ph, pw],
+                     dilations=list(a["dilation"]), ceil_mode=int(a["ceil_mode"]))
+    h, w = node.inputs[0].type.shape[-2:]  # ONNX counts across N and C; graphc in one plane
+    return [y, em.node("Mod", [idx, em.const(np.array(h * w, np.int64))])]
 
 
 def export_avg_pool2d(em, node, xs):
@@ -263,6 +280,66 @@ def export_embedding(em, node, xs):
     return [em.node("Gather", xs, axis=0)]
 
 
+def _axis_first(em, node, xs, reduction: str):
+    """index_put / index_add as ScatterND: the indexed axis moved first."""
+    if reduction == "add" and em.opset < 16:
+        raise em.refuse(node, "ScatterND with reduction='add' needs opset 16 or newer")
+    x_ty, index_ty, src_ty = (v.type for v in node.inputs)
+    axis, k, rank = node.attrs["axis"], len(index_ty.shape), len(x_ty.shape)
+    perm = [axis] + [d for d in range(rank) if d != axis]
+    src_perm = list(range(axis, axis + k)) + list(range(axis)) + \
+        list(range(axis + k, len(src_ty.shape)))
+    n = em.const(np.array(x_ty.shape[axis], np.int64))
+    index = em.node("Where", [em.node("Less", [xs[1], em.const(np.array(0, np.int64))]),
+                              em.node("Add", [xs[1], n]), xs[1]])
+    index = em.node("Unsqueeze", [index, em.const(np.array([-1], np.int64))])
+    moved = em.node("ScatterND", [em.node("Transpose", [xs[0]], perm=perm), index,
+                                  em.node("Transpose", [xs[2]], perm=src_perm)],
+                    reduction=reduction)
+    return [em.node("Transpose", [moved], perm=[int(p) for p in np.argsort(perm)])]
+
+
+def export_index_put(em, node, xs):
+    return _axis_first(em, node, xs, "none")
+
+
+def export_index_add(em, node, xs):
+    return _axis_first(em, node, xs, "add")
+
+
+def export_slice_scatter(em, node, xs):
+    """x with src written at a (strided) slice: ScatterND at the slice's positions."""
+    a = node.attrs
+    ranges = [np.arange(lo, hi, st) for lo, hi, st in zip(a["starts"], a["stops"], a["steps"])]
+    rank = len(node.inputs[0].type.shape)
+    if rank == 0 or any(len(r) == 0 for r in ranges):
+        return [em.node("Identity", [xs[0]])]
+    grid = np.stack(np.meshgrid(*ranges, indexing="ij"), axis=-1).astype(np.int64)
+    src = xs[1]
+    if tuple(node.inputs[1].type.shape) != grid.shape[:-1]:
+        src = em.node("Expand", [src, em.const(np.array(grid.shape[:-1], np.int64))])
+    return [em.node("ScatterND", [xs[0], em.const(grid), src])]
+
+
+def export_nll_loss(em, node, xs):
+    """NegativeLogLikelihoodLoss, and the total weight of the counted targets."""
+    x_ty = node.inputs[0].type
+    x, target, weight = xs
+    ignore = node.attrs["ignore_index"]
+    if len(x_ty.shape) == 1:  # unbatched (C,): a batch of one
+        axis0 = em.const(np.array([0], np.int64))
+        x, target = em.node("Unsqueeze", [x, axis0]), em.node("Unsqueeze", [target, axis0])
+    loss = em.node("NegativeLogLikelihoodLoss", [x, target, weight],
+                   reduction=node.attrs["reduction"], ignore_index=ignore)
+    if len(x_ty.shape) == 1 and node.attrs["reduction"] == "none":
+        loss = em.node("Squeeze", [loss, em.const(np.array([0], np.int64))])
+    counted = em.node("Not", [em.node("Equal", [target, em.const(np.array(ignore, np.int64))])])
+    safe = em.node("Where", [counted, target, em.const(np.array(0, np.int64))])
+    w = em.node("Where", [counted, em.node("Gather", [weight, safe], axis=0),
+                          em.const(np.array(0, x_ty.dtype.np))])
+    return [loss, em.node("ReduceSum", [w], keepdims=0)]
+
+
 def export_scatter_add(em, node, xs):
     if em.opset < 16:
         raise em.refuse(node, "ScatterElements with reduction='add' needs opset 16 or newer")
@@ -282,6 +359,10 @@ def export_reduce(op_type: str):
             axes = list(range(len(in_ty.shape)))
         if in_ty.dtype.name == "bool":
             x = em.node("Cast", [x], to=TensorProto.INT64)
+        if op_type == "ReduceMean" and any(in_ty.shape[a] == 0 for a in axes):
+            # mean over nothing: 0/0 = nan, as the registry's kernel (and PyTorch) gives
+            total = em.node("ReduceSum", [x, em.const(np.array(axes, np.int64))], keepdims=keep)
+            return [em.node("Div", [total, em.const(np.zeros((), out_ty.dtype.np))])]
         if op_type == "ReduceSum" or em.opset >= 18:
             y = em.node(op_type, [x, em.const(np.array(axes, np.int64))], keepdims=keep)
         else:
@@ -344,14 +425,16 @@ EXPORTERS = {
     "ge": export_compare("GreaterOrEqual"), "logical_and": _simple("And"),
     "logical_or": _simple("Or"), "logical_xor": _simple("Xor"),
     "where": export_where,
-    "matmul": _simple("MatMul"), "conv2d": export_conv2d,
-    "conv2d_input_grad": export_conv_transpose, "batch_norm": export_batch_norm,
+    "matmul": _simple("MatMul"), "conv2d": _batched(export_conv2d),
+    "conv2d_input_grad": _batched(export_conv_transpose), "batch_norm": export_batch_norm,
     "softmax": export_softmax("Softmax"), "log_softmax": export_softmax("LogSoftmax"),
-    "max_pool2d": export_max_pool2d, "avg_pool2d": export_avg_pool2d,
+    "max_pool2d": _batched(export_max_pool2d), "avg_pool2d": _batched(export_avg_pool2d),
     "reshape": export_reshape, "permute": export_permute, "broadcast_to": export_broadcast_to,
     "concat": export_concat, "copy": export_copy, "flip": export_flip, "slice": export_slice,
     "pad": export_pad, "take": export_take, "gather": export_gather,
     "embedding": export_embedding, "scatter_add": export_scatter_add,
+    "index_put": export_index_put, "index_add": export_index_add,
+    "slice_scatter": export_slice_scatter, "nll_loss": export_nll_loss,
     "reduce_sum": export_reduce("ReduceSum"), "reduce_mean": export_reduce("ReduceMean"),
     "reduce_max": export_reduce("ReduceMax"), "reduce_min": export_reduce("ReduceMin"),
     "reduce_prod": export_reduce("ReduceProd"),
@@ -366,10 +449,6 @@ REFUSED = {
     "conv2d_weight_grad": _BACKWARD,
     "avg_pool2d_grad": _BACKWARD, "max_pool2d_grad": _BACKWARD,
     "embedding_backward": _BACKWARD, "nll_loss_backward": _BACKWARD,
-    "nll_loss": "a training loss: export the model's forward, not the loss",
     "dropout": _RANDOM, "bernoulli": _RANDOM, "normal": _RANDOM, "uniform": _RANDOM,
     "randint": _RANDOM, "randperm": _RANDOM,
-    "index_add": "no single ONNX op adds rows at a 1-D index along an axis (not yet mapped)",
-    "index_put": "no single ONNX op writes rows at a 1-D index along an axis (not yet mapped)",
-    "slice_scatter": "a strided slice write has no ONNX op (not yet mapped)",
 }

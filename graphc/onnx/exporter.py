@@ -200,7 +200,7 @@ def to_model(model_or_fn, args, input_names=None, output_names=None,
     for v, name in zip(graph.outputs, output_names):
         if v not in names:
             raise OnnxExportError(f"onnx export: output %{v.name} has no ONNX value (an output "
-                                  "ONNX cannot compute, such as max_pool2d's indices)")
+                                  "the export table could not give)")
         em._node = None
         em.nodes.append(helper.make_node("Identity", [names[v]], [name],
                                          name=em.fresh("output")))
