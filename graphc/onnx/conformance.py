@@ -117,6 +117,41 @@ def run_case(case) -> Outcome:
     return Outcome(case.name, op, "passed")
 
 
+MODEL_SUITES = ("simple", "pytorch-converted", "pytorch-operator")
+
+
+def collect_model_cases(suites=MODEL_SUITES) -> list:
+    """The small model tests stored in onnx's test data (a model.onnx and test_data_set_N
+    folders of input_K.pb / output_K.pb per case), as node-test-like cases."""
+    import glob
+    import os
+    import types
+
+    import onnx
+    from onnx import numpy_helper
+
+    def read(path):
+        proto = onnx.TensorProto()
+        with open(path, "rb") as f:
+            proto.ParseFromString(f.read())
+        return numpy_helper.to_array(proto)
+
+    root = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
+    cases = []
+    for suite in suites:
+        for folder in sorted(glob.glob(os.path.join(root, suite, "test_*"))):
+            data_sets = []
+            for ds in sorted(glob.glob(os.path.join(folder, "test_data_set_*"))):
+                inputs = [read(p) for p in sorted(glob.glob(os.path.join(ds, "input_*.pb")))]
+                outputs = [read(p) for p in sorted(glob.glob(os.path.join(ds, "output_*.pb")))]
+                data_sets.append((inputs, outputs))
+            model = onnx.load(os.path.join(folder, "model.onnx"))
+            cases.append(types.SimpleNamespace(
+                name=f"{suite}/{os.path.basename(folder)}", model=model, data_sets=data_sets,
+                rtol=1e-3, atol=1e-7))
+    return cases
+
+
 def run_node_tests(cases: list | None = None) -> list[Outcome]:
     """Run `cases` (default: every collected node test case); one Outcome per case."""
     return [run_case(c) for c in (collect_cases() if cases is None else cases)]
@@ -244,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--op", default=None, help="only cases of this op type")
     parser.add_argument("--markdown", action="store_true", help="the refusals as a table")
     parser.add_argument("--light", action="store_true", help="onnx's light models instead")
+    parser.add_argument("--models", action="store_true",
+                        help="the small model tests of onnx's test data instead")
     parser.add_argument("--compile", default=None, help="with --light: compile on BACKEND too")
     args = parser.parse_args(argv)
     if args.light:
@@ -253,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: {r.values} values, worst relative difference from onnxruntime "
                   f"{r.worst_eager:.1e} ({r.worst_value}){compiled}")
         return
-    cases = collect_cases()
+    cases = collect_model_cases() if args.models else collect_cases()
     if args.op:
         cases = [c for c in cases if _op_type(c) == args.op]
     if args.every > 1:

@@ -175,6 +175,9 @@ def import_thresholded_relu(ctx, x):
 
 def import_prelu(ctx, x, slope):
     x, slope = _t(ctx, x), _t(ctx, slope)
+    if slope.ndim == 1 and x.ndim >= 3 and slope.shape[0] == x.shape[1] != x.shape[-1]:
+        # a per-channel slope (opsets before 7 broadcast it along axis 1)
+        slope = call("reshape", slope, shape=(slope.shape[0],) + (1,) * (x.ndim - 2))
     return call("where", call("lt", x, _scalar(x, 0)), call("mul", x, slope), x)
 
 
