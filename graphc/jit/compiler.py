@@ -46,8 +46,10 @@ numpy interpreter, the reference every backend is tested against) stays availabl
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -345,7 +347,13 @@ class Compiled:
 
     def _run(self, entry: _Entry, args: tuple, kwargs: dict, escaped: list = ()):
         """Run the entry's executable for this call. `escaped`: (output index, tensor) pairs
-        of the traced call (`TraceResult.escaped`), given values by this, its first, run."""
+        of the traced call (`TraceResult.escaped`), given values by this, its first, run.
+        A Ctrl-C during the run is held until the step is complete (updates, `.grad`s,
+        state all written), then raised: never a half-applied step (`_interrupts_held`)."""
+        with _interrupts_held():
+            return self._run_now(entry, args, kwargs, escaped)
+
+    def _run_now(self, entry: _Entry, args: tuple, kwargs: dict, escaped: list):
         traced = entry.traced
         check = nan_check.Check(self.__name__, traced.graph, [
             b.generator for b in traced.bindings if isinstance(b, RngBinding)
@@ -427,6 +435,33 @@ class Compiled:
             holder._grad = Tensor._wrap(array)
             assigned.append(holder._grad)
         return assigned
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold SIGINT (Ctrl-C) for the duration of the block and deliver it when the block ends:
+    a compiled step runs natively and then writes its updates back, and an interrupt between
+    the two would leave parameters moved but optimizer state or `.grad`s not. So the step
+    completes, then the KeyboardInterrupt (or the program's own SIGINT handler) follows.
+    Only the main thread receives signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:  # delivered even when the step failed (the failure becomes its context)
+            if callable(previous):
+                previous(signal.SIGINT, held[0])
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
 
 
 def _creates_state(traced: TraceResult, guard: Guard, args: tuple, kwargs: dict) -> bool:
