@@ -191,7 +191,7 @@ def test_functions_and_integer_ops(tmp_path):
               a, b, tmp_path=tmp_path)
 
 
-@pytest.mark.parametrize("opset", [13, 17, 18])
+@pytest.mark.parametrize("opset", [13, 17, 18, 21])
 def test_opsets(opset, tmp_path):
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
     proto = roundtrip(model, graphc.randn(2, 4), tmp_path=tmp_path, opset_version=opset)
