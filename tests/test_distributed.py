@@ -41,6 +41,14 @@ def test_ddp_on_two_ranks_equals_one_process_at_twice_the_batch():
     assert done.stdout.count("parameters") == 4, done.stdout
 
 
+def test_compiled_ddp_steps_carry_the_allreduce_and_equal_one_process():
+    """The same, compiled: interp (MPI through mpi4py) and cpu (MPI_Allreduce called by the
+    generated code), one graph per step on cpu, the averaging a node of it."""
+    done, _ = _launch("compiled")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("/cpu parameters") == 4 and done.stdout.count("/interp") == 4
+
+
 def test_mismatched_shapes_are_reported_before_data_moves():
     done, _ = _launch("mismatch")
     assert done.returncode == 0, done.stderr

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import hashlib
 import sys
 import time
 from typing import Any
@@ -107,6 +108,9 @@ def init_process_group(backend: str | None = "mpi", init_method: str | None = No
                                f"{group.rank}); leave them out")
     _group = group
     _install_abort_on_error(MPI)
+    from graphc.ops import collective
+
+    collective.set_communicator(_MpiCommunicator(group))
 
 
 def _install_abort_on_error(MPI) -> None:
@@ -151,6 +155,9 @@ def destroy_process_group(group=None) -> None:
     global _group
     _current()
     _group = None
+    from graphc.ops import collective
+
+    collective.set_communicator(None)
 
 
 # ---- collectives ---------------------------------------------------------------------------------
@@ -160,10 +167,9 @@ def _array(tensor, what: str) -> np.ndarray:
     if not isinstance(tensor, Tensor):
         raise TypeError(f"{what}: expected a graphc.Tensor, got {type(tensor).__name__}")
     if tensor.is_abstract:
-        raise DistributedError(f"{what} inside graphc.compile: collectives are not graph ops "
-                               "yet, so a step with them (DistributedDataParallel included) "
-                               "runs eagerly; call it outside graphc.compile "
-                               "(docs/distributed.md)")
+        raise DistributedError(f"{what} inside graphc.compile: only all_reduce is a graph op "
+                               "(DistributedDataParallel uses it); call this one outside "
+                               "graphc.compile (docs/distributed.md)")
     return tensor.detach().numpy()
 
 
@@ -210,6 +216,79 @@ def _agree(g: _Group, what: str, array: np.ndarray) -> None:
                                "the same collectives with the same shapes and dtypes")
 
 
+_OP_NAMES = {ReduceOp.SUM: "sum", ReduceOp.AVG: "avg", ReduceOp.MAX: "max",
+             ReduceOp.MIN: "min"}
+
+
+def _no_grad():
+    from graphc.autograd.grad_mode import no_grad
+
+    return no_grad()
+
+
+class _MpiCommunicator:
+    """graphc.ops.collective's Communicator over MPI.COMM_WORLD: the reference kernel's
+    allreduce, the agreement check of compiled steps, and the handles generated code uses."""
+
+    def __init__(self, group: _Group) -> None:
+        self.group = group
+        self.world_size, self.rank = group.size, group.rank
+        self._native = None
+
+    def allreduce(self, array: np.ndarray, op: str) -> None:
+        g, MPI = self.group, _mpi()
+        _agree(g, "all_reduce", array)
+        _wait(g, g.comm.Iallreduce(MPI.IN_PLACE, array, op=_op(MPI, _BY_NAME[op])),
+              "all_reduce")
+        if op == "avg":
+            array /= g.size
+
+    def agree(self, what: str, signature: tuple) -> None:
+        """Every rank is about to run the same collectives (`signature`), else a
+        DistributedError on every rank before any of them runs."""
+        g = self.group
+        digest = hashlib.sha256(repr(signature).encode()).digest()
+        mine = np.frombuffer(digest[:24], np.int64).copy()
+        everyone = np.empty((g.size, 3), np.int64)
+        _wait(g, g.comm.Iallgather(mine, everyone), what)
+        if (everyone != mine).any():
+            raise DistributedError(f"{what}: the ranks are about to run different collectives "
+                                   f"(this rank, {g.rank}: {signature!r:.200}); every rank must "
+                                   "run the same compiled step on same-shaped batches (one "
+                                   "rank retraced for another shape?)")
+
+    def native(self):
+        """MPI_Allreduce's address and MPICH's handles, or None for another MPI ABI."""
+        if self._native is None:
+            self._native = _native_mpi(self.group) or False
+        return self._native or None
+
+
+def _native_mpi(g: _Group):
+    import ctypes
+    import re
+
+    from graphc.ops.collective import NativeMpi
+
+    MPI = _mpi()
+    if not MPI.Get_library_version().startswith("MPICH") or MPI._sizeof(MPI.Datatype) != 4:
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted(set(re.findall(r"\S*/libmpi\.so\S*", f.read())))
+        allreduce = ctypes.cast(ctypes.CDLL(paths[0]).MPI_Allreduce, ctypes.c_void_p).value
+    except (OSError, IndexError, AttributeError):
+        return None
+    return NativeMpi(allreduce, -1, MPI.COMM_WORLD.handle,
+                     {"float32": MPI.FLOAT.handle, "float64": MPI.DOUBLE.handle,
+                      "int64": MPI.INT64_T.handle},
+                     {"sum": MPI.SUM.handle, "max": MPI.MAX.handle, "min": MPI.MIN.handle},
+                     g.size)
+
+
+_BY_NAME = {name: op for op, name in _OP_NAMES.items()}
+
+
 def _op(MPI, op: ReduceOp):
     table = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: MPI.SUM, ReduceOp.PRODUCT: MPI.PROD,
              ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN}
@@ -219,7 +298,19 @@ def _op(MPI, op: ReduceOp):
 
 
 def all_reduce(tensor, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool = False):
-    """Reduce `tensor` over every rank, in place (AVG divides the sum by the world size)."""
+    """Reduce `tensor` over every rank, in place (AVG divides the sum by the world size).
+    Inside graphc.compile it is the graph op `all_reduce`, written back into `tensor`."""
+    from graphc.tensor import Tensor
+
+    if isinstance(tensor, Tensor) and tensor.is_abstract:
+        from graphc.ops import collective
+
+        _current()
+        if op not in _OP_NAMES:
+            raise DistributedError(f"unknown reduce op {op!r}; use graphc.distributed.ReduceOp")
+        with _no_grad():
+            tensor.copy_(collective.all_reduce(tensor, _OP_NAMES[op]))
+        return None
     g, MPI = _current(), _mpi()
     array = _array(tensor, "all_reduce")
     _agree(g, "all_reduce", array)
@@ -235,8 +326,18 @@ def all_reduce(tensor, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool =
 
 
 def broadcast(tensor, src: int, group=None, async_op: bool = False):
-    """Copy rank `src`'s `tensor` into every rank's, in place."""
+    """Copy rank `src`'s `tensor` into every rank's, in place. Inside graphc.compile it is
+    the graph op `all_reduce` of the tensor kept on `src` and zeroed elsewhere."""
+    from graphc.tensor import Tensor
+
     g = _current()
+    if isinstance(tensor, Tensor) and tensor.is_abstract:
+        from graphc.ops import collective
+
+        with _no_grad():
+            kept = tensor if g.rank == src else tensor.new_zeros(tuple(tensor.shape))
+            tensor.copy_(collective.all_reduce(kept, "sum"))
+        return None
     array = _array(tensor, "broadcast")
     _agree(g, "broadcast", array)
     buffer = np.ascontiguousarray(array)

@@ -5,6 +5,7 @@ Importing this package registers all ops. `REGISTRY` maps op names to `OpDef`s;
 """
 
 from graphc.ops import (
+    collective,
     conv,
     elementwise,
     fused,
@@ -22,6 +23,6 @@ from graphc.ops import (
 from graphc.ops.registry import REGISTRY, OpDef, call, get, register
 
 OP_MODULES = (sources, elementwise, reduce, movement, gather, indexing, linalg, conv, pool,
-              nn_ops, random, fused)
+              nn_ops, random, collective, fused)
 
 __all__ = ["REGISTRY", "OpDef", "OP_MODULES", "call", "get", "register", "registry"]

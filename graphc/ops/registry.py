@@ -49,7 +49,9 @@ LOSS = "loss"
 SOURCE = "source"
 RANDOM = "random"
 FUSED = "fused"  # a group of ops made into one node by the fuse pass (graphc.ops.fused)
-KINDS = (ELEMENTWISE, REDUCE, MOVEMENT, CONTRACTION, POOL, NORM, LOSS, SOURCE, RANDOM, FUSED)
+COLLECTIVE = "collective"  # communication between the ranks of a job (graphc.ops.collective)
+KINDS = (ELEMENTWISE, REDUCE, MOVEMENT, CONTRACTION, POOL, NORM, LOSS, SOURCE, RANDOM, FUSED,
+         COLLECTIVE)
 
 VARIADIC = "*"  # an `inputs` entry starting with this takes any number of tensors (concat)
 

@@ -9,6 +9,7 @@ import graphc
 import graphc.distributed as dist
 import graphc.nn as nn
 import graphc.nn.functional as F
+from graphc.ir.printer import format_graph
 from graphc.nn.parallel import DistributedDataParallel
 from graphc.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -29,21 +30,26 @@ def data(kind, n=64):
             graphc.tensor(rng.integers(0, 4, n)))
 
 
-def train(model, opt_name, batches, steps=10):
+def train(model, opt_name, batches, steps=10, backend=None):
     opt = (graphc.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_name == "sgd"
            else graphc.optim.Adam(model.parameters(), lr=0.01))
-    losses = []
-    for _ in range(steps):
-        for x, y in batches:
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    run = step if backend is None else graphc.compile(step, backend=backend)
+    losses = [run(x, y).item() for _ in range(steps) for x, y in batches]
+    if backend is not None:  # the averaging is in the graph; cpu compiles one graph
+        assert "all_reduce" in format_graph(run.executable.graph)
+        assert backend != "cpu" or len(run.graphs) == 1, f"{len(run.graphs)} graphs"
     return losses
 
 
-def equivalence(kind, opt_name):
+def equivalence(kind, opt_name, backend=None):
     graphc.manual_seed(1)
     build = mlp if kind == "mlp" else lenet
     reference = build()
@@ -56,7 +62,7 @@ def equivalence(kind, opt_name):
     ddp = DistributedDataParallel(replica)
     share = DataLoader(TensorDataset(x, y), batch_size=32,
                        sampler=DistributedSampler(TensorDataset(x, y), shuffle=False))
-    ddp_losses = train(ddp, opt_name, list(share))
+    ddp_losses = train(ddp, opt_name, list(share), backend=backend)
     full_losses = train(reference, opt_name, [(x, y)])
     # the global loss is the mean of the ranks' losses
     mean_losses = np.array(ddp_losses, np.float64)
@@ -67,7 +73,7 @@ def equivalence(kind, opt_name):
         worst = max(worst, float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12)))
     loss_gap = float(np.max(np.abs(mean_losses - full_losses) / np.abs(full_losses)))
     assert worst < 1e-6 and loss_gap < 1e-6, (worst, loss_gap)
-    return f"{kind}/{opt_name} parameters {worst:.1e} losses {loss_gap:.1e}"
+    return f"{kind}/{opt_name}/{backend or 'eager'} parameters {worst:.1e} losses {loss_gap:.1e}"
 
 
 def collectives():
@@ -109,6 +115,9 @@ def main():
     dist.init_process_group("mpi", timeout=timeout)
     if mode == "equivalence":
         done = [equivalence(k, o) for k in ("mlp", "lenet") for o in ("sgd", "adam")]
+    elif mode == "compiled":
+        done = [equivalence(k, o, b) for b in ("interp", "cpu") for k in ("mlp", "lenet")
+                for o in ("sgd", "adam")]
     elif mode == "collectives":
         done = [collectives()]
     elif mode == "mismatch":

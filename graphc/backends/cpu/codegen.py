@@ -52,6 +52,7 @@ from llvmlite import ir
 
 from graphc.backends import common
 from graphc.backends.cpu import conv, llvm
+from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
 from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
 from graphc.backends.cpu.random_ops import lower_random
@@ -729,6 +730,7 @@ LOWERINGS = {
     "full": Lowerer.lower_full, "arange": Lowerer.lower_arange,
     "nll_loss": Lowerer.lower_nll_loss, "nll_loss_backward": Lowerer.lower_nll_loss_backward,
     **INDEX_LOWERINGS,
+    **COLLECTIVE_LOWERINGS,
 }
 # the anchors of GEMM/conv epilogues (OpDef.epilogue_anchor): lower(lowerer, node, a, b, out,
 # attrs) computes the anchor's result into `out` for the fused epilogue to read

@@ -53,6 +53,7 @@ from graphc.backends.cpu.codegen import lower
 from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
 from graphc.ir.verifier import verify
+from graphc.ops.collective import communicator
 from graphc.ops.fused import FusedBody
 from graphc.ops.registry import CONTRACTION, REGISTRY
 
@@ -103,6 +104,10 @@ class CpuExecutable:
         self._last_inputs: list = [None] * len(graph.inputs)
         self._lock = threading.Lock()
         self.thread_chooser = threads.ThreadChooser(threads.most_threads())
+        # every rank checks, before each run, that all run the same collectives
+        self._collectives = tuple((n.attrs["op"], n.inputs[0].type.numel,
+                                   n.inputs[0].type.dtype.name)
+                                  for n in plan.schedule if n.op == "all_reduce")
 
     @property
     def asm(self) -> str:
@@ -113,6 +118,8 @@ class CpuExecutable:
             raise ArgumentError(f"graph @{self.graph.name} takes {len(self._in_types)} inputs, "
                                 f"got {len(arrays)}")
         outs = [np.empty(shape, dtype) for shape, dtype in self._out_types]
+        if self._collectives:
+            communicator().agree(f"graph @{self.graph.name}", self._collectives)
         with self._lock:  # the pointer arrays and the arena are shared by every call
             bound = self._bind(arrays)
             out_ptrs = self._out_ptrs

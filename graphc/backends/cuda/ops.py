@@ -523,7 +523,11 @@ LOWERINGS = {
 # computes the anchor's result into outs[0] for the fused epilogue to read
 EPILOGUE_ANCHOR_LOWERINGS = {"matmul": lower_matmul, "conv2d": lower_conv2d}
 # registry ops this backend declines on purpose, with the reason (none today)
-REFUSALS: dict[str, str] = {}
+REFUSALS: dict[str, str] = {
+    "all_reduce": "collectives on GPUs go through NCCL, which is designed (docs/distributed.md) "
+                  "but not built: no GPU was available to build and test it; compile a DDP "
+                  "step for the cpu backend",
+}
 
 
 def lower_node(lw: Lowerer, node: Node) -> None:

@@ -8,8 +8,11 @@ of the backward still runs on the later layers' inputs). Ranks must run the same
 same-shaped batches: the collectives check shapes first and report a mismatch.
 The state_dict of the wrapper has the `module.` prefix, as in PyTorch.
 
-Compiled steps (graphc.compile) do not yet place the allreduce in the graph: a DDP model
-inside graphc.compile raises a DistributedError that says so; train it eagerly.
+The averaging is the graph op `all_reduce` (graphc.ops.collective): eagerly it calls MPI
+through mpi4py; in a compiled training step it is a node of the step's graph, which the cpu
+backend lowers to an MPI_Allreduce call made by the generated code, so the whole DDP step is
+one native call per rank. Each gradient is reduced where the backward produces it; buckets
+and non-blocking overlap are not done yet (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -50,12 +53,11 @@ class DistributedDataParallel(Module):
 
 
 def _average(grad):
-    """The gradient averaged over the ranks (a new tensor; autograd accumulates it)."""
-    import graphc.distributed as dist
+    """The gradient averaged over the ranks (a new tensor; autograd accumulates it): the
+    graph op `all_reduce`, so a compiled step carries it too."""
+    from graphc.ops.collective import all_reduce
 
-    averaged = grad.detach().clone()
-    dist.all_reduce(averaged, op=dist.ReduceOp.AVG)
-    return averaged
+    return all_reduce(grad.detach(), "avg")
 
 
 def _no_grad():
