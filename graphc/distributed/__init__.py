@@ -117,10 +117,12 @@ def _install_abort_on_error(MPI) -> None:
     previous = sys.excepthook
 
     def abort(kind, value, traceback):
-        previous(kind, value, traceback)
         if _group is not None and _group.size > 1:
             print(f"graphc.distributed: rank {_group.rank} raised {kind.__name__}; aborting "
                   "the job so the other ranks do not wait forever", file=sys.stderr, flush=True)
+        previous(kind, value, traceback)
+        if _group is not None and _group.size > 1:
+            sys.stderr.flush()
             MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = abort

@@ -451,4 +451,6 @@ REFUSED = {
     "embedding_backward": _BACKWARD, "nll_loss_backward": _BACKWARD,
     "dropout": _RANDOM, "bernoulli": _RANDOM, "normal": _RANDOM, "uniform": _RANDOM,
     "randint": _RANDOM, "randperm": _RANDOM,
+    "all_reduce": "a collective between the ranks of a training job: ONNX has no operator "
+                  "for it; export the model of one rank",
 }
