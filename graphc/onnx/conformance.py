@@ -79,8 +79,19 @@ def _kinds(values) -> str:
         elif v is None:
             found.add("optional")
         elif not _plain([v]):
-            dtype = np.asarray(v).dtype
-            found.add("string" if dtype.kind in "OSU" else str(dtype))
+            array = np.asarray(v)
+            if array.dtype.kind == "O" and array.size:  # ml_dtypes values, or strings
+                first = array.flat[0]
+                if isinstance(first, (str, bytes)):
+                    found.add("string")
+                elif hasattr(first, "data_type"):  # a TensorProto of a type numpy lacks
+                    from onnx import helper
+
+                    found.add(helper.tensor_dtype_to_string(first.data_type).split(".")[-1])
+                else:
+                    found.add(type(first).__name__)
+            else:
+                found.add("string" if array.dtype.kind in "OSU" else str(array.dtype))
     return ", ".join(sorted(found))
 
 

@@ -65,13 +65,20 @@ def _attribute(attr: onnx.AttributeProto) -> Any:
 class NodeContext:
     """What an import function sees of its node: attributes, opset, conversions, refusal."""
 
-    def __init__(self, node: onnx.NodeProto, opset: int, label: str) -> None:
+    def __init__(self, node: onnx.NodeProto, opset: int, label: str,
+                 elem_types: dict[str, int] | None = None) -> None:
         self.node = node
         self.opset = opset
         self.label = label
         self.attrs = {a.name: _attribute(a) for a in node.attribute}
         self.num_outputs = len(node.output)
         self.cache: dict = {}  # what an import function derives from shapes only, per node
+        self._elem_types = elem_types or {}
+
+    def elem_type(self, name: str) -> int:
+        """The ONNX element type the graph declares for value `name` (0 where unknown):
+        graphc widens narrow integers, so ops that saturate to a type ask for it here."""
+        return self._elem_types.get(name, 0)
 
     def attr(self, name: str, default: Any = None) -> Any:
         """The attribute `name`, or `default` when the node does not set it."""
@@ -166,10 +173,13 @@ class OnnxModule(Module):
         self.input_names = [i.name for i in graph.input if i.name not in initialized]
         self.output_names = [o.name for o in graph.output]
         self.output_types = [o.type.tensor_type.elem_type for o in graph.output]
+        elem_types = {v.name: v.type.tensor_type.elem_type
+                      for v in [*graph.input, *graph.output, *graph.value_info]}
+        elem_types |= {i.name: i.data_type for i in graph.initializer}
         self._nodes = []
         for i, node in enumerate(graph.node):
             label = node.name or f"{node.op_type}_{i}"
-            ctx = NodeContext(node, self.opset, label)
+            ctx = NodeContext(node, self.opset, label, elem_types)
             if node.domain not in ("", "ai.onnx"):
                 raise UnsupportedOnnxOp(node.op_type, self.opset, label,
                                         f"domain {node.domain!r} is not the ONNX default domain")
