@@ -65,11 +65,41 @@ def _pair(values, nspatial, fill):
     return tuple(values) if nspatial == 2 else (fill, *values)
 
 
+def _conv3d(ctx, x, w, strides, dilations, begin, end):
+    """A 3-D convolution as one conv2d per kernel depth, the output depths folded into the
+    batch: y[:, :, o] = sum_k conv2d(x[:, :, o * stride + k * dilation], w[:, :, k])."""
+    x = _pad_spatial(x, begin, end, 0.0)
+    n, c, depth, h, wd = x.shape
+    (sd, sh, sw), (dd, dh, dw) = strides, dilations
+    k_depth = w.shape[2]
+    out_depth = (depth - ((k_depth - 1) * dd + 1)) // sd + 1
+    total = None
+    for k in range(k_depth):
+        lo = k * dd
+        part = call("slice", x, starts=(0, 0, lo, 0, 0),
+                    stops=(n, c, lo + sd * (out_depth - 1) + 1, h, wd), steps=(1, 1, sd, 1, 1))
+        part = call("reshape", call("permute", part, dims=(0, 2, 1, 3, 4)),
+                    shape=(n * out_depth, c, h, wd))
+        wk = call("slice", w, starts=(0, 0, k, 0, 0), stops=(w.shape[0], w.shape[1], k + 1,
+                                                                 *w.shape[3:]), steps=(1,) * 5)
+        wk = call("reshape", wk, shape=(w.shape[0], w.shape[1], *w.shape[3:]))
+        y = call("conv2d", part, wk, stride=(sh, sw), padding=(0, 0), dilation=(dh, dw),
+                 groups=ctx.attr("group", 1))
+        total = y if total is None else call("add", total, y)
+    total = call("reshape", total, shape=(n, out_depth, *total.shape[1:]))
+    return call("permute", total, dims=(0, 2, 1, 3, 4))
+
+
 def import_conv(ctx, x, w, b=None):
     x, w = _t(ctx, x), _t(ctx, w)
     ns = x.ndim - 2
     kernel = list(ctx.attr("kernel_shape", w.shape[2:]))
     strides, dilations, begin, end = _spatial(ctx, x, kernel)
+    if ns == 3:
+        y = _conv3d(ctx, x, w, strides, dilations, begin, end)
+        if b is not None:
+            y = call("add", y, call("reshape", _t(ctx, b), shape=(y.shape[1], 1, 1, 1)))
+        return y
     x2, w2 = _to_2d(ctx, x, ns), _to_2d(ctx, w, ns)
     if begin != end:
         x2 = _pad_spatial(x2, _pair(begin, ns, 0), _pair(end, ns, 0), 0.0)
@@ -115,6 +145,35 @@ def import_conv_transpose(ctx, x, w, b=None):
     if b is not None:
         y = call("add", y, call("reshape", _t(ctx, b), shape=(y.shape[1], 1, 1)))
     return y if ns == 2 else call("reshape", y, shape=(*y.shape[:2], y.shape[3]))
+
+
+def _separable_3d(pool):
+    """A 3-D pool as two 2-D ones (max, average and Lp pooling are separable: the window is
+    a product of per-axis windows, and so is the count of valid elements): over (H, W) with
+    depth folded into channels, then over depth with H*W as the width."""
+    def run(ctx, x):
+        x = _t(ctx, x)
+        if x.ndim != 5:
+            return pool(ctx, x)
+        if ctx.wants(1):
+            raise ctx.refuse("the Indices output of a 3-D MaxPool")
+        kernel = list(ctx.attr("kernel_shape"))
+        strides, dilations, begin, end = _spatial(ctx, x, kernel)
+        n, c, depth = x.shape[:3]
+        planes = ctx.with_attrs(kernel_shape=kernel[1:], strides=strides[1:],
+                                dilations=dilations[1:], pads=begin[1:] + end[1:],
+                                auto_pad="NOTSET")
+        y = pool(planes, call("reshape", x, shape=(n, c * depth, *x.shape[3:])))
+        h, w = y.shape[2:]
+        y = call("reshape", y, shape=(n, c, depth, h * w))
+        depths = ctx.with_attrs(kernel_shape=[kernel[0], 1], strides=[strides[0], 1],
+                                dilations=[dilations[0], 1], pads=[begin[0], 0, end[0], 0],
+                                auto_pad="NOTSET")
+        y = pool(depths, y)
+        return call("reshape", y, shape=(n, c, y.shape[2], h, w))
+
+    run.__name__ = f"{pool.__name__}_3d"
+    return run
 
 
 def _pool_setup(ctx, x):
@@ -439,8 +498,9 @@ def import_trilu(ctx, x, k=None):
 NN_IMPORTERS = {
     "MatMul": import_matmul, "Gemm": import_gemm, "Conv": import_conv,
     "ConvTranspose": import_conv_transpose,
-    "MaxPool": import_max_pool, "AveragePool": import_average_pool,
-    "LpPool": import_lp_pool, "GlobalAveragePool": _global("reduce_mean"),
+    "MaxPool": _separable_3d(import_max_pool),
+    "AveragePool": _separable_3d(import_average_pool),
+    "LpPool": _separable_3d(import_lp_pool), "GlobalAveragePool": _global("reduce_mean"),
     "GlobalMaxPool": _global("reduce_max"),
     "BatchNormalization": import_batch_norm, "InstanceNormalization": import_instance_norm,
     "LayerNormalization": import_layer_norm, "GroupNormalization": import_group_norm,

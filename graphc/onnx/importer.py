@@ -80,6 +80,12 @@ class NodeContext:
         graphc widens narrow integers, so ops that saturate to a type ask for it here."""
         return self._elem_types.get(name, 0)
 
+    def with_attrs(self, **attrs) -> NodeContext:
+        """A copy of this context with some attributes replaced (a staged computation)."""
+        other = NodeContext(self.node, self.opset, self.label, self._elem_types)
+        other.attrs = {**self.attrs, **attrs}
+        return other
+
     def attr(self, name: str, default: Any = None) -> Any:
         """The attribute `name`, or `default` when the node does not set it."""
         return self.attrs.get(name, default)
