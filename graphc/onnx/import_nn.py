@@ -223,11 +223,54 @@ def _onnx_indices(ctx, idx, padded_w, shift, h, w, ns):
     return flat if ns == 2 else call("reshape", flat, shape=(n, c, flat.shape[3]))
 
 
+def _window_sums(x2, kernel, strides, dilations, begin, end, ceil_mode, include_pad):
+    """(sum, count) of every pooling window of a 2-D input by strided slices, one per kernel
+    offset (pools with dilations: graphc's avg_pool2d has none). `count` is the number of
+    elements each window covers in the input (with its pads, where `include_pad`); windows
+    ceil_mode adds past the padded input count nothing there."""
+    n, c = x2.shape[:2]
+    sizes = list(x2.shape[2:])
+    padded = [sz + b + e for sz, b, e in zip(sizes, begin, end)]
+    outs, extra = [], []
+    for p, k, st, d, b, sz in zip(padded, kernel, strides, dilations, begin, sizes):
+        span = (k - 1) * d + 1
+        out = (p - span) // st + 1
+        if ceil_mode and (p - span) % st and out * st < sz + b:
+            out += 1  # a last, partial window that starts inside the input or left pad
+        outs.append(out)
+        extra.append(max(0, (out - 1) * st + span - p))
+    ones = call("full", shape=tuple(x2.shape), value=1.0, dtype=x2.dtype.name)
+    grow = [e + x for e, x in zip(end, extra)]
+    data = _pad_spatial(x2, begin, grow, 0.0)
+    if include_pad:
+        mask = _pad_spatial(_pad_spatial(ones, begin, end, 1.0), [0, 0], extra, 0.0)
+    else:
+        mask = _pad_spatial(ones, begin, grow, 0.0)
+    total = count = None
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            starts = (0, 0, i * dilations[0], j * dilations[1])
+            stops = (n, c, starts[2] + strides[0] * (outs[0] - 1) + 1,
+                     starts[3] + strides[1] * (outs[1] - 1) + 1)
+            steps = (1, 1, strides[0], strides[1])
+            part = call("slice", data, starts=starts, stops=stops, steps=steps)
+            seen = call("slice", mask, starts=starts, stops=stops, steps=steps)
+            total = part if total is None else call("add", total, part)
+            count = seen if count is None else call("add", count, seen)
+    return total, count
+
+
 def import_average_pool(ctx, x):
     x = _t(ctx, x)
     ns, kernel, strides, dilations, begin, end = _pool_setup(ctx, x)
     if any(d != 1 for d in dilations):
-        raise ctx.refuse("dilations (graphc's avg_pool2d has none)")
+        x2 = _to_2d(ctx, x, ns)
+        total, count = _window_sums(x2, _pair(kernel, ns, 1), _pair(strides, ns, 1),
+                                    _pair(dilations, ns, 1), _pair(begin, ns, 0),
+                                    _pair(end, ns, 0), bool(ctx.attr("ceil_mode", 0)),
+                                    bool(ctx.attr("count_include_pad", 0)))
+        y = call("div", total, count)
+        return y if ns == 2 else call("reshape", y, shape=(*y.shape[:2], y.shape[3]))
     x2 = _to_2d(ctx, x, ns)
     attrs = dict(kernel_size=_pair(kernel, ns, 1), stride=_pair(strides, ns, 1),
                  ceil_mode=bool(ctx.attr("ceil_mode", 0)), divisor_override=None)
@@ -250,15 +293,18 @@ def import_average_pool(ctx, x):
 def import_lp_pool(ctx, x):
     x = _t(ctx, x)
     ns, kernel, strides, dilations, begin, end = _pool_setup(ctx, x)
-    if any(d != 1 for d in dilations):
-        raise ctx.refuse("dilations (graphc's avg_pool2d has none)")
     p = ctx.attr("p", 2)
     x2 = call("pow", call("abs", _to_2d(ctx, x, ns)), _scalar(x, p))
-    padded = _pad_spatial(x2, _pair(begin, ns, 0), _pair(end, ns, 0), 0.0)
-    total = call("avg_pool2d", padded, kernel_size=_pair(kernel, ns, 1),
-                 stride=_pair(strides, ns, 1), padding=(0, 0),
-                 ceil_mode=bool(ctx.attr("ceil_mode", 0)), count_include_pad=True,
-                 divisor_override=1)
+    if any(d != 1 for d in dilations):
+        total, _ = _window_sums(x2, _pair(kernel, ns, 1), _pair(strides, ns, 1),
+                                _pair(dilations, ns, 1), _pair(begin, ns, 0),
+                                _pair(end, ns, 0), bool(ctx.attr("ceil_mode", 0)), True)
+    else:
+        padded = _pad_spatial(x2, _pair(begin, ns, 0), _pair(end, ns, 0), 0.0)
+        total = call("avg_pool2d", padded, kernel_size=_pair(kernel, ns, 1),
+                     stride=_pair(strides, ns, 1), padding=(0, 0),
+                     ceil_mode=bool(ctx.attr("ceil_mode", 0)), count_include_pad=True,
+                     divisor_override=1)
     y = call("pow", total, _scalar(x, 1.0 / p))
     return y if ns == 2 else call("reshape", y, shape=(*y.shape[:2], y.shape[3]))
 
