@@ -181,11 +181,24 @@ def import_gather_elements(ctx, x, index):
 
 def import_scatter_elements(ctx, x, index, updates):
     reduction = ctx.attr("reduction", "none")
-    if reduction not in ("none", "add"):
-        raise ctx.refuse(f"reduction={reduction!r} (graphc has scatter_add)")
     x, updates = _t(ctx, x), _t(ctx, updates)
     axis = ctx.attr("axis", 0) % x.ndim
     index = _nonnegative(_t(ctx, index), x.shape[axis])
+    if reduction in ("mul", "max", "min"):
+        # the flat position each update goes to: its own position, with `axis` from index
+        positions = np.indices(tuple(index.shape)).reshape(index.ndim, -1)
+        strides = np.cumprod((1,) + tuple(x.shape[::-1]))[-2::-1]
+        fixed = sum(int(st) * positions[d] for d, st in enumerate(strides) if d != axis)
+        flat_index = call("add", call("mul", call("reshape", index,
+                                                  shape=(int(np.prod(index.shape)),)),
+                                      call("full", shape=(), value=int(strides[axis]),
+                                           dtype="int64")), ctx.tensor(fixed.astype(np.int64)))
+        flat = call("reshape", x, shape=(int(np.prod(x.shape)),))
+        values = call("reshape", updates, shape=(int(np.prod(updates.shape)),))
+        return call("reshape", _scatter_reduce(flat, flat_index, values, reduction),
+                    shape=tuple(x.shape))
+    if reduction not in ("none", "add"):
+        raise ctx.refuse(f"reduction={reduction!r}")
     if reduction == "add":
         return call("scatter_add", x, index, updates, axis=axis)
     # replace: clear the written places, then add (ONNX leaves repeated indices undefined)
@@ -194,6 +207,28 @@ def import_scatter_elements(ctx, x, index, updates):
     written = call("gt", call("scatter_add", zeros, index, ones, axis=axis), _scalar0(x))
     kept = call("where", written, zeros, x)
     return call("scatter_add", kept, index, updates, axis=axis)
+
+
+def _scatter_reduce(data, index, updates, reduction: str):
+    """data (P, ...) with each updates[m] combined into row index[m] by mul/max/min, through
+    a dense (P, M) one-hot (no scatter-reduce primitive: memory grows as rows x updates)."""
+    rows, m = data.shape[0], index.shape[0]
+    rest = tuple(data.shape[1:])
+    positions = call("arange", start=0.0, end=float(rows), step=1.0, dtype="int64")
+    hit = call("eq", call("reshape", positions, shape=(rows, 1)),
+               call("reshape", index, shape=(1, m)))
+    hit = call("reshape", hit, shape=(rows, m) + (1,) * len(rest))
+    identity = {"mul": 1.0, "max": -np.inf, "min": np.inf}[reduction]
+    if not data.dtype.is_floating and reduction != "mul":
+        # beyond every value of the (at most 32-bit) integer types that widen to int64, and
+        # exact as the float the `full` attribute holds
+        identity = float(-(2**62) if reduction == "max" else 2**62)
+    fill = call("full", shape=(), value=identity, dtype=data.dtype.name)
+    spread = call("where", hit, call("reshape", updates, shape=(1, m, *rest)), fill)
+    op = {"mul": "reduce_prod", "max": "reduce_max", "min": "reduce_min"}[reduction]
+    combined = call(op, spread, axes=(1,), keepdim=False)
+    binary = {"mul": "mul", "max": "maximum", "min": "minimum"}[reduction]
+    return call(binary, data, combined)
 
 
 def _scalar0(x):
@@ -239,8 +274,8 @@ def import_gather_nd(ctx, x, index):
 
 def import_scatter_nd(ctx, x, index, updates):
     reduction = ctx.attr("reduction", "none")
-    if reduction not in ("none", "add"):
-        raise ctx.refuse(f"reduction={reduction!r} (graphc has index_put and index_add)")
+    if reduction not in ("none", "add", "mul", "max", "min"):
+        raise ctx.refuse(f"reduction={reduction!r}")
     x, index, updates = _t(ctx, x), _t(ctx, index), _t(ctx, updates)
     k = index.shape[-1]
     dims, rest = tuple(x.shape[:k]), tuple(x.shape[k:])
@@ -248,6 +283,9 @@ def import_scatter_nd(ctx, x, index, updates):
     data = call("reshape", x, shape=(int(np.prod(dims, dtype=np.int64)), *rest))
     linear = _linear_index(call("reshape", index, shape=(m, k)), dims)
     updates = call("reshape", updates, shape=(m, *rest))
+    if reduction in ("mul", "max", "min"):
+        return call("reshape", _scatter_reduce(data, linear, updates, reduction),
+                    shape=tuple(x.shape))
     op = "index_put" if reduction == "none" else "index_add"
     return call("reshape", call(op, data, linear, updates, axis=0), shape=tuple(x.shape))
 
