@@ -317,7 +317,30 @@ def import_cum_prod(ctx, x, axis):
     return call("concat", *out, axis=dim) if n else call("copy", x)
 
 
+def import_causal_conv_with_state(ctx, x, w, b=None, past=None):
+    """A depthwise causal conv1d over [past state, input]; the state is the last k-1 steps."""
+    x, w = _t(ctx, x), _t(ctx, w)
+    n, c, length = x.shape
+    k = w.shape[2]
+    past = (call("full", shape=(n, c, k - 1), value=0.0, dtype=x.dtype.name) if past is None
+            else _t(ctx, past))
+    padded = call("concat", past, x, axis=2)
+    total = padded.shape[2]
+    y = call("conv2d", call("reshape", padded, shape=(n, c, 1, total)),
+             call("reshape", w, shape=(c, 1, 1, k)), stride=(1, 1), padding=(0, 0),
+             dilation=(1, 1), groups=c)
+    y = call("reshape", y, shape=(n, c, total - k + 1))
+    if b is not None:
+        y = call("add", y, call("reshape", _t(ctx, b), shape=(c, 1)))
+    if ctx.attr("activation", "none") in ("silu", "swish"):
+        y = call("mul", y, call("sigmoid", y))
+    state = call("slice", padded, starts=(0, 0, total - (k - 1)), stops=(n, c, total),
+                 steps=(1, 1, 1))
+    return y, state
+
+
 EXTRA_IMPORTERS = {
+    "CausalConvWithState": import_causal_conv_with_state,
     "SwiGLU": import_swiglu, "RotaryEmbedding": import_rotary_embedding,
     "CumProd": import_cum_prod,
     "Resize": import_resize, "Upsample": import_upsample,

@@ -118,6 +118,40 @@ def import_atanh(ctx, x):
     return call("mul", call("log", ratio), _scalar(x, 0.5))
 
 
+def _atan(x):
+    """arctan with Cephes' atanf: reduce |x| below tan(pi/8), then an odd polynomial
+    (about 1e-7 relative in float32)."""
+    a = call("abs", x)
+    big = call("gt", a, _scalar(x, 2.414213562373095))
+    mid = call("logical_and", call("gt", a, _scalar(x, 0.4142135623730950)),
+               call("logical_not", big))
+    one = _scalar(x, 1)
+    safe = call("where", big, a, one)
+    reduced = call("where", big, call("neg", call("div", one, safe)),
+                   call("where", mid, call("div", call("sub", a, one), call("add", a, one)), a))
+    base = call("where", big, _scalar(x, math.pi / 2),
+                call("where", mid, _scalar(x, math.pi / 4), _scalar(x, 0)))
+    z = call("mul", reduced, reduced)
+    poly = _scalar(x, 8.05374449538e-2)
+    for c in (-1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1):
+        poly = call("add", call("mul", poly, z), _scalar(x, c))
+    y = call("add", call("add", call("mul", call("mul", poly, z), reduced), reduced), base)
+    return call("mul", y, call("sign", x))
+
+
+def import_atan(ctx, x):
+    return _atan(_t(ctx, x))
+
+
+def import_asin(ctx, x):
+    x = _t(ctx, x)  # asin(x) = atan(x / sqrt(1 - x^2)); +-pi/2 at +-1 through the inf
+    return _atan(call("div", x, call("sqrt", call("sub", _scalar(x, 1), call("mul", x, x)))))
+
+
+def import_acos(ctx, x):
+    return call("sub", _scalar(_t(ctx, x), math.pi / 2), import_asin(ctx, x))
+
+
 def import_softplus(ctx, x):
     x = _t(ctx, x)  # log(1 + e^x) = max(x, 0) + log1p(e^-|x|), stable for large |x|
     return call("add", call("relu", x), call("log1p", call("exp", call("neg", call("abs", x)))))
@@ -399,6 +433,7 @@ ELEMENTWISE_IMPORTERS = {
     "Relu": _unary("relu"), "Reciprocal": import_reciprocal, "Floor": import_floor,
     "Ceil": import_ceil, "Sinh": import_sinh, "Cosh": import_cosh, "Tan": import_tan,
     "Asinh": import_asinh, "Acosh": import_acosh, "Atanh": import_atanh,
+    "Atan": import_atan, "Asin": import_asin, "Acos": import_acos,
     "Softplus": import_softplus, "Softsign": import_softsign, "Elu": import_elu,
     "Celu": import_celu, "Selu": import_selu, "HardSigmoid": import_hard_sigmoid,
     "HardSwish": import_hard_swish, "LeakyRelu": import_leaky_relu,
