@@ -12,6 +12,8 @@ llvmlite or CUDA.
 tensor([3., 3.])
 """
 
+import importlib
+
 from graphc import dispatch as _dispatch  # noqa: F401  (installs the dispatch point)
 from graphc import ops as _ops
 from graphc.autograd.grad_mode import (
@@ -57,12 +59,12 @@ from graphc.jit import RecompileLimitError, compile, trace  # noqa: E402
 from graphc.jit.dump import dump  # noqa: E402
 
 
-def profile(fn, *args, **kwargs):
-    """Time every kernel of `fn(*args)` compiled on the cpu backend; see graphc.tools.profile.
+def __getattr__(name: str):
+    """`graphc.profile` is graphc.tools.profile.profile, imported on first use: the tools
+    sit above every other layer, so nothing below may import them."""
+    if name == "profile":
+        return importlib.import_module("graphc.tools.profile").profile
+    raise AttributeError(f"module 'graphc' has no attribute {name!r}")
 
-    `print(graphc.profile(step, x, y))` shows the kernels slowest first; `trace="t.json"`
-    also writes a Chrome / Perfetto trace; `repeat=N` sets the runs (default 20)."""
-    from graphc.tools.profile import profile as run
 
-    return run(fn, *args, **kwargs)
 from graphc.utils.composites import cumsum, einsum, masked_fill, multinomial, topk, tril, triu  # noqa: E402

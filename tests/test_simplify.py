@@ -128,6 +128,8 @@ RANDOM_NODES = {
     "bernoulli": ("bernoulli(%x, %rng)", "f32[4]"),
     "randint": ("randint[low=0, high=9, shape=(4,)](%rng)", "i64[4]"),
     "randperm": ("randperm[n=4](%rng)", "i64[4]"),
+    # not random, but effectful the same way: two all_reduces are two collectives
+    "all_reduce": ('all_reduce[op="sum"](%x)', "f32[4]"),
 }
 
 

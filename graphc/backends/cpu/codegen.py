@@ -371,6 +371,14 @@ class Lowerer(Codegen):
             return
         if k == 0:
             return self.fill(c, 0.0, "gemm_zero")
+        rows = _folded_rows(batch, sa_shape, sa, sb_shape, sb)
+        if rows is not None:  # one GEMM over the whole batch: (batch*m, k) @ (k, n)
+            a2 = Loc(a.base, a.index, a.offset, (sa[-2] * item, item), TensorType((rows, k), dt))
+            b2 = Loc(b.base, b.index, b.offset, (sb[-2] * item, sb[-1] * item),
+                     TensorType((k, n), dt))
+            c2 = Loc(c.base, c.index, c.offset, contiguous_strides((rows, n), item),
+                     TensorType((rows, n), dt))
+            return self.gemm(node, a2, b2, c2)
         lay_a = _gemm_layout(m, k, sa[-2], sa[-1])
         if lay_a is None:  # no BLAS layout reads it: a contiguous copy in scratch
             t = TensorType(tuple(sa_shape), dt)
@@ -749,6 +757,27 @@ def _direct_outputs(graph: Graph, plan) -> dict[str, int]:
     return {name: k for k, name in enumerate(names)
             if name in made and name not in plan.views and name not in plan.in_input
             and names.count(name) == 1 and name not in updated}
+
+
+def _folded_rows(batch: tuple, sa_shape: list, sa: list, sb_shape: list, sb: list):
+    """batch * m when a batched product reads one matrix B for every batch element and A's
+    batch and rows form one row-major block (a Linear layer on a (B, T, C) input): the batch
+    folds into the rows of a single GEMM instead of one small GEMM per batch element (the
+    numbers are the same: each row of C is the same dot products). None otherwise."""
+    if not batch or len(sb_shape) < 2 or sa[-1] != 1 or len(sa_shape) - 2 != len(batch):
+        return None
+    if tuple(sa_shape[:-2]) != batch or any(broadcast_strides(
+            tuple(sb_shape[:-2]), tuple(sb[:-2]), batch)):
+        return None
+    m, k = sa_shape[-2:]
+    expected = sa[-2] * m
+    if sa[-2] < k:  # rows that overlap (a broadcast row): not one row-major block
+        return None
+    for size, stride in zip(reversed(batch), reversed(sa[:-2])):
+        if size != 1 and stride != expected:
+            return None
+        expected *= size
+    return math.prod(batch) * m
 
 
 def _gemm_layout(rows: int, cols: int, sr: int, sc: int):
