@@ -224,3 +224,58 @@ def test_a_torch_optimizer_checkpoint_loads_and_goes_back(torch, tmp_path):
     again = torch.load(tmp_path / "again.pt", weights_only=True)
     torch.testing.assert_close(again["state"][0]["exp_avg"], opt.state_dict()["state"][0][
         "exp_avg"])
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop"])
+def test_optimizer_state_dicts_interchange_both_ways(torch, tmp_path, name):
+    """A PyTorch optimizer checkpoint resumes in graphc and a graphc one in PyTorch: the next
+    step of each matches the other library's."""
+    kwargs = {"SGD": {"lr": 0.1, "momentum": 0.9}, "Adam": {"lr": 0.01},
+              "AdamW": {"lr": 0.01}, "RMSprop": {"lr": 0.01}}[name]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+
+    def torch_side():
+        torch.manual_seed(0)
+        m = torch.nn.Linear(3, 2)
+        return m, getattr(torch.optim, name)(m.parameters(), **kwargs)
+
+    def graphc_side(like):
+        m = nn.Linear(3, 2)
+        m.load_state_dict({k: graphc.tensor(v.detach().numpy()) for k, v in
+                           like.state_dict().items()})
+        return m, getattr(graphc.optim, name)(m.parameters(), **kwargs)
+
+    def torch_step(m, opt):
+        opt.zero_grad()
+        (m(torch.from_numpy(x)) ** 2).sum().backward()
+        opt.step()
+
+    def graphc_step(m, opt):
+        opt.zero_grad()
+        (m(graphc.tensor(x)) ** 2).sum().backward()
+        opt.step()
+
+    tm, topt = torch_side()
+    torch_step(tm, topt)  # one step in PyTorch, then its checkpoint resumes in graphc
+    torch.save({"model": tm.state_dict(), "opt": topt.state_dict()}, tmp_path / "t.pt")
+    ck = graphc.load(tmp_path / "t.pt")
+    gm, gopt = graphc_side(tm)
+    gm.load_state_dict(ck["model"])
+    gopt.load_state_dict(ck["opt"])
+    graphc_step(gm, gopt)
+    torch_step(tm, topt)
+    for g, t in zip(gm.parameters(), tm.parameters()):
+        np.testing.assert_allclose(g.detach().numpy(), t.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)
+    # and back: graphc's checkpoint resumes in PyTorch
+    graphc.save({"model": gm.state_dict(), "opt": gopt.state_dict()}, tmp_path / "g.pt")
+    back = torch.load(tmp_path / "g.pt", weights_only=True)
+    tm2, topt2 = torch_side()
+    tm2.load_state_dict(back["model"])
+    topt2.load_state_dict(back["opt"])
+    torch_step(tm2, topt2)
+    graphc_step(gm, gopt)
+    for g, t in zip(gm.parameters(), tm2.parameters()):
+        np.testing.assert_allclose(g.detach().numpy(), t.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)
