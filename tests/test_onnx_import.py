@@ -130,12 +130,13 @@ def test_unsupported_op_names_op_opset_and_node():
 
 
 def test_unsupported_forms_and_types_are_refused():
-    pool = _one_node_model(
-        helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2], name="pool3d"),
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4, 4])],
+    deconv = _one_node_model(
+        helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="deconv3d"),
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4, 4]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [1, 1, 2, 2, 2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    with pytest.raises(UnsupportedOnnxOp, match="MaxPool.*pool3d.*3 spatial dimensions"):
-        graphc.onnx.load(pool)(graphc.ones(1, 1, 4, 4, 4))
+    with pytest.raises(UnsupportedOnnxOp, match="ConvTranspose.*deconv3d.*3 spatial dim"):
+        graphc.onnx.load(deconv)(graphc.ones(1, 1, 4, 4, 4), graphc.ones(1, 1, 2, 2, 2))
     u64 = _one_node_model(
         helper.make_node("Relu", ["x"], ["y"]),
         [helper.make_tensor_value_info("x", TensorProto.UINT64, [2])],
