@@ -71,3 +71,14 @@ def test_a_rank_that_dies_ends_the_job_within_bounds():
     assert done.returncode in (3, 9) and seconds < 60
     assert f"graphc launch: the job on 2 ranks failed (exit code {done.returncode})" \
         in done.stderr
+
+
+def test_the_ddp_example_trains_on_two_ranks():
+    """examples/ddp_digits.py, compiled: the digits CNN learns on 2 ranks."""
+    example = os.path.join(ROOT, "examples", "ddp_digits.py")
+    done = subprocess.run([sys.executable, "-m", "graphc.tools.cli", "launch", "-n", "2",
+                           example, "--epochs", "2", "--compile"], capture_output=True,
+                          text=True, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("epoch 2:") and float(last.split()[-1].rstrip("%")) > 50.0

@@ -27,6 +27,7 @@ def test_every_example_has_a_smoke_test():
     tested = {"mlp", "lenet5", "custom_function", "gradient_penalty", "inspect_graph"}
     tested |= {"resnet", "lstm_lm", "vae", "dcgan"}  # tests/test_examples_models.py
     tested |= {"gpt"}  # tests/test_models_transformer.py
+    tested |= {"ddp_digits"}  # tests/test_distributed.py (2 MPI ranks)
     assert {p.stem for p in EXAMPLES.glob("*.py")} == tested
 
 
