@@ -339,7 +339,83 @@ def import_causal_conv_with_state(ctx, x, w, b=None, past=None):
     return y, state
 
 
+def _step(x, t):
+    """x[:, :, t:t+1, :] of a (B, H, T, D) tensor."""
+    b, h, _, d = x.shape
+    return call("slice", x, starts=(0, 0, t, 0), stops=(b, h, t + 1, d), steps=(1, 1, 1, 1))
+
+
+def import_linear_attention(ctx, q, k, v, past=None, decay=None, beta=None):
+    """Linear attention as its recurrence over time (linear, gated, delta, gated_delta):
+    state <- state * exp(decay_t); v_t <- beta_t (v_t - k_t state) for the delta rules;
+    state <- state + k_t^T v_t; out_t = scale * q_t state (kv heads repeated for q's)."""
+    q_heads, kv_heads = ctx.attr("q_num_heads"), ctx.attr("kv_num_heads")
+    rule = ctx.attr("update_rule", "gated_delta")
+    q, k, v = (_heads(_t(ctx, z), h) for z, h in ((q, q_heads), (k, kv_heads), (v, kv_heads)))
+    b, _, steps, d_k = q.shape
+    d_v = v.shape[3]
+    group = q_heads // kv_heads
+    if decay is not None:
+        decay = _t(ctx, decay)
+        if decay.shape[-1] == kv_heads:
+            decay = call("permute", call("reshape", decay, shape=(b, steps, kv_heads, 1)),
+                         dims=(0, 2, 1, 3))
+        else:
+            decay = _heads(decay, kv_heads)
+    if beta is not None:
+        beta = _t(ctx, beta)
+        beta = call("permute", call("reshape", beta, shape=(b, steps, beta.shape[-1], 1)),
+                    dims=(0, 2, 1, 3))
+    state = (call("full", shape=(b, kv_heads, d_k, d_v), value=0.0, dtype=q.dtype.name)
+             if past is None else _t(ctx, past))
+    scale = ctx.attr("scale", 0.0) or 1.0 / math.sqrt(d_k)
+    outs = []
+    for t in range(steps):
+        k_t, v_t = _step(k, t), _step(v, t)  # (B, H, 1, d)
+        if rule in ("gated", "gated_delta"):
+            g = call("exp", _step(decay, t))  # (B, H, 1, 1 or d_k)
+            state = call("mul", state, call("permute", g, dims=(0, 1, 3, 2)))
+        if rule in ("delta", "gated_delta"):
+            retrieved = call("matmul", k_t, state)
+            v_t = call("mul", _step(beta, t), call("sub", v_t, retrieved))
+        state = call("add", state, call("matmul", call("permute", k_t, dims=(0, 1, 3, 2)), v_t))
+        read = state if group == 1 else _repeat_heads(state, group)
+        outs.append(call("mul", call("matmul", _step(q, t), read), _scalar(q, scale)))
+    y = call("concat", *outs, axis=2)  # (B, Hq, T, d_v)
+    y = call("reshape", call("permute", y, dims=(0, 2, 1, 3)), shape=(b, steps, q_heads * d_v))
+    return y, state
+
+
+def import_tensor_scatter(ctx, cache, update, write_indices=None):
+    """A KV-cache write: along `axis`, cache position p of batch b takes update[p - w_b]
+    (modulo the cache length in circular mode) where that lies inside the update."""
+    cache, update = _t(ctx, cache), _t(ctx, update)
+    axis = ctx.attr("axis", -2) % cache.ndim
+    length, steps = cache.shape[axis], update.shape[axis]
+    ones = (1,) * cache.ndim
+    shape = list(ones)
+    shape[axis] = length
+    positions = call("reshape", call("arange", start=0.0, end=float(length), step=1.0,
+                                     dtype="int64"), shape=tuple(shape))
+    if write_indices is None:
+        offset = call("full", shape=(), value=0, dtype="int64")
+    else:
+        offset = call("reshape", _t(ctx, write_indices),
+                      shape=(cache.shape[0],) + ones[1:])
+    source = call("sub", positions, offset)
+    if ctx.attr("mode", "linear") == "circular":
+        source = call("remainder", source, call("full", shape=(), value=length, dtype="int64"))
+    inside = call("logical_and", call("ge", source, call("full", shape=(), value=0,
+                                                         dtype="int64")),
+                  call("lt", source, call("full", shape=(), value=steps, dtype="int64")))
+    safe = call("where", inside, source, call("full", shape=(), value=0, dtype="int64"))
+    safe = call("broadcast_to", safe, shape=tuple(cache.shape))
+    return call("where", inside, call("gather", update, safe, axis=axis), cache)
+
+
 EXTRA_IMPORTERS = {
+    "TensorScatter": import_tensor_scatter,
+    "LinearAttention": import_linear_attention,
     "CausalConvWithState": import_causal_conv_with_state,
     "SwiGLU": import_swiglu, "RotaryEmbedding": import_rotary_embedding,
     "CumProd": import_cum_prod,
