@@ -566,3 +566,20 @@ def test_an_emulated_gpu_is_not_a_default(monkeypatch):
         assert default_backend() == "cpu"
     finally:
         default_backend.cache_clear()
+
+
+def test_torch_compile_keywords_are_accepted_or_refused_clearly():
+    """A torch.compile call runs unchanged: fullgraph, mode and disable are understood;
+    dynamic=True and backend options are refused with what to do."""
+    f = graphc.compile(lambda x: x * 2, backend="interp", fullgraph=True, mode="max-autotune",
+                       dynamic=False)
+    assert f(graphc.ones(2)).tolist() == [2.0, 2.0]
+
+    def g(x):
+        return x
+
+    assert graphc.compile(g, disable=True) is g
+    with pytest.raises(graphc.errors.ArgumentError, match="symbolic shapes are not implemented"):
+        graphc.compile(g, dynamic=True)
+    with pytest.raises(graphc.errors.ArgumentError, match="unknown mode 'fastest'"):
+        graphc.compile(g, mode="fastest")

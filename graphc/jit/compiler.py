@@ -619,12 +619,21 @@ def default_backend() -> str:
 
 
 def compile(fn: Callable | None = None, *, backend: str | None = None,  # noqa: A001
-            recompile_limit: int | None = None, passes=None):
+            recompile_limit: int | None = None, passes=None, fullgraph: bool = False,
+            dynamic: bool | None = None, mode: str | None = None,
+            options: dict | None = None, disable: bool = False):
     """Compile a function or Module: trace on the first call, then run the executable.
 
     Usable directly (`graphc.compile(model)`) or as a decorator (`@graphc.compile` or
     `@graphc.compile(backend="interp")`). `backend`: "cpu", "cuda" or "interp"; by default
     the native one (`default_backend()`: "cuda" where a GPU is usable, else "cpu").
+
+    torch.compile's keywords are accepted so its programs run unchanged: `fullgraph` (graphc
+    always captures the whole call: a graph break is a TraceError), `mode` (one of
+    torch.compile's modes; graphc has one way of compiling), `disable=True` (returns `fn`
+    itself). `dynamic=None` or False: every new shape traces and compiles once (symbolic
+    shapes are not implemented); `dynamic=True` is refused with an ArgumentError saying so.
+    `options` must be empty.
 
     >>> import graphc
     >>> @graphc.compile
@@ -635,11 +644,26 @@ def compile(fn: Callable | None = None, *, backend: str | None = None,  # noqa: 
     >>> f(graphc.tensor([2.0, -5.0]))
     tensor([4., 0.])
     """
+    if dynamic:
+        raise ArgumentError(
+            "graphc.compile(dynamic=True): symbolic shapes are not implemented yet; leave "
+            "dynamic unset, and each new shape traces and compiles once (raise "
+            "recompile_limit when many shapes are expected)")
+    if mode not in (None, "default", "reduce-overhead", "max-autotune",
+                    "max-autotune-no-cudagraphs"):
+        raise ArgumentError(f"graphc.compile: unknown mode {mode!r}; torch.compile's modes "
+                            "are accepted (graphc compiles one way for all of them)")
+    if options:
+        raise ArgumentError(f"graphc.compile: options={options!r} are torch.compile backend "
+                            "options graphc does not have; leave them out")
+    if fn is not None and disable:
+        return fn
     if backend is None:
         backend = default_backend()
     if fn is None:
         return functools.partial(compile, backend=backend, recompile_limit=recompile_limit,
-                                 passes=passes)
+                                 passes=passes, fullgraph=fullgraph, dynamic=dynamic,
+                                 mode=mode, options=options, disable=disable)
     return Compiled(fn, backend, recompile_limit, passes)
 
 
