@@ -261,3 +261,29 @@ def test_torch_exported_models_match_pytorch(name, rng):
         want = model(x).detach().numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert list(module.parameters())  # the weights are trainable Parameters
+
+
+def test_exported_gpt_imports_compiles_and_fine_tunes_compiled():
+    pytest.importorskip("llvmlite", reason="the cpu backend needs llvmlite")
+    from tests.test_onnx_export import TinyGPT
+
+    model = TinyGPT().eval()
+    idx = graphc.randint(0, 50, (2, 7))
+    module = graphc.onnx.load(graphc.onnx.to_model(model, (idx,)))
+    with graphc.no_grad():
+        np.testing.assert_allclose(graphc.compile(module, backend="cpu")(idx).numpy(),
+                                   model(idx).numpy(), rtol=1e-4, atol=1e-5)
+    opt = graphc.optim.SGD(module.parameters(), lr=0.1)
+
+    def step(idx, target):
+        opt.zero_grad()
+        loss = graphc.nn.functional.cross_entropy(module(idx).reshape(-1, 50),
+                                                  target.reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = graphc.compile(step, backend="cpu")
+    target = graphc.randint(0, 50, (2, 7))
+    losses = [float(compiled(idx, target)) for _ in range(4)]
+    assert losses[-1] < losses[0]
