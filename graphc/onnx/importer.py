@@ -258,8 +258,12 @@ class OnnxModule(Module):
             except UnsupportedOnnxOp:
                 raise
             except GraphcError as err:
-                raise type(err)(f"while running ONNX node {ctx.label!r} ({ctx.node.op_type}): "
-                                f"{err}") from err
+                try:  # the same kind of error, saying which ONNX node it came from
+                    named = type(err)(f"while running ONNX node {ctx.label!r} "
+                                      f"({ctx.node.op_type}): {err}")
+                except TypeError:  # a kind whose constructor takes more than a message
+                    raise err from None
+                raise named from err
             for name, value in zip(ctx.node.output, outs):
                 if name:
                     env[name] = value
