@@ -162,3 +162,19 @@ def test_batches_are_full_disjoint_and_reshuffled():
     assert [len(b) for b in first] == [4, 4]
     assert len(set(np.concatenate(first).tolist())) == 8
     assert not all(np.array_equal(a, b) for a, b in zip(first, second))
+
+
+def test_the_gpt_demo_trains_samples_and_plots(capsys, tmp_path):
+    out = tmp_path / "gpt"
+    rc = main(["demo", "--model", "gpt", "--steps", "5", "--out", str(out), "--seed", "1"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    text = printed.out
+    assert "character-level GPT on Python's standard library" in text
+    first, last = map(float, re.search(r"loss\s+(\d+\.\d+) -> (\d+\.\d+)", text).groups())
+    assert last < first
+    assert re.search(r"compile time\s+\d+\.\d+ s for 1 graph\n", text)
+    assert re.search(r"^sample {10}def ", text, re.MULTILINE)
+    assert (out / "loss.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert (out / "summary.txt").read_text().startswith("graphc demo: a character-level GPT")
+    assert "training" in printed.err  # the tqdm bar

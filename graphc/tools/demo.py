@@ -60,6 +60,8 @@ class DemoOptions:
     out: str = DEFAULT_OUT
     seed: int = 0
     limit: int | None = None  # use only this many images (None: all 1797)
+    model: str = "cnn"  # "cnn" (the digits CNN) or "gpt" (graphc.tools.demo_gpt)
+    steps: int = 200  # training steps of the gpt model
 
 
 @dataclass
@@ -117,6 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"output folder (default: {DEFAULT_OUT})")
     parser.add_argument("--seed", type=_seed, default=0,
                         help="seeds the split, the initialisation and the shuffles (default: 0)")
+    parser.add_argument("--model", choices=("cnn", "gpt"), default="cnn",
+                        help="cnn: the digits CNN (default); gpt: a character-level GPT on "
+                             "Python's own source (graphc.tools.demo_gpt)")
+    parser.add_argument("--steps", type=_positive_int, default=200,
+                        help="training steps of --model gpt (default: 200)")
     parser.add_argument("--limit", type=_positive_int, default=None, metavar="N",
                         help=f"use only N of the 1797 images (at least {MIN_LIMIT}), for a "
                              "quick run")
@@ -124,7 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options_from(args: argparse.Namespace) -> DemoOptions:
     return DemoOptions(backend=args.backend, epochs=args.epochs, batch_size=args.batch_size,
-                       out=args.out, seed=args.seed, limit=args.limit)
+                       out=args.out, seed=args.seed, limit=args.limit, model=args.model,
+                       steps=args.steps)
 
 
 def require(module: str, package: str):
@@ -308,6 +316,10 @@ def summary_lines(options: DemoOptions, data: Digits, result: Training,
 def run(options: DemoOptions, out: TextIO | None = None) -> int:
     """Run the demo (see the module docstring); returns 0, raises DemoError."""
 
+    if options.model == "gpt":
+        from graphc.tools import demo_gpt
+
+        return demo_gpt.run(options, out)
     out = out or sys.stdout
     started = time.perf_counter()
     data = load_digits(options.seed, options.limit)
