@@ -211,6 +211,24 @@ def test_names_and_dynamic_axes(tmp_path):
     np.testing.assert_allclose(got, _eager(model, (x,))[0], rtol=1e-4, atol=ATOL)
 
 
+@pytest.mark.parametrize("name", ["gpt", "lstm", "encoder"])
+def test_dynamic_batch_follows_through_shapes(name):
+    """Reshapes, broadcasts, constants and slices sized by the batch read it at run time."""
+    make = {"gpt": lambda: (TinyGPT(), lambda b: graphc.randint(0, 50, (b, 7))),
+            "lstm": lambda: (nn.LSTM(4, 5, batch_first=True), lambda b: graphc.randn(b, 6, 4)),
+            "encoder": lambda: (nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0,
+                                                           batch_first=True),
+                                lambda b: graphc.randn(b, 5, 16))}
+    model, sample = make[name]()
+    proto = graphc.onnx.to_model(model, (sample(3),), input_names=["x"],
+                                 dynamic_axes={"x": {0: "batch"}})
+    assert proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    for batch in (1, 5):
+        x = sample(batch)
+        got = _ort(proto, (), {"x": x.numpy()})[0]
+        np.testing.assert_allclose(got, _eager(model, (x,))[0], rtol=1e-4, atol=ATOL)
+
+
 def test_export_to_file_object(tmp_path):
     with open(tmp_path / "f.onnx", "wb") as f:
         graphc.onnx.export(nn.Linear(2, 2), (graphc.randn(1, 2),), f)

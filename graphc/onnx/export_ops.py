@@ -214,9 +214,17 @@ def export_avg_pool2d(em, node, xs):
 
 # ---- movement --------------------------------------------------------------------------------
 def export_reshape(em, node, xs):
-    shape = list(em.dynamic_shape(node.inputs[0], node.outputs[0]))
-    allowzero = {"allowzero": 1} if 0 in shape and not em.dynamic else {}
-    return [em.node("Reshape", [xs[0], em.const(np.array(shape, np.int64))], **allowzero)]
+    shape = tuple(node.outputs[0].type.shape)
+    src = tuple(node.inputs[0].type.shape)
+    if em.is_dynamic(src) and not em.is_dynamic(shape):
+        # the dynamic axes were merged into a dimension (B*T): let Reshape infer it
+        merged = int(np.prod([d for d in src if d in em.dynamic_dims]))
+        for i, d in enumerate(shape):
+            if d and d % merged == 0:
+                target = list(shape)
+                target[i] = -1
+                return [em.node("Reshape", [xs[0], em.const(np.array(target, np.int64))])]
+    return [em.node("Reshape", [xs[0], em.shape_of(shape)], allowzero=int(0 in shape))]
 
 
 def export_permute(em, node, xs):
@@ -224,8 +232,7 @@ def export_permute(em, node, xs):
 
 
 def export_broadcast_to(em, node, xs):
-    shape = np.array(node.attrs["shape"], np.int64)
-    return [em.node("Expand", [xs[0], em.const(shape)])]
+    return [em.node("Expand", [xs[0], em.shape_of(tuple(node.attrs["shape"]))])]
 
 
 def export_concat(em, node, xs):
@@ -248,15 +255,16 @@ def export_flip(em, node, xs):
 
 
 def export_slice(em, node, xs):
+    """Slice only the axes the IR restricts: a whole axis stays whole (a dynamic batch)."""
     a = node.attrs
-    if not a["starts"]:
+    shape = node.inputs[0].type.shape
+    kept = [(axis, start, stop, step) for axis, (start, stop, step, n) in
+            enumerate(zip(a["starts"], a["stops"], a["steps"], shape))
+            if (start, stop, step) != (0, n, 1)]
+    if not kept:
         return [em.node("Identity", xs)]
-    starts = [0 if s is None else s for s in a["starts"]]
-    ends = [(INT64_MIN if step < 0 else INT64_MAX) if e is None else e
-            for e, step in zip(a["stops"], a["steps"])]
-    arrays = [np.array(v, np.int64) for v in
-              (starts, ends, list(range(len(starts))), list(a["steps"]))]
-    return [em.node("Slice", [xs[0], *(em.const(v) for v in arrays)])]
+    axes, starts, ends, steps = (np.array(v, np.int64) for v in zip(*kept))
+    return [em.node("Slice", [xs[0], *(em.const(v) for v in (starts, ends, axes, steps))])]
 
 
 def export_pad(em, node, xs):
@@ -397,9 +405,10 @@ def export_arg(op_type: str):
 def export_full(em, node, xs):
     ty = node.outputs[0].type
     value = np.array(node.attrs["value"], ty.dtype.np)
-    if len(ty.shape) == 0 or int(np.prod(ty.shape)) <= 16:
+    small = len(ty.shape) == 0 or int(np.prod(ty.shape)) <= 16
+    if small and not em.is_dynamic(ty.shape):
         return [em.const(np.full(ty.shape, value))]
-    return [em.node("ConstantOfShape", [em.const(np.array(ty.shape, np.int64))],
+    return [em.node("ConstantOfShape", [em.shape_of(tuple(ty.shape))],
                     value=numpy_helper.from_array(value.reshape(1)))]
 
 

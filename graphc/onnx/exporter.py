@@ -37,12 +37,13 @@ class OnnxExportError(GraphcError, RuntimeError):
 class Emitter:
     """Collects the ONNX nodes and initializers of one export; export_ops call into it."""
 
-    def __init__(self, opset: int, dynamic_sizes: set[int]) -> None:
+    def __init__(self, opset: int, dynamic_dims: dict[int, tuple[str, int]]) -> None:
         self.opset = opset
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
-        self.dynamic_sizes = dynamic_sizes
-        self.dynamic = bool(dynamic_sizes)
+        # traced size of a dynamic axis -> (graph input, axis) whose runtime size it is
+        self.dynamic_dims = dynamic_dims
+        self.dynamic = bool(dynamic_dims)
         self._count = 0
         self._node = None  # the IR node being written, for names and errors
 
@@ -64,20 +65,26 @@ class Emitter:
         graphc.onnx.load reads it as a static value and not as a trainable initializer."""
         return self.node("Constant", [], value=numpy_helper.from_array(np.asarray(array)))
 
-    def dynamic_shape(self, src, dst) -> tuple[int, ...]:
-        """A Reshape target for `dst` that follows dynamic axes: a dimension equal to a dynamic
-        axis' traced size is copied from the input (0) where it stands at the same place,
-        else inferred (-1) once."""
-        shape = list(dst.type.shape)
-        if not self.dynamic:
-            return tuple(shape)
-        for i, d in enumerate(shape):
-            if d in self.dynamic_sizes and i < len(src.type.shape) and src.type.shape[i] == d:
-                shape[i] = 0
-        for i, d in enumerate(shape):
-            if d in self.dynamic_sizes and -1 not in shape:
-                shape[i] = -1
-        return tuple(shape)
+    def is_dynamic(self, shape) -> bool:
+        """Whether a shape holds a dimension equal to a dynamic axis' traced size."""
+        return any(d in self.dynamic_dims for d in shape)
+
+    def shape_of(self, shape) -> str:
+        """A 1-D int64 value holding `shape`, where each dimension equal to a dynamic axis'
+        traced size is read at run time from that graph input (Shape, Gather): the IR is
+        traced at one shape, so dynamic axes are followed by their size. A constant when
+        no dimension is dynamic."""
+        if not self.is_dynamic(shape):
+            return self.const(np.array(shape, np.int64))
+        parts = []
+        for d in shape:
+            if d in self.dynamic_dims:
+                name, axis = self.dynamic_dims[d]
+                parts.append(self.node("Gather", [self.node("Shape", [name]),
+                                                  self.const(np.array([axis], np.int64))]))
+            else:
+                parts.append(self.const(np.array([d], np.int64)))
+        return self.node("Concat", parts, axis=0)
 
     def refuse(self, node, reason: str) -> OnnxExportError:
         """The error for an IR node that cannot be exported (raise it)."""
@@ -170,10 +177,16 @@ def to_model(model_or_fn, args, input_names=None, output_names=None,
         raise OnnxExportError(f"onnx export: {len(output_names)} output_names for "
                               f"{len(graph.outputs)} outputs")
     dynamic_axes = {k: _axes_spec(v) for k, v in (dynamic_axes or {}).items()}
-    sizes = {arg_inputs[input_names.index(n)].type.shape[a]
-             for n, axes in dynamic_axes.items() if n in input_names for a in axes}
+    dynamic_dims: dict[int, tuple[str, int]] = {}
+    dim_names: dict[int, str] = {}
+    for name, axes in dynamic_axes.items():
+        if name in input_names:
+            for axis, label in axes.items():
+                size = arg_inputs[input_names.index(name)].type.shape[axis]
+                dynamic_dims.setdefault(size, (name, axis))
+                dim_names.setdefault(size, label)
 
-    em = Emitter(opset_version, sizes)
+    em = Emitter(opset_version, dynamic_dims)
     names: dict[Any, str] = {}
     inputs = []
     for v in graph.inputs:
@@ -204,7 +217,9 @@ def to_model(model_or_fn, args, input_names=None, output_names=None,
         em._node = None
         em.nodes.append(helper.make_node("Identity", [names[v]], [name],
                                          name=em.fresh("output")))
-        outputs.append(_value_info(name, v.type, dynamic_axes.get(name, {})))
+        dims = dynamic_axes.get(name) or {i: dim_names[d] for i, d in enumerate(v.type.shape)
+                                          if d in dim_names}
+        outputs.append(_value_info(name, v.type, dims))
     onnx_graph = helper.make_graph(em.nodes, graph.name, inputs, outputs, em.initializers)
     opsets = [helper.make_opsetid("", opset_version)]
     model = helper.make_model(onnx_graph, opset_imports=opsets, producer_name="graphc",
@@ -225,8 +240,9 @@ def export(model_or_fn, args, path, input_names=None, output_names=None,
 
     `input_names` / `output_names` name the graph's inputs and outputs (default: the traced
     argument names, and `output` or `output_0, ...`); `dynamic_axes` maps a name to the
-    axes (a list, or {axis: name}) that stay symbolic; a Reshape then copies those
-    dimensions from its input, so trace with a size that no static dimension shares.
+    axes (a list, or {axis: name}) that stay symbolic: every shape the graph builds
+    (Reshape, Expand, ConstantOfShape) reads a dimension equal to a dynamic axis' traced size
+    from that input at run time, so trace with a size no static dimension shares (3, not 1).
 
     >>> import graphc, graphc.onnx, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "lin.onnx")
