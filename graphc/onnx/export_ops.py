@@ -224,7 +224,8 @@ def export_reshape(em, node, xs):
                 target = list(shape)
                 target[i] = -1
                 return [em.node("Reshape", [xs[0], em.const(np.array(target, np.int64))])]
-    return [em.node("Reshape", [xs[0], em.shape_of(shape)], allowzero=int(0 in shape))]
+    zero = {"allowzero": 1} if 0 in shape and em.opset >= 14 else {}  # a real 0, not "copy"
+    return [em.node("Reshape", [xs[0], em.shape_of(shape)], **zero)]
 
 
 def export_permute(em, node, xs):
