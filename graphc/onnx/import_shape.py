@@ -188,7 +188,10 @@ def import_scatter_elements(ctx, x, index, updates):
         # the flat position each update goes to: its own position, with `axis` from index
         positions = np.indices(tuple(index.shape)).reshape(index.ndim, -1)
         strides = np.cumprod((1,) + tuple(x.shape[::-1]))[-2::-1]
-        fixed = sum(int(st) * positions[d] for d, st in enumerate(strides) if d != axis)
+        fixed = np.zeros(positions.shape[1], np.int64)
+        for d, st in enumerate(strides):
+            if d != axis:
+                fixed = fixed + int(st) * positions[d]
         flat_index = call("add", call("mul", call("reshape", index,
                                                   shape=(int(np.prod(index.shape)),)),
                                       call("full", shape=(), value=int(strides[axis]),
