@@ -52,7 +52,7 @@ class Sizes:
                      0.0)
 
 
-def _torch():
+def torch_or_none():
     """torch with OMP_NUM_THREADS intra-op threads (default: every core), or None when it is
     not installed."""
     try:
@@ -77,7 +77,7 @@ _NO_TORCH_COMPILE = "skipped: --quick (torch.compile takes ~30 s to compile)"
 
 
 # ---- training steps -------------------------------------------------------------------------
-def _step_contender(name: str, step, x, y, model, compiled=None) -> Contender:
+def step_contender(name: str, step, x, y, model, compiled=None) -> Contender:
     """A contender running `step(x, y)`; agreement runs AGREE_STEPS steps and returns the last
     loss together with the first weight matrix."""
     state: dict = {}
@@ -107,21 +107,21 @@ def train_step(name: str, batch: int, sizes: Sizes, repeat: int) -> CaseResult:
     compiled = graphc.compile(models.graphc_step(compiled_model), backend="cpu")
     eager_model = models.copy_graphc_model(base, name, sizes.mlp)
     contenders = [
-        _step_contender("graphc cpu", compiled, gx, gy, compiled_model, compiled),
-        _step_contender("graphc eager", models.graphc_step(eager_model), gx, gy, eager_model),
+        step_contender("graphc cpu", compiled, gx, gy, compiled_model, compiled),
+        step_contender("graphc eager", models.graphc_step(eager_model), gx, gy, eager_model),
     ]
-    torch = _torch()
+    torch = torch_or_none()
     if torch is None:
         contenders += _skipped_torch(["torch eager", "torch.compile"])
     else:
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
         eager = models.torch_copy(base, name, sizes.mlp)
-        contenders.append(_step_contender("torch eager", models.torch_step(eager), tx, ty, eager))
+        contenders.append(step_contender("torch eager", models.torch_step(eager), tx, ty, eager))
         tc_model = models.torch_copy(base, name, sizes.mlp)
         tc_step = _torch_compile(torch, models.torch_step(tc_model), sizes)
         contenders.append(Contender("torch.compile", lambda: None, status=_NO_TORCH_COMPILE)
                           if tc_step is None else
-                          _step_contender("torch.compile", tc_step, tx, ty, tc_model))
+                          step_contender("torch.compile", tc_step, tx, ty, tc_model))
     # torch eager first: it is the reference every other result is compared with
     contenders.sort(key=lambda c: c.name != "torch eager")
     check_agreement(contenders, STEP_TOLERANCE)
@@ -169,7 +169,7 @@ def elementwise_chain(sizes: Sizes, repeat: int) -> CaseResult:
     contenders = [_array_contender("graphc cpu", run_graphc, lambda t: t.numpy(),
                                    prepare=lambda: (run_graphc(), run_graphc())),
                   _array_contender("numpy", lambda: numpy_chain(x))]
-    torch = _torch()
+    torch = torch_or_none()
     if torch is None:
         contenders += _skipped_torch(["torch eager", "torch.compile"])
     else:
@@ -230,7 +230,7 @@ def conv2d(sizes: Sizes, repeat: int) -> CaseResult:
 
     contenders = [_array_contender("graphc cpu", run_graphc, lambda t: t.numpy(),
                                    prepare=lambda: (run_graphc(), run_graphc()))]
-    torch = _torch()
+    torch = torch_or_none()
     if torch is None:
         contenders += _skipped_torch(["torch eager", "torch.compile"])
     else:

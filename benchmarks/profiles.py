@@ -181,7 +181,7 @@ def profile_train_step(name: str, batch: int, sizes: cases.Sizes) -> str:
         import torch
     except ImportError:
         return "\n\n".join(parts)
-    cases._torch()
+    cases.torch_or_none()
     tmodel = models.torch_copy(model, name, sizes.mlp)
     tstep = models.torch_step(tmodel)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)

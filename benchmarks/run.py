@@ -9,18 +9,18 @@ torch.compile in one process, medians and ratios against the issue's targets.
     python -m benchmarks.run --contention              # with a busy process on one core
 
 Cases (names for --only; a name selects every case that starts with it): mlp_b64, mlp_b1,
-lenet5_b64, elementwise_chain, sgemm (sgemm_256, sgemm_1024, sgemm_2048), conv2d,
-compile (compile_cold, compile_warm). How each is measured: benchmarks/cases.py,
-benchmarks/compile_time.py; timing and agreement rules: benchmarks/harness.py. With
---profile, every case that missed its target gets a profile (benchmarks/profiles.py) after
-the table. `--threads N` sets OMP_NUM_THREADS and OPENBLAS_NUM_THREADS (graphc's OpenMP loops,
-numpy's and graphc's OpenBLAS) and PyTorch's intra-op threads to N, restarting the process so
-the libraries read them at load; on a machine shared with other work, one thread each keeps
-spin-waiting thread pools from distorting the ratios. `--contention` runs a busy process
-pinned to one core while measuring (benchmarks/contention.py), as on a machine that is not
-idle. The exit status is 0 when every
-contender agreed with its case's reference (or was skipped for a stated reason), 1
-otherwise; a missed target is not an error.
+lenet5_b64, gpt_b16, resnet18_b32 (benchmarks/model_steps.py), elementwise_chain, sgemm
+(sgemm_256, sgemm_1024, sgemm_2048), conv2d, compile (compile_cold, compile_warm). How each is
+measured: benchmarks/cases.py, benchmarks/compile_time.py; timing and agreement rules:
+benchmarks/harness.py. With --profile, every case that missed its target gets a profile
+(benchmarks/profiles.py) after the table. `--threads N` sets OMP_NUM_THREADS and
+OPENBLAS_NUM_THREADS (graphc's OpenMP loops, numpy's and graphc's OpenBLAS) and PyTorch's
+intra-op threads to N, restarting the process so the libraries read them at load; on a machine
+shared with other work, one thread each keeps spin-waiting thread pools from distorting the
+ratios. `--contention` runs a busy process pinned to one core while measuring
+(benchmarks/contention.py), as on a machine that is not idle. The exit status is 0 when every
+contender agreed with its case's reference (or was skipped for a stated reason), 1 otherwise; a
+missed target is not an error.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from benchmarks import cases  # noqa: E402
 from benchmarks.compile_time import compile_time_cases  # noqa: E402
 from benchmarks.contention import busy_core  # noqa: E402
 from benchmarks.harness import as_json, markdown_table, set_clock  # noqa: E402
+from benchmarks.model_steps import model_step  # noqa: E402
 
-CASE_NAMES = ("mlp_b64", "mlp_b1", "lenet5_b64", "elementwise_chain", "sgemm_256",
-              "sgemm_1024", "sgemm_2048", "conv2d", "compile_cold", "compile_warm")
+CASE_NAMES = ("mlp_b64", "mlp_b1", "lenet5_b64", "gpt_b16", "resnet18_b32", "elementwise_chain",
+              "sgemm_256", "sgemm_1024", "sgemm_2048", "conv2d", "compile_cold", "compile_warm")
 
 
 def _selected(only: list[str] | None) -> list[str]:
@@ -68,6 +69,9 @@ def run_cases(names: list[str], sizes: cases.Sizes, repeat: int, log,
             results.append(cases.train_step("mlp", batch, sizes, repeat))
         elif name == "lenet5_b64":
             results.append(cases.train_step("lenet5", sizes.lenet_batch, sizes, repeat))
+        elif name in ("gpt_b16", "resnet18_b32"):
+            results.append(model_step(name.split("_")[0], not sizes.torch_compile, repeat,
+                                      sizes.torch_compile, sizes.warmup_seconds))
         elif name == "elementwise_chain":
             results.append(cases.elementwise_chain(sizes, repeat))
         elif name.startswith("sgemm"):
