@@ -16,8 +16,10 @@ from benchmarks.harness import CaseResult, Contender, check_agreement, interleav
 from benchmarks.run import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICK_CASES = ["mlp_b8", "mlp_b1", "lenet5_b4", "elementwise_chain", "sgemm_64", "conv2d",
-               "compile_cold", "compile_warm"]
+QUICK_CASES = ["mlp_b8", "mlp_b1", "lenet5_b4", "gpt_b2", "resnet18_b2", "elementwise_chain",
+               "sgemm_64", "conv2d", "compile_cold", "compile_warm"]
+# deep float32 steps (GPT, ResNet-18 with BatchNorm on a tiny batch) agree within 1e-3
+TOLERANCE = {"gpt_b2": 1e-3, "resnet18_b2": 1e-3}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,8 @@ def test_quick_run_has_every_case_and_every_contender_agreed(quick_run):
         assert graphc["status"] == "ok" and graphc["figure"] > 0 and graphc["rounds"] >= 1
         for c in case["contenders"]:
             if c["status"] == "ok":
-                assert c["seconds"] > 0 and (c["error"] is None or c["error"] <= 1e-4), c
+                limit = TOLERANCE.get(case["name"], 1e-4)
+                assert c["seconds"] > 0 and (c["error"] is None or c["error"] <= limit), c
             else:
                 assert c["status"].startswith("skipped: "), c  # a skip says why
     steps = {c["name"]: c for c in cases}
@@ -67,8 +70,8 @@ def test_quick_run_markdown_table_shape(quick_run):
         assert cells[0] == case["description"]
         assert cells[3] == case["target"] and cells[4] in ("met", "**missed**")
     targets = [c["target"] for c in results["cases"]]
-    assert targets == ["<= 0.6x", "<= 0.1x", "<= 0.35x", "<= 0.5x", ">= 0.95x", "<= 1x",
-                       "<= 2 s", "<= 0.3 s"]
+    assert targets == ["<= 0.6x", "<= 0.1x", "<= 0.35x", "<= 0.5x", "<= 0.5x", "<= 0.5x",
+                       ">= 0.95x", "<= 1x", "<= 2 s", "<= 0.3 s"]
 
 
 def test_a_disagreeing_contender_is_reported_and_not_timed():
@@ -104,4 +107,4 @@ def test_targets_on_throughput_and_absolute_seconds():
 
 def test_only_with_an_unknown_case_names_the_cases():
     with pytest.raises(SystemExit, match="matches no case; the cases are mlp_b64"):
-        main(["--only", "resnet"])
+        main(["--only", "vgg"])
