@@ -32,7 +32,6 @@ def rank_main() -> None:
 
     import graphc
     import graphc.distributed as dist
-    import graphc.nn.functional as F
     from benchmarks import models
     from graphc.nn.parallel import DistributedDataParallel
 
@@ -41,8 +40,7 @@ def rank_main() -> None:
     results = {"world": world}
     for name in ("mlp", "lenet5"):
         model = DistributedDataParallel(models.graphc_model(name))
-        opt = graphc.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        compiled = graphc.compile(_step(model, opt, F), backend="cpu")
+        compiled = graphc.compile(models.graphc_step(model), backend="cpu")
         x, y = models.batch(name, 64, models.MlpSizes())
         gx, gy = graphc.tensor(x), graphc.tensor(y)
         for _ in range(5):
@@ -61,17 +59,6 @@ def rank_main() -> None:
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     dist.destroy_process_group()
-
-
-def _step(model, opt, F):
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return step
 
 
 def _alpha_beta(dist, np) -> tuple[float, float]:
