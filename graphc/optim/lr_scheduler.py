@@ -100,7 +100,9 @@ class LRScheduler:
         return [_value(group["lr"]) for group in self.optimizer.param_groups]
 
     def get_lr(self) -> list[float]:
-        raise NotImplementedError
+        """The rates for the current step: each scheduler class defines its rule here."""
+        raise NotImplementedError(f"{type(self).__name__} must define get_lr(), the rates "
+                                  "for the current step")
 
     def get_last_lr(self) -> list[float]:
         """The learning rates the last step() set (Python floats)."""

@@ -53,6 +53,7 @@ from llvmlite import ir
 from graphc.backends import common
 from graphc.backends.cpu import conv, llvm
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS
+from graphc.backends.cpu.gemm_layout import folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
 from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
 from graphc.backends.cpu.random_ops import lower_random
@@ -371,7 +372,7 @@ class Lowerer(Codegen):
             return
         if k == 0:
             return self.fill(c, 0.0, "gemm_zero")
-        rows = _folded_rows(batch, sa_shape, sa, sb_shape, sb)
+        rows = folded_rows(batch, sa_shape, sa, sb_shape, sb)
         if rows is not None:  # one GEMM over the whole batch: (batch*m, k) @ (k, n)
             a2 = Loc(a.base, a.index, a.offset, (sa[-2] * item, item), TensorType((rows, k), dt))
             b2 = Loc(b.base, b.index, b.offset, (sb[-2] * item, sb[-1] * item),
@@ -379,22 +380,22 @@ class Lowerer(Codegen):
             c2 = Loc(c.base, c.index, c.offset, contiguous_strides((rows, n), item),
                      TensorType((rows, n), dt))
             return self.gemm(node, a2, b2, c2)
-        lay_a = _gemm_layout(m, k, sa[-2], sa[-1])
+        lay_a = gemm_layout(m, k, sa[-2], sa[-1])
         if lay_a is None:  # no BLAS layout reads it: a contiguous copy in scratch
             t = TensorType(tuple(sa_shape), dt)
             src = Loc(a.base, a.index, a.offset, tuple(s * item for s in sa), t)
             a = self.scratch_loc(t)
             self.copy(src, a, "gemm_pack")
             sa = [s // item for s in a.strides]
-            lay_a = _gemm_layout(m, k, sa[-2], sa[-1])
-        lay_b = _gemm_layout(k, n, sb[-2], sb[-1])
+            lay_a = gemm_layout(m, k, sa[-2], sa[-1])
+        lay_b = gemm_layout(k, n, sb[-2], sb[-1])
         if lay_b is None:
             t = TensorType(tuple(sb_shape), dt)
             src = Loc(b.base, b.index, b.offset, tuple(s * item for s in sb), t)
             b = self.scratch_loc(t)
             self.copy(src, b, "gemm_pack")
             sb = [s // item for s in b.strides]
-            lay_b = _gemm_layout(k, n, sb[-2], sb[-1])
+            lay_b = gemm_layout(k, n, sb[-2], sb[-1])
         gemv = self._gemv(m, n, k, sa, sb, lay_a, lay_b)
         fn = self._blas_function(dt, "gemv" if gemv else "gemm")
         kb = KernelBuilder(self, self.name("gemv" if gemv else "gemm"), batch)
@@ -757,42 +758,6 @@ def _direct_outputs(graph: Graph, plan) -> dict[str, int]:
     return {name: k for k, name in enumerate(names)
             if name in made and name not in plan.views and name not in plan.in_input
             and names.count(name) == 1 and name not in updated}
-
-
-def _folded_rows(batch: tuple, sa_shape: list, sa: list, sb_shape: list, sb: list):
-    """batch * m when a batched product reads one matrix B for every batch element and A's
-    batch and rows form one row-major block (a Linear layer on a (B, T, C) input): the batch
-    folds into the rows of a single GEMM instead of one small GEMM per batch element (the
-    numbers are the same: each row of C is the same dot products). None otherwise."""
-    if not batch or len(sb_shape) < 2 or sa[-1] != 1 or len(sa_shape) - 2 != len(batch):
-        return None
-    if tuple(sa_shape[:-2]) != batch or any(broadcast_strides(
-            tuple(sb_shape[:-2]), tuple(sb[:-2]), batch)):
-        return None
-    m, k = sa_shape[-2:]
-    expected = sa[-2] * m
-    if sa[-2] < k:  # rows that overlap (a broadcast row): not one row-major block
-        return None
-    for size, stride in zip(reversed(batch), reversed(sa[:-2])):
-        if size != 1 and stride != expected:
-            return None
-        expected *= size
-    return math.prod(batch) * m
-
-
-def _gemm_layout(rows: int, cols: int, sr: int, sc: int):
-    """(CBLAS transpose flag, leading dimension) reading a rows x cols matrix with element
-    strides (sr, sc) as a row-major operand, or None when no layout reads it."""
-    if cols == 1 or sc == 1:
-        ld = sr if rows > 1 else max(cols, 1)
-        if ld >= max(1, cols):
-            return (111, ld)
-    if rows == 1 or sr == 1:
-        ld = sc if cols > 1 else max(rows, 1)
-        if ld >= max(1, rows):
-            return (112, ld)
-    return None
-
 
 
 def lower(graph: Graph, blas=None, profile: bool = False) -> tuple[Lowered, Lowerer]:
