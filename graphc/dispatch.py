@@ -130,7 +130,7 @@ def apply(opdef: OpDef, *inputs, **attrs):
     """Run one op on tensors: eagerly (with autograd) or, inside a trace, as an IR node."""
     inputs = _tensorize(opdef, inputs)
     _check_inputs(opdef, inputs)
-    out_types = opdef.infer(*(t.type for t in inputs), **attrs)
+    out_types = _inferred(opdef, inputs, attrs)
     single = isinstance(out_types, TensorType)
     if single:
         out_types = (out_types,)
@@ -158,6 +158,30 @@ def apply(opdef: OpDef, *inputs, **attrs):
     if tracer is not None:
         tracer.record(opdef, inputs, attrs, outputs)
     return outputs[0] if single else outputs
+
+
+_INFERRED: dict = {}  # (op, input shapes and dtypes, attrs) -> what the op's rule returned
+_INFERRED_LIMIT = 4096
+
+
+def _inferred(opdef: OpDef, inputs: tuple, attrs: dict):
+    """`opdef.infer` on the inputs' types, remembered per (op, types, attributes): a rule is a
+    pure function of them (the registry's contract), and eager code calls the same op on the
+    same types again and again. Attributes are keyed with their Python types (1, 1.0 and
+    True differ). Only results are remembered; a rule that raises raises on every call.
+    Unhashable attributes skip the memory."""
+    try:
+        key = (opdef.name, tuple((t._data.shape, t._dtype) for t in inputs),
+               tuple((k, type(v), v) for k, v in attrs.items()) if attrs else ())
+        hit = _INFERRED.get(key)
+    except TypeError:  # an unhashable attribute value
+        return opdef.infer(*(t.type for t in inputs), **attrs)
+    if hit is None:
+        hit = opdef.infer(*(t.type for t in inputs), **attrs)
+        if len(_INFERRED) >= _INFERRED_LIMIT:
+            _INFERRED.clear()
+        _INFERRED[key] = hit
+    return hit
 
 
 def _wrap_output(opdef: OpDef, array, ty: TensorType, inputs: tuple, attrs: dict):
