@@ -80,7 +80,8 @@ def resnet18(lib, width: int, **_):
     return nn.Sequential(*layers)
 
 
-def _data(name: str, shape: dict, seed: int = 1):
+def batch_of(name: str, shape: dict, seed: int = 1):
+    """(x, y) as numpy arrays for one step of `name` at `shape`."""
     rng = np.random.default_rng(seed)
     if name == "gpt":
         x = rng.integers(0, VOCAB, (shape["batch"], shape["block"]))
@@ -100,7 +101,7 @@ def model_step(name: str, quick: bool, repeat: int, torch_compile: bool,
     build = gpt if name == "gpt" else resnet18
     graphc.manual_seed(0)
     base = build(graphc, **shape)
-    x, y = _data(name, shape)
+    x, y = batch_of(name, shape)
     gx, gy = graphc.tensor(x), graphc.tensor(y)
 
     def graphc_copy():
