@@ -30,6 +30,23 @@ def _factory(dtype) -> dict:
     return {"dtype": dtype} if dtype is not None else {}
 
 
+def _affine(module: Module, shape: tuple[int, ...], weight: bool, bias: bool, dtype) -> None:
+    """Register `weight` (ones) and `bias` (zeros) of `shape`, or None in their place, as
+    the three layers' PyTorch counterparts do."""
+    for name, wanted in (("weight", weight), ("bias", weight and bias)):
+        if wanted:
+            setattr(module, name, Parameter(graphc.empty(*shape, **_factory(dtype))))
+        else:
+            module.register_parameter(name, None)
+
+
+def _reset_affine(module: Module) -> None:
+    if module.weight is not None:
+        init.ones_(module.weight)
+    if getattr(module, "bias", None) is not None:
+        init.zeros_(module.bias)
+
+
 class LayerNorm(Module):
     """Normalise over the trailing `normalized_shape` dims, then scale and shift."""
 
@@ -39,22 +56,11 @@ class LayerNorm(Module):
         self.normalized_shape = _shape(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = Parameter(graphc.empty(*self.normalized_shape, **_factory(dtype)))
-            if bias:
-                self.bias = Parameter(graphc.empty(*self.normalized_shape, **_factory(dtype)))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, self.normalized_shape, elementwise_affine, bias, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.elementwise_affine:
-            init.ones_(self.weight)
-            if self.bias is not None:
-                init.zeros_(self.bias)
+        _reset_affine(self)
 
     def forward(self, input):  # noqa: A002
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -75,6 +81,7 @@ class RMSNorm(Module):
         self.normalized_shape = _shape(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
+        # PyTorch's RMSNorm has a weight and no bias (no bias parameter at all)
         if elementwise_affine:
             self.weight = Parameter(graphc.empty(*self.normalized_shape, **_factory(dtype)))
         else:
@@ -82,8 +89,7 @@ class RMSNorm(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.elementwise_affine:
-            init.ones_(self.weight)
+        _reset_affine(self)
 
     def forward(self, x):
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
@@ -105,22 +111,11 @@ class GroupNorm(Module):
         self.num_channels = num_channels
         self.eps = eps
         self.affine = affine
-        if affine:
-            self.weight = Parameter(graphc.empty(num_channels, **_factory(dtype)))
-            if bias:
-                self.bias = Parameter(graphc.empty(num_channels, **_factory(dtype)))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, (num_channels,), affine, bias, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if self.affine:
-            init.ones_(self.weight)
-            if self.bias is not None:
-                init.zeros_(self.bias)
+        _reset_affine(self)
 
     def forward(self, input):  # noqa: A002
         return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
