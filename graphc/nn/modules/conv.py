@@ -94,6 +94,19 @@ class ConvNd(Module):
                 bound = 1 / math.sqrt(fan_in)
                 init.uniform_(self.bias, -bound, bound)
 
+    def _conv_forward(self, input, weight, bias):  # noqa: A002
+        """The convolution of `input`, padded first by `padding_mode` when it is not zeros
+        (`_conv` is the subclass's functional)."""
+        if self.padding_mode != "zeros":
+            padded = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return self._conv(padded, weight, bias, self.stride, (0,) * self._dims,
+                              self.dilation, self.groups)
+        return self._conv(input, weight, bias, self.stride, self.padding, self.dilation,
+                          self.groups)
+
+    def forward(self, input):  # noqa: A002
+        return self._conv_forward(input, self.weight, self.bias)
+
     def extra_repr(self) -> str:
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
              f"stride={self.stride}")
@@ -120,22 +133,8 @@ class Conv2d(ConvNd):
     Conv2d(3, 8, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1))
     """
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
-                 device=None, dtype=None) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, padding_mode, device, dtype)
-
-    def _conv_forward(self, input, weight, bias):  # noqa: A002
-        if self.padding_mode != "zeros":
-            padded = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-            return F.conv2d(padded, weight, bias, self.stride, (0, 0), self.dilation,
-                            self.groups)
-        return F.conv2d(input, weight, bias, self.stride, self.padding, self.dilation,
-                        self.groups)
-
-    def forward(self, input):  # noqa: A002
-        return self._conv_forward(input, self.weight, self.bias)
+    def _conv(self, *args):
+        return F.conv2d(*args)
 
 
 class Conv1d(ConvNd):
@@ -148,21 +147,8 @@ class Conv1d(ConvNd):
 
     _dims = 1
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
-                 device=None, dtype=None) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, padding_mode, device, dtype)
-
-    def _conv_forward(self, input, weight, bias):  # noqa: A002
-        if self.padding_mode != "zeros":
-            padded = F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode)
-            return F.conv1d(padded, weight, bias, self.stride, 0, self.dilation, self.groups)
-        return F.conv1d(input, weight, bias, self.stride, self.padding, self.dilation,
-                        self.groups)
-
-    def forward(self, input):  # noqa: A002
-        return self._conv_forward(input, self.weight, self.bias)
+    def _conv(self, *args):
+        return F.conv1d(*args)
 
 
 class _ConvTransposeNd(ConvNd):
