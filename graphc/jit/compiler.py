@@ -227,7 +227,7 @@ class Compiled:
         try:
             needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
             prefix = _dump(traced.graph)
-            passes = default_passes() if self.passes is None else list(self.passes)
+            passes = self._passes()
             optimized, self.report = run_pipeline(traced.graph, passes, verify=True,
                                                   dump_prefix=prefix)
             if not needs_grad and self.backend != "interp" and \
@@ -276,21 +276,24 @@ class Compiled:
             steady = signature_of(self.fn, modules, args, kwargs, captured)
             traced = trace_call(self.fn, args, kwargs)
             traced.restore()
-            optimized, self.report = run_pipeline(traced.graph, default_passes()
-                                                  if self.passes is None else list(self.passes),
-                                                  verify=True, dump_prefix=_dump(traced.graph))
+            if traced.escaped:
+                # it still creates state, so it is no steady graph: the next call traces as
+                # it would have
+                return result
+            optimized, self.report = run_pipeline(traced.graph, self._passes(), verify=True,
+                                                  dump_prefix=_dump(traced.graph))
             entry = _Entry(steady, traced, compile_graph(optimized, self.backend),
                            aliasing(traced, args, kwargs), None, guard)
-        except GraphcError:
-            # the steady graph could not be made now: the next call traces as it would have
-            self._entries.append(first)
-            self._mark_shadowed()
+        except GraphcError:  # the steady graph could not be made now: the same
             return result
-        if traced.escaped:  # still creating state: keep the interpreter's entry out of it
-            self._entries.append(first)
+        # the interpreter's entry is never kept: its signature (no state yet) is not seen again
+        # unless the state is dropped, and then that call traces and compiles afresh
         self._entries.append(entry)
         self._mark_shadowed()
         return result
+
+    def _passes(self) -> list:
+        return default_passes() if self.passes is None else list(self.passes)
 
     def _mark_shadowed(self) -> None:
         """An entry whose signature a newer entry also has is left to the full signature."""
