@@ -32,6 +32,7 @@ import numpy as np
 import graphc
 from benchmarks import cases, models
 from benchmarks.harness import CaseResult, now
+from graphc.tools.profile import kernel_label
 
 _TOP = 12
 
@@ -97,13 +98,6 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us" if seconds < 1e-3 else f"{seconds * 1e3:.2f} ms"
 
 
-def _label(node) -> str:
-    if node.op != "fused":
-        return node.op
-    ops = [op for op, _, _ in node.attrs["body"] if op != "full"]
-    return "fused(" + ",".join(ops) + ")"
-
-
 def kernel_table(graph, native_total: float | None = None) -> str:
     """Every scheduled non-view node of a planned graph timed alone (see the docstring)."""
     from graphc.backends.cpu.executable import CpuExecutable
@@ -122,7 +116,7 @@ def kernel_table(graph, native_total: float | None = None) -> str:
         executable = CpuExecutable(alone)
         seconds = median_seconds(native_call(executable, random_inputs(alone)), 0.05)
         shapes = ", ".join(str(v.type) for v in node.outputs)
-        rows.append((seconds, step, _label(node), shapes))
+        rows.append((seconds, step, kernel_label(node), shapes))
     total = sum(r[0] for r in rows)
     lines = ["| step | kernel | output | median alone | share of the sum |",
              "|---|---|---|---|---|"]

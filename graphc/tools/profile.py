@@ -29,7 +29,7 @@ import numpy as np
 
 from graphc.errors import GraphcError
 
-__all__ = ["KernelTime", "Profile", "profile"]
+__all__ = ["KernelTime", "Profile", "kernel_label", "profile"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,8 @@ def _bound_arrays(compiled, executable, args, kwargs) -> list[np.ndarray]:
     return captured
 
 
-def _label(node) -> str:
+def kernel_label(node) -> str:
+    """A node's name in a profile: its op, or `fused(add,relu,...)` for a fused group."""
     if node.op != "fused":
         return node.op
     ops = [op for op, _, _ in node.attrs["body"] if op != "full"]
@@ -176,7 +177,7 @@ def _row(step: int, node, seconds: float) -> KernelTime:
     if node is None:
         return KernelTime(step, "output copy", "", seconds, 0, 0, "")
     shape = ", ".join(str(v.type) for v in node.outputs)
-    return KernelTime(step, _label(node), shape, seconds,
+    return KernelTime(step, kernel_label(node), shape, seconds,
                       _nbytes(node.inputs) + _nbytes(node.outputs), _flops(node),
                       node.loc or "")
 
