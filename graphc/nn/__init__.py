@@ -18,4 +18,3 @@ from graphc.nn.parameter import Buffer, Parameter
 
 __all__ = ["Buffer", "Module", "ModuleAssignmentError", "Parameter", "StateDictError",
            "functional", "init", "utils", *_modules_all]
-from graphc.nn.modules.layers_issue12 import *  # noqa: E402,F401,F403  (issue 12 layers)

@@ -7,8 +7,8 @@ from graphc.nn import functional as F
 from graphc.nn.module import Module
 
 
-class Dropout(Module):
-    """In training, zeroes each element with probability p and scales the rest by 1/(1-p)."""
+class DropoutNd(Module):
+    """What the dropout layers share (PyTorch's _DropoutNd): p, inplace, their check."""
 
     def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
@@ -17,11 +17,15 @@ class Dropout(Module):
         self.p = p
         self.inplace = inplace
 
-    def forward(self, input):  # noqa: A002
-        return F.dropout(input, self.p, self.training, self.inplace)
-
     def extra_repr(self) -> str:
         return f"p={self.p}, inplace={self.inplace}"
+
+
+class Dropout(DropoutNd):
+    """In training, zeroes each element with probability p and scales the rest by 1/(1-p)."""
+
+    def forward(self, input):  # noqa: A002
+        return F.dropout(input, self.p, self.training, self.inplace)
 
 
 class Flatten(Module):

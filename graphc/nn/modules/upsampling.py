@@ -3,9 +3,9 @@ graphc.nn.functional.interpolate), and the channel-dropout layers `Dropout1d`, `
 
 from __future__ import annotations
 
-from graphc.errors import ArgumentError
 from graphc.nn import functional as F
 from graphc.nn.module import Module
+from graphc.nn.modules.misc import DropoutNd
 
 
 class Upsample(Module):
@@ -55,26 +55,14 @@ class UpsamplingBilinear2d(Upsample):
         super().__init__(size, scale_factor, mode="bilinear", align_corners=True)
 
 
-class _ChannelDropout(Module):
-    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
-        super().__init__()
-        if p < 0 or p > 1:
-            raise ArgumentError(f"dropout probability has to be between 0 and 1, but got {p}")
-        self.p = p
-        self.inplace = inplace
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}, inplace={self.inplace}"
-
-
-class Dropout1d(_ChannelDropout):
+class Dropout1d(DropoutNd):
     """In training, zeroes whole channels of (N, C, L) inputs with probability p."""
 
     def forward(self, input):  # noqa: A002
         return F.dropout1d(input, self.p, self.training, self.inplace)
 
 
-class Dropout2d(_ChannelDropout):
+class Dropout2d(DropoutNd):
     """In training, zeroes whole channels (feature maps) of (N, C, H, W) inputs with
     probability p and scales the rest by 1/(1-p)."""
 
