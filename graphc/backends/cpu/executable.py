@@ -82,6 +82,9 @@ class CpuExecutable:
         skip = -raw.ctypes.data % 64
         self._arena = raw[skip:skip + self.lowered.arena_bytes]
         self._arena_ptr = ctypes.c_void_p(self._arena.ctypes.data)
+        # the driver's arguments after the pointer tables, resolved once
+        self._tail = (self._arena_ptr,) + (
+            (ctypes.c_void_p(self.last_stamps.ctypes.data),) if self.profiled else ())
         self._raw = raw
         index = {v.name: i for i, v in enumerate(graph.inputs)}
         self._in_types = [(v.type.shape, np.dtype(v.type.dtype.np)) for v in graph.inputs]
@@ -129,11 +132,7 @@ class CpuExecutable:
             if self.thread_chooser.most > 1:
                 threads.use(n)
             start = time.perf_counter()
-            if self.profiled:
-                status = self._run(self._in_ptrs, out_ptrs, self._arena_ptr,
-                                   self.last_stamps.ctypes.data)
-            else:
-                status = self._run(self._in_ptrs, out_ptrs, self._arena_ptr)
+            status = self._run(self._in_ptrs, out_ptrs, *self._tail)
             self.thread_chooser.record(n, time.perf_counter() - start)
         if status:
             errors = self.lowered.errors
