@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.autograd.grad_mode import no_grad
 from graphc.errors import GraphcError
 
 __all__ = ["DistributedError", "ReduceOp", "all_gather", "all_reduce", "barrier", "broadcast",
@@ -222,11 +223,6 @@ _OP_NAMES = {ReduceOp.SUM: "sum", ReduceOp.AVG: "avg", ReduceOp.MAX: "max",
              ReduceOp.MIN: "min"}
 
 
-def _no_grad():
-    from graphc.autograd.grad_mode import no_grad
-
-    return no_grad()
-
 
 class _MpiCommunicator:
     """graphc.ops.collective's Communicator over MPI.COMM_WORLD: the reference kernel's
@@ -310,7 +306,7 @@ def all_reduce(tensor, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool =
         _current()
         if op not in _OP_NAMES:
             raise DistributedError(f"unknown reduce op {op!r}; use graphc.distributed.ReduceOp")
-        with _no_grad():
+        with no_grad():
             tensor.copy_(collective.all_reduce(tensor, _OP_NAMES[op]))
         return None
     g, MPI = _current(), _mpi()
@@ -336,7 +332,7 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False):
     if isinstance(tensor, Tensor) and tensor.is_abstract:
         from graphc.ops import collective
 
-        with _no_grad():
+        with no_grad():
             kept = tensor if g.rank == src else tensor.new_zeros(tuple(tensor.shape))
             tensor.copy_(collective.all_reduce(kept, "sum"))
         return None

@@ -17,6 +17,7 @@ and non-blocking overlap are not done yet (docs/distributed.md).
 
 from __future__ import annotations
 
+from graphc.autograd.grad_mode import no_grad
 from graphc.nn.module import Module
 
 __all__ = ["DistributedDataParallel"]
@@ -36,7 +37,7 @@ class DistributedDataParallel(Module):
         self.module = module
         self.broadcast_buffers = broadcast_buffers
         self.world_size = dist.get_world_size()
-        with _no_grad():
+        with no_grad():
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor, src=0)
         self._handles = [p.register_hook(_average) for p in module.parameters()
@@ -46,7 +47,7 @@ class DistributedDataParallel(Module):
         import graphc.distributed as dist
 
         if self.broadcast_buffers and self.world_size > 1:
-            with _no_grad():
+            with no_grad():
                 for buffer in self.module.buffers():
                     dist.broadcast(buffer, src=0)
         return self.module(*args, **kwargs)
@@ -59,8 +60,3 @@ def _average(grad):
 
     return all_reduce(grad.detach(), "avg")
 
-
-def _no_grad():
-    from graphc.autograd.grad_mode import no_grad
-
-    return no_grad()
