@@ -36,6 +36,7 @@ from graphc.autograd.graph import Node, OpBackward, gradient_edge
 from graphc.errors import AutogradError, DTypeError, GraphcError, ShapeError, TraceError, where
 from graphc.ops import registry
 from graphc.ops.registry import OpDef
+from graphc.symbolic import current_env
 from graphc.types import TensorType, bool_, float32, int64, promote
 
 
@@ -169,7 +170,10 @@ def _inferred(opdef: OpDef, inputs: tuple, attrs: dict):
     pure function of them (the registry's contract), and eager code calls the same op on the
     same types again and again. Attributes are keyed with their Python types (1, 1.0 and
     True differ). Only results are remembered; a rule that raises raises on every call.
-    Unhashable attributes skip the memory."""
+    Unhashable attributes skip the memory, and so does a symbolic trace (a rule's symbolic
+    comparisons record guards into the trace's ShapeEnv, every time: graphc.symbolic)."""
+    if current_env() is not None:
+        return opdef.infer(*(t.type for t in inputs), **attrs)
     try:
         key = (opdef.name, tuple((t._data.shape, t._dtype) for t in inputs),
                tuple((k, type(v), v) for k, v in attrs.items()) if attrs else ())

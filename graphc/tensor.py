@@ -20,6 +20,7 @@ import numpy as np
 
 from graphc.autograd.graph import AccumulateGrad, RemovableHandle, add_hook
 from graphc.errors import AutogradError, DTypeError, ShapeError, TraceError
+from graphc.symbolic import Sym
 from graphc.tensor_methods import TensorMethods
 from graphc.tensor_shape import ShapeMethods
 from graphc.types import DType, TensorType, dtype_of_numpy, float32
@@ -260,7 +261,8 @@ class Tensor(TensorMethods, ShapeMethods):
         return self._data.ndim
 
     def numel(self) -> int:
-        return int(self._data.size)
+        n = self._data.size
+        return n if type(n) is Sym else int(n)  # a symbolic trace's size stays symbolic
 
     def nelement(self) -> int:
         return int(self._data.size)

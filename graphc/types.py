@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graphc.symbolic import Sym
+
 
 @dataclass(frozen=True, eq=False)
 class DType:
@@ -86,15 +88,33 @@ def promote(a: DType, b: DType) -> DType:
 
 @dataclass(frozen=True)
 class TensorType:
-    """The static type of a tensor: a shape (tuple of non-negative ints) and a dtype."""
+    """The type of a tensor: a shape and a dtype. A dimension is a non-negative int or a
+    symbolic size (`graphc.symbolic.Sym`: `s0`, `s0*784`), known per call."""
 
-    shape: tuple[int, ...]
+    shape: tuple[int | Sym, ...]
     dtype: DType
 
     def __post_init__(self) -> None:
         shape = self.shape
         if type(shape) is not tuple:
-            object.__setattr__(self, "shape", tuple(int(s) for s in shape))
+            shape = tuple(s if type(s) is Sym else int(s) for s in shape)
+            object.__setattr__(self, "shape", shape)
+        # equality is structural (the same expression), never a guarded comparison: the
+        # key replaces each symbolic size by its terms
+        object.__setattr__(self, "_key", tuple(s.terms if type(s) is Sym else s for s in shape)
+                           if any(type(s) is Sym for s in shape) else shape)
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, TensorType):
+            return NotImplemented
+        return self.dtype is other.dtype and self._key == other._key
+
+    @property
+    def is_symbolic(self) -> bool:
+        """Whether a dimension is a symbolic size."""
+        return any(type(s) is Sym for s in self.shape)
 
     @property
     def ndim(self) -> int:

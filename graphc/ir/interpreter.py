@@ -15,6 +15,7 @@ from graphc.errors import GraphcError, traced_location
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import format_node
 from graphc.ops.registry import REGISTRY
+from graphc.symbolic import SymbolicShapeError, bind, evaluate, free_symbols
 
 
 class InterpreterError(GraphcError, RuntimeError):
@@ -36,14 +37,27 @@ def last_uses(graph: Graph) -> dict[int, list[Value]]:
 
 
 class Interpreter:
+    """Runs a graph (see the module docstring). A symbolic graph (`f32[s0,784]`) binds its
+    symbols from the inputs' shapes on every call (`graphc.symbolic.bind`), and a node whose
+    attributes hold symbolic sizes (`reshape[shape=(s0,784)]`) gets them evaluated."""
+
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self._frees = last_uses(graph)
+        self._symbolic = any(v.type.is_symbolic for v in graph.inputs)
+        self._sym_attrs = {id(n) for n in graph.nodes if free_symbols(tuple(n.attrs.values()))}
+        self._values: dict[str, int] = {}
+
+    def attrs(self, node: Node) -> dict:
+        """The node's attributes with symbolic sizes evaluated for this call."""
+        if id(node) not in self._sym_attrs:
+            return node.attrs
+        return {k: evaluate(v, self._values) for k, v in node.attrs.items()}
 
     def run_node(self, node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
         opdef = REGISTRY[node.op]
         with np.errstate(all="ignore"), traced_location(node.loc):
-            result = opdef.kernel(*args, **node.attrs)
+            result = opdef.kernel(*args, **self.attrs(node))
         results = [result] if len(node.outputs) == 1 else list(result)
         return [np.asarray(r).astype(v.type.dtype.np, copy=False)
                 for r, v in zip(results, node.outputs)]
@@ -54,9 +68,16 @@ class Interpreter:
             raise InterpreterError(f"graph @{g.name} takes {len(g.inputs)} inputs, got "
                                    f"{len(inputs)}")
         env: dict[Value, np.ndarray] = {}
+        if self._symbolic:
+            inputs = [np.asarray(a) for a in inputs]
+            try:
+                self._values = bind([v.type.shape for v in g.inputs], [a.shape for a in inputs],
+                                    [f"%{v.name}" for v in g.inputs])
+            except SymbolicShapeError as err:
+                raise InterpreterError(f"graph @{g.name}: {err}") from None
         for v, a in zip(g.inputs, inputs):
             a = np.asarray(a)
-            if a.shape != v.type.shape or a.dtype != v.type.dtype.np:
+            if a.dtype != v.type.dtype.np or (not self._symbolic and a.shape != v.type.shape):
                 raise InterpreterError(
                     f"graph @{g.name}: input %{v.name} expects {v.type}, got "
                     f"{a.dtype}{list(a.shape)}")

@@ -9,10 +9,13 @@ The grammar (whitespace between tokens is free; `#` starts the node's source loc
     item    := value | literal | 'opaque' '(' STRING ')' | '(' [item {',' item} [',']] ')'
     update  := value '<-' value                        (an in-place write to a graph input)
     param   := value ':' type
-    type    := DTYPE '[' [INT {',' INT}] ']'          DTYPE: f32 f64 i64 bool
+    type    := DTYPE '[' [dim {',' dim}] ']'          DTYPE: f32 f64 i64 bool
+    dim     := INT | SYM
+    SYM     := a symbolic size, no blanks: symbols s<N> with integer coefficients, '*', '+'
+               and '-' (`s0`, `s0*784`, `s0-1`, `s0*s1*2+3`); see graphc.symbolic
     node    := value ':' type {',' value ':' type} '=' OP [attrs] '(' [value {',' value}] ')'
     attrs   := '[' NAME '=' literal {',' NAME '=' literal} ']'
-    literal := INT | FLOAT | STRING | true | false | none | inf | -inf | nan | NAME
+    literal := INT | SYM | FLOAT | STRING | true | false | none | inf | -inf | nan | NAME
                | '(' [literal {',' literal} [',']] ')'
 
 A `function` line (a custom autograd.Function's region, see graphc.ir.printer) becomes a
@@ -37,6 +40,7 @@ from typing import Any
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import MISSING, FunctionRegion, Opaque, registered_function_class
+from graphc.symbolic import Sym, parse_sym
 from graphc.types import ALL_DTYPES, TensorType
 
 MAX_DEPTH = 64  # nested tuples in one literal or function item
@@ -69,6 +73,8 @@ _TOKEN = re.compile(r"""
     | (?P<gname>@[A-Za-z0-9_.]+)
     | (?P<string>"(?:[^"\\\n]|\\[^\n])*")
     | (?P<badstring>"[^\n]*)
+    | (?P<sym>-?(?:[0-9]+\*)*s[0-9]+(?:\*(?:s[0-9]+|[0-9]+))*
+             (?:[+-](?:s[0-9]+|[0-9]+)(?:\*(?:s[0-9]+|[0-9]+))*)*(?![A-Za-z0-9_.]))
     | (?P<number>-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|[0-9]+|inf\b))
     | (?P<type>(?:f32|f64|i64|bool)\[(?:[0-9]{1,19}(?:,[0-9]{1,19})*)?\])
     | (?P<arrow>->)
@@ -394,8 +400,10 @@ class _Parser:
             ty = self.types[tok[1]] = TensorType(shape, _DTYPES[short])
         return ty
 
-    def dim(self) -> int:
+    def dim(self) -> int | Sym:
         tok = self.tok
+        if tok[0] == "sym":
+            return self.symbolic(tok)
         if tok[0] != "number" or not tok[1].isdigit() or not tok[1].isascii():
             self.fail(tok, "a non-negative integer dimension")
         value = self.number(tok)
@@ -403,6 +411,18 @@ class _Parser:
             self.refuse(tok, f"a dimension of {len(tok[1])} digits",
                         "at most 2**63-1 (the parser's limit)", "use a smaller dimension")
         return value
+
+    def symbolic(self, tok: Token) -> int | Sym:
+        """A symbolic size (`s0*784`), current token; then advance."""
+        if len(tok[1]) > MAX_NUMBER_CHARS * 4:
+            self.refuse(tok, f"a symbolic size of {len(tok[1])} characters",
+                        f"at most {MAX_NUMBER_CHARS * 4} (the parser's limit)",
+                        "simplify the expression")
+        self.advance()
+        try:
+            return parse_sym(tok[1])
+        except GraphcError as err:
+            raise ParseError(f"{_where(tok)}: {err}; {_SYNTAX_HINT}") from None
 
     def number(self, tok: Token) -> int | float:
         """The value of a number token (current): an int, or a float; then advance."""
@@ -453,6 +473,8 @@ class _Parser:
             return self.tuple_of(self.literal, depth)
         if kind == "number":
             return self.number(tok)
+        if kind == "sym":
+            return self.symbolic(tok)
         if kind == "string":
             self.advance()
             return self.string(tok)
@@ -464,7 +486,8 @@ class _Parser:
 
 _KIND_NAMES = {
     "value": "a value (%name)", "gname": "a graph name (@name)", "string": "a string",
-    "number": "a number", "type": "a type (f32[2,3])", "arrow": "'->'", "larrow": "'<-'",
+    "number": "a number", "sym": "a symbolic size (s0*784)", "type": "a type (f32[2,3])",
+    "arrow": "'->'", "larrow": "'<-'",
     "name": "a name", "punct": "punctuation",
 }
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphc.ir.graph import Graph, Node, Value
+from graphc.symbolic import Sym
 
 COMMENT_COLUMN = 56
 
@@ -47,7 +48,7 @@ def format_literal(value: Any) -> str:
         return "none"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
+    if isinstance(value, (int, Sym)):  # a symbolic size prints as its expression (s0*784)
         return str(value)
     if isinstance(value, float):
         if math.isnan(value):

@@ -14,12 +14,13 @@ from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node
 from graphc.ir.printer import format_node
 from graphc.ops.registry import REGISTRY
+from graphc.symbolic import Sym
 from graphc.types import TensorType
 
 # op name -> checker(node) that raises VerifyError; for ops outside the registry.
 EXTRA_OPS: dict[str, Callable[[Node], None]] = {}
 
-_ATTR_TYPES = {int: (int,), float: (int, float), bool: (bool,), str: (str,), tuple: (tuple,)}
+_ATTR_TYPES = {int: (int, Sym), float: (int, float), bool: (bool,), str: (str,), tuple: (tuple,)}
 
 
 class VerifyError(GraphcError, RuntimeError):

@@ -105,4 +105,8 @@ class TraceResult:
     # reach (optimizer state created lazily, a module attribute): its output follows the
     # .grad outputs, and the first compiled run gives the tensor that output's value
     escaped: list[tuple[int, Tensor]] = field(default_factory=list)
+    # a symbolic trace (graphc.symbolic): (argument path, dim, symbol name) for each argument
+    # dimension that was traced as a symbol, and the ShapeEnv holding their hints and guards
+    symbols: list[tuple[tuple, int, str]] = field(default_factory=list)
+    shape_env: Any = None
 

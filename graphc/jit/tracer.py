@@ -82,7 +82,8 @@ from graphc.jit.nan_check import LazyState
 from graphc.jit.pytree import at, flatten, is_namedtuple, output_spec
 from graphc.jit.reach import grad_holders, reachable, storage_names
 from graphc.ops import random as _random
-from graphc.tensor import Tensor, tensor_serial
+from graphc.symbolic import ShapeEnv
+from graphc.tensor import AbstractArray, Tensor, tensor_serial
 from graphc.types import DType
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # graphc/
@@ -280,7 +281,8 @@ class Tracer:
         """Keep the value a pre-existing tensor had before the trace first writes it, so a
         failed or refused trace can be undone (`restore`)."""
         key = id(target._data)
-        if target._serial < self.start_serial and key not in self._originals:
+        if target._serial < self.start_serial and key not in self._originals \
+                and not target.is_abstract:  # abstract (a symbolic argument): no data
             self._originals[key] = (target, target._data.copy())
 
     def restore(self) -> None:
@@ -412,15 +414,75 @@ def graph_name(fn) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "graph"
 
 
+def _symbolic_arguments(args: tuple, kwargs: dict, dynamic: dict, env: ShapeEnv) -> tuple:
+    """Give the argument dimensions named in `dynamic` ({path: dims}) symbolic sizes for the
+    trace: each such tensor's array is swapped for an abstract one of symbolic shape (put back
+    by `_restore_arguments`). Dimensions of equal size share one symbol (PyTorch's duck
+    sizing: `x[32,784]` and `y[32]` give `s0`, and the guards then require them equal).
+    Returns (swapped [(tensor, array)], symbols [(path, dim, name)])."""
+    swapped, symbols, by_size, seen = [], [], {}, set()
+    for path, t in flatten((args, kwargs)):
+        dims = dynamic.get(path)
+        if not dims or id(t) in seen or t.is_abstract:
+            continue
+        seen.add(id(t))
+        shape = list(t._data.shape)
+        for d in sorted(dims):
+            n = shape[d]
+            if n < 2:  # sizes 0 and 1 are specialised, as PyTorch does
+                continue
+            sym = by_size.get(n)
+            if sym is None:
+                sym = by_size[n] = env.new_symbol(n, _source_text(path, d))
+            shape[d] = sym
+            symbols.append((path, d, sym.name))
+        swapped.append((t, t._data))
+        t._data = AbstractArray(tuple(shape), t._data.dtype)
+    return swapped, symbols
+
+
+def _source_text(path: tuple, dim: int) -> str:
+    where = ("args" if path[0] == 0 else "kwargs") + "".join(f"[{p!r}]" for p in path[1:])
+    return f"{where}.size({dim})"
+
+
 def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
-               name: str | None = None, abstract: bool = True) -> TraceResult:
+               name: str | None = None, abstract: bool = True,
+               dynamic: dict | None = None) -> TraceResult:
     """Run `fn(*args, **kwargs)` once under a Tracer; return the graph and its bindings.
 
     `abstract` (the default): in abstract evaluation, so no kernel runs and no tensor that
-    existed before the call changes (see the module docstring); else every op runs eagerly."""
+    existed before the call changes (see the module docstring); else every op runs eagerly.
+    `dynamic` ({argument path: dims}): those argument dimensions are traced as symbolic sizes
+    (graphc.symbolic) in a new ShapeEnv, active for the trace; the result's `symbols` and
+    `shape_env` say which and what the trace assumed about them. Activate
+    `result.shape_env` again while running passes over the graph."""
     kwargs = kwargs or {}
     if current_tracer() is not None:
         raise TraceError("graphc.trace cannot be nested: a trace is already running")
+    if dynamic:
+        env = ShapeEnv()
+        with env.active():
+            return _trace_symbolic(fn, args, kwargs, name, abstract, dynamic, env)
+    return _trace_call(fn, args, kwargs, name, abstract)
+
+
+def _trace_symbolic(fn, args, kwargs, name, abstract, dynamic, env) -> TraceResult:
+    if not abstract:
+        raise TraceError("a symbolic trace is abstract: it has no sizes to run kernels with")
+    swapped, symbols = _symbolic_arguments(args, kwargs, dynamic, env)
+    try:
+        traced = _trace_call(fn, args, kwargs, name, abstract)
+    finally:
+        for t, array in swapped:  # an in-place write the trace made to one changed no data
+            t._data = array
+    traced.symbols = symbols
+    traced.shape_env = env
+    return traced
+
+
+def _trace_call(fn: Callable, args: tuple, kwargs: dict, name: str | None,
+                abstract: bool) -> TraceResult:
     holders = [(t, path) for _, t, path in grad_holders(fn, args, kwargs)]
     arg_names = _arg_names(fn, args)
     tracer = Tracer(name or graph_name(fn), storage_names(fn, args, kwargs, arg_names), holders)

@@ -26,6 +26,7 @@ from graphc.errors import ArgumentError, IndexOutOfRangeError, ShapeError, where
 from graphc.ops.grad_utils import sum_to
 from graphc.ops.registry import MOVEMENT, OpDef, call, register
 from graphc.ops.shapes import (
+    as_size,
     c_contiguous,
     contiguous_element_strides,
     normalize_axis,
@@ -372,7 +373,7 @@ def _ints(op: str, args) -> tuple[int, ...]:
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         args = tuple(args[0])
     try:
-        return tuple(operator.index(a) for a in args)
+        return tuple(map(as_size, args))
     except TypeError:
         raise TypeError(f"{where(op)}: expected a sequence of ints, got {args!r}") from None
 

@@ -7,7 +7,10 @@ where PyTorch has one (broadcasting), prefixed with the op name and the user's s
 
 from __future__ import annotations
 
+import operator
+
 from graphc.errors import ArgumentError, DTypeError, ShapeError, where
+from graphc.symbolic import Sym
 from graphc.types import TensorType, bool_, float32, int64, promote
 
 
@@ -123,11 +126,17 @@ def numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+def as_size(s) -> int | Sym:
+    """A size argument as an int, or the symbolic size itself (graphc.symbolic.Sym): a rule
+    that keeps sizes symbolic never asks for a concrete one."""
+    return s if type(s) is Sym else operator.index(s)
+
+
 def size_arg(op: str, size) -> tuple[int, ...]:
     """A shape given as varargs `(2, 3)` or one sequence `((2, 3),)`; negatives refused."""
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = tuple(size[0])
-    shape = tuple(int(s) for s in size)
+    shape = tuple(s if type(s) is Sym else int(s) for s in size)
     if any(s < 0 for s in shape):
         raise ArgumentError(f"{where(op)}: Trying to create tensor with negative dimension: "
                             f"{list(shape)}")
