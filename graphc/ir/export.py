@@ -36,14 +36,15 @@ from typing import Any, Literal
 import networkx as nx
 
 from graphc.ir.graph import Graph, Node, Value
-from graphc.ir.printer import format_literal
+from graphc.ir.printer import format_literal, format_node
 from graphc.ir.verifier import VerifyError
 
 Engine = Literal["auto", "graphviz", "matplotlib"]
 
 MAX_ATTRS = 3  # attributes shown per node; the rest become "+k more"
 MAX_ATTR_CHARS = 22  # one attribute's "key=value" is cut to this length
-LINE_CHARS = 30  # label lines wrap near this width
+LINE_CHARS = 30  # label lines wrap at this width; a longer word is cut with an ellipsis
+MAX_HEAD_LINES = 3  # a fused node's op list takes at most this many lines
 # Attribute values that restate the common default; hiding them keeps labels short.
 _QUIET_ATTRS = {"dilation": (1, 1), "groups": 1, "ceil_mode": False}
 
@@ -106,29 +107,59 @@ def to_networkx(graph: Graph) -> nx.MultiDiGraph:
 
 
 def node_label(node: Node) -> list[str]:
-    """Label lines of an IR node: op (a fused node lists its ops), short attributes, types."""
-    head = node.op
-    if node.op == "fused" and isinstance(node.attrs.get("body"), (tuple, list)):
-        head = "fused(" + ", ".join(str(i[0]) for i in node.attrs["body"]) + ")"
-    elif node.op == "fused" and isinstance(node.attrs.get("ops"), (tuple, list)):
-        head = "fused(" + ", ".join(str(op) for op in node.attrs["ops"]) + ")"
-    shown = [f"{key}={_short(value)}" for key, value in node.attrs.items()
+    """Label lines of an IR node: op (a fused node lists its ops, wrapped, at most
+    MAX_HEAD_LINES lines), short attributes, types; no line is longer than LINE_CHARS (a
+    longer item is cut with an ellipsis), so a label always fits the box drawn for it."""
+    ops = fused_ops(node)
+    head = _wrap([node.op], "") if ops is None else _fused_head(ops)
+    shown = [f"{key}={short_literal(value)}" for key, value in node.attrs.items()
              if not _redundant(node, key, value)]
-    shown = [s if len(s) <= MAX_ATTR_CHARS else s[:MAX_ATTR_CHARS - 1] + "\u2026" for s in shown]
+    shown = [_cut(s, MAX_ATTR_CHARS) for s in shown]
     if len(shown) > MAX_ATTRS:
         shown = shown[:MAX_ATTRS] + [f"+{len(shown) - MAX_ATTRS} more"]
     types = [str(v.type) for v in node.outputs]
-    return _wrap([head], ", ") + _wrap(shown, " ") + _wrap(types, ", ")
+    return head + _wrap(shown, " ") + _wrap(types, ", ")
 
 
-def _short(value: Any) -> str:
+def fused_ops(node: Node) -> list[str] | None:
+    """The ops of a fused node's body in order, constants (`full`) left out; None for a node
+    that is not fused (or has neither a `body` nor an `ops` attribute)."""
+    if node.op != "fused":
+        return None
+    if isinstance(node.attrs.get("body"), (tuple, list)):
+        return [str(i[0]) for i in node.attrs["body"] if str(i[0]) != "full"]
+    if isinstance(node.attrs.get("ops"), (tuple, list)):
+        return [str(op) for op in node.attrs["ops"]]
+    return None
+
+
+def _fused_head(ops: list[str]) -> list[str]:
+    """`fused(add, relu)` wrapped at LINE_CHARS; past MAX_HEAD_LINES lines, `... +k ops)`."""
+    if not ops:
+        return ["fused()"]
+    words = [op + ("," if i < len(ops) - 1 else ")") for i, op in enumerate(ops)]
+    words[0] = "fused(" + words[0]
+    lines = _wrap(words, " ")
+    if len(lines) > MAX_HEAD_LINES:
+        kept = lines[:MAX_HEAD_LINES - 1]
+        rest = len(ops) - sum(len(line.split(" ")) for line in kept)
+        lines = kept + [f"\u2026 +{rest} ops)"]
+    return lines
+
+
+def short_literal(value: Any) -> str:
     """An attribute as IR text, floats to 4 significant digits (0.8999999761 reads 0.9)."""
     if isinstance(value, float) and value == value and abs(value) != float("inf"):
         text = f"{value:.4g}"
         return text if any(c in text for c in ".en") else text + ".0"
     if isinstance(value, (tuple, list)):
-        return "(" + ",".join(_short(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+        inner = ",".join(short_literal(v) for v in value)
+        return "(" + inner + ("," if len(value) == 1 else "") + ")"
     return format_literal(value)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
 
 
 def _redundant(node: Node, key: str, value: Any) -> bool:
@@ -144,12 +175,13 @@ def _redundant(node: Node, key: str, value: Any) -> bool:
 
 
 def _wrap(items: list[str], sep: str) -> list[str]:
+    """Items joined by `sep` into lines of at most LINE_CHARS (a longer item is cut)."""
     lines: list[str] = []
     for item in items:
         if lines and len(lines[-1]) + len(sep) + len(item) <= LINE_CHARS:
             lines[-1] += sep + item
         else:
-            lines.append(item)
+            lines.append(_cut(item, LINE_CHARS))
     return lines
 
 
@@ -212,6 +244,8 @@ def to_dot(graph: Graph) -> str:
         fill, border = COLORS[kind]
         extra = f", {_DOT_SHAPES[kind]}" if kind in _DOT_SHAPES else ""
         label = dot_quote("\n".join(data["label"]))
+        if data["kind"] == "node":  # the whole IR line as a hover text (labels are cut)
+            extra += f", tooltip={dot_quote(format_node(data['node']))}"
         return f'{indent}{n} [label={label}, fillcolor="{fill}", color="{border}"{extra}];'
 
     clustered: set[str] = set()
