@@ -130,6 +130,8 @@ RANDOM_NODES = {
     "randperm": ("randperm[n=4](%rng)", "i64[4]"),
     # not random, but effectful the same way: two all_reduces are two collectives
     "all_reduce": ('all_reduce[op="sum"](%x)', "f32[4]"),
+    "all_reduce_start": ('all_reduce_start[op="sum"](%x)', "f32[4]"),
+    "all_reduce_wait": ('all_reduce_wait[op="sum"](%x)', "f32[4]"),
 }
 
 

@@ -274,14 +274,17 @@ def _native_mpi(g: _Group):
     try:
         with open("/proc/self/maps") as f:
             paths = sorted(set(re.findall(r"\S*/libmpi\.so\S*", f.read())))
-        allreduce = ctypes.cast(ctypes.CDLL(paths[0]).MPI_Allreduce, ctypes.c_void_p).value
+        library = ctypes.CDLL(paths[0])
+        allreduce, iallreduce, wait = (ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+                                       for name in ("MPI_Allreduce", "MPI_Iallreduce",
+                                                    "MPI_Wait"))
     except (OSError, IndexError, AttributeError):
         return None
     return NativeMpi(allreduce, -1, MPI.COMM_WORLD.handle,
                      {"float32": MPI.FLOAT.handle, "float64": MPI.DOUBLE.handle,
                       "int64": MPI.INT64_T.handle},
                      {"sum": MPI.SUM.handle, "max": MPI.MAX.handle, "min": MPI.MIN.handle},
-                     g.size)
+                     g.size, iallreduce, wait)
 
 
 _BY_NAME = {name: op for op, name in _OP_NAMES.items()}

@@ -227,7 +227,7 @@ class Compiled:
         try:
             needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
             prefix = _dump(traced.graph)
-            passes = self._passes()
+            passes = self._passes(traced.graph)
             optimized, self.report = run_pipeline(traced.graph, passes, verify=True,
                                                   dump_prefix=prefix)
             if not needs_grad and self.backend != "interp" and \
@@ -280,8 +280,8 @@ class Compiled:
                 # it still creates state, so it is no steady graph: the next call traces as
                 # it would have
                 return result
-            optimized, self.report = run_pipeline(traced.graph, self._passes(), verify=True,
-                                                  dump_prefix=_dump(traced.graph))
+            optimized, self.report = run_pipeline(traced.graph, self._passes(traced.graph),
+                                                  verify=True, dump_prefix=_dump(traced.graph))
             entry = _Entry(steady, traced, compile_graph(optimized, self.backend),
                            aliasing(traced, args, kwargs), None, guard)
         except GraphcError:  # the steady graph could not be made now: the same
@@ -292,8 +292,8 @@ class Compiled:
         self._mark_shadowed()
         return result
 
-    def _passes(self) -> list:
-        return default_passes() if self.passes is None else list(self.passes)
+    def _passes(self, graph=None) -> list:
+        return default_passes(graph) if self.passes is None else list(self.passes)
 
     def _mark_shadowed(self) -> None:
         """An entry whose signature a newer entry also has is left to the full signature."""

@@ -4,7 +4,21 @@
 "min"). It is an op like any other: it prints, parses, verifies and interprets, and the CPU
 backend calls MPI from the generated code (graphc.backends.cpu.collective), so a whole DDP
 training step stays one native call per rank. It is `effectful` (no pass merges or drops
-two of them) and has no VJP (it is applied to gradients, inside the backward).
+two of them) and has no VJP (it is applied to gradients, inside the backward). An optional
+`bucket_cap` attribute (bytes; DistributedDataParallel's `bucket_cap_mb`) tells the
+bucketing pass how large a bucket it may join.
+
+The bucketing pass (graphc.passes.bucket_allreduces) splits a bucket of all_reduces into a
+pair that the scheduler can pull apart, with compute between:
+- `all_reduce_start(x1, ..., xk, op)` packs the xi (any strides) one after the other into a
+  flat buffer and starts reducing it over the ranks (MPI_Iallreduce, in place). Its value is
+  the buffer *in flight*: only `all_reduce_wait` may read it. The reduction is the op's
+  combiner: "avg" sums here and divides at the wait.
+- `all_reduce_wait(b, op)` waits for the reduction of b (MPI_Wait) and returns it ("avg":
+  divided by the world size). Reading b keeps its memory live, so the plan never reuses the
+  buffer while the request is in flight.
+Both are effectful, so every rank starts its buckets in the same order (plan_buffers keeps
+effectful ops in program order). The interpreter runs the reduction, blocking, at the start.
 
 The ops package never imports MPI: graphc.distributed installs a `Communicator` here when
 `init_process_group` runs (`set_communicator`), as graphc.dispatch installs the dispatch
@@ -27,6 +41,7 @@ from graphc.ops.registry import COLLECTIVE, OpDef, call, register
 from graphc.types import TensorType
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
+COLLECTIVE_OPS = ("all_reduce", "all_reduce_start")  # the ops that each run a collective
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,8 @@ class NativeMpi:
     datatypes: dict  # "float32"/"float64" -> handle
     ops: dict  # "sum"/"max"/"min" -> handle
     world_size: int
+    iallreduce: int = 0  # address of MPI_Iallreduce (0: unknown)
+    wait: int = 0  # address of MPI_Wait
 
 
 class Communicator(Protocol):
@@ -72,23 +89,78 @@ def communicator(op: str = "all_reduce") -> Communicator:
     return _communicator
 
 
-def _all_reduce_infer(x: TensorType, op: str) -> TensorType:
+def _check_op(name: str, x: TensorType, op: str) -> None:
     if op not in REDUCE_OPS:
-        raise ArgumentError(f"{where('all_reduce')}: op must be one of {REDUCE_OPS}, got {op!r}")
+        raise ArgumentError(f"{where(name)}: op must be one of {REDUCE_OPS}, got {op!r}")
     if op == "avg" and not x.dtype.is_floating:
-        raise DTypeError(f"{where('all_reduce')}: op 'avg' needs a floating tensor, got {x}")
+        raise DTypeError(f"{where(name)}: op 'avg' needs a floating tensor, got {x}")
+
+
+def _all_reduce_infer(x: TensorType, op: str, bucket_cap: int | None = None) -> TensorType:
+    _check_op("all_reduce", x, op)
+    if bucket_cap is not None and bucket_cap < 0:
+        raise ArgumentError(f"{where('all_reduce')}: bucket_cap must be >= 0 bytes, got "
+                            f"{bucket_cap}")
     return x
 
 
-def _all_reduce_kernel(x: np.ndarray, op: str) -> np.ndarray:
+def _all_reduce_kernel(x: np.ndarray, op: str, bucket_cap: int | None = None) -> np.ndarray:
     out = np.array(x, copy=True, order="C")
     communicator().allreduce(out, op)
     return out
 
 
 register(OpDef("all_reduce", COLLECTIVE, ("x",), _all_reduce_infer, _all_reduce_kernel, None,
-               attrs={"op": str}, effectful=True,
+               attrs={"op": str, "bucket_cap": int}, effectful=True,
                doc="x reduced elementwise over every rank of the job (sum, avg, max, min)."))
+
+
+def _combiner(op: str) -> str:
+    """The reduction MPI runs for `op` ("avg" is a sum divided at the wait)."""
+    return "sum" if op == "avg" else op
+
+
+def _all_reduce_start_infer(*xs: TensorType, op: str) -> TensorType:
+    if not xs:
+        raise ArgumentError(f"{where('all_reduce_start')}: expected at least one tensor")
+    for x in xs:
+        if x.dtype != xs[0].dtype:
+            raise DTypeError(f"{where('all_reduce_start')}: a bucket holds one dtype, got "
+                             f"{xs[0]} and {x}")
+        _check_op("all_reduce_start", x, op)
+    return TensorType((sum(x.numel for x in xs),), xs[0].dtype)
+
+
+def _all_reduce_start_kernel(*xs: np.ndarray, op: str) -> np.ndarray:
+    bucket = np.concatenate([np.ravel(x) for x in xs]).astype(xs[0].dtype, copy=False)
+    communicator("all_reduce_start").allreduce(bucket, _combiner(op))  # blocking, here
+    return bucket
+
+
+register(OpDef("all_reduce_start", COLLECTIVE, ("*xs",), _all_reduce_start_infer,
+               _all_reduce_start_kernel, None, attrs={"op": str}, effectful=True,
+               doc="The xi packed into one flat buffer whose reduction over the ranks starts "
+                   "(MPI_Iallreduce); only all_reduce_wait reads it."))
+
+
+def _all_reduce_wait_infer(bucket: TensorType, op: str) -> TensorType:
+    _check_op("all_reduce_wait", bucket, op)
+    if bucket.ndim != 1:
+        raise ArgumentError(f"{where('all_reduce_wait')}: expected the flat buffer of an "
+                            f"all_reduce_start, got {bucket}")
+    return bucket
+
+
+def _all_reduce_wait_kernel(bucket: np.ndarray, op: str) -> np.ndarray:
+    if op == "avg":
+        return bucket / np.asarray(communicator("all_reduce_wait").world_size, bucket.dtype)
+    return np.array(bucket, copy=True)
+
+
+register(OpDef("all_reduce_wait", COLLECTIVE, ("bucket",), _all_reduce_wait_infer,
+               _all_reduce_wait_kernel, None, attrs={"op": str}, effectful=True,
+               doc="The reduction an all_reduce_start began, once complete (MPI_Wait); 'avg' "
+                   "divides by the world size."))
 
 
 def all_reduce(x, op: str = "sum"):
@@ -99,5 +171,5 @@ def all_reduce(x, op: str = "sum"):
 # graphc.distributed.all_reduce is the public, torch.distributed-shaped entry point
 PUBLIC: tuple[str, ...] = ()
 TENSOR_METHODS: dict = {}
-__all__ = ["Communicator", "NativeMpi", "REDUCE_OPS", "all_reduce", "communicator",
+__all__ = ["COLLECTIVE_OPS", "Communicator", "NativeMpi", "REDUCE_OPS", "all_reduce", "communicator",
            "set_communicator"]

@@ -85,12 +85,18 @@ def run_pipeline(graph: Graph, passes: list[Pass], verify: bool = True,
     return graph, report
 
 
-def default_passes() -> list[Pass]:
-    """What graphc.compile runs between tracing and the backend, in order."""
+def default_passes(graph: Graph | None = None) -> list[Pass]:
+    """What graphc.compile runs between tracing and the backend, in order; for a `graph`
+    with collectives, bucket_allreduce as well (before the plan, which keeps its order)."""
     from graphc.passes.fuse import fuse
     from graphc.passes.plan import plan_buffers
     from graphc.passes.simplify import simplify
 
+    if graph is not None:
+        from graphc.passes.bucket import bucket_allreduce, has_collectives
+
+        if has_collectives(graph):
+            return [simplify, fuse, bucket_allreduce, plan_buffers]
     return [simplify, fuse, plan_buffers]
 
 

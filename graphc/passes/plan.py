@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
-from graphc.ops.registry import ELEMENTWISE, FUSED, REGISTRY, SOURCE
+from graphc.ops.registry import COLLECTIVE, ELEMENTWISE, FUSED, REGISTRY, SOURCE
 from graphc.ops.shapes import contiguous_element_strides
 
 ALIGN = 64
@@ -188,7 +188,7 @@ def _inplace_capable(node: Node) -> bool:
     if node.op not in REGISTRY:
         return False
     kind = REGISTRY[node.op].kind
-    if kind == ELEMENTWISE:
+    if kind in (ELEMENTWISE, COLLECTIVE):  # a collective reduces element i into element i
         return True
     if kind == FUSED:
         body = node.attrs.get("body", ())

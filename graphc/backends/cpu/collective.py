@@ -8,6 +8,14 @@ comm)`, with the handles of the job's MPI baked in as constants (graphc.ops.coll
 A failed MPI call ends the step with an error naming the node. An MPI whose ABI graphc does
 not know (not MPICH's 32-bit handles) is refused with the reason: compile such a step with
 backend="interp", which calls MPI through mpi4py.
+
+A bucket (graphc.passes.bucket) is two kernels that the schedule keeps apart:
+`all_reduce_start(x1, ..., xk)` copies each xi (any strides) into its slot of the flat
+buffer, then `MPI_Iallreduce(MPI_IN_PLACE, buffer, ...)` stores its request in a module
+global named after the buffer's value; `all_reduce_wait(b)` runs `MPI_Wait` on that request,
+then ("avg") scales by 1 / world size, and copies only if the plan did not put its result
+in b's place. Reading b keeps the buffer live until the wait, so the plan never lends its
+memory to another value while MPI may still write it.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from llvmlite import ir
 from graphc.backends.common import contiguous_strides
 from graphc.backends.cpu import llvm
 from graphc.backends.cpu.kernels import KernelBuilder
-from graphc.backends.cpu.values import F64, I32, I64, PTR, i64, loop, unsupported
+from graphc.backends.cpu.values import F64, I32, I64, PTR, Loc, i64, loop, unsupported
 from graphc.ir.graph import Node
 from graphc.ir.printer import format_node
 from graphc.ops import collective
@@ -25,20 +33,44 @@ from graphc.ops import collective
 _MPI_INT_MAX = 2**31 - 1  # MPI counts are C ints
 
 
-def lower_all_reduce(lw, node: Node) -> None:
-    native = collective.communicator("all_reduce").native()
-    if native is None:
-        raise unsupported(node, "all_reduce: this MPI's ABI is not MPICH's (32-bit handles), "
+def _native(node: Node, needs: str = "allreduce"):
+    native = collective.communicator(node.op).native()
+    if native is None or not getattr(native, needs):
+        raise unsupported(node, f"{node.op}: this MPI's ABI is not MPICH's (32-bit handles), "
                                 "which graphc's generated code calls; compile the step with "
                                 "backend=\"interp\", which calls MPI through mpi4py")
+    out = node.outputs[0]
+    if out.type.dtype.name not in native.datatypes:
+        raise unsupported(node, f"{node.op} of {out.type.dtype.name} (float32, float64 and "
+                                "int64 are lowered)")
+    if out.type.numel > _MPI_INT_MAX:
+        raise unsupported(node, f"{node.op} of {out.type.numel:,} elements (MPI counts are C "
+                                "ints)")
+    return native
+
+
+def _status(lw, node: Node, call: str) -> int:
+    """The driver status that reports a failed `call` in `node`."""
+    lw.errors.append(f"{node.op}: {call} failed in node {format_node(node)}"
+                     f"{' at ' + node.loc if node.loc else ''}")
+    return len(lw.errors)
+
+
+def _scale(b, buffer, count: int, dt, world_size: int) -> None:
+    """buffer[:count] *= 1 / world_size ("avg" after the sum)."""
+    scale = ir.Constant(F64, 1.0 / world_size)
+    element = ir.DoubleType() if dt.name == "float64" else ir.FloatType()
+    factor = scale if dt.name == "float64" else b.fptrunc(scale, element)
+    with loop(b, 0, count, "k") as k:
+        p = b.gep(buffer, [k], source_etype=element)
+        b.store(b.fmul(b.load(p, typ=element), factor), p)
+
+
+def lower_all_reduce(lw, node: Node) -> None:
+    native = _native(node)
     x, out = node.inputs[0], node.outputs[0]
     dt, op = x.type.dtype, node.attrs["op"]
-    if dt.name not in native.datatypes:
-        raise unsupported(node, f"all_reduce of {dt.name} (float32, float64 and int64 are "
-                                "lowered)")
     count = x.type.numel
-    if count > _MPI_INT_MAX:
-        raise unsupported(node, f"all_reduce of {count:,} elements (MPI counts are C ints)")
     src, dst = lw.locs[x], lw.locs[out]
     if dst.strides != contiguous_strides(out.type.shape, dt.itemsize):
         raise unsupported(node, "all_reduce into a strided output")
@@ -50,9 +82,7 @@ def lower_all_reduce(lw, node: Node) -> None:
     kb = KernelBuilder(lw, lw.name("all_reduce"), (1,))
     kb.kernel.status = True
     o = kb.operand(dst, (0,))
-    lw.errors.append(f"all_reduce: MPI_Allreduce failed in node {format_node(node)}"
-                     f"{' at ' + node.loc if node.loc else ''}")
-    status = len(lw.errors)
+    status = _status(lw, node, "MPI_Allreduce")
     b = kb.begin()
     mpi = lw.declare("MPI_Allreduce", ir.FunctionType(I32, [PTR, PTR, I32, I32, I32, I32]))
     buffer = kb.pointer(b, o, i64(0))
@@ -62,14 +92,84 @@ def lower_all_reduce(lw, node: Node) -> None:
     with b.if_then(b.icmp_signed("!=", code, ir.Constant(I32, 0)), likely=False):
         b.ret(ir.Constant(I32, status))
     if op == "avg" and native.world_size > 1:
-        scale = ir.Constant(F64, 1.0 / native.world_size)
-        element = ir.DoubleType() if dt.name == "float64" else ir.FloatType()
-        factor = scale if dt.name == "float64" else b.fptrunc(scale, element)
-        with loop(b, 0, count, "k") as k:
-            p = b.gep(buffer, [k], source_etype=element)
-            b.store(b.fmul(b.load(p, typ=element), factor), p)
+        _scale(b, buffer, count, dt, native.world_size)
     b.ret(ir.Constant(I32, 0))
     lw.calls.append(kb.kernel)
 
 
-COLLECTIVE_LOWERINGS = {"all_reduce": lower_all_reduce}
+def _request(lw, bucket) -> ir.GlobalVariable:
+    """The MPI_Request (an int in MPICH) of the bucket value `bucket`, a module global."""
+    name = f"mpi_request.{bucket.name}"
+    try:
+        return lw.module.get_global(name)
+    except KeyError:
+        gv = ir.GlobalVariable(lw.module, I32, name=name)
+        gv.linkage = "internal"
+        gv.initializer = ir.Constant(I32, 0)
+        return gv
+
+
+def lower_all_reduce_start(lw, node: Node) -> None:
+    native = _native(node, "iallreduce")
+    out = node.outputs[0]
+    dt, op, count = out.type.dtype, node.attrs["op"], out.type.numel
+    dst = lw.locs[out]
+    if dst.strides != contiguous_strides(out.type.shape, dt.itemsize):
+        raise unsupported(node, "all_reduce_start into a strided buffer")
+    at = 0
+    for x in node.inputs:  # pack: each input into its slot of the flat buffer
+        n = x.type.numel
+        slot = Loc(dst.base, dst.index, dst.offset + at * dt.itemsize,
+                   contiguous_strides(x.type.shape, dt.itemsize), x.type)
+        src = lw.locs[x]
+        if n and src != slot:
+            lw.copy(src, slot, "bucket_pack")
+        at += n
+    llvm.register_symbol("MPI_Iallreduce", native.iallreduce)
+    kb = KernelBuilder(lw, lw.name("all_reduce_start"), (1,))
+    kb.kernel.status = True
+    o = kb.operand(dst, (0,))
+    status = _status(lw, node, "MPI_Iallreduce")
+    b = kb.begin()
+    mpi = lw.declare("MPI_Iallreduce",
+                     ir.FunctionType(I32, [PTR, PTR, I32, I32, I32, I32, PTR]))
+    handles = [native.datatypes[dt.name], native.ops["sum" if op == "avg" else op], native.comm]
+    code = b.call(mpi, [b.inttoptr(ir.Constant(I64, native.in_place), PTR),
+                        kb.pointer(b, o, i64(0)), ir.Constant(I32, count)]
+                  + [ir.Constant(I32, h) for h in handles] + [_request(lw, out)])
+    with b.if_then(b.icmp_signed("!=", code, ir.Constant(I32, 0)), likely=False):
+        b.ret(ir.Constant(I32, status))
+    b.ret(ir.Constant(I32, 0))
+    lw.calls.append(kb.kernel)
+
+
+_MPI_STATUS_IGNORE = 1  # MPICH's (MPI_Status *)1
+
+
+def lower_all_reduce_wait(lw, node: Node) -> None:
+    native = _native(node, "wait")
+    bucket, out = node.inputs[0], node.outputs[0]
+    dt, op, count = out.type.dtype, node.attrs["op"], out.type.numel
+    src, dst = lw.locs[bucket], lw.locs[out]
+    llvm.register_symbol("MPI_Wait", native.wait)
+    kb = KernelBuilder(lw, lw.name("all_reduce_wait"), (1,))
+    kb.kernel.status = True
+    o = kb.operand(src, (0,))
+    status = _status(lw, node, "MPI_Wait")
+    b = kb.begin()
+    mpi = lw.declare("MPI_Wait", ir.FunctionType(I32, [PTR, PTR]))
+    code = b.call(mpi, [_request(lw, bucket),
+                        b.inttoptr(ir.Constant(I64, _MPI_STATUS_IGNORE), PTR)])
+    with b.if_then(b.icmp_signed("!=", code, ir.Constant(I32, 0)), likely=False):
+        b.ret(ir.Constant(I32, status))
+    if op == "avg" and native.world_size > 1:
+        _scale(b, kb.pointer(b, o, i64(0)), count, dt, native.world_size)
+    b.ret(ir.Constant(I32, 0))
+    lw.calls.append(kb.kernel)
+    if src != dst:
+        lw.copy(src, dst, "all_reduce_wait")
+
+
+COLLECTIVE_LOWERINGS = {"all_reduce": lower_all_reduce,
+                        "all_reduce_start": lower_all_reduce_start,
+                        "all_reduce_wait": lower_all_reduce_wait}

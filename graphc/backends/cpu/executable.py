@@ -53,7 +53,7 @@ from graphc.backends.cpu.codegen import lower
 from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
 from graphc.ir.verifier import verify
-from graphc.ops.collective import communicator
+from graphc.ops.collective import COLLECTIVE_OPS, communicator
 from graphc.ops.fused import FusedBody
 from graphc.ops.registry import CONTRACTION, REGISTRY
 
@@ -108,9 +108,9 @@ class CpuExecutable:
         self._lock = threading.Lock()
         self.thread_chooser = threads.ThreadChooser(threads.most_threads())
         # every rank checks, before each run, that all run the same collectives
-        self._collectives = tuple((n.attrs["op"], n.inputs[0].type.numel,
-                                   n.inputs[0].type.dtype.name)
-                                  for n in plan.schedule if n.op == "all_reduce")
+        self._collectives = tuple((n.op, n.attrs["op"], n.outputs[0].type.numel,
+                                   n.outputs[0].type.dtype.name)
+                                  for n in plan.schedule if n.op in COLLECTIVE_OPS)
 
     @property
     def asm(self) -> str:

@@ -524,9 +524,10 @@ LOWERINGS = {
 EPILOGUE_ANCHOR_LOWERINGS = {"matmul": lower_matmul, "conv2d": lower_conv2d}
 # registry ops this backend declines on purpose, with the reason (none today)
 REFUSALS: dict[str, str] = {
-    "all_reduce": "collectives on GPUs go through NCCL, which is designed (docs/distributed.md) "
-                  "but not built: no GPU was available to build and test it; compile a DDP "
-                  "step for the cpu backend",
+    name: "collectives on GPUs go through NCCL, which is designed (docs/distributed.md) but not "
+          "built: no GPU was available to build and test it; compile a DDP step for the cpu "
+          "backend"
+    for name in ("all_reduce", "all_reduce_start", "all_reduce_wait")
 }
 
 

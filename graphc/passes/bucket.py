@@ -1,0 +1,174 @@
+"""bucket_allreduce: gradient all_reduces grouped into buckets, each split into a start
+placed as soon as the backward has produced the bucket and a wait placed as late as the
+consumers allow, so the reduction overlaps the rest of the backward.
+
+As PyTorch's DistributedDataParallel (Reducer: ~25 MB buckets, the first one 1 MiB) and
+Horovod's tensor fusion, but planned on the whole step's graph instead of from autograd
+hooks at run time. For a bucket of `all_reduce(x_i, op)` nodes with outputs o_i:
+
+    %b  = all_reduce_start(%x_1, ..., %x_k)[op]    # right after the last x_i is produced
+    ...                                            # the rest of the backward
+    %r  = all_reduce_wait(%b)[op]                  # just before the first reader of any o_i
+    %o_i = reshape(slice(%r, offset_i, numel_i))   # views of the reduced buffer
+
+- Buckets: the all_reduces in graph order (the order the backward produces the gradients),
+  one open bucket per (dtype, op); a node joins its bucket, which closes once it holds at
+  least its cap (as PyTorch's `compute_bucket_assignment_by_size`: the first bucket of each
+  kind 1 MiB, the others the node's `bucket_cap` attribute, default 25 MiB; DDP's
+  `bucket_cap_mb`). A cap of 0 puts each gradient in a bucket of its own. A node also starts
+  a new bucket when joining would need the start after a reader of the bucket (an all_reduce
+  whose result is read before the next one's input exists: a loss averaged mid-step).
+- Placement: all starts and waits are effectful, and plan_buffers keeps effectful ops in
+  program order and data dependences; a start follows the node that produced the bucket's
+  last input and a wait precedes the bucket's first reader (an optimizer update, or the end
+  of the graph), so every wait comes after every start that precedes that reader: the
+  backward's remaining compute runs between a bucket's start and its wait.
+- Memory: the start's value is the buffer MPI reduces in place, and the wait reads it, so
+  the buffer is live (never reused) while its request is in flight; the wait's value and
+  the slices and reshapes are views of it (the plan writes a collective in place into an
+  input that dies there).
+- Left as they are: all_reduces with symbolic or empty shapes, and an all_reduce of another
+  all_reduce's result.
+
+Needs: a verified graph (after fuse, before plan_buffers). Guarantees: a verified graph with
+the same inputs, outputs and updates, computing the same values (the o_i keep their names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphc.ir.graph import Graph, Node, Value
+
+DEFAULT_BUCKET_CAP = 25 * 2**20  # bytes: PyTorch DDP's bucket_cap_mb=25
+FIRST_BUCKET_CAP = 2**20  # PyTorch's _DEFAULT_FIRST_BUCKET_BYTES
+
+
+@dataclass
+class _Bucket:
+    key: tuple
+    cap: int
+    members: list[Node] = field(default_factory=list)
+    nbytes: int = 0
+    ready: int = -1  # position of the node producing the last input (-1: graph inputs only)
+    first_read: int = 0  # position of the first reader of any member's result
+
+
+def has_collectives(graph: Graph) -> bool:
+    """Whether the graph holds an all_reduce for this pass to bucket."""
+    return any(node.op == "all_reduce" for node in graph.nodes)
+
+
+def _bucketable(node: Node, producers: dict[Value, Node]) -> bool:
+    """An all_reduce of a static, non-empty tensor that no all_reduce produced."""
+    if node.op != "all_reduce":
+        return False
+    t = node.inputs[0].type
+    made_by = producers.get(node.inputs[0])
+    return not t.is_symbolic and t.numel > 0 and (made_by is None or made_by.op != "all_reduce")
+
+
+def _assign(graph: Graph) -> list[_Bucket]:
+    producer = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
+    producers = {v: n for n in graph.nodes for v in n.outputs}
+    end = len(graph.nodes)
+    first_read: dict[Value, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            first_read.setdefault(v, i)
+    for v in list(graph.outputs) + [v for pair in graph.updates for v in pair]:
+        first_read.setdefault(v, end)
+    buckets: list[_Bucket] = []
+    open_: dict[tuple, _Bucket] = {}
+    for node in graph.nodes:
+        if not _bucketable(node, producers):
+            continue
+        x, out = node.inputs[0], node.outputs[0]
+        key = (x.type.dtype.name, node.attrs["op"])
+        ready, read = producer.get(x, -1), first_read.get(out, end)
+        bucket = open_.get(key)
+        if bucket is not None and not (ready < bucket.first_read and bucket.ready < read):
+            bucket = None  # one start for both would come after a reader of the bucket
+        if bucket is None:
+            cap = node.attrs.get("bucket_cap")
+            cap = DEFAULT_BUCKET_CAP if cap is None else cap
+            if not any(b.key == key for b in buckets):
+                cap = min(cap, FIRST_BUCKET_CAP)
+            bucket = open_[key] = _Bucket(key, cap, first_read=read)
+            buckets.append(bucket)
+        bucket.members.append(node)
+        bucket.nbytes += x.type.nbytes
+        bucket.ready = max(bucket.ready, ready)
+        bucket.first_read = min(bucket.first_read, read)
+        if bucket.nbytes >= bucket.cap:
+            del open_[key]
+    return buckets
+
+
+def _split(bucket: _Bucket, index: int) -> tuple[list[Node], list[Node]]:
+    """The start node, and the wait with the views that give each member's result."""
+    op = bucket.key[1]
+    loc = bucket.members[-1].loc
+    flat = Value(f"bucket{index}", _flat_type(bucket))
+    start = Node("all_reduce_start", [m.inputs[0] for m in bucket.members], {"op": op}, [flat],
+                 loc)
+    single = len(bucket.members) == 1 and bucket.members[0].outputs[0].type == flat.type
+    reduced = bucket.members[0].outputs[0] if single else \
+        Value(f"bucket{index}.reduced", flat.type)
+    after = [Node("all_reduce_wait", [flat], {"op": op}, [reduced], loc)]
+    offset = 0
+    for k, member in enumerate(bucket.members):
+        out = member.outputs[0]
+        n = out.type.numel
+        if not single:
+            piece = out if out.type.shape == (n,) else \
+                Value(f"bucket{index}.{k}", type(out.type)((n,), out.type.dtype))
+            after.append(Node("slice", [reduced], {"starts": (offset,), "stops": (offset + n,),
+                                                  "steps": (1,)}, [piece], member.loc))
+            if piece is not out:
+                after.append(Node("reshape", [piece], {"shape": tuple(out.type.shape)}, [out],
+                                  member.loc))
+        offset += n
+    return [start], after
+
+
+def _flat_type(bucket: _Bucket):
+    t = bucket.members[0].inputs[0].type
+    return type(t)((sum(m.inputs[0].type.numel for m in bucket.members),), t.dtype)
+
+
+def bucket_allreduce(graph: Graph) -> Graph:
+    """Group the graph's all_reduces into buckets of non-blocking reductions (see the module
+    docstring for what it needs and guarantees).
+
+    >>> from graphc.ir import parse
+    >>> g = bucket_allreduce(parse('''graph @f(%a: f32[4,2], %b: f32[3]) -> (f32[4,2], f32[3]) {
+    ...   %0: f32[4,2] = all_reduce[op="avg"](%a)
+    ...   %1: f32[3] = all_reduce[op="avg"](%b)
+    ...   return (%0, %1)
+    ... }'''))
+    >>> [n.op for n in g.nodes]
+    ['all_reduce_start', 'all_reduce_wait', 'slice', 'slice', 'reshape', 'slice']
+    """
+    buckets = _assign(graph)
+    if not buckets:
+        return graph
+    bucketed = {id(m) for b in buckets for m in b.members}
+    starts_after: dict[int, list[Node]] = {}
+    waits_before: dict[int, list[Node]] = {}
+    for index, bucket in enumerate(buckets):
+        start, after = _split(bucket, index)
+        starts_after.setdefault(bucket.ready, []).extend(start)
+        waits_before.setdefault(bucket.first_read, []).extend(after)
+    nodes = list(starts_after.get(-1, []))
+    for i, node in enumerate(graph.nodes):
+        nodes += waits_before.get(i, [])
+        if id(node) not in bucketed:
+            nodes.append(node)
+        nodes += starts_after.get(i, [])
+    nodes += waits_before.get(len(graph.nodes), [])
+    graph.nodes = nodes
+    return graph
+
+
+__all__ = ["DEFAULT_BUCKET_CAP", "FIRST_BUCKET_CAP", "bucket_allreduce", "has_collectives"]
