@@ -129,6 +129,15 @@ def _check_inputs(opdef: OpDef, inputs: tuple) -> None:
 
 def apply(opdef: OpDef, *inputs, **attrs):
     """Run one op on tensors: eagerly (with autograd) or, inside a trace, as an IR node."""
+    state = _state
+    if state.tracer is None and not state.abstract:
+        try:  # the eager path, for inputs that are all tensors and types seen before
+            known = _EAGER.get((opdef.name, _attrs_key(attrs),
+                                *[(t._data.shape, t._dtype) for t in inputs]))
+        except (AttributeError, TypeError):  # a scalar input, an unhashable attribute
+            known = None
+        if known is not None:
+            return _apply_eager(opdef, inputs, attrs, known)
     inputs = _tensorize(opdef, inputs)
     _check_inputs(opdef, inputs)
     out_types = _inferred(opdef, inputs, attrs)
@@ -161,6 +170,65 @@ def apply(opdef: OpDef, *inputs, **attrs):
     return outputs[0] if single else outputs
 
 
+class _EagerPlan:
+    """What the eager path needs of one (op, input types, attributes): the result types and
+    whether autograd may have to record the application."""
+
+    __slots__ = ("types", "single", "may_record", "input_types")
+
+    def __init__(self, opdef: OpDef, input_types: tuple, out_types) -> None:
+        self.input_types = input_types
+        self.single = isinstance(out_types, TensorType)
+        self.types = (out_types,) if self.single else tuple(out_types)
+        self.may_record = opdef.vjp is not None and any(ty.dtype.is_floating
+                                                        for ty in self.types)
+
+
+_EAGER: dict = {}  # (op name, attrs key, *(shape, dtype) of each input) -> _EagerPlan
+
+
+def _attrs_key(attrs: dict) -> tuple:
+    """Attributes keyed with their Python types (1, 1.0 and True differ)."""
+    return tuple([(k, type(v), v) for k, v in attrs.items()]) if attrs else ()
+
+
+def _apply_eager(opdef: OpDef, inputs: tuple, attrs: dict, known: _EagerPlan):
+    """`apply` outside a trace and abstract evaluation, for tensor inputs whose types the op
+    has seen (its rule and arity were checked then): the kernel, the wrap, the history."""
+    from graphc.tensor import Tensor
+
+    with np.errstate(all="ignore"):  # inf/nan follow IEEE as in PyTorch, without warnings
+        result = opdef.kernel(*[t._data for t in inputs], **attrs)
+    outputs = []
+    for array, ty in zip((result,) if known.single else result, known.types):
+        if type(array) is not np.ndarray:
+            array = np.asarray(array)
+        dtype = ty.dtype
+        if array.dtype != dtype.np:
+            array = array.astype(dtype.np)
+        if array.shape != ty.shape:
+            _wrong_shape(opdef, array, ty)
+        out = Tensor._result(array, dtype)
+        if opdef.view and np.shares_memory(array, inputs[0]._data):
+            _make_view(out, inputs[0], opdef, attrs)
+        outputs.append(out)
+    if known.may_record and any([t._requires_grad for t in inputs]) and is_grad_enabled():
+        node = OpBackward(opdef, inputs, tuple(outputs), attrs,
+                          tuple([gradient_edge(t) for t in inputs]),
+                          (known.input_types, known.types))
+        for nr, out in enumerate(outputs):
+            if out._dtype.is_floating:
+                out._set_history(node, nr)
+    return outputs[0] if known.single else tuple(outputs)
+
+
+def _wrong_shape(opdef: OpDef, array, ty: TensorType):
+    raise GraphcError(
+        f"internal error: kernel of {opdef.name} ({opdef.source}) returned shape "
+        f"{array.shape}, its shape rule says {ty.shape}"
+    )
+
+
 _INFERRED: dict = {}  # (op, input shapes and dtypes, attrs) -> what the op's rule returned
 _INFERRED_LIMIT = 4096
 
@@ -175,8 +243,7 @@ def _inferred(opdef: OpDef, inputs: tuple, attrs: dict):
     if current_env() is not None:
         return opdef.infer(*(t.type for t in inputs), **attrs)
     try:
-        key = (opdef.name, tuple((t._data.shape, t._dtype) for t in inputs),
-               tuple((k, type(v), v) for k, v in attrs.items()) if attrs else ())
+        key = (opdef.name, _attrs_key(attrs), *[(t._data.shape, t._dtype) for t in inputs])
         hit = _INFERRED.get(key)
     except TypeError:  # an unhashable attribute value
         return opdef.infer(*(t.type for t in inputs), **attrs)
@@ -184,7 +251,10 @@ def _inferred(opdef: OpDef, inputs: tuple, attrs: dict):
         hit = opdef.infer(*(t.type for t in inputs), **attrs)
         if len(_INFERRED) >= _INFERRED_LIMIT:
             _INFERRED.clear()
+            _EAGER.clear()
         _INFERRED[key] = hit
+        if all(type(t._data) is np.ndarray for t in inputs):
+            _EAGER[key] = _EagerPlan(opdef, tuple(t.type for t in inputs), hit)
     return hit
 
 

@@ -163,6 +163,18 @@ class Tensor(TensorMethods, ShapeMethods):
 
     __array_priority__ = 1000  # numpy defers `ndarray + Tensor` to Tensor.__radd__
 
+    # Autograd state at its fresh value, as class defaults: an op's result sets only what
+    # differs (graphc.dispatch's eager path makes one tensor per op, and each attribute
+    # written costs time there).
+    _requires_grad = False
+    _grad = None
+    grad_fn = None
+    _output_nr = 0
+    _base = None
+    _view_of = None  # (parent, op name, attrs) for a view made by a view op
+    _accumulator = None
+    _retains_grad = False
+
     def __new__(cls, *args, **kwargs):
         """`graphc.Tensor(data)` or `graphc.Tensor(*sizes)`: float32, as `torch.Tensor(...)`.
 
@@ -212,19 +224,22 @@ class Tensor(TensorMethods, ShapeMethods):
         self._data = array
         self._dtype = dtype
         self._serial = next(_SERIALS)
-        self._requires_grad = False
-        self._grad = None
-        self.grad_fn = None
-        self._output_nr = 0
         self._version_counter = VersionCounter()
-        self._base = None
-        self._view_of = None  # (parent, op name, attrs) for a view made by a view op
-        self._accumulator = None
-        self._retains_grad = False
         if requires_grad:
             if not dtype.is_floating:
                 raise DTypeError("O" + _NON_FLOAT_GRAD[1:])
             self._requires_grad = True
+
+    @classmethod
+    def _result(cls, array: np.ndarray, dtype: DType) -> Tensor:
+        """A fresh tensor around `array`, whose dtype is already `dtype.np` (internal
+        constructor of graphc.dispatch's eager path: no checks, no conversion)."""
+        t = object.__new__(cls)
+        t._data = array
+        t._dtype = dtype
+        t._serial = next(_SERIALS)
+        t._version_counter = VersionCounter()
+        return t
 
     # ---- metadata -------------------------------------------------------------------------
     @property

@@ -96,18 +96,13 @@ def test_loop_matches_numpy(rng):
 def test_loop_is_vectorised_at_host_width():
     lib = llvm.compile_module(axpy_ir(), "axpy")
     host = llvm.host_target()
-    register = ("zmm" if host.has_feature("avx512f") else
-                "ymm" if host.has_feature("avx") else "xmm")
-    assert f"%{register}" in lib.asm
+    # On AVX-512 hosts LLVM picks the vector width by its tuning for the CPU: 512-bit (zmm)
+    # on AMD Zen 4, 256-bit (ymm) on Intel's AVX-512 cores (its prefer-256-bit tuning).
+    registers = (("zmm", "ymm") if host.has_feature("avx512f") else
+                 ("ymm",) if host.has_feature("avx") else ("xmm",))
+    assert any(f"%{r}" in lib.asm for r in registers), (host.cpu, registers)
     assert "x float>" in lib.ir  # a vector type survived O3
     assert "axpy:" in lib.asm
-
-
-def test_loop_uses_zmm_registers():
-    host = llvm.host_target()
-    if not host.has_feature("avx512f"):
-        pytest.skip(f"host CPU {host.cpu} lacks avx512f, so no zmm registers to check")
-    assert "%zmm" in llvm.compile_module(axpy_ir(), "axpy").asm
 
 
 def test_second_compile_is_a_faster_cache_hit(rng):

@@ -109,6 +109,24 @@ class SavedTensor:
 _sequence = itertools.count()
 
 
+class _MadeOnFirstUse:
+    """A per-instance attribute made by `factory()` when first read, then stored on the
+    instance (a non-data descriptor, so the stored value shadows it from then on)."""
+
+    def __init__(self, factory: Callable) -> None:
+        self.factory = factory
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = self.factory()
+        instance.__dict__[self.name] = value
+        return value
+
+
 class Node:
     """A backward function. Subclasses implement `backward(grads) -> grads per input`.
 
@@ -121,10 +139,13 @@ class Node:
         self.sequence_nr = next(_sequence)
         self.next_functions = next_functions
         self.input_meta = input_meta
-        self.tensor_pre_hooks: dict[int, OrderedDict] = {}
-        self.retains_grad: dict[int, Callable] = {}
-        self.pre_hooks: OrderedDict = OrderedDict()
-        self.post_hooks: OrderedDict = OrderedDict()
+
+    # The hook tables are made on first use: most nodes never get a hook, and eager mode
+    # makes one node per op.
+    tensor_pre_hooks = _MadeOnFirstUse(dict)  # output_nr -> that output's hooks
+    retains_grad = _MadeOnFirstUse(dict)  # output_nr -> callback keeping the grad
+    pre_hooks = _MadeOnFirstUse(OrderedDict)
+    post_hooks = _MadeOnFirstUse(OrderedDict)
 
     def name(self) -> str:
         return type(self).__name__
@@ -239,13 +260,14 @@ _TORCH_NODE_NAMES = {
 class OpBackward(Node):
     """Backward of one registry op: runs the op's VJP over its saved tensors."""
 
-    def __init__(self, opdef, inputs, outputs, attrs, next_functions) -> None:
-        meta = tuple((t.shape, t.dtype) for t in inputs)
-        super().__init__(next_functions, meta)
+    def __init__(self, opdef, inputs, outputs, attrs, next_functions, types=None) -> None:
+        """`types`, when the caller knows them: (input TensorTypes, output TensorTypes)."""
+        super().__init__(next_functions, tuple([(t._data.shape, t._dtype) for t in inputs]))
         self.opdef = opdef
         self.attrs = attrs
-        self.input_types = tuple(t.type for t in inputs)
-        self.output_types = tuple(t.type for t in outputs)
+        if types is None:
+            types = (tuple(t.type for t in inputs), tuple(t.type for t in outputs))
+        self.input_types, self.output_types = types
         self.needs_input_grad = tuple(fn is not None for fn, _ in next_functions)
         self.saved_inputs = {i: SavedTensor(inputs[i]) for i in opdef.saved_inputs}
         self.saved_outputs = {i: SavedTensor(outputs[i], self, i) for i in opdef.saved_outputs}

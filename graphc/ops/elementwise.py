@@ -124,7 +124,7 @@ _unary("sigmoid", _float_kernel(_sigmoid_kernel), _sigmoid_vjp, saved_outputs=(0
 
 
 def _relu_kernel(x):
-    return np.maximum(x, 0).astype(x.dtype)
+    return np.maximum(x, x.dtype.type(0))
 
 
 def _relu_vjp(ctx, g):
