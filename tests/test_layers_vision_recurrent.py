@@ -97,6 +97,8 @@ def test_dropout2d_module():
 RNNS = [
     ("LSTM", (3, 5), {}), ("LSTM", (3, 5, 2), {"batch_first": True}),
     ("LSTM", (3, 5), {"bidirectional": True, "num_layers": 2}), ("LSTM", (3, 5), {"bias": False}),
+    ("LSTM", (3, 5), {"proj_size": 2}),
+    ("LSTM", (3, 5, 2), {"proj_size": 3, "bidirectional": True, "batch_first": True}),
     ("GRU", (3, 5, 2), {"bidirectional": True}), ("GRU", (3, 5), {"batch_first": True}),
     ("RNN", (3, 5), {"nonlinearity": "relu"}), ("RNN", (3, 5, 2, "tanh", True, True), {}),
 ]
@@ -119,8 +121,9 @@ def test_recurrent_layers_match_torch(rng, name, args, kwargs, with_state, unbat
     g_args, t_args = [gx], [tx]
     if with_state:
         layers = t.num_layers * (2 if t.bidirectional else 1)
-        hs = (layers, 5) if unbatched else (layers, 2, 5)
-        states = [rng.standard_normal(hs) for _ in range(2 if name == "LSTM" else 1)]
+        sizes = [t.proj_size or 5] + ([5] if name == "LSTM" else [])  # h (projected), c
+        states = [rng.standard_normal((layers, size) if unbatched else (layers, 2, size))
+                  for size in sizes]
         g_state = [graphc.tensor(s, requires_grad=True) for s in states]
         t_state = [torch.tensor(s, requires_grad=True) for s in states]
         g_args.append(tuple(g_state) if name == "LSTM" else g_state[0])
@@ -188,6 +191,13 @@ def test_rnn_errors_match_torch():
         nn.RNN(3, 4, nonlinearity="gelu")
     with pytest.warns(UserWarning, match="non-zero dropout expects num_layers greater than 1"):
         nn.LSTM(3, 4, dropout=0.5)
+    for name, proj, message in [("GRU", 2, "only supported for LSTM"),
+                                ("LSTM", 4, "has to be smaller than hidden_size"),
+                                ("LSTM", -1, "positive integer or zero")]:
+        with pytest.raises(graphc.ArgumentError, match=message):
+            getattr(nn, name)(3, 4, proj_size=proj)
+        with pytest.raises(ValueError, match=message):
+            getattr(torch.nn, name)(3, 4, proj_size=proj)
 
 
 @pytest.mark.parametrize("name", ["LSTM", "GRU"])

@@ -126,6 +126,33 @@ def test_multihead_attention(rng, batch_first, case):
     check_parity(run(gm, graphc), run(tm, torch), x, kv)
 
 
+@pytest.mark.parametrize("add_bias_kv,add_zero_attn", [(True, False), (False, True),
+                                                       (True, True)])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_multihead_attention_extra_keys(rng, add_bias_kv, add_zero_attn, need_weights):
+    """add_bias_kv / add_zero_attn append keys (and mask columns) as PyTorch does; with a
+    key dimension and value dimension of their own (kdim, vdim)."""
+    kw = {"add_bias_kv": add_bias_kv, "add_zero_attn": add_zero_attn, "kdim": 6, "vdim": 5}
+    tm = torch.nn.MultiheadAttention(8, 2, dtype=torch.float64, **kw)
+    gm = nn.MultiheadAttention(8, 2, dtype=graphc.float64, **kw)
+    assert list(gm.state_dict()) == list(tm.state_dict())
+    if add_bias_kv:
+        assert tuple(gm.bias_k.shape) == (1, 1, 8) and gm.bias_k.abs().sum().item() > 0
+    _load(gm, tm)
+    q, k, v = (rng.standard_normal(s) for s in ((5, 3, 8), (4, 3, 6), (4, 3, 5)))
+    attn_mask = rng.standard_normal((5, 4))
+    padding = rng.random((3, 4)) < 0.3
+    padding[:, 0] = False
+
+    def run(module, lib):
+        def call(q, k, v):
+            return module(q, k, v, attn_mask=lib.tensor(attn_mask),
+                          key_padding_mask=lib.tensor(padding), need_weights=need_weights)
+        return call
+
+    check_parity(run(gm, graphc), run(tm, torch), q, k, v)
+
+
 def test_multihead_attention_causal_hint_and_errors(rng):
     tm = torch.nn.MultiheadAttention(8, 2, dtype=torch.float64)
     gm = nn.MultiheadAttention(8, 2, dtype=graphc.float64)

@@ -1,9 +1,11 @@
 """Recurrent layers, as torch.nn: `RNN`, `LSTM`, `GRU` (num_layers, bias, batch_first, dropout,
-bidirectional, initial states) and the single-step `RNNCell`, `LSTMCell`, `GRUCell`.
+bidirectional, initial states; LSTM's proj_size) and the single-step `RNNCell`, `LSTMCell`,
+`GRUCell`.
 
 Parameter names, shapes, order and init are PyTorch's (`weight_ih_l0`, `weight_hh_l0`,
-`bias_ih_l0`, `bias_hh_l0`, then `..._reverse` for the backward direction; every tensor
-uniform in [-1/sqrt(hidden_size), 1/sqrt(hidden_size)]), so state_dicts interchange.
+`bias_ih_l0`, `bias_hh_l0`, `weight_hr_l0` with proj_size, then `..._reverse` for the backward
+direction; every tensor uniform in [-1/sqrt(hidden_size), 1/sqrt(hidden_size)]), so
+state_dicts interchange.
 
 The layers are Python loops over time of `linear` + sigmoid/tanh: eagerly they run op by op,
 and traced they unroll into one static graph (its size grows with the sequence length, which a
@@ -39,12 +41,14 @@ def _rnn_step(gi, h, w_hh, b_hh, relu: bool):
     return F.relu(pre) if relu else graphc.tanh(pre)
 
 
-def _lstm_step(gi, h, c, w_hh, b_hh):
-    """LSTM step: gates (i, f, g, o) from the input part gi and h; returns (h', c')."""
+def _lstm_step(gi, h, c, w_hh, b_hh, w_hr=None):
+    """LSTM step: gates (i, f, g, o) from the input part gi and h; returns (h', c'). With a
+    projection (proj_size > 0), h' is projected by w_hr, as PyTorch's LSTM with projections."""
     gates = gi + F.linear(h, w_hh, b_hh)
     i, f, g, o = gates.chunk(4, -1)
     c = graphc.sigmoid(f) * c + graphc.sigmoid(i) * graphc.tanh(g)
-    return graphc.sigmoid(o) * graphc.tanh(c), c
+    h = graphc.sigmoid(o) * graphc.tanh(c)
+    return (h if w_hr is None else F.linear(h, w_hr)), c
 
 
 def _gru_step(gi, h, w_hh, b_hh):
@@ -58,10 +62,10 @@ def _gru_step(gi, h, w_hh, b_hh):
     return (1 - z) * n + z * h
 
 
-def _step(mode: str, gi, state, w_hh, b_hh):
+def _step(mode: str, gi, state, w_hh, b_hh, w_hr=None):
     """One step of `mode`; state is h, or (h, c) for LSTM; returns the new state."""
     if mode == "LSTM":
-        return _lstm_step(gi, state[0], state[1], w_hh, b_hh)
+        return _lstm_step(gi, state[0], state[1], w_hh, b_hh, w_hr)
     if mode == "GRU":
         return _gru_step(gi, state, w_hh, b_hh)
     return _rnn_step(gi, state, w_hh, b_hh, mode == "RNN_RELU")
@@ -93,8 +97,13 @@ class RNNBase(Module):
             raise ArgumentError("hidden_size must be greater than zero")
         if num_layers <= 0:
             raise ArgumentError("num_layers must be greater than zero")
-        if proj_size != 0:
-            raise ArgumentError("proj_size is not supported by graphc yet; leave it at 0")
+        if not isinstance(proj_size, int) or isinstance(proj_size, bool) or proj_size < 0:
+            raise ArgumentError("proj_size should be a positive integer or zero to disable "
+                                "projections")
+        if proj_size >= hidden_size:
+            raise ArgumentError("proj_size has to be smaller than hidden_size")
+        if proj_size and mode != "LSTM":
+            raise ArgumentError("proj_size argument is only supported for LSTM, not RNN or GRU")
         self.mode = mode
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -105,16 +114,19 @@ class RNNBase(Module):
         self.bidirectional = bidirectional
         self.proj_size = proj_size
         gate_size = _GATES[mode] * hidden_size
+        real_hidden = proj_size or hidden_size  # the size of h: projected when proj_size > 0
         kw = {"dtype": dtype} if dtype is not None else {}
         self._flat_weights_names = []
         for layer in range(num_layers):
             for direction in range(self.num_directions):
-                layer_input = input_size if layer == 0 else hidden_size * self.num_directions
+                layer_input = input_size if layer == 0 else real_hidden * self.num_directions
                 suffix = f"_l{layer}" + ("_reverse" if direction == 1 else "")
                 shapes = {"weight_ih": (gate_size, layer_input),
-                          "weight_hh": (gate_size, hidden_size)}
+                          "weight_hh": (gate_size, real_hidden)}
                 if bias:
                     shapes.update(bias_ih=(gate_size,), bias_hh=(gate_size,))
+                if proj_size:
+                    shapes.update(weight_hr=(proj_size, hidden_size))
                 for name, shape in shapes.items():
                     setattr(self, name + suffix, Parameter(graphc.empty(*shape, **kw)))
                     self._flat_weights_names.append(name + suffix)
@@ -130,10 +142,14 @@ class RNNBase(Module):
             init.uniform_(weight, -stdv, stdv)
 
     def _weights(self, layer: int, direction: int):
+        """(weight_ih, weight_hh, bias_ih, bias_hh, weight_hr) of one layer and direction,
+        None for those the layer does not have."""
         suffix = f"_l{layer}" + ("_reverse" if direction == 1 else "")
         bias = (getattr(self, "bias_ih" + suffix), getattr(self, "bias_hh" + suffix)) \
             if self.bias else (None, None)
-        return getattr(self, "weight_ih" + suffix), getattr(self, "weight_hh" + suffix), *bias
+        w_hr = getattr(self, "weight_hr" + suffix) if self.proj_size else None
+        return (getattr(self, "weight_ih" + suffix), getattr(self, "weight_hh" + suffix),
+                *bias, w_hr)
 
     def _check_input(self, input):  # noqa: A002
         if input.ndim not in (2, 3):
@@ -144,8 +160,9 @@ class RNNBase(Module):
                              f"{self.input_size}, got {input.shape[-1]}")
 
     def _check_hidden(self, hx, batch: int | None, what: str = "hidden") -> None:
+        size = self.proj_size if what == "hidden" and self.proj_size else self.hidden_size
         want = (self.num_layers * self.num_directions,) + \
-            ((batch,) if batch is not None else ()) + (self.hidden_size,)
+            ((batch,) if batch is not None else ()) + (size,)
         if tuple(hx.shape) != want:
             raise ShapeError(f"Expected {what} size {want}, got {list(hx.shape)}")
 
@@ -153,8 +170,11 @@ class RNNBase(Module):
         """(h0, c0 or None), each (layers * directions, N, H), batched."""
         zeros_shape = (self.num_layers * self.num_directions, batch, self.hidden_size)
         if hx is None:
-            h0 = graphc.zeros(*zeros_shape, dtype=input.dtype)
-            return (h0, h0) if self.mode == "LSTM" else (h0, None)
+            c0 = graphc.zeros(*zeros_shape, dtype=input.dtype)
+            if not self.proj_size:
+                return (c0, c0) if self.mode == "LSTM" else (c0, None)
+            h0 = graphc.zeros(*zeros_shape[:2], self.proj_size, dtype=input.dtype)
+            return h0, c0
         if self.mode == "LSTM":
             if not isinstance(hx, (tuple, list)) or len(hx) != 2:
                 raise ArgumentError("LSTM: expected hx to be a tuple (h_0, c_0)")
@@ -175,12 +195,12 @@ class RNNBase(Module):
             c0 = c0.unsqueeze(1) if c0 is not None else None
         return h0, c0
 
-    def _run_direction(self, gi_steps, state, w_hh, b_hh, reverse: bool):
+    def _run_direction(self, gi_steps, state, w_hh, b_hh, w_hr, reverse: bool):
         """Apply the step over time (backwards when reverse); outputs in time order."""
         outputs = [None] * len(gi_steps)
         order = range(len(gi_steps) - 1, -1, -1) if reverse else range(len(gi_steps))
         for t in order:
-            state = _step(self.mode, gi_steps[t], state, w_hh, b_hh)
+            state = _step(self.mode, gi_steps[t], state, w_hh, b_hh, w_hr)
             outputs[t] = state[0] if self.mode == "LSTM" else state
         return outputs, state
 
@@ -195,11 +215,11 @@ class RNNBase(Module):
         for layer in range(self.num_layers):
             outs = []
             for direction in range(self.num_directions):
-                w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
+                w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, direction)
                 k = layer * self.num_directions + direction
                 gi = F.linear(x, w_ih, b_ih)  # every step's input projection in one matmul
                 state = (h0[k], c0[k]) if self.mode == "LSTM" else h0[k]
-                out, state = self._run_direction(gi.unbind(0), state, w_hh, b_hh,
+                out, state = self._run_direction(gi.unbind(0), state, w_hh, b_hh, w_hr,
                                                  reverse=direction == 1)
                 outs.append(graphc.stack(out, 0))
                 if self.mode == "LSTM":

@@ -66,9 +66,6 @@ class MultiheadAttention(Module):
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(f"embed_dim and num_heads must be greater than 0, got "
                              f"embed_dim={embed_dim} and num_heads={num_heads} instead")
-        if add_bias_kv or add_zero_attn:
-            raise ArgumentError("MultiheadAttention: add_bias_kv and add_zero_attn are not "
-                                "supported by graphc yet; leave them False")
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
@@ -95,8 +92,12 @@ class MultiheadAttention(Module):
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
-        self.bias_k = self.bias_v = None
-        self.add_zero_attn = add_zero_attn
+        if add_bias_kv:  # one more key and value, learned, appended to every sequence
+            self.bias_k = Parameter(graphc.empty(1, 1, embed_dim, **kw))
+            self.bias_v = Parameter(graphc.empty(1, 1, embed_dim, **kw))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn  # one more key and value of zeros, per head
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
@@ -109,6 +110,9 @@ class MultiheadAttention(Module):
         if self.in_proj_bias is not None:
             init.constant_(self.in_proj_bias, 0.0)
             init.constant_(self.out_proj.bias, 0.0)
+        if self.bias_k is not None:
+            init.xavier_normal_(self.bias_k)
+            init.xavier_normal_(self.bias_v)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
@@ -179,9 +183,20 @@ class MultiheadAttention(Module):
                 kpm = kpm.reshape(n, 1, 1, source)
                 mask = kpm if mask is None else mask + kpm
         q, k, v = self._project(query, key, value)
+        extra = 0  # keys appended by add_bias_kv and add_zero_attn
+        if self.bias_k is not None:
+            k = graphc.cat([k, self.bias_k.expand(n, 1, e)], 1)
+            v = graphc.cat([v, self.bias_v.expand(n, 1, e)], 1)
+            extra += 1
+        if self.add_zero_attn:
+            zeros = graphc.zeros(n, 1, e, dtype=k.dtype)
+            k, v = graphc.cat([k, zeros], 1), graphc.cat([v, zeros], 1)
+            extra += 1
+        if extra and mask is not None:  # the appended keys are never masked
+            mask = F.pad(mask, (0, extra))
         q = q.reshape(n, length, h, d).transpose(1, 2)
-        k = k.reshape(n, source, h, d).transpose(1, 2)
-        v = v.reshape(n, source, h, d).transpose(1, 2)
+        k = k.reshape(n, source + extra, h, d).transpose(1, 2)
+        v = v.reshape(n, source + extra, h, d).transpose(1, 2)
         p = self.dropout if self.training else 0.0
         if need_weights:
             scores = graphc.matmul(q * math.sqrt(1.0 / d), k.transpose(-2, -1))
