@@ -2,7 +2,10 @@
 
     graphc ops [--markdown]                         list the op registry
     graphc dump FILE.py:builder [--out DIR]         print (or save) the traced IR
-    graphc viz FILE.py:builder|FILE.gir [-o OUT]    draw a graph as SVG
+    graphc viz FILE.py:builder|FILE.gir [-o OUT]    draw a graph as SVG (OUT.html: interactive)
+    graphc viz --html | --explorer ...              the HTML viewer / Model Explorer JSON
+    graphc profile FILE.py:builder [--trace OUT]    time every kernel of the step compiled on
+                                                    cpu: a table and a Chrome/Perfetto trace
     graphc viz --memory ...                         draw its planned buffers over the schedule
     graphc run FILE.gir --inputs FILE.npz [--backend interp] [--out OUT.npz]
     graphc check FILE.py:builder [--backends interp,...] [--no-grads] [--repro-dir DIR]
@@ -227,6 +230,17 @@ def cmd_viz(args) -> int:
         default = f"{graph.name}.svg"
     if args.memory:
         return _viz_memory(graph, args.output or default.replace(".svg", ".memory.png"))
+    if args.explorer:
+        write = _tool("graphc.tools.model_explorer", "write_explorer_files", "viz --explorer")
+        written = write(graph, args.output or default.replace(".svg", ".mx.json"))
+        print(f"wrote {', '.join(written)}; open with: model-explorer {written[0]} "
+              f"--node_data_paths={written[1]}")
+        return 0
+    if args.html or (args.output or "").endswith(".html"):
+        out = args.output or default.replace(".svg", ".html")
+        _tool("graphc.tools.viewer", "render_html", "viz --html")(graph, out)
+        print(f"wrote {out}")
+        return 0
     out = args.output or default
     render_svg = _tool("graphc.ir.export", "render_svg", "viz")
     render_svg(graph, out)
@@ -316,6 +330,24 @@ def cmd_check(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    """Compile the builder's function on cpu, time every kernel; the table and a trace."""
+    fn, inputs = load_builder(args.target)
+    profile_builder = _tool("graphc.tools.profile", "profile_builder", "profile")
+    try:
+        report = profile_builder(fn, inputs, repeat=args.repeat)
+    except GraphcError as err:
+        raise UsageError(f"profiling {args.target} failed: {type(err).__name__}: {err}") from err
+    print(report.table(args.limit))
+    trace = report.chrome_trace(args.trace or f"{report.graph_name}.trace.json")
+    print(f"wrote {trace} (open it in ui.perfetto.dev or chrome://tracing)")
+    if args.explorer:
+        write = _tool("graphc.tools.model_explorer", "write_explorer_files", "profile")
+        written = write(report.graph, args.explorer, report)
+        print(f"wrote {', '.join(written)}")
+    return 0
+
+
 def cmd_cache(args) -> int:
     """Every backend's cache: the cpu objects and the cuda modules."""
     import graphc.backends.cpu.llvm  # noqa: F401  (each registers its caches in cache.ALL)
@@ -327,8 +359,11 @@ def cmd_cache(args) -> int:
         return 0
     for cache in ALL:
         info = cache.info()
+        total, rate = info["total"] or {}, info["hit_rate"]
         print(f"{cache.name} ({cache.suffix}): path: {info['path']}; entries: "
-              f"{info['entries']}; bytes: {info['bytes']}")
+              f"{info['entries']}; bytes: {info['bytes']} of {info['max_bytes']}; hit rate: "
+              + (f"{rate:.1%} ({total['hits']} hits, {total['misses']} misses, "
+                 f"{total['evicted']} evicted)" if rate is not None else "-"))
     return 0
 
 
@@ -392,7 +427,28 @@ def build_parser() -> argparse.ArgumentParser:
     viz.add_argument("--memory", action="store_true",
                      help="fuse and plan the graph, then draw its buffers over the schedule "
                           "(PNG or SVG by the output's extension; default <graph>.memory.png)")
+    viz.add_argument("--html", action="store_true",
+                     help="write the interactive HTML viewer (zoom, search, collapse; "
+                          "default <graph>.html); also chosen by an -o ending in .html")
+    viz.add_argument("--explorer", action="store_true",
+                     help="write Google Model Explorer's JSON graph (<graph>.mx.json) and a "
+                          "bytes overlay (<graph>.bytes.json)")
     viz.set_defaults(run=cmd_viz)
+
+    prof = sub.add_parser("profile", help="compile FILE.py:builder's step on cpu and time "
+                                          "every kernel: a table and a Chrome/Perfetto trace",
+                          description="builder() returns (fn, inputs): fn a function (a "
+                          "training step or any function of tensors, profiled with grad mode "
+                          "on) or an nn.Module (its forward, under no_grad). See "
+                          "docs/viewing.md.")
+    prof.add_argument("target", metavar="FILE.py:builder")
+    prof.add_argument("--repeat", type=int, default=20, help="timed runs (default 20)")
+    prof.add_argument("--trace", metavar="OUT.json",
+                      help="the Chrome/Perfetto trace (default <graph>.trace.json)")
+    prof.add_argument("--limit", type=int, default=None, help="table rows (default all)")
+    prof.add_argument("--explorer", metavar="OUT.mx.json",
+                      help="also write the Model Explorer graph with time and bytes overlays")
+    prof.set_defaults(run=cmd_profile)
 
     run = sub.add_parser("run", help="run a saved .gir graph on inputs from a .npz file")
     run.add_argument("gir", metavar="FILE.gir")

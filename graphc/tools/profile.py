@@ -24,12 +24,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from graphc.errors import GraphcError
 
-__all__ = ["KernelTime", "Profile", "kernel_label", "profile"]
+__all__ = ["KernelTime", "Profile", "kernel_label", "profile", "profile_builder"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class KernelTime:
     bytes: int  # input + output bytes of the node
     flops: int  # for GEMMs and convolutions; 0 where not counted
     source: str  # the user's source line the node was traced from
+    values: tuple[str, ...] = ()  # the node's output value names (the IR's %names)
 
     @property
     def gbps(self) -> float:
@@ -62,6 +64,7 @@ class Profile:
     total: float  # median seconds of the whole native call
     runs: int
     starts: list[float]  # one run's kernel start times (seconds from its start), by step
+    graph: Any = None  # the profiled executable's graph (fused and planned)
 
     def table(self, limit: int | None = None) -> str:
         lines = [f"graph @{self.graph_name}: {len(self.rows)} kernels, native call "
@@ -84,7 +87,8 @@ class Profile:
         events = [{"name": row.op, "cat": "kernel", "ph": "X", "pid": 1, "tid": 1,
                    "ts": self.starts[row.step] * 1e6, "dur": row.seconds * 1e6,
                    "args": {"output": row.shape, "bytes": row.bytes, "flops": row.flops,
-                            "source": row.source, "step": row.step}}
+                            "source": row.source, "step": row.step,
+                            "values": ["%" + v for v in row.values]}}
                   for row in by_step]
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms",
@@ -134,7 +138,8 @@ def profile(fn, *args, repeat: int = 20, trace: str | None = None, **kwargs) -> 
     rows = [_row(k, node, float(seconds))
             for k, (node, seconds) in enumerate(zip(timed.lowered.kernel_nodes, durations))]
     rows.sort(key=lambda r: r.seconds, reverse=True)
-    result = Profile(executable.graph.name, rows, float(np.median(totals)), repeat, starts)
+    result = Profile(executable.graph.name, rows, float(np.median(totals)), repeat, starts,
+                     executable.graph)
     if trace is not None:
         result.chrome_trace(trace)
     return result
@@ -179,7 +184,7 @@ def _row(step: int, node, seconds: float) -> KernelTime:
     shape = ", ".join(str(v.type) for v in node.outputs)
     return KernelTime(step, kernel_label(node), shape, seconds,
                       _nbytes(node.inputs) + _nbytes(node.outputs), _flops(node),
-                      node.loc or "")
+                      node.loc or "", tuple(v.name for v in node.outputs))
 
 
 def _flops(node) -> int:
@@ -198,3 +203,23 @@ def _flops(node) -> int:
     if first.op == "matmul":
         return 2 * math.prod(out) * (a[-1] if a else 1)
     return 2 * math.prod(out) * math.prod(b[1:])  # weight (C_out, C_in / groups, kH, kW)
+
+
+def profile_builder(fn, inputs, *, repeat: int = 20) -> Profile:
+    """What `graphc profile FILE.py:builder` runs on what the builder returned,
+    `(fn, inputs)`:
+
+    - `fn` a function (a training step that calls `backward()` and `opt.step()`, or any
+      function of tensors) or a `graphc.compile`d callable: `fn(*inputs)` is compiled on the
+      cpu backend and profiled as it is, grad mode on;
+    - `fn` an `nn.Module`: its forward on `inputs`, under `graphc.no_grad()` (inference).
+
+    A step with side effects (an optimizer update) runs once for real, to trace it; the
+    profiled runs work on copies of its arrays (see `profile`).
+    """
+    import graphc
+
+    if isinstance(fn, graphc.nn.Module):
+        with graphc.no_grad():
+            return profile(fn, *inputs, repeat=repeat)
+    return profile(fn, *inputs, repeat=repeat)
