@@ -10,6 +10,11 @@
 - GRAPHC_RECOMPILE_LIMIT: how many times one compiled callable may trace (default 8).
 - GRAPHC_CACHE_DIR: where compiled object code is cached on disk (default
   `$XDG_CACHE_HOME/graphc`, else `~/.cache/graphc`).
+- GRAPHC_CACHE_MAX_BYTES: the size limit of each backend's disk cache folder (default
+  1 GiB; suffixes K, M, G); the least recently used entries go first (graphc.backends.cache).
+- GRAPHC_COMPILE_WORKERS: how many processes may compile one large CPU module at once
+  (default: the cores this process may use; `1` compiles in this process only; see
+  graphc.backends.cpu.workers).
 - GRAPHC_CHECK_NANS: `1` makes every call of a graphc.compile'd function check its floating
   outputs and in-place updates for NaN/Inf; on one it replays the traced graph on the
   interpreter with the same inputs and raises `graphc.jit.nan_check.NonFiniteError` naming the first
@@ -19,6 +24,9 @@
 - GRAPHC_CUDA: which library the cuda backend runs on: `cuda` (or `gpu`, or unset) the GPU
   build, `emu` (or `emulation`) the CPU emulation of graphc's CUDA runtime (every CUDA thread
   a fiber on the host; slow, for machines without a GPU); anything else is an error.
+- GRAPHC_CUDA_SYNC: `1` makes the cuda backend synchronise after every kernel launch and
+  library call (no CUDA graph), so a fault is reported by the call that made it, naming the
+  kernel, the graph node and the user source line (slow; for debugging).
 - GRAPHC_BLAS_THREADS: how the CPU backend's BLAS (OpenBLAS) uses threads: `shared` (the
   default) runs its parallel jobs on the one libgomp team graphc's own loops use (see
   graphc.backends.cpu.threads); `native` leaves OpenBLAS's own thread pool alone.
@@ -85,6 +93,10 @@ def dumps(topic: str) -> bool:
     return topic in topics or "all" in topics
 
 
+def cuda_sync() -> bool:
+    return os.environ.get("GRAPHC_CUDA_SYNC", "") not in ("", "0")
+
+
 def check_nans() -> bool:
     return os.environ.get("GRAPHC_CHECK_NANS", "") not in ("", "0")
 
@@ -107,6 +119,37 @@ def cache_dir() -> str:
         return os.path.abspath(os.path.expanduser(explicit))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(os.path.abspath(base), "graphc")
+
+
+CACHE_MAX_BYTES = 1 << 30
+
+
+def cache_max_bytes() -> int:
+    """GRAPHC_CACHE_MAX_BYTES (default 1 GiB): an integer of bytes, or with a K/M/G suffix."""
+    raw = os.environ.get("GRAPHC_CACHE_MAX_BYTES", "").strip()
+    if not raw:
+        return CACHE_MAX_BYTES
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(raw[-1:].upper(), 1)
+    try:
+        value = int(raw[:-1] if scale > 1 else raw) * scale
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ArgumentError(f"GRAPHC_CACHE_MAX_BYTES: expected a size in bytes such as "
+                            f"500M or 2G, got {raw!r}; unset it for the default 1G")
+    return value
+
+
+def compile_workers() -> int | None:
+    """GRAPHC_COMPILE_WORKERS: the most processes compiling one module, or None (unset)."""
+    raw = os.environ.get("GRAPHC_COMPILE_WORKERS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ArgumentError(f"GRAPHC_COMPILE_WORKERS: expected a positive integer (processes "
+                            f"compiling one module at once), got {raw!r}; 1 compiles in this "
+                            f"process only")
+    return int(raw)
 
 
 def cuda_kind() -> str:

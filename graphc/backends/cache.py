@@ -12,6 +12,16 @@ payload's length, the payload's sha256) followed by the payload.
 - `lock(key)`: compiles of one key in one process are serialised, so concurrent callers
   compile it once. `stats` counts this process's hits, misses and corrupt entries;
   `info()` and `clear()` serve `graphc cache info|clear`.
+- Size limit: a read that hits marks the entry used (its mtime); a write that takes the
+  folder's entries past `max_bytes` (GRAPHC_CACHE_MAX_BYTES, default 1 GiB, per cache)
+  deletes the least recently used entries until they fit again (never the one just written).
+  Processes that evict at once only race to unlink the same files, which is harmless; a
+  reader that opened an entry before it went still reads it whole.
+- Counts across processes: `count` also adds the event to `<root>/<name>-<suffix>.stats`
+  (hits, misses, evictions as three little-endian u64), read-modify-written under an
+  exclusive `flock`, so concurrent processes never lose a count; `info()` reports them and
+  the hit rate, and `clear()` resets them. Where that file cannot be used (no fcntl, not
+  this user's), only this process's counts exist.
 The key is the backend's (a sha256 of everything the compiled code depends on, the cache's
 format name included), so a change of format, toolchain or graphc version misses.
 
@@ -35,6 +45,11 @@ import tempfile
 import threading
 import warnings
 from typing import Callable
+
+try:
+    import fcntl
+except ImportError:  # not on POSIX: counts are this process's only
+    fcntl = None
 
 from graphc import config
 
@@ -90,15 +105,19 @@ def _warn(path: str, reason: str) -> None:
 
 
 ALL: list["DiskCache"] = []  # every cache made in this process (graphc cache info|clear)
+COUNTERS = struct.Struct("<QQQ")  # the .stats file: hits, misses, evictions
+_PERSISTED = ("hits", "misses", "evicted")
 
 
 class DiskCache:
     """One folder of checksummed entries (see the module docstring)."""
 
     def __init__(self, name: str, suffix: str,
-                 check: Callable[[bytes], object] | None = None) -> None:
+                 check: Callable[[bytes], object] | None = None,
+                 max_bytes: int | None = None) -> None:
         self.name, self.suffix, self.check = name, suffix, check
-        self.stats = {"hits": 0, "misses": 0, "corrupt": 0}  # this process's
+        self._max_bytes = max_bytes  # None: GRAPHC_CACHE_MAX_BYTES at each write
+        self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "evicted": 0}  # this process's
         self._locks: dict[str, threading.Lock] = {}  # one per key compiled here
         self._guard = threading.Lock()
         ALL.append(self)
@@ -135,9 +154,56 @@ class DiskCache:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def count(self, event: str) -> None:
+    @property
+    def max_bytes(self) -> int:
+        return config.cache_max_bytes() if self._max_bytes is None else self._max_bytes
+
+    @property
+    def stats_path(self) -> str:
+        return os.path.join(config.cache_dir(), f"{self.name}-{self.suffix.lstrip('.')}.stats")
+
+    def count(self, event: str, n: int = 1) -> None:
+        """Add `n` to this process's count of `event`, and to the folder's own counts."""
         with self._guard:
-            self.stats[event] += 1
+            self.stats[event] += n
+        if event in _PERSISTED and n:
+            self._update_counters(lambda counts: counts.__setitem__(
+                _PERSISTED.index(event), counts[_PERSISTED.index(event)] + n))
+
+    def counters(self) -> dict | None:
+        """The counts kept in the cache folder across processes, or None."""
+        counts = self._update_counters(None)
+        return None if counts is None else dict(zip(_PERSISTED, counts))
+
+    def _update_counters(self, change) -> list[int] | None:
+        """Read the .stats file under an exclusive lock, apply `change(counts)` (a list, in
+        place; None: only read) and write it back; None where the file cannot be used."""
+        if fcntl is None or not self.trusted_folder(create=change is not None):
+            return None
+        path = self.stats_path
+        flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | (os.O_CREAT if change else 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError:  # absent (reading only), or a symlink (O_NOFOLLOW)
+            if os.path.islink(path):
+                _warn(path, "it is a symbolic link")
+            return None
+        try:
+            reason = untrusted(os.fstat(fd), "file")
+            if reason is not None:
+                _warn(path, reason)
+                return None
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            data = os.pread(fd, COUNTERS.size, 0)
+            counts = list(COUNTERS.unpack(data)) if len(data) == COUNTERS.size else [0, 0, 0]
+            if change is not None:
+                change(counts)
+                os.pwrite(fd, COUNTERS.pack(*counts), 0)
+            return counts
+        except OSError:
+            return None
+        finally:
+            os.close(fd)  # releases the lock
 
     def read(self, key: str) -> bytes | None:
         """The verified payload of `key`'s entry, or None (a bad entry is deleted)."""
@@ -156,6 +222,10 @@ class DiskCache:
                 _warn(path, reason)
                 return None
             data = f.read()
+            try:
+                os.utime(f.fileno())  # used now: the last to go when the cache is full
+            except OSError:
+                pass
         payload = unpack_entry(data)
         if payload is not None and self.check is not None:
             try:
@@ -192,17 +262,66 @@ class DiskCache:
                 raise
         except OSError:
             return False
+        self.evict(keep=path)
         return True
 
+    def _entries(self) -> list[tuple[float, int, str]]:
+        """(last use, bytes, path) of every entry of this user's in the folder."""
+        found = []
+        try:
+            scan = list(os.scandir(self.folder))
+        except OSError:
+            return found
+        for entry in scan:
+            if not entry.name.endswith(self.suffix):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if untrusted(st, "file") is None:
+                found.append((st.st_mtime, st.st_size, entry.path))
+        return found
+
+    def evict(self, keep: str | None = None, max_bytes: int | None = None) -> int:
+        """Delete the least recently used entries until the folder's entries fit in
+        `max_bytes` (default `self.max_bytes`); never `keep`. Returns how many went."""
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        entries = self._entries()
+        total = sum(size for _, size, _ in entries)
+        removed = 0
+        for _, size, path in sorted(entries):
+            if total <= limit:
+                break
+            if path == keep:
+                continue
+            try:
+                os.unlink(path)
+                removed += 1
+            except FileNotFoundError:  # another process evicted it first
+                pass
+            except OSError:
+                continue
+            total -= size
+        if removed:
+            self.count("evicted", removed)
+        return removed
+
     def info(self) -> dict:
-        """Where the cache lives, its entries and bytes, and this process's counts."""
+        """Where the cache lives, its entries and bytes, its limit, this process's counts
+        (hits, misses, corrupt, evicted) and the counts of every process that used the
+        folder (`total`: hits, misses, evicted, or None) with their `hit_rate` (or None)."""
         folder, entries, size = self.folder, 0, 0
         if os.path.lexists(folder) and self.trusted_folder():
             for entry in os.scandir(folder):
                 if entry.name.endswith(self.suffix) and entry.is_file(follow_symlinks=False):
                     entries += 1
                     size += entry.stat(follow_symlinks=False).st_size
-        return {"path": folder, "entries": entries, "bytes": size, **self.stats}
+        total = self.counters() if os.path.lexists(self.stats_path) else None
+        lookups = total["hits"] + total["misses"] if total else 0
+        return {"path": folder, "entries": entries, "bytes": size,
+                "max_bytes": self.max_bytes, **self.stats, "total": total,
+                "hit_rate": total["hits"] / lookups if lookups else None}
 
     def clear(self) -> int:
         """Delete every entry (and leftover temp files); return how many entries went."""
@@ -217,8 +336,10 @@ class DiskCache:
                         removed += entry.name.endswith(self.suffix)
                     except FileNotFoundError:
                         pass
+            if os.path.lexists(self.stats_path):
+                self._update_counters(lambda counts: counts.__setitem__(slice(None), [0] * 3))
         return removed
 
 
-__all__ = ["ALL", "HEADER", "MAGIC", "CacheWarning", "DiskCache", "pack_entry", "unpack_entry",
+__all__ = ["ALL", "COUNTERS", "HEADER", "MAGIC", "CacheWarning", "DiskCache", "pack_entry", "unpack_entry",
            "untrusted"]
