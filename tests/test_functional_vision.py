@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import graphc
+import graphc.nn as nn
 import graphc.nn.functional as F
 from tests.conftest import torch_or_skip
 
@@ -91,6 +92,28 @@ def test_adaptive_pool1d(rng, name):
     compare(rng, name, [(2, 3, 10)], 4)
 
 
+@pytest.mark.parametrize("shape,size", [((2, 3, 8, 6), (4, 3)), ((2, 3, 7, 5), (3, 2)),
+                                        ((3, 7, 9), (4, None)), ((1, 2, 5, 5), (7, 5)),
+                                        ((2, 3, 10), 4), ((2, 3, 10), 3)])
+def test_adaptive_max_pool_indices(rng, shape, size):
+    """Indices as PyTorch's (ties included: rounded inputs repeat values) and the gradient
+    routed to the chosen position only."""
+    name = "adaptive_max_pool1d" if len(shape) == 3 and not isinstance(size, tuple) \
+        else "adaptive_max_pool2d"
+    x = np.round(rng.standard_normal(shape))
+    g_x, t_x = graphc.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    g_values, g_indices = getattr(F, name)(g_x, size, return_indices=True)
+    t_values, t_indices = getattr(TF, name)(t_x, size, return_indices=True)
+    np.testing.assert_array_equal(g_indices.numpy(), t_indices.numpy())
+    np.testing.assert_array_equal(g_values.detach().numpy(), t_values.detach().numpy())
+    seed = rng.standard_normal(tuple(t_values.shape))
+    g_values.backward(graphc.tensor(seed))
+    t_values.backward(torch.tensor(seed))
+    np.testing.assert_allclose(g_x.grad.numpy(), t_x.grad.numpy(), rtol=1e-12)
+    assert nn.AdaptiveMaxPool2d(2, return_indices=True)(graphc.ones(1, 4, 4))[1].dtype \
+        == graphc.int64
+
+
 CONV_T = [
     dict(), dict(stride=2), dict(stride=2, padding=1, output_padding=1),
     dict(stride=(2, 3), padding=(1, 0), output_padding=(1, 2)), dict(groups=2),
@@ -145,6 +168,9 @@ INTERP = [
     dict(scale_factor=2, mode="bilinear", align_corners=True),
     dict(size=(3, 2), mode="bilinear", align_corners=True), dict(size=(3, 2), mode="area"),
     dict(scale_factor=1.7, mode="nearest-exact"),
+    dict(scale_factor=2, mode="bicubic"), dict(size=(3, 9), mode="bicubic"),
+    dict(size=(7, 4), mode="bicubic", align_corners=True),
+    dict(scale_factor=(0.6, 1.5), mode="bicubic"),
 ]
 
 
@@ -156,6 +182,14 @@ def test_interpolate(rng, kwargs):
 def test_interpolate_linear_1d(rng):
     compare(rng, "interpolate", [(2, 3, 5)], scale_factor=3, mode="linear")
     compare(rng, "interpolate", [(2, 3, 5)], size=8, mode="linear", align_corners=True)
+
+
+def test_interpolate_trilinear(rng):
+    compare(rng, "interpolate", [(1, 2, 3, 4, 5)], scale_factor=2, mode="trilinear")
+    compare(rng, "interpolate", [(1, 2, 3, 4, 5)], size=(2, 7, 3), mode="trilinear",
+            align_corners=True)
+    with pytest.raises(graphc.ArgumentError, match="trilinear mode needs 5D input"):
+        F.interpolate(graphc.ones(1, 1, 3, 3), scale_factor=2, mode="trilinear")
 
 
 def test_dropout2d_zeroes_whole_channels():

@@ -204,20 +204,13 @@ def _adaptive_1d(x, axis: int, out: int, reduce):
         shape = tuple(x.shape)
         split = shape[:axis] + (out, n // out) + shape[axis + 1:]
         return reduce(x.reshape(split), axis + 1, False)
-    pieces = []
-    for i in range(out):
-        start = (i * n) // out
-        end = -((-(i + 1) * n) // out)
-        pieces.append(reduce(x.narrow(axis, start, end - start), axis, True))
+    pieces = [reduce(x.narrow(axis, start, end - start), axis, True)
+              for start, end in _windows(n, out)]
     return _movement.cat(pieces, axis)
 
 
 def _mean(x, axis, keepdim):
     return x.mean(axis, keepdim)
-
-
-def _amax(x, axis, keepdim):
-    return x.amax(axis, keepdim)
 
 
 def _adaptive_sizes(name: str, input, output_size, dims: int) -> tuple:  # noqa: A002
@@ -243,15 +236,55 @@ def _adaptive_sizes(name: str, input, output_size, dims: int) -> tuple:  # noqa:
     return sizes
 
 
-def _adaptive(name: str, input, output_size, dims: int, reduce, return_indices=False):  # noqa
-    if return_indices:
-        raise ArgumentError(f"{name}: return_indices=True is not supported by graphc yet; "
-                            "leave it False")
+def _adaptive(name: str, input, output_size, dims: int, reduce):  # noqa: A002
     sizes = _adaptive_sizes(name, input, output_size, dims)
     out = input
     for k, size in enumerate(sizes):
         out = _adaptive_1d(out, input.ndim - dims + k, size, reduce)
     return out
+
+
+def _windows(n: int, out: int) -> list[tuple[int, int]]:
+    """Adaptive pooling's windows along one axis: [floor(i*n/out), ceil((i+1)*n/out))."""
+    return [((i * n) // out, -((-(i + 1) * n) // out)) for i in range(out)]
+
+
+def _adaptive_max(name: str, input, output_size, dims: int, return_indices: bool):  # noqa
+    """Adaptive max pooling with PyTorch's indices (flat positions in each input plane, the
+    first maximum in row-major order) and gradient (to that position only).
+
+    Equal windows are one max_pool2d. Other windows go axis by axis: the last axis gives, per
+    row, each window's maximum and its column; the row axis then picks, per window, the first
+    row holding the maximum, and the column found for that row. Ties resolve to the first
+    row, then the first column in it: row-major order, as PyTorch's scan."""
+    sizes = _adaptive_sizes(name, input, output_size, dims)
+    spatial = tuple(input.shape[-dims:])
+    if all(n % out == 0 for n, out in zip(spatial, sizes)):
+        plane = input if dims == 2 else input.unsqueeze(-2)
+        kernel = tuple(n // out for n, out in zip(spatial, sizes))
+        kernel = kernel if dims == 2 else (1,) + kernel
+        values, indices = _call("max_pool2d", plane, kernel_size=kernel, stride=kernel,
+                                padding=(0, 0), dilation=(1, 1), ceil_mode=False)
+        if dims == 1:
+            values, indices = values.squeeze(-2), indices.squeeze(-2)
+        return (values, indices) if return_indices else values
+    values, columns = [], []
+    for start, end in _windows(spatial[-1], sizes[-1]):
+        window = input.narrow(-1, start, end - start)
+        best = window.argmax(-1, True)
+        values.append(_gather.gather(window, -1, best))
+        columns.append(best + start)
+    values, indices = _movement.cat(values, -1), _movement.cat(columns, -1)
+    if dims == 2:
+        width, rows_values, rows_indices = spatial[-1], [], []
+        for start, end in _windows(spatial[-2], sizes[-2]):
+            window = values.narrow(-2, start, end - start)
+            row = window.argmax(-2, True)
+            rows_values.append(_gather.gather(window, -2, row))
+            column = _gather.gather(indices.narrow(-2, start, end - start), -2, row)
+            rows_indices.append((row + start) * width + column)
+        values, indices = _movement.cat(rows_values, -2), _movement.cat(rows_indices, -2)
+    return (values, indices) if return_indices else values
 
 
 def adaptive_avg_pool1d(input, output_size):  # noqa: A002
@@ -270,13 +303,21 @@ def adaptive_avg_pool2d(input, output_size):  # noqa: A002
 
 
 def adaptive_max_pool1d(input, output_size, return_indices: bool = False):  # noqa: A002
-    """Maximum over `output_size` windows of the last dim."""
-    return _adaptive("adaptive_max_pool1d", input, output_size, 1, _amax, return_indices)
+    """Maximum over `output_size` windows of the last dim (and its positions, with
+    return_indices)."""
+    return _adaptive_max("adaptive_max_pool1d", input, output_size, 1, return_indices)
 
 
 def adaptive_max_pool2d(input, output_size, return_indices: bool = False):  # noqa: A002
-    """Maximum over output_size = (oh, ow) windows of the last two dims."""
-    return _adaptive("adaptive_max_pool2d", input, output_size, 2, _amax, return_indices)
+    """Maximum over output_size = (oh, ow) windows of the last two dims (and its flat
+    positions in each input plane, with return_indices).
+
+    >>> import graphc
+    >>> x = graphc.tensor([[[1.0, 5.0, 2.0], [4.0, 0.0, 6.0]]])
+    >>> adaptive_max_pool2d(x, (1, 2), return_indices=True)[1].tolist()
+    [[[1, 5]]]
+    """
+    return _adaptive_max("adaptive_max_pool2d", input, output_size, 2, return_indices)
 
 
 # ---- transposed and 1-d convolution ---------------------------------------------------------
@@ -482,8 +523,8 @@ def pad(input, pad, mode: str = "constant", value=None):  # noqa: A002
 
 
 # ---- interpolation --------------------------------------------------------------------------
-_MODES = ("nearest", "linear", "bilinear", "area", "nearest-exact")
-_SPATIAL = {"linear": 1, "bilinear": 2}
+_MODES = ("nearest", "linear", "bilinear", "bicubic", "trilinear", "area", "nearest-exact")
+_SPATIAL = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}
 
 
 def _output_sizes(input, size, scale_factor, dims: int):  # noqa: A002
@@ -547,12 +588,50 @@ def _linear_axis(x, axis: int, out: int, scale, align_corners: bool):
             + _gather.index_select(x, axis, hi_t) * w_hi)
 
 
+def _cubic_weights(t: np.ndarray) -> list[np.ndarray]:
+    """Keys' cubic convolution weights (A = -0.75, PyTorch's) of the 4 taps at offsets
+    -1, 0, 1, 2 around a source position with fraction `t`."""
+    a = -0.75
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def _cubic_axis(x, axis: int, out: int, scale, align_corners: bool):
+    """Bicubic resampling along one axis: 4 taps per output, indices clamped at the borders;
+    the source index is not clamped at 0 (PyTorch's cubic source index)."""
+    n = x.shape[axis]
+    if out == n and (scale is None or align_corners):
+        return x
+    dst = np.arange(out, dtype=np.float64)
+    if align_corners:
+        src = dst * ((n - 1) / (out - 1)) if out > 1 else np.zeros(out)
+    else:
+        ratio = 1.0 / scale if scale is not None and scale > 0 else n / out
+        src = (dst + 0.5) * ratio - 0.5
+    base = np.floor(src).astype(np.int64)
+    shape = (out,) + (1,) * (x.ndim - 1 - axis)
+    result = None
+    for tap, weight in enumerate(_cubic_weights(src - base)):
+        index = _make_tensor(np.clip(base - 1 + tap, 0, n - 1))
+        w = _make_tensor(weight.astype(x.dtype.np).reshape(shape), dtype=x.dtype)
+        term = _gather.index_select(x, axis, index) * w
+        result = term if result is None else result + term
+    return result
+
+
 def interpolate(input, size=None, scale_factor=None, mode: str = "nearest",  # noqa: A002
                 align_corners=None, recompute_scale_factor=None, antialias: bool = False):
     """Resize the spatial dims (all dims after the first two) of an (N, C, ...) input.
 
     Modes: 'nearest', 'nearest-exact' (any number of spatial dims), 'linear' (3-d input),
-    'bilinear' (4-d input, with or without align_corners), 'area' (adaptive average pooling).
+    'bilinear' and 'bicubic' (4-d input), 'trilinear' (5-d input), each with or without
+    align_corners, and 'area' (adaptive average pooling). Separable: one axis at a time.
 
     >>> import graphc
     >>> interpolate(graphc.ones(1, 1, 2, 2), scale_factor=2).shape
@@ -586,6 +665,8 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "nearest",  # n
         axis = 2 + k
         if mode in ("nearest", "nearest-exact"):
             out = _nearest_axis(out, axis, n_out, scale, mode == "nearest-exact")
+        elif mode == "bicubic":
+            out = _cubic_axis(out, axis, n_out, scale, align_corners)
         else:
             out = _linear_axis(out, axis, n_out, scale, align_corners)
     return out
