@@ -208,3 +208,14 @@ def test_page_in_headless_chromium(tmp_path, step_graph):
         finally:
             browser.close()
     assert (tmp_path / "viewer.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_large_graph_opens_collapsed():
+    inputs = ", ".join(f"%x{i}: f32[2]" for i in range(13))
+    body = [f"  %{i}: f32[2] = exp(%x{i % 13})  # a.py:{1 + i % 2}" for i in range(401)]
+    text = f"graph @big({inputs}) -> (f32[2]) {{\n" + "\n".join(body) + "\n  return (%0)\n}"
+    groups = {g["id"]: g for g in view_model(parse(text))["groups"]}
+    assert groups["io:inputs"]["collapsed"] and groups["io:inputs"]["size"] == 13
+    assert "io:outputs" not in groups  # one output: shown as it is
+    assert groups["region:a.py:1"]["collapsed"] and groups["region:a.py:1"]["size"] == 201
+    assert groups["region:a.py:2"]["lines"] == ["a.py:2", "200 nodes"]

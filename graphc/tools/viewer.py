@@ -20,8 +20,9 @@ The view model is a tree over the graph:
   IR nodes (`n<i>`) and, inside a fused node with a body, its instructions (`n<i>.<k>`);
 - groups: a fused node with a body (id `n<i>`, collapsed at first: its box shows the fused
   label; expanded, its instructions), the nodes sharing a `group` attribute (`group:<g>`),
-  and regions (`region:<name>`, see `node_regions`): forward / backward / optimizer where the
-  graph says so, else the user's source lines.
+  regions (`region:<name>`, see `node_regions`): forward / backward / optimizer where the
+  graph says so, else the user's source lines; and, past GROUP_IO_OVER, the graph's inputs
+  (`io:inputs`) and its outputs with its updates (`io:outputs`), collapsed at first.
 - edges: one per value use between leaves (a collapsed group stands for its leaves).
 
 Every label line is at most graphc.ir.export.LINE_CHARS characters (longer text is wrapped,
@@ -58,7 +59,8 @@ __all__ = ["node_regions", "render_html", "view_model"]
 BACKWARD_SUFFIX = " (backward)"  # graphc.passes.autodiff marks the backward's source lines
 REGION_COLORS = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037",
                  "#ad1457"]
-COLLAPSE_REGIONS_OVER = 400  # leaves; a larger graph opens with its regions collapsed
+COLLAPSE_REGIONS_OVER = 400  # IR nodes; a larger graph opens with its regions collapsed
+GROUP_IO_OVER = 12  # more inputs (or outputs and updates) than this: a collapsed group
 
 
 def node_regions(graph: Graph) -> list[str | None]:
@@ -181,9 +183,16 @@ def view_model(graph: Graph) -> dict[str, Any]:
     def edge(src: str, dst: str, value: str) -> None:
         edges.append({"src": src, "dst": dst, "value": value})
 
+    def io_group(gid: str, title: str, count: int) -> str | None:
+        if count <= GROUP_IO_OVER:
+            return None
+        return add_group(gid, "io", [title, f"{count} values"], f"the graph's {title}", None,
+                         True)
+
+    inputs = io_group("io:inputs", "inputs", len(graph.inputs))
     for i, v in enumerate(graph.inputs):
         leaf(f"in{i}", "input", [_cut(f"%{v.name}"), str(v.type)], f"input %{v.name}: {v.type}",
-             None, [v.name])
+             inputs, [v.name])
     for i, node in enumerate(graph.nodes):
         nid, text = f"n{i}", format_node(node)
         loc = node.loc
@@ -215,15 +224,17 @@ def view_model(graph: Graph) -> dict[str, Any]:
                     edge(leaf_of[v], f"{nid}.{k}", v.name)
                 else:
                     edge(f"{nid}.{ref - n_in}", f"{nid}.{k}", f"{nid}.{ref - n_in}")
+    results = io_group("io:outputs", "outputs and updates",
+                       len(graph.outputs) + len(graph.updates))
     for i, v in enumerate(graph.outputs):
         leaf(f"out{i}", "output", [f"output {i}", str(v.type)], f"output {i}: %{v.name}",
-             None, [])
+             results, [])
         edge(leaf_of[v], f"out{i}", v.name)
     for i, (target, v) in enumerate(graph.updates):
         leaf(f"upd{i}", "update", [_cut(f"%{target.name} \u2190"), str(v.type)],
-             f"update %{target.name} <- %{v.name}", None, [])
+             f"update %{target.name} <- %{v.name}", results, [])
         edge(leaf_of[v], f"upd{i}", v.name)
-    if len(nodes) > COLLAPSE_REGIONS_OVER:
+    if len(graph.nodes) > COLLAPSE_REGIONS_OVER:
         for group in groups.values():
             if group["kind"] == "region":
                 group["collapsed"] = True
@@ -239,7 +250,8 @@ def _css() -> str:
     kinds = "\n".join(f".node.kind-{kind} rect.box {{ fill: {fill}; stroke: {border}; }}"
                       for kind, (fill, border) in COLORS.items())
     return PAGE_CSS + kinds + "\n.node.kind-region rect.box { fill: #fffde7; stroke: #8d6e00; }\n" \
-        ".node.kind-group rect.box { fill: #f3e5f5; stroke: #6a1b9a; }\n"
+        ".node.kind-group rect.box { fill: #f3e5f5; stroke: #6a1b9a; }\n" \
+        ".node.kind-io rect.box { fill: #e8f5e9; stroke: #2e7d32; }\n"
 
 
 def render_html(graph: Graph, path: str | os.PathLike | None = None) -> str:

@@ -28,7 +28,7 @@ main { flex: 1; display: flex; min-height: 0; }
 .node { cursor: pointer; }
 .node rect.box { stroke-width: 1; }
 .node text { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 12px;
-  fill: #444; }
+  fill: #444; text-rendering: geometricPrecision; }
 .node text tspan.head { font-weight: bold; fill: #222; }
 .node.group rect.box { stroke-width: 2.2; stroke-dasharray: none; }
 .node.kind-input rect.box, .node.kind-output rect.box, .node.kind-update rect.box { rx: 12; }
@@ -85,8 +85,9 @@ function graphcCore(data, measure) {
   }
   function boxSize(id) {
     const it = items.get(id), m = measure();
+    // a group's first line starts with its two-character collapse mark
+    const chars = Math.max(1, ...it.lines.map((s, i) => s.length + (it.isGroup && !i ? 2 : 0)));
     const lines = it.lines;
-    const chars = Math.max(1, ...lines.map(s => s.length));
     return {w: chars * m.charW + 2 * PAD_X, h: lines.length * m.lineH + 2 * PAD_Y};
   }
   function pack(row, desired, weight, box) {
@@ -263,7 +264,7 @@ UI_JS = r"""
         t.textContent = (isGroup && i === 0 ? '\u229e ' : '') + line;
       });
       const tip = el('title', {}, g);
-      tip.textContent = it.text + (it.loc ? `  # ${it.loc}` : '') +
+      tip.textContent = it.text +  // an IR line ends with its source line
         (isGroup ? `\n(${it.size} nodes; click to expand)` : '');
       g.addEventListener('click', ev => { ev.stopPropagation(); select(id); });
       if (isGroup) g.addEventListener('click', () => toggle(id));
@@ -279,8 +280,8 @@ UI_JS = r"""
       tip.textContent = e.values.map(v => '%' + v).join(', ');
     }
     // expanded groups: a dashed frame around what they show, the title collapses them
-    for (const grp of data.groups) {  // regions: the colour stripe and the group tree
-      if (grp.kind === 'region' || core.collapsed.has(grp.id) ||
+    for (const grp of data.groups) {  // regions, io: the colour stripe and the group tree
+      if (grp.kind === 'region' || grp.kind === 'io' || core.collapsed.has(grp.id) ||
           core.ancestors(grp.id).some(a => core.collapsed.has(a)))
         continue;
       const inside = vis.ids.filter(id => id === grp.id ||
@@ -348,7 +349,7 @@ UI_JS = r"""
     selected = id;
     const it = core.items.get(id);
     document.getElementById('details').textContent =
-      `${id}\n${it.text}` + (it.loc ? `\n# ${it.loc}` : '') +
+      `${id}\n${it.text}` +
       (it.isGroup ? `\n${it.size} nodes inside` : '');
     markMatches();
   }
