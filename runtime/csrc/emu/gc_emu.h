@@ -14,7 +14,9 @@
  *     shared memory is allocated per launch at its exact size (AddressSanitizer sees
  *     overruns) and filled with 0xff bytes (NaN floats) before every block;
  *   - "device" memory is host memory; __CUDA_ARCH__ is not defined; warpSize is 32;
- *   - a warp function reading a lane that did not take part returns the caller's own value.
+ *   - a warp function reading a lane that did not take part returns the caller's own value;
+ *   - checking modes (GRAPHC_EMU_RACECHECK, GRAPHC_EMU_SCHEDULE; runtime/csrc/README.md) see
+ *     memory accesses only in code compiled with -fsanitize=thread (the emu-checked build).
  * GC_EMU_EXPORT(name) after an extern "C" kernel makes it launchable through gc_launch.
  */
 #ifndef GRAPHC_GC_EMU_H
@@ -114,15 +116,17 @@ unsigned active_mask();
 void syncwarp(unsigned mask);
 
 /* Deposits `bytes` of *value for this lane, waits for the lanes of `mask`, and returns the
- * 32 slots (kSlotBytes apart) and which lanes deposited. */
+ * 32 slots (kSlotBytes apart) and which lanes deposited. `file`:`line` is the call in the
+ * kernel (NULL for __syncwarp): the checking modes require the lanes to agree on it. */
 struct Exchange { const unsigned char *slots; unsigned arrived; };
-Exchange warp_exchange(unsigned mask, const void *value, size_t bytes);
+Exchange warp_exchange(unsigned mask, const void *value, size_t bytes, const char *file,
+                       int line);
 
 template <class T>
-inline T read_lane(unsigned mask, T value, int source_lane) {
+inline T read_lane(unsigned mask, T value, int source_lane, const char *file, int line) {
     static_assert(sizeof(T) <= kSlotBytes && std::is_trivially_copyable<T>::value,
                   "warp shuffles take trivially copyable values of at most 16 bytes");
-    Exchange exchange = warp_exchange(mask, &value, sizeof(T));
+    Exchange exchange = warp_exchange(mask, &value, sizeof(T), file, line);
     if (source_lane < 0 || source_lane >= kWarpSize || !(exchange.arrived >> source_lane & 1u))
         return value;
     T result;
@@ -130,9 +134,9 @@ inline T read_lane(unsigned mask, T value, int source_lane) {
     return result;
 }
 
-inline unsigned vote(unsigned mask, int predicate) {
+inline unsigned vote(unsigned mask, int predicate, const char *file, int line) {
     int flag = predicate != 0;
-    Exchange exchange = warp_exchange(mask, &flag, sizeof flag);
+    Exchange exchange = warp_exchange(mask, &flag, sizeof flag, file, line);
     unsigned ballot = 0;
     for (int lane = 0; lane < kWarpSize; ++lane) {
         int lane_flag;
@@ -220,40 +224,52 @@ static inline unsigned __activemask() { return ::gc_emu::active_mask(); }
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
+/* The trailing defaulted arguments name the caller's line (as std::source_location does), so
+ * the checking modes can tell which call each lane makes. */
+#define GC_EMU_CALL_SITE const char *gc_file = __builtin_FILE(), int gc_line = __builtin_LINE()
 template <class T>
-static inline T __shfl_sync(unsigned mask, T value, int source_lane, int width = warpSize) {
+static inline T __shfl_sync(unsigned mask, T value, int source_lane, int width = warpSize,
+                            GC_EMU_CALL_SITE) {
     int lane = (int)::gc_emu::lane_id();
-    return ::gc_emu::read_lane(mask, value, (lane & ~(width - 1)) + (source_lane & (width - 1)));
+    return ::gc_emu::read_lane(mask, value, (lane & ~(width - 1)) + (source_lane & (width - 1)),
+                               gc_file, gc_line);
 }
 template <class T>
-static inline T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = warpSize) {
+static inline T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = warpSize,
+                               GC_EMU_CALL_SITE) {
     int lane = (int)::gc_emu::lane_id();
     int source = lane - (int)delta;
-    return ::gc_emu::read_lane(mask, value, source < (lane & ~(width - 1)) ? lane : source);
+    return ::gc_emu::read_lane(mask, value, source < (lane & ~(width - 1)) ? lane : source,
+                               gc_file, gc_line);
 }
 template <class T>
-static inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = warpSize) {
+static inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = warpSize,
+                                 GC_EMU_CALL_SITE) {
     int lane = (int)::gc_emu::lane_id();
     int source = lane + (int)delta;
     return ::gc_emu::read_lane(mask, value,
-                               source >= (lane & ~(width - 1)) + width ? lane : source);
+                               source >= (lane & ~(width - 1)) + width ? lane : source, gc_file,
+                               gc_line);
 }
 template <class T>
-static inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = warpSize) {
+static inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = warpSize,
+                                GC_EMU_CALL_SITE) {
     int lane = (int)::gc_emu::lane_id();
     int source = lane ^ lane_mask;
     return ::gc_emu::read_lane(mask, value,
-                               source >= (lane & ~(width - 1)) + width ? lane : source);
+                               source >= (lane & ~(width - 1)) + width ? lane : source, gc_file,
+                               gc_line);
 }
-static inline unsigned __ballot_sync(unsigned mask, int predicate) {
-    return ::gc_emu::vote(mask, predicate);
+static inline unsigned __ballot_sync(unsigned mask, int predicate, GC_EMU_CALL_SITE) {
+    return ::gc_emu::vote(mask, predicate, gc_file, gc_line);
 }
-static inline int __any_sync(unsigned mask, int predicate) {
-    return ::gc_emu::vote(mask, predicate) != 0;
+static inline int __any_sync(unsigned mask, int predicate, GC_EMU_CALL_SITE) {
+    return ::gc_emu::vote(mask, predicate, gc_file, gc_line) != 0;
 }
-static inline int __all_sync(unsigned mask, int predicate) {
-    return ::gc_emu::vote(mask, !predicate) == 0;
+static inline int __all_sync(unsigned mask, int predicate, GC_EMU_CALL_SITE) {
+    return ::gc_emu::vote(mask, !predicate, gc_file, gc_line) == 0;
 }
+#undef GC_EMU_CALL_SITE
 
 /* ---- atomics ---------------------------------------------------------------------------- */
 #define GC_EMU_INTEGER_ATOMICS(T)                                                              \

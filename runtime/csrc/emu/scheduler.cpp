@@ -11,7 +11,11 @@
  *   - warp exchanges use two slot buffers alternating by generation: a lane can be at most
  *     one exchange ahead of its slowest peer, so it never overwrites a slot still to be read;
  *   - fiber stacks are mmap'ed once per OS thread (kStackBytes each, a PROT_NONE guard page
- *     below) and reused; every switch is announced to AddressSanitizer when it is on.
+ *     below) and reused; every switch is announced to AddressSanitizer when it is on;
+ *   - the checking modes (emu_internal.h) change only this: the order fibers resume in
+ *     (random mode: shuffled every pass, and a fiber may be preempted at an instrumented
+ *     memory access, which yields it for one pass), the lanes of a warp exchange are checked
+ *     to agree, and racecheck.cpp hears of launches, blocks and completed barriers.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "emu_internal.h"
 #include "gc_emu.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -78,18 +83,84 @@ namespace gc_emu {
 
 __thread ThreadIndex current;
 
+namespace detail {
+
+__thread bool hooks_active;
+
+namespace {
+
+Modes parse_modes() {
+    Modes m;
+    const char *race = getenv("GRAPHC_EMU_RACECHECK");
+    if (race && *race && strcmp(race, "0") != 0) {
+        m.racecheck = true;
+        m.race_is_fault = strcmp(race, "warn") != 0;
+        if (strcmp(race, "1") != 0 && strcmp(race, "warn") != 0)
+            m.error = std::string("GRAPHC_EMU_RACECHECK='") + race +
+                      "' is not understood; expected 1 (a race fails the launch), warn (races "
+                      "are only reported) or 0";
+    }
+    const char *schedule = getenv("GRAPHC_EMU_SCHEDULE");
+    if (schedule && *schedule && strcmp(schedule, "in-order") != 0) {
+        char *end = nullptr;
+        if (strncmp(schedule, "random:", 7) == 0 && schedule[7]) {
+            unsigned long long seed = strtoull(schedule + 7, &end, 10);
+            if (*end == '\0') {
+                m.random = true;
+                m.seed = seed;
+            }
+        }
+        if (!m.random)
+            m.error = std::string("GRAPHC_EMU_SCHEDULE='") + schedule +
+                      "' is not understood; expected random:SEED (SEED a decimal integer) or "
+                      "in-order";
+    }
+    return m;
+}
+
+/* xorshift64*, seeded per OS thread from the mode's seed (splitmix64 of it) */
+__thread uint64_t tls_random_state;
+
+} /* namespace */
+
+const Modes &modes() {
+    static const Modes parsed = parse_modes();
+    return parsed;
+}
+
+uint64_t next_random() {
+    uint64_t x = tls_random_state;
+    if (x == 0) {
+        uint64_t z = modes().seed + 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        x = (z ^ (z >> 31)) | 1u;
+    }
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    tls_random_state = x;
+    return x * 0x2545f4914f6cdd1dull;
+}
+
+} /* namespace detail */
+
+using detail::modes;
+
 namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr size_t kGuardBytes = 4096;
 
-/* kYielded: gave the other fibers one pass (__activemask) and runs again after it */
+/* kYielded: gave the other fibers one pass (__activemask, or preempted at a memory access by
+ * the random schedule) and runs again after it */
 enum class State : unsigned char { kRunnable, kYielded, kAtBlockBarrier, kAtWarpBarrier, kExited };
 
 struct Fiber {
     void *sp = nullptr;
     char *stack = nullptr; /* lowest usable address; the guard page lies below */
     State state = State::kExited;
+    bool preempted = false; /* stopped at a memory access, not at a barrier or exit */
     uint3 thread_idx{0, 0, 0};
     void *fake_stack = nullptr; /* AddressSanitizer's per-fiber state */
 };
@@ -100,6 +171,11 @@ struct Warp {
     unsigned arrived = 0;       /* lanes waiting at the current exchange */
     unsigned required = 0;      /* union of the masks they gave */
     unsigned last_arrived = 0;  /* lanes that took part in the last completed exchange */
+    /* each waiting lane's call: mask and source line (file NULL: __syncwarp, which lanes may
+     * reach from different places); compared in the checking modes */
+    unsigned lane_mask[kWarpSize];
+    const char *lane_file[kWarpSize];
+    int lane_line[kWarpSize];
 };
 
 struct Scheduler {
@@ -117,6 +193,7 @@ struct Scheduler {
     const void *stack_bottom = nullptr;
     size_t stack_size = 0;
     std::vector<std::pair<void *, size_t>> stack_regions; /* mmap'ed, unmapped at thread exit */
+    std::vector<int> order; /* random mode: the order of the next pass */
 
     ~Scheduler() {
         for (auto &region : stack_regions) munmap(region.first, region.second);
@@ -240,6 +317,57 @@ void set_fault(const char *fmt, ...) {
     tls_fault = message;
 }
 
+bool same_call(const Warp &warp, int a, int b) {
+    if (warp.lane_mask[a] != warp.lane_mask[b] || warp.lane_line[a] != warp.lane_line[b])
+        return false;
+    const char *fa = warp.lane_file[a], *fb = warp.lane_file[b];
+    return fa == fb || (fa && fb && strcmp(fa, fb) == 0);
+}
+
+/* The checking modes: every lane of a completing exchange calls with a mask naming itself,
+ * and the lanes its mask names that take part made the same call (same source line, same
+ * mask), as CUDA requires of __shfl*_sync and the votes; __syncwarp is exempt (lanes may
+ * reach different __syncwarp calls). Records a fault and returns false otherwise. */
+bool check_warp_calls(const Scheduler &s, int w, const char *kernel) {
+    const Warp &warp = s.warps[w];
+    int first = __builtin_ctz(warp.arrived);
+    bool uniform = true;
+    for (unsigned lanes = warp.arrived; lanes && uniform; lanes &= lanes - 1)
+        uniform = same_call(warp, first, __builtin_ctz(lanes));
+    if (uniform && (!warp.lane_file[first] || (warp.lane_mask[first] & warp.arrived) ==
+                                                  warp.arrived))
+        return true;
+    for (unsigned lanes = warp.arrived; lanes; lanes &= lanes - 1) {
+        int lane = __builtin_ctz(lanes);
+        if (!warp.lane_file[lane]) continue;
+        if (!(warp.lane_mask[lane] >> lane & 1u)) {
+            set_fault("kernel %s block (%u,%u,%u): warp %d lane %d calls a warp function at "
+                      "%s:%d with mask 0x%08x, which does not name the lane itself",
+                      kernel, current.block_idx.x, current.block_idx.y, current.block_idx.z, w,
+                      lane, warp.lane_file[lane], warp.lane_line[lane], warp.lane_mask[lane]);
+            return false;
+        }
+        for (unsigned named = warp.lane_mask[lane] & warp.arrived; named; named &= named - 1) {
+            int other = __builtin_ctz(named);
+            if (same_call(warp, lane, other)) continue;
+            char where[256];
+            if (warp.lane_file[other])
+                snprintf(where, sizeof where, "a warp function at %s:%d with mask 0x%08x",
+                         warp.lane_file[other], warp.lane_line[other], warp.lane_mask[other]);
+            else
+                snprintf(where, sizeof where, "__syncwarp(0x%08x)", warp.lane_mask[other]);
+            set_fault("kernel %s block (%u,%u,%u): warp %d lane %d calls a warp function at "
+                      "%s:%d with mask 0x%08x, but lane %d, which that mask names, calls %s: "
+                      "every lane of the mask must make the same call",
+                      kernel, current.block_idx.x, current.block_idx.y, current.block_idx.z, w,
+                      lane, warp.lane_file[lane], warp.lane_line[lane], warp.lane_mask[lane],
+                      other, where);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* After a pass: completes the warp exchanges that can complete; records a fault for one
  * that never can. Returns whether any fiber became runnable; false with a fault set stops. */
 bool release_warps(Scheduler &s, const char *kernel, int *fault) {
@@ -254,7 +382,9 @@ bool release_warps(Scheduler &s, const char *kernel, int *fault) {
             if (state == State::kExited || state == State::kAtBlockBarrier)
                 stuck |= lanes & -lanes;
         }
-        if (missing && !stuck) continue; /* a yielded lane still has to come */
+        /* a yielded lane still has to come: wait for it, also before reporting a stuck lane
+         * (the report then does not depend on the schedule) */
+        if (missing & ~stuck) continue;
         if (stuck) {
             int lane = __builtin_ctz(stuck);
             const Fiber &f = s.fibers[w * kWarpSize + lane];
@@ -265,6 +395,10 @@ bool release_warps(Scheduler &s, const char *kernel, int *fault) {
                       warp.required, lane,
                       f.state == State::kExited ? "has exited" : "waits at __syncthreads()",
                       warp.arrived);
+            *fault = 1;
+            return false;
+        }
+        if (modes().checking() && !check_warp_calls(s, w, kernel)) {
             *fault = 1;
             return false;
         }
@@ -279,10 +413,24 @@ bool release_warps(Scheduler &s, const char *kernel, int *fault) {
     return released;
 }
 
-bool run_block(Scheduler &s, const char *kernel) {
+/* random mode: a pass resumes the fibers in a fresh random order */
+void resume_shuffled(Scheduler &s) {
+    s.order.resize(s.threads);
+    for (int i = 0; i < s.threads; ++i) s.order[i] = i;
+    for (int i = s.threads - 1; i > 0; --i)
+        std::swap(s.order[i], s.order[detail::next_random() % (uint64_t)(i + 1)]);
+    for (int i : s.order)
+        if (s.fibers[i].state == State::kRunnable) resume(s, i);
+}
+
+bool run_block(Scheduler &s, const char *kernel, bool random) {
     for (;;) {
-        for (int i = 0; i < s.threads; ++i)
-            if (s.fibers[i].state == State::kRunnable) resume(s, i);
+        if (random) {
+            resume_shuffled(s);
+        } else {
+            for (int i = 0; i < s.threads; ++i)
+                if (s.fibers[i].state == State::kRunnable) resume(s, i);
+        }
         int exited = 0, at_barrier = 0;
         for (int i = 0; i < s.threads; ++i) {
             exited += s.fibers[i].state == State::kExited;
@@ -301,6 +449,7 @@ bool run_block(Scheduler &s, const char *kernel) {
         if (released || yielded) continue;
         if (at_barrier == s.threads) {
             for (int i = 0; i < s.threads; ++i) s.fibers[i].state = State::kRunnable;
+            if (detail::hooks_active) detail::race_barrier();
             continue;
         }
         set_fault("kernel %s block (%u,%u,%u): __syncthreads() reached by %d of %d threads "
@@ -345,6 +494,11 @@ bool run_grid(const char *kernel, dim3 grid, dim3 block, int64_t shared_bytes, K
         return false;
     }
     if (!check_configuration(kernel, grid, block, shared_bytes)) return false;
+    const detail::Modes &m = modes();
+    if (!m.error.empty()) {
+        set_fault("kernel %s: %s", kernel, m.error.c_str());
+        return false;
+    }
     int threads = (int)(block.x * block.y * block.z);
     grow_fibers(s, threads);
 #ifdef GC_EMU_ASAN
@@ -360,6 +514,9 @@ bool run_grid(const char *kernel, dim3 grid, dim3 block, int64_t shared_bytes, K
     s.threads = threads;
     current.block_dim = {block.x, block.y, block.z};
     current.grid_dim = {grid.x, grid.y, grid.z};
+    const bool checking = m.checking();
+    if (checking) detail::race_launch_begin(kernel, grid, block, s.dynamic_shared, shared_bytes);
+    uint32_t block_sequence = 0;
     bool ok = true;
     for (unsigned z = 0; ok && z < grid.z; ++z)
         for (unsigned y = 0; ok && y < grid.y; ++y)
@@ -369,6 +526,7 @@ bool run_grid(const char *kernel, dim3 grid, dim3 block, int64_t shared_bytes, K
                     Fiber &f = s.fibers[i];
                     f.thread_idx = {i % block.x, i / block.x % block.y, i / (block.x * block.y)};
                     f.state = State::kRunnable;
+                    f.preempted = false;
                     prepare(f);
                 }
                 for (int w = 0; w * kWarpSize < threads; ++w) {
@@ -376,8 +534,12 @@ bool run_grid(const char *kernel, dim3 grid, dim3 block, int64_t shared_bytes, K
                     warp.generation = warp.arrived = warp.required = warp.last_arrived = 0;
                 }
                 if (!shared.empty()) memset(shared.data(), 0xff, shared.size());
-                ok = run_block(s, kernel);
+                if (checking) detail::race_block_begin(block_sequence++);
+                detail::hooks_active = checking;
+                ok = run_block(s, kernel, m.random);
+                detail::hooks_active = false;
             }
+    if (checking) detail::race_launch_end();
     s.stacks_dirty = !ok;
     s.body = nullptr;
     s.closure = nullptr;
@@ -403,16 +565,24 @@ unsigned lane_id() { return (unsigned)running_scheduler("a warp function").runni
 unsigned active_mask() {
     Scheduler &s = running_scheduler("__activemask()");
     Fiber &f = s.fibers[s.running];
-    f.state = State::kYielded; /* let the rest of the warp run to its next barrier or exit */
-    yield(s, f, false);
     int warp = s.running / kWarpSize;
+    /* let the rest of the warp run to its next barrier or exit: one pass, more while the
+     * random schedule holds a lane preempted on its way */
+    for (bool waiting = true; waiting;) {
+        f.state = State::kYielded;
+        yield(s, f, false);
+        waiting = false;
+        for (int lane = 0; lane < kWarpSize && warp * kWarpSize + lane < s.threads; ++lane)
+            waiting |= s.fibers[warp * kWarpSize + lane].preempted;
+    }
     unsigned mask = 0;
     for (int lane = 0; lane < kWarpSize && warp * kWarpSize + lane < s.threads; ++lane)
         if (s.fibers[warp * kWarpSize + lane].state != State::kExited) mask |= 1u << lane;
     return mask;
 }
 
-Exchange warp_exchange(unsigned mask, const void *value, size_t bytes) {
+Exchange warp_exchange(unsigned mask, const void *value, size_t bytes, const char *file,
+                       int line) {
     Scheduler &s = running_scheduler("a warp function");
     Fiber &f = s.fibers[s.running];
     unsigned lane = (unsigned)s.running % kWarpSize;
@@ -421,6 +591,9 @@ Exchange warp_exchange(unsigned mask, const void *value, size_t bytes) {
     memcpy(warp.slots[parity][lane], value, bytes);
     warp.arrived |= 1u << lane;
     warp.required |= mask | 1u << lane;
+    warp.lane_mask[lane] = mask;
+    warp.lane_file[lane] = file;
+    warp.lane_line[lane] = line;
     f.state = State::kAtWarpBarrier;
     yield(s, f, false);
     return Exchange{&warp.slots[parity][0][0], warp.last_arrived};
@@ -428,7 +601,32 @@ Exchange warp_exchange(unsigned mask, const void *value, size_t bytes) {
 
 void syncwarp(unsigned mask) {
     unsigned char nothing = 0;
-    warp_exchange(mask, &nothing, 0);
+    warp_exchange(mask, &nothing, 0, nullptr, 0);
 }
+
+namespace detail {
+
+int running_fiber() { return tls_scheduler->running; }
+
+unsigned warp_generation(int warp) { return tls_scheduler->warps[warp].generation; }
+
+bool in_fiber_stack(uintptr_t address) {
+    for (const auto &region : tls_scheduler->stack_regions)
+        if (address - reinterpret_cast<uintptr_t>(region.first) < region.second) return true;
+    return false;
+}
+
+void maybe_preempt() {
+    /* one instrumented access in 8 gives the CPU to the other fibers for one pass */
+    if (next_random() % 8 != 0) return;
+    Scheduler &s = *tls_scheduler;
+    Fiber &f = s.fibers[s.running];
+    f.state = State::kYielded;
+    f.preempted = true;
+    yield(s, f, false);
+    f.preempted = false;
+}
+
+} /* namespace detail */
 
 } /* namespace gc_emu */
