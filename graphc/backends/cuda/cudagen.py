@@ -5,10 +5,14 @@ max/min, floor division, remainder, integer pow, sign, gelu, sigmoid, the Philox
 stream of graphc.ops.random) followed by one `__global__` function per `Kernel`, each marked
 `GC_EMU_EXPORT(name)` so the emulation build finds it (the macro is empty under nvcc).
 
-Kernel shape: one thread per element of a `threads`-long index space (1-D grid, `BLOCK`
-threads a block, no shared memory and no barriers, so every kernel is correct for any
-block size and cheap to emulate). Every pointer a kernel reads or writes is a `char *`
-parameter `p<k>` whose address is fixed when the graph is compiled (arena offsets, the
+Kernel shape: a `threads`-long index space over a 1-D grid of `BLOCK`-thread blocks (the
+executable launches every kernel so). Elementwise kernels run one thread per element, with no
+shared memory and no barriers, and return early past the end. Cooperative kernels
+(graphc.backends.cuda.reductions: reductions, softmax, arg-reductions, the NLL loss) have
+`guard=False`: `threads` is a multiple of BLOCK, every thread reaches every barrier, and a
+segment of `lanes` neighbouring threads (a warp or more) reduces one output with warp
+shuffles and, across warps, `__shared__` memory. Every pointer a kernel reads or writes is a
+`char *` parameter `p<k>` whose address is fixed when the graph is compiled (arena offsets, the
 executable's input buffers), so sizes, strides and offsets are constants in the text.
 
 Helpers here are pure text builders:
@@ -33,7 +37,7 @@ from dataclasses import dataclass, field
 from graphc.ops.shapes import result_dtype
 from graphc.types import TensorType
 
-BLOCK = 128
+BLOCK = 256  # threads per block of every generated kernel; a multiple of 32
 
 _CTYPES = {"float32": "float", "float64": "double", "int64": "long long", "bool": "bool"}
 
@@ -221,12 +225,14 @@ class Kernel:
     threads: int
     params: int
     body: list[str] = field(default_factory=list)
+    guard: bool = True  # False: a cooperative kernel (no early return; see the docstring)
 
     def text(self) -> str:
         params = ", ".join(f"char *p{k}" for k in range(self.params)) or "void"
         lines = [f'extern "C" __global__ void {self.name}({params}) {{',
-                 "  long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
-                 f"  if (gi >= {self.threads}LL) return;"]
+                 "  long long gi = (long long)blockIdx.x * blockDim.x + threadIdx.x;"]
+        if self.guard:
+            lines.append(f"  if (gi >= {self.threads}LL) return;")
         lines += ["  " + line for line in self.body]
         lines += ["}", f"GC_EMU_EXPORT({self.name})", ""]
         return "\n".join(lines)
@@ -248,10 +254,12 @@ GC_D float gc_max(float a, float b) { return a != a ? a : (b != b ? b : (a > b ?
 GC_D double gc_max(double a, double b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
 GC_D long long gc_max(long long a, long long b) { return a > b ? a : b; }
 GC_D bool gc_max(bool a, bool b) { return a || b; }
+GC_D int gc_max(int a, int b) { return a > b ? a : b; }  // bool states kept as int
 GC_D float gc_min(float a, float b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
 GC_D double gc_min(double a, double b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
 GC_D long long gc_min(long long a, long long b) { return a < b ? a : b; }
 GC_D bool gc_min(bool a, bool b) { return a && b; }
+GC_D int gc_min(int a, int b) { return a < b ? a : b; }
 GC_D float gc_abs(float x) { return fabsf(x); }
 GC_D double gc_abs(double x) { return fabs(x); }
 GC_D long long gc_abs(long long x) { return x < 0 ? -x : x; }
@@ -319,6 +327,24 @@ GC_D unsigned int gc_philox_word(unsigned long long seed, unsigned long long off
   }
   unsigned int w = j % 4;
   return w == 0 ? c0 : (w == 1 ? c1 : (w == 2 ? c2 : c3));
+}
+// reductions (graphc.backends.cuda.reductions): NaN wins, then the better value, then the
+// lower index; symmetric, so every lane of a shuffle butterfly reaches the same answer
+template <typename T> GC_D bool gc_arg_wins(T v, long long i, T best, long long at,
+                                            bool is_min) {
+  if (i < 0) return false;
+  if (at < 0) return true;
+  bool vn = v != v, bn = best != best;
+  if (vn || bn) return vn && (!bn || i < at);
+  if (v == best) return i < at;
+  return is_min ? v < best : v > best;
+}
+// online softmax: fold (m2, s2) into the running (max m, sum s of exp(x - m))
+template <typename T> GC_D void gc_online_merge(T &m, double &s, T m2, double s2) {
+  T mx = gc_max(m, m2);
+  s = (m == mx ? s : s * exp((double)m - (double)mx)) +
+      (m2 == mx ? s2 : s2 * exp((double)m2 - (double)mx));
+  m = mx;
 }
 GC_D double gc_uniform24(unsigned int w) { return (double)(w >> 8) * 0x1p-24; }
 GC_D float gc_uniform_f32(unsigned long long s, unsigned long long o, unsigned long long i) {

@@ -89,9 +89,14 @@ class Layout:
 
 @dataclass
 class Launch:
+    """A generated kernel over `threads` threads (BLOCK a block); `lanes`: how many of them
+    cooperate on each output (1 for elementwise kernels; a reduction's segment width times
+    its split), recorded so tests can count the parallelism of every output."""
+
     function: str
     threads: int
     args: list[Addr]
+    lanes: int = 1
 
 
 @dataclass
@@ -121,6 +126,7 @@ class KernelText:
 
     def __init__(self, name: str, threads: int) -> None:
         self.name, self.threads = name, threads
+        self.guard, self.lanes = True, 1  # cooperative kernels: False, the segment width
         self.params: list[int] = []
         self.lines: list[str] = []
 
@@ -205,8 +211,8 @@ class Lowerer:
     def emit(self, k: KernelText) -> None:
         if k.threads <= 0:
             return
-        self.kernels.append(Kernel(k.name, k.threads, len(k.params), k.lines))
-        self.steps.append(Launch(k.name, k.threads, [Addr(o) for o in k.params]))
+        self.kernels.append(Kernel(k.name, k.threads, len(k.params), k.lines, k.guard))
+        self.steps.append(Launch(k.name, k.threads, [Addr(o) for o in k.params], k.lanes))
 
     def call(self, function: str, *args, keep: tuple = ()) -> None:
         self.steps.append(Call(function, args, keep))

@@ -1,11 +1,14 @@
 """movement: generated kernels for data movement, indexing, arg-reductions and random ops.
 
 `MOVEMENT_LOWERINGS` maps op names to `lower(lowerer, node)` (graphc.backends.cuda.ops
-dispatches to it). Every kernel runs one thread per output element (gathers) or per source
-element (scatters: the base is copied first, then values are added with atomicAdd, so
-repeated indices accumulate as numpy's `add.at`). Index checks follow the eager kernels'
-ranges (negative indices wrap where eager allows them); a bad index sets an error word
-(the executable raises IndexOutOfRangeError after the call) and is never dereferenced.
+dispatches to it). Every kernel runs one thread per output element, scatters included: an
+output element gathers its contributions in index order (scatter_add walks its line of the
+index; index_add/index_put/embedding_backward first sort the index stably, then each element
+binary-searches its segment), so repeated indices accumulate as numpy's `add.at`, bit for
+bit and the same on every run, and no float atomics are used (docs/backends.md). Index
+checks follow the eager kernels' ranges (negative indices wrap where eager allows them); a
+bad index sets an error word (the executable raises IndexOutOfRangeError after the call)
+and is never dereferenced.
 Random ops follow graphc/ops/random.py's Philox stream exactly (same words, same
 conversions), reading `[seed, offset]` from their int64 seed input on the device; randperm
 ranks every key against all others (O(n^2) work, one thread per element), so it is exact
@@ -150,59 +153,159 @@ def lower_embedding(lw: Lowerer, node: Node) -> None:
     lw.emit(k)
 
 
-def _atomic(out: Layout, node: Node) -> str:
-    if out.type.dtype.name not in ("float32", "float64"):
-        raise unsupported(node, f"{node.op} on {out.type.dtype.name} (atomicAdd on floats only)")
-    return "atomicAdd"
-
-
 def lower_scatter(lw: Lowerer, node: Node) -> None:
-    """scatter_add, index_add, index_put, slice_scatter: copy the base, then write sources."""
+    """scatter_add, index_add, index_put, slice_scatter. slice_scatter copies the base, then
+    writes the (distinct) targets. The others are deterministic owner-computes kernels: each
+    output element gathers its contributions in index order (numpy's `add.at` order, so the
+    float sums are numpy's bit for bit; a repeated index_put target keeps its last value)."""
     out = lw.layouts[node.outputs[0]]
     x = lw.layouts[node.inputs[0]]
     if x.type.ndim == 0:
         raise unsupported(node, f"{node.op} on a 0-d tensor")
+    if node.op == "scatter_add":
+        return _scatter_add_owned(lw, node, x, out)
+    if node.op in ("index_add", "index_put"):
+        return _index_scatter_owned(lw, node, x, out)
     lw.copy_to(x, out, node)
     src = lw.layouts[node.inputs[-1]]
     k = lw.new_kernel(node, src.type.numel)
     coords = _coords(src.type.ndim)
     k.lines += cudagen.decompose(src.type.shape, "gi")
-    value = k.at(src, coords)
-    if node.op == "slice_scatter":
-        starts, steps = node.attrs["starts"], node.attrs["steps"]
-        target = [f"({s}LL + c{d} * {st}LL)" for d, (s, st) in enumerate(zip(starts, steps))]
-        k.lines.append(f"{k.at(out, target)} = {value};")
-        return lw.emit(k)
-    index = lw.layouts[node.inputs[1]]
+    starts, steps = node.attrs["starts"], node.attrs["steps"]
+    target = [f"({s}LL + c{d} * {st}LL)" for d, (s, st) in enumerate(zip(starts, steps))]
+    k.lines.append(f"{k.at(out, target)} = {k.at(src, coords)};")
+    lw.emit(k)
+
+
+def _scatter_add_owned(lw: Lowerer, node: Node, x: Layout, out: Layout) -> None:
+    """out[.., i, ..] = x[.., i, ..] + the src[.., t, ..] with index[.., t, ..] == i, t rising:
+    one thread per output element walks its line of the index along the axis (O(out * the
+    index's extent along the axis)); a check kernel first flags out-of-range indices."""
+    index, src = lw.layouts[node.inputs[1]], lw.layouts[node.inputs[2]]
     axis = node.attrs["axis"] % x.type.ndim
-    if node.op == "scatter_add":
-        _checked_index(lw, k, node, k.at(index, coords), x.type.shape[axis], False,
-                       "scatter_add")
-        target = ["ix" if d == axis else c for d, c in enumerate(coords)]
-    else:
-        target, ic = _take_coords(x, index, axis, coords)
-        _checked_index(lw, k, node, k.at(index, ic), x.type.shape[axis], True, node.op)
+    size = x.type.shape[axis]
+    check = lw.new_kernel(node, index.type.numel)
+    check.lines += cudagen.decompose(index.type.shape, "gi")
+    _checked_index(lw, check, node, check.at(index, _coords(index.type.ndim)), size, False,
+                   "scatter_add")
+    lw.emit(check)
+    shape, ishape = out.type.shape, index.type.shape
+    ct = cudagen.ctype(out.type.dtype)
+    k, _ = _start(lw, node)
+    coords = _coords(len(shape))
+    k.lines += cudagen.decompose(shape, "gi")
+    k.lines.append(f"{ct} acc = {k.at(x, coords)};")
+    inside = " && ".join(f"c{d} < {ishape[d]}LL" for d in range(len(shape)) if d != axis)
+    line = ["t" if d == axis else c for d, c in enumerate(coords)]
+    add = cudagen.scalar("add", {}, ["acc", k.at(src, line)], [out.type.dtype, src.type.dtype],
+                         out.type.dtype)
+    k.lines.append(f"if ({inside or 'true'}) {{")
+    k.lines.append(f"  for (long long t = 0; t < {ishape[axis]}LL; ++t) {{")
+    k.lines.append(f"    if ({k.at(index, line)} == c{axis}) acc = {add};")
+    k.lines += ["  }", "}", f"{k.at(out, coords)} = acc;"]
+    lw.emit(k)
+
+
+def _sorted_index(lw: Lowerer, node: Node, index: Layout, size: int, negative: bool,
+                  what: str, skip: int | None = None) -> tuple[int, int]:
+    """Sort the (wrapped, checked) index stably: returns scratch offsets (perm, keys) with
+    keys[p] = index[perm[p]] ascending, equal keys in position order. One thread per entry
+    ranks it against all others (O(n^2) work, exact; meant for the n of a batch of
+    indices). Out-of-range entries set the error word and sort first as -1."""
+    n = index.type.numel
+    perm, keys = lw.scratch(8 * n), lw.scratch(8 * n)
+    k = lw.new_kernel(node, n)
+    flat = Layout(index.offset, index.strides, index.type)
+
+    def key(var: str, name: str) -> list[str]:
+        lines = cudagen.decompose(index.type.shape, var, f"{name}c")
+        at = k.at(flat, [f"{name}c{d}" for d in range(index.type.ndim)])
+        lines.append(f"long long {name} = {at};")
+        if negative:
+            lines.append(f"if ({name} < 0 && {name} >= -{size}LL) {name} += {size}LL;")
+        lines.append(f"if ({name} < 0 || {name} >= {size}LL) {name} = -1;")
+        return lines
+
+    word = lw.error_word(f"{node.op}: an index is out of bounds for dimension of size {size} "
+                         f"({what})")
+    k.lines += key("gi", "mine")
+    k.lines.append(f"if (mine < 0) ((long long *){k.ptr(word)})[0] = 1;")
+    k.lines.append("long long rank = 0;")
+    k.lines.append(f"for (long long j = 0; j < {n}LL; ++j) {{")
+    k.lines += ["  " + line for line in key("j", "other")]
+    k.lines.append("  rank += other < mine || (other == mine && j < gi);")
+    k.lines.append("}")
+    k.lines.append(f"((long long *){k.ptr(perm)})[rank] = gi;")
+    k.lines.append(f"((long long *){k.ptr(keys)})[rank] = mine;")
+    lw.emit(k)
+    return perm, keys
+
+
+def _segment_of(k, keys: int, n: int, row: str) -> list[str]:
+    """Declare [lo, hi): the positions of sorted keys equal to `row` (two binary searches)."""
+    kp = f"((long long *){k.ptr(keys)})"
+    return [f"long long lo = 0, hi = {n}LL;",
+            f"while (lo < hi) {{ long long mid = (lo + hi) >> 1; "
+            f"if ({kp}[mid] < {row}) lo = mid + 1; else hi = mid; }}",
+            f"long long end = lo; hi = {n}LL;",
+            f"while (end < hi) {{ long long mid = (end + hi) >> 1; "
+            f"if ({kp}[mid] <= {row}) end = mid + 1; else hi = mid; }}"]
+
+
+def _index_scatter_owned(lw: Lowerer, node: Node, x: Layout, out: Layout) -> None:
+    """index_add / index_put along `axis` with an index tensor: sort the index, then each
+    output element sums (index_add, in index order) or takes the last (index_put) of the
+    source entries whose index equals its coordinate."""
+    index, src = lw.layouts[node.inputs[1]], lw.layouts[node.inputs[2]]
+    axis = node.attrs["axis"] % x.type.ndim
+    n = index.type.numel
+    perm, keys = _sorted_index(lw, node, index, x.type.shape[axis], True, node.op)
+    shape = out.type.shape
+    k, _ = _start(lw, node)
+    coords = _coords(len(shape))
+    k.lines += cudagen.decompose(shape, "gi")
+    ct = cudagen.ctype(out.type.dtype)
+    k.lines.append(f"{ct} acc = {k.at(x, coords)};")
+    k.lines += _segment_of(k, keys, n, f"c{axis}")
+    ni = index.type.ndim
+    k.lines.append("for (long long p = lo; p < end; ++p) {")
     if node.op == "index_put":
-        k.lines.append(f"{k.at(out, target)} = {value};")
+        k.lines[-1] = "if (end > lo) { long long p = end - 1;"
+    k.lines.append(f"  long long j = ((long long *){k.ptr(perm)})[p];")
+    k.lines += ["  " + line for line in cudagen.decompose(index.type.shape, "j", "s")]
+    src_coords = coords[:axis] + [f"s{d}" for d in range(ni)] + coords[axis + 1:]
+    value = k.at(src, src_coords)
+    if node.op == "index_put":
+        k.lines.append(f"  acc = ({ct})({value});")
     else:
-        k.lines.append(f"{_atomic(out, node)}(&{k.at(out, target)}, {value});")
+        add = cudagen.scalar("add", {}, ["acc", value], [out.type.dtype, src.type.dtype],
+                             out.type.dtype)
+        k.lines.append(f"  acc = {add};")
+    k.lines += ["}", f"{k.at(out, coords)} = acc;"]
     lw.emit(k)
 
 
 def lower_embedding_backward(lw: Lowerer, node: Node) -> None:
+    """Deterministic: the indices sorted, then each weight-gradient element sums its rows'
+    gradients in index order (numpy's add.at order); the padding row stays 0."""
     g, indices = (lw.layouts[v] for v in node.inputs)
     out = lw.layouts[node.outputs[0]]
-    lw.call("gc_memset", _addr(out), 0, out.type.nbytes, None)
-    k = lw.new_kernel(node, g.type.numel)
-    coords = _coords(g.type.ndim)
-    k.lines += cudagen.decompose(g.type.shape, "gi")
-    _checked_index(lw, k, node, k.at(indices, coords[:-1]), out.type.shape[0], False,
-                   "embedding_backward")
+    rows, n = out.type.shape[0], indices.type.numel
+    perm, keys = _sorted_index(lw, node, indices, rows, False, "embedding_backward")
+    k, _ = _start(lw, node)
+    k.lines += cudagen.decompose(out.type.shape, "gi")
+    ct = cudagen.ctype(out.type.dtype)
+    k.lines.append(f"{ct} acc = 0;")
+    k.lines += _segment_of(k, keys, n, "c0")
     pad = node.attrs.get("padding_idx")
     if pad is not None:
-        k.lines.append(f"if (ix == {pad % out.type.shape[0]}LL) return;")
-    k.lines.append(f"{_atomic(out, node)}(&{k.at(out, ['ix', coords[-1]])}, "
-                   f"{k.at(g, coords)});")
+        k.lines.append(f"if (c0 == {pad % rows}LL) end = lo;")
+    k.lines.append("for (long long p = lo; p < end; ++p) {")
+    k.lines.append(f"  long long j = ((long long *){k.ptr(perm)})[p];")
+    k.lines += ["  " + line for line in cudagen.decompose(indices.type.shape, "j", "s")]
+    g_coords = [f"s{d}" for d in range(indices.type.ndim)] + ["c1"]
+    k.lines.append(f"  acc = acc + {k.at(g, g_coords)};")
+    k.lines += ["}", f"{k.at(out, ['c0', 'c1'])} = acc;"]
     lw.emit(k)
 
 
@@ -214,33 +317,34 @@ def _addr(layout: Layout):
 
 def lower_arg(lw: Lowerer, node: Node) -> None:
     """argmax/argmin over one axis, or over the flattened tensor (axis=None, row-major index);
-    the first extreme wins, and a NaN beats every number (numpy's rule)."""
+    the first extreme wins, and a NaN beats every number (numpy's rule). A segment of threads
+    per output (graphc.backends.cuda.reductions), split into chunks when the outputs are few."""
+    from graphc.backends.cuda import reductions
+
     x = lw.layouts[node.inputs[0]]
-    k, out = _start(lw, node)
+    out = lw.layouts[node.outputs[0]]
     shape, is_min = x.type.shape, node.op == "argmin"
     if not shape:
+        k, _ = _start(lw, node)
         k.lines.append(f"{_flat(k, out)} = 0;")
         return lw.emit(k)
     axis = node.attrs["axis"]
     red = list(range(len(shape))) if axis is None else [axis % len(shape)]
     kept = [d for d in range(len(shape)) if d not in red]
-    k.lines += cudagen.decompose(tuple(shape[d] for d in kept), "gi", "o")
-    k.lines += [f"long long c{d} = o{i};" for i, d in enumerate(kept)]
-    ct = cudagen.ctype(x.type.dtype)
-    count = 1
-    for d in red:
-        count *= shape[d]
-    k.lines.append(f"{ct} best = 0; long long at = -1;")
-    k.lines.append(f"for (long long r = 0; r < {count}LL; ++r) {{")
-    inner = cudagen.decompose(tuple(shape[d] for d in red), "r", "q")
-    inner += [f"long long c{d} = q{i};" for i, d in enumerate(red)]
-    inner.append(f"{ct} v = {k.at(x, _coords(len(shape)))};")
-    better = "v < best" if is_min else "v > best"
-    nan = "(v != v && best == best) || " if x.type.dtype.is_floating else ""
-    inner.append(f"if (at < 0 || {nan}{better}) {{ best = v; at = r; }}")
-    k.lines += ["  " + line for line in inner] + ["}"]
-    k.lines.append(f"{_flat(k, out)} = at;")
-    lw.emit(k)
+    ct = reductions.shuffle_type(cudagen.ctype(x.type.dtype))
+    coords = _coords(len(shape))
+
+    def value(k):
+        return [], k.at(x, coords)
+
+    def finish(k):
+        return [f"{cudagen.load(k.ptr(out.offset), out.type.dtype, 'gc_o')} = at;"]
+
+    reducer = reductions.arg_reducer(ct, is_min, value, finish)
+    reductions.reduce_kernels(lw, node, out.type.numel,
+                              (tuple(shape[d] for d in kept), kept),
+                              reductions.prod(shape[d] for d in red),
+                              (tuple(shape[d] for d in red), red), reducer)
 
 
 def lower_random(lw: Lowerer, node: Node) -> None:

@@ -10,8 +10,9 @@ Each function appends the node's kernels (graphc.backends.cuda.lowering.KernelTe
 graphc.backends.cuda.cudagen) or runtime library calls to the Lowerer, reading inputs where
 `lowerer.layouts` places them and writing its outputs' (contiguous) layouts. See
 graphc.backends.cuda.lowering for what is lowered and how memory is laid out.
-Invariants: a kernel writes each output element from exactly one thread, except the scatters
-(atomicAdd, after a copy of their base); index checks set an error word instead of reading
+Invariants: a kernel writes each output element from exactly one thread (scatters included:
+their outputs gather their contributions in index order, so results are deterministic); no
+kernel uses float atomics; index checks set an error word instead of reading
 out of bounds; float32 is the library's dtype, other dtypes take generated kernels.
 """
 
@@ -21,7 +22,7 @@ import ctypes
 import math
 
 from graphc.backends import common
-from graphc.backends.cuda import cudagen, rt
+from graphc.backends.cuda import cudagen, reductions, rt
 from graphc.backends.cuda.lowering import Addr, CudaLoweringError, Layout, Lowerer, unsupported
 from graphc.backends.cuda.movement import MOVEMENT_LOWERINGS
 from graphc.ir.graph import Node
@@ -197,12 +198,24 @@ def _library_reduce_op(red: Reduction) -> int:
     return rt.REDUCE_OP[f"GC_REDUCE_{name}"]
 
 
+def _element(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int, shape):
+    """value(k) -> (statements, expression): the reduced operand at coordinates c<d>."""
+    coords = _coords(len(shape))
+
+    def value(k) -> tuple[list[str], str]:
+        lines = _body_lines(lw, k, node, shape, coords, fb, stop, {})
+        if src_ref < len(node.inputs):
+            return lines, k.read(lw.layouts[node.inputs[src_ref]], coords, shape)
+        return lines, f"v{src_ref}"
+
+    return value
+
+
 def _reduction(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int,
                src: TensorType, op: str, attrs: dict, out: Layout) -> None:
     """out = op over `src_ref` (an input or a value of fb's instructions [0, stop)) computed
-    at every source index."""
+    at every source index: a segment of threads per output (graphc.backends.cuda.reductions)."""
     shape = src.shape
-    coords = _coords(len(shape))
     if REGISTRY[op].row_wise:
         return _softmax_kernel(lw, node, fb, stop, src_ref, src, op == "log_softmax",
                                attrs["dim"] % max(len(shape), 1), out)
@@ -212,26 +225,29 @@ def _reduction(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int,
     red = [d for d in range(len(shape)) if d in axes]
     dt = out.type.dtype
     acc_t = "double" if dt.name == "float32" and reduction.combiner in ("add", "mul") else \
-        cudagen.ctype(dt)
-    k = lw.new_kernel(node, out.type.numel)
-    k.lines += cudagen.decompose(tuple(shape[d] for d in kept), "gi", "o")
-    k.lines += [f"long long c{d} = o{i};" for i, d in enumerate(kept)]
+        reductions.shuffle_type(cudagen.ctype(dt))
     count = math.prod(shape[d] for d in red)
-    k.lines.append(f"{acc_t} acc = ({acc_t}){_identity(reduction, dt)};")
-    k.lines.append(f"for (long long r = 0; r < {count}LL; ++r) {{")
-    inner = cudagen.decompose(tuple(shape[d] for d in red), "r", "q")
-    inner += [f"long long c{d} = q{i};" for i, d in enumerate(red)]
-    inner += _body_lines(lw, k, node, shape, coords, fb, stop, {})
-    value = k.read(lw.layouts[node.inputs[src_ref]], coords, shape) \
-        if src_ref < len(node.inputs) else f"v{src_ref}"
-    src_dt = src.dtype
-    inner.append(f"{acc_t} x = ({acc_t})({cudagen.scalar('cast', {}, [value], [src_dt], dt)});")
-    inner.append(f"acc = {COMBINER_LOWERINGS[reduction.combiner]('acc', 'x', dt)};")
-    k.lines += ["  " + line for line in inner] + ["}"]
-    result = f"acc / {count}.0" if reduction.mean else "acc"
-    k.lines.append(f"{k.at(out, _kept_coords(out, kept, attrs))} = "
-                   f"({cudagen.ctype(dt)})({result});")
-    lw.emit(k)
+    value = _element(lw, node, fb, stop, src_ref, shape)
+    combine = COMBINER_LOWERINGS[reduction.combiner]
+
+    def update(k) -> list[str]:
+        lines, v = value(k)
+        x = cudagen.scalar("cast", {}, [v], [src.dtype], dt)
+        return lines + [f"{acc_t} x = ({acc_t})({x});", f"acc = {combine('acc', 'x', dt)};"]
+
+    def finish(k) -> list[str]:
+        result = f"acc / {count}.0" if reduction.mean else "acc"
+        return [f"{k.at(out, _kept_coords(out, kept, attrs))} = "
+                f"({cudagen.ctype(dt)})({result});"]
+
+    def merge(a: str, b: str) -> str:
+        return combine(a, b, dt)
+
+    identity = f"({acc_t}){_identity(reduction, dt)}"
+    reducer = reductions.fold([("acc", acc_t, identity)], update, merge, finish)
+    reductions.reduce_kernels(lw, node, out.type.numel,
+                              (tuple(shape[d] for d in kept), kept), count,
+                              (tuple(shape[d] for d in red), red), reducer)
 
 
 def _kept_coords(out: Layout, kept: list[int], attrs: dict) -> list[str]:
@@ -243,31 +259,72 @@ def _kept_coords(out: Layout, kept: list[int], attrs: dict) -> list[str]:
 
 def _softmax_kernel(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int,
                     src: TensorType, log: bool, dim: int, out: Layout) -> None:
+    """Online softmax: a segment per row keeps (max m, sum s of exp(x - m)), merged across
+    lanes, then writes the row: two reads of each element (O(n)). Few long rows split the
+    row: partial (m, s) per chunk, merged per row into scratch, then one elementwise pass."""
     shape = src.shape
+    dt = out.type.dtype
+    ct = cudagen.ctype(dt)
+    n = shape[dim] if shape else 1
+    kept = [d for d in range(len(shape)) if d != dim]
+    kept_shape = tuple(shape[d] for d in kept)
+    rows = math.prod(kept_shape)
+    value = _element(lw, node, fb, stop, src_ref, shape)
     coords = _coords(len(shape))
-    ct = cudagen.ctype(out.type.dtype)
-    k = lw.new_kernel(node, out.type.numel)
+    lanes = reductions.lanes_for(n)
+
+    def result(x: str, m: str, s: str) -> str:
+        return f"({x} - {m}) - ({ct})log({s})" if log else f"gc_exp({x} - {m}) / ({ct}){s}"
+
+    def update(k) -> list[str]:
+        lines, v = value(k)
+        return lines + [f"gc_online_merge(m, s, ({ct})({v}), 1.0);"]
+
+    def merge() -> list[str]:
+        return ["gc_online_merge(m, s, o_m, o_s);"]
+
+    def write_row(k) -> list[str]:
+        lines, v = value(k)
+        body = [f"long long c{dim} = t;", *lines, f"{ct} x = ({ct})({v});",
+                f"{k.at(out, coords)} = {result('x', 'm', 's')};"]
+        return [f"for (long long t = gc_lane; t < {n}LL; t += {lanes}) {{",
+                *("  " + line for line in body), "}"]
+
+    def no_finish(k) -> list[str]:
+        return []
+
+    states = [("m", ct, cudagen.literal(-math.inf, dt)), ("s", "double", "0.0")]
+    red = ((n,), [dim]) if shape else ((), [])
+    split = reductions.split_for(rows, n, lanes)
+    if split == 1:
+        reducer = reductions.Reducer(states, update, merge, no_finish, write_row)
+        reductions.reduce_kernels(lw, node, rows, (kept_shape, kept), n, red, reducer, 1)
+        return
+    stats_m, stats_s = lw.scratch(rows * dt.itemsize), lw.scratch(rows * 8)
+
+    def store_stats(k) -> list[str]:
+        return [f"(({ct} *){k.ptr(stats_m)})[gc_o] = m;",
+                f"((double *){k.ptr(stats_s)})[gc_o] = s;"]
+
+    reducer = reductions.Reducer(states, update, merge, store_stats)
+    reductions.reduce_kernels(lw, node, rows, (kept_shape, kept), n, red, reducer, split)
+    k = lw.new_kernel(node, out.type.numel)  # the third pass: one thread per element
     k.lines += cudagen.decompose(shape, "gi")
-    k.lines.append(f"long long own = c{dim};")
-
-    def row_value() -> list[str]:
-        lines = [f"long long c{dim} = t;"]
-        lines += _body_lines(lw, k, node, shape, coords, fb, stop, {})
-        value = k.read(lw.layouts[node.inputs[src_ref]], coords, shape) \
-            if src_ref < len(node.inputs) else f"v{src_ref}"
-        return lines + [f"{ct} x = ({ct})({value});"]
-
-    n = shape[dim]
-    k.lines.append(f"{ct} mx = {cudagen.literal(-math.inf, out.type.dtype)}; "
-                   f"{ct} mine = 0; double total = 0;")
-    k.lines.append(f"for (long long t = 0; t < {n}LL; ++t) {{")
-    k.lines += ["  " + line for line in row_value()] + ["  mx = gc_max(mx, x);", "}"]
-    k.lines.append(f"for (long long t = 0; t < {n}LL; ++t) {{")
-    k.lines += ["  " + line for line in row_value()]
-    k.lines += ["  total += (double)gc_exp(x - mx);", "  if (t == own) mine = x;", "}"]
-    result = f"(mine - mx) - ({ct})log(total)" if log else f"gc_exp(mine - mx) / ({ct})total"
-    k.lines.append(f"{k.at(out, coords)} = {result};")
+    row = cudagen.offset([f"c{d}" for d in kept], _row_strides(kept_shape)) if kept else "0"
+    lines, v = value(k)
+    k.lines += lines
+    k.lines.append(f"{ct} x = ({ct})({v}); long long row = {row};")
+    m, s = f"(({ct} *){k.ptr(stats_m)})[row]", f"((double *){k.ptr(stats_s)})[row]"
+    k.lines.append(f"{k.at(out, coords)} = {result('x', m, s)};")
     lw.emit(k)
+
+
+def _row_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
 
 
 # ---- library-backed ops ----------------------------------------------------------------------
@@ -427,10 +484,11 @@ def lower_pool(lw: Lowerer, node: Node) -> None:
                 Addr(outs[0].offset), None, keep=(desc,))
     elif op == "max_pool2d_grad":
         gy, dx = ins[0], outs[0]
-        h, w = attrs["input_hw"]
-        gs = gy.type.shape
-        desc = rt.Pool2dDesc(math.prod(gs[:-2]), h, w, gs[-2], gs[-1], 1, 1, 1, 1, 0, 0, 1, 1,
-                             0, 0)
+        forward = _producer(lw, node.inputs[1])
+        if forward is None or forward.op != "max_pool2d":
+            return _max_pool_grad_scan(lw, node, gy, ins[1], dx)
+        # the library gathers over the forward's windows (deterministic, no atomics)
+        desc = _pool_desc(dx.type.shape, gy.type.shape, forward.attrs)
         lw.call("gc_max_pool2d_bwd_f32", ctypes.byref(desc), Addr(gy.offset),
                 Addr(ins[1].offset), Addr(dx.offset), None, keep=(desc,))
     else:  # avg_pool2d_grad
@@ -439,26 +497,60 @@ def lower_pool(lw: Lowerer, node: Node) -> None:
                 Addr(outs[0].offset), None, keep=(desc,))
 
 
+def _producer(lw: Lowerer, value) -> Node | None:
+    """The scheduled node that computes `value` (None for a graph input)."""
+    for n in lw.plan.schedule:
+        if value in n.outputs:
+            return n
+    return None
+
+
+def _max_pool_grad_scan(lw: Lowerer, node: Node, gy: Layout, indices: Layout,
+                        dx: Layout) -> None:
+    """max_pool2d_grad whose indices do not come from a max_pool2d in this graph (windows
+    unknown): each input element scans its plane's outputs in order (O(h*w*out_h*out_w)),
+    summing in double as the reference's bincount: deterministic, no atomics."""
+    plane_in = dx.type.shape[-2] * dx.type.shape[-1]
+    plane_out = gy.type.shape[-2] * gy.type.shape[-1]
+    k = lw.new_kernel(node, dx.type.numel)
+    g, ix = k.ptr(gy.offset), k.ptr(indices.offset)
+    k.lines.append(f"long long at = gi % {plane_in}LL, base = (gi / {plane_in}LL) * "
+                   f"{plane_out}LL; double acc = 0.0;")
+    k.lines.append(f"for (long long o = base; o < base + {plane_out}LL; ++o)")
+    k.lines.append(f"  if (((long long *){ix})[o] == at) acc += ((float *){g})[o];")
+    k.lines.append(f"((float *){k.ptr(dx.offset)})[gi] = (float)acc;")
+    lw.emit(k)
+
+
 def lower_softmax(lw: Lowerer, node: Node) -> None:
+    """The library's block-per-row kernel for contiguous float32 rows (inner == 1) that are
+    many enough to fill the device; otherwise the generated online softmax."""
     x, y = lw.layouts[node.inputs[0]], lw.layouts[node.outputs[0]]
     shape = x.type.shape
-    if not (_f32(x) and x.contiguous and shape):
-        return _reduction(lw, node, FusedBody.of_node(node), 0, 0, x.type, node.op,
-                          dict(node.attrs), y)
-    dim = node.attrs["dim"] % len(shape)
-    lw.call("gc_softmax_fwd_f32", math.prod(shape[:dim]), shape[dim],
-            math.prod(shape[dim + 1:]), int(node.op == "log_softmax"), Addr(x.offset),
-            Addr(y.offset), None)
+    dim = node.attrs["dim"] % max(len(shape), 1)
+    rows = math.prod(shape[:dim])
+    if _f32(x) and x.contiguous and shape and dim == len(shape) - 1 and \
+            reductions.split_for(rows, shape[dim], 256) == 1:
+        lw.call("gc_softmax_fwd_f32", rows, shape[dim], 1, int(node.op == "log_softmax"),
+                Addr(x.offset), Addr(y.offset), None)
+        return
+    _reduction(lw, node, FusedBody.of_node(node), 0, 0, x.type, node.op, dict(node.attrs), y)
 
 
 def lower_reduce(lw: Lowerer, node: Node) -> None:
+    """A generated cooperative reduction; a float32 sum over (N, H, W) of a contiguous NCHW
+    tensor (a conv bias gradient) goes to gc_conv2d_bwd_bias_f32 when its block per channel
+    fills the device."""
     x, y = lw.layouts[node.inputs[0]], lw.layouts[node.outputs[0]]
-    shape, axes = x.type.shape, sorted(a % max(x.type.ndim, 1) for a in node.attrs["axes"])
-    run = axes and axes == list(range(axes[0], axes[-1] + 1))
-    if _f32(x) and _f32(y) and x.contiguous and run and x.type.numel:
-        lw.call("gc_reduce_f32", _library_reduce_op(REGISTRY[node.op].reduction),
-                math.prod(shape[:axes[0]]), math.prod(shape[a] for a in axes),
-                math.prod(shape[axes[-1] + 1:]), Addr(x.offset), Addr(y.offset), None)
+    shape = x.type.shape
+    axes = sorted(a % max(x.type.ndim, 1) for a in node.attrs["axes"])
+    if node.op == "reduce_sum" and len(shape) == 4 and axes == [0, 2, 3] and _f32(x) and \
+            _f32(y) and x.contiguous and x.type.numel and \
+            reductions.split_for(shape[1], x.type.numel // shape[1], 256) == 1:
+        n, c, h, w = shape
+        desc = rt.Conv2dDesc(n, 1, h, w, c, 1, 1, 1, 1, 0, 0, 1, 1, 1, h, w)
+        lw.call("gc_conv2d_bwd_bias_f32", ctypes.byref(desc), Addr(x.offset), Addr(y.offset),
+                None, keep=(desc,))
         return
     _reduction(lw, node, FusedBody.of_node(node), 0, 0, x.type, node.op, dict(node.attrs), y)
 
@@ -477,9 +569,7 @@ def lower_nll(lw: Lowerer, node: Node) -> None:
         n, classes, inner = (1, shape[0], 1) if len(shape) == 1 else \
             (shape[0], shape[1], math.prod(shape[2:]))
         bad = lw.error_word(f"nll_loss: a target is out of bounds (node {format_op(node)})")
-        lw.call("gc_nll_loss_fwd_f32", n, classes, inner, Addr(ins[0].offset),
-                Addr(ins[1].offset), Addr(ins[2].offset), attrs["ignore_index"], red,
-                Addr(outs[0].offset), Addr(outs[1].offset), Addr(bad), None)
+        _nll_forward(lw, node, n, classes, inner, ins, outs, red, bad)
     else:
         shape = attrs["input_shape"]
         n, classes, inner = (1, shape[0], 1) if len(shape) == 1 else \
@@ -487,6 +577,47 @@ def lower_nll(lw: Lowerer, node: Node) -> None:
         lw.call("gc_nll_loss_bwd_f32", n, classes, inner, Addr(ins[0].offset),
                 Addr(ins[1].offset), Addr(ins[2].offset), Addr(ins[3].offset),
                 attrs["ignore_index"], red, Addr(outs[0].offset), None)
+
+
+def _nll_forward(lw: Lowerer, node: Node, n: int, classes: int, inner: int, ins, outs,
+                 red: int, bad: int) -> None:
+    """The NLL loss as a cooperative reduction over the n * inner targets: states (loss sum,
+    weight sum, a bad target seen) in double and int64, split into chunks when long (the
+    library's gc_nll_loss_fwd_f32 runs one block)."""
+    x, target, weight = ins
+    ignore = node.attrs["ignore_index"]
+
+    def update(k) -> list[str]:
+        xp, tp, wp = (k.ptr(v.offset) for v in (x, target, weight))
+        pick = f"(r / {inner}LL) * {classes * inner}LL + t * {inner}LL + r % {inner}LL"
+        lines = [f"long long t = ((long long *){tp})[r]; double gc_l = 0.0;",
+                 f"if (t != {ignore}LL) {{",
+                 f"  if (t < 0 || t >= {classes}LL) bad = 1LL;",
+                 "  else {",
+                 f"    double w = (double)((float *){wp})[t];",
+                 f"    gc_l = -(double)((float *){xp})[{pick}] * w;",
+                 "    loss += gc_l; wsum += w;",
+                 "  }",
+                 "}"]
+        if red == _NLL_REDUCTION["none"]:
+            lines.append(f"((float *){k.ptr(outs[0].offset)})[r] = (float)gc_l;")
+        return lines
+
+    def merge() -> list[str]:
+        return ["loss += o_loss; wsum += o_wsum; bad = bad > o_bad ? bad : o_bad;"]
+
+    def finish(k) -> list[str]:
+        lines = [f"((float *){k.ptr(outs[1].offset)})[0] = (float)wsum;",
+                 f"if (bad) ((long long *){k.ptr(bad)})[0] = 1;"]
+        if red == _NLL_REDUCTION["mean"]:
+            lines.append(f"((float *){k.ptr(outs[0].offset)})[0] = (float)(loss / wsum);")
+        elif red == _NLL_REDUCTION["sum"]:
+            lines.append(f"((float *){k.ptr(outs[0].offset)})[0] = (float)loss;")
+        return lines
+
+    states = [("loss", "double", "0.0"), ("wsum", "double", "0.0"), ("bad", "long long", "0LL")]
+    reducer = reductions.Reducer(states, update, merge, finish)
+    reductions.reduce_kernels(lw, node, 1, ((), []), n * inner, None, reducer)
 
 
 def format_op(node: Node) -> str:

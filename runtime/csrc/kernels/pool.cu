@@ -5,8 +5,9 @@
  * (row by row), and a NaN always wins (a later NaN replaces an earlier one, as graphc's
  * max_pool2d and PyTorch's CPU kernel); the index is the flat ih * w + iw in its plane. A
  * window whose values are all -inf points at its first in-bounds element; a window entirely
- * in the padding gives -inf and index -1. The backward zeroes dx and adds each dy at its index
- * with atomicAdd (indices outside [0, h*w) are skipped).
+ * in the padding gives -inf and index -1. The backward is a gather over the windows of the
+ * desc (pass the forward's): each dx element sums, in output order and in double, the dy of the
+ * windows that recorded it (deterministic, no atomics; other indices are never read back).
  * Average pooling (no dilation: it must be 1): PyTorch's divisor rules: the window clipped to
  * [-pad, size + pad) counts with count_include_pad, the in-bounds part without it, and
  * divisor_override replaces both. The backward is a gather: each dx element sums the dy of
@@ -45,18 +46,30 @@ __global__ void max_pool_fwd_kernel(gc_pool2d_desc d, const float *x, float *y,
     }
 }
 
-__global__ void max_pool_bwd_scatter_kernel(gc_pool2d_desc d, const float *dy,
-                                            const int64_t *indices, float *dx) {
-    const int64_t total = d.planes * d.out_h * d.out_w, plane_size = d.h * d.w;
+/* Deterministic backward: each input element gathers, in ascending output order (the order
+ * of numpy's bincount in graphc's reference kernel), the outputs whose window contains it and
+ * whose recorded winner it is; double accumulation; no atomics, so every run gives the same
+ * bits. The window comes from the desc: pass the forward's. */
+__global__ void max_pool_bwd_gather_kernel(gc_pool2d_desc d, const float *dy,
+                                           const int64_t *indices, float *dx) {
+    const int64_t total = d.planes * d.h * d.w, plane_size = d.h * d.w;
     for (int64_t i = global_thread_index(); i < total; i += global_thread_count()) {
-        const int64_t at = indices[i];
-        if (at < 0 || at >= plane_size) continue;
-        atomicAdd(dx + (i / (d.out_h * d.out_w)) * plane_size + at, dy[i]);
+        const int64_t at = i % plane_size, ih = at / d.w, iw = at % d.w;
+        const int64_t base = (i / plane_size) * d.out_h * d.out_w;
+        double acc = 0.0;
+        for (int64_t a = d.kh - 1; a >= 0; --a) { /* a falling: oh rising */
+            const int64_t t = ih + d.pad_h - a * d.dilation_h;
+            if (t < 0 || t % d.stride_h != 0 || t / d.stride_h >= d.out_h) continue;
+            const int64_t row = base + (t / d.stride_h) * d.out_w;
+            for (int64_t b = d.kw - 1; b >= 0; --b) {
+                const int64_t u = iw + d.pad_w - b * d.dilation_w;
+                if (u < 0 || u % d.stride_w != 0 || u / d.stride_w >= d.out_w) continue;
+                const int64_t o = row + u / d.stride_w;
+                if (indices[o] == at) acc += dy[o];
+            }
+        }
+        dx[i] = (float)acc;
     }
-}
-
-__global__ void zero_kernel(float *dst, int64_t count) {
-    for (int64_t i = global_thread_index(); i < count; i += global_thread_count()) dst[i] = 0.0f;
 }
 
 /* the divisor of output (oh, ow), PyTorch's rule */
@@ -169,10 +182,7 @@ extern "C" gc_status gc_max_pool2d_bwd_f32(const gc_pool2d_desc *desc, const flo
     GC_TRY(check_pointers(fn, inputs, dx, dx, dx));
     GC_TRY(check_pointers(fn, outputs, dy, indices, dy));
     if (inputs == 0) return GC_SUCCESS;
-    GC_LAUNCH(zero_kernel, grid_1d(inputs), dim3(kThreads, 1, 1), 0, stream)(dx, inputs);
-    GC_CHECK_LAUNCH(fn);
-    if (outputs == 0) return GC_SUCCESS;
-    GC_LAUNCH(max_pool_bwd_scatter_kernel, grid_1d(outputs), dim3(kThreads, 1, 1), 0, stream)(
+    GC_LAUNCH(max_pool_bwd_gather_kernel, grid_1d(inputs), dim3(kThreads, 1, 1), 0, stream)(
         *desc, dy, indices, dx);
     GC_CHECK_LAUNCH(fn);
     return GC_SUCCESS;

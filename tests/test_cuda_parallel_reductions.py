@@ -1,0 +1,207 @@
+"""Cooperative reductions of the cuda backend (graphc.backends.cuda.reductions), emulated.
+
+Each case compiles a small graph with backend="cuda" (GRAPHC_CUDA=emu), compares it with the
+interpreter (float sums against a float64 reference with tolerances, since the summation order
+legitimately differs; arg-reductions, integer and boolean results exactly), and counts the
+threads that work on each output from the launch list the lowering records
+(`Launch.lanes`): at least 256 wherever the reduced extent allows it, and at least the extent
+(rounded up to a warp) where it is shorter. Two runs give the same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphc.backends import compile as compile_graph
+from graphc.ir import parse
+
+
+@pytest.fixture(autouse=True)
+def _emulation(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _runtime():
+    from tests.test_cuda_backend import _runtime_or_skip
+
+    _runtime_or_skip()
+
+
+def _compile(text: str):
+    from graphc.backends.cuda.lowering import Launch
+
+    ex = compile_graph(parse(text), "cuda")
+    launches = [s for s in ex.lowered.steps if isinstance(s, Launch)]
+    return ex, launches
+
+
+def _check(text: str, *arrays, exact: bool = False):
+    """Run on cuda and on the interpreter (float64 copies of float inputs for the reference)."""
+    ex, launches = _compile(text)
+    got = ex.run(*arrays)
+    again = ex.run(*arrays)
+    for a, b in zip(got, again):
+        assert a.tobytes() == b.tobytes(), "two runs differ"
+    want = compile_graph(parse(text), "interp").run(*arrays)
+    ref = compile_graph(parse(text.replace("f32", "f64")), "interp").run(
+        *[a.astype(np.float64) if a.dtype == np.float32 else a for a in arrays])
+    for a, b, r in zip(got, want, ref):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        if exact or a.dtype.kind in "ib":
+            np.testing.assert_array_equal(a, b)
+        else:
+            scale = np.nanmax(np.abs(r), initial=0.0)
+            np.testing.assert_allclose(a, r, rtol=2e-5, atol=2e-6 * max(scale, 1.0))
+    return got, launches
+
+
+def _lanes(launches) -> int:
+    """The threads per output of the widest kernel (pass 1 of a split reduction)."""
+    return max(launch.lanes for launch in launches)
+
+
+def test_row_sum_uses_a_block_per_row(rng):
+    x = rng.standard_normal((6, 1000)).astype(np.float32)
+    _, launches = _check('''graph @f(%x: f32[6,1000]) -> (f32[6]) {
+  %0: f32[6] = reduce_sum[axes=(1,), keepdim=false](%x)
+  return (%0)
+}''', x)
+    assert _lanes(launches) >= 256
+
+
+def test_full_sum_is_split_over_many_blocks(rng):
+    x = rng.standard_normal((64, 1024)).astype(np.float32)
+    _, launches = _check('''graph @f(%x: f32[64,1024]) -> (f32[]) {
+  %0: f32[] = reduce_mean[axes=(0, 1), keepdim=false](%x)
+  return (%0)
+}''', x)
+    assert len(launches) == 2  # partials per chunk, then the chunks merged in order
+    assert launches[0].lanes >= 4 * 256 and launches[0].threads >= 4 * 256
+
+
+def test_column_and_channel_reductions(rng):
+    x = rng.standard_normal((300, 7)).astype(np.float32)
+    _, launches = _check('''graph @f(%x: f32[300,7]) -> (f32[1,7]) {
+  %0: f32[1,7] = reduce_max[axes=(0,), keepdim=true](%x)
+  return (%0)
+}''', x, exact=True)
+    assert _lanes(launches) >= 256
+    y = rng.standard_normal((4, 3, 9, 9)).astype(np.float32)
+    _, launches = _check('''graph @f(%y: f32[4,3,9,9]) -> (f32[3]) {
+  %0: f32[4,3,9,9] = fused[body=(("mul", (0, 0), ()), ("reduce_sum", (1,), (("axes", (0, 2, 3)), ("keepdim", false)))), outputs=(2,)](%y)
+  return (%0)
+}'''.replace("%0: f32[4,3,9,9]", "%0: f32[3]"), y)  # noqa: E501
+    assert _lanes(launches) >= 256
+
+
+def test_short_rows_share_a_block(rng):
+    x = rng.standard_normal((50, 10)).astype(np.float32)
+    _, launches = _check('''graph @f(%x: f32[50,10]) -> (f32[50]) {
+  %0: f32[50] = reduce_min[axes=(1,), keepdim=false](%x)
+  return (%0)
+}''', x, exact=True)
+    assert _lanes(launches) == 32  # a warp per row of 10: 8 rows per 256-thread block
+    assert launches[0].threads == -(-50 * 32 // 256) * 256
+
+
+def test_integer_and_boolean_reductions(rng):
+    x = rng.integers(-50, 50, (5, 600))
+    b = rng.random((5, 600)) < 0.001
+    _check('''graph @f(%x: i64[5,600], %b: bool[5,600]) -> (i64[5], i64[600], bool[5], bool[600]) {
+  %0: i64[5] = reduce_sum[axes=(1,), keepdim=false](%x)
+  %1: i64[600] = reduce_max[axes=(0,), keepdim=false](%x)
+  %2: bool[5] = reduce_max[axes=(1,), keepdim=false](%b)
+  %3: bool[600] = reduce_min[axes=(0,), keepdim=false](%b)
+  return (%0, %1, %2, %3)
+}''', x, b)
+
+
+def test_nan_propagates_through_max_and_sum(rng):
+    x = rng.standard_normal((3, 700)).astype(np.float32)
+    x[1, 650] = np.nan
+    got, _ = _check('''graph @f(%x: f32[3,700]) -> (f32[3], f32[3]) {
+  %0: f32[3] = reduce_max[axes=(1,), keepdim=false](%x)
+  %1: f32[3] = reduce_sum[axes=(1,), keepdim=false](%x)
+  return (%0, %1)
+}''', x)
+    assert np.isnan(got[0][1]) and np.isnan(got[1][1]) and not np.isnan(got[0][0])
+
+
+@pytest.mark.parametrize("shape,dim", [((4, 3000), 1), ((2, 40000), 1), ((3, 500, 4), 1),
+                                       ((8, 10), 1)])
+def test_softmax_and_log_softmax(rng, shape, dim):
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    s = ",".join(map(str, shape))
+    _, launches = _check(f'''graph @f(%x: f32[{s}]) -> (f32[{s}], f32[{s}]) {{
+  %0: f32[{s}] = fused[body=(("neg", (0,), ()), ("softmax", (1,), (("dim", {dim}),))), outputs=(2,)](%x)
+  %1: f32[{s}] = log_softmax[dim={dim}](%x)
+  return (%0, %1)
+}}''', x)  # noqa: E501
+    assert _lanes(launches) >= min(256, max(32, shape[dim]))
+    if shape == (2, 40000):  # few long rows: split, merged per row, then written
+        assert _lanes(launches) > 256
+
+
+def test_softmax_reads_each_element_a_fixed_number_of_times(rng):
+    """O(n): the generated text has one loop over the row to reduce and one to write."""
+    ex, _ = _compile('''graph @f(%x: f32[4,5000,2]) -> (f32[4,5000,2]) {
+  %0: f32[4,5000,2] = fused[body=(("exp", (0,), ()), ("softmax", (1,), (("dim", 1),))), outputs=(2,)](%x)
+  return (%0)
+}''')  # noqa: E501
+    source = ex.lowered.source
+    assert source.count("for (long long r = ") + source.count("for (long long t = ") <= 3
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_argmax_argmin(rng, axis):
+    x = rng.standard_normal((40, 900)).astype(np.float32)
+    x[3, 17] = x[3, 800] = 9.0  # ties: the first wins
+    x[7, 5] = np.nan
+    ax = "none" if axis is None else axis
+    shape = {None: "", 0: "900", 1: "40"}[axis]
+    _, launches = _check(f'''graph @f(%x: f32[40,900]) -> (i64[{shape}], i64[{shape}]) {{
+  %0: i64[{shape}] = argmax[axis={ax}, keepdim=false](%x)
+  %1: i64[{shape}] = argmin[axis={ax}, keepdim=false](%x)
+  return (%0, %1)
+}}''', x)
+    assert _lanes(launches) >= (256 if axis != 0 else 64)
+
+
+def test_nll_loss_over_many_targets(rng):
+    n, c = 5000, 7
+    x = rng.standard_normal((n, c)).astype(np.float32)
+    t = rng.integers(0, c, n)
+    t[::13] = -100
+    w = rng.random(c).astype(np.float32)
+    for reduction in ("mean", "sum", "none"):
+        out = "f32[]" if reduction != "none" else f"f32[{n}]"
+        _, launches = _check(f'''graph @f(%x: f32[{n},{c}], %t: i64[{n}], %w: f32[{c}]) -> ({out}, f32[]) {{
+  %0: {out}, %1: f32[] = nll_loss[ignore_index=-100, reduction="{reduction}"](%x, %t, %w)
+  return (%0, %1)
+}}''', x, t, w)  # noqa: E501
+        assert _lanes(launches) >= 256
+
+
+def test_nll_loss_bad_target_is_reported(rng):
+    from graphc.errors import IndexOutOfRangeError
+
+    ex, _ = _compile('''graph @f(%x: f32[4,3], %t: i64[4], %w: f32[3]) -> (f32[], f32[]) {
+  %0: f32[], %1: f32[] = nll_loss[ignore_index=-100, reduction="mean"](%x, %t, %w)
+  return (%0, %1)
+}''')
+    x, w = np.zeros((4, 3), np.float32), np.ones(3, np.float32)
+    ex.run(x, np.array([0, 1, 2, -100]), w)
+    with pytest.raises(IndexOutOfRangeError, match="nll_loss: a target is out of bounds"):
+        ex.run(x, np.array([0, 3, 2, 1]), w)
+
+
+def test_elementwise_kernels_stay_one_thread_per_element(rng):
+    x = rng.standard_normal(1000).astype(np.float32)
+    _, launches = _check('''graph @f(%x: f32[1000]) -> (f32[1000]) {
+  %0: f32[1000] = tanh(%x)
+  return (%0)
+}''', x)
+    assert [(launch.threads, launch.lanes) for launch in launches] == [(1000, 1)]
