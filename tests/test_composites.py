@@ -57,6 +57,12 @@ def test_masked_fill(rng):
     ("i,j->ij", [(3,), (4,)]),
     ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
     ("abc,cd->abd", [(2, 3, 4), (4, 1)]),
+    ("ii->i", [(4, 4)]),
+    ("ii", [(3, 3)]),
+    ("iij->ji", [(3, 3, 2)]),
+    ("bii,bij->bj", [(2, 3, 3), (2, 3, 4)]),
+    ("ijij->ij", [(2, 3, 2, 3)]),
+    ("iii->i", [(3, 3, 3)]),
 ])
 def test_einsum(rng, equation, shapes):
     arrays = [rng.standard_normal(s) for s in shapes]
@@ -67,8 +73,9 @@ def test_einsum(rng, equation, shapes):
 def test_einsum_errors():
     with pytest.raises(ShapeError, match="number of subscripts"):
         graphc.einsum("ij,jk", graphc.ones(2, 3), graphc.ones(3))
-    with pytest.raises(ArgumentError, match="diagonal"):
-        graphc.einsum("ii->i", graphc.ones(2, 2))
+    with pytest.raises(ShapeError, match="subscript i is repeated for operand 0 but the "
+                       "sizes don't match, 4 != 3"):
+        graphc.einsum("ii->i", graphc.ones(3, 4))
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])

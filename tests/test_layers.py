@@ -353,8 +353,36 @@ def test_functional_matches_torch(rng):
     probs = (logits > 0).astype(np.float64)
     assert_close(F.binary_cross_entropy_with_logits(graphc.tensor(logits), graphc.tensor(probs)),
                  tf.binary_cross_entropy_with_logits(torch.tensor(logits), torch.tensor(probs)))
-    with pytest.raises(ValueError, match="max_norm is not supported"):
-        F.embedding(graphc.tensor(idx), graphc.tensor(table), max_norm=1.0)
+    with pytest.raises(ValueError, match="sparse=True is not supported"):
+        F.embedding(graphc.tensor(idx), graphc.tensor(table), sparse=True)
+
+
+@pytest.mark.parametrize("kwargs", [{"max_norm": 1.0}, {"max_norm": 0.5, "norm_type": 1.0},
+                                    {"scale_grad_by_freq": True},
+                                    {"scale_grad_by_freq": True, "padding_idx": 1,
+                                     "max_norm": 2.0}])
+def test_embedding_max_norm_and_scale_grad_by_freq(rng, kwargs):
+    """The rows the batch references are renormalised in place (the others untouched) and
+    the gradient is divided by each row's count in the batch, as PyTorch; eager and compiled."""
+    torch = torch_or_skip()
+    idx = np.array([[0, 2, 2], [4, 1, 2]])
+    table = rng.standard_normal((6, 3)) * 2
+    seed = rng.standard_normal((2, 3, 3))
+    t_w = torch.tensor(table, requires_grad=True)
+    t_out = torch.nn.functional.embedding(torch.tensor(idx), t_w, **kwargs)
+    (t_out * torch.tensor(seed)).sum().backward()
+
+    def step(w, i, s):
+        out = F.embedding(i, w, **kwargs)
+        (out * s).sum().backward()
+        return out
+
+    for run in (step, graphc.compile(step)):
+        g_w = graphc.tensor(table, requires_grad=True)
+        g_out = run(g_w, graphc.tensor(idx), graphc.tensor(seed))
+        np.testing.assert_allclose(g_out.detach().numpy(), t_out.detach().numpy(), rtol=1e-12)
+        np.testing.assert_allclose(g_w.detach().numpy(), t_w.detach().numpy(), rtol=1e-12)
+        np.testing.assert_allclose(g_w.grad.numpy(), t_w.grad.numpy(), rtol=1e-12)
 
 
 # ---- init ---------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ import warnings
 
 import numpy as np
 
+from graphc.autograd.function import Function
+from graphc.autograd.grad_mode import no_grad
 from graphc.dispatch import current_tracer
 from graphc.errors import ArgumentError, ShapeError
 from graphc.ops import conv as _conv
@@ -29,6 +31,7 @@ from graphc.ops import movement as _movement
 from graphc.ops import nn_ops as _nn_ops
 from graphc.ops import pool as _pool
 from graphc.ops import random as _random
+from graphc.ops import sources as _sources
 from graphc.ops.registry import call as _call
 from graphc.ops.registry import inplace as _inplace
 from graphc.utils import composites as _composites
@@ -240,13 +243,50 @@ def _repeat_heads(t, heads: int):
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float = 2.0,  # noqa: A002
               scale_grad_by_freq: bool = False, sparse: bool = False):
-    unsupported = {"max_norm": max_norm is not None, "scale_grad_by_freq": scale_grad_by_freq,
-                   "sparse": sparse}
-    for name, given in unsupported.items():
-        if given:
-            raise ArgumentError(f"embedding: {name} is not supported by graphc yet; leave it "
-                                "at its default")
-    return _nn_ops.embedding(input, weight, padding_idx=padding_idx)
+    """Rows of `weight` picked by `input`, as torch.nn.functional.embedding.
+
+    max_norm renormalises, in place and without gradient, each referenced row whose
+    norm_type-norm exceeds it to that norm (PyTorch's embedding_renorm_, with its 1e-7);
+    scale_grad_by_freq divides each row's gradient by how often the batch references it.
+    """
+    if sparse:
+        raise ArgumentError("embedding: sparse=True is not supported by graphc (it has no "
+                            "sparse tensors); leave it False")
+    if max_norm is not None:
+        _renorm_rows(weight, input, float(max_norm), float(norm_type))
+    out = _nn_ops.embedding(input, weight, padding_idx=padding_idx)
+    if scale_grad_by_freq and out.requires_grad:
+        flat = input.reshape(-1)
+        counts = _sources.zeros(weight.shape[0], dtype=out.dtype).index_add(
+            0, flat, _sources.ones(flat.shape[0], dtype=out.dtype))
+        out = _ScaleGradient.apply(out, (1.0 / counts[input]).unsqueeze(-1))
+    return out
+
+
+def _renorm_rows(weight, input, max_norm: float, norm_type: float) -> None:  # noqa: A002
+    """weight[i] *= max_norm / (norm + 1e-7) for each referenced row i whose norm exceeds
+    max_norm. A row referenced twice is written twice with the same value."""
+    with no_grad():
+        rows = input.reshape(-1)
+        picked = weight[rows]
+        norms = picked.norm(norm_type, dim=1, keepdim=True)
+        scale = _elementwise.where(norms > max_norm, max_norm / (norms + 1e-7),
+                                   _sources.ones_like(norms))
+        weight[rows] = picked * scale
+
+
+class _ScaleGradient(Function):
+    """Identity forward; the incoming gradient multiplied by `scale` (scale_grad_by_freq)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(scale)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (scale,) = ctx.saved_tensors
+        return g * scale, None
 
 
 # ---- losses ---------------------------------------------------------------------------------

@@ -159,9 +159,13 @@ def _parse_einsum(equation: str, operands) -> tuple[list[str], str]:
             raise ShapeError(f"einsum(): the number of subscripts in the equation ({len(term)}) "
                              f"does not match the number of dimensions ({op.ndim}) for "
                              "operand and no ellipsis was given")
-        if len(set(term)) != len(term):
-            raise ArgumentError("einsum(): a subscript repeated within one operand (a "
-                                "diagonal) is not supported by graphc yet")
+        for c in set(term):
+            sizes = {op.shape[k] for k, d in enumerate(term) if d == c}
+            if len(sizes) > 1:
+                first, second = [op.shape[k] for k, d in enumerate(term) if d == c][:2]
+                raise ShapeError(f"einsum(): subscript {c} is repeated for operand "
+                                 f"{len(expanded)} but the sizes don't match, {second} != "
+                                 f"{first}")
         expanded.append(term)
     if arrow:
         out = rhs.replace("...", ell)
@@ -169,6 +173,22 @@ def _parse_einsum(equation: str, operands) -> tuple[list[str], str]:
         counts = {c: "".join(expanded).count(c) for c in set("".join(expanded))}
         out = ell + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell))
     return expanded, out
+
+
+def _diagonal(op, term: str):
+    """`op` restricted to equal indices for each letter repeated in `term` (`"ii"` -> the
+    diagonal, subscripted `"i"`): the repeated axes move last, flatten, and a stride of n + 1
+    picks their diagonal."""
+    while len(set(term)) != len(term):
+        c = next(c for c in term if term.count(c) > 1)
+        first = term.index(c)
+        second = term.index(c, first + 1)
+        rest = [k for k in range(len(term)) if k not in (first, second)]
+        n = op.shape[first]
+        op = movement.permute(op, *rest, first, second)
+        op = movement.reshape(op, tuple(op.shape[:-2]) + (n * n,))[..., ::n + 1]
+        term = "".join(term[k] for k in rest) + c
+    return op, term
 
 
 def _contract(a, ta: str, b, tb: str, keep: set[str]):
@@ -194,7 +214,8 @@ def _contract(a, ta: str, b, tb: str, keep: set[str]):
 
 
 def einsum(equation: str, *operands):
-    """Einstein summation (`"bij,bjk->bik"`, `"...ij,...jk"`, implicit output), as torch.einsum.
+    """Einstein summation (`"bij,bjk->bik"`, `"...ij,...jk"`, implicit output, diagonals such
+    as `"ii->i"` and traces `"ii"`), as torch.einsum.
 
     >>> a = graphc.ones(2, 3)
     >>> graphc.einsum("ij,jk->ik", a, graphc.ones(3, 4)).shape
@@ -206,6 +227,8 @@ def einsum(equation: str, *operands):
         raise ArgumentError("einsum(): must provide at least one operand")
     terms, out = _parse_einsum(equation, operands)
     ops = list(operands)
+    for i, term in enumerate(terms):  # a letter repeated in one operand: its diagonal
+        ops[i], terms[i] = _diagonal(ops[i], term)
     for i, (op, term) in enumerate(zip(ops, terms)):  # sum out letters only this one has
         others = set(out).union(*(t for j, t in enumerate(terms) if j != i))
         private = [k for k, c in enumerate(term) if c not in others]
