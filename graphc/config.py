@@ -27,6 +27,9 @@
 - GRAPHC_CUDA_SYNC: `1` makes the cuda backend synchronise after every kernel launch and
   library call (no CUDA graph), so a fault is reported by the call that made it, naming the
   kernel, the graph node and the user source line (slow; for debugging).
+- GRAPHC_CUDA_SYNC: `1` makes the cuda backend synchronise after every kernel launch and
+  library call (no CUDA graph), so a fault is reported by the call that made it, naming the
+  kernel, the graph node and the user source line (slow; for debugging).
 - GRAPHC_BLAS_THREADS: how the CPU backend's BLAS (OpenBLAS) uses threads: `shared` (the
   default) runs its parallel jobs on the one libgomp team graphc's own loops use (see
   graphc.backends.cpu.threads); `native` leaves OpenBLAS's own thread pool alone.
@@ -91,6 +94,10 @@ def dumps(topic: str) -> bool:
     if items and not topics:
         topics = ["ir"]
     return topic in topics or "all" in topics
+
+
+def cuda_sync() -> bool:
+    return os.environ.get("GRAPHC_CUDA_SYNC", "") not in ("", "0")
 
 
 def cuda_sync() -> bool:

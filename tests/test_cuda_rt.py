@@ -68,7 +68,7 @@ def _parse_structs(text: str) -> dict[str, list[tuple[str, str]]]:
 ENUM_NAMES = ("gc_status", "gc_conv2d_pass", "gc_reduction", "gc_reduce_op")
 SCALARS = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes.c_float,
            "double": ctypes.c_double, **{e: ctypes.c_int32 for e in ENUM_NAMES}}
-HANDLES = ("gc_stream", "gc_event", "gc_module", "gc_function")
+HANDLES = ("gc_stream", "gc_event", "gc_module", "gc_function", "gc_graph")
 
 
 def _expected_ctype(ctype: str):

@@ -59,7 +59,7 @@ import numpy as np
 
 from graphc import config
 from graphc.autograd.grad_mode import is_grad_enabled
-from graphc.backends import Executable, check_backend
+from graphc.backends import Executable, check_backend, residency
 from graphc.backends import compile as compile_graph
 from graphc.dispatch import current_tracer, is_abstract
 from graphc.errors import ArgumentError, GraphcError
@@ -177,6 +177,12 @@ class Compiled:
     def __call__(self, *args, **kwargs):
         if current_tracer() is not None or is_abstract():  # inside a trace: inline it
             return self.fn(*args, **kwargs)
+        # arrays are bound as they are; an executable fetches what another device holds
+        # (graphc.backends.residency), so binding a parameter kept on the device copies nothing
+        with residency.raw_reads():
+            return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict):
         for entry in reversed(self._entries):  # the fast path
             if entry.guard is not None and entry.guard.holds(args, kwargs):
                 if not entry.shadowed and self._fits(entry, args, kwargs):
@@ -485,6 +491,9 @@ def _run_and_write_back(executable: Executable, arrays: list, targets: list,
     With a `check` (GRAPHC_CHECK_NANS=1), its first `n_checked` outputs (default: all) and its
     updates must be finite, else graphc.jit.nan_check raises before anything is written back."""
     n_out = len(executable.graph.outputs)
+    # values another executable keeps on its device are fetched first; with a check every
+    # one is (the check runs on private copies)
+    residency.fresh_all(arrays, keep=executable if check is None else None)
     results = executable.run(*arrays) if check is None else nan_check.run_checked(
         executable, arrays, check, n_out if n_checked is None else n_checked)
     outputs, updates = results[:n_out], results[n_out:]

@@ -4,24 +4,47 @@
 (graphc.backends.cuda.lowering: generated kernels and library calls, every address fixed),
 compiles and loads the generated source (graphc.backends.cuda.compile, cached on disk),
 allocates ONE device buffer of `lowered.device_bytes` ([plan arena | inputs | scratch]) and
-binds every launch and call to absolute addresses. `run(*arrays)`:
-host -> device copies of the inputs, the steps in order, device -> host copies of the outputs
-and update values, and a check of the error words (a bad index or NLL target raises
-IndexOutOfRangeError naming the op); the contract of graphc.backends holds: outputs, then
-one value per update, and an update written into its input array (as the CPU executable).
+binds every launch and call to absolute addresses and to the executable's own stream (never
+the legacy NULL stream). The contract of graphc.backends holds: `run(*arrays)` returns the
+outputs, then one value per update, an update being the updated input's own array.
 
-Invariants: copies between host and device happen only at these boundaries; calls on one
-executable are serialised by a lock (they share the device buffer); the device buffer and
-the module live as long as the executable (freed in `close()` / on collection).
+Host traffic (graphc.backends.residency states the protocol):
+- *State* (inputs the graph updates in place: parameters, buffers, optimizer state) stays on
+  the device. After a call the updated input's host array is marked out of date instead of
+  copied back; the next call finds its own mark and uploads nothing. A read of the tensor on
+  the host fetches the value (and the next call uploads it again, since the host may write).
+- *True inputs* (the batch) go host -> pinned staging -> device on the stream.
+- *Outputs*: 0-d outputs (a loss) are copied back; the others, from the second call on, are
+  kept on the device in a buffer of their own (a pool per output) and their host arrays are
+  marked, so `.grad`s nobody reads never cross. The first call copies everything back (the
+  compiled call may read first-call outputs directly: lazily created optimizer state).
+  GRAPHC_CHECK_NANS turns all of this off (the check reads every value on the host).
+- The launch list runs directly on the first call and as a CUDA graph captured on the second
+  and replayed after (the emulation refuses capture and keeps running the list directly).
+
+Faults: launches are asynchronous, so a kernel fault surfaces at a later call; the error then
+says so and names GRAPHC_CUDA_SYNC=1, under which every step is followed by a stream
+synchronisation and a fault names its kernel, the graph node and the user source line. A
+sticky error (CudaDeviceLostError: the context is unusable) resets the device
+(`gc_device_reset`); every executable of the process then rebuilds its device state on its
+next call, and a host array whose value was only on the device raises CudaDeviceLostError
+once when read (it then holds the value it had before: its last fetch or upload).
+
+Invariants: calls on one executable are serialised by a lock (they share the device buffer);
+fetches take the same lock; the device buffer, stream, graph, pools and module live as long
+as the executable (freed by `close()`, which first fetches every value still marked).
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 
 import numpy as np
 
+from graphc import config
+from graphc.backends import residency
 from graphc.backends.common import planned
 from graphc.backends.cuda import rt as rtmod
 from graphc.backends.cuda.compile import load_module
@@ -29,7 +52,15 @@ from graphc.backends.cuda.cudagen import BLOCK
 from graphc.backends.cuda.lowering import Addr, Call, Launch, lower
 from graphc.errors import ArgumentError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
+from graphc.ir.printer import format_node
 from graphc.ir.verifier import verify
+
+_ALIGN = 256
+_live: weakref.WeakSet = weakref.WeakSet()  # every executable: a device reset concerns all
+
+
+def _align(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
 
 
 class CudaExecutable:
@@ -42,24 +73,62 @@ class CudaExecutable:
         self.rt = rtmod.runtime_library()
         self.memory_plan = plan = planned(graph)
         self.lowered = low = lower(graph)
-        self.module = load_module(self.rt, low.source, graph.name or "graph") \
+        self._in_types = [(v.type.shape, np.dtype(v.type.dtype.np)) for v in graph.inputs]
+        index = {v.name: i for i, v in enumerate(graph.inputs)}
+        n_out = len(graph.outputs)
+        results = list(graph.outputs) + [v for _, v in graph.updates]
+        # (offset of the value, type, input array it is written into or None, output?)
+        self._layout = []
+        for k, (v, layout) in enumerate(zip(results, low.result_layouts)):
+            target = None
+            if k >= n_out and v.name in plan.in_input:
+                target = index[plan.in_input[v.name]]
+            self._layout.append((layout.offset, v.type, target, k < n_out))
+        # state: input index -> offset of its update's value, when that value can be kept in
+        # the input's own slot (computed there, or copied there on the device after a call)
+        slots = {low.input_offsets[i]: i for i in range(len(graph.inputs))}
+        self._state: dict[int, int] = {}
+        for (target, _), (offset, *_rest) in zip(graph.updates, self._layout[n_out:]):
+            i = index[target.name]
+            if slots.get(offset, i) == i:
+                self._state[i] = offset
+        self._true_inputs = [i for i in range(len(graph.inputs)) if i not in self._state]
+        self._update_input = {n_out + u: index[target.name]
+                              for u, (target, _) in enumerate(graph.updates)}
+        self._lock = threading.RLock()
+        self._calls = 0
+        self._holders: dict[int, weakref.ref] = {}  # state input -> the array its slot holds
+        self._lost: str | None = None
+        self._base = None
+        self._setup()
+        _live.add(self)
+
+    # ---- device state -----------------------------------------------------------------------
+    def _setup(self) -> None:
+        """Allocate and bind everything on the device (again after a device reset)."""
+        rt, low = self.rt, self.lowered
+        self.module = load_module(rt, low.source, self.graph.name or "graph") \
             if low.kernels else None
+        stream = ctypes.c_void_p()
+        rt.gc_stream_create(ctypes.byref(stream))
+        self._stream = stream
         self._base = ctypes.c_void_p()
-        self.rt.gc_malloc(ctypes.byref(self._base), max(low.device_bytes, 256))
+        rt.gc_malloc(ctypes.byref(self._base), max(low.device_bytes, 256))
         base = self._base.value
         self._steps = [self._bind(step, base) for step in low.steps]
         self._input_ptrs = [base + o for o in low.input_offsets]
-        self._in_types = [(v.type.shape, np.dtype(v.type.dtype.np)) for v in graph.inputs]
-        index = {v.name: i for i, v in enumerate(graph.inputs)}
-        results = list(graph.outputs) + [v for _, v in graph.updates]
-        self._results = []  # (device address, type, input index or None)
-        for k, (v, layout) in enumerate(zip(results, low.result_layouts)):
-            target = None
-            if k >= len(graph.outputs) and v.name in plan.in_input:
-                target = index[plan.in_input[v.name]]
-            self._results.append((base + layout.offset, v.type, target))
         self._errors_ptr = base + low.errors_offset
-        self._lock = threading.Lock()
+        # pinned staging: the true inputs, then the 0-d outputs and the error words
+        sizes = [_align(self.graph.inputs[i].type.nbytes) for i in self._true_inputs]
+        self._staging_bytes = sum(sizes) + _align(8 * max(len(low.errors), 1)) + sum(
+            _align(t.nbytes) for _, t, _, out in self._layout if out)
+        self._staging = ctypes.c_void_p()
+        rt.gc_host_alloc(ctypes.byref(self._staging), max(self._staging_bytes, 256))
+        self._pools: dict[int, list[int]] = {}  # output index -> free device buffers
+        self._graph_exec = None
+        self._capture = "untried"  # "untried" | "captured" | "refused"
+        self._holders = {}
+        self._lost = None
 
     def _bind(self, step, base: int):
         def resolve(a):
@@ -72,11 +141,15 @@ class CudaExecutable:
                 *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
             grid = (ctypes.c_int64 * 3)(-(-step.threads // BLOCK), 1, 1)
             block = (ctypes.c_int64 * 3)(BLOCK, 1, 1)
-            call = self.rt.gc_launch
-            return call, (fn, grid, block, 0, args, None), (values,)
+            return (self.rt.gc_launch, (fn, grid, block, 0, args, self._stream), (values,),
+                    step.function)
         assert isinstance(step, Call)
-        return getattr(self.rt, step.function), tuple(resolve(a) for a in step.args), step.keep
+        args = tuple(resolve(a) for a in step.args)
+        if args and args[-1] is None:  # the ABI's stream argument, always last
+            args = args[:-1] + (self._stream,)
+        return getattr(self.rt, step.function), args, step.keep, step.function
 
+    # ---- calls ------------------------------------------------------------------------------
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
         g = self.graph
         if len(arrays) != len(self._in_types):
@@ -88,44 +161,307 @@ class CudaExecutable:
             if a.shape != shape or a.dtype != dtype:
                 raise ArgumentError(f"graph @{g.name}: input %{g.inputs[i].name} expects "
                                     f"{g.inputs[i].type}, got {a.dtype}{list(a.shape)}")
-            bound.append(np.ascontiguousarray(a))
-        rt = self.rt
-        n_errors = len(self.lowered.errors)
-        errors = np.zeros(max(n_errors, 1), np.int64)
+            bound.append(a)
+        residency.fresh_all(bound, keep=self)  # values another executable holds
+        eager = config.check_nans()
         with self._lock:
-            for a, ptr in zip(bound, self._input_ptrs):
-                if a.nbytes:
-                    rt.gc_memcpy_h2d(ptr, a.ctypes.data, a.nbytes, None)
-            if n_errors:
-                rt.gc_memset(self._errors_ptr, 0, 8 * n_errors, None)
-            for fn, args, _ in self._steps:
-                fn(*args)
-            outs = []
-            for ptr, t, target in self._results:
-                if target is not None and arrays[target].flags.writeable and \
-                        isinstance(arrays[target], np.ndarray) and \
-                        arrays[target].flags.c_contiguous:
-                    out = arrays[target]
-                else:
-                    out = np.empty(t.shape, t.dtype.np)
-                if out.nbytes:
-                    rt.gc_memcpy_d2h(out.ctypes.data, ptr, out.nbytes, None)
-                outs.append(out)
-            if n_errors:
-                rt.gc_memcpy_d2h(errors.ctypes.data, self._errors_ptr, 8 * n_errors, None)
-            rt.gc_device_synchronize()
-        for k in np.flatnonzero(errors[:n_errors]):
+            if self._lost is not None:
+                self._setup()
+            try:
+                outs, errors = self._call(arrays, bound, eager)
+            except rtmod.CudaRuntimeError as error:
+                raise self._failed(error) from None
+            self._calls += 1
+        for k in np.flatnonzero(errors):
             raise IndexOutOfRangeError(f"cuda backend: graph @{g.name} failed: "
                                        f"{self.lowered.errors[k]}")
         return outs
 
+    def _call(self, arrays: tuple, bound: list, eager: bool):
+        rt, stream = self.rt, self._stream
+        ids = [id(a) for a in bound]
+        staged = self._staging.value
+        for i, a in enumerate(bound):
+            ptr = self._input_ptrs[i]
+            if i in self._state:
+                if not eager and residency.marked_by(a) == (self, i):
+                    continue  # its slot holds the current value
+                self._vacate(i)
+                if a.nbytes:  # rare (a first call, a host write): straight from the array
+                    a = np.ascontiguousarray(a)
+                    rt.gc_memcpy_h2d(ptr, a.ctypes.data, a.nbytes, stream)
+                continue
+            if a.nbytes:
+                view = np.frombuffer((ctypes.c_char * a.nbytes).from_address(staged), a.dtype)
+                np.copyto(view.reshape(a.shape), a)
+                rt.gc_memcpy_h2d(ptr, staged, a.nbytes, stream)
+            staged += _align(a.nbytes)
+        self._execute()
+        n_errors = len(self.lowered.errors)
+        errors = np.zeros(n_errors, np.int64)
+        lazy = not eager and self._calls > 0
+        outs, staged_outs, marks = [], [], []
+        base = self._base.value
+        for k, (offset, t, target, is_output) in enumerate(self._layout):
+            ptr = base + offset
+            if is_output:
+                out = np.empty(t.shape, t.dtype.np)
+                if lazy and t.shape and out.nbytes:  # kept on the device until read
+                    buffer = self._pool_take(k, out.nbytes)
+                    rt.gc_memcpy_d2d(buffer, ptr, out.nbytes, stream)
+                    marks.append((out, ("out", k, buffer)))
+                elif out.nbytes:
+                    rt.gc_memcpy_d2h(staged, ptr, out.nbytes, stream)
+                    staged_outs.append((out, staged))
+                    staged += _align(out.nbytes)
+                outs.append(out)
+                continue
+            i = self._update_input[k]
+            a = bound[i]
+            if not eager and i in self._state and ids.count(id(a)) == 1 and \
+                    isinstance(arrays[i], np.ndarray) and a.flags.writeable and \
+                    a.flags.c_contiguous:  # stays on the device: the slot gets the value
+                if offset != self.lowered.input_offsets[i] and t.nbytes:
+                    rt.gc_memcpy_d2d(self._input_ptrs[i], ptr, t.nbytes, stream)
+                marks.append((a, i))
+                outs.append(a)
+                continue
+            if target is not None and isinstance(arrays[target], np.ndarray) and \
+                    arrays[target].flags.writeable and arrays[target].flags.c_contiguous:
+                out = arrays[target]
+            else:
+                out = np.empty(t.shape, t.dtype.np)
+            if out.nbytes:
+                rt.gc_memcpy_d2h(out.ctypes.data, ptr, out.nbytes, stream)
+            outs.append(out)
+        if n_errors:
+            rt.gc_memcpy_d2h(errors.ctypes.data, self._errors_ptr, 8 * n_errors, stream)
+        rt.gc_stream_synchronize(stream)
+        for out, at in staged_outs:
+            view = np.frombuffer((ctypes.c_char * out.nbytes).from_address(at), out.dtype)
+            np.copyto(out, view.reshape(out.shape))
+        for out, slot in marks:
+            if not isinstance(slot, tuple):
+                self._holders[slot] = weakref.ref(out)
+            residency.mark(out, self, slot)
+        return outs, errors
+
+    def _vacate(self, i: int) -> None:
+        """Before slot i is overwritten: fetch the array whose value only it holds."""
+        ref = self._holders.pop(i, None)
+        held = ref() if ref is not None else None
+        if held is not None and residency.marked_by(held) == (self, i):
+            residency.fresh_all([held])
+
+    def _execute(self) -> None:
+        """The error words are cleared and the steps run: as a CUDA graph once captured,
+        step by step (synchronising after each) under GRAPHC_CUDA_SYNC=1, else directly."""
+        rt, stream = self.rt, self._stream
+        sync = config.cuda_sync()
+        if self._graph_exec is not None and not sync:
+            rt.gc_graph_launch(self._graph_exec, stream)
+            return
+        if self._capture == "untried" and self._calls > 0 and not sync:
+            try:
+                rt.gc_graph_begin_capture(stream)
+            except rtmod.CudaNotSupportedError:
+                self._capture = "refused"  # the emulation: the list runs directly
+            else:
+                self._capture_steps()
+                if self._graph_exec is not None:
+                    rt.gc_graph_launch(self._graph_exec, stream)
+                    return
+        self._run_steps(sync)
+
+    def _capture_steps(self) -> None:
+        rt, stream = self.rt, self._stream
+        graph = ctypes.c_void_p()
+        try:
+            self._run_steps(False)
+        except rtmod.CudaRuntimeError:
+            try:
+                rt.gc_graph_end_capture(ctypes.byref(graph), stream)
+            except rtmod.CudaRuntimeError:
+                pass
+            self._capture = "refused"  # nothing ran: the caller runs the list directly
+            return
+        try:
+            rt.gc_graph_end_capture(ctypes.byref(graph), stream)
+        except rtmod.CudaRuntimeError:
+            self._capture = "refused"
+            return
+        self._graph_exec, self._capture = graph, "captured"
+
+    def _run_steps(self, sync: bool) -> None:
+        rt, stream = self.rt, self._stream
+        n_errors = len(self.lowered.errors)
+        if n_errors:
+            rt.gc_memset(self._errors_ptr, 0, 8 * n_errors, stream)
+        for k, (fn, args, _, _) in enumerate(self._steps):
+            try:
+                fn(*args)
+                if sync:
+                    rt.gc_stream_synchronize(stream)
+            except rtmod.CudaRuntimeError as error:
+                error.step = k
+                raise
+
+    # ---- failures ---------------------------------------------------------------------------
+    def _failed(self, error: rtmod.CudaRuntimeError) -> rtmod.CudaRuntimeError:
+        """The error to raise for a failed call, after recovering from a sticky error."""
+        if not isinstance(error, rtmod.CudaDeviceLostError):
+            try:
+                self.rt.gc_device_synchronize()  # a fault still in flight shows here
+            except rtmod.CudaDeviceLostError as lost:
+                error = lost
+            except rtmod.CudaRuntimeError:
+                pass
+        step = getattr(error, "step", None)
+        where = f"graph @{self.graph.name}"
+        if step is not None:
+            where += f", {self.describe_step(step)}"
+        if config.cuda_sync() or step is None and not isinstance(
+                error, rtmod.CudaDeviceLostError):
+            hint = ""
+        else:
+            hint = (" (launches are asynchronous: the step named may not be the one at fault;"
+                    " rerun with GRAPHC_CUDA_SYNC=1 to synchronise after every launch and name "
+                    "the kernel that faults)")
+        if isinstance(error, rtmod.CudaDeviceLostError):
+            hint += "; " + _reset_device(self.rt, str(error))
+        new = type(error)(f"{where}: {error}{hint}", error.function, error.status)
+        new.step = step
+        return new
+
+    def describe_step(self, k: int) -> str:
+        """'kernel k3_add (node `%7: f32[4] = add(%5, %6)  # model.py:12`)' for step k."""
+        function = self._steps[k][3]
+        what = "kernel" if isinstance(self.lowered.steps[k], Launch) else "library call"
+        node = self.node_of_step(k)
+        if node is None:
+            return f"{what} {function} (copying the results out)"
+        return f"{what} {function} (node `{format_node(node).strip()}`)"
+
+    def node_of_step(self, k: int):
+        """The graph node whose lowering made step k (None: the result copies after the
+        schedule), found by lowering again node by node; only asked after a failure."""
+        from graphc.backends.cuda.lowering import Lowerer
+        from graphc.backends.cuda.ops import lower_node
+
+        plan = self.memory_plan
+        lowerer = Lowerer(self.graph, plan)
+        for node in plan.schedule:  # as lowering.lower() does, counting each node's steps
+            lowerer.place(node)
+            lower_node(lowerer, node)
+            if len(lowerer.steps) > k:
+                return node
+        return None
+
+    # ---- the residency owner protocol (graphc.backends.residency) ---------------------------
+    def fetch(self, slot, array: np.ndarray) -> None:
+        """Write the device value of `slot` into `array` (a read of a marked host array)."""
+        with self._lock:
+            if isinstance(slot, tuple):
+                ptr = slot[2]
+            else:
+                ptr = self._input_ptrs[slot]
+                self._holders.pop(slot, None)
+            if array.nbytes:
+                try:
+                    self.rt.gc_memcpy_d2h(array.ctypes.data, ptr, array.nbytes, self._stream)
+                    self.rt.gc_stream_synchronize(self._stream)
+                except rtmod.CudaRuntimeError as error:
+                    failure = self._failed(error)
+                    failure.value_lost = isinstance(failure, rtmod.CudaDeviceLostError)
+                    raise failure from None
+            if isinstance(slot, tuple):
+                self._pool_give(slot)
+
+    def forget(self, slot) -> None:
+        """The host array of `slot` died or was re-marked: its device buffer is free."""
+        if isinstance(slot, tuple):
+            with self._lock:
+                self._pool_give(slot)
+
+    def _pool_take(self, k: int, nbytes: int) -> int:
+        free = self._pools.setdefault(k, [])
+        if free:
+            return free.pop()
+        ptr = ctypes.c_void_p()
+        self.rt.gc_malloc(ctypes.byref(ptr), nbytes)
+        return ptr.value
+
+    def _pool_give(self, slot: tuple) -> None:
+        if self._lost is None and self._base is not None:
+            self._pools.setdefault(slot[1], []).append(slot[2])
+
+    # ---- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
-        base, self._base = getattr(self, "_base", None), None
+        """Fetch every value still marked, then free the device state."""
+        if getattr(self, "_base", None) is None:
+            return
+        try:
+            residency.unmark_owner(self)
+        finally:
+            with self._lock:
+                base, self._base = self._base, None
+                if self._lost is None:
+                    self._free(base)
+
+    def _free(self, base) -> None:
+        rt = self.rt
+        if self._graph_exec is not None:
+            rt.gc_graph_destroy(self._graph_exec)
+        for free in self._pools.values():
+            for ptr in free:
+                rt.gc_free(ptr)
+        self._pools = {}
+        rt.gc_host_free(self._staging)
+        rt.gc_stream_destroy(self._stream)
         if base is not None and base.value:
-            self.rt.gc_free(base)
+            rt.gc_free(base)
 
     def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001 (interpreter shutdown)
             pass
+
+
+class _LostValues:
+    """Owner of the marks whose device values a device reset destroyed: reading one raises
+    CudaDeviceLostError once (graphc.backends.residency then drops the mark)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self.name, self.why = name, why
+
+    def fetch(self, slot, array) -> None:
+        error = rtmod.CudaDeviceLostError(
+            f"cuda backend: graph @{self.name}: this tensor's current value was on the device "
+            f"and was lost when the device was reset after: {self.why}; its host copy holds "
+            "the value it had before (its last read or upload); reading it again gives that "
+            "value", "gc_device_reset", rtmod.STATUS["GC_ERROR_DEVICE_LOST"])
+        error.value_lost = True
+        raise error
+
+    def forget(self, slot) -> None:
+        pass
+
+
+def _reset_device(rt: rtmod.Runtime, why: str) -> str:
+    """Recreate the context after a sticky error; every executable rebuilds on its next call
+    and its values that only the device held raise when read. Returns what happened."""
+    for exe in list(_live):
+        exe._lost = why
+        residency.hand_over(exe, _LostValues(exe.graph.name, why))
+    try:
+        rt.gc_device_reset()
+    except rtmod.CudaRuntimeError as error:
+        return (f"the device could not be reset ({error}); the CUDA context stays unusable: "
+                "restart the process")
+    return ("the device was reset: every compiled call rebuilds its device state on its "
+            "next call; tensors whose values were only on the device raise "
+            "CudaDeviceLostError when read, once")
+
+
+__all__ = ["CudaExecutable"]

@@ -32,7 +32,7 @@ from ctypes import POINTER, c_char, c_char_p, c_double, c_float, c_int32, c_int6
 
 from graphc.errors import GraphcError
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 GC_EMU_ENTRY_SUFFIX = "__gc_emu_entry"
 
 # ---- enums (values as in graphc_rt.h) -------------------------------------------------------
@@ -40,7 +40,7 @@ STATUS = {
     "GC_SUCCESS": 0, "GC_ERROR_INVALID_ARGUMENT": 1, "GC_ERROR_OUT_OF_MEMORY": 2,
     "GC_ERROR_NO_DEVICE": 3, "GC_ERROR_LAUNCH": 4, "GC_ERROR_CUDA": 5,
     "GC_ERROR_NOT_SUPPORTED": 6, "GC_ERROR_WORKSPACE": 7, "GC_ERROR_EMULATION": 8,
-    "GC_ERROR_MODULE": 9,
+    "GC_ERROR_MODULE": 9, "GC_ERROR_DEVICE_LOST": 10,
 }
 CONV2D_PASS = {"GC_CONV2D_FWD_IM2COL": 0, "GC_CONV2D_FWD_IMPLICIT": 1,
                "GC_CONV2D_BWD_DATA": 2, "GC_CONV2D_BWD_FILTER": 3}
@@ -89,6 +89,8 @@ SIGNATURES: list[tuple[str, type, list[tuple[str, type]]]] = [
         ("device", c_int32), ("name", POINTER(c_char)), ("capacity", c_int64), ("major", P),
         ("minor", P), ("total_memory_bytes", P), ("multiprocessor_count", P)]),
     ("gc_device_synchronize", STATUS_T, []),
+    ("gc_driver_version", STATUS_T, [("driver", P), ("runtime", P)]),
+    ("gc_device_reset", STATUS_T, []),
     ("gc_malloc", STATUS_T, [("ptr", P), ("bytes", c_int64)]),
     ("gc_free", STATUS_T, [("ptr", P)]),
     ("gc_memcpy_h2d", STATUS_T, [("dst", P), ("src", P), ("bytes", c_int64), ("stream", P)]),
@@ -96,6 +98,10 @@ SIGNATURES: list[tuple[str, type, list[tuple[str, type]]]] = [
     ("gc_memcpy_d2d", STATUS_T, [("dst", P), ("src", P), ("bytes", c_int64), ("stream", P)]),
     ("gc_memset", STATUS_T, [("dst", P), ("byte_value", c_int32), ("bytes", c_int64),
                              ("stream", P)]),
+    ("gc_host_alloc", STATUS_T, [("ptr", P), ("bytes", c_int64)]),
+    ("gc_host_free", STATUS_T, [("ptr", P)]),
+    ("gc_transfer_bytes", STATUS_T, [("h2d_bytes", P), ("d2h_bytes", P)]),
+    ("gc_transfer_bytes_reset", STATUS_T, []),
     ("gc_stream_create", STATUS_T, [("stream", P)]),
     ("gc_stream_destroy", STATUS_T, [("stream", P)]),
     ("gc_stream_synchronize", STATUS_T, [("stream", P)]),
@@ -104,6 +110,10 @@ SIGNATURES: list[tuple[str, type, list[tuple[str, type]]]] = [
     ("gc_event_record", STATUS_T, [("event", P), ("stream", P)]),
     ("gc_event_synchronize", STATUS_T, [("event", P)]),
     ("gc_event_elapsed_ms", STATUS_T, [("ms", P), ("start", P), ("end", P)]),
+    ("gc_graph_begin_capture", STATUS_T, [("stream", P)]),
+    ("gc_graph_end_capture", STATUS_T, [("graph", P), ("stream", P)]),
+    ("gc_graph_launch", STATUS_T, [("graph", P), ("stream", P)]),
+    ("gc_graph_destroy", STATUS_T, [("graph", P)]),
     ("gc_module_load", STATUS_T, [("module", P), ("path", c_char_p)]),
     ("gc_module_unload", STATUS_T, [("module", P)]),
     ("gc_module_function", STATUS_T, [("function", P), ("module", P), ("name", c_char_p)]),
@@ -217,9 +227,14 @@ class CudaEmulationError(CudaRuntimeError):
     """GC_ERROR_EMULATION: the emulation found a fault in a kernel (barrier, block size)."""
 
 
+class CudaDeviceLostError(CudaRuntimeError):
+    """GC_ERROR_DEVICE_LOST: a kernel faulted and the CUDA context is unusable (a sticky
+    error) until `gc_device_reset`; everything on the device is lost with it."""
+
+
 _ERROR_CLASSES = {1: CudaInvalidArgumentError, 2: CudaOutOfMemoryError, 3: CudaNoDeviceError,
                   6: CudaNotSupportedError, 7: CudaInvalidArgumentError, 8: CudaEmulationError,
-                  9: CudaModuleError}
+                  9: CudaModuleError, 10: CudaDeviceLostError}
 _STATUS_NAMES = {v: k for k, v in STATUS.items()}
 
 
@@ -364,7 +379,8 @@ def runtime_library(kind: str | None = None) -> Runtime:
 
 
 __all__ = ["ABI_VERSION", "CONV2D_PASS", "ENUMS", "NOT_STATUS", "REDUCE_OP", "REDUCTION",
-           "SIGNATURES", "STATUS", "STRUCTS", "Conv2dDesc", "CudaEmulationError",
+           "SIGNATURES", "STATUS", "STRUCTS", "Conv2dDesc", "CudaDeviceLostError",
+           "CudaEmulationError",
            "CudaInvalidArgumentError", "CudaModuleError", "CudaNoDeviceError",
            "CudaNotSupportedError", "CudaOutOfMemoryError", "CudaRuntimeError", "Pool2dDesc",
            "Runtime", "library_path", "requested_kind", "runtime_library"]

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define GC_ABI_VERSION 1
+#define GC_ABI_VERSION 2
 
 typedef enum gc_status {
     GC_SUCCESS = 0,
@@ -39,13 +39,19 @@ typedef enum gc_status {
     GC_ERROR_WORKSPACE = 7,        /* the workspace given is smaller than the size queried */
     GC_ERROR_EMULATION = 8,        /* emulation found a fault: a barrier reached by part of a
                                       block, a block too large, a stack overflow */
-    GC_ERROR_MODULE = 9            /* a module or function could not be loaded or found */
+    GC_ERROR_MODULE = 9,           /* a module or function could not be loaded or found */
+    GC_ERROR_DEVICE_LOST = 10      /* a sticky CUDA error (a kernel faulted: illegal address,
+                                      trap, ...): the context is unusable, every later call
+                                      fails until gc_device_reset() recreates it, and every
+                                      device allocation, stream, event, graph and module of
+                                      the process is lost with it */
 } gc_status;
 
 typedef void *gc_stream; /* cudaStream_t in the CUDA build */
 typedef void *gc_event;  /* cudaEvent_t in the CUDA build */
 typedef struct gc_module_s *gc_module;
 typedef struct gc_function_s *gc_function;
+typedef struct gc_graph_s *gc_graph; /* cudaGraphExec_t in the CUDA build */
 
 /* ---- library ------------------------------------------------------------------------- */
 int32_t gc_abi_version(void);                /* GC_ABI_VERSION of the build */
@@ -61,6 +67,14 @@ gc_status gc_device_properties(int32_t device, char *name, int64_t capacity, int
                                int32_t *minor, int64_t *total_memory_bytes,
                                int32_t *multiprocessor_count);
 gc_status gc_device_synchronize(void);
+/* driver: the CUDA version the installed driver supports (cudaDriverGetVersion, 1000 * major
+ * + 10 * minor; 0 without a driver); runtime: the version this library was built with (the
+ * static CUDA runtime needs a driver at least that new). Emulation: both 0. */
+gc_status gc_driver_version(int32_t *driver, int32_t *runtime);
+/* After GC_ERROR_DEVICE_LOST: destroy the context (cudaDeviceReset) and create a fresh one on
+ * the same device. Everything allocated before is gone (pointers must not be freed again).
+ * Emulation: nothing is lost; returns GC_SUCCESS. */
+gc_status gc_device_reset(void);
 
 /* ---- memory -------------------------------------------------------------------------- */
 gc_status gc_malloc(void **ptr, int64_t bytes); /* 256-byte aligned; bytes == 0 gives NULL */
@@ -69,6 +83,14 @@ gc_status gc_memcpy_h2d(void *dst, const void *src, int64_t bytes, gc_stream str
 gc_status gc_memcpy_d2h(void *dst, const void *src, int64_t bytes, gc_stream stream);
 gc_status gc_memcpy_d2d(void *dst, const void *src, int64_t bytes, gc_stream stream);
 gc_status gc_memset(void *dst, int32_t byte_value, int64_t bytes, gc_stream stream);
+/* page-locked host memory (cudaMallocHost; emulation: 4096-byte aligned host memory): copies
+ * from and to it run asynchronously on their stream and at full bus speed */
+gc_status gc_host_alloc(void **ptr, int64_t bytes); /* bytes == 0 gives NULL */
+gc_status gc_host_free(void *ptr);                  /* NULL is accepted */
+/* Bytes copied by gc_memcpy_h2d and gc_memcpy_d2h (all threads) since the last reset:
+ * host-device traffic, as tests count it per call. */
+gc_status gc_transfer_bytes(int64_t *h2d_bytes, int64_t *d2h_bytes);
+gc_status gc_transfer_bytes_reset(void);
 
 /* ---- streams and events -------------------------------------------------------------- */
 gc_status gc_stream_create(gc_stream *stream);
@@ -79,6 +101,18 @@ gc_status gc_event_destroy(gc_event event);
 gc_status gc_event_record(gc_event event, gc_stream stream);
 gc_status gc_event_synchronize(gc_event event);
 gc_status gc_event_elapsed_ms(float *ms, gc_event start, gc_event end);
+
+/* ---- CUDA graphs ----------------------------------------------------------------------
+ * gc_graph_begin_capture starts capturing the work issued to `stream` (a stream of
+ * gc_stream_create, not NULL) by this thread: launches, library calls and memsets are recorded,
+ * not run, until gc_graph_end_capture instantiates them as one replayable graph. A failed
+ * capture ends it and returns an error (nothing ran). gc_graph_launch replays the graph on
+ * `stream` with the same arguments (same addresses) as captured. Emulation: capture is
+ * GC_ERROR_NOT_SUPPORTED (launches run as they are issued); callers run the work directly. */
+gc_status gc_graph_begin_capture(gc_stream stream);
+gc_status gc_graph_end_capture(gc_graph *graph, gc_stream stream);
+gc_status gc_graph_launch(gc_graph graph, gc_stream stream);
+gc_status gc_graph_destroy(gc_graph graph);
 
 /* ---- generated kernels ----------------------------------------------------------------
  * CUDA build: `path` is a PTX or cubin file (cudaLibraryLoadFromFile); a function is a

@@ -35,6 +35,10 @@
  * status. Defined in src/status.cpp. */
 gc_status gc_fail(gc_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Adds `bytes` to the host-to-device (to_device) or device-to-host total that
+ * gc_transfer_bytes reports; gc_memcpy_h2d/_d2h call it. Defined in src/status.cpp. */
+void gc_count_transfer(bool to_device, int64_t bytes);
+
 #define GC_REQUIRE(cond, fmt, ...)                                                          \
     do {                                                                                    \
         if (!(cond))                                                                        \

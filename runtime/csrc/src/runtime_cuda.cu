@@ -12,8 +12,38 @@
 
 namespace {
 
+/* Errors that leave the context unusable: every later call returns them until
+ * cudaDeviceReset (the "sticky" errors of the CUDA programming guide). */
+bool is_sticky(cudaError_t error) {
+    switch (error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+        return true;
+    default:
+        return false;
+    }
+}
+
+gc_status device_lost(cudaError_t error, const char *function, const char *what) {
+    return gc_fail(GC_ERROR_DEVICE_LOST,
+                   "%s: %s: %s (%s); a kernel faulted earlier (this call may not be the one "
+                   "at fault: CUDA reports a fault at the next synchronising call), and the "
+                   "CUDA context is now unusable: every device allocation is lost; "
+                   "gc_device_reset() recreates the context",
+                   function, what, cudaGetErrorString(error), cudaGetErrorName(error));
+}
+
 gc_status cuda_status(cudaError_t error, const char *function, const char *what) {
     if (error == cudaSuccess) return GC_SUCCESS;
+    if (is_sticky(error)) return device_lost(error, function, what);
     cudaGetLastError(); /* clear the sticky-free error so the next call starts clean */
     switch (error) {
     case cudaErrorNoDevice:
@@ -51,8 +81,11 @@ gc_status copy(void *dst, const void *src, int64_t bytes, cudaMemcpyKind kind,
         return gc_fail(GC_ERROR_INVALID_ARGUMENT,
                        "%s: a NULL pointer (dst %p, src %p) for %lld bytes", function, dst, src,
                        (long long)bytes);
-    return cuda_status(cudaMemcpyAsync(dst, src, (size_t)bytes, kind, as_stream(stream)),
-                       function, "cudaMemcpyAsync");
+    GC_TRY(cuda_status(cudaMemcpyAsync(dst, src, (size_t)bytes, kind, as_stream(stream)),
+                       function, "cudaMemcpyAsync"));
+    if (kind != cudaMemcpyDeviceToDevice)
+        gc_count_transfer(kind == cudaMemcpyHostToDevice, bytes);
+    return GC_SUCCESS;
 }
 
 } /* namespace */
@@ -97,6 +130,32 @@ gc_status gc_device_synchronize(void) {
     return GC_SUCCESS;
 }
 
+gc_status gc_driver_version(int32_t *driver, int32_t *runtime) {
+    GC_REQUIRE(driver && runtime, "driver and runtime must not be NULL");
+    int found = 0, built = 0;
+    if (cudaDriverGetVersion(&found) != cudaSuccess) { /* 0 without a driver */
+        cudaGetLastError();
+        found = 0;
+    }
+    if (cudaRuntimeGetVersion(&built) != cudaSuccess) {
+        cudaGetLastError();
+        built = CUDART_VERSION;
+    }
+    *driver = found;
+    *runtime = built;
+    return GC_SUCCESS;
+}
+
+gc_status gc_device_reset(void) {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) device = 0;
+    GC_CUDA_TRY(cudaDeviceReset());
+    GC_CUDA_TRY(cudaSetDevice(device));
+    GC_CUDA_TRY(cudaFree(nullptr)); /* create the new primary context now, not at first use */
+    cudaGetLastError();
+    return GC_SUCCESS;
+}
+
 gc_status gc_malloc(void **ptr, int64_t bytes) {
     GC_REQUIRE(ptr, "ptr is NULL");
     GC_REQUIRE(bytes >= 0, "bytes is %lld; expected >= 0", (long long)bytes);
@@ -132,10 +191,26 @@ gc_status gc_memset(void *dst, int32_t byte_value, int64_t bytes, gc_stream stre
     return GC_SUCCESS;
 }
 
+gc_status gc_host_alloc(void **ptr, int64_t bytes) {
+    GC_REQUIRE(ptr, "ptr is NULL");
+    GC_REQUIRE(bytes >= 0, "bytes is %lld; expected >= 0", (long long)bytes);
+    *ptr = nullptr;
+    if (bytes == 0) return GC_SUCCESS;
+    GC_CUDA_TRY(cudaMallocHost(ptr, (size_t)bytes));
+    return GC_SUCCESS;
+}
+
+gc_status gc_host_free(void *ptr) {
+    if (!ptr) return GC_SUCCESS;
+    GC_CUDA_TRY(cudaFreeHost(ptr));
+    return GC_SUCCESS;
+}
+
 gc_status gc_stream_create(gc_stream *stream) {
     GC_REQUIRE(stream, "stream is NULL");
     cudaStream_t created;
-    GC_CUDA_TRY(cudaStreamCreate(&created));
+    /* non-blocking: no implicit synchronisation with the legacy NULL stream */
+    GC_CUDA_TRY(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
     *stream = created;
     return GC_SUCCESS;
 }
@@ -181,6 +256,43 @@ gc_status gc_event_elapsed_ms(float *ms, gc_event start, gc_event end) {
     GC_REQUIRE(ms && start && end, "ms, start and end must not be NULL");
     GC_CUDA_TRY(cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start),
                                      static_cast<cudaEvent_t>(end)));
+    return GC_SUCCESS;
+}
+
+/* gc_graph is a cudaGraphExec_t. Capture mode "thread local": another thread's
+ * capture-unsafe call (cudaMalloc, ...) does not invalidate this capture. */
+gc_status gc_graph_begin_capture(gc_stream stream) {
+    GC_REQUIRE(stream, "stream is NULL (the legacy default stream cannot be captured)");
+    GC_CUDA_TRY(cudaStreamBeginCapture(as_stream(stream), cudaStreamCaptureModeThreadLocal));
+    return GC_SUCCESS;
+}
+
+gc_status gc_graph_end_capture(gc_graph *graph, gc_stream stream) {
+    GC_REQUIRE(graph && stream, "graph and stream must not be NULL");
+    *graph = nullptr;
+    cudaGraph_t captured = nullptr;
+    cudaError_t error = cudaStreamEndCapture(as_stream(stream), &captured);
+    if (error != cudaSuccess) {
+        if (captured) cudaGraphDestroy(captured);
+        return cuda_status(error, __func__, "cudaStreamEndCapture");
+    }
+    cudaGraphExec_t exec = nullptr;
+    error = cudaGraphInstantiateWithFlags(&exec, captured, 0);
+    cudaGraphDestroy(captured);
+    GC_TRY(cuda_status(error, __func__, "cudaGraphInstantiateWithFlags"));
+    *graph = reinterpret_cast<gc_graph>(exec);
+    return GC_SUCCESS;
+}
+
+gc_status gc_graph_launch(gc_graph graph, gc_stream stream) {
+    GC_REQUIRE(graph, "graph is NULL");
+    GC_CUDA_TRY(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(graph), as_stream(stream)));
+    return GC_SUCCESS;
+}
+
+gc_status gc_graph_destroy(gc_graph graph) {
+    if (!graph) return GC_SUCCESS;
+    GC_CUDA_TRY(cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(graph)));
     return GC_SUCCESS;
 }
 
@@ -245,6 +357,7 @@ gc_status gc_launch(gc_function function, const int64_t grid[3], const int64_t b
         dim3((unsigned)block[0], (unsigned)block[1], (unsigned)block[2]), args,
         (size_t)shared_bytes, as_stream(stream));
     if (error != cudaSuccess) {
+        if (is_sticky(error)) return device_lost(error, __func__, "cudaLaunchKernel");
         cudaGetLastError();
         return gc_fail(GC_ERROR_LAUNCH, "gc_launch: %s (%s)", cudaGetErrorString(error),
                        cudaGetErrorName(error));

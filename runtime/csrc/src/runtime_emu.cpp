@@ -133,6 +133,16 @@ gc_status gc_device_properties(int32_t device, char *name, int64_t capacity, int
 
 gc_status gc_device_synchronize(void) { return GC_SUCCESS; }
 
+gc_status gc_driver_version(int32_t *driver, int32_t *runtime) {
+    GC_REQUIRE(driver && runtime, "driver and runtime must not be NULL");
+    *driver = *runtime = 0; /* no CUDA driver or runtime is involved */
+    return GC_SUCCESS;
+}
+
+/* No error of the emulation is sticky (a fault is cleared when it is reported), so there is
+ * nothing to recreate, and "device" memory stays valid. */
+gc_status gc_device_reset(void) { return GC_SUCCESS; }
+
 gc_status gc_malloc(void **ptr, int64_t bytes) {
     GC_REQUIRE(ptr, "ptr is NULL");
     GC_REQUIRE(bytes >= 0, "bytes is %lld; expected >= 0", (long long)bytes);
@@ -152,11 +162,15 @@ gc_status gc_free(void *ptr) {
 }
 
 gc_status gc_memcpy_h2d(void *dst, const void *src, int64_t bytes, gc_stream stream) {
-    return check_copy(dst, src, bytes, stream, __func__);
+    GC_TRY(check_copy(dst, src, bytes, stream, __func__));
+    gc_count_transfer(true, bytes);
+    return GC_SUCCESS;
 }
 
 gc_status gc_memcpy_d2h(void *dst, const void *src, int64_t bytes, gc_stream stream) {
-    return check_copy(dst, src, bytes, stream, __func__);
+    GC_TRY(check_copy(dst, src, bytes, stream, __func__));
+    gc_count_transfer(false, bytes);
+    return GC_SUCCESS;
 }
 
 gc_status gc_memcpy_d2d(void *dst, const void *src, int64_t bytes, gc_stream stream) {
@@ -168,6 +182,24 @@ gc_status gc_memset(void *dst, int32_t byte_value, int64_t bytes, gc_stream stre
     GC_REQUIRE(bytes >= 0, "bytes is %lld; expected >= 0", (long long)bytes);
     GC_REQUIRE(bytes == 0 || dst, "dst is NULL for %lld bytes", (long long)bytes);
     if (bytes > 0) memset(dst, byte_value, (size_t)bytes);
+    return GC_SUCCESS;
+}
+
+gc_status gc_host_alloc(void **ptr, int64_t bytes) {
+    GC_REQUIRE(ptr, "ptr is NULL");
+    GC_REQUIRE(bytes >= 0, "bytes is %lld; expected >= 0", (long long)bytes);
+    *ptr = nullptr;
+    if (bytes == 0) return GC_SUCCESS;
+    if (posix_memalign(ptr, 4096, (size_t)bytes) != 0) {
+        *ptr = nullptr;
+        return gc_fail(GC_ERROR_OUT_OF_MEMORY, "gc_host_alloc: cannot allocate %lld bytes",
+                       (long long)bytes);
+    }
+    return GC_SUCCESS;
+}
+
+gc_status gc_host_free(void *ptr) {
+    free(ptr);
     return GC_SUCCESS;
 }
 
@@ -226,6 +258,33 @@ gc_status gc_event_elapsed_ms(float *ms, gc_event start, gc_event end) {
                first->recorded ? "recorded" : "not recorded",
                last->recorded ? "recorded" : "not recorded");
     *ms = std::chrono::duration<float, std::milli>(last->time - first->time).count();
+    return GC_SUCCESS;
+}
+
+/* Launches run as they are issued, so there is nothing to record: capture is refused and the
+ * caller runs its work directly (the cuda backend does). */
+gc_status gc_graph_begin_capture(gc_stream stream) {
+    GC_TRY(check_stream(stream, __func__));
+    return gc_fail(GC_ERROR_NOT_SUPPORTED,
+                   "gc_graph_begin_capture: the emulation runs launches as they are issued "
+                   "and records no CUDA graph; run the work directly");
+}
+
+gc_status gc_graph_end_capture(gc_graph *graph, gc_stream stream) {
+    GC_REQUIRE(graph, "graph is NULL");
+    *graph = nullptr;
+    GC_TRY(check_stream(stream, __func__));
+    return gc_fail(GC_ERROR_NOT_SUPPORTED, "gc_graph_end_capture: no capture in the emulation");
+}
+
+gc_status gc_graph_launch(gc_graph graph, gc_stream stream) {
+    (void)graph;
+    GC_TRY(check_stream(stream, __func__));
+    return gc_fail(GC_ERROR_NOT_SUPPORTED, "gc_graph_launch: no CUDA graphs in the emulation");
+}
+
+gc_status gc_graph_destroy(gc_graph graph) {
+    GC_REQUIRE(!graph, "%p is not a gc_graph (the emulation makes none)", (void *)graph);
     return GC_SUCCESS;
 }
 

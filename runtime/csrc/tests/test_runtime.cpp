@@ -5,7 +5,9 @@
  * and memset, streams and events, GC_LAUNCH with multi-dimensional grids and blocks, kernel
  * templates, static and dynamic shared memory, warp shuffles/votes (whole and partial warps,
  * sub-warp widths),
- * atomics, and a launch fault reported through GC_CHECK_LAUNCH.
+ * atomics, a launch fault reported through GC_CHECK_LAUNCH, the host-device transfer
+ * counters, pinned host memory, the driver version, device reset and the refused CUDA graph
+ * capture of the emulation.
  */
 #include <stdio.h>
 #include <string.h>
@@ -142,7 +144,7 @@ static gc_status launch_oversized_block() {
 static void test_library() {
     CHECK(gc_abi_version() == GC_ABI_VERSION, "abi %d", gc_abi_version());
     CHECK(strcmp(gc_runtime_kind(), "emulation") == 0, "kind %s", gc_runtime_kind());
-    for (int s = GC_SUCCESS; s <= GC_ERROR_MODULE; ++s)
+    for (int s = GC_SUCCESS; s <= GC_ERROR_DEVICE_LOST; ++s)
         CHECK(strncmp(gc_status_string((gc_status)s), "GC_", 3) == 0, "status %d", s);
     CHECK(strcmp(gc_status_string((gc_status)99), "unknown gc_status") == 0, "unknown");
     CHECK(gc_malloc(nullptr, 16) == GC_ERROR_INVALID_ARGUMENT, "NULL ptr accepted");
@@ -298,8 +300,49 @@ static void test_atomics() {
     CHECK(largest == 9, "largest %d", largest);
 }
 
+static void test_transfers_pinned_and_graphs() {
+    const int64_t n = 1000;
+    CHECK_OK(gc_transfer_bytes_reset());
+    float *pinned = nullptr, *device = nullptr;
+    CHECK_OK(gc_host_alloc((void **)&pinned, n * 4));
+    CHECK(pinned && ((uintptr_t)pinned & 4095) == 0, "pinned %p", (void *)pinned);
+    CHECK_OK(gc_malloc((void **)&device, n * 4));
+    for (int64_t i = 0; i < n; ++i) pinned[i] = (float)i;
+    gc_stream stream = nullptr;
+    CHECK_OK(gc_stream_create(&stream));
+    CHECK_OK(gc_memcpy_h2d(device, pinned, n * 4, stream));
+    CHECK_OK(gc_memcpy_d2d(device, device, 8, stream)); /* device to device: not counted */
+    CHECK_OK(gc_memcpy_d2h(pinned, device, 40, stream));
+    CHECK(gc_memcpy_h2d(device, nullptr, 4, stream) == GC_ERROR_INVALID_ARGUMENT, "NULL src");
+    int64_t h2d = -1, d2h = -1;
+    CHECK_OK(gc_transfer_bytes(&h2d, &d2h));
+    CHECK(h2d == n * 4 && d2h == 40, "h2d %lld d2h %lld", (long long)h2d, (long long)d2h);
+    CHECK_OK(gc_transfer_bytes_reset());
+    CHECK_OK(gc_transfer_bytes(&h2d, &d2h));
+    CHECK(h2d == 0 && d2h == 0, "after reset: h2d %lld d2h %lld", (long long)h2d, (long long)d2h);
+    CHECK(gc_transfer_bytes(nullptr, &d2h) == GC_ERROR_INVALID_ARGUMENT, "NULL accepted");
+
+    CHECK(gc_graph_begin_capture(stream) == GC_ERROR_NOT_SUPPORTED, "emulated capture");
+    CHECK(strstr(gc_last_error(), "run the work directly"), "'%s'", gc_last_error());
+    gc_graph graph = nullptr;
+    CHECK(gc_graph_end_capture(&graph, stream) == GC_ERROR_NOT_SUPPORTED && !graph, "end");
+    CHECK_OK(gc_graph_destroy(nullptr));
+
+    int32_t driver = -1, runtime = -1;
+    CHECK_OK(gc_driver_version(&driver, &runtime));
+    CHECK(driver == 0 && runtime == 0, "driver %d runtime %d", driver, runtime);
+    CHECK_OK(gc_device_reset()); /* nothing is lost in the emulation */
+    CHECK_OK(gc_memcpy_d2h(pinned, device, 4, stream));
+    CHECK(pinned[0] == 0.0f, "device memory lost by the emulated reset");
+    CHECK_OK(gc_stream_destroy(stream));
+    CHECK_OK(gc_free(device));
+    CHECK_OK(gc_host_free(pinned));
+    CHECK_OK(gc_host_free(nullptr));
+}
+
 int main() {
     test_library();
+    test_transfers_pinned_and_graphs();
     test_memory_streams_events();
     test_launches();
     test_shared_memory();

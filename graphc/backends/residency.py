@@ -1,0 +1,187 @@
+"""residency: host arrays whose current value lives on a device, fetched when Python reads them.
+
+A backend that keeps values on its device across calls (the cuda executable keeps parameters,
+buffers and optimizer state there, and returns large outputs such as `.grad`s without copying
+them) leaves the host array that stands for such a value out of date and *marks* it here:
+`mark(array, owner, slot)`. The mark is the promise that `owner.fetch(slot, array)` writes the
+current value into `array`. Nothing reads a marked array without fetching it first:
+
+- `Tensor._data` (graphc/tensor.py), the one attribute through which graphc code reaches a
+  tensor's array, calls `fresh(array)` while any mark exists: eager ops, conversions (numpy(),
+  item(), DLPack, printing, pickling), optimizers, state_dict, comparisons all go through it;
+- a compiled call binds arrays *without* fetching (`raw_reads()`, entered by graphc.jit's
+  compiled callable), because an executable that owns a mark reads its own device copy; before
+  any executable runs, `fresh_all(arrays, keep=executable)` fetches the marks of every other
+  owner (another backend, another executable, the NaN check's private copies).
+
+Fetching removes the mark: the host copy is then the authority, since Python may write it
+through the array it got, and the owner uploads it again on its next call. So reading a
+parameter between steps costs one copy each way for that parameter; not reading it costs
+nothing. What is *not* covered: an array taken out of a tensor before a compiled call (an
+`a = t.numpy()` kept across steps) is a view of the host copy and does not follow later
+calls; take it again after the call (as with PyTorch's `t.cpu().numpy()`, a snapshot).
+
+Invariants: a mark holds its array weakly (an array that dies takes its mark with it, and the
+owner's `forget(slot)` is told); marks are found by the array and by the memory it views (a view
+of a marked array, made before or after the mark, fetches it); one lock guards the tables, and
+an owner's fetch takes the owner's own lock, so a fetch from another thread waits for a run
+in progress. Importing this module loads no backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+__all__ = ["fresh", "fresh_all", "hand_over", "mark", "marked_by", "raw_reads", "stale", "unmark_owner"]
+
+
+@dataclass
+class _Mark:
+    ref: weakref.ref  # the host array
+    owner: Any  # .fetch(slot, array) and .forget(slot)
+    slot: Any
+    memory: int  # id of the object that owns the array's memory (the array itself, or base)
+
+
+# id(array) -> its mark; read without the lock on the hot path (`if stale:`)
+stale: dict[int, _Mark] = {}
+_by_memory: dict[int, set[int]] = {}  # id(memory owner) -> ids of marked arrays over it
+_lock = threading.RLock()
+_raw = threading.local()
+
+
+def _memory_of(array) -> int:
+    base = getattr(array, "base", None)
+    return id(array) if base is None else id(base)
+
+
+def mark(array, owner, slot) -> None:
+    """Mark `array` out of date: `owner.fetch(slot, array)` writes its current value."""
+    key = id(array)
+
+    def dead(_ref, key=key) -> None:  # the array was collected: nothing to fetch into
+        with _lock:
+            found = _drop(key)
+        if found is not None:
+            found.owner.forget(found.slot)
+
+    with _lock:
+        old = _drop(key)
+        entry = _Mark(weakref.ref(array, dead), owner, slot, _memory_of(array))
+        stale[key] = entry
+        _by_memory.setdefault(entry.memory, set()).add(key)
+    if old is not None and (old.owner is not owner or old.slot != slot):
+        old.owner.forget(old.slot)
+
+
+def _drop(key: int) -> _Mark | None:
+    entry = stale.pop(key, None)
+    if entry is not None:
+        peers = _by_memory.get(entry.memory)
+        if peers is not None:
+            peers.discard(key)
+            if not peers:
+                del _by_memory[entry.memory]
+    return entry
+
+
+def marked_by(array) -> tuple[Any, Any] | None:
+    """(owner, slot) of `array`'s own mark, or None; fetches nothing."""
+    entry = stale.get(id(array))
+    if entry is None or entry.ref() is not array:
+        return None
+    return entry.owner, entry.slot
+
+
+def _fetch(key: int) -> None:
+    with _lock:
+        entry = _drop(key)
+    if entry is None:
+        return
+    array = entry.ref()
+    if array is None:
+        entry.owner.forget(entry.slot)
+        return
+    try:
+        entry.owner.fetch(entry.slot, array)
+    except BaseException as error:
+        if not getattr(error, "value_lost", False):
+            with _lock:  # not fetched: the mark stays, and a later read tries again
+                stale[key] = entry
+                _by_memory.setdefault(entry.memory, set()).add(key)
+        raise
+
+
+def fresh(array) -> None:
+    """Fetch `array` (and every marked array sharing its memory) if out of date; the hook of
+    every host read and write. Does nothing inside `raw_reads()`."""
+    if not stale or getattr(_raw, "depth", 0):
+        return
+    key = id(array)
+    if key in stale:
+        _fetch(key)
+    memory = _memory_of(array)
+    peers = _by_memory.get(memory)
+    if peers:
+        for other in list(peers):
+            _fetch(other)
+
+
+def fresh_all(arrays: Iterable, keep: Any = None) -> None:
+    """Fetch every out-of-date array among `arrays` (and views of their memory), except those
+    marked by `keep` (an executable about to read its own device copies)."""
+    if not stale:
+        return
+    for array in arrays:
+        if array is None:
+            continue
+        found = marked_by(array)
+        if keep is not None and found is not None and found[0] is keep:
+            continue
+        depth = getattr(_raw, "depth", 0)
+        _raw.depth = 0
+        try:
+            fresh(array)
+        finally:
+            _raw.depth = depth
+
+
+def unmark_owner(owner, fetch: bool = True) -> None:
+    """Remove every mark of `owner`, fetching each array first unless `fetch` is false (the
+    device values were lost: the arrays keep their last host values)."""
+    with _lock:
+        keys = [k for k, e in stale.items() if e.owner is owner]
+    for key in keys:
+        if fetch:
+            _fetch(key)
+        else:
+            with _lock:
+                entry = _drop(key)
+            if entry is not None:
+                owner.forget(entry.slot)
+
+
+def hand_over(owner, new_owner) -> None:
+    """Give every mark of `owner` to `new_owner` (same slots), e.g. one whose fetch raises
+    because the device values were lost; an error raised with `value_lost` set drops the
+    mark, so such a read fails once and the array then keeps its host value."""
+    with _lock:
+        for entry in stale.values():
+            if entry.owner is owner:
+                entry.owner = new_owner
+
+
+@contextlib.contextmanager
+def raw_reads():
+    """Within the block, this thread's reads of `Tensor._data` do not fetch: for code that
+    hands arrays to an executable (which fetches what it does not own: `fresh_all`) or only
+    looks at their shapes and identities (graphc.jit's compiled call)."""
+    _raw.depth = getattr(_raw, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _raw.depth -= 1

@@ -1,0 +1,181 @@
+"""State stays on the device across compiled cuda calls (issue 18, item 3), on the emulation.
+
+Covers: host-device bytes per training step, counted by the runtime (gc_transfer_bytes):
+after the first compiled step only the batch goes in and the loss (and the error word) comes
+back; eager reads after compiled steps (numpy(), eager ops, `.grad`, state_dict) see the
+current values; a host write between steps is uploaded; two executables sharing parameters
+(a compiled training step and a compiled evaluation) see each other's values; GRAPHC_CHECK_NANS
+turns residency off; `close()` fetches what only the device held; and the residency
+registry's view rule (a view of a marked array fetches it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc import nn
+from graphc.backends import residency
+from tests.conftest import sgd_training_step
+
+
+@pytest.fixture(autouse=True)
+def _emulation(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="module")
+def rt():
+    os.environ.setdefault("GRAPHC_CUDA", "emu")
+    try:
+        from tests.cuda_support import runtime_library
+    except ImportError:
+        pytest.skip("tests/cuda_support.py (which builds the emulation library) is missing")
+    runtime_library("emu")
+    from graphc.backends.cuda.rt import runtime_library as load
+
+    return load("emu")
+
+
+def _traffic(rt) -> tuple[int, int]:
+    h2d, d2h = ctypes.c_int64(), ctypes.c_int64()
+    rt.gc_transfer_bytes(ctypes.byref(h2d), ctypes.byref(d2h))
+    return h2d.value, d2h.value
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _batch(rng):
+    return (graphc.tensor(rng.standard_normal((4, 8)).astype(np.float32)),
+            graphc.tensor(rng.integers(0, 3, 4)))
+
+
+def _twins():
+    (model, step), (ref_model, ref_step) = sgd_training_step(_mlp), sgd_training_step(_mlp)
+    return (model, graphc.compile(step, backend="cuda"),
+            ref_model, graphc.compile(ref_step, backend="interp"))
+
+
+def test_after_the_first_step_only_the_batch_and_the_loss_cross(rt, rng):
+    model, step, _, _ = _twins()
+    params = sum(p.numel() for p in model.parameters()) * 4
+    per_call = []
+    for _ in range(5):
+        x, y = _batch(rng)
+        rt.gc_transfer_bytes_reset()
+        step(x, y)
+        per_call.append(_traffic(rt))
+    batch = x.numel() * 4 + y.numel() * 8
+    loss, error_word = 4, 8  # the NLL target check's error word comes back with the loss
+    # call 1 runs on the interpreter (it creates the momentum buffers); call 2 is the
+    # executable's first: everything goes in (parameters, momentum, batch), the loss and the
+    # .grads come back; the updated state stays on the device
+    assert per_call[0] == (0, 0)
+    assert per_call[1] == (batch + 2 * params, loss + params + error_word)
+    for h2d, d2h in per_call[2:]:
+        assert (h2d, d2h) == (batch, loss + error_word), per_call
+
+
+def test_eager_reads_after_compiled_steps_see_the_current_values(rt, rng):
+    model, step, ref_model, ref_step = _twins()
+    for _ in range(4):
+        x, y = _batch(rng)
+        np.testing.assert_allclose(step(x, y).item(), ref_step(x, y).item(), rtol=1e-5)
+    pairs = list(zip(model.parameters(), ref_model.parameters()))
+    for p, q in pairs:
+        assert residency.marked_by(p._array) is not None  # the host copy is out of date
+    w, w_ref = pairs[0]
+    # an eager op, numpy(), .grad, state_dict and the optimizer state all see the device value
+    np.testing.assert_allclose((w * 2).detach().numpy(), (w_ref * 2).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+    for p, q in pairs:
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-6)
+        assert residency.marked_by(p._array) is None
+    for key, value in model.state_dict().items():
+        np.testing.assert_allclose(np.asarray(value), np.asarray(ref_model.state_dict()[key]),
+                                   rtol=1e-5, atol=1e-6)
+    # a write on the host between steps is what the next step reads
+    with graphc.no_grad():
+        w.mul_(0.5)
+        w_ref.mul_(0.5)
+    for _ in range(2):
+        x, y = _batch(rng)
+        np.testing.assert_allclose(step(x, y).item(), ref_step(x, y).item(), rtol=1e-5)
+    print(repr(w))  # printing fetches too
+    for p, q in pairs:
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_two_executables_share_parameters(rt, rng):
+    """A compiled evaluation reads the values the compiled training step left on the device,
+    and a step on another backend (the interpreter) sees them too."""
+    model, step, ref_model, ref_step = _twins()
+    evaluate = graphc.compile(lambda x: model(x), backend="cuda")
+    evaluate_ref = graphc.compile(lambda x: model(x), backend="interp")
+    for _ in range(3):
+        x, y = _batch(rng)
+        step(x, y)
+        ref_step(x, y)
+        with graphc.no_grad():
+            got = evaluate(x).numpy()
+            np.testing.assert_allclose(got, ref_model(x).numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(evaluate_ref(x).numpy(), got, rtol=1e-5, atol=1e-6)
+
+
+def test_check_nans_turns_residency_off(rt, rng, monkeypatch):
+    model, step, ref_model, ref_step = _twins()
+    monkeypatch.setenv("GRAPHC_CHECK_NANS", "1")
+    for _ in range(3):
+        x, y = _batch(rng)
+        np.testing.assert_allclose(step(x, y).item(), ref_step(x, y).item(), rtol=1e-5)
+        assert not any(residency.marked_by(p._array) for p in model.parameters())
+
+
+def test_close_fetches_what_only_the_device_held(rt, rng):
+    model, step, ref_model, ref_step = _twins()
+    for _ in range(3):
+        x, y = _batch(rng)
+        step(x, y)
+        ref_step(x, y)
+    step.executable.close()
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        assert residency.marked_by(p._array) is None
+        np.testing.assert_allclose(p._array, q.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+class _Owner:
+    def __init__(self, value):
+        self.value, self.fetched, self.forgotten = value, 0, []
+
+    def fetch(self, slot, array):
+        array[...] = self.value
+        self.fetched += 1
+
+    def forget(self, slot):
+        self.forgotten.append(slot)
+
+
+def test_views_of_a_marked_array_fetch_it():
+    base = np.zeros(6, np.float32)
+    t = graphc.Tensor._wrap(base)
+    view = graphc.Tensor._wrap(base[2:4])  # made before the mark
+    owner = _Owner(7.0)
+    residency.mark(base, owner, "slot")
+    assert view.numpy().tolist() == [7.0, 7.0] and owner.fetched == 1
+    residency.mark(base, owner, "slot")
+    with residency.raw_reads():
+        assert t._data is base and owner.fetched == 1  # binding reads nothing
+    assert t.sum().item() == 42.0 and owner.fetched == 2
+    residency.mark(base, owner, "slot")
+    del t, view, base  # the array dies: its mark goes, the owner is told
+    assert owner.forgotten == ["slot"] and not residency.marked_by(np.zeros(1))
