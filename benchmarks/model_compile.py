@@ -1,16 +1,33 @@
-"""Compile cost of real training steps: the first calls of the compiled GPT and ResNet-18
-steps of benchmarks/model_steps.py, each in a fresh process with an empty cache.
+"""Compile cost of real training steps, cold (empty cache) and warm (the cache the cold run
+filled), each in a fresh process, with where the time goes.
 
-    python -m benchmarks.model_compile
+    python -m benchmarks.model_compile                      # LeNet-5, GPT, ResNet-18, MLPs
+    python -m benchmarks.model_compile --models gpt --workers 1 --level 2
+    python -m benchmarks.model_compile --compare-levels --models lenet5,gpt  # run speed
 
-For each model it prints the wall and CPU seconds of the first three calls and how many
-graphs were compiled. A training step compiles once (graphc.jit.compiler's warm-up: the
-first call, which creates the optimizer state, runs on the interpreter and compiles the
-steady graph), so the second call is already a steady step.
+Models: `lenet5` (batch 64), `gpt` and `resnet18` (benchmarks/model_steps.py's full sizes),
+`mlpN` (N Linear layers of width 256 with ReLUs, batch 64: `mlp3` is the benchmark MLP's
+depth, `mlp30` ten times it: compile time should grow linearly with depth).
+Each child builds the model and its SGD-momentum step, compiles it with graphc.compile and
+times the first call (which traces, runs the passes, lowers and compiles the steady graph,
+and runs the first step on the interpreter to create the momentum buffers: `warm-up`), then
+the next call. Stages come from timers wrapped around graphc.jit.compiler's functions and
+the CPU backend's: `lower` (LLVM IR text), `dedupe` (graphc.backends.cpu.module_text),
+`llvm` (optimisation and object code, in parts on several processes when the module is
+large: graphc.backends.cpu.workers), `load` (MCJIT loading the objects), `key` (hashing the
+text for the cache). `--workers` sets GRAPHC_COMPILE_WORKERS, `--level` the LLVM pipeline
+(graphc.backends.cpu.llvm.OPT_LEVEL). Wall seconds, with the CPU seconds of the child itself
+(workers' time not included) in brackets. The load average is printed: these 2-core
+machines are shared, and numbers move 2x with load.
+
+`--compare-levels` measures what the pipeline buys at run time instead: in one process, the
+same step (same weights, same batch) compiled at O2 and at O3, called in turns
+(`--repeat` rounds after two warm-up calls each), medians of each.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -18,52 +35,179 @@ import sys
 import tempfile
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("lenet5", "gpt", "resnet18", "mlp3", "mlp30")
+STAGES = ("trace", "passes", "lower", "dedupe", "key", "llvm", "load", "backend")
 
-def child(name: str) -> None:
+
+def _timed(table: dict, key: str, fn):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            table[key] = table.get(key, 0.0) + time.perf_counter() - start
+    return wrapper
+
+
+def _step(name: str):
+    """(training step, x, y) of `name`, as graphc tensors."""
     import graphc
+    import graphc.nn as gnn
     from benchmarks import models
     from benchmarks.model_steps import FULL, batch_of, gpt, resnet18
 
-    shape = FULL[name]
     graphc.manual_seed(0)
-    model = (gpt if name == "gpt" else resnet18)(graphc, **shape)
-    x, y = batch_of(name, shape)
-    step = graphc.compile(models.graphc_step(model), backend="cpu")
-    gx, gy = graphc.tensor(x), graphc.tensor(y)
-    calls = []
-    for _ in range(3):
-        wall, cpu = time.perf_counter(), time.process_time()
-        step(gx, gy)
-        calls.append((time.perf_counter() - wall, time.process_time() - cpu))
-    print("RESULT " + json.dumps({"calls": calls, "graphs": len(step.graphs)}), flush=True)
+    if name in ("gpt", "resnet18"):
+        shape = FULL[name]
+        model = (gpt if name == "gpt" else resnet18)(graphc, **shape)
+        x, y = batch_of(name, shape)
+    elif name.startswith("mlp"):
+        depth = int(name[3:])
+        layers = [gnn.Linear(784, 256), gnn.ReLU()]
+        for _ in range(depth - 2):
+            layers += [gnn.Linear(256, 256), gnn.ReLU()]
+        model = gnn.Sequential(*layers, gnn.Linear(256, 10))
+        x, y = models.batch("mlp", 64)
+    else:
+        model = models.graphc_model(name)
+        x, y = models.batch(name, 64)
+    return models.graphc_step(model), graphc.tensor(x), graphc.tensor(y)
+
+
+def child(name: str, level: int | None) -> dict:
+    import graphc
+    import graphc.backends.cpu.executable as executable
+    import graphc.jit.compiler as compiler
+    from graphc.backends.cpu import llvm
+
+    if level is not None:
+        llvm.OPT_LEVEL = level
+    stages: dict[str, float] = {}
+    compiler.trace_call = _timed(stages, "trace", compiler.trace_call)
+    compiler.run_pipeline = _timed(stages, "passes", compiler.run_pipeline)
+    compiler.compile_graph = _timed(stages, "backend", compiler.compile_graph)
+    executable.lower = _timed(stages, "lower", executable.lower)
+    llvm.deduplicated = _timed(stages, "dedupe", llvm.deduplicated)
+    llvm.cache_key = _timed(stages, "key", llvm.cache_key)
+    llvm._objects = _timed(stages, "llvm", llvm._objects)
+    llvm.Library = _timed(stages, "load", llvm.Library)
+    step, x, y = _step(name)
+    compiled = graphc.compile(step, backend="cpu")
+    wall, cpu = time.perf_counter(), time.process_time()
+    compiled(x, y)
+    first = (time.perf_counter() - wall, time.process_time() - cpu)
+    wall = time.perf_counter()
+    compiled(x, y)
+    second = time.perf_counter() - wall
+    ex = compiled.executable
+    stages["warm-up"] = first[0] - sum(stages.get(k, 0.0) for k in ("trace", "passes",
+                                                                     "backend"))
+    return {"first": first, "second": second, "stages": stages, "graphs": len(compiled.graphs),
+            "kernels": len(set(ex.lowered.kernels)), "aliases": len(ex.library.aliases),
+            "parts": ex.library.parts, "from_cache": ex.library.from_cache,
+            "chars": len(ex.lowered.ir_text), "deduped_chars": len(ex.library._ir_text)}
+
+
+def compare_levels(name: str, repeat: int) -> str:
+    """One table row: the step's median call at O2 and at O3 (and their compile times)."""
+    import numpy as np
+
+    import graphc
+    from graphc.backends.cpu import llvm
+
+    row, steps = [], []
+    for level in (2, 3):
+        llvm.OPT_LEVEL = level
+        step, x, y = _step(name)  # same seed: the same weights
+        compiled = graphc.compile(step, backend="cpu")
+        start = time.perf_counter()
+        compiled(x, y)
+        row.append(time.perf_counter() - start)
+        compiled(x, y)
+        steps.append((compiled, x, y))
+    llvm.OPT_LEVEL = 3
+    times: list[list[float]] = [[], []]
+    for _ in range(repeat):
+        for k, (compiled, x, y) in enumerate(steps):
+            start = time.perf_counter()
+            compiled(x, y)
+            times[k].append(time.perf_counter() - start)
+    o2, o3 = (float(np.median(t)) * 1e3 for t in times)
+    return (f"| {name} | {o2:.2f} ms | {o3:.2f} ms | {o2 / o3:.2f} | {row[0]:.2f} s | "
+            f"{row[1]:.2f} s |")
+
+
+def _run_child(name: str, cache: str, args) -> dict:
+    env = {**os.environ, "GRAPHC_CACHE_DIR": cache,
+           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if args.workers:
+        env["GRAPHC_COMPILE_WORKERS"] = str(args.workers)
+    command = [sys.executable, "-m", "benchmarks.model_compile", "--child", name]
+    if args.level:
+        command += ["--level", str(args.level)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800,
+                          cwd=ROOT)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"{name}: the child failed:\n{done.stdout}\n{done.stderr}")
+    return json.loads(line[len("RESULT "):])
 
 
 def main() -> int:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    print(f"command: `python -m benchmarks.model_compile`; load average "
-          f"{os.getloadavg()[0]:.2f}\n")
-    print("| training step | call 1 (wall / CPU) | call 2 | call 3 | graphs compiled |")
-    print("|---|---|---|---|---|")
-    for name, label in (("gpt", "GPT (n_embd 128, 4 layers, batch 16)"),
-                        ("resnet18", "ResNet-18 CIFAR (batch 32)")):
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "GRAPHC_CACHE_DIR": cache,
-                   "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-            done = subprocess.run([sys.executable, __file__, "--child", name], env=env,
-                                  capture_output=True, text=True, timeout=1800)
-        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            print(done.stdout, done.stderr, sep="\n")
-            return 1
-        found = json.loads(line[len("RESULT "):])
-        cells = [f"{w:.2f} s / {c:.2f} s" for w, c in found["calls"]]
-        print(f"| {label} | " + " | ".join(cells) + f" | {found['graphs']} |")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--workers", type=int, default=0, help="GRAPHC_COMPILE_WORKERS")
+    parser.add_argument("--level", type=int, default=0, help="LLVM O level (default: graphc's)")
+    parser.add_argument("--compare-levels", action="store_true",
+                        help="run speed of each step compiled at O2 and at O3")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, args.level or None)), flush=True)
+        return 0
+    if args.compare_levels:
+        print(f"command: `python -m benchmarks.model_compile {' '.join(sys.argv[1:])}`; "
+              f"load average {os.getloadavg()[0]:.2f}\n")
+        print("| training step | call at O2 | call at O3 | O2 / O3 | first call O2 | O3 |")
+        print("|---|---|---|---|---|---|")
+        with tempfile.TemporaryDirectory(prefix="graphc-compile-") as cache:
+            os.environ["GRAPHC_CACHE_DIR"] = cache
+            for name in args.models.split(","):
+                print(compare_levels(name, args.repeat), flush=True)
+        print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+        return 0
+    print(f"command: `python -m benchmarks.model_compile {' '.join(sys.argv[1:])}`; "
+          f"load average {os.getloadavg()[0]:.2f}\n")
+    print("| training step | cold first call | warm first call | next call | cold stages "
+          "(s) | kernels (distinct) | LLVM text (deduplicated) | parts |")
+    print("|---|---|---|---|---|---|---|---|")
+    colds = {}
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory(prefix="graphc-compile-") as cache:
+            cold = _run_child(name, cache, args)
+            warm = _run_child(name, cache, args)
+        colds[name] = cold
+        assert not cold["from_cache"] and warm["from_cache"] and cold["graphs"] == 1
+        stages = ", ".join(f"{k} {cold['stages'][k]:.2f}" for k in STAGES + ("warm-up",)
+                           if k in cold["stages"])
+        print(f"| {name} | {cold['first'][0]:.2f} s ({cold['first'][1]:.2f}) | "
+              f"{warm['first'][0]:.2f} s ({warm['first'][1]:.2f}) | {cold['second']:.3f} s | "
+              f"{stages} | {cold['kernels']} ({cold['kernels'] - cold['aliases']}) | "
+              f"{cold['chars'] // 1000}k ({cold['deduped_chars'] // 1000}k) | "
+              f"{cold['parts']} |")
+    if "mlp3" in colds and "mlp30" in colds:
+        def compile_s(r):
+            return sum(r["stages"].get(k, 0.0) for k in ("trace", "passes", "backend"))
+        ratio = compile_s(colds["mlp30"]) / compile_s(colds["mlp3"])
+        print(f"\nMLP depth scaling: 30 layers compile (trace + passes + backend) in "
+              f"{ratio:.1f}x the time of 3 (target <= 12x); first calls "
+              f"{colds['mlp30']['first'][0] / colds['mlp3']['first'][0]:.1f}x")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
     return 0
 
 
 if __name__ == "__main__":
-    if "--child" in sys.argv:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        child(sys.argv[-1])
-    else:
-        sys.exit(main())
+    sys.path.insert(0, ROOT)
+    sys.exit(main())

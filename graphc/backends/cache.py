@@ -341,5 +341,5 @@ class DiskCache:
         return removed
 
 
-__all__ = ["ALL", "COUNTERS", "HEADER", "MAGIC", "CacheWarning", "DiskCache", "pack_entry", "unpack_entry",
-           "untrusted"]
+__all__ = ["ALL", "COUNTERS", "HEADER", "MAGIC", "CacheWarning", "DiskCache", "pack_entry",
+           "unpack_entry", "untrusted"]

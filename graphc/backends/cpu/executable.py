@@ -47,7 +47,7 @@ import time
 import numpy as np
 
 from graphc.backends.common import planned
-from graphc.backends.cpu import llvm, threads
+from graphc.backends.cpu import llvm, threads, workers
 from graphc.backends.cpu.blas import resolve_blas
 from graphc.backends.cpu.codegen import lower
 from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
@@ -56,6 +56,12 @@ from graphc.ir.verifier import verify
 from graphc.ops.collective import COLLECTIVE_OPS, communicator
 from graphc.ops.fused import FusedBody
 from graphc.ops.registry import CONTRACTION, REGISTRY
+
+
+# A graph of this many scheduled nodes or more makes a module large enough to compile in
+# parts (graphc.backends.cpu.workers.PARALLEL_MIN_CHARS): its workers are started before
+# lowering. (LeNet-5's training step has 35 nodes, the GPT benchmark's 566.)
+PARALLEL_MIN_NODES = 150
 
 
 # ---- the executable ------------------------------------------------------------------------
@@ -72,6 +78,8 @@ class CpuExecutable:
         blas = resolve_blas() if any(_uses_gemm(n) for n in graph.nodes) else None
         # options["profile"]: the driver stamps the clock around every kernel (last_stamps)
         self.profiled = bool((options or {}).get("profile"))
+        if len(plan.schedule) >= PARALLEL_MIN_NODES:
+            workers.start()  # boots while the module is generated (graphc.backends.cpu.workers)
         self.lowered, _ = lower(graph, blas, profile=self.profiled)
         self.library = llvm.compile_module(self.lowered.ir_text, f"graphc_{graph.name}")
         self._run = self.library.ctypes_function(

@@ -51,6 +51,7 @@ import llvmlite.binding as llvm
 
 from graphc import config
 from graphc.backends.cache import DiskCache
+from graphc.backends.cpu import llvm_worker, module_text, workers
 from graphc.errors import GraphcError
 from graphc.version import __version__ as _GRAPHC_VERSION
 
@@ -63,7 +64,10 @@ __all__ = [
 # before they sleep: enough to catch the next kernel of the same step, short enough that the
 # core is soon free for other work.
 SPIN_COUNT = "20000"
-_CACHE_FORMAT = "llvm-objects-v1"  # the versioned subfolder; bump when the entry format changes
+_CACHE_FORMAT = "llvm-objects-v2"  # the versioned subfolder; bump when the entry format changes
+# The optimisation pipeline (the new pass manager's O2 or O3); see docs/performance.md
+# § Compile time for the measurements behind the choice.
+OPT_LEVEL = 3
 
 
 class LLVMCompileError(GraphcError, RuntimeError):
@@ -149,18 +153,26 @@ def _new_target_machine() -> llvm.TargetMachine:
 
 
 class Library:
-    """Native code loaded from one module: its engine, its object code, its symbols."""
+    """Native code loaded from one module: its engine, its object code (one object, or one
+    per part of a module compiled in parts), its symbols. `aliases` maps the name of a
+    function that deduplication dropped to the one that replaced it."""
 
-    def __init__(self, name: str, ir_text: str, object_code: bytes, *, key: str,
-                 from_cache: bool) -> None:
+    def __init__(self, name: str, ir_text: str, objects: list[bytes], *, key: str,
+                 from_cache: bool, aliases: dict[str, str] | None = None) -> None:
         self.name = name
         self.key = key
         self.from_cache = from_cache
         self.compile_seconds = 0.0  # compile_module's wall time, loading included
-        self._ir_text = ir_text
-        self._object_code = object_code  # kept alive with the engine that loaded it
+        self.parts = len(objects)
+        self.aliases = dict(aliases or {})
+        self._ir_text = ir_text  # as compiled: deduplicated
+        self._objects = objects  # kept alive with the engine that loaded them
         self._optimized: tuple[str, str] | None = None
-        defined, undefined = _elf_symbols(object_code)
+        defined, undefined = set(), set()
+        for code in objects:
+            names, needs = _elf_symbols(code)
+            defined.update(names)
+            undefined.update(needs)
         self.symbols = frozenset(defined)
         tm = _new_target_machine()
         placeholder = llvm.parse_assembly("")  # global context: never disposed
@@ -168,17 +180,19 @@ class Library:
         placeholder.data_layout = str(tm.target_data)
         self._engine = llvm.create_mcjit_compiler(placeholder, tm)  # owns tm from here
         # Creating the engine opened the process's symbols; check before LLVM aborts on them.
-        missing = sorted(s for s in undefined if not llvm.address_of_symbol(s))
+        missing = sorted(s for s in undefined - defined if not llvm.address_of_symbol(s))
         if missing:
             raise LLVMCompileError(
                 f"compile_module {name!r}: the code calls {', '.join(missing)}, which this "
                 f"process does not define; register_symbol(name, address) or load the "
                 f"library that provides them before compiling")
-        self._engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
+        for code in objects:  # MCJIT links the parts' symbols to each other
+            self._engine.add_object_file(llvm.ObjectFileRef.from_data(code))
         self._engine.finalize_object()
 
     def address(self, symbol: str) -> int:
         """The address of a function or global defined by this module."""
+        symbol = self.aliases.get(symbol, symbol)
         address = self._engine.get_function_address(symbol) if symbol in self.symbols else 0
         if not address:
             raise LLVMCompileError(f"module {self.name!r} defines no symbol {symbol!r}; "
@@ -208,8 +222,8 @@ class Library:
 
     def __repr__(self) -> str:
         origin = "cache" if self.from_cache else "compiled"
-        return (f"Library({self.name!r}, {len(self.symbols)} symbols, {origin} in "
-                f"{self.compile_seconds * 1e3:.1f} ms)")
+        return (f"Library({self.name!r}, {len(self.symbols)} symbols, {self.parts} "
+                f"part(s), {origin} in {self.compile_seconds * 1e3:.1f} ms)")
 
 
 def _module_texts(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> tuple[str, str]:
@@ -220,81 +234,128 @@ def _emit_object(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> bytes:
     return tm.emit_object(module)
 
 
-def _with_optimized(ir_text: str, name: str, use):
-    """Parse, verify and O3-optimise `ir_text` in a private context, return `use(module, tm)`,
-    then free the module and its context (module first)."""
-    tm = _new_target_machine()  # never given to an engine, so freed with this call
-    context = llvm.create_context()
-    module = None
+def _with_optimized(ir_text: str, name: str, use, level: int | None = None):
+    """llvm_worker.with_optimized, with LLVM's complaint as an LLVMCompileError; `use` None:
+    parse and verify only."""
+    _initialize()
     try:
-        try:
-            module = llvm.parse_assembly(ir_text, context=context)
-            module.verify()
-        except RuntimeError as error:
-            message = str(error).replace("LLVM IR parsing error\n", "").strip()
-            raise LLVMCompileError(
-                f"compile_module {name!r}: LLVM rejected the module: {message}\n"
-                f"(the IR comes from graphc's code generator: please report it with the "
-                f"module text)") from None
-        module.name = name
-        module.triple = tm.triple
-        module.data_layout = str(tm.target_data)
-        tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-        tuning.loop_vectorization = True
-        tuning.slp_vectorization = True
-        tuning.loop_unrolling = True
-        builder = llvm.create_pass_builder(tm, tuning)
-        builder.getModulePassManager().run(module, builder)
-        return use(module, tm)
-    finally:
-        if module is not None:
-            module.close()
-        context.close()
+        if use is None:
+            return llvm_worker.verify(ir_text)
+        return llvm_worker.with_optimized(ir_text, name, OPT_LEVEL if level is None else level,
+                                          use)
+    except llvm_worker.IRError as error:
+        raise LLVMCompileError(
+            f"compile_module {name!r}: LLVM rejected the module: {error}\n"
+            f"(the IR comes from graphc's code generator: please report it with the "
+            f"module text)") from None
 
 
 # ---------------------------------------------------------------------------------------------
 # Compilation and the cache
 
 
-def _check_object(payload: bytes) -> None:
-    """ValueError unless `payload` holds together as an ELF64 object (LLVM's loader crashes
-    on bad input instead of reporting)."""
-    _elf_symbols(payload)
+_OBJECTS = struct.Struct("<8sI")  # a cache entry's payload: magic, object count,
+_LENGTH = struct.Struct("<Q")  # then each object's length, then the objects
+_OBJECTS_MAGIC = b"GCPARTS1"
 
 
-OBJECT_CACHE = DiskCache(_CACHE_FORMAT, ".o", _check_object)
+def pack_objects(objects: list[bytes]) -> bytes:
+    """One payload holding the object code of every part of a module."""
+    return b"".join([_OBJECTS.pack(_OBJECTS_MAGIC, len(objects))]
+                    + [_LENGTH.pack(len(o)) for o in objects] + objects)
 
 
-def cache_key(ir_text: str) -> str:
-    """The hex sha256 naming the cached object of `ir_text` on this host and toolchain."""
+def unpack_objects(payload: bytes) -> list[bytes]:
+    """The objects of a payload; ValueError unless each holds together as an ELF64 object
+    (LLVM's loader crashes on bad input instead of reporting)."""
+    try:
+        magic, count = _OBJECTS.unpack_from(payload)
+        at = _OBJECTS.size + count * _LENGTH.size
+        lengths = [_LENGTH.unpack_from(payload, _OBJECTS.size + k * _LENGTH.size)[0]
+                   for k in range(count)]
+    except struct.error:
+        raise ValueError("not a graphc object bundle") from None
+    if magic != _OBJECTS_MAGIC or count < 1 or at + sum(lengths) != len(payload):
+        raise ValueError("not a graphc object bundle")
+    objects = []
+    for length in lengths:
+        objects.append(payload[at:at + length])
+        at += length
+    for code in objects:
+        _elf_symbols(code)
+    return objects
+
+
+OBJECT_CACHE = DiskCache(_CACHE_FORMAT, ".o", unpack_objects)
+
+
+def cache_key(ir_text: str, level: int | None = None) -> str:
+    """The hex sha256 naming the cached objects of `ir_text` (deduplicated, see
+    `compile_module`) at O`level` on this host and toolchain."""
     host = _initialize()
-    parts = (ir_text, host.triple, host.cpu, host.features, llvmlite.__version__,
-             ".".join(map(str, llvm.llvm_version_info)), _GRAPHC_VERSION, _CACHE_FORMAT)
+    parts = (ir_text, str(OPT_LEVEL if level is None else level), host.triple, host.cpu,
+             host.features, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)),
+             _GRAPHC_VERSION, _CACHE_FORMAT)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def compile_module(ir_text: str, name: str, *, use_cache: bool = True) -> Library:
-    """Compile LLVM IR text into a loaded `Library` (cached on disk by `cache_key`)."""
+def deduplicated(ir_text: str) -> tuple[str, module_text.ModuleText | None, dict[str, str]]:
+    """(the text to compile, its parsed form or None, renames): functions and constants that
+    are the same code under another name are kept once (graphc.backends.cpu.module_text);
+    text that module_text cannot read is compiled as it is."""
+    try:
+        module = module_text.parse(ir_text)
+    except ValueError:
+        return ir_text, None, {}
+    small, renames = module_text.dedupe(module)
+    return (str(small) if renames else ir_text), small, renames
+
+
+def compile_module(ir_text: str, name: str, *, use_cache: bool = True,
+                   level: int | None = None) -> Library:
+    """Compile LLVM IR text into a loaded `Library` (cached on disk by `cache_key`).
+
+    The text is deduplicated first; a large module is compiled in parts over the cores
+    (graphc.backends.cpu.workers), each part its own object, all loaded into one engine.
+    `level`: the optimisation pipeline, O`OPT_LEVEL` by default."""
     start = time.perf_counter()
-    key = cache_key(ir_text)
+    level = OPT_LEVEL if level is None else level
+    text, module, renames = deduplicated(ir_text)
+    key = cache_key(text, level)
     if not use_cache:
-        library = Library(name, ir_text, _with_optimized(ir_text, name, _emit_object),
-                          key=key, from_cache=False)
+        library = Library(name, text, _objects(text, module, name, level), key=key,
+                          from_cache=False, aliases=renames)
         library.compile_seconds = time.perf_counter() - start
         return library
     with OBJECT_CACHE.lock(key):
-        code = OBJECT_CACHE.read(key)
-        from_cache = code is not None
-        if code is None:
+        payload = OBJECT_CACHE.read(key)
+        from_cache = payload is not None
+        if payload is None:
             OBJECT_CACHE.count("misses")
-            code = _with_optimized(ir_text, name, _emit_object)
-            OBJECT_CACHE.write(key, code)
+            objects = _objects(text, module, name, level)
+            OBJECT_CACHE.write(key, pack_objects(objects))
         else:
             OBJECT_CACHE.count("hits")
-        library = Library(name, ir_text, code, key=key, from_cache=from_cache)
+            objects = unpack_objects(payload)
+        library = Library(name, text, objects, key=key, from_cache=from_cache,
+                          aliases=renames)
     library.compile_seconds = time.perf_counter() - start
     _dump(library)
     return library
+
+
+def _objects(text: str, module, name: str, level: int) -> list[bytes]:
+    """The object code of `text`: one object, or one per part when the module is large
+    enough that compiling parts on several cores is faster (workers.split_compile)."""
+    processes = workers.processes()
+    if module is not None and processes > 1 and len(text) >= workers.PARALLEL_MIN_CHARS:
+        _with_optimized(text, name, None)  # LLVM's own message for bad IR, here
+        parts = module_text.split(module, workers.PARTS_PER_PROCESS * processes)
+        if len(parts) > 1:
+            objects = workers.split_compile(parts, name, level, processes - 1)
+            if objects is not None:
+                return objects
+    return [_with_optimized(text, name, _emit_object, level)]
 
 
 def _dump(library: Library) -> None:
