@@ -68,7 +68,7 @@ def test_viz_html(tmp_path, gir, capsys):
 def test_viz_explorer(tmp_path, gir, capsys):
     assert main(["viz", str(gir), "--explorer"]) == 0
     graphs = json.loads((tmp_path / "fused.mx.json").read_text())
-    assert graphs["graphs"][0]["id"] == "fused"
+    assert graphs["label"] == "fused" and graphs["graphs"][0]["id"] == "fused"
     assert "fused" in json.loads((tmp_path / "fused.bytes.json").read_text())
     assert "model-explorer" in capsys.readouterr().out
 

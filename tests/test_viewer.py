@@ -4,6 +4,7 @@ in a real headless Chromium driven by Playwright (search, expand, collapse, labe
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -188,6 +189,9 @@ def test_page_in_headless_chromium(tmp_path, step_graph):
             assert "%27" in page.inner_text("#details")
             assert page.evaluate(LABELS_FIT) == []
             page.screenshot(path=str(tmp_path / "viewer.png"))
+            if os.environ.get("GRAPHC_SCREENSHOT_DIR"):  # docs/images/viewer.png comes from here
+                page.screenshot(path=os.path.join(os.environ["GRAPHC_SCREENSHOT_DIR"],
+                                                  "viewer.png"))
 
             # collapse it again from its frame's title, then a region from the group tree
             page.locator('#clusters .cluster[data-id="n1"] text').dispatch_event("click")
@@ -219,3 +223,19 @@ def test_a_large_graph_opens_collapsed():
     assert "io:outputs" not in groups  # one output: shown as it is
     assert groups["region:a.py:1"]["collapsed"] and groups["region:a.py:1"]["size"] == 201
     assert groups["region:a.py:2"]["lines"] == ["a.py:2", "200 nodes"]
+
+
+def test_viewing_doc_examples_run():
+    """The `>>>` examples of docs/viewing.md run and print what they say."""
+    import doctest
+    import pathlib
+    import textwrap
+
+    text = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "viewing.md").read_text()
+    text = "\n".join("" if line.startswith("```") else line for line in text.splitlines())
+    test = doctest.DocTestParser().get_doctest(textwrap.dedent(text), {}, "viewing.md",
+                                               "viewing.md", 0)
+    assert test.examples
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    runner.run(test)
+    assert runner.failures == 0, f"{runner.failures} example(s) in docs/viewing.md failed"

@@ -7,7 +7,8 @@
 
 This module is the conversion, with no dependency on the package: `explorer_graphs(graph)`
 is the adapter's result in Model Explorer's JSON graph format (what its `convert` returns,
-after `dataclasses.asdict`, and what its built-in JSON adapter reads from a file):
+after `dataclasses.asdict`; a file for its built-in JSON adapter holds one graph collection,
+`{"label": ..., "graphs": [...]}`, see `write_explorer_files`):
 
     {"graphs": [{"id": ..., "nodes": [{"id", "label", "namespace", "attrs": [{key, value}],
       "incomingEdges": [{sourceNodeId, sourceNodeOutputId, targetNodeInputId}],
@@ -206,12 +207,13 @@ def time_node_data(graph: Graph, profile) -> dict[str, Any]:
 
 
 def write_explorer_files(graph: Graph, path: str, profile=None) -> list[str]:
-    """Write `path` (the graphs JSON) and beside it `<stem>.bytes.json` (and
-    `<stem>.time.json` given a profile); return the paths written."""
+    """Write `path`, the graph as a Model Explorer graph collection (`{"label", "graphs"}`:
+    the JSON file form its built-in JSON adapter opens), and beside it `<stem>.bytes.json`
+    (and `<stem>.time.json` given a profile); return the paths written."""
     stem = path[:-len(".mx.json")] if path.endswith(".mx.json") else os.path.splitext(path)[0]
     written = [path, stem + ".bytes.json"]
     with open(path, "w") as f:
-        json.dump(explorer_graphs(graph), f)
+        json.dump({"label": graph.name, "graphs": explorer_graphs(graph)["graphs"]}, f)
     with open(written[1], "w") as f:
         json.dump(bytes_node_data(graph), f)
     if profile is not None:
