@@ -46,7 +46,6 @@ from typing import Any
 from graphc.ir.export import (
     COLORS,
     LINE_CHARS,
-    fused_ops,
     node_label,
     short_literal,
 )
