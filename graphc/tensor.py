@@ -19,8 +19,6 @@ import warnings
 import numpy as np
 
 from graphc.autograd.graph import AccumulateGrad, RemovableHandle, add_hook
-from graphc.backends.residency import fresh as _fresh_host_copy
-from graphc.backends.residency import stale as _stale_host_copies
 from graphc.errors import AutogradError, DTypeError, ShapeError, TraceError
 from graphc.symbolic import Sym
 from graphc.tensor_methods import TensorMethods
@@ -202,18 +200,6 @@ class Tensor(TensorMethods, ShapeMethods):
 
     def __init__(self, *args, **kwargs) -> None:
         pass  # __new__ (or a subclass's __new__) has built the tensor
-
-    @property
-    def _data(self) -> np.ndarray:
-        """The tensor's array. A compiled step may keep the current value on a device and
-        leave this array out of date (graphc.backends.residency); reading it fetches it."""
-        if _stale_host_copies:
-            _fresh_host_copy(self._array)
-        return self._array
-
-    @_data.setter
-    def _data(self, array) -> None:
-        self._array = array
 
     @classmethod
     def _wrap(cls, array: np.ndarray, requires_grad: bool = False) -> Tensor:
@@ -479,6 +465,18 @@ class Tensor(TensorMethods, ShapeMethods):
             return self.grad_fn.add_tensor_hook(self._output_nr, hook)
         acc = self._grad_accumulator()
         return add_hook(acc.tensor_pre_hooks.setdefault(0, {}), hook)
+
+    def register_post_accumulate_grad_hook(self, hook) -> RemovableHandle:
+        """hook(tensor) -> None; runs on a leaf once its gradient is accumulated into `.grad`
+        (as PyTorch's; DistributedDataParallel's buckets use it)."""
+        if self.grad_fn is not None:
+            raise AutogradError("post accumulate grad hooks cannot be registered on non-leaf "
+                                "tensors")
+        if not self._requires_grad:
+            raise AutogradError(
+                "cannot register a hook on a tensor that doesn't require gradient"
+            )
+        return add_hook(self._grad_accumulator().post_accumulate_hooks, hook)
 
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         """Accumulate d(self)/d(leaf) into every leaf's `.grad` (see graphc.autograd)."""

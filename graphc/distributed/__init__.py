@@ -32,9 +32,9 @@ import numpy as np
 from graphc.autograd.grad_mode import no_grad
 from graphc.errors import GraphcError
 
-__all__ = ["DistributedError", "ReduceOp", "all_gather", "all_reduce", "barrier", "broadcast",
-           "destroy_process_group", "get_rank", "get_world_size", "init_process_group",
-           "is_available", "is_initialized", "reduce_scatter"]
+__all__ = ["DistributedError", "ReduceOp", "Work", "all_gather", "all_reduce", "barrier",
+           "broadcast", "destroy_process_group", "get_rank", "get_world_size",
+           "init_process_group", "is_available", "is_initialized", "reduce_scatter"]
 
 
 class DistributedError(GraphcError, RuntimeError):
@@ -298,9 +298,31 @@ def _op(MPI, op: ReduceOp):
     return table[op]
 
 
+class Work:
+    """A collective in flight (`all_reduce(..., async_op=True)`), as torch.distributed's Work:
+    `wait()` blocks until it is done (at most the group's timeout, then the job aborts)."""
+
+    def __init__(self, group: _Group, request, what: str, finish=None) -> None:
+        self._group, self._request, self._what, self._finish = group, request, what, finish
+        self._done = False
+
+    def is_completed(self) -> bool:
+        return self._done or bool(self._request.Test())
+
+    def wait(self, timeout=None) -> bool:
+        if not self._done:
+            _wait(self._group, self._request, self._what)
+            self._done = True
+            if self._finish is not None:
+                self._finish()
+        return True
+
+
 def all_reduce(tensor, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool = False):
     """Reduce `tensor` over every rank, in place (AVG divides the sum by the world size).
-    Inside graphc.compile it is the graph op `all_reduce`, written back into `tensor`."""
+    With `async_op=True` it returns a `Work` and `tensor` holds the result once `wait()`
+    returns. Inside graphc.compile it is the graph op `all_reduce`, written back into
+    `tensor`."""
     from graphc.tensor import Tensor
 
     if isinstance(tensor, Tensor) and tensor.is_abstract:
@@ -314,15 +336,22 @@ def all_reduce(tensor, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool =
         return None
     g, MPI = _current(), _mpi()
     array = _array(tensor, "all_reduce")
+    if op is ReduceOp.AVG and array.dtype.kind != "f":
+        raise DistributedError("all_reduce with ReduceOp.AVG needs a floating tensor")
     _agree(g, "all_reduce", array)
     buffer = np.ascontiguousarray(array)
-    _wait(g, g.comm.Iallreduce(MPI.IN_PLACE, buffer, op=_op(MPI, op)), "all_reduce")
-    if op is ReduceOp.AVG:
-        if buffer.dtype.kind != "f":
-            raise DistributedError("all_reduce with ReduceOp.AVG needs a floating tensor")
-        buffer /= g.size
-    if buffer is not array:
-        array[...] = buffer
+
+    def finish():
+        if op is ReduceOp.AVG:
+            buffer[...] /= g.size
+        if buffer is not array:
+            array[...] = buffer
+
+    work = Work(g, g.comm.Iallreduce(MPI.IN_PLACE, buffer, op=_op(MPI, op)), "all_reduce",
+                finish)
+    if async_op:
+        return work
+    work.wait()
     return None
 
 

@@ -163,13 +163,16 @@ register(OpDef("all_reduce_wait", COLLECTIVE, ("bucket",), _all_reduce_wait_infe
                    "divides by the world size."))
 
 
-def all_reduce(x, op: str = "sum"):
-    """`x` reduced elementwise over every rank (a new tensor; graph op `all_reduce`)."""
-    return call("all_reduce", x, op=op)
+def all_reduce(x, op: str = "sum", bucket_cap: int | None = None):
+    """`x` reduced elementwise over every rank (a new tensor; graph op `all_reduce`);
+    `bucket_cap`: the bytes of the bucket the bucketing pass may put it in."""
+    if bucket_cap is None:
+        return call("all_reduce", x, op=op)
+    return call("all_reduce", x, op=op, bucket_cap=bucket_cap)
 
 
 # graphc.distributed.all_reduce is the public, torch.distributed-shaped entry point
 PUBLIC: tuple[str, ...] = ()
 TENSOR_METHODS: dict = {}
-__all__ = ["COLLECTIVE_OPS", "Communicator", "NativeMpi", "REDUCE_OPS", "all_reduce", "communicator",
-           "set_communicator"]
+__all__ = ["COLLECTIVE_OPS", "Communicator", "NativeMpi", "REDUCE_OPS", "all_reduce",
+           "communicator", "set_communicator"]

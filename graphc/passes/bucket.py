@@ -18,11 +18,14 @@ hooks at run time. For a bucket of `all_reduce(x_i, op)` nodes with outputs o_i:
   `bucket_cap_mb`). A cap of 0 puts each gradient in a bucket of its own. A node also starts
   a new bucket when joining would need the start after a reader of the bucket (an all_reduce
   whose result is read before the next one's input exists: a loss averaged mid-step).
-- Placement: all starts and waits are effectful, and plan_buffers keeps effectful ops in
-  program order and data dependences; a start follows the node that produced the bucket's
-  last input and a wait precedes the bucket's first reader (an optimizer update, or the end
-  of the graph), so every wait comes after every start that precedes that reader: the
-  backward's remaining compute runs between a bucket's start and its wait.
+- Placement: a start follows the node that produced the bucket's last input; a wait comes
+  no earlier than the bucket's first reader needs it (an optimizer update, or the end of the
+  graph). After the last start, the buckets are waited for in the order they started, each
+  only when nothing else can run without it, so the last bucket's reduction overlaps the
+  updates the earlier ones feed. Starts and waits are effectful and plan_buffers keeps
+  effectful ops in program order (and data dependences), so the schedule it picks keeps the
+  backward's remaining compute between a bucket's start and its wait, and every rank starts
+  its buckets in the same order.
 - Memory: the start's value is the buffer MPI reduces in place, and the wait reads it, so
   the buffer is live (never reused) while its request is in flight; the wait's value and
   the slices and reshapes are views of it (the plan writes a collective in place into an
@@ -120,7 +123,10 @@ def _split(bucket: _Bucket, index: int) -> tuple[list[Node], list[Node]]:
     for k, member in enumerate(bucket.members):
         out = member.outputs[0]
         n = out.type.numel
-        if not single:
+        if len(bucket.members) == 1 and not single:  # the whole buffer
+            after.append(Node("reshape", [reduced], {"shape": tuple(out.type.shape)}, [out],
+                              member.loc))
+        elif not single:
             piece = out if out.type.shape == (n,) else \
                 Value(f"bucket{index}.{k}", type(out.type)((n,), out.type.dtype))
             after.append(Node("slice", [reduced], {"starts": (offset,), "stops": (offset + n,),
@@ -142,13 +148,21 @@ def bucket_allreduce(graph: Graph) -> Graph:
     docstring for what it needs and guarantees).
 
     >>> from graphc.ir import parse
+    >>> from graphc.ir.printer import format_graph
     >>> g = bucket_allreduce(parse('''graph @f(%a: f32[4,2], %b: f32[3]) -> (f32[4,2], f32[3]) {
     ...   %0: f32[4,2] = all_reduce[op="avg"](%a)
     ...   %1: f32[3] = all_reduce[op="avg"](%b)
     ...   return (%0, %1)
     ... }'''))
-    >>> [n.op for n in g.nodes]
-    ['all_reduce_start', 'all_reduce_wait', 'slice', 'slice', 'reshape', 'slice']
+    >>> print(format_graph(g))
+    graph @f(%a: f32[4,2], %b: f32[3]) -> (f32[4,2], f32[3]) {
+      %bucket0: f32[11] = all_reduce_start[op="avg"](%a, %b)
+      %bucket0.reduced: f32[11] = all_reduce_wait[op="avg"](%bucket0)
+      %bucket0.0: f32[8] = slice[starts=(0,), stops=(8,), steps=(1,)](%bucket0.reduced)
+      %0: f32[4,2] = reshape[shape=(4, 2)](%bucket0.0)
+      %1: f32[3] = slice[starts=(8,), stops=(11,), steps=(1,)](%bucket0.reduced)
+      return (%0, %1)
+    }
     """
     buckets = _assign(graph)
     if not buckets:
@@ -167,8 +181,39 @@ def bucket_allreduce(graph: Graph) -> Graph:
             nodes.append(node)
         nodes += starts_after.get(i, [])
     nodes += waits_before.get(len(graph.nodes), [])
-    graph.nodes = nodes
+    graph.nodes = _waits_in_start_order(nodes)
     return graph
+
+
+def _waits_in_start_order(nodes: list[Node]) -> list[Node]:
+    """After the last start, wait for the buckets in the order they started, each when
+    nothing else can run without it, so the one started last is waited for last (after the
+    updates the earlier buckets feed), as PyTorch's Reducer finalizes bucket by bucket."""
+    last = max(i for i, n in enumerate(nodes) if n.op == "all_reduce_start")
+    head, tail = nodes[:last + 1], nodes[last + 1:]
+    started = {n.outputs[0]: i for i, n in enumerate(head) if n.op == "all_reduce_start"}
+    made_in_tail = {v: n for n in tail for v in n.outputs}
+    pending = {id(n): sum(v in made_in_tail for v in n.inputs) for n in tail}
+    readers: dict[Value, list[Node]] = {}
+    for n in tail:
+        for v in n.inputs:
+            if v in made_in_tail:
+                readers.setdefault(v, []).append(n)
+    ready = [n for n in tail if not pending[id(n)]]
+    order: list[Node] = []
+    while ready:
+        runnable = [n for n in ready if n.op != "all_reduce_wait"]
+        node = runnable[0] if runnable else \
+            min(ready, key=lambda n: started.get(n.inputs[0], len(head)))
+        ready.remove(node)
+        order.append(node)
+        for v in node.outputs:
+            for r in readers.get(v, ()):
+                pending[id(r)] -= 1
+                if not pending[id(r)]:
+                    ready.append(r)
+        ready.sort(key=lambda n: tail.index(n))
+    return head + order
 
 
 __all__ = ["DEFAULT_BUCKET_CAP", "FIRST_BUCKET_CAP", "bucket_allreduce", "has_collectives"]

@@ -11,14 +11,16 @@ backend="interp", which calls MPI through mpi4py.
 
 A bucket (graphc.passes.bucket) is two kernels that the schedule keeps apart:
 `all_reduce_start(x1, ..., xk)` copies each xi (any strides) into its slot of the flat
-buffer, then `MPI_Iallreduce(MPI_IN_PLACE, buffer, ...)` stores its request in a module
-global named after the buffer's value; `all_reduce_wait(b)` runs `MPI_Wait` on that request,
+buffer, then `MPI_Iallreduce(MPI_IN_PLACE, buffer, ...)` stores its request in 8 bytes of
+backend scratch (one slot per bucket); `all_reduce_wait(b)` runs `MPI_Wait` on that request,
 then ("avg") scales by 1 / world size, and copies only if the plan did not put its result
 in b's place. Reading b keeps the buffer live until the wait, so the plan never lends its
 memory to another value while MPI may still write it.
 """
 
 from __future__ import annotations
+
+import weakref
 
 from llvmlite import ir
 
@@ -29,6 +31,7 @@ from graphc.backends.cpu.values import F64, I32, I64, PTR, Loc, i64, loop, unsup
 from graphc.ir.graph import Node
 from graphc.ir.printer import format_node
 from graphc.ops import collective
+from graphc.types import TensorType, int64
 
 _MPI_INT_MAX = 2**31 - 1  # MPI counts are C ints
 
@@ -97,16 +100,17 @@ def lower_all_reduce(lw, node: Node) -> None:
     lw.calls.append(kb.kernel)
 
 
-def _request(lw, bucket) -> ir.GlobalVariable:
-    """The MPI_Request (an int in MPICH) of the bucket value `bucket`, a module global."""
-    name = f"mpi_request.{bucket.name}"
-    try:
-        return lw.module.get_global(name)
-    except KeyError:
-        gv = ir.GlobalVariable(lw.module, I32, name=name)
-        gv.linkage = "internal"
-        gv.initializer = ir.Constant(I32, 0)
-        return gv
+_REQUESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # lowerer -> {name: Loc}
+
+
+def _request(lw, bucket) -> Loc:
+    """Where the MPI_Request (an int in MPICH) of the bucket value `bucket` lives: 8 bytes of
+    backend scratch past the plan's arena, one slot per bucket (not a module global, which a
+    module split or a kernel dedupe could copy or merge)."""
+    slots = _REQUESTS.setdefault(lw, {})
+    if bucket.name not in slots:
+        slots[bucket.name] = lw.scratch_loc(TensorType((1,), int64))
+    return slots[bucket.name]
 
 
 def lower_all_reduce_start(lw, node: Node) -> None:
@@ -129,6 +133,7 @@ def lower_all_reduce_start(lw, node: Node) -> None:
     kb = KernelBuilder(lw, lw.name("all_reduce_start"), (1,))
     kb.kernel.status = True
     o = kb.operand(dst, (0,))
+    r = kb.operand(_request(lw, out), (0,))
     status = _status(lw, node, "MPI_Iallreduce")
     b = kb.begin()
     mpi = lw.declare("MPI_Iallreduce",
@@ -136,7 +141,7 @@ def lower_all_reduce_start(lw, node: Node) -> None:
     handles = [native.datatypes[dt.name], native.ops["sum" if op == "avg" else op], native.comm]
     code = b.call(mpi, [b.inttoptr(ir.Constant(I64, native.in_place), PTR),
                         kb.pointer(b, o, i64(0)), ir.Constant(I32, count)]
-                  + [ir.Constant(I32, h) for h in handles] + [_request(lw, out)])
+                  + [ir.Constant(I32, h) for h in handles] + [kb.pointer(b, r, i64(0))])
     with b.if_then(b.icmp_signed("!=", code, ir.Constant(I32, 0)), likely=False):
         b.ret(ir.Constant(I32, status))
     b.ret(ir.Constant(I32, 0))
@@ -155,10 +160,11 @@ def lower_all_reduce_wait(lw, node: Node) -> None:
     kb = KernelBuilder(lw, lw.name("all_reduce_wait"), (1,))
     kb.kernel.status = True
     o = kb.operand(src, (0,))
+    r = kb.operand(_request(lw, bucket), (0,))
     status = _status(lw, node, "MPI_Wait")
     b = kb.begin()
     mpi = lw.declare("MPI_Wait", ir.FunctionType(I32, [PTR, PTR]))
-    code = b.call(mpi, [_request(lw, bucket),
+    code = b.call(mpi, [kb.pointer(b, r, i64(0)),
                         b.inttoptr(ir.Constant(I64, _MPI_STATUS_IGNORE), PTR)])
     with b.if_then(b.icmp_signed("!=", code, ir.Constant(I32, 0)), likely=False):
         b.ret(ir.Constant(I32, status))

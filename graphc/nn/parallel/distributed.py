@@ -2,25 +2,31 @@
 
 As PyTorch's DDP: wrapping broadcasts rank 0's parameters and buffers to every rank; each
 forward first broadcasts rank 0's buffers (`broadcast_buffers=True`, e.g. batch-norm
-statistics); during backward, every parameter's gradient is averaged over the ranks as soon
-as autograd produces it (a tensor hook per parameter, so communication starts while the rest
-of the backward still runs on the later layers' inputs). Ranks must run the same model on
-same-shaped batches: the collectives check shapes first and report a mismatch.
-The state_dict of the wrapper has the `module.` prefix, as in PyTorch.
+statistics); during backward, gradients are averaged over the ranks in buckets
+(`bucket_cap_mb`, 25 by default; the first bucket 1 MiB), each bucket's allreduce starting
+as soon as autograd has produced all its gradients, so communication overlaps the rest of
+the backward. Ranks must run the same model on same-shaped batches: the collectives check
+shapes first and report a mismatch. The state_dict of the wrapper has the `module.` prefix,
+as in PyTorch.
 
-The averaging is the graph op `all_reduce` (graphc.ops.collective): eagerly it calls MPI
-through mpi4py; in a compiled training step it is a node of the step's graph, which the cpu
-backend lowers to an MPI_Allreduce call made by the generated code, so the whole DDP step is
-one native call per rank. Each gradient is reduced where the backward produces it; buckets
-and non-blocking overlap are not done yet (docs/distributed.md).
+Eager: a post-accumulate-grad hook per parameter feeds graphc.nn.parallel.reducer's buckets
+(non-blocking MPI allreduces through mpi4py). Compiled (graphc.compile of a training step):
+a tensor hook makes each gradient's averaging the graph op `all_reduce` (with the
+`bucket_cap` attribute when `bucket_cap_mb` is given), and the compiler's bucketing pass
+(graphc.passes.bucket) packs them into buckets whose MPI_Iallreduce the generated code starts
+right after the backward produced them and waits for just before the optimizer update: the
+whole DDP step is one native call per rank (docs/distributed.md).
 """
 
 from __future__ import annotations
 
 from graphc.autograd.grad_mode import no_grad
 from graphc.nn.module import Module
+from graphc.nn.parallel.reducer import Reducer
 
 __all__ = ["DistributedDataParallel"]
+
+DEFAULT_BUCKET_CAP_MB = 25.0  # PyTorch's
 
 
 class DistributedDataParallel(Module):
@@ -34,18 +40,28 @@ class DistributedDataParallel(Module):
         import graphc.distributed as dist
 
         super().__init__()
+        if bucket_cap_mb is not None and bucket_cap_mb < 0:
+            raise ValueError(f"bucket_cap_mb must be >= 0, got {bucket_cap_mb}")
         self.module = module
         self.broadcast_buffers = broadcast_buffers
         self.world_size = dist.get_world_size()
+        self.bucket_cap_mb = bucket_cap_mb
         with no_grad():
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor, src=0)
-        self._handles = [p.register_hook(_average) for p in module.parameters()
-                         if p.requires_grad]
+        params = [p for p in module.parameters() if p.requires_grad]
+        cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+        self.reducer = Reducer(params, int(cap * 2**20))
+        # in a trace, the averaging is an all_reduce node per gradient (the compiler buckets)
+        attrs = {} if bucket_cap_mb is None else {"bucket_cap": int(bucket_cap_mb * 2**20)}
+        self._handles = [p.register_hook(_TracedAverage(attrs)) for p in params]
 
     def forward(self, *args, **kwargs):
         import graphc.distributed as dist
+        from graphc.dispatch import current_tracer
 
+        if current_tracer() is None:
+            self.reducer.check_finished()
         if self.broadcast_buffers and self.world_size > 1:
             with no_grad():
                 for buffer in self.module.buffers():
@@ -53,10 +69,17 @@ class DistributedDataParallel(Module):
         return self.module(*args, **kwargs)
 
 
-def _average(grad):
-    """The gradient averaged over the ranks (a new tensor; autograd accumulates it): the
-    graph op `all_reduce`, so a compiled step carries it too."""
-    from graphc.ops.collective import all_reduce
+class _TracedAverage:
+    """The tensor hook of a parameter: inside a trace, its gradient averaged over the ranks
+    by the graph op `all_reduce` (autograd accumulates the result); eagerly nothing (the
+    Reducer's buckets average `.grad` after accumulation)."""
 
-    return all_reduce(grad.detach(), "avg")
+    def __init__(self, attrs: dict) -> None:
+        self.attrs = attrs
 
+    def __call__(self, grad):
+        if not grad.is_abstract:
+            return None
+        from graphc.ops.collective import all_reduce
+
+        return all_reduce(grad.detach(), "avg", **self.attrs)
