@@ -94,3 +94,19 @@ def test_profile_a_module_and_a_bad_builder(tmp_path, builders, capsys, monkeypa
     assert len(list(tmp_path.glob("*.trace.json"))) == 1
     assert main(["profile", f"{builders}:broken"]) == 2
     assert "must return (model_or_fn, example_inputs)" in capsys.readouterr().err
+
+
+def test_viz_explorer_serve_starts_model_explorer(tmp_path, gir, monkeypatch):
+    model_explorer = pytest.importorskip(
+        "model_explorer", reason="ai-edge-model-explorer is not installed (the explorer extra)")
+    started = {}
+
+    def visualize_from_config(config, **options):  # the real one serves until Ctrl+C
+        started.update(options, sources=config.model_sources,
+                       node_data=config.node_data_sources)
+
+    monkeypatch.setattr(model_explorer, "visualize_from_config", visualize_from_config)
+    assert main(["viz", str(gir), "--explorer", "--serve"]) == 0
+    assert started["extensions"] == ["graphc.tools.model_explorer"]
+    assert started["sources"] == [{"url": str(tmp_path / "fused.mx.json")}]
+    assert started["node_data"] == [str(tmp_path / "fused.bytes.json")]

@@ -235,6 +235,11 @@ def cmd_viz(args) -> int:
         written = write(graph, args.output or default.replace(".svg", ".mx.json"))
         print(f"wrote {', '.join(written)}; open with: model-explorer {written[0]} "
               f"--node_data_paths={written[1]}")
+        if args.serve:
+            try:
+                _tool("graphc.tools.model_explorer", "serve", "viz --serve")(written)
+            except ImportError as err:
+                raise UsageError(str(err)) from err
         return 0
     if args.html or (args.output or "").endswith(".html"):
         out = args.output or default.replace(".svg", ".html")
@@ -433,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     viz.add_argument("--explorer", action="store_true",
                      help="write Google Model Explorer's JSON graph (<graph>.mx.json) and a "
                           "bytes overlay (<graph>.bytes.json)")
+    viz.add_argument("--serve", action="store_true",
+                     help="with --explorer: then start Model Explorer on them (needs the "
+                          "explorer extra; Ctrl+C stops it)")
     viz.set_defaults(run=cmd_viz)
 
     prof = sub.add_parser("profile", help="compile FILE.py:builder's step on cpu and time "

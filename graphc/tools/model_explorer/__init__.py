@@ -4,6 +4,7 @@
     model-explorer step.gir --extensions=graphc.tools.model_explorer
     graphc viz step.gir --explorer          # writes step.mx.json and step.bytes.json
     model-explorer step.mx.json --node_data_paths=step.bytes.json
+    graphc viz step.gir --explorer --serve  # writes them and starts Model Explorer on them
 
 This module is the conversion, with no dependency on the package: `explorer_graphs(graph)`
 is the adapter's result in Model Explorer's JSON graph format (what its `convert` returns,
@@ -40,7 +41,7 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import format_node
 from graphc.tools.viewer import node_regions
 
-__all__ = ["bytes_node_data", "explorer_graphs", "node_data", "read_graph",
+__all__ = ["bytes_node_data", "explorer_graphs", "node_data", "read_graph", "serve",
            "time_node_data", "write_explorer_files"]
 
 INPUTS, OUTPUTS = "inputs", "outputs"
@@ -221,3 +222,20 @@ def write_explorer_files(graph: Graph, path: str, profile=None) -> list[str]:
         with open(written[2], "w") as f:
             json.dump(time_node_data(graph, profile), f)
     return written
+
+
+def serve(paths: list[str], *, port: int | None = None, open_browser: bool = True) -> None:
+    """Start Model Explorer on files `write_explorer_files` wrote (the graph, then overlays),
+    with graphc's adapter loaded, so `.gir` files open from its page too. Blocks until the
+    server stops (Ctrl+C). Needs `pip install "graphc[explorer]"`."""
+    try:
+        import model_explorer
+    except ImportError as err:
+        raise ImportError("Model Explorer is not installed: pip install 'graphc[explorer]' "
+                          f"(ai-edge-model-explorer) ({err})") from err
+    config = model_explorer.config().add_model_from_path(paths[0])
+    for path in paths[1:]:
+        config.add_node_data_from_path(path)
+    options = {} if port is None else {"port": port}
+    model_explorer.visualize_from_config(config, extensions=["graphc.tools.model_explorer"],
+                                         no_open_in_browser=not open_browser, **options)
