@@ -27,9 +27,11 @@
 - GRAPHC_CUDA_SYNC: `1` makes the cuda backend synchronise after every kernel launch and
   library call (no CUDA graph), so a fault is reported by the call that made it, naming the
   kernel, the graph node and the user source line (slow; for debugging).
-- GRAPHC_CUDA_SYNC: `1` makes the cuda backend synchronise after every kernel launch and
-  library call (no CUDA graph), so a fault is reported by the call that made it, naming the
-  kernel, the graph node and the user source line (slow; for debugging).
+- GRAPHC_EMU_RACECHECK, GRAPHC_EMU_SCHEDULE: the CUDA emulation's checking modes (read by the
+  emulation library itself; runtime/csrc/README.md): `GRAPHC_EMU_RACECHECK=1` reports racing
+  shared/global memory accesses as a launch failure (`warn`: on stderr only);
+  `GRAPHC_EMU_SCHEDULE=random:SEED` runs CUDA threads in a seeded random order. With either
+  set, the cuda backend compiles its generated kernels instrumented for them.
 - GRAPHC_BLAS_THREADS: how the CPU backend's BLAS (OpenBLAS) uses threads: `shared` (the
   default) runs its parallel jobs on the one libgomp team graphc's own loops use (see
   graphc.backends.cpu.threads); `native` leaves OpenBLAS's own thread pool alone.
@@ -100,10 +102,6 @@ def cuda_sync() -> bool:
     return os.environ.get("GRAPHC_CUDA_SYNC", "") not in ("", "0")
 
 
-def cuda_sync() -> bool:
-    return os.environ.get("GRAPHC_CUDA_SYNC", "") not in ("", "0")
-
-
 def check_nans() -> bool:
     return os.environ.get("GRAPHC_CHECK_NANS", "") not in ("", "0")
 
@@ -117,6 +115,15 @@ def recompile_limit() -> int:
             f"callable may trace), got {raw!r}; set it to e.g. 16, or unset it for the default 8"
         )
     return limit
+
+
+def cuda_emu_checking() -> bool:
+    """Whether GRAPHC_EMU_RACECHECK or GRAPHC_EMU_SCHEDULE asks for an emulation checking mode
+    (their values are the emulation library's to check: it fails a launch on one it does not
+    understand)."""
+    race = os.environ.get("GRAPHC_EMU_RACECHECK", "").strip()
+    schedule = os.environ.get("GRAPHC_EMU_SCHEDULE", "").strip()
+    return race not in ("", "0") or schedule not in ("", "in-order")
 
 
 def cache_dir() -> str:

@@ -4,7 +4,9 @@
 lookup) for the runtime `rt`:
 - emulation (`rt.kind == "emulation"`): `g++ -O1 -shared -fPIC -x c++ -include gc_emu.h`
   linked with libgraphc_rt_emu.so -> a shared object; the header is precompiled once per
-  cache folder (graphc.backends.cuda.emu_pch), which halves a small graph's compile;
+  cache folder (graphc.backends.cuda.emu_pch), which halves a small graph's compile; in the
+  emulation's checking modes (graphc.config.cuda_emu_checking) also `EMU_CHECKED_FLAGS`, so
+  the kernels' memory accesses reach its race checker and random schedule;
 - CUDA: `nvcc -ptx -arch=sm_<major><minor>` of the device `rt` runs on -> a PTX file (NVRTC is
   not used: nvcc is what the runtime build needs anyway).
 Invariants of the cache (under `graphc.config.cache_dir()/cuda-<format>`):
@@ -34,6 +36,7 @@ import tempfile
 import threading
 import warnings
 
+from graphc import config
 from graphc.backends.cache import DiskCache
 from graphc.backends.cuda import emu_pch
 from graphc.backends.cuda.build import build_dir, emu_header
@@ -70,9 +73,18 @@ def _compiler_version(compiler: str) -> str:
     return done.stdout + done.stderr
 
 
+# g++'s ThreadSanitizer instrumentation calls the emulation library's own __tsan_* hooks;
+# -nodefaultlibs (then the usual libraries by name) keeps ThreadSanitizer's runtime out
+EMU_CHECKED_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0", "-g1")
+EMU_CHECKED_LIBS = ("-nodefaultlibs", "-lstdc++", "-lm", "-lgcc_s", "-lgcc", "-lc")
+
+
 def _emu_command(source_path: str, out_path: str, header: str) -> list[str]:
-    return ["g++", *emu_pch.FLAGS, "-shared", "-x", "c++", "-include", header, source_path,
-            "-o", out_path, f"-L{build_dir()}", "-lgraphc_rt_emu", f"-Wl,-rpath,{build_dir()}"]
+    checked = config.cuda_emu_checking()
+    return ["g++", *emu_pch.FLAGS, *(EMU_CHECKED_FLAGS if checked else ()), "-shared", "-x",
+            "c++", "-include", header, source_path, "-o", out_path, f"-L{build_dir()}",
+            "-lgraphc_rt_emu", f"-Wl,-rpath,{build_dir()}",
+            *(EMU_CHECKED_LIBS if checked else ())]
 
 
 def _cuda_command(source_path: str, out_path: str, arch: str) -> list[str]:
@@ -112,6 +124,8 @@ def cache_key(rt: Runtime, source: str) -> str:
     parts = [source.encode(), compiler.encode(), arch.encode(),
              _compiler_version(compiler).encode(), extra, GRAPHC_VERSION.encode(),
              CACHE_FORMAT.encode()]
+    if rt.kind == "emulation" and config.cuda_emu_checking():
+        parts.append(b"emu-checked")  # instrumented objects: EMU_CHECKED_FLAGS
     return hashlib.sha256(b"\0".join(parts)).hexdigest()
 
 
