@@ -68,6 +68,10 @@ def test_training_step_is_valid_for_the_explorer(step_graph):
     assert any(n["namespace"].count("/") == 1 and "fused" in n["namespace"]
                for n in nodes.values())
     json.dumps(explorer_graphs(step_graph))  # plain JSON
+    # parameters and their optimizer state nest by module path, so do their updates
+    by_label = {n["label"]: n["namespace"] for n in nodes.values()}
+    assert by_label["%model.0.weight"] == by_label["%model.0.weight.exp_avg"] == "inputs/model/0"
+    assert by_label["%x"] == "inputs" and by_label["%model.2.bias \u2190"] == "outputs/model/2"
 
 
 def test_overlays(tmp_path, step_graph):

@@ -20,8 +20,10 @@ of a fused node's body), `out<i>`, `upd<i>`. Namespaces make Model Explorer's co
 layers: the region of each node (forward / backward / optimizer, or the source line: see
 graphc.tools.viewer.node_regions), inside it one layer per fused node holding its body's
 instructions, and the layers `inputs` and `outputs` for the graph's inputs, outputs and
-in-place updates. Each node's attributes hold its IR line, its source line, its op's literal
-attributes; each output's metadata its value name, type, shape, dtype and bytes.
+in-place updates, nested by the module path of their dotted names (a parameter
+`model.0.weight` and its optimizer state `model.0.weight.exp_avg` sit in `inputs/model/0`).
+Each node's attributes hold its IR line, its source line, its op's literal attributes; each
+output's metadata its value name, type, shape, dtype and bytes.
 
 `node_data(graph, values, name)` is an overlay (Model Explorer's node data JSON) colouring
 nodes by a number: `bytes_node_data` by the bytes each node writes, `time_node_data` by
@@ -45,6 +47,10 @@ __all__ = ["bytes_node_data", "explorer_graphs", "node_data", "read_graph", "ser
            "time_node_data", "write_explorer_files"]
 
 INPUTS, OUTPUTS = "inputs", "outputs"
+# the state names graphc's optimizers give a parameter's state inputs (`<param>.<state>`)
+OPTIMIZER_STATE = frozenset({"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+                             "square_avg", "grad_avg", "sum", "acc_delta", "ax", "eta", "mu",
+                             "prev", "step_size"})
 
 
 def read_graph(path: str | os.PathLike) -> Graph:
@@ -58,6 +64,15 @@ def read_graph(path: str | os.PathLike) -> Graph:
 def _layer(name: str) -> str:
     """A namespace component: Model Explorer splits namespaces at '/'."""
     return name.replace("/", "\u2215").strip() or "_"
+
+
+def _owner(layer: str, name: str) -> str:
+    """The layer of a graph input (or of its update) by its dotted name: the module path of a
+    parameter, buffer or optimizer state (`model.0.weight.exp_avg` in `inputs/model/0`)."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[-1] in OPTIMIZER_STATE:
+        parts.pop()
+    return "/".join([layer] + [_layer(p) for p in parts[:-1]])
 
 
 def _nbytes(value: Value) -> int | None:
@@ -115,8 +130,8 @@ def explorer_graphs(graph: Graph) -> dict[str, Any]:
         return entry
 
     for i, v in enumerate(graph.inputs):
-        node(f"in{i}", f"%{v.name}", INPUTS, [_kv("ir", f"%{v.name}: {v.type}")], [],
-             [_output_meta(0, v)])
+        node(f"in{i}", f"%{v.name}", _owner(INPUTS, v.name), [_kv("ir", f"%{v.name}: {v.type}")],
+             [], [_output_meta(0, v)])
         source[v] = (f"in{i}", 0)
     for i, n in enumerate(graph.nodes):
         nid = f"n{i}"
@@ -151,7 +166,7 @@ def explorer_graphs(graph: Graph) -> dict[str, Any]:
     for i, v in enumerate(graph.outputs):
         node(f"out{i}", f"output {i}", OUTPUTS, [_kv("ir", f"return %{v.name}")], [v], [])
     for i, (target, v) in enumerate(graph.updates):
-        node(f"upd{i}", f"%{target.name} \u2190", OUTPUTS,
+        node(f"upd{i}", f"%{target.name} \u2190", _owner(OUTPUTS, target.name),
              [_kv("ir", f"%{target.name} <- %{v.name}")], [v], [])
     fused = sum(fused_ops(n) is not None for n in graph.nodes)
     summary = {"graph": f"@{graph.name}", "nodes": str(len(graph.nodes)),
