@@ -55,7 +55,7 @@ for _module in _ops.OP_MODULES:
 del _module, _name
 
 from graphc import autograd, nn, optim  # noqa: E402  (graphc.nn / graphc.optim, as torch.*)
-from graphc.jit import RecompileLimitError, compile, trace  # noqa: E402
+from graphc.jit import RecompileLimitError, compile, mark_dynamic, trace  # noqa: E402
 from graphc.jit.dump import dump  # noqa: E402
 
 

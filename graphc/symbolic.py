@@ -31,7 +31,7 @@ import re
 import threading
 from typing import Iterator
 
-from graphc.errors import GraphcError
+from graphc.errors import GraphcError, user_source_location
 
 MIN_SIZE = 2  # every symbol stands for a size >= 2: sizes 0 and 1 are specialised
 
@@ -448,7 +448,16 @@ class ShapeEnv:
         return Sym.symbol(name)
 
     def add_guard(self, expr: Sym, op: str) -> None:
-        self._guards.setdefault((expr.terms, op), None)
+        key = (expr.terms, op)
+        if key not in self._guards:
+            self._guards[key] = user_source_location()
+
+    def guard_location(self, name: str) -> str | None:
+        """The user source line of the first guard that mentions symbol `name`."""
+        for (terms, _), loc in self._guards.items():
+            if any(name in m for m, _ in terms) and loc:
+                return loc
+        return None
 
     @property
     def relations(self) -> list[tuple[Sym, str]]:

@@ -169,7 +169,7 @@ def test_no_log_without_the_topic(rng, monkeypatch, capsys):
 
 
 def test_recompile_limit_error_lists_the_diffs(monkeypatch):
-    f = graphc.compile(lambda x: x * 2, recompile_limit=3, backend="interp")
+    f = graphc.compile(lambda x: x * 2, recompile_limit=3, backend="interp", dynamic=False)
     for n in (1, 2, 3):
         f(graphc.ones(n))
     with pytest.raises(RecompileLimitError) as info:
@@ -179,7 +179,7 @@ def test_recompile_limit_error_lists_the_diffs(monkeypatch):
     assert "recompile 1: arg 0 shape (1) -> (2)" in message
     assert "recompile 3: arg 0 shape (3) -> (4)" in message
     monkeypatch.setenv("GRAPHC_RECOMPILE_LIMIT", "2")
-    g = graphc.compile(lambda x: x * 2, backend="interp")
+    g = graphc.compile(lambda x: x * 2, backend="interp", dynamic=False)
     g(graphc.ones(1))
     g(graphc.ones(2))
     with pytest.raises(RecompileLimitError):
@@ -570,7 +570,8 @@ def test_an_emulated_gpu_is_not_a_default(monkeypatch):
 
 def test_torch_compile_keywords_are_accepted_or_refused_clearly():
     """A torch.compile call runs unchanged: fullgraph, mode and disable are understood;
-    dynamic=True and backend options are refused with what to do."""
+    dynamic=True traces symbolic sizes (tests/test_dynamic_shapes.py); backend options and an
+    unknown `dynamic` are refused with what to do."""
     f = graphc.compile(lambda x: x * 2, backend="interp", fullgraph=True, mode="max-autotune",
                        dynamic=False)
     assert f(graphc.ones(2)).tolist() == [2.0, 2.0]
@@ -579,7 +580,8 @@ def test_torch_compile_keywords_are_accepted_or_refused_clearly():
         return x
 
     assert graphc.compile(g, disable=True) is g
-    with pytest.raises(graphc.errors.ArgumentError, match="symbolic shapes are not implemented"):
-        graphc.compile(g, dynamic=True)
+    assert graphc.compile(g, dynamic=True).dynamic is True
+    with pytest.raises(graphc.errors.ArgumentError, match="expected None"):
+        graphc.compile(g, dynamic="yes")
     with pytest.raises(graphc.errors.ArgumentError, match="unknown mode 'fastest'"):
         graphc.compile(g, mode="fastest")

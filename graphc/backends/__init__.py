@@ -61,6 +61,20 @@ def check_backend(name: str) -> None:
 
 
 def compile(graph: Graph, backend: str = "interp", options: dict | None = None) -> Executable:  # noqa: A001
-    """Make an executable of `graph` with the named backend."""
+    """Make an executable of `graph` with the named backend.
+
+    A graph with symbolic sizes (`f32[s0,784]`) goes to the backend as it is where the
+    backend runs symbolic graphs (`SYMBOLIC_BACKENDS`: the interpreter); any other backend
+    gets a `graphc.backends.specializing.SpecializingExecutable`, which compiles the graph
+    specialised to each call's sizes, once per distinct sizes."""
     check_backend(backend)
-    return BACKENDS[backend](graph, options or {})
+    factory = BACKENDS[backend]
+    if backend not in SYMBOLIC_BACKENDS and any(v.type.is_symbolic for v in graph.inputs):
+        from graphc.backends.specializing import SpecializingExecutable
+
+        return SpecializingExecutable(graph, backend, factory, options or {})
+    return factory(graph, options or {})
+
+
+# backends whose executables take a symbolic graph and bind its sizes per call
+SYMBOLIC_BACKENDS = {"interp"}

@@ -34,10 +34,17 @@ from graphc.jit.bindings import (
     TensorBinding,
     TraceResult,
 )
-from graphc.jit.compiler import Compiled, RecompileLimitError, compile
+from graphc.jit.compiler import (
+    Compiled,
+    ConstraintViolationError,
+    RecompileLimitError,
+    compile,
+    mark_dynamic,
+)
 from graphc.jit.tracer import Tracer, trace, trace_call
 
 __all__ = [
-    "ArgBinding", "Compiled", "ConstantBinding", "GradBinding", "GradOutput", "RecompileLimitError",
-    "RngBinding", "TensorBinding", "TraceResult", "Tracer", "compile", "trace", "trace_call",
+    "ArgBinding", "Compiled", "ConstantBinding", "ConstraintViolationError", "GradBinding",
+    "GradOutput", "RecompileLimitError", "RngBinding", "TensorBinding", "TraceResult", "Tracer",
+    "compile", "mark_dynamic", "trace", "trace_call",
 ]

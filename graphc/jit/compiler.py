@@ -52,7 +52,7 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -64,18 +64,77 @@ from graphc.backends import compile as compile_graph
 from graphc.dispatch import current_tracer, is_abstract
 from graphc.errors import ArgumentError, GraphcError
 from graphc.ir.printer import format_graph
+from graphc.ir.specialize import pin
 from graphc.jit import nan_check
 from graphc.jit.bindings import ArgBinding, GradBinding, RngBinding, TensorBinding, TraceResult
 from graphc.jit.compiled_autograd import CompiledFunction, GradientPlan, partition
-from graphc.jit.guards import Guard, aliasing, diff_signatures, reachable_state, signature_of
+from graphc.jit.guards import (
+    Guard,
+    ShapeGuard,
+    aliasing,
+    diff_signatures,
+    dim_label,
+    mask_signature,
+    reachable_state,
+    signature_of,
+)
 from graphc.jit.pytree import at, flatten, unflatten
-from graphc.jit.tracer import graph_name, trace_call
+from graphc.jit.tracer import arg_names, graph_name, trace_call
 from graphc.passes import default_passes, run_pipeline
 from graphc.tensor import Tensor
 
 
 class RecompileLimitError(GraphcError, RuntimeError):
     """A compiled callable traced more often than its limit allows."""
+
+
+class ConstraintViolationError(GraphcError, RuntimeError):
+    """A dimension marked dynamic (`graphc.mark_dynamic`) cannot be: the traced code needs
+    one size there, or the size is 0 or 1 (always specialised)."""
+
+
+_MARK_ATTR = "_graphc_dynamic_dims"
+
+
+def mark_dynamic(t: Tensor, dim: int | list | tuple) -> None:
+    """Mark dimension(s) `dim` of `t` dynamic, as torch._dynamo.mark_dynamic: a compiled
+    function called with `t` traces that dimension as a symbolic size from its first call,
+    and refuses (ConstraintViolationError) a trace that needs it to be one size.
+
+    >>> import graphc
+    >>> x = graphc.ones(8, 3)
+    >>> graphc.mark_dynamic(x, 0)
+    >>> f = graphc.compile(lambda x: x * 2, backend="interp")
+    >>> f(x).shape, str(f.graph.inputs[0].type)
+    (graphc.Size([8, 3]), 'f32[s0,3]')
+    """
+    if not isinstance(t, Tensor):
+        raise ArgumentError(f"graphc.mark_dynamic: expected a Tensor, got {type(t).__name__}")
+    dims = tuple(dim) if isinstance(dim, (list, tuple)) else (dim,)
+    marks = set(getattr(t, _MARK_ATTR, ()))
+    for d in dims:
+        if not isinstance(d, int) or not -t.ndim <= d < max(t.ndim, 1):
+            raise ArgumentError(f"graphc.mark_dynamic: dim {d!r} is out of range for a tensor "
+                                f"of {t.ndim} dimensions")
+        marks.add(d % t.ndim)
+    setattr(t, _MARK_ATTR, frozenset(marks))
+
+
+def marked_dims(t: Tensor) -> frozenset:
+    """The dimensions of `t` marked with mark_dynamic."""
+    return getattr(t, _MARK_ATTR, frozenset())
+
+
+def _log(message: str) -> None:
+    if "recompiles" in config.log_topics():
+        print(f"graphc: {message}", file=sys.stderr)
+
+
+def _symbolic(traced: TraceResult):
+    """The trace's ShapeEnv, active (for the passes and the backend over its graph), or a
+    no-op for a static trace."""
+    return traced.shape_env.active() if traced.shape_env is not None \
+        else contextlib.nullcontext()
 
 
 @dataclass
@@ -87,6 +146,11 @@ class _Entry:
     gradient: GradientPlan | None = None  # forward/backward executables when outputs need grad
     guard: Guard | None = None  # the fast path's checks (see graphc.jit.guards)
     shadowed: bool = False  # a newer entry has the same signature: only the full one decides
+    # a symbolic entry: the argument dims ((path, dim)) its signature leaves out, and the
+    # ShapeGuard that checks them; the argument shapes of the call that traced it
+    dynamic: frozenset = frozenset()
+    shapes: ShapeGuard | None = None
+    arg_shapes: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """What every call of this entry needs and no call changes."""
@@ -95,7 +159,8 @@ class _Entry:
         self.update_inputs = [position[id(target)] for target, _ in graph.updates]
         self.feeds = list(zip(traced.bindings, graph.inputs))
         self.typed = [(b, v, v.type.shape, v.type.dtype) for b, v in self.feeds
-                      if isinstance(b, (TensorBinding, GradBinding))]
+                      if isinstance(b, (TensorBinding, GradBinding))
+                      and not v.type.is_symbolic]  # the ShapeGuard checks symbolic ones
         self.captured = [b.tensor for b in traced.bindings if isinstance(b, TensorBinding)]
         self.distinct = self.aliasing == tuple(range(len(self.aliasing)))
         self.fresh = getattr(self.executable, "fresh_results", False)
@@ -120,7 +185,7 @@ class Compiled:
     """The callable graphc.compile returns (see the module docstring)."""
 
     def __init__(self, fn: Callable, backend: str, recompile_limit: int | None,
-                 passes=None) -> None:
+                 passes=None, dynamic: bool | None = None) -> None:
         check_backend(backend)
         if not callable(fn):
             raise ArgumentError(
@@ -131,6 +196,10 @@ class Compiled:
         self.backend = backend
         self.recompile_limit = recompile_limit
         self.passes = passes  # None: graphc.passes.default_passes(); [] runs the traced graph
+        # dynamic shapes (see `compile`): None automatic, True every dim, False none
+        self.dynamic = dynamic
+        self._auto_dynamic: set[tuple] = set()  # (path, dim) seen to change: symbolic now
+        self._static_dims: set[tuple] = set()  # ... that the traced code specialised
         self.report = None  # the PipelineReport of the latest trace
         self._entries: list[_Entry] = []
         # the full-signature path (tracing, compiling) runs one thread at a time; a thread's
@@ -184,7 +253,8 @@ class Compiled:
 
     def _call(self, args: tuple, kwargs: dict):
         for entry in reversed(self._entries):  # the fast path
-            if entry.guard is not None and entry.guard.holds(args, kwargs):
+            if entry.guard is not None and entry.guard.holds(args, kwargs) and (
+                    entry.shapes is None or entry.shapes.holds(args, kwargs)):
                 if not entry.shadowed and self._fits(entry, args, kwargs):
                     return self._run(entry, args, kwargs)
                 break
@@ -194,9 +264,11 @@ class Compiled:
             sig = signature_of(self.fn, modules, args, kwargs, captured)
             stale: list[str] = []
             for entry in reversed(self._entries):
-                if entry.signature == sig:
+                if entry.signature == mask_signature(sig, entry.dynamic) and (
+                        entry.shapes is None or entry.shapes.holds(args, kwargs)):
                     stale = self._stale(entry, args, kwargs)
                     if not stale:
+                        guard.set_dynamic(entry.dynamic)
                         entry.guard = guard
                         return self._run(entry, args, kwargs)
             return self._trace(sig, guard, args, kwargs, modules, stale)
@@ -208,7 +280,11 @@ class Compiled:
     def _trace(self, sig: dict, guard: Guard, args: tuple, kwargs: dict, modules,
                stale: list[str]):
         if self._entries:
-            reasons = stale or diff_signatures(self._entries[-1].signature, sig) or [
+            last = self._entries[-1]
+            reasons = stale or (last.shapes.failures(args, kwargs) if last.shapes is not None
+                                and mask_signature(sig, last.dynamic) == last.signature
+                                else []) \
+                or diff_signatures(last.signature, mask_signature(sig, last.dynamic)) or [
                 "an earlier signature came back but its graph no longer fits"]
             self._recompile_reasons.append(reasons)
             if "recompiles" in config.log_topics():
@@ -225,29 +301,32 @@ class Compiled:
                     "arguments stable across calls, or compile separate functions."
                 )
         lazy_state = nan_check.LazyState(self.fn, args, kwargs)  # undoes state made lazily
+        dynamic = self._dynamic_dims(args, kwargs)
         try:
-            traced = trace_call(self.fn, args, kwargs)
+            traced = self._trace_once(args, kwargs, dynamic)
         except BaseException:
             lazy_state.drop_new()  # a failed trace leaves no abstract optimizer state behind
             raise
         try:
-            needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
-            prefix = _dump(traced.graph)
-            passes = self._passes(traced.graph)
-            optimized, self.report = run_pipeline(traced.graph, passes, verify=True,
-                                                  dump_prefix=prefix)
-            if not needs_grad and self.backend != "interp" and \
-                    _creates_state(traced, guard, args, kwargs):
-                return self._warm_up(sig, guard, traced, optimized, args, kwargs, lazy_state)
-            executable = compile_graph(optimized, self.backend)
-            gradient = self._gradient_plan(traced, args, kwargs, passes, needs_grad) \
-                if needs_grad else None
+            with _symbolic(traced):
+                needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
+                prefix = _dump(traced.graph)
+                passes = self._passes(traced.graph)
+                optimized, self.report = run_pipeline(traced.graph, passes, verify=True,
+                                                      dump_prefix=prefix)
+                if not needs_grad and self.backend != "interp" and \
+                        _creates_state(traced, guard, args, kwargs):
+                    return self._warm_up(sig, guard, traced, optimized, args, kwargs,
+                                         lazy_state, dynamic)
+                executable = compile_graph(optimized, self.backend)
+                gradient = self._gradient_plan(traced, args, kwargs, passes, needs_grad) \
+                    if needs_grad else None
         except BaseException:
             traced.restore()  # the refused call leaves no trace of its run
             lazy_state.drop_new()
             raise
-        self._entries.append(_Entry(sig, traced, executable, aliasing(traced, args, kwargs),
-                                    gradient, guard))
+        self._entries.append(self._entry(sig, traced, executable, args, kwargs, gradient,
+                                         guard))
         self._mark_shadowed()
         # The trace ran abstractly: it wrote no tensor, and the compiled run makes this call's
         # effects, once. Undo what it did set (.grads, generator draws) before that run.
@@ -261,7 +340,7 @@ class Compiled:
             raise
 
     def _warm_up(self, sig: dict, guard: Guard, traced: TraceResult, optimized, args: tuple,
-                 kwargs: dict, lazy_state):
+                 kwargs: dict, lazy_state, dynamic: dict):
         """The first call of a step that creates state (optimizer moments, momentum buffers,
         `.grad`s that were None): the next call would see that state and trace again, so
         compiling this graph would be wasted. Run this call's graph on the interpreter (its
@@ -280,16 +359,18 @@ class Compiled:
             guard = Guard(self.fn, args, kwargs)
             modules, captured = reachable_state(self.fn, args, kwargs)
             steady = signature_of(self.fn, modules, args, kwargs, captured)
-            traced = trace_call(self.fn, args, kwargs)
+            traced = self._trace_once(args, kwargs, dynamic)
             traced.restore()
             if traced.escaped:
                 # it still creates state, so it is no steady graph: the next call traces as
                 # it would have
                 return result
-            optimized, self.report = run_pipeline(traced.graph, self._passes(traced.graph),
-                                                  verify=True, dump_prefix=_dump(traced.graph))
-            entry = _Entry(steady, traced, compile_graph(optimized, self.backend),
-                           aliasing(traced, args, kwargs), None, guard)
+            with _symbolic(traced):
+                optimized, self.report = run_pipeline(
+                    traced.graph, self._passes(traced.graph), verify=True,
+                    dump_prefix=_dump(traced.graph))
+                executable = compile_graph(optimized, self.backend)
+            entry = self._entry(steady, traced, executable, args, kwargs, None, guard)
         except GraphcError:  # the steady graph could not be made now: the same
             return result
         # the interpreter's entry is never kept: its signature (no state yet) is not seen again
@@ -297,6 +378,115 @@ class Compiled:
         self._entries.append(entry)
         self._mark_shadowed()
         return result
+
+    # ---- dynamic shapes ----------------------------------------------------------------------
+    def _dynamic_dims(self, args: tuple, kwargs: dict) -> dict[tuple, set[int]]:
+        """The argument dimensions the next trace makes symbolic ({path: dims}): those marked
+        with `mark_dynamic`; with `dynamic=True` every one; with `dynamic=None` those seen to
+        change between the calls that traced (automatic dynamic shapes, as torch.compile:
+        the first trace is static, a dim that changes is symbolic from the next on)."""
+        out: dict[tuple, set[int]] = {}
+        names = arg_names(self.fn, args)
+        for path, t in flatten((args, kwargs)):
+            dims = set(marked_dims(t))
+            if self.dynamic is True:
+                dims |= set(range(t.ndim))
+            elif self.dynamic is None:
+                dims |= {d for p, d in self._auto_dynamic if p == path}
+                for entry in self._entries:
+                    before = entry.arg_shapes.get(path)
+                    if before is None or len(before) != t.ndim:
+                        continue
+                    for d, (a, b) in enumerate(zip(before, t._data.shape)):
+                        if a != b and (path, d) not in self._auto_dynamic \
+                                and (path, d) not in self._static_dims:
+                            self._auto_dynamic.add((path, d))
+                            dims.add(d)
+                            _log(f"{self.__name__}: {dim_label(path, d, names)} is dynamic from "
+                                 f"now on: it was {a} when traced, now {b} (dynamic=None "
+                                 "makes a dimension symbolic once it changes)")
+            dims -= {d for p, d in self._static_dims if p == path and d not in marked_dims(t)}
+            if dims:
+                out[path] = dims
+        return out
+
+    def _trace_once(self, args: tuple, kwargs: dict, dynamic: dict) -> TraceResult:
+        """Trace the call, with the `dynamic` argument dims symbolic; refuse a trace that
+        needed a dimension the user marked dynamic to be one size (mark_dynamic)."""
+        names = arg_names(self.fn, args)
+        try:
+            traced = trace_call(self.fn, args, kwargs, dynamic=dynamic)
+        except GraphcError as err:
+            if not dynamic:
+                raise
+            # the eager error, with this call's sizes (the trace again, static); or, where
+            # only the symbolic trace failed (a rule that cannot take a symbolic size), the
+            # static graph: those dims stay static
+            traced = trace_call(self.fn, args, kwargs)
+            for path, dims in dynamic.items():
+                t = at((args, kwargs), path)
+                if marked_dims(t) & dims:
+                    traced.restore()
+                    raise ConstraintViolationError(
+                        f"graphc.compile({self.__name__}): graphc.mark_dynamic marked "
+                        f"{dim_label(path, min(marked_dims(t) & dims), names)} dynamic, but "
+                        f"the code cannot be traced with a symbolic size there: {err}") from err
+                for d in dims:
+                    self._static_dims.add((path, d))
+            _log(f"{self.__name__}: traced with static sizes: the symbolic trace failed "
+                 f"({type(err).__name__}: {err})")
+            return traced
+        if traced.shape_env is None:
+            return traced
+        pinned = traced.shape_env.specialised()
+        for path, d, name in traced.symbols:
+            if name not in pinned:
+                continue
+            t = at((args, kwargs), path)
+            label = dim_label(path, d, names)
+            if d in marked_dims(t):
+                traced.restore()
+                where = traced.shape_env.guard_location(name)
+                raise ConstraintViolationError(
+                    f"graphc.compile({self.__name__}): graphc.mark_dynamic marked {label} "
+                    f"dynamic, but the traced code needs it to be {pinned[name]}"
+                    f"{' (at ' + where + ')' if where else ''}: it specialised the symbol "
+                    f"{name}. Remove the mark, or make the code work for any size there "
+                    "(no int() of a size, no Python branch on it).")
+            if (path, d) not in self._static_dims:
+                self._static_dims.add((path, d))
+                _log(f"{self.__name__}: {label} stays static: the traced code needs it to be "
+                     f"{pinned[name]} (it specialised the symbol {name})")
+        pin(traced.graph, pinned)  # a specialised symbol is its size in the graph
+        for path, t in flatten((args, kwargs)):
+            for d in marked_dims(t):
+                if d < t.ndim and t._data.shape[d] < 2:
+                    raise ConstraintViolationError(
+                        f"graphc.compile({self.__name__}): graphc.mark_dynamic marked "
+                        f"{dim_label(path, d, names)} dynamic, but it is "
+                        f"{t._data.shape[d]}: sizes 0 and 1 are always specialised, as in "
+                        "PyTorch; mark a dimension whose size is at least 2")
+        return traced
+
+    def _entry(self, sig: dict, traced: TraceResult, executable, args: tuple, kwargs: dict,
+               gradient, guard: Guard) -> _Entry:
+        """An entry for a trace; a symbolic one leaves its dims out of its signature and
+        checks them with a ShapeGuard."""
+        shapes, dynamic = None, frozenset()
+        if traced.symbols:
+            names = arg_names(self.fn, args)
+            pinned = traced.shape_env.specialised()
+            dynamic = frozenset((path, d) for path, d, name in traced.symbols
+                                if name not in pinned)
+            labels: dict[str, str] = {}
+            for path, d, name in traced.symbols:
+                labels.setdefault(name, dim_label(path, d, names))
+            shapes = ShapeGuard(traced.symbols, traced.shape_env.relations, labels)
+            guard.set_dynamic(dynamic)
+        arg_shapes = {path: t._data.shape for path, t in flatten((args, kwargs))}
+        return _Entry(mask_signature(sig, dynamic), traced, executable,
+                      aliasing(traced, args, kwargs), gradient, guard, dynamic=dynamic,
+                      shapes=shapes, arg_shapes=arg_shapes)
 
     def _passes(self, graph=None) -> list:
         return default_passes(graph) if self.passes is None else list(self.passes)
@@ -643,9 +833,16 @@ def compile(fn: Callable | None = None, *, backend: str | None = None,  # noqa: 
     torch.compile's keywords are accepted so its programs run unchanged: `fullgraph` (graphc
     always captures the whole call: a graph break is a TraceError), `mode` (one of
     torch.compile's modes; graphc has one way of compiling), `disable=True` (returns `fn`
-    itself). `dynamic=None` or False: every new shape traces and compiles once (symbolic
-    shapes are not implemented); `dynamic=True` is refused with an ArgumentError saying so.
-    `options` must be empty.
+    itself). `options` must be empty.
+
+    `dynamic` (torch.compile's): None (the default) compiles the first call for its shapes,
+    and a later call that changes a dimension of an argument recompiles once with that
+    dimension symbolic (`f32[s0,784]`), which then serves every size; True makes every
+    argument dimension symbolic from the first call; False specialises every shape (each new
+    shape traces again). `graphc.mark_dynamic(x, 0)` makes one dimension symbolic from the
+    first trace on. Sizes 0 and 1 are always specialised, as in PyTorch. The relations the
+    graph assumed about its symbols are guarded at every call (docs/tracing.md);
+    GRAPHC_LOG=recompiles says which dimension became dynamic and why.
 
     >>> import graphc
     >>> @graphc.compile
@@ -656,11 +853,9 @@ def compile(fn: Callable | None = None, *, backend: str | None = None,  # noqa: 
     >>> f(graphc.tensor([2.0, -5.0]))
     tensor([4., 0.])
     """
-    if dynamic:
-        raise ArgumentError(
-            "graphc.compile(dynamic=True): symbolic shapes are not implemented yet; leave "
-            "dynamic unset, and each new shape traces and compiles once (raise "
-            "recompile_limit when many shapes are expected)")
+    if dynamic not in (None, True, False):
+        raise ArgumentError(f"graphc.compile: dynamic={dynamic!r}; expected None (automatic: "
+                            "a dimension that changes becomes symbolic), True or False")
     if mode not in (None, "default", "reduce-overhead", "max-autotune",
                     "max-autotune-no-cudagraphs"):
         raise ArgumentError(f"graphc.compile: unknown mode {mode!r}; torch.compile's modes "
@@ -676,8 +871,8 @@ def compile(fn: Callable | None = None, *, backend: str | None = None,  # noqa: 
         return functools.partial(compile, backend=backend, recompile_limit=recompile_limit,
                                  passes=passes, fullgraph=fullgraph, dynamic=dynamic,
                                  mode=mode, options=options, disable=disable)
-    return Compiled(fn, backend, recompile_limit, passes)
+    return Compiled(fn, backend, recompile_limit, passes, dynamic)
 
 
-__all__ = ["Compiled", "RecompileLimitError", "compile", "default_backend", "reachable_state",
-           "signature_of"]
+__all__ = ["Compiled", "ConstraintViolationError", "RecompileLimitError", "compile",
+           "default_backend", "mark_dynamic", "marked_dims", "reachable_state", "signature_of"]

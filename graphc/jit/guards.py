@@ -236,6 +236,124 @@ def _fmt(x) -> str:
     return repr(x)
 
 
+# ---- dynamic dimensions ----------------------------------------------------------------------
+def _signature_key(path: tuple) -> str:
+    return f"arg {path[1]}" if path[0] == 0 else f"kwarg {path[1]}"
+
+
+def _mask(desc, rest: tuple, dim: int):
+    """`desc` (an argument's description) with the size of `dim` of the tensor at `rest`
+    replaced by '*'."""
+    if not rest:
+        if _is_tensor_key(desc) and dim < len(desc[1]):
+            shape = list(desc[1])
+            shape[dim] = "*"
+            return (desc[0], tuple(shape)) + desc[2:]
+        return desc
+    head, tail = rest[0], rest[1:]
+    if isinstance(desc, tuple) and desc[:1] == ("dict",):
+        return ("dict",) + tuple((k, _mask(d, tail, dim) if k == head else d)
+                                 for k, d in desc[1:])
+    if isinstance(desc, tuple) and isinstance(head, int) and 1 + head < len(desc):
+        return desc[:1 + head] + (_mask(desc[1 + head], tail, dim),) + desc[2 + head:]
+    return desc
+
+
+def mask_signature(sig: dict, dynamic: frozenset) -> dict:
+    """The signature with each dynamic dimension ((argument path, dim) pairs) left out: an
+    entry traced with symbolic sizes serves every size its shape guard admits."""
+    if not dynamic:
+        return sig
+    sig = dict(sig)
+    for path, dim in dynamic:
+        key = _signature_key(path)
+        if key in sig:
+            sig[key] = _mask(sig[key], path[2:], dim)
+    return sig
+
+
+def _mask_call(call: tuple, dynamic: frozenset) -> tuple:
+    """`_describe_call`'s result with the dynamic dimensions left out."""
+    if not dynamic:
+        return call
+    args, kwargs = list(call[0]), list(call[1])
+    for path, dim in dynamic:
+        if path[0] == 0 and path[1] < len(args):
+            args[path[1]] = _mask(args[path[1]], path[2:], dim)
+        elif path[0] == 1:
+            kwargs = [(k, _mask(d, path[2:], dim) if k == path[1] else d) for k, d in kwargs]
+    return tuple(args), tuple(kwargs)
+
+
+def dim_label(path: tuple, dim: int, names: list[str] | None = None) -> str:
+    """`x.size(0)` for the tensor argument at `path` (named after the parameter when known)."""
+    if path[0] == 0:
+        base = names[path[1]] if names and path[1] < len(names) else f"args[{path[1]}]"
+    else:
+        base = str(path[1])
+    return base + "".join(f"[{p!r}]" for p in path[2:]) + f".size({dim})"
+
+
+class ShapeGuard:
+    """What a symbolic entry assumed about the sizes of its arguments: for each symbol, the
+    argument dimensions it was traced from (`sources`: one symbol may stand for several equal
+    dims), and the relations its shape rules needed (`relations`, graphc.symbolic). A call fits
+    when every symbol gets one size >= 2 and every relation holds for those sizes."""
+
+    __slots__ = ("sources", "relations", "labels")
+
+    def __init__(self, symbols: list[tuple[tuple, int, str]], relations: list,
+                 labels: dict[str, str]) -> None:
+        self.sources = [(path, dim, name) for path, dim, name in symbols]
+        self.relations = relations
+        self.labels = labels  # symbol -> the argument dimension it came from, for messages
+
+    def values(self, args: tuple, kwargs: dict) -> dict[str, int] | None:
+        from graphc.jit.pytree import at
+        from graphc.symbolic import MIN_SIZE
+
+        values: dict[str, int] = {}
+        tree = (args, kwargs)
+        for path, dim, name in self.sources:
+            n = at(tree, path)._data.shape[dim]
+            if n < MIN_SIZE or values.setdefault(name, n) != n:
+                return None
+        return values
+
+    def holds(self, args: tuple, kwargs: dict) -> bool:
+        from graphc.symbolic import check_relations
+
+        try:
+            values = self.values(args, kwargs)
+        except (IndexError, KeyError, TypeError, AttributeError):
+            return False
+        return values is not None and not check_relations(self.relations, values)
+
+    def failures(self, args: tuple, kwargs: dict) -> list[str]:
+        """Why this call's sizes do not fit (the recompile reasons)."""
+        from graphc.jit.pytree import at
+        from graphc.symbolic import MIN_SIZE, check_relations
+
+        out, values = [], {}
+        tree = (args, kwargs)
+        for path, dim, name in self.sources:
+            try:
+                n = at(tree, path)._data.shape[dim]
+            except (IndexError, KeyError, TypeError, AttributeError):
+                return [f"{self.labels.get(name, name)} is gone"]
+            if n < MIN_SIZE:
+                out.append(f"{self.labels.get(name, name)} is {n}: sizes 0 and 1 are "
+                           f"specialised, the graph has the symbol {name} (>= 2) there")
+            elif values.setdefault(name, n) != n:
+                out.append(f"{self.labels.get(name, name)} and another dimension were both "
+                           f"{name} (equal) at the trace, now {values[name]} and {n}")
+        if not out:
+            out = [f"the guard {g} fails for " + ", ".join(
+                f"{k}={v}" for k, v in sorted(values.items()))
+                for g in check_relations(self.relations, values)]
+        return out
+
+
 # ---- the fast guard --------------------------------------------------------------------------
 class Guard:
     """Cheap checks that, when they all hold, imply the call's full signature equals the one
@@ -244,7 +362,8 @@ class Guard:
     they never hold where it differs."""
 
     __slots__ = ("grad_mode", "call", "attrs", "cells", "lookups", "empty",
-                 "dicts", "seqs", "big", "tensors", "grads", "holder_ids", "arg_holders")
+                 "dicts", "seqs", "big", "tensors", "grads", "holder_ids", "arg_holders",
+                 "dynamic")
 
     def __init__(self, fn, args: tuple, kwargs: dict) -> None:
         self.grad_mode = is_grad_enabled()
@@ -258,7 +377,14 @@ class Guard:
         self.big: list = []  # containers reachable() does not look into (more than 64 items)
         self.tensors: list = []  # (tensor, shape, dtype, requires_grad, is_leaf)
         self.grads: list = []  # (holder, None or (shape, dtype, requires_grad) of its .grad)
+        self.dynamic: frozenset = frozenset()  # argument dims a symbolic entry leaves free
         _GuardBuilder(self).build(fn, args, kwargs)
+
+    def set_dynamic(self, dynamic: frozenset) -> None:
+        """Leave these argument dimensions ((path, dim) pairs) out of the call's description:
+        the entry's ShapeGuard checks them."""
+        self.dynamic = frozenset(dynamic)
+        self.call = _mask_call(self.call, self.dynamic)
 
     def holds(self, args: tuple, kwargs: dict) -> bool:
         try:
@@ -267,7 +393,8 @@ class Guard:
             return False
 
     def _holds(self, args: tuple, kwargs: dict) -> bool:
-        if is_grad_enabled() != self.grad_mode or _describe_call(args, kwargs) != self.call:
+        if is_grad_enabled() != self.grad_mode or \
+                _mask_call(_describe_call(args, kwargs), self.dynamic) != self.call:
             return False
         for obj, attr, value in self.attrs:
             if getattr(obj, attr, ABSENT) is not value:
@@ -461,4 +588,5 @@ def _is_module(obj) -> bool:
     return isinstance(obj, Module)
 
 
-__all__ = ["Guard", "aliasing", "diff_signatures", "reachable_state", "signature_of"]
+__all__ = ["Guard", "ShapeGuard", "aliasing", "diff_signatures", "dim_label", "mask_signature",
+           "reachable_state", "signature_of"]

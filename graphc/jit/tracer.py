@@ -82,7 +82,7 @@ from graphc.jit.nan_check import LazyState
 from graphc.jit.pytree import at, flatten, is_namedtuple, output_spec
 from graphc.jit.reach import grad_holders, reachable, storage_names
 from graphc.ops import random as _random
-from graphc.symbolic import ShapeEnv
+from graphc.symbolic import ShapeEnv, Sym
 from graphc.tensor import AbstractArray, Tensor, tensor_serial
 from graphc.types import DType
 
@@ -92,7 +92,7 @@ _FUNCTION_FILE = os.path.join(_PACKAGE_DIR, "autograd", "function.py")
 
 def _literal(op: str, key: str, value):
     """Canonicalise an attribute into an IR literal (int, float, bool, str, None, tuples)."""
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, (bool, str, Sym)):  # a symbolic size prints as such
         return value
     if isinstance(value, np.bool_):
         return bool(value)
@@ -407,6 +407,11 @@ def _arg_names(fn, args) -> list[str]:
     for i in range(len(args)):
         names.append(params[i] if i < len(params) and not params[-1:] == ["args"] else f"arg{i}")
     return names
+
+
+def arg_names(fn, args) -> list[str]:
+    """The names of the call's positional arguments (`x`, or `arg0` where unknown)."""
+    return _arg_names(fn, args)
 
 
 def graph_name(fn) -> str:

@@ -15,9 +15,10 @@ import numpy as np
 
 from graphc.errors import ArgumentError, IndexOutOfRangeError, TraceError, where
 from graphc.ops.gather import _check_index_range, _eager_range_check, _taken_shape
-from graphc.ops.movement import expand
+from graphc.ops.movement import expand, slice_count
 from graphc.ops.registry import call, inplace
 from graphc.ops.shapes import numel
+from graphc.symbolic import Sym
 from graphc.types import bool_, int64
 
 
@@ -51,14 +52,15 @@ class _IndexPlan:
                 if not -n <= it < n:
                     raise IndexOutOfRangeError(f"{where('getitem')}: index {it} is out of bounds "
                                                f"for dimension {d} with size {n}")
-                self.starts[d], self.stops[d] = it % n, it % n + 1
+                start = it if it >= 0 else it + n  # it % n, without asking a symbolic n
+                self.starts[d], self.stops[d] = start, start + 1
             elif isinstance(it, slice):
                 self.basic.append(self._slice(it, d, n))
             else:
                 self.advanced.append((len(self.basic), it))
                 self.basic.append(n)
             d += 1
-        self.sliced = tuple(len(range(a, b, s))
+        self.sliced = tuple(slice_count(a, b, s)
                             for a, b, s in zip(self.starts, self.stops, self.steps))
 
     @staticmethod
@@ -108,6 +110,8 @@ class _IndexPlan:
     def _slice(self, it: slice, d: int, n: int) -> int:
         if it.step == 0:
             raise ArgumentError(f"{where('getitem')}: slice step cannot be zero")
+        if any(type(v) is Sym for v in (it.start, it.stop, n)) and (it.step or 1) > 0:
+            return self._symbolic_slice(it, d, n)
         start, stop, step = it.indices(n)
         count = len(range(start, stop, step))
         if step < 0:
@@ -117,6 +121,29 @@ class _IndexPlan:
             else:
                 start, stop, step = 0, 0, 1
         self.starts[d], self.stops[d], self.steps[d] = start, max(start, stop), step
+        return count
+
+    def _symbolic_slice(self, it: slice, d: int, n) -> int:
+        """`slice.indices` for a positive step where a bound or the size is symbolic
+        (`mask[:t, :t]` with t a symbolic length): the clamps compare symbolic sizes, which
+        guards what the trace assumed (`t <= 32`), as PyTorch does."""
+        step = it.step or 1
+
+        def bound(v, default):
+            if v is None:
+                return default
+            if type(v) is not Sym and v < 0:
+                v = n + v
+                return 0 if type(v) is not Sym and v < 0 else v
+            return v if v <= n else n
+
+        start, stop = bound(it.start, 0), bound(it.stop, n)
+        if start >= stop:
+            start = stop = 0 if type(start) is Sym else start
+            self.starts[d], self.stops[d], self.steps[d] = start, start, 1
+            return 0
+        count = stop - start if step == 1 else -((start - stop) // step)
+        self.starts[d], self.stops[d], self.steps[d] = start, stop, step
         return count
 
     def _mask(self, mask: _Mask, shape: tuple, d: int) -> int:

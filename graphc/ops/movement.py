@@ -33,6 +33,7 @@ from graphc.ops.shapes import (
     numel,
     result_dtype,
 )
+from graphc.symbolic import Sym
 from graphc.types import TensorType, dtype_of_numpy, promote
 
 
@@ -193,8 +194,15 @@ def _slice_shape(op: str, x: TensorType, starts, stops, steps) -> tuple[int, ...
             raise ArgumentError(f"{where(op)}: slice {a}:{b}:{s} of dimension {d} (size "
                                 f"{x.shape[d]}) is not canonical (0 <= start <= stop <= size, "
                                 "step >= 1)")
-        out.append(len(range(a, b, s)))
+        out.append(slice_count(a, b, s))
     return tuple(out)
+
+
+def slice_count(a, b, s):
+    """len(range(a, b, s)) for a canonical slice whose bounds may be symbolic sizes."""
+    if type(a) is Sym or type(b) is Sym:
+        return b - a if s == 1 else -((a - b) // s)  # -((a-b)//s): ceil, exact or specialised
+    return len(range(a, b, s))
 
 
 def _slices(starts, stops, steps) -> tuple:

@@ -31,6 +31,7 @@ from graphc.errors import ArgumentError, DTypeError, ShapeError, where
 from graphc.ops.elementwise import cast
 from graphc.ops.registry import REDUCE, OpDef, Reduction, call, register
 from graphc.ops.shapes import normalize_axes, normalize_axis, numel
+from graphc.symbolic import Sym
 from graphc.types import TensorType, as_dtype, bool_, int64
 
 _TORCH_DTYPE = {"float32": "Float", "float64": "Double", "int64": "Long", "bool": "Bool"}
@@ -354,7 +355,8 @@ def _is_dim(dim) -> bool:
 def _values_at(x, indices, axis: int, keepdim: bool):
     """x picked at `indices` (keepdim form) along `axis`, differentiable toward those indices."""
     n = x.shape[axis]
-    iota = call("arange", start=0.0, end=float(n), step=1.0, dtype="int64")
+    iota = call("arange", start=0.0, end=n if type(n) is Sym else float(n), step=1.0,
+                dtype="int64")
     iota = call("reshape", iota, shape=(n,) + (1,) * (x.ndim - 1 - axis))
     picked = call("where", call("eq", iota, indices), x, 0.0)
     return call("reduce_sum", picked, axes=(axis,), keepdim=keepdim)

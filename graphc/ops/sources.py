@@ -12,6 +12,7 @@ import numpy as np
 from graphc.errors import ArgumentError, where
 from graphc.ops.registry import SOURCE, OpDef, call, register
 from graphc.ops.shapes import size_arg
+from graphc.symbolic import Sym
 from graphc.types import TensorType, as_dtype, float32, int64
 
 
@@ -36,6 +37,10 @@ register(OpDef("full", SOURCE, (), _full_infer, _full_kernel, None,
 
 
 def _arange_infer(start: float, end: float, step: float, dtype: str) -> TensorType:
+    if type(end) is Sym or type(start) is Sym:  # arange(t) over a symbolic length t
+        if step == 1 and float(start if type(start) is not Sym else 0) % 1 == 0:
+            return TensorType((max_size(end - _int(start)),), as_dtype(dtype))
+        start, end = float(start), float(end)  # another step: specialised (graphc.symbolic)
     if step == 0:
         raise ArgumentError(f"{where('arange')}: step must be nonzero")
     if (end - start) * step < 0:
@@ -44,6 +49,15 @@ def _arange_infer(start: float, end: float, step: float, dtype: str) -> TensorTy
         )
     n = max(0, int(np.ceil((end - start) / step)))
     return TensorType((n,), as_dtype(dtype))
+
+
+def _int(x):
+    return x if type(x) is Sym else int(x)
+
+
+def max_size(n):
+    """max(0, n) for a size that may be symbolic (a symbolic one is a size: >= 2 already)."""
+    return n if type(n) is Sym else max(0, n)
 
 
 def _arange_kernel(start: float, end: float, step: float, dtype: str):
@@ -113,13 +127,18 @@ def arange(start, end=None, step=1, *, dtype=None, requires_grad=False, device=N
     if end is None:
         start, end = 0, start
     if dtype is None:
-        is_int = all(isinstance(v, int) for v in (start, end, step))
+        is_int = all(isinstance(v, (int, Sym)) for v in (start, end, step))
         dtype = int64 if is_int else float32
-    t = call("arange", start=float(start), end=float(end), step=float(step),
+    t = call("arange", start=_float(start), end=_float(end), step=float(step),
              dtype=as_dtype(dtype).name)
     if requires_grad:
         t.requires_grad_(True)
     return t
+
+
+def _float(x):
+    """An arange bound as its float attribute; a symbolic size stays symbolic."""
+    return x if type(x) is Sym else float(x)
 
 
 def _new_zeros(self, *size, dtype=None, requires_grad=False, device=None):

@@ -65,6 +65,7 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import FunctionRegion
 from graphc.ir.verifier import verify
 from graphc.ops.registry import ELEMENTWISE, REGISTRY
+from graphc.symbolic import current_env
 
 
 class AutodiffError(GraphcError, ValueError):
@@ -175,7 +176,15 @@ MAX_CHAIN = 4  # nodes recomputed for one value, at most
 
 
 def _nbytes(v: Value) -> int:
-    return int(np.prod(v.type.shape, dtype=np.int64)) * np.dtype(v.type.dtype.np).itemsize
+    """Bytes of `v` for the memory heuristics; a symbolic size counts at its trace's hint
+    (asking it for an int would specialise it: graphc.symbolic)."""
+    n = v.type.nbytes
+    return n if type(n) is int else n.evaluate(_hints(n))
+
+
+def _hints(n) -> dict:
+    env = current_env()
+    return {name: env.hints.get(name, 64) if env else 64 for name in n.free_symbols}
 
 
 def live_profile(graph: Graph) -> list[int]:

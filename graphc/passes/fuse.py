@@ -57,12 +57,12 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
-from graphc.errors import GraphcError
+from graphc.errors import GraphcError, ShapeError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.verifier import verify
 from graphc.ops.registry import ELEMENTWISE, REGISTRY, SOURCE
+from graphc.ops.shapes import broadcast_many
 
 # Roles a node can play; the kind of a group is "elementwise", "reduce", "epilogue" or "single".
 ELEMENTWISE_ROLE, REDUCE_ROLE, ANCHOR_ROLE, CONSTANT_ROLE, OPAQUE_ROLE = (
@@ -113,10 +113,16 @@ def _role(node: Node) -> str:
     return OPAQUE_ROLE
 
 
+def _broadcast(*shapes) -> tuple:
+    """The shapes' broadcast domain (PyTorch's rule; symbolic sizes stay symbolic: never
+    numpy's, which would ask each symbolic size for a concrete value). Raises ShapeError."""
+    return broadcast_many("fuse", *(tuple(s) for s in shapes))
+
+
 def _broadcasts_into(shape: tuple, domain: tuple) -> bool:
     try:
-        return tuple(np.broadcast_shapes(tuple(shape), tuple(domain))) == tuple(domain)
-    except ValueError:
+        return _broadcast(shape, domain) == tuple(domain)
+    except ShapeError:
         return False
 
 
@@ -124,8 +130,8 @@ def _broadcastable(shapes) -> bool:
     """Whether the shapes broadcast to one domain: (8, 4) and (3, 8), both fed by one scalar,
     do not, so their elementwise ops cannot share a loop nest."""
     try:
-        np.broadcast_shapes(*(tuple(s) for s in shapes))
-    except ValueError:
+        _broadcast(*shapes)
+    except ShapeError:
         return False
     return True
 
@@ -210,7 +216,7 @@ class _Grouping:
         if group.kind == "reduce":
             domain = tuple(self.nodes[group.members[-1]].inputs[0].type.shape)
         else:
-            domain = tuple(np.broadcast_shapes(*(self._shape(m) for m in members)))
+            domain = _broadcast(*(self._shape(m) for m in members))
         stack = [m for m in members if self.roles[m] == ELEMENTWISE_ROLE
                  and self._shape(m) != domain and self._read_outside(m, members)]
         if not stack:

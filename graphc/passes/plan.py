@@ -23,7 +23,14 @@ to the last step. Two buffers whose lifetimes meet never share a
 byte: the node that frees an input at step s still reads it while writing its outputs.
 
 Offsets are 64-byte aligned and come from greedy interval packing (best fit, in several
-orders; the smallest arena wins). The schedule is the better of the graph's own order and a
+orders; the smallest arena wins).
+
+Symbolic sizes (`f32[s0,784]`, graphc.symbolic). Which values share a buffer, in place or
+as views, and every lifetime, do not depend on the sizes: they are decided once. Sizes
+and offsets do: each buffer keeps its size as an expression (`Buffer.expr`, bytes), the
+plan is made at the symbols' hints (the trace's sizes; 64 where none is known) for the
+schedule choice and the report, and `MemoryPlan.layout(values)` packs the same buffers for
+the sizes of a call: one arena laid out per shape (cached), never per-op allocation. The schedule is the better of the graph's own order and a
 deterministic greedy list schedule that prefers nodes that free more bytes than they allocate;
 it keeps data dependencies and the relative order of effectful (random) ops.
 """
@@ -36,8 +43,10 @@ from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.registry import COLLECTIVE, ELEMENTWISE, FUSED, REGISTRY, SOURCE
 from graphc.ops.shapes import contiguous_element_strides
+from graphc.symbolic import Sym, current_env, free_symbols
 
 ALIGN = 64
+_DEFAULT_HINT = 64  # the size a symbol is planned at where no trace gave one
 _FUSED_INPLACE_OPS = {"broadcast_to"}  # movement ops a fused elementwise body may hold
 
 
@@ -60,6 +69,7 @@ class Buffer:
     offset: int = 0
     values: list[str] = field(default_factory=list)  # owner, in-place successors, views
     kept: bool = False  # holds a graph output or an update value
+    expr: object = None  # bytes as a symbolic expression, where the size is symbolic
 
 
 @dataclass
@@ -82,6 +92,23 @@ class MemoryPlan:
     arena_bytes: int
     naive_bytes: int
     scheduler: str
+    symbolic: bool = False  # sizes are expressions: see `layout`
+    _layouts: dict = field(default_factory=dict, repr=False)
+
+    def layout(self, values: dict[str, int]) -> tuple[dict[str, int], int]:
+        """(buffer name -> offset, arena bytes) for the symbols' sizes `values`: the plan's
+        own offsets when it is static, else the same buffers packed for these sizes (cached
+        per size)."""
+        if not self.symbolic:
+            return self.offsets, self.arena_bytes
+        key = tuple(sorted(values.items()))
+        found = self._layouts.get(key)
+        if found is None:
+            sized = [Buffer(b.name, b.expr.evaluate(values) if b.expr is not None else b.size,
+                            b.start, b.end) for b in self.buffers.values()]
+            arena = _pack(sized)
+            found = self._layouts[key] = ({b.name: b.offset for b in sized}, arena)
+        return found
 
     @property
     def offsets(self) -> dict[str, int]:
@@ -129,6 +156,10 @@ class _Facts:
         self.graph = graph
         self.nodes = list(graph.nodes)
         self.external = set(graph.inputs)
+        names = free_symbols(tuple(v.type.shape for v in graph.inputs))
+        env = current_env()
+        self.hints = {n: env.hints.get(n, _DEFAULT_HINT) if env else _DEFAULT_HINT
+                      for n in names}
         self.root: dict[Value, Value] = {v: v for v in graph.inputs}
         self.views: dict[Value, Value] = {}
         producer: dict[Value, int] = {}
@@ -178,7 +209,13 @@ class _Facts:
             strides[out] = found[1]
 
     def size(self, v: Value) -> int:
-        return v.type.nbytes
+        """Bytes of `v`; at the symbols' hints where its size is symbolic (`expr`)."""
+        n = v.type.nbytes
+        return n if type(n) is int else n.evaluate(self.hints)
+
+    def expr(self, v: Value):
+        n = v.type.nbytes
+        return None if type(n) is int else n
 
     def in_arena(self, v: Value) -> bool:
         return self.root[v] not in self.external
@@ -296,7 +333,7 @@ def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
                 claimed.add(id(buf))
                 inplace[o.name] = donor.name
             else:
-                buf = Buffer(o.name, f.size(o), s, s)
+                buf = Buffer(o.name, f.size(o), s, s, expr=f.expr(o))
                 buffers[o.name] = buf
             buffer_of[o] = buf
             buf.values.append(o.name)
@@ -312,7 +349,13 @@ def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
                       {v.name: b.name for v, b in buffer_of.items()},
                       {o.name: x.name for o, x in f.views.items()}, inplace,
                       {o.name: w.name for o, w in in_input.items()}, live, arena,
-                      naive, scheduler)
+                      naive, scheduler, symbolic=bool(f.hints))
+
+
+def _same_shape(a: tuple, b: tuple) -> bool:
+    """The same shape, symbolic sizes compared as expressions (no guard)."""
+    return len(a) == len(b) and all(
+        x.same(y) if type(x) is Sym else (type(y) is not Sym and x == y) for x, y in zip(a, b))
 
 
 def _inplace_donor(f: _Facts, node: Node, o: Value, s: int,
@@ -320,7 +363,7 @@ def _inplace_donor(f: _Facts, node: Node, o: Value, s: int,
     for x in node.inputs:
         buf = buffer_of.get(x)
         if (buf is None or f.root[x] is not x or id(buf) in claimed or buf.kept
-                or buf.end != s or x.type.shape != o.type.shape
+                or buf.end != s or not _same_shape(x.type.shape, o.type.shape)
                 or x.type.dtype.itemsize != o.type.dtype.itemsize):
             continue
         if any(buffer_of.get(w) is buf and w is not x for w in node.inputs):

@@ -230,8 +230,8 @@ def _constant_results(node: Node, known: dict[Value, np.ndarray]) -> list[np.nda
             result = opdef.kernel(*args, **node.attrs)
         return [np.asarray(result).astype(node.outputs[0].type.dtype.np).reshape(())]
     sizes = [v.type.numel for v in node.inputs + node.outputs]
-    if max(sizes, default=0) > FOLD_LIMIT:
-        return None
+    if any(type(n) is not int for n in sizes) or max(sizes, default=0) > FOLD_LIMIT:
+        return None  # too big, or a symbolic size (known per call only)
     full_args = [np.broadcast_to(a, v.type.shape).copy() for a, v in zip(args, node.inputs)]
     with np.errstate(all="ignore"):
         result = opdef.kernel(*full_args, **node.attrs)
@@ -264,7 +264,8 @@ def fold_constants(graph: Graph) -> Graph:
         if node.op == "full":
             known[node.outputs[0]] = np.asarray(node.attrs["value"],
                                                 node.outputs[0].type.dtype.np)
-        elif node.op == "arange" and node.outputs[0].type.numel <= FOLD_LIMIT:
+        elif node.op == "arange" and type(node.outputs[0].type.numel) is int \
+                and node.outputs[0].type.numel <= FOLD_LIMIT:
             known[node.outputs[0]] = opdef.kernel(**node.attrs)
         if (opdef is None or opdef.kind in (SOURCE, RANDOM) or opdef.effectful
                 or not all(v in known for v in node.inputs)):

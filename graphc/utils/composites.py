@@ -36,6 +36,7 @@ from graphc.errors import ArgumentError, DTypeError, ShapeError
 from graphc.ops import elementwise, gather, linalg, movement, random, reduce
 from graphc.ops.registry import call, inplace
 from graphc.ops.shapes import normalize_axis
+from graphc.symbolic import Sym
 from graphc.types import as_dtype, bool_, int64
 
 TopkResult = namedtuple("topk", ("values", "indices"))
@@ -49,7 +50,8 @@ def _is_tensor(x) -> bool:
 
 
 def _iota(n: int):
-    return call("arange", start=0.0, end=float(n), step=1.0, dtype="int64")
+    end = n if type(n) is Sym else float(n)  # a symbolic size stays symbolic
+    return call("arange", start=0.0, end=end, step=1.0, dtype="int64")
 
 
 def _zero_of(x):
