@@ -93,7 +93,10 @@ struct RaceState {
     Page *last = nullptr;
     std::set<std::pair<uintptr_t, uintptr_t>> reported; /* code address pairs, this launch */
     long races = 0;              /* this launch */
+    long accesses = 0;           /* this launch: none means the kernel is not instrumented */
 };
+
+bool warned_uninstrumented = false; /* once per process (a benign race between host threads) */
 
 thread_local std::unique_ptr<RaceState> tls_owner;
 __thread RaceState *tls_race;
@@ -245,6 +248,7 @@ bool races(const Access &prior, const Access &now, uint32_t valid_from) {
 
 void record(uintptr_t address, size_t size, bool write, uintptr_t pc) {
     RaceState &r = *tls_race;
+    ++r.accesses;
     Space space = classify(r, address);
     if (space == Space::kPrivate) return;
     uint32_t valid_from = space == Space::kGlobal ? r.launch_stamp : r.block_stamp;
@@ -319,6 +323,7 @@ void race_launch_begin(const char *kernel, dim3 grid, dim3 block, const void *dy
               [](const TlsBlock &a, const TlsBlock &b) { return a.begin < b.begin; });
     r.reported.clear();
     r.races = 0;
+    r.accesses = 0;
 }
 
 void race_block_begin(uint32_t block_sequence) {
@@ -335,6 +340,14 @@ void race_barrier() {
 void race_launch_end() {
     if (!modes().racecheck) return;
     RaceState &r = *tls_race;
+    if (r.accesses == 0 && !warned_uninstrumented) {
+        warned_uninstrumented = true;
+        fprintf(stderr, "graphc emulation: GRAPHC_EMU_RACECHECK is set but kernel %s made no "
+                "instrumented memory access: it was compiled without -fsanitize=thread and "
+                "is not checked (the library's kernels are instrumented in "
+                "runtime/build/emu-checked/libgraphc_rt_emu.so; runtime/csrc/README.md)\n",
+                r.kernel);
+    }
     if (r.races > (long)r.reported.size())
         fprintf(stderr, "graphc emulation racecheck: kernel %s: %ld racing access pairs in all "
                 "(%zu reported, one per pair of code locations%s)\n", r.kernel, r.races,

@@ -248,8 +248,11 @@ int main(int argc, char **argv) {
                 argv[0]);
         return 2;
     }
-    if (kInstrumented)
+    if (kInstrumented) {
+        printf("test_emu_racecheck: planting races: the reports on stderr are expected\n");
+        fflush(stdout);
         check_races();
+    }
     else
         printf("test_emu_racecheck: not instrumented (built without -fsanitize=thread): race "
                "checks skipped; `make racecheck` runs them\n");
