@@ -92,6 +92,8 @@ function snapshot() {
 }
 const out = {collapsed: snapshot()};
 out.search = core.search('%27');
+out.groups = core.search('fused(matmul, add');
+out.ops = core.search('matmul');
 out.revealed = core.reveal(out.search[0]);
 out.expanded = snapshot();
 core.collapsed.clear();
@@ -125,6 +127,10 @@ def test_layout_script_under_node(tmp_path, step_graph):
     # fused groups start collapsed; searching a value inside one expands it
     assert "n1" in out["collapsed"]["ids"] and "n1.4" not in out["collapsed"]["ids"]
     assert out["search"] == ["n1.4"] and out["revealed"]
+    # a fused group's label is found as the group, its instructions are not listed again
+    assert out["groups"] == ["n1", "n3"]
+    assert {"n1", "n3", "n11"} <= set(out["ops"])
+    assert not [i for i in out["ops"] if i.split(".")[0] in ("n1", "n3", "n11") and "." in i]
     assert "n1.4" in out["expanded"]["ids"] and "n1" not in out["expanded"]["ids"]
     # all collapsed: the three regions and the graph's inputs and outputs
     regions = [i for i in out["allCollapsed"]["ids"] if i.startswith("region:")]

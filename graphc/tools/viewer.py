@@ -160,8 +160,9 @@ def view_model(graph: Graph) -> dict[str, Any]:
     def add_group(gid: str, kind: str, lines: list[str], text: str, parent: str | None,
                   collapsed: bool) -> str:
         if gid not in groups:
+            find = " ".join([gid, *lines]).lower() if kind in ("fused", "group") else ""
             groups[gid] = {"id": gid, "kind": kind, "lines": lines, "text": text,
-                           "parent": parent, "collapsed": collapsed, "size": 0}
+                           "parent": parent, "collapsed": collapsed, "size": 0, "find": find}
         return gid
 
     def region_group(region: str | None) -> str | None:
@@ -258,7 +259,8 @@ def render_html(graph: Graph, path: str | os.PathLike | None = None) -> str:
     when given. The page needs no network: styles, script and graph are inline."""
     model = view_model(graph)
     model["regionColors"] = REGION_COLORS
-    data = json.dumps(model, separators=(",", ":")).replace("</", "<\\/")
+    # no "<" inside the script element: "</script>" or "<!--" in a name cannot end it early
+    data = json.dumps(model, separators=(",", ":")).replace("<", "\\u003c")
     title = html.escape(f"graph @{graph.name}")
     page = PAGE_TEMPLATE.format(title=title, css=_css(), data=data, core=CORE_JS, ui=UI_JS)
     if path is not None:

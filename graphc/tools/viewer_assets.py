@@ -184,7 +184,17 @@ function graphcCore(data, measure) {
       const exact = data.nodes.filter(n => n.defines.some(d => '%' + d.toLowerCase() === q));
       if (exact.length) return exact.map(n => n.id);
     }
-    return data.nodes.filter(n => n.find.includes(q)).map(n => n.id);
+    // groups (a fused node's label) and leaves, in graph order; a leaf inside a group that
+    // matches is not listed again
+    const hit = new Set();
+    for (const it of items.values()) if (it.find && it.find.includes(q)) hit.add(it.id);
+    const order = [];
+    for (const n of data.nodes) {
+      const outer = ancestors(n.id).reverse().find(a => hit.has(a));
+      const id = outer || (hit.has(n.id) ? n.id : null);
+      if (id && !order.includes(id)) order.push(id);
+    }
+    return order;
   }
   function reveal(id) {  // expand every group around id; true when something changed
     let changed = false;
@@ -363,7 +373,11 @@ UI_JS = r"""
     draw();
   }
   function centre(id) {
-    const b = placed.box.get(core.shownAs(id));
+    let b = placed.box.get(core.shownAs(id));
+    if (!b) {  // an expanded group: its first box
+      const inside = [...placed.box.keys()].find(k => core.ancestors(k).includes(id));
+      b = inside && placed.box.get(inside);
+    }
     if (!b) return;
     const r = svg.getBoundingClientRect();
     view.k = Math.max(view.k, 1);
