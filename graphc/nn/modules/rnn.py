@@ -30,6 +30,8 @@ from graphc.nn import functional as F
 from graphc.nn import init
 from graphc.nn.module import Module
 from graphc.nn.parameter import Parameter
+from graphc.nn.utils.rnn import PackedSequence, _layout, _padded_sorted
+from graphc.tensor import Tensor
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
@@ -195,16 +197,50 @@ class RNNBase(Module):
             c0 = c0.unsqueeze(1) if c0 is not None else None
         return h0, c0
 
-    def _run_direction(self, gi_steps, state, w_hh, b_hh, w_hr, reverse: bool):
-        """Apply the step over time (backwards when reverse); outputs in time order."""
+    def _run_direction(self, gi_steps, state, w_hh, b_hh, w_hr, reverse: bool, running):
+        """Apply the step over time (backwards when reverse); outputs in time order.
+
+        `running[t]` (packed input): a (B, 1) bool tensor of the sequences still running at
+        step t; the others keep their state, so each ends with its last valid step's state
+        and the reverse direction of a short sequence starts at its own last step."""
         outputs = [None] * len(gi_steps)
         order = range(len(gi_steps) - 1, -1, -1) if reverse else range(len(gi_steps))
         for t in order:
-            state = _step(self.mode, gi_steps[t], state, w_hh, b_hh, w_hr)
+            new = _step(self.mode, gi_steps[t], state, w_hh, b_hh, w_hr)
+            if running is not None:
+                new = tuple(graphc.where(running[t], n, o) for n, o in zip(new, state)) \
+                    if self.mode == "LSTM" else graphc.where(running[t], new, state)
+            state = new
             outputs[t] = state[0] if self.mode == "LSTM" else state
         return outputs, state
 
     def forward(self, input, hx=None):  # noqa: A002
+        if isinstance(input, PackedSequence):
+            return self._forward_packed(input, hx)
+        return self._forward(input, hx)
+
+    def _forward_packed(self, packed: PackedSequence, hx):
+        """A PackedSequence in and out: the layers run over the padded, sorted batch with the
+        finished sequences' states held; h_n in the caller's order."""
+        padded, lengths = _padded_sorted(packed)
+        running = [Tensor._wrap((lengths > t)[:, None]) for t in range(padded.shape[0])]
+        if hx is not None and packed.sorted_indices is not None:
+            hx = tuple(h.index_select(1, packed.sorted_indices) for h in hx) \
+                if self.mode == "LSTM" else hx.index_select(1, packed.sorted_indices)
+        batch_first, self.batch_first = self.batch_first, False
+        try:
+            output, state = self._forward(padded, hx, running)
+        finally:
+            self.batch_first = batch_first
+        sizes = _layout(packed.batch_sizes)
+        data = graphc.cat([output[t, :int(n)] for t, n in enumerate(sizes)], 0)
+        if packed.unsorted_indices is not None:
+            state = tuple(h.index_select(1, packed.unsorted_indices) for h in state) \
+                if self.mode == "LSTM" else state.index_select(1, packed.unsorted_indices)
+        return PackedSequence(data, packed.batch_sizes, packed.sorted_indices,
+                              packed.unsorted_indices), state
+
+    def _forward(self, input, hx=None, running=None):  # noqa: A002
         self._check_input(input)
         unbatched = input.ndim == 2
         x = input.unsqueeze(1) if unbatched else (input.transpose(0, 1) if self.batch_first
@@ -220,7 +256,7 @@ class RNNBase(Module):
                 gi = F.linear(x, w_ih, b_ih)  # every step's input projection in one matmul
                 state = (h0[k], c0[k]) if self.mode == "LSTM" else h0[k]
                 out, state = self._run_direction(gi.unbind(0), state, w_hh, b_hh, w_hr,
-                                                 reverse=direction == 1)
+                                                 direction == 1, running)
                 outs.append(graphc.stack(out, 0))
                 if self.mode == "LSTM":
                     h_n.append(state[0])

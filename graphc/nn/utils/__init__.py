@@ -1,4 +1,4 @@
-"""graphc.nn.utils: gradient clipping, as torch.nn.utils.
+"""graphc.nn.utils: gradient clipping and variable-length sequences (`rnn`), as torch.nn.utils.
 
 >>> import graphc
 >>> import graphc.nn as nn
@@ -8,6 +8,7 @@
 tensor(5.)
 """
 
+from graphc.nn.utils import rnn
 from graphc.nn.utils.clip_grad import clip_grad_norm_, clip_grad_value_, get_total_norm
 
-__all__ = ["clip_grad_norm_", "clip_grad_value_", "get_total_norm"]
+__all__ = ["clip_grad_norm_", "clip_grad_value_", "get_total_norm", "rnn"]
