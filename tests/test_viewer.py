@@ -214,6 +214,9 @@ def test_page_in_headless_chromium(tmp_path, step_graph):
             page.mouse.wheel(0, -300)
             assert page.evaluate("() => window.graphcViewer.view().k") > k
             page.click("#fit")
+            page.keyboard.press("Escape")  # clears the search and its marks
+            assert page.locator("#nodes .node.match").count() == 0
+            assert page.input_value("#search") == ""
             assert errors == []
         finally:
             browser.close()

@@ -288,7 +288,8 @@ PAGE_TEMPLATE = """<!DOCTYPE html>
   <button id="fit">fit</button>
   <button id="expand-all">expand all</button>
   <button id="collapse-all">collapse all</button>
-  <span class="hint">wheel: zoom &middot; drag: pan &middot; click a group: collapse/expand</span>
+  <span class="hint">wheel: zoom &middot; drag: pan &middot; click a group: collapse/expand
+    &middot; /: search &middot; Esc: clear</span>
 </header>
 <main>
   <svg id="canvas" xmlns="http://www.w3.org/2000/svg">

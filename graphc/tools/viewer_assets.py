@@ -427,6 +427,10 @@ UI_JS = r"""
       else { input.dataset.last = input.value; find(input.value); }
     }
   });
+  window.addEventListener('keydown', ev => {  // "/" searches, Escape clears the search
+    if (ev.key === '/' && document.activeElement !== input) { ev.preventDefault(); input.focus(); }
+    if (ev.key === 'Escape') { input.value = ''; input.dataset.last = ''; find(''); }
+  });
   document.getElementById('next').addEventListener('click', () => step(1));
   document.getElementById('prev').addEventListener('click', () => step(-1));
   document.getElementById('fit').addEventListener('click', fit);
