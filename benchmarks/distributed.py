@@ -2,14 +2,18 @@
 
     graphc launch -n 1 benchmarks/distributed.py      # one rank (the baseline)
     graphc launch -n 2 benchmarks/distributed.py      # two ranks
-    python -m benchmarks.distributed                  # runs both and prints the table
+    python -m benchmarks.distributed                  # runs both and prints the tables
 
 Each rank runs one thread (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, set by the driver)
 and trains the compiled MLP 784-256-256-10 or LeNet-5 step at batch 64 per rank (SGD
-momentum, DDP averaging in the graph: graphc.ops.collective). Throughput is samples per
-second over all ranks, median of 5 timed rounds of 30 steps. The driver also measures the
-alpha (latency) and beta (seconds per byte) of an MPI allreduce on this machine and
-projects a ring allreduce of ResNet-18's and the GPT's gradients to 8, 64 and 512 ranks:
+momentum). Variants (see `rank_main`): DDP with blocking per-gradient allreduces (the
+pipeline without the bucketing pass), DDP bucketed and overlapped (the default pipeline),
+and the plain model without communication (the ranks only share the machine). Throughput is
+samples per second over all ranks, median of 5 alternating rounds of 30 steps; the speed-up
+is against one process without DDP. On 2 ranks graphc.profile times the collective nodes'
+kernels of both DDP variants (the allreduce time the step does not hide). The driver also
+measures the alpha (latency) and beta (seconds per byte) of an MPI allreduce on this machine
+and projects a ring allreduce of ResNet-18's and the GPT's gradients to 8, 64 and 512 ranks:
 2 (p - 1) alpha + 2 (p - 1) / p * bytes * beta.
 """
 
@@ -26,42 +30,74 @@ STEPS, ROUNDS = 30, 5
 PARAMS = {"ResNet-18 (CIFAR)": 11_173_962, "GPT (n_embd 128, 4 layers)": 816_128}
 
 
-def rank_main() -> None:
-    """One rank: time the compiled DDP steps; rank 0 prints one JSON line."""
-    import numpy as np
+VARIANTS = ("blocking", "bucketed", "no-comm")
 
+
+def rank_main() -> None:
+    """One rank: time the compiled steps of every variant; rank 0 prints one JSON line.
+
+    blocking: DDP with a blocking MPI_Allreduce per gradient where the backward produced it
+    (the pipeline without graphc.passes.bucket, as before the pass); bucketed: DDP through the
+    default pipeline (buckets, MPI_Iallreduce started early, MPI_Wait before the update);
+    no-comm: the plain model, no DDP (the ranks only share the machine): the bound on what
+    any communication scheme can reach here. Rounds of the variants alternate."""
     import graphc
     import graphc.distributed as dist
     from benchmarks import models
     from graphc.nn.parallel import DistributedDataParallel
+    from graphc.passes.fuse import fuse
+    from graphc.passes.plan import plan_buffers
+    from graphc.passes.simplify import simplify
 
     dist.init_process_group("mpi")
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {"world": world}
     for name in ("mlp", "lenet5"):
-        model = DistributedDataParallel(models.graphc_model(name))
-        compiled = graphc.compile(models.graphc_step(model), backend="cpu")
+        steps = {}
+        for variant in VARIANTS:
+            model = models.graphc_model(name)
+            if variant != "no-comm":
+                model = DistributedDataParallel(model)
+            passes = [simplify, fuse, plan_buffers] if variant == "blocking" else None
+            steps[variant] = graphc.compile(models.graphc_step(model), backend="cpu",
+                                            passes=passes)
         x, y = models.batch(name, 64, models.MlpSizes())
         gx, gy = graphc.tensor(x), graphc.tensor(y)
-        for _ in range(5):
-            compiled(gx, gy)
-        rates = []
-        for _ in range(ROUNDS):
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(STEPS):
+        for compiled in steps.values():
+            for _ in range(5):
                 compiled(gx, gy)
-            dist.barrier()
-            rates.append(STEPS * 64 * world / (time.perf_counter() - start))
-        results[name] = statistics.median(rates)
+        rates = {variant: [] for variant in VARIANTS}
+        for _ in range(ROUNDS):
+            for variant, compiled in steps.items():
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(STEPS):
+                    compiled(gx, gy)
+                dist.barrier()
+                rates[variant].append(STEPS * 64 * world / (time.perf_counter() - start))
+        for variant in VARIANTS:
+            results[f"{name}/{variant}"] = statistics.median(rates[variant])
+        if world > 1:
+            for variant in ("blocking", "bucketed"):
+                results[f"{name}/{variant}/comm"] = _collective_seconds(steps[variant], gx, gy)
     if world > 1:
-        results["alpha"], results["beta"] = _alpha_beta(dist, np)
+        results["alpha"], results["beta"] = _alpha_beta(dist)
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     dist.destroy_process_group()
 
 
-def _alpha_beta(dist, np) -> tuple[float, float]:
+def _collective_seconds(compiled, x, y) -> float:
+    """Seconds per step in the collective nodes' kernels (graphc.profile's per-kernel
+    medians): the allreduce time the step does not hide (MPI_Wait, or the blocking
+    MPI_Allreduce), plus the bucket packing and averaging copies."""
+    import graphc
+
+    report = graphc.profile(compiled, x, y, repeat=30)
+    return sum(row.seconds for row in report.rows if row.op.startswith("all_reduce"))
+
+
+def _alpha_beta(dist) -> tuple[float, float]:
     """Median allreduce seconds of 8 bytes (alpha) and the slope per byte up to 16 MB."""
     import graphc
 
@@ -98,13 +134,23 @@ def main() -> int:
             print(done.stdout, done.stderr, sep="\n")
             return 1
         found[n] = json.loads(line[len("RESULT "):])
-    load = os.getloadavg()[0]
-    print(f"command: `python -m benchmarks.distributed`; load average {load:.2f}\n")
-    print("| step (batch 64 per rank, 1 thread per rank) | 1 rank | 2 ranks | speed-up |")
-    print("|---|---|---|---|")
+    load = os.getloadavg()
+    print(f"command: `python -m benchmarks.distributed`; load average {load[0]:.2f} "
+          f"(1 min), {load[1]:.2f} (5 min)\n")
+    print("| step (batch 64 per rank, 1 thread per rank) | 1 rank, no DDP | 2 ranks, blocking "
+          "allreduces | 2 ranks, bucketed + overlapped | 2 ranks, no communication |")
+    print("|---|---|---|---|---|")
     for name, label in (("mlp", "MLP 784-256-256-10"), ("lenet5", "LeNet-5")):
-        one, two = found[1][name], found[2][name]
-        print(f"| {label} | {one:,.0f} samples/s | {two:,.0f} samples/s | {two / one:.2f}x |")
+        one = found[1][f"{name}/no-comm"]
+        cells = [f"{found[2][f'{name}/{v}']:,.0f} samples/s ({found[2][f'{name}/{v}'] / one:.2f}x)"
+                 for v in VARIANTS]
+        print(f"| {label} | {one:,.0f} samples/s | " + " | ".join(cells) + " |")
+    print("\n| step | allreduce kernels per step, blocking | bucketed | hidden |")
+    print("|---|---|---|---|")
+    for name, label in (("mlp", "MLP"), ("lenet5", "LeNet-5")):
+        blocking, bucketed = (found[2][f"{name}/{v}/comm"] for v in ("blocking", "bucketed"))
+        print(f"| {label} | {blocking * 1e6:.0f} us | {bucketed * 1e6:.0f} us | "
+              f"{1 - bucketed / blocking:.0%} |")
     alpha, beta = found[2]["alpha"], found[2]["beta"]
     print(f"\nallreduce on this machine: alpha {alpha * 1e6:.1f} us, beta "
           f"{beta * 1e9:.3f} ns/byte ({1 / beta / 1e9:.1f} GB/s)\n")

@@ -275,16 +275,16 @@ def _native_mpi(g: _Group):
         with open("/proc/self/maps") as f:
             paths = sorted(set(re.findall(r"\S*/libmpi\.so\S*", f.read())))
         library = ctypes.CDLL(paths[0])
-        allreduce, iallreduce, wait = (ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+        allreduce, iallreduce, test = (ctypes.cast(getattr(library, name), ctypes.c_void_p).value
                                        for name in ("MPI_Allreduce", "MPI_Iallreduce",
-                                                    "MPI_Wait"))
+                                                    "MPI_Test"))
     except (OSError, IndexError, AttributeError):
         return None
     return NativeMpi(allreduce, -1, MPI.COMM_WORLD.handle,
                      {"float32": MPI.FLOAT.handle, "float64": MPI.DOUBLE.handle,
                       "int64": MPI.INT64_T.handle},
                      {"sum": MPI.SUM.handle, "max": MPI.MAX.handle, "min": MPI.MIN.handle},
-                     g.size, iallreduce, wait)
+                     g.size, iallreduce, test, g.timeout)
 
 
 _BY_NAME = {name: op for op, name in _OP_NAMES.items()}

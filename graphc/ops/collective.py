@@ -56,7 +56,8 @@ class NativeMpi:
     ops: dict  # "sum"/"max"/"min" -> handle
     world_size: int
     iallreduce: int = 0  # address of MPI_Iallreduce (0: unknown)
-    wait: int = 0  # address of MPI_Wait
+    test: int = 0  # address of MPI_Test
+    timeout: float = 1800.0  # seconds a wait may take before the step fails
 
 
 class Communicator(Protocol):

@@ -36,7 +36,7 @@ from graphc.types import TensorType, int64
 _MPI_INT_MAX = 2**31 - 1  # MPI counts are C ints
 
 
-def _native(node: Node, needs: str = "allreduce"):
+def _native(node: Node, needs: str = "allreduce"):  # needs: the NativeMpi entry used
     native = collective.communicator(node.op).native()
     if native is None or not getattr(native, needs):
         raise unsupported(node, f"{node.op}: this MPI's ABI is not MPICH's (32-bit handles), "
@@ -54,8 +54,7 @@ def _native(node: Node, needs: str = "allreduce"):
 
 def _status(lw, node: Node, call: str) -> int:
     """The driver status that reports a failed `call` in `node`."""
-    lw.errors.append(f"{node.op}: {call} failed in node {format_node(node)}"
-                     f"{' at ' + node.loc if node.loc else ''}")
+    lw.errors.append(f"{node.op}: {call} failed in node {format_node(node)}")
     return len(lw.errors)
 
 
@@ -149,25 +148,78 @@ def lower_all_reduce_start(lw, node: Node) -> None:
 
 
 _MPI_STATUS_IGNORE = 1  # MPICH's (MPI_Status *)1
+_CLOCK_MONOTONIC = 1
+_SPINS = 100  # MPI_Test calls before the wait starts yielding the core and checking the clock
+
+
+def _libc(name: str) -> int:
+    import ctypes
+
+    return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value
 
 
 def lower_all_reduce_wait(lw, node: Node) -> None:
-    native = _native(node, "wait")
+    """MPI_Test in a loop: spinning first, then yielding the core between tests (ranks share
+    cores with each other and with other work), and failing the step past the group's
+    timeout with an error naming the node, instead of waiting forever for a dead rank."""
+    native = _native(node, "test")
     bucket, out = node.inputs[0], node.outputs[0]
     dt, op, count = out.type.dtype, node.attrs["op"], out.type.numel
     src, dst = lw.locs[bucket], lw.locs[out]
-    llvm.register_symbol("MPI_Wait", native.wait)
+    for name, address in (("MPI_Test", native.test), ("sched_yield", _libc("sched_yield")),
+                          ("clock_gettime", _libc("clock_gettime"))):
+        llvm.register_symbol(name, address)
     kb = KernelBuilder(lw, lw.name("all_reduce_wait"), (1,))
     kb.kernel.status = True
     o = kb.operand(src, (0,))
     r = kb.operand(_request(lw, bucket), (0,))
-    status = _status(lw, node, "MPI_Wait")
+    failed = _status(lw, node, "MPI_Test")
+    lw.errors.append(f"{node.op}: waited {native.timeout:g} s for the other ranks (a rank has "
+                     f"died or is stuck) in node {format_node(node)}")
+    late = len(lw.errors)
     b = kb.begin()
-    mpi = lw.declare("MPI_Wait", ir.FunctionType(I32, [PTR, PTR]))
-    code = b.call(mpi, [kb.pointer(b, r, i64(0)),
-                        b.inttoptr(ir.Constant(I64, _MPI_STATUS_IGNORE), PTR)])
+    test = lw.declare("MPI_Test", ir.FunctionType(I32, [PTR, PTR, PTR]))
+    yield_ = lw.declare("sched_yield", ir.FunctionType(I32, []))
+    clock = lw.declare("clock_gettime", ir.FunctionType(I32, [I32, PTR]))
+    flag = b.alloca(I32, name="flag")
+    timespec = b.alloca(ir.ArrayType(I64, 2), name="ts")
+    deadline = b.alloca(I64, name="deadline")
+    b.store(ir.Constant(I64, 0), deadline)
+
+    def now_ns(b):
+        b.call(clock, [ir.Constant(I32, _CLOCK_MONOTONIC), timespec])
+        sec = b.load(b.gep(timespec, [i64(0), i64(0)], source_etype=ir.ArrayType(I64, 2)),
+                     typ=I64)
+        nsec = b.load(b.gep(timespec, [i64(0), i64(1)], source_etype=ir.ArrayType(I64, 2)),
+                      typ=I64)
+        return b.add(b.mul(sec, i64(10**9)), nsec)
+
+    entry = b.block
+    head, check, slow, following, done = (b.append_basic_block(n) for n in
+                                          ("test", "check", "slow", "next", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    spins = b.phi(I64, name="spins")
+    spins.add_incoming(i64(0), entry)
+    code = b.call(test, [kb.pointer(b, r, i64(0)), flag,
+                         b.inttoptr(ir.Constant(I64, _MPI_STATUS_IGNORE), PTR)])
     with b.if_then(b.icmp_signed("!=", code, ir.Constant(I32, 0)), likely=False):
-        b.ret(ir.Constant(I32, status))
+        b.ret(ir.Constant(I32, failed))
+    b.cbranch(b.icmp_signed("!=", b.load(flag, typ=I32), ir.Constant(I32, 0)), done, check)
+    b.position_at_end(check)
+    b.cbranch(b.icmp_signed("<", spins, i64(_SPINS)), following, slow)
+    b.position_at_end(slow)  # yield the core; the first time here, set the deadline
+    b.call(yield_, [])
+    t = now_ns(b)
+    with b.if_then(b.icmp_signed("==", b.load(deadline, typ=I64), i64(0))):
+        b.store(b.add(t, i64(int(native.timeout * 1e9))), deadline)
+    with b.if_then(b.icmp_signed(">", t, b.load(deadline, typ=I64)), likely=False):
+        b.ret(ir.Constant(I32, late))
+    b.branch(following)
+    b.position_at_end(following)
+    spins.add_incoming(b.add(spins, i64(1)), following)
+    b.branch(head)
+    b.position_at_end(done)
     if op == "avg" and native.world_size > 1:
         _scale(b, kb.pointer(b, o, i64(0)), count, dt, native.world_size)
     b.ret(ir.Constant(I32, 0))
