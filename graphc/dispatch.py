@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from graphc.autograd.grad_mode import is_grad_enabled, no_grad
+from graphc.backends.residency import stale as _device_copies
 from graphc.autograd.graph import Node, OpBackward, gradient_edge
 from graphc.errors import AutogradError, DTypeError, GraphcError, ShapeError, TraceError, where
 from graphc.ops import registry
@@ -130,10 +131,10 @@ def _check_inputs(opdef: OpDef, inputs: tuple) -> None:
 def apply(opdef: OpDef, *inputs, **attrs):
     """Run one op on tensors: eagerly (with autograd) or, inside a trace, as an IR node."""
     state = _state
-    if state.tracer is None and not state.abstract:
+    if state.tracer is None and not state.abstract and not _device_copies:
         try:  # the eager path, for inputs that are all tensors and types seen before
             known = _EAGER.get((opdef.name, _attrs_key(attrs),
-                                *[(t._data.shape, t._dtype) for t in inputs]))
+                                *[(t._array.shape, t._dtype) for t in inputs]))
         except (AttributeError, TypeError):  # a scalar input, an unhashable attribute
             known = None
         if known is not None:
@@ -194,11 +195,13 @@ def _attrs_key(attrs: dict) -> tuple:
 
 def _apply_eager(opdef: OpDef, inputs: tuple, attrs: dict, known: _EagerPlan):
     """`apply` outside a trace and abstract evaluation, for tensor inputs whose types the op
-    has seen (its rule and arity were checked then): the kernel, the wrap, the history."""
+    has seen (its rule and arity were checked then) and whose arrays are all current (no
+    device holds a newer value: graphc.backends.residency): the kernel, the wrap, the
+    history. Arrays are read as `_array`, not through the fetching `_data` property."""
     from graphc.tensor import Tensor
 
     with np.errstate(all="ignore"):  # inf/nan follow IEEE as in PyTorch, without warnings
-        result = opdef.kernel(*[t._data for t in inputs], **attrs)
+        result = opdef.kernel(*[t._array for t in inputs], **attrs)
     outputs = []
     for array, ty in zip((result,) if known.single else result, known.types):
         if type(array) is not np.ndarray:
@@ -209,7 +212,7 @@ def _apply_eager(opdef: OpDef, inputs: tuple, attrs: dict, known: _EagerPlan):
         if array.shape != ty.shape:
             _wrong_shape(opdef, array, ty)
         out = Tensor._result(array, dtype)
-        if opdef.view and np.shares_memory(array, inputs[0]._data):
+        if opdef.view and np.shares_memory(array, inputs[0]._array):
             _make_view(out, inputs[0], opdef, attrs)
         outputs.append(out)
     if known.may_record and any([t._requires_grad for t in inputs]) and is_grad_enabled():

@@ -249,7 +249,7 @@ class Tensor(TensorMethods, ShapeMethods):
         """A fresh tensor around `array`, whose dtype is already `dtype.np` (internal
         constructor of graphc.dispatch's eager path: no checks, no conversion)."""
         t = object.__new__(cls)
-        t._data = array
+        t._array = array
         t._dtype = dtype
         t._serial = next(_SERIALS)
         t._version_counter = VersionCounter()
