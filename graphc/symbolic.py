@@ -469,12 +469,16 @@ class ShapeEnv:
         return [f"{e} {op} 0" for e, op in self.relations]
 
     def specialised(self) -> dict[str, int]:
-        """Symbols a guard pinned to one value (`s0-32 == 0`): symbol -> value."""
+        """Symbols a guard pinned to one value (`s0-32 == 0`, `-s0*2+64 == 0`): symbol ->
+        value."""
         out = {}
         for e, op in self.relations:
-            if op == "==" and len(e.terms) <= 2 and e.terms[0][0] and len(e.terms[0][0]) == 1 \
-                    and e.terms[0][1] == 1 and (len(e.terms) == 1 or e.terms[1][0] == ()):
-                out[e.terms[0][0][0]] = -(e.terms[1][1] if len(e.terms) == 2 else 0)
+            if op != "==":
+                continue
+            linear = [(m, c) for m, c in e.terms if m]
+            const = sum(c for m, c in e.terms if not m)
+            if len(linear) == 1 and len(linear[0][0]) == 1 and const % linear[0][1] == 0:
+                out[linear[0][0][0]] = -const // linear[0][1]
         return out
 
     @contextlib.contextmanager
@@ -485,6 +489,11 @@ class ShapeEnv:
             yield self
         finally:
             _local.env = previous
+
+
+def relation_holds(e: Sym, op: str, values: dict[str, int]) -> bool:
+    """Whether the guard `e op 0` holds for the symbols' `values`."""
+    return _compare(e.evaluate(values), op)
 
 
 def check_relations(relations, values: dict[str, int]) -> list[str]:
@@ -499,4 +508,4 @@ def check_relations(relations, values: dict[str, int]) -> list[str]:
 
 __all__ = ["MIN_SIZE", "ShapeEnv", "Sym", "SymbolicShapeError", "bind", "check_relations",
            "current_env", "evaluate", "free_symbols", "has_symbols", "is_symbolic",
-           "parse_sym"]
+           "parse_sym", "relation_holds"]

@@ -21,7 +21,7 @@ import numpy as np
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph
 from graphc.ir.specialize import specialize
-from graphc.symbolic import SymbolicShapeError, bind
+from graphc.symbolic import Sym, SymbolicShapeError, bind, current_env, free_symbols
 
 
 class SpecializingExecutable:
@@ -38,8 +38,28 @@ class SpecializingExecutable:
         self._options = options
         self._by_size: dict[tuple, object] = {}
         self._lock = threading.Lock()
-        self._declared = [v.type.shape for v in graph.inputs]
-        self._names = [f"%{v.name}" for v in graph.inputs]
+        symbolic = [i for i, v in enumerate(graph.inputs) if v.type.is_symbolic]
+        self._symbolic = symbolic  # only these are bound per call; the rest the inner checks
+        self._declared = [graph.inputs[i].type.shape for i in symbolic]
+        self._names = [f"%{graph.inputs[i].name}" for i in symbolic]
+        # per call: each symbol's size read from the first input dim that is that symbol;
+        # every other dim is checked by the specialised executable (its types are static)
+        self._reads: list[tuple[int, int, str]] = []
+        seen: set[str] = set()
+        for i in symbolic:
+            for d, size in enumerate(graph.inputs[i].type.shape):
+                if type(size) is Sym and size.is_symbol() and size.name not in seen:
+                    seen.add(size.name)
+                    self._reads.append((i, d, size.name))
+        self._complete = seen == free_symbols(tuple(self._declared))
+        self._by_key: dict[tuple, object] = {}
+        # compiled now for the trace's sizes where a trace is on (graphc.jit compiles under
+        # its ShapeEnv): the first call runs at once, and the results contract is known
+        env = current_env()
+        names = free_symbols(tuple(self._declared))
+        if env is not None and names <= env.hints.keys():
+            first = self.executable_for({n: env.hints[n] for n in names})
+            self.fresh_results = getattr(first, "fresh_results", False)
 
     def executable_for(self, values: dict[str, int]):
         """The backend's executable of the graph at these sizes (compiled on first use)."""
@@ -58,11 +78,23 @@ class SpecializingExecutable:
         return [dict(k) for k in self._by_size]
 
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        if len(arrays) != len(self.graph.inputs):
+            raise GraphcError(f"graph @{self.graph.name} takes {len(self.graph.inputs)} "
+                              f"inputs, got {len(arrays)}")
+        if self._complete:
+            key = tuple(np.shape(arrays[i])[d] for i, d, _ in self._reads)
+            found = self._by_key.get(key)
+            if found is not None:
+                return found.run(*arrays)
         try:
-            values = bind(self._declared, [np.shape(a) for a in arrays], self._names)
+            values = bind(self._declared, [np.shape(arrays[i]) for i in self._symbolic],
+                          self._names)
         except SymbolicShapeError as err:
             raise GraphcError(f"graph @{self.graph.name} on {self.backend}: {err}") from None
-        return self.executable_for(values).run(*arrays)
+        found = self.executable_for(values)
+        if self._complete:
+            self._by_key[tuple(values[name] for _, _, name in self._reads)] = found
+        return found.run(*arrays)
 
 
 __all__ = ["SpecializingExecutable"]

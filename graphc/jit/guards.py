@@ -315,19 +315,21 @@ class ShapeGuard:
         values: dict[str, int] = {}
         tree = (args, kwargs)
         for path, dim, name in self.sources:
-            n = at(tree, path)._data.shape[dim]
+            t = args[path[1]] if len(path) == 2 and path[0] == 0 else at(tree, path)
+            n = t._data.shape[dim]
             if n < MIN_SIZE or values.setdefault(name, n) != n:
                 return None
         return values
 
     def holds(self, args: tuple, kwargs: dict) -> bool:
-        from graphc.symbolic import check_relations
+        from graphc.symbolic import relation_holds
 
         try:
             values = self.values(args, kwargs)
         except (IndexError, KeyError, TypeError, AttributeError):
             return False
-        return values is not None and not check_relations(self.relations, values)
+        return values is not None and all(relation_holds(e, op, values)
+                                          for e, op in self.relations)
 
     def failures(self, args: tuple, kwargs: dict) -> list[str]:
         """Why this call's sizes do not fit (the recompile reasons)."""

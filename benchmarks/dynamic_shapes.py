@@ -1,0 +1,152 @@
+"""Dynamic shapes: how often graphc.compile compiles over shape sweeps, and what a symbolic
+graph costs per call against the static graph of the same shape.
+
+    python -m benchmarks.dynamic_shapes            # every part, backend cpu
+    python -m benchmarks.dynamic_shapes --quick    # small sizes, few repeats
+
+Parts:
+- sweep: a GPT (graphc.tools.demo_gpt.TinyGPT) in inference over batch 1..16 at length 32,
+  then length 8..32 at batch 4 (dynamic=None): traces, backend compiles, seconds;
+- epochs: an MLP training step over 3 epochs whose last batch is smaller: traces;
+- speed: medians of the MLP 784-256-256-10 batch-64 training step and of the GPT forward
+  (n_embd 128, 4 layers, length 64, batch 16), static (dynamic=False) against symbolic
+  (dynamic=True) at the same shape, interleaved in one process.
+
+Counts: "traces" are the compiled callable's graphs (`len(f.graphs)`); "backend compiles"
+count the executables the backend built (a symbolic graph on cpu compiles once per
+distinct sizes: graphc.backends.specializing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+import graphc
+from benchmarks import model_steps
+from benchmarks.models import MlpSizes, batch, graphc_model, graphc_step
+
+
+def _backend_compiles(f) -> int:
+    total = 0
+    for entry in f._entries:
+        ex = entry.executable
+        total += len(ex.compiled_sizes) if hasattr(ex, "compiled_sizes") else 1
+    return total
+
+
+def sweep(backend: str, quick: bool) -> None:
+    from graphc.tools.demo_gpt import TinyGPT
+
+    graphc.manual_seed(0)
+    model = TinyGPT().eval()
+    f = graphc.compile(model, backend=backend)
+    batches = range(1, 5) if quick else range(1, 17)
+    lengths = range(8, 12) if quick else range(8, 33)
+    start = time.perf_counter()
+    with graphc.no_grad():
+        for b in batches:
+            f(graphc.randint(0, 128, (b, 32)))
+        for t in lengths:
+            f(graphc.randint(0, 128, (4, t)))
+    seconds = time.perf_counter() - start
+    shapes = len(batches) + len(lengths)
+    print(f"sweep   GPT inference, {shapes} shapes on {backend}: {len(f.graphs)} traces "
+          f"({', '.join(str(g.inputs[0].type) for g in f.graphs)}), "
+          f"{_backend_compiles(f)} backend compiles, {seconds:.1f} s")
+
+
+def epochs(backend: str, quick: bool) -> None:
+    model = graphc_model("mlp")
+    step = graphc.compile(graphc_step(model), backend=backend)
+    x, y = batch("mlp", 200)
+    xs, ys = graphc.from_numpy(x), graphc.from_numpy(y)
+    for _ in range(3):
+        for i in range(0, 200, 64):  # 64, 64, 64, 8
+            step(xs[i:i + 64], ys[i:i + 64])
+    print(f"epochs  MLP step, 3 epochs of batches 64,64,64,8 on {backend}: "
+          f"{len(step.graphs)} traces ({', '.join(str(g.inputs[0].type) for g in step.graphs)})"
+          f", {_backend_compiles(step)} backend compiles")
+
+
+def _median_ms(fn, args, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _compare(label: str, make, args, repeats: int, rounds: int) -> None:
+    static, symbolic = make(False), make(True)
+    for f in (static, symbolic):  # compile, warm up
+        for _ in range(3):
+            f(*args)
+    a, b = [], []
+    for _ in range(rounds):  # interleaved: the machine's load hits both alike
+        a.append(_median_ms(static, args, repeats))
+        b.append(_median_ms(symbolic, args, repeats))
+    ms_a, ms_b = statistics.median(a), statistics.median(b)
+    kinds = str(symbolic.graphs[-1].inputs[0].type)
+    print(f"speed   {label}: static {ms_a:.3f} ms, symbolic ({kinds}) {ms_b:.3f} ms, "
+          f"ratio {ms_b / ms_a:.3f}")
+
+
+def speed(backend: str, quick: bool) -> None:
+    repeats, rounds = (20, 3) if quick else (50, 7)
+    x, y = batch("mlp", 64, MlpSizes())
+
+    def make_mlp(dynamic: bool):
+        return graphc.compile(graphc_step(graphc_model("mlp")), backend=backend,
+                              dynamic=dynamic)
+
+    _compare("MLP 784-256-256-10 b64 training step", make_mlp,
+             (graphc.from_numpy(x), graphc.from_numpy(y)), repeats, rounds)
+
+    shape = model_steps.QUICK["gpt"] if quick else model_steps.FULL["gpt"]
+    graphc.manual_seed(0)
+    gpt = model_steps.gpt(graphc, **shape).eval()
+    idx = graphc.from_numpy(np.random.default_rng(0).integers(
+        0, model_steps.VOCAB, (shape["batch"], shape["block"])))
+
+    def make_gpt(dynamic: bool):
+        return _Forward(graphc.compile(gpt, backend=backend, dynamic=dynamic))
+
+    _compare(f"GPT forward (n_embd {shape['embed']}, {shape['layers']} layers, length "
+             f"{shape['block']}, batch {shape['batch']})", make_gpt, (idx,), repeats, rounds)
+
+
+class _Forward:
+    """A compiled model called under no_grad (inference), with its graphs."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+
+    @property
+    def graphs(self):
+        return self.f.graphs
+
+    def __call__(self, *args):
+        with graphc.no_grad():
+            return self.f(*args)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--backend", default="cpu")
+    parser.add_argument("--parts", default="sweep,epochs,speed")
+    args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; "
+          f"backend {args.backend}")
+    for part in args.parts.split(","):
+        {"sweep": sweep, "epochs": epochs, "speed": speed}[part](args.backend, args.quick)
+
+
+if __name__ == "__main__":
+    main()
