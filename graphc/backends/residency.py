@@ -36,7 +36,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["fresh", "fresh_all", "hand_over", "mark", "marked_by", "raw_reads", "stale", "unmark_owner"]
+__all__ = ["count_marks", "fresh", "fresh_all", "in_raw_reads", "mark", "marked_by", "raw_reads", "stale", "unmark_owner"]
 
 
 @dataclass
@@ -108,11 +108,10 @@ def _fetch(key: int) -> None:
         return
     try:
         entry.owner.fetch(entry.slot, array)
-    except BaseException as error:
-        if not getattr(error, "value_lost", False):
-            with _lock:  # not fetched: the mark stays, and a later read tries again
-                stale[key] = entry
-                _by_memory.setdefault(entry.memory, set()).add(key)
+    except BaseException:
+        with _lock:  # not fetched: the mark stays, and a later read tries again
+            stale[key] = entry
+            _by_memory.setdefault(entry.memory, set()).add(key)
         raise
 
 
@@ -165,21 +164,25 @@ def unmark_owner(owner, fetch: bool = True) -> None:
                 owner.forget(entry.slot)
 
 
-def hand_over(owner, new_owner) -> None:
-    """Give every mark of `owner` to `new_owner` (same slots), e.g. one whose fetch raises
-    because the device values were lost; an error raised with `value_lost` set drops the
-    mark, so such a read fails once and the array then keeps its host value."""
+def count_marks(owner) -> int:
+    """How many arrays `owner` has marked."""
     with _lock:
-        for entry in stale.values():
-            if entry.owner is owner:
-                entry.owner = new_owner
+        return sum(entry.owner is owner for entry in stale.values())
+
+
+def in_raw_reads() -> bool:
+    """Whether this thread is inside `raw_reads()`: a compiled call, which reads results
+    only through the tensors it wraps them in, so an executable may leave them marked."""
+    return getattr(_raw, "depth", 0) > 0
 
 
 @contextlib.contextmanager
 def raw_reads():
     """Within the block, this thread's reads of `Tensor._data` do not fetch: for code that
     hands arrays to an executable (which fetches what it does not own: `fresh_all`) or only
-    looks at their shapes and identities (graphc.jit's compiled call)."""
+    looks at their shapes and identities (graphc.jit's compiled call). It also tells an
+    executable that its caller wraps the results in tensors (`in_raw_reads`): only then does
+    it leave updated inputs and outputs on its device; a plain `run()` gets host values."""
     _raw.depth = getattr(_raw, "depth", 0) + 1
     try:
         yield

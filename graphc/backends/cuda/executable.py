@@ -19,6 +19,9 @@ Host traffic (graphc.backends.residency states the protocol):
   marked, so `.grad`s nobody reads never cross. The first call copies everything back (the
   compiled call may read first-call outputs directly: lazily created optimizer state).
   GRAPHC_CHECK_NANS turns all of this off (the check reads every value on the host).
+- A plain `run()` (not a graphc.compile'd call: `residency.in_raw_reads()` is false) keeps
+  the contract of graphc.backends to the letter: every input is uploaded, every update and
+  output copied back.
 - The launch list runs directly on the first call and as a CUDA graph captured on the second
   and replayed after (the emulation refuses capture and keeps running the list directly).
 
@@ -27,8 +30,8 @@ says so and names GRAPHC_CUDA_SYNC=1, under which every step is followed by a st
 synchronisation and a fault names its kernel, the graph node and the user source line. A
 sticky error (CudaDeviceLostError: the context is unusable) resets the device
 (`gc_device_reset`); every executable of the process then rebuilds its device state on its
-next call, and a host array whose value was only on the device raises CudaDeviceLostError
-once when read (it then holds the value it had before: its last fetch or upload).
+next call; values only the device held are lost (the error says how many), their host arrays
+keep the values they had before (their last fetch or upload).
 
 Invariants: calls on one executable are serialised by a lock (they share the device buffer);
 fetches take the same lock; the device buffer, stream, graph, pools and module live as long
@@ -163,7 +166,9 @@ class CudaExecutable:
                                     f"{g.inputs[i].type}, got {a.dtype}{list(a.shape)}")
             bound.append(a)
         residency.fresh_all(bound, keep=self)  # values another executable holds
-        eager = config.check_nans()
+        # values stay on the device only for a compiled call (it reads results through
+        # tensors, which fetch) and without the NaN check (it reads every value on the host)
+        eager = config.check_nans() or not residency.in_raw_reads()
         with self._lock:
             if self._lost is not None:
                 self._setup()
@@ -361,6 +366,8 @@ class CudaExecutable:
     def fetch(self, slot, array: np.ndarray) -> None:
         """Write the device value of `slot` into `array` (a read of a marked host array)."""
         with self._lock:
+            if self._lost is not None:  # the value went with the device (the reset said so)
+                return
             if isinstance(slot, tuple):
                 ptr = slot[2]
             else:
@@ -371,9 +378,7 @@ class CudaExecutable:
                     self.rt.gc_memcpy_d2h(array.ctypes.data, ptr, array.nbytes, self._stream)
                     self.rt.gc_stream_synchronize(self._stream)
                 except rtmod.CudaRuntimeError as error:
-                    failure = self._failed(error)
-                    failure.value_lost = isinstance(failure, rtmod.CudaDeviceLostError)
-                    raise failure from None
+                    raise self._failed(error) from None
             if isinstance(slot, tuple):
                 self._pool_give(slot)
 
@@ -428,40 +433,25 @@ class CudaExecutable:
             pass
 
 
-class _LostValues:
-    """Owner of the marks whose device values a device reset destroyed: reading one raises
-    CudaDeviceLostError once (graphc.backends.residency then drops the mark)."""
-
-    def __init__(self, name: str, why: str) -> None:
-        self.name, self.why = name, why
-
-    def fetch(self, slot, array) -> None:
-        error = rtmod.CudaDeviceLostError(
-            f"cuda backend: graph @{self.name}: this tensor's current value was on the device "
-            f"and was lost when the device was reset after: {self.why}; its host copy holds "
-            "the value it had before (its last read or upload); reading it again gives that "
-            "value", "gc_device_reset", rtmod.STATUS["GC_ERROR_DEVICE_LOST"])
-        error.value_lost = True
-        raise error
-
-    def forget(self, slot) -> None:
-        pass
-
-
 def _reset_device(rt: rtmod.Runtime, why: str) -> str:
-    """Recreate the context after a sticky error; every executable rebuilds on its next call
-    and its values that only the device held raise when read. Returns what happened."""
+    """Recreate the context after a sticky error: every executable rebuilds its device state
+    on its next call, and the values only the device held are gone (their host arrays keep
+    their last host values, as the message says). Returns what happened."""
+    lost = 0
     for exe in list(_live):
         exe._lost = why
-        residency.hand_over(exe, _LostValues(exe.graph.name, why))
+        lost += residency.count_marks(exe)
+        residency.unmark_owner(exe, fetch=False)
+    values = (f"the current values of {lost} tensors (state or outputs kept on the device) "
+              "were lost with it: they hold their values from before (their last read or "
+              "upload)") if lost else "no value held only on the device was lost"
     try:
         rt.gc_device_reset()
     except rtmod.CudaRuntimeError as error:
         return (f"the device could not be reset ({error}); the CUDA context stays unusable: "
-                "restart the process")
-    return ("the device was reset: every compiled call rebuilds its device state on its "
-            "next call; tensors whose values were only on the device raise "
-            "CudaDeviceLostError when read, once")
+                f"restart the process; {values}")
+    return (f"the device was reset and every compiled call rebuilds its device state on its "
+            f"next call; {values}")
 
 
 __all__ = ["CudaExecutable"]
