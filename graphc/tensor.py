@@ -21,8 +21,6 @@ import numpy as np
 from graphc.autograd.graph import AccumulateGrad, RemovableHandle, add_hook
 from graphc.backends.residency import fresh as _fresh_host_copy
 from graphc.backends.residency import stale as _stale_host_copies
-from graphc.backends.residency import fresh as _fresh_host_copy
-from graphc.backends.residency import stale as _stale_host_copies
 from graphc.errors import AutogradError, DTypeError, ShapeError, TraceError
 from graphc.symbolic import Sym
 from graphc.tensor_methods import TensorMethods
@@ -204,18 +202,6 @@ class Tensor(TensorMethods, ShapeMethods):
 
     def __init__(self, *args, **kwargs) -> None:
         pass  # __new__ (or a subclass's __new__) has built the tensor
-
-    @property
-    def _data(self) -> np.ndarray:
-        """The tensor's array. A compiled step may keep the current value on a device and
-        leave this array out of date (graphc.backends.residency); reading it fetches it."""
-        if _stale_host_copies:
-            _fresh_host_copy(self._array)
-        return self._array
-
-    @_data.setter
-    def _data(self, array) -> None:
-        self._array = array
 
     @property
     def _data(self) -> np.ndarray:
