@@ -193,3 +193,20 @@ def test_symbolic_memory_plan_lays_out_per_size():
     small, big = plan.layout({"s0": 2}), plan.layout({"s0": 1000})
     assert big[1] > small[1]
     assert plan.layout({"s0": 2}) is small  # cached per size
+
+
+def test_symbolic_plan_specialised_for_a_size_passes_check_plan():
+    from graphc.ir.specialize import specialize
+    from graphc.passes.plan import check_plan
+
+    m = _mlp()
+    step = graphc.compile(lambda x: m(x).relu().sum(1), backend="interp", dynamic=True)
+    with graphc.no_grad():
+        step(graphc.randn(5, 12))
+    g = step.optimized_graph
+    plan = g.meta["memory_plan"]
+    for n in (2, 7, 300):
+        concrete = specialize(g, {"s0": n})
+        sized = plan.specialized({"s0": n}, concrete)
+        check_plan(concrete, sized)
+        assert sized.arena_bytes == plan.layout({"s0": n})[1]

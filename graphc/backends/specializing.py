@@ -69,8 +69,12 @@ class SpecializingExecutable:
             with self._lock:
                 found = self._by_size.get(key)
                 if found is None:
-                    found = self._by_size[key] = self._factory(
-                        specialize(self.graph, values), self._options)
+                    graph = specialize(self.graph, values)
+                    plan = self.memory_plan
+                    if plan is not None and getattr(plan, "symbolic", False):
+                        # the symbolic plan laid out for these sizes: no planning per size
+                        graph.meta["memory_plan"] = plan.specialized(values, graph)
+                    found = self._by_size[key] = self._factory(graph, self._options)
         return found
 
     @property

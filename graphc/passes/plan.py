@@ -95,6 +95,27 @@ class MemoryPlan:
     symbolic: bool = False  # sizes are expressions: see `layout`
     _layouts: dict = field(default_factory=dict, repr=False)
 
+    def specialized(self, values: dict[str, int], graph: Graph) -> MemoryPlan:
+        """This plan for `graph`: the planned graph specialised to the symbols' `values`
+        (graphc.ir.specialize: the same names, nodes in the same order). Buffers, lifetimes,
+        views and in-place choices are the same; sizes and offsets are `layout(values)`."""
+        offsets, arena = self.layout(values)
+        by_name = {b.name: b for b in self.buffers.values()}
+        buffers = {}
+        for name, b in by_name.items():
+            size = b.expr.evaluate(values) if b.expr is not None else b.size
+            buffers[name] = Buffer(b.name, size, b.start, b.end, offsets[name],
+                                   list(b.values), b.kept)
+        live = [0] * len(self.live_bytes)
+        for b in buffers.values():
+            for step in range(b.start, b.end + 1):
+                live[step] += b.size
+        naive = sum(v.type.nbytes for n in graph.nodes for v in n.outputs
+                    if v.name in self.buffers)
+        return MemoryPlan(self.graph_name, list(graph.nodes), buffers, dict(self.buffer_of),
+                          dict(self.views), dict(self.inplace), dict(self.in_input), live,
+                          arena, naive, self.scheduler)
+
     def layout(self, values: dict[str, int]) -> tuple[dict[str, int], int]:
         """(buffer name -> offset, arena bytes) for the symbols' sizes `values`: the plan's
         own offsets when it is static, else the same buffers packed for these sizes (cached
