@@ -48,6 +48,21 @@ def test_one_bucket_under_the_cap_and_a_reader_between_splits_buckets():
     assert [n.op for n in g.nodes].count("all_reduce_start") == 2  # %1 is read before %2
 
 
+def test_random_ops_after_the_buckets_keep_their_order():
+    g = bucket_allreduce(parse('''graph @g(%w: f32[4], %v: f32[4], %rng: i64[2])
+                                                -> (f32[4], f32[4]) {
+      %0: f32[4] = all_reduce[op="avg", bucket_cap=0](%w)   # m.py:1
+      %1: f32[4] = all_reduce[op="avg", bucket_cap=0](%v)   # m.py:2
+      %2: f32[4] = dropout[p=0.5](%0, %rng)                 # m.py:3
+      %3: f32[4] = dropout[p=0.5](%w, %rng)                 # m.py:4
+      %4: f32[4] = add(%3, %1)                              # m.py:5
+      return (%2, %4)
+    }'''))
+    verify(g)
+    dropouts = [n.inputs[0].name for n in g.nodes if n.op == "dropout"]
+    assert dropouts == ["0", "w"], dropouts  # the draws come in program order
+
+
 pytest.importorskip("mpi4py", reason="the distributed extra (mpi4py, mpich) is not installed")
 
 from graphc.tools.launch import find_mpiexec  # noqa: E402

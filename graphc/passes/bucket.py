@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ops.registry import RANDOM, REGISTRY
 
 DEFAULT_BUCKET_CAP = 25 * 2**20  # bytes: PyTorch DDP's bucket_cap_mb=25
 FIRST_BUCKET_CAP = 2**20  # PyTorch's _DEFAULT_FIRST_BUCKET_BYTES
@@ -185,6 +186,11 @@ def bucket_allreduce(graph: Graph) -> Graph:
     return graph
 
 
+def _effectful(node: Node) -> bool:
+    opdef = REGISTRY.get(node.op)
+    return opdef is not None and (opdef.effectful or opdef.kind == RANDOM)
+
+
 def _waits_in_start_order(nodes: list[Node]) -> list[Node]:
     """After the last start, wait for the buckets in the order they started, each when
     nothing else can run without it, so the one started last is waited for last (after the
@@ -199,6 +205,13 @@ def _waits_in_start_order(nodes: list[Node]) -> list[Node]:
         for v in n.inputs:
             if v in made_in_tail:
                 readers.setdefault(v, []).append(n)
+    previous = None  # other effectful ops (random draws, unbucketed collectives) keep order
+    for n in tail:
+        if n.op != "all_reduce_wait" and _effectful(n):
+            if previous is not None:
+                readers.setdefault(previous.outputs[0], []).append(n)
+                pending[id(n)] += 1
+            previous = n
     ready = [n for n in tail if not pending[id(n)]]
     order: list[Node] = []
     while ready:
