@@ -4,9 +4,9 @@ tests/test_models_recurrent.py): the issue-12 criterion.
 A family's natural program is written once as `build(nn)` (the model from a module namespace,
 torch.nn or graphc.nn) and `step(F, model, batch) -> loss` (its loss, from a functional
 namespace). The torch float64 model is seeded and its weights copied into a torch float32
-model, a graphc eager model and a graphc compiled (backend="cpu") model, all float32 except the
-reference. All four train STEPS steps from the same weights on the same batches with the same
-optimizer; then each graphc run's parameters must end within
+model, a graphc eager model and a graphc compiled model (backend="cpu", or the one named),
+all float32 except the reference. All four train STEPS steps from the same weights on the
+same batches with the same optimizer; then each graphc run's parameters must end within
 
     max(10 * (torch float32's own distance from torch float64), 1e-4)
 
@@ -46,8 +46,10 @@ def distance(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
-def run_family(build, step, batches, *, optimizer="sgd", lr=0.05, seed=0, bound=10.0):
-    """Train torch f64, torch f32, graphc eager f32 and graphc compiled f32; check the bound.
+def run_family(build, step, batches, *, optimizer="sgd", lr=0.05, seed=0, bound=10.0,
+               backend="cpu"):
+    """Train torch f64, torch f32, graphc eager f32 and graphc compiled f32 (for `backend`);
+    check the bound.
 
     `batches`: STEPS tuples of float64 / int64 numpy arrays. Returns the distances."""
     torch = torch_or_skip()
@@ -93,7 +95,7 @@ def run_family(build, step, batches, *, optimizer="sgd", lr=0.05, seed=0, bound=
             opt.step()
             return loss
 
-        fn = graphc.compile(train_step, backend="cpu") if compiled else train_step
+        fn = graphc.compile(train_step, backend=backend) if compiled else train_step
         for batch in batches:
             fn(*[as_graphc(a) for a in batch])
 
