@@ -89,7 +89,7 @@ def test_eager_reads_after_compiled_steps_see_the_current_values(rt, rng):
         x, y = _batch(rng)
         np.testing.assert_allclose(step(x, y).item(), ref_step(x, y).item(), rtol=1e-5)
     pairs = list(zip(model.parameters(), ref_model.parameters()))
-    for p, q in pairs:
+    for p, _ in pairs:
         assert residency.marked_by(p._array) is not None  # the host copy is out of date
     w, w_ref = pairs[0]
     # an eager op, numpy(), .grad, state_dict and the optimizer state all see the device value

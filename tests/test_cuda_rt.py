@@ -171,3 +171,67 @@ def test_gemm_on_emulation(emu):
         for p in ptrs:
             emu.gc_free(p)
     np.testing.assert_allclose(c, a @ b, rtol=1e-6)
+
+
+# ---- deployment: what the CUDA build ships and checks (issue 18, item 7) -------------------
+def test_the_library_ships_sass_for_sm80_and_sm90_plus_ptx():
+    makefile = os.path.join(os.path.dirname(os.path.dirname(HEADER)), "Makefile")
+    with open(makefile) as f:
+        gencode = re.search(r"^GENCODE := (.*)$", f.read(), flags=re.M).group(1)
+    assert "arch=compute_80,code=sm_80" in gencode
+    assert "arch=compute_90,code=[sm_90,compute_90]" in gencode
+
+
+class _FakeDevice:
+    """A runtime of kind "cuda" reporting compute capability `major`.`minor`."""
+
+    kind = "cuda"
+
+    def __init__(self, major: int, minor: int) -> None:
+        self.major, self.minor = major, minor
+
+    def gc_device_properties(self, device, name, capacity, major, minor, memory, sms):
+        major._obj.value, minor._obj.value = self.major, self.minor
+
+
+def test_generated_kernels_are_a_fatbin_of_sass_and_ptx_cached_per_arch(monkeypatch):
+    from graphc.backends.cuda import compile as cuda_compile
+
+    monkeypatch.setattr(cuda_compile.shutil, "which", lambda name: f"/usr/bin/{name}")
+    command = cuda_compile._cuda_command("k.cu", "k.fatbin", "sm_90")
+    assert command[:2] == ["nvcc", "-fatbin"]
+    assert "-gencode=arch=compute_90,code=[sm_90,compute_90]" in command
+    h100, a100 = _FakeDevice(9, 0), _FakeDevice(8, 0)
+    assert cuda_compile._toolchain(h100)[1:3] == ("sm_90", ".fatbin")
+    source = "extern \"C\" __global__ void k() {}"
+    keys = {cuda_compile.cache_key(device, source) for device in (h100, a100, _FakeDevice(9, 0))}
+    assert len(keys) == 2  # one entry per source and architecture
+
+
+def test_a_driver_older_than_the_toolkit_is_a_clear_error():
+    assert rt.driver_problem(13000, 13000, "lib.so") is None
+    assert rt.driver_problem(12020, 12080, "lib.so") is None  # minor-version compatibility
+    assert rt.driver_problem(0, 0, "emu.so") is None  # the emulation
+    message = rt.driver_problem(12020, 13000, "libgraphc_rt.so")
+    assert "driver supports CUDA 12.2" in message and "built with CUDA 13.0" in message
+    assert "R580 or newer" in message and "GRAPHC_CUDA=emu" in message
+    assert "no NVIDIA driver" in rt.driver_problem(0, 12080, "lib.so")
+
+
+def test_transfer_counters_and_pinned_memory(emu):
+    emu.gc_transfer_bytes_reset()
+    pinned, device = ctypes.c_void_p(), ctypes.c_void_p()
+    emu.gc_host_alloc(ctypes.byref(pinned), 64)
+    emu.gc_malloc(ctypes.byref(device), 64)
+    try:
+        emu.gc_memcpy_h2d(device, pinned, 64, None)
+        emu.gc_memcpy_d2h(pinned, device, 16, None)
+        h2d, d2h = ctypes.c_int64(), ctypes.c_int64()
+        emu.gc_transfer_bytes(ctypes.byref(h2d), ctypes.byref(d2h))
+        assert (h2d.value, d2h.value) == (64, 16)
+    finally:
+        emu.gc_free(device)
+        emu.gc_host_free(pinned)
+    rt.check_driver(emu)  # the emulation: nothing to check
+    with pytest.raises(rt.CudaNotSupportedError, match="records no CUDA graph"):
+        emu.gc_graph_begin_capture(None)

@@ -36,7 +36,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["count_marks", "fresh", "fresh_all", "in_raw_reads", "mark", "marked_by", "raw_reads", "stale", "unmark_owner"]
+__all__ = ["count_marks", "fresh", "fresh_all", "in_raw_reads", "mark", "marked_by",
+           "raw_reads", "stale", "unmark_owner"]
 
 
 @dataclass

@@ -7,8 +7,12 @@ lookup) for the runtime `rt`:
   cache folder (graphc.backends.cuda.emu_pch), which halves a small graph's compile; in the
   emulation's checking modes (graphc.config.cuda_emu_checking) also `EMU_CHECKED_FLAGS`, so
   the kernels' memory accesses reach its race checker and random schedule;
-- CUDA: `nvcc -ptx -arch=sm_<major><minor>` of the device `rt` runs on -> a PTX file (NVRTC is
-  not used: nvcc is what the runtime build needs anyway).
+- CUDA: `nvcc -fatbin` of the source for the device `rt` runs on: SASS for its exact
+  architecture (`sm_<major><minor>`, so loading runs no ptxas and needs no PTX JIT from the
+  driver) plus that architecture's PTX (`compute_<major><minor>`, for a driver to JIT on a
+  newer device); NVRTC is not used: nvcc is what the runtime build needs anyway. The
+  fatbinary is cached like every object, keyed by the source's hash and the architecture, so
+  a process pays nvcc and ptxas once per graph and device kind, not at every start.
 Invariants of the cache (under `graphc.config.cache_dir()/cuda-<format>`):
 - the key is the sha256 of (source, compiler command and `--version` text, the emulation
   header's bytes, graphc's version, the cache format), so a change of any of them misses;
@@ -45,7 +49,7 @@ from graphc.errors import GraphcError
 from graphc.version import __version__ as GRAPHC_VERSION
 
 CACHE_FORMAT = "cuda-2"  # cuda-1 kept an object and a .sha256 file: two renames
-_CACHES = {suffix: DiskCache(CACHE_FORMAT, suffix) for suffix in (".so", ".ptx")}
+_CACHES = {suffix: DiskCache(CACHE_FORMAT, suffix) for suffix in (".so", ".fatbin")}
 _guard = threading.Lock()
 
 
@@ -87,8 +91,15 @@ def _emu_command(source_path: str, out_path: str, header: str) -> list[str]:
             *(EMU_CHECKED_LIBS if checked else ())]
 
 
+def _cuda_flags(arch: str) -> list[str]:
+    """nvcc's flags for `arch` ("sm_90"): a fatbinary of its SASS and its PTX."""
+    number = arch.removeprefix("sm_")
+    return ["-fatbin", "-O3", f"-gencode=arch=compute_{number},code=[sm_{number},"
+            f"compute_{number}]"]
+
+
 def _cuda_command(source_path: str, out_path: str, arch: str) -> list[str]:
-    return ["nvcc", "-ptx", f"-arch={arch}", "-O3", "-x", "cu", source_path, "-o", out_path]
+    return ["nvcc", *_cuda_flags(arch), "-x", "cu", source_path, "-o", out_path]
 
 
 def _device_arch(rt: Runtime) -> str:
@@ -116,7 +127,8 @@ def _toolchain(rt: Runtime) -> tuple[str, str, str, bytes]:
     if shutil.which("nvcc") is None:
         raise CudaCompileError("cuda backend: nvcc is not on PATH; install the CUDA toolkit "
                                "to compile generated kernels")
-    return "nvcc", _device_arch(rt), ".ptx", b""
+    arch = _device_arch(rt)
+    return "nvcc", arch, ".fatbin", " ".join(_cuda_flags(arch)).encode()
 
 
 def cache_key(rt: Runtime, source: str) -> str:

@@ -19,6 +19,9 @@ Invariants:
   a CUDA driver and at least one device (`gc_device_count`). A library not built yet is built
   on first use (`graphc.backends.cuda.build.build_runtime`, a message on stderr first).
 - The ABI version of the loaded library must equal `ABI_VERSION`.
+- The CUDA build checks the driver before anything else (`check_driver`): its static CUDA
+  runtime needs a driver of at least the toolkit's major version (CUDA 12: R525, 13: R580),
+  and an older one would otherwise look like "no device".
 """
 
 from __future__ import annotations
@@ -340,6 +343,49 @@ def _cuda_driver_present() -> bool:
     return False
 
 
+# the oldest driver branch of each CUDA major version (CUDA's release notes, "CUDA Toolkit
+# and Minimum Required Driver Version for CUDA Minor Version Compatibility")
+MIN_DRIVER_BRANCH = {11: "R450", 12: "R525", 13: "R580"}
+
+
+def _cuda_version(value: int) -> str:
+    return f"{value // 1000}.{value % 1000 // 10}"
+
+
+def driver_problem(driver: int, runtime: int, path: str) -> str | None:
+    """Why a library built with CUDA `runtime` cannot run on a driver supporting CUDA
+    `driver` (both as cudaDriverGetVersion gives them: 1000 * major + 10 * minor), or None.
+    Within one major version CUDA's minor-version compatibility holds for SASS, which the
+    library (sm_80, sm_90) and the generated kernels (the device's own) carry."""
+    if not runtime:  # the emulation
+        return None
+    if not driver:
+        return (f"cuda backend: no NVIDIA driver on this machine (cudaDriverGetVersion gives "
+                f"0); {_NO_DEVICE_HINT}")
+    if driver // 1000 >= runtime // 1000:
+        return None
+    major = runtime // 1000
+    return (f"cuda backend: the NVIDIA driver supports CUDA {_cuda_version(driver)}, but {path} "
+            f"was built with CUDA {_cuda_version(runtime)}: its statically linked CUDA runtime "
+            f"needs a driver for CUDA {major}.x ({MIN_DRIVER_BRANCH.get(major, 'a newer one')} "
+            "or newer); with an older one every CUDA call fails as if there were no device. "
+            "Update the NVIDIA driver, or rebuild the runtime with a CUDA "
+            f"{driver // 1000}.x toolkit (that nvcc first on PATH, then `graphc build-runtime "
+            f"--cuda`); or {_NO_DEVICE_HINT}")
+
+
+def check_driver(rt: Runtime) -> None:
+    """Raise CudaNoDeviceError when the driver is too old for the loaded library."""
+    driver, runtime = c_int32(0), c_int32(0)
+    try:
+        rt.gc_driver_version(ctypes.byref(driver), ctypes.byref(runtime))
+    except CudaNotSupportedError:  # a library older than the check: nothing to compare
+        return
+    problem = driver_problem(driver.value, runtime.value, rt.path)
+    if problem:
+        raise CudaNoDeviceError(problem, "gc_driver_version", STATUS["GC_ERROR_NO_DEVICE"])
+
+
 _runtimes: dict[str, Runtime] = {}
 _load_lock = threading.Lock()
 
@@ -363,6 +409,7 @@ def runtime_library(kind: str | None = None) -> Runtime:
             build_runtime(kind)
         rt = Runtime(path)
         if kind == "cuda":
+            check_driver(rt)
             count = c_int32(0)
             try:
                 rt.gc_device_count(ctypes.byref(count))
@@ -378,9 +425,9 @@ def runtime_library(kind: str | None = None) -> Runtime:
         return rt
 
 
-__all__ = ["ABI_VERSION", "CONV2D_PASS", "ENUMS", "NOT_STATUS", "REDUCE_OP", "REDUCTION",
-           "SIGNATURES", "STATUS", "STRUCTS", "Conv2dDesc", "CudaDeviceLostError",
-           "CudaEmulationError",
-           "CudaInvalidArgumentError", "CudaModuleError", "CudaNoDeviceError",
-           "CudaNotSupportedError", "CudaOutOfMemoryError", "CudaRuntimeError", "Pool2dDesc",
-           "Runtime", "library_path", "requested_kind", "runtime_library"]
+__all__ = ["ABI_VERSION", "CONV2D_PASS", "Conv2dDesc", "CudaDeviceLostError",
+           "CudaEmulationError", "CudaInvalidArgumentError", "CudaModuleError",
+           "CudaNoDeviceError", "CudaNotSupportedError", "CudaOutOfMemoryError",
+           "CudaRuntimeError", "ENUMS", "MIN_DRIVER_BRANCH", "NOT_STATUS", "Pool2dDesc",
+           "REDUCE_OP", "REDUCTION", "Runtime", "SIGNATURES", "STATUS", "STRUCTS", "check_driver",
+           "driver_problem", "library_path", "requested_kind", "runtime_library"]
