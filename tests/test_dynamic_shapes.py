@@ -210,3 +210,24 @@ def test_symbolic_plan_specialised_for_a_size_passes_check_plan():
         sized = plan.specialized({"s0": n}, concrete)
         check_plan(concrete, sized)
         assert sized.arena_bytes == plan.layout({"s0": n})[1]
+
+
+def test_emulated_cuda_specialises_symbolic_graphs_per_size(monkeypatch, tmp_path):
+    """cuda runs a symbolic graph specialised per size (graphc.backends.specializing): one
+    trace serves every batch; the emulation stands in for a GPU."""
+    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        from tests.cuda_support import runtime_library
+
+        runtime_library("emu")
+    except Exception as error:  # noqa: BLE001 (no g++, a failing build: say why)
+        pytest.skip(f"the cuda emulation runtime does not build here: {error}")
+    m = _mlp()
+    f = graphc.compile(m, backend="cuda")
+    with graphc.no_grad():
+        for b in (4, 6, 3, 6):
+            x = graphc.randn(b, 12)
+            np.testing.assert_allclose(f(x).numpy(), m(x).numpy(), rtol=1e-4, atol=1e-5)
+    assert _types(f) == ["f32[4,12]", "f32[s0,12]"]
+    assert sorted(s["s0"] for s in f.executable.compiled_sizes) == [3, 6]

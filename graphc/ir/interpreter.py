@@ -9,6 +9,8 @@ observe or override single nodes (`run_node`).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from graphc.errors import GraphcError, traced_location
@@ -46,13 +48,14 @@ class Interpreter:
         self._frees = last_uses(graph)
         self._symbolic = any(v.type.is_symbolic for v in graph.inputs)
         self._sym_attrs = {id(n) for n in graph.nodes if free_symbols(tuple(n.attrs.values()))}
-        self._values: dict[str, int] = {}
+        self._sizes = threading.local()  # this call's symbol sizes (calls may overlap)
 
     def attrs(self, node: Node) -> dict:
         """The node's attributes with symbolic sizes evaluated for this call."""
         if id(node) not in self._sym_attrs:
             return node.attrs
-        return {k: evaluate(v, self._values) for k, v in node.attrs.items()}
+        values = self._sizes.values
+        return {k: evaluate(v, values) for k, v in node.attrs.items()}
 
     def run_node(self, node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
         opdef = REGISTRY[node.op]
@@ -71,7 +74,7 @@ class Interpreter:
         if self._symbolic:
             inputs = [np.asarray(a) for a in inputs]
             try:
-                self._values = bind([v.type.shape for v in g.inputs], [a.shape for a in inputs],
+                self._sizes.values = bind([v.type.shape for v in g.inputs], [a.shape for a in inputs],
                                     [f"%{v.name}" for v in g.inputs])
             except SymbolicShapeError as err:
                 raise InterpreterError(f"graph @{g.name}: {err}") from None
