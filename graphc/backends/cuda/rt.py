@@ -15,9 +15,11 @@ Invariants:
   POINTER(c_char), struct pointers -> POINTER(struct), every other pointer or handle ->
   c_void_p (device addresses travel as ints; out-parameters as `ctypes.byref`).
 - Library choice (`GRAPHC_CUDA`): "emu" -> `runtime/build/libgraphc_rt_emu.so` (CUDA threads
-  as fibers on the host); unset or "cuda" -> `runtime/build/libgraphc_rt.so`, which needs
-  a CUDA driver and at least one device (`gc_device_count`). A library not built yet is built
-  on first use (`graphc.backends.cuda.build.build_runtime`, a message on stderr first).
+  as fibers on the host; `runtime/build/emu-checked/` in the emulation's checking modes,
+  graphc.config.cuda_emu_checking); unset or "cuda" -> `runtime/build/libgraphc_rt.so`,
+  which needs a CUDA driver and at least one device (`gc_device_count`). A library not built
+  yet is built on first use (`graphc.backends.cuda.build.build_runtime`, a message on stderr
+  first).
 - The ABI version of the loaded library must equal `ABI_VERSION`.
 - The CUDA build checks the driver before anything else (`check_driver`): its static CUDA
   runtime needs a driver of at least the toolkit's major version (CUDA 12: R525, 13: R580),
@@ -322,8 +324,11 @@ def requested_kind() -> str:
 
 
 def library_path(kind: str) -> str:
+    from graphc import config
     from graphc.backends.cuda.build import build_dir
 
+    if kind == "emu" and config.cuda_emu_checking():  # kernels instrumented for the checks
+        return os.path.join(build_dir(), "emu-checked", "libgraphc_rt_emu.so")
     name = "libgraphc_rt_emu.so" if kind == "emu" else "libgraphc_rt.so"
     return os.path.join(build_dir(), name)
 
