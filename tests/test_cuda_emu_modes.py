@@ -14,7 +14,9 @@ so every check here runs in a subprocess:
   normalisation, softmax/NLL and reduction kernels, instrumented) passes under both modes,
   with three seeds;
 - a representative part of the cuda backend suite (generated elementwise, reduction,
-  softmax, GEMM-epilogue kernels and a training step) passes under both modes, two seeds.
+  softmax, GEMM-epilogue kernels and a training step; the backend then loads the checked
+  library, so its GEMM and other library kernels are checked too) passes under both modes,
+  two seeds.
 About 1 CPU-minute in all on top of the builds (the checked library, ~15 CPU-s).
 """
 
