@@ -12,6 +12,7 @@ from graphc.ops import (
     gather,
     indexing,
     linalg,
+    mathops,
     movement,
     nn_ops,
     pool,
@@ -22,7 +23,7 @@ from graphc.ops import (
 )
 from graphc.ops.registry import REGISTRY, OpDef, call, get, register
 
-OP_MODULES = (sources, elementwise, reduce, movement, gather, indexing, linalg, conv, pool,
-              nn_ops, random, collective, fused)
+OP_MODULES = (sources, elementwise, mathops, reduce, movement, gather, indexing, linalg, conv,
+              pool, nn_ops, random, collective, fused)
 
 __all__ = ["REGISTRY", "OpDef", "OP_MODULES", "call", "get", "register", "registry"]

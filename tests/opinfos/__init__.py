@@ -4,6 +4,7 @@ from tests.opinfos import (
     conv,
     elementwise,
     linalg,
+    mathops,
     movement,
     nn_ops,
     pool,
@@ -12,4 +13,4 @@ from tests.opinfos import (
     sources,
 )
 
-ALL_GROUPS = (sources, elementwise, reduce, movement, linalg, conv, pool, nn_ops, random)
+ALL_GROUPS = (sources, elementwise, mathops, reduce, movement, linalg, conv, pool, nn_ops, random)

@@ -45,7 +45,7 @@ import math
 from llvmlite import ir
 
 __all__ = ["SUPPORTED", "ACCURACY_ULP", "TRIG_ACCURATE_RANGE", "emit", "exp", "log", "log1p",
-           "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "sin", "cos", "sqrt", "rsqrt"]
+           "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "sin", "cos", "sqrt", "rsqrt", "atan"]
 
 _FLAGS = ("contract",)
 
@@ -560,6 +560,36 @@ def rsqrt(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """1/sqrt(x) as numpy computes it: two correctly rounded steps (<= 1 ulp), -inf at -0."""
     m = _Emitter(builder, x.type)
     return m.div(m.c(1.0), m.sqrt(x))
+
+
+# ---- atan ---------------------------------------------------------------------------------
+# Cephes atan (double): arguments reduced to |x| <= tan(pi/8) (by pi/2 - atan(1/x) above
+# tan(3pi/8), pi/4 + atan((x-1)/(x+1)) above 0.66), then x + x^3 P(x^2)/Q(x^2); <= 1 ulp
+# against numpy in double. The scalar ops tan/atan/asin/acos/atan2 of the cpu backend compute
+# float32 inputs in double with it (graphc.backends.cpu.scalars), so it is not in SUPPORTED.
+_ATAN_P = (-8.750608600031904122785e-1, -1.615753718733365076637e1,
+           -7.500855792314704667340e1, -1.228866684490136173410e2, -6.485021904942025371773e1)
+_ATAN_Q = (1.0, 2.485846490142306297962e1, 1.650270098316988542046e2,
+           4.328810604912902668951e2, 4.853903996359136964868e2, 1.945506571482613964425e2)
+_T3P8 = 2.41421356237309504880
+_MOREBITS = 6.123233995736765886130e-17
+
+
+def atan(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """arctan(x) (double or float; nan stays nan, +-inf give +-pi/2, -0 gives -0)."""
+    m = _Emitter(builder, x.type)
+    a = m.fabs(x)
+    big = m.gt(a, m.c(_T3P8))
+    mid = m.b.and_(m.gt(a, m.c(0.66)), m.b.not_(big))
+    base = m.sel(big, m.c(math.pi / 2), m.sel(mid, m.c(math.pi / 4), m.c(0.0)))
+    extra = m.sel(big, m.c(_MOREBITS), m.sel(mid, m.c(0.5 * _MOREBITS), m.c(0.0)))
+    safe = m.sel(m.eq(a, m.c(0.0)), m.c(1.0), a)  # the unselected 1/a never divides by 0
+    xr = m.sel(big, m.div(m.c(-1.0), safe),
+               m.sel(mid, m.div(m.sub(a, m.c(1.0)), m.add(a, m.c(1.0))), a))
+    z = m.mul(xr, xr)
+    r = m.fma(xr, m.div(m.mul(z, m.poly(z, _ATAN_P)), m.poly(z, _ATAN_Q)), xr)
+    r = m.add(base, m.add(r, extra))
+    return m.copysign(r, x)
 
 
 # ---- dispatch -------------------------------------------------------------------------------

@@ -285,6 +285,144 @@ class Scalars:
         x = self._float_in(b, args, types, rt)
         return self.mathlib(b, "gelu", x, {"approximate": attrs.get("approximate", "none")})
 
+    # ---- graphc.ops.mathops: rounding, trig, hyperbolic, expm1/log2/log10, atan2, fmod -----
+    def _rounded(self, b, intrinsic: str, args, types, rt):
+        x = self._float_in(b, args, types, rt)
+        return self.intrinsic(b, intrinsic, rt, x) if rt.is_floating else x  # ints: as they are
+
+    def op_floor(self, b, attrs, args, types, rt):
+        return self._rounded(b, "llvm.floor", args, types, rt)
+
+    def op_ceil(self, b, attrs, args, types, rt):
+        return self._rounded(b, "llvm.ceil", args, types, rt)
+
+    def op_trunc(self, b, attrs, args, types, rt):
+        return self._rounded(b, "llvm.trunc", args, types, rt)
+
+    def op_round(self, b, attrs, args, types, rt):
+        return self._rounded(b, "llvm.rint", args, types, rt)  # half to even, as torch.round
+
+    def in_double(self, b, fn, args, types, rt):
+        """fn(b, *values) computed in double, the arguments widened and the result rounded
+        once to `rt`: float32 results are correctly rounded but for rare double roundings."""
+        xs = [convert(b, a, t, float64) for a, t in zip(args, types)]
+        return convert(b, fn(b, *xs), float64, rt)
+
+    def op_fmod(self, b, attrs, args, types, rt):
+        x, y = self._promoted(b, args, types, rt)
+        if rt.is_floating:
+            return b.frem(x, y)  # C's fmod: the dividend's sign
+        if rt is bool_:
+            return b.and_(x, b.not_(y))
+        safe = b.select(b.icmp_signed("==", y, const(rt, 0)), const(rt, 1), y)
+        return b.srem(x, safe)
+
+
+def _f64(value: float) -> ir.Constant:
+    return ir.Constant(F64, value)
+
+
+def _copysign64(b, mag, sign):
+    fn = b.module.declare_intrinsic("llvm.copysign", [F64], ir.FunctionType(F64, [F64, F64]))
+    return b.call(fn, [mag, sign])
+
+
+def _signbit64(b, x):
+    return b.icmp_signed("<", b.bitcast(x, I64), i64(0))
+
+
+def _tan64(b, x):
+    return b.fdiv(mathlib.sin(b, x), mathlib.cos(b, x))
+
+
+def _atan2_64(b, y, x):
+    """atan(y/x), moved by pi into the left half plane (x < 0 or x = -0); both zero or both
+    infinite: the quadrant from the signs alone (atan2(+-0, -0) = +-pi, (inf, inf) = pi/4)."""
+    inf = _f64(float("inf"))
+    one = _f64(1.0)
+    fabs = b.module.declare_intrinsic("llvm.fabs", [F64])
+    both_inf = b.and_(b.fcmp_ordered("==", b.call(fabs, [y]), inf),
+                      b.fcmp_ordered("==", b.call(fabs, [x]), inf))
+    both_zero = b.and_(b.fcmp_ordered("==", y, _f64(0.0)), b.fcmp_ordered("==", x, _f64(0.0)))
+    xs = b.select(b.or_(both_inf, both_zero), _copysign64(b, one, x), x)
+    ys = b.select(both_inf, _copysign64(b, one, y), y)
+    r = mathlib.atan(b, b.fdiv(ys, xs))
+    shifted = b.fadd(r, _copysign64(b, _f64(3.141592653589793), ys))
+    return b.select(_signbit64(b, xs), shifted, r)
+
+
+def _cos_side64(b, x):
+    """sqrt((1 - x)(1 + x)): sqrt(1 - x^2) without cancellation near |x| = 1."""
+    sqrt = b.module.declare_intrinsic("llvm.sqrt", [F64])
+    return b.call(sqrt, [b.fmul(b.fsub(_f64(1.0), x), b.fadd(_f64(1.0), x))])
+
+
+def _asin64(b, x):
+    return _atan2_64(b, x, _cos_side64(b, x))
+
+
+def _acos64(b, x):
+    return _atan2_64(b, _cos_side64(b, x), x)
+
+
+def _atan64(b, x):
+    return mathlib.atan(b, x)
+
+
+def _expm1_64(b, x):
+    """Kahan's expm1: (u - 1) * x / log(u) with u = exp(x) cancels exp's rounding error."""
+    u = mathlib.exp(b, x)
+    um1 = b.fsub(u, _f64(1.0))
+    r = b.fdiv(b.fmul(um1, x), mathlib.log(b, u))
+    r = b.select(b.fcmp_ordered("==", u, _f64(float("inf"))), u, r)
+    r = b.select(b.fcmp_ordered("==", um1, _f64(-1.0)), um1, r)
+    return b.select(b.fcmp_ordered("==", u, _f64(1.0)), x, r)
+
+
+def _sinh64(b, x):
+    """(u + u / (u + 1)) / 2 with u = expm1(|x|), the sign of x: accurate near 0."""
+    fabs = b.module.declare_intrinsic("llvm.fabs", [F64])
+    u = _expm1_64(b, b.call(fabs, [x]))
+    s = b.fmul(_f64(0.5), b.fadd(u, b.fdiv(u, b.fadd(u, _f64(1.0)))))
+    s = b.select(b.fcmp_ordered("==", u, _f64(float("inf"))), u, s)
+    return _copysign64(b, s, x)
+
+
+def _cosh64(b, x):
+    fabs = b.module.declare_intrinsic("llvm.fabs", [F64])
+    e = mathlib.exp(b, b.call(fabs, [x]))
+    return b.fmul(_f64(0.5), b.fadd(e, b.fdiv(_f64(1.0), e)))
+
+
+def _log2_64(b, x):
+    """log(x) / ln 2; a power of two gives its exponent exactly (from the bits)."""
+    r = b.fmul(mathlib.log(b, x), _f64(1.4426950408889634))
+    bits = b.bitcast(x, I64)
+    field = b.lshr(bits, i64(52))  # sign and exponent: a positive x has no sign bit
+    exact = b.and_(b.icmp_signed("==", b.and_(bits, i64((1 << 52) - 1)), i64(0)),
+                   b.and_(b.icmp_signed(">", field, i64(0)),
+                          b.icmp_signed("<", field, i64(2047))))
+    return b.select(exact, b.sitofp(b.sub(field, i64(1023)), F64), r)
+
+
+def _log10_64(b, x):
+    return b.fmul(mathlib.log(b, x), _f64(0.4342944819032518))
+
+
+def _double_method(name: str, fn):
+    """The lowering of a graphc.ops.mathops function computed in double (Scalars.in_double)."""
+
+    def method(self, b, attrs, args, types, rt):
+        return self.in_double(b, fn, args, types, rt)
+
+    method.__name__ = f"op_{name}"
+    return method
+
+
+_IN_DOUBLE = {"tan": _tan64, "atan": _atan64, "asin": _asin64, "acos": _acos64,
+              "atan2": _atan2_64, "sinh": _sinh64, "cosh": _cosh64, "expm1": _expm1_64,
+              "log2": _log2_64, "log10": _log10_64}
+
 
 def _mathlib_method(name: str):
     """The lowering of mathlib function `name` (integer inputs computed in float32)."""
@@ -309,6 +447,9 @@ SCALAR_LOWERINGS = {
     "floor_divide": Scalars.op_floor_divide, "remainder": Scalars.op_remainder,
     "gelu": Scalars.op_gelu,
     **{name: _mathlib_method(name) for name in _MATHLIB},
+    "floor": Scalars.op_floor, "ceil": Scalars.op_ceil, "trunc": Scalars.op_trunc,
+    "round": Scalars.op_round, "fmod": Scalars.op_fmod,
+    **{name: _double_method(name, fn) for name, fn in _IN_DOUBLE.items()},
 }
 
 

@@ -190,6 +190,26 @@ def _unary_math(op, attrs, args, types, out) -> str:
     return f"gc_{op}({x})"
 
 
+
+# graphc.ops.mathops: floor/ceil/round/trunc keep integers as they are; the others are
+# CUDA's math functions (gc_<op> in the prelude), floating results only
+_ROUNDING = ("floor", "ceil", "round", "trunc")
+_MATHOPS_MATH = ("tan", "atan", "asin", "acos", "sinh", "cosh", "expm1", "log2", "log10")
+
+
+def _rounding(op, attrs, args, types, out) -> str:
+    if out.name == "bool":
+        raise KeyError(op)
+    (x,) = _promoted(args, types, out)
+    return f"gc_{op}({x})" if out.is_floating else x
+
+
+def _atan2(op, attrs, args, types, out) -> str:
+    if not out.is_floating:
+        raise KeyError(op)
+    x, y = _promoted(args, types, out)
+    return f"gc_atan2({x}, {y})"
+
 # The backend's table of scalar ops (graphc.backends.common's contract): scalar name ->
 # render(op, attrs, args, types, out) -> a C expression (KeyError for a dtype it refuses).
 SCALAR_LOWERINGS = {
@@ -202,6 +222,8 @@ SCALAR_LOWERINGS = {
     "logical_not": _logical, "pow": _pow, "floor_divide": _binary_helper,
     "remainder": _binary_helper, "gelu": _gelu,
     **{name: _unary_math for name in _UNARY_MATH},
+    **{name: _rounding for name in _ROUNDING}, "fmod": _binary_helper, "atan2": _atan2,
+    **{name: _unary_math for name in _MATHOPS_MATH},
 }
 
 
@@ -307,6 +329,38 @@ GC_D float gc_rsqrt(float x) { return 1.0f / sqrtf(x); }
 GC_D double gc_rsqrt(double x) { return 1.0 / sqrt(x); }
 GC_D float gc_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 GC_D double gc_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+// graphc.ops.mathops (round: rint, halves to even; fmod: the dividend's sign)
+GC_D float gc_floor(float x) { return floorf(x); }
+GC_D double gc_floor(double x) { return floor(x); }
+GC_D float gc_ceil(float x) { return ceilf(x); }
+GC_D double gc_ceil(double x) { return ceil(x); }
+GC_D float gc_round(float x) { return rintf(x); }
+GC_D double gc_round(double x) { return rint(x); }
+GC_D float gc_trunc(float x) { return truncf(x); }
+GC_D double gc_trunc(double x) { return trunc(x); }
+GC_D float gc_tan(float x) { return tanf(x); }
+GC_D double gc_tan(double x) { return tan(x); }
+GC_D float gc_atan(float x) { return atanf(x); }
+GC_D double gc_atan(double x) { return atan(x); }
+GC_D float gc_asin(float x) { return asinf(x); }
+GC_D double gc_asin(double x) { return asin(x); }
+GC_D float gc_acos(float x) { return acosf(x); }
+GC_D double gc_acos(double x) { return acos(x); }
+GC_D float gc_sinh(float x) { return sinhf(x); }
+GC_D double gc_sinh(double x) { return sinh(x); }
+GC_D float gc_cosh(float x) { return coshf(x); }
+GC_D double gc_cosh(double x) { return cosh(x); }
+GC_D float gc_expm1(float x) { return expm1f(x); }
+GC_D double gc_expm1(double x) { return expm1(x); }
+GC_D float gc_log2(float x) { return log2f(x); }
+GC_D double gc_log2(double x) { return log2(x); }
+GC_D float gc_log10(float x) { return log10f(x); }
+GC_D double gc_log10(double x) { return log10(x); }
+GC_D float gc_atan2(float y, float x) { return atan2f(y, x); }
+GC_D double gc_atan2(double y, double x) { return atan2(y, x); }
+GC_D float gc_fmod(float a, float b) { return fmodf(a, b); }
+GC_D double gc_fmod(double a, double b) { return fmod(a, b); }
+GC_D long long gc_fmod(long long a, long long b) { return a % (b == 0 ? 1 : b); }
 template <typename T> GC_D T gc_gelu_erf(T x) {
   return T(0.5) * x * (T(1) + gc_erf(x * T(0.7071067811865476))); }
 template <typename T> GC_D T gc_gelu_tanh(T x) {
