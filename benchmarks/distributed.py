@@ -2,7 +2,7 @@
 
     graphc launch -n 1 benchmarks/distributed.py      # one rank (the baseline)
     graphc launch -n 2 benchmarks/distributed.py      # two ranks
-    python -m benchmarks.distributed                  # runs both and prints the tables
+    python -m benchmarks.distributed [--repeat K]     # runs both (K times: medians), prints
 
 Each rank runs one thread (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, set by the driver)
 and trains the compiled MLP 784-256-256-10 or LeNet-5 step at batch 64 per rank (SGD
@@ -125,18 +125,24 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
-    found = {}
-    for n in (1, 2):
-        done = subprocess.run([mpiexec, "-n", str(n), sys.executable, __file__, "--rank"],
-                              capture_output=True, text=True, env=env, timeout=900)
-        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            print(done.stdout, done.stderr, sep="\n")
-            return 1
-        found[n] = json.loads(line[len("RESULT "):])
+    repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
+    runs: dict[int, list[dict]] = {1: [], 2: []}
+    for _ in range(repeat):  # 1 rank then 2 ranks, `repeat` times: medians of each figure
+        for n in (1, 2):
+            done = subprocess.run([mpiexec, "-n", str(n), sys.executable, __file__, "--rank"],
+                                  capture_output=True, text=True, env=env, timeout=900)
+            line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")),
+                        None)
+            if line is None:
+                print(done.stdout, done.stderr, sep="\n")
+                return 1
+            runs[n].append(json.loads(line[len("RESULT "):]))
+    found = {n: {key: statistics.median(r[key] for r in results) for key in results[0]}
+             for n, results in runs.items()}
     load = os.getloadavg()
-    print(f"command: `python -m benchmarks.distributed`; load average {load[0]:.2f} "
-          f"(1 min), {load[1]:.2f} (5 min)\n")
+    command = "python -m benchmarks.distributed" + (f" --repeat {repeat}" if repeat > 1 else "")
+    print(f"command: `{command}`; load average {load[0]:.2f} (1 min), {load[1]:.2f} (5 min), "
+          f"{load[2]:.2f} (15 min)\n")
     print("| step (batch 64 per rank, 1 thread per rank) | 1 rank, no DDP | 2 ranks, blocking "
           "allreduces | 2 ranks, bucketed + overlapped | 2 ranks, no communication |")
     print("|---|---|---|---|---|")
