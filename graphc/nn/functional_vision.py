@@ -567,25 +567,38 @@ def _nearest_axis(x, axis: int, out: int, scale, exact: bool):
     return _gather.index_select(x, axis, _make_tensor(index))
 
 
+def _source_position(n: int, out: int, scale, align_corners: bool, cubic: bool):
+    """Where each of `out` outputs samples an axis of `n` inputs (PyTorch's
+    area_pixel_compute_source_index): corners aligned, or pixel centres scaled by
+    1/scale_factor (or n/out), clamped at 0 except for cubic."""
+    dst = np.arange(out, dtype=np.float64)
+    if align_corners:
+        return dst * ((n - 1) / (out - 1)) if out > 1 else np.zeros(out)
+    ratio = 1.0 / scale if scale is not None and scale > 0 else n / out
+    src = (dst + 0.5) * ratio - 0.5
+    return src if cubic else np.maximum(src, 0.0)
+
+
+def _resample(x, axis: int, taps):
+    """sum over (index, weight) taps of x's slices at `index` along `axis`, times `weight`
+    (one weight per output position)."""
+    result = None
+    for index, weight in taps:
+        shape = (len(weight),) + (1,) * (x.ndim - 1 - axis)
+        w = _make_tensor(np.asarray(weight, dtype=x.dtype.np).reshape(shape), dtype=x.dtype)
+        term = _gather.index_select(x, axis, _make_tensor(index)) * w
+        result = term if result is None else result + term
+    return result
+
+
 def _linear_axis(x, axis: int, out: int, scale, align_corners: bool):
     n = x.shape[axis]
     if out == n and (scale is None or align_corners):
         return x
-    dst = np.arange(out, dtype=np.float64)
-    if align_corners:
-        src = dst * ((n - 1) / (out - 1)) if out > 1 else np.zeros(out)
-    else:
-        ratio = 1.0 / scale if scale is not None and scale > 0 else n / out
-        src = np.maximum((dst + 0.5) * ratio - 0.5, 0.0)
+    src = _source_position(n, out, scale, align_corners, cubic=False)
     lo = np.minimum(np.floor(src).astype(np.int64), n - 1)
-    hi = np.minimum(lo + 1, n - 1)
     frac = (src - lo).astype(x.dtype.np)
-    shape = (out,) + (1,) * (x.ndim - 1 - axis)
-    w_hi = _make_tensor(frac.reshape(shape), dtype=x.dtype)
-    w_lo = _make_tensor((1 - frac).reshape(shape), dtype=x.dtype)
-    lo_t, hi_t = _make_tensor(lo), _make_tensor(hi)
-    return (_gather.index_select(x, axis, lo_t) * w_lo
-            + _gather.index_select(x, axis, hi_t) * w_hi)
+    return _resample(x, axis, [(lo, 1 - frac), (np.minimum(lo + 1, n - 1), frac)])
 
 
 def _cubic_weights(t: np.ndarray) -> list[np.ndarray]:
@@ -603,26 +616,14 @@ def _cubic_weights(t: np.ndarray) -> list[np.ndarray]:
 
 
 def _cubic_axis(x, axis: int, out: int, scale, align_corners: bool):
-    """Bicubic resampling along one axis: 4 taps per output, indices clamped at the borders;
-    the source index is not clamped at 0 (PyTorch's cubic source index)."""
+    """Bicubic resampling along one axis: 4 taps per output, indices clamped at the borders."""
     n = x.shape[axis]
     if out == n and (scale is None or align_corners):
         return x
-    dst = np.arange(out, dtype=np.float64)
-    if align_corners:
-        src = dst * ((n - 1) / (out - 1)) if out > 1 else np.zeros(out)
-    else:
-        ratio = 1.0 / scale if scale is not None and scale > 0 else n / out
-        src = (dst + 0.5) * ratio - 0.5
+    src = _source_position(n, out, scale, align_corners, cubic=True)
     base = np.floor(src).astype(np.int64)
-    shape = (out,) + (1,) * (x.ndim - 1 - axis)
-    result = None
-    for tap, weight in enumerate(_cubic_weights(src - base)):
-        index = _make_tensor(np.clip(base - 1 + tap, 0, n - 1))
-        w = _make_tensor(weight.astype(x.dtype.np).reshape(shape), dtype=x.dtype)
-        term = _gather.index_select(x, axis, index) * w
-        result = term if result is None else result + term
-    return result
+    return _resample(x, axis, [(np.clip(base - 1 + tap, 0, n - 1), weight)
+                               for tap, weight in enumerate(_cubic_weights(src - base))])
 
 
 def interpolate(input, size=None, scale_factor=None, mode: str = "nearest",  # noqa: A002
