@@ -6,7 +6,8 @@ graph costs per call against the static graph of the same shape.
 
 Parts:
 - sweep: a GPT (graphc.tools.demo_gpt.TinyGPT) in inference over batch 1..16 at length 32,
-  then length 8..32 at batch 4 (dynamic=None): traces, backend compiles, seconds;
+  then length 8..32 at batch 4 (dynamic=None, then dynamic=True): traces, backend
+  compiles, seconds;
 - epochs: an MLP training step over 3 epochs whose last batch is smaller: traces;
 - speed: medians of the MLP 784-256-256-10 batch-64 training step and of the GPT forward
   (n_embd 128, 4 layers, length 64, batch 16), static (dynamic=False) against symbolic
@@ -40,11 +41,16 @@ def _backend_compiles(f) -> int:
 
 
 def sweep(backend: str, quick: bool) -> None:
+    for dynamic in (None, True):
+        _sweep(backend, quick, dynamic)
+
+
+def _sweep(backend: str, quick: bool, dynamic) -> None:
     from graphc.tools.demo_gpt import TinyGPT
 
     graphc.manual_seed(0)
     model = TinyGPT().eval()
-    f = graphc.compile(model, backend=backend)
+    f = graphc.compile(model, backend=backend, dynamic=dynamic)
     batches = range(1, 5) if quick else range(1, 17)
     lengths = range(8, 12) if quick else range(8, 33)
     start = time.perf_counter()
@@ -55,7 +61,8 @@ def sweep(backend: str, quick: bool) -> None:
             f(graphc.randint(0, 128, (4, t)))
     seconds = time.perf_counter() - start
     shapes = len(batches) + len(lengths)
-    print(f"sweep   GPT inference, {shapes} shapes on {backend}: {len(f.graphs)} traces "
+    print(f"sweep   GPT inference, {shapes} shapes on {backend}, dynamic={dynamic}: "
+          f"{len(f.graphs)} traces "
           f"({', '.join(str(g.inputs[0].type) for g in f.graphs)}), "
           f"{_backend_compiles(f)} backend compiles, {seconds:.1f} s")
 

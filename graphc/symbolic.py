@@ -368,6 +368,13 @@ def parse_sym(text: str):
     return total
 
 
+def same_shape(a: tuple, b: tuple) -> bool:
+    """The same shape, symbolic sizes compared as expressions: a structural test (an
+    optimisation asking "is this the identity?") that never records a guard."""
+    return len(a) == len(b) and all(
+        x.same(y) if type(x) is Sym else (type(y) is not Sym and x == y) for x, y in zip(a, b))
+
+
 def is_symbolic(x) -> bool:
     return isinstance(x, Sym)
 
@@ -508,4 +515,4 @@ def check_relations(relations, values: dict[str, int]) -> list[str]:
 
 __all__ = ["MIN_SIZE", "ShapeEnv", "Sym", "SymbolicShapeError", "bind", "check_relations",
            "current_env", "evaluate", "free_symbols", "has_symbols", "is_symbolic",
-           "parse_sym", "relation_holds"]
+           "parse_sym", "relation_holds", "same_shape"]

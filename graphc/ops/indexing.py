@@ -18,7 +18,7 @@ from graphc.ops.gather import _check_index_range, _eager_range_check, _taken_sha
 from graphc.ops.movement import expand, slice_count
 from graphc.ops.registry import call, inplace
 from graphc.ops.shapes import numel
-from graphc.symbolic import Sym
+from graphc.symbolic import Sym, same_shape
 from graphc.types import bool_, int64
 
 
@@ -165,7 +165,7 @@ class _IndexPlan:
         return d + m.ndim
 
     def is_identity_slice(self, shape) -> bool:
-        return self.sliced == tuple(shape) and all(s == 1 for s in self.steps)
+        return same_shape(self.sliced, tuple(shape)) and all(s == 1 for s in self.steps)
 
 
 class _Mask:
@@ -200,7 +200,7 @@ def _basic(x, plan: _IndexPlan):
                  steps=tuple(plan.steps))
     if plan.flips:
         y = call("flip", y, axes=tuple(plan.flips))
-    if tuple(plan.basic) != plan.sliced:
+    if not same_shape(tuple(plan.basic), plan.sliced):
         y = call("reshape", y, shape=tuple(plan.basic))
     if y is x and not plan.advanced:  # x[:] and x[...] are new views of x, not x itself
         y = call("reshape", x, shape=tuple(x.shape))
@@ -309,7 +309,7 @@ def index_put_value(x, index, value):
         new_basic = undo(new)
     else:
         new_basic = _value_like(value, x, tuple(plan.basic))
-    if tuple(plan.basic) != plan.sliced:
+    if not same_shape(tuple(plan.basic), plan.sliced):
         new_basic = call("reshape", new_basic, shape=plan.sliced)
     if plan.flips:
         new_basic = call("flip", new_basic, axes=tuple(plan.flips))

@@ -43,7 +43,7 @@ from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.registry import COLLECTIVE, ELEMENTWISE, FUSED, REGISTRY, SOURCE
 from graphc.ops.shapes import contiguous_element_strides
-from graphc.symbolic import Sym, current_env, free_symbols
+from graphc.symbolic import current_env, free_symbols, same_shape
 
 ALIGN = 64
 _DEFAULT_HINT = 64  # the size a symbol is planned at where no trace gave one
@@ -373,18 +373,13 @@ def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
                       naive, scheduler, symbolic=bool(f.hints))
 
 
-def _same_shape(a: tuple, b: tuple) -> bool:
-    """The same shape, symbolic sizes compared as expressions (no guard)."""
-    return len(a) == len(b) and all(
-        x.same(y) if type(x) is Sym else (type(y) is not Sym and x == y) for x, y in zip(a, b))
-
 
 def _inplace_donor(f: _Facts, node: Node, o: Value, s: int,
                    buffer_of: dict[Value, Buffer], claimed: set[int]) -> Value | None:
     for x in node.inputs:
         buf = buffer_of.get(x)
         if (buf is None or f.root[x] is not x or id(buf) in claimed or buf.kept
-                or buf.end != s or not _same_shape(x.type.shape, o.type.shape)
+                or buf.end != s or not same_shape(x.type.shape, o.type.shape)
                 or x.type.dtype.itemsize != o.type.dtype.itemsize):
             continue
         if any(buffer_of.get(w) is buf and w is not x for w in node.inputs):
