@@ -248,3 +248,14 @@ def test_viewing_doc_examples_run():
     runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     runner.run(test)
     assert runner.failures == 0, f"{runner.failures} example(s) in docs/viewing.md failed"
+
+
+def test_inputs_and_updates_group_by_module(step_graph):
+    groups = {g["id"]: g for g in view_model(step_graph)["groups"]}
+    assert not groups["io:inputs"]["collapsed"]  # its module groups are
+    layer = groups["io:inputs/model.0"]
+    assert layer["collapsed"] and layer["kind"] == "module"
+    assert layer["lines"] == ["model.0", "8 values"]  # weight, bias, and Adam's 3 states of each
+    assert groups["io:outputs/model.2"]["lines"][0] == "model.2 \u2190"
+    parents = {n["id"]: n["parent"] for n in view_model(step_graph)["nodes"]}
+    assert parents["in0"] == "io:inputs"  # %x belongs to no module

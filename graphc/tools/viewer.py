@@ -22,7 +22,9 @@ The view model is a tree over the graph:
   label; expanded, its instructions), the nodes sharing a `group` attribute (`group:<g>`),
   regions (`region:<name>`, see `node_regions`): forward / backward / optimizer where the
   graph says so, else the user's source lines; and, past GROUP_IO_OVER, the graph's inputs
-  (`io:inputs`) and its outputs with its updates (`io:outputs`), collapsed at first.
+  (`io:inputs`) and its outputs with its updates (`io:outputs`), inside them one collapsed
+  group per module (`io:inputs/model.0`: a module's parameters, buffers and optimizer
+  state, by their dotted names, see `module_path`).
 - edges: one per value use between leaves (a collapsed group stands for its leaves).
 
 Every label line is at most graphc.ir.export.LINE_CHARS characters (longer text is wrapped,
@@ -53,13 +55,30 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import format_literal, format_node
 from graphc.tools.viewer_assets import CORE_JS, PAGE_CSS, UI_JS
 
-__all__ = ["node_regions", "render_html", "view_model"]
+__all__ = ["module_path", "node_regions", "render_html", "view_model"]
 
 BACKWARD_SUFFIX = " (backward)"  # graphc.passes.autodiff marks the backward's source lines
 REGION_COLORS = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#5d4037",
                  "#ad1457"]
 COLLAPSE_REGIONS_OVER = 400  # IR nodes; a larger graph opens with its regions collapsed
-GROUP_IO_OVER = 12  # more inputs (or outputs and updates) than this: a collapsed group
+GROUP_IO_OVER = 12  # more inputs (or outputs and updates) than this: grouped by module
+# the state names graphc's optimizers give a parameter's state inputs (`<param>.<state>`)
+OPTIMIZER_STATE = frozenset({"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+                             "square_avg", "grad_avg", "sum", "acc_delta", "ax", "eta", "mu",
+                             "prev", "step_size"})
+
+
+def module_path(name: str) -> str:
+    """The module a graph input belongs to, by its dotted name: a parameter `model.0.weight`
+    and its optimizer state `model.0.weight.exp_avg` belong to `model.0`; `x` to none ("").
+
+    >>> module_path("model.0.weight.exp_avg"), module_path("blocks.1.ln.bias"), module_path("x")
+    ('model.0', 'blocks.1.ln', '')
+    """
+    parts = name.split(".")
+    if len(parts) > 2 and parts[-1] in OPTIMIZER_STATE:
+        parts.pop()
+    return ".".join(parts[:-1])
 
 
 def node_regions(graph: Graph) -> list[str | None]:
@@ -183,16 +202,24 @@ def view_model(graph: Graph) -> dict[str, Any]:
     def edge(src: str, dst: str, value: str) -> None:
         edges.append({"src": src, "dst": dst, "value": value})
 
-    def io_group(gid: str, title: str, count: int) -> str | None:
-        if count <= GROUP_IO_OVER:
+    def io_group(gid: str, title: str, names: list[str]) -> str | None:
+        if len(names) <= GROUP_IO_OVER:
             return None
-        return add_group(gid, "io", [title, f"{count} values"], f"the graph's {title}", None,
-                         True)
+        return add_group(gid, "io", [title, f"{len(names)} values"], f"the graph's {title}",
+                         None, not any(module_path(name) for name in names))
 
-    inputs = io_group("io:inputs", "inputs", len(graph.inputs))
+    def module_group(io: str | None, name: str, mark: str) -> str | None:
+        """Past GROUP_IO_OVER, the inputs (updates) of one module: one collapsed group."""
+        module = module_path(name)
+        if io is None or not module:
+            return io
+        return add_group(f"{io}/{module}", "module", [_cut(module + mark)],
+                         f"{module}: its parameters, buffers and optimizer state", io, True)
+
+    inputs = io_group("io:inputs", "inputs", [v.name for v in graph.inputs])
     for i, v in enumerate(graph.inputs):
         leaf(f"in{i}", "input", [_cut(f"%{v.name}"), str(v.type)], f"input %{v.name}: {v.type}",
-             inputs, [v.name])
+             module_group(inputs, v.name, ""), [v.name])
     for i, node in enumerate(graph.nodes):
         nid, text = f"n{i}", format_node(node)
         loc = node.loc
@@ -225,23 +252,24 @@ def view_model(graph: Graph) -> dict[str, Any]:
                 else:
                     edge(f"{nid}.{ref - n_in}", f"{nid}.{k}", f"{nid}.{ref - n_in}")
     results = io_group("io:outputs", "outputs and updates",
-                       len(graph.outputs) + len(graph.updates))
+                       [v.name for v in graph.outputs] + [t.name for t, _ in graph.updates])
     for i, v in enumerate(graph.outputs):
         leaf(f"out{i}", "output", [f"output {i}", str(v.type)], f"output {i}: %{v.name}",
              results, [])
         edge(leaf_of[v], f"out{i}", v.name)
     for i, (target, v) in enumerate(graph.updates):
         leaf(f"upd{i}", "update", [_cut(f"%{target.name} \u2190"), str(v.type)],
-             f"update %{target.name} <- %{v.name}", results, [])
+             f"update %{target.name} <- %{v.name}",
+             module_group(results, target.name, " \u2190"), [])
         edge(leaf_of[v], f"upd{i}", v.name)
     if len(graph.nodes) > COLLAPSE_REGIONS_OVER:
         for group in groups.values():
             if group["kind"] == "region":
                 group["collapsed"] = True
     for group in groups.values():
-        if group["kind"] == "region":
-            size = group["size"]
-            group["lines"] = group["lines"] + [f"{size} node" + ("s" if size != 1 else "")]
+        if group["kind"] in ("region", "module"):
+            size, what = group["size"], "node" if group["kind"] == "region" else "value"
+            group["lines"] = group["lines"] + [f"{size} {what}" + ("s" if size != 1 else "")]
     return {"name": graph.name, "nodes": nodes, "groups": list(groups.values()),
             "edges": edges}
 
@@ -251,7 +279,7 @@ def _css() -> str:
                       for kind, (fill, border) in COLORS.items())
     return PAGE_CSS + kinds + "\n.node.kind-region rect.box { fill: #fffde7; stroke: #8d6e00; }\n" \
         ".node.kind-group rect.box { fill: #f3e5f5; stroke: #6a1b9a; }\n" \
-        ".node.kind-io rect.box { fill: #e8f5e9; stroke: #2e7d32; }\n"
+        ".node.kind-io rect.box, .node.kind-module rect.box { fill: #e8f5e9; stroke: #2e7d32; }\n"
 
 
 def render_html(graph: Graph, path: str | os.PathLike | None = None) -> str:

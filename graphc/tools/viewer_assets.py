@@ -291,7 +291,7 @@ UI_JS = r"""
     }
     // expanded groups: a dashed frame around what they show, the title collapses them
     for (const grp of data.groups) {  // regions, io: the colour stripe and the group tree
-      if (grp.kind === 'region' || grp.kind === 'io' || core.collapsed.has(grp.id) ||
+      if (!['fused', 'group'].includes(grp.kind) || core.collapsed.has(grp.id) ||
           core.ancestors(grp.id).some(a => core.collapsed.has(a)))
         continue;
       const inside = vis.ids.filter(id => id === grp.id ||

@@ -41,16 +41,12 @@ from typing import Any
 from graphc.ir.export import fused_ops, short_literal
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import format_node
-from graphc.tools.viewer import node_regions
+from graphc.tools.viewer import module_path, node_regions
 
 __all__ = ["bytes_node_data", "explorer_graphs", "node_data", "read_graph", "serve",
            "time_node_data", "write_explorer_files"]
 
 INPUTS, OUTPUTS = "inputs", "outputs"
-# the state names graphc's optimizers give a parameter's state inputs (`<param>.<state>`)
-OPTIMIZER_STATE = frozenset({"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
-                             "square_avg", "grad_avg", "sum", "acc_delta", "ax", "eta", "mu",
-                             "prev", "step_size"})
 
 
 def read_graph(path: str | os.PathLike) -> Graph:
@@ -69,10 +65,8 @@ def _layer(name: str) -> str:
 def _owner(layer: str, name: str) -> str:
     """The layer of a graph input (or of its update) by its dotted name: the module path of a
     parameter, buffer or optimizer state (`model.0.weight.exp_avg` in `inputs/model/0`)."""
-    parts = name.split(".")
-    if len(parts) > 2 and parts[-1] in OPTIMIZER_STATE:
-        parts.pop()
-    return "/".join([layer] + [_layer(p) for p in parts[:-1]])
+    module = module_path(name)
+    return "/".join([layer] + [_layer(p) for p in module.split(".") if module])
 
 
 def _nbytes(value: Value) -> int | None:
