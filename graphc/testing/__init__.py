@@ -25,7 +25,6 @@ from graphc.testing.comparison import (
     compare,
     tolerance,
 )
-from graphc.testing.rounding import assert_rounding_within, rounding_distance
 from graphc.testing.repro import (
     first_divergent_node,
     load_repro,
@@ -34,6 +33,7 @@ from graphc.testing.repro import (
     save_repro,
     write_node_repro,
 )
+from graphc.testing.rounding import assert_rounding_within, rounding_distance
 
 __all__ = [
     "DEFAULT_TOLERANCES", "CompiledMismatch", "assert_compiled_matches",
