@@ -97,6 +97,13 @@ def test_compiled_ir_has_compute_between_start_and_wait():
 
 
 @needs_mpi
+def test_eager_async_work_and_unused_parameters():
+    done, _ = _launch("eager")
+    assert done.returncode == 0, done.stderr
+    assert "OK eager: async Work, unused parameters reported" in done.stdout, done.stdout
+
+
+@needs_mpi
 def test_a_rank_that_raises_between_compiled_bucketed_steps_ends_the_job():
     done, seconds = _launch("raise", "30")
     assert done.returncode != 0 and seconds < 120, (done.returncode, seconds)

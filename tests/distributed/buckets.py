@@ -110,6 +110,34 @@ def ir():
     return f"ir: {len(starts)} buckets, {n_compute} compute nodes between starts and waits"
 
 
+def eager_details():
+    """Eager buckets: async all_reduce's Work, and a parameter the forward skips reported at
+    the next forward as PyTorch does."""
+    t = graphc.full((3,), float(dist.get_rank() + 1))
+    work = dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True)
+    work.wait()
+    assert t.tolist() == [1.5] * 3 and work.is_completed()
+
+    class Skips(graphc.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = graphc.nn.Linear(4, 2), graphc.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.used(x)
+
+    model = DistributedDataParallel(Skips(), bucket_cap_mb=0)
+    model(graphc.ones(3, 4)).sum().backward()
+    try:
+        model(graphc.ones(3, 4))
+    except dist.DistributedError as err:
+        assert "Expected to have finished reduction in the prior iteration" in str(err), err
+        assert "2 parameter(s) received no gradient" in str(err), err
+    else:
+        raise AssertionError("an incomplete reduction went unreported")
+    return "eager: async Work, unused parameters reported"
+
+
 def raise_in_compiled():
     """Rank 1 raises between two compiled bucketed steps; rank 0 is in the next one."""
     _, run, x, y = make("lenet", "sgd", SMALL)
@@ -124,7 +152,8 @@ def raise_in_compiled():
 def main():
     mode = sys.argv[1]
     dist.init_process_group("mpi", timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)
-    done = {"equal": equal, "ir": ir, "raise": raise_in_compiled}[mode]()
+    done = {"equal": equal, "ir": ir, "eager": eager_details,
+            "raise": raise_in_compiled}[mode]()
     dist.barrier()
     if dist.get_rank() == 0:
         print("OK", done, flush=True)

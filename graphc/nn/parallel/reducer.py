@@ -95,8 +95,11 @@ class Reducer:
         """Raise if the previous backward left buckets without all their gradients."""
         import graphc.distributed as dist
 
-        waiting = sum(b.pending for b in self.buckets if b.pending != len(b.params))
-        if waiting:
+        if any(b.pending < len(b.params) for b in self.buckets):  # begun, never finished
+            waiting = sum(b.pending for b in self.buckets)
+            for bucket in self.buckets:  # every rank started the same ones: complete them
+                if bucket.work is not None:
+                    bucket.work.wait()
             self.reset()
             raise dist.DistributedError(
                 "Expected to have finished reduction in the prior iteration before starting a "
