@@ -74,8 +74,9 @@ class Interpreter:
         if self._symbolic:
             inputs = [np.asarray(a) for a in inputs]
             try:
-                self._sizes.values = bind([v.type.shape for v in g.inputs], [a.shape for a in inputs],
-                                    [f"%{v.name}" for v in g.inputs])
+                self._sizes.values = bind([v.type.shape for v in g.inputs],
+                                          [a.shape for a in inputs],
+                                          [f"%{v.name}" for v in g.inputs])
             except SymbolicShapeError as err:
                 raise InterpreterError(f"graph @{g.name}: {err}") from None
         for v, a in zip(g.inputs, inputs):

@@ -23,16 +23,17 @@ to the last step. Two buffers whose lifetimes meet never share a
 byte: the node that frees an input at step s still reads it while writing its outputs.
 
 Offsets are 64-byte aligned and come from greedy interval packing (best fit, in several
-orders; the smallest arena wins).
+orders; the smallest arena wins). The schedule is the better of the graph's own order and a
+deterministic greedy list schedule that prefers nodes that free more bytes than they allocate;
+it keeps data dependencies and the relative order of effectful (random) ops.
 
 Symbolic sizes (`f32[s0,784]`, graphc.symbolic). Which values share a buffer, in place or
 as views, and every lifetime, do not depend on the sizes: they are decided once. Sizes
 and offsets do: each buffer keeps its size as an expression (`Buffer.expr`, bytes), the
 plan is made at the symbols' hints (the trace's sizes; 64 where none is known) for the
 schedule choice and the report, and `MemoryPlan.layout(values)` packs the same buffers for
-the sizes of a call: one arena laid out per shape (cached), never per-op allocation. The schedule is the better of the graph's own order and a
-deterministic greedy list schedule that prefers nodes that free more bytes than they allocate;
-it keeps data dependencies and the relative order of effectful (random) ops.
+the sizes of a call: one arena laid out per shape (cached), never per-op allocation;
+`MemoryPlan.specialized` is that layout as the plan of the graph specialised to the sizes.
 """
 
 from __future__ import annotations
