@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import enum
 import hashlib
+import os
 import sys
 import time
 from typing import Any
@@ -187,14 +188,19 @@ def _header(what: str, array: np.ndarray) -> np.ndarray:
     return np.array(header + [-1] * (_HEADER - len(header)), np.int64)
 
 
+_SPINS = 50  # Test() calls before a wait starts yielding the core (~50 us)
+
+
 def _wait(g: _Group, request, what: str) -> None:
     """Wait for a non-blocking MPI request, at most the group's timeout; past it, abort."""
     deadline = time.monotonic() + g.timeout
     spins = 0
     while not request.Test():
         spins += 1
-        if spins > 1000:
-            time.sleep(1e-4)  # polite after the first ~ms
+        if spins > _SPINS:
+            # polite: the ranks share cores with each other (and other work), so give the
+            # core away between tests; past ~10k yields, sleep between them
+            os.sched_yield() if spins < 10_000 else time.sleep(1e-4)
             if time.monotonic() > deadline:
                 message = (f"{what} on rank {g.rank} waited {g.timeout:g} s for the other "
                            "ranks (one has died or is stuck); aborting the job")
