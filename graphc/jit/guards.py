@@ -229,8 +229,8 @@ def _fmt(x) -> str:
         return f"<{x[1]} object at {x[2]:#x}>"
     if _is_tensor_key(x):
         return f"tensor{_fmt(x[1])} {x[2]}"
-    if isinstance(x, tuple) and x and all(isinstance(i, int) for i in x):
-        return "(" + ",".join(str(i) for i in x) + ")"
+    if isinstance(x, tuple) and x and all(isinstance(i, int) or i == "*" for i in x):
+        return "(" + ",".join(str(i) for i in x) + ")"  # '*': a dynamic dimension
     if isinstance(x, tuple) and x[:1] in (("tuple",), ("list",), ("dict",)):
         return x[0] + "(" + ", ".join(_fmt(i) for i in x[1:]) + ")"
     return repr(x)
@@ -350,9 +350,10 @@ class ShapeGuard:
                 out.append(f"{self.labels.get(name, name)} and another dimension were both "
                            f"{name} (equal) at the trace, now {values[name]} and {n}")
         if not out:
-            out = [f"the guard {g} fails for " + ", ".join(
-                f"{k}={v}" for k, v in sorted(values.items()))
-                for g in check_relations(self.relations, values)]
+            sizes = ", ".join(f"{k}={v} ({self.labels.get(k, k)})"
+                              for k, v in sorted(values.items()))
+            out = [f"the guard {g} fails for {sizes}"
+                   for g in check_relations(self.relations, values)]
         return out
 
 
