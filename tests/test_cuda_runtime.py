@@ -27,7 +27,7 @@ GC_ERROR_INVALID_ARGUMENT = 1
 GC_ERROR_NO_DEVICE = 3
 GC_ERROR_EMULATION = 8
 GC_ERROR_MODULE = 9
-ABI_VERSION = 1
+ABI_VERSION = 2  # graphc_rt.h: 2 added transfer counters, pinned memory, CUDA graphs, device reset
 FAULT_PROGRAM = RUNTIME_BUILD / "asan" / "tests" / "test_emu_faults"
 
 GENERATED_MODULE = r"""

@@ -383,10 +383,10 @@ class CudaExecutable:
                 self._pool_give(slot)
 
     def forget(self, slot) -> None:
-        """The host array of `slot` died or was re-marked: its device buffer is free."""
+        """The host array of `slot` died or was re-marked: its device buffer is free. No lock:
+        a collection may call this from any thread, holding any lock (list.append is atomic)."""
         if isinstance(slot, tuple):
-            with self._lock:
-                self._pool_give(slot)
+            self._pool_give(slot)
 
     def _pool_take(self, k: int, nbytes: int) -> int:
         free = self._pools.setdefault(k, [])
