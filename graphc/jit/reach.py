@@ -10,6 +10,8 @@ Tensors and Optimizers the call can read. Tracing names captured state from it
 
 from __future__ import annotations
 
+import dis
+import functools
 import itertools
 import types
 from typing import Any
@@ -86,10 +88,25 @@ def captured_roots(fn, reads: Reads = _NO_READS) -> list[tuple[str, Any]]:
             if value is not ABSENT:
                 roots.append((var, value))
         glb = getattr(target, "__globals__", {})
-        values = tuple(glb.get(name, ABSENT) for name in code.co_names)
-        reads.lookup(glb, code.co_names, values)
-        roots += [(n, v) for n, v in zip(code.co_names, values) if v is not ABSENT]
+        names = global_names(code)
+        values = tuple(glb.get(name, ABSENT) for name in names)
+        reads.lookup(glb, names, values)
+        roots += [(n, v) for n, v in zip(names, values) if v is not ABSENT]
     return roots
+
+
+@functools.lru_cache(maxsize=4096)
+def global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The global names `code` loads, those of the code nested in it (comprehensions, lambdas,
+    inner functions) included. Not `co_names`: it also holds attribute names (`x.t()` names
+    `t`), so a global that shares an attribute's name would be guarded for nothing, and it
+    leaves out what a comprehension reads."""
+    names = dict.fromkeys(ins.argval for ins in dis.get_instructions(code)
+                          if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.update(dict.fromkeys(global_names(const)))
+    return tuple(names)
 
 
 def reachable(fn, args: tuple = (), kwargs: dict | None = None,

@@ -63,7 +63,7 @@ from graphc.ir.interpreter import Interpreter
 from graphc.ir.printer import format_node
 from graphc.jit.bindings import ArgBinding, RngBinding, TensorBinding
 from graphc.jit.pytree import flatten
-from graphc.jit.reach import captured_roots
+from graphc.jit.reach import captured_roots, global_names
 from graphc.jit.tracer import graph_name, trace_call
 from graphc.nn.module import Module
 from graphc.ops import random as _random
@@ -350,7 +350,7 @@ class _Float64Twin:
             code, glb = fn.__code__, fn.__globals__
             cells = tuple(types.CellType(self._copy(c.cell_contents)) if _full(c) else c
                           for c in fn.__closure__ or ())
-            names = {n: self._copy(glb[n]) for n in code.co_names if n in glb}
+            names = {n: self._copy(glb[n]) for n in global_names(code) if n in glb}
             if any(names[n] is not glb[n] for n in names):
                 glb = {**glb, **names}
             self.fn = types.FunctionType(code, glb, fn.__name__, fn.__defaults__,
