@@ -439,6 +439,22 @@ class Compiled:
         if traced.shape_env is None:
             return traced
         pinned = traced.shape_env.specialised()
+        self._keep_static(traced, pinned, args, kwargs, names)
+        pin(traced.graph, pinned)  # a specialised symbol is its size in the graph
+        for path, t in flatten((args, kwargs)):
+            for d in marked_dims(t):
+                if d < t.ndim and t._data.shape[d] < 2:
+                    raise ConstraintViolationError(
+                        f"graphc.compile({self.__name__}): graphc.mark_dynamic marked "
+                        f"{dim_label(path, d, names)} dynamic, but it is "
+                        f"{t._data.shape[d]}: sizes 0 and 1 are always specialised, as in "
+                        "PyTorch; mark a dimension whose size is at least 2")
+        return traced
+
+    def _keep_static(self, traced: TraceResult, pinned: dict, args: tuple, kwargs: dict,
+                     names: list[str]) -> None:
+        """The argument dims whose symbol a guard pinned to one size (the traced code, or a
+        pass, needed that size) stay static from now on; a dim marked dynamic is refused."""
         for path, d, name in traced.symbols:
             if name not in pinned:
                 continue
@@ -457,16 +473,6 @@ class Compiled:
                 self._static_dims.add((path, d))
                 _log(f"{self.__name__}: {label} stays static: the traced code needs it to be "
                      f"{pinned[name]} (it specialised the symbol {name})")
-        pin(traced.graph, pinned)  # a specialised symbol is its size in the graph
-        for path, t in flatten((args, kwargs)):
-            for d in marked_dims(t):
-                if d < t.ndim and t._data.shape[d] < 2:
-                    raise ConstraintViolationError(
-                        f"graphc.compile({self.__name__}): graphc.mark_dynamic marked "
-                        f"{dim_label(path, d, names)} dynamic, but it is "
-                        f"{t._data.shape[d]}: sizes 0 and 1 are always specialised, as in "
-                        "PyTorch; mark a dimension whose size is at least 2")
-        return traced
 
     def _entry(self, sig: dict, traced: TraceResult, executable, args: tuple, kwargs: dict,
                gradient, guard: Guard) -> _Entry:
@@ -476,6 +482,7 @@ class Compiled:
         if traced.symbols:
             names = arg_names(self.fn, args)
             pinned = traced.shape_env.specialised()
+            self._keep_static(traced, pinned, args, kwargs, names)  # pinned by a pass too
             dynamic = frozenset((path, d) for path, d, name in traced.symbols
                                 if name not in pinned)
             labels: dict[str, str] = {}

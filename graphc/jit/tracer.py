@@ -428,7 +428,11 @@ def _symbolic_arguments(args: tuple, kwargs: dict, dynamic: dict, env: ShapeEnv)
     swapped, symbols, by_size, seen = [], [], {}, set()
     for path, t in flatten((args, kwargs)):
         dims = dynamic.get(path)
-        if not dims or id(t) in seen or t.is_abstract:
+        if dims and id(t) in seen:  # the same tensor again: its symbols, from here too
+            symbols += [(path, d, t._data.shape[d].name) for d in sorted(dims)
+                        if type(t._data.shape[d]) is Sym]
+            continue
+        if not dims or t.is_abstract:
             continue
         seen.add(id(t))
         shape = list(t._data.shape)

@@ -221,7 +221,7 @@ def _slice_view(shape: tuple, strides: tuple, /, *, starts: tuple, stops: tuple,
     if not shape:
         return None  # numpy's x[()] of a 0-d array is a scalar: a copy
     # numpy points an empty dim at its start with step 1
-    ranges = [(a, step) if len(range(a, b, step)) else (0, 1)
+    ranges = [(a, step) if slice_count(a, b, step) != 0 else (0, 1)
               for a, b, step in zip(starts, stops, steps)]
     return (sum(a * s for (a, _), s in zip(ranges, strides)),
             tuple(s * step for (_, step), s in zip(ranges, strides)))
