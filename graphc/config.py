@@ -27,6 +27,9 @@
 - GRAPHC_CUDA_SYNC: `1` makes the cuda backend synchronise after every kernel launch and
   library call (no CUDA graph), so a fault is reported by the call that made it, naming the
   kernel, the graph node and the user source line (slow; for debugging).
+- GRAPHC_CUDA_ALLOW_TF32: `1` lets the cuda backend run float32 matmuls on tensor cores with
+  inputs rounded to TF32 (10 mantissa bits), as `torch.backends.cuda.matmul.allow_tf32 = True`;
+  off by default (PyTorch's default for matmul too): full float32 GEMMs.
 - GRAPHC_EMU_RACECHECK, GRAPHC_EMU_SCHEDULE: the CUDA emulation's checking modes (read by the
   emulation library itself; runtime/csrc/README.md): `GRAPHC_EMU_RACECHECK=1` reports racing
   shared/global memory accesses as a launch failure (`warn`: on stderr only);
@@ -100,6 +103,10 @@ def dumps(topic: str) -> bool:
 
 def cuda_sync() -> bool:
     return os.environ.get("GRAPHC_CUDA_SYNC", "") not in ("", "0")
+
+
+def cuda_allow_tf32() -> bool:
+    return os.environ.get("GRAPHC_CUDA_ALLOW_TF32", "") not in ("", "0")
 
 
 def check_nans() -> bool:

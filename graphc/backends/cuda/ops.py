@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import math
 
+from graphc import config
 from graphc.backends import common
 from graphc.backends.cuda import cudagen, reductions, rt
 from graphc.backends.cuda.lowering import Addr, CudaLoweringError, Layout, Lowerer, unsupported
@@ -372,8 +373,12 @@ def lower_matmul(lw: Lowerer, node: Node, outs=None) -> None:
     ga = _gemm_operand(a_l, m, k_dim, a_str[-2:], batch_strides(a_shape, a_str), batch)
     gb = _gemm_operand(b_l, k_dim, n, b_str[-2:], batch_strides(b_shape, b_str), batch)
     if _f32(a_l) and ga and gb:
+        if nb <= 1 and not config.cuda_allow_tf32() and _split_k(m, n, k_dim) > 1:
+            return _gemm_split_k(lw, node, ga, gb, m, n, k_dim, a_l, b_l, out)
         if nb <= 1:
-            lw.call("gc_gemm_f32", ga[0], gb[0], m, n, k_dim, 1.0, Addr(a_l.offset), ga[1],
+            # TF32 tensor cores only when asked (GRAPHC_CUDA_ALLOW_TF32): float32 by default
+            gemm = "gc_gemm_tf32_f32" if config.cuda_allow_tf32() else "gc_gemm_f32"
+            lw.call(gemm, ga[0], gb[0], m, n, k_dim, 1.0, Addr(a_l.offset), ga[1],
                     Addr(b_l.offset), gb[1], 0.0, Addr(out.offset), max(n, 1), None)
         else:
             lw.call("gc_gemm_strided_batched_f32", ga[0], gb[0], m, n, k_dim, 1.0,
@@ -397,6 +402,45 @@ def lower_matmul(lw: Lowerer, node: Node, outs=None) -> None:
                     f"({acc}){kt.at(b_full, bc + ['t', f'c{nd + 1}'])};")
     kt.lines.append("}")
     kt.lines.append(f"(({ct} *){kt.ptr(out.offset)})[gi] = ({ct})acc;")
+    lw.emit(kt)
+
+
+GEMM_TILE = 128  # the library GEMM's block tile (runtime/csrc/kernels/gemm_tile.cuh)
+SPLIT_K_MIN = 256  # at least this much of k per split
+
+
+def _split_k(m: int, n: int, k: int) -> int:
+    """How many slices of k a float32 GEMM is cut into: enough blocks for two per SM of an
+    H100 when its 128 x 128 tiles are few and k is long (skinny shapes), else 1."""
+    tiles = -(-m // GEMM_TILE) * -(-n // GEMM_TILE)
+    if tiles >= 132 or not tiles:
+        return 1
+    return max(1, min(-(-2 * 132 // max(tiles, 1)), k // SPLIT_K_MIN, 64))
+
+
+def _gemm_split_k(lw: Lowerer, node: Node, ga, gb, m: int, n: int, k: int, a_l: Layout,
+                  b_l: Layout, out: Layout) -> None:
+    """Split-K: slice s of k as entry s of one strided-batched GEMM into scratch partials (the
+    remainder of k in one more GEMM), then a kernel adds the partials in slice order into
+    `out` (deterministic; no atomics)."""
+    splits = _split_k(m, n, k)
+    kc, rest = k // splits, k % splits
+    slots, mn = splits + (rest > 0), m * n
+    partial = lw.scratch(4 * slots * mn)
+    step_a = kc if ga[0] == 0 else kc * ga[1]  # A (m, k) row-major: columns; transposed: rows
+    step_b = kc * gb[1] if gb[0] == 0 else kc
+    lw.call("gc_gemm_strided_batched_f32", ga[0], gb[0], m, n, kc, 1.0, Addr(a_l.offset), ga[1],
+            step_a, Addr(b_l.offset), gb[1], step_b, 0.0, Addr(partial), n, mn, splits, None)
+    if rest:
+        lw.call("gc_gemm_f32", ga[0], gb[0], m, n, rest, 1.0,
+                Addr(a_l.offset + 4 * splits * step_a), ga[1],
+                Addr(b_l.offset + 4 * splits * step_b), gb[1], 0.0,
+                Addr(partial + 4 * splits * mn), n, None)
+    kt = lw.new_kernel(node, mn)
+    p = kt.ptr(partial)
+    kt.lines.append(f"float acc = ((float *){p})[gi];")
+    kt.lines.append(f"for (int s = 1; s < {slots}; ++s) acc += ((float *){p})[s * {mn}LL + gi];")
+    kt.lines.append(f"((float *){kt.ptr(out.offset)})[gi] = acc;")
     lw.emit(kt)
 
 
@@ -433,8 +477,9 @@ def lower_conv2d(lw: Lowerer, node: Node, outs=None) -> None:
     y = (outs or [lw.layouts[v] for v in node.outputs])[0]
     _need_f32(node, [x, w])
     desc = _conv_desc(x.type, w.type, y.type, node.attrs)
-    ws, nbytes = _workspace(lw, desc, "GC_CONV2D_FWD_IM2COL")
-    lw.call("gc_conv2d_fwd_f32", ctypes.byref(desc), rt.CONV2D_PASS["GC_CONV2D_FWD_IM2COL"],
+    # the implicit GEMM: one launch over all images, no column buffer (runtime/csrc conv.cu)
+    ws, nbytes = _workspace(lw, desc, "GC_CONV2D_FWD_IMPLICIT")
+    lw.call("gc_conv2d_fwd_f32", ctypes.byref(desc), rt.CONV2D_PASS["GC_CONV2D_FWD_IMPLICIT"],
             Addr(x.offset), Addr(w.offset), None, Addr(y.offset), ws, nbytes, None,
             keep=(desc,))
 

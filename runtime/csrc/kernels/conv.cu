@@ -7,11 +7,15 @@
  *   forward      y_g[c_out/groups, P] = W_g[c_out/groups, K] @ col_g[K, P] + bias_g
  *   backward data  col_g[K, P] = W_g^T @ dy_g, then dx = col2im(col) (a gather: each dx element
  *                sums the column entries that read it; deterministic, no atomics)
- *   backward filter dW_g += dy_g[c_out/groups, P] @ col_g^T (beta = 0 for the first image)
+ *   backward filter dW_g = dy_g[c_out/groups, N*P] @ col_g^T[N*P, K]: one implicit GEMM over
+ *                all images, split along N*P when its tiles are few (partials in the
+ *                workspace, added in split order: deterministic)
  * The groups are the batch (blockIdx.z) of gemm_tile.cuh's kernel. The im2col passes work one
  * image at a time through a column buffer of c_in * kh * kw * P floats (the workspace); the
  * implicit GEMM reads x through an im2col view instead, over all images at once (its GEMM
- * columns are n * P), and needs no workspace.
+ * columns are n * P), and needs no workspace; its cursors hoist the index math out of the k
+ * loop (divisions once per thread, then adds). The weight gradient's workspace holds the
+ * split partials (none when it does not split).
  * Invariants: the descriptor is re-checked by every entry (out_h/out_w must be what
  * gc_conv2d_check computes); a workspace smaller than gc_conv2d_workspace_size gives
  * GC_ERROR_WORKSPACE before any launch.
@@ -58,32 +62,274 @@ __global__ void col2im_kernel(gc_conv2d_desc d, const float *col, float *dx) {
     }
 }
 
-/* x through an im2col view, as the B operand (K x n*P) of one group's GEMM. */
+/* The k step of a GEMM tile (kTileK) as digits of the im2col row index k = (ci * kh + ki) * kw
+ * + kj: whole planes, ki * dilation_h and kj * dilation_w (computed once on the host), so the
+ * cursors below step k with adds and compares only. */
+struct KStep {
+    int64_t planes; /* step of ci, in elements of x (a multiple of h * w) */
+    int32_t dh, dw; /* step of ki * dilation_h and of kj * dilation_w */
+};
+
+inline KStep k_step(const gc_conv2d_desc &d, int64_t count) {
+    KStep s;
+    s.planes = count / (d.kh * d.kw) * d.h * d.w;
+    s.dh = (int32_t)((count / d.kw) % d.kh * d.dilation_h);
+    s.dw = (int32_t)(count % d.kw * d.dilation_w);
+    return s;
+}
+
+/* x through an im2col view, as the B operand (K x n*P) of one group's GEMM. A thread's 4
+ * columns are fixed for the whole k loop: start() decomposes them once (divisions), then
+ * advance() steps k by digits and load4() computes each address with adds and multiplies.
+ * Columns past the first one's output row (a row end when out_w % 4 != 0, or the last
+ * image) take a slower path that decomposes them again. */
 struct ImplicitConvInput {
     static constexpr bool K_CONTIGUOUS = false; /* 4 consecutive output pixels per load */
+    static constexpr int MIN_BLOCKS = 1;        /* the cursor needs ~10 more registers */
     gc_conv2d_desc d;
     const float *x;
     int64_t channel0; /* first input channel of the selected group */
+    KStep step;
 
     __device__ void select(int64_t group) { channel0 = group * (d.c_in / d.groups); }
 
-    __device__ void load4(int64_t kidx, int64_t column, float (&v)[4]) const {
+    struct Cursor {
+        const float *plane; /* x at the first column's image, channel channel0 + ci */
+        int64_t column;     /* the first of the 4 columns */
+        int32_t ih0, iw0;   /* the first column's oh * stride_h - pad_h, ow * stride_w - pad_w */
+        int32_t dh, dw;     /* ki * dilation_h, kj * dilation_w of the current k */
+        int32_t k_left;     /* rows of the GEMM left from the current k (<= 0: none) */
+        int32_t run;        /* columns (0..4) that share the first one's output row */
+    };
+
+    __device__ Cursor start(int64_t kidx, int64_t column) const {
+        Cursor c;
         const int64_t k_count = (d.c_in / d.groups) * d.kh * d.kw;
         const int64_t p_count = d.out_h * d.out_w, columns = d.n * p_count;
-        const int64_t kj = kidx % d.kw, ki = (kidx / d.kw) % d.kh, ci = kidx / (d.kw * d.kh);
+        const int64_t ci = kidx / (d.kh * d.kw);
+        c.k_left = (int32_t)(k_count - kidx);
+        c.dh = (int32_t)((kidx / d.kw) % d.kh * d.dilation_h);
+        c.dw = (int32_t)(kidx % d.kw * d.dilation_w);
+        c.column = column;
+        const int64_t image = column < columns ? column / p_count : 0;
+        const int64_t p = column % p_count, ow = p % d.out_w;
+        c.plane = x + ((image * d.c_in + channel0 + ci) * d.h) * d.w;
+        c.ih0 = (int32_t)((p / d.out_w) * d.stride_h - d.pad_h);
+        c.iw0 = (int32_t)(ow * d.stride_w - d.pad_w);
+        int64_t run = d.out_w - ow < columns - column ? d.out_w - ow : columns - column;
+        c.run = column < columns ? (int32_t)(run < 4 ? run : 4) : 0;
+        return c;
+    }
+
+    __device__ void advance(Cursor &c) const {
+        c.k_left -= kTileK;
+        c.plane += step.planes;
+        c.dh += step.dh;
+        c.dw += step.dw;
+        if (c.dw >= d.kw * d.dilation_w) { c.dw -= (int32_t)(d.kw * d.dilation_w); c.dh += (int32_t)d.dilation_h; }
+        if (c.dh >= d.kh * d.dilation_h) { c.dh -= (int32_t)(d.kh * d.dilation_h); c.plane += d.h * d.w; }
+    }
+
+    __device__ void load4(const Cursor &c, float (&v)[4]) const {
         GC_UNROLL
-        for (int i = 0; i < 4; ++i) {
-            const int64_t c = column + i;
-            v[i] = 0.0f;
-            if (kidx >= k_count || c >= columns) continue;
-            const int64_t image = c / p_count, p = c % p_count;
-            const int64_t ih = (p / d.out_w) * d.stride_h - d.pad_h + ki * d.dilation_h;
-            const int64_t iw = (p % d.out_w) * d.stride_w - d.pad_w + kj * d.dilation_w;
+        for (int i = 0; i < 4; ++i) v[i] = 0.0f;
+        if (c.k_left <= 0) return;
+        const int64_t ih = c.ih0 + c.dh;
+        if (ih >= 0 && ih < d.h) {
+            const float *row = c.plane + ih * d.w;
+            GC_UNROLL
+            for (int i = 0; i < 4; ++i) {
+                const int64_t iw = c.iw0 + c.dw + i * d.stride_w;
+                if (i < c.run && iw >= 0 && iw < d.w) v[i] = row[iw];
+            }
+        }
+        if (c.run < 4) load_rest(c, v);
+    }
+
+    /* columns past the first one's output row: decomposed again (divisions) */
+    __device__ void load_rest(const Cursor &c, float (&v)[4]) const {
+        const int64_t p_count = d.out_h * d.out_w, columns = d.n * p_count;
+        const int64_t image0 = c.column / p_count;
+        GC_UNROLL
+        for (int i = 1; i < 4; ++i) { /* constant indices: v stays in registers */
+            const int64_t col = c.column + i;
+            if (i < c.run || col >= columns) continue;
+            const int64_t p = col % p_count;
+            const int64_t ih = (p / d.out_w) * d.stride_h - d.pad_h + c.dh;
+            const int64_t iw = (p % d.out_w) * d.stride_w - d.pad_w + c.dw;
             if (ih >= 0 && ih < d.h && iw >= 0 && iw < d.w)
-                v[i] = x[((image * d.c_in + channel0 + ci) * d.h + ih) * d.w + iw];
+                v[i] = c.plane[(col / p_count - image0) * d.c_in * d.h * d.w + ih * d.w + iw];
         }
     }
 };
+
+/* ---- the weight gradient: one GEMM per group over all images, split along N * P ----------
+ * dW_g[c_out/groups, K] = dy_g[c_out/groups, N*P] @ col_g^T[N*P, K]. Batch entry z of the tile
+ * kernel is (group, split) = (z / splits, z % splits); split s covers the GEMM k (the pixel
+ * q = image * P + p) in [s * chunk, (s + 1) * chunk). Both operands are K_CONTIGUOUS views
+ * (4 consecutive pixels per load) with cursors that step q by digits. */
+struct FilterSplit {
+    int64_t splits, chunk, np; /* chunk: a multiple of kTileK */
+    __device__ int64_t group(int64_t z) const { return z / splits; }
+    __device__ int64_t q0(int64_t z) const { return z % splits * chunk; }
+    __device__ int64_t q_end(int64_t z) const {
+        return q0(z) + chunk < np ? q0(z) + chunk : np;
+    }
+};
+
+/* dy of one group as the A operand (c_out/groups x N*P). */
+struct ImplicitDy {
+    static constexpr bool K_CONTIGUOUS = true;
+    static constexpr int MIN_BLOCKS = 1;
+    gc_conv2d_desc d;
+    const float *dy;
+    FilterSplit split;
+    int64_t channel0, q0, q_end; /* of the selected batch entry */
+
+    __device__ void select(int64_t z) {
+        channel0 = split.group(z) * (d.c_out / d.groups);
+        q0 = split.q0(z);
+        q_end = split.q_end(z);
+    }
+
+    struct Cursor {
+        const float *at; /* dy at (image, channel, p) */
+        int32_t p;       /* the pixel in its image */
+        int32_t left;    /* pixels left in the split (far below 0: a row outside) */
+    };
+
+    __device__ Cursor start(int64_t row, int64_t kk) const {
+        const int64_t p_count = d.out_h * d.out_w, q = q0 + kk;
+        Cursor c;
+        c.p = (int32_t)(q % p_count);
+        c.at = dy + ((q / p_count) * d.c_out + channel0 + row) * p_count + c.p;
+        c.left = row < d.c_out / d.groups ? (int32_t)(q_end - q) : INT32_MIN / 2;
+        return c;
+    }
+
+    __device__ void advance(Cursor &c) const {
+        const int64_t p_count = d.out_h * d.out_w;
+        c.at += kTileK;
+        c.p += kTileK;
+        c.left -= kTileK;
+        while (c.p >= p_count) { /* into the next image: the same channel, c_out planes on */
+            c.p -= (int32_t)p_count;
+            c.at += (d.c_out - 1) * p_count;
+        }
+    }
+
+    __device__ void load4(const Cursor &c, float (&v)[4]) const {
+        const int64_t p_count = d.out_h * d.out_w;
+        GC_UNROLL
+        for (int i = 0; i < 4; ++i) {
+            v[i] = 0.0f;
+            if (i >= c.left) continue;
+            const float *a = c.at + i;
+            for (int64_t p = c.p + i; p >= p_count; p -= p_count) a += (d.c_out - 1) * p_count;
+            v[i] = *a;
+        }
+    }
+};
+
+/* x through a transposed im2col view, as the B operand (N*P x K) of one group's GEMM: a thread
+ * keeps one K column (ci, ki, kj: its offsets fixed) and steps the pixel (image, oh, ow). */
+struct ImplicitColT {
+    static constexpr bool K_CONTIGUOUS = true;
+    static constexpr int MIN_BLOCKS = 1;
+    gc_conv2d_desc d;
+    const float *x;
+    FilterSplit split;
+    int32_t step_ow, step_oh; /* kTileK pixels as digits: ow, oh, and whole images */
+    int64_t step_images;
+    int64_t channel0, q0, q_end;
+
+    __device__ void select(int64_t z) {
+        channel0 = split.group(z) * (d.c_in / d.groups);
+        q0 = split.q0(z);
+        q_end = split.q_end(z);
+    }
+
+    struct Cursor {
+        const float *plane;   /* x at (image, channel0 + ci) */
+        int32_t oh, ow;       /* the pixel */
+        int32_t ih_off, iw_off; /* ki * dilation_h - pad_h, kj * dilation_w - pad_w */
+        int32_t left;         /* pixels left in the split (far below 0: a column outside) */
+    };
+
+    __device__ Cursor start(int64_t kidx, int64_t kk) const {
+        const int64_t p_count = d.out_h * d.out_w, q = q0 + kk;
+        const int64_t k_count = (d.c_in / d.groups) * d.kh * d.kw;
+        const int64_t ci = kidx / (d.kh * d.kw), p = q % p_count;
+        Cursor c;
+        c.plane = x + ((q / p_count) * d.c_in + channel0 + ci) * d.h * d.w;
+        c.oh = (int32_t)(p / d.out_w);
+        c.ow = (int32_t)(p % d.out_w);
+        c.ih_off = (int32_t)((kidx / d.kw) % d.kh * d.dilation_h - d.pad_h);
+        c.iw_off = (int32_t)(kidx % d.kw * d.dilation_w - d.pad_w);
+        c.left = kidx < k_count ? (int32_t)(q_end - q) : INT32_MIN / 2;
+        return c;
+    }
+
+    __device__ void advance(Cursor &c) const {
+        c.left -= kTileK;
+        c.plane += step_images;
+        c.ow += step_ow;
+        c.oh += step_oh;
+        if (c.ow >= d.out_w) { c.ow -= (int32_t)d.out_w; ++c.oh; }
+        if (c.oh >= d.out_h) { c.oh -= (int32_t)d.out_h; c.plane += d.c_in * d.h * d.w; }
+    }
+
+    __device__ void load4(const Cursor &c, float (&v)[4]) const {
+        GC_UNROLL
+        for (int i = 0; i < 4; ++i) {
+            v[i] = 0.0f;
+            if (i >= c.left) continue;
+            int64_t ow = c.ow + i, oh = c.oh;
+            const float *plane = c.plane;
+            while (ow >= d.out_w) { /* a row end (and an image end) inside the 4 pixels */
+                ow -= d.out_w;
+                if (++oh == d.out_h) { oh = 0; plane += d.c_in * d.h * d.w; }
+            }
+            const int64_t ih = oh * d.stride_h + c.ih_off, iw = ow * d.stride_w + c.iw_off;
+            if (ih >= 0 && ih < d.h && iw >= 0 && iw < d.w) v[i] = plane[ih * d.w + iw];
+        }
+    }
+};
+
+/* dweight[g * c_out_g + row][k] = the splits' partial sums added in split order */
+__global__ void sum_splits_kernel(int64_t groups, int64_t splits, int64_t per_group,
+                                  const float *partial, float *dweight) {
+    for (int64_t i = global_thread_index(); i < groups * per_group; i += global_thread_count()) {
+        const float *at = partial + (i / per_group) * splits * per_group + i % per_group;
+        float sum = 0.0f;
+        for (int64_t s = 0; s < splits; ++s) sum += at[s * per_group];
+        dweight[i] = sum;
+    }
+}
+
+/* How many splits of N*P the weight gradient uses: enough blocks for two per SM of an H100
+ * when the (c_out/groups x K) tiles are few, at least 512 pixels a split; a function of the
+ * shape only, so the result is the same on every run. */
+FilterSplit filter_split(const gc_conv2d_desc &d) {
+    const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
+    const int64_t tiles = ((c_out_g + kTileM - 1) / kTileM) * ((k + kTileN - 1) / kTileN) *
+                          d.groups;
+    const int64_t np = d.n * d.out_h * d.out_w;
+    int64_t splits = (2 * 132 + tiles - 1) / tiles;
+    if (splits > np / 512) splits = np / 512;
+    if (splits > 256) splits = 256;
+    if (splits < 1) splits = 1;
+    int64_t chunk = (np + splits - 1) / splits;
+    chunk = (chunk + kTileK - 1) / kTileK * kTileK;
+    splits = np > 0 ? (np + chunk - 1) / chunk : 1;
+    return FilterSplit{splits, chunk, np};
+}
+
+int64_t filter_workspace_bytes(const gc_conv2d_desc &d) {
+    const FilterSplit s = filter_split(d);
+    const int64_t k = (d.c_in / d.groups) * d.kh * d.kw;
+    return s.splits > 1 ? s.splits * d.c_out * k * (int64_t)sizeof(float) : 0;
+}
 
 /* One group's GEMM result (c_out/groups x n*P) written into NCHW y with the bias added. */
 struct ConvOutput {
@@ -203,8 +449,8 @@ extern "C" gc_status gc_conv2d_workspace_size(const gc_conv2d_desc *desc, gc_con
     switch (pass) {
     case GC_CONV2D_FWD_IMPLICIT: *bytes = 0; return GC_SUCCESS;
     case GC_CONV2D_FWD_IM2COL:
-    case GC_CONV2D_BWD_DATA:
-    case GC_CONV2D_BWD_FILTER: *bytes = column_buffer_bytes(checked); return GC_SUCCESS;
+    case GC_CONV2D_BWD_DATA: *bytes = column_buffer_bytes(checked); return GC_SUCCESS;
+    case GC_CONV2D_BWD_FILTER: *bytes = filter_workspace_bytes(checked); return GC_SUCCESS;
     default:
         return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: pass must be a gc_conv2d_pass (0..3), "
                        "got %d", fn, (int)pass);
@@ -228,7 +474,7 @@ extern "C" gc_status gc_conv2d_fwd_f32(const gc_conv2d_desc *desc, gc_conv2d_pas
     const int64_t p_count = d.out_h * d.out_w;
     const auto op_w = matrix_operand<true>(weight, k, c_out_g * k, c_out_g, k);
     if (!im2col) {
-        const ImplicitConvInput op_x{d, x, 0};
+        const ImplicitConvInput op_x{d, x, 0, k_step(d, kTileK)};
         const ConvOutput out{d, y, bias, 0};
         return launch_gemm_tiles(op_w, op_x, out, c_out_g, d.n * p_count, k, d.groups, stream,
                                  fn);
@@ -277,24 +523,31 @@ extern "C" gc_status gc_conv2d_bwd_filter_f32(const gc_conv2d_desc *desc, const 
                                               int64_t workspace_bytes, gc_stream stream) {
     const char *fn = "gc_conv2d_bwd_filter_f32";
     gc_conv2d_desc d;
-    GC_TRY(check_call(fn, desc, &d, desc ? column_buffer_bytes(*desc) : 0, workspace,
-                      workspace_bytes));
+    GC_TRY(check_call(fn, desc, &d, 0, nullptr, 0));
+    const int64_t needed = filter_workspace_bytes(d);
+    GC_TRY(check_call(fn, desc, &d, needed, workspace, workspace_bytes));
     GC_REQUIRE(dweight != nullptr, "dweight is NULL");
     const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
-    const int64_t p_count = d.out_h * d.out_w;
     if (d.n == 0) return gc_fill_f32(dweight, 0.0f, d.c_out * k, stream); /* no images: 0 */
     GC_TRY(require_pointers(fn, x, dy, dweight));
-    float *col = static_cast<float *>(workspace);
-    /* op(B) = col_g^T (p_count x k): col_g is stored (k, p_count), so B is transposed */
-    const auto op_colt = matrix_operand<true>(col, p_count, k * p_count, k, p_count);
-    for (int64_t image = 0; image < d.n; ++image) {
-        GC_TRY(launch_im2col(d, x + image * d.c_in * d.h * d.w, col, stream, fn));
-        const auto op_dy = matrix_operand<true>(dy + image * d.c_out * p_count, p_count,
-                                                c_out_g * p_count, c_out_g, p_count);
-        const MatrixOutput out = matrix_output(dweight, k, c_out_g * k, c_out_g, k, 1.0f,
-                                               image == 0 ? 0.0f : 1.0f, nullptr, 0);
-        GC_TRY(launch_gemm_tiles(op_dy, op_colt, out, c_out_g, k, p_count, d.groups, stream, fn));
-    }
+    const FilterSplit split = filter_split(d);
+    GC_REQUIRE(split.np < ((int64_t)1 << 30), "n * out_h * out_w = %lld pixels exceed the 2^30 "
+               "this kernel counts; split the batch", (long long)split.np);
+    const ImplicitDy op_dy{d, dy, split, 0, 0, 0};
+    const int64_t p_count = d.out_h * d.out_w;
+    const ImplicitColT op_col{d, x, split, (int32_t)(kTileK % d.out_w),
+                              (int32_t)((kTileK / d.out_w) % d.out_h),
+                              kTileK / p_count * d.c_in * d.h * d.w, 0, 0, 0};
+    /* z = group * splits + s writes its own (c_out_g x k) matrix */
+    float *target = split.splits > 1 ? static_cast<float *>(workspace) : dweight;
+    const MatrixOutput out = matrix_output(target, k, c_out_g * k, c_out_g, k, 1.0f, 0.0f,
+                                           nullptr, 0);
+    GC_TRY(launch_gemm_tiles(op_dy, op_col, out, c_out_g, k, split.chunk,
+                             d.groups * split.splits, stream, fn));
+    if (split.splits == 1) return GC_SUCCESS;
+    GC_LAUNCH(sum_splits_kernel, grid_1d(d.c_out * k), dim3(kThreads, 1, 1), 0, stream)(
+        d.groups, split.splits, c_out_g * k, target, dweight);
+    GC_CHECK_LAUNCH(fn);
     return GC_SUCCESS;
 }
 

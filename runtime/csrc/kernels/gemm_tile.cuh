@@ -5,12 +5,18 @@
  * thread owns an 8 x 8 register tile made of 4 x 4 quarters at rows {4ty, 64 + 4ty} and
  * columns {4tx, 64 + 4tx}, so its shared-memory reads are float4 and conflict-free.
  *
- * Operands are policies (a plain row-major matrix, or conv.cu's implicit im2col view):
+ * Operands are policies (a plain row-major matrix, or conv.cu's implicit im2col views):
  *   static constexpr bool K_CONTIGUOUS; true when 4 consecutive k of one row/column are
  *       adjacent in memory (A not transposed, B transposed);
+ *   static constexpr int MIN_BLOCKS; the resident blocks per SM to bound registers for;
  *   void select(int64_t z): move to batch entry z (blockIdx.z plus a base);
- *   void load4(int64_t outer, int64_t inner, float (&v)[4]): 4 values along the contiguous
- *       dimension starting at (outer, inner), zeros outside the matrix.
+ *   struct Cursor; Cursor start(int64_t outer, int64_t inner): where this thread's 4 values
+ *       of the first k step start (outer, inner as the matrix is stored: (k, free) or
+ *       (free, k)); everything about the fixed free coordinate is computed here, once;
+ *   void advance(Cursor &): move the cursor kTileK along k (no divisions: conv.cu's views
+ *       step their mixed-radix indices by precomputed digits);
+ *   void load4(const Cursor &, float (&v)[4]): 4 values along the contiguous dimension,
+ *       zeros outside the matrix.
  * The output policy has select(z) and store4(row, col, const float (&v)[4]) (4 consecutive
  * columns of C; it applies alpha/beta/bias and its own bounds checks).
  * Invariants: any m, n, k >= 0 (k == 0 gives a zero product); beta == 0 never reads C;
@@ -41,12 +47,54 @@ __device__ inline float round_to_tf32(float x) {
 template <bool K_CONTIG, bool TF32>
 struct MatrixOperand {
     static constexpr bool K_CONTIGUOUS = K_CONTIG;
+    static constexpr int MIN_BLOCKS = 2; /* blocks per SM the kernel is register-bounded for */
     const float *base;
     const float *p;
     int64_t ld, batch_stride, outer_n, inner_n;
     bool vector_loads; /* ld, batch_stride and base allow aligned float4 loads */
 
     __device__ void select(int64_t z) { p = base + z * batch_stride; }
+
+    /* `at`: the address of the first value. `left` (K_CONTIG): the k left before the end of
+     * the row (<= 0 past it; far below 0 for a row outside); not K_CONTIG: 8 * (the k left) +
+     * how many of the 4 columns are inside (a prefix): one register either way */
+    struct Cursor {
+        const float *at;
+        int32_t left;
+    };
+    __device__ Cursor start(int64_t outer, int64_t inner) const {
+        Cursor c;
+        c.at = p + outer * ld + inner;
+        if (K_CONTIG) {
+            c.left = outer < outer_n ? (int32_t)(inner_n - inner) : INT32_MIN / 2;
+        } else {
+            const int64_t cols = inner_n - inner;
+            c.left = (int32_t)(outer_n - outer) * 8 + (cols < 0 ? 0 : cols > 4 ? 4 : (int32_t)cols);
+        }
+        return c;
+    }
+    __device__ void advance(Cursor &c) const {
+        c.at += K_CONTIG ? (int64_t)kTileK : kTileK * ld;
+        c.left -= K_CONTIG ? kTileK : 8 * kTileK;
+    }
+    __device__ void load4(const Cursor &c, float (&v)[4]) const {
+        const int32_t cols = c.left & 7; /* not K_CONTIG; c.left >= 8 <=> a k is left */
+        const bool all = K_CONTIG ? c.left >= 4 : c.left >= 8 && cols == 4;
+        if (all && vector_loads) {
+            const float4 q = *reinterpret_cast<const float4 *>(c.at);
+            v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+        } else {
+            GC_UNROLL
+            for (int i = 0; i < 4; ++i) {
+                const bool in = K_CONTIG ? i < c.left : c.left >= 8 && i < cols;
+                v[i] = in ? c.at[i] : 0.0f;
+            }
+        }
+        if (TF32) {
+            GC_UNROLL
+            for (int i = 0; i < 4; ++i) v[i] = round_to_tf32(v[i]);
+        }
+    }
 
     __device__ void load4(int64_t outer, int64_t inner, float (&v)[4]) const {
         if (outer < outer_n && vector_loads && inner + 3 < inner_n) {
@@ -106,12 +154,13 @@ struct MatrixOutput {
 };
 
 /* Global -> registers -> shared for one 8 x 128 operand tile; the thread layout depends on
- * which dimension is contiguous so global loads stay coalesced. */
+ * which dimension is contiguous so global loads stay coalesced. This thread's cursor over
+ * the tile's k steps: */
 template <class Operand>
-__device__ inline void load_tile(const Operand &op, int64_t free0, int64_t k0, float (&reg)[4]) {
+__device__ inline typename Operand::Cursor tile_cursor(const Operand &op, int64_t free0) {
     const int tid = threadIdx.x;
-    if (Operand::K_CONTIGUOUS) op.load4(free0 + tid / 2, k0 + (tid % 2) * 4, reg);
-    else op.load4(k0 + tid / 32, free0 + (tid % 32) * 4, reg);
+    if (Operand::K_CONTIGUOUS) return op.start(free0 + tid / 2, (tid % 2) * 4);
+    return op.start(tid / 32, free0 + (tid % 32) * 4);
 }
 
 template <class Operand>
@@ -126,8 +175,12 @@ __device__ inline void store_tile(float (*tile)[kTileM + kTilePad], const float 
     }
 }
 
+/* Two 256-thread blocks an SM (at most 128 registers a thread; ptxas-check: no spills) unless
+ * an operand's cursor needs more registers (MIN_BLOCKS 1: conv.cu's implicit views). */
 template <class OpA, class OpB, class Out>
-__global__ void __launch_bounds__(kTileThreads)
+__global__ void __launch_bounds__(kTileThreads,
+                                  OpA::MIN_BLOCKS < OpB::MIN_BLOCKS ? OpA::MIN_BLOCKS
+                                                                    : OpB::MIN_BLOCKS)
 gemm_tile_kernel(OpA a, OpB b, Out out, int64_t k, int64_t z_base) {
     __shared__ __align__(16) float a_tile[2][kTileK][kTileM + kTilePad];
     __shared__ __align__(16) float b_tile[2][kTileK][kTileN + kTilePad];
@@ -146,22 +199,26 @@ gemm_tile_kernel(OpA a, OpB b, Out out, int64_t k, int64_t z_base) {
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
     }
 
-    const int64_t steps = (k + kTileK - 1) / kTileK;
+    const int steps = (int)((k + kTileK - 1) / kTileK); /* k < 2^31: launch_gemm_tiles */
     float reg_a[4], reg_b[4];
+    auto cursor_a = tile_cursor(a, m0);
+    auto cursor_b = tile_cursor(b, n0);
     if (steps > 0) {
-        load_tile(a, m0, 0, reg_a);
-        load_tile(b, n0, 0, reg_b);
+        a.load4(cursor_a, reg_a);
+        b.load4(cursor_b, reg_b);
         store_tile<OpA>(a_tile[0], reg_a);
         store_tile<OpB>(b_tile[0], reg_b);
     }
     __syncthreads();
 
-    for (int64_t step = 0; step < steps; ++step) {
-        const int cur = (int)(step & 1);
+    for (int step = 0; step < steps; ++step) {
+        const int cur = step & 1;
         const bool more = step + 1 < steps;
         if (more) { /* the next tile's global loads overlap this tile's arithmetic */
-            load_tile(a, m0, (step + 1) * kTileK, reg_a);
-            load_tile(b, n0, (step + 1) * kTileK, reg_b);
+            a.advance(cursor_a);
+            b.advance(cursor_b);
+            a.load4(cursor_a, reg_a);
+            b.load4(cursor_b, reg_b);
         }
         GC_UNROLL
         for (int kk = 0; kk < kTileK; ++kk) {
@@ -200,6 +257,9 @@ template <class OpA, class OpB, class Out>
 gc_status launch_gemm_tiles(const OpA &a, const OpB &b, const Out &out, int64_t m, int64_t n,
                             int64_t k, int64_t batch, gc_stream stream, const char *what) {
     const int64_t tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
+    if (k >= (int64_t)1 << 27)
+        return gc_fail(GC_ERROR_NOT_SUPPORTED, "%s: k = %lld exceeds the 2^27 this GEMM's "
+                       "cursors count (8 * k in 32 bits); split the product", what, (long long)k);
     if (tiles_m > kMaxGridYZ)
         return gc_fail(GC_ERROR_NOT_SUPPORTED, "%s: m = %lld rows exceed the %lld this GEMM "
                        "grid covers; split the product", what, (long long)m,

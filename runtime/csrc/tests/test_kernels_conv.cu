@@ -1,6 +1,7 @@
 /* test_kernels_conv.cu: the conv2d entries against direct double-precision loops: forward
  * through im2col + GEMM and through the implicit GEMM (with and without bias), backward data,
- * backward filter (over a batch: overwritten, not accumulated) and the bias gradient, with
+ * backward filter (over a batch: overwritten, not accumulated; split along N*P when long)
+ * and the bias gradient, with
  * stride, padding, dilation and groups (depthwise included); then descriptor, workspace and
  * pointer errors.
  */
@@ -96,7 +97,11 @@ void run_conv(gc_conv2d_desc desc, uint64_t seed, const char *name) {
     EXPECT_OK(gc_conv2d_bwd_data_f32(&d, ddy.ptr, dwv.ptr, dx.ptr, ws.ptr, ws_bytes, nullptr));
     snprintf(what, sizeof what, "%s: backward data", name);
     test::all_close(dx.get(), dx_ref, rtol, atol, what);
-    EXPECT_OK(gc_conv2d_bwd_filter_f32(&d, dxv.ptr, ddy.ptr, dw.ptr, ws.ptr, ws_bytes, nullptr));
+    int64_t filter_bytes = -1;
+    EXPECT_OK(gc_conv2d_workspace_size(&d, GC_CONV2D_BWD_FILTER, &filter_bytes));
+    Device<float> filter_ws(filter_bytes / 4 + 1, NAN);
+    EXPECT_OK(gc_conv2d_bwd_filter_f32(&d, dxv.ptr, ddy.ptr, dw.ptr, filter_ws.ptr, filter_bytes,
+                                       nullptr));
     snprintf(what, sizeof what, "%s: backward filter", name);
     test::all_close(dw.get(), dw_ref, rtol, 1e-5 * (double)(d.n * p), what);
     EXPECT_OK(gc_conv2d_bwd_bias_f32(&d, ddy.ptr, db.ptr, nullptr));
@@ -128,8 +133,20 @@ void test_errors() {
     test::expect_status(gc_conv2d_fwd_f32(&d, GC_CONV2D_FWD_IM2COL, x.ptr, w.ptr, nullptr, y.ptr,
                                           ws.ptr, bytes - 4, nullptr),
                         GC_ERROR_WORKSPACE, "gc_conv2d_fwd_f32", "workspace too small");
-    test::expect_status(gc_conv2d_bwd_filter_f32(&d, x.ptr, y.ptr, w.ptr, nullptr, 0, nullptr),
-                        GC_ERROR_WORKSPACE, "gc_conv2d_bwd_filter_f32", "no workspace");
+    test::expect_status(gc_conv2d_bwd_data_f32(&d, y.ptr, w.ptr, x.ptr, nullptr, 0, nullptr),
+                        GC_ERROR_WORKSPACE, "gc_conv2d_bwd_data_f32", "no workspace");
+    {   /* a weight gradient long enough to split needs its partials' workspace */
+        gc_conv2d_desc big = make_desc(4, 1, 40, 40, 1, 3, 3, 1, 1, 1, 1, 1, 1, 1);
+        EXPECT_OK(gc_conv2d_check(&big));
+        int64_t filter_bytes = 0;
+        EXPECT_OK(gc_conv2d_workspace_size(&big, GC_CONV2D_BWD_FILTER, &filter_bytes));
+        TEST_CHECK(filter_bytes > 0, "a split weight gradient needs a workspace, got %lld bytes",
+                   (long long)filter_bytes);
+        Device<float> bx(4 * 1600, 1.0f), bdy(4 * 1600, 1.0f), bw(9, 0.0f);
+        test::expect_status(gc_conv2d_bwd_filter_f32(&big, bx.ptr, bdy.ptr, bw.ptr, nullptr, 0,
+                                                     nullptr),
+                            GC_ERROR_WORKSPACE, "gc_conv2d_bwd_filter_f32", "no workspace");
+    }
     test::expect_status(gc_conv2d_fwd_f32(&d, GC_CONV2D_BWD_DATA, x.ptr, w.ptr, nullptr, y.ptr,
                                           ws.ptr, bytes, nullptr),
                         bad, "gc_conv2d_fwd_f32", "a backward pass given to the forward");
@@ -153,6 +170,10 @@ int main() {
              "3x2 stride 2x1 pad 1x2 dilation 2x1 groups 2");
     run_conv(make_desc(1, 3, 8, 7, 3, 2, 2, 3, 2, 0, 1, 1, 2, 3), 30, "depthwise stride 3x2");
     run_conv(make_desc(3, 5, 4, 4, 7, 1, 1, 1, 1, 0, 0, 1, 1, 1), 40, "1x1 odd channels");
+    /* N*P = 3 * 29 * 23 pixels: the weight gradient splits them (partials in the workspace);
+     * out_w = 23: runs of 4 pixels cross row and image ends */
+    run_conv(make_desc(3, 2, 31, 25, 3, 3, 3, 1, 1, 0, 0, 1, 1, 1), 50, "weight grad split");
+    run_conv(make_desc(2, 2, 9, 3, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1), 60, "out_w 2: short rows");
     test_errors();
     return test::finish("test_kernels_conv");
 }

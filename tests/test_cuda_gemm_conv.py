@@ -1,0 +1,110 @@
+"""GEMM and convolution choices of the cuda backend, emulated (GRAPHC_CUDA=emu).
+
+The forward convolution is one implicit GEMM over all images (no column buffer); the weight
+gradient is one implicit GEMM over N * P split into chunks when its tiles are few (partials
+added in split order), so it is checked on a shape that splits, against a float64 reference,
+and for equal bits on two runs. Float32 matmuls stay float32 unless GRAPHC_CUDA_ALLOW_TF32=1
+(PyTorch's default for matmul), which selects the TF32 tensor-core GEMM. Skinny float32
+GEMMs (few output tiles, long k) are split along k, the slices added in order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphc.backends import compile as compile_graph
+from graphc.ir import parse
+
+
+@pytest.fixture(autouse=True)
+def _emulation(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _runtime():
+    from tests.test_cuda_backend import _runtime_or_skip
+
+    _runtime_or_skip()
+
+
+def _calls(ex) -> list[str]:
+    from graphc.backends.cuda.lowering import Call
+
+    return [s.function for s in ex.lowered.steps if isinstance(s, Call)]
+
+
+_MATMUL = '''graph @f(%a: f32[33,70], %b: f32[70,45]) -> (f32[33,45]) {
+  %0: f32[33,45] = matmul(%a, %b)
+  return (%0)
+}'''
+
+
+def test_matmul_is_float32_unless_tf32_is_allowed(rng, monkeypatch):
+    a = rng.standard_normal((33, 70)).astype(np.float32)
+    b = rng.standard_normal((70, 45)).astype(np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    ex = compile_graph(parse(_MATMUL), "cuda")
+    assert _calls(ex) == ["gc_gemm_f32"]
+    np.testing.assert_allclose(ex.run(a, b)[0], want, rtol=1e-5, atol=1e-4)
+    monkeypatch.setenv("GRAPHC_CUDA_ALLOW_TF32", "1")
+    ex = compile_graph(parse(_MATMUL), "cuda")
+    assert _calls(ex) == ["gc_gemm_tf32_f32"]
+    np.testing.assert_allclose(ex.run(a, b)[0], want, rtol=1e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("k", [2048, 2050])
+def test_skinny_matmul_splits_k(rng, k):
+    """A 32 x 40 output over a long k: one 128 x 128 tile, so k is cut into slices (a batched
+    GEMM, the remainder in one more) whose partials a kernel adds in slice order."""
+    text = f'''graph @f(%a: f32[32,{k}], %bt: f32[40,{k}]) -> (f32[32,40]) {{
+  %0: f32[{k},40] = permute[dims=(1, 0)](%bt)
+  %1: f32[32,40] = matmul(%a, %0)
+  return (%1)
+}}'''
+    a = rng.standard_normal((32, k)).astype(np.float32)
+    bt = rng.standard_normal((40, k)).astype(np.float32)
+    ex = compile_graph(parse(text), "cuda")
+    calls = _calls(ex)
+    assert calls[0] == "gc_gemm_strided_batched_f32"
+    assert calls[1:] == (["gc_gemm_f32"] if k % 8 else [])
+    first, second = ex.run(a, bt)[0], ex.run(a, bt)[0]
+    assert first.tobytes() == second.tobytes()
+    want = a.astype(np.float64) @ bt.astype(np.float64).T
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-3)
+
+
+def test_conv_forward_is_one_implicit_gemm(rng):
+    from graphc.backends.cuda import rt
+    from graphc.backends.cuda.lowering import Call
+
+    text = '''graph @f(%x: f32[3,4,11,9], %w: f32[6,2,3,3]) -> (f32[3,6,7,5]) {
+  %0: f32[3,6,7,5] = conv2d[stride=(2, 2), padding=(2, 1), dilation=(1, 1), groups=2](%x, %w)
+  return (%0)
+}'''
+    x = rng.standard_normal((3, 4, 11, 9)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    ex = compile_graph(parse(text), "cuda")
+    (call,) = [s for s in ex.lowered.steps if isinstance(s, Call)]
+    assert call.function == "gc_conv2d_fwd_f32"
+    assert call.args[1] == rt.CONV2D_PASS["GC_CONV2D_FWD_IMPLICIT"]
+    want = compile_graph(parse(text.replace("f32", "f64")), "interp").run(
+        x.astype(np.float64), w.astype(np.float64))[0]
+    np.testing.assert_allclose(ex.run(x, w)[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_weight_gradient_split_over_pixels(rng):
+    text = '''graph @f(%g: f32[4,3,38,38], %x: f32[4,2,40,40]) -> (f32[3,2,3,3]) {
+  %0: f32[3,2,3,3] = conv2d_weight_grad[kernel_size=(3, 3), stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1](%g, %x)
+  return (%0)
+}'''  # noqa: E501
+    g = rng.standard_normal((4, 3, 38, 38)).astype(np.float32)
+    x = rng.standard_normal((4, 2, 40, 40)).astype(np.float32)
+    ex = compile_graph(parse(text), "cuda")
+    first, second = ex.run(g, x)[0], ex.run(g, x)[0]
+    assert first.tobytes() == second.tobytes()
+    want = compile_graph(parse(text.replace("f32", "f64")), "interp").run(
+        g.astype(np.float64), x.astype(np.float64))[0]
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-3)
