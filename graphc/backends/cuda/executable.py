@@ -184,7 +184,8 @@ class CudaExecutable:
 
     def _call(self, arrays: tuple, bound: list, eager: bool):
         rt, stream = self.rt, self._stream
-        ids = [id(a) for a in bound]
+        seen: set[int] = set()
+        shared = {id(a) for a in bound if id(a) in seen or seen.add(id(a))}  # passed twice
         staged = self._staging.value
         for i, a in enumerate(bound):
             ptr = self._input_ptrs[i]
@@ -223,7 +224,7 @@ class CudaExecutable:
                 continue
             i = self._update_input[k]
             a = bound[i]
-            if not eager and i in self._state and ids.count(id(a)) == 1 and \
+            if not eager and i in self._state and id(a) not in shared and \
                     isinstance(arrays[i], np.ndarray) and a.flags.writeable and \
                     a.flags.c_contiguous:  # stays on the device: the slot gets the value
                 if offset != self.lowered.input_offsets[i] and t.nbytes:
