@@ -109,16 +109,26 @@ def _assign(graph: Graph) -> list[_Bucket]:
     return buckets
 
 
-def _split(bucket: _Bucket, index: int) -> tuple[list[Node], list[Node]]:
-    """The start node, and the wait with the views that give each member's result."""
+def _prefix(graph: Graph) -> str:
+    """"bucket", or "bucket_", "bucket__", ... where some value's name starts with it."""
+    names = [v.name for v in graph.inputs] + [v.name for n in graph.nodes for v in n.outputs]
+    prefix = "bucket"
+    while any(name.startswith(prefix) for name in names):
+        prefix += "_"
+    return prefix
+
+
+def _split(bucket: _Bucket, name: str) -> tuple[list[Node], list[Node]]:
+    """The start node, and the wait with the views that give each member's result; the new
+    values are `name`, `name.reduced` and `name.<k>`."""
     op = bucket.key[1]
     loc = bucket.members[-1].loc
-    flat = Value(f"bucket{index}", _flat_type(bucket))
+    flat = Value(name, _flat_type(bucket))
     start = Node("all_reduce_start", [m.inputs[0] for m in bucket.members], {"op": op}, [flat],
                  loc)
     single = len(bucket.members) == 1 and bucket.members[0].outputs[0].type == flat.type
     reduced = bucket.members[0].outputs[0] if single else \
-        Value(f"bucket{index}.reduced", flat.type)
+        Value(f"{name}.reduced", flat.type)
     after = [Node("all_reduce_wait", [flat], {"op": op}, [reduced], loc)]
     offset = 0
     for k, member in enumerate(bucket.members):
@@ -129,7 +139,7 @@ def _split(bucket: _Bucket, index: int) -> tuple[list[Node], list[Node]]:
                               member.loc))
         elif not single:
             piece = out if out.type.shape == (n,) else \
-                Value(f"bucket{index}.{k}", type(out.type)((n,), out.type.dtype))
+                Value(f"{name}.{k}", type(out.type)((n,), out.type.dtype))
             after.append(Node("slice", [reduced], {"starts": (offset,), "stops": (offset + n,),
                                                   "steps": (1,)}, [piece], member.loc))
             if piece is not out:
@@ -171,8 +181,9 @@ def bucket_allreduce(graph: Graph) -> Graph:
     bucketed = {id(m) for b in buckets for m in b.members}
     starts_after: dict[int, list[Node]] = {}
     waits_before: dict[int, list[Node]] = {}
+    prefix = _prefix(graph)
     for index, bucket in enumerate(buckets):
-        start, after = _split(bucket, index)
+        start, after = _split(bucket, f"{prefix}{index}")
         starts_after.setdefault(bucket.ready, []).extend(start)
         waits_before.setdefault(bucket.first_read, []).extend(after)
     nodes = list(starts_after.get(-1, []))
@@ -198,6 +209,7 @@ def _waits_in_start_order(nodes: list[Node]) -> list[Node]:
     last = max(i for i, n in enumerate(nodes) if n.op == "all_reduce_start")
     head, tail = nodes[:last + 1], nodes[last + 1:]
     started = {n.outputs[0]: i for i, n in enumerate(head) if n.op == "all_reduce_start"}
+    position = {id(n): i for i, n in enumerate(tail)}
     made_in_tail = {v: n for n in tail for v in n.outputs}
     pending = {id(n): sum(v in made_in_tail for v in n.inputs) for n in tail}
     readers: dict[Value, list[Node]] = {}
@@ -225,7 +237,7 @@ def _waits_in_start_order(nodes: list[Node]) -> list[Node]:
                 pending[id(r)] -= 1
                 if not pending[id(r)]:
                     ready.append(r)
-        ready.sort(key=lambda n: tail.index(n))
+        ready.sort(key=lambda n: position[id(n)])
     return head + order
 
 
