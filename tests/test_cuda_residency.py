@@ -116,6 +116,35 @@ def test_eager_reads_after_compiled_steps_see_the_current_values(rt, rng):
                                    atol=1e-6)
 
 
+def test_gradients_accumulated_across_steps(rt, rng):
+    """Without zero_grad the `.grad`s are state too (accumulated in place on the device)."""
+    import graphc.nn.functional as F
+    from graphc import optim
+
+    def make():
+        graphc.manual_seed(0)
+        model = _mlp()
+        opt = optim.SGD(model.parameters(), lr=0.05)
+
+        def step(x, y):
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        return model, step
+
+    (model, step), (ref_model, ref_step) = make(), make()
+    step, ref_step = graphc.compile(step, backend="cuda"), graphc.compile(ref_step,
+                                                                          backend="interp")
+    for _ in range(4):
+        x, y = _batch(rng)
+        step(x, y)
+        ref_step(x, y)
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)
+
+
 def test_two_executables_share_parameters(rt, rng):
     """A compiled evaluation reads the values the compiled training step left on the device,
     and a step on another backend (the interpreter) sees them too."""

@@ -165,7 +165,10 @@ class CudaExecutable:
                 raise ArgumentError(f"graph @{g.name}: input %{g.inputs[i].name} expects "
                                     f"{g.inputs[i].type}, got {a.dtype}{list(a.shape)}")
             bound.append(a)
-        residency.fresh_all(bound, keep=self)  # values another executable holds
+        # fetch every out-of-date array but those whose value is in their own slot here (an
+        # output of this executable's last call read back as an input is fetched too)
+        residency.fresh_all([a for i, a in enumerate(bound) if i not in self._state
+                             or residency.marked_by(a) != (self, i)])
         # values stay on the device only for a compiled call (it reads results through
         # tensors, which fetch) and without the NaN check (it reads every value on the host)
         eager = config.check_nans() or not residency.in_raw_reads()
