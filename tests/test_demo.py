@@ -67,9 +67,11 @@ def test_small_demo_prints_its_summary_and_writes_valid_files(capsys, tmp_path, 
     svg = ElementTree.parse(out / "step.svg").getroot()
     assert svg.tag.endswith("svg")
     assert (out / "memory.png").read_bytes().startswith(PNG_SIGNATURE)
+    page = (out / "step.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "graph @step" in page
     summary = (out / "summary.txt").read_text()
     assert summary.startswith(text.strip()) and "plan_buffers @step" in summary
-    for name in ("summary.txt", "step.svg", "memory.png", "ir/"):
+    for name in ("summary.txt", "step.svg", "step.html", "memory.png", "ir/"):
         assert re.search(rf"^  {re.escape(name)}\s+\w", text, re.MULTILINE), name
 
 

@@ -2,6 +2,8 @@
 
     ir/step.0.traced.gir ... ir/step.3.plan_buffers.gir   the training step's IR after each pass
     step.svg          the optimized step, fused groups boxed (graphc.ir.export.render_svg)
+    step.html         the same step in the interactive viewer: zoom, search, collapse
+                      (graphc.tools.viewer.render_html; one file, no network)
     memory.png        its buffers over the schedule (graphc.tools.memory_viz.render_memory)
     summary.txt       what the run printed, the passes' report and the memory report
 
@@ -56,16 +58,20 @@ def write_pass_dumps(traced: Graph, folder: str, passes=None) -> list[str]:
 
 
 def write_artifacts(folder: str, compiled) -> dict[str, str]:
-    """The IR dumps, step.svg and memory.png of a compiled training step, and summary.txt's
-    entry (write_summary writes it last); returns {name in `folder`: what it holds}."""
+    """The IR dumps, step.svg, step.html and memory.png of a compiled training step, and
+    summary.txt's entry (write_summary writes it last); returns {name in `folder`: what it
+    holds}."""
     from graphc.ir.export import render_svg
     from graphc.tools.memory_viz import render_memory
+    from graphc.tools.viewer import render_html
 
     dumps = write_pass_dumps(compiled.graph, os.path.join(folder, "ir"), compiled.passes)
     written = {"summary.txt": "this report, the passes' times and the memory plan"}
     optimized = compiled.optimized_graph
     render_svg(optimized, os.path.join(folder, "step.svg"))
     written["step.svg"] = "the optimized training step, fused groups boxed"
+    render_html(optimized, os.path.join(folder, "step.html"))
+    written["step.html"] = "the same step to explore in a browser (zoom, search, collapse)"
     plan = optimized.meta.get("memory_plan")
     if plan is not None:
         render_memory(plan, os.path.join(folder, "memory.png"))

@@ -25,8 +25,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-import graphc
 from graphc.errors import ArgumentError, ShapeError, TraceError
+from graphc.ops.movement import cat, stack
+from graphc.ops.sources import full
 from graphc.tensor import Tensor
 
 
@@ -49,14 +50,14 @@ def _layout(t: Tensor) -> np.ndarray:
 class PackedSequence(NamedTuple):
     """The valid steps of a batch of sequences (see the module docstring)."""
 
-    data: graphc.Tensor
-    batch_sizes: graphc.Tensor
-    sorted_indices: graphc.Tensor | None = None
-    unsorted_indices: graphc.Tensor | None = None
+    data: Tensor
+    batch_sizes: Tensor
+    sorted_indices: Tensor | None = None
+    unsorted_indices: Tensor | None = None
 
 
 def _lengths(lengths) -> np.ndarray:
-    if isinstance(lengths, graphc.Tensor):
+    if isinstance(lengths, Tensor):
         lengths = _layout(lengths)
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
@@ -93,7 +94,7 @@ def pack_padded_sequence(input, lengths, batch_first: bool = False,  # noqa: A00
     if order is not None:
         x = x.index_select(1, _constant(order))
     batch_sizes = (lengths[None, :] > np.arange(int(lengths.max()))[:, None]).sum(1)
-    data = graphc.cat([x[t, :size] for t, size in enumerate(batch_sizes)], 0)
+    data = cat([x[t, :size] for t, size in enumerate(batch_sizes)], 0)
     sorted_indices = unsorted_indices = None
     if order is not None:
         sorted_indices = _constant(order)
@@ -119,11 +120,11 @@ def _padded_sorted(sequence: PackedSequence, padding_value: float = 0.0,
         row = data[offset:offset + size]
         offset += size
         if size < batch:
-            fill = graphc.full((batch - size,) + tail, padding_value, dtype=data.dtype)
-            row = graphc.cat([row, fill], 0) if size else fill
+            fill = full((batch - size,) + tail, padding_value, dtype=data.dtype)
+            row = cat([row, fill], 0) if size else fill
         rows.append(row)
     lengths = (batch_sizes[None, :] > np.arange(batch)[:, None]).sum(1)
-    return graphc.stack(rows, 0), lengths
+    return stack(rows, 0), lengths
 
 
 def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False,
@@ -152,10 +153,10 @@ def pad_sequence(sequences, batch_first: bool = False, padding_value: float = 0.
     for s in sequences:
         missing = longest - s.shape[0]
         if missing:
-            fill = graphc.full((missing,) + tuple(s.shape[1:]), padding_value, dtype=s.dtype)
-            s = graphc.cat([s, fill] if padding_side == "right" else [fill, s], 0)
+            fill = full((missing,) + tuple(s.shape[1:]), padding_value, dtype=s.dtype)
+            s = cat([s, fill] if padding_side == "right" else [fill, s], 0)
         rows.append(s)
-    return graphc.stack(rows, 0 if batch_first else 1)
+    return stack(rows, 0 if batch_first else 1)
 
 
 def pack_sequence(sequences, enforce_sorted: bool = True) -> PackedSequence:
