@@ -110,21 +110,32 @@ RaceState &state() {
 }
 
 /* ---- where an address lies ----------------------------------------------------------- */
+/* collects (module id, size, name) of every module with TLS; the addresses come after, out of
+ * the loader's lock: begin holds the module id until then */
 int collect_tls(struct dl_phdr_info *info, size_t, void *data) {
     if (info->dlpi_tls_modid == 0) return 0;
     for (int i = 0; i < info->dlpi_phnum; ++i) {
         const ElfW(Phdr) &ph = info->dlpi_phdr[i];
         if (ph.p_type != PT_TLS || ph.p_memsz == 0) continue;
-        size_t index[2] = {info->dlpi_tls_modid, 0};
-        /* allocates this thread's block now if the module's TLS was never touched here, so
-         * the ranges stay right for the whole launch */
-        uintptr_t begin = reinterpret_cast<uintptr_t>(__tls_get_addr(index));
         const char *name = info->dlpi_name && *info->dlpi_name ? info->dlpi_name
                                                                : program_invocation_short_name;
         static_cast<std::vector<TlsBlock> *>(data)->push_back(
-            TlsBlock{begin, begin + ph.p_memsz, name});
+            TlsBlock{info->dlpi_tls_modid, ph.p_memsz, name});
     }
     return 0;
+}
+
+void locate_tls(std::vector<TlsBlock> &blocks) {
+    for (TlsBlock &block : blocks) {
+        size_t index[2] = {block.begin, 0};
+        /* allocates this thread's block now if the module's TLS was never touched here, so
+         * the ranges stay right for the whole launch */
+        uintptr_t begin = reinterpret_cast<uintptr_t>(__tls_get_addr(index));
+        block.end += begin;
+        block.begin = begin;
+    }
+    std::sort(blocks.begin(), blocks.end(),
+              [](const TlsBlock &a, const TlsBlock &b) { return a.begin < b.begin; });
 }
 
 const TlsBlock *find_tls(const RaceState &r, uintptr_t address) {
@@ -319,8 +330,7 @@ void race_launch_begin(const char *kernel, dim3 grid, dim3 block, const void *dy
     r.dynamic_bytes = dynamic_shared ? (uint64_t)dynamic_shared_bytes : 0;
     r.tls.clear();
     dl_iterate_phdr(collect_tls, &r.tls);
-    std::sort(r.tls.begin(), r.tls.end(),
-              [](const TlsBlock &a, const TlsBlock &b) { return a.begin < b.begin; });
+    locate_tls(r.tls);
     r.reported.clear();
     r.races = 0;
     r.accesses = 0;
