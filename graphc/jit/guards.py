@@ -366,7 +366,7 @@ class Guard:
 
     __slots__ = ("grad_mode", "call", "attrs", "cells", "lookups", "empty",
                  "dicts", "seqs", "big", "tensors", "grads", "holder_ids", "arg_holders",
-                 "dynamic")
+                 "dynamic", "top_dims")
 
     def __init__(self, fn, args: tuple, kwargs: dict) -> None:
         self.grad_mode = is_grad_enabled()
@@ -381,6 +381,7 @@ class Guard:
         self.tensors: list = []  # (tensor, shape, dtype, requires_grad, is_leaf)
         self.grads: list = []  # (holder, None or (shape, dtype, requires_grad) of its .grad)
         self.dynamic: frozenset = frozenset()  # argument dims a symbolic entry leaves free
+        self.top_dims: dict | None = None  # {positional index: dims} when all are top-level
         _GuardBuilder(self).build(fn, args, kwargs)
 
     def set_dynamic(self, dynamic: frozenset) -> None:
@@ -388,6 +389,13 @@ class Guard:
         the entry's ShapeGuard checks them."""
         self.dynamic = frozenset(dynamic)
         self.call = _mask_call(self.call, self.dynamic)
+        top: dict[int, set[int]] = {}
+        for path, dim in self.dynamic:
+            if len(path) != 2 or path[0] != 0:
+                top = None
+                break
+            top.setdefault(path[1], set()).add(dim)
+        self.top_dims = top
 
     def holds(self, args: tuple, kwargs: dict) -> bool:
         try:
@@ -396,8 +404,12 @@ class Guard:
             return False
 
     def _holds(self, args: tuple, kwargs: dict) -> bool:
-        if is_grad_enabled() != self.grad_mode or \
-                _mask_call(_describe_call(args, kwargs), self.dynamic) != self.call:
+        if is_grad_enabled() != self.grad_mode:
+            return False
+        if self.top_dims is not None and self.dynamic:
+            if _describe_masked(args, kwargs, self.top_dims) != self.call:
+                return False
+        elif _mask_call(_describe_call(args, kwargs), self.dynamic) != self.call:
             return False
         for obj, attr, value in self.attrs:
             if getattr(obj, attr, ABSENT) is not value:
@@ -434,6 +446,22 @@ class Guard:
                 return False
         return self.arg_holders is None or \
             _arg_holders(args, kwargs, self.holder_ids) == self.arg_holders
+
+
+def _describe_masked(args: tuple, kwargs: dict, top_dims: dict) -> tuple:
+    """`_mask_call(_describe_call(...))` where every dynamic dim is of a positional tensor
+    argument: those tensors are described with their dims masked directly (the fast path)."""
+    described = []
+    for i, a in enumerate(args):
+        dims = top_dims.get(i)
+        if dims is not None and isinstance(a, Tensor):
+            shape = a._data.shape
+            described.append(("tensor", tuple("*" if d in dims and d < len(shape) else n
+                                              for d, n in enumerate(shape)),
+                              a._dtype.name, a._requires_grad))
+        else:
+            described.append(_describe(a))
+    return tuple(described), tuple((k, _describe(v)) for k, v in kwargs.items())
 
 
 def _describe_call(args: tuple, kwargs: dict) -> tuple:
