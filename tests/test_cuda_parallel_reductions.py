@@ -205,3 +205,33 @@ def test_elementwise_kernels_stay_one_thread_per_element(rng):
   return (%0)
 }''', x)
     assert [(launch.threads, launch.lanes) for launch in launches] == [(1000, 1)]
+
+
+def test_conv_batch_norm_training_step_has_no_serial_reduction(rng):
+    """Every reduction of a conv + batch-norm + linear training step (forward, backward,
+    update) runs on a segment of threads: the batch-norm and conv-bias gradients (sums over
+    N, H, W of 4 x 8 x 8 = 256 elements) on 256 threads per channel; no kernel with one
+    thread per output walks a reduced extent."""
+    import graphc
+    from graphc import nn
+    from graphc.backends.cuda.lowering import Launch
+    from tests.conftest import sgd_training_step
+
+    _, step = sgd_training_step(lambda: nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 10)))
+    step = graphc.compile(step, backend="cuda")
+    x = graphc.tensor(rng.standard_normal((4, 3, 8, 8)).astype(np.float32))
+    y = graphc.tensor(rng.integers(0, 10, 4))
+    for _ in range(2):  # the first call of a signature may run eagerly
+        step(x, y)
+    lowered = step.executable.lowered
+    launches = [s for s in lowered.steps if isinstance(s, Launch)]
+    cooperative = [launch for launch in launches if launch.lanes > 1]
+    assert cooperative and min(launch.lanes for launch in cooperative) >= 32
+    assert max(launch.lanes for launch in cooperative) >= 256
+    kernels = lowered.source.split('extern "C" __global__ void ')[1:]
+    for launch in launches:
+        (text,) = [k for k in kernels if k.startswith(launch.function + "(")]
+        if launch.lanes == 1:  # elementwise: no loop over a reduced extent
+            assert "for (long long r" not in text, launch.function
