@@ -67,4 +67,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'graphc' has no attribute {name!r}")
 
 
+# PyTorch's wider surface: creation (eye, linspace...), dtype limits, and the composites
+from graphc import creation as _creation  # noqa: E402
+from graphc.utils import dtype_info as _dtype_info  # noqa: E402
+from graphc.utils import math_composites as _math_composites  # noqa: E402
+from graphc.utils import selection as _selection  # noqa: E402
+from graphc.utils import shape_composites as _shape_composites  # noqa: E402
 from graphc.utils.composites import cumsum, einsum, masked_fill, multinomial, topk, tril, triu  # noqa: E402
+
+for _module in (_creation, _dtype_info, _math_composites, _shape_composites, _selection):
+    for _name in _module.PUBLIC:
+        globals()[_name] = getattr(_module, _name)
+del _module, _name

@@ -12,7 +12,7 @@ import numpy as np
 
 from graphc.errors import DTypeError, TraceError
 from graphc.tensor import Tensor, check_device
-from graphc.types import as_dtype, dtype_of_numpy, float32, float64
+from graphc.types import as_dtype, dtype_of_numpy, float32, float64, int64
 
 
 def _has_exact_float(data) -> bool:
@@ -164,3 +164,117 @@ def from_dlpack(ext) -> Tensor:
     if array.dtype in (np.float32, np.float64, np.int64, np.bool_):
         return from_numpy(array)
     return tensor(array)
+
+
+# ---- creation functions of PyTorch's surface beyond zeros/ones/full/arange -------------------
+def eye(n: int, m: int | None = None, *, dtype=None, requires_grad: bool = False,
+        device=None) -> Tensor:
+    """An n x m matrix with ones on the diagonal (m = n by default).
+
+    >>> import graphc
+    >>> graphc.eye(2, 3, dtype=graphc.int64)
+    tensor([[1, 0, 0],
+            [0, 1, 0]])
+    """
+    from graphc.ops import elementwise, movement, sources
+
+    check_device("graphc.eye", device)
+    m = n if m is None else m
+    if n < 0:
+        raise ValueError(f"n must be greater or equal to 0, got {n}")
+    if m < 0:
+        raise ValueError(f"m must be greater or equal to 0, got {m}")
+    rows = movement.unsqueeze(sources.arange(n), -1)
+    out = elementwise.cast(rows == sources.arange(m), as_dtype(dtype or float32))
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def _scalar(value, name: str) -> float:
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise ValueError(f"linspace only supports 0-dimensional start and end tensors, but "
+                             f"got {name} with {value.ndim} dimension(s).")
+        return float(value.item())
+    return float(value)
+
+
+def linspace(start, end, steps: int, *, dtype=None, requires_grad: bool = False,
+             device=None) -> Tensor:
+    """`steps` evenly spaced values from start to end, with PyTorch's two-sided formula
+    (start + i*step in the first half, end - (steps-1-i)*step in the second), in `dtype`.
+
+    >>> graphc.linspace(0, 1, 5)
+    tensor([0.0000, 0.2500, 0.5000, 0.7500, 1.0000])
+    """
+    from graphc.ops import elementwise, sources
+
+    check_device("graphc.linspace", device)
+    if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool):
+        raise TypeError(f"linspace(): argument 'steps' must be int, not {type(steps).__name__}")
+    if steps < 0:
+        raise ValueError("number of steps must be non-negative")
+    dt = as_dtype(dtype or float32)
+    work = dt if dt.is_floating else float64
+    a, b = _scalar(start, "start"), _scalar(end, "end")
+    if steps <= 1:
+        out = sources.full((steps,), a, dtype=work)
+    else:
+        # the step in the working dtype, as PyTorch's kernel computes it
+        cast = work.np
+        step = float((cast(b) - cast(a)) / cast(steps - 1))
+        idx = sources.arange(steps, dtype=work)
+        first = idx * step + a
+        second = (float(steps - 1) - idx) * (-step) + b
+        out = elementwise.where(idx < float(steps // 2), first, second)
+    out = elementwise.cast(out, dt)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None,
+             requires_grad: bool = False, device=None) -> Tensor:
+    """base ** linspace(start, end, steps), in `dtype`."""
+    from graphc.ops import elementwise
+
+    dt = as_dtype(dtype or float32)
+    exponents = linspace(start, end, steps, dtype=float64, device=device)
+    out = elementwise.cast(elementwise.pow(float(base), exponents), dt)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def empty_like(input, *, dtype=None, requires_grad: bool = False, device=None,  # noqa: A002
+               memory_format=None) -> Tensor:
+    """A tensor shaped like input (graphc fills it with zeros: its values are unspecified)."""
+    from graphc.ops import sources
+
+    return sources.zeros_like(input, dtype=dtype, requires_grad=requires_grad, device=device)
+
+
+def _triangle_indices(function: str, row: int, col: int, offset: int, dtype, lower: bool):
+    dt = as_dtype(dtype or int64)
+    if dt is not int64:
+        raise DTypeError(f"{function}: graphc's indices are int64, got dtype={dt.name}")
+    if row < 0 or col < 0:
+        raise ValueError(f"row must be non-negative, got{row}" if row < 0 else
+                         f"col must be non-negative, got{col}")
+    r, c = np.tril_indices(row, offset, col) if lower else np.triu_indices(row, offset, col)
+    return Tensor._wrap(np.stack([r, c]).astype(np.int64).reshape(2, -1), False)
+
+
+def tril_indices(row: int, col: int, offset: int = 0, *, dtype=None, device=None) -> Tensor:
+    """The (2, N) row and column indices of the lower triangle of a row x col matrix."""
+    check_device("graphc.tril_indices", device)
+    return _triangle_indices("tril_indices", row, col, offset, dtype, lower=True)
+
+
+def triu_indices(row: int, col: int, offset: int = 0, *, dtype=None, device=None) -> Tensor:
+    """The (2, N) row and column indices of the upper triangle of a row x col matrix."""
+    check_device("graphc.triu_indices", device)
+    return _triangle_indices("triu_indices", row, col, offset, dtype, lower=False)
+
+
+def numel(input) -> int:  # noqa: A002
+    """The number of elements of input."""
+    return input.numel()
+
+
+PUBLIC = ("eye", "linspace", "logspace", "empty_like", "tril_indices", "triu_indices", "numel")

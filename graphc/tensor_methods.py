@@ -20,6 +20,7 @@ from graphc.ops import elementwise, linalg, nn_ops, random, reduce
 from graphc.ops.registry import call, inplace
 from graphc.types import as_dtype, bool_, float32, float64, int64
 from graphc.utils import composites
+from graphc.utils.tensor_math import MathMethods
 
 
 def _operand(other):
@@ -60,7 +61,7 @@ def _update(target, name: str, fn, *args, **kwargs):
     return inplace(target, name, lambda old: fn(old, *args, **kwargs))
 
 
-class TensorMethods:
+class TensorMethods(MathMethods):
     """Operators and math methods of `graphc.Tensor` (see the module docstring)."""
 
     __slots__ = ()

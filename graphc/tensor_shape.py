@@ -14,6 +14,7 @@ from __future__ import annotations
 from graphc.errors import ShapeError, where
 from graphc.ops import gather, indexing, movement, sources
 from graphc.ops.registry import call
+from graphc.utils import shape_composites as sc
 
 
 class ShapeMethods:
@@ -159,6 +160,101 @@ class ShapeMethods:
     def scatter_add(self, dim, index, src):
         """x plus src's entries added at the positions `index` names along `dim`."""
         return gather.scatter_add(self, dim, index, src)
+
+    # ---- moving, tiling, diagonals, index writes (graphc.utils.shape_composites) ----------------
+    def movedim(self, source, destination):
+        """Dims `source` moved to `destination`."""
+        return sc.movedim(self, source, destination)
+
+    def moveaxis(self, source, destination):
+        """movedim (numpy's name)."""
+        return sc.movedim(self, source, destination)
+
+    def roll(self, shifts, dims=None):
+        """Elements shifted circularly along dims."""
+        return sc.roll(self, shifts, dims)
+
+    def tile(self, *dims):
+        """self repeated dims[i] times along dim i."""
+        return sc.tile(self, dims[0] if len(dims) == 1 and not isinstance(dims[0], int) else dims)
+
+    def repeat_interleave(self, repeats, dim=None, *, output_size=None):
+        """Each element repeated along dim."""
+        return sc.repeat_interleave(self, repeats, dim, output_size=output_size)
+
+    def diagonal(self, offset=0, dim1=0, dim2=1):
+        """The diagonal over dim1, dim2, as the last dim (a copy)."""
+        return sc.diagonal(self, offset, dim1, dim2)
+
+    def diag(self, diagonal=0):
+        """1-D: a diagonal matrix; 2-D: the diagonal."""
+        return sc.diag(self, diagonal)
+
+    def diag_embed(self, offset=0, dim1=-2, dim2=-1):
+        """Matrices with self's last dim on their diagonal."""
+        return sc.diag_embed(self, offset, dim1, dim2)
+
+    def trace(self):
+        """The sum of a matrix's diagonal."""
+        return sc.trace(self)
+
+    def diff(self, n=1, dim=-1, prepend=None, append=None):
+        """The n-th forward difference along dim."""
+        return sc.diff(self, n, dim, prepend, append)
+
+    def take(self, index):
+        """self as 1-D at index."""
+        return sc.take(self, index)
+
+    def index_fill(self, dim, index, value):
+        """Slices at index along dim set to value."""
+        return sc.index_fill(self, dim, index, value)
+
+    def index_fill_(self, dim, index, value):
+        """In-place index_fill."""
+        return sc.index_fill_(self, dim, index, value)
+
+    def index_copy(self, dim, index, source):
+        """source's slices written at index along dim."""
+        return sc.index_copy(self, dim, index, source)
+
+    def index_copy_(self, dim, index, source):
+        """In-place index_copy."""
+        return sc.index_copy_(self, dim, index, source)
+
+    def scatter(self, dim, index, src=None, *, value=None, reduce=None):
+        """src (or value) written at index along dim."""
+        return sc.scatter(self, dim, index, src, value=value, reduce=reduce)
+
+    def scatter_(self, dim, index, src=None, *, value=None, reduce=None):
+        """In-place scatter."""
+        return sc.scatter_(self, dim, index, src, value=value, reduce=reduce)
+
+    def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+        """scatter with a 'sum' or 'mean' reduction."""
+        return sc.scatter_reduce(self, dim, index, src, reduce, include_self=include_self)
+
+    def scatter_reduce_(self, dim, index, src, reduce, *, include_self=True):
+        """In-place scatter_reduce."""
+        return sc.scatter_reduce_(self, dim, index, src, reduce, include_self=include_self)
+
+    def new_empty(self, *size, dtype=None, requires_grad=False, device=None):
+        """A tensor of `size` (graphc fills it with zeros)."""
+        return self.new_zeros(*size, dtype=dtype, requires_grad=requires_grad, device=device)
+
+    @property
+    def H(self):  # noqa: N802 (PyTorch's name)
+        """The conjugate transpose of a matrix (for real tensors, its transpose)."""
+        if self.ndim != 2:
+            raise ShapeError(f"tensor.H is only supported on matrices (2-D tensors). Got "
+                             f"{self.ndim}-D tensor. For batches of matrices, consider using "
+                             "tensor.mH")
+        return movement.transpose(self, 0, 1)
+
+    @property
+    def mH(self):  # noqa: N802
+        """The last two dims swapped (for real tensors, mT)."""
+        return self.mT
 
     # ---- new tensors like this one -----------------------------------------------------------
     def new_zeros(self, *size, dtype=None, requires_grad=False, device=None):

@@ -11,6 +11,8 @@ from tests.opinfos import (
     random,
     reduce,
     sources,
+    surface,
 )
 
-ALL_GROUPS = (sources, elementwise, mathops, reduce, movement, linalg, conv, pool, nn_ops, random)
+ALL_GROUPS = (sources, elementwise, mathops, reduce, movement, linalg, conv, pool, nn_ops, random,
+              surface)
