@@ -146,19 +146,27 @@ def test_gradients_accumulated_across_steps(rt, rng):
 
 
 def test_two_executables_share_parameters(rt, rng):
-    """A compiled evaluation reads the values the compiled training step left on the device,
-    and a step on another backend (the interpreter) sees them too."""
+    """A compiled evaluation reads the values the compiled training step left on the device
+    (device to device: nothing crosses), and a step on another backend (the interpreter)
+    sees them too."""
     model, step, ref_model, ref_step = _twins()
     evaluate = graphc.compile(lambda x: model(x), backend="cuda")
     evaluate_ref = graphc.compile(lambda x: model(x), backend="interp")
-    for _ in range(3):
+    for call in range(4):
         x, y = _batch(rng)
+        rt.gc_transfer_bytes_reset()
         step(x, y)
         ref_step(x, y)
         with graphc.no_grad():
             got = evaluate(x).numpy()
+            traffic = _traffic(rt)
             np.testing.assert_allclose(got, ref_model(x).numpy(), rtol=1e-5, atol=1e-6)
-            np.testing.assert_allclose(evaluate_ref(x).numpy(), got, rtol=1e-5, atol=1e-6)
+        if call >= 2:  # the evaluation copies the parameters device to device: only the
+            # batches, the loss, the error word and the evaluation's output cross
+            assert traffic == (2 * x.numel() * 4 + y.numel() * 8, 4 + 8 + got.nbytes)
+    with graphc.no_grad():  # the interpreter fetches them to the host
+        np.testing.assert_allclose(evaluate_ref(x).numpy(), got, rtol=1e-5, atol=1e-6)
+    assert not any(residency.marked_by(p._array) for p in model.parameters())
 
 
 def test_check_nans_turns_residency_off(rt, rng, monkeypatch):

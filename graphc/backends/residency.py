@@ -133,14 +133,17 @@ def fresh(array) -> None:
 
 def fresh_all(arrays: Iterable, keep: Any = None) -> None:
     """Fetch every out-of-date array among `arrays` (and views of their memory), except those
-    marked by `keep` (an executable about to read its own device copies)."""
+    marked by `keep` (an executable about to read its own device copies) or by an owner
+    `keep.takes_device_value(owner)` accepts (it copies the value device to device)."""
     if not stale:
         return
+    takes = getattr(keep, "takes_device_value", None)
     for array in arrays:
         if array is None:
             continue
         found = marked_by(array)
-        if keep is not None and found is not None and found[0] is keep:
+        if keep is not None and found is not None and (
+                found[0] is keep or takes is not None and takes(found[0])):
             continue
         depth = getattr(_raw, "depth", 0)
         _raw.depth = 0

@@ -166,9 +166,9 @@ class CudaExecutable:
                                     f"{g.inputs[i].type}, got {a.dtype}{list(a.shape)}")
             bound.append(a)
         # fetch every out-of-date array but those whose value is in their own slot here (an
-        # output of this executable's last call read back as an input is fetched too)
-        residency.fresh_all([a for i, a in enumerate(bound) if i not in self._state
-                             or residency.marked_by(a) != (self, i)])
+        # output of this executable's last call read back as an input is fetched too) and
+        # those another executable holds (copied device to device: `_take`)
+        residency.fresh_all([a for i, a in enumerate(bound) if not self._holds_or_takes(i, a)])
         # values stay on the device only for a compiled call (it reads results through
         # tensors, which fetch) and without the NaN check (it reads every value on the host)
         eager = config.check_nans() or not residency.in_raw_reads()
@@ -196,11 +196,13 @@ class CudaExecutable:
                 if not eager and residency.marked_by(a) == (self, i):
                     continue  # its slot holds the current value
                 self._vacate(i)
+                if self._take(a, ptr):
+                    continue
                 if a.nbytes:  # rare (a first call, a host write): straight from the array
                     a = np.ascontiguousarray(a)
                     rt.gc_memcpy_h2d(ptr, a.ctypes.data, a.nbytes, stream)
                 continue
-            if a.nbytes:
+            if a.nbytes and not self._take(a, ptr):
                 view = np.frombuffer((ctypes.c_char * a.nbytes).from_address(staged), a.dtype)
                 np.copyto(view.reshape(a.shape), a)
                 rt.gc_memcpy_h2d(ptr, staged, a.nbytes, stream)
@@ -254,6 +256,39 @@ class CudaExecutable:
                 self._holders[slot] = weakref.ref(out)
             residency.mark(out, self, slot)
         return outs, errors
+
+    def _holds_or_takes(self, i: int, a: np.ndarray) -> bool:
+        found = residency.marked_by(a)
+        return found is not None and (found == (self, i) and i in self._state
+                                      or self.takes_device_value(found[0]))
+
+    def takes_device_value(self, owner) -> bool:
+        """Whether a value `owner` keeps on the device is copied from there (device to
+        device) rather than fetched to the host and uploaded: another executable of this
+        runtime (a compiled evaluation reading the parameters a training step holds)."""
+        return isinstance(owner, CudaExecutable) and owner is not self and owner.rt is self.rt
+
+    def _take(self, a: np.ndarray, dst: int) -> bool:
+        """Copy `a`'s current value from the executable that holds it into `dst`, device to
+        device; False (after fetching `a`, if it was out of date) when none can."""
+        found = residency.marked_by(a)
+        if found is None or not self.takes_device_value(found[0]):
+            return False
+        owner, slot = found
+        if not owner._lock.acquire(blocking=False):  # it is running: never wait on it here
+            residency.fresh_all([a])
+            return False
+        try:
+            if residency.marked_by(a) != found or owner._lost is not None:
+                residency.fresh_all([a])
+                return False
+            src = slot[2] if isinstance(slot, tuple) else owner._input_ptrs[slot]
+            if a.nbytes:  # done before the owner may run again and overwrite its slot
+                self.rt.gc_memcpy_d2d(dst, src, a.nbytes, self._stream)
+                self.rt.gc_stream_synchronize(self._stream)
+            return True
+        finally:
+            owner._lock.release()
 
     def _vacate(self, i: int) -> None:
         """Before slot i is overwritten: fetch the array whose value only it holds."""
