@@ -10,9 +10,11 @@ wall time of the first compiled call, which does all of the compile work:
   on the first compile of a process,
 - passes: simplify, fuse, plan_buffers (with the verifier after each),
 - backend: CpuExecutable set-up; inside it `lower` (LLVM IR text from the planned graph)
-  and `llvm` (`compile_module`: llvmlite's first-use set-up, cache key, then O3 + object
-  code on a cache miss, or reading and checking the cached object on a hit, and loading it
-  into MCJIT), the rest being BLAS resolution and arena allocation;
+  and `llvm` (`compile_module`: llvmlite's first-use set-up, deduplicating identical
+  kernels (graphc.backends.cpu.module_text), cache key, then optimisation + object code on
+  a cache miss (in parts on worker processes for a large module), or reading and checking
+  the cached objects on a hit, and loading them into MCJIT), the rest being BLAS resolution
+  and arena allocation;
 - import: the CPU backend's modules and llvmlite, which a fresh process loads on its first
   compile (imported just before the call, so its stages can be wrapped, and counted);
 - other: the rest of the call (guards, output checks, bookkeeping).
@@ -87,10 +89,13 @@ def measure(batch: int) -> dict:
     compiled(gx, gy)
     second = now() - start
     library = compiled.executable.library
+    kernels = set(compiled.executable.lowered.kernels)
     return {"compile_s": first, "stages": stages, "next_call_s": second,
             "traces": len(compiled.graphs), "from_cache": library.from_cache,
             "passes": {r.name: r.seconds for r in compiled.report.records},
-            "ir_chars": len(compiled.executable.lowered.ir_text)}
+            "ir_chars": len(compiled.executable.lowered.ir_text),
+            "compiled_chars": len(library._ir_text), "kernels": len(kernels),
+            "distinct_kernels": len(kernels - set(library.aliases)), "parts": library.parts}
 
 
 def _child(batch: int, cache_dir: str, clock: str) -> dict:
@@ -131,9 +136,13 @@ def compile_time_cases(batch: int, runs: int, clock: str = "wall") -> list[CaseR
             f"graphc {label}", None, ("<=", target), [contender],
             note=f"median of {len(results)} fresh processes; stages: {breakdown} (lower and "
                  "llvm are inside backend); the next call takes "
-                 f"{np.median([r['next_call_s'] for r in results]) * 1e3:.1f} ms",
+                 f"{np.median([r['next_call_s'] for r in results]) * 1e3:.1f} ms; "
+                 f"{results[0]['kernels']} kernels, {results[0]['distinct_kernels']} distinct "
+                 f"(LLVM text {results[0]['ir_chars']:,} -> {results[0]['compiled_chars']:,} "
+                 f"characters), {results[0]['parts']} part(s)",
             extra={"stages": stages, "passes": passes,
-                   "ir_chars": results[0]["ir_chars"]}))
+                   "ir_chars": results[0]["ir_chars"], "kernels": results[0]["kernels"],
+                   "distinct_kernels": results[0]["distinct_kernels"]}))
     return rows
 
 

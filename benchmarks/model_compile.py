@@ -21,7 +21,8 @@ text for the cache). `--workers` sets GRAPHC_COMPILE_WORKERS, `--level` the LLVM
 machines are shared, and numbers move 2x with load.
 
 `--compare-levels` measures what the pipeline buys at run time instead: in one process, the
-same step (same weights, same batch) compiled at O2 and at O3, called in turns
+same step (same weights, same batch; or `chain`, `conv`: benchmarks/cases.py's elementwise
+chain and convolution) compiled at O2 and at O3, called in turns
 (`--repeat` rounds after two warm-up calls each), medians of each.
 """
 
@@ -104,13 +105,33 @@ def child(name: str, level: int | None) -> dict:
     stages["warm-up"] = first[0] - sum(stages.get(k, 0.0) for k in ("trace", "passes",
                                                                      "backend"))
     return {"first": first, "second": second, "stages": stages, "graphs": len(compiled.graphs),
-            "kernels": len(set(ex.lowered.kernels)), "aliases": len(ex.library.aliases),
+            "kernels": len(set(ex.lowered.kernels)),
+            "distinct": len(set(ex.lowered.kernels) - set(ex.library.aliases)),
             "parts": ex.library.parts, "from_cache": ex.library.from_cache,
             "chars": len(ex.lowered.ir_text), "deduped_chars": len(ex.library._ir_text)}
 
 
+def _case(name: str):
+    """(function, args) of `name`: a training step, or the `chain` (elementwise, 16M floats)
+    and `conv` (conv2d forward, N=64 3->64 32x32) cases of benchmarks/cases.py."""
+    import numpy as np
+
+    import graphc
+    from benchmarks import cases
+
+    rng = np.random.default_rng(0)
+    if name == "chain":
+        return cases.graphc_chain, (graphc.tensor(rng.standard_normal(1 << 24, np.float32)),)
+    if name == "conv":
+        x, w, b = (graphc.tensor(rng.standard_normal(s).astype(np.float32))
+                   for s in ((64, 3, 32, 32), (64, 3, 3, 3), (64,)))
+        return (lambda x, w, b: graphc.conv2d(x, w, b, padding=1)), (x, w, b)
+    step, x, y = _step(name)  # same seed: the same weights
+    return step, (x, y)
+
+
 def compare_levels(name: str, repeat: int) -> str:
-    """One table row: the step's median call at O2 and at O3 (and their compile times)."""
+    """One table row: the case's median call at O2 and at O3 (and their first calls)."""
     import numpy as np
 
     import graphc
@@ -119,19 +140,19 @@ def compare_levels(name: str, repeat: int) -> str:
     row, steps = [], []
     for level in (2, 3):
         llvm.OPT_LEVEL = level
-        step, x, y = _step(name)  # same seed: the same weights
-        compiled = graphc.compile(step, backend="cpu")
+        fn, args = _case(name)
+        compiled = graphc.compile(fn, backend="cpu")
         start = time.perf_counter()
-        compiled(x, y)
+        compiled(*args)
         row.append(time.perf_counter() - start)
-        compiled(x, y)
-        steps.append((compiled, x, y))
+        compiled(*args)
+        steps.append((compiled, args))
     llvm.OPT_LEVEL = 3
     times: list[list[float]] = [[], []]
     for _ in range(repeat):
-        for k, (compiled, x, y) in enumerate(steps):
+        for k, (compiled, args) in enumerate(steps):
             start = time.perf_counter()
-            compiled(x, y)
+            compiled(*args)
             times[k].append(time.perf_counter() - start)
     o2, o3 = (float(np.median(t)) * 1e3 for t in times)
     return (f"| {name} | {o2:.2f} ms | {o3:.2f} ms | {o2 / o3:.2f} | {row[0]:.2f} s | "
@@ -194,7 +215,7 @@ def main() -> int:
                            if k in cold["stages"])
         print(f"| {name} | {cold['first'][0]:.2f} s ({cold['first'][1]:.2f}) | "
               f"{warm['first'][0]:.2f} s ({warm['first'][1]:.2f}) | {cold['second']:.3f} s | "
-              f"{stages} | {cold['kernels']} ({cold['kernels'] - cold['aliases']}) | "
+              f"{stages} | {cold['kernels']} ({cold['distinct']}) | "
               f"{cold['chars'] // 1000}k ({cold['deduped_chars'] // 1000}k) | "
               f"{cold['parts']} |")
     if "mlp3" in colds and "mlp30" in colds:

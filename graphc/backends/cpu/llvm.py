@@ -1,10 +1,12 @@
 """llvmlite set-up, `compile_module` and the on-disk object-code cache of the CPU backend.
 
 `compile_module(ir_text, name)` turns LLVM IR text into a `Library` of callable native
-functions: parse and verify, optimise at O3 (loop and SLP vectorisation) through the new pass
-manager with the host CPU and its features, emit object code, load it into an MCJIT engine.
-Object code is cached on disk, so a second compile of the same text skips optimisation and
-code generation and only loads the object.
+functions: keep one copy of identical kernels (graphc.backends.cpu.module_text), parse and
+verify, optimise at O`OPT_LEVEL` (loop and SLP vectorisation) through the new pass manager
+with the host CPU and its features (graphc.backends.cpu.llvm_worker), emit object code (a
+large module in parts, on worker processes: graphc.backends.cpu.workers), load the objects
+into one MCJIT engine. Object code is cached on disk, so a second compile of the same text
+skips optimisation and code generation and only loads the objects.
 
 Invariants:
 - One-time initialisation (native target, asm printer/parser, libgomp when present) happens
@@ -20,10 +22,12 @@ Invariants:
   reporting): a cache entry carries its length and sha256, and its ELF structure is checked
   before loading. Symbols the object needs from outside must resolve in this process
   (`register_symbol`, libgomp, libc/libm) or `compile_module` raises instead of LLVM aborting.
-- Cache key = sha256 of (IR text, triple, CPU name, features, llvmlite, LLVM and graphc
-  versions, entry format). The cache is graphc.backends.cache's `DiskCache` (the one format
-  of every backend: length and sha256 header, one atomic rename), so readers see a whole
-  entry or none; a bad entry is deleted and rebuilt. Compiles of one key in one process are
+- Cache key = sha256 of (deduplicated IR text, O level, triple, CPU name, features,
+  llvmlite, LLVM and graphc versions, entry format). An entry is a bundle of the objects of
+  a module's parts (`pack_objects`), each ELF-checked before any is loaded. The cache is
+  graphc.backends.cache's `DiskCache` (the one format of every backend: length and sha256
+  header, one atomic rename), so readers see a whole entry or none; a bad entry is deleted
+  and rebuilt. Compiles of one key in one process are
   serialised, so concurrent callers compile it once.
 - Every failure graphc expects is an `LLVMCompileError` naming the module and LLVM's message.
 
