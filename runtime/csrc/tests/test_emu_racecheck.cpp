@@ -69,9 +69,13 @@ __global__ void racy_global_store(float *out) {
     if (threadIdx.x == 0) out[0] = (float)blockIdx.x;
 }
 
-/* every thread of every block adds to one counter: atomics never race */
+/* every thread of every block adds to one counter (and exchanges, maxes, swaps other
+ * words): atomics never race */
 __global__ void atomic_count(float *counter, int *tickets) {
     atomicAdd(counter, 1.0f);
+    atomicExch(counter + 1, (float)threadIdx.x);
+    atomicMax(tickets + 257, (int)threadIdx.x);
+    atomicCAS(tickets + 258, 0, 1);
     int ticket = atomicAdd(tickets, 1);
     tickets[1 + blockIdx.x * blockDim.x + threadIdx.x] = ticket;
 }
@@ -186,11 +190,11 @@ static void check_races() {
                                  "global memory at", "different blocks", nullptr};
     expect_report(run_racy_global_store(one.data()), "cross-block store", global_race);
 
-    std::vector<float> counter(1, 0.0f);
-    std::vector<int> tickets(1 + 256, 0);
+    std::vector<float> counter(2, 0.0f);
+    std::vector<int> tickets(1 + 256 + 2, 0);
     expect_clean(run_atomic_count(counter.data(), tickets.data()), "atomics");
-    CHECK(counter[0] == 256.0f && tickets[0] == 256, "atomic counts %f %d", counter[0],
-          tickets[0]);
+    CHECK(counter[0] == 256.0f && tickets[0] == 256 && tickets[257] == 63 && tickets[258] == 1,
+          "atomic results %f %d %d %d", counter[0], tickets[0], tickets[257], tickets[258]);
 
     std::vector<int> word(1, 0);
     const char *warp_race[] = {"racecheck: kernel warp_handoff", "thread (0,0,0)",
