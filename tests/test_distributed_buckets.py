@@ -48,6 +48,18 @@ def test_one_bucket_under_the_cap_and_a_reader_between_splits_buckets():
     assert [n.op for n in g.nodes].count("all_reduce_start") == 2  # %1 is read before %2
 
 
+def test_a_small_last_bucket_joins_the_one_before():
+    big = '''graph @g(%w: f32[262144], %b: f32[4]) -> (f32[262144], f32[4]) {
+      %0: f32[262144] = all_reduce[op="avg"CAP](%w)   # m.py:1
+      %1: f32[4] = all_reduce[op="avg"CAP](%b)        # m.py:2
+      return (%0, %1)
+    }'''
+    starts = [n.op for n in bucket_allreduce(parse(big.replace("CAP", ""))).nodes]
+    assert starts.count("all_reduce_start") == 1  # 1 MiB closes the first; 16 B joins it
+    per_gradient = bucket_allreduce(parse(big.replace("CAP", ", bucket_cap=0"))).nodes
+    assert [n.op for n in per_gradient].count("all_reduce_start") == 2
+
+
 def test_random_ops_after_the_buckets_keep_their_order():
     g = bucket_allreduce(parse('''graph @g(%w: f32[4], %v: f32[4], %rng: i64[2])
                                                 -> (f32[4], f32[4]) {

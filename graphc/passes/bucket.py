@@ -15,9 +15,12 @@ hooks at run time. For a bucket of `all_reduce(x_i, op)` nodes with outputs o_i:
   one open bucket per (dtype, op); a node joins its bucket, which closes once it holds at
   least its cap (as PyTorch's `compute_bucket_assignment_by_size`: the first bucket of each
   kind 1 MiB, the others the node's `bucket_cap` attribute, default 25 MiB; DDP's
-  `bucket_cap_mb`). A cap of 0 puts each gradient in a bucket of its own. A node also starts
-  a new bucket when joining would need the start after a reader of the bucket (an all_reduce
-  whose result is read before the next one's input exists: a loss averaged mid-step).
+  `bucket_cap_mb`). A cap of 0 puts each gradient in a bucket of its own. A node also
+  starts a new bucket when joining would need the start after a reader of the bucket (an
+  all_reduce whose result is read before the next one's input exists: a loss averaged
+  mid-step). Then a kind's last bucket under 64 KiB joins the bucket before it when that
+  one's cap is 64 KiB or more (a trailing bias gradient is not worth a collective of its
+  own: it would cost at least the latency and one more wait for the other rank).
 - Placement: a start follows the node that produced the bucket's last input; a wait comes
   no earlier than the bucket's first reader needs it (an optimizer update, or the end of the
   graph). After the last start, the buckets are waited for in the order they started, each
@@ -46,6 +49,7 @@ from graphc.ops.registry import RANDOM, REGISTRY
 
 DEFAULT_BUCKET_CAP = 25 * 2**20  # bytes: PyTorch DDP's bucket_cap_mb=25
 FIRST_BUCKET_CAP = 2**20  # PyTorch's _DEFAULT_FIRST_BUCKET_BYTES
+SMALL_TAIL = 64 * 2**10  # a kind's last bucket under this joins the previous one
 
 
 @dataclass
@@ -106,6 +110,25 @@ def _assign(graph: Graph) -> list[_Bucket]:
         bucket.first_read = min(bucket.first_read, read)
         if bucket.nbytes >= bucket.cap:
             del open_[key]
+    return _merge_small_tails(buckets)
+
+
+def _merge_small_tails(buckets: list[_Bucket]) -> list[_Bucket]:
+    """A kind's last bucket under SMALL_TAIL bytes joins the one before it (whose cap is no
+    smaller) when the order allows: a whole collective for a few gradients costs more than
+    starting the previous bucket a few nodes later."""
+    for key in {b.key for b in buckets}:
+        mine = [b for b in buckets if b.key == key]
+        if len(mine) < 2:
+            continue
+        last, before = mine[-1], mine[-2]
+        if last.nbytes < SMALL_TAIL <= before.cap and last.ready < before.first_read and \
+                before.ready < last.first_read:
+            before.members += last.members
+            before.nbytes += last.nbytes
+            before.ready = max(before.ready, last.ready)
+            before.first_read = min(before.first_read, last.first_read)
+            buckets.remove(last)
     return buckets
 
 
@@ -241,4 +264,5 @@ def _waits_in_start_order(nodes: list[Node]) -> list[Node]:
     return head + order
 
 
-__all__ = ["DEFAULT_BUCKET_CAP", "FIRST_BUCKET_CAP", "bucket_allreduce", "has_collectives"]
+__all__ = ["DEFAULT_BUCKET_CAP", "FIRST_BUCKET_CAP", "SMALL_TAIL", "bucket_allreduce",
+           "has_collectives"]
