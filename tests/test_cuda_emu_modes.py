@@ -40,11 +40,12 @@ TIMEOUT_S = 600
 
 def _checking_env(seed: int | None = 1, race: str = "1", **extra: str) -> dict:
     env = dict(os.environ)
-    env.update(GRAPHC_EMU_RACECHECK=race, GRAPHC_CUDA="emu", **extra)
+    env.update(GRAPHC_EMU_RACECHECK=race, GRAPHC_CUDA="emu")
     if seed is None:
         env.pop("GRAPHC_EMU_SCHEDULE", None)
     else:
         env["GRAPHC_EMU_SCHEDULE"] = f"random:{seed}"
+    env.update(extra)
     return env
 
 
@@ -92,6 +93,15 @@ def test_runtime_programs_pass_under_checking_modes(checked_programs, program, s
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert "racecheck:" not in output, output[-6000:]
+
+
+def test_a_mode_value_not_understood_fails_every_launch(checked_programs):
+    env = _checking_env(None, GRAPHC_EMU_SCHEDULE="sometimes")
+    result = subprocess.run([str(checked_programs / "test_kernels_reduce")],
+                            capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    assert result.returncode != 0
+    assert ("GRAPHC_EMU_SCHEDULE='sometimes' is not understood; expected random:SEED"
+            in result.stdout + result.stderr)
 
 
 # ---- a generated-style module, compiled by the cuda backend ---------------------------------
