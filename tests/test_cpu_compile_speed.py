@@ -150,3 +150,25 @@ def test_compile_workers_setting(monkeypatch):
     monkeypatch.setenv("GRAPHC_COMPILE_WORKERS", "zero")
     with pytest.raises(ArgumentError, match="GRAPHC_COMPILE_WORKERS"):
         config.compile_workers()
+
+
+def test_threads_compiling_split_modules_at_once_share_the_workers(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(workers, "PARALLEL_MIN_CHARS", 0)
+    monkeypatch.setattr(workers, "processes", lambda: 2)
+    results = {}
+
+    def compile_one(k: int) -> None:
+        kernels = [(f"t{k}_{n}", a + k, e) for n, a, e in KERNELS]
+        library = llvm.compile_module(_module(kernels), f"thread{k}", use_cache=False)
+        results[k] = (library.parts, _run(library, 5))
+
+    threads = [threading.Thread(target=compile_one, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {k: r[1] for k, r in results.items()} == {
+        k: [v + k for v in EXPECTED] for k in range(3)}
+    assert all(parts > 1 for parts, _ in results.values())

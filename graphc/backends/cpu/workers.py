@@ -37,6 +37,7 @@ PARALLEL_MIN_CHARS = 150_000  # module text (deduplicated) from which parts are 
 PARTS_PER_PROCESS = 3  # more parts than processes: a queue evens out parts of unequal cost
 
 _lock = threading.Lock()
+_feeding = threading.Lock()
 _workers: list[subprocess.Popen] = []
 _owner = os.getpid()  # workers belong to the process that started them (not to a fork)
 
@@ -119,6 +120,11 @@ def split_compile(parts: list[str], name: str, level: int, n_workers: int,
     one. `local(text, name, level)` compiles a part in this process (default
     llvm_worker.object_code)."""
     local = local or llvm_worker.object_code
+    with _feeding:  # one request at a time on a worker's pipes: one split_compile at a time
+        return _split_compile(parts, name, level, n_workers, local)
+
+
+def _split_compile(parts, name, level, n_workers, local) -> list[bytes] | None:
     order = sorted(range(len(parts)), key=lambda k: -len(parts[k]))  # largest first
     results: list[bytes | None] = [None] * len(parts)
     refused: list[str] = []
