@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphc.errors import DTypeError, TraceError
+from graphc.errors import ArgumentError, DTypeError, TraceError
 from graphc.tensor import Tensor, check_device
 from graphc.types import as_dtype, dtype_of_numpy, float32, float64, int64
 
@@ -212,7 +212,7 @@ def linspace(start, end, steps: int, *, dtype=None, requires_grad: bool = False,
     if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool):
         raise TypeError(f"linspace(): argument 'steps' must be int, not {type(steps).__name__}")
     if steps < 0:
-        raise ValueError("number of steps must be non-negative")
+        raise ArgumentError("number of steps must be non-negative")
     dt = as_dtype(dtype or float32)
     work = dt if dt.is_floating else float64
     a, b = _scalar(start, "start"), _scalar(end, "end")

@@ -55,7 +55,7 @@ class finfo:  # noqa: N801 (PyTorch's name)
         self.min = float(info.min)
         self.tiny = float(info.smallest_normal)
         self.smallest_normal = self.tiny
-        self.resolution = float(info.resolution)
+        self.resolution = 10.0 ** -int(info.precision)  # a Python float, as PyTorch's
         self.dtype = dtype.name
 
     def __repr__(self) -> str:

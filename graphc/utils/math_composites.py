@@ -142,7 +142,7 @@ def logaddexp(input, other):  # noqa: A002
     top = elementwise.maximum(a, b)
     out = top + elementwise.log1p(elementwise.exp(-elementwise.abs(a - b)))
     same_inf = elementwise.logical_and(a == b, isinf(a))
-    return elementwise.where(same_inf, a + 0.0 * b, out)
+    return elementwise.where(same_inf, a, out)
 
 
 def clamp_min(input, min):  # noqa: A002

@@ -83,7 +83,7 @@ def roll(input, shifts, dims=None):  # noqa: A002
         return movement.reshape(roll(flat, shifts, 0), tuple(input.shape))
     dims = _dims(dims)
     if len(shifts) != len(dims):
-        raise ArgumentError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:"
+        raise ShapeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:"
                             f"{len(dims)}")
     out = input
     for s, d in zip(shifts, dims):
