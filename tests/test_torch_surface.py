@@ -36,7 +36,7 @@ def test_every_function_and_method_exists():
     assert [n for n in METHODS if not hasattr(graphc.Tensor, n)] == []
 
 
-# ---- values, shapes and dtypes against PyTorch ---------------------------------------------------
+# ---- values, shapes and dtypes against PyTorch -----------------------------------------------
 X = np.array(
     [[1.5, -2.0, 3.0, 0.25], [0.5, 4.0, -1.0, -0.75], [2.5, -0.5, 1.0, 6.0]], dtype=np.float32
 )
@@ -204,7 +204,7 @@ def test_python_bool_answers_match_torch():
         assert fn(graphc, graphc.tensor(X)) == fn(torch, torch.tensor(X))
 
 
-# ---- errors: PyTorch's class family and wording ----------------------------------------------------
+# ---- errors: PyTorch's class family and wording ----------------------------------------------
 ERRORS = {
     "floor_bool": (
         lambda m: m.floor(m.tensor([True])),
@@ -285,7 +285,7 @@ def test_errors_match_torch(name):
     assert isinstance(ours.value, allowed), (type(ours.value), type(theirs.value))
 
 
-# ---- data-dependent shapes: eager only, a clear error in a trace ----------------------------------
+# ---- data-dependent shapes: eager only, a clear error in a trace -----------------------------
 @pytest.mark.parametrize(
     "name,fn",
     [
@@ -311,7 +311,7 @@ def test_allclose_in_a_trace_is_the_item_error():
         compiled(graphc.tensor([1.0]))
 
 
-# ---- compiled: the traceable composites, forward and gradients ------------------------------------
+# ---- compiled: the traceable composites, forward and gradients -------------------------------
 def _pipeline(x, w):
     grid = graphc.meshgrid(graphc.linspace(0, 1, 3), graphc.linspace(-1, 1, 4))[0]
     y = x.addcmul(x, w, value=0.5).lerp(w, 0.25) + grid + graphc.eye(3, 4) * 2
@@ -347,7 +347,7 @@ def test_traceable_composites_compile_and_match_eager():
     assert_compiled_matches(_pipeline, x, w, backends=("cpu",), grads=True, rtol=1e-4, atol=1e-4)
 
 
-# ---- gradients of the composites outside the OpInfo table, against PyTorch -------------------------
+# ---- gradients of the composites outside the OpInfo table, against PyTorch -------------------
 GRADS = {
     "median": lambda m, x: m.median(x),
     "median_dim": lambda m, x: m.median(x, 1).values,
@@ -382,7 +382,7 @@ def test_gradients_match_torch(name):
     np.testing.assert_allclose(gx.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-# ---- dtype limits and the default dtype ------------------------------------------------------------
+# ---- dtype limits and the default dtype ------------------------------------------------------
 def test_finfo_and_iinfo_match_torch():
     torch = torch_or_skip()
     for g, t in ((graphc.float32, torch.float32), (graphc.float64, torch.float64), (None, None)):
@@ -414,7 +414,7 @@ def test_default_dtype_is_float32_and_only_float32_can_be_set():
     assert graphc.tensor([1.0]).dtype is graphc.float32
 
 
-# ---- in-place forms and random fills -----------------------------------------------------------------
+# ---- in-place forms and random fills ---------------------------------------------------------
 def test_inplace_forms_update_and_bump_the_version():
     x = graphc.tensor(X.copy())
     before = x._version

@@ -171,7 +171,7 @@ def clip(input, min=None, max=None):  # noqa: A002
     return elementwise.clamp(input, min, max)
 
 
-# ---- classification ---------------------------------------------------------------------------
+# ---- classification --------------------------------------------------------------------------
 def isnan(input):  # noqa: A002
     """True where input is NaN (never for integer and bool tensors)."""
     return input != input
@@ -262,7 +262,7 @@ def equal(input, other) -> bool:  # noqa: A002
     return bool(reduce.all(input == other).item())
 
 
-# ---- reductions -------------------------------------------------------------------------------
+# ---- reductions ------------------------------------------------------------------------------
 def count_nonzero(input, dim=None):  # noqa: A002
     """The number of non-zero elements (over `dim`, an int or a tuple; all by default)."""
     return reduce.sum(input != 0, dim=dim)
@@ -423,7 +423,7 @@ def cross(input, other, dim=None):  # noqa: A002
                          a[0] * b[1] - a[1] * b[0]], d)
 
 
-# ---- scans -------------------------------------------------------------------------------------
+# ---- scans -----------------------------------------------------------------------------------
 def _scan(x, d: int, combine, fill):
     """Hillis-Steele inclusive scan of `combine` along d (log2(n) shifted steps)."""
     n = x.shape[d]
@@ -462,7 +462,7 @@ def logcumsumexp(input, dim: int):  # noqa: A002
     return out if out is not input else movement.clone(out)
 
 
-# ---- in-place variants -------------------------------------------------------------------------
+# ---- in-place variants -----------------------------------------------------------------------
 def _inplace(name: str, fn):
     def method(self, *args, **kwargs):
         return inplace(self, name, lambda old: fn(old, *args, **kwargs))

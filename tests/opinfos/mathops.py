@@ -70,7 +70,7 @@ OP_INFOS: list[OpInfo] = [
 ]
 
 
-# ---- rounding: ties to even, integer inputs, decimals, bool refused ---------------------------
+# ---- rounding: ties to even, integer inputs, decimals, bool refused --------------------------
 def _ties_samples(rng):
     ties = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 1e-8, 7.0], dtype=np.float32)
     return [Sample((ties,), desc="halves to even"),
@@ -119,7 +119,7 @@ for _name, _ref in (("tan", np.tan), ("atan", np.arctan), ("sinh", np.sinh),
                            (_name,), torch_fn=_torch(_name), differentiable=False))
 
 
-# ---- atan2 and fmod -------------------------------------------------------------------------
+# ---- atan2 and fmod --------------------------------------------------------------------------
 def _atan2_samples(rng):
     return [Sample((arr(rng, 3, 4), arr(rng, 3, 4)), desc="same shape"),
             Sample((arr(rng, 2, 3, 4), arr(rng, 4)), desc="broadcast trailing"),
