@@ -4,6 +4,7 @@ filled), each in a fresh process, with where the time goes.
     python -m benchmarks.model_compile                      # LeNet-5, GPT, ResNet-18, MLPs
     python -m benchmarks.model_compile --models gpt --workers 1 --level 2
     python -m benchmarks.model_compile --compare-levels --models lenet5,gpt  # run speed
+    python -m benchmarks.model_compile --llvm-only --repeat 3   # LLVM before/after, in turns
 
 Models: `lenet5` (batch 64), `gpt` and `resnet18` (benchmarks/model_steps.py's full sizes),
 `mlpN` (N Linear layers of width 256 with ReLUs, batch 64: `mlp3` is the benchmark MLP's
@@ -23,7 +24,9 @@ machines are shared, and numbers move 2x with load.
 `--compare-levels` measures what the pipeline buys at run time instead: in one process, the
 same step (same weights, same batch; or `chain`, `conv`: benchmarks/cases.py's elementwise
 chain and convolution) compiled at O2 and at O3, called in turns
-(`--repeat` rounds after two warm-up calls each), medians of each.
+(`--repeat` rounds after two warm-up calls each), medians of each. `--llvm-only` times the
+LLVM work of each step's module as it was before deduplication and parts (whole text, O3,
+one process) and as it is now, in turns in one process (wall, and this process's CPU).
 """
 
 from __future__ import annotations
@@ -159,6 +162,44 @@ def compare_levels(name: str, repeat: int) -> str:
             f"{row[1]:.2f} s |")
 
 
+def compare_llvm(name: str, rounds: int) -> str:
+    """One table row: the LLVM work of the step's module as before this issue (the whole
+    text, O3, one object, in this process) and as now (`compile_module`: deduplicated, in
+    parts on the workers for a large module), in turns, no cache; medians of wall and of
+    this process's CPU seconds."""
+    import numpy as np
+
+    import graphc
+    import graphc.backends.cpu.executable as executable
+    from graphc.backends.cpu import llvm, llvm_worker, workers
+
+    texts = []
+    real = executable.llvm.compile_module
+
+    def capture(text, *args, **kwargs):
+        texts.append(text)
+        return real(text, *args, **kwargs)
+
+    executable.llvm.compile_module = capture
+    fn, args = _case(name)
+    graphc.compile(fn, backend="cpu")(*args)
+    executable.llvm.compile_module = real
+    text = texts[-1]
+    workers.start()
+    times: dict[str, list] = {"before": [], "now": []}
+    for _ in range(rounds):
+        for how in times:
+            wall, cpu = time.perf_counter(), time.process_time()
+            if how == "before":
+                llvm_worker.object_code(text, "before", 3)
+            else:
+                llvm.compile_module(text, "now", use_cache=False)
+            times[how].append((time.perf_counter() - wall, time.process_time() - cpu))
+    (bw, bc), (nw, nc) = (np.median(np.array(t), axis=0) for t in times.values())
+    return (f"| {name} | {len(text) // 1000}k | {bw:.2f} s ({bc:.2f}) | {nw:.2f} s ({nc:.2f}) "
+            f"| {bw / nw:.1f}x |")
+
+
 def _run_child(name: str, cache: str, args) -> dict:
     env = {**os.environ, "GRAPHC_CACHE_DIR": cache,
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -183,10 +224,23 @@ def main() -> int:
     parser.add_argument("--compare-levels", action="store_true",
                         help="run speed of each step compiled at O2 and at O3")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--llvm-only", action="store_true",
+                        help="the LLVM work alone, as before and as now, in turns")
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.level or None)), flush=True)
+        return 0
+    if args.llvm_only:
+        print(f"command: `python -m benchmarks.model_compile {' '.join(sys.argv[1:])}`; "
+              f"load average {os.getloadavg()[0]:.2f}\n")
+        print("| module of | LLVM text | before: whole, O3, one process | now | speed-up |")
+        print("|---|---|---|---|---|")
+        with tempfile.TemporaryDirectory(prefix="graphc-compile-") as cache:
+            os.environ["GRAPHC_CACHE_DIR"] = cache
+            for name in args.models.split(","):
+                print(compare_llvm(name, max(1, args.repeat)), flush=True)
+        print(f"\nload average after: {os.getloadavg()[0]:.2f}")
         return 0
     if args.compare_levels:
         print(f"command: `python -m benchmarks.model_compile {' '.join(sys.argv[1:])}`; "
