@@ -23,7 +23,7 @@ FUNCTIONS = (
 ).split()
 METHODS = (
     "absolute acos asin atan atan2 addcdiv addcmul addmm allclose argsort baddbmm ceil "
-    "clamp_min clamp_max cosh count_nonzero cumprod diag diagonal diff equal expm1 floor fmod "
+    "clamp_min clamp_max cosh count_nonzero cumprod diag diagonal diff equal erfinv expm1 floor fmod "
     "frac index_copy index_fill isfinite isinf isnan kthvalue lerp log10 log2 logaddexp "
     "masked_scatter masked_select median movedim nan_to_num nanmean nansum new_empty nonzero "
     "random_ exponential_ reciprocal repeat_interleave roll round scatter scatter_reduce sinh "
@@ -70,6 +70,7 @@ CASES = {
     "absolute": lambda m, x, i: x.absolute(),
     "sgn": lambda m, x, i: x.sgn(),
     "frac": lambda m, x, i: x.frac(),
+    "erfinv": lambda m, x, i: m.erfinv(m.cat([x / 7, m.tensor([[1.0, -1.0, 1.5, 0.0]])])),
     "signbit": lambda m, x, i: (x * 0 - 0.0).signbit(),
     "true_divide": lambda m, x, i: i.true_divide(2),
     "hypot": lambda m, x, i: x.hypot(x * 2),
@@ -364,6 +365,7 @@ GRADS = {
     "nansum": lambda m, x: m.nansum(x),
     "cdist": lambda m, x: m.cdist(x, x.flip(0) * 2),
     "round_floor": lambda m, x: m.round(x) + m.floor(x) * x,
+    "erfinv": lambda m, x: m.erfinv(x / 7),
     "sinh_cosh": lambda m, x: m.sinh(x) * m.cosh(x) + m.asin(x / 8) + m.acos(x / 9),
 }
 

@@ -171,6 +171,39 @@ def clip(input, min=None, max=None):  # noqa: A002
     return elementwise.clamp(input, min, max)
 
 
+# ---- erfinv ------------------------------------------------------------------------------------
+_GILES_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                  0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+_GILES_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773,
+               -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+_SQRT_PI_2 = math.sqrt(math.pi) / 2.0
+
+
+def _horner(coeffs, w):
+    acc = w * coeffs[0] + coeffs[1]
+    for c in coeffs[2:]:
+        acc = acc * w + c
+    return acc
+
+
+def erfinv(input):  # noqa: A002
+    """The inverse error function: Giles' approximation (about 1e-7) refined by Newton steps
+    on erf (one for float32, two for float64); +-1 give +-inf, |x| > 1 NaN. The last step is
+    written so autograd sees sqrt(pi)/2 * exp(y^2), PyTorch's derivative."""
+    x = input if input.dtype.is_floating else elementwise.cast(input, float32)
+    xd = x.detach()
+    w = -elementwise.log((1.0 - xd) * (1.0 + xd))
+    central = _horner(_GILES_CENTRAL, w - 2.5)
+    tail = _horner(_GILES_TAIL, elementwise.sqrt(elementwise.clamp(w, min=5.0)) - 3.0)
+    y = elementwise.where(w < 5.0, central, tail) * xd
+    for last in ([True] if x.dtype is float32 else [False, True]):
+        slope = elementwise.exp(y * y) * _SQRT_PI_2  # 1 / erf'(y), y without history
+        y = y + ((x if last else xd) - elementwise.erf(y)) * slope  # last: dy/dx = slope
+    edge = elementwise.abs(xd) == 1.0
+    y = elementwise.where(edge, xd * math.inf, y)
+    return elementwise.where(elementwise.abs(xd) > 1.0, _fill(math.nan, x), y)
+
+
 # ---- classification --------------------------------------------------------------------------
 def isnan(input):  # noqa: A002
     """True where input is NaN (never for integer and bool tensors)."""
@@ -481,10 +514,11 @@ clamp_min_ = _inplace("clamp_min_", clamp_min)
 clamp_max_ = _inplace("clamp_max_", clamp_max)
 nan_to_num_ = _inplace("nan_to_num_", nan_to_num)
 cumprod_ = _inplace("cumprod_", cumprod)
+erfinv_ = _inplace("erfinv_", erfinv)
 
 PUBLIC = ("square", "reciprocal", "true_divide", "absolute", "sgn", "frac", "addcmul",
           "addcdiv", "lerp", "hypot", "logaddexp", "clamp_min", "clamp_max", "clip", "isnan",
           "isinf", "isposinf", "isneginf", "isfinite", "signbit", "nan_to_num", "isclose",
           "allclose", "equal", "count_nonzero", "nansum", "nanmean", "std_mean", "var_mean",
           "dist", "cdist", "addmm", "baddbmm", "tensordot", "kron", "cross", "cumprod",
-          "logcumsumexp")
+          "logcumsumexp", "erfinv")

@@ -233,6 +233,14 @@ class MathMethods:
         """The cross product of 3-vectors along dim."""
         return mc.cross(self, other, dim)
 
+    def erfinv(self):
+        """The inverse error function, elementwise."""
+        return mc.erfinv(self)
+
+    def erfinv_(self):
+        """In-place erfinv."""
+        return mc.erfinv_(self)
+
     def cumprod(self, dim, *, dtype=None):
         """Running product along dim."""
         return mc.cumprod(self, dim, dtype=dtype)

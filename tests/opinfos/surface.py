@@ -148,6 +148,16 @@ def _np_hypot(a, b):
     return np.hypot(a, b)
 
 
+def _np_erfinv(x):
+    from scipy import special
+
+    return special.erfinv(x)
+
+
+def _inside_unit(rng, *shape):
+    return rng.uniform(-0.95, 0.95, size=shape).astype(np.float32)
+
+
 def _one(make):
     def samples(rng):
         return [Sample((make(rng, 3, 4),), desc="3x4")]
@@ -195,6 +205,8 @@ OP_INFOS: list[OpInfo] = [
     OpInfo("lerp", graphc.lerp, _np_lerp, _lerp_samples, ("sub", "mul", "where"),
            torch_fn=_torch("lerp")),
     OpInfo("hypot", graphc.hypot, _np_hypot, _two(arr), ("sqrt",), torch_fn=_torch("hypot")),
+    OpInfo("erfinv", graphc.erfinv, _np_erfinv, _one(_inside_unit), ("erf", "exp", "log"),
+           torch_fn=_torch("erfinv")),
     OpInfo("logaddexp", graphc.logaddexp, _np_logaddexp, _two(arr),
            ("maximum", "log1p", "exp"), torch_fn=_torch("logaddexp")),
 ]
