@@ -23,8 +23,8 @@ FUNCTIONS = (
 ).split()
 METHODS = (
     "absolute acos asin atan atan2 addcdiv addcmul addmm allclose argsort baddbmm ceil "
-    "clamp_min clamp_max cosh count_nonzero cumprod diag diagonal diff equal erfinv expm1 floor fmod "
-    "frac index_copy index_fill isfinite isinf isnan kthvalue lerp log10 log2 logaddexp "
+    "clamp_min clamp_max cosh count_nonzero cumprod diag diagonal diff equal erfinv expm1 "
+    "floor fmod frac index_copy index_fill isfinite isinf isnan kthvalue lerp log10 log2 logaddexp "
     "masked_scatter masked_select median movedim nan_to_num nanmean nansum new_empty nonzero "
     "random_ exponential_ reciprocal repeat_interleave roll round scatter scatter_reduce sinh "
     "sort square tan tile trace true_divide trunc unique sgn signbit hypot H"
