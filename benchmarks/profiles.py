@@ -259,6 +259,33 @@ def profile_compile(case: CaseResult) -> str:
                                f"{case.extra['ir_chars']:,} characters.")
 
 
+def profile_model_step(name: str) -> str:
+    """The GPT or ResNet-18 step (benchmarks/model_steps.py, full size) under graphc.profile:
+    time per kind of kernel, then the slowest kernels."""
+    from benchmarks import model_steps
+
+    shape = model_steps.FULL[name]
+    build = model_steps.gpt if name == "gpt" else model_steps.resnet18
+    graphc.manual_seed(0)
+    model = build(graphc, **shape)
+    x, y = model_steps.batch_of(name, shape)
+    step = graphc.compile(models.graphc_step(model), backend="cpu")
+    report = graphc.profile(step, graphc.tensor(x), graphc.tensor(y), repeat=5)
+    kinds: dict[str, list[float]] = {}
+    for row in report.rows:
+        kind = row.op.split("(")[0] if not row.op.startswith("fused(") else (
+            "fused " + ("GEMM epilogue" if row.op.startswith(("fused(matmul", "fused(conv2d"))
+                        else "elementwise/reduction"))
+        kinds.setdefault(kind, []).append(row.seconds)
+    total = sum(r.seconds for r in report.rows)
+    lines = ["| kernel kind | count | time | share |", "|---|---|---|---|"]
+    for kind, times in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"| {kind} | {len(times)} | {_us(sum(times))} | "
+                     f"{sum(times) / total:.0%} |")
+    top = "\n".join(report.table().splitlines()[:16])
+    return "\n".join(lines) + f"\n\nThe slowest kernels:\n\n```\n{top}\n```"
+
+
 def profile_missed(results: list[CaseResult], sizes: cases.Sizes, log) -> str:
     """A markdown section per case that missed its target."""
     sections = ["## Profiles of the missed targets"]
@@ -275,6 +302,8 @@ def profile_missed(results: list[CaseResult], sizes: cases.Sizes, log) -> str:
             body = profile_sgemm(int(case.name.split("_")[1]))
         elif case.name == "conv2d":
             body = profile_conv(sizes)
+        elif case.name.startswith(("gpt_", "resnet18_")):
+            body = profile_model_step(case.name.split("_")[0])
         else:
             body = profile_compile(case)
         figure = f"graphc {case.ratio:.2f} s" if case.anchor is None else \
