@@ -122,3 +122,13 @@ def test_a_rank_that_raises_between_compiled_bucketed_steps_ends_the_job():
     assert "rank 1 fails between compiled steps" in done.stderr or \
         "rank 1 raised ValueError; aborting the job" in done.stderr, done.stderr
     assert "graphc launch: the job on 2 ranks failed" in done.stderr
+
+
+@needs_mpi
+def test_ranks_about_to_run_different_compiled_steps_are_stopped():
+    """The steady-state agreement runs in the background; a rank whose collectives changed
+    agrees at once and reports the mismatch, and the job ends."""
+    done, seconds = _launch("mismatch", "30")
+    assert done.returncode != 0 and seconds < 120, (done.returncode, seconds)
+    assert "the ranks are about to run different collectives (this rank, 0" in done.stderr, \
+        done.stderr

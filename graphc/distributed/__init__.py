@@ -158,10 +158,12 @@ def destroy_process_group(group=None) -> None:
     """Leave the process group (MPI itself is finalised when the process exits)."""
     global _group
     _current()
-    _group = None
     from graphc.ops import collective
 
-    collective.set_communicator(None)
+    previous = collective.set_communicator(None)
+    _group = None
+    if isinstance(previous, _MpiCommunicator):
+        previous.finish()
 
 
 # ---- collectives ---------------------------------------------------------------------------------
@@ -238,6 +240,8 @@ class _MpiCommunicator:
         self.group = group
         self.world_size, self.rank = group.size, group.rank
         self._native = None
+        self._agreed = None  # the signature every rank last agreed on
+        self._pending = None  # a background agreement: (request, mine, everyone, what, sig)
 
     def allreduce(self, array: np.ndarray, op: str) -> None:
         g, MPI = self.group, _mpi()
@@ -249,13 +253,40 @@ class _MpiCommunicator:
 
     def agree(self, what: str, signature: tuple) -> None:
         """Every rank is about to run the same collectives (`signature`), else a
-        DistributedError on every rank before any of them runs."""
+        DistributedError before any of them runs.
+
+        A signature this rank differs from the one all ranks last agreed on is agreed on at
+        once (a blocking allgather of its digest): a rank that retraced into other
+        collectives is stopped there, before its first collective. The same signature again
+        (the steady state of a training loop) is agreed on in the background: its allgather
+        is posted now and checked at the next call, so the step does not wait for the other
+        ranks twice (here and at its last collective). A rank that retraced posts its blocking
+        allgather in the same order, so it still meets the others' and reports the mismatch;
+        the other ranks then wait in their step until the job is aborted or times out."""
         g = self.group
+        self.finish()
         digest = hashlib.sha256(repr(signature).encode()).digest()
         mine = np.frombuffer(digest[:24], np.int64).copy()
         everyone = np.empty((g.size, 3), np.int64)
-        _wait(g, g.comm.Iallgather(mine, everyone), what)
+        request = g.comm.Iallgather(mine, everyone)
+        if signature == self._agreed:
+            self._pending = (request, mine, everyone, what, signature)
+            return
+        self._agreed = None
+        self._check(request, mine, everyone, what, signature)
+        self._agreed = signature
+
+    def finish(self) -> None:
+        """Complete and check the background agreement, if one is pending."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._check(*pending)
+
+    def _check(self, request, mine, everyone, what: str, signature: tuple) -> None:
+        g = self.group
+        _wait(g, request, what)
         if (everyone != mine).any():
+            self._agreed = None
             raise DistributedError(f"{what}: the ranks are about to run different collectives "
                                    f"(this rank, {g.rank}: {signature!r:.200}); every rank must "
                                    "run the same compiled step on same-shaped batches (one "

@@ -149,11 +149,27 @@ def raise_in_compiled():
     return "unreachable"
 
 
+def mismatched_steps():
+    """After steady steps of two compiled DDP steps on both ranks, rank 0 runs the first and
+    rank 1 the second: rank 0 reports it before any collective of its step runs."""
+    _, run_a, xa, ya = make("lenet", "sgd", SMALL)
+    _, run_b, xb, yb = make("mlp", "sgd", SMALL)
+    for _ in range(3):
+        run_a(xa, ya)
+    for _ in range(3):
+        run_b(xb, yb)
+    if dist.get_rank() == 0:
+        run_a(xa, ya)
+    else:
+        run_b(xb, yb)
+    return "unreachable"
+
+
 def main():
     mode = sys.argv[1]
     dist.init_process_group("mpi", timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)
-    done = {"equal": equal, "ir": ir, "eager": eager_details,
-            "raise": raise_in_compiled}[mode]()
+    done = {"equal": equal, "ir": ir, "eager": eager_details, "raise": raise_in_compiled,
+            "mismatch": mismatched_steps}[mode]()
     dist.barrier()
     if dist.get_rank() == 0:
         print("OK", done, flush=True)
