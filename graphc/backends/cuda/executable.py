@@ -12,7 +12,8 @@ Host traffic (graphc.backends.residency states the protocol):
 - *State* (inputs the graph updates in place: parameters, buffers, optimizer state) stays on
   the device. After a call the updated input's host array is marked out of date instead of
   copied back; the next call finds its own mark and uploads nothing. A read of the tensor on
-  the host fetches the value (and the next call uploads it again, since the host may write).
+  the host fetches the value (and the next call uploads it again, since the host may write);
+  another cuda executable reading it (a compiled evaluation) copies it device to device.
 - *True inputs* (the batch) go host -> pinned staging -> device on the stream.
 - *Outputs*: 0-d outputs (a loss) are copied back; the others, from the second call on, are
   kept on the device in a buffer of their own (a pool per output) and their host arrays are
