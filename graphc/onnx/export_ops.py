@@ -419,6 +419,57 @@ def export_arange(em, node, xs):
     return [em.const(values)]
 
 
+# ---- graphc.ops.mathops ---------------------------------------------------------------------
+def _rounding(op_type: str):
+    """floor/ceil/round (ONNX Round is half to even, as graphc's): integers pass through."""
+    def export(em, node, xs):
+        if not node.outputs[0].type.dtype.is_floating:
+            return [em.node("Identity", xs)]
+        return [em.node(op_type, xs)]
+
+    export.__name__ = f"export_{op_type.lower()}"
+    return export
+
+
+def export_trunc(em, node, xs):
+    if not node.outputs[0].type.dtype.is_floating:
+        return [em.node("Identity", xs)]
+    zero = em.const(np.array(0, node.outputs[0].type.dtype.np))
+    negative = em.node("Less", [xs[0], zero])
+    return [em.node("Where", [negative, em.node("Ceil", xs), em.node("Floor", xs)])]
+
+
+def _scaled_log(factor: float):
+    def export(em, node, xs):
+        (x,) = _inputs_as(em, node, xs, node.outputs[0].type.dtype)
+        scale = em.const(np.array(factor, node.outputs[0].type.dtype.np))
+        return [em.node("Mul", [em.node("Log", [x]), scale])]
+
+    export.__name__ = "export_log_scaled"
+    return export
+
+
+def export_expm1(em, node, xs):
+    (x,) = _inputs_as(em, node, xs, node.outputs[0].type.dtype)
+    one = em.const(np.array(1, node.outputs[0].type.dtype.np))
+    return [em.node("Sub", [em.node("Exp", [x]), one])]
+
+
+def export_atan2(em, node, xs):
+    """atan(y / x), moved by +-pi (the sign of y) where x < 0."""
+    dtype = node.outputs[0].type.dtype
+    y, x = _inputs_as(em, node, xs, dtype)
+    zero, pi = em.const(np.array(0, dtype.np)), em.const(np.array(math.pi, dtype.np))
+    base = em.node("Atan", [em.node("Div", [y, x])])
+    turn = em.node("Where", [em.node("Less", [y, zero]), em.node("Neg", [pi]), pi])
+    shift = em.node("Where", [em.node("Less", [x, zero]), turn, zero])
+    return [em.node("Add", [base, shift])]
+
+
+def export_fmod(em, node, xs):
+    return [em.node("Mod", _inputs_as(em, node, xs, node.outputs[0].type.dtype), fmod=1)]
+
+
 EXPORTERS = {
     "abs": _simple("Abs"), "neg": _simple("Neg"), "exp": _simple("Exp"), "log": _simple("Log"),
     "sqrt": _simple("Sqrt"), "rsqrt": export_rsqrt, "tanh": _simple("Tanh"),
@@ -430,6 +481,11 @@ EXPORTERS = {
     "div": _simple("Div"), "pow": _simple("Pow"), "maximum": export_minmax("Max"),
     "minimum": export_minmax("Min"), "remainder": export_remainder,
     "floor_divide": export_floor_divide,
+    "floor": _rounding("Floor"), "ceil": _rounding("Ceil"), "round": _rounding("Round"),
+    "trunc": export_trunc, "tan": _simple("Tan"), "atan": _simple("Atan"),
+    "asin": _simple("Asin"), "acos": _simple("Acos"), "sinh": _simple("Sinh"),
+    "cosh": _simple("Cosh"), "expm1": export_expm1, "log2": _scaled_log(1 / math.log(2)),
+    "log10": _scaled_log(1 / math.log(10)), "atan2": export_atan2, "fmod": export_fmod,
     "eq": export_compare("Equal"), "ne": export_ne, "lt": export_compare("Less"),
     "le": export_compare("LessOrEqual"), "gt": export_compare("Greater"),
     "ge": export_compare("GreaterOrEqual"), "logical_and": _simple("And"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import graphc
-from graphc.errors import ArgumentError, DTypeError, ShapeError
+from graphc.errors import DTypeError, ShapeError
 from tests.opinfo import ErrorInput, OpInfo, Sample, arr, away_from, positive
 
 
@@ -285,7 +285,7 @@ def _roll_samples(rng):
 
 
 def _roll_errors(rng):
-    return [ErrorInput(Sample((arr(rng, 3, 4), (1, 2), (0,))), ArgumentError,
+    return [ErrorInput(Sample((arr(rng, 3, 4), (1, 2), (0,))), ShapeError,
                        "shifts and dimensions must align")]
 
 
