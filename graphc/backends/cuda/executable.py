@@ -213,6 +213,7 @@ class CudaExecutable:
         errors = np.zeros(n_errors, np.int64)
         lazy = not eager and self._calls > 0
         outs, staged_outs, marks = [], [], []
+        moves = []  # state values into their slots: after every copy out (one may read a slot)
         base = self._base.value
         for k, (offset, t, target, is_output) in enumerate(self._layout):
             ptr = base + offset
@@ -234,7 +235,7 @@ class CudaExecutable:
                     isinstance(arrays[i], np.ndarray) and a.flags.writeable and \
                     a.flags.c_contiguous:  # stays on the device: the slot gets the value
                 if offset != self.lowered.input_offsets[i] and t.nbytes:
-                    rt.gc_memcpy_d2d(self._input_ptrs[i], ptr, t.nbytes, stream)
+                    moves.append((self._input_ptrs[i], ptr, t.nbytes))
                 marks.append((a, i))
                 outs.append(a)
                 continue
@@ -246,6 +247,8 @@ class CudaExecutable:
             if out.nbytes:
                 rt.gc_memcpy_d2h(out.ctypes.data, ptr, out.nbytes, stream)
             outs.append(out)
+        for dst, src, nbytes in moves:
+            rt.gc_memcpy_d2d(dst, src, nbytes, stream)
         if n_errors:
             rt.gc_memcpy_d2h(errors.ctypes.data, self._errors_ptr, 8 * n_errors, stream)
         rt.gc_stream_synchronize(stream)
