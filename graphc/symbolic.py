@@ -241,6 +241,12 @@ class Sym:
                 f"cannot decide {self} {op} {other} without the sizes of a call; a symbolic "
                 "relation is decided while tracing (and guarded), so this IR needs that guard, "
                 "or static sizes there")
+        if env.frozen and op in ("==", "!="):
+            equal = env.known_equality(d)
+            if equal is None and d.evaluate(env.hints) != 0:
+                equal = False  # unequal at the trace's sizes: say so, guard nothing
+            if equal is not None:
+                return equal if op == "==" else not equal
         result = _compare(d.evaluate(env.hints), op)
         env.add_guard(d, op if result else _NEGATE[op])
         return result
@@ -314,6 +320,17 @@ class Sym:
 
     def __reduce__(self):
         return (parse_sym, (str(self),))
+
+
+def _proportional(a: tuple, b: tuple) -> bool:
+    """Whether two polynomials' terms are a constant multiple of each other."""
+    if len(a) != len(b):
+        return False
+    da, db = dict(a), dict(b)
+    if da.keys() != db.keys():
+        return False
+    (m0, c0), = [next(iter(da.items()))]
+    return all(c * db[m0] == db[m] * c0 for m, c in da.items())
 
 
 def _term_order(term) -> tuple:
@@ -447,6 +464,7 @@ class ShapeEnv:
         self.hints: dict[str, int] = dict(hints or {})
         self.sources: dict[str, str] = {}
         self._guards: dict[tuple, None] = {}
+        self.frozen = False  # see `structural`
 
     def new_symbol(self, hint: int, source: str = "") -> Sym:
         name = f"s{len(self.hints)}"
@@ -487,6 +505,29 @@ class ShapeEnv:
             if len(linear) == 1 and len(linear[0][0]) == 1 and const % linear[0][1] == 0:
                 out[linear[0][0][0]] = -const // linear[0][1]
         return out
+
+    def known_equality(self, d: Sym) -> bool | None:
+        """Whether a guard says `d == 0` (True) or `d != 0` (False), that guard being on d
+        or on a multiple of it; None if none does."""
+        for (terms, op), _ in self._guards.items():
+            if op in ("==", "!=") and _proportional(terms, d.terms):
+                return op == "=="
+        return None
+
+    @contextlib.contextmanager
+    def structural(self) -> Iterator[ShapeEnv]:
+        """Inside: an equality between sizes that a guard (on it or a multiple of it) decides
+        is answered from that guard; one that does not hold at the trace's sizes is answered
+        "unequal" and guards nothing. For passes and backends over a traced graph: they
+        compare shapes to choose an optimisation, and a guard from such a choice would
+        restrict the graph for nothing (`s0 != 4` because a fused group's domain was
+        compared with a bias of 4). An equality that holds at the trace's sizes, and every
+        inequality, still guards."""
+        previous, self.frozen = self.frozen, True
+        try:
+            yield self
+        finally:
+            self.frozen = previous
 
     @contextlib.contextmanager
     def active(self) -> Iterator[ShapeEnv]:

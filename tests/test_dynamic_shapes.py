@@ -270,3 +270,33 @@ def test_argument_forms_stay_symbolic(backend):
         a = graphc.zeros(n)
         assert f(a) is a and np.allclose(a.numpy(), 1.0)
     assert len(f.graphs) == 2
+
+
+def test_batch_norm_training_keeps_the_batch_symbolic():
+    """BatchNorm's n/(n-1) and its gradient's 1/n are per-call values of the symbol (a `full`
+    of a symbolic size), so the batch stays dynamic; results equal eager."""
+    def make():
+        graphc.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(4 * 4 * 4, 3))
+
+    m1, m2 = make(), make()
+    opt1 = graphc.optim.SGD(m1.parameters(), lr=0.1)
+    opt2 = graphc.optim.SGD(m2.parameters(), lr=0.1)
+
+    def step_of(m, opt):
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+
+    compiled = graphc.compile(step_of(m1, opt1), backend="interp", dynamic=True)
+    eager = step_of(m2, opt2)
+    for b in (4, 6, 3, 4):
+        x, y = graphc.randn(b, 2, 6, 6), graphc.randint(0, 3, (b,))
+        np.testing.assert_allclose(compiled(x, y).numpy(), eager(x, y).numpy(), rtol=1e-4)
+    np.testing.assert_allclose(m1[1].running_var.numpy(), m2[1].running_var.numpy(), rtol=1e-5)
+    assert all(str(g.inputs[0].type).startswith("f32[s0,") for g in compiled.graphs)

@@ -65,6 +65,7 @@ from graphc.dispatch import current_tracer, is_abstract
 from graphc.errors import ArgumentError, GraphcError
 from graphc.ir.printer import format_graph
 from graphc.ir.specialize import pin
+from graphc.symbolic import current_env
 from graphc.jit import nan_check
 from graphc.jit.bindings import ArgBinding, GradBinding, RngBinding, TensorBinding, TraceResult
 from graphc.jit.compiled_autograd import CompiledFunction, GradientPlan, partition
@@ -128,6 +129,25 @@ def marked_dims(t: Tensor) -> frozenset:
 def _log(message: str) -> None:
     if "recompiles" in config.log_topics():
         print(f"graphc: {message}", file=sys.stderr)
+
+
+def _optimize(graph, passes, **options):
+    """run_pipeline, where a symbolic trace's passes answer an equality between sizes that
+    the trace never asked structurally (the same expression or not) instead of guarding it:
+    a pass asks such things to decide an optimisation (fuse these? is this the identity?),
+    not because the graph needs them (graphc.symbolic.ShapeEnv.structural)."""
+    with _structural():
+        return run_pipeline(graph, passes, **options)
+
+
+def _backend_compile(graph, backend: str):
+    with _structural():
+        return compile_graph(graph, backend)
+
+
+def _structural():
+    env = current_env()
+    return env.structural() if env is not None else contextlib.nullcontext()
 
 
 def _symbolic(traced: TraceResult):
@@ -312,13 +332,13 @@ class Compiled:
                 needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
                 prefix = _dump(traced.graph)
                 passes = self._passes(traced.graph)
-                optimized, self.report = run_pipeline(traced.graph, passes, verify=True,
+                optimized, self.report = _optimize(traced.graph, passes, verify=True,
                                                       dump_prefix=prefix)
                 if not needs_grad and self.backend != "interp" and \
                         _creates_state(traced, guard, args, kwargs):
                     return self._warm_up(sig, guard, traced, optimized, args, kwargs,
                                          lazy_state, dynamic)
-                executable = compile_graph(optimized, self.backend)
+                executable = _backend_compile(optimized, self.backend)
                 gradient = self._gradient_plan(traced, args, kwargs, passes, needs_grad) \
                     if needs_grad else None
         except BaseException:
@@ -347,7 +367,7 @@ class Compiled:
         results and effects, once), then trace the call again on the state it left (an
         abstract trace: no kernel, no effect) and compile only that graph, the one every
         later call replays: one compile per training step."""
-        first = _Entry(sig, traced, compile_graph(optimized, "interp"),
+        first = _Entry(sig, traced, _backend_compile(optimized, "interp"),
                        aliasing(traced, args, kwargs), None, guard)
         traced.restore()
         try:
@@ -366,10 +386,10 @@ class Compiled:
                 # it would have
                 return result
             with _symbolic(traced):
-                optimized, self.report = run_pipeline(
+                optimized, self.report = _optimize(
                     traced.graph, self._passes(traced.graph), verify=True,
                     dump_prefix=_dump(traced.graph))
-                executable = compile_graph(optimized, self.backend)
+                executable = _backend_compile(optimized, self.backend)
             entry = self._entry(steady, traced, executable, args, kwargs, None, guard)
         except GraphcError:  # the steady graph could not be made now: the same
             return result
@@ -489,6 +509,8 @@ class Compiled:
             for path, d, name in traced.symbols:
                 labels.setdefault(name, dim_label(path, d, names))
             shapes = ShapeGuard(traced.symbols, traced.shape_env.relations, labels)
+            shapes.dim_labels = {(path, d): dim_label(path, d, names)
+                                 for path, d, _ in traced.symbols}
             guard.set_dynamic(dynamic)
         arg_shapes = {path: t._data.shape for path, t in flatten((args, kwargs))}
         return _Entry(mask_signature(sig, dynamic), traced, executable,
@@ -521,10 +543,10 @@ class Compiled:
                 f"backward of the traced graph could not be derived: {err}"
             ) from err
         part = partition(joint)
-        forward, _ = run_pipeline(part.forward, passes)
-        backward, _ = run_pipeline(part.backward, passes)
-        return GradientPlan(part, compile_graph(forward, self.backend),
-                            compile_graph(backward, self.backend), wrt)
+        forward, _ = _optimize(part.forward, passes)
+        backward, _ = _optimize(part.backward, passes)
+        return GradientPlan(part, _backend_compile(forward, self.backend),
+                            _backend_compile(backward, self.backend), wrt)
 
     @staticmethod
     def _misfits(entry: _Entry, args: tuple, kwargs: dict):

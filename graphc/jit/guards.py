@@ -300,13 +300,14 @@ class ShapeGuard:
     dims), and the relations its shape rules needed (`relations`, graphc.symbolic). A call fits
     when every symbol gets one size >= 2 and every relation holds for those sizes."""
 
-    __slots__ = ("sources", "relations", "labels")
+    __slots__ = ("sources", "relations", "labels", "dim_labels")
 
     def __init__(self, symbols: list[tuple[tuple, int, str]], relations: list,
                  labels: dict[str, str]) -> None:
         self.sources = [(path, dim, name) for path, dim, name in symbols]
         self.relations = relations
         self.labels = labels  # symbol -> the argument dimension it came from, for messages
+        self.dim_labels: dict[tuple, str] = {}  # (path, dim) -> its label, where known
 
     def values(self, args: tuple, kwargs: dict) -> dict[str, int] | None:
         from graphc.jit.pytree import at
@@ -336,19 +337,22 @@ class ShapeGuard:
         from graphc.jit.pytree import at
         from graphc.symbolic import MIN_SIZE, check_relations
 
-        out, values = [], {}
+        out, values, first = [], {}, {}
         tree = (args, kwargs)
         for path, dim, name in self.sources:
+            label = self.dim_labels.get((path, dim), self.labels.get(name, name))
             try:
                 n = at(tree, path)._data.shape[dim]
             except (IndexError, KeyError, TypeError, AttributeError):
-                return [f"{self.labels.get(name, name)} is gone"]
+                return [f"{label} is gone"]
             if n < MIN_SIZE:
-                out.append(f"{self.labels.get(name, name)} is {n}: sizes 0 and 1 are "
-                           f"specialised, the graph has the symbol {name} (>= 2) there")
-            elif values.setdefault(name, n) != n:
-                out.append(f"{self.labels.get(name, name)} and another dimension were both "
-                           f"{name} (equal) at the trace, now {values[name]} and {n}")
+                out.append(f"{label} is {n}: sizes 0 and 1 are specialised, the graph has "
+                           f"the symbol {name} (>= 2) there")
+                continue
+            first.setdefault(name, label)
+            if values.setdefault(name, n) != n:
+                out.append(f"{first[name]} and {label} were equal at the trace (both the "
+                           f"symbol {name}), now {values[name]} and {n}")
         if not out:
             sizes = ", ".join(f"{k}={v} ({self.labels.get(k, k)})"
                               for k, v in sorted(values.items()))

@@ -8,6 +8,7 @@ keepdim). `zeros_like`/`full_like` make constants through the `full` source op s
 from __future__ import annotations
 
 from graphc.ops.registry import call
+from graphc.symbolic import same_shape
 
 
 def can_sum_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
@@ -22,14 +23,14 @@ def sum_to(grad, shape: tuple[int, ...]):
     """Sum `grad` down to `shape`, the inverse of broadcasting `shape` to grad.shape."""
     shape = tuple(shape)
     gshape = tuple(grad.shape)
-    if gshape == shape:
+    if same_shape(gshape, shape):  # the identity, structurally (a symbolic size never guards)
         return grad
     lead = len(gshape) - len(shape)
     axes = tuple(range(lead)) + tuple(
         lead + i for i, s in enumerate(shape) if s == 1 and gshape[lead + i] != 1
     )
     out = call("reduce_sum", grad, axes=axes, keepdim=True) if axes else grad
-    if tuple(out.shape) != shape:
+    if not same_shape(tuple(out.shape), shape):
         out = call("reshape", out, shape=shape)
     return out
 

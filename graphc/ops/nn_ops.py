@@ -39,6 +39,7 @@ from graphc.ops.registry import (
     register,
 )
 from graphc.ops.shapes import normalize_axis, numel, require_float
+from graphc.symbolic import Sym
 from graphc.types import TensorType, as_dtype, int64
 
 _REDUCTIONS = ("none", "mean", "sum")
@@ -494,12 +495,21 @@ def _bn_kernel(x, weight, bias, running_mean, running_var, training: bool, eps: 
     return out.astype(x.dtype), mean.astype(x.dtype), invstd.astype(x.dtype)
 
 
+def _size_value(n, dtype: str):
+    """A count of elements as a number for arithmetic: a float, or, where the count is a
+    symbolic size (graphc.symbolic), a 0-d `full` whose value is that size per call (asking
+    it for a float would specialise it)."""
+    if type(n) is not Sym:
+        return float(n)
+    return call("full", shape=(), value=n, dtype=dtype)
+
+
 def _bn_vjp(ctx, g, g_mean=None, g_invstd=None):
     x, weight = ctx.inputs[0], ctx.inputs[1]
     _, mean, invstd = ctx.outputs
     nd = x.ndim
     axes = (0,) + tuple(range(2, nd))
-    m = float(numel(x.shape) // x.shape[1])
+    m = _size_value(numel(x.shape) // x.shape[1], x.dtype.name)
     mean_b, invstd_b = _channel_view(mean, nd), _channel_view(invstd, nd)
     centred = x - mean_b
     xhat = centred * invstd_b
@@ -590,7 +600,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,  # noqa
             if running_mean is not None:
                 _bn_update(running_mean, mean, float(momentum))
             if running_var is not None:
-                unbiased = (1.0 / (invstd * invstd) - float(eps)) * (n / (n - 1))
+                correction = n / (n - 1) if type(n) is not Sym else \
+                    _size_value(n, dt) / _size_value(n - 1, dt)  # n symbolic: per call
+                unbiased = (1.0 / (invstd * invstd) - float(eps)) * correction
                 _bn_update(running_var, unbiased, float(momentum))
     return out
 

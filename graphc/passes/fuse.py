@@ -63,6 +63,7 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.verifier import verify
 from graphc.ops.registry import ELEMENTWISE, REGISTRY, SOURCE
 from graphc.ops.shapes import broadcast_many
+from graphc.symbolic import same_shape
 
 # Roles a node can play; the kind of a group is "elementwise", "reduce", "epilogue" or "single".
 ELEMENTWISE_ROLE, REDUCE_ROLE, ANCHOR_ROLE, CONSTANT_ROLE, OPAQUE_ROLE = (
@@ -121,7 +122,7 @@ def _broadcast(*shapes) -> tuple:
 
 def _broadcasts_into(shape: tuple, domain: tuple) -> bool:
     try:
-        return _broadcast(shape, domain) == tuple(domain)
+        return same_shape(_broadcast(shape, domain), tuple(domain))
     except ShapeError:
         return False
 
@@ -218,7 +219,8 @@ class _Grouping:
         else:
             domain = _broadcast(*(self._shape(m) for m in members))
         stack = [m for m in members if self.roles[m] == ELEMENTWISE_ROLE
-                 and self._shape(m) != domain and self._read_outside(m, members)]
+                 and not same_shape(self._shape(m), domain)
+                 and self._read_outside(m, members)]
         if not stack:
             return [group]
         small: set[int] = set()
@@ -271,7 +273,7 @@ class _Grouping:
         mask = sum(1 << m for m in members)
         if self.ancestors[anchor] & mask:
             return False
-        return all(m == anchor or self.nodes[m].outputs[0].type.shape == shape
+        return all(m == anchor or same_shape(self.nodes[m].outputs[0].type.shape, shape)
                    for m in members)
 
     def _makes_cycle(self, members: set[int], limit: int) -> bool:

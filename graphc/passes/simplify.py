@@ -39,6 +39,7 @@ import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.registry import ELEMENTWISE, RANDOM, REGISTRY, SOURCE
+from graphc.symbolic import Sym
 from graphc.types import TensorType
 
 # Non-uniform constants with at most this many elements are computed at compile time, so a
@@ -261,7 +262,7 @@ def fold_constants(graph: Graph) -> Graph:
     changed = False
     for node in graph.nodes:
         opdef = REGISTRY.get(node.op)
-        if node.op == "full":
+        if node.op == "full" and type(node.attrs["value"]) is not Sym:  # Sym: per call
             known[node.outputs[0]] = np.asarray(node.attrs["value"],
                                                 node.outputs[0].type.dtype.np)
         elif node.op == "arange" and type(node.outputs[0].type.numel) is int \
