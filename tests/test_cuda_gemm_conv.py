@@ -108,3 +108,21 @@ def test_weight_gradient_split_over_pixels(rng):
     want = compile_graph(parse(text.replace("f32", "f64")), "interp").run(
         g.astype(np.float64), x.astype(np.float64))[0]
     np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_input_gradient(rng, stride):
+    """Stride 1: one implicit transposed-convolution GEMM over all images (no workspace);
+    stride 2: GEMM + col2im per image."""
+    out = {1: 9, 2: 5}[stride]
+    text = f'''graph @f(%g: f32[2,6,{out},{out}], %w: f32[6,2,3,3]) -> (f32[2,4,9,9]) {{
+  %0: f32[2,4,9,9] = conv2d_input_grad[stride=({stride}, {stride}), padding=(1, 1), dilation=(1, 1), groups=2, input_hw=(9, 9)](%g, %w)
+  return (%0)
+}}'''  # noqa: E501
+    g = rng.standard_normal((2, 6, out, out)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    ex = compile_graph(parse(text), "cuda")
+    assert _calls(ex) == ["gc_conv2d_bwd_data_f32"]
+    want = compile_graph(parse(text.replace("f32", "f64")), "interp").run(
+        g.astype(np.float64), w.astype(np.float64))[0]
+    np.testing.assert_allclose(ex.run(g, w)[0], want, rtol=1e-5, atol=1e-5)

@@ -5,7 +5,9 @@
  *
  * Per group g, with K = (c_in / groups) * kh * kw and P = out_h * out_w:
  *   forward      y_g[c_out/groups, P] = W_g[c_out/groups, K] @ col_g[K, P] + bias_g
- *   backward data  col_g[K, P] = W_g^T @ dy_g, then dx = col2im(col) (a gather: each dx element
+ *   backward data  stride 1: dx_g = W_g^T @ dy through a transposed-convolution view, one
+ *                implicit GEMM over all images, no workspace; otherwise per image
+ *                col_g[K, P] = W_g^T @ dy_g, then dx = col2im(col) (a gather: each dx element
  *                sums the column entries that read it; deterministic, no atomics)
  *   backward filter dW_g = dy_g[c_out/groups, N*P] @ col_g^T[N*P, K]: one implicit GEMM over
  *                all images, split along N*P when its tiles are few (partials in the
@@ -70,9 +72,9 @@ struct KStep {
     int32_t dh, dw; /* step of ki * dilation_h and of kj * dilation_w */
 };
 
-inline KStep k_step(const gc_conv2d_desc &d, int64_t count) {
+inline KStep k_step(const gc_conv2d_desc &d, int64_t count, int64_t plane_size) {
     KStep s;
-    s.planes = count / (d.kh * d.kw) * d.h * d.w;
+    s.planes = count / (d.kh * d.kw) * plane_size;
     s.dh = (int32_t)((count / d.kw) % d.kh * d.dilation_h);
     s.dw = (int32_t)(count % d.kw * d.dilation_w);
     return s;
@@ -162,6 +164,151 @@ struct ImplicitConvInput {
         }
     }
 };
+
+/* ---- the input gradient with stride 1: one implicit GEMM per group over all images -------
+ * dx_g[c_in/groups, N*H*W] = W_g^T[c_in/groups, K'] @ dy_view[K', N*H*W], K' = (c_out/groups)
+ * * kh * kw: with stride 1, dx(ih, iw) reads dy(ih + pad_h - ki * dilation_h, iw + pad_w -
+ * kj * dilation_w) (no divisions; a strided convolution keeps GEMM + col2im per image, whose
+ * taps are all useful). */
+struct WeightT { /* W_g^T as the A operand: (ci, k' = (co, ki, kj)) */
+    static constexpr bool K_CONTIGUOUS = true;
+    static constexpr int MIN_BLOCKS = 1;
+    const float *w;
+    int64_t c_in_g, taps, k_count, base; /* taps = kh * kw; base: the group's first weight */
+    int64_t group_size;                  /* c_out_g * c_in_g * taps */
+
+    __device__ void select(int64_t group) { base = group * group_size; }
+
+    struct Cursor {
+        const float *at; /* W at (co, ci, tap) */
+        int32_t tap, left;
+    };
+    __device__ Cursor start(int64_t row, int64_t kk) const {
+        Cursor c;
+        c.tap = (int32_t)(kk % taps);
+        c.at = w + base + ((kk / taps) * c_in_g + row) * taps + c.tap;
+        c.left = row < c_in_g ? (int32_t)(k_count - kk) : INT32_MIN / 2;
+        return c;
+    }
+    __device__ void advance(Cursor &c) const {
+        c.at += kTileK;
+        c.tap += kTileK;
+        c.left -= kTileK;
+        while (c.tap >= taps) { c.tap -= (int32_t)taps; c.at += (c_in_g - 1) * taps; }
+    }
+    __device__ void load4(const Cursor &c, float (&v)[4]) const {
+        GC_UNROLL
+        for (int i = 0; i < 4; ++i) {
+            v[i] = 0.0f;
+            if (i >= c.left) continue;
+            const float *a = c.at + i;
+            for (int64_t t = c.tap + i; t >= taps; t -= taps) a += (c_in_g - 1) * taps;
+            v[i] = *a;
+        }
+    }
+};
+
+/* dy through the transposed-convolution view, as the B operand (K' x N*H*W); stride 1 only.
+ * The same cursor scheme as ImplicitConvInput, over dy's planes. */
+struct ImplicitDgradInput {
+    static constexpr bool K_CONTIGUOUS = false;
+    static constexpr int MIN_BLOCKS = 1;
+    gc_conv2d_desc d;
+    const float *dy;
+    int64_t channel0; /* first output channel of the selected group */
+    KStep step;
+
+    __device__ void select(int64_t group) { channel0 = group * (d.c_out / d.groups); }
+
+    struct Cursor {
+        const float *plane; /* dy at the first column's image, channel channel0 + co */
+        int64_t column;
+        int32_t oh0, ow0;   /* the first column's ih + pad_h, iw + pad_w */
+        int32_t dh, dw;     /* ki * dilation_h, kj * dilation_w of the current k' */
+        int32_t k_left, run;
+    };
+
+    __device__ Cursor start(int64_t kidx, int64_t column) const {
+        Cursor c;
+        const int64_t k_count = (d.c_out / d.groups) * d.kh * d.kw;
+        const int64_t hw = d.h * d.w, columns = d.n * hw;
+        const int64_t co = kidx / (d.kh * d.kw);
+        c.k_left = (int32_t)(k_count - kidx);
+        c.dh = (int32_t)((kidx / d.kw) % d.kh * d.dilation_h);
+        c.dw = (int32_t)(kidx % d.kw * d.dilation_w);
+        c.column = column;
+        const int64_t image = column < columns ? column / hw : 0;
+        const int64_t p = column % hw, iw = p % d.w;
+        c.plane = dy + (image * d.c_out + channel0 + co) * d.out_h * d.out_w;
+        c.oh0 = (int32_t)(p / d.w + d.pad_h);
+        c.ow0 = (int32_t)(iw + d.pad_w);
+        const int64_t run = d.w - iw < columns - column ? d.w - iw : columns - column;
+        c.run = column < columns ? (int32_t)(run < 4 ? run : 4) : 0;
+        return c;
+    }
+
+    __device__ void advance(Cursor &c) const {
+        c.k_left -= kTileK;
+        c.plane += step.planes;
+        c.dh += step.dh;
+        c.dw += step.dw;
+        if (c.dw >= d.kw * d.dilation_w) { c.dw -= (int32_t)(d.kw * d.dilation_w); c.dh += (int32_t)d.dilation_h; }
+        if (c.dh >= d.kh * d.dilation_h) { c.dh -= (int32_t)(d.kh * d.dilation_h); c.plane += d.out_h * d.out_w; }
+    }
+
+    __device__ void load4(const Cursor &c, float (&v)[4]) const {
+        GC_UNROLL
+        for (int i = 0; i < 4; ++i) v[i] = 0.0f;
+        if (c.k_left <= 0) return;
+        const int64_t oh = c.oh0 - c.dh;
+        if (oh >= 0 && oh < d.out_h) {
+            const float *row = c.plane + oh * d.out_w;
+            GC_UNROLL
+            for (int i = 0; i < 4; ++i) {
+                const int64_t ow = c.ow0 - c.dw + i;
+                if (i < c.run && ow >= 0 && ow < d.out_w) v[i] = row[ow];
+            }
+        }
+        if (c.run < 4) load_rest(c, v);
+    }
+
+    __device__ void load_rest(const Cursor &c, float (&v)[4]) const {
+        const int64_t hw = d.h * d.w, columns = d.n * hw;
+        const int64_t image0 = c.column / hw;
+        GC_UNROLL
+        for (int i = 1; i < 4; ++i) { /* constant indices: v stays in registers */
+            const int64_t col = c.column + i;
+            if (i < c.run || col >= columns) continue;
+            const int64_t p = col % hw;
+            const int64_t oh = p / d.w + d.pad_h - c.dh, ow = p % d.w + d.pad_w - c.dw;
+            if (oh >= 0 && oh < d.out_h && ow >= 0 && ow < d.out_w)
+                v[i] = c.plane[(col / hw - image0) * d.c_out * d.out_h * d.out_w +
+                               oh * d.out_w + ow];
+        }
+    }
+};
+
+/* One group's GEMM result (c_in/groups x N*H*W) written into NCHW dx. */
+struct DxOutput {
+    gc_conv2d_desc d;
+    float *dx;
+    int64_t channel0;
+
+    __device__ void select(int64_t group) { channel0 = group * (d.c_in / d.groups); }
+
+    __device__ void store4(int64_t row, int64_t column, const float (&v)[4]) const {
+        const int64_t hw = d.h * d.w, columns = d.n * hw;
+        if (row >= d.c_in / d.groups) return;
+        GC_UNROLL
+        for (int i = 0; i < 4; ++i) {
+            const int64_t c = column + i;
+            if (c >= columns) break;
+            dx[((c / hw) * d.c_in + channel0 + row) * hw + c % hw] = v[i];
+        }
+    }
+};
+
+bool implicit_dgrad(const gc_conv2d_desc &d) { return d.stride_h == 1 && d.stride_w == 1; }
 
 /* ---- the weight gradient: one GEMM per group over all images, split along N * P ----------
  * dW_g[c_out/groups, K] = dy_g[c_out/groups, N*P] @ col_g^T[N*P, K]. Batch entry z of the tile
@@ -448,8 +595,10 @@ extern "C" gc_status gc_conv2d_workspace_size(const gc_conv2d_desc *desc, gc_con
     GC_TRY(check_call(fn, desc, &checked, 0, nullptr, 0));
     switch (pass) {
     case GC_CONV2D_FWD_IMPLICIT: *bytes = 0; return GC_SUCCESS;
-    case GC_CONV2D_FWD_IM2COL:
-    case GC_CONV2D_BWD_DATA: *bytes = column_buffer_bytes(checked); return GC_SUCCESS;
+    case GC_CONV2D_FWD_IM2COL: *bytes = column_buffer_bytes(checked); return GC_SUCCESS;
+    case GC_CONV2D_BWD_DATA:
+        *bytes = implicit_dgrad(checked) ? 0 : column_buffer_bytes(checked);
+        return GC_SUCCESS;
     case GC_CONV2D_BWD_FILTER: *bytes = filter_workspace_bytes(checked); return GC_SUCCESS;
     default:
         return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: pass must be a gc_conv2d_pass (0..3), "
@@ -474,7 +623,7 @@ extern "C" gc_status gc_conv2d_fwd_f32(const gc_conv2d_desc *desc, gc_conv2d_pas
     const int64_t p_count = d.out_h * d.out_w;
     const auto op_w = matrix_operand<true>(weight, k, c_out_g * k, c_out_g, k);
     if (!im2col) {
-        const ImplicitConvInput op_x{d, x, 0, k_step(d, kTileK)};
+        const ImplicitConvInput op_x{d, x, 0, k_step(d, kTileK, d.h * d.w)};
         const ConvOutput out{d, y, bias, 0};
         return launch_gemm_tiles(op_w, op_x, out, c_out_g, d.n * p_count, k, d.groups, stream,
                                  fn);
@@ -496,11 +645,20 @@ extern "C" gc_status gc_conv2d_bwd_data_f32(const gc_conv2d_desc *desc, const fl
                                             int64_t workspace_bytes, gc_stream stream) {
     const char *fn = "gc_conv2d_bwd_data_f32";
     gc_conv2d_desc d;
-    GC_TRY(check_call(fn, desc, &d, desc ? column_buffer_bytes(*desc) : 0, workspace,
+    GC_TRY(check_call(fn, desc, &d, 0, nullptr, 0));
+    GC_TRY(check_call(fn, desc, &d, implicit_dgrad(d) ? 0 : column_buffer_bytes(d), workspace,
                       workspace_bytes));
     if (d.n == 0) return GC_SUCCESS;
     GC_TRY(require_pointers(fn, dy, weight, dx));
     const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
+    if (implicit_dgrad(d)) {
+        const int64_t c_in_g = d.c_in / d.groups, taps = d.kh * d.kw;
+        const WeightT op_wt{weight, c_in_g, taps, c_out_g * taps, 0, c_out_g * c_in_g * taps};
+        const ImplicitDgradInput op_dy{d, dy, 0, k_step(d, kTileK, d.out_h * d.out_w)};
+        const DxOutput out{d, dx, 0};
+        return launch_gemm_tiles(op_wt, op_dy, out, c_in_g, d.n * d.h * d.w, c_out_g * taps,
+                                 d.groups, stream, fn);
+    }
     const int64_t p_count = d.out_h * d.out_w, dx_image = d.c_in * d.h * d.w;
     float *col = static_cast<float *>(workspace);
     /* op(A) = W_g^T (k x c_out_g): W_g is stored (c_out_g, k), so A is transposed */

@@ -1,6 +1,7 @@
 /* test_kernels_conv.cu: the conv2d entries against direct double-precision loops: forward
  * through im2col + GEMM and through the implicit GEMM (with and without bias), backward data,
- * backward filter (over a batch: overwritten, not accumulated; split along N*P when long)
+ * (implicit for stride 1), backward filter (over a batch: overwritten, not accumulated;
+ * split along N*P when long)
  * and the bias gradient, with
  * stride, padding, dilation and groups (depthwise included); then descriptor, workspace and
  * pointer errors.
@@ -174,6 +175,9 @@ int main() {
      * out_w = 23: runs of 4 pixels cross row and image ends */
     run_conv(make_desc(3, 2, 31, 25, 3, 3, 3, 1, 1, 0, 0, 1, 1, 1), 50, "weight grad split");
     run_conv(make_desc(2, 2, 9, 3, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1), 60, "out_w 2: short rows");
+    /* stride 1: the input gradient is the implicit transposed-convolution GEMM */
+    run_conv(make_desc(2, 4, 9, 7, 6, 3, 2, 1, 1, 1, 2, 2, 1, 2), 70,
+             "stride 1 dilation 2x1 pad 1x2 groups 2 (implicit input gradient)");
     test_errors();
     return test::finish("test_kernels_conv");
 }
