@@ -64,7 +64,17 @@ def __getattr__(name: str):
     sit above every other layer, so nothing below may import them."""
     if name == "profile":
         return importlib.import_module("graphc.tools.profile").profile
+    if name in _MISSING_DTYPES:
+        raise AttributeError(f"module 'graphc' has no attribute {name!r}: graphc has no "
+                             f"{_MISSING_DTYPES[name]} dtype (it keeps float32, float64, int64 "
+                             "and bool); use graphc.float32 or graphc.int64 instead")
     raise AttributeError(f"module 'graphc' has no attribute {name!r}")
+
+
+_MISSING_DTYPES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16",
+                   "int32": "int32", "int": "int32", "int16": "int16", "short": "int16",
+                   "int8": "int8", "uint8": "uint8", "complex64": "complex64",
+                   "cfloat": "complex64", "complex128": "complex128"}
 
 
 # PyTorch's wider surface: creation (eye, linspace...), dtype limits, and the composites

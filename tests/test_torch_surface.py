@@ -78,6 +78,9 @@ CASES = {
     "clamp_min": lambda m, x, i: x.clamp_min(0.5),
     "clamp_max_t": lambda m, x, i: x.clamp_max(x[0]),
     "clip": lambda m, x, i: m.clip(i, -1, 2),
+    "clamp_tensor": lambda m, x, i: m.clamp(x, min=x[0] * 0, max=m.tensor(2.0)),
+    "clamp_tensor_int": lambda m, x, i: i.clamp(max=m.tensor([0, 1, 2, 3])),
+    "arctan2": lambda m, x, i: m.arctan2(x, -x),
     "nan_to_num": lambda m, x, i: m.nan_to_num(x / 0),
     "nan_to_num_f64": lambda m, x, i: (x.double() / 0).nan_to_num(),
     "isnan_int": lambda m, x, i: m.isnan(i),
@@ -406,6 +409,16 @@ def test_missing_dtypes_are_refused_not_approximated():
     with pytest.raises(graphc.DTypeError, match="no int32"):
         graphc.searchsorted(graphc.tensor([1.0]), graphc.tensor([1.0]), out_int32=True)
     assert not hasattr(graphc, "float16") and not hasattr(graphc, "bfloat16")
+
+
+def test_missing_dtype_names_say_so():
+    for name in ("float16", "half", "bfloat16", "int32"):
+        with pytest.raises(AttributeError, match="graphc has no .* dtype"):
+            getattr(graphc, name)
+    with pytest.raises(graphc.DTypeError, match="no float16"):
+        graphc.ones(2).half()
+    with pytest.raises(graphc.DTypeError, match="no bfloat16"):
+        graphc.ones(2).bfloat16()
 
 
 def test_default_dtype_is_float32_and_only_float32_can_be_set():

@@ -536,10 +536,18 @@ def erf(x):
 
 
 def clamp(x, min=None, max=None):  # noqa: A002
-    """x limited to [min, max] (either bound may be None)."""
+    """x limited to [min, max] (either bound may be None; a tensor bound broadcasts)."""
     if min is None and max is None:
         raise ArgumentError(f"{_where('clamp')}: At least one of 'min' or 'max' must not be None")
+    if _is_tensor_bound(min) or _is_tensor_bound(max):  # PyTorch's clamp(Tensor min, max)
+        out = x if min is None else call("maximum", x, min)
+        return out if max is None else call("minimum", out, max)
     return call("clamp", x, min=_bound(min), max=_bound(max))
+
+
+def _is_tensor_bound(value) -> bool:
+    return value is not None and hasattr(value, "dtype") and hasattr(value, "shape") and \
+        not isinstance(value, (np.generic, np.ndarray))
 
 
 def _bound(value):

@@ -301,7 +301,10 @@ def fmod(input, other):  # noqa: A002
     return call("fmod", input, other)
 
 
+arctan, arcsin, arccos, arctan2 = atan, asin, acos, atan2  # numpy's names, as PyTorch has
+
 TENSOR_METHODS: dict = {}  # Tensor methods are written out in graphc.tensor_methods
 
 PUBLIC = ("floor", "ceil", "trunc", "fix", "round", "tan", "atan", "asin", "acos", "sinh",
-          "cosh", "expm1", "log2", "log10", "atan2", "fmod")
+          "cosh", "expm1", "log2", "log10", "atan2", "fmod", "arctan", "arcsin", "arccos",
+          "arctan2")

@@ -13,6 +13,7 @@ tensor([ 1., -1.])
 
 from __future__ import annotations
 
+from graphc.errors import DTypeError
 from graphc.ops import elementwise, mathops, random
 from graphc.ops.registry import inplace
 from graphc.utils import math_composites as mc
@@ -360,6 +361,16 @@ class MathMethods:
     def random_(self, from_=0, to=None, *, generator=None):
         """Fill self with integers drawn uniformly from [from_, to) (in place)."""
         return _random_(self, from_, to, generator)
+
+    def half(self):
+        """Refused: graphc has no float16 (a clear error rather than float32 in disguise)."""
+        raise DTypeError("Tensor.half(): graphc has no float16 dtype (it keeps float32, "
+                         "float64, int64 and bool); use .float()")
+
+    def bfloat16(self):
+        """Refused: graphc has no bfloat16."""
+        raise DTypeError("Tensor.bfloat16(): graphc has no bfloat16 dtype (it keeps float32, "
+                         "float64, int64 and bool); use .float()")
 
 
 def _exponential_(self, lambd, generator):
