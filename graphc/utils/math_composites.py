@@ -343,8 +343,9 @@ def dist(input, other, p=2):  # noqa: A002
 def cdist(x1, x2, p: float = 2.0, compute_mode=None):
     """Pairwise p-norm distances between the rows of x1 (..., P, M) and x2 (..., R, M).
 
-    The direct form (|x1_i - x2_j|^p summed); PyTorch's matmul expansion for large p=2
-    inputs differs from it by rounding only.
+    p = 2 with more than 25 rows on a side uses PyTorch's matmul expansion
+    (|a|^2 + |b|^2 - 2 a.b, clamped at 0), as its default compute_mode does; otherwise the
+    direct form (sum |a - b|^p). A zero distance gets a zero gradient, as in PyTorch.
     """
     if x1.ndim < 2 or x2.ndim < 2:
         raise ShapeError(f"cdist only supports at least 2D tensors, X{1 if x1.ndim < 2 else 2} "
@@ -354,6 +355,17 @@ def cdist(x1, x2, p: float = 2.0, compute_mode=None):
                          f"{x1.shape[-1]} X2: {x2.shape[-1]}")
     if p < 0:
         raise ArgumentError(f"cdist only supports non-negative p values, got {p}")
+    modes = (None, "use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist",
+             "donot_use_mm_for_euclid_dist")
+    if compute_mode not in modes:
+        raise ArgumentError(f"{compute_mode} is not a valid value for compute_mode")
+    use_mm = p == 2 and (compute_mode == "use_mm_for_euclid_dist" or (
+        compute_mode in (None, modes[1]) and (x1.shape[-2] > 25 or x2.shape[-2] > 25)))
+    if use_mm:
+        sq1 = reduce.sum(x1 * x1, dim=-1, keepdim=True)
+        sq2 = movement.unsqueeze(reduce.sum(x2 * x2, dim=-1), -2)
+        cross_term = linalg.matmul(x1, movement.transpose(x2, -2, -1))
+        return _root(elementwise.clamp(sq1 + sq2 - cross_term * 2.0, min=0.0), 2.0)
     diff = elementwise.abs(movement.unsqueeze(x1, -2) - movement.unsqueeze(x2, -3))
     if p == 0:
         return reduce.sum(elementwise.cast(diff != 0, diff.dtype), dim=-1)
@@ -362,8 +374,20 @@ def cdist(x1, x2, p: float = 2.0, compute_mode=None):
     if p == 1:
         return reduce.sum(diff, dim=-1)
     if p == 2:
-        return elementwise.sqrt(reduce.sum(diff * diff, dim=-1))
-    return reduce.sum(diff ** float(p), dim=-1) ** (1.0 / p)
+        return _root(reduce.sum(diff * diff, dim=-1), 2.0)
+    return _root(reduce.sum(diff ** float(p), dim=-1), float(p))
+
+
+def _root(total, p: float):
+    """total ** (1/p), with a zero gradient where total is 0 (not inf * 0)."""
+    positive = total > 0
+    safe = elementwise.where(positive, total, _one_of(total))
+    root = elementwise.sqrt(safe) if p == 2.0 else safe ** (1.0 / p)
+    return elementwise.where(positive, root, _zero(total))
+
+
+def _one_of(like):
+    return call("full", shape=(), value=1.0, dtype=like.dtype.name)
 
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):  # noqa: A002
