@@ -25,7 +25,8 @@ hooks at run time. For a bucket of `all_reduce(x_i, op)` nodes with outputs o_i:
   no earlier than the bucket's first reader needs it (an optimizer update, or the end of the
   graph). After the last start, the buckets are waited for in the order they started, each
   only when nothing else can run without it, so the last bucket's reduction overlaps the
-  updates the earlier ones feed. Starts and waits are effectful and plan_buffers keeps
+  updates the earlier ones feed (other effectful ops there, random draws, keep their
+  order). Starts and waits are effectful and plan_buffers keeps
   effectful ops in program order (and data dependences), so the schedule it picks keeps the
   backward's remaining compute between a bucket's start and its wait, and every rank starts
   its buckets in the same order.
@@ -35,6 +36,9 @@ hooks at run time. For a bucket of `all_reduce(x_i, op)` nodes with outputs o_i:
   input that dies there).
 - Left as they are: all_reduces with symbolic or empty shapes, and an all_reduce of another
   all_reduce's result.
+
+New values are named `bucket<k>`, `bucket<k>.reduced` and `bucket<k>.<i>` (with `bucket_`
+and so on where a name of the graph already starts with `bucket`).
 
 Needs: a verified graph (after fuse, before plan_buffers). Guarantees: a verified graph with
 the same inputs, outputs and updates, computing the same values (the o_i keep their names).
