@@ -310,8 +310,8 @@ def nansum(input, dim=None, keepdim: bool = False, *, dtype=None):  # noqa: A002
 def nanmean(input, dim=None, keepdim: bool = False, *, dtype=None):  # noqa: A002
     """mean over the elements that are not NaN (NaN where there are none)."""
     if not input.dtype.is_floating:
-        raise DTypeError(f"nanmean(): expected input to have floating point dtype but got "
-                         f"{_dtype_name(input.dtype)}")
+        raise DTypeError(f"nanmean(): expected input to have floating point or complex dtype "
+                         f"but got {_dtype_name(input.dtype)}")
     present = elementwise.logical_not(isnan(input))
     total = nansum(input, dim, keepdim, dtype=dtype)
     return total / elementwise.cast(reduce.sum(present, dim=dim, keepdim=keepdim), total.dtype)
@@ -510,8 +510,8 @@ def cumprod(input, dim: int, *, dtype=None):  # noqa: A002
 def logcumsumexp(input, dim: int):  # noqa: A002
     """log(cumsum(exp(input))) along `dim`, without overflow."""
     if not input.dtype.is_floating:
-        raise DTypeError(f"logcumsumexp(): expected input to have floating point dtype but "
-                         f"got {_dtype_name(input.dtype)}")
+        raise DTypeError(f"\"logcumsumexp_out_cpu\" not implemented for "
+                         f"'{_dtype_name(input.dtype)}'")
     d = normalize_axis("logcumsumexp", dim, max(input.ndim, 1))
     if input.ndim == 0:
         return movement.clone(input)

@@ -121,7 +121,7 @@ def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):  # no
         repeats = int(repeats.item())
     if isinstance(repeats, int):
         if repeats < 0:
-            raise ArgumentError("repeats can not be negative")
+            raise ArgumentError("Repeats must be non-negative")
         shape = tuple(x.shape)
         y = movement.unsqueeze(x, d + 1)
         y = movement.expand(y, *shape[:d + 1], repeats, *shape[d + 1:])
@@ -362,7 +362,7 @@ def _mask_along(x, d: int, index):
 def _check_index(op: str, index):
     if not _is_tensor(index) or index.dtype is not int64:
         got = index.dtype.name if _is_tensor(index) else type(index).__name__
-        raise DTypeError(f"{op}(): Expected dtype int64 for index but got {got}")
+        raise DTypeError(f"{op}_(): Expected dtype int64 for index (got {got}).")
     if index.ndim > 1:
         raise ShapeError(f"{op}(): Index is supposed to be a vector")
 
