@@ -242,6 +242,7 @@ class _MpiCommunicator:
         self._native = None
         self._agreed = None  # the signature every rank last agreed on
         self._pending = None  # a background agreement: (request, mine, everyone, what, sig)
+        self._digests: dict[tuple, np.ndarray] = {}  # signature -> its 24-byte digest
 
     def allreduce(self, array: np.ndarray, op: str) -> None:
         g, MPI = self.group, _mpi()
@@ -265,8 +266,10 @@ class _MpiCommunicator:
         the other ranks then wait in their step until the job is aborted or times out."""
         g = self.group
         self.finish()
-        digest = hashlib.sha256(repr(signature).encode()).digest()
-        mine = np.frombuffer(digest[:24], np.int64).copy()
+        mine = self._digests.get(signature)
+        if mine is None:
+            digest = hashlib.sha256(repr(signature).encode()).digest()
+            mine = self._digests[signature] = np.frombuffer(digest[:24], np.int64).copy()
         everyone = np.empty((g.size, 3), np.int64)
         request = g.comm.Iallgather(mine, everyone)
         if signature == self._agreed:
