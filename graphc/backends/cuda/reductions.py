@@ -13,6 +13,10 @@ states merge, and what the segment stores at the end. `reduce_kernels` lays the 
 - when the outputs are too few to fill an H100 (`TARGET_THREADS` resident threads) and the
   extent is long, the extent is split into `split` chunks: pass 1 writes one partial state
   per (output, chunk) into scratch, pass 2 merges the chunks of an output in chunk order.
+- when the source's last dimension is kept (a sum over the batch of (B, F): neighbouring
+  outputs are neighbours in memory), a *column* block holds 32 neighbouring outputs times 8
+  slices of the extent, so each warp load is coalesced; the extent is split into chunks
+  until each output has min(256, extent) threads (then pass 2 as above).
 
 The order of every combination is fixed by the shapes (lane stride, butterfly, warp order,
 chunk order), so a kernel gives the same bits on every run; it differs from numpy's
@@ -120,6 +124,55 @@ def segment_kernel(lw: Lowerer, node: Node, outputs: int, kept: tuple[tuple[int,
     return k
 
 
+COLUMN_ROWS = BLOCK // WARP  # extent slices of a column block (one per warp)
+
+
+def column_kernel(lw: Lowerer, node: Node, outputs: int,
+                  kept: tuple[tuple[int, ...], list[int]], extent: int,
+                  red: tuple[tuple[int, ...], list[int]], reducer: Reducer,
+                  split: int) -> KernelText:
+    """The column layout, for outputs that are neighbours in memory (the source's last dim
+    is kept): a block holds 32 neighbouring outputs (lane x = threadIdx.x % 32, so a warp
+    reads 32 neighbouring elements: coalesced) times COLUMN_ROWS slices of the extent (one per
+    warp), merged in slice order through `__shared__` memory by slice 0; `split` chunks of
+    the extent per output as in segment_kernel (its partials layout too)."""
+    groups = -(-outputs // WARP)
+    k = lw.new_kernel(node, groups * split * BLOCK)
+    k.guard, k.lanes = False, COLUMN_ROWS * split
+    chunk = -(-extent // split)
+    L = k.lines
+    L.append(f"long long gc_b = (long long)blockIdx.x / {split}; "
+             f"long long gc_part = (long long)blockIdx.x % {split};")
+    L.append(f"int gc_x = (int)(threadIdx.x % {WARP}); int gc_lane = (int)(threadIdx.x / {WARP});")
+    L.append(f"long long gc_o = gc_b * {WARP} + gc_x; long long gc_seg = gc_o * {split} + gc_part;")
+    L += _coord_lines(kept[0], kept[1], "gc_o", "k")
+    L += [f"{t} {name} = {ident};" for name, t, ident in reducer.states]
+    lo, hi = f"gc_part * {chunk}LL", f"gc_min(gc_part * {chunk}LL + {chunk}LL, {extent}LL)"
+    L.append(f"if (gc_o < {outputs}LL) {{")
+    L.append(f"  for (long long r = {lo} + gc_lane; r < {hi}; r += {COLUMN_ROWS}) {{")
+    inner = _coord_lines(red[0], red[1], "r", "q") + reducer.update(k)
+    L += ["    " + line for line in inner]
+    L += ["  }", "}"]
+    L += [f"__shared__ {t} gc_c_{name}[{COLUMN_ROWS}][{WARP}];" for name, t, _ in reducer.states]
+    L += [f"gc_c_{name}[gc_lane][gc_x] = {name};" for name, _, _ in reducer.states]
+    L.append("__syncthreads();")
+    L.append(f"if (gc_lane == 0 && gc_o < {outputs}LL) {{")
+    L.append(f"  for (int gc_w = 1; gc_w < {COLUMN_ROWS}; ++gc_w) {{")
+    L += [f"    {t} o_{name} = gc_c_{name}[gc_w][gc_x];" for name, t, _ in reducer.states]
+    L += ["    " + line for line in reducer.merge()]
+    L.append("  }")
+    if split > 1:
+        k.partials = {}
+        for name, t, _ in reducer.states:
+            at = lw.scratch(outputs * split * _size(t))
+            k.partials[name] = at
+            L.append(f"  (({t} *){k.ptr(at)})[gc_seg] = {name};")
+    else:
+        L += ["  " + line for line in reducer.finish(k)]
+    L.append("}")
+    return k
+
+
 def _merge_lanes(k: KernelText, reducer: Reducer, lanes: int) -> None:
     """Every lane of a segment ends with the segment's merged states."""
     L = k.lines
@@ -165,9 +218,16 @@ def reduce_kernels(lw: Lowerer, node: Node, outputs: int,
     """Emit the kernels of one reduction (one pass, or two when the extent is split); returns
     the split used. A reducer with `after` is never split here (the caller splits it)."""
     lanes = lanes_for(extent)
-    if split is None:
-        split = 1 if reducer.after is not None else split_for(outputs, extent, lanes)
-    k = segment_kernel(lw, node, outputs, kept, extent, red, reducer, lanes, split)
+    columns = columnar(kept, red) and reducer.after is None and split is None
+    if columns:  # >= min(256, extent) threads per output, and enough blocks to fill
+        split = max(-(-min(BLOCK, extent) // COLUMN_ROWS),
+                    split_for(outputs, extent, COLUMN_ROWS))
+        split = max(1, min(split, MAX_SPLIT, -(-extent // COLUMN_ROWS)))
+        k = column_kernel(lw, node, outputs, kept, extent, red, reducer, split)
+    else:
+        if split is None:
+            split = 1 if reducer.after is not None else split_for(outputs, extent, lanes)
+        k = segment_kernel(lw, node, outputs, kept, extent, red, reducer, lanes, split)
     lw.emit(k)
     if split == 1:
         return 1
@@ -180,6 +240,15 @@ def reduce_kernels(lw: Lowerer, node: Node, outputs: int,
     second = Reducer(reducer.states, update, reducer.merge, reducer.finish, reducer.after)
     lw.emit(segment_kernel(lw, node, outputs, kept, split, None, second, lanes_for(split)))
     return split
+
+
+def columnar(kept: tuple[tuple[int, ...], list[int]],
+             red: tuple[tuple[int, ...], list[int]] | None) -> bool:
+    """Whether neighbouring outputs read neighbouring source elements: the source's last
+    dimension is kept (and at least a warp wide), so the column layout coalesces."""
+    if red is None or not kept[1] or not red[1]:
+        return False
+    return kept[1][-1] > red[1][-1] and kept[0][-1] >= WARP
 
 
 # ---- the reducers -----------------------------------------------------------------------------
@@ -221,5 +290,6 @@ def prod(shape) -> int:
     return math.prod(shape)
 
 
-__all__ = ["MAX_SPLIT", "Reducer", "TARGET_THREADS", "WARP", "arg_reducer", "fold",
-           "lanes_for", "reduce_kernels", "segment_kernel", "shuffle_type", "split_for"]
+__all__ = ["COLUMN_ROWS", "MAX_SPLIT", "Reducer", "TARGET_THREADS", "WARP", "arg_reducer",
+           "column_kernel", "columnar", "fold", "lanes_for", "reduce_kernels", "segment_kernel",
+           "shuffle_type", "split_for"]
