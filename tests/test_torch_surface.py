@@ -173,6 +173,8 @@ CASES = {
     "unique": lambda m, x, i: m.unique(i, return_inverse=True)[1],
     "unique_counts": lambda m, x, i: i.unique(return_counts=True)[1],
     "masked_select": lambda m, x, i: m.masked_select(x, x[0] > 1),
+    "where_one_arg": lambda m, x, i: m.where(x > 1)[1],
+    "where_scalar": lambda m, x, i: m.where(x > 1, x, 0.0),
     "masked_scatter": lambda m, x, i: x.masked_scatter(x > 1, x * 100),
 }
 

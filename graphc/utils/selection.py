@@ -246,6 +246,18 @@ def nonzero(input, *, as_tuple: bool = False):  # noqa: A002
                  else np.zeros((int(bool(input.item())), 0), dtype=np.int64))
 
 
+def where(condition, input=None, other=None):  # noqa: A002
+    """`where(condition, input, other)`: input where condition, else other (broadcasting);
+    `where(condition)` alone is nonzero(condition, as_tuple=True) (eager only), as PyTorch."""
+    if input is None and other is None:
+        _eager_only("where(condition)", condition)
+        return nonzero(condition, as_tuple=True)
+    if input is None or other is None:
+        raise TypeError("where() takes 1 or 3 arguments: where(condition) or "
+                        "where(condition, input, other)")
+    return elementwise.where(condition, input, other)
+
+
 def argwhere(input):  # noqa: A002
     """nonzero(input) as a (count, ndim) tensor."""
     _eager_only("argwhere", input)
@@ -321,6 +333,6 @@ def unique_consecutive(input, return_inverse: bool = False,  # noqa: A002
     return out[0] if len(out) == 1 else tuple(out)
 
 
-PUBLIC = ("sort", "argsort", "msort", "kthvalue", "median", "searchsorted", "bucketize",
+PUBLIC = ("where", "sort", "argsort", "msort", "kthvalue", "median", "searchsorted", "bucketize",
           "cummax", "cummin", "nonzero", "argwhere", "masked_select", "masked_scatter",
           "unique", "unique_consecutive")
