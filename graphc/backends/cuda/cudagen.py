@@ -393,11 +393,12 @@ template <typename T> GC_D bool gc_arg_wins(T v, long long i, T best, long long 
   if (v == best) return i < at;
   return is_min ? v < best : v > best;
 }
-// online softmax: fold (m2, s2) into the running (max m, sum s of exp(x - m))
+// online softmax: fold (m2, s2) into the running (max m, sum s of exp(x - m)); one exp in
+// the element type per element (the sum itself in double)
 template <typename T> GC_D void gc_online_merge(T &m, double &s, T m2, double s2) {
   T mx = gc_max(m, m2);
-  s = (m == mx ? s : s * exp((double)m - (double)mx)) +
-      (m2 == mx ? s2 : s2 * exp((double)m2 - (double)mx));
+  s = (m == mx ? s : s * (double)gc_exp(m - mx)) +
+      (m2 == mx ? s2 : s2 * (double)gc_exp(m2 - mx));
   m = mx;
 }
 GC_D double gc_uniform24(unsigned int w) { return (double)(w >> 8) * 0x1p-24; }
