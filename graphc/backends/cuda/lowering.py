@@ -18,13 +18,15 @@ their slot; intermediates contiguous at their buffer's arena offset; views (the 
 
 Lowered: elementwise ops and fused groups (graphc.ops.fused: elementwise bodies, bodies
 ending in a reduction or softmax/log_softmax, GEMM/conv epilogues) as generated kernels;
-matmul (float32: gc_gemm_f32 / gc_gemm_strided_batched_f32, transposed views read as
-transposed operands; other dtypes or layouts: a generated kernel), conv2d and its two
-gradients, max/avg pooling and their gradients, softmax/log_softmax, nll_loss(_backward),
-batch_norm and reductions over a contiguous (outer, extent, inner) view through the library
-(float32); movement (copies of views, concat, pad, flip), gather/take/embedding and their
-scatters (atomicAdd), full/arange, argmax/argmin (one axis or the flattened tensor),
-multi-axis reductions and uniform/normal/dropout/bernoulli/randint/randperm (Philox, the eager
+matmul (float32: gc_gemm_f32 / gc_gemm_strided_batched_f32, split along k when skinny,
+gc_gemm_tf32_f32 only with GRAPHC_CUDA_ALLOW_TF32; transposed views read as transposed
+operands; other dtypes or layouts: a generated kernel), conv2d (implicit GEMM) and its two
+gradients, max/avg pooling and their gradients, batch_norm, nll_loss_backward and
+softmax/log_softmax over rows that fill the device through the library (float32); every
+other reduction (reduce_*, softmax, argmax/argmin, the NLL loss) as cooperative generated
+kernels (graphc.backends.cuda.reductions: many threads per output); movement (copies of
+views, concat, pad, flip), gather/take/embedding and their deterministic scatters,
+full/arange and uniform/normal/dropout/bernoulli/randint/randperm (Philox, the eager
 stream) as generated kernels (ops.py, movement.py). The library ops (conv, pooling, NLL,
 batch norm) are float32 only: other dtypes are refused. `ops.LOWERINGS` is the backend's one
 table from op name to lowering and `cudagen.SCALAR_LOWERINGS` its table of scalar ops
@@ -127,6 +129,7 @@ class KernelText:
     def __init__(self, name: str, threads: int) -> None:
         self.name, self.threads = name, threads
         self.guard, self.lanes = True, 1  # cooperative kernels: False, the segment width
+        self.partials: dict[str, int] = {}  # a split reduction's pass 1: state -> scratch
         self.params: list[int] = []
         self.lines: list[str] = []
 

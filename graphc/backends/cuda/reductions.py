@@ -162,7 +162,6 @@ def column_kernel(lw: Lowerer, node: Node, outputs: int,
     L += ["    " + line for line in reducer.merge()]
     L.append("  }")
     if split > 1:
-        k.partials = {}
         for name, t, _ in reducer.states:
             at = lw.scratch(outputs * split * _size(t))
             k.partials[name] = at
@@ -198,7 +197,6 @@ def _merge_lanes(k: KernelText, reducer: Reducer, lanes: int) -> None:
 
 
 def _store_partials(lw: Lowerer, k: KernelText, reducer: Reducer, segments: int) -> list[str]:
-    k.partials = {}
     lines = ["if (gc_lane == 0) {"]
     for name, t, _ in reducer.states:
         at = lw.scratch(segments * _size(t))
