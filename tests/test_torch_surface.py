@@ -333,6 +333,13 @@ def test_data_dependent_ops_stop_a_trace_with_their_name(name, fn):
         compiled(graphc.tensor([1.0, -2.0, 3.0]))
 
 
+def test_a_long_sort_in_a_trace_is_refused_with_the_reason():
+    compiled = graphc.compile(lambda x: graphc.sort(x).values, backend="interp")
+    with pytest.raises(TraceError, match="no sort primitive"):
+        compiled(graphc.zeros(300))
+    assert compiled(graphc.tensor([3.0, 1.0, 2.0])).tolist() == [1.0, 2.0, 3.0]
+
+
 def test_allclose_in_a_trace_is_the_item_error():
     compiled = graphc.compile(
         lambda x: graphc.tensor(float(graphc.allclose(x, x))), backend="interp"

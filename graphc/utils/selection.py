@@ -3,8 +3,8 @@
 - `sort`/`argsort`/`kthvalue`/`median`: eagerly the order comes from numpy's stable sort
   (NaN sorts as the largest value, as in PyTorch) and the values are gathered through it, so
   gradients flow to the picked elements. Inside a trace the order comes from `topk`'s traced
-  path (n rounds of argmax, O(n^2)): fine for the short rows models sort, slow for long ones;
-  ties come out in index order there too, NaN is not given its place.
+  path (n rounds of argmax, O(n^2)): fine for the short rows models sort; past 256 elements
+  per row it is a TraceError; ties come out in index order there too, NaN is not placed.
 - `searchsorted`/`bucketize`: a broadcast comparison and a count (O(n m)), traceable.
 - `cummax`/`cummin`: a running max scan gives the positions, the values are gathered there.
 - `nonzero`, `unique`, `masked_select`, `masked_scatter`, `argwhere`: the result's shape
@@ -40,6 +40,9 @@ for _t in (SortResult, KthvalueResult, MedianResult, CummaxResult, CumminResult)
     _t.__module__ = "graphc.return_types"
 
 
+_TRACED_SORT_LIMIT = 256  # elements per sorted row inside a trace (n argmax rounds)
+
+
 def _traced(x) -> bool:
     return dispatch.current_tracer() is not None or x.is_abstract
 
@@ -62,6 +65,11 @@ def _order(x, d: int, descending: bool):
     """The int64 permutation sorting x along d (a tensor without history)."""
     if _traced(x):
         n = x.shape[d]
+        if not isinstance(n, int) or n > _TRACED_SORT_LIMIT:
+            raise TraceError(f"graphc.sort inside a trace unrolls one argmax round per element "
+                             f"(graphc has no sort primitive yet): {n} elements along dim {d} "
+                             f"is past the {_TRACED_SORT_LIMIT} it unrolls; sort outside the "
+                             "compiled function, or use topk with a small k")
         return composites.topk(x.detach(), n, d, largest=descending).indices
     arr = x.detach().numpy()
     if arr.dtype.kind == "b":
