@@ -172,3 +172,13 @@ def test_threads_compiling_split_modules_at_once_share_the_workers(monkeypatch):
     assert {k: r[1] for k, r in results.items()} == {
         k: [v + k for v in EXPECTED] for k in range(3)}
     assert all(parts > 1 for parts, _ in results.values())
+
+
+def test_dumps_hold_the_generated_and_the_deduplicated_text(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_DUMP", f"llvm,{tmp_path / 'dump'}")
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    library = llvm.compile_module(_module(KERNELS), "dumped")
+    stem = f"dumped.{library.key[:12]}"
+    assert (tmp_path / "dump" / f"{stem}.ll").read_text() == _module(KERNELS)
+    deduplicated = (tmp_path / "dump" / f"{stem}.dedup.ll").read_text()
+    assert "k2_fused" not in deduplicated and "k1_fused" in deduplicated

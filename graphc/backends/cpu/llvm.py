@@ -162,7 +162,8 @@ class Library:
     function that deduplication dropped to the one that replaced it."""
 
     def __init__(self, name: str, ir_text: str, objects: list[bytes], *, key: str,
-                 from_cache: bool, aliases: dict[str, str] | None = None) -> None:
+                 from_cache: bool, aliases: dict[str, str] | None = None,
+                 source_text: str | None = None) -> None:
         self.name = name
         self.key = key
         self.from_cache = from_cache
@@ -170,6 +171,7 @@ class Library:
         self.parts = len(objects)
         self.aliases = dict(aliases or {})
         self._ir_text = ir_text  # as compiled: deduplicated
+        self.source_text = ir_text if source_text is None else source_text  # as generated
         self._objects = objects  # kept alive with the engine that loaded them
         self._optimized: tuple[str, str] | None = None
         defined, undefined = set(), set()
@@ -328,7 +330,7 @@ def compile_module(ir_text: str, name: str, *, use_cache: bool = True,
     key = cache_key(text, level)
     if not use_cache:
         library = Library(name, text, _objects(text, module, name, level), key=key,
-                          from_cache=False, aliases=renames)
+                          from_cache=False, aliases=renames, source_text=ir_text)
         library.compile_seconds = time.perf_counter() - start
         return library
     with OBJECT_CACHE.lock(key):
@@ -342,7 +344,7 @@ def compile_module(ir_text: str, name: str, *, use_cache: bool = True,
             OBJECT_CACHE.count("hits")
             objects = unpack_objects(payload)
         library = Library(name, text, objects, key=key, from_cache=from_cache,
-                          aliases=renames)
+                          aliases=renames, source_text=ir_text)
     library.compile_seconds = time.perf_counter() - start
     _dump(library)
     return library
@@ -363,16 +365,22 @@ def _objects(text: str, module, name: str, level: int) -> list[bytes]:
 
 
 def _dump(library: Library) -> None:
-    """GRAPHC_DUMP=llvm,asm: write `<name>.<key>.ll` (as generated), `.opt.ll` (optimised) and
-    `.s` (assembly) into the dump directory (see graphc.config)."""
+    """GRAPHC_DUMP=llvm,asm: write `<name>.<key>.ll` (as generated), `.dedup.ll` (what was
+    compiled, when deduplication changed it), `.opt.ll` (optimised) and `.s` (assembly) into
+    the dump directory (see graphc.config)."""
+    deduplicated = library._ir_text if library.aliases else None
     wanted = [(suffix, text) for topic, suffix, text in (
-        ("llvm", ".ll", lambda: library._ir_text), ("llvm", ".opt.ll", lambda: library.ir),
+        ("llvm", ".ll", lambda: library.source_text),
+        ("llvm", ".dedup.ll", lambda: deduplicated),
+        ("llvm", ".opt.ll", lambda: library.ir),
         ("asm", ".s", lambda: library.asm)) if config.dumps(topic)]
     if not wanted:
         return
     directory = config.dump_dir()
     for suffix, text in wanted:
-        config.write_dump_file(directory, f"{library.name}.{library.key[:12]}{suffix}", text())
+        if text() is not None:
+            config.write_dump_file(directory, f"{library.name}.{library.key[:12]}{suffix}",
+                                   text())
 
 
 def cache_info() -> dict:
