@@ -17,10 +17,11 @@ the CPU backend's: `lower` (LLVM IR text), `dedupe` (graphc.backends.cpu.module_
 `llvm` (optimisation and object code, in parts on several processes when the module is
 large: graphc.backends.cpu.workers), `load` (MCJIT loading the objects), `key` (hashing the
 text for the cache). `--workers` sets GRAPHC_COMPILE_WORKERS, `--level` the LLVM pipeline
-(graphc.backends.cpu.llvm.OPT_LEVEL). First calls in wall seconds, with the CPU seconds of
-the child itself (workers' time not included) in brackets; stages in wall seconds, or with
-`--clock cpu` the child's CPU seconds (robust to load, blind to the workers). The load
-average is printed: these 2-core machines are shared, and numbers move 2x with load.
+of every module (default graphc's: O3, O2 for a large module, llvm.pipeline_level). First
+calls in wall seconds, with the CPU seconds of the child itself (workers' time not
+included) in brackets; stages in wall seconds, or with `--clock cpu` the child's CPU
+seconds (robust to load, blind to the workers). The load average is printed: these 2-core
+machines are shared, and numbers move 2x with load.
 
 `--compare-levels` measures what the pipeline buys at run time instead: in one process, the
 same step (same weights, same batch; or `chain`, `conv`: benchmarks/cases.py's elementwise
@@ -91,7 +92,7 @@ def child(name: str, level: int | None, clock: str = "wall") -> dict:
     from graphc.backends.cpu import llvm
 
     if level is not None:
-        llvm.OPT_LEVEL = level
+        llvm.OPT_LEVEL = llvm.LARGE_OPT_LEVEL = level
     if clock == "cpu":
         _clock = time.process_time
     stages: dict[str, float] = {}
@@ -149,7 +150,7 @@ def compare_levels(name: str, repeat: int) -> str:
 
     row, steps = [], []
     for level in (2, 3):
-        llvm.OPT_LEVEL = level
+        llvm.OPT_LEVEL = llvm.LARGE_OPT_LEVEL = level
         fn, args = _case(name)
         compiled = graphc.compile(fn, backend="cpu")
         start = time.perf_counter()
@@ -157,7 +158,7 @@ def compare_levels(name: str, repeat: int) -> str:
         row.append(time.perf_counter() - start)
         compiled(*args)
         steps.append((compiled, args))
-    llvm.OPT_LEVEL = 3
+    llvm.OPT_LEVEL, llvm.LARGE_OPT_LEVEL = 3, 2
     times: list[list[float]] = [[], []]
     for _ in range(repeat):
         for k, (compiled, args) in enumerate(steps):

@@ -57,7 +57,6 @@ from graphc.ops.collective import COLLECTIVE_OPS, communicator
 from graphc.ops.fused import FusedBody
 from graphc.ops.registry import CONTRACTION, REGISTRY
 
-
 # A graph of this many scheduled nodes or more makes a module large enough to compile in
 # parts (graphc.backends.cpu.workers.PARALLEL_MIN_CHARS): its workers are started before
 # lowering. (LeNet-5's training step has 35 nodes, the GPT benchmark's 566.)

@@ -2,11 +2,12 @@
 
 `compile_module(ir_text, name)` turns LLVM IR text into a `Library` of callable native
 functions: keep one copy of identical kernels (graphc.backends.cpu.module_text), parse and
-verify, optimise at O`OPT_LEVEL` (loop and SLP vectorisation) through the new pass manager
-with the host CPU and its features (graphc.backends.cpu.llvm_worker), emit object code (a
-large module in parts, on worker processes: graphc.backends.cpu.workers), load the objects
-into one MCJIT engine. Object code is cached on disk, so a second compile of the same text
-skips optimisation and code generation and only loads the objects.
+verify, optimise at O3, or O2 for a large module (`pipeline_level`; loop and SLP
+vectorisation on) through the new pass manager with the host CPU and its features
+(graphc.backends.cpu.llvm_worker), emit object code (a large module in parts, on worker
+processes: graphc.backends.cpu.workers), load the objects into one MCJIT engine. Object code
+is cached on disk, so a second compile of the same text skips optimisation and code
+generation and only loads the objects.
 
 Invariants:
 - One-time initialisation (native target, asm printer/parser, libgomp when present) happens
@@ -69,9 +70,15 @@ __all__ = [
 # core is soon free for other work.
 SPIN_COUNT = "20000"
 _CACHE_FORMAT = "llvm-objects-v2"  # the versioned subfolder; bump when the entry format changes
-# The optimisation pipeline (the new pass manager's O2 or O3); see docs/performance.md
-# § Compile time for the measurements behind the choice.
+# The optimisation pipeline (the new pass manager's O2 or O3), chosen per module: O3 for a
+# module below LARGE_MODULE_CHARS (deduplicated; its LLVM time is short anyway, and the
+# small benchmark steps and kernels keep every O3 transformation), O2 for a larger one,
+# where O3 cost 35-40% more LLVM time (ResNet-18: 3.3 s against 2.0 s of CPU) and the
+# steps ran at the same speed (O2/O3 0.92-1.08 over three runs); docs/performance.md
+# § Compile time has the measurements.
 OPT_LEVEL = 3
+LARGE_OPT_LEVEL = 2
+LARGE_MODULE_CHARS = 150_000
 
 
 class LLVMCompileError(GraphcError, RuntimeError):
@@ -163,8 +170,9 @@ class Library:
 
     def __init__(self, name: str, ir_text: str, objects: list[bytes], *, key: str,
                  from_cache: bool, aliases: dict[str, str] | None = None,
-                 source_text: str | None = None) -> None:
+                 source_text: str | None = None, level: int | None = None) -> None:
         self.name = name
+        self.level = OPT_LEVEL if level is None else level  # the O level it was compiled at
         self.key = key
         self.from_cache = from_cache
         self.compile_seconds = 0.0  # compile_module's wall time, loading included
@@ -223,7 +231,8 @@ class Library:
 
     def _optimized_texts(self) -> tuple[str, str]:
         if self._optimized is None:
-            self._optimized = _with_optimized(self._ir_text, self.name, _module_texts)
+            self._optimized = _with_optimized(self._ir_text, self.name, _module_texts,
+                                              self.level)
         return self._optimized
 
     def __repr__(self) -> str:
@@ -317,20 +326,25 @@ def deduplicated(ir_text: str) -> tuple[str, module_text.ModuleText | None, dict
     return (str(small) if renames else ir_text), small, renames
 
 
+def pipeline_level(text: str) -> int:
+    """The O level a module's (deduplicated) text is compiled at (see OPT_LEVEL)."""
+    return OPT_LEVEL if len(text) < LARGE_MODULE_CHARS else LARGE_OPT_LEVEL
+
+
 def compile_module(ir_text: str, name: str, *, use_cache: bool = True,
                    level: int | None = None) -> Library:
     """Compile LLVM IR text into a loaded `Library` (cached on disk by `cache_key`).
 
     The text is deduplicated first; a large module is compiled in parts over the cores
     (graphc.backends.cpu.workers), each part its own object, all loaded into one engine.
-    `level`: the optimisation pipeline, O`OPT_LEVEL` by default."""
+    `level`: the optimisation pipeline, by default `pipeline_level(text)`."""
     start = time.perf_counter()
-    level = OPT_LEVEL if level is None else level
     text, module, renames = deduplicated(ir_text)
+    level = pipeline_level(text) if level is None else level
     key = cache_key(text, level)
     if not use_cache:
         library = Library(name, text, _objects(text, module, name, level), key=key,
-                          from_cache=False, aliases=renames, source_text=ir_text)
+                          from_cache=False, aliases=renames, source_text=ir_text, level=level)
         library.compile_seconds = time.perf_counter() - start
         return library
     with OBJECT_CACHE.lock(key):
@@ -344,7 +358,7 @@ def compile_module(ir_text: str, name: str, *, use_cache: bool = True,
             OBJECT_CACHE.count("hits")
             objects = unpack_objects(payload)
         library = Library(name, text, objects, key=key, from_cache=from_cache,
-                          aliases=renames, source_text=ir_text)
+                          aliases=renames, source_text=ir_text, level=level)
     library.compile_seconds = time.perf_counter() - start
     _dump(library)
     return library
