@@ -182,3 +182,12 @@ def test_dumps_hold_the_generated_and_the_deduplicated_text(tmp_path, monkeypatc
     assert (tmp_path / "dump" / f"{stem}.ll").read_text() == _module(KERNELS)
     deduplicated = (tmp_path / "dump" / f"{stem}.dedup.ll").read_text()
     assert "k2_fused" not in deduplicated and "k1_fused" in deduplicated
+
+
+def test_a_large_module_is_compiled_at_o2_a_small_one_at_o3(monkeypatch):
+    small = llvm.compile_module(_module(KERNELS), "small", use_cache=False)
+    assert small.level == llvm.OPT_LEVEL == 3
+    monkeypatch.setattr(llvm, "LARGE_MODULE_CHARS", 10)
+    large = llvm.compile_module(_module(KERNELS), "large", use_cache=False)
+    assert large.level == llvm.LARGE_OPT_LEVEL == 2 and large.key != small.key
+    assert _run(large, 5) == EXPECTED and "define" in large.ir
