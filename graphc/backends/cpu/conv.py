@@ -3,16 +3,24 @@
 The CPU code generator's lowering of the image ops (values <- scalars <- kernels <- conv,
 used by codegen's `Lowerer`, passed in as `lw`: its Locations, kernel list, scratch, BLAS):
 
-- `conv2d` (THNN's SpatialConvolutionMM, ../shared/SEEDS.md section 3): per image, im2col
-  into backend scratch (`(C*kH*kW) x (H_out*W_out)`, the groups' row blocks one after the
+- `conv2d` (THNN's SpatialConvolutionMM, ../shared/SEEDS.md section 3): im2col into backend
+  scratch (`(C*kH*kW) x (H_out*W_out)` per image, the groups' row blocks one after the
   other), then one BLAS GEMM per group `W_g (O/g x K) @ cols_g (K x P)` writing the image's
-  NCHW output directly. A 1x1 kernel with stride 1 and no padding reads the image itself
-  as the columns. Bias and activation are the fused node's epilogue (codegen).
-- `conv2d_input_grad`: per image, one GEMM per group `cols_g = W_g^T @ gy_g`, then col2im
-  adds every column entry back into its input position (overlaps accumulate, in the kernel
-  offset order of the numpy kernel).
-- `conv2d_weight_grad`: per image, im2col then `gw_g += gy_g @ cols_g^T` (beta 0 for the
-  first image, 1 after), so the batch accumulates inside the GEMM.
+  NCHW output directly. Images whose planes have fewer than THIN_COLUMNS output positions go
+  in blocks (`images_per_block`): one im2col of the block's images side by side and one GEMM
+  over all their columns, whose result is copied out to NCHW. A 1x1 kernel with stride 1
+  and no padding reads the image itself as the columns (one image per GEMM).
+  Depthwise convolutions and stride-1 convolutions of 4 or fewer input channels take direct
+  loops first (graphc.backends.cpu.conv_direct). Bias and activation are the fused node's
+  epilogue (codegen).
+- `conv2d_input_grad`: per image or block, one GEMM per group `cols_g = W_g^T @ gy_g` (a
+  block's gradients gathered into one matrix first), then col2im adds every column entry
+  back into its input position (overlaps accumulate, in the kernel offset order of the numpy
+  kernel); a pointwise 1x1 GEMM writes the input gradient itself.
+- `conv2d_weight_grad`: per image or block, im2col then `gw_g += gy_g @ cols_g^T` (beta 0
+  for the first, 1 after), so the batch accumulates inside the GEMM.
+- The temporaries of a convolution kernel (columns, a block's result or gradients) live in
+  one backend scratch region that all convolution kernels of the module share (`workspace`).
 - `max_pool2d` (values and int64 flat H*W indices), `max_pool2d_grad` (a scatter-add by the
   indices; an index out of the plane makes the call fail clearly), `avg_pool2d` and
   `avg_pool2d_grad` (PyTorch's divisors: count_include_pad, divisor_override, ceil_mode).
@@ -32,6 +40,7 @@ or write in place are copied through contiguous scratch.
 from __future__ import annotations
 
 import math
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -46,6 +55,7 @@ from graphc.backends.cpu.values import (
     REG,
     Loc,
     as_i64,
+    contiguous,
     contiguous_strides,
     i64,
     loop,
@@ -62,7 +72,7 @@ _ROW, _NOTRANS, _TRANS = 101, 111, 112
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _add(b, *terms) -> ir.Value:
+def iadd(b, *terms) -> ir.Value:
     """Sum of i64 terms (ints or values), folding the constants."""
     k, vals = 0, []
     for t in terms:
@@ -78,7 +88,7 @@ def _add(b, *terms) -> ir.Value:
     return b.add(out, i64(k)) if k else out
 
 
-def _mul(b, x, k: int):
+def imul(b, x, k: int):
     if isinstance(x, int):
         return x * k
     return x if k == 1 else (0 if k == 0 else b.mul(x, i64(k)))
@@ -118,7 +128,7 @@ def _is_contiguous(loc: Loc) -> bool:
     return all(n == 1 or s == w for n, s, w in zip(t.shape, loc.strides, want))
 
 
-def _contiguous_in(lw, loc: Loc) -> Loc:
+def contiguous_in(lw, loc: Loc) -> Loc:
     """`loc`, or a contiguous copy of it in scratch."""
     if _is_contiguous(loc):
         return loc
@@ -128,7 +138,7 @@ def _contiguous_in(lw, loc: Loc) -> Loc:
 
 
 @contextmanager
-def _contiguous_out(lw, loc: Loc):
+def contiguous_out(lw, loc: Loc):
     """Yield a contiguous Loc to write; copied to `loc` afterwards when it is not one."""
     if _is_contiguous(loc):
         yield loc
@@ -138,7 +148,7 @@ def _contiguous_out(lw, loc: Loc):
     lw.copy(tmp, loc, "unpack")
 
 
-def _kernel(lw, name: str, locs: list[Loc]):
+def image_kernel(lw, name: str, locs: list[Loc]):
     """A KernelBuilder whose operands are `locs` (element addressing by hand)."""
     kb = KernelBuilder(lw, lw.name(name), (1,))
     ids = [kb.operand(loc, (0,)) for loc in locs]
@@ -164,7 +174,7 @@ def _taps(n: int, out: int, k: int, s: int, p: int, d: int):
     return lo, hi
 
 
-def _outs(n: int, out: int, k: int, s: int, p: int, d: int):
+def out_ranges(n: int, out: int, k: int, s: int, p: int, d: int):
     """Per kernel tap t: the range [lo, hi) of output positions o whose input position
     o*s - p + t*d lies in [0, n)."""
     lo, hi = [], []
@@ -177,7 +187,7 @@ def _outs(n: int, out: int, k: int, s: int, p: int, d: int):
 
 # ---- convolution -----------------------------------------------------------------------------
 @dataclass
-class _Geom:
+class Geometry:
     n: int
     c: int
     h: int
@@ -214,15 +224,15 @@ class _Geom:
             self.padding == (0, 0)
 
 
-def _geometry(x_t: TensorType, w_shape, out_hw, attrs) -> _Geom:
+def _geometry(x_t: TensorType, w_shape, out_hw, attrs) -> Geometry:
     n = x_t.shape[0] if x_t.ndim == 4 else 1
     c, h, w = x_t.shape[-3:]
     o, _, kh, kw = w_shape
-    return _Geom(n, c, h, w, o, attrs["groups"], kh, kw, out_hw[0], out_hw[1],
+    return Geometry(n, c, h, w, o, attrs["groups"], kh, kw, out_hw[0], out_hw[1],
                  tuple(attrs["stride"]), tuple(attrs["padding"]), tuple(attrs["dilation"]))
 
 
-def _image_strides(loc: Loc) -> tuple[int, int, int, int]:
+def image_strides(loc: Loc) -> tuple[int, int, int, int]:
     """Element strides (n, c, h, w) of a batched or unbatched image tensor."""
     s = _estrides(loc)
     return (0,) + s if len(s) == 3 else s
@@ -231,7 +241,7 @@ def _image_strides(loc: Loc) -> tuple[int, int, int, int]:
 class _Conv:
     """Shared pieces of the three convolution kernels."""
 
-    def __init__(self, lw, node: Node, g: _Geom, dt) -> None:
+    def __init__(self, lw, node: Node, g: Geometry, dt) -> None:
         if dt not in (float32, float64):
             raise unsupported(node, f"{node.op} of {dt.name}")
         if lw.blas is None:  # the executable resolves a BLAS for matmul graphs only
@@ -245,12 +255,8 @@ class _Conv:
         sh, sw = g.stride
         ph, pw = g.padding
         dh, dw = g.dilation
-        self.oh_rng = [Table(lw, t) for t in _outs(g.h, g.ho, g.kh, sh, ph, dh)]
-        self.ow_rng = [Table(lw, t) for t in _outs(g.w, g.wo, g.kw, sw, pw, dw)]
-
-    def cols_loc(self) -> Loc:
-        g = self.g
-        return self.lw.scratch_loc(TensorType((g.c * g.kh * g.kw, g.p), self.dt))
+        self.oh_rng = [Table(lw, t) for t in out_ranges(g.h, g.ho, g.kh, sh, ph, dh)]
+        self.ow_rng = [Table(lw, t) for t in out_ranges(g.w, g.wo, g.kw, sw, pw, dw)]
 
     def gemm(self, b, kb, trans_a, trans_b, m, n, k, a, a_off, lda, bb, b_off, ldb, beta, c,
              c_off, ldc):
@@ -272,41 +278,44 @@ class _Conv:
                     row = b.add(b.mul(b.add(b.mul(c, i64(g.kh)), i), i64(g.kw)), j)
                     fn(b, row, c, i, j)
 
-    def im2col(self, b, kb, x, xs, x_img, cols) -> None:
-        """cols[row, oh*W_out + ow] = x[c, ih, iw] (0 in the padding) for image offset x_img."""
+    def im2col(self, b, kb, x, xs, x_img, cols, cols_img=0, ld=None) -> None:
+        """cols[row, cols_img + oh*W_out + ow] = x[c, ih, iw] (0 in the padding) for image
+        offset x_img; `ld` is the row stride of cols (H_out*W_out for one image)."""
         g = self.g
         sh, sw = g.stride
         ph, pw = g.padding
         dh, dw = g.dilation
         zero = const(self.dt, 0.0)
+        ld = g.p if ld is None else ld
 
         def fn(b, row, c, i, j):
-            base = b.mul(row, i64(g.p))
+            base = iadd(b, b.mul(row, i64(ld)), cols_img)
             oh_lo, oh_hi = (t(b, i) for t in self.oh_rng)
             ow_lo, ow_hi = (t(b, j) for t in self.ow_rng)
-            with loop(b, 0, _mul(b, oh_lo, g.wo), "z0") as q:
+            with loop(b, 0, imul(b, oh_lo, g.wo), "z0") as q:
                 kb.store(b, cols, b.add(base, q), zero)
-            with loop(b, _mul(b, oh_hi, g.wo), g.p, "z1") as q:
+            with loop(b, imul(b, oh_hi, g.wo), g.p, "z1") as q:
                 kb.store(b, cols, b.add(base, q), zero)
             with loop(b, oh_lo, oh_hi, "oh") as oh:
-                ih = _add(b, _mul(b, oh, sh), _mul(b, i, dh), -ph)
+                ih = iadd(b, imul(b, oh, sh), imul(b, i, dh), -ph)
                 dst = b.add(base, b.mul(oh, i64(g.wo)))
-                src = _add(b, x_img, _mul(b, c, xs[1]), _mul(b, ih, xs[2]),
-                           _mul(b, _add(b, _mul(b, j, dw), -pw), xs[3]))
+                src = iadd(b, x_img, imul(b, c, xs[1]), imul(b, ih, xs[2]),
+                           imul(b, iadd(b, imul(b, j, dw), -pw), xs[3]))
                 with loop(b, 0, ow_lo, "z2") as ow:
                     kb.store(b, cols, b.add(dst, ow), zero)
                 with loop(b, ow_lo, ow_hi, "ow") as ow:
-                    v = kb.load(b, x, _add(b, src, _mul(b, ow, sw * xs[3])))
+                    v = kb.load(b, x, iadd(b, src, imul(b, ow, sw * xs[3])))
                     kb.store(b, cols, b.add(dst, ow), v)
                 with loop(b, ow_hi, g.wo, "z3") as ow:
                     kb.store(b, cols, b.add(dst, ow), zero)
 
         self._rows(b, fn)
 
-    def col2im(self, b, kb, cols, gx, gx_img) -> None:
-        """gx[c, ih, iw] += cols[row, oh*W_out + ow] over the in-bounds entries (gx
-        contiguous per image, zeroed first)."""
+    def col2im(self, b, kb, cols, gx, gx_img, cols_img=0, ld=None) -> None:
+        """gx[c, ih, iw] += cols[row, cols_img + oh*W_out + ow] over the in-bounds entries
+        (gx contiguous per image, zeroed first; `ld` the row stride of cols)."""
         g = self.g
+        ld = g.p if ld is None else ld
         sh, sw = g.stride
         ph, pw = g.padding
         dh, dw = g.dilation
@@ -314,55 +323,151 @@ class _Conv:
             kb.store(b, gx, b.add(gx_img, q), const(self.dt, 0.0))
 
         def fn(b, row, c, i, j):
-            base = b.mul(row, i64(g.p))
+            base = iadd(b, b.mul(row, i64(ld)), cols_img)
             oh_lo, oh_hi = (t(b, i) for t in self.oh_rng)
             ow_lo, ow_hi = (t(b, j) for t in self.ow_rng)
             with loop(b, oh_lo, oh_hi, "oh") as oh:
-                ih = _add(b, _mul(b, oh, sh), _mul(b, i, dh), -ph)
+                ih = iadd(b, imul(b, oh, sh), imul(b, i, dh), -ph)
                 src = b.add(base, b.mul(oh, i64(g.wo)))
-                dst = _add(b, gx_img, _mul(b, c, g.h * g.w), _mul(b, ih, g.w),
-                           _add(b, _mul(b, j, dw), -pw))
+                dst = iadd(b, gx_img, imul(b, c, g.h * g.w), imul(b, ih, g.w),
+                           iadd(b, imul(b, j, dw), -pw))
                 with loop(b, ow_lo, ow_hi, "ow") as ow:
-                    at = b.add(dst, _mul(b, ow, sw))
+                    at = b.add(dst, imul(b, ow, sw))
                     kb.store(b, gx, at, b.fadd(kb.load(b, gx, at),
                                                kb.load(b, cols, b.add(src, ow))))
 
         self._rows(b, fn)
 
 
+# Images per GEMM: one image's GEMM with fewer than THIN_COLUMNS output positions (columns)
+# runs at half of BLAS's speed (ResNet's 4x4 layer: [512 x 4608] @ [4608 x 16] at 62 GFLOP/s,
+# 105 as one GEMM over blocks of 32 images, 1-thread CPU time), so such images go in blocks of
+# BLOCK_COLUMNS columns, at the price of copying the block's result (or gradient) between
+# the GEMM's layout and NCHW. At 64 columns and more that copy costs what the GEMM gains.
+THIN_COLUMNS = 64
+BLOCK_COLUMNS = 512
+
+_WORKSPACES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lowerer -> [at, n]
+
+
+def workspace(lw, dt, *shapes) -> list[Loc]:
+    """Contiguous temporaries for one convolution kernel, in backend scratch that every
+    convolution kernel of the module shares: kernels run one after another and keep nothing
+    there between calls, so the scratch is the largest need, not the sum."""
+    sizes = [-(-math.prod(s) * dt.itemsize // 64) * 64 for s in shapes]
+    need = sum(sizes)
+    ws = _WORKSPACES.get(lw)
+    if ws is None or ws[1] < need:
+        if ws is not None and ws[0] + ws[1] == lw.scratch:  # still the last: grow in place
+            lw.scratch = ws[0]
+        ws = [lw.add_scratch(need), need]
+        _WORKSPACES[lw] = ws
+    locs, at = [], lw.plan.arena_bytes + ws[0]
+    for shape, n in zip(shapes, sizes):
+        locs.append(contiguous("arena", 0, at, TensorType(tuple(shape), dt)))
+        at += n
+    return locs
+
+
+def images_per_block(g: Geometry) -> int:
+    """How many images one GEMM covers (see BLOCK_COLUMNS)."""
+    if g.p >= THIN_COLUMNS or g.n <= 1:
+        return 1
+    return min(g.n, -(-BLOCK_COLUMNS // g.p))
+
+
+def _over_blocks(b, n: int, nb: int, body) -> None:
+    """body(b, first image, images) for each block of `nb` images, then the partial last
+    block (its size a constant too, so every GEMM has constant sizes)."""
+    full, tail = divmod(n, nb)
+    if full == 1:
+        body(b, 0, nb)
+    elif full:
+        with loop(b, 0, full, "block") as k:
+            body(b, b.mul(k, i64(nb)), nb)
+    if tail:
+        body(b, full * nb, tail)
+
+
+@contextmanager
+def _images(b, count: int):
+    """The images j of a block (no loop for a block of one image)."""
+    if count == 1:
+        yield 0
+    else:
+        with loop(b, 0, count, "img") as j:
+            yield j
+
+
+def _gather_grad(b, kb, g: Geometry, gi, gs, n0, count, dst) -> None:
+    """dst[o, j*P + q] = gy[n0 + j, o, q]: a block of output gradients as one matrix."""
+    ld = count * g.p
+    with _images(b, count) as j:
+        src_img = imul(b, iadd(b, n0, j), gs[0])
+        with loop(b, 0, g.o, "o") as o:
+            src = iadd(b, src_img, imul(b, o, gs[1]))
+            at = iadd(b, imul(b, o, ld), imul(b, j, g.p))
+            with loop(b, 0, g.p, "q") as q:
+                kb.store(b, dst, b.add(at, q), kb.load(b, gi, b.add(src, q)))
+
+
 def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
-    """out = conv2d(x, w) (out contiguous or not: see `_contiguous_out`)."""
+    """out = conv2d(x, w) (out contiguous or not: see `contiguous_out`)."""
     g = _geometry(x.type, w.type.shape, out.type.shape[-2:], attrs)
+    from graphc.backends.cpu import conv_direct
+
+    if conv_direct.conv2d(lw, node, g, x, w, out):
+        return
     cv = _Conv(lw, node, g, x.type.dtype)
-    w = _contiguous_in(lw, w)
-    xs = _image_strides(x)
-    direct = g.pointwise and xs[3] == 1 and xs[2] == g.w and xs[1] == g.p
-    with _contiguous_out(lw, out) as dst:
-        locs = [x, w, dst] + ([] if direct else [cv.cols_loc()])
-        kb, ids = _kernel(lw, "conv2d", locs)
+    w = contiguous_in(lw, w)
+    xs = image_strides(x)
+    nb = images_per_block(g)
+    direct = nb == 1 and g.pointwise and xs[3] == 1 and xs[2] == g.w and xs[1] == g.p
+    with contiguous_out(lw, out) as dst:
+        shapes = ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
+            ([(g.o, nb * g.p)] if nb > 1 else [])
+        temps = workspace(lw, cv.dt, *shapes)
+        kb, ids = image_kernel(lw, "conv2d", [x, w, dst] + temps)
         xi, wi, oi = ids[:3]
+        cols = None if direct else ids[3]
+        tmp = ids[-1] if nb > 1 else None
         b = kb.begin()
-        with loop(b, 0, g.n, "n") as n:
-            x_img = _mul(b, n, xs[0])
+
+        def block(b, n0, count):
+            ld = count * g.p
             if direct:
-                cols, cols_img, ldb = xi, x_img, xs[1]
+                src, src_img, ldb = xi, imul(b, n0, xs[0]), xs[1]
             else:
-                cols, cols_img, ldb = ids[3], 0, g.p
-                cv.im2col(b, kb, xi, xs, x_img, cols)
+                src, src_img, ldb = cols, 0, ld
+                with _images(b, count) as j:
+                    cv.im2col(b, kb, xi, xs, imul(b, iadd(b, n0, j), xs[0]), cols,
+                              imul(b, j, g.p), ld)
+            c, c_img, ldc = (tmp, 0, ld) if tmp is not None else \
+                (oi, imul(b, n0, g.o * g.p), g.p)
             for grp in range(g.groups):
-                cv.gemm(b, kb, _NOTRANS, _NOTRANS, g.og, g.p, g.k,
+                cv.gemm(b, kb, _NOTRANS, _NOTRANS, g.og, ld, g.k,
                         wi, grp * g.og * g.k, g.k,
-                        cols, _add(b, cols_img, grp * g.k * ldb), ldb, 0.0,
-                        oi, _add(b, _mul(b, n, g.o * g.p), grp * g.og * g.p), g.p)
+                        src, iadd(b, src_img, grp * g.k * ldb), ldb, 0.0,
+                        c, iadd(b, c_img, grp * g.og * ldc), ldc)
+            if tmp is not None:  # columns j*P.. of the block's result are image n0 + j
+                with _images(b, count) as j:
+                    dst_img = imul(b, iadd(b, n0, j), g.o * g.p)
+                    with loop(b, 0, g.o, "o") as o:
+                        at = iadd(b, dst_img, imul(b, o, g.p))
+                        frm = iadd(b, imul(b, o, ld), imul(b, j, g.p))
+                        with loop(b, 0, g.p, "q") as q:
+                            kb.store(b, oi, b.add(at, q), kb.load(b, tmp, b.add(frm, q)))
+
+        _over_blocks(b, g.n, nb, block)
         lw.calls.append(kb.finish(b))
 
 
-def _grad_image(lw, loc: Loc, g: _Geom) -> tuple[Loc, tuple]:
+def grad_image(lw, loc: Loc, g: Geometry) -> tuple[Loc, tuple]:
     """A grad_output readable as one (O x H_out*W_out) matrix per image: (loc, strides)."""
-    s = _image_strides(loc)
+    s = image_strides(loc)
     if not (s[3] == 1 or g.wo == 1) or not (s[2] == g.wo or g.ho == 1) or s[1] < g.p:
-        loc = _contiguous_in(lw, loc)
-        s = _image_strides(loc)
+        loc = contiguous_in(lw, loc)
+        s = image_strides(loc)
     return loc, s
 
 
@@ -370,27 +475,44 @@ def conv2d_input_grad(lw, node: Node) -> None:
     gy, w = node.inputs
     out = lw.locs[node.outputs[0]]
     g = _geometry(out.type, w.type.shape, gy.type.shape[-2:], node.attrs)
+    from graphc.backends.cpu import conv_direct
+
+    if conv_direct.conv2d_input_grad(lw, node, g):
+        return
     cv = _Conv(lw, node, g, gy.type.dtype)
-    wl = _contiguous_in(lw, lw.locs[w])
-    gl, gs = _grad_image(lw, lw.locs[gy], g)
-    with _contiguous_out(lw, out) as dst:
-        locs = [gl, wl, dst] + ([] if g.pointwise else [cv.cols_loc()])
-        kb, ids = _kernel(lw, "conv2d_input_grad", locs)
+    wl = contiguous_in(lw, lw.locs[w])
+    gl, gs = grad_image(lw, lw.locs[gy], g)
+    nb = images_per_block(g)
+    direct = nb == 1 and g.pointwise  # the columns are the image gradient itself
+    with contiguous_out(lw, out) as dst:
+        shapes = ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
+            ([(g.o, nb * g.p)] if nb > 1 else [])
+        temps = workspace(lw, cv.dt, *shapes)
+        kb, ids = image_kernel(lw, "conv2d_input_grad", [gl, wl, dst] + temps)
         gi, wi, oi = ids[:3]
+        cols = oi if direct else ids[3]
+        gyt = ids[-1] if nb > 1 else None
         b = kb.begin()
-        with loop(b, 0, g.n, "n") as n:
-            gx_img = _mul(b, n, g.c * g.h * g.w)
-            if g.pointwise:  # the columns are the image gradient itself
-                cols, cols_img = oi, gx_img
+
+        def block(b, n0, count):
+            ld = count * g.p
+            if gyt is not None:
+                _gather_grad(b, kb, g, gi, gs, n0, count, gyt)
+                a, a_img, lda = gyt, 0, ld
             else:
-                cols, cols_img = ids[3], 0
+                a, a_img, lda = gi, imul(b, n0, gs[0]), gs[1]
+            cols_img = imul(b, n0, g.c * g.h * g.w) if direct else 0
             for grp in range(g.groups):
-                cv.gemm(b, kb, _TRANS, _NOTRANS, g.k, g.p, g.og,
+                cv.gemm(b, kb, _TRANS, _NOTRANS, g.k, ld, g.og,
                         wi, grp * g.og * g.k, g.k,
-                        gi, _add(b, _mul(b, n, gs[0]), grp * g.og * gs[1]), gs[1], 0.0,
-                        cols, _add(b, cols_img, grp * g.k * g.p), g.p)
-            if not g.pointwise:
-                cv.col2im(b, kb, cols, oi, gx_img)
+                        a, iadd(b, a_img, grp * g.og * lda), lda, 0.0,
+                        cols, iadd(b, cols_img, grp * g.k * ld), ld)
+            if not direct:
+                with _images(b, count) as j:
+                    cv.col2im(b, kb, cols, oi, imul(b, iadd(b, n0, j), g.c * g.h * g.w),
+                              imul(b, j, g.p), ld)
+
+        _over_blocks(b, g.n, nb, block)
         lw.calls.append(kb.finish(b))
 
 
@@ -400,30 +522,51 @@ def conv2d_weight_grad(lw, node: Node) -> None:
     g = _geometry(x.type, out.type.shape, gy.type.shape[-2:], node.attrs)
     if g.n == 0:
         return lw.fill(out, 0.0, "conv2d_weight_grad_zero")
+    from graphc.backends.cpu import conv_direct
+
+    if conv_direct.conv2d_weight_grad(lw, node, g):
+        return
     cv = _Conv(lw, node, g, x.type.dtype)
     xl = lw.locs[x]
-    xs = _image_strides(xl)
-    direct = g.pointwise and xs[3] == 1 and xs[2] == g.w and xs[1] == g.p
-    gl, gs = _grad_image(lw, lw.locs[gy], g)
-    with _contiguous_out(lw, out) as dst:
-        locs = [gl, xl, dst] + ([] if direct else [cv.cols_loc()])
-        kb, ids = _kernel(lw, "conv2d_weight_grad", locs)
+    xs = image_strides(xl)
+    nb = images_per_block(g)
+    direct = nb == 1 and g.pointwise and xs[3] == 1 and xs[2] == g.w and xs[1] == g.p
+    gl, gs = grad_image(lw, lw.locs[gy], g)
+    with contiguous_out(lw, out) as dst:
+        shapes = ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
+            ([(g.o, nb * g.p)] if nb > 1 else [])
+        temps = workspace(lw, cv.dt, *shapes)
+        kb, ids = image_kernel(lw, "conv2d_weight_grad", [gl, xl, dst] + temps)
         gi, xi, oi = ids[:3]
+        cols = None if direct else ids[3]
+        gyt = ids[-1] if nb > 1 else None
         b = kb.begin()
-        with loop(b, 0, g.n, "n") as n:
-            x_img = _mul(b, n, xs[0])
+        zero, one = const(cv.dt, 0.0), const(cv.dt, 1.0)
+
+        def block(b, n0, count):
+            ld = count * g.p
             if direct:
-                cols, cols_img = xi, x_img
+                src, src_img, ldb = xi, imul(b, n0, xs[0]), xs[1]
             else:
-                cols, cols_img = ids[3], 0
-                cv.im2col(b, kb, xi, xs, x_img, cols)
-            beta = b.select(b.icmp_signed("==", n, i64(0)), const(x.type.dtype, 0.0),
-                            const(x.type.dtype, 1.0))
+                src, src_img, ldb = cols, 0, ld
+                with _images(b, count) as j:
+                    cv.im2col(b, kb, xi, xs, imul(b, iadd(b, n0, j), xs[0]), cols,
+                              imul(b, j, g.p), ld)
+            if gyt is not None:
+                _gather_grad(b, kb, g, gi, gs, n0, count, gyt)
+                a, a_img, lda = gyt, 0, ld
+            else:
+                a, a_img, lda = gi, imul(b, n0, gs[0]), gs[1]
+            # the first block writes the gradient, the later ones add to it (in the GEMM)
+            beta = (zero if n0 == 0 else one) if isinstance(n0, int) else \
+                b.select(b.icmp_signed("==", n0, i64(0)), zero, one)
             for grp in range(g.groups):
-                cv.gemm(b, kb, _NOTRANS, _TRANS, g.og, g.k, g.p,
-                        gi, _add(b, _mul(b, n, gs[0]), grp * g.og * gs[1]), gs[1],
-                        cols, _add(b, cols_img, grp * g.k * g.p), g.p, beta,
+                cv.gemm(b, kb, _NOTRANS, _TRANS, g.og, g.k, ld,
+                        a, iadd(b, a_img, grp * g.og * lda), lda,
+                        src, iadd(b, src_img, grp * g.k * ldb), ldb, beta,
                         oi, grp * g.og * g.k, g.k)
+
+        _over_blocks(b, g.n, nb, block)
         lw.calls.append(kb.finish(b))
 
 
@@ -443,7 +586,7 @@ def _over_planes(b, sizes, strides_list):
         cm = loop(b, 0, n, f"p{d}")
         i = cm.__enter__()
         stack.append(cm)
-        offs = [_add(b, o, _mul(b, i, s[d])) for o, s in zip(offs, strides_list)]
+        offs = [iadd(b, o, imul(b, i, s[d])) for o, s in zip(offs, strides_list)]
     yield offs
     for cm in reversed(stack):
         cm.__exit__(None, None, None)
@@ -467,7 +610,7 @@ def max_pool2d(lw, node: Node) -> None:
     rows, cols = _pool_tables(lw, (h, w), (ho, wo), a["kernel_size"], a["stride"],
                               a["padding"], a["dilation"])
     lx, lv, li = lw.locs[x], lw.locs[vals], lw.locs[idx]
-    kb, (xi, vi, ii) = _kernel(lw, "max_pool2d", [lx, lv, li])
+    kb, (xi, vi, ii) = image_kernel(lw, "max_pool2d", [lx, lv, li])
     sizes, xs, xsh, xsw = _planes(lx)
     _, vs, vsh, vsw = _planes(lv)
     _, is_, ish, isw = _planes(li)
@@ -488,18 +631,18 @@ def max_pool2d(lw, node: Node) -> None:
         if full:  # every tap of every window is inside: tap by tap, a select per output
             # over the row of outputs (an inner loop that vectorises, no branches)
             with loop(b, 0, ho, "oh") as oh:
-                ih0 = _add(b, _mul(b, oh, sh), -ph)
-                vrow = _add(b, vo, _mul(b, oh, vsh))
-                irow = _add(b, io, _mul(b, oh, ish))
+                ih0 = iadd(b, imul(b, oh, sh), -ph)
+                vrow = iadd(b, vo, imul(b, oh, vsh))
+                irow = iadd(b, io, imul(b, oh, ish))
                 for i in range(a["kernel_size"][0]):
-                    ih = _add(b, ih0, i * dh)
+                    ih = iadd(b, ih0, i * dh)
                     for j in range(a["kernel_size"][1]):
                         with loop(b, 0, wo, "ow") as ow:
-                            iw = _add(b, _mul(b, ow, sw), j * dw - pw)
-                            v = kb.load(b, xi, _add(b, xo, _mul(b, ih, xsh), _mul(b, iw, xsw)))
-                            flat = _add(b, _mul(b, ih, w), iw)
-                            vat = _add(b, vrow, _mul(b, ow, vsw))
-                            iat = _add(b, irow, _mul(b, ow, isw))
+                            iw = iadd(b, imul(b, ow, sw), j * dw - pw)
+                            v = kb.load(b, xi, iadd(b, xo, imul(b, ih, xsh), imul(b, iw, xsw)))
+                            flat = iadd(b, imul(b, ih, w), iw)
+                            vat = iadd(b, vrow, imul(b, ow, vsw))
+                            iat = iadd(b, irow, imul(b, ow, isw))
                             if i or j:
                                 m = kb.load(b, vi, vat)
                                 up = better(v, m)
@@ -510,26 +653,26 @@ def max_pool2d(lw, node: Node) -> None:
         else:
             with loop(b, 0, ho, "oh") as oh:
                 i_lo, i_hi = (t(b, oh) for t in rows)
-                ih0 = _add(b, _mul(b, oh, sh), -ph)
+                ih0 = iadd(b, imul(b, oh, sh), -ph)
                 with loop(b, 0, wo, "ow") as ow:
                     j_lo, j_hi = (t(b, ow) for t in cols)
-                    iw0 = _add(b, _mul(b, ow, sw), -pw)
-                    ih = _add(b, ih0, _mul(b, i_lo, dh))
-                    iw = _add(b, iw0, _mul(b, j_lo, dw))
-                    b.store(kb.load(b, xi, _add(b, xo, _mul(b, ih, xsh), _mul(b, iw, xsw))), best)
-                    b.store(as_i64(_add(b, _mul(b, ih, w), iw)), where)
+                    iw0 = iadd(b, imul(b, ow, sw), -pw)
+                    ih = iadd(b, ih0, imul(b, i_lo, dh))
+                    iw = iadd(b, iw0, imul(b, j_lo, dw))
+                    b.store(kb.load(b, xi, iadd(b, xo, imul(b, ih, xsh), imul(b, iw, xsw))), best)
+                    b.store(as_i64(iadd(b, imul(b, ih, w), iw)), where)
                     with loop(b, i_lo, i_hi, "ki") as i:
-                        ih = _add(b, ih0, _mul(b, i, dh))
+                        ih = iadd(b, ih0, imul(b, i, dh))
                         with loop(b, j_lo, j_hi, "kj") as j:
-                            iw = _add(b, iw0, _mul(b, j, dw))
-                            v = kb.load(b, xi, _add(b, xo, _mul(b, ih, xsh), _mul(b, iw, xsw)))
+                            iw = iadd(b, iw0, imul(b, j, dw))
+                            v = kb.load(b, xi, iadd(b, xo, imul(b, ih, xsh), imul(b, iw, xsw)))
                             m = b.load(best)
                             up = better(v, m)
                             b.store(b.select(up, v, m), best)
-                            b.store(b.select(up, _add(b, _mul(b, ih, w), iw), b.load(where)),
+                            b.store(b.select(up, iadd(b, imul(b, ih, w), iw), b.load(where)),
                                     where)
-                    kb.store(b, vi, _add(b, vo, _mul(b, oh, vsh), _mul(b, ow, vsw)), b.load(best))
-                    kb.store(b, ii, _add(b, io, _mul(b, oh, ish), _mul(b, ow, isw)),
+                    kb.store(b, vi, iadd(b, vo, imul(b, oh, vsh), imul(b, ow, vsw)), b.load(best))
+                    kb.store(b, ii, iadd(b, io, imul(b, oh, ish), imul(b, ow, isw)),
                              b.load(where))
     lw.calls.append(kb.finish(b))
 
@@ -540,8 +683,8 @@ def max_pool2d_grad(lw, node: Node) -> None:
     h, w = out.type.shape[-2:]
     ho, wo = g.type.shape[-2:]
     lg, li = lw.locs[g], lw.locs[idx]
-    with _contiguous_out(lw, lw.locs[out]) as lo:
-        kb, (gi, ii, oi) = _kernel(lw, "max_pool2d_grad", [lg, li, lo])
+    with contiguous_out(lw, lw.locs[out]) as lo:
+        kb, (gi, ii, oi) = image_kernel(lw, "max_pool2d_grad", [lg, li, lo])
         kb.kernel.status = True
         lw.errors.append(f"max_pool2d_grad: an index is out of the {h}x{w} plane (0..."
                          f"{h * w - 1}) in node {format_node(node)}"
@@ -559,12 +702,12 @@ def max_pool2d_grad(lw, node: Node) -> None:
         with _over_planes(b, sizes, [gs, is_, os_]) as (go, io, oo):
             with loop(b, 0, ho, "oh") as oh:
                 with loop(b, 0, wo, "ow") as ow:
-                    k = kb.load(b, ii, _add(b, io, _mul(b, oh, ish), _mul(b, ow, isw)))
-                    v = kb.load(b, gi, _add(b, go, _mul(b, oh, gsh), _mul(b, ow, gsw)))
+                    k = kb.load(b, ii, iadd(b, io, imul(b, oh, ish), imul(b, ow, isw)))
+                    v = kb.load(b, gi, iadd(b, go, imul(b, oh, gsh), imul(b, ow, gsw)))
                     inside = b.and_(b.icmp_signed(">=", k, i64(0)),
                                     b.icmp_signed("<", k, i64(h * w)))
                     b.store(b.select(inside, b.load(status), ir.Constant(I32, code)), status)
-                    at = as_i64(_add(b, oo, b.select(inside, k, i64(0))))
+                    at = as_i64(iadd(b, oo, b.select(inside, k, i64(0))))
                     v = b.select(inside, v, const(dt, 0.0))
                     kb.store(b, oi, at, b.fadd(kb.load(b, oi, at), v))
         b.ret(b.load(status))
@@ -607,7 +750,7 @@ def avg_pool2d(lw, node: Node) -> None:
                               a["padding"], (1, 1))
     divs = _avg_divisors(lw, (h, w), (ho, wo), a)
     lx, lo = lw.locs[x], lw.locs[out]
-    kb, (xi, oi) = _kernel(lw, "avg_pool2d", [lx, lo])
+    kb, (xi, oi) = image_kernel(lw, "avg_pool2d", [lx, lo])
     sizes, xs, xsh, xsw = _planes(lx)
     _, os_, osh, osw = _planes(lo)
     b = kb.begin()
@@ -616,18 +759,18 @@ def avg_pool2d(lw, node: Node) -> None:
     with _over_planes(b, sizes, [xs, os_]) as (xo, oo):
         with loop(b, 0, ho, "oh") as oh:
             i_lo, i_hi = (t(b, oh) for t in rows)
-            ih0 = _add(b, _mul(b, oh, sh), -ph)
+            ih0 = iadd(b, imul(b, oh, sh), -ph)
             with loop(b, 0, wo, "ow") as ow:
                 j_lo, j_hi = (t(b, ow) for t in cols)
-                iw0 = _add(b, _mul(b, ow, sw), -pw)
+                iw0 = iadd(b, imul(b, ow, sw), -pw)
                 b.store(const(dt, 0.0), acc)
                 with loop(b, i_lo, i_hi, "ki") as i:
-                    row = _add(b, xo, _mul(b, _add(b, ih0, i), xsh))
+                    row = iadd(b, xo, imul(b, iadd(b, ih0, i), xsh))
                     with loop(b, j_lo, j_hi, "kj") as j:
-                        v = kb.load(b, xi, _add(b, row, _mul(b, _add(b, iw0, j), xsw)))
+                        v = kb.load(b, xi, iadd(b, row, imul(b, iadd(b, iw0, j), xsw)))
                         b.store(b.fadd(b.load(acc), v), acc)
                 d = _divisor(b, dt, divs, oh, ow, a["divisor_override"])
-                kb.store(b, oi, _add(b, oo, _mul(b, oh, osh), _mul(b, ow, osw)),
+                kb.store(b, oi, iadd(b, oo, imul(b, oh, osh), imul(b, ow, osw)),
                          b.fdiv(b.load(acc), d))
     lw.calls.append(kb.finish(b))
 
@@ -643,8 +786,8 @@ def avg_pool2d_grad(lw, node: Node) -> None:
                               a["padding"], (1, 1))
     divs = _avg_divisors(lw, (h, w), (ho, wo), a)
     lg = lw.locs[g]
-    with _contiguous_out(lw, lw.locs[out]) as lo:
-        kb, (gi, oi) = _kernel(lw, "avg_pool2d_grad", [lg, lo])
+    with contiguous_out(lw, lw.locs[out]) as lo:
+        kb, (gi, oi) = image_kernel(lw, "avg_pool2d_grad", [lg, lo])
         sizes, gs, gsh, gsw = _planes(lg)
         os_ = contiguous_strides(sizes, h * w)
         b = kb.begin()
@@ -653,17 +796,17 @@ def avg_pool2d_grad(lw, node: Node) -> None:
         with _over_planes(b, sizes, [gs, os_]) as (go, oo):
             with loop(b, 0, ho, "oh") as oh:
                 i_lo, i_hi = (t(b, oh) for t in rows)
-                ih0 = _add(b, _mul(b, oh, sh), -ph)
+                ih0 = iadd(b, imul(b, oh, sh), -ph)
                 with loop(b, 0, wo, "ow") as ow:
                     j_lo, j_hi = (t(b, ow) for t in cols)
-                    iw0 = _add(b, _mul(b, ow, sw), -pw)
+                    iw0 = iadd(b, imul(b, ow, sw), -pw)
                     d = _divisor(b, dt, divs, oh, ow, a["divisor_override"])
-                    v = b.fdiv(kb.load(b, gi, _add(b, go, _mul(b, oh, gsh), _mul(b, ow, gsw))),
+                    v = b.fdiv(kb.load(b, gi, iadd(b, go, imul(b, oh, gsh), imul(b, ow, gsw))),
                                d)
                     with loop(b, i_lo, i_hi, "ki") as i:
-                        row = _add(b, oo, _mul(b, _add(b, ih0, i), w))
+                        row = iadd(b, oo, imul(b, iadd(b, ih0, i), w))
                         with loop(b, j_lo, j_hi, "kj") as j:
-                            at = as_i64(_add(b, row, _add(b, iw0, j)))
+                            at = as_i64(iadd(b, row, iadd(b, iw0, j)))
                             kb.store(b, oi, at, b.fadd(kb.load(b, oi, at), v))
         lw.calls.append(kb.finish(b))
 
@@ -679,12 +822,12 @@ def batch_norm(lw, node: Node) -> None:
     n, c = x.type.shape[:2]
     s = math.prod(x.type.shape[2:])
     count = n * s
-    lx = _contiguous_in(lw, lw.locs[x])
+    lx = contiguous_in(lw, lw.locs[x])
     params = [lw.locs[v] for v in (weight, bias, rmean, rvar)]
     pstr = [_estrides(p)[0] if p.type.ndim else 0 for p in params]
-    with _contiguous_out(lw, lw.locs[out]) as lo:
+    with contiguous_out(lw, lw.locs[out]) as lo:
         locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v]]
-        kb, (xi, wi, bi, rmi, rvi, oi, mi, ii) = _kernel(lw, "batch_norm", locs)
+        kb, (xi, wi, bi, rmi, rvi, oi, mi, ii) = image_kernel(lw, "batch_norm", locs)
         ms, is_ = (_estrides(lw.locs[v])[0] for v in (mean_v, invstd_v))
         b = kb.begin()
         with b.goto_entry_block():
@@ -715,19 +858,19 @@ def batch_norm(lw, node: Node) -> None:
                 over(b, ch, sq)
                 var = b.fdiv(b.load(acc), ir.Constant(F64, float(count)))
             else:
-                mean = wide(kb.load(b, rmi, _mul(b, ch, pstr[2])))
-                var = wide(kb.load(b, rvi, _mul(b, ch, pstr[3])))
+                mean = wide(kb.load(b, rmi, imul(b, ch, pstr[2])))
+                var = wide(kb.load(b, rvi, imul(b, ch, pstr[3])))
             root = lw.scalars.intrinsic(b, "llvm.sqrt", float64,
                                         b.fadd(var, ir.Constant(F64, float(eps))))
             invstd = b.fdiv(ir.Constant(F64, 1.0), root)
-            scale = b.fmul(invstd, wide(kb.load(b, wi, _mul(b, ch, pstr[0]))))
-            shift = wide(kb.load(b, bi, _mul(b, ch, pstr[1])))
+            scale = b.fmul(invstd, wide(kb.load(b, wi, imul(b, ch, pstr[0]))))
+            shift = wide(kb.load(b, bi, imul(b, ch, pstr[1])))
 
             def norm(b, at):
                 v = b.fsub(convert(b, kb.load(b, xi, at), dt, float64), mean)
                 kb.store(b, oi, at, convert(b, b.fadd(b.fmul(v, scale), shift), float64, dt))
 
             over(b, ch, norm)
-            kb.store(b, mi, _mul(b, ch, ms), convert(b, mean, float64, dt))
-            kb.store(b, ii, _mul(b, ch, is_), convert(b, invstd, float64, dt))
+            kb.store(b, mi, imul(b, ch, ms), convert(b, mean, float64, dt))
+            kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
         lw.calls.append(kb.finish(b))

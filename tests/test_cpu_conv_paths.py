@@ -1,0 +1,82 @@
+"""Each path of the CPU backend's convolution lowering (graphc.backends.cpu.conv and
+conv_direct), forward and both gradients, on shapes that take it, against the interpreter;
+summation orders that differ from numpy's are judged by distance from a float64 run
+(graphc.testing.assert_rounding_within, docs/performance.md "Rounding"). The IR text shows
+which path a node took: `block.head`/`img.head` loops for images in blocks of one GEMM."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+
+from graphc.backends.cpu import conv  # noqa: E402
+from graphc.ir.interpreter import run as interpret  # noqa: E402
+from graphc.ops.conv import conv_output_hw  # noqa: E402
+from graphc.testing import assert_rounding_within  # noqa: E402
+from tests.test_cpu_backend import compare, one_op_graph  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _graphs(xs, ws, stride, padding, groups, dtype="float32"):
+    attrs = dict(stride=stride, padding=padding, dilation=(1, 1), groups=groups)
+    gs = xs[:-3] + (ws[0],) + conv_output_hw(xs[-2:], ws[2:], stride, padding, (1, 1))
+    return gs, {
+        "fwd": one_op_graph("conv2d", [(xs, dtype), (ws, dtype)], **attrs),
+        "gx": one_op_graph("conv2d_input_grad", [(gs, dtype), (ws, dtype)],
+                           input_hw=xs[-2:], **attrs),
+        "gw": one_op_graph("conv2d_weight_grad", [(gs, dtype), (xs, dtype)],
+                           kernel_size=ws[2:], **attrs)}
+
+
+def check_paths(xs, ws, stride, padding, groups, marker):
+    """Forward and both gradients: equal to the interpreter within float32 rounding, within
+    2x eager's distance from float64, and lowered through the path `marker` names."""
+    rng = np.random.default_rng(sum(xs) + 7 * sum(ws))
+    gs, graphs = _graphs(xs, ws, stride, padding, groups)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    gy = rng.standard_normal(gs).astype(np.float32)
+    args = {"fwd": [x, w], "gx": [gy, w], "gw": [gy, x]}
+    for kind, graph in graphs.items():
+        exe = compare(graph, args[kind], rtol=1e-4)
+        got = exe.run(*args[kind])[0]
+        eager = interpret(graph, *args[kind])[0]
+        _, wide = _graphs(xs, ws, stride, padding, groups, "float64")
+        reference = interpret(wide[kind], *[a.astype(np.float64) for a in args[kind]])[0]
+        assert_rounding_within(got, eager, reference)
+        assert marker in exe.lowered.ir_text, f"{kind}: no {marker!r} in the module"
+
+
+# (input, weight, stride, padding, groups): output planes under THIN_COLUMNS positions, so
+# images go in blocks of one GEMM; batches that leave a partial last block.
+BLOCKED = [
+    ((5, 8, 4, 4), (16, 8, 3, 3), (1, 1), (1, 1), 1),  # 4x4 planes, 5 images
+    ((7, 6, 6, 6), (8, 3, 3, 3), (2, 2), (1, 1), 2),  # stride 2, groups
+    ((9, 8, 5, 5), (12, 8, 1, 1), (1, 1), (0, 0), 1),  # pointwise, blocked
+    ((6, 8, 6, 6), (12, 8, 1, 1), (2, 2), (0, 0), 1),  # a 1x1 shortcut with stride 2
+]
+
+
+@pytest.mark.parametrize("case", range(len(BLOCKED)))
+def test_images_in_blocks_of_one_gemm(case, monkeypatch):
+    monkeypatch.setattr(conv, "BLOCK_COLUMNS", 40)  # blocks of 2-3 images, partial tails
+    check_paths(*BLOCKED[case], marker="img.head")
+
+
+def test_one_block_per_batch():
+    check_paths((3, 8, 4, 4), (16, 8, 3, 3), (1, 1), (1, 1), 1, marker="img.head")
+
+
+def test_large_planes_keep_one_gemm_per_image():
+    rng = np.random.default_rng(0)
+    _, graphs = _graphs((2, 4, 10, 10), (6, 4, 3, 3), (1, 1), (1, 1), 1)
+    x = rng.standard_normal((2, 4, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    exe = compare(graphs["fwd"], [x, w])
+    assert "img.head" not in exe.lowered.ir_text
