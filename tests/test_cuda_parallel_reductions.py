@@ -254,3 +254,16 @@ def test_conv_batch_norm_training_step_has_no_serial_reduction(rng):
         (text,) = [k for k in kernels if k.startswith(launch.function + "(")]
         if launch.lanes == 1:  # elementwise: no loop over a reduced extent
             assert "for (long long r" not in text, launch.function
+
+
+def test_batch_norm_training_statistics_split_over_the_batch(rng):
+    """3 channels of 2 x 40 x 40: the mean and variance passes run >= 256 threads per channel
+    (split over N * H * W), not one block per channel."""
+    x = (rng.standard_normal((2, 3, 40, 40)) * 3 + 5).astype(np.float32)
+    w, b = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    rm, rv = np.zeros(3, np.float32), np.ones(3, np.float32)
+    _, launches = _check('''graph @f(%x: f32[2,3,40,40], %w: f32[3], %b: f32[3], %rm: f32[3], %rv: f32[3]) -> (f32[2,3,40,40], f32[3], f32[3]) {
+  %0: f32[2,3,40,40], %1: f32[3], %2: f32[3] = batch_norm[training=true, eps=1e-05](%x, %w, %b, %rm, %rv)
+  return (%0, %1, %2)
+}''', x, w, b, rm, rv)  # noqa: E501
+    assert _lanes(launches) >= 256

@@ -672,14 +672,69 @@ def format_op(node: Node) -> str:
 
 
 def lower_batch_norm(lw: Lowerer, node: Node) -> None:
+    """Training statistics: cooperative reductions per channel (graphc.backends.cuda.
+    reductions, split over N * H * W when the channels are few; the library runs one block a
+    channel); inference: the library's elementwise kernel."""
     ins = [lw.contiguous(lw.layouts[v], node) for v in node.inputs]
     y, mean, invstd = (lw.layouts[v] for v in node.outputs)
     _need_f32(node, ins)
     shape = ins[0].type.shape
+    if node.attrs["training"] and math.prod(shape) > 0:
+        return _batch_norm_train(lw, node, ins, y, mean, invstd)
     lw.call("gc_batch_norm_fwd_f32", shape[0], shape[1], math.prod(shape[2:]),
             int(node.attrs["training"]), float(node.attrs["eps"]),
             *(Addr(i.offset) for i in ins), Addr(y.offset), Addr(mean.offset),
             Addr(invstd.offset), None)
+
+
+def _batch_norm_train(lw: Lowerer, node: Node, ins, y: Layout, mean: Layout,
+                      invstd: Layout) -> None:
+    """Three passes, as the library and the reference: the mean (double), the centred sum of
+    squares (the biased variance: no cancellation), then y = (x - mean) * invstd * w + b."""
+    x, weight, bias = ins[:3]
+    shape = x.type.shape
+    channels = shape[1]
+    red_dims = [0] + list(range(2, len(shape)))
+    red = (tuple(shape[d] for d in red_dims), red_dims)
+    count = math.prod(red[0])
+    coords = _coords(len(shape))
+    mean_d, invstd_d = lw.scratch(8 * channels), lw.scratch(8 * channels)
+
+    def sum_of(term):
+        def update(k) -> list[str]:
+            return [f"double x = (double){k.read(x, coords, shape)};", f"acc += {term(k)};"]
+        return update
+
+    def add(a: str, b: str) -> str:
+        return f"{a} + {b}"
+
+    def store_mean(k) -> list[str]:
+        return [f"double gc_mean = acc / {count}.0;",
+                f"((double *){k.ptr(mean_d)})[c1] = gc_mean;",
+                f"((float *){k.ptr(mean.offset)})[c1] = (float)gc_mean;"]
+
+    def centred(k) -> str:
+        return f"(x - ((double *){k.ptr(mean_d)})[c1]) * (x - ((double *){k.ptr(mean_d)})[c1])"
+
+    def store_invstd(k) -> list[str]:
+        eps = float(node.attrs["eps"]).hex()
+        return [f"double gc_inv = 1.0 / sqrt(acc / {count}.0 + {eps});",
+                f"((double *){k.ptr(invstd_d)})[c1] = gc_inv;",
+                f"((float *){k.ptr(invstd.offset)})[c1] = (float)gc_inv;"]
+
+    kept = ((channels,), [1])
+    state = [("acc", "double", "0.0")]
+    reductions.reduce_kernels(lw, node, channels, kept, count, red,
+                              reductions.fold(state, sum_of(lambda k: "x"), add, store_mean))
+    reductions.reduce_kernels(lw, node, channels, kept, count, red,
+                              reductions.fold(state, sum_of(centred), add, store_invstd))
+    k = lw.new_kernel(node, x.type.numel)
+    k.lines += cudagen.decompose(shape, "gi")
+    m, inv = f"((double *){k.ptr(mean_d)})[c1]", f"((double *){k.ptr(invstd_d)})[c1]"
+    w, b = k.read(weight, ["c1"], (channels,)), k.read(bias, ["c1"], (channels,))
+    k.lines.append(f"{k.at(y, coords)} = (float)(((double){k.read(x, coords, shape)} - {m}) * "
+                   f"({inv} * (double){w}) + (double){b});")
+    lw.emit(k)
 
 
 # ---- the lowering table: op name -> lower(lowerer, node) -----------------------------------
