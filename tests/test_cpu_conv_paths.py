@@ -34,7 +34,7 @@ def _graphs(xs, ws, stride, padding, groups, dtype="float32"):
                            kernel_size=ws[2:], **attrs)}
 
 
-def check_paths(xs, ws, stride, padding, groups, marker):
+def check_paths(xs, ws, stride, padding, groups, marker, gx_marker=None):
     """Forward and both gradients: equal to the interpreter within float32 rounding, within
     2x eager's distance from float64, and lowered through the path `marker` names."""
     rng = np.random.default_rng(sum(xs) + 7 * sum(ws))
@@ -50,7 +50,8 @@ def check_paths(xs, ws, stride, padding, groups, marker):
         _, wide = _graphs(xs, ws, stride, padding, groups, "float64")
         reference = interpret(wide[kind], *[a.astype(np.float64) for a in args[kind]])[0]
         assert_rounding_within(got, eager, reference)
-        assert marker in exe.lowered.ir_text, f"{kind}: no {marker!r} in the module"
+        want = gx_marker if kind == "gx" and gx_marker else marker
+        assert want in exe.lowered.ir_text, f"{kind}: no {want!r} in the module"
 
 
 # (input, weight, stride, padding, groups): output planes under THIN_COLUMNS positions, so
@@ -80,3 +81,20 @@ def test_large_planes_keep_one_gemm_per_image():
     w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
     exe = compare(graphs["fwd"], [x, w])
     assert "img.head" not in exe.lowered.ir_text
+
+
+# depthwise: groups == C_in == C_out (direct loops, graphc.backends.cpu.conv_direct)
+DEPTHWISE = [
+    ((3, 6, 7, 6), (6, 1, 3, 3), (1, 1), (1, 1), 6),
+    ((2, 4, 9, 8), (4, 1, 3, 3), (2, 2), (1, 1), 4),  # stride 2
+    ((2, 5, 6, 7), (5, 1, 5, 3), (1, 2), (2, 0), 5),  # rectangular kernel, no column padding
+    ((4, 7, 7), (4, 1, 3, 3), (1, 1), (3, 3), 4),  # unbatched, padding past the kernel
+]
+
+
+@pytest.mark.parametrize("case", range(len(DEPTHWISE)))
+def test_depthwise_direct(case):
+    xs, ws, stride, padding, groups = DEPTHWISE[case]
+    direct_gx = stride == (1, 1) and all(p <= k - 1 for p, k in zip(padding, ws[2:]))
+    check_paths(*DEPTHWISE[case], marker="conv2d_depthwise",
+                gx_marker="conv2d_depthwise" if direct_gx else "_conv2d_input_grad\"")

@@ -1,19 +1,199 @@
 """conv_direct: convolutions lowered as direct loops, without im2col or a GEMM.
 
-Called first by graphc.backends.cpu.conv's three convolution lowerings; each returns False
-when its node does not take a direct path (conv then uses im2col + GEMM).
+Called first by graphc.backends.cpu.conv's three convolution lowerings; each function returns
+False when its node does not take a direct path (conv then uses im2col + GEMM).
+
+- **Depthwise** (groups == C_in == C_out, MobileNet's): a GEMM per channel would have one row
+  and K = kH*kW. Instead, per image and channel, the plane is copied into a zero-padded plane
+  in the conv workspace (its border zeroed once per kernel), so no tap needs a bounds test,
+  and every output sums all its taps in registers (`_correlate`, the inner loop over output
+  columns vectorised). Forward: any stride and dilation. Input gradient (stride 1, padding
+  at most (k-1)*dilation): the correlation of the output gradient, zero-padded by
+  (k-1)*dilation - padding, with the flipped kernel; other strides take the GEMM path.
+  Weight gradient: per channel, every tap's sum of gy * padded input over the batch in one
+  pass (reassociable sums, which LLVM vectorises into partial sums).
+
+Tried and dropped: the same register-summed loops for the forward of convolutions with
+C_in <= 4 (ResNet's stem, LeNet's first layer; all C*kH*kW taps per output position over a
+zero-padded image) ran at 52 GFLOP/s against 70 for im2col + GEMM (1-thread CPU time, stem
+shape): the 256-bit vectors LLVM picks here and one load per tap lose to OpenBLAS's kernel.
+
+Sums run in tap order (c, i, j), not in numpy's order: results are judged by distance from
+a float64 run (docs/performance.md, "Rounding"; tests/test_cpu_conv_paths.py).
 """
 
 from __future__ import annotations
 
+from graphc.backends.cpu.conv import (
+    contiguous_in,
+    contiguous_out,
+    grad_image,
+    iadd,
+    image_kernel,
+    image_strides,
+    imul,
+    workspace,
+)
+from graphc.backends.cpu.scalars import const
+from graphc.backends.cpu.values import loop
+from graphc.types import float32, float64
+
+
+def _depthwise(g, dt) -> bool:
+    return g.groups == g.c == g.o and g.groups > 1 and dt in (float32, float64)
+
+
+def _fma(b, acc, x, y):
+    """acc + x*y, contractible into one fused multiply-add."""
+    m = b.fmul(x, y)
+    m.flags.append("contract")
+    r = b.fadd(acc, m)
+    r.flags.append("contract")
+    return r
+
 
 def conv2d(lw, node, g, x, w, out) -> bool:
+    dt = x.type.dtype
+    if _depthwise(g, dt):
+        _depthwise_forward(lw, g, x, w, out, dt)
+        return True
     return False
+
+
+def _pad_plane(b, kb, src, base, strides, hw, dst, wp, top, left) -> None:
+    """dst[(r + top)*wp + left + q] = src[base + r*strides[0] + q*strides[1]] (the border of
+    dst, zeroed once per kernel, stays zero)."""
+    with loop(b, 0, hw[0], "pr") as r:
+        row = iadd(b, base, imul(b, r, strides[0]))
+        at = iadd(b, imul(b, r, wp), top * wp + left)
+        with loop(b, 0, hw[1], "pq") as q:
+            kb.store(b, dst, b.add(at, q), kb.load(b, src, iadd(b, row, imul(b, q, strides[1]))))
+
+
+def _zero(b, kb, op, count, dt) -> None:
+    with loop(b, 0, count, "zero") as q:
+        kb.store(b, op, q, const(dt, 0.0))
+
+
+def _taps(g, flip=False):
+    """(weight index, row offset in taps of the padded plane, column offset) per tap."""
+    (dh, dw) = g.dilation
+    out = []
+    for i in range(g.kh):
+        for j in range(g.kw):
+            ii, jj = (g.kh - 1 - i, g.kw - 1 - j) if flip else (i, j)
+            out.append((i * g.kw + j, ii * dh, jj * dw))
+    return out
+
+
+def _correlate(b, kb, g, plane, wp, weights, taps, rows, cols, stride, store) -> None:
+    """store(b, r, q, sum over taps of weight * plane[(r*sh + di)*wp + q*sw + dj]) for every
+    output position (r, q) of a rows x cols plane, the taps summed in registers."""
+    sh, sw = stride
+    with loop(b, 0, rows, "r") as r:
+        with loop(b, 0, cols, "q") as q:
+            at = iadd(b, imul(b, r, sh * wp), imul(b, q, sw))
+            acc = None
+            for wv, (_, di, dj) in zip(weights, taps):
+                v = kb.load(b, plane, iadd(b, at, di * wp + dj))
+                acc = b.fmul(wv, v) if acc is None else _fma(b, acc, wv, v)
+            store(b, r, q, acc)
+
+
+def _depthwise_forward(lw, g, x, w, out, dt) -> None:
+    xs = image_strides(x)
+    w = contiguous_in(lw, w)
+    (ph, pw) = g.padding
+    hp, wp = g.h + 2 * ph, g.w + 2 * pw
+    (padded,) = workspace(lw, dt, (hp, wp))
+    taps = _taps(g)
+    with contiguous_out(lw, out) as dst:
+        kb, (xi, wi, oi, pi) = image_kernel(lw, "conv2d_depthwise", [x, w, dst, padded])
+        b = kb.begin()
+        _zero(b, kb, pi, hp * wp, dt)
+        with loop(b, 0, g.n, "n") as n, loop(b, 0, g.c, "c") as c:
+            _pad_plane(b, kb, xi, iadd(b, imul(b, n, xs[0]), imul(b, c, xs[1])),
+                       xs[2:], (g.h, g.w), pi, wp, ph, pw)
+            weights = [kb.load(b, wi, iadd(b, imul(b, c, g.kh * g.kw), t)) for t, _, _ in taps]
+            plane = imul(b, iadd(b, imul(b, n, g.c), c), g.p)
+
+            def store(b, r, q, v):
+                kb.store(b, oi, iadd(b, plane, imul(b, r, g.wo), q), v)
+
+            _correlate(b, kb, g, pi, wp, weights, taps, g.ho, g.wo, g.stride, store)
+        lw.calls.append(kb.finish(b))
 
 
 def conv2d_input_grad(lw, node, g) -> bool:
-    return False
+    """Depthwise, stride 1, padding at most the kernel's reach: gx is the correlation of the
+    output gradient, zero-padded by (k-1)*d - pad, with the flipped kernel."""
+    gy, w = node.inputs
+    dt = gy.type.dtype
+    (dh, dw), (ph, pw) = g.dilation, g.padding
+    top, left = (g.kh - 1) * dh - ph, (g.kw - 1) * dw - pw
+    if not (_depthwise(g, dt) and g.stride == (1, 1) and top >= 0 and left >= 0):
+        return False
+    gl, gs = grad_image(lw, lw.locs[gy], g)
+    wl = contiguous_in(lw, lw.locs[w])
+    hg, wg = g.h + (g.kh - 1) * dh, g.w + (g.kw - 1) * dw
+    (padded,) = workspace(lw, dt, (hg, wg))
+    taps = _taps(g, flip=True)
+    with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
+        kb, (gi, wi, oi, pi) = image_kernel(lw, "conv2d_depthwise_input_grad",
+                                            [gl, wl, dst, padded])
+        b = kb.begin()
+        _zero(b, kb, pi, hg * wg, dt)
+        with loop(b, 0, g.n, "n") as n, loop(b, 0, g.c, "c") as c:
+            _pad_plane(b, kb, gi, iadd(b, imul(b, n, gs[0]), imul(b, c, gs[1])),
+                       gs[2:], (g.ho, g.wo), pi, wg, top, left)
+            weights = [kb.load(b, wi, iadd(b, imul(b, c, g.kh * g.kw), t)) for t, _, _ in taps]
+            plane = imul(b, iadd(b, imul(b, n, g.c), c), g.h * g.w)
+
+            def store(b, r, q, v):
+                kb.store(b, oi, iadd(b, plane, imul(b, r, g.w), q), v)
+
+            _correlate(b, kb, g, pi, wg, weights, taps, g.h, g.w, (1, 1), store)
+        lw.calls.append(kb.finish(b))
+    return True
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
-    return False
+    """Depthwise: per channel, every tap's sum over the batch's output positions of
+    gy * the padded input, all taps in one pass (reassociable sums)."""
+    gy, x = node.inputs
+    dt = x.type.dtype
+    if not _depthwise(g, dt):
+        return False
+    gl, gs = grad_image(lw, lw.locs[gy], g)
+    xl = lw.locs[x]
+    xs = image_strides(xl)
+    (ph, pw), (sh, sw) = g.padding, g.stride
+    hp, wp = g.h + 2 * ph, g.w + 2 * pw
+    (padded,) = workspace(lw, dt, (hp, wp))
+    taps = _taps(g)
+    with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
+        kb, (gi, xi, oi, pi) = image_kernel(lw, "conv2d_depthwise_weight_grad",
+                                            [gl, xl, dst, padded])
+        b = kb.begin()
+        with b.goto_entry_block():
+            accs = [b.alloca(const(dt, 0.0).type, name=f"acc{t}") for t, _, _ in taps]
+        _zero(b, kb, pi, hp * wp, dt)
+        with loop(b, 0, g.c, "c") as c:
+            for acc in accs:
+                b.store(const(dt, 0.0), acc)
+            with loop(b, 0, g.n, "n") as n:
+                _pad_plane(b, kb, xi, iadd(b, imul(b, n, xs[0]), imul(b, c, xs[1])),
+                           xs[2:], (g.h, g.w), pi, wp, ph, pw)
+                gy_plane = iadd(b, imul(b, n, gs[0]), imul(b, c, gs[1]))
+                with loop(b, 0, g.ho, "r") as r, loop(b, 0, g.wo, "q") as q:
+                    gv = kb.load(b, gi, iadd(b, gy_plane, imul(b, r, gs[2]), imul(b, q, gs[3])))
+                    at = iadd(b, imul(b, r, sh * wp), imul(b, q, sw))
+                    for acc, (_, di, dj) in zip(accs, taps):
+                        v = kb.load(b, pi, iadd(b, at, di * wp + dj))
+                        s = _fma(b, b.load(acc), gv, v)
+                        s.flags.extend(("reassoc", "nsz"))
+                        b.store(s, acc)
+            for acc, (t, _, _) in zip(accs, taps):
+                kb.store(b, oi, iadd(b, imul(b, c, g.kh * g.kw), t), b.load(acc))
+        lw.calls.append(kb.finish(b))
+    return True
