@@ -346,8 +346,8 @@ def test_loop_vectorises_without_calls_on_host(fn_name, dtype):
     asm = _assembly(fn_name, dtype)
     assert not _has_calls(asm), _has_calls(asm)
     features = llvm.get_host_cpu_features()
-    if features.get("avx512f"):
-        assert "zmm" in asm
+    if features.get("avx512f"):  # 512-bit, or 256-bit where LLVM's tuning prefers it (Intel)
+        assert "zmm" in asm or "ymm" in asm
     elif features.get("avx2"):
         assert "ymm" in asm
     else:
@@ -360,7 +360,11 @@ def test_loop_uses_zmm_on_avx512(fn_name, dtype):
     if not llvm.get_host_cpu_features().get("avx512f"):
         pytest.skip(f"host CPU {llvm.get_host_cpu_name()} has no AVX-512; "
                     "test_loop_uses_zmm_for_znver4 checks the code for one")
-    assert "zmm" in _assembly(fn_name, dtype)
+    asm = _assembly(fn_name, dtype)
+    if "zmm" not in asm and "ymm" in asm:
+        pytest.skip(f"LLVM's tuning for {llvm.get_host_cpu_name()} prefers 256-bit vectors "
+                    "(Intel's AVX-512 cores); test_loop_uses_zmm_for_znver4 checks 512-bit code")
+    assert "zmm" in asm
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

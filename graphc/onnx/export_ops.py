@@ -510,6 +510,8 @@ EXPORTERS = {
 
 _BACKWARD = "a backward op: export an inference graph (under graphc.no_grad(), model.eval())"
 _RANDOM = "a random op: call model.eval() so dropout is off; ONNX random ops differ in stream"
+_COLLECTIVE = ("a collective between the ranks of a training job: ONNX has no operator for it; "
+               "export the model of one rank")
 REFUSED = {
     "fused": "a fused group: export the traced IR, before the fuse pass",
     "conv2d_weight_grad": _BACKWARD,
@@ -517,6 +519,6 @@ REFUSED = {
     "embedding_backward": _BACKWARD, "nll_loss_backward": _BACKWARD,
     "dropout": _RANDOM, "bernoulli": _RANDOM, "normal": _RANDOM, "uniform": _RANDOM,
     "randint": _RANDOM, "randperm": _RANDOM,
-    "all_reduce": "a collective between the ranks of a training job: ONNX has no operator "
-                  "for it; export the model of one rank",
+    "all_reduce": _COLLECTIVE, "all_reduce_start": _COLLECTIVE,
+    "all_reduce_wait": _COLLECTIVE,
 }
