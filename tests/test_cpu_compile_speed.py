@@ -191,3 +191,14 @@ def test_a_large_module_is_compiled_at_o2_a_small_one_at_o3(monkeypatch):
     large = llvm.compile_module(_module(KERNELS), "large", use_cache=False)
     assert large.level == llvm.LARGE_OPT_LEVEL == 2 and large.key != small.key
     assert _run(large, 5) == EXPECTED and "define" in large.ir
+
+
+def test_variables_are_never_merged_nor_copied_into_parts():
+    text = ('@"a" = internal global i64 0\n@"b" = internal global i64 0\n'
+            '@"c" = internal constant i64 0\n@"d" = internal constant i64 0\n'
+            'define i64 @"f"() {\n  %".1" = load i64, ptr @"a"\n  ret i64 %".1"\n}\n'
+            'define i64 @"g"() {\n  %".1" = load i64, ptr @"b"\n  ret i64 %".1"\n}\n')
+    module = module_text.parse(text)
+    small, renames = module_text.dedupe(module)
+    assert renames == {"d": "c"}  # f and g differ: they read two variables
+    assert module_text.split(small, 2) == [str(small)]

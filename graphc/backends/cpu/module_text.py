@@ -9,7 +9,8 @@ symmetric op; with sizes passed as arguments, many more). This module works on t
   declarations, its symbols (function definitions and global variables, in order) and its
   trailer (metadata, attribute groups). Anything else is a ValueError: the caller then
   compiles the module as it is.
-- `dedupe(module)` keeps one symbol of every class of symbols whose text is the same once
+- `dedupe(module)` keeps one symbol of every class of symbols (functions and constants;
+  never variables) whose text is the same once
   their own name and the names of the symbols they reference are replaced by their classes'
   (so `k8_fused` calling `k8_fused.omp` calling `k8_fused.range` equals `k12_fused` calling
   the `.omp`/`.range` of k12 when those are equal too); every reference to a dropped symbol
@@ -20,7 +21,8 @@ symmetric op; with sizes passed as arguments, many more). This module works on t
   that reaches it, and a function defined in another part is declared. Object code compiled
   from the parts links into one program (graphc.backends.cpu.llvm loads all of them into one
   engine). A module whose external globals are referenced from code cannot be split (the
-  declaration would need its type): `split` returns it whole.
+  declaration would need its type), nor one with an internal variable (a copy per part
+  would be a variable per part): `split` returns it whole.
 
 Invariants: the text of every symbol is kept byte for byte except for renamed references;
 symbol order is the module's; `str(module)` is valid module text.
@@ -144,6 +146,15 @@ def _renamed(text: str, names: dict[str, str]) -> str:
     return _NAME.sub(sub, text)
 
 
+def _mergeable(symbol: Symbol) -> bool:
+    """Functions and constants may be merged; a variable may not (two variables with the
+    same initial value are still two places to write)."""
+    if symbol.kind == "function":
+        return True
+    value = symbol.text.split("=", 1)[1]
+    return " constant " in f" {value.split('[', 1)[0]} "
+
+
 def dedupe(module: ModuleText) -> tuple[ModuleText, dict[str, str]]:
     """One symbol per class of identical symbols (see the module docstring), and the
     renames {dropped name: kept name}."""
@@ -154,6 +165,9 @@ def dedupe(module: ModuleText) -> tuple[ModuleText, dict[str, str]]:
         if name in classes:
             # a cycle (recursion) is compared by name: such symbols are never merged
             return classes[name] or "@" + name
+        if not _mergeable(symbols[name]):  # a variable is its own class: its name
+            classes[name] = "@" + name
+            return classes[name]
         classes[name] = ""
         names = {name: "@.self"}
         for ref in symbols[name].refs:
@@ -165,6 +179,8 @@ def dedupe(module: ModuleText) -> tuple[ModuleText, dict[str, str]]:
     kept: dict[str, str] = {}  # class -> the first symbol's name
     renames: dict[str, str] = {}
     for name in symbols:
+        if not _mergeable(symbols[name]):
+            continue
         first = kept.setdefault(digest(name), name)
         if first != name:
             renames[name] = first
@@ -198,6 +214,8 @@ def split(module: ModuleText, n: int) -> list[str]:
     if any(s.kind == "global" and any(s.name in other.refs for other in symbols.values())
            for s in units):
         return [str(module)]
+    if any(s.kind == "global" and s.internal and not _mergeable(s) for s in symbols.values()):
+        return [str(module)]  # a variable copied into two parts would be two variables
     # largest first onto the lightest part (LPT scheduling), then back into module order
     loads, members = [0] * n, [[] for _ in range(n)]
     for s in sorted(units, key=lambda s: -len(s.text)):
