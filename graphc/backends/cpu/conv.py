@@ -10,15 +10,18 @@ used by codegen's `Lowerer`, passed in as `lw`: its Locations, kernel list, scra
   in blocks (`images_per_block`): one im2col of the block's images side by side and one GEMM
   over all their columns, whose result is copied out to NCHW. A 1x1 kernel with stride 1
   and no padding reads the image itself as the columns (one image per GEMM).
-  Depthwise convolutions and stride-1 convolutions of 4 or fewer input channels take direct
-  loops first (graphc.backends.cpu.conv_direct). Bias and activation are the fused node's
-  epilogue (codegen).
+  Depthwise convolutions take direct loops instead, forward and both gradients
+  (graphc.backends.cpu.conv_direct). Bias and activation are the fused node's epilogue
+  (codegen).
 - `conv2d_input_grad`: per image or block, one GEMM per group `cols_g = W_g^T @ gy_g` (a
   block's gradients gathered into one matrix first), then col2im adds every column entry
   back into its input position (overlaps accumulate, in the kernel offset order of the numpy
   kernel); a pointwise 1x1 GEMM writes the input gradient itself.
-- `conv2d_weight_grad`: per image or block, im2col then `gw_g += gy_g @ cols_g^T` (beta 0
-  for the first, 1 after), so the batch accumulates inside the GEMM.
+- `conv2d_weight_grad`: per image or block, im2col then `gw_g^T += cols_g @ gy_g^T` (beta 0
+  for the first, 1 after), so the batch accumulates inside the GEMM. Where O/g <= 128 < K
+  the GEMM computes the transposed gradient `gw_g^T += cols_g @ gy_g^T` in scratch, copied
+  out in tiles at the end: OpenBLAS runs that [K x O] orientation 10-25% faster on such
+  shapes (ResNet-18 CIFAR's 64- and 128-channel layers; measured 1-thread CPU time).
 - The temporaries of a convolution kernel (columns, a block's result or gradients) live in
   one backend scratch region that all convolution kernels of the module share (`workspace`).
 - `max_pool2d` (values and int64 flat H*W indices), `max_pool2d_grad` (a scatter-add by the
@@ -532,13 +535,16 @@ def conv2d_weight_grad(lw, node: Node) -> None:
     nb = images_per_block(g)
     direct = nb == 1 and g.pointwise and xs[3] == 1 and xs[2] == g.w and xs[1] == g.p
     gl, gs = grad_image(lw, lw.locs[gy], g)
+    transposed = g.og <= 128 and g.k > g.og  # see the module docstring
     with contiguous_out(lw, out) as dst:
-        shapes = ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
+        shapes = ([(g.groups, g.k, g.og)] if transposed else []) + \
+            ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
             ([(g.o, nb * g.p)] if nb > 1 else [])
         temps = workspace(lw, cv.dt, *shapes)
         kb, ids = image_kernel(lw, "conv2d_weight_grad", [gl, xl, dst] + temps)
         gi, xi, oi = ids[:3]
-        cols = None if direct else ids[3]
+        gwt = ids[3] if transposed else None
+        cols = None if direct else ids[3 + transposed]
         gyt = ids[-1] if nb > 1 else None
         b = kb.begin()
         zero, one = const(cv.dt, 0.0), const(cv.dt, 1.0)
@@ -561,13 +567,34 @@ def conv2d_weight_grad(lw, node: Node) -> None:
             beta = (zero if n0 == 0 else one) if isinstance(n0, int) else \
                 b.select(b.icmp_signed("==", n0, i64(0)), zero, one)
             for grp in range(g.groups):
-                cv.gemm(b, kb, _NOTRANS, _TRANS, g.og, g.k, ld,
-                        a, iadd(b, a_img, grp * g.og * lda), lda,
-                        src, iadd(b, src_img, grp * g.k * ldb), ldb, beta,
-                        oi, grp * g.og * g.k, g.k)
+                if transposed:  # gw_g^T (K x O/g) += cols_g @ gy_g^T
+                    cv.gemm(b, kb, _NOTRANS, _TRANS, g.k, g.og, ld,
+                            src, iadd(b, src_img, grp * g.k * ldb), ldb,
+                            a, iadd(b, a_img, grp * g.og * lda), lda, beta,
+                            gwt, grp * g.k * g.og, g.og)
+                else:  # gw_g (O/g x K) += gy_g @ cols_g^T
+                    cv.gemm(b, kb, _NOTRANS, _TRANS, g.og, g.k, ld,
+                            a, iadd(b, a_img, grp * g.og * lda), lda,
+                            src, iadd(b, src_img, grp * g.k * ldb), ldb, beta,
+                            oi, grp * g.og * g.k, g.k)
 
         _over_blocks(b, g.n, nb, block)
+        if transposed:
+            _untranspose(b, kb, g, gwt, oi)
         lw.calls.append(kb.finish(b))
+
+
+def _untranspose(b, kb, g: Geometry, gwt, gw, tile: int = 32) -> None:
+    """gw[grp, o, k] = gwt[grp, k, o], in tiles of `tile` k's (both sides stay in cache)."""
+    with loop(b, 0, g.groups, "grp") as grp, loop(b, 0, -(-g.k // tile), "tile") as t:
+        k_lo = b.mul(t, i64(tile))
+        k_hi = b.add(k_lo, i64(tile))
+        k_hi = b.select(b.icmp_signed("<", k_hi, i64(g.k)), k_hi, i64(g.k))
+        with loop(b, 0, g.og, "o") as o:
+            to = iadd(b, imul(b, grp, g.og * g.k), imul(b, o, g.k))
+            frm = iadd(b, imul(b, grp, g.k * g.og), o)
+            with loop(b, k_lo, k_hi, "k") as k:
+                kb.store(b, gw, b.add(to, k), kb.load(b, gwt, iadd(b, frm, imul(b, k, g.og))))
 
 
 # ---- pooling ---------------------------------------------------------------------------------
