@@ -22,6 +22,7 @@ caller turns it into its LLVMCompileError).
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 
@@ -132,5 +133,14 @@ def serve(inp=None, out=None) -> None:
         out.flush()
 
 
+def main() -> None:
+    """The worker process: answers on a duplicate of stdout, and anything else written to
+    stdout (by LLVM or a print) goes to stderr instead of into the answers."""
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    serve(sys.stdin.buffer, answers)
+
+
 if __name__ == "__main__":
-    serve()
+    main()
