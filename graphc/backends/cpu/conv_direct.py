@@ -169,15 +169,31 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     xs = image_strides(xl)
     (ph, pw), (sh, sw) = g.padding, g.stride
     hp, wp = g.h + 2 * ph, g.w + 2 * pw
-    (padded,) = workspace(lw, dt, (hp, wp))
+    # stride 1: the output gradient goes into rows of width Wp too (zeros past Wo), so the
+    # whole plane is one flat loop over p' = r*Wp + q (one long sum per tap, not one per row);
+    # taps then read up to (kW-1)*dW past the padded plane, into its zeroed slack
+    flat = g.stride == (1, 1)
+    slack = (g.kw - 1) * g.dilation[1] if flat else 0
+    shapes = [(hp * wp + slack,)] + ([(g.ho * wp,)] if flat else [])
+    temps = workspace(lw, dt, *shapes)
     taps = _taps(g)
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
-        kb, (gi, xi, oi, pi) = image_kernel(lw, "conv2d_depthwise_weight_grad",
-                                            [gl, xl, dst, padded])
+        kb, ids = image_kernel(lw, "conv2d_depthwise_weight_grad", [gl, xl, dst] + temps)
+        gi, xi, oi, pi = ids[:4]
         b = kb.begin()
         with b.goto_entry_block():
             accs = [b.alloca(const(dt, 0.0).type, name=f"acc{t}") for t, _, _ in taps]
-        _zero(b, kb, pi, hp * wp, dt)
+        _zero(b, kb, pi, hp * wp + slack, dt)
+        if flat:
+            _zero(b, kb, ids[4], g.ho * wp, dt)
+
+        def accumulate(b, gv, at):
+            for acc, (_, di, dj) in zip(accs, taps):
+                v = kb.load(b, pi, iadd(b, at, di * wp + dj))
+                s = _fma(b, b.load(acc), gv, v)
+                s.flags.extend(("reassoc", "nsz"))
+                b.store(s, acc)
+
         with loop(b, 0, g.c, "c") as c:
             for acc in accs:
                 b.store(const(dt, 0.0), acc)
@@ -185,14 +201,15 @@ def conv2d_weight_grad(lw, node, g) -> bool:
                 _pad_plane(b, kb, xi, iadd(b, imul(b, n, xs[0]), imul(b, c, xs[1])),
                            xs[2:], (g.h, g.w), pi, wp, ph, pw)
                 gy_plane = iadd(b, imul(b, n, gs[0]), imul(b, c, gs[1]))
-                with loop(b, 0, g.ho, "r") as r, loop(b, 0, g.wo, "q") as q:
-                    gv = kb.load(b, gi, iadd(b, gy_plane, imul(b, r, gs[2]), imul(b, q, gs[3])))
-                    at = iadd(b, imul(b, r, sh * wp), imul(b, q, sw))
-                    for acc, (_, di, dj) in zip(accs, taps):
-                        v = kb.load(b, pi, iadd(b, at, di * wp + dj))
-                        s = _fma(b, b.load(acc), gv, v)
-                        s.flags.extend(("reassoc", "nsz"))
-                        b.store(s, acc)
+                if flat:
+                    _pad_plane(b, kb, gi, gy_plane, gs[2:], (g.ho, g.wo), ids[4], wp, 0, 0)
+                    with loop(b, 0, g.ho * wp, "p") as q:
+                        accumulate(b, kb.load(b, ids[4], q), q)
+                else:
+                    with loop(b, 0, g.ho, "r") as r, loop(b, 0, g.wo, "q") as q:
+                        gv = kb.load(b, gi, iadd(b, gy_plane, imul(b, r, gs[2]),
+                                                 imul(b, q, gs[3])))
+                        accumulate(b, gv, iadd(b, imul(b, r, sh * wp), imul(b, q, sw)))
             for acc, (t, _, _) in zip(accs, taps):
                 kb.store(b, oi, iadd(b, imul(b, c, g.kh * g.kw), t), b.load(acc))
         lw.calls.append(kb.finish(b))
