@@ -2,8 +2,9 @@
  * of x seen as (outer, extent, inner).
  *
  * Two layouts: inner == 1 gives one block per row (block-stride loop, then a block reduction);
- * inner > 1 gives one thread per (outer, inner) column walking the extent, so neighbouring
- * threads read neighbouring addresses. NaN propagates as numpy/torch do: max/min return NaN
+ * inner > 1 gives blocks of 32 neighbouring (outer, inner) columns (neighbouring threads read
+ * neighbouring addresses) times 8 slices of the extent, merged in slice order in shared
+ * memory (deterministic). NaN propagates as numpy/torch do: max/min return NaN
  * when any element is NaN; arg-reduce returns the index of the first NaN, else of the first
  * maximum (minimum). An empty extent gives 0 (sum), NaN (mean), 1 (prod); max, min and the
  * arg-reductions have no identity, so an empty extent is an invalid argument.
@@ -44,14 +45,36 @@ __global__ void reduce_rows_kernel(Op op, int64_t rows, int64_t extent, float sc
     }
 }
 
+/* 32 neighbouring columns a block (lane x = threadIdx.x % 32: coalesced loads) times
+ * kColumnRows slices of the extent (one per warp), merged in slice order by slice 0. */
+constexpr int kColumnRows = kThreads / 32;
+
+inline dim3 column_grid(int64_t columns) {
+    int64_t groups = (columns + 31) / 32;
+    if (groups > kMaxBlocks) groups = kMaxBlocks;
+    return dim3((unsigned)(groups > 0 ? groups : 1), 1, 1);
+}
+
 template <class Op>
 __global__ void reduce_columns_kernel(Op op, int64_t outer, int64_t extent, int64_t inner,
                                       float scale, const float *x, float *y) {
-    for (int64_t i = global_thread_index(); i < outer * inner; i += global_thread_count()) {
-        const float *column = x + (i / inner) * extent * inner + i % inner;
+    __shared__ float scratch[kColumnRows][32];
+    const int cx = threadIdx.x % 32, slice = threadIdx.x / 32;
+    const int64_t columns = outer * inner, groups = (columns + 31) / 32;
+    for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) { /* uniform across the block */
+        const int64_t i = g * 32 + cx;
         float acc = Op::identity();
-        for (int64_t e = 0; e < extent; ++e) acc = op(acc, column[e * inner]);
-        y[i] = acc * scale;
+        if (i < columns) {
+            const float *column = x + (i / inner) * extent * inner + i % inner;
+            for (int64_t e = slice; e < extent; e += kColumnRows) acc = op(acc, column[e * inner]);
+        }
+        scratch[slice][cx] = acc;
+        __syncthreads();
+        if (slice == 0 && i < columns) {
+            for (int r = 1; r < kColumnRows; ++r) acc = op(acc, scratch[r][cx]);
+            y[i] = acc * scale;
+        }
+        __syncthreads(); /* scratch is reused by the next group */
     }
 }
 
@@ -65,7 +88,7 @@ gc_status launch_reduce(Op op, int64_t outer, int64_t extent, int64_t inner, flo
             op, outer, extent, scale, x, y);
     } else {
         const auto kernel = &reduce_columns_kernel<Op>;
-        GC_LAUNCH(kernel, grid_1d(outer * inner), dim3(kThreads, 1, 1), 0, stream)(
+        GC_LAUNCH(kernel, column_grid(outer * inner), dim3(kThreads, 1, 1), 0, stream)(
             op, outer, extent, inner, scale, x, y);
     }
     GC_CHECK_LAUNCH("gc_reduce_f32");
@@ -109,11 +132,24 @@ __global__ void arg_reduce_rows_kernel(ArgBetter better, int64_t rows, int64_t e
 
 __global__ void arg_reduce_columns_kernel(ArgBetter better, int64_t outer, int64_t extent,
                                           int64_t inner, const float *x, int64_t *y) {
-    for (int64_t i = global_thread_index(); i < outer * inner; i += global_thread_count()) {
-        const float *column = x + (i / inner) * extent * inner + i % inner;
+    __shared__ ArgCandidate scratch[kColumnRows][32];
+    const int cx = threadIdx.x % 32, slice = threadIdx.x / 32;
+    const int64_t columns = outer * inner, groups = (columns + 31) / 32;
+    for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+        const int64_t i = g * 32 + cx;
         ArgCandidate best = {0.0f, -1};
-        for (int64_t e = 0; e < extent; ++e) best = better(best, ArgCandidate{column[e * inner], e});
-        y[i] = best.index;
+        if (i < columns) {
+            const float *column = x + (i / inner) * extent * inner + i % inner;
+            for (int64_t e = slice; e < extent; e += kColumnRows)
+                best = better(best, ArgCandidate{column[e * inner], e});
+        }
+        scratch[slice][cx] = best;
+        __syncthreads();
+        if (slice == 0 && i < columns) {
+            for (int r = 1; r < kColumnRows; ++r) best = better(best, scratch[r][cx]);
+            y[i] = best.index;
+        }
+        __syncthreads();
     }
 }
 
@@ -167,7 +203,7 @@ extern "C" gc_status gc_arg_reduce_f32(int32_t is_min, int64_t outer, int64_t ex
         GC_LAUNCH(arg_reduce_rows_kernel, dim3((unsigned)blocks, 1, 1), dim3(kThreads, 1, 1), 0,
                   stream)(better, outer, extent, x, y);
     } else {
-        GC_LAUNCH(arg_reduce_columns_kernel, grid_1d(outer * inner), dim3(kThreads, 1, 1), 0,
+        GC_LAUNCH(arg_reduce_columns_kernel, column_grid(outer * inner), dim3(kThreads, 1, 1), 0,
                   stream)(better, outer, extent, inner, x, y);
     }
     GC_CHECK_LAUNCH(fn);

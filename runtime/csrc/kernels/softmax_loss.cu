@@ -2,8 +2,9 @@
  * gc_nll_loss_fwd_f32 / gc_nll_loss_bwd_f32.
  *
  * Softmax subtracts the row maximum before exponentiating (no overflow for any finite input);
- * inner == 1 runs one block per row with block reductions, inner > 1 one thread per
- * (outer, inner) column so that neighbouring threads read neighbouring addresses.
+ * inner == 1 runs one block per row with block reductions, inner > 1 blocks of 32
+ * neighbouring (outer, inner) columns (neighbouring threads read neighbouring addresses)
+ * times 8 slices of dim merged in shared memory.
  * NLL forward runs one block over all n * inner targets and accumulates the loss and the
  * picked weights in double, so reductions are deterministic; it writes *bad_target = 0, then
  * 1 + the flat position of the first target outside [0, classes) that is not
@@ -40,20 +41,52 @@ __global__ void softmax_rows_kernel(int64_t rows, int64_t dim, bool log, const f
     }
 }
 
+/* inner > 1: blocks of 32 neighbouring (outer, inner) columns (coalesced loads) times
+ * kColumnRows slices of dim, the slices' max and sum merged in slice order through shared
+ * memory (deterministic), every slice then writing its part of the column. */
+constexpr int kColumnRows = kThreads / 32;
+
+inline dim3 column_grid(int64_t columns) {
+    int64_t groups = (columns + 31) / 32;
+    if (groups > kMaxBlocks) groups = kMaxBlocks;
+    return dim3((unsigned)(groups > 0 ? groups : 1), 1, 1);
+}
+
+/* every slice gets the merge of all slices' values of its column, in slice order */
+template <class Combine>
+__device__ float merge_slices(float value, Combine combine, float (*scratch)[32]) {
+    const int cx = threadIdx.x % 32, slice = threadIdx.x / 32;
+    scratch[slice][cx] = value;
+    __syncthreads();
+    float result = scratch[0][cx];
+    for (int r = 1; r < kColumnRows; ++r) result = combine(result, scratch[r][cx]);
+    __syncthreads(); /* scratch is reused right after */
+    return result;
+}
+
 __global__ void softmax_columns_kernel(int64_t outer, int64_t dim, int64_t inner, bool log,
                                        const float *x, float *y) {
-    for (int64_t i = global_thread_index(); i < outer * inner; i += global_thread_count()) {
-        const int64_t start = (i / inner) * dim * inner + i % inner;
+    __shared__ float scratch[kColumnRows][32];
+    const int cx = threadIdx.x % 32, slice = threadIdx.x / 32;
+    const int64_t columns = outer * inner, groups = (columns + 31) / 32;
+    for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) { /* uniform across the block */
+        const int64_t i = g * 32 + cx;
+        const bool inside = i < columns;
+        const int64_t start = inside ? (i / inner) * dim * inner + i % inner : 0;
         const float *in = x + start;
-        float *out = y + start;
-        float col_max = -INFINITY;
-        for (int64_t e = 0; e < dim; ++e) col_max = MaxOp()(col_max, in[e * inner]);
-        float sum = 0.0f;
-        for (int64_t e = 0; e < dim; ++e) sum += expf(in[e * inner] - col_max);
+        float local_max = -INFINITY;
+        if (inside)
+            for (int64_t e = slice; e < dim; e += kColumnRows) local_max = MaxOp()(local_max, in[e * inner]);
+        const float col_max = merge_slices(local_max, MaxOp(), scratch);
+        float local_sum = 0.0f;
+        if (inside)
+            for (int64_t e = slice; e < dim; e += kColumnRows) local_sum += expf(in[e * inner] - col_max);
+        const float sum = merge_slices(local_sum, SumOp(), scratch);
         const float log_sum = logf(sum), inv_sum = 1.0f / sum;
-        for (int64_t e = 0; e < dim; ++e)
-            out[e * inner] = log ? in[e * inner] - col_max - log_sum
-                                 : expf(in[e * inner] - col_max) * inv_sum;
+        if (inside)
+            for (int64_t e = slice; e < dim; e += kColumnRows)
+                y[start + e * inner] = log ? in[e * inner] - col_max - log_sum
+                                           : expf(in[e * inner] - col_max) * inv_sum;
     }
 }
 
@@ -79,15 +112,23 @@ __global__ void softmax_bwd_rows_kernel(int64_t rows, int64_t dim, bool log, con
 
 __global__ void softmax_bwd_columns_kernel(int64_t outer, int64_t dim, int64_t inner, bool log,
                                            const float *y, const float *dy, float *dx) {
-    for (int64_t i = global_thread_index(); i < outer * inner; i += global_thread_count()) {
-        const int64_t start = (i / inner) * dim * inner + i % inner;
-        float sum = 0.0f;
-        for (int64_t e = 0; e < dim; ++e)
-            sum += softmax_grad_term(log, y[start + e * inner], dy[start + e * inner]);
-        for (int64_t e = 0; e < dim; ++e) {
-            const int64_t at = start + e * inner;
-            dx[at] = softmax_grad(log, y[at], dy[at], sum);
-        }
+    __shared__ float scratch[kColumnRows][32];
+    const int cx = threadIdx.x % 32, slice = threadIdx.x / 32;
+    const int64_t columns = outer * inner, groups = (columns + 31) / 32;
+    for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+        const int64_t i = g * 32 + cx;
+        const bool inside = i < columns;
+        const int64_t start = inside ? (i / inner) * dim * inner + i % inner : 0;
+        float local = 0.0f;
+        if (inside)
+            for (int64_t e = slice; e < dim; e += kColumnRows)
+                local += softmax_grad_term(log, y[start + e * inner], dy[start + e * inner]);
+        const float sum = merge_slices(local, SumOp(), scratch);
+        if (inside)
+            for (int64_t e = slice; e < dim; e += kColumnRows) {
+                const int64_t at = start + e * inner;
+                dx[at] = softmax_grad(log, y[at], dy[at], sum);
+            }
     }
 }
 
@@ -187,7 +228,7 @@ extern "C" gc_status gc_softmax_fwd_f32(int64_t outer, int64_t dim, int64_t inne
         GC_LAUNCH(softmax_rows_kernel, dim3((unsigned)blocks, 1, 1), dim3(kThreads, 1, 1), 0,
                   stream)(outer, dim, log != 0, x, y);
     } else {
-        GC_LAUNCH(softmax_columns_kernel, grid_1d(outer * inner), dim3(kThreads, 1, 1), 0,
+        GC_LAUNCH(softmax_columns_kernel, column_grid(outer * inner), dim3(kThreads, 1, 1), 0,
                   stream)(outer, dim, inner, log != 0, x, y);
     }
     GC_CHECK_LAUNCH(fn);
@@ -205,7 +246,7 @@ extern "C" gc_status gc_softmax_bwd_f32(int64_t outer, int64_t dim, int64_t inne
         GC_LAUNCH(softmax_bwd_rows_kernel, dim3((unsigned)blocks, 1, 1), dim3(kThreads, 1, 1), 0,
                   stream)(outer, dim, log != 0, y, dy, dx);
     } else {
-        GC_LAUNCH(softmax_bwd_columns_kernel, grid_1d(outer * inner), dim3(kThreads, 1, 1), 0,
+        GC_LAUNCH(softmax_bwd_columns_kernel, column_grid(outer * inner), dim3(kThreads, 1, 1), 0,
                   stream)(outer, dim, inner, log != 0, y, dy, dx);
     }
     GC_CHECK_LAUNCH(fn);
