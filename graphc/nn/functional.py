@@ -136,9 +136,10 @@ def _normalized_dims(name: str, input, normalized_shape) -> tuple[int, ...]:  # 
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(shape)
     if k == 0 or tuple(input.shape[input.ndim - k:]) != shape or input.ndim < k:
-        expected = ", ".join(str(n) for n in shape)
+        # PyTorch's wording, its rms_norm's "[*5]" (no comma) included
+        expected = ("" if name == "rms_norm" else ", ") + ", ".join(str(n) for n in shape)
         raise ShapeError(f"{name}: Given normalized_shape={list(shape)}, expected input with "
-                         f"shape [*, {expected}], but got input of size{list(input.shape)}")
+                         f"shape [*{expected}], but got input of size{list(input.shape)}")
     return tuple(range(input.ndim - k, input.ndim))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 
-from graphc.errors import ArgumentError, DTypeError, ShapeError, where
+from graphc.errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError, where
 from graphc.symbolic import Sym
 from graphc.types import TensorType, bool_, float32, int64, promote
 
@@ -43,8 +43,8 @@ def broadcast_many(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
 def normalize_axis(op: str, axis: int, ndim: int) -> int:
     """Map a possibly negative axis into [0, ndim); a 0-d tensor accepts axis 0 and -1."""
     bound = max(ndim, 1)
-    if not -bound <= axis < bound:
-        raise ArgumentError(
+    if not -bound <= axis < bound:  # an IndexError, as PyTorch's (and still an ArgumentError)
+        raise IndexOutOfRangeError(
             f"{where(op)}: Dimension out of range (expected to be in range of "
             f"[{-bound}, {bound - 1}], but got {axis})"
         )

@@ -160,7 +160,7 @@ def _parse_einsum(equation: str, operands) -> tuple[list[str], str]:
         if len(term) != op.ndim:
             raise ShapeError(f"einsum(): the number of subscripts in the equation ({len(term)}) "
                              f"does not match the number of dimensions ({op.ndim}) for "
-                             "operand and no ellipsis was given")
+                             f"operand {len(expanded)} and no ellipsis was given")
         for c in set(term):
             sizes = {op.shape[k] for k, d in enumerate(term) if d == c}
             if len(sizes) > 1:
