@@ -6,6 +6,7 @@ from tests.opinfos import (
     linalg,
     mathops,
     movement,
+    nn_composites,
     nn_ops,
     pool,
     random,
@@ -15,4 +16,4 @@ from tests.opinfos import (
 )
 
 ALL_GROUPS = (sources, elementwise, mathops, reduce, movement, linalg, conv, pool, nn_ops, random,
-              surface)
+              surface, nn_composites)
