@@ -176,7 +176,7 @@ def test_planted_race_in_a_generated_module_is_reported(tmp_path):
 # generated kernels of every kind (elementwise with broadcasting, block/warp reductions,
 # softmax, a GEMM epilogue, scatters with atomics through the OpInfo entries) and the library
 # calls of a training step; the whole suite takes minutes more under the checking modes
-BACKEND_SELECTION = ("fused or matmul_epilogue or mlp_training or randperm or "
+BACKEND_SELECTION = ("fused or matmul_epilogue or mlp_training or randperm or bad_index or "
                      "opinfo and (sum or mean or amax or softmax or argmax or index_put or "
                      "embedding or max_pool2d or layer_norm or where)")
 

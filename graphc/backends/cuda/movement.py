@@ -103,8 +103,13 @@ def _checked_index(lw: Lowerer, k, node: Node, expr: str, size: int, negative: b
     k.lines.append(f"long long ix = {expr};")
     if negative:
         k.lines.append(f"if (ix < 0 && ix >= -{size}LL) ix += {size}LL;")
-    k.lines.append(f"if (ix < 0 || ix >= {size}LL) {{ "
-                   f"((long long *){k.ptr(word)})[0] = 1; return; }}")
+    k.lines.append(f"if (ix < 0 || ix >= {size}LL) {{ {_raise(k, word)} return; }}")
+
+
+def _raise(k, word: int) -> str:
+    """Set an error word from any number of threads: an atomic store (plain stores of the
+    same value from several threads are still a data race, which racecheck reports)."""
+    return f"atomicExch((unsigned long long *){k.ptr(word)}, 1ULL);"
 
 
 def lower_gather(lw: Lowerer, node: Node) -> None:
@@ -229,7 +234,7 @@ def _sorted_index(lw: Lowerer, node: Node, index: Layout, size: int, negative: b
     word = lw.error_word(f"{node.op}: an index is out of bounds for dimension of size {size} "
                          f"({what})")
     k.lines += key("gi", "mine")
-    k.lines.append(f"if (mine < 0) ((long long *){k.ptr(word)})[0] = 1;")
+    k.lines.append(f"if (mine < 0) {_raise(k, word)}")
     k.lines.append("long long rank = 0;")
     k.lines.append(f"for (long long j = 0; j < {n}LL; ++j) {{")
     k.lines += ["  " + line for line in key("j", "other")]
