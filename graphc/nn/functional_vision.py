@@ -214,9 +214,14 @@ def _mean(x, axis, keepdim):
 
 
 def _adaptive_sizes(name: str, input, output_size, dims: int) -> tuple:  # noqa: A002
-    if input.ndim not in (dims + 1, dims + 2):
-        raise ShapeError(f"{name}(): Expected {dims + 1}D or {dims + 2}D tensor, but got "
-                         f"{format_size(input.shape)}")
+    if input.ndim not in (dims + 1, dims + 2):  # PyTorch's three wordings
+        if dims == 1:
+            raise ShapeError(f"Expected 2 to 3 dimensions, but got {input.ndim}-dimensional "
+                             f"tensor for argument #1 'self' (while checking arguments for "
+                             f"{name})")
+        colon = ":" if name.startswith("adaptive_max") else ""
+        raise ShapeError(f"{name}(): Expected {dims + 1}D or {dims + 2}D tensor, but got"
+                         f"{colon} {format_size(input.shape)}")
     if isinstance(output_size, (tuple, list)):
         sizes = tuple(output_size)
         if len(sizes) != dims:
@@ -372,9 +377,11 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0,  # noqa: A00
         raise ArgumentError(f"{op}: negative padding is not supported")
     for op_, s, d in zip(output_padding, stride, dilation):
         if op_ >= s and op_ >= d:
-            raise ArgumentError(f"{op}: output padding must be smaller than either stride or "
-                                f"dilation, but got output_padding={list(output_padding)}, "
-                                f"stride={list(stride)}, dilation={list(dilation)}")
+            raise ArgumentError(
+                f"{op}: output padding must be smaller than either stride or dilation, but got "
+                f"output_padding_height: {output_padding[0]} output_padding_width: "
+                f"{output_padding[1]} stride_height: {stride[0]} stride_width: {stride[1]} "
+                f"dilation_height: {dilation[0]} dilation_width: {dilation[1]}")
     channels = input.shape[-3]
     if channels != weight.shape[0]:
         raise ShapeError(f"{op}: Given transposed=1, weight of size {format_size(weight.shape)}, "
@@ -537,7 +544,7 @@ def _output_sizes(input, size, scale_factor, dims: int):  # noqa: A002
             raise ArgumentError(
                 f"Input and output must have the same number of spatial dimensions, but got "
                 f"input with spatial dimensions of {list(input.shape[2:])} and output size of "
-                f"{list(sizes)}. Please provide input tensor in (N, C, d1, d2, ...,dK) format "
+                f"{size}. Please provide input tensor in (N, C, d1, d2, ...,dK) format "
                 "and output size in (o1, o2, ...,oK) format.")
         return tuple(int(s) for s in sizes), (None,) * dims
     if scale_factor is None:
@@ -548,7 +555,7 @@ def _output_sizes(input, size, scale_factor, dims: int):  # noqa: A002
         raise ArgumentError(
             f"Input and scale_factor must have the same number of spatial dimensions, but got "
             f"input with spatial dimensions of {list(input.shape[2:])} and scale_factor of "
-            f"shape {list(scales)}. Please provide input tensor in (N, C, d1, d2, ...,dK) "
+            f"shape {scale_factor}. Please provide input tensor in (N, C, d1, d2, ...,dK) "
             "format and scale_factor in (s1, s2, ...,sK) format.")
     sizes = tuple(int(math.floor(n * float(s))) for n, s in zip(input.shape[2:], scales))
     return sizes, tuple(float(s) for s in scales)
