@@ -348,8 +348,8 @@ def binary_cross_entropy(input, target, weight=None, size_average=None,  # noqa:
                          reduce=None, reduction: str = "mean"):
     """-(t log x + (1 - t) log(1 - x)), each log clamped at -100 as PyTorch."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
-    if tuple(target.shape) != tuple(input.shape):
-        raise ShapeError(f"Using a target size ({_size(target)}) that is different to the "
+    if tuple(target.shape) != tuple(input.shape):  # a ValueError, as PyTorch's
+        raise ArgumentError(f"Using a target size ({_size(target)}) that is different to the "
                          f"input size ({_size(input)}) is deprecated. Please ensure they have "
                          "the same size.")
     if _eager(input) and input.numel() and not bool(((input >= 0) & (input <= 1)).all()):
