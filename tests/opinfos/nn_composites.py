@@ -17,7 +17,7 @@ import numpy as np
 import graphc
 import graphc.nn.functional as F
 from graphc.errors import ArgumentError
-from tests.opinfo import ErrorInput, OpInfo, Sample, arr, away_from
+from tests.opinfo import ErrorInput, OpInfo, Sample, arr, away_from, positive
 
 
 def _F(name):
@@ -693,4 +693,126 @@ OP_INFOS += [
            ("exp", "log1p", "clamp", "where"), torch_fn=_F("softplus")),
     OpInfo("prelu", F.prelu, _np_prelu, _prelu_samples, ("where", "mul"), torch_fn=_F("prelu"),
            error_inputs=_prelu_errors),
+]
+
+
+# ---- losses ----------------------------------------------------------------------------------
+def _np_bce(x, t, weight=None, reduction="mean"):
+    loss = -(t * np.maximum(np.log(x), -100) + (1 - t) * np.maximum(np.log1p(-x), -100))
+    return _reduce(loss * weight if weight is not None else loss, reduction)
+
+
+def _np_l1(x, t, reduction="mean"):
+    return _reduce(np.abs(x - t), reduction)
+
+
+def _np_smooth_l1(x, t, reduction="mean", beta=1.0):
+    d = np.abs(x - t)
+    loss = d if beta == 0 else np.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta)
+    return _reduce(loss, reduction)
+
+
+def _np_huber(x, t, reduction="mean", delta=1.0):
+    d = np.abs(x - t)
+    return _reduce(np.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
+
+
+def _np_kl_div(x, t, reduction="mean", log_target=False):
+    if log_target:
+        loss = np.exp(t) * (t - x)
+    else:
+        loss = np.where(t > 0, t * np.log(np.where(t > 0, t, 1)), 0) - t * x
+    return loss.sum() / x.shape[0] if reduction == "batchmean" else _reduce(loss, reduction)
+
+
+def _unit(rng, *shape):
+    return rng.uniform(0.05, 0.95, size=shape).astype(np.float32)
+
+
+def _bce_samples(rng):
+    return [Sample((_unit(rng, 3, 4), _unit(rng, 3, 4)), desc="mean"),
+            Sample((_unit(rng, 3, 4), _unit(rng, 3, 4), positive(rng, 4)), {"reduction": "sum"},
+                   grad_args=(0, 1), desc="sum, weight"),  # weight: no grad in PyTorch
+            Sample((_unit(rng, 5), np.array([0, 1, 1, 0, 1], np.float32)), {"reduction": "none"},
+                   desc="none, hard targets")]
+
+
+def _pair_samples(kwargs=()):
+    """One sample per reduction (none, mean, sum) with each of `kwargs` in turn; the pairs are
+    kept 0.1 from |d| = 0 and from the kink each keyword sets."""
+    def samples(rng):
+        out = []
+        extra = [dict(kw) for kw in kwargs] or [{}]
+        for k, reduction in enumerate(("none", "mean", "sum")):
+            kw = extra[k % len(extra)]
+            kink = next(iter(kw.values()), 1.0)
+            t = arr(rng, 3, 4)
+            d = _kinked(rng, 3, 4, low=-3, high=3, kinks=(0, kink, -kink))
+            out.append(Sample((t + d, t), {"reduction": reduction, **kw},
+                              desc=", ".join([reduction] + [f"{a}={b}" for a, b in kw.items()])))
+        return out
+
+    return samples
+
+
+def _kl_samples(rng):
+    t = _unit(rng, 3, 4)
+    t[0, 1] = 0.0  # a zero target contributes 0 (not nan): no gradient check for it there
+    return [Sample((np.log(_unit(rng, 3, 4)), t), {"reduction": "batchmean"}, grad_args=(0,),
+                   desc="batchmean, a zero target"),
+            Sample((np.log(_unit(rng, 3, 4)), _unit(rng, 3, 4)), {"reduction": "sum"},
+                   desc="sum"),
+            Sample((np.log(_unit(rng, 3, 4)), np.log(_unit(rng, 3, 4))),
+                   {"reduction": "none", "log_target": True}, desc="none, log_target"),
+            Sample((np.log(_unit(rng, 2, 3)), np.log(_unit(rng, 2, 3))),
+                   {"log_target": True}, desc="mean (warns), log_target")]
+
+
+def _bad_reduction(rng):
+    x = _unit(rng, 4, 5)  # in (0, 1): binary_cross_entropy checks its range first
+    return _err([x, x], ValueError, "bad is not a valid value for reduction", reduction="bad")
+
+
+def _bce_errors(rng):
+    # PyTorch raises RuntimeError for the range; graphc an ArgumentError (a ValueError)
+    return [_err([_unit(rng, 4, 5), _unit(rng, 4, 4)], ValueError,
+                 "Using a target size (graphc.Size([4, 4])) that is different to the input "
+                 "size (graphc.Size([4, 5])) is deprecated. Please ensure they have the same "
+                 "size."),
+            _err([3 * _unit(rng, 4, 5), _unit(rng, 4, 5)], ArgumentError,
+                 "all elements of input should be between 0 and 1"),
+            _bad_reduction(rng)]
+
+
+def _smooth_l1_errors(rng):
+    x = arr(rng, 4, 5)
+    # PyTorch raises RuntimeError for beta and delta; graphc an ArgumentError (a ValueError)
+    return [_err([x, x], ArgumentError, "smooth_l1_loss does not support negative values for "
+                 "beta.", beta=-1.0), _bad_reduction(rng)]
+
+
+def _huber_errors(rng):
+    x = arr(rng, 4, 5)
+    return [_err([x, x], ArgumentError, "huber_loss does not support non-positive values for "
+                 "delta.", delta=0.0), _bad_reduction(rng)]
+
+
+def _reduction_errors(rng):
+    return [_bad_reduction(rng)]
+
+
+OP_INFOS += [
+    OpInfo("binary_cross_entropy", F.binary_cross_entropy, _np_bce, _bce_samples,
+           ("log", "clamp", "mul"), torch_fn=_F("binary_cross_entropy"),
+           error_inputs=_bce_errors),
+    OpInfo("l1_loss", F.l1_loss, _np_l1, _pair_samples(), ("abs", "reduce_mean", "reduce_sum"),
+           torch_fn=_F("l1_loss"), error_inputs=_reduction_errors),
+    OpInfo("smooth_l1_loss", F.smooth_l1_loss, _np_smooth_l1,
+           _pair_samples(({"beta": 0.5}, {"beta": 1.0}, {"beta": 0.0})), ("abs", "where"),
+           torch_fn=_F("smooth_l1_loss"), error_inputs=_smooth_l1_errors),
+    OpInfo("huber_loss", F.huber_loss, _np_huber,
+           _pair_samples(({"delta": 0.5}, {"delta": 1.0}, {"delta": 2.0})), ("abs", "where"),
+           torch_fn=_F("huber_loss"), error_inputs=_huber_errors),
+    OpInfo("kl_div", F.kl_div, _np_kl_div, _kl_samples, ("log", "exp", "where"),
+           torch_fn=_F("kl_div"), error_inputs=_reduction_errors),
 ]
