@@ -14,6 +14,8 @@ require grad (a model's parameters, an input), `graphc.compile` does what torch.
   returns outputs that carry a grad_fn; `loss.backward()` in eager code then runs the
   backward executable on the saved values, and eager autograd accumulates the gradients into
   the tensors' `.grad` as usual.
+`outputs_needing_grad` decides, after a trace, which outputs need a grad_fn (and refuses a
+call that also ran backward() inside while returning an output that requires grad).
 Saved graph inputs are the bound tensors themselves, version-checked by autograd like any
 saved tensor (changing a parameter in place between forward and backward is an error, as in
 PyTorch), except inputs the forward updates in place, which are saved as copies.
@@ -27,9 +29,11 @@ import numpy as np
 
 from graphc.autograd.function import Function
 from graphc.autograd.grad_mode import is_grad_enabled
-from graphc.errors import AutogradError
+from graphc.errors import AutogradError, GraphcError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.verifier import verify
+from graphc.jit.bindings import TraceResult
+from graphc.jit.pytree import flatten
 from graphc.tensor import Tensor
 
 
@@ -146,3 +150,66 @@ class CompiledFunction(Function):
             seeds.append(np.asarray(g._data, dtype=ctx.output_types[index], order="C"))
         grads = ctx.plan.backward.run(*saved, *seeds)
         return (None,) * 5 + tuple(Tensor._wrap(np.array(g, copy=True)) for g in grads)
+
+
+_NO_GRADS = ("a compiled call cannot mix the two: return loss.detach() from a training step, "
+             "or call backward() outside the compiled function.")
+
+
+def _history_consumed(t: Tensor) -> bool:
+    """Whether a backward() inside the traced call already ran through `t`'s history (freed
+    saved tensors in it): calling backward on it again would fail in eager code too, so the
+    compiled call may return it as a plain value (the loss of a training step)."""
+    from graphc.autograd.graph import SavedTensor
+
+    stack, seen = [t.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        saved = list(getattr(node, "saved_inputs", {}).values())
+        saved += list(getattr(node, "saved_outputs", {}).values())
+        ctx = getattr(node, "ctx", None)
+        saved += [x for x in getattr(ctx, "_saved", ()) if isinstance(x, SavedTensor)]
+        if any(x.freed for x in saved):
+            return True
+        stack.extend(child for child, _ in node.next_functions)
+    return False
+
+
+def outputs_needing_grad(name: str, traced: TraceResult, args: tuple,
+                          kwargs: dict) -> list[str]:
+    """After the trace: the outputs that need a grad_fn (they require grad, are not input
+    tensors returned as themselves, and no backward inside the call consumed their history).
+    They get one through a derived backward graph, unless the function also ran a backward
+    inside (a training step returning an undetached loss), which is refused; so is a `.grad`
+    with history (backward(create_graph=True) inside the call)."""
+    if not is_grad_enabled():
+        return []
+    flat = list(flatten(traced.result))
+    outputs: dict[int, int] = {}
+    for _path, t in flat:
+        outputs.setdefault(id(t), len(outputs))
+    needing = []
+    for path, t in flat:
+        if not t.requires_grad or outputs[id(t)] in traced.output_aliases:
+            continue
+        if t.grad_fn is not None and _history_consumed(t):
+            continue
+        where = "".join(f"[{p!r}]" for p in path) or ""
+        if traced.grad_outputs:
+            raise GraphcError(
+                f"graphc.compile({name}): output{where} requires grad, and the function also "
+                f"ran backward() inside; {_NO_GRADS} (A training step that ran "
+                "backward(retain_graph=True) inside can return loss.detach().)"
+            )
+        needing.append(f"output{where}")
+    for go in traced.grad_outputs:
+        g = go.resolve(args, kwargs)._grad
+        if g is not None and g.requires_grad:
+            raise GraphcError(
+                f"graphc.compile({name}): backward(create_graph=True) inside the compiled "
+                f"function left a .grad with history, and {_NO_GRADS}"
+            )
+    return needing

@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import signal
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -65,10 +64,15 @@ from graphc.dispatch import current_tracer, is_abstract
 from graphc.errors import ArgumentError, GraphcError
 from graphc.ir.printer import format_graph
 from graphc.ir.specialize import pin
-from graphc.symbolic import current_env
 from graphc.jit import nan_check
 from graphc.jit.bindings import ArgBinding, GradBinding, RngBinding, TensorBinding, TraceResult
-from graphc.jit.compiled_autograd import CompiledFunction, GradientPlan, partition
+from graphc.jit.compiled_autograd import (
+    CompiledFunction,
+    GradientPlan,
+    outputs_needing_grad,
+    partition,
+)
+from graphc.jit.dynamic import ConstraintViolationError, mark_dynamic, marked_dims
 from graphc.jit.guards import (
     Guard,
     ShapeGuard,
@@ -80,50 +84,15 @@ from graphc.jit.guards import (
     signature_of,
 )
 from graphc.jit.pytree import at, flatten, unflatten
+from graphc.jit.run import as_array, as_tensor, interrupts_held, run_and_write_back
 from graphc.jit.tracer import arg_names, graph_name, trace_call
 from graphc.passes import default_passes, run_pipeline
+from graphc.symbolic import current_env
 from graphc.tensor import Tensor
 
 
 class RecompileLimitError(GraphcError, RuntimeError):
     """A compiled callable traced more often than its limit allows."""
-
-
-class ConstraintViolationError(GraphcError, RuntimeError):
-    """A dimension marked dynamic (`graphc.mark_dynamic`) cannot be: the traced code needs
-    one size there, or the size is 0 or 1 (always specialised)."""
-
-
-_MARK_ATTR = "_graphc_dynamic_dims"
-
-
-def mark_dynamic(t: Tensor, dim: int | list | tuple) -> None:
-    """Mark dimension(s) `dim` of `t` dynamic, as torch._dynamo.mark_dynamic: a compiled
-    function called with `t` traces that dimension as a symbolic size from its first call,
-    and refuses (ConstraintViolationError) a trace that needs it to be one size.
-
-    >>> import graphc
-    >>> x = graphc.ones(8, 3)
-    >>> graphc.mark_dynamic(x, 0)
-    >>> f = graphc.compile(lambda x: x * 2, backend="interp")
-    >>> f(x).shape, str(f.graph.inputs[0].type)
-    (graphc.Size([8, 3]), 'f32[s0,3]')
-    """
-    if not isinstance(t, Tensor):
-        raise ArgumentError(f"graphc.mark_dynamic: expected a Tensor, got {type(t).__name__}")
-    dims = tuple(dim) if isinstance(dim, (list, tuple)) else (dim,)
-    marks = set(getattr(t, _MARK_ATTR, ()))
-    for d in dims:
-        if not isinstance(d, int) or not -t.ndim <= d < max(t.ndim, 1):
-            raise ArgumentError(f"graphc.mark_dynamic: dim {d!r} is out of range for a tensor "
-                                f"of {t.ndim} dimensions")
-        marks.add(d % t.ndim)
-    setattr(t, _MARK_ATTR, frozenset(marks))
-
-
-def marked_dims(t: Tensor) -> frozenset:
-    """The dimensions of `t` marked with mark_dynamic."""
-    return getattr(t, _MARK_ATTR, frozenset())
 
 
 def _log(message: str) -> None:
@@ -329,7 +298,7 @@ class Compiled:
             raise
         try:
             with _symbolic(traced):
-                needs_grad = _outputs_needing_grad(self.__name__, traced, args, kwargs)
+                needs_grad = outputs_needing_grad(self.__name__, traced, args, kwargs)
                 prefix = _dump(traced.graph)
                 passes = self._passes(traced.graph)
                 optimized, self.report = _optimize(traced.graph, passes, verify=True,
@@ -577,8 +546,8 @@ class Compiled:
         """Run the entry's executable for this call. `escaped`: (output index, tensor) pairs
         of the traced call (`TraceResult.escaped`), given values by this, its first, run.
         A Ctrl-C during the run is held until the step is complete (updates, `.grad`s,
-        state all written), then raised: never a half-applied step (`_interrupts_held`)."""
-        with _interrupts_held():
+        state all written), then raised: never a half-applied step (`interrupts_held`)."""
+        with interrupts_held():
             return self._run_now(entry, args, kwargs, escaped)
 
     def _run_now(self, entry: _Entry, args: tuple, kwargs: dict, escaped: list):
@@ -609,14 +578,14 @@ class Compiled:
             outputs = self._run_with_gradient(entry, arrays, tensors, check)
             fresh = False
         else:
-            outputs = _run_and_write_back(entry.executable, arrays,
+            outputs = run_and_write_back(entry.executable, arrays,
                                           [tensors[i] for i in entry.update_inputs], check)
             fresh = entry.fresh
         grads = self._assign_grads(traced, outputs, arrays, args, kwargs, fresh)
         for index, t in escaped:  # a copy: a tensor of state owns its memory
-            t._data = np.array(_as_array(outputs[index]), copy=True)
+            t._data = np.array(as_array(outputs[index]), copy=True)
         wrapped = [tensors[j] if j is not None else grads[k] if k is not None
-                   else _as_tensor(o) for (j, k), o in zip(entry.wraps, outputs)]
+                   else as_tensor(o) for (j, k), o in zip(entry.wraps, outputs)]
         return unflatten(traced.out_spec, wrapped)
 
     @staticmethod
@@ -632,7 +601,7 @@ class Compiled:
         targets = [bound[id(target)] for target, _ in plan.forward.graph.updates]
 
         def run_forward(forward_arrays):
-            return _run_and_write_back(plan.forward, forward_arrays, targets, check,
+            return run_and_write_back(plan.forward, forward_arrays, targets, check,
                                        plan.partition.n_outputs)
 
         wrt = [by_index[i] for i in plan.wrt]
@@ -665,33 +634,6 @@ class Compiled:
         return assigned
 
 
-@contextlib.contextmanager
-def _interrupts_held():
-    """Hold SIGINT (Ctrl-C) for the duration of the block and deliver it when the block ends:
-    a compiled step runs natively and then writes its updates back, and an interrupt between
-    the two would leave parameters moved but optimizer state or `.grad`s not. So the step
-    completes, then the KeyboardInterrupt (or the program's own SIGINT handler) follows.
-    Only the main thread receives signals; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list = []
-    try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
-    except ValueError:  # not the main interpreter
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:  # delivered even when the step failed (the failure becomes its context)
-            if callable(previous):
-                previous(signal.SIGINT, held[0])
-            elif previous != signal.SIG_IGN:
-                raise KeyboardInterrupt
-
-
 def _creates_state(traced: TraceResult, guard: Guard, args: tuple, kwargs: dict) -> bool:
     """Whether this call makes state the next call will read: optimizer state created
     lazily (`escaped`), or a `.grad` that was None before the call and is assigned by it."""
@@ -702,115 +644,9 @@ def _creates_state(traced: TraceResult, guard: Guard, args: tuple, kwargs: dict)
                for go in traced.grad_outputs)
 
 
-def _run_and_write_back(executable: Executable, arrays: list, targets: list,
-                        check: nan_check.Check | None = None, n_checked: int | None = None
-                        ) -> list:
-    """Run an executable; write its updates into `targets` (the tensors of graph.updates'
-    targets, in order); return its outputs.
-    With a `check` (GRAPHC_CHECK_NANS=1), its first `n_checked` outputs (default: all) and its
-    updates must be finite, else graphc.jit.nan_check raises before anything is written back."""
-    n_out = len(executable.graph.outputs)
-    # values another executable keeps on its device are fetched first; with a check every
-    # one is (the check runs on private copies)
-    residency.fresh_all(arrays, keep=executable if check is None else None)
-    results = executable.run(*arrays) if check is None else nan_check.run_checked(
-        executable, arrays, check, n_out if n_checked is None else n_checked)
-    outputs, updates = results[:n_out], results[n_out:]
-    # A value the backend computed straight into its target needs no write. Any other value
-    # that shares memory with a call array is copied first: writing one target must never
-    # change a value still to be written. A backend with `fresh_results` returns call arrays
-    # only as their own targets' values, so only those are looked for.
-    if getattr(executable, "fresh_results", False):
-        call_arrays = {id(a) for a in arrays}
-        new_values = [u if u is t._data or id(u) not in call_arrays else np.array(u, copy=True)
-                      for t, u in zip(targets, updates)]
-    else:
-        new_values = [u if u is t._data else
-                      np.array(u, copy=True) if any(np.may_share_memory(u, a) for a in arrays)
-                      else u for t, u in zip(targets, updates)]
-    for t, value in zip(targets, new_values):
-        if value is not t._data:
-            np.copyto(t._data, value)
-        t._version_counter.bump()
-    return outputs
-
-
-def _as_array(output) -> np.ndarray:
-    """An executable's output as an array (a CompiledFunction output is a tensor)."""
-    return output._data if isinstance(output, Tensor) else np.asarray(output)
-
-
-def _as_tensor(output) -> Tensor:
-    """An executable's output array as a tensor (a CompiledFunction output already is one)."""
-    return output if isinstance(output, Tensor) else Tensor._wrap(np.asarray(output))
-
-
 def _bound_tensor(binding, args: tuple, kwargs: dict) -> Tensor:
     return binding.tensor if isinstance(binding, TensorBinding) else at((args, kwargs),
                                                                          binding.path)
-
-
-_NO_GRADS = ("a compiled call cannot mix the two: return loss.detach() from a training step, "
-             "or call backward() outside the compiled function.")
-
-
-def _history_consumed(t: Tensor) -> bool:
-    """Whether a backward() inside the traced call already ran through `t`'s history (freed
-    saved tensors in it): calling backward on it again would fail in eager code too, so the
-    compiled call may return it as a plain value (the loss of a training step)."""
-    from graphc.autograd.graph import SavedTensor
-
-    stack, seen = [t.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        saved = list(getattr(node, "saved_inputs", {}).values())
-        saved += list(getattr(node, "saved_outputs", {}).values())
-        ctx = getattr(node, "ctx", None)
-        saved += [x for x in getattr(ctx, "_saved", ()) if isinstance(x, SavedTensor)]
-        if any(x.freed for x in saved):
-            return True
-        stack.extend(child for child, _ in node.next_functions)
-    return False
-
-
-def _outputs_needing_grad(name: str, traced: TraceResult, args: tuple,
-                          kwargs: dict) -> list[str]:
-    """After the trace: the outputs that need a grad_fn (they require grad, are not input
-    tensors returned as themselves, and no backward inside the call consumed their history).
-    They get one through a derived backward graph, unless the function also ran a backward
-    inside (a training step returning an undetached loss), which is refused; so is a `.grad`
-    with history (backward(create_graph=True) inside the call)."""
-    if not is_grad_enabled():
-        return []
-    flat = list(flatten(traced.result))
-    outputs: dict[int, int] = {}
-    for _path, t in flat:
-        outputs.setdefault(id(t), len(outputs))
-    needing = []
-    for path, t in flat:
-        if not t.requires_grad or outputs[id(t)] in traced.output_aliases:
-            continue
-        if t.grad_fn is not None and _history_consumed(t):
-            continue
-        where = "".join(f"[{p!r}]" for p in path) or ""
-        if traced.grad_outputs:
-            raise GraphcError(
-                f"graphc.compile({name}): output{where} requires grad, and the function also "
-                f"ran backward() inside; {_NO_GRADS} (A training step that ran "
-                "backward(retain_graph=True) inside can return loss.detach().)"
-            )
-        needing.append(f"output{where}")
-    for go in traced.grad_outputs:
-        g = go.resolve(args, kwargs)._grad
-        if g is not None and g.requires_grad:
-            raise GraphcError(
-                f"graphc.compile({name}): backward(create_graph=True) inside the compiled "
-                f"function left a .grad with history, and {_NO_GRADS}"
-            )
-    return needing
 
 
 _dump_counts: dict[str, int] = {}

@@ -1,0 +1,93 @@
+"""Running a compiled entry's executable: the native run, then its updates written back into
+their tensors, with Ctrl-C held so that a step is never half applied.
+
+`run_and_write_back(executable, arrays, targets)` runs the executable (values another
+executable keeps on its device fetched first: graphc.backends.residency), writes each update
+into its target tensor (copying first any value that shares memory with a call array, so no
+write changes a value still to be written), bumps the targets' version counters, and returns
+the outputs. `interrupts_held()` holds SIGINT around a step and delivers it after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+import numpy as np
+
+from graphc.backends import Executable, residency
+from graphc.jit import nan_check
+from graphc.tensor import Tensor
+
+__all__ = ["as_array", "as_tensor", "interrupts_held", "run_and_write_back"]
+
+
+@contextlib.contextmanager
+def interrupts_held():
+    """Hold SIGINT (Ctrl-C) for the duration of the block and deliver it when the block ends:
+    a compiled step runs natively and then writes its updates back, and an interrupt between
+    the two would leave parameters moved but optimizer state or `.grad`s not. So the step
+    completes, then the KeyboardInterrupt (or the program's own SIGINT handler) follows.
+    Only the main thread receives signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:  # delivered even when the step failed (the failure becomes its context)
+            if callable(previous):
+                previous(signal.SIGINT, held[0])
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
+
+
+def run_and_write_back(executable: Executable, arrays: list, targets: list,
+                        check: nan_check.Check | None = None, n_checked: int | None = None
+                        ) -> list:
+    """Run an executable; write its updates into `targets` (the tensors of graph.updates'
+    targets, in order); return its outputs.
+    With a `check` (GRAPHC_CHECK_NANS=1), its first `n_checked` outputs (default: all) and its
+    updates must be finite, else graphc.jit.nan_check raises before anything is written back."""
+    n_out = len(executable.graph.outputs)
+    # values another executable keeps on its device are fetched first; with a check every
+    # one is (the check runs on private copies)
+    residency.fresh_all(arrays, keep=executable if check is None else None)
+    results = executable.run(*arrays) if check is None else nan_check.run_checked(
+        executable, arrays, check, n_out if n_checked is None else n_checked)
+    outputs, updates = results[:n_out], results[n_out:]
+    # A value the backend computed straight into its target needs no write. Any other value
+    # that shares memory with a call array is copied first: writing one target must never
+    # change a value still to be written. A backend with `fresh_results` returns call arrays
+    # only as their own targets' values, so only those are looked for.
+    if getattr(executable, "fresh_results", False):
+        call_arrays = {id(a) for a in arrays}
+        new_values = [u if u is t._data or id(u) not in call_arrays else np.array(u, copy=True)
+                      for t, u in zip(targets, updates)]
+    else:
+        new_values = [u if u is t._data else
+                      np.array(u, copy=True) if any(np.may_share_memory(u, a) for a in arrays)
+                      else u for t, u in zip(targets, updates)]
+    for t, value in zip(targets, new_values):
+        if value is not t._data:
+            np.copyto(t._data, value)
+        t._version_counter.bump()
+    return outputs
+
+
+def as_array(output) -> np.ndarray:
+    """An executable's output as an array (a CompiledFunction output is a tensor)."""
+    return output._data if isinstance(output, Tensor) else np.asarray(output)
+
+
+def as_tensor(output) -> Tensor:
+    """An executable's output array as a tensor (a CompiledFunction output already is one)."""
+    return output if isinstance(output, Tensor) else Tensor._wrap(np.asarray(output))
