@@ -23,9 +23,9 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
-def _graphs(xs, ws, stride, padding, groups, dtype="float32"):
-    attrs = dict(stride=stride, padding=padding, dilation=(1, 1), groups=groups)
-    gs = xs[:-3] + (ws[0],) + conv_output_hw(xs[-2:], ws[2:], stride, padding, (1, 1))
+def _graphs(xs, ws, stride, padding, groups, dtype="float32", dilation=(1, 1)):
+    attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    gs = xs[:-3] + (ws[0],) + conv_output_hw(xs[-2:], ws[2:], stride, padding, dilation)
     return gs, {
         "fwd": one_op_graph("conv2d", [(xs, dtype), (ws, dtype)], **attrs),
         "gx": one_op_graph("conv2d_input_grad", [(gs, dtype), (ws, dtype)],
@@ -34,11 +34,11 @@ def _graphs(xs, ws, stride, padding, groups, dtype="float32"):
                            kernel_size=ws[2:], **attrs)}
 
 
-def check_paths(xs, ws, stride, padding, groups, marker, gx_marker=None):
+def check_paths(xs, ws, stride, padding, groups, marker, gx_marker=None, dilation=(1, 1)):
     """Forward and both gradients: equal to the interpreter within float32 rounding, within
     2x eager's distance from float64, and lowered through the path `marker` names."""
     rng = np.random.default_rng(sum(xs) + 7 * sum(ws))
-    gs, graphs = _graphs(xs, ws, stride, padding, groups)
+    gs, graphs = _graphs(xs, ws, stride, padding, groups, dilation=dilation)
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
     gy = rng.standard_normal(gs).astype(np.float32)
@@ -47,7 +47,7 @@ def check_paths(xs, ws, stride, padding, groups, marker, gx_marker=None):
         exe = compare(graph, args[kind], rtol=1e-4)
         got = exe.run(*args[kind])[0]
         eager = interpret(graph, *args[kind])[0]
-        _, wide = _graphs(xs, ws, stride, padding, groups, "float64")
+        _, wide = _graphs(xs, ws, stride, padding, groups, "float64", dilation)
         reference = interpret(wide[kind], *[a.astype(np.float64) for a in args[kind]])[0]
         assert_rounding_within(got, eager, reference)
         want = gx_marker if kind == "gx" and gx_marker else marker
@@ -98,3 +98,23 @@ def test_depthwise_direct(case):
     direct_gx = stride == (1, 1) and all(p <= k - 1 for p, k in zip(padding, ws[2:]))
     check_paths(*DEPTHWISE[case], marker="conv2d_depthwise",
                 gx_marker="conv2d_depthwise" if direct_gx else "_conv2d_input_grad\"")
+
+
+def test_depthwise_direct_with_dilation():
+    check_paths((2, 3, 9, 9), (3, 1, 3, 3), (1, 1), (2, 2), 3, marker="conv2d_depthwise",
+                dilation=(2, 2))
+
+
+def test_depthwise_conv_with_a_fused_bias_and_relu():
+    import graphc
+    from graphc.passes.fuse import fuse
+
+    rng = np.random.default_rng(5)
+    x = graphc.tensor(rng.standard_normal((2, 4, 6, 6)).astype(np.float32))
+    w = graphc.tensor(rng.standard_normal((4, 1, 3, 3)).astype(np.float32))
+    bias = graphc.tensor(rng.standard_normal(4).astype(np.float32))
+    g = fuse(graphc.trace(lambda x, w, b: graphc.conv2d(x, w, b, padding=1, groups=4).relu(),
+                          x, w, bias))
+    assert any(n.op == "fused" and n.attrs["body"][0][0] == "conv2d" for n in g.nodes)
+    exe = compare(g, [t.numpy() for t in (x, w, bias)], rtol=1e-4)
+    assert "conv2d_depthwise" in exe.lowered.ir_text
