@@ -23,7 +23,7 @@ import numpy as np
 from graphc.autograd.function import Function
 from graphc.autograd.grad_mode import no_grad
 from graphc.dispatch import current_tracer
-from graphc.errors import ArgumentError, ShapeError
+from graphc.errors import ArgumentError, DTypeError, ShapeError
 from graphc.ops import conv as _conv
 from graphc.ops import elementwise as _elementwise
 from graphc.ops import linalg as _linalg
@@ -211,6 +211,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if is_causal and attn_mask is not None:
         raise ArgumentError("scaled_dot_product_attention: Explicit attn_mask should not be set "
                             "when is_causal=True")
+    if attn_mask is not None and attn_mask.dtype.name not in ("bool", "float32",
+                                                              query.dtype.name):
+        raise DTypeError(f"scaled_dot_product_attention: Expected attn_mask dtype to be bool or "
+                         f"float or to match query dtype, but got attn_mask.dtype: "
+                         f"{_C_NAMES.get(attn_mask.dtype.name, attn_mask.dtype.name)} and  "
+                         f"query.dtype: {_C_NAMES.get(query.dtype.name, query.dtype.name)} "
+                         "instead.")  # PyTorch's wording, its C++ type names and double space
     length, source = query.shape[-2], key.shape[-2]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
@@ -231,12 +238,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return _linalg.matmul(weights, value)
 
 
+_C_NAMES = {"float32": "float", "float64": "double", "int64": "long int", "int32": "int"}
+
+
 def _repeat_heads(t, heads: int):
     """(..., Hkv, S, E) -> (..., heads, S, E), each kv head repeated heads // Hkv times."""
     hkv = t.shape[-3]
     if heads % hkv != 0:
-        raise ShapeError(f"scaled_dot_product_attention: number of heads in key/value ({hkv}) "
-                         f"must divide the number of heads in query ({heads})")
+        raise ShapeError(f"scaled_dot_product_attention: Number of heads in key and value "
+                         f"must divide the number of heads in query ({hkv} does not divide "
+                         f"{heads})")
     lead, tail = tuple(t.shape[:-3]), tuple(t.shape[-2:])
     expanded = t.unsqueeze(-3).expand(*lead, hkv, heads // hkv, *tail)
     return expanded.reshape(lead + (heads,) + tail)

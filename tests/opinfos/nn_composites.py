@@ -137,6 +137,16 @@ def _group_norm_errors(rng):
                  "Expected at least 2 dimensions for input tensor but received 1")]
 
 
+def _sdpa_errors(rng):
+    q = arr(rng, 1, 4, 3, 2)
+    return [_err([q, arr(rng, 1, 3, 3, 2), arr(rng, 1, 3, 3, 2)], RuntimeError,
+                 "Number of heads in key and value must divide the number of heads in ",
+                 enable_gqa=True),
+            _err([q, q, q, np.ones((3, 3), np.int64)], RuntimeError,
+                 "Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+                 "attn_mask.dtype: long int and  query.dtype: float instead.")]
+
+
 OP_INFOS: list[OpInfo] = [
     OpInfo("layer_norm", F.layer_norm, _np_layer_norm, _layer_norm_samples,
            ("reduce_mean", "rsqrt"), torch_fn=_F("layer_norm"), error_inputs=_norm_errors),
@@ -147,7 +157,7 @@ OP_INFOS: list[OpInfo] = [
            error_inputs=_group_norm_errors),
     OpInfo("scaled_dot_product_attention", F.scaled_dot_product_attention, _np_sdpa,
            _sdpa_samples, ("matmul", "softmax", "where"),
-           torch_fn=_F("scaled_dot_product_attention")),
+           torch_fn=_F("scaled_dot_product_attention"), error_inputs=_sdpa_errors),
 ]
 
 
