@@ -540,6 +540,64 @@ def _adaptive_errors(name, dims):
     return errors
 
 
+def _np_adaptive_max_indices(x, output_size, dims):
+    """Flat position in each input plane of each window's first maximum (row-major)."""
+    spatial = x.shape[-dims:]
+    sizes = tuple(n if o is None else o for n, o in zip(spatial, _pair(output_size, dims)))
+    out = np.zeros(x.shape[:-dims] + sizes, np.int64)
+    for at in np.ndindex(*sizes):
+        box = [slice(*_windows(n, o)[i]) for n, o, i in zip(spatial, sizes, at)]
+        window = x[(..., *box)]
+        first = window.reshape(window.shape[:-dims] + (-1,)).argmax(-1)
+        local = np.unravel_index(first, window.shape[-dims:])
+        out[(..., *at)] = np.ravel_multi_index([b.start + k for b, k in zip(box, local)],
+                                               spatial)
+    return out
+
+
+def _np_adaptive_max_pool1d_indices(x, output_size):
+    return _np_adaptive_max_indices(x, output_size, 1)
+
+
+def _np_adaptive_max_pool2d_indices(x, output_size):
+    return _np_adaptive_max_indices(x, output_size, 2)
+
+
+def _adaptive_max_pool1d_indices(x, output_size):
+    return F.adaptive_max_pool1d(x, output_size, return_indices=True)[1]
+
+
+def _adaptive_max_pool2d_indices(x, output_size):
+    return F.adaptive_max_pool2d(x, output_size, return_indices=True)[1]
+
+
+def _torch_adaptive_max_pool1d_indices(x, output_size):
+    import torch.nn.functional as tF
+
+    return tF.adaptive_max_pool1d(x, output_size, return_indices=True)[1]
+
+
+def _torch_adaptive_max_pool2d_indices(x, output_size):
+    import torch.nn.functional as tF
+
+    return tF.adaptive_max_pool2d(x, output_size, return_indices=True)[1]
+
+
+def _ties(rng, *shape):
+    return rng.integers(0, 3, size=shape).astype(np.float32)
+
+
+def _indices1d_samples(rng):
+    return [Sample((arr(rng, 2, 3, 7), 3), desc="uneven windows"),
+            Sample((_ties(rng, 3, 6), 4), desc="unbatched, ties")]
+
+
+def _indices2d_samples(rng):
+    return [Sample((arr(rng, 1, 2, 5, 7), (3, 4)), desc="uneven windows"),
+            Sample((_ties(rng, 2, 4, 6), (3, None)), desc="unbatched, ties"),
+            Sample((_ties(rng, 1, 2, 4, 4), 2), desc="even windows, ties")]
+
+
 OP_INFOS += [
     OpInfo("interpolate", F.interpolate, _np_interpolate, _interp_nearest_samples,
            ("take", "reduce_mean"), torch_fn=_F("interpolate"), error_inputs=_interp_errors),
@@ -563,6 +621,12 @@ OP_INFOS += [
            _adaptive2d_samples, ("max_pool2d", "argmax", "gather"),
            torch_fn=_F("adaptive_max_pool2d"),
            error_inputs=_adaptive_errors("adaptive_max_pool2d", 2)),
+    OpInfo("adaptive_max_pool1d_indices", _adaptive_max_pool1d_indices,
+           _np_adaptive_max_pool1d_indices, _indices1d_samples, ("argmax", "gather"),
+           torch_fn=_torch_adaptive_max_pool1d_indices, differentiable=False, exact=True),
+    OpInfo("adaptive_max_pool2d_indices", _adaptive_max_pool2d_indices,
+           _np_adaptive_max_pool2d_indices, _indices2d_samples, ("max_pool2d", "argmax"),
+           torch_fn=_torch_adaptive_max_pool2d_indices, differentiable=False, exact=True),
 ]
 
 
