@@ -6,7 +6,10 @@ Each is a decomposition into registry primitives, so these entries check its for
 float64 numpy reference and PyTorch, its gradient, its error inputs (PyTorch's class and
 wording), and, through tests/compile_opinfo.py, its traced and compiled form. Already covered
 elsewhere: softmax, log_softmax, cross_entropy, mse_loss, binary_cross_entropy_with_logits
-(nn_ops.py), gelu, leaky_relu (elementwise.py) and constant pad (movement.py)."""
+(nn_ops.py), gelu, leaky_relu (elementwise.py) and constant pad (movement.py).
+
+The module runs past 800 lines on purpose: it is issue 12's one group, in three sections
+(normalisation and attention, vision, losses) that share the helpers at the top."""
 
 from __future__ import annotations
 
