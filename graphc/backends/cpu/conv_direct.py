@@ -9,7 +9,8 @@ False when its node does not take a direct path (conv then uses im2col + GEMM).
   and every output sums all its taps in registers (`_correlate`, the inner loop over output
   columns vectorised). Forward: any stride and dilation. Input gradient (stride 1, padding
   at most (k-1)*dilation): the correlation of the output gradient, zero-padded by
-  (k-1)*dilation - padding, with the flipped kernel; other strides take the GEMM path.
+  (k-1)*dilation - padding, with the flipped kernel; at other strides each tap adds
+  w * gy into a zero-padded plane whose interior is the gradient.
   Weight gradient: per channel, every tap's sum of gy * padded input over the batch in one
   pass (reassociable sums, which LLVM vectorises into partial sums).
 
@@ -131,8 +132,11 @@ def conv2d_input_grad(lw, node, g) -> bool:
     dt = gy.type.dtype
     (dh, dw), (ph, pw) = g.dilation, g.padding
     top, left = (g.kh - 1) * dh - ph, (g.kw - 1) * dw - pw
-    if not (_depthwise(g, dt) and g.stride == (1, 1) and top >= 0 and left >= 0):
+    if not _depthwise(g, dt):
         return False
+    if not (g.stride == (1, 1) and top >= 0 and left >= 0):
+        _depthwise_input_grad_scatter(lw, node, g, dt)
+        return True
     gl, gs = grad_image(lw, lw.locs[gy], g)
     wl = contiguous_in(lw, lw.locs[w])
     hg, wg = g.h + (g.kh - 1) * dh, g.w + (g.kw - 1) * dw
@@ -155,6 +159,40 @@ def conv2d_input_grad(lw, node, g) -> bool:
             _correlate(b, kb, g, pi, wg, weights, taps, g.h, g.w, (1, 1), store)
         lw.calls.append(kb.finish(b))
     return True
+
+
+def _depthwise_input_grad_scatter(lw, node, g, dt) -> None:
+    """Depthwise input gradient at any stride: per channel, every tap adds w * gy into a
+    zero-padded plane (no bounds tests, constant trip counts), whose interior is then gx."""
+    gy, w = node.inputs
+    gl, gs = grad_image(lw, lw.locs[gy], g)
+    wl = contiguous_in(lw, lw.locs[w])
+    (sh, sw), (ph, pw) = g.stride, g.padding
+    hp, wp = g.h + 2 * ph, g.w + 2 * pw
+    (padded,) = workspace(lw, dt, (hp, wp))
+    with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
+        kb, (gi, wi, oi, pi) = image_kernel(lw, "conv2d_depthwise_input_grad",
+                                            [gl, wl, dst, padded])
+        b = kb.begin()
+        with loop(b, 0, g.n, "n") as n, loop(b, 0, g.c, "c") as c:
+            _zero(b, kb, pi, hp * wp, dt)
+            src = iadd(b, imul(b, n, gs[0]), imul(b, c, gs[1]))
+            for t, di, dj in _taps(g):
+                wv = kb.load(b, wi, iadd(b, imul(b, c, g.kh * g.kw), t))
+                with loop(b, 0, g.ho, "r") as r:
+                    row = iadd(b, imul(b, r, sh * wp), di * wp + dj)
+                    gy_row = iadd(b, src, imul(b, r, gs[2]))
+                    with loop(b, 0, g.wo, "q") as q:
+                        at = iadd(b, row, imul(b, q, sw))
+                        v = kb.load(b, gi, iadd(b, gy_row, imul(b, q, gs[3])))
+                        kb.store(b, pi, at, _fma(b, kb.load(b, pi, at), wv, v))
+            plane = imul(b, iadd(b, imul(b, n, g.c), c), g.h * g.w)
+            with loop(b, 0, g.h, "ih") as ih:
+                to = iadd(b, plane, imul(b, ih, g.w))
+                frm = iadd(b, imul(b, ih, wp), ph * wp + pw)
+                with loop(b, 0, g.w, "iw") as iw:
+                    kb.store(b, oi, b.add(to, iw), kb.load(b, pi, b.add(frm, iw)))
+        lw.calls.append(kb.finish(b))
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
