@@ -10,6 +10,8 @@ runs blocks one after another, so these tests also read the generated source: no
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -32,7 +34,9 @@ def _runtime():
 
 def _same_bits(text: str, *arrays):
     ex = compile_graph(parse(text), "cuda")
-    assert "atomic" not in ex.lowered.source
+    # no atomic accumulation (its order varies run to run); the error word's atomicExch of
+    # a constant is order-free
+    assert re.findall(r"atomic(?!Exch\(\(unsigned long long \*\))", ex.lowered.source) == []
     first, second = ex.run(*arrays), ex.run(*arrays)
     want = compile_graph(parse(text), "interp").run(*arrays)
     for a, b, w in zip(first, second, want):
