@@ -120,11 +120,15 @@ def _install_abort_on_error(MPI) -> None:
 
     def abort(kind, value, traceback):
         if _group is not None and _group.size > 1:
-            print(f"graphc.distributed: rank {_group.rank} raised {kind.__name__}; aborting "
-                  "the job so the other ranks do not wait forever", file=sys.stderr, flush=True)
+            # the error itself first: once Abort runs, mpiexec may drop output it has not
+            # forwarded yet, and the traceback is the long part
+            print(f"graphc.distributed: rank {_group.rank} raised {kind.__name__}: {value}\n"
+                  "aborting the job so the other ranks do not wait forever", file=sys.stderr,
+                  flush=True)
         previous(kind, value, traceback)
         if _group is not None and _group.size > 1:
             sys.stderr.flush()
+            time.sleep(0.5)  # let mpiexec forward what this rank wrote
             MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = abort
