@@ -13,7 +13,7 @@ import numpy as np
 from graphc.errors import ArgumentError
 from graphc.errors import where as _where
 from graphc.ops.grad_utils import sum_to, zeros_like
-from graphc.ops.registry import ELEMENTWISE, OpDef, call, inplace, register
+from graphc.ops.registry import ELEMENTWISE, OpDef, call, inplace_method, register
 from graphc.ops.shapes import binary_type, broadcast_many, compare_type, float_unary
 from graphc.types import TensorType, as_dtype, bool_, float32
 
@@ -668,24 +668,6 @@ def cast(x, dtype):
 
 
 # ---- in-place variants -----------------------------------------------------------------------
-def _inplace_binary(name: str, fn):
-    def method(self, other, **kwargs):
-        return inplace(self, name, lambda old: fn(old, other, **kwargs))
-
-    method.__name__ = name
-    method.__doc__ = f"In-place {fn.__name__}: changes self and bumps its version counter."
-    return method
-
-
-def _inplace_unary(name: str, fn):
-    def method(self, *args, **kwargs):
-        return inplace(self, name, lambda old: fn(old, *args, **kwargs))
-
-    method.__name__ = name
-    method.__doc__ = f"In-place {fn.__name__}: changes self and bumps its version counter."
-    return method
-
-
 TENSOR_METHODS = {
     "neg": neg, "abs": abs, "sign": sign, "exp": exp, "log": log, "sqrt": sqrt, "rsqrt": rsqrt,
     "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "sin": sin, "cos": cos, "erf": erf,
@@ -694,13 +676,13 @@ TENSOR_METHODS = {
     "remainder": remainder, "eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt,
     "ge": ge, "logical_and": logical_and, "logical_or": logical_or, "logical_not": logical_not,
     "logical_xor": logical_xor, "where": where, "log1p": log1p,
-    "add_": _inplace_binary("add_", add), "sub_": _inplace_binary("sub_", sub),
-    "mul_": _inplace_binary("mul_", mul), "div_": _inplace_binary("div_", div),
-    "pow_": _inplace_binary("pow_", pow), "clamp_": _inplace_unary("clamp_", clamp),
-    "neg_": _inplace_unary("neg_", neg), "exp_": _inplace_unary("exp_", exp),
-    "log_": _inplace_unary("log_", log), "sqrt_": _inplace_unary("sqrt_", sqrt),
-    "tanh_": _inplace_unary("tanh_", tanh), "sigmoid_": _inplace_unary("sigmoid_", sigmoid),
-    "relu_": _inplace_unary("relu_", relu),
+    "add_": inplace_method("add_", add), "sub_": inplace_method("sub_", sub),
+    "mul_": inplace_method("mul_", mul), "div_": inplace_method("div_", div),
+    "pow_": inplace_method("pow_", pow), "clamp_": inplace_method("clamp_", clamp),
+    "neg_": inplace_method("neg_", neg), "exp_": inplace_method("exp_", exp),
+    "log_": inplace_method("log_", log), "sqrt_": inplace_method("sqrt_", sqrt),
+    "tanh_": inplace_method("tanh_", tanh), "sigmoid_": inplace_method("sigmoid_", sigmoid),
+    "relu_": inplace_method("relu_", relu),
 }
 
 PUBLIC = (

@@ -179,6 +179,17 @@ def call(name: str, *inputs, **attrs):
     return _dispatcher(get(name), *inputs, **attrs)
 
 
+def inplace_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The in-place Tensor method `name` (`x.add_(y)`) of the out-of-place `fn` (`add`): it
+    changes self to `fn(self, *args, **kwargs)` through `inplace`."""
+    def method(self, *args, **kwargs):
+        return inplace(self, name, lambda old: fn(old, *args, **kwargs))
+
+    method.__name__ = name
+    method.__doc__ = f"In-place {fn.__name__}: changes self and bumps its version counter."
+    return method
+
+
 def inplace(target, op_name: str, compute: Callable[[Any], Any]):
     """Change `target` in place to `compute(old)` (see graphc.dispatch.apply_inplace)."""
     if _inplace_dispatcher is None:

@@ -27,7 +27,7 @@ from collections import namedtuple
 
 from graphc.errors import ArgumentError, DTypeError, ShapeError
 from graphc.ops import elementwise, linalg, mathops, movement, reduce
-from graphc.ops.registry import call, inplace
+from graphc.ops.registry import call, inplace_method
 from graphc.ops.shapes import normalize_axis
 from graphc.types import as_dtype, bool_, float32, float64, int64
 
@@ -520,25 +520,16 @@ def logcumsumexp(input, dim: int):  # noqa: A002
 
 
 # ---- in-place variants -----------------------------------------------------------------------
-def _inplace(name: str, fn):
-    def method(self, *args, **kwargs):
-        return inplace(self, name, lambda old: fn(old, *args, **kwargs))
-
-    method.__name__ = name
-    method.__doc__ = f"In-place {fn.__name__}: changes self and bumps its version counter."
-    return method
-
-
-square_ = _inplace("square_", square)
-reciprocal_ = _inplace("reciprocal_", reciprocal)
-addcmul_ = _inplace("addcmul_", addcmul)
-addcdiv_ = _inplace("addcdiv_", addcdiv)
-lerp_ = _inplace("lerp_", lerp)
-clamp_min_ = _inplace("clamp_min_", clamp_min)
-clamp_max_ = _inplace("clamp_max_", clamp_max)
-nan_to_num_ = _inplace("nan_to_num_", nan_to_num)
-cumprod_ = _inplace("cumprod_", cumprod)
-erfinv_ = _inplace("erfinv_", erfinv)
+square_ = inplace_method("square_", square)
+reciprocal_ = inplace_method("reciprocal_", reciprocal)
+addcmul_ = inplace_method("addcmul_", addcmul)
+addcdiv_ = inplace_method("addcdiv_", addcdiv)
+lerp_ = inplace_method("lerp_", lerp)
+clamp_min_ = inplace_method("clamp_min_", clamp_min)
+clamp_max_ = inplace_method("clamp_max_", clamp_max)
+nan_to_num_ = inplace_method("nan_to_num_", nan_to_num)
+cumprod_ = inplace_method("cumprod_", cumprod)
+erfinv_ = inplace_method("erfinv_", erfinv)
 
 PUBLIC = ("square", "reciprocal", "true_divide", "absolute", "sgn", "frac", "addcmul",
           "addcdiv", "lerp", "hypot", "logaddexp", "clamp_min", "clamp_max", "clip", "isnan",

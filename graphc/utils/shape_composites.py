@@ -19,7 +19,7 @@ from __future__ import annotations
 from graphc import dispatch
 from graphc.errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError, TraceError
 from graphc.ops import elementwise, gather, movement, reduce
-from graphc.ops.registry import call, inplace
+from graphc.ops.registry import call, inplace_method
 from graphc.ops.shapes import broadcast_many, normalize_axis
 from graphc.types import bool_, int64
 
@@ -485,19 +485,10 @@ def _scatter_hits(input, d, index):
 
 
 # ---- in-place variants -----------------------------------------------------------------------
-def _inplace(name: str, fn):
-    def method(self, *args, **kwargs):
-        return inplace(self, name, lambda old: fn(old, *args, **kwargs))
-
-    method.__name__ = name
-    method.__doc__ = f"In-place {fn.__name__}: changes self and bumps its version counter."
-    return method
-
-
-index_fill_ = _inplace("index_fill_", index_fill)
-index_copy_ = _inplace("index_copy_", index_copy)
-scatter_ = _inplace("scatter_", scatter)
-scatter_reduce_ = _inplace("scatter_reduce_", scatter_reduce)
+index_fill_ = inplace_method("index_fill_", index_fill)
+index_copy_ = inplace_method("index_copy_", index_copy)
+scatter_ = inplace_method("scatter_", scatter)
+scatter_reduce_ = inplace_method("scatter_reduce_", scatter_reduce)
 
 PUBLIC = ("movedim", "moveaxis", "roll", "tile", "repeat_interleave", "diagonal", "diag_embed",
           "diag", "broadcast_tensors", "broadcast_shapes", "meshgrid", "atleast_1d",
