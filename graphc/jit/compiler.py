@@ -164,8 +164,10 @@ def _same_sharing(entry: _Entry, args: tuple, kwargs: dict) -> bool:
     it is enough that none does."""
     if not entry.distinct:
         return aliasing(entry.traced, args, kwargs) == entry.aliasing
-    ids = [id(t._data) for _, t in flatten((args, kwargs))]
-    ids += [id(t._data) for t in entry.captured]
+    # `_array`, not the fetching `_data`: only identities matter here, and a fetch (cuda
+    # residency) writes into the same array
+    ids = [id(t._array) for _, t in flatten((args, kwargs))]
+    ids += [id(t._array) for t in entry.captured]
     return len(ids) == len(entry.aliasing) == len(set(ids))
 
 

@@ -22,6 +22,13 @@ from graphc.tensor import Tensor
 
 __all__ = ["as_array", "as_tensor", "interrupts_held", "run_and_write_back"]
 
+# signal.signal is a Python wrapper that converts handlers to and from enums (5 us of a
+# compiled call's two calls); its C function does the same work without that
+try:
+    from _signal import signal as _set_handler
+except ImportError:  # pragma: no cover (another Python implementation)
+    _set_handler = signal.signal
+
 
 @contextlib.contextmanager
 def interrupts_held():
@@ -35,14 +42,14 @@ def interrupts_held():
         return
     held: list = []
     try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+        previous = _set_handler(signal.SIGINT, lambda signum, frame: held.append(frame))
     except ValueError:  # not the main interpreter
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        _set_handler(signal.SIGINT, previous)
         if held:  # delivered even when the step failed (the failure becomes its context)
             if callable(previous):
                 previous(signal.SIGINT, held[0])
