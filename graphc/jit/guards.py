@@ -436,8 +436,10 @@ class Guard:
         for container in self.big:
             if len(container) <= 64:
                 return False
+        # `_array`, not the fetching `_data`: shapes only (a cuda-resident value's fetch
+        # writes into the same array)
         for t, shape, dtype, requires_grad, leaf in self.tensors:
-            if (t._data.shape != shape or t._dtype is not dtype
+            if (t._array.shape != shape or t._dtype is not dtype
                     or t._requires_grad is not requires_grad or (t.grad_fn is None) is not leaf):
                 return False
         for t, key in self.grads:
@@ -445,7 +447,7 @@ class Guard:
             if g is None or key is None:
                 if g is not key:
                     return False
-            elif (g._data.shape != key[0] or g._dtype is not key[1]
+            elif (g._array.shape != key[0] or g._dtype is not key[1]
                   or g._requires_grad is not key[2]):
                 return False
         return self.arg_holders is None or \
