@@ -30,7 +30,7 @@ Lowered ops:
 - nll_loss and nll_loss_backward (class-index targets, any reduction; a target out of range
   makes the call fail with a clear error instead of reading out of bounds);
 - conv2d (alone or with a fused epilogue), conv2d_input_grad, conv2d_weight_grad,
-  max_pool2d(_grad), avg_pool2d(_grad), batch_norm: graphc.backends.cpu.conv;
+  max_pool2d(_grad), avg_pool2d(_grad), batch_norm: graphc.backends.cpu.conv and .pool;
 - random ops uniform, normal, dropout, bernoulli (the eager Philox stream, seed input read
   once per call): graphc.backends.cpu.random_ops;
 - take, gather, index_add, index_put, scatter_add, slice_scatter, embedding,
@@ -51,7 +51,7 @@ import numpy as np
 from llvmlite import ir
 
 from graphc.backends import common
-from graphc.backends.cpu import conv, llvm
+from graphc.backends.cpu import conv, llvm, pool
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS
 from graphc.backends.cpu.gemm_layout import folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
@@ -459,7 +459,7 @@ class Lowerer(Codegen):
         return self.declare(self.blas.symbol(dt.name, routine),
                             ir.FunctionType(ir.VoidType(), args))
 
-    # ---- convolution (graphc.backends.cpu.conv; pooling and batch_norm: LOWERINGS) --------
+    # ---- convolution (graphc.backends.cpu.conv; pooling and batch_norm, .pool: LOWERINGS) -
     def lower_conv2d(self, node: Node) -> None:
         x, w = node.inputs
         conv.conv2d(self, node, self.locs[x], self.locs[w], self.locs[node.outputs[0]],
@@ -728,9 +728,9 @@ LOWERINGS = {
     "log_softmax": Lowerer.lower_reduction,
     "matmul": Lowerer.lower_matmul,
     "conv2d": Lowerer.lower_conv2d, "conv2d_input_grad": conv.conv2d_input_grad,
-    "conv2d_weight_grad": conv.conv2d_weight_grad, "max_pool2d": conv.max_pool2d,
-    "max_pool2d_grad": conv.max_pool2d_grad, "avg_pool2d": conv.avg_pool2d,
-    "avg_pool2d_grad": conv.avg_pool2d_grad, "batch_norm": conv.batch_norm,
+    "conv2d_weight_grad": conv.conv2d_weight_grad, "max_pool2d": pool.max_pool2d,
+    "max_pool2d_grad": pool.max_pool2d_grad, "avg_pool2d": pool.avg_pool2d,
+    "avg_pool2d_grad": pool.avg_pool2d_grad, "batch_norm": pool.batch_norm,
     "uniform": lower_random, "normal": lower_random, "dropout": lower_random,
     "bernoulli": lower_random,
     "copy": Lowerer.lower_copy, "reshape": Lowerer.lower_reshape,

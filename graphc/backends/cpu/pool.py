@@ -1,0 +1,357 @@
+"""pool: lowering of pooling and batch normalisation (called by the Lowerer).
+
+- `max_pool2d` (values and int64 flat H*W indices), `max_pool2d_grad` (a scatter-add by the
+  indices; an index out of the plane makes the call fail clearly), `avg_pool2d` and
+  `avg_pool2d_grad` (PyTorch's divisors: count_include_pad, divisor_override, ceil_mode).
+- `batch_norm` forward: per channel, float64 mean and biased variance (two passes) in
+  training, the running statistics in eval; `invstd = 1/sqrt(var + eps)`; the output, mean
+  and invstd rounded to the input's dtype, as the numpy kernel does.
+
+Invariants: a window's taps and the divisors are computed in Python (graphc.backends.cpu.conv's
+geometry: `_taps`, `Table`) and passed to the kernels as constant tables, so no kernel reads
+outside its tensors and padding is never materialised. Max pooling keeps the first maximum of
+a window in row-major order, and a NaN wins (the last NaN), as the numpy kernel and PyTorch's
+CPU kernel do. Inputs may be strided views (pooling reads through strides).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+from graphc.backends.cpu.conv import (
+    Table,
+    _estrides,
+    _fadd,
+    _taps,
+    contiguous_in,
+    contiguous_out,
+    iadd,
+    image_kernel,
+    imul,
+)
+from graphc.backends.cpu.scalars import const, convert
+from graphc.backends.cpu.values import (
+    F64,
+    I32,
+    I64,
+    REG,
+    Loc,
+    as_i64,
+    contiguous_strides,
+    i64,
+    loop,
+    unsupported,
+)
+from graphc.ir.graph import Node
+from graphc.ir.printer import format_node
+from graphc.types import float32, float64
+
+__all__ = ["avg_pool2d", "avg_pool2d_grad", "batch_norm", "max_pool2d", "max_pool2d_grad"]
+
+# ---- pooling ---------------------------------------------------------------------------------
+def _planes(loc: Loc):
+    """(sizes, element strides) of the leading dims of an (N, C, H, W) / (C, H, W) tensor."""
+    s = _estrides(loc)
+    return loc.type.shape[:-2], s[:-2], s[-2], s[-1]
+
+
+@contextmanager
+def _over_planes(b, sizes, strides_list):
+    """Loops over the leading dims; yields each operand's plane offset."""
+    offs = [0] * len(strides_list)
+    stack = []
+    for d, n in enumerate(sizes):
+        cm = loop(b, 0, n, f"p{d}")
+        i = cm.__enter__()
+        stack.append(cm)
+        offs = [iadd(b, o, imul(b, i, s[d])) for o, s in zip(offs, strides_list)]
+    yield offs
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)
+
+
+def _pool_tables(lw, in_hw, out_hw, kernel_size, stride, padding, dilation):
+    rows = [Table(lw, t) for t in _taps(in_hw[0], out_hw[0], kernel_size[0], stride[0],
+                                        padding[0], dilation[0])]
+    cols = [Table(lw, t) for t in _taps(in_hw[1], out_hw[1], kernel_size[1], stride[1],
+                                        padding[1], dilation[1])]
+    return rows, cols
+
+
+def max_pool2d(lw, node: Node) -> None:
+    (x,), (vals, idx) = node.inputs, node.outputs
+    a = node.attrs
+    dt = x.type.dtype
+    h, w = x.type.shape[-2:]
+    ho, wo = vals.type.shape[-2:]
+    (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
+    rows, cols = _pool_tables(lw, (h, w), (ho, wo), a["kernel_size"], a["stride"],
+                              a["padding"], a["dilation"])
+    lx, lv, li = lw.locs[x], lw.locs[vals], lw.locs[idx]
+    kb, (xi, vi, ii) = image_kernel(lw, "max_pool2d", [lx, lv, li])
+    sizes, xs, xsh, xsw = _planes(lx)
+    _, vs, vsh, vsw = _planes(lv)
+    _, is_, ish, isw = _planes(li)
+    b = kb.begin()
+    with b.goto_entry_block():
+        best = b.alloca(REG[dt.name], name="best")
+        where = b.alloca(I64, name="where")
+
+    def better(v, m):
+        if dt.is_floating:
+            return b.or_(b.fcmp_ordered(">", v, m), b.fcmp_unordered("!=", v, v))
+        return b.icmp_signed(">", v, m)
+
+    full = all(t.uniform for t in rows + cols) and (rows[0].values[0], rows[1].values[0],
+                                                    cols[0].values[0], cols[1].values[0]) \
+        == (0, a["kernel_size"][0], 0, a["kernel_size"][1])
+    with _over_planes(b, sizes, [xs, vs, is_]) as (xo, vo, io):
+        if full:  # every tap of every window is inside: tap by tap, a select per output
+            # over the row of outputs (an inner loop that vectorises, no branches)
+            with loop(b, 0, ho, "oh") as oh:
+                ih0 = iadd(b, imul(b, oh, sh), -ph)
+                vrow = iadd(b, vo, imul(b, oh, vsh))
+                irow = iadd(b, io, imul(b, oh, ish))
+                for i in range(a["kernel_size"][0]):
+                    ih = iadd(b, ih0, i * dh)
+                    for j in range(a["kernel_size"][1]):
+                        with loop(b, 0, wo, "ow") as ow:
+                            iw = iadd(b, imul(b, ow, sw), j * dw - pw)
+                            v = kb.load(b, xi, iadd(b, xo, imul(b, ih, xsh), imul(b, iw, xsw)))
+                            flat = iadd(b, imul(b, ih, w), iw)
+                            vat = iadd(b, vrow, imul(b, ow, vsw))
+                            iat = iadd(b, irow, imul(b, ow, isw))
+                            if i or j:
+                                m = kb.load(b, vi, vat)
+                                up = better(v, m)
+                                v = b.select(up, v, m)
+                                flat = b.select(up, flat, kb.load(b, ii, iat))
+                            kb.store(b, vi, vat, v)
+                            kb.store(b, ii, iat, flat)
+        else:
+            with loop(b, 0, ho, "oh") as oh:
+                i_lo, i_hi = (t(b, oh) for t in rows)
+                ih0 = iadd(b, imul(b, oh, sh), -ph)
+                with loop(b, 0, wo, "ow") as ow:
+                    j_lo, j_hi = (t(b, ow) for t in cols)
+                    iw0 = iadd(b, imul(b, ow, sw), -pw)
+                    ih = iadd(b, ih0, imul(b, i_lo, dh))
+                    iw = iadd(b, iw0, imul(b, j_lo, dw))
+                    b.store(kb.load(b, xi, iadd(b, xo, imul(b, ih, xsh), imul(b, iw, xsw))), best)
+                    b.store(as_i64(iadd(b, imul(b, ih, w), iw)), where)
+                    with loop(b, i_lo, i_hi, "ki") as i:
+                        ih = iadd(b, ih0, imul(b, i, dh))
+                        with loop(b, j_lo, j_hi, "kj") as j:
+                            iw = iadd(b, iw0, imul(b, j, dw))
+                            v = kb.load(b, xi, iadd(b, xo, imul(b, ih, xsh), imul(b, iw, xsw)))
+                            m = b.load(best)
+                            up = better(v, m)
+                            b.store(b.select(up, v, m), best)
+                            b.store(b.select(up, iadd(b, imul(b, ih, w), iw), b.load(where)),
+                                    where)
+                    kb.store(b, vi, iadd(b, vo, imul(b, oh, vsh), imul(b, ow, vsw)), b.load(best))
+                    kb.store(b, ii, iadd(b, io, imul(b, oh, ish), imul(b, ow, isw)),
+                             b.load(where))
+    lw.calls.append(kb.finish(b))
+
+
+def max_pool2d_grad(lw, node: Node) -> None:
+    (g, idx), out = node.inputs, node.outputs[0]
+    dt = out.type.dtype
+    h, w = out.type.shape[-2:]
+    ho, wo = g.type.shape[-2:]
+    lg, li = lw.locs[g], lw.locs[idx]
+    with contiguous_out(lw, lw.locs[out]) as lo:
+        kb, (gi, ii, oi) = image_kernel(lw, "max_pool2d_grad", [lg, li, lo])
+        kb.kernel.status = True
+        lw.errors.append(f"max_pool2d_grad: an index is out of the {h}x{w} plane (0..."
+                         f"{h * w - 1}) in node {format_node(node)}"
+                         f"{' at ' + node.loc if node.loc else ''}")
+        code = len(lw.errors)
+        sizes, gs, gsh, gsw = _planes(lg)
+        _, is_, ish, isw = _planes(li)
+        os_ = contiguous_strides(sizes, h * w)
+        b = kb.begin()
+        with b.goto_entry_block():
+            status = b.alloca(I32, name="status")
+        b.store(ir.Constant(I32, 0), status)
+        with loop(b, 0, out.type.numel, "zero") as q:
+            kb.store(b, oi, q, const(dt, 0.0))
+        with _over_planes(b, sizes, [gs, is_, os_]) as (go, io, oo):
+            with loop(b, 0, ho, "oh") as oh:
+                with loop(b, 0, wo, "ow") as ow:
+                    k = kb.load(b, ii, iadd(b, io, imul(b, oh, ish), imul(b, ow, isw)))
+                    v = kb.load(b, gi, iadd(b, go, imul(b, oh, gsh), imul(b, ow, gsw)))
+                    inside = b.and_(b.icmp_signed(">=", k, i64(0)),
+                                    b.icmp_signed("<", k, i64(h * w)))
+                    b.store(b.select(inside, b.load(status), ir.Constant(I32, code)), status)
+                    at = as_i64(iadd(b, oo, b.select(inside, k, i64(0))))
+                    v = b.select(inside, v, const(dt, 0.0))
+                    kb.store(b, oi, at, b.fadd(kb.load(b, oi, at), v))
+        b.ret(b.load(status))
+        lw.calls.append(kb.kernel)
+
+
+def _avg_divisors(lw, in_hw, out_hw, a):
+    """(row table, column table) whose product is each window's divisor, or None with an
+    override (see graphc.ops.pool._avg_divisor)."""
+    if a["divisor_override"] is not None:
+        return None
+    tabs = []
+    for n, o, k, s, p in zip(in_hw, out_hw, a["kernel_size"], a["stride"], a["padding"]):
+        sizes = []
+        for q in range(o):
+            start = q * s - p
+            end = min(start + k, n + p)
+            sizes.append(end - start if a["count_include_pad"] else min(end, n) - max(start, 0))
+        tabs.append(Table(lw, sizes))
+    return tabs
+
+
+def _divisor(b, dt, divs, oh, ow, override):
+    if divs is None:
+        return const(dt, float(override))
+    row, col = divs[0](b, oh), divs[1](b, ow)
+    if isinstance(row, int) and isinstance(col, int):
+        return const(dt, float(row * col))
+    return b.sitofp(b.mul(as_i64(row), as_i64(col)), REG[dt.name])
+
+
+def avg_pool2d(lw, node: Node) -> None:
+    x, out = node.inputs[0], node.outputs[0]
+    a = node.attrs
+    dt = x.type.dtype
+    h, w = x.type.shape[-2:]
+    ho, wo = out.type.shape[-2:]
+    (sh, sw), (ph, pw) = a["stride"], a["padding"]
+    rows, cols = _pool_tables(lw, (h, w), (ho, wo), a["kernel_size"], a["stride"],
+                              a["padding"], (1, 1))
+    divs = _avg_divisors(lw, (h, w), (ho, wo), a)
+    lx, lo = lw.locs[x], lw.locs[out]
+    kb, (xi, oi) = image_kernel(lw, "avg_pool2d", [lx, lo])
+    sizes, xs, xsh, xsw = _planes(lx)
+    _, os_, osh, osw = _planes(lo)
+    b = kb.begin()
+    with b.goto_entry_block():
+        acc = b.alloca(REG[dt.name], name="acc")
+    with _over_planes(b, sizes, [xs, os_]) as (xo, oo):
+        with loop(b, 0, ho, "oh") as oh:
+            i_lo, i_hi = (t(b, oh) for t in rows)
+            ih0 = iadd(b, imul(b, oh, sh), -ph)
+            with loop(b, 0, wo, "ow") as ow:
+                j_lo, j_hi = (t(b, ow) for t in cols)
+                iw0 = iadd(b, imul(b, ow, sw), -pw)
+                b.store(const(dt, 0.0), acc)
+                with loop(b, i_lo, i_hi, "ki") as i:
+                    row = iadd(b, xo, imul(b, iadd(b, ih0, i), xsh))
+                    with loop(b, j_lo, j_hi, "kj") as j:
+                        v = kb.load(b, xi, iadd(b, row, imul(b, iadd(b, iw0, j), xsw)))
+                        b.store(b.fadd(b.load(acc), v), acc)
+                d = _divisor(b, dt, divs, oh, ow, a["divisor_override"])
+                kb.store(b, oi, iadd(b, oo, imul(b, oh, osh), imul(b, ow, osw)),
+                         b.fdiv(b.load(acc), d))
+    lw.calls.append(kb.finish(b))
+
+
+def avg_pool2d_grad(lw, node: Node) -> None:
+    g, out = node.inputs[0], node.outputs[0]
+    a = node.attrs
+    dt = out.type.dtype
+    h, w = out.type.shape[-2:]
+    ho, wo = g.type.shape[-2:]
+    (sh, sw), (ph, pw) = a["stride"], a["padding"]
+    rows, cols = _pool_tables(lw, (h, w), (ho, wo), a["kernel_size"], a["stride"],
+                              a["padding"], (1, 1))
+    divs = _avg_divisors(lw, (h, w), (ho, wo), a)
+    lg = lw.locs[g]
+    with contiguous_out(lw, lw.locs[out]) as lo:
+        kb, (gi, oi) = image_kernel(lw, "avg_pool2d_grad", [lg, lo])
+        sizes, gs, gsh, gsw = _planes(lg)
+        os_ = contiguous_strides(sizes, h * w)
+        b = kb.begin()
+        with loop(b, 0, out.type.numel, "zero") as q:
+            kb.store(b, oi, q, const(dt, 0.0))
+        with _over_planes(b, sizes, [gs, os_]) as (go, oo):
+            with loop(b, 0, ho, "oh") as oh:
+                i_lo, i_hi = (t(b, oh) for t in rows)
+                ih0 = iadd(b, imul(b, oh, sh), -ph)
+                with loop(b, 0, wo, "ow") as ow:
+                    j_lo, j_hi = (t(b, ow) for t in cols)
+                    iw0 = iadd(b, imul(b, ow, sw), -pw)
+                    d = _divisor(b, dt, divs, oh, ow, a["divisor_override"])
+                    v = b.fdiv(kb.load(b, gi, iadd(b, go, imul(b, oh, gsh), imul(b, ow, gsw))),
+                               d)
+                    with loop(b, i_lo, i_hi, "ki") as i:
+                        row = iadd(b, oo, imul(b, iadd(b, ih0, i), w))
+                        with loop(b, j_lo, j_hi, "kj") as j:
+                            at = as_i64(iadd(b, row, iadd(b, iw0, j)))
+                            kb.store(b, oi, at, b.fadd(kb.load(b, oi, at), v))
+        lw.calls.append(kb.finish(b))
+
+
+# ---- batch_norm ------------------------------------------------------------------------------
+def batch_norm(lw, node: Node) -> None:
+    x, weight, bias, rmean, rvar = node.inputs
+    out, mean_v, invstd_v = node.outputs
+    dt = x.type.dtype
+    if dt not in (float32, float64):
+        raise unsupported(node, f"batch_norm of {dt.name}")
+    training, eps = node.attrs["training"], node.attrs["eps"]
+    n, c = x.type.shape[:2]
+    s = math.prod(x.type.shape[2:])
+    count = n * s
+    lx = contiguous_in(lw, lw.locs[x])
+    params = [lw.locs[v] for v in (weight, bias, rmean, rvar)]
+    pstr = [_estrides(p)[0] if p.type.ndim else 0 for p in params]
+    with contiguous_out(lw, lw.locs[out]) as lo:
+        locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v]]
+        kb, (xi, wi, bi, rmi, rvi, oi, mi, ii) = image_kernel(lw, "batch_norm", locs)
+        ms, is_ = (_estrides(lw.locs[v])[0] for v in (mean_v, invstd_v))
+        b = kb.begin()
+        with b.goto_entry_block():
+            acc = b.alloca(F64, name="acc")
+
+        def over(b, ch, fn):
+            with loop(b, 0, n, "n") as k:
+                base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
+                with loop(b, 0, s, "s") as q:
+                    fn(b, b.add(base, q))
+
+        def wide(v):
+            return convert(b, v, dt, float64)
+
+        with loop(b, 0, c, "c") as ch:
+            if training:
+                b.store(ir.Constant(F64, 0.0), acc)
+                over(b, ch, lambda b, at: b.store(
+                    _fadd(b, b.load(acc), convert(b, kb.load(b, xi, at), dt, float64), True),
+                    acc))
+                mean = b.fdiv(b.load(acc), ir.Constant(F64, float(count)))
+                b.store(ir.Constant(F64, 0.0), acc)
+
+                def sq(b, at):
+                    d = b.fsub(convert(b, kb.load(b, xi, at), dt, float64), mean)
+                    b.store(_fadd(b, b.load(acc), b.fmul(d, d), True), acc)
+
+                over(b, ch, sq)
+                var = b.fdiv(b.load(acc), ir.Constant(F64, float(count)))
+            else:
+                mean = wide(kb.load(b, rmi, imul(b, ch, pstr[2])))
+                var = wide(kb.load(b, rvi, imul(b, ch, pstr[3])))
+            root = lw.scalars.intrinsic(b, "llvm.sqrt", float64,
+                                        b.fadd(var, ir.Constant(F64, float(eps))))
+            invstd = b.fdiv(ir.Constant(F64, 1.0), root)
+            scale = b.fmul(invstd, wide(kb.load(b, wi, imul(b, ch, pstr[0]))))
+            shift = wide(kb.load(b, bi, imul(b, ch, pstr[1])))
+
+            def norm(b, at):
+                v = b.fsub(convert(b, kb.load(b, xi, at), dt, float64), mean)
+                kb.store(b, oi, at, convert(b, b.fadd(b.fmul(v, scale), shift), float64, dt))
+
+            over(b, ch, norm)
+            kb.store(b, mi, imul(b, ch, ms), convert(b, mean, float64, dt))
+            kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
+        lw.calls.append(kb.finish(b))
