@@ -8,6 +8,7 @@ from tests.opinfos import (
     movement,
     nn_composites,
     nn_ops,
+    nn_vision,
     pool,
     random,
     reduce,
@@ -16,4 +17,4 @@ from tests.opinfos import (
 )
 
 ALL_GROUPS = (sources, elementwise, mathops, reduce, movement, linalg, conv, pool, nn_ops, random,
-              surface, nn_composites)
+              surface, nn_composites, nn_vision)
