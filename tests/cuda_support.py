@@ -11,6 +11,7 @@ is an error carrying make's output.
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -59,3 +60,13 @@ def runtime_library(kind: str) -> str:
     path = RUNTIME_BUILD / LIBRARIES[kind]
     _built[kind] = path
     return str(path)
+
+
+def loaded_emulation_runtime():
+    """The emulation library, built if needed and loaded through graphc.backends.cuda.rt (for
+    tests that call the runtime directly)."""
+    os.environ.setdefault("GRAPHC_CUDA", "emu")
+    runtime_library("emu")
+    from graphc.backends.cuda.rt import runtime_library as load
+
+    return load("emu")

@@ -11,8 +11,6 @@ is tried once and refused by the emulation, which runs the launch list directly.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -22,6 +20,7 @@ from graphc.backends import compile as compile_graph
 from graphc.backends import residency
 from graphc.ir import parse
 from tests.conftest import sgd_training_step
+from tests.cuda_support import loaded_emulation_runtime
 
 
 @pytest.fixture(autouse=True)
@@ -32,15 +31,7 @@ def _emulation(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="module")
 def rt():
-    os.environ.setdefault("GRAPHC_CUDA", "emu")
-    try:
-        from tests.cuda_support import runtime_library
-    except ImportError:
-        pytest.skip("tests/cuda_support.py (which builds the emulation library) is missing")
-    runtime_library("emu")
-    from graphc.backends.cuda.rt import runtime_library as load
-
-    return load("emu")
+    return loaded_emulation_runtime()
 
 
 GRAPH = '''graph @f(%x: f32[300]) -> (f32[300]) {

@@ -12,7 +12,6 @@ registry's view rule (a view of a marked array fetches it).
 from __future__ import annotations
 
 import ctypes
-import os
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ import graphc
 from graphc import nn
 from graphc.backends import residency
 from tests.conftest import sgd_training_step
+from tests.cuda_support import loaded_emulation_runtime
 
 
 @pytest.fixture(autouse=True)
@@ -31,15 +31,7 @@ def _emulation(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="module")
 def rt():
-    os.environ.setdefault("GRAPHC_CUDA", "emu")
-    try:
-        from tests.cuda_support import runtime_library
-    except ImportError:
-        pytest.skip("tests/cuda_support.py (which builds the emulation library) is missing")
-    runtime_library("emu")
-    from graphc.backends.cuda.rt import runtime_library as load
-
-    return load("emu")
+    return loaded_emulation_runtime()
 
 
 def _traffic(rt) -> tuple[int, int]:
