@@ -1,18 +1,21 @@
 """Compile cost of real training steps, cold (empty cache) and warm (the cache the cold run
 filled), each in a fresh process, with where the time goes.
 
-    python -m benchmarks.model_compile                      # LeNet-5, GPT, ResNet-18, MLPs
+    python -m benchmarks.model_compile          # LeNet-5, GPT, ResNet-18, LSTM, ..., MLPs
     python -m benchmarks.model_compile --models gpt --workers 1 --level 2
     python -m benchmarks.model_compile --compare-levels --models lenet5,gpt  # run speed
     python -m benchmarks.model_compile --llvm-only --repeat 3   # LLVM before/after, in turns
 
 Models: `lenet5` (batch 64), `gpt` and `resnet18` (benchmarks/model_steps.py's full sizes),
-`mlpN` (N Linear layers of width 256 with ReLUs, batch 64: `mlp3` is the benchmark MLP's
-depth, `mlp30` ten times it: compile time should grow linearly with depth).
-Each child builds the model and its SGD-momentum step, compiles it with graphc.compile and
-times the first call (which traces, runs the passes, lowers and compiles the steady graph,
-and runs the first step on the interpreter to create the momentum buffers: `warm-up`), then
-the next call. Stages come from timers wrapped around graphc.jit.compiler's functions and
+`lstm`, `vae`, `dcgan`, `mobilenet` (issue 12's families at the sizes of
+benchmarks/model_steps.py's COMPILE_ONLY, with their examples' optimizers: Adam for the
+first three, two Adam updates per DCGAN step), `mlpN` (N Linear layers of width 256 with
+ReLUs, batch 64: `mlp3` is the benchmark MLP's depth, `mlp30` ten times it: compile time
+should grow linearly with depth).
+Each child builds the model and its training step (SGD momentum unless said above),
+compiles it with graphc.compile and times the first call (which traces, runs the passes,
+lowers and compiles the steady graph, and runs the first step on the interpreter to create
+the optimizer state: `warm-up`), then the next call. Stages come from timers wrapped around graphc.jit.compiler's functions and
 the CPU backend's: `lower` (LLVM IR text), `dedupe` (graphc.backends.cpu.module_text),
 `llvm` (optimisation and object code, in parts on several processes when the module is
 large: graphc.backends.cpu.workers), `load` (MCJIT loading the objects), `key` (hashing the
@@ -42,7 +45,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = ("lenet5", "gpt", "resnet18", "mlp3", "mlp30")
+MODELS = ("lenet5", "gpt", "resnet18", "lstm", "vae", "dcgan", "mobilenet", "mlp3", "mlp30")
 STAGES = ("trace", "passes", "lower", "dedupe", "key", "llvm", "load", "backend")
 
 
@@ -60,13 +63,17 @@ def _timed(table: dict, key: str, fn):
 
 
 def _step(name: str):
-    """(training step, x, y) of `name`, as graphc tensors."""
+    """(training step, its arguments) of `name`, as graphc tensors."""
     import graphc
     import graphc.nn as gnn
     from benchmarks import models
-    from benchmarks.model_steps import FULL, batch_of, gpt, resnet18
+    from benchmarks.model_steps import COMPILE_ONLY, FULL, batch_of, gpt, resnet18, \
+        training_step
 
     graphc.manual_seed(0)
+    if name in COMPILE_ONLY:
+        step, arrays = training_step(name, COMPILE_ONLY[name])
+        return step, tuple(graphc.tensor(a) for a in arrays)
     if name in ("gpt", "resnet18"):
         shape = FULL[name]
         model = (gpt if name == "gpt" else resnet18)(graphc, **shape)
@@ -81,7 +88,7 @@ def _step(name: str):
     else:
         model = models.graphc_model(name)
         x, y = models.batch(name, 64)
-    return models.graphc_step(model), graphc.tensor(x), graphc.tensor(y)
+    return models.graphc_step(model), (graphc.tensor(x), graphc.tensor(y))
 
 
 def child(name: str, level: int | None, clock: str = "wall") -> dict:
@@ -104,13 +111,13 @@ def child(name: str, level: int | None, clock: str = "wall") -> dict:
     llvm.cache_key = _timed(stages, "key", llvm.cache_key)
     llvm._objects = _timed(stages, "llvm", llvm._objects)
     llvm.Library = _timed(stages, "load", llvm.Library)
-    step, x, y = _step(name)
+    step, args = _step(name)
     compiled = graphc.compile(step, backend="cpu")
     wall, cpu = time.perf_counter(), time.process_time()
-    compiled(x, y)
+    compiled(*args)
     first = (time.perf_counter() - wall, time.process_time() - cpu)
     wall = time.perf_counter()
-    compiled(x, y)
+    compiled(*args)
     second = time.perf_counter() - wall
     ex = compiled.executable
     inside = sum(stages.get(k, 0.0) for k in ("trace", "passes", "backend"))
@@ -137,8 +144,7 @@ def _case(name: str):
         x, w, b = (graphc.tensor(rng.standard_normal(s).astype(np.float32))
                    for s in ((64, 3, 32, 32), (64, 3, 3, 3), (64,)))
         return (lambda x, w, b: graphc.conv2d(x, w, b, padding=1)), (x, w, b)
-    step, x, y = _step(name)  # same seed: the same weights
-    return step, (x, y)
+    return _step(name)  # same seed: the same weights
 
 
 def compare_levels(name: str, repeat: int) -> str:

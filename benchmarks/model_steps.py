@@ -8,6 +8,22 @@ Both are built by one function from either library's `nn` (graphc's and PyTorch'
 these names and parameter layouts), so PyTorch gets a copy of graphc's initial weights
 through its state_dict. The step is cross-entropy and SGD momentum, as the other training
 steps (benchmarks/models.py). `--quick` shrinks both to a smoke size.
+
+The compile-time benchmark (benchmarks/model_compile.py) also times four more of issue 12's
+families, graphc only, each with its example's optimizer (`training_step(name, shape)`):
+- `lstm`: examples/lstm_lm.py's CharLSTM (vocabulary 96, embedding 32, 2 LSTM layers of
+  hidden 128, dropout 0.1), sequence 32, batch 16; Adam (lr 3e-3), gradients clamped to
+  [-1, 1] by value.
+- `vae`: examples/vae.py's VAE (64-128-4 MLP encoder, SiLU, 4-128-64 decoder, noise drawn
+  in the step), batch 64; Adam (lr 1e-3).
+- `dcgan`: examples/dcgan.py's generator (nz 16, 3 transposed convolutions to 1x16x16,
+  width 32) and discriminator (3 convolutions, width 32), batch 32; one step is the
+  discriminator update then the generator update, each with its own Adam (lr 2e-4, betas
+  0.5, 0.999), BCE with logits.
+- `mobilenet`: tests/test_models_vision.py's MobileNet-style net (depthwise-separable blocks,
+  BatchNorm, Hardswish and ReLU6) at CIFAR size: a 3->32 stride-2 stem and four separable
+  blocks 32-64-128-128-256 (strides 1, 2, 1, 2) on 3x32x32, pooled, 256-128-10 head,
+  batch 32; cross-entropy and SGD momentum.
 """
 
 from __future__ import annotations
@@ -23,6 +39,10 @@ FULL = {"gpt": dict(embed=128, layers=4, heads=4, block=64, batch=16),
 QUICK = {"gpt": dict(embed=16, layers=1, heads=2, block=8, batch=2),
          "resnet18": dict(width=4, size=8, batch=2)}
 VOCAB, CLASSES = 128, 10
+COMPILE_ONLY = {"lstm": dict(vocab=96, embed=32, hidden=128, layers=2, seq=32, batch=16),
+                "vae": dict(features=64, hidden=128, latent=4, batch=64),
+                "dcgan": dict(nz=16, width=32, batch=32),
+                "mobilenet": dict(width=32, size=32, batch=32)}
 
 
 def gpt(lib, embed: int, layers: int, heads: int, block: int, **_):
@@ -152,3 +172,144 @@ def model_step(name: str, quick: bool, repeat: int, torch_compile: bool,
     return CaseResult(f"{name}_b{shape['batch']}", f"{label} training step, batch "
                       f"{shape['batch']}", "graphc cpu", "torch eager", ("<=", 0.5),
                       contenders)
+
+
+def mobilenet(lib, width: int, **_):
+    """tests/test_models_vision.py's MobileNet-style net at CIFAR size (3x32x32 inputs)."""
+    nn = lib.nn
+
+    def separable(cin, cout, stride, act):
+        return nn.Sequential(
+            nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False), nn.BatchNorm2d(cin),
+            act(), nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout), act())
+
+    w = width
+    return nn.Sequential(
+        nn.Conv2d(3, w, 3, 2, 1, bias=False), nn.BatchNorm2d(w), nn.Hardswish(),
+        separable(w, 2 * w, 1, nn.ReLU6), separable(2 * w, 4 * w, 2, nn.Hardswish),
+        separable(4 * w, 4 * w, 1, nn.ReLU6), separable(4 * w, 8 * w, 2, nn.Hardswish),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * w, 4 * w), nn.Hardswish(),
+        nn.Linear(4 * w, CLASSES))
+
+
+def _lstm_step(vocab: int, embed: int, hidden: int, layers: int, seq: int, batch: int):
+    """examples/lstm_lm.py's model and training step (Adam, gradients clamped by value)."""
+    import graphc.nn.functional as F
+    nn = graphc.nn
+
+    class CharLSTM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, embed)
+            self.lstm = nn.LSTM(embed, hidden, num_layers=layers, batch_first=True,
+                                dropout=0.1)
+            self.head = nn.Linear(hidden, vocab)
+
+        def forward(self, idx):
+            out, _ = self.lstm(self.embed(idx))
+            return self.head(out)
+
+    model = CharLSTM()
+    optimizer = graphc.optim.Adam(model.parameters(), lr=3e-3)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        for p in model.parameters():
+            p.grad.clamp_(-1.0, 1.0)
+        optimizer.step()
+        return loss.detach()
+
+    rng = np.random.default_rng(1)
+    window = rng.integers(0, vocab, (batch, seq + 1))
+    return step, (window[:, :-1], window[:, 1:])
+
+
+def _vae_step(features: int, hidden: int, latent: int, batch: int):
+    """examples/vae.py's model and training step (Adam; the noise is drawn in the step)."""
+    import graphc.nn.functional as F
+    nn = graphc.nn
+
+    class VAE(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(features, hidden), nn.SiLU())
+            self.fc_mu = nn.Linear(hidden, latent)
+            self.fc_logvar = nn.Linear(hidden, latent)
+            self.decoder = nn.Sequential(nn.Linear(latent, hidden), nn.SiLU(),
+                                         nn.Linear(hidden, features))
+
+        def forward(self, x):
+            h = self.encoder(x)
+            mu, logvar = self.fc_mu(h), self.fc_logvar(h)
+            std = graphc.exp(0.5 * logvar)
+            return self.decoder(mu + graphc.randn(*std.shape) * std), mu, logvar
+
+    model = VAE()
+    optimizer = graphc.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step(x):
+        optimizer.zero_grad()
+        logits, mu, logvar = model(x)
+        recon = F.binary_cross_entropy_with_logits(logits, x, reduction="sum")
+        kld = -0.5 * graphc.sum(1 + logvar - mu.pow(2) - logvar.exp())
+        loss = (recon + kld) / x.shape[0]
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    rng = np.random.default_rng(1)
+    return step, (rng.random((batch, features)).astype(np.float32),)
+
+
+def _dcgan_step(nz: int, width: int, batch: int):
+    """examples/dcgan.py's generator, discriminator and step: the discriminator's Adam
+    update on real and (detached) fake images, then the generator's through it."""
+    nn = graphc.nn
+    ngf = ndf = width
+    generator = nn.Sequential(
+        nn.ConvTranspose2d(nz, ngf * 2, 4, 1, 0, bias=False), nn.BatchNorm2d(ngf * 2),
+        nn.ReLU(True),
+        nn.ConvTranspose2d(ngf * 2, ngf, 4, 2, 1, bias=False), nn.BatchNorm2d(ngf),
+        nn.ReLU(True),
+        nn.ConvTranspose2d(ngf, 1, 4, 2, 1, bias=False), nn.Tanh())
+    discriminator = nn.Sequential(
+        nn.Conv2d(1, ndf, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, inplace=True),
+        nn.Conv2d(ndf, ndf * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * 2),
+        nn.LeakyReLU(0.2, inplace=True),
+        nn.Conv2d(ndf * 2, 1, 4, 1, 0, bias=False), nn.Flatten(0))
+    criterion = nn.BCEWithLogitsLoss()
+    opt_d = graphc.optim.Adam(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    opt_g = graphc.optim.Adam(generator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+
+    def step(real, noise):
+        b = real.shape[0]
+        ones, zeros = graphc.ones(b), graphc.zeros(b)
+        opt_d.zero_grad()
+        fake = generator(noise)
+        err_d = criterion(discriminator(real), ones) + criterion(
+            discriminator(fake.detach()), zeros)
+        err_d.backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        err_g = criterion(discriminator(fake), ones)
+        err_g.backward()
+        opt_g.step()
+        return err_d.detach(), err_g.detach()
+
+    rng = np.random.default_rng(1)
+    real = np.tanh(rng.standard_normal((batch, 1, 16, 16))).astype(np.float32)
+    return step, (real, rng.standard_normal((batch, nz, 1, 1)).astype(np.float32))
+
+
+def training_step(name: str, shape: dict):
+    """(step, numpy arguments) of the compile-only family `name` (COMPILE_ONLY) at `shape`."""
+    if name == "mobilenet":
+        model = mobilenet(graphc, **shape)
+        step = models.graphc_step(model)
+        x, y = batch_of("resnet18", shape)
+        return step, (x, y)
+    build = {"lstm": _lstm_step, "vae": _vae_step, "dcgan": _dcgan_step}[name]
+    return build(**shape)
