@@ -11,20 +11,20 @@ Models: `lenet5` (batch 64), `gpt` and `resnet18` (benchmarks/model_steps.py's f
 benchmarks/model_steps.py's COMPILE_ONLY, with their examples' optimizers: Adam for the
 first three, two Adam updates per DCGAN step), `mlpN` (N Linear layers of width 256 with
 ReLUs, batch 64: `mlp3` is the benchmark MLP's depth, `mlp30` ten times it: compile time
-should grow linearly with depth).
-Each child builds the model and its training step (SGD momentum unless said above),
-compiles it with graphc.compile and times the first call (which traces, runs the passes,
-lowers and compiles the steady graph, and runs the first step on the interpreter to create
-the optimizer state: `warm-up`), then the next call. Stages come from timers wrapped around graphc.jit.compiler's functions and
-the CPU backend's: `lower` (LLVM IR text), `dedupe` (graphc.backends.cpu.module_text),
-`llvm` (optimisation and object code, in parts on several processes when the module is
-large: graphc.backends.cpu.workers), `load` (MCJIT loading the objects), `key` (hashing the
-text for the cache). `--workers` sets GRAPHC_COMPILE_WORKERS, `--level` the LLVM pipeline
-of every module (default graphc's: O3, O2 for a large module, llvm.pipeline_level). First
-calls in wall seconds, with the CPU seconds of the child itself (workers' time not
-included) in brackets; stages in wall seconds, or with `--clock cpu` the child's CPU
-seconds (robust to load, blind to the workers). The load average is printed: these 2-core
-machines are shared, and numbers move 2x with load.
+should grow linearly with depth). Each child builds the model and its training step (SGD
+momentum unless said above), compiles it with graphc.compile and times the first call (which
+traces, runs the passes, lowers and compiles the steady graph, and runs the first step on
+the interpreter to create the optimizer state: `warm-up`), then the next call. Stages come
+from timers wrapped around graphc.jit.compiler's functions and the CPU backend's: `lower`
+(LLVM IR text), `dedupe` (graphc.backends.cpu.module_text), `llvm` (optimisation and object
+code, in parts on several processes when the module is large: graphc.backends.cpu.workers),
+`load` (MCJIT loading the objects), `key` (hashing the text for the cache). `--workers` sets
+GRAPHC_COMPILE_WORKERS, `--level` the LLVM pipeline of every module (default graphc's: O3,
+O2 for a large module, llvm.pipeline_level). First calls in wall seconds, with the CPU
+seconds of the child itself (workers' time not included) in brackets; stages in wall
+seconds, or with `--clock cpu` the child's CPU seconds (robust to load, blind to the
+workers). The load average is printed: these 2-core machines are shared, and numbers move 2x
+with load.
 
 `--compare-levels` measures what the pipeline buys at run time instead: in one process, the
 same step (same weights, same batch; or `chain`, `conv`: benchmarks/cases.py's elementwise
@@ -66,13 +66,12 @@ def _step(name: str):
     """(training step, its arguments) of `name`, as graphc tensors."""
     import graphc
     import graphc.nn as gnn
-    from benchmarks import models
-    from benchmarks.model_steps import COMPILE_ONLY, FULL, batch_of, gpt, resnet18, \
-        training_step
+    from benchmarks import model_steps, models
+    from benchmarks.model_steps import COMPILE_ONLY, FULL, batch_of, gpt, resnet18
 
     graphc.manual_seed(0)
     if name in COMPILE_ONLY:
-        step, arrays = training_step(name, COMPILE_ONLY[name])
+        step, arrays = model_steps.training_step(name, COMPILE_ONLY[name])
         return step, tuple(graphc.tensor(a) for a in arrays)
     if name in ("gpt", "resnet18"):
         shape = FULL[name]
