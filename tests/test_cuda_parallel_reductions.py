@@ -267,3 +267,63 @@ def test_batch_norm_training_statistics_split_over_the_batch(rng):
   return (%0, %1, %2)
 }''', x, w, b, rm, rv)  # noqa: E501
     assert _lanes(launches) >= 256
+
+
+def _channel_gradient_reductions(ex) -> dict[str, int]:
+    """node text -> the most threads per output among its kernels, for every node whose
+    result is a sum over (N, H, W) of an NCHW tensor: the batch-norm weight and bias
+    gradients and the conv bias gradient (autodiff's `_sum(g, (0, 2, 3))`), fused with the
+    elementwise work before them or alone."""
+    from graphc.backends.cuda.lowering import Launch
+    from graphc.ir.printer import format_node
+    from graphc.ops.fused import FusedBody
+
+    found: dict[str, int] = {}
+    for k, step in enumerate(ex.lowered.steps):
+        node = ex.node_of_step(k)
+        if node is None or node.op not in ("fused", "reduce_sum"):
+            continue
+        op, _, attrs = FusedBody.of_node(node).instructions[-1] if node.op == "fused" else \
+            (node.op, (), node.attrs)
+        if op != "reduce_sum" or tuple(attrs["axes"]) != (0, 2, 3):
+            continue
+        lanes = step.lanes if isinstance(step, Launch) else 256  # a library call: a block
+        text = format_node(node).strip()
+        found[text] = max(found.get(text, 0), lanes)
+    return found
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 8, 8), (8, 3, 16, 16)])
+def test_batch_norm_and_conv_bias_gradients_match_the_interpreter(rng, shape):
+    """Issue 18, finding 1: the batch-norm weight/bias gradients and the conv bias gradient of
+    a Conv2d + BatchNorm2d training step are sums over N, H, W that autodiff writes as
+    reduce_sum and fusion merges with the elementwise backward (relu's mask, the batch-norm
+    input gradient), so no library call can take them whole; each runs as a cooperative
+    reduction with >= 256 threads per channel (N*H*W >= 256 here), and three steps give the
+    interpreter's parameters and gradients within float32 summation tolerance."""
+    import graphc
+    from graphc import nn
+    from tests.conftest import sgd_training_step
+
+    def model():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                             nn.Flatten(), nn.Linear(8 * shape[2] * shape[3], 5))
+
+    (net, step), (ref_net, ref_step) = sgd_training_step(model), sgd_training_step(model)
+    step, ref_step = graphc.compile(step, backend="cuda"), graphc.compile(ref_step,
+                                                                          backend="interp")
+    for _ in range(3):
+        x = graphc.tensor(rng.standard_normal(shape).astype(np.float32))
+        y = graphc.tensor(rng.integers(0, 5, shape[0]))
+        np.testing.assert_allclose(step(x, y).numpy(), ref_step(x, y).numpy(), rtol=1e-5)
+    # the conv bias gradient is zero up to rounding (batch norm removes the channel mean):
+    # gradients are compared against the largest one, as float32 sums of this size round
+    scale = max(float(np.abs(q.grad.numpy()).max()) for q in ref_net.parameters())
+    for (name, p), q in zip(net.named_parameters(), ref_net.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-4,
+                                   atol=1e-6 * scale, err_msg=f"{name}.grad")
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6, err_msg=name)
+    reductions = _channel_gradient_reductions(step.executable)
+    assert len(reductions) >= 3, reductions  # batch-norm weight, bias; conv bias
+    assert min(reductions.values()) >= 256, reductions
