@@ -39,6 +39,9 @@ the sizes of a call: one arena laid out per shape (cached), never per-op allocat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
+
+import numpy as np
 
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
@@ -49,6 +52,7 @@ from graphc.symbolic import current_env, free_symbols, same_shape
 ALIGN = 64
 _DEFAULT_HINT = 64  # the size a symbol is planned at where no trace gave one
 _FUSED_INPLACE_OPS = {"broadcast_to"}  # movement ops a fused elementwise body may hold
+_ZERO = np.zeros(1, np.int64)
 
 
 class PlanError(GraphcError, AssertionError):
@@ -107,10 +111,7 @@ class MemoryPlan:
             size = b.expr.evaluate(values) if b.expr is not None else b.size
             buffers[name] = Buffer(b.name, size, b.start, b.end, offsets[name],
                                    list(b.values), b.kept)
-        live = [0] * len(self.live_bytes)
-        for b in buffers.values():
-            for step in range(b.start, b.end + 1):
-                live[step] += b.size
+        live = _live_bytes(buffers.values(), len(self.live_bytes))
         naive = sum(v.type.nbytes for n in graph.nodes for v in n.outputs
                     if v.name in self.buffers)
         return MemoryPlan(self.graph_name, list(graph.nodes), buffers, dict(self.buffer_of),
@@ -324,7 +325,11 @@ def _net_freed(f: _Facts, i: int, remaining: dict[Value, int]) -> int:
 
 
 # ---- liveness, in-place, packing for one schedule -------------------------------------------
-def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
+def _plan(f: _Facts, order: list[int], scheduler: str,
+          rival: MemoryPlan | None = None) -> MemoryPlan | None:
+    """The plan of schedule `order`; None when it cannot beat `rival` (a smaller arena, or
+    the same arena and fewer bytes live at the busiest step), found without packing it in
+    full where its lower bound or a partial layout already shows it."""
     step = {i: s for s, i in enumerate(order)}
     final = len(order) - 1
     last = {r: (final if r in f.kept else max((step[u] for u in f.users.get(r, ())),
@@ -361,11 +366,13 @@ def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
             buf.values.append(o.name)
             buf.end = max(buf.end, last[o], s)
             buf.kept = buf.kept or o in f.kept
-    live = [0] * len(order)
-    for b in buffers.values():
-        for s in range(b.start, b.end + 1):
-            live[s] += b.size
-    arena = _pack(list(buffers.values()))
+    live = _live_bytes(buffers.values(), len(order))
+    limit = None
+    if rival is not None:  # the largest arena that still wins against the rival
+        limit = rival.arena_bytes - (max(live, default=0) >= rival.max_live_bytes)
+    arena = _pack(list(buffers.values()), limit)
+    if arena is None:
+        return None
     naive = sum(f.size(v) for n in f.nodes for v in n.outputs if f.root[v] is v)
     return MemoryPlan(f.graph.name, [f.nodes[i] for i in order], buffers,
                       {v.name: b.name for v, b in buffer_of.items()},
@@ -402,8 +409,15 @@ def _fits_input(f: _Facts, node: Node, o: Value, w: Value, s: int,
             and all(f.root[x] is not w or x is w for x in node.inputs))
 
 
-def _pack(buffers: list[Buffer]) -> int:
-    """Best-fit interval packing in a few orders; sets offsets, returns the arena bytes."""
+def _pack(buffers: list[Buffer], limit: int | None = None) -> int | None:
+    """Best-fit interval packing in a few orders; sets offsets, returns the arena bytes.
+
+    The first order giving the smallest arena wins. With `limit`, a layout whose arena
+    would exceed it is abandoned as soon as it does, and None is returned (offsets
+    untouched) when no order fits within it. An order stops the search once its arena
+    reaches the lower bound, the most aligned bytes live at one step: no later order
+    could be smaller.
+    """
     orders = (
         lambda b: (-align(b.size), b.start, b.name),
         lambda b: (-b.end, -align(b.size), b.name),
@@ -411,35 +425,73 @@ def _pack(buffers: list[Buffer]) -> int:
         lambda b: (-(b.end - b.start), -align(b.size), b.start, b.name),
         lambda b: (b.start, -align(b.size), b.name),
     )
+    bound = max(_live_bytes(buffers, aligned=True), default=0)
     best, best_offsets = None, None
     for key in orders:
-        offsets = _best_fit(sorted(buffers, key=key))
+        offsets = _best_fit(sorted(buffers, key=key), limit)
+        if offsets is None:
+            continue
         arena = max((offsets[id(b)] + align(b.size) for b in buffers), default=0)
         if best is None or arena < best:
             best, best_offsets = arena, offsets
+            limit = arena - 1  # a later order must be strictly smaller to win
+        if best <= bound:
+            break
+    if best_offsets is None:
+        return None
     for b in buffers:
         b.offset = best_offsets[id(b)]
     return best or 0
 
 
-def _best_fit(ordered: list[Buffer]) -> dict[int, int]:
-    placed: list[tuple[int, int, int, int]] = []  # (offset, end offset, start, end)
+def _best_fit(ordered: list[Buffer], limit: int | None = None) -> dict[int, int] | None:
+    """Offsets (by id) placing each buffer, in `ordered`'s order, in the smallest gap that
+    fits it among the buffers already placed whose lifetimes meet its own (the lowest such
+    gap on ties), else above them all; None as soon as the arena would exceed `limit`.
+
+    Vectorised over the placed buffers (a training step has thousands live together): the
+    busy ranges of the placed buffers live at the same time, sorted by offset, leave gaps
+    between the running top of the ranges below and the next range's start.
+    """
+    n = len(ordered)
+    lo, hi = np.empty(n, np.int64), np.empty(n, np.int64)
+    start, end = np.empty(n, np.int64), np.empty(n, np.int64)
+    placed, top_all = 0, 0
     offsets: dict[int, int] = {}
     for b in ordered:
         size = align(b.size)
-        busy = sorted((lo, hi) for lo, hi, s, e in placed if s <= b.end and b.start <= e)
-        choice, gap_best, top = None, None, 0
-        for lo, hi in busy:
-            gap = lo - top
-            if gap >= size and (gap_best is None or gap < gap_best):
-                choice, gap_best = top, gap
-            top = max(top, hi)
-        if choice is None:
-            choice = top
+        choice = 0
+        if placed:
+            meet = np.flatnonzero((start[:placed] <= b.end) & (end[:placed] >= b.start))
+            if meet.size:
+                busy_lo, busy_hi = lo[meet], hi[meet]
+                by_offset = np.argsort(busy_lo, kind="stable")
+                busy_lo, busy_hi = busy_lo[by_offset], busy_hi[by_offset]
+                tops = np.maximum.accumulate(busy_hi)
+                below = np.concatenate((_ZERO, tops[:-1]))  # top of the ranges under each
+                gaps = busy_lo - below
+                fits = np.flatnonzero(gaps >= size)
+                choice = int(below[fits[np.argmin(gaps[fits])]] if fits.size else tops[-1])
         offsets[id(b)] = choice
         if size:
-            placed.append((choice, choice + size, b.start, b.end))
+            lo[placed], hi[placed], start[placed], end[placed] = \
+                choice, choice + size, b.start, b.end
+            placed += 1
+            top_all = max(top_all, choice + size)
+            if limit is not None and top_all > limit:
+                return None
     return offsets
+
+
+def _live_bytes(buffers, steps: int | None = None, aligned: bool = False) -> list[int]:
+    """Bytes of the buffers live at each schedule step (aligned sizes with `aligned`)."""
+    steps = max((b.end + 1 for b in buffers), default=0) if steps is None else steps
+    change = [0] * (steps + 1)
+    for b in buffers:
+        size = align(b.size) if aligned else b.size
+        change[b.start] += size
+        change[b.end + 1] -= size
+    return list(accumulate(change[:steps]))
 
 
 # ---- the pass -------------------------------------------------------------------------------
@@ -469,12 +521,11 @@ def plan_buffers(graph: Graph) -> Graph:
               "greedy (most bytes freed net)": _greedy_schedule(facts, False)}
     for name, order in list(orders.items()):
         orders[f"{name}, sources sunk"] = _sink_sources(facts, order)
-    plans, seen = [], []
-    for name, order in orders.items():
+    plan, seen = None, []
+    for name, order in orders.items():  # the smallest (arena, max live) wins, first on ties
         if order not in seen:
             seen.append(order)
-            plans.append(_plan(facts, order, name))
-    plan = min(plans, key=lambda p: (p.arena_bytes, p.max_live_bytes))  # first wins ties
+            plan = _plan(facts, order, name, plan) or plan
     graph.nodes = list(plan.schedule)
     graph.meta["memory_plan"] = plan
     return graph
