@@ -1,5 +1,6 @@
-"""simplify: dead code, common subexpressions, constant folding, algebraic identities, and
-folding eval-mode BatchNorm into the convolution or linear layer before it.
+"""simplify: dead code, common subexpressions, constant folding, algebraic identities,
+folding eval-mode BatchNorm into the convolution or linear layer before it, and transposed
+matmul results computed in the transposed order (graphc.passes.transpose).
 
 Every pass here is a function `Graph -> Graph` that never changes the graph it is given: it
 returns that same object when it finds nothing to do, and otherwise a new Graph that shares
@@ -39,6 +40,7 @@ import numpy as np
 
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.registry import ELEMENTWISE, RANDOM, REGISTRY, SOURCE
+from graphc.passes.transpose import transpose_matmul_results
 from graphc.symbolic import Sym
 from graphc.types import TensorType
 
@@ -547,13 +549,14 @@ def _folded(bn: Node, lin: Node, bias: Value | None, names: _Names) -> list[Node
 
 
 # ---- the fixed point --------------------------------------------------------------------------
-PASSES = (fold_batchnorm, fold_constants, simplify_algebra, eliminate_common_subexpressions,
-          eliminate_dead_code)
+PASSES = (fold_batchnorm, fold_constants, simplify_algebra, transpose_matmul_results,
+          eliminate_common_subexpressions, eliminate_dead_code)
 
 
 def simplify(graph: Graph) -> Graph:
-    """Run fold_batchnorm, fold_constants, simplify_algebra, eliminate_common_subexpressions
-    and eliminate_dead_code in turn until a whole round changes nothing.
+    """Run fold_batchnorm, fold_constants, simplify_algebra, transpose_matmul_results,
+    eliminate_common_subexpressions and eliminate_dead_code in turn until a whole round
+    changes nothing.
 
     Needs: a graph that verifies. Guarantees: what each pass guarantees; the input graph is
     not modified; the result is a fixed point of every pass (at most 20 rounds: a folded
