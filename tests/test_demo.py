@@ -49,7 +49,8 @@ def test_small_demo_prints_its_summary_and_writes_valid_files(capsys, tmp_path, 
     compile_seconds = re.search(r"compile time\s+(\d+\.\d+) s for 1 graph \(the first step",
                                 text).group(1)
     assert float(compile_seconds) > 0.0
-    compiled_ms = re.search(r"graphc compiled \(cpu\)\s+(\d+\.\d+) ms", text).group(1)
+    # two decimals below 100 ms, none above (a loaded machine): graphc.tools.demo._ms
+    compiled_ms = re.search(r"graphc compiled \(cpu\)\s+(\d+(?:\.\d+)?) ms", text).group(1)
     assert float(compiled_ms) > 0.0
     assert re.search(r"graphc eager\s+\d+(\.\d+)? ms\s+\d+\.\dx (slower|faster) than", text)
     assert re.search(r"PyTorch eager( \(\d+ threads?\))?\s+(\d+(\.\d+)? ms|torch not installed)",
