@@ -38,6 +38,7 @@ the sizes of a call: one arena laid out per shape (cached), never per-op allocat
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -263,7 +264,10 @@ def _greedy_schedule(f: _Facts, by_program_order: bool) -> list[int]:
     """List scheduling: among ready nodes, the one freeing the most bytes net.
 
     Ties go to program order; with `by_program_order`, so do all nodes that free nothing net
-    (allocating the buffer needed soonest rather than the smallest one).
+    (allocating the buffer needed soonest rather than the smallest one). The ready nodes
+    wait in a heap by that key; a node's net bytes change only when a root it reads (or its
+    update target) loses a reader, so only those nodes are scored again (a stale heap entry
+    is skipped when popped).
     """
     n = len(f.nodes)
     succs: list[list[int]] = [[] for _ in range(n)]
@@ -272,24 +276,45 @@ def _greedy_schedule(f: _Facts, by_program_order: bool) -> list[int]:
         for d in deps:
             succs[d].append(i)
     remaining = {r: len(u) for r, u in f.users.items()}
-    ready = {i for i in range(n) if waiting[i] == 0}
+    scored_by: dict[Value, set[int]] = {r: set(u) for r, u in f.users.items()}
+    for i, node in enumerate(f.nodes):  # an output's update target's readers count too
+        for v in node.outputs:
+            if v in f.update_target:
+                scored_by.setdefault(f.update_target[v], set()).add(i)
+    key_of: dict[int, tuple] = {}
+    heap: list[tuple] = []
+
+    def score(i: int) -> None:
+        net = _net_freed(f, i, remaining)
+        key = (-(net > 0), -net, i) if by_program_order and net > 0 else \
+              (0, 0, i) if by_program_order else (-1, -net, i)
+        if key_of.get(i) != key:
+            key_of[i] = key
+            heapq.heappush(heap, key)
+
+    for i in range(n):
+        if waiting[i] == 0:
+            score(i)
     order: list[int] = []
-    while ready:
-        best, best_key = -1, None
-        for i in ready:
-            net = _net_freed(f, i, remaining)
-            key = (net > 0, net, -i) if by_program_order and net > 0 else \
-                  (False, 0, -i) if by_program_order else (True, net, -i)
-            if best_key is None or key > best_key:
-                best, best_key = i, key
-        ready.discard(best)
+    done = [False] * n
+    while heap:
+        key = heapq.heappop(heap)
+        best = key[2]
+        if done[best] or key_of[best] != key:
+            continue  # stale: scored again since, or already scheduled
+        done[best] = True
         order.append(best)
+        touched: set[int] = set()
         for r in {f.root[v] for v in f.nodes[best].inputs}:
             remaining[r] -= 1
+            touched |= scored_by.get(r, set())
         for s in succs[best]:
             waiting[s] -= 1
             if waiting[s] == 0:
-                ready.add(s)
+                touched.add(s)
+        for i in touched:
+            if waiting[i] == 0 and not done[i]:
+                score(i)
     return order
 
 
@@ -426,6 +451,8 @@ def _pack(buffers: list[Buffer], limit: int | None = None) -> int | None:
         lambda b: (b.start, -align(b.size), b.name),
     )
     bound = max(_live_bytes(buffers, aligned=True), default=0)
+    if limit is not None and bound > limit:
+        return None
     best, best_offsets = None, None
     for key in orders:
         offsets = _best_fit(sorted(buffers, key=key), limit)
