@@ -1,53 +1,172 @@
-"""Eager dispatch cost: Python time per small op, graphc next to PyTorch and numpy.
+"""Eager dispatch cost: Python time per small op, graphc next to PyTorch in the same process.
 
-    python -m benchmarks.eager_dispatch
+    python -m benchmarks.eager_dispatch --threads 1 --clock cpu
+    python -m benchmarks.eager_dispatch --profile "w * b"    # cProfile of one case
 
-Each figure is the median of 7 rounds of 20,000 calls on 10-element float32 tensors (the
+Each op figure is the median of 7 rounds of 20,000 calls on 10-element float32 tensors (the
 work itself is negligible, so this is the per-op overhead users pay while debugging in eager
-mode). The performance issue's target is <= 5 us per small elementwise op.
+mode, and that tracing pays too); graphc's and PyTorch's rounds alternate. The performance
+issue's target is <= 5 us per small elementwise op. `w` requires grad, so its rows build an
+autograd node per call; `x.add_(b)` changes a tensor that does not. The last row is an eager
+training step (MLP 784-256-256-10, batch 64, cross-entropy, SGD momentum; benchmarks.models)
+in graphc and in PyTorch, median of 7 rounds of 20 steps.
+
+`--threads N` sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS (restarting the process so the
+libraries read them) and PyTorch's intra-op threads; `--clock cpu` times by this process's CPU
+time (steadier on a shared machine; use with --threads 1).
 """
 
 from __future__ import annotations
 
+import argparse
+import cProfile
 import os
+import pstats
 import statistics
+import sys
+import time
 import timeit
 
 import numpy as np
 
 import graphc
 
-CALLS, ROUNDS = 20_000, 7
+CALLS, ROUNDS, STEPS = 20_000, 7, 20
+TARGET_US = 5.0
 
 
-def per_call(fn) -> float:
-    return statistics.median(timeit.repeat(fn, number=CALLS, repeat=ROUNDS)) / CALLS
+def op_cases(lib):
+    """[(label, fn)] of the small ops, on tensors of `lib` (graphc or torch)."""
+    a, b = lib.ones(10), lib.full((10,), 2.0)
+    x = lib.ones(10)
+    w = lib.ones(10, requires_grad=True)
+    return [
+        ("a + b", lambda: a + b),
+        ("a - b", lambda: a - b),
+        ("a * b", lambda: a * b),
+        ("a / b", lambda: a / b),
+        ("a.relu()", lambda: a.relu()),
+        ("-a", lambda: -a),
+        ("a.exp()", lambda: a.exp()),
+        ("a < b", lambda: a < b),
+        ("a * 2.0", lambda: a * 2.0),
+        ("x.add_(b)", lambda: x.add_(b)),
+        ("w + b (grad)", lambda: w + b),
+        ("w * b (grad)", lambda: w * b),
+        ("w.relu() (grad)", lambda: w.relu()),
+        ("w.exp() (grad)", lambda: w.exp()),
+        ("w * 2.0 (grad)", lambda: w * 2.0),
+        ("(w * b).add_(b), 2 ops (grad)", lambda: (w * b).add_(b)),
+    ]
 
 
-def main() -> int:
-    a, b = graphc.ones(10), graphc.ones(10)
-    w = graphc.ones(10, requires_grad=True)
-    na = np.ones(10, np.float32)
-    rows = [("a + b", lambda: a + b), ("a.relu()", lambda: a.relu()),
-            ("w * b (w requires grad)", lambda: w * b)]
-    try:
+def training_step(lib_name: str):
+    """A closure running one eager MLP b64 SGD-momentum step of graphc or torch."""
+    from benchmarks import models
+
+    base = models.graphc_model("mlp")
+    x, y = models.batch("mlp", 64)
+    if lib_name == "graphc":
+        step, xs, ys = models.graphc_step(base), graphc.tensor(x), graphc.tensor(y)
+    else:
         import torch
 
-        ta, tb = torch.ones(10), torch.ones(10)
-        tw = torch.ones(10, requires_grad=True)
-        anchors = [lambda: ta + tb, lambda: ta.relu(), lambda: tw * tb]
+        model = models.torch_copy(base, "mlp")
+        step, xs, ys = models.torch_step(model), torch.from_numpy(x), torch.from_numpy(y)
+    return lambda: step(xs, ys)
+
+
+def interleaved(ours, theirs, number: int, timer) -> tuple[float, float | None]:
+    """Medians of seconds per call of `ours` and `theirs` (None: skipped), rounds alternating."""
+    for fn in (ours, theirs):
+        if fn is not None:
+            timeit.repeat(fn, number=max(1, number // 10), repeat=1, timer=timer)  # warm up
+    mine, other = [], []
+    for _ in range(ROUNDS):
+        mine.append(timeit.timeit(ours, number=number, timer=timer) / number)
+        if theirs is not None:
+            other.append(timeit.timeit(theirs, number=number, timer=timer) / number)
+    return statistics.median(mine), (statistics.median(other) if other else None)
+
+
+def _row(label: str, ours: float, theirs: float | None, unit: float, suffix: str,
+         target: str) -> str:
+    cell = f"{theirs / unit:.2f} {suffix}" if theirs else "torch not installed"
+    ratio = f"{ours / theirs:.1f}x" if theirs else "-"
+    return f"| {label} | {ours / unit:.2f} {suffix} | {cell} | {ratio} | {target} |"
+
+
+def table(timer, clock: str, argv: list[str]) -> str:
+    try:
+        import torch
     except ImportError:
-        anchors = [None] * len(rows)
-    print(f"command: `python -m benchmarks.eager_dispatch`; load average "
-          f"{os.getloadavg()[0]:.2f}; numpy a + b: {per_call(lambda: na + na) * 1e6:.2f} us\n")
-    print("| op (10 floats) | graphc eager | PyTorch eager | ratio | target |")
-    print("|---|---|---|---|---|")
-    for (label, fn), anchor in zip(rows, anchors):
-        ours = per_call(fn)
-        theirs = per_call(anchor) if anchor is not None else None
-        ratio = f"{ours / theirs:.1f}x" if theirs else "-"
-        torch_cell = f"{theirs * 1e6:.2f} us" if theirs else "torch not installed"
-        print(f"| {label} | {ours * 1e6:.2f} us | {torch_cell} | {ratio} | <= 5 us |")
+        torch = None
+    ours = op_cases(graphc)
+    theirs = op_cases(torch) if torch is not None else [(label, None) for label, _ in ours]
+    lines = ["| op (10 float32) | graphc eager | PyTorch eager | ratio | target |",
+             "|---|---|---|---|---|"]
+    met = 0
+    for (label, fn), (_, anchor) in zip(ours, theirs):
+        mine, other = interleaved(fn, anchor, CALLS, timer)
+        met += mine * 1e6 <= TARGET_US
+        lines.append(_row(label, mine, other, 1e-6, "us", f"<= {TARGET_US:g} us"))
+    mine, other = interleaved(training_step("graphc"),
+                              training_step("torch") if torch is not None else None,
+                              STEPS, timer)
+    lines.append(_row("MLP 784-256-256-10 b64 SGD step", mine, other, 1e-3, "ms", "-"))
+    load = os.getloadavg()
+    threads = os.environ.get("OMP_NUM_THREADS", f"default ({os.cpu_count()})")
+    head = (f"command: `python -m benchmarks.eager_dispatch {' '.join(argv)}`".rstrip()
+            + f"; threads: {threads}; clock: {clock}; load average at the end "
+            f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; numpy {np.__version__}, torch "
+            f"{torch.__version__ if torch is not None else 'not installed'}; "
+            f"{met}/{len(ours)} ops within {TARGET_US:g} us")
+    return head + "\n\n" + "\n".join(lines)
+
+
+def profile(label: str, timer) -> str:
+    """cProfile of CALLS calls of the graphc case `label`, by own time."""
+    cases = dict(op_cases(graphc))
+    if label not in cases:
+        raise SystemExit(f"--profile: no case {label!r}; cases: {sorted(cases)}")
+    fn = cases[label]
+    fn()
+    profiler = cProfile.Profile(timer)
+    profiler.enable()
+    for _ in range(CALLS):
+        fn()
+    profiler.disable()
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    stats.sort_stats("tottime").print_stats(15)
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="threads for OpenMP, OpenBLAS and PyTorch (default: every core)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall clock, or this process's CPU time")
+    parser.add_argument("--profile", metavar="CASE", help="cProfile one graphc case instead")
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if args.threads is not None and os.environ.get("OMP_NUM_THREADS") != str(args.threads):
+        os.environ.update(OMP_NUM_THREADS=str(args.threads),
+                          OPENBLAS_NUM_THREADS=str(args.threads))
+        os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.eager_dispatch", *argv])
+    if args.threads is not None:
+        try:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        except ImportError:
+            pass
+    timer = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.profile:
+        profile(args.profile, timer)
+        return 0
+    print(table(timer, args.clock, argv))
     return 0
 
 

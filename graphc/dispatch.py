@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from graphc.autograd.grad_mode import is_grad_enabled, no_grad
+from graphc.autograd import grad_mode
+from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.autograd.graph import Node, OpBackward, gradient_edge
 from graphc.backends.residency import stale as _device_copies
 from graphc.errors import AutogradError, DTypeError, GraphcError, ShapeError, TraceError, where
@@ -99,7 +100,6 @@ def scalar_dtype(value, like):
 
 def _tensorize(opdef: OpDef, inputs: tuple) -> tuple:
     """Turn Python scalars among the inputs into 0-d tensors typed after the tensor inputs."""
-    from graphc.tensor import Tensor
 
     if all(isinstance(t, Tensor) for t in inputs):
         return inputs
@@ -132,16 +132,24 @@ def apply(opdef: OpDef, *inputs, **attrs):
     """Run one op on tensors: eagerly (with autograd) or, inside a trace, as an IR node."""
     state = _state
     if state.tracer is None and not state.abstract and not _device_copies:
-        try:  # the eager path, for inputs that are all tensors and types seen before
-            known = _EAGER.get((opdef.name, _attrs_key(attrs),
-                                *[(t._array.shape, t._dtype) for t in inputs]))
-        except (AttributeError, TypeError):  # a scalar input, an unhashable attribute
-            known = None
-        if known is not None:
-            return _apply_eager(opdef, inputs, attrs, known)
+        try:  # the eager path, for types seen before (see _apply_eager)
+            key = (opdef.name, _attrs_key(attrs) if attrs else (),
+                   *[(t._array.shape, t._dtype) for t in inputs])
+        except AttributeError:  # a Python number among the inputs
+            key = _key_with_numbers(opdef, inputs, attrs)
+        try:
+            plan = _EAGER.get(key)
+        except TypeError:  # an unhashable attribute value
+            plan = key = None
+        if plan is not None:
+            return _apply_eager(opdef, inputs, attrs, plan)
+    else:
+        key = None
     inputs = _tensorize(opdef, inputs)
     _check_inputs(opdef, inputs)
     out_types = _inferred(opdef, inputs, attrs)
+    if key is not None:
+        _remember_plan(key, opdef, inputs, out_types)
     single = isinstance(out_types, TensorType)
     if single:
         out_types = (out_types,)
@@ -171,18 +179,67 @@ def apply(opdef: OpDef, *inputs, **attrs):
     return outputs[0] if single else outputs
 
 
+# ---- the eager path -------------------------------------------------------------------------
+# Outside a trace and abstract evaluation, with every array current (no device holds a newer
+# value: graphc.backends.residency), an op whose (name, attributes, input types) it has seen
+# before skips the checks `apply` made then (arity, scalar typing, the shape rule) and reads
+# what they gave from an _EagerPlan. It then runs the same kernel on the same arrays, checks
+# the result against the plan's types as `_wrap_output` does, and records the same autograd
+# node, so its results are those of the general path bit for bit. Python numbers among the
+# inputs are keyed by their type (which decides the dtype they take, `scalar_dtype`).
+
+_NUMBER_TYPES = (bool, int, float, np.number, np.bool_)
+
+
 class _EagerPlan:
-    """What the eager path needs of one (op, input types, attributes): the result types and
-    whether autograd may have to record the application."""
+    """What the eager path needs of one (op, attributes, input types): the dtype each Python
+    number among the inputs takes (None for a tensor), the result types, and, for autograd,
+    whether the op may record, the input types and the nodes' input metadata."""
 
-    __slots__ = ("types", "single", "may_record", "input_types")
+    __slots__ = ("input_meta", "input_types", "may_record", "numbers", "single", "types")
 
-    def __init__(self, opdef: OpDef, input_types: tuple, out_types) -> None:
-        self.input_types = input_types
+    def __init__(self, opdef: OpDef, inputs: tuple, numbers: tuple, out_types) -> None:
+        self.numbers = numbers if any(d is not None for d in numbers) else None
+        self.input_types = tuple([t.type for t in inputs])
+        self.input_meta = tuple([(ty.shape, ty.dtype) for ty in self.input_types])
         self.single = isinstance(out_types, TensorType)
         self.types = (out_types,) if self.single else tuple(out_types)
         self.may_record = opdef.vjp is not None and any(ty.dtype.is_floating
                                                         for ty in self.types)
+
+
+_EAGER: dict = {}  # (op name, attrs key, per input (shape, dtype) or number type) -> plan
+_EAGER_LIMIT = 4096
+
+
+def _attrs_key(attrs: dict) -> tuple:
+    """Attributes keyed with their Python types (1, 1.0 and True differ)."""
+    return tuple([(k, type(v), v) for k, v in attrs.items()]) if attrs else ()
+
+
+def _key_with_numbers(opdef: OpDef, inputs: tuple, attrs: dict) -> tuple | None:
+    """The eager key of inputs among which are Python numbers (None for anything else)."""
+    parts = [opdef.name, _attrs_key(attrs)]
+    for t in inputs:
+        if isinstance(t, Tensor):
+            parts.append((t._array.shape, t._dtype))
+        elif isinstance(t, _NUMBER_TYPES):
+            parts.append(type(t))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _remember_plan(key: tuple, opdef: OpDef, inputs: tuple, out_types) -> None:
+    """Keep the plan of a general `apply` call whose inputs (`_tensorize`d) are all concrete;
+    `key` was made from the caller's inputs, so it tells numbers from tensors."""
+    if current_env() is not None or not all(type(t._array) is np.ndarray for t in inputs):
+        return
+    numbers = tuple([None if type(k) is tuple else t._dtype
+                     for k, t in zip(key[2:], inputs)])
+    if len(_EAGER) >= _EAGER_LIMIT:
+        _EAGER.clear()
+    _EAGER[key] = _EagerPlan(opdef, inputs, numbers, out_types)
 
 
 # numpy's floating-point error state is a context variable (numpy 2); the eager path sets it
@@ -196,52 +253,74 @@ try:
 except ImportError:  # pragma: no cover (numpy < 2)
     _NUMPY_ERRORS = _NUMPY_IGNORING = None
 
-_EAGER: dict = {}  # (op name, attrs key, *(shape, dtype) of each input) -> _EagerPlan
 
-
-def _attrs_key(attrs: dict) -> tuple:
-    """Attributes keyed with their Python types (1, 1.0 and True differ)."""
-    return tuple([(k, type(v), v) for k, v in attrs.items()]) if attrs else ()
-
-
-def _apply_eager(opdef: OpDef, inputs: tuple, attrs: dict, known: _EagerPlan):
-    """`apply` outside a trace and abstract evaluation, for tensor inputs whose types the op
-    has seen (its rule and arity were checked then) and whose arrays are all current (no
-    device holds a newer value: graphc.backends.residency): the kernel, the wrap, the
-    history. Arrays are read as `_array`, not through the fetching `_data` property."""
-    from graphc.tensor import Tensor
-
-    arrays = [t._array for t in inputs]
+def _apply_eager(opdef: OpDef, inputs: tuple, attrs: dict, plan: _EagerPlan):
+    """`apply` on inputs whose types `plan` was made for (see the section's comment): the
+    kernel, the wrap, the history. Arrays are read as `_array`, not through the fetching
+    `_data` property (the caller checked that no device copy is newer)."""
+    if plan.numbers is not None:  # numbers become 0-d tensors, as `_tensorize` makes them
+        inputs = tuple([t if dtype is None else Tensor._result(np.asarray(t, dtype.np), dtype)
+                        for t, dtype in zip(inputs, plan.numbers)])
     if _NUMPY_ERRORS is None:
         with np.errstate(all="ignore"):
-            result = opdef.kernel(*arrays, **attrs)
+            result = opdef.kernel(*[t._array for t in inputs], **attrs)
     else:  # np.errstate(all="ignore") without building its state each time (1.3 us)
         token = _NUMPY_ERRORS.set(_NUMPY_IGNORING)
         try:
-            result = opdef.kernel(*arrays, **attrs)
+            result = opdef.kernel(*[t._array for t in inputs], **attrs)
         finally:
             _NUMPY_ERRORS.reset(token)
-    outputs = []
-    for array, ty in zip((result,) if known.single else result, known.types):
-        if type(array) is not np.ndarray:
-            array = np.asarray(array)
-        dtype = ty.dtype
-        if array.dtype != dtype.np:
-            array = array.astype(dtype.np)
-        if array.shape != ty.shape:
-            _wrong_shape(opdef, array, ty)
-        out = Tensor._result(array, dtype)
-        if opdef.view and np.shares_memory(array, inputs[0]._array):
-            _make_view(out, inputs[0], opdef, attrs)
-        outputs.append(out)
-    if known.may_record and any([t._requires_grad for t in inputs]) and is_grad_enabled():
-        node = OpBackward(opdef, inputs, tuple(outputs), attrs,
-                          tuple([gradient_edge(t) for t in inputs]),
-                          (known.input_types, known.types))
-        for nr, out in enumerate(outputs):
-            if out._dtype.is_floating:
-                out._set_history(node, nr)
-    return outputs[0] if known.single else tuple(outputs)
+    if plan.single:
+        outputs = (_eager_output(opdef, result, plan.types[0], inputs, attrs),)
+    else:
+        outputs = tuple([_eager_output(opdef, array, ty, inputs, attrs)
+                         for array, ty in zip(result, plan.types)])
+    if plan.may_record and _grad_mode.enabled:
+        for t in inputs:
+            if t._requires_grad:
+                _record(opdef, inputs, outputs, attrs, plan)
+                break
+    return outputs[0] if plan.single else outputs
+
+
+def _eager_output(opdef: OpDef, array, ty: TensorType, inputs: tuple, attrs: dict):
+    """The tensor around a kernel's result `array`, checked and cast as `_wrap_output` does."""
+    if type(array) is not np.ndarray:
+        array = np.asarray(array)
+    dtype = ty.dtype
+    want = dtype.np
+    if array.dtype is not want and array.dtype != want:
+        array = array.astype(want)
+    if array.shape != ty.shape:
+        _wrong_shape(opdef, array, ty)
+    out = Tensor._result(array, dtype)
+    if opdef.view and np.shares_memory(array, inputs[0]._array):
+        _make_view(out, inputs[0], opdef, attrs)
+    return out
+
+
+def _record(opdef: OpDef, inputs: tuple, outputs: tuple, attrs: dict, plan: _EagerPlan):
+    """Attach the OpBackward node of this application to its floating outputs. The edges are
+    `gradient_edge` of each input, inlined (one call per input costs more than the rest)."""
+    edges = []
+    for t in inputs:
+        node = t.grad_fn
+        if node is not None:
+            edges.append((node, t._output_nr))
+        elif t._requires_grad:
+            edges.append((t._accumulator or t._grad_accumulator(), 0))
+        else:
+            edges.append(_NO_EDGE)
+    node = OpBackward(opdef, inputs, outputs, attrs, tuple(edges),
+                      (plan.input_types, plan.types), plan.input_meta)
+    for nr, out in enumerate(outputs):
+        if out._dtype.is_floating:
+            out.grad_fn = node  # Tensor._set_history(node, nr), inlined
+            out._output_nr = nr
+            out._requires_grad = True
+
+
+_NO_EDGE = (None, 0)
 
 
 def _wrong_shape(opdef: OpDef, array, ty: TensorType):
@@ -273,15 +352,11 @@ def _inferred(opdef: OpDef, inputs: tuple, attrs: dict):
         hit = opdef.infer(*(t.type for t in inputs), **attrs)
         if len(_INFERRED) >= _INFERRED_LIMIT:
             _INFERRED.clear()
-            _EAGER.clear()
         _INFERRED[key] = hit
-        if all(type(t._data) is np.ndarray for t in inputs):
-            _EAGER[key] = _EagerPlan(opdef, tuple(t.type for t in inputs), hit)
     return hit
 
 
 def _wrap_output(opdef: OpDef, array, ty: TensorType, inputs: tuple, attrs: dict):
-    from graphc.tensor import Tensor
 
     array = np.asarray(array)
     if array.dtype != ty.dtype.np:
@@ -300,7 +375,6 @@ def _wrap_output(opdef: OpDef, array, ty: TensorType, inputs: tuple, attrs: dict
 def _abstract_output(opdef: OpDef, ty: TensorType, inputs: tuple, attrs: dict):
     """An abstract tensor of type `ty`; a view op's result counts as a view of its input
     (there is no memory to compare, and a kernel gives a view wherever it can)."""
-    from graphc.tensor import Tensor
 
     out = Tensor._abstract(ty)
     if opdef.view and inputs:
@@ -349,7 +423,7 @@ def call_full(ty: TensorType):
     return registry.call("full", shape=tuple(ty.shape), value=0, dtype=ty.dtype.name)
 
 
-def apply_inplace(target, op_name: str, compute: Callable):
+def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | None = None):
     """Change `target` in place to `compute(old)`, where `old` stands for its current value.
 
     `compute` builds the new value from `old` with ordinary (out-of-place) graphc calls, so
@@ -357,41 +431,45 @@ def apply_inplace(target, op_name: str, compute: Callable):
     target's memory, bumps its version counter and moves the target's history onto the result
     (PyTorch's "rebase"). A result of a wider dtype is cast back with history; one that cannot
     be cast (float into int) is refused with PyTorch's message, as is a shape change.
+
+    `operands`, when the caller knows them: every other value `compute` reads. If neither they
+    nor the target (nor its base) require grad, nothing can be recorded, so `old` is the target
+    itself rather than a snapshot copy (as with grad mode off).
     """
-    grad_mode = is_grad_enabled()
+    grad_mode = _grad_mode.enabled
     base = target._base
     tracer = _state.tracer
-    if grad_mode and target.requires_grad and target.is_leaf:
+    needs_grad = target._requires_grad or (base is not None and base._requires_grad)
+    if grad_mode and needs_grad and target.is_leaf and target._requires_grad:
         raise AutogradError(
             f"{where(op_name)}: a leaf Variable that requires grad is being used in an in-place "
             "operation. Wrap the update in `with graphc.no_grad():`, or work on a clone()."
         )
-    if grad_mode and base is not None and base.is_leaf and base.requires_grad:
+    if grad_mode and base is not None and base.is_leaf and base._requires_grad:
         raise AutogradError(
             f"{where(op_name)}: a view of a leaf Variable that requires grad is being used in an "
             "in-place operation. Wrap the update in `with graphc.no_grad():`, or work on a "
             "clone()."
         )
-    if grad_mode:
+    if grad_mode and (needs_grad or tracer is not None or _state.abstract
+                      or not _reads_no_grad(operands)):
         old = target._detached_copy_with_history()
         if tracer is not None:
             tracer.alias(old, target)  # the snapshot holds the target's current IR value
         result = compute(old)
-    else:
-        with no_grad():
-            result = compute(target)
-    if tuple(result.shape) != tuple(target.shape):
+    else:  # grad mode is off (the caller's no_grad is in force), or nothing can record
+        result = compute(target)
+    if result._array.shape != target._array.shape:
         raise ShapeError(
             f"{where(op_name)}: output with shape {list(target.shape)} doesn't match the "
             f"broadcast shape {list(result.shape)}"
         )
-    if not _castable(result.dtype, target.dtype):
+    if result._dtype is not target._dtype and not _castable(result._dtype, target._dtype):
         raise DTypeError(
             f"{where(op_name)}: result type {_TORCH_TYPE_NAMES[result.dtype.name]} can't be cast "
             f"to the desired output type {_TORCH_TYPE_NAMES[target.dtype.name]}"
         )
-    records = grad_mode and (result.requires_grad or target.requires_grad
-                             or (base is not None and base.requires_grad))
+    records = grad_mode and (result._requires_grad or needs_grad)
     chain = _view_chain(target) if records and base is not None else None
     if records and base is not None and chain is None:
         raise AutogradError(
@@ -399,7 +477,7 @@ def apply_inplace(target, op_name: str, compute: Callable):
             "one (e.g. a detached view) while autograd is recording; clone() it first, or use "
             "the out-of-place op"
         )
-    abstract = _state.abstract or target.is_abstract
+    abstract = _state.abstract or type(target._array) is AbstractArray
     if abstract and tracer is None and not target.is_abstract:
         raise TraceError(
             f"{where(op_name)}: an in-place change of a concrete tensor under abstract "
@@ -425,13 +503,30 @@ def apply_inplace(target, op_name: str, compute: Callable):
     if not abstract:  # abstract: no data to write, the tracer's rebinding below is the write
         if tracer is not None:
             tracer.before_write(target)
-        np.copyto(target._data, result._data, casting="unsafe")
+        target._data[...] = result._data  # np.copyto(..., casting="unsafe"), in half the time
     target._version_counter.bump()
     if tracer is not None:
         tracer.rebind(target, result)
     if records:
         _rebase_history(target, result, op_name)
     return target
+
+
+def _reads_no_grad(operands: tuple | None) -> bool:
+    """Whether `operands` are known and none is a tensor that requires grad: tensors, numbers,
+    strings and None are known; anything else (a list of tensors, say) may hide one."""
+    if operands is None:
+        return False
+    for o in operands:
+        if isinstance(o, Tensor):
+            if o._requires_grad:
+                return False
+        elif not isinstance(o, _KNOWN_OPERANDS):
+            return False
+    return True
+
+
+_KNOWN_OPERANDS = (bool, int, float, str, type(None), np.number, np.bool_)
 
 
 def _view_chain(target):
@@ -456,7 +551,6 @@ def _write_through_view(target, base, chain, new_view) -> None:
     views between them) take the history of replaying F on the new base.
     """
     from graphc.autograd import grad
-    from graphc.tensor import Tensor
 
     def replay(t):
         for _, name, attrs in chain:
@@ -511,3 +605,9 @@ def _rebase_history(target, result, op_name: str) -> None:
 
 
 registry.set_dispatcher(apply, apply_inplace)
+
+# graphc.tensor's mixins import this module, so the Tensor class comes last (the eager path
+# makes its results directly; a function-level import costs ~0.5 us per op).
+from graphc.tensor import AbstractArray, Tensor  # noqa: E402
+
+_grad_mode = grad_mode.state  # noqa: E305  (this thread's grad mode, read once per op)

@@ -53,12 +53,13 @@ def _augmented(op: str, target, other):
     other = _operand(other)
     if other is None:
         return NotImplemented
-    return inplace(target, op + "_", lambda old: call(op, old, other))
+    return inplace(target, op + "_", lambda old: call(op, old, other), operands=(other,))
 
 
 def _update(target, name: str, fn, *args, **kwargs):
     """`target` changed in place to `fn(old, *args, **kwargs)` (graphc.dispatch.apply_inplace)."""
-    return inplace(target, name, lambda old: fn(old, *args, **kwargs))
+    return inplace(target, name, lambda old: fn(old, *args, **kwargs),
+                   operands=(*args, *kwargs.values()))
 
 
 class TensorMethods(MathMethods):

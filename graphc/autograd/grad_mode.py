@@ -8,15 +8,24 @@ from __future__ import annotations
 import functools
 import threading
 
-_state = threading.local()
+
+class _GradModeState(threading.local):
+    """This thread's grad mode; on by default. (A class default rather than
+    `getattr(local, "enabled", True)`: a missing attribute costs an AttributeError on every
+    read, about 0.3 us, and eager dispatch reads the mode once per op.)"""
+
+    enabled = True
+
+
+state = _GradModeState()  # read directly by graphc.dispatch's eager path
 
 
 def is_grad_enabled() -> bool:
-    return getattr(_state, "enabled", True)
+    return state.enabled
 
 
 def _set(enabled: bool) -> None:
-    _state.enabled = bool(enabled)
+    state.enabled = bool(enabled)
 
 
 class _GradModeContext:

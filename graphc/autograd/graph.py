@@ -260,17 +260,32 @@ _TORCH_NODE_NAMES = {
 class OpBackward(Node):
     """Backward of one registry op: runs the op's VJP over its saved tensors."""
 
-    def __init__(self, opdef, inputs, outputs, attrs, next_functions, types=None) -> None:
-        """`types`, when the caller knows them: (input TensorTypes, output TensorTypes)."""
-        super().__init__(next_functions, tuple([(t._data.shape, t._dtype) for t in inputs]))
+    def __init__(self, opdef, inputs, outputs, attrs, next_functions, types=None,
+                 input_meta=None) -> None:
+        """`types`, when the caller knows them: (input TensorTypes, output TensorTypes);
+        `input_meta` likewise: (shape, dtype) per input. (Eager mode makes one node per op
+        that records, so this sets the attributes itself instead of calling Node.__init__.)"""
+        self.sequence_nr = next(_sequence)
+        self.next_functions = next_functions
+        if input_meta is None:
+            input_meta = tuple([(t._data.shape, t._dtype) for t in inputs])
+        self.input_meta = input_meta
         self.opdef = opdef
         self.attrs = attrs
         if types is None:
             types = (tuple(t.type for t in inputs), tuple(t.type for t in outputs))
         self.input_types, self.output_types = types
-        self.needs_input_grad = tuple(fn is not None for fn, _ in next_functions)
-        self.saved_inputs = {i: SavedTensor(inputs[i]) for i in opdef.saved_inputs}
-        self.saved_outputs = {i: SavedTensor(outputs[i], self, i) for i in opdef.saved_outputs}
+        self.saved_inputs = {}
+        for i in opdef.saved_inputs:
+            self.saved_inputs[i] = SavedTensor(inputs[i])
+        self.saved_outputs = {}
+        for i in opdef.saved_outputs:
+            self.saved_outputs[i] = SavedTensor(outputs[i], self, i)
+
+    @property
+    def needs_input_grad(self) -> tuple[bool, ...]:
+        """Whether each input gets a gradient (it has an edge)."""
+        return tuple([fn is not None for fn, _ in self.next_functions])
 
     def name(self) -> str:
         """PyTorch's node name (`MulBackward0`) where it differs from the op name, else ours."""

@@ -183,15 +183,17 @@ def inplace_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """The in-place Tensor method `name` (`x.add_(y)`) of the out-of-place `fn` (`add`): it
     changes self to `fn(self, *args, **kwargs)` through `inplace`."""
     def method(self, *args, **kwargs):
-        return inplace(self, name, lambda old: fn(old, *args, **kwargs))
+        return inplace(self, name, lambda old: fn(old, *args, **kwargs),
+                       operands=(*args, *kwargs.values()))
 
     method.__name__ = name
     method.__doc__ = f"In-place {fn.__name__}: changes self and bumps its version counter."
     return method
 
 
-def inplace(target, op_name: str, compute: Callable[[Any], Any]):
-    """Change `target` in place to `compute(old)` (see graphc.dispatch.apply_inplace)."""
+def inplace(target, op_name: str, compute: Callable[[Any], Any], operands: tuple | None = None):
+    """Change `target` in place to `compute(old)` (see graphc.dispatch.apply_inplace);
+    `operands`, when known, are all the other values `compute` reads."""
     if _inplace_dispatcher is None:
         raise GraphcError("graphc.dispatch is not loaded: import graphc first")
-    return _inplace_dispatcher(target, op_name, compute)
+    return _inplace_dispatcher(target, op_name, compute, operands)
