@@ -62,7 +62,7 @@ from graphc.types import TensorType, float32, float64
 
 __all__ = ["conv2d", "conv2d_input_grad", "conv2d_weight_grad"]
 
-_ROW, _NOTRANS, _TRANS = 101, 111, 112
+ROW_MAJOR, NOTRANS, TRANS = 101, 111, 112
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -232,7 +232,7 @@ def image_strides(loc: Loc) -> tuple[int, int, int, int]:
     return (0,) + s if len(s) == 3 else s
 
 
-class _Conv:
+class Conv:
     """Shared pieces of the three convolution kernels."""
 
     def __init__(self, lw, node: Node, g: Geometry, dt) -> None:
@@ -257,7 +257,7 @@ class _Conv:
         iT, fty = self.iT, self.fty
         beta = ir.Constant(fty, beta) if isinstance(beta, float) else beta
         b.call(self.gemm_fn, [
-            ir.Constant(I32, _ROW), ir.Constant(I32, trans_a), ir.Constant(I32, trans_b),
+            ir.Constant(I32, ROW_MAJOR), ir.Constant(I32, trans_a), ir.Constant(I32, trans_b),
             ir.Constant(iT, m), ir.Constant(iT, n), ir.Constant(iT, k), ir.Constant(fty, 1.0),
             kb.pointer(b, a, as_i64(a_off)), ir.Constant(iT, lda),
             kb.pointer(b, bb, as_i64(b_off)), ir.Constant(iT, ldb), beta,
@@ -370,7 +370,7 @@ def images_per_block(g: Geometry) -> int:
     return min(g.n, -(-BLOCK_COLUMNS // g.p))
 
 
-def _over_blocks(b, n: int, nb: int, body) -> None:
+def over_blocks(b, n: int, nb: int, body) -> None:
     """body(b, first image, images) for each block of `nb` images, then the partial last
     block (its size a constant too, so every GEMM has constant sizes)."""
     full, tail = divmod(n, nb)
@@ -384,7 +384,7 @@ def _over_blocks(b, n: int, nb: int, body) -> None:
 
 
 @contextmanager
-def _images(b, count: int):
+def block_images(b, count: int):
     """The images j of a block (no loop for a block of one image)."""
     if count == 1:
         yield 0
@@ -396,7 +396,7 @@ def _images(b, count: int):
 def _gather_grad(b, kb, g: Geometry, gi, gs, n0, count, dst) -> None:
     """dst[o, j*P + q] = gy[n0 + j, o, q]: a block of output gradients as one matrix."""
     ld = count * g.p
-    with _images(b, count) as j:
+    with block_images(b, count) as j:
         src_img = imul(b, iadd(b, n0, j), gs[0])
         with loop(b, 0, g.o, "o") as o:
             src = iadd(b, src_img, imul(b, o, gs[1]))
@@ -408,11 +408,12 @@ def _gather_grad(b, kb, g: Geometry, gi, gs, n0, count, dst) -> None:
 def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
     """out = conv2d(x, w) (out contiguous or not: see `contiguous_out`)."""
     g = _geometry(x.type, w.type.shape, out.type.shape[-2:], attrs)
-    from graphc.backends.cpu import conv_direct
+    from graphc.backends.cpu import conv_direct, conv_winograd
 
-    if conv_direct.conv2d(lw, node, g, x, w, out):
+    if conv_direct.conv2d(lw, node, g, x, w, out) or \
+            conv_winograd.conv2d(lw, node, g, x, w, out):
         return
-    cv = _Conv(lw, node, g, x.type.dtype)
+    cv = Conv(lw, node, g, x.type.dtype)
     w = contiguous_in(lw, w)
     xs = image_strides(x)
     nb = images_per_block(g)
@@ -433,18 +434,18 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
                 src, src_img, ldb = xi, imul(b, n0, xs[0]), xs[1]
             else:
                 src, src_img, ldb = cols, 0, ld
-                with _images(b, count) as j:
+                with block_images(b, count) as j:
                     cv.im2col(b, kb, xi, xs, imul(b, iadd(b, n0, j), xs[0]), cols,
                               imul(b, j, g.p), ld)
             c, c_img, ldc = (tmp, 0, ld) if tmp is not None else \
                 (oi, imul(b, n0, g.o * g.p), g.p)
             for grp in range(g.groups):
-                cv.gemm(b, kb, _NOTRANS, _NOTRANS, g.og, ld, g.k,
+                cv.gemm(b, kb, NOTRANS, NOTRANS, g.og, ld, g.k,
                         wi, grp * g.og * g.k, g.k,
                         src, iadd(b, src_img, grp * g.k * ldb), ldb, 0.0,
                         c, iadd(b, c_img, grp * g.og * ldc), ldc)
             if tmp is not None:  # columns j*P.. of the block's result are image n0 + j
-                with _images(b, count) as j:
+                with block_images(b, count) as j:
                     dst_img = imul(b, iadd(b, n0, j), g.o * g.p)
                     with loop(b, 0, g.o, "o") as o:
                         at = iadd(b, dst_img, imul(b, o, g.p))
@@ -452,7 +453,7 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
                         with loop(b, 0, g.p, "q") as q:
                             kb.store(b, oi, b.add(at, q), kb.load(b, tmp, b.add(frm, q)))
 
-        _over_blocks(b, g.n, nb, block)
+        over_blocks(b, g.n, nb, block)
         lw.calls.append(kb.finish(b))
 
 
@@ -469,11 +470,12 @@ def conv2d_input_grad(lw, node: Node) -> None:
     gy, w = node.inputs
     out = lw.locs[node.outputs[0]]
     g = _geometry(out.type, w.type.shape, gy.type.shape[-2:], node.attrs)
-    from graphc.backends.cpu import conv_direct
+    from graphc.backends.cpu import conv_direct, conv_winograd
 
-    if conv_direct.conv2d_input_grad(lw, node, g):
+    if conv_direct.conv2d_input_grad(lw, node, g) or \
+            conv_winograd.conv2d_input_grad(lw, node, g):
         return
-    cv = _Conv(lw, node, g, gy.type.dtype)
+    cv = Conv(lw, node, g, gy.type.dtype)
     wl = contiguous_in(lw, lw.locs[w])
     gl, gs = grad_image(lw, lw.locs[gy], g)
     nb = images_per_block(g)
@@ -497,16 +499,16 @@ def conv2d_input_grad(lw, node: Node) -> None:
                 a, a_img, lda = gi, imul(b, n0, gs[0]), gs[1]
             cols_img = imul(b, n0, g.c * g.h * g.w) if direct else 0
             for grp in range(g.groups):
-                cv.gemm(b, kb, _TRANS, _NOTRANS, g.k, ld, g.og,
+                cv.gemm(b, kb, TRANS, NOTRANS, g.k, ld, g.og,
                         wi, grp * g.og * g.k, g.k,
                         a, iadd(b, a_img, grp * g.og * lda), lda, 0.0,
                         cols, iadd(b, cols_img, grp * g.k * ld), ld)
             if not direct:
-                with _images(b, count) as j:
+                with block_images(b, count) as j:
                     cv.col2im(b, kb, cols, oi, imul(b, iadd(b, n0, j), g.c * g.h * g.w),
                               imul(b, j, g.p), ld)
 
-        _over_blocks(b, g.n, nb, block)
+        over_blocks(b, g.n, nb, block)
         lw.calls.append(kb.finish(b))
 
 
@@ -520,7 +522,7 @@ def conv2d_weight_grad(lw, node: Node) -> None:
 
     if conv_direct.conv2d_weight_grad(lw, node, g):
         return
-    cv = _Conv(lw, node, g, x.type.dtype)
+    cv = Conv(lw, node, g, x.type.dtype)
     xl = lw.locs[x]
     xs = image_strides(xl)
     nb = images_per_block(g)
@@ -546,7 +548,7 @@ def conv2d_weight_grad(lw, node: Node) -> None:
                 src, src_img, ldb = xi, imul(b, n0, xs[0]), xs[1]
             else:
                 src, src_img, ldb = cols, 0, ld
-                with _images(b, count) as j:
+                with block_images(b, count) as j:
                     cv.im2col(b, kb, xi, xs, imul(b, iadd(b, n0, j), xs[0]), cols,
                               imul(b, j, g.p), ld)
             if gyt is not None:
@@ -559,17 +561,17 @@ def conv2d_weight_grad(lw, node: Node) -> None:
                 b.select(b.icmp_signed("==", n0, i64(0)), zero, one)
             for grp in range(g.groups):
                 if transposed:  # gw_g^T (K x O/g) += cols_g @ gy_g^T
-                    cv.gemm(b, kb, _NOTRANS, _TRANS, g.k, g.og, ld,
+                    cv.gemm(b, kb, NOTRANS, TRANS, g.k, g.og, ld,
                             src, iadd(b, src_img, grp * g.k * ldb), ldb,
                             a, iadd(b, a_img, grp * g.og * lda), lda, beta,
                             gwt, grp * g.k * g.og, g.og)
                 else:  # gw_g (O/g x K) += gy_g @ cols_g^T
-                    cv.gemm(b, kb, _NOTRANS, _TRANS, g.og, g.k, ld,
+                    cv.gemm(b, kb, NOTRANS, TRANS, g.og, g.k, ld,
                             a, iadd(b, a_img, grp * g.og * lda), lda,
                             src, iadd(b, src_img, grp * g.k * ldb), ldb, beta,
                             oi, grp * g.og * g.k, g.k)
 
-        _over_blocks(b, g.n, nb, block)
+        over_blocks(b, g.n, nb, block)
         if transposed:
             _untranspose(b, kb, g, gwt, oi)
         lw.calls.append(kb.finish(b))

@@ -1,0 +1,202 @@
+"""conv_winograd: 3x3 stride-1 convolutions by Winograd's minimal filtering F(2x2, 3x3).
+
+Called by graphc.backends.cpu.conv's forward and input-gradient lowerings before im2col;
+each function returns False when its node does not take this path.
+
+A 3x3 correlation's 2x2 block of outputs needs 36 multiplications directly and 16 in
+Winograd's form (Lavin & Gray 2015): with d the 4x4 input tile and g the 3x3 filter,
+`y = A^T [(G g G^T) * (B^T d B)] A`. Over channels, the elementwise product becomes 16
+independent GEMMs, one per transform-domain position xi:
+`M[xi] (C_out x T) = U[xi] (C_out x C_in) @ V[xi] (C_in x T)` over the T tiles of a block of
+images, so the GEMM work is 16/36 of im2col's (2.25x less).
+
+The kernel, per block of images (BLOCK_TILES tiles or more per GEMM):
+- filter transform (once per call): `U[xi][o][c] = (G w[o, c] G^T)[xi]` (the input
+  gradient's flipped filter in the same layout, its GEMMs reading U through BLAS's
+  transpose flag);
+- input transform: each channel plane copied into a zero-padded plane (border zeroed once per
+  kernel, so no tap needs a bounds test), every 4x4 tile at stride 2 to `V[xi][ci][t]`;
+- 16 GEMMs, then the output transform of every tile to its 2x2 outputs (NCHW).
+
+The input gradient of a stride-1 3x3 convolution with padding p <= 2 is the same correlation
+of the output gradient, padded by 2 - p, with the flipped filter and the channels swapped
+(`f[c, o] = w[o, c, ::-1, ::-1]`): the same kernel with another filter transform.
+
+The transforms (points 0, 1, -1, infinity) have coefficients 0, +-1 and 1/2, so they round
+little: the forward and input gradient stay within 2x im2col + GEMM's distance from a float64
+run (measured 0.8-1.6x on ResNet-18's layers; tests/test_cpu_conv_winograd.py checks it with
+graphc.testing.assert_rounding_within). F(4x4, 3x3) (4x fewer multiplications) was measured
+10-25x further from float64 than im2col, and the weight gradient by F(3x3, 2x2) 2-4x: both
+fail the rounding criterion (docs/performance.md, "Rounding"), so neither is used.
+
+Taken when: a 3x3 kernel, stride 1, dilation 1, groups 1, even output height and width,
+at least MIN_CHANNELS input and output channels (below that the transforms cost more than
+the GEMM saves), float32 or float64.
+"""
+
+from __future__ import annotations
+
+from graphc.backends.cpu.conv import (
+    NOTRANS,
+    TRANS,
+    Conv,
+    block_images,
+    contiguous_in,
+    contiguous_out,
+    iadd,
+    image_kernel,
+    image_strides,
+    imul,
+    over_blocks,
+    workspace,
+)
+from graphc.backends.cpu.scalars import const
+from graphc.backends.cpu.values import loop
+from graphc.types import float32, float64
+
+__all__ = ["conv2d", "conv2d_input_grad", "BT", "G", "AT"]
+
+# F(2, 3) by Toom-Cook on the points 0, 1, -1, infinity (the 1/2 of the interpolation moved
+# into G): `y = AT @ ((G @ g) * (BT @ d))` is the correlation y[i] = sum_k d[i + k] g[k].
+BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, -1, 0, 1))
+G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
+AT = ((1, 1, 1, 0), (0, 1, -1, 1))
+ALPHA = 4  # tile side: 2 outputs + 3 taps - 1
+
+MIN_CHANNELS = 16
+# tiles per GEMM: images go in blocks of at least this many tiles (ResNet-18 CIFAR's 4x4
+# planes have 4 tiles an image; [512 x 512] @ [512 x 4] would run far below BLAS's speed)
+BLOCK_TILES = 256
+
+
+def _applies(g, dt, ci: int, co: int, out_hw) -> bool:
+    return ((g.kh, g.kw) == (3, 3) and g.stride == (1, 1) and g.dilation == (1, 1)
+            and g.groups == 1 and dt in (float32, float64) and min(ci, co) >= MIN_CHANNELS
+            and out_hw[0] % 2 == 0 and out_hw[1] % 2 == 0 and g.n > 0)
+
+
+def _combine(b, dt, row, vals):
+    """sum_k row[k] * vals[k], skipping zero coefficients, +-1 as adds and subtractions."""
+    acc = None
+    for c, v in zip(row, vals):
+        if c == 0:
+            continue
+        if c not in (1, -1):
+            v = b.fmul(const(dt, float(c)), v)
+        if acc is None:
+            acc = v if c != -1 else b.fneg(v)
+        else:
+            acc = b.fsub(acc, v) if c == -1 else b.fadd(acc, v)
+    return const(dt, 0.0) if acc is None else acc
+
+
+def _sandwich(b, dt, mat, d):
+    """mat @ d @ mat^T for a square or rectangular `d` given as rows of IR values."""
+    left = [[_combine(b, dt, r, [d[k][col] for k in range(len(d))]) for col in range(len(d[0]))]
+            for r in mat]
+    return [[_combine(b, dt, r, row) for r in mat] for row in left]
+
+
+def conv2d(lw, node, g, x, w, out) -> bool:
+    """out = conv2d(x, w) by F(2x2, 3x3), or False."""
+    dt = x.type.dtype
+    if not _applies(g, dt, g.c, g.o, (g.ho, g.wo)):
+        return False
+    _winograd(lw, node, g, x, image_strides(x), w, out, flip=False, ci=g.c, co=g.o,
+              in_hw=(g.h, g.w), out_hw=(g.ho, g.wo), pad=g.padding)
+    return True
+
+
+def conv2d_input_grad(lw, node, g) -> bool:
+    """gx = the correlation of gy (padded by 2 - p) with the flipped, transposed filter."""
+    gy, w = node.inputs
+    dt = gy.type.dtype
+    pad = (2 - g.padding[0], 2 - g.padding[1])
+    if min(pad) < 0 or not _applies(g, dt, g.o, g.c, (g.h, g.w)):
+        return False
+    gl = lw.locs[gy]
+    _winograd(lw, node, g, gl, image_strides(gl), lw.locs[w], lw.locs[node.outputs[0]],
+              flip=True, ci=g.o, co=g.c, in_hw=(g.ho, g.wo), out_hw=(g.h, g.w), pad=pad)
+    return True
+
+
+def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) -> None:
+    """out (co x out_hw per image) = the 3x3 correlation of src (ci x in_hw per image,
+    element strides `ss`, zero-padded by `pad`) with f[co, ci] (w, or w flipped and
+    transposed)."""
+    cv = Conv(lw, node, g, src.type.dtype)
+    dt = cv.dt
+    w = contiguous_in(lw, w)
+    th, tw = out_hw[0] // 2, out_hw[1] // 2
+    tiles = th * tw
+    hp, wp = out_hw[0] + 2, out_hw[1] + 2
+    nb = min(g.n, max(1, -(-BLOCK_TILES // tiles)))
+    t_max = nb * tiles
+    nxi = ALPHA * ALPHA
+    with contiguous_out(lw, out) as dst:
+        temps = workspace(lw, dt, (nxi, co, ci), (hp * wp,), (nxi, ci, t_max), (nxi, co, t_max))
+        kb, ids = image_kernel(lw, "conv2d_winograd", [src, w, dst] + temps)
+        si, wi, oi, ui, pi, vi, mi = ids
+        b = kb.begin()
+        with loop(b, 0, hp * wp, "zero") as q:
+            kb.store(b, pi, q, const(dt, 0.0))
+        _filter_transform(b, kb, dt, wi, ui, g, flip)
+        plane_out = out_hw[0] * out_hw[1]
+
+        def block(b, n0, count):
+            ld = count * tiles
+            with block_images(b, count) as j, loop(b, 0, ci, "ci") as c:
+                _pad_plane(b, kb, si, iadd(b, imul(b, iadd(b, n0, j), ss[0]), imul(b, c, ss[1])),
+                           ss[2:], in_hw, pi, wp, pad)
+                row_v = iadd(b, imul(b, c, ld), imul(b, j, tiles))
+                with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
+                    at = iadd(b, imul(b, ty, 2 * wp), imul(b, tx, 2))
+                    d = [[kb.load(b, pi, iadd(b, at, r * wp + s)) for s in range(ALPHA)]
+                         for r in range(ALPHA)]
+                    v = _sandwich(b, dt, BT, d)
+                    t = iadd(b, row_v, imul(b, ty, tw), tx)
+                    for xi in range(nxi):
+                        kb.store(b, vi, iadd(b, t, xi * ci * ld), v[xi // ALPHA][xi % ALPHA])
+            for xi in range(nxi):  # M[xi] (co x T) = U[xi] (co x ci, or its transpose) @ V[xi]
+                cv.gemm(b, kb, TRANS if flip else NOTRANS, NOTRANS, co, ld, ci,
+                        ui, xi * co * ci, co if flip else ci,
+                        vi, xi * ci * ld, ld, 0.0, mi, xi * co * ld, ld)
+            with block_images(b, count) as j, loop(b, 0, co, "co") as o:
+                row_m = iadd(b, imul(b, o, ld), imul(b, j, tiles))
+                plane = imul(b, iadd(b, imul(b, iadd(b, n0, j), co), o), plane_out)
+                with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
+                    t = iadd(b, row_m, imul(b, ty, tw), tx)
+                    m = [[kb.load(b, mi, iadd(b, t, (r * ALPHA + s) * co * ld))
+                          for s in range(ALPHA)] for r in range(ALPHA)]
+                    y = _sandwich(b, dt, AT, m)
+                    at = iadd(b, plane, imul(b, ty, 2 * out_hw[1]), imul(b, tx, 2))
+                    for r in range(2):
+                        for s in range(2):
+                            kb.store(b, oi, iadd(b, at, r * out_hw[1] + s), y[r][s])
+
+        over_blocks(b, g.n, nb, block)
+        lw.calls.append(kb.finish(b))
+
+
+def _filter_transform(b, kb, dt, wi, ui, g, flip) -> None:
+    """U[xi][o][c] = (G f G^T)[xi] for f = w[o, c], or w[o, c, ::-1, ::-1] when `flip` (the
+    input gradient's GEMMs read U transposed, through BLAS's flag); stores run along U's
+    rows."""
+    with loop(b, 0, g.o, "wo") as o, loop(b, 0, g.c, "wc") as c:
+        base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
+        f = [[kb.load(b, wi, iadd(b, base, (2 - r if flip else r) * 3 + (2 - s if flip else s)))
+              for s in range(3)] for r in range(3)]
+        u = _sandwich(b, dt, G, f)
+        at = iadd(b, imul(b, o, g.c), c)
+        for xi in range(ALPHA * ALPHA):
+            kb.store(b, ui, iadd(b, at, xi * g.o * g.c), u[xi // ALPHA][xi % ALPHA])
+
+
+def _pad_plane(b, kb, src, base, strides, hw, dst, wp, pad) -> None:
+    """dst[(r + pad_h) * wp + pad_w + q] = src[base + r*strides[0] + q*strides[1]]; the rest
+    of dst (zeroed once per kernel) stays zero."""
+    with loop(b, 0, hw[0], "pr") as r:
+        row = iadd(b, base, imul(b, r, strides[0]))
+        at = iadd(b, imul(b, r, wp), pad[0] * wp + pad[1])
+        with loop(b, 0, hw[1], "pq") as q:
+            kb.store(b, dst, b.add(at, q), kb.load(b, src, iadd(b, row, imul(b, q, strides[1]))))

@@ -1,0 +1,124 @@
+"""The CPU backend's Winograd F(2x2, 3x3) convolutions (graphc.backends.cpu.conv_winograd):
+the transform matrices against a direct correlation, then the forward and input gradient on
+shapes that take the path (padding 0-2, blocks of images with a partial last block,
+unbatched, strided inputs) and shapes that must not (odd outputs, stride 2, groups,
+dilation, few channels), against the interpreter and within 2x eager's distance from a
+float64 run (graphc.testing.assert_rounding_within)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+
+from graphc.backends.cpu import conv_winograd  # noqa: E402
+from graphc.ir.interpreter import run as interpret  # noqa: E402
+from graphc.testing import assert_rounding_within  # noqa: E402
+from tests.test_cpu_backend import compare  # noqa: E402
+from tests.test_cpu_conv_paths import _graphs  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def check_winograd(xs, ws, stride, padding, groups):
+    """Forward and input gradient: equal to the interpreter within float32 rounding, within
+    2x eager's distance from float64, and lowered by conv_winograd."""
+    rng = np.random.default_rng(sum(xs) + 7 * sum(ws))
+    gs, graphs = _graphs(xs, ws, stride, padding, groups)
+    _, wide = _graphs(xs, ws, stride, padding, groups, "float64")
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    gy = rng.standard_normal(gs).astype(np.float32)
+    for kind, args in (("fwd", [x, w]), ("gx", [gy, w])):
+        exe = compare(graphs[kind], args, rtol=1e-4)
+        got = exe.run(*args)[0]
+        eager = interpret(graphs[kind], *args)[0]
+        reference = interpret(wide[kind], *[a.astype(np.float64) for a in args])[0]
+        assert_rounding_within(got, eager, reference)
+        assert "conv2d_winograd" in exe.lowered.ir_text, kind
+
+
+def test_transforms_compute_the_correlation():
+    rng = np.random.default_rng(3)
+    bt, g, at = (np.array(m, dtype=np.float64) for m in
+                 (conv_winograd.BT, conv_winograd.G, conv_winograd.AT))
+    d, f = rng.standard_normal((4, 4)), rng.standard_normal((3, 3))
+    want = np.array([[(d[i:i + 3, j:j + 3] * f).sum() for j in range(2)] for i in range(2)])
+    got = at @ ((g @ f @ g.T) * (bt @ d @ bt.T)) @ at.T
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+# (input, weight, stride, padding, groups)
+TAKEN = [
+    ((2, 16, 6, 6), (16, 16, 3, 3), (1, 1), (1, 1), 1),
+    ((3, 16, 4, 4), (24, 16, 3, 3), (1, 1), (1, 1), 1),  # 4 tiles an image: blocks
+    ((2, 20, 8, 6), (16, 20, 3, 3), (1, 1), (0, 0), 1),  # no padding, rectangular
+    ((1, 16, 4, 6), (16, 16, 3, 3), (1, 1), (2, 2), 1),  # padding 2: gx padded by 0
+    ((16, 6, 4), (16, 16, 3, 3), (1, 1), (1, 2), 1),  # unbatched, unequal padding
+]
+
+
+@pytest.mark.parametrize("case", range(len(TAKEN)))
+def test_winograd_forward_and_input_grad(case):
+    check_winograd(*TAKEN[case])
+
+
+def test_blocks_with_a_partial_last_block(monkeypatch):
+    monkeypatch.setattr(conv_winograd, "BLOCK_TILES", 8)  # 2 images a block, 5 images
+    check_winograd((5, 16, 4, 4), (16, 16, 3, 3), (1, 1), (1, 1), 1)
+
+
+def test_strided_input_view():
+    import graphc
+    from graphc.passes.fuse import fuse
+
+    rng = np.random.default_rng(11)
+    x = graphc.tensor(rng.standard_normal((2, 16, 8, 8)).astype(np.float32))
+    w = graphc.tensor(rng.standard_normal((16, 16, 3, 3)).astype(np.float32))
+    g = fuse(graphc.trace(
+        lambda x, w: graphc.conv2d(x.transpose(2, 3), w, padding=1).relu(), x, w))
+    exe = compare(g, [x.numpy(), w.numpy()], rtol=1e-4)
+    assert "conv2d_winograd" in exe.lowered.ir_text
+
+
+NOT_TAKEN = [
+    ((2, 16, 7, 7), (16, 16, 3, 3), (1, 1), (1, 1), 1),  # odd output plane
+    ((2, 16, 8, 8), (16, 16, 3, 3), (2, 2), (1, 1), 1),  # stride 2
+    ((2, 16, 6, 6), (16, 8, 3, 3), (1, 1), (1, 1), 2),  # groups
+    ((2, 4, 6, 6), (16, 4, 3, 3), (1, 1), (1, 1), 1),  # few input channels
+    ((2, 16, 6, 6), (16, 16, 5, 5), (1, 1), (2, 2), 1),  # 5x5
+]
+
+
+@pytest.mark.parametrize("case", range(len(NOT_TAKEN)))
+def test_other_convolutions_keep_im2col(case):
+    xs, ws, stride, padding, groups = NOT_TAKEN[case]
+    rng = np.random.default_rng(case)
+    gs, graphs = _graphs(xs, ws, stride, padding, groups)
+    args = {"fwd": [xs, ws], "gx": [gs, ws]}
+    for kind in ("fwd", "gx"):
+        arrays = [rng.standard_normal(s).astype(np.float32) for s in args[kind]]
+        exe = compare(graphs[kind], arrays, rtol=1e-4)
+        assert "conv2d_winograd" not in exe.lowered.ir_text, kind
+
+
+def test_dilated_convolution_keeps_im2col():
+    rng = np.random.default_rng(2)
+    _, graphs = _graphs((2, 16, 8, 8), (16, 16, 3, 3), (1, 1), (2, 2), 1, dilation=(2, 2))
+    x = rng.standard_normal((2, 16, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    exe = compare(graphs["fwd"], [x, w], rtol=1e-4)
+    assert "conv2d_winograd" not in exe.lowered.ir_text
+
+
+def test_input_grad_with_padding_past_two_keeps_im2col():
+    rng = np.random.default_rng(4)
+    gs, graphs = _graphs((1, 16, 4, 4), (16, 16, 3, 3), (1, 1), (3, 3), 1)
+    gy = rng.standard_normal(gs).astype(np.float32)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    exe = compare(graphs["gx"], [gy, w], rtol=1e-4)
+    assert "conv2d_winograd" not in exe.lowered.ir_text
