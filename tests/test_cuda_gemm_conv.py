@@ -126,3 +126,26 @@ def test_input_gradient(rng, stride):
     want = compile_graph(parse(text.replace("f32", "f64")), "interp").run(
         g.astype(np.float64), w.astype(np.float64))[0]
     np.testing.assert_allclose(ex.run(g, w)[0], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m, k, n, transpose_b", [
+    (37, 131, 29, False), (130, 77, 67, True), (5, 203, 3, False), (129, 24, 130, True),
+    (1, 25, 1, False)])
+def test_pipelined_gemm_on_odd_shapes(rng, m, k, n, transpose_b):
+    """k >= 24: gc_gemm_f32 runs the cp.async pipeline (runtime/csrc/kernels/
+    gemm_pipeline.cuh; the emulation lands each copy at its thread's wait, so a stage read
+    too early gives wrong numbers); odd m, n, k leave partial tiles and a partial last k step,
+    and a transposed B is read k-contiguous (4-byte copies)."""
+    b_shape = (n, k) if transpose_b else (k, n)
+    b_view = f'''  %t: f32[{k},{n}] = permute[dims=(1, 0)](%b)
+''' if transpose_b else ""
+    text = f'''graph @f(%a: f32[{m},{k}], %b: f32[{",".join(map(str, b_shape))}]) -> (f32[{m},{n}]) {{
+{b_view}  %0: f32[{m},{n}] = matmul(%a, {"%t" if transpose_b else "%b"})
+  return (%0)
+}}'''  # noqa: E501
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    ex = compile_graph(parse(text), "cuda")
+    assert "gc_gemm_f32" in _calls(ex) or "gc_gemm_strided_batched_f32" in _calls(ex)
+    want = a.astype(np.float64) @ (b.T if transpose_b else b).astype(np.float64)
+    np.testing.assert_allclose(ex.run(a, b)[0], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))

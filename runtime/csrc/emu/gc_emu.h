@@ -15,6 +15,8 @@
  *     overruns) and filled with 0xff bytes (NaN floats) before every block;
  *   - "device" memory is host memory; __CUDA_ARCH__ is not defined; warpSize is 32;
  *   - a warp function reading a lane that did not take part returns the caller's own value;
+ *   - cp.async copies (__pipeline_memcpy_async) land when their thread waits for them
+ *     (__pipeline_wait_prior), not when they are issued;
  *   - checking modes (GRAPHC_EMU_RACECHECK, GRAPHC_EMU_SCHEDULE; runtime/csrc/README.md) see
  *     memory accesses only in code compiled with -fsanitize=thread (the emu-checked build).
  * GC_EMU_EXPORT(name) after an extern "C" kernel makes it launchable through gc_launch.
@@ -270,6 +272,53 @@ static inline int __all_sync(unsigned mask, int predicate, GC_EMU_CALL_SITE) {
     return ::gc_emu::vote(mask, !predicate, gc_file, gc_line) == 0;
 }
 #undef GC_EMU_CALL_SITE
+
+/* ---- asynchronous copies (cuda_pipeline.h's primitives) ---------------------------------- */
+/* __pipeline_memcpy_async queues a copy on this CUDA thread; __pipeline_commit closes the
+ * current group; __pipeline_wait_prior(n) performs the copies of every committed group but the
+ * newest n, here, in the waiting thread. So a copy lands no earlier than CUDA lets a kernel
+ * rely on it: a thread that reads a stage before its wait reads stale data, another thread
+ * sees it only after a barrier that follows the wait, and racecheck sees the shared-memory
+ * writes at the wait (the copy loop below is in the kernel's object, so it is instrumented).
+ * A copy never waited for lands when its thread exits. Sizes 4, 8 or 16 with both addresses
+ * aligned to them, zfill <= size, as in CUDA; anything else is a launch fault. */
+namespace gc_emu {
+struct PipelineCopy {
+    void *dst;
+    const void *src;
+    uint32_t bytes, zfill;
+    uint64_t group;
+};
+void pipeline_copy_async(void *dst, const void *src, size_t bytes, size_t zfill);
+void pipeline_commit();
+/* takes this thread's copies of the committed groups older than the newest `prior` */
+size_t pipeline_take(size_t prior, const PipelineCopy **copies);
+} /* namespace gc_emu */
+
+static inline void __pipeline_memcpy_async(void *__restrict__ dst_shared,
+                                           const void *__restrict__ src_global,
+                                           size_t size_and_align, size_t zfill = 0) {
+    ::gc_emu::pipeline_copy_async(dst_shared, src_global, size_and_align, zfill);
+}
+static inline void __pipeline_commit() { ::gc_emu::pipeline_commit(); }
+/* no loop-to-memcpy rewrite: a memcpy call would hide the accesses from racecheck */
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+static inline void __pipeline_wait_prior(size_t prior) {
+    const ::gc_emu::PipelineCopy *copies;
+    const size_t count = ::gc_emu::pipeline_take(prior, &copies);
+    for (size_t i = 0; i < count; ++i) {
+        unsigned char *dst = static_cast<unsigned char *>(copies[i].dst);
+        const unsigned char *src = static_cast<const unsigned char *>(copies[i].src);
+        const uint32_t keep = copies[i].bytes - copies[i].zfill;
+        if (keep % 4 == 0) {
+            for (uint32_t w = 0; w < keep / 4; ++w)
+                reinterpret_cast<uint32_t *>(dst)[w] = reinterpret_cast<const uint32_t *>(src)[w];
+        } else {
+            for (uint32_t b = 0; b < keep; ++b) dst[b] = src[b];
+        }
+        for (uint32_t b = keep; b < copies[i].bytes; ++b) dst[b] = 0;
+    }
+}
 
 /* ---- atomics ---------------------------------------------------------------------------- */
 #define GC_EMU_INTEGER_ATOMICS(T)                                                              \

@@ -163,6 +163,12 @@ struct Fiber {
     bool preempted = false; /* stopped at a memory access, not at a barrier or exit */
     uint3 thread_idx{0, 0, 0};
     void *fake_stack = nullptr; /* AddressSanitizer's per-fiber state */
+    /* cp.async copies issued and not yet waited for; each tagged with its commit group */
+    std::vector<PipelineCopy> pipeline;
+    uint64_t committed = 0; /* groups committed: the uncommitted copies carry this number */
+    /* the copies its __pipeline_wait_prior is performing: per fiber, since the random
+     * schedule may switch fibers in the middle of that copy loop */
+    std::vector<PipelineCopy> landing;
 };
 
 struct Warp {
@@ -264,10 +270,17 @@ void yield(Scheduler &s, Fiber &f, bool exiting) {
     asan_finish_switch(f.fake_stack, &s.stack_bottom, &s.stack_size);
 }
 
+void land_copy(const PipelineCopy &c) {
+    memcpy(c.dst, c.src, c.bytes - c.zfill);
+    memset(static_cast<char *>(c.dst) + (c.bytes - c.zfill), 0, c.zfill);
+}
+
 extern "C" void gc_emu_fiber_main(Fiber *f) {
     Scheduler &s = *tls_scheduler;
     asan_finish_switch(nullptr, &s.stack_bottom, &s.stack_size);
     s.body(s.closure);
+    for (const PipelineCopy &c : f->pipeline) land_copy(c); /* never waited for: lands now */
+    f->pipeline.clear();
     f->state = State::kExited;
     yield(s, *f, true);
     __builtin_unreachable();
@@ -527,6 +540,8 @@ bool run_grid(const char *kernel, dim3 grid, dim3 block, int64_t shared_bytes, K
                     f.thread_idx = {i % block.x, i / block.x % block.y, i / (block.x * block.y)};
                     f.state = State::kRunnable;
                     f.preempted = false;
+                    f.pipeline.clear(); /* a faulted block may have left copies */
+                    f.committed = 0;
                     prepare(f);
                 }
                 for (int w = 0; w * kWarpSize < threads; ++w) {
@@ -552,6 +567,45 @@ void clear_fault() { tls_fault.clear(); }
 void record_fault(const char *message) { tls_fault = message; }
 
 void *dynamic_shared() { return running_scheduler("dynamic shared memory").dynamic_shared; }
+
+void pipeline_copy_async(void *dst, const void *src, size_t bytes, size_t zfill) {
+    Scheduler &s = running_scheduler("__pipeline_memcpy_async()");
+    Fiber &f = s.fibers[s.running];
+    if ((bytes != 4 && bytes != 8 && bytes != 16) || zfill > bytes ||
+        reinterpret_cast<uintptr_t>(dst) % bytes || reinterpret_cast<uintptr_t>(src) % bytes) {
+        if (tls_fault.empty()) /* the first one is the fault */
+            set_fault("thread (%u,%u,%u) of block (%u,%u,%u): __pipeline_memcpy_async(%p, %p, "
+                      "%zu, %zu): the size must be 4, 8 or 16 bytes, both addresses aligned "
+                      "to it, and zfill at most the size", f.thread_idx.x, f.thread_idx.y,
+                      f.thread_idx.z, current.block_idx.x, current.block_idx.y,
+                      current.block_idx.z, dst, src, bytes, zfill);
+        return;
+    }
+    f.pipeline.push_back({dst, src, (uint32_t)bytes, (uint32_t)zfill, f.committed});
+}
+
+void pipeline_commit() {
+    Scheduler &s = running_scheduler("__pipeline_commit()");
+    ++s.fibers[s.running].committed;
+}
+
+size_t pipeline_take(size_t prior, const PipelineCopy **copies) {
+    Scheduler &s = running_scheduler("__pipeline_wait_prior()");
+    Fiber &f = s.fibers[s.running];
+    std::vector<PipelineCopy> &ready = f.landing;
+    ready.clear();
+    const uint64_t done = f.committed > prior ? f.committed - prior : 0; /* groups < done */
+    size_t kept = 0;
+    for (const PipelineCopy &c : f.pipeline) {
+        if (c.group < done)
+            ready.push_back(c);
+        else
+            f.pipeline[kept++] = c;
+    }
+    f.pipeline.resize(kept);
+    *copies = ready.data();
+    return ready.size();
+}
 
 void syncthreads() {
     Scheduler &s = running_scheduler("__syncthreads()");

@@ -1,13 +1,16 @@
 /* gemm.cu: the GEMM entries of graphc_rt.h (gc_gemm_f32, gc_gemm_strided_batched_f32,
  * gc_gemm_tf32_f32).
  *
- * FP32 runs gemm_tile.cuh's SIMT kernel (128 x 128 block tile, 8 x 8 per thread). TF32 runs
+ * FP32 runs the SIMT tile kernel (128 x 128 block tile, 8 x 8 per thread): with a 3-stage
+ * cp.async pipeline (gemm_pipeline.cuh) when k spans at least 3 k steps (24), otherwise
+ * gemm_tile.cuh's register double buffering. TF32 runs
  * a wmma tensor-core kernel in the CUDA build (64 x 64 block tile, 4 warps of 32 x 32, inputs
  * rounded with __float_to_tf32, FP32 accumulation); the emulation has no tensor cores, so
  * there the same entry rounds A and B to TF32 as they are loaded and runs the SIMT kernel.
  * Invariants: every argument is validated before any launch; m, n or batch == 0 launches
  * nothing; k == 0 scales C by beta; beta == 0 never reads C (NaN in C is overwritten).
  */
+#include "gemm_pipeline.cuh"
 #include "gemm_tile.cuh"
 
 #ifndef GC_EMULATION
@@ -60,6 +63,10 @@ gc_status run_simt(int64_t m, int64_t n, int64_t k, float alpha, const float *a,
     const auto op_b = matrix_operand<TRANS_B, TF32>(b, ldb, stride_b, TRANS_B ? n : k,
                                                     TRANS_B ? k : n);
     const MatrixOutput out = matrix_output(c, ldc, stride_c, m, n, alpha, beta, nullptr, 0);
+    if constexpr (!TF32) { /* TF32 rounds its values in registers: no cp.async */
+        if (gemm_pipeline_fits(k))
+            return launch_gemm_pipeline(op_a, op_b, out, m, n, k, batch, stream, what);
+    }
     return launch_gemm_tiles(op_a, op_b, out, m, n, k, batch, stream, what);
 }
 

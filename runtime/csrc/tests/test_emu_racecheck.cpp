@@ -112,6 +112,34 @@ __global__ void draw_tickets(int *tickets) {
     tickets[1 + threadIdx.x] = atomicAdd(tickets, 1);
 }
 
+/* cp.async: each thread copies x[t] into the stage, waits for it, then reads its neighbour's
+ * slot; without the barrier after the waits, the neighbour's copy may not have landed */
+__global__ void pipeline_shift(const float *x, float *out, int synchronise) {
+    __shared__ __align__(16) float stage[64];
+    const int t = threadIdx.x;
+    __pipeline_memcpy_async(&stage[t], &x[t], sizeof(float));
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    if (synchronise) __syncthreads();
+    out[t] = stage[(t + 1) % 64];
+}
+
+/* reads its own slot of the (0xff-filled) dynamic stage before and after waiting: a copy lands
+ * at the wait, not when it is issued */
+__global__ void pipeline_early_read(const float *x, float *out) {
+    GC_DYNAMIC_SHARED(float, stage);
+    const int t = threadIdx.x;
+    __pipeline_memcpy_async(&stage[4 * t], &x[4 * t], 4 * sizeof(float));
+    __pipeline_commit();
+    __pipeline_memcpy_async(&stage[256 + t], &x[t], sizeof(float));
+    __pipeline_commit();
+    out[3 * t] = stage[4 * t];         /* before any wait: not landed */
+    __pipeline_wait_prior(1);          /* the first group only */
+    out[3 * t + 1] = stage[4 * t + 3]; /* landed */
+    out[3 * t + 2] = stage[256 + t];   /* the second group: not yet */
+    __pipeline_wait_prior(0);
+}
+
 /* ---- launchers --------------------------------------------------------------------------- */
 static gc_status run_racy_block_sum(const float *x, float *out) {
     GC_LAUNCH(racy_block_sum, dim3(2), dim3(64), 0, nullptr)(x, out);
@@ -158,6 +186,18 @@ static gc_status run_half_warp_shuffles(int *out) {
 static gc_status run_draw_tickets(int *tickets) {
     GC_LAUNCH(draw_tickets, dim3(1), dim3(64), 0, nullptr)(tickets);
     GC_CHECK_LAUNCH("draw_tickets test");
+    return GC_SUCCESS;
+}
+
+static gc_status run_pipeline_shift(const float *x, float *out, int synchronise) {
+    GC_LAUNCH(pipeline_shift, dim3(1), dim3(64), 0, nullptr)(x, out, synchronise);
+    GC_CHECK_LAUNCH("pipeline_shift test");
+    return GC_SUCCESS;
+}
+
+static gc_status run_pipeline_early_read(const float *x, float *out) {
+    GC_LAUNCH(pipeline_early_read, dim3(1), dim3(64), 320 * sizeof(float), nullptr)(x, out);
+    GC_CHECK_LAUNCH("pipeline_early_read test");
     return GC_SUCCESS;
 }
 
@@ -215,6 +255,27 @@ static void check_races() {
     CHECK(reduced[0] == expected, "row sum %f, expected %f", reduced[0], expected);
 }
 
+static void check_pipeline_race() {
+    std::vector<float> x(64), out(64, 0.0f);
+    for (int i = 0; i < 64; ++i) x[i] = (float)i;
+    const char *race[] = {"racecheck: kernel pipeline_shift", "race on __shared__ memory",
+                          "__pipeline_wait_prior", "no __syncthreads() orders them", nullptr};
+    expect_report(run_pipeline_shift(x.data(), out.data(), 0), "cp.async without a barrier",
+                  race);
+    expect_clean(run_pipeline_shift(x.data(), out.data(), 1), "cp.async with its barrier");
+    CHECK(out[0] == 1.0f && out[63] == 0.0f, "shifted %f %f", out[0], out[63]);
+}
+
+static void check_pipeline_landing() {
+    std::vector<float> x(256), out(3 * 64, 0.0f);
+    for (int i = 0; i < 256; ++i) x[i] = (float)i;
+    expect_clean(run_pipeline_early_read(x.data(), out.data()), "cp.async early read");
+    CHECK(out[3 * 5] != out[3 * 5] && out[3 * 5 + 1] == 23.0f && out[3 * 5 + 2] != out[3 * 5 + 2],
+          "thread 5 read %f before its wait (expected the unlanded NaN fill), %f after "
+          "(expected 23), %f from the group not waited for (expected NaN)", out[15], out[16],
+          out[17]);
+}
+
 static void check_warp_calls() {
     std::vector<int> lanes(32, -1);
     const char *divergent[] = {"divergent_shuffle test", "warp 0 lane",
@@ -256,12 +317,14 @@ int main(int argc, char **argv) {
         printf("test_emu_racecheck: planting races: the reports on stderr are expected\n");
         fflush(stdout);
         check_races();
+        check_pipeline_race();
     }
     else
         printf("test_emu_racecheck: not instrumented (built without -fsanitize=thread): race "
                "checks skipped; `make racecheck` runs them\n");
     check_warp_calls();
     check_random_order();
+    check_pipeline_landing();
     if (failures) {
         fprintf(stderr, "test_emu_racecheck: %d check(s) failed\n", failures);
         return 1;
