@@ -73,6 +73,7 @@ from graphc.jit.compiled_autograd import (
     partition,
 )
 from graphc.jit.dynamic import ConstraintViolationError, mark_dynamic, marked_dims
+from graphc.jit.first_step import FirstStep
 from graphc.jit.guards import (
     Guard,
     ShapeGuard,
@@ -293,10 +294,22 @@ class Compiled:
                 )
         lazy_state = nan_check.LazyState(self.fn, args, kwargs)  # undoes state made lazily
         dynamic = self._dynamic_dims(args, kwargs)
+        first = None
         try:
+            # the next call's state, made ahead; not for the interpreter, which compiles
+            # nothing: it traces each call as it comes (the reference)
+            first = FirstStep(self.fn, args, kwargs, enabled=self.backend != "interp")
             traced = self._trace_once(args, kwargs, dynamic)
+            if first.reads_stand_ins(traced):
+                # the graph reads .grads from before the call: trace what this call sees
+                traced.restore()
+                first.drop_stand_ins()
+                traced = self._trace_once(args, kwargs, dynamic)
+            first.settle(traced)
         except BaseException:
-            lazy_state.drop_new()  # a failed trace leaves no abstract optimizer state behind
+            if first is not None:
+                first.undo()
+            lazy_state.drop_new()  # a failed trace leaves no optimizer state behind
             raise
         try:
             with _symbolic(traced):
@@ -305,8 +318,11 @@ class Compiled:
                 passes = self._passes(traced.graph)
                 optimized, self.report = _optimize(traced.graph, passes, verify=True,
                                                       dump_prefix=prefix)
-                if not needs_grad and self.backend != "interp" and \
-                        _creates_state(traced, guard, args, kwargs):
+                warm_up = [] if needs_grad or self.backend == "interp" else \
+                    _state_made(traced, guard, args, kwargs, first)
+                if warm_up:
+                    _log(f"{self.__name__}: the first call runs on the interpreter, then the "
+                         f"call is traced again on the state it left: {'; '.join(warm_up)}")
                     return self._warm_up(sig, guard, traced, optimized, args, kwargs,
                                          lazy_state, dynamic)
                 executable = _backend_compile(optimized, self.backend)
@@ -322,13 +338,37 @@ class Compiled:
         # The trace ran abstractly: it wrote no tensor, and the compiled run makes this call's
         # effects, once. Undo what it did set (.grads, generator draws) before that run.
         traced.restore()
+        changed = first.changes_state(traced)
+        if changed:
+            _log(f"{self.__name__}: the first call made {first.describe()} ahead of its "
+                 "trace and runs compiled (one trace for this and every later call)")
         try:
-            return self._run(self._entries[-1], args, kwargs, escaped=traced.escaped)
-        except nan_check.NonFiniteError:  # refused like a failed trace: no entry, no state
-            self._entries.pop()
-            self._mark_shadowed()
-            lazy_state.drop_new()
+            result = self._run(self._entries[-1], args, kwargs, escaped=traced.escaped)
+        except Exception as err:
+            if isinstance(err, nan_check.NonFiniteError) or first.made:
+                # refused like a failed trace: no entry, no state made for it
+                self._entries.pop()
+                self._mark_shadowed()
+                lazy_state.drop_new()
             raise
+        except BaseException:  # a Ctrl-C, held until the step was complete: it stands
+            if changed:
+                self._sign_steady(self._entries[-1], args, kwargs)
+            raise
+        if changed:
+            self._sign_steady(self._entries[-1], args, kwargs)
+        return result
+
+    def _sign_steady(self, entry: _Entry, args: tuple, kwargs: dict) -> None:
+        """The entry's signature and guard from the state the first call left (optimizer
+        state and .grads it made): the state every later call comes with."""
+        guard = Guard(self.fn, args, kwargs)
+        modules, captured = reachable_state(self.fn, args, kwargs)
+        guard.set_dynamic(entry.dynamic)
+        entry.signature = mask_signature(signature_of(self.fn, modules, args, kwargs, captured),
+                                         entry.dynamic)
+        entry.guard = guard
+        self._mark_shadowed()
 
     def _warm_up(self, sig: dict, guard: Guard, traced: TraceResult, optimized, args: tuple,
                  kwargs: dict, lazy_state, dynamic: dict):
@@ -636,14 +676,27 @@ class Compiled:
         return assigned
 
 
-def _creates_state(traced: TraceResult, guard: Guard, args: tuple, kwargs: dict) -> bool:
-    """Whether this call makes state the next call will read: optimizer state created
-    lazily (`escaped`), or a `.grad` that was None before the call and is assigned by it."""
+def _state_made(traced: TraceResult, guard: Guard, args: tuple, kwargs: dict,
+                first: FirstStep) -> list[str]:
+    """What this call makes that the next call will read and the trace did not already see
+    (empty when nothing): state created lazily (`escaped`: optimizer state whose first step
+    is not exact, a tensor attribute set in the call), or a `.grad` that was None before the
+    call, is assigned by it and had no stand-in (an argument's, or a graph that reads the
+    `.grad`s from before the call: graphc.jit.first_step)."""
+    reasons = []
     if traced.escaped:
-        return True
-    was_none = {id(t) for t, key in guard.grads if key is None}
-    return any(go.index is not None and id(go.resolve(args, kwargs)) in was_none
-               for go in traced.grad_outputs)
+        inexact = f" ({', '.join(first.inexact)}: its first step is not its steady update " \
+            "on zero state)" if first.inexact else ""
+        reasons.append(f"it creates {len(traced.escaped)} state tensor(s){inexact}")
+    stood_in = {id(h) for h, _ in first.stand_ins}
+    was_none = {id(t) for t, key in guard.grads if key is None} - stood_in
+    assigned = sum(go.index is not None and id(go.resolve(args, kwargs)) in was_none
+                   for go in traced.grad_outputs)
+    if assigned:
+        reasons.append(f"it assigns {assigned} .grad(s) that were None"
+                       + (" and its graph reads the .grads from before the call (gradients "
+                          "accumulated across calls?)" if first.stand_ins_read else ""))
+    return reasons
 
 
 def _bound_tensor(binding, args: tuple, kwargs: dict) -> Tensor:

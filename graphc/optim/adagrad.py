@@ -1,6 +1,8 @@
 """Adagrad: PyTorch's update (`torch.optim.adagrad._single_tensor_adagrad`).
 
-Per parameter (state made at construction, as PyTorch: step 0, sum = initial value):
+Per parameter (state made at construction, as PyTorch: step 0, sum = initial value; for a
+parameter added later by `add_param_group`, at its first update, from the defaults' initial
+value, as PyTorch's `_init_group`):
 
     step += 1
     g = -grad if maximize else grad
@@ -49,11 +51,22 @@ class Adagrad(Optimizer):
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
-                state = self.state[p]
-                state["step"] = call("full", shape=(), value=0.0, dtype="float32")
-                state["sum"] = call("full", shape=tuple(p.shape),
-                                    value=float(group["initial_accumulator_value"]),
-                                    dtype=p.dtype.name)
+                self.state[p].update(self._fresh_state(p, group["initial_accumulator_value"]))
+
+    @staticmethod
+    def _fresh_state(p: Tensor, initial_accumulator_value) -> dict[str, Any]:
+        return {"step": call("full", shape=(), value=0.0, dtype="float32"),
+                "sum": call("full", shape=tuple(p.shape), value=float(initial_accumulator_value),
+                            dtype=p.dtype.name)}
+
+    def initial_state(self, group: dict[str, Any], p: Tensor) -> dict[str, Any]:
+        """The state of a parameter added after construction (`add_param_group`), made as
+        PyTorch's `_init_group` makes it, from the *defaults'* initial_accumulator_value;
+        exact ahead of the first update, which is the steady one applied to it. Parameters
+        given at construction have their state from `__init__`: {}."""
+        if len(self.state.get(p, {})) != 0:
+            return {}
+        return self._fresh_state(p, self.defaults["initial_accumulator_value"])
 
     def _check_group(self, group: dict[str, Any]) -> None:
         check_lr(group["lr"])
@@ -71,6 +84,7 @@ class Adagrad(Optimizer):
         weight_decay = group["weight_decay"]
         for p, grad in zip(params, grads):
             state = self.state[p]
+            state.update(self.initial_state(group, p))  # a parameter added later, as PyTorch
             step_t = state["step"]
             step_t.add_(1)
             g = -grad if group["maximize"] else grad

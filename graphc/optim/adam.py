@@ -104,20 +104,27 @@ class Adam(Optimizer):
             if missing:
                 raise KeyError(f"{type(self).__name__}: the state of a parameter lacks {missing}")
 
+    def initial_state(self, group: dict[str, Any], p: Tensor) -> dict[str, Any]:
+        """PyTorch's lazy initialisation (a `step` of 0.0 and zero moments), exact ahead of
+        the first update: that update is the steady one applied to zero state."""
+        state = self.state.get(p, {})
+        if len(state) == 0:
+            new = {"step": call("full", shape=(), value=0.0, dtype=_STEP_DTYPE.name),
+                   "exp_avg": zeros_state(p), "exp_avg_sq": zeros_state(p)}
+            if group["amsgrad"]:
+                new["max_exp_avg_sq"] = zeros_state(p)
+            return new
+        if group["amsgrad"] and "max_exp_avg_sq" not in state:
+            # amsgrad switched on after some steps: start the running max from zero
+            return {"max_exp_avg_sq": zeros_state(p)}
+        return {}
+
     def _update_group(self, group: dict[str, Any], params: list, grads: list) -> None:
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         weight_decay, amsgrad = group["weight_decay"], group["amsgrad"]
         for p, grad in zip(params, grads):
             state = self.state[p]
-            if len(state) == 0:  # lazy initialisation, as PyTorch
-                state["step"] = call("full", shape=(), value=0.0, dtype=_STEP_DTYPE.name)
-                state["exp_avg"] = zeros_state(p)
-                state["exp_avg_sq"] = zeros_state(p)
-                if amsgrad:
-                    state["max_exp_avg_sq"] = zeros_state(p)
-            elif amsgrad and "max_exp_avg_sq" not in state:
-                # amsgrad switched on after some steps: start the running max from v
-                state["max_exp_avg_sq"] = zeros_state(p)
+            state.update(self.initial_state(group, p))  # lazy initialisation, as PyTorch
             step_t, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
 
             step_t.add_(1)

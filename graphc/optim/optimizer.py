@@ -285,6 +285,43 @@ class Optimizer:
     def _update_group(self, group: dict[str, Any], params: list, grads: list) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not implement its update")
 
+    # ---- the first step's state, made ahead (graphc.compile) ------------------------------
+    def initial_state(self, group: dict[str, Any], p: Tensor) -> dict[str, Any] | None:
+        """The state entries the next update of `p` would create (those its state lacks),
+        when its first update equals the steady update applied to that state: {} when the
+        update creates none; None when the first update is different (SGD's momentum buffer
+        with dampening starts as a clone of the gradient) or the optimizer does not say (the
+        default: a custom optimizer). A subclass that gives it uses it for its own lazy
+        initialisation too, so the state made ahead and the state made lazily are one code."""
+        return None
+
+    def make_first_step_state(self) -> list[tuple[Tensor, str]] | None:
+        """Make now the state the next `step()` would make lazily for every parameter that
+        requires grad, where that is exact (`initial_state`), so that a trace of a training
+        step already sees the state of every later step and one graph serves them all
+        (graphc.compile). Returns the (parameter, key) pairs made; None, making nothing, when
+        some parameter's first update is not exact, or a subclass replaced `step` or the
+        update without saying what its first update creates. A parameter that then gets no
+        gradient in the step must have its new state removed again (PyTorch makes state only
+        for parameters with a gradient): graphc.jit.first_step does."""
+        if not _first_step_is_exact(type(self)):
+            return None
+        planned = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                new = self.initial_state(group, p)
+                if new is None:
+                    return None
+                if new:
+                    planned.append((p, new))
+        made = []
+        for p, new in planned:
+            self.state[p].update(new)
+            made += [(p, key) for key in new]
+        return made
+
     # ---- saving and loading ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """{"state": {index: {...}}, "param_groups": [{..., "params": [indices]}]}; copies."""
@@ -343,6 +380,20 @@ class Optimizer:
                 if key != "params":
                     text += f"    {key}: {group[key]}\n"
         return text + ")"
+
+
+def _owner(cls: type, name: str) -> type:
+    """The class of `cls`'s MRO that defines attribute `name`."""
+    return next(k for k in cls.__mro__ if name in vars(k))
+
+
+def _first_step_is_exact(cls: type) -> bool:
+    """Whether `initial_state` of `cls` speaks for its update: `step` is the base's, and the
+    class that says what the first update creates also defines that update (or derives from
+    the class that does): a subclass that replaced the update alone would be misdescribed."""
+    says = _owner(cls, "initial_state")
+    return cls.step is Optimizer.step and says is not Optimizer \
+        and issubclass(says, _owner(cls, "_update_group"))
 
 
 def _copy_value(value):

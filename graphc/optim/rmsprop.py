@@ -64,19 +64,32 @@ class RMSprop(Optimizer):
         if not 0.0 <= group["alpha"]:
             raise ValueError(f"Invalid alpha value: {group['alpha']}")
 
+    def initial_state(self, group: dict[str, Any], p: Tensor) -> dict[str, Any]:
+        """PyTorch's lazy initialisation (a `step` of 0.0, zero averages, a zero momentum
+        buffer when momentum is on), exact ahead of the first update: that update is the
+        steady one applied to zero state."""
+        state = self.state.get(p, {})
+        momentum = group["momentum"]
+        uses_momentum = isinstance(momentum, Tensor) or momentum > 0
+        if len(state) == 0:
+            new = {"step": call("full", shape=(), value=0.0, dtype="float32"),
+                   "square_avg": zeros_state(p)}
+            if uses_momentum:
+                new["momentum_buffer"] = zeros_state(p)
+            if group["centered"]:
+                new["grad_avg"] = zeros_state(p)
+            return new
+        if uses_momentum and "momentum_buffer" not in state:
+            return {"momentum_buffer": zeros_state(p)}  # momentum switched on after some steps
+        return {}
+
     def _update_group(self, group: dict[str, Any], params: list, grads: list) -> None:
         lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
         weight_decay, momentum = group["weight_decay"], group["momentum"]
         uses_momentum = isinstance(momentum, Tensor) or momentum > 0
         for p, grad in zip(params, grads):
             state = self.state[p]
-            if len(state) == 0:
-                state["step"] = call("full", shape=(), value=0.0, dtype="float32")
-                state["square_avg"] = zeros_state(p)
-                if uses_momentum:
-                    state["momentum_buffer"] = zeros_state(p)
-                if group["centered"]:
-                    state["grad_avg"] = zeros_state(p)
+            state.update(self.initial_state(group, p))  # lazy initialisation, as PyTorch
             state["step"].add_(1)
             g = -grad if group["maximize"] else grad
             if weight_decay != 0:
@@ -91,8 +104,6 @@ class RMSprop(Optimizer):
                 avg = square_avg.sqrt()
             avg = avg.add_(eps)
             if uses_momentum:
-                if "momentum_buffer" not in state:  # momentum switched on after some steps
-                    state["momentum_buffer"] = zeros_state(p)
                 buf = state["momentum_buffer"]
                 m = momentum.to(p.dtype) if isinstance(momentum, Tensor) else momentum
                 buf.mul_(m).add_(g / avg)

@@ -5,6 +5,8 @@ Per parameter, in the order of `torch.optim.sgd._single_tensor_sgd`:
     g = -grad if maximize else grad
     g = g + weight_decay * p                          (if weight_decay != 0)
     buf = clone(g) on the first step, else buf * momentum + (1 - dampening) * g
+          (graphc.compile may make a zero buffer ahead of the first step instead, where
+          that is exact: dampening 0, see `SGD.initial_state`)
     g = g + momentum * buf if nesterov else buf       (if momentum != 0)
     p = p - lr * g
 
@@ -22,6 +24,7 @@ from graphc.optim.optimizer import (
     check_weight_decay,
     checkable,
     clone,
+    zeros_state,
 )
 from graphc.tensor import Tensor
 
@@ -64,6 +67,20 @@ class SGD(Optimizer):
         if group["nesterov"] and ((momentum is not None and momentum <= 0)
                                   or group["dampening"] != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+    def initial_state(self, group: dict[str, Any], p: Tensor) -> dict[str, Any] | None:
+        """A zero momentum buffer where momentum is on and `p` has none yet, when that is
+        exact: the first update sets buf = clone(g), the steady one buf * momentum +
+        (1 - dampening) * g, which from zero is g only with dampening 0 (bit for bit, but
+        for the sign of a zero: 0 + -0.0 is 0.0); with dampening, None."""
+        momentum = group["momentum"]
+        if not isinstance(momentum, Tensor) and momentum == 0:
+            return {}
+        if "momentum_buffer" in self.state.get(p, {}):
+            return {}
+        if group["dampening"] != 0:
+            return None
+        return {"momentum_buffer": zeros_state(p)}
 
     def _update_group(self, group: dict[str, Any], params: list, grads: list) -> None:
         lr, momentum = group["lr"], group["momentum"]
