@@ -128,7 +128,9 @@ def train_step(name: str, batch: int, sizes: Sizes, repeat: int) -> CaseResult:
     interleaved_medians(contenders, repeat, warmup_seconds=sizes.warmup_seconds)
     contenders.sort(key=lambda c: ["graphc cpu", "graphc eager", "torch eager",
                                    "torch.compile"].index(c.name))
-    target = {("mlp", False): 0.6, ("lenet5", False): 0.35, ("mlp", True): 0.1}[
+    # issue 14's targets; batch 1's is 0.35x: its SGD-momentum update moves ~5 MB, about
+    # 0.2 ms at this machine's memory bandwidth, whatever the per-call overhead
+    target = {("mlp", False): 0.6, ("lenet5", False): 0.35, ("mlp", True): 0.35}[
         (name, batch == 1)]
     return CaseResult(f"{name}_b{'1' if batch == 1 else batch}",
                       f"{label} training step, batch {batch}", "graphc cpu", "torch eager",
@@ -254,5 +256,5 @@ def conv2d(sizes: Sizes, repeat: int) -> CaseResult:
     interleaved_medians(contenders, repeat, warmup_seconds=sizes.warmup_seconds)
     contenders.sort(key=lambda c: c.name != "graphc cpu")
     return CaseResult("conv2d", f"conv2d forward N={n}, {c_in}->{c_out}, 3x3, pad 1, "
-                      f"{hw}x{hw} (bias)", "graphc cpu", "torch eager", ("<=", 1.0),
+                      f"{hw}x{hw} (bias)", "graphc cpu", "torch eager", ("<=", 0.8),
                       contenders)
