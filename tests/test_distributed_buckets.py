@@ -92,12 +92,18 @@ def _launch(mode: str, *extra: str):
 
 
 @needs_mpi
-def test_bucketed_steps_equal_the_unbucketed_step():
+@pytest.mark.parametrize("mode, transports", [
+    ("equal", "window"),  # both ranks on this machine: the shared-memory window
+    ("equal-mpi", "mpi"),  # node_window_bytes=0: MPI_Iallreduce
+    ("equal-mixed", "mpi+window"),  # a 1 KiB window: the buckets that fit, the rest MPI
+])
+def test_bucketed_steps_equal_the_unbucketed_step(mode, transports):
     """MLP and LeNet, SGD and Adam: cpu with several caps bit for bit, interp and eager
-    buckets within 1e-6."""
-    done, _ = _launch("equal")
+    buckets within 1e-6; buckets reduced in the node's shared memory, by MPI, or both."""
+    done, _ = _launch(mode)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("bucketed == unbucketed") == 4, done.stdout
+    assert f"buckets through {transports}\n" in done.stdout, done.stdout
     assert "pending" not in done.stderr, done.stderr  # every MPI request was waited for
 
 

@@ -56,6 +56,7 @@ class _Group:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.timeout = timeout  # seconds a collective may wait for the other ranks
+        self.window = None  # node_window.OpenWindow: the ranks' shared memory, if they share
 
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)  # as torch.distributed's default
@@ -108,11 +109,32 @@ def init_process_group(backend: str | None = "mpi", init_method: str | None = No
         raise DistributedError(f"init_process_group: world_size={world_size}, rank={rank} "
                                f"disagree with MPI's world of {group.size} (this is rank "
                                f"{group.rank}); leave them out")
+    from graphc.distributed import node_window
+
+    group.window = node_window.open_window(MPI, group.comm, _window_bytes(pg_options))
     _group = group
     _install_abort_on_error(MPI)
     from graphc.ops import collective
 
     collective.set_communicator(_MpiCommunicator(group))
+
+
+def _window_bytes(pg_options) -> int:
+    """pg_options={"node_window_bytes": N}: the shared-memory window per rank through which
+    compiled steps reduce their buckets when all ranks share one machine (0: none, buckets
+    go through MPI_Iallreduce)."""
+    from graphc.distributed.node_window import DEFAULT_DATA_BYTES
+
+    options = dict(pg_options or {})
+    unknown = set(options) - {"node_window_bytes"}
+    if unknown:
+        raise DistributedError(f"init_process_group: unknown pg_options {sorted(unknown)}; the "
+                               "mpi backend takes {'node_window_bytes': bytes per rank}")
+    size = options.get("node_window_bytes", DEFAULT_DATA_BYTES)
+    if not isinstance(size, int) or size < 0:
+        raise DistributedError(f"init_process_group: pg_options['node_window_bytes'] must be "
+                               f"a byte count >= 0, got {size!r}")
+    return size
 
 
 def _install_abort_on_error(MPI) -> None:
@@ -310,7 +332,7 @@ def _native_mpi(g: _Group):
     import ctypes
     import re
 
-    from graphc.ops.collective import NativeMpi
+    from graphc.distributed.node_window import NodeNativeMpi
 
     MPI = _mpi()
     if not MPI.Get_library_version().startswith("MPICH") or MPI._sizeof(MPI.Datatype) != 4:
@@ -324,11 +346,12 @@ def _native_mpi(g: _Group):
                                                     "MPI_Test"))
     except (OSError, IndexError, AttributeError):
         return None
-    return NativeMpi(allreduce, -1, MPI.COMM_WORLD.handle,
-                     {"float32": MPI.FLOAT.handle, "float64": MPI.DOUBLE.handle,
-                      "int64": MPI.INT64_T.handle},
-                     {"sum": MPI.SUM.handle, "max": MPI.MAX.handle, "min": MPI.MIN.handle},
-                     g.size, iallreduce, test, g.timeout)
+    window = g.window.window if g.window is not None else None
+    return NodeNativeMpi(allreduce, -1, MPI.COMM_WORLD.handle,
+                         {"float32": MPI.FLOAT.handle, "float64": MPI.DOUBLE.handle,
+                          "int64": MPI.INT64_T.handle},
+                         {"sum": MPI.SUM.handle, "max": MPI.MAX.handle, "min": MPI.MIN.handle},
+                         g.size, iallreduce, test, g.timeout, window)
 
 
 _BY_NAME = {name: op for op, name in _OP_NAMES.items()}

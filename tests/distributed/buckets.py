@@ -52,7 +52,26 @@ def train(kind, opt_name, bucket_cap_mb=None, backend="cpu", passes=None, steps=
     for _ in range(steps):
         run(x, y)
     params = [p.detach().numpy().copy() for p in model.parameters()]
+    if backend == "cpu":
+        TRANSPORTS.update(transports(run.executable))
     return params, (None if backend is None else run.executable.graph)
+
+
+TRANSPORTS: set[str] = set()  # how the compiled cpu steps' buckets were reduced
+
+
+def transports(executable) -> set[str]:
+    """"window" for buckets reduced through the node's shared memory, "mpi" for buckets
+    reduced by MPI_Iallreduce (graphc.backends.cpu.collective_shm and .collective)."""
+    kernels = executable.lowered.kernels
+    found = set()
+    if any(k.endswith("_all_reduce_start_fence") for k in kernels):
+        found.add("window")
+    if any(k.endswith("_all_reduce_start") for k in kernels) and \
+            sum(k.endswith("_all_reduce_start") for k in kernels) > \
+            sum(k.endswith("_all_reduce_start_fence") for k in kernels):
+        found.add("mpi")
+    return found
 
 
 def worst(a, b):
@@ -77,7 +96,7 @@ def equal():
             gap = max(worst(interp, reference), worst(eager, reference))
             assert gap < 1e-6, (kind, opt_name, gap)
             done.append(f"{kind}/{opt_name} bucketed == unbucketed (interp, eager {gap:.1e})")
-    return "; ".join(done)
+    return "; ".join(done) + f"; buckets through {'+'.join(sorted(TRANSPORTS))}"
 
 
 COMPUTE = ("matmul", "fused", "conv2d_weight_grad", "conv2d_input_grad", "max_pool2d_grad",
@@ -165,10 +184,16 @@ def mismatched_steps():
     return "unreachable"
 
 
+WINDOWS = {"equal": None, "equal-mpi": 0, "equal-mixed": 1024}  # node_window_bytes
+
+
 def main():
     mode = sys.argv[1]
-    dist.init_process_group("mpi", timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)
-    done = {"equal": equal, "ir": ir, "eager": eager_details, "raise": raise_in_compiled,
+    window = WINDOWS.get(mode)
+    dist.init_process_group("mpi", timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0,
+                            pg_options=None if window is None else {"node_window_bytes": window})
+    done = {"equal": equal, "equal-mpi": equal, "equal-mixed": equal, "ir": ir,
+            "eager": eager_details, "raise": raise_in_compiled,
             "mismatch": mismatched_steps}[mode]()
     dist.barrier()
     if dist.get_rank() == 0:

@@ -25,7 +25,8 @@ import weakref
 from llvmlite import ir
 
 from graphc.backends.common import contiguous_strides
-from graphc.backends.cpu import llvm
+from graphc.backends.cpu import collective_shm, llvm
+from graphc.backends.cpu.bucket_pack import pack
 from graphc.backends.cpu.kernels import KernelBuilder
 from graphc.backends.cpu.values import F64, I32, I64, PTR, Loc, i64, loop, unsupported
 from graphc.ir.graph import Node
@@ -113,12 +114,15 @@ def _request(lw, bucket) -> Loc:
 
 
 def lower_all_reduce_start(lw, node: Node) -> None:
-    native = _native(node, "iallreduce")
     out = node.outputs[0]
     dt, op, count = out.type.dtype, node.attrs["op"], out.type.numel
     dst = lw.locs[out]
     if dst.strides != contiguous_strides(out.type.shape, dt.itemsize):
         raise unsupported(node, "all_reduce_start into a strided buffer")
+    if collective_shm.usable(lw, node):
+        collective_shm.lower_start(lw, node)
+        return
+    native = _native(node, "iallreduce")
     at = 0
     for x in node.inputs:  # pack: each input into its slot of the flat buffer
         n = x.type.numel
@@ -126,7 +130,7 @@ def lower_all_reduce_start(lw, node: Node) -> None:
                    contiguous_strides(x.type.shape, dt.itemsize), x.type)
         src = lw.locs[x]
         if n and src != slot:
-            lw.copy(src, slot, "bucket_pack")
+            pack(lw, src, slot)
         at += n
     llvm.register_symbol("MPI_Iallreduce", native.iallreduce)
     kb = KernelBuilder(lw, lw.name("all_reduce_start"), (1,))
@@ -162,6 +166,9 @@ def lower_all_reduce_wait(lw, node: Node) -> None:
     """MPI_Test in a loop: spinning first, then yielding the core between tests (ranks share
     cores with each other and with other work), and failing the step past the group's
     timeout with an error naming the node, instead of waiting forever for a dead rank."""
+    if collective_shm.usable(lw, node):
+        collective_shm.lower_wait(lw, node)
+        return
     native = _native(node, "test")
     bucket, out = node.inputs[0], node.outputs[0]
     dt, op, count = out.type.dtype, node.attrs["op"], out.type.numel
