@@ -350,11 +350,8 @@ def _net_freed(f: _Facts, i: int, remaining: dict[Value, int]) -> int:
 
 
 # ---- liveness, in-place, packing for one schedule -------------------------------------------
-def _plan(f: _Facts, order: list[int], scheduler: str,
-          rival: MemoryPlan | None = None) -> MemoryPlan | None:
-    """The plan of schedule `order`; None when it cannot beat `rival` (a smaller arena, or
-    the same arena and fewer bytes live at the busiest step), found without packing it in
-    full where its lower bound or a partial layout already shows it."""
+def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
+    """The plan of schedule `order`, its buffers not packed yet (arena 0: see _pack_best)."""
     step = {i: s for s, i in enumerate(order)}
     final = len(order) - 1
     last = {r: (final if r in f.kept else max((step[u] for u in f.users.get(r, ())),
@@ -392,19 +389,32 @@ def _plan(f: _Facts, order: list[int], scheduler: str,
             buf.end = max(buf.end, last[o], s)
             buf.kept = buf.kept or o in f.kept
     live = _live_bytes(buffers.values(), len(order))
-    limit = None
-    if rival is not None:  # the largest arena that still wins against the rival
-        limit = rival.arena_bytes - (max(live, default=0) >= rival.max_live_bytes)
-    arena = _pack(list(buffers.values()), limit)
-    if arena is None:
-        return None
     naive = sum(f.size(v) for n in f.nodes for v in n.outputs if f.root[v] is v)
     return MemoryPlan(f.graph.name, [f.nodes[i] for i in order], buffers,
                       {v.name: b.name for v, b in buffer_of.items()},
                       {o.name: x.name for o, x in f.views.items()}, inplace,
-                      {o.name: w.name for o, w in in_input.items()}, live, arena,
+                      {o.name: w.name for o, w in in_input.items()}, live, 0,
                       naive, scheduler, symbolic=bool(f.hints))
 
+
+def _pack_best(plans: list[MemoryPlan]) -> MemoryPlan:
+    """Pack the plans' buffers; the one with the smallest (arena, max live bytes) wins, the
+    earlier plan on ties. Plans are packed by their lower bound (aligned max live) first, and
+    each later one against the best so far: one that cannot beat it gives up as soon as its
+    bound or a partial layout shows it (_pack's limit), which changes no result."""
+    bounds = [max(_live_bytes(p.buffers.values(), aligned=True), default=0) for p in plans]
+    best: int | None = None
+    for k in sorted(range(len(plans)), key=lambda k: (bounds[k], k)):
+        limit = None
+        if best is not None:  # the largest arena with which plan k still wins
+            rival = plans[best]
+            wins_tie = (plans[k].max_live_bytes, k) < (rival.max_live_bytes, best)
+            limit = rival.arena_bytes if wins_tie else rival.arena_bytes - 1
+        arena = _pack(list(plans[k].buffers.values()), limit)
+        if arena is not None:
+            plans[k].arena_bytes = arena
+            best = k
+    return plans[best]
 
 
 def _inplace_donor(f: _Facts, node: Node, o: Value, s: int,
@@ -434,41 +444,49 @@ def _fits_input(f: _Facts, node: Node, o: Value, w: Value, s: int,
             and all(f.root[x] is not w or x is w for x in node.inputs))
 
 
+# Best-fit packing orders, by the key each sorts the buffers with; the first order giving the
+# smallest arena wins. They are tried in _TRIALS' order (the area order, most often the
+# best on training steps, first: the others then give up early), which changes no result.
+_ORDERS = (
+    lambda b: (-align(b.size), b.start, b.name),
+    lambda b: (-b.end, -align(b.size), b.name),
+    lambda b: (-align(b.size) * (b.end - b.start + 1), b.start, b.name),
+    lambda b: (-(b.end - b.start), -align(b.size), b.start, b.name),
+    lambda b: (b.start, -align(b.size), b.name),
+)
+_TRIALS = (2, 0, 1, 3, 4)
+
+
 def _pack(buffers: list[Buffer], limit: int | None = None) -> int | None:
     """Best-fit interval packing in a few orders; sets offsets, returns the arena bytes.
 
-    The first order giving the smallest arena wins. With `limit`, a layout whose arena
-    would exceed it is abandoned as soon as it does, and None is returned (offsets
-    untouched) when no order fits within it. An order stops the search once its arena
-    reaches the lower bound, the most aligned bytes live at one step: no later order
-    could be smaller.
+    The first order (in _ORDERS) giving the smallest arena wins. With `limit`, a layout
+    whose arena would exceed it is abandoned as soon as it does, and None is returned
+    (offsets untouched) when no order fits within it. An order is not tried when the lower
+    bound, the most aligned bytes live at one step, shows it cannot win.
     """
-    orders = (
-        lambda b: (-align(b.size), b.start, b.name),
-        lambda b: (-b.end, -align(b.size), b.name),
-        lambda b: (-align(b.size) * (b.end - b.start + 1), b.start, b.name),
-        lambda b: (-(b.end - b.start), -align(b.size), b.start, b.name),
-        lambda b: (b.start, -align(b.size), b.name),
-    )
     bound = max(_live_bytes(buffers, aligned=True), default=0)
     if limit is not None and bound > limit:
         return None
-    best, best_offsets = None, None
-    for key in orders:
-        offsets = _best_fit(sorted(buffers, key=key), limit)
+    best: tuple[int, int, dict[int, int]] | None = None  # (arena, order, offsets)
+    for index in _TRIALS:
+        cap = limit
+        if best is not None:  # what this order must reach to win: ties go to the earlier
+            cap = best[0] if index < best[1] else best[0] - 1
+            cap = cap if limit is None else min(cap, limit)
+            if cap < bound:
+                continue
+        offsets = _best_fit(sorted(buffers, key=_ORDERS[index]), cap)
         if offsets is None:
             continue
         arena = max((offsets[id(b)] + align(b.size) for b in buffers), default=0)
-        if best is None or arena < best:
-            best, best_offsets = arena, offsets
-            limit = arena - 1  # a later order must be strictly smaller to win
-        if best <= bound:
-            break
-    if best_offsets is None:
+        if best is None or (arena, index) < best[:2]:
+            best = (arena, index, offsets)
+    if best is None:
         return None
     for b in buffers:
-        b.offset = best_offsets[id(b)]
-    return best or 0
+        b.offset = best[2][id(b)]
+    return best[0]
 
 
 def _best_fit(ordered: list[Buffer], limit: int | None = None) -> dict[int, int] | None:
@@ -548,11 +566,12 @@ def plan_buffers(graph: Graph) -> Graph:
               "greedy (most bytes freed net)": _greedy_schedule(facts, False)}
     for name, order in list(orders.items()):
         orders[f"{name}, sources sunk"] = _sink_sources(facts, order)
-    plan, seen = None, []
-    for name, order in orders.items():  # the smallest (arena, max live) wins, first on ties
+    plans, seen = [], []
+    for name, order in orders.items():
         if order not in seen:
             seen.append(order)
-            plan = _plan(facts, order, name, plan) or plan
+            plans.append(_plan(facts, order, name))
+    plan = _pack_best(plans)
     graph.nodes = list(plan.schedule)
     graph.meta["memory_plan"] = plan
     return graph
