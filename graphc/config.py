@@ -30,6 +30,8 @@
 - GRAPHC_CUDA_ALLOW_TF32: `1` lets the cuda backend run float32 matmuls on tensor cores with
   inputs rounded to TF32 (10 mantissa bits), as `torch.backends.cuda.matmul.allow_tf32 = True`;
   off by default (PyTorch's default for matmul too): full float32 GEMMs.
+- GRAPHC_CUDA_LIBS: `0` makes the CUDA runtime run graphc's own GEMM kernels even where
+  cuBLAS can be loaded (read by the runtime library itself; docs/backends.md).
 - GRAPHC_EMU_RACECHECK, GRAPHC_EMU_SCHEDULE: the CUDA emulation's checking modes (read by the
   emulation library itself; runtime/csrc/README.md): `GRAPHC_EMU_RACECHECK=1` reports racing
   shared/global memory accesses as a launch failure (`warn`: on stderr only);
@@ -107,6 +109,10 @@ def cuda_sync() -> bool:
 
 def cuda_allow_tf32() -> bool:
     return os.environ.get("GRAPHC_CUDA_ALLOW_TF32", "") not in ("", "0")
+
+
+def cuda_vendor_libs() -> bool:
+    return os.environ.get("GRAPHC_CUDA_LIBS", "") != "0"
 
 
 def check_nans() -> bool:

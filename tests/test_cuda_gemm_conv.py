@@ -149,3 +149,21 @@ def test_pipelined_gemm_on_odd_shapes(rng, m, k, n, transpose_b):
     assert "gc_gemm_f32" in _calls(ex) or "gc_gemm_strided_batched_f32" in _calls(ex)
     want = a.astype(np.float64) @ (b.T if transpose_b else b).astype(np.float64)
     np.testing.assert_allclose(ex.run(a, b)[0], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+def test_the_emulation_runs_graphcs_gemm_kernels_and_says_so(rng):
+    """CudaExecutable.gemm_providers names what runs each GEMM call: in the emulation always
+    graphc's kernels (it never loads cuBLAS), the cp.async pipeline from k = 24 on."""
+    text = '''graph @f(%a: f32[9,30], %b: f32[30,5], %c: f32[5,7]) -> (f32[9,7]) {
+  %0: f32[9,5] = matmul(%a, %b)
+  %1: f32[9,7] = matmul(%0, %c)
+  return (%1)
+}'''
+    ex = compile_graph(parse(text), "cuda")
+    emulated = "(cuBLAS not used: the emulation runs graphc's kernels)"
+    assert ex.gemm_providers() == [
+        f"gc_gemm_f32 9x5x30: graphc SIMT tile kernel, 3-stage cp.async pipeline {emulated}",
+        f"gc_gemm_f32 9x7x5: graphc SIMT tile kernel, register double buffering {emulated}"]
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((9, 30), (30, 5), (5, 7)))
+    want = a.astype(np.float64) @ b @ c
+    np.testing.assert_allclose(ex.run(a, b, c)[0], want, rtol=1e-5, atol=1e-4)

@@ -176,3 +176,44 @@ def test_cuda_build_compiles_and_reports_a_missing_device():
         assert status == GC_ERROR_NO_DEVICE
         assert count.value == 0
         assert b"no usable CUDA device or driver" in cuda.gc_last_error()
+
+
+_PROVIDER = """
+import ctypes, sys
+library = ctypes.CDLL(sys.argv[1])
+provider = library.gc_gemm_provider
+provider.restype = ctypes.c_char_p
+provider.argtypes = [ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+for tf32, k in ((0, 256), (0, 8), (1, 256)):
+    print(provider(tf32, 512, 512, k).decode())
+"""
+
+
+@pytest.mark.parametrize("libs", ["auto", "0"])
+def test_cuda_build_says_which_gemm_runs(libs, monkeypatch):
+    """The CUDA build dlopens cuBLAS at its first GEMM where the process can load it and
+    says so (gc_gemm_provider); without it, or with GRAPHC_CUDA_LIBS=0, graphc's kernels run
+    and the answer says why. Run in a child process: the choice is made once per process."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH: the CUDA build cannot be checked here")
+    path = runtime_library("cuda")
+    if libs == "0":
+        monkeypatch.setenv("GRAPHC_CUDA_LIBS", "0")
+    else:
+        monkeypatch.delenv("GRAPHC_CUDA_LIBS", raising=False)
+    result = subprocess.run(["python", "-c", _PROVIDER, path], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    if libs == "0":
+        assert lines == [
+            f"graphc {kernel} (cuBLAS not used: GRAPHC_CUDA_LIBS=0 forces graphc's kernels)"
+            for kernel in ("SIMT tile kernel, 3-stage cp.async pipeline",
+                           "SIMT tile kernel, register double buffering",
+                           "wmma TF32 tensor-core kernel")]
+    elif lines[0].startswith("cuBLAS from libcublas"):  # a machine with cuBLAS on its path
+        assert lines == [lines[0]] * 3
+    else:
+        assert lines[0].startswith("graphc SIMT tile kernel, 3-stage cp.async pipeline "
+                                   "(cuBLAS not found (")
+        assert "graphc's kernels run every GEMM" in lines[2]

@@ -390,6 +390,20 @@ class CudaExecutable:
             return f"{what} {function} (copying the results out)"
         return f"{what} {function} (node `{format_node(node).strip()}`)"
 
+    def gemm_providers(self) -> list[str]:
+        """What runs each GEMM call of the launch list, in launch order: 'gc_gemm_f32 33x45x70:
+        graphc SIMT tile kernel, 3-stage cp.async pipeline (cuBLAS not found ...)', or
+        'cuBLAS from libcublas.so.13' where the runtime hands the product to cuBLAS (the
+        runtime's gc_gemm_provider; GRAPHC_CUDA_LIBS=0 forces graphc's kernels)."""
+        found = []
+        for step in self.lowered.steps:
+            if isinstance(step, Call) and step.function.startswith("gc_gemm_"):
+                m, n, k = (int(v) for v in step.args[2:5])
+                tf32 = int(step.function == "gc_gemm_tf32_f32")
+                found.append(f"{step.function} {m}x{n}x{k}: "
+                             f"{self.rt.gc_gemm_provider(tf32, m, n, k)}")
+        return found
+
     def node_of_step(self, k: int):
         """The graph node whose lowering made step k (None: the result copies after the
         schedule), found by lowering again node by node; only asked after a failure."""

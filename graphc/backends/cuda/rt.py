@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import glob
 import os
 import sys
 import threading
@@ -137,6 +138,8 @@ SIGNATURES: list[tuple[str, type, list[tuple[str, type]]]] = [
         ("trans_a", c_int32), ("trans_b", c_int32), ("m", c_int64), ("n", c_int64),
         ("k", c_int64), ("alpha", c_float), ("a", P), ("lda", c_int64), ("b", P),
         ("ldb", c_int64), ("beta", c_float), ("c", P), ("ldc", c_int64), ("stream", P)]),
+    ("gc_gemm_provider", c_char_p, [("tf32", c_int32), ("m", c_int64), ("n", c_int64),
+                                    ("k", c_int64)]),
     ("gc_conv2d_check", STATUS_T, [("desc", CONV)]),
     ("gc_conv2d_workspace_size", STATUS_T, [("desc", CONV), ("pass", ENUM_T), ("bytes", P)]),
     ("gc_conv2d_fwd_f32", STATUS_T, [
@@ -196,7 +199,7 @@ SIGNATURES: list[tuple[str, type, list[tuple[str, type]]]] = [
 
 # the functions that return something else than a gc_status (never checked)
 NOT_STATUS = frozenset({"gc_abi_version", "gc_runtime_kind", "gc_status_string",
-                        "gc_last_error"})
+                        "gc_last_error", "gc_gemm_provider"})
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -348,6 +351,28 @@ def _cuda_driver_present() -> bool:
     return False
 
 
+def _preload_cublas() -> None:
+    """Loads the nvidia-cublas wheel's libraries (RTLD_GLOBAL), so the runtime's dlopen of
+    libcublas.so.<major> at its first GEMM finds them by soname (a pip-installed cuBLAS is not
+    on the loader's path); nothing when the wheel is absent or GRAPHC_CUDA_LIBS=0. A cuBLAS
+    the loader finds itself (LD_LIBRARY_PATH, the toolkit's lib64) needs none of this."""
+    from graphc import config
+
+    if not config.cuda_vendor_libs():
+        return
+    try:
+        import nvidia.cublas as wheel
+    except ImportError:
+        return
+    for folder in getattr(wheel, "__path__", []):
+        for pattern in ("libcublasLt.so.*", "libcublas.so.*"):
+            for path in sorted(glob.glob(os.path.join(folder, "lib", pattern))):
+                try:
+                    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    continue
+
+
 # the oldest driver branch of each CUDA major version (CUDA's release notes, "CUDA Toolkit
 # and Minimum Required Driver Version for CUDA Minor Version Compatibility")
 MIN_DRIVER_BRANCH = {11: "R450", 12: "R525", 13: "R580"}
@@ -415,6 +440,7 @@ def runtime_library(kind: str | None = None) -> Runtime:
         rt = Runtime(path)
         if kind == "cuda":
             check_driver(rt)
+            _preload_cublas()
             count = c_int32(0)
             try:
                 rt.gc_device_count(ctypes.byref(count))

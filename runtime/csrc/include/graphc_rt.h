@@ -146,6 +146,13 @@ gc_status gc_gemm_strided_batched_f32(int32_t trans_a, int32_t trans_b, int64_t 
 gc_status gc_gemm_tf32_f32(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k,
                            float alpha, const float *a, int64_t lda, const float *b,
                            int64_t ldb, float beta, float *c, int64_t ldc, gc_stream stream);
+/* What the GEMM entries above run for an m x n x k product (tf32 != 0: gc_gemm_tf32_f32's
+ * choice; 0: gc_gemm_f32's and gc_gemm_strided_batched_f32's), in words, with why cuBLAS is or
+ * is not used, e.g. "cuBLAS from libcublas.so.13" or "graphc SIMT tile kernel, 3-stage
+ * cp.async pipeline (cuBLAS not used: the emulation runs graphc's kernels)". The CUDA build
+ * dlopens libcublas at its first GEMM when the process can load it, unless GRAPHC_CUDA_LIBS=0.
+ * The text is valid until this thread's next call. */
+const char *gc_gemm_provider(int32_t tf32, int64_t m, int64_t n, int64_t k);
 
 /* ---- convolution ----------------------------------------------------------------------
  * x: (n, c_in, h, w); weight: (c_out, c_in / groups, kh, kw); y: (n, c_out, out_h, out_w)

@@ -7,11 +7,17 @@
  * a wmma tensor-core kernel in the CUDA build (64 x 64 block tile, 4 warps of 32 x 32, inputs
  * rounded with __float_to_tf32, FP32 accumulation); the emulation has no tensor cores, so
  * there the same entry rounds A and B to TF32 as they are loaded and runs the SIMT kernel.
+ * Where the process can load cuBLAS (CUDA build, not GRAPHC_CUDA_LIBS=0), each entry hands
+ * the validated product to it instead (src/vendor_blas.h); gc_gemm_provider says which runs.
  * Invariants: every argument is validated before any launch; m, n or batch == 0 launches
  * nothing; k == 0 scales C by beta; beta == 0 never reads C (NaN in C is overwritten).
  */
+#include <stdio.h>
+#include <string.h>
+
 #include "gemm_pipeline.cuh"
 #include "gemm_tile.cuh"
+#include "vendor_blas.h"
 
 #ifndef GC_EMULATION
 #include <mma.h>
@@ -189,6 +195,9 @@ extern "C" gc_status gc_gemm_f32(int32_t trans_a, int32_t trans_b, int64_t m, in
     const char *fn = "gc_gemm_f32";
     const gc_status s = check_gemm(fn, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
     if (s != GC_SUCCESS || m == 0 || n == 0) return s;
+    if (gc_vendor::gemm_takes(false, m, n, k, 1))
+        return gc_vendor::gemm({false, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0,
+                                beta, c, ldc, 0, 1}, stream);
     return dispatch_simt<false>(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c,
                                 ldc, 0, 1, stream, fn);
 }
@@ -213,6 +222,9 @@ extern "C" gc_status gc_gemm_strided_batched_f32(int32_t trans_a, int32_t trans_
                "elements); pass stride_c >= %lld", (long long)stride_c, (long long)batch,
                (long long)c_extent, (long long)c_extent);
     if (m == 0 || n == 0 || batch == 0) return GC_SUCCESS;
+    if (gc_vendor::gemm_takes(false, m, n, k, batch))
+        return gc_vendor::gemm({false, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b,
+                                ldb, stride_b, beta, c, ldc, stride_c, batch}, stream);
     return dispatch_simt<false>(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
                                 stride_b, beta, c, ldc, stride_c, batch, stream, fn);
 }
@@ -224,6 +236,9 @@ extern "C" gc_status gc_gemm_tf32_f32(int32_t trans_a, int32_t trans_b, int64_t 
     const char *fn = "gc_gemm_tf32_f32";
     const gc_status s = check_gemm(fn, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
     if (s != GC_SUCCESS || m == 0 || n == 0) return s;
+    if (gc_vendor::gemm_takes(true, m, n, k, 1))
+        return gc_vendor::gemm({true, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0,
+                                beta, c, ldc, 0, 1}, stream);
 #ifdef GC_EMULATION
     return dispatch_simt<true>(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c,
                                ldc, 0, 1, stream, fn);
@@ -235,4 +250,27 @@ extern "C" gc_status gc_gemm_tf32_f32(int32_t trans_a, int32_t trans_b, int64_t 
     return trans_b ? run_wmma<false, true>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream)
                    : run_wmma<false, false>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream);
 #endif
+}
+
+extern "C" const char *gc_gemm_provider(int32_t tf32, int64_t m, int64_t n, int64_t k) {
+    thread_local char text[640];
+    if (gc_vendor::gemm_takes(tf32 != 0, m, n, k, 1)) {
+        snprintf(text, sizeof text, "%s", gc_vendor::blas_status());
+        return text;
+    }
+    const char *kernel;
+#ifdef GC_EMULATION
+    kernel = tf32 ? "graphc SIMT tile kernel with TF32 rounding (the emulation has no tensor "
+                    "cores)" : nullptr;
+#else
+    kernel = tf32 ? "graphc wmma TF32 tensor-core kernel" : nullptr;
+#endif
+    if (!kernel)
+        kernel = gemm_pipeline_fits(k) ? "graphc SIMT tile kernel, 3-stage cp.async pipeline"
+                                       : "graphc SIMT tile kernel, register double buffering";
+    const char *status = gc_vendor::blas_status();
+    const bool loaded = strncmp(status, "cuBLAS from", 11) == 0;
+    snprintf(text, sizeof text, "%s (%s%s)", kernel, status,
+             loaded ? ": not used for this shape (k == 0 or a size past 2^31)" : "");
+    return text;
 }

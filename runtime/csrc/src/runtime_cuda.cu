@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "vendor_blas.h"
 
 namespace {
 
@@ -150,6 +151,7 @@ gc_status gc_device_reset(void) {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) device = 0;
     GC_CUDA_TRY(cudaDeviceReset());
+    gc_vendor::reset(); /* cuBLAS handles belonged to the old context */
     GC_CUDA_TRY(cudaSetDevice(device));
     GC_CUDA_TRY(cudaFree(nullptr)); /* create the new primary context now, not at first use */
     cudaGetLastError();
