@@ -134,17 +134,20 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
     t_max = nb * tiles
     nxi = ALPHA * ALPHA
     with contiguous_out(lw, out) as dst:
-        temps = workspace(lw, dt, (nxi, co, ci), (hp * wp,), (nxi, ci, t_max), (nxi, co, t_max))
+        u_step = _spaced(co * ci)
+        temps = workspace(lw, dt, (nxi, u_step), (hp * wp,), (nxi, _spaced(ci * t_max)),
+                          (nxi, _spaced(co * t_max)))
         kb, ids = image_kernel(lw, "conv2d_winograd", [src, w, dst] + temps)
         si, wi, oi, ui, pi, vi, mi = ids
         b = kb.begin()
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
-        _filter_transform(b, kb, dt, wi, ui, g, flip)
+        _filter_transform(b, kb, dt, wi, ui, u_step, g, flip)
         plane_out = out_hw[0] * out_hw[1]
 
         def block(b, n0, count):
             ld = count * tiles
+            v_step, m_step = _spaced(ci * ld), _spaced(co * ld)
             with block_images(b, count) as j, loop(b, 0, ci, "ci") as c:
                 _pad_plane(b, kb, si, iadd(b, imul(b, iadd(b, n0, j), ss[0]), imul(b, c, ss[1])),
                            ss[2:], in_hw, pi, wp, pad)
@@ -156,17 +159,17 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
                     v = _sandwich(b, dt, BT, d)
                     t = iadd(b, row_v, imul(b, ty, tw), tx)
                     for xi in range(nxi):
-                        kb.store(b, vi, iadd(b, t, xi * ci * ld), v[xi // ALPHA][xi % ALPHA])
+                        kb.store(b, vi, iadd(b, t, xi * v_step), v[xi // ALPHA][xi % ALPHA])
             for xi in range(nxi):  # M[xi] (co x T) = U[xi] (co x ci, or its transpose) @ V[xi]
                 cv.gemm(b, kb, TRANS if flip else NOTRANS, NOTRANS, co, ld, ci,
-                        ui, xi * co * ci, co if flip else ci,
-                        vi, xi * ci * ld, ld, 0.0, mi, xi * co * ld, ld)
+                        ui, xi * u_step, co if flip else ci,
+                        vi, xi * v_step, ld, 0.0, mi, xi * m_step, ld)
             with block_images(b, count) as j, loop(b, 0, co, "co") as o:
                 row_m = iadd(b, imul(b, o, ld), imul(b, j, tiles))
                 plane = imul(b, iadd(b, imul(b, iadd(b, n0, j), co), o), plane_out)
                 with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
                     t = iadd(b, row_m, imul(b, ty, tw), tx)
-                    m = [[kb.load(b, mi, iadd(b, t, (r * ALPHA + s) * co * ld))
+                    m = [[kb.load(b, mi, iadd(b, t, (r * ALPHA + s) * m_step))
                           for s in range(ALPHA)] for r in range(ALPHA)]
                     y = _sandwich(b, dt, AT, m)
                     at = iadd(b, plane, imul(b, ty, 2 * out_hw[1]), imul(b, tx, 2))
@@ -178,10 +181,10 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
         lw.calls.append(kb.finish(b))
 
 
-def _filter_transform(b, kb, dt, wi, ui, g, flip) -> None:
-    """U[xi][o][c] = (G f G^T)[xi] for f = w[o, c], or w[o, c, ::-1, ::-1] when `flip` (the
-    input gradient's GEMMs read U transposed, through BLAS's flag); stores run along U's
-    rows."""
+def _filter_transform(b, kb, dt, wi, ui, step, g, flip) -> None:
+    """U[xi * step + o * C + c] = (G f G^T)[xi] for f = w[o, c], or w[o, c, ::-1, ::-1] when
+    `flip` (the input gradient's GEMMs read U transposed, through BLAS's flag); stores run
+    along U's rows."""
     with loop(b, 0, g.o, "wo") as o, loop(b, 0, g.c, "wc") as c:
         base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
         f = [[kb.load(b, wi, iadd(b, base, (2 - r if flip else r) * 3 + (2 - s if flip else s)))
@@ -189,7 +192,14 @@ def _filter_transform(b, kb, dt, wi, ui, g, flip) -> None:
         u = _sandwich(b, dt, G, f)
         at = iadd(b, imul(b, o, g.c), c)
         for xi in range(ALPHA * ALPHA):
-            kb.store(b, ui, iadd(b, at, xi * g.o * g.c), u[xi // ALPHA][xi % ALPHA])
+            kb.store(b, ui, iadd(b, at, xi * step), u[xi // ALPHA][xi % ALPHA])
+
+
+def _spaced(n: int) -> int:
+    """The distance between consecutive transform-domain matrices: `n` elements and 32 more,
+    so the 16 streams a tile transform reads or writes are not a power of two apart (they
+    would share cache sets: 256x256 channels with 256 tiles put them 256 KiB apart)."""
+    return n + 32
 
 
 def _pad_plane(b, kb, src, base, strides, hw, dst, wp, pad) -> None:
