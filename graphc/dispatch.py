@@ -133,9 +133,8 @@ def apply(opdef: OpDef, *inputs, **attrs):
     state = _state
     if state.tracer is None and not state.abstract and not _device_copies:
         try:  # the eager path, for types seen before (see _apply_eager)
-            key = (opdef.name, _attrs_key(attrs) if attrs else (),
-                   *[(t._array.shape, t._dtype) for t in inputs])
-        except AttributeError:  # a Python number among the inputs
+            key = _eager_key(opdef.name, _attrs_key(attrs) if attrs else (), inputs)
+        except AttributeError:  # a numpy number, or something that is no operand
             key = _key_with_numbers(opdef, inputs, attrs)
         try:
             plan = _EAGER.get(key)
@@ -189,6 +188,7 @@ def apply(opdef: OpDef, *inputs, **attrs):
 # inputs are keyed by their type (which decides the dtype they take, `scalar_dtype`).
 
 _NUMBER_TYPES = (bool, int, float, np.number, np.bool_)
+_PYTHON_NUMBERS = frozenset((bool, int, float))
 
 
 class _EagerPlan:
@@ -196,7 +196,8 @@ class _EagerPlan:
     number among the inputs takes (None for a tensor), the result types, and, for autograd,
     whether the op may record, the input types and the nodes' input metadata."""
 
-    __slots__ = ("input_meta", "input_types", "may_record", "numbers", "single", "types")
+    __slots__ = ("input_meta", "input_types", "may_record", "numbers", "numpy_dtypes", "single",
+                 "types")
 
     def __init__(self, opdef: OpDef, inputs: tuple, numbers: tuple, out_types) -> None:
         self.numbers = numbers if any(d is not None for d in numbers) else None
@@ -204,11 +205,12 @@ class _EagerPlan:
         self.input_meta = tuple([(ty.shape, ty.dtype) for ty in self.input_types])
         self.single = isinstance(out_types, TensorType)
         self.types = (out_types,) if self.single else tuple(out_types)
+        self.numpy_dtypes = tuple([np.dtype(ty.dtype.np) for ty in self.types])
         self.may_record = opdef.vjp is not None and any(ty.dtype.is_floating
                                                         for ty in self.types)
 
 
-_EAGER: dict = {}  # (op name, attrs key, per input (shape, dtype) or number type) -> plan
+_EAGER: dict = {}  # _eager_key(...) -> _EagerPlan
 _EAGER_LIMIT = 4096
 
 
@@ -217,14 +219,34 @@ def _attrs_key(attrs: dict) -> tuple:
     return tuple([(k, type(v), v) for k, v in attrs.items()]) if attrs else ()
 
 
+def _eager_key(name: str, attrs_key: tuple, inputs: tuple) -> tuple:
+    """(op name, attrs key, then per input its shape and dtype, or its type and None for a
+    Python number). Written out for one and two inputs: a comprehension costs more than the
+    rest of the key. Raises AttributeError for other inputs (`_key_with_numbers` takes them)."""
+    if len(inputs) == 2:
+        x, y = inputs
+        if type(y) in _PYTHON_NUMBERS:
+            return (name, attrs_key, x._array.shape, x._dtype, type(y), None)
+        if type(x) in _PYTHON_NUMBERS:
+            return (name, attrs_key, type(x), None, y._array.shape, y._dtype)
+        return (name, attrs_key, x._array.shape, x._dtype, y._array.shape, y._dtype)
+    if len(inputs) == 1:
+        x = inputs[0]
+        return (name, attrs_key, x._array.shape, x._dtype)
+    parts = [name, attrs_key]
+    for t in inputs:
+        parts += (t._array.shape, t._dtype)
+    return tuple(parts)
+
+
 def _key_with_numbers(opdef: OpDef, inputs: tuple, attrs: dict) -> tuple | None:
-    """The eager key of inputs among which are Python numbers (None for anything else)."""
+    """`_eager_key` of inputs among which are numpy numbers (None for anything else)."""
     parts = [opdef.name, _attrs_key(attrs)]
     for t in inputs:
         if isinstance(t, Tensor):
-            parts.append((t._array.shape, t._dtype))
+            parts += (t._array.shape, t._dtype)
         elif isinstance(t, _NUMBER_TYPES):
-            parts.append(type(t))
+            parts += (type(t), None)
         else:
             return None
     return tuple(parts)
@@ -235,8 +257,8 @@ def _remember_plan(key: tuple, opdef: OpDef, inputs: tuple, out_types) -> None:
     `key` was made from the caller's inputs, so it tells numbers from tensors."""
     if current_env() is not None or not all(type(t._array) is np.ndarray for t in inputs):
         return
-    numbers = tuple([None if type(k) is tuple else t._dtype
-                     for k, t in zip(key[2:], inputs)])
+    numbers = tuple([None if type(key[2 + 2 * i]) is tuple else t._dtype
+                     for i, t in enumerate(inputs)])
     if len(_EAGER) >= _EAGER_LIMIT:
         _EAGER.clear()
     _EAGER[key] = _EagerPlan(opdef, inputs, numbers, out_types)
@@ -254,46 +276,70 @@ except ImportError:  # pragma: no cover (numpy < 2)
     _NUMPY_ERRORS = _NUMPY_IGNORING = None
 
 
+_new = object.__new__
+
+
 def _apply_eager(opdef: OpDef, inputs: tuple, attrs: dict, plan: _EagerPlan):
     """`apply` on inputs whose types `plan` was made for (see the section's comment): the
     kernel, the wrap, the history. Arrays are read as `_array`, not through the fetching
     `_data` property (the caller checked that no device copy is newer)."""
-    if plan.numbers is not None:  # numbers become 0-d tensors, as `_tensorize` makes them
-        inputs = tuple([t if dtype is None else Tensor._result(np.asarray(t, dtype.np), dtype)
-                        for t, dtype in zip(inputs, plan.numbers)])
+    numbers = plan.numbers
+    if numbers is not None:  # numbers become 0-d arrays, as `_tensorize` makes them
+        arrays = [t._array if dtype is None else np.asarray(t, dtype.np)
+                  for t, dtype in zip(inputs, numbers)]
+    elif len(inputs) == 2:
+        arrays = (inputs[0]._array, inputs[1]._array)
+    elif len(inputs) == 1:
+        arrays = (inputs[0]._array,)
+    else:
+        arrays = [t._array for t in inputs]
     if _NUMPY_ERRORS is None:
         with np.errstate(all="ignore"):
-            result = opdef.kernel(*[t._array for t in inputs], **attrs)
+            result = opdef.kernel(*arrays, **attrs)
     else:  # np.errstate(all="ignore") without building its state each time (1.3 us)
         token = _NUMPY_ERRORS.set(_NUMPY_IGNORING)
         try:
-            result = opdef.kernel(*[t._array for t in inputs], **attrs)
+            result = opdef.kernel(*arrays, **attrs)
         finally:
             _NUMPY_ERRORS.reset(token)
     if plan.single:
-        outputs = (_eager_output(opdef, result, plan.types[0], inputs, attrs),)
+        outputs = (_eager_output(opdef, result, plan.types[0], plan.numpy_dtypes[0], inputs,
+                                 attrs),)
     else:
-        outputs = tuple([_eager_output(opdef, array, ty, inputs, attrs)
-                         for array, ty in zip(result, plan.types)])
+        outputs = tuple([_eager_output(opdef, array, ty, want, inputs, attrs)
+                         for array, ty, want in zip(result, plan.types, plan.numpy_dtypes)])
     if plan.may_record and _grad_mode.enabled:
         for t in inputs:
-            if t._requires_grad:
+            if getattr(t, "_requires_grad", False):  # (a number among the inputs has none)
+                if numbers is not None:
+                    inputs = _numbers_as_tensors(inputs, arrays, numbers)
                 _record(opdef, inputs, outputs, attrs, plan)
                 break
     return outputs[0] if plan.single else outputs
 
 
-def _eager_output(opdef: OpDef, array, ty: TensorType, inputs: tuple, attrs: dict):
-    """The tensor around a kernel's result `array`, checked and cast as `_wrap_output` does."""
+def _numbers_as_tensors(inputs: tuple, arrays: list, numbers: tuple) -> tuple:
+    """The inputs with each Python number replaced by a 0-d tensor around its array (for the
+    autograd node, which keeps tensors)."""
+    return tuple([t if dtype is None else Tensor._result(array, dtype)
+                  for t, array, dtype in zip(inputs, arrays, numbers)])
+
+
+def _eager_output(opdef: OpDef, array, ty: TensorType, want: np.dtype, inputs: tuple,
+                  attrs: dict):
+    """The tensor around a kernel's result `array`, checked and cast as `_wrap_output` does
+    (`want` is np.dtype(ty.dtype.np))."""
     if type(array) is not np.ndarray:
         array = np.asarray(array)
-    dtype = ty.dtype
-    want = dtype.np
     if array.dtype is not want and array.dtype != want:
         array = array.astype(want)
     if array.shape != ty.shape:
         _wrong_shape(opdef, array, ty)
-    out = Tensor._result(array, dtype)
+    out = _new(Tensor)  # Tensor._result(array, ty.dtype), inlined: one tensor per op
+    out._array = array
+    out._dtype = ty.dtype
+    out._serial = tensor_serial()
+    out._version_counter = VersionCounter()
     if opdef.view and np.shares_memory(array, inputs[0]._array):
         _make_view(out, inputs[0], opdef, attrs)
     return out
@@ -453,7 +499,7 @@ def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | Non
         )
     if grad_mode and (needs_grad or tracer is not None or _state.abstract
                       or not _reads_no_grad(operands)):
-        old = target._detached_copy_with_history()
+        old = target._detached_copy_with_history(_state.abstract)
         if tracer is not None:
             tracer.alias(old, target)  # the snapshot holds the target's current IR value
         result = compute(old)
@@ -562,7 +608,7 @@ def _write_through_view(target, base, chain, new_view) -> None:
     ones = Tensor._wrap(np.ones(probed.shape, dtype=base.dtype.np))
     (mask,) = grad(probed, probe, ones, retain_graph=True)
     (scattered,) = grad(probed, probe, new_view, create_graph=new_view.requires_grad)
-    old_base = base._detached_copy_with_history()
+    old_base = base._detached_copy_with_history(_state.abstract)
     new_base = registry.call("where", Tensor._wrap(mask._data != 0), scattered, old_base)
     np.copyto(base._data, new_base._data, casting="unsafe")
     base._version_counter.bump()
@@ -608,6 +654,6 @@ registry.set_dispatcher(apply, apply_inplace)
 
 # graphc.tensor's mixins import this module, so the Tensor class comes last (the eager path
 # makes its results directly; a function-level import costs ~0.5 us per op).
-from graphc.tensor import AbstractArray, Tensor  # noqa: E402
+from graphc.tensor import AbstractArray, Tensor, VersionCounter, tensor_serial  # noqa: E402
 
 _grad_mode = grad_mode.state  # noqa: E305  (this thread's grad mode, read once per op)

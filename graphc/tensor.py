@@ -79,12 +79,12 @@ class AbstractArray:
 
 
 class VersionCounter:
-    """Counts in-place changes; a tensor and all its views share one counter."""
+    """Counts in-place changes; a tensor and all its views share one counter.
 
-    __slots__ = ("value",)
+    The count starts as the class's 0 (no __init__, no __slots__: making one costs a third of
+    a slotted class with an __init__, and eager mode makes one per op result)."""
 
-    def __init__(self) -> None:
-        self.value = 0
+    value = 0
 
     def bump(self) -> None:
         self.value += 1
@@ -406,15 +406,15 @@ class Tensor(TensorMethods, ShapeMethods):
             self._accumulator = AccumulateGrad(self)
         return self._accumulator
 
-    def _detached_copy_with_history(self) -> Tensor:
+    def _detached_copy_with_history(self, abstract: bool) -> Tensor:
         """A snapshot of the current value that keeps this tensor's history (for in-place);
-        an abstract one under abstract evaluation (no data is copied)."""
-        from graphc.dispatch import is_abstract
-
-        t = Tensor._abstract(self.type) if is_abstract() else Tensor._wrap(self._data.copy())
-        t.grad_fn, t._output_nr, t._requires_grad = self.grad_fn, self._output_nr, False
+        an abstract one under abstract evaluation (`abstract`: no data is copied)."""
+        if abstract:
+            t = Tensor._abstract(self.type)
+        else:
+            t = Tensor._result(self._data.copy(), self._dtype)
         if self.grad_fn is not None:
-            t._requires_grad = True
+            t.grad_fn, t._output_nr, t._requires_grad = self.grad_fn, self._output_nr, True
         elif self._requires_grad:  # a leaf: route gradients to this tensor's accumulator
             t._requires_grad = True
             t._accumulator = self._grad_accumulator()

@@ -42,9 +42,10 @@ def _operand(other):
 def _binary(op: str, a, b, reflected: bool = False):
     """`a <op> b` for an operator method (`b <op> a` when reflected), NotImplemented for a
     foreign operand."""
-    b = _operand(b)
-    if b is None:
-        return NotImplemented
+    if not isinstance(b, TensorMethods):
+        b = _operand(b)
+        if b is None:
+            return NotImplemented
     return call(op, b, a) if reflected else call(op, a, b)
 
 

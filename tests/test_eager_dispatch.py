@@ -179,7 +179,7 @@ def test_inplace_without_grad_changes_the_tensor_and_its_views():
     x = graphc.zeros(4)
     view = x[1:3]
     before = x._version
-    for i in range(2):
+    for _ in range(2):
         x.add_(graphc.ones(4))
         assert x.grad_fn is None and not x.requires_grad
     np.testing.assert_array_equal(x.numpy(), np.full(4, 2, np.float32))

@@ -176,7 +176,8 @@ def call(name: str, *inputs, **attrs):
     """Apply the registered op `name` through the dispatch point (eager, autograd or trace)."""
     if _dispatcher is None:
         raise GraphcError("graphc.dispatch is not loaded: import graphc first")
-    return _dispatcher(get(name), *inputs, **attrs)
+    opdef = REGISTRY.get(name)  # `get` only for its error: eager mode calls this once per op
+    return _dispatcher(opdef if opdef is not None else get(name), *inputs, **attrs)
 
 
 def inplace_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
