@@ -2,13 +2,17 @@
 
     graphc launch -n 1 benchmarks/distributed.py      # one rank (the baseline)
     graphc launch -n 2 benchmarks/distributed.py      # two ranks
-    python -m benchmarks.distributed [--repeat K]     # runs both (K times: medians), prints
+    python -m benchmarks.distributed [--repeat K]     # runs all three jobs (K times: medians)
 
 Each rank runs one thread (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, set by the driver)
 and trains the compiled MLP 784-256-256-10 or LeNet-5 step at batch 64 per rank (SGD
 momentum). Variants (see `rank_main`): DDP with blocking per-gradient allreduces (the
-pipeline without the bucketing pass), DDP bucketed and overlapped (the default pipeline),
-and the plain model without communication (the ranks only share the machine). Throughput is
+pipeline without the bucketing pass), DDP bucketed and overlapped (the default pipeline:
+with every rank on this machine, its buckets are reduced through the node's shared-memory
+window, graphc.backends.cpu.collective_shm), and the plain model without communication (the
+ranks only share the machine). A third job, `--rank --no-window`, runs the bucketed variant
+with the window off (pg_options node_window_bytes=0: buckets through MPI_Iallreduce), as
+before the window. Throughput is
 samples per second over all ranks, median of 5 alternating rounds of 30 steps; the speed-up
 is against one process without DDP. On 2 ranks graphc.profile times the collective nodes'
 kernels of both DDP variants (the allreduce time the step does not hide). The driver also
@@ -33,7 +37,7 @@ PARAMS = {"ResNet-18 (CIFAR)": 11_173_962, "GPT (n_embd 128, 4 layers)": 816_128
 VARIANTS = ("blocking", "bucketed", "no-comm")
 
 
-def rank_main() -> None:
+def rank_main(window: bool = True) -> None:
     """One rank: time the compiled steps of every variant; rank 0 prints one JSON line.
 
     blocking: DDP with a blocking MPI_Allreduce per gradient where the backward produced it
@@ -49,12 +53,13 @@ def rank_main() -> None:
     from graphc.passes.plan import plan_buffers
     from graphc.passes.simplify import simplify
 
-    dist.init_process_group("mpi")
+    dist.init_process_group("mpi", pg_options=None if window else {"node_window_bytes": 0})
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {"world": world}
+    variants = VARIANTS if window else ("bucketed",)
     for name in ("mlp", "lenet5"):
         steps = {}
-        for variant in VARIANTS:
+        for variant in variants:
             model = models.graphc_model(name)
             if variant != "no-comm":
                 model = DistributedDataParallel(model)
@@ -66,7 +71,7 @@ def rank_main() -> None:
         for compiled in steps.values():
             for _ in range(5):
                 compiled(gx, gy)
-        rates = {variant: [] for variant in VARIANTS}
+        rates = {variant: [] for variant in variants}
         for _ in range(ROUNDS):
             for variant, compiled in steps.items():
                 dist.barrier()
@@ -75,12 +80,12 @@ def rank_main() -> None:
                     compiled(gx, gy)
                 dist.barrier()
                 rates[variant].append(STEPS * 64 * world / (time.perf_counter() - start))
-        for variant in VARIANTS:
+        for variant in variants:
             results[f"{name}/{variant}"] = statistics.median(rates[variant])
         if world > 1:
-            for variant in ("blocking", "bucketed"):
+            for variant in ("blocking", "bucketed") if window else ("bucketed",):
                 results[f"{name}/{variant}/comm"] = _collective_seconds(steps[variant], gx, gy)
-    if world > 1:
+    if world > 1 and window:
         results["alpha"], results["beta"] = _alpha_beta(dist)
     if rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
@@ -126,37 +131,43 @@ def main() -> int:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
-    runs: dict[int, list[dict]] = {1: [], 2: []}
-    for _ in range(repeat):  # 1 rank then 2 ranks, `repeat` times: medians of each figure
-        for n in (1, 2):
-            done = subprocess.run([mpiexec, "-n", str(n), sys.executable, __file__, "--rank"],
-                                  capture_output=True, text=True, env=env, timeout=900)
+    jobs = {1: (1, []), 2: (2, []), "mpi": (2, ["--no-window"])}
+    runs: dict = {job: [] for job in jobs}
+    for _ in range(repeat):  # the three jobs, `repeat` times: medians of each figure
+        for job, (n, extra) in jobs.items():
+            done = subprocess.run([mpiexec, "-n", str(n), sys.executable, __file__, "--rank",
+                                   *extra], capture_output=True, text=True, env=env,
+                                  timeout=900)
             line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")),
                         None)
             if line is None:
                 print(done.stdout, done.stderr, sep="\n")
                 return 1
-            runs[n].append(json.loads(line[len("RESULT "):]))
-    found = {n: {key: statistics.median(r[key] for r in results) for key in results[0]}
-             for n, results in runs.items()}
+            runs[job].append(json.loads(line[len("RESULT "):]))
+    found = {job: {key: statistics.median(r[key] for r in results) for key in results[0]}
+             for job, results in runs.items()}
     load = os.getloadavg()
     command = "python -m benchmarks.distributed" + (f" --repeat {repeat}" if repeat > 1 else "")
     print(f"command: `{command}`; load average {load[0]:.2f} (1 min), {load[1]:.2f} (5 min), "
           f"{load[2]:.2f} (15 min)\n")
     print("| step (batch 64 per rank, 1 thread per rank) | 1 rank, no DDP | 2 ranks, blocking "
-          "allreduces | 2 ranks, bucketed + overlapped | 2 ranks, no communication |")
-    print("|---|---|---|---|---|")
+          "allreduces | 2 ranks, bucketed, MPI_Iallreduce | 2 ranks, bucketed, shared-memory "
+          "window | 2 ranks, no communication |")
+    print("|---|---|---|---|---|---|")
     for name, label in (("mlp", "MLP 784-256-256-10"), ("lenet5", "LeNet-5")):
         one = found[1][f"{name}/no-comm"]
-        cells = [f"{found[2][f'{name}/{v}']:,.0f} samples/s ({found[2][f'{name}/{v}'] / one:.2f}x)"
-                 for v in VARIANTS]
+        rates = [found[2][f"{name}/blocking"], found["mpi"][f"{name}/bucketed"],
+                 found[2][f"{name}/bucketed"], found[2][f"{name}/no-comm"]]
+        cells = [f"{rate:,.0f} samples/s ({rate / one:.2f}x)" for rate in rates]
         print(f"| {label} | {one:,.0f} samples/s | " + " | ".join(cells) + " |")
-    print("\n| step | allreduce kernels per step, blocking | bucketed | hidden |")
-    print("|---|---|---|---|")
+    print("\n| step | collective kernels per step, blocking | bucketed, MPI_Iallreduce | "
+          "bucketed, window | hidden (MPI_Iallreduce) |")
+    print("|---|---|---|---|---|")
     for name, label in (("mlp", "MLP"), ("lenet5", "LeNet-5")):
         blocking, bucketed = (found[2][f"{name}/{v}/comm"] for v in ("blocking", "bucketed"))
-        print(f"| {label} | {blocking * 1e6:.0f} us | {bucketed * 1e6:.0f} us | "
-              f"{1 - bucketed / blocking:.0%} |")
+        mpi = found["mpi"][f"{name}/bucketed/comm"]
+        print(f"| {label} | {blocking * 1e6:.0f} us | {mpi * 1e6:.0f} us | "
+              f"{bucketed * 1e6:.0f} us | {1 - mpi / blocking:.0%} |")
     alpha, beta = found[2]["alpha"], found[2]["beta"]
     print(f"\nallreduce on this machine: alpha {alpha * 1e6:.1f} us, beta "
           f"{beta * 1e9:.3f} ns/byte ({1 / beta / 1e9:.1f} GB/s)\n")
@@ -173,6 +184,6 @@ def main() -> int:
 if __name__ == "__main__":
     if "--rank" in sys.argv:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        rank_main()
+        rank_main(window="--no-window" not in sys.argv)
     else:
         sys.exit(main())

@@ -187,9 +187,11 @@ def destroy_process_group(group=None) -> None:
     from graphc.ops import collective
 
     previous = collective.set_communicator(None)
-    _group = None
+    group, _group = _group, None
     if isinstance(previous, _MpiCommunicator):
         previous.finish()
+    if group.window is not None:
+        group.window.close()
 
 
 # ---- collectives ---------------------------------------------------------------------------------

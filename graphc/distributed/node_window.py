@@ -54,6 +54,14 @@ class OpenWindow:
     def __init__(self, window: NodeWindow, win, node_comm) -> None:
         self.window, self.win, self.node_comm = window, win, node_comm
 
+    def close(self) -> None:
+        """Free the window (collective, as destroy_process_group is); steps compiled for it
+        must not run afterwards (the table no longer points at any segment)."""
+        for q in range(2, len(_table)):
+            _table[q] = 0
+        self.win.Free()
+        self.node_comm.Free()
+
 
 def open_window(MPI, comm, data_bytes: int = DEFAULT_DATA_BYTES) -> OpenWindow | None:
     """Collective over `comm`: the window, or None when the ranks do not all share this

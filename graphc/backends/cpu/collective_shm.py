@@ -61,6 +61,11 @@ LINE = 64  # bytes between control words: one cache line each
 _SPINS = 200  # spins before a wait starts yielding the core and checking the clock
 _CLOCK_MONOTONIC = 1
 _ALIGN = 64
+# Up to this many ranks, every rank sums the whole bucket from all windows (one meeting per
+# bucket; for 2 ranks the same memory traffic as splitting the sum); beyond, each rank sums
+# 1/world of it and copies the rest from the others (two meetings, traffic independent of
+# the world size).
+WHOLE_REDUCE_MAX_WORLD = 4
 
 
 @dataclass
@@ -256,7 +261,29 @@ def lower_wait(lw, node: Node) -> None:
     if node.attrs["op"] == "avg":
         scale = ir.Constant(F64, 1.0 / world)
         scale = scale if dt.name == "float64" else b.fptrunc(scale, element)
-    lo, hi = bounds(e.rank)
+    if world <= WHOLE_REDUCE_MAX_WORLD:  # every rank sums every element: one meeting
+        _sum_into(b, windows, [result], i64(0), i64(count), element, scale)
+    else:  # each rank its chunk, written back for the others, then the others' chunks
+        lo, hi = bounds(e.rank)
+        _sum_into(b, windows, [own, result], lo, hi, element, scale)
+        e.publish(slot, b.add(packed, i64(1)))
+        e.wait_all(slot, b.add(packed, i64(1)), "reduced")
+        for q in range(world):
+            with b.if_then(b.icmp_signed("!=", e.rank, i64(q))):
+                lo, hi = bounds(i64(q))
+                with loop(b, lo, hi, f"g{q}") as i:
+                    v = b.load(b.gep(windows[q], [i], source_etype=element), typ=element)
+                    b.store(v, b.gep(result, [i], source_etype=element))
+        packed = b.add(packed, i64(1))
+    e.publish(slot, b.add(packed, i64(1)))  # counters advance by 2 per bucket in both ways
+    e.publish(None, b.add(e.mine(None), i64(1)))
+    b.ret(ir.Constant(I32, 0))
+    lw.calls.append(kb.kernel)
+
+
+def _sum_into(b, windows, targets, lo, hi, element, scale) -> None:
+    """targets[i] = (sum over ranks, in rank order, of windows[q][i]) * scale, i in [lo, hi):
+    every rank adds in the same order, so all get the same bits."""
     with loop(b, lo, hi, "i") as i:
         total = None
         for w in windows:
@@ -264,19 +291,8 @@ def lower_wait(lw, node: Node) -> None:
             total = v if total is None else b.fadd(total, v)
         if scale is not None:
             total = b.fmul(total, scale)
-        b.store(total, b.gep(own, [i], source_etype=element))
-        b.store(total, b.gep(result, [i], source_etype=element))
-    e.publish(slot, b.add(packed, i64(1)))
-    e.wait_all(slot, b.add(packed, i64(1)), "reduced")
-    for q in range(world):
-        with b.if_then(b.icmp_signed("!=", e.rank, i64(q))):
-            lo, hi = bounds(i64(q))
-            with loop(b, lo, hi, f"g{q}") as i:
-                v = b.load(b.gep(windows[q], [i], source_etype=element), typ=element)
-                b.store(v, b.gep(result, [i], source_etype=element))
-    e.publish(None, b.add(e.mine(None), i64(1)))
-    b.ret(ir.Constant(I32, 0))
-    lw.calls.append(kb.kernel)
+        for t in targets:
+            b.store(total, b.gep(t, [i], source_etype=element))
 
 
 def _libc(name: str) -> int:
