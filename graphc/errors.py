@@ -68,11 +68,18 @@ def user_source_location() -> str | None:
     frame = sys._getframe(1)
     while frame is not None:
         raw = frame.f_code.co_filename
-        filename = os.path.abspath(raw)
-        if not filename.startswith(_PACKAGE_DIR + os.sep) and not raw.startswith("<frozen"):
-            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        user = _user_file.get(raw, False)
+        if user is False:  # first sight of this file: the tracer asks per recorded op
+            filename = os.path.abspath(raw)
+            user = _user_file[raw] = None if filename.startswith(_PACKAGE_DIR + os.sep) \
+                or raw.startswith("<frozen") else os.path.basename(filename)
+        if user is not None:
+            return f"{user}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+_user_file: dict[str, str | None] = {}  # co_filename -> its basename when a user's, else None
 
 
 def where(op_name: str) -> str:
