@@ -131,3 +131,82 @@ def test_a_sticky_error_resets_the_device_and_lost_values_raise_once(rt, rng):
     loss = step(*batch())  # rebuilt: runs again from the host values
     assert np.isfinite(loss.item())
     assert exe._lost is None and residency.marked_by(weight._array) is not None
+
+
+def _training_step_with_a_faulting_kernel(rt, rng):
+    """A compiled MLP training step after 3 calls (state on the device), its first generated
+    kernel replaced by one whose barrier only part of each block reaches (a kernel fault)."""
+    from graphc.backends.cuda.compile import load_module
+    from graphc.backends.cuda.lowering import Launch
+
+    model, step = sgd_training_step(
+        lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
+    step = graphc.compile(step, backend="cuda")
+
+    def batch():
+        return (graphc.tensor(rng.standard_normal((4, 8)).astype(np.float32)),
+                graphc.tensor(rng.integers(0, 3, 4)))
+
+    for _ in range(3):
+        step(*batch())
+    exe = step.executable
+    k = next(i for i, s in enumerate(exe.lowered.steps) if isinstance(s, Launch))
+    params = ", ".join(f"float *p{i}" for i in range(len(exe.lowered.steps[k].args)))
+    module = load_module(rt, BAD_KERNEL.replace("PARAMS", params), "bad")
+    fn, args, keep, name = exe._steps[k]
+    exe._steps[k] = (fn, (module.function("bad_barrier"),) + args[1:], keep + (module,), name)
+    return model, step, batch
+
+
+def test_an_emulated_sticky_fault_resets_the_device_and_the_next_call_uploads_again(
+        rt, rng, monkeypatch):
+    """GRAPHC_EMU_STICKY=1: the emulation's kernel fault is sticky, as on a GPU (the runtime
+    returns GC_ERROR_DEVICE_LOST and frees every device allocation at the reset). The failing
+    call names the fault, resets the device, and the next call rebuilds the executable and
+    uploads the state again from the host."""
+    from graphc.backends.cuda.rt import CudaDeviceLostError
+
+    monkeypatch.setenv("GRAPHC_EMU_STICKY", "1")
+    model, step, batch = _training_step_with_a_faulting_kernel(rt, rng)
+    weight = next(iter(model.parameters()))
+    before = weight._array.copy()  # the host copy: its last upload
+    with pytest.raises(CudaDeviceLostError) as info:
+        step(*batch())
+    message = str(info.value)
+    assert "bad_barrier: kernel bad_barrier block" in message and "__syncthreads()" in message
+    assert "GRAPHC_EMU_STICKY" in message and "the device was reset" in message
+    np.testing.assert_array_equal(weight.detach().numpy(), before)
+    rt.gc_transfer_bytes_reset()
+    loss = step(*batch())  # rebuilt: the state crosses again
+    assert np.isfinite(loss.item())
+    import ctypes
+
+    h2d = ctypes.c_int64()
+    rt.gc_transfer_bytes(ctypes.byref(h2d), ctypes.byref(ctypes.c_int64()))
+    params = sum(p.numel() for p in model.parameters()) * 4
+    assert h2d.value >= params  # the parameters (and momentum) uploaded again
+    assert not np.array_equal(weight.detach().numpy(), before)  # and trained on
+
+
+def test_after_a_failed_reset_every_call_names_the_first_fault(rt, rng, monkeypatch):
+    """GRAPHC_EMU_STICKY=unrecoverable: the reset fails too, and from then on every call of
+    every executable fails at once with a message naming the first fault."""
+    from graphc.backends.cuda import executable
+    from graphc.backends.cuda.rt import CudaDeviceLostError
+
+    monkeypatch.setattr(executable, "_unusable", None)
+    monkeypatch.setenv("GRAPHC_EMU_STICKY", "unrecoverable")
+    _, step, batch = _training_step_with_a_faulting_kernel(rt, rng)
+    other = compile_graph(parse(GRAPH), "cuda")
+    try:
+        with pytest.raises(CudaDeviceLostError, match="the device could not be reset .* "
+                           "restart the process"):
+            step(*batch())
+        for call in (lambda: step(*batch()), lambda: other.run(np.ones(300, np.float32))):
+            with pytest.raises(CudaDeviceLostError, match=r"unusable since an earlier fault "
+                               r"and could not be reset; restart the process \(the first "
+                               r"fault: .*bad_barrier: kernel bad_barrier block"):
+                call()
+    finally:  # recover the emulated context for the tests after this one
+        monkeypatch.setenv("GRAPHC_EMU_STICKY", "1")
+        executable._reset_device(rt, "test cleanup")

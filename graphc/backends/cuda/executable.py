@@ -32,7 +32,9 @@ synchronisation and a fault names its kernel, the graph node and the user source
 sticky error (CudaDeviceLostError: the context is unusable) resets the device
 (`gc_device_reset`); every executable of the process then rebuilds its device state on its
 next call; values only the device held are lost (the error says how many), their host arrays
-keep the values they had before (their last fetch or upload).
+keep the values they had before (their last fetch or upload), and the next call uploads them
+again. If the reset fails, every later call of every executable raises CudaDeviceLostError
+naming the first fault, without touching the device.
 
 Invariants: calls on one executable are serialised by a lock (they share the device buffer);
 fetches take the same lock; the device buffer, stream, graph, pools and module live as long
@@ -61,6 +63,9 @@ from graphc.ir.verifier import verify
 
 _ALIGN = 256
 _live: weakref.WeakSet = weakref.WeakSet()  # every executable: a device reset concerns all
+# set when a sticky error could not be recovered from (the reset failed): the first fault's
+# message, which every later call of every executable names instead of touching the device
+_unusable: str | None = None
 
 
 def _align(n: int) -> int:
@@ -174,6 +179,11 @@ class CudaExecutable:
         # tensors, which fetch) and without the NaN check (it reads every value on the host)
         eager = config.check_nans() or not residency.in_raw_reads()
         with self._lock:
+            if _unusable is not None:
+                raise rtmod.CudaDeviceLostError(
+                    f"graph @{g.name}: the CUDA context has been unusable since an earlier "
+                    f"fault and could not be reset; restart the process (the first fault: "
+                    f"{_unusable})", "gc_device_reset", rtmod.STATUS["GC_ERROR_DEVICE_LOST"])
             if self._lost is not None:
                 self._setup()
             try:
@@ -505,6 +515,8 @@ def _reset_device(rt: rtmod.Runtime, why: str) -> str:
     try:
         rt.gc_device_reset()
     except rtmod.CudaRuntimeError as error:
+        global _unusable
+        _unusable = why
         return (f"the device could not be reset ({error}); the CUDA context stays unusable: "
                 f"restart the process; {values}")
     return (f"the device was reset and every compiled call rebuilds its device state on its "

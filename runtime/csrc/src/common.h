@@ -11,7 +11,8 @@
  *     would split its commas.
  *   - GC_CHECK_LAUNCH(what) follows every launch: it returns GC_ERROR_LAUNCH (CUDA:
  *     cudaGetLastError) or GC_ERROR_EMULATION (emulation: the scheduler's fault record, e.g.
- *     a barrier reached by part of a block) with a message naming `what`.
+ *     a barrier reached by part of a block; GC_ERROR_DEVICE_LOST in the emulation's sticky
+ *     mode) with a message naming `what`.
  *   - GC_DYNAMIC_SHARED(type, name) declares the launch's dynamic shared memory in a kernel
  *     (16-byte aligned; CUDA: one name per type within a translation unit).
  *   - GC_EMULATION is defined in the emulation build only (e.g. the TF32 tensor-core GEMM
@@ -58,15 +59,14 @@ void gc_count_transfer(bool to_device, int64_t bytes);
 #define GC_LAUNCH(kernel, grid, block, shared_bytes, stream) \
     ::gc_emu::make_launcher((kernel), #kernel, (grid), (block), (shared_bytes), (stream))
 
-#define GC_CHECK_LAUNCH(what)                                                          \
-    do {                                                                               \
-        if (const char *gc_fault_ = ::gc_emu::pending_fault()) {                       \
-            gc_status gc_fault_status_ = gc_fail(GC_ERROR_EMULATION, "%s: %s", (what), \
-                                                 gc_fault_);                           \
-            ::gc_emu::clear_fault();                                                   \
-            return gc_fault_status_;                                                   \
-        }                                                                              \
-    } while (0)
+namespace gc_emu {
+/* After a launch: the emulation's fault record as GC_ERROR_EMULATION naming `what` (cleared),
+ * or, in the sticky mode (GRAPHC_EMU_STICKY), GC_ERROR_DEVICE_LOST, as is every call after it
+ * until gc_device_reset(). Defined in src/runtime_emu.cpp. */
+gc_status check_launch(const char *what);
+} /* namespace gc_emu */
+
+#define GC_CHECK_LAUNCH(what) GC_TRY(::gc_emu::check_launch(what))
 
 #define GC_DYNAMIC_SHARED(type, name) type *name = static_cast<type *>(::gc_emu::dynamic_shared())
 

@@ -6,7 +6,10 @@
  * machines without a driver and reports GC_ERROR_NO_DEVICE there; every CUDA error becomes a
  * gc_status with a message naming the gc_ function, the CUDA error's name and text.
  */
+#include <stdio.h>
 #include <string.h>
+
+#include <mutex>
 
 #include "common.h"
 #include "vendor_blas.h"
@@ -33,13 +36,26 @@ bool is_sticky(cudaError_t error) {
     }
 }
 
+/* The first sticky error since the context was created: every later report names it, so a
+ * caller that only sees a later call fail still learns what went wrong first. */
+std::mutex first_fault_mutex;
+char first_fault[512] = "";
+
 gc_status device_lost(cudaError_t error, const char *function, const char *what) {
+    char first[512];
+    {
+        std::lock_guard<std::mutex> lock(first_fault_mutex);
+        if (!first_fault[0])
+            snprintf(first_fault, sizeof first_fault, "%s: %s: %s (%s)", function, what,
+                     cudaGetErrorString(error), cudaGetErrorName(error));
+        snprintf(first, sizeof first, "%s", first_fault);
+    }
     return gc_fail(GC_ERROR_DEVICE_LOST,
                    "%s: %s: %s (%s); a kernel faulted earlier (this call may not be the one "
                    "at fault: CUDA reports a fault at the next synchronising call), and the "
                    "CUDA context is now unusable: every device allocation is lost; "
-                   "gc_device_reset() recreates the context",
-                   function, what, cudaGetErrorString(error), cudaGetErrorName(error));
+                   "gc_device_reset() recreates the context (first reported: %s)",
+                   function, what, cudaGetErrorString(error), cudaGetErrorName(error), first);
 }
 
 gc_status cuda_status(cudaError_t error, const char *function, const char *what) {
@@ -155,6 +171,8 @@ gc_status gc_device_reset(void) {
     GC_CUDA_TRY(cudaSetDevice(device));
     GC_CUDA_TRY(cudaFree(nullptr)); /* create the new primary context now, not at first use */
     cudaGetLastError();
+    std::lock_guard<std::mutex> lock(first_fault_mutex);
+    first_fault[0] = '\0';
     return GC_SUCCESS;
 }
 

@@ -49,6 +49,51 @@ class HandleSet {
     std::unordered_set<void *> handles_;
 };
 
+/* ---- the sticky mode: a CUDA context's sticky errors, emulated --------------------------
+ * GRAPHC_EMU_STICKY=1 (read at each fault): a kernel fault leaves the "context" unusable, as
+ * an illegal address does on a GPU. The faulting launch and every later device call return
+ * GC_ERROR_DEVICE_LOST naming the first fault, until gc_device_reset(), which frees every
+ * device allocation (gone, as with cudaDeviceReset) and makes the context usable again.
+ * GRAPHC_EMU_STICKY=unrecoverable: the same, but the reset fails too. Without the mode a
+ * fault is reported by its launch only and nothing is lost. */
+struct Context {
+    std::mutex mutex;
+    bool lost = false;
+    std::string first_fault;
+    std::unordered_set<void *> allocations; /* gc_malloc'ed and not freed: what a reset frees */
+};
+
+Context &context() {
+    static Context c;
+    return c;
+}
+
+const char *sticky_mode() {
+    const char *mode = getenv("GRAPHC_EMU_STICKY");
+    return mode && *mode && strcmp(mode, "0") != 0 ? mode : nullptr;
+}
+
+gc_status lost_status(const char *function) {
+    Context &c = context();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    return gc_fail(GC_ERROR_DEVICE_LOST,
+                   "%s: the CUDA context is unusable since an earlier kernel fault (%s); every "
+                   "call fails until gc_device_reset() recreates it, and every device "
+                   "allocation is lost with it (the emulation's sticky mode, "
+                   "GRAPHC_EMU_STICKY)", function, c.first_fault.c_str());
+}
+
+bool context_lost() {
+    Context &c = context();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    return c.lost;
+}
+
+#define GC_EMU_ALIVE()                                             \
+    do {                                                           \
+        if (context_lost()) return lost_status(__func__);          \
+    } while (0)
+
 HandleSet &live_streams() {
     static HandleSet set;
     return set;
@@ -73,6 +118,7 @@ Event *live_event(gc_event event) {
 
 gc_status check_copy(void *dst, const void *src, int64_t bytes, gc_stream stream,
                      const char *function) {
+    if (context_lost()) return lost_status(function);
     GC_TRY(check_stream(stream, function));
     if (bytes < 0)
         return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: bytes is %lld; expected >= 0", function,
@@ -131,7 +177,10 @@ gc_status gc_device_properties(int32_t device, char *name, int64_t capacity, int
     return GC_SUCCESS;
 }
 
-gc_status gc_device_synchronize(void) { return GC_SUCCESS; }
+gc_status gc_device_synchronize(void) {
+    GC_EMU_ALIVE();
+    return GC_SUCCESS;
+}
 
 gc_status gc_driver_version(int32_t *driver, int32_t *runtime) {
     GC_REQUIRE(driver && runtime, "driver and runtime must not be NULL");
@@ -139,24 +188,50 @@ gc_status gc_driver_version(int32_t *driver, int32_t *runtime) {
     return GC_SUCCESS;
 }
 
-/* No error of the emulation is sticky (a fault is cleared when it is reported), so there is
- * nothing to recreate, and "device" memory stays valid. */
-gc_status gc_device_reset(void) { return GC_SUCCESS; }
+/* Without a sticky fault (see the sticky mode above) nothing is recreated and "device"
+ * memory stays valid; after one, every device allocation is freed, as cudaDeviceReset does. */
+gc_status gc_device_reset(void) {
+    Context &c = context();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (!c.lost) return GC_SUCCESS;
+    const char *mode = sticky_mode();
+    if (mode && strcmp(mode, "unrecoverable") == 0)
+        return gc_fail(GC_ERROR_DEVICE_LOST, "gc_device_reset: the context cannot be recreated "
+                       "(GRAPHC_EMU_STICKY=unrecoverable); it is unusable since an earlier "
+                       "kernel fault (%s)", c.first_fault.c_str());
+    for (void *p : c.allocations) free(p);
+    c.allocations.clear();
+    c.lost = false;
+    c.first_fault.clear();
+    return GC_SUCCESS;
+}
 
 gc_status gc_malloc(void **ptr, int64_t bytes) {
     GC_REQUIRE(ptr, "ptr is NULL");
     GC_REQUIRE(bytes >= 0, "bytes is %lld; expected >= 0", (long long)bytes);
     *ptr = nullptr;
+    GC_EMU_ALIVE();
     if (bytes == 0) return GC_SUCCESS;
     if (posix_memalign(ptr, 256, (size_t)bytes) != 0) {
         *ptr = nullptr;
         return gc_fail(GC_ERROR_OUT_OF_MEMORY, "gc_malloc: cannot allocate %lld bytes",
                        (long long)bytes);
     }
+    Context &c = context();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    c.allocations.insert(*ptr);
     return GC_SUCCESS;
 }
 
 gc_status gc_free(void *ptr) {
+    if (!ptr) return GC_SUCCESS;
+    {
+        Context &c = context();
+        std::lock_guard<std::mutex> lock(c.mutex);
+        GC_REQUIRE(c.allocations.erase(ptr) == 1,
+                   "%p is not a live device allocation (freed already, lost in a device reset, "
+                   "or not from gc_malloc)", ptr);
+    }
     free(ptr);
     return GC_SUCCESS;
 }
@@ -178,6 +253,7 @@ gc_status gc_memcpy_d2d(void *dst, const void *src, int64_t bytes, gc_stream str
 }
 
 gc_status gc_memset(void *dst, int32_t byte_value, int64_t bytes, gc_stream stream) {
+    GC_EMU_ALIVE();
     GC_TRY(check_stream(stream, __func__));
     GC_REQUIRE(bytes >= 0, "bytes is %lld; expected >= 0", (long long)bytes);
     GC_REQUIRE(bytes == 0 || dst, "dst is NULL for %lld bytes", (long long)bytes);
@@ -205,6 +281,7 @@ gc_status gc_host_free(void *ptr) {
 
 gc_status gc_stream_create(gc_stream *stream) {
     GC_REQUIRE(stream, "stream is NULL");
+    GC_EMU_ALIVE();
     Stream *created = new Stream();
     live_streams().add(created);
     *stream = created;
@@ -218,7 +295,10 @@ gc_status gc_stream_destroy(gc_stream stream) {
     return GC_SUCCESS;
 }
 
-gc_status gc_stream_synchronize(gc_stream stream) { return check_stream(stream, __func__); }
+gc_status gc_stream_synchronize(gc_stream stream) {
+    GC_EMU_ALIVE();
+    return check_stream(stream, __func__);
+}
 
 gc_status gc_event_create(gc_event *event) {
     GC_REQUIRE(event, "event is NULL");
@@ -236,6 +316,7 @@ gc_status gc_event_destroy(gc_event event) {
 }
 
 gc_status gc_event_record(gc_event event, gc_stream stream) {
+    GC_EMU_ALIVE();
     Event *e = live_event(event);
     GC_REQUIRE(e, "%p is not a live gc_event", event);
     GC_TRY(check_stream(stream, __func__));
@@ -290,6 +371,7 @@ gc_status gc_graph_destroy(gc_graph graph) {
 
 gc_status gc_module_load(gc_module *module, const char *path) {
     GC_REQUIRE(module && path, "module %p and path %p must not be NULL", (void *)module, path);
+    GC_EMU_ALIVE();
     void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!handle)
         return gc_fail(GC_ERROR_MODULE,
@@ -326,6 +408,7 @@ gc_status gc_module_function(gc_function *function, gc_module module, const char
 gc_status gc_launch(gc_function function, const int64_t grid[3], const int64_t block[3],
                     int64_t shared_bytes, void **args, gc_stream stream) {
     GC_REQUIRE(function && grid && block, "function, grid and block must not be NULL");
+    GC_EMU_ALIVE();
     GC_TRY(check_stream(stream, __func__));
     GC_REQUIRE(grid[0] >= 1 && grid[0] <= 0x7fffffff && grid[1] >= 1 && grid[1] <= 65535 &&
                    grid[2] >= 1 && grid[2] <= 65535,
@@ -348,3 +431,22 @@ gc_status gc_launch(gc_function function, const int64_t grid[3], const int64_t b
 }
 
 } /* extern "C" */
+
+gc_status gc_emu::check_launch(const char *what) {
+    const char *pending = gc_emu::pending_fault();
+    if (!pending) return context_lost() ? lost_status(what) : GC_SUCCESS;
+    const std::string fault = pending;
+    gc_emu::clear_fault();
+    if (!sticky_mode()) return gc_fail(GC_ERROR_EMULATION, "%s: %s", what, fault.c_str());
+    Context &c = context();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    if (!c.lost) {
+        c.lost = true;
+        c.first_fault = std::string(what) + ": " + fault;
+    }
+    return gc_fail(GC_ERROR_DEVICE_LOST,
+                   "%s: %s; the CUDA context is now unusable, as after a kernel fault on a GPU "
+                   "(the emulation's sticky mode, GRAPHC_EMU_STICKY): every later call fails "
+                   "until gc_device_reset() recreates it, and every device allocation is lost "
+                   "with it", what, fault.c_str());
+}

@@ -10,7 +10,9 @@
  * Invariants: a product cuBLAS does not take (a size past its 32-bit ints, k == 0, a failed
  * load) runs graphc's kernel with the same results contract (beta == 0 never reads C); the
  * handle of a thread is created once per device context (gc_device_reset drops it) with its
- * own workspace, so a stream capture allocates nothing; math mode is cuBLAS's default (no
+ * own workspace, so a stream capture allocates nothing (creating them is not capturable: the
+ * cuda backend's first call of an executable runs its launch list directly, and a capture
+ * that fails falls back to that direct list); math mode is cuBLAS's default (no
  * TF32 unless the TF32 entry asks for it), so gc_gemm_f32 stays float32 as in PyTorch.
  */
 #ifndef GRAPHC_RT_VENDOR_BLAS_H

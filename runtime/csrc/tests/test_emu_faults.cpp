@@ -1,12 +1,14 @@
 /* test_emu_faults.cpp: faults the emulation must report, as a program.
  *
- *   test_emu_faults                   checks every reported fault; exit 0 when all are right
+ *   test_emu_faults                   checks every reported fault (and the sticky mode,
+ *                                     GRAPHC_EMU_STICKY); exit 0 when all are right
  *   test_emu_faults partial_barrier   prints the partial-barrier message; exit 0 if reported
  *   test_emu_faults oob               writes one float past a gc_malloc'ed buffer inside a
  *                                     kernel: under AddressSanitizer the process dies with a
  *                                     heap-buffer-overflow report (exit 0 means unnoticed)
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <vector>
@@ -86,6 +88,37 @@ static void expect_fault(gc_status status, const char *test, const char *const *
               gc_last_error());
 }
 
+/* GRAPHC_EMU_STICKY=1: a fault is sticky as on a GPU until gc_device_reset, which frees
+ * every device allocation; the first fault is named by every call in between */
+static void check_sticky_mode() {
+    setenv("GRAPHC_EMU_STICKY", "1", 1);
+    void *kept = nullptr;
+    CHECK(gc_malloc(&kept, 64) == GC_SUCCESS, "gc_malloc: %s", gc_last_error());
+    std::vector<float> floats(3 * 64, 0.0f);
+    CHECK(run_partial_barrier(floats.data()) == GC_ERROR_DEVICE_LOST,
+          "sticky fault: status %s", gc_last_error());
+    CHECK(strstr(gc_last_error(), "reached by 40 of 64 threads") &&
+              strstr(gc_last_error(), "GRAPHC_EMU_STICKY"), "sticky fault: '%s'",
+          gc_last_error());
+    void *later = nullptr;
+    CHECK(gc_malloc(&later, 64) == GC_ERROR_DEVICE_LOST && !later, "gc_malloc while lost");
+    CHECK(strstr(gc_last_error(), "gc_malloc: the CUDA context is unusable since an earlier "
+                                  "kernel fault (partial_barrier test: kernel partial_barrier"),
+          "the first fault is named: '%s'", gc_last_error());
+    std::vector<int> ints(64, -1);
+    CHECK(run_write_index(ints.data()) == GC_ERROR_DEVICE_LOST, "a launch while lost");
+    CHECK(gc_device_synchronize() == GC_ERROR_DEVICE_LOST, "synchronize while lost");
+    setenv("GRAPHC_EMU_STICKY", "unrecoverable", 1);
+    CHECK(gc_device_reset() == GC_ERROR_DEVICE_LOST, "an unrecoverable reset succeeded");
+    setenv("GRAPHC_EMU_STICKY", "1", 1);
+    CHECK(gc_device_reset() == GC_SUCCESS, "reset: %s", gc_last_error());
+    CHECK(gc_free(kept) == GC_ERROR_INVALID_ARGUMENT, "a pointer lost in the reset was freed");
+    CHECK(gc_malloc(&later, 64) == GC_SUCCESS && gc_free(later) == GC_SUCCESS,
+          "memory after the reset: %s", gc_last_error());
+    CHECK(run_write_index(ints.data()) == GC_SUCCESS && ints[63] == 63, "launch after reset");
+    unsetenv("GRAPHC_EMU_STICKY");
+}
+
 static int check_all() {
     std::vector<float> floats(3 * 64, 0.0f);
     std::vector<int> ints(64, -1);
@@ -109,6 +142,7 @@ static int check_all() {
           gc_last_error());
     CHECK(ints[0] == 0 && ints[63] == 63, "write_index %d %d", ints[0], ints[63]);
 
+    check_sticky_mode();
     if (failures) {
         fprintf(stderr, "test_emu_faults: %d check(s) failed\n", failures);
         return 1;
