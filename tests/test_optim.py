@@ -252,9 +252,9 @@ def test_updates_go_through_graphc_ops(name, monkeypatch):
         applied.append(opdef.name)
         return apply(opdef, *inputs, **attrs)
 
-    def counting_inplace(target, op_name, compute):
+    def counting_inplace(target, op_name, compute, operands=None):
         written.append(id(target))
-        return apply_inplace(target, op_name, compute)
+        return apply_inplace(target, op_name, compute, operands)
 
     params = [graphc.tensor([1.0, -2.0], requires_grad=True),
               graphc.tensor(0.5, requires_grad=True)]
