@@ -9,13 +9,17 @@ A failed MPI call ends the step with an error naming the node. An MPI whose ABI 
 not know (not MPICH's 32-bit handles) is refused with the reason: compile such a step with
 backend="interp", which calls MPI through mpi4py.
 
-A bucket (graphc.passes.bucket) is two kernels that the schedule keeps apart:
-`all_reduce_start(x1, ..., xk)` copies each xi (any strides) into its slot of the flat
-buffer, then `MPI_Iallreduce(MPI_IN_PLACE, buffer, ...)` stores its request in 8 bytes of
-backend scratch (one slot per bucket); `all_reduce_wait(b)` runs `MPI_Wait` on that request,
-then ("avg") scales by 1 / world size, and copies only if the plan did not put its result
-in b's place. Reading b keeps the buffer live until the wait, so the plan never lends its
-memory to another value while MPI may still write it.
+A bucket (graphc.passes.bucket) whose ranks all share this machine is reduced through the
+node's shared-memory window instead, by graphc.backends.cpu.collective_shm (no MPI call);
+the rest of this docstring is the MPI path, for the others.
+
+A bucket on the MPI path is two kernels that the schedule keeps apart:
+`all_reduce_start(x1, ..., xk)` copies each xi (any strides: graphc.backends.cpu.bucket_pack)
+into its slot of the flat buffer, then `MPI_Iallreduce(MPI_IN_PLACE, buffer, ...)` stores
+its request in 8 bytes of backend scratch (one slot per bucket); `all_reduce_wait(b)` tests
+that request until it completes, then ("avg") scales by 1 / world size, and copies only if
+the plan did not put its result in b's place. Reading b keeps the buffer live until the
+wait, so the plan never lends its memory to another value while MPI may still write it.
 """
 
 from __future__ import annotations

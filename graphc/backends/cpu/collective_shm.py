@@ -12,20 +12,25 @@ shared-memory allreduce on CPUs):
 - `all_reduce_start`: wait until no rank still reads this rank's window from an earlier
   bucket (the fence below), pack the gradients straight into this rank's window (at the
   bucket's offset: one copy, as the MPI path's pack), then publish the bucket's counter.
-- `all_reduce_wait`: wait until every rank has published the bucket; reduce this rank's
-  chunk (1/world of the elements) over all windows, scaled for "avg", writing the sums into
-  the result and back into this rank's window; publish again; wait until every rank has
-  reduced its chunk; copy the other ranks' chunks into the result; count the wait done.
-  Each element is summed by one rank, in rank order, and copied to the others, so every
-  rank gets the same bits (for two ranks, the bits of MPI's sum).
+- `all_reduce_wait`: wait until every rank has published the bucket; sum it over all
+  windows in rank order, scaled for "avg", into the result; count the wait done. Every
+  rank adds in the same order, so all get the same bits (for two ranks, MPI's sum's bits).
+  That is one meeting per bucket: the rank that comes late finds the others' data there
+  and reduces alone, where MPI's reduce-scatter and allgather need both ranks inside MPI
+  calls at several moments (a rank the scheduler took off its core stalls the other).
+- With more than WHOLE_REDUCE_MAX_WORLD ranks each rank sums only its chunk (1/world of the
+  elements), writing it into the result and back into its window, publishes again, waits
+  until every rank has, and copies the other ranks' chunks: two meetings, but the traffic
+  no longer grows with the world size.
 
-Per rank that is the pack, a read of 1/world of every window, and a copy of the rest: for two
-ranks about 2 MB of memory traffic per MB of gradients, against MPICH's ~5, and no MPI call.
+Per rank and MB of gradients (two ranks): the pack (1 MB read, 1 MB written), then the sum
+(2 MB read, 1 MB written), against MPICH's copies through its queues or a kernel copy, its
+reduction loop, and the separate averaging pass; and no MPI call.
 
 The window (graphc.distributed's `NodeWindow`, reached as `native.node_window`): each rank's
 segment holds a control area then the data. Control: int64 words 64 bytes apart (one cache
 line each): word 0 counts the waits this rank finished, word 1 + k is bucket slot k's
-counter (+1 at its start, +1 when this rank's chunk is reduced). The generated code finds
+counter (+1 at its start, +1 when its wait has reduced). The generated code finds
 the segments through a table of int64 whose address is a registered symbol
 (`graphc_node_table`: rank, world size, then each rank's segment address in this process),
 so the module text, and the on-disk object cache, do not depend on where the window landed.
@@ -232,7 +237,7 @@ def _window_pointer(lw, node: Node, offset: int):
 
 
 def lower_wait(lw, node: Node) -> None:
-    """Reduce this rank's chunk over every window, publish, gather the other chunks."""
+    """Meet the other ranks, sum the bucket (or this rank's chunk, then gather the rest)."""
     bucket, out = node.inputs[0], node.outputs[0]
     slot, offset = _SLOTS[lw].assigned[bucket.name]
     dt, count = out.type.dtype, out.type.numel
