@@ -36,12 +36,25 @@ from graphc.backends.cpu.conv import (
     workspace,
 )
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import loop
+from graphc.backends.cpu.values import i64, loop
 from graphc.types import float32, float64
 
 
 def _depthwise(g, dt) -> bool:
     return g.groups == g.c == g.o and g.groups > 1 and dt in (float32, float64)
+
+
+# Few output channels per group: a GEMM with fewer rows than this runs far below BLAS's speed
+# (LeNet-5's first layer, [6 x 25] @ [25 x 784] per image, ran at ~20 GFLOP/s), so such
+# convolutions, with at most MAX_DIRECT_TAPS taps per output (summed in registers), take the
+# direct loops too, forward and weight gradient.
+FEW_ROWS = 16
+MAX_DIRECT_TAPS = 64
+
+
+def _few_rows(g, dt) -> bool:
+    return (g.og < FEW_ROWS and g.cg * g.kh * g.kw <= MAX_DIRECT_TAPS
+            and dt in (float32, float64))
 
 
 def _fma(b, acc, x, y):
@@ -55,18 +68,18 @@ def _fma(b, acc, x, y):
 
 def conv2d(lw, node, g, x, w, out) -> bool:
     dt = x.type.dtype
-    if _depthwise(g, dt):
-        _depthwise_forward(lw, g, x, w, out, dt)
+    if _depthwise(g, dt) or _few_rows(g, dt):
+        _grouped_forward(lw, g, x, w, out, dt)
         return True
     return False
 
 
-def _pad_plane(b, kb, src, base, strides, hw, dst, wp, top, left) -> None:
-    """dst[(r + top)*wp + left + q] = src[base + r*strides[0] + q*strides[1]] (the border of
-    dst, zeroed once per kernel, stays zero)."""
+def _pad_plane(b, kb, src, base, strides, hw, dst, wp, top, left, dst_base=0) -> None:
+    """dst[dst_base + (r + top)*wp + left + q] = src[base + r*strides[0] + q*strides[1]] (the
+    border of dst, zeroed once per kernel, stays zero)."""
     with loop(b, 0, hw[0], "pr") as r:
         row = iadd(b, base, imul(b, r, strides[0]))
-        at = iadd(b, imul(b, r, wp), top * wp + left)
+        at = iadd(b, dst_base, imul(b, r, wp), top * wp + left)
         with loop(b, 0, hw[1], "pq") as q:
             kb.store(b, dst, b.add(at, q), kb.load(b, src, iadd(b, row, imul(b, q, strides[1]))))
 
@@ -101,28 +114,62 @@ def _correlate(b, kb, g, plane, wp, weights, taps, rows, cols, stride, store) ->
             store(b, r, q, acc)
 
 
-def _depthwise_forward(lw, g, x, w, out, dt) -> None:
+def _grouped_forward(lw, g, x, w, out, dt) -> None:
+    """Per image and group: the group's C/groups input planes copied into zero-padded planes,
+    then each of its O/groups outputs sums all C/groups * kH * kW taps in registers. At
+    stride 1 the sums run over rows of the padded width (one flat loop that vectorises
+    whatever W_out is; the columns past W_out are dropped when the rows are copied out, and
+    the last taps read into the zeroed slack after the planes), unless W_out is a multiple
+    of 8."""
     xs = image_strides(x)
     w = contiguous_in(lw, w)
     (ph, pw) = g.padding
     hp, wp = g.h + 2 * ph, g.w + 2 * pw
-    (padded,) = workspace(lw, dt, (hp, wp))
-    taps = _taps(g)
+    # (rows whose width is a multiple of 8 vectorise as they are: no flat loop and copy)
+    flat = g.stride == (1, 1) and g.wo % 8 != 0
+    slack = (g.kw - 1) * g.dilation[1] if flat else 0
+    temps = workspace(lw, dt, (g.cg * hp * wp + slack,), *([(g.ho * wp,)] if flat else []))
+    # a tap of channel c reads the padded plane c rows of hp further down
+    taps = [(c * g.kh * g.kw + t, c * hp + di, dj) for c in range(g.cg) for t, di, dj in _taps(g)]
+    name = "conv2d_depthwise" if _depthwise(g, dt) else "conv2d_direct"
     with contiguous_out(lw, out) as dst:
-        kb, (xi, wi, oi, pi) = image_kernel(lw, "conv2d_depthwise", [x, w, dst, padded])
+        kb, ids = image_kernel(lw, name, [x, w, dst] + temps)
+        xi, wi, oi, pi = ids[:4]
         b = kb.begin()
-        _zero(b, kb, pi, hp * wp, dt)
-        with loop(b, 0, g.n, "n") as n, loop(b, 0, g.c, "c") as c:
-            _pad_plane(b, kb, xi, iadd(b, imul(b, n, xs[0]), imul(b, c, xs[1])),
-                       xs[2:], (g.h, g.w), pi, wp, ph, pw)
-            weights = [kb.load(b, wi, iadd(b, imul(b, c, g.kh * g.kw), t)) for t, _, _ in taps]
-            plane = imul(b, iadd(b, imul(b, n, g.c), c), g.p)
+        _zero(b, kb, pi, g.cg * hp * wp + slack, dt)
+        with loop(b, 0, g.n, "n") as n, loop(b, 0, g.groups, "grp") as grp:
+            with loop(b, 0, g.cg, "pc") as c:
+                ch = iadd(b, imul(b, grp, g.cg), c)
+                _pad_plane(b, kb, xi, iadd(b, imul(b, n, xs[0]), imul(b, ch, xs[1])),
+                           xs[2:], (g.h, g.w), pi, wp, ph, pw, imul(b, c, hp * wp))
+            with loop(b, 0, g.og, "o") as oo:
+                o = iadd(b, imul(b, grp, g.og), oo)
+                weights = [kb.load(b, wi, iadd(b, imul(b, o, len(taps)), t))
+                           for t, _, _ in taps]
+                plane = imul(b, iadd(b, imul(b, n, g.o), o), g.p)
+                if flat:
+                    _correlate_rows(b, kb, pi, wp, weights, taps, g.ho * wp, ids[4])
+                    with loop(b, 0, g.ho, "r") as r:
+                        to = iadd(b, plane, imul(b, r, g.wo))
+                        frm = imul(b, r, wp)
+                        with loop(b, 0, g.wo, "q") as q:
+                            kb.store(b, oi, b.add(to, q), kb.load(b, ids[4], b.add(frm, q)))
+                else:
+                    def store(b, r, q, v, plane=plane):
+                        kb.store(b, oi, iadd(b, plane, imul(b, r, g.wo), q), v)
 
-            def store(b, r, q, v):
-                kb.store(b, oi, iadd(b, plane, imul(b, r, g.wo), q), v)
-
-            _correlate(b, kb, g, pi, wp, weights, taps, g.ho, g.wo, g.stride, store)
+                    _correlate(b, kb, g, pi, wp, weights, taps, g.ho, g.wo, g.stride, store)
         lw.calls.append(kb.finish(b))
+
+
+def _correlate_rows(b, kb, plane, wp, weights, taps, count, dst) -> None:
+    """dst[q] = sum over taps of weight * plane[q + di*wp + dj] for q < count (stride 1)."""
+    with loop(b, 0, count, "p") as q:
+        acc = None
+        for wv, (_, di, dj) in zip(weights, taps):
+            v = kb.load(b, plane, iadd(b, q, di * wp + dj))
+            acc = b.fmul(wv, v) if acc is None else _fma(b, acc, wv, v)
+        kb.store(b, dst, q, acc)
 
 
 def conv2d_input_grad(lw, node, g) -> bool:
@@ -196,11 +243,12 @@ def _depthwise_input_grad_scatter(lw, node, g, dt) -> None:
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
-    """Depthwise: per channel, every tap's sum over the batch's output positions of
-    gy * the padded input, all taps in one pass (reassociable sums)."""
+    """Depthwise or few rows: per (output channel, input channel of its group), every tap's
+    sum over the batch's output positions of gy * the padded input, all taps in one pass
+    (reassociable sums)."""
     gy, x = node.inputs
     dt = x.type.dtype
-    if not _depthwise(g, dt):
+    if not (_depthwise(g, dt) or _few_rows(g, dt)):
         return False
     gl, gs = grad_image(lw, lw.locs[gy], g)
     xl = lw.locs[x]
@@ -216,7 +264,9 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     temps = workspace(lw, dt, *shapes)
     taps = _taps(g)
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
-        kb, ids = image_kernel(lw, "conv2d_depthwise_weight_grad", [gl, xl, dst] + temps)
+        name = "conv2d_depthwise_weight_grad" if _depthwise(g, dt) else \
+            "conv2d_direct_weight_grad"
+        kb, ids = image_kernel(lw, name, [gl, xl, dst] + temps)
         gi, xi, oi, pi = ids[:4]
         b = kb.begin()
         with b.goto_entry_block():
@@ -232,13 +282,15 @@ def conv2d_weight_grad(lw, node, g) -> bool:
                 s.flags.extend(("reassoc", "nsz"))
                 b.store(s, acc)
 
-        with loop(b, 0, g.c, "c") as c:
+        with loop(b, 0, g.o, "o") as o, loop(b, 0, g.cg, "c") as c:
             for acc in accs:
                 b.store(const(dt, 0.0), acc)
+            group = o if g.og == 1 else b.udiv(o, i64(g.og))
+            ch = iadd(b, imul(b, group, g.cg), c)  # the input channel
             with loop(b, 0, g.n, "n") as n:
-                _pad_plane(b, kb, xi, iadd(b, imul(b, n, xs[0]), imul(b, c, xs[1])),
+                _pad_plane(b, kb, xi, iadd(b, imul(b, n, xs[0]), imul(b, ch, xs[1])),
                            xs[2:], (g.h, g.w), pi, wp, ph, pw)
-                gy_plane = iadd(b, imul(b, n, gs[0]), imul(b, c, gs[1]))
+                gy_plane = iadd(b, imul(b, n, gs[0]), imul(b, o, gs[1]))
                 if flat:
                     _pad_plane(b, kb, gi, gy_plane, gs[2:], (g.ho, g.wo), ids[4], wp, 0, 0)
                     with loop(b, 0, g.ho * wp, "p") as q:
@@ -248,7 +300,8 @@ def conv2d_weight_grad(lw, node, g) -> bool:
                         gv = kb.load(b, gi, iadd(b, gy_plane, imul(b, r, gs[2]),
                                                  imul(b, q, gs[3])))
                         accumulate(b, gv, iadd(b, imul(b, r, sh * wp), imul(b, q, sw)))
+            at = imul(b, iadd(b, imul(b, o, g.cg), c), g.kh * g.kw)
             for acc, (t, _, _) in zip(accs, taps):
-                kb.store(b, oi, iadd(b, imul(b, c, g.kh * g.kw), t), b.load(acc))
+                kb.store(b, oi, iadd(b, at, t), b.load(acc))
         lw.calls.append(kb.finish(b))
     return True
