@@ -14,6 +14,11 @@ False when its node does not take a direct path (conv then uses im2col + GEMM).
   Weight gradient: per channel, every tap's sum of gy * padded input over the batch in one
   pass (reassociable sums, which LLVM vectorises into partial sums).
 
+- **Few rows** (fewer than FEW_ROWS output channels per group, at most MAX_DIRECT_TAPS taps:
+  LeNet-5's first layer, depthwise with a channel multiplier): the same loops, forward and
+  weight gradient, per group over its C/groups padded planes (the input gradient keeps
+  im2col + GEMM).
+
 Tried and dropped: the same register-summed loops for the forward of convolutions with
 C_in <= 4 (ResNet's stem, LeNet's first layer; all C*kH*kW taps per output position over a
 zero-padded image) ran at 52 GFLOP/s against 70 for im2col + GEMM (1-thread CPU time, stem
