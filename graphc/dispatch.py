@@ -193,19 +193,23 @@ _PYTHON_NUMBERS = frozenset((bool, int, float))
 
 class _EagerPlan:
     """What the eager path needs of one (op, attributes, input types): the dtype each Python
-    number among the inputs takes (None for a tensor), the result types, and, for autograd,
-    whether the op may record, the input types and the nodes' input metadata."""
+    number among the inputs takes (`number_dtypes` graphc's, `numbers` numpy's, None for a
+    tensor; both None where no input is a number), the result types and their numpy dtypes,
+    and, for autograd, whether the op may record, the input types and the nodes' metadata."""
 
-    __slots__ = ("input_meta", "input_types", "may_record", "numbers", "numpy_dtypes", "single",
-                 "types")
+    __slots__ = ("input_meta", "input_types", "may_record", "node_types", "number_dtypes",
+                 "numbers", "numpy_dtypes", "single", "types")
 
     def __init__(self, opdef: OpDef, inputs: tuple, numbers: tuple, out_types) -> None:
-        self.numbers = numbers if any(d is not None for d in numbers) else None
+        self.number_dtypes = numbers if any(d is not None for d in numbers) else None
+        self.numbers = None if self.number_dtypes is None else tuple(
+            [None if d is None else np.dtype(d.np) for d in numbers])
         self.input_types = tuple([t.type for t in inputs])
         self.input_meta = tuple([(ty.shape, ty.dtype) for ty in self.input_types])
         self.single = isinstance(out_types, TensorType)
         self.types = (out_types,) if self.single else tuple(out_types)
         self.numpy_dtypes = tuple([np.dtype(ty.dtype.np) for ty in self.types])
+        self.node_types = (self.input_types, self.types)
         self.may_record = opdef.vjp is not None and any(ty.dtype.is_floating
                                                         for ty in self.types)
 
@@ -285,8 +289,7 @@ def _apply_eager(opdef: OpDef, inputs: tuple, attrs: dict, plan: _EagerPlan):
     `_data` property (the caller checked that no device copy is newer)."""
     numbers = plan.numbers
     if numbers is not None:  # numbers become 0-d arrays, as `_tensorize` makes them
-        arrays = [t._array if dtype is None else np.asarray(t, dtype.np)
-                  for t, dtype in zip(inputs, numbers)]
+        arrays = _number_arrays(inputs, numbers)
     elif len(inputs) == 2:
         arrays = (inputs[0]._array, inputs[1]._array)
     elif len(inputs) == 1:
@@ -312,17 +315,32 @@ def _apply_eager(opdef: OpDef, inputs: tuple, attrs: dict, plan: _EagerPlan):
         for t in inputs:
             if getattr(t, "_requires_grad", False):  # (a number among the inputs has none)
                 if numbers is not None:
-                    inputs = _numbers_as_tensors(inputs, arrays, numbers)
+                    inputs = _numbers_as_tensors(inputs, arrays, plan.number_dtypes)
                 _record(opdef, inputs, outputs, attrs, plan)
                 break
     return outputs[0] if plan.single else outputs
 
 
-def _numbers_as_tensors(inputs: tuple, arrays: list, numbers: tuple) -> tuple:
+def _number_arrays(inputs: tuple, numbers: tuple) -> tuple:
+    """The inputs' arrays, each Python number made a 0-d array of its planned dtype (`numbers`:
+    np.dtype or None per input). Written out for two inputs (a comprehension costs more)."""
+    if len(inputs) == 2:
+        (x, y), (x_dtype, y_dtype) = inputs, numbers
+        return (x._array if x_dtype is None else np.asarray(x, x_dtype),
+                y._array if y_dtype is None else np.asarray(y, y_dtype))
+    return tuple([t._array if dtype is None else np.asarray(t, dtype)
+                  for t, dtype in zip(inputs, numbers)])
+
+
+def _numbers_as_tensors(inputs: tuple, arrays: tuple, dtypes: tuple) -> tuple:
     """The inputs with each Python number replaced by a 0-d tensor around its array (for the
-    autograd node, which keeps tensors)."""
-    return tuple([t if dtype is None else Tensor._result(array, dtype)
-                  for t, array, dtype in zip(inputs, arrays, numbers)])
+    autograd node, which keeps tensors); `dtypes`: the graphc dtype of each, None for a
+    tensor."""
+    out = list(inputs)
+    for i, dtype in enumerate(dtypes):
+        if dtype is not None:
+            out[i] = Tensor._result(arrays[i], dtype)
+    return tuple(out)
 
 
 def _eager_output(opdef: OpDef, array, ty: TensorType, want: np.dtype, inputs: tuple,
@@ -357,12 +375,13 @@ def _record(opdef: OpDef, inputs: tuple, outputs: tuple, attrs: dict, plan: _Eag
             edges.append((t._accumulator or t._grad_accumulator(), 0))
         else:
             edges.append(_NO_EDGE)
-    node = OpBackward(opdef, inputs, outputs, attrs, tuple(edges),
-                      (plan.input_types, plan.types), plan.input_meta)
+    node = OpBackward(opdef, inputs, outputs, attrs, tuple(edges), plan.node_types,
+                      plan.input_meta)
     for nr, out in enumerate(outputs):
         if out._dtype.is_floating:
             out.grad_fn = node  # Tensor._set_history(node, nr), inlined
-            out._output_nr = nr
+            if nr:
+                out._output_nr = nr  # (0 is the class default of a fresh result)
             out._requires_grad = True
 
 
