@@ -57,7 +57,6 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-
 from graphc.errors import GraphcError, ShapeError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.verifier import verify
@@ -65,6 +64,7 @@ from graphc.ops.registry import ELEMENTWISE, REGISTRY, SOURCE
 from graphc.ops.shapes import broadcast_many
 from graphc.symbolic import same_shape
 
+_SEARCH_BUDGET = 16  # groups _makes_cycle visits one by one before it turns to bit sets
 # Roles a node can play; the kind of a group is "elementwise", "reduce", "epilogue" or "single".
 ELEMENTWISE_ROLE, REDUCE_ROLE, ANCHOR_ROLE, CONSTANT_ROLE, OPAQUE_ROLE = (
     "elementwise", "reduce", "anchor", "constant", "opaque")
@@ -160,6 +160,8 @@ class _Grouping:
                 self.ancestors[i] |= self.ancestors[p] | (1 << p)
         self.group_of = list(range(n))
         self.groups = {i: self._initial_group(i) for i in range(n)}
+        self.reach: list[int] | None = None  # bit sets of what each node reaches (_node_reach)
+        self.group_reach: dict[int, tuple[int, int]] = {}  # see _group_reach
 
     def _initial_group(self, i: int) -> _Group:
         role = self.roles[i]
@@ -262,6 +264,8 @@ class _Grouping:
         for m in members:
             self.group_of[m] = keep
         del self.groups[drop]
+        self.group_reach.pop(keep, None)
+        self.group_reach.pop(drop, None)
         anchor = anchors[0] if anchors else None
         order = sorted(members, key=lambda m: (m != anchor, m))  # the anchor first
         self.groups[keep] = _Group(order, kind, anchor, closed=reduce)
@@ -281,14 +285,20 @@ class _Grouping:
 
         Only nodes before `limit` (the node being visited, itself a member) can be on such a
         path: later nodes are not grouped yet and come after every member in graph order.
+        A search over the groups answers most merges after a few groups; one that goes on
+        past _SEARCH_BUDGET groups (a forward value read again far down the backward pass)
+        is answered with bit sets instead (`_reaches_back`).
         """
-        stack = [c for m in members for c in self.succs[m] if c not in members and c < limit]
+        starts = [c for m in members for c in self.succs[m] if c not in members and c < limit]
+        stack = list(starts)
         seen: set[int] = set()
         while stack:
             gid = self.group_of[stack.pop()]
             if gid in seen:
                 continue
             seen.add(gid)
+            if len(seen) > _SEARCH_BUDGET:
+                return self._reaches_back(starts, members)
             for y in self.groups[gid].members:
                 for c in self.succs[y]:
                     if c in members:
@@ -296,6 +306,55 @@ class _Grouping:
                     if c < limit and self.group_of[c] not in seen:
                         stack.append(c)
         return False
+
+    def _reaches_back(self, starts: list[int], members: set[int]) -> bool:
+        """Does a node of `starts` reach `members` over the groups? The same answer as the
+        search, from bit sets: everything the starts reach node by node, then, while that
+        touches a group of several nodes, everything its members reach, and so on. (Nodes
+        after the one being visited are not grouped: they only lead further away.)"""
+        target = sum(1 << m for m in members)
+        owners = {self.group_of[m] for m in members}
+        reached = 0
+        for c in starts:
+            reached |= self._node_reach(c)
+        pending = [g for g, group in self.groups.items()
+                   if len(group.members) > 1 and g not in owners]
+        while not reached & target:
+            grown, rest = 0, []
+            for g in pending:
+                mask, reach = self._group_reach(g)
+                if mask & reached:
+                    grown |= reach
+                else:
+                    rest.append(g)
+            if not grown & ~reached:
+                return False
+            reached |= grown
+            pending = rest
+        return True
+
+    def _node_reach(self, i: int) -> int:
+        """Bit set of node i and every node it reaches in the graph (computed on first use)."""
+        if self.reach is None:
+            self.reach = [0] * len(self.nodes)
+            for y in range(len(self.nodes) - 1, -1, -1):
+                bits = 1 << y
+                for c in self.succs[y]:
+                    bits |= self.reach[c]
+                self.reach[y] = bits
+        return self.reach[i]
+
+    def _group_reach(self, gid: int) -> tuple[int, int]:
+        """(bit set of the group's members, of all they reach node by node), kept until the
+        group changes."""
+        found = self.group_reach.get(gid)
+        if found is None:
+            members = self.groups[gid].members
+            reach = 0
+            for m in members:
+                reach |= self._node_reach(m)
+            found = self.group_reach[gid] = (sum(1 << m for m in members), reach)
+        return found
 
 
 # ---- emitting the fused graph ---------------------------------------------------------------
