@@ -109,28 +109,23 @@ def max_pool2d(lw, node: Node) -> None:
                                                     cols[0].values[0], cols[1].values[0]) \
         == (0, a["kernel_size"][0], 0, a["kernel_size"][1])
     with _over_planes(b, sizes, [xs, vs, is_]) as (xo, vo, io):
-        if full:  # every tap of every window is inside: tap by tap, a select per output
-            # over the row of outputs (an inner loop that vectorises, no branches)
-            with loop(b, 0, ho, "oh") as oh:
-                ih0 = iadd(b, imul(b, oh, sh), -ph)
-                vrow = iadd(b, vo, imul(b, oh, vsh))
-                irow = iadd(b, io, imul(b, oh, ish))
+        if full:  # every tap of every window is inside: all taps of an output in registers,
+            # selects instead of branches, the loop over output columns vectorised
+            with loop(b, 0, ho, "oh") as oh, loop(b, 0, wo, "ow") as ow:
+                m = at = None
                 for i in range(a["kernel_size"][0]):
-                    ih = iadd(b, ih0, i * dh)
+                    ih = iadd(b, imul(b, oh, sh), i * dh - ph)
                     for j in range(a["kernel_size"][1]):
-                        with loop(b, 0, wo, "ow") as ow:
-                            iw = iadd(b, imul(b, ow, sw), j * dw - pw)
-                            v = kb.load(b, xi, iadd(b, xo, imul(b, ih, xsh), imul(b, iw, xsw)))
-                            flat = iadd(b, imul(b, ih, w), iw)
-                            vat = iadd(b, vrow, imul(b, ow, vsw))
-                            iat = iadd(b, irow, imul(b, ow, isw))
-                            if i or j:
-                                m = kb.load(b, vi, vat)
-                                up = better(v, m)
-                                v = b.select(up, v, m)
-                                flat = b.select(up, flat, kb.load(b, ii, iat))
-                            kb.store(b, vi, vat, v)
-                            kb.store(b, ii, iat, flat)
+                        iw = iadd(b, imul(b, ow, sw), j * dw - pw)
+                        v = kb.load(b, xi, iadd(b, xo, imul(b, ih, xsh), imul(b, iw, xsw)))
+                        flat = as_i64(iadd(b, imul(b, ih, w), iw))
+                        if m is None:
+                            m, at = v, flat
+                        else:
+                            up = better(v, m)
+                            m, at = b.select(up, v, m), b.select(up, flat, at)
+                kb.store(b, vi, iadd(b, vo, imul(b, oh, vsh), imul(b, ow, vsw)), m)
+                kb.store(b, ii, iadd(b, io, imul(b, oh, ish), imul(b, ow, isw)), at)
         else:
             with loop(b, 0, ho, "oh") as oh:
                 i_lo, i_hi = (t(b, oh) for t in rows)
