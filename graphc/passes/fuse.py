@@ -162,6 +162,7 @@ class _Grouping:
         self.groups = {i: self._initial_group(i) for i in range(n)}
         self.reach: list[int] | None = None  # bit sets of what each node reaches (_node_reach)
         self.group_reach: dict[int, tuple[int, int]] = {}  # see _group_reach
+        self.merged: set[int] = set()  # the groups of several nodes
 
     def _initial_group(self, i: int) -> _Group:
         role = self.roles[i]
@@ -266,6 +267,8 @@ class _Grouping:
         del self.groups[drop]
         self.group_reach.pop(keep, None)
         self.group_reach.pop(drop, None)
+        self.merged.discard(drop)
+        self.merged.add(keep)
         anchor = anchors[0] if anchors else None
         order = sorted(members, key=lambda m: (m != anchor, m))  # the anchor first
         self.groups[keep] = _Group(order, kind, anchor, closed=reduce)
@@ -317,8 +320,7 @@ class _Grouping:
         reached = 0
         for c in starts:
             reached |= self._node_reach(c)
-        pending = [g for g, group in self.groups.items()
-                   if len(group.members) > 1 and g not in owners]
+        pending = [g for g in self.merged if g not in owners]
         while not reached & target:
             grown, rest = 0, []
             for g in pending:
