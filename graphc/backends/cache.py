@@ -25,6 +25,18 @@ payload's length, the payload's sha256) followed by the payload.
 The key is the backend's (a sha256 of everything the compiled code depends on, the cache's
 format name included), so a change of format, toolchain or graphc version misses.
 
+The pipeline cache (`PIPELINES`): graphc.compile looks a traced graph up *before* the passes,
+so a warm first call skips the passes and the lowering as well as LLVM. `pipeline_key` names
+an entry by what comes in: the traced graph's text (source lines included), the passes (by
+qualified name and arguments; only graphc's own, whose code the key covers), the backend, its
+options and its toolchain (for cpu: host triple, CPU, features, LLVM, BLAS), graphc's version
+and a fingerprint of graphc's source files (`source_fingerprint`: a checkout whose code
+changed misses), and the tuning constants of the passes and the backend
+(`tuning_constants`: upper-case module literals, which tests and benchmarks change). An
+entry is a bundle of named sections (`pack_sections`), whose structure `unpack_sections`
+checks before the backend reads it (graphc.backends.cpu.executable: the optimized graph's
+text, what the lowering made, the key of its object code in the backend's own cache).
+
 Trust: cached code is loaded and run, so only files this user wrote count. The cache root
 and each backend's folder are created 0700; a folder that is a symlink, belongs to another
 user, or is writable by group or others is not used at all (a `CacheWarning` names it and
@@ -37,7 +49,9 @@ made in the process, for `graphc cache info|clear`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
 import stat
 import struct
@@ -341,5 +355,121 @@ class DiskCache:
         return removed
 
 
-__all__ = ["ALL", "COUNTERS", "HEADER", "MAGIC", "CacheWarning", "DiskCache", "pack_entry",
-           "unpack_entry", "untrusted"]
+# ---- the pipeline cache ----------------------------------------------------------------------
+PIPELINE_FORMAT = "pipelines-v1"  # the folder; bump when the key or the sections change
+_SECTIONS = struct.Struct("<8sI")  # magic, length of the JSON table of section lengths
+_SECTIONS_MAGIC = b"GCSECT01"
+
+
+def pack_sections(sections: dict[str, bytes]) -> bytes:
+    """One payload of named byte strings: a table of their names and lengths, then them."""
+    table = json.dumps([[name, len(data)] for name, data in sections.items()]).encode()
+    return b"".join([_SECTIONS.pack(_SECTIONS_MAGIC, len(table)), table, *sections.values()])
+
+
+def unpack_sections(payload: bytes) -> dict[str, bytes]:
+    """The sections of a payload; ValueError unless its table and lengths hold together."""
+    try:
+        magic, size = _SECTIONS.unpack_from(payload)
+        table = json.loads(payload[_SECTIONS.size:_SECTIONS.size + size])
+        at = _SECTIONS.size + size
+        sections = {}
+        for name, length in table:
+            if not isinstance(name, str) or not isinstance(length, int) or length < 0:
+                raise ValueError
+            sections[name] = payload[at:at + length]
+            at += length
+    except (struct.error, ValueError, TypeError, UnicodeDecodeError):
+        raise ValueError("not a graphc section bundle") from None
+    if magic != _SECTIONS_MAGIC or at != len(payload):
+        raise ValueError("not a graphc section bundle")
+    return sections
+
+
+PIPELINES = DiskCache(PIPELINE_FORMAT, ".gp", unpack_sections)
+
+
+def storable(backend: str):
+    """The executable class whose executables the pipeline cache keeps for `backend` (it
+    gives `toolchain(graph)`, `sections()` and `from_sections(sections)`), or None: only the
+    cpu backend, as graphc registers it (a factory registered in its place is not known)."""
+    from graphc.backends import BACKENDS
+
+    if backend != "cpu" or getattr(BACKENDS.get(backend), "__module__", None) != \
+            "graphc.backends":
+        return None
+    from graphc.backends.cpu.executable import CpuExecutable  # loads llvmlite: only here
+
+    return CpuExecutable
+
+
+@functools.cache
+def source_fingerprint() -> str:
+    """A sha256 of every graphc source file (path and bytes), once per process: an edited
+    checkout, whose version string stays the same, misses every pipeline entry."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # graphc/
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as f:
+                    digest.update(f.read())
+    return digest.hexdigest()
+
+
+def tuning_constants(packages: tuple[str, ...]) -> str:
+    """The upper-case literal attributes (ints, floats, strings, bools) of every module of
+    `packages` (imported here, so the text does not depend on what happened to be loaded),
+    as text: block sizes, thresholds and O levels that decide what the passes and the
+    lowering make, and that a test or a benchmark may change at run time."""
+    import importlib
+    import pkgutil
+
+    rows = []
+    for package in packages:
+        names = [package] + [f"{package}.{m.name}" for m in
+                             pkgutil.iter_modules(importlib.import_module(package).__path__)]
+        for name in sorted(names):
+            module = importlib.import_module(name)
+            for attr, value in sorted(vars(module).items()):
+                if attr.isupper() and type(value) in (int, float, str, bool):
+                    rows.append(f"{name}.{attr}={value!r}")
+    return "\n".join(rows)
+
+
+def pass_names(passes) -> list[str] | None:
+    """Each pass as `module.qualname(args)`, or None when one is not graphc's own module-level
+    function (a pass of the user's: its code is not in the key, so nothing is cached)."""
+    names = []
+    for p in passes:
+        fn, args = (p.func, (p.args, sorted(p.keywords.items()))) \
+            if isinstance(p, functools.partial) else (p, ())
+        module, qualname = getattr(fn, "__module__", ""), getattr(fn, "__qualname__", "")
+        if not module.startswith("graphc.") or not qualname or "<" in qualname:
+            return None
+        names.append(f"{module}.{qualname}{args!r}" if args else f"{module}.{qualname}")
+    return names
+
+
+def pipeline_key(graph_text: str, passes, backend: str, options: dict, toolchain: str,
+                 packages: tuple[str, ...]) -> str | None:
+    """The hex sha256 naming the pipeline entry of a traced graph (see the module docstring),
+    or None when the passes cannot be named (nothing is cached then). `toolchain`: what the
+    backend's code depends on besides graphc; `packages`: whose tuning constants count."""
+    from graphc.version import __version__
+
+    names = pass_names(passes)
+    if names is None:
+        return None
+    parts = (PIPELINE_FORMAT, graph_text, "\n".join(names), backend,
+             repr(sorted(options.items())), toolchain, __version__, source_fingerprint(),
+             tuning_constants(("graphc.passes",) + packages))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+__all__ = ["ALL", "COUNTERS", "HEADER", "MAGIC", "PIPELINES", "CacheWarning", "DiskCache",
+           "pack_entry", "pack_sections", "pass_names", "pipeline_key", "source_fingerprint",
+           "storable", "tuning_constants", "unpack_entry", "unpack_sections", "untrusted"]

@@ -14,9 +14,14 @@ result then comes from running the new executable, as torch.compile does: its si
 run; optimizer state the call creates lazily gets its values from that run too
 (`TraceResult.escaped`). A call that creates state the next call reads (a training step's
 first call: optimizer moments, momentum buffers, `.grad`s that were None) would make the
-next call trace again; so it runs on the interpreter instead, and the call is traced again
-at once on the state it left, and only that steady graph is compiled (`_warm_up`): one
-compile per training step, and the second call replays it. With GRAPHC_LOG=recompiles
+next call trace again. Where an optimizer's first step is its steady update on zero state,
+that state (and stand-in `.grad`s) is made before the trace (graphc.jit.first_step), so the
+one trace is the steady graph and the first call runs it compiled; otherwise the call runs
+on the interpreter, is traced again at once on the state it left, and only that steady graph
+is compiled (`_warm_up`): one compile per training step either way, and the second call
+replays it. Before the passes, a traced graph is looked up in the pipeline cache
+(graphc.jit.pipeline_cache): a graph an earlier process compiled skips the passes, the
+lowering and LLVM. With GRAPHC_LOG=recompiles
 each retrace logs which fields changed, and after the recompile limit the call raises
 `RecompileLimitError` listing them. A stale executable is never replayed: captured tensors
 are checked against the graph's types, and storage sharing among the call's tensors against
@@ -64,7 +69,7 @@ from graphc.dispatch import current_tracer, is_abstract
 from graphc.errors import ArgumentError, GraphcError
 from graphc.ir.printer import format_graph
 from graphc.ir.specialize import pin
-from graphc.jit import nan_check
+from graphc.jit import nan_check, pipeline_cache
 from graphc.jit.bindings import ArgBinding, GradBinding, RngBinding, TensorBinding, TraceResult
 from graphc.jit.compiled_autograd import (
     CompiledFunction,
@@ -113,6 +118,24 @@ def _optimize(graph, passes, **options):
 def _backend_compile(graph, backend: str):
     with _structural():
         return compile_graph(graph, backend)
+
+
+def _compiled(graph, passes, backend: str, dump_prefix: str | None = None):
+    """(executable, pipeline report) of a traced graph: what an earlier process made of it,
+    from the pipeline cache (graphc.jit.pipeline_cache: no passes, no lowering), else the
+    passes and the backend, kept in that cache for the next process."""
+    key = pipeline_cache.key_of(graph, passes, backend)
+    if key is None:
+        optimized, report = _optimize(graph, passes, verify=True, dump_prefix=dump_prefix)
+        return _backend_compile(optimized, backend), report
+    with pipeline_cache.lock(key):  # one compile of a key at a time in this process
+        found = pipeline_cache.lookup(key, backend)
+        if found is not None:
+            return found
+        optimized, report = _optimize(graph, passes, verify=True, dump_prefix=dump_prefix)
+        executable = _backend_compile(optimized, backend)
+        pipeline_cache.store(key, executable, report)
+    return executable, report
 
 
 def _structural():
@@ -220,8 +243,11 @@ class Compiled:
 
     @property
     def optimized_graph(self):
-        """The graph the backend runs for the most recent trace (after the passes)."""
-        return self.executable.graph
+        """The graph the backend runs for the most recent trace (after the passes), with its
+        `meta["memory_plan"]` (an executable from the pipeline cache plans it on demand)."""
+        executable = self.executable
+        getattr(executable, "memory_plan", None)
+        return executable.graph
 
     @property
     def executable(self) -> Executable:
@@ -316,16 +342,15 @@ class Compiled:
                 needs_grad = outputs_needing_grad(self.__name__, traced, args, kwargs)
                 prefix = _dump(traced.graph)
                 passes = self._passes(traced.graph)
-                optimized, self.report = _optimize(traced.graph, passes, verify=True,
-                                                      dump_prefix=prefix)
                 warm_up = [] if needs_grad or self.backend == "interp" else \
-                    _state_made(traced, guard, args, kwargs, first)
+                    first.unseen_state(traced, guard.grads, args, kwargs)
                 if warm_up:
                     _log(f"{self.__name__}: the first call runs on the interpreter, then the "
                          f"call is traced again on the state it left: {'; '.join(warm_up)}")
-                    return self._warm_up(sig, guard, traced, optimized, args, kwargs,
-                                         lazy_state, dynamic)
-                executable = _backend_compile(optimized, self.backend)
+                    return self._warm_up(sig, guard, traced, args, kwargs, lazy_state,
+                                         dynamic)
+                executable, self.report = _compiled(traced.graph, passes, self.backend,
+                                                    prefix)
                 gradient = self._gradient_plan(traced, args, kwargs, passes, needs_grad) \
                     if needs_grad else None
         except BaseException:
@@ -339,9 +364,6 @@ class Compiled:
         # effects, once. Undo what it did set (.grads, generator draws) before that run.
         traced.restore()
         changed = first.changes_state(traced)
-        if changed:
-            _log(f"{self.__name__}: the first call made {first.describe()} ahead of its "
-                 "trace and runs compiled (one trace for this and every later call)")
         try:
             result = self._run(self._entries[-1], args, kwargs, escaped=traced.escaped)
         except Exception as err:
@@ -370,15 +392,16 @@ class Compiled:
         entry.guard = guard
         self._mark_shadowed()
 
-    def _warm_up(self, sig: dict, guard: Guard, traced: TraceResult, optimized, args: tuple,
+    def _warm_up(self, sig: dict, guard: Guard, traced: TraceResult, args: tuple,
                  kwargs: dict, lazy_state, dynamic: dict):
         """The first call of a step that creates state (optimizer moments, momentum buffers,
         `.grad`s that were None): the next call would see that state and trace again, so
         compiling this graph would be wasted. Run this call's graph on the interpreter (its
         results and effects, once), then trace the call again on the state it left (an
         abstract trace: no kernel, no effect) and compile only that graph, the one every
-        later call replays: one compile per training step."""
-        first = _Entry(sig, traced, _backend_compile(optimized, "interp"),
+        later call replays: one compile per training step. The interpreter runs the traced
+        graph as it is: the passes would cost more than they save it."""
+        first = _Entry(sig, traced, _backend_compile(traced.graph, "interp"),
                        aliasing(traced, args, kwargs), None, guard)
         traced.restore()
         try:
@@ -397,10 +420,8 @@ class Compiled:
                 # it would have
                 return result
             with _symbolic(traced):
-                optimized, self.report = _optimize(
-                    traced.graph, self._passes(traced.graph), verify=True,
-                    dump_prefix=_dump(traced.graph))
-                executable = _backend_compile(optimized, self.backend)
+                executable, self.report = _compiled(traced.graph, self._passes(traced.graph),
+                                                    self.backend, _dump(traced.graph))
             entry = self._entry(steady, traced, executable, args, kwargs, None, guard)
         except GraphcError:  # the steady graph could not be made now: the same
             return result
@@ -554,10 +575,8 @@ class Compiled:
                 f"backward of the traced graph could not be derived: {err}"
             ) from err
         part = partition(joint)
-        forward, _ = _optimize(part.forward, passes)
-        backward, _ = _optimize(part.backward, passes)
-        return GradientPlan(part, _backend_compile(forward, self.backend),
-                            _backend_compile(backward, self.backend), wrt)
+        return GradientPlan(part, _compiled(part.forward, passes, self.backend)[0],
+                            _compiled(part.backward, passes, self.backend)[0], wrt)
 
     @staticmethod
     def _misfits(entry: _Entry, args: tuple, kwargs: dict):
@@ -674,29 +693,6 @@ class Compiled:
             holder._grad = Tensor._wrap(array)
             assigned.append(holder._grad)
         return assigned
-
-
-def _state_made(traced: TraceResult, guard: Guard, args: tuple, kwargs: dict,
-                first: FirstStep) -> list[str]:
-    """What this call makes that the next call will read and the trace did not already see
-    (empty when nothing): state created lazily (`escaped`: optimizer state whose first step
-    is not exact, a tensor attribute set in the call), or a `.grad` that was None before the
-    call, is assigned by it and had no stand-in (an argument's, or a graph that reads the
-    `.grad`s from before the call: graphc.jit.first_step)."""
-    reasons = []
-    if traced.escaped:
-        inexact = f" ({', '.join(first.inexact)}: its first step is not its steady update " \
-            "on zero state)" if first.inexact else ""
-        reasons.append(f"it creates {len(traced.escaped)} state tensor(s){inexact}")
-    stood_in = {id(h) for h, _ in first.stand_ins}
-    was_none = {id(t) for t, key in guard.grads if key is None} - stood_in
-    assigned = sum(go.index is not None and id(go.resolve(args, kwargs)) in was_none
-                   for go in traced.grad_outputs)
-    if assigned:
-        reasons.append(f"it assigns {assigned} .grad(s) that were None"
-                       + (" and its graph reads the .grads from before the call (gradients "
-                          "accumulated across calls?)" if first.stand_ins_read else ""))
-    return reasons
 
 
 def _bound_tensor(binding, args: tuple, kwargs: dict) -> Tensor:

@@ -114,12 +114,29 @@ class FirstStep:
                                       and id(go.holder) in holders
                                       for go in traced.grad_outputs)
 
+    def unseen_state(self, traced: TraceResult, grads_before, args: tuple, kwargs: dict
+                     ) -> list[str]:
+        """What the call makes that the next call will read and the trace did not see (why
+        graphc.compile must warm up; empty when nothing): state created lazily (`escaped`:
+        optimizer state whose first step is not exact, a tensor attribute set in the call),
+        or a `.grad` that was None before the call (`grads_before`: (holder, None or its
+        type)), is assigned by it and had no stand-in (an argument's, or all when the graph
+        reads the `.grad`s from before the call)."""
+        reasons = []
+        if traced.escaped:
+            inexact = f" ({', '.join(self.inexact)}: its first step is not its steady update " \
+                "on zero state)" if self.inexact else ""
+            reasons.append(f"it creates {len(traced.escaped)} state tensor(s){inexact}")
+        stood_in = {id(h) for h, _ in self.stand_ins}
+        was_none = {id(t) for t, key in grads_before if key is None} - stood_in
+        assigned = sum(go.index is not None and id(go.resolve(args, kwargs)) in was_none
+                       for go in traced.grad_outputs)
+        if assigned:
+            reasons.append(f"it assigns {assigned} .grad(s) that were None"
+                           + (" and its graph reads the .grads from before the call (gradients "
+                              "accumulated across calls?)" if self.stand_ins_read else ""))
+        return reasons
+
     def undo(self) -> None:
         """The call failed: the stand-ins go (the state made goes with LazyState.drop_new)."""
         self.remove_stand_ins()
-
-    def describe(self) -> str:
-        """What was made ahead, for GRAPHC_LOG=recompiles."""
-        keys = sorted({key for _, _, key in self.made})
-        params = len({id(p) for _, p, _ in self.made})
-        return f"{', '.join(keys)} of {params} parameter(s)" if keys else "no optimizer state"

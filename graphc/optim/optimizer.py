@@ -11,6 +11,10 @@ Invariants every subclass keeps:
 - `step()` validates everything first (hyperparameters of every group, every gradient's type,
   shape and dtype, the shapes of the state tensors) and only then writes: an exception never
   leaves the parameters half-updated.
+- State is made lazily by the update, from `initial_state(group, p)` where a subclass gives
+  it: the state the next update creates, when that first update is the steady update
+  applied to it (zero moments, a zero momentum buffer), which graphc.compile makes ahead of
+  a trace with `make_first_step_state()` (graphc.jit.first_step); None where it is not.
 - `state_dict()` refers to parameters by their index in group order, as PyTorch does, and
   copies the state tensors; `load_state_dict()` copies them back, casting floating-point state
   (except `step`) to the parameter's dtype.

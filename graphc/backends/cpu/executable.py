@@ -41,10 +41,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import threading
 import time
+import zlib
 
+import llvmlite
 import numpy as np
+from llvmlite import binding as llvm_binding
 
 from graphc.backends.common import planned
 from graphc.backends.cpu import llvm, threads, workers
@@ -52,6 +56,8 @@ from graphc.backends.cpu.blas import resolve_blas
 from graphc.backends.cpu.codegen import lower
 from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
+from graphc.ir.parser import parse
+from graphc.ir.printer import format_graph
 from graphc.ir.verifier import verify
 from graphc.ops.collective import COLLECTIVE_OPS, communicator
 from graphc.ops.fused import FusedBody
@@ -72,8 +78,8 @@ class CpuExecutable:
 
     def __init__(self, graph: Graph, options: dict | None = None) -> None:
         self.graph = verify(graph)
-        self.memory_plan = plan = planned(graph)
-        raw = _allocate_arena(graph, plan)  # before compiling: an impossible size fails fast
+        self._memory_plan = plan = planned(graph)
+        raw = _allocate_arena(graph, plan.arena_bytes)  # before compiling: fail fast
         blas = resolve_blas() if any(_uses_gemm(n) for n in graph.nodes) else None
         # options["profile"]: the driver stamps the clock around every kernel (last_stamps)
         self.profiled = bool((options or {}).get("profile"))
@@ -81,11 +87,20 @@ class CpuExecutable:
             workers.start()  # boots while the module is generated (graphc.backends.cpu.workers)
         self.lowered, _ = lower(graph, blas, profile=self.profiled)
         self.library = llvm.compile_module(self.lowered.ir_text, f"graphc_{graph.name}")
+        if self.lowered.arena_bytes > plan.arena_bytes:  # backend scratch past the plan's
+            raw = _allocate_arena(graph, self.lowered.arena_bytes)
+        self._finish(raw, plan.in_input, tuple(
+            (n.op, n.attrs["op"], n.outputs[0].type.numel, n.outputs[0].type.dtype.name)
+            for n in plan.schedule if n.op in COLLECTIVE_OPS))
+
+    def _finish(self, raw: np.ndarray, in_input: dict[str, str], collectives: tuple) -> None:
+        """Bind the compiled driver, the arena and the per-call tables (both constructors).
+        `in_input`: the plan's update values computed straight into their input;
+        `collectives`: what every rank checks it runs the same of, before each run."""
+        graph = self.graph
         self._run = self.library.ctypes_function(
             "run", ctypes.c_int32, [ctypes.c_void_p] * (4 if self.profiled else 3))
         self.last_stamps = np.zeros(len(self.lowered.kernels) + 1, np.int64)
-        if self.lowered.arena_bytes > plan.arena_bytes:  # backend scratch past the plan's
-            raw = _allocate_arena(graph, plan, self.lowered.arena_bytes)
         skip = -raw.ctypes.data % 64
         self._arena = raw[skip:skip + self.lowered.arena_bytes]
         self._arena_ptr = ctypes.c_void_p(self._arena.ctypes.data)
@@ -99,8 +114,8 @@ class CpuExecutable:
         self._results: list[tuple[str, int]] = [("out", k) for k in range(len(graph.outputs))]
         self._written = set()
         for _, v in graph.updates:
-            if v.name in plan.in_input:
-                i = index[plan.in_input[v.name]]
+            if v.name in in_input:
+                i = index[in_input[v.name]]
                 self._results.append(("in", i))
                 self._written.add(i)
             else:
@@ -114,10 +129,79 @@ class CpuExecutable:
         self._last_inputs: list = [None] * len(graph.inputs)
         self._lock = threading.Lock()
         self.thread_chooser = threads.ThreadChooser(threads.most_threads())
-        # every rank checks, before each run, that all run the same collectives
-        self._collectives = tuple((n.op, n.attrs["op"], n.outputs[0].type.numel,
-                                   n.outputs[0].type.dtype.name)
-                                  for n in plan.schedule if n.op in COLLECTIVE_OPS)
+        self._collectives = collectives
+
+    @property
+    def memory_plan(self):
+        """The graph's memory plan (planned again on first use by an executable that came
+        from the pipeline cache: the plan's facts the run needs are in the entry)."""
+        if self._memory_plan is None:
+            self._memory_plan = planned(self.graph)
+        return self._memory_plan
+
+    # ---- the pipeline cache (graphc.backends.cache.PIPELINES) ---------------------------
+    @staticmethod
+    def toolchain(graph: Graph) -> str | None:
+        """What the compiled code depends on besides graphc's source and the traced graph
+        (the pipeline key's `toolchain`): the host target, llvmlite and LLVM, and the BLAS
+        when the graph calls one; None for a graph this cache does not serve (collectives:
+        their symbols are registered by the lowering, which a cached executable skips)."""
+        if any(n.op in COLLECTIVE_OPS for n in graph.nodes):
+            return None
+        host = llvm.host_target()
+        parts = [host.triple, host.cpu, host.features, llvmlite.__version__,
+                 ".".join(map(str, llvm_binding.llvm_version_info))]
+        if any(_uses_gemm(n) for n in graph.nodes):
+            blas = resolve_blas()
+            parts.append(f"blas {blas.path} ilp64={blas.ilp64} gemv={bool(blas.sgemv)}")
+        return "\n".join(parts)
+
+    def sections(self) -> dict[str, bytes] | None:
+        """What a later process needs to make this executable without the passes and the
+        lowering: the graph's text, the lowering's facts, the LLVM texts (compressed) and the
+        key of the object code in llvm's own cache; None when there is nothing to reuse."""
+        if self._collectives:
+            return None
+        plan, lowered, library = self.memory_plan, self.lowered, self.library
+        position = {id(n): i for i, n in enumerate(self.graph.nodes)}
+        facts = {"name": library.name, "in_input": plan.in_input,
+                 "arena_bytes": lowered.arena_bytes, "kernels": lowered.kernels,
+                 "errors": lowered.errors, "profiled": self.profiled,
+                 "kernel_nodes": [None if n is None else position.get(id(n))
+                                  for n in lowered.kernel_nodes],
+                 "object_key": library.key, "level": library.level,
+                 "aliases": library.aliases}
+        same = library._ir_text == library.source_text
+        return {"facts": json.dumps(facts).encode(),
+                "graph": format_graph(self.graph).encode(),
+                "llvm": zlib.compress(library.source_text.encode(), 1),
+                "deduplicated": b"" if same else zlib.compress(library._ir_text.encode(), 1)}
+
+    @classmethod
+    def from_sections(cls, sections: dict[str, bytes]) -> CpuExecutable:
+        """The executable `sections()` described, its object code from llvm's cache (or
+        compiled again from the stored LLVM text when that entry is gone). Raises
+        ValueError or GraphcError for an entry that does not hold together."""
+        self = object.__new__(cls)
+        try:
+            facts = json.loads(sections["facts"])
+            graph = parse(sections["graph"].decode())
+            source = zlib.decompress(sections["llvm"]).decode()
+            text = zlib.decompress(sections["deduplicated"]).decode() \
+                if sections["deduplicated"] else source
+        except (KeyError, UnicodeDecodeError, zlib.error) as err:
+            raise ValueError(f"a pipeline cache entry that does not hold together: "
+                             f"{err}") from None
+        self.graph = verify(graph)
+        self._memory_plan = None
+        self.profiled = bool(facts["profiled"])
+        if any(_uses_gemm(n) for n in graph.nodes):
+            resolve_blas()  # registers the BLAS symbols the objects call
+        raw = _allocate_arena(graph, facts["arena_bytes"])
+        self.lowered = _StoredLowering(source, facts, graph)
+        self.library = _stored_library(facts, text, source)
+        self._finish(raw, facts["in_input"], ())
+        return self
 
     @property
     def asm(self) -> str:
@@ -178,14 +262,44 @@ class ArenaAllocationError(GraphcError, MemoryError):
     """The arena of a compiled graph does not fit in memory."""
 
 
-def _allocate_arena(graph: Graph, plan, nbytes: int | None = None) -> np.ndarray:
+class _StoredLowering:
+    """What `lower` made, as a pipeline cache entry keeps it (codegen.Lowered's fields; the
+    module text and the kernels' nodes are recovered on first use)."""
+
+    def __init__(self, source: str, facts: dict, graph: Graph) -> None:
+        self.ir_text = source
+        self.arena_bytes = int(facts["arena_bytes"])
+        self.kernels = list(facts["kernels"])
+        self.errors = list(facts["errors"])
+        self._kernel_nodes = facts["kernel_nodes"]
+        self._graph = graph
+
+    @property
+    def kernel_nodes(self) -> list:
+        nodes = self._graph.nodes
+        return [None if i is None else nodes[i] for i in self._kernel_nodes]
+
+
+def _stored_library(facts: dict, text: str, source: str) -> llvm.Library:
+    """The Library of a pipeline cache entry: its objects from llvm's object cache under the
+    stored key, or, when that entry is gone or bad, compiled again from the stored text."""
+    payload = llvm.OBJECT_CACHE.read(facts["object_key"])
+    if payload is None:
+        return llvm.compile_module(source, facts["name"])
+    llvm.OBJECT_CACHE.count("hits")
+    return llvm.Library(facts["name"], text, llvm.unpack_objects(payload),
+                        key=facts["object_key"], from_cache=True, aliases=facts["aliases"],
+                        source_text=source, level=facts["level"])
+
+
+def _allocate_arena(graph: Graph, nbytes: int) -> np.ndarray:
     """The arena's bytes (+64 for alignment), or an ArenaAllocationError naming the bytes
     requested and the largest buffer's node and source line."""
-    nbytes = plan.arena_bytes if nbytes is None else nbytes
     try:
         return np.empty(nbytes + 64, np.uint8)
     except (MemoryError, ValueError):
         pass
+    plan = planned(graph)
     biggest = max(plan.buffers.values(), key=lambda b: b.size, default=None)
     node = next((n for n in graph.nodes if biggest is not None
                  and any(v.name == biggest.name for v in n.outputs)), None)
