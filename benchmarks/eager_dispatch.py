@@ -7,7 +7,8 @@ Each op figure is the median of 7 rounds of 20,000 calls on 10-element float32 t
 work itself is negligible, so this is the per-op overhead users pay while debugging in eager
 mode, and that tracing pays too); graphc's and PyTorch's rounds alternate. The performance
 issue's target is <= 5 us per small elementwise op. `w` requires grad, so its rows build an
-autograd node per call; `x.add_(b)` changes a tensor that does not. The last row is an eager
+autograd node per call; `x.add_(b)` changes a tensor that does not; `(w * b).add_(b)` runs
+two ops (a result with history changed in place: target 10 us). The last row is an eager
 training step (MLP 784-256-256-10, batch 64, cross-entropy, SGD momentum; benchmarks.models)
 in graphc and in PyTorch, median of 7 rounds of 20 steps.
 
@@ -56,8 +57,13 @@ def op_cases(lib):
         ("w.relu() (grad)", lambda: w.relu()),
         ("w.exp() (grad)", lambda: w.exp()),
         ("w * 2.0 (grad)", lambda: w * 2.0),
-        ("(w * b).add_(b), 2 ops (grad)", lambda: (w * b).add_(b)),
+        ("(w * b).add_(b) (grad; 2 ops)", lambda: (w * b).add_(b)),
     ]
+
+
+def ops_in(label: str) -> int:
+    """How many ops a case's call runs (its target is 5 us per op)."""
+    return 2 if "2 ops" in label else 1
 
 
 def training_step(lib_name: str):
@@ -108,8 +114,9 @@ def table(timer, clock: str, argv: list[str]) -> str:
     met = 0
     for (label, fn), (_, anchor) in zip(ours, theirs):
         mine, other = interleaved(fn, anchor, CALLS, timer)
-        met += mine * 1e6 <= TARGET_US
-        lines.append(_row(label, mine, other, 1e-6, "us", f"<= {TARGET_US:g} us"))
+        target = TARGET_US * ops_in(label)
+        met += mine * 1e6 <= target
+        lines.append(_row(label, mine, other, 1e-6, "us", f"<= {target:g} us"))
     mine, other = interleaved(training_step("graphc"),
                               training_step("torch") if torch is not None else None,
                               STEPS, timer)
