@@ -195,6 +195,7 @@ class _Facts:
             if node.op in REGISTRY and REGISTRY[node.op].view:
                 self._view(node, strides)
         self.users: dict[Value, set[int]] = {}  # root -> indices of nodes reading it or a view
+        self.inplace_capable = {id(node): _inplace_capable(node) for node in self.nodes}
         for i, node in enumerate(self.nodes):
             for v in node.inputs:
                 self.users.setdefault(self.root[v], set()).add(i)
@@ -352,10 +353,12 @@ def _net_freed(f: _Facts, i: int, remaining: dict[Value, int]) -> int:
 # ---- liveness, in-place, packing for one schedule -------------------------------------------
 def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
     """The plan of schedule `order`, its buffers not packed yet (arena 0: see _pack_best)."""
-    step = {i: s for s, i in enumerate(order)}
     final = len(order) - 1
-    last = {r: (final if r in f.kept else max((step[u] for u in f.users.get(r, ())),
-                                              default=-1)) for r in f.root.values()}
+    last = dict.fromkeys(f.root.values(), -1)  # root -> the step of its last reader
+    for s, i in enumerate(order):
+        for v in f.nodes[i].inputs:
+            last[f.root[v]] = s
+    last.update(dict.fromkeys(f.kept, final))
     buffers: dict[str, Buffer] = {}
     buffer_of: dict[Value, Buffer] = {}
     inplace: dict[str, str] = {}
@@ -376,7 +379,7 @@ def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
                 in_input[o] = target  # the new value goes straight into its input's memory
                 continue
             donor = _inplace_donor(f, node, o, s, buffer_of, claimed) \
-                if _inplace_capable(node) else None
+                if f.inplace_capable[id(node)] else None
             if donor is not None:
                 buf = buffer_of[donor]
                 claimed.add(id(buf))
@@ -440,7 +443,7 @@ def _fits_input(f: _Facts, node: Node, o: Value, w: Value, s: int,
     """
     if last[w] < s:
         return True
-    return (last[w] == s and _inplace_capable(node) and w in node.inputs
+    return (last[w] == s and f.inplace_capable[id(node)] and w in node.inputs
             and all(f.root[x] is not w or x is w for x in node.inputs))
 
 
