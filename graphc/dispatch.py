@@ -505,12 +505,12 @@ def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | Non
     base = target._base
     tracer = _state.tracer
     needs_grad = target._requires_grad or (base is not None and base._requires_grad)
-    if grad_mode and needs_grad and target.is_leaf and target._requires_grad:
+    if grad_mode and target._requires_grad and target.grad_fn is None:  # a leaf
         raise AutogradError(
             f"{where(op_name)}: a leaf Variable that requires grad is being used in an in-place "
             "operation. Wrap the update in `with graphc.no_grad():`, or work on a clone()."
         )
-    if grad_mode and base is not None and base.is_leaf and base._requires_grad:
+    if grad_mode and base is not None and base._requires_grad and base.grad_fn is None:
         raise AutogradError(
             f"{where(op_name)}: a view of a leaf Variable that requires grad is being used in an "
             "in-place operation. Wrap the update in `with graphc.no_grad():`, or work on a "
@@ -548,13 +548,14 @@ def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | Non
             f"{where(op_name)}: an in-place change of a concrete tensor under abstract "
             "evaluation (graphc.dispatch.abstract_eval) would change no data; work on a clone(), "
             "or leave abstract evaluation first")
-    if not abstract and not target._data.flags.writeable:
+    destination = None if abstract else target._data
+    if not abstract and not destination.flags.writeable:
         raise ShapeError(
             f"{where(op_name)}: unsupported operation: more than one element of the written-to "
             "tensor refers to a single memory location. Please clone() the tensor before "
             "performing the operation."
         )
-    if records and result.dtype is not target.dtype:
+    if records and result._dtype is not target._dtype:
         result = registry.call("cast", result, dtype=target.dtype.name)
     if (tracer is not None or abstract) and base is not None:
         raise TraceError(
@@ -568,7 +569,7 @@ def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | Non
     if not abstract:  # abstract: no data to write, the tracer's rebinding below is the write
         if tracer is not None:
             tracer.before_write(target)
-        target._data[...] = result._data  # np.copyto(..., casting="unsafe"), in half the time
+        destination[...] = result._data  # np.copyto(..., casting="unsafe"), in half the time
     target._version_counter.bump()
     if tracer is not None:
         tracer.rebind(target, result)
@@ -649,7 +650,7 @@ def _rebase_history(target, result, op_name: str) -> None:
     """Move target's autograd history onto the node that computed its new value."""
     retained = target._retains_grad
     old_node, old_nr = target.grad_fn, target._output_nr
-    if result.requires_grad:
+    if result._requires_grad:
         node, nr = result.grad_fn, result._output_nr
         if node is None:  # a leaf result (e.g. `copy_` of a leaf that requires grad)
             node = registry.call("cast", result, dtype=result.dtype.name).grad_fn
