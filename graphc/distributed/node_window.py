@@ -5,7 +5,9 @@ gradient buckets when every rank of the job runs on one machine.
 the ranks sharing this machine; when that is all of them (and there are two or more),
 MPI_Win_allocate_shared gives every rank a segment of CONTROL_BYTES + data_bytes that the
 other ranks can address. Untouched pages cost nothing, so the default data size (64 MiB per
-rank, ResNet-18's 42.6 MiB of gradients fit) only reserves address space.
+rank, ResNet-18's 42.6 MiB of gradients fit) only reserves address space; it is cut to half
+the free space of /dev/shm (which backs it) over the ranks, so the window does not reserve
+more than the machine has (a touched page past the end of /dev/shm would be a SIGBUS).
 
 The generated code (graphc.backends.cpu.collective_shm, which documents the protocol) finds
 the segments through one table of int64 per process, at an address that never changes
@@ -16,6 +18,7 @@ after destroy_process_group rewrites the table; compiled steps then use the new 
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +68,9 @@ class OpenWindow:
 
 def open_window(MPI, comm, data_bytes: int = DEFAULT_DATA_BYTES) -> OpenWindow | None:
     """Collective over `comm`: the window, or None when the ranks do not all share this
-    machine, there is one rank, or data_bytes is 0 (every rank gets the same answer)."""
+    machine, there is one rank, data_bytes is 0, or the shared-memory file system has no
+    room for it (every rank gets the same answer and the same data size: the lowering
+    decides from it which buckets fit, identically on every rank)."""
     size, rank = comm.Get_size(), comm.Get_rank()
     if size < 2 or size > MAX_RANKS or data_bytes <= 0:
         return None
@@ -73,7 +78,20 @@ def open_window(MPI, comm, data_bytes: int = DEFAULT_DATA_BYTES) -> OpenWindow |
     if node.Get_size() != size:  # some rank is on another machine: the same on every rank
         node.Free()
         return None
-    win = MPI.Win.Allocate_shared(CONTROL_BYTES + data_bytes, 1, comm=node)
+    # /dev/shm backs the window: a segment past its free space would fault (SIGBUS) when
+    # touched, so take at most half of what is free now, split over the ranks
+    data_bytes = node.bcast(min(data_bytes, _shm_room() // (2 * size)) // LINE * LINE)
+    win = None
+    try:
+        if data_bytes > 0:
+            win = MPI.Win.Allocate_shared(CONTROL_BYTES + data_bytes, 1, comm=node)
+    except MPI.Exception:
+        win = None
+    if not node.allreduce(win is not None, op=MPI.LAND):
+        if win is not None:
+            win.Free()
+        node.Free()
+        return None
     mine, _ = win.Shared_query(node.Get_rank())
     np.frombuffer(mine, np.int64, count=CONTROL_BYTES // 8)[:] = 0
     _table[0], _table[1] = rank, size
@@ -82,6 +100,15 @@ def open_window(MPI, comm, data_bytes: int = DEFAULT_DATA_BYTES) -> OpenWindow |
         _table[2 + q] = segment.address
     node.Barrier()  # every control area is zero before any rank's step reads it
     return OpenWindow(NodeWindow(ctypes.addressof(_table), data_bytes), win, node)
+
+
+def _shm_room() -> int:
+    """Free bytes of /dev/shm (MPICH's shared segments live there), or 0 without one."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return 0
+    return stat.f_bavail * stat.f_frsize
 
 
 __all__ = ["CONTROL_BYTES", "DEFAULT_DATA_BYTES", "NodeNativeMpi", "NodeWindow", "OpenWindow",
