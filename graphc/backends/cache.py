@@ -49,10 +49,13 @@ made in the process, for `graphc cache info|clear`.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
+import operator
 import os
+import re
 import stat
 import struct
 import tempfile
@@ -421,23 +424,62 @@ def source_fingerprint() -> str:
 
 
 def tuning_constants(packages: tuple[str, ...]) -> str:
-    """The upper-case literal attributes (ints, floats, strings, bools) of every module of
-    `packages` (imported here, so the text does not depend on what happened to be loaded),
-    as text: block sizes, thresholds and O levels that decide what the passes and the
-    lowering make, and that a test or a benchmark may change at run time."""
-    import importlib
-    import pkgutil
+    """The upper-case module constants of `packages` whose value differs from the one their
+    source assigns (`NAME = <number or string expression>`), as text: block sizes,
+    thresholds and O levels decide what the passes and the lowering make, and a test or a
+    benchmark may change them at run time. The source's own values are covered by
+    `source_fingerprint`, so only a change counts, and the text does not depend on which
+    modules happen to be loaded (a module that is not loaded has its source's values)."""
+    import sys
 
     rows = []
-    for package in packages:
-        names = [package] + [f"{package}.{m.name}" for m in
-                             pkgutil.iter_modules(importlib.import_module(package).__path__)]
-        for name in sorted(names):
-            module = importlib.import_module(name)
-            for attr, value in sorted(vars(module).items()):
-                if attr.isupper() and type(value) in (int, float, str, bool):
-                    rows.append(f"{name}.{attr}={value!r}")
+    for name in sorted(n for n in list(sys.modules) if n.startswith(packages)):
+        module = sys.modules[name]
+        for attr, default in _source_constants(module).items():
+            value = getattr(module, attr, default)
+            if type(value) is not type(default) or value != default:
+                rows.append(f"{name}.{attr}={value!r}")
     return "\n".join(rows)
+
+
+_ASSIGNMENT = re.compile(r"^([A-Z][A-Z0-9_]*)[ \t]*(?::[^=\n]+)?=[ \t]*([^\n]+)$", re.M)
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+              ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv,
+              ast.Pow: operator.pow, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
+              ast.Mod: operator.mod}
+_source_values: dict[str, dict] = {}
+
+
+def _source_constants(module) -> dict:
+    """{NAME: value} of the module-level assignments of a number or string (or arithmetic on
+    them) in the module's source, read once per process."""
+    name = getattr(module, "__name__", "")
+    found = _source_values.get(name)
+    if found is None:
+        found = {}
+        try:
+            with open(module.__file__, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, TypeError, AttributeError):
+            text = ""
+        for match in _ASSIGNMENT.finditer(text):
+            try:
+                found[match[1]] = _evaluate(ast.parse(match[2].strip(), mode="eval").body)
+            except (SyntaxError, ValueError, TypeError, ArithmeticError):
+                continue
+        _source_values[name] = found
+    return found
+
+
+def _evaluate(node):
+    """A number or string literal, or arithmetic on such (`1 << 16`, `25 * 2**20`)."""
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float, str, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_evaluate(node.operand)
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+    raise ValueError("not a constant expression")
 
 
 def pass_names(passes) -> list[str] | None:
@@ -466,7 +508,7 @@ def pipeline_key(graph_text: str, passes, backend: str, options: dict, toolchain
         return None
     parts = (PIPELINE_FORMAT, graph_text, "\n".join(names), backend,
              repr(sorted(options.items())), toolchain, __version__, source_fingerprint(),
-             tuning_constants(("graphc.passes",) + packages))
+             tuning_constants(("graphc.passes", "graphc.backends.common") + packages))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 

@@ -53,7 +53,6 @@ from llvmlite import binding as llvm_binding
 from graphc.backends.common import planned
 from graphc.backends.cpu import llvm, threads, workers
 from graphc.backends.cpu.blas import resolve_blas
-from graphc.backends.cpu.codegen import lower
 from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
 from graphc.ir.parser import parse
@@ -256,6 +255,14 @@ class CpuExecutable:
             bound[i] = a
             self._in_ptrs[i] = _address(a)
         return bound
+
+
+def lower(graph: Graph, blas=None, profile: bool = False):
+    """graphc.backends.cpu.codegen.lower, imported on first use: an executable from the
+    pipeline cache never lowers, so its process does not load the code generator."""
+    from graphc.backends.cpu.codegen import lower as lower_graph
+
+    return lower_graph(graph, blas, profile=profile)
 
 
 class ArenaAllocationError(GraphcError, MemoryError):
