@@ -335,7 +335,11 @@ def _number_arrays(inputs: tuple, numbers: tuple) -> tuple:
 def _numbers_as_tensors(inputs: tuple, arrays: tuple, dtypes: tuple) -> tuple:
     """The inputs with each Python number replaced by a 0-d tensor around its array (for the
     autograd node, which keeps tensors); `dtypes`: the graphc dtype of each, None for a
-    tensor."""
+    tensor. Written out for two inputs, as `_number_arrays`."""
+    if len(inputs) == 2:
+        (x, y), (x_dtype, y_dtype) = inputs, dtypes
+        return (x if x_dtype is None else Tensor._result(arrays[0], x_dtype),
+                y if y_dtype is None else Tensor._result(arrays[1], y_dtype))
     out = list(inputs)
     for i, dtype in enumerate(dtypes):
         if dtype is not None:
@@ -356,7 +360,7 @@ def _eager_output(opdef: OpDef, array, ty: TensorType, want: np.dtype, inputs: t
     out = _new(Tensor)  # Tensor._result(array, ty.dtype), inlined: one tensor per op
     out._array = array
     out._dtype = ty.dtype
-    out._serial = tensor_serial()
+    out._serial = next(tensor_serials)
     out._version_counter = VersionCounter()
     if opdef.view and np.shares_memory(array, inputs[0]._array):
         _make_view(out, inputs[0], opdef, attrs)
@@ -674,6 +678,7 @@ registry.set_dispatcher(apply, apply_inplace)
 
 # graphc.tensor's mixins import this module, so the Tensor class comes last (the eager path
 # makes its results directly; a function-level import costs ~0.5 us per op).
-from graphc.tensor import AbstractArray, Tensor, VersionCounter, tensor_serial  # noqa: E402
+from graphc.tensor import AbstractArray, Tensor, VersionCounter  # noqa: E402
+from graphc.tensor import serials as tensor_serials  # noqa: E402
 
 _grad_mode = grad_mode.state  # noqa: E305  (this thread's grad mode, read once per op)

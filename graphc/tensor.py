@@ -27,12 +27,12 @@ from graphc.tensor_methods import TensorMethods
 from graphc.tensor_shape import ShapeMethods
 from graphc.types import DType, TensorType, dtype_of_numpy, float32
 
-_SERIALS = itertools.count()
+serials = itertools.count()  # every tensor's `_serial`, in the order they are made
 
 
 def tensor_serial() -> int:
     """A serial number above every tensor made so far (tensors are numbered as they are made)."""
-    return next(_SERIALS)
+    return next(serials)
 
 
 class AbstractArray:
@@ -237,7 +237,7 @@ class Tensor(TensorMethods, ShapeMethods):
             array = array.astype(dtype.np)
         self._data = array
         self._dtype = dtype
-        self._serial = next(_SERIALS)
+        self._serial = next(serials)
         self._version_counter = VersionCounter()
         if requires_grad:
             if not dtype.is_floating:
@@ -251,7 +251,7 @@ class Tensor(TensorMethods, ShapeMethods):
         t = object.__new__(cls)
         t._array = array
         t._dtype = dtype
-        t._serial = next(_SERIALS)
+        t._serial = next(serials)
         t._version_counter = VersionCounter()
         return t
 

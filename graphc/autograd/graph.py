@@ -275,12 +275,12 @@ class OpBackward(Node):
         if types is None:
             types = (tuple(t.type for t in inputs), tuple(t.type for t in outputs))
         self.input_types, self.output_types = types
-        self.saved_inputs = {}
+        self.saved_inputs = saved = {}
         for i in opdef.saved_inputs:
-            self.saved_inputs[i] = SavedTensor(inputs[i])
-        self.saved_outputs = {}
+            saved[i] = SavedTensor(inputs[i])
+        self.saved_outputs = saved = {}
         for i in opdef.saved_outputs:
-            self.saved_outputs[i] = SavedTensor(outputs[i], self, i)
+            saved[i] = SavedTensor(outputs[i], self, i)
 
     @property
     def needs_input_grad(self) -> tuple[bool, ...]:
