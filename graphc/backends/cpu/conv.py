@@ -10,9 +10,10 @@ used by codegen's `Lowerer`, passed in as `lw`: its Locations, kernel list, scra
   in blocks (`images_per_block`): one im2col of the block's images side by side and one GEMM
   over all their columns, whose result is copied out to NCHW. A 1x1 kernel with stride 1
   and no padding reads the image itself as the columns (one image per GEMM).
-  Depthwise convolutions take direct loops instead, forward and both gradients
-  (graphc.backends.cpu.conv_direct). Bias and activation are the fused node's epilogue
-  (codegen).
+  Depthwise convolutions and those with few output channels per group take direct loops
+  instead (graphc.backends.cpu.conv_direct); 3x3 stride-1 convolutions with 16 channels or
+  more take Winograd's F(2x2, 3x3) (graphc.backends.cpu.conv_winograd), forward and input
+  gradient. Bias and activation are the fused node's epilogue (codegen).
 - `conv2d_input_grad`: per image or block, one GEMM per group `cols_g = W_g^T @ gy_g` (a
   block's gradients gathered into one matrix first), then col2im adds every column entry
   back into its input position (overlaps accumulate, in the kernel offset order of the numpy
