@@ -14,9 +14,11 @@ pair that the scheduler can pull apart, with compute between:
   flat buffer and starts reducing it over the ranks (MPI_Iallreduce, in place). Its value is
   the buffer *in flight*: only `all_reduce_wait` may read it. The reduction is the op's
   combiner: "avg" sums here and divides at the wait.
-- `all_reduce_wait(b, op)` waits for the reduction of b (MPI_Wait) and returns it ("avg":
-  divided by the world size). Reading b keeps its memory live, so the plan never reuses the
-  buffer while the request is in flight.
+- `all_reduce_wait(b, op, shapes)` waits for the reduction of b (MPI_Wait) and returns it
+  ("avg": divided by the world size), split back into one output per packed tensor with
+  `shapes` (so a reduced gradient that the step returns can be written straight into its
+  output array), or flat without. Reading b keeps its memory live, so the plan never
+  reuses the buffer while the request is in flight.
 Both are effectful, so every rank starts its buckets in the same order (plan_buffers keeps
 effectful ops in program order). The interpreter runs the reduction, blocking, at the start.
 
@@ -144,24 +146,38 @@ register(OpDef("all_reduce_start", COLLECTIVE, ("*xs",), _all_reduce_start_infer
                    "(MPI_Iallreduce); only all_reduce_wait reads it."))
 
 
-def _all_reduce_wait_infer(bucket: TensorType, op: str) -> TensorType:
+def _all_reduce_wait_infer(bucket: TensorType, op: str,
+                           shapes: tuple | None = None) -> TensorType | tuple[TensorType, ...]:
     _check_op("all_reduce_wait", bucket, op)
     if bucket.ndim != 1:
         raise ArgumentError(f"{where('all_reduce_wait')}: expected the flat buffer of an "
                             f"all_reduce_start, got {bucket}")
-    return bucket
+    if shapes is None:
+        return bucket
+    pieces = tuple(TensorType(tuple(shape), bucket.dtype) for shape in shapes)
+    if not pieces or sum(t.numel for t in pieces) != bucket.numel:
+        raise ArgumentError(f"{where('all_reduce_wait')}: shapes {shapes} must split the "
+                            f"bucket's {bucket.numel} elements, one shape per packed tensor")
+    return pieces
 
 
-def _all_reduce_wait_kernel(bucket: np.ndarray, op: str) -> np.ndarray:
+def _all_reduce_wait_kernel(bucket: np.ndarray, op: str, shapes: tuple | None = None):
     if op == "avg":
-        return bucket / np.asarray(communicator("all_reduce_wait").world_size, bucket.dtype)
-    return np.array(bucket, copy=True)
+        bucket = bucket / np.asarray(communicator("all_reduce_wait").world_size, bucket.dtype)
+    else:
+        bucket = np.array(bucket, copy=True)
+    if shapes is None:
+        return bucket
+    ends = np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1]
+    return tuple(piece.reshape(shape) for piece, shape in zip(np.split(bucket, ends), shapes))
 
 
 register(OpDef("all_reduce_wait", COLLECTIVE, ("bucket",), _all_reduce_wait_infer,
-               _all_reduce_wait_kernel, None, attrs={"op": str}, effectful=True,
+               _all_reduce_wait_kernel, None, attrs={"op": str, "shapes": tuple},
+               effectful=True,
                doc="The reduction an all_reduce_start began, once complete (MPI_Wait); 'avg' "
-                   "divides by the world size."))
+                   "divides by the world size. With `shapes`, one output per packed tensor "
+                   "(the bucket split back), else the flat buffer."))
 
 
 def all_reduce(x, op: str = "sum", bucket_cap: int | None = None):

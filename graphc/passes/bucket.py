@@ -8,8 +8,7 @@ hooks at run time. For a bucket of `all_reduce(x_i, op)` nodes with outputs o_i:
 
     %b  = all_reduce_start(%x_1, ..., %x_k)[op]    # right after the last x_i is produced
     ...                                            # the rest of the backward
-    %r  = all_reduce_wait(%b)[op]                  # just before the first reader of any o_i
-    %o_i = reshape(slice(%r, offset_i, numel_i))   # views of the reduced buffer
+    %o_1, ..., %o_k = all_reduce_wait(%b)[op, shapes]   # before the first reader of any o_i
 
 - Buckets: the all_reduces in graph order (the order the backward produces the gradients),
   one open bucket per (dtype, op); a node joins its bucket, which closes once it holds at
@@ -31,14 +30,16 @@ hooks at run time. For a bucket of `all_reduce(x_i, op)` nodes with outputs o_i:
   backward's remaining compute between a bucket's start and its wait, and every rank starts
   its buckets in the same order.
 - Memory: the start's value is the buffer MPI reduces in place, and the wait reads it, so
-  the buffer is live (never reused) while its request is in flight; the wait's value and
-  the slices and reshapes are views of it (the plan writes a collective in place into an
-  input that dies there).
+  the buffer is live (never reused) while its request is in flight. The wait's outputs are
+  the members' results themselves (the bucket split back by `shapes`), not views of the
+  buffer: a reduced gradient the step returns (a `.grad`) is then a graph output the plan
+  can place in its output array, so the wait writes it there and no copy out of the arena
+  follows.
 - Left as they are: all_reduces with symbolic or empty shapes, and an all_reduce of another
   all_reduce's result.
 
-New values are named `bucket<k>`, `bucket<k>.reduced` and `bucket<k>.<i>` (with `bucket_`
-and so on where a name of the graph already starts with `bucket`).
+New values are named `bucket<k>` (with `bucket_` and so on where a name of the graph already
+starts with `bucket`).
 
 Needs: a verified graph (after fuse, before plan_buffers). Guarantees: a verified graph with
 the same inputs, outputs and updates, computing the same values (the o_i keep their names).
@@ -146,34 +147,17 @@ def _prefix(graph: Graph) -> str:
 
 
 def _split(bucket: _Bucket, name: str) -> tuple[list[Node], list[Node]]:
-    """The start node, and the wait with the views that give each member's result; the new
-    values are `name`, `name.reduced` and `name.<k>`."""
+    """The start node (its value named `name`) and the wait, whose outputs are the members'
+    own results, split back out of the bucket (`shapes`)."""
     op = bucket.key[1]
     loc = bucket.members[-1].loc
     flat = Value(name, _flat_type(bucket))
     start = Node("all_reduce_start", [m.inputs[0] for m in bucket.members], {"op": op}, [flat],
                  loc)
-    single = len(bucket.members) == 1 and bucket.members[0].outputs[0].type == flat.type
-    reduced = bucket.members[0].outputs[0] if single else \
-        Value(f"{name}.reduced", flat.type)
-    after = [Node("all_reduce_wait", [flat], {"op": op}, [reduced], loc)]
-    offset = 0
-    for k, member in enumerate(bucket.members):
-        out = member.outputs[0]
-        n = out.type.numel
-        if len(bucket.members) == 1 and not single:  # the whole buffer
-            after.append(Node("reshape", [reduced], {"shape": tuple(out.type.shape)}, [out],
-                              member.loc))
-        elif not single:
-            piece = out if out.type.shape == (n,) else \
-                Value(f"{name}.{k}", type(out.type)((n,), out.type.dtype))
-            after.append(Node("slice", [reduced], {"starts": (offset,), "stops": (offset + n,),
-                                                  "steps": (1,)}, [piece], member.loc))
-            if piece is not out:
-                after.append(Node("reshape", [piece], {"shape": tuple(out.type.shape)}, [out],
-                                  member.loc))
-        offset += n
-    return [start], after
+    outs = [m.outputs[0] for m in bucket.members]
+    shapes = tuple(tuple(out.type.shape) for out in outs)
+    wait = Node("all_reduce_wait", [flat], {"op": op, "shapes": shapes}, outs, loc)
+    return [start], [wait]
 
 
 def _flat_type(bucket: _Bucket):
@@ -195,10 +179,7 @@ def bucket_allreduce(graph: Graph) -> Graph:
     >>> print(format_graph(g))
     graph @f(%a: f32[4,2], %b: f32[3]) -> (f32[4,2], f32[3]) {
       %bucket0: f32[11] = all_reduce_start[op="avg"](%a, %b)
-      %bucket0.reduced: f32[11] = all_reduce_wait[op="avg"](%bucket0)
-      %bucket0.0: f32[8] = slice[starts=(0,), stops=(8,), steps=(1,)](%bucket0.reduced)
-      %0: f32[4,2] = reshape[shape=(4, 2)](%bucket0.0)
-      %1: f32[3] = slice[starts=(8,), stops=(11,), steps=(1,)](%bucket0.reduced)
+      %0: f32[4,2], %1: f32[3] = all_reduce_wait[op="avg", shapes=((4, 2), (3,))](%bucket0)
       return (%0, %1)
     }
     """

@@ -174,9 +174,9 @@ def lower_all_reduce_wait(lw, node: Node) -> None:
         collective_shm.lower_wait(lw, node)
         return
     native = _native(node, "test")
-    bucket, out = node.inputs[0], node.outputs[0]
-    dt, op, count = out.type.dtype, node.attrs["op"], out.type.numel
-    src, dst = lw.locs[bucket], lw.locs[out]
+    bucket = node.inputs[0]
+    dt, op, count = bucket.type.dtype, node.attrs["op"], bucket.type.numel
+    src = lw.locs[bucket]
     for name, address in (("MPI_Test", native.test), ("sched_yield", _libc("sched_yield")),
                           ("clock_gettime", _libc("clock_gettime"))):
         llvm.register_symbol(name, address)
@@ -235,8 +235,21 @@ def lower_all_reduce_wait(lw, node: Node) -> None:
         _scale(b, kb.pointer(b, o, i64(0)), count, dt, native.world_size)
     b.ret(ir.Constant(I32, 0))
     lw.calls.append(kb.kernel)
-    if src != dst:
-        lw.copy(src, dst, "all_reduce_wait")
+    for piece, out in zip(bucket_pieces(src, node), node.outputs):
+        if lw.locs[out] != piece:  # not the bucket's own memory (the plan's in-place case)
+            lw.copy(piece, lw.locs[out], "all_reduce_wait")
+
+
+def bucket_pieces(src: Loc, node: Node) -> list[Loc]:
+    """Where each output of the wait `node` lies in the bucket at `src` (contiguous, one
+    after the other; the flat buffer itself for a wait without `shapes`)."""
+    pieces, at = [], src.offset
+    for out in node.outputs:
+        t = out.type
+        pieces.append(Loc(src.base, src.index, at, contiguous_strides(t.shape, t.dtype.itemsize),
+                          t))
+        at += t.nbytes
+    return pieces
 
 
 COLLECTIVE_LOWERINGS = {"all_reduce": lower_all_reduce,

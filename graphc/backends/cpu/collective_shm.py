@@ -53,10 +53,11 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
+from graphc.backends.common import contiguous_strides
 from graphc.backends.cpu import llvm
 from graphc.backends.cpu.bucket_pack import pack
 from graphc.backends.cpu.kernels import KernelBuilder
-from graphc.backends.cpu.values import F64, I32, I64, MEM, PTR, i64, loop
+from graphc.backends.cpu.values import F64, I32, I64, MEM, PTR, i64, loop, unsupported
 from graphc.ir.graph import Node
 from graphc.ir.printer import format_node
 from graphc.ops import collective
@@ -237,18 +238,27 @@ def _window_pointer(lw, node: Node, offset: int):
 
 
 def lower_wait(lw, node: Node) -> None:
-    """Meet the other ranks, sum the bucket (or this rank's chunk, then gather the rest)."""
-    bucket, out = node.inputs[0], node.outputs[0]
+    """Meet the other ranks, sum the bucket (or this rank's chunk, then gather the rest)
+    straight into the wait's outputs (the packed tensors' places: the arena, or an output
+    array)."""
+    bucket = node.inputs[0]
     slot, offset = _SLOTS[lw].assigned[bucket.name]
-    dt, count = out.type.dtype, out.type.numel
+    dt, count = bucket.type.dtype, bucket.type.numel
     element = MEM[dt.name]
     kb = KernelBuilder(lw, lw.name("all_reduce_wait"), (1,))
     kb.kernel.status = True
-    o = kb.operand(lw.locs[out], (0,))
+    outs = []  # (operand, first element in the bucket, elements)
+    at = 0
+    for out in node.outputs:
+        loc = lw.locs[out]
+        if loc.strides != contiguous_strides(out.type.shape, dt.itemsize):
+            raise unsupported(node, "all_reduce_wait into a strided output")
+        outs.append((kb.operand(loc, (0,)), at, out.type.numel))
+        at += out.type.numel
     b = kb.begin()
     e = _Emitter(lw, node, kb, b)
     world = e.world
-    result = kb.pointer(b, o, i64(0))
+    pieces = [(kb.pointer(b, o, i64(0)), first, n) for o, first, n in outs]
     packed = e.mine(slot)
     e.wait_all(slot, packed, "packed")
     chunk = -(-count // world)
@@ -261,24 +271,36 @@ def lower_wait(lw, node: Node) -> None:
         return lo, b.select(b.icmp_signed("<", hi, i64(count)), hi, i64(count))
 
     windows = [e.data(i64(q), offset) for q in range(world)]
-    own = e.data(e.rank, offset)
     scale = None
     if node.attrs["op"] == "avg":
         scale = ir.Constant(F64, 1.0 / world)
         scale = scale if dt.name == "float64" else b.fptrunc(scale, element)
+
+    def summed(i):  # element i of the bucket summed over the windows in rank order, scaled
+        total = None
+        for w in windows:
+            v = b.load(b.gep(w, [i], source_etype=element), typ=element)
+            total = v if total is None else b.fadd(total, v)
+        return total if scale is None else b.fmul(total, scale)
+
     if world <= WHOLE_REDUCE_MAX_WORLD:  # every rank sums every element: one meeting
-        _sum_into(b, windows, [result], i64(0), i64(count), element, scale)
+        _over_pieces(b, pieces, i64(0), i64(count), element, summed)
     else:  # each rank its chunk, written back for the others, then the others' chunks
-        lo, hi = bounds(e.rank)
-        _sum_into(b, windows, [own, result], lo, hi, element, scale)
+        own = e.data(e.rank, offset)
+
+        def summed_back(i):
+            total = summed(i)
+            b.store(total, b.gep(own, [i], source_etype=element))
+            return total
+
+        _over_pieces(b, pieces, *bounds(e.rank), element, summed_back)
         e.publish(slot, b.add(packed, i64(1)))
         e.wait_all(slot, b.add(packed, i64(1)), "reduced")
         for q in range(world):
             with b.if_then(b.icmp_signed("!=", e.rank, i64(q))):
-                lo, hi = bounds(i64(q))
-                with loop(b, lo, hi, f"g{q}") as i:
-                    v = b.load(b.gep(windows[q], [i], source_etype=element), typ=element)
-                    b.store(v, b.gep(result, [i], source_etype=element))
+                _over_pieces(b, pieces, *bounds(i64(q)), element,
+                             lambda i, q=q: b.load(b.gep(windows[q], [i], source_etype=element),
+                                                   typ=element))
         packed = b.add(packed, i64(1))
     e.publish(slot, b.add(packed, i64(1)))  # counters advance by 2 per bucket in both ways
     e.publish(None, b.add(e.mine(None), i64(1)))
@@ -286,18 +308,20 @@ def lower_wait(lw, node: Node) -> None:
     lw.calls.append(kb.kernel)
 
 
-def _sum_into(b, windows, targets, lo, hi, element, scale) -> None:
-    """targets[i] = (sum over ranks, in rank order, of windows[q][i]) * scale, i in [lo, hi):
-    every rank adds in the same order, so all get the same bits."""
-    with loop(b, lo, hi, "i") as i:
-        total = None
-        for w in windows:
-            v = b.load(b.gep(w, [i], source_etype=element), typ=element)
-            total = v if total is None else b.fadd(total, v)
-        if scale is not None:
-            total = b.fmul(total, scale)
-        for t in targets:
-            b.store(total, b.gep(t, [i], source_etype=element))
+def _over_pieces(b, pieces, lo, hi, element, value) -> None:
+    """For the bucket's elements i in [lo, hi): its output piece's element i - first =
+    value(i), piece by piece (each piece one contiguous loop)."""
+    for pointer, first, n in pieces:
+        start = _clamp(b, b.sub(lo, i64(first)), n)
+        stop = _clamp(b, b.sub(hi, i64(first)), n)
+        with loop(b, start, stop, "i") as i:
+            b.store(value(b.add(i, i64(first))), b.gep(pointer, [i], source_etype=element))
+
+
+def _clamp(b, value, n: int):
+    """value clamped to [0, n]."""
+    value = b.select(b.icmp_signed("<", value, i64(0)), i64(0), value)
+    return b.select(b.icmp_signed(">", value, i64(n)), i64(n), value)
 
 
 def _libc(name: str) -> int:
