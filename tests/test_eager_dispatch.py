@@ -160,6 +160,10 @@ def test_errors_name_the_op_and_the_users_line_on_every_call():
     for _ in range(2):
         with pytest.raises(ShapeError, match=r"add.*test_eager_dispatch\.py"):
             a + b  # noqa: B018
+    base, exponent = graphc.tensor([2, 3]), graphc.tensor([1, 2])
+    _ = base ** exponent  # the plan for int64 ** int64; the kernel refuses negative exponents
+    with pytest.raises(graphc.ArgumentError, match=r"pow at test_eager_dispatch\.py:\d+"):
+        base ** graphc.tensor([1, -2])  # noqa: B018
     add = graphc.ops.registry.get("add")
     for _ in range(2):
         with pytest.raises(TypeError, match=r"add.*input 1 must be a graphc.Tensor or a number"):
