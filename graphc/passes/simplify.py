@@ -67,9 +67,12 @@ def _resolve(v: Value, replace: dict[Value, Value]) -> Value:
 
 def _substituted(node: Node, replace: dict[Value, Value]) -> Node:
     """`node` reading replaced values in their stead (a copy only when something changed)."""
-    inputs = [_resolve(v, replace) for v in node.inputs]
-    if all(a is b for a, b in zip(inputs, node.inputs)):
+    for v in node.inputs:
+        if v in replace:
+            break
+    else:
         return node
+    inputs = [_resolve(v, replace) for v in node.inputs]
     return Node(node.op, inputs, dict(node.attrs), list(node.outputs), node.loc)
 
 
