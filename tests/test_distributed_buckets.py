@@ -115,6 +115,14 @@ def test_compiled_ir_has_compute_between_start_and_wait():
 
 
 @needs_mpi
+def test_a_step_compiled_for_another_window_is_refused():
+    done, _ = _launch("stale")
+    assert done.returncode == 0, done.stderr
+    assert "OK stale: the step compiled for another window is refused" in done.stdout, \
+        done.stdout
+
+
+@needs_mpi
 def test_eager_async_work_and_unused_parameters():
     done, _ = _launch("eager")
     assert done.returncode == 0, done.stderr

@@ -11,8 +11,9 @@ more than the machine has (a touched page past the end of /dev/shm would be a SI
 
 The generated code (graphc.backends.cpu.collective_shm, which documents the protocol) finds
 the segments through one table of int64 per process, at an address that never changes
-(registered as a symbol once): rank, world size, then each rank's segment address. Reopening
-after destroy_process_group rewrites the table; compiled steps then use the new window.
+(registered as a symbol once): rank, world size, data bytes, then each rank's segment
+address. destroy_process_group zeroes it and a later init_process_group rewrites it; a step
+compiled earlier checks at each bucket that the window still has room for it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ CONTROL_BYTES = LINE * (1 + SLOTS)
 DEFAULT_DATA_BYTES = 64 * 2**20
 MAX_RANKS = 256
 
-_table = (ctypes.c_int64 * (2 + MAX_RANKS))()  # rank, world, segment addresses
+_table = (ctypes.c_int64 * (3 + MAX_RANKS))()  # rank, world, data bytes, segment addresses
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class OpenWindow:
     def close(self) -> None:
         """Free the window (collective, as destroy_process_group is); steps compiled for it
         must not run afterwards (the table no longer points at any segment)."""
-        for q in range(2, len(_table)):
+        for q in range(1, len(_table)):
             _table[q] = 0
         self.win.Free()
         self.node_comm.Free()
@@ -94,10 +95,10 @@ def open_window(MPI, comm, data_bytes: int = DEFAULT_DATA_BYTES) -> OpenWindow |
         return None
     mine, _ = win.Shared_query(node.Get_rank())
     np.frombuffer(mine, np.int64, count=CONTROL_BYTES // 8)[:] = 0
-    _table[0], _table[1] = rank, size
+    _table[0], _table[1], _table[2] = rank, size, data_bytes
     for q in range(size):
         segment, _ = win.Shared_query(q)
-        _table[2 + q] = segment.address
+        _table[3 + q] = segment.address
     node.Barrier()  # every control area is zero before any rank's step reads it
     return OpenWindow(NodeWindow(ctypes.addressof(_table), data_bytes), win, node)
 

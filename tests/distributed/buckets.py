@@ -168,6 +168,27 @@ def raise_in_compiled():
     return "unreachable"
 
 
+def stale_window():
+    """A step compiled for the window, run after destroy_process_group and a new process
+    group whose window is too small for it: a clear error, not a write out of bounds."""
+    def f(a):
+        a2 = a * 2.0
+        dist.all_reduce(a2, op=dist.ReduceOp.AVG)
+        return a2 + 1.0
+
+    step = graphc.compile(f, backend="cpu")
+    x = graphc.tensor(np.ones(5000, np.float32))
+    assert float(step(x).numpy()[0]) == 3.0
+    dist.destroy_process_group()
+    dist.init_process_group("mpi", timeout=60.0, pg_options={"node_window_bytes": 1024})
+    try:
+        step(x)
+    except graphc.GraphcError as err:
+        assert "this step was compiled for a shared-memory window of 2 ranks" in str(err), err
+        return "stale: the step compiled for another window is refused"
+    raise AssertionError("a step ran on a window too small for it")
+
+
 def mismatched_steps():
     """After steady steps of two compiled DDP steps on both ranks, rank 0 runs the first and
     rank 1 the second: rank 0 reports it before any collective of its step runs."""
@@ -193,7 +214,7 @@ def main():
     dist.init_process_group("mpi", timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0,
                             pg_options=None if window is None else {"node_window_bytes": window})
     done = {"equal": equal, "equal-mpi": equal, "equal-mixed": equal, "ir": ir,
-            "eager": eager_details, "raise": raise_in_compiled,
+            "eager": eager_details, "raise": raise_in_compiled, "stale": stale_window,
             "mismatch": mismatched_steps}[mode]()
     dist.barrier()
     if dist.get_rank() == 0:

@@ -32,8 +32,11 @@ segment holds a control area then the data. Control: int64 words 64 bytes apart 
 line each): word 0 counts the waits this rank finished, word 1 + k is bucket slot k's
 counter (+1 at its start, +1 when its wait has reduced). The generated code finds
 the segments through a table of int64 whose address is a registered symbol
-(`graphc_node_table`: rank, world size, then each rank's segment address in this process),
-so the module text, and the on-disk object cache, do not depend on where the window landed.
+(`graphc_node_table`: rank, world size, data bytes, then each rank's segment address in this
+process), so the module text, and the on-disk object cache, do not depend on where the
+window landed. Each start first checks that the table still describes a window this step
+fits (destroy_process_group zeroes it; a later init_process_group may open another size):
+a stale step fails with an error naming the node instead of writing out of bounds.
 
 Counters only grow and every rank runs the same collectives in the same order (the
 agreement of graphc.distributed checks it), so "every rank's counter >= mine" is the whole
@@ -63,6 +66,7 @@ from graphc.ir.printer import format_node
 from graphc.ops import collective
 
 TABLE_SYMBOL = "graphc_node_table"
+_BASES = 3  # the table: rank, world size, data bytes per segment, then each segment's address
 LINE = 64  # bytes between control words: one cache line each
 _SPINS = 200  # spins before a wait starts yielding the core and checking the clock
 _CLOCK_MONOTONIC = 1
@@ -135,7 +139,7 @@ class _Emitter:
 
     def segment(self, rank) -> ir.Value:
         """The base address (a pointer) of `rank`'s segment of the window."""
-        return self.b.inttoptr(self.word(self.b.add(rank, i64(2))), PTR)
+        return self.b.inttoptr(self.word(self.b.add(rank, i64(_BASES))), PTR)
 
     def control(self, rank, slot: int | None) -> ir.Value:
         """Pointer to rank's wait counter (slot None) or its counter of bucket `slot`."""
@@ -209,6 +213,16 @@ def lower_start(lw, node: Node) -> None:
     kb.kernel.status = True
     b = kb.begin()
     e = _Emitter(lw, node, kb, b)
+    lw.errors.append(f"{node.op}: this step was compiled for a shared-memory window of "
+                     f"{e.world} ranks with at least {offset + out.type.nbytes} bytes, and the "
+                     f"process group now has another one, or none (destroy_process_group); "
+                     f"compile the step again (graphc.compile) after init_process_group, in "
+                     f"node {format_node(node)}")
+    stale = len(lw.errors)
+    fits = b.and_(b.icmp_signed("==", e.word(i64(1)), i64(e.world)),
+                  b.icmp_signed(">=", e.word(i64(2)), i64(offset + out.type.nbytes)))
+    with b.if_then(b.not_(fits), likely=False):
+        b.ret(ir.Constant(I32, stale))
     e.wait_all(None, e.mine(None), "fence")
     b.ret(ir.Constant(I32, 0))
     lw.calls.append(kb.kernel)
@@ -230,7 +244,7 @@ def _window_pointer(lw, node: Node, offset: int):
 
     def pointer(b):
         table = lw.declare(TABLE_SYMBOL, ir.FunctionType(ir.VoidType(), []))
-        word = b.load(b.gep(table, [b.add(b.load(table, typ=I64), i64(2))],
+        word = b.load(b.gep(table, [b.add(b.load(table, typ=I64), i64(_BASES))],
                             source_etype=I64), typ=I64)
         return b.gep(b.inttoptr(word, PTR), [i64(window.control_bytes + offset)],
                      source_etype=ir.IntType(8))
