@@ -94,8 +94,11 @@ def rank_main(window: bool = True) -> None:
 
 def _collective_seconds(compiled, x, y) -> float:
     """Seconds per step in the collective nodes' kernels (graphc.profile's per-kernel
-    medians): the allreduce time the step does not hide (MPI_Wait, or the blocking
-    MPI_Allreduce), plus the bucket packing and averaging copies."""
+    medians): the allreduce time the step does not hide (the MPI wait or the blocking
+    MPI_Allreduce; on the window, the meeting and the sum), plus the bucket packing and
+    averaging copies. graphc.profile gives each run fresh output arrays, so a wait that
+    writes straight into the .grad outputs (the window path) also pays their first-touch
+    page faults here, which real calls do not."""
     import graphc
 
     report = graphc.profile(compiled, x, y, repeat=30)
