@@ -91,7 +91,10 @@ def init_process_group(backend: str | None = "mpi", init_method: str | None = No
     size come from MPI (`world_size`/`rank`, when given, must agree with it). A collective
     that waits longer than `timeout` (a timedelta or seconds; default 30 minutes) for the
     other ranks raises DistributedError and aborts the job; so does an uncaught exception
-    on any rank, naming the rank."""
+    on any rank, naming the rank. When every rank runs on this machine, compiled steps
+    reduce their gradient buckets through a shared-memory window opened here
+    (graphc.distributed.node_window); `pg_options={"node_window_bytes": N}` sizes it per rank
+    (default 64 MiB of address space; 0: no window, buckets go through MPI_Iallreduce)."""
     global _group
     if backend not in (None, "mpi"):
         raise DistributedError(f"init_process_group: backend {backend!r} is not available; "
