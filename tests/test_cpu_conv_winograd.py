@@ -122,3 +122,13 @@ def test_input_grad_with_padding_past_two_keeps_im2col():
     w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
     exe = compare(graphs["gx"], [gy, w], rtol=1e-4)
     assert "conv2d_winograd" not in exe.lowered.ir_text
+
+
+def test_float64():
+    rng = np.random.default_rng(6)
+    gs, graphs = _graphs((2, 16, 6, 6), (16, 16, 3, 3), (1, 1), (1, 1), 1, "float64")
+    x, w = rng.standard_normal((2, 16, 6, 6)), rng.standard_normal((16, 16, 3, 3))
+    gy = rng.standard_normal(gs)
+    for kind, args in (("fwd", [x, w]), ("gx", [gy, w])):
+        exe = compare(graphs[kind], args, rtol=1e-12)
+        assert "conv2d_winograd" in exe.lowered.ir_text, kind
