@@ -132,3 +132,12 @@ def test_float64():
     for kind, args in (("fwd", [x, w]), ("gx", [gy, w])):
         exe = compare(graphs[kind], args, rtol=1e-12)
         assert "conv2d_winograd" in exe.lowered.ir_text, kind
+
+
+@pytest.mark.parametrize("padding", [(1, 1), (0, 2), (2, 0)])
+def test_images_in_parts_of_tile_rows(padding, monkeypatch):
+    # 5 x 3 tiles an image, blocks want 6: parts of 2, 2 and 1 tile rows
+    monkeypatch.setattr(conv_winograd, "BLOCK_TILES", 6)
+    h = 10 + 2 - 2 * padding[0]
+    w = 6 + 2 - 2 * padding[1]
+    check_winograd((2, 16, h, w), (16, 16, 3, 3), (1, 1), padding, 1)

@@ -138,7 +138,10 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
     hp, wp = out_hw[0] + 2, out_hw[1] + 2
     want = BLOCK_TILES * (2 if ci + co > WIDE_CHANNELS else 1)
     nb = min(g.n, max(1, -(-want // tiles)))
-    t_max = nb * tiles
+    # an image with more tiles than a block wants goes in parts of `rows` tile rows
+    rows = th if nb > 1 or tiles < 2 * want else max(1, want // tw)
+    parts = [(ty0, min(rows, th - ty0)) for ty0 in range(0, th, rows)]
+    t_max = nb * rows * tw
     nxi = ALPHA * ALPHA
     with contiguous_out(lw, out) as dst:
         u_step = _spaced(co * ci)
@@ -152,15 +155,19 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
         _filter_transform(b, kb, dt, wi, ui, u_step, g, flip)
         plane_out = out_hw[0] * out_hw[1]
 
-        def block(b, n0, count):
-            ld = count * tiles
+        def part(b, n0, count, ty0, nrows):
+            """Tile rows [ty0, ty0 + nrows) of images n0 .. n0 + count - 1."""
+            per_image = nrows * tw
+            ld = count * per_image
             v_step, m_step = _spaced(ci * ld), _spaced(co * ld)
+            # the padded rows these tiles read, and the source rows that land there
+            src_rows = (max(0, 2 * ty0 - pad[0]), min(in_hw[0], 2 * (ty0 + nrows) + 2 - pad[0]))
             with block_images(b, count) as j, loop(b, 0, ci, "ci") as c:
                 _pad_plane(b, kb, si, iadd(b, imul(b, iadd(b, n0, j), ss[0]), imul(b, c, ss[1])),
-                           ss[2:], in_hw, pi, wp, pad)
-                row_v = iadd(b, imul(b, c, ld), imul(b, j, tiles))
-                with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
-                    at = iadd(b, imul(b, ty, 2 * wp), imul(b, tx, 2))
+                           ss[2:], in_hw, pi, wp, pad, src_rows)
+                row_v = iadd(b, imul(b, c, ld), imul(b, j, per_image))
+                with loop(b, 0, nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx:
+                    at = iadd(b, imul(b, ty, 2 * wp), imul(b, tx, 2), 2 * ty0 * wp)
                     d = [[kb.load(b, pi, iadd(b, at, r * wp + s)) for s in range(ALPHA)]
                          for r in range(ALPHA)]
                     v = _sandwich(b, dt, BT, d)
@@ -172,17 +179,22 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
                         ui, xi * u_step, co if flip else ci,
                         vi, xi * v_step, ld, 0.0, mi, xi * m_step, ld)
             with block_images(b, count) as j, loop(b, 0, co, "co") as o:
-                row_m = iadd(b, imul(b, o, ld), imul(b, j, tiles))
+                row_m = iadd(b, imul(b, o, ld), imul(b, j, per_image))
                 plane = imul(b, iadd(b, imul(b, iadd(b, n0, j), co), o), plane_out)
-                with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
+                with loop(b, 0, nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx:
                     t = iadd(b, row_m, imul(b, ty, tw), tx)
                     m = [[kb.load(b, mi, iadd(b, t, (r * ALPHA + s) * m_step))
                           for s in range(ALPHA)] for r in range(ALPHA)]
                     y = _sandwich(b, dt, AT, m)
-                    at = iadd(b, plane, imul(b, ty, 2 * out_hw[1]), imul(b, tx, 2))
+                    at = iadd(b, plane, imul(b, ty, 2 * out_hw[1]), imul(b, tx, 2),
+                              2 * ty0 * out_hw[1])
                     for r in range(2):
                         for s in range(2):
                             kb.store(b, oi, iadd(b, at, r * out_hw[1] + s), y[r][s])
+
+        def block(b, n0, count):
+            for ty0, nrows in parts:
+                part(b, n0, count, ty0, nrows)
 
         over_blocks(b, g.n, nb, block)
         lw.calls.append(kb.finish(b))
@@ -209,10 +221,11 @@ def _spaced(n: int) -> int:
     return n + 32
 
 
-def _pad_plane(b, kb, src, base, strides, hw, dst, wp, pad) -> None:
-    """dst[(r + pad_h) * wp + pad_w + q] = src[base + r*strides[0] + q*strides[1]]; the rest
-    of dst (zeroed once per kernel) stays zero."""
-    with loop(b, 0, hw[0], "pr") as r:
+def _pad_plane(b, kb, src, base, strides, hw, dst, wp, pad, rows) -> None:
+    """dst[(r + pad_h) * wp + pad_w + q] = src[base + r*strides[0] + q*strides[1]] for the
+    source rows r in [rows[0], rows[1]); the border of dst (zeroed once per kernel) stays
+    zero."""
+    with loop(b, *rows, "pr") as r:
         row = iadd(b, base, imul(b, r, strides[0]))
         at = iadd(b, imul(b, r, wp), pad[0] * wp + pad[1])
         with loop(b, 0, hw[1], "pq") as q:
