@@ -62,7 +62,7 @@ from graphc.version import __version__ as _GRAPHC_VERSION
 
 __all__ = [
     "HostTarget", "Library", "LLVMCompileError", "cache_clear", "cache_info", "compile_module",
-    "host_target", "load_openmp", "register_symbol",
+    "host_target", "load_openmp", "register_symbol", "straight_functions",
 ]
 
 # libgomp's threads spin this many rounds (some hundred microseconds) after a parallel region
@@ -78,6 +78,10 @@ _CACHE_FORMAT = "llvm-objects-v2"  # the versioned subfolder; bump when the entr
 # § Compile time has the measurements.
 OPT_LEVEL = 3
 LARGE_OPT_LEVEL = 2
+# A loop-free function this large (the driver of a training step: one call per kernel) is
+# compiled apart at O1 with fast code generation: the LSTM step's driver (378k characters)
+# took 0.33 s at O2/-O3 and takes 0.09 s so.
+STRAIGHT_MIN_CHARS = 20_000
 LARGE_MODULE_CHARS = 150_000
 
 
@@ -366,16 +370,32 @@ def compile_module(ir_text: str, name: str, *, use_cache: bool = True,
 
 def _objects(text: str, module, name: str, level: int) -> list[bytes]:
     """The object code of `text`: one object, or one per part when the module is large
-    enough that compiling parts on several cores is faster (workers.split_compile)."""
+    enough that compiling parts on several cores is faster (workers.split_compile). A large
+    loop-free function (the driver, `straight_functions`) is a part of its own, compiled
+    at O1 with fast code generation (llvm_worker.FAST_CODEGEN)."""
     processes = workers.processes()
-    if module is not None and processes > 1 and len(text) >= workers.PARALLEL_MIN_CHARS:
+    parallel = processes > 1 and len(text) >= workers.PARALLEL_MIN_CHARS
+    straight = straight_functions(module) if module is not None else ()
+    if module is not None and (parallel or straight):
         _with_optimized(text, name, None)  # LLVM's own message for bad IR, here
-        parts = module_text.split(module, workers.PARTS_PER_PROCESS * processes)
+        n = workers.PARTS_PER_PROCESS * processes if parallel else 1 + len(straight)
+        parts = module_text.split(module, n, alone=straight)
         if len(parts) > 1:
-            objects = workers.split_compile(parts, name, level, processes - 1)
+            levels = [1 | llvm_worker.FAST_CODEGEN] * len(straight) + \
+                [level] * (len(parts) - len(straight))
+            objects = workers.split_compile(parts, name, levels, processes - 1)
             if objects is not None:
                 return objects
     return [_with_optimized(text, name, _emit_object, level)]
+
+
+def straight_functions(module: module_text.ModuleText) -> tuple[str, ...]:
+    """External functions of at least STRAIGHT_MIN_CHARS with no loop
+    (module_text.loop_free): LLVM's optimisation and careful code generation cost most on
+    them and buy nothing (a driver's calls run once per step, each a few cycles)."""
+    return tuple(s.name for s in module.symbols.values()
+                 if not s.internal and len(s.text) >= STRAIGHT_MIN_CHARS
+                 and module_text.loop_free(s))
 
 
 def _dump(library: Library) -> None:

@@ -11,8 +11,11 @@ user's main module (multiprocessing's spawn and forkserver would re-run a script
 
 Worker protocol (`serve`), over stdin/stdout: a request is a header `<III` (level, name
 bytes, text bytes) then the name and the text (UTF-8); the answer is `<BQ` (0 = object code,
-1 = error message) then that many bytes. EOF on stdin ends the worker, so a worker never
-outlives its parent's pipe.
+1 = error message) then that many bytes. A level is the pipeline's O level, plus
+`FAST_CODEGEN` for LLVM's fast instruction selection (code generation at -O0) instead of
+-O3: for loop-free code such as the CPU backend's driver (a straight line of kernel calls,
+hundreds of kilobytes on a large step), where -O3 code generation costs 4x and buys nothing.
+EOF on stdin ends the worker, so a worker never outlives its parent's pipe.
 
 Invariants: each call makes its own target machine and context and frees both (module
 first, PERF_NOTES: an engine owns its target machine; this one is never given to an
@@ -30,6 +33,7 @@ import llvmlite.binding as llvm
 
 REQUEST = struct.Struct("<III")
 ANSWER = struct.Struct("<BQ")
+FAST_CODEGEN = 16  # added to a level: code generation at -O0 (see the module docstring)
 _ready = False
 
 
@@ -72,9 +76,11 @@ def verify(ir_text: str) -> None:
 
 
 def with_optimized(ir_text: str, name: str, level: int, use):
-    """Parse, verify and optimise `ir_text` at O`level` in a private context, return
-    `use(module, tm)`, then free the module and its context (module first)."""
-    tm = target_machine()
+    """Parse, verify and optimise `ir_text` at O`level` (with `FAST_CODEGEN`: a target
+    machine generating code at -O0) in a private context, return `use(module, tm)`, then
+    free the module and its context (module first)."""
+    tm = target_machine(0 if level & FAST_CODEGEN else 3)
+    level &= ~FAST_CODEGEN
     context = llvm.create_context()
     module = None
     try:

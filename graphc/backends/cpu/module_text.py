@@ -43,11 +43,13 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["ModuleText", "Symbol", "dedupe", "parse", "split"]
+__all__ = ["ModuleText", "Symbol", "dedupe", "loop_free", "parse", "split"]
 
 # a global name: @"quoted" or @bare (LLVM's identifier characters)
 _NAME = re.compile(r'@(?:"((?:[^"\\]|\\.)*)"|([-a-zA-Z$._][-a-zA-Z$._0-9]*))')
 _LOCAL_LINKAGE = re.compile(r"\b(internal|private)\b")
+_LABEL = re.compile(r'^("(?:[^"\\]|\\.)*"|[-a-zA-Z$._0-9]+):', re.MULTILINE)
+_TARGET = re.compile(r'label %("(?:[^"\\]|\\.)*"|[-a-zA-Z$._0-9]+)')
 
 
 @dataclass
@@ -199,16 +201,37 @@ def dedupe(module: ModuleText) -> tuple[ModuleText, dict[str, str]]:
     return ModuleText(module.preamble, module.declarations, out, module.trailer), renames
 
 
+def loop_free(symbol: Symbol) -> bool:
+    """Is the function one whose branches all go to blocks written after their own (so it
+    has no loop: any cycle would need a branch back)? A `switch`, `indirectbr` or `callbr`
+    makes it not loop-free for this check; so does anything that is not a function."""
+    if symbol.kind != "function":
+        return False
+    seen: set[str] = set()
+    for line in symbol.text.splitlines():
+        label = _LABEL.match(line)
+        if label is not None:
+            seen.add(label.group(1).strip('"'))
+            continue
+        if "switch " in line or "indirectbr " in line or "callbr " in line:
+            return False
+        if any(target.strip('"') in seen for target in _TARGET.findall(line)):
+            return False
+    return True
+
+
 def _declaration(symbol: Symbol) -> str:
     """`declare ...` for an external function defined in another part."""
     head = symbol.text.split("\n", 1)[0]
     return "declare " + head[len("define "):].rstrip().removesuffix("{").rstrip() + "\n"
 
 
-def split(module: ModuleText, n: int) -> list[str]:
-    """At most `n` module texts defining every symbol once (see the module docstring)."""
+def split(module: ModuleText, n: int, alone: tuple[str, ...] = ()) -> list[str]:
+    """At most `n` module texts defining every symbol once (see the module docstring); each
+    external function named in `alone` gets a part of its own, first and in that order."""
     symbols = module.symbols
     units = [s for s in symbols.values() if not s.internal]
+    alone = tuple(name for name in alone if name in symbols and not symbols[name].internal)
     if n < 2 or len(units) < 2:
         return [str(module)]
     if any(s.kind == "global" and any(s.name in other.refs for other in symbols.values())
@@ -217,11 +240,15 @@ def split(module: ModuleText, n: int) -> list[str]:
     if any(s.kind == "global" and s.internal and not _mergeable(s) for s in symbols.values()):
         return [str(module)]  # a variable copied into two parts would be two variables
     # largest first onto the lightest part (LPT scheduling), then back into module order
-    loads, members = [0] * n, [[] for _ in range(n)]
+    shared = max(1, n - len(alone))
+    loads, members = [0] * shared, [[] for _ in range(shared)]
     for s in sorted(units, key=lambda s: -len(s.text)):
+        if s.name in alone:
+            continue
         k = loads.index(min(loads))
         loads[k] += len(s.text)
         members[k].append(s.name)
+    members = [[name] for name in alone] + members
     texts = []
     for names in members:
         if not names:

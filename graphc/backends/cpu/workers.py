@@ -114,17 +114,18 @@ def _ask(worker: subprocess.Popen, text: str, name: str, level: int) -> bytes:
     return payload
 
 
-def split_compile(parts: list[str], name: str, level: int, n_workers: int,
+def split_compile(parts: list[str], name: str, level: int | list[int], n_workers: int,
                   local=None) -> list[bytes] | None:
     """The object code of every part (see the module docstring), or None when LLVM refused
-    one. `local(text, name, level)` compiles a part in this process (default
-    llvm_worker.object_code)."""
+    one. `level`: one for all parts, or one per part (llvm_worker's levels). `local(text,
+    name, level)` compiles a part in this process (default llvm_worker.object_code)."""
     local = local or llvm_worker.object_code
+    levels = level if isinstance(level, list) else [level] * len(parts)
     with _feeding:  # one request at a time on a worker's pipes: one split_compile at a time
-        return _split_compile(parts, name, level, n_workers, local)
+        return _split_compile(parts, name, levels, n_workers, local)
 
 
-def _split_compile(parts, name, level, n_workers, local) -> list[bytes] | None:
+def _split_compile(parts, name, levels, n_workers, local) -> list[bytes] | None:
     order = sorted(range(len(parts)), key=lambda k: -len(parts[k]))  # largest first
     results: list[bytes | None] = [None] * len(parts)
     refused: list[str] = []
@@ -137,7 +138,7 @@ def _split_compile(parts, name, level, n_workers, local) -> list[bytes] | None:
     def remote(worker: subprocess.Popen) -> None:
         while (k := take()) is not None:
             try:
-                results[k] = _ask(worker, parts[k], f"{name}.part{k}", level)
+                results[k] = _ask(worker, parts[k], f"{name}.part{k}", levels[k])
             except _PartRefused as error:
                 refused.append(str(error))
             except (OSError, ValueError):  # the worker died: its part goes back to the queue
@@ -153,7 +154,7 @@ def _split_compile(parts, name, level, n_workers, local) -> list[bytes] | None:
     try:
         while (k := take()) is not None:
             try:
-                results[k] = local(parts[k], f"{name}.part{k}", level)
+                results[k] = local(parts[k], f"{name}.part{k}", levels[k])
             except llvm_worker.IRError as error:
                 refused.append(str(error))
     except BaseException:
@@ -168,7 +169,7 @@ def _split_compile(parts, name, level, n_workers, local) -> list[bytes] | None:
     for k, code in enumerate(results):  # parts of a worker that died after the queue emptied
         if code is None:
             try:
-                results[k] = local(parts[k], f"{name}.part{k}", level)
+                results[k] = local(parts[k], f"{name}.part{k}", levels[k])
             except llvm_worker.IRError:
                 return None
     return results
