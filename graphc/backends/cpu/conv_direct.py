@@ -30,6 +30,8 @@ a float64 run (docs/performance.md, "Rounding"; tests/test_cpu_conv_paths.py).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from graphc.backends.cpu.conv import (
     contiguous_in,
     contiguous_out,
@@ -79,6 +81,16 @@ def conv2d(lw, node, g, x, w, out) -> bool:
     return False
 
 
+@contextmanager
+def _count(b, n: int, name: str):
+    """`for i in range(n)`, no loop for n == 1 (depthwise: one channel a group)."""
+    if n == 1:
+        yield 0
+    else:
+        with loop(b, 0, n, name) as i:
+            yield i
+
+
 def _pad_plane(b, kb, src, base, strides, hw, dst, wp, top, left, dst_base=0) -> None:
     """dst[dst_base + (r + top)*wp + left + q] = src[base + r*strides[0] + q*strides[1]] (the
     border of dst, zeroed once per kernel, stays zero)."""
@@ -124,14 +136,15 @@ def _grouped_forward(lw, g, x, w, out, dt) -> None:
     then each of its O/groups outputs sums all C/groups * kH * kW taps in registers. At
     stride 1 the sums run over rows of the padded width (one flat loop that vectorises
     whatever W_out is; the columns past W_out are dropped when the rows are copied out, and
-    the last taps read into the zeroed slack after the planes), unless W_out is a multiple
-    of 8."""
+    the last taps read into the zeroed slack after the planes) where that pays (see `flat`)."""
     xs = image_strides(x)
     w = contiguous_in(lw, w)
     (ph, pw) = g.padding
     hp, wp = g.h + 2 * ph, g.w + 2 * pw
-    # (rows whose width is a multiple of 8 vectorise as they are: no flat loop and copy)
-    flat = g.stride == (1, 1) and g.wo % 8 != 0
+    # flat where it paid (1-thread CPU time): planes narrower than 8 (depthwise 7x7: 368 ->
+    # 331 us) and many taps on widths not a multiple of 8 (LeNet's 28 wide, 25 taps: 451 ->
+    # 297 us); no gain was measured for depthwise 3x3 on 14x14, which keeps the rows
+    flat = g.stride == (1, 1) and (g.wo < 8 or (g.wo % 8 != 0 and g.cg * g.kh * g.kw >= 16))
     slack = (g.kw - 1) * g.dilation[1] if flat else 0
     temps = workspace(lw, dt, (g.cg * hp * wp + slack,), *([(g.ho * wp,)] if flat else []))
     # a tap of channel c reads the padded plane c rows of hp further down
@@ -143,11 +156,11 @@ def _grouped_forward(lw, g, x, w, out, dt) -> None:
         b = kb.begin()
         _zero(b, kb, pi, g.cg * hp * wp + slack, dt)
         with loop(b, 0, g.n, "n") as n, loop(b, 0, g.groups, "grp") as grp:
-            with loop(b, 0, g.cg, "pc") as c:
+            with _count(b, g.cg, "pc") as c:
                 ch = iadd(b, imul(b, grp, g.cg), c)
                 _pad_plane(b, kb, xi, iadd(b, imul(b, n, xs[0]), imul(b, ch, xs[1])),
                            xs[2:], (g.h, g.w), pi, wp, ph, pw, imul(b, c, hp * wp))
-            with loop(b, 0, g.og, "o") as oo:
+            with _count(b, g.og, "o") as oo:
                 o = iadd(b, imul(b, grp, g.og), oo)
                 weights = [kb.load(b, wi, iadd(b, imul(b, o, len(taps)), t))
                            for t, _, _ in taps]
