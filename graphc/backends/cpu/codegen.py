@@ -51,7 +51,7 @@ import numpy as np
 from llvmlite import ir
 
 from graphc.backends import common
-from graphc.backends.cpu import conv, llvm, pool
+from graphc.backends.cpu import conv, llvm, pool, rows
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS
 from graphc.backends.cpu.gemm_layout import folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
@@ -281,7 +281,10 @@ class Lowerer(Codegen):
         self.calls.append(kb.finish(b))
 
     def _rows(self, node, kb, body, src, leaves, stores, out_v, attrs) -> None:
-        """softmax / log_softmax along `dim`: per row, max, sum of exp, then the result."""
+        """softmax / log_softmax along `dim`: per row, max, sum of exp, then the result
+        (graphc.backends.cpu.rows, in vector registers, where the output row is contiguous)."""
+        if rows.lower_rows(self, node, kb, body, src, leaves, stores, out_v, attrs):
+            return
         op = body.instrs[-1][0]
         domain = kb.shape
         dim = attrs["dim"] if body.types[src].ndim else 0

@@ -1,0 +1,181 @@
+"""rows: softmax and log_softmax rows as explicit vector code (one kernel, passes over a row).
+
+A row (the elements along `dim`) is short and stays in L1 between passes, so the kernel reads
+its input once and writes its output once; each pass runs on `<V x float>` registers
+(V = `LANES`: one 64-byte line of float32 or float64) with a scalar loop for the last
+`row % V` elements:
+
+1. (only for a fused body, or an input whose row is not contiguous) the body evaluated per
+   element, its other outputs stored, the value stored into the output row;
+2. the row's maximum, NaN-propagating, in V lanes, then folded to one value;
+3. e = exp(x - max) (graphc.backends.cpu.mathlib on vectors), stored for softmax, summed in V
+   lanes, then folded;
+4. softmax: y = e / sum; log_softmax: y = (x - max) - log(sum).
+
+Rounding: the sum is accumulated in V lanes and folded by halves, not left to right; the
+result differs from a sequential float sum by reassociation only. graphc judges such changes
+by distance from a float64 reference (compiled error at most 2x eager graphc's error,
+`graphc.testing.assert_rounding_within`), not bit for bit. Everything else is the scalar
+path's arithmetic: all -inf, +inf or NaN rows give NaN rows, as PyTorch and numpy do.
+
+Used by graphc.backends.cpu.codegen for rows whose output is contiguous along `dim` (the
+common case: softmax over the last dim); other rows take its scalar loops.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from graphc.backends.cpu.scalars import const, convert
+from graphc.backends.cpu.values import REG, collapse, for_range, i64, loop
+
+__all__ = ["LANES", "lower_rows"]
+
+LANES = {"float32": 16, "float64": 8}
+
+
+def lower_rows(lw, node, kb, body, src, leaves, stores, out_v, attrs) -> bool:
+    """Lower softmax/log_softmax rows with vector passes; False (nothing emitted) when the
+    output row is not contiguous or not floating point, for the scalar path to take."""
+    op = body.instrs[-1][0]
+    t = out_v.type.dtype
+    out_loc = lw.locs[out_v]
+    domain = kb.shape
+    if not t.is_floating or out_v.type.ndim == 0 or t.name not in LANES:
+        return False
+    dim = attrs["dim"] % len(domain)
+    if out_loc.strides[dim] != t.itemsize:
+        return False
+    y = kb.operand(out_loc)
+    row = domain[dim]
+    lanes = LANES[t.name]
+    direct = (src in leaves and not stores and body.types[src].dtype is t
+              and kb.operands[leaves[src]].strides[dim] == 1)
+    x = leaves[src] if direct else y  # the operand the passes read the row from
+    order = [d for d in range(len(domain)) if d != dim]
+    outer_sizes, outer_strides = collapse(tuple(domain[d] for d in order),
+                                          [tuple(o.strides[d] for d in order)
+                                           for o in kb.operands])
+    row_strides = [o.strides[dim] for o in kb.operands]
+    b = kb.begin(parallel=bool(outer_sizes))
+    vec = ir.VectorType(REG[t.name], lanes)
+    with b.goto_entry_block():
+        vacc = b.alloca(vec, name="vacc")
+        acc = b.alloca(REG[t.name], name="acc")
+    maximum = _nan_max(lw.scalars, t)
+
+    def at(b, offsets, j):
+        return [o if s == 0 else b.add(o, j if s == 1 else b.mul(j, i64(s)))
+                for o, s in zip(offsets, row_strides)]
+
+    def vload(b, k, offset):
+        return b.load(kb.pointer(b, k, offset), typ=vec, align=t.itemsize)
+
+    def vstore(b, k, offset, value):
+        b.store(value, kb.pointer(b, k, offset), align=t.itemsize)
+
+    def over_row(b, offsets, vector_step, scalar_step, name):
+        """vector_step(b, offs) per V-element chunk, scalar_step(b, offs) per tail element
+        (offs: operand offsets of the chunk's first element)."""
+        chunks = row // lanes
+        if chunks:
+            with for_range(b, chunks, f"{name}v") as c:
+                vector_step(b, at(b, offsets, b.mul(c, i64(lanes))))
+        if row % lanes:
+            with loop(b, chunks * lanes, row, f"{name}s") as j:
+                scalar_step(b, at(b, offsets, j))
+
+    def leaf(b, offsets):
+        if not direct:  # pass 1: the body, element by element, into the output row
+            def evaluate(b, offs):
+                env = body.evaluate(lw, kb, b, offs, leaves, len(body.instrs) - 1,
+                                    [src] + [r for r, _, _ in stores])
+                for ref, k, v in stores:
+                    kb.store(b, k, offs[k], convert(b, env[ref], body.types[ref].dtype,
+                                                    v.type.dtype))
+                kb.store(b, y, offs[y], convert(b, env[src], body.types[src].dtype, t))
+
+            with for_range(b, row, "r0") as j:
+                evaluate(b, at(b, offsets, j))
+        # pass 2: the maximum
+        b.store(_splat(vec, -math.inf), vacc)
+        b.store(const(t, -math.inf), acc)
+        over_row(b, offsets,
+                 lambda b, o: b.store(maximum(b, b.load(vacc), vload(b, x, o[x])), vacc),
+                 lambda b, o: b.store(maximum(b, b.load(acc), kb.load(b, x, o[x])), acc),
+                 "r1")
+        m = maximum(b, _fold(b, b.load(vacc), lanes, maximum), b.load(acc))
+        # pass 3: exp(x - max), summed
+        vm = _broadcast(b, m, vec)
+        b.store(_splat(vec, 0.0), vacc)
+        b.store(const(t, 0.0), acc)
+
+        def exp_step(b, o, load, store, m, acc_slot):
+            e = lw.scalars.mathlib(b, "exp", b.fsub(load(b, x, o[x]), m))
+            if op == "softmax":
+                store(b, y, o[y], e)
+            b.store(b.fadd(b.load(acc_slot), e), acc_slot)
+
+        over_row(b, offsets, lambda b, o: exp_step(b, o, vload, vstore, vm, vacc),
+                 lambda b, o: exp_step(b, o, kb.load, kb.store, m, acc), "r2")
+        s = b.fadd(_fold(b, b.load(vacc), lanes, _add), b.load(acc))
+        # pass 4: the result
+        if op == "softmax":
+            vs = _broadcast(b, s, vec)
+            over_row(b, offsets,
+                     lambda b, o: vstore(b, y, o[y], b.fdiv(vload(b, y, o[y]), vs)),
+                     lambda b, o: kb.store(b, y, o[y], b.fdiv(kb.load(b, y, o[y]), s)),
+                     "r3")
+        else:
+            log_s = lw.scalars.mathlib(b, "log", s)
+            vlog = _broadcast(b, log_s, vec)
+            over_row(b, offsets,
+                     lambda b, o: vstore(b, y, o[y], b.fsub(b.fsub(vload(b, x, o[x]), vm),
+                                                            vlog)),
+                     lambda b, o: kb.store(b, y, o[y], b.fsub(b.fsub(kb.load(b, x, o[x]), m),
+                                                              log_s)),
+                     "r3")
+
+    kb.nest(b, outer_sizes, outer_strides, leaf)
+    lw.calls.append(kb.finish(b))
+    return True
+
+
+def _nan_max(scalars, t):
+    """max(a, b) of two values (scalars or vectors), NaN if either is: numpy's maximum."""
+
+    def maximum(b, a, v):
+        return scalars.max_min(b, a, v, t, True)
+
+    return maximum
+
+
+def _add(b: ir.IRBuilder, p, q):
+    return b.fadd(p, q)
+
+
+def _splat(vec: ir.VectorType, value: float) -> ir.Constant:
+    return ir.Constant(vec, [ir.Constant(vec.element, value)] * vec.count)
+
+
+def _broadcast(b: ir.IRBuilder, scalar, vec: ir.VectorType):
+    """`scalar` in every lane of a `vec`."""
+    one = b.insert_element(ir.Constant(vec, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
+    return b.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                            ir.Constant(ir.VectorType(ir.IntType(32), vec.count), [0] * vec.count))
+
+
+def _fold(b: ir.IRBuilder, v, lanes: int, combine):
+    """combine(...) of all lanes of `v`, by halves: lanes [0, w/2) with [w/2, w), until one."""
+    width = lanes
+    while width > 1:
+        half = width // 2
+        low = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), half),
+                                                 list(range(half))))
+        high = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), half),
+                                                  list(range(half, width))))
+        v = combine(b, low, high)
+        width = half
+    return b.extract_element(v, ir.Constant(ir.IntType(32), 0))
