@@ -81,6 +81,7 @@ from graphc.backends.cpu.values import (
     contiguous_strides,
     for_range,
     i64,
+    transpose_tiles,
     unsupported,
 )
 from graphc.ir.graph import Graph, Node
@@ -193,7 +194,7 @@ class Lowerer(Codegen):
         kb = KernelBuilder(self, self.name(name), domain)
         i = kb.operand(src)
         o = kb.operand(dst, dst_strides)
-        sizes, strides = collapse(domain, [op.strides for op in kb.operands])
+        sizes, strides = transpose_tiles(*collapse(domain, [op.strides for op in kb.operands]))
         b = kb.begin(parallel=True)
 
         def leaf(b, offsets):

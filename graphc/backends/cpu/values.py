@@ -17,7 +17,8 @@ imports nothing else from the backend.
   placed in schedule order (`define`), so a view's source is always placed before the view.
 - Loops: `loop` (bounds constant or run time), `for_range` (a constant trip count),
   `collapse` (drop size-1 dims and merge the ones contiguous for every operand, so inner
-  loops are long and vectorise), `broadcast_strides` (element strides of an operand read
+  loops are long and vectorise), `transpose_tiles` (a transposing 2-D walk in square tiles, so
+  the strided side stays in L1), `broadcast_strides` (element strides of an operand read
   over a larger domain, graphc.backends.common's).
 - `CpuLoweringError` / `unsupported`: what every layer raises for a graph it cannot lower
   (graphc.backends.common.LoweringError's wording).
@@ -172,4 +173,24 @@ def collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]):
                 continue
         out.append((n, ss))
     return [n for n, _ in out], [tuple(ss[k] for _, ss in out) for k in range(len(strides))]
+
+
+TRANSPOSE_TILE = 16  # elements per side of a transposing copy's tile (a 64-byte float row)
+
+
+def transpose_tiles(sizes: list[int], strides: list[tuple[int, ...]]):
+    """Collapsed (sizes, strides) of a 2-D walk that is contiguous for one operand along the
+    inner dim and for another along the outer one (a transpose) as 4 loops over square tiles
+    (rows of tiles, tiles, rows, columns): walked row by row, each column step of the strided
+    operand touches a new cache line, a whole L1 of them for a long row; within a tile it
+    touches TRANSPOSE_TILE lines, reused. Other walks, or sizes the tile does not divide, are
+    returned as they are."""
+    t = TRANSPOSE_TILE
+    if len(sizes) != 2 or any(n % t or n < 2 * t for n in sizes):
+        return sizes, strides
+    if not (any(s[1] == 1 for s in strides) and any(s[0] == 1 for s in strides)):
+        return sizes, strides
+    m, n = sizes
+    return ([m // t, n // t, t, t],
+            [(s[0] * t, s[1] * t, s[0], s[1]) for s in strides])
 
