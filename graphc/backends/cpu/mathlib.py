@@ -410,6 +410,17 @@ _ERFC_TAIL_F64 = (  # (upper bound of u, centre, coefficients), by increasing u
         -0.005933200786440649, 0.033156950954030935, -0.11839802134553727, 0.35952293862040013,
     )),
 )
+# float32 erf for 1 <= a <= 3.92 as 1 - Q(a - 2.5): Q fits erfc there to ~2e-9 absolute
+# (Chebyshev, degree 15; a - 2.5 is exact), far below erf's half ulp near 1, so erf needs no
+# exp, division or per-lane coefficients (erf's own tail is only for gelu's relative erfc).
+# erf(a) rounds to 1 from a = 3.83 on; the clamp keeps Q within its range.
+_ERF_MID_F32 = (3.670401440558635e-07, -8.742103432268777e-07, -3.57997600985982e-06,
+                1.5608444300596602e-05, -7.408107649098383e-06, -8.079901454038918e-05,
+                0.00025290006306022406, -0.0002591343072708696, -0.0005441140383481979,
+                0.0027978308498859406, -0.006116759032011032, 0.008622515015304089,
+                -0.008350181393325329, 0.005445699207484722, -0.002178280148655176,
+                0.00040695216739550233)
+_ERF_MID_F32_END = 3.92
 # erfc(a) underflows to 0 beyond these (the tail's lowest u range starts just below 1/max).
 _ERFC_A_MAX = {False: 11.0, True: 27.5}
 
@@ -451,10 +462,15 @@ def erf(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     m = _Emitter(builder, x.type)
     nan = m.isnan(x)
     a = m.fabs(m.sel(nan, m.c(0.0), x))
-    at = m.min_c(a, _ERFC_A_MAX[m.f64])
-    h, lo = _square_split(m, at)
-    e, f = _erfc_tail(m, m.div(m.c(1.0), at), h, lo)
-    y = m.sel(m.lt(a, m.c(1.0)), _erf_small(m, a), m.sub(m.c(1.0), m.mul(e, f)))
+    if m.f64:
+        at = m.min_c(a, _ERFC_A_MAX[m.f64])
+        h, lo = _square_split(m, at)
+        e, f = _erfc_tail(m, m.div(m.c(1.0), at), h, lo)
+        large = m.sub(m.c(1.0), m.mul(e, f))
+    else:
+        t = m.sub(m.min_c(a, _ERF_MID_F32_END), m.c(2.5))
+        large = m.sub(m.c(1.0), m.poly(t, _ERF_MID_F32))
+    y = m.sel(m.lt(a, m.c(1.0)), _erf_small(m, a), large)
     return m.sel(nan, x, m.copysign(y, x))
 
 
