@@ -431,8 +431,9 @@ def _erf_small(m: _Emitter, a):
     return m.mul(a, m.poly(m.mul(a, a), coeffs))
 
 
-def _erfc_tail(m: _Emitter, u, h, lo):
-    """erfc(a) = e * f for a >= 0.5, given u ~ 1/a and a^2 = h + lo exactly (h <= a_max^2).
+def _erfc_tail(m: _Emitter, u, h, lo, e=None):
+    """erfc(a) = e * f for a >= 0.5, given u ~ 1/a and a^2 = h + lo exactly (h <= a_max^2);
+    `e`: exp(-h) where the caller has it.
 
     Returned as two factors so a caller can multiply its own factor in before the
     possibly-denormal exp(-h) (keeps the product's last rounding the only one in the
@@ -447,7 +448,7 @@ def _erfc_tail(m: _Emitter, u, h, lo):
         centre = m.sel(inside, m.c(mid), centre)
         coeffs = [m.sel(inside, m.c(k), acc) for k, acc in zip(cs, coeffs)]
     g = m.poly(m.sub(u, centre), coeffs)
-    e = _exp_core(m, m.b.fneg(h))
+    e = _exp_core(m, m.b.fneg(h)) if e is None else e
     f = m.mul(m.mul(m.sub(m.c(1.0), lo), u), g)  # exp(-lo) ~ 1 - lo: |lo| <= ulp(h)/2
     return e, f
 
@@ -479,16 +480,23 @@ def gelu(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
     The tail takes exp(-x^2/2) from x itself (x*x split exactly, halved), so the rounding of
     x/sqrt2 does not cost accuracy where the result is tiny.
+
+    |x|/sqrt2, erf's polynomial of it and exp(-x^2/2) come from the very instructions that
+    `erf(x * 0.70710677)` and `exp(x * x * -0.5)` emit (unflagged fmuls, as graphc's scalar
+    mul renders them): the gelu derivative in a fused body computes those, and LLVM's CSE
+    then computes each once. The values are the same as computing them here afresh.
     """
     m = _Emitter(builder, x.type)
     nan = m.isnan(x)
     xs = m.sel(nan, m.c(0.0), x)
     ax = m.fabs(xs)
-    a = m.mul(ax, m.c(math.sqrt(0.5)))
+    scaled = builder.fmul(x, m.c(math.sqrt(0.5)))
+    a = m.fabs(m.sel(m.isnan(scaled), m.c(0.0), scaled))  # as erf(scaled) takes it
     xt = m.min_c(ax, _ERFC_A_MAX[m.f64] * math.sqrt(2.0))
     h, lo = _square_split(m, xt)
-    h, lo = m.mul(h, m.c(0.5)), m.mul(lo, m.c(0.5))
-    e, f = _erfc_tail(m, m.div(m.c(math.sqrt(2.0)), xt), h, lo)
+    # exp(-h): exp(x*x*-0.5) is exp(-h) for |x| <= xt's bound and 0 (as exp(-h)) beyond
+    e = exp(builder, builder.fmul(builder.fmul(x, x), m.c(-0.5)))
+    e, f = _erfc_tail(m, m.div(m.c(math.sqrt(2.0)), xt), None, m.mul(lo, m.c(0.5)), e)
     half_x = m.mul(x, m.c(0.5))
     small = _erf_small(m, a)
     erf_a = m.sel(m.lt(a, m.c(1.0)), small, m.sub(m.c(1.0), m.mul(e, f)))
