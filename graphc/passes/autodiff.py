@@ -58,8 +58,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
-
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import FunctionRegion
