@@ -10,7 +10,8 @@ independent GEMMs, one per transform-domain position xi:
 `M[xi] (C_out x T) = U[xi] (C_out x C_in) @ V[xi] (C_in x T)` over the T tiles of a block of
 images, so the GEMM work is 16/36 of im2col's (2.25x less).
 
-The kernel, per block of images (BLOCK_TILES tiles or more per GEMM, see there):
+The kernel, per block of images (BLOCK_TILES tiles or more per GEMM, see there; an image
+with more tiles goes in parts of tile rows, so a block's V and M stay in cache):
 - filter transform (once per call): `U[xi][o][c] = (G w[o, c] G^T)[xi]` (the input
   gradient's flipped filter in the same layout, its GEMMs reading U through BLAS's
   transpose flag);
@@ -26,8 +27,12 @@ The transforms (points 0, 1, -1, infinity) have coefficients 0, +-1 and 1/2, so 
 little: the forward and input gradient stay within 2x im2col + GEMM's distance from a float64
 run (measured 0.8-1.6x on ResNet-18's layers; tests/test_cpu_conv_winograd.py checks it with
 graphc.testing.assert_rounding_within). F(4x4, 3x3) (4x fewer multiplications) was measured
-10-25x further from float64 than im2col, and the weight gradient by F(3x3, 2x2) 2-4x: both
-fail the rounding criterion (docs/performance.md, "Rounding"), so neither is used.
+10-25x further from float64 than im2col. The weight gradient (by F(3x3, 2x2), or as the
+transpose of F(2x2, 3x3)) was 1.6-4x further than eager's per-image GEMMs summed pairwise
+when its GEMMs sum over the whole batch, and 1.0-1.9x with per-image GEMMs summed pairwise
+(whose partial products cost more memory traffic than the GEMM saves on the 4x4 and 8x8
+stages): too close to or past the rounding criterion (docs/performance.md, "Rounding"),
+so the weight gradient keeps im2col + GEMM.
 
 Taken when: a 3x3 kernel, stride 1, dilation 1, groups 1, even output height and width,
 at least MIN_CHANNELS input and output channels (below that the transforms cost more than
