@@ -29,10 +29,10 @@ run (measured 0.8-1.6x on ResNet-18's layers; tests/test_cpu_conv_winograd.py ch
 graphc.testing.assert_rounding_within). F(4x4, 3x3) (4x fewer multiplications) was measured
 10-25x further from float64 than im2col. The weight gradient (by F(3x3, 2x2), or as the
 transpose of F(2x2, 3x3)) was 1.6-4x further than eager's per-image GEMMs summed pairwise
-when its GEMMs sum over the whole batch, and 1.0-1.9x with per-image GEMMs summed pairwise
-(whose partial products cost more memory traffic than the GEMM saves on the 4x4 and 8x8
-stages): too close to or past the rounding criterion (docs/performance.md, "Rounding"),
-so the weight gradient keeps im2col + GEMM.
+when its GEMMs sum over the whole batch (numpy prototype), and 1.0-1.9x with per-image
+GEMMs summed pairwise, which needs each image's 16 x O x C products (16 MB at 512 channels;
+not tried in generated code): past or close to the rounding criterion (docs/performance.md,
+"Rounding"), so the weight gradient keeps im2col + GEMM.
 
 Taken when: a 3x3 kernel, stride 1, dilation 1, groups 1, even output height and width,
 at least MIN_CHANNELS input and output channels (below that the transforms cost more than
