@@ -271,6 +271,11 @@ def profile_model_step(name: str) -> str:
     x, y = model_steps.batch_of(name, shape)
     step = graphc.compile(models.graphc_step(model), backend="cpu")
     report = graphc.profile(step, graphc.tensor(x), graphc.tensor(y), repeat=5)
+    return kernel_kinds(report)
+
+
+def kernel_kinds(report) -> str:
+    """A graphc.profile report as time per kind of kernel, then the slowest kernels."""
     kinds: dict[str, list[float]] = {}
     for row in report.rows:
         kind = row.op.split("(")[0] if not row.op.startswith("fused(") else (
@@ -304,6 +309,10 @@ def profile_missed(results: list[CaseResult], sizes: cases.Sizes, log) -> str:
             body = profile_conv(sizes)
         elif case.name.startswith(("gpt_", "resnet18_")):
             body = profile_model_step(case.name.split("_")[0])
+        elif case.name.startswith(("lstm_", "vae_", "dcgan_", "mobilenet_")):
+            from benchmarks.family_steps import profile_family_step
+
+            body = profile_family_step(case.name.split("_")[0])
         else:
             body = profile_compile(case)
         figure = f"graphc {case.ratio:.2f} s" if case.anchor is None else \

@@ -9,7 +9,8 @@ torch.compile in one process, medians and ratios against the issue's targets.
     python -m benchmarks.run --contention              # with a busy process on one core
 
 Cases (names for --only; a name selects every case that starts with it): mlp_b64, mlp_b1,
-lenet5_b64, gpt_b16, resnet18_b32 (benchmarks/model_steps.py), elementwise_chain, sgemm
+lenet5_b64, gpt_b16, resnet18_b32 (benchmarks/model_steps.py), lstm_b16, vae_b64, dcgan_b32,
+mobilenet_b32 (benchmarks/family_steps.py), elementwise_chain, sgemm
 (sgemm_256, sgemm_1024, sgemm_2048), conv2d, compile (compile_cold, compile_warm). How each is
 measured: benchmarks/cases.py, benchmarks/compile_time.py; timing and agreement rules:
 benchmarks/harness.py. With --profile, every case that missed its target gets a profile
@@ -39,11 +40,13 @@ if __package__ in (None, ""):  # `python benchmarks/run.py`: make `benchmarks` i
 from benchmarks import cases  # noqa: E402
 from benchmarks.compile_time import compile_time_cases  # noqa: E402
 from benchmarks.contention import busy_core  # noqa: E402
+from benchmarks.family_steps import family_step  # noqa: E402
 from benchmarks.harness import as_json, markdown_table, set_clock  # noqa: E402
 from benchmarks.model_steps import model_step  # noqa: E402
 
-CASE_NAMES = ("mlp_b64", "mlp_b1", "lenet5_b64", "gpt_b16", "resnet18_b32", "elementwise_chain",
-              "sgemm_256", "sgemm_1024", "sgemm_2048", "conv2d", "compile_cold", "compile_warm")
+CASE_NAMES = ("mlp_b64", "mlp_b1", "lenet5_b64", "gpt_b16", "resnet18_b32", "lstm_b16",
+              "vae_b64", "dcgan_b32", "mobilenet_b32", "elementwise_chain", "sgemm_256",
+              "sgemm_1024", "sgemm_2048", "conv2d", "compile_cold", "compile_warm")
 
 
 def _selected(only: list[str] | None) -> list[str]:
@@ -72,6 +75,9 @@ def run_cases(names: list[str], sizes: cases.Sizes, repeat: int, log,
         elif name in ("gpt_b16", "resnet18_b32"):
             results.append(model_step(name.split("_")[0], not sizes.torch_compile, repeat,
                                       sizes.torch_compile, sizes.warmup_seconds))
+        elif name in ("lstm_b16", "vae_b64", "dcgan_b32", "mobilenet_b32"):
+            results.append(family_step(name.split("_")[0], not sizes.torch_compile, repeat,
+                                       sizes.torch_compile, sizes.warmup_seconds))
         elif name == "elementwise_chain":
             results.append(cases.elementwise_chain(sizes, repeat))
         elif name.startswith("sgemm"):
