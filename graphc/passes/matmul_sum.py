@@ -61,6 +61,9 @@ def _pays(out: Value, pairs: Terms) -> bool:
     write (and the adds read back): true for many thin products (weight gradients summed
     over steps), false for `x @ W1 + h @ W2` with large weights and a small batch, where the
     concat would copy the weights on every call."""
+    dims = [out.type.shape] + [v.type.shape for pair in pairs for v in pair]
+    if not all(isinstance(d, int) for shape in dims for d in shape):
+        return False  # symbolic sizes: no cost to compare
     m, n = out.type.shape
     copied = sum(m * a.type.shape[1] + b.type.shape[0] * n for a, b in pairs)
     return copied <= len(pairs) * m * n

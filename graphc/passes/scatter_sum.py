@@ -34,9 +34,11 @@ def _slab(node: Node, producer: dict[Value, Node]) -> Slabs | None:
     [start, stop) of one axis and every element of the other axes; else None."""
     base, source = node.inputs
     shape = tuple(node.outputs[0].type.shape)
-    if not _zero_fill(producer.get(base)) or any(s != 1 for s in node.attrs["steps"]):
+    starts, stops, steps = node.attrs["starts"], node.attrs["stops"], node.attrs["steps"]
+    if not all(isinstance(d, int) for d in shape + tuple(starts) + tuple(stops) + tuple(steps)):
+        return None  # symbolic sizes: whether slabs meet is not known at compile time
+    if not _zero_fill(producer.get(base)) or any(s != 1 for s in steps):
         return None
-    starts, stops = node.attrs["starts"], node.attrs["stops"]
     partial = [d for d, (lo, hi, n) in enumerate(zip(starts, stops, shape))
                if (lo, hi) != (0, n)]
     if len(partial) != 1:
