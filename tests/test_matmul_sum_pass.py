@@ -16,7 +16,8 @@ from graphc.passes.simplify import simplify
 from graphc.testing import assert_rounding_within
 
 # three products with odd inner sizes (3, 1, 2), the first two of transposed views (dy^T @ x)
-THIN = '''graph @f(%d1: f32[3,7], %x1: f32[3,5], %d2: f32[1,7], %x2: f32[1,5], %a3: f32[7,2], %b3: f32[2,5]) -> (f32[7,5]) {
+THIN = '''graph @f(%d1: f32[3,7], %x1: f32[3,5], %d2: f32[1,7], %x2: f32[1,5], %a3: f32[7,2],
+          %b3: f32[2,5]) -> (f32[7,5]) {
   %0: f32[7,3] = permute[dims=(1, 0)](%d1)
   %1: f32[7,5] = matmul(%0, %x1)
   %2: f32[7,1] = permute[dims=(1, 0)](%d2)
@@ -50,7 +51,8 @@ def _run(graph, backend, *args):
 
 
 def test_all_transposed_operands_concatenate_before_the_transpose():
-    g = parse('''graph @f(%d1: f32[1,6], %x1: f32[1,3], %d2: f32[1,6], %x2: f32[1,3]) -> (f32[6,3]) {
+    g = parse('''graph @f(%d1: f32[1,6], %x1: f32[1,3], %d2: f32[1,6], %x2: f32[1,3])
+          -> (f32[6,3]) {
   %0: f32[6,1] = permute[dims=(1, 0)](%d1)
   %1: f32[6,3] = matmul(%0, %x1)
   %2: f32[6,1] = permute[dims=(1, 0)](%d2)
