@@ -73,6 +73,7 @@ def test_conv_transpose_output_size(rng):
 
 
 def test_default_init_within_torch_bounds():
+    graphc.manual_seed(0)
     for g in (nn.ConvTranspose2d(8, 4, 3), nn.Conv1d(8, 4, 3), nn.LSTM(5, 6), nn.GRUCell(5, 6)):
         for name, p in g.named_parameters():
             if isinstance(g, (nn.LSTM, nn.GRUCell)):
@@ -82,7 +83,8 @@ def test_default_init_within_torch_bounds():
             else:
                 bound = 1 / np.sqrt(g.weight[0].numel())
             assert np.abs(p.detach().numpy()).max() <= bound + 1e-7, name
-            assert p.detach().numpy().std() > bound / 4, name
+            if p.numel() >= 16:  # the spread of 4 uniform draws can be anything
+                assert p.detach().numpy().std() > bound / 4, name
 
 
 def test_dropout2d_module():
