@@ -13,8 +13,10 @@ first three, two Adam updates per DCGAN step), `mlpN` (N Linear layers of width 
 ReLUs, batch 64: `mlp3` is the benchmark MLP's depth, `mlp30` ten times it: compile time
 should grow linearly with depth). Each child builds the model and its training step (SGD
 momentum unless said above), compiles it with graphc.compile and times the first call (which
-traces, runs the passes, lowers and compiles the steady graph, and runs the first step on
-the interpreter to create the optimizer state: `warm-up`), then the next call. Stages come
+traces, runs the passes, lowers and compiles the steady graph, and runs the first step:
+`warm-up`, the rest of the first call, i.e. that step's run, compiled where the optimizer's
+first step is its steady update on zero state (graphc.jit.first_step), on the interpreter
+otherwise), then the next call. Stages come
 from timers wrapped around graphc.jit.compiler's functions and the CPU backend's: `lower`
 (LLVM IR text), `dedupe` (graphc.backends.cpu.module_text), `llvm` (optimisation and object
 code, in parts on several processes when the module is large: graphc.backends.cpu.workers),

@@ -1,7 +1,8 @@
 """A compiled training step compiles once (issue 13): its first call, which creates the
-optimizer state and the `.grad`s, runs on the interpreter and traces the steady-state graph
-that every later call replays; the second call neither traces nor compiles. Results equal
-the eager step's."""
+optimizer state and the `.grad`s, compiles the steady-state graph that every later call
+replays (from one trace where the state can be made beforehand, graphc.jit.first_step; else
+the first call runs on the interpreter and the steady graph is traced after it); the second
+call neither traces nor compiles. Results equal the eager step's."""
 
 import numpy as np
 import pytest
