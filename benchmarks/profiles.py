@@ -100,11 +100,12 @@ def _us(seconds: float) -> str:
 
 def kernel_table(graph, native_total: float | None = None) -> str:
     """Every scheduled non-view node of a planned graph timed alone (see the docstring)."""
+    from graphc.backends.common import planned
     from graphc.backends.cpu.executable import CpuExecutable
     from graphc.ir.graph import Graph, Node, Value
     from graphc.ops.registry import REGISTRY
 
-    plan = graph.meta["memory_plan"]
+    plan = planned(graph)  # an executable from the pipeline cache plans on first use
     rows = []
     for step, node in enumerate(plan.schedule):
         if REGISTRY[node.op].view:
