@@ -126,8 +126,10 @@ def test_a_corrupt_object_bundle_is_refused():
             llvm.unpack_objects(bad)
 
 
-def test_a_model_with_repeated_layers_compiles_each_kernel_once_and_agrees():
+def test_a_model_with_repeated_layers_compiles_each_kernel_once_and_agrees(monkeypatch):
     from graphc import nn
+    from graphc.backends.cpu import kernels
+    from graphc.backends.cpu.executable import CpuExecutable
 
     graphc.manual_seed(0)
     model = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(32, 32), nn.ReLU())])
@@ -135,8 +137,13 @@ def test_a_model_with_repeated_layers_compiles_each_kernel_once_and_agrees():
     x = graphc.randn(4, 32)
     out = compiled(x)
     executable = compiled.executable
-    assert len(executable.library.aliases) > 0  # the six layers share their kernels
-    assert len(executable.library.symbols) < len(executable.lowered.kernels)
+    names = executable.lowered.kernels  # the six layers call the kernels built once
+    assert len(set(names)) < len(names)
+    monkeypatch.setattr(kernels, "SHARE_KERNELS", False)  # built per layer: merged as text
+    unshared = CpuExecutable(executable.graph)
+    assert len(set(unshared.lowered.kernels)) == len(unshared.lowered.kernels)
+    assert len(unshared.library.aliases) > 0
+    assert len(unshared.library.symbols) < len(unshared.lowered.kernels)
     np.testing.assert_allclose(out.detach().numpy(), model(x).detach().numpy(), rtol=1e-5,
                                atol=1e-5)
 

@@ -170,11 +170,16 @@ class Lowerer(Codegen):
     def elementwise(self, node: Node, body: Body, start: int,
                     extra: dict[int, Loc] | None = None) -> None:
         domain = node.outputs[0].type.shape
-        kb = KernelBuilder(self, self.name(node.op), domain)
-        leaves = self._leaves(kb, body, extra or {}, start, len(body.instrs))
+        extra = extra or {}
+        kb = KernelBuilder(self, self.name(node.op), domain,
+                           ("elementwise", body.recipe(), start, sorted(extra),
+                            [v.type for v in node.outputs]))
+        leaves = self._leaves(kb, body, extra, start, len(body.instrs))
         outs = [kb.operand(self.locs[v]) for v in node.outputs]
         sizes, strides = collapse(domain, [o.strides for o in kb.operands])
         b = kb.begin(parallel=True)
+        if b is None:  # built before (kernels.KernelBuilder.begin): called with these pointers
+            return self.calls.append(kb.kernel)
 
         def leaf(b, offsets):
             env = body.evaluate(self, kb, b, offsets, leaves, len(body.instrs), body.outputs)
@@ -191,11 +196,13 @@ class Lowerer(Codegen):
         domain = dst.type.shape if domain is None else domain
         if math.prod(domain) == 0:
             return
-        kb = KernelBuilder(self, self.name(name), domain)
+        kb = KernelBuilder(self, self.name(name), domain, ("copy",))
         i = kb.operand(src)
         o = kb.operand(dst, dst_strides)
         sizes, strides = transpose_tiles(*collapse(domain, [op.strides for op in kb.operands]))
         b = kb.begin(parallel=True)
+        if b is None:
+            return self.calls.append(kb.kernel)
 
         def leaf(b, offsets):
             v = convert(b, kb.load(b, i, offsets[i]), src.type.dtype, dst.type.dtype)
@@ -205,10 +212,12 @@ class Lowerer(Codegen):
         self.calls.append(kb.finish(b))
 
     def fill(self, dst: Loc, value, name: str = "full") -> None:
-        kb = KernelBuilder(self, self.name(name), dst.type.shape)
+        kb = KernelBuilder(self, self.name(name), dst.type.shape, ("fill", value))
         o = kb.operand(dst)
         sizes, strides = collapse(dst.type.shape, [kb.operands[0].strides])
         b = kb.begin(parallel=True)
+        if b is None:
+            return self.calls.append(kb.kernel)
         kb.nest(b, sizes, strides,
                 lambda b, offsets: kb.store(b, o, offsets[o], const(dst.type.dtype, value)))
         self.calls.append(kb.finish(b))
@@ -218,7 +227,9 @@ class Lowerer(Codegen):
         op, (src,), attrs = body.instrs[-1]
         red = body.n + len(body.instrs) - 1
         domain = body.types[src].shape or (1,)  # a 0-d input: one element
-        kb = KernelBuilder(self, self.name(op), domain)
+        kb = KernelBuilder(self, self.name(op), domain,
+                           ("reduction", body.recipe(), start, sorted(extra),
+                            [v.type for v in node.outputs]))
         leaves = self._leaves(kb, body, extra, start, len(body.instrs) - 1)
         if src in extra or src < body.n:
             leaves.setdefault(src, kb.operand(extra[src] if src in extra
@@ -239,6 +250,8 @@ class Lowerer(Codegen):
         acc_t = out_v.type.dtype
         sizes, strides = collapse(domain, [x.strides for x in kb.operands])
         b = kb.begin()
+        if b is None:
+            return self.calls.append(kb.kernel)
         ident = reduction_identity(op, acc_t)
         count = out_v.type.numel
         with for_range(b, count, "init") as i:
@@ -299,6 +312,8 @@ class Lowerer(Codegen):
         row = domain[dim]
         row_strides = [x.strides[dim] for x in kb.operands]
         b = kb.begin()
+        if b is None:
+            return self.calls.append(kb.kernel)
         with b.goto_entry_block():
             m_acc = b.alloca(REG[t.name], name="max")
             s_acc = b.alloca(REG[t.name], name="sum")
@@ -402,11 +417,14 @@ class Lowerer(Codegen):
             lay_b = gemm_layout(k, n, sb[-2], sb[-1])
         gemv = self._gemv(m, n, k, sa, sb, lay_a, lay_b)
         fn = self._blas_function(dt, "gemv" if gemv else "gemm")
-        kb = KernelBuilder(self, self.name("gemv" if gemv else "gemm"), batch)
+        kb = KernelBuilder(self, self.name("gemv" if gemv else "gemm"), batch,
+                           ("gemm", fn.name, m, n, k, lay_a, lay_b, gemv))
         ka = kb.operand(a, broadcast_strides(tuple(sa_shape[:-2]), tuple(sa[:-2]), batch))
         kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
         kc = kb.operand(c, tuple(contiguous_strides(batch, m * n)))
         bld = kb.begin()
+        if bld is None:
+            return self.calls.append(kb.kernel)
         iT = I64 if self.blas.ilp64 else I32
         fty = REG[dt.name]
 
@@ -506,10 +524,12 @@ class Lowerer(Codegen):
 
     def lower_arange(self, node: Node) -> None:
         out = node.outputs[0]
-        kb = KernelBuilder(self, self.name("arange"), out.type.shape)
+        kb = KernelBuilder(self, self.name("arange"), out.type.shape, ("arange",))
         v = kb.virtual(out.type.dtype, node.attrs["start"], node.attrs["step"], (1,))
         o = kb.operand(self.locs[out])
         b = kb.begin()
+        if b is None:
+            return self.calls.append(kb.kernel)
         kb.nest(b, *collapse(out.type.shape, [x.strides for x in kb.operands]),
                 lambda b, offs: kb.store(b, o, offs[o], kb.load(b, v, offs[v])))
         self.calls.append(kb.finish(b))

@@ -14,6 +14,16 @@ The third layer of the CPU code generator (values <- scalars <- kernels <- codeg
 - `Body`: a fused node's (or one elementwise node's) `graphc.ops.fused.FusedBody`;
   `evaluate` renders the ones an element needs through `Scalars`.
 
+Shared kernels: a lowering that passes `KernelBuilder(..., recipe=...)` (everything its code
+depends on besides the operands: op, body, attributes, constants) lets `begin` find a kernel
+built before with the same recipe, domain, parallel request and operands (per operand: its
+dtype, element strides, arange, and which pointer argument it reads, so aliasing and
+in-place writes are part of the key; a region's offset is not, the driver passes it).
+`begin` then returns None and `kernel` is that function called with this node's pointers:
+the unrolled LSTM builds its 1,221 calls from 62 functions. Status kernels (their error
+indices name a node) and kernels built without a recipe are never shared; a recipe holding
+a value `_frozen` cannot key exactly (floats by their bits, so -0.0 is not 0.0) is not either.
+
 Invariants: a kernel takes one pointer per distinct memory region, all `noalias` (an in-place
 output and the input it overwrites are the same region, so the same argument); its loops run
 over the domain's dimensions after merging the ones contiguous for every operand, innermost
@@ -31,8 +41,10 @@ unless the user did) and then sleep, leaving the cores to the BLAS threads of a 
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 
+import numpy as np
 from llvmlite import ir
 
 from graphc.backends.cpu.scalars import Scalars, const, convert
@@ -53,7 +65,7 @@ from graphc.backends.cpu.values import (
 from graphc.ir.graph import Node
 from graphc.ops.fused import FusedBody
 from graphc.ops.registry import ELEMENTWISE, REGISTRY
-from graphc.types import bool_, float64, int64
+from graphc.types import DType, TensorType, bool_, float64, int64
 
 # A kernel over this many elements or more forks over the cores (when it may); below it,
 # the fork and join (a few microseconds) cost more than the second core saves.
@@ -82,15 +94,20 @@ class Kernel:
 
 
 class KernelBuilder:
-    """Builds one `void name(ptr noalias...)` function over a domain of `shape`."""
+    """Builds one `void name(ptr noalias...)` function over a domain of `shape`. `recipe`:
+    what the function's code depends on besides its operands, for `begin` to reuse a
+    kernel built before (see the module docstring); None: always built."""
 
-    def __init__(self, cg: "Codegen", name: str, shape: tuple[int, ...]) -> None:
+    def __init__(self, cg: "Codegen", name: str, shape: tuple[int, ...],
+                 recipe: object = None) -> None:
         self.cg = cg
         self.shape = tuple(shape)
         self.kernel = Kernel(name)
         self.operands: list[Operand] = []
         self.parallel = False
         self.outer_size = 1  # a parallel kernel's outermost trip count (set by nest)
+        self.recipe = recipe
+        self.key: tuple | None = None  # set by begin when this kernel may be shared
 
     def operand(self, loc: Loc, strides: tuple[int, ...] | None = None) -> int:
         """Read or write `loc` broadcast over the domain (or with explicit element strides)."""
@@ -108,11 +125,19 @@ class KernelBuilder:
         self.operands.append(Operand(None, dtype, tuple(strides), (start, step)))
         return len(self.operands) - 1
 
-    def begin(self, parallel: bool = False) -> ir.IRBuilder:
+    def begin(self, parallel: bool = False) -> ir.IRBuilder | None:
         """Start the kernel function. `parallel` (a void kernel whose outermost loop's
         iterations are independent, over PARALLEL_MIN_ELEMENTS or more, with libgomp loaded):
         the loops go into `<name>.range(ptrs..., i64 lo, i64 hi)`, which runs the outermost
-        loop from lo to hi, and `finish` makes `<name>` fork it over the cores."""
+        loop from lo to hi, and `finish` makes `<name>` fork it over the cores.
+
+        None (only with a recipe): the same function was built before; `kernel` is now it,
+        called with this builder's pointers, and the caller emits nothing."""
+        self.key = self._key(parallel)
+        built = self.cg.built.get(self.key) if self.key is not None else None
+        if built is not None:
+            self.kernel.name = built.name
+            return None
         self.parallel = (parallel and not self.kernel.status and self.cg.openmp
                          and math.prod(self.shape) >= PARALLEL_MIN_ELEMENTS)
         ret = I32 if self.kernel.status else ir.VoidType()
@@ -125,6 +150,21 @@ class KernelBuilder:
         fn.attributes.add("noinline")
         self.fn = fn
         return ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def _key(self, parallel: bool) -> tuple | None:
+        """What the function's text depends on, or None when it may not be shared."""
+        if self.recipe is None or self.kernel.status or self.cg.built is None:
+            return None
+        try:
+            recipe = _frozen(self.recipe)
+        except _Unkeyable:
+            return None
+        regions = self.kernel.regions
+        operands = tuple((None if o.loc is None else regions.index(o.loc.region),
+                          o.dtype.name, tuple(int(s) for s in o.strides), _frozen(o.arange))
+                         for o in self.operands)
+        return (recipe, tuple(int(n) for n in self.shape), bool(parallel), len(regions),
+                operands)
 
     def pointer(self, b, k: int, offset) -> ir.Value:
         op = self.operands[k]
@@ -183,6 +223,8 @@ class KernelBuilder:
         b.ret_void()
         if self.parallel:
             self._fork(self.outer_size)
+        if self.key is not None:
+            self.cg.built[self.key] = self.kernel
         return self.kernel
 
     def _fork(self, outer: int) -> None:
@@ -221,9 +263,42 @@ class KernelBuilder:
         b.ret_void()
 
 
+class _Unkeyable(Exception):
+    """A recipe value `_frozen` has no exact key for."""
+
+
+def _frozen(x) -> tuple:
+    """An exact, hashable key of a recipe value, tagged by type: 1, 1.0 and True differ,
+    floats are keyed by their bits (-0.0 is not 0.0, a NaN matches its own bits)."""
+    if x is None or isinstance(x, str):
+        return ("str" if x is not None else "none", x)
+    if isinstance(x, (bool, np.bool_)):
+        return ("bool", bool(x))
+    if isinstance(x, (int, np.integer)):
+        return ("int", int(x))
+    if isinstance(x, (float, np.floating)):
+        return (type(x).__name__, struct.pack("<d", float(x)))
+    if isinstance(x, (tuple, list)):
+        return (type(x).__name__, tuple(_frozen(v) for v in x))
+    if isinstance(x, dict):
+        return ("dict", tuple((_frozen(k), _frozen(v)) for k, v in x.items()))
+    if isinstance(x, DType):
+        return ("dtype", x.name)
+    if isinstance(x, TensorType):
+        return ("type", tuple(int(n) for n in x.shape), x.dtype.name)
+    if isinstance(x, np.ndarray):
+        return ("array", x.dtype.str, x.shape, x.tobytes())
+    raise _Unkeyable(type(x).__name__)
+
+
+# Build each distinct kernel once (KernelBuilder recipes); False builds one per call.
+SHARE_KERNELS = True
+
+
 class Codegen:
     """One LLVM module under construction: kernels, BLAS declarations, the driver.
-    `openmp`: whether libgomp is loaded, so kernels may fork over the cores."""
+    `openmp`: whether libgomp is loaded, so kernels may fork over the cores. `built`: the
+    shared kernels by key (None when SHARE_KERNELS is off)."""
 
     def __init__(self, name: str, blas, openmp: bool = False) -> None:
         import llvmlite.binding as llvm
@@ -236,6 +311,7 @@ class Codegen:
         self.scratch = 0  # bytes of backend scratch past the plan's arena
         self._count = 0
         self._decls: dict[str, ir.Function] = {}
+        self.built: dict[tuple, Kernel] | None = {} if SHARE_KERNELS else None
 
     def name(self, op: str) -> str:
         self._count += 1
@@ -267,6 +343,10 @@ class Body:
         self.instrs = self.fused.instructions
         self.outputs = self.fused.outputs
         self.types = self.fused.types
+
+    def recipe(self) -> tuple:
+        """What code rendered from this body depends on (for a KernelBuilder recipe)."""
+        return (self.n, self.instrs, self.outputs, self.types)
 
     def evaluate(self, cg: Codegen, kb: KernelBuilder, b, offsets, leaves: dict[int, int],
                  stop: int, wanted) -> dict[int, ir.Value]:

@@ -60,6 +60,9 @@ def lower_rows(lw, node, kb, body, src, leaves, stores, out_v, attrs) -> bool:
                                            for o in kb.operands])
     row_strides = [o.strides[dim] for o in kb.operands]
     b = kb.begin(parallel=bool(outer_sizes))
+    if b is None:  # built before (graphc.backends.cpu.kernels): called with these pointers
+        lw.calls.append(kb.kernel)
+        return True
     vec = ir.VectorType(REG[t.name], lanes)
     with b.goto_entry_block():
         vacc = b.alloca(vec, name="vacc")
