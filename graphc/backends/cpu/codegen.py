@@ -2,11 +2,12 @@
 
 The top layer of the CPU code generator (values <- scalars <- kernels <- codegen).
 `lower(graph, blas)` reads `graph.meta["memory_plan"]` and returns a `Lowered`: the LLVM IR
-text of one module holding one kernel per scheduled node that does work, and the driver
+text of one module holding the kernels of the scheduled nodes that do work, and the driver
 `i32 @run(ptr inputs, ptr outputs, ptr arena)` that calls them in schedule order, then copies
 the graph outputs (and the update values not computed straight into their inputs) into
 `outputs[k]` (fresh contiguous arrays the executable allocates). A call of the graph is one
-native call.
+native call. The elementwise, reduction, copy, fill, arange and GEMM kernels here are built
+once per recipe and operands and called per node (graphc.backends.cpu.kernels).
 
 Values live where graphc.backends.cpu.values places them (inputs, arena buffers, views into
 either). The arena also holds the backend's own scratch (contiguous copies of GEMM operands
@@ -170,11 +171,8 @@ class Lowerer(Codegen):
     def elementwise(self, node: Node, body: Body, start: int,
                     extra: dict[int, Loc] | None = None) -> None:
         domain = node.outputs[0].type.shape
-        extra = extra or {}
-        kb = KernelBuilder(self, self.name(node.op), domain,
-                           ("elementwise", body.recipe(), start, sorted(extra),
-                            [v.type for v in node.outputs]))
-        leaves = self._leaves(kb, body, extra, start, len(body.instrs))
+        kb = KernelBuilder(self, self.name(node.op), domain, body.recipe("map", start, extra))
+        leaves = self._leaves(kb, body, extra or {}, start, len(body.instrs))
         outs = [kb.operand(self.locs[v]) for v in node.outputs]
         sizes, strides = collapse(domain, [o.strides for o in kb.operands])
         b = kb.begin(parallel=True)
@@ -227,9 +225,7 @@ class Lowerer(Codegen):
         op, (src,), attrs = body.instrs[-1]
         red = body.n + len(body.instrs) - 1
         domain = body.types[src].shape or (1,)  # a 0-d input: one element
-        kb = KernelBuilder(self, self.name(op), domain,
-                           ("reduction", body.recipe(), start, sorted(extra),
-                            [v.type for v in node.outputs]))
+        kb = KernelBuilder(self, self.name(op), domain, body.recipe("reduce", start, extra))
         leaves = self._leaves(kb, body, extra, start, len(body.instrs) - 1)
         if src in extra or src < body.n:
             leaves.setdefault(src, kb.operand(extra[src] if src in extra
