@@ -266,42 +266,13 @@ def _vae_step(features: int, hidden: int, latent: int, batch: int):
 
 def _dcgan_step(nz: int, width: int, batch: int):
     """examples/dcgan.py's generator, discriminator and step: the discriminator's Adam
-    update on real and (detached) fake images, then the generator's through it."""
-    nn = graphc.nn
-    ngf = ndf = width
-    generator = nn.Sequential(
-        nn.ConvTranspose2d(nz, ngf * 2, 4, 1, 0, bias=False), nn.BatchNorm2d(ngf * 2),
-        nn.ReLU(True),
-        nn.ConvTranspose2d(ngf * 2, ngf, 4, 2, 1, bias=False), nn.BatchNorm2d(ngf),
-        nn.ReLU(True),
-        nn.ConvTranspose2d(ngf, 1, 4, 2, 1, bias=False), nn.Tanh())
-    discriminator = nn.Sequential(
-        nn.Conv2d(1, ndf, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, inplace=True),
-        nn.Conv2d(ndf, ndf * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(ndf * 2),
-        nn.LeakyReLU(0.2, inplace=True),
-        nn.Conv2d(ndf * 2, 1, 4, 1, 0, bias=False), nn.Flatten(0))
-    criterion = nn.BCEWithLogitsLoss()
-    opt_d = graphc.optim.Adam(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.999))
-    opt_g = graphc.optim.Adam(generator.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    update on real and (detached) fake images, then the generator's through it (the runtime
+    benchmark's builders, benchmarks/family_steps.py: no random draws inside this step)."""
+    from benchmarks import family_steps
 
-    def step(real, noise):
-        b = real.shape[0]
-        ones, zeros = graphc.ones(b), graphc.zeros(b)
-        opt_d.zero_grad()
-        fake = generator(noise)
-        err_d = criterion(discriminator(real), ones) + criterion(
-            discriminator(fake.detach()), zeros)
-        err_d.backward()
-        opt_d.step()
-        opt_g.zero_grad()
-        err_g = criterion(discriminator(fake), ones)
-        err_g.backward()
-        opt_g.step()
-        return err_d.detach(), err_g.detach()
-
-    rng = np.random.default_rng(1)
-    real = np.tanh(rng.standard_normal((batch, 1, 16, 16))).astype(np.float32)
-    return step, (real, rng.standard_normal((batch, nz, 1, 1)).astype(np.float32))
+    shape = dict(nz=nz, width=width, batch=batch)
+    step = family_steps.dcgan_step(graphc, family_steps.dcgan(graphc, **shape))
+    return step, family_steps.batch("dcgan", shape)
 
 
 def training_step(name: str, shape: dict):
