@@ -34,6 +34,7 @@ import numpy as np
 from graphc.autograd import grad_mode
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.autograd.graph import Node, OpBackward, gradient_edge
+from graphc.backends import residency
 from graphc.backends.residency import stale as _device_copies
 from graphc.errors import AutogradError, DTypeError, GraphcError, ShapeError, TraceError, where
 from graphc.ops import registry
@@ -120,6 +121,16 @@ def _tensorize(opdef: OpDef, inputs: tuple) -> tuple:
     return tuple(out)
 
 
+def _fetch_inputs(inputs: tuple) -> None:
+    """Bring the inputs' host arrays up to date where a device holds a newer value
+    (graphc.backends.residency), so the eager path may read `_array`; other tensors' marks
+    stay (a live executable's resident parameters cost nothing until read)."""
+    for t in inputs:
+        array = getattr(t, "_array", None)
+        if array is not None:
+            residency.fresh(array)
+
+
 def _check_inputs(opdef: OpDef, inputs: tuple) -> None:
     if not opdef.variadic and len(inputs) != len(opdef.inputs):
         raise GraphcError(
@@ -131,7 +142,9 @@ def _check_inputs(opdef: OpDef, inputs: tuple) -> None:
 def apply(opdef: OpDef, *inputs, **attrs):
     """Run one op on tensors: eagerly (with autograd) or, inside a trace, as an IR node."""
     state = _state
-    if state.tracer is None and not state.abstract and not _device_copies:
+    if state.tracer is None and not state.abstract:
+        if _device_copies:  # some host arrays wait for a device value: fetch this op's first
+            _fetch_inputs(inputs)
         try:  # the eager path, for types seen before (see _apply_eager)
             key = _eager_key(opdef.name, _attrs_key(attrs) if attrs else (), inputs)
         except AttributeError:  # a numpy number, or something that is no operand
@@ -286,7 +299,7 @@ _new = object.__new__
 def _apply_eager(opdef: OpDef, inputs: tuple, attrs: dict, plan: _EagerPlan):
     """`apply` on inputs whose types `plan` was made for (see the section's comment): the
     kernel, the wrap, the history. Arrays are read as `_array`, not through the fetching
-    `_data` property (the caller checked that no device copy is newer)."""
+    `_data` property (the caller fetched any newer device copy: `_fetch_inputs`)."""
     numbers = plan.numbers
     if numbers is not None:  # numbers become 0-d arrays, as `_tensorize` makes them
         arrays = _number_arrays(inputs, numbers)

@@ -7,7 +7,6 @@ same errors, stay out of traces, and in-place changes must keep their snapshot s
 
 from __future__ import annotations
 
-import gc
 import warnings
 
 import numpy as np
@@ -15,7 +14,6 @@ import pytest
 
 import graphc
 from graphc import dispatch
-from graphc.backends import residency
 from graphc.errors import ShapeError
 from graphc.jit.tracer import trace_call
 
@@ -57,20 +55,6 @@ def _same(ours, theirs, op: str = "") -> None:
 def _identical(first, second) -> None:
     assert first.dtype is second.dtype
     assert first.numpy().tobytes() == second.numpy().tobytes()
-
-
-@pytest.fixture(autouse=True)
-def _no_device_marks():
-    """The eager path is off while any host array waits for a device value (graphc.backends.
-    residency); a CUDA executable another test module left alive may hold such marks: fetch
-    them (a fetch only brings the host copies up to date), so these tests see the path."""
-    gc.collect()
-    for entry in list(residency.stale.values()):
-        array = entry.ref()
-        if array is not None:
-            residency.fresh(array)
-    assert not residency.stale
-    yield
 
 
 def _twice(fn):
