@@ -45,15 +45,18 @@ DESCRIPTIONS = {
 
 
 # ---- the networks, from either library ------------------------------------------------------
-def char_lstm(lib, vocab: int, embed: int, hidden: int, layers: int, **_):
-    """examples/lstm_lm.py's CharLSTM without dropout: logits (B, T, vocab) from ids (B, T)."""
+def char_lstm(lib, vocab: int, embed: int, hidden: int, layers: int, dropout: float = 0.0,
+              **_):
+    """examples/lstm_lm.py's CharLSTM (here without dropout unless given: the libraries draw
+    different masks): logits (B, T, vocab) from ids (B, T)."""
     nn = lib.nn
 
     class CharLSTM(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(vocab, embed)
-            self.lstm = nn.LSTM(embed, hidden, num_layers=layers, batch_first=True)
+            self.lstm = nn.LSTM(embed, hidden, num_layers=layers, batch_first=True,
+                                dropout=dropout)
             self.head = nn.Linear(hidden, vocab)
 
         def forward(self, idx):

@@ -193,75 +193,28 @@ def mobilenet(lib, width: int, **_):
 
 
 def _lstm_step(vocab: int, embed: int, hidden: int, layers: int, seq: int, batch: int):
-    """examples/lstm_lm.py's model and training step (Adam, gradients clamped by value)."""
-    import graphc.nn.functional as F
-    nn = graphc.nn
+    """examples/lstm_lm.py's model (with its inter-layer dropout) and training step (Adam,
+    gradients clamped by value): benchmarks/family_steps.py's builders."""
+    from benchmarks import family_steps
 
-    class CharLSTM(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(vocab, embed)
-            self.lstm = nn.LSTM(embed, hidden, num_layers=layers, batch_first=True,
-                                dropout=0.1)
-            self.head = nn.Linear(hidden, vocab)
-
-        def forward(self, idx):
-            out, _ = self.lstm(self.embed(idx))
-            return self.head(out)
-
-    model = CharLSTM()
-    optimizer = graphc.optim.Adam(model.parameters(), lr=3e-3)
-
-    def step(x, y):
-        optimizer.zero_grad()
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
-        for p in model.parameters():
-            p.grad.clamp_(-1.0, 1.0)
-        optimizer.step()
-        return loss.detach()
-
-    rng = np.random.default_rng(1)
-    window = rng.integers(0, vocab, (batch, seq + 1))
-    return step, (window[:, :-1], window[:, 1:])
+    shape = dict(vocab=vocab, embed=embed, hidden=hidden, layers=layers, seq=seq, batch=batch)
+    model = family_steps.char_lstm(graphc, dropout=0.1, **shape)
+    return family_steps.lstm_step(graphc, model), family_steps.batch("lstm", shape)
 
 
 def _vae_step(features: int, hidden: int, latent: int, batch: int):
-    """examples/vae.py's model and training step (Adam; the noise is drawn in the step)."""
-    import graphc.nn.functional as F
-    nn = graphc.nn
+    """examples/vae.py's model and training step (Adam), with the noise drawn in the step:
+    benchmarks/family_steps.py's builders."""
+    from benchmarks import family_steps
 
-    class VAE(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.encoder = nn.Sequential(nn.Linear(features, hidden), nn.SiLU())
-            self.fc_mu = nn.Linear(hidden, latent)
-            self.fc_logvar = nn.Linear(hidden, latent)
-            self.decoder = nn.Sequential(nn.Linear(latent, hidden), nn.SiLU(),
-                                         nn.Linear(hidden, features))
-
-        def forward(self, x):
-            h = self.encoder(x)
-            mu, logvar = self.fc_mu(h), self.fc_logvar(h)
-            std = graphc.exp(0.5 * logvar)
-            return self.decoder(mu + graphc.randn(*std.shape) * std), mu, logvar
-
-    model = VAE()
-    optimizer = graphc.optim.Adam(model.parameters(), lr=1e-3)
+    shape = dict(features=features, hidden=hidden, latent=latent, batch=batch)
+    model = family_steps.vae(graphc, **shape)
+    train = family_steps.vae_step(graphc, model)
 
     def step(x):
-        optimizer.zero_grad()
-        logits, mu, logvar = model(x)
-        recon = F.binary_cross_entropy_with_logits(logits, x, reduction="sum")
-        kld = -0.5 * graphc.sum(1 + logvar - mu.pow(2) - logvar.exp())
-        loss = (recon + kld) / x.shape[0]
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
+        return train(x, graphc.randn(x.shape[0], model.fc_mu.out_features))
 
-    rng = np.random.default_rng(1)
-    return step, (rng.random((batch, features)).astype(np.float32),)
+    return step, family_steps.batch("vae", shape)[:1]
 
 
 def _dcgan_step(nz: int, width: int, batch: int):
