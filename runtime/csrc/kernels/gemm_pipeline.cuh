@@ -152,28 +152,14 @@ gemm_pipeline_kernel(MatrixOperand<KA, false> a, MatrixOperand<KB, false> b, Out
  * pipeline fills; shorter products keep gemm_tile_kernel (register double buffering). */
 inline bool gemm_pipeline_fits(int64_t k) { return k >= (int64_t)kStages * kTileK; }
 
-/* As launch_gemm_tiles, with the pipelined kernel. */
+/* As launch_gemm_tiles, with the pipelined kernel (launch_tile_grid). */
 template <bool KA, bool KB, class Out>
 gc_status launch_gemm_pipeline(const MatrixOperand<KA, false> &a,
                                const MatrixOperand<KB, false> &b, const Out &out, int64_t m,
                                int64_t n, int64_t k, int64_t batch, gc_stream stream,
                                const char *what) {
-    const int64_t tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
-    if (k >= (int64_t)1 << 27)
-        return gc_fail(GC_ERROR_NOT_SUPPORTED, "%s: k = %lld exceeds the 2^27 this GEMM's "
-                       "cursors count (8 * k in 32 bits); split the product", what, (long long)k);
-    if (tiles_m > kMaxGridYZ)
-        return gc_fail(GC_ERROR_NOT_SUPPORTED, "%s: m = %lld rows exceed the %lld this GEMM "
-                       "grid covers; split the product", what, (long long)m,
-                       (long long)(kMaxGridYZ * kTileM));
-    const auto kernel = &gemm_pipeline_kernel<KA, KB, Out>;
-    for (int64_t z0 = 0; z0 < batch; z0 += kMaxGridYZ) {
-        const int64_t chunk = batch - z0 < kMaxGridYZ ? batch - z0 : kMaxGridYZ;
-        const dim3 grid((unsigned)tiles_n, (unsigned)tiles_m, (unsigned)chunk);
-        GC_LAUNCH(kernel, grid, dim3(kTileThreads, 1, 1), 0, stream)(a, b, out, k, z0);
-        GC_CHECK_LAUNCH(what);
-    }
-    return GC_SUCCESS;
+    return launch_tile_grid(&gemm_pipeline_kernel<KA, KB, Out>, a, b, out, m, n, k, batch,
+                            stream, what);
 }
 
 } /* namespace gc_kernels */

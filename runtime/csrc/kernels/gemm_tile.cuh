@@ -251,11 +251,14 @@ gemm_tile_kernel(OpA a, OpB b, Out out, int64_t k, int64_t z_base) {
     }
 }
 
-/* Launch the tile kernel over an m x n output for `batch` entries (blockIdx.z, chunked at
- * 65535). The caller has validated everything; m, n, batch > 0. */
-template <class OpA, class OpB, class Out>
-gc_status launch_gemm_tiles(const OpA &a, const OpB &b, const Out &out, int64_t m, int64_t n,
-                            int64_t k, int64_t batch, gc_stream stream, const char *what) {
+/* Launch a kTileM x kTileN tile kernel (this one, or gemm_pipeline.cuh's) over an m x n
+ * output for `batch` entries (blockIdx.z, chunked at 65535), after the size checks the
+ * kernels' 32-bit cursors and the grid need. The caller has validated the rest; m, n,
+ * batch > 0. */
+template <class Kernel, class OpA, class OpB, class Out>
+gc_status launch_tile_grid(Kernel kernel, const OpA &a, const OpB &b, const Out &out,
+                           int64_t m, int64_t n, int64_t k, int64_t batch, gc_stream stream,
+                           const char *what) {
     const int64_t tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
     if (k >= (int64_t)1 << 27)
         return gc_fail(GC_ERROR_NOT_SUPPORTED, "%s: k = %lld exceeds the 2^27 this GEMM's "
@@ -264,7 +267,6 @@ gc_status launch_gemm_tiles(const OpA &a, const OpB &b, const Out &out, int64_t 
         return gc_fail(GC_ERROR_NOT_SUPPORTED, "%s: m = %lld rows exceed the %lld this GEMM "
                        "grid covers; split the product", what, (long long)m,
                        (long long)(kMaxGridYZ * kTileM));
-    const auto kernel = &gemm_tile_kernel<OpA, OpB, Out>;
     for (int64_t z0 = 0; z0 < batch; z0 += kMaxGridYZ) {
         const int64_t chunk = batch - z0 < kMaxGridYZ ? batch - z0 : kMaxGridYZ;
         const dim3 grid((unsigned)tiles_n, (unsigned)tiles_m, (unsigned)chunk);
@@ -272,6 +274,14 @@ gc_status launch_gemm_tiles(const OpA &a, const OpB &b, const Out &out, int64_t 
         GC_CHECK_LAUNCH(what);
     }
     return GC_SUCCESS;
+}
+
+/* Launch the tile kernel (launch_tile_grid). */
+template <class OpA, class OpB, class Out>
+gc_status launch_gemm_tiles(const OpA &a, const OpB &b, const Out &out, int64_t m, int64_t n,
+                            int64_t k, int64_t batch, gc_stream stream, const char *what) {
+    return launch_tile_grid(&gemm_tile_kernel<OpA, OpB, Out>, a, b, out, m, n, k, batch,
+                            stream, what);
 }
 
 /* Whether a pointer and the element strides used with it allow aligned float4 access. */
