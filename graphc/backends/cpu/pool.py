@@ -215,16 +215,21 @@ def _divisor(b, dt, divs, oh, ow, override):
     return b.sitofp(b.mul(as_i64(row), as_i64(col)), REG[dt.name])
 
 
+def _avg_geometry(lw, image, pooled, a: dict):
+    """Average pooling's geometry between an `image` value and its `pooled` one: the pooled
+    plane, stride, padding, per-position tap ranges (rows, cols) and divisor tables."""
+    h, w = image.type.shape[-2:]
+    ho, wo = pooled.type.shape[-2:]
+    rows, cols = _pool_tables(lw, (h, w), (ho, wo), a["kernel_size"], a["stride"],
+                              a["padding"], (1, 1))
+    return (ho, wo), a["stride"], a["padding"], rows, cols, _avg_divisors(lw, (h, w), (ho, wo), a)
+
+
 def avg_pool2d(lw, node: Node) -> None:
     x, out = node.inputs[0], node.outputs[0]
     a = node.attrs
     dt = x.type.dtype
-    h, w = x.type.shape[-2:]
-    ho, wo = out.type.shape[-2:]
-    (sh, sw), (ph, pw) = a["stride"], a["padding"]
-    rows, cols = _pool_tables(lw, (h, w), (ho, wo), a["kernel_size"], a["stride"],
-                              a["padding"], (1, 1))
-    divs = _avg_divisors(lw, (h, w), (ho, wo), a)
+    (ho, wo), (sh, sw), (ph, pw), rows, cols, divs = _avg_geometry(lw, x, out, a)
     lx, lo = lw.locs[x], lw.locs[out]
     kb, (xi, oi) = image_kernel(lw, "avg_pool2d", [lx, lo])
     sizes, xs, xsh, xsw = _planes(lx)
@@ -256,11 +261,7 @@ def avg_pool2d_grad(lw, node: Node) -> None:
     a = node.attrs
     dt = out.type.dtype
     h, w = out.type.shape[-2:]
-    ho, wo = g.type.shape[-2:]
-    (sh, sw), (ph, pw) = a["stride"], a["padding"]
-    rows, cols = _pool_tables(lw, (h, w), (ho, wo), a["kernel_size"], a["stride"],
-                              a["padding"], (1, 1))
-    divs = _avg_divisors(lw, (h, w), (ho, wo), a)
+    (ho, wo), (sh, sw), (ph, pw), rows, cols, divs = _avg_geometry(lw, out, g, a)
     lg = lw.locs[g]
     with contiguous_out(lw, lw.locs[out]) as lo:
         kb, (gi, oi) = image_kernel(lw, "avg_pool2d_grad", [lg, lo])
