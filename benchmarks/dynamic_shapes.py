@@ -14,8 +14,9 @@ Parts:
   (dynamic=True) at the same shape, interleaved in one process.
 
 Counts: "traces" are the compiled callable's graphs (`len(f.graphs)`); "backend compiles"
-count the executables the backend built (a symbolic graph on cpu compiles once per
-distinct sizes: graphc.backends.specializing).
+count the executables the backend built (a symbolic graph on cpu compiles once for every
+size where its ops take sizes per call, graphc.backends.cpu.runtime_sizes, and once per
+distinct sizes otherwise: graphc.backends.specializing).
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def _backend_compiles(f) -> int:
     total = 0
     for entry in f._entries:
         ex = entry.executable
-        total += len(ex.compiled_sizes) if hasattr(ex, "compiled_sizes") else 1
+        if hasattr(ex, "compiled_sizes"):  # per-size executables, and the one for every size
+            total += len(ex.compiled_sizes) + bool(getattr(ex, "runs_generic", False))
+        else:
+            total += 1
     return total
 
 

@@ -72,9 +72,21 @@ def compile(graph: Graph, backend: str = "interp", options: dict | None = None) 
     if backend not in SYMBOLIC_BACKENDS and any(v.type.is_symbolic for v in graph.inputs):
         from graphc.backends.specializing import SpecializingExecutable
 
-        return SpecializingExecutable(graph, backend, factory, options or {})
+        return SpecializingExecutable(graph, backend, factory, options or {},
+                                      GENERIC_FACTORIES.get(backend))
     return factory(graph, options or {})
 
 
 # backends whose executables take a symbolic graph and bind its sizes per call
 SYMBOLIC_BACKENDS = {"interp"}
+
+
+def _cpu_generic(graph: Graph, options: dict, hints):
+    from graphc.backends.cpu.runtime_sizes import generic
+
+    return generic(graph, options, hints)
+
+
+# backends that lower a symbolic graph once for every size where its ops allow
+# (graphc.backends.specializing compiles the rest per size)
+GENERIC_FACTORIES = {"cpu": _cpu_generic}

@@ -1,5 +1,9 @@
 """Symbolic graphs on backends that compile static graphs: one executable per call's sizes.
 
+A backend that can lower a symbolic graph once for every size passes `generic` (the cpu
+backend: graphc.backends.cpu.runtime_sizes): its executable serves every call whose sizes
+meet the guards its lowering assumed, and only the others are compiled per size as below.
+
 A graph with symbolic sizes (`f32[s0,784]`) runs on the interpreter as it is (it binds the
 sizes per call). A compiling backend that cannot take sizes at run time gets it through
 `SpecializingExecutable`: each call binds the symbols from its inputs' shapes
@@ -30,7 +34,8 @@ class SpecializingExecutable:
     fresh_results = False
 
     def __init__(self, graph: Graph, backend: str,
-                 factory: Callable[[Graph, dict], object], options: dict) -> None:
+                 factory: Callable[[Graph, dict], object], options: dict,
+                 generic: Callable | None = None) -> None:
         self.graph = graph
         self.backend = backend
         self.memory_plan = graph.meta.get("memory_plan")
@@ -57,6 +62,11 @@ class SpecializingExecutable:
         # its ShapeEnv): the first call runs at once, and the results contract is known
         env = current_env()
         names = free_symbols(tuple(self._declared))
+        # the backend's one executable for every size, where it has one (generic(graph,
+        # options, hints) -> executable with accepts(values) and at(values), or None)
+        self._generic = None
+        if generic is not None:
+            self._generic = generic(graph, options, None if env is None else env.hints)
         if env is not None and names <= env.hints.keys():
             first = self.executable_for({n: env.hints[n] for n in names})
             self.fresh_results = getattr(first, "fresh_results", False)
@@ -68,6 +78,9 @@ class SpecializingExecutable:
         if found is None:
             with self._lock:
                 found = self._by_size.get(key)
+                if found is None and self._generic is not None and \
+                        self._generic.accepts(values):
+                    found = self._by_size[key] = self._generic.at(values)
                 if found is None:
                     graph = specialize(self.graph, values)
                     plan = self.memory_plan
@@ -79,7 +92,13 @@ class SpecializingExecutable:
 
     @property
     def compiled_sizes(self) -> list[dict[str, int]]:
-        return [dict(k) for k in self._by_size]
+        """The sizes compiled on their own (not served by the generic executable)."""
+        return [dict(k) for k, e in self._by_size.items() if not getattr(e, "generic", False)]
+
+    @property
+    def runs_generic(self) -> bool:
+        """Whether one executable serves every size (graphc.backends.cpu.runtime_sizes)."""
+        return self._generic is not None
 
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
         if len(arrays) != len(self.graph.inputs):

@@ -52,7 +52,7 @@ import numpy as np
 from llvmlite import ir
 
 from graphc.backends import common
-from graphc.backends.cpu import conv, llvm, pool, rows
+from graphc.backends.cpu import conv, llvm, pool, rows, values
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS
 from graphc.backends.cpu.gemm_layout import folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
@@ -82,12 +82,14 @@ from graphc.backends.cpu.values import (
     contiguous_strides,
     for_range,
     i64,
+    size,
     transpose_tiles,
     unsupported,
 )
 from graphc.ir.graph import Graph, Node
 from graphc.ir.printer import format_node
 from graphc.ops.registry import REGISTRY
+from graphc.ops.shapes import broadcast_shapes
 from graphc.types import TensorType, bool_, float32, float64
 
 __all__ = ["LOWERINGS", "REFUSALS", "CpuLoweringError", "Lowered", "Lowerer", "lower"]
@@ -107,16 +109,21 @@ class Lowered:
 class Lowerer(Codegen):
     """Lowers each scheduled node into kernels, in order; `calls` is the driver's program."""
 
-    def __init__(self, graph: Graph, plan, blas) -> None:
+    def __init__(self, graph: Graph, plan, blas, runtime_sizes=None) -> None:
         super().__init__(graph.name or "graph", blas, openmp=llvm.load_openmp() is not None)
         self.graph = graph
         self.plan = plan
-        self.locs = Locations(graph, plan, _direct_outputs(graph, plan))
+        # runtime_sizes (graphc.backends.cpu.runtime_sizes.Layout): sizes, buffer offsets
+        # and the arena's end are symbols read per call; None: all are the plan's ints
+        self.runtime = runtime_sizes
+        self.arena_end = plan.arena_bytes if runtime_sizes is None else runtime_sizes.arena_end
+        self.locs = Locations(graph, plan, _direct_outputs(graph, plan),
+                              None if runtime_sizes is None else runtime_sizes.offset)
         self.calls: list[Kernel] = []
         self.errors: list[str] = []  # status k of the driver -> errors[k - 1]
 
     def scratch_loc(self, t: TensorType) -> Loc:
-        return contiguous("arena", 0, self.plan.arena_bytes + self.add_scratch(t.nbytes), t)
+        return contiguous("arena", 0, self.arena_end + self.add_scratch(t.nbytes), t)
 
     # ---- dispatch (the shared prologue: graphc.backends.common.lower_node) ---------------
     def place(self, node: Node) -> None:
@@ -125,6 +132,9 @@ class Lowerer(Codegen):
     def lower_node(self, node: Node) -> None:
         lowering = common.find_lowering(node.op, LOWERINGS, SCALAR_LOWERINGS,
                                         Lowerer.lower_elementwise)
+        if self.runtime is not None and lowering is not None and \
+                lowering not in RUNTIME_SIZE_LOWERINGS:
+            self.runtime.refuse(node)
         common.lower_node(self, node, lowering, CpuLoweringError)
 
     def lower_elementwise(self, node: Node) -> None:
@@ -135,6 +145,8 @@ class Lowerer(Codegen):
         start = 0
         leaves: dict[int, int] = {}
         anchor = body.fused.anchor
+        if self.runtime is not None and anchor is not None and anchor.op != "matmul":
+            self.runtime.refuse(node)
         if anchor is not None:
             t = body.types[body.n]
             a, b_ = (self.locs[node.inputs[r]] for r in anchor.args)
@@ -287,7 +299,9 @@ class Lowerer(Codegen):
         if REGISTRY[op].reduction.mean:
             n = math.prod(domain[d] for d in axes)
             with for_range(b, count, "mean") as i:
-                kb.store(b, o, i, b.fdiv(kb.load(b, o, i), const(acc_t, n)))
+                divisor = const(acc_t, n) if type(n) is int else \
+                    b.sitofp(size(b, n), REG[acc_t.name])  # a count known per call
+                kb.store(b, o, i, b.fdiv(kb.load(b, o, i), divisor))
         self.calls.append(kb.finish(b))
 
     def _rows(self, node, kb, body, src, leaves, stores, out_v, attrs) -> None:
@@ -316,7 +330,7 @@ class Lowerer(Codegen):
         combine_max = reduction_combiner(self.scalars, "reduce_max", t)
 
         def at(b, offsets, j):
-            return [o if s == 0 else b.add(o, j if s == 1 else b.mul(j, i64(s)))
+            return [o if s == 0 else b.add(o, j if s == 1 else b.mul(j, size(b, s)))
                     for o, s in zip(offsets, row_strides)]
 
         def leaf(b, offsets):
@@ -379,7 +393,7 @@ class Lowerer(Codegen):
             sb_shape, sb = sb_shape + [1], sb + [0]
         m, k = sa_shape[-2:]
         n = sb_shape[-1]
-        batch = tuple(np.broadcast_shapes(tuple(sa_shape[:-2]), tuple(sb_shape[:-2])))
+        batch = broadcast_shapes("matmul", tuple(sa_shape[:-2]), tuple(sb_shape[:-2]))
         c_shape = batch + (m, n)
         c = Loc(c.base, c.index, c.offset, contiguous_strides(c_shape, item),
                 TensorType(c_shape, dt))
@@ -424,12 +438,16 @@ class Lowerer(Codegen):
         iT = I64 if self.blas.ilp64 else I32
         fty = REG[dt.name]
 
+        def blas_int(bb, x):  # a BLAS integer argument (sizes may be known per call)
+            v = size(bb, x)
+            return v if iT is I64 else bb.trunc(v, I32)
+
         def leaf_gemv(bb, offsets):
             trans, rows, cols, mat, ld, vec, inc = gemv
-            bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, trans), ir.Constant(iT, rows),
-                         ir.Constant(iT, cols), ir.Constant(fty, 1.0),
-                         kb.pointer(bb, mat, offsets[mat]), ir.Constant(iT, ld),
-                         kb.pointer(bb, vec, offsets[vec]), ir.Constant(iT, inc),
+            bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, trans), blas_int(bb, rows),
+                         blas_int(bb, cols), ir.Constant(fty, 1.0),
+                         kb.pointer(bb, mat, offsets[mat]), blas_int(bb, ld),
+                         kb.pointer(bb, vec, offsets[vec]), blas_int(bb, inc),
                          ir.Constant(fty, 0.0), kb.pointer(bb, kc, offsets[kc]),
                          ir.Constant(iT, 1)])
 
@@ -441,12 +459,12 @@ class Lowerer(Codegen):
             if gemv:
                 return leaf_gemv(bb, offsets)
             bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, lay_a[0]),
-                         ir.Constant(I32, lay_b[0]), ir.Constant(iT, m), ir.Constant(iT, n),
-                         ir.Constant(iT, k), ir.Constant(fty, 1.0),
-                         kb.pointer(bb, ka, offsets[ka]), ir.Constant(iT, lay_a[1]),
-                         kb.pointer(bb, kb_, offsets[kb_]), ir.Constant(iT, lay_b[1]),
+                         ir.Constant(I32, lay_b[0]), blas_int(bb, m), blas_int(bb, n),
+                         blas_int(bb, k), ir.Constant(fty, 1.0),
+                         kb.pointer(bb, ka, offsets[ka]), blas_int(bb, lay_a[1]),
+                         kb.pointer(bb, kb_, offsets[kb_]), blas_int(bb, lay_b[1]),
                          ir.Constant(fty, 0.0), kb.pointer(bb, kc, offsets[kc]),
-                         ir.Constant(iT, n)])
+                         blas_int(bb, n)])
 
         kb.nest(bld, *collapse(batch, [x.strides for x in kb.operands]), leaf)
         self.calls.append(kb.finish(bld))
@@ -551,12 +569,12 @@ class Lowerer(Codegen):
         for d in range(len(shape) - 1, -1, -1):
             if strides[d] == 0 or shape[d] == 1:
                 if d:
-                    rest = b.udiv(rest, i64(shape[d]))
+                    rest = b.udiv(rest, size(b, shape[d]))
                 continue
-            coord = b.urem(rest, i64(shape[d])) if d else rest
-            total = b.add(total, b.mul(coord, i64(strides[d])))
+            coord = b.urem(rest, size(b, shape[d])) if d else rest
+            total = b.add(total, b.mul(coord, size(b, strides[d])))
             if d:
-                rest = b.udiv(rest, i64(shape[d]))
+                rest = b.udiv(rest, size(b, shape[d]))
         return total
 
     def _nll_kernel(self, node: Node, name: str, x_type: TensorType, reads: list[Loc],
@@ -583,12 +601,12 @@ class Lowerer(Codegen):
         ignore = node.attrs["ignore_index"]
         t = kb.load(b, t_id, t_offset)
         counted = b.icmp_signed("!=", t, i64(ignore))
-        inside = b.and_(b.icmp_signed(">=", t, i64(0)), b.icmp_signed("<", t, i64(classes)))
+        inside = b.and_(b.icmp_signed(">=", t, i64(0)), b.icmp_signed("<", t, size(b, classes)))
         bad = b.and_(counted, b.not_(inside))
         b.store(b.select(bad, ir.Constant(I32, status), b.load(self._status)), self._status)
         safe = b.select(inside, t, i64(0))
         counted = b.and_(counted, inside)
-        w = kb.load(b, w_id, b.mul(safe, i64(sw)))
+        w = kb.load(b, w_id, b.mul(safe, size(b, sw)))
         return safe, counted, w
 
     def lower_nll_loss(self, node: Node) -> None:
@@ -617,7 +635,7 @@ class Lowerer(Codegen):
                                           status)
             w = b.select(counted, w, const(dt, 0.0))
             xv = kb.load(b, xi, b.add(self._row_offset(b, n, row_shape, sx),
-                                      b.mul(safe, i64(sc))))
+                                      b.mul(safe, size(b, sc))))
             v = b.fmul(b.fneg(xv), w)
             b.store(b.fadd(b.load(tot_w), convert(b, w, dt, float64)), tot_w)
             b.store(b.fadd(b.load(tot), convert(b, v, dt, float64)), tot)
@@ -666,7 +684,7 @@ class Lowerer(Codegen):
                 scale = b.fdiv(scale, kb.load(b, twi, i64(0)))
             v = b.select(counted, b.fmul(b.fneg(w), scale), const(dt, 0.0))
             kb.store(b, oi, b.add(self._row_offset(b, n, row_shape, so),
-                                  b.mul(safe, i64(sc))), v)
+                                  b.mul(safe, size(b, sc))), v)
         b.ret(b.load(self._status))
         self.calls.append(kb.kernel)
 
@@ -689,12 +707,17 @@ class Lowerer(Codegen):
         With `profile`, the driver takes a fourth argument, an i64 array of len(calls) + 1
         slots, and stores CLOCK_MONOTONIC nanoseconds before each kernel and after the last
         (graphc.tools.profile reads them)."""
-        params = [PTR, PTR, PTR] + ([PTR] if profile else [])
+        sized = self.runtime is not None
+        params = [PTR, PTR, PTR] + ([PTR] if sized else []) + ([PTR] if profile else [])
         fn = ir.Function(self.module, ir.FunctionType(I32, params), "run")
         inputs, outputs, arena = fn.args[:3]
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        if sized:  # the call's sizes table, for the kernels (Codegen.emit_size)
+            self.driver_fn, self.dims_arg = fn, fn.args[3]
+            if self._dims is not None:
+                b.store(self.dims_arg, self._dims)
         bases: dict[tuple, ir.Value] = {}
-        stamp = self._stamper(b, fn.args[3]) if profile else None
+        stamp = self._stamper(b, fn.args[-1]) if profile else None
 
         def base(kind: str, index: int):
             if (kind, index) not in bases:
@@ -710,7 +733,8 @@ class Lowerer(Codegen):
             args = []
             for loc in kernel.args:
                 p = base(loc.base, loc.index)
-                args.append(b.gep(p, [i64(loc.offset)], source_etype=I8) if loc.offset else p)
+                args.append(p if type(loc.offset) is int and loc.offset == 0 else
+                            b.gep(p, [size(b, loc.offset)], source_etype=I8))
             if stamp is not None:
                 stamp(k)
             r = b.call(self.module.get_global(kernel.name), args)
@@ -761,6 +785,16 @@ LOWERINGS = {
     **INDEX_LOWERINGS,
     **COLLECTIVE_LOWERINGS,
 }
+# the lowerings that take sizes per call (graphc.backends.cpu.runtime_sizes): every size,
+# stride and offset they emit goes through values.size; a symbolic graph with any other op
+# is compiled per size instead (graphc.backends.specializing)
+RUNTIME_SIZE_LOWERINGS = {
+    Lowerer.fused, Lowerer.lower_elementwise, Lowerer.lower_reduction, Lowerer.lower_matmul,
+    Lowerer.lower_copy, Lowerer.lower_reshape, Lowerer.lower_view_copy, Lowerer.lower_concat,
+    Lowerer.lower_full, Lowerer.lower_arange, Lowerer.lower_nll_loss,
+    Lowerer.lower_nll_loss_backward,
+    *(INDEX_LOWERINGS[op] for op in ("take", "embedding", "gather", "embedding_backward")),
+}
 # the anchors of GEMM/conv epilogues (OpDef.epilogue_anchor): lower(lowerer, node, a, b, out,
 # attrs) computes the anchor's result into `out` for the fused epilogue to read
 EPILOGUE_ANCHOR_LOWERINGS = {"matmul": Lowerer.epilogue_gemm, "conv2d": Lowerer.epilogue_conv2d}
@@ -780,18 +814,23 @@ def _direct_outputs(graph: Graph, plan) -> dict[str, int]:
             and names.count(name) == 1 and name not in updated}
 
 
-def lower(graph: Graph, blas=None, profile: bool = False) -> tuple[Lowered, Lowerer]:
+def lower(graph: Graph, blas=None, profile: bool = False,
+          runtime_sizes=None) -> tuple[Lowered, Lowerer]:
     """Lower a planned graph (graph.meta["memory_plan"]) into one LLVM module. `profile`:
-    the driver records a timestamp around every kernel (see Lowerer.driver)."""
+    the driver records a timestamp around every kernel (see Lowerer.driver).
+    `runtime_sizes` (graphc.backends.cpu.runtime_sizes): a symbolic graph lowered once for
+    every size, the driver taking the call's sizes table; `Lowered.arena_bytes` is then an
+    expression of the table's symbols."""
     plan = graph.meta["memory_plan"]
-    lw = Lowerer(graph, plan, blas)
+    lw = Lowerer(graph, plan, blas, runtime_sizes)
     kernel_nodes: list = []
-    for node in plan.schedule:
-        lw.lower_node(node)
-        kernel_nodes += [node] * (len(lw.calls) - len(kernel_nodes))
-    lw.outputs()
-    kernel_nodes += [None] * (len(lw.calls) - len(kernel_nodes))  # copies out of the arena
-    lw.driver(profile)
+    with values.runtime_sizes(lw.emit_size if runtime_sizes is not None else None):
+        for node in plan.schedule:
+            lw.lower_node(node)
+            kernel_nodes += [node] * (len(lw.calls) - len(kernel_nodes))
+        lw.outputs()
+        kernel_nodes += [None] * (len(lw.calls) - len(kernel_nodes))  # copies out of arena
+        lw.driver(profile)
     text = str(lw.module)
-    return Lowered(text, plan.arena_bytes + lw.scratch, [k.name for k in lw.calls],
+    return Lowered(text, lw.arena_end + lw.scratch, [k.name for k in lw.calls],
                    lw.errors, kernel_nodes), lw

@@ -51,6 +51,7 @@ from graphc.backends.cpu.values import (
     loop,
     unsupported,
 )
+from graphc.backends.cpu.values import size as size_value  # `size` names extents here
 from graphc.ir.graph import Node
 from graphc.ir.printer import format_node
 from graphc.types import TensorType, bool_, int64
@@ -88,14 +89,16 @@ def _range_text(size: int, axis: int, allow_negative: bool) -> str:
             f"(valid indices: {valid})")
 
 
-def _checked(b, idx, size: int, allow_negative: bool, status: int):
-    """`idx` made non-negative; the kernel returns `status` when it is out of range."""
-    low = -size if allow_negative else 0
-    bad = b.or_(b.icmp_signed("<", idx, i64(low)), b.icmp_signed(">=", idx, i64(size)))
+def _checked(b, idx, extent, allow_negative: bool, status: int):
+    """`idx` made non-negative; the kernel returns `status` when it is out of range of
+    `extent` (an int, or a size known per call)."""
+    n = size_value(b, extent)
+    low = b.neg(n) if allow_negative else i64(0)
+    bad = b.or_(b.icmp_signed("<", idx, low), b.icmp_signed(">=", idx, n))
     with b.if_then(bad, likely=False):
         b.ret(ir.Constant(I32, status))
     if allow_negative:
-        idx = b.select(b.icmp_signed("<", idx, i64(0)), b.add(idx, i64(size)), idx)
+        idx = b.select(b.icmp_signed("<", idx, i64(0)), b.add(idx, n), idx)
     return idx
 
 
@@ -121,7 +124,7 @@ def _indexed_loop(lw, node: Node, domain, index: Loc, index_strides, moved: Loc,
 
     def leaf(b, offs):
         k = _checked(b, kb.load(b, ix, offs[ix]), size, allow_negative, status)
-        element(b, kb, mv, b.add(offs[mv], b.mul(k, i64(axis_stride))), ids, offs)
+        element(b, kb, mv, b.add(offs[mv], b.mul(k, size_value(b, axis_stride))), ids, offs)
 
     kb.nest(b, *collapse(domain, [o.strides for o in kb.operands]), leaf)
     b.ret(ir.Constant(I32, 0))

@@ -60,11 +60,14 @@ from graphc.backends.cpu.values import (
     broadcast_strides,
     i64,
     loop,
+    size,
+    size_key,
     unsupported,
 )
 from graphc.ir.graph import Node
 from graphc.ops.fused import FusedBody
 from graphc.ops.registry import ELEMENTWISE, REGISTRY
+from graphc.symbolic import Sym
 from graphc.types import DType, TensorType, bool_, float64, int64
 
 # A kernel over this many elements or more forks over the cores (when it may); below it,
@@ -138,8 +141,9 @@ class KernelBuilder:
         if built is not None:
             self.kernel.name = built.name
             return None
+        work = math.prod(self.shape)
         self.parallel = (parallel and not self.kernel.status and self.cg.openmp
-                         and math.prod(self.shape) >= PARALLEL_MIN_ELEMENTS)
+                         and (type(work) is Sym or work >= PARALLEL_MIN_ELEMENTS))
         ret = I32 if self.kernel.status else ir.VoidType()
         params = [PTR] * len(self.kernel.regions) + ([I64, I64] if self.parallel else [])
         name = self.kernel.name + (".range" if self.parallel else "")
@@ -161,9 +165,10 @@ class KernelBuilder:
             return None
         regions = self.kernel.regions
         operands = tuple((None if o.loc is None else regions.index(o.loc.region),
-                          o.dtype.name, tuple(int(s) for s in o.strides), _frozen(o.arange))
+                          o.dtype.name, tuple(size_key(s) for s in o.strides),
+                          _frozen(o.arange))
                          for o in self.operands)
-        return (recipe, tuple(int(n) for n in self.shape), bool(parallel), len(regions),
+        return (recipe, tuple(size_key(n) for n in self.shape), bool(parallel), len(regions),
                 operands)
 
     def pointer(self, b, k: int, offset) -> ir.Value:
@@ -203,7 +208,7 @@ class KernelBuilder:
         last = depth == len(sizes) - 1
         state = inner[0](b, offsets) if inner and last else None
         bounds = (self.fn.args[-2], self.fn.args[-1]) if self.parallel and depth == 0 \
-            else (0, sizes[depth])
+            else (0, size(b, sizes[depth]))
         if self.parallel and depth == 0:
             self.outer_size = sizes[0]
         with loop(b, *bounds, f"d{depth}") as i:
@@ -212,7 +217,7 @@ class KernelBuilder:
                 if s[depth] == 0:
                     new.append(o)
                 else:
-                    step = i if s[depth] == 1 else b.mul(i, i64(s[depth]))
+                    step = i if s[depth] == 1 else b.mul(i, size(b, s[depth]))
                     new.append(step if isinstance(o, ir.Constant) and o.constant == 0
                                else b.add(o, step))
             self.nest(b, sizes, strides, leaf, inner, depth + 1, new)
@@ -222,14 +227,16 @@ class KernelBuilder:
     def finish(self, b) -> Kernel:
         b.ret_void()
         if self.parallel:
-            self._fork(self.outer_size)
+            self._fork(self.outer_size, math.prod(self.shape))
         if self.key is not None:
             self.cg.built[self.key] = self.kernel
         return self.kernel
 
-    def _fork(self, outer: int) -> None:
+    def _fork(self, outer, work) -> None:
         """`<name>(ptrs...)`: GOMP_parallel over `<name>.omp(ptr args)`, whose thread t of n
-        calls `<name>.range(ptrs..., lo, hi)` on its contiguous share of [0, outer)."""
+        calls `<name>.range(ptrs..., lo, hi)` on its contiguous share of [0, outer). With
+        sizes known per call (`work`, the element count, symbolic), `<name>` first checks
+        the count and runs the whole range itself below PARALLEL_MIN_ELEMENTS."""
         cg, n = self.cg, len(self.kernel.regions)
         worker = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR]),
                              self.kernel.name + ".omp")
@@ -241,10 +248,11 @@ class KernelBuilder:
                         I64)
         threads = b.sext(b.call(cg.declare("omp_get_num_threads", ir.FunctionType(I32, [])),
                                 []), I64)
-        share = b.sdiv(b.add(i64(outer), b.sub(threads, i64(1))), threads)
+        outer_v = size(b, outer)
+        share = b.sdiv(b.add(outer_v, b.sub(threads, i64(1))), threads)
         lo = b.mul(thread, share)
         hi = b.add(lo, share)
-        hi = b.select(b.icmp_signed("<", hi, i64(outer)), hi, i64(outer))
+        hi = b.select(b.icmp_signed("<", hi, outer_v), hi, outer_v)
         with b.if_then(b.icmp_signed("<", lo, hi)):
             b.call(self.fn, ptrs + [lo, hi])
         b.ret_void()
@@ -254,6 +262,11 @@ class KernelBuilder:
         kernel.attributes.add("nounwind")
         kernel.attributes.add("noinline")
         b = ir.IRBuilder(kernel.append_basic_block("entry"))
+        if type(work) is Sym:  # small at this call: one thread, no fork
+            with b.if_then(b.icmp_signed("<", size(b, work), i64(PARALLEL_MIN_ELEMENTS)),
+                           likely=False):
+                b.call(self.fn, list(kernel.args) + [i64(0), size(b, outer)])
+                b.ret_void()
         table = b.alloca(PTR, size=max(n, 1))
         for k, arg in enumerate(kernel.args):
             b.store(arg, b.gep(table, [i64(k)], source_etype=PTR))
@@ -290,7 +303,9 @@ def _frozen(x) -> tuple:
     if isinstance(x, DType):
         return ("dtype", x.name)
     if isinstance(x, TensorType):
-        return ("type", tuple(int(n) for n in x.shape), x.dtype.name)
+        return ("type", tuple(size_key(n) for n in x.shape), x.dtype.name)
+    if kind is Sym:
+        return size_key(x)
     if isinstance(x, np.ndarray):
         return ("array", x.dtype.str, x.shape, x.tobytes())
     raise _Unkeyable(type(x).__name__)
@@ -313,7 +328,10 @@ class Codegen:
         self.module.triple = llvm.get_process_triple()
         self.scalars = Scalars(self.module)
         self.blas = blas
-        self.scratch = 0  # bytes of backend scratch past the plan's arena
+        self.scratch = 0  # bytes of backend scratch past the plan's arena (a Sym: per call)
+        self.dim_slots: dict[str, int] = {}  # symbol -> its slot in the sizes table
+        self._dims = None  # the module's `graphc.dims` global, made on first use
+        self.driver_fn = self.dims_arg = None  # the driver and its sizes-table argument
         self._count = 0
         self._decls: dict[str, ir.Function] = {}
         self.built: dict[tuple, Kernel] | None = {} if SHARE_KERNELS else None
@@ -322,10 +340,42 @@ class Codegen:
         self._count += 1
         return f"k{self._count}_{op}"
 
-    def add_scratch(self, nbytes: int) -> int:
+    def add_scratch(self, nbytes) -> int:
+        """The offset (past the plan's arena) of `nbytes` more bytes of backend scratch,
+        64-byte aligned; a symbolic size is rounded up term by term (every coefficient to a
+        multiple of 64: as large for every size, and aligned)."""
         at = self.scratch
-        self.scratch += -(-nbytes // 64) * 64
+        if type(nbytes) is Sym:
+            self.scratch += Sym._make({m: -(-c // 64) * 64 for m, c in nbytes.terms})
+        else:
+            self.scratch += -(-nbytes // 64) * 64
         return at
+
+    # ---- sizes known per call (graphc.backends.cpu.runtime_sizes) ------------------------
+    def emit_size(self, b: ir.IRBuilder, x: Sym) -> ir.Value:
+        """`x` as an i64 computed from the call's sizes table: the driver stores its `dims`
+        argument in the module's `graphc.dims` (and reads it from the argument itself);
+        symbol `name` is slot `dim_slots[name]`."""
+        if self._dims is None:
+            self._dims = ir.GlobalVariable(self.module, PTR, "graphc.dims")
+            self._dims.linkage = "internal"
+            self._dims.initializer = ir.Constant(PTR, None)
+            self._invariant = self.module.add_metadata([])
+        table = self.dims_arg if b.function is self.driver_fn else b.load(self._dims, typ=PTR)
+        total = None
+        for monomial, coeff in x.terms:
+            term = None
+            for name in monomial:
+                slot = self.dim_slots.setdefault(name, len(self.dim_slots))
+                v = b.load(b.gep(table, [i64(slot)], source_etype=I64), typ=I64)
+                v.set_metadata("invariant.load", self._invariant)
+                term = v if term is None else b.mul(term, v)
+            if term is None:
+                term = i64(coeff)
+            elif coeff != 1:
+                term = b.mul(term, i64(coeff))
+            total = term if total is None else b.add(total, term)
+        return total
 
     def declare(self, name: str, ftype: ir.FunctionType) -> ir.Function:
         if name not in self._decls:

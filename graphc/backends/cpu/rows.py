@@ -19,7 +19,8 @@ by distance from a float64 reference (compiled error at most 2x eager graphc's e
 path's arithmetic: all -inf, +inf or NaN rows give NaN rows, as PyTorch and numpy do.
 
 Used by graphc.backends.cpu.codegen for rows whose output is contiguous along `dim` (the
-common case: softmax over the last dim); other rows take its scalar loops.
+common case: softmax over the last dim); other rows take its scalar loops. A row length
+known per call (graphc.backends.cpu.runtime_sizes) splits into chunks and tail at run time.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import math
 from llvmlite import ir
 
 from graphc.backends.cpu.scalars import const, convert
-from graphc.backends.cpu.values import REG, collapse, for_range, i64, loop
+from graphc.backends.cpu.values import REG, collapse, for_range, i64, loop, size
 
 __all__ = ["LANES", "lower_rows"]
 
@@ -70,7 +71,7 @@ def lower_rows(lw, node, kb, body, src, leaves, stores, out_v, attrs) -> bool:
     maximum = _nan_max(lw.scalars, t)
 
     def at(b, offsets, j):
-        return [o if s == 0 else b.add(o, j if s == 1 else b.mul(j, i64(s)))
+        return [o if s == 0 else b.add(o, j if s == 1 else b.mul(j, size(b, s)))
                 for o, s in zip(offsets, row_strides)]
 
     def vload(b, k, offset):
@@ -82,6 +83,14 @@ def lower_rows(lw, node, kb, body, src, leaves, stores, out_v, attrs) -> bool:
     def over_row(b, offsets, vector_step, scalar_step, name):
         """vector_step(b, offs) per V-element chunk, scalar_step(b, offs) per tail element
         (offs: operand offsets of the chunk's first element)."""
+        if type(row) is not int:  # a row length known per call
+            n = size(b, row)
+            chunks = b.udiv(n, i64(lanes))
+            with loop(b, 0, chunks, f"{name}v") as c:
+                vector_step(b, at(b, offsets, b.mul(c, i64(lanes))))
+            with loop(b, b.mul(chunks, i64(lanes)), n, f"{name}s") as j:
+                scalar_step(b, at(b, offsets, j))
+            return
         chunks = row // lanes
         if chunks:
             with for_range(b, chunks, f"{name}v") as c:

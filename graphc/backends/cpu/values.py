@@ -8,7 +8,8 @@ imports nothing else from the backend.
 - `Loc`: a tensor in memory: base ("input" i = `inputs[i]`, "arena", "output" k =
   `outputs[k]`), byte offset from that base, byte strides, type. Values with the same
   `region` (base, index, offset) start at the same address, so a kernel passes them as one
-  pointer argument.
+  pointer argument. Offsets and strides are ints, or `Sym`s where sizes are known per call
+  (graphc.backends.cpu.runtime_sizes: `size(b, x)` renders one as an i64).
 - `Locations`: the Loc of every value of a planned graph. Graph inputs at `inputs[i]`
   (C-contiguous); intermediates at their buffer's arena offset (C-contiguous); views (the
   plan's `views`) as a byte offset and byte strides into their root's memory, from the view
@@ -26,6 +27,7 @@ imports nothing else from the backend.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -41,6 +43,7 @@ from graphc.backends.common import (
 )
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.printer import format_node
+from graphc.symbolic import Sym
 from graphc.types import TensorType
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -74,7 +77,13 @@ class Loc:
 
     @property
     def region(self) -> tuple:
-        return (self.base, self.index, self.offset)
+        return (self.base, self.index, size_key(self.offset))
+
+
+def size_key(n) -> object:
+    """A size, stride or offset as a key: an int as it is, a symbolic size by its canonical
+    terms (comparing Syms themselves would guard: graphc.symbolic)."""
+    return n if type(n) is not Sym else ("sym", n.terms)
 
 
 def contiguous(base: str, index: int, offset: int, t: TensorType) -> Loc:
@@ -84,8 +93,11 @@ def contiguous(base: str, index: int, offset: int, t: TensorType) -> Loc:
 class Locations:
     """The Loc of every value of a planned graph (see the module docstring)."""
 
-    def __init__(self, graph: Graph, plan, direct_outputs: dict[str, int] | None = None) -> None:
+    def __init__(self, graph: Graph, plan, direct_outputs: dict[str, int] | None = None,
+                 offset=None) -> None:
         self.plan = plan
+        # value name -> its buffer's arena offset (an int, or a Sym read per call)
+        self.offset = plan.offset if offset is None else offset
         self.direct_outputs = direct_outputs or {}  # value name -> its output slot
         self.locs: dict[Value, Loc] = {}
         index = {v.name: i for i, v in enumerate(graph.inputs)}
@@ -105,7 +117,7 @@ class Locations:
             elif v.name in self.direct_outputs:
                 self.locs[v] = contiguous("output", self.direct_outputs[v.name], 0, v.type)
             else:
-                self.locs[v] = contiguous("arena", 0, plan.offset(v.name), v.type)
+                self.locs[v] = contiguous("arena", 0, self.offset(v.name), v.type)
 
     def view(self, node: Node, v: Value) -> Loc:
         """Where output `v` of the view op `node` lies in its source's memory."""
@@ -123,23 +135,56 @@ class Locations:
         return self.locs[v]
 
 
+# ---- sizes known per call (graphc.backends.cpu.runtime_sizes) -----------------------------
+_emitter = threading.local()
+
+
+@contextmanager
+def runtime_sizes(emit):
+    """Inside: `size(b, x)` renders a symbolic size `x` (a `Sym`) as `emit(b, x)`, an i64
+    computed from the call's sizes table, instead of specialising it."""
+    previous = getattr(_emitter, "emit", None)
+    _emitter.emit = emit
+    try:
+        yield
+    finally:
+        _emitter.emit = previous
+
+
+def size(b: ir.IRBuilder, x) -> ir.Value:
+    """A size, stride or offset as an i64: an int as a constant, an IR value as it is, a
+    symbolic size from the call's sizes (inside `runtime_sizes`; elsewhere it specialises to
+    the trace's size, guarded: graphc.symbolic)."""
+    if isinstance(x, ir.Value):
+        return x
+    if type(x) is Sym:
+        emit = getattr(_emitter, "emit", None)
+        if emit is not None:
+            return emit(b, x)
+    return ir.Constant(I64, int(x))
+
+
 # ---- loops ---------------------------------------------------------------------------------
 def i64(n: int) -> ir.Constant:
-    return ir.Constant(I64, n)
+    """An i64 constant; a symbolic size specialises (graphc.symbolic: guarded): code that
+    can take it per call uses `size(b, n)`."""
+    return ir.Constant(I64, n if type(n) is int else int(n))
 
 
 @contextmanager
 def loop(b: ir.IRBuilder, start, stop, name: str = "i"):
-    """`for i in range(start, stop)`, bounds ints or i64 values; the builder ends after it."""
+    """`for i in range(start, stop)`, bounds ints, symbolic sizes (`size`) or i64 values;
+    the builder ends after it."""
     pre = b.block
     head = b.append_basic_block(f"{name}.head")
     body = b.append_basic_block(f"{name}.body")
     end = b.append_basic_block(f"{name}.end")
+    first, stop = size(b, start), size(b, stop)  # in `pre`: sizes are computed once
     b.branch(head)
     b.position_at_end(head)
     i = b.phi(I64, name=name)
-    i.add_incoming(as_i64(start), pre)
-    b.cbranch(b.icmp_signed("<", i, as_i64(stop)), body, end)
+    i.add_incoming(first, pre)
+    b.cbranch(b.icmp_signed("<", i, stop), body, end)
     b.position_at_end(body)
     yield i
     nxt = b.add(i, i64(1), name=f"{name}.next")
@@ -186,7 +231,7 @@ def transpose_tiles(sizes: list[int], strides: list[tuple[int, ...]]):
     touches TRANSPOSE_TILE lines, reused. Other walks, or sizes the tile does not divide, are
     returned as they are."""
     t = TRANSPOSE_TILE
-    if len(sizes) != 2 or any(n % t or n < 2 * t for n in sizes):
+    if len(sizes) != 2 or any(type(n) is not int or n % t or n < 2 * t for n in sizes):
         return sizes, strides
     if not (any(s[1] == 1 for s in strides) and any(s[0] == 1 for s in strides)):
         return sizes, strides

@@ -1,0 +1,239 @@
+"""runtime_sizes: a symbolic graph compiled once on cpu, its sizes read per call.
+
+A graph with symbolic sizes (`f32[s0,784]`) is lowered once: every size, stride and offset
+that depends on a symbol is computed in the generated code from a *sizes table* the call
+passes (`run(inputs, outputs, arena, dims)`), so one executable serves every batch size or
+sequence length. The table holds
+- the graph's symbols (`s0`, `s1`: bound from the inputs' shapes each call),
+- each arena buffer's offset (`_b<k>`: the symbolic memory plan packs the same buffers for
+  the call's sizes, `MemoryPlan.layout`, cached per size), and
+- the end of the plan's arena (`_arena`), where the backend's own scratch begins.
+Kernels read the table through the module's `graphc.dims` (Codegen.emit_size); loops whose
+trip counts are symbolic stay loops over an i64 bound, and an elementwise kernel that may
+fork over the cores decides per call from its element count.
+
+Which lowerings take sizes per call is codegen's `RUNTIME_SIZE_LOWERINGS`; a graph with any
+other op (convolution, pooling, the index ops, ...) raises `RuntimeSizesUnsupported` and is
+compiled per size by graphc.backends.specializing instead. The lowering runs under a
+ShapeEnv at the trace's sizes in its structural mode: a choice that compares sizes (merging
+dims whose strides line up, a GEMM layout) is decided without guarding where it can be, and
+otherwise records a guard. Those guards are the executable's `relations`: a call whose sizes
+break one is served by a per-size executable (graphc.backends.specializing), and a lowering
+that pinned a symbol to one value is refused outright (it could serve one size only).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import numpy as np
+
+from graphc import config
+from graphc.backends.common import planned
+from graphc.backends.cpu import llvm, threads
+from graphc.backends.cpu.blas import resolve_blas
+from graphc.backends.cpu.executable import (
+    CpuExecutable,
+    _address,
+    _allocate_arena,
+    _uses_gemm,
+)
+from graphc.backends.cpu.values import CpuLoweringError
+from graphc.errors import ArgumentError, IndexOutOfRangeError
+from graphc.ir.graph import Graph
+from graphc.ir.printer import format_node
+from graphc.ir.verifier import verify
+from graphc.passes.plan import align
+from graphc.symbolic import ShapeEnv, Sym, check_relations, evaluate, free_symbols
+
+DEFAULT_HINT = 64  # the size a symbol is lowered at where no trace gave one
+
+
+class RuntimeSizesUnsupported(CpuLoweringError):
+    """A symbolic graph the cpu backend cannot lower once for every size."""
+
+
+class Layout:
+    """The symbols of the sizes table besides the graph's own: each arena buffer's offset
+    (`_b<k>`) and the plan's arena end (`_arena`), and their values for a call's sizes."""
+
+    def __init__(self, plan) -> None:
+        self.plan = plan
+        self.symbols = {name: f"_b{k}" for k, name in enumerate(plan.buffers)}
+        self.arena_end = Sym.symbol("_arena")
+
+    def offset(self, value_name: str) -> Sym:
+        """The arena offset of the buffer `value_name` lives in, as its table symbol."""
+        return Sym.symbol(self.symbols[self.plan.buffer_of[value_name]])
+
+    def values(self, sizes: dict[str, int]) -> dict[str, int]:
+        """Every table symbol's value for the graph's symbols `sizes`."""
+        offsets, arena = self.plan.layout(sizes)
+        out = dict(sizes)
+        for name, symbol in self.symbols.items():
+            out[symbol] = offsets[name]
+        out["_arena"] = align(arena)
+        return out
+
+    @staticmethod
+    def refuse(node) -> None:
+        where = f" at {node.loc}" if node.loc else ""
+        raise RuntimeSizesUnsupported(
+            f"cpu backend: {node.op} takes no sizes per call (node {format_node(node)}{where})")
+
+
+class RuntimeSizedExecutable(CpuExecutable):
+    """A symbolic graph's one cpu executable (see the module docstring). `at(values)` is
+    the executable bound to one call's sizes; `accepts(values)` whether it serves them."""
+
+    def __init__(self, graph: Graph, options: dict | None = None,
+                 hints: dict[str, int] | None = None) -> None:
+        self.graph = verify(graph)
+        self._memory_plan = plan = planned(graph)
+        names = free_symbols(tuple(v.type.shape for v in graph.inputs))
+        hints = {n: (hints or {}).get(n, DEFAULT_HINT) for n in sorted(names)}
+        self.symbols = sorted(names)
+        self.layout = Layout(plan)
+        blas = resolve_blas() if any(_uses_gemm(n) for n in graph.nodes) else None
+        self.profiled = bool((options or {}).get("profile"))
+        from graphc.backends.cpu.codegen import lower
+
+        env = ShapeEnv(hints=self.layout.values(hints))
+        with env.active(), env.structural():
+            self.lowered, lw = lower(graph, blas, profile=self.profiled,
+                                     runtime_sizes=self.layout)
+        self.relations = env.relations
+        pinned = sorted(set(env.specialised()) & names)
+        if pinned:
+            raise RuntimeSizesUnsupported(
+                f"cpu backend: graph @{graph.name}: the lowering needs {', '.join(pinned)} "
+                f"at one value (guards {env.guards}), so it is compiled per size")
+        self.slots = sorted(lw.dim_slots, key=lw.dim_slots.get)
+        self.library = llvm.compile_module(self.lowered.ir_text, f"graphc_{graph.name}")
+        self._run = self.library.ctypes_function(
+            "run", ctypes.c_int32, [ctypes.c_void_p] * (5 if self.profiled else 4))
+        self.last_stamps = np.zeros(len(self.lowered.kernels) + 1, np.int64)
+        self._sized: dict[tuple, _Sizes] = {}
+        self._raw = None
+        self._arena_capacity = -1
+        self._setup(plan.in_input)
+
+    def _setup(self, in_input: dict[str, str]) -> None:
+        """The per-call tables CpuExecutable keeps, with symbolic types: which results are
+        outputs and which are written into inputs."""
+        graph = self.graph
+        index = {v.name: i for i, v in enumerate(graph.inputs)}
+        self._copied = [v.type for v in graph.outputs]
+        self._results = [("out", k) for k in range(len(graph.outputs))]
+        self._written = set()
+        for _, v in graph.updates:
+            if v.name in in_input:
+                i = index[in_input[v.name]]
+                self._results.append(("in", i))
+                self._written.add(i)
+            else:
+                self._results.append(("out", len(self._copied)))
+                self._copied.append(v.type)
+        self._in_ptrs = (ctypes.c_void_p * max(len(graph.inputs), 1))()
+        self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
+        self._last_inputs = [None] * len(graph.inputs)
+        self._lock = threading.Lock()
+        self.thread_chooser = threads.ThreadChooser(threads.most_threads())
+        self._collectives = ()
+
+    # ---- per call --------------------------------------------------------------------------
+    def accepts(self, values: dict[str, int]) -> bool:
+        """Whether the guards the lowering assumed hold for these sizes."""
+        return not self.relations or not check_relations(self.relations,
+                                                         self.layout.values(values))
+
+    def at(self, values: dict[str, int]) -> _Bound:
+        key = tuple(values[n] for n in self.symbols)
+        sized = self._sized.get(key)
+        if sized is None:
+            table = self.layout.values(values)
+            sized = self._sized[key] = _Sizes(
+                np.array([table[n] for n in self.slots], np.int64),
+                int(evaluate(self.lowered.arena_bytes, table)),
+                [(evaluate(v.type.shape, values), np.dtype(v.type.dtype.np))
+                 for v in self.graph.inputs],
+                [(evaluate(t.shape, values), np.dtype(t.dtype.np)) for t in self._copied])
+        return _Bound(self, sized)
+
+    def run_sized(self, sized: _Sizes, arrays: tuple) -> list[np.ndarray]:
+        if len(arrays) != len(sized.in_types):
+            raise ArgumentError(f"graph @{self.graph.name} takes {len(sized.in_types)} "
+                                f"inputs, got {len(arrays)}")
+        outs = [np.empty(shape, dtype) for shape, dtype in sized.out_types]
+        with self._lock:  # the pointer arrays and the arena are shared by every call
+            if sized.arena_bytes > self._arena_capacity:
+                self._raw = _allocate_arena(self.graph, sized.arena_bytes)
+                self._arena_capacity = sized.arena_bytes
+            skip = -self._raw.ctypes.data % 64
+            self._in_types = sized.in_types
+            bound = self._bind(arrays)
+            for k, o in enumerate(outs):
+                self._out_ptrs[k] = _address(o)
+            tail = [ctypes.c_void_p(self._raw.ctypes.data + skip),
+                    ctypes.c_void_p(sized.dims.ctypes.data)]
+            if self.profiled:
+                tail.append(ctypes.c_void_p(self.last_stamps.ctypes.data))
+            n = self.thread_chooser.pick()
+            if self.thread_chooser.most > 1:
+                threads.use(n)
+            start = time.perf_counter()
+            status = self._run(self._in_ptrs, self._out_ptrs, *tail)
+            self.thread_chooser.record(n, time.perf_counter() - start)
+        if status:
+            errors = self.lowered.errors
+            what = errors[status - 1] if 0 < status <= len(errors) else f"status {status}"
+            raise IndexOutOfRangeError(f"cpu backend: graph @{self.graph.name} failed: {what}")
+        return [outs[k] if kind == "out" else bound[k] for kind, k in self._results]
+
+    def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        raise ArgumentError(f"graph @{self.graph.name} has symbolic sizes: call it through "
+                            "graphc.backends.compile, which binds them per call")
+
+    def sections(self) -> None:  # symbolic graphs are not in the pipeline cache
+        return None
+
+
+class _Sizes:
+    """One call size's table, arena bytes and concrete input/output types."""
+
+    __slots__ = ("dims", "arena_bytes", "in_types", "out_types")
+
+    def __init__(self, dims, arena_bytes, in_types, out_types) -> None:
+        self.dims, self.arena_bytes = dims, arena_bytes
+        self.in_types, self.out_types = in_types, out_types
+
+
+class _Bound:
+    """The runtime-sized executable at one call size: an executable like any other."""
+
+    fresh_results = True
+    generic = True  # serves every size (SpecializingExecutable.compiled_sizes skips it)
+
+    def __init__(self, executable: RuntimeSizedExecutable, sized: _Sizes) -> None:
+        self.executable, self.sized = executable, sized
+
+    def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        return self.executable.run_sized(self.sized, arrays)
+
+
+def generic(graph: Graph, options: dict, hints: dict[str, int] | None):
+    """The runtime-sized executable of a symbolic graph, or None (with the reason logged
+    under GRAPHC_LOG=recompiles) when it must be compiled per size."""
+    try:
+        return RuntimeSizedExecutable(graph, options, hints)
+    except RuntimeSizesUnsupported as err:
+        if "recompiles" in config.log_topics():
+            import sys
+
+            print(f"graphc: {err}; compiling per size", file=sys.stderr)
+        return None
+
+
+__all__ = ["Layout", "RuntimeSizedExecutable", "RuntimeSizesUnsupported", "generic"]

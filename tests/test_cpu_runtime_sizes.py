@@ -1,0 +1,165 @@
+"""Symbolic graphs compiled once on cpu (graphc.backends.cpu.runtime_sizes): kernels that read
+their sizes per call, one executable for every size, results equal to the interpreter at
+sizes that cross vector widths, row tails and the parallel threshold, clear errors, and the
+per-size fallback for ops that take no sizes per call."""
+
+import numpy as np
+import pytest
+
+import graphc
+import graphc.nn as nn
+import graphc.nn.functional as F
+from graphc.backends import compile as backend_compile
+from graphc.backends.cpu.runtime_sizes import RuntimeSizedExecutable
+from graphc.errors import GraphcError
+from graphc.ir import parse
+from graphc.tools.demo_gpt import TinyGPT
+
+
+def _both(text: str):
+    g = parse(text)
+    return backend_compile(g, "cpu"), backend_compile(parse(text), "interp")
+
+
+def _generic(ex) -> bool:
+    return ex.runs_generic and ex.compiled_sizes == []
+
+
+def test_linear_relu_serves_every_batch_from_one_executable():
+    cpu, interp = _both('''graph @f(%x: f32[s0,40], %w: f32[40,24], %b: f32[24]) -> (f32[s0,24]) {
+      %0: f32[s0,24] = matmul(%x, %w)
+      %1: f32[s0,24] = add(%0, %b)
+      %2: f32[s0,24] = relu(%1)
+      return (%2)
+    }''')
+    rng = np.random.default_rng(0)
+    w, b = rng.standard_normal((40, 24), np.float32), rng.standard_normal(24, np.float32)
+    for n in (2, 3, 17, 64, 3000):  # 3000 * 24 elements: the parallel threshold is crossed
+        x = rng.standard_normal((n, 40), np.float32)
+        got, = cpu.run(x, w, b)
+        want, = interp.run(x, w, b)
+        assert got.shape == (n, 24)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert _generic(cpu)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_rows_of_a_length_known_per_call(op):
+    cpu, interp = _both(f'''graph @f(%x: f32[3,s0]) -> (f32[3,s0]) {{
+      %0: f32[3,s0] = {op}[dim=1](%x)
+      return (%0)
+    }}''')
+    rng = np.random.default_rng(1)
+    for n in (2, 15, 16, 17, 33, 100):  # below, at and past the 16 vector lanes
+        x = rng.standard_normal((3, n)).astype(np.float32) * 4
+        np.testing.assert_allclose(cpu.run(x)[0], interp.run(x)[0], rtol=1e-5, atol=1e-6)
+    assert _generic(cpu)
+
+
+def test_mean_over_a_symbolic_dim_divides_by_the_calls_count():
+    cpu, interp = _both('''graph @f(%x: f32[s0,5]) -> (f32[5]) {
+      %0: f32[5] = reduce_mean[axes=(0,), keepdim=false](%x)
+      return (%0)
+    }''')
+    for n in (2, 7, 300):
+        x = np.arange(n * 5, dtype=np.float32).reshape(n, 5)
+        np.testing.assert_allclose(cpu.run(x)[0], interp.run(x)[0], rtol=1e-6)
+    assert _generic(cpu)
+
+
+def test_embedding_out_of_range_fails_with_a_clear_error_at_any_size():
+    cpu, _ = _both('''graph @f(%w: f32[10,4], %i: i64[s0]) -> (f32[s0,4]) {
+      %0: f32[s0,4] = embedding[padding_idx=none](%w, %i)
+      return (%0)
+    }''')
+    w = np.arange(40, dtype=np.float32).reshape(10, 4)
+    np.testing.assert_array_equal(cpu.run(w, np.array([9, 0, 3]))[0], w[[9, 0, 3]])
+    with pytest.raises(GraphcError, match=r"index out of range.*0\.\.9"):
+        cpu.run(w, np.array([1, 2, 3, 10, 4]))
+    assert _generic(cpu)
+
+
+def test_a_shape_that_breaks_the_symbols_is_refused_with_the_input_named():
+    cpu, _ = _both('''graph @f(%x: f32[s0,3], %y: f32[s0,3]) -> (f32[s0,3]) {
+      %0: f32[s0,3] = add(%x, %y)
+      return (%0)
+    }''')
+    with pytest.raises(GraphcError, match="input %y: dimension 0 is s0 = 4, got size 5"):
+        cpu.run(np.ones((4, 3), np.float32), np.ones((5, 3), np.float32))
+
+
+def test_conv2d_takes_no_sizes_per_call_and_is_compiled_per_size():
+    text = '''graph @f(%x: f32[s0,1,6,6], %w: f32[2,1,3,3]) -> (f32[s0,2,4,4]) {
+      %0: f32[s0,2,4,4] = conv2d[stride=(1,1), padding=(0,0), dilation=(1,1), groups=1](%x, %w)
+      return (%0)
+    }'''
+    cpu, interp = _both(text)
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((2, 1, 3, 3), np.float32)
+    for n in (2, 3):
+        x = rng.standard_normal((n, 1, 6, 6), np.float32)
+        np.testing.assert_allclose(cpu.run(x, w)[0], interp.run(x, w)[0], rtol=1e-5, atol=1e-5)
+    assert not cpu.runs_generic and len(cpu.compiled_sizes) == 2
+
+
+def test_a_static_graph_run_through_the_generic_executable_directly_is_refused():
+    ex = RuntimeSizedExecutable(parse('''graph @f(%x: f32[s0]) -> (f32[s0]) {
+      %0: f32[s0] = neg(%x)
+      return (%0)
+    }'''))
+    with pytest.raises(GraphcError, match="symbolic sizes"):
+        ex.run(np.ones(3, np.float32))
+    np.testing.assert_array_equal(ex.at({"s0": 3}).run(np.ones(3, np.float32))[0], -np.ones(3))
+
+
+def _backend_compiles(f) -> int:
+    total = 0
+    for entry in f._entries:
+        ex = entry.executable
+        total += len(getattr(ex, "compiled_sizes", [None])) + \
+            bool(getattr(ex, "runs_generic", False))
+    return total
+
+
+def test_gpt_inference_sweep_compiles_each_trace_once():
+    graphc.manual_seed(0)
+    m = TinyGPT(block=16, embed=32, heads=2, layers=1).eval()
+    f = graphc.compile(m, backend="cpu", dynamic=True)
+    with graphc.no_grad():
+        for b, t in ((2, 16), (3, 16), (5, 16), (3, 4), (3, 7), (4, 13)):
+            idx = graphc.randint(0, 128, (b, t))
+            np.testing.assert_allclose(f(idx).numpy(), m(idx).numpy(), rtol=1e-4, atol=1e-4)
+    assert [str(g.inputs[0].type) for g in f.graphs] == ["i64[s0,s1]"]
+    assert _backend_compiles(f) == 1
+
+
+def test_training_step_with_a_symbolic_batch_matches_eager():
+    def make():
+        graphc.manual_seed(0)
+        m = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
+        return m, graphc.optim.Adam(m.parameters(), lr=0.01)
+
+    m, opt = make()
+    m2, opt2 = make()
+
+    @graphc.compile(backend="cpu", dynamic=True)
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    graphc.manual_seed(1)
+    for n in (16, 5, 16, 2, 40):
+        x, y = graphc.randn(n, 10), graphc.randint(0, 3, (n,))
+        got = step(x, y)
+        opt2.zero_grad()
+        want = F.cross_entropy(m2(x), y)
+        want.backward()
+        opt2.step()
+        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-6)
+    for p, q in zip(m.parameters(), m2.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4,
+                                   atol=1e-5)
+    assert _backend_compiles(step) == len(step.graphs)
