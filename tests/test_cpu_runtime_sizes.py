@@ -163,3 +163,15 @@ def test_training_step_with_a_symbolic_batch_matches_eager():
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4,
                                    atol=1e-5)
     assert _backend_compiles(step) == len(step.graphs)
+
+
+def test_dropout_masks_match_the_interpreter_at_every_size():
+    cpu, interp = _both('''graph @f(%x: f32[s0,37], %seed: i64[2]) -> (f32[s0,37]) {
+      %0: f32[s0,37] = dropout[p=0.3](%x, %seed)
+      return (%0)
+    }''')
+    seed = np.array([1234, 7], np.int64)
+    for n in (2, 9, 2000):
+        x = np.ones((n, 37), np.float32)
+        np.testing.assert_array_equal(cpu.run(x, seed)[0], interp.run(x, seed)[0])
+    assert _generic(cpu)

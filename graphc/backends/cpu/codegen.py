@@ -794,6 +794,7 @@ RUNTIME_SIZE_LOWERINGS = {
     Lowerer.lower_full, Lowerer.lower_arange, Lowerer.lower_nll_loss,
     Lowerer.lower_nll_loss_backward,
     *(INDEX_LOWERINGS[op] for op in ("take", "embedding", "gather", "embedding_backward")),
+    lower_random,
 }
 # the anchors of GEMM/conv epilogues (OpDef.epilogue_anchor): lower(lowerer, node, a, b, out,
 # attrs) computes the anchor's result into `out` for the fused epilogue to read
