@@ -175,3 +175,40 @@ def test_dropout_masks_match_the_interpreter_at_every_size():
         x = np.ones((n, 37), np.float32)
         np.testing.assert_array_equal(cpu.run(x, seed)[0], interp.run(x, seed)[0])
     assert _generic(cpu)
+
+
+def test_gpt_training_step_over_batches_and_lengths_compiles_once():
+    def make():
+        graphc.manual_seed(0)
+        m = TinyGPT(block=32, embed=32, heads=2, layers=2)
+        return m, graphc.optim.AdamW(m.parameters(), lr=1e-3)
+
+    m, opt = make()
+    m2, opt2 = make()
+
+    def loss_of(model, idx, tgt):
+        logits = model(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+
+    @graphc.compile(backend="cpu", dynamic=True)
+    def step(idx, tgt):
+        opt.zero_grad()
+        loss = loss_of(m, idx, tgt)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    graphc.manual_seed(1)
+    for b, t in ((4, 32), (4, 16), (2, 9), (3, 32)):
+        idx, tgt = graphc.randint(0, 128, (b, t)), graphc.randint(0, 128, (b, t))
+        got = step(idx, tgt)
+        opt2.zero_grad()
+        want = loss_of(m2, idx, tgt)
+        want.backward()
+        opt2.step()
+        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5)
+    assert [str(g.inputs[0].type) for g in step.graphs] == ["i64[s0,s1]"]
+    assert _backend_compiles(step) == 1
+    for p, q in zip(m.parameters(), m2.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4,
+                                   atol=1e-5)
