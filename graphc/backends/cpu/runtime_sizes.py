@@ -25,6 +25,7 @@ that pinned a symbol to one value is refused outright (it could serve one size o
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 import time
 
@@ -49,6 +50,8 @@ from graphc.passes.plan import align
 from graphc.symbolic import ShapeEnv, Sym, check_relations, evaluate, free_symbols
 
 DEFAULT_HINT = 64  # the size a symbol is lowered at where no trace gave one
+# a Sym that reached an ir.Constant prints as its expression: `i64 s0*4`, `i32 _b3`
+_PRINTED_SYMBOL = re.compile(r"\bi(?:32|64) (-?[0-9]*\*?(?:s[0-9]+|_b[0-9]+|_arena)\b)")
 
 
 class RuntimeSizesUnsupported(CpuLoweringError):
@@ -110,6 +113,11 @@ class RuntimeSizedExecutable(CpuExecutable):
             raise RuntimeSizesUnsupported(
                 f"cpu backend: graph @{graph.name}: the lowering needs {', '.join(pinned)} "
                 f"at one value (guards {env.guards}), so it is compiled per size")
+        stray = _PRINTED_SYMBOL.search(self.lowered.ir_text)
+        if stray is not None:  # a lowering wrote a symbolic size as an LLVM constant
+            raise RuntimeSizesUnsupported(
+                f"cpu backend: graph @{graph.name}: a kernel uses the symbolic size "
+                f"{stray.group(1)} as a constant, so it is compiled per size")
         self.slots = sorted(lw.dim_slots, key=lw.dim_slots.get)
         self.library = llvm.compile_module(self.lowered.ir_text, f"graphc_{graph.name}")
         self._run = self.library.ctypes_function(
@@ -228,7 +236,7 @@ def generic(graph: Graph, options: dict, hints: dict[str, int] | None):
     under GRAPHC_LOG=recompiles) when it must be compiled per size."""
     try:
         return RuntimeSizedExecutable(graph, options, hints)
-    except RuntimeSizesUnsupported as err:
+    except CpuLoweringError as err:  # RuntimeSizesUnsupported, or an op cpu cannot lower
         if "recompiles" in config.log_topics():
             import sys
 
