@@ -151,9 +151,11 @@ def _grouped_forward(lw, g, x, w, out, dt) -> None:
     taps = [(c * g.kh * g.kw + t, c * hp + di, dj) for c in range(g.cg) for t, di, dj in _taps(g)]
     name = "conv2d_depthwise" if _depthwise(g, dt) else "conv2d_direct"
     with contiguous_out(lw, out) as dst:
-        kb, ids = image_kernel(lw, name, [x, w, dst] + temps)
+        kb, ids = image_kernel(lw, name, [x, w, dst] + temps, ("forward", g.key()))
         xi, wi, oi, pi = ids[:4]
         b = kb.begin()
+        if b is None:  # built before for a node of the same geometry
+            return lw.calls.append(kb.kernel)
         _zero(b, kb, pi, g.cg * hp * wp + slack, dt)
         with loop(b, 0, g.n, "n") as n, loop(b, 0, g.groups, "grp") as grp:
             with _count(b, g.cg, "pc") as c:
@@ -209,8 +211,11 @@ def conv2d_input_grad(lw, node, g) -> bool:
     taps = _taps(g, flip=True)
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
         kb, (gi, wi, oi, pi) = image_kernel(lw, "conv2d_depthwise_input_grad",
-                                            [gl, wl, dst, padded])
+                                            [gl, wl, dst, padded], ("correlate", g.key()))
         b = kb.begin()
+        if b is None:
+            lw.calls.append(kb.kernel)
+            return True
         _zero(b, kb, pi, hg * wg, dt)
         with loop(b, 0, g.n, "n") as n, loop(b, 0, g.c, "c") as c:
             _pad_plane(b, kb, gi, iadd(b, imul(b, n, gs[0]), imul(b, c, gs[1])),
@@ -237,8 +242,10 @@ def _depthwise_input_grad_scatter(lw, node, g, dt) -> None:
     (padded,) = workspace(lw, dt, (hp, wp))
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
         kb, (gi, wi, oi, pi) = image_kernel(lw, "conv2d_depthwise_input_grad",
-                                            [gl, wl, dst, padded])
+                                            [gl, wl, dst, padded], ("scatter", g.key()))
         b = kb.begin()
+        if b is None:
+            return lw.calls.append(kb.kernel)
         with loop(b, 0, g.n, "n") as n, loop(b, 0, g.c, "c") as c:
             _zero(b, kb, pi, hp * wp, dt)
             src = iadd(b, imul(b, n, gs[0]), imul(b, c, gs[1]))
@@ -284,9 +291,12 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
         name = "conv2d_depthwise_weight_grad" if _depthwise(g, dt) else \
             "conv2d_direct_weight_grad"
-        kb, ids = image_kernel(lw, name, [gl, xl, dst] + temps)
+        kb, ids = image_kernel(lw, name, [gl, xl, dst] + temps, ("weight_grad", g.key()))
         gi, xi, oi, pi = ids[:4]
         b = kb.begin()
+        if b is None:
+            lw.calls.append(kb.kernel)
+            return True
         with b.goto_entry_block():
             accs = [b.alloca(const(dt, 0.0).type, name=f"acc{t}") for t, _, _ in taps]
         _zero(b, kb, pi, hp * wp + slack, dt)

@@ -152,9 +152,12 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
         u_step = _spaced(co * ci)
         temps = workspace(lw, dt, (nxi, u_step), (hp * wp,), (nxi, _spaced(ci * t_max)),
                           (nxi, _spaced(co * t_max)))
-        kb, ids = image_kernel(lw, "conv2d_winograd", [src, w, dst] + temps)
+        kb, ids = image_kernel(lw, "conv2d_winograd", [src, w, dst] + temps,
+                               (g.key(), flip, ci, co, in_hw, out_hw, pad))
         si, wi, oi, ui, pi, vi, mi = ids
         b = kb.begin()
+        if b is None:  # built before for a node of the same geometry
+            return lw.calls.append(kb.kernel)
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
         _filter_transform(b, kb, dt, wi, ui, u_step, g, flip)
