@@ -25,8 +25,12 @@ GRAPHC_COMPILE_WORKERS, `--level` the LLVM pipeline of every module (default gra
 O2 for a large module, llvm.pipeline_level). First calls in wall seconds, with the CPU
 seconds of the child itself (workers' time not included) in brackets; stages in wall
 seconds, or with `--clock cpu` the child's CPU seconds (robust to load, blind to the
-workers). The load average is printed: these 2-core machines are shared, and numbers move 2x
-with load.
+workers). Warm stages: `trace`, `pipeline key` (the traced graph's text and hash:
+graphc.jit.pipeline_cache), `lookup` (reading the entry, parsing and loading the planned
+graph and its objects), `run` (the step's first run, arena and output pages included), and
+the rest of the call. graphc is byte-compiled first, as an installed package is
+(`_byte_compile`). The load average is printed: these
+2-core machines are shared, and numbers move 2x with load.
 
 `--compare-levels` measures what the pipeline buys at run time instead: in one process, the
 same step (same weights, same batch; or `chain`, `conv`: benchmarks/cases.py's elementwise
@@ -49,6 +53,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("lenet5", "gpt", "resnet18", "lstm", "vae", "dcgan", "mobilenet", "mlp3", "mlp30")
 STAGES = ("trace", "passes", "lower", "dedupe", "key", "llvm", "load", "backend")
+WARM_STAGES = ("trace", "pipeline key", "lookup", "run")
 
 
 _clock = time.perf_counter  # --clock cpu: time.process_time (this process's CPU seconds)
@@ -97,6 +102,7 @@ def child(name: str, level: int | None, clock: str = "wall") -> dict:
     import graphc
     import graphc.backends.cpu.executable as executable
     import graphc.jit.compiler as compiler
+    import graphc.jit.pipeline_cache as pipeline_cache
     from graphc.backends.cpu import llvm
 
     if level is not None:
@@ -107,6 +113,9 @@ def child(name: str, level: int | None, clock: str = "wall") -> dict:
     compiler.trace_call = _timed(stages, "trace", compiler.trace_call)
     compiler.run_pipeline = _timed(stages, "passes", compiler.run_pipeline)
     compiler.compile_graph = _timed(stages, "backend", compiler.compile_graph)
+    pipeline_cache.key_of = _timed(stages, "pipeline key", pipeline_cache.key_of)
+    pipeline_cache.lookup = _timed(stages, "lookup", pipeline_cache.lookup)
+    compiler.Compiled._run = _timed(stages, "run", compiler.Compiled._run)
     executable.lower = _timed(stages, "lower", executable.lower)
     llvm.deduplicated = _timed(stages, "dedupe", llvm.deduplicated)
     llvm.cache_key = _timed(stages, "key", llvm.cache_key)
@@ -117,6 +126,7 @@ def child(name: str, level: int | None, clock: str = "wall") -> dict:
     wall, cpu = time.perf_counter(), time.process_time()
     compiled(*args)
     first = (time.perf_counter() - wall, time.process_time() - cpu)
+    stages = dict(stages)  # the first call's (the timers go on adding to the old table)
     wall = time.perf_counter()
     compiled(*args)
     second = time.perf_counter() - wall
@@ -215,6 +225,19 @@ def compare_llvm(name: str, rounds: int) -> str:
             f"| {bw / nw:.1f}x |")
 
 
+def _byte_compile() -> None:
+    """Byte-compile graphc's and the benchmarks' sources (into their __pycache__ folders,
+    which git ignores), so the children import graphc as an installed package is imported.
+    Without it a checkout run with PYTHONDONTWRITEBYTECODE=1 (as on these machines)
+    compiles every module a first call imports lazily (the CPU backend, the passes) in that
+    call: ~0.02 s of the LSTM step's warm first call."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0",
+                    os.path.join(ROOT, "graphc"), os.path.join(ROOT, "benchmarks")],
+                   env=env, check=True, capture_output=True, timeout=600)
+
+
 def _run_child(name: str, cache: str, args) -> dict:
     env = {**os.environ, "GRAPHC_CACHE_DIR": cache,
            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -275,9 +298,11 @@ def main() -> int:
     print(f"command: `python -m benchmarks.model_compile {' '.join(sys.argv[1:])}`; "
           f"load average {os.getloadavg()[0]:.2f}\n")
     print("| training step | cold first call | warm first call | next call | cold stages "
-          f"({args.clock} s) | kernels (distinct) | LLVM text (deduplicated) | parts |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"({args.clock} s) | warm stages | kernels (distinct) | LLVM text (deduplicated) "
+          "| parts |")
+    print("|---|---|---|---|---|---|---|---|---|")
     colds = {}
+    _byte_compile()
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory(prefix="graphc-compile-") as cache:
             cold = _run_child(name, cache, args)
@@ -288,9 +313,13 @@ def main() -> int:
                   f"{warm['from_cache']}, {cold['graphs']} graphs compiled |")
         stages = ", ".join(f"{k} {cold['stages'][k]:.2f}" for k in STAGES + ("warm-up",)
                            if k in cold["stages"])
+        warm_stages = ", ".join(f"{k} {warm['stages'].get(k, 0.0):.3f}" for k in WARM_STAGES)
+        rest = warm["first"][0 if args.clock == "wall" else 1] - sum(
+            warm["stages"].get(k, 0.0) for k in WARM_STAGES)
         print(f"| {name} | {cold['first'][0]:.2f} s ({cold['first'][1]:.2f}) | "
               f"{warm['first'][0]:.2f} s ({warm['first'][1]:.2f}) | {cold['second']:.3f} s | "
-              f"{stages} | {cold['kernels']} ({cold['distinct']}) | "
+              f"{stages} | {warm_stages}, other {rest:.3f} | "
+              f"{cold['kernels']} ({cold['distinct']}) | "
               f"{cold['chars'] // 1000}k ({cold['deduped_chars'] // 1000}k) | "
               f"{cold['parts']} |")
     if "mlp3" in colds and "mlp30" in colds:
