@@ -92,6 +92,11 @@ _FUNCTION_FILE = os.path.join(_PACKAGE_DIR, "autograd", "function.py")
 
 def _literal(op: str, key: str, value):
     """Canonicalise an attribute into an IR literal (int, float, bool, str, None, tuples)."""
+    kind = type(value)  # the exact types most attributes are come back as they are
+    if kind is int or kind is float or kind is str or kind is bool:
+        return value
+    if kind is tuple and all(type(v) is int for v in value):  # shapes, dims, strides
+        return value
     if value is None or isinstance(value, (bool, str, Sym)):  # a symbolic size prints as such
         return value
     if isinstance(value, np.bool_):
