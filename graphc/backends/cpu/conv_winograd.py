@@ -11,7 +11,9 @@ independent GEMMs, one per transform-domain position xi:
 images, so the GEMM work is 16/36 of im2col's (2.25x less).
 
 The kernel, per block of images (BLOCK_TILES tiles or more per GEMM, see there; an image
-with more tiles goes in parts of tile rows, so a block's V and M stay in cache):
+with more tiles goes in parts of tile rows, so a block's V and M stay in cache; the parts
+are one loop, not one copy of the code each: ResNet-18's 32x32 kernels 86k -> 29k
+characters of IR, LLVM 0.17 -> 0.06 s CPU each, run time and results the same):
 - filter transform (once per call): `U[xi][o][c] = (G w[o, c] G^T)[xi]` (the input
   gradient's flipped filter in the same layout, its GEMMs reading U through BLAS's
   transpose flag);
@@ -56,7 +58,7 @@ from graphc.backends.cpu.conv import (
     workspace,
 )
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import loop
+from graphc.backends.cpu.values import i64, loop
 from graphc.types import float32, float64
 
 __all__ = ["conv2d", "conv2d_input_grad", "BT", "G", "AT"]
@@ -145,7 +147,7 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
     nb = min(g.n, max(1, -(-want // tiles)))
     # an image with more tiles than a block wants goes in parts of `rows` tile rows
     rows = th if nb > 1 or tiles < 2 * want else max(1, want // tw)
-    parts = [(ty0, min(rows, th - ty0)) for ty0 in range(0, th, rows)]
+    full_parts, tail_rows = divmod(th, rows)
     t_max = nb * rows * tw
     nxi = ALPHA * ALPHA
     with contiguous_out(lw, out) as dst:
@@ -164,18 +166,20 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
         plane_out = out_hw[0] * out_hw[1]
 
         def part(b, n0, count, ty0, nrows):
-            """Tile rows [ty0, ty0 + nrows) of images n0 .. n0 + count - 1."""
+            """Tile rows [ty0, ty0 + nrows) of images n0 .. n0 + count - 1 (ty0 an int, or
+            a loop's value: the parts of an image are one loop, not one copy each)."""
             per_image = nrows * tw
             ld = count * per_image
             v_step, m_step = _spaced(ci * ld), _spaced(co * ld)
             # the padded rows these tiles read, and the source rows that land there
-            src_rows = (max(0, 2 * ty0 - pad[0]), min(in_hw[0], 2 * (ty0 + nrows) + 2 - pad[0]))
+            src_rows = (_clamped(b, _twice_plus(b, ty0, -pad[0]), 0, in_hw[0]),
+                        _clamped(b, _twice_plus(b, ty0, 2 * nrows + 2 - pad[0]), 0, in_hw[0]))
             with block_images(b, count) as j, loop(b, 0, ci, "ci") as c:
                 _pad_plane(b, kb, si, iadd(b, imul(b, iadd(b, n0, j), ss[0]), imul(b, c, ss[1])),
                            ss[2:], in_hw, pi, wp, pad, src_rows)
                 row_v = iadd(b, imul(b, c, ld), imul(b, j, per_image))
                 with loop(b, 0, nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx:
-                    at = iadd(b, imul(b, ty, 2 * wp), imul(b, tx, 2), 2 * ty0 * wp)
+                    at = iadd(b, imul(b, ty, 2 * wp), imul(b, tx, 2), imul(b, ty0, 2 * wp))
                     d = [[kb.load(b, pi, iadd(b, at, r * wp + s)) for s in range(ALPHA)]
                          for r in range(ALPHA)]
                     v = _sandwich(b, dt, BT, d)
@@ -195,14 +199,19 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
                           for s in range(ALPHA)] for r in range(ALPHA)]
                     y = _sandwich(b, dt, AT, m)
                     at = iadd(b, plane, imul(b, ty, 2 * out_hw[1]), imul(b, tx, 2),
-                              2 * ty0 * out_hw[1])
+                              imul(b, ty0, 2 * out_hw[1]))
                     for r in range(2):
                         for s in range(2):
                             kb.store(b, oi, iadd(b, at, r * out_hw[1] + s), y[r][s])
 
         def block(b, n0, count):
-            for ty0, nrows in parts:
-                part(b, n0, count, ty0, nrows)
+            if full_parts == 1:
+                part(b, n0, count, 0, rows)
+            elif full_parts:
+                with loop(b, 0, full_parts, "part") as k:
+                    part(b, n0, count, b.mul(k, i64(rows)), rows)
+            if tail_rows:
+                part(b, n0, count, full_parts * rows, tail_rows)
 
         over_blocks(b, g.n, nb, block)
         lw.calls.append(kb.finish(b))
@@ -220,6 +229,19 @@ def _filter_transform(b, kb, dt, wi, ui, step, g, flip) -> None:
         at = iadd(b, imul(b, o, g.c), c)
         for xi in range(ALPHA * ALPHA):
             kb.store(b, ui, iadd(b, at, xi * step), u[xi // ALPHA][xi % ALPHA])
+
+
+def _twice_plus(b, v, k: int):
+    """2*v + k of an i64 value or an int."""
+    return 2 * v + k if isinstance(v, int) else iadd(b, imul(b, v, 2), k)
+
+
+def _clamped(b, v, lo: int, hi: int):
+    """min(max(v, lo), hi) of an i64 value or an int."""
+    if isinstance(v, int):
+        return min(max(v, lo), hi)
+    v = b.select(b.icmp_signed("<", v, i64(lo)), i64(lo), v)
+    return b.select(b.icmp_signed(">", v, i64(hi)), i64(hi), v)
 
 
 def _spaced(n: int) -> int:
