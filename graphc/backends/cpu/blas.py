@@ -16,6 +16,7 @@ import functools
 import glob
 import os
 from dataclasses import dataclass
+from typing import Iterator
 
 from graphc.backends.cpu import llvm, threads
 from graphc.errors import GraphcError
@@ -47,30 +48,31 @@ _SYMBOLS = (("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
             ("cblas_sgemm", "cblas_dgemm", False))
 
 
-def blas_libraries() -> list[str]:
-    """Candidate shared libraries: numpy's bundled OpenBLAS, scipy's, the system's."""
-    paths = []
+def blas_libraries() -> Iterator[str]:
+    """Candidate shared libraries, in order: numpy's bundled OpenBLAS, scipy's, the system's.
+    Each is looked for only when the one before did not serve (`resolve_blas` stops at the
+    first that does): scipy's import and `ctypes.util.find_library`, which runs ldconfig
+    (~20 ms of wall time per name), are paid only where numpy has no OpenBLAS."""
     try:
         import numpy
 
         root = os.path.dirname(os.path.dirname(numpy.__file__))
-        paths += sorted(glob.glob(os.path.join(root, "numpy.libs", "*openblas*.so*")))
-        paths += sorted(glob.glob(os.path.join(os.path.dirname(numpy.__file__), ".dylibs",
-                                               "*openblas*")))
+        yield from sorted(glob.glob(os.path.join(root, "numpy.libs", "*openblas*.so*")))
+        yield from sorted(glob.glob(os.path.join(os.path.dirname(numpy.__file__), ".dylibs",
+                                                 "*openblas*")))
     except ImportError:  # pragma: no cover
         pass
     try:
         import scipy
 
         root = os.path.dirname(os.path.dirname(scipy.__file__))
-        paths += sorted(glob.glob(os.path.join(root, "scipy.libs", "*openblas*.so*")))
+        yield from sorted(glob.glob(os.path.join(root, "scipy.libs", "*openblas*.so*")))
     except ImportError:
         pass
     for name in ("openblas", "cblas", "blas"):
         found = ctypes.util.find_library(name)
         if found:
-            paths.append(found)
-    return paths
+            yield found
 
 
 _HANDLES: list = []
