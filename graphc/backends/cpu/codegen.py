@@ -56,7 +56,7 @@ from graphc.backends.cpu import conv, llvm, pool, rows, values
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS
 from graphc.backends.cpu.gemm_layout import folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
-from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder
+from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder, filled
 from graphc.backends.cpu.random_ops import lower_random
 from graphc.backends.cpu.scalars import (
     SCALAR_LOWERINGS,
@@ -145,8 +145,6 @@ class Lowerer(Codegen):
         start = 0
         leaves: dict[int, int] = {}
         anchor = body.fused.anchor
-        if self.runtime is not None and anchor is not None and anchor.op != "matmul":
-            self.runtime.refuse(node)
         if anchor is not None:
             t = body.types[body.n]
             a, b_ = (self.locs[node.inputs[r]] for r in anchor.args)
@@ -229,7 +227,7 @@ class Lowerer(Codegen):
         if b is None:
             return self.calls.append(kb.kernel)
         kb.nest(b, sizes, strides,
-                lambda b, offsets: kb.store(b, o, offsets[o], const(dst.type.dtype, value)))
+                lambda b, offsets: kb.store(b, o, offsets[o], filled(b, dst.type.dtype, value)))
         self.calls.append(kb.finish(b))
 
     # ---- reductions and softmax ----------------------------------------------------------
@@ -795,6 +793,8 @@ RUNTIME_SIZE_LOWERINGS = {
     Lowerer.lower_nll_loss_backward,
     *(INDEX_LOWERINGS[op] for op in ("take", "embedding", "gather", "embedding_backward")),
     lower_random,
+    conv.conv2d_input_grad, conv.conv2d_weight_grad, pool.max_pool2d, pool.max_pool2d_grad,
+    pool.avg_pool2d, pool.avg_pool2d_grad, pool.batch_norm, Lowerer.lower_conv2d,
 }
 # the anchors of GEMM/conv epilogues (OpDef.epilogue_anchor): lower(lowerer, node, a, b, out,
 # attrs) computes the anchor's result into `out` for the fused epilogue to read

@@ -61,6 +61,7 @@ from graphc.backends.cpu.values import (
     contiguous_strides,
     i64,
     loop,
+    size,
     unsupported,
 )
 from graphc.ir.graph import Node
@@ -73,13 +74,13 @@ ROW_MAJOR, NOTRANS, TRANS = 101, 111, 112
 
 # ---- helpers ---------------------------------------------------------------------------------
 def iadd(b, *terms) -> ir.Value:
-    """Sum of i64 terms (ints or values), folding the constants."""
+    """Sum of i64 terms (ints, sizes known per call, or values), folding the constants."""
     k, vals = 0, []
     for t in terms:
         if isinstance(t, int):
             k += t
         else:
-            vals.append(t)
+            vals.append(size(b, t))
     out = None
     for v in vals:
         out = v if out is None else b.add(out, v)
@@ -91,7 +92,7 @@ def iadd(b, *terms) -> ir.Value:
 def imul(b, x, k: int):
     if isinstance(x, int):
         return x * k
-    return x if k == 1 else (0 if k == 0 else b.mul(x, i64(k)))
+    return x if k == 1 else (0 if k == 0 else b.mul(size(b, x), size(b, k)))
 
 
 class Table:
@@ -376,7 +377,7 @@ def workspace(lw, dt, *shapes) -> list[Loc]:
             lw.scratch = ws[0]
         ws = [lw.add_scratch(need), need]
         _WORKSPACES[lw] = ws
-    locs, at = [], lw.plan.arena_bytes + ws[0]
+    locs, at = [], lw.arena_end + ws[0]
     for shape, n in zip(shapes, sizes):
         locs.append(contiguous("arena", 0, at, TensorType(tuple(shape), dt)))
         at += n
@@ -387,12 +388,26 @@ def images_per_block(g: Geometry) -> int:
     """How many images one GEMM covers (see BLOCK_COLUMNS)."""
     if g.p >= THIN_COLUMNS or g.n <= 1:
         return 1
-    return min(g.n, -(-BLOCK_COLUMNS // g.p))
+    per_block = -(-BLOCK_COLUMNS // g.p)
+    if type(g.n) is not int:  # a batch known per call: over_blocks takes its whole blocks
+        return per_block
+    return min(g.n, per_block)
 
 
 def over_blocks(b, n: int, nb: int, body) -> None:
     """body(b, first image, images) for each block of `nb` images, then the partial last
-    block (its size a constant too, so every GEMM has constant sizes)."""
+    block (its size a constant too, so every GEMM has constant sizes). A batch known per
+    call (graphc.backends.cpu.runtime_sizes): its whole blocks, then the rest image by image
+    (constant sizes still)."""
+    if type(n) is not int:
+        count = size(b, n)
+        full = b.udiv(count, i64(nb))
+        with loop(b, 0, full, "block") as k:
+            body(b, b.mul(k, i64(nb)), nb)
+        if nb > 1:
+            with loop(b, b.mul(full, i64(nb)), count, "rest") as k:
+                body(b, k, 1)
+        return
     full, tail = divmod(n, nb)
     if full == 1:
         body(b, 0, nb)

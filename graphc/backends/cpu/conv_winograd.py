@@ -144,7 +144,8 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
     tiles = th * tw
     hp, wp = out_hw[0] + 2, out_hw[1] + 2
     want = BLOCK_TILES * (2 if ci + co > WIDE_CHANNELS else 1)
-    nb = min(g.n, max(1, -(-want // tiles)))
+    nb = max(1, -(-want // tiles))
+    nb = nb if type(g.n) is not int else min(g.n, nb)  # a batch per call: see over_blocks
     # an image with more tiles than a block wants goes in parts of `rows` tile rows
     rows = th if nb > 1 or tiles < 2 * want else max(1, want // tw)
     full_parts, tail_rows = divmod(th, rows)

@@ -311,6 +311,14 @@ def _frozen(x) -> tuple:
     raise _Unkeyable(type(x).__name__)
 
 
+def filled(b, dtype, value) -> ir.Value:
+    """The constant `value` as `dtype`; a symbolic size (a count known per call, e.g. the
+    N*H*W a batch norm's gradient divides by) converted from its i64."""
+    if type(value) is Sym:
+        return convert(b, size(b, value), int64, dtype)
+    return const(dtype, value)
+
+
 # Build each distinct kernel once (KernelBuilder recipes); False builds one per call.
 SHARE_KERNELS = True
 
@@ -422,7 +430,7 @@ class Body:
             if op == "broadcast_to":
                 env[ref] = value(args[0])
             elif op == "full":
-                env[ref] = const(t.dtype, attrs["value"])
+                env[ref] = filled(b, t.dtype, attrs["value"])
             else:
                 vals = [value(a) for a in args]
                 try:

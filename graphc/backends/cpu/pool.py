@@ -43,6 +43,7 @@ from graphc.backends.cpu.values import (
     contiguous_strides,
     i64,
     loop,
+    size,
     unsupported,
 )
 from graphc.ir.graph import Node
@@ -340,7 +341,7 @@ def batch_norm(lw, node: Node) -> None:
                 over(b, ch, lambda b, at: b.store(
                     _fadd(b, b.load(acc), convert(b, kb.load(b, xi, at), dt, float64), True),
                     acc))
-                mean = b.fdiv(b.load(acc), ir.Constant(F64, float(count)))
+                mean = b.fdiv(b.load(acc), b.sitofp(size(b, count), F64))
                 b.store(ir.Constant(F64, 0.0), acc)
 
                 def sq(b, at):
@@ -348,7 +349,7 @@ def batch_norm(lw, node: Node) -> None:
                     b.store(_fadd(b, b.load(acc), b.fmul(d, d), True), acc)
 
                 over(b, ch, sq)
-                var = b.fdiv(b.load(acc), ir.Constant(F64, float(count)))
+                var = b.fdiv(b.load(acc), b.sitofp(size(b, count), F64))
             else:
                 mean = wide(kb.load(b, rmi, imul(b, ch, pstr[2])))
                 var = wide(kb.load(b, rvi, imul(b, ch, pstr[3])))
