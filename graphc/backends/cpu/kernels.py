@@ -27,7 +27,9 @@ a value `_frozen` cannot key exactly (floats by their bits, so -0.0 is not 0.0) 
 Invariants: a kernel takes one pointer per distinct memory region, all `noalias` (an in-place
 output and the input it overwrites are the same region, so the same argument); its loops run
 over the domain's dimensions after merging the ones contiguous for every operand, innermost
-last, with constant trip counts and strides, so contiguous loops vectorise. Kernels are
+last, with constant trip counts and strides, so contiguous loops vectorise. In a symbolic
+graph (graphc.backends.cpu.runtime_sizes) a size, stride or offset may be a `Sym`: the
+kernel then reads it from the call's sizes table (`Codegen.emit_size`). Kernels are
 `nounwind noinline`: each stays one function the driver calls.
 
 Parallel kernels: elementwise, copy and fill kernels over PARALLEL_MIN_ELEMENTS or more

@@ -13,7 +13,7 @@ trip counts are symbolic stay loops over an i64 bound, and an elementwise kernel
 fork over the cores decides per call from its element count.
 
 Which lowerings take sizes per call is codegen's `RUNTIME_SIZE_LOWERINGS`; a graph with any
-other op (convolution, pooling, the index ops, ...) raises `RuntimeSizesUnsupported` and is
+other op (the scatters, pad, flip, collectives, ...) raises `RuntimeSizesUnsupported` and is
 compiled per size by graphc.backends.specializing instead. The lowering runs under a
 ShapeEnv at the trace's sizes in its structural mode: a choice that compares sizes (merging
 dims whose strides line up, a GEMM layout) is decided without guarding where it can be, and
