@@ -65,11 +65,9 @@ def transports(executable) -> set[str]:
     reduced by MPI_Iallreduce (graphc.backends.cpu.collective_shm and .collective)."""
     kernels = executable.lowered.kernels
     found = set()
-    if any(k.endswith("_all_reduce_start_fence") for k in kernels):
+    if any(k.endswith("_all_reduce_start_window") for k in kernels):
         found.add("window")
-    if any(k.endswith("_all_reduce_start") for k in kernels) and \
-            sum(k.endswith("_all_reduce_start") for k in kernels) > \
-            sum(k.endswith("_all_reduce_start_fence") for k in kernels):
+    if any(k.endswith("_all_reduce_start") for k in kernels):
         found.add("mpi")
     return found
 

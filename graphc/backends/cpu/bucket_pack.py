@@ -9,29 +9,26 @@ both its reads and its writes stay within a few cache lines at a time.
 
 from __future__ import annotations
 
-from graphc.backends.common import contiguous_strides
 from graphc.backends.cpu.kernels import KernelBuilder
 from graphc.backends.cpu.values import MEM, Loc, collapse, i64, loop
 
 _TILE = 32  # a transposing pack copies TILE x TILE blocks: both sides stay in L1
 
 
-def pack(lw, src: Loc, dst: Loc | None, dst_pointer=None) -> None:
-    """One kernel copying `src` (any strides) into a contiguous place: the Loc `dst`, or
-    (dst None) the pointer `dst_pointer(b)` computes inside the kernel (a shared-memory
-    window). A gradient the backward made transposed (a permuted GEMM output: unit stride
-    on an outer dimension) is copied in square tiles: a row-by-row copy reads one element
-    per cache line and ran at a quarter of the contiguous copy's speed (175 us for the
-    MLP's 784x256 weight gradient)."""
+def pack(lw, src: Loc, dst: Loc) -> None:
+    """One kernel copying `src` (any strides) into the contiguous place `dst` (in the arena,
+    or in the node's shared-memory window: Loc base "window"). A gradient the backward made
+    transposed (a permuted GEMM output: unit stride on an outer dimension) is copied in
+    square tiles: a row-by-row copy reads one element per cache line and ran at a quarter
+    of the contiguous copy's speed (175 us for the MLP's 784x256 weight gradient)."""
     t = src.type
     kb = KernelBuilder(lw, lw.name("bucket_pack"), t.shape)
     i = kb.operand(src)
-    o = kb.operand(dst) if dst is not None else \
-        kb.virtual(t.dtype, 0, 1, contiguous_strides(t.shape, 1))
+    o = kb.operand(dst)
     sizes, strides = collapse(t.shape, [op.strides for op in kb.operands])
     b = kb.begin()
     element = MEM[t.dtype.name]
-    base = kb.pointer(b, o, i64(0)) if dst is not None else dst_pointer(b)
+    base = kb.pointer(b, o, i64(0))
 
     def store(b, offset, value):
         b.store(value, b.gep(base, [offset], inbounds=True, source_etype=element))

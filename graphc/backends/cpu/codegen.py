@@ -52,7 +52,7 @@ import numpy as np
 from llvmlite import ir
 
 from graphc.backends import common
-from graphc.backends.cpu import conv, llvm, pool, rows, values
+from graphc.backends.cpu import collective_shm, conv, llvm, pool, rows, values
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS
 from graphc.backends.cpu.gemm_layout import folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
@@ -128,6 +128,7 @@ class Lowerer(Codegen):
     # ---- dispatch (the shared prologue: graphc.backends.common.lower_node) ---------------
     def place(self, node: Node) -> None:
         self.locs.define(node)
+        collective_shm.place(self, node)  # gradients written straight into the node's window
 
     def lower_node(self, node: Node) -> None:
         lowering = common.find_lowering(node.op, LOWERINGS, SCALAR_LOWERINGS,
@@ -721,6 +722,8 @@ class Lowerer(Codegen):
             if (kind, index) not in bases:
                 if kind == "arena":
                     bases[(kind, index)] = arena
+                elif kind == "window":  # this rank's shared-memory window (collective_shm)
+                    bases[(kind, index)] = collective_shm.window_data(self, b)
                 else:
                     table = inputs if kind == "input" else outputs
                     slot = b.gep(table, [i64(index)], source_etype=PTR)

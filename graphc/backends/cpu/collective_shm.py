@@ -60,8 +60,8 @@ from graphc.backends.common import contiguous_strides
 from graphc.backends.cpu import llvm
 from graphc.backends.cpu.bucket_pack import pack
 from graphc.backends.cpu.kernels import KernelBuilder
-from graphc.backends.cpu.values import F64, I32, I64, MEM, PTR, i64, loop, unsupported
-from graphc.ir.graph import Node
+from graphc.backends.cpu.values import F64, I32, I64, MEM, PTR, Loc, i64, loop, unsupported
+from graphc.ir.graph import Node, Value
 from graphc.ir.printer import format_node
 from graphc.ops import collective
 
@@ -79,14 +79,20 @@ WHOLE_REDUCE_MAX_WORLD = 4
 
 
 @dataclass
-class _Slots:
-    """One executable's buckets in the window: value name -> (slot, byte offset)."""
+class _Layout:
+    """One executable's use of the window, decided from the whole schedule before its first
+    node is lowered (the backward's kernels write gradients there, long before the starts)."""
 
-    assigned: dict[str, tuple[int, int]] = field(default_factory=dict)
+    buckets: dict[str, tuple[int, int]] = field(default_factory=dict)  # value -> slot, offset
+    members: dict[Value, Loc] = field(default_factory=dict)  # gradient -> its window place
     used_bytes: int = 0
+    control_bytes: int = 0  # the window's control area: its data starts past it
+    start: Node | None = None  # the first window bucket's start (named in errors)
+    first: Node | None = None  # the node before whose kernels the window check and fence go
+    fenced: bool = False
 
 
-_SLOTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # lowerer -> _Slots
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # lowerer -> _Layout
 
 
 def _window(node: Node):
@@ -95,24 +101,86 @@ def _window(node: Node):
     return (native, window) if window is not None and native.world_size > 1 else (None, None)
 
 
+def _layout(lw) -> _Layout:
+    """The window buckets of lw's graph (slots and offsets in start order) and the gradients
+    the backward writes straight into them; computed once per lowerer."""
+    found = _LAYOUTS.get(lw)
+    if found is not None:
+        return found
+    layout = _LAYOUTS[lw] = _Layout()
+    starts = [n for n in lw.plan.schedule if n.op == "all_reduce_start"]
+    if not starts:
+        return layout
+    _, window = _window(starts[0])
+    if window is None:
+        return layout
+    movable = _movable_gradients(lw)
+    layout.control_bytes = window.control_bytes
+    for node in starts:
+        out = node.outputs[0]
+        if node.attrs["op"] not in ("sum", "avg") or \
+                out.type.dtype.name not in ("float32", "float64"):
+            continue
+        nbytes = -(-out.type.nbytes // _ALIGN) * _ALIGN
+        if len(layout.buckets) >= window.slots or layout.used_bytes + nbytes > window.data_bytes:
+            continue
+        offset = layout.used_bytes
+        layout.start = layout.start or node
+        layout.buckets[out.name] = (len(layout.buckets), offset)
+        layout.used_bytes += nbytes
+        at = offset
+        for x in node.inputs:
+            if x in movable and x not in layout.members:
+                layout.members[x] = Loc("window", 0, at, contiguous_strides(
+                    x.type.shape, x.type.dtype.itemsize), x.type)
+            at += x.type.nbytes
+    first_write = {v: i for i, n in enumerate(lw.plan.schedule) for v in n.outputs
+                   if v in layout.members or v.name in layout.buckets}
+    if first_write:
+        layout.first = lw.plan.schedule[min(first_write.values())]
+    return layout
+
+
+def _movable_gradients(lw) -> set[Value]:
+    """Values the backward can compute straight into the window: made by a node into an
+    arena buffer of their own (not a view, not written over an input's buffer or into a
+    graph input, not a graph output or update value), static and non-empty."""
+    plan, graph = lw.plan, lw.graph
+    kept = {v.name for v in graph.outputs} | {v.name for pair in graph.updates for v in pair}
+    return {v for n in plan.schedule if n.op != "all_reduce_start" for v in n.outputs
+            if v.name in plan.buffer_of and v.name not in plan.views
+            and v.name not in plan.inplace and v.name not in plan.in_input
+            and v.name not in kept and not v.type.is_symbolic and v.type.numel > 0}
+
+
 def usable(lw, node: Node) -> bool:
-    """Whether this bucket (a start, or the wait of one) goes through the window; a start
-    that fits is given its slot and offset here, in start order."""
-    native, window = _window(node)
-    if window is None or node.attrs["op"] not in ("sum", "avg"):
-        return False
+    """Whether this bucket (a start, or the wait of one) goes through the window."""
     value = node.outputs[0] if node.op == "all_reduce_start" else node.inputs[0]
-    if value.type.dtype.name not in ("float32", "float64"):
-        return False
-    slots = _SLOTS.setdefault(lw, _Slots())
-    if value.name in slots.assigned or node.op != "all_reduce_start":
-        return value.name in slots.assigned
-    nbytes = -(-value.type.nbytes // _ALIGN) * _ALIGN
-    if len(slots.assigned) >= window.slots or slots.used_bytes + nbytes > window.data_bytes:
-        return False
-    slots.assigned[value.name] = (len(slots.assigned), slots.used_bytes)
-    slots.used_bytes += nbytes
-    return True
+    return value.name in _layout(lw).buckets
+
+
+def place(lw, node: Node) -> None:
+    """After lw placed node's outputs: a gradient the window holds is placed there instead,
+    and before the first node that writes into the window, the check that the window still
+    fits this step and the fence (no rank still reads this rank's window) run."""
+    layout = _layout(lw)
+    if layout.first is None:
+        return
+    if node is layout.first and not layout.fenced:
+        _lower_fence(lw, node, layout)
+        layout.fenced = True
+    for v in node.outputs:
+        if v in layout.members:
+            lw.locs.locs[v] = layout.members[v]
+
+
+def window_data(lw, b: ir.IRBuilder) -> ir.Value:
+    """For the driver: the address of this rank's window data (Loc base "window")."""
+    table = lw.declare(TABLE_SYMBOL, ir.FunctionType(ir.VoidType(), []))
+    segment = b.load(b.gep(table, [b.add(b.load(table, typ=I64), i64(_BASES))],
+                           source_etype=I64), typ=I64)
+    return b.gep(b.inttoptr(segment, PTR), [i64(_layout(lw).control_bytes)],
+                 source_etype=ir.IntType(8))
 
 
 class _Emitter:
@@ -204,51 +272,50 @@ class _Emitter:
         return b.add(b.mul(sec, i64(10**9)), nsec)
 
 
-def lower_start(lw, node: Node) -> None:
-    """Fence, pack into this rank's window, publish (see the module docstring)."""
-    out = node.outputs[0]
-    slot, offset = _SLOTS[lw].assigned[out.name]
-    item = out.type.dtype.itemsize
-    kb = KernelBuilder(lw, lw.name("all_reduce_start_fence"), (1,))
+def _lower_fence(lw, before: Node, layout: _Layout) -> None:
+    """One status kernel before the step's first write into the window (before `before`'s
+    kernels): the table must still describe a window of this world size with room for the
+    step's buckets (else the step was compiled for another process group), and every rank
+    must have finished as many bucket waits as this one (no rank still reads this rank's
+    window: an earlier step's buckets, or another executable's, occupy the same bytes)."""
+    start = layout.start
+    kb = KernelBuilder(lw, lw.name("window_fence"), (1,))
     kb.kernel.status = True
     b = kb.begin()
-    e = _Emitter(lw, node, kb, b)
-    lw.errors.append(f"{node.op}: this step was compiled for a shared-memory window of "
-                     f"{e.world} ranks with at least {offset + out.type.nbytes} bytes, and the "
+    e = _Emitter(lw, start, kb, b)
+    lw.errors.append(f"{start.op}: this step was compiled for a shared-memory window of "
+                     f"{e.world} ranks with at least {layout.used_bytes} bytes, and the "
                      f"process group now has another one, or none (destroy_process_group); "
                      f"compile the step again (graphc.compile) after init_process_group, in "
-                     f"node {format_node(node)}")
+                     f"node {format_node(start)}")
     stale = len(lw.errors)
     fits = b.and_(b.icmp_signed("==", e.word(i64(1)), i64(e.world)),
-                  b.icmp_signed(">=", e.word(i64(2)), i64(offset + out.type.nbytes)))
+                  b.icmp_signed(">=", e.word(i64(2)), i64(layout.used_bytes)))
     with b.if_then(b.not_(fits), likely=False):
         b.ret(ir.Constant(I32, stale))
     e.wait_all(None, e.mine(None), "fence")
     b.ret(ir.Constant(I32, 0))
     lw.calls.append(kb.kernel)
-    at = 0
+
+
+def lower_start(lw, node: Node) -> None:
+    """Pack the gradients the backward did not write into the window already, publish (see
+    the module docstring)."""
+    out = node.outputs[0]
+    layout = _layout(lw)
+    slot, offset = layout.buckets[out.name]
+    at = offset
     for x in node.inputs:
-        if x.type.numel:
-            pack(lw, lw.locs[x], None, _window_pointer(lw, node, offset + at * item))
-        at += x.type.numel
-    kb = KernelBuilder(lw, lw.name("all_reduce_start"), (1,))
+        place = Loc("window", 0, at, contiguous_strides(x.type.shape, x.type.dtype.itemsize),
+                    x.type)
+        if x.type.numel and lw.locs[x] != place:
+            pack(lw, lw.locs[x], place)
+        at += x.type.nbytes
+    kb = KernelBuilder(lw, lw.name("all_reduce_start_window"), (1,))
     b = kb.begin()
     e = _Emitter(lw, node, kb, b)
     e.publish(slot, b.add(e.mine(slot), i64(1)))
     lw.calls.append(kb.finish(b))
-
-
-def _window_pointer(lw, node: Node, offset: int):
-    """For `pack`: code computing the address `offset` bytes into this rank's data."""
-    window = _window(node)[1]
-
-    def pointer(b):
-        table = lw.declare(TABLE_SYMBOL, ir.FunctionType(ir.VoidType(), []))
-        word = b.load(b.gep(table, [b.add(b.load(table, typ=I64), i64(_BASES))],
-                            source_etype=I64), typ=I64)
-        return b.gep(b.inttoptr(word, PTR), [i64(window.control_bytes + offset)],
-                     source_etype=ir.IntType(8))
-    return pointer
 
 
 def lower_wait(lw, node: Node) -> None:
@@ -256,25 +323,32 @@ def lower_wait(lw, node: Node) -> None:
     straight into the wait's outputs (the packed tensors' places: the arena, or an output
     array)."""
     bucket = node.inputs[0]
-    slot, offset = _SLOTS[lw].assigned[bucket.name]
+    slot, offset = _layout(lw).buckets[bucket.name]
     dt, count = bucket.type.dtype, bucket.type.numel
     element = MEM[dt.name]
+    for out in node.outputs:
+        if lw.locs[out].strides != contiguous_strides(out.type.shape, dt.itemsize):
+            raise unsupported(node, "all_reduce_wait into a strided output")
+    # two kernels, so that graphc.profile tells the waiting from the summing
     kb = KernelBuilder(lw, lw.name("all_reduce_wait"), (1,))
+    kb.kernel.status = True
+    b = kb.begin()
+    e = _Emitter(lw, node, kb, b)
+    e.wait_all(slot, e.mine(slot), "packed")
+    b.ret(ir.Constant(I32, 0))
+    lw.calls.append(kb.kernel)
+    kb = KernelBuilder(lw, lw.name("all_reduce_wait_sum"), (1,))
     kb.kernel.status = True
     outs = []  # (operand, first element in the bucket, elements)
     at = 0
     for out in node.outputs:
-        loc = lw.locs[out]
-        if loc.strides != contiguous_strides(out.type.shape, dt.itemsize):
-            raise unsupported(node, "all_reduce_wait into a strided output")
-        outs.append((kb.operand(loc, (0,)), at, out.type.numel))
+        outs.append((kb.operand(lw.locs[out], (0,)), at, out.type.numel))
         at += out.type.numel
     b = kb.begin()
     e = _Emitter(lw, node, kb, b)
     world = e.world
     pieces = [(kb.pointer(b, o, i64(0)), first, n) for o, first, n in outs]
     packed = e.mine(slot)
-    e.wait_all(slot, packed, "packed")
     chunk = -(-count // world)
     chunk = -(-chunk // 16) * 16  # whole cache lines per rank
 
