@@ -115,6 +115,16 @@ def test_compiled_ir_has_compute_between_start_and_wait():
 
 
 @needs_mpi
+def test_the_backward_writes_window_buckets_in_place():
+    """Gradients with a buffer of their own are computed straight into the shared-memory
+    window (no pack kernel, for the MLP's and LeNet's too); views, graph inputs and values
+    the step also returns are packed; every result is the average over the ranks."""
+    done, _ = _launch("direct")
+    assert done.returncode == 0, done.stderr
+    assert "OK direct: gradients written into the window, 3 packed" in done.stdout, done.stdout
+
+
+@needs_mpi
 def test_a_step_compiled_for_another_window_is_refused():
     done, _ = _launch("stale")
     assert done.returncode == 0, done.stderr

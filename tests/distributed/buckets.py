@@ -17,6 +17,7 @@ import graphc.nn.functional as F  # noqa: E402
 from graphc.ir import parse  # noqa: E402
 from graphc.ir.printer import format_graph  # noqa: E402
 from graphc.nn.parallel import DistributedDataParallel  # noqa: E402
+from graphc.ops import collective  # noqa: E402
 from graphc.passes.fuse import fuse  # noqa: E402
 from graphc.passes.plan import check_plan, plan_buffers  # noqa: E402
 from graphc.passes.simplify import simplify  # noqa: E402
@@ -203,6 +204,45 @@ def mismatched_steps():
     return "unreachable"
 
 
+def direct():
+    """Window buckets: a gradient the backward computes into a buffer of its own is written
+    straight into the window (no pack kernel); a view, a graph input and a value the step
+    also returns are packed there; all reduce to the right values, on every rank."""
+    r = float(dist.get_rank())
+
+    def f(a, b, c):
+        made = a * 2.0 + r  # its own buffer: computed straight into the window
+        flipped = (b * 3.0 + r).t()  # a transposed view: packed in tiles
+        kept = c - r  # also returned: packed
+        reduced = [collective.all_reduce(t, "avg") for t in (made, flipped, c, kept)]
+        return (*reduced, kept * 1.0)  # c: a graph input, packed
+
+    step = graphc.compile(f, backend="cpu")
+    a = np.arange(300, dtype=np.float32).reshape(20, 15)
+    b = np.arange(70, dtype=np.float32).reshape(7, 10)
+    for _ in range(3):  # steps reuse the window: the fence keeps them apart
+        c = np.full(9, 2.0 + r, np.float32)
+        made, flipped, c_avg, kept, kept2 = step(graphc.tensor(a), graphc.tensor(b),
+                                                 graphc.tensor(c))
+        np.testing.assert_array_equal(made.numpy(), a * 2.0 + 0.5)
+        np.testing.assert_array_equal(flipped.numpy(), (b * 3.0 + 0.5).T)
+        np.testing.assert_array_equal(c_avg.numpy(), np.full(9, 2.5, np.float32))
+        np.testing.assert_array_equal(kept.numpy(), np.full(9, 2.0, np.float32))
+        np.testing.assert_array_equal(kept2.numpy(), np.full(9, 2.0, np.float32))
+    kernels = step.executable.lowered.kernels
+    packs = sum(k.endswith("_bucket_pack") for k in kernels)
+    fence = next(i for i, k in enumerate(kernels) if k.endswith("_window_fence"))
+    assert "window" in transports(step.executable) and packs == 3, kernels
+    assert fence < min(i for i, k in enumerate(kernels) if k.endswith("_bucket_pack")), kernels
+    for kind in ("mlp", "lenet"):  # the models' gradients: every one written in place
+        _, run, x, y = make(kind, "sgd", SMALL)
+        run(x, y)
+        kernels = run.executable.lowered.kernels
+        assert not any(k.endswith("_bucket_pack") for k in kernels), (kind, kernels)
+        assert transports(run.executable) == {"window"}, kernels
+    return "direct: gradients written into the window, 3 packed (view, input, kept)"
+
+
 WINDOWS = {"equal": None, "equal-mpi": 0, "equal-mixed": 1024}  # node_window_bytes
 
 
@@ -213,7 +253,7 @@ def main():
                             pg_options=None if window is None else {"node_window_bytes": window})
     done = {"equal": equal, "equal-mpi": equal, "equal-mixed": equal, "ir": ir,
             "eager": eager_details, "raise": raise_in_compiled, "stale": stale_window,
-            "mismatch": mismatched_steps}[mode]()
+            "mismatch": mismatched_steps, "direct": direct}[mode]()
     dist.barrier()
     if dist.get_rank() == 0:
         print("OK", done, flush=True)
