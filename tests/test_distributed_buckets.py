@@ -151,8 +151,10 @@ def test_a_rank_that_raises_between_compiled_bucketed_steps_ends_the_job():
 
 @needs_mpi
 def test_ranks_about_to_run_different_compiled_steps_are_stopped():
-    """The steady-state agreement runs in the background; a rank whose collectives changed
-    agrees at once and reports the mismatch, and the job ends."""
+    """Two steps whose buckets all go through the shared-memory window: each bucket's wait
+    compares the digests the ranks published with it before summing, so the rank running
+    the other step is reported (as graphc.distributed's agreement reports it on the MPI
+    path), and the job ends."""
     done, seconds = _launch("mismatch", "30")
     assert done.returncode != 0 and seconds < 120, (done.returncode, seconds)
     assert "the ranks are about to run different collectives (this rank, 0" in done.stderr, \

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,6 +43,10 @@ class NodeWindow:
     data_bytes: int
     control_bytes: int = CONTROL_BYTES
     slots: int = SLOTS
+    # collective signatures of compiled steps whose every collective is a window bucket:
+    # their code checks that all ranks run the same step (each bucket's published digest),
+    # so graphc.distributed's agreement skips them
+    checked: set = field(default_factory=set, compare=False, hash=False)
 
 
 @dataclass(frozen=True)

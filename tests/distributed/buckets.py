@@ -240,7 +240,12 @@ def direct():
         kernels = run.executable.lowered.kernels
         assert not any(k.endswith("_bucket_pack") for k in kernels), (kind, kernels)
         assert transports(run.executable) == {"window"}, kernels
-    return "direct: gradients written into the window, 3 packed (view, input, kept)"
+        # every collective is a window bucket: the code checks the ranks agree, not MPI
+        communicator = collective.communicator()
+        assert communicator._pending is None and communicator._agreed is None
+        assert run.executable._collectives in communicator.group.window.window.checked
+    return ("direct: gradients written into the window, 3 packed (view, input, kept); "
+            "no MPI agreement")
 
 
 WINDOWS = {"equal": None, "equal-mpi": 0, "equal-mixed": 1024}  # node_window_bytes

@@ -51,6 +51,7 @@ the window), other ops than sum/avg and other dtypes than float32/float64 take t
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import weakref
 from dataclasses import dataclass, field
 
@@ -64,6 +65,7 @@ from graphc.backends.cpu.values import F64, I32, I64, MEM, PTR, Loc, i64, loop, 
 from graphc.ir.graph import Node, Value
 from graphc.ir.printer import format_node
 from graphc.ops import collective
+from graphc.ops.collective import COLLECTIVE_OPS
 
 TABLE_SYMBOL = "graphc_node_table"
 _BASES = 3  # the table: rank, world size, data bytes per segment, then each segment's address
@@ -88,6 +90,8 @@ class _Layout:
     used_bytes: int = 0
     control_bytes: int = 0  # the window's control area: its data starts past it
     start: Node | None = None  # the first window bucket's start (named in errors)
+    signature: tuple = ()  # the collectives CpuExecutable agrees on before each run
+    digest: int = 0  # of the signature: stored with every bucket's counter, compared
     first: Node | None = None  # the node before whose kernels the window check and fence go
     fenced: bool = False
 
@@ -134,11 +138,24 @@ def _layout(lw) -> _Layout:
                 layout.members[x] = Loc("window", 0, at, contiguous_strides(
                     x.type.shape, x.type.dtype.itemsize), x.type)
             at += x.type.nbytes
+    layout.signature = signature(lw.plan.schedule)
+    digest = hashlib.sha256(repr(layout.signature).encode()).digest()
+    layout.digest = int.from_bytes(digest[:8], "little", signed=True)
+    if all(n.op == "all_reduce_start" and n.outputs[0].name in layout.buckets
+           for n in lw.plan.schedule if n.op in COLLECTIVE_OPS):
+        window.checked.add(layout.signature)  # graphc.distributed skips its agreement
     first_write = {v: i for i, n in enumerate(lw.plan.schedule) for v in n.outputs
                    if v in layout.members or v.name in layout.buckets}
     if first_write:
         layout.first = lw.plan.schedule[min(first_write.values())]
     return layout
+
+
+def signature(schedule: list[Node]) -> tuple:
+    """What every rank must run the same of: each collective's op, reduction, size and dtype
+    in schedule order (the tuple CpuExecutable asks graphc.distributed to agree on)."""
+    return tuple((n.op, n.attrs["op"], n.outputs[0].type.numel, n.outputs[0].type.dtype.name)
+                 for n in schedule if n.op in COLLECTIVE_OPS)
 
 
 def _movable_gradients(lw) -> set[Value]:
@@ -213,6 +230,10 @@ class _Emitter:
         """Pointer to rank's wait counter (slot None) or its counter of bucket `slot`."""
         at = 0 if slot is None else LINE * (1 + slot)
         return self.b.gep(self.segment(rank), [i64(at)], source_etype=ir.IntType(8))
+
+    def digest(self, rank, slot: int) -> ir.Value:
+        """Pointer to the step digest rank stored with its counter of bucket `slot`."""
+        return self.b.gep(self.control(rank, slot), [i64(8)], source_etype=ir.IntType(8))
 
     def data(self, rank, offset: int) -> ir.Value:
         return self.b.gep(self.segment(rank), [i64(self.window.control_bytes + offset)],
@@ -314,6 +335,7 @@ def lower_start(lw, node: Node) -> None:
     kb = KernelBuilder(lw, lw.name("all_reduce_start_window"), (1,))
     b = kb.begin()
     e = _Emitter(lw, node, kb, b)
+    b.store(i64(layout.digest), e.digest(e.rank, slot))  # published with the counter
     e.publish(slot, b.add(e.mine(slot), i64(1)))
     lw.calls.append(kb.finish(b))
 
@@ -335,6 +357,17 @@ def lower_wait(lw, node: Node) -> None:
     b = kb.begin()
     e = _Emitter(lw, node, kb, b)
     e.wait_all(slot, e.mine(slot), "packed")
+    layout = _layout(lw)
+    rank = collective.communicator(node.op).rank
+    lw.errors.append(f"{node.op}: the ranks are about to run different collectives (this "
+                     f"rank, {rank}: {layout.signature!r:.200}); every rank must run the same "
+                     f"compiled step on same-shaped batches (one rank retraced for another "
+                     f"shape?), in node {format_node(node)}")
+    differ = len(lw.errors)
+    for q in range(e.world):  # the digests the ranks published with this bucket
+        theirs = b.load(e.digest(i64(q), slot), typ=I64)
+        with b.if_then(b.icmp_signed("!=", theirs, i64(layout.digest)), likely=False):
+            b.ret(ir.Constant(I32, differ))
     b.ret(ir.Constant(I32, 0))
     lw.calls.append(kb.kernel)
     kb = KernelBuilder(lw, lw.name("all_reduce_wait_sum"), (1,))
