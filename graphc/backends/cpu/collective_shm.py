@@ -9,11 +9,20 @@ it allocated a window with MPI_Win_allocate_shared, and a bucket is reduced by t
 code itself, reading the other ranks' memory directly (as DeepSpeed's and oneCCL's
 shared-memory allreduce on CPUs):
 
-- `all_reduce_start`: wait until no rank still reads this rank's window from an earlier
-  bucket (the fence below), pack the gradients straight into this rank's window (at the
-  bucket's offset: one copy, as the MPI path's pack), then publish the bucket's counter.
-- `all_reduce_wait`: wait until every rank has published the bucket; sum it over all
-  windows in rank order, scaled for "avg", into the result; count the wait done. Every
+- The backward writes a bucket's gradients straight into this rank's window: `place`
+  (called by the lowerer for every node) gives each gradient that has an arena buffer of
+  its own (not a view, not written over an input, not a graph output) its place in the
+  bucket's window bytes, so the GEMM or reduction that makes it writes there. Before the
+  step's first write into the window one kernel checks that the window still fits the step
+  and waits until no rank still reads this rank's window (the fence below).
+- `all_reduce_start`: pack what the plan could not place there (a view, a graph input, a
+  value the step also returns: one copy each, transposed ones in tiles), store the step's
+  digest, then publish the bucket's counter.
+- `all_reduce_wait`: wait until every rank has published the bucket; check that every rank
+  published this step's digest (a digest of the step's collectives: ranks about to run
+  different steps fail here, before any sum, and graphc.distributed skips its per-step
+  MPI agreement for steps whose every collective is a window bucket); sum the bucket over
+  all windows in rank order, scaled for "avg", into the result; count the wait done. Every
   rank adds in the same order, so all get the same bits (for two ranks, MPI's sum's bits).
   That is one meeting per bucket: the rank that comes late finds the others' data there
   and reduces alone, where MPI's reduce-scatter and allgather need both ranks inside MPI
@@ -23,26 +32,30 @@ shared-memory allreduce on CPUs):
   until every rank has, and copies the other ranks' chunks: two meetings, but the traffic
   no longer grows with the world size.
 
-Per rank and MB of gradients (two ranks): the pack (1 MB read, 1 MB written), then the sum
-(2 MB read, 1 MB written), against MPICH's copies through its queues or a kernel copy, its
-reduction loop, and the separate averaging pass; and no MPI call.
+Per rank and MB of gradients (two ranks): the sum (2 MB read, one of them the other rank's,
+1 MB written), against MPICH's copies through its queues or a kernel copy, its reduction
+loop, and the separate averaging pass; no pack for gradients written in place, no MPI call.
 
 The window (graphc.distributed's `NodeWindow`, reached as `native.node_window`): each rank's
 segment holds a control area then the data. Control: int64 words 64 bytes apart (one cache
 line each): word 0 counts the waits this rank finished, word 1 + k is bucket slot k's
-counter (+1 at its start, +1 when its wait has reduced). The generated code finds
-the segments through a table of int64 whose address is a registered symbol
-(`graphc_node_table`: rank, world size, data bytes, then each rank's segment address in this
-process), so the module text, and the on-disk object cache, do not depend on where the
-window landed. Each start first checks that the table still describes a window this step
-fits (destroy_process_group zeroes it; a later init_process_group may open another size):
-a stale step fails with an error naming the node instead of writing out of bounds.
+counter (+1 at its start, +1 when its wait has reduced), with the step's digest in the
+next word. The generated code finds the segments through a table of int64 whose address is
+a registered symbol (`graphc_node_table`: rank, world size, data bytes, then each rank's
+segment address in this process), so the module text, and the on-disk object cache, do
+not depend on where the window landed (the driver's base "window" is this rank's data, read
+from the table). Before its first write the step checks that the table still describes a
+window it fits (destroy_process_group zeroes it; a later init_process_group may open
+another size): a stale step fails with an error naming the node instead of writing out of
+bounds.
 
 Counters only grow and every rank runs the same collectives in the same order (the
-agreement of graphc.distributed checks it), so "every rank's counter >= mine" is the whole
+digests check it), so "every rank's counter >= mine" is the whole
 protocol. An executable's buckets get slots 0, 1, ... and data offsets from 0 in start
-order; other executables reuse them, which the fence makes safe: a start waits until every
-rank has finished as many waits as this one, i.e. no rank still copies from this window.
+order; other executables, and the next step, reuse them, which the fence makes safe: before
+a step's first write into the window it waits until every rank has finished as many waits
+as this one, i.e. no rank still reads this window (one fence per step suffices: within a
+step every bucket has bytes of its own).
 Every spin yields the core after a while and fails the step past the group's timeout,
 naming the node, as the MPI wait does. Buckets that do not fit (too many, or too large for
 the window), other ops than sum/avg and other dtypes than float32/float64 take the MPI path.
