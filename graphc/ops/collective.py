@@ -169,7 +169,8 @@ def _all_reduce_wait_kernel(bucket: np.ndarray, op: str, shapes: tuple | None = 
     if shapes is None:
         return bucket
     ends = np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1]
-    return tuple(piece.reshape(shape) for piece, shape in zip(np.split(bucket, ends), shapes))
+    pieces = tuple(piece.reshape(shape) for piece, shape in zip(np.split(bucket, ends), shapes))
+    return pieces[0] if len(pieces) == 1 else pieces  # one output: the array, as other ops
 
 
 register(OpDef("all_reduce_wait", COLLECTIVE, ("bucket",), _all_reduce_wait_infer,
