@@ -35,7 +35,8 @@ from graphc.errors import GraphcError
 
 __all__ = ["DistributedError", "ReduceOp", "Work", "all_gather", "all_reduce", "barrier",
            "broadcast", "destroy_process_group", "get_rank", "get_world_size",
-           "init_process_group", "is_available", "is_initialized", "reduce_scatter"]
+           "init_process_group", "is_available", "is_initialized", "reduce_scatter",
+           "shares_node_window"]
 
 
 class DistributedError(GraphcError, RuntimeError):
@@ -161,6 +162,12 @@ def _install_abort_on_error(MPI) -> None:
 
 def is_initialized() -> bool:
     return _group is not None
+
+
+def shares_node_window() -> bool:
+    """Whether the process group reduces compiled steps' buckets through a shared-memory
+    window (every rank on this machine: graphc.distributed.node_window)."""
+    return _current().window is not None
 
 
 def _current() -> _Group:
