@@ -36,7 +36,7 @@ from graphc.errors import GraphcError
 __all__ = ["DistributedError", "ReduceOp", "Work", "all_gather", "all_reduce", "barrier",
            "broadcast", "destroy_process_group", "get_rank", "get_world_size",
            "init_process_group", "is_available", "is_initialized", "reduce_scatter",
-           "shares_node_window"]
+           "node_window_fits"]
 
 
 class DistributedError(GraphcError, RuntimeError):
@@ -164,10 +164,18 @@ def is_initialized() -> bool:
     return _group is not None
 
 
-def shares_node_window() -> bool:
-    """Whether the process group reduces compiled steps' buckets through a shared-memory
-    window (every rank on this machine: graphc.distributed.node_window)."""
-    return _current().window is not None
+def node_window_fits(buckets: int, nbytes: int) -> bool:
+    """Whether compiled steps can reduce `buckets` buckets of `nbytes` bytes in all through
+    the process group's shared-memory window (every rank on this machine, and room for them:
+    graphc.distributed.node_window); buckets that do not fit go through MPI_Iallreduce."""
+    from graphc.distributed.node_window import LINE
+
+    open_window = _current().window
+    if open_window is None:
+        return False
+    window = open_window.window
+    padded = nbytes + buckets * (LINE - 1)  # each bucket starts on a cache line
+    return buckets <= window.slots and padded <= window.data_bytes
 
 
 def _current() -> _Group:

@@ -236,6 +236,9 @@ def direct():
     fence = next(i for i, k in enumerate(kernels) if k.endswith("_window_fence"))
     assert "window" in transports(step.executable) and packs == 3, kernels
     assert fence < min(i for i, k in enumerate(kernels) if k.endswith("_bucket_pack")), kernels
+    # DDP's default on the window: a bucket per gradient, where they all fit
+    assert dist.node_window_fits(255, 4096) and not dist.node_window_fits(256, 4096)
+    assert not dist.node_window_fits(1, 2**40)
     for kind in ("mlp", "lenet"):  # the models' gradients: every one written in place
         _, run, x, y = make(kind, "sgd", SMALL)
         run(x, y)

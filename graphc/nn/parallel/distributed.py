@@ -13,7 +13,8 @@ Eager: a post-accumulate-grad hook per parameter feeds graphc.nn.parallel.reduce
 (non-blocking MPI allreduces through mpi4py). Compiled (graphc.compile of a training step):
 a tensor hook makes each gradient's averaging the graph op `all_reduce` (with the
 `bucket_cap` attribute when `bucket_cap_mb` is given; without it, when every rank shares
-this machine, a bucket per gradient: WINDOW_BUCKET_CAP_MB), and the compiler's bucketing pass
+this machine and the window has room for them, a bucket per gradient: WINDOW_BUCKET_CAP_MB),
+and the compiler's bucketing pass
 (graphc.passes.bucket) groups them into buckets whose reduction (through the node's
 shared-memory window, or MPI_Iallreduce) the generated code starts right after the backward
 produced them and waits for just before the optimizer update: the whole DDP step is one
@@ -29,7 +30,8 @@ from graphc.nn.parallel.reducer import Reducer
 __all__ = ["DistributedDataParallel"]
 
 DEFAULT_BUCKET_CAP_MB = 25.0  # PyTorch's
-# Compiled steps whose ranks share one machine: a bucket per gradient. A bucket there costs
+# Compiled steps whose ranks share one machine, when the window holds every gradient in a
+# bucket of its own (at most 255 of them): a bucket per gradient. A bucket there costs
 # no MPI call, only a meeting the other rank has usually passed already, and each
 # gradient's sum is then followed by its optimizer update while it is still in cache (the
 # MLP's 2-rank step: ~30 us, 3%, faster than one 1 MB bucket summed before all updates).
@@ -61,7 +63,8 @@ class DistributedDataParallel(Module):
         self.reducer = Reducer(params, int(cap * 2**20))
         # in a trace, the averaging is an all_reduce node per gradient (the compiler buckets)
         traced_cap = bucket_cap_mb
-        if traced_cap is None and dist.shares_node_window():
+        if traced_cap is None and dist.node_window_fits(
+                len(params), sum(p.numel() * p.element_size() for p in params)):
             traced_cap = WINDOW_BUCKET_CAP_MB
         attrs = {} if traced_cap is None else {"bucket_cap": int(traced_cap * 2**20)}
         self._handles = [p.register_hook(_TracedAverage(attrs)) for p in params]
