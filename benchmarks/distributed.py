@@ -8,8 +8,9 @@ Each rank runs one thread (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, set by th
 and trains the compiled MLP 784-256-256-10 or LeNet-5 step at batch 64 per rank (SGD
 momentum). Variants (see `rank_main`): DDP with blocking per-gradient allreduces (the
 pipeline without the bucketing pass), DDP bucketed and overlapped (the default pipeline:
-with every rank on this machine, its buckets are reduced through the node's shared-memory
-window, graphc.backends.cpu.collective_shm), and the plain model without communication (the
+with every rank on this machine, its buckets, one per gradient, are written by the backward
+into the node's shared-memory window and reduced there, graphc.backends.cpu.collective_shm),
+and the plain model without communication (the
 ranks only share the machine). A third job, `--rank --no-window`, runs the bucketed variant
 with the window off (pg_options node_window_bytes=0: buckets through MPI_Iallreduce), as
 before the window. Throughput is
