@@ -86,86 +86,159 @@ def test_the_threads_setting_is_checked(monkeypatch):
         config.blas_threads()
 
 
+# ---- the thread count of the calling thread ---------------------------------------------------
+def _openmp():
+    import ctypes
+
+    from graphc.backends.cpu import llvm
+
+    path = llvm.load_openmp()
+    if path is None:
+        pytest.skip("no libgomp: graphc's loops and GEMMs run on one thread")
+    return ctypes.CDLL(path)
+
+
+def test_use_reapplies_a_count_another_library_changed_and_restore_gives_it_back():
+    openmp = _openmp()
+    openmp.omp_set_num_threads(3)
+    previous = threads.use(1)
+    assert previous == 3 and openmp.omp_get_max_threads() == 1
+    openmp.omp_set_num_threads(2)  # e.g. torch.set_num_threads(2) on this thread
+    assert threads.use(1) == 2 and openmp.omp_get_max_threads() == 1
+    assert threads.use(1) is None  # nothing to give back
+    threads.restore(2)
+    assert openmp.omp_get_max_threads() == 2
+
+
+def test_a_compiled_call_leaves_the_callers_openmp_count_as_it_found_it():
+    openmp = _openmp()
+    if threads.most_threads() < 2:
+        pytest.skip("one core: graphc never sets a thread count")
+    f = graphc.compile(lambda x: (x * 2.0).relu(), backend="cpu")
+    x = graphc.tensor(np.arange(-4, 4, dtype=np.float32))
+    f(x)
+    f.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=1)
+    openmp.omp_set_num_threads(5)
+    np.testing.assert_array_equal(f(x).numpy(), np.maximum(np.arange(-4, 4) * 2.0, 0))
+    assert openmp.omp_get_max_threads() == 5
+    openmp.omp_set_num_threads(threads.most_threads())
+
+
+def test_cores_free_reads_the_runnable_tasks():
+    import os
+
+    free = threads.cores_free()
+    if free is None:
+        pytest.skip("no /proc/loadavg on this system: trials of all cores are not gated")
+    assert free <= (os.cpu_count() or 1) - 1  # the caller itself is running
+
+
 # ---- the chooser -------------------------------------------------------------------------------
-class _Clock:
-    """Fake time: advances by each call's cost."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _chooser(most: int, fixed=None):
-    clock = _Clock()
-    return ThreadChooser(most, fixed=fixed, clock=clock), clock
-
-
-def _drive(chooser: ThreadChooser, clock: _Clock, cost: dict[int, float], calls: int,
-           ) -> list[int]:
-    used = []
-    for _ in range(calls):
-        n = chooser.pick()
-        used.append(n)
-        clock.now += cost[n]
-        chooser.record(n, cost[n])
-    return used
-
-
 MS = 1e-3
 
 
-def test_the_chooser_keeps_all_threads_while_they_are_faster():
-    chooser, clock = _chooser(2)
-    used = _drive(chooser, clock, {2: 1.0 * MS, 1: 1.8 * MS}, 20000)
+def _drive(chooser: ThreadChooser, cost, calls: int) -> list[int]:
+    """`calls` calls; `cost[n]` is a call's seconds on n threads, or a callable of the call's
+    index giving them."""
+    used = []
+    for i in range(calls):
+        n = chooser.pick()
+        used.append(n)
+        seconds = cost[n](i) if callable(cost[n]) else cost[n]
+        chooser.record(n, seconds)
+    return used
+
+
+def _idle(cores: int = 1):
+    return lambda: cores
+
+
+def _time_lost(used: list[int], cost: dict, best: int) -> float:
+    """The share of the time spent beyond running every call on `best` threads."""
+    spent = sum(cost[n] for n in used)
+    return spent / (len(used) * cost[best]) - 1
+
+
+def test_the_chooser_starts_on_one_thread_and_moves_to_all_cores_when_they_are_faster():
+    chooser = ThreadChooser(2, free_cores=_idle())
+    cost = {2: 1.0 * MS, 1: 1.8 * MS}
+    used = _drive(chooser, cost, 20000)
+    assert used[:ThreadChooser.WARMUP + ThreadChooser.MIN_GAP] == [1] * (
+        ThreadChooser.WARMUP + ThreadChooser.MIN_GAP)
     assert chooser.current == 2
-    assert used.count(1) < 0.01 * len(used)  # trials of one thread are rare
+    assert used[-10000:].count(1) < 0.01 * 10000  # trials of one thread are rare
+    assert _time_lost(used, cost, 2) < 0.03
+
+
+def test_the_chooser_never_tries_all_cores_while_no_core_is_free():
+    asked = []
+
+    def busy():
+        asked.append(1)
+        return 0
+
+    chooser = ThreadChooser(2, free_cores=busy)
+    assert _drive(chooser, {2: 50 * MS, 1: 1 * MS}, 5000) == [1] * 5000
+    assert asked  # it did look
+
+
+def test_trials_that_lose_cost_a_bounded_share_of_the_time():
+    """Under load a call on two threads costs 50 calls on one: trials stay within budget."""
+    chooser = ThreadChooser(2, free_cores=_idle())  # the load is invisible to the gate
+    cost = {2: 50 * MS, 1: 1 * MS}
+    used = _drive(chooser, cost, 50000)
+    assert chooser.current == 1
+    assert used.count(2) < 10  # each trial was one call: hopeless at once
+    assert _time_lost(used, cost, 1) < 2 * ThreadChooser.BUDGET
 
 
 def test_the_chooser_moves_to_one_thread_under_load_and_back_when_it_lifts():
-    chooser, clock = _chooser(2)
-    _drive(chooser, clock, {2: 1.0 * MS, 1: 1.8 * MS}, 500)
-    loaded = _drive(chooser, clock, {2: 60 * MS, 1: 1.9 * MS}, 20000)  # a core taken
+    chooser = ThreadChooser(2, free_cores=_idle())
+    idle = {2: 1.0 * MS, 1: 1.8 * MS}
+    _drive(chooser, idle, 2000)
+    assert chooser.current == 2
+    loaded = {2: 60 * MS, 1: 1.9 * MS}
+    used = _drive(chooser, loaded, 20000)
     assert chooser.current == 1
-    slow = loaded.count(2)
-    assert slow * 60 * MS < 0.05 * (len(loaded) - slow) * 1.9 * MS  # < 5% of the time lost
-    _drive(chooser, clock, {2: 1.0 * MS, 1: 1.8 * MS}, 40000)  # the load is gone
+    assert used[:30].count(2) <= ThreadChooser.MIN_GAP + 2  # it noticed within a few calls
+    assert _time_lost(used, loaded, 1) < 0.05
+    _drive(chooser, idle, 100000)  # the load is gone
     assert chooser.current == 2
 
 
 def test_the_chooser_weighs_the_slow_calls_of_a_bimodal_count():
-    """Under load two threads run most calls fast and some very slow: the mean decides."""
-    chooser, clock = _chooser(2)
-    chooser.current = 1
-    spiky = iter([0.7 * MS, 0.7 * MS, 6.0 * MS] * 20000)
-    for _ in range(5000):
-        n = chooser.pick()
-        cost = next(spiky) if n == 2 else 1.3 * MS
-        clock.now += cost
-        chooser.record(n, cost)
+    """Under load two threads run most calls fast and some very slow: one thread stays."""
+    chooser = ThreadChooser(2, free_cores=_idle())
+
+    def spiky(i):
+        return 6.0 * MS if i % 3 == 2 else 0.7 * MS
+
+    _drive(chooser, {2: spiky, 1: 1.3 * MS}, 5000)
     assert chooser.current == 1
 
 
-def test_the_first_calls_try_both_counts_so_a_loaded_machine_costs_two_slow_calls():
-    chooser, clock = _chooser(2)
-    used = _drive(chooser, clock, {2: 50 * MS, 1: 1 * MS}, 10)
-    assert used[:4] == [2, 2, 1, 1] and used[4:] == [1] * 6
+def test_a_single_parked_call_on_one_thread_does_not_send_the_chooser_to_all_cores():
+    chooser = ThreadChooser(2, free_cores=_idle())
+
+    def parked(i):
+        return 40 * MS if i % 7 == 0 else 1.0 * MS
+
+    used = _drive(chooser, {2: 1.1 * MS, 1: parked}, 3000)
+    assert chooser.current == 1 and used.count(2) < 0.05 * len(used)
 
 
 def test_a_hopeless_trial_stops_after_one_call():
-    chooser, clock = _chooser(2)
-    _drive(chooser, clock, {2: 50 * MS, 1: 1 * MS}, 4)  # settled on one thread
-    clock.now += 10.0  # long after: a trial is due once MIN_CALLS calls have run
-    used = _drive(chooser, clock, {2: 50 * MS, 1: 1 * MS}, ThreadChooser.MIN_CALLS + 10)
-    assert used.count(2) == 1 and used[ThreadChooser.MIN_CALLS] == 2
+    chooser = ThreadChooser(2, free_cores=_idle())
+    used = _drive(chooser, {2: 50 * MS, 1: 1 * MS}, 40)
+    first = ThreadChooser.WARMUP + ThreadChooser.MIN_GAP
+    assert used[first] == 2 and used.count(2) == 1
 
 
 def test_a_fixed_chooser_never_explores():
-    chooser, clock = _chooser(2, fixed=1)
-    assert _drive(chooser, clock, {2: 1 * MS, 1: 5 * MS}, 40) == [1] * 40
+    chooser = ThreadChooser(2, fixed=1, free_cores=_idle())
+    assert _drive(chooser, {2: 1 * MS, 1: 5 * MS}, 40) == [1] * 40
 
 
 def test_one_thread_machines_never_switch():
-    chooser, clock = _chooser(1)
-    assert _drive(chooser, clock, {1: 1 * MS}, 50) == [1] * 50
+    chooser = ThreadChooser(1, free_cores=_idle())
+    assert _drive(chooser, {1: 1 * MS}, 50) == [1] * 50

@@ -51,13 +51,13 @@ import functools
 import os
 import statistics
 import threading
-import time
 from collections import deque
 
 from graphc import config
 from graphc.backends.cpu import llvm
 
-__all__ = ["ThreadChooser", "install", "most_threads", "policy", "use"]
+__all__ = ["ThreadChooser", "cores_free", "install", "most_threads", "policy", "restore",
+           "use"]
 
 # Where each OpenBLAS build exports the callback setter and the thread-count setter.
 _CALLBACK_SETTERS = ("scipy_openblas_set_threads_callback_function64_",
@@ -136,7 +136,6 @@ _libraries: list = []  # the callbacks' compiled code: alive for the process
 _setters: list = []  # the callback setters installed into, reset in a forked child
 _fork_hook = False
 _thread_setters: list = []  # the BLAS's set_num_threads, where the callback was installed
-_applied = threading.local()  # the thread count this Python thread's OpenMP ICV holds
 _blas_threads = [0]  # the count last given to the BLAS (process-wide in OpenBLAS)
 
 
@@ -214,91 +213,189 @@ def _openmp() -> ctypes.CDLL | None:
 def most_threads() -> int:
     """The most threads graphc's calls use: libgomp's default team size (OMP_NUM_THREADS, else
     every core this process may run on), 1 without libgomp or with GRAPHC_BLAS_THREADS=native
-    (graphc then leaves every thread count alone)."""
+    (graphc then leaves every thread count alone). Read on a new thread, which starts from
+    the defaults: the calling thread's own count may have been set by another library
+    (PyTorch's `torch.set_num_threads` sets it in the one libgomp of the process)."""
     openmp = _openmp()
     if openmp is None or config.blas_threads() == "native":
         return 1
-    return max(1, min(openmp.omp_get_max_threads(), len(os.sched_getaffinity(0))))
+    found = []
+    reader = threading.Thread(target=lambda: found.append(openmp.omp_get_max_threads()))
+    reader.start()
+    reader.join()
+    return max(1, min(found[0], len(os.sched_getaffinity(0))))
 
 
-def use(n: int) -> None:
-    """Run the calling thread's next parallel regions, and the BLAS's GEMMs, on `n` threads."""
-    if getattr(_applied, "n", None) != n:
-        _openmp().omp_set_num_threads(n)
-        _applied.n = n
+def use(n: int) -> int | None:
+    """Run the calling thread's next OpenMP regions, and the BLAS's GEMMs, on `n` threads;
+    returns the OpenMP thread count the calling thread had when it differed (give it to
+    `restore` after the call), else None.
+
+    The OpenMP count is read back every time rather than remembered: the process has one
+    libgomp (PyTorch's `libgomp.so.1` and the system's share the name, so whichever loads
+    first serves both), and another library on this thread (`torch.set_num_threads`) sets the
+    same per-thread count."""
+    openmp = _openmp()
+    previous = openmp.omp_get_max_threads()
+    if previous != n:
+        openmp.omp_set_num_threads(n)
     if _blas_threads[0] != n:
         for setter in _thread_setters:
             setter(n)
         _blas_threads[0] = n
+    return previous if previous != n else None
+
+
+def restore(previous: int) -> None:
+    """Give the calling thread back the OpenMP thread count `use` returned, so that graphc's
+    choice does not leak into another library's parallel regions on this thread (PyTorch's
+    `#pragma omp parallel` reads the same setting)."""
+    _openmp().omp_set_num_threads(previous)
+
+
+class _RunnableTasks:
+    """How many tasks the kernel counts as runnable right now, system-wide, the caller among
+    them (the fourth field of /proc/loadavg, "running/total"); None where it cannot be read.
+    A pread on a descriptor kept open costs about a microsecond."""
+
+    def __init__(self, path: str = "/proc/loadavg") -> None:
+        self.path = path
+        self.fd: int | None = None
+        self.broken = False
+
+    def __call__(self) -> int | None:
+        if self.broken:
+            return None
+        try:
+            if self.fd is None:
+                self.fd = os.open(self.path, os.O_RDONLY)
+            return int(os.pread(self.fd, 128, 0).split()[3].split(b"/")[0])
+        except (OSError, IndexError, ValueError):
+            self.broken = True
+            return None
+
+
+_runnable_tasks = _RunnableTasks()
+
+
+def cores_free() -> int | None:
+    """Online cores that no runnable task but the caller holds right now (None: unknown).
+    A point sample: it answers "is another core idle this instant", not "will it stay so"."""
+    runnable = _runnable_tasks()
+    if runnable is None:
+        return None
+    return (os.cpu_count() or 1) - runnable
 
 
 class ThreadChooser:
     """How many threads one executable's calls use: `most` (all cores) or 1, whichever its
     recent calls ran faster with.
 
-    `pick()` gives the count for the next call and `record(n, seconds)` its time. The first
-    FIRST_TRIAL calls run on `most` threads and the next FIRST_TRIAL on one; the faster count
-    is kept. After that the chooser runs the current count and, once FIRST_WAIT seconds and
-    at least MIN_CALLS calls have passed, tries the other count for up to TRIAL calls; it
-    switches when the trial's mean beats the mean of the current count's last WINDOW calls
-    by 10%. A trial call slower than twice that mean ends the trial at once: on a loaded
-    machine one call on two threads can cost 50 times one on a single thread (a parked
-    thread at every barrier), so trials must be rare and short. A trial that loses doubles
-    the wait (up to MAX_WAIT seconds); a switch resets it. Means, not medians: under load two
-    threads run most calls fast and some very slow, and a training loop pays the mean.
+    `pick()` gives the count for the next call and `record(n, seconds)` its time. The risks
+    are lopsided, and the rules follow from that. On an idle machine two threads gain at
+    most `most`x over one; with another task on a core, one call on two threads costs 10 to
+    100 times a call on one (each barrier waits for a thread the OS parked for a time slice:
+    the LSTM step took 750 ms against 25 ms). So:
+
+    - Start on one thread: the first WARMUP calls (cold caches, fresh pages) are not judged.
+    - Try the other count for TRIAL calls now and then. A trial is paid for by the
+      executable's own time: after a trial cost `excess` seconds over what the current count
+      would have taken, the next one waits until the current count has run
+      `excess * backoff / BUDGET` seconds (and at least MIN_GAP calls), so exploring costs at
+      most about BUDGET of the run time however slow a trial was. Each losing trial doubles
+      `backoff` (up to MAX_BACKOFF); a switch resets it. Time is the executable's own, not
+      the wall clock's: an executable called rarely among other work explores as rarely.
+    - A trial of `most` threads waits while `cores_free` (the runnable tasks of
+      /proc/loadavg) finds no free core for the extra threads: then it would cost a slow
+      call and tell nothing new. A trial call slower than twice the current median ends the
+      trial at once (hopeless).
+    - A trial of one thread is cheap (at worst `most`x a call), so it comes early when the
+      calls on `most` threads get slower than RESLOW times the mean at the last decision
+      (load arrived).
+    - Deciding: one thread wins when the trial's median beats the mean of the current
+      window by 10% (the mean, because under load two threads run most calls fast and some
+      very slow, and a loop pays the mean); `most` threads win only when the trial's mean
+      beats the current window's median by 15% (the median, because a call on one thread
+      that the OS parked says nothing in favour of two threads).
+
     `fixed=n` always picks n (e.g. a profiling copy of an executable that already chose);
-    `clock` is for tests.
+    `free_cores` replaces `cores_free` (tests).
     """
 
-    FIRST_TRIAL = 2
-    TRIAL = 2
+    WARMUP = 2
     WINDOW = 9
-    MIN_CALLS = 8
-    FIRST_WAIT = 0.25  # seconds
-    MAX_WAIT = 30.0
+    TRIAL = 3
+    MIN_GAP = 8  # calls
+    BUDGET = 0.02  # share of the executable's own time that trials may cost
+    MAX_BACKOFF = 64
+    RESLOW = 1.5
 
-    def __init__(self, most: int, fixed: int | None = None, clock=time.monotonic) -> None:
+    def __init__(self, most: int, fixed: int | None = None, free_cores=cores_free) -> None:
         self.most = most if fixed is None else 1
-        self.current = most if fixed is None else fixed
-        self.samples = {most: deque(maxlen=self.WINDOW), 1: deque(maxlen=self.WINDOW)}
-        self.clock = clock
-        self.wait = self.FIRST_WAIT
-        self.next_trial = clock()  # the first trial right after the first FIRST_TRIAL calls
-        self.calls_left = self.FIRST_TRIAL
-        self.trial_left = 0
+        self.current = 1 if fixed is None else fixed
+        self.window: deque[float] = deque(maxlen=self.WINDOW)  # the current count's calls
+        self.trial: list[float] = []
+        self.trying = 0  # the count under trial, 0 when none
+        self.free_cores = free_cores
+        self.warmup_left = self.WARMUP
+        self.gap_calls = 0  # calls of the current count since the last trial (or switch)
+        self.gap_seconds = 0.0  # ... and their time
+        self.due_seconds = 0.0  # the trial waits until gap_seconds reaches this
+        self.backoff = 1
+        self.reference = 0.0  # the current count's mean at the last decision
 
     def _other(self) -> int:
         return 1 if self.current == self.most else self.most
 
     def pick(self) -> int:
-        if self.most == 1:
+        if self.trying:
+            return self.trying
+        if self.most == 1 or self.warmup_left > 0 or self.gap_calls < self.MIN_GAP:
             return self.current
-        if not self.trial_left and self.calls_left <= 0 and self.clock() >= self.next_trial:
-            self.trial_left = self.TRIAL if self.samples[self._other()] else self.FIRST_TRIAL
-        return self._other() if self.trial_left else self.current
+        other = self._other()
+        if self.gap_seconds < self.due_seconds and not (other == 1 and self._slower()):
+            return self.current
+        if other > 1:
+            free = self.free_cores()
+            if free is not None and free < other - 1:
+                self.gap_calls = 0  # look again after MIN_GAP calls
+                return self.current
+        self.trying, self.trial = other, []
+        return other
+
+    def _slower(self) -> bool:
+        return bool(self.reference) and statistics.fmean(self.window) > \
+            self.RESLOW * self.reference
 
     def record(self, n: int, seconds: float) -> None:
         if self.most == 1:
             return
-        if n == self.current:
-            self.samples[n].append(seconds)
-            self.calls_left -= 1
+        if self.warmup_left > 0:
+            self.warmup_left -= 1
             return
-        self.samples[n].append(seconds)
-        self.trial_left -= 1
-        if seconds > 2 * statistics.fmean(self.samples[self.current]):
-            self.trial_left = 0  # hopeless: stop paying for it now
-        if self.trial_left <= 0:
+        if n != self.trying:
+            self.window.append(seconds)
+            self.gap_calls += 1
+            self.gap_seconds += seconds
+            return
+        self.trial.append(seconds)
+        if len(self.trial) >= self.TRIAL or seconds > 2 * statistics.median(self.window):
             self._decide()
 
     def _decide(self) -> None:
-        other = self._other()
-        trial = statistics.fmean(list(self.samples[other])[-self.TRIAL:])
-        if trial < 0.9 * statistics.fmean(self.samples[self.current]):
-            self.current = other
-            self.wait = self.FIRST_WAIT
+        other, trial, window = self.trying, self.trial, self.window
+        if other == 1:
+            wins = statistics.median(trial) < 0.9 * statistics.fmean(window)
         else:
-            self.wait = min(2 * self.wait, self.MAX_WAIT)
-        self.trial_left = 0
-        self.calls_left = self.MIN_CALLS
-        self.next_trial = self.clock() + self.wait
+            wins = statistics.fmean(trial) < 0.85 * statistics.median(window)
+        self.trying, self.trial = 0, []
+        self.gap_calls, self.gap_seconds = 0, 0.0
+        if wins:
+            self.current, self.backoff, self.due_seconds = other, 1, 0.0
+            self.window = deque(trial, maxlen=self.WINDOW)
+            self.reference = statistics.fmean(trial)
+            return
+        excess = max(sum(trial) - len(trial) * statistics.median(window), 0.0)
+        self.due_seconds = excess * self.backoff / self.BUDGET
+        self.backoff = min(2 * self.backoff, self.MAX_BACKOFF)
+        self.reference = statistics.fmean(window)
