@@ -222,11 +222,12 @@ class CpuExecutable:
             for k, o in enumerate(outs):
                 out_ptrs[k] = _address(o)
             n = self.thread_chooser.pick()
-            if self.thread_chooser.most > 1:
-                threads.use(n)
+            previous = threads.use(n) if self.thread_chooser.most > 1 else None
             start = time.perf_counter()
             status = self._run(self._in_ptrs, out_ptrs, *self._tail)
             self.thread_chooser.record(n, time.perf_counter() - start)
+            if previous is not None:
+                threads.restore(previous)
         if status:
             errors = self.lowered.errors
             what = errors[status - 1] if 0 < status <= len(errors) else f"status {status}"
