@@ -1,0 +1,25 @@
+"""benchmarks.contention's thread table: graphc's three figures per training step and its
+contended figure over its own 1-thread figure, flagged past the issue's 1.2x."""
+
+from benchmarks.contention import thread_table
+
+
+def _run(load: str, **figures: float) -> dict:
+    cases = [{"name": name, "description": name.upper(), "graphc": "graphc cpu",
+              "contenders": [{"name": "torch eager", "figure": 1.0},
+                             {"name": "graphc cpu", "figure": ms}]}
+             for name, ms in figures.items()]
+    return {"header": f"command: x; load average at the end {load}; clock: wall",
+            "cases": cases}
+
+
+def test_the_table_divides_the_contended_figure_by_the_one_thread_figure():
+    table = thread_table([_run("0.50 0.40 0.30", mlp=2.0, vae=0.5),
+                          _run("0.60 0.40 0.30", mlp=1.5, vae=0.4),
+                          _run("1.60 0.90 0.40", mlp=2.2, vae=0.75)])
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()
+            if line.startswith("| MLP") or line.startswith("| VAE")}
+    assert rows["MLP"].endswith("| 2.00 ms | 1.50 ms | 2.20 ms | 1.10x |")
+    assert rows["VAE"].endswith("| 0.500 ms | 0.400 ms | 0.750 ms | 1.50x **over 1.2x** |")
+    assert "one core busy: 1.60 0.90 0.40" in table
+
