@@ -124,6 +124,28 @@ def test_a_compiled_call_leaves_the_callers_openmp_count_as_it_found_it():
     openmp.omp_set_num_threads(threads.most_threads())
 
 
+def test_a_fixed_count_is_applied_to_the_call(monkeypatch):
+    """A profiling copy of an executable runs on the count the original chose, not on
+    whatever count the calling thread happens to hold."""
+    if threads.most_threads() < 2:
+        pytest.skip("one core: graphc never sets a thread count")
+    f = graphc.compile(lambda x: x + 1.0, backend="cpu")
+    x = graphc.tensor(np.zeros(4, np.float32))
+    f(x)
+    applied = []
+    real_use = threads.use
+
+    def use(n):
+        applied.append(n)
+        return real_use(n)
+
+    monkeypatch.setattr(threads, "use", use)
+    for fixed in (1, 2):
+        f.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=fixed)
+        f(x)
+    assert applied == [1, 2]
+
+
 def test_cores_free_reads_the_runnable_tasks():
     import os
 

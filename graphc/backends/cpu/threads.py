@@ -318,8 +318,9 @@ class ThreadChooser:
       beats the current window's median by 15% (the median, because a call on one thread
       that the OS parked says nothing in favour of two threads).
 
-    `fixed=n` always picks n (e.g. a profiling copy of an executable that already chose);
-    `free_cores` replaces `cores_free` (tests).
+    `fixed=n` always picks n (e.g. a profiling copy of an executable that already chose; its
+    `most` still tells the executable to apply the count); `free_cores` replaces `cores_free`
+    (tests).
     """
 
     WARMUP = 2
@@ -331,8 +332,9 @@ class ThreadChooser:
     RESLOW = 1.5
 
     def __init__(self, most: int, fixed: int | None = None, free_cores=cores_free) -> None:
-        self.most = most if fixed is None else 1
+        self.most = most
         self.current = 1 if fixed is None else fixed
+        self.explores = fixed is None and most > 1
         self.window: deque[float] = deque(maxlen=self.WINDOW)  # the current count's calls
         self.trial: list[float] = []
         self.trying = 0  # the count under trial, 0 when none
@@ -350,7 +352,7 @@ class ThreadChooser:
     def pick(self) -> int:
         if self.trying:
             return self.trying
-        if self.most == 1 or self.warmup_left > 0 or self.gap_calls < self.MIN_GAP:
+        if not self.explores or self.warmup_left > 0 or self.gap_calls < self.MIN_GAP:
             return self.current
         other = self._other()
         if self.gap_seconds < self.due_seconds and not (other == 1 and self._slower()):
@@ -368,7 +370,7 @@ class ThreadChooser:
             self.RESLOW * self.reference
 
     def record(self, n: int, seconds: float) -> None:
-        if self.most == 1:
+        if not self.explores:
             return
         if self.warmup_left > 0:
             self.warmup_left -= 1
