@@ -19,7 +19,9 @@ OPENBLAS_NUM_THREADS (graphc's OpenMP loops, numpy's and graphc's OpenBLAS) and 
 intra-op threads to N, restarting the process so the libraries read them at load; on a machine
 shared with other work, one thread each keeps spin-waiting thread pools from distorting the
 ratios. `--contention` runs a busy process pinned to one core while measuring
-(benchmarks/contention.py), as on a machine that is not idle. The exit status is 0 when every
+(benchmarks/contention.py), as on a machine that is not idle; `python -m benchmarks.contention`
+runs the training steps at 1 thread, 2 threads and 2 threads contended and prints graphc's
+three figures side by side. The exit status is 0 when every
 contender agreed with its case's reference (or was skipped for a stated reason), 1 otherwise; a
 missed target is not an error.
 """
