@@ -19,7 +19,9 @@ Invariants:
   the executable holds a reference to the last call's input arrays. Outputs are fresh arrays
   every call (they become user tensors: none may alias another call's), so every output is
   an array of its own and every update value is its target input's array or a fresh array
-  (`fresh_results`: graphc.jit.compiler needs no overlap checks for them).
+  (`fresh_results`: graphc.jit.compiler needs no overlap checks for them). A large output
+  array the caller has dropped since (nothing references it) counts as fresh: it is reused
+  instead of asking the kernel for new pages (`_outputs`).
 - BLAS: resolved once per process by graphc.backends.cpu.blas for graphs that call it; a
   graph with a matmul and no BLAS is refused with a GraphcError.
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import sys
 import threading
 import time
 import zlib
@@ -66,6 +69,11 @@ from graphc.ops.registry import CONTRACTION, REGISTRY
 # parts (graphc.backends.cpu.workers.PARALLEL_MIN_CHARS): its workers are started before
 # lowering. (LeNet-5's training step has 35 nodes, the GPT benchmark's 566.)
 PARALLEL_MIN_NODES = 150
+
+
+# An output array of this many bytes or more is reused once its caller has dropped it
+# (CpuExecutable._outputs); smaller ones come back from malloc's own free lists anyway.
+RECYCLE_MIN_BYTES = 1 << 16
 
 
 # ---- the executable ------------------------------------------------------------------------
@@ -128,6 +136,7 @@ class CpuExecutable:
         # its pointer (parameters, optimizer state: the same arrays every call)
         self._in_ptrs = (ctypes.c_void_p * max(len(graph.inputs), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
+        self._recent = [[None, None] for _ in self._copied]  # see _outputs
         self._last_inputs: list = [None] * len(graph.inputs)
         self._lock = threading.Lock()
         self.thread_chooser = threads.ThreadChooser(threads.most_threads())
@@ -213,26 +222,58 @@ class CpuExecutable:
         if len(arrays) != len(self._in_types):
             raise ArgumentError(f"graph @{self.graph.name} takes {len(self._in_types)} inputs, "
                                 f"got {len(arrays)}")
-        outs = [np.empty(shape, dtype) for shape, dtype in self._out_types]
         if self._collectives:
             communicator().agree(f"graph @{self.graph.name}", self._collectives)
         with self._lock:  # the pointer arrays and the arena are shared by every call
-            bound = self._bind(arrays)
-            out_ptrs = self._out_ptrs
-            for k, o in enumerate(outs):
-                out_ptrs[k] = _address(o)
-            n = self.thread_chooser.pick()
-            previous = threads.use(n) if self.thread_chooser.most > 1 else None
-            start = time.perf_counter()
-            status = self._run(self._in_ptrs, out_ptrs, *self._tail)
-            self.thread_chooser.record(n, time.perf_counter() - start)
-            if previous is not None:
-                threads.restore(previous)
+            return self._call(arrays, self._out_types, self._tail)
+
+    def _call(self, arrays: tuple, out_types: list, tail: tuple) -> list[np.ndarray]:
+        """One call under the lock: the inputs bound, the outputs made (`_outputs`), the
+        native driver run on the thread count the chooser picks; the results."""
+        bound = self._bind(arrays)
+        outs = self._outputs(out_types)
+        out_ptrs = self._out_ptrs
+        for k, o in enumerate(outs):
+            out_ptrs[k] = _address(o)
+        n = self.thread_chooser.pick()
+        previous = threads.use(n) if self.thread_chooser.most > 1 else None
+        start = time.perf_counter()
+        status = self._run(self._in_ptrs, out_ptrs, *tail)
+        self.thread_chooser.record(n, time.perf_counter() - start)
+        if previous is not None:
+            threads.restore(previous)
         if status:
             errors = self.lowered.errors
             what = errors[status - 1] if 0 < status <= len(errors) else f"status {status}"
             raise IndexOutOfRangeError(f"cpu backend: graph @{self.graph.name} failed: {what}")
         return [outs[k] if kind == "out" else bound[k] for kind, k in self._results]
+
+    def _outputs(self, out_types: list) -> list[np.ndarray]:
+        """This call's output arrays: per slot, an array this executable returned in one of
+        its last two calls that nothing references any more (the user dropped it, e.g. the
+        .grad it became was replaced), else a new one. Only arrays of RECYCLE_MIN_BYTES or
+        more are kept: a new large array is fresh pages from the kernel, and their page faults
+        cost more than the work of an elementwise pass over them (docs/performance.md)."""
+        outs = []
+        recent = self._recent
+        for k, (shape, dtype) in enumerate(out_types):
+            out, kept = None, recent[k]
+            for j in range(len(kept)):
+                old = kept[j]
+                # references to an unused one: `kept`, `old` and getrefcount's argument
+                if old is not None and sys.getrefcount(old) == 3 and old.shape == shape \
+                        and old.dtype is dtype:
+                    out = kept.pop(j)
+                    break
+            old = None
+            if out is None:
+                out = np.empty(shape, dtype)
+                if out.nbytes >= RECYCLE_MIN_BYTES:
+                    kept.pop()  # the oldest goes
+            if out.nbytes >= RECYCLE_MIN_BYTES:
+                kept.insert(0, out)
+            outs.append(out)
+        return outs
 
     def _bind(self, arrays: tuple) -> list[np.ndarray]:
         """Check the inputs and point `_in_ptrs` at them; returns the arrays the call reads

@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
-import time
 
 import numpy as np
 
@@ -35,14 +34,9 @@ from graphc import config
 from graphc.backends.common import planned
 from graphc.backends.cpu import llvm, threads
 from graphc.backends.cpu.blas import resolve_blas
-from graphc.backends.cpu.executable import (
-    CpuExecutable,
-    _address,
-    _allocate_arena,
-    _uses_gemm,
-)
+from graphc.backends.cpu.executable import CpuExecutable, _allocate_arena, _uses_gemm
 from graphc.backends.cpu.values import CpuLoweringError
-from graphc.errors import ArgumentError, IndexOutOfRangeError
+from graphc.errors import ArgumentError
 from graphc.ir.graph import Graph
 from graphc.ir.printer import format_node
 from graphc.ir.verifier import verify
@@ -146,6 +140,7 @@ class RuntimeSizedExecutable(CpuExecutable):
                 self._copied.append(v.type)
         self._in_ptrs = (ctypes.c_void_p * max(len(graph.inputs), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
+        self._recent = [[None, None] for _ in self._copied]
         self._last_inputs = [None] * len(graph.inputs)
         self._lock = threading.Lock()
         self.thread_chooser = threads.ThreadChooser(threads.most_threads())
@@ -174,31 +169,16 @@ class RuntimeSizedExecutable(CpuExecutable):
         if len(arrays) != len(sized.in_types):
             raise ArgumentError(f"graph @{self.graph.name} takes {len(sized.in_types)} "
                                 f"inputs, got {len(arrays)}")
-        outs = [np.empty(shape, dtype) for shape, dtype in sized.out_types]
         with self._lock:  # the pointer arrays and the arena are shared by every call
             if sized.arena_bytes > self._arena_capacity:
                 self._raw = _allocate_arena(self.graph, sized.arena_bytes)
                 self._arena_capacity = sized.arena_bytes
             skip = -self._raw.ctypes.data % 64
             self._in_types = sized.in_types
-            bound = self._bind(arrays)
-            for k, o in enumerate(outs):
-                self._out_ptrs[k] = _address(o)
-            tail = [ctypes.c_void_p(self._raw.ctypes.data + skip),
-                    ctypes.c_void_p(sized.dims.ctypes.data)]
-            if self.profiled:
-                tail.append(ctypes.c_void_p(self.last_stamps.ctypes.data))
-            n = self.thread_chooser.pick()
-            if self.thread_chooser.most > 1:
-                threads.use(n)
-            start = time.perf_counter()
-            status = self._run(self._in_ptrs, self._out_ptrs, *tail)
-            self.thread_chooser.record(n, time.perf_counter() - start)
-        if status:
-            errors = self.lowered.errors
-            what = errors[status - 1] if 0 < status <= len(errors) else f"status {status}"
-            raise IndexOutOfRangeError(f"cpu backend: graph @{self.graph.name} failed: {what}")
-        return [outs[k] if kind == "out" else bound[k] for kind, k in self._results]
+            tail = (ctypes.c_void_p(self._raw.ctypes.data + skip),
+                    ctypes.c_void_p(sized.dims.ctypes.data)) + (
+                (ctypes.c_void_p(self.last_stamps.ctypes.data),) if self.profiled else ())
+            return self._call(arrays, sized.out_types, tail)
 
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
         raise ArgumentError(f"graph @{self.graph.name} has symbolic sizes: call it through "
