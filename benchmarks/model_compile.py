@@ -233,9 +233,12 @@ def _byte_compile() -> None:
     call: ~0.02 s of the LSTM step's warm first call."""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0",
-                    os.path.join(ROOT, "graphc"), os.path.join(ROOT, "benchmarks")],
-                   env=env, check=True, capture_output=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0",
+                           os.path.join(ROOT, "graphc"), os.path.join(ROOT, "benchmarks")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode:  # a read-only checkout: the children compile what they import
+        print(f"note: graphc could not be byte-compiled ({done.stderr.strip()[:200]}); the "
+              "first calls include compiling the modules they import", file=sys.stderr)
 
 
 def _run_child(name: str, cache: str, args) -> dict:
