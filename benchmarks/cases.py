@@ -6,7 +6,12 @@ Cases (full sizes; `Sizes.quick()` shrinks every one for the smoke test):
   compiled cpu, graphc eager, PyTorch eager, torch.compile. Agreement: every contender runs
   `AGREE_STEPS` steps from the same weights on the same batch; the loss of the last one is
   compared (graphc's compiled callable traces on its first two calls, since the first step
-  creates the momentum buffers, so its third step runs the native code).
+  creates the momentum buffers, so its third step runs the native code). Timed calls then
+  step through `POOL_BATCHES` batches in turn, and every sample starts from the weights and
+  momentum the agreement steps left (`Contender.reset`): thousands of steps on one batch
+  drive the loss to zero and the momentum of dead ReLU units into subnormal floats, which
+  cost both frameworks 2-4x (MLP batch 1: graphc 0.35 -> 1.1 ms, PyTorch 0.7 -> 1.5 ms on
+  2026-11-25) and would make a contender's figure depend on how many steps it had run.
 - `elementwise_chain`: tanh(x*0.5+1)*sigmoid(x)+relu(x-0.1) on float32: graphc compiled,
   numpy, torch eager, torch.compile (anchor).
 - `sgemm`: a square float32 matmul, graphc compiled vs numpy, in GFLOP/s.
@@ -29,6 +34,7 @@ from benchmarks import models
 from benchmarks.harness import CaseResult, Contender, check_agreement, interleaved_medians
 
 AGREE_STEPS = 3
+POOL_BATCHES = 16  # the batches a timed training step cycles through
 STEP_TOLERANCE = 1e-4  # float32 training steps in different summation orders
 KERNEL_TOLERANCE = 1e-5
 
@@ -79,8 +85,18 @@ _NO_TORCH_COMPILE = "skipped: --quick (torch.compile takes ~30 s to compile)"
 # ---- training steps -------------------------------------------------------------------------
 def step_contender(name: str, step, x, y, model, compiled=None) -> Contender:
     """A contender running `step(x, y)`; agreement runs AGREE_STEPS steps and returns the last
-    loss together with the first weight matrix."""
-    state: dict = {}
+    loss together with the first weight matrix (no state reset between samples)."""
+    return pooled_step_contender(name, step, [(x, y)], model, None, compiled)
+
+
+def pooled_step_contender(name: str, step, pool: list[tuple], model, optimizer,
+                          compiled=None) -> Contender:
+    """A contender running `step(x, y)` over the batches of `pool` in turn; agreement runs
+    AGREE_STEPS steps on the first batch and returns the last loss together with the first
+    weight matrix. With an `optimizer`, `reset` puts back the weights and optimizer state
+    those steps left (before every timed sample)."""
+    state: dict = {"next": 0}
+    x, y = pool[0]
 
     def prepare():
         for _ in range(AGREE_STEPS):
@@ -88,40 +104,61 @@ def step_contender(name: str, step, x, y, model, compiled=None) -> Contender:
         if compiled is not None and len(compiled.graphs) >= AGREE_STEPS:
             raise RuntimeError(f"the compiled step traced on all {AGREE_STEPS} calls: the "
                                "native code never ran, so there is nothing to compare")
+        if optimizer is not None:
+            state["arrays"] = models.state_arrays(model, optimizer)
+            state["saved"] = [a.copy() for a in state["arrays"]]
 
     def result():
         loss = np.asarray(state["loss"].detach().numpy(), np.float64).reshape(1)
         return np.concatenate([loss, models.first_weight(model).ravel()])
 
-    return Contender(name, run=lambda: step(x, y), result=result, prepare=prepare)
+    def run():
+        k = state["next"]
+        state["next"] = (k + 1) % len(pool)
+        return step(*pool[k])
+
+    def reset():
+        for array, saved in zip(state["arrays"], state["saved"]):
+            np.copyto(array, saved)
+
+    return Contender(name, run=run, result=result, prepare=prepare,
+                     reset=None if optimizer is None else reset)
 
 
 def train_step(name: str, batch: int, sizes: Sizes, repeat: int) -> CaseResult:
     """A training step of `name` ("mlp" or "lenet5") at `batch`."""
     label = (f"MLP {sizes.mlp.features}-{sizes.mlp.hidden}-{sizes.mlp.hidden}-"
              f"{sizes.mlp.classes}" if name == "mlp" else "LeNet-5")
-    x, y = models.batch(name, batch, sizes.mlp)
+    pool = models.batches(name, batch, POOL_BATCHES, sizes.mlp)
     base = models.graphc_model(name, sizes.mlp)
-    gx, gy = graphc.tensor(x), graphc.tensor(y)
+    graphc_pool = [(graphc.tensor(x), graphc.tensor(y)) for x, y in pool]
     compiled_model = models.copy_graphc_model(base, name, sizes.mlp)
-    compiled = graphc.compile(models.graphc_step(compiled_model), backend="cpu")
+    compiled_step = models.graphc_step(compiled_model)
+    compiled = graphc.compile(compiled_step, backend="cpu")
     eager_model = models.copy_graphc_model(base, name, sizes.mlp)
+    eager_step = models.graphc_step(eager_model)
     contenders = [
-        step_contender("graphc cpu", compiled, gx, gy, compiled_model, compiled),
-        step_contender("graphc eager", models.graphc_step(eager_model), gx, gy, eager_model),
+        pooled_step_contender("graphc cpu", compiled, graphc_pool, compiled_model,
+                       compiled_step.optimizer, compiled),
+        pooled_step_contender("graphc eager", eager_step, graphc_pool, eager_model,
+                       eager_step.optimizer),
     ]
     torch = torch_or_none()
     if torch is None:
         contenders += _skipped_torch(["torch eager", "torch.compile"])
     else:
-        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+        torch_pool = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in pool]
         eager = models.torch_copy(base, name, sizes.mlp)
-        contenders.append(step_contender("torch eager", models.torch_step(eager), tx, ty, eager))
+        eager_step = models.torch_step(eager)
+        contenders.append(pooled_step_contender("torch eager", eager_step, torch_pool, eager,
+                                         eager_step.optimizer))
         tc_model = models.torch_copy(base, name, sizes.mlp)
-        tc_step = _torch_compile(torch, models.torch_step(tc_model), sizes)
+        tc_plain = models.torch_step(tc_model)
+        tc_step = _torch_compile(torch, tc_plain, sizes)
         contenders.append(Contender("torch.compile", lambda: None, status=_NO_TORCH_COMPILE)
                           if tc_step is None else
-                          step_contender("torch.compile", tc_step, tx, ty, tc_model))
+                          pooled_step_contender("torch.compile", tc_step, torch_pool, tc_model,
+                                         tc_plain.optimizer))
     # torch eager first: it is the reference every other result is compared with
     contenders.sort(key=lambda c: c.name != "torch eager")
     check_agreement(contenders, STEP_TOLERANCE)

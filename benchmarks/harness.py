@@ -5,7 +5,9 @@ These 2-core machines are shared and noisy, so a case never times its contenders
 another. `interleaved_medians` warms every contender up, calibrates how many calls make one
 sample (a sample lasts at least `SAMPLE_SECONDS`, so sub-millisecond calls are not timer
 noise), then runs rounds in which every contender takes one sample, the order rotating from
-round to round; the result is each contender's median seconds per call over the rounds.
+round to round; the result is each contender's median seconds per call over the rounds. A
+contender's `reset`, when it has one, runs untimed before every sample (training steps put
+their weights and optimizer state back, so every sample times the same steps).
 Samples are read from the clock `set_clock` chose: "wall" (time.perf_counter, the default)
 or "cpu" (time.process_time: CPU seconds of this process, all threads). With one thread per
 library (`run.py --threads 1`), CPU time is the work itself and stays put while other
@@ -58,6 +60,9 @@ class Contender:
     run: Callable[[], object]
     result: Callable[[], np.ndarray] | None = None
     prepare: Callable[[], None] | None = None  # warm-up outside the timed loop (compiles)
+    # untimed, before every sample (and before calibrating): puts back state the calls
+    # change, so every sample times the same calls (training steps: weights, momentum)
+    reset: Callable[[], None] | None = None
     status: str = "ok"  # "ok", or why it was not timed
     error: float | None = None  # relative difference from the anchor's result
     seconds: float | None = None  # median seconds per call
@@ -169,6 +174,9 @@ def interleaved_medians(contenders: list[Contender], repeat: int, warmup: int = 
                                  and calls < WARMUP_CALLS_MAX):
             c.run()
             calls += 1
+    for c in live:
+        if c.reset is not None:
+            c.reset()
     numbers = [_calls_per_sample(c.run) for c in live]
     samples: list[list[float]] = [[] for _ in live]
     started = time.perf_counter()
@@ -176,6 +184,8 @@ def interleaved_medians(contenders: list[Contender], repeat: int, warmup: int = 
         for k in range(len(live)):
             i = (k + r) % len(live)
             run, number = live[i].run, numbers[i]
+            if live[i].reset is not None:
+                live[i].reset()
             start = now()
             for _ in range(number):
                 run()

@@ -93,6 +93,7 @@ def graphc_step(model):
         opt.step()
         return loss.detach()
 
+    step.optimizer = opt  # for the benchmarks' state resets (benchmarks/cases.py)
     return step
 
 
@@ -110,6 +111,7 @@ def torch_step(model):
         opt.step()
         return loss.detach()
 
+    step.optimizer = opt
     return step
 
 
@@ -125,3 +127,17 @@ def batch(name: str, size: int, sizes: MlpSizes = MlpSizes(), seed: int = 1):
     shape = (size, sizes.features) if name == "mlp" else (size, 1, 28, 28)
     classes = sizes.classes if name == "mlp" else 10
     return rng.standard_normal(shape).astype(np.float32), rng.integers(0, classes, size)
+
+
+def batches(name: str, size: int, count: int, sizes: MlpSizes = MlpSizes()) -> list[tuple]:
+    """`count` batches as `batch` makes them (seeds 1, 2, ...): the first is `batch(...)`."""
+    return [batch(name, size, sizes, seed=1 + k) for k in range(count)]
+
+
+def state_arrays(model, optimizer) -> list[np.ndarray]:
+    """The arrays a training step changes, as numpy views of the tensors' memory (a graphc or
+    PyTorch model): every parameter and every tensor of the optimizer's state."""
+    arrays = [p.detach().numpy() for p in model.parameters()]
+    for entry in optimizer.state.values():
+        arrays += [v.detach().numpy() for v in entry.values() if hasattr(v, "detach")]
+    return arrays
