@@ -599,8 +599,10 @@ class Compiled:
 
     @staticmethod
     def _fits(entry: _Entry, args: tuple, kwargs: dict) -> bool:
-        """`not _stale(entry, ...)`, without building the reasons (the per-call check)."""
-        return next(Compiled._misfits(entry, args, kwargs), None) is None \
+        """`not _stale(entry, ...)`, without building the reasons (the per-call check, after
+        the entry's guard held: the misfit check is skipped where the guard implies it)."""
+        return (entry.guard.implies_types(entry.typed)
+                or next(Compiled._misfits(entry, args, kwargs), None) is None) \
             and _same_sharing(entry, args, kwargs)
 
     def _run(self, entry: _Entry, args: tuple, kwargs: dict, escaped: list = ()):

@@ -31,8 +31,10 @@ A guard never holds where the signature differs; the one assumption is that no g
 changes its `__class__`. An entry whose signature equals a newer entry's (traced again because
 it was stale) is never taken by the fast path, so both paths pick the same entry. A guard
 holds the objects it checks, so no id it compares is reused while it lives. The stale
-checks and the storage-sharing check run on every call, fast path or not; retrace decisions and
-the recompile reasons are the full signature's.
+checks and the storage-sharing check run on every call, fast path or not, except the misfit
+check of an entry whose guard already checks every captured tensor's type and recorded the
+graph's (`Guard.implies_types`); retrace decisions and the recompile reasons are the full
+signature's.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from graphc.autograd.grad_mode import is_grad_enabled
-from graphc.jit.bindings import TensorBinding, TraceResult
+from graphc.jit.bindings import GradBinding, TensorBinding, TraceResult
 from graphc.jit.pytree import LITERALS, flatten
 from graphc.jit.reach import (
     ABSENT,
@@ -370,7 +372,7 @@ class Guard:
 
     __slots__ = ("grad_mode", "call", "attrs", "cells", "lookups", "empty",
                  "dicts", "seqs", "big", "tensors", "grads", "holder_ids", "arg_holders",
-                 "dynamic", "top_dims")
+                 "dynamic", "top_dims", "_implied")
 
     def __init__(self, fn, args: tuple, kwargs: dict) -> None:
         self.grad_mode = is_grad_enabled()
@@ -386,6 +388,7 @@ class Guard:
         self.grads: list = []  # (holder, None or (shape, dtype, requires_grad) of its .grad)
         self.dynamic: frozenset = frozenset()  # argument dims a symbolic entry leaves free
         self.top_dims: dict | None = None  # {positional index: dims} when all are top-level
+        self._implied: tuple | None = None  # (typed list, answer) of `implies_types`
         _GuardBuilder(self).build(fn, args, kwargs)
 
     def set_dynamic(self, dynamic: frozenset) -> None:
@@ -400,6 +403,28 @@ class Guard:
                 break
             top.setdefault(path[1], set()).add(dim)
         self.top_dims = top
+
+    def implies_types(self, typed: list) -> bool:
+        """Whether this guard holding implies that every binding of `typed` (an entry's
+        (binding, graph value, shape, dtype) list: captured tensors and `.grad`s of captured
+        holders) still has its graph value's shape and dtype, so the entry's per-call misfit
+        check can be skipped: true when the guard checks each such tensor's (or `.grad`'s)
+        shape and dtype and recorded exactly the graph's. Answered once per list."""
+        if self._implied is None or self._implied[0] is not typed:
+            tensors = {id(t): (shape, dtype) for t, shape, dtype, _, _ in self.tensors}
+            grads = {id(t): key and key[:2] for t, key in self.grads}
+            recorded = []
+            for b, *_ in typed:
+                if isinstance(b, TensorBinding):
+                    recorded.append(tensors.get(id(b.tensor)))
+                elif isinstance(b, GradBinding) and b.path is None:  # a captured holder's
+                    recorded.append(grads.get(id(b.holder)))
+                else:
+                    recorded.append(None)
+            answer = all(r is not None and r[0] == tuple(shape) and r[1] is dtype
+                         for r, (_, _, shape, dtype) in zip(recorded, typed))
+            self._implied = (typed, answer)
+        return self._implied[1]
 
     def holds(self, args: tuple, kwargs: dict) -> bool:
         try:

@@ -11,6 +11,7 @@ the outputs. `interrupts_held()` holds SIGINT around a step and delivers it afte
 from __future__ import annotations
 
 import contextlib
+import operator
 import signal
 import threading
 
@@ -71,21 +72,26 @@ def run_and_write_back(executable: Executable, arrays: list, targets: list,
     results = executable.run(*arrays) if check is None else nan_check.run_checked(
         executable, arrays, check, n_out if n_checked is None else n_checked)
     outputs, updates = results[:n_out], results[n_out:]
+    current = [t._data for t in targets]
+    if all(map(operator.is_, updates, current)):  # every update computed in place: no writes
+        for t in targets:
+            t._version_counter.bump()
+        return outputs
     # A value the backend computed straight into its target needs no write. Any other value
     # that shares memory with a call array is copied first: writing one target must never
     # change a value still to be written. A backend with `fresh_results` returns call arrays
     # only as their own targets' values, so only those are looked for.
     if getattr(executable, "fresh_results", False):
         call_arrays = {id(a) for a in arrays}
-        new_values = [u if u is t._data or id(u) not in call_arrays else np.array(u, copy=True)
-                      for t, u in zip(targets, updates)]
+        new_values = [u if u is c or id(u) not in call_arrays else np.array(u, copy=True)
+                      for c, u in zip(current, updates)]
     else:
-        new_values = [u if u is t._data else
+        new_values = [u if u is c else
                       np.array(u, copy=True) if any(np.may_share_memory(u, a) for a in arrays)
-                      else u for t, u in zip(targets, updates)]
-    for t, value in zip(targets, new_values):
-        if value is not t._data:
-            np.copyto(t._data, value)
+                      else u for c, u in zip(current, updates)]
+    for t, c, value in zip(targets, current, new_values):
+        if value is not c:
+            np.copyto(c, value)
         t._version_counter.bump()
     return outputs
 
