@@ -1,8 +1,9 @@
 """simplify: dead code, common subexpressions, constant folding, algebraic identities,
 folding eval-mode BatchNorm into the convolution or linear layer before it, transposed
 matmul results computed in the transposed order (graphc.passes.transpose), and sums of slices
-scattered into zeros built as one concat (graphc.passes.scatter_sum), and sums of thin
-matrix products as one product (graphc.passes.matmul_sum).
+scattered into zeros built as one concat (graphc.passes.scatter_sum), sums of thin
+matrix products as one product (graphc.passes.matmul_sum), and products over an inner
+dimension of one as broadcast multiplies (graphc.passes.outer_product).
 
 Every pass here is a function `Graph -> Graph` that never changes the graph it is given: it
 returns that same object when it finds nothing to do, and otherwise a new Graph that shares
@@ -43,6 +44,7 @@ import numpy as np
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.registry import ELEMENTWISE, RANDOM, REGISTRY, SOURCE
 from graphc.passes.matmul_sum import concat_summed_matmuls
+from graphc.passes.outer_product import multiply_outer_products
 from graphc.passes.scatter_sum import concat_disjoint_scatters
 from graphc.passes.transpose import transpose_matmul_results
 from graphc.symbolic import Sym
@@ -557,14 +559,15 @@ def _folded(bn: Node, lin: Node, bias: Value | None, names: _Names) -> list[Node
 
 # ---- the fixed point --------------------------------------------------------------------------
 PASSES = (fold_batchnorm, fold_constants, simplify_algebra, transpose_matmul_results,
-          concat_disjoint_scatters, concat_summed_matmuls, eliminate_common_subexpressions,
-          eliminate_dead_code)
+          concat_disjoint_scatters, concat_summed_matmuls, multiply_outer_products,
+          eliminate_common_subexpressions, eliminate_dead_code)
 
 
 def simplify(graph: Graph) -> Graph:
     """Run fold_batchnorm, fold_constants, simplify_algebra, transpose_matmul_results,
-    concat_disjoint_scatters, concat_summed_matmuls, eliminate_common_subexpressions and
-    eliminate_dead_code in turn until a whole round changes nothing.
+    concat_disjoint_scatters, concat_summed_matmuls, multiply_outer_products,
+    eliminate_common_subexpressions and eliminate_dead_code in turn until a whole round
+    changes nothing.
 
     Needs: a graph that verifies. Guarantees: what each pass guarantees; the input graph is
     not modified; the result is a fixed point of every pass (at most 20 rounds: a folded
