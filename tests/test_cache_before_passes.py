@@ -121,7 +121,7 @@ def test_the_key_covers_what_changes_the_result(cache_root, monkeypatch):
 
 
 def test_another_graph_or_pipeline_misses(cache_root, monkeypatch):
-    from graphc.passes.fuse import fuse
+    from graphc.passes import default_passes
     from graphc.passes.plan import plan_buffers
     from graphc.passes.simplify import simplify
 
@@ -130,7 +130,7 @@ def test_another_graph_or_pipeline_misses(cache_root, monkeypatch):
     _train(steps=1, hidden=17)  # another graph text
     _train(steps=1, passes=[simplify, plan_buffers])  # other passes
     assert work.passes == 2
-    _train(steps=1, passes=[simplify, fuse, plan_buffers])  # the default pipeline, named
+    _train(steps=1, passes=default_passes(None, "cpu"))  # the default pipeline, named
     assert work.passes == 2
 
 

@@ -210,7 +210,7 @@ class Compiled:
         self.fn = fn
         self.backend = backend
         self.recompile_limit = recompile_limit
-        self.passes = passes  # None: graphc.passes.default_passes(); [] runs the traced graph
+        self.passes = passes  # None: graphc.passes.default_passes(graph, backend); [] none
         # dynamic shapes (see `compile`): None automatic, True every dim, False none
         self.dynamic = dynamic
         self._auto_dynamic: set[tuple] = set()  # (path, dim) seen to change: symbolic now
@@ -550,7 +550,8 @@ class Compiled:
                       shapes=shapes, arg_shapes=arg_shapes)
 
     def _passes(self, graph=None) -> list:
-        return default_passes(graph) if self.passes is None else list(self.passes)
+        return default_passes(graph, self.backend) if self.passes is None \
+            else list(self.passes)
 
     def _mark_shadowed(self) -> None:
         """An entry whose signature a newer entry also has is left to the full signature."""

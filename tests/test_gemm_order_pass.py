@@ -1,0 +1,125 @@
+"""graphc.passes.gemm_order: a Linear layer's forward product `x @ W.T` computed as
+`(W @ x.T).T` at batch sizes where BLAS runs that order faster; judged by distance from a
+float64 run (docs/performance.md, `## Rounding`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc
+import graphc.nn as nn
+import graphc.optim as optim
+from graphc.backends import compile as compile_graph
+from graphc.ir import parse
+from graphc.jit import trace_call
+from graphc.passes import default_passes, run_pipeline
+from graphc.passes.gemm_order import transpose_weight_products
+from graphc.testing import assert_rounding_within
+
+FORWARD = '''graph @f(%x: f32[32,20], %w: f32[64,20], %b: f32[64]) -> (f32[32,64]) {
+  %0: f32[20,64] = permute[dims=(1, 0)](%w)
+  %1: f32[32,64] = matmul(%x, %0)
+  %2: f32[32,64] = add(%1, %b)
+  %3: f32[32,64] = relu(%2)
+  return (%3)
+}'''
+
+
+def test_the_forward_product_is_computed_transposed(rng):
+    g = parse(FORWARD)
+    out = transpose_weight_products(g)
+    ops = [n.op for n in out.nodes]
+    assert ops == ["permute", "permute", "matmul", "permute", "add", "relu"]
+    matmul = out.nodes[2]
+    assert matmul.inputs[0] is g.inputs[1]  # the weight itself, not a view
+    assert matmul.outputs[0].type.shape == (64, 32)
+    args = [rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs]
+    x, w, b = args
+    reference = np.maximum(x.astype(np.float64) @ w.T.astype(np.float64) + b, 0)
+    eager = np.maximum(x @ w.T + b, 0)
+    for backend in ("interp", "cpu"):
+        got = compile_graph(out, backend).run(*args)[0]
+        assert_rounding_within(got, eager, reference)
+
+
+@pytest.mark.parametrize("text", [
+    # a thin product (batch 1 is a GEMV): left alone
+    '''graph @f(%x: f32[1,20], %w: f32[64,20]) -> (f32[1,64]) {
+  %0: f32[20,64] = permute[dims=(1, 0)](%w)
+  %1: f32[1,64] = matmul(%x, %0)
+  return (%1)
+}''',
+    # a narrow output (a classifier's logits): left alone
+    '''graph @f(%x: f32[32,20], %w: f32[10,20]) -> (f32[32,10]) {
+  %0: f32[20,10] = permute[dims=(1, 0)](%w)
+  %1: f32[32,10] = matmul(%x, %0)
+  return (%1)
+}''',
+    # both operands transposed views (a weight gradient's form): left alone
+    '''graph @f(%x: f32[20,32], %w: f32[64,20]) -> (f32[32,64]) {
+  %0: f32[32,20] = permute[dims=(1, 0)](%x)
+  %1: f32[20,64] = permute[dims=(1, 0)](%w)
+  %2: f32[32,64] = matmul(%0, %1)
+  return (%2)
+}''',
+    # a second operand that is no transposed view: left alone
+    '''graph @f(%x: f32[32,20], %w: f32[20,64]) -> (f32[32,64]) {
+  %0: f32[32,64] = matmul(%x, %w)
+  return (%0)
+}''',
+])
+def test_left_alone(text):
+    g = parse(text)
+    assert transpose_weight_products(g) is g
+
+
+def _mlp_step(dtype, compiled: bool):
+    graphc.manual_seed(0)
+    model = nn.Sequential(nn.Linear(40, 96), nn.ReLU(), nn.Linear(96, 64), nn.ReLU(),
+                          nn.Linear(64, 5)).to(dtype=dtype)
+    opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = nn.CrossEntropyLoss()(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return (graphc.compile(step, backend="cpu") if compiled else step), model
+
+
+def test_in_the_cpu_backends_default_pipeline(rng):
+    step, _ = _mlp_step(graphc.float32, compiled=False)
+    x = graphc.tensor(rng.standard_normal((32, 40)).astype(np.float32))
+    y = graphc.tensor(rng.integers(0, 5, 32))
+    traced = trace_call(step, (x, y), {})
+    traced.restore()
+    assert transpose_weight_products not in default_passes(traced.graph)  # interp's
+    optimized, _ = run_pipeline(traced.graph, default_passes(traced.graph, "cpu"))
+    products = [n for n in optimized.nodes if n.op == "matmul" or n.op == "fused"
+                and "matmul" in str(n.attrs)]
+    transposed = [n for n in products if n.outputs[0].type.shape in ((96, 32), (64, 32))]
+    assert len(transposed) == 2  # both hidden layers; the 5-logit layer is left alone
+
+
+def test_a_compiled_training_step_within_rounding_of_float64(rng):
+    """Three SGD-momentum steps of an MLP whose hidden layers' forward products the pass
+    rewrites: the compiled weights, .grads and losses are as close to a float64 run of the
+    same steps as eager graphc's."""
+    x = rng.standard_normal((32, 40))
+    y = rng.integers(0, 5, 32)
+    results = {}
+    for name, dtype, compiled in (("eager", graphc.float32, False),
+                                  ("compiled", graphc.float32, True),
+                                  ("reference", graphc.float64, False)):
+        step, model = _mlp_step(dtype, compiled)
+        xs = graphc.tensor(x.astype(np.float64 if dtype is graphc.float64 else np.float32))
+        losses = [step(xs, graphc.tensor(y)).numpy() for _ in range(3)]
+        results[name] = [np.array(losses)] + [p.detach().numpy().copy()
+                                              for p in model.parameters()] + \
+            [p.grad.numpy().copy() for p in model.parameters()]
+    for got, eager, reference in zip(results["compiled"], results["eager"],
+                                     results["reference"]):
+        assert_rounding_within(got, eager, reference)
