@@ -12,8 +12,10 @@ import pytest
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
 from tests.test_cpu_backend import compare  # noqa: E402
-from tests.test_cpu_conv_paths import check_paths  # noqa: E402
-from tests.test_cpu_conv_paths import _graphs  # noqa: E402
+from tests.test_cpu_conv_paths import (
+    _graphs,  # noqa: E402
+    check_paths,  # noqa: E402
+)
 
 
 @pytest.fixture(autouse=True)

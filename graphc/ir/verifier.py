@@ -20,7 +20,8 @@ from graphc.types import TensorType
 # op name -> checker(node) that raises VerifyError; for ops outside the registry.
 EXTRA_OPS: dict[str, Callable[[Node], None]] = {}
 
-_ATTR_TYPES = {int: (int, Sym), float: (int, float, Sym), bool: (bool,), str: (str,), tuple: (tuple,)}
+_ATTR_TYPES = {int: (int, Sym), float: (int, float, Sym), bool: (bool,), str: (str,),
+               tuple: (tuple,)}
 
 
 class VerifyError(GraphcError, RuntimeError):

@@ -3,7 +3,8 @@
 The top layer of the CPU code generator (values <- scalars <- kernels <- codegen).
 `lower(graph, blas)` reads `graph.meta["memory_plan"]` and returns a `Lowered`: the LLVM IR
 text of one module holding the kernels of the scheduled nodes that do work, and the driver
-`i32 @run(ptr inputs, ptr outputs, ptr arena)` that calls them in schedule order, then copies
+`i32 @run(ptr inputs, ptr outputs, ptr arena)` (plus the call's sizes table for a symbolic
+graph: graphc.backends.cpu.runtime_sizes) that calls them in schedule order, then copies
 the graph outputs (and the update values not computed straight into their inputs) into
 `outputs[k]` (fresh contiguous arrays the executable allocates). A call of the graph is one
 native call. The elementwise, reduction, copy, fill, arange and GEMM kernels here are built
@@ -48,7 +49,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 from llvmlite import ir
 
 from graphc.backends import common
@@ -703,7 +703,9 @@ class Lowerer(Codegen):
 
     def driver(self, profile: bool = False) -> None:
         """`i32 run(ptr inputs, ptr outputs, ptr arena)`: every kernel in schedule order.
-        With `profile`, the driver takes a fourth argument, an i64 array of len(calls) + 1
+        With sizes known per call (graphc.backends.cpu.runtime_sizes), a fourth argument is
+        the call's sizes table, stored in `graphc.dims` for the kernels. With `profile`, the
+        driver takes one more argument, an i64 array of len(calls) + 1
         slots, and stores CLOCK_MONOTONIC nanoseconds before each kernel and after the last
         (graphc.tools.profile reads them)."""
         sized = self.runtime is not None
