@@ -130,6 +130,8 @@ class MemoryPlan:
         key = tuple(sorted(values.items()))
         found = self._layouts.get(key)
         if found is None:
+            if len(self._layouts) >= 256:  # a long sweep of sizes: the oldest layout goes
+                self._layouts.pop(next(iter(self._layouts)))
             sized = [Buffer(b.name, b.expr.evaluate(values) if b.expr is not None else b.size,
                             b.start, b.end) for b in self.buffers.values()]
             arena = _pack(sized)

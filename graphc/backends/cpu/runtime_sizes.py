@@ -44,6 +44,7 @@ from graphc.passes.plan import align
 from graphc.symbolic import ShapeEnv, Sym, check_relations, evaluate, free_symbols
 
 DEFAULT_HINT = 64  # the size a symbol is lowered at where no trace gave one
+KEPT_SIZES = 256  # per-size tables (sizes table, arena bytes, types) kept at once
 # a Sym that reached an ir.Constant prints as its expression: `i64 s0*4`, `i32 _b3`
 _PRINTED_SYMBOL = re.compile(r"\bi(?:32|64) (-?[0-9]*\*?(?:s[0-9]+|_b[0-9]+|_arena)\b)")
 
@@ -156,6 +157,8 @@ class RuntimeSizedExecutable(CpuExecutable):
         key = tuple(values[n] for n in self.symbols)
         sized = self._sized.get(key)
         if sized is None:
+            if len(self._sized) >= KEPT_SIZES:  # a long sweep of sizes: the oldest goes
+                self._sized.pop(next(iter(self._sized)))
             table = self.layout.values(values)
             sized = self._sized[key] = _Sizes(
                 np.array([table[n] for n in self.slots], np.int64),
