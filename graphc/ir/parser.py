@@ -28,6 +28,15 @@ expected, what came and what to do. Untrusted text cannot exhaust the parser: tu
 most `MAX_DEPTH` deep, a number has at most `MAX_NUMBER_CHARS` characters, a dimension is at
 most `MAX_DIM`. Tokens are read one at a time from the text (`_scan`), so an error stops the
 work where it is found and memory follows the graph, not the token count.
+
+Quick reads: a node line as graphc.ir.printer writes it (`_Parser.node`) is read by offsets,
+one regular expression per part (its head, its inputs), a tuple literal in one loop
+(`_quick_tuple`), and an attribute list whose text the parse has read before (fused bodies
+repeat) is looked up. Each quick read accepts only text on which `_TOKEN` reads the same
+tokens, and stops, consuming nothing, at anything else; the token-by-token read then goes on
+from there and reports any error, so `parse(text, quick=False)` gives the same graphs and
+errors (tests/test_parser_quick.py). A planned training graph (the pipeline cache's entries,
+graphc.jit.pipeline_cache) parses ~4x faster.
 """
 
 from __future__ import annotations
@@ -86,14 +95,14 @@ _TOKEN = re.compile(r"""
     )
 """, re.VERBOSE)
 
-# A token: (kind, text, line, column).
-Token = tuple[str, str, int, int]
+# A token: (kind, text, line, column, offset of its first character in the text).
+Token = tuple[str, str, int, int, int]
 
 
-def _scan(text: str) -> Iterator[Token]:
-    """The tokens of `text`, one at a time, newlines left out; ends with an `eof` token."""
-    line, line_start = 1, 0
-    for m in _TOKEN.finditer(text):
+def _scan(text: str, pos: int = 0, line: int = 1, line_start: int = 0) -> Iterator[Token]:
+    """The tokens of `text` from `pos` (on line `line`, which starts at `line_start`), one at
+    a time, newlines left out; ends with an `eof` token."""
+    for m in _TOKEN.finditer(text, pos):
         kind = m.lastgroup
         start = m.start(kind)
         if kind == "nl":
@@ -107,7 +116,7 @@ def _scan(text: str) -> Iterator[Token]:
         if kind == "badstring":
             raise ParseError(f"line {line}, column {col}: unterminated string: expected a "
                              "closing '\"' on the same line; close the string")
-        yield kind, m.group(kind), line, col
+        yield kind, m.group(kind), line, col, start
         if kind == "eof":
             return
 
@@ -124,15 +133,19 @@ def _where(tok: Token) -> str:
 
 
 class _Parser:
-    def __init__(self, text: str, require_registered: bool = True) -> None:
+    def __init__(self, text: str, require_registered: bool = True, quick: bool = True) -> None:
         self.require_registered = require_registered
+        self.quick = quick  # False: every token one at a time (no `quick_*` reads)
         self._tokens = _scan(text)
         self._ahead: Token | None = None
         self.comment: Token | None = None  # a comment skipped by the last `advance`
-        self.prev: Token = ("bof", "", 1, 1)  # the token the last `advance` consumed
+        self.text = text
+        self.prev: Token = ("bof", "", 1, 1, 0)  # the token the last `advance` consumed
         self.tok: Token = self._pull()  # the current token
         self.values: dict[str, Value] = {}
         self.types: dict[str, TensorType] = {}  # one-token type text -> its type
+        self.literals: dict[str, Any] = {}  # number, string and name texts -> their values
+        self.attr_lists: dict[str, dict] = {}  # a node's `[...]` text -> its attributes
 
     # ---- token helpers ---------------------------------------------------------------------
     def _pull(self) -> Token:
@@ -160,6 +173,15 @@ class _Parser:
                 nxt = next(self._tokens)
             self.tok = nxt
         return tok
+
+    def skip_to(self, tok: Token, end: int) -> None:
+        """Go on at offset `end`, as if `advance` had consumed every token from `tok` (the
+        current one) up to there, all on `tok`'s line (a `quick_*` read)."""
+        line, col, start = tok[2], tok[3], tok[4]
+        self.prev = ("quick", self.text[start:end], line, col, start)
+        self._tokens = _scan(self.text, end, line, start - col + 1)
+        self._ahead = self.comment = None
+        self.tok = self._pull()
 
     def lookahead(self) -> Token:
         """The token after the current one (comments skipped), not consumed."""
@@ -394,7 +416,7 @@ class _Parser:
                 if value > MAX_DIM:
                     digits = dims.split(",")
                     col = tok[3] + len(short) + 1 + sum(len(d) + 1 for d in digits[:k])
-                    self.refuse((tok[0], digits[k], tok[2], col),
+                    self.refuse((tok[0], digits[k], tok[2], col, tok[4] + col - tok[3]),
                                 f"a dimension of {len(digits[k])} digits",
                                 "at most 2**63-1 (the parser's limit)", "use a smaller dimension")
             ty = self.types[tok[1]] = TensorType(shape, _DTYPES[short])
@@ -444,22 +466,138 @@ class _Parser:
                              "\\\\") from None
 
     def node(self) -> Node:
-        outputs = [self.define()]
-        while self.accept(","):
-            outputs.append(self.define())
-        self.take("punct", "=")
-        op = self.take("name")[1]
+        """A node. A node as the printer writes it is read by offsets from its first token
+        (`quick_head`, `known_attributes`, `_QUICK_USES`), the token stream set after it once;
+        anything else, from the first part that differs, token by token."""
+        first = self.tok
+        head = self.quick_head(first) if self.quick else None
+        at = None  # the offset reached by the quick reads; None: read the tokens
+        if head is None:
+            outputs = [self.define()]
+            while self.accept(","):
+                outputs.append(self.define())
+            self.take("punct", "=")
+            op = self.take("name")[1]
+        else:
+            outputs, op, at = head
         attrs: dict[str, Any] = {}
-        if self.accept("["):
-            for key, tok, value in self.comma_list("]", self.attr):
-                if key in attrs:
-                    self.refuse(tok, f"attribute {key!r} given twice", "each attribute once",
-                                "remove one of the two")
-                attrs[key] = value
-        self.take("punct", "(")
-        inputs = self.comma_list(")", self.use)
+        if at is not None and self.text[at] == "[":
+            known, end = self.known_attributes(at)
+            if known is None:
+                self.skip_to(first, at)
+                at = None
+            else:
+                attrs, at = known, end
+        if at is None:
+            if self.tok[1] == "[" and self.tok[0] == "punct":
+                attrs = self.attributes()
+            inputs = self.quick_uses()
+        else:
+            inputs = None
+            m = _QUICK_USES.match(self.text, at)
+            if m is not None:
+                inputs = self.defined(m.group(1))
+                if inputs is not None:
+                    at = m.end()
+            self.skip_to(first, at)
+        if inputs is None:
+            self.take("punct", "(")
+            inputs = self.comma_list(")", self.use)
         loc = self.trailing_comment()
         return Node(op, inputs, attrs, outputs, loc)
+
+    def attributes(self) -> dict[str, Any]:
+        """`[name=literal, ...]`, the current token its '['. A list read token by token on
+        one line is kept by its text for `known_attributes` (node attributes repeat)."""
+        start = self.tok[4]
+        known, end = self.known_attributes(start) if self.quick else (None, start)
+        if known is not None:
+            self.skip_to(self.tok, end)
+            return known
+        self.advance()
+        attrs: dict[str, Any] = {}
+        for key, tok, value in self.comma_list("]", self.attr):
+            if key in attrs:
+                self.refuse(tok, f"attribute {key!r} given twice", "each attribute once",
+                            "remove one of the two")
+            attrs[key] = value
+        text = self.text[start:self.prev[4] + 1]  # through the ']' just taken
+        if "\n" not in text:
+            self.attr_lists[text] = dict(attrs)
+        return attrs
+
+    def known_attributes(self, at: int) -> tuple[dict | None, int]:
+        """(a copy of the attributes of the '[' at offset `at`, the offset after its ']') when
+        the text through the first ']' after it was read before as a whole list, else (None,
+        `at`). Such a text gives the same attributes wherever it stands: its tokens and their
+        values depend on its characters alone. (A list ends at its first ']' but in a string,
+        so the search never passes the list's end: the parse stays linear.)"""
+        end = self.text.find("]", at) + 1
+        known = self.attr_lists.get(self.text[at:end]) if end else None
+        return (None, at) if known is None else (dict(known), end)
+
+    def quick_head(self, tok: Token) -> tuple[list[Value], str, int] | None:
+        """A node's outputs, op and the offset after the op, for a node whose head is as the
+        printer writes it (`%0: f32[2,3], %1: i64[] = op`, then '[' or '('), read in one
+        match from `tok` (the current token); or None (nothing consumed): `node` reads any
+        other head token by token, and reports what is wrong (a value defined twice, a name
+        `_TOKEN` reads as another kind). A type is checked as `compact_type` checks it."""
+        m = _QUICK_HEAD.match(self.text, tok[4])
+        if m is None:
+            return None
+        op = m.group(2)
+        if op in _DTYPES or op == "inf" or op.startswith("inf.") or _SYMBOL_NAME.fullmatch(op):
+            return None
+        line, line_start = tok[2], tok[4] - tok[3] + 1
+        outputs, names = [], set()
+        at = tok[4]
+        for part in m.group(1).split(", "):
+            name, _, type_text = part.partition(": ")
+            name = name[1:]
+            if name in self.values or name in names:
+                return None
+            names.add(name)
+            type_at = at + len(name) + 3
+            ty = self.types.get(type_text)
+            if ty is None:
+                ty = self.compact_type(("type", type_text, line, type_at - line_start + 1,
+                                        type_at))
+            outputs.append(Value(name, ty))
+            at = type_at + len(type_text) + 2
+        for v in outputs:
+            self.values[v.name] = v
+        return outputs, op, m.end()
+
+    def quick_uses(self) -> list[Value] | None:
+        """A node's inputs as the printer writes them (`(%a, %b)`, defined values) read in one
+        match from the current token, or None: `comma_list` reads anything else, and
+        reports what is wrong."""
+        tok = self.tok
+        if tok[1] != "(" or tok[0] != "punct" or not self.quick:
+            return None
+        m = _QUICK_USES.match(self.text, tok[4])
+        inputs = None if m is None else self.defined(m.group(1))
+        if inputs is not None:
+            self.skip_to(tok, m.end())
+        return inputs
+
+    def defined(self, names: str | None) -> list[Value] | None:
+        """The values `%a, %b` (`_QUICK_USES`'s group) names, or None when one is not
+        defined."""
+        if not names:
+            return []
+        values = self.values
+        inputs = [values.get(name) for name in names[1:].split(", %")]
+        return None if None in inputs else inputs
+
+    def quick_tuple(self, tok: Token) -> Any:
+        """The tuple literal at `tok` (the current token, its '(') read in one loop
+        (`_quick_tuple`), the tokens after it next; or `_NOT_QUICK`, nothing consumed."""
+        found = _quick_tuple(self.text, tok[4], 0, self.literals)
+        if found is None:
+            return _NOT_QUICK
+        self.skip_to(tok, found[1] + 1)
+        return found[0]
 
     def attr(self) -> tuple[str, Token, Any]:
         tok = self.take("name")
@@ -470,6 +608,10 @@ class _Parser:
         tok = self.tok
         kind = tok[0]
         if kind == "punct" and tok[1] == "(":
+            if depth == 0 and self.quick:
+                value = self.quick_tuple(tok)
+                if value is not _NOT_QUICK:
+                    return value
             return self.tuple_of(self.literal, depth)
         if kind == "number":
             return self.number(tok)
@@ -484,6 +626,101 @@ class _Parser:
         self.fail(tok, "a literal (a number, a string, true, false, none or a tuple)")
 
 
+_TYPE = r"(?:f32|f64|i64|bool)\[(?:[0-9]{1,19}(?:,[0-9]{1,19})*)?\]"  # as `_TOKEN` reads it
+# A node's outputs and op as the printer writes them: `%0: f32[2,3], %1: i64[] = op`.
+_QUICK_HEAD = re.compile(r"((?:%[A-Za-z0-9_.]+: {t}, )*%[A-Za-z0-9_.]+: {t}) = "
+                         r"([A-Za-z_][A-Za-z0-9_.]*)(?=[\[(])".format(t=_TYPE))
+# A node's inputs as the printer writes them: `(%a, %b)`, `()`.
+_QUICK_USES = re.compile(r"\(((?:%[A-Za-z0-9_.]+, )*%[A-Za-z0-9_.]+)?\)")
+_NOT_QUICK = object()
+
+# The tokens of a plain tuple literal, each the same token `_TOKEN` reads there: 1 '(', ')' or
+# ',', 2 a string, 3 a number, 4 a name; 5 anything else (the quick read stops). A number or
+# a name must be followed right away by ',' or ')' (as printed): then `_TOKEN` reads it whole
+# and as the same kind (its `sym` needs an 's', its `number` takes `inf` before the name,
+# and a name that spells a symbol, `s0`, is left to the token-by-token read).
+_QUICK_TOKEN = re.compile(r"""
+    [ \t\r]*
+    (?:
+      ([(),])
+    | ("(?:[^"\\\n]|\\[^\n])*")
+    | (-?(?:[0-9]+(?:\.[0-9]*(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)?|inf)(?=[,)]))
+    | ([A-Za-z_][A-Za-z0-9_.]*(?=[,)]))
+    | (.|\n)
+    )
+""", re.VERBOSE)
+
+
+def _quick_tuple(text: str, start: int, depth: int, known: dict) -> tuple[tuple, int] | None:
+    """(the tuple literal whose '(' is at offset `start`, the offset of its ')'), read in one
+    loop, or None where that loop stops: a newline, a comment, a symbolic size, a token no
+    literal holds, a misplaced ',', a tuple nested too deep or anything else that is not
+    plain (`_Parser.literal` then reads the tuple token by token and reports what is wrong,
+    so both give the same values and the same errors). The literals of fused nodes' bodies
+    are most of a planned graph's text. `known`: the values of the number, string and name
+    texts read so far in this text (they repeat; a text is one kind only)."""
+    outer: list[list] = []  # the unfinished tuples around the current one
+    items: list = []
+    want_item = True  # after '(' or ','
+    for m in _QUICK_TOKEN.finditer(text, start + 1):
+        kind = m.lastindex
+        if kind == 1:
+            mark = m.group(1)
+            if mark == ",":
+                if want_item:
+                    return None
+                want_item = True
+            elif mark == ")":
+                done = tuple(items)
+                if not outer:
+                    return done, m.end() - 1
+                items = outer.pop()
+                items.append(done)
+                want_item = False
+            elif want_item and depth + len(outer) + 1 < MAX_DEPTH:
+                outer.append(items)
+                items = []
+            else:
+                return None
+            continue
+        if not want_item or kind == 5:
+            return None
+        text_of = m.group(kind)
+        value = known.get(text_of, _NOT_QUICK)
+        if value is _NOT_QUICK:
+            value = _QUICK_VALUES[kind](text_of)
+            if value is _NOT_QUICK:
+                return None
+            known[text_of] = value
+        items.append(value)
+        want_item = False
+    return None
+
+
+def _quick_string(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return _NOT_QUICK
+
+
+def _quick_number(text: str) -> Any:
+    if len(text) > MAX_NUMBER_CHARS:
+        return _NOT_QUICK
+    return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+def _quick_name(text: str) -> Any:
+    if _SYMBOL_NAME.fullmatch(text) or text.startswith("inf."):  # `_TOKEN`: sym; inf, '.'
+        return _NOT_QUICK
+    return _NAMED_LITERALS.get(text, text)
+
+
+_SYMBOL_NAME = re.compile(r"s[0-9]+")
+# Group -> value, as `_Parser.literal` makes it.
+_QUICK_VALUES = {2: _quick_string, 3: _quick_number, 4: _quick_name}
+
+
 _KIND_NAMES = {
     "value": "a value (%name)", "gname": "a graph name (@name)", "string": "a string",
     "number": "a number", "sym": "a symbolic size (s0*784)", "type": "a type (f32[2,3])",
@@ -492,13 +729,16 @@ _KIND_NAMES = {
 }
 
 
-def parse(text: str | bytes, *, require_registered: bool = True) -> Graph:
+def parse(text: str | bytes, *, require_registered: bool = True, quick: bool = True) -> Graph:
     """Parse IR text into a Graph (see the module docstring for the grammar and limits).
 
     Bytes are read as UTF-8. Raises ParseError, with line and column, for any text that is
     not a graph; nothing else. A `function` line must name a registered Function class; with
     `require_registered=False` (tools that only run or draw the graph) an unregistered name is
     kept as a name, and differentiating the graph later says which module to import.
+    `quick=False` reads every token one at a time, without the quick reads of lines as the
+    printer writes them (`_Parser.node`): the same graphs and errors, slower; tests compare
+    the two.
     """
     if isinstance(text, (bytes, bytearray)):
         try:
@@ -512,4 +752,4 @@ def parse(text: str | bytes, *, require_registered: bool = True) -> Graph:
     if not isinstance(text, str):
         raise ParseError(f"line 1, column 1: expected IR text (str or bytes), got a "
                          f"{type(text).__name__}; pass the file's text")
-    return _Parser(text, require_registered).graph()
+    return _Parser(text, require_registered, quick).graph()
