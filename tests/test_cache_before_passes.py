@@ -10,6 +10,8 @@ rebuilt.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -147,7 +149,8 @@ def test_what_the_key_cannot_see_is_not_cached(cache_root, monkeypatch, tmp_path
     assert _entries(cache_root) == []
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "bad_graph", "no_objects"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "bad_graph", "bad_arena",
+                                    "no_objects"])
 def test_a_bad_entry_is_refused_and_rebuilt(cache_root, monkeypatch, damage):
     cold_losses, cold_params, _ = _train()
     (entry,) = _entries(cache_root)
@@ -159,6 +162,12 @@ def test_a_bad_entry_is_refused_and_rebuilt(cache_root, monkeypatch, damage):
     elif damage == "bad_graph":  # well-formed sections, a graph text that does not parse
         sections = cache.unpack_sections(cache.PIPELINES.read(key))
         sections["graph"] = b"graph @broken("
+        cache.PIPELINES.write(key, cache.pack_sections(sections))
+    elif damage == "bad_arena":  # facts whose arena size is no size
+        sections = cache.unpack_sections(cache.PIPELINES.read(key))
+        facts = json.loads(sections["facts"])
+        facts["arena_bytes"] = -1
+        sections["facts"] = json.dumps(facts).encode()
         cache.PIPELINES.write(key, cache.pack_sections(sections))
     else:  # the object code is gone: LLVM again, but not the passes nor the lowering
         for path in (cache_root / llvm.OBJECT_CACHE.name).glob("*.o"):

@@ -38,3 +38,29 @@ def test_a_graph_with_a_large_arena_computes_the_same(rng):
     got = cpu.run(x)[0]
     want = compile_graph(g, "interp").run(x)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+def test_an_executable_from_the_pipeline_cache_touches_its_arena_before_running(rng,
+                                                                                 monkeypatch):
+    n = 1 << 22
+    g = parse(f'''graph @f(%x: f32[{n}]) -> (f32[]) {{
+  %0: f32[{n}] = exp(%x)
+  %1: f32[{n}] = mul(%0, %x)
+  %2: f32[] = reduce_sum[axes=(0,), keepdim=false](%1)
+  return (%2)
+}}''')
+    x = rng.standard_normal(n).astype(np.float32) * 0.1
+    cold = compile_graph(g, "cpu")
+    touched = []
+    real = executable._touch_pages
+
+    def record(raw):
+        thread = real(raw)
+        touched.append((raw, thread))
+        return thread
+
+    monkeypatch.setattr(executable, "_touch_pages", record)
+    warm = executable.CpuExecutable.from_sections(cold.sections())
+    ((raw, thread),) = touched
+    assert raw is warm._raw and not thread.is_alive()  # joined before any run
+    np.testing.assert_array_equal(warm.run(x)[0], cold.run(x)[0])

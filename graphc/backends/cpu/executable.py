@@ -192,25 +192,42 @@ class CpuExecutable:
     def from_sections(cls, sections: dict[str, bytes]) -> CpuExecutable:
         """The executable `sections()` described, its object code from llvm's cache (or
         compiled again from the stored LLVM text when that entry is gone). Raises
-        ValueError or GraphcError for an entry that does not hold together."""
+        ValueError or GraphcError for an entry that does not hold together. The arena is
+        allocated first and a large one's pages are touched on a second thread while the
+        graph is parsed and verified (`_touch_pages`), so the first run does not pay them."""
         self = object.__new__(cls)
         try:
             facts = json.loads(sections["facts"])
-            graph = parse(sections["graph"].decode())
-            source = zlib.decompress(sections["llvm"]).decode()
-            text = zlib.decompress(sections["deduplicated"]).decode() \
-                if sections["deduplicated"] else source
-        except (KeyError, UnicodeDecodeError, zlib.error) as err:
+            arena_bytes = facts["arena_bytes"]
+        except (KeyError, TypeError, UnicodeDecodeError) as err:
             raise ValueError(f"a pipeline cache entry that does not hold together: "
                              f"{err}") from None
-        self.graph = verify(graph)
-        self._memory_plan = None
-        self.profiled = bool(facts["profiled"])
-        if any(_uses_gemm(n) for n in graph.nodes):
-            resolve_blas()  # registers the BLAS symbols the objects call
-        raw = _allocate_arena(graph, facts["arena_bytes"])
-        self.lowered = _StoredLowering(source, facts, graph)
-        self.library = _stored_library(facts, text, source)
+        if type(arena_bytes) is not int or arena_bytes < 0:
+            raise ValueError(f"a pipeline cache entry that does not hold together: arena of "
+                             f"{arena_bytes!r} bytes")
+        raw = _early_arena(arena_bytes)
+        touching = None if raw is None else _touch_pages(raw)
+        try:
+            try:
+                graph = parse(sections["graph"].decode())
+                source = zlib.decompress(sections["llvm"]).decode()
+                text = zlib.decompress(sections["deduplicated"]).decode() \
+                    if sections["deduplicated"] else source
+            except (KeyError, UnicodeDecodeError, zlib.error) as err:
+                raise ValueError(f"a pipeline cache entry that does not hold together: "
+                                 f"{err}") from None
+            self.graph = verify(graph)
+            self._memory_plan = None
+            self.profiled = bool(facts["profiled"])
+            if any(_uses_gemm(n) for n in graph.nodes):
+                resolve_blas()  # registers the BLAS symbols the objects call
+            if raw is None:  # could not be allocated: the error names the largest buffer
+                raw = _allocate_arena(graph, arena_bytes)
+            self.lowered = _StoredLowering(source, facts, graph)
+            self.library = _stored_library(facts, text, source)
+        finally:
+            if touching is not None:
+                touching.join()  # before any run writes the arena
         self._finish(raw, facts["in_input"], ())
         return self
 
@@ -360,6 +377,15 @@ def _touch_pages(raw: np.ndarray) -> threading.Thread | None:
                               daemon=True)
     thread.start()
     return thread
+
+
+def _early_arena(nbytes: int) -> np.ndarray | None:
+    """The arena's bytes (+64 for alignment) before the graph is read, or None when they
+    cannot be allocated (`_allocate_arena` then says why, with the graph)."""
+    try:
+        return np.empty(nbytes + 64, np.uint8)
+    except (MemoryError, ValueError):
+        return None
 
 
 def _allocate_arena(graph: Graph, nbytes: int) -> np.ndarray:
