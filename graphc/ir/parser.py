@@ -522,7 +522,7 @@ class _Parser:
                             "remove one of the two")
             attrs[key] = value
         text = self.text[start:self.prev[4] + 1]  # through the ']' just taken
-        if "\n" not in text:
+        if self.quick and "\n" not in text:
             self.attr_lists[text] = dict(attrs)
         return attrs
 
