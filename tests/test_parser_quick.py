@@ -147,6 +147,7 @@ def test_mutated_node_lines_give_the_same_graph_or_the_same_error(request):
     ("%x: f32[3] = relu(%x)", "%x is defined twice"),
     ("%1: f32[3] = relu(%2)", "%2 is used before it is defined"),
     ("%1: f32[99999999999999999999] = relu(%x)", "a dimension of 20 digits"),
+    ("%1: f32[3], %2: f32[2,9999999999999999999] = split(%x)", "column 25: a dimension of 19"),
 ])
 def test_quick_reads_stop_where_the_tokens_differ(line, expected):
     text = ("graph @f(%x: f32[3]) -> (f32[3]) {\n  %0: f32[3] = relu[a=(1, 2)](%x)\n  "
