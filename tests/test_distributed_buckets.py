@@ -92,17 +92,22 @@ def _launch(mode: str, *extra: str):
 
 
 @needs_mpi
-@pytest.mark.parametrize("mode, transports", [
-    ("equal", "window"),  # both ranks on this machine: the shared-memory window
-    ("equal-mpi", "mpi"),  # node_window_bytes=0: MPI_Iallreduce
-    ("equal-mixed", "mpi+window"),  # a 1 KiB window: the buckets that fit, the rest MPI
+@pytest.mark.parametrize("mode, transports, fused", [
+    # both ranks on this machine: the shared-memory window, DDP's default a bucket per
+    # gradient (so every step's waits are fused with their updates)
+    ("equal", "window", 4),
+    ("equal-mpi", "mpi", 1),  # node_window_bytes=0: MPI_Iallreduce (fused: LeNet, cap 0)
+    ("equal-mixed", "mpi+window", 1),  # a 1 KiB window: the buckets that fit, the rest MPI
 ])
-def test_bucketed_steps_equal_the_unbucketed_step(mode, transports):
+def test_bucketed_steps_equal_the_unbucketed_step(mode, transports, fused):
     """MLP and LeNet, SGD and Adam: cpu with several caps bit for bit, interp and eager
-    buckets within 1e-6; buckets reduced in the node's shared memory, by MPI, or both."""
+    buckets within 1e-6; buckets reduced in the node's shared memory, by MPI, or both; the
+    one-gradient waits fused with their optimizer updates (graphc.passes.fuse_waits) on
+    every transport."""
     done, _ = _launch(mode)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("bucketed == unbucketed") == 4, done.stdout
+    assert f"{fused} of 4 steps with fused waits" in done.stdout, done.stdout
     assert f"buckets through {transports}\n" in done.stdout, done.stdout
     assert "pending" not in done.stderr, done.stderr  # every MPI request was waited for
 

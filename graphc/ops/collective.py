@@ -22,6 +22,14 @@ pair that the scheduler can pull apart, with compute between:
 Both are effectful, so every rank starts its buckets in the same order (plan_buffers keeps
 effectful ops in program order). The interpreter runs the reduction, blocking, at the start.
 
+A one-gradient wait may also be the first instruction of a `fused` body (its
+`epilogue_anchor`: graphc.passes.fuse_waits puts it there), followed by the elementwise
+optimizer update that reads the reduced gradient, so a backend renders the sum and the
+update in one pass over memory (graphc.backends.cpu.collective_shm):
+
+    %58: f32[256,784], %62: ..., %65: ... = fused[body=(("all_reduce_wait", (0,),
+        (("op", "avg"), ("shapes", ((256, 784),)))), ("mul", ...), ...)](%bucket5, %m, %w)
+
 The ops package never imports MPI: graphc.distributed installs a `Communicator` here when
 `init_process_group` runs (`set_communicator`), as graphc.dispatch installs the dispatch
 point. Its `allreduce(array, op)` reduces a numpy array in place (the reference kernel and
@@ -158,7 +166,7 @@ def _all_reduce_wait_infer(bucket: TensorType, op: str,
     if not pieces or sum(t.numel for t in pieces) != bucket.numel:
         raise ArgumentError(f"{where('all_reduce_wait')}: shapes {shapes} must split the "
                             f"bucket's {bucket.numel} elements, one shape per packed tensor")
-    return pieces
+    return pieces[0] if len(pieces) == 1 else pieces  # one output: its type, as other ops
 
 
 def _all_reduce_wait_kernel(bucket: np.ndarray, op: str, shapes: tuple | None = None):
@@ -175,7 +183,7 @@ def _all_reduce_wait_kernel(bucket: np.ndarray, op: str, shapes: tuple | None = 
 
 register(OpDef("all_reduce_wait", COLLECTIVE, ("bucket",), _all_reduce_wait_infer,
                _all_reduce_wait_kernel, None, attrs={"op": str, "shapes": tuple},
-               effectful=True,
+               effectful=True, epilogue_anchor=True,
                doc="The reduction an all_reduce_start began, once complete (MPI_Wait); 'avg' "
                    "divides by the world size. With `shapes`, one output per packed tensor "
                    "(the bucket split back), else the flat buffer."))

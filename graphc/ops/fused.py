@@ -152,6 +152,16 @@ register(OpDef("fused", FUSED, ("*inputs",), _fused_infer, _fused_kernel, None,
                attrs={"body": tuple, "outputs": tuple}))
 
 
+def effectful(node) -> bool:
+    """Whether `node` must keep its place among the effectful nodes (random draws,
+    collectives): its OpDef is `effectful`, or it is a fused node whose body holds an
+    effectful op (a bucket's all_reduce_wait with the update it feeds)."""
+    if node.op == "fused":
+        return any(REGISTRY[instruction[0]].effectful for instruction in node.attrs["body"])
+    opdef = REGISTRY.get(node.op)
+    return opdef is not None and opdef.effectful
+
+
 def body_ops(body: tuple) -> tuple[str, ...]:
     """The op names of a fused body, in order (for reports and pictures)."""
     return tuple(instruction[0] for instruction in body)

@@ -108,7 +108,9 @@ class OpDef:
     # facts passes and backends ask for instead of listing op names (see the module docstring)
     reduction: Reduction | None = None
     row_wise: bool = False  # reduces along one dim and maps back (softmax): may end a fused group
-    epilogue_anchor: bool = False  # a contraction whose result a fused elementwise epilogue reads
+    # its result is read by a fused elementwise epilogue, instruction 0 of a fused body (a
+    # contraction: matmul, conv2d; a bucket's all_reduce_wait: graphc.passes.fuse_waits)
+    epilogue_anchor: bool = False
     view_strides: Callable[..., tuple[int, tuple[int, ...]] | None] | None = None
 
     @property

@@ -87,9 +87,10 @@ def run_pipeline(graph: Graph, passes: list[Pass], verify: bool = True,
 
 def default_passes(graph: Graph | None = None, backend: str | None = None) -> list[Pass]:
     """What graphc.compile runs between tracing and the backend, in order; for a `graph`
-    with collectives, bucket_allreduce as well (before the plan, which keeps its order); for
-    the "cpu" backend, transpose_weight_products after simplify (graphc.passes.gemm_order: a
-    GEMM order its BLAS runs faster, which the interpreter, the reference, does not need)."""
+    with collectives, bucket_allreduce and fuse_waits as well (before the plan, which keeps
+    their order); for the "cpu" backend, transpose_weight_products after simplify
+    (graphc.passes.gemm_order: a GEMM order its BLAS runs faster, which the interpreter, the
+    reference, does not need)."""
     from graphc.passes.fuse import fuse
     from graphc.passes.gemm_order import transpose_weight_products
     from graphc.passes.plan import plan_buffers
@@ -98,9 +99,10 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
     front = [simplify, transpose_weight_products] if backend == "cpu" else [simplify]
     if graph is not None:
         from graphc.passes.bucket import bucket_allreduce, has_collectives
+        from graphc.passes.fuse_waits import fuse_waits
 
         if has_collectives(graph):
-            return front + [fuse, bucket_allreduce, plan_buffers]
+            return front + [fuse, bucket_allreduce, fuse_waits, plan_buffers]
     return front + [fuse, plan_buffers]
 
 

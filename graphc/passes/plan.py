@@ -48,6 +48,7 @@ import numpy as np
 
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
+from graphc.ops.fused import effectful
 from graphc.ops.registry import COLLECTIVE, ELEMENTWISE, FUSED, REGISTRY, SOURCE
 from graphc.ops.shapes import contiguous_element_strides
 from graphc.symbolic import current_env, free_symbols, same_shape
@@ -217,7 +218,7 @@ class _Facts:
         last_effect = None
         for i, node in enumerate(self.nodes):
             deps = {producer[v] for v in node.inputs if v in producer}
-            if node.op in REGISTRY and REGISTRY[node.op].effectful:
+            if effectful(node):
                 if last_effect is not None:
                     deps.add(last_effect)  # random ops keep their order: they draw in turn
                 last_effect = i
@@ -258,7 +259,7 @@ def _inplace_capable(node: Node) -> bool:
         return True
     if kind == FUSED:
         body = node.attrs.get("body", ())
-        return all(REGISTRY[op].kind == ELEMENTWISE or op in _FUSED_INPLACE_OPS
+        return all(REGISTRY[op].kind in (ELEMENTWISE, COLLECTIVE) or op in _FUSED_INPLACE_OPS
                    or (REGISTRY[op].kind == SOURCE and not args)  # a constant copied in
                    for op, args, _ in body)
     return False
@@ -335,7 +336,7 @@ def _sink_sources(f: _Facts, order: list[int]) -> list[int]:
             readers.setdefault(d, []).append(i)
     movable = {i for i, node in enumerate(f.nodes)
                if not any(f.in_arena(v) for v in node.inputs) and i in readers
-               and not (node.op in REGISTRY and REGISTRY[node.op].effectful)}
+               and not effectful(node)}
     result = [i for i in order if i not in movable]
     for i in sorted(movable, key=order.index, reverse=True):
         first = min(result.index(r) for r in readers[i] if r in result)

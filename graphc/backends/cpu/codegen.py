@@ -53,10 +53,10 @@ from llvmlite import ir
 
 from graphc.backends import common
 from graphc.backends.cpu import collective_shm, conv, llvm, pool, rows, values
-from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS
+from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS, lower_fused_wait
 from graphc.backends.cpu.gemm_layout import folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
-from graphc.backends.cpu.kernels import Body, Codegen, Kernel, KernelBuilder, filled
+from graphc.backends.cpu.kernels import Body, Codegen, Combined, Kernel, KernelBuilder, filled
 from graphc.backends.cpu.random_ops import lower_random
 from graphc.backends.cpu.scalars import (
     SCALAR_LOWERINGS,
@@ -146,6 +146,8 @@ class Lowerer(Codegen):
         start = 0
         leaves: dict[int, int] = {}
         anchor = body.fused.anchor
+        if anchor is not None and anchor.op in FUSED_ANCHOR_LOWERINGS:  # renders the node
+            return FUSED_ANCHOR_LOWERINGS[anchor.op](self, node, body)
         if anchor is not None:
             t = body.types[body.n]
             a, b_ = (self.locs[node.inputs[r]] for r in anchor.args)
@@ -180,10 +182,18 @@ class Lowerer(Codegen):
         return leaves
 
     def elementwise(self, node: Node, body: Body, start: int,
-                    extra: dict[int, Loc] | None = None) -> None:
+                    extra: dict[int, Loc] | None = None,
+                    combined: dict[int, Combined] | None = None) -> None:
+        """`extra`: refs read from other Locs; `combined`: refs rendered from several."""
         domain = node.outputs[0].type.shape
-        kb = KernelBuilder(self, self.name(node.op), domain, body.recipe("map", start, extra))
+        combined = combined or {}
+        recipe = body.recipe("map", start, extra)
+        if combined:
+            recipe += (sorted((ref, c.key) for ref, c in combined.items()),)
+        kb = KernelBuilder(self, self.name(node.op), domain, recipe)
         leaves = self._leaves(kb, body, extra or {}, start, len(body.instrs))
+        reads = {ref: (tuple(kb.operand(loc) for loc in c.locs), c.combine)
+                 for ref, c in combined.items()}
         outs = [kb.operand(self.locs[v]) for v in node.outputs]
         sizes, strides = collapse(domain, [o.strides for o in kb.operands])
         b = kb.begin(parallel=True)
@@ -191,7 +201,8 @@ class Lowerer(Codegen):
             return self.calls.append(kb.kernel)
 
         def leaf(b, offsets):
-            env = body.evaluate(self, kb, b, offsets, leaves, len(body.instrs), body.outputs)
+            env = body.evaluate(self, kb, b, offsets, leaves, len(body.instrs), body.outputs,
+                                reads)
             for ref, k, v in zip(body.outputs, outs, node.outputs):
                 val = convert(b, env[ref], body.types[ref].dtype, v.type.dtype)
                 kb.store(b, k, offsets[k], val)
@@ -724,8 +735,8 @@ class Lowerer(Codegen):
             if (kind, index) not in bases:
                 if kind == "arena":
                     bases[(kind, index)] = arena
-                elif kind == "window":  # this rank's shared-memory window (collective_shm)
-                    bases[(kind, index)] = collective_shm.window_data(self, b)
+                elif kind == "window":  # a shared-memory window's data (collective_shm)
+                    bases[(kind, index)] = collective_shm.window_data(self, b, index)
                 else:
                     table = inputs if kind == "input" else outputs
                     slot = b.gep(table, [i64(index)], source_etype=PTR)
@@ -804,6 +815,9 @@ RUNTIME_SIZE_LOWERINGS = {
 # the anchors of GEMM/conv epilogues (OpDef.epilogue_anchor): lower(lowerer, node, a, b, out,
 # attrs) computes the anchor's result into `out` for the fused epilogue to read
 EPILOGUE_ANCHOR_LOWERINGS = {"matmul": Lowerer.epilogue_gemm, "conv2d": Lowerer.epilogue_conv2d}
+# anchors whose lowering renders the whole fused node: lower(lowerer, node, body) (a bucket's
+# wait, whose sum the update reads from the ranks' windows: graphc.passes.fuse_waits)
+FUSED_ANCHOR_LOWERINGS = {"all_reduce_wait": lower_fused_wait}
 # registry ops this backend declines on purpose, with the reason (none today)
 REFUSALS: dict[str, str] = {}
 

@@ -33,7 +33,7 @@ from graphc.backends.cpu import collective_shm, llvm
 from graphc.backends.cpu.bucket_pack import pack
 from graphc.backends.cpu.kernels import KernelBuilder
 from graphc.backends.cpu.values import F64, I32, I64, PTR, Loc, i64, loop, unsupported
-from graphc.ir.graph import Node
+from graphc.ir.graph import Node, Value
 from graphc.ir.printer import format_node
 from graphc.ops import collective
 from graphc.types import TensorType, int64
@@ -238,6 +238,32 @@ def lower_all_reduce_wait(lw, node: Node) -> None:
     for piece, out in zip(bucket_pieces(src, node), node.outputs):
         if lw.locs[out] != piece:  # not the bucket's own memory (the plan's in-place case)
             lw.copy(piece, lw.locs[out], "all_reduce_wait")
+
+
+def lower_fused_wait(lw, node: Node, body) -> None:
+    """A fused node whose body starts with a bucket's wait (graphc.passes.fuse_waits): on
+    the window, the sum over the ranks' windows and the update in one loop
+    (collective_shm.lower_fused_wait); otherwise the wait into the gradient's place (its
+    output, or scratch), then the update reading it, as the two nodes were."""
+    wait = _wait_of(lw, node, body)
+    if collective_shm.usable(lw, wait) and collective_shm.fusable(lw, wait):
+        return collective_shm.lower_fused_wait(lw, node, body, wait)
+    lower_all_reduce_wait(lw, wait)
+    lw.elementwise(node, body, 1, {body.n: lw.locs[wait.outputs[0]]})
+
+
+def _wait_of(lw, node: Node, body) -> Node:
+    """Instruction 0 of `node`'s body as a node of its own (its result the node's output
+    where the node returns it, else a value in backend scratch), for the wait's lowerings
+    and error messages."""
+    instruction = body.instrs[0]
+    result = next((v for ref, v in zip(body.outputs, node.outputs) if ref == body.n), None)
+    if result is None:
+        t = body.types[body.n]
+        result = Value(f"{node.outputs[0].name}.reduced", t)
+        lw.locs.locs[result] = lw.scratch_loc(t)
+    return Node("all_reduce_wait", [node.inputs[a] for a in instruction.args],
+                dict(instruction.attrs), [result], node.loc)
 
 
 def bucket_pieces(src: Loc, node: Node) -> list[Loc]:

@@ -73,7 +73,7 @@ from llvmlite import ir
 from graphc.backends.common import contiguous_strides
 from graphc.backends.cpu import llvm
 from graphc.backends.cpu.bucket_pack import pack
-from graphc.backends.cpu.kernels import KernelBuilder
+from graphc.backends.cpu.kernels import Combined, KernelBuilder
 from graphc.backends.cpu.values import F64, I32, I64, MEM, PTR, Loc, i64, loop, unsupported
 from graphc.ir.graph import Node, Value
 from graphc.ir.printer import format_node
@@ -204,11 +204,12 @@ def place(lw, node: Node) -> None:
             lw.locs.locs[v] = layout.members[v]
 
 
-def window_data(lw, b: ir.IRBuilder) -> ir.Value:
-    """For the driver: the address of this rank's window data (Loc base "window")."""
+def window_data(lw, b: ir.IRBuilder, index: int = 0) -> ir.Value:
+    """For the driver: the address of a window's data (Loc base "window"): index 0, this
+    rank's; index 1 + q, rank q's (read by a fused wait's sum)."""
     table = lw.declare(TABLE_SYMBOL, ir.FunctionType(ir.VoidType(), []))
-    segment = b.load(b.gep(table, [b.add(b.load(table, typ=I64), i64(_BASES))],
-                           source_etype=I64), typ=I64)
+    rank = b.load(table, typ=I64) if index == 0 else i64(index - 1)
+    segment = b.load(b.gep(table, [b.add(rank, i64(_BASES))], source_etype=I64), typ=I64)
     return b.gep(b.inttoptr(segment, PTR), [i64(_layout(lw).control_bytes)],
                  source_etype=ir.IntType(8))
 
@@ -364,25 +365,7 @@ def lower_wait(lw, node: Node) -> None:
     for out in node.outputs:
         if lw.locs[out].strides != contiguous_strides(out.type.shape, dt.itemsize):
             raise unsupported(node, "all_reduce_wait into a strided output")
-    # two kernels, so that graphc.profile tells the waiting from the summing
-    kb = KernelBuilder(lw, lw.name("all_reduce_wait"), (1,))
-    kb.kernel.status = True
-    b = kb.begin()
-    e = _Emitter(lw, node, kb, b)
-    e.wait_all(slot, e.mine(slot), "packed")
-    layout = _layout(lw)
-    rank = collective.communicator(node.op).rank
-    lw.errors.append(f"{node.op}: the ranks are about to run different collectives (this "
-                     f"rank, {rank}: {layout.signature!r:.200}); every rank must run the same "
-                     f"compiled step on same-shaped batches (one rank retraced for another "
-                     f"shape?), in node {format_node(node)}")
-    differ = len(lw.errors)
-    for q in range(e.world):  # the digests the ranks published with this bucket
-        theirs = b.load(e.digest(i64(q), slot), typ=I64)
-        with b.if_then(b.icmp_signed("!=", theirs, i64(layout.digest)), likely=False):
-            b.ret(ir.Constant(I32, differ))
-    b.ret(ir.Constant(I32, 0))
-    lw.calls.append(kb.kernel)
+    _meet(lw, node, slot)  # two kernels, so that graphc.profile tells waiting from summing
     kb = KernelBuilder(lw, lw.name("all_reduce_wait_sum"), (1,))
     kb.kernel.status = True
     outs = []  # (operand, first element in the bucket, elements)
@@ -405,10 +388,7 @@ def lower_wait(lw, node: Node) -> None:
         return lo, b.select(b.icmp_signed("<", hi, i64(count)), hi, i64(count))
 
     windows = [e.data(i64(q), offset) for q in range(world)]
-    scale = None
-    if node.attrs["op"] == "avg":
-        scale = ir.Constant(F64, 1.0 / world)
-        scale = scale if dt.name == "float64" else b.fptrunc(scale, element)
+    scale = _scale(b, node, dt, world)
 
     def summed(i):  # element i of the bucket summed over the windows in rank order, scaled
         total = None
@@ -442,6 +422,76 @@ def lower_wait(lw, node: Node) -> None:
     lw.calls.append(kb.kernel)
 
 
+def fusable(lw, wait: Node) -> bool:
+    """Whether a window bucket's wait (of one gradient) can sum inside the update that reads
+    it: every rank sums every element (one meeting), the bucket is float32/float64."""
+    native, _ = _window(wait)
+    return native.world_size <= WHOLE_REDUCE_MAX_WORLD and len(wait.outputs) == 1
+
+
+def lower_fused_wait(lw, node: Node, body, wait: Node) -> None:
+    """A fused node whose body starts with a window bucket's wait (graphc.passes.fuse_waits):
+    meet the other ranks, then one loop that sums each element over the ranks' windows in
+    rank order (scaled for "avg": the bits of lower_wait's sum) and runs the rest of the
+    body on it, writing the reduced gradient where the node returns it and the update's
+    results; then count the wait done. One pass over memory: the update no longer reads
+    back a reduced gradient that the sum wrote."""
+    bucket = wait.inputs[0]
+    slot, offset = _layout(lw).buckets[bucket.name]
+    _meet(lw, wait, slot)
+    native, _ = _window(wait)
+    world, t = native.world_size, body.types[body.n]
+    strides = contiguous_strides(t.shape, t.dtype.itemsize)
+    windows = tuple(Loc("window", 1 + q, offset, strides, t) for q in range(world))
+
+    def combine(b, values):  # in rank order, then scaled: the same bits as lower_wait's sum
+        total = values[0]
+        for v in values[1:]:
+            total = b.fadd(total, v)
+        scale = _scale(b, wait, t.dtype, world)
+        return total if scale is None else b.fmul(total, scale)
+
+    key = ("window_sum", world, wait.attrs["op"])
+    lw.elementwise(node, body, 1, {}, {body.n: Combined(windows, combine, key)})
+    kb = KernelBuilder(lw, lw.name("all_reduce_wait_done"), (1,))
+    b = kb.begin()
+    e = _Emitter(lw, wait, kb, b)
+    e.publish(slot, b.add(e.mine(slot), i64(1)))  # as lower_wait: 2 per bucket
+    e.publish(None, b.add(e.mine(None), i64(1)))
+    lw.calls.append(kb.finish(b))
+
+
+def _scale(b, node: Node, dt, world: int):
+    """1 / world in the bucket's type for "avg", else None."""
+    if node.attrs["op"] != "avg":
+        return None
+    scale = ir.Constant(F64, 1.0 / world)
+    return scale if dt.name == "float64" else b.fptrunc(scale, MEM[dt.name])
+
+
+def _meet(lw, node: Node, slot: int) -> None:
+    """The status kernel before a bucket's sum: wait until every rank has published the
+    bucket, then check that every rank stored this step's digest with it."""
+    kb = KernelBuilder(lw, lw.name("all_reduce_wait"), (1,))
+    kb.kernel.status = True
+    b = kb.begin()
+    e = _Emitter(lw, node, kb, b)
+    e.wait_all(slot, e.mine(slot), "packed")
+    layout = _layout(lw)
+    rank = collective.communicator(node.op).rank
+    lw.errors.append(f"{node.op}: the ranks are about to run different collectives (this "
+                     f"rank, {rank}: {layout.signature!r:.200}); every rank must run the same "
+                     f"compiled step on same-shaped batches (one rank retraced for another "
+                     f"shape?), in node {format_node(node)}")
+    differ = len(lw.errors)
+    for q in range(e.world):  # the digests the ranks published with this bucket
+        theirs = b.load(e.digest(i64(q), slot), typ=I64)
+        with b.if_then(b.icmp_signed("!=", theirs, i64(layout.digest)), likely=False):
+            b.ret(ir.Constant(I32, differ))
+    b.ret(ir.Constant(I32, 0))
+    lw.calls.append(kb.kernel)
+
+
 def _over_pieces(b, pieces, lo, hi, element, value) -> None:
     """For the bucket's elements i in [lo, hi): its output piece's element i - first =
     value(i), piece by piece (each piece one contiguous loop)."""
@@ -462,4 +512,5 @@ def _libc(name: str) -> int:
     return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value
 
 
-__all__ = ["LINE", "TABLE_SYMBOL", "lower_start", "lower_wait", "usable"]
+__all__ = ["LINE", "TABLE_SYMBOL", "fusable", "lower_fused_wait", "lower_start", "lower_wait",
+           "usable"]

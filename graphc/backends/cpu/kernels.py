@@ -397,6 +397,17 @@ class Codegen:
 _BODY_OPS = ("broadcast_to", "full", "arange")
 
 
+@dataclass(frozen=True)
+class Combined:
+    """A body ref read as several Locs' elements at the same offset, combined by generated
+    code (a bucket's sum over the ranks' shared-memory windows, graphc.backends.cpu.
+    collective_shm): `combine(b, values)` renders it; `key` names that code (kernel sharing)."""
+
+    locs: tuple[Loc, ...]
+    combine: object
+    key: tuple
+
+
 class Body:
     """A node's `FusedBody` (graphc.ops.fused, the one decoder of bodies) and how to render
     it; refs < n are the node's inputs."""
@@ -417,8 +428,10 @@ class Body:
                 [v.type for v in self.node.outputs])
 
     def evaluate(self, cg: Codegen, kb: KernelBuilder, b, offsets, leaves: dict[int, int],
-                 stop: int, wanted) -> dict[int, ir.Value]:
-        """Register values of the refs in `wanted` (and what they need), instructions < stop."""
+                 stop: int, wanted, combined: dict | None = None) -> dict[int, ir.Value]:
+        """Register values of the refs in `wanted` (and what they need), instructions < stop.
+        `combined`: ref -> (operand indices, combine(b, values)) for refs rendered from
+        several operands' elements (a `Combined` leaf)."""
         env: dict[int, ir.Value] = {}
 
         def value(ref: int):
@@ -426,6 +439,10 @@ class Body:
                 return env[ref]
             if ref in leaves:
                 env[ref] = kb.load(b, leaves[ref], offsets[leaves[ref]])
+                return env[ref]
+            if combined and ref in combined:
+                operands, combine = combined[ref]
+                env[ref] = combine(b, [kb.load(b, k, offsets[k]) for k in operands])
                 return env[ref]
             op, args, attrs = self.instrs[ref - self.n]
             t = self.types[ref]
