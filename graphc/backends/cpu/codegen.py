@@ -183,13 +183,15 @@ class Lowerer(Codegen):
 
     def elementwise(self, node: Node, body: Body, start: int,
                     extra: dict[int, Loc] | None = None,
-                    combined: dict[int, Combined] | None = None) -> None:
-        """`extra`: refs read from other Locs; `combined`: refs rendered from several."""
+                    combined: dict[int, Combined] | None = None,
+                    streamed: frozenset[int] = frozenset()) -> None:
+        """`extra`: refs read from other Locs; `combined`: refs rendered from several;
+        `streamed`: output refs stored non-temporally (KernelBuilder.store)."""
         domain = node.outputs[0].type.shape
         combined = combined or {}
         recipe = body.recipe("map", start, extra)
-        if combined:
-            recipe += (sorted((ref, c.key) for ref, c in combined.items()),)
+        if combined or streamed:
+            recipe += (sorted((ref, c.key) for ref, c in combined.items()), sorted(streamed))
         kb = KernelBuilder(self, self.name(node.op), domain, recipe)
         leaves = self._leaves(kb, body, extra or {}, start, len(body.instrs))
         reads = {ref: (tuple(kb.operand(loc) for loc in c.locs), c.combine)
@@ -205,9 +207,11 @@ class Lowerer(Codegen):
                                 reads)
             for ref, k, v in zip(body.outputs, outs, node.outputs):
                 val = convert(b, env[ref], body.types[ref].dtype, v.type.dtype)
-                kb.store(b, k, offsets[k], val)
+                kb.store(b, k, offsets[k], val, streaming=ref in streamed)
 
         kb.nest(b, sizes, strides, leaf)
+        if streamed:
+            kb.drain(b)
         self.calls.append(kb.finish(b))
 
     def copy(self, src: Loc, dst: Loc, name: str = "copy", domain=None,

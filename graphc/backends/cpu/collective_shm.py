@@ -452,7 +452,11 @@ def lower_fused_wait(lw, node: Node, body, wait: Node) -> None:
         return total if scale is None else b.fmul(total, scale)
 
     key = ("window_sum", world, wait.attrs["op"])
-    lw.elementwise(node, body, 1, {}, {body.n: Combined(windows, combine, key)})
+    # the reduced gradient (the .grad the step returns) is stored non-temporally: nothing in
+    # the step reads it back, and the store then needs no read for ownership of lines long
+    # out of cache (an output array the caller dropped a call or two ago)
+    streamed = frozenset(ref for ref in body.outputs if ref == body.n)
+    lw.elementwise(node, body, 1, {}, {body.n: Combined(windows, combine, key)}, streamed)
     kb = KernelBuilder(lw, lw.name("all_reduce_wait_done"), (1,))
     b = kb.begin()
     e = _Emitter(lw, wait, kb, b)

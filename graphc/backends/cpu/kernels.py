@@ -192,11 +192,27 @@ class KernelBuilder:
         v = b.load(self.pointer(b, k, offset), typ=MEM[op.dtype.name])
         return b.trunc(v, I1) if op.dtype is bool_ else v
 
-    def store(self, b, k: int, offset, value) -> None:
+    def store(self, b, k: int, offset, value, streaming: bool = False) -> None:
+        """`streaming`: a non-temporal store (no read for ownership, the line not kept in
+        cache) for an output nothing reads soon, where the host has them (x86-64: call
+        `drain` before the kernel returns)."""
         op = self.operands[k]
         if op.dtype is bool_:
             value = b.zext(value, I8)
-        b.store(value, self.pointer(b, k, offset))
+        store = b.store(value, self.pointer(b, k, offset))
+        if streaming and streaming_stores():
+            # The vectorizer widens a non-temporal store only where the target has an aligned
+            # one of two elements (x86: align >= 8); the widened store, under-aligned for
+            # movntps, is lowered to 8-byte movnti, which x86 allows at any address, as it
+            # does the scalar remainder's stores: the alignment only lets it vectorise.
+            store.align = max(2 * op.dtype.itemsize, 8)
+            store.set_metadata("nontemporal", self.cg.module.add_metadata([ir.Constant(I32, 1)]))
+
+    def drain(self, b) -> None:
+        """Make this kernel's non-temporal stores visible before it returns (sfence)."""
+        if streaming_stores():
+            sfence = ir.FunctionType(ir.VoidType(), [])
+            b.call(self.cg.declare("llvm.x86.sse.sfence", sfence), [])
 
     def nest(self, b, sizes, strides, leaf, inner=None, depth=0, offsets=None):
         """Loops over collapsed `sizes`; `leaf(b, offsets)` per element.
@@ -391,6 +407,13 @@ class Codegen:
         if name not in self._decls:
             self._decls[name] = ir.Function(self.module, ftype, name)
         return self._decls[name]
+
+
+def streaming_stores() -> bool:
+    """Whether KernelBuilder.store(streaming=True) emits non-temporal stores: x86-64 hosts."""
+    import llvmlite.binding as llvm
+
+    return llvm.get_process_triple().startswith("x86_64")
 
 
 # ---- bodies: the instructions of a fused node (or of one elementwise node) ------------------
