@@ -9,7 +9,8 @@ and trains the compiled MLP 784-256-256-10 or LeNet-5 step at batch 64 per rank 
 momentum). Variants (see `rank_main`): DDP with blocking per-gradient allreduces (the
 pipeline without the bucketing pass), DDP bucketed and overlapped (the default pipeline:
 with every rank on this machine, its buckets, one per gradient, are written by the backward
-into the node's shared-memory window and reduced there, graphc.backends.cpu.collective_shm),
+into the node's shared-memory window and reduced there, each in one loop with the optimizer
+update that reads it, graphc.backends.cpu.collective_shm),
 and the plain model without communication (the
 ranks only share the machine). A third job, `--rank --no-window`, runs the bucketed variant
 with the window off (pg_options node_window_bytes=0: buckets through MPI_Iallreduce), as
@@ -97,13 +98,16 @@ def _collective_seconds(compiled, x, y) -> float:
     """Seconds per step in the collective nodes' kernels (graphc.profile's per-kernel
     medians): the allreduce time the step does not hide (the MPI wait or the blocking
     MPI_Allreduce; on the window, the meeting and the sum), plus the bucket packing and
-    averaging copies. graphc.profile gives each run fresh output arrays, so a wait that
-    writes straight into the .grad outputs (the window path) also pays their first-touch
-    page faults here, which real calls do not."""
+    averaging copies. On the window a bucket's wait is fused with the optimizer update that
+    reads it (graphc.passes.fuse_waits), so its kernels, counted here, include that update.
+    graphc.profile gives each run fresh output arrays, so a wait that writes straight into
+    the .grad outputs (the window path) also pays their first-touch page faults here, which
+    real calls do not."""
     import graphc
 
     report = graphc.profile(compiled, x, y, repeat=30)
-    return sum(row.seconds for row in report.rows if row.op.startswith("all_reduce"))
+    return sum(row.seconds for row in report.rows
+               if row.op.startswith(("all_reduce", "fused(all_reduce_wait")))
 
 
 def _alpha_beta(dist) -> tuple[float, float]:
