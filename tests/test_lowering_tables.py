@@ -34,8 +34,13 @@ def test_epilogue_anchors_have_anchor_lowerings():
 
     anchors = {name for name, op in REGISTRY.items() if op.epilogue_anchor}
     for backend in TABLES:
-        assert set(importlib.import_module(TABLES[backend][0]).EPILOGUE_ANCHOR_LOWERINGS) == \
+        module = importlib.import_module(TABLES[backend][0])
+        # an anchor that renders the whole fused node (a bucket's wait, cpu), or one the
+        # backend refuses with its reason, needs no epilogue lowering
+        whole = set(getattr(module, "FUSED_ANCHOR_LOWERINGS", ()))
+        assert set(module.EPILOGUE_ANCHOR_LOWERINGS) | whole | set(module.REFUSALS) >= \
             anchors, backend
+        assert set(module.EPILOGUE_ANCHOR_LOWERINGS) | whole <= anchors, backend
 
 
 def test_an_op_without_a_table_entry_is_reported_missing(monkeypatch):

@@ -106,6 +106,8 @@ def lower_fused(lw: Lowerer, node: Node) -> None:
     fb = FusedBody.of_node(node)
     n_in = fb.n_inputs
     anchor = fb.anchor
+    if anchor is not None and anchor.op in REFUSALS:  # a bucket's wait fused with its update
+        raise unsupported(node, f"{anchor.op} inside a fused body: {REFUSALS[anchor.op]}")
     if anchor is not None:  # a contraction with an elementwise epilogue
         tmp = lw.scratch_layout(fb.types[n_in])
         contraction = Node(anchor.op, [node.inputs[a] for a in anchor.args], anchor.attrs, [])
