@@ -130,6 +130,18 @@ def test_the_backward_writes_window_buckets_in_place():
 
 
 @needs_mpi
+@pytest.mark.parametrize("mode, via", [("fused", "window"), ("fused-mpi", "mpi")])
+def test_waits_fused_with_their_updates_give_the_averages(mode, via):
+    """A one-gradient bucket read by an elementwise node is reduced inside it
+    (graphc.passes.fuse_waits), whether the step also returns the reduced value or not:
+    on the window in one loop, on the MPI path the wait then the update."""
+    done, _ = _launch(mode)
+    assert done.returncode == 0, done.stderr
+    assert f"OK fused: 2 waits fused with their updates, through the {via}" in done.stdout, \
+        done.stdout
+
+
+@needs_mpi
 def test_a_step_compiled_for_another_window_is_refused():
     done, _ = _launch("stale")
     assert done.returncode == 0, done.stderr

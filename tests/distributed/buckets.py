@@ -262,7 +262,40 @@ def direct():
             "no MPI agreement")
 
 
-WINDOWS = {"equal": None, "equal-mpi": 0, "equal-mixed": 1024}  # node_window_bytes
+def fused_updates():
+    """One-gradient buckets whose result an elementwise node reads are fused with it
+    (graphc.passes.fuse_waits): a result the step also returns and one it does not; on the
+    window one loop sums and updates, on the MPI path the wait runs, then the update."""
+    r = float(dist.get_rank())
+
+    def f(a, w):
+        g = collective.all_reduce(a * 2.0 + r, "avg", bucket_cap=0)  # read by the update only
+        h = collective.all_reduce(a * 3.0 + r, "avg", bucket_cap=0)  # also returned
+        return w - g * 0.5, h * 2.0 + 1.0, h
+
+    step = graphc.compile(f, backend="cpu")
+    a = np.arange(300, dtype=np.float32).reshape(20, 15)
+    w = np.linspace(-1.0, 1.0, 300, dtype=np.float32).reshape(20, 15)
+    g, h = a * 2.0 + np.float32(0.5), a * 3.0 + np.float32(0.5)  # the averages, exact here
+    for _ in range(3):
+        updated, scaled, h_avg = step(graphc.tensor(a), graphc.tensor(w))
+        np.testing.assert_array_equal(updated.numpy(), w - g * np.float32(0.5))
+        np.testing.assert_array_equal(scaled.numpy(), h * np.float32(2.0) + np.float32(1.0))
+        np.testing.assert_array_equal(h_avg.numpy(), h)
+    graph = step.executable.graph
+    fused = [n for n in graph.nodes if n.op == "fused" and wait_bucket(n) is not None]
+    assert len(fused) == 2 and not any(n.op == "all_reduce_wait" for n in graph.nodes), \
+        format_graph(graph)
+    assert [len(n.outputs) for n in fused] == [1, 2], format_graph(graph)  # h kept, g not
+    kernels = step.executable.lowered.kernels
+    in_one_loop = sum(k.endswith("_all_reduce_wait_done") for k in kernels)
+    via = "window" if in_one_loop == 2 else "mpi"
+    assert in_one_loop in (0, 2) and transports(step.executable) == {via}, kernels
+    return f"fused: 2 waits fused with their updates, through the {via}"
+
+
+WINDOWS = {"equal": None, "equal-mpi": 0, "equal-mixed": 1024, "fused": None,
+           "fused-mpi": 0}  # node_window_bytes
 
 
 def main():
@@ -272,7 +305,8 @@ def main():
                             pg_options=None if window is None else {"node_window_bytes": window})
     done = {"equal": equal, "equal-mpi": equal, "equal-mixed": equal, "ir": ir,
             "eager": eager_details, "raise": raise_in_compiled, "stale": stale_window,
-            "mismatch": mismatched_steps, "direct": direct}[mode]()
+            "mismatch": mismatched_steps, "direct": direct, "fused": fused_updates,
+            "fused-mpi": fused_updates}[mode]()
     dist.barrier()
     if dist.get_rank() == 0:
         print("OK", done, flush=True)
