@@ -30,7 +30,8 @@ Lowered ops:
 - movement: reshape, permute, broadcast_to, slice (views where the plan has them, copies
   otherwise), copy, concat; sources full and arange;
 - nll_loss and nll_loss_backward (class-index targets, any reduction; a target out of range
-  makes the call fail with a clear error instead of reading out of bounds);
+  makes the call fail with a clear error instead of reading out of bounds):
+  graphc.backends.cpu.losses;
 - conv2d (alone or with a fused epilogue), conv2d_input_grad, conv2d_weight_grad,
   max_pool2d(_grad), avg_pool2d(_grad), batch_norm: graphc.backends.cpu.conv and .pool;
 - random ops uniform, normal, dropout, bernoulli (the eager Philox stream, seed input read
@@ -52,7 +53,7 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from graphc.backends import common
-from graphc.backends.cpu import collective_shm, conv, llvm, pool, rows, values
+from graphc.backends.cpu import collective_shm, conv, llvm, losses, pool, rows, values
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS, lower_fused_wait
 from graphc.backends.cpu.gemm_layout import folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
@@ -66,7 +67,6 @@ from graphc.backends.cpu.scalars import (
     reduction_identity,
 )
 from graphc.backends.cpu.values import (
-    F64,
     I1,
     I8,
     I32,
@@ -87,7 +87,6 @@ from graphc.backends.cpu.values import (
     unsupported,
 )
 from graphc.ir.graph import Graph, Node
-from graphc.ir.printer import format_node
 from graphc.ops.registry import REGISTRY
 from graphc.ops.shapes import broadcast_shapes
 from graphc.types import TensorType, bool_, float32, float64
@@ -562,146 +561,6 @@ class Lowerer(Codegen):
                 lambda b, offs: kb.store(b, o, offs[o], kb.load(b, v, offs[v])))
         self.calls.append(kb.finish(b))
 
-    # ---- losses --------------------------------------------------------------------------
-    def _nll_rows(self, x_t: TensorType) -> tuple[tuple[int, ...], int]:
-        """(row shape, classes) of nll_loss's input (or its gradient) `x_t`: (C,) has one
-        row of shape (); (N, C, d1, ...) has rows (N, d1, ...), the class dim being 1."""
-        if x_t.ndim == 1:
-            return (), x_t.shape[0]
-        return (x_t.shape[0],) + x_t.shape[2:], x_t.shape[1]
-
-    def _x_strides(self, loc: Loc, rank: int) -> tuple[tuple[int, ...], int]:
-        """(element strides over the row shape, class stride) of an (N, C, d...) location."""
-        s = self._strides(loc, rank)
-        if rank == 1:
-            return (), s[0]
-        return (s[0],) + s[2:], s[1]
-
-    def _row_offset(self, b, row, shape: tuple[int, ...], strides: tuple[int, ...]):
-        """The element offset of flat (row-major) index `row` over `shape` with `strides`."""
-        total, rest = i64(0), row
-        for d in range(len(shape) - 1, -1, -1):
-            if strides[d] == 0 or shape[d] == 1:
-                if d:
-                    rest = b.udiv(rest, size(b, shape[d]))
-                continue
-            coord = b.urem(rest, size(b, shape[d])) if d else rest
-            total = b.add(total, b.mul(coord, size(b, strides[d])))
-            if d:
-                rest = b.udiv(rest, size(b, shape[d]))
-        return total
-
-    def _nll_kernel(self, node: Node, name: str, x_type: TensorType, reads: list[Loc],
-                    writes: list[Loc]):
-        """A status kernel reading `reads` and writing `writes` (whole, strides 0):
-        (kb, their operand ids, the status it returns for a target out of range)."""
-        kb = KernelBuilder(self, self.name(name), (1,))
-        kb.kernel.status = True
-        ids = [kb.operand(loc, (0,)) for loc in reads + writes]
-        self.errors.append(f"{node.op}: a target is out of bounds (classes 0..."
-                           f"{(x_type.shape[0] if x_type.ndim == 1 else x_type.shape[1]) - 1})"
-                           f" in node {format_node(node)}"
-                           f"{' at ' + node.loc if node.loc else ''}")
-        return kb, ids, len(self.errors)
-
-    def _strides(self, loc: Loc, rank: int) -> tuple[int, ...]:
-        item = loc.type.dtype.itemsize
-        s = tuple(x // item for x in loc.strides)
-        return (0,) * (rank - len(s)) + s
-
-    def _pick(self, b, kb, node, t_id, w_id, t_offset, sw, classes, status):
-        """(safe class index, counted mask, weight) of the target at `t_offset`; flags bad
-        targets."""
-        ignore = node.attrs["ignore_index"]
-        t = kb.load(b, t_id, t_offset)
-        counted = b.icmp_signed("!=", t, i64(ignore))
-        inside = b.and_(b.icmp_signed(">=", t, i64(0)), b.icmp_signed("<", t, size(b, classes)))
-        bad = b.and_(counted, b.not_(inside))
-        b.store(b.select(bad, ir.Constant(I32, status), b.load(self._status)), self._status)
-        safe = b.select(inside, t, i64(0))
-        counted = b.and_(counted, inside)
-        w = kb.load(b, w_id, b.mul(safe, size(b, sw)))
-        return safe, counted, w
-
-    def lower_nll_loss(self, node: Node) -> None:
-        x, target, weight = node.inputs
-        loss_v, total_v = node.outputs
-        row_shape, classes = self._nll_rows(x.type)
-        lx, lt, lw = self.locs[x], self.locs[target], self.locs[weight]
-        kb, (xi, ti, wi, li, twi), status = self._nll_kernel(
-            node, "nll_loss", x.type, [lx, lt, lw], [self.locs[loss_v], self.locs[total_v]])
-        sx, sc = self._x_strides(lx, x.type.ndim)
-        st, sw = self._strides(lt, len(row_shape)), self._strides(lw, 1)[0]
-        reduction = node.attrs["reduction"]
-        sl = self._strides(self.locs[loss_v], len(row_shape)) if reduction == "none" else ()
-        dt = x.type.dtype
-        b = kb.begin()
-        with b.goto_entry_block():
-            self._status = b.alloca(I32, name="status")
-            tot_w = b.alloca(F64, name="total_weight")
-            tot = b.alloca(F64, name="total")
-        b.store(ir.Constant(I32, 0), self._status)
-        b.store(ir.Constant(F64, 0.0), tot_w)
-        b.store(ir.Constant(F64, 0.0), tot)
-        with for_range(b, math.prod(row_shape), "row") as n:
-            safe, counted, w = self._pick(b, kb, node, ti, wi,
-                                          self._row_offset(b, n, row_shape, st), sw, classes,
-                                          status)
-            w = b.select(counted, w, const(dt, 0.0))
-            xv = kb.load(b, xi, b.add(self._row_offset(b, n, row_shape, sx),
-                                      b.mul(safe, size(b, sc))))
-            v = b.fmul(b.fneg(xv), w)
-            b.store(b.fadd(b.load(tot_w), convert(b, w, dt, float64)), tot_w)
-            b.store(b.fadd(b.load(tot), convert(b, v, dt, float64)), tot)
-            if reduction == "none":
-                kb.store(b, li, self._row_offset(b, n, row_shape, sl), v)
-        total_w = convert(b, b.load(tot_w), float64, dt)
-        kb.store(b, twi, i64(0), total_w)
-        if reduction != "none":
-            total = b.load(tot)
-            if reduction == "mean":
-                w64 = convert(b, total_w, dt, float64)
-                total = b.select(b.fcmp_ordered("!=", w64, ir.Constant(F64, 0.0)),
-                                 b.fdiv(total, w64), ir.Constant(F64, math.nan))
-            kb.store(b, li, i64(0), convert(b, total, float64, dt))
-        b.ret(b.load(self._status))
-        self.calls.append(kb.kernel)
-
-    def lower_nll_loss_backward(self, node: Node) -> None:
-        g, target, weight, total_weight = node.inputs
-        out = node.outputs[0]
-        row_shape, classes = self._nll_rows(out.type)
-        lo = self.locs[out]
-        kb, (gi, ti, wi, twi, oi), status = self._nll_kernel(
-            node, "nll_loss_backward", out.type,
-            [self.locs[g], self.locs[target], self.locs[weight], self.locs[total_weight]], [lo])
-        dt = out.type.dtype
-        reduction = node.attrs["reduction"]
-        st = self._strides(self.locs[target], len(row_shape))
-        sw = self._strides(self.locs[weight], 1)[0]
-        sg = self._strides(self.locs[g], len(row_shape)) if reduction == "none" else ()
-        so, sc = self._x_strides(lo, out.type.ndim)
-        b = kb.begin()
-        with b.goto_entry_block():
-            self._status = b.alloca(I32, name="status")
-        b.store(ir.Constant(I32, 0), self._status)
-        with for_range(b, out.type.numel, "zero") as i:
-            kb.store(b, oi, self._row_offset(b, i, out.type.shape, self._strides(
-                lo, out.type.ndim)), const(dt, 0.0))
-        with for_range(b, math.prod(row_shape), "row") as n:
-            safe, counted, w = self._pick(b, kb, node, ti, wi,
-                                          self._row_offset(b, n, row_shape, st), sw, classes,
-                                          status)
-            scale = kb.load(b, gi, self._row_offset(b, n, row_shape, sg)
-                            if reduction == "none" else i64(0))
-            if reduction == "mean":
-                scale = b.fdiv(scale, kb.load(b, twi, i64(0)))
-            v = b.select(counted, b.fmul(b.fneg(w), scale), const(dt, 0.0))
-            kb.store(b, oi, b.add(self._row_offset(b, n, row_shape, so),
-                                  b.mul(safe, size(b, sc))), v)
-        b.ret(b.load(self._status))
-        self.calls.append(kb.kernel)
-
     # ---- the driver ----------------------------------------------------------------------
     def outputs(self) -> None:
         """Copy graph outputs and the update values left in the arena to `outputs[k]`."""
@@ -799,7 +658,7 @@ LOWERINGS = {
     "permute": Lowerer.lower_view_copy, "broadcast_to": Lowerer.lower_view_copy,
     "slice": Lowerer.lower_view_copy, "concat": Lowerer.lower_concat,
     "full": Lowerer.lower_full, "arange": Lowerer.lower_arange,
-    "nll_loss": Lowerer.lower_nll_loss, "nll_loss_backward": Lowerer.lower_nll_loss_backward,
+    "nll_loss": losses.nll_loss, "nll_loss_backward": losses.nll_loss_backward,
     **INDEX_LOWERINGS,
     **COLLECTIVE_LOWERINGS,
 }
@@ -809,8 +668,7 @@ LOWERINGS = {
 RUNTIME_SIZE_LOWERINGS = {
     Lowerer.fused, Lowerer.lower_elementwise, Lowerer.lower_reduction, Lowerer.lower_matmul,
     Lowerer.lower_copy, Lowerer.lower_reshape, Lowerer.lower_view_copy, Lowerer.lower_concat,
-    Lowerer.lower_full, Lowerer.lower_arange, Lowerer.lower_nll_loss,
-    Lowerer.lower_nll_loss_backward,
+    Lowerer.lower_full, Lowerer.lower_arange, losses.nll_loss, losses.nll_loss_backward,
     *(INDEX_LOWERINGS[op] for op in ("take", "embedding", "gather", "embedding_backward")),
     lower_random,
     conv.conv2d_input_grad, conv.conv2d_weight_grad, pool.max_pool2d, pool.max_pool2d_grad,
