@@ -118,8 +118,21 @@ class CpuExecutable:
         self._tail = (self._arena_ptr,) + (
             (ctypes.c_void_p(self.last_stamps.ctypes.data),) if self.profiled else ())
         self._raw = raw
-        index = {v.name: i for i, v in enumerate(graph.inputs)}
         self._in_types = [(v.type.shape, np.dtype(v.type.dtype.np)) for v in graph.inputs]
+        self._call_tables(in_input)
+        self._out_types = [(t.shape, np.dtype(t.dtype.np)) for t in self._copied]
+        self._lock = threading.Lock()
+        self.thread_chooser = threads.ThreadChooser(threads.most_threads())
+        self._collectives = collectives
+
+    def _call_tables(self, in_input: dict[str, str]) -> None:
+        """What every call reads: which results are output arrays (`_copied`: their types)
+        and which are inputs written in place (`_written`), in result order (`_results`);
+        the pointer tables run() fills in place (an input array seen at the same position
+        last call keeps its pointer: parameters, optimizer state), the outputs kept for
+        reuse (`_outputs`)."""
+        graph = self.graph
+        index = {v.name: i for i, v in enumerate(graph.inputs)}
         self._copied = [v.type for v in graph.outputs]
         self._results: list[tuple[str, int]] = [("out", k) for k in range(len(graph.outputs))]
         self._written = set()
@@ -131,16 +144,10 @@ class CpuExecutable:
             else:
                 self._results.append(("out", len(self._copied)))
                 self._copied.append(v.type)
-        self._out_types = [(t.shape, np.dtype(t.dtype.np)) for t in self._copied]
-        # filled in place by run(); an input array seen at the same position last call keeps
-        # its pointer (parameters, optimizer state: the same arrays every call)
         self._in_ptrs = (ctypes.c_void_p * max(len(graph.inputs), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
-        self._recent = [[None, None] for _ in self._copied]  # see _outputs
+        self._recent = [[None, None] for _ in self._copied]
         self._last_inputs: list = [None] * len(graph.inputs)
-        self._lock = threading.Lock()
-        self.thread_chooser = threads.ThreadChooser(threads.most_threads())
-        self._collectives = collectives
 
     @property
     def memory_plan(self):

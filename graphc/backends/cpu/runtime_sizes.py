@@ -124,25 +124,9 @@ class RuntimeSizedExecutable(CpuExecutable):
         self._setup(plan.in_input)
 
     def _setup(self, in_input: dict[str, str]) -> None:
-        """The per-call tables CpuExecutable keeps, with symbolic types: which results are
-        outputs and which are written into inputs."""
-        graph = self.graph
-        index = {v.name: i for i, v in enumerate(graph.inputs)}
-        self._copied = [v.type for v in graph.outputs]
-        self._results = [("out", k) for k in range(len(graph.outputs))]
-        self._written = set()
-        for _, v in graph.updates:
-            if v.name in in_input:
-                i = index[in_input[v.name]]
-                self._results.append(("in", i))
-                self._written.add(i)
-            else:
-                self._results.append(("out", len(self._copied)))
-                self._copied.append(v.type)
-        self._in_ptrs = (ctypes.c_void_p * max(len(graph.inputs), 1))()
-        self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
-        self._recent = [[None, None] for _ in self._copied]
-        self._last_inputs = [None] * len(graph.inputs)
+        """CpuExecutable's per-call tables (its output types stay symbolic: `at` makes them
+        concrete per size), its lock and thread chooser."""
+        self._call_tables(in_input)
         self._lock = threading.Lock()
         self.thread_chooser = threads.ThreadChooser(threads.most_threads())
         self._collectives = ()
