@@ -23,7 +23,7 @@ import graphc.nn.functional as F  # noqa: E402
 from graphc.backends import cache  # noqa: E402
 from graphc.backends.cpu import executable as cpu_executable  # noqa: E402
 from graphc.backends.cpu import kernels, llvm  # noqa: E402
-from graphc.jit import compiler  # noqa: E402
+from graphc.jit import pipeline  # noqa: E402
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ class _Work:
 
     def __init__(self, monkeypatch) -> None:
         self.passes = self.lowered = 0
-        run_pipeline, lower = compiler.run_pipeline, cpu_executable.lower
+        run_pipeline, lower = pipeline.run_pipeline, cpu_executable.lower
 
         def counting_pipeline(*args, **kwargs):
             self.passes += 1
@@ -49,7 +49,7 @@ class _Work:
             self.lowered += 1
             return lower(*args, **kwargs)
 
-        monkeypatch.setattr(compiler, "run_pipeline", counting_pipeline)
+        monkeypatch.setattr(pipeline, "run_pipeline", counting_pipeline)
         monkeypatch.setattr(cpu_executable, "lower", counting_lower)
 
 

@@ -1,5 +1,5 @@
 """graphc.compile pauses Python's cyclic garbage collector while a call traces and compiles
-(graphc.jit.compiler._collector_paused), and always gives it back: after a compile, after a
+(graphc.jit.pipeline.collector_paused), and always gives it back: after a compile, after a
 failed trace, and as the user left it when they had turned it off themselves."""
 
 import gc

@@ -51,9 +51,7 @@ numpy interpreter, the reference every backend is tested against) stays availabl
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import os
 import sys
 import threading
@@ -65,12 +63,11 @@ import numpy as np
 from graphc import config
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.backends import Executable, check_backend, residency
-from graphc.backends import compile as compile_graph
 from graphc.dispatch import current_tracer, is_abstract
 from graphc.errors import ArgumentError, GraphcError
 from graphc.ir.printer import format_graph
 from graphc.ir.specialize import pin
-from graphc.jit import nan_check, pipeline_cache
+from graphc.jit import nan_check
 from graphc.jit.bindings import ArgBinding, GradBinding, RngBinding, TensorBinding, TraceResult
 from graphc.jit.compiled_autograd import (
     CompiledFunction,
@@ -90,11 +87,14 @@ from graphc.jit.guards import (
     reachable_state,
     signature_of,
 )
+from graphc.jit.pipeline import backend_compile as _backend_compile
+from graphc.jit.pipeline import collector_paused as _collector_paused
+from graphc.jit.pipeline import compiled as _compiled
+from graphc.jit.pipeline import symbolic as _symbolic
 from graphc.jit.pytree import at, flatten, unflatten
 from graphc.jit.run import as_array, as_tensor, interrupts_held, run_and_write_back
 from graphc.jit.tracer import arg_names, graph_name, trace_call
-from graphc.passes import default_passes, run_pipeline
-from graphc.symbolic import current_env
+from graphc.passes import default_passes
 from graphc.tensor import Tensor
 
 
@@ -105,67 +105,6 @@ class RecompileLimitError(GraphcError, RuntimeError):
 def _log(message: str) -> None:
     if "recompiles" in config.log_topics():
         print(f"graphc: {message}", file=sys.stderr)
-
-
-def _optimize(graph, passes, **options):
-    """run_pipeline, where a symbolic trace's passes answer an equality between sizes that
-    the trace never asked structurally (the same expression or not) instead of guarding it:
-    a pass asks such things to decide an optimisation (fuse these? is this the identity?),
-    not because the graph needs them (graphc.symbolic.ShapeEnv.structural)."""
-    with _structural():
-        return run_pipeline(graph, passes, **options)
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off while a call traces and compiles: tracing makes
-    many objects at once, which set off full collections over the whole heap (15-65 ms in a
-    warm first call, a fifth of it); nothing is lost, cycles made meanwhile wait for the next
-    collection. A nested first call (a compiled function called while another traces)
-    leaves it to the outer one."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-def _backend_compile(graph, backend: str):
-    with _structural():
-        return compile_graph(graph, backend)
-
-
-def _compiled(graph, passes, backend: str, dump_prefix: str | None = None):
-    """(executable, pipeline report) of a traced graph: what an earlier process made of it,
-    from the pipeline cache (graphc.jit.pipeline_cache: no passes, no lowering), else the
-    passes and the backend, kept in that cache for the next process."""
-    key = pipeline_cache.key_of(graph, passes, backend)
-    if key is None:
-        optimized, report = _optimize(graph, passes, verify=True, dump_prefix=dump_prefix)
-        return _backend_compile(optimized, backend), report
-    with pipeline_cache.lock(key):  # one compile of a key at a time in this process
-        found = pipeline_cache.lookup(key, backend)
-        if found is not None:
-            return found
-        optimized, report = _optimize(graph, passes, verify=True, dump_prefix=dump_prefix)
-        executable = _backend_compile(optimized, backend)
-        pipeline_cache.store(key, executable, report)
-    return executable, report
-
-
-def _structural():
-    env = current_env()
-    return env.structural() if env is not None else contextlib.nullcontext()
-
-
-def _symbolic(traced: TraceResult):
-    """The trace's ShapeEnv, active (for the passes and the backend over its graph), or a
-    no-op for a static trace."""
-    return traced.shape_env.active() if traced.shape_env is not None \
-        else contextlib.nullcontext()
 
 
 @dataclass
