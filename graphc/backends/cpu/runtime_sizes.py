@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 import threading
 
 import numpy as np
@@ -205,8 +206,6 @@ def generic(graph: Graph, options: dict, hints: dict[str, int] | None):
         return RuntimeSizedExecutable(graph, options, hints)
     except CpuLoweringError as err:  # RuntimeSizesUnsupported, or an op cpu cannot lower
         if "recompiles" in config.log_topics():
-            import sys
-
             print(f"graphc: {err}; compiling per size", file=sys.stderr)
         return None
 
