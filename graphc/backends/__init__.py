@@ -65,8 +65,10 @@ def compile(graph: Graph, backend: str = "interp", options: dict | None = None) 
 
     A graph with symbolic sizes (`f32[s0,784]`) goes to the backend as it is where the
     backend runs symbolic graphs (`SYMBOLIC_BACKENDS`: the interpreter); any other backend
-    gets a `graphc.backends.specializing.SpecializingExecutable`, which compiles the graph
-    specialised to each call's sizes, once per distinct sizes."""
+    gets a `graphc.backends.specializing.SpecializingExecutable`, which runs the backend's
+    one executable for every size where it has one (`GENERIC_FACTORIES`: cpu, whose kernels
+    read sizes per call) and compiles the graph specialised to each call's sizes otherwise,
+    once per distinct sizes."""
     check_backend(backend)
     factory = BACKENDS[backend]
     if backend not in SYMBOLIC_BACKENDS and any(v.type.is_symbolic for v in graph.inputs):
