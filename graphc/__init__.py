@@ -14,6 +14,7 @@ tensor([3., 3.])
 
 import importlib
 
+from graphc import config as _config
 from graphc import dispatch as _dispatch  # noqa: F401  (installs the dispatch point)
 from graphc import ops as _ops
 from graphc.autograd.grad_mode import (
@@ -36,6 +37,8 @@ from graphc.serialization import load, save
 from graphc.tensor import Size, Tensor
 from graphc.types import DType, TensorType, bool_, float32, float64, int64
 from graphc.version import __version__
+
+_config.set_openmp_waiting()  # GOMP_SPINCOUNT before any library loads libgomp (graphc.config)
 
 
 def is_tensor(obj) -> bool:

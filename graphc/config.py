@@ -45,6 +45,12 @@
 - GRAPHC_CUDA_ALL_OPINFO: `1` makes tests/test_cuda_backend.py run every sample of every
   OpInfo entry on the cuda backend instead of each entry's first (slow under emulation).
 
+One variable graphc sets rather than reads: GOMP_SPINCOUNT (libgomp's spin before a waiting
+thread sleeps), to OPENMP_SPIN_COUNT unless the user set it, by `set_openmp_waiting`, which
+`import graphc` calls: libgomp reads it once, when it loads, and a process has one libgomp
+(PyTorch's and the system's share the name), so it must be set before the first library that
+uses OpenMP loads (graphc.backends.cpu.threads).
+
 Read at use, not at import, so tests can set them with monkeypatch.
 """
 
@@ -204,3 +210,37 @@ def blas_threads() -> str:
         raise ArgumentError(f"GRAPHC_BLAS_THREADS: expected 'shared' or 'native', got {raw!r}; "
                             "unset it for the default (shared)")
     return raw
+
+
+# libgomp's threads spin this many rounds (some hundred microseconds) after a parallel region
+# before they sleep: enough to catch the next kernel of the same step, short enough that the
+# core is soon free for other work.
+OPENMP_SPIN_COUNT = "20000"
+_openmp_waiting: list[str] = []  # what holds, decided by the first call
+
+
+def set_openmp_waiting() -> str:
+    """Set GOMP_SPINCOUNT to OPENMP_SPIN_COUNT unless the user set it (see the module
+    docstring); returns which spin count the process's libgomp has: graphc's, the user's, or,
+    when libgomp was loaded before graphc's first call (PyTorch imported before graphc), its
+    loader's."""
+    if not _openmp_waiting:
+        import ctypes
+
+        user = os.environ.get("GOMP_SPINCOUNT")
+        try:
+            ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+            loaded = True
+        except (OSError, AttributeError):
+            loaded = False
+        if user is not None:
+            _openmp_waiting.append(f"the user's GOMP_SPINCOUNT={user}")
+        elif loaded:
+            _openmp_waiting.append(
+                "libgomp's own default (about 300,000 rounds): it was loaded before graphc "
+                "could set GOMP_SPINCOUNT (e.g. `import torch` before `import graphc`); set "
+                f"GOMP_SPINCOUNT={OPENMP_SPIN_COUNT} before starting Python for graphc's")
+        else:
+            os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
+            _openmp_waiting.append(f"graphc's GOMP_SPINCOUNT={OPENMP_SPIN_COUNT}")
+    return _openmp_waiting[0]

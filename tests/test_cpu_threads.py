@@ -155,6 +155,34 @@ def test_cores_free_reads_the_runnable_tasks():
     assert free <= (os.cpu_count() or 1) - 1  # the caller itself is running
 
 
+# ---- waiting: GOMP_SPINCOUNT before libgomp loads ----------------------------------------------
+def _fresh_python(code: str, **env: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+_REPORT = ("import os, graphc; print(os.environ.get('GOMP_SPINCOUNT'), '|', "
+           "graphc.config.set_openmp_waiting())")
+
+
+def test_import_graphc_sets_the_spin_count_before_libgomp_loads():
+    assert _fresh_python(_REPORT) == "20000 | graphc's GOMP_SPINCOUNT=20000"
+    assert _fresh_python(_REPORT, GOMP_SPINCOUNT="7") == "7 | the user's GOMP_SPINCOUNT=7"
+
+
+def test_a_libgomp_loaded_before_graphc_is_reported_not_changed():
+    _openmp()
+    got = _fresh_python("import ctypes; ctypes.CDLL('libgomp.so.1'); " + _REPORT)
+    assert got.startswith("None | libgomp's own default") and "import torch" in got
+
+
 # ---- the chooser -------------------------------------------------------------------------------
 MS = 1e-3
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
-import os
 import struct
 import threading
 import time
@@ -65,10 +64,6 @@ __all__ = [
     "host_target", "load_openmp", "register_symbol", "straight_functions",
 ]
 
-# libgomp's threads spin this many rounds (some hundred microseconds) after a parallel region
-# before they sleep: enough to catch the next kernel of the same step, short enough that the
-# core is soon free for other work.
-SPIN_COUNT = "20000"
 _CACHE_FORMAT = "llvm-objects-v2"  # the versioned subfolder; bump when the entry format changes
 # The optimisation pipeline (the new pass manager's O2 or O3), chosen per module: O3 for a
 # module below LARGE_MODULE_CHARS (deduplicated; its LLVM time is short anyway, and the
@@ -118,8 +113,8 @@ def _initialize() -> HostTarget:
             llvm.initialize_native_asmparser()
             # libgomp's team is the one pool of the process (graphc.backends.cpu.threads):
             # spin briefly after a parallel region, then sleep. libgomp reads this once,
-            # when it loads (an explicit setting wins).
-            os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
+            # when it loads; `import graphc` has set it already unless libgomp came first.
+            config.set_openmp_waiting()
             _openmp_path = _load_library(ctypes.util.find_library("gomp"))
             _host = HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(),
                                llvm.get_host_cpu_features().flatten())

@@ -13,8 +13,9 @@ graphc drives:
   (`openblas_set_threads_callback_function`, OpenBLAS 0.3.27 and later), which forks one
   libgomp thread per job. OpenBLAS's own pool is then never woken again.
 - Waiting: libgomp's threads spin briefly after a parallel region, then sleep
-  (GOMP_SPINCOUNT = graphc.backends.cpu.llvm.SPIN_COUNT, set before libgomp loads unless the
-  user set it).
+  (GOMP_SPINCOUNT = graphc.config.OPENMP_SPIN_COUNT, set by `import graphc` unless the user
+  set it; libgomp reads it when it loads, so a libgomp that PyTorch loaded first keeps its
+  own, and `graphc.config.set_openmp_waiting()` says which holds).
 
 The callback is native code generated here (LLVM IR, compiled once and cached like any
 module): `graphc_blas_threads(sync, dojob, numjobs, elsize, jobdata, dojob_data)` runs
