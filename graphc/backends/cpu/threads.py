@@ -39,10 +39,11 @@ Load: on a machine where other work holds a core, every join of a 2-thread regio
 a thread the OS has parked for a time slice (4 ms here), and OpenBLAS's jobs wait on each
 other the same way: a 256^3 SGEMM took 8-16 ms on two threads against 0.3 ms on one, with
 OpenBLAS's own pool as with libgomp's. No thread count is right for every moment, so each
-executable measures instead of guessing: a `ThreadChooser` times its native calls under the
-current thread count and now and then tries the other one (all cores, or one), keeping the
-faster; `use(n)` applies a count to libgomp (this thread's `omp_set_num_threads`) and to the
-BLAS.
+executable measures instead of guessing: a `ThreadChooser` starts on one thread, times its
+native calls and now and then tries the other count (all cores only while a core is free),
+keeping the faster; `use(n)` applies a count to libgomp (this thread's
+`omp_set_num_threads`) and to the BLAS, and `restore` gives the calling thread its own
+OpenMP count back after the call (PyTorch reads the same one).
 """
 
 from __future__ import annotations
