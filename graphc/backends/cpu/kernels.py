@@ -36,8 +36,9 @@ Parallel kernels: elementwise, copy and fill kernels over PARALLEL_MIN_ELEMENTS 
 (when libgomp is loaded) split their outermost loop into one contiguous share per thread:
 `<name>` calls libgomp's `GOMP_parallel` on `<name>.omp`, which calls `<name>.range(ptrs...,
 lo, hi)`. Each element is computed by exactly the code of the serial loop, so results are bit
-for bit the same. libgomp threads spin briefly (GOMP_SPINCOUNT, set by graphc.backends.cpu.llvm
-unless the user did) and then sleep, leaving the cores to the BLAS threads of a following GEMM.
+for bit the same. libgomp threads spin briefly (GOMP_SPINCOUNT, set by graphc.config when
+graphc is imported, unless the user did) and then sleep, leaving the cores to the BLAS
+threads of a following GEMM.
 """
 
 from __future__ import annotations
