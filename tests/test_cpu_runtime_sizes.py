@@ -88,7 +88,13 @@ def test_a_shape_that_breaks_the_symbols_is_refused_with_the_input_named():
         cpu.run(np.ones((4, 3), np.float32), np.ones((5, 3), np.float32))
 
 
-def test_an_op_without_sizes_per_call_is_compiled_per_size():
+def test_an_op_without_sizes_per_call_is_compiled_per_size(monkeypatch):
+    from graphc.backends.cpu import codegen
+    from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
+
+    # flip as if its lowering took no sizes per call (randint and randperm really do not)
+    monkeypatch.setattr(codegen, "RUNTIME_SIZE_LOWERINGS",
+                        codegen.RUNTIME_SIZE_LOWERINGS - {INDEX_LOWERINGS["flip"]})
     cpu, interp = _both('''graph @f(%x: f32[s0,3]) -> (f32[s0,3]) {
       %0: f32[s0,3] = flip[axes=(0,)](%x)
       return (%0)
@@ -97,6 +103,62 @@ def test_an_op_without_sizes_per_call_is_compiled_per_size():
         x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
         np.testing.assert_array_equal(cpu.run(x)[0], interp.run(x)[0])
     assert not cpu.runs_generic and len(cpu.compiled_sizes) == 2
+
+
+_INDEX_GRAPHS = {
+    "flip": ("%0: f32[s0,5] = flip[axes=(0,)](%x)", "f32[s0,5]",
+             lambda n, r: [r.standard_normal((n, 5), np.float32)]),
+    "pad": ("%0: f32[s0,9] = pad[pads=(0,0,1,3), value=0.5](%x)", "f32[s0,9]",
+            lambda n, r: [r.standard_normal((n, 5), np.float32)]),
+    "argmax": ("%0: i64[s0] = argmax[axis=1, keepdim=false](%x)", "i64[s0]",
+               lambda n, r: [r.standard_normal((n, 7), np.float32)]),
+    "argmin over the symbolic dim": ("%0: i64[7] = argmin[axis=0, keepdim=false](%x)", "i64[7]",
+                                     lambda n, r: [r.standard_normal((n, 7), np.float32)]),
+    "scatter_add": ("%0: f32[4,6] = scatter_add[axis=0](%z, %i, %x)", "f32[4,6]",
+                    lambda n, r: [r.standard_normal((n, 6), np.float32), np.zeros((4, 6),
+                                  np.float32), r.integers(0, 4, (n, 6))]),
+    "index_add": ("%0: f32[4,6] = index_add[axis=0](%z, %j, %x)", "f32[4,6]",
+                  lambda n, r: [r.standard_normal((n, 6), np.float32), np.zeros((4, 6),
+                                np.float32), r.integers(0, 4, (n,))]),
+    "slice_scatter": ("%0: f32[s0,7] = slice_scatter[starts=(0, 3), stops=(s0, 5), "
+                      "steps=(1, 1)](%y, %x)", "f32[s0,7]",
+                      lambda n, r: [r.standard_normal((n, 2), np.float32),
+                                    r.standard_normal((n, 7), np.float32)]),
+}
+_INDEX_INPUTS = {
+    "flip": "%x: f32[s0,5]", "pad": "%x: f32[s0,5]", "argmax": "%x: f32[s0,7]",
+    "argmin over the symbolic dim": "%x: f32[s0,7]",
+    "scatter_add": "%x: f32[s0,6], %z: f32[4,6], %i: i64[s0,6]",
+    "index_add": "%x: f32[s0,6], %z: f32[4,6], %j: i64[s0]",
+    "slice_scatter": "%x: f32[s0,2], %y: f32[s0,7]",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_INDEX_GRAPHS))
+def test_index_and_movement_ops_take_sizes_per_call(name):
+    line, out, make = _INDEX_GRAPHS[name]
+    cpu, interp = _both(f"""graph @f({_INDEX_INPUTS[name]}) -> ({out}) {{
+      {line}
+      return (%0)
+    }}""")
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 17):
+        args = make(n, rng)
+        np.testing.assert_allclose(cpu.run(*[a.copy() for a in args])[0],
+                                   interp.run(*[a.copy() for a in args])[0], rtol=1e-6)
+    assert _generic(cpu)
+
+
+def test_an_index_error_names_the_sizes_of_the_call():
+    cpu, _ = _both('''graph @f(%x: f32[s0,6], %i: i64[3], %s: f32[3,6]) -> (f32[s0,6]) {
+      %0: f32[s0,6] = index_put[axis=0](%x, %i, %s)
+      return (%0)
+    }''')
+    x, s = np.zeros((4, 6), np.float32), np.ones((3, 6), np.float32)
+    np.testing.assert_array_equal(cpu.run(x.copy(), np.array([0, 2, 3]), s)[0][[0, 2, 3]], 1)
+    with pytest.raises(GraphcError, match=r"index_put: an index is out of bounds .*s0 = 4"):
+        cpu.run(x, np.array([0, 1, 4]), s)
+    assert _generic(cpu)
 
 
 def test_a_static_graph_run_through_the_generic_executable_directly_is_refused():

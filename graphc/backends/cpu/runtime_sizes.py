@@ -13,7 +13,7 @@ trip counts are symbolic stay loops over an i64 bound, and an elementwise kernel
 fork over the cores decides per call from its element count.
 
 Which lowerings take sizes per call is codegen's `RUNTIME_SIZE_LOWERINGS`; a graph with any
-other op (the scatters, pad, flip, collectives, ...) raises `RuntimeSizesUnsupported` and is
+other op (randint, randperm, the collectives) raises `RuntimeSizesUnsupported` and is
 compiled per size by graphc.backends.specializing instead. The lowering runs under a
 ShapeEnv at the trace's sizes in its structural mode: a choice that compares sizes (merging
 dims whose strides line up, a GEMM layout) is decided without guarding where it can be, and
@@ -37,7 +37,7 @@ from graphc.backends.cpu import llvm, threads
 from graphc.backends.cpu.blas import resolve_blas
 from graphc.backends.cpu.executable import CpuExecutable, _allocate_arena, _uses_gemm
 from graphc.backends.cpu.values import CpuLoweringError
-from graphc.errors import ArgumentError
+from graphc.errors import ArgumentError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
 from graphc.ir.printer import format_node
 from graphc.ir.verifier import verify
@@ -146,7 +146,7 @@ class RuntimeSizedExecutable(CpuExecutable):
                 self._sized.pop(next(iter(self._sized)))
             table = self.layout.values(values)
             sized = self._sized[key] = _Sizes(
-                np.array([table[n] for n in self.slots], np.int64),
+                dict(values), np.array([table[n] for n in self.slots], np.int64),
                 int(evaluate(self.lowered.arena_bytes, table)),
                 [(evaluate(v.type.shape, values), np.dtype(v.type.dtype.np))
                  for v in self.graph.inputs],
@@ -166,7 +166,11 @@ class RuntimeSizedExecutable(CpuExecutable):
             tail = (ctypes.c_void_p(self._raw.ctypes.data + skip),
                     ctypes.c_void_p(sized.dims.ctypes.data)) + (
                 (ctypes.c_void_p(self.last_stamps.ctypes.data),) if self.profiled else ())
-            return self._call(arrays, sized.out_types, tail)
+            try:
+                return self._call(arrays, sized.out_types, tail)
+            except IndexOutOfRangeError as err:  # its text names sizes by their symbols
+                at = ", ".join(f"{n} = {v}" for n, v in sized.values.items())
+                raise IndexOutOfRangeError(f"{err} (at this call {at})") from None
 
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
         raise ArgumentError(f"graph @{self.graph.name} has symbolic sizes: call it through "
@@ -177,12 +181,12 @@ class RuntimeSizedExecutable(CpuExecutable):
 
 
 class _Sizes:
-    """One call size's table, arena bytes and concrete input/output types."""
+    """One call size's symbols, table, arena bytes and concrete input/output types."""
 
-    __slots__ = ("dims", "arena_bytes", "in_types", "out_types")
+    __slots__ = ("values", "dims", "arena_bytes", "in_types", "out_types")
 
-    def __init__(self, dims, arena_bytes, in_types, out_types) -> None:
-        self.dims, self.arena_bytes = dims, arena_bytes
+    def __init__(self, values, dims, arena_bytes, in_types, out_types) -> None:
+        self.values, self.dims, self.arena_bytes = values, dims, arena_bytes
         self.in_types, self.out_types = in_types, out_types
 
 
