@@ -102,6 +102,7 @@ def child(name: str, level: int | None, clock: str = "wall") -> dict:
     import graphc
     import graphc.backends.cpu.executable as executable
     import graphc.jit.compiler as compiler
+    import graphc.jit.pipeline as pipeline
     import graphc.jit.pipeline_cache as pipeline_cache
     from graphc.backends.cpu import llvm
 
@@ -111,8 +112,8 @@ def child(name: str, level: int | None, clock: str = "wall") -> dict:
         _clock = time.process_time
     stages: dict[str, float] = {}
     compiler.trace_call = _timed(stages, "trace", compiler.trace_call)
-    compiler.run_pipeline = _timed(stages, "passes", compiler.run_pipeline)
-    compiler.compile_graph = _timed(stages, "backend", compiler.compile_graph)
+    pipeline.run_pipeline = _timed(stages, "passes", pipeline.run_pipeline)
+    pipeline.compile_graph = _timed(stages, "backend", pipeline.compile_graph)
     pipeline_cache.key_of = _timed(stages, "pipeline key", pipeline_cache.key_of)
     pipeline_cache.lookup = _timed(stages, "lookup", pipeline_cache.lookup)
     compiler.Compiled._run = _timed(stages, "run", compiler.Compiled._run)
