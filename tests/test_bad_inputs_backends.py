@@ -101,14 +101,14 @@ def test_an_interrupted_compile_leaves_no_half_written_entry(own_cache, monkeypa
         raise KeyboardInterrupt
 
     if where == "during the write":
-        monkeypatch.setattr(llvm.os, "fdopen", lambda fd, mode: _TornFile(fdopen(fd, mode)))
+        monkeypatch.setattr(os, "fdopen", lambda fd, mode: _TornFile(fdopen(fd, mode)))
     else:
-        monkeypatch.setattr(llvm.os, "replace", interrupted_replace)
+        monkeypatch.setattr(os, "replace", interrupted_replace)
     compiled = graphc.compile(model, backend="cpu")
     with graphc.no_grad(), pytest.raises(KeyboardInterrupt):
         compiled(x)
-    monkeypatch.setattr(llvm.os, "fdopen", fdopen)
-    monkeypatch.setattr(llvm.os, "replace", replace)
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    monkeypatch.setattr(os, "replace", replace)
     assert _cache_files(llvm) == []  # neither a temp file nor a torn entry
     assert_unchanged(before, model)  # the interrupted call's eager run was undone
     with graphc.no_grad():
