@@ -123,3 +123,17 @@ def test_a_compiled_training_step_within_rounding_of_float64(rng):
     for got, eager, reference in zip(results["compiled"], results["eager"],
                                      results["reference"]):
         assert_rounding_within(got, eager, reference)
+
+
+def test_a_symbolic_batch_takes_the_order_without_guarding_its_size():
+    graphc.manual_seed(0)
+    model = nn.Sequential(nn.Linear(40, 96), nn.ReLU(), nn.Linear(96, 5))
+    f = graphc.compile(model, backend="cpu", dynamic=True)
+    with graphc.no_grad():
+        for n in (2, 40, 7):  # on both sides of MIN_ROWS: one graph serves them all
+            x = graphc.randn(n, 40)
+            np.testing.assert_allclose(f(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
+    assert [str(g.inputs[0].type) for g in f.graphs] == ["f32[s0,40]"]  # no guard on s0
+    rewritten = transpose_weight_products(f.graphs[0])
+    products = [str(n.outputs[0].type) for n in rewritten.nodes if n.op == "matmul"]
+    assert products == ["f32[96,s0]", "f32[s0,5]"]  # W @ x.T at any batch; 5 logits: kept

@@ -45,10 +45,14 @@ def _rewrites(node: Node, producer: dict) -> Value | None:
     if node.op != "matmul" or node.attrs or len(node.outputs) != 1:
         return None
     a, b = node.inputs
-    if a.type.ndim != 2 or b.type.ndim != 2 or a.type.is_symbolic or b.type.is_symbolic:
+    if a.type.ndim != 2 or b.type.ndim != 2 or b.type.is_symbolic or \
+            type(a.type.shape[1]) is not int:
         return None
     m, n = node.outputs[0].type.shape
-    if m < MIN_ROWS or n < MIN_COLUMNS or _transposed_source(a, producer) is not None:
+    # a batch known per call (a symbolic m) takes the order whatever its size: comparing it
+    # with MIN_ROWS would guard the graph to one side of 16 (thin GEMMs care little)
+    if (type(m) is int and m < MIN_ROWS) or n < MIN_COLUMNS or \
+            _transposed_source(a, producer) is not None:
         return None
     return _transposed_source(b, producer)
 
@@ -57,10 +61,11 @@ def transpose_weight_products(graph: Graph) -> Graph:
     """Rewrite `matmul(a, permute(w))` as `permute(matmul(w, permute(a)))` (see the module
     docstring).
 
-    Needs: a graph that verifies. Rewrites only 2-D matmuls of static sizes whose second
-    operand is a transposed view and whose first is not, with at least MIN_ROWS rows and
-    MIN_COLUMNS columns. Guarantees: the matmul's output value is now the outer permute's, at
-    the matmul's place, with its location; values equal up to float rounding of the GEMM.
+    Needs: a graph that verifies. Rewrites only 2-D matmuls whose second operand is a
+    transposed view of static sizes and whose first is not, with at least MIN_COLUMNS
+    columns and MIN_ROWS rows (or rows known per call: a symbolic batch). Guarantees: the
+    matmul's output value is now the outer permute's, at the matmul's place, with its
+    location; values equal up to float rounding of the GEMM.
     """
     from graphc.passes.simplify import _Names, _rebuild
 
