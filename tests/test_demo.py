@@ -59,11 +59,13 @@ def test_small_demo_prints_its_summary_and_writes_valid_files(capsys, tmp_path, 
     assert "epoch 1/1" in printed.err  # the tqdm bar
 
     gir = sorted((out / "ir").glob("*.gir"))
+    # the passes the step was compiled with: the cpu backend's pipeline
     assert [p.name for p in gir] == ["step.0.traced.gir", "step.1.simplify.gir",
-                                     "step.2.fuse.gir", "step.3.plan_buffers.gir"]
+                                     "step.2.transpose_weight_products.gir", "step.3.fuse.gir",
+                                     "step.4.plan_buffers.gir"]
     graphs = [verify(parse(p.read_text())) for p in gir]
-    assert len(graphs[2].nodes) < len(graphs[0].nodes)
-    assert any(node.op == "fused" for node in graphs[3].nodes)
+    assert len(graphs[3].nodes) < len(graphs[0].nodes)
+    assert any(node.op == "fused" for node in graphs[4].nodes)
     assert any(node.op == "conv2d" for node in graphs[0].nodes)
     svg = ElementTree.parse(out / "step.svg").getroot()
     assert svg.tag.endswith("svg")

@@ -1,6 +1,6 @@
 """The output folder of `graphc demo` (default `graphc-out/demo`).
 
-    ir/step.0.traced.gir ... ir/step.3.plan_buffers.gir   the training step's IR after each pass
+    ir/step.0.traced.gir ... ir/step.4.plan_buffers.gir   the training step's IR after each pass
     step.svg          the optimized step, fused groups boxed (graphc.ir.export.render_svg)
     step.html         the same step in the interactive viewer: zoom, search, collapse
                       (graphc.tools.viewer.render_html; one file, no network)
@@ -65,7 +65,9 @@ def write_artifacts(folder: str, compiled) -> dict[str, str]:
     from graphc.tools.memory_viz import render_memory
     from graphc.tools.viewer import render_html
 
-    dumps = write_pass_dumps(compiled.graph, os.path.join(folder, "ir"), compiled.passes)
+    # the passes the step was compiled with (the backend's: cpu adds transpose_weight_products)
+    dumps = write_pass_dumps(compiled.graph, os.path.join(folder, "ir"),
+                             compiled._passes(compiled.graph))
     written = {"summary.txt": "this report, the passes' times and the memory plan"}
     optimized = compiled.optimized_graph
     render_svg(optimized, os.path.join(folder, "step.svg"))
