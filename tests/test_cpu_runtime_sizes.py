@@ -192,35 +192,52 @@ def test_gpt_inference_sweep_compiles_each_trace_once():
     assert _backend_compiles(f) == 1
 
 
+def _train_both(make, loss_of, batches, loss_tol: dict, param_atol: float):
+    """Two copies (same seed) of the model and optimizer `make` returns, the first trained by
+    a training step compiled on cpu with dynamic=True, the second eagerly, over the batches
+    `batches()` yields (drawn as they are needed, after graphc.manual_seed(1)): the losses
+    agree within `loss_tol`, the parameters within rtol 1e-4 and `param_atol`. Returns the
+    compiled step."""
+    m, opt = make()
+    m2, opt2 = make()
+
+    @graphc.compile(backend="cpu", dynamic=True)
+    def step(*inputs):
+        opt.zero_grad()
+        loss = loss_of(m, *inputs)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    graphc.manual_seed(1)
+    for inputs in batches():
+        got = step(*inputs)
+        opt2.zero_grad()
+        want = loss_of(m2, *inputs)
+        want.backward()
+        opt2.step()
+        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), **loss_tol)
+    for p, q in zip(m.parameters(), m2.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4,
+                                   atol=param_atol)
+    return step
+
+
+def _classifier_loss(model, x, y):
+    return F.cross_entropy(model(x), y)
+
+
 def test_training_step_with_a_symbolic_batch_matches_eager():
     def make():
         graphc.manual_seed(0)
         m = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
         return m, graphc.optim.Adam(m.parameters(), lr=0.01)
 
-    m, opt = make()
-    m2, opt2 = make()
+    def batches():
+        for n in (16, 5, 16, 2, 40):
+            yield graphc.randn(n, 10), graphc.randint(0, 3, (n,))
 
-    @graphc.compile(backend="cpu", dynamic=True)
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    graphc.manual_seed(1)
-    for n in (16, 5, 16, 2, 40):
-        x, y = graphc.randn(n, 10), graphc.randint(0, 3, (n,))
-        got = step(x, y)
-        opt2.zero_grad()
-        want = F.cross_entropy(m2(x), y)
-        want.backward()
-        opt2.step()
-        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-6)
-    for p, q in zip(m.parameters(), m2.parameters()):
-        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4,
-                                   atol=1e-5)
+    step = _train_both(make, _classifier_loss, batches, dict(rtol=1e-4, atol=1e-6), 1e-5)
     assert _backend_compiles(step) == len(step.graphs)
 
 
@@ -244,35 +261,17 @@ def test_gpt_training_step_over_batches_and_lengths_compiles_once():
         # divides that noise by its own size)
         return m, graphc.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 
-    m, opt = make()
-    m2, opt2 = make()
-
     def loss_of(model, idx, tgt):
         logits = model(idx)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
 
-    @graphc.compile(backend="cpu", dynamic=True)
-    def step(idx, tgt):
-        opt.zero_grad()
-        loss = loss_of(m, idx, tgt)
-        loss.backward()
-        opt.step()
-        return loss.detach()
+    def batches():
+        for b, t in ((4, 32), (4, 16), (2, 9), (3, 32)):
+            yield graphc.randint(0, 128, (b, t)), graphc.randint(0, 128, (b, t))
 
-    graphc.manual_seed(1)
-    for b, t in ((4, 32), (4, 16), (2, 9), (3, 32)):
-        idx, tgt = graphc.randint(0, 128, (b, t)), graphc.randint(0, 128, (b, t))
-        got = step(idx, tgt)
-        opt2.zero_grad()
-        want = loss_of(m2, idx, tgt)
-        want.backward()
-        opt2.step()
-        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5)
+    step = _train_both(make, loss_of, batches, dict(rtol=1e-5), 1e-5)
     assert [str(g.inputs[0].type) for g in step.graphs] == ["i64[s0,s1]"]
     assert _backend_compiles(step) == 1
-    for p, q in zip(m.parameters(), m2.parameters()):
-        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4,
-                                   atol=1e-5)
 
 
 class _ConvNet(nn.Module):
@@ -302,27 +301,9 @@ def test_cnn_training_step_over_batches_compiles_once():
         m = _ConvNet()
         return m, graphc.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
 
-    m, opt = make()
-    m2, opt2 = make()
+    def batches():
+        for n in (8, 3, 17, 2):  # whole blocks of images and the rest, image by image
+            yield graphc.randn(n, 3, 32, 32), graphc.randint(0, 10, (n,))
 
-    @graphc.compile(backend="cpu", dynamic=True)
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    graphc.manual_seed(1)
-    for n in (8, 3, 17, 2):  # whole blocks of images and the rest, image by image
-        x, y = graphc.randn(n, 3, 32, 32), graphc.randint(0, 10, (n,))
-        got = step(x, y)
-        opt2.zero_grad()
-        want = F.cross_entropy(m2(x), y)
-        want.backward()
-        opt2.step()
-        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-5)
+    step = _train_both(make, _classifier_loss, batches, dict(rtol=1e-5), 1e-6)
     assert _backend_compiles(step) == 1
-    for p, q in zip(m.parameters(), m2.parameters()):
-        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4,
-                                   atol=1e-6)
