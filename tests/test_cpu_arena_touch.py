@@ -24,14 +24,21 @@ def test_one_byte_per_page_is_written_and_nothing_else():
     assert (raw[mask] == 7).all()
 
 
-def test_a_graph_with_a_large_arena_computes_the_same(rng):
-    n = 1 << 22  # 16 MiB float32 intermediates: the arena is touched while compiling
-    g = parse(f'''graph @f(%x: f32[{n}]) -> (f32[]) {{
+_LARGE = 1 << 22  # 16 MiB float32 intermediates: the arena is touched while compiling
+
+
+def _large_graph():
+    n = _LARGE
+    return parse(f'''graph @f(%x: f32[{n}]) -> (f32[]) {{
   %0: f32[{n}] = exp(%x)
   %1: f32[{n}] = mul(%0, %x)
   %2: f32[] = reduce_sum[axes=(0,), keepdim=false](%1)
   return (%2)
 }}''')
+
+
+def test_a_graph_with_a_large_arena_computes_the_same(rng):
+    n, g = _LARGE, _large_graph()
     x = rng.standard_normal(n).astype(np.float32) * 0.1
     cpu = compile_graph(g, "cpu")
     assert cpu._raw.nbytes >= executable.TOUCH_MIN_BYTES  # this graph's arena is touched
@@ -42,13 +49,7 @@ def test_a_graph_with_a_large_arena_computes_the_same(rng):
 
 def test_an_executable_from_the_pipeline_cache_touches_its_arena_before_running(rng,
                                                                                  monkeypatch):
-    n = 1 << 22
-    g = parse(f'''graph @f(%x: f32[{n}]) -> (f32[]) {{
-  %0: f32[{n}] = exp(%x)
-  %1: f32[{n}] = mul(%0, %x)
-  %2: f32[] = reduce_sum[axes=(0,), keepdim=false](%1)
-  return (%2)
-}}''')
+    n, g = _LARGE, _large_graph()
     x = rng.standard_normal(n).astype(np.float32) * 0.1
     cold = compile_graph(g, "cpu")
     touched = []
