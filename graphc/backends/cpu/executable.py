@@ -121,8 +121,6 @@ class CpuExecutable:
         self._in_types = [(v.type.shape, np.dtype(v.type.dtype.np)) for v in graph.inputs]
         self._call_tables(in_input)
         self._out_types = [(t.shape, np.dtype(t.dtype.np)) for t in self._copied]
-        self._lock = threading.Lock()
-        self.thread_chooser = threads.ThreadChooser(threads.most_threads())
         self._collectives = collectives
 
     def _call_tables(self, in_input: dict[str, str]) -> None:
@@ -130,7 +128,7 @@ class CpuExecutable:
         and which are inputs written in place (`_written`), in result order (`_results`);
         the pointer tables run() fills in place (an input array seen at the same position
         last call keeps its pointer: parameters, optimizer state), the outputs kept for
-        reuse (`_outputs`)."""
+        reuse (`_outputs`), the lock calls take and the thread chooser."""
         graph = self.graph
         index = {v.name: i for i, v in enumerate(graph.inputs)}
         self._copied = [v.type for v in graph.outputs]
@@ -148,6 +146,8 @@ class CpuExecutable:
         self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
         self._recent = [[None, None] for _ in self._copied]
         self._last_inputs: list = [None] * len(graph.inputs)
+        self._lock = threading.Lock()
+        self.thread_chooser = threads.ThreadChooser(threads.most_threads())
 
     @property
     def memory_plan(self):

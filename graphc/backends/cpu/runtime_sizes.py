@@ -27,13 +27,12 @@ from __future__ import annotations
 import ctypes
 import re
 import sys
-import threading
 
 import numpy as np
 
 from graphc import config
 from graphc.backends.common import planned
-from graphc.backends.cpu import llvm, threads
+from graphc.backends.cpu import llvm
 from graphc.backends.cpu.blas import resolve_blas
 from graphc.backends.cpu.executable import CpuExecutable, _allocate_arena, _uses_gemm
 from graphc.backends.cpu.values import CpuLoweringError
@@ -122,14 +121,7 @@ class RuntimeSizedExecutable(CpuExecutable):
         self._sized: dict[tuple, _Sizes] = {}
         self._raw = None
         self._arena_capacity = -1
-        self._setup(plan.in_input)
-
-    def _setup(self, in_input: dict[str, str]) -> None:
-        """CpuExecutable's per-call tables (its output types stay symbolic: `at` makes them
-        concrete per size), its lock and thread chooser."""
-        self._call_tables(in_input)
-        self._lock = threading.Lock()
-        self.thread_chooser = threads.ThreadChooser(threads.most_threads())
+        self._call_tables(plan.in_input)  # output types stay symbolic: `at` sizes them
         self._collectives = ()
 
     # ---- per call --------------------------------------------------------------------------
@@ -161,13 +153,15 @@ class RuntimeSizedExecutable(CpuExecutable):
             if sized.arena_bytes > self._arena_capacity:
                 self._raw = _allocate_arena(self.graph, sized.arena_bytes)
                 self._arena_capacity = sized.arena_bytes
-            skip = -self._raw.ctypes.data % 64
-            self._in_types = sized.in_types
-            tail = (ctypes.c_void_p(self._raw.ctypes.data + skip),
+            if sized.arena is not self._raw:  # the driver's arguments after the tables
+                skip = -self._raw.ctypes.data % 64
+                sized.arena, sized.tail = self._raw, (
+                    ctypes.c_void_p(self._raw.ctypes.data + skip),
                     ctypes.c_void_p(sized.dims.ctypes.data)) + (
-                (ctypes.c_void_p(self.last_stamps.ctypes.data),) if self.profiled else ())
+                    (ctypes.c_void_p(self.last_stamps.ctypes.data),) if self.profiled else ())
+            self._in_types = sized.in_types
             try:
-                return self._call(arrays, sized.out_types, tail)
+                return self._call(arrays, sized.out_types, sized.tail)
             except IndexOutOfRangeError as err:  # its text names sizes by their symbols
                 at = ", ".join(f"{n} = {v}" for n, v in sized.values.items())
                 raise IndexOutOfRangeError(f"{err} (at this call {at})") from None
@@ -181,13 +175,15 @@ class RuntimeSizedExecutable(CpuExecutable):
 
 
 class _Sizes:
-    """One call size's symbols, table, arena bytes and concrete input/output types."""
+    """One call size's symbols, table, arena bytes and concrete input/output types; the
+    driver's trailing arguments, made once per arena the executable has (`tail`, `arena`)."""
 
-    __slots__ = ("values", "dims", "arena_bytes", "in_types", "out_types")
+    __slots__ = ("values", "dims", "arena_bytes", "in_types", "out_types", "arena", "tail")
 
     def __init__(self, values, dims, arena_bytes, in_types, out_types) -> None:
         self.values, self.dims, self.arena_bytes = values, dims, arena_bytes
         self.in_types, self.out_types = in_types, out_types
+        self.arena, self.tail = None, ()
 
 
 class _Bound:
