@@ -58,7 +58,8 @@ def _augmented(op: str, target, other):
 
 
 def _update(target, name: str, fn, *args, **kwargs):
-    """`target` changed in place to `fn(old, *args, **kwargs)` (graphc.dispatch.apply_inplace)."""
+    """`target` changed in place to `fn(old, *args, **kwargs)`
+    (graphc.autograd.inplace.apply_inplace)."""
     return inplace(target, name, lambda old: fn(old, *args, **kwargs),
                    operands=(*args, *kwargs.values()))
 

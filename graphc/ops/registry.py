@@ -195,7 +195,7 @@ def inplace_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def inplace(target, op_name: str, compute: Callable[[Any], Any], operands: tuple | None = None):
-    """Change `target` in place to `compute(old)` (see graphc.dispatch.apply_inplace);
+    """Change `target` in place to `compute(old)` (see graphc.autograd.inplace.apply_inplace);
     `operands`, when known, are all the other values `compute` reads."""
     if _inplace_dispatcher is None:
         raise GraphcError("graphc.dispatch is not loaded: import graphc first")

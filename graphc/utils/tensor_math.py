@@ -21,7 +21,8 @@ from graphc.utils import selection as sel
 
 
 def _update(target, name: str, fn, *args, **kwargs):
-    """`target` changed in place to `fn(old, *args, **kwargs)` (graphc.dispatch.apply_inplace)."""
+    """`target` changed in place to `fn(old, *args, **kwargs)`
+    (graphc.autograd.inplace.apply_inplace)."""
     return inplace(target, name, lambda old: fn(old, *args, **kwargs))
 
 
