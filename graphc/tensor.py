@@ -406,13 +406,16 @@ class Tensor(TensorMethods, ShapeMethods):
             self._accumulator = AccumulateGrad(self)
         return self._accumulator
 
-    def _detached_copy_with_history(self, abstract: bool) -> Tensor:
+    def _detached_copy_with_history(self, abstract: bool, copy: bool = True) -> Tensor:
         """A snapshot of the current value that keeps this tensor's history (for in-place);
-        an abstract one under abstract evaluation (`abstract`: no data is copied)."""
+        an abstract one under abstract evaluation (`abstract`: no data is copied). With
+        `copy=False` it shares this tensor's memory, under a version counter of its own (for
+        an op whose backward never reads that input: graphc.autograd.inplace)."""
         if abstract:
             t = Tensor._abstract(self.type)
         else:
-            t = Tensor._result(self._data.copy(), self._dtype)
+            array = self._data
+            t = Tensor._result(array.copy() if copy else array, self._dtype)
         if self.grad_fn is not None:
             t.grad_fn, t._output_nr, t._requires_grad = self.grad_fn, self._output_nr, True
         elif self._requires_grad:  # a leaf: route gradients to this tensor's accumulator

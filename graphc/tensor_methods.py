@@ -54,7 +54,7 @@ def _augmented(op: str, target, other):
     other = _operand(other)
     if other is None:
         return NotImplemented
-    return inplace(target, op + "_", lambda old: call(op, old, other), operands=(other,))
+    return inplace(target, op + "_", None, (other,), op)
 
 
 def _update(target, name: str, fn, *args, **kwargs):
@@ -62,6 +62,15 @@ def _update(target, name: str, fn, *args, **kwargs):
     (graphc.autograd.inplace.apply_inplace)."""
     return inplace(target, name, lambda old: fn(old, *args, **kwargs),
                    operands=(*args, *kwargs.values()))
+
+
+def _update_by(target, name: str, op: str, fn, *args, **kwargs):
+    """`_update`, where `fn(old, *args)` without keywords is the registry op `op` applied to
+    `(old, *args)`: saying so lets eager mode take the shorter in-place path (the in-place
+    dispatcher applies `op` itself)."""
+    if kwargs:
+        return _update(target, name, fn, *args, **kwargs)
+    return inplace(target, name, None, args, op)
 
 
 class TensorMethods(MathMethods):
@@ -361,23 +370,23 @@ class TensorMethods(MathMethods):
     # ---- in place ----------------------------------------------------------------------------
     def add_(self, other, **kwargs):
         """In-place add: changes self and bumps its version counter."""
-        return _update(self, "add_", elementwise.add, other, **kwargs)
+        return _update_by(self, "add_", "add", elementwise.add, other, **kwargs)
 
     def sub_(self, other, **kwargs):
         """In-place sub: changes self and bumps its version counter."""
-        return _update(self, "sub_", elementwise.sub, other, **kwargs)
+        return _update_by(self, "sub_", "sub", elementwise.sub, other, **kwargs)
 
     def mul_(self, other, **kwargs):
         """In-place mul: changes self and bumps its version counter."""
-        return _update(self, "mul_", elementwise.mul, other, **kwargs)
+        return _update_by(self, "mul_", "mul", elementwise.mul, other, **kwargs)
 
     def div_(self, other, **kwargs):
         """In-place div: changes self and bumps its version counter."""
-        return _update(self, "div_", elementwise.div, other, **kwargs)
+        return _update_by(self, "div_", "div", elementwise.div, other, **kwargs)
 
     def pow_(self, other, **kwargs):
         """In-place pow: changes self and bumps its version counter."""
-        return _update(self, "pow_", elementwise.pow, other, **kwargs)
+        return _update_by(self, "pow_", "pow", elementwise.pow, other, **kwargs)
 
     def clamp_(self, *args, **kwargs):
         """In-place clamp: changes self and bumps its version counter."""
@@ -385,31 +394,31 @@ class TensorMethods(MathMethods):
 
     def neg_(self, *args, **kwargs):
         """In-place neg: changes self and bumps its version counter."""
-        return _update(self, "neg_", elementwise.neg, *args, **kwargs)
+        return _update_by(self, "neg_", "neg", elementwise.neg, *args, **kwargs)
 
     def exp_(self, *args, **kwargs):
         """In-place exp: changes self and bumps its version counter."""
-        return _update(self, "exp_", elementwise.exp, *args, **kwargs)
+        return _update_by(self, "exp_", "exp", elementwise.exp, *args, **kwargs)
 
     def log_(self, *args, **kwargs):
         """In-place log: changes self and bumps its version counter."""
-        return _update(self, "log_", elementwise.log, *args, **kwargs)
+        return _update_by(self, "log_", "log", elementwise.log, *args, **kwargs)
 
     def sqrt_(self, *args, **kwargs):
         """In-place sqrt: changes self and bumps its version counter."""
-        return _update(self, "sqrt_", elementwise.sqrt, *args, **kwargs)
+        return _update_by(self, "sqrt_", "sqrt", elementwise.sqrt, *args, **kwargs)
 
     def tanh_(self, *args, **kwargs):
         """In-place tanh: changes self and bumps its version counter."""
-        return _update(self, "tanh_", elementwise.tanh, *args, **kwargs)
+        return _update_by(self, "tanh_", "tanh", elementwise.tanh, *args, **kwargs)
 
     def sigmoid_(self, *args, **kwargs):
         """In-place sigmoid: changes self and bumps its version counter."""
-        return _update(self, "sigmoid_", elementwise.sigmoid, *args, **kwargs)
+        return _update_by(self, "sigmoid_", "sigmoid", elementwise.sigmoid, *args, **kwargs)
 
     def relu_(self, *args, **kwargs):
         """In-place relu: changes self and bumps its version counter."""
-        return _update(self, "relu_", elementwise.relu, *args, **kwargs)
+        return _update_by(self, "relu_", "relu", elementwise.relu, *args, **kwargs)
 
     def zero_(self):
         """Fill self with zeros, in place."""

@@ -252,9 +252,9 @@ def test_updates_go_through_graphc_ops(name, monkeypatch):
         applied.append(opdef.name)
         return apply(opdef, *inputs, **attrs)
 
-    def counting_inplace(target, op_name, compute, operands=None):
+    def counting_inplace(target, op_name, compute, operands=None, op=None):
         written.append(id(target))
-        return apply_inplace(target, op_name, compute, operands)
+        return apply_inplace(target, op_name, compute, operands, op)
 
     params = [graphc.tensor([1.0, -2.0], requires_grad=True),
               graphc.tensor(0.5, requires_grad=True)]

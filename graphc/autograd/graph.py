@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from graphc.errors import AutogradError, ShapeError
@@ -257,6 +258,9 @@ _TORCH_NODE_NAMES = {
 }
 
 
+_NOTHING_SAVED = MappingProxyType({})  # the saved tensors of a node that saves none (read-only)
+
+
 class OpBackward(Node):
     """Backward of one registry op: runs the op's VJP over its saved tensors."""
 
@@ -275,10 +279,11 @@ class OpBackward(Node):
         if types is None:
             types = (tuple(t.type for t in inputs), tuple(t.type for t in outputs))
         self.input_types, self.output_types = types
-        self.saved_inputs = saved = {}
+        # (loops, not comprehensions: a comprehension is one more call per node)
+        self.saved_inputs = saved = {} if opdef.saved_inputs else _NOTHING_SAVED
         for i in opdef.saved_inputs:
             saved[i] = SavedTensor(inputs[i])
-        self.saved_outputs = saved = {}
+        self.saved_outputs = saved = {} if opdef.saved_outputs else _NOTHING_SAVED
         for i in opdef.saved_outputs:
             saved[i] = SavedTensor(outputs[i], self, i)
 

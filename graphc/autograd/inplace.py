@@ -13,8 +13,8 @@ casts PyTorch refuses are refused with PyTorch's messages.
 the node of `compute` may save it for its backward while the target's memory is overwritten.
 Where the caller names the one registry op `compute` applies (`op`, as `x.add_(y)` does), eager
 mode takes a shorter path that copies only when that op saves its first input
-(`OpDef.saved_inputs`): `add_`, `sub_` and the unary ops whose VJP reads their output write
-with no snapshot at all. graphc.dispatch installs `apply_inplace` as the registry's in-place
+(`OpDef.saved_inputs`): `add_`, `sub_` and the unary ops whose VJP reads their output take
+no snapshot at all. graphc.dispatch installs `apply_inplace` as the registry's in-place
 dispatcher (graphc.ops.registry.inplace).
 """
 
@@ -70,7 +70,8 @@ def call_full(ty: TensorType):
     return registry.call("full", shape=tuple(ty.shape), value=0, dtype=ty.dtype.name)
 
 
-def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | None = None):
+def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | None = None,
+                  op: str | None = None):
     """Change `target` in place to `compute(old)`, where `old` stands for its current value.
 
     `compute` builds the new value from `old` with ordinary (out-of-place) graphc calls, so
@@ -82,7 +83,21 @@ def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | Non
     `operands`, when the caller knows them: every other value `compute` reads. If neither they
     nor the target (nor its base) require grad, nothing can be recorded, so `old` is the target
     itself rather than a snapshot copy (as with grad mode off).
+
+    `op`, when the caller knows it: the one registry op that `compute` applies to
+    `(old, *operands)` (`compute` may then be None). An elementwise one on a tensor that is no
+    view, in eager mode, takes `_apply_op_in_place` (the same semantics, fewer steps, a
+    snapshot only where needed).
     """
+    if op is not None and target._base is None and dispatch.current_tracer() is None \
+            and not dispatch.is_abstract():
+        opdef = registry.get(op)
+        if opdef.kind == "elementwise":
+            done = _apply_op_in_place(target, op_name, opdef, operands)
+            if done is not None:
+                return done
+    if compute is None:
+        compute = _applying(op, operands)
     grad_mode = _grad_mode.enabled
     base = target._base
     tracer = dispatch.current_tracer()
@@ -107,16 +122,7 @@ def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | Non
         result = compute(old)
     else:  # grad mode is off (the caller's no_grad is in force), or nothing can record
         result = compute(target)
-    if result._array.shape != target._array.shape:
-        raise ShapeError(
-            f"{where(op_name)}: output with shape {list(target.shape)} doesn't match the "
-            f"broadcast shape {list(result.shape)}"
-        )
-    if result._dtype is not target._dtype and not _castable(result._dtype, target._dtype):
-        raise DTypeError(
-            f"{where(op_name)}: result type {_TORCH_TYPE_NAMES[result.dtype.name]} can't be cast "
-            f"to the desired output type {_TORCH_TYPE_NAMES[target.dtype.name]}"
-        )
+    _check_result(op_name, target, result)
     records = grad_mode and (result._requires_grad or needs_grad)
     chain = _view_chain(target) if records and base is not None else None
     if records and base is not None and chain is None:
@@ -133,11 +139,7 @@ def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | Non
             "or leave abstract evaluation first")
     destination = None if abstract else target._data
     if not abstract and not destination.flags.writeable:
-        raise ShapeError(
-            f"{where(op_name)}: unsupported operation: more than one element of the written-to "
-            "tensor refers to a single memory location. Please clone() the tensor before "
-            "performing the operation."
-        )
+        _refuse_overlapping(op_name)
     if records and result._dtype is not target._dtype:
         result = registry.call("cast", result, dtype=target.dtype.name)
     if (tracer is not None or abstract) and base is not None:
@@ -159,6 +161,68 @@ def apply_inplace(target, op_name: str, compute: Callable, operands: tuple | Non
     if records:
         _rebase_history(target, result, op_name)
     return target
+
+
+def _apply_op_in_place(target, op_name: str, opdef, operands: tuple):
+    """`apply_inplace` of `compute(old) = opdef(old, *operands)` (an elementwise op) on a tensor
+    that is no view, in eager mode: the same checks in the same order, the same history, the
+    same write. `old` is a snapshot only where the op's node saves its first input
+    (`OpDef.saved_inputs`); otherwise the op reads the target itself, whose history is then
+    still the old one: its node takes the same edge and never reads the value again (an
+    output it saves is the op's fresh result). None where the general path must run: it
+    raises the error of a leaf that requires grad."""
+    grad_on = _grad_mode.enabled
+    requires = target._requires_grad
+    if grad_on and requires and target.grad_fn is None:
+        return None
+    destination = target._data
+    if type(destination) is not np.ndarray:
+        return None
+    if grad_on and 0 in opdef.saved_inputs and (requires or not _reads_no_grad(operands)):
+        old = target._detached_copy_with_history(False)
+    else:  # nothing can record, or the node will not read its first input: no snapshot
+        old = target
+    result = dispatch.apply(opdef, old, *operands)
+    _check_result(op_name, target, result)
+    if not destination.flags.writeable:
+        _refuse_overlapping(op_name)
+    records = grad_on and (result._requires_grad or requires)
+    if records and result._dtype is not target._dtype:
+        result = registry.call("cast", result, dtype=target.dtype.name)
+    destination[...] = result._array  # np.copyto(..., casting="unsafe"), in half the time
+    target._version_counter.bump()
+    if records:
+        _rebase_history(target, result, op_name)
+    return target
+
+
+def _applying(op: str, operands: tuple) -> Callable:
+    """compute(old) = op(old, *operands)."""
+    def compute(old):
+        return registry.call(op, old, *operands)
+    return compute
+
+
+def _check_result(op_name: str, target, result) -> None:
+    """PyTorch's refusals of an in-place result: another shape, a dtype it will not cast."""
+    if result._array.shape != target._array.shape:
+        raise ShapeError(
+            f"{where(op_name)}: output with shape {list(target.shape)} doesn't match the "
+            f"broadcast shape {list(result.shape)}"
+        )
+    if result._dtype is not target._dtype and not _castable(result._dtype, target._dtype):
+        raise DTypeError(
+            f"{where(op_name)}: result type {_TORCH_TYPE_NAMES[result.dtype.name]} can't be cast "
+            f"to the desired output type {_TORCH_TYPE_NAMES[target.dtype.name]}"
+        )
+
+
+def _refuse_overlapping(op_name: str):
+    raise ShapeError(
+        f"{where(op_name)}: unsupported operation: more than one element of the written-to "
+        "tensor refers to a single memory location. Please clone() the tensor before "
+        "performing the operation."
+    )
 
 
 def _reads_no_grad(operands: tuple | None) -> bool:

@@ -194,9 +194,11 @@ def inplace_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return method
 
 
-def inplace(target, op_name: str, compute: Callable[[Any], Any], operands: tuple | None = None):
+def inplace(target, op_name: str, compute: Callable[[Any], Any], operands: tuple | None = None,
+            op: str | None = None):
     """Change `target` in place to `compute(old)` (see graphc.autograd.inplace.apply_inplace);
-    `operands`, when known, are all the other values `compute` reads."""
+    `operands`, when known, are all the other values `compute` reads, and `op` the one op it
+    applies to `(old, *operands)`, when it is one (`compute` may then be None)."""
     if _inplace_dispatcher is None:
         raise GraphcError("graphc.dispatch is not loaded: import graphc first")
-    return _inplace_dispatcher(target, op_name, compute, operands)
+    return _inplace_dispatcher(target, op_name, compute, operands, op)
