@@ -18,7 +18,9 @@ Per parameter, in the order of `torch.optim.adam._single_tensor_adam`:
 `step` is a 0-d float32 tensor (as PyTorch keeps it), and the bias corrections are computed
 from it with graphc ops in float64, where PyTorch computes them in Python floats, then cast to
 the parameter's dtype as PyTorch casts a Python scalar at the op. So the update is graph ops
-end to end (a trace records it, step counter included) and the numbers are PyTorch's.
+end to end (a trace records it, step counter included) and the numbers are PyTorch's. In
+eager mode the same lines run as numpy calls (graphc.optim.foreach, PyTorch's `foreach`
+default; `foreach=False` keeps the ops), with the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from graphc.ops.elementwise import cast, maximum, sqrt, where
 from graphc.ops.registry import call
+from graphc.optim import foreach as multi_tensor
 from graphc.optim.optimizer import (
     Optimizer,
     check_lr,
@@ -70,7 +73,8 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
-                 maximize: bool = False, decoupled_weight_decay: bool = False) -> None:
+                 maximize: bool = False, decoupled_weight_decay: bool = False,
+                 foreach: bool | None = None) -> None:
         defaults = {
             "lr": lr,
             "betas": tuple(betas),
@@ -79,6 +83,7 @@ class Adam(Optimizer):
             "amsgrad": amsgrad,
             "maximize": maximize,
             "decoupled_weight_decay": decoupled_weight_decay,
+            "foreach": foreach,
         }
         self._validate(defaults)
         super().__init__(params, defaults)
@@ -122,9 +127,13 @@ class Adam(Optimizer):
     def _update_group(self, group: dict[str, Any], params: list, grads: list) -> None:
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         weight_decay, amsgrad = group["weight_decay"], group["amsgrad"]
+        foreach = multi_tensor.usable(group, lr, beta1, beta2, eps, weight_decay)
+        scratch = multi_tensor.scratch_of(self) if foreach else None
         for p, grad in zip(params, grads):
             state = self.state[p]
             state.update(self.initial_state(group, p))  # lazy initialisation, as PyTorch
+            if foreach and multi_tensor.adam(p, grad, state, group, scratch):
+                continue  # the same lines in numpy (graphc.optim.foreach)
             step_t, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
 
             step_t.add_(1)
@@ -166,9 +175,9 @@ class AdamW(Adam):
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
-                 maximize: bool = False) -> None:
+                 maximize: bool = False, foreach: bool | None = None) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
-                         decoupled_weight_decay=True)
+                         decoupled_weight_decay=True, foreach=foreach)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)

@@ -6,8 +6,10 @@ parameters in place from their `.grad`.
 
 Invariants every subclass keeps:
 - Updates are written with graphc tensor ops (in-place methods such as `add_`, `mul_`,
-  `copy_`) under `no_grad`, never by touching numpy arrays, so a trace of a training step
-  records the update as graph ops. State tensors are graphc tensors created with ops too.
+  `copy_`) under `no_grad`, so a trace of a training step records the update as graph ops.
+  State tensors are graphc tensors created with ops too. In eager mode SGD and Adam/AdamW
+  run the same lines as numpy calls instead (graphc.optim.foreach: PyTorch's `foreach`
+  default), bit for bit equal to the ops, bumping the same version counters.
 - `step()` validates everything first (hyperparameters of every group, every gradient's type,
   shape and dtype, the shapes of the state tensors) and only then writes: an exception never
   leaves the parameters half-updated.

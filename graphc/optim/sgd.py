@@ -11,12 +11,15 @@ Per parameter, in the order of `torch.optim.sgd._single_tensor_sgd`:
     p = p - lr * g
 
 Every line is a graphc op (in-place methods on `p` and the buffer), so a trace records it.
+In eager mode the same lines run as numpy calls over the group (graphc.optim.foreach, PyTorch's
+`foreach` default; `foreach=False` keeps the ops), with the same results bit for bit.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from graphc.optim import foreach as multi_tensor
 from graphc.optim.optimizer import (
     Optimizer,
     add_scaled_,
@@ -46,7 +49,7 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0, dampening: float = 0,
                  weight_decay: float = 0, nesterov: bool = False, *,
-                 maximize: bool = False) -> None:
+                 maximize: bool = False, foreach: bool | None = None) -> None:
         defaults = {
             "lr": lr,
             "momentum": momentum,
@@ -54,6 +57,7 @@ class SGD(Optimizer):
             "weight_decay": weight_decay,
             "nesterov": nesterov,
             "maximize": maximize,
+            "foreach": foreach,
         }
         self._validate(defaults)
         super().__init__(params, defaults)
@@ -85,7 +89,14 @@ class SGD(Optimizer):
     def _update_group(self, group: dict[str, Any], params: list, grads: list) -> None:
         lr, momentum = group["lr"], group["momentum"]
         dampening, weight_decay = group["dampening"], group["weight_decay"]
+        foreach = multi_tensor.usable(group, lr, momentum, dampening, weight_decay)
+        scratch = multi_tensor.scratch_of(self) if foreach else None
         for p, grad in zip(params, grads):
+            if foreach:  # the numpy update, once a momentum buffer exists where one is needed
+                buf = self.state[p].get("momentum_buffer") if momentum != 0 else None
+                if (momentum == 0 or buf is not None) \
+                        and multi_tensor.sgd(p, grad, buf, group, scratch):
+                    continue
             g = -grad if group["maximize"] else grad
             if weight_decay != 0:
                 g = g.add(p, alpha=weight_decay)
