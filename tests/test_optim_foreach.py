@@ -97,7 +97,7 @@ def test_a_steady_eager_step_calls_no_op_unless_foreach_is_off(make, monkeypatch
     for foreach, expect_ops in [(None, False), (True, False), (False, True)]:
         params = _params(np.float32, 3)
         opt = make(params, foreach)
-        for step in range(2):  # the first step makes the state (with ops)
+        for _ in range(2):  # the first step makes the state (with ops)
             for p in params:
                 p.grad = graphc.ones(*p.shape)
             applied.clear()
