@@ -165,6 +165,8 @@ def run_backward(
                 deps[child] -= 1
                 if deps[child] == 0:
                     heapq.heappush(ready, (-child.sequence_nr, next(_tiebreak), child))
+            # hold no gradient past its node: a leaf's may then become its .grad uncopied
+            grads = grads_in = g = None
 
     if inputs is None:
         return None
@@ -190,8 +192,8 @@ def _num_outputs(node: Node) -> int:
 
 def _run_node(node: Node, grads: list, create_graph: bool) -> tuple:
     if isinstance(node, AccumulateGrad):
-        if grads[0] is not None:
-            node.accumulate(grads[0], create_graph)
+        if grads[0] is not None:  # held by the buffer list only (run_backward keeps no other)
+            node.accumulate(grads[0], create_graph, handed_over=True)
         return ()
     for hook in list(node.pre_hooks.values()):
         new = hook(tuple(grads))

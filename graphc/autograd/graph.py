@@ -11,10 +11,13 @@ so a later in-place change is caught when the backward unpacks them (PyTorch's c
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from graphc.errors import AutogradError, ShapeError
 
@@ -218,17 +221,25 @@ class AccumulateGrad(Node):
     def name(self) -> str:
         return "AccumulateGrad"
 
-    def accumulate(self, grad: Tensor, create_graph: bool) -> None:
+    def accumulate(self, grad: Tensor, create_graph: bool, handed_over: bool = False) -> None:
         """Add `grad` into the leaf's `.grad`, as PyTorch's AccumulateGrad.
 
         The first gradient is stored as a fresh tensor (never aliased with another leaf's
         gradient or with the engine's buffers); later ones are added in place, unless either
         side has history (create_graph), where a new tensor with history replaces `.grad`.
+        `handed_over`: the caller (the engine) holds `grad` in one place only, its buffer
+        list; then a gradient nothing else can reach becomes `.grad` itself, uncopied, as
+        PyTorch steals an unshared gradient (`_adoptable`).
         """
         from graphc.autograd.grad_mode import no_grad
         from graphc.ops.registry import call
 
         var = self.variable
+        if handed_over and var._grad is None and _adoptable(grad, var):
+            var._grad = grad
+            for hook in list(self.post_accumulate_hooks.values()):
+                hook(var)
+            return
         if grad.requires_grad:
             grad = call("cast", grad, dtype=var.dtype.name)  # a copy that keeps the history
         else:
@@ -245,6 +256,40 @@ class AccumulateGrad(Node):
                 old.add_(grad)
         for hook in list(self.post_accumulate_hooks.values()):
             hook(var)
+
+
+def _adoptable(grad: Tensor, var: Tensor) -> bool:
+    """Whether `grad`, handed over by the engine, may become `var.grad` without a copy: in
+    eager mode, of var's dtype, without history, and reachable from nowhere else. Counted
+    references (each count includes getrefcount's own): the tensor is held by the engine's
+    buffer, `accumulate`'s argument and this function's (4); its array by the tensor and a
+    local (3), and, where it views a whole buffer (a transposed matmul result, as the weight
+    gradient of a Linear), that buffer and the tensor it is a view of are held only by this
+    view (a view of the memory would hold them too). Anything else is copied, as before; an
+    adopted view is cut from its source, so `.grad` is a tensor of its own."""
+    from graphc.dispatch import current_tracer, is_abstract
+
+    if (grad._requires_grad or grad._dtype is not var._dtype or sys.getrefcount(grad) != 4
+            or current_tracer() is not None or is_abstract()):
+        return False
+    array = grad._array
+    if (type(array) is not np.ndarray or not array.flags.c_contiguous
+            or sys.getrefcount(array) != 3):  # (a copy would be C-contiguous)
+        return False
+    if array.base is None:
+        return grad._base is None
+    source, memory = grad._base, array.base
+    if (source is None or grad._view_of is None or grad._view_of[0] is not source
+            or source._base is not None or source._requires_grad
+            or source._array is not memory or type(memory) is not np.ndarray
+            or memory.base is not None or memory.size != array.size):
+        return False
+    # source: grad._base, grad._view_of, the local, the argument; memory: array.base,
+    # source._array, the local, the argument
+    if sys.getrefcount(source) != 4 or sys.getrefcount(memory) != 4:
+        return False
+    grad._base = grad._view_of = None
+    return True
 
 
 # Registry ops whose PyTorch backward node has another name than "<Op>Backward0".
