@@ -162,13 +162,20 @@ def _max_pool2d_kernel(x, *, kernel_size, stride, padding, dilation, ceil_mode):
     # The winning offset from each window's start, as a flat H*W distance (-1: none yet).
     offset = np.full(best.shape, -1, dtype=np.int32 if h * w < 2**31 else np.int64)
     better_buf = np.empty(best.shape, dtype=bool)
+    # best = where(better, vals, best) and offset = where(better, tap, offset), branch-free
+    # (a copy masked by data-dependent bits costs ten times as much: mispredicted branches):
+    # old + better * (new - old) in integers, on the values' bit patterns (exact: the
+    # integer arithmetic wraps around and back)
+    bits = np.dtype(f"i{x.dtype.itemsize}")
+    x_bits, best_bits = x3.view(bits), best.view(bits)
+    best_step, offset_step = np.empty(best.shape, bits), np.empty(best.shape, offset.dtype)
     for i, j, out_sl, in_sl in _taps(kernel_size, (h, w), out_hw, stride, padding, dilation):
-        vals, best_sl, better = x3[in_sl], best[out_sl], better_buf[out_sl]
-        np.greater(vals, best_sl, out=better)
+        vals, better = x3[in_sl], better_buf[out_sl]
+        np.greater(vals, best[out_sl], out=better)
         if has_nan:
             better |= np.isnan(vals)
-        np.copyto(best_sl, vals, where=better)
-        np.copyto(offset[out_sl], i * dilation[0] * w + j * dilation[1], where=better)
+        _blend(best_bits[out_sl], x_bits[in_sl], better, best_step[out_sl])
+        _blend(offset[out_sl], i * dilation[0] * w + j * dilation[1], better, offset_step[out_sl])
     # Flat index = window start + the winning offset. A window that never beat its initial
     # value (all -inf) points at its first in-bounds element, as PyTorch's maxindex starts.
     starts = [np.arange(o) * s - p for o, s, p in zip(out_hw, stride, padding)]
@@ -182,6 +189,13 @@ def _max_pool2d_kernel(x, *, kernel_size, stride, padding, dilation, ceil_mode):
         index[unset] = first[unset]
     shape = x.shape[:-2] + out_hw
     return best.reshape(shape), index.reshape(shape)
+
+
+def _blend(old: np.ndarray, new, better: np.ndarray, step: np.ndarray) -> None:
+    """old[better] = new[better], in place, for integer arrays: old += better * (new - old)."""
+    np.subtract(new, old, out=step)
+    np.multiply(step, better, out=step)
+    np.add(old, step, out=old)
 
 
 def _max_pool2d_vjp(ctx, g, _g_indices):
