@@ -8,9 +8,9 @@ work itself is negligible, so this is the per-op overhead users pay while debugg
 mode, and that tracing pays too); graphc's and PyTorch's rounds alternate. The performance
 issue's target is <= 5 us per small elementwise op. `w` requires grad, so its rows build an
 autograd node per call; `x.add_(b)` changes a tensor that does not; `(w * b).add_(b)` runs
-two ops (a result with history changed in place: target 10 us). The last row is an eager
-training step (MLP 784-256-256-10, batch 64, cross-entropy, SGD momentum; benchmarks.models)
-in graphc and in PyTorch, median of 7 rounds of 20 steps.
+two ops (a result with history changed in place: target 10 us). The last rows are eager
+training steps (MLP 784-256-256-10 and LeNet-5, batch 64, cross-entropy, SGD momentum;
+benchmarks.models) in graphc and in PyTorch, median of 7 rounds of 20 steps (10 for LeNet-5).
 
 `--threads N` sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS (restarting the process so the
 libraries read them) and PyTorch's intra-op threads; `--clock cpu` times by this process's CPU
@@ -66,18 +66,23 @@ def ops_in(label: str) -> int:
     return 2 if "2 ops" in label else 1
 
 
-def training_step(lib_name: str):
-    """A closure running one eager MLP b64 SGD-momentum step of graphc or torch."""
+STEP_CASES = [("mlp", "MLP 784-256-256-10 b64 SGD step", STEPS),
+              ("lenet5", "LeNet-5 b64 SGD step", STEPS // 2)]
+
+
+def training_step(lib_name: str, model_name: str = "mlp"):
+    """A closure running one eager b64 SGD-momentum step of `model_name` (benchmarks.models:
+    "mlp" or "lenet5") in graphc or torch."""
     from benchmarks import models
 
-    base = models.graphc_model("mlp")
-    x, y = models.batch("mlp", 64)
+    base = models.graphc_model(model_name)
+    x, y = models.batch(model_name, 64)
     if lib_name == "graphc":
         step, xs, ys = models.graphc_step(base), graphc.tensor(x), graphc.tensor(y)
     else:
         import torch
 
-        model = models.torch_copy(base, "mlp")
+        model = models.torch_copy(base, model_name)
         step, xs, ys = models.torch_step(model), torch.from_numpy(x), torch.from_numpy(y)
     return lambda: step(xs, ys)
 
@@ -117,10 +122,11 @@ def table(timer, clock: str, argv: list[str]) -> str:
         target = TARGET_US * ops_in(label)
         met += mine * 1e6 <= target
         lines.append(_row(label, mine, other, 1e-6, "us", f"<= {target:g} us"))
-    mine, other = interleaved(training_step("graphc"),
-                              training_step("torch") if torch is not None else None,
-                              STEPS, timer)
-    lines.append(_row("MLP 784-256-256-10 b64 SGD step", mine, other, 1e-3, "ms", "-"))
+    for model_name, label, steps in STEP_CASES:
+        mine, other = interleaved(training_step("graphc", model_name),
+                                  training_step("torch", model_name) if torch is not None
+                                  else None, steps, timer)
+        lines.append(_row(label, mine, other, 1e-3, "ms", "-"))
     load = os.getloadavg()
     threads = os.environ.get("OMP_NUM_THREADS", f"default ({os.cpu_count()})")
     head = (f"command: `python -m benchmarks.eager_dispatch {' '.join(argv)}`".rstrip()
