@@ -365,7 +365,25 @@ def _copy_infer(x: TensorType) -> TensorType:
 
 
 def _copy_kernel(x):
+    if x.ndim == 2 and x.size >= _TILED_FROM and abs(x.strides[1]) > x.itemsize \
+            and abs(x.strides[0]) < abs(x.strides[1]):
+        return _tiled_copy(x)
     return np.array(x, copy=True, order="C")
+
+
+_TILE, _TILED_FROM = 64, 1 << 14
+
+
+def _tiled_copy(x):
+    """A C-order copy of a matrix stored the other way round (a transpose, as a Linear
+    weight's gradient arrives), in 64x64 tiles: numpy's own copy walks the source column by
+    column across the whole matrix (~1.7x slower at 784x256 and 256x256)."""
+    out = np.empty(x.shape, x.dtype)
+    rows, cols = x.shape
+    for i in range(0, rows, _TILE):
+        for j in range(0, cols, _TILE):
+            out[i:i + _TILE, j:j + _TILE] = x[i:i + _TILE, j:j + _TILE]
+    return out
 
 
 def _copy_vjp(ctx, g):
