@@ -37,6 +37,21 @@ def test_where_kernel_is_np_where(dtype, shapes):
     assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("zero", [0.0, -0.0])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_a_zero_other_branch_is_np_where(dtype, zero):
+    """where(mask, g, zeros) (a ReLU's backward) takes a one-pass path when every bit of b is
+    0; a -0.0 among the zeros must not."""
+    rng = np.random.default_rng(1)
+    cond = rng.random((4, 6)) > 0.5
+    a = _values(dtype, (4, 6), rng)
+    for b in (np.zeros((4, 6), dtype), np.zeros((), dtype), np.zeros((1, 6), dtype)):
+        if np.issubdtype(dtype, np.floating):
+            b = b + np.asarray(zero, dtype)  # -0.0 + -0.0 stays -0.0
+        got, want = _where_kernel(cond, a, b), np.where(cond, a, b)
+        assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
 def test_views_and_mixed_dtypes():
     rng = np.random.default_rng(0)
     a = rng.standard_normal((6, 8)).astype(np.float32)[::2, 1::3]  # non-contiguous

@@ -459,6 +459,9 @@ def _where_kernel(cond, a, b):
     bits = np.dtype(f"i{a.dtype.itemsize}")
     out = np.empty(np.broadcast_shapes(cond.shape, a.shape, b.shape), bits)
     b_bits = b.view(bits)
+    if not b_bits.any():  # b is all +0 (zeros_like in a VJP, a ReLU's): cond * a, in bits
+        np.multiply(a.view(bits), cond, out=out)
+        return out.view(a.dtype)
     np.subtract(a.view(bits), b_bits, out=out)
     np.multiply(out, cond, out=out)
     np.add(out, b_bits, out=out)
