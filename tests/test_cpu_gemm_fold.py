@@ -1,6 +1,7 @@
 """A batched product against one matrix (a Linear layer on a (B, T, C) input) runs as one
-GEMM over the folded batch, with the numbers of the interpreter; layouts that do not fold
-keep the per-batch loop."""
+GEMM over the folded batch, with the numbers of the interpreter; an A laid out so that it
+does not fold (transposed rows, a time-major view) is packed contiguous first and then folds;
+a B per batch element keeps the per-batch loop."""
 
 import numpy as np
 import pytest
@@ -15,8 +16,9 @@ CASES = [
     ((2, 3, 4, 5), (5, 6), lambda a, b: a @ b, True),
     ((4, 5, 6), (1, 6, 7), lambda a, b: a @ b, True),
     ((4, 1, 6), (6, 7), lambda a, b: a @ b, True),
-    ((4, 6, 5), (6, 7), lambda a, b: a.transpose(1, 2) @ b, False),  # A transposed: a loop
-    ((5, 4, 6), (6, 7), lambda a, b: a.transpose(0, 1) @ b, False),  # batch not outermost
+    ((4, 6, 5), (6, 7), lambda a, b: a.transpose(1, 2) @ b, True),  # A transposed: packed
+    ((5, 4, 6), (6, 7), lambda a, b: a.transpose(0, 1) @ b, True),  # time-major: packed
+    ((3, 5, 4, 6), (6, 7), lambda a, b: a.transpose(0, 2) @ b, True),  # two batch dims
     ((4, 5, 6), (4, 6, 7), lambda a, b: a @ b, False),  # a B per batch element
 ]
 

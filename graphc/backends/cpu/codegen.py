@@ -55,7 +55,7 @@ from llvmlite import ir
 from graphc.backends import common
 from graphc.backends.cpu import collective_shm, conv, llvm, losses, pool, rows, values
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS, lower_fused_wait
-from graphc.backends.cpu.gemm_layout import folded_rows, gemm_layout
+from graphc.backends.cpu.gemm_layout import fold_after_packing, folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
 from graphc.backends.cpu.kernels import Body, Codegen, Combined, Kernel, KernelBuilder, filled
 from graphc.backends.cpu.random_ops import lower_random
@@ -422,6 +422,11 @@ class Lowerer(Codegen):
             c2 = Loc(c.base, c.index, c.offset, contiguous_strides((rows, n), item),
                      TensorType((rows, n), dt))
             return self.gemm(node, a2, b2, c2)
+        if fold_after_packing(batch, sa_shape, sa, sb_shape, sb):  # A copied, then one GEMM
+            packed = self.scratch_loc(TensorType(tuple(sa_shape), dt))
+            self.copy(Loc(a.base, a.index, a.offset, tuple(s * item for s in sa),
+                          packed.type), packed, "gemm_pack")
+            return self.gemm(node, packed, b, c)
         lay_a = gemm_layout(m, k, sa[-2], sa[-1])
         if lay_a is None:  # no BLAS layout reads it: a contiguous copy in scratch
             t = TensorType(tuple(sa_shape), dt)
