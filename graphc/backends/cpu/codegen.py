@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from graphc.backends import common
-from graphc.backends.cpu import collective_shm, conv, llvm, losses, pool, rows, values
+from graphc.backends.cpu import collective_shm, conv, llvm, losses, pool, rows, small_gemm, values
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS, lower_fused_wait
 from graphc.backends.cpu.gemm_layout import fold_after_packing, folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
@@ -443,9 +443,14 @@ class Lowerer(Codegen):
             self.copy(src, b, "gemm_pack")
             sb = [s // item for s in b.strides]
             lay_b = gemm_layout(k, n, sb[-2], sb[-1])
-        gemv = self._gemv(m, n, k, sa, sb, lay_a, lay_b)
-        fn = self._blas_function(dt, "gemv" if gemv else "gemm")
-        kb = KernelBuilder(self, self.name("gemv" if gemv else "gemm"), batch,
+        small = small_gemm.operands(self, dt, m, n, k, sa, b, sb, sb_shape, lay_b)
+        if small is not None:  # a thin product: a generated kernel instead of the BLAS
+            small, b, sb = small
+        gemv = None if small else self._gemv(m, n, k, sa, sb, lay_a, lay_b)
+        fn = small_gemm.function(self, small) if small else \
+            self._blas_function(dt, "gemv" if gemv else "gemm")
+        kb = KernelBuilder(self, self.name("small_gemm" if small else "gemv" if gemv else
+                                           "gemm"), batch,
                            ("gemm", fn.name, m, n, k, lay_a, lay_b, gemv))
         ka = kb.operand(a, broadcast_strides(tuple(sa_shape[:-2]), tuple(sa[:-2]), batch))
         kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
@@ -474,6 +479,8 @@ class Lowerer(Codegen):
                                (ka if gemv[5] == "a" else kb_), gemv[6])
 
         def leaf(bb, offsets):
+            if small:
+                return bb.call(fn, [kb.pointer(bb, x, offsets[x]) for x in (ka, kb_, kc)])
             if gemv:
                 return leaf_gemv(bb, offsets)
             bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, lay_a[0]),

@@ -1,0 +1,235 @@
+"""small_gemm: generated register-blocked kernels for thin float32 GEMMs.
+
+A recurrent layer's step multiplies a batch of a few rows by its weight: [16 x 128] @
+[128 x 512] forward, [16 x 512] @ [512 x 128] for the input gradient, 32 times a layer,
+each step waiting for the one before. At these sizes OpenBLAS's fixed cost per call (its
+interface checks, copying both operands into its packed panels, its driver) is a large
+share of ~2 MFLOP, and it ran them at ~100 GFLOP/s where it runs large GEMMs at ~190 (one
+thread, AVX-512 host, 2026-11-25). This module generates, per shape, one function
+
+    void graphc_small_sgemm_<m>x<n>x<k>_<a strides>_<ldb>(ptr a, ptr b, ptr c)
+
+that computes c[m, n] = a[m, k] @ b[k, n] with b's rows contiguous (leading dimension ldb)
+and c row-major, without packing: c is cut into tiles of `rows` x (`vectors` x LANES)
+(LANES floats to a vector register: 16 with AVX-512, 8 with AVX2), each tile's sums stay
+in registers through the whole k loop, every step of which loads `vectors` vectors of b's
+row k and broadcasts one element of a per tile row (any element strides for a: a
+transposed view costs nothing). Tiles run panel by panel (a panel is `vectors` x LANES
+columns of c), so each panel of b is read from cache once per row block.
+
+Rounding: every element of c is the sum over k in order 0, 1, ..., k-1 of fused
+multiply-adds; a BLAS sums in its own blocked order. Both are float32 rounding of the same
+sum, judged by distance from a float64 run (docs/performance.md, "Rounding";
+tests/test_cpu_small_gemm.py).
+
+`tile_for(m, n, k, ...)` decides (None: the BLAS call stays), `function(cg, ...)` emits the
+kernel once per module and shape. Used by graphc.backends.cpu.codegen's matmul lowering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from graphc.backends.cpu import llvm
+from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64
+from graphc.types import TensorType, float32
+
+__all__ = ["MAX_THIN", "SmallGemm", "function", "lanes", "operands", "tile_for"]
+
+MAX_THIN = 16  # the kernel serves products whose m or n is at most this
+MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
+MIN_K = 16  # below: too little work per tile to hide the tile's stores
+NO_TRANSPOSE = 111  # CBLAS's flag for an operand read as laid out
+
+
+def lanes() -> int:
+    """float32 lanes of the host's vector registers: 16 with AVX-512, 8 with AVX2, else 0
+    (no generated kernel: the BLAS serves)."""
+    host = llvm.host_target()
+    if host.has_feature("avx512f"):
+        return 16
+    if host.has_feature("avx2") and host.has_feature("fma"):
+        return 8
+    return 0
+
+
+@dataclass(frozen=True)
+class SmallGemm:
+    """One generated product: c[m, n] = a[m, k] @ b[k, n]; a's element strides (sa_row,
+    sa_col), b's leading dimension ldb (its rows contiguous), c row-major; tiles of `rows`
+    x `vectors` vector registers of `lanes` floats."""
+
+    m: int
+    n: int
+    k: int
+    sa_row: int
+    sa_col: int
+    ldb: int
+    rows: int
+    vectors: int
+    lanes: int
+
+    @property
+    def name(self) -> str:
+        return (f"graphc_small_sgemm_{self.m}x{self.n}x{self.k}_a{self.sa_row}_{self.sa_col}"
+                f"_b{self.ldb}_t{self.rows}x{self.vectors}x{self.lanes}")
+
+
+def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int) -> SmallGemm | None:
+    """The generated kernel for this float32 product, or None where the BLAS call stays:
+    sizes known per call, a single row (a GEMV), n not a whole number of vectors, a product
+    not thin (m and n both above MAX_THIN) or too large (MAX_WORK) or with too short a k
+    (MIN_K), a host without AVX2/FMA."""
+    width = lanes()
+    if not width or not all(type(d) is int for d in (m, n, k, sa_row, sa_col, ldb)):
+        return None
+    if m < 2 or n % width or min(m, n) > MAX_THIN or m * n * k > MAX_WORK or k < MIN_K:
+        return None
+    accumulators = 24 if width == 16 else 12  # of 32 / 16 registers: the rest for b and a
+    panel = n // width
+    # two vectors a row where the panel allows (measured on 16 x 512 x 128 and 16 x 128 x
+    # 512: 8 x 2 tiles 179-184 GFLOP/s, 16 x 1 162, 6 x 4 168-178, 12 x 2 168-174), then as
+    # many rows as the registers hold, split evenly (16 rows: two tiles of 8, not 12 + 4)
+    vectors = 2 if panel % 2 == 0 else 1
+    most = accumulators // vectors
+    rows = -(-m // -(-m // most))
+    return SmallGemm(m, n, k, sa_row, sa_col, ldb, rows, vectors, width)
+
+
+def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: list,
+             lay_b: tuple):
+    """For graphc.backends.cpu.codegen's GEMM: (SmallGemm, b's Loc, b's element strides)
+    where the generated kernel takes this product, else None. A b read transposed (a
+    BLAS "T" flag: a transposed view, such as a Linear layer's `x.T` in the order
+    graphc.passes.gemm_order picks) is first copied row-major into the backend's scratch
+    (k*n floats: 8 KB for a [128 x 16] batch of activations)."""
+    if dt is not float32 or lay_b is None:
+        return None
+    packed = lay_b[0] != NO_TRANSPOSE
+    if tile_for(m, n, k, sa[-2], sa[-1], n if packed else lay_b[1]) is None:
+        return None
+    if packed:
+        t = TensorType(tuple(sb_shape), dt)
+        item = dt.itemsize
+        src = Loc(b.base, b.index, b.offset, tuple(s * item for s in sb), t)
+        b = lw.scratch_loc(t)
+        lw.copy(src, b, "gemm_pack")
+        sb = [s // item for s in b.strides]
+    return tile_for(m, n, k, sa[-2], sa[-1], sb[-2]), b, sb
+
+
+def function(cg, gemm: SmallGemm) -> ir.Function:
+    """The module's function for `gemm` (emitted on first use): void(ptr a, ptr b, ptr c)."""
+    existing = cg.module.globals.get(gemm.name)
+    if existing is not None:
+        return existing
+    fn = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR]), gemm.name)
+    for arg in fn.args:
+        arg.add_attribute("noalias")
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    _emit(b, gemm, *fn.args)
+    b.ret_void()
+    return fn
+
+
+# ---- the kernel's code ------------------------------------------------------------------------
+def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c) -> None:
+    """Panels of c (runtime loop), in each the full row blocks (runtime loop) then the
+    remaining rows (one smaller tile)."""
+    width = g.vectors * g.lanes
+    full, rest = divmod(g.m, g.rows)
+    with _counted(b, g.n // width, "panel") as panel:
+        col = b.mul(panel, i64(width))
+        if full:
+            with _counted(b, full, "block") as block:
+                _tile(b, g, a, bm, c, b.mul(block, i64(g.rows)), col, g.rows)
+        if rest:
+            _tile(b, g, a, bm, c, i64(full * g.rows), col, rest)
+
+
+class _counted:
+    """`for i in range(count)` with a known count >= 1 (a do-while loop; no loop at 1)."""
+
+    def __init__(self, b: ir.IRBuilder, count: int, name: str) -> None:
+        self.b, self.count, self.name = b, count, name
+
+    def __enter__(self) -> ir.Value:
+        b = self.b
+        if self.count == 1:
+            return i64(0)
+        self.pre = b.block
+        self.body = b.append_basic_block(f"{self.name}.body")
+        b.branch(self.body)
+        b.position_at_end(self.body)
+        self.i = b.phi(I64, name=self.name)
+        self.i.add_incoming(i64(0), self.pre)
+        return self.i
+
+    def __exit__(self, *exc) -> None:
+        if self.count == 1 or exc[0] is not None:
+            return
+        b = self.b
+        nxt = b.add(self.i, i64(1), name=f"{self.name}.next")
+        nxt.flags.append("nuw")
+        self.i.add_incoming(nxt, b.block)
+        end = b.append_basic_block(f"{self.name}.end")
+        b.cbranch(b.icmp_unsigned("<", nxt, i64(self.count)), self.body, end)
+        b.position_at_end(end)
+
+
+def _fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
+    """llvm.fma on vectors (llvmlite's IRBuilder.fma takes scalars only)."""
+    name = f"llvm.fma.v{vec.count}f32"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    return ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
+
+
+def _tile(b: ir.IRBuilder, g: SmallGemm, a, bm, c, row0, col0, rows: int) -> None:
+    """c[row0 : row0 + rows, col0 : col0 + vectors * lanes] = a[rows, :] @ b[:, cols], the
+    sums in registers (phi nodes) through the k loop."""
+    vec = ir.VectorType(F32, g.lanes)
+    zero = ir.Constant(vec, [0.0] * g.lanes)
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
+    fma = _fma_intrinsic(b.module, vec)
+    pre = b.block
+    body = b.append_basic_block("k.body")
+    b.branch(body)
+    b.position_at_end(body)
+    k = b.phi(I64, name="k")
+    k.add_incoming(i64(0), pre)
+    sums = [[b.phi(vec, name=f"s{r}_{v}") for v in range(g.vectors)] for r in range(rows)]
+    for row in sums:
+        for s in row:
+            s.add_incoming(zero, pre)
+    b_row = b.add(b.mul(k, i64(g.ldb)), col0)
+    bvecs = [b.load(b.gep(bm, [b.add(b_row, i64(v * g.lanes))], inbounds=True,
+                          source_etype=F32), typ=vec, align=4)
+             for v in range(g.vectors)]
+    a_col = b.mul(k, i64(g.sa_col))
+    new = []
+    for r in range(rows):
+        at = b.add(b.mul(b.add(row0, i64(r)), i64(g.sa_row)), a_col)
+        x = b.load(b.gep(a, [at], inbounds=True, source_etype=F32), typ=F32, align=4)
+        splat = b.shuffle_vector(b.insert_element(ir.Constant(vec, ir.Undefined), x, i64(0)),
+                                 ir.Constant(vec, ir.Undefined), mask)
+        new.append([b.call(fma, [splat, bv, s]) for bv, s in zip(bvecs, sums[r])])
+    nxt = b.add(k, i64(1), name="k.next")
+    nxt.flags.append("nuw")
+    end = b.append_basic_block("k.end")
+    for row, row_new in zip(sums, new):
+        for s, s_new in zip(row, row_new):
+            s.add_incoming(s_new, body)
+    k.add_incoming(nxt, body)
+    b.cbranch(b.icmp_unsigned("<", nxt, i64(g.k)), body, end)
+    b.position_at_end(end)
+    for r in range(rows):
+        at = b.add(b.mul(b.add(row0, i64(r)), i64(g.n)), col0)
+        for v in range(g.vectors):
+            b.store(new[r][v], b.gep(c, [b.add(at, i64(v * g.lanes))], inbounds=True,
+                                     source_etype=F32), align=4)

@@ -1,0 +1,136 @@
+"""Thin float32 products (a recurrent step's [16 x 128] @ [128 x 512] and its gradient) run in
+graphc.backends.cpu.small_gemm's generated kernels instead of the BLAS: every layout of the
+operands they take (transposed views, batches, row counts that leave a smaller last tile)
+agrees with the interpreter, within float32 rounding judged by distance from a float64 run
+(docs/performance.md, "Rounding"); products that are not thin keep the BLAS call."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite")
+
+import graphc  # noqa: E402
+from graphc.backends.cpu import small_gemm  # noqa: E402
+from graphc.testing import assert_rounding_within  # noqa: E402
+
+if not small_gemm.lanes():
+    pytest.skip("the host has neither AVX-512 nor AVX2 with FMA: no generated small GEMM",
+                allow_module_level=True)
+
+
+def _matmul(a, b):
+    return a @ b
+
+
+def _a_transposed(a, b):
+    return a.t() @ b
+
+
+def _b_transposed(a, b):  # a Linear layer's forward product: a BLAS "T" flag, packed first
+    return a @ b.t()
+
+
+def _weight_first(a, b):  # graphc.passes.gemm_order's order: W [n, k] @ x.T, n rows
+    return b @ a.t()
+
+
+def _bias_tanh(a, b):  # a GEMM with a fused epilogue reading the kernel's result
+    return (a @ b + 0.5).tanh()
+
+
+THIN = [  # (f, a shape, b shape): every one takes the generated kernel
+    (_matmul, (16, 128), (128, 512)),
+    (_matmul, (16, 512), (512, 128)),
+    (_matmul, (5, 48), (48, 32)),  # rows that leave a smaller last tile
+    (_matmul, (40, 64), (64, 16)),  # many rows, one vector of columns
+    (_matmul, (2, 7, 32), (32, 64)),  # a batch, folded into 14 rows
+    (_matmul, (3, 6, 32), (3, 32, 48)),  # a batch with a b per element: a loop of kernels
+    (_a_transposed, (64, 16), (64, 128)),
+    (_b_transposed, (16, 128), (512, 128)),
+    (_weight_first, (16, 128), (512, 128)),
+    (_bias_tanh, (16, 96), (96, 64)),
+]
+
+
+@pytest.mark.parametrize("f, a_shape, b_shape", THIN,
+                         ids=[f"{f.__name__}-{a}x{b}" for f, a, b in THIN])
+def test_thin_products_run_the_generated_kernel_within_rounding(f, a_shape, b_shape):
+    rng = np.random.default_rng(sum(a_shape) * 31 + sum(b_shape))
+    a = graphc.tensor(rng.standard_normal(a_shape).astype(np.float32))
+    b = graphc.tensor(rng.standard_normal(b_shape).astype(np.float32))
+    compiled = graphc.compile(f, backend="cpu")
+    got = compiled(a, b).numpy()
+    want = graphc.compile(f, backend="interp")(a, b).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert_rounding_within(got, f(a, b).numpy(), f(a.double(), b.double()).numpy())
+    assert "graphc_small_sgemm_" in compiled.executable.lowered.ir_text
+
+
+WIDE = [  # (a shape, b shape, dtype): the BLAS keeps these
+    ((64, 256), (256, 64), np.float32),  # not thin: both sides above MAX_THIN
+    ((16, 128), (128, 10), np.float32),  # 10 columns: not a whole vector
+    ((1, 128), (128, 64), np.float32),  # one row: the GEMV
+    ((16, 8), (8, 64), np.float32),  # k below MIN_K
+    ((16, 128), (128, 64), np.float64),  # float64
+]
+
+
+@pytest.mark.parametrize("a_shape, b_shape, dtype", WIDE)
+def test_other_products_keep_the_blas(a_shape, b_shape, dtype):
+    rng = np.random.default_rng(len(a_shape) + b_shape[-1])
+    a = graphc.tensor(rng.standard_normal(a_shape).astype(dtype))
+    b = graphc.tensor(rng.standard_normal(b_shape).astype(dtype))
+    compiled = graphc.compile(_matmul, backend="cpu")
+    np.testing.assert_allclose(compiled(a, b).numpy(), (a @ b).numpy(), rtol=1e-4, atol=1e-4)
+    assert "graphc_small_sgemm_" not in compiled.executable.lowered.ir_text
+
+
+def test_tiles_split_the_rows_evenly_and_hold_the_sums_in_registers():
+    width = small_gemm.lanes()
+    registers = 24 if width == 16 else 12
+    for m, n, k in [(16, 32 * width, 128), (16, 8 * width, 512), (512, width, 128),
+                    (5, 2 * width, 64), (13, 3 * width, 32)]:
+        tile = small_gemm.tile_for(m, n, k, k, 1, n)
+        assert tile is not None and tile.rows * tile.vectors <= registers
+        blocks = -(-m // tile.rows)
+        assert m - (blocks - 1) * tile.rows <= tile.rows  # the last tile is the smaller
+        assert tile.rows * blocks - m < blocks  # evenly: no block shorter by more than one
+    assert small_gemm.tile_for(17, 17 * width, 64, 64, 1, 17 * width) is None  # not thin
+
+
+def test_an_lstm_training_step_matches_eager_within_rounding():
+    """The recurrent step's products (forward in gemm_order's order, with a packed
+    transposed operand; backward's input gradient) in a whole Adam step."""
+    def build(dtype):
+        graphc.manual_seed(7)
+        lstm = graphc.nn.LSTM(16, 32, batch_first=True).to(dtype)
+        return lstm, graphc.optim.Adam(lstm.parameters(), lr=1e-2)
+
+    def step_of(lstm, opt):
+        def step(x):
+            opt.zero_grad()
+            out, _ = lstm(x)
+            loss = (out * out).mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((16, 6, 16)).astype(np.float32)
+    results = {}
+    for name, dtype, compile_it in [("compiled", graphc.float32, True),
+                                    ("eager", graphc.float32, False),
+                                    ("reference", graphc.float64, False)]:
+        lstm, opt = build(dtype)
+        step = step_of(lstm, opt)
+        if compile_it:
+            step = graphc.compile(step, backend="cpu")
+        xs = graphc.tensor(x).to(dtype)
+        losses = [float(step(xs).item()) for _ in range(3)]
+        results[name] = (np.array(losses), lstm.weight_hh_l0.detach().numpy().copy())
+        if compile_it:
+            assert "graphc_small_sgemm_" in step.executable.lowered.ir_text
+    for k in range(2):
+        assert_rounding_within(results["compiled"][k], results["eager"][k],
+                               results["reference"][k])
