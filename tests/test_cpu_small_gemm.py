@@ -43,6 +43,7 @@ THIN = [  # (f, a shape, b shape): every one takes the generated kernel
     (_matmul, (16, 512), (512, 128)),
     (_matmul, (5, 48), (48, 32)),  # rows that leave a smaller last tile
     (_matmul, (40, 64), (64, 16)),  # many rows, one vector of columns
+    (_matmul, (6, 1000), (1000, 32)),  # k in blocks: the first, a loop of two, the rest
     (_matmul, (2, 7, 32), (32, 64)),  # a batch, folded into 14 rows
     (_matmul, (3, 6, 32), (3, 32, 48)),  # a batch with a b per element: a loop of kernels
     (_a_transposed, (64, 16), (64, 128)),

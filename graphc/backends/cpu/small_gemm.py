@@ -12,14 +12,16 @@ thread, AVX-512 host, 2026-11-25). This module generates, per shape, one functio
 that computes c[m, n] = a[m, k] @ b[k, n] with b's rows contiguous (leading dimension ldb)
 and c row-major, without packing: c is cut into tiles of `rows` x (`vectors` x LANES)
 (LANES floats to a vector register: 16 with AVX-512, 8 with AVX2), each tile's sums stay
-in registers through the whole k loop, every step of which loads `vectors` vectors of b's
+in registers through a block of k, every step of which loads `vectors` vectors of b's
 row k and broadcasts one element of a per tile row (any element strides for a: a
 transposed view costs nothing). Tiles run panel by panel (a panel is `vectors` x LANES
 columns of c), so each panel of b is read from cache once per row block.
 
-Rounding: every element of c is the sum over k in order 0, 1, ..., k-1 of fused
-multiply-adds; a BLAS sums in its own blocked order. Both are float32 rounding of the same
-sum, judged by distance from a float64 run (docs/performance.md, "Rounding";
+Rounding: every element of c sums k in blocks of K_BLOCK (in order, fused multiply-adds in
+registers), each block's sum added to c, as a BLAS blocks k (its KC): the error grows with
+K_BLOCK + k / K_BLOCK rather than with k (measured: as close to a float64 run as OpenBLAS
+or closer, k up to 16384). The order differs from the BLAS's, judged by distance from a
+float64 run (docs/performance.md, "Rounding";
 tests/test_cpu_small_gemm.py).
 
 `tile_for(m, n, k, ...)` decides (None: the BLAS call stays), `function(cg, ...)` emits the
@@ -38,9 +40,16 @@ from graphc.types import TensorType, float32
 
 __all__ = ["MAX_THIN", "SmallGemm", "function", "lanes", "operands", "tile_for"]
 
-MAX_THIN = 16  # the kernel serves products whose m or n is at most this
+# the kernel serves products whose m or n is at most this. Tried: 32, and products with
+# k <= 32 too (GPT's attention heads, 64 x 64 x 32; MobileNet's classifier): 1.5-1.6x
+# OpenBLAS's speed alone, but the steps moved within the noise (in-process A/B, 1 thread,
+# CPU time, load 5: GPT 56.4 against 57.5 ms, the CharLSTM 8.45 against 8.41; with and
+# without the kernel at 32: GPT 55.5 / 55.2, MobileNet 14.3 / 14.2), copies of transposed
+# operands (packing) eating the gain
+MAX_THIN = 16
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
+K_BLOCK = 256  # k summed in registers per block; blocks' sums added in c (a BLAS's KC)
 NO_TRANSPOSE = 111  # CBLAS's flag for an operand read as laid out
 
 
@@ -191,18 +200,37 @@ def _fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
 
 
 def _tile(b: ir.IRBuilder, g: SmallGemm, a, bm, c, row0, col0, rows: int) -> None:
-    """c[row0 : row0 + rows, col0 : col0 + vectors * lanes] = a[rows, :] @ b[:, cols], the
-    sums in registers (phi nodes) through the k loop."""
+    """c[row0 : row0 + rows, col0 : col0 + vectors * lanes] = a[rows, :] @ b[:, cols]: the
+    sums of K_BLOCK consecutive k in registers, each block's added to c (the first stored),
+    as a BLAS blocks k: the rounding error grows with K_BLOCK + k / K_BLOCK, not with k."""
+    first = min(g.k, K_BLOCK)
+    _store(b, g, c, row0, col0, _block_sums(b, g, a, bm, row0, col0, rows, i64(0), first))
+    full, rest = divmod(g.k - first, K_BLOCK)
+    if full:
+        with _counted(b, full, "kblock") as block:
+            start = b.add(b.mul(block, i64(K_BLOCK)), i64(first))
+            sums = _block_sums(b, g, a, bm, row0, col0, rows, start, K_BLOCK)
+            _store(b, g, c, row0, col0, sums, accumulate=True)
+    if rest:
+        sums = _block_sums(b, g, a, bm, row0, col0, rows, i64(g.k - rest), rest)
+        _store(b, g, c, row0, col0, sums, accumulate=True)
+
+
+def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, bm, row0, col0, rows: int, start,
+                count: int) -> list:
+    """The tile's sums over k in [start, start + count) (count >= 1), as phi nodes through
+    the loop: rows lists of `vectors` vectors."""
     vec = ir.VectorType(F32, g.lanes)
     zero = ir.Constant(vec, [0.0] * g.lanes)
     mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
     fma = _fma_intrinsic(b.module, vec)
     pre = b.block
+    stop = b.add(start, i64(count))
     body = b.append_basic_block("k.body")
     b.branch(body)
     b.position_at_end(body)
     k = b.phi(I64, name="k")
-    k.add_incoming(i64(0), pre)
+    k.add_incoming(start, pre)
     sums = [[b.phi(vec, name=f"s{r}_{v}") for v in range(g.vectors)] for r in range(rows)]
     for row in sums:
         for s in row:
@@ -226,10 +254,19 @@ def _tile(b: ir.IRBuilder, g: SmallGemm, a, bm, c, row0, col0, rows: int) -> Non
         for s, s_new in zip(row, row_new):
             s.add_incoming(s_new, body)
     k.add_incoming(nxt, body)
-    b.cbranch(b.icmp_unsigned("<", nxt, i64(g.k)), body, end)
+    b.cbranch(b.icmp_unsigned("<", nxt, stop), body, end)
     b.position_at_end(end)
-    for r in range(rows):
+    return new
+
+
+def _store(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, sums: list,
+           accumulate: bool = False) -> None:
+    """The tile's sums into c (`accumulate`: added to what c holds)."""
+    vec = sums[0][0].type
+    for r, row in enumerate(sums):
         at = b.add(b.mul(b.add(row0, i64(r)), i64(g.n)), col0)
-        for v in range(g.vectors):
-            b.store(new[r][v], b.gep(c, [b.add(at, i64(v * g.lanes))], inbounds=True,
-                                     source_etype=F32), align=4)
+        for v, value in enumerate(row):
+            pointer = b.gep(c, [b.add(at, i64(v * g.lanes))], inbounds=True, source_etype=F32)
+            if accumulate:
+                value = b.fadd(b.load(pointer, typ=vec, align=4), value)
+            b.store(value, pointer, align=4)
