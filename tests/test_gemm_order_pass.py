@@ -137,3 +137,49 @@ def test_a_symbolic_batch_takes_the_order_without_guarding_its_size():
     rewritten = transpose_weight_products(f.graphs[0])
     products = [str(n.outputs[0].type) for n in rewritten.nodes if n.op == "matmul"]
     assert products == ["f32[96,s0]", "f32[s0,5]"]  # W @ x.T at any batch; 5 logits: kept
+
+
+SHARED_THIN = '''graph @f(%h: f32[16,20], %g: f32[16,20], %w: f32[64,20]) -> (f32[16,64], f32[16,64]) {
+  %0: f32[20,64] = permute[dims=(1, 0)](%w)
+  %1: f32[16,64] = matmul(%h, %0)
+  %2: f32[16,64] = tanh(%1)
+  %3: f32[16,64] = matmul(%g, %0)
+  return (%2, %3)
+}'''
+
+SHARED_THIN_COPIED = '''graph @f(%h: f32[16,20], %g: f32[16,20], %w: f32[64,20]) -> (f32[16,64], f32[16,64]) {
+  %0: f32[20,64] = permute[dims=(1, 0)](%w)
+  %4: f32[20,64] = copy(%0)
+  %1: f32[16,64] = matmul(%h, %4)
+  %2: f32[16,64] = tanh(%1)
+  %3: f32[16,64] = matmul(%g, %4)
+  return (%2, %3)
+}'''
+
+
+def test_thin_products_sharing_a_weight_read_one_copy_of_it(rng):
+    """A recurrent layer's steps: every thin product reads one contiguous copy of the
+    transposed weight, made once, instead of the (W @ h.T).T order; the copy moves values
+    only, so the results equal the interpreter's on the original graph."""
+    g = parse(SHARED_THIN)
+    out = transpose_weight_products(g)
+    assert str(out) == str(parse(SHARED_THIN_COPIED))
+    args = [rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs]
+    want = compile_graph(g, "interp").run(*args)
+    for got, expected in zip(compile_graph(out, "cpu").run(*args), want):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, users", [(16, 1), (1, 2), (17, 2)])
+def test_a_lone_or_not_thin_product_keeps_the_transposed_order(rows, users):
+    """One thin product (nothing to share), single rows (GEMV) and products above
+    THIN_ROWS rows are not copied: m >= MIN_ROWS take the (W @ x.T).T order as before."""
+    products = "\n".join(f"  %{k + 1}: f32[{rows},64] = matmul(%h, %0)" for k in range(users))
+    results = ", ".join(f"f32[{rows},64]" for _ in range(users))
+    text = (f"graph @f(%h: f32[{rows},20], %w: f32[64,20]) -> ({results}) {{\n"
+            f"  %0: f32[20,64] = permute[dims=(1, 0)](%w)\n{products}\n"
+            f"  return ({', '.join(f'%{k + 1}' for k in range(users))})\n}}")
+    out = transpose_weight_products(parse(text))
+    assert "copy" not in [n.op for n in out.nodes]
+    matmuls = [n for n in out.nodes if n.op == "matmul"]
+    assert all((n.outputs[0].type.shape == (64, rows)) is (rows >= 16) for n in matmuls)
