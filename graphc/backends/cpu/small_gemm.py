@@ -40,12 +40,11 @@ from graphc.types import TensorType, float32
 
 __all__ = ["MAX_THIN", "SmallGemm", "function", "lanes", "operands", "tile_for"]
 
-# the kernel serves products whose m or n is at most this. Tried: 32, and products with
-# k <= 32 too (GPT's attention heads, 64 x 64 x 32; MobileNet's classifier): 1.5-1.6x
-# OpenBLAS's speed alone, but the steps moved within the noise (in-process A/B, 1 thread,
-# CPU time, load 5: GPT 56.4 against 57.5 ms, the CharLSTM 8.45 against 8.41; with and
-# without the kernel at 32: GPT 55.5 / 55.2, MobileNet 14.3 / 14.2), copies of transposed
-# operands (packing) eating the gain
+# the kernel serves products whose m or n is at most this. Tried: 32 (GPT's attention
+# heads, 64 x 64 x 32, with their transposed operands packed; MobileNet's classifier):
+# 1.5-1.6x OpenBLAS's speed alone, but the steps moved within the noise (in-process A/B,
+# each variant compiled afresh, 1 thread, CPU time, load 3-9: GPT 55.1 against 55.1-55.9
+# ms, MobileNet 13.6 against 13.8, the CharLSTM 8.0-8.1 against 7.7-8.2)
 MAX_THIN = 16
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
