@@ -4,13 +4,17 @@ operands they take (transposed views, batches, row counts that leave a smaller l
 agrees with the interpreter, within float32 rounding judged by distance from a float64 run
 (docs/performance.md, "Rounding"); products that are not thin keep the BLAS call."""
 
+import re
+
 import numpy as np
 import pytest
 
 pytest.importorskip("llvmlite")
 
 import graphc  # noqa: E402
-from graphc.backends.cpu import small_gemm  # noqa: E402
+from graphc.backends import compile as compile_graph  # noqa: E402
+from graphc.backends.cpu import llvm, small_gemm  # noqa: E402
+from graphc.ir import parse  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
 
 if not small_gemm.lanes():
@@ -135,3 +139,29 @@ def test_an_lstm_training_step_matches_eager_within_rounding():
     for k in range(2):
         assert_rounding_within(results["compiled"][k], results["eager"][k],
                                results["reference"][k])
+
+
+@pytest.mark.parametrize("width", [8, 16])
+def test_both_vector_widths_agree_with_numpy(monkeypatch, width):
+    """AVX2 hosts get 8-lane tiles (12 sums in 16 registers), AVX-512 hosts 16-lane ones:
+    both generated on this host where it has the instructions."""
+    features = llvm.host_target()
+    if width == 16 and not features.has_feature("avx512f"):
+        pytest.skip("the host has no AVX-512: 16-lane tiles cannot run here")
+    monkeypatch.setattr(small_gemm, "lanes", lambda: width)
+    text = '''graph @f(%a: f32[13,96], %w: f32[48,96]) -> (f32[13,48], f32[13,96]) {
+  %0: f32[96,48] = permute[dims=(1, 0)](%w)
+  %1: f32[13,48] = matmul(%a, %0)
+  %2: f32[13,96] = matmul(%1, %w)
+  return (%1, %2)
+}'''
+    g = parse(text)
+    rng = np.random.default_rng(width)
+    a, w = (rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs)
+    executable = compile_graph(g, "cpu")
+    tiles = set(re.findall(r'define[^@]*@"?graphc_small_sgemm_\w+_t\d+x\d+x(\d+)',
+                           executable.lowered.ir_text))
+    assert tiles == {str(width)}
+    got1, got2 = executable.run(a, w)
+    np.testing.assert_allclose(got1, a @ w.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got2, (a @ w.T) @ w, rtol=1e-4, atol=1e-4)
