@@ -26,7 +26,8 @@ Lowered ops:
 - reduce_sum, reduce_mean, reduce_max, reduce_min, reduce_prod (any axes, keepdim or not);
   softmax, log_softmax (any dim);
 - matmul (1-D, 2-D, batched with broadcast batch dims; float32/float64) through the BLAS
-  cblas_sgemm/cblas_dgemm, transposed views passed as transposed operands;
+  cblas_sgemm/cblas_dgemm, transposed views passed as transposed operands; thin float32
+  products (m or n <= 16) in generated kernels (graphc.backends.cpu.small_gemm);
 - movement: reshape, permute, broadcast_to, slice (views where the plan has them, copies
   otherwise), copy, concat; sources full and arange;
 - nll_loss and nll_loss_backward (class-index targets, any reduction; a target out of range
