@@ -139,16 +139,17 @@ def test_a_symbolic_batch_takes_the_order_without_guarding_its_size():
     assert products == ["f32[96,s0]", "f32[s0,5]"]  # W @ x.T at any batch; 5 logits: kept
 
 
-SHARED_THIN = '''graph @f(%h: f32[16,20], %g: f32[16,20], %w: f32[64,20]) -> (f32[16,64], f32[16,64]) {
-  %0: f32[20,64] = permute[dims=(1, 0)](%w)
+STEPS = "graph @f(%h: f32[16,20], %g: f32[16,20], %w: f32[64,20]) -> " \
+    "(f32[16,64], f32[16,64]) {\n"  # two steps of a recurrent layer
+
+SHARED_THIN = STEPS + '''  %0: f32[20,64] = permute[dims=(1, 0)](%w)
   %1: f32[16,64] = matmul(%h, %0)
   %2: f32[16,64] = tanh(%1)
   %3: f32[16,64] = matmul(%g, %0)
   return (%2, %3)
 }'''
 
-SHARED_THIN_COPIED = '''graph @f(%h: f32[16,20], %g: f32[16,20], %w: f32[64,20]) -> (f32[16,64], f32[16,64]) {
-  %0: f32[20,64] = permute[dims=(1, 0)](%w)
+SHARED_THIN_COPIED = STEPS + '''  %0: f32[20,64] = permute[dims=(1, 0)](%w)
   %4: f32[20,64] = copy(%0)
   %1: f32[16,64] = matmul(%h, %4)
   %2: f32[16,64] = tanh(%1)
