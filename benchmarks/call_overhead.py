@@ -1,0 +1,185 @@
+"""The Python cost of a compiled call: the whole call next to its native run, per case.
+
+    python -m benchmarks.call_overhead --threads 1 --clock cpu
+    python -m benchmarks.call_overhead --profile mlp_b1     # cProfile of one case's calls
+
+For each case (medians over ROUNDS rounds, each of enough calls to last ~20 ms):
+- *call*: the compiled callable called as a user calls it (`f(x)`, `step(x, y)`): guards,
+  binding the arguments, parameters, optimizer state and `.grad`s, the executable's checks,
+  output arrays and pointer tables, the native run, writing updates back, assigning `.grad`s,
+  wrapping the outputs;
+- *native*: the time spent inside the generated code's entry point during those calls (the
+  executable's ctypes function, timed by a wrapper: `NativeTimer`);
+- *overhead*: the median over rounds of call - native: what a compiled call adds around its
+  native work, caches included (the Python after a large native run starts on caches the run
+  filled with its own data, so it is slower than the same Python on its own);
+- *python*: the call with the native entry point replaced by a no-op (the Python alone, on warm
+  caches: the steadiest figure to compare changes to the call path by).
+The performance issue's targets are <= 10 us of Python for a one-input function and <= 25 us
+for the MLP training step. The cases: `tiny` (`x * 2` on 16 floats), `sgemm_256` (`a @ b`, no_grad),
+`mlp_b1` and `mlp_b64` (MLP 784-256-256-10 SGD-momentum training steps: benchmarks.models).
+
+`--threads N` (default 1) sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, restarting the process
+so the libraries read them; `--clock cpu` times by this process's CPU time (steadier on a
+shared machine). Replacing CpuExecutable's private `_run` is deliberate: the native figure
+needs the raw entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+
+import numpy as np
+
+if __package__ in (None, ""):  # `python benchmarks/call_overhead.py`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import graphc  # noqa: E402
+from benchmarks import models  # noqa: E402
+from benchmarks.harness import now, set_clock  # noqa: E402
+
+ROUNDS = 9
+ROUND_SECONDS = 0.02
+CASES = ("tiny", "sgemm_256", "mlp_b1", "mlp_b64")
+TARGETS_US = {"tiny": 10.0, "mlp_b1": 25.0, "mlp_b64": 25.0}
+
+
+def _times_two(x):
+    return x * 2
+
+
+def _matmul(a, b):
+    return a @ b
+
+
+def build(name: str):
+    """(call, executable) of a case: `call()` makes one compiled call, warmed up."""
+    if name == "tiny":
+        compiled = graphc.compile(_times_two, backend="cpu")
+        x = graphc.tensor(np.arange(16, dtype=np.float32))
+
+        def call():
+            return compiled(x)
+    elif name == "sgemm_256":
+        rng = np.random.default_rng(3)
+        a, b = (graphc.tensor(rng.standard_normal((256, 256)).astype(np.float32))
+                for _ in range(2))
+        compiled = graphc.compile(_matmul, backend="cpu")
+
+        def call():
+            with graphc.no_grad():
+                return compiled(a, b)
+    elif name in ("mlp_b1", "mlp_b64"):
+        model = models.graphc_model("mlp")
+        x, y = models.batch("mlp", 1 if name == "mlp_b1" else 64)
+        x, y = graphc.tensor(x), graphc.tensor(y)
+        compiled = graphc.compile(models.graphc_step(model), backend="cpu")
+
+        def call():
+            return compiled(x, y)
+    else:
+        raise SystemExit(f"benchmarks.call_overhead: unknown case {name!r}; the cases are "
+                         + ", ".join(CASES))
+    for _ in range(5):
+        call()
+    return call, compiled.executable
+
+
+class NativeTimer:
+    """Wraps an executable's native entry point (`_run`, a ctypes function) to add up the
+    time spent inside it, read from the same clock as the calls."""
+
+    def __init__(self, executable) -> None:
+        self.native, self.spent = executable._run, 0.0
+        executable._run = self
+
+    def __call__(self, *arguments):
+        start = now()
+        status = self.native(*arguments)
+        self.spent += now() - start
+        return status
+
+
+def measure(name: str) -> tuple[float, float, float, float]:
+    """Median seconds per call of the case's compiled call, of the native run inside it, of
+    their difference and of the call without its native run (see the module docstring)."""
+    call, executable = build(name)
+    timer = NativeTimer(executable)
+    start = now()
+    call()
+    number = max(1, int(ROUND_SECONDS / max(now() - start, 1e-7)))
+    calls, natives = [], []
+    for _ in range(ROUNDS):
+        timer.spent = 0.0
+        start = now()
+        for _ in range(number):
+            call()
+        calls.append((now() - start) / number)
+        natives.append(timer.spent / number)
+    overheads = [c - n for c, n in zip(calls, natives)]
+    executable._run = _no_op  # the same call, without the native run: the Python alone
+    pythons = []
+    for _ in range(ROUNDS):
+        start = now()
+        for _ in range(number):
+            call()
+        pythons.append((now() - start) / number)
+    return (statistics.median(calls), statistics.median(natives),
+            statistics.median(overheads), statistics.median(pythons))
+
+
+def _no_op(*arguments) -> int:
+    return 0
+
+
+def profile(name: str, calls: int = 2000) -> str:
+    """The top of cProfile over `calls` compiled calls of the case."""
+    call, _ = build(name)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
+    return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=CASES, help="run only this case")
+    parser.add_argument("--threads", type=int, default=1, metavar="N",
+                        help="threads for OpenMP and OpenBLAS (default 1)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--profile", choices=CASES, help="print cProfile of this case's calls")
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("OMP_NUM_THREADS") != str(args.threads):
+        os.environ.update(OMP_NUM_THREADS=str(args.threads),
+                          OPENBLAS_NUM_THREADS=str(args.threads))
+        os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.call_overhead", *argv])
+    set_clock(args.clock)
+    if args.profile:
+        print(profile(args.profile))
+        return 0
+    print(f"threads {args.threads}, clock {args.clock}; microseconds per call (medians)")
+    print(f"{'case':<10} {'call':>9} {'native':>9} {'overhead':>9} {'python':>9} {'target':>8}")
+    for name in args.only or CASES:
+        call, native, overhead, python = (s * 1e6 for s in measure(name))
+        target = TARGETS_US.get(name)
+        print(f"{name:<10} {call:9.1f} {native:9.1f} {overhead:9.1f} {python:9.1f} "
+              f"{'<= %g' % target if target else '':>8}", flush=True)
+    load = os.getloadavg()
+    print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
