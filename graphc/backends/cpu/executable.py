@@ -43,7 +43,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+import itertools
 import json
+import operator
 import sys
 import threading
 import time
@@ -118,9 +121,10 @@ class CpuExecutable:
         self._tail = (self._arena_ptr,) + (
             (ctypes.c_void_p(self.last_stamps.ctypes.data),) if self.profiled else ())
         self._raw = raw
-        self._in_types = [(v.type.shape, np.dtype(v.type.dtype.np)) for v in graph.inputs]
+        self._in_types = InputTypes([(v.type.shape, np.dtype(v.type.dtype.np))
+                                     for v in graph.inputs])
         self._call_tables(in_input)
-        self._out_types = [(t.shape, np.dtype(t.dtype.np)) for t in self._copied]
+        self._out_types = output_types([(t.shape, np.dtype(t.dtype.np)) for t in self._copied])
         self._collectives = collectives
 
     def _call_tables(self, in_input: dict[str, str]) -> None:
@@ -144,7 +148,10 @@ class CpuExecutable:
                 self._copied.append(v.type)
         self._in_ptrs = (ctypes.c_void_p * max(len(graph.inputs), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
+        self._outputs_only = all(kind == "out" for kind, _ in self._results)
+        self._pick_written = picker(sorted(self._written))
         self._recent = [[None, None] for _ in self._copied]
+        self._recent_addresses = [[None, None] for _ in self._copied]
         self._last_inputs: list = [None] * len(graph.inputs)
         self._lock = threading.Lock()
         self.thread_chooser = threads.ThreadChooser(threads.most_threads())
@@ -256,58 +263,91 @@ class CpuExecutable:
         native driver run on the thread count the chooser picks; the results."""
         bound = self._bind(arrays)
         outs = self._outputs(out_types)
-        out_ptrs = self._out_ptrs
-        for k, o in enumerate(outs):
-            out_ptrs[k] = _address(o)
-        n = self.thread_chooser.pick()
-        previous = threads.use(n) if self.thread_chooser.most > 1 else None
-        start = time.perf_counter()
-        status = self._run(self._in_ptrs, out_ptrs, *tail)
-        self.thread_chooser.record(n, time.perf_counter() - start)
-        if previous is not None:
-            threads.restore(previous)
+        chooser = self.thread_chooser
+        if chooser.explores:  # its bookkeeping only where it chooses
+            n = chooser.pick()
+            previous = threads.use(n)
+            start = time.perf_counter()
+            status = self._run(self._in_ptrs, self._out_ptrs, *tail)
+            chooser.record(n, time.perf_counter() - start)
+            if previous is not None:
+                threads.restore(previous)
+        elif chooser.most > 1:  # a fixed count, still applied to this thread
+            previous = threads.use(chooser.current)
+            status = self._run(self._in_ptrs, self._out_ptrs, *tail)
+            if previous is not None:
+                threads.restore(previous)
+        else:
+            status = self._run(self._in_ptrs, self._out_ptrs, *tail)
         if status:
             errors = self.lowered.errors
             what = errors[status - 1] if 0 < status <= len(errors) else f"status {status}"
             raise IndexOutOfRangeError(f"cpu backend: graph @{self.graph.name} failed: {what}")
+        if self._outputs_only:
+            return outs
         return [outs[k] if kind == "out" else bound[k] for kind, k in self._results]
 
     def _outputs(self, out_types: list) -> list[np.ndarray]:
-        """This call's output arrays: per slot, an array this executable returned in one of
-        its last two calls that nothing references any more (the user dropped it, e.g. the
-        .grad it became was replaced), else a new one. Only arrays of RECYCLE_MIN_BYTES or
-        more are kept: a new large array is fresh pages from the kernel, and their page faults
-        cost more than the work of an elementwise pass over them (docs/performance.md)."""
+        """This call's output arrays, their addresses written into `_out_ptrs`: per slot, an
+        array this executable returned in one of its last two calls that nothing references
+        any more (the user dropped it, e.g. the .grad it became was replaced), else a new one.
+        Only arrays of RECYCLE_MIN_BYTES or more are kept (`out_types`' third field): a new
+        large array is fresh pages from the kernel, and their page faults cost more than the
+        work of an elementwise pass over them (docs/performance.md). A kept array's address is
+        kept with it (an array's data never moves)."""
         outs = []
-        recent = self._recent
-        for k, (shape, dtype) in enumerate(out_types):
-            out, kept = None, recent[k]
-            for j in range(len(kept)):
-                old = kept[j]
-                # references to an unused one: `kept`, `old` and getrefcount's argument
-                if old is not None and sys.getrefcount(old) == 3 and old.shape == shape \
-                        and old.dtype is dtype:
-                    out = kept.pop(j)
-                    break
-            old = None
-            if out is None:
+        ptrs, recent, addresses = self._out_ptrs, self._recent, self._recent_addresses
+        for k, (shape, dtype, large) in enumerate(out_types):
+            if not large:
                 out = np.empty(shape, dtype)
-                if out.nbytes >= RECYCLE_MIN_BYTES:
-                    kept.pop()  # the oldest goes
-            if out.nbytes >= RECYCLE_MIN_BYTES:
-                kept.insert(0, out)
+                ptrs[k] = _address(out)
+                outs.append(out)
+                continue
+            kept, kept_at = recent[k], addresses[k]
+            j = _unreferenced(kept, shape, dtype)
+            if j is None:
+                out = np.empty(shape, dtype)
+                address = _address(out)
+                kept.pop()  # the oldest goes
+                kept_at.pop()
+            else:
+                out, address = kept.pop(j), kept_at.pop(j)
+            kept.insert(0, out)
+            kept_at.insert(0, address)
+            ptrs[k] = address
             outs.append(out)
         return outs
 
-    def _bind(self, arrays: tuple) -> list[np.ndarray]:
+    def _bind(self, arrays: tuple) -> list[np.ndarray] | tuple:
         """Check the inputs and point `_in_ptrs` at them; returns the arrays the call reads
         (an input copied when it is non-contiguous, or read-only and written). Called under
-        the lock. An array that was at its position last call, still of the graph's type, keeps
-        its pointer (an array's data never moves); its writeable flag is checked again when
-        the graph writes it."""
+        the lock. Every input's shape and dtype, and every written input's writeable flag,
+        are checked each call, at once; an array that was at its position last call keeps its
+        pointer (an array's data never moves), any other is checked for contiguity and
+        pointed at (`_bind_each` does it all one input at a time, and says what is wrong)."""
+        types = self._in_types
+        try:
+            same = tuple(map(_SHAPE, arrays)) == types.shapes and all(
+                map(operator.is_, map(_DTYPE, arrays), types.dtypes)) and all(
+                map(_WRITEABLE, self._pick_written(arrays)))
+        except AttributeError:  # not arrays: np.asarray below
+            same = False
+        if not same:
+            return self._bind_each(arrays)
+        last, ptrs = self._last_inputs, self._in_ptrs
+        for i in itertools.compress(range(len(arrays)), map(operator.is_not, arrays, last)):
+            a = arrays[i]
+            if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+                return self._bind_each(arrays)
+            last[i] = a
+            ptrs[i] = _address(a)
+        return arrays
+
+    def _bind_each(self, arrays: tuple) -> list[np.ndarray]:
+        """`_bind` one input at a time: converts, copies and explains."""
         bound = list(arrays)
         last, written = self._last_inputs, self._written
-        for i, (a, (shape, dtype)) in enumerate(zip(arrays, self._in_types)):
+        for i, (a, (shape, dtype)) in enumerate(zip(arrays, self._in_types.pairs)):
             if a is last[i] and a.shape == shape and a.dtype is dtype and (
                     i not in written or a.flags.writeable):
                 continue
@@ -324,6 +364,60 @@ class CpuExecutable:
             bound[i] = a
             self._in_ptrs[i] = _address(a)
         return bound
+
+
+class InputTypes:
+    """The input types a call checks, as `_bind` reads them: every shape in one tuple, every
+    dtype in another, and the (shape, dtype) pairs."""
+
+    __slots__ = ("pairs", "shapes", "dtypes")
+
+    def __init__(self, pairs: list[tuple[tuple, np.dtype]]) -> None:
+        self.pairs = pairs
+        self.shapes = tuple(shape for shape, _ in pairs)
+        self.dtypes = tuple(dtype for _, dtype in pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
+def output_types(types: list[tuple[tuple, np.dtype]]) -> list[tuple[tuple, np.dtype, bool]]:
+    """(shape, dtype, whether an array of it is kept for reuse) per output (`_outputs`)."""
+    return [(shape, dtype, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+             >= RECYCLE_MIN_BYTES) for shape, dtype in types]
+
+
+def _unreferenced(kept: list, shape: tuple, dtype: np.dtype) -> int | None:
+    """The position in `kept` of an array of this type nothing else references, or None."""
+    for j in range(len(kept)):
+        # references to an unused one: `kept` and getrefcount's argument
+        if kept[j] is not None and sys.getrefcount(kept[j]) == 2 and \
+                kept[j].shape == shape and kept[j].dtype is dtype:
+            return j
+    return None
+
+
+def picker(indices: list[int]):
+    """A function from a sequence to the tuple of its items at `indices` (itemgetter, which
+    returns a bare item for one index, made to return a tuple always)."""
+    if len(indices) == 1:
+        return functools.partial(_one_item, indices[0])
+    if not indices:
+        return _no_items
+    return operator.itemgetter(*indices)
+
+
+def _one_item(i: int, items) -> tuple:
+    return (items[i],)
+
+
+def _no_items(items) -> tuple:
+    return ()
+
+
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
+_WRITEABLE = operator.attrgetter("flags.writeable")
 
 
 def lower(graph: Graph, blas=None, profile: bool = False):

@@ -34,7 +34,13 @@ from graphc import config
 from graphc.backends.common import planned
 from graphc.backends.cpu import llvm
 from graphc.backends.cpu.blas import resolve_blas
-from graphc.backends.cpu.executable import CpuExecutable, _allocate_arena, _uses_gemm
+from graphc.backends.cpu.executable import (
+    CpuExecutable,
+    InputTypes,
+    _allocate_arena,
+    _uses_gemm,
+    output_types,
+)
 from graphc.backends.cpu.values import CpuLoweringError
 from graphc.errors import ArgumentError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
@@ -140,9 +146,10 @@ class RuntimeSizedExecutable(CpuExecutable):
             sized = self._sized[key] = _Sizes(
                 dict(values), np.array([table[n] for n in self.slots], np.int64),
                 int(evaluate(self.lowered.arena_bytes, table)),
-                [(evaluate(v.type.shape, values), np.dtype(v.type.dtype.np))
-                 for v in self.graph.inputs],
-                [(evaluate(t.shape, values), np.dtype(t.dtype.np)) for t in self._copied])
+                InputTypes([(evaluate(v.type.shape, values), np.dtype(v.type.dtype.np))
+                            for v in self.graph.inputs]),
+                output_types([(evaluate(t.shape, values), np.dtype(t.dtype.np))
+                              for t in self._copied]))
         return _Bound(self, sized)
 
     def run_sized(self, sized: _Sizes, arrays: tuple) -> list[np.ndarray]:
