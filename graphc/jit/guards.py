@@ -40,6 +40,7 @@ signature's.
 from __future__ import annotations
 
 import itertools
+import keyword
 import operator
 from typing import Any
 
@@ -57,6 +58,7 @@ from graphc.jit.reach import (
     reachable,
 )
 from graphc.tensor import Tensor
+from graphc.types import as_dtype
 
 
 # ---- the signature of a call -----------------------------------------------------------------
@@ -372,7 +374,7 @@ class Guard:
 
     __slots__ = ("grad_mode", "call", "attrs", "cells", "lookups", "empty",
                  "dicts", "seqs", "big", "tensors", "grads", "holder_ids", "arg_holders",
-                 "dynamic", "top_dims", "_implied")
+                 "dynamic", "top_dims", "_implied", "_checks")
 
     def __init__(self, fn, args: tuple, kwargs: dict) -> None:
         self.grad_mode = is_grad_enabled()
@@ -390,6 +392,7 @@ class Guard:
         self.top_dims: dict | None = None  # {positional index: dims} when all are top-level
         self._implied: tuple | None = None  # (typed list, answer) of `implies_types`
         _GuardBuilder(self).build(fn, args, kwargs)
+        self._checks = compile_checks(self)
 
     def set_dynamic(self, dynamic: frozenset) -> None:
         """Leave these argument dimensions ((path, dim) pairs) out of the call's description:
@@ -403,6 +406,7 @@ class Guard:
                 break
             top.setdefault(path[1], set()).add(dim)
         self.top_dims = top
+        self._checks = compile_checks(self)
 
     def implies_types(self, typed: list) -> bool:
         """Whether this guard holding implies that every binding of `typed` (an entry's
@@ -433,50 +437,136 @@ class Guard:
             return False
 
     def _holds(self, args: tuple, kwargs: dict) -> bool:
-        if is_grad_enabled() != self.grad_mode:
-            return False
+        return self._checks(args, kwargs)
+
+    @property
+    def source(self) -> str:
+        """The Python source of this guard's checks (`compile_checks`), for reading."""
+        return self._checks.__doc__
+
+
+def compile_checks(g: Guard):
+    """One Python function that runs every check of `g` (`Guard._holds`), specialised to it:
+    the objects it compares are the function's globals, and each kind of check is one
+    expression over all its objects, so a call costs no Python loop per object, and a
+    container's values are gathered by star-unpacking (`(*d0.values(), *s1)`), the fastest
+    way Python has to read them. The checks, in order:
+
+    - grad mode, then the call: where it is positional and no dimension is dynamic, each
+      tensor argument's array shape, dtype and requires_grad, and each other argument's
+      description; else the description of the whole call (`_describe_call`, masked);
+    - attributes: `object.name is value` (an AttributeError fails the guard), or
+      getattr(object, name, ABSENT) where it was absent; closure cells; dict lookups
+      (`d.get(key, ABSENT) is value`);
+    - containers: an empty one is empty; the dicts' keys in order (==, as a dict compares
+      keys), then every dict value and sequence item (is), each container's followed by a
+      separator (so the tuples are equal only where every container has its length);
+      containers too big to be looked into still are (len > 64);
+    - tensors: (array shape, dtype, requires_grad, grad_fn) per leaf (grad_fn None) in one
+      tuple; the rare guarded interior tensor (grad_fn not None) on its own line;
+    - `.grad`s: None, or (array shape, dtype, requires_grad), per holder; and which argument
+      tensors hold a `.grad` (`_arg_holders`) where an argument requires grad.
+    The function's `__doc__` is its source (`Guard.source`)."""
+    names: dict[str, Any] = {"ABSENT": ABSENT, "Tensor": Tensor, "is_": operator.is_,
+                             "is_grad_enabled": is_grad_enabled, "cell_contents": cell_contents,
+                             "repeat": itertools.repeat, "describe": _describe,
+                             "LEAF_TYPE": _LEAF_TYPE, "grad_key": _grad_key,
+                             "arg_holders": _arg_holders, "GRAD_MODE": g.grad_mode,
+                             "END": _END}
+
+    def name(prefix: str, value) -> str:
+        key = f"{prefix}{len(names)}"
+        names[key] = value
+        return key
+
+    lines = ["if is_grad_enabled() is not GRAD_MODE:", "    return False"]
+    args, kwargs = g.call
+    if g.dynamic or kwargs:
+        lines += [f"if not {name('call', _CallDescription(g))}(args, kwargs):",
+                  "    return False"]
+    else:
+        lines += [f"if len(args) != {len(args)} or kwargs:", "    return False"]
+        for i, d in enumerate(args):
+            if _is_tensor_key(d):
+                lines.append(f"a = args[{i}]")
+                lines.append(f"if not (isinstance(a, Tensor) and a._array.shape == "
+                             f"{name('shape', d[1])} and a._dtype is "
+                             f"{name('dtype', as_dtype(d[2]))} and a._requires_grad is "
+                             f"{d[3]!r}):")
+            else:
+                lines.append(f"if describe(args[{i}]) != {name('described', d)}:")
+            lines.append("    return False")
+    checks = [f"{name('o', obj)}.{attr} is {name('v', value)}"  # else AttributeError
+              if value is not ABSENT and attr.isidentifier() and not keyword.iskeyword(attr)
+              else f"getattr({name('o', obj)}, {attr!r}, ABSENT) is {name('v', value)}"
+              for obj, attr, value in g.attrs]
+    checks += [f"cell_contents({name('cell', cell)}) is {name('v', value)}"
+               for cell, value in g.cells]
+    checks += [f"all(map(is_, map({name('d', d)}.get, {name('keys', keys)}, repeat(ABSENT)), "
+               f"{name('values', values)}))" for d, keys, values in g.lookups if keys]
+    # a separator after each container's keys (dicts) or items (sequences): equal tuples
+    # then mean equal lengths, container by container, with no lengths compared
+    dicts = [name("d", d) for d, _, _ in g.dicts]
+    seqs = [name("s", seq) for seq, _ in g.seqs]
+    checks += [f"not {name('e', e)}" for e in g.empty]
+    if dicts:
+        keys = tuple(itertools.chain.from_iterable(keys + (_END,) for _, keys, _ in g.dicts))
+        checks.append(f"({''.join(f'*{d}, END, ' for d in dicts)}) == {name('keys', keys)}")
+    if dicts or seqs:
+        items = tuple(itertools.chain(
+            itertools.chain.from_iterable(values for _, _, values in g.dicts),
+            itertools.chain.from_iterable(items + (_END,) for _, items in g.seqs)))
+        gathered = "".join([f"*{d}.values(), " for d in dicts] + [f"*{q}, END, " for q in seqs])
+        checks.append(f"all(map(is_, ({gathered}), {name('items', items)}))")
+    checks += [f"len({name('big', c)}) > 64" for c in g.big]
+    leaves = [(t, (shape, dtype, requires_grad, None))
+              for t, shape, dtype, requires_grad, leaf in g.tensors if leaf]
+    if leaves:
+        checks.append(f"tuple(map(LEAF_TYPE, {name('leaves', tuple(t for t, _ in leaves))})) "
+                      f"== {name('types', tuple(k for _, k in leaves))}")
+    for t, shape, dtype, requires_grad, leaf in g.tensors:
+        if not leaf:
+            checks.append(f"LEAF_TYPE({name('t', t)})[:3] == "
+                          f"{name('type', (shape, dtype, requires_grad))} "
+                          f"and {name('t', t)}.grad_fn is not None")
+    if g.grads:
+        checks.append(f"tuple(map(grad_key, {name('holders', tuple(t for t, _ in g.grads))})) "
+                      f"== {name('grads', tuple(key for _, key in g.grads))}")
+    if g.arg_holders is not None:
+        checks.append(f"arg_holders(args, kwargs, {name('ids', g.holder_ids)}) == "
+                      f"{name('holding', g.arg_holders)}")
+    lines.append("return (" + "\n        and ".join(checks or ["True"]) + ")")
+    source = "def checks(args, kwargs):\n" + "".join(f"    {line}\n" for line in lines)
+    exec(compile(source, "<graphc guard>", "exec"), names)  # noqa: S102 (our own text)
+    checks_fn = names["checks"]
+    checks_fn.__doc__ = source
+    return checks_fn
+
+
+class _CallDescription:
+    """The call check of a guard whose call has kwargs or dynamic dimensions: the whole
+    call's description, its dynamic dimensions masked."""
+
+    __slots__ = ("call", "dynamic", "top_dims")
+
+    def __init__(self, g: Guard) -> None:
+        self.call, self.dynamic, self.top_dims = g.call, g.dynamic, g.top_dims
+
+    def __call__(self, args: tuple, kwargs: dict) -> bool:
         if self.top_dims is not None and self.dynamic:
-            if _describe_masked(args, kwargs, self.top_dims) != self.call:
-                return False
-        elif _mask_call(_describe_call(args, kwargs), self.dynamic) != self.call:
-            return False
-        for obj, attr, value in self.attrs:
-            if getattr(obj, attr, ABSENT) is not value:
-                return False
-        for cell, value in self.cells:
-            if cell_contents(cell) is not value:
-                return False
-        for d, keys, values in self.lookups:
-            if not all(map(operator.is_, map(d.get, keys, itertools.repeat(ABSENT)), values)):
-                return False
-        if any(map(len, self.empty)):
-            return False
-        for d, keys, values in self.dicts:
-            if len(d) != len(keys) or tuple(d) != keys or not all(map(
-                    operator.is_, d.values(), values)):
-                return False
-        for seq, items in self.seqs:
-            if len(seq) != len(items) or not all(map(operator.is_, seq, items)):
-                return False
-        for container in self.big:
-            if len(container) <= 64:
-                return False
-        # `_array`, not the fetching `_data`: shapes only (a cuda-resident value's fetch
-        # writes into the same array)
-        for t, shape, dtype, requires_grad, leaf in self.tensors:
-            if (t._array.shape != shape or t._dtype is not dtype
-                    or t._requires_grad is not requires_grad or (t.grad_fn is None) is not leaf):
-                return False
-        for t, key in self.grads:
-            g = t._grad
-            if g is None or key is None:
-                if g is not key:
-                    return False
-            elif (g._array.shape != key[0] or g._dtype is not key[1]
-                  or g._requires_grad is not key[2]):
-                return False
-        return self.arg_holders is None or \
-            _arg_holders(args, kwargs, self.holder_ids) == self.arg_holders
+            return _describe_masked(args, kwargs, self.top_dims) == self.call
+        return _mask_call(_describe_call(args, kwargs), self.dynamic) == self.call
+
+
+def _grad_key(t: Tensor):
+    """The guarded description of a holder's `.grad`: None, or its array's shape, its dtype
+    and requires_grad (as `Guard.grads` records it with `_grad_type`)."""
+    g = t._grad
+    return None if g is None else (g._array.shape, g._dtype, g._requires_grad)
+
+
+_END = object()  # the separator after each container's keys or items (`compile_checks`)
+_LEAF_TYPE = operator.attrgetter("_array.shape", "_dtype", "_requires_grad", "grad_fn")
 
 
 def _describe_masked(args: tuple, kwargs: dict, top_dims: dict) -> tuple:
@@ -526,6 +616,7 @@ class _GuardBuilder(Reads):
         self.g = guard
         self.modules_seen: set[int] = set()
         self.classes_seen: set[int] = set()
+        self.tensors_seen: dict[int, Tensor] = {}
 
     def build(self, fn, args: tuple, kwargs: dict) -> None:
         from graphc.nn.module import Module
@@ -574,7 +665,10 @@ class _GuardBuilder(Reads):
 
     # ---- the state the signature describes ---------------------------------------------------
     def _tensor(self, t: Tensor) -> None:
-        self.g.tensors.append((t, t._data.shape, t._dtype, t._requires_grad, t.grad_fn is None))
+        if id(t) not in self.tensors_seen:  # a module's parameter is an optimizer's too
+            self.tensors_seen[id(t)] = t
+            self.g.tensors.append((t, t._data.shape, t._dtype, t._requires_grad,
+                                   t.grad_fn is None))
 
     def _module(self, module) -> list[Tensor]:
         """Guard `_module_state` of `module` and every module below it; returns its
