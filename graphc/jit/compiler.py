@@ -69,6 +69,7 @@ from graphc.ir.printer import format_graph
 from graphc.ir.specialize import pin
 from graphc.jit import nan_check
 from graphc.jit.bindings import ArgBinding, GradBinding, RngBinding, TensorBinding, TraceResult
+from graphc.jit.call_plan import MISFIT, CallPlan
 from graphc.jit.compiled_autograd import (
     CompiledFunction,
     GradientPlan,
@@ -121,6 +122,9 @@ class _Entry:
     dynamic: frozenset = frozenset()
     shapes: ShapeGuard | None = None
     arg_shapes: dict = field(default_factory=dict)
+    # the traced call's (number of positional arguments, keyword names, tensor paths): the
+    # CallPlan's pool layout; empty: no plan
+    call: tuple = ()
 
     def __post_init__(self) -> None:
         """What every call of this entry needs and no call changes."""
@@ -138,6 +142,12 @@ class _Entry:
             - len(traced.escaped)
         self.wraps = [(traced.output_aliases.get(i), traced.output_grads.get(i))
                       for i in range(n_own)]
+        self.plan = CallPlan.of(traced, self.executable, self.update_inputs, self.wraps,
+                                self.call, self.distinct) \
+            if self.call and self.gradient is None else None
+
+
+_UNGUARDED = object()  # `Compiled._call`'s entry argument: the guards were not tried yet
 
 
 def _same_sharing(entry: _Entry, args: tuple, kwargs: dict) -> bool:
@@ -221,18 +231,44 @@ class Compiled:
     def __call__(self, *args, **kwargs):
         if current_tracer() is not None or is_abstract():  # inside a trace: inline it
             return self.fn(*args, **kwargs)
+        if self.backend == "cpu":
+            # the plan reads `Tensor._array` and the cpu executable fetches what another
+            # device holds, so the fast path needs no raw_reads (the cpu executable does not
+            # ask `in_raw_reads`); the guard reads `_array` too, or `_data` (a fetch) for
+            # arguments it describes in full
+            entry = self._guarded(args, kwargs)
+            if entry is not None and entry.plan is not None and not config.check_nans():
+                result = entry.plan.run(args, kwargs)
+                if result is not MISFIT:
+                    return result
+        else:
+            entry = _UNGUARDED
         # arrays are bound as they are; an executable fetches what another device holds
         # (graphc.backends.residency), so binding a parameter kept on the device copies nothing
         with residency.raw_reads():
-            return self._call(args, kwargs)
+            return self._call(args, kwargs, entry)
 
-    def _call(self, args: tuple, kwargs: dict):
-        for entry in reversed(self._entries):  # the fast path
+    def _guarded(self, args: tuple, kwargs: dict) -> _Entry | None:
+        """The entry the fast path runs for this call, or None: the newest entry whose guard
+        (and shape guard) holds, when it is not shadowed and its captured tensors still have
+        the graph's types (the storage-sharing check is the caller's)."""
+        for entry in reversed(self._entries):
             if entry.guard is not None and entry.guard.holds(args, kwargs) and (
                     entry.shapes is None or entry.shapes.holds(args, kwargs)):
-                if not entry.shadowed and self._fits(entry, args, kwargs):
-                    return self._run(entry, args, kwargs)
-                break
+                if not entry.shadowed and (
+                        entry.guard.implies_types(entry.typed)
+                        or next(self._misfits(entry, args, kwargs), None) is None):
+                    return entry
+                return None
+        return None
+
+    def _call(self, args: tuple, kwargs: dict, entry=_UNGUARDED):
+        """The call under raw_reads: the fast path's entry (`entry`, or `_guarded` again when
+        it is `_UNGUARDED`), else the full signature."""
+        if entry is _UNGUARDED:
+            entry = self._guarded(args, kwargs)
+        if entry is not None and _same_sharing(entry, args, kwargs):
+            return self._run(entry, args, kwargs)
         # threads making a first call at once: one traces, the rest find its entry
         with self._slow_path, _collector_paused():
             guard = Guard(self.fn, args, kwargs)  # same state as the signature
@@ -505,7 +541,8 @@ class Compiled:
         arg_shapes = {path: t._data.shape for path, t in flatten((args, kwargs))}
         return _Entry(mask_signature(sig, dynamic), traced, executable,
                       aliasing(traced, args, kwargs), gradient, guard, dynamic=dynamic,
-                      shapes=shapes, arg_shapes=arg_shapes)
+                      shapes=shapes, arg_shapes=arg_shapes,
+                      call=(len(args), tuple(kwargs), list(arg_shapes)))
 
     def _passes(self, graph=None) -> list:
         return default_passes(graph, self.backend) if self.passes is None \
@@ -555,14 +592,6 @@ class Compiled:
         if not _same_sharing(entry, args, kwargs):
             reasons.append("which argument tensors share storage (e.g. f(x, x) -> f(x, y))")
         return reasons
-
-    @staticmethod
-    def _fits(entry: _Entry, args: tuple, kwargs: dict) -> bool:
-        """`not _stale(entry, ...)`, without building the reasons (the per-call check, after
-        the entry's guard held: the misfit check is skipped where the guard implies it)."""
-        return (entry.guard.implies_types(entry.typed)
-                or next(Compiled._misfits(entry, args, kwargs), None) is None) \
-            and _same_sharing(entry, args, kwargs)
 
     def _run(self, entry: _Entry, args: tuple, kwargs: dict, escaped: list = ()):
         """Run the entry's executable for this call. `escaped`: (output index, tensor) pairs

@@ -5,12 +5,12 @@ their tensors, with Ctrl-C held so that a step is never half applied.
 executable keeps on its device fetched first: graphc.backends.residency), writes each update
 into its target tensor (copying first any value that shares memory with a call array, so no
 write changes a value still to be written), bumps the targets' version counters, and returns
-the outputs. `interrupts_held()` holds SIGINT around a step and delivers it after.
+the outputs. `HeldInterrupts` (`with interrupts_held():`) holds SIGINT around a step and
+delivers it after.
 """
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import signal
 import threading
@@ -21,7 +21,10 @@ from graphc.backends import Executable, residency
 from graphc.jit import nan_check
 from graphc.tensor import Tensor
 
-__all__ = ["as_array", "as_tensor", "interrupts_held", "run_and_write_back"]
+__all__ = ["HeldInterrupts", "as_array", "as_tensor", "interrupts_held", "run_and_write_back"]
+
+_ARRAY = operator.attrgetter("_array")
+_VERSION_COUNTER = operator.attrgetter("_version_counter")
 
 # signal.signal is a Python wrapper that converts handlers to and from enums (5 us of a
 # compiled call's two calls); its C function does the same work without that
@@ -31,31 +34,42 @@ except ImportError:  # pragma: no cover (another Python implementation)
     _set_handler = signal.signal
 
 
-@contextlib.contextmanager
-def interrupts_held():
+class HeldInterrupts:
     """Hold SIGINT (Ctrl-C) for the duration of the block and deliver it when the block ends:
     a compiled step runs natively and then writes its updates back, and an interrupt between
     the two would leave parameters moved but optimizer state or `.grad`s not. So the step
     completes, then the KeyboardInterrupt (or the program's own SIGINT handler) follows.
-    Only the main thread receives signals; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list = []
-    try:
-        previous = _set_handler(signal.SIGINT, lambda signum, frame: held.append(frame))
-    except ValueError:  # not the main interpreter
-        yield
-        return
-    try:
-        yield
-    finally:
+    Only the main thread receives signals; elsewhere this does nothing. (A class, not a
+    generator context manager: a compiled call enters it every time.)"""
+
+    __slots__ = ("held", "previous", "active")
+
+    def __enter__(self) -> None:
+        self.active = False
+        if threading.get_ident() != threading.main_thread().ident:
+            return
+        self.held = held = []
+        try:
+            self.previous = _set_handler(signal.SIGINT, lambda signum, frame: held.append(frame))
+        except ValueError:  # not the main interpreter
+            return
+        self.active = True
+
+    def __exit__(self, *exc) -> None:
+        if not self.active:
+            return
+        previous = self.previous
         _set_handler(signal.SIGINT, previous)
-        if held:  # delivered even when the step failed (the failure becomes its context)
+        if self.held:  # delivered even when the step failed (the failure becomes its context)
             if callable(previous):
-                previous(signal.SIGINT, held[0])
+                previous(signal.SIGINT, self.held[0])
             elif previous != signal.SIG_IGN:
                 raise KeyboardInterrupt
+
+
+def interrupts_held() -> HeldInterrupts:
+    """`with interrupts_held():` holds Ctrl-C over the block (`HeldInterrupts`)."""
+    return HeldInterrupts()
 
 
 def run_and_write_back(executable: Executable, arrays: list, targets: list,
@@ -72,10 +86,11 @@ def run_and_write_back(executable: Executable, arrays: list, targets: list,
     results = executable.run(*arrays) if check is None else nan_check.run_checked(
         executable, arrays, check, n_out if n_checked is None else n_checked)
     outputs, updates = results[:n_out], results[n_out:]
-    current = [t._data for t in targets]
+    # `_array`: fresh_all above fetched every value another device held
+    current = list(map(_ARRAY, targets))
     if all(map(operator.is_, updates, current)):  # every update computed in place: no writes
-        for t in targets:
-            t._version_counter.bump()
+        for counter in map(_VERSION_COUNTER, targets):
+            counter.bump()
         return outputs
     # A value the backend computed straight into its target needs no write. Any other value
     # that shares memory with a call array is copied first: writing one target must never

@@ -1,0 +1,207 @@
+"""A compiled entry's call, laid out once: what its fast path does with no walk and no search.
+
+`graphc.jit.compiler` runs an entry whose guard held (graphc.jit.guards) either through its
+general path (`Compiled._run_now`: per binding, a type test and a lookup) or, where the entry
+allows, through a `CallPlan` made when the entry is: every graph input's tensor comes from
+one *pool* tuple, `(*args, *kwargs.values(), *captured tensors, *captured holders' .grads,
+a stand-in)`, picked in graph-input order by one itemgetter; arrays are read with one attrgetter
+map; the storage-sharing check is one set over the same pool; update targets, `.grad`
+holders and output wrappers are precomputed index lists. The run itself is the general
+path's: `run_and_write_back`, Ctrl-C held (`HeldInterrupts`) from the first binding (a
+random generator advanced) to the last `.grad` assigned.
+
+A plan is made only where its shortcuts are exact (`CallPlan.of` returns None otherwise,
+and the general path runs): the executable returns `fresh_results` (every output an array
+of its own, so `.grad`s need no overlap checks beyond one output assigned twice); the entry
+has no gradient plan (outputs needing a grad_fn run under a CompiledFunction); every
+argument binding, `.grad` holder and argument tensor of the traced call is top-level
+(`args[i]` or `kwargs[name]`: the guard checked the call's structure, its number of
+arguments and keyword names included, so those positions hold the same kinds of values);
+and the NaN check is off (the caller checks `config.check_nans()`). It reads arrays through
+`Tensor._array`, never the fetching `_data`: `run_and_write_back` fetches every array
+another device holds before the run (graphc.backends.residency).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+from graphc.jit.bindings import (
+    ArgBinding,
+    ConstantBinding,
+    GradBinding,
+    RngBinding,
+    TensorBinding,
+    TraceResult,
+)
+from graphc.jit.pytree import unflatten
+from graphc.jit.run import HeldInterrupts, run_and_write_back
+from graphc.tensor import Tensor
+
+__all__ = ["MISFIT", "CallPlan"]
+
+MISFIT = object()  # `CallPlan.run`'s answer when the call's tensors share storage otherwise
+
+_ARRAY = operator.attrgetter("_array")
+_GRAD = operator.attrgetter("_grad")
+
+
+class _NoTensor:
+    """The pool's stand-in at inputs no tensor feeds (random state, constants)."""
+
+    _array = None
+
+
+_NO_TENSOR = _NoTensor()
+
+
+class CallPlan:
+    """How one entry's call binds, runs and wraps (see the module docstring)."""
+
+    __slots__ = ("executable", "out_spec", "captured", "holders", "inputs", "specials",
+                 "targets", "shared", "n_shared", "grads", "wraps", "direct")
+
+    @classmethod
+    def of(cls, traced: TraceResult, executable, update_inputs: list[int], wraps: list,
+           call: tuple, distinct: bool) -> CallPlan | None:
+        """The plan of an entry (`graphc.jit.compiler._Entry`'s fields), or None where it
+        would not be exact. `call`: (number of positional arguments, keyword names in
+        order, paths of the tensors in `flatten` order) of the traced call."""
+        if not getattr(executable, "fresh_results", False) or not distinct:
+            return None
+        try:
+            return cls(traced, executable, update_inputs, wraps, call)
+        except _NotPlanned:
+            return None
+
+    def __init__(self, traced: TraceResult, executable, update_inputs: list[int],
+                 wraps: list, call: tuple) -> None:
+        n_args, kwarg_names, arg_paths = call
+        self.executable = executable
+        self.out_spec = traced.out_spec
+        self.captured = tuple(b.tensor for b in traced.bindings
+                              if isinstance(b, TensorBinding))
+        self.holders = tuple(b.holder for b in traced.bindings
+                             if isinstance(b, GradBinding) and b.path is None)
+        # the pool: args, kwargs' values, captured tensors, holders' .grads, the stand-in
+        first_captured = n_args + len(kwarg_names)
+        first_grad = first_captured + len(self.captured)
+        stand_in = first_grad + len(self.holders)
+
+        def argument(path: tuple) -> int:
+            if len(path) != 2:
+                raise _NotPlanned
+            if path[0] == 0:
+                return path[1]
+            if path[1] not in kwarg_names:
+                raise _NotPlanned
+            return n_args + kwarg_names.index(path[1])
+
+        inputs: list[int] = []
+        self.specials: list[tuple[int, Any]] = []
+        k_captured = k_holder = 0
+        for i, b in enumerate(traced.bindings):
+            if isinstance(b, ArgBinding):
+                inputs.append(argument(b.path))
+            elif isinstance(b, TensorBinding):
+                inputs.append(first_captured + k_captured)
+                k_captured += 1
+            elif isinstance(b, GradBinding) and b.path is None:
+                inputs.append(first_grad + k_holder)
+                k_holder += 1
+            elif isinstance(b, (RngBinding, ConstantBinding)):
+                inputs.append(stand_in)
+                self.specials.append((i, b))
+            else:  # the .grad of an argument: the general path
+                raise _NotPlanned
+        self.inputs = _indices_getter(inputs)
+        self.targets = _indices_getter(update_inputs)
+        # the storage-sharing check: every argument tensor and captured tensor distinct
+        shared = [argument(path) for path in arg_paths] + list(
+            range(first_captured, first_grad))
+        self.shared, self.n_shared = _indices_getter(shared), len(shared)
+        graph = executable.graph
+        # .grad outputs: (holder, or its argument's pool position; output index or None;
+        # the output's dtype; whether an earlier .grad took that output: then a copy)
+        self.grads: list[tuple[Any, int | None, Any, bool]] = []
+        used: set[int] = set()
+        for go in traced.grad_outputs:
+            holder = go.holder if go.path is None else argument(go.path)
+            dtype = None if go.index is None else graph.outputs[go.index].type.dtype
+            self.grads.append((holder, go.index, dtype, go.index in used))
+            used.add(go.index)
+        # the function's own outputs: an input tensor itself, an assigned .grad, or new
+        self.wraps = [("input", alias, None) if alias is not None
+                      else ("grad", grad, None) if grad is not None
+                      else ("new", k, graph.outputs[k].type.dtype)
+                      for k, (alias, grad) in enumerate(wraps)]
+        spec = self.out_spec
+        self.direct = spec[1] if type(spec) is tuple and len(spec) == 2 and \
+            spec[0] == "out" else None
+
+    def run(self, args: tuple, kwargs: dict):
+        """The call's result, or MISFIT when its tensors share storage other than at the
+        trace (the general path then decides)."""
+        pool = (*args, *kwargs.values(), *self.captured, *map(_GRAD, self.holders),
+                _NO_TENSOR)
+        if len(set(map(id, map(_ARRAY, self.shared(pool))))) != self.n_shared:
+            return MISFIT
+        with HeldInterrupts():
+            tensors = self.inputs(pool)
+            arrays = list(map(_ARRAY, tensors))
+            for i, b in self.specials:
+                if isinstance(b, RngBinding):
+                    seed, offset = b.traced_state if b.transient else \
+                        b.generator._take(b.counters)
+                    arrays[i] = np.array([seed, offset], np.uint64).view(np.int64)
+                else:  # a copy: an output may be a view of it
+                    arrays[i] = b.array.copy()
+            outputs = run_and_write_back(self.executable, arrays, self.targets(tensors))
+            grads = []
+            for holder, index, dtype, copy in self.grads:
+                if type(holder) is int:
+                    holder = pool[holder]
+                if index is None:
+                    holder._grad = None
+                    grads.append(None)
+                    continue
+                array = outputs[index]
+                if copy:
+                    array = array.copy()  # a .grad never shares memory with another tensor
+                holder._grad = grad = Tensor._result(array, dtype)
+                grads.append(grad)
+            wrapped = [tensors[index] if kind == "input" else grads[index] if kind == "grad"
+                       else Tensor._result(outputs[index], dtype)
+                       for kind, index, dtype in self.wraps]
+        if self.direct is not None:
+            return wrapped[self.direct]
+        return unflatten(self.out_spec, wrapped)
+
+
+class _NotPlanned(Exception):
+    """A binding the plan has no shortcut for (CallPlan.of then returns None)."""
+
+
+def _indices_getter(indices: list[int]):
+    """A function from a sequence to the tuple of its items at `indices` (itemgetter gives
+    a bare item for one index)."""
+    if len(indices) == 1:
+        return _OneItem(indices[0])
+    return operator.itemgetter(*indices) if indices else _no_items
+
+
+class _OneItem:
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __call__(self, items) -> tuple:
+        return (items[self.i],)
+
+
+def _no_items(items) -> tuple:
+    return ()
