@@ -62,7 +62,8 @@ class CallPlan:
     """How one entry's call binds, runs and wraps (see the module docstring)."""
 
     __slots__ = ("executable", "out_spec", "captured", "holders", "inputs", "specials",
-                 "targets", "shared", "n_shared", "grads", "wraps", "direct")
+                 "targets", "shared", "n_shared", "grads", "plain_grads", "returns_grads",
+                 "wraps", "direct")
 
     @classmethod
     def of(cls, traced: TraceResult, executable, update_inputs: list[int], wraps: list,
@@ -133,6 +134,12 @@ class CallPlan:
             dtype = None if go.index is None else graph.outputs[go.index].type.dtype
             self.grads.append((holder, go.index, dtype, go.index in used))
             used.add(go.index)
+        # the common case on its own: each .grad a captured holder's, of an output of its own
+        self.plain_grads = [(holder, index, dtype) for holder, index, dtype, copy in self.grads
+                            if type(holder) is not int and index is not None and not copy]
+        if len(self.plain_grads) == len(self.grads):
+            self.grads = None
+        self.returns_grads = any(grad is not None for _, grad in wraps)
         # the function's own outputs: an input tensor itself, an assigned .grad, or new
         self.wraps = [("input", alias, None) if alias is not None
                       else ("grad", grad, None) if grad is not None
@@ -146,8 +153,10 @@ class CallPlan:
         """The call's result, or MISFIT when its tensors share storage other than at the
         trace (the general path then decides)."""
         pool = (*args, *kwargs.values(), *self.captured, *map(_GRAD, self.holders),
-                _NO_TENSOR)
-        if len(set(map(id, map(_ARRAY, self.shared(pool))))) != self.n_shared:
+                _NO_TENSOR) if self.holders else (*args, *kwargs.values(), *self.captured,
+                                                  _NO_TENSOR)
+        if self.n_shared > 1 and \
+                len(set(map(id, map(_ARRAY, self.shared(pool))))) != self.n_shared:
             return MISFIT
         with HeldInterrupts():
             tensors = self.inputs(pool)
@@ -160,25 +169,37 @@ class CallPlan:
                 else:  # a copy: an output may be a view of it
                     arrays[i] = b.array.copy()
             outputs = run_and_write_back(self.executable, arrays, self.targets(tensors))
-            grads = []
-            for holder, index, dtype, copy in self.grads:
-                if type(holder) is int:
-                    holder = pool[holder]
-                if index is None:
-                    holder._grad = None
-                    grads.append(None)
-                    continue
-                array = outputs[index]
-                if copy:
-                    array = array.copy()  # a .grad never shares memory with another tensor
-                holder._grad = grad = Tensor._result(array, dtype)
-                grads.append(grad)
+            if self.grads is None:
+                for holder, index, dtype in self.plain_grads:
+                    holder._grad = Tensor._result(outputs[index], dtype)
+                grads = [holder._grad for holder, _, _ in self.plain_grads] \
+                    if self.returns_grads else ()
+            else:
+                grads = self._assign_grads(pool, outputs)
             wrapped = [tensors[index] if kind == "input" else grads[index] if kind == "grad"
                        else Tensor._result(outputs[index], dtype)
                        for kind, index, dtype in self.wraps]
         if self.direct is not None:
             return wrapped[self.direct]
         return unflatten(self.out_spec, wrapped)
+
+
+    def _assign_grads(self, pool: tuple, outputs: list) -> list:
+        """Assign every `.grad` output (`self.grads`); returns them in grad_outputs order."""
+        grads = []
+        for holder, index, dtype, copy in self.grads:
+            if type(holder) is int:
+                holder = pool[holder]
+            if index is None:
+                holder._grad = None
+                grads.append(None)
+                continue
+            array = outputs[index]
+            if copy:
+                array = array.copy()  # a .grad never shares memory with another tensor
+            holder._grad = grad = Tensor._result(array, dtype)
+            grads.append(grad)
+        return grads
 
 
 class _NotPlanned(Exception):

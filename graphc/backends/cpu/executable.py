@@ -300,7 +300,7 @@ class CpuExecutable:
         for k, (shape, dtype, large) in enumerate(out_types):
             if not large:
                 out = np.empty(shape, dtype)
-                ptrs[k] = _address(out)
+                ptrs[k] = _new_address(out) if out.size else _address(out)
                 outs.append(out)
                 continue
             kept, kept_at = recent[k], addresses[k]
@@ -516,6 +516,12 @@ def _address(a: np.ndarray) -> int:
     if a.flags.writeable and a.size:
         return ctypes.addressof(ctypes.c_char.from_buffer(a))
     return a.ctypes.data
+
+
+def _new_address(a: np.ndarray) -> int:
+    """`_address` of an array np.empty just made, with at least one element: writeable, so
+    the buffer protocol gives its address without asking its flags."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(a))
 
 
 def _uses_gemm(node) -> bool:
