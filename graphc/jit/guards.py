@@ -40,7 +40,6 @@ signature's.
 from __future__ import annotations
 
 import itertools
-import keyword
 import operator
 from typing import Any
 
@@ -455,22 +454,25 @@ def compile_checks(g: Guard):
     - grad mode, then the call: where it is positional and no dimension is dynamic, each
       tensor argument's array shape, dtype and requires_grad, and each other argument's
       description; else the description of the whole call (`_describe_call`, masked);
-    - attributes: `object.name is value` (an AttributeError fails the guard), or
-      getattr(object, name, ABSENT) where it was absent; closure cells; dict lookups
-      (`d.get(key, ABSENT) is value`);
-    - containers: an empty one is empty; the dicts' keys in order (==, as a dict compares
-      keys), then every dict value and sequence item (is), each container's followed by a
-      separator (so the tuples are equal only where every container has its length);
+    - attributes: getattr(object, name) is value, all in one map (an AttributeError fails
+      the guard), or getattr(object, name, ABSENT) where it was absent; closure cells; dict
+      lookups (`d.get(key, ABSENT) is value`);
+    - containers: the empty ones still are (one map of len); the dicts' keys in order (==,
+      as a dict compares keys), then every dict value and sequence item (is), each
+      container's followed by a separator (so the tuples are equal only where every
+      container has its length);
       containers too big to be looked into still are (len > 64);
     - tensors: (array shape, dtype, requires_grad, grad_fn) per leaf (grad_fn None) in one
       tuple; the rare guarded interior tensor (grad_fn not None) on its own line;
-    - `.grad`s: None, or (array shape, dtype, requires_grad), per holder; and which argument
+    - `.grad`s: (array shape, dtype, requires_grad) per holder that had one, in one tuple (a
+      `.grad` gone raises AttributeError), None per holder that had none; and which argument
       tensors hold a `.grad` (`_arg_holders`) where an argument requires grad.
     The function's `__doc__` is its source (`Guard.source`)."""
     names: dict[str, Any] = {"ABSENT": ABSENT, "Tensor": Tensor, "is_": operator.is_,
                              "is_grad_enabled": is_grad_enabled, "cell_contents": cell_contents,
                              "repeat": itertools.repeat, "describe": _describe,
-                             "LEAF_TYPE": _LEAF_TYPE, "grad_key": _grad_key,
+                             "LEAF_TYPE": _LEAF_TYPE, "GRAD_TYPE": _GRAD_TYPE,
+                             "GRAD": operator.attrgetter("_grad"),
                              "arg_holders": _arg_holders, "GRAD_MODE": g.grad_mode,
                              "END": _END}
 
@@ -496,10 +498,15 @@ def compile_checks(g: Guard):
             else:
                 lines.append(f"if describe(args[{i}]) != {name('described', d)}:")
             lines.append("    return False")
-    checks = [f"{name('o', obj)}.{attr} is {name('v', value)}"  # else AttributeError
-              if value is not ABSENT and attr.isidentifier() and not keyword.iskeyword(attr)
-              else f"getattr({name('o', obj)}, {attr!r}, ABSENT) is {name('v', value)}"
-              for obj, attr, value in g.attrs]
+    present = [(obj, attr, value) for obj, attr, value in g.attrs if value is not ABSENT]
+    checks = []
+    if present:  # getattr without a default: an attribute that went away raises, and fails
+        checks.append(
+            f"all(map(is_, map(getattr, {name('objects', tuple(o for o, _, _ in present))}, "
+            f"{name('names', tuple(a for _, a, _ in present))}), "
+            f"{name('values', tuple(v for _, _, v in present))}))")
+    checks += [f"getattr({name('o', obj)}, {attr!r}, ABSENT) is ABSENT"
+               for obj, attr, value in g.attrs if value is ABSENT]
     checks += [f"cell_contents({name('cell', cell)}) is {name('v', value)}"
                for cell, value in g.cells]
     checks += [f"all(map(is_, map({name('d', d)}.get, {name('keys', keys)}, repeat(ABSENT)), "
@@ -508,7 +515,8 @@ def compile_checks(g: Guard):
     # then mean equal lengths, container by container, with no lengths compared
     dicts = [name("d", d) for d, _, _ in g.dicts]
     seqs = [name("s", seq) for seq, _ in g.seqs]
-    checks += [f"not {name('e', e)}" for e in g.empty]
+    if g.empty:
+        checks.append(f"not any(map(len, {name('empty', tuple(g.empty))}))")
     if dicts:
         keys = tuple(itertools.chain.from_iterable(keys + (_END,) for _, keys, _ in g.dicts))
         checks.append(f"({''.join(f'*{d}, END, ' for d in dicts)}) == {name('keys', keys)}")
@@ -529,9 +537,13 @@ def compile_checks(g: Guard):
             checks.append(f"LEAF_TYPE({name('t', t)})[:3] == "
                           f"{name('type', (shape, dtype, requires_grad))} "
                           f"and {name('t', t)}.grad_fn is not None")
-    if g.grads:
-        checks.append(f"tuple(map(grad_key, {name('holders', tuple(t for t, _ in g.grads))})) "
-                      f"== {name('grads', tuple(key for _, key in g.grads))}")
+    with_grad = [(t, key) for t, key in g.grads if key is not None]
+    if with_grad:  # a `.grad` that went away raises AttributeError, and fails
+        checks.append(f"tuple(map(GRAD_TYPE, {name('holders', tuple(t for t, _ in with_grad))})) "
+                      f"== {name('grads', tuple(key for _, key in with_grad))}")
+    no_grad = tuple(t for t, key in g.grads if key is None)
+    if no_grad:
+        checks.append(f"all(map(is_, map(GRAD, {name('holders', no_grad)}), repeat(None)))")
     if g.arg_holders is not None:
         checks.append(f"arg_holders(args, kwargs, {name('ids', g.holder_ids)}) == "
                       f"{name('holding', g.arg_holders)}")
@@ -558,15 +570,10 @@ class _CallDescription:
         return _mask_call(_describe_call(args, kwargs), self.dynamic) == self.call
 
 
-def _grad_key(t: Tensor):
-    """The guarded description of a holder's `.grad`: None, or its array's shape, its dtype
-    and requires_grad (as `Guard.grads` records it with `_grad_type`)."""
-    g = t._grad
-    return None if g is None else (g._array.shape, g._dtype, g._requires_grad)
-
-
 _END = object()  # the separator after each container's keys or items (`compile_checks`)
 _LEAF_TYPE = operator.attrgetter("_array.shape", "_dtype", "_requires_grad", "grad_fn")
+# a holder's `.grad` as `Guard.grads` records it (`_grad_type`), read from the holder
+_GRAD_TYPE = operator.attrgetter("_grad._array.shape", "_grad._dtype", "_grad._requires_grad")
 
 
 def _describe_masked(args: tuple, kwargs: dict, top_dims: dict) -> tuple:
