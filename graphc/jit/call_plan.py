@@ -5,7 +5,7 @@ general path (`Compiled._run_now`: per binding, a type test and a lookup) or, wh
 allows, through a `CallPlan` made when the entry is: every graph input's tensor comes from
 one *pool* tuple, `(*args, *kwargs.values(), *captured tensors, *captured holders' .grads,
 a stand-in)`, picked in graph-input order by one itemgetter; arrays are read with one attrgetter
-map; the storage-sharing check is one set over the same pool; update targets, `.grad`
+map; the storage-sharing check is one set over those arrays; update targets, `.grad`
 holders and output wrappers are precomputed index lists. The run itself is the general
 path's: `run_and_write_back`, Ctrl-C held (`HeldInterrupts`) from the first binding (a
 random generator advanced) to the last `.grad` assigned.
@@ -123,7 +123,14 @@ class CallPlan:
         # the storage-sharing check: every argument tensor and captured tensor distinct
         shared = [argument(path) for path in arg_paths] + list(
             range(first_captured, first_grad))
-        self.shared, self.n_shared = _indices_getter(shared), len(shared)
+        self.n_shared = len(shared)
+        if sorted(shared) == sorted(p for p in inputs if p != stand_in):
+            # they are the inputs' own tensors: the check counts the inputs' arrays (the
+            # stand-ins' None counted once)
+            self.shared = None
+            self.n_shared += bool(self.specials)
+        else:
+            self.shared = _indices_getter(shared)
         graph = executable.graph
         # .grad outputs: (holder, or its argument's pool position; output index or None;
         # the output's dtype; whether an earlier .grad took that output: then a copy)
@@ -155,12 +162,12 @@ class CallPlan:
         pool = (*args, *kwargs.values(), *self.captured, *map(_GRAD, self.holders),
                 _NO_TENSOR) if self.holders else (*args, *kwargs.values(), *self.captured,
                                                   _NO_TENSOR)
-        if self.n_shared > 1 and \
-                len(set(map(id, map(_ARRAY, self.shared(pool))))) != self.n_shared:
-            return MISFIT
         with HeldInterrupts():
             tensors = self.inputs(pool)
             arrays = list(map(_ARRAY, tensors))
+            if self.n_shared > 1 and len(set(map(id, arrays if self.shared is None else map(
+                    _ARRAY, self.shared(pool))))) != self.n_shared:
+                return MISFIT
             for i, b in self.specials:
                 if isinstance(b, RngBinding):
                     seed, offset = b.traced_state if b.transient else \

@@ -28,12 +28,16 @@ are checked against the graph's types, and storage sharing among the call's tens
 the trace's (`f(x, x)` traced one input), on every call.
 
 The fast path: each entry also keeps a `graphc.jit.guards.Guard`, cheap checks tried first on
-every call that imply the full signature is unchanged (see graphc.jit.guards for what they check
-and why that is sound). Otherwise the full signature decides, and refreshes the guard of the
-entry it picks. An entry whose signature equals a newer entry's (traced again because it
-was stale) is `shadowed`: the fast path never takes it, so both paths pick the same entry. The
-stale checks and the storage-sharing check run on every call, fast path or not; retrace
-decisions and the recompile reasons are the full signature's.
+every call that imply the full signature is unchanged (see graphc.jit.guards for what they
+check and why that is sound). A cpu entry then runs through its `graphc.jit.call_plan.CallPlan`
+where it has one (bindings, `.grad`s and outputs laid out when the entry is made), outside
+`residency.raw_reads` (the plan reads `Tensor._array`, the executable fetches what another
+device holds); every other entry, and every entry under GRAPHC_CHECK_NANS, runs `_run_now`.
+Where no guard holds, the full signature decides, and refreshes the guard of the entry it
+picks. An entry whose signature equals a newer entry's (traced again because it was stale) is
+`shadowed`: the fast path never takes it, so both paths pick the same entry. The stale checks
+and the storage-sharing check run on every call, fast path or not; retrace decisions and the
+recompile reasons are the full signature's.
 
 Outputs that need a `grad_fn` (they require grad, are not an input returned as itself, and no
 backward inside the call consumed their history) get one: the traced graph's backward is

@@ -16,25 +16,27 @@ The fast path: computing the full signature walks every reachable module, optimi
 (hundreds of microseconds for an MLP), so each entry also keeps a `Guard`, built from the same
 state at the same moment as a signature it equals (at the trace, and again whenever the full
 signature picks the entry): cheap checks, run first on every call, that together imply the full
-signature is unchanged. By identity, everything the signature reads through: the function's
-`__code__`/`__closure__`/`__globals__` and its closure cells and named globals, the keys and
-items of every container `graphc.jit.reach.reachable` looks into, each module's `__dict__` (keys
-in order, every value: training flag, parameter/buffer/child tables, hook dicts, public
-attributes) and its tables and hook dicts, each optimizer's param_groups (every hyperparameter
-object), params and per-parameter state dicts; Python literals are immutable, so identity
-implies the same value. By type: every guarded tensor (shape, dtype, requires_grad, is_leaf)
-and every `.grad` the signature describes (None, or shape, dtype, requires_grad), the arguments
-(their full description, as in the signature), grad mode, and which argument tensors are
-`.grad` holders. A check may fail where the signature would be equal (a hyperparameter set
-again to an equal new float): the full signature then decides, and refreshes the entry's guard.
-A guard never holds where the signature differs; the one assumption is that no guarded object
-changes its `__class__`. An entry whose signature equals a newer entry's (traced again because
-it was stale) is never taken by the fast path, so both paths pick the same entry. A guard
-holds the objects it checks, so no id it compares is reused while it lives. The stale
-checks and the storage-sharing check run on every call, fast path or not, except the misfit
-check of an entry whose guard already checks every captured tensor's type and recorded the
-graph's (`Guard.implies_types`); retrace decisions and the recompile reasons are the full
-signature's.
+signature is unchanged. They are compiled into one Python function per guard (`compile_checks`,
+its text in `Guard.source`): each kind of check is one expression over all its objects, so a
+call runs a few C loops, not a Python loop per object. By identity, everything the signature
+reads through: the function's `__code__`/`__closure__`/`__globals__` and its closure cells and
+named globals, the keys and items of every container `graphc.jit.reach.reachable` looks into,
+each module's `__dict__` (keys in order, every value: training flag, parameter/buffer/child
+tables, hook dicts, public attributes) and its tables and hook dicts, each optimizer's
+param_groups (every hyperparameter object), params and per-parameter state dicts; Python
+literals are immutable, so identity implies the same value. By type: every guarded tensor
+(shape, dtype, requires_grad, is_leaf) and every `.grad` the signature describes (None, or
+shape, dtype, requires_grad), the arguments (their full description, as in the signature), grad
+mode, and which argument tensors are `.grad` holders. A check may fail where the signature
+would be equal (a hyperparameter set again to an equal new float): the full signature then
+decides, and refreshes the entry's guard. A guard never holds where the signature differs; the
+one assumption is that no guarded object changes its `__class__`. An entry whose signature
+equals a newer entry's (traced again because it was stale) is never taken by the fast path, so
+both paths pick the same entry. A guard holds the objects it checks, so no id it compares is
+reused while it lives. The stale checks and the storage-sharing check run on every call, fast
+path or not, except the misfit check of an entry whose guard already checks every captured
+tensor's type and recorded the graph's (`Guard.implies_types`); retrace decisions and the
+recompile reasons are the full signature's.
 """
 
 from __future__ import annotations
@@ -431,12 +433,9 @@ class Guard:
 
     def holds(self, args: tuple, kwargs: dict) -> bool:
         try:
-            return self._holds(args, kwargs)
+            return self._checks(args, kwargs)  # compile_checks
         except (AttributeError, KeyError, TypeError, ValueError):  # let the signature say
             return False
-
-    def _holds(self, args: tuple, kwargs: dict) -> bool:
-        return self._checks(args, kwargs)
 
     @property
     def source(self) -> str:
@@ -445,7 +444,7 @@ class Guard:
 
 
 def compile_checks(g: Guard):
-    """One Python function that runs every check of `g` (`Guard._holds`), specialised to it:
+    """One Python function that runs every check of `g` (`Guard.holds`), specialised to it:
     the objects it compares are the function's globals, and each kind of check is one
     expression over all its objects, so a call costs no Python loop per object, and a
     container's values are gathered by star-unpacking (`(*d0.values(), *s1)`), the fastest

@@ -250,8 +250,8 @@ class CpuExecutable:
         return self.library.asm
 
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        if len(arrays) != len(self._in_types):
-            raise ArgumentError(f"graph @{self.graph.name} takes {len(self._in_types)} inputs, "
+        if len(arrays) != self._in_types.count:
+            raise ArgumentError(f"graph @{self.graph.name} takes {self._in_types.count} inputs, "
                                 f"got {len(arrays)}")
         if self._collectives:
             communicator().agree(f"graph @{self.graph.name}", self._collectives)
@@ -370,15 +370,13 @@ class InputTypes:
     """The input types a call checks, as `_bind` reads them: every shape in one tuple, every
     dtype in another, and the (shape, dtype) pairs."""
 
-    __slots__ = ("pairs", "shapes", "dtypes")
+    __slots__ = ("pairs", "shapes", "dtypes", "count")
 
     def __init__(self, pairs: list[tuple[tuple, np.dtype]]) -> None:
         self.pairs = pairs
         self.shapes = tuple(shape for shape, _ in pairs)
         self.dtypes = tuple(dtype for _, dtype in pairs)
-
-    def __len__(self) -> int:
-        return len(self.pairs)
+        self.count = len(pairs)
 
 
 def output_types(types: list[tuple[tuple, np.dtype]]) -> list[tuple[tuple, np.dtype, bool]]:

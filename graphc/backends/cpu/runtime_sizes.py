@@ -153,8 +153,8 @@ class RuntimeSizedExecutable(CpuExecutable):
         return _Bound(self, sized)
 
     def run_sized(self, sized: _Sizes, arrays: tuple) -> list[np.ndarray]:
-        if len(arrays) != len(sized.in_types):
-            raise ArgumentError(f"graph @{self.graph.name} takes {len(sized.in_types)} "
+        if len(arrays) != sized.in_types.count:
+            raise ArgumentError(f"graph @{self.graph.name} takes {sized.in_types.count} "
                                 f"inputs, got {len(arrays)}")
         with self._lock:  # the pointer arrays and the arena are shared by every call
             if sized.arena_bytes > self._arena_capacity:
