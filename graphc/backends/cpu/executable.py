@@ -14,9 +14,10 @@ Invariants:
 - Inputs must match the graph's types; a non-contiguous (or read-only updated) input is
   copied first, never read through wrong strides.
 - Per call, Python does little: the ctypes pointer arrays are made once and refilled in place;
-  an input array that was at the same position last call (parameters, optimizer state) keeps
-  its pointer once its shape, dtype (and, when written, writeable flag) are checked again, so
-  the executable holds a reference to the last call's input arrays. Outputs are fresh arrays
+  every input's shape and dtype (and a written input's writeable flag) are checked at once,
+  in a few C loops, and an input array that was at the same position last call (parameters,
+  optimizer state) keeps its pointer, so the executable holds a reference to the last call's
+  input arrays; a kept output array keeps its address too. Outputs are fresh arrays
   every call (they become user tensors: none may alias another call's), so every output is
   an array of its own and every update value is its target input's array or a fresh array
   (`fresh_results`: graphc.jit.compiler needs no overlap checks for them). A large output
