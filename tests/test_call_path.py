@@ -175,3 +175,12 @@ def test_inputs_that_are_not_arrays_or_not_contiguous_are_converted():
         ex.run([1.0, 2.0, 3.0, 4.0], b)  # a list becomes a float64 array: refused
     with pytest.raises(graphc.GraphcError, match="expects f32"):
         ex.run(np.zeros(4, np.float64), b)
+
+
+def test_the_call_overhead_benchmark_runs_and_splits_the_call():
+    """benchmarks/call_overhead.py (a smoke run of its smallest case; no timing is judged):
+    the native figure is the time inside the generated code, and it is part of the call."""
+    from benchmarks.call_overhead import measure
+
+    call, native, _, python = measure("tiny")
+    assert 0 < native < call and python > 0
