@@ -103,6 +103,10 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
 
         if has_collectives(graph):
             return front + [fuse, bucket_allreduce, fuse_waits, plan_buffers]
+    if backend == "cpu":  # row programs (graphc.passes.fuse_rows): the cpu backend lowers them
+        from graphc.passes.fuse_rows import fuse_rows
+
+        return front + [fuse, fuse_rows, plan_buffers]
     return front + [fuse, plan_buffers]
 
 

@@ -90,6 +90,7 @@ from graphc.backends.cpu.values import (
 from graphc.ir.graph import Graph, Node
 from graphc.ops.registry import REGISTRY
 from graphc.ops.shapes import broadcast_shapes
+from graphc.passes.fuse_rows import is_row_program
 from graphc.types import TensorType, bool_, float32, float64
 
 __all__ = ["LOWERINGS", "REFUSALS", "CpuLoweringError", "Lowered", "Lowerer", "lower"]
@@ -148,6 +149,8 @@ class Lowerer(Codegen):
         anchor = body.fused.anchor
         if anchor is not None and anchor.op in FUSED_ANCHOR_LOWERINGS:  # renders the node
             return FUSED_ANCHOR_LOWERINGS[anchor.op](self, node, body)
+        if is_row_program(body.fused):  # graphc.passes.fuse_rows: a LayerNorm, a softmax grad
+            return rows.lower_row_program(self, node, body)
         if anchor is not None:
             t = body.types[body.n]
             a, b_ = (self.locs[node.inputs[r]] for r in anchor.args)

@@ -21,6 +21,17 @@ path's arithmetic: all -inf, +inf or NaN rows give NaN rows, as PyTorch and nump
 Used by graphc.backends.cpu.codegen for rows whose output is contiguous along `dim` (the
 common case: softmax over the last dim); other rows take its scalar loops. A row length
 known per call (graphc.backends.cpu.runtime_sizes) splits into chunks and tail at run time.
+
+Row programs (`lower_row_program`): a fused body made by graphc.passes.fuse_rows (a
+LayerNorm forward or backward, a softmax backward) over a domain (..., R). Per row: values
+that do not vary along the row (inputs of shape (..., 1), the row reductions' results and
+what is computed from them) in straight-line code; then one loop over the row per level of
+row reductions (pass p sums the reductions whose argument needs p levels before it), then a
+last loop that stores the row's outputs and adds its elements into the column sums. Each loop
+recomputes the per-element values it needs from the inputs (the row is in L1 after the first
+pass) and is left to LLVM's loop vectoriser (the sums reassociate, as the reductions' do).
+A row program with column sums runs serially (the rows add into the same outputs); one
+without is split over the threads by rows.
 """
 
 from __future__ import annotations
@@ -29,10 +40,13 @@ import math
 
 from llvmlite import ir
 
-from graphc.backends.cpu.scalars import const, convert
-from graphc.backends.cpu.values import REG, collapse, for_range, i64, loop, size
+from graphc.backends.cpu.kernels import KernelBuilder, filled
+from graphc.backends.cpu.scalars import const, convert, reduction_combiner
+from graphc.backends.cpu.values import REG, collapse, for_range, i64, loop, size, unsupported
+from graphc.ops.registry import REGISTRY
+from graphc.passes.fuse_rows import column_sum, row_reduction
 
-__all__ = ["LANES", "lower_rows"]
+__all__ = ["LANES", "lower_row_program", "lower_rows"]
 
 LANES = {"float32": 16, "float64": 8}
 
@@ -191,3 +205,149 @@ def _fold(b: ir.IRBuilder, v, lanes: int, combine):
         v = combine(b, low, high)
         width = half
     return b.extract_element(v, ir.Constant(ir.IntType(32), 0))
+
+
+# ---- row programs (graphc.passes.fuse_rows) -------------------------------------------------
+def lower_row_program(lw, node, body) -> None:
+    """Lower a row program (see the module docstring): one kernel over its domain's rows."""
+    fb = body.fused
+    domain = _row_domain(node, fb)
+    width = domain[-1]
+    reductions, columns = {}, {}
+    for k, ins in enumerate(fb.instructions):
+        arg = tuple(fb.types[ins.args[0]].shape) if ins.args else ()
+        if row_reduction(ins.op, ins.attrs, arg) and arg == domain:
+            reductions[fb.ref(k)] = ins
+        elif column_sum(ins.op, ins.attrs, arg) and arg == domain:
+            columns[fb.ref(k)] = ins
+        elif REGISTRY[ins.op].reduction is not None:
+            raise unsupported(node, f"{ins.op} over axes {ins.attrs.get('axes')} in a row "
+                              f"program over {list(domain)}")
+
+    def varies(ref: int) -> bool:  # along the row
+        shape = fb.types[ref].shape
+        return ref not in reductions and len(shape) >= 1 and shape[-1] == width
+
+    level: dict[int, int] = {}  # loops over the row needed before a ref is known
+    for ref in range(fb.n_inputs + len(fb.instructions)):
+        if ref < fb.n_inputs:
+            level[ref] = 0
+            continue
+        args = fb.instruction(ref).args
+        deepest = max((level[a] for a in args), default=0)
+        level[ref] = deepest + 1 if ref in reductions else deepest
+    passes = max(level[fb.instruction(r).args[0]] for r in reductions) + 1
+
+    kb = KernelBuilder(lw, lw.name("rows"), domain, body.recipe("row program", 0, None))
+    used = {a for ins in fb.instructions for a in ins.args} | set(fb.outputs)
+    leaves = {r: kb.operand(lw.locs[node.inputs[r]]) for r in sorted(used) if r < fb.n_inputs}
+    stores = []
+    for ref, v in zip(fb.outputs, node.outputs):
+        if ref in columns:
+            strides = (0,) * (len(domain) - 1) + (1,)
+            stores.append((ref, kb.operand(lw.locs[v], strides), v))
+        elif ref in leaves:
+            raise unsupported(node, "a row program returning one of its inputs")
+        else:
+            stores.append((ref, kb.operand(lw.locs[v]), v))
+    outer_sizes, outer_strides = collapse(domain[:-1], [o.strides[:-1] for o in kb.operands])
+    row_strides = [o.strides[-1] for o in kb.operands]
+    b = kb.begin(parallel=bool(outer_sizes) and not columns)
+    if b is None:  # built before: called with these pointers
+        lw.calls.append(kb.kernel)
+        return
+    slots = {}
+    with b.goto_entry_block():
+        for ref in list(reductions) + list(columns):
+            slots[ref] = b.alloca(REG[fb.types[ref].dtype.name], name=f"acc{ref}")
+    add = {ref: reduction_combiner(lw.scalars, "reduce_sum", fb.types[ref].dtype)
+           for ref in list(reductions) + list(columns)}
+    for ref, k, v in stores:  # column sums start at zero
+        if ref in columns:
+            with for_range(b, width, "zero") as j:
+                kb.store(b, k, j, convert(b, const(fb.types[ref].dtype, 0.0),
+                                          fb.types[ref].dtype, v.type.dtype))
+
+    def at(b, offsets, j):
+        return [o if s == 0 else b.add(o, j if s == 1 else b.mul(j, size(b, s)))
+                for o, s in zip(offsets, row_strides)]
+
+    def render(b, ref, env, offsets):
+        """The value of `ref` at `offsets`: row-invariant refs come from `env` (computed by
+        `invariants` before the loop), the rest is computed here into `env`."""
+        if ref in env:
+            return env[ref]
+        if ref < fb.n_inputs:
+            k = leaves[ref]
+            env[ref] = kb.load(b, k, offsets[k])
+            return env[ref]
+        op, args, attrs = fb.instruction(ref)
+        t = fb.types[ref]
+        if ref in reductions or ref in columns:
+            raise unsupported(node, f"internal: row program ref {ref} ({op}) read too early")
+        if op == "broadcast_to":
+            env[ref] = render(b, args[0], env, offsets)
+        elif op == "full":
+            env[ref] = filled(b, t.dtype, attrs["value"])
+        else:
+            vals = [render(b, a, env, offsets) for a in args]
+            env[ref] = lw.scalars.emit(b, REGISTRY[op].scalar, attrs, vals,
+                                       [fb.types[a].dtype for a in args], t)
+        return env[ref]
+
+    def invariants(b, env, offsets, depth):
+        """Row-invariant refs known after `depth` loops, in straight-line code."""
+        for ref in range(fb.n_inputs + len(fb.instructions)):
+            if (ref not in env and ref in used and not varies(ref) and level[ref] <= depth
+                    and ref not in reductions and (ref >= fb.n_inputs or ref in leaves)):
+                render(b, ref, env, offsets)
+
+    def row(b, offsets):
+        env: dict = {}
+        for p in range(passes):
+            invariants(b, env, offsets, p)
+            summed = [r for r, ins in reductions.items() if level[ins.args[0]] == p]
+            for r in summed:
+                b.store(const(fb.types[r].dtype, 0.0), slots[r])
+            with for_range(b, width, f"pass{p}") as j:
+                local = {r: env[r] for r in env if not varies(r)}
+                offs = at(b, offsets, j)
+                for r in summed:
+                    arg = fb.instruction(r).args[0]
+                    v = convert(b, render(b, arg, local, offs), fb.types[arg].dtype,
+                                fb.types[r].dtype)
+                    b.store(add[r](b, b.load(slots[r]), v, True), slots[r])
+            for r in summed:
+                total = b.load(slots[r])
+                if fb.instruction(r).op == "reduce_mean":
+                    total = b.fdiv(total, const(fb.types[r].dtype, width))
+                env[r] = total
+        invariants(b, env, offsets, passes)
+        for ref, k, v in stores:
+            if ref not in columns and not varies(ref):
+                kb.store(b, k, offsets[k], convert(b, env[ref], fb.types[ref].dtype,
+                                                   v.type.dtype))
+        with for_range(b, width, "store") as j:
+            local = {r: env[r] for r in env if not varies(r)}
+            offs = at(b, offsets, j)
+            for ref, k, v in stores:
+                if ref in columns:
+                    arg = fb.instruction(ref).args[0]
+                    x = convert(b, render(b, arg, local, offs), fb.types[arg].dtype,
+                                v.type.dtype)
+                    kb.store(b, k, offs[k], add[ref](b, kb.load(b, k, offs[k]), x, False))
+                elif varies(ref):
+                    kb.store(b, k, offs[k], convert(b, render(b, ref, local, offs),
+                                                    fb.types[ref].dtype, v.type.dtype))
+
+    kb.nest(b, outer_sizes, outer_strides, row)
+    lw.calls.append(kb.finish(b))
+
+
+def _row_domain(node, fb) -> tuple:
+    """The domain of a row program: its first row reduction's argument shape."""
+    for ins in fb.instructions:
+        arg = tuple(fb.types[ins.args[0]].shape) if ins.args else ()
+        if row_reduction(ins.op, ins.attrs, arg) and all(type(n) is int for n in arg):
+            return arg
+    raise unsupported(node, "a row program without a row reduction of static size")
