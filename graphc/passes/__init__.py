@@ -105,8 +105,9 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
             return front + [fuse, bucket_allreduce, fuse_waits, plan_buffers]
     if backend == "cpu":  # row programs (graphc.passes.fuse_rows): the cpu backend lowers them
         from graphc.passes.fuse_rows import fuse_rows
+        from graphc.passes.row_recompute import recompute_row_values
 
-        return front + [fuse, fuse_rows, plan_buffers]
+        return front + [fuse, fuse_rows, recompute_row_values, plan_buffers]
     return front + [fuse, plan_buffers]
 
 

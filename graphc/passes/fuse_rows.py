@@ -51,7 +51,7 @@ from graphc.ops.fused import FusedBody, effectful
 from graphc.ops.registry import ELEMENTWISE, REGISTRY
 from graphc.ops.shapes import broadcast_many
 
-__all__ = ["column_sum", "fuse_rows", "is_row_program", "row_reduction"]
+__all__ = ["column_sum", "fuse_rows", "is_row_program", "row_domain", "row_reduction"]
 
 ROW_REDUCTIONS = ("reduce_sum", "reduce_mean")
 _BODY_OPS = ("broadcast_to", "full")
@@ -79,6 +79,16 @@ def is_row_program(body: FusedBody) -> bool:
                   if REGISTRY[ins.op].reduction is not None]
     return len(reductions) > 1 or (len(reductions) == 1
                                    and reductions[0] != len(body.instructions) - 1)
+
+
+def row_domain(body: FusedBody) -> tuple | None:
+    """A row program's domain: the argument shape of its first row reduction of static
+    size (None when it has none)."""
+    for ins in body.instructions:
+        arg = tuple(body.types[ins.args[0]].shape) if ins.args else ()
+        if row_reduction(ins.op, ins.attrs, arg) and _static(arg):
+            return arg
+    return None
 
 
 def _static(shape) -> bool:
@@ -201,7 +211,32 @@ class _Grouping:
                     self.members[i] = [i]
                     self.domain[i] = domain
                     self.columns[i] = set(how.columns)
+        self._add_column_siblings()
         return [sorted(m) for m in self.members.values() if len(m) > 1]
+
+    def _add_column_siblings(self) -> None:
+        """A lone column sum (a bias or LayerNorm weight gradient) joins a row group that
+        reads or makes the same D-shaped value, so that value is read once."""
+        readers: dict[Value, list[int]] = {}
+        for gid, members in self.members.items():
+            for m in members:
+                for v in list(self.nodes[m].inputs) + list(self.nodes[m].outputs):
+                    if gid not in readers.setdefault(v, []):
+                        readers[v].append(gid)
+        for i, node in enumerate(self.nodes):
+            if i in self.group_of:
+                continue
+            for gid in [g for v in node.inputs for g in readers.get(v, ())]:
+                if gid not in self.members:
+                    continue
+                how = fit(node, self.domain[gid])
+                if (how is None or how.seeds or len(how.columns) != len(node.outputs)
+                        or any(v in self.columns[gid] for v in node.inputs)):
+                    continue
+                members = set(self.members[gid]) | {i}
+                if not self._makes_cycle(members, max(members)):
+                    self._join(i, gid, how)
+                    break
 
     def _join(self, i: int, gid: int, how: _Fit) -> None:
         self.group_of[i] = gid
@@ -236,9 +271,11 @@ class _Grouping:
         return False
 
 
-def _row_node(graph: Graph, grouping: _Grouping, members: list[int],
-              escaping: set[Value]) -> Node:
-    """One fused node computing `members` (in graph order) as one body."""
+def _row_node(grouping: _Grouping, members: list[int],
+              escaping: set[Value]) -> tuple[Node, list[Node]]:
+    """One fused node computing `members` (in graph order) as one body, and the views to
+    put after it: a member broadcast_to read outside stays a view of the node's row-shaped
+    output (copied into the body for the readers inside), never a materialised tensor."""
     nodes = grouping.nodes
     inside = set(members)
     made = {v for m in members for v in nodes[m].outputs}
@@ -258,52 +295,56 @@ def _row_node(graph: Graph, grouping: _Grouping, members: list[int],
             body.append((ins.op, tuple(local[a] for a in ins.args), tuple(ins.attrs.items())))
         for r, v in zip(fb.outputs, node.outputs):
             ref[v] = local[r]
-    outputs = [v for m in members for v in nodes[m].outputs
-               if v in escaping or any(c not in inside for c in grouping.succs[m]
-                                       if v in nodes[c].inputs)]
+    outputs: list[Value] = []
+    views: list[Node] = []
+    for m in members:
+        for v in nodes[m].outputs:
+            if v not in escaping and not any(c not in inside and v in nodes[c].inputs
+                                             for c in grouping.succs[m]):
+                continue
+            if nodes[m].op == "broadcast_to" and nodes[m].inputs[0] in made:
+                views.append(nodes[m])
+                v = nodes[m].inputs[0]
+            if v not in outputs:
+                outputs.append(v)
     if not outputs:
         outputs = [nodes[members[-1]].outputs[0]]
     first = nodes[members[0]]
-    return Node("fused", inputs, {"body": tuple(body), "outputs": tuple(ref[v] for v in outputs)},
-                outputs, first.loc)
+    fused = Node("fused", inputs, {"body": tuple(body), "outputs": tuple(ref[v] for v in outputs)},
+                 outputs, first.loc)
+    return fused, views
 
 
-def _ordered(graph: Graph, units: list[list[int]]) -> list[list[int]]:
-    """A topological order of the units (lists of node indices), each as early as its first
-    node allows; effectful nodes keep their order."""
-    nodes = graph.nodes
-    unit_of = {m: k for k, unit in enumerate(units) for m in unit}
-    producer = {v: i for i, node in enumerate(nodes) for v in node.outputs}
-    succs: list[set[int]] = [set() for _ in units]
-    indegree = [0] * len(units)
+def _ordered(placed: list[tuple[int, Node]]) -> list[Node]:
+    """A topological order of the nodes, each as early as its priority (the graph position
+    of its first member) allows; effectful nodes keep their order."""
+    producer = {v: k for k, (_, node) in enumerate(placed) for v in node.outputs}
+    succs: list[set[int]] = [set() for _ in placed]
+    indegree = [0] * len(placed)
 
     def edge(a: int, b: int) -> None:
         if a != b and b not in succs[a]:
             succs[a].add(b)
             indegree[b] += 1
 
-    last_effect = None
-    for k, unit in enumerate(units):
-        for m in unit:
-            for v in nodes[m].inputs:
-                if v in producer:
-                    edge(unit_of[producer[v]], k)
-    for i, node in enumerate(nodes):
-        if effectful(node):
-            if last_effect is not None:
-                edge(unit_of[last_effect], unit_of[i])
-            last_effect = i
-    ready = [(units[k][0], k) for k in range(len(units)) if indegree[k] == 0]
+    for k, (_, node) in enumerate(placed):
+        for v in node.inputs:
+            if v in producer:
+                edge(producer[v], k)
+    effects = sorted((p, k) for k, (p, node) in enumerate(placed) if effectful(node))
+    for (_, a), (_, b) in zip(effects, effects[1:]):
+        edge(a, b)
+    ready = [(placed[k][0], k) for k in range(len(placed)) if indegree[k] == 0]
     heapq.heapify(ready)
     order = []
     while ready:
         _, k = heapq.heappop(ready)
-        order.append(units[k])
+        order.append(placed[k][1])
         for s in succs[k]:
             indegree[s] -= 1
             if indegree[s] == 0:
-                heapq.heappush(ready, (units[s][0], s))
-    if len(order) != len(units):
+                heapq.heappush(ready, (placed[s][0], s))
+    if len(order) != len(placed):
         raise RuntimeError("fuse_rows: internal: the row groups make a cycle")
     return order
 
@@ -316,19 +357,17 @@ def fuse_rows(graph: Graph) -> Graph:
     if not groups:
         return graph
     grouped = {m for g in groups for m in g}
-    units = sorted(groups + [[i] for i in range(len(graph.nodes)) if i not in grouped])
     escaping = set(graph.outputs) | {v for _, v in graph.updates}
-    nodes: list[Node] = []
+    placed = [(i, node) for i, node in enumerate(graph.nodes) if i not in grouped]
     report = []
-    for unit in _ordered(graph, units):
-        if len(unit) == 1:
-            nodes.append(graph.nodes[unit[0]])
-            continue
-        node = _row_node(graph, grouping, unit, escaping)
-        nodes.append(node)
-        report.append({"members": len(unit), "ops": tuple(op for op, _, _ in node.attrs["body"]),
+    for members in groups:
+        node, views = _row_node(grouping, members, escaping)
+        placed.append((members[0], node))
+        placed.extend((members[-1], view) for view in views)
+        report.append({"members": len(members), "ops": tuple(op for op, _, _ in node.attrs["body"]),
                        "outputs": tuple(v.name for v in node.outputs), "loc": node.loc})
-    out = Graph(graph.name, list(graph.inputs), nodes, list(graph.outputs), list(graph.updates))
+    out = Graph(graph.name, list(graph.inputs), _ordered(placed), list(graph.outputs),
+                list(graph.updates))
     out.meta = dict(graph.meta)
     out.meta["fuse_rows"] = report
     verify(out)

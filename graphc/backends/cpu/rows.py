@@ -44,7 +44,7 @@ from graphc.backends.cpu.kernels import KernelBuilder, filled
 from graphc.backends.cpu.scalars import const, convert, reduction_combiner
 from graphc.backends.cpu.values import REG, collapse, for_range, i64, loop, size, unsupported
 from graphc.ops.registry import REGISTRY
-from graphc.passes.fuse_rows import column_sum, row_reduction
+from graphc.passes.fuse_rows import column_sum, row_domain, row_reduction
 
 __all__ = ["LANES", "lower_row_program", "lower_rows"]
 
@@ -211,7 +211,9 @@ def _fold(b: ir.IRBuilder, v, lanes: int, combine):
 def lower_row_program(lw, node, body) -> None:
     """Lower a row program (see the module docstring): one kernel over its domain's rows."""
     fb = body.fused
-    domain = _row_domain(node, fb)
+    domain = row_domain(fb)
+    if domain is None:
+        raise unsupported(node, "a row program without a row reduction of static size")
     width = domain[-1]
     reductions, columns = {}, {}
     for k, ins in enumerate(fb.instructions):
@@ -343,11 +345,3 @@ def lower_row_program(lw, node, body) -> None:
     kb.nest(b, outer_sizes, outer_strides, row)
     lw.calls.append(kb.finish(b))
 
-
-def _row_domain(node, fb) -> tuple:
-    """The domain of a row program: its first row reduction's argument shape."""
-    for ins in fb.instructions:
-        arg = tuple(fb.types[ins.args[0]].shape) if ins.args else ()
-        if row_reduction(ins.op, ins.attrs, arg) and all(type(n) is int for n in arg):
-            return arg
-    raise unsupported(node, "a row program without a row reduction of static size")
