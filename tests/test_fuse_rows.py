@@ -24,7 +24,8 @@ from graphc.passes.fuse_rows import fuse_rows, is_row_program
 from graphc.passes.row_recompute import recompute_row_values
 from graphc.testing import assert_rounding_within
 
-LAYER_NORM = '''graph @ln(%x: f32[6,5,16], %w: f32[16], %b: f32[16]) -> (f32[6,5,16], f32[6,5,16], f32[6,5,1]) {
+LAYER_NORM = '''graph @ln(%x: f32[6,5,16], %w: f32[16], %b: f32[16])
+    -> (f32[6,5,16], f32[6,5,16], f32[6,5,1]) {
   %0: f32[6,5,1] = reduce_mean[axes=(2,), keepdim=true](%x)
   %1: f32[6,5,16] = sub(%x, %0)
   %2: f32[6,5,16] = mul(%1, %1)
@@ -38,7 +39,8 @@ LAYER_NORM = '''graph @ln(%x: f32[6,5,16], %w: f32[16], %b: f32[16]) -> (f32[6,5
   return (%9, %1, %6)
 }'''
 
-SOFTMAX_BACKWARD = '''graph @sb(%g: f32[3,4,8,8], %y: f32[3,4,8,8], %keep: bool[8,8]) -> (f32[3,4,8,8]) {
+SOFTMAX_BACKWARD = '''graph @sb(%g: f32[3,4,8,8], %y: f32[3,4,8,8], %keep: bool[8,8])
+    -> (f32[3,4,8,8]) {
   %0: f32[3,4,8,8] = mul(%g, %y)
   %1: f32[3,4,8,1] = reduce_sum[axes=(3,), keepdim=true](%0)
   %2: f32[3,4,8,8] = sub(%g, %1)
@@ -49,7 +51,8 @@ SOFTMAX_BACKWARD = '''graph @sb(%g: f32[3,4,8,8], %y: f32[3,4,8,8], %keep: bool[
 }'''
 
 # a LayerNorm backward's row part and its weight and bias gradients (column sums)
-LAYER_NORM_BACKWARD = '''graph @lnb(%g: f32[12,16], %w: f32[16], %xhat: f32[12,16], %r: f32[12,1]) -> (f32[12,16], f32[16], f32[16]) {
+LAYER_NORM_BACKWARD = '''graph @lnb(%g: f32[12,16], %w: f32[16], %xhat: f32[12,16], %r: f32[12,1])
+    -> (f32[12,16], f32[16], f32[16]) {
   %0: f32[12,16] = mul(%g, %w)
   %1: f32[12,1] = reduce_mean[axes=(1,), keepdim=true](%0)
   %2: f32[12,16] = mul(%0, %xhat)
