@@ -105,9 +105,11 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
             return front + [fuse, bucket_allreduce, fuse_waits, plan_buffers]
     if backend == "cpu":  # row programs (graphc.passes.fuse_rows): the cpu backend lowers them
         from graphc.passes.fuse_rows import fuse_rows
+        from graphc.passes.reshape_share import share_reshape_copies
         from graphc.passes.row_recompute import recompute_row_values
 
-        return front + [fuse, fuse_rows, recompute_row_values, plan_buffers]
+        return front + [share_reshape_copies, fuse, fuse_rows, recompute_row_values,
+                        plan_buffers]
     return front + [fuse, plan_buffers]
 
 
