@@ -61,11 +61,13 @@ def test_small_demo_prints_its_summary_and_writes_valid_files(capsys, tmp_path, 
     gir = sorted((out / "ir").glob("*.gir"))
     # the passes the step was compiled with: the cpu backend's pipeline
     assert [p.name for p in gir] == ["step.0.traced.gir", "step.1.simplify.gir",
-                                     "step.2.transpose_weight_products.gir", "step.3.fuse.gir",
-                                     "step.4.plan_buffers.gir"]
+                                     "step.2.transpose_weight_products.gir",
+                                     "step.3.share_reshape_copies.gir", "step.4.fuse.gir",
+                                     "step.5.fuse_rows.gir", "step.6.recompute_row_values.gir",
+                                     "step.7.plan_buffers.gir"]
     graphs = [verify(parse(p.read_text())) for p in gir]
-    assert len(graphs[3].nodes) < len(graphs[0].nodes)
-    assert any(node.op == "fused" for node in graphs[4].nodes)
+    assert len(graphs[4].nodes) < len(graphs[0].nodes)
+    assert any(node.op == "fused" for node in graphs[7].nodes)
     assert any(node.op == "conv2d" for node in graphs[0].nodes)
     svg = ElementTree.parse(out / "step.svg").getroot()
     assert svg.tag.endswith("svg")
