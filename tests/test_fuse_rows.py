@@ -184,6 +184,15 @@ def test_symbolic_rows_are_left_alone():
     assert not _row_programs(fuse_rows(fuse(graph)))
 
 
+def test_integer_rows_are_left_alone():
+    graph = parse('''graph @i(%x: i64[4,8]) -> (i64[4,8]) {
+  %0: i64[4,1] = reduce_sum[axes=(1,), keepdim=true](%x)
+  %1: i64[4,8] = sub(%x, %0)
+  return (%1)
+}''')
+    assert not _row_programs(fuse_rows(fuse(graph)))
+
+
 class _Block(nn.Module):
     """Pre-norm attention and MLP, with nn.LayerNorm or F.layer_norm."""
 

@@ -115,9 +115,10 @@ def _seed_domain(node: Node) -> tuple | None:
     if not _candidate_op(node):
         return None
     body = FusedBody.of_node(node)
-    for ins in body.instructions:
+    for k, ins in enumerate(body.instructions):
         arg = body.types[ins.args[0]].shape if ins.args else ()
-        if row_reduction(ins.op, ins.attrs, arg) and _static(arg) and arg and arg[-1] >= 2:
+        if (row_reduction(ins.op, ins.attrs, arg) and _static(arg) and arg and arg[-1] >= 2
+                and body.types[body.ref(k)].dtype.is_floating):
             return tuple(arg)
     return None
 
@@ -147,6 +148,8 @@ def fit(node: Node, domain: tuple) -> _Fit | None:
         opdef = REGISTRY[ins.op]
         arg = tuple(body.types[ins.args[0]].shape) if ins.args else ()
         if opdef.reduction is not None:
+            if not body.types[ref].dtype.is_floating:
+                return None  # integer sums are left to the reduction kernels
             if row_reduction(ins.op, ins.attrs, arg) and arg == domain:
                 seeds = True
             elif column_sum(ins.op, ins.attrs, arg) and arg == domain:
