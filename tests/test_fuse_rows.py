@@ -284,3 +284,29 @@ def test_run_pipeline_verifies_every_stage_of_a_layer_norm_step(rng):
     expected = compile_graph(graph, "interp").run(*args)
     for a, e in zip(compile_graph(out, "cpu").run(*args), expected):
         np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6)
+
+
+def test_two_threads_split_the_rows_and_give_the_same_values(rng):
+    """A row program without column sums is split over the threads by rows: each row is
+    computed by the same code, so two threads give one thread's values bit for bit."""
+    from graphc.backends.cpu import threads
+    from graphc.backends.cpu.threads import ThreadChooser
+
+    if threads.most_threads() < 2:
+        pytest.skip("one core: the kernels never run on two threads")
+    w, b = graphc.randn(64), graphc.randn(64)
+
+    def f(x):
+        return F.layer_norm(x, (64,), w, b)
+
+    compiled = graphc.compile(f, backend="cpu")
+    x = graphc.tensor(rng.standard_normal((2048, 64)).astype(np.float32))  # past
+    compiled(x)  # graphc.backends.cpu.kernels.PARALLEL_MIN_ELEMENTS: a parallel kernel
+    assert _row_programs(compiled.executable.graph)
+    assert ".omp" in compiled.executable.lowered.ir_text
+    results = []
+    for fixed in (1, 2):
+        compiled.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=fixed)
+        results.append(compiled(x).numpy())
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_allclose(results[0], f(x).numpy(), rtol=1e-5, atol=1e-5)
