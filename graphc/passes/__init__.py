@@ -108,7 +108,8 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
         from graphc.passes.reshape_share import share_reshape_copies
         from graphc.passes.row_recompute import recompute_row_values
 
-        return front + [share_reshape_copies, fuse, fuse_rows, recompute_row_values,
+        # fuse_rows again: the column sums that now read what a row program reads join it
+        return front + [share_reshape_copies, fuse, fuse_rows, recompute_row_values, fuse_rows,
                         plan_buffers]
     return front + [fuse, plan_buffers]
 

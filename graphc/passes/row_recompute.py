@@ -16,11 +16,18 @@ A D-shaped output v of a row program F (D its domain) is recomputed when:
   did not return them) by add, sub, mul, div, neg, broadcast_to and full only;
 - for all such values of F together, the bytes the readers read anew (sources they did not
   read before, less the values they no longer read) stay below the bytes F no longer writes.
-The recomputation runs the same scalar operations on the same inputs, so the values are
-bit for bit those F computed.
+The recomputation runs the same scalar operations on the same inputs; the one difference
+in rounding is that LLVM may contract a recomputed product into the multiply-add of the sum
+or difference that reads it (one rounding fewer, as anywhere in a fused body).
 
-Needs: a graph after fuse_rows (cpu pipeline). Guarantees: the same values; the result
-verifies; nodes keep their order (every new input of a reader is F's input or output).
+Besides row programs, the producer may be a fused elementwise node or a GEMM epilogue (a
+LayerNorm backward whose first products landed in the epilogue of the GEMM before it): there
+only its inputs and kept outputs are sources (no per-row value is exported).
+
+Needs: a graph after fuse_rows (cpu pipeline; fuse_rows runs again after it, so the column
+sums that now read what a row program reads join it). Guarantees: the same values (up to
+that contraction); the result verifies; nodes keep their order (every new input of a reader
+is F's input or output).
 """
 
 from __future__ import annotations
@@ -78,10 +85,11 @@ class _Plan:
     """How F's recomputable values are recomputed: the refs of F to replay and where each
     source ref comes from."""
 
-    def __init__(self, node: Node, kept: set[Value]) -> None:
+    def __init__(self, node: Node, domain: tuple, kept: set[Value]) -> None:
         self.node = node
         self.fb = FusedBody.of_node(node)
-        self.width = row_domain(self.fb)[-1]
+        self.width = domain[-1]
+        self.rows = is_row_program(self.fb)  # only a row program may return per-row values
         self.value_of = dict(zip(self.fb.outputs, node.outputs))
         self.kept = kept  # outputs F keeps (sources where a recipe reaches them)
         self.exports: dict[int, Value] = {}  # row-invariant refs F must now return
@@ -99,7 +107,7 @@ class _Plan:
             return self.node.inputs[ref]
         if ref in self.value_of and self.value_of[ref] in self.kept:
             return self.value_of[ref]
-        if not self.varies(ref):
+        if not self.varies(ref) and self.rows:
             return self.value_of.get(ref) or self.exports.get(ref) or ref  # type: ignore
         return None
 
@@ -125,10 +133,25 @@ def _readers(nodes: list[Node], start: int, v: Value) -> list[int]:
     return [j for j in range(start, len(nodes)) if v in nodes[j].inputs]
 
 
+def _domain(node: Node) -> tuple | None:
+    """The domain of a producer this pass handles: a row program's, or the one output shape
+    of a fused elementwise node or GEMM epilogue (static sizes); None for others."""
+    if node.op != "fused" or not _rewritable(node):
+        return None
+    fb = FusedBody.of_node(node)
+    if is_row_program(fb):
+        return row_domain(fb)
+    shapes = {tuple(v.type.shape) for v in node.outputs}
+    if fb.ending is not None or len(shapes) != 1:
+        return None
+    (shape,) = shapes
+    return shape if shape and all(type(n) is int for n in shape) else None
+
+
 def _candidates(nodes, k, escaping) -> tuple[_Plan, dict[Value, list[int]]] | None:
     node = nodes[k]
     fb = FusedBody.of_node(node)
-    domain = row_domain(fb)
+    domain = _domain(node)
     wanted: dict[Value, list[int]] = {}
     for ref, v in zip(fb.outputs, node.outputs):
         if (tuple(v.type.shape) != domain or v in escaping
@@ -138,9 +161,18 @@ def _candidates(nodes, k, escaping) -> tuple[_Plan, dict[Value, list[int]]] | No
         if readers and all(_rewritable(nodes[j]) and not _anchor_reads(nodes[j], {v})
                            for j in readers):
             wanted[v] = readers
-    if not wanted:
-        return None
-    return _Plan(node, set(node.outputs) - set(wanted)), wanted
+    for v in list(wanted):  # one that cannot be recomputed even from all the others stays
+        alone = _Plan(node, domain, set(node.outputs) - {v})
+        if _reader_recipe(alone, [v]) is None:
+            del wanted[v]
+    while wanted:  # then, one that needs a value no longer returned stays as well
+        plan = _Plan(node, domain, set(node.outputs) - set(wanted))
+        failing = [v for v in wanted if _reader_recipe(plan, [v]) is None]
+        if not failing:
+            return plan, wanted
+        for v in failing:
+            del wanted[v]
+    return None
 
 
 def _reader_recipe(plan: _Plan, values: list[Value]):
@@ -198,8 +230,7 @@ def recompute_row_values(graph: Graph) -> Graph:
     changed = False
     for k in range(len(nodes)):
         node = nodes[k]
-        if node.op != "fused" or not is_row_program(FusedBody.of_node(node)) or \
-                row_domain(FusedBody.of_node(node)) is None:
+        if _domain(node) is None:
             continue
         found = _candidates(nodes, k, escaping)
         if found is None:
