@@ -91,6 +91,20 @@ def row_domain(body: FusedBody) -> tuple | None:
     return None
 
 
+def body_cache():
+    """FusedBody.of_node memoised per node for one pass run (decoding a body re-runs every
+    instruction's shape rule)."""
+    bodies: dict[Node, FusedBody] = {}
+
+    def body(node: Node) -> FusedBody:
+        found = bodies.get(node)
+        if found is None:
+            found = bodies[node] = FusedBody.of_node(node)
+        return found
+
+    return body
+
+
 def _static(shape) -> bool:
     return all(type(n) is int for n in shape)
 
@@ -110,11 +124,11 @@ class _Fit:
         self.seeds = seeds  # the node holds a row reduction
 
 
-def _seed_domain(node: Node) -> tuple | None:
+def _seed_domain(node: Node, bodies=FusedBody.of_node) -> tuple | None:
     """The domain of the node's first row reduction, if it has one."""
     if not _candidate_op(node):
         return None
-    body = FusedBody.of_node(node)
+    body = bodies(node)
     for k, ins in enumerate(body.instructions):
         arg = body.types[ins.args[0]].shape if ins.args else ()
         if (row_reduction(ins.op, ins.attrs, arg) and _static(arg) and arg and arg[-1] >= 2
@@ -131,11 +145,12 @@ def _candidate_op(node: Node) -> bool:
             or (opdef.kind == ELEMENTWISE and opdef.scalar is not None))
 
 
-def fit(node: Node, domain: tuple) -> _Fit | None:
-    """How `node` fits a row group of `domain`, or None when it may not join one."""
+def fit(node: Node, domain: tuple, bodies=FusedBody.of_node) -> _Fit | None:
+    """How `node` fits a row group of `domain`, or None when it may not join one
+    (`bodies`: how to decode a node's body, e.g. a `body_cache()`)."""
     if not _candidate_op(node):
         return None
-    body = FusedBody.of_node(node)
+    body = bodies(node)
     if body.anchor is not None or not all(_broadcasts_into(t.shape, domain) for t in body.types):
         return None
     row_shape = domain[:-1] + (1,)
@@ -184,6 +199,7 @@ class _Grouping:
         self.members: dict[int, list[int]] = {}
         self.domain: dict[int, tuple] = {}
         self.columns: dict[int, set[Value]] = {}
+        self.body = body_cache()
 
     def run(self) -> list[list[int]]:
         for i, node in enumerate(self.nodes):
@@ -195,7 +211,7 @@ class _Grouping:
             for gid in candidates:
                 if gid not in self.members:  # merged away meanwhile
                     continue
-                how = fit(node, self.domain[gid])
+                how = fit(node, self.domain[gid], self.body)
                 if how is None or any(v in self.columns[gid] for v in node.inputs):
                     continue
                 mine = self.group_of.get(i)
@@ -207,8 +223,8 @@ class _Grouping:
                     if not self._makes_cycle(members, i):
                         self._merge(mine, gid)
             if i not in self.group_of:
-                domain = _seed_domain(node)
-                how = fit(node, domain) if domain is not None else None
+                domain = _seed_domain(node, self.body)
+                how = fit(node, domain, self.body) if domain is not None else None
                 if how is not None and how.seeds:
                     self.group_of[i] = i
                     self.members[i] = [i]
@@ -232,7 +248,7 @@ class _Grouping:
             for gid in [g for v in node.inputs for g in readers.get(v, ())]:
                 if gid not in self.members:
                     continue
-                how = fit(node, self.domain[gid])
+                how = fit(node, self.domain[gid], self.body)
                 if (how is None or how.seeds or len(how.columns) != len(node.outputs)
                         or any(v in self.columns[gid] for v in node.inputs)):
                     continue
@@ -291,7 +307,7 @@ def _row_node(grouping: _Grouping, members: list[int],
     body: list[tuple] = []
     for m in members:
         node = nodes[m]
-        fb = FusedBody.of_node(node)
+        fb = grouping.body(node)
         local = {k: ref[v] for k, v in enumerate(node.inputs)}
         for k, ins in enumerate(fb.instructions):
             local[fb.ref(k)] = len(inputs) + len(body)

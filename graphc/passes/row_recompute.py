@@ -38,7 +38,7 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ir.verifier import verify
 from graphc.ops.fused import FusedBody
 from graphc.ops.registry import ELEMENTWISE, REGISTRY
-from graphc.passes.fuse_rows import is_row_program, row_domain
+from graphc.passes.fuse_rows import body_cache, is_row_program, row_domain
 
 __all__ = ["recompute_row_values"]
 
@@ -73,10 +73,10 @@ def _rewritable(node: Node) -> bool:
                  or opdef.reduction is not None) and len(node.outputs) == 1)
 
 
-def _anchor_reads(node: Node, values: set[Value]) -> bool:
+def _anchor_reads(node: Node, values: set[Value], bodies) -> bool:
     if node.op != "fused":
         return False
-    fb = FusedBody.of_node(node)
+    fb = bodies(node)
     return fb.anchor is not None and any(node.inputs[a] in values for a in fb.anchor.args
                                          if a < fb.n_inputs)
 
@@ -85,9 +85,9 @@ class _Plan:
     """How F's recomputable values are recomputed: the refs of F to replay and where each
     source ref comes from."""
 
-    def __init__(self, node: Node, domain: tuple, kept: set[Value]) -> None:
+    def __init__(self, node: Node, domain: tuple, kept: set[Value], bodies) -> None:
         self.node = node
-        self.fb = FusedBody.of_node(node)
+        self.fb = bodies(node)
         self.width = domain[-1]
         self.rows = is_row_program(self.fb)  # only a row program may return per-row values
         self.value_of = dict(zip(self.fb.outputs, node.outputs))
@@ -133,12 +133,12 @@ def _readers(nodes: list[Node], start: int, v: Value) -> list[int]:
     return [j for j in range(start, len(nodes)) if v in nodes[j].inputs]
 
 
-def _domain(node: Node) -> tuple | None:
+def _domain(node: Node, bodies) -> tuple | None:
     """The domain of a producer this pass handles: a row program's, or the one output shape
     of a fused elementwise node or GEMM epilogue (static sizes); None for others."""
     if node.op != "fused" or not _rewritable(node):
         return None
-    fb = FusedBody.of_node(node)
+    fb = bodies(node)
     if is_row_program(fb):
         return row_domain(fb)
     shapes = {tuple(v.type.shape) for v in node.outputs}
@@ -148,25 +148,25 @@ def _domain(node: Node) -> tuple | None:
     return shape if shape and all(type(n) is int for n in shape) else None
 
 
-def _candidates(nodes, k, escaping) -> tuple[_Plan, dict[Value, list[int]]] | None:
+def _candidates(nodes, k, escaping, bodies) -> tuple[_Plan, dict[Value, list[int]]] | None:
     node = nodes[k]
-    fb = FusedBody.of_node(node)
-    domain = _domain(node)
+    fb = bodies(node)
+    domain = _domain(node, bodies)
     wanted: dict[Value, list[int]] = {}
     for ref, v in zip(fb.outputs, node.outputs):
         if (tuple(v.type.shape) != domain or v in escaping
                 or fb.instruction(ref).op not in RECOMPUTED_OPS):
             continue
         readers = _readers(nodes, k + 1, v)
-        if readers and all(_rewritable(nodes[j]) and not _anchor_reads(nodes[j], {v})
+        if readers and all(_rewritable(nodes[j]) and not _anchor_reads(nodes[j], {v}, bodies)
                            for j in readers):
             wanted[v] = readers
     for v in list(wanted):  # one that cannot be recomputed even from all the others stays
-        alone = _Plan(node, domain, set(node.outputs) - {v})
+        alone = _Plan(node, domain, set(node.outputs) - {v}, bodies)
         if _reader_recipe(alone, [v]) is None:
             del wanted[v]
     while wanted:  # then, one that needs a value no longer returned stays as well
-        plan = _Plan(node, domain, set(node.outputs) - set(wanted))
+        plan = _Plan(node, domain, set(node.outputs) - set(wanted), bodies)
         failing = [v for v in wanted if _reader_recipe(plan, [v]) is None]
         if not failing:
             return plan, wanted
@@ -228,11 +228,12 @@ def recompute_row_values(graph: Graph) -> Graph:
     escaping = set(graph.outputs) | {v for _, v in graph.updates}
     names = None
     changed = False
+    bodies = body_cache()
     for k in range(len(nodes)):
         node = nodes[k]
-        if _domain(node) is None:
+        if _domain(node, bodies) is None:
             continue
-        found = _candidates(nodes, k, escaping)
+        found = _candidates(nodes, k, escaping, bodies)
         if found is None:
             continue
         plan, wanted = found
