@@ -253,7 +253,7 @@ class _Grouping:
                         or any(v in self.columns[gid] for v in node.inputs)):
                     continue
                 members = set(self.members[gid]) | {i}
-                if not self._makes_cycle(members, max(members)):
+                if not self._makes_cycle(members, self._reach_limit(max(members)) + 1):
                     self._join(i, gid, how)
                     break
 
@@ -269,9 +269,22 @@ class _Grouping:
         self.columns[keep] |= self.columns.pop(drop)
         del self.domain[drop]
 
+    def _reach_limit(self, last: int) -> int:
+        """After grouping, the groups hold later nodes: a path from a node at or before
+        `last` back to one can pass through a group's later members only if that group also
+        has a member before the bound; the bound grows over such groups until none has."""
+        bound, grown = last, True
+        while grown:
+            grown = False
+            for members in self.members.values():
+                if min(members) < bound < max(members):
+                    bound, grown = max(members), True
+        return bound
+
     def _makes_cycle(self, members: set[int], limit: int) -> bool:
         """Would a path leave `members` and come back, over the groups as they stand? Only
-        nodes before `limit` (the node being visited, a member) can be on such a path."""
+        nodes before `limit` can be on such a path (while grouping in graph order, the node
+        being visited: later nodes are in no group yet)."""
         stack = [c for m in members for c in self.succs[m] if c not in members and c < limit]
         seen: set[int] = set()
         while stack:
