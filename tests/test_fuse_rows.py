@@ -380,3 +380,22 @@ def test_a_gemm_epilogue_stops_writing_what_the_row_program_can_recompute(rng):
     for got, want in zip(compile_graph(out, "cpu").run(*args),
                          compile_graph(before, "cpu").run(*args)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_column_sum_the_group_reads_does_not_join_it(rng):
+    """`y = (x - mean) * sum(x, 0)`: the column sum reads x, as the row group does, but the
+    group reads the sum, which is complete only after the last row: it stays apart."""
+    graph = parse('''graph @s(%x: f32[6,8]) -> (f32[6,8]) {
+  %0: f32[8] = reduce_sum[axes=(0,), keepdim=false](%x)
+  %1: f32[6,1] = reduce_mean[axes=(1,), keepdim=true](%x)
+  %2: f32[6,8] = sub(%x, %1)
+  %3: f32[6,8] = mul(%2, %0)
+  return (%3)
+}''')
+    rows = fuse_rows(fuse(graph))
+    (program,) = _row_programs(rows)
+    assert "reduce_sum" not in [op for op, _, _ in program.attrs["body"]]
+    args = _arrays(graph, rng)
+    np.testing.assert_allclose(compile_graph(rows, "cpu").run(*args)[0],
+                               compile_graph(graph, "interp").run(*args)[0], rtol=1e-5,
+                               atol=1e-5)

@@ -250,8 +250,10 @@ class _Grouping:
                     continue
                 how = fit(node, self.domain[gid], self.body)
                 if (how is None or how.seeds or len(how.columns) != len(node.outputs)
-                        or any(v in self.columns[gid] for v in node.inputs)):
-                    continue
+                        or any(v in self.columns[gid] for v in node.inputs)
+                        or any(v in self.nodes[m].inputs for m in self.members[gid]
+                               for v in node.outputs)):
+                    continue  # a member reading the sum would read it half made
                 members = set(self.members[gid]) | {i}
                 if not self._makes_cycle(members, self._reach_limit(max(members)) + 1):
                     self._join(i, gid, how)
