@@ -399,3 +399,27 @@ def test_a_column_sum_the_group_reads_does_not_join_it(rng):
     np.testing.assert_allclose(compile_graph(rows, "cpu").run(*args)[0],
                                compile_graph(graph, "interp").run(*args)[0], rtol=1e-5,
                                atol=1e-5)
+
+
+def test_two_groups_do_not_merge_when_one_reads_the_others_column_sum(rng):
+    """The last add reads both row groups (the one of z first), but the group of z reads
+    the column sum of x's: merged, it would read that sum half made: the groups stay two."""
+    graph = parse('''graph @t(%x: f32[6,8], %z: f32[6,8]) -> (f32[6,1], f32[8]) {
+  %0: f32[6,1] = reduce_mean[axes=(1,), keepdim=true](%x)
+  %1: f32[6,8] = sub(%x, %0)
+  %2: f32[8] = reduce_sum[axes=(0,), keepdim=false](%1)
+  %3: f32[6,1] = reduce_mean[axes=(1,), keepdim=true](%z)
+  %4: f32[6,8] = sub(%z, %3)
+  %5: f32[6,8] = mul(%4, %2)
+  %7: f32[6,1] = reduce_mean[axes=(1,), keepdim=true](%5)
+  %8: f32[6,8] = mul(%1, %1)
+  %9: f32[6,1] = reduce_mean[axes=(1,), keepdim=true](%8)
+  %6: f32[6,1] = add(%7, %9)
+  return (%6, %2)
+}''')
+    rows = fuse_rows(fuse(graph))
+    assert len(_row_programs(rows)) == 2
+    args = _arrays(graph, rng)
+    for got, want in zip(compile_graph(rows, "cpu").run(*args),
+                         compile_graph(graph, "interp").run(*args)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

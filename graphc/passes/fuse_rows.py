@@ -218,7 +218,9 @@ class _Grouping:
                 if mine is None:
                     if not self._makes_cycle(set(self.members[gid]) | {i}, i):
                         self._join(i, gid, how)
-                elif mine != gid and self.domain[mine] == self.domain[gid]:
+                elif (mine != gid and self.domain[mine] == self.domain[gid]
+                      and not self._reads_columns(mine, gid)
+                      and not self._reads_columns(gid, mine)):
                     members = set(self.members[mine]) | set(self.members[gid])
                     if not self._makes_cycle(members, i):
                         self._merge(mine, gid)
@@ -258,6 +260,11 @@ class _Grouping:
                 if not self._makes_cycle(members, self._reach_limit(max(members)) + 1):
                     self._join(i, gid, how)
                     break
+
+    def _reads_columns(self, reader: int, gid: int) -> bool:
+        """Does a member of group `reader` read a column sum group `gid` makes?"""
+        return any(v in self.columns[gid] for m in self.members[reader]
+                   for v in self.nodes[m].inputs)
 
     def _join(self, i: int, gid: int, how: _Fit) -> None:
         self.group_of[i] = gid
