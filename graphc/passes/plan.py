@@ -7,7 +7,8 @@ to exactly one buffer (`MemoryPlan.buffer_of`), or to none when it aliases a gra
   strides over its input, as numpy's kernel would return a view; a reshape that must copy
   gets a buffer of its own) lives in its input's buffer and
   keeps that buffer alive as long as the view is read;
-- an ELEMENTWISE node (or a fused node whose body is elementwise) writes an output in place
+- an ELEMENTWISE node (or a fused node whose body is elementwise, or a row program of
+  graphc.passes.fuse_rows, whose kernel reads a row before it writes it) writes an output in place
   into an input's buffer when that input is a buffer's own value (not a view), dies at this
   node, is read by no other input of the node through an alias, and has the output's shape
   and element size: element i is read before element i is written, so this is safe;
@@ -48,9 +49,10 @@ import numpy as np
 
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
-from graphc.ops.fused import effectful
+from graphc.ops.fused import FusedBody, effectful
 from graphc.ops.registry import COLLECTIVE, ELEMENTWISE, FUSED, REGISTRY, SOURCE
 from graphc.ops.shapes import contiguous_element_strides
+from graphc.passes.fuse_rows import is_row_program
 from graphc.symbolic import current_env, free_symbols, same_shape
 
 ALIGN = 64
@@ -261,8 +263,15 @@ def _inplace_capable(node: Node) -> bool:
         body = node.attrs.get("body", ())
         return all(REGISTRY[op].kind in (ELEMENTWISE, COLLECTIVE) or op in _FUSED_INPLACE_OPS
                    or (REGISTRY[op].kind == SOURCE and not args)  # a constant copied in
-                   for op, args, _ in body)
+                   for op, args, _ in body) or _row_program(node)
     return False
+
+
+def _row_program(node: Node) -> bool:
+    """A row program (graphc.passes.fuse_rows): its backend reads a row's elements, in every
+    pass, before it writes that row (graphc.backends.cpu.rows), so an output may overwrite
+    an input of its shape as an elementwise node's may."""
+    return is_row_program(FusedBody.of_node(node))
 
 
 # ---- schedules ------------------------------------------------------------------------------

@@ -336,15 +336,18 @@ def lower_row_program(lw, node, body) -> None:
         with for_range(b, width, "store") as j:
             local = {r: env[r] for r in env if not varies(r)}
             offs = at(b, offsets, j)
-            for ref, k, v in stores:
+            results = []  # every element read before any is written: an output may be
+            for ref, k, v in stores:  # planned in place of an input (graphc.passes.plan)
                 if ref in columns:
                     arg = fb.instruction(ref).args[0]
                     x = convert(b, render(b, arg, local, offs), fb.types[arg].dtype,
                                 v.type.dtype)
-                    kb.store(b, k, offs[k], add[ref](b, kb.load(b, k, offs[k]), x, False))
+                    results.append((k, add[ref](b, kb.load(b, k, offs[k]), x, False)))
                 elif varies(ref):
-                    kb.store(b, k, offs[k], convert(b, render(b, ref, local, offs),
-                                                    fb.types[ref].dtype, v.type.dtype))
+                    results.append((k, convert(b, render(b, ref, local, offs),
+                                               fb.types[ref].dtype, v.type.dtype)))
+            for k, value in results:
+                kb.store(b, k, offs[k], value)
 
     kb.nest(b, outer_sizes, outer_strides, row)
     lw.calls.append(kb.finish(b))
