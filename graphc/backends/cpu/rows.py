@@ -34,7 +34,9 @@ last loop that stores the row's outputs and adds its elements into the column su
 recomputes the per-element values it needs from the inputs (the row is in L1 after the first
 pass) and is left to LLVM's loop vectoriser (the sums reassociate, as the reductions' do).
 A row program with column sums runs serially (the rows add into the same outputs); one
-without is split over the threads by rows.
+without is split over the threads by rows. Every pass reads a row before the last one
+writes it, and the last computes all of an element's outputs before storing any, so the
+plan may put an output in place of an input of its shape (graphc.passes.plan).
 """
 
 from __future__ import annotations
