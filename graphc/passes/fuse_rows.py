@@ -17,12 +17,19 @@ What may join a row group of domain D (static sizes, R >= 2):
   whose body holds elementwise ops with a scalar rendering, `broadcast_to`, `full`, row
   reductions of D-shaped values, or column sums: reduce_sum of a D-shaped value over all
   dims but the last (a LayerNorm's weight and bias gradients), read by nothing in the body;
-- a group starts at a node holding a row reduction (a seed); a node joins the groups of the
-  nodes that produce its inputs when it fits their domain, reads none of their column sums,
-  and the merge makes no cycle (no path leaves the group and comes back, over the groups as
-  they stand);
+- a group starts at a node holding a row reduction (a seed) of floating values; a node
+  joins the groups of the nodes that produce its inputs when it fits their domain, reads
+  none of their column sums, and the merge makes no cycle (no path leaves the group and
+  comes back, over the groups as they stand); two groups it joins merge on the same terms,
+  unless one reads the other's column sums;
+- then a lone column sum joins a group that reads or makes its input (a sibling: the value
+  is read once), unless the group reads the sum;
+- a member `broadcast_to` read outside the group stays outside as well, a view of the row
+  program's row-shaped output (never a materialised D-shaped tensor);
 - GEMM epilogues (a contraction anchor), views other than broadcast_to, effectful ops and
   symbolic sizes never join.
+Row programs given to it (it runs again after graphc.passes.row_recompute) are nodes like
+any other: they seed groups and join them.
 
 Needs: a fused graph (run after `fuse`), for a backend that lowers row programs (cpu).
 Guarantees: the same values (the interpreter runs each instruction's kernel as before);
