@@ -10,6 +10,7 @@ import sys
 
 from graphc.ir import format_graph, parse
 from graphc.passes.fuse import fuse
+from graphc.passes.fuse_rows import fuse_rows
 from graphc.passes.simplify import simplify
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
@@ -34,11 +35,13 @@ def ir_blocks(path: pathlib.Path) -> list[str]:
 
 def test_passes_doc_examples_are_real():
     blocks = ir_blocks(DOCS / "passes.md")
-    assert len(blocks) == 5
+    assert len(blocks) == 7
     graphs = [parse(b) for b in blocks]
     before, simplified, fused = graphs[2], graphs[3], graphs[4]
     assert format_graph(simplify(before)) == format_graph(simplified)
     assert format_graph(fuse(simplified)) == format_graph(fused)
+    fused_groups, row_program = graphs[5], graphs[6]  # "Row programs (cpu)"
+    assert format_graph(fuse_rows(fused_groups)) == format_graph(row_program)
 
 
 def test_readme_layout_names_every_package():

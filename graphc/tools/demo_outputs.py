@@ -65,7 +65,7 @@ def write_artifacts(folder: str, compiled) -> dict[str, str]:
     from graphc.tools.memory_viz import render_memory
     from graphc.tools.viewer import render_html
 
-    # the passes the step was compiled with (the backend's: cpu adds transpose_weight_products)
+    # the passes the step was compiled with (the backend's: cpu adds its own, default_passes)
     dumps = write_pass_dumps(compiled.graph, os.path.join(folder, "ir"),
                              compiled._passes(compiled.graph))
     written = {"summary.txt": "this report, the passes' times and the memory plan"}
