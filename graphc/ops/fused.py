@@ -78,14 +78,36 @@ class FusedBody:
         self.outputs: tuple[int, ...] = tuple(outputs)
 
     @classmethod
+    def decoded(cls, input_types, body: tuple, outputs: tuple) -> "FusedBody":
+        """`FusedBody(input_types, body, outputs)`, shared by every reader of the same static
+        body (`_DECODED`): the verifier after each pass, the passes and the backend decode one
+        body many times, and each decoding re-runs every instruction's shape rule. A body
+        with symbolic sizes is decoded afresh each time: its shape rules record guards in the
+        current ShapeEnv."""
+        types = tuple(input_types)
+        if not all(_static(t) for t in types):
+            return cls(types, body, outputs)
+        try:
+            key = (types, body, outputs)
+            found = _DECODED.get(key)
+        except TypeError:  # an unhashable literal: the decoder reports what is wrong
+            return cls(types, body, outputs)
+        if found is None:
+            found = cls(types, body, outputs)
+            if len(_DECODED) >= _DECODED_MOST:
+                _DECODED.clear()
+            _DECODED[key] = found
+        return found
+
+    @classmethod
     def of_node(cls, node) -> "FusedBody":
         """The body of a `fused` node, or a one-instruction body computing any other node
         (so a backend renders a lone elementwise op as it renders a fused group)."""
         types = [v.type for v in node.inputs]
         if node.op == "fused":
-            return cls(types, node.attrs["body"], node.attrs["outputs"])
+            return cls.decoded(types, node.attrs["body"], node.attrs["outputs"])
         body = ((node.op, tuple(range(len(types))), tuple(node.attrs.items())),)
-        return cls(types, body, (len(types),))
+        return cls.decoded(types, body, (len(types),))
 
     def ref(self, k: int) -> int:
         """The ref of instruction k's result."""
@@ -112,6 +134,14 @@ class FusedBody:
         return len(self.instructions)
 
 
+_DECODED: dict[tuple, FusedBody] = {}  # FusedBody.decoded's: (input types, body, outputs)
+_DECODED_MOST = 8192
+
+
+def _static(t: TensorType) -> bool:
+    return all(type(n) is int for n in t.shape)
+
+
 def _check_ref(i: int, ref: int, available: int) -> None:
     if not isinstance(ref, int) or not 0 <= ref < available:
         raise FusedBodyError(
@@ -133,7 +163,7 @@ def _instruction(i: int, instruction) -> tuple[str, tuple, dict]:
 
 
 def _fused_infer(*types: TensorType, body: tuple, outputs: tuple):
-    fb = FusedBody(types, body, outputs)
+    fb = FusedBody.decoded(types, body, outputs)
     out = tuple(fb.types[r] for r in fb.outputs)
     return out[0] if len(out) == 1 else out
 

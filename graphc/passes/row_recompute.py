@@ -129,8 +129,15 @@ class _Plan:
         return True
 
 
-def _readers(nodes: list[Node], start: int, v: Value) -> list[int]:
-    return [j for j in range(start, len(nodes)) if v in nodes[j].inputs]
+def _reader_index(nodes: list[Node]) -> dict[Value, list[int]]:
+    """The positions of each value's readers, ascending. A rewrite at position k only takes
+    reads of k's outputs away and adds reads of values made at or before k, so the index
+    stays true for the values of every later position."""
+    readers: dict[Value, list[int]] = {}
+    for j, node in enumerate(nodes):
+        for v in dict.fromkeys(node.inputs):
+            readers.setdefault(v, []).append(j)
+    return readers
 
 
 def _domain(node: Node, bodies) -> tuple | None:
@@ -148,7 +155,8 @@ def _domain(node: Node, bodies) -> tuple | None:
     return shape if shape and all(type(n) is int for n in shape) else None
 
 
-def _candidates(nodes, k, escaping, bodies) -> tuple[_Plan, dict[Value, list[int]]] | None:
+def _candidates(nodes, k, escaping, bodies,
+                readers_of) -> tuple[_Plan, dict[Value, list[int]]] | None:
     node = nodes[k]
     fb = bodies(node)
     domain = _domain(node, bodies)
@@ -157,7 +165,7 @@ def _candidates(nodes, k, escaping, bodies) -> tuple[_Plan, dict[Value, list[int
         if (tuple(v.type.shape) != domain or v in escaping
                 or fb.instruction(ref).op not in RECOMPUTED_OPS):
             continue
-        readers = _readers(nodes, k + 1, v)
+        readers = readers_of.get(v, [])
         if readers and all(_rewritable(nodes[j]) and not _anchor_reads(nodes[j], {v}, bodies)
                            for j in readers):
             wanted[v] = readers
@@ -229,11 +237,12 @@ def recompute_row_values(graph: Graph) -> Graph:
     names = None
     changed = False
     bodies = body_cache()
+    readers_of = _reader_index(nodes)
     for k in range(len(nodes)):
         node = nodes[k]
         if _domain(node, bodies) is None:
             continue
-        found = _candidates(nodes, k, escaping, bodies)
+        found = _candidates(nodes, k, escaping, bodies, readers_of)
         if found is None:
             continue
         plan, wanted = found
