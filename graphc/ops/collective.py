@@ -6,7 +6,9 @@ backend calls MPI from the generated code (graphc.backends.cpu.collective), so a
 training step stays one native call per rank. It is `effectful` (no pass merges or drops
 two of them) and has no VJP (it is applied to gradients, inside the backward). An optional
 `bucket_cap` attribute (bytes; DistributedDataParallel's `bucket_cap_mb`) tells the
-bucketing pass how large a bucket it may join.
+bucketing pass how large a bucket it may join; `bucket_view=True`
+(DistributedDataParallel's `gradient_as_bucket_view`) lets the result stay in the bucket's
+memory (all_reduce_start carries it to the backend).
 
 The bucketing pass (graphc.passes.bucket_allreduces) splits a bucket of all_reduces into a
 pair that the scheduler can pull apart, with compute between:
@@ -107,7 +109,8 @@ def _check_op(name: str, x: TensorType, op: str) -> None:
         raise DTypeError(f"{where(name)}: op 'avg' needs a floating tensor, got {x}")
 
 
-def _all_reduce_infer(x: TensorType, op: str, bucket_cap: int | None = None) -> TensorType:
+def _all_reduce_infer(x: TensorType, op: str, bucket_cap: int | None = None,
+                      bucket_view: bool = False) -> TensorType:
     _check_op("all_reduce", x, op)
     if bucket_cap is not None and bucket_cap < 0:
         raise ArgumentError(f"{where('all_reduce')}: bucket_cap must be >= 0 bytes, got "
@@ -115,14 +118,15 @@ def _all_reduce_infer(x: TensorType, op: str, bucket_cap: int | None = None) -> 
     return x
 
 
-def _all_reduce_kernel(x: np.ndarray, op: str, bucket_cap: int | None = None) -> np.ndarray:
+def _all_reduce_kernel(x: np.ndarray, op: str, bucket_cap: int | None = None,
+                       bucket_view: bool = False) -> np.ndarray:
     out = np.array(x, copy=True, order="C")
     communicator().allreduce(out, op)
     return out
 
 
 register(OpDef("all_reduce", COLLECTIVE, ("x",), _all_reduce_infer, _all_reduce_kernel, None,
-               attrs={"op": str, "bucket_cap": int}, effectful=True,
+               attrs={"op": str, "bucket_cap": int, "bucket_view": bool}, effectful=True,
                doc="x reduced elementwise over every rank of the job (sum, avg, max, min)."))
 
 
@@ -131,7 +135,7 @@ def _combiner(op: str) -> str:
     return "sum" if op == "avg" else op
 
 
-def _all_reduce_start_infer(*xs: TensorType, op: str) -> TensorType:
+def _all_reduce_start_infer(*xs: TensorType, op: str, bucket_view: bool = False) -> TensorType:
     if not xs:
         raise ArgumentError(f"{where('all_reduce_start')}: expected at least one tensor")
     for x in xs:
@@ -142,14 +146,15 @@ def _all_reduce_start_infer(*xs: TensorType, op: str) -> TensorType:
     return TensorType((sum(x.numel for x in xs),), xs[0].dtype)
 
 
-def _all_reduce_start_kernel(*xs: np.ndarray, op: str) -> np.ndarray:
+def _all_reduce_start_kernel(*xs: np.ndarray, op: str, bucket_view: bool = False) -> np.ndarray:
     bucket = np.concatenate([np.ravel(x) for x in xs]).astype(xs[0].dtype, copy=False)
     communicator("all_reduce_start").allreduce(bucket, _combiner(op))  # blocking, here
     return bucket
 
 
 register(OpDef("all_reduce_start", COLLECTIVE, ("*xs",), _all_reduce_start_infer,
-               _all_reduce_start_kernel, None, attrs={"op": str}, effectful=True,
+               _all_reduce_start_kernel, None, attrs={"op": str, "bucket_view": bool},
+               effectful=True,
                doc="The xi packed into one flat buffer whose reduction over the ranks starts "
                    "(MPI_Iallreduce); only all_reduce_wait reads it."))
 
@@ -189,12 +194,14 @@ register(OpDef("all_reduce_wait", COLLECTIVE, ("bucket",), _all_reduce_wait_infe
                    "(the bucket split back), else the flat buffer."))
 
 
-def all_reduce(x, op: str = "sum", bucket_cap: int | None = None):
+def all_reduce(x, op: str = "sum", bucket_cap: int | None = None, bucket_view: bool = False):
     """`x` reduced elementwise over every rank (a new tensor; graph op `all_reduce`);
-    `bucket_cap`: the bytes of the bucket the bucketing pass may put it in."""
-    if bucket_cap is None:
-        return call("all_reduce", x, op=op)
-    return call("all_reduce", x, op=op, bucket_cap=bucket_cap)
+    `bucket_cap`: the bytes of the bucket the bucketing pass may put it in; `bucket_view`:
+    the result may stay in the bucket's memory (DDP's gradient_as_bucket_view)."""
+    attrs = {} if bucket_cap is None else {"bucket_cap": bucket_cap}
+    if bucket_view:
+        attrs["bucket_view"] = True
+    return call("all_reduce", x, op=op, **attrs)
 
 
 # graphc.distributed.all_reduce is the public, torch.distributed-shaped entry point

@@ -11,10 +11,10 @@ hooks at run time. For a bucket of `all_reduce(x_i, op)` nodes with outputs o_i:
     %o_1, ..., %o_k = all_reduce_wait(%b)[op, shapes]   # before the first reader of any o_i
 
 - Buckets: the all_reduces in graph order (the order the backward produces the gradients),
-  one open bucket per (dtype, op); a node joins its bucket, which closes once it holds at
-  least its cap (as PyTorch's `compute_bucket_assignment_by_size`: the first bucket of each
-  kind 1 MiB, the others the node's `bucket_cap` attribute, default 25 MiB; DDP's
-  `bucket_cap_mb`). A cap of 0 puts each gradient in a bucket of its own. A node also
+  one open bucket per (dtype, op, bucket_view); a node joins its bucket, which closes once
+  it holds at least its cap (as PyTorch's `compute_bucket_assignment_by_size`: the first
+  bucket of each kind 1 MiB, the others the node's `bucket_cap` attribute, default 25 MiB;
+  DDP's `bucket_cap_mb`). A cap of 0 puts each gradient in a bucket of its own. A node also
   starts a new bucket when joining would need the start after a reader of the bucket (an
   all_reduce whose result is read before the next one's input exists: a loss averaged
   mid-step). Then a kind's last bucket under 64 KiB joins the bucket before it when that
@@ -35,6 +35,9 @@ hooks at run time. For a bucket of `all_reduce(x_i, op)` nodes with outputs o_i:
   buffer: a reduced gradient the step returns (a `.grad`) is then a graph output the plan
   can place in its output array, so the wait writes it there and no copy out of the arena
   follows.
+- `bucket_view` (DDP's `gradient_as_bucket_view`): all_reduces that carry it form buckets
+  of their own, whose start carries it too: the backend may leave the reduced gradients in
+  the bucket's memory and return them from there (graphc.backends.cpu.collective_shm).
 - Left as they are: all_reduces with symbolic or empty shapes, and an all_reduce of another
   all_reduce's result.
 
@@ -97,7 +100,7 @@ def _assign(graph: Graph) -> list[_Bucket]:
         if not _bucketable(node, producers):
             continue
         x, out = node.inputs[0], node.outputs[0]
-        key = (x.type.dtype.name, node.attrs["op"])
+        key = (x.type.dtype.name, node.attrs["op"], bool(node.attrs.get("bucket_view")))
         ready, read = producer.get(x, -1), first_read.get(out, end)
         bucket = open_.get(key)
         if bucket is not None and not (ready < bucket.first_read and bucket.ready < read):
@@ -149,11 +152,11 @@ def _prefix(graph: Graph) -> str:
 def _split(bucket: _Bucket, name: str) -> tuple[list[Node], list[Node]]:
     """The start node (its value named `name`) and the wait, whose outputs are the members'
     own results, split back out of the bucket (`shapes`)."""
-    op = bucket.key[1]
+    op, view = bucket.key[1], bucket.key[2]
     loc = bucket.members[-1].loc
     flat = Value(name, _flat_type(bucket))
-    start = Node("all_reduce_start", [m.inputs[0] for m in bucket.members], {"op": op}, [flat],
-                 loc)
+    attrs = {"op": op, "bucket_view": True} if view else {"op": op}
+    start = Node("all_reduce_start", [m.inputs[0] for m in bucket.members], attrs, [flat], loc)
     outs = [m.outputs[0] for m in bucket.members]
     shapes = tuple(tuple(out.type.shape) for out in outs)
     wait = Node("all_reduce_wait", [flat], {"op": op, "shapes": shapes}, outs, loc)
