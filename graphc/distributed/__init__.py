@@ -178,6 +178,15 @@ def node_window_fits(buckets: int, nbytes: int) -> bool:
     return buckets <= window.slots and padded <= window.data_bytes
 
 
+def before_window_closes(callback) -> None:
+    """Run callback(memory) when the group's shared-memory window is freed
+    (destroy_process_group), `memory` being this rank's segment as a uint8 array: DDP's
+    gradient_as_bucket_view copies the `.grad`s that are views of it. Nothing without one."""
+    window = _current().window
+    if window is not None:
+        window.before_close.append(callback)
+
+
 def _current() -> _Group:
     if _group is None:
         raise DistributedError("Default process group has not been initialized, please make "

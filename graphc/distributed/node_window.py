@@ -14,6 +14,14 @@ the segments through one table of int64 per process, at an address that never ch
 (registered as a symbol once): rank, world size, data bytes, then each rank's segment
 address. destroy_process_group zeroes it and a later init_process_group rewrites it; a step
 compiled earlier checks at each bucket that the window still has room for it.
+
+Who uses which bytes of the data: every executable's ordinary buckets start at offset 0 (they
+take turns: a fence orders the steps); buckets whose reduced gradients stay in the window
+as the `.grad`s (DDP's gradient_as_bucket_view) need bytes no other step writes, so each
+such executable reserves its own region from the top (`NodeWindow.reserve`), below which
+the shared low part must stay. Ranks compile the same steps in the same order, so every
+rank reserves the same offsets (the steps' digests include them: a rank that did not fails
+its step instead of summing the wrong bytes). Regions are held until the group is destroyed.
 """
 
 from __future__ import annotations
@@ -47,6 +55,30 @@ class NodeWindow:
     # their code checks that all ranks run the same step (each bucket's published digest),
     # so graphc.distributed's agreement skips them
     checked: set = field(default_factory=set, compare=False, hash=False)
+    # [highest end of the shared low part used so far, lowest reserved offset]
+    _usage: list = field(default_factory=list, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        self._usage[:] = [0, self.data_bytes]
+
+    @property
+    def shared_limit(self) -> int:
+        """Ordinary buckets may use data bytes [0, shared_limit): below every reservation."""
+        return self._usage[1]
+
+    def use_shared(self, used: int) -> None:
+        """An executable's ordinary buckets use data bytes [0, used): later reservations
+        stay above them."""
+        self._usage[0] = max(self._usage[0], used)
+
+    def reserve(self, nbytes: int) -> int | None:
+        """The data offset of a region of nbytes (rounded up to cache lines) that only its
+        executable uses, held until the group is destroyed; None when there is no room."""
+        low = self._usage[1] - -(-nbytes // LINE) * LINE
+        if nbytes <= 0 or low < self._usage[0]:
+            return None
+        self._usage[1] = low
+        return low
 
 
 @dataclass(frozen=True)
@@ -59,12 +91,18 @@ class NodeNativeMpi(NativeMpi):
 class OpenWindow:
     """The MPI objects behind a NodeWindow, kept alive as long as the process group."""
 
-    def __init__(self, window: NodeWindow, win, node_comm) -> None:
+    def __init__(self, window: NodeWindow, win, node_comm, memory: np.ndarray) -> None:
         self.window, self.win, self.node_comm = window, win, node_comm
+        self.memory = memory  # this rank's segment, as bytes
+        self.before_close: list = []  # callbacks(memory) that copy what must outlive it
 
     def close(self) -> None:
         """Free the window (collective, as destroy_process_group is); steps compiled for it
-        must not run afterwards (the table no longer points at any segment)."""
+        must not run afterwards (the table no longer points at any segment). The
+        `before_close` callbacks run first (DDP's: `.grad`s that are views of the window)."""
+        for callback in self.before_close:
+            callback(self.memory)
+        self.before_close.clear()
         for q in range(1, len(_table)):
             _table[q] = 0
         self.win.Free()
@@ -98,13 +136,14 @@ def open_window(MPI, comm, data_bytes: int = DEFAULT_DATA_BYTES) -> OpenWindow |
         node.Free()
         return None
     mine, _ = win.Shared_query(node.Get_rank())
-    np.frombuffer(mine, np.int64, count=CONTROL_BYTES // 8)[:] = 0
+    memory = np.frombuffer(mine, np.uint8, count=CONTROL_BYTES + data_bytes)
+    memory[:CONTROL_BYTES] = 0
     _table[0], _table[1], _table[2] = rank, size, data_bytes
     for q in range(size):
         segment, _ = win.Shared_query(q)
         _table[3 + q] = segment.address
     node.Barrier()  # every control area is zero before any rank's step reads it
-    return OpenWindow(NodeWindow(ctypes.addressof(_table), data_bytes), win, node)
+    return OpenWindow(NodeWindow(ctypes.addressof(_table), data_bytes), win, node, memory)
 
 
 def _shm_room() -> int:

@@ -105,6 +105,9 @@ class Lowered:
     kernels: list[str]
     errors: list[str] = field(default_factory=list)  # the driver's status k: errors[k - 1]
     kernel_nodes: list = field(default_factory=list)  # per kernel: its node (None: a copy out)
+    # output slot -> a view of the node's shared-memory window to return there (gradients
+    # averaged in place: collective_shm.window_outputs); the driver writes no array there
+    window_outputs: dict = field(default_factory=dict)
 
 
 class Lowerer(Codegen):
@@ -733,4 +736,4 @@ def lower(graph: Graph, blas=None, profile: bool = False,
         lw.driver(profile)
     text = str(lw.module)
     return Lowered(text, lw.arena_end + lw.scratch, [k.name for k in lw.calls],
-                   lw.errors, kernel_nodes), lw
+                   lw.errors, kernel_nodes, collective_shm.window_outputs(lw)), lw

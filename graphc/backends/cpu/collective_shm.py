@@ -68,17 +68,21 @@ import hashlib
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 from llvmlite import ir
 
 from graphc.backends.common import contiguous_strides
 from graphc.backends.cpu import llvm
 from graphc.backends.cpu.bucket_pack import pack
 from graphc.backends.cpu.kernels import Combined, KernelBuilder
+from graphc.backends.cpu.scalars import convert
 from graphc.backends.cpu.values import F64, I32, I64, MEM, PTR, Loc, i64, loop, unsupported
 from graphc.ir.graph import Node, Value
 from graphc.ir.printer import format_node
 from graphc.ops import collective
 from graphc.ops.collective import COLLECTIVE_OPS
+from graphc.ops.fused import FusedBody
+from graphc.passes.fuse_waits import wait_bucket
 
 TABLE_SYMBOL = "graphc_node_table"
 _BASES = 3  # the table: rank, world size, data bytes per segment, then each segment's address
@@ -86,6 +90,7 @@ LINE = 64  # bytes between control words: one cache line each
 _SPINS = 200  # spins before a wait starts yielding the core and checking the clock
 _CLOCK_MONOTONIC = 1
 _ALIGN = 64
+_MAX_RANKS = 256  # the table's room (graphc.distributed.node_window.MAX_RANKS)
 # Up to this many ranks, every rank sums the whole bucket from all windows (one meeting per
 # bucket; for 2 ranks the same memory traffic as splitting the sum); beyond, each rank sums
 # 1/world of it and copies the rest from the others (two meetings, traffic independent of
@@ -104,9 +109,19 @@ class _Layout:
     control_bytes: int = 0  # the window's control area: its data starts past it
     start: Node | None = None  # the first window bucket's start (named in errors)
     signature: tuple = ()  # the collectives CpuExecutable agrees on before each run
-    digest: int = 0  # of the signature: stored with every bucket's counter, compared
+    digest: int = 0  # of the signature (and the view region): stored with every counter
     first: Node | None = None  # the node before whose kernels the window check and fence go
     fenced: bool = False
+    # gradient_as_bucket_view: the buckets averaged in place in this rank's window (their
+    # start values' names), the reduced gradients returned as views of it (value -> data
+    # offset), and those outputs for the executable (slot -> (table, byte offset from the
+    # segment's start, shape, dtype name)); `segment`: this rank's segment address when
+    # compiled (a view must not outlive its window: the fence checks it is still there)
+    views: set = field(default_factory=set)
+    view_values: dict[Value, int] = field(default_factory=dict)
+    window_outputs: dict[int, tuple] = field(default_factory=dict)
+    view_end: int = 0
+    segment: int = 0
 
 
 _LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # lowerer -> _Layout
@@ -118,9 +133,20 @@ def _window(node: Node):
     return (native, window) if window is not None and native.world_size > 1 else (None, None)
 
 
+def _fits(node: Node) -> bool:
+    out = node.outputs[0]
+    return node.attrs["op"] in ("sum", "avg") and out.type.dtype.name in ("float32", "float64")
+
+
+def _padded(node: Node) -> int:
+    return -(-node.outputs[0].type.nbytes // _ALIGN) * _ALIGN
+
+
 def _layout(lw) -> _Layout:
     """The window buckets of lw's graph (slots and offsets in start order) and the gradients
-    the backward writes straight into them; computed once per lowerer."""
+    the backward writes straight into them; computed once per lowerer. Buckets with
+    `bucket_view` (whose wait can average in place: _view_capable) get a region of their
+    own (NodeWindow.reserve), the others the shared low part."""
     found = _LAYOUTS.get(lw)
     if found is not None:
         return found
@@ -128,31 +154,46 @@ def _layout(lw) -> _Layout:
     starts = [n for n in lw.plan.schedule if n.op == "all_reduce_start"]
     if not starts:
         return layout
-    _, window = _window(starts[0])
+    native, window = _window(starts[0])
     if window is None:
         return layout
     movable = _movable_gradients(lw)
     layout.control_bytes = window.control_bytes
+    waits = {wait_bucket(n): n for n in lw.plan.schedule if wait_bucket(n) is not None}
+    viewed = [n for n in starts if n.attrs.get("bucket_view") and _fits(n)
+              and _view_capable(lw, waits.get(n.outputs[0]), native.world_size)]
+    viewed = viewed[:window.slots]
+    region = window.reserve(sum(_padded(n) for n in viewed)) if viewed else None
+    if region is None:
+        viewed = []
+    view_at = region
     for node in starts:
         out = node.outputs[0]
-        if node.attrs["op"] not in ("sum", "avg") or \
-                out.type.dtype.name not in ("float32", "float64"):
+        if not _fits(node) or len(layout.buckets) >= window.slots:
             continue
-        nbytes = -(-out.type.nbytes // _ALIGN) * _ALIGN
-        if len(layout.buckets) >= window.slots or layout.used_bytes + nbytes > window.data_bytes:
+        nbytes = _padded(node)
+        if node in viewed:
+            offset, view_at = view_at, view_at + nbytes
+            layout.views.add(out.name)
+            layout.view_end = view_at
+        elif layout.used_bytes + nbytes > window.shared_limit:
             continue
-        offset = layout.used_bytes
+        else:
+            offset = layout.used_bytes
+            layout.used_bytes += nbytes
         layout.start = layout.start or node
         layout.buckets[out.name] = (len(layout.buckets), offset)
-        layout.used_bytes += nbytes
         at = offset
         for x in node.inputs:
             if x in movable and x not in layout.members:
                 layout.members[x] = Loc("window", 0, at, contiguous_strides(
                     x.type.shape, x.type.dtype.itemsize), x.type)
             at += x.type.nbytes
+    window.use_shared(layout.used_bytes)
+    if layout.views:
+        _view_outputs(lw, layout, waits, window)
     layout.signature = signature(lw.plan.schedule)
-    digest = hashlib.sha256(repr(layout.signature).encode()).digest()
+    digest = hashlib.sha256(repr((layout.signature, region)).encode()).digest()
     layout.digest = int.from_bytes(digest[:8], "little", signed=True)
     if all(n.op == "all_reduce_start" and n.outputs[0].name in layout.buckets
            for n in lw.plan.schedule if n.op in COLLECTIVE_OPS):
@@ -162,6 +203,91 @@ def _layout(lw) -> _Layout:
     if first_write:
         layout.first = lw.plan.schedule[min(first_write.values())]
     return layout
+
+
+def _view_capable(lw, wait: Node | None, world: int) -> bool:
+    """Whether a bucket_view bucket's wait can average in place: a plain wait, or a wait
+    fused with an update (graphc.passes.fuse_waits) whose operands are the gradient's shape
+    contiguous or one broadcast scalar each, for a world whose second phase is a loop per
+    rank (WHOLE_REDUCE_MAX_WORLD)."""
+    if wait is None:
+        return False
+    if wait.op == "all_reduce_wait":
+        return True
+    if world > WHOLE_REDUCE_MAX_WORLD:
+        return False
+    return _flat_operands(lw, wait) is not None
+
+
+def _flat_operands(lw, node: Node):
+    """For a fused wait: per input (after the bucket) and output, its element stride over
+    the flattened gradient (1, or 0 for a broadcast scalar), or None when some operand is
+    neither (contiguous plans only: the lowering checks the Locs again)."""
+    body = FusedBody.of_node(node)
+    t = body.types[body.n_inputs]
+    shape = tuple(t.shape)
+    strides = []
+    for v in list(node.inputs[1:]) + list(node.outputs):
+        if v.type.numel != 1 and v.name in lw.plan.views:
+            return None
+        if tuple(v.type.shape) == shape:
+            strides.append(1)
+        elif v.type.numel == 1:
+            strides.append(0)
+        else:
+            return None
+    return strides
+
+
+def _view_outputs(lw, layout: _Layout, waits: dict, window) -> None:
+    """The reduced gradients of the view buckets that the graph returns once (direct
+    outputs): returned as views of this rank's window bytes, where the wait leaves them."""
+    direct = lw.locs.direct_outputs
+    table = (ctypes.c_int64 * (_BASES + 1 + _MAX_RANKS)).from_address(window.table)
+    layout.segment = table[_BASES + table[0]]
+    for name in layout.views:
+        wait = next(w for b, w in waits.items() if b.name == name)
+        _, offset = layout.buckets[name]
+        at = offset
+        for v in _wait_gradients(wait):
+            if v is not None and v.name in direct:
+                layout.view_values[v] = at
+                layout.window_outputs[direct[v.name]] = (
+                    window.table, layout.control_bytes + at, tuple(v.type.shape),
+                    v.type.dtype.name)
+            at += (v.type.nbytes if v is not None else 0)
+
+
+def _wait_gradients(wait: Node) -> list:
+    """The reduced gradients a wait returns, in bucket order (a fused wait: its one
+    gradient, or None when the node does not return it)."""
+    if wait.op == "all_reduce_wait":
+        return list(wait.outputs)
+    body = FusedBody.of_node(wait)
+    for ref, v in zip(body.outputs, wait.outputs):
+        if ref == body.n_inputs:
+            return [v]
+    return [None]
+
+
+def window_outputs(lw) -> dict[int, tuple]:
+    """For the executable: output slot -> (table address, byte offset from this rank's
+    segment start, shape, dtype name) of the reduced gradients returned as views of the
+    window (gradient_as_bucket_view); see window_arrays."""
+    return dict(_layout(lw).window_outputs)
+
+
+def window_arrays(outputs: dict[int, tuple]) -> dict[int, np.ndarray]:
+    """The arrays window_outputs describes: views of this rank's segment, made once per
+    executable (they stay valid while the process group's window does)."""
+    arrays = {}
+    for k, (table_address, offset, shape, dtype) in outputs.items():
+        table = (ctypes.c_int64 * (_BASES + 1 + _MAX_RANKS)).from_address(table_address)
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        memory = (ctypes.c_char * nbytes).from_address(table[_BASES + table[0]] + offset)
+        arrays[k] = np.frombuffer(memory, dt).reshape(shape)
+    return arrays
 
 
 def signature(schedule: list[Node]) -> tuple:
@@ -325,7 +451,11 @@ def _lower_fence(lw, before: Node, layout: _Layout) -> None:
                      f"node {format_node(start)}")
     stale = len(lw.errors)
     fits = b.and_(b.icmp_signed("==", e.word(i64(1)), i64(e.world)),
-                  b.icmp_signed(">=", e.word(i64(2)), i64(layout.used_bytes)))
+                  b.icmp_signed(">=", e.word(i64(2)), i64(max(layout.used_bytes,
+                                                               layout.view_end))))
+    if layout.views:  # the .grad views made for this window must still point into it
+        segment = e.word(b.add(e.rank, i64(_BASES)))
+        fits = b.and_(fits, b.icmp_signed("==", segment, i64(layout.segment)))
     with b.if_then(b.not_(fits), likely=False):
         b.ret(ir.Constant(I32, stale))
     e.wait_all(None, e.mine(None), "fence")
@@ -357,9 +487,15 @@ def lower_start(lw, node: Node) -> None:
 def lower_wait(lw, node: Node) -> None:
     """Meet the other ranks, sum the bucket (or this rank's chunk, then gather the rest)
     straight into the wait's outputs (the packed tensors' places: the arena, or an output
-    array)."""
+    array). A view bucket (gradient_as_bucket_view) is always reduced by chunks and in place:
+    each rank averages its chunk into its own window (reading the others' raw chunks, which
+    no one writes in this phase), meets them again, then copies the others' averaged chunks
+    into its window; its outputs returned as views are that window, the others are written
+    as usual."""
     bucket = node.inputs[0]
-    slot, offset = _layout(lw).buckets[bucket.name]
+    layout = _layout(lw)
+    slot, offset = layout.buckets[bucket.name]
+    in_place = bucket.name in layout.views
     dt, count = bucket.type.dtype, bucket.type.numel
     element = MEM[dt.name]
     for out in node.outputs:
@@ -371,23 +507,16 @@ def lower_wait(lw, node: Node) -> None:
     outs = []  # (operand, first element in the bucket, elements)
     at = 0
     for out in node.outputs:
-        outs.append((kb.operand(lw.locs[out], (0,)), at, out.type.numel))
+        if out not in layout.view_values:  # a view is the window itself: written there
+            outs.append((kb.operand(lw.locs[out], (0,)), at, out.type.numel))
         at += out.type.numel
     b = kb.begin()
     e = _Emitter(lw, node, kb, b)
     world = e.world
     pieces = [(kb.pointer(b, o, i64(0)), first, n) for o, first, n in outs]
     packed = e.mine(slot)
-    chunk = -(-count // world)
-    chunk = -(-chunk // 16) * 16  # whole cache lines per rank
-
-    def bounds(rank):
-        lo = b.mul(rank, i64(chunk))
-        lo = b.select(b.icmp_signed("<", lo, i64(count)), lo, i64(count))
-        hi = b.add(lo, i64(chunk))
-        return lo, b.select(b.icmp_signed("<", hi, i64(count)), hi, i64(count))
-
     windows = [e.data(i64(q), offset) for q in range(world)]
+    own = e.data(e.rank, offset)
     scale = _scale(b, node, dt, world)
 
     def summed(i):  # element i of the bucket summed over the windows in rank order, scaled
@@ -397,29 +526,58 @@ def lower_wait(lw, node: Node) -> None:
             total = v if total is None else b.fadd(total, v)
         return total if scale is None else b.fmul(total, scale)
 
-    if world <= WHOLE_REDUCE_MAX_WORLD:  # every rank sums every element: one meeting
+    if world <= WHOLE_REDUCE_MAX_WORLD and not in_place:  # every rank sums all: one meeting
         _over_pieces(b, pieces, i64(0), i64(count), element, summed)
     else:  # each rank its chunk, written back for the others, then the others' chunks
-        own = e.data(e.rank, offset)
+        bounds = _chunks(b, count, world)
 
         def summed_back(i):
             total = summed(i)
             b.store(total, b.gep(own, [i], source_etype=element))
             return total
 
-        _over_pieces(b, pieces, *bounds(e.rank), element, summed_back)
+        lo, hi = bounds(e.rank)
+        if in_place and not pieces:
+            with loop(b, lo, hi, "i") as i:
+                summed_back(i)
+        else:
+            _over_pieces(b, pieces, lo, hi, element, summed_back)
         e.publish(slot, b.add(packed, i64(1)))
         e.wait_all(slot, b.add(packed, i64(1)), "reduced")
         for q in range(world):
+            def theirs(i, q=q):
+                v = b.load(b.gep(windows[q], [i], source_etype=element), typ=element)
+                if in_place:
+                    b.store(v, b.gep(own, [i], source_etype=element))
+                return v
+
             with b.if_then(b.icmp_signed("!=", e.rank, i64(q))):
-                _over_pieces(b, pieces, *bounds(i64(q)), element,
-                             lambda i, q=q: b.load(b.gep(windows[q], [i], source_etype=element),
-                                                   typ=element))
+                lo, hi = bounds(i64(q))
+                if in_place and not pieces:
+                    with loop(b, lo, hi, "i") as i:
+                        theirs(i)
+                else:
+                    _over_pieces(b, pieces, lo, hi, element, theirs)
         packed = b.add(packed, i64(1))
-    e.publish(slot, b.add(packed, i64(1)))  # counters advance by 2 per bucket in both ways
+    e.publish(slot, b.add(packed, i64(1)))  # counters advance by 2 per bucket, 3 by chunks
     e.publish(None, b.add(e.mine(None), i64(1)))
     b.ret(ir.Constant(I32, 0))
     lw.calls.append(kb.kernel)
+
+
+def _chunks(b, count: int, world: int):
+    """bounds(rank) -> [lo, hi) of rank's chunk of a bucket of count elements (whole cache
+    lines per rank, the last ones possibly short or empty)."""
+    chunk = -(-count // world)
+    chunk = -(-chunk // 16) * 16
+
+    def bounds(rank):
+        lo = b.mul(rank, i64(chunk))
+        lo = b.select(b.icmp_signed("<", lo, i64(count)), lo, i64(count))
+        hi = b.add(lo, i64(chunk))
+        return lo, b.select(b.icmp_signed("<", hi, i64(count)), hi, i64(count))
+
+    return bounds
 
 
 def fusable(lw, wait: Node) -> bool:
@@ -439,6 +597,8 @@ def lower_fused_wait(lw, node: Node, body, wait: Node) -> None:
     bucket = wait.inputs[0]
     slot, offset = _layout(lw).buckets[bucket.name]
     _meet(lw, wait, slot)
+    if bucket.name in _layout(lw).views:
+        return _lower_fused_view(lw, node, body, wait, slot, offset)
     native, _ = _window(wait)
     world, t = native.world_size, body.types[body.n]
     strides = contiguous_strides(t.shape, t.dtype.itemsize)
@@ -463,6 +623,92 @@ def lower_fused_wait(lw, node: Node, body, wait: Node) -> None:
     e.publish(slot, b.add(e.mine(slot), i64(1)))  # as lower_wait: 2 per bucket
     e.publish(None, b.add(e.mine(None), i64(1)))
     lw.calls.append(kb.finish(b))
+
+
+def _lower_fused_view(lw, node: Node, body, wait: Node, slot: int, offset: int) -> None:
+    """A fused wait of a view bucket (gradient_as_bucket_view), after the meeting: the
+    update runs in the two phases of the in-place average (lower_wait). Phase 1, over this
+    rank's chunk: each element summed over the windows in rank order (scaled for "avg"),
+    stored back into this rank's window (the `.grad` view) and fed to the rest of the body;
+    then every rank publishes and meets again; phase 2, over each other rank's chunk: its
+    averaged element read from that rank's window, stored into this rank's, fed to the body.
+    One pass over memory, no `.grad` of its own: about 1.5 window bytes read per gradient
+    byte instead of 2, and half the stores go to lines the sum has just read."""
+    layout = _layout(lw)
+    t = body.types[body.n]
+    dt, count = t.dtype, t.numel
+    flat = _flat_operands(lw, node)
+    kb = KernelBuilder(lw, lw.name("all_reduce_wait_view"), (count,))
+    kb.kernel.status = True
+    leaves: dict[int, int] = {}
+    ins = list(node.inputs)
+    for r in range(1, body.n):
+        loc = lw.locs[ins[r]]
+        stride = flat[r - 1]
+        if stride and loc.strides != contiguous_strides(loc.type.shape,
+                                                        loc.type.dtype.itemsize):
+            raise unsupported(node, "a view bucket's update reading a strided operand")
+        leaves[r] = kb.operand(loc, (stride,))
+    outs = []
+    for ref, v in zip(body.outputs, node.outputs):
+        if v in layout.view_values:
+            continue  # the window itself, written by the phases
+        loc = lw.locs[v]
+        if loc.strides != contiguous_strides(v.type.shape, v.type.dtype.itemsize):
+            raise unsupported(node, "a view bucket's update into a strided output")
+        outs.append((ref, kb.operand(loc, (1,)), v))
+    native, _ = _window(wait)
+    world = native.world_size
+    # the ranks' windows as arguments (noalias, as the parameters): the loops of rank r
+    # store through window r's own argument, so each loop's accesses are provably apart
+    windows = [kb.operand(Loc("window", 1 + q, offset, contiguous_strides((count,), dt.itemsize),
+                              t), (1,)) for q in range(world)]
+    strides = [op.strides[0] for op in kb.operands]
+    b = kb.begin()
+    e = _Emitter(lw, wait, kb, b)
+    scale = _scale(b, wait, dt, world)
+    bounds = _chunks(b, count, world)
+    packed = e.mine(slot)
+
+    def update(i, gradient, own: int) -> None:  # the rest of the body at element i
+        kb.store(b, own, i, gradient)
+        offsets = [i if stride else i64(0) for stride in strides]
+        env = body.evaluate(lw, kb, b, offsets, leaves, len(body.instrs),
+                            [ref for ref, _, _ in outs],
+                            {body.n: ((), lambda b, values: gradient)})
+        for ref, k, v in outs:
+            kb.store(b, k, offsets[k], convert(b, env[ref], body.types[ref].dtype,
+                                               v.type.dtype))
+
+    def per_rank(emit) -> None:  # emit(r) on rank r: one loop nest per rank, pointers fixed
+        for r in range(world):
+            with b.if_then(b.icmp_signed("==", e.rank, i64(r))):
+                emit(r)
+
+    def mine(r: int) -> None:
+        lo, hi = bounds(i64(r))
+        with loop(b, lo, hi, "mine") as i:
+            total = None
+            for w in windows:
+                x = kb.load(b, w, i)
+                total = x if total is None else b.fadd(total, x)
+            update(i, total if scale is None else b.fmul(total, scale), windows[r])
+
+    def theirs(r: int) -> None:
+        for q in range(world):
+            if q != r:
+                lo, hi = bounds(i64(q))
+                with loop(b, lo, hi, f"theirs{q}") as i:
+                    update(i, kb.load(b, windows[q], i), windows[r])
+
+    per_rank(mine)
+    e.publish(slot, b.add(packed, i64(1)))
+    e.wait_all(slot, b.add(packed, i64(1)), "averaged")
+    per_rank(theirs)
+    e.publish(slot, b.add(packed, i64(2)))
+    e.publish(None, b.add(e.mine(None), i64(1)))
+    b.ret(ir.Constant(I32, 0))
+    lw.calls.append(kb.kernel)
 
 
 def _scale(b, node: Node, dt, world: int):

@@ -58,7 +58,7 @@ import numpy as np
 from llvmlite import binding as llvm_binding
 
 from graphc.backends.common import planned
-from graphc.backends.cpu import llvm, threads, workers
+from graphc.backends.cpu import collective_shm, llvm, threads, workers
 from graphc.backends.cpu.blas import resolve_blas
 from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
@@ -127,6 +127,12 @@ class CpuExecutable:
         self._call_tables(in_input)
         self._out_types = output_types([(t.shape, np.dtype(t.dtype.np)) for t in self._copied])
         self._collectives = collectives
+        # outputs returned as views of the node's shared-memory window (DDP's
+        # gradient_as_bucket_view: collective_shm.window_arrays), in place of fresh arrays
+        self._window_views = collective_shm.window_arrays(
+            getattr(self.lowered, "window_outputs", {}))
+        for k in self._window_views:
+            self._out_types[k] = ((0,), self._out_types[k][1], False)
 
     def _call_tables(self, in_input: dict[str, str]) -> None:
         """What every call reads: which results are output arrays (`_copied`: their types)
@@ -264,6 +270,9 @@ class CpuExecutable:
         native driver run on the thread count the chooser picks; the results."""
         bound = self._bind(arrays)
         outs = self._outputs(out_types)
+        for k, view in self._window_views.items():
+            outs[k] = view
+            self._out_ptrs[k] = _address(view)
         chooser = self.thread_chooser
         if chooser.explores:  # its bookkeeping only where it chooses
             n = chooser.pick()

@@ -19,9 +19,20 @@ and the compiler's bucketing pass
 shared-memory window, or MPI_Iallreduce) the generated code starts right after the backward
 produced them and waits for just before the optimizer update: the whole DDP step is one
 native call per rank (docs/distributed.md).
+
+`gradient_as_bucket_view=True` (PyTorch's keyword, default False): each `.grad` is a view
+of its slot in the communication bucket, which the next backward overwrites, instead of a
+tensor of its own. Eager: the Reducer's flat buffers. Compiled: the all_reduce nodes carry
+`bucket_view`, and on the node's shared-memory window the step averages each bucket in
+place in this rank's window bytes (which the backward wrote) and returns the `.grad`s as
+views of them, so no separate `.grad` copy is written (graphc.backends.cpu.collective_shm;
+elsewhere the `.grad`s are arrays of their own, as without the keyword). Before the window
+goes away (destroy_process_group) such a `.grad` is copied out of it.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from graphc.autograd.grad_mode import no_grad
 from graphc.nn.module import Module
@@ -55,18 +66,22 @@ class DistributedDataParallel(Module):
         self.broadcast_buffers = broadcast_buffers
         self.world_size = dist.get_world_size()
         self.bucket_cap_mb = bucket_cap_mb
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         with no_grad():
             for tensor in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(tensor, src=0)
         params = [p for p in module.parameters() if p.requires_grad]
         cap = DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
-        self.reducer = Reducer(params, int(cap * 2**20))
+        self.reducer = Reducer(params, int(cap * 2**20), self.gradient_as_bucket_view)
         # in a trace, the averaging is an all_reduce node per gradient (the compiler buckets)
         traced_cap = bucket_cap_mb
         if traced_cap is None and dist.node_window_fits(
                 len(params), sum(p.numel() * p.element_size() for p in params)):
             traced_cap = WINDOW_BUCKET_CAP_MB
         attrs = {} if traced_cap is None else {"bucket_cap": int(traced_cap * 2**20)}
+        if self.gradient_as_bucket_view:
+            attrs["bucket_view"] = True
+            dist.before_window_closes(_GradsOutOfWindow(params))
         self._handles = [p.register_hook(_TracedAverage(attrs)) for p in params]
 
     def forward(self, *args, **kwargs):
@@ -80,6 +95,25 @@ class DistributedDataParallel(Module):
                 for buffer in self.module.buffers():
                     dist.broadcast(buffer, src=0)
         return self.module(*args, **kwargs)
+
+
+class _GradsOutOfWindow:
+    """Called before the process group frees its shared-memory window: every parameter
+    `.grad` that is a view of the window gets an array of its own, same values, in the same
+    tensor (a compiled step's gradient_as_bucket_view `.grad`s would otherwise point at
+    unmapped memory). Holds the parameters weakly."""
+
+    def __init__(self, params: list) -> None:
+        import weakref
+
+        self.params = [weakref.ref(p) for p in params]
+
+    def __call__(self, window_memory) -> None:
+        for ref in self.params:
+            p = ref()
+            grad = None if p is None else p._grad
+            if grad is not None and np.shares_memory(grad._data, window_memory):
+                grad._data = grad._data.copy()
 
 
 class _TracedAverage:

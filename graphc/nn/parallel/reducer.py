@@ -11,6 +11,13 @@ rank (a ready bucket waits for the earlier ones to start), as MPI needs the same
 collectives everywhere. When the last bucket has started, the reducer waits for all of them
 and writes each averaged gradient back into its parameter's `.grad`.
 
+With `gradient_as_bucket_view=True` (PyTorch's keyword) each parameter's `.grad` becomes a
+view of its slot in the bucket: once the gradient is in the bucket `.grad` is that view, and
+the average is computed in the bucket itself, with no copy back; the next backward
+overwrites it (a `.grad` kept from an earlier step changes with it, as in PyTorch).
+`zero_grad()` (set_to_none) drops the view and the next backward makes it again;
+`zero_grad(set_to_none=False)` zeroes the bucket's bytes in place.
+
 A backward that leaves a bucket incomplete (a parameter that got no gradient) is reported at
 the next forward, as PyTorch does without `find_unused_parameters`.
 
@@ -34,6 +41,8 @@ class _Bucket:
             self.offsets.append(at)
             at += p.numel()
         self.buffer = np.zeros(at, params[0].dtype.np)
+        self.views = [self.buffer[start:start + p.numel()].reshape(tuple(p.shape))
+                      for p, start in zip(params, self.offsets)]
         self.pending = len(params)
         self.work = None
 
@@ -41,10 +50,12 @@ class _Bucket:
 class Reducer:
     """Buckets of a DDP model's parameters (see the module docstring)."""
 
-    def __init__(self, params: list, bucket_cap_bytes: int) -> None:
+    def __init__(self, params: list, bucket_cap_bytes: int,
+                 gradient_as_bucket_view: bool = False) -> None:
         import graphc.distributed as dist
 
         self.world_size = dist.get_world_size()
+        self.gradient_as_bucket_view = gradient_as_bucket_view
         self.buckets = _assign(params, bucket_cap_bytes)
         self.slot = {}
         for bucket in self.buckets:
@@ -55,12 +66,19 @@ class Reducer:
                         for b in self.buckets for p in b.params]
 
     def _ready(self, param) -> None:
+        from graphc.dispatch import current_tracer
+
         grad = param.grad
-        if grad is None or grad.is_abstract:  # a trace: the all_reduce nodes do the work
-            return
+        if grad is None or grad.is_abstract or current_tracer() is not None:
+            return  # a trace: the all_reduce nodes do the work
         bucket, k = self.slot[id(param)]
-        start, n = bucket.offsets[k], param.numel()
-        bucket.buffer[start:start + n] = grad.detach().numpy().reshape(-1)
+        view = bucket.views[k]
+        if grad.detach().numpy() is not view:  # else autograd accumulated into the view
+            view[...] = grad.detach().numpy()
+            if self.gradient_as_bucket_view:
+                from graphc.tensor import Tensor
+
+                param.grad = Tensor._wrap(view)
         bucket.pending -= 1
         while self.next_to_start < len(self.buckets) and \
                 self.buckets[self.next_to_start].pending == 0:
@@ -77,13 +95,15 @@ class Reducer:
                                       async_op=True)
 
     def _finish(self) -> None:
-        """Wait for every bucket, then write the averages into the parameters' `.grad`."""
+        """Wait for every bucket, then write the averages into the parameters' `.grad` (with
+        gradient_as_bucket_view, `.grad` is the bucket's view already: nothing to write)."""
         for bucket in self.buckets:
             bucket.work.wait()
             bucket.buffer /= self.world_size
-            for p, start in zip(bucket.params, bucket.offsets):
-                p.grad.detach().numpy()[...] = \
-                    bucket.buffer[start:start + p.numel()].reshape(tuple(p.shape))
+            if self.gradient_as_bucket_view:
+                continue
+            for p, view in zip(bucket.params, bucket.views):
+                p.grad.detach().numpy()[...] = view
         self.reset()
 
     def reset(self) -> None:
