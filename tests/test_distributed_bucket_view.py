@@ -9,6 +9,7 @@ attribute is tested on IR text here, on one process."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -45,9 +46,9 @@ needs_mpi = pytest.mark.skipif(find_mpiexec() is None,
                                reason="no mpiexec next to the interpreter or on PATH")
 
 
-def _launch(mode: str):
+def _launch(mode: str, *extra: str):
     return subprocess.run([sys.executable, "-m", "graphc.tools.cli", "launch", "-n", "2",
-                           WORKER, mode], capture_output=True, text=True, timeout=400,
+                           WORKER, mode, *extra], capture_output=True, text=True, timeout=400,
                           cwd=ROOT)
 
 
@@ -83,3 +84,21 @@ def test_views_are_copied_out_of_the_window_when_the_group_is_destroyed():
     done = _launch("outlive")
     assert done.returncode == 0, done.stderr
     assert "OK outlive" in done.stdout, done.stdout
+
+
+@needs_mpi
+def test_without_the_window_the_keyword_changes_no_value():
+    done = _launch("values-mpi")
+    assert done.returncode == 0, done.stderr
+    assert "OK values-mpi" in done.stdout, done.stdout
+
+
+@needs_mpi
+def test_ranks_whose_window_regions_differ_fail_instead_of_summing_other_bytes():
+    """The view regions' offsets are part of each bucket's digest: a rank that reserved
+    other offsets is reported at the first meeting, and the job ends."""
+    started = time.monotonic()
+    done = _launch("misplaced", "30")
+    assert done.returncode != 0 and time.monotonic() - started < 120, done.returncode
+    assert "the ranks are about to run different collectives" in done.stderr, done.stderr
+    assert "not detected" not in done.stdout

@@ -161,11 +161,37 @@ def outlive():
     return "outlive: .grad views copied out of the window when the group is destroyed"
 
 
+def values_mpi():
+    """Without the window (node_window_bytes=0: MPI_Iallreduce) the keyword changes nothing
+    in a compiled step: the default's values bit for bit, `.grad`s of their own."""
+    assert window_memory() is None
+    for opt_name in ("sgd", "adam"):
+        model, *_, losses = train("lenet", opt_name, True, "cpu")
+        base, *_, base_losses = train("lenet", opt_name, False, "cpu")
+        assert losses == base_losses
+        for p, q in zip(model.parameters(), base.parameters()):
+            np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
+            np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy())
+    return "values-mpi: the default's values through MPI_Iallreduce"
+
+
+def misplaced():
+    """A rank whose window regions differ from the others' (here: rank 1 reserved one more
+    before compiling) fails its view step at the first meeting, naming the mismatch,
+    instead of summing the wrong bytes."""
+    if dist.get_rank() == 1:
+        dist._group.window.window.reserve(4096)  # the test misplaces rank 1 on purpose
+    train("mlp", "sgd", True, "cpu", steps=2)
+    return "misplaced: not detected"
+
+
 def main():
     mode = sys.argv[1]
-    dist.init_process_group("mpi", timeout=60.0)
+    dist.init_process_group("mpi", timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0,
+                            pg_options={"node_window_bytes": 0} if mode == "values-mpi"
+                            else None)
     done = {"values": values, "zero_grad": zero_grad, "outlive": outlive,
-            "accumulate": accumulate}[mode]()
+            "accumulate": accumulate, "values-mpi": values_mpi, "misplaced": misplaced}[mode]()
     dist.barrier()
     if dist.get_rank() == 0:
         print("OK", done, flush=True)
