@@ -54,7 +54,17 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from graphc.backends import common
-from graphc.backends.cpu import collective_shm, conv, llvm, losses, pool, rows, small_gemm, values
+from graphc.backends.cpu import (
+    collective_shm,
+    conv,
+    llvm,
+    losses,
+    pool,
+    rows,
+    small_gemm,
+    values,
+    window_layout,
+)
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS, lower_fused_wait
 from graphc.backends.cpu.gemm_layout import fold_after_packing, folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
@@ -106,7 +116,7 @@ class Lowered:
     errors: list[str] = field(default_factory=list)  # the driver's status k: errors[k - 1]
     kernel_nodes: list = field(default_factory=list)  # per kernel: its node (None: a copy out)
     # output slot -> a view of the node's shared-memory window to return there (gradients
-    # averaged in place: collective_shm.window_outputs); the driver writes no array there
+    # averaged in place: window_layout.window_outputs); the driver writes no array there
     window_outputs: dict = field(default_factory=dict)
 
 
@@ -736,4 +746,4 @@ def lower(graph: Graph, blas=None, profile: bool = False,
         lw.driver(profile)
     text = str(lw.module)
     return Lowered(text, lw.arena_end + lw.scratch, [k.name for k in lw.calls],
-                   lw.errors, kernel_nodes, collective_shm.window_outputs(lw)), lw
+                   lw.errors, kernel_nodes, window_layout.window_outputs(lw)), lw

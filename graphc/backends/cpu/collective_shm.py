@@ -27,6 +27,10 @@ shared-memory allreduce on CPUs):
   That is one meeting per bucket: the rank that comes late finds the others' data there
   and reduces alone, where MPI's reduce-scatter and allgather need both ranks inside MPI
   calls at several moments (a rank the scheduler took off its core stalls the other).
+- gradient_as_bucket_view buckets are averaged in place, in two phases: each rank sums its
+  chunk into its own window, meets the others again, then copies their averaged chunks
+  into its window, which the step returns as the `.grad`s (lower_wait; a wait fused with
+  its update runs the update inside both phases: _lower_fused_view).
 - With more than WHOLE_REDUCE_MAX_WORLD ranks each rank sums only its chunk (1/world of the
   elements), writing it into the result and back into its window, publishes again, waits
   until every rank has, and copies the other ranks' chunks: two meetings, but the traffic
@@ -47,12 +51,16 @@ not depend on where the window landed (the driver's base "window" is this rank's
 from the table). Before its first write the step checks that the table still describes a
 window it fits (destroy_process_group zeroes it; a later init_process_group may open
 another size): a stale step fails with an error naming the node instead of writing out of
-bounds.
+bounds; a step that returns views of the window (gradient_as_bucket_view) also checks that
+this rank's segment is still where its views point.
 
 Counters only grow and every rank runs the same collectives in the same order (the
 digests check it), so "every rank's counter >= mine" is the whole
 protocol. An executable's buckets get slots 0, 1, ... and data offsets from 0 in start
-order; other executables, and the next step, reuse them, which the fence makes safe: before
+order (graphc.backends.cpu.window_layout decides which bytes, and which gradients the
+backward writes there); other executables, and the next step, reuse them (except the
+regions of gradient_as_bucket_view buckets, each executable's own), which the fence makes
+safe: before
 a step's first write into the window it waits until every rank has finished as many waits
 as this one, i.e. no rank still reads this window (one fence per step suffices: within a
 step every bucket has bytes of its own).
@@ -64,11 +72,7 @@ the window), other ops than sum/avg and other dtypes than float32/float64 take t
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import weakref
-from dataclasses import dataclass, field
 
-import numpy as np
 from llvmlite import ir
 
 from graphc.backends.common import contiguous_strides
@@ -77,249 +81,35 @@ from graphc.backends.cpu.bucket_pack import pack
 from graphc.backends.cpu.kernels import Combined, KernelBuilder
 from graphc.backends.cpu.scalars import convert
 from graphc.backends.cpu.values import F64, I32, I64, MEM, PTR, Loc, i64, loop, unsupported
-from graphc.ir.graph import Node, Value
+from graphc.backends.cpu.window_layout import (
+    BASES,
+    WHOLE_REDUCE_MAX_WORLD,
+    Layout,
+    flat_operands,
+    layout_of,
+    window_of,
+)
+from graphc.ir.graph import Node
 from graphc.ir.printer import format_node
 from graphc.ops import collective
-from graphc.ops.collective import COLLECTIVE_OPS
-from graphc.ops.fused import FusedBody
-from graphc.passes.fuse_waits import wait_bucket
 
 TABLE_SYMBOL = "graphc_node_table"
-_BASES = 3  # the table: rank, world size, data bytes per segment, then each segment's address
 LINE = 64  # bytes between control words: one cache line each
 _SPINS = 200  # spins before a wait starts yielding the core and checking the clock
 _CLOCK_MONOTONIC = 1
-_ALIGN = 64
-_MAX_RANKS = 256  # the table's room (graphc.distributed.node_window.MAX_RANKS)
-# Up to this many ranks, every rank sums the whole bucket from all windows (one meeting per
-# bucket; for 2 ranks the same memory traffic as splitting the sum); beyond, each rank sums
-# 1/world of it and copies the rest from the others (two meetings, traffic independent of
-# the world size).
-WHOLE_REDUCE_MAX_WORLD = 4
-
-
-@dataclass
-class _Layout:
-    """One executable's use of the window, decided from the whole schedule before its first
-    node is lowered (the backward's kernels write gradients there, long before the starts)."""
-
-    buckets: dict[str, tuple[int, int]] = field(default_factory=dict)  # value -> slot, offset
-    members: dict[Value, Loc] = field(default_factory=dict)  # gradient -> its window place
-    used_bytes: int = 0
-    control_bytes: int = 0  # the window's control area: its data starts past it
-    start: Node | None = None  # the first window bucket's start (named in errors)
-    signature: tuple = ()  # the collectives CpuExecutable agrees on before each run
-    digest: int = 0  # of the signature (and the view region): stored with every counter
-    first: Node | None = None  # the node before whose kernels the window check and fence go
-    fenced: bool = False
-    # gradient_as_bucket_view: the buckets averaged in place in this rank's window (their
-    # start values' names), the reduced gradients returned as views of it (value -> data
-    # offset), and those outputs for the executable (slot -> (table, byte offset from the
-    # segment's start, shape, dtype name)); `segment`: this rank's segment address when
-    # compiled (a view must not outlive its window: the fence checks it is still there)
-    views: set = field(default_factory=set)
-    view_values: dict[Value, int] = field(default_factory=dict)
-    window_outputs: dict[int, tuple] = field(default_factory=dict)
-    view_end: int = 0
-    segment: int = 0
-
-
-_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # lowerer -> _Layout
-
-
-def _window(node: Node):
-    native = collective.communicator(node.op).native()
-    window = getattr(native, "node_window", None) if native is not None else None
-    return (native, window) if window is not None and native.world_size > 1 else (None, None)
-
-
-def _fits(node: Node) -> bool:
-    out = node.outputs[0]
-    return node.attrs["op"] in ("sum", "avg") and out.type.dtype.name in ("float32", "float64")
-
-
-def _padded(node: Node) -> int:
-    return -(-node.outputs[0].type.nbytes // _ALIGN) * _ALIGN
-
-
-def _layout(lw) -> _Layout:
-    """The window buckets of lw's graph (slots and offsets in start order) and the gradients
-    the backward writes straight into them; computed once per lowerer. Buckets with
-    `bucket_view` (whose wait can average in place: _view_capable) get a region of their
-    own (NodeWindow.reserve), the others the shared low part."""
-    found = _LAYOUTS.get(lw)
-    if found is not None:
-        return found
-    layout = _LAYOUTS[lw] = _Layout()
-    starts = [n for n in lw.plan.schedule if n.op == "all_reduce_start"]
-    if not starts:
-        return layout
-    native, window = _window(starts[0])
-    if window is None:
-        return layout
-    movable = _movable_gradients(lw)
-    layout.control_bytes = window.control_bytes
-    waits = {wait_bucket(n): n for n in lw.plan.schedule if wait_bucket(n) is not None}
-    viewed = [n for n in starts if n.attrs.get("bucket_view") and _fits(n)
-              and _view_capable(lw, waits.get(n.outputs[0]), native.world_size)]
-    viewed = viewed[:window.slots]
-    region = window.reserve(sum(_padded(n) for n in viewed)) if viewed else None
-    if region is None:
-        viewed = []
-    view_at = region
-    for node in starts:
-        out = node.outputs[0]
-        if not _fits(node) or len(layout.buckets) >= window.slots:
-            continue
-        nbytes = _padded(node)
-        if node in viewed:
-            offset, view_at = view_at, view_at + nbytes
-            layout.views.add(out.name)
-            layout.view_end = view_at
-        elif layout.used_bytes + nbytes > window.shared_limit:
-            continue
-        else:
-            offset = layout.used_bytes
-            layout.used_bytes += nbytes
-        layout.start = layout.start or node
-        layout.buckets[out.name] = (len(layout.buckets), offset)
-        at = offset
-        for x in node.inputs:
-            if x in movable and x not in layout.members:
-                layout.members[x] = Loc("window", 0, at, contiguous_strides(
-                    x.type.shape, x.type.dtype.itemsize), x.type)
-            at += x.type.nbytes
-    window.use_shared(layout.used_bytes)
-    if layout.views:
-        _view_outputs(lw, layout, waits, window)
-    layout.signature = signature(lw.plan.schedule)
-    digest = hashlib.sha256(repr((layout.signature, region)).encode()).digest()
-    layout.digest = int.from_bytes(digest[:8], "little", signed=True)
-    if all(n.op == "all_reduce_start" and n.outputs[0].name in layout.buckets
-           for n in lw.plan.schedule if n.op in COLLECTIVE_OPS):
-        window.checked.add(layout.signature)  # graphc.distributed skips its agreement
-    first_write = {v: i for i, n in enumerate(lw.plan.schedule) for v in n.outputs
-                   if v in layout.members or v.name in layout.buckets}
-    if first_write:
-        layout.first = lw.plan.schedule[min(first_write.values())]
-    return layout
-
-
-def _view_capable(lw, wait: Node | None, world: int) -> bool:
-    """Whether a bucket_view bucket's wait can average in place: a plain wait, or a wait
-    fused with an update (graphc.passes.fuse_waits) whose operands are the gradient's shape
-    contiguous or one broadcast scalar each, for a world whose second phase is a loop per
-    rank (WHOLE_REDUCE_MAX_WORLD)."""
-    if wait is None:
-        return False
-    if wait.op == "all_reduce_wait":
-        return True
-    if world > WHOLE_REDUCE_MAX_WORLD:
-        return False
-    return _flat_operands(lw, wait) is not None
-
-
-def _flat_operands(lw, node: Node):
-    """For a fused wait: per input (after the bucket) and output, its element stride over
-    the flattened gradient (1, or 0 for a broadcast scalar), or None when some operand is
-    neither (contiguous plans only: the lowering checks the Locs again)."""
-    body = FusedBody.of_node(node)
-    t = body.types[body.n_inputs]
-    shape = tuple(t.shape)
-    strides = []
-    for v in list(node.inputs[1:]) + list(node.outputs):
-        if v.type.numel != 1 and v.name in lw.plan.views:
-            return None
-        if tuple(v.type.shape) == shape:
-            strides.append(1)
-        elif v.type.numel == 1:
-            strides.append(0)
-        else:
-            return None
-    return strides
-
-
-def _view_outputs(lw, layout: _Layout, waits: dict, window) -> None:
-    """The reduced gradients of the view buckets that the graph returns once (direct
-    outputs): returned as views of this rank's window bytes, where the wait leaves them."""
-    direct = lw.locs.direct_outputs
-    table = (ctypes.c_int64 * (_BASES + 1 + _MAX_RANKS)).from_address(window.table)
-    layout.segment = table[_BASES + table[0]]
-    for name in layout.views:
-        wait = next(w for b, w in waits.items() if b.name == name)
-        _, offset = layout.buckets[name]
-        at = offset
-        for v in _wait_gradients(wait):
-            if v is not None and v.name in direct:
-                layout.view_values[v] = at
-                layout.window_outputs[direct[v.name]] = (
-                    window.table, layout.control_bytes + at, tuple(v.type.shape),
-                    v.type.dtype.name)
-            at += (v.type.nbytes if v is not None else 0)
-
-
-def _wait_gradients(wait: Node) -> list:
-    """The reduced gradients a wait returns, in bucket order (a fused wait: its one
-    gradient, or None when the node does not return it)."""
-    if wait.op == "all_reduce_wait":
-        return list(wait.outputs)
-    body = FusedBody.of_node(wait)
-    for ref, v in zip(body.outputs, wait.outputs):
-        if ref == body.n_inputs:
-            return [v]
-    return [None]
-
-
-def window_outputs(lw) -> dict[int, tuple]:
-    """For the executable: output slot -> (table address, byte offset from this rank's
-    segment start, shape, dtype name) of the reduced gradients returned as views of the
-    window (gradient_as_bucket_view); see window_arrays."""
-    return dict(_layout(lw).window_outputs)
-
-
-def window_arrays(outputs: dict[int, tuple]) -> dict[int, np.ndarray]:
-    """The arrays window_outputs describes: views of this rank's segment, made once per
-    executable (they stay valid while the process group's window does)."""
-    arrays = {}
-    for k, (table_address, offset, shape, dtype) in outputs.items():
-        table = (ctypes.c_int64 * (_BASES + 1 + _MAX_RANKS)).from_address(table_address)
-        dt = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        memory = (ctypes.c_char * nbytes).from_address(table[_BASES + table[0]] + offset)
-        arrays[k] = np.frombuffer(memory, dt).reshape(shape)
-    return arrays
-
-
-def signature(schedule: list[Node]) -> tuple:
-    """What every rank must run the same of: each collective's op, reduction, size and dtype
-    in schedule order (the tuple CpuExecutable asks graphc.distributed to agree on)."""
-    return tuple((n.op, n.attrs["op"], n.outputs[0].type.numel, n.outputs[0].type.dtype.name)
-                 for n in schedule if n.op in COLLECTIVE_OPS)
-
-
-def _movable_gradients(lw) -> set[Value]:
-    """Values the backward can compute straight into the window: made by a node into an
-    arena buffer of their own (not a view, not written over an input's buffer or into a
-    graph input, not a graph output or update value), static and non-empty."""
-    plan, graph = lw.plan, lw.graph
-    kept = {v.name for v in graph.outputs} | {v.name for pair in graph.updates for v in pair}
-    return {v for n in plan.schedule if n.op != "all_reduce_start" for v in n.outputs
-            if v.name in plan.buffer_of and v.name not in plan.views
-            and v.name not in plan.inplace and v.name not in plan.in_input
-            and v.name not in kept and not v.type.is_symbolic and v.type.numel > 0}
 
 
 def usable(lw, node: Node) -> bool:
     """Whether this bucket (a start, or the wait of one) goes through the window."""
     value = node.outputs[0] if node.op == "all_reduce_start" else node.inputs[0]
-    return value.name in _layout(lw).buckets
+    return value.name in layout_of(lw).buckets
 
 
 def place(lw, node: Node) -> None:
     """After lw placed node's outputs: a gradient the window holds is placed there instead,
     and before the first node that writes into the window, the check that the window still
     fits this step and the fence (no rank still reads this rank's window) run."""
-    layout = _layout(lw)
+    layout = layout_of(lw)
     if layout.first is None:
         return
     if node is layout.first and not layout.fenced:
@@ -335,8 +125,8 @@ def window_data(lw, b: ir.IRBuilder, index: int = 0) -> ir.Value:
     rank's; index 1 + q, rank q's (read by a fused wait's sum)."""
     table = lw.declare(TABLE_SYMBOL, ir.FunctionType(ir.VoidType(), []))
     rank = b.load(table, typ=I64) if index == 0 else i64(index - 1)
-    segment = b.load(b.gep(table, [b.add(rank, i64(_BASES))], source_etype=I64), typ=I64)
-    return b.gep(b.inttoptr(segment, PTR), [i64(_layout(lw).control_bytes)],
+    segment = b.load(b.gep(table, [b.add(rank, i64(BASES))], source_etype=I64), typ=I64)
+    return b.gep(b.inttoptr(segment, PTR), [i64(layout_of(lw).control_bytes)],
                  source_etype=ir.IntType(8))
 
 
@@ -344,7 +134,7 @@ class _Emitter:
     """The shared pieces of the start's and the wait's kernels: the table, counters, spins."""
 
     def __init__(self, lw, node: Node, kb: KernelBuilder, b: ir.IRBuilder) -> None:
-        native, window = _window(node)
+        native, window = window_of(node)
         self.lw, self.node, self.b, self.window = lw, node, b, window
         self.world, self.timeout = native.world_size, native.timeout
         for name, address in ((TABLE_SYMBOL, window.table),
@@ -364,7 +154,7 @@ class _Emitter:
 
     def segment(self, rank) -> ir.Value:
         """The base address (a pointer) of `rank`'s segment of the window."""
-        return self.b.inttoptr(self.word(self.b.add(rank, i64(_BASES))), PTR)
+        return self.b.inttoptr(self.word(self.b.add(rank, i64(BASES))), PTR)
 
     def control(self, rank, slot: int | None) -> ir.Value:
         """Pointer to rank's wait counter (slot None) or its counter of bucket `slot`."""
@@ -433,7 +223,7 @@ class _Emitter:
         return b.add(b.mul(sec, i64(10**9)), nsec)
 
 
-def _lower_fence(lw, before: Node, layout: _Layout) -> None:
+def _lower_fence(lw, before: Node, layout: Layout) -> None:
     """One status kernel before the step's first write into the window (before `before`'s
     kernels): the table must still describe a window of this world size with room for the
     step's buckets (else the step was compiled for another process group), and every rank
@@ -454,7 +244,7 @@ def _lower_fence(lw, before: Node, layout: _Layout) -> None:
                   b.icmp_signed(">=", e.word(i64(2)), i64(max(layout.used_bytes,
                                                                layout.view_end))))
     if layout.views:  # the .grad views made for this window must still point into it
-        segment = e.word(b.add(e.rank, i64(_BASES)))
+        segment = e.word(b.add(e.rank, i64(BASES)))
         fits = b.and_(fits, b.icmp_signed("==", segment, i64(layout.segment)))
     with b.if_then(b.not_(fits), likely=False):
         b.ret(ir.Constant(I32, stale))
@@ -467,7 +257,7 @@ def lower_start(lw, node: Node) -> None:
     """Pack the gradients the backward did not write into the window already, publish (see
     the module docstring)."""
     out = node.outputs[0]
-    layout = _layout(lw)
+    layout = layout_of(lw)
     slot, offset = layout.buckets[out.name]
     at = offset
     for x in node.inputs:
@@ -493,7 +283,7 @@ def lower_wait(lw, node: Node) -> None:
     into its window; its outputs returned as views are that window, the others are written
     as usual."""
     bucket = node.inputs[0]
-    layout = _layout(lw)
+    layout = layout_of(lw)
     slot, offset = layout.buckets[bucket.name]
     in_place = bucket.name in layout.views
     dt, count = bucket.type.dtype, bucket.type.numel
@@ -583,7 +373,7 @@ def _chunks(b, count: int, world: int):
 def fusable(lw, wait: Node) -> bool:
     """Whether a window bucket's wait (of one gradient) can sum inside the update that reads
     it: every rank sums every element (one meeting), the bucket is float32/float64."""
-    native, _ = _window(wait)
+    native, _ = window_of(wait)
     return native.world_size <= WHOLE_REDUCE_MAX_WORLD and len(wait.outputs) == 1
 
 
@@ -595,11 +385,11 @@ def lower_fused_wait(lw, node: Node, body, wait: Node) -> None:
     results; then count the wait done. One pass over memory: the update no longer reads
     back a reduced gradient that the sum wrote."""
     bucket = wait.inputs[0]
-    slot, offset = _layout(lw).buckets[bucket.name]
+    slot, offset = layout_of(lw).buckets[bucket.name]
     _meet(lw, wait, slot)
-    if bucket.name in _layout(lw).views:
+    if bucket.name in layout_of(lw).views:
         return _lower_fused_view(lw, node, body, wait, slot, offset)
-    native, _ = _window(wait)
+    native, _ = window_of(wait)
     world, t = native.world_size, body.types[body.n]
     strides = contiguous_strides(t.shape, t.dtype.itemsize)
     windows = tuple(Loc("window", 1 + q, offset, strides, t) for q in range(world))
@@ -634,10 +424,10 @@ def _lower_fused_view(lw, node: Node, body, wait: Node, slot: int, offset: int) 
     averaged element read from that rank's window, stored into this rank's, fed to the body.
     One pass over memory, no `.grad` of its own: about 1.5 window bytes read per gradient
     byte instead of 2, and half the stores go to lines the sum has just read."""
-    layout = _layout(lw)
+    layout = layout_of(lw)
     t = body.types[body.n]
     dt, count = t.dtype, t.numel
-    flat = _flat_operands(lw, node)
+    flat = flat_operands(lw, node)
     kb = KernelBuilder(lw, lw.name("all_reduce_wait_view"), (count,))
     kb.kernel.status = True
     leaves: dict[int, int] = {}
@@ -657,7 +447,7 @@ def _lower_fused_view(lw, node: Node, body, wait: Node, slot: int, offset: int) 
         if loc.strides != contiguous_strides(v.type.shape, v.type.dtype.itemsize):
             raise unsupported(node, "a view bucket's update into a strided output")
         outs.append((ref, kb.operand(loc, (1,)), v))
-    native, _ = _window(wait)
+    native, _ = window_of(wait)
     world = native.world_size
     # the ranks' windows as arguments (noalias, as the parameters): the loops of rank r
     # store through window r's own argument, so each loop's accesses are provably apart
@@ -727,7 +517,7 @@ def _meet(lw, node: Node, slot: int) -> None:
     b = kb.begin()
     e = _Emitter(lw, node, kb, b)
     e.wait_all(slot, e.mine(slot), "packed")
-    layout = _layout(lw)
+    layout = layout_of(lw)
     rank = collective.communicator(node.op).rank
     lw.errors.append(f"{node.op}: the ranks are about to run different collectives (this "
                      f"rank, {rank}: {layout.signature!r:.200}); every rank must run the same "

@@ -58,7 +58,7 @@ import numpy as np
 from llvmlite import binding as llvm_binding
 
 from graphc.backends.common import planned
-from graphc.backends.cpu import collective_shm, llvm, threads, workers
+from graphc.backends.cpu import llvm, threads, window_layout, workers
 from graphc.backends.cpu.blas import resolve_blas
 from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
@@ -128,8 +128,8 @@ class CpuExecutable:
         self._out_types = output_types([(t.shape, np.dtype(t.dtype.np)) for t in self._copied])
         self._collectives = collectives
         # outputs returned as views of the node's shared-memory window (DDP's
-        # gradient_as_bucket_view: collective_shm.window_arrays), in place of fresh arrays
-        self._window_views = collective_shm.window_arrays(
+        # gradient_as_bucket_view: window_layout.window_arrays), in place of fresh arrays
+        self._window_views = window_layout.window_arrays(
             getattr(self.lowered, "window_outputs", {}))
         for k in self._window_views:
             self._out_types[k] = ((0,), self._out_types[k][1], False)
