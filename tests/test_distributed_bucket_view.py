@@ -87,6 +87,13 @@ def test_views_are_copied_out_of_the_window_when_the_group_is_destroyed():
 
 
 @needs_mpi
+def test_buckets_of_several_gradients_and_two_models_keep_their_views():
+    done = _launch("shared")
+    assert done.returncode == 0, done.stderr
+    assert "OK shared" in done.stdout, done.stdout
+
+
+@needs_mpi
 def test_without_the_window_the_keyword_changes_no_value():
     done = _launch("values-mpi")
     assert done.returncode == 0, done.stderr

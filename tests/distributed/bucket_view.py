@@ -18,12 +18,12 @@ import graphc.nn.functional as F  # noqa: E402
 from graphc.nn.parallel import DistributedDataParallel  # noqa: E402
 
 
-def make(kind, opt_name, view, backend="cpu", set_to_none=True):
+def make(kind, opt_name, view, backend="cpu", set_to_none=True, bucket_cap_mb=None):
     """A DDP step (compiled, or eager with backend None) and this rank's half of the batch;
     set_to_none None: no zero_grad at all (gradients accumulate over the steps)."""
     graphc.manual_seed(1)
     model = DistributedDataParallel(mlp() if kind == "mlp" else lenet(),
-                                    gradient_as_bucket_view=view)
+                                    gradient_as_bucket_view=view, bucket_cap_mb=bucket_cap_mb)
     opt = (graphc.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_name == "sgd"
            else graphc.optim.Adam(model.parameters(), lr=0.01))
 
@@ -59,8 +59,8 @@ def in_memory(array, memories) -> bool:
     return any(np.shares_memory(array, m) for m in memories)
 
 
-def train(kind, opt_name, view, backend, steps=5, set_to_none=True):
-    model, opt, run, x, y = make(kind, opt_name, view, backend, set_to_none)
+def train(kind, opt_name, view, backend, steps=5, set_to_none=True, bucket_cap_mb=None):
+    model, opt, run, x, y = make(kind, opt_name, view, backend, set_to_none, bucket_cap_mb)
     losses = [run(x, y).item() for _ in range(steps)]
     return model, opt, run, x, y, losses
 
@@ -161,6 +161,28 @@ def outlive():
     return "outlive: .grad views copied out of the window when the group is destroyed"
 
 
+def shared():
+    """Buckets of several gradients (bucket_cap_mb: plain waits, the updates apart) average
+    in place too; and two view models trained in turn keep their own `.grad`s (each
+    executable's region is its own: the other model's step does not overwrite them)."""
+    for opt_name in ("sgd", "adam"):
+        model, *_, losses = train("lenet", opt_name, True, "cpu", bucket_cap_mb=0.0005)
+        base, *_, base_losses = train("lenet", opt_name, False, "cpu", bucket_cap_mb=0.0005)
+        assert losses == base_losses
+        for p, q in zip(model.parameters(), base.parameters()):
+            np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
+            np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy())
+            assert in_memory(p.grad.numpy(), [window_memory()])
+    a, _, run_a, x, y, _ = train("mlp", "sgd", True, "cpu", steps=1)
+    b, _, run_b, _, _, _ = train("mlp", "adam", True, "cpu", steps=1)
+    kept = [p.grad.numpy().copy() for p in a.parameters()]
+    run_b(x, y)
+    run_b(x, y)
+    for p, g in zip(a.parameters(), kept):
+        np.testing.assert_array_equal(p.grad.numpy(), g)
+    return "shared: several gradients per view bucket; two view models keep their .grads"
+
+
 def values_mpi():
     """Without the window (node_window_bytes=0: MPI_Iallreduce) the keyword changes nothing
     in a compiled step: the default's values bit for bit, `.grad`s of their own."""
@@ -191,7 +213,8 @@ def main():
                             pg_options={"node_window_bytes": 0} if mode == "values-mpi"
                             else None)
     done = {"values": values, "zero_grad": zero_grad, "outlive": outlive,
-            "accumulate": accumulate, "values-mpi": values_mpi, "misplaced": misplaced}[mode]()
+            "accumulate": accumulate, "values-mpi": values_mpi, "misplaced": misplaced,
+            "shared": shared}[mode]()
     dist.barrier()
     if dist.get_rank() == 0:
         print("OK", done, flush=True)
