@@ -28,9 +28,9 @@ shared-memory allreduce on CPUs):
   and reduces alone, where MPI's reduce-scatter and allgather need both ranks inside MPI
   calls at several moments (a rank the scheduler took off its core stalls the other).
 - gradient_as_bucket_view buckets are averaged in place, in two phases: each rank sums its
-  chunk into its own window, meets the others again, then copies their averaged chunks
-  into its window, which the step returns as the `.grad`s (lower_wait; a wait fused with
-  its update runs the update inside both phases: _lower_fused_view).
+  chunk and stores it into every rank's window, meets the others again, and then its own
+  window holds the whole average, which the step returns as the `.grad`s (lower_wait; a
+  wait fused with its update runs the update inside both phases: _lower_fused_view).
 - With more than WHOLE_REDUCE_MAX_WORLD ranks each rank sums only its chunk (1/world of the
   elements), writing it into the result and back into its window, publishes again, waits
   until every rank has, and copies the other ranks' chunks: two meetings, but the traffic
@@ -278,10 +278,10 @@ def lower_wait(lw, node: Node) -> None:
     """Meet the other ranks, sum the bucket (or this rank's chunk, then gather the rest)
     straight into the wait's outputs (the packed tensors' places: the arena, or an output
     array). A view bucket (gradient_as_bucket_view) is always reduced by chunks and in place:
-    each rank averages its chunk into its own window (reading the others' raw chunks, which
-    no one writes in this phase), meets them again, then copies the others' averaged chunks
-    into its window; its outputs returned as views are that window, the others are written
-    as usual."""
+    each rank averages its chunk and stores it into every rank's window (only it reads or
+    writes that chunk in this phase), then meets the others again, after which its own
+    window holds the whole average; its outputs returned as views are that window, the
+    others are written from it as usual."""
     bucket = node.inputs[0]
     layout = layout_of(lw)
     slot, offset = layout.buckets[bucket.name]
@@ -316,7 +316,31 @@ def lower_wait(lw, node: Node) -> None:
             total = v if total is None else b.fadd(total, v)
         return total if scale is None else b.fmul(total, scale)
 
-    if world <= WHOLE_REDUCE_MAX_WORLD and not in_place:  # every rank sums all: one meeting
+    if in_place:  # this rank's chunk into every window, then the others' from this one
+        bounds = _chunks(b, count, world)
+
+        def summed_everywhere(i):
+            total = summed(i)
+            for w in windows:
+                b.store(total, b.gep(w, [i], source_etype=element))
+            return total
+
+        lo, hi = bounds(e.rank)
+        if pieces:
+            _over_pieces(b, pieces, lo, hi, element, summed_everywhere)
+        else:
+            with loop(b, lo, hi, "i") as i:
+                summed_everywhere(i)
+        e.publish(slot, b.add(packed, i64(1)))
+        e.wait_all(slot, b.add(packed, i64(1)), "reduced")
+        for q in range(world):  # outputs that are not views: the others' chunks
+            if pieces:
+                with b.if_then(b.icmp_signed("!=", e.rank, i64(q))):
+                    _over_pieces(b, pieces, *bounds(i64(q)), element,
+                                 lambda i: b.load(b.gep(own, [i], source_etype=element),
+                                                  typ=element))
+        packed = b.add(packed, i64(1))
+    elif world <= WHOLE_REDUCE_MAX_WORLD:  # every rank sums every element: one meeting
         _over_pieces(b, pieces, i64(0), i64(count), element, summed)
     else:  # each rank its chunk, written back for the others, then the others' chunks
         bounds = _chunks(b, count, world)
@@ -326,28 +350,14 @@ def lower_wait(lw, node: Node) -> None:
             b.store(total, b.gep(own, [i], source_etype=element))
             return total
 
-        lo, hi = bounds(e.rank)
-        if in_place and not pieces:
-            with loop(b, lo, hi, "i") as i:
-                summed_back(i)
-        else:
-            _over_pieces(b, pieces, lo, hi, element, summed_back)
+        _over_pieces(b, pieces, *bounds(e.rank), element, summed_back)
         e.publish(slot, b.add(packed, i64(1)))
         e.wait_all(slot, b.add(packed, i64(1)), "reduced")
         for q in range(world):
-            def theirs(i, q=q):
-                v = b.load(b.gep(windows[q], [i], source_etype=element), typ=element)
-                if in_place:
-                    b.store(v, b.gep(own, [i], source_etype=element))
-                return v
-
             with b.if_then(b.icmp_signed("!=", e.rank, i64(q))):
-                lo, hi = bounds(i64(q))
-                if in_place and not pieces:
-                    with loop(b, lo, hi, "i") as i:
-                        theirs(i)
-                else:
-                    _over_pieces(b, pieces, lo, hi, element, theirs)
+                _over_pieces(b, pieces, *bounds(i64(q)), element,
+                             lambda i, q=q: b.load(b.gep(windows[q], [i], source_etype=element),
+                                                   typ=element))
         packed = b.add(packed, i64(1))
     e.publish(slot, b.add(packed, i64(1)))  # counters advance by 2 per bucket, 3 by chunks
     e.publish(None, b.add(e.mine(None), i64(1)))
@@ -419,11 +429,14 @@ def _lower_fused_view(lw, node: Node, body, wait: Node, slot: int, offset: int) 
     """A fused wait of a view bucket (gradient_as_bucket_view), after the meeting: the
     update runs in the two phases of the in-place average (lower_wait). Phase 1, over this
     rank's chunk: each element summed over the windows in rank order (scaled for "avg"),
-    stored back into this rank's window (the `.grad` view) and fed to the rest of the body;
-    then every rank publishes and meets again; phase 2, over each other rank's chunk: its
-    averaged element read from that rank's window, stored into this rank's, fed to the body.
-    One pass over memory, no `.grad` of its own: about 1.5 window bytes read per gradient
-    byte instead of 2, and half the stores go to lines the sum has just read."""
+    stored into every rank's window (this one's is the `.grad` view) and fed to the rest of
+    the body; then every rank publishes and meets again; phase 2, over each other rank's
+    chunk: its average, which that rank stored into this window, fed to the body. No
+    `.grad` of its own, and no second pass of stores: per gradient byte, 1.5 window bytes
+    read (instead of 2) and one written, half of it pushed to the other rank's window,
+    where the stores do not stall the loop as the reads of phase 2 would (measured: this
+    rank copying the others' averages into its window in phase 2 made the MLP's largest
+    bucket ~20 us slower)."""
     layout = layout_of(lw)
     t = body.types[body.n]
     dt, count = t.dtype, t.numel
@@ -460,8 +473,7 @@ def _lower_fused_view(lw, node: Node, body, wait: Node, slot: int, offset: int) 
     bounds = _chunks(b, count, world)
     packed = e.mine(slot)
 
-    def update(i, gradient, own: int) -> None:  # the rest of the body at element i
-        kb.store(b, own, i, gradient)
+    def update(i, gradient) -> None:  # the rest of the body at element i
         offsets = [i if stride else i64(0) for stride in strides]
         env = body.evaluate(lw, kb, b, offsets, leaves, len(body.instrs),
                             [ref for ref, _, _ in outs],
@@ -475,21 +487,24 @@ def _lower_fused_view(lw, node: Node, body, wait: Node, slot: int, offset: int) 
             with b.if_then(b.icmp_signed("==", e.rank, i64(r))):
                 emit(r)
 
-    def mine(r: int) -> None:
+    def mine(r: int) -> None:  # this rank's chunk: summed, stored into every window
         lo, hi = bounds(i64(r))
         with loop(b, lo, hi, "mine") as i:
             total = None
             for w in windows:
                 x = kb.load(b, w, i)
                 total = x if total is None else b.fadd(total, x)
-            update(i, total if scale is None else b.fmul(total, scale), windows[r])
+            total = total if scale is None else b.fmul(total, scale)
+            for w in windows:
+                kb.store(b, w, i, total)
+            update(i, total)
 
-    def theirs(r: int) -> None:
+    def theirs(r: int) -> None:  # the others' chunks: their averages, now in this window
         for q in range(world):
             if q != r:
                 lo, hi = bounds(i64(q))
                 with loop(b, lo, hi, f"theirs{q}") as i:
-                    update(i, kb.load(b, windows[q], i), windows[r])
+                    update(i, kb.load(b, windows[r], i))
 
     per_rank(mine)
     e.publish(slot, b.add(packed, i64(1)))
