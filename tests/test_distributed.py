@@ -49,6 +49,15 @@ def test_compiled_ddp_steps_carry_the_allreduce_and_equal_one_process():
     assert done.stdout.count("/cpu parameters") == 4 and done.stdout.count("/interp") == 4
 
 
+def test_bucket_view_ddp_steps_equal_one_process():
+    """The same with gradient_as_bucket_view=True, eager and compiled on cpu (the window's
+    in-place average): within 1e-6 of one process at twice the batch."""
+    done, _ = _launch("views")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("/eager/view parameters") == 4, done.stdout
+    assert done.stdout.count("/cpu/view parameters") == 4, done.stdout
+
+
 def test_mismatched_shapes_are_reported_before_data_moves():
     done, _ = _launch("mismatch")
     assert done.returncode == 0, done.stderr

@@ -49,7 +49,7 @@ def train(model, opt_name, batches, steps=10, backend=None):
     return losses
 
 
-def equivalence(kind, opt_name, backend=None):
+def equivalence(kind, opt_name, backend=None, view=False):
     graphc.manual_seed(1)
     build = mlp if kind == "mlp" else lenet
     reference = build()
@@ -59,7 +59,7 @@ def equivalence(kind, opt_name, backend=None):
         for p in replica.parameters():
             p.detach().numpy()[...] += 1.0
     x, y = data(kind)
-    ddp = DistributedDataParallel(replica)
+    ddp = DistributedDataParallel(replica, gradient_as_bucket_view=view)
     share = DataLoader(TensorDataset(x, y), batch_size=32,
                        sampler=DistributedSampler(TensorDataset(x, y), shuffle=False))
     ddp_losses = train(ddp, opt_name, list(share), backend=backend)
@@ -73,7 +73,8 @@ def equivalence(kind, opt_name, backend=None):
         worst = max(worst, float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12)))
     loss_gap = float(np.max(np.abs(mean_losses - full_losses) / np.abs(full_losses)))
     assert worst < 1e-6 and loss_gap < 1e-6, (worst, loss_gap)
-    return f"{kind}/{opt_name}/{backend or 'eager'} parameters {worst:.1e} losses {loss_gap:.1e}"
+    return (f"{kind}/{opt_name}/{backend or 'eager'}{'/view' if view else ''} parameters "
+            f"{worst:.1e} losses {loss_gap:.1e}")
 
 
 def collectives():
@@ -117,6 +118,9 @@ def main():
         done = [equivalence(k, o) for k in ("mlp", "lenet") for o in ("sgd", "adam")]
     elif mode == "compiled":
         done = [equivalence(k, o, b) for b in ("interp", "cpu") for k in ("mlp", "lenet")
+                for o in ("sgd", "adam")]
+    elif mode == "views":  # DistributedDataParallel(gradient_as_bucket_view=True)
+        done = [equivalence(k, o, b, view=True) for b in (None, "cpu") for k in ("mlp", "lenet")
                 for o in ("sgd", "adam")]
     elif mode == "collectives":
         done = [collectives()]
