@@ -86,6 +86,7 @@ class CpuExecutable:
 
     backend = "cpu"
     fresh_results = True  # see the module docstring
+    _window_views: dict = {}  # _finish's (a subclass without it returns no window views)
 
     def __init__(self, graph: Graph, options: dict | None = None) -> None:
         self.graph = verify(graph)
