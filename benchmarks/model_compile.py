@@ -21,8 +21,8 @@ from timers wrapped around graphc.jit.compiler's functions and the CPU backend's
 (LLVM IR text), `dedupe` (graphc.backends.cpu.module_text), `llvm` (optimisation and object
 code, in parts on several processes when the module is large: graphc.backends.cpu.workers),
 `load` (MCJIT loading the objects), `key` (hashing the text for the cache). `--workers` sets
-GRAPHC_COMPILE_WORKERS, `--level` the LLVM pipeline of every module (default graphc's: O3,
-O2 for a large module, llvm.pipeline_level). First calls in wall seconds, with the CPU
+GRAPHC_COMPILE_WORKERS, `--level` the LLVM pipeline of every module (default graphc's: O2
+for every module, llvm.OPT_LEVEL). First calls in wall seconds, with the CPU
 seconds of the child itself (workers' time not included) in brackets; stages in wall
 seconds, or with `--clock cpu` the child's CPU seconds (robust to load, blind to the
 workers). Warm stages: `trace`, `pipeline key` (the traced graph's text and hash:
@@ -107,7 +107,7 @@ def child(name: str, level: int | None, clock: str = "wall") -> dict:
     from graphc.backends.cpu import llvm
 
     if level is not None:
-        llvm.OPT_LEVEL = llvm.LARGE_OPT_LEVEL = level
+        llvm.OPT_LEVEL = level
     if clock == "cpu":
         _clock = time.process_time
     stages: dict[str, float] = {}
@@ -167,8 +167,9 @@ def compare_levels(name: str, repeat: int) -> str:
     from graphc.backends.cpu import llvm
 
     row, steps = [], []
+    default_level = llvm.OPT_LEVEL
     for level in (2, 3):
-        llvm.OPT_LEVEL = llvm.LARGE_OPT_LEVEL = level
+        llvm.OPT_LEVEL = level
         fn, args = _case(name)
         compiled = graphc.compile(fn, backend="cpu")
         start = time.perf_counter()
@@ -176,7 +177,7 @@ def compare_levels(name: str, repeat: int) -> str:
         row.append(time.perf_counter() - start)
         compiled(*args)
         steps.append((compiled, args))
-    llvm.OPT_LEVEL, llvm.LARGE_OPT_LEVEL = 3, 2
+    llvm.OPT_LEVEL = default_level
     times: list[list[float]] = [[], []]
     for _ in range(repeat):
         for k, (compiled, args) in enumerate(steps):

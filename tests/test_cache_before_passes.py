@@ -115,7 +115,7 @@ def _misses_after(change, monkeypatch, cache_root) -> bool:
 def test_the_key_covers_what_changes_the_result(cache_root, monkeypatch):
     assert not _misses_after(lambda: None, monkeypatch, cache_root)
     changes = [(kernels, "PARALLEL_MIN_ELEMENTS", 1 << 40),  # a tuning constant
-               (llvm, "OPT_LEVEL", 2),  # the LLVM pipeline
+               (llvm, "OPT_LEVEL", 3),  # the LLVM pipeline
                (cache, "source_fingerprint", lambda: "edited")]  # graphc's code
     for module, name, value in changes:
         assert _misses_after(lambda: monkeypatch.setattr(module, name, value), monkeypatch,

@@ -191,13 +191,16 @@ def test_dumps_hold_the_generated_and_the_deduplicated_text(tmp_path, monkeypatc
     assert "k2_fused" not in deduplicated and "k1_fused" in deduplicated
 
 
-def test_a_large_module_is_compiled_at_o2_a_small_one_at_o3(monkeypatch):
-    small = llvm.compile_module(_module(KERNELS), "small", use_cache=False)
-    assert small.level == llvm.OPT_LEVEL == 3
-    monkeypatch.setattr(llvm, "LARGE_MODULE_CHARS", 10)
-    large = llvm.compile_module(_module(KERNELS), "large", use_cache=False)
-    assert large.level == llvm.LARGE_OPT_LEVEL == 2 and large.key != small.key
-    assert _run(large, 5) == EXPECTED and "define" in large.ir
+def test_every_module_is_compiled_at_one_level_and_the_level_is_in_the_key():
+    """One pipeline whatever the module's size (a kernel must round the same in every
+    module: tests/test_cpu_kernel_rounding.py); another level is another cache entry."""
+    text = _module(KERNELS)
+    library = llvm.compile_module(text, "one_level", use_cache=False)
+    assert library.level == llvm.OPT_LEVEL == 2
+    assert llvm.pipeline_level(text) == llvm.pipeline_level(text * 100) == llvm.OPT_LEVEL
+    o3 = llvm.compile_module(text, "o3", use_cache=False, level=3)
+    assert o3.level == 3 and o3.key != library.key
+    assert _run(o3, 5) == _run(library, 5) == EXPECTED and "define" in o3.ir
 
 
 def test_variables_are_never_merged_nor_copied_into_parts():

@@ -1,7 +1,7 @@
 """The CPU backend: one LLVM module per graph, compiled with llvmlite.
 
 Layers, bottom-up (one module each, one owner each):
-- `llvm.py`: llvmlite set-up (host target machine with its CPU features, the O3 pipeline),
+- `llvm.py`: llvmlite set-up (host target machine with its CPU features, the O2 pipeline),
   `compile_module(llvm_ir_text, name) -> Library` (JIT-compiled object code and function
   addresses), and the on-disk object-code cache keyed by the IR hash, CPU name and
   features, llvmlite/LLVM and graphc versions, written atomically.

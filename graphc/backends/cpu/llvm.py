@@ -2,7 +2,7 @@
 
 `compile_module(ir_text, name)` turns LLVM IR text into a `Library` of callable native
 functions: keep one copy of identical kernels (graphc.backends.cpu.module_text), parse and
-verify, optimise at O3, or O2 for a large module (`pipeline_level`; loop and SLP
+verify, optimise at O2, every module alike (`pipeline_level`; loop and SLP
 vectorisation on) through the new pass manager with the host CPU and its features
 (graphc.backends.cpu.llvm_worker), emit object code (a large module in parts, on worker
 processes: graphc.backends.cpu.workers), load the objects into one MCJIT engine. Object code
@@ -65,19 +65,20 @@ __all__ = [
 ]
 
 _CACHE_FORMAT = "llvm-objects-v2"  # the versioned subfolder; bump when the entry format changes
-# The optimisation pipeline (the new pass manager's O2 or O3), chosen per module: O3 for a
-# module below LARGE_MODULE_CHARS (deduplicated; its LLVM time is short anyway, and the
-# small benchmark steps and kernels keep every O3 transformation), O2 for a larger one,
-# where O3 cost 35-40% more LLVM time (ResNet-18: 3.3 s against 2.0 s of CPU) and the
-# steps ran at the same speed (O2/O3 0.92-1.08 over three runs); docs/performance.md
-# § Compile time has the measurements.
-OPT_LEVEL = 3
-LARGE_OPT_LEVEL = 2
+# The optimisation pipeline (the new pass manager's O level), the same for every module: a
+# kernel's code must not depend on the module around it, because reductions' float sums
+# are `reassoc` (graphc.backends.cpu.scalars, conv_direct) and O2 and O3 unroll and
+# vectorise them differently, so the same kernel rounded differently at each level (a
+# conv weight gradient 1 ulp apart between a DDP step and its gradient_as_bucket_view
+# twin, the latter's module 157k characters, then over the 150k from which modules were
+# compiled at O2). O2: O3 cost 35-40% more LLVM time (ResNet-18: 3.3 s against 2.0 s of
+# CPU) and the steps ran at the same speed (O2/O3 0.92-1.08, LeNet-5 and the MLP within
+# the noise); docs/performance.md § Compile time has the measurements.
+OPT_LEVEL = 2
 # A loop-free function this large (the driver of a training step: one call per kernel) is
 # compiled apart at O1 with fast code generation: the LSTM step's driver (378k characters)
 # took 0.33 s at O2/-O3 and takes 0.09 s so.
 STRAIGHT_MIN_CHARS = 20_000
-LARGE_MODULE_CHARS = 150_000
 
 
 class LLVMCompileError(GraphcError, RuntimeError):
@@ -326,8 +327,9 @@ def deduplicated(ir_text: str) -> tuple[str, module_text.ModuleText | None, dict
 
 
 def pipeline_level(text: str) -> int:
-    """The O level a module's (deduplicated) text is compiled at (see OPT_LEVEL)."""
-    return OPT_LEVEL if len(text) < LARGE_MODULE_CHARS else LARGE_OPT_LEVEL
+    """The O level a module's (deduplicated) text is compiled at: OPT_LEVEL, whatever the
+    text, so that a kernel rounds the same in every module that holds it."""
+    return OPT_LEVEL
 
 
 def compile_module(ir_text: str, name: str, *, use_cache: bool = True,
