@@ -1,0 +1,362 @@
+"""attention: softmax(q k^T * scale [+ mask]) v made one `attention` node when its scores are big.
+
+`scaled_dot_product_attention` and `MultiheadAttention` trace into matmul, scale, mask,
+softmax, matmul, and autograd adds the softmax's backward after them; both keep the
+[..., L, S] score and probability matrices in memory. At long contexts (L = S = 1024: 4 MiB
+per batch and head) the step is bound by moving them. `fuse_attention` replaces the chain by
+`attention` (graphc/ops/attention.py), which the cpu backend runs as a blocked kernel with an
+online softmax, saving only each row's logsumexp; and, in a training graph, the backward chain
+(dV = P^T dO, dP = dO V^T, the softmax's backward, the mask, the scale, dQ = dS K,
+dK = dS^T Q) by one `attention_backward` node that recomputes P block by block.
+
+Recognised forward, after simplify:
+
+    s  = matmul(q, permute_T(k))          # permute_T swaps the last two dims
+    s' = mul(s, c)                        # optional: c a scalar `full` constant
+    s''= where(hide, -inf, s') | add(s', mask) | s'
+    p  = softmax[dim=last](s'')
+    o  = matmul(p, v)
+
+where `hide` is a constant bool mask equal to the causal triangle (j > i) and `mask` an
+additive float mask broadcastable to the scores that is not computed from them. A scale on q
+(MultiheadAttention with need_weights) is part of q here, the attention's scale being 1.
+Every intermediate must be read only by the chain (or by the recognised backward), so
+nothing else needs the scores.
+
+Needs: a graph that verifies; the cpu pipeline runs it after transpose_weight_products and
+before fuse (it works on unfused nodes). Guarantees: a graph that verifies; results equal up
+to float rounding (the blocked kernels sum in another order: docs/performance.md, Rounding);
+a chain whose score matrix per (batch, head) holds at most MIN_SCORE_BYTES is left as it is
+(it fits in cache, where the unfused kernels are as fast), as is any chain the pattern does
+not match exactly. The interpreter and the cuda backend never see these nodes unless
+someone runs this pass for them: the interpreter runs them (graphc/ops/attention.py), the
+cuda backend refuses them with its reason.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from graphc.ir.graph import Graph, Node, Value
+from graphc.ops.registry import REGISTRY
+from graphc.types import TensorType
+
+# the score matrix of one (batch, head), in bytes, above which the chain is fused: half of a
+# Zen 3/4 core's 512 KiB L2 (256 x 256 float32 scores stay as they are)
+MIN_SCORE_BYTES = 256 * 1024
+
+
+def _swaps_last_two(node: Node) -> bool:
+    rank = node.outputs[0].type.ndim
+    return node.op == "permute" and rank >= 2 and \
+        tuple(node.attrs["dims"]) == tuple(range(rank - 2)) + (rank - 1, rank - 2)
+
+
+def _scalar_constant(producer: dict, v: Value) -> float | None:
+    """The value of a scalar `full` constant `v`, or None."""
+    node = producer.get(v)
+    if node is None or node.op != "full" or v.type.shape != ():
+        return None
+    return float(node.attrs["value"])
+
+
+def _constant(producer: dict, v: Value, memo: dict) -> np.ndarray | None:
+    """`v` computed from constants alone (full, arange, reshape, comparisons...), or None
+    when it reads a graph input or a random op."""
+    if v in memo:
+        return memo[v]
+    node = producer.get(v)
+    result = None
+    if node is not None and not REGISTRY[node.op].effectful and node.op != "fused" and \
+            len(node.outputs) == 1 and v.type.numel <= (1 << 24):
+        args = [_constant(producer, x, memo) for x in node.inputs]
+        if all(a is not None for a in args):
+            result = np.asarray(REGISTRY[node.op].kernel(*args, **node.attrs))
+    memo[v] = result
+    return result
+
+
+def _is_causal_hide(producer: dict, cond: Value, scores: TensorType, memo: dict) -> bool:
+    """Whether bool `cond` hides exactly key j > query i of every [L, S] score matrix."""
+    hide = _constant(producer, cond, memo)
+    if hide is None or hide.dtype != np.bool_:
+        return False
+    length, source = scores.shape[-2:]
+    want = np.arange(source)[None, :] > np.arange(length)[:, None]
+    try:
+        return bool(np.array_equal(np.broadcast_to(hide, scores.shape),
+                                   np.broadcast_to(want, scores.shape)))
+    except ValueError:
+        return False
+
+
+def _same(producer: dict, v: Value, target: Value) -> bool:
+    """Whether `v` is `target`, possibly through pairs of last-two-dims permutes."""
+    while v is not target:
+        first = producer.get(v)
+        second = producer.get(first.inputs[0]) if first is not None and \
+            _swaps_last_two(first) else None
+        if second is None or not _swaps_last_two(second):
+            return False
+        v = second.inputs[0]
+    return True
+
+
+class _Match:
+    """One recognised chain: what the new nodes read and which values they replace."""
+
+    def __init__(self) -> None:
+        self.removed: list[Node] = []  # the forward chain's nodes (o's matmul last)
+        self.backward: list[Node] = []  # the backward chain's nodes
+        self.q = self.k = self.v = self.o = None
+        self.mask: Value | None = None
+        self.scale, self.causal = 1.0, False
+        self.grad_out = self.dq = self.dk = self.dv = None
+
+
+def _match_forward(graph: Graph, producer: dict, users: dict, uses: dict,
+                   softmax: Node, memo: dict) -> _Match | None:
+    m = _Match()
+    p = softmax.outputs[0]
+    if softmax.attrs["dim"] != p.type.ndim - 1 or p.type.ndim < 2:
+        return None
+    x = softmax.inputs[0]
+    chain = [softmax]
+    node = producer.get(x)
+    if node is not None and node.op == "where" and \
+            _scalar_constant(producer, node.inputs[1]) == -math.inf and \
+            node.inputs[2].type == x.type and \
+            _is_causal_hide(producer, node.inputs[0], x.type, memo):
+        m.causal = True
+        chain.append(node)
+        x = node.inputs[2]
+    elif node is not None and node.op == "add":
+        for scores, mask in (node.inputs, node.inputs[::-1]):
+            made = producer.get(scores)
+            if scores.type == x.type and made is not None and made.op in ("mul", "matmul") \
+                    and mask.type.dtype is x.type.dtype and mask is not scores:
+                m.mask = mask
+                chain.append(node)
+                x = scores
+                break
+    node = producer.get(x)
+    if node is not None and node.op == "mul":
+        for scores, c in (node.inputs, node.inputs[::-1]):
+            value = _scalar_constant(producer, c)
+            if value is not None and scores.type == x.type:
+                m.scale = value
+                chain.append(node)
+                x = scores
+                break
+    node = producer.get(x)
+    if node is None or node.op != "matmul":
+        return None
+    chain.append(node)
+    m.q, kt = node.inputs
+    kt_node = producer.get(kt)
+    if kt_node is None or not _swaps_last_two(kt_node):
+        return None
+    m.k = kt_node.inputs[0]
+    readers = [n for n in users.get(p, []) if n.op == "matmul" and n.inputs[0] is p]
+    if len(readers) != 1:
+        return None
+    o_node = readers[0]
+    m.v, m.o = o_node.inputs[1], o_node.outputs[0]
+    t = m.q.type
+    if t.ndim < 2 or m.k.type.ndim != t.ndim or m.v.type.ndim != t.ndim or \
+            t.shape[:-2] != m.k.type.shape[:-2] or t.shape[:-2] != m.v.type.shape[:-2] or \
+            t.dtype.name != "float32" or p.type.shape != t.shape[:-1] + (m.k.type.shape[-2],):
+        return None
+    if m.mask is not None and (m.mask.type.ndim > p.type.ndim or any(
+            a not in (1, b) for a, b in zip(m.mask.type.shape[::-1], p.type.shape[::-1]))):
+        return None
+    if any(uses.get(n.outputs[0], 0) != 1 for n in chain[1:]):
+        return None  # something else reads the scores
+    m.removed = chain[::-1] + [o_node]
+    return m
+
+
+def _one_reader(users: dict, uses: dict, v: Value) -> Node | None:
+    readers = users.get(v, [])
+    return readers[0] if len(readers) == 1 and uses.get(v, 0) == 1 else None
+
+
+def _match_backward(producer: dict, users: dict, uses: dict, m: _Match, p: Value) -> bool:
+    """Recognise the softmax chain's backward (see the module docstring); fill m.backward."""
+    readers = [n for n in users.get(p, []) if n is not m.removed[-1]]
+    if not readers:
+        return True  # a forward graph
+    if sorted(n.op for n in readers) != ["mul", "mul", "permute"] or \
+            uses.get(p) != len(readers) + 1:
+        return False
+    pt = next(n for n in readers if n.op == "permute")
+    dv_node = _one_reader(users, uses, pt.outputs[0])
+    if not _swaps_last_two(pt) or dv_node is None or dv_node.op != "matmul" or \
+            dv_node.inputs[0] is not pt.outputs[0]:
+        return False
+    m.grad_out, m.dv = dv_node.inputs[1], dv_node.outputs[0]
+    first, last = None, None
+    for node in (n for n in readers if n.op == "mul"):  # one multiplies by dP (the rowsum), one by dP - rowsum
+        other = node.inputs[1] if node.inputs[0] is p else node.inputs[0]
+        made = producer.get(other)
+        if made is not None and made.op == "matmul":
+            first, dp_node = node, made
+        elif made is not None and made.op == "sub":
+            last, sub = node, made
+    if first is None or last is None:
+        return False
+    vt = producer.get(dp_node.inputs[1])
+    if dp_node.inputs[0] is not m.grad_out or vt is None or not _swaps_last_two(vt) or \
+            vt.inputs[0] is not m.v:
+        return False
+    dp = dp_node.outputs[0]
+    rowsum = _one_reader(users, uses, first.outputs[0])
+    if rowsum is None or rowsum.op != "reduce_sum" or not rowsum.attrs["keepdim"] or \
+            tuple(rowsum.attrs["axes"]) != (p.type.ndim - 1,):
+        return False
+    if sub.inputs[0] is not dp or sub.inputs[1] is not rowsum.outputs[0] or \
+            uses.get(dp) != 2 or uses.get(rowsum.outputs[0]) != 1 or \
+            uses.get(sub.outputs[0]) != 1:
+        return False
+    chain = [dp_node, dv_node, first, rowsum, sub, last]
+    ds = last.outputs[0]
+    node = _one_reader(users, uses, ds)
+    if m.causal:  # where(hide, 0, ds): the hidden scores get no gradient
+        if node is None or node.op != "where" or node.inputs[2] is not ds or \
+                producer.get(node.inputs[1]) is None or \
+                producer[node.inputs[1]].op != "full" or \
+                float(producer[node.inputs[1]].attrs["value"]) != 0.0:
+            return False
+        chain.append(node)
+        ds = node.outputs[0]
+        node = _one_reader(users, uses, ds)
+    if m.scale != 1.0:  # simplify drops a multiply by 1
+        if node is None or node.op != "mul":
+            return False
+        c = node.inputs[1] if node.inputs[0] is ds else node.inputs[0]
+        if _scalar_constant(producer, c) != m.scale:
+            return False
+        chain.append(node)
+        ds = node.outputs[0]
+    return _match_ds_readers(producer, users, uses, m, ds, chain)
+
+
+def _match_ds_readers(producer, users, uses, m: _Match, ds: Value, chain: list) -> bool:
+    """dS (the scores' gradient) read only by dQ = dS K and dK = dS^T Q (or (Q^T dS)^T)."""
+    readers = users.get(ds, [])
+    if uses.get(ds) != len(readers):
+        return False
+    for node in readers:
+        if node.op == "matmul" and node.inputs[0] is ds and _same(producer, node.inputs[1],
+                                                                  m.k) and m.dq is None:
+            m.dq = node.outputs[0]
+            chain.append(node)
+            continue
+        if node.op != "permute" or not _swaps_last_two(node):
+            if node.op == "matmul" and node.inputs[1] is ds and m.dk is None:
+                back = _one_reader(users, uses, node.outputs[0])
+                qt = producer.get(node.inputs[0])
+                if back is not None and _swaps_last_two(back) and qt is not None and \
+                        _swaps_last_two(qt) and _same(producer, qt.inputs[0], m.q):
+                    m.dk = back.outputs[0]
+                    chain += [node, back]
+                    continue
+            return False
+        mm = _one_reader(users, uses, node.outputs[0])
+        if mm is None or mm.op != "matmul" or mm.inputs[0] is not node.outputs[0] or \
+                not _same(producer, mm.inputs[1], m.q) or m.dk is not None:
+            return False
+        m.dk = mm.outputs[0]
+        chain += [node, mm]
+    if m.dq is None or m.dk is None:
+        return False
+    m.backward = chain
+    return True
+
+
+def _fresh_names(graph: Graph):
+    taken = {v.name for v in graph.inputs} | {v.name for n in graph.nodes for v in n.outputs}
+    counter = [1 + max((int(n) for n in taken if n.isdigit()), default=-1)]
+
+    def fresh(type_: TensorType) -> Value:
+        while str(counter[0]) in taken:
+            counter[0] += 1
+        taken.add(str(counter[0]))
+        return Value(str(counter[0]), type_)
+
+    return fresh
+
+
+def fuse_attention(graph: Graph) -> Graph:
+    """Replace each big softmax(q k^T * scale + mask) v chain, and its backward when the graph
+    has one, by `attention` / `attention_backward` nodes (see the module docstring).
+
+    >>> from graphc.ir.parser import parse
+    >>> g = parse('''graph @f(%q: f32[2,8,4], %k: f32[2,8,4], %v: f32[2,8,4]) -> (f32[2,8,4]) {
+    ...   %0: f32[2,4,8] = permute[dims=(0, 2, 1)](%k)
+    ...   %1: f32[2,8,8] = matmul(%q, %0)
+    ...   %2: f32[2,8,8] = softmax[dim=2](%1)
+    ...   %3: f32[2,8,4] = matmul(%2, %v)
+    ...   return (%3)
+    ... }''')
+    >>> [n.op for n in fuse_attention(g).nodes]  # 8 x 8 scores: small, left alone
+    ['permute', 'matmul', 'softmax', 'matmul']
+    """
+    producer = graph.producers()
+    users = graph.users()
+    uses: dict[Value, int] = {}
+    for v in [x for n in graph.nodes for x in n.inputs] + list(graph.outputs) + \
+            [value for _, value in graph.updates]:
+        uses[v] = uses.get(v, 0) + 1
+    memo: dict = {}
+    matches = []
+    for node in graph.nodes:
+        if node.op != "softmax":
+            continue
+        scores = node.outputs[0].type
+        if not isinstance(scores.shape[-1], int) or not isinstance(scores.shape[-2], int) or \
+                scores.shape[-1] * scores.shape[-2] * scores.dtype.itemsize <= MIN_SCORE_BYTES:
+            continue
+        m = _match_forward(graph, producer, users, uses, node, memo)
+        if m is not None and _match_backward(producer, users, uses, m, node.outputs[0]):
+            matches.append(m)
+    if not matches:
+        return graph
+    fresh = _fresh_names(graph)
+    position = {id(n): k for k, n in enumerate(graph.nodes)}
+    placed: dict[int, list[Node]] = {}
+    dropped: set[int] = set()
+    for m in matches:
+        mask = m.mask
+        extra = []
+        if mask is None:
+            mask = fresh(TensorType((), m.q.type.dtype))
+            extra.append(Node("full", [], {"shape": (), "value": 0.0, "dtype": "float32"},
+                              [mask], m.removed[-1].loc))
+        lse = fresh(TensorType(m.q.type.shape[:-1], m.q.type.dtype))
+        attrs = {"scale": float(m.scale), "causal": m.causal}
+        o_node = m.removed[-1]
+        placed.setdefault(position[id(o_node)], []).extend(
+            extra + [Node("attention", [m.q, m.k, m.v, mask], dict(attrs), [m.o, lse],
+                          o_node.loc)])
+        dropped |= {id(n) for n in m.removed}
+        if m.backward:
+            at = min(position[id(n)] for n in m.backward if m.grad_out in n.inputs)
+            placed.setdefault(at, []).append(Node(
+                "attention_backward", [m.q, m.k, m.v, mask, m.o, lse, m.grad_out],
+                dict(attrs), [m.dq, m.dk, m.dv], m.backward[0].loc))
+            dropped |= {id(n) for n in m.backward}
+    nodes: list[Node] = []
+    for k, node in enumerate(graph.nodes):
+        nodes += placed.get(k, [])
+        if id(node) not in dropped:
+            nodes.append(node)
+    from graphc.passes.simplify import eliminate_dead_code
+
+    return eliminate_dead_code(Graph(graph.name, list(graph.inputs), nodes,
+                                     list(graph.outputs), list(graph.updates)))
+
+
+__all__ = ["MIN_SCORE_BYTES", "fuse_attention"]
