@@ -91,12 +91,14 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
     their order); for the "cpu" backend, transpose_weight_products after simplify
     (graphc.passes.gemm_order: a GEMM order its BLAS runs faster, which the interpreter, the
     reference, does not need)."""
+    from graphc.passes.attention import fuse_attention
     from graphc.passes.fuse import fuse
     from graphc.passes.gemm_order import transpose_weight_products
     from graphc.passes.plan import plan_buffers
     from graphc.passes.simplify import simplify
 
     front = [simplify, transpose_weight_products] if backend == "cpu" else [simplify]
+    front += [fuse_attention] if backend == "cpu" else []  # graphc/passes/attention.py
     if graph is not None:
         from graphc.passes.bucket import bucket_allreduce, has_collectives
         from graphc.passes.fuse_waits import fuse_waits

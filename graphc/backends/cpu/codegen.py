@@ -65,6 +65,7 @@ from graphc.backends.cpu import (
     values,
     window_layout,
 )
+from graphc.backends.cpu import attention as attention_kernels
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS, lower_fused_wait
 from graphc.backends.cpu.gemm_layout import fold_after_packing, folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
@@ -688,6 +689,8 @@ LOWERINGS = {
     "slice": Lowerer.lower_view_copy, "concat": Lowerer.lower_concat,
     "full": Lowerer.lower_full, "arange": Lowerer.lower_arange,
     "nll_loss": losses.nll_loss, "nll_loss_backward": losses.nll_loss_backward,
+    "attention": attention_kernels.attention,
+    "attention_backward": attention_kernels.attention_backward,
     **INDEX_LOWERINGS,
     **COLLECTIVE_LOWERINGS,
 }

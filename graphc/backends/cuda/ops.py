@@ -762,6 +762,9 @@ REFUSALS: dict[str, str] = {
           "backend"
     for name in ("all_reduce", "all_reduce_start", "all_reduce_wait")
 }
+REFUSALS.update({name: "made only by the cpu pipeline's fuse_attention pass (the cuda pipeline "
+                       "keeps the matmul/softmax chain), so no cuda graph holds it"
+                 for name in ("attention", "attention_backward")})
 
 
 def lower_node(lw: Lowerer, node: Node) -> None:
