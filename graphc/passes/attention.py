@@ -92,16 +92,27 @@ def _is_causal_hide(producer: dict, cond: Value, scores: TensorType, memo: dict)
         return False
 
 
-def _same(producer: dict, v: Value, target: Value) -> bool:
-    """Whether `v` is `target`, possibly through pairs of last-two-dims permutes."""
-    while v is not target:
-        first = producer.get(v)
-        second = producer.get(first.inputs[0]) if first is not None and \
-            _swaps_last_two(first) else None
-        if second is None or not _swaps_last_two(second):
-            return False
-        v = second.inputs[0]
-    return True
+def _view(producer: dict, v: Value) -> tuple:
+    """(root, dims): `v` is permute(root, dims) through any chain of permutes (dims the
+    identity when `v` is no permute)."""
+    dims = tuple(range(v.type.ndim))
+    node = producer.get(v)
+    while node is not None and node.op == "permute":
+        inner = tuple(node.attrs["dims"])
+        dims = tuple(inner[d] for d in dims)
+        v = node.inputs[0]
+        node = producer.get(v)
+    return v, dims
+
+
+def _swapped(view: tuple) -> tuple:
+    root, dims = view
+    return root, dims[:-2] + (dims[-1], dims[-2])
+
+
+def _same(producer: dict, v: Value, target: tuple) -> bool:
+    """Whether `v` is the permute `target` ((root, dims), `_view`) of a root value."""
+    return _view(producer, v) == target
 
 
 class _Match:
@@ -111,9 +122,11 @@ class _Match:
         self.removed: list[Node] = []  # the forward chain's nodes (o's matmul last)
         self.backward: list[Node] = []  # the backward chain's nodes
         self.q = self.k = self.v = self.o = None
+        self.k_view: tuple = ()
         self.mask: Value | None = None
         self.scale, self.causal = 1.0, False
         self.grad_out = self.dq = self.dk = self.dv = None
+        self.dk_t: Value | None = None  # dK^T, when the graph computes that instead of dK
 
 
 def _match_forward(graph: Graph, producer: dict, users: dict, uses: dict,
@@ -156,18 +169,20 @@ def _match_forward(graph: Graph, producer: dict, users: dict, uses: dict,
     chain.append(node)
     m.q, kt = node.inputs
     kt_node = producer.get(kt)
-    if kt_node is None or not _swaps_last_two(kt_node):
+    if kt_node is None or kt_node.op != "permute" or kt.type.ndim < 2:
         return None
-    m.k = kt_node.inputs[0]
+    m.k_view = _swapped(_view(producer, kt))  # k, as a permute of its root
+    m.k = kt_node.inputs[0] if _swaps_last_two(kt_node) else None  # None: made by the pass
     readers = [n for n in users.get(p, []) if n.op == "matmul" and n.inputs[0] is p]
     if len(readers) != 1:
         return None
     o_node = readers[0]
     m.v, m.o = o_node.inputs[1], o_node.outputs[0]
-    t = m.q.type
-    if t.ndim < 2 or m.k.type.ndim != t.ndim or m.v.type.ndim != t.ndim or \
-            t.shape[:-2] != m.k.type.shape[:-2] or t.shape[:-2] != m.v.type.shape[:-2] or \
-            t.dtype.name != "float32" or p.type.shape != t.shape[:-1] + (m.k.type.shape[-2],):
+    t, k_type = m.q.type, TensorType(tuple(reversed(kt.type.shape[-2:])), kt.type.dtype)
+    k_type = TensorType(kt.type.shape[:-2] + k_type.shape, kt.type.dtype)
+    if t.ndim < 2 or k_type.ndim != t.ndim or m.v.type.ndim != t.ndim or \
+            t.shape[:-2] != k_type.shape[:-2] or t.shape[:-2] != m.v.type.shape[:-2] or \
+            t.dtype.name != "float32" or p.type.shape != t.shape[:-1] + (k_type.shape[-2],):
         return None
     if m.mask is not None and (m.mask.type.ndim > p.type.ndim or any(
             a not in (1, b) for a, b in zip(m.mask.type.shape[::-1], p.type.shape[::-1]))):
@@ -207,9 +222,8 @@ def _match_backward(producer: dict, users: dict, uses: dict, m: _Match, p: Value
             last, sub = node, made
     if first is None or last is None:
         return False
-    vt = producer.get(dp_node.inputs[1])
-    if dp_node.inputs[0] is not m.grad_out or vt is None or not _swaps_last_two(vt) or \
-            vt.inputs[0] is not m.v:
+    if dp_node.inputs[0] is not m.grad_out or \
+            not _same(producer, dp_node.inputs[1], _swapped(_view(producer, m.v))):
         return False
     dp = dp_node.outputs[0]
     rowsum = _one_reader(users, uses, first.outputs[0])
@@ -249,28 +263,27 @@ def _match_ds_readers(producer, users, uses, m: _Match, ds: Value, chain: list) 
     if uses.get(ds) != len(readers):
         return False
     for node in readers:
-        if node.op == "matmul" and node.inputs[0] is ds and _same(producer, node.inputs[1],
-                                                                  m.k) and m.dq is None:
+        if node.op == "matmul" and node.inputs[0] is ds and m.dq is None and \
+                _same(producer, node.inputs[1], m.k_view):
             m.dq = node.outputs[0]
             chain.append(node)
             continue
+        if node.op == "matmul" and node.inputs[1] is ds and m.dk is None and \
+                m.dk_t is None and _same(producer, node.inputs[0],
+                                         _swapped(_view(producer, m.q))):
+            m.dk_t = node.outputs[0]  # (Q^T dS) = dK^T: a permute of the new dK
+            chain.append(node)
+            continue
         if node.op != "permute" or not _swaps_last_two(node):
-            if node.op == "matmul" and node.inputs[1] is ds and m.dk is None:
-                back = _one_reader(users, uses, node.outputs[0])
-                qt = producer.get(node.inputs[0])
-                if back is not None and _swaps_last_two(back) and qt is not None and \
-                        _swaps_last_two(qt) and _same(producer, qt.inputs[0], m.q):
-                    m.dk = back.outputs[0]
-                    chain += [node, back]
-                    continue
             return False
         mm = _one_reader(users, uses, node.outputs[0])
         if mm is None or mm.op != "matmul" or mm.inputs[0] is not node.outputs[0] or \
-                not _same(producer, mm.inputs[1], m.q) or m.dk is not None:
+                not _same(producer, mm.inputs[1], _view(producer, m.q)) or m.dk is not None \
+                or m.dk_t is not None:
             return False
         m.dk = mm.outputs[0]
         chain += [node, mm]
-    if m.dq is None or m.dk is None:
+    if m.dq is None or (m.dk is None) == (m.dk_t is None):
         return False
     m.backward = chain
     return True
@@ -335,6 +348,10 @@ def fuse_attention(graph: Graph) -> Graph:
             mask = fresh(TensorType((), m.q.type.dtype))
             extra.append(Node("full", [], {"shape": (), "value": 0.0, "dtype": "float32"},
                               [mask], m.removed[-1].loc))
+        if m.k is None:  # k as one permute of its root (a view, as the traced ones)
+            root, dims = m.k_view
+            m.k = fresh(TensorType(tuple(root.type.shape[d] for d in dims), root.type.dtype))
+            extra.append(Node("permute", [root], {"dims": dims}, [m.k], m.removed[0].loc))
         lse = fresh(TensorType(m.q.type.shape[:-1], m.q.type.dtype))
         attrs = {"scale": float(m.scale), "causal": m.causal}
         o_node = m.removed[-1]
@@ -344,9 +361,15 @@ def fuse_attention(graph: Graph) -> Graph:
         dropped |= {id(n) for n in m.removed}
         if m.backward:
             at = min(position[id(n)] for n in m.backward if m.grad_out in n.inputs)
-            placed.setdefault(at, []).append(Node(
+            after = []
+            if m.dk is None:
+                m.dk = fresh(m.k.type)
+                rank = m.k.type.ndim
+                after.append(Node("permute", [m.dk], {"dims": tuple(range(rank - 2)) + (
+                    rank - 1, rank - 2)}, [m.dk_t], m.backward[0].loc))
+            placed.setdefault(at, []).extend([Node(
                 "attention_backward", [m.q, m.k, m.v, mask, m.o, lse, m.grad_out],
-                dict(attrs), [m.dq, m.dk, m.dv], m.backward[0].loc))
+                dict(attrs), [m.dq, m.dk, m.dv], m.backward[0].loc)] + after)
             dropped |= {id(n) for n in m.backward}
     nodes: list[Node] = []
     for k, node in enumerate(graph.nodes):
