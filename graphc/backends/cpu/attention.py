@@ -33,6 +33,7 @@ import math
 
 from llvmlite import ir
 
+from graphc.backends.cpu import mathlib
 from graphc.backends.cpu.kernels import KernelBuilder
 from graphc.backends.cpu.values import (
     F32,
@@ -144,6 +145,53 @@ class _Kernel:
         self.lw.calls.append(self.kb.finish(self.b))
 
 
+LANES = 8  # float32 lanes of the row loops' explicit vectors (an AVX2 register)
+_VEC = ir.VectorType(F32, LANES)
+
+
+def _vector_row(k: _Kernel, ptr, row, cols, start: ir.Constant, step, combine):
+    """Fold `step(value, offset) -> value` over elements [row, row + cols) of `ptr` into an
+    accumulator that starts at `start`, LANES elements at a time in a vector (so a sum or max
+    runs in vector registers: LLVM keeps float reductions in order, scalar, otherwise), then
+    the tail one by one; `combine(x, y)` joins the lanes. Returns the scalar result."""
+    b = k.b
+    with b.goto_entry_block():
+        vacc = b.alloca(_VEC, name="vacc")
+        sacc = b.alloca(F32, name="sacc")
+    b.store(ir.Constant(_VEC, [start.constant] * LANES), vacc)
+    whole = b.udiv(cols, i64(LANES))
+    with loop(b, 0, whole, "vec") as vi:
+        at = b.add(row, b.mul(vi, i64(LANES)))
+        b.store(step(b.load(vacc), at, True), vacc)
+    acc = b.load(vacc)
+    total = b.extract_element(acc, ir.Constant(I32, 0))
+    for lane in range(1, LANES):
+        total = combine(total, b.extract_element(acc, ir.Constant(I32, lane)))
+    b.store(total, sacc)
+    with loop(b, b.mul(whole, i64(LANES)), cols, "tail") as c:
+        b.store(step(b.load(sacc), b.add(row, c), False), sacc)
+    return b.load(sacc)
+
+
+def _load_vec(b, ptr, at, vector: bool):
+    v = b.load(b.gep(ptr, [at], inbounds=True, source_etype=F32), typ=_VEC if vector else F32)
+    v.align = 4
+    return v
+
+
+def _store_vec(b, ptr, at, value) -> None:
+    st = b.store(value, b.gep(ptr, [at], inbounds=True, source_etype=F32))
+    st.align = 4
+
+
+def _splat(b, x, vector: bool):
+    if not vector:
+        return x
+    v = b.insert_element(ir.Constant(_VEC, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(_VEC, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+
+
 def _smin(b, x, y):
     return b.select(b.icmp_signed("<", x, y), x, y)
 
@@ -180,6 +228,8 @@ def _scores(k: _Kernel, node: Node, block, rows, cols, i0, j0, qb, kb_, mask_bas
            k.at("q", b.add(qb, b.mul(i0, i64(k.row_stride("q"))))), k.row_stride("q"),
            k.at("k", b.add(kb_, b.mul(j0, i64(k.row_stride("k"))))), k.row_stride("k"),
            0.0, block, BLOCK_KEYS)
+    if per_element is None:  # the GEMM's scores as they are (no mask)
+        return
     ninf = ir.Constant(F32, -math.inf)
     with loop(b, 0, rows, "sr") as r:
         i = b.add(i0, r)
@@ -209,9 +259,6 @@ def attention(lw, node: Node) -> None:
     block = k.base["scratch"]
     sums = b.gep(block, [i64(BLOCK_ROWS * BLOCK_KEYS)], inbounds=True, source_etype=F32)
     read_mask, no_mask = _mask_reader(k, locs["mask"], batch + (length, source))
-    with b.goto_entry_block():
-        top = b.alloca(F32, name="top")
-        total = b.alloca(F32, name="total")
     zero, ninf = ir.Constant(F32, 0.0), ir.Constant(F32, -math.inf)
     ors, lrs = k.row_stride("o"), k.strides["lse"][-1]
     with for_range(b, max(1, math.prod(batch)), "n") as n:
@@ -234,27 +281,33 @@ def attention(lw, node: Node) -> None:
                     k.store(block, at, s)
 
                 _scores(k, node, block, rows, cols, i0, j0, qb, kb_, mb, read_mask, no_mask,
-                        causal, keep)
+                        causal, None if no_mask and not causal else keep)
                 with loop(b, 0, rows, "row") as r:
                     lse_at = b.add(lb, b.mul(b.add(i0, r), i64(lrs)))
                     old = k.load(k.base["lse"], lse_at)
-                    b.store(old, top)
                     row = b.mul(r, i64(BLOCK_KEYS))
-                    with loop(b, 0, cols, "max") as c:
-                        s = k.load(block, b.add(row, c))
-                        t = b.load(top)
-                        b.store(b.select(b.fcmp_ordered(">", s, t), s, t), top)
-                    new = b.load(top)
+
+                    def bigger(acc, at, vector):
+                        x = _load_vec(b, block, at, vector)
+                        return b.select(b.fcmp_ordered(">", x, acc), x, acc)
+
+                    def larger(x, y):
+                        return b.select(b.fcmp_ordered(">", x, y), x, y)
+
+                    new = _vector_row(k, block, row, cols, ninf, bigger, larger)
+                    new = larger(new, old)
                     # a row hidden so far keeps m = -inf: subtract 0 so exp gives 0, not NaN
                     safe = b.select(b.fcmp_ordered("==", new, ninf), zero, new)
-                    b.store(zero, total)
-                    with loop(b, 0, cols, "exp") as c:
-                        at = b.add(row, c)
-                        p = k.emit("exp", b.fsub(k.load(block, at), safe))
-                        k.store(block, at, p)
-                        b.store(b.fadd(b.load(total), p), total)
+
+                    def exp_sum(acc, at, vector):
+                        p = mathlib.emit(b, "exp", [b.fsub(_load_vec(b, block, at, vector),
+                                                           _splat(b, safe, vector))])
+                        _store_vec(b, block, at, p)
+                        return b.fadd(acc, p)
+
+                    total_new = _vector_row(k, block, row, cols, zero, exp_sum, b.fadd)
                     corr = k.emit("exp", b.fsub(old, safe))
-                    k.store(sums, r, b.fadd(b.fmul(k.load(sums, r), corr), b.load(total)))
+                    k.store(sums, r, b.fadd(b.fmul(k.load(sums, r), corr), total_new))
                     k.store(k.base["lse"], lse_at, new)
                     orow = b.add(ob, b.mul(b.add(i0, r), i64(ors)))
                     with b.if_then(b.fcmp_ordered("!=", corr, ir.Constant(F32, 1.0))):
