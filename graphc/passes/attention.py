@@ -123,6 +123,8 @@ class _Match:
         self.backward: list[Node] = []  # the backward chain's nodes
         self.q = self.k = self.v = self.o = None
         self.k_view: tuple = ()
+        self.v_view: tuple = ()  # v as a permute of its root, when out is dead
+        self.v_type: TensorType | None = None
         self.mask: Value | None = None
         self.scale, self.causal = 1.0, False
         self.grad_out = self.dq = self.dk = self.dv = None
@@ -174,23 +176,45 @@ def _match_forward(graph: Graph, producer: dict, users: dict, uses: dict,
     m.k_view = _swapped(_view(producer, kt))  # k, as a permute of its root
     m.k = kt_node.inputs[0] if _swaps_last_two(kt_node) else None  # None: made by the pass
     readers = [n for n in users.get(p, []) if n.op == "matmul" and n.inputs[0] is p]
-    if len(readers) != 1:
+    if len(readers) > 1:
         return None
-    o_node = readers[0]
-    m.v, m.o = o_node.inputs[1], o_node.outputs[0]
+    if readers:
+        m.v, m.o = readers[0].inputs[1], readers[0].outputs[0]
+    else:  # out is dead (a loss whose gradient needs no out): v comes from the backward
+        m.v_view = _backward_v(producer, users, p)
+        if m.v_view is None:
+            return None
+        root, dims = m.v_view
+        m.v_type = TensorType(tuple(root.type.shape[d] for d in dims), root.type.dtype)
+    m.v_type = m.v.type if m.v is not None else m.v_type
     t, k_type = m.q.type, TensorType(tuple(reversed(kt.type.shape[-2:])), kt.type.dtype)
     k_type = TensorType(kt.type.shape[:-2] + k_type.shape, kt.type.dtype)
-    if t.ndim < 2 or k_type.ndim != t.ndim or m.v.type.ndim != t.ndim or \
-            t.shape[:-2] != k_type.shape[:-2] or t.shape[:-2] != m.v.type.shape[:-2] or \
+    if t.ndim < 2 or k_type.ndim != t.ndim or m.v_type.ndim != t.ndim or \
+            t.shape[:-2] != k_type.shape[:-2] or t.shape[:-2] != m.v_type.shape[:-2] or \
             t.dtype.name != "float32" or p.type.shape != t.shape[:-1] + (k_type.shape[-2],):
+        return None
+    if m.v_type.shape[-2] != k_type.shape[-2]:
         return None
     if m.mask is not None and (m.mask.type.ndim > p.type.ndim or any(
             a not in (1, b) for a, b in zip(m.mask.type.shape[::-1], p.type.shape[::-1]))):
         return None
     if any(uses.get(n.outputs[0], 0) != 1 for n in chain[1:]):
         return None  # something else reads the scores
-    m.removed = chain[::-1] + [o_node]
+    m.removed = chain[::-1] + readers
     return m
+
+
+def _backward_v(producer: dict, users: dict, p: Value) -> tuple | None:
+    """v's view (`_view`) read by the backward's dP = dO v^T, found from p's rowsum reader."""
+    for node in users.get(p, []):
+        if node.op != "mul":
+            continue
+        other = producer.get(node.inputs[1] if node.inputs[0] is p else node.inputs[0])
+        if other is not None and other.op == "matmul" and \
+                producer.get(other.inputs[1]) is not None and \
+                producer[other.inputs[1]].op == "permute":
+            return _swapped(_view(producer, other.inputs[1]))
+    return None
 
 
 def _one_reader(users: dict, uses: dict, v: Value) -> Node | None:
@@ -202,9 +226,9 @@ def _match_backward(producer: dict, users: dict, uses: dict, m: _Match, p: Value
     """Recognise the softmax chain's backward (see the module docstring); fill m.backward."""
     readers = [n for n in users.get(p, []) if n is not m.removed[-1]]
     if not readers:
-        return True  # a forward graph
+        return m.o is not None  # a forward graph (with out dead, nothing to do)
     if sorted(n.op for n in readers) != ["mul", "mul", "permute"] or \
-            uses.get(p) != len(readers) + 1:
+            uses.get(p) != len(readers) + (m.o is not None):
         return False
     pt = next(n for n in readers if n.op == "permute")
     dv_node = _one_reader(users, uses, pt.outputs[0])
@@ -222,8 +246,9 @@ def _match_backward(producer: dict, users: dict, uses: dict, m: _Match, p: Value
             last, sub = node, made
     if first is None or last is None:
         return False
+    v_view = m.v_view if m.v is None else _view(producer, m.v)
     if dp_node.inputs[0] is not m.grad_out or \
-            not _same(producer, dp_node.inputs[1], _swapped(_view(producer, m.v))):
+            not _same(producer, dp_node.inputs[1], _swapped(v_view)):
         return False
     dp = dp_node.outputs[0]
     rowsum = _one_reader(users, uses, first.outputs[0])
@@ -289,6 +314,16 @@ def _match_ds_readers(producer, users, uses, m: _Match, ds: Value, chain: list) 
     return True
 
 
+def _inputs_ready(graph: Graph, producer: dict, m: _Match) -> bool:
+    """With out dead, the attention node goes before the backward: v's root must exist."""
+    if m.v is not None:
+        return True
+    position = {id(n): k for k, n in enumerate(graph.nodes)}
+    made = producer.get(m.v_view[0])
+    first = min(position[id(n)] for n in m.backward if m.grad_out in n.inputs)
+    return made is None or position[id(made)] < first
+
+
 def _fresh_names(graph: Graph):
     taken = {v.name for v in graph.inputs} | {v.name for n in graph.nodes for v in n.outputs}
     counter = [1 + max((int(n) for n in taken if n.isdigit()), default=-1)]
@@ -333,7 +368,8 @@ def fuse_attention(graph: Graph) -> Graph:
                 scores.shape[-1] * scores.shape[-2] * scores.dtype.itemsize <= MIN_SCORE_BYTES:
             continue
         m = _match_forward(graph, producer, users, uses, node, memo)
-        if m is not None and _match_backward(producer, users, uses, m, node.outputs[0]):
+        if m is not None and _match_backward(producer, users, uses, m, node.outputs[0]) and \
+                _inputs_ready(graph, producer, m):
             matches.append(m)
     if not matches:
         return graph
@@ -352,15 +388,23 @@ def fuse_attention(graph: Graph) -> Graph:
             root, dims = m.k_view
             m.k = fresh(TensorType(tuple(root.type.shape[d] for d in dims), root.type.dtype))
             extra.append(Node("permute", [root], {"dims": dims}, [m.k], m.removed[0].loc))
+        if m.v is None:
+            root, dims = m.v_view
+            m.v = fresh(m.v_type)
+            extra.append(Node("permute", [root], {"dims": dims}, [m.v], m.removed[0].loc))
+            m.o = fresh(TensorType(m.q.type.shape[:-1] + (m.v_type.shape[-1],),
+                                   m.q.type.dtype))
         lse = fresh(TensorType(m.q.type.shape[:-1], m.q.type.dtype))
         attrs = {"scale": float(m.scale), "causal": m.causal}
-        o_node = m.removed[-1]
-        placed.setdefault(position[id(o_node)], []).extend(
+        at = min(position[id(n)] for n in m.backward if m.grad_out in n.inputs) \
+            if m.backward else 0
+        last = m.removed[-1]  # out's matmul; the softmax when out is dead (placed with
+        where = position[id(last)] if last.op == "matmul" else at  # the backward, v its input)
+        placed.setdefault(where, []).extend(
             extra + [Node("attention", [m.q, m.k, m.v, mask], dict(attrs), [m.o, lse],
-                          o_node.loc)])
+                          last.loc)])
         dropped |= {id(n) for n in m.removed}
         if m.backward:
-            at = min(position[id(n)] for n in m.backward if m.grad_out in n.inputs)
             after = []
             if m.dk is None:
                 m.dk = fresh(m.k.type)
