@@ -33,7 +33,7 @@ import math
 
 from llvmlite import ir
 
-from graphc.backends.cpu import mathlib
+from graphc.backends.cpu import mathlib, small_gemm
 from graphc.backends.cpu.kernels import KernelBuilder
 from graphc.backends.cpu.values import (
     F32,
@@ -52,8 +52,8 @@ from graphc.types import TensorType, float32
 
 __all__ = ["BLOCK_KEYS", "BLOCK_ROWS", "attention", "attention_backward"]
 
-BLOCK_ROWS = 64  # query rows per block
-BLOCK_KEYS = 128  # keys per block: a 64 x 128 float32 score block is 32 KiB, in L1/L2
+BLOCK_ROWS = 128  # query rows per block
+BLOCK_KEYS = 128  # keys per block: a 128 x 128 float32 score block is 64 KiB, in L2
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
@@ -145,36 +145,40 @@ class _Kernel:
         self.lw.calls.append(self.kb.finish(self.b))
 
 
-LANES = 8  # float32 lanes of the row loops' explicit vectors (an AVX2 register)
-_VEC = ir.VectorType(F32, LANES)
+def _vector_type() -> ir.VectorType:
+    """The row loops' explicit vectors: one register of the host's float32 lanes (16 with
+    AVX-512, 8 with AVX2; 4 where small_gemm finds neither)."""
+    return ir.VectorType(F32, small_gemm.lanes() or 4)
 
 
 def _vector_row(k: _Kernel, ptr, row, cols, start: ir.Constant, step, combine):
     """Fold `step(value, offset) -> value` over elements [row, row + cols) of `ptr` into an
-    accumulator that starts at `start`, LANES elements at a time in a vector (so a sum or max
+    accumulator that starts at `start`, a vector of elements at a time in a vector (so a sum or max
     runs in vector registers: LLVM keeps float reductions in order, scalar, otherwise), then
     the tail one by one; `combine(x, y)` joins the lanes. Returns the scalar result."""
-    b = k.b
+    b, vec = k.b, _vector_type()
+    lanes = vec.count
     with b.goto_entry_block():
-        vacc = b.alloca(_VEC, name="vacc")
+        vacc = b.alloca(vec, name="vacc")
         sacc = b.alloca(F32, name="sacc")
-    b.store(ir.Constant(_VEC, [start.constant] * LANES), vacc)
-    whole = b.udiv(cols, i64(LANES))
+    b.store(ir.Constant(vec, [start.constant] * lanes), vacc)
+    whole = b.udiv(cols, i64(lanes))
     with loop(b, 0, whole, "vec") as vi:
-        at = b.add(row, b.mul(vi, i64(LANES)))
+        at = b.add(row, b.mul(vi, i64(lanes)))
         b.store(step(b.load(vacc), at, True), vacc)
     acc = b.load(vacc)
     total = b.extract_element(acc, ir.Constant(I32, 0))
-    for lane in range(1, LANES):
+    for lane in range(1, lanes):
         total = combine(total, b.extract_element(acc, ir.Constant(I32, lane)))
     b.store(total, sacc)
-    with loop(b, b.mul(whole, i64(LANES)), cols, "tail") as c:
+    with loop(b, b.mul(whole, i64(lanes)), cols, "tail") as c:
         b.store(step(b.load(sacc), b.add(row, c), False), sacc)
     return b.load(sacc)
 
 
 def _load_vec(b, ptr, at, vector: bool):
-    v = b.load(b.gep(ptr, [at], inbounds=True, source_etype=F32), typ=_VEC if vector else F32)
+    v = b.load(b.gep(ptr, [at], inbounds=True, source_etype=F32),
+               typ=_vector_type() if vector else F32)
     v.align = 4
     return v
 
@@ -187,9 +191,10 @@ def _store_vec(b, ptr, at, value) -> None:
 def _splat(b, x, vector: bool):
     if not vector:
         return x
-    v = b.insert_element(ir.Constant(_VEC, ir.Undefined), x, ir.Constant(I32, 0))
-    return b.shuffle_vector(v, ir.Constant(_VEC, ir.Undefined),
-                            ir.Constant(ir.VectorType(I32, LANES), [0] * LANES))
+    vec = _vector_type()
+    v = b.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(vec, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, vec.count), [0] * vec.count))
 
 
 def _smin(b, x, y):
@@ -218,9 +223,10 @@ def _zero_rows(k: _Kernel, key: str, base, first, count, width: int) -> None:
 
 
 def _scores(k: _Kernel, node: Node, block, rows, cols, i0, j0, qb, kb_, mask_base, read_mask,
-            no_mask: bool, causal: bool, per_element) -> None:
+            no_mask: bool, causal: bool, per_element, row_start=None) -> None:
     """S = scale Q_i K_j^T into `block` [rows x BLOCK_KEYS], then per element
-    per_element(b, row, col, s) with s masked (-inf where hidden)."""
+    per_element(b, row_value, offset in block, s) with s masked (-inf where hidden),
+    row_value = row_start(b, row) (None without one)."""
     b = k.b
     e = k.node.inputs[0].type.shape[-1]
     scale = float(node.attrs["scale"])
@@ -233,6 +239,7 @@ def _scores(k: _Kernel, node: Node, block, rows, cols, i0, j0, qb, kb_, mask_bas
     ninf = ir.Constant(F32, -math.inf)
     with loop(b, 0, rows, "sr") as r:
         i = b.add(i0, r)
+        row_value = row_start(b, r) if row_start else None  # read once per row
         with loop(b, 0, cols, "sc") as c:
             j = b.add(j0, c)
             at = b.add(b.mul(r, i64(BLOCK_KEYS)), c)
@@ -241,7 +248,7 @@ def _scores(k: _Kernel, node: Node, block, rows, cols, i0, j0, qb, kb_, mask_bas
                 s = b.fadd(s, read_mask(b, mask_base, i, j))
             if causal:
                 s = b.select(b.icmp_signed(">", j, i), ninf, s)
-            per_element(b, r, c, at, s)
+            per_element(b, row_value, at, s)
 
 
 def attention(lw, node: Node) -> None:
@@ -277,7 +284,7 @@ def attention(lw, node: Node) -> None:
                 j0 = b.mul(kj, i64(BLOCK_KEYS))
                 cols = _smin(b, i64(BLOCK_KEYS), b.sub(kend, j0))
 
-                def keep(bb, r, c, at, s):  # masked scores back into the block
+                def keep(bb, row_value, at, s):  # masked scores back into the block
                     k.store(block, at, s)
 
                 _scores(k, node, block, rows, cols, i0, j0, qb, kb_, mb, read_mask, no_mask,
@@ -379,12 +386,14 @@ def attention_backward(lw, node: Node) -> None:
                 i0 = b.mul(qi, i64(BLOCK_ROWS))
                 rows = _smin(b, i64(BLOCK_ROWS), b.sub(i64(length), i0))
 
-                def probability(bb, r, c, at, s):  # P = exp(s - lse_i)
-                    lse = k.load(k.base["lse"], bb.add(lb, bb.mul(bb.add(i0, r), i64(lrs))))
+                def row_lse(bb, r):
+                    return k.load(k.base["lse"], bb.add(lb, bb.mul(bb.add(i0, r), i64(lrs))))
+
+                def probability(bb, lse, at, s):  # P = exp(s - lse_i)
                     k.store(p_block, at, k.emit("exp", bb.fsub(s, lse)))
 
                 _scores(k, node, p_block, rows, cols, i0, j0, base["q"], base["k"], mb,
-                        read_mask, no_mask, causal, probability)
+                        read_mask, no_mask, causal, probability, row_lse)
                 g_i = k.at("g", b.add(base["g"], b.mul(i0, i64(rs["g"]))))
                 k.gemm(_TRANS, _NO_TRANS, cols, ev, rows, 1.0, p_block, BLOCK_KEYS, g_i,
                        rs["g"], 1.0, k.at("dv", b.add(base["dv"], b.mul(j0, i64(rs["dv"])))),
