@@ -106,4 +106,7 @@ COVERAGE_EXEMPT: dict[str, str] = {
                         "runs it on 2 MPI ranks, compiled for interp and cpu",
     "all_reduce_wait": "made by the bucketing pass with all_reduce_start: "
                        "tests/test_distributed.py runs it on 2 MPI ranks",
+    "attention": "made by the cpu pipeline's fuse_attention pass, never called by users: "
+                 "tests/test_fused_attention.py checks it compiled and interpreted",
+    "attention_backward": "made by fuse_attention with attention: tests/test_fused_attention.py",
 }

@@ -514,6 +514,8 @@ _COLLECTIVE = ("a collective between the ranks of a training job: ONNX has no op
                "export the model of one rank")
 REFUSED = {
     "fused": "a fused group: export the traced IR, before the fuse pass",
+    "attention": "made by the cpu pipeline's fuse_attention pass: export the traced IR",
+    "attention_backward": _BACKWARD,
     "conv2d_weight_grad": _BACKWARD,
     "avg_pool2d_grad": _BACKWARD, "max_pool2d_grad": _BACKWARD,
     "embedding_backward": _BACKWARD, "nll_loss_backward": _BACKWARD,
