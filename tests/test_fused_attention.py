@@ -192,3 +192,26 @@ def test_a_gpt_training_step_at_long_context_within_rounding_of_float64(rng):
     for got, eager, reference in zip(results["compiled"], results["eager"],
                                      results["reference"]):
         assert_rounding_within(got, eager, reference)
+
+
+def test_bad_inputs_name_the_op_and_what_was_expected():
+    from graphc.errors import DTypeError, ShapeError
+    from graphc.ops.registry import REGISTRY
+    from graphc.types import TensorType, float32, float64
+
+    infer = REGISTRY["attention"].infer
+    q, mask = TensorType((2, 8, 4), float32), TensorType((), float32)
+    with pytest.raises(ShapeError, match=r"attention: expected query \[\.\.\., L, E\], key"):
+        infer(q, TensorType((2, 8, 5), float32), q, mask, scale=1.0, causal=False)
+    with pytest.raises(ShapeError, match="attention: expected a mask broadcastable"):
+        infer(q, q, q, TensorType((3, 8), float32), scale=1.0, causal=False)
+    with pytest.raises(DTypeError, match="attention: expected key of query's floating dtype"):
+        infer(q, TensorType((2, 8, 4), float64), q, mask, scale=1.0, causal=False)
+
+
+def test_the_benchmark_runs(fuse_everything):
+    """benchmarks/attention.py's attention case at a small size, one round (a smoke run)."""
+    from benchmarks import attention as bench
+
+    result = bench.attention_case(130, repeat=1, warmup=0.0)
+    assert result.agreed and result.by_name("graphc cpu").seconds is not None

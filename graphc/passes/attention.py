@@ -237,7 +237,8 @@ def _match_backward(producer: dict, users: dict, uses: dict, m: _Match, p: Value
         return False
     m.grad_out, m.dv = dv_node.inputs[1], dv_node.outputs[0]
     first, last = None, None
-    for node in (n for n in readers if n.op == "mul"):  # one multiplies by dP (the rowsum), one by dP - rowsum
+    # one mul multiplies by dP (for the rowsum), the other by dP - rowsum
+    for node in (n for n in readers if n.op == "mul"):
         other = node.inputs[1] if node.inputs[0] is p else node.inputs[0]
         made = producer.get(other)
         if made is not None and made.op == "matmul":

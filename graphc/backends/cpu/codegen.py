@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from llvmlite import ir
 
 from graphc.backends import common
+from graphc.backends.cpu import attention as attention_kernels
 from graphc.backends.cpu import (
     collective_shm,
     conv,
@@ -65,7 +66,6 @@ from graphc.backends.cpu import (
     values,
     window_layout,
 )
-from graphc.backends.cpu import attention as attention_kernels
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS, lower_fused_wait
 from graphc.backends.cpu.gemm_layout import fold_after_packing, folded_rows, gemm_layout
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
