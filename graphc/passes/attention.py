@@ -84,10 +84,11 @@ def _is_causal_hide(producer: dict, cond: Value, scores: TensorType, memo: dict)
     if hide is None or hide.dtype != np.bool_:
         return False
     length, source = scores.shape[-2:]
+    if hide.ndim < 2 or hide.ndim > scores.ndim:
+        return False  # (a 1-D mask hides the same keys from every query: not causal)
     want = np.arange(source)[None, :] > np.arange(length)[:, None]
-    try:
-        return bool(np.array_equal(np.broadcast_to(hide, scores.shape),
-                                   np.broadcast_to(want, scores.shape)))
+    try:  # every leading index of the mask (batch dims sized 1 or not) holds the triangle
+        return bool(np.all(np.broadcast_to(hide, hide.shape[:-2] + (length, source)) == want))
     except ValueError:
         return False
 
