@@ -366,7 +366,7 @@ def fuse_attention(graph: Graph) -> Graph:
         if node.op != "softmax":
             continue
         scores = node.outputs[0].type
-        if not isinstance(scores.shape[-1], int) or not isinstance(scores.shape[-2], int) or \
+        if len(scores.shape) < 2 or not isinstance(scores.shape[-1], int) or not isinstance(scores.shape[-2], int) or \
                 scores.shape[-1] * scores.shape[-2] * scores.dtype.itemsize <= MIN_SCORE_BYTES:
             continue
         m = _match_forward(graph, producer, users, uses, node, memo)
