@@ -366,8 +366,9 @@ def fuse_attention(graph: Graph) -> Graph:
         if node.op != "softmax":
             continue
         scores = node.outputs[0].type
-        if len(scores.shape) < 2 or not isinstance(scores.shape[-1], int) or not isinstance(scores.shape[-2], int) or \
-                scores.shape[-1] * scores.shape[-2] * scores.dtype.itemsize <= MIN_SCORE_BYTES:
+        rows_cols = scores.shape[-2:]
+        if len(rows_cols) < 2 or not all(isinstance(n, int) for n in rows_cols) or \
+                rows_cols[0] * rows_cols[1] * scores.dtype.itemsize <= MIN_SCORE_BYTES:
             continue
         m = _match_forward(graph, producer, users, uses, node, memo)
         if m is not None and _match_backward(producer, users, uses, m, node.outputs[0]) and \
