@@ -1,7 +1,8 @@
 """What a call can reach: the one walker that both tracing and the guards use.
 
-`captured_roots(fn)` lists what `fn` captures (itself if a Module, its bound `self`, closure
-cells, the globals its code names); `reachable(fn, args, kwargs)` walks from there, one level
+`captured_roots(fn)` lists what `fn` captures (itself if a Module, its bound `self`, its
+default argument values, closure cells, the globals its code names; a `functools.partial`'s
+bound arguments); `reachable(fn, args, kwargs)` walks from there, one level
 into plain objects, containers and helper functions, and finds the Python literals, Modules,
 Tensors and Optimizers the call can read. Tracing names captured state from it
 (`storage_names`) and finds the tensors whose `.grad` a step may touch (`grad_holders`);
@@ -59,12 +60,16 @@ def cell_contents(cell):
 
 def captured_roots(fn, reads: Reads = _NO_READS) -> list[tuple[str, Any]]:
     """(name, object) for what `fn` can reach: itself if a Module, else its bound `self`, its
-    closure cells and the globals its code names. Used for names and for guards; `reads` is
-    told everything read on the way."""
+    default argument values (`def step(x, model=model)`, keyword-only ones too), its closure
+    cells and the globals its code names; for a `functools.partial`, the arguments it binds
+    and what its function reaches. Used for names and for guards; `reads` is told everything
+    read on the way."""
     from graphc.nn.module import Module
 
     if isinstance(fn, Module):
         return [("", fn)]
+    if isinstance(fn, functools.partial):
+        return _partial_roots(fn, reads)
     target = getattr(fn, "__func__", fn)
     if isinstance(fn, types.FunctionType):  # __func__, __self__: only set in its __dict__
         reads.mapping(fn.__dict__)
@@ -81,6 +86,7 @@ def captured_roots(fn, reads: Reads = _NO_READS) -> list[tuple[str, Any]]:
         roots.append(("self", owner))
     code = getattr(target, "__code__", None)
     if code is not None:
+        roots += _default_roots(target, code, reads)
         closure = getattr(target, "__closure__", None) or ()
         for var, cell in zip(code.co_freevars, closure):
             value = cell_contents(cell)
@@ -93,6 +99,37 @@ def captured_roots(fn, reads: Reads = _NO_READS) -> list[tuple[str, Any]]:
         reads.lookup(glb, names, values)
         roots += [(n, v) for n, v in zip(names, values) if v is not ABSENT]
     return roots
+
+
+def _default_roots(target, code: types.CodeType, reads: Reads) -> list[tuple[str, Any]]:
+    """(parameter name, default value) for each default of `target`: the state a step reaches
+    through `def step(x, y, model=model, opt=opt)` is as much its own as a global's. Both
+    attributes are writable (`__kwdefaults__` is a dict), so the guards read them."""
+    defaults = getattr(target, "__defaults__", None)
+    kwdefaults = getattr(target, "__kwdefaults__", None)
+    reads.attr(target, "__defaults__", defaults)
+    reads.attr(target, "__kwdefaults__", kwdefaults)
+    roots: list[tuple[str, Any]] = []
+    if defaults:
+        positional = code.co_varnames[:code.co_argcount]
+        roots += list(zip(positional[len(positional) - len(defaults):], defaults))
+    if kwdefaults:
+        reads.mapping(kwdefaults)
+        roots += list(kwdefaults.items())
+    return roots
+
+
+def _partial_roots(fn: functools.partial, reads: Reads) -> list[tuple[str, Any]]:
+    """The roots of a `functools.partial`: the arguments it binds (`args[i]`, keyword names),
+    then what its function captures. `func`, `args` and `keywords` are read-only attributes,
+    but the keywords dict can change in place."""
+    for attr in ("func", "args", "keywords"):
+        reads.attr(fn, attr, getattr(fn, attr))
+    reads.mapping(fn.keywords)
+    roots = [(f"args[{i}]", value) for i, value in enumerate(fn.args)]
+    roots += list(fn.keywords.items())
+    return roots + [(f"func.{name}" if name != "self" else "func.__self__", value)
+                    for name, value in captured_roots(fn.func, reads)]
 
 
 @functools.lru_cache(maxsize=4096)
