@@ -2,11 +2,13 @@
 
 `captured_roots(fn)` lists what `fn` captures (itself if a Module, its bound `self`, its
 default argument values, closure cells, the globals its code names; a `functools.partial`'s
-bound arguments); `reachable(fn, args, kwargs)` walks from there, one level
-into plain objects, containers and helper functions, and finds the Python literals, Modules,
-Tensors and Optimizers the call can read. Tracing names captured state from it
-(`storage_names`) and finds the tensors whose `.grad` a step may touch (`grad_holders`);
-`graphc.jit.guards` describes the same state as the call's signature.
+bound arguments; a callable object itself); `reachable(fn, args, kwargs)` walks from there,
+one level into plain objects (callable ones too), containers and helper functions, and finds
+the Python literals, Modules, Tensors and Optimizers the call can read. Tracing names
+captured state from it (`storage_names`) and finds the tensors whose `.grad` a step may touch
+(`grad_holders`); `graphc.jit.guards` describes the same state as the call's signature.
+State the walk missed would go unguarded and, made lazily in an abstract trace, stay
+abstract: so every way a step can hold its model and optimizer is a root here.
 """
 
 from __future__ import annotations
@@ -61,15 +63,26 @@ def cell_contents(cell):
 def captured_roots(fn, reads: Reads = _NO_READS) -> list[tuple[str, Any]]:
     """(name, object) for what `fn` can reach: itself if a Module, else its bound `self`, its
     default argument values (`def step(x, model=model)`, keyword-only ones too), its closure
-    cells and the globals its code names; for a `functools.partial`, the arguments it binds
-    and what its function reaches. Used for names and for guards; `reads` is told everything
-    read on the way."""
+    cells and the globals its code names. For a `functools.partial`: the arguments it binds
+    and what its function reaches; for a compiled callable: what its function reaches; for an
+    object of a class with a `__call__` (a Trainer): the object as `self`, and what `__call__`
+    reaches. Used for names and for guards; `reads` is told everything read on the way."""
     from graphc.nn.module import Module
 
     if isinstance(fn, Module):
         return [("", fn)]
     if isinstance(fn, functools.partial):
         return _partial_roots(fn, reads)
+    from graphc.jit.compiler import Compiled
+
+    if isinstance(fn, Compiled):  # called inside a trace, it runs `fn` inline
+        reads.attr(fn, "fn", fn.fn)
+        return captured_roots(fn.fn, reads)
+    call = None if isinstance(fn, (types.FunctionType, types.MethodType)) else next(
+        (vars(k)["__call__"] for k in type(fn).__mro__ if "__call__" in vars(k)), None)
+    if isinstance(call, types.FunctionType):  # an object of a class with a __call__
+        reads.attr(type(fn), "__call__", call)
+        return [("self", fn)] + captured_roots(call, reads)
     target = getattr(fn, "__func__", fn)
     if isinstance(fn, types.FunctionType):  # __func__, __self__: only set in its __dict__
         reads.mapping(fn.__dict__)
@@ -173,7 +186,8 @@ def reachable(fn, args: tuple = (), kwargs: dict | None = None,
             found.append((name, obj))
         elif depth >= 2:
             return
-        elif isinstance(obj, (types.FunctionType, types.MethodType)):
+        elif isinstance(obj, (types.FunctionType, types.MethodType, functools.partial)) or \
+                _is_compiled(obj):
             for sub, item in captured_roots(obj, reads):
                 visit(f"{name}.{sub}" if sub != "self" else f"{name}.__self__", item, depth + 1)
         elif isinstance(obj, (list, tuple)) and len(obj) <= 64:
@@ -187,7 +201,7 @@ def reachable(fn, args: tuple = (), kwargs: dict | None = None,
         else:
             if isinstance(obj, (list, tuple, dict)):
                 reads.big(obj)
-            if hasattr(obj, "__dict__") and not callable(obj):
+            if hasattr(obj, "__dict__"):  # an object with a __call__ too (a Trainer)
                 d = vars(obj)
                 reads.attr(obj, "__dict__", d)
                 reads.mapping(d)
@@ -203,6 +217,12 @@ def reachable(fn, args: tuple = (), kwargs: dict | None = None,
                 else path_name(path)
             visit(label, arg, 1)
     return found
+
+
+def _is_compiled(obj) -> bool:
+    from graphc.jit.compiler import Compiled
+
+    return isinstance(obj, Compiled)
 
 
 def optimizer_params(opt) -> list[tuple[str, Tensor]]:
