@@ -278,3 +278,30 @@ def test_a_compiled_helper_called_by_a_compiled_step_reaches_its_state(rng):
                                    err_msg=f"loss of call {call + 1}")
         assert_same_state(state_of(model, opt), state_of(eager_model, eager_opt))
     assert "helper.model.0.weight.momentum_buffer" in {v.name for v in compiled.graph.inputs}
+
+
+def test_every_trace_of_an_accumulating_step_is_logged(rng, monkeypatch, capsys):
+    """A step that never zeroes its `.grad`s reads the ones from before the call: the first
+    trace (with stand-in `.grad`s) is redone without them, and the log says so, as it says
+    why the first call then warms up on the interpreter."""
+    monkeypatch.setenv("GRAPHC_LOG", "recompiles")
+    graphc.manual_seed(0)
+    model = mlp()
+    opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(x, y, model=model, opt=opt):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    compiled = graphc.compile(step, backend="cpu")
+    x = graphc.tensor(rng.standard_normal((6, 8)).astype(np.float32))
+    y = graphc.tensor(rng.integers(0, 4, 6))
+    for _ in range(3):
+        compiled(x, y)
+    err = capsys.readouterr().err
+    assert "step: traced again without stand-in .grads" in err, err
+    assert "step: the first call runs on the interpreter" in err, err
+    assert err.count("graphc: recompiling step:") == len(compiled.recompile_reasons)
+    assert abstract_tensors_left(model, opt) == []

@@ -326,6 +326,8 @@ class Compiled:
             traced = self._trace_once(args, kwargs, dynamic)
             if first.reads_stand_ins(traced):
                 # the graph reads .grads from before the call: trace what this call sees
+                _log(f"{self.__name__}: traced again without stand-in .grads: the graph reads "
+                     "the .grads from before the call (accumulated across calls?)")
                 traced.restore()
                 first.drop_stand_ins()
                 traced = self._trace_once(args, kwargs, dynamic)
