@@ -305,3 +305,57 @@ def test_every_trace_of_an_accumulating_step_is_logged(rng, monkeypatch, capsys)
     assert "step: the first call runs on the interpreter" in err, err
     assert err.count("graphc: recompiling step:") == len(compiled.recompile_reasons)
     assert abstract_tensors_left(model, opt) == []
+
+
+def test_an_optimizer_the_call_cannot_reach_is_refused_and_left_as_it_was(rng):
+    """An optimizer held where the walk does not look (a class attribute, a Python module, an
+    object three levels down) would go unguarded, and the state its first step makes would
+    stay abstract: the trace is refused, saying where to hold it, and the optimizer keeps no
+    state from the trace."""
+    graphc.manual_seed(0)
+    model = mlp()
+    opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    class Holder:
+        pass
+
+    Holder.model, Holder.opt = model, opt
+
+    def step(x, y):
+        return train(Holder.model, Holder.opt, x, y)
+
+    x = graphc.tensor(rng.standard_normal((6, 8)).astype(np.float32))
+    y = graphc.tensor(rng.integers(0, 4, 6))
+    before = model[0].weight.detach().numpy().copy()
+    for backend in ("interp", "cpu"):
+        with pytest.raises(graphc.errors.TraceError, match=r"`step` steps an optimizer \(SGD\) "
+                           r"that graphc cannot reach.*def step\(x, y, opt=opt\)"):
+            graphc.compile(step, backend=backend)(x, y)
+        assert len(opt.state) == 0
+        assert all(p.grad is None for p in model.parameters())
+        np.testing.assert_array_equal(model[0].weight.detach().numpy(), before)
+    with pytest.raises(graphc.errors.TraceError, match="cannot reach"):
+        graphc.trace(step, x, y)
+
+
+def test_an_optimizer_made_inside_the_step_is_not_refused(rng):
+    """An optimizer the step makes afresh at every call is its own business: no state of it
+    outlives the call, so nothing needs guarding."""
+    graphc.manual_seed(0)
+    eager_model = mlp()
+    model = copy.deepcopy(eager_model)
+
+    def make(model):
+        def step(x, y):
+            return train(model, optim.SGD(model.parameters(), lr=0.05, momentum=0.9), x, y)
+
+        return step
+
+    eager, compiled = make(eager_model), graphc.compile(make(model), backend="interp")
+    for call in range(CALLS):
+        x = graphc.tensor(rng.standard_normal((6, 8)).astype(np.float32))
+        y = graphc.tensor(rng.integers(0, 4, 6))
+        np.testing.assert_allclose(compiled(x, y).numpy(), eager(x, y).numpy(), rtol=RTOL,
+                                   err_msg=f"loss of call {call + 1}")
+        np.testing.assert_allclose(model[0].weight.detach().numpy(),
+                                   eager_model[0].weight.detach().numpy(), rtol=RTOL, atol=1e-7)

@@ -42,7 +42,10 @@ the call makes the traced graph valid for that first call only; graphc.compile g
 optimizer's state so the next call traces again. In an abstract trace such state is made of
 abstract tensors: each tensor the call made and left in state it reaches (optimizer state,
 module attributes, reachable containers) becomes an extra graph output after the `.grad`
-outputs (`TraceResult.escaped`), and graphc.compile's first run gives it that value.
+outputs (`TraceResult.escaped`), and graphc.compile's first run gives it that value. An
+optimizer made before the call that the trace steps but the call cannot reach
+(graphc.jit.reach: a class attribute, a Python module's) is refused: nothing would guard its
+state, and the state its step made would stay abstract.
 Custom autograd.Functions: a Function's forward ops are recorded inline, like any others, and
 the application itself is remembered as a `FunctionRegion` in `graph.meta["functions"]`
 (`record_function`): the class, its arguments (graph values for tensors, literals for the
@@ -61,7 +64,7 @@ import inspect
 import itertools
 import os
 import weakref
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -146,6 +149,17 @@ class Tracer:
         self._holders = [(h, path, h._grad) for h, path in grad_holders]
         self._grad_of = {id(g): (h, path) for h, path, g in self._holders if g is not None}
         self._grad_inputs: dict[int, Value] = {}  # id(holder) -> its GradBinding input
+        # optimizers whose step ran in the trace, and those made in it (`note_optimizer`)
+        self.optimizers_stepped: dict[int, Any] = {}
+        self.optimizers_made: set[int] = set()
+
+    def note_optimizer(self, opt, made: bool) -> None:
+        """graphc.optim tells the tracer of each optimizer made (`made`) or stepped in the
+        trace: one stepped that the call cannot reach is refused (`_check_reached`)."""
+        if made:
+            self.optimizers_made.add(id(opt))
+        else:
+            self.optimizers_stepped.setdefault(id(opt), opt)
 
     # ---- names and values ------------------------------------------------------------------
     def _name(self, hint: str | None = None) -> str:
@@ -527,7 +541,12 @@ def _trace_call(fn: Callable, args: tuple, kwargs: dict, name: str | None,
         if id(t) not in index:
             index[id(t)] = len(outputs)
             outputs.append(t)
-    escaped = _escaped(fn, args, kwargs, tracer.start_serial, outputs) if abstract else []
+    if abstract:
+        found = reachable(fn, args, kwargs)
+        _check_reached(fn, tracer, found)
+        escaped = _escaped(found, tracer.start_serial, outputs)
+    else:
+        escaped = []
     escaped_at = tracer.finish(outputs, escaped)
     tracer.settle_generators()
     aliases = {}
@@ -553,12 +572,48 @@ def _trace_call(fn: Callable, args: tuple, kwargs: dict, name: str | None,
                        escaped=list(zip(escaped_at, escaped)))
 
 
-def _escaped(fn, args: tuple, kwargs: dict, start_serial: int, outputs: list[Tensor]
-             ) -> list[Tensor]:
+def _check_reached(fn, tracer: Tracer, found: list) -> None:
+    """Refuse a trace that stepped an optimizer the call cannot reach (`found`: `reachable`),
+    one made before the call: its state would go unguarded, and state its step made lazily
+    would stay abstract (no data) in it, where no compiled run gives it values."""
+    reached = {id(obj) for _, obj in found}
+    missed = [opt for key, opt in tracer.optimizers_stepped.items()
+              if key not in reached and key not in tracer.optimizers_made]
+    if not missed:
+        return
+    tracer.restore()
+
+    def made_here(t) -> bool:
+        return isinstance(t, Tensor) and t.is_abstract and t._serial >= tracer.start_serial
+
+    for opt in missed:  # what the trace left in it (abstract tensors) goes again
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if made_here(p._grad):  # the walk took no note of its .grad before: None
+                    p._grad = None
+        for p in list(opt.state):
+            state = opt.state[p]
+            for key in [k for k, v in state.items() if made_here(v)]:
+                del state[key]
+            if not state:
+                del opt.state[p]
+    opt = missed[0]
+    raise TraceError(
+        f"graphc: `{graph_name(fn)}` steps an optimizer ({type(opt).__name__}) that graphc "
+        "cannot reach from the function, so its state would not be guarded and the state its step "
+        "makes would not be kept. graphc looks in the arguments, default argument values, "
+        "closure cells, the globals the code names, a bound method's self, a "
+        "functools.partial's arguments, and one level into the objects, lists and dicts "
+        "found there (not into class attributes or Python modules). Hold the optimizer in "
+        "one of those places (e.g. `def step(x, y, opt=opt)`), or pass it as an argument.")
+
+
+def _escaped(reached: list, start_serial: int, outputs: list[Tensor]) -> list[Tensor]:
     """The abstract tensors an abstract trace made and left where the state that the call
-    reaches holds them (see `reachable`): optimizer state created lazily, module parameters,
-    buffers and tensor attributes assigned inside, tensors put into reachable containers.
-    The function's own outputs are not among them (the compiled call returns those)."""
+    reaches holds them (`reached`: `reachable`): optimizer state created lazily, module
+    parameters, buffers and tensor attributes assigned inside, tensors put into reachable
+    containers. The function's own outputs are not among them (the compiled call returns
+    those)."""
     from graphc.nn.module import Module
     from graphc.optim.optimizer import Optimizer
 
@@ -571,7 +626,7 @@ def _escaped(fn, args: tuple, kwargs: dict, start_serial: int, outputs: list[Ten
             seen.add(id(t))
             found.append(t)
 
-    for _, obj in reachable(fn, args, kwargs):
+    for _, obj in reached:
         if isinstance(obj, Module):
             for module in obj.modules():
                 for value in vars(module).values():

@@ -112,6 +112,7 @@ class Optimizer:
             param_groups = [{"params": param_groups}]
         for group in param_groups:
             self.add_param_group(group)
+        _tell_tracer(self, made=True)
 
     # ---- parameter groups -----------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -215,6 +216,7 @@ class Optimizer:
     # ---- the step -------------------------------------------------------------------------
     def step(self, closure: Callable[[], Any] | None = None):
         """One update of every parameter that has a gradient; returns closure()'s loss."""
+        _tell_tracer(self, made=False)
         loss = None
         if closure is not None:
             with enable_grad():
@@ -432,6 +434,14 @@ def check_lr(lr) -> None:
     lr = checkable(lr)
     if lr is not None and not 0.0 <= lr:
         raise ValueError(f"Invalid learning rate: {lr} (lr must be >= 0)")
+
+
+def _tell_tracer(opt: Optimizer, made: bool) -> None:
+    """Inside a graphc.compile trace: the tracer checks that the call reaches every optimizer
+    it steps (graphc.jit.tracer.Tracer.note_optimizer)."""
+    note = getattr(current_tracer(), "note_optimizer", None)
+    if note is not None:
+        note(opt, made)
 
 
 def checkable(value):
