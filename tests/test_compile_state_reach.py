@@ -96,6 +96,25 @@ def with_callable_object(model, opt):
     return Trainer(model, opt)
 
 
+class TrainingModule(nn.Module):
+    """A module holding its own optimizer (`self.opt`), its method the step."""
+
+    def __init__(self, body, opt):
+        super().__init__()
+        self.body = body
+        self.opt = opt
+
+    def forward(self, x):
+        return self.body(x)
+
+    def training_step(self, x, y):
+        return train(self, self.opt, x, y)
+
+
+def with_optimizer_held_by_the_module(model, opt):
+    return TrainingModule(model, opt).training_step
+
+
 def with_closure_over_dicts(model, opt):
     models, opts = {"net": model}, {"net": opt}
 
@@ -107,7 +126,8 @@ def with_closure_over_dicts(model, opt):
 
 REACHES = {f.__name__.removeprefix("with_"): f for f in (
     with_defaults, with_keyword_only_defaults, with_positional_partial, with_keyword_partial,
-    with_bound_method, with_callable_object, with_closure_over_dicts)}
+    with_bound_method, with_callable_object, with_optimizer_held_by_the_module,
+    with_closure_over_dicts)}
 
 
 # ---- checks ----------------------------------------------------------------------------------

@@ -166,7 +166,8 @@ def reachable(fn, args: tuple = (), kwargs: dict | None = None,
     Tensors and Optimizers among `fn`'s captured roots (itself, its `self`, closure cells,
     globals), one level into plain objects, containers and helper functions, and the same
     for the arguments that are neither tensors nor literals (a Module or an object holding one
-    passed in). Modules, tensors and optimizers are not looked into. Names are for people
+    passed in). Modules, tensors and optimizers are not looked into, but for the optimizers a
+    module holds as attributes (`self.opt`). Names are for people
     (recompile diffs; input names, where `arg_names` names the positional arguments).
     `reads` is told every attribute, cell and container the walk reads (see `Reads`)."""
     from graphc.nn.module import Module
@@ -184,6 +185,8 @@ def reachable(fn, args: tuple = (), kwargs: dict | None = None,
         seen.add(id(obj))
         if isinstance(obj, (Module, Tensor, Optimizer)):
             found.append((name, obj))
+            if isinstance(obj, Module):
+                optimizers_held_by(name, obj)
         elif depth >= 2:
             return
         elif isinstance(obj, (types.FunctionType, types.MethodType, functools.partial)) or \
@@ -207,6 +210,16 @@ def reachable(fn, args: tuple = (), kwargs: dict | None = None,
                 reads.mapping(d)
                 for attr, item in list(d.items())[:64]:
                     visit(f"{name}.{attr}", item, depth + 1)
+
+    def optimizers_held_by(name: str, module) -> None:
+        """An optimizer a module holds as an attribute (`self.opt` of a module whose method
+        is the step). Not told to `reads`: the guards read every module's `__dict__` in full
+        (graphc.jit.guards._GuardBuilder._module)."""
+        for sub, m in module.named_modules():
+            for attr, value in vars(m).items():
+                if isinstance(value, Optimizer):
+                    where = ".".join(p for p in (name, sub, attr) if p)
+                    visit(where, value, 2)
 
     for name, obj in captured_roots(fn, reads):
         visit(name, obj, 0)
