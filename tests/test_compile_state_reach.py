@@ -1,9 +1,11 @@
 """Training steps that reach their model and optimizer in every way Python offers: default
 arguments (`def step(x, y, model=model, opt=opt)`, keyword-only ones too), a
-`functools.partial`'s bound arguments, a bound method's `self`, a callable object, a closure
-over dicts of models. Each compiled step must equal the same step run eagerly, call after call
-(the first step makes optimizer state lazily, the later ones read it), and must never leave an
-abstract tensor (the trace's, with no data) in a module or in optimizer state.
+`functools.partial`'s bound arguments, a bound method's `self`, a callable object, a module
+holding its optimizer, a closure over dicts of models, a compiled helper. Each compiled step
+must equal the same step run eagerly, call after call (the first step makes optimizer state
+lazily, the later ones read it), and must never leave an abstract tensor (the trace's, with no
+data) in a module or in optimizer state. An optimizer held where the walk does not look is
+refused, not silently left unguarded.
 
 The bug these guard against: graphc.jit.reach did not walk default arguments, so a step with
 `model=model, opt=opt` defaults reached no optimizer: its lazily made momentum buffers stayed
