@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from graphc.backends.cpu import conv_threads
 from graphc.backends.cpu.kernels import KernelBuilder
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import (
@@ -365,19 +366,25 @@ BLOCK_COLUMNS = 512
 _WORKSPACES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lowerer -> [at, n]
 
 
-def workspace(lw, dt, *shapes) -> list[Loc]:
-    """Contiguous temporaries for one convolution kernel, in backend scratch that every
-    convolution kernel of the module shares: kernels run one after another and keep nothing
-    there between calls, so the scratch is the largest need, not the sum."""
-    sizes = [-(-math.prod(s) * dt.itemsize // 64) * 64 for s in shapes]
-    need = sum(sizes)
+def reserve_workspace(lw, need: int) -> int:
+    """The scratch offset of the module's convolution workspace, grown to `need` bytes:
+    every convolution kernel of the module shares it (they run one after another and keep
+    nothing there between calls), so the scratch is the largest need, not the sum."""
     ws = _WORKSPACES.get(lw)
     if ws is None or ws[1] < need:
         if ws is not None and ws[0] + ws[1] == lw.scratch:  # still the last: grow in place
             lw.scratch = ws[0]
         ws = [lw.add_scratch(need), need]
         _WORKSPACES[lw] = ws
-    locs, at = [], lw.arena_end + ws[0]
+    return ws[0]
+
+
+def workspace(lw, dt, *shapes) -> list[Loc]:
+    """Contiguous temporaries for one convolution kernel, in the module's shared convolution
+    workspace (`reserve_workspace`; a kernel split over the cores takes one copy per thread:
+    graphc.backends.cpu.conv_threads)."""
+    sizes = [-(-math.prod(s) * dt.itemsize // 64) * 64 for s in shapes]
+    locs, at = [], lw.arena_end + reserve_workspace(lw, sum(sizes))
     for shape, n in zip(shapes, sizes):
         locs.append(contiguous("arena", 0, at, TensorType(tuple(shape), dt)))
         at += n
@@ -440,6 +447,28 @@ def _gather_grad(b, kb, g: Geometry, gi, gs, n0, count, dst) -> None:
                 kb.store(b, dst, b.add(at, q), kb.load(b, gi, b.add(src, q)))
 
 
+def _units(g: Geometry, nb: int):
+    """The blocks a kernel walks (None for a batch known per call)."""
+    return -(-g.n // nb) if type(g.n) is int else None
+
+
+def walk_blocks(b, kb, g: Geometry, nb: int, split, control: int, block) -> ir.Value | int:
+    """block(b, n0, count) over the kernel's blocks: all of them (`over_blocks`), or, in a
+    range kernel (`split`), those of its share (`conv_threads.over_units`). Returns the
+    first image this kernel's call walks (0, or the share's first)."""
+    if split is None:
+        over_blocks(b, g.n, nb, block)
+        return 0
+    lo, hi = conv_threads.unit_range(b, kb, control)
+    conv_threads.over_units(b, g.n, nb, lo, hi, block)
+    return b.mul(lo, i64(nb))
+
+
+def _called(lw, kernel, split, **how):
+    """The kernel the driver calls: `kernel`, or its split over the cores."""
+    return kernel if split is None else split.call(lw, kernel, **how)
+
+
 def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
     """out = conv2d(x, w) (out contiguous or not: see `contiguous_out`)."""
     g = _geometry(x.type, w.type.shape, out.type.shape[-2:], attrs)
@@ -456,14 +485,18 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
     with contiguous_out(lw, out) as dst:
         shapes = ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
             ([(g.o, nb * g.p)] if nb > 1 else [])
-        temps = workspace(lw, cv.dt, *shapes)
-        kb, ids = image_kernel(lw, "conv2d", [x, w, dst] + temps, ("im2col", g.key()))
+        split = conv_threads.plan_split(lw, cv.dt, shapes, _units(g, nb),
+                                        g.n * g.o * g.k * g.p)
+        temps = workspace(lw, cv.dt, *shapes) if split is None else \
+            split.locs + [split.control]
+        kb, ids = image_kernel(lw, "conv2d", [x, w, dst] + temps,
+                               ("im2col", g.key(), split is not None))
         xi, wi, oi = ids[:3]
         cols = None if direct else ids[3]
-        tmp = ids[-1] if nb > 1 else None
+        tmp = ids[4] if nb > 1 else None
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
-            return lw.calls.append(kb.kernel)
+            return lw.calls.append(_called(lw, kb.kernel, split))
 
         def block(b, n0, count):
             ld = count * g.p
@@ -490,8 +523,8 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
                         with loop(b, 0, g.p, "q") as q:
                             kb.store(b, oi, b.add(at, q), kb.load(b, tmp, b.add(frm, q)))
 
-        over_blocks(b, g.n, nb, block)
-        lw.calls.append(kb.finish(b))
+        walk_blocks(b, kb, g, nb, split, ids[-1], block)
+        lw.calls.append(_called(lw, kb.finish(b), split))
 
 
 def grad_image(lw, loc: Loc, g: Geometry) -> tuple[Loc, tuple]:
@@ -520,15 +553,18 @@ def conv2d_input_grad(lw, node: Node) -> None:
     with contiguous_out(lw, out) as dst:
         shapes = ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
             ([(g.o, nb * g.p)] if nb > 1 else [])
-        temps = workspace(lw, cv.dt, *shapes)
+        split = conv_threads.plan_split(lw, cv.dt, shapes, _units(g, nb),
+                                        g.n * g.o * g.k * g.p)
+        temps = workspace(lw, cv.dt, *shapes) if split is None else \
+            split.locs + [split.control]
         kb, ids = image_kernel(lw, "conv2d_input_grad", [gl, wl, dst] + temps,
-                               ("im2col", g.key()))
+                               ("im2col", g.key(), split is not None))
         gi, wi, oi = ids[:3]
         cols = oi if direct else ids[3]
-        gyt = ids[-1] if nb > 1 else None
+        gyt = ids[4] if nb > 1 else None
         b = kb.begin()
         if b is None:
-            return lw.calls.append(kb.kernel)
+            return lw.calls.append(_called(lw, kb.kernel, split))
 
         def block(b, n0, count):
             ld = count * g.p
@@ -548,8 +584,8 @@ def conv2d_input_grad(lw, node: Node) -> None:
                     cv.col2im(b, kb, cols, oi, imul(b, iadd(b, n0, j), g.c * g.h * g.w),
                               imul(b, j, g.p), ld)
 
-        over_blocks(b, g.n, nb, block)
-        lw.calls.append(kb.finish(b))
+        walk_blocks(b, kb, g, nb, split, ids[-1], block)
+        lw.calls.append(_called(lw, kb.finish(b), split))
 
 
 def conv2d_weight_grad(lw, node: Node) -> None:
@@ -573,17 +609,28 @@ def conv2d_weight_grad(lw, node: Node) -> None:
         shapes = ([(g.groups, g.k, g.og)] if transposed else []) + \
             ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
             ([(g.o, nb * g.p)] if nb > 1 else [])
-        temps = workspace(lw, cv.dt, *shapes)
-        kb, ids = image_kernel(lw, "conv2d_weight_grad", [gl, xl, dst] + temps,
-                               ("im2col", g.key()))
+        # split: each share sums its images into its own partial gradient (the transposed
+        # one in its copy of the workspace; share s >= 1 of the other in a `partial`)
+        partial = [] if transposed else [(g.o, g.k)]
+        rows = g.groups * -(-g.k // SUM_TILE) if transposed else -(-g.o * g.k // SUM_CHUNK)
+        split = conv_threads.plan_split(lw, cv.dt, shapes + partial, _units(g, nb),
+                                        g.n * g.o * g.k * g.p, rows=rows)
+        temps = workspace(lw, cv.dt, *shapes) if split is None else \
+            split.locs + [split.control]
+        locs = [gl, xl, dst] + temps
+        kb, ids = image_kernel(lw, "conv2d_weight_grad", locs,
+                               ("im2col", g.key(), split is not None))
         gi, xi, oi = ids[:3]
         gwt = ids[3] if transposed else None
         cols = None if direct else ids[3 + transposed]
-        gyt = ids[-1] if nb > 1 else None
+        gyt = ids[3 + transposed + (not direct)] if nb > 1 else None
+        swap = None if split is None or transposed else (dst, split.locs[-1])
+        reduce = None if split is None else _sum_shares(lw, g, locs, split, transposed)
         b = kb.begin()
         if b is None:
-            return lw.calls.append(kb.kernel)
+            return lw.calls.append(_called(lw, kb.kernel, split, swap=swap, reduce=reduce))
         zero, one = const(cv.dt, 0.0), const(cv.dt, 1.0)
+        first = []  # the first image of this call's blocks (set before the blocks are built)
 
         def block(b, n0, count):
             ld = count * g.p
@@ -600,8 +647,10 @@ def conv2d_weight_grad(lw, node: Node) -> None:
             else:
                 a, a_img, lda = gi, imul(b, n0, gs[0]), gs[1]
             # the first block writes the gradient, the later ones add to it (in the GEMM)
-            beta = (zero if n0 == 0 else one) if isinstance(n0, int) else \
-                b.select(b.icmp_signed("==", n0, i64(0)), zero, one)
+            start = first[0] if first else 0
+            beta = (zero if n0 == start else one) if isinstance(n0, int) and \
+                isinstance(start, int) else \
+                b.select(b.icmp_signed("==", as_i64(n0), as_i64(start)), zero, one)
             for grp in range(g.groups):
                 if transposed:  # gw_g^T (K x O/g) += cols_g @ gy_g^T
                     cv.gemm(b, kb, NOTRANS, TRANS, g.k, g.og, ld,
@@ -614,10 +663,13 @@ def conv2d_weight_grad(lw, node: Node) -> None:
                             src, iadd(b, src_img, grp * g.k * ldb), ldb, beta,
                             oi, grp * g.og * g.k, g.k)
 
-        over_blocks(b, g.n, nb, block)
-        if transposed:
+        if split is not None:
+            lo, _ = conv_threads.unit_range(b, kb, ids[-1])
+            first.append(b.mul(lo, i64(nb)))
+        walk_blocks(b, kb, g, nb, split, ids[-1], block)
+        if transposed and split is None:
             _untranspose(b, kb, g, gwt, oi)
-        lw.calls.append(kb.finish(b))
+        lw.calls.append(_called(lw, kb.finish(b), split, swap=swap, reduce=reduce))
 
 
 def _untranspose(b, kb, g: Geometry, gwt, gw, tile: int = 32) -> None:
@@ -631,3 +683,54 @@ def _untranspose(b, kb, g: Geometry, gwt, gw, tile: int = 32) -> None:
             frm = iadd(b, imul(b, grp, g.k * g.og), o)
             with loop(b, k_lo, k_hi, "k") as k:
                 kb.store(b, gw, b.add(to, k), kb.load(b, gwt, iadd(b, frm, imul(b, k, g.og))))
+
+
+# The weight gradient's partial sums (one per share of a split kernel) are added in tiles
+# of SUM_TILE rows of the transposed gradient, or chunks of SUM_CHUNK elements.
+SUM_TILE = 32
+SUM_CHUNK = 1024
+
+
+def _sum_shares(lw, g: Geometry, locs: list[Loc], split, transposed: bool):
+    """The reduce kernel of a split weight gradient (conv_threads): over its rows [rows_lo,
+    rows_hi), gw = the sum of the shares' partial gradients in share order (transposed:
+    gw[grp, o, k] = sum_s gwt_s[grp, k, o]; else gw += partial_s for s >= 1)."""
+    dt = locs[0].type.dtype
+    kb, ids = image_kernel(lw, "conv2d_weight_grad_sum", locs, ("sum", g.key(), transposed))
+    oi, part, ctrl = ids[2], ids[3] if transposed else ids[-2], ids[-1]
+    b = kb.begin()
+    if b is None:
+        return kb.kernel
+    lo, hi = conv_threads.unit_range(b, kb, ctrl, conv_threads.ROWS_LO)
+    shares = kb.load(b, ctrl, i64(conv_threads.SHARES))
+    copy = split.copy_bytes // dt.itemsize
+    if not transposed:
+        end = b.mul(hi, i64(SUM_CHUNK))
+        end = b.select(b.icmp_signed("<", end, i64(g.o * g.k)), end, i64(g.o * g.k))
+        with loop(b, 1, shares, "share") as s:
+            frm = b.mul(s, i64(copy))
+            with loop(b, b.mul(lo, i64(SUM_CHUNK)), end, "e") as e:
+                v = b.fadd(kb.load(b, oi, e), kb.load(b, part, b.add(frm, e)))
+                kb.store(b, oi, e, v)
+        return kb.finish(b)
+    tiles = -(-g.k // SUM_TILE)
+
+    def tile_rows(b, s, first):  # gw[grp, o, k] (+)= gwt_s[grp, k, o] over tiles [lo, hi)
+        with loop(b, lo, hi, "tile") as r:
+            grp, t = b.udiv(r, i64(tiles)), b.urem(r, i64(tiles))
+            k_lo = b.mul(t, i64(SUM_TILE))
+            k_hi = b.add(k_lo, i64(SUM_TILE))
+            k_hi = b.select(b.icmp_signed("<", k_hi, i64(g.k)), k_hi, i64(g.k))
+            with loop(b, 0, g.og, "o") as o:
+                to = iadd(b, imul(b, grp, g.og * g.k), imul(b, o, g.k))
+                frm = iadd(b, imul(b, grp, g.k * g.og), o, b.mul(s, i64(copy)))
+                with loop(b, k_lo, k_hi, "k") as k:
+                    v = kb.load(b, part, iadd(b, frm, imul(b, k, g.og)))
+                    if not first:
+                        v = b.fadd(kb.load(b, oi, b.add(to, k)), v)
+                    kb.store(b, oi, b.add(to, k), v)
+
+    tile_rows(b, i64(0), True)
+    with loop(b, 1, shares, "share") as s:
+        tile_rows(b, s, False)
+    return kb.finish(b)

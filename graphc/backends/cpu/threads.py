@@ -58,8 +58,8 @@ from collections import deque
 from graphc import config
 from graphc.backends.cpu import llvm
 
-__all__ = ["ThreadChooser", "cores_free", "install", "most_threads", "policy", "restore",
-           "use"]
+__all__ = ["BLAS_GET_THREADS", "BLAS_SET_THREADS", "ThreadChooser", "cores_free",
+           "image_threads", "install", "most_threads", "policy", "restore", "use"]
 
 # Where each OpenBLAS build exports the callback setter and the thread-count setter.
 _CALLBACK_SETTERS = ("scipy_openblas_set_threads_callback_function64_",
@@ -68,6 +68,13 @@ _CALLBACK_SETTERS = ("scipy_openblas_set_threads_callback_function64_",
                      "openblas_set_threads_callback_function")
 _THREAD_SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
                    "scipy_openblas_set_num_threads", "openblas_set_num_threads")
+_THREAD_GETTERS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                   "scipy_openblas_get_num_threads", "openblas_get_num_threads")
+# The BLAS's thread count for generated code: a kernel that splits its images over the cores
+# (graphc.backends.cpu.conv_threads) holds the BLAS to one thread inside its parallel region
+# and gives the count back after it. Registered by `install` where the BLAS has both.
+BLAS_GET_THREADS = "graphc_blas_get_threads"
+BLAS_SET_THREADS = "graphc_blas_set_threads"
 
 _CALLBACK_IR = """\
 %jobs = type { ptr, i32, i64, ptr, i32 }  ; dojob, numjobs, elsize, jobdata, dojob_data
@@ -139,6 +146,7 @@ _setters: list = []  # the callback setters installed into, reset in a forked ch
 _fork_hook = False
 _thread_setters: list = []  # the BLAS's set_num_threads, where the callback was installed
 _blas_threads = [0]  # the count last given to the BLAS (process-wide in OpenBLAS)
+_blas_counts: list[str] = []  # the BLAS libraries whose counts generated code may set
 
 
 def _find(library: ctypes.CDLL, names: tuple[str, ...]):
@@ -182,14 +190,36 @@ def _install(library: ctypes.CDLL) -> str:
         if not _fork_hook:
             os.register_at_fork(after_in_child=_native_in_child)
             _fork_hook = True
+        _register_counts(library)
         return "shared: the BLAS's jobs run on libgomp's team (one pool)"
     threads = _find(library, _THREAD_SETTERS)
     if threads is not None:
         threads.argtypes, threads.restype = [ctypes.c_int], None
         threads(1)
+        _register_counts(library)
         return ("one thread: this BLAS has no threading callback, so it is held to one "
                 "thread and graphc's own loops use the cores")
     return "untouched: this BLAS exposes neither a threading callback nor a thread count"
+
+
+def _register_counts(library: ctypes.CDLL) -> None:
+    """Register the BLAS's thread-count getter and setter for generated code (once: the
+    first BLAS that has both)."""
+    get, put = _find(library, _THREAD_GETTERS), _find(library, _THREAD_SETTERS)
+    if get is None or put is None or _blas_counts:
+        return
+    llvm.register_symbol(BLAS_GET_THREADS, ctypes.cast(get, ctypes.c_void_p).value)
+    llvm.register_symbol(BLAS_SET_THREADS, ctypes.cast(put, ctypes.c_void_p).value)
+    _blas_counts.append(BLAS_SET_THREADS)
+
+
+def image_threads() -> int:
+    """How many shares a convolution kernel splits its images into
+    (graphc.backends.cpu.conv_threads): `most_threads()` where generated code can hold the
+    BLAS to one thread inside its parallel region, else 1 (the kernels stay serial)."""
+    with _lock:
+        settable = bool(_blas_counts)
+    return most_threads() if settable else 1
 
 
 def _native_in_child() -> None:
