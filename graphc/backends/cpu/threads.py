@@ -58,7 +58,7 @@ from collections import deque
 from graphc import config
 from graphc.backends.cpu import llvm
 
-__all__ = ["BLAS_GET_THREADS", "BLAS_SET_THREADS", "ThreadChooser", "cores_free",
+__all__ = ["BLAS_GET_THREADS", "BLAS_SET_THREADS", "ThreadChooser", "blas_threads", "cores_free",
            "image_threads", "install", "most_threads", "policy", "restore", "use"]
 
 # Where each OpenBLAS build exports the callback setter and the thread-count setter.
@@ -146,7 +146,7 @@ _setters: list = []  # the callback setters installed into, reset in a forked ch
 _fork_hook = False
 _thread_setters: list = []  # the BLAS's set_num_threads, where the callback was installed
 _blas_threads = [0]  # the count last given to the BLAS (process-wide in OpenBLAS)
-_blas_counts: list[str] = []  # the BLAS libraries whose counts generated code may set
+_blas_counts: list = []  # the thread-count getter of the BLAS generated code holds
 
 
 def _find(library: ctypes.CDLL, names: tuple[str, ...]):
@@ -210,7 +210,15 @@ def _register_counts(library: ctypes.CDLL) -> None:
         return
     llvm.register_symbol(BLAS_GET_THREADS, ctypes.cast(get, ctypes.c_void_p).value)
     llvm.register_symbol(BLAS_SET_THREADS, ctypes.cast(put, ctypes.c_void_p).value)
-    _blas_counts.append(BLAS_SET_THREADS)
+    get.argtypes, get.restype = [], ctypes.c_int
+    _blas_counts.append(get)
+
+
+def blas_threads() -> int | None:
+    """The BLAS's thread count now, as generated code reads it (None where it cannot)."""
+    with _lock:
+        get = _blas_counts[0] if _blas_counts else None
+    return None if get is None else get()
 
 
 def image_threads() -> int:

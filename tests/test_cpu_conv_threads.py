@@ -1,0 +1,140 @@
+"""Convolution kernels split over the cores (graphc.backends.cpu.conv_threads): forward,
+input gradient and weight gradient, compiled with their image loop split, run on one thread
+and on all cores, equal to the interpreter, and within the float64-distance rule of
+docs/performance.md ("Rounding"; the weight gradient's shares sum their images apart).
+Small shapes are split too here (MIN_SPLIT_MACS patched to 0) so the tests stay fast."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+
+from graphc.backends.cpu import conv, conv_direct, conv_threads, threads  # noqa: E402
+from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
+from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from graphc.ir.interpreter import run as interpret  # noqa: E402
+from graphc.passes.plan import plan_buffers  # noqa: E402
+from graphc.testing import assert_rounding_within  # noqa: E402
+from tests.test_cpu_conv_paths import _graphs  # noqa: E402
+
+resolve_blas()  # hands the BLAS's thread count to generated code (threads.install)
+ALL_CORES = threads.image_threads()
+needs_cores = pytest.mark.skipif(
+    ALL_CORES < 2, reason="one core (or a BLAS whose thread count cannot be held): "
+    "convolution kernels are never split")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(conv_direct, "FEW_ROWS", 0)  # few output channels: keep im2col
+
+
+def _run(graph, args, count: int):
+    exe = CpuExecutable(graph)
+    exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+    return exe, exe.run(*[np.array(a, copy=True) for a in args])[0]
+
+
+def check_split(xs, ws, stride=(1, 1), padding=(1, 1), groups=1, split=True):
+    """Each kernel on one thread and on all cores: the interpreter's result within float32
+    rounding, within 2x eager's distance from float64; `split`: the module has the split."""
+    rng = np.random.default_rng(sum(xs) + 3 * sum(ws) + groups)
+    gs, graphs = _graphs(xs, ws, stride, padding, groups)
+    _, wide = _graphs(xs, ws, stride, padding, groups, "float64")
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    gy = rng.standard_normal(gs).astype(np.float32)
+    args = {"fwd": [x, w], "gx": [gy, w], "gw": [gy, x]}
+    for kind, graph in graphs.items():
+        eager = interpret(graph, *args[kind])[0]
+        reference = interpret(wide[kind], *[a.astype(np.float64) for a in args[kind]])[0]
+        plan_buffers(graph)
+        for count in (1, ALL_CORES):
+            exe, got = _run(graph, args[kind], count)
+            scale = float(np.abs(eager).max())
+            np.testing.assert_allclose(got, eager, rtol=1e-4, atol=1e-4 * scale,
+                                       err_msg=f"{kind} on {count} threads")
+            assert_rounding_within(got, eager, reference)
+        assert (".split" in exe.lowered.ir_text) == split, kind
+
+
+# (input, weight, stride, padding, groups): one GEMM per image, several images per share
+PER_IMAGE = [
+    ((5, 3, 10, 10), (16, 3, 3, 3), (1, 1), (1, 1), 1),  # 5 images over 2 shares
+    ((4, 8, 11, 11), (12, 4, 3, 3), (1, 1), (0, 0), 2),  # groups, no padding
+    ((3, 4, 17, 16), (8, 4, 3, 3), (2, 2), (1, 1), 1),  # stride 2, odd height
+    ((6, 4, 8, 8), (160, 4, 1, 1), (1, 1), (0, 0), 1),  # pointwise; gw not transposed
+    ((2, 6, 12, 12), (8, 6, 5, 5), (1, 1), (2, 2), 1),  # 5x5, two images: one each
+]
+
+
+@needs_cores
+@pytest.mark.parametrize("case", range(len(PER_IMAGE)))
+def test_per_image_kernels_split_equal_the_interpreter(case, split_small):
+    check_split(*PER_IMAGE[case])
+
+
+# output planes under THIN_COLUMNS positions: blocks of images, a partial last block
+BLOCKED = [
+    ((7, 8, 4, 4), (16, 8, 3, 3), (1, 1), (1, 1), 1),  # 3 blocks of 2-3 images
+    ((9, 6, 6, 6), (8, 3, 3, 3), (2, 2), (1, 1), 2),  # stride 2, groups
+    ((5, 8, 5, 5), (140, 8, 1, 1), (1, 1), (0, 0), 1),  # pointwise blocked, gw not transposed
+]
+
+
+@needs_cores
+@pytest.mark.parametrize("case", range(len(BLOCKED)))
+def test_blocked_kernels_split_equal_the_interpreter(case, split_small, monkeypatch):
+    monkeypatch.setattr(conv, "BLOCK_COLUMNS", 40)
+    check_split(*BLOCKED[case])
+
+
+@needs_cores
+def test_one_image_is_not_split(split_small):
+    check_split((1, 3, 12, 12), (8, 3, 3, 3), split=False)
+
+
+def test_small_kernels_and_one_thread_machines_stay_serial(monkeypatch):
+    monkeypatch.setattr(conv_direct, "FEW_ROWS", 0)
+    check_split((4, 3, 8, 8), (8, 3, 3, 3), split=False)  # under MIN_SPLIT_MACS
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(threads, "image_threads", lambda: 1)
+    check_split((4, 3, 8, 8), (8, 3, 3, 3), split=False)
+
+
+@needs_cores
+def test_a_split_weight_gradient_is_the_same_every_call(split_small):
+    """The shares' partial sums are added in share order: a given thread count gives the
+    same bits every call, whichever thread ran which share."""
+    gs, graphs = _graphs((8, 4, 9, 9), (6, 4, 3, 3), (1, 1), (1, 1), 1)
+    rng = np.random.default_rng(5)
+    args = [rng.standard_normal(gs).astype(np.float32),
+            rng.standard_normal((8, 4, 9, 9)).astype(np.float32)]
+    graph = graphs["gw"]
+    plan_buffers(graph)
+    exe, first = _run(graph, args, ALL_CORES)
+    for _ in range(20):
+        np.testing.assert_array_equal(exe.run(*args)[0], first)
+
+
+@needs_cores
+def test_the_blas_thread_count_is_given_back(split_small):
+    """The BLAS runs on one thread inside a split kernel and on the call's count after."""
+    gs, graphs = _graphs((5, 3, 10, 10), (16, 3, 3, 3), (1, 1), (1, 1), 1)
+    graph = graphs["fwd"]
+    plan_buffers(graph)
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((5, 3, 10, 10)).astype(np.float32),
+            rng.standard_normal((16, 3, 3, 3)).astype(np.float32)]
+    exe, _ = _run(graph, args, ALL_CORES)
+    assert ".split" in exe.lowered.ir_text
+    assert threads.blas_threads() == ALL_CORES
