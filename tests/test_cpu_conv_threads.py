@@ -138,3 +138,18 @@ def test_the_blas_thread_count_is_given_back(split_small):
     exe, _ = _run(graph, args, ALL_CORES)
     assert ".split" in exe.lowered.ir_text
     assert threads.blas_threads() == ALL_CORES
+
+
+# Winograd F(2x2, 3x3) forward and input gradient: the filter transform once, before the
+# shares; a partial last block (8x8 planes go 4 images a block), and parts of tile rows
+WINOGRAD = [
+    ((10, 16, 8, 8), (16, 16, 3, 3), (1, 1), (1, 1), 1),
+    ((3, 16, 16, 16), (24, 16, 3, 3), (1, 1), (1, 1), 1),
+    ((3, 16, 34, 34), (16, 16, 3, 3), (1, 1), (0, 0), 1),  # no padding; gx padded by 2
+]
+
+
+@needs_cores
+@pytest.mark.parametrize("case", range(len(WINOGRAD)))
+def test_winograd_kernels_split_equal_the_interpreter(case, split_small):
+    check_split(*WINOGRAD[case])

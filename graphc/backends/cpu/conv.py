@@ -464,7 +464,7 @@ def walk_blocks(b, kb, g: Geometry, nb: int, split, control: int, block) -> ir.V
     return b.mul(lo, i64(nb))
 
 
-def _called(lw, kernel, split, **how):
+def called_kernel(lw, kernel, split, **how):
     """The kernel the driver calls: `kernel`, or its split over the cores."""
     return kernel if split is None else split.call(lw, kernel, **how)
 
@@ -496,7 +496,7 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
         tmp = ids[4] if nb > 1 else None
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
-            return lw.calls.append(_called(lw, kb.kernel, split))
+            return lw.calls.append(called_kernel(lw, kb.kernel, split))
 
         def block(b, n0, count):
             ld = count * g.p
@@ -524,7 +524,7 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
                             kb.store(b, oi, b.add(at, q), kb.load(b, tmp, b.add(frm, q)))
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
-        lw.calls.append(_called(lw, kb.finish(b), split))
+        lw.calls.append(called_kernel(lw, kb.finish(b), split))
 
 
 def grad_image(lw, loc: Loc, g: Geometry) -> tuple[Loc, tuple]:
@@ -564,7 +564,7 @@ def conv2d_input_grad(lw, node: Node) -> None:
         gyt = ids[4] if nb > 1 else None
         b = kb.begin()
         if b is None:
-            return lw.calls.append(_called(lw, kb.kernel, split))
+            return lw.calls.append(called_kernel(lw, kb.kernel, split))
 
         def block(b, n0, count):
             ld = count * g.p
@@ -585,7 +585,7 @@ def conv2d_input_grad(lw, node: Node) -> None:
                               imul(b, j, g.p), ld)
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
-        lw.calls.append(_called(lw, kb.finish(b), split))
+        lw.calls.append(called_kernel(lw, kb.finish(b), split))
 
 
 def conv2d_weight_grad(lw, node: Node) -> None:
@@ -628,7 +628,7 @@ def conv2d_weight_grad(lw, node: Node) -> None:
         reduce = None if split is None else _sum_shares(lw, g, locs, split, transposed)
         b = kb.begin()
         if b is None:
-            return lw.calls.append(_called(lw, kb.kernel, split, swap=swap, reduce=reduce))
+            return lw.calls.append(called_kernel(lw, kb.kernel, split, swap=swap, reduce=reduce))
         zero, one = const(cv.dt, 0.0), const(cv.dt, 1.0)
         first = []  # the first image of this call's blocks (set before the blocks are built)
 
@@ -669,7 +669,7 @@ def conv2d_weight_grad(lw, node: Node) -> None:
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
         if transposed and split is None:
             _untranspose(b, kb, g, gwt, oi)
-        lw.calls.append(_called(lw, kb.finish(b), split, swap=swap, reduce=reduce))
+        lw.calls.append(called_kernel(lw, kb.finish(b), split, swap=swap, reduce=reduce))
 
 
 def _untranspose(b, kb, g: Geometry, gwt, gw, tile: int = 32) -> None:

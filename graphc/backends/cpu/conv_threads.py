@@ -84,22 +84,24 @@ class Split:
     rows: int = 0
 
     def call(self, lw, kernel: Kernel, swap: tuple[Loc, Loc] | None = None,
-             reduce: Kernel | None = None) -> Kernel:
-        """The kernel the driver calls for the range kernel `kernel` (and `reduce`, built
-        on the same locs in the same order): see the module docstring. `swap` = (target,
-        partial): share s >= 1 writes `target` into `partial`'s share-s copy instead."""
+             reduce: Kernel | None = None, prelude: Kernel | None = None) -> Kernel:
+        """The kernel the driver calls for the range kernel `kernel` (and `reduce` and
+        `prelude`, built on the same locs in the same order): see the module docstring.
+        `swap` = (target, partial): share s >= 1 writes `target` into `partial`'s share-s
+        copy instead. `prelude` runs once before the shares (e.g. a filter transform into a
+        `shared` temporary that every share reads)."""
         regions = kernel.regions
         per_share = tuple(sorted(regions.index(loc.region) for loc in self.locs + [self.control]
                                  if swap is None or loc is not swap[1]))
         control = regions.index(self.control.region)
         swapped = None if swap is None else (regions.index(swap[0].region),
                                              regions.index(swap[1].region))
-        key = (kernel.name, None if reduce is None else reduce.name, len(regions), per_share,
-               control, swapped, self.shares, self.units, self.rows, self.copy_bytes)
+        names = tuple(None if k is None else k.name for k in (kernel, reduce, prelude))
+        key = (names, len(regions), per_share, control, swapped, self.shares, self.units,
+               self.rows, self.copy_bytes)
         built = _WRAPPERS.setdefault(lw, {})
         if key not in built:
-            built[key] = _wrapper(lw, kernel.name, None if reduce is None else reduce.name,
-                                  len(regions), per_share, control, swapped, self)
+            built[key] = _wrapper(lw, names, len(regions), per_share, control, swapped, self)
         return Kernel(built[key], list(regions), list(kernel.args))
 
 
@@ -171,14 +173,14 @@ def _strided(b, start, stop, step, name: str):
     return i, head, end
 
 
-def _wrapper(lw, range_name: str, reduce_name: str | None, n_args: int, per_share, control,
-             swapped, split: Split) -> str:
-    """Emit `<range_name>.split` and its worker (see the module docstring); its name."""
+def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split) -> str:
+    """Emit `<range kernel>.split` and its worker (see the module docstring); its name.
+    `names`: the range kernel's, the reduce kernel's and the prelude's (or None)."""
     module = lw.module
-    name = range_name + ".split"
+    name = names[0] + ".split"
     ptrs = [PTR] * n_args
-    range_fn = module.get_global(range_name)
-    reduce_fn = None if reduce_name is None else module.get_global(reduce_name)
+    range_fn, reduce_fn, prelude_fn = (None if n is None else module.get_global(n)
+                                       for n in names)
     declare = lw.declare
     thread_num = declare("omp_get_thread_num", ir.FunctionType(I32, []))
     num_threads = declare("omp_get_num_threads", ir.FunctionType(I32, []))
@@ -237,6 +239,8 @@ def _wrapper(lw, range_name: str, reduce_name: str | None, n_args: int, per_shar
     fn.attributes.add("noinline")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     args = list(fn.args)
+    if prelude_fn is not None:
+        b.call(prelude_fn, args)
     most = b.sext(b.call(max_threads, []), I64)
     count = b.select(b.icmp_signed("<", most, i64(split.shares)), most, i64(split.shares))
     with b.if_then(b.icmp_signed("<=", count, i64(1))):

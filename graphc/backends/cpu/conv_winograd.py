@@ -48,15 +48,17 @@ from graphc.backends.cpu.conv import (
     TRANS,
     Conv,
     block_images,
+    called_kernel,
     contiguous_in,
     contiguous_out,
     iadd,
     image_kernel,
     image_strides,
     imul,
-    over_blocks,
+    walk_blocks,
     workspace,
 )
+from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import i64, loop
 from graphc.types import float32, float64
@@ -153,17 +155,25 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
     nxi = ALPHA * ALPHA
     with contiguous_out(lw, out) as dst:
         u_step = _spaced(co * ci)
-        temps = workspace(lw, dt, (nxi, u_step), (hp * wp,), (nxi, _spaced(ci * t_max)),
-                          (nxi, _spaced(co * t_max)))
-        kb, ids = image_kernel(lw, "conv2d_winograd", [src, w, dst] + temps,
-                               (g.key(), flip, ci, co, in_hw, out_hw, pad))
-        si, wi, oi, ui, pi, vi, mi = ids
+        # split over the cores: each share its own padded plane, V and M; U made once
+        shapes = [(hp * wp,), (nxi, _spaced(ci * t_max)), (nxi, _spaced(co * t_max))]
+        units = -(-g.n // nb) if type(g.n) is int else None
+        macs = g.n * co * ci * 9 * out_hw[0] * out_hw[1] if units else None
+        split = plan_split(lw, dt, shapes, units, macs, shared=[(nxi, u_step)])
+        temps = workspace(lw, dt, (nxi, u_step), *shapes) if split is None else \
+            split.shared + split.locs + [split.control]
+        locs = [src, w, dst] + temps
+        recipe = (g.key(), flip, ci, co, in_hw, out_hw, pad)
+        kb, ids = image_kernel(lw, "conv2d_winograd", locs, recipe + (split is not None,))
+        si, wi, oi, ui, pi, vi, mi = ids[:7]
+        prelude = None if split is None else _filter_kernel(lw, locs, recipe, u_step, g, flip)
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
-            return lw.calls.append(kb.kernel)
+            return lw.calls.append(called_kernel(lw, kb.kernel, split, prelude=prelude))
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
-        _filter_transform(b, kb, dt, wi, ui, u_step, g, flip)
+        if split is None:
+            _filter_transform(b, kb, dt, wi, ui, u_step, g, flip)
         plane_out = out_hw[0] * out_hw[1]
 
         def part(b, n0, count, ty0, nrows):
@@ -214,8 +224,19 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
             if tail_rows:
                 part(b, n0, count, full_parts * rows, tail_rows)
 
-        over_blocks(b, g.n, nb, block)
-        lw.calls.append(kb.finish(b))
+        walk_blocks(b, kb, g, nb, split, ids[-1], block)
+        lw.calls.append(called_kernel(lw, kb.finish(b), split, prelude=prelude))
+
+
+def _filter_kernel(lw, locs, recipe, u_step, g, flip):
+    """The filter transform as a kernel of its own (on the Winograd kernel's locs), run once
+    before a split kernel's shares."""
+    kb, ids = image_kernel(lw, "conv2d_winograd_filter", locs, recipe)
+    b = kb.begin()
+    if b is None:
+        return kb.kernel
+    _filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g, flip)
+    return kb.finish(b)
 
 
 def _filter_transform(b, kb, dt, wi, ui, step, g, flip) -> None:
