@@ -153,3 +153,20 @@ WINOGRAD = [
 @pytest.mark.parametrize("case", range(len(WINOGRAD)))
 def test_winograd_kernels_split_equal_the_interpreter(case, split_small):
     check_split(*WINOGRAD[case])
+
+
+# direct loops: depthwise (forward, both input-gradient forms, weight gradient split over
+# the output channels) and few output channels per group (LeNet-5's first layer)
+DIRECT = [
+    ((4, 8, 10, 10), (8, 1, 3, 3), (1, 1), (1, 1), 8),
+    ((3, 8, 11, 11), (8, 1, 3, 3), (2, 2), (1, 1), 8),  # stride 2: the scatter gradient
+    ((5, 1, 12, 12), (6, 1, 5, 5), (1, 1), (0, 0), 1),
+    ((3, 4, 9, 9), (8, 2, 3, 3), (1, 1), (1, 1), 2),  # few rows in groups
+]
+
+
+@needs_cores
+@pytest.mark.parametrize("case", range(len(DIRECT)))
+def test_direct_kernels_split_equal_the_interpreter(case, monkeypatch):
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    check_split(*DIRECT[case])

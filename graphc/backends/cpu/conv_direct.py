@@ -36,6 +36,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from graphc.backends.cpu.conv import (
+    called_kernel,
     contiguous_in,
     contiguous_out,
     grad_image,
@@ -43,8 +44,8 @@ from graphc.backends.cpu.conv import (
     image_kernel,
     image_strides,
     imul,
-    workspace,
 )
+from graphc.backends.cpu.conv_threads import temporaries, units_loop
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import i64, loop
 from graphc.types import float32, float64
@@ -149,18 +150,21 @@ def _grouped_forward(lw, g, x, w, out, dt) -> None:
     # 297 us); no gain was measured for depthwise 3x3 on 14x14, which keeps the rows
     flat = g.stride == (1, 1) and (g.wo < 8 or (g.wo % 8 != 0 and g.cg * g.kh * g.kw >= 16))
     slack = (g.kw - 1) * g.dilation[1] if flat else 0
-    temps = workspace(lw, dt, (g.cg * hp * wp + slack,), *([(g.ho * wp,)] if flat else []))
+    shapes = [(g.cg * hp * wp + slack,)] + ([(g.ho * wp,)] if flat else [])
+    split, temps = temporaries(lw, dt, shapes, g.n, g.n * g.o * g.cg * g.kh * g.kw * g.p)
     # a tap of channel c reads the padded plane c rows of hp further down
     taps = [(c * g.kh * g.kw + t, c * hp + di, dj) for c in range(g.cg) for t, di, dj in _taps(g)]
     name = "conv2d_depthwise" if _depthwise(g, dt) else "conv2d_direct"
     with contiguous_out(lw, out) as dst:
-        kb, ids = image_kernel(lw, name, [x, w, dst] + temps, ("forward", g.key()))
+        kb, ids = image_kernel(lw, name, [x, w, dst] + temps,
+                               ("forward", g.key(), split is not None))
         xi, wi, oi, pi = ids[:4]
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
-            return lw.calls.append(kb.kernel)
+            return lw.calls.append(called_kernel(lw, kb.kernel, split))
         _zero(b, kb, pi, g.cg * hp * wp + slack, dt)
-        with loop(b, 0, g.n, "n") as n, loop(b, 0, g.groups, "grp") as grp:
+        with units_loop(b, kb, split, ids[-1], g.n, "n") as n, \
+                loop(b, 0, g.groups, "grp") as grp:
             with _count(b, g.cg, "pc") as c:
                 ch = iadd(b, imul(b, grp, g.cg), c)
                 _pad_plane(b, kb, xi, iadd(b, imul(b, n, xs[0]), imul(b, ch, xs[1])),
@@ -182,7 +186,7 @@ def _grouped_forward(lw, g, x, w, out, dt) -> None:
                         kb.store(b, oi, iadd(b, plane, imul(b, r, g.wo), q), v)
 
                     _correlate(b, kb, g, pi, wp, weights, taps, g.ho, g.wo, g.stride, store)
-        lw.calls.append(kb.finish(b))
+        lw.calls.append(called_kernel(lw, kb.finish(b), split))
 
 
 def _correlate_rows(b, kb, plane, wp, weights, taps, count, dst) -> None:
@@ -210,17 +214,18 @@ def conv2d_input_grad(lw, node, g) -> bool:
     gl, gs = grad_image(lw, lw.locs[gy], g)
     wl = contiguous_in(lw, lw.locs[w])
     hg, wg = g.h + (g.kh - 1) * dh, g.w + (g.kw - 1) * dw
-    (padded,) = workspace(lw, dt, (hg, wg))
+    split, temps = temporaries(lw, dt, [(hg, wg)], g.n, g.n * g.c * g.kh * g.kw * g.h * g.w)
     taps = _taps(g, flip=True)
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
-        kb, (gi, wi, oi, pi) = image_kernel(lw, "conv2d_depthwise_input_grad",
-                                            [gl, wl, dst, padded], ("correlate", g.key()))
+        kb, ids = image_kernel(lw, "conv2d_depthwise_input_grad", [gl, wl, dst] + temps,
+                               ("correlate", g.key(), split is not None))
+        gi, wi, oi, pi = ids[:4]
         b = kb.begin()
         if b is None:
-            lw.calls.append(kb.kernel)
+            lw.calls.append(called_kernel(lw, kb.kernel, split))
             return True
         _zero(b, kb, pi, hg * wg, dt)
-        with loop(b, 0, g.n, "n") as n, loop(b, 0, g.c, "c") as c:
+        with units_loop(b, kb, split, ids[-1], g.n, "n") as n, loop(b, 0, g.c, "c") as c:
             _pad_plane(b, kb, gi, iadd(b, imul(b, n, gs[0]), imul(b, c, gs[1])),
                        gs[2:], (g.ho, g.wo), pi, wg, top, left)
             weights = [kb.load(b, wi, iadd(b, imul(b, c, g.kh * g.kw), t)) for t, _, _ in taps]
@@ -230,7 +235,7 @@ def conv2d_input_grad(lw, node, g) -> bool:
                 kb.store(b, oi, iadd(b, plane, imul(b, r, g.w), q), v)
 
             _correlate(b, kb, g, pi, wg, weights, taps, g.h, g.w, (1, 1), store)
-        lw.calls.append(kb.finish(b))
+        lw.calls.append(called_kernel(lw, kb.finish(b), split))
     return True
 
 
@@ -242,14 +247,15 @@ def _depthwise_input_grad_scatter(lw, node, g, dt) -> None:
     wl = contiguous_in(lw, lw.locs[w])
     (sh, sw), (ph, pw) = g.stride, g.padding
     hp, wp = g.h + 2 * ph, g.w + 2 * pw
-    (padded,) = workspace(lw, dt, (hp, wp))
+    split, temps = temporaries(lw, dt, [(hp, wp)], g.n, g.n * g.c * g.kh * g.kw * g.p)
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
-        kb, (gi, wi, oi, pi) = image_kernel(lw, "conv2d_depthwise_input_grad",
-                                            [gl, wl, dst, padded], ("scatter", g.key()))
+        kb, ids = image_kernel(lw, "conv2d_depthwise_input_grad", [gl, wl, dst] + temps,
+                               ("scatter", g.key(), split is not None))
+        gi, wi, oi, pi = ids[:4]
         b = kb.begin()
         if b is None:
-            return lw.calls.append(kb.kernel)
-        with loop(b, 0, g.n, "n") as n, loop(b, 0, g.c, "c") as c:
+            return lw.calls.append(called_kernel(lw, kb.kernel, split))
+        with units_loop(b, kb, split, ids[-1], g.n, "n") as n, loop(b, 0, g.c, "c") as c:
             _zero(b, kb, pi, hp * wp, dt)
             src = iadd(b, imul(b, n, gs[0]), imul(b, c, gs[1]))
             for t, di, dj in _taps(g):
@@ -267,7 +273,7 @@ def _depthwise_input_grad_scatter(lw, node, g, dt) -> None:
                 frm = iadd(b, imul(b, ih, wp), ph * wp + pw)
                 with loop(b, 0, g.w, "iw") as iw:
                     kb.store(b, oi, b.add(to, iw), kb.load(b, pi, b.add(frm, iw)))
-        lw.calls.append(kb.finish(b))
+        lw.calls.append(called_kernel(lw, kb.finish(b), split))
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
@@ -289,16 +295,18 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     flat = g.stride == (1, 1)
     slack = (g.kw - 1) * g.dilation[1] if flat else 0
     shapes = [(hp * wp + slack,)] + ([(g.ho * wp,)] if flat else [])
-    temps = workspace(lw, dt, *shapes)
+    # split over the output channels: each share writes its own rows of the gradient
+    split, temps = temporaries(lw, dt, shapes, g.o, g.n * g.o * g.cg * g.kh * g.kw * g.p)
     taps = _taps(g)
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
         name = "conv2d_depthwise_weight_grad" if _depthwise(g, dt) else \
             "conv2d_direct_weight_grad"
-        kb, ids = image_kernel(lw, name, [gl, xl, dst] + temps, ("weight_grad", g.key()))
+        kb, ids = image_kernel(lw, name, [gl, xl, dst] + temps,
+                               ("weight_grad", g.key(), split is not None))
         gi, xi, oi, pi = ids[:4]
         b = kb.begin()
         if b is None:
-            lw.calls.append(kb.kernel)
+            lw.calls.append(called_kernel(lw, kb.kernel, split))
             return True
         with b.goto_entry_block():
             accs = [b.alloca(const(dt, 0.0).type, name=f"acc{t}") for t, _, _ in taps]
@@ -313,7 +321,7 @@ def conv2d_weight_grad(lw, node, g) -> bool:
                 s.flags.extend(("reassoc", "nsz"))
                 b.store(s, acc)
 
-        with loop(b, 0, g.o, "o") as o, loop(b, 0, g.cg, "c") as c:
+        with units_loop(b, kb, split, ids[-1], g.o, "o") as o, loop(b, 0, g.cg, "c") as c:
             for acc in accs:
                 b.store(const(dt, 0.0), acc)
             group = o if g.og == 1 else b.udiv(o, i64(g.og))
@@ -334,5 +342,5 @@ def conv2d_weight_grad(lw, node, g) -> bool:
             at = imul(b, iadd(b, imul(b, o, g.cg), c), g.kh * g.kw)
             for acc, (t, _, _) in zip(accs, taps):
                 kb.store(b, oi, iadd(b, at, t), b.load(acc))
-        lw.calls.append(kb.finish(b))
+        lw.calls.append(called_kernel(lw, kb.finish(b), split))
     return True

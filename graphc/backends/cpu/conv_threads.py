@@ -38,6 +38,7 @@ shares t, t + n, ..., so every share still runs exactly once.
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -47,7 +48,8 @@ from graphc.backends.cpu.kernels import Kernel
 from graphc.backends.cpu.values import I8, I32, I64, PTR, Loc, contiguous, i64, loop
 from graphc.types import TensorType, int64
 
-__all__ = ["MIN_SPLIT_MACS", "Split", "over_units", "plan_split", "unit_range"]
+__all__ = ["MIN_SPLIT_MACS", "Split", "over_units", "plan_split", "temporaries", "unit_range",
+           "units_loop"]
 
 # Below this many multiply-adds a kernel stays serial: a fork and join (a few microseconds,
 # more when the team sleeps) and holding the BLAS to one thread cost more than a core gains.
@@ -156,6 +158,26 @@ def over_units(b, n: int, nb: int, lo, hi, body) -> None:
     if tail:
         with b.if_then(b.icmp_signed(">", hi, i64(full))):
             body(b, full * nb, tail)
+
+
+@contextmanager
+def units_loop(b, kb, split: Split | None, control: int, total, name: str):
+    """`for i in range(total)` over a kernel's units; in a range kernel (`split`), over its
+    share's [lo, hi) (operand `control`)."""
+    lo, hi = (0, total) if split is None else unit_range(b, kb, control)
+    with loop(b, lo, hi, name) as i:
+        yield i
+
+
+def temporaries(lw, dt, shapes, units, macs) -> tuple[Split | None, list[Loc]]:
+    """(the Split or None, the kernel's temporaries): `shapes` in the module's workspace for
+    a serial kernel; for a split one share 0's copies and, last, its control block."""
+    from graphc.backends.cpu.conv import workspace
+
+    split = plan_split(lw, dt, shapes, units, macs)
+    if split is None:
+        return None, workspace(lw, dt, *shapes)
+    return split, split.locs + [split.control]
 
 
 def _strided(b, start, stop, step, name: str):
