@@ -170,3 +170,39 @@ DIRECT = [
 def test_direct_kernels_split_equal_the_interpreter(case, monkeypatch):
     monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
     check_split(*DIRECT[case])
+
+
+@needs_cores
+def test_split_calls_on_two_python_threads_at_once(split_small):
+    """Two executables whose convolutions split, called at the same time from two Python
+    threads (each call sets the BLAS's count, each split region holds it to one thread):
+    every result right, no region left waiting, the count given back at the end."""
+    import threading
+
+    rng = np.random.default_rng(2)
+    work = []
+    # GEMMs big enough for OpenBLAS to split them on more than one thread
+    for xs, ws in (((4, 3, 32, 32), (64, 3, 3, 3)), ((4, 8, 24, 24), (32, 8, 3, 3))):
+        gs, graphs = _graphs(xs, ws, (1, 1), (1, 1), 1)
+        args = [rng.standard_normal(xs).astype(np.float32),
+                rng.standard_normal(ws).astype(np.float32)]
+        plan_buffers(graphs["fwd"])
+        exe, want = _run(graphs["fwd"], args, ALL_CORES)
+        work.append((exe, args, want))
+    failures = []
+
+    def calls(exe, args, want):
+        try:
+            for _ in range(40):
+                np.testing.assert_array_equal(exe.run(*args)[0], want)
+        except Exception as error:  # noqa: BLE001 (reported below)
+            failures.append(error)
+
+    runners = [threading.Thread(target=calls, args=w, daemon=True) for w in work]
+    for runner in runners:
+        runner.start()
+    for runner in runners:
+        runner.join(timeout=300)
+    assert not any(r.is_alive() for r in runners), "a split call never returned"
+    assert not failures, failures
+    assert threads.blas_threads() == ALL_CORES

@@ -18,9 +18,10 @@ outer loop over libgomp's team, the same pool every other parallel kernel uses
   and its own copy of the kernel's temporaries (im2col columns, blocks, padded planes): the
   workspace holds `shares` copies, `copy_bytes` apart, and share s's temporaries are share
   0's pointers moved by s copies. OpenBLAS is held to one thread for the region
-  (`graphc_blas_set_threads`, see threads.install): a GEMM inside a parallel region must not
-  fork again (libgomp gives a nested region one thread, and OpenBLAS's jobs, which wait on
-  each other, would then wait forever).
+  (`graphc_split_enter` / `graphc_split_exit`, threads.py: process-wide, under a lock, so
+  that concurrent calls on other Python threads cannot lift it mid-region): a GEMM inside a
+  parallel region must not fork again (libgomp gives a nested region one thread, and
+  OpenBLAS's jobs, which wait on each other, would then wait forever).
 - Reductions over the units (the weight gradient sums over images): each share writes its
   own partial sum (share 0 into the real target, share s into a temporary, `swap`), and a
   second range kernel (`reduce`) adds them in share order after a barrier, itself split
@@ -209,8 +210,8 @@ def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split) 
     max_threads = declare("omp_get_max_threads", ir.FunctionType(I32, []))
     barrier = declare("GOMP_barrier", ir.FunctionType(ir.VoidType(), []))
     gomp = declare("GOMP_parallel", ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]))
-    blas_get = declare(threads.BLAS_GET_THREADS, ir.FunctionType(I32, []))
-    blas_set = declare(threads.BLAS_SET_THREADS, ir.FunctionType(ir.VoidType(), [I32]))
+    enter = declare(threads.SPLIT_ENTER, ir.FunctionType(ir.VoidType(), []))
+    leave = declare(threads.SPLIT_EXIT, ir.FunctionType(ir.VoidType(), []))
 
     def moved(b, p, s):
         return b.gep(p, [b.mul(s, i64(split.copy_bytes))], source_etype=I8)
@@ -282,12 +283,11 @@ def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split) 
             b.store(lo, word(b, ctrl, k))
             b.store(hi, word(b, ctrl, k + 1))
         b.store(count, word(b, ctrl, SHARES))
-    blas = b.call(blas_get, [])
-    b.call(blas_set, [ir.Constant(I32, 1)])
+    b.call(enter, [])  # the BLAS on one thread until the last split region leaves
     table = b.alloca(PTR, size=n_args)
     for k, a in enumerate(args):
         b.store(a, b.gep(table, [i64(k)], source_etype=PTR))
     b.call(gomp, [worker, table, b.trunc(count, I32), ir.Constant(I32, 0)])
-    b.call(blas_set, [blas])
+    b.call(leave, [])
     b.ret_void()
     return name

@@ -58,7 +58,8 @@ from collections import deque
 from graphc import config
 from graphc.backends.cpu import llvm
 
-__all__ = ["BLAS_GET_THREADS", "BLAS_SET_THREADS", "ThreadChooser", "blas_threads", "cores_free",
+__all__ = ["BLAS_GET_THREADS", "BLAS_SET_THREADS", "SPLIT_ENTER", "SPLIT_EXIT", "ThreadChooser",
+           "blas_threads", "cores_free",
            "image_threads", "install", "most_threads", "policy", "restore", "use"]
 
 # Where each OpenBLAS build exports the callback setter and the thread-count setter.
@@ -139,6 +140,93 @@ fork:
 }
 """
 
+# Generated code holds the BLAS to one thread while a convolution kernel splits its images
+# over the cores (graphc.backends.cpu.conv_threads). The BLAS's count is process-wide, and
+# two Python threads may run compiled calls at once, so every change of it goes through
+# these functions under one spin lock: the first region in saves the count and sets 1, the
+# last one out restores it, and a count set meanwhile (`use`) waits in `saved` until then.
+# (A GEMM inside a region that saw a count above 1 would fork a nested team of one thread,
+# where OpenBLAS's jobs wait on each other forever.)
+SPLIT_ENTER = "graphc_split_enter"
+SPLIT_EXIT = "graphc_split_exit"
+_COUNTS_IR = """\
+@lock = internal global i32 0
+@active = internal global i64 0
+@saved = internal global i32 0
+
+declare i32 @graphc_blas_get_threads()
+declare void @graphc_blas_set_threads(i32)
+
+define internal void @acquire() nounwind {
+entry:
+  br label %try
+try:
+  %r = cmpxchg ptr @lock, i32 0, i32 1 acquire monotonic
+  %ok = extractvalue { i32, i1 } %r, 1
+  br i1 %ok, label %done, label %try
+done:
+  ret void
+}
+
+define internal void @release() nounwind {
+entry:
+  store atomic i32 0, ptr @lock release, align 4
+  ret void
+}
+
+define void @graphc_split_enter() nounwind {
+entry:
+  call void @acquire()
+  %n = load i64, ptr @active
+  %first = icmp eq i64 %n, 0
+  br i1 %first, label %save, label %count
+save:
+  %c = call i32 @graphc_blas_get_threads()
+  store i32 %c, ptr @saved
+  call void @graphc_blas_set_threads(i32 1)
+  br label %count
+count:
+  %more = add i64 %n, 1
+  store i64 %more, ptr @active
+  call void @release()
+  ret void
+}
+
+define void @graphc_split_exit() nounwind {
+entry:
+  call void @acquire()
+  %n = load i64, ptr @active
+  %left = sub i64 %n, 1
+  store i64 %left, ptr @active
+  %last = icmp eq i64 %left, 0
+  br i1 %last, label %restore, label %done
+restore:
+  %c = load i32, ptr @saved
+  call void @graphc_blas_set_threads(i32 %c)
+  br label %done
+done:
+  call void @release()
+  ret void
+}
+
+define void @graphc_blas_use(i32 %threads) nounwind {
+entry:
+  call void @acquire()
+  %n = load i64, ptr @active
+  %idle = icmp eq i64 %n, 0
+  br i1 %idle, label %set, label %later
+set:
+  call void @graphc_blas_set_threads(i32 %threads)
+  br label %done
+later:
+  store i32 %threads, ptr @saved
+  br label %done
+done:
+  call void @release()
+  ret void
+}
+"""
+
 _lock = threading.Lock()
 _installed: dict[str, str] = {}  # library path -> what was done to it
 _libraries: list = []  # the callbacks' compiled code: alive for the process
@@ -146,7 +234,7 @@ _setters: list = []  # the callback setters installed into, reset in a forked ch
 _fork_hook = False
 _thread_setters: list = []  # the BLAS's set_num_threads, where the callback was installed
 _blas_threads = [0]  # the count last given to the BLAS (process-wide in OpenBLAS)
-_blas_counts: list = []  # the thread-count getter of the BLAS generated code holds
+_blas_counts: list = []  # the BLAS's count getter and the locked setter (_COUNTS_IR)
 
 
 def _find(library: ctypes.CDLL, names: tuple[str, ...]):
@@ -210,8 +298,16 @@ def _register_counts(library: ctypes.CDLL) -> None:
         return
     llvm.register_symbol(BLAS_GET_THREADS, ctypes.cast(get, ctypes.c_void_p).value)
     llvm.register_symbol(BLAS_SET_THREADS, ctypes.cast(put, ctypes.c_void_p).value)
+    try:
+        code = llvm.compile_module(_COUNTS_IR, "graphc_blas_counts")
+    except llvm.LLVMCompileError:  # pragma: no cover (then convolutions stay serial)
+        return
+    for name in (SPLIT_ENTER, SPLIT_EXIT):
+        llvm.register_symbol(name, code.address(name))
+    use = ctypes.CFUNCTYPE(None, ctypes.c_int)(code.address("graphc_blas_use"))
     get.argtypes, get.restype = [], ctypes.c_int
-    _blas_counts.append(get)
+    _libraries.append(code)
+    _blas_counts.extend((get, use))
 
 
 def blas_threads() -> int | None:
@@ -280,8 +376,11 @@ def use(n: int) -> int | None:
     if previous != n:
         openmp.omp_set_num_threads(n)
     if _blas_threads[0] != n:
-        for setter in _thread_setters:
-            setter(n)
+        if _blas_counts:  # through the lock split convolutions hold (_COUNTS_IR)
+            _blas_counts[1](n)
+        else:
+            for setter in _thread_setters:
+                setter(n)
         _blas_threads[0] = n
     return previous if previous != n else None
 
