@@ -206,3 +206,35 @@ def test_split_calls_on_two_python_threads_at_once(split_small):
     assert not any(r.is_alive() for r in runners), "a split call never returned"
     assert not failures, failures
     assert threads.blas_threads() == ALL_CORES
+
+
+# pooling forward: the images split from POOL_MIN_SPLIT_TAPS taps on (patched to 0 here)
+POOLS = [  # (op, input shape, attributes)
+    ("max_pool2d", (5, 3, 8, 8), dict(kernel_size=(2, 2), stride=(2, 2), padding=(0, 0),
+                                      dilation=(1, 1), ceil_mode=False)),
+    ("max_pool2d", (3, 2, 7, 7), dict(kernel_size=(3, 3), stride=(2, 2), padding=(1, 1),
+                                      dilation=(1, 1), ceil_mode=True)),
+    ("avg_pool2d", (5, 3, 9, 9), dict(kernel_size=(3, 3), stride=(2, 2), padding=(1, 1),
+                                      ceil_mode=False, count_include_pad=False,
+                                      divisor_override=None)),
+]
+
+
+@needs_cores
+@pytest.mark.parametrize("case", range(len(POOLS)))
+def test_pooling_split_equals_the_interpreter(case, monkeypatch):
+    from graphc.backends.cpu import pool
+    from tests.test_cpu_backend import one_op_graph
+
+    monkeypatch.setattr(pool, "POOL_MIN_SPLIT_TAPS", 0)
+    op, shape, attrs = POOLS[case]
+    graph = one_op_graph(op, [(shape, "float32")], **attrs)
+    x = np.random.default_rng(case).standard_normal(shape).astype(np.float32)
+    want = interpret(graph, x)
+    plan_buffers(graph)
+    for count in (1, ALL_CORES):
+        exe = CpuExecutable(graph)
+        exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        for got, expected in zip(exe.run(x.copy()), want):
+            np.testing.assert_array_equal(got, expected)  # pooling sums in the same order
+    assert ".split" in exe.lowered.ir_text

@@ -62,11 +62,12 @@ LO, HI, ROWS_LO, ROWS_HI, SHARES = range(5)
 _WRAPPERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lowerer -> {key: name}
 
 
-def shares_for(lw, units, macs) -> int:
+def shares_for(lw, units, macs, least: int = MIN_SPLIT_MACS) -> int:
     """How many shares a kernel with `units` independent units of work and `macs`
-    multiply-adds is built for: 1 (the serial kernel) or the most threads calls use."""
+    multiply-adds (or other steps: `least` of them or more split) is built for: 1 (the
+    serial kernel) or the most threads calls use."""
     if not getattr(lw, "openmp", False) or type(units) is not int or units < 2 or \
-            type(macs) is not int or macs < MIN_SPLIT_MACS:
+            type(macs) is not int or macs < least:
         return 1
     most = threads.image_threads()
     return 1 if most < 2 else min(most, units)
@@ -108,13 +109,14 @@ class Split:
         return Kernel(built[key], list(regions), list(kernel.args))
 
 
-def plan_split(lw, dt, shapes, units, macs, shared=(), rows: int = 0) -> Split | None:
+def plan_split(lw, dt, shapes, units, macs, shared=(), rows: int = 0,
+               least: int = MIN_SPLIT_MACS) -> Split | None:
     """A Split of a kernel whose temporaries have `shapes` (one copy per share) and
     `shared` (one copy, read by every share), or None: then the caller builds the serial
     kernel with `conv.workspace(lw, dt, *shapes)` as before."""
     from graphc.backends.cpu.conv import reserve_workspace
 
-    shares = shares_for(lw, units, macs)
+    shares = shares_for(lw, units, macs, least)
     if shares < 2:
         return None
     control_bytes = CONTROL_WORDS * 8

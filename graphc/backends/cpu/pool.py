@@ -21,11 +21,13 @@ from contextlib import contextmanager
 
 from llvmlite import ir
 
+from graphc.backends.cpu import conv_threads
 from graphc.backends.cpu.conv import (
     Table,
     _estrides,
     _fadd,
     _taps,
+    called_kernel,
     contiguous_in,
     contiguous_out,
     iadd,
@@ -65,13 +67,28 @@ def _planes(loc: Loc):
     return loc.type.shape[:-2], s[:-2], s[-2], s[-1]
 
 
+# A pooling kernel forks its images over the cores from this many window taps (output
+# elements times taps) on: it is memory-bound, a few microseconds of fork and join is paid
+# back well below conv_threads.MIN_SPLIT_MACS.
+POOL_MIN_SPLIT_TAPS = 1 << 16
+
+
+def _pool_split(lw, dt, sizes, out_elements: int, taps: int):
+    """A conv_threads.Split over the images of a batched pooling kernel, or None."""
+    if len(sizes) < 2:
+        return None
+    return conv_threads.plan_split(lw, dt, [], sizes[0], out_elements * taps,
+                                   least=POOL_MIN_SPLIT_TAPS)
+
+
 @contextmanager
-def _over_planes(b, sizes, strides_list):
-    """Loops over the leading dims; yields each operand's plane offset."""
+def _over_planes(b, sizes, strides_list, first=None):
+    """Loops over the leading dims; yields each operand's plane offset. `first`: the
+    (lo, hi) of the first dim (a split kernel's share), else all of it."""
     offs = [0] * len(strides_list)
     stack = []
     for d, n in enumerate(sizes):
-        cm = loop(b, 0, n, f"p{d}")
+        cm = loop(b, *(first if d == 0 and first is not None else (0, n)), f"p{d}")
         i = cm.__enter__()
         stack.append(cm)
         offs = [iadd(b, o, imul(b, i, s[d])) for o, s in zip(offs, strides_list)]
@@ -98,13 +115,18 @@ def max_pool2d(lw, node: Node) -> None:
     rows, cols = _pool_tables(lw, (h, w), (ho, wo), a["kernel_size"], a["stride"],
                               a["padding"], a["dilation"])
     lx, lv, li = lw.locs[x], lw.locs[vals], lw.locs[idx]
-    kb, (xi, vi, ii) = image_kernel(lw, "max_pool2d", [lx, lv, li], _recipe(node))
     sizes, xs, xsh, xsw = _planes(lx)
+    split = _pool_split(lw, dt, sizes, vals.type.numel, math.prod(a["kernel_size"]))
+    control = [] if split is None else [split.control]
+    kb, ids = image_kernel(lw, "max_pool2d", [lx, lv, li] + control,
+                           _recipe(node) + (split is not None,))
+    xi, vi, ii = ids[:3]
     _, vs, vsh, vsw = _planes(lv)
     _, is_, ish, isw = _planes(li)
     b = kb.begin()
     if b is None:  # built before for a node of the same geometry
-        return lw.calls.append(kb.kernel)
+        return lw.calls.append(called_kernel(lw, kb.kernel, split))
+    first = None if split is None else conv_threads.unit_range(b, kb, ids[-1])
     with b.goto_entry_block():
         best = b.alloca(REG[dt.name], name="best")
         where = b.alloca(I64, name="where")
@@ -117,7 +139,7 @@ def max_pool2d(lw, node: Node) -> None:
     full = all(t.uniform for t in rows + cols) and (rows[0].values[0], rows[1].values[0],
                                                     cols[0].values[0], cols[1].values[0]) \
         == (0, a["kernel_size"][0], 0, a["kernel_size"][1])
-    with _over_planes(b, sizes, [xs, vs, is_]) as (xo, vo, io):
+    with _over_planes(b, sizes, [xs, vs, is_], first) as (xo, vo, io):
         if full:  # every tap of every window is inside: all taps of an output in registers,
             # selects instead of branches, the loop over output columns vectorised
             with loop(b, 0, ho, "oh") as oh, loop(b, 0, wo, "ow") as ow:
@@ -159,7 +181,7 @@ def max_pool2d(lw, node: Node) -> None:
                     kb.store(b, vi, iadd(b, vo, imul(b, oh, vsh), imul(b, ow, vsw)), b.load(best))
                     kb.store(b, ii, iadd(b, io, imul(b, oh, ish), imul(b, ow, isw)),
                              b.load(where))
-    lw.calls.append(kb.finish(b))
+    lw.calls.append(called_kernel(lw, kb.finish(b), split))
 
 
 def max_pool2d_grad(lw, node: Node) -> None:
@@ -240,15 +262,20 @@ def avg_pool2d(lw, node: Node) -> None:
     dt = x.type.dtype
     (ho, wo), (sh, sw), (ph, pw), rows, cols, divs = _avg_geometry(lw, x, out, a)
     lx, lo = lw.locs[x], lw.locs[out]
-    kb, (xi, oi) = image_kernel(lw, "avg_pool2d", [lx, lo], _recipe(node))
     sizes, xs, xsh, xsw = _planes(lx)
+    split = _pool_split(lw, dt, sizes, out.type.numel, math.prod(a["kernel_size"]))
+    control = [] if split is None else [split.control]
+    kb, ids = image_kernel(lw, "avg_pool2d", [lx, lo] + control,
+                           _recipe(node) + (split is not None,))
+    xi, oi = ids[:2]
     _, os_, osh, osw = _planes(lo)
     b = kb.begin()
     if b is None:
-        return lw.calls.append(kb.kernel)
+        return lw.calls.append(called_kernel(lw, kb.kernel, split))
+    first = None if split is None else conv_threads.unit_range(b, kb, ids[-1])
     with b.goto_entry_block():
         acc = b.alloca(REG[dt.name], name="acc")
-    with _over_planes(b, sizes, [xs, os_]) as (xo, oo):
+    with _over_planes(b, sizes, [xs, os_], first) as (xo, oo):
         with loop(b, 0, ho, "oh") as oh:
             i_lo, i_hi = (t(b, oh) for t in rows)
             ih0 = iadd(b, imul(b, oh, sh), -ph)
@@ -264,7 +291,7 @@ def avg_pool2d(lw, node: Node) -> None:
                 d = _divisor(b, dt, divs, oh, ow, a["divisor_override"])
                 kb.store(b, oi, iadd(b, oo, imul(b, oh, osh), imul(b, ow, osw)),
                          b.fdiv(b.load(acc), d))
-    lw.calls.append(kb.finish(b))
+    lw.calls.append(called_kernel(lw, kb.finish(b), split))
 
 
 def avg_pool2d_grad(lw, node: Node) -> None:
