@@ -238,3 +238,41 @@ def test_pooling_split_equals_the_interpreter(case, monkeypatch):
         for got, expected in zip(exe.run(x.copy()), want):
             np.testing.assert_array_equal(got, expected)  # pooling sums in the same order
     assert ".split" in exe.lowered.ir_text
+
+
+# ---- a fused epilogue applied per image inside the im2col kernel (conv.fused_conv2d) ---------
+EPILOGUES = [  # (input, weight, blocks of images: BLOCK_COLUMNS)
+    ((5, 3, 10, 10), (16, 3, 3, 3), None),  # one GEMM per image
+    ((7, 8, 4, 4), (18, 8, 3, 3), 40),  # blocks of images, a partial last block
+]
+
+
+@pytest.mark.parametrize("case", range(len(EPILOGUES)))
+def test_a_fused_epilogue_runs_in_the_convolution_kernel(case, split_small, monkeypatch):
+    """conv2d + bias, a residual add, relu and the relu mask (LeNet's `gt`, a bool output):
+    one kernel, no second pass over the output; equal to the interpreter on one thread and
+    all cores."""
+    import graphc
+    from graphc.passes.fuse import fuse
+
+    xs, ws, block_columns = EPILOGUES[case]
+    if block_columns:
+        monkeypatch.setattr(conv, "BLOCK_COLUMNS", block_columns)
+    rng = np.random.default_rng(case)
+
+    def f(x, w, bias, r):
+        y = graphc.conv2d(x, w, bias, padding=1) + r
+        return y.relu(), y > 0
+
+    ys = (xs[0], ws[0]) + xs[2:]
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in (xs, ws, (ws[0],), ys)]
+    graph = fuse(graphc.trace(f, *[graphc.tensor(a) for a in arrays]))
+    want = interpret(graph, *arrays)
+    plan_buffers(graph)
+    for count in (1, ALL_CORES):
+        exe = CpuExecutable(graph)
+        exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        got = exe.run(*[a.copy() for a in arrays])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[1], want[1])
+    assert len(exe.lowered.kernels) == 1, exe.lowered.kernels

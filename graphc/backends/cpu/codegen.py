@@ -713,7 +713,7 @@ RUNTIME_SIZE_LOWERINGS = {
 EPILOGUE_ANCHOR_LOWERINGS = {"matmul": Lowerer.epilogue_gemm, "conv2d": Lowerer.epilogue_conv2d}
 # anchors whose lowering renders the whole fused node: lower(lowerer, node, body) (a bucket's
 # wait, whose sum the update reads from the ranks' windows: graphc.passes.fuse_waits)
-FUSED_ANCHOR_LOWERINGS = {"all_reduce_wait": lower_fused_wait}
+FUSED_ANCHOR_LOWERINGS = {"all_reduce_wait": lower_fused_wait, "conv2d": conv.fused_conv2d}
 # registry ops this backend declines on purpose, with the reason (none today)
 REFUSALS: dict[str, str] = {}
 

@@ -62,10 +62,11 @@ LO, HI, ROWS_LO, ROWS_HI, SHARES = range(5)
 _WRAPPERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lowerer -> {key: name}
 
 
-def shares_for(lw, units, macs, least: int = MIN_SPLIT_MACS) -> int:
+def shares_for(lw, units, macs, least: int | None = None) -> int:
     """How many shares a kernel with `units` independent units of work and `macs`
     multiply-adds (or other steps: `least` of them or more split) is built for: 1 (the
     serial kernel) or the most threads calls use."""
+    least = MIN_SPLIT_MACS if least is None else least
     if not getattr(lw, "openmp", False) or type(units) is not int or units < 2 or \
             type(macs) is not int or macs < least:
         return 1
@@ -110,7 +111,7 @@ class Split:
 
 
 def plan_split(lw, dt, shapes, units, macs, shared=(), rows: int = 0,
-               least: int = MIN_SPLIT_MACS) -> Split | None:
+               least: int | None = None) -> Split | None:
     """A Split of a kernel whose temporaries have `shapes` (one copy per share) and
     `shared` (one copy, read by every share), or None: then the caller builds the serial
     kernel with `conv.workspace(lw, dt, *shapes)` as before."""
