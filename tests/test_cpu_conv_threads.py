@@ -276,3 +276,54 @@ def test_a_fused_epilogue_runs_in_the_convolution_kernel(case, split_small, monk
         np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(got[1], want[1])
     assert len(exe.lowered.kernels) == 1, exe.lowered.kernels
+
+
+# ---- a whole training step ----------------------------------------------------------------------
+@needs_cores
+def test_a_small_cnn_training_step_on_all_cores_tracks_one_thread(split_small, monkeypatch):
+    """Three SGD-momentum steps of a small CNN (convolutions with bias and relu, max pooling,
+    a blocked 4x4 stage, a linear head), compiled twice from the same weights: on all cores
+    (every convolution kernel split) and on one thread; the losses and weights agree within
+    float32 rounding of the reordered sums."""
+    import graphc
+    from graphc import nn, optim
+    from graphc.backends.cpu import pool
+
+    monkeypatch.setattr(pool, "POOL_MIN_SPLIT_TAPS", 0)
+
+    def model():
+        graphc.manual_seed(3)
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(16 * 4 * 4, 10))
+
+    def step_of(net):
+        opt = optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        loss_fn = nn.CrossEntropyLoss()
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return graphc.compile(step, backend="cpu")
+
+    rng = np.random.default_rng(7)
+    x = graphc.tensor(rng.standard_normal((6, 3, 16, 16)).astype(np.float32))
+    y = graphc.tensor(rng.integers(0, 10, 6))
+    runs = []
+    for count in (1, ALL_CORES):
+        net = model()
+        step = step_of(net)
+        losses = [float(step(x, y).numpy())]
+        step.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        losses += [float(step(x, y).numpy()) for _ in range(2)]
+        runs.append((losses, [p.detach().numpy().copy() for p in net.parameters()]))
+        assert ".split" in step.executable.lowered.ir_text
+    (losses1, weights1), (losses2, weights2) = runs
+    np.testing.assert_allclose(losses2, losses1, rtol=1e-5)
+    for w1, w2 in zip(weights1, weights2):
+        np.testing.assert_allclose(w2, w1, rtol=1e-4, atol=1e-5)
