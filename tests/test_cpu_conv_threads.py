@@ -278,6 +278,34 @@ def test_a_fused_epilogue_runs_in_the_convolution_kernel(case, split_small, monk
     assert len(exe.lowered.kernels) == 1, exe.lowered.kernels
 
 
+@needs_cores
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_split_over_channels_equals_one_thread(training, monkeypatch):
+    """batch_norm's channels split over the cores: each channel's statistics are summed by
+    one thread in the same order, so the result is the one-thread result bit for bit."""
+    from graphc.backends.cpu import pool
+    from tests.test_cpu_backend import one_op_graph
+
+    monkeypatch.setattr(pool, "POOL_MIN_SPLIT_TAPS", 0)
+    shape = (4, 5, 6, 7)
+    rng = np.random.default_rng(11)
+    arrays = [rng.uniform(-2, 5, shape).astype(np.float32)] + \
+        [rng.uniform(0.5, 2, (5,)).astype(np.float32) for _ in range(4)]
+    graph = one_op_graph("batch_norm", [(shape, "float32")] + [((5,), "float32")] * 4,
+                         training=training, eps=1e-5)
+    want = interpret(graph, *arrays)
+    plan_buffers(graph)
+    results = []
+    for count in (1, ALL_CORES):
+        exe = CpuExecutable(graph)
+        exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        results.append(exe.run(*[a.copy() for a in arrays]))
+    assert ".split" in exe.lowered.ir_text
+    for one, all_cores, expected in zip(*results, want):
+        np.testing.assert_array_equal(all_cores, one)
+        np.testing.assert_allclose(one, expected, rtol=1e-5, atol=1e-5)
+
+
 # ---- a whole training step ----------------------------------------------------------------------
 @needs_cores
 def test_a_small_cnn_training_step_on_all_cores_tracks_one_thread(split_small, monkeypatch):

@@ -342,14 +342,19 @@ def batch_norm(lw, node: Node) -> None:
     lx = contiguous_in(lw, lw.locs[x])
     params = [lw.locs[v] for v in (weight, bias, rmean, rvar)]
     pstr = [_estrides(p)[0] if p.type.ndim else 0 for p in params]
+    # split over the channels (each one's statistics and output are its own): three passes
+    # over the input, memory-bound, so pooling's bar
+    split = conv_threads.plan_split(lw, dt, [], c, 3 * count * c, least=POOL_MIN_SPLIT_TAPS)
     with contiguous_out(lw, lw.locs[out]) as lo:
         locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v]]
-        kb, (xi, wi, bi, rmi, rvi, oi, mi, ii) = image_kernel(lw, "batch_norm", locs,
-                                                              _recipe(node))
+        kb, ids = image_kernel(lw, "batch_norm", locs + ([] if split is None else
+                                                         [split.control]),
+                               _recipe(node) + (split is not None,))
+        xi, wi, bi, rmi, rvi, oi, mi, ii = ids[:8]
         ms, is_ = (_estrides(lw.locs[v])[0] for v in (mean_v, invstd_v))
         b = kb.begin()
         if b is None:  # built before for a node of the same shapes and attributes
-            return lw.calls.append(kb.kernel)
+            return lw.calls.append(called_kernel(lw, kb.kernel, split))
         with b.goto_entry_block():
             acc = b.alloca(F64, name="acc")
 
@@ -362,7 +367,7 @@ def batch_norm(lw, node: Node) -> None:
         def wide(v):
             return convert(b, v, dt, float64)
 
-        with loop(b, 0, c, "c") as ch:
+        with conv_threads.units_loop(b, kb, split, ids[-1], c, "c") as ch:
             if training:
                 b.store(ir.Constant(F64, 0.0), acc)
                 over(b, ch, lambda b, at: b.store(
@@ -393,4 +398,4 @@ def batch_norm(lw, node: Node) -> None:
             over(b, ch, norm)
             kb.store(b, mi, imul(b, ch, ms), convert(b, mean, float64, dt))
             kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
-        lw.calls.append(kb.finish(b))
+        lw.calls.append(called_kernel(lw, kb.finish(b), split))
