@@ -292,3 +292,13 @@ def test_a_fixed_chooser_never_explores():
 def test_one_thread_machines_never_switch():
     chooser = ThreadChooser(1, free_cores=_idle())
     assert _drive(chooser, {1: 1 * MS}, 50) == [1] * 50
+
+
+def test_slow_calls_try_all_cores_after_a_few_calls_not_after_min_gap():
+    """A 0.5 s step (ResNet-18's) tries all cores after MIN_GAP_CALLS calls that took
+    MIN_GAP_SECONDS, not after MIN_GAP of them, and keeps them when they pay."""
+    chooser = ThreadChooser(2, free_cores=_idle())
+    used = _drive(chooser, {2: 0.3, 1: 0.5}, 20)
+    first = ThreadChooser.WARMUP + ThreadChooser.MIN_GAP_CALLS
+    assert used[:first] == [1] * first and used[first] == 2
+    assert chooser.current == 2 and used[-5:] == [2] * 5

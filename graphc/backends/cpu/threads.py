@@ -440,7 +440,8 @@ class ThreadChooser:
     - Try the other count for TRIAL calls now and then. A trial is paid for by the
       executable's own time: after a trial cost `excess` seconds over what the current count
       would have taken, the next one waits until the current count has run
-      `excess * backoff / BUDGET` seconds (and at least MIN_GAP calls), so exploring costs at
+      `excess * backoff / BUDGET` seconds (and at least MIN_GAP calls, or MIN_GAP_CALLS that
+      took MIN_GAP_SECONDS: slow calls), so exploring costs at
       most about BUDGET of the run time however slow a trial was. Each losing trial doubles
       `backoff` (up to MAX_BACKOFF); a switch resets it. Time is the executable's own, not
       the wall clock's: an executable called rarely among other work explores as rarely.
@@ -466,6 +467,10 @@ class ThreadChooser:
     WINDOW = 9
     TRIAL = 3
     MIN_GAP = 8  # calls
+    # ... or fewer for slow calls: MIN_GAP_CALLS that took MIN_GAP_SECONDS (a ResNet-18 step
+    # of 0.5 s waited 8 calls, 4 s, before its first trial of all cores)
+    MIN_GAP_SECONDS = 0.25
+    MIN_GAP_CALLS = 3
     BUDGET = 0.02  # share of the executable's own time that trials may cost
     MAX_BACKOFF = 64
     RESLOW = 1.5
@@ -491,7 +496,7 @@ class ThreadChooser:
     def pick(self) -> int:
         if self.trying:
             return self.trying
-        if not self.explores or self.warmup_left > 0 or self.gap_calls < self.MIN_GAP:
+        if not self.explores or self.warmup_left > 0 or not self._gap_over():
             return self.current
         other = self._other()
         if self.gap_seconds < self.due_seconds and not (other == 1 and self._slower()):
@@ -503,6 +508,10 @@ class ThreadChooser:
                 return self.current
         self.trying, self.trial = other, []
         return other
+
+    def _gap_over(self) -> bool:
+        return self.gap_calls >= self.MIN_GAP or (
+            self.gap_calls >= self.MIN_GAP_CALLS and self.gap_seconds >= self.MIN_GAP_SECONDS)
 
     def _slower(self) -> bool:
         return bool(self.reference) and statistics.fmean(self.window) > \
