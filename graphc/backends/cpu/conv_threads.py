@@ -5,7 +5,10 @@ and one image's GEMM is too small for OpenBLAS to split ([64 x 27] @ [27 x 1024]
 conv2d case; LeNet's and ResNet's are alike), so on two cores the second one idled
 (docs/performance.md, "Convolution (CPU)", "Threads over images"). This module splits that
 outer loop over libgomp's team, the same pool every other parallel kernel uses
-(graphc.backends.cpu.kernels, graphc.backends.cpu.threads):
+(graphc.backends.cpu.kernels, graphc.backends.cpu.threads). Users: conv.py (im2col + GEMM:
+blocks of images), conv_winograd.py (blocks of images), conv_direct.py (images; output
+channels for the weight gradient), pool.py (images of max and average pooling's forward,
+channels of batch_norm):
 
 - A lowering that takes `Split` builds its kernel as a *range kernel*: the same code as the
   serial kernel, but its outer loop runs over the units [lo, hi) read from a small control
