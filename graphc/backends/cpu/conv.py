@@ -25,6 +25,12 @@ used by codegen's `Lowerer`, passed in as `lw`: its Locations, kernel list, scra
   shapes (ResNet-18 CIFAR's 64- and 128-channel layers; measured 1-thread CPU time).
 - The temporaries of a convolution kernel (columns, a block's result or gradients) live in
   one backend scratch region that all convolution kernels of the module share (`workspace`).
+- On more than one core each kernel is built split over the threads where it pays
+  (graphc.backends.cpu.conv_threads): its block loop walks one share's blocks, with its own
+  copy of the temporaries; the weight gradient's shares sum into their own partials, added
+  in share order by `_sum_shares`.
+- A fused node `fused(conv2d, ...)` runs its elementwise epilogue per image inside the
+  im2col kernel (`fused_conv2d`, graphc.backends.cpu.conv_epilogue).
 - Pooling and batch normalisation: graphc.backends.cpu.pool, on this module's geometry
   helpers (`Table`, `_taps`, `out_ranges`).
 
@@ -51,14 +57,13 @@ from llvmlite import ir
 
 from graphc.backends.cpu import conv_threads
 from graphc.backends.cpu.kernels import KernelBuilder
-from graphc.backends.cpu.scalars import const, convert
+from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import (
     I32,
     I64,
     REG,
     Loc,
     as_i64,
-    broadcast_strides,
     contiguous,
     contiguous_strides,
     i64,
@@ -495,54 +500,6 @@ def fused_conv2d(lw, node: Node, body) -> None:
     lw.elementwise(node, body, 1, {body.n: c})
 
 
-def _epilogue(lw, kb, body, out_shape, c: int):
-    """Operands of a fused epilogue in an image kernel (`c`: the convolution result's):
-    (leaves: ref -> operand, outputs: [(ref, operand, dtype)], strides: operand -> the
-    element strides over (n, o, h, w)), and the recipe part its code depends on."""
-    node = body.node
-    shape4 = (1,) * (4 - len(out_shape)) + tuple(out_shape)
-
-    def strides_of(loc):
-        s = broadcast_strides(loc.type.shape, _estrides(loc), tuple(out_shape))
-        return (0,) * (4 - len(s)) + tuple(s)
-
-    used = {r for _, args, _ in body.instrs[1:] for r in args} | set(body.outputs)
-    leaves, strides = {}, {}
-    for r in sorted(used):
-        if r == body.n:
-            leaves[r] = c
-            strides[c] = strides_of(kb.operands[c].loc)
-        elif r < body.n:
-            loc = lw.locs[node.inputs[r]]
-            leaves[r] = kb.operand(loc, (0,))
-            strides[leaves[r]] = strides_of(loc)
-    outs = []
-    for ref, v in zip(body.outputs, node.outputs):
-        k = kb.operand(lw.locs[v], (0,))
-        strides[k] = strides_of(lw.locs[v])
-        outs.append((ref, k, v.type.dtype))
-    recipe = (body.recipe("conv_epilogue", 1, None), shape4,
-              tuple(sorted(strides.items())))
-    return (leaves, outs, strides, shape4), recipe
-
-
-def _apply_epilogue(lw, kb, b, body, epilogue, n) -> None:
-    """The fused epilogue over image `n` (all its channels and positions)."""
-    leaves, outs, strides, (_, o_n, h_n, w_n) = epilogue
-    # rows and columns as one loop where every operand allows (the inner loop then runs
-    # over the whole plane; LLVM unrolled a 32-column loop and vectorised across rows)
-    flat = all(s[2] == s[3] * w_n for s in strides.values())
-    rows, cols = (1, h_n * w_n) if flat else (h_n, w_n)
-    with loop(b, 0, o_n, "eo") as o, loop(b, 0, rows, "eh") as h, loop(b, 0, cols, "ew") as q:
-        offsets = [i64(0)] * len(kb.operands)
-        for k, s in strides.items():
-            offsets[k] = iadd(b, imul(b, n, s[0]), imul(b, o, s[1]), imul(b, h, s[2]),
-                              imul(b, q, s[3]))
-        env = body.evaluate(lw, kb, b, offsets, leaves, len(body.instrs), body.outputs)
-        for ref, k, dt in outs:
-            kb.store(b, k, offsets[k], convert(b, env[ref], body.types[ref].dtype, dt))
-
-
 def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None) -> bool:
     """out = conv2d(x, w) (out contiguous or not: see `contiguous_out`). `epilogue`: a fused
     body to apply per image on the im2col path (`fused_conv2d`); returns whether it did."""
@@ -571,7 +528,9 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None)
         control = ids[-1]
         fused, extra = None, None
         if epilogue is not None:
-            fused, extra = _epilogue(lw, kb, epilogue, out.type.shape, oi)
+            from graphc.backends.cpu.conv_epilogue import epilogue_operands
+
+            fused, extra = epilogue_operands(lw, kb, epilogue, out.type.shape, oi)
         kb.recipe = ("conv2d", ("im2col", g.key(), split is not None, extra),
                      tuple((op.loc.type, op.loc.strides) for op in kb.operands))
         b = kb.begin()
@@ -604,8 +563,10 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None)
                         with loop(b, 0, g.p, "q") as q:
                             kb.store(b, oi, b.add(at, q), kb.load(b, tmp, b.add(frm, q)))
             if fused is not None:  # the image's output is still in cache
+                from graphc.backends.cpu.conv_epilogue import apply_epilogue
+
                 with block_images(b, count) as j:
-                    _apply_epilogue(lw, kb, b, epilogue, fused, iadd(b, n0, j))
+                    apply_epilogue(lw, kb, b, epilogue, fused, iadd(b, n0, j))
 
         walk_blocks(b, kb, g, nb, split, control, block)
         lw.calls.append(called_kernel(lw, kb.finish(b), split))
