@@ -20,6 +20,9 @@ characters of IR, LLVM 0.17 -> 0.06 s CPU each, run time and results the same):
 - input transform: each channel plane copied into a zero-padded plane (border zeroed once per
   kernel, so no tap needs a bounds test), every 4x4 tile at stride 2 to `V[xi][ci][t]`;
 - 16 GEMMs, then the output transform of every tile to its 2x2 outputs (NCHW).
+On more than one core the blocks are split over the threads (graphc.backends.cpu.
+conv_threads): each thread its own padded plane, V and M; the filter transform runs once,
+before the threads, as a kernel of its own (`_filter_kernel`), and every thread reads U.
 
 The input gradient of a stride-1 3x3 convolution with padding p <= 2 is the same correlation
 of the output gradient, padded by 2 - p, with the flipped filter and the channels swapped
