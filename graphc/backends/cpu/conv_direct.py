@@ -19,6 +19,10 @@ False when its node does not take a direct path (conv then uses im2col + GEMM).
   weight gradient, per group over its C/groups padded planes (the input gradient keeps
   im2col + GEMM).
 
+On more than one core the image loop (the output-channel loop of the weight gradient: each
+channel's gradient is one thread's, no partial sums) is split over the threads, each with
+its own padded planes (graphc.backends.cpu.conv_threads).
+
 Tried and dropped: the same register-summed loops for the forward of convolutions with
 C_in <= 4 (ResNet's stem, LeNet's first layer; all C*kH*kW taps per output position over a
 zero-padded image) ran at 52 GFLOP/s against 70 for im2col + GEMM (1-thread CPU time, stem
