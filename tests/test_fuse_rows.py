@@ -280,9 +280,9 @@ def test_a_strided_input_row_program(rng):
 def test_run_pipeline_verifies_every_stage_of_a_layer_norm_step(rng):
     graph = parse(LAYER_NORM)
     out, report = run_pipeline(graph, default_passes(graph, "cpu"))
-    assert [r.name for r in report.records][-5:] == ["fuse", "fuse_rows",
+    assert [r.name for r in report.records][-6:] == ["fuse", "fuse_rows",
                                                       "recompute_row_values", "fuse_rows",
-                                                      "plan_buffers"]
+                                                      "lay_out_gemm_outputs", "plan_buffers"]
     args = _arrays(graph, rng)
     expected = compile_graph(graph, "interp").run(*args)
     for a, e in zip(compile_graph(out, "cpu").run(*args), expected):

@@ -16,7 +16,10 @@ to exactly one buffer (`MemoryPlan.buffer_of`), or to none when it aliases a gra
   nothing reads `w` afterwards (the same in-place rule applies when `v`'s own node is its
   last reader) and `v` is no graph output: it then needs no arena space, and the executable
   needs no copy back (`MemoryPlan.in_input`);
-- every other output gets a buffer of its own.
+- every other output gets a buffer of its own, laid out row-major, or as another dense
+  layout that `graph.meta["root_strides"]` names for it (element strides, chosen by
+  graphc.passes.gemm_output_layout for a GEMM result: `MemoryPlan.strides`). Such a buffer
+  is never written in place by another layout's value, nor an update written into an input.
 Graph outputs stay in the arena (an executable copies them out). A buffer is live over the
 inclusive schedule steps [start, end]: from the node that defines it to its last reader
 through any of its values; a buffer holding a graph output or an update's new value lives
@@ -104,6 +107,8 @@ class MemoryPlan:
     naive_bytes: int
     scheduler: str
     symbolic: bool = False  # sizes are expressions: see `layout`
+    # buffer owner -> element strides, where not row-major (graph.meta["root_strides"])
+    strides: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _layouts: dict = field(default_factory=dict, repr=False)
 
     def specialized(self, values: dict[str, int], graph: Graph) -> MemoryPlan:
@@ -122,7 +127,7 @@ class MemoryPlan:
                     if v.name in self.buffers)
         return MemoryPlan(self.graph_name, list(graph.nodes), buffers, dict(self.buffer_of),
                           dict(self.views), dict(self.inplace), dict(self.in_input), live,
-                          arena, naive, self.scheduler)
+                          arena, naive, self.scheduler, strides=dict(self.strides))
 
     def layout(self, values: dict[str, int]) -> tuple[dict[str, int], int]:
         """(buffer name -> offset, arena bytes) for the symbols' sizes `values`: the plan's
@@ -194,7 +199,8 @@ class _Facts:
         self.root: dict[Value, Value] = {v: v for v in graph.inputs}
         self.views: dict[Value, Value] = {}
         producer: dict[Value, int] = {}
-        strides: dict[Value, tuple[int, ...]] = {}  # element strides of views and roots
+        self.laid_out = _laid_out(graph)  # roots not row-major -> their element strides
+        strides: dict[Value, tuple[int, ...]] = dict(self.laid_out)  # of views and roots
         for i, node in enumerate(self.nodes):
             for v in node.outputs:
                 producer[v] = i
@@ -215,6 +221,7 @@ class _Facts:
         outs = {self.root[v] for v in graph.outputs}
         self.update_target = {v: w for w, v in graph.updates
                               if self.root[v] is v and v not in self.external
+                              and v not in self.laid_out
                               and roots.count(v) == 1 and v not in outs and w not in self.kept}
         self.preds: list[set[int]] = []
         last_effect = None
@@ -251,6 +258,43 @@ class _Facts:
 
     def in_arena(self, v: Value) -> bool:
         return self.root[v] not in self.external
+
+
+def _laid_out(graph: Graph) -> dict[Value, tuple[int, ...]]:
+    """graph.meta["root_strides"] by value, checked: each names a node's output of static
+    shape that is no graph output or update, with element strides of a dense layout."""
+    named = graph.meta.get("root_strides") or {}
+    if not named:
+        return {}
+    made = {v.name: v for node in graph.nodes for v in node.outputs}
+    kept = {v.name for v in graph.outputs} | {v.name for _, v in graph.updates}
+    out: dict[Value, tuple[int, ...]] = {}
+    for name, strides in named.items():
+        v = made.get(name)
+        shape = tuple(v.type.shape) if v is not None else ()
+        if v is None or name in kept or not all(type(d) is int for d in shape) or \
+                not _dense(shape, tuple(strides)):
+            raise PlanError(f"graph.meta['root_strides'] lays out %{name} with element "
+                            f"strides {tuple(strides)}, but it is "
+                            + ("no node's output" if v is None else
+                               f"{v.type}, a graph output or update, or the strides are no "
+                               "dense layout of its shape")
+                            + ": run gemm_output_layout right before plan_buffers")
+        out[v] = tuple(strides)
+    return out
+
+
+def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Do these element strides place every element of `shape` once in numel elements (a
+    permutation of row-major order)?"""
+    if len(strides) != len(shape):
+        return False
+    covered = 1
+    for stride, n in sorted((s, n) for s, n in zip(strides, shape) if n != 1):
+        if stride != covered:
+            return False
+        covered *= n
+    return True
 
 
 def _inplace_capable(node: Node) -> bool:
@@ -411,7 +455,8 @@ def _plan(f: _Facts, order: list[int], scheduler: str) -> MemoryPlan:
                       {v.name: b.name for v, b in buffer_of.items()},
                       {o.name: x.name for o, x in f.views.items()}, inplace,
                       {o.name: w.name for o, w in in_input.items()}, live, 0,
-                      naive, scheduler, symbolic=bool(f.hints))
+                      naive, scheduler, symbolic=bool(f.hints),
+                      strides={v.name: s for v, s in f.laid_out.items()})
 
 
 def _pack_best(plans: list[MemoryPlan]) -> MemoryPlan:
@@ -453,6 +498,7 @@ def _inplace_donor(f: _Facts, node: Node, o: Value, s: int,
     for x in node.inputs:
         buf = buffer_of.get(x)
         if (buf is None or f.root[x] is not x or id(buf) in claimed or buf.kept
+                or x in f.laid_out or o in f.laid_out
                 or buf.end != s or not same_shape(x.type.shape, o.type.shape)
                 or x.type.dtype.itemsize != o.type.dtype.itemsize):
             continue

@@ -67,7 +67,13 @@ from graphc.backends.cpu import (
     window_layout,
 )
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS, lower_fused_wait
-from graphc.backends.cpu.gemm_layout import fold_after_packing, folded_rows, gemm_layout
+from graphc.backends.cpu.gemm_layout import (
+    fold_after_packing,
+    folded_rows,
+    gemm_layout,
+    strided_output,
+    transposed,
+)
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
 from graphc.backends.cpu.kernels import Body, Codegen, Combined, Kernel, KernelBuilder, filled
 from graphc.backends.cpu.random_ops import lower_random
@@ -426,13 +432,19 @@ class Lowerer(Codegen):
         n = sb_shape[-1]
         batch = broadcast_shapes("matmul", tuple(sa_shape[:-2]), tuple(sb_shape[:-2]))
         c_shape = batch + (m, n)
-        c = Loc(c.base, c.index, c.offset, contiguous_strides(c_shape, item),
-                TensorType(c_shape, dt))
+        strided = strided_output(c, c_shape)
+        if strided == "transposed":  # c^T = b^T @ a^T, each read through swapped strides
+            return self.gemm(node, transposed(b, sb_shape, sb), transposed(a, sa_shape, sa),
+                             transposed(c, c_shape, [s // item for s in c.strides]))
+        if not strided:
+            c = Loc(c.base, c.index, c.offset, contiguous_strides(c_shape, item),
+                    TensorType(c_shape, dt))
+        sc = [s // item for s in c.strides]
         if m * n == 0:
             return
         if k == 0:
             return self.fill(c, 0.0, "gemm_zero")
-        rows = folded_rows(batch, sa_shape, sa, sb_shape, sb)
+        rows = None if strided else folded_rows(batch, sa_shape, sa, sb_shape, sb)
         if rows is not None:  # one GEMM over the whole batch: (batch*m, k) @ (k, n)
             a2 = Loc(a.base, a.index, a.offset, (sa[-2] * item, item), TensorType((rows, k), dt))
             b2 = Loc(b.base, b.index, b.offset, (sb[-2] * item, sb[-1] * item),
@@ -440,7 +452,7 @@ class Lowerer(Codegen):
             c2 = Loc(c.base, c.index, c.offset, contiguous_strides((rows, n), item),
                      TensorType((rows, n), dt))
             return self.gemm(node, a2, b2, c2)
-        if fold_after_packing(batch, sa_shape, sa, sb_shape, sb):  # A copied, then one GEMM
+        if not strided and fold_after_packing(batch, sa_shape, sa, sb_shape, sb):  # A copied
             packed = self.scratch_loc(TensorType(tuple(sa_shape), dt))
             self.copy(Loc(a.base, a.index, a.offset, tuple(s * item for s in sa),
                           packed.type), packed, "gemm_pack")
@@ -461,18 +473,22 @@ class Lowerer(Codegen):
             self.copy(src, b, "gemm_pack")
             sb = [s // item for s in b.strides]
             lay_b = gemm_layout(k, n, sb[-2], sb[-1])
-        small = small_gemm.operands(self, dt, m, n, k, sa, b, sb, sb_shape, lay_b)
+        # a strided c (rows ldc apart: graphc.passes.gemm_output_layout) takes the BLAS GEMM
+        small = None if strided else \
+            small_gemm.operands(self, dt, m, n, k, sa, b, sb, sb_shape, lay_b)
         if small is not None:  # a thin product: a generated kernel instead of the BLAS
             small, b, sb = small
-        gemv = None if small else self._gemv(m, n, k, sa, sb, lay_a, lay_b)
+        gemv = None if small or strided else self._gemv(m, n, k, sa, sb, lay_a, lay_b)
         fn = small_gemm.function(self, small) if small else \
             self._blas_function(dt, "gemv" if gemv else "gemm")
+        ldc = sc[-2] if strided else n
         kb = KernelBuilder(self, self.name("small_gemm" if small else "gemv" if gemv else
                                            "gemm"), batch,
-                           ("gemm", fn.name, m, n, k, lay_a, lay_b, gemv))
+                           ("gemm", fn.name, m, n, k, lay_a, lay_b, gemv, ldc))
         ka = kb.operand(a, broadcast_strides(tuple(sa_shape[:-2]), tuple(sa[:-2]), batch))
         kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
-        kc = kb.operand(c, tuple(contiguous_strides(batch, m * n)))
+        kc = kb.operand(c, tuple(sc[:-2]) if strided else
+                        tuple(contiguous_strides(batch, m * n)))
         bld = kb.begin()
         if bld is None:
             return self.calls.append(kb.kernel)
@@ -507,7 +523,7 @@ class Lowerer(Codegen):
                          kb.pointer(bb, ka, offsets[ka]), blas_int(bb, lay_a[1]),
                          kb.pointer(bb, kb_, offsets[kb_]), blas_int(bb, lay_b[1]),
                          ir.Constant(fty, 0.0), kb.pointer(bb, kc, offsets[kc]),
-                         blas_int(bb, n)])
+                         blas_int(bb, ldc)])
 
         kb.nest(bld, *collapse(batch, [x.strides for x in kb.operands]), leaf)
         self.calls.append(kb.finish(bld))

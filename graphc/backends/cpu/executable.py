@@ -203,7 +203,7 @@ class CpuExecutable:
                  "kernel_nodes": [None if n is None else position.get(id(n))
                                   for n in lowered.kernel_nodes],
                  "object_key": library.key, "level": library.level,
-                 "aliases": library.aliases}
+                 "aliases": library.aliases, "root_strides": plan.strides}
         same = library._ir_text == library.source_text
         return {"facts": json.dumps(facts).encode(),
                 "graph": format_graph(self.graph).encode(),
@@ -239,6 +239,10 @@ class CpuExecutable:
                 raise ValueError(f"a pipeline cache entry that does not hold together: "
                                  f"{err}") from None
             self.graph = verify(graph)
+            # the layouts the passes chose (graphc.passes.gemm_output_layout), for a plan made
+            # again on demand (memory_plan) to match the stored code
+            graph.meta["root_strides"] = {name: tuple(strides) for name, strides in
+                                          facts.get("root_strides", {}).items()}
             self._memory_plan = None
             self.profiled = bool(facts["profiled"])
             if any(_uses_gemm(n) for n in graph.nodes):

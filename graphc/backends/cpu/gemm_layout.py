@@ -4,16 +4,21 @@
 a rows x cols matrix as a row-major operand, or None (the caller then packs a copy);
 `folded_rows(...)` is the row count of one GEMM that replaces a batch of GEMMs against one
 matrix, or None; `fold_after_packing(...)` says when packing A into a contiguous copy first
-makes that fold possible and pays. Used by graphc.backends.cpu.codegen's matmul lowering.
+makes that fold possible and pays; `strided_output(c, shape)` says how a GEMM writes a result
+the plan lays out other than row-major (graphc.passes.gemm_output_layout: rows `ldc` apart, or
+transposed, which the GEMM writes as c^T = b^T @ a^T through `transposed` operands). Used by
+graphc.backends.cpu.codegen's matmul lowering.
 """
 
 from __future__ import annotations
 
 import math
 
-from graphc.backends.common import broadcast_strides
+from graphc.backends.common import broadcast_strides, contiguous_strides
+from graphc.backends.cpu.values import CpuLoweringError, Loc
+from graphc.types import TensorType
 
-__all__ = ["fold_after_packing", "folded_rows", "gemm_layout"]
+__all__ = ["fold_after_packing", "folded_rows", "gemm_layout", "strided_output", "transposed"]
 
 
 def folded_rows(batch: tuple, sa_shape: list, sa: list, sb_shape: list, sb: list):
@@ -71,3 +76,34 @@ def gemm_layout(rows: int, cols: int, sr: int, sc: int):
         if ld >= max(1, rows):
             return (112, ld)
     return None
+
+
+def strided_output(c: Loc, shape: tuple) -> str | None:
+    """How a GEMM writes its result `c` of (batch..., m, n) `shape`: None when c is row-major
+    (the common case), "rows" when its rows lie a row stride apart that is not n (each
+    matrix is written with ldc = that stride; a batch of them at any strides), "transposed"
+    when its columns are contiguous instead (the caller computes c^T = b^T @ a^T). A head
+    merge's P @ V written straight into the merged [B, T, H*E] buffer is "rows" (ldc = H*E),
+    a K gradient computed as [B, H, E, T] and merged is "transposed"."""
+    item = c.type.dtype.itemsize
+    if tuple(c.strides) == tuple(contiguous_strides(tuple(c.type.shape), item)):
+        return None
+    sc = [s // item for s in c.strides]
+    m, n = shape[-2:]
+    layout = gemm_layout(m, n, sc[-2], sc[-1]) if tuple(c.type.shape) == tuple(shape) else None
+    if layout is None:
+        raise CpuLoweringError(f"cpu backend: a matmul result of {c.type} laid out with "
+                               f"element strides {tuple(sc)}: a GEMM writes rows or columns "
+                               "with unit stride only; plan it row-major (graphc.passes."
+                               "gemm_output_layout chooses only layouts a GEMM writes)")
+    return "rows" if layout[0] == 111 else "transposed"
+
+
+def transposed(x: Loc, shape: list, strides: list) -> Loc:
+    """`x` read as its last two dims swapped (element `strides` of its `shape`, which may be a
+    1-D operand padded to 2-D), for computing c^T = b^T @ a^T."""
+    item = x.type.dtype.itemsize
+    shape = (*shape[:-2], shape[-1], shape[-2])
+    strides = (*strides[:-2], strides[-1], strides[-2])
+    return Loc(x.base, x.index, x.offset, tuple(s * item for s in strides),
+               TensorType(shape, x.type.dtype))

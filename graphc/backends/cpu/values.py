@@ -11,7 +11,8 @@ imports nothing else from the backend.
   pointer argument. Offsets and strides are ints, or `Sym`s where sizes are known per call
   (graphc.backends.cpu.runtime_sizes: `size(b, x)` renders one as an i64).
 - `Locations`: the Loc of every value of a planned graph. Graph inputs at `inputs[i]`
-  (C-contiguous); intermediates at their buffer's arena offset (C-contiguous); views (the
+  (C-contiguous); intermediates at their buffer's arena offset (C-contiguous, or at the
+  element strides the plan gives a GEMM result: `MemoryPlan.strides`); views (the
   plan's `views`) as a byte offset and byte strides into their root's memory, from the view
   op's `view_strides` rule (graphc.backends.common.view_of), the rule the plan uses too;
   update values the plan computes straight into an input (`in_input`) at that input. Nodes are
@@ -116,6 +117,10 @@ class Locations:
                                           v.type)
             elif v.name in self.direct_outputs:
                 self.locs[v] = contiguous("output", self.direct_outputs[v.name], 0, v.type)
+            elif v.name in plan.strides:  # laid out for the GEMM that writes it
+                self.locs[v] = Loc("arena", 0, self.offset(v.name),
+                                   byte_strides(plan.strides[v.name], v.type.dtype.itemsize),
+                                   v.type)
             else:
                 self.locs[v] = contiguous("arena", 0, self.offset(v.name), v.type)
 
