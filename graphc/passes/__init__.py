@@ -107,14 +107,16 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
             return front + [fuse, bucket_allreduce, fuse_waits, plan_buffers]
     if backend == "cpu":  # row programs (graphc.passes.fuse_rows): the cpu backend lowers them
         from graphc.passes.fuse_rows import fuse_rows
+        from graphc.passes.gemm_column_sums import fuse_gemm_column_sums
         from graphc.passes.gemm_output_layout import lay_out_gemm_outputs
         from graphc.passes.reshape_share import share_reshape_copies
         from graphc.passes.row_recompute import recompute_row_values
 
         # fuse_rows again: the column sums that now read what a row program reads join it;
+        # fuse_gemm_column_sums: a bias gradient summed in the epilogue that computes it;
         # lay_out_gemm_outputs: head merges written by their GEMM instead of copied
         return front + [share_reshape_copies, fuse, fuse_rows, recompute_row_values, fuse_rows,
-                        lay_out_gemm_outputs, plan_buffers]
+                        fuse_gemm_column_sums, lay_out_gemm_outputs, plan_buffers]
     return front + [fuse, plan_buffers]
 
 
