@@ -115,3 +115,30 @@ def test_an_mlp_step_within_rounding_of_float64(rng):
     for got, eager, reference in zip(results["compiled"], results["eager"],
                                      results["reference"]):
         assert_rounding_within(got, eager, reference)
+
+
+# a column sum read through a view, written after another GEMM in program order
+LATE_SUM = '''graph @f(%x: f32[64,32], %w: f32[32,32], %v: f32[32,32]) -> (f32[64,32], f32[32]) {
+  %0: f32[64,32] = matmul(%x, %w)
+  %1: f32[64,32] = matmul(%0, %v)
+  %2: f32[2,32,32] = reshape[shape=(2, 32, 32)](%0)
+  %3: f32[32] = reduce_sum[axes=(0, 1), keepdim=false](%2)
+  return (%1, %3)
+}'''
+
+
+@pytest.mark.parametrize("ratio", [16, 0])
+def test_a_small_reduction_runs_right_after_what_it_reads(ratio, monkeypatch, rng):
+    """plan_buffers' schedules hoist the column sum (and the view it reads through) to just
+    after the GEMM that wrote its input, while that is still in cache; ratio 0 turns it off."""
+    from graphc.passes import plan
+
+    monkeypatch.setattr(plan, "HOIST_REDUCTION_RATIO", ratio)
+    graph = plan.plan_buffers(parse(LATE_SUM))
+    plan.check_plan(graph)
+    order = [n.outputs[0].name for n in graph.nodes]
+    assert order == (["0", "2", "3", "1"] if ratio else ["0", "1", "2", "3"])
+    args = _arrays(graph, rng)
+    expected = compile_graph(parse(LATE_SUM), "interp").run(*args)
+    for got, e in zip(compile_graph(graph, "cpu").run(*args), expected):
+        np.testing.assert_allclose(got, e, rtol=2e-5, atol=2e-5)

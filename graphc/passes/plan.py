@@ -53,7 +53,7 @@ import numpy as np
 from graphc.errors import GraphcError
 from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.fused import FusedBody, effectful
-from graphc.ops.registry import COLLECTIVE, ELEMENTWISE, FUSED, REGISTRY, SOURCE
+from graphc.ops.registry import COLLECTIVE, ELEMENTWISE, FUSED, REDUCE, REGISTRY, SOURCE
 from graphc.ops.shapes import contiguous_element_strides
 from graphc.passes.fuse_rows import is_row_program
 from graphc.symbolic import current_env, free_symbols, same_shape
@@ -62,6 +62,9 @@ ALIGN = 64
 _DEFAULT_HINT = 64  # the size a symbol is planned at where no trace gave one
 _FUSED_INPLACE_OPS = {"broadcast_to"}  # movement ops a fused elementwise body may hold
 _ZERO = np.zeros(1, np.int64)
+# a reduction whose inputs are this many times its outputs' bytes or more runs just after
+# what it reads (_hoist_small_reductions); 0: schedules leave reductions where they fall
+HOIST_REDUCTION_RATIO = 16
 
 
 class PlanError(GraphcError, AssertionError):
@@ -397,6 +400,49 @@ def _sink_sources(f: _Facts, order: list[int]) -> list[int]:
     return result
 
 
+def _hoist_small_reductions(f: _Facts, order: list[int]) -> list[int]:
+    """Move each reduction whose result is small beside what it reads (a bias gradient's
+    column sum: 1/HOIST_REDUCTION_RATIO of its input or less), and the views it reads
+    through, to just after the nodes they depend on.
+
+    It then reads its input while the node that wrote it left it in cache, instead of after
+    other kernels pushed it out (the GPT's [1024, 128] column sums: ~17 us from memory, ~6
+    from cache). It frees nothing and allocates little, so the memory-aware order does not
+    care where it runs; its small output lives longer. A view costs nothing and moving it
+    earlier lengthens no lifetime (its reads do). Effectful nodes stay put."""
+    movable = set()
+    for i, node in enumerate(f.nodes):
+        if effectful(node) or not f.preds[i] or not all(f.in_arena(v) for v in node.inputs):
+            continue
+        if all(v in f.views for v in node.outputs):
+            movable.add(i)
+        elif HOIST_REDUCTION_RATIO and node.op in REGISTRY and \
+                REGISTRY[node.op].kind == REDUCE and HOIST_REDUCTION_RATIO * \
+                sum(f.size(v) for v in node.outputs) <= sum(f.size(v) for v in node.inputs):
+            movable.add(i)
+    if not any(not all(v in f.views for v in f.nodes[i].outputs) for i in movable):
+        return order
+    waiting = [i for i in order if i in movable]
+    placed: set[int] = set()
+    result: list[int] = []
+
+    def place(i: int) -> None:
+        result.append(i)
+        placed.add(i)
+        ready = [j for j in waiting if j not in placed and f.preds[j] <= placed]
+        for j in ready:  # in the order's order; each may make others ready
+            if j not in placed and f.preds[j] <= placed:
+                place(j)
+
+    for i in order:
+        if i not in movable:
+            place(i)
+    for i in waiting:  # never ready before the end: left where they were, relatively
+        if i not in placed:
+            place(i)
+    return result
+
+
 def _net_freed(f: _Facts, i: int, remaining: dict[Value, int]) -> int:
     node = f.nodes[i]
     freed = sum(f.size(r) for r in {f.root[v] for v in node.inputs}
@@ -647,6 +693,7 @@ def plan_buffers(graph: Graph) -> Graph:
               "greedy (most bytes freed net)": _greedy_schedule(facts, False)}
     for name, order in list(orders.items()):
         orders[f"{name}, sources sunk"] = _sink_sources(facts, order)
+    orders = {name: _hoist_small_reductions(facts, order) for name, order in orders.items()}
     plans, seen = [], []
     for name, order in orders.items():
         if order not in seen:
