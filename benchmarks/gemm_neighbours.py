@@ -59,12 +59,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    for name in args.step or ["gpt"]:
-        _compare(name, args.rounds, args.quick)
+    previous = os.environ.get("GRAPHC_CACHE_DIR")
+    try:
+        for name in args.step or ["gpt"]:
+            with tempfile.TemporaryDirectory(prefix="gemm_neighbours.") as root:
+                _compare(name, args.rounds, args.quick, root)
+    finally:
+        if previous is None:
+            os.environ.pop("GRAPHC_CACHE_DIR", None)
+        else:
+            os.environ["GRAPHC_CACHE_DIR"] = previous
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
-def _compare(model_name: str, rounds: int, quick: bool) -> None:
+def _compare(model_name: str, rounds: int, quick: bool, root: str) -> None:
     import numpy as np
 
     import graphc
@@ -72,7 +80,6 @@ def _compare(model_name: str, rounds: int, quick: bool) -> None:
     from graphc.passes import default_passes, plan
 
     steps, arguments = {}, {}
-    root = tempfile.mkdtemp(prefix="gemm_neighbours.")
     for name in ("without", "with"):
         os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
         train, args = _step(model_name, quick)
@@ -101,8 +108,12 @@ def _compare(model_name: str, rounds: int, quick: bool) -> None:
     if same:
         print(f"{model_name}: the same planned graph with and without the changes")
         return
+    by_op: dict[str, dict[str, float]] = {}
     for name, step in steps.items():
         report = graphc.profile(step, *arguments[name], repeat=21)
+        for row in report.rows:
+            by_op.setdefault(row.op[:40], {}).setdefault(name, 0.0)
+            by_op[row.op[:40]][name] += row.seconds
         kinds: dict[str, list] = {}
         for row in report.rows:
             if row.op in NEIGHBOURS:
@@ -117,6 +128,10 @@ def _compare(model_name: str, rounds: int, quick: bool) -> None:
               f"column sums {near * 1e3:.2f} ms in {sum(n for _, n in kinds.values())} kernels")
         for op, (seconds, n) in sorted(kinds.items(), key=lambda kv: -kv[1][0])[:8]:
             print(f"  {seconds * 1e6:9.1f} us {n:3d}x {op}")
+    change = {op: t.get("with", 0.0) - t.get("without", 0.0) for op, t in by_op.items()}
+    print("kernel time by op, with - without (the largest changes):")
+    for op, delta in sorted(change.items(), key=lambda kv: -abs(kv[1]))[:10]:
+        print(f"  {delta * 1e6:+9.1f} us  {op}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ transformer training step is within the float64 rounding rule (docs/performance.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -179,3 +181,17 @@ def test_a_plan_made_again_from_the_pipeline_cache_keeps_the_layouts(tmp_path, m
     assert back.memory_plan.strides == made.memory_plan.strides == {"0": (512, 16, 64, 1)}
     args = _arrays(graph, rng)
     np.testing.assert_array_equal(back.run(*args)[0], made.run(*args)[0])
+
+
+def test_the_benchmark_runs(capsys, monkeypatch):
+    """benchmarks/gemm_neighbours.py at the GPT's smoke size, one round: both variants are
+    reported, and the head merges' copies are gone from the "with" one."""
+    from benchmarks import gemm_neighbours
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", "/nonexistent/before")
+    gemm_neighbours.main(["--rounds", "1", "--quick"])
+    assert os.environ["GRAPHC_CACHE_DIR"] == "/nonexistent/before"  # one per variant, then back
+    out = capsys.readouterr().out
+    assert "gpt without the changes: step" in out and "gpt with the changes: step" in out
+    with_part = out.split("gpt with the changes")[1].split("kernel time by op")[0]
+    assert "reshape" not in with_part
