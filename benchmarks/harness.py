@@ -5,9 +5,17 @@ These 2-core machines are shared and noisy, so a case never times its contenders
 another. `interleaved_medians` warms every contender up, calibrates how many calls make one
 sample (a sample lasts at least `SAMPLE_SECONDS`, so sub-millisecond calls are not timer
 noise), then runs rounds in which every contender takes one sample, the order rotating from
-round to round; the result is each contender's median seconds per call over the rounds. A
-contender's `reset`, when it has one, runs untimed before every sample (training steps put
-their weights and optimizer state back, so every sample times the same steps).
+round to round; the result is each contender's median seconds per call over the rounds.
+Before every sample the contender primes itself: untimed calls of its own for at least
+`PRIME_SECONDS` (at least one call), so a sample times the contender's steady state, as a
+loop of its calls runs, and never the cache and page-table state another contender's sample
+left behind (on 2026-11-26 graphc's conv2d read 4.4-4.8 ms right after PyTorch's sample,
+which faults in 32 MB per call, and 3.4 ms in its own loop; PyTorch read 16.4 ms after
+graphc's and 15.8 ms in its own loop: docs/performance.md, Harness fairness). A contender's
+`reset`, when it has one, runs untimed after the priming calls, just before its sample
+(training steps put their weights and optimizer state back, so every sample times the same
+steps). Every result is dropped as soon as it is made (the timed loop never holds one), so a
+contender that can reuse a dropped result's memory does, as in a user's loop.
 Samples are read from the clock `set_clock` chose: "wall" (time.perf_counter, the default)
 or "cpu" (time.process_time: CPU seconds of this process, all threads). With one thread per
 library (`run.py --threads 1`), CPU time is the work itself and stays put while other
@@ -23,6 +31,8 @@ Invariants:
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import time
 from dataclasses import dataclass, field
@@ -33,10 +43,40 @@ import numpy as np
 SAMPLE_SECONDS = 1e-3  # a sample is at least this long (several calls for tiny steps)
 WARMUP_SECONDS = 0.3  # untimed calls per contender: at least this long (and `warmup` calls)
 WARMUP_CALLS_MAX = 50
+PRIME_SECONDS = 0.03  # untimed calls of a contender's own right before each of its samples
+PRIME_CALLS_MAX = 200
 CASE_SECONDS = 60.0  # a case stops adding rounds after this long (at least MIN_ROUNDS)
 MIN_ROUNDS = 5
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 _clock = {"name": "wall"}
+
+
+# glibc's mallopt parameters (malloc.h) and the values `keep_freed_memory` sets
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's largest allowed value on 64-bit
+TRIM_THRESHOLD_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> str:
+    """Make glibc keep freed blocks of up to 32 MiB in its heap instead of returning their
+    pages to the kernel, for every contender alike; say what was done (for the report).
+
+    By default glibc maps a large block afresh and unmaps it on free, or trims the heap's
+    top once it passes a threshold that moves with the sizes freed so far, so whether a call
+    that allocates 16 MB pays ~4,000 page faults depended on what the process allocated
+    before: PyTorch's conv2d read 16.6 ms in one case and 3.3-4.7 ms in the next in the same
+    process (2026-11-26, 1 thread). graphc reuses its large outputs and is not affected."""
+    path = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(path) if path else None
+        done = libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) \
+            and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    except (OSError, AttributeError):  # not glibc
+        done = False
+    if not done:
+        return "malloc: the C library's defaults (no mallopt)"
+    return (f"malloc: freed blocks under {MMAP_THRESHOLD_BYTES >> 20} MiB kept "
+            f"(mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD {TRIM_THRESHOLD_BYTES >> 30} GiB)")
 
 
 def set_clock(name: str) -> None:
@@ -161,12 +201,24 @@ def _calls_per_sample(run: Callable[[], object]) -> int:
     return max(1, math.ceil(SAMPLE_SECONDS / once))
 
 
+def _prime(run: Callable[[], object], seconds: float) -> None:
+    """Untimed calls of `run` (at least one, at most PRIME_CALLS_MAX) for `seconds`: what the
+    previous sample (another contender's) left in the caches, the TLB and malloc's free
+    lists is replaced by this contender's own working set before it is timed."""
+    start, calls = time.perf_counter(), 0
+    while calls < 1 or (time.perf_counter() - start < seconds and calls < PRIME_CALLS_MAX):
+        run()
+        calls += 1
+
+
 def interleaved_medians(contenders: list[Contender], repeat: int, warmup: int = 2,
                         warmup_seconds: float = WARMUP_SECONDS) -> None:
     """Time the contenders whose status is ok: untimed calls (at least `warmup`, and at least
     `warmup_seconds` unless that takes over WARMUP_CALLS_MAX calls) each, then up to
     `repeat` rounds (fewer when the case passes CASE_SECONDS, never under MIN_ROUNDS) of one
-    sample per contender in rotating order; store the median seconds per call."""
+    sample per contender in rotating order, each right after the contender's own priming
+    calls (`_prime`, for min(PRIME_SECONDS, warmup_seconds)) and its reset; store the median
+    seconds per call."""
     live = [c for c in contenders if c.status == "ok"]
     for c in live:  # PyTorch's first steps are slow (allocator, thread pool): warm up by time
         start, calls = time.perf_counter(), 0
@@ -184,6 +236,7 @@ def interleaved_medians(contenders: list[Contender], repeat: int, warmup: int = 
         for k in range(len(live)):
             i = (k + r) % len(live)
             run, number = live[i].run, numbers[i]
+            _prime(run, min(PRIME_SECONDS, warmup_seconds))
             if live[i].reset is not None:
                 live[i].reset()
             start = now()

@@ -23,7 +23,8 @@ ratios. `--contention` runs a busy process pinned to one core while measuring
 runs the training steps at 1 thread, 2 threads and 2 threads contended and prints graphc's
 three figures side by side. The exit status is 0 when every
 contender agreed with its case's reference (or was skipped for a stated reason), 1 otherwise; a
-missed target is not an error.
+missed target is not an error. Before any case runs, glibc is told to keep freed blocks of up
+to 32 MiB (`harness.keep_freed_memory`, for every contender alike; the report's header says so).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from benchmarks import cases  # noqa: E402
 from benchmarks.compile_time import compile_time_cases  # noqa: E402
 from benchmarks.contention import busy_core  # noqa: E402
 from benchmarks.family_steps import family_step  # noqa: E402
-from benchmarks.harness import as_json, markdown_table, set_clock  # noqa: E402
+from benchmarks.harness import as_json, keep_freed_memory, markdown_table, set_clock  # noqa: E402
 from benchmarks.model_steps import model_step  # noqa: E402
 
 CASE_NAMES = ("mlp_b64", "mlp_b1", "lenet5_b64", "gpt_b16", "resnet18_b32", "lstm_b16",
@@ -96,7 +97,8 @@ def run_cases(names: list[str], sizes: cases.Sizes, repeat: int, log,
     return results
 
 
-def header(argv: list[str], clock: str, contention: int | None = None) -> str:
+def header(argv: list[str], clock: str, contention: int | None = None,
+           malloc: str | None = None) -> str:
     """The command, the machine and the date, for the top of a report."""
     import numpy as np
 
@@ -120,7 +122,8 @@ def header(argv: list[str], clock: str, contention: int | None = None) -> str:
             f"threads: {threads}; clock: {clock}; load average at the end {load[0]:.2f} "
             f"{load[1]:.2f} {load[2]:.2f}"
             + ("" if contention is None else
-               f"; contention: a busy process pinned to core {contention}"))
+               f"; contention: a busy process pinned to core {contention}")
+            + ("" if malloc is None else f"; {malloc}"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
 
     set_clock(args.clock)
+    malloc = keep_freed_memory()  # the same for every contender (harness.keep_freed_memory)
     with contextlib.ExitStack() as stack:
         busy = stack.enter_context(busy_core()) if args.contention else None
         results = run_cases(names, sizes, repeat, log, args.clock)
-        top = header(argv, args.clock, busy)
+        top = header(argv, args.clock, busy, malloc)
     report = top + "\n\n" + markdown_table(results) + "\n"
     print(report, flush=True)  # the table first: profiling takes minutes
     if args.json:
