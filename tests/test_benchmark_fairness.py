@@ -83,3 +83,10 @@ def test_the_timed_loop_holds_no_result(machine):
 
     interleaved_medians([Contender("r", run=run)], repeat=5, warmup=2, warmup_seconds=0.0)
     assert len(held) >= 7 and not any(held)
+
+
+def test_the_report_header_names_the_malloc_setting():
+    from benchmarks.run import header
+
+    assert "malloc" not in header(["--quick"], "cpu")
+    assert header(["--quick"], "cpu", malloc="malloc: kept").endswith("; malloc: kept")
