@@ -1,0 +1,134 @@
+"""The GPT step's GELU epilogue before and after issue 14's mathlib changes, in one process.
+
+    python -m benchmarks.gelu_epilogue                  # the GPT, 30 interleaved rounds
+    python -m benchmarks.gelu_epilogue --rounds 10 --quick
+
+Three variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
+GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, which is the same for all):
+- "before": float32 erfc tail in the three ranges it had (`THREE_RANGE_ERFC_TAIL_F32`, put
+  back into mathlib while it compiles) and no loop marked to prefer 512-bit vectors
+  (`scalars.WIDE_VECTOR_FUNCTIONS` emptied: LLVM's default 256 bits on Intel cores);
+- "two ranges": the current tail, still 256-bit;
+- "after": the default (two ranges, 512-bit vectors where the host has AVX-512).
+It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
+OpenMP and OpenBLAS), then from `graphc.profile` (5 interleaved profiles, each kernel's
+median) the time of the kernels that compute gelu or erf (the linear1 epilogues: gelu(h) and
+the derivative the backward reads) and of all kernels (docs/performance.md, "GELU epilogue").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds (30)")
+    parser.add_argument("--quick", action="store_true", help="the GPT's smoke size")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    previous = os.environ.get("GRAPHC_CACHE_DIR")
+    try:
+        with tempfile.TemporaryDirectory(prefix="gelu_epilogue.") as root:
+            _compare(args.rounds, args.quick, root)
+    finally:
+        if previous is None:
+            os.environ.pop("GRAPHC_CACHE_DIR", None)
+        else:
+            os.environ["GRAPHC_CACHE_DIR"] = previous
+    print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
+
+
+# graphc.backends.cpu.mathlib's float32 erfc tail before issue 14's GELU epilogue work
+# (commit 48874a2): three ranges of u = 1/a, (upper bound, centre, coefficients)
+THREE_RANGE_ERFC_TAIL_F32 = (
+    (0.4, 0.245, (
+        1.3661614656448364, -0.8126356601715088, -0.06472652405500412, 0.4146755039691925,
+        -0.2851734459400177, -0.02111780270934105, 0.220005601644516, -0.1710827350616455,
+        -0.11775259673595428, 0.5485908389091492,
+    )),
+    (1.0, 0.7, (
+        -0.02882738597691059, 0.025693239644169807, -0.005387837067246437, -0.01775379292666912,
+        0.04305412620306015, -0.060550935566425323, 0.05137384310364723, 0.012497949413955212,
+        -0.17068712413311005, 0.4766766428947449,
+    )),
+    (2.0, 1.5, (
+        0.0001858369359979406, -0.0004537900385912508, 0.0008449564920738339,
+        -0.0014842994278296828, 0.0020638422574847937, -0.0011654890840873122,
+        -0.005933205131441355, 0.033156976103782654, -0.118398018181324, 0.3595229387283325,
+    )),
+)
+
+
+def _is_gelu_kernel(op: str) -> bool:
+    return op.startswith("fused(") and ("gelu" in op or "erf" in op)
+
+
+def _compare(rounds: int, quick: bool, root: str) -> None:
+    import numpy as np
+
+    import graphc
+    from benchmarks import model_steps, models
+    from graphc.backends.cpu import mathlib, scalars
+
+    shape = (model_steps.QUICK if quick else model_steps.FULL)["gpt"]
+    steps, arguments = {}, {}
+    for name in ("before", "two ranges", "after"):
+        os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
+        graphc.manual_seed(0)
+        train = models.graphc_step(model_steps.gpt(graphc, **shape))
+        batch = tuple(graphc.tensor(a) for a in model_steps.batch_of("gpt", shape))
+        step = graphc.compile(train, backend="cpu")
+        wide, tail = scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32
+        if name != "after":
+            scalars.WIDE_VECTOR_FUNCTIONS = frozenset()
+        if name == "before":
+            mathlib._ERFC_TAIL_F32 = THREE_RANGE_ERFC_TAIL_F32
+        try:
+            for _ in range(3):  # the first calls trace, compile and create the optimizer state
+                step(*batch)
+        finally:
+            scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32 = wide, tail
+        steps[name], arguments[name] = step, batch
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(rounds):
+        for name in (list(steps) if r % 2 else list(steps)[::-1]):
+            start, calls = time.process_time(), 0
+            while time.process_time() - start < 0.1:
+                steps[name](*arguments[name])
+                calls += 1
+            times[name].append((time.process_time() - start) / calls)
+    profiles: dict[str, list] = {name: [] for name in steps}
+    for r in range(5):  # interleaved profiles; each kernel's median over them
+        for name in (list(steps) if r % 2 else list(steps)[::-1]):
+            profiles[name].append(graphc.profile(steps[name], *arguments[name], repeat=11))
+    for name in steps:
+        reports = profiles[name]
+        rows = sorted(reports[0].rows, key=lambda row: row.step)
+        seconds = {row.step: float(np.median([[q.seconds for q in rep.rows
+                                                 if q.step == row.step][0]
+                                                for rep in reports]))
+                   for row in rows}
+        # a fused GEMM is two rows with the same label, its GEMM then its epilogue
+        epilogues = [row for row in rows if _is_gelu_kernel(row.op)
+                     and not ("matmul" in row.op and _next_same(rows, row))]
+        total = sum(seconds.values())
+        gelu = sum(seconds[row.step] for row in epilogues)
+        print(f"gpt {name}: step {np.median(times[name]) * 1e3:.3f} ms (median of {rounds}); "
+              f"kernels {total * 1e3:.2f} ms; gelu/erf epilogues {gelu * 1e3:.3f} ms in "
+              f"{len(epilogues)} kernels: "
+              + ", ".join(f"{seconds[row.step] * 1e6:.0f}" for row in epilogues) + " us")
+
+
+def _next_same(rows: list, row) -> bool:
+    """Whether the row just after `row` is the same node (then `row` is its GEMM)."""
+    later = [q for q in rows if q.step == row.step + 1]
+    return bool(later) and later[0].op == row.op and later[0].values == row.values
+
+if __name__ == "__main__":
+    main()
