@@ -12,14 +12,16 @@ GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, which is the same 
 - "two ranges": the current tail, still 256-bit;
 - "after": the default (two ranges, 512-bit vectors where the host has AVX-512).
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
-OpenMP and OpenBLAS), then from `graphc.profile` (5 interleaved profiles, each kernel's
-median) the time of the kernels that compute gelu or erf (the linear1 epilogues: gelu(h) and
-the derivative the backward reads) and of all kernels (docs/performance.md, "GELU epilogue").
+OpenMP and OpenBLAS), then from `graphc.profile` (5 interleaved profiles, each lowered again
+as its variant, each kernel's median) the time of the kernels that compute gelu or erf (the
+linear1 epilogues: gelu(h) and the derivative the backward reads) and of all kernels
+(docs/performance.md, "GELU epilogue").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
@@ -65,6 +67,26 @@ THREE_RANGE_ERFC_TAIL_F32 = (
 )
 
 
+VARIANTS = ("before", "two ranges", "after")
+
+
+@contextlib.contextmanager
+def _variant(name: str, root: str):
+    """While lowering variant `name`: its cache dir, and mathlib / scalars as it had them."""
+    from graphc.backends.cpu import mathlib, scalars
+
+    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
+    wide, tail = scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32
+    if name != "after":
+        scalars.WIDE_VECTOR_FUNCTIONS = frozenset()
+    if name == "before":
+        mathlib._ERFC_TAIL_F32 = THREE_RANGE_ERFC_TAIL_F32
+    try:
+        yield
+    finally:
+        scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32 = wide, tail
+
+
 def _is_gelu_kernel(op: str) -> bool:
     return op.startswith("fused(") and ("gelu" in op or "erf" in op)
 
@@ -74,26 +96,17 @@ def _compare(rounds: int, quick: bool, root: str) -> None:
 
     import graphc
     from benchmarks import model_steps, models
-    from graphc.backends.cpu import mathlib, scalars
 
     shape = (model_steps.QUICK if quick else model_steps.FULL)["gpt"]
     steps, arguments = {}, {}
-    for name in ("before", "two ranges", "after"):
-        os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
-        graphc.manual_seed(0)
-        train = models.graphc_step(model_steps.gpt(graphc, **shape))
-        batch = tuple(graphc.tensor(a) for a in model_steps.batch_of("gpt", shape))
-        step = graphc.compile(train, backend="cpu")
-        wide, tail = scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32
-        if name != "after":
-            scalars.WIDE_VECTOR_FUNCTIONS = frozenset()
-        if name == "before":
-            mathlib._ERFC_TAIL_F32 = THREE_RANGE_ERFC_TAIL_F32
-        try:
+    for name in VARIANTS:
+        with _variant(name, root):
+            graphc.manual_seed(0)
+            train = models.graphc_step(model_steps.gpt(graphc, **shape))
+            batch = tuple(graphc.tensor(a) for a in model_steps.batch_of("gpt", shape))
+            step = graphc.compile(train, backend="cpu")
             for _ in range(3):  # the first calls trace, compile and create the optimizer state
                 step(*batch)
-        finally:
-            scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32 = wide, tail
         steps[name], arguments[name] = step, batch
     times: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(rounds):
@@ -106,7 +119,9 @@ def _compare(rounds: int, quick: bool, root: str) -> None:
     profiles: dict[str, list] = {name: [] for name in steps}
     for r in range(5):  # interleaved profiles; each kernel's median over them
         for name in (list(steps) if r % 2 else list(steps)[::-1]):
-            profiles[name].append(graphc.profile(steps[name], *arguments[name], repeat=11))
+            with _variant(name, root):  # profile lowers the graph again, with timers
+                profiles[name].append(graphc.profile(steps[name], *arguments[name],
+                                                     repeat=11))
     for name in steps:
         reports = profiles[name]
         rows = sorted(reports[0].rows, key=lambda row: row.step)
