@@ -10,7 +10,9 @@ nothing of memory, loops or graphs; it turns one element's values into another's
   `Scalars` (one per LLVM module) renders through it: `emit(b, op, attrs, args, types, out)`
   promotes `args` (of dtypes `types`) as numpy does and returns one value of `out.dtype`, or
   raises KeyError for a name the table lacks. exp log log1p tanh sigmoid erf sin cos sqrt
-  rsqrt and gelu come from graphc.backends.cpu.mathlib.
+  rsqrt and gelu come from graphc.backends.cpu.mathlib; the polynomial ones
+  (`WIDE_VECTOR_FUNCTIONS`) mark the LLVM function they are emitted into as preferring
+  512-bit vectors (`prefer_wide_vectors`), which only AVX-512 targets act on.
 - `reduction_identity(op, dt)` and `reduction_combiner(scalars, op, dt)`: the start value and
   the step of a reduction, from its OpDef's `Reduction` (identity and combiner:
   `COMBINER_LOWERINGS`).
