@@ -393,7 +393,8 @@ class Guard:
         self.top_dims: dict | None = None  # {positional index: dims} when all are top-level
         self._implied: tuple | None = None  # (typed list, answer) of `implies_types`
         _GuardBuilder(self).build(fn, args, kwargs)
-        self._checks = compile_checks(self)
+        self._checks = None  # compile_checks', made by the first `holds` (set_dynamic may
+        # change what they check, and a guard built on the slow path may never be tried)
 
     def set_dynamic(self, dynamic: frozenset) -> None:
         """Leave these argument dimensions ((path, dim) pairs) out of the call's description:
@@ -407,7 +408,7 @@ class Guard:
                 break
             top.setdefault(path[1], set()).add(dim)
         self.top_dims = top
-        self._checks = compile_checks(self)
+        self._checks = None
 
     def implies_types(self, typed: list) -> bool:
         """Whether this guard holding implies that every binding of `typed` (an entry's
@@ -432,14 +433,19 @@ class Guard:
         return self._implied[1]
 
     def holds(self, args: tuple, kwargs: dict) -> bool:
+        checks = self._checks
+        if checks is None:
+            checks = self._checks = compile_checks(self)
         try:
-            return self._checks(args, kwargs)  # compile_checks
+            return checks(args, kwargs)
         except (AttributeError, KeyError, TypeError, ValueError):  # let the signature say
             return False
 
     @property
     def source(self) -> str:
         """The Python source of this guard's checks (`compile_checks`), for reading."""
+        if self._checks is None:
+            self._checks = compile_checks(self)
         return self._checks.__doc__
 
 
