@@ -190,7 +190,6 @@ class CallPlan:
             return wrapped[self.direct]
         return unflatten(self.out_spec, wrapped)
 
-
     def _assign_grads(self, pool: tuple, outputs: list) -> list:
         """Assign every `.grad` output (`self.grads`); returns them in grad_outputs order."""
         grads = []

@@ -88,9 +88,11 @@ def run_pipeline(graph: Graph, passes: list[Pass], verify: bool = True,
 def default_passes(graph: Graph | None = None, backend: str | None = None) -> list[Pass]:
     """What graphc.compile runs between tracing and the backend, in order; for a `graph`
     with collectives, bucket_allreduce and fuse_waits as well (before the plan, which keeps
-    their order); for the "cpu" backend, transpose_weight_products after simplify
-    (graphc.passes.gemm_order: a GEMM order its BLAS runs faster, which the interpreter, the
-    reference, does not need)."""
+    their order); for the "cpu" backend, the passes that serve its kernels, which the
+    interpreter, the reference, does not need: transpose_weight_products after simplify (a
+    GEMM order its BLAS runs faster) and fuse_attention; share_reshape_copies before fuse;
+    fuse_rows, recompute_row_values and fuse_rows again after it (row programs);
+    fuse_gemm_column_sums and lay_out_gemm_outputs before the plan (docs/passes.md)."""
     from graphc.passes.attention import fuse_attention
     from graphc.passes.fuse import fuse
     from graphc.passes.gemm_order import transpose_weight_products

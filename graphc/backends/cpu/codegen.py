@@ -560,10 +560,6 @@ class Lowerer(Codegen):
         conv.conv2d(self, node, self.locs[x], self.locs[w], self.locs[node.outputs[0]],
                     node.attrs)
 
-    def epilogue_conv2d(self, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict) -> None:
-        """A fused body's conv2d anchor: out = conv2d(x, w), read by the epilogue."""
-        conv.conv2d(self, node, x, w, out, attrs)
-
     # ---- movement and sources ------------------------------------------------------------
     def lower_copy(self, node: Node) -> None:
         self.copy(self.locs[node.inputs[0]], self.locs[node.outputs[0]])
@@ -724,11 +720,12 @@ RUNTIME_SIZE_LOWERINGS = {
     conv.conv2d_input_grad, conv.conv2d_weight_grad, pool.max_pool2d, pool.max_pool2d_grad,
     pool.avg_pool2d, pool.avg_pool2d_grad, pool.batch_norm, Lowerer.lower_conv2d,
 }
-# the anchors of GEMM/conv epilogues (OpDef.epilogue_anchor): lower(lowerer, node, a, b, out,
+# the anchors of GEMM epilogues (OpDef.epilogue_anchor): lower(lowerer, node, a, b, out,
 # attrs) computes the anchor's result into `out` for the fused epilogue to read
-EPILOGUE_ANCHOR_LOWERINGS = {"matmul": Lowerer.epilogue_gemm, "conv2d": Lowerer.epilogue_conv2d}
+EPILOGUE_ANCHOR_LOWERINGS = {"matmul": Lowerer.epilogue_gemm}
 # anchors whose lowering renders the whole fused node: lower(lowerer, node, body) (a bucket's
-# wait, whose sum the update reads from the ranks' windows: graphc.passes.fuse_waits)
+# wait, whose sum the update reads from the ranks' windows: graphc.passes.fuse_waits; a
+# convolution, whose epilogue runs inside its own kernel per image block: conv.fused_conv2d)
 FUSED_ANCHOR_LOWERINGS = {"all_reduce_wait": lower_fused_wait, "conv2d": conv.fused_conv2d}
 # registry ops this backend declines on purpose, with the reason (none today)
 REFUSALS: dict[str, str] = {}

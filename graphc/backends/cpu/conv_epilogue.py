@@ -25,8 +25,9 @@ __all__ = ["apply_epilogue", "epilogue_operands"]
 
 def epilogue_operands(lw, kb, body, out_shape, c: int):
     """Operands of a fused epilogue in an image kernel (`c`: the convolution result's):
-    (leaves: ref -> operand, outputs: [(ref, operand, dtype)], strides: operand -> the
-    element strides over (n, o, h, w)), and the recipe part its code depends on."""
+    ((leaves: ref -> operand, outputs: [(ref, operand, dtype)], strides: operand -> the
+    element strides over (n, o, h, w), the output shape padded to 4 dims), and the recipe
+    part its code depends on."""
     node = body.node
     shape4 = (1,) * (4 - len(out_shape)) + tuple(out_shape)
 

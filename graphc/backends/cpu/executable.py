@@ -22,7 +22,10 @@ Invariants:
   an array of its own and every update value is its target input's array or a fresh array
   (`fresh_results`: graphc.jit.compiler needs no overlap checks for them). A large output
   array the caller has dropped since (nothing references it) counts as fresh: it is reused
-  instead of asking the kernel for new pages (`_outputs`).
+  instead of asking the kernel for new pages (`_outputs`). The one exception is DDP's
+  `gradient_as_bucket_view=True`: those `.grad` outputs are views of the node's
+  shared-memory window, the same arrays every call, as PyTorch's bucket views are
+  (`_window_views`; a step that reads its `.grad`s is not given views: docs/distributed.md).
 - BLAS: resolved once per process by graphc.backends.cpu.blas for graphs that call it; a
   graph with a matmul and no BLAS is refused with a GraphcError.
 
