@@ -37,6 +37,7 @@ from benchmarks.harness import (  # noqa: E402
     check_agreement,
     interleaved_medians,
     markdown_table,
+    run_with_threads,
     set_clock,
 )
 
@@ -162,11 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("gpt", "attention"), default=None)
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    if args.threads is not None and os.environ.get("OMP_NUM_THREADS") != str(args.threads):
-        os.environ.update(OMP_NUM_THREADS=str(args.threads),
-                          OPENBLAS_NUM_THREADS=str(args.threads))
-        os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.attention", *argv])
+    run_with_threads("benchmarks.attention", args.threads, argv)
     if args.threads is not None:
         with contextlib.suppress(ImportError):
             import torch

@@ -42,7 +42,7 @@ if __package__ in (None, ""):  # `python benchmarks/call_overhead.py`
 
 import graphc  # noqa: E402
 from benchmarks import models  # noqa: E402
-from benchmarks.harness import now, set_clock  # noqa: E402
+from benchmarks.harness import now, run_with_threads, set_clock  # noqa: E402
 
 ROUNDS = 9
 ROUND_SECONDS = 0.02
@@ -160,11 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=CASES, help="print cProfile of this case's calls")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    if os.environ.get("OMP_NUM_THREADS") != str(args.threads):
-        os.environ.update(OMP_NUM_THREADS=str(args.threads),
-                          OPENBLAS_NUM_THREADS=str(args.threads))
-        os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.call_overhead", *argv])
+    run_with_threads("benchmarks.call_overhead", args.threads, argv)
     set_clock(args.clock)
     if args.profile:
         print(profile(args.profile))

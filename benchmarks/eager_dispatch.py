@@ -31,6 +31,7 @@ import timeit
 import numpy as np
 
 import graphc
+from benchmarks.harness import run_with_threads
 
 CALLS, ROUNDS, STEPS = 20_000, 7, 20
 TARGET_US = 5.0
@@ -163,11 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="CASE", help="cProfile one graphc case instead")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    if args.threads is not None and os.environ.get("OMP_NUM_THREADS") != str(args.threads):
-        os.environ.update(OMP_NUM_THREADS=str(args.threads),
-                          OPENBLAS_NUM_THREADS=str(args.threads))
-        os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.eager_dispatch", *argv])
+    run_with_threads("benchmarks.eager_dispatch", args.threads, argv)
     if args.threads is not None:
         try:
             import torch

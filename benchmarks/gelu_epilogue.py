@@ -23,8 +23,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import tempfile
 import time
+
+from benchmarks.harness import cache_root
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,15 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    previous = os.environ.get("GRAPHC_CACHE_DIR")
-    try:
-        with tempfile.TemporaryDirectory(prefix="gelu_epilogue.") as root:
-            _compare(args.rounds, args.quick, root)
-    finally:
-        if previous is None:
-            os.environ.pop("GRAPHC_CACHE_DIR", None)
-        else:
-            os.environ["GRAPHC_CACHE_DIR"] = previous
+    with cache_root("gelu_epilogue.") as root:
+        _compare(args.rounds, args.quick, root)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 

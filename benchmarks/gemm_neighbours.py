@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
+
+from benchmarks.harness import cache_root
 
 NEIGHBOURS = ("reshape", "permute", "copy", "concat", "reduce_sum")
 
@@ -59,16 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    previous = os.environ.get("GRAPHC_CACHE_DIR")
-    try:
-        for name in args.step or ["gpt"]:
-            with tempfile.TemporaryDirectory(prefix="gemm_neighbours.") as root:
-                _compare(name, args.rounds, args.quick, root)
-    finally:
-        if previous is None:
-            os.environ.pop("GRAPHC_CACHE_DIR", None)
-        else:
-            os.environ["GRAPHC_CACHE_DIR"] = previous
+    for name in args.step or ["gpt"]:
+        with cache_root("gemm_neighbours.") as root:
+            _compare(name, args.rounds, args.quick, root)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 

@@ -31,9 +31,13 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import math
+import os
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -77,6 +81,33 @@ def keep_freed_memory() -> str:
         return "malloc: the C library's defaults (no mallopt)"
     return (f"malloc: freed blocks under {MMAP_THRESHOLD_BYTES >> 20} MiB kept "
             f"(mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD {TRIM_THRESHOLD_BYTES >> 30} GiB)")
+
+
+def run_with_threads(module: str, threads: int | None, argv: list[str]) -> None:
+    """Start `python -m module argv` again with OMP_NUM_THREADS and OPENBLAS_NUM_THREADS set to
+    `threads` (the runtimes read them once, at load), unless they are already that; returns
+    only when nothing needs to change (threads None, or this process already has them)."""
+    if threads is None or os.environ.get("OMP_NUM_THREADS") == str(threads):
+        return
+    os.environ.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])
+
+
+@contextlib.contextmanager
+def cache_root(prefix: str):
+    """A temporary directory for in-process A/Bs whose variants each set GRAPHC_CACHE_DIR to a
+    folder of their own under it (the pipeline cache keys on graphc's source, the same for
+    every variant); GRAPHC_CACHE_DIR is put back as it was afterwards."""
+    previous = os.environ.get("GRAPHC_CACHE_DIR")
+    try:
+        with tempfile.TemporaryDirectory(prefix=prefix) as root:
+            yield root
+    finally:
+        if previous is None:
+            os.environ.pop("GRAPHC_CACHE_DIR", None)
+        else:
+            os.environ["GRAPHC_CACHE_DIR"] = previous
 
 
 def set_clock(name: str) -> None:

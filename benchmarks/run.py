@@ -44,7 +44,13 @@ from benchmarks import cases  # noqa: E402
 from benchmarks.compile_time import compile_time_cases  # noqa: E402
 from benchmarks.contention import busy_core  # noqa: E402
 from benchmarks.family_steps import family_step  # noqa: E402
-from benchmarks.harness import as_json, keep_freed_memory, markdown_table, set_clock  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    as_json,
+    keep_freed_memory,
+    markdown_table,
+    run_with_threads,
+    set_clock,
+)
 from benchmarks.model_steps import model_step  # noqa: E402
 
 CASE_NAMES = ("mlp_b64", "mlp_b1", "lenet5_b64", "gpt_b16", "resnet18_b32", "lstm_b16",
@@ -152,12 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
-    if args.threads is not None and os.environ.get("OMP_NUM_THREADS") != str(args.threads):
-        os.environ.update(OMP_NUM_THREADS=str(args.threads),
-                          OPENBLAS_NUM_THREADS=str(args.threads))
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        os.chdir(root)
-        os.execv(sys.executable, [sys.executable, "-m", "benchmarks.run", *argv])
+    run_with_threads("benchmarks.run", args.threads, argv)
     names = _selected(args.only)
     sizes = cases.Sizes.quick() if args.quick else cases.Sizes()
     repeat = args.repeat or (3 if args.quick else 25)
