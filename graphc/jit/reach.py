@@ -73,9 +73,7 @@ def captured_roots(fn, reads: Reads = _NO_READS) -> list[tuple[str, Any]]:
         return [("", fn)]
     if isinstance(fn, functools.partial):
         return _partial_roots(fn, reads)
-    from graphc.jit.compiler import Compiled
-
-    if isinstance(fn, Compiled):  # called inside a trace, it runs `fn` inline
+    if _is_compiled(fn):  # called inside a trace, it runs `fn` inline
         reads.attr(fn, "fn", fn.fn)
         return captured_roots(fn.fn, reads)
     call = None if isinstance(fn, (types.FunctionType, types.MethodType)) else next(

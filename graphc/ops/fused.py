@@ -85,7 +85,7 @@ class FusedBody:
         with symbolic sizes is decoded afresh each time: its shape rules record guards in the
         current ShapeEnv."""
         types = tuple(input_types)
-        if not all(_static(t) for t in types):
+        if any(t.is_symbolic for t in types):
             return cls(types, body, outputs)
         try:
             key = (types, body, outputs)
@@ -136,10 +136,6 @@ class FusedBody:
 
 _DECODED: dict[tuple, FusedBody] = {}  # FusedBody.decoded's: (input types, body, outputs)
 _DECODED_MOST = 8192
-
-
-def _static(t: TensorType) -> bool:
-    return all(type(n) is int for n in t.shape)
 
 
 def _check_ref(i: int, ref: int, available: int) -> None:

@@ -99,8 +99,9 @@ def row_domain(body: FusedBody) -> tuple | None:
 
 
 def body_cache():
-    """FusedBody.of_node memoised per node for one pass run (decoding a body re-runs every
-    instruction's shape rule)."""
+    """FusedBody.of_node memoised per node for one pass run: a body with symbolic sizes is
+    decoded afresh by every FusedBody.of_node (its shape rules re-run), and a static one is
+    looked up by hashing its whole body (FusedBody.decoded)."""
     bodies: dict[Node, FusedBody] = {}
 
     def body(node: Node) -> FusedBody:

@@ -45,7 +45,7 @@ __all__ = ["fuse_gemm_column_sums"]
 def fuse_gemm_column_sums(graph: Graph) -> Graph:
     """Move each column sum of a GEMM epilogue's output into that epilogue (see the module
     docstring). Returns a new graph, or the same one when nothing changed."""
-    producer = {v: node for node in graph.nodes for v in node.outputs}
+    producer = graph.producers()
     merged: dict[int, Node] = {}  # id(original fused node) -> its node with the sums
     dropped: set[int] = set()
     for node in graph.nodes:

@@ -51,10 +51,7 @@ __all__ = ["gemm_writable", "lay_out_gemm_outputs"]
 def lay_out_gemm_outputs(graph: Graph) -> Graph:
     """The graph with `meta["root_strides"]`: the layout of every matmul result a head-merge
     reshape would otherwise copy (see the module docstring). The input graph is unchanged."""
-    readers: dict[Value, list[Node]] = {}
-    for node in graph.nodes:
-        for v in node.inputs:
-            readers.setdefault(v, []).append(node)
+    readers = graph.users()
     kept = set(graph.outputs) | {v for _, v in graph.updates} | {w for w, _ in graph.updates}
     chosen: dict[str, tuple[int, ...]] = {}
     for node in graph.nodes:

@@ -132,9 +132,10 @@ class CpuExecutable:
         self._out_types = output_types([(t.shape, np.dtype(t.dtype.np)) for t in self._copied])
         self._collectives = collectives
         # outputs returned as views of the node's shared-memory window (DDP's
-        # gradient_as_bucket_view: window_layout.window_arrays), in place of fresh arrays
-        self._window_views = window_layout.window_arrays(
-            getattr(self.lowered, "window_outputs", {}))
+        # gradient_as_bucket_view: window_layout.window_arrays), in place of fresh arrays;
+        # each with its address, which never moves
+        self._window_views = {k: (view, _address(view)) for k, view in window_layout.window_arrays(
+            getattr(self.lowered, "window_outputs", {})).items()}
         for k in self._window_views:
             self._out_types[k] = ((0,), self._out_types[k][1], False)
 
@@ -278,9 +279,9 @@ class CpuExecutable:
         native driver run on the thread count the chooser picks; the results."""
         bound = self._bind(arrays)
         outs = self._outputs(out_types)
-        for k, view in self._window_views.items():
+        for k, (view, address) in self._window_views.items():
             outs[k] = view
-            self._out_ptrs[k] = _address(view)
+            self._out_ptrs[k] = address
         chooser = self.thread_chooser
         if chooser.explores:  # its bookkeeping only where it chooses
             n = chooser.pick()
