@@ -6,6 +6,12 @@
 (pytest-xdist workers share the build directory); make itself skips what is up to date, so the
 second worker only pays a no-op make. A missing compiler is a skip naming it; a failing build
 is an error carrying make's output.
+
+`cuda_test_kind()` is the library the cuda backend's tests run on: "emu" (the CPU emulation:
+every machine, CI) unless GRAPHC_TEST_ON_GPU=1 asks for the GPU ("cuda";
+benchmarks/gpu_check.sh sets it on a machine with one). Tests of the emulation itself (its
+fault reports, checking modes, capture shim) name "emu" directly; `emulation_only` skips a
+test whose claim holds only there when the run is on a GPU.
 """
 
 from __future__ import annotations
@@ -27,6 +33,15 @@ COMPILERS = {"emu": "g++", "cuda": "nvcc"}
 BUILD_TIMEOUT_S = 900  # the CUDA build takes about two minutes on two cores
 
 _built: dict[str, Path] = {}
+
+
+def cuda_test_kind() -> str:
+    """"cuda" when GRAPHC_TEST_ON_GPU=1 (run the cuda backend's tests on the GPU), else "emu"."""
+    return "cuda" if os.environ.get("GRAPHC_TEST_ON_GPU", "") == "1" else "emu"
+
+
+emulation_only = pytest.mark.skipif(
+    cuda_test_kind() != "emu", reason="a property of the CPU emulation, not of a GPU run")
 
 
 def run_make(*targets: str, timeout: float = BUILD_TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -60,6 +75,17 @@ def runtime_library(kind: str) -> str:
     path = RUNTIME_BUILD / LIBRARIES[kind]
     _built[kind] = path
     return str(path)
+
+
+def loaded_test_runtime():
+    """The library of `cuda_test_kind()`, built if needed and loaded through
+    graphc.backends.cuda.rt."""
+    kind = cuda_test_kind()
+    os.environ.setdefault("GRAPHC_CUDA", kind)
+    runtime_library(kind)
+    from graphc.backends.cuda.rt import runtime_library as load
+
+    return load(kind)
 
 
 def loaded_emulation_runtime():

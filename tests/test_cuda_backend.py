@@ -25,11 +25,12 @@ from graphc.backends import compile as compile_graph
 from graphc.ir import parse
 from tests.compile_opinfo import cases, check_case
 from tests.conftest import sgd_training_step
+from tests.cuda_support import cuda_test_kind
 
 
 @pytest.fixture(autouse=True)
 def _emulation(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
@@ -40,15 +41,15 @@ def _runtime_or_skip():
         from graphc.backends.cuda.rt import runtime_library as load
 
         try:
-            return load("emu")
+            return load(cuda_test_kind())
         except Exception as error:  # noqa: BLE001 (any build failure: say why)
             pytest.skip(f"the emulation runtime does not build here: {error}")
-    return runtime_library("emu")
+    return runtime_library(cuda_test_kind())
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _runtime():
-    os.environ.setdefault("GRAPHC_CUDA", "emu")
+    os.environ.setdefault("GRAPHC_CUDA", cuda_test_kind())
     _runtime_or_skip()
 
 

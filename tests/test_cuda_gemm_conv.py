@@ -15,11 +15,12 @@ import pytest
 
 from graphc.backends import compile as compile_graph
 from graphc.ir import parse
+from tests.cuda_support import cuda_test_kind
 
 
 @pytest.fixture(autouse=True)
 def _emulation(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 

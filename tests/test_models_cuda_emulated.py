@@ -11,17 +11,18 @@ import pytest
 
 from tests import test_models_recurrent as recurrent
 from tests import test_models_vision as vision
+from tests.cuda_support import cuda_test_kind
 from tests.model_parity_support import STEPS, run_family
 
 
 @pytest.fixture
 def emulated_cuda(monkeypatch, tmp_path):
-    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
     try:
         from tests.cuda_support import runtime_library
 
-        runtime_library("emu")
+        runtime_library(cuda_test_kind())
     except Exception as error:  # noqa: BLE001 (any build failure: say why)
         pytest.skip(f"the emulation runtime does not build here: {error}")
 

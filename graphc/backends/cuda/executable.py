@@ -271,6 +271,24 @@ class CudaExecutable:
             residency.mark(out, self, slot)
         return outs, errors
 
+    def replay(self, count: int = 1) -> None:
+        """Run the launch list `count` more times on the device values the last call left
+        (no transfers, no input checks) and wait for the last: what a benchmark times to
+        measure the kernels alone. Replays of a graph that updates its inputs in place
+        update them again, as further calls would."""
+        if count < 1:
+            raise ArgumentError(f"replay: count must be at least 1, got {count}")
+        with self._lock:
+            if self._calls == 0 or self._lost is not None:
+                raise ArgumentError(f"graph @{self.graph.name}: replay needs the device "
+                                    "values of a call; call run() first")
+            try:
+                for _ in range(count):
+                    self._execute()
+                self.rt.gc_stream_synchronize(self._stream)
+            except rtmod.CudaRuntimeError as error:
+                raise self._failed(error) from None
+
     def _holds_or_takes(self, i: int, a: np.ndarray) -> bool:
         found = residency.marked_by(a)
         return found is not None and (found == (self, i) and i in self._state
