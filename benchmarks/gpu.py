@@ -175,7 +175,7 @@ def elementwise_row(torch, quick: bool, rounds: int, copy_gbps: float) -> dict:
                 kernels=len(ex.lowered.steps))
 
 
-def step_row(torch, name: str, quick: bool, rounds: int) -> dict:
+def step_row(torch, name: str, quick: bool, rounds: int, profile: bool) -> dict:
     key = name.split("_")[0]
     shape = (model_steps.QUICK if quick else model_steps.FULL)[key]
     build = model_steps.gpt if key == "gpt" else model_steps.resnet18
@@ -203,17 +203,42 @@ def step_row(torch, name: str, quick: bool, rounds: int) -> dict:
 
     times = _in_turns({"graphc": graphc_timed, "torch": torch_timed}, rounds)
     ratio = times["graphc"] / times["torch"]
+    executable = step.executable
+    replay_s = _samples(lambda n: executable.replay(n), 3)
     return dict(name=name, what=f"{key} training step, batch {shape['batch']}",
                 graphc_s=times["graphc"], torch_s=times["torch"], ratio=ratio,
-                target="<= 1.0x PyTorch CUDA eager", met=ratio <= 1.0,
-                loss_after_3=losses[-1], traces=len(step.graphs))
+                target="<= 1.0x PyTorch CUDA eager", met=ratio <= 1.0, replay_s=replay_s,
+                loss_after_3=losses[-1], traces=len(step.graphs),
+                profile=profile_lines(executable) if profile else [])
+
+
+def profile_lines(executable, top: int = 12) -> list[str]:
+    """The launch list's device time by kind of step (library function, or generated
+    kernel by its name without the k<N>_ prefix), then its slowest steps."""
+    times = executable.step_times(5)
+    total = sum(times)
+    kinds: dict[str, list[float]] = {}
+    labels = [executable.describe_step(k) for k in range(len(times))]
+    for label, t in zip(labels, times):
+        words = label.split()
+        name = words[2] if words[0] == "library" else words[1].split("_", 1)[-1]
+        kinds.setdefault(name, []).append(t)
+    lines = [f"  profile: {len(times)} steps, {total * 1e3:.3f} ms run directly"]
+    for name, ts in sorted(kinds.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        lines.append(f"    {sum(ts) * 1e3:8.3f} ms {100 * sum(ts) / total:5.1f}%  x{len(ts):<4}"
+                     f" {name}")
+    lines.append("  slowest steps:")
+    for k in sorted(range(len(times)), key=lambda k: -times[k])[:top]:
+        lines.append(f"    {times[k] * 1e3:8.3f} ms  {labels[k][:160]}")
+    return lines
 
 
 def _line(row: dict) -> str:
     parts = [f"{row['name']:<13}{row['what']}"]
-    for key in ("graphc_s", "torch_s"):
+    for key in ("graphc_s", "torch_s", "replay_s"):
         if key in row:
-            parts.append(f"{key[:-2]} {row[key] * 1e3:.3f} ms")
+            parts.append(f"{key[:-2].replace('replay', 'graphc replay')} "
+                         f"{row[key] * 1e3:.3f} ms")
     for key in ("graphc_tflops", "torch_tflops", "graphc_gbps", "gbps"):
         if key in row:
             unit = "GB/s" if key.endswith("gbps") else "TFLOP/s"
@@ -233,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", action="append", choices=ROWS, help="rows to run")
     parser.add_argument("--rounds", type=int, default=7, help="samples per contender")
     parser.add_argument("--json", help="write the rows as JSON here")
+    parser.add_argument("--profile", action="store_true",
+                        help="print where each training step's device time goes")
     args = parser.parse_args(argv)
     torch = _torch()
     wanted = args.only or list(ROWS)
@@ -251,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
             elif name == "elementwise":
                 row = elementwise_row(torch, args.quick, args.rounds, copy["gbps"])
             else:
-                row = step_row(torch, name, args.quick, args.rounds)
+                row = step_row(torch, name, args.quick, args.rounds, args.profile)
         except Exception as error:  # noqa: BLE001 (a failing row is reported, the rest run)
             row = dict(name=name, what="FAILED", error=f"{type(error).__name__}: {error}")
             print(f"{name:<13}FAILED: {row['error'][:2000]}", flush=True)
@@ -259,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         rows.append(row)
         print(_line(row), flush=True)
+        for line in row.get("profile", ()):
+            print(line, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)

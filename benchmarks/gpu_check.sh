@@ -3,8 +3,8 @@
 # § GPU has the results). From the repository root, on a machine with a CUDA GPU, nvcc and
 # PyTorch with CUDA:
 #
-#   bash benchmarks/gpu_check.sh [STAGE...]     stages: build kernels tests bench libs0 sanitizer
-#                                               (default: all but sanitizer)
+#   bash benchmarks/gpu_check.sh [STAGE...]     stages: build kernels tests bench libs0 profile
+#                                               variants sanitizer (default: the first five)
 #
 # - build: the CUDA runtime library (make -C runtime/csrc cuda, every core)
 # - kernels: runtime/csrc/tests/test_kernels_*.cu against it (make gpu-check)
@@ -12,6 +12,9 @@
 #   so generated kernels are built by nvcc and run on the GPU, against the interpreter
 # - bench: python -m benchmarks.gpu (graphc next to cuBLAS, cuDNN, PyTorch CUDA eager)
 # - libs0: the SGEMM and conv rows again with GRAPHC_CUDA_LIBS=0 (graphc's own kernels only)
+# - profile: the GPT and ResNet-18 steps again, with where their device time goes
+# - variants: benchmarks/cuda/elementwise_variants.cu, the elementwise chain written the ways
+#   the generator could emit it, against a copy
 # - sanitizer: the kernel test programs under compute-sanitizer memcheck and racecheck
 # Each stage writes $OUT/<stage>.log (OUT defaults to /tmp/gpu_check) and prints its tail;
 # STAGE_TIMEOUT_<stage> (seconds) bounds it.
@@ -54,6 +57,10 @@ for s in "${stages[@]}"; do
         bench) stage bench $PY -m benchmarks.gpu --json "$OUT/bench.json" ;;
         libs0) stage libs0 env GRAPHC_CUDA_LIBS=0 $PY -m benchmarks.gpu --only sgemm_4096 \
             --only conv ;;
+        profile) stage profile $PY -m benchmarks.gpu --only gpt_b16 --only resnet18_b32 \
+            --profile --rounds 3 ;;
+        variants) stage variants bash -c "nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/variants \
+            benchmarks/cuda/elementwise_variants.cu && /tmp/variants" ;;
         sanitizer) stage sanitizer make -C runtime/csrc gpu-check \
             GPU_RUNNER="compute-sanitizer --error-exitcode 1 --tool memcheck" ;;
         *) echo "gpu_check.sh: unknown stage '$s'" >&2; exit 2 ;;

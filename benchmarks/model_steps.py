@@ -63,7 +63,7 @@ def gpt(lib, embed: int, layers: int, heads: int, block: int, **_):
             self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(block))
 
         def forward(self, idx):
-            x = self.tok(idx) + self.pos(lib.arange(idx.shape[1]))
+            x = self.tok(idx) + self.pos(lib.arange(idx.shape[1], device=idx.device))
             x = self.blocks(x, mask=self.mask, is_causal=True)
             return self.head(self.norm(x)).reshape(-1, VOCAB)
 

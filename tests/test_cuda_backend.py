@@ -25,7 +25,7 @@ from graphc.backends import compile as compile_graph
 from graphc.ir import parse
 from tests.compile_opinfo import cases, check_case
 from tests.conftest import sgd_training_step
-from tests.cuda_support import cuda_test_kind
+from tests.cuda_support import cuda_test_kind, emulation_only
 
 
 @pytest.fixture(autouse=True)
@@ -175,6 +175,7 @@ def test_kernel_cache_hit_and_corrupt_entry_rebuilt(tmp_path, monkeypatch):
     np.testing.assert_allclose(third.run(x)[0], 1 / (1 + np.exp(-x)), rtol=1e-6)
 
 
+@emulation_only
 def test_emulated_compiles_use_the_precompiled_header(tmp_path, monkeypatch):
     from graphc.backends.cuda import emu_pch
 

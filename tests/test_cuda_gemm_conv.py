@@ -15,7 +15,7 @@ import pytest
 
 from graphc.backends import compile as compile_graph
 from graphc.ir import parse
-from tests.cuda_support import cuda_test_kind
+from tests.cuda_support import cuda_test_kind, emulation_only
 
 
 @pytest.fixture(autouse=True)
@@ -152,6 +152,7 @@ def test_pipelined_gemm_on_odd_shapes(rng, m, k, n, transpose_b):
     np.testing.assert_allclose(ex.run(a, b)[0], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
+@emulation_only
 def test_the_emulation_runs_graphcs_gemm_kernels_and_says_so(rng):
     """CudaExecutable.gemm_providers names what runs each GEMM call: in the emulation always
     graphc's kernels (it never loads cuBLAS), the cp.async pipeline from k = 24 on."""

@@ -289,6 +289,42 @@ class CudaExecutable:
             except rtmod.CudaRuntimeError as error:
                 raise self._failed(error) from None
 
+    def step_times(self, repeat: int = 5) -> list[float]:
+        """Seconds each step of the launch list takes on the device: the median over `repeat`
+        runs on the device values the last call left, from events recorded between steps.
+        The list runs directly (not as the captured graph), so a step shorter than its launch
+        shows the launch's time: the sum is an upper bound on a replay's time."""
+        if repeat < 1:
+            raise ArgumentError(f"step_times: repeat must be at least 1, got {repeat}")
+        with self._lock:
+            if self._calls == 0 or self._lost is not None:
+                raise ArgumentError(f"graph @{self.graph.name}: step_times needs the device "
+                                    "values of a call; call run() first")
+            rt, stream = self.rt, self._stream
+            events = [ctypes.c_void_p() for _ in range(len(self._steps) + 1)]
+            samples = []
+            try:
+                for event in events:
+                    rt.gc_event_create(ctypes.byref(event))
+                for _ in range(repeat):
+                    rt.gc_event_record(events[0], stream)
+                    for k, (fn, args, _, _) in enumerate(self._steps):
+                        fn(*args)
+                        rt.gc_event_record(events[k + 1], stream)
+                    rt.gc_event_synchronize(events[-1])
+                    ms, row = ctypes.c_float(), []
+                    for start, end in zip(events, events[1:]):
+                        rt.gc_event_elapsed_ms(ctypes.byref(ms), start, end)
+                        row.append(ms.value / 1e3)
+                    samples.append(row)
+            except rtmod.CudaRuntimeError as error:
+                raise self._failed(error) from None
+            finally:
+                for event in events:
+                    if event.value:
+                        rt.gc_event_destroy(event)
+        return [float(t) for t in np.median(np.array(samples), axis=0)]
+
     def _holds_or_takes(self, i: int, a: np.ndarray) -> bool:
         found = residency.marked_by(a)
         return found is not None and (found == (self, i) and i in self._state

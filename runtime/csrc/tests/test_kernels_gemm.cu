@@ -128,6 +128,14 @@ void test_tf32_rounds_inputs() {
     Device<float> b(std::vector<float>{1.0f, 1.0f}), c(2, 0.0f);
     EXPECT_OK(gc_gemm_tf32_f32(0, 0, 2, 1, 1, 1.0f, a.ptr, 1, b.ptr, 1, 0.0f, c.ptr, 1, nullptr));
     const std::vector<float> got = c.get();
+    if (strstr(gc_gemm_provider(1, 2, 1, 1), "cuBLAS")) {
+        /* cuBLAS may use TF32 but need not (it ran this shape in float32 on an H200): either
+         * rounding of the inputs is right */
+        TEST_CHECK((got[0] == 1.0f || got[0] == 1.0f + ldexpf(1.0f, -12)) &&
+                       (got[1] == 1.0f + ldexpf(1.0f, -10) || got[1] == 1.0f + ldexpf(1.0f, -11)),
+                   "tf32 through cuBLAS: got %.9g and %.9g", got[0], got[1]);
+        return;
+    }
     TEST_CHECK(got[0] == 1.0f && got[1] == 1.0f + ldexpf(1.0f, -10),
                "tf32 rounding: got %.9g and %.9g, expected 1 and 1 + 2^-10", got[0], got[1]);
 }
