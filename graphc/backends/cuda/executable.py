@@ -148,7 +148,7 @@ class CudaExecutable:
             values = [ctypes.c_void_p(base + a.offset) for a in step.args]
             args = (ctypes.c_void_p * max(len(values), 1))(
                 *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-            grid = (ctypes.c_int64 * 3)(-(-step.threads // BLOCK), 1, 1)
+            grid = (ctypes.c_int64 * 3)(-(-step.threads // (BLOCK * step.items)), 1, 1)
             block = (ctypes.c_int64 * 3)(BLOCK, 1, 1)
             return (self.rt.gc_launch, (fn, grid, block, 0, args, self._stream), (values,),
                     step.function)
@@ -466,6 +466,24 @@ class CudaExecutable:
                 tf32 = int(step.function == "gc_gemm_tf32_f32")
                 found.append(f"{step.function} {m}x{n}x{k}: "
                              f"{self.rt.gc_gemm_provider(tf32, m, n, k)}")
+        return found
+
+    def conv_providers(self) -> list[str]:
+        """What runs each convolution call of the launch list, in launch order:
+        'gc_conv2d_fwd_f32 [32,64,56,56] -> 64 3x3: cuDNN 91002 from libcudnn.so.9, forward
+        algorithm 1, ...', or graphc's kernels and why cuDNN does not (the runtime's
+        gc_conv2d_provider; GRAPHC_CUDA_LIBS=0 forces graphc's kernels)."""
+        passes = {"gc_conv2d_fwd_f32": "GC_CONV2D_FWD_IMPLICIT",
+                  "gc_conv2d_bwd_data_f32": "GC_CONV2D_BWD_DATA",
+                  "gc_conv2d_bwd_filter_f32": "GC_CONV2D_BWD_FILTER"}
+        found = []
+        for step in self.lowered.steps:
+            if isinstance(step, Call) and step.function in passes:
+                desc = step.keep[0]
+                text = self.rt.gc_conv2d_provider(ctypes.byref(desc),
+                                                  rtmod.CONV2D_PASS[passes[step.function]])
+                found.append(f"{step.function} [{desc.n},{desc.c_in},{desc.h},{desc.w}] -> "
+                             f"{desc.c_out} {desc.kh}x{desc.kw}: {text}")
         return found
 
     def node_of_step(self, k: int):

@@ -91,7 +91,8 @@ class Layout:
 
 @dataclass
 class Launch:
-    """A generated kernel over `threads` threads (BLOCK a block); `lanes`: how many of them
+    """A generated kernel over `threads` work items (BLOCK threads a block, `items` items a
+    thread: a grid of ceil(threads / (BLOCK * items)) blocks); `lanes`: how many of them
     cooperate on each output (1 for elementwise kernels; a reduction's segment width times
     its split), recorded so tests can count the parallelism of every output."""
 
@@ -99,6 +100,7 @@ class Launch:
     threads: int
     args: list[Addr]
     lanes: int = 1
+    items: int = 1
 
 
 @dataclass
@@ -124,7 +126,10 @@ class Lowered:
 
 
 class KernelText:
-    """A kernel being written: its pointer parameters (deduplicated) and its lines."""
+    """A kernel being written: its pointer parameters (deduplicated) and its lines, and what
+    it touches: each parameter's byte span when every access went through `read` or `at`
+    (`spans`), the parameters it may write (`written`, `at` counting as a write), and those
+    reached through `ptr` directly (`unknown`: any bytes, maybe written)."""
 
     def __init__(self, name: str, threads: int) -> None:
         self.name, self.threads = name, threads
@@ -132,21 +137,52 @@ class KernelText:
         self.partials: dict[str, int] = {}  # a split reduction's pass 1: state -> scratch
         self.params: list[int] = []
         self.lines: list[str] = []
+        self.spans: dict[int, tuple[int, int]] = {}
+        self.written: set[int] = set()
+        self.unknown: set[int] = set()
 
-    def ptr(self, offset: int) -> str:
+    def ptr(self, offset: int, span: tuple[int, int] | None = None,
+            written: bool = True) -> str:
         if offset not in self.params:
             self.params.append(offset)
+        if span is None:
+            self.unknown.add(offset)
+        else:
+            lo, hi = self.spans.get(offset, span)
+            self.spans[offset] = (min(lo, span[0]), max(hi, span[1]))
+        if written:
+            self.written.add(offset)
         return f"p{self.params.index(offset)}"
 
     def read(self, layout: Layout, coords: list[str], domain: tuple[int, ...]) -> str:
         """The element of `layout` at `coords` over `domain` (broadcasting)."""
         index = cudagen.offset(coords, layout.broadcast(domain))
-        return cudagen.load(self.ptr(layout.offset), layout.type.dtype, index)
+        return cudagen.load(self.ptr(layout.offset, _span(layout), written=False),
+                            layout.type.dtype, index)
 
     def at(self, layout: Layout, coords: list[str]) -> str:
         """The element of `layout` at its own coordinates (an lvalue)."""
         index = cudagen.offset(coords, layout.strides)
-        return cudagen.load(self.ptr(layout.offset), layout.type.dtype, index)
+        return cudagen.load(self.ptr(layout.offset, _span(layout)), layout.type.dtype, index)
+
+    def disjoint(self) -> bool:
+        """Whether no byte a parameter may write is reached through another parameter (so
+        the parameters can be declared `__restrict__`)."""
+        if self.unknown:
+            return False
+        spans = [(self.spans[o], o in self.written) for o in self.params]
+        return not any((w1 or w2) and a[0] < b[1] and b[0] < a[1]
+                       for i, (a, w1) in enumerate(spans) for b, w2 in spans[i + 1:])
+
+
+def _span(layout: Layout) -> tuple[int, int]:
+    """The bytes `layout`'s elements lie in: [first, past the last)."""
+    size = layout.type.dtype.itemsize
+    if not layout.type.numel:
+        return layout.offset, layout.offset
+    low = sum(min(0, (n - 1) * st) for n, st in zip(layout.type.shape, layout.strides))
+    high = sum(max(0, (n - 1) * st) for n, st in zip(layout.type.shape, layout.strides))
+    return layout.offset + low * size, layout.offset + (high + 1) * size
 
 
 class Lowerer:
@@ -214,8 +250,12 @@ class Lowerer:
     def emit(self, k: KernelText) -> None:
         if k.threads <= 0:
             return
-        self.kernels.append(Kernel(k.name, k.threads, len(k.params), k.lines, k.guard))
-        self.steps.append(Launch(k.name, k.threads, [Addr(o) for o in k.params], k.lanes))
+        items = cudagen.ITEMS if (k.guard and k.lanes == 1 and k.threads >= cudagen.ITEMS_FROM
+                                  and not any("return" in line for line in k.lines)
+                                  and k.disjoint()) else 1
+        self.kernels.append(Kernel(k.name, k.threads, len(k.params), k.lines, k.guard, items))
+        self.steps.append(Launch(k.name, k.threads, [Addr(o) for o in k.params], k.lanes,
+                                 items))
 
     def call(self, function: str, *args, keep: tuple = ()) -> None:
         self.steps.append(Call(function, args, keep))

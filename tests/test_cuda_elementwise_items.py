@@ -1,0 +1,92 @@
+"""Large elementwise kernels of the cuda backend run several items per thread with
+`__restrict__` parameters (graphc.backends.cuda.cudagen.ITEMS), on the emulation (or the GPU
+with GRAPHC_TEST_ON_GPU=1). Covers: results equal to numpy with a partial last block, a
+broadcast operand, an in-place update; small kernels keep one item per thread; the
+disjointness check that decides `__restrict__` (a write overlapping another parameter's bytes,
+or a pointer reached without a known span, keeps one item per thread)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc
+from graphc.backends.cuda import cudagen
+from graphc.backends.cuda.lowering import KernelText, Launch, Layout, contiguous_strides
+from graphc.types import TensorType, float32
+from tests.cuda_support import cuda_test_kind
+
+N = cudagen.ITEMS_FROM + 77  # a partial last block
+
+
+@pytest.fixture(autouse=True)
+def _backend(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _runtime():
+    from tests.test_cuda_backend import _runtime_or_skip
+
+    _runtime_or_skip()
+
+
+def _launches(compiled) -> list[Launch]:
+    return [s for s in compiled.executable.lowered.steps if isinstance(s, Launch)]
+
+
+def test_a_large_chain_runs_four_items_a_thread_and_matches_numpy(rng):
+    x = rng.standard_normal(N).astype(np.float32)
+    f = graphc.compile(lambda v: graphc.tanh(v * 0.5 + 1) * graphc.sigmoid(v)
+                       + graphc.relu(v - 0.1), backend="cuda")
+    got = f(graphc.tensor(x)).numpy()
+    x64 = x.astype(np.float64)
+    want = np.tanh(x64 * 0.5 + 1) / (1 + np.exp(-x64)) + np.maximum(x64 - 0.1, 0)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-7)
+    assert [launch.items for launch in _launches(f)] == [cudagen.ITEMS]
+    assert "__restrict__" in f.executable.lowered.source
+
+
+def test_broadcast_operand_and_small_kernels(rng):
+    x = rng.standard_normal((N // 64, 64)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    f = graphc.compile(lambda u, v: u * v + 1, backend="cuda")
+    np.testing.assert_allclose(f(graphc.tensor(x), graphc.tensor(b)).numpy(), x * b + 1,
+                               rtol=1e-6)
+    assert [launch.items for launch in _launches(f)] == [cudagen.ITEMS]
+    small = graphc.compile(lambda u: u * 2, backend="cuda")
+    np.testing.assert_array_equal(small(graphc.tensor(x[:3])).numpy(), x[:3] * 2)
+    assert [launch.items for launch in _launches(small)] == [1]
+
+
+def test_in_place_update_of_a_large_tensor(rng):
+    x = rng.standard_normal(N).astype(np.float32)
+    t = graphc.tensor(x.copy())
+
+    def bump(v):
+        v.mul_(3).add_(1)
+
+    f = graphc.compile(bump, backend="cuda")
+    f(t)
+    np.testing.assert_allclose(t.numpy(), x * 3 + 1, rtol=1e-6)
+    f(t)
+    np.testing.assert_allclose(t.numpy(), (x * 3 + 1) * 3 + 1, rtol=1e-6)
+
+
+def _layout(offset: int, n: int) -> Layout:
+    return Layout(offset, contiguous_strides((n,)), TensorType((n,), float32))
+
+
+def test_disjointness_decides_restrict():
+    k = KernelText("k", 1 << 22)
+    k.read(_layout(0, 100), ["gi"], (100,))
+    k.read(_layout(200, 100), ["gi"], (100,))  # reads may overlap nothing or each other
+    k.at(_layout(1000, 100), ["gi"])
+    assert k.disjoint()
+    k.at(_layout(396, 10), ["gi"])  # writes bytes 396..436, which parameter 2 reads
+    assert not k.disjoint()
+    raw = KernelText("r", 1 << 22)
+    raw.read(_layout(0, 100), ["gi"], (100,))
+    raw.ptr(4096)  # a word reached without a span (an error flag, a scratch buffer)
+    assert not raw.disjoint()
