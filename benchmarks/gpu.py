@@ -151,7 +151,8 @@ def conv_row(torch, quick: bool, rounds: int) -> dict:
                 torch_tflops=flops / times["torch"] / 1e12,
                 ratio=times["torch"] / times["graphc"], target=">= 0.5x cuDNN",
                 met=times["torch"] / times["graphc"] >= 0.5, err_graphc=_rel(out, reference),
-                err_torch=_rel(conv(tx, tw, padding=1).cpu().numpy(), reference))
+                err_torch=_rel(conv(tx, tw, padding=1).cpu().numpy(), reference),
+                provider="; ".join(ex.conv_providers()))
 
 
 def elementwise_row(torch, quick: bool, rounds: int, copy_gbps: float) -> dict:
@@ -209,7 +210,9 @@ def step_row(torch, name: str, quick: bool, rounds: int, profile: bool) -> dict:
                 graphc_s=times["graphc"], torch_s=times["torch"], ratio=ratio,
                 target="<= 1.0x PyTorch CUDA eager", met=ratio <= 1.0, replay_s=replay_s,
                 loss_after_3=losses[-1], traces=len(step.graphs),
-                profile=profile_lines(executable) if profile else [])
+                provider=_provider_summary(executable),
+                profile=(profile_lines(executable) + host_profile_lines(
+                    lambda: graphc_timed(10))) if profile else [])
 
 
 def profile_lines(executable, top: int = 12) -> list[str]:
@@ -231,6 +234,35 @@ def profile_lines(executable, top: int = 12) -> list[str]:
     for k in sorted(range(len(times)), key=lambda k: -times[k])[:top]:
         lines.append(f"    {times[k] * 1e3:8.3f} ms  {labels[k][:160]}")
     return lines
+
+
+def host_profile_lines(run, top: int = 14) -> list[str]:
+    """Where the host's time goes in `run()` (cProfile, functions by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    body = text.getvalue().splitlines()
+    start = next((i for i, line in enumerate(body) if "ncalls" in line), 0)
+    return ["  host profile (10 steps, by own time):"] + ["    " + line.strip()[:150]
+                                                         for line in body[start:] if line]
+
+
+def _provider_summary(executable) -> str:
+    """How many of a step's GEMM and convolution calls each library runs."""
+    counts: dict[str, int] = {}
+    for text in executable.gemm_providers() + executable.conv_providers():
+        who = "cuBLAS" if "cuBLAS from" in text else "cuDNN" if "from libcudnn" in text \
+            else "graphc"
+        kind = "conv" if text.startswith("gc_conv2d") else "gemm"
+        counts[f"{kind} {who}"] = counts.get(f"{kind} {who}", 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
 
 
 def _line(row: dict) -> str:

@@ -53,6 +53,7 @@ for s in "${stages[@]}"; do
             -p no:cacheprovider tests/test_cuda_backend.py tests/test_cuda_gemm_conv.py \
             tests/test_cuda_parallel_reductions.py tests/test_cuda_determinism.py \
             tests/test_cuda_residency.py tests/test_models_cuda_emulated.py \
+            tests/test_cuda_elementwise_items.py \
             "tests/test_models_transformer.py::test_gpt_step_on_emulated_cuda_matches_eager" ;;
         bench) stage bench $PY -m benchmarks.gpu --json "$OUT/bench.json" ;;
         libs0) stage libs0 env GRAPHC_CUDA_LIBS=0 $PY -m benchmarks.gpu --only sgemm_4096 \

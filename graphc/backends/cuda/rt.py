@@ -153,6 +153,7 @@ SIGNATURES: list[tuple[str, type, list[tuple[str, type]]]] = [
         ("workspace_bytes", c_int64), ("stream", P)]),
     ("gc_conv2d_bwd_bias_f32", STATUS_T, [("desc", CONV), ("dy", P), ("dbias", P),
                                           ("stream", P)]),
+    ("gc_conv2d_provider", c_char_p, [("desc", CONV), ("pass", ENUM_T)]),
     ("gc_max_pool2d_fwd_f32", STATUS_T, [("desc", POOL), ("x", P), ("y", P), ("indices", P),
                                          ("stream", P)]),
     ("gc_max_pool2d_bwd_f32", STATUS_T, [("desc", POOL), ("dy", P), ("indices", P),
@@ -199,7 +200,7 @@ SIGNATURES: list[tuple[str, type, list[tuple[str, type]]]] = [
 
 # the functions that return something else than a gc_status (never checked)
 NOT_STATUS = frozenset({"gc_abi_version", "gc_runtime_kind", "gc_status_string",
-                        "gc_last_error", "gc_gemm_provider"})
+                        "gc_last_error", "gc_gemm_provider", "gc_conv2d_provider"})
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -351,26 +352,36 @@ def _cuda_driver_present() -> bool:
     return False
 
 
-def _preload_cublas() -> None:
-    """Loads the nvidia-cublas wheel's libraries (RTLD_GLOBAL), so the runtime's dlopen of
-    libcublas.so.<major> at its first GEMM finds them by soname (a pip-installed cuBLAS is not
-    on the loader's path); nothing when the wheel is absent or GRAPHC_CUDA_LIBS=0. A cuBLAS
-    the loader finds itself (LD_LIBRARY_PATH, the toolkit's lib64) needs none of this."""
+# the NVIDIA wheels whose libraries the runtime dlopens by soname: (module, file patterns)
+VENDOR_WHEELS = (("nvidia.cublas", ("libcublasLt.so.*", "libcublas.so.*")),
+                 ("nvidia.cudnn", ("libcudnn.so.*",)))
+
+
+def _preload_vendor_libraries() -> None:
+    """Loads the nvidia-cublas and nvidia-cudnn wheels' libraries (RTLD_GLOBAL), so the
+    runtime's dlopen of libcublas.so.<major> at its first GEMM and of libcudnn.so.<major> at
+    its first convolution finds them by soname (a pip-installed library is not on the
+    loader's path; cuDNN finds its own sub-libraries beside itself); nothing for a wheel that
+    is absent, nor with GRAPHC_CUDA_LIBS=0. A library the loader finds itself
+    (LD_LIBRARY_PATH, the toolkit's lib64) needs none of this."""
+    import importlib
+
     from graphc import config
 
     if not config.cuda_vendor_libs():
         return
-    try:
-        import nvidia.cublas as wheel
-    except ImportError:
-        return
-    for folder in getattr(wheel, "__path__", []):
-        for pattern in ("libcublasLt.so.*", "libcublas.so.*"):
-            for path in sorted(glob.glob(os.path.join(folder, "lib", pattern))):
-                try:
-                    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-                except OSError:
-                    continue
+    for module, patterns in VENDOR_WHEELS:
+        try:
+            wheel = importlib.import_module(module)
+        except ImportError:
+            continue
+        for folder in getattr(wheel, "__path__", []):
+            for pattern in patterns:
+                for path in sorted(glob.glob(os.path.join(folder, "lib", pattern))):
+                    try:
+                        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                    except OSError:
+                        continue
 
 
 # the oldest driver branch of each CUDA major version (CUDA's release notes, "CUDA Toolkit
@@ -440,7 +451,7 @@ def runtime_library(kind: str | None = None) -> Runtime:
         rt = Runtime(path)
         if kind == "cuda":
             check_driver(rt)
-            _preload_cublas()
+            _preload_vendor_libraries()
             count = c_int32(0)
             try:
                 rt.gc_device_count(ctypes.byref(count))

@@ -188,6 +188,11 @@ gc_status gc_conv2d_bwd_filter_f32(const gc_conv2d_desc *desc, const float *x,
                                    int64_t workspace_bytes, gc_stream stream);
 gc_status gc_conv2d_bwd_bias_f32(const gc_conv2d_desc *desc, const float *dy, float *dbias,
                                  gc_stream stream);
+/* What runs a convolution pass, in words: "cuDNN 91002 from libcudnn.so.9, forward algorithm
+ * 1, ..." or "graphc's kernels (why cuDNN does not)". The CUDA build dlopens cuDNN at its first
+ * convolution when the process can load it, unless GRAPHC_CUDA_LIBS=0; the emulation never
+ * does. The text is valid until this thread's next call. */
+const char *gc_conv2d_provider(const gc_conv2d_desc *desc, gc_conv2d_pass pass);
 
 /* ---- pooling --------------------------------------------------------------------------
  * planes = n * c images of h x w; the caller gives out_h/out_w (ceil_mode is the caller's).

@@ -22,7 +22,12 @@
  * gc_conv2d_check computes); a workspace smaller than gc_conv2d_workspace_size gives
  * GC_ERROR_WORKSPACE before any launch.
  */
+#include <stdio.h>
+
+#include <algorithm>
+
 #include "gemm_tile.cuh"
+#include "vendor_dnn.h"
 
 using namespace gc_kernels;
 
@@ -593,13 +598,24 @@ extern "C" gc_status gc_conv2d_workspace_size(const gc_conv2d_desc *desc, gc_con
     GC_REQUIRE(bytes != nullptr, "bytes is NULL");
     gc_conv2d_desc checked;
     GC_TRY(check_call(fn, desc, &checked, 0, nullptr, 0));
+    /* the larger of graphc's kernels' need and cuDNN's (vendor_dnn.h), so either can run */
+    using gc_vendor::ConvPass;
     switch (pass) {
-    case GC_CONV2D_FWD_IMPLICIT: *bytes = 0; return GC_SUCCESS;
-    case GC_CONV2D_FWD_IM2COL: *bytes = column_buffer_bytes(checked); return GC_SUCCESS;
-    case GC_CONV2D_BWD_DATA:
-        *bytes = implicit_dgrad(checked) ? 0 : column_buffer_bytes(checked);
+    case GC_CONV2D_FWD_IMPLICIT:
+        *bytes = gc_vendor::conv_workspace(checked, ConvPass::forward);
         return GC_SUCCESS;
-    case GC_CONV2D_BWD_FILTER: *bytes = filter_workspace_bytes(checked); return GC_SUCCESS;
+    case GC_CONV2D_FWD_IM2COL:
+        *bytes = std::max(column_buffer_bytes(checked),
+                          gc_vendor::conv_workspace(checked, ConvPass::forward));
+        return GC_SUCCESS;
+    case GC_CONV2D_BWD_DATA:
+        *bytes = std::max(implicit_dgrad(checked) ? 0 : column_buffer_bytes(checked),
+                          gc_vendor::conv_workspace(checked, ConvPass::backward_data));
+        return GC_SUCCESS;
+    case GC_CONV2D_BWD_FILTER:
+        *bytes = std::max(filter_workspace_bytes(checked),
+                          gc_vendor::conv_workspace(checked, ConvPass::backward_filter));
+        return GC_SUCCESS;
     default:
         return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: pass must be a gc_conv2d_pass (0..3), "
                        "got %d", fn, (int)pass);
@@ -619,6 +635,8 @@ extern "C" gc_status gc_conv2d_fwd_f32(const gc_conv2d_desc *desc, gc_conv2d_pas
                       workspace_bytes));
     if (d.n == 0) return GC_SUCCESS;
     GC_TRY(require_pointers(fn, x, weight, y));
+    if (gc_vendor::conv_takes(d, gc_vendor::ConvPass::forward, workspace_bytes))
+        return gc_vendor::conv_forward(d, x, weight, bias, y, workspace, workspace_bytes, stream);
     const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
     const int64_t p_count = d.out_h * d.out_w;
     const auto op_w = matrix_operand<true>(weight, k, c_out_g * k, c_out_g, k);
@@ -650,6 +668,9 @@ extern "C" gc_status gc_conv2d_bwd_data_f32(const gc_conv2d_desc *desc, const fl
                       workspace_bytes));
     if (d.n == 0) return GC_SUCCESS;
     GC_TRY(require_pointers(fn, dy, weight, dx));
+    if (gc_vendor::conv_takes(d, gc_vendor::ConvPass::backward_data, workspace_bytes))
+        return gc_vendor::conv_backward_data(d, dy, weight, dx, workspace, workspace_bytes,
+                                             stream);
     const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
     if (implicit_dgrad(d)) {
         const int64_t c_in_g = d.c_in / d.groups, taps = d.kh * d.kw;
@@ -688,6 +709,9 @@ extern "C" gc_status gc_conv2d_bwd_filter_f32(const gc_conv2d_desc *desc, const 
     const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
     if (d.n == 0) return gc_fill_f32(dweight, 0.0f, d.c_out * k, stream); /* no images: 0 */
     GC_TRY(require_pointers(fn, x, dy, dweight));
+    if (gc_vendor::conv_takes(d, gc_vendor::ConvPass::backward_filter, workspace_bytes))
+        return gc_vendor::conv_backward_filter(d, x, dy, dweight, workspace, workspace_bytes,
+                                               stream);
     const FilterSplit split = filter_split(d);
     GC_REQUIRE(split.np < ((int64_t)1 << 30), "n * out_h * out_w = %lld pixels exceed the 2^30 "
                "this kernel counts; split the batch", (long long)split.np);
@@ -721,4 +745,20 @@ extern "C" gc_status gc_conv2d_bwd_bias_f32(const gc_conv2d_desc *desc, const fl
         d, dy, dbias);
     GC_CHECK_LAUNCH(fn);
     return GC_SUCCESS;
+}
+
+extern "C" const char *gc_conv2d_provider(const gc_conv2d_desc *desc, gc_conv2d_pass pass) {
+    static thread_local char text[800];
+    if (!desc) return "gc_conv2d_provider: desc is NULL";
+    gc_conv2d_desc d = *desc;
+    if (check_desc("gc_conv2d_provider", &d) != GC_SUCCESS) {
+        snprintf(text, sizeof text, "an invalid descriptor: %s", gc_last_error());
+        return text;
+    }
+    using gc_vendor::ConvPass;
+    const ConvPass p = pass == GC_CONV2D_BWD_DATA     ? ConvPass::backward_data
+                       : pass == GC_CONV2D_BWD_FILTER ? ConvPass::backward_filter
+                                                      : ConvPass::forward;
+    snprintf(text, sizeof text, "%s", gc_vendor::conv_provider(d, p));
+    return text;
 }

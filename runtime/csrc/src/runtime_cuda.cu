@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "vendor_blas.h"
+#include "vendor_dnn.h"
 
 namespace {
 
@@ -167,7 +168,8 @@ gc_status gc_device_reset(void) {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) device = 0;
     GC_CUDA_TRY(cudaDeviceReset());
-    gc_vendor::reset(); /* cuBLAS handles belonged to the old context */
+    gc_vendor::reset(); /* cuBLAS and cuDNN handles belonged to the old context */
+    gc_vendor::dnn_reset();
     GC_CUDA_TRY(cudaSetDevice(device));
     GC_CUDA_TRY(cudaFree(nullptr)); /* create the new primary context now, not at first use */
     cudaGetLastError();
