@@ -76,6 +76,7 @@ from graphc.backends.cpu.gemm_layout import (
 )
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
 from graphc.backends.cpu.kernels import Body, Codegen, Combined, Kernel, KernelBuilder, filled
+from graphc.backends.cpu.prefetch import prefetching_nest
 from graphc.backends.cpu.random_ops import lower_random
 from graphc.backends.cpu.scalars import (
     SCALAR_LOWERINGS,
@@ -232,7 +233,10 @@ class Lowerer(Codegen):
                 val = convert(b, env[ref], body.types[ref].dtype, v.type.dtype)
                 kb.store(b, k, offsets[k], val, streaming=ref in streamed)
 
-        kb.nest(b, sizes, strides, leaf)
+        written = dict(zip(body.outputs, outs))
+        if not prefetching_nest(kb, b, sizes, strides, leaf, outputs=set(outs),
+                                streamed={written[ref] for ref in streamed}):
+            kb.nest(b, sizes, strides, leaf)
         if streamed:
             kb.drain(b)
         self.calls.append(kb.finish(b))

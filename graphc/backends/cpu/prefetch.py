@@ -1,0 +1,98 @@
+"""prefetch: large one-dimensional elementwise loops, in blocks that prefetch ahead of themselves.
+
+A fused elementwise kernel over a tensor far bigger than the caches (the benchmark's elementwise
+chain: 16M float32, 64 MB in and 64 MB out) costs its compute plus its memory traffic, not the
+larger of the two, when it leaves the fetching to the hardware prefetchers: measured on the
+AVX-512 hosts (docs/performance.md, "seventh session"), the chain's loop ran at 1.2 ns per
+element with its data in cache, a bare relu at 0.7 ns per element from DRAM, and the chain
+from DRAM at 2.4-2.7 ns per element. A loop of ~90 vector instructions per 16 elements issues
+its loads too slowly and too few at a time for the prefetchers to run ahead, so every cache
+line arrives late; with 512-bit vectors (one load per cache line) even more so, which is why
+the 512-bit hint of graphc.backends.cpu.scalars made the chain slower while it made loops over
+data in cache up to 2x faster. Asking for the lines ourselves, a fixed distance ahead, lets
+the memory traffic overlap the arithmetic: the chain ran at 1.07 ns per element, a relu at
+0.54.
+
+`prefetching_nest(kb, b, sizes, strides, leaf, ...)` is `KernelBuilder.nest` for a domain
+collapsed to one dimension of at least PREFETCH_MIN_ELEMENTS, every operand contiguous or
+broadcast (element stride 1 or 0): an outer loop over blocks of PREFETCH_BLOCK elements
+whose body prefetches, for each contiguous operand, the cache lines PREFETCH_AHEAD_BYTES
+past the block's start (for writing, for the outputs), then runs the block (a constant trip
+count that LLVM vectorises and unrolls); a remainder loop runs the last elements. It returns
+False, emitting nothing, for any other domain, and the caller nests as before.
+
+Invariants: each element is computed by the same `leaf` code as in `KernelBuilder.nest`, so
+results are bit for bit the same. A prefetch never faults (past the end of an array it only
+fetches a line no one reads). Outputs stored non-temporally (`streamed`) are not
+prefetched: their lines are not to be kept in cache.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from graphc.backends.cpu.values import I32, PTR, i64, loop, size
+from graphc.symbolic import Sym
+
+# Elements per block: 64 float32 are 4 cache lines, one 512-bit vector each.
+PREFETCH_BLOCK = 64
+# How far ahead of the block being computed its operands are fetched. 512 to 4096 bytes all
+# ran the chain at 1.07-1.14 ns per element (16 blocks ahead at 1024: the latency of a DRAM
+# line is ~16 blocks of the chain's arithmetic).
+PREFETCH_AHEAD_BYTES = 1024
+# Below this many elements (an operand within the L2 cache) the hardware keeps up alone.
+PREFETCH_MIN_ELEMENTS = 1 << 16
+CACHE_LINE_BYTES = 64
+
+
+def prefetching_nest(kb, b: ir.IRBuilder, sizes, strides, leaf, outputs=(),
+                     streamed=()) -> bool:
+    """The loop over a large one-dimensional domain in blocks that prefetch ahead (module
+    docstring); False, emitting nothing, where the domain is not one. `kb`: the
+    KernelBuilder, `sizes`/`strides`: its collapsed domain, `leaf(b, offsets)`: the code of
+    one element; `outputs`: the operands written (prefetched for writing), `streamed`: the
+    outputs stored non-temporally (not prefetched)."""
+    if not _wanted(sizes, strides):
+        return False
+    if kb.parallel:  # `.range(ptrs..., lo, hi)`: this thread's share of the one dimension
+        lo, hi = kb.fn.args[-2], kb.fn.args[-1]
+        kb.outer_size = sizes[0]
+    else:
+        lo, hi = i64(0), size(b, sizes[0])
+    prefetch = kb.cg.declare("llvm.prefetch.p0", ir.FunctionType(
+        ir.VoidType(), [PTR, I32, I32, I32]))
+    fetched = [k for k, op in enumerate(kb.operands)
+               if op.loc is not None and op.arange is None and strides[k][0] == 1
+               and k not in streamed]
+    blocks = b.sdiv(b.sub(hi, lo), i64(PREFETCH_BLOCK))
+    with loop(b, 0, blocks, "block") as j:
+        start = b.add(lo, b.mul(j, i64(PREFETCH_BLOCK)), flags=["nsw"])
+        for k in fetched:
+            _prefetch_block(kb, b, prefetch, k, start, write=k in outputs)
+        with loop(b, 0, PREFETCH_BLOCK, "i") as i:
+            at = b.add(start, i, flags=["nsw"])
+            leaf(b, [at if s[0] else i64(0) for s in strides])
+    rest = b.add(lo, b.mul(blocks, i64(PREFETCH_BLOCK)), flags=["nsw"])
+    with loop(b, rest, hi, "rest") as i:
+        leaf(b, [i if s[0] else i64(0) for s in strides])
+    return True
+
+
+def _wanted(sizes, strides) -> bool:
+    """One dimension, every operand contiguous or broadcast, and large (or known per call)."""
+    if len(sizes) != 1 or any(s[0] not in (0, 1) for s in strides):
+        return False
+    n = sizes[0]
+    return type(n) is Sym or n >= PREFETCH_MIN_ELEMENTS
+
+
+def _prefetch_block(kb, b, prefetch, k: int, start, write: bool) -> None:
+    """Prefetch operand `k`'s cache lines PREFETCH_AHEAD_BYTES past element `start`."""
+    itemsize = kb.operands[k].dtype.itemsize
+    first = b.gep(kb.pointer(b, k, start), [i64(PREFETCH_AHEAD_BYTES)],
+                  source_etype=ir.IntType(8))  # not inbounds: it may point past the end
+    for line in range(0, PREFETCH_BLOCK * itemsize, CACHE_LINE_BYTES):
+        at = first if line == 0 else b.gep(first, [i64(line)], source_etype=ir.IntType(8))
+        # llvm.prefetch(address, rw, locality 3: keep in every cache level, 1: data)
+        b.call(prefetch, [at, ir.Constant(I32, int(write)), ir.Constant(I32, 3),
+                          ir.Constant(I32, 1)])
