@@ -233,9 +233,9 @@ class Lowerer(Codegen):
                 val = convert(b, env[ref], body.types[ref].dtype, v.type.dtype)
                 kb.store(b, k, offsets[k], val, streaming=ref in streamed)
 
-        written = dict(zip(body.outputs, outs))
-        if not prefetching_nest(kb, b, sizes, strides, leaf, outputs=set(outs),
-                                streamed={written[ref] for ref in streamed}):
+        # large loops prefetch ahead, but not over DDP's windows (`combined`, whose outputs are
+        # `streamed`): slower there (docs/distributed.md)
+        if combined or not prefetching_nest(kb, b, sizes, strides, leaf, outputs=set(outs)):
             kb.nest(b, sizes, strides, leaf)
         if streamed:
             kb.drain(b)

@@ -23,8 +23,9 @@ False, emitting nothing, for any other domain, and the caller nests as before.
 
 Invariants: each element is computed by the same `leaf` code as in `KernelBuilder.nest`, so
 results are bit for bit the same. A prefetch never faults (past the end of an array it only
-fetches a line no one reads). Outputs stored non-temporally (`streamed`) are not
-prefetched: their lines are not to be kept in cache.
+fetches a line no one reads). graphc.backends.cpu.codegen nests DDP's fused waits (their
+reads `combined` from the ranks' shared windows, their outputs stored non-temporally) as
+before: prefetching the windows was slower (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -45,13 +46,11 @@ PREFETCH_MIN_ELEMENTS = 1 << 16
 CACHE_LINE_BYTES = 64
 
 
-def prefetching_nest(kb, b: ir.IRBuilder, sizes, strides, leaf, outputs=(),
-                     streamed=()) -> bool:
+def prefetching_nest(kb, b: ir.IRBuilder, sizes, strides, leaf, outputs=()) -> bool:
     """The loop over a large one-dimensional domain in blocks that prefetch ahead (module
     docstring); False, emitting nothing, where the domain is not one. `kb`: the
     KernelBuilder, `sizes`/`strides`: its collapsed domain, `leaf(b, offsets)`: the code of
-    one element; `outputs`: the operands written (prefetched for writing), `streamed`: the
-    outputs stored non-temporally (not prefetched)."""
+    one element; `outputs`: the operands written (prefetched for writing)."""
     if not _wanted(sizes, strides):
         return False
     if kb.parallel:  # `.range(ptrs..., lo, hi)`: this thread's share of the one dimension
@@ -62,8 +61,7 @@ def prefetching_nest(kb, b: ir.IRBuilder, sizes, strides, leaf, outputs=(),
     prefetch = kb.cg.declare("llvm.prefetch.p0", ir.FunctionType(
         ir.VoidType(), [PTR, I32, I32, I32]))
     fetched = [k for k, op in enumerate(kb.operands)
-               if op.loc is not None and op.arange is None and strides[k][0] == 1
-               and k not in streamed]
+               if op.loc is not None and op.arange is None and strides[k][0] == 1]
     blocks = b.sdiv(b.sub(hi, lo), i64(PREFETCH_BLOCK))
     with loop(b, 0, blocks, "block") as j:
         start = b.add(lo, b.mul(j, i64(PREFETCH_BLOCK)), flags=["nsw"])
