@@ -1,17 +1,16 @@
 """prefetch: large one-dimensional elementwise loops, in blocks that prefetch ahead of themselves.
 
 A fused elementwise kernel over a tensor far bigger than the caches (the benchmark's elementwise
-chain: 16M float32, 64 MB in and 64 MB out) costs its compute plus its memory traffic, not the
-larger of the two, when it leaves the fetching to the hardware prefetchers: measured on the
-AVX-512 hosts (docs/performance.md, "seventh session"), the chain's loop ran at 1.2 ns per
-element with its data in cache, a bare relu at 0.7 ns per element from DRAM, and the chain
-from DRAM at 2.4-2.7 ns per element. A loop of ~90 vector instructions per 16 elements issues
-its loads too slowly and too few at a time for the prefetchers to run ahead, so every cache
-line arrives late; with 512-bit vectors (one load per cache line) even more so, which is why
-the 512-bit hint of graphc.backends.cpu.scalars made the chain slower while it made loops over
-data in cache up to 2x faster. Asking for the lines ourselves, a fixed distance ahead, lets
-the memory traffic overlap the arithmetic: the chain ran at 1.07 ns per element, a relu at
-0.54.
+chain: 16M float32, 64 MB in and 64 MB out) cost its compute plus its memory traffic, not the
+larger of the two, when it left the fetching to the hardware prefetchers. Measured on the
+AVX-512 hosts (docs/performance.md, "seventh session"): the chain's loop ran at 1.2 ns per
+element over 1M elements, a bare relu at 0.7 over 16M, and the chain over 16M at 2.4-2.7. A loop
+of ~90 vector instructions per 16 elements issues its loads too slowly for the prefetchers to
+run ahead, so its cache lines arrive late; with 512-bit vectors (one load per cache line), it
+seems, even more so, which is why the 512-bit hint of graphc.backends.cpu.scalars made the
+chain slower while it made the same loops over data in cache up to 2x faster. Asking for the
+lines ourselves, a fixed distance ahead, lets the memory traffic overlap the arithmetic: the
+chain then ran at 1.07-1.11 ns per element over 16M, a relu at 0.54-0.60.
 
 `prefetching_nest(kb, b, sizes, strides, leaf, ...)` is `KernelBuilder.nest` for a domain
 collapsed to one dimension of at least PREFETCH_MIN_ELEMENTS, every operand contiguous or
@@ -37,11 +36,10 @@ from graphc.symbolic import Sym
 
 # Elements per block: 64 float32 are 4 cache lines, one 512-bit vector each.
 PREFETCH_BLOCK = 64
-# How far ahead of the block being computed its operands are fetched. 512 to 4096 bytes all
-# ran the chain at 1.07-1.14 ns per element (16 blocks ahead at 1024: the latency of a DRAM
-# line is ~16 blocks of the chain's arithmetic).
+# How far ahead of the block being computed its operands are fetched (1024: four float32
+# blocks). 512 to 4096 bytes all ran the chain at 1.07-1.14 ns per element.
 PREFETCH_AHEAD_BYTES = 1024
-# Below this many elements (an operand within the L2 cache) the hardware keeps up alone.
+# Below this many elements (256 KiB of float32, within the L2 cache) the hardware keeps up.
 PREFETCH_MIN_ELEMENTS = 1 << 16
 CACHE_LINE_BYTES = 64
 
