@@ -16,8 +16,8 @@ chain then ran at 1.07-1.11 ns per element over 16M, a relu at 0.54-0.60.
 collapsed to one dimension of at least PREFETCH_MIN_ELEMENTS, every operand contiguous or
 broadcast (element stride 1 or 0): an outer loop over blocks of PREFETCH_BLOCK elements
 whose body prefetches, for each contiguous operand, the cache lines PREFETCH_AHEAD_BYTES
-past the block's start (for writing, for the outputs), then runs the block (a constant trip
-count that LLVM vectorises and unrolls); a remainder loop runs the last elements. It returns
+past the block's start (for writing, for the outputs), then runs the block (a loop of
+constant trip count, which LLVM vectorises); a remainder loop runs the last elements. It returns
 False, emitting nothing, for any other domain, and the caller nests as before.
 
 Invariants: each element is computed by the same `leaf` code as in `KernelBuilder.nest`, so
