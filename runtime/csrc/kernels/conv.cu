@@ -31,6 +31,8 @@
 
 using namespace gc_kernels;
 
+#include "conv_strided_dgrad.cuh"
+
 namespace {
 
 /* The column matrix of one image: col[(ci * kh + ki) * kw + kj][oh * out_w + ow]. */
@@ -43,29 +45,6 @@ __global__ void im2col_kernel(gc_conv2d_desc d, const float *x, float *col) {
         const int64_t iw = (p % d.out_w) * d.stride_w - d.pad_w + kj * d.dilation_w;
         col[i] = (ih >= 0 && ih < d.h && iw >= 0 && iw < d.w) ? x[(ci * d.h + ih) * d.w + iw]
                                                               : 0.0f;
-    }
-}
-
-/* dx of one image from its column matrix: the transpose of im2col_kernel. */
-__global__ void col2im_kernel(gc_conv2d_desc d, const float *col, float *dx) {
-    const int64_t p_count = d.out_h * d.out_w, total = d.c_in * d.h * d.w;
-    for (int64_t i = global_thread_index(); i < total; i += global_thread_count()) {
-        const int64_t iw = i % d.w, ih = (i / d.w) % d.h, ci = i / (d.w * d.h);
-        float sum = 0.0f;
-        for (int64_t ki = 0; ki < d.kh; ++ki) {
-            const int64_t oh_scaled = ih + d.pad_h - ki * d.dilation_h;
-            if (oh_scaled < 0 || oh_scaled % d.stride_h != 0) continue;
-            const int64_t oh = oh_scaled / d.stride_h;
-            if (oh >= d.out_h) continue;
-            for (int64_t kj = 0; kj < d.kw; ++kj) {
-                const int64_t ow_scaled = iw + d.pad_w - kj * d.dilation_w;
-                if (ow_scaled < 0 || ow_scaled % d.stride_w != 0) continue;
-                const int64_t ow = ow_scaled / d.stride_w;
-                if (ow >= d.out_w) continue;
-                sum += col[((ci * d.kh + ki) * d.kw + kj) * p_count + oh * d.out_w + ow];
-            }
-        }
-        dx[i] = sum;
     }
 }
 
@@ -609,7 +588,7 @@ extern "C" gc_status gc_conv2d_workspace_size(const gc_conv2d_desc *desc, gc_con
                           gc_vendor::conv_workspace(checked, ConvPass::forward));
         return GC_SUCCESS;
     case GC_CONV2D_BWD_DATA:
-        *bytes = std::max(implicit_dgrad(checked) ? 0 : column_buffer_bytes(checked),
+        *bytes = std::max(implicit_dgrad(checked) ? 0 : strided_dgrad_workspace_bytes(checked),
                           gc_vendor::conv_workspace(checked, ConvPass::backward_data));
         return GC_SUCCESS;
     case GC_CONV2D_BWD_FILTER:
@@ -664,15 +643,15 @@ extern "C" gc_status gc_conv2d_bwd_data_f32(const gc_conv2d_desc *desc, const fl
     const char *fn = "gc_conv2d_bwd_data_f32";
     gc_conv2d_desc d;
     GC_TRY(check_call(fn, desc, &d, 0, nullptr, 0));
-    GC_TRY(check_call(fn, desc, &d, implicit_dgrad(d) ? 0 : column_buffer_bytes(d), workspace,
-                      workspace_bytes));
+    GC_TRY(check_call(fn, desc, &d, implicit_dgrad(d) ? 0 : strided_dgrad_workspace_bytes(d),
+                      workspace, workspace_bytes));
     if (d.n == 0) return GC_SUCCESS;
     GC_TRY(require_pointers(fn, dy, weight, dx));
     if (gc_vendor::conv_takes(d, gc_vendor::ConvPass::backward_data, workspace_bytes))
         return gc_vendor::conv_backward_data(d, dy, weight, dx, workspace, workspace_bytes,
                                              stream);
-    const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
     if (implicit_dgrad(d)) {
+        const int64_t c_out_g = d.c_out / d.groups;
         const int64_t c_in_g = d.c_in / d.groups, taps = d.kh * d.kw;
         const WeightT op_wt{weight, c_in_g, taps, c_out_g * taps, 0, c_out_g * c_in_g * taps};
         const ImplicitDgradInput op_dy{d, dy, 0, k_step(d, kTileK, d.out_h * d.out_w)};
@@ -680,21 +659,7 @@ extern "C" gc_status gc_conv2d_bwd_data_f32(const gc_conv2d_desc *desc, const fl
         return launch_gemm_tiles(op_wt, op_dy, out, c_in_g, d.n * d.h * d.w, c_out_g * taps,
                                  d.groups, stream, fn);
     }
-    const int64_t p_count = d.out_h * d.out_w, dx_image = d.c_in * d.h * d.w;
-    float *col = static_cast<float *>(workspace);
-    /* op(A) = W_g^T (k x c_out_g): W_g is stored (c_out_g, k), so A is transposed */
-    const auto op_wt = matrix_operand<false>(weight, k, c_out_g * k, c_out_g, k);
-    for (int64_t image = 0; image < d.n; ++image) {
-        const auto op_dy = matrix_operand<false>(dy + image * d.c_out * p_count, p_count,
-                                                 c_out_g * p_count, c_out_g, p_count);
-        const MatrixOutput out = matrix_output(col, p_count, k * p_count, k, p_count, 1.0f, 0.0f,
-                                               nullptr, 0);
-        GC_TRY(launch_gemm_tiles(op_wt, op_dy, out, k, p_count, c_out_g, d.groups, stream, fn));
-        GC_LAUNCH(col2im_kernel, grid_1d(dx_image), dim3(kThreads, 1, 1), 0, stream)(
-            d, col, dx + image * dx_image);
-        GC_CHECK_LAUNCH(fn);
-    }
-    return GC_SUCCESS;
+    return strided_dgrad(d, dy, weight, dx, static_cast<float *>(workspace), stream, fn);
 }
 
 extern "C" gc_status gc_conv2d_bwd_filter_f32(const gc_conv2d_desc *desc, const float *x,

@@ -1,6 +1,7 @@
 /* test_kernels_conv.cu: the conv2d entries against direct double-precision loops: forward
  * through im2col + GEMM and through the implicit GEMM (with and without bias), backward data,
- * (implicit for stride 1), backward filter (over a batch: overwritten, not accumulated;
+ * (implicit for stride 1; for stride > 1 one GEMM over every image's column matrix, then
+ * one col2im), backward filter (over a batch: overwritten, not accumulated;
  * split along N*P when long)
  * and the bias gradient, with
  * stride, padding, dilation and groups (depthwise included); then descriptor, workspace and
@@ -95,7 +96,14 @@ void run_conv(gc_conv2d_desc desc, uint64_t seed, const char *name) {
     test::all_close(y3.get(), y_ref, rtol, atol, what);
 
     Device<float> dx(c.x_size(), NAN), dw(c.w_size(), NAN), db(d.c_out, NAN);
-    EXPECT_OK(gc_conv2d_bwd_data_f32(&d, ddy.ptr, dwv.ptr, dx.ptr, ws.ptr, ws_bytes, nullptr));
+    int64_t data_bytes = -1;
+    EXPECT_OK(gc_conv2d_workspace_size(&d, GC_CONV2D_BWD_DATA, &data_bytes));
+    if (d.stride_h > 1 || d.stride_w > 1) /* every image's column matrix: one pass */
+        TEST_CHECK(data_bytes == d.n * ws_bytes, "%s: input-gradient workspace %lld bytes, "
+                   "expected %lld", name, (long long)data_bytes, (long long)(d.n * ws_bytes));
+    Device<float> data_ws(data_bytes / 4 + 1, NAN);
+    EXPECT_OK(gc_conv2d_bwd_data_f32(&d, ddy.ptr, dwv.ptr, dx.ptr, data_ws.ptr, data_bytes,
+                                     nullptr));
     snprintf(what, sizeof what, "%s: backward data", name);
     test::all_close(dx.get(), dx_ref, rtol, atol, what);
     int64_t filter_bytes = -1;
@@ -126,8 +134,9 @@ void test_errors() {
     EXPECT_OK(gc_conv2d_check(&d));
     TEST_CHECK(d.out_h == 3 && d.out_w == 3, "out size %lldx%lld, expected 3x3",
                (long long)d.out_h, (long long)d.out_w);
-    int64_t bytes = 0;
-    EXPECT_OK(gc_conv2d_workspace_size(&d, GC_CONV2D_BWD_DATA, &bytes));
+    int64_t bytes = 0, data_bytes = 0;
+    EXPECT_OK(gc_conv2d_workspace_size(&d, GC_CONV2D_FWD_IM2COL, &bytes));
+    EXPECT_OK(gc_conv2d_workspace_size(&d, GC_CONV2D_BWD_DATA, &data_bytes));
     test::expect_status(gc_conv2d_workspace_size(&d, (gc_conv2d_pass)7, &bytes), bad,
                         "gc_conv2d_workspace_size", "bad pass");
     Device<float> x(2 * 2 * 25, 1.0f), w(2 * 2 * 9, 1.0f), y(2 * 2 * 9, 0.0f), ws(bytes / 4, 0.0f);
@@ -136,6 +145,13 @@ void test_errors() {
                         GC_ERROR_WORKSPACE, "gc_conv2d_fwd_f32", "workspace too small");
     test::expect_status(gc_conv2d_bwd_data_f32(&d, y.ptr, w.ptr, x.ptr, nullptr, 0, nullptr),
                         GC_ERROR_WORKSPACE, "gc_conv2d_bwd_data_f32", "no workspace");
+    {   /* the strided input gradient takes both images' column matrices */
+        Device<float> data_ws(data_bytes / 4, 0.0f);
+        test::expect_status(gc_conv2d_bwd_data_f32(&d, y.ptr, w.ptr, x.ptr, data_ws.ptr,
+                                                   data_bytes - 4, nullptr),
+                            GC_ERROR_WORKSPACE, "gc_conv2d_bwd_data_f32",
+                            "workspace of one image short");
+    }
     {   /* a weight gradient long enough to split needs its partials' workspace */
         gc_conv2d_desc big = make_desc(4, 1, 40, 40, 1, 3, 3, 1, 1, 1, 1, 1, 1, 1);
         EXPECT_OK(gc_conv2d_check(&big));
@@ -156,8 +172,8 @@ void test_errors() {
                         bad, "gc_conv2d_fwd_f32", "NULL x");
     gc_conv2d_desc stale = d;
     stale.out_h = 4;
-    test::expect_status(gc_conv2d_bwd_data_f32(&stale, y.ptr, w.ptr, x.ptr, ws.ptr, bytes,
-                                               nullptr),
+    test::expect_status(gc_conv2d_bwd_data_f32(&stale, y.ptr, w.ptr, x.ptr, ws.ptr,
+                                               data_bytes, nullptr),
                         bad, "gc_conv2d_bwd_data_f32", "out_h not what the geometry gives");
     test::expect_status(gc_conv2d_bwd_bias_f32(&d, y.ptr, nullptr, nullptr), bad,
                         "gc_conv2d_bwd_bias_f32", "NULL dbias");
@@ -178,6 +194,14 @@ int main() {
     /* stride 1: the input gradient is the implicit transposed-convolution GEMM */
     run_conv(make_desc(2, 4, 9, 7, 6, 3, 2, 1, 1, 1, 2, 2, 1, 2), 70,
              "stride 1 dilation 2x1 pad 1x2 groups 2 (implicit input gradient)");
+    /* stride > 1: the input gradient is one GEMM over every image's columns + one col2im;
+     * P = 4 (float4 loads of dy), P = 3 and P = 1 (4 columns cross images) */
+    run_conv(make_desc(3, 6, 8, 8, 4, 3, 3, 2, 2, 1, 1, 1, 1, 2), 80,
+             "stride 2 pad 1 groups 2, P 16, 3 images");
+    run_conv(make_desc(5, 3, 7, 5, 4, 3, 3, 3, 2, 1, 0, 1, 1, 1), 90,
+             "stride 3x2 pad 1x0 odd sizes, P 3x2, 5 images");
+    run_conv(make_desc(6, 4, 5, 5, 6, 2, 2, 3, 3, 0, 0, 2, 2, 2), 100,
+             "stride 3 dilation 2 groups 2, P 1, 6 images");
     test_errors();
     return test::finish("test_kernels_conv");
 }
