@@ -31,6 +31,7 @@
 
 using namespace gc_kernels;
 
+#include "conv_split_k.cuh"
 #include "conv_strided_dgrad.cuh"
 
 namespace {
@@ -501,6 +502,18 @@ int64_t column_buffer_bytes(const gc_conv2d_desc &d) {
     return d.c_in * d.kh * d.kw * d.out_h * d.out_w * (int64_t)sizeof(float);
 }
 
+/* the forward's workspace: a column buffer (im2col) or the split-K partials (implicit) */
+int64_t forward_workspace_bytes(const gc_conv2d_desc &d, gc_conv2d_pass pass) {
+    if (pass == GC_CONV2D_FWD_IM2COL) return column_buffer_bytes(d);
+    return split_k_workspace_bytes(forward_k_split(d), d.n * d.c_out * d.out_h * d.out_w);
+}
+
+/* the input gradient's workspace: the split-K partials (stride 1) or the column matrices */
+int64_t dgrad_workspace_bytes(const gc_conv2d_desc &d) {
+    if (!implicit_dgrad(d)) return strided_dgrad_workspace_bytes(d);
+    return split_k_workspace_bytes(dgrad_k_split(d), d.n * d.c_in * d.h * d.w);
+}
+
 /* gc_conv2d_check's rules, reported under the caller's name; fills out_h/out_w. */
 gc_status check_desc(const char *fn, gc_conv2d_desc *d) {
     if (d == nullptr) return gc_fail(GC_ERROR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
@@ -581,14 +594,12 @@ extern "C" gc_status gc_conv2d_workspace_size(const gc_conv2d_desc *desc, gc_con
     using gc_vendor::ConvPass;
     switch (pass) {
     case GC_CONV2D_FWD_IMPLICIT:
-        *bytes = gc_vendor::conv_workspace(checked, ConvPass::forward);
-        return GC_SUCCESS;
     case GC_CONV2D_FWD_IM2COL:
-        *bytes = std::max(column_buffer_bytes(checked),
+        *bytes = std::max(forward_workspace_bytes(checked, pass),
                           gc_vendor::conv_workspace(checked, ConvPass::forward));
         return GC_SUCCESS;
     case GC_CONV2D_BWD_DATA:
-        *bytes = std::max(implicit_dgrad(checked) ? 0 : strided_dgrad_workspace_bytes(checked),
+        *bytes = std::max(dgrad_workspace_bytes(checked),
                           gc_vendor::conv_workspace(checked, ConvPass::backward_data));
         return GC_SUCCESS;
     case GC_CONV2D_BWD_FILTER:
@@ -610,7 +621,8 @@ extern "C" gc_status gc_conv2d_fwd_f32(const gc_conv2d_desc *desc, gc_conv2d_pas
                "pass must be GC_CONV2D_FWD_IM2COL or GC_CONV2D_FWD_IMPLICIT, got %d", (int)pass);
     gc_conv2d_desc d;
     const bool im2col = pass == GC_CONV2D_FWD_IM2COL;
-    GC_TRY(check_call(fn, desc, &d, im2col && desc ? column_buffer_bytes(*desc) : 0, workspace,
+    GC_TRY(check_call(fn, desc, &d, 0, nullptr, 0));
+    GC_TRY(check_call(fn, desc, &d, forward_workspace_bytes(d, pass), workspace,
                       workspace_bytes));
     if (d.n == 0) return GC_SUCCESS;
     GC_TRY(require_pointers(fn, x, weight, y));
@@ -621,6 +633,10 @@ extern "C" gc_status gc_conv2d_fwd_f32(const gc_conv2d_desc *desc, gc_conv2d_pas
     const auto op_w = matrix_operand<true>(weight, k, c_out_g * k, c_out_g, k);
     if (!im2col) {
         const ImplicitConvInput op_x{d, x, 0, k_step(d, kTileK, d.h * d.w)};
+        const KSplit split = forward_k_split(d);
+        if (split.splits > 1)
+            return launch_split_k(op_w, op_x, split, d.groups, c_out_g, d.n * p_count, p_count,
+                                  static_cast<float *>(workspace), bias, y, stream, fn);
         const ConvOutput out{d, y, bias, 0};
         return launch_gemm_tiles(op_w, op_x, out, c_out_g, d.n * p_count, k, d.groups, stream,
                                  fn);
@@ -643,8 +659,7 @@ extern "C" gc_status gc_conv2d_bwd_data_f32(const gc_conv2d_desc *desc, const fl
     const char *fn = "gc_conv2d_bwd_data_f32";
     gc_conv2d_desc d;
     GC_TRY(check_call(fn, desc, &d, 0, nullptr, 0));
-    GC_TRY(check_call(fn, desc, &d, implicit_dgrad(d) ? 0 : strided_dgrad_workspace_bytes(d),
-                      workspace, workspace_bytes));
+    GC_TRY(check_call(fn, desc, &d, dgrad_workspace_bytes(d), workspace, workspace_bytes));
     if (d.n == 0) return GC_SUCCESS;
     GC_TRY(require_pointers(fn, dy, weight, dx));
     if (gc_vendor::conv_takes(d, gc_vendor::ConvPass::backward_data, workspace_bytes))
@@ -655,6 +670,11 @@ extern "C" gc_status gc_conv2d_bwd_data_f32(const gc_conv2d_desc *desc, const fl
         const int64_t c_in_g = d.c_in / d.groups, taps = d.kh * d.kw;
         const WeightT op_wt{weight, c_in_g, taps, c_out_g * taps, 0, c_out_g * c_in_g * taps};
         const ImplicitDgradInput op_dy{d, dy, 0, k_step(d, kTileK, d.out_h * d.out_w)};
+        const KSplit split = dgrad_k_split(d);
+        if (split.splits > 1)
+            return launch_split_k(op_wt, op_dy, split, d.groups, c_in_g, d.n * d.h * d.w,
+                                  d.h * d.w, static_cast<float *>(workspace), nullptr, dx,
+                                  stream, fn);
         const DxOutput out{d, dx, 0};
         return launch_gemm_tiles(op_wt, op_dy, out, c_in_g, d.n * d.h * d.w, c_out_g * taps,
                                  d.groups, stream, fn);

@@ -1,7 +1,8 @@
 /* test_kernels_conv.cu: the conv2d entries against direct double-precision loops: forward
- * through im2col + GEMM and through the implicit GEMM (with and without bias), backward data,
+ * through im2col + GEMM and through the implicit GEMM (with and without bias; split-K when
+ * its tiles are few, bit-identical on a rerun), backward data,
  * (implicit for stride 1; for stride > 1 one GEMM over every image's column matrix, then
- * one col2im), backward filter (over a batch: overwritten, not accumulated;
+ * one col2im; split-K for the stride-1 one when its tiles are few), backward filter (over a batch: overwritten, not accumulated;
  * split along N*P when long)
  * and the bias gradient, with
  * stride, padding, dilation and groups (depthwise included); then descriptor, workspace and
@@ -76,8 +77,11 @@ void run_conv(gc_conv2d_desc desc, uint64_t seed, const char *name) {
                (long long)ws_bytes);
     int64_t implicit_bytes = -1;
     EXPECT_OK(gc_conv2d_workspace_size(&d, GC_CONV2D_FWD_IMPLICIT, &implicit_bytes));
-    TEST_CHECK(implicit_bytes == 0, "%s: implicit GEMM needs no workspace", name);
+    TEST_CHECK(implicit_bytes == 0 || implicit_bytes % (c.y_size() * 4) == 0,
+               "%s: the implicit GEMM's workspace (%lld bytes) is none or whole split-K "
+               "partials of y", name, (long long)implicit_bytes);
     Device<float> dxv(x), dwv(w), dbias(bias), ddy(dy), ws(ws_bytes / 4 + 1, NAN);
+    Device<float> implicit_ws(implicit_bytes / 4 + 1, NAN);
     char what[160];
     const double rtol = 1e-5, atol = 1e-5 * (double)(d.kh * d.kw * d.c_in);
 
@@ -87,11 +91,16 @@ void run_conv(gc_conv2d_desc desc, uint64_t seed, const char *name) {
     snprintf(what, sizeof what, "%s: forward im2col + bias", name);
     test::all_close(y1.get(), y_bias_ref, rtol, atol, what);
     EXPECT_OK(gc_conv2d_fwd_f32(&d, GC_CONV2D_FWD_IMPLICIT, dxv.ptr, dwv.ptr, dbias.ptr, y2.ptr,
-                                nullptr, 0, nullptr));
+                                implicit_ws.ptr, implicit_bytes, nullptr));
     snprintf(what, sizeof what, "%s: forward implicit + bias", name);
     test::all_close(y2.get(), y_bias_ref, rtol, atol, what);
     EXPECT_OK(gc_conv2d_fwd_f32(&d, GC_CONV2D_FWD_IMPLICIT, dxv.ptr, dwv.ptr, nullptr, y3.ptr,
-                                nullptr, 0, nullptr));
+                                implicit_ws.ptr, implicit_bytes, nullptr));
+    std::vector<float> first = y3.get();
+    EXPECT_OK(gc_conv2d_fwd_f32(&d, GC_CONV2D_FWD_IMPLICIT, dxv.ptr, dwv.ptr, nullptr, y3.ptr,
+                                implicit_ws.ptr, implicit_bytes, nullptr));
+    TEST_CHECK(memcmp(first.data(), y3.get().data(), first.size() * 4) == 0,
+               "%s: a rerun of the implicit forward is not bit-identical", name);
     snprintf(what, sizeof what, "%s: forward implicit, no bias", name);
     test::all_close(y3.get(), y_ref, rtol, atol, what);
 
@@ -202,6 +211,15 @@ int main() {
              "stride 3x2 pad 1x0 odd sizes, P 3x2, 5 images");
     run_conv(make_desc(6, 4, 5, 5, 6, 2, 2, 3, 3, 0, 0, 2, 2, 2), 100,
              "stride 3 dilation 2 groups 2, P 1, 6 images");
+    /* split-K (tiles far fewer than the emulation's 132 SMs, K >= 256): the implicit forward
+     * (K = 44 * 9 = 396: 3 splits of 136, the last 124) and the stride-1 input gradient
+     * (K' = 44 * 9: 3 splits), partials added in split order, bias in the sum */
+    run_conv(make_desc(2, 88, 5, 6, 88, 3, 3, 1, 1, 1, 1, 1, 1, 2), 110,
+             "split-K groups 2 pad 1 odd sizes");
+    run_conv(make_desc(3, 40, 6, 5, 36, 3, 3, 1, 1, 2, 1, 2, 1, 1), 120,
+             "split-K dilation 2x1 pad 2x1, K 360, K' 324");
+    run_conv(make_desc(2, 64, 7, 7, 24, 2, 2, 2, 2, 0, 0, 1, 1, 1), 130,
+             "split-K forward stride 2 (K 256), strided input gradient");
     test_errors();
     return test::finish("test_kernels_conv");
 }
