@@ -114,7 +114,7 @@ def test_weight_gradient_split_over_pixels(rng):
 @pytest.mark.parametrize("stride", [1, 2])
 def test_input_gradient(rng, stride):
     """Stride 1: one implicit transposed-convolution GEMM over all images (no workspace);
-    stride 2: GEMM + col2im per image."""
+    stride 2: one GEMM over all images into column matrices + one col2im."""
     out = {1: 9, 2: 5}[stride]
     text = f'''graph @f(%g: f32[2,6,{out},{out}], %w: f32[6,2,3,3]) -> (f32[2,4,9,9]) {{
   %0: f32[2,4,9,9] = conv2d_input_grad[stride=({stride}, {stride}), padding=(1, 1), dilation=(1, 1), groups=2, input_hw=(9, 9)](%g, %w)

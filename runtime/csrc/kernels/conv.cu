@@ -1,26 +1,28 @@
 /* conv.cu: 2-D convolution (NCHW, weight (c_out, c_in / groups, kh, kw)): gc_conv2d_check,
  * gc_conv2d_workspace_size, the forward (im2col + GEMM or implicit GEMM), backward data
- * (GEMM + col2im), backward filter (im2col + GEMM accumulated over the batch) and the bias
- * gradient, with stride, padding, dilation and groups.
+ * (implicit GEMM, or GEMM + col2im), backward filter (implicit GEMM over the batch) and the
+ * bias gradient, with stride, padding, dilation and groups.
  *
  * Per group g, with K = (c_in / groups) * kh * kw and P = out_h * out_w:
  *   forward      y_g[c_out/groups, P] = W_g[c_out/groups, K] @ col_g[K, P] + bias_g
  *   backward data  stride 1: dx_g = W_g^T @ dy through a transposed-convolution view, one
- *                implicit GEMM over all images, no workspace; otherwise per image
- *                col_g[K, P] = W_g^T @ dy_g, then dx = col2im(col) (a gather: each dx element
- *                sums the column entries that read it; deterministic, no atomics)
+ *                implicit GEMM over all images; otherwise (conv_strided_dgrad.cuh) one GEMM
+ *                col_g[K, n*P] = W_g^T @ dy_g over all images (the images are GEMM columns)
+ *                into the workspace, then ONE col2im launch (a gather: each dx element sums
+ *                the column entries that read it; deterministic, no atomics)
  *   backward filter dW_g = dy_g[c_out/groups, N*P] @ col_g^T[N*P, K]: one implicit GEMM over
  *                all images, split along N*P when its tiles are few (partials in the
  *                workspace, added in split order: deterministic)
- * The groups are the batch (blockIdx.z) of gemm_tile.cuh's kernel. The im2col passes work one
- * image at a time through a column buffer of c_in * kh * kw * P floats (the workspace); the
- * implicit GEMM reads x through an im2col view instead, over all images at once (its GEMM
- * columns are n * P), and needs no workspace; its cursors hoist the index math out of the k
- * loop (divisions once per thread, then adds). The weight gradient's workspace holds the
- * split partials (none when it does not split).
+ * The groups are the batch (blockIdx.z) of gemm_tile.cuh's kernel. The im2col forward works
+ * one image at a time through a column buffer of c_in * kh * kw * P floats (the workspace);
+ * the implicit GEMMs read x (or dy) through an im2col view instead, over all images at once
+ * (their GEMM columns are n * P), and split K when their tiles are fewer than half the SMs
+ * (conv_split_k.cuh: partials in the workspace, added in split order with the bias); their
+ * cursors hoist the index math out of the k loop (divisions once per thread, then adds).
+ * The weight gradient's workspace holds the split partials (none when it does not split).
  * Invariants: the descriptor is re-checked by every entry (out_h/out_w must be what
  * gc_conv2d_check computes); a workspace smaller than gc_conv2d_workspace_size gives
- * GC_ERROR_WORKSPACE before any launch.
+ * GC_ERROR_WORKSPACE before any launch; every result is bit-identical on a rerun on one device.
  */
 #include <stdio.h>
 
