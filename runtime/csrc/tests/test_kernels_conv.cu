@@ -1,12 +1,10 @@
 /* test_kernels_conv.cu: the conv2d entries against direct double-precision loops: forward
  * through im2col + GEMM and through the implicit GEMM (with and without bias; split-K when
- * its tiles are few, bit-identical on a rerun), backward data,
- * (implicit for stride 1; for stride > 1 one GEMM over every image's column matrix, then
- * one col2im; split-K for the stride-1 one when its tiles are few), backward filter (over a batch: overwritten, not accumulated;
- * split along N*P when long)
- * and the bias gradient, with
- * stride, padding, dilation and groups (depthwise included); then descriptor, workspace and
- * pointer errors.
+ * its tiles are few, bit-identical on a rerun), backward data (implicit for stride 1, split-K
+ * when its tiles are few; for stride > 1 one GEMM over every image's columns, then one
+ * col2im), backward filter (over a batch: overwritten, not accumulated; split along N*P when
+ * long) and the bias gradient, with stride, padding, dilation and groups (depthwise
+ * included); then descriptor, workspace and pointer errors.
  */
 #include "test_kernels_util.h"
 
