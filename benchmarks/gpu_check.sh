@@ -11,7 +11,8 @@
 # - tests: the cuda backend's pytest files with GRAPHC_TEST_ON_GPU=1 (tests/cuda_support.py),
 #   so generated kernels are built by nvcc and run on the GPU, against the interpreter
 # - bench: python -m benchmarks.gpu (graphc next to cuBLAS, cuDNN, PyTorch CUDA eager)
-# - libs0: the SGEMM and conv rows again with GRAPHC_CUDA_LIBS=0 (graphc's own kernels only)
+# - libs0: the SGEMM, conv and ResNet-18 rows again with GRAPHC_CUDA_LIBS=0 (graphc's own
+#   kernels only, the ResNet-18 step profiled)
 # - profile: the GPT and ResNet-18 steps again, with where their device time goes
 # - variants: benchmarks/cuda/elementwise_variants.cu, the elementwise chain written the ways
 #   the generator could emit it, against a copy
@@ -57,7 +58,7 @@ for s in "${stages[@]}"; do
             "tests/test_models_transformer.py::test_gpt_step_on_emulated_cuda_matches_eager" ;;
         bench) stage bench $PY -m benchmarks.gpu --json "$OUT/bench.json" ;;
         libs0) stage libs0 env GRAPHC_CUDA_LIBS=0 $PY -m benchmarks.gpu --only sgemm_4096 \
-            --only conv ;;
+            --only conv --only resnet18_b32 --profile --rounds 3 ;;
         profile) stage profile $PY -m benchmarks.gpu --only gpt_b16 --only resnet18_b32 \
             --profile --rounds 3 ;;
         variants) stage variants bash -c "nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/variants \
