@@ -52,8 +52,10 @@ def test_broadcast_operand_and_small_kernels(rng):
     x = rng.standard_normal((N // 64, 64)).astype(np.float32)
     b = rng.standard_normal(64).astype(np.float32)
     f = graphc.compile(lambda u, v: u * v + 1, backend="cuda")
-    np.testing.assert_allclose(f(graphc.tensor(x), graphc.tensor(b)).numpy(), x * b + 1,
-                               rtol=1e-6)
+    # on a GPU nvcc contracts u * v + 1 into one fma: compare with float64 (one rounding)
+    want = x.astype(np.float64) * b + 1
+    np.testing.assert_allclose(f(graphc.tensor(x), graphc.tensor(b)).numpy(), want,
+                               rtol=1e-6, atol=5e-7)
     assert [launch.items for launch in _launches(f)] == [cudagen.ITEMS]
     small = graphc.compile(lambda u: u * 2, backend="cuda")
     np.testing.assert_array_equal(small(graphc.tensor(x[:3])).numpy(), x[:3] * 2)
@@ -68,10 +70,11 @@ def test_in_place_update_of_a_large_tensor(rng):
         v.mul_(3).add_(1)
 
     f = graphc.compile(bump, backend="cuda")
+    once = x.astype(np.float64) * 3 + 1  # float64: a GPU fuses the two into one fma
     f(t)
-    np.testing.assert_allclose(t.numpy(), x * 3 + 1, rtol=1e-6)
+    np.testing.assert_allclose(t.numpy(), once, rtol=1e-6, atol=5e-7)
     f(t)
-    np.testing.assert_allclose(t.numpy(), (x * 3 + 1) * 3 + 1, rtol=1e-6)
+    np.testing.assert_allclose(t.numpy(), once * 3 + 1, rtol=1e-6, atol=2e-6)
 
 
 def _layout(offset: int, n: int) -> Layout:

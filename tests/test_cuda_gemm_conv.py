@@ -169,3 +169,38 @@ def test_the_emulation_runs_graphcs_gemm_kernels_and_says_so(rng):
     a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((9, 30), (30, 5), (5, 7)))
     want = a.astype(np.float64) @ b @ c
     np.testing.assert_allclose(ex.run(a, b, c)[0], want, rtol=1e-5, atol=1e-4)
+
+
+def test_conv_providers_name_what_runs_each_pass(rng):
+    """CudaExecutable.conv_providers names what runs each convolution call: graphc's kernels
+    in the emulation (it never loads cuDNN), cuDNN's algorithm where the CUDA build has it."""
+    same = "stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1"
+    text = f'''graph @f(%x: f32[2,3,6,6], %w: f32[4,3,3,3], %g: f32[2,4,4,4]) ->
+    (f32[2,4,4,4], f32[2,3,6,6], f32[4,3,3,3]) {{
+  %0: f32[2,4,4,4] = conv2d[{same}](%x, %w)
+  %1: f32[2,3,6,6] = conv2d_input_grad[{same}, input_hw=(6, 6)](%g, %w)
+  %2: f32[4,3,3,3] = conv2d_weight_grad[kernel_size=(3, 3), {same}](%g, %x)
+  return (%0, %1, %2)
+}}'''
+    ex = compile_graph(parse(text), "cuda")
+    found = ex.conv_providers()
+    assert [line.split(" ")[0] for line in found] == [
+        "gc_conv2d_fwd_f32", "gc_conv2d_bwd_data_f32", "gc_conv2d_bwd_filter_f32"]
+    assert all(line.startswith(("gc_conv2d_fwd_f32 [2,3,6,6] -> 4 3x3: ",
+                                "gc_conv2d_bwd_data_f32 [2,3,6,6] -> 4 3x3: ",
+                                "gc_conv2d_bwd_filter_f32 [2,3,6,6] -> 4 3x3: "))
+               for line in found), found
+    if cuda_test_kind() == "emu":
+        assert all(line.endswith("graphc's kernels (cuDNN not used: the emulation runs "
+                                 "graphc's kernels)") for line in found), found
+    x, w, g = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 6, 6), (4, 3, 3, 3),
+                                                                   (2, 4, 4, 4)))
+    y, dx, dw = ex.run(x, w, g)
+    torch = pytest.importorskip("torch")
+    tx, tw, tg = (torch.from_numpy(a).double() for a in (x, w, g))
+    np.testing.assert_allclose(y, torch.nn.functional.conv2d(tx, tw).numpy(), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(dx, torch.nn.grad.conv2d_input(tx.shape, tw, tg).numpy(),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw, torch.nn.grad.conv2d_weight(tx, tw.shape, tg).numpy(),
+                               rtol=1e-5, atol=1e-5)

@@ -20,6 +20,9 @@ Host traffic (graphc.backends.residency states the protocol):
   marked, so `.grad`s nobody reads never cross. The first call copies everything back (the
   compiled call may read first-call outputs directly: lazily created optimizer state).
   GRAPHC_CHECK_NANS turns all of this off (the check reads every value on the host).
+- Every output is a new host array each call, and every update value is its target's own
+  array or a new one (`fresh_results`, unless the plan put a value in another input's slot),
+  so the compiled call skips its overlap checks (graphc.jit.compiler, graphc.jit.call_plan).
 - A plain `run()` (not a graphc.compile'd call: `residency.in_raw_reads()` is false) keeps
   the contract of graphc.backends to the letter: every input is uploaded, every update and
   output copied back.
@@ -104,6 +107,11 @@ class CudaExecutable:
         self._true_inputs = [i for i in range(len(graph.inputs)) if i not in self._state]
         self._update_input = {n_out + u: index[target.name]
                               for u, (target, _) in enumerate(graph.updates)}
+        # every output is a new array each call and every update value its own target's
+        # array or a new one, unless a value lies in another input's slot: then the compiled
+        # call needs no overlap checks (graphc.jit.compiler, call_plan)
+        self.fresh_results = all(layout[2] in (None, self._update_input[k])
+                                 for k, layout in enumerate(self._layout) if not layout[3])
         self._lock = threading.RLock()
         self._calls = 0
         self._holders: dict[int, weakref.ref] = {}  # state input -> the array its slot holds

@@ -78,7 +78,7 @@ struct Cudnn {
     SetFilterFn set_filter = nullptr;
     SetConvFn set_conv = nullptr;
     SetConvIntFn set_groups = nullptr, set_math = nullptr;
-    AlgoFn algo[3] = {};           /* indexed by ConvPass */
+    AlgoFn find[3] = {};           /* indexed by ConvPass: cudnnFind*Algorithm (timed) */
     WorkspaceFn workspace[3] = {}; /* indexed by ConvPass */
     ConvFn run[3] = {};            /* indexed by ConvPass */
     AddTensorFn add_tensor = nullptr;
@@ -137,9 +137,9 @@ void load() {
     dnn.set_conv = (SetConvFn)symbol(library, "cudnnSetConvolution2dDescriptor", &missing);
     dnn.set_groups = (SetConvIntFn)symbol(library, "cudnnSetConvolutionGroupCount", &missing);
     dnn.set_math = (SetConvIntFn)symbol(library, "cudnnSetConvolutionMathType", &missing);
-    static const char *const algo_names[3] = {"cudnnGetConvolutionForwardAlgorithm_v7",
-                                              "cudnnGetConvolutionBackwardDataAlgorithm_v7",
-                                              "cudnnGetConvolutionBackwardFilterAlgorithm_v7"};
+    static const char *const algo_names[3] = {"cudnnFindConvolutionForwardAlgorithm",
+                                              "cudnnFindConvolutionBackwardDataAlgorithm",
+                                              "cudnnFindConvolutionBackwardFilterAlgorithm"};
     static const char *const workspace_names[3] = {
         "cudnnGetConvolutionForwardWorkspaceSize", "cudnnGetConvolutionBackwardDataWorkspaceSize",
         "cudnnGetConvolutionBackwardFilterWorkspaceSize"};
@@ -147,7 +147,7 @@ void load() {
                                              "cudnnConvolutionBackwardData",
                                              "cudnnConvolutionBackwardFilter"};
     for (int p = 0; p < 3; ++p) {
-        dnn.algo[p] = (AlgoFn)symbol(library, algo_names[p], &missing);
+        dnn.find[p] = (AlgoFn)symbol(library, algo_names[p], &missing);
         dnn.workspace[p] = (WorkspaceFn)symbol(library, workspace_names[p], &missing);
         dnn.run[p] = (ConvFn)symbol(library, run_names[p], &missing);
     }
@@ -165,6 +165,9 @@ bool loaded() {
     std::call_once(dnn_once, load);
     return dnn.loaded;
 }
+
+/* set while graphc's own kernels are timed: conv_takes says no, conv_workspace 0 */
+thread_local bool own_only = false;
 
 struct ThreadHandle {
     CudnnHandle handle = nullptr;
@@ -256,7 +259,62 @@ bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
 const char *const kPassNames[3] = {"forward", "backward data", "backward filter"};
 
-/* pass p's algorithm for d: chosen on first use (needs a handle: the current stream's) */
+/* Milliseconds graphc's own kernels take for pass p of d (the fastest of three runs after a
+ * warm-up, on zeroed scratch buffers, through the public entry with cuDNN held off); a
+ * negative value when the scratch cannot be had. */
+float own_kernel_ms(const gc_conv2d_desc &d, ConvPass p) {
+    own_only = true;
+    const int64_t x_n = d.n * d.c_in * d.h * d.w, y_n = d.n * d.c_out * d.out_h * d.out_w;
+    const int64_t w_n = d.c_out * (d.c_in / d.groups) * d.kh * d.kw;
+    const gc_conv2d_pass pass = p == ConvPass::forward ? GC_CONV2D_FWD_IMPLICIT
+                                : p == ConvPass::backward_data ? GC_CONV2D_BWD_DATA
+                                                               : GC_CONV2D_BWD_FILTER;
+    int64_t ws_bytes = 0;
+    float *x = nullptr, *w = nullptr, *y = nullptr;
+    void *ws = nullptr;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    float best = -1.0f;
+    const bool ready =
+        gc_conv2d_workspace_size(&d, pass, &ws_bytes) == GC_SUCCESS &&
+        cudaMalloc(&x, x_n * 4) == cudaSuccess && cudaMalloc(&w, w_n * 4) == cudaSuccess &&
+        cudaMalloc(&y, y_n * 4) == cudaSuccess &&
+        (ws_bytes == 0 || cudaMalloc(&ws, ws_bytes) == cudaSuccess) &&
+        cudaMemset(x, 0, x_n * 4) == cudaSuccess && cudaMemset(w, 0, w_n * 4) == cudaSuccess &&
+        cudaMemset(y, 0, y_n * 4) == cudaSuccess &&
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess &&
+        cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess;
+    for (int round = 0; ready && round < 4; ++round) {
+        cudaEventRecord(start, stream);
+        const gc_status s = p == ConvPass::forward
+            ? gc_conv2d_fwd_f32(&d, pass, x, w, nullptr, y, ws, ws_bytes, stream)
+            : p == ConvPass::backward_data
+            ? gc_conv2d_bwd_data_f32(&d, y, w, x, ws, ws_bytes, stream)
+            : gc_conv2d_bwd_filter_f32(&d, x, y, w, ws, ws_bytes, stream);
+        cudaEventRecord(stop, stream);
+        float ms = 0.0f;
+        if (s != GC_SUCCESS || cudaEventSynchronize(stop) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+            best = -1.0f;
+            break;
+        }
+        if (round > 0 && (best < 0 || ms < best)) best = ms; /* round 0: the warm-up */
+    }
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    if (stream) cudaStreamDestroy(stream);
+    cudaFree(x);
+    cudaFree(w);
+    cudaFree(y);
+    cudaFree(ws);
+    cudaGetLastError(); /* a failed allocation leaves no error behind */
+    own_only = false;
+    return best;
+}
+
+/* Pass p's provider for d, chosen on first use (a workspace query: never inside a capture):
+ * cuDNN's fastest deterministic algorithm within kMaxWorkspace (cudnnFind*Algorithm times
+ * them all), taken only when it beats graphc's own kernels timed the same way. */
 Choice choose(const gc_conv2d_desc &d, ConvPass p) {
     const Key key = key_of(d, p);
     {
@@ -274,37 +332,54 @@ Choice choose(const gc_conv2d_desc &d, ConvPass p) {
     CudnnDesc args[4];
     AlgoPerf perf[kAlgoCount];
     int count = 0;
+    const int pi = (int)p;
     if (!small) {
         snprintf(c.text, sizeof c.text, "graphc's kernels (a size exceeds cuDNN's 32-bit ints)");
     } else if (handle_for(nullptr, &handle) != GC_SUCCESS || desc.make(d) != GC_SUCCESS) {
         snprintf(c.text, sizeof c.text, "graphc's kernels (cuDNN refused the descriptors: %s)",
                  gc_last_error());
     } else {
-        const int pi = (int)p;
         desc.order(p, args);
-        const CudnnStatus s = dnn.algo[pi](handle, args[0], args[1], args[2], args[3],
+        const CudnnStatus s = dnn.find[pi](handle, args[0], args[1], args[2], args[3],
                                            kAlgoCount, &count, perf);
-        snprintf(c.text, sizeof c.text, "graphc's kernels (no deterministic cuDNN %s algorithm "
-                 "within %zu MiB)", kPassNames[pi], kMaxWorkspace >> 20);
-        for (int i = 0; s == 0 && i < count && !c.usable; ++i) {
-            size_t bytes = 0;
-            if (perf[i].status != 0 || perf[i].determinism != kDeterministic) continue;
-            if (dnn.workspace[pi](handle, args[0], args[1], args[2], args[3], perf[i].algo,
-                                  &bytes) != 0 || bytes > kMaxWorkspace) continue;
+        cudaGetLastError();
+        const AlgoPerf *pick = nullptr;
+        for (int i = 0; s == 0 && i < count && !pick; ++i)
+            if (perf[i].status == 0 && perf[i].determinism == kDeterministic &&
+                perf[i].memory <= kMaxWorkspace)
+                pick = &perf[i];
+        const float own_ms = own_kernel_ms(d, p);
+        if (!pick) {
+            snprintf(c.text, sizeof c.text, "graphc's kernels (%.3f ms; no deterministic cuDNN "
+                     "%s algorithm within %zu MiB)", own_ms, kPassNames[pi],
+                     kMaxWorkspace >> 20);
+        } else if (own_ms >= 0 && own_ms <= pick->time) {
+            snprintf(c.text, sizeof c.text, "graphc's kernels (%.3f ms; cuDNN's fastest "
+                     "deterministic %s algorithm, %d, %.3f ms)", own_ms, kPassNames[pi],
+                     pick->algo, pick->time);
+        } else {
             c.usable = true;
-            c.algo = perf[i].algo;
-            c.workspace = bytes;
-            snprintf(c.text, sizeof c.text, "%s, %s algorithm %d, %zu bytes of workspace",
-                     dnn.status, kPassNames[pi], c.algo, bytes);
+            c.algo = pick->algo;
+            c.workspace = pick->memory;
+            snprintf(c.text, sizeof c.text, "%s, %s algorithm %d, %zu bytes of workspace "
+                     "(%.3f ms; graphc's kernels %.3f ms)", dnn.status, kPassNames[pi],
+                     c.algo, c.workspace, pick->time, own_ms);
         }
     }
     std::lock_guard<std::mutex> guard(choices_lock);
     return choices.emplace(key, c).first->second;
 }
 
+/* the remembered choice; none (graphc's kernels) before a workspace query made one */
+Choice chosen(const gc_conv2d_desc &d, ConvPass p) {
+    std::lock_guard<std::mutex> guard(choices_lock);
+    auto found = choices.find(key_of(d, p));
+    return found == choices.end() ? Choice() : found->second;
+}
+
 gc_status run(const gc_conv2d_desc &d, ConvPass p, const void *a, const void *b, void *out,
               void *workspace, int64_t workspace_bytes, gc_stream stream) {
-    const Choice c = choose(d, p);
+    const Choice c = chosen(d, p);
     if (!c.usable || (int64_t)c.workspace > workspace_bytes)
         return gc_fail(GC_ERROR_NOT_SUPPORTED, "cuDNN does not take this convolution: %s",
                        c.text);
@@ -324,13 +399,13 @@ gc_status run(const gc_conv2d_desc &d, ConvPass p, const void *a, const void *b,
 } /* namespace */
 
 bool conv_takes(const gc_conv2d_desc &d, ConvPass pass, int64_t workspace_bytes) {
-    if (!loaded()) return false;
-    const Choice c = choose(d, pass);
+    if (own_only || !loaded()) return false;
+    const Choice c = chosen(d, pass); /* never chosen here: a call may be inside a capture */
     return c.usable && (int64_t)c.workspace <= workspace_bytes;
 }
 
 int64_t conv_workspace(const gc_conv2d_desc &d, ConvPass pass) {
-    if (!loaded()) return 0;
+    if (own_only || !loaded()) return 0;
     const Choice c = choose(d, pass);
     return c.usable ? (int64_t)c.workspace : 0;
 }

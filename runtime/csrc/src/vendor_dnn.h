@@ -3,19 +3,22 @@
  * The CUDA build (src/vendor_dnn.cu) dlopens libcudnn.so.9 (or .8) at the first convolution
  * (e.g. already loaded from the nvidia-cudnn wheel: graphc.backends.cuda.rt preloads it)
  * unless GRAPHC_CUDA_LIBS=0, and runs the forward, data-gradient and filter-gradient passes
- * it can take through cuDNN's convolution API; graphc's own kernels (kernels/conv.cu) stay
- * the fallback and the reference. Nothing is linked against cuDNN and no cuDNN header is
- * needed: the entry points are declared in vendor_dnn.cu by their documented C ABI. The
- * emulation never loads it (the stubs below), so CI always runs graphc's kernels.
+ * it runs faster than graphc's kernels through cuDNN's convolution API; graphc's own kernels
+ * (kernels/conv.cu) stay the fallback and the reference. Nothing is linked against cuDNN and
+ * no cuDNN header is needed: the entry points are declared in vendor_dnn.cu by their
+ * documented C ABI. The emulation never loads it (the stubs below), so CI always runs
+ * graphc's kernels.
  *
  * Invariants:
  * - float32 stays float32: every convolution descriptor asks for CUDNN_FMA_MATH (no TF32),
  *   as PyTorch with torch.backends.cudnn.allow_tf32 = False;
- * - results are deterministic: the algorithm is the first of cuDNN's heuristic ranking
- *   (cudnnGet*Algorithm_v7, host-only, so safe inside a stream capture) that cuDNN marks
- *   CUDNN_DETERMINISTIC and whose workspace fits kMaxWorkspace; the choice is remembered per
- *   (descriptor, pass), so the workspace gc_conv2d_workspace_size reported is the one the
- *   call needs;
+ * - results are deterministic, and cuDNN runs a pass only where it is faster: when a workspace
+ *   query (gc_conv2d_workspace_size: the cuda backend's lowering, never inside a stream
+ *   capture) first meets a (descriptor, pass), cudnnFind*Algorithm times cuDNN's algorithms
+ *   and the fastest that cuDNN marks CUDNN_DETERMINISTIC with a workspace within
+ *   kMaxWorkspace is compared with graphc's own kernels, timed the same way on scratch
+ *   buffers; the faster is remembered (as PyTorch's cudnn.benchmark remembers its choice).
+ *   A pass no query has met runs graphc's kernels;
  * - `conv_workspace` is what cuDNN needs on top of nothing: the entry reports the larger of
  *   it and graphc's own kernels' need, so a call cuDNN does not take still has its workspace;
  * - the handle of a thread is created once per device context (gc_device_reset drops it).
@@ -49,10 +52,11 @@ inline const char *conv_provider(const gc_conv2d_desc &, ConvPass) {
 }
 inline void dnn_reset() {}
 #else
-/* whether cuDNN runs this pass (loading it and choosing the algorithm on first use) with a
- * workspace of `workspace_bytes` */
+/* whether cuDNN runs this pass with a workspace of `workspace_bytes` (a choice a workspace
+ * query made; never choosing here) */
 bool conv_takes(const gc_conv2d_desc &d, ConvPass pass, int64_t workspace_bytes);
-/* the workspace cuDNN's chosen algorithm needs (0 when cuDNN does not take the pass) */
+/* the workspace cuDNN's chosen algorithm needs (0 when cuDNN does not take the pass); makes
+ * the choice on first use (timing both libraries: outside any stream capture) */
 int64_t conv_workspace(const gc_conv2d_desc &d, ConvPass pass);
 /* y = conv(x, w) (+ bias per output channel when bias is not NULL) */
 gc_status conv_forward(const gc_conv2d_desc &d, const float *x, const float *w,
