@@ -6,7 +6,7 @@ bound arguments; a callable object itself); `reachable(fn, args, kwargs)` walks 
 one level into plain objects (callable ones too), containers and helper functions, and finds
 the Python literals, Modules, Tensors and Optimizers the call can read. Tracing names
 captured state from it (`storage_names`) and finds the tensors whose `.grad` a step may touch
-(`grad_holders`); `graphc.jit.guards` describes the same state as the call's signature.
+(`grad_holders`); `graphc.jit.signature` describes the same state as the call's signature.
 State the walk missed would go unguarded and, made lazily in an abstract trace, stay
 abstract: so every way a step can hold its model and optimizer is a root here.
 """
