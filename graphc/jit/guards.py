@@ -16,19 +16,21 @@ named globals, the keys and items of every container `graphc.jit.reach.reachable
 each module's `__dict__` (keys in order, every value: training flag, parameter/buffer/child
 tables, hook dicts, public attributes) and its tables and hook dicts, each optimizer's
 param_groups (every hyperparameter object), params and per-parameter state dicts; Python
-literals are immutable, so identity implies the same value. By type: every guarded tensor
-(shape, dtype, requires_grad, is_leaf) and every `.grad` the signature describes (None, or
-shape, dtype, requires_grad), the arguments (their full description, as in the signature), grad
-mode, and which argument tensors are `.grad` holders. A check may fail where the signature
-would be equal (a hyperparameter set again to an equal new float): the full signature then
-decides, and refreshes the entry's guard. A guard never holds where the signature differs; the
-one assumption is that no guarded object changes its `__class__`. An entry whose signature
-equals a newer entry's (traced again because it was stale) is never taken by the fast path, so
-both paths pick the same entry. A guard holds the objects it checks, so no id it compares is
-reused while it lives. The stale checks and the storage-sharing check run on every call, fast
-path or not, except the misfit check of an entry whose guard already checks every captured
-tensor's type and recorded the graph's (`Guard.implies_types`); retrace decisions and the
-recompile reasons are the full signature's.
+literals are immutable, so identity implies the same value. Where CPython keeps dict version
+tags (3.11), a dict's unchanged tag stands for its unchanged keys and values: one comparison
+for all the dicts whose tags held (graphc.jit.dict_versions), the keys and values compared only
+after a change. By type: every guarded tensor (shape, dtype, requires_grad, is_leaf) and every
+`.grad` the signature describes (None, or shape, dtype, requires_grad), the arguments (their
+full description, as in the signature), grad mode, and which argument tensors are `.grad`
+holders. A check may fail where the signature would be equal (a hyperparameter set again to an
+equal new float): the full signature then decides, and refreshes the entry's guard. A guard
+never holds where the signature differs; the one assumption is that no guarded object changes
+its `__class__`. An entry whose signature equals a newer entry's (traced again because it was
+stale) is never taken by the fast path, so both paths pick the same entry. A guard holds the
+objects it checks, so no id it compares is reused while it lives. The stale checks and the
+storage-sharing check run on every call, fast path or not, except the misfit check of an entry
+whose guard already checks every captured tensor's type and recorded the graph's
+(`Guard.implies_types`); retrace decisions and the recompile reasons are the full signature's.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.jit.bindings import GradBinding, TensorBinding
+from graphc.jit.dict_versions import DictVersions, tagged_dict
 from graphc.jit.pytree import flatten
 from graphc.jit.reach import ABSENT, Reads, cell_contents, reachable
 from graphc.jit.signature import (  # the signature's names compiler.py imports from here
@@ -155,10 +158,14 @@ def compile_checks(g: Guard):
     - attributes: getattr(object, name) is value, all in one map (an AttributeError fails
       the guard), or getattr(object, name, ABSENT) where it was absent; closure cells; dict
       lookups (`d.get(key, ABSENT) is value`);
-    - containers: the empty ones still are (one map of len); the dicts' keys in order (==,
-      as a dict compares keys), then every dict value and sequence item (is), each
-      container's followed by a separator (so the tuples are equal only where every
-      container has its length);
+    - dicts with a version tag (graphc.jit.dict_versions, CPython 3.11): all their tags in
+      one comparison (`versions.matches()`); where one changed, `dict_checks`, the
+      comparison below of those dicts' keys and values, decides, and the tags are kept
+      where it holds (`versions.confirm`);
+    - containers (the other dicts, or all where there are no tags): the empty ones still
+      are (one map of len); the dicts' keys in order (==, as a dict compares keys), then
+      every dict value and sequence item (is), each container's followed by a separator
+      (so the tuples are equal only where every container has its length);
       containers too big to be looked into still are (len > 64);
     - tensors: (array shape, dtype, requires_grad, grad_fn) per leaf (grad_fn None) in one
       tuple; the rare guarded interior tensor (grad_fn not None) on its own line;
@@ -209,21 +216,20 @@ def compile_checks(g: Guard):
                for cell, value in g.cells]
     checks += [f"all(map(is_, map({name('d', d)}.get, {name('keys', keys)}, repeat(ABSENT)), "
                f"{name('values', values)}))" for d, keys, values in g.lookups if keys]
-    # a separator after each container's keys (dicts) or items (sequences): equal tuples
-    # then mean equal lengths, container by container, with no lengths compared
-    dicts = [name("d", d) for d, _, _ in g.dicts]
-    seqs = [name("s", seq) for seq, _ in g.seqs]
-    if g.empty:
-        checks.append(f"not any(map(len, {name('empty', tuple(g.empty))}))")
-    if dicts:
-        keys = tuple(itertools.chain.from_iterable(keys + (_END,) for _, keys, _ in g.dicts))
-        checks.append(f"({''.join(f'*{d}, END, ' for d in dicts)}) == {name('keys', keys)}")
-    if dicts or seqs:
-        items = tuple(itertools.chain(
-            itertools.chain.from_iterable(values for _, _, values in g.dicts),
-            itertools.chain.from_iterable(items + (_END,) for _, items in g.seqs)))
-        gathered = "".join([f"*{d}.values(), " for d in dicts] + [f"*{q}, END, " for q in seqs])
-        checks.append(f"all(map(is_, ({gathered}), {name('items', items)}))")
+    # the dicts with a version tag: their tags in one comparison, and their keys and values
+    # only where a tag changed (graphc.jit.dict_versions); the other containers as they are
+    empty = [(c, tagged_dict(c, empty=True)) for c in g.empty]
+    dicts = [(entry, tagged_dict(entry[0], empty=False)) for entry in g.dicts]
+    tagged = [t for _, t in empty + dicts if t is not None]
+    fallback = ""
+    if tagged:
+        versions = name("versions", DictVersions(tagged))
+        checks.append(f"({versions}.matches() or {versions}.confirm(dict_checks))")
+        fallback = "\n\ndef dict_checks():\n    return (" + "\n        and ".join(_container_checks(
+            name, [c for c, t in empty if t is not None],
+            [entry for entry, t in dicts if t is not None], [])) + ")\n"
+    checks += _container_checks(name, [c for c, t in empty if t is None],
+                                [entry for entry, t in dicts if t is None], g.seqs)
     checks += [f"len({name('big', c)}) > 64" for c in g.big]
     leaves = [(t, (shape, dtype, requires_grad, None))
               for t, shape, dtype, requires_grad, leaf in g.tensors if leaf]
@@ -247,10 +253,34 @@ def compile_checks(g: Guard):
                       f"{name('holding', g.arg_holders)}")
     lines.append("return (" + "\n        and ".join(checks or ["True"]) + ")")
     source = "def checks(args, kwargs):\n" + "".join(f"    {line}\n" for line in lines)
+    source += fallback
     exec(compile(source, "<graphc guard>", "exec"), names)  # noqa: S102 (our own text)
     checks_fn = names["checks"]
     checks_fn.__doc__ = source
     return checks_fn
+
+
+def _container_checks(name, empty: list, dicts: list, seqs: list) -> list[str]:
+    """`compile_checks`' expressions for containers: the `empty` ones still are, the `dicts`
+    ((dict, keys, values) as recorded) have those keys in order and those values, the `seqs`
+    ((sequence, items)) those items. A separator after each container's keys (dicts) or items
+    (sequences): equal tuples then mean equal lengths, container by container, with no
+    lengths compared. `name(prefix, value)` makes a global of the checks."""
+    checks = []
+    if empty:
+        checks.append(f"not any(map(len, {name('empty', tuple(empty))}))")
+    names = [name("d", d) for d, _, _ in dicts]
+    if dicts:
+        keys = tuple(itertools.chain.from_iterable(keys + (_END,) for _, keys, _ in dicts))
+        checks.append(f"({''.join(f'*{d}, END, ' for d in names)}) == {name('keys', keys)}")
+    if dicts or seqs:
+        items = tuple(itertools.chain(
+            itertools.chain.from_iterable(values for _, _, values in dicts),
+            itertools.chain.from_iterable(items + (_END,) for _, items in seqs)))
+        gathered = "".join([f"*{d}.values(), " for d in names]
+                           + [f"*{name('s', q)}, END, " for q, _ in seqs])
+        checks.append(f"all(map(is_, ({gathered}), {name('items', items)}))")
+    return checks
 
 
 class _CallDescription:
