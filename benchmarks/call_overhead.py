@@ -14,10 +14,13 @@ For each case (medians over ROUNDS rounds, each of enough calls to last ~20 ms):
   native work, caches included (the Python after a large native run starts on caches the run
   filled with its own data, so it is slower than the same Python on its own);
 - *python*: the call with the native entry point replaced by a no-op (the Python alone, on warm
-  caches: the steadiest figure to compare changes to the call path by).
+  caches: the steadiest figure to compare changes to the call path by);
+- *guard*: the guard of the entry the call runs, alone (graphc.jit.guards: the part of
+  *python* that checks nothing changed since the trace).
 The performance issue's targets are <= 10 us of Python for a one-input function and <= 25 us
 for the MLP training step. The cases: `tiny` (`x * 2` on 16 floats), `sgemm_256` (`a @ b`, no_grad),
-`mlp_b1` and `mlp_b64` (MLP 784-256-256-10 SGD-momentum training steps: benchmarks.models).
+`mlp_b1` and `mlp_b64` (MLP 784-256-256-10 SGD-momentum training steps: benchmarks.models),
+`lenet5_b64` (LeNet-5's).
 
 `--threads N` (default 1) sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, restarting the process
 so the libraries read them; `--clock cpu` times by this process's CPU time (steadier on a
@@ -46,7 +49,7 @@ from benchmarks.harness import now, run_with_threads, set_clock  # noqa: E402
 
 ROUNDS = 9
 ROUND_SECONDS = 0.02
-CASES = ("tiny", "sgemm_256", "mlp_b1", "mlp_b64")
+CASES = ("tiny", "sgemm_256", "mlp_b1", "mlp_b64", "lenet5_b64")
 TARGETS_US = {"tiny": 10.0, "mlp_b1": 25.0, "mlp_b64": 25.0}
 
 
@@ -59,36 +62,47 @@ def _matmul(a, b):
 
 
 def build(name: str):
-    """(call, executable) of a case: `call()` makes one compiled call, warmed up."""
+    """(call, guard, executable) of a case: `call()` makes one compiled call, warmed up;
+    `guard()` runs only the guard of the entry it runs (reading the compiled callable's
+    private `_entries`, as `NativeTimer` replaces the executable's `_run`)."""
     if name == "tiny":
         compiled = graphc.compile(_times_two, backend="cpu")
-        x = graphc.tensor(np.arange(16, dtype=np.float32))
-
-        def call():
-            return compiled(x)
+        args = (graphc.tensor(np.arange(16, dtype=np.float32)),)
+        no_grad = False
     elif name == "sgemm_256":
         rng = np.random.default_rng(3)
-        a, b = (graphc.tensor(rng.standard_normal((256, 256)).astype(np.float32))
-                for _ in range(2))
+        args = tuple(graphc.tensor(rng.standard_normal((256, 256)).astype(np.float32))
+                     for _ in range(2))
         compiled = graphc.compile(_matmul, backend="cpu")
-
-        def call():
-            with graphc.no_grad():
-                return compiled(a, b)
-    elif name in ("mlp_b1", "mlp_b64"):
-        model = models.graphc_model("mlp")
-        x, y = models.batch("mlp", 1 if name == "mlp_b1" else 64)
-        x, y = graphc.tensor(x), graphc.tensor(y)
+        no_grad = True
+    elif name in ("mlp_b1", "mlp_b64", "lenet5_b64"):
+        model_name = name.split("_")[0]
+        model = models.graphc_model(model_name)
+        x, y = models.batch(model_name, 1 if name == "mlp_b1" else 64)
+        args = (graphc.tensor(x), graphc.tensor(y))
         compiled = graphc.compile(models.graphc_step(model), backend="cpu")
-
-        def call():
-            return compiled(x, y)
+        no_grad = False
     else:
         raise SystemExit(f"benchmarks.call_overhead: unknown case {name!r}; the cases are "
                          + ", ".join(CASES))
+
+    def call():  # as a user calls it: no context manager where the case needs none
+        if no_grad:
+            with graphc.no_grad():
+                return compiled(*args)
+        return compiled(*args)
+
+    def guard():
+        if no_grad:
+            with graphc.no_grad():
+                return compiled._entries[-1].guard.holds(args, {})
+        return compiled._entries[-1].guard.holds(args, {})
+
     for _ in range(5):
         call()
-    return call, compiled.executable
+    if not guard():
+        raise SystemExit(f"benchmarks.call_overhead: {name}'s guard fails on its own call")
+    return call, guard, compiled.executable
 
 
 class NativeTimer:
@@ -106,10 +120,22 @@ class NativeTimer:
         return status
 
 
-def measure(name: str) -> tuple[float, float, float, float]:
+def _per_call(fn, number: int) -> float:
+    """The median over ROUNDS rounds of seconds per call of `fn`, `number` calls a round."""
+    rounds = []
+    for _ in range(ROUNDS):
+        start = now()
+        for _ in range(number):
+            fn()
+        rounds.append((now() - start) / number)
+    return statistics.median(rounds)
+
+
+def measure(name: str) -> tuple[float, float, float, float, float]:
     """Median seconds per call of the case's compiled call, of the native run inside it, of
-    their difference and of the call without its native run (see the module docstring)."""
-    call, executable = build(name)
+    their difference, of the call without its native run and of its guard alone (see the
+    module docstring)."""
+    call, guard, executable = build(name)
     timer = NativeTimer(executable)
     start = now()
     call()
@@ -124,14 +150,9 @@ def measure(name: str) -> tuple[float, float, float, float]:
         natives.append(timer.spent / number)
     overheads = [c - n for c, n in zip(calls, natives)]
     executable._run = _no_op  # the same call, without the native run: the Python alone
-    pythons = []
-    for _ in range(ROUNDS):
-        start = now()
-        for _ in range(number):
-            call()
-        pythons.append((now() - start) / number)
+    python = _per_call(call, number)
     return (statistics.median(calls), statistics.median(natives),
-            statistics.median(overheads), statistics.median(pythons))
+            statistics.median(overheads), python, _per_call(guard, number))
 
 
 def _no_op(*arguments) -> int:
@@ -140,7 +161,7 @@ def _no_op(*arguments) -> int:
 
 def profile(name: str, calls: int = 2000) -> str:
     """The top of cProfile over `calls` compiled calls of the case."""
-    call, _ = build(name)
+    call, _, _ = build(name)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
@@ -166,11 +187,12 @@ def main(argv: list[str] | None = None) -> int:
         print(profile(args.profile))
         return 0
     print(f"threads {args.threads}, clock {args.clock}; microseconds per call (medians)")
-    print(f"{'case':<10} {'call':>9} {'native':>9} {'overhead':>9} {'python':>9} {'target':>8}")
+    print(f"{'case':<10} {'call':>9} {'native':>9} {'overhead':>9} {'python':>9} {'guard':>8} "
+          f"{'target':>8}")
     for name in args.only or CASES:
-        call, native, overhead, python = (s * 1e6 for s in measure(name))
+        call, native, overhead, python, guard = (s * 1e6 for s in measure(name))
         target = TARGETS_US.get(name)
-        print(f"{name:<10} {call:9.1f} {native:9.1f} {overhead:9.1f} {python:9.1f} "
+        print(f"{name:<10} {call:9.1f} {native:9.1f} {overhead:9.1f} {python:9.1f} {guard:8.1f} "
               f"{'<= %g' % target if target else '':>8}", flush=True)
     load = os.getloadavg()
     print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
