@@ -182,5 +182,5 @@ def test_the_call_overhead_benchmark_runs_and_splits_the_call():
     the native figure is the time inside the generated code, and it is part of the call."""
     from benchmarks.call_overhead import measure
 
-    call, native, _, python = measure("tiny")
-    assert 0 < native < call and python > 0
+    call, native, _, python, guard = measure("tiny")
+    assert 0 < native < call and python > 0 and guard > 0
