@@ -2,6 +2,7 @@
 
     python -m benchmarks.call_overhead --threads 1 --clock cpu
     python -m benchmarks.call_overhead --profile mlp_b1     # cProfile of one case's calls
+    python -m benchmarks.call_overhead --clock cpu --tags   # guards' dict version tags off/on
 
 For each case (medians over ROUNDS rounds, each of enough calls to last ~20 ms):
 - *call*: the compiled callable called as a user calls it (`f(x)`, `step(x, y)`): guards,
@@ -46,6 +47,7 @@ if __package__ in (None, ""):  # `python benchmarks/call_overhead.py`
 import graphc  # noqa: E402
 from benchmarks import models  # noqa: E402
 from benchmarks.harness import now, run_with_threads, set_clock  # noqa: E402
+from graphc.jit import dict_versions  # noqa: E402
 
 ROUNDS = 9
 ROUND_SECONDS = 0.02
@@ -62,7 +64,7 @@ def _matmul(a, b):
 
 
 def build(name: str):
-    """(call, guard, executable) of a case: `call()` makes one compiled call, warmed up;
+    """(call, guard, compiled) of a case: `call()` makes one compiled call, warmed up;
     `guard()` runs only the guard of the entry it runs (reading the compiled callable's
     private `_entries`, as `NativeTimer` replaces the executable's `_run`)."""
     if name == "tiny":
@@ -102,7 +104,7 @@ def build(name: str):
         call()
     if not guard():
         raise SystemExit(f"benchmarks.call_overhead: {name}'s guard fails on its own call")
-    return call, guard, compiled.executable
+    return call, guard, compiled
 
 
 class NativeTimer:
@@ -135,7 +137,8 @@ def measure(name: str) -> tuple[float, float, float, float, float]:
     """Median seconds per call of the case's compiled call, of the native run inside it, of
     their difference, of the call without its native run and of its guard alone (see the
     module docstring)."""
-    call, guard, executable = build(name)
+    call, guard, compiled = build(name)
+    executable = compiled.executable
     timer = NativeTimer(executable)
     start = now()
     call()
@@ -159,6 +162,32 @@ def _no_op(*arguments) -> int:
     return 0
 
 
+def compare_tags(name: str) -> dict[str, list[float]]:
+    """The case's call and its guard with the guards' dict version tags off and on, in one
+    process, alternating round by round (graphc.jit.dict_versions; off is what a Python
+    without them runs): seconds per call, a list of ROUNDS medians per variant."""
+    call, guard, compiled = build(name)
+    checked = compiled._entries[-1].guard
+    start = now()
+    call()
+    number = max(1, int(ROUND_SECONDS / max(now() - start, 1e-7)))
+    times: dict[str, list[float]] = {"call off": [], "call on": [], "guard off": [],
+                                     "guard on": []}
+    available = dict_versions.AVAILABLE
+    try:
+        for _ in range(ROUNDS):
+            for variant, on in (("off", False), ("on", True)):
+                dict_versions.AVAILABLE = on
+                checked._checks = None  # compiled again, with or without tags
+                call()
+                times[f"call {variant}"].append(_per_call(call, number))
+                times[f"guard {variant}"].append(_per_call(guard, number))
+    finally:
+        dict_versions.AVAILABLE = available
+        checked._checks = None
+    return times
+
+
 def profile(name: str, calls: int = 2000) -> str:
     """The top of cProfile over `calls` compiled calls of the case."""
     call, _, _ = build(name)
@@ -179,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="threads for OpenMP and OpenBLAS (default 1)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--profile", choices=CASES, help="print cProfile of this case's calls")
+    parser.add_argument("--tags", action="store_true",
+                        help="compare each case's call and guard with the guards' dict version "
+                             "tags off and on, alternating in one process")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     run_with_threads("benchmarks.call_overhead", args.threads, argv)
@@ -186,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         print(profile(args.profile))
         return 0
+    if args.tags:
+        return _print_tags(args)
     print(f"threads {args.threads}, clock {args.clock}; microseconds per call (medians)")
     print(f"{'case':<10} {'call':>9} {'native':>9} {'overhead':>9} {'python':>9} {'guard':>8} "
           f"{'target':>8}")
@@ -194,6 +228,23 @@ def main(argv: list[str] | None = None) -> int:
         target = TARGETS_US.get(name)
         print(f"{name:<10} {call:9.1f} {native:9.1f} {overhead:9.1f} {python:9.1f} {guard:8.1f} "
               f"{'<= %g' % target if target else '':>8}", flush=True)
+    load = os.getloadavg()
+    print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return 0
+
+
+def _print_tags(args) -> int:
+    if not dict_versions.AVAILABLE:
+        print(f"benchmarks.call_overhead --tags: this Python ({sys.version.split()[0]}) has no "
+              "dict version tags the guards read (CPython 3.11 only); nothing to compare")
+        return 1
+    print(f"threads {args.threads}, clock {args.clock}; microseconds per call (medians of "
+          f"{ROUNDS} alternating rounds), dict version tags off / on")
+    print(f"{'case':<10} {'call off':>9} {'call on':>9} {'guard off':>10} {'guard on':>9}")
+    for name in args.only or CASES:
+        t = {k: statistics.median(v) * 1e6 for k, v in compare_tags(name).items()}
+        print(f"{name:<10} {t['call off']:9.1f} {t['call on']:9.1f} {t['guard off']:10.1f} "
+              f"{t['guard on']:9.1f}", flush=True)
     load = os.getloadavg()
     print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0

@@ -292,3 +292,22 @@ def test_other_pythons_use_the_key_and_value_comparison(monkeypatch):
     assert tagged_dict({}, empty=True) is None
     with pytest.raises(RuntimeError, match="CPython 3.11"):
         DictVersions([{}])
+
+
+def _doubled(x):
+    return x * 2
+
+
+@NEEDS_TAGS
+def test_a_guard_of_few_dict_items_compares_them_directly():
+    """A gather of tags costs about what comparing TAGS_FROM_ITEMS keys does: a guard with
+    fewer (a plain function: its empty `__dict__`) compares them as it always did."""
+    x = graphc.ones(2)
+    guard = Guard(_doubled, (x,), {})
+    assert guard.holds((x,), {})
+    assert "matches()" not in guard.source and "not any(map(len" in guard.source
+    _doubled.note = 1
+    try:
+        assert not guard.holds((x,), {})
+    finally:
+        del _doubled.note

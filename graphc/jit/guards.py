@@ -158,8 +158,9 @@ def compile_checks(g: Guard):
     - attributes: getattr(object, name) is value, all in one map (an AttributeError fails
       the guard), or getattr(object, name, ABSENT) where it was absent; closure cells; dict
       lookups (`d.get(key, ABSENT) is value`);
-    - dicts with a version tag (graphc.jit.dict_versions, CPython 3.11): all their tags in
-      one comparison (`versions.matches()`); where one changed, `dict_checks`, the
+    - dicts with a version tag (graphc.jit.dict_versions, CPython 3.11), where they hold at
+      least TAGS_FROM_ITEMS keys and empty dicts: all their tags in one comparison
+      (`versions.matches()`); where one changed, `dict_checks`, the
       comparison below of those dicts' keys and values, decides, and the tags are kept
       where it holds (`versions.confirm`);
     - containers (the other dicts, or all where there are no tags): the empty ones still
@@ -217,9 +218,16 @@ def compile_checks(g: Guard):
     checks += [f"all(map(is_, map({name('d', d)}.get, {name('keys', keys)}, repeat(ABSENT)), "
                f"{name('values', values)}))" for d, keys, values in g.lookups if keys]
     # the dicts with a version tag: their tags in one comparison, and their keys and values
-    # only where a tag changed (graphc.jit.dict_versions); the other containers as they are
+    # only where a tag changed (graphc.jit.dict_versions); the other containers as they are.
+    # Tags where they replace at least TAGS_FROM_ITEMS keys and empty dicts: the gather costs
+    # about what comparing that many keys does
     empty = [(c, tagged_dict(c, empty=True)) for c in g.empty]
     dicts = [(entry, tagged_dict(entry[0], empty=False)) for entry in g.dicts]
+    items = sum(1 for _, t in empty if t is not None) + sum(
+        len(entry[1]) for entry, t in dicts if t is not None)
+    if items < TAGS_FROM_ITEMS:
+        empty = [(c, None) for c, _ in empty]
+        dicts = [(entry, None) for entry, _ in dicts]
     tagged = [t for _, t in empty + dicts if t is not None]
     fallback = ""
     if tagged:
@@ -299,6 +307,7 @@ class _CallDescription:
 
 
 _END = object()  # the separator after each container's keys or items (`compile_checks`)
+TAGS_FROM_ITEMS = 12  # dict version tags where they stand for this many keys and empty dicts
 _LEAF_TYPE = operator.attrgetter("_array.shape", "_dtype", "_requires_grad", "grad_fn")
 # a holder's `.grad` as `Guard.grads` records it (`_grad_type`), read from the holder
 _GRAD_TYPE = operator.attrgetter("_grad._array.shape", "_grad._dtype", "_grad._requires_grad")
