@@ -122,15 +122,17 @@ class NativeTimer:
         return status
 
 
+def _round(fn, number: int) -> float:
+    """Seconds per call of `fn` over one round of `number` calls."""
+    start = now()
+    for _ in range(number):
+        fn()
+    return (now() - start) / number
+
+
 def _per_call(fn, number: int) -> float:
     """The median over ROUNDS rounds of seconds per call of `fn`, `number` calls a round."""
-    rounds = []
-    for _ in range(ROUNDS):
-        start = now()
-        for _ in range(number):
-            fn()
-        rounds.append((now() - start) / number)
-    return statistics.median(rounds)
+    return statistics.median(_round(fn, number) for _ in range(ROUNDS))
 
 
 def measure(name: str) -> tuple[float, float, float, float, float]:
@@ -180,8 +182,8 @@ def compare_tags(name: str) -> dict[str, list[float]]:
                 dict_versions.AVAILABLE = on
                 checked._checks = None  # compiled again, with or without tags
                 call()
-                times[f"call {variant}"].append(_per_call(call, number))
-                times[f"guard {variant}"].append(_per_call(guard, number))
+                times[f"call {variant}"].append(_round(call, number))
+                times[f"guard {variant}"].append(_round(guard, number))
     finally:
         dict_versions.AVAILABLE = available
         checked._checks = None
