@@ -311,3 +311,16 @@ def test_a_guard_of_few_dict_items_compares_them_directly():
         assert not guard.holds((x,), {})
     finally:
         del _doubled.note
+
+
+@NEEDS_TAGS
+def test_the_call_overhead_benchmark_compares_tags_off_and_on():
+    """benchmarks/call_overhead.py --tags (a smoke run of its smallest case; no timing is
+    judged): both variants are timed, and the tags are as they were afterwards."""
+    pytest.importorskip("llvmlite", reason="the benchmark compiles for the cpu backend")
+    from benchmarks.call_overhead import ROUNDS, compare_tags
+
+    times = compare_tags("tiny")
+    assert sorted(times) == ["call off", "call on", "guard off", "guard on"]
+    assert all(len(v) == ROUNDS and min(v) > 0 for v in times.values())
+    assert dict_versions.AVAILABLE
