@@ -9,7 +9,9 @@ The modules, from the bottom up (each imports only those before it):
 - `tracer`: the `Tracer` that dispatch reports every op to, `trace_call` and `graphc.trace`;
 - `autodiff`: the engine of `graphc.passes.autodiff.derive_backward` (eager autograd traced
   abstractly), installed into that pass when this package is imported;
-- `guards`: the signature of a call and the fast path's cheap checks;
+- `signature`: the signature of a call (what executables are keyed by) and its diff;
+- `dict_versions`: CPython 3.11's dict version tags, read many at once;
+- `guards`: the fast path's cheap checks that imply a call's signature is unchanged;
 - `compiled_autograd`: the forward/backward split of a graph whose outputs need a grad_fn;
 - `nan_check`: `GRAPHC_CHECK_NANS`, the first node that made a NaN or an Inf;
 - `compiler`: `graphc.compile`, the compiled callable (`Compiled`);
