@@ -17,7 +17,10 @@ For each case (medians over ROUNDS rounds, each of enough calls to last ~20 ms):
 - *python*: the call with the native entry point replaced by a no-op (the Python alone, on warm
   caches: the steadiest figure to compare changes to the call path by);
 - *guard*: the guard of the entry the call runs, alone (graphc.jit.guards: the part of
-  *python* that checks nothing changed since the trace).
+  *python* that checks nothing changed since the trace);
+- *in call*: the same guard inside the calls with their native runs (`GuardTimer`): the first
+  Python after the previous call's native run, on caches that run filled, so several times
+  *guard*.
 The performance issue's targets are <= 10 us of Python for a one-input function and <= 25 us
 for the MLP training step. The cases: `tiny` (`x * 2` on 16 floats), `sgemm_256` (`a @ b`, no_grad),
 `mlp_b1` and `mlp_b64` (MLP 784-256-256-10 SGD-momentum training steps: benchmarks.models),
@@ -38,6 +41,7 @@ import os
 import pstats
 import statistics
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -135,10 +139,38 @@ def _per_call(fn, number: int) -> float:
     return statistics.median(_round(fn, number) for _ in range(ROUNDS))
 
 
-def measure(name: str) -> tuple[float, float, float, float, float]:
-    """Median seconds per call of the case's compiled call, of the native run inside it, of
-    their difference, of the call without its native run and of its guard alone (see the
-    module docstring)."""
+class Figures(NamedTuple):
+    """Seconds per call, medians (see the module docstring)."""
+
+    call: float
+    native: float
+    overhead: float
+    python: float
+    guard: float
+    guard_in_call: float
+
+
+class GuardTimer:
+    """Stands in for an entry's guard (`Compiled._guarded` asks it `holds` and
+    `implies_types`) and adds up the time its `holds` takes inside real calls."""
+
+    def __init__(self, guard) -> None:
+        self.guard, self.spent = guard, 0.0
+
+    def holds(self, args: tuple, kwargs: dict) -> bool:
+        start = now()
+        held = self.guard.holds(args, kwargs)
+        self.spent += now() - start
+        return held
+
+    def __getattr__(self, name: str):
+        return getattr(self.guard, name)
+
+
+def measure(name: str) -> Figures:
+    """The case's figures: its compiled call, the native run inside it, their difference,
+    the call without its native run, its guard alone and its guard inside the calls (see
+    the module docstring)."""
     call, guard, compiled = build(name)
     executable = compiled.executable
     timer = NativeTimer(executable)
@@ -154,10 +186,19 @@ def measure(name: str) -> tuple[float, float, float, float, float]:
         calls.append((now() - start) / number)
         natives.append(timer.spent / number)
     overheads = [c - n for c, n in zip(calls, natives)]
+    entry = compiled._entries[-1]
+    guard_timer = entry.guard = GuardTimer(entry.guard)  # more rounds, the guard timed
+    in_call = []
+    for _ in range(ROUNDS):
+        guard_timer.spent = 0.0
+        _round(call, number)
+        in_call.append(guard_timer.spent / number)
+    entry.guard = guard_timer.guard
     executable._run = _no_op  # the same call, without the native run: the Python alone
     python = _per_call(call, number)
-    return (statistics.median(calls), statistics.median(natives),
-            statistics.median(overheads), python, _per_call(guard, number))
+    return Figures(statistics.median(calls), statistics.median(natives),
+                   statistics.median(overheads), python, _per_call(guard, number),
+                   statistics.median(in_call))
 
 
 def _no_op(*arguments) -> int:
@@ -165,28 +206,35 @@ def _no_op(*arguments) -> int:
 
 
 def compare_tags(name: str) -> dict[str, list[float]]:
-    """The case's call and its guard with the guards' dict version tags off and on, in one
-    process, alternating round by round (graphc.jit.dict_versions; off is what a Python
-    without them runs): seconds per call, a list of ROUNDS medians per variant."""
+    """The case's call, its guard inside the calls and its guard alone with the guards' dict
+    version tags off and on, in one process, alternating round by round
+    (graphc.jit.dict_versions; off is what a Python without them runs): seconds per call, a
+    list of ROUNDS per variant. The guard is timed by a `GuardTimer` throughout, so both
+    variants' figures include its two clock reads (~1 us)."""
     call, guard, compiled = build(name)
-    checked = compiled._entries[-1].guard
+    entry = compiled._entries[-1]
+    timer = entry.guard = GuardTimer(entry.guard)
     start = now()
     call()
     number = max(1, int(ROUND_SECONDS / max(now() - start, 1e-7)))
-    times: dict[str, list[float]] = {"call off": [], "call on": [], "guard off": [],
-                                     "guard on": []}
+    times: dict[str, list[float]] = {f"{what} {variant}": [] for what in ("call", "in call",
+                                                                           "guard")
+                                     for variant in ("off", "on")}
     available = dict_versions.AVAILABLE
     try:
         for _ in range(ROUNDS):
             for variant, on in (("off", False), ("on", True)):
                 dict_versions.AVAILABLE = on
-                checked._checks = None  # compiled again, with or without tags
+                timer.guard._checks = None  # compiled again, with or without tags
                 call()
+                timer.spent = 0.0
                 times[f"call {variant}"].append(_round(call, number))
+                times[f"in call {variant}"].append(timer.spent / number)
                 times[f"guard {variant}"].append(_round(guard, number))
     finally:
         dict_versions.AVAILABLE = available
-        checked._checks = None
+        timer.guard._checks = None
+        entry.guard = timer.guard
     return times
 
 
@@ -224,12 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         return _print_tags(args)
     print(f"threads {args.threads}, clock {args.clock}; microseconds per call (medians)")
     print(f"{'case':<10} {'call':>9} {'native':>9} {'overhead':>9} {'python':>9} {'guard':>8} "
-          f"{'target':>8}")
+          f"{'in call':>8} {'target':>8}")
     for name in args.only or CASES:
-        call, native, overhead, python, guard = (s * 1e6 for s in measure(name))
+        f = Figures(*(s * 1e6 for s in measure(name)))
         target = TARGETS_US.get(name)
-        print(f"{name:<10} {call:9.1f} {native:9.1f} {overhead:9.1f} {python:9.1f} {guard:8.1f} "
-              f"{'<= %g' % target if target else '':>8}", flush=True)
+        print(f"{name:<10} {f.call:9.1f} {f.native:9.1f} {f.overhead:9.1f} {f.python:9.1f} "
+              f"{f.guard:8.1f} {f.guard_in_call:8.1f} {'<= %g' % target if target else '':>8}",
+              flush=True)
     load = os.getloadavg()
     print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0
@@ -242,11 +291,11 @@ def _print_tags(args) -> int:
         return 1
     print(f"threads {args.threads}, clock {args.clock}; microseconds per call (medians of "
           f"{ROUNDS} alternating rounds), dict version tags off / on")
-    print(f"{'case':<10} {'call off':>9} {'call on':>9} {'guard off':>10} {'guard on':>9}")
+    columns = ("call off", "call on", "in call off", "in call on", "guard off", "guard on")
+    print(f"{'case':<10} " + " ".join(f"{c:>11}" for c in columns))
     for name in args.only or CASES:
         t = {k: statistics.median(v) * 1e6 for k, v in compare_tags(name).items()}
-        print(f"{name:<10} {t['call off']:9.1f} {t['call on']:9.1f} {t['guard off']:10.1f} "
-              f"{t['guard on']:9.1f}", flush=True)
+        print(f"{name:<10} " + " ".join(f"{t[c]:11.1f}" for c in columns), flush=True)
     load = os.getloadavg()
     print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0

@@ -182,5 +182,6 @@ def test_the_call_overhead_benchmark_runs_and_splits_the_call():
     the native figure is the time inside the generated code, and it is part of the call."""
     from benchmarks.call_overhead import measure
 
-    call, native, _, python, guard = measure("tiny")
-    assert 0 < native < call and python > 0 and guard > 0
+    figures = measure("tiny")
+    assert 0 < figures.native < figures.call and figures.python > 0
+    assert figures.guard > 0 and figures.guard_in_call > 0
