@@ -8,7 +8,9 @@ a stand-in)`, picked in graph-input order by one itemgetter; arrays are read wit
 map; the storage-sharing check is one set over those arrays; update targets, `.grad`
 holders and output wrappers are precomputed index lists. The run itself is the general
 path's: `run_and_write_back`, Ctrl-C held (`HeldInterrupts`) from the first binding (a
-random generator advanced) to the last `.grad` assigned.
+random generator advanced) to the last `.grad` assigned; a call that only reads (no update,
+no random state, no `.grad`: `reads_only`) has nothing to leave half done, and runs the
+executable with nothing held (`_run_reading`).
 
 A plan is made only where its shortcuts are exact (`CallPlan.of` returns None otherwise,
 and the general path runs): the executable returns `fresh_results` (every output an array
@@ -29,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from graphc.backends import residency
 from graphc.jit.bindings import (
     ArgBinding,
     ConstantBinding,
@@ -63,7 +66,7 @@ class CallPlan:
 
     __slots__ = ("executable", "out_spec", "captured", "holders", "inputs", "specials",
                  "targets", "shared", "n_shared", "grads", "plain_grads", "returns_grads",
-                 "wraps", "direct")
+                 "wraps", "direct", "reads_only")
 
     @classmethod
     def of(cls, traced: TraceResult, executable, update_inputs: list[int], wraps: list,
@@ -155,10 +158,18 @@ class CallPlan:
         spec = self.out_spec
         self.direct = spec[1] if type(spec) is tuple and len(spec) == 2 and \
             spec[0] == "out" else None
+        # a call that writes nothing back, advances no generator and assigns no .grad: an
+        # interrupt anywhere leaves nothing half done, so `run` holds none and skips the
+        # write-back (two sigactions and ~10 us of cold-cache Python after a GEMM of 0.2 ms:
+        # docs/performance.md, "SGEMM 256")
+        self.reads_only = not update_inputs and not self.specials and not self.holders \
+            and not traced.grad_outputs
 
     def run(self, args: tuple, kwargs: dict):
         """The call's result, or MISFIT when its tensors share storage other than at the
         trace (the general path then decides)."""
+        if self.reads_only:
+            return self._run_reading(args, kwargs)
         pool = (*args, *kwargs.values(), *self.captured, *map(_GRAD, self.holders),
                 _NO_TENSOR) if self.holders else (*args, *kwargs.values(), *self.captured,
                                                   _NO_TENSOR)
@@ -186,6 +197,23 @@ class CallPlan:
             wrapped = [tensors[index] if kind == "input" else grads[index] if kind == "grad"
                        else Tensor._result(outputs[index], dtype)
                        for kind, index, dtype in self.wraps]
+        if self.direct is not None:
+            return wrapped[self.direct]
+        return unflatten(self.out_spec, wrapped)
+
+    def _run_reading(self, args: tuple, kwargs: dict):
+        """`run` for a plan that only reads (`reads_only`): bind, run, wrap."""
+        pool = (*args, *kwargs.values(), *self.captured)  # no holders, no stand-in
+        tensors = self.inputs(pool)
+        arrays = list(map(_ARRAY, tensors))
+        if self.n_shared > 1 and len(set(map(id, arrays if self.shared is None else map(
+                _ARRAY, self.shared(pool))))) != self.n_shared:
+            return MISFIT
+        if residency.stale:  # as run_and_write_back: what another device holds, fetched
+            residency.fresh_all(arrays, keep=self.executable)
+        outputs = self.executable.run(*arrays)
+        wrapped = [tensors[index] if kind == "input" else Tensor._result(outputs[index], dtype)
+                   for kind, index, dtype in self.wraps]
         if self.direct is not None:
             return wrapped[self.direct]
         return unflatten(self.out_spec, wrapped)
