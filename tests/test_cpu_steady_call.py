@@ -58,7 +58,7 @@ def test_the_steady_call_reuses_the_dropped_outputs_and_reads_inputs_changed_in_
     ex = _two_outputs()
     first = [id(a) for a in ex.run(x, w)]  # dropped at once
     general = _taken(ex, monkeypatch)
-    for k in range(3):
+    for _ in range(3):
         x *= -0.5  # the same array, new values: the pointer it had still reads them
         product, negated = ex.run(x, w)
         assert [id(product), id(negated)] == first
