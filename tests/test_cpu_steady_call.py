@@ -85,6 +85,26 @@ def test_an_output_still_held_is_never_written_and_the_other_is_reused(inputs, m
     np.testing.assert_array_equal(negated, -product)
 
 
+def test_the_same_inputs_with_an_output_held_reuse_what_was_dropped(inputs, monkeypatch):
+    """As a training step's `.grad` outputs are held until the next step replaces them: the
+    call goes the general way with its inputs as bound, and reuses the array of two calls
+    ago."""
+    x, w = inputs
+    ex = _two_outputs()
+    older = ex.run(x, w)[0]
+    older_id = id(older)
+    held = ex.run(x, w)[0]  # a new array: `older` is still held
+    del older  # now the last call's array is held, the one before dropped
+    general = _taken(ex, monkeypatch)
+    x *= 3.0
+    product, negated = ex.run(x, w)
+    assert general == [1]
+    assert id(product) == older_id and product is not held
+    np.testing.assert_allclose(product, x @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(negated, -product)
+    np.testing.assert_allclose(held, x @ w / 3.0, rtol=1e-5, atol=1e-5)
+
+
 def test_an_input_reshaped_or_retyped_in_place_is_refused(inputs):
     x, w = inputs
     ex = _two_outputs()

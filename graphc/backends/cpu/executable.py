@@ -26,9 +26,10 @@ Invariants:
   `gradient_as_bucket_view=True`: those `.grad` outputs are views of the node's
   shared-memory window, the same arrays every call, as PyTorch's bucket views are
   (`_window_views`; a step that reads its `.grad`s is not given views: docs/distributed.md).
-- The steady call (the last call's input arrays again, its outputs dropped, as in a loop) is
-  checked and run in one frame that writes nothing (`run`): after a short native run little
-  of the Python is left in the caches, and every frame and C function it touches is a miss.
+- The steady call (the last call's input arrays again, its large outputs dropped, as in a
+  loop) is checked and run in one frame that rewrites no pointer but the new small outputs'
+  (`run`): after a short native run little of the Python is left in the caches, and every
+  frame and C function it touches is a miss.
 - BLAS: resolved once per process by graphc.backends.cpu.blas for graphs that call it; a
   graph with a matmul and no BLAS is refused with a GraphcError.
 
@@ -141,6 +142,10 @@ class CpuExecutable:
             getattr(self.lowered, "window_outputs", {})).items()}
         for k in self._window_views:
             self._out_types[k] = ((0,), self._out_types[k][1], False)
+        # (slot, shape, dtype) of the outputs kept for reuse, for `run`'s steady call (which
+        # an executable with window views never takes)
+        self._kept_slots = [(k, shape, dtype) for k, (shape, dtype, large)
+                            in enumerate(self._out_types) if large]
 
     def _call_tables(self, in_input: dict[str, str]) -> None:
         """What every call reads: which results are output arrays (`_copied`: their types)
@@ -277,40 +282,51 @@ class CpuExecutable:
             communicator().agree(f"graph @{self.graph.name}", self._collectives)
         with self._lock:  # the pointer arrays and the arena are shared by every call
             # The steady call in one frame: the same input arrays as last call, unchanged,
-            # every output a kept array the caller has dropped. What `_bind` and
+            # every large output a kept array the caller has dropped. What `_bind` and
             # `_outputs` would find then, checked in a few C loops; the pointer tables
-            # already hold every address. Written for few cache misses as much as for few
-            # instructions: after a native run of a fraction of a millisecond (SGEMM 256)
-            # little of this Python is left in the caches, and each frame, C function and
-            # object the call touches costs a trip to memory (docs/performance.md, "SGEMM
-            # 256"). Anything else takes `_call`, which checks and makes it all again.
+            # already hold every address but the new small outputs'. Written for few cache
+            # misses as much as for few instructions: after a native run of a fraction of a
+            # millisecond (SGEMM 256) little of this Python is left in the caches, and each
+            # frame, C function and object the call touches costs a trip to memory
+            # (docs/performance.md, "SGEMM 256"). Anything else takes `_call` (the inputs
+            # found bound when only an output is still held, e.g. a `.grad` until replaced).
             if all(map(operator.is_, arrays, self._last_inputs)) \
                     and tuple(map(_SHAPE, arrays)) == types.shapes \
                     and all(map(operator.is_, map(_DTYPE, arrays), types.dtypes)) \
-                    and (not self._written or all(map(_WRITEABLE, self._pick_written(arrays)))):
-                recent, outs = self._recent, []
-                for k, (shape, dtype, large) in enumerate(self._out_types):
+                    and (not self._written or all(map(_WRITEABLE, self._pick_written(arrays)))) \
+                    and not self._window_views:
+                recent = self._recent
+                for k, shape, dtype in self._kept_slots:
                     out = recent[k][0]  # the last call's (`_out_ptrs[k]` is its address)
-                    # nothing else holds it: `recent[k]`, `out` and getrefcount's argument do
-                    if not (large and out is not None and sys.getrefcount(out) == 3
-                            and out.shape == shape and out.dtype is dtype):
-                        break
-                    outs.append(out)
-                else:
-                    status = self._run(self._in_ptrs, self._out_ptrs, *self._tail) \
-                        if self.thread_chooser.most == 1 else self._native(self._tail)
-                    if status:
-                        self._failed(status)
-                    if self._outputs_only:
-                        return outs
-                    return [outs[k] if kind == "out" else arrays[k] for kind, k in self._results]
-                outs = out = None  # `_outputs` counts references: these would be two more
+                    # nothing else holds it: `recent[k]`, `out` and getrefcount's argument
+                    if out is None or sys.getrefcount(out) != 3 or out.shape != shape \
+                            or out.dtype is not dtype:
+                        out = None  # `_outputs` counts references: this would be one more
+                        return self._call(arrays, self._out_types, self._tail, arrays)
+                outs, ptrs = [], self._out_ptrs
+                for k, (shape, dtype, large) in enumerate(self._out_types):
+                    if large:
+                        outs.append(recent[k][0])
+                    else:  # new, as in `_outputs`
+                        out = np.empty(shape, dtype)
+                        ptrs[k] = _new_address(out) if out.size else _address(out)
+                        outs.append(out)
+                status = self._run(self._in_ptrs, ptrs, *self._tail) \
+                    if self.thread_chooser.most == 1 else self._native(self._tail)
+                if status:
+                    self._failed(status)
+                if self._outputs_only:
+                    return outs
+                return [outs[k] if kind == "out" else arrays[k] for kind, k in self._results]
             return self._call(arrays, self._out_types, self._tail)
 
-    def _call(self, arrays: tuple, out_types: list, tail: tuple) -> list[np.ndarray]:
-        """One call under the lock: the inputs bound, the outputs made (`_outputs`), the
-        native driver run on the thread count the chooser picks; the results."""
-        bound = self._bind(arrays)
+    def _call(self, arrays: tuple, out_types: list, tail: tuple,
+              bound: tuple | None = None) -> list[np.ndarray]:
+        """One call under the lock: the inputs bound (unless `run` found them bound: `bound`),
+        the outputs made (`_outputs`), the native driver run on the thread count the chooser
+        picks; the results."""
+        if bound is None:
+            bound = self._bind(arrays)
         outs = self._outputs(out_types)
         for k, (view, address) in self._window_views.items():
             outs[k] = view
