@@ -212,11 +212,12 @@ class CallPlan:
         if residency.stale:  # as run_and_write_back: what another device holds, fetched
             residency.fresh_all(arrays, keep=self.executable)
         outputs = self.executable.run(*arrays)
-        wrapped = [tensors[index] if kind == "input" else Tensor._result(outputs[index], dtype)
-                   for kind, index, dtype in self.wraps]
-        if self.direct is not None:
-            return wrapped[self.direct]
-        return unflatten(self.out_spec, wrapped)
+        if self.direct is not None:  # one output returned: only it is wrapped
+            kind, index, dtype = self.wraps[self.direct]
+            return tensors[index] if kind == "input" else Tensor._result(outputs[index], dtype)
+        return unflatten(self.out_spec, [
+            tensors[index] if kind == "input" else Tensor._result(outputs[index], dtype)
+            for kind, index, dtype in self.wraps])
 
     def _assign_grads(self, pool: tuple, outputs: list) -> list:
         """Assign every `.grad` output (`self.grads`); returns them in grad_outputs order."""
