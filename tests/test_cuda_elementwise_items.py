@@ -93,3 +93,19 @@ def test_disjointness_decides_restrict():
     raw.read(_layout(0, 100), ["gi"], (100,))
     raw.ptr(4096)  # a word reached without a span (an error flag, a scratch buffer)
     assert not raw.disjoint()
+
+
+def test_whole_blocks_issue_every_items_loads_first():
+    body = ["long long c0 = gi;", "float a0 = ((float *)p0)[c0];",
+            "float v1 = (a0 * a0);", "((float *)p1)[c0] = v1;"]
+    text = cudagen.Kernel("k", 1 << 22, 2, body, items=4).text()
+    whole = text[text.index("if (g0"):text.index("return;")]
+    loads = [whole.index(f"float a0_{j} = ((float *)p0)[c0_{j}];") for j in range(4)]
+    stores = [whole.index(f"((float *)p1)[c0_{j}] = v1_{j};") for j in range(4)]
+    assert max(loads) < min(stores)
+    assert "for (int item = 0; item < 4; ++item)" in text  # the last block: checked items
+    # a body that is not flat declarations and stores keeps one scope per item
+    braced = body[:2] + ["if (a0 > 0) { a0 = 0; }"] + body[2:]
+    assert cudagen._phases(braced, 4) is None
+    assert "{ long long gi = g0 + 3LL * blockDim.x;" in cudagen.Kernel(
+        "k", 1 << 22, 2, braced, items=4).text()

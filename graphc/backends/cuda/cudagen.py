@@ -33,6 +33,7 @@ timestamps), so identical graphs give identical sources and share one cache entr
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from graphc.ops.shapes import result_dtype
@@ -274,14 +275,20 @@ class Kernel:
         return "\n".join(lines)
 
     def _items_text(self) -> list[str]:
-        """A whole block's items as straight-line scopes, then the last block's in a loop."""
+        """A whole block's items as straight-line code, every item's loads first (`_phases`,
+        or each item in its own scope when the body cannot be split), then the last block's
+        items in a loop."""
         n = self.items
         lines = [f"  long long g0 = (long long)blockIdx.x * (blockDim.x * {n}LL) + threadIdx.x;",
                  f"  if (g0 + {n - 1}LL * blockDim.x < {self.threads}LL) {{"]
-        for j in range(n):
-            lines.append(f"    {{ long long gi = g0 + {j}LL * blockDim.x;")
-            lines += ["      " + line for line in self.body]
-            lines.append("    }")
+        phases = _phases(self.body, n)
+        if phases is None:
+            for j in range(n):
+                lines.append(f"    {{ long long gi = g0 + {j}LL * blockDim.x;")
+                lines += ["      " + line for line in self.body]
+                lines.append("    }")
+        else:
+            lines += ["    " + line for line in phases]
         lines += ["    return;", "  }",
                   f"  for (int item = 0; item < {n}; ++item) {{",
                   "    long long gi = g0 + (long long)item * blockDim.x;",
@@ -289,6 +296,33 @@ class Kernel:
         lines += ["    " + line for line in self.body]
         lines.append("  }")
         return lines
+
+
+_DECLARED = re.compile(r"^(?:const )?(?:float|double|long long|int|bool) (\w+) = ")
+_STORE = re.compile(r"^\(\((?:float|double|long long|bool) \*\)p\d+\)\[[^;{}]*\] = [^;{}]*;$")
+_LOAD = re.compile(r"\(\((?:float|double|long long|bool) \*\)p\d+\)\[")
+
+
+def _phases(body: list[str], items: int) -> list[str] | None:
+    """The body for `items` items, BLOCK apart, with every item's lines up to its last load
+    first and the rest after: straight-line code whose loads the compiler need not move
+    (with `__restrict__` parameters it may, but nvcc was seen not to). Each item's variables
+    get the suffix _<item>. None unless every line is a declaration or a store (no brace
+    block, no return) and some line loads."""
+    if not all(_DECLARED.match(line) or _STORE.match(line) for line in body):
+        return None
+    names = [m.group(1) for m in map(_DECLARED.match, body) if m]
+    loads = [k for k, line in enumerate(body) if _LOAD.search(line.split("=", 1)[-1])
+             and _DECLARED.match(line)]
+    if not loads or len(names) != len(set(names)):
+        return None
+    split = loads[-1] + 1
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names + ["gi"])) + r")\b")
+    renamed = [[pattern.sub(lambda m, j=j: f"{m.group(1)}_{j}", line) for line in body]
+               for j in range(items)]
+    first = [f"long long gi_{j} = g0 + {j}LL * blockDim.x;" for j in range(items)]
+    return (first + [line for item in renamed for line in item[:split]]
+            + [line for item in renamed for line in item[split:]])
 
 
 def render(kernels: list[Kernel]) -> str:
