@@ -15,8 +15,9 @@
  * - results are deterministic, and cuDNN runs a pass only where it is faster: when a workspace
  *   query (gc_conv2d_workspace_size: the cuda backend's lowering, never inside a stream
  *   capture) first meets a (descriptor, pass), cudnnFind*Algorithm times cuDNN's algorithms
- *   and the fastest that cuDNN marks CUDNN_DETERMINISTIC with a workspace within
- *   kMaxWorkspace is compared with graphc's own kernels, timed the same way on scratch
+ *   and the fastest that cuDNN marks CUDNN_DETERMINISTIC, with a workspace within
+ *   kMaxWorkspace, and that is neither FFT nor Winograd (their float32 error is past the
+ *   rounding rule: vendor_dnn.cu's sums_only) is compared with graphc's own kernels, timed the same way on scratch
  *   buffers; the faster is remembered (as PyTorch's cudnn.benchmark remembers its choice).
  *   A pass no query has met runs graphc's kernels;
  * - `conv_workspace` is what cuDNN needs on top of nothing: the entry reports the larger of
