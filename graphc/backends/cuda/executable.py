@@ -478,7 +478,7 @@ class CudaExecutable:
 
     def conv_providers(self) -> list[str]:
         """What runs each convolution call of the launch list, in launch order:
-        'gc_conv2d_fwd_f32 [32,64,56,56] -> 64 3x3: cuDNN 91002 from libcudnn.so.9, forward
+        'gc_conv2d_fwd_f32 [32,64,56,56] -> 64 3x3: cuDNN 91900 from libcudnn.so.9, forward
         algorithm 1, ...', or graphc's kernels and why cuDNN does not (the runtime's
         gc_conv2d_provider; GRAPHC_CUDA_LIBS=0 forces graphc's kernels)."""
         passes = {"gc_conv2d_fwd_f32": "GC_CONV2D_FWD_IMPLICIT",
