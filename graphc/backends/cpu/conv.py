@@ -504,8 +504,11 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None)
     """out = conv2d(x, w) (out contiguous or not: see `contiguous_out`). `epilogue`: a fused
     body to apply per image on the im2col path (`fused_conv2d`); returns whether it did."""
     g = _geometry(x.type, w.type.shape, out.type.shape[-2:], attrs)
-    from graphc.backends.cpu import conv_direct, conv_winograd
+    from graphc.backends.cpu import conv_direct, conv_few_channels, conv_winograd
 
+    applied = conv_few_channels.conv2d(lw, node, g, x, w, out, epilogue)
+    if applied is not None:
+        return applied
     if conv_direct.conv2d(lw, node, g, x, w, out) or \
             conv_winograd.conv2d(lw, node, g, x, w, out):
         return False

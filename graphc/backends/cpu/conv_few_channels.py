@@ -1,0 +1,297 @@
+"""conv_few_channels: the forward of convolutions with few input channels, register-tiled.
+
+Called first by graphc.backends.cpu.conv's `conv2d` lowering; `conv2d` returns None when the
+node does not take this path. It serves float32 convolutions with at most MAX_CHANNELS
+input channels, stride 1 and groups 1 (ResNet's CIFAR stem, LeNet-5's first layer, the
+benchmark's conv2d case: 64 x 3 x 32 x 32 by 64 x 3 x 3 x 3). There im2col + GEMM has
+K = C*kH*kW = 27 rows: the GEMM is short and thin, im2col writes 27 copies of each image
+and the output is written by the GEMM and then read again by the bias pass, while the
+arithmetic is 226 MFLOP for 16.8 MB of output.
+
+The kernel, per image (split over the cores by images, graphc.backends.cpu.conv_threads):
+- the image's C planes are copied into zero-padded planes in the conv workspace (their
+  border zeroed once per call), so no tap needs a bounds test;
+- the output is cut into tiles of `channels` output channels x `rows` output rows x one
+  segment of a row (one or two vectors of LANES floats; a row's last segment covers the
+  rest in vectors of 8, 4, 2 and 1 floats, so no store is masked and none runs past the
+  row). A tile's sums stay in vector registers through all C*kH*kW taps: per tap it loads
+  the segment's input vectors once (unaligned loads from the padded plane, shifted by the
+  tap) and multiplies them by each channel's weight, broadcast (fused multiply-adds);
+- a bias (a fused `add` of a per-channel vector: the conv2d case) is added in the
+  registers after the last tap, so every output element is stored once, as the sum
+  conv + bias (the same rounding as the separate add); any other fused epilogue runs per
+  image after its tiles, while the image is in cache (graphc.backends.cpu.conv_epilogue).
+
+Rounding: each output sums its taps in order (c, i, j) by fused multiply-adds, not in
+numpy's order: judged by distance from a float64 run (docs/performance.md, "Rounding";
+tests/test_cpu_conv_few_channels.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from graphc.backends.cpu import small_gemm
+from graphc.backends.cpu.conv import (
+    called_kernel,
+    contiguous_in,
+    contiguous_out,
+    iadd,
+    image_kernel,
+    image_strides,
+    imul,
+)
+from graphc.backends.cpu.conv_threads import temporaries, units_loop
+from graphc.backends.cpu.values import F32, i64, loop
+from graphc.types import float32
+
+__all__ = ["MAX_CHANNELS", "Tiling", "conv2d", "tiling_for"]
+
+MAX_CHANNELS = 4  # input channels (per group) this path serves
+MAX_TAPS = 100  # C*kH*kW, every tap unrolled in the tile's code
+SEGMENT_VECTORS = 2  # full vectors of a row segment
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """A tile: `channels` output channels x `rows` output rows x a row segment, whose
+    pieces are vectors of the widths listed (`full`: a segment repeated `segments` times
+    along the row, then `tail` for the rest of the row)."""
+
+    lanes: int
+    channels: int
+    rows: int
+    full: tuple[int, ...]
+    segments: int
+    tail: tuple[int, ...]
+
+
+def _pieces(width: int, lanes: int) -> list[int]:
+    """`width` floats as vectors of `lanes`, then of halving widths (binary remainder)."""
+    out = [lanes] * (width // lanes)
+    rest, piece = width % lanes, lanes // 2
+    while rest:
+        if rest >= piece:
+            out.append(piece)
+            rest -= piece
+        piece //= 2
+    return out
+
+
+def accumulators(lanes: int) -> int:
+    """Vector registers a tile's sums may take: of 32 (AVX-512) or 16 (AVX2), the rest hold
+    a tap's input vectors and a broadcast weight."""
+    return 24 if lanes == 16 else 12
+
+
+def tiling_for(g, dt) -> Tiling | None:
+    """The tiling for a convolution `g` (conv.Geometry), or None where this path does not
+    serve it (see the module docstring; also: sizes known per call, a host without AVX2)."""
+    lanes = small_gemm.lanes()
+    if not lanes or dt is not float32 or g.groups != 1 or g.c > MAX_CHANNELS or \
+            g.stride != (1, 1) or g.k > MAX_TAPS or \
+            not all(type(d) is int for d in (g.c, g.h, g.w, g.o, g.ho, g.wo)) or \
+            min(g.o, g.ho, g.wo) < 1:
+        return None
+    pieces = _pieces(g.wo, lanes)
+    full_vectors = g.wo // lanes
+    segments = full_vectors // SEGMENT_VECTORS
+    full = (lanes,) * SEGMENT_VECTORS if segments else ()
+    tail = tuple(pieces[segments * SEGMENT_VECTORS:])
+    widest = max(len(full), len(tail))
+    budget = accumulators(lanes)
+    if g.o * widest >= budget:
+        rows = 1
+        channels = budget // widest
+        tiles = -(-g.o // channels)
+        channels = -(-g.o // tiles)  # even tiles: 64 channels as 6 x 11, not 5 x 12 + 4
+    else:
+        channels = g.o
+        rows = min(g.ho, max(1, budget // (g.o * widest)))
+    return Tiling(lanes, channels, rows, full, segments, tail)
+
+
+def bias_operand(epilogue, fused) -> int | None:
+    """The operand of a fused epilogue that is exactly `conv + bias` (bias: one value per
+    output channel, float32), whose bias the tiles add in registers; else None."""
+    if epilogue is None:
+        return None
+    body = epilogue
+    leaves, outs, strides, _ = fused
+    if len(body.instrs) != 2 or len(outs) != 1:
+        return None
+    op, args, _ = body.instrs[1]
+    if op != "add" or body.n not in args or len(args) != 2 or body.outputs != (body.n + 1,):
+        return None
+    other = args[0] if args[1] == body.n else args[1]
+    if other == body.n or other not in leaves or outs[0][2] is not float32 or \
+            body.types[other].dtype is not float32:
+        return None
+    k = leaves[other]
+    s = strides[k]
+    if s[0] != 0 or s[2] != 0 or s[3] != 0:
+        return None
+    return k
+
+
+def conv2d(lw, node, g, x, w, out, epilogue) -> bool | None:
+    """out = conv2d(x, w) by register tiles (None: not this path's node); `epilogue` as in
+    conv.conv2d (a fused body to apply; returns whether it did)."""
+    dt = x.type.dtype
+    t = tiling_for(g, dt)
+    if t is None:
+        return None
+    with contiguous_out(lw, out) as dst:
+        return _build(lw, g, t, x, w, dst, epilogue)
+
+
+def _build(lw, g, t: Tiling, x, w, out, epilogue) -> bool:
+    dt = x.type.dtype
+    xs = image_strides(x)
+    w = contiguous_in(lw, w)
+    (ph, pw), (dh, dw) = g.padding, g.dilation
+    hp, wp = g.h + 2 * ph, g.w + 2 * pw
+    plane = g.c * hp * wp
+    split, temps = temporaries(lw, dt, [(plane,)], g.n, g.n * g.o * g.k * g.p)
+    kb, ids = image_kernel(lw, "conv2d_few_channels", [x, w, out] + temps)
+    xi, wi, oi, pi = ids[:4]
+    fused, extra, bias = None, None, None
+    if epilogue is not None:
+        from graphc.backends.cpu.conv_epilogue import epilogue_operands
+
+        fused, extra = epilogue_operands(lw, kb, epilogue, out.type.shape, oi)
+        bias = bias_operand(epilogue, fused)
+        if bias is not None:  # the sum conv + bias goes straight into the node's output
+            oi = fused[1][0][1]
+    kb.recipe = ("conv2d", ("few_channels", g.key(), t, split is not None, extra,
+                            bias is not None),
+                 tuple((op.loc.type, op.loc.strides) for op in kb.operands))
+    b = kb.begin()
+    if b is None:  # built before for a node of the same geometry
+        lw.calls.append(called_kernel(lw, kb.kernel, split))
+        return fused is not None
+    taps = [(c * g.kh * g.kw + i * g.kw + j, c * hp * wp + i * dh * wp + j * dw)
+            for c in range(g.c) for i in range(g.kh) for j in range(g.kw)]
+    bias_stride = None if bias is None else fused[2][bias][1]
+    tiles = _Tiles(kb, t, g, taps, wi, pi, wp, oi, bias, bias_stride)
+    with loop(b, 0, plane, "zero") as q:
+        kb.store(b, pi, q, ir.Constant(F32, 0.0))
+    with units_loop(b, kb, split, ids[-1], g.n, "n") as n:
+        with loop(b, 0, g.c, "pc") as c, loop(b, 0, g.h, "pr") as r:
+            src = iadd(b, imul(b, n, xs[0]), imul(b, c, xs[1]), imul(b, r, xs[2]))
+            dst = iadd(b, imul(b, c, hp * wp), imul(b, r, wp), ph * wp + pw)
+            with loop(b, 0, g.w, "pq") as q:
+                kb.store(b, pi, b.add(dst, q),
+                         kb.load(b, xi, b.add(src, imul(b, q, xs[3]))))
+        tiles.image(b, n)
+        if fused is not None and bias is None:  # the image's output is still in cache
+            from graphc.backends.cpu.conv_epilogue import apply_epilogue
+
+            apply_epilogue(lw, kb, b, epilogue, fused, n)
+    lw.calls.append(called_kernel(lw, kb.finish(b), split))
+    return fused is not None
+
+
+class _Tiles:
+    """The code of one image's tiles (`image`): output-channel tiles, then row blocks, then
+    row segments, each tile's sums in registers through every tap."""
+
+    def __init__(self, kb, t: Tiling, g, taps, wi, pi, wp, oi, bias, bias_stride) -> None:
+        self.kb, self.t, self.g, self.taps = kb, t, g, taps
+        self.wi, self.pi, self.wp, self.oi = wi, pi, wp, oi
+        self.bias, self.bias_stride = bias, bias_stride
+
+    def image(self, b, n) -> None:
+        t, g = self.t, self.g
+        full, rest = divmod(g.o, t.channels)
+        out_image = imul(b, n, g.o * g.p)
+        if full:
+            with loop(b, 0, full, "otile") as k:
+                self.channel_tile(b, out_image, b.mul(k, i64(t.channels)), t.channels)
+        if rest:
+            self.channel_tile(b, out_image, i64(full * t.channels), rest)
+
+    def channel_tile(self, b, out_image, o0, channels: int) -> None:
+        t, g = self.t, self.g
+        full, rest = divmod(g.ho, t.rows)
+        if full:
+            with loop(b, 0, full, "rblock") as k:
+                self.row_block(b, out_image, o0, channels, b.mul(k, i64(t.rows)), t.rows)
+        if rest:
+            self.row_block(b, out_image, o0, channels, i64(full * t.rows), rest)
+
+    def row_block(self, b, out_image, o0, channels: int, r0, rows: int) -> None:
+        t = self.t
+        width = sum(t.full)
+        if t.segments == 1:
+            self.tile(b, out_image, o0, channels, r0, rows, i64(0), t.full)
+        elif t.segments:
+            with loop(b, 0, t.segments, "seg") as s:
+                self.tile(b, out_image, o0, channels, r0, rows, b.mul(s, i64(width)), t.full)
+        if t.tail:
+            self.tile(b, out_image, o0, channels, r0, rows, i64(t.segments * width), t.tail)
+
+    def tile(self, b, out_image, o0, channels: int, r0, rows: int, col0, pieces) -> None:
+        """out[o0 + o, r0 + r, col0 + pieces] for o < channels, r < rows: the sums over
+        every tap, in registers, (+ bias), stored once."""
+        kb, g, wp = self.kb, self.g, self.wp
+        starts = [sum(pieces[:k]) for k in range(len(pieces))]
+        vecs = [_vector(p) for p in pieces]
+        origin = b.add(b.mul(r0, i64(wp)), col0)  # the tile's first input, tap (0, 0, 0)
+        w_rows = [b.mul(b.add(o0, i64(o)), i64(g.k)) for o in range(channels)]
+        sums = [[[None] * len(pieces) for _ in range(rows)] for _ in range(channels)]
+        for tap, offset in self.taps:
+            inputs = [[self._load(b, kb.pointer(b, self.pi, b.add(origin, i64(
+                offset + r * wp + start))), vec) for start, vec in zip(starts, vecs)]
+                for r in range(rows)]
+            for o in range(channels):
+                weight = kb.load(b, self.wi, b.add(w_rows[o], i64(tap)))
+                splats = {}
+                for r in range(rows):
+                    for k, (vec, x) in enumerate(zip(vecs, inputs[r])):
+                        if vec not in splats:
+                            splats[vec] = _splat(b, weight, vec)
+                        acc = sums[o][r][k]
+                        sums[o][r][k] = b.fmul(splats[vec], x) if acc is None else \
+                            _fma(b, splats[vec], x, acc)
+        for o in range(channels):
+            channel = b.add(o0, i64(o))
+            if self.bias is not None:
+                value = kb.load(b, self.bias, b.mul(channel, i64(self.bias_stride)))
+            row0 = b.add(out_image, b.mul(channel, i64(g.p)))
+            for r in range(rows):
+                at = b.add(row0, b.add(b.mul(b.add(r0, i64(r)), i64(g.wo)), col0))
+                for k, (start, vec) in enumerate(zip(starts, vecs)):
+                    v = sums[o][r][k]
+                    if self.bias is not None:
+                        v = b.fadd(v, _splat(b, value, vec))
+                    ptr = kb.pointer(b, self.oi, b.add(at, i64(start)))
+                    b.store(v, ptr, align=4)
+
+    @staticmethod
+    def _load(b, ptr, vec):
+        return b.load(ptr, typ=vec, align=4)
+
+
+def _vector(width: int):
+    return F32 if width == 1 else ir.VectorType(F32, width)
+
+
+def _splat(b, scalar, vec):
+    if vec is F32:
+        return scalar
+    one = b.insert_element(ir.Constant(vec, ir.Undefined), scalar, i64(0))
+    zeros = ir.Constant(ir.VectorType(ir.IntType(32), vec.count), [0] * vec.count)
+    return b.shuffle_vector(one, ir.Constant(vec, ir.Undefined), zeros)
+
+
+def _fma(b, x, y, acc):
+    """x*y + acc, one rounding (llvm.fma, vector or scalar)."""
+    vec = x.type
+    name = "llvm.fma.f32" if vec is F32 else f"llvm.fma.v{vec.count}f32"
+    fn = b.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(vec, [vec, vec, vec]), name)
+    return b.call(fn, [x, y, acc])
