@@ -44,7 +44,7 @@ from graphc.backends.cpu.conv import (
     imul,
 )
 from graphc.backends.cpu.conv_threads import temporaries, units_loop
-from graphc.backends.cpu.values import F32, i64, loop
+from graphc.backends.cpu.values import F32, I64, i64, loop
 from graphc.types import float32
 
 __all__ = ["MAX_CHANNELS", "Tiling", "conv2d", "tiling_for"]
@@ -52,6 +52,7 @@ __all__ = ["MAX_CHANNELS", "Tiling", "conv2d", "tiling_for"]
 MAX_CHANNELS = 4  # input channels (per group) this path serves
 MAX_TAPS = 100  # C*kH*kW, every tap unrolled in the tile's code
 SEGMENT_VECTORS = 2  # full vectors of a row segment
+STREAM = False
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ class _Tiles:
 
     def __init__(self, kb, t: Tiling, g, taps, wi, pi, wp, oi, bias, bias_stride) -> None:
         self.kb, self.t, self.g, self.taps = kb, t, g, taps
+        self.hp = g.h + 2 * g.padding[0]
         self.wi, self.pi, self.wp, self.oi = wi, pi, wp, oi
         self.bias, self.bias_stride = bias, bias_stride
 
@@ -236,26 +238,12 @@ class _Tiles:
     def tile(self, b, out_image, o0, channels: int, r0, rows: int, col0, pieces) -> None:
         """out[o0 + o, r0 + r, col0 + pieces] for o < channels, r < rows: the sums over
         every tap, in registers, (+ bias), stored once."""
-        kb, g, wp = self.kb, self.g, self.wp
+        kb, g = self.kb, self.g
         starts = [sum(pieces[:k]) for k in range(len(pieces))]
         vecs = [_vector(p) for p in pieces]
-        origin = b.add(b.mul(r0, i64(wp)), col0)  # the tile's first input, tap (0, 0, 0)
+        origin = b.add(b.mul(r0, i64(self.wp)), col0)  # the tile's first input, tap (0, 0, 0)
         w_rows = [b.mul(b.add(o0, i64(o)), i64(g.k)) for o in range(channels)]
-        sums = [[[None] * len(pieces) for _ in range(rows)] for _ in range(channels)]
-        for tap, offset in self.taps:
-            inputs = [[self._load(b, kb.pointer(b, self.pi, b.add(origin, i64(
-                offset + r * wp + start))), vec) for start, vec in zip(starts, vecs)]
-                for r in range(rows)]
-            for o in range(channels):
-                weight = kb.load(b, self.wi, b.add(w_rows[o], i64(tap)))
-                splats = {}
-                for r in range(rows):
-                    for k, (vec, x) in enumerate(zip(vecs, inputs[r])):
-                        if vec not in splats:
-                            splats[vec] = _splat(b, weight, vec)
-                        acc = sums[o][r][k]
-                        sums[o][r][k] = b.fmul(splats[vec], x) if acc is None else \
-                            _fma(b, splats[vec], x, acc)
+        sums = self.tap_sums(b, origin, w_rows, rows, starts, vecs)
         for o in range(channels):
             channel = b.add(o0, i64(o))
             if self.bias is not None:
@@ -268,7 +256,54 @@ class _Tiles:
                     if self.bias is not None:
                         v = b.fadd(v, _splat(b, value, vec))
                     ptr = kb.pointer(b, self.oi, b.add(at, i64(start)))
-                    b.store(v, ptr, align=4)
+                    st = b.store(v, ptr, align=4)
+                    if STREAM and vec is not F32 and vec.count == 16:
+                        st.align = 64
+                        st.set_metadata("nontemporal", b.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+
+    def tap_sums(self, b, origin, w_rows, rows: int, starts, vecs) -> list:
+        """The tile's sums over every tap: a loop over the kernel rows of every input
+        channel (t = c*kH + i), the kW taps of a kernel row unrolled; the sums are phi
+        nodes through the loop: [channel][row][piece]."""
+        kb, g, wp = self.kb, self.g, self.wp
+        pre = b.block
+        body = b.append_basic_block("taps.body")
+        b.branch(body)
+        b.position_at_end(body)
+        t = b.phi(I64, name="t")
+        t.add_incoming(i64(0), pre)
+        sums = [[[b.phi(vec) for vec in vecs] for _ in range(rows)] for _ in w_rows]
+        for per_row in sums:
+            for row in per_row:
+                for s, vec in zip(row, vecs):
+                    s.add_incoming(_zeros(vec), pre)
+        c, i = (b.udiv(t, i64(g.kh)), b.urem(t, i64(g.kh))) if g.kh > 1 else (t, i64(0))
+        base = b.add(origin, b.add(b.mul(c, i64(self.hp * wp)),
+                                   b.mul(i, i64(g.dilation[0] * wp))))
+        new = [[list(row) for row in per_row] for per_row in sums]
+        for j in range(g.kw):
+            at = b.add(base, i64(j * g.dilation[1]))
+            inputs = [[b.load(kb.pointer(b, self.pi, b.add(at, i64(r * wp + start))),
+                              typ=vec, align=4) for start, vec in zip(starts, vecs)]
+                      for r in range(rows)]
+            tap = b.add(b.mul(t, i64(g.kw)), i64(j))
+            for o, w_row in enumerate(w_rows):
+                weight = kb.load(b, self.wi, b.add(w_row, tap))
+                splats = {vec: _splat(b, weight, vec) for vec in set(vecs)}
+                for r in range(rows):
+                    for k, (vec, x) in enumerate(zip(vecs, inputs[r])):
+                        new[o][r][k] = _fma(b, splats[vec], x, new[o][r][k])
+        nxt = b.add(t, i64(1), name="t.next")
+        nxt.flags.append("nuw")
+        for per_row, per_row_new in zip(sums, new):
+            for row, row_new in zip(per_row, per_row_new):
+                for s, s_new in zip(row, row_new):
+                    s.add_incoming(s_new, b.block)
+        t.add_incoming(nxt, b.block)
+        end = b.append_basic_block("taps.end")
+        b.cbranch(b.icmp_unsigned("<", nxt, i64(g.c * g.kh)), body, end)
+        b.position_at_end(end)
+        return new
 
     @staticmethod
     def _load(b, ptr, vec):
@@ -277,6 +312,10 @@ class _Tiles:
 
 def _vector(width: int):
     return F32 if width == 1 else ir.VectorType(F32, width)
+
+
+def _zeros(vec):
+    return ir.Constant(vec, 0.0 if vec is F32 else [0.0] * vec.count)
 
 
 def _splat(b, scalar, vec):
