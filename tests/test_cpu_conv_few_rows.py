@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
+from graphc.backends.cpu import conv_few_channels  # noqa: E402
 from tests.test_cpu_backend import compare  # noqa: E402
 from tests.test_cpu_conv_paths import (
     _graphs,  # noqa: E402
@@ -21,6 +22,10 @@ from tests.test_cpu_conv_paths import (
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    # forwards with <= 4 input channels at stride 1 take conv_few_channels' tiles (tested in
+    # test_cpu_conv_few_channels.py); the direct loops still serve the others (groups,
+    # strides, more input channels), so these cases keep testing them
+    monkeypatch.setattr(conv_few_channels, "MAX_CHANNELS", 0)
 
 
 # (input, weight, stride, padding, groups)

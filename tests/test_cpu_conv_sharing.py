@@ -103,8 +103,8 @@ def _check_against_unshared(monkeypatch, text: str, seed: int) -> dict[str, str]
     return _names_by_value(shared)
 
 
-@pytest.mark.parametrize("path,c,o,groups", [("im2col", 4, 16, 1), ("winograd", 16, 16, 1),
-                                             ("depthwise", 8, 8, 8)])
+@pytest.mark.parametrize("path,c,o,groups", [("im2col", 8, 16, 1), ("winograd", 16, 16, 1),
+                                             ("depthwise", 8, 8, 8), ("few_channels", 4, 16, 1)])
 def test_convolutions_of_one_geometry_share_a_kernel(monkeypatch, path, c, o, groups):
     names = _check_against_unshared(monkeypatch, conv_graph(c, o, groups), seed=len(path))
     assert names["a"] == names["b"]
@@ -112,7 +112,7 @@ def test_convolutions_of_one_geometry_share_a_kernel(monkeypatch, path, c, o, gr
     assert names["gw1"] == names["gw2"]
     assert len({names["a"], names["c"], names["d"]}) == 3  # other strides, other geometry
     expected = {"im2col": "conv2d", "winograd": "conv2d_winograd",
-                "depthwise": "conv2d_depthwise"}[path]
+                "depthwise": "conv2d_depthwise", "few_channels": "conv2d_few_channels"}[path]
     assert names["a"].endswith("_" + expected)
 
 

@@ -11,9 +11,11 @@ used by codegen's `Lowerer`, passed in as `lw`: its Locations, kernel list, scra
   over all their columns, whose result is copied out to NCHW. A 1x1 kernel with stride 1
   and no padding reads the image itself as the columns (one image per GEMM).
   Depthwise convolutions and those with few output channels per group take direct loops
-  instead (graphc.backends.cpu.conv_direct); 3x3 stride-1 convolutions with 16 channels or
-  more take Winograd's F(2x2, 3x3) (graphc.backends.cpu.conv_winograd), forward and input
-  gradient. Bias and activation are the fused node's epilogue (codegen).
+  instead (graphc.backends.cpu.conv_direct), forwards with at most 4 input channels at
+  stride 1 register tiles (graphc.backends.cpu.conv_few_channels); 3x3 stride-1
+  convolutions with 16 channels or more take Winograd's F(2x2, 3x3)
+  (graphc.backends.cpu.conv_winograd), forward and input gradient. Bias and activation are
+  the fused node's epilogue (codegen).
 - `conv2d_input_grad`: per image or block, one GEMM per group `cols_g = W_g^T @ gy_g` (a
   block's gradients gathered into one matrix first), then col2im adds every column entry
   back into its input position (overlaps accumulate, in the kernel offset order of the numpy

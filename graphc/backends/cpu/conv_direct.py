@@ -23,13 +23,11 @@ On more than one core the image loop (the output-channel loop of the weight grad
 channel's gradient is one thread's, no partial sums) is split over the threads, each with
 its own padded planes (graphc.backends.cpu.conv_threads).
 
-Tried and dropped: the same register-summed loops for the forward of convolutions with
-C_in <= 4 (ResNet's stem, LeNet's first layer; all C*kH*kW taps per output position over a
-zero-padded image) ran at 52 GFLOP/s against 70 for im2col + GEMM (1-thread CPU time, stem
-shape): the 256-bit vectors LLVM picks here and one load per tap lose to OpenBLAS's kernel.
-Blocking 8 output channels per loop, each input load shared by the block, was no better on
-the whole (in-process A/B, 1 thread, CPU time, against im2col + GEMM: 64x3x32x32 by 64x3x3x3
-0.82-0.89x, but 32 outputs 1.2-1.4x, stride 2 on 64x64 2.9x, LeNet's 1x5x5 1.6x slower).
+Forwards with C_in <= 4 at stride 1 (ResNet's stem, LeNet's first layer) go to
+graphc.backends.cpu.conv_few_channels instead, whose explicit vector tiles (several output
+channels sharing each input load) run 2-2.5x faster than these loops or im2col + GEMM; these
+loops, vectorised by LLVM one output channel at a time, ran at 52 GFLOP/s there against 70
+for im2col + GEMM. The few-rows forward still serves groups, strides and C_in > 4.
 
 Sums run in tap order (c, i, j), not in numpy's order: results are judged by distance from
 a float64 run (docs/performance.md, "Rounding"; tests/test_cpu_conv_paths.py).

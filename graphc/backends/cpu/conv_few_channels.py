@@ -29,7 +29,7 @@ tests/test_cpu_conv_few_channels.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from llvmlite import ir
 
@@ -52,7 +52,6 @@ __all__ = ["MAX_CHANNELS", "Tiling", "conv2d", "tiling_for"]
 MAX_CHANNELS = 4  # input channels (per group) this path serves
 MAX_TAPS = 100  # C*kH*kW, every tap unrolled in the tile's code
 SEGMENT_VECTORS = 2  # full vectors of a row segment
-STREAM = False
 
 
 @dataclass(frozen=True)
@@ -114,9 +113,10 @@ def tiling_for(g, dt) -> Tiling | None:
     return Tiling(lanes, channels, rows, full, segments, tail)
 
 
-def bias_operand(epilogue, fused) -> int | None:
+def bias_operand(epilogue, fused, g) -> int | None:
     """The operand of a fused epilogue that is exactly `conv + bias` (bias: one value per
-    output channel, float32), whose bias the tiles add in registers; else None."""
+    output channel, float32; the sum written to a contiguous output), whose bias the tiles
+    add in registers; else None."""
     if epilogue is None:
         return None
     body = epilogue
@@ -131,8 +131,9 @@ def bias_operand(epilogue, fused) -> int | None:
             body.types[other].dtype is not float32:
         return None
     k = leaves[other]
-    s = strides[k]
-    if s[0] != 0 or s[2] != 0 or s[3] != 0:
+    s, so = strides[k], strides[outs[0][1]]
+    if s[0] != 0 or s[2] != 0 or s[3] != 0 or so[1:] != (g.p, g.wo, 1) or \
+            (g.n != 1 and so[0] != g.o * g.p):
         return None
     return k
 
@@ -152,7 +153,7 @@ def _build(lw, g, t: Tiling, x, w, out, epilogue) -> bool:
     dt = x.type.dtype
     xs = image_strides(x)
     w = contiguous_in(lw, w)
-    (ph, pw), (dh, dw) = g.padding, g.dilation
+    (ph, pw) = g.padding
     hp, wp = g.h + 2 * ph, g.w + 2 * pw
     plane = g.c * hp * wp
     split, temps = temporaries(lw, dt, [(plane,)], g.n, g.n * g.o * g.k * g.p)
@@ -163,20 +164,18 @@ def _build(lw, g, t: Tiling, x, w, out, epilogue) -> bool:
         from graphc.backends.cpu.conv_epilogue import epilogue_operands
 
         fused, extra = epilogue_operands(lw, kb, epilogue, out.type.shape, oi)
-        bias = bias_operand(epilogue, fused)
+        bias = bias_operand(epilogue, fused, g)
         if bias is not None:  # the sum conv + bias goes straight into the node's output
             oi = fused[1][0][1]
-    kb.recipe = ("conv2d", ("few_channels", g.key(), t, split is not None, extra,
+    kb.recipe = ("conv2d", ("few_channels", g.key(), astuple(t), split is not None, extra,
                             bias is not None),
                  tuple((op.loc.type, op.loc.strides) for op in kb.operands))
     b = kb.begin()
     if b is None:  # built before for a node of the same geometry
         lw.calls.append(called_kernel(lw, kb.kernel, split))
         return fused is not None
-    taps = [(c * g.kh * g.kw + i * g.kw + j, c * hp * wp + i * dh * wp + j * dw)
-            for c in range(g.c) for i in range(g.kh) for j in range(g.kw)]
     bias_stride = None if bias is None else fused[2][bias][1]
-    tiles = _Tiles(kb, t, g, taps, wi, pi, wp, oi, bias, bias_stride)
+    tiles = _Tiles(kb, t, g, wi, pi, oi, bias, bias_stride)
     with loop(b, 0, plane, "zero") as q:
         kb.store(b, pi, q, ir.Constant(F32, 0.0))
     with units_loop(b, kb, split, ids[-1], g.n, "n") as n:
@@ -199,10 +198,10 @@ class _Tiles:
     """The code of one image's tiles (`image`): output-channel tiles, then row blocks, then
     row segments, each tile's sums in registers through every tap."""
 
-    def __init__(self, kb, t: Tiling, g, taps, wi, pi, wp, oi, bias, bias_stride) -> None:
-        self.kb, self.t, self.g, self.taps = kb, t, g, taps
-        self.hp = g.h + 2 * g.padding[0]
-        self.wi, self.pi, self.wp, self.oi = wi, pi, wp, oi
+    def __init__(self, kb, t: Tiling, g, wi, pi, oi, bias, bias_stride) -> None:
+        self.kb, self.t, self.g = kb, t, g
+        self.hp, self.wp = g.h + 2 * g.padding[0], g.w + 2 * g.padding[1]
+        self.wi, self.pi, self.oi = wi, pi, oi
         self.bias, self.bias_stride = bias, bias_stride
 
     def image(self, b, n) -> None:
@@ -256,10 +255,7 @@ class _Tiles:
                     if self.bias is not None:
                         v = b.fadd(v, _splat(b, value, vec))
                     ptr = kb.pointer(b, self.oi, b.add(at, i64(start)))
-                    st = b.store(v, ptr, align=4)
-                    if STREAM and vec is not F32 and vec.count == 16:
-                        st.align = 64
-                        st.set_metadata("nontemporal", b.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+                    b.store(v, ptr, align=4)
 
     def tap_sums(self, b, origin, w_rows, rows: int, starts, vecs) -> list:
         """The tile's sums over every tap: a loop over the kernel rows of every input

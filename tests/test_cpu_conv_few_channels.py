@@ -1,0 +1,179 @@
+"""The register-tiled forward for convolutions with few input channels
+(graphc.backends.cpu.conv_few_channels): row segments with tails of every vector width,
+row blocks, output-channel tiles with a remainder, padding, dilation, unbatched and strided
+inputs, a bias added in registers or another fused epilogue, one thread and all cores;
+checked against the interpreter and within 2x eager's distance from a float64 run; the
+convolutions it does not serve keep their paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+
+import graphc  # noqa: E402
+from graphc.backends.cpu import conv_few_channels, conv_threads, small_gemm, threads  # noqa: E402
+from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
+from graphc.backends.cpu.conv import Geometry  # noqa: E402
+from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from graphc.ir.interpreter import run as interpret  # noqa: E402
+from graphc.passes.fuse import fuse  # noqa: E402
+from graphc.passes.plan import plan_buffers  # noqa: E402
+from graphc.testing import assert_rounding_within  # noqa: E402
+from graphc.types import float32, float64  # noqa: E402
+from tests.test_cpu_backend import compare  # noqa: E402
+from tests.test_cpu_conv_paths import _graphs  # noqa: E402
+
+resolve_blas()  # hands the BLAS's thread count to generated code (threads.install)
+COUNTS = sorted({1, threads.image_threads()})  # one thread, and all cores where they split
+MARKER = "conv2d_few_channels"
+needs_vectors = pytest.mark.skipif(not small_gemm.lanes(),
+                                   reason="the host has no AVX2/AVX-512: the path is off")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _geometry(xs, ws, padding=(1, 1), stride=(1, 1), groups=1, dilation=(1, 1)):
+    ho = xs[-2] + 2 * padding[0] - dilation[0] * (ws[2] - 1)
+    wo = xs[-1] + 2 * padding[1] - dilation[1] * (ws[3] - 1)
+    return Geometry(xs[0], xs[-3], xs[-2], xs[-1], ws[0], groups, ws[2], ws[3], ho, wo,
+                    stride, padding, dilation)
+
+
+def test_row_pieces_cover_the_row_in_halving_widths():
+    assert conv_few_channels._pieces(32, 16) == [16, 16]
+    assert conv_few_channels._pieces(28, 16) == [16, 8, 4]
+    assert conv_few_channels._pieces(31, 8) == [8, 8, 8, 4, 2, 1]
+    assert conv_few_channels._pieces(3, 16) == [2, 1]
+
+
+@needs_vectors
+def test_tilings():
+    lanes = small_gemm.lanes()
+    budget = conv_few_channels.accumulators(lanes)
+    # the conv2d case: one segment of two vectors (AVX-512), even channel tiles
+    t = conv_few_channels.tiling_for(_geometry((64, 3, 32, 32), (64, 3, 3, 3)), float32)
+    assert t.full and t.rows == 1 and t.channels * len(t.full) <= budget
+    assert -(-64 // t.channels) * t.channels - 64 < -(-64 // t.channels)  # even tiles
+    # few output channels: several rows a tile
+    t = conv_few_channels.tiling_for(_geometry((2, 1, 6, 6), (2, 1, 3, 3)), float32)
+    assert t.channels == 2 and t.rows > 1
+    for refused in [_geometry((2, 5, 8, 8), (4, 5, 3, 3)),  # 5 input channels
+                    _geometry((2, 3, 8, 8), (4, 3, 3, 3), stride=(2, 2)),
+                    _geometry((2, 4, 8, 8), (4, 2, 3, 3), groups=2)]:
+        assert conv_few_channels.tiling_for(refused, float32) is None
+    assert conv_few_channels.tiling_for(_geometry((2, 3, 8, 8), (4, 3, 3, 3)), float64) \
+        is None
+
+
+# (input, weight, padding, dilation): what each exercises
+CASES = [
+    ((3, 3, 10, 32), (20, 3, 3, 3), (1, 1), (1, 1)),  # one full segment; channel remainder
+    ((2, 1, 12, 28), (6, 1, 5, 5), (2, 2), (1, 1)),  # LeNet's row: 16 + 8 + 4
+    ((2, 2, 7, 71), (5, 2, 3, 3), (1, 1), (1, 1)),  # segments loop + a tail 4 + 2 + 1
+    ((2, 4, 9, 5), (3, 4, 3, 2), (0, 1), (1, 1)),  # rows per tile with a row remainder
+    ((1, 3, 11, 13), (7, 3, 3, 3), (2, 1), (2, 2)),  # dilation, uneven padding
+    ((3, 6, 6), (9, 3, 1, 1), (0, 0), (1, 1)),  # unbatched, 1x1
+    ((2, 4, 6, 6), (4, 4, 5, 5), (2, 2), (1, 1)),  # 100 taps (MAX_TAPS)
+]
+
+
+@needs_vectors
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_few_channels_forward(case):
+    """Equal to the interpreter within float32 rounding, within 2x eager's distance from
+    float64 (the taps are summed in another order), lowered through this path."""
+    xs, ws, padding, dilation = CASES[case]
+    rng = np.random.default_rng(sum(xs) + 7 * sum(ws))
+    _, graphs = _graphs(xs, ws, (1, 1), padding, 1, dilation=dilation)
+    _, wide = _graphs(xs, ws, (1, 1), padding, 1, "float64", dilation)
+    args = [rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)]
+    exe = compare(graphs["fwd"], args, rtol=1e-4)
+    got = exe.run(*args)[0]
+    eager = interpret(graphs["fwd"], *args)[0]
+    reference = interpret(wide["fwd"], *[a.astype(np.float64) for a in args])[0]
+    assert_rounding_within(got, eager, reference)
+    assert MARKER in exe.lowered.ir_text
+
+
+@needs_vectors
+@pytest.mark.parametrize("shape", [((2, 5, 8, 8), (4, 5, 3, 3), (1, 1), 1),  # 5 channels
+                                   ((2, 3, 9, 9), (4, 3, 3, 3), (2, 2), 1),  # stride 2
+                                   ((2, 4, 8, 8), (4, 2, 3, 3), (1, 1), 2)])  # groups
+def test_others_keep_their_paths(shape):
+    xs, ws, stride, groups = shape
+    _, graphs = _graphs(xs, ws, stride, (1, 1), groups)
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in (xs, ws)]
+    assert MARKER not in compare(graphs["fwd"], arrays, rtol=1e-4).lowered.ir_text
+
+
+def _fused_run(f, arrays, count):
+    graph = fuse(graphc.trace(f, *[graphc.tensor(a) for a in arrays]))
+    assert any(n.op == "fused" and n.attrs["body"][0][0] == "conv2d" for n in graph.nodes)
+    want = interpret(graph, *arrays)
+    plan_buffers(graph)
+    exe = CpuExecutable(graph)
+    exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+    return exe, want, exe.run(*[a.copy() for a in arrays])
+
+
+@needs_vectors
+@pytest.mark.parametrize("count", COUNTS)
+def test_bias_in_registers(count, monkeypatch):
+    """conv2d + bias (the benchmark's case): one kernel, no epilogue pass, the output
+    stored once; the sum is conv + bias as the separate add rounds it."""
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    rng = np.random.default_rng(count)
+    arrays = [rng.standard_normal(s).astype(np.float32)
+              for s in ((5, 3, 9, 20), (18, 3, 3, 3), (18,))]
+    exe, want, got = _fused_run(lambda x, w, b: graphc.conv2d(x, w, b, padding=1), arrays,
+                                count)
+    assert len(exe.lowered.kernels) == 1 and MARKER in exe.lowered.kernels[0]
+    assert (".split" in exe.lowered.ir_text) == (COUNTS[-1] > 1)  # split over images
+    assert "eo.head" not in exe.lowered.ir_text  # no per-image epilogue loop
+    wide = [a.astype(np.float64) for a in arrays]
+    reference = interpret(fuse(graphc.trace(
+        lambda x, w, b: graphc.conv2d(x, w, b, padding=1),
+        *[graphc.tensor(a) for a in wide])), *wide)[0]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert_rounding_within(got[0], want[0], reference)
+
+
+@needs_vectors
+@pytest.mark.parametrize("count", COUNTS)
+def test_other_epilogues_run_per_image(count, monkeypatch):
+    """LeNet's first layer: conv + bias, relu and the relu mask (a bool output): the
+    epilogue runs per image inside the kernel."""
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    rng = np.random.default_rng(7 + count)
+    arrays = [rng.standard_normal(s).astype(np.float32)
+              for s in ((3, 1, 12, 12), (6, 1, 5, 5), (6,))]
+
+    def f(x, w, b):
+        y = graphc.conv2d(x, w, b, padding=2)
+        return y.relu(), y > 0
+
+    exe, want, got = _fused_run(f, arrays, count)
+    assert len(exe.lowered.kernels) == 1 and MARKER in exe.lowered.kernels[0]
+    assert "eo.head" in exe.lowered.ir_text
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+@needs_vectors
+def test_strided_input_view():
+    rng = np.random.default_rng(2)
+    x = graphc.tensor(rng.standard_normal((2, 3, 9, 8)).astype(np.float32))
+    w = graphc.tensor(rng.standard_normal((5, 3, 3, 3)).astype(np.float32))
+    graph = graphc.trace(lambda x, w: graphc.conv2d(x.permute(0, 1, 3, 2), w, padding=1), x, w)
+    want = interpret(graph, x.numpy(), w.numpy())[0]
+    plan_buffers(graph)
+    exe = CpuExecutable(graph)
+    np.testing.assert_allclose(exe.run(x.numpy(), w.numpy())[0], want, rtol=1e-5, atol=1e-5)
+    assert MARKER in exe.lowered.ir_text
