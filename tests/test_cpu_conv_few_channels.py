@@ -63,10 +63,13 @@ def test_tilings():
     # few output channels: several rows a tile
     t = conv_few_channels.tiling_for(_geometry((2, 1, 6, 6), (2, 1, 3, 3)), float32)
     assert t.channels == 2 and t.rows > 1
-    for refused in [_geometry((2, 5, 8, 8), (4, 5, 3, 3)),  # 5 input channels
+    for refused in [_geometry((2, 9, 8, 8), (4, 9, 3, 3)),  # 9 input channels
                     _geometry((2, 3, 8, 8), (4, 3, 3, 3), stride=(2, 2)),
-                    _geometry((2, 4, 8, 8), (4, 2, 3, 3), groups=2)]:
+                    _geometry((2, 4, 8, 8), (4, 2, 3, 3), groups=2),
+                    _geometry((2, 3, 14, 14), (32, 3, 3, 3))]:  # 14 of 32 lanes (8+4+2)
         assert conv_few_channels.tiling_for(refused, float32) is None
+    # ... unless the alternative is the few-rows loops (fewer than 16 output channels)
+    assert conv_few_channels.tiling_for(_geometry((2, 3, 14, 14), (6, 3, 3, 3)), float32)
     assert conv_few_channels.tiling_for(_geometry((2, 3, 8, 8), (4, 3, 3, 3)), float64) \
         is None
 
@@ -80,6 +83,7 @@ CASES = [
     ((1, 3, 11, 13), (7, 3, 3, 3), (2, 1), (2, 2)),  # dilation, uneven padding
     ((3, 6, 6), (9, 3, 1, 1), (0, 0), (1, 1)),  # unbatched, 1x1
     ((2, 4, 6, 6), (4, 4, 5, 5), (2, 2), (1, 1)),  # 100 taps (MAX_TAPS)
+    ((2, 8, 5, 16), (17, 8, 3, 3), (1, 1), (1, 1)),  # 8 input channels (MAX_CHANNELS)
 ]
 
 
@@ -102,7 +106,7 @@ def test_few_channels_forward(case):
 
 
 @needs_vectors
-@pytest.mark.parametrize("shape", [((2, 5, 8, 8), (4, 5, 3, 3), (1, 1), 1),  # 5 channels
+@pytest.mark.parametrize("shape", [((2, 9, 8, 8), (4, 9, 3, 3), (1, 1), 1),  # 9 channels
                                    ((2, 3, 9, 9), (4, 3, 3, 3), (2, 2), 1),  # stride 2
                                    ((2, 4, 8, 8), (4, 2, 3, 3), (1, 1), 2)])  # groups
 def test_others_keep_their_paths(shape):

@@ -2,8 +2,9 @@
 
 Called first by graphc.backends.cpu.conv's `conv2d` lowering; `conv2d` returns None when the
 node does not take this path. It serves float32 convolutions with at most MAX_CHANNELS
-input channels, stride 1 and groups 1 (ResNet's CIFAR stem, LeNet-5's first layer, the
-benchmark's conv2d case: 64 x 3 x 32 x 32 by 64 x 3 x 3 x 3). There im2col + GEMM has
+input channels, stride 1 and groups 1, on rows that fill the vectors well enough
+(MIN_LANE_USE): ResNet's CIFAR stem, LeNet-5's first layer, the benchmark's conv2d case
+(64 x 3 x 32 x 32 by 64 x 3 x 3 x 3). There im2col + GEMM has
 K = C*kH*kW = 27 rows: the GEMM is short and thin, im2col writes 27 copies of each image
 and the output is written by the GEMM and then read again by the bias pass, while the
 arithmetic is 226 MFLOP for 16.8 MB of output.
@@ -33,7 +34,7 @@ from dataclasses import astuple, dataclass
 
 from llvmlite import ir
 
-from graphc.backends.cpu import small_gemm
+from graphc.backends.cpu import conv_direct, small_gemm
 from graphc.backends.cpu.conv import (
     called_kernel,
     contiguous_in,
@@ -49,8 +50,16 @@ from graphc.types import float32
 
 __all__ = ["MAX_CHANNELS", "Tiling", "conv2d", "tiling_for"]
 
-MAX_CHANNELS = 4  # input channels (per group) this path serves
-MAX_TAPS = 100  # C*kH*kW, every tap unrolled in the tile's code
+# Which convolutions this path serves (measured against im2col + GEMM, 1-thread CPU time,
+# in-process A/B, docs/performance.md "Convolution (CPU)", seventh session): up to 8 input
+# channels 2-2.5x faster on rows of 16 floats or more (3->64 on 32x32, 8->32 on 16x16),
+# even at 8x8; rows that fill less than half the vector lanes they take (10 or 14 wide:
+# vectors of 8 + 2, 8 + 4 + 2) lost 1.3-1.6x, unless the alternative is the few-rows
+# direct loops (LeNet's 1->6 on 12x12: 2x faster than those). 16 channels and more: Winograd
+# or the GEMM (a tie at 16 -> 32 on 32x32).
+MAX_CHANNELS = 8  # input channels
+MAX_TAPS = 100  # C*kH*kW, the taps of a kernel row unrolled in the tile's loop
+MIN_LANE_USE = 0.5  # a row's floats over the lanes of the vectors that hold them
 SEGMENT_VECTORS = 2  # full vectors of a row segment
 
 
@@ -96,6 +105,8 @@ def tiling_for(g, dt) -> Tiling | None:
             min(g.o, g.ho, g.wo) < 1:
         return None
     pieces = _pieces(g.wo, lanes)
+    if g.wo < MIN_LANE_USE * len(pieces) * lanes and g.o >= conv_direct.FEW_ROWS:
+        return None
     full_vectors = g.wo // lanes
     segments = full_vectors // SEGMENT_VECTORS
     full = (lanes,) * SEGMENT_VECTORS if segments else ()
