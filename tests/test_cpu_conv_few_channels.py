@@ -181,3 +181,14 @@ def test_strided_input_view():
     exe = CpuExecutable(graph)
     np.testing.assert_allclose(exe.run(x.numpy(), w.numpy())[0], want, rtol=1e-5, atol=1e-5)
     assert MARKER in exe.lowered.ir_text
+
+
+@needs_vectors
+@pytest.mark.parametrize("case", [0, 1, 2])
+def test_eight_lane_tiles(case, monkeypatch):
+    """The AVX2 tiling (8 floats a vector, 12 accumulators), built on this host too: a
+    host with AVX-512 runs 8-float vectors as well."""
+    monkeypatch.setattr(small_gemm, "lanes", lambda: 8)
+    t = conv_few_channels.tiling_for(_geometry(*CASES[case][:2], CASES[case][2]), float32)
+    assert t.lanes == 8 and t.channels * t.rows * max(len(t.full), len(t.tail)) <= 12
+    test_few_channels_forward(case)
