@@ -192,3 +192,31 @@ def test_eight_lane_tiles(case, monkeypatch):
     t = conv_few_channels.tiling_for(_geometry(*CASES[case][:2], CASES[case][2]), float32)
     assert t.lanes == 8 and t.channels * t.rows * max(len(t.full), len(t.tail)) <= 12
     test_few_channels_forward(case)
+
+
+# ---- the weight gradient (graphc.backends.cpu.conv_few_channels_grad) -----------------------
+GRAD_MARKER = "conv2d_few_channels_weight_grad"
+
+
+@needs_vectors
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_few_channels_weight_grad(case, count, monkeypatch):
+    """Output-channel tiles (a remainder tile in case 0), kernel rows of 1-5 taps, flat
+    rows with tails, dilation, unbatched; on one thread and split over the tiles: the
+    interpreter's result within float32 rounding, within 2x eager's distance from float64."""
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    xs, ws, padding, dilation = CASES[case]
+    rng = np.random.default_rng(case)
+    gs, graphs = _graphs(xs, ws, (1, 1), padding, 1, dilation=dilation)
+    _, wide = _graphs(xs, ws, (1, 1), padding, 1, "float64", dilation)
+    args = [rng.standard_normal(gs).astype(np.float32), rng.standard_normal(xs).astype(np.float32)]
+    eager = interpret(graphs["gw"], *args)[0]
+    reference = interpret(wide["gw"], *[a.astype(np.float64) for a in args])[0]
+    plan_buffers(graphs["gw"])
+    exe = CpuExecutable(graphs["gw"])
+    exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+    got = exe.run(*[a.copy() for a in args])[0]
+    np.testing.assert_allclose(got, eager, rtol=1e-4, atol=1e-4 * float(np.abs(eager).max()))
+    assert_rounding_within(got, eager, reference)
+    assert GRAD_MARKER in exe.lowered.ir_text

@@ -22,9 +22,9 @@ from tests.test_cpu_conv_paths import (
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-    # forwards with <= 4 input channels at stride 1 take conv_few_channels' tiles (tested in
-    # test_cpu_conv_few_channels.py); the direct loops still serve the others (groups,
-    # strides, more input channels), so these cases keep testing them
+    # <= 8 input channels at stride 1 take conv_few_channels' tiles, forward and weight
+    # gradient (tested in test_cpu_conv_few_channels.py); the direct loops still serve the
+    # others (groups, strides, more input channels), so these cases keep testing them
     monkeypatch.setattr(conv_few_channels, "MAX_CHANNELS", 0)
 
 

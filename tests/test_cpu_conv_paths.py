@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
-from graphc.backends.cpu import conv, conv_direct  # noqa: E402
+from graphc.backends.cpu import conv, conv_direct, conv_few_channels  # noqa: E402
 from graphc.ir.interpreter import run as interpret  # noqa: E402
 from graphc.ops.conv import conv_output_hw  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
@@ -68,10 +68,13 @@ BLOCKED = [
 def test_images_in_blocks_of_one_gemm(case, monkeypatch):
     monkeypatch.setattr(conv, "BLOCK_COLUMNS", 40)  # blocks of 2-3 images, partial tails
     monkeypatch.setattr(conv_direct, "FEW_ROWS", 0)  # these few rows would take direct loops
+    # and <= 8 input channels at stride 1 register tiles (test_cpu_conv_few_channels.py)
+    monkeypatch.setattr(conv_few_channels, "MAX_CHANNELS", 0)
     check_paths(*BLOCKED[case], marker="img.head")
 
 
-def test_one_block_per_batch():
+def test_one_block_per_batch(monkeypatch):
+    monkeypatch.setattr(conv_few_channels, "MAX_CHANNELS", 0)  # as above
     check_paths((3, 8, 4, 4), (16, 8, 3, 3), (1, 1), (1, 1), 1, marker="img.head")
 
 

@@ -11,8 +11,9 @@ used by codegen's `Lowerer`, passed in as `lw`: its Locations, kernel list, scra
   over all their columns, whose result is copied out to NCHW. A 1x1 kernel with stride 1
   and no padding reads the image itself as the columns (one image per GEMM).
   Depthwise convolutions and those with few output channels per group take direct loops
-  instead (graphc.backends.cpu.conv_direct), forwards with at most 4 input channels at
-  stride 1 register tiles (graphc.backends.cpu.conv_few_channels); 3x3 stride-1
+  instead (graphc.backends.cpu.conv_direct); at most 8 input channels at stride 1 register
+  tiles (graphc.backends.cpu.conv_few_channels, forward; conv_few_channels_grad, weight
+  gradient); 3x3 stride-1
   convolutions with 16 channels or more take Winograd's F(2x2, 3x3)
   (graphc.backends.cpu.conv_winograd), forward and input gradient. Bias and activation are
   the fused node's epilogue (codegen).
@@ -645,9 +646,10 @@ def conv2d_weight_grad(lw, node: Node) -> None:
     g = _geometry(x.type, out.type.shape, gy.type.shape[-2:], node.attrs)
     if g.n == 0:
         return lw.fill(out, 0.0, "conv2d_weight_grad_zero")
-    from graphc.backends.cpu import conv_direct
+    from graphc.backends.cpu import conv_direct, conv_few_channels_grad
 
-    if conv_direct.conv2d_weight_grad(lw, node, g):
+    if conv_few_channels_grad.conv2d_weight_grad(lw, node, g) or \
+            conv_direct.conv2d_weight_grad(lw, node, g):
         return
     cv = Conv(lw, node, g, x.type.dtype)
     xl = lw.locs[x]

@@ -23,11 +23,12 @@ On more than one core the image loop (the output-channel loop of the weight grad
 channel's gradient is one thread's, no partial sums) is split over the threads, each with
 its own padded planes (graphc.backends.cpu.conv_threads).
 
-Forwards with C_in <= 4 at stride 1 (ResNet's stem, LeNet's first layer) go to
-graphc.backends.cpu.conv_few_channels instead, whose explicit vector tiles (several output
-channels sharing each input load) run 2-2.5x faster than these loops or im2col + GEMM; these
-loops, vectorised by LLVM one output channel at a time, ran at 52 GFLOP/s there against 70
-for im2col + GEMM. The few-rows forward still serves groups, strides and C_in > 4.
+Convolutions with C_in <= 8 at stride 1 (ResNet's stem, LeNet's first layer) go to
+graphc.backends.cpu.conv_few_channels (forward) and conv_few_channels_grad (weight
+gradient) instead, whose explicit vector tiles (several output channels sharing each input
+load) run 1.8-2.5x faster than these loops or im2col + GEMM; these loops, vectorised by
+LLVM one output channel at a time, ran at 52 GFLOP/s there against 70 for im2col + GEMM.
+The few-rows loops still serve groups, strides and C_in > 8.
 
 Sums run in tap order (c, i, j), not in numpy's order: results are judged by distance from
 a float64 run (docs/performance.md, "Rounding"; tests/test_cpu_conv_paths.py).

@@ -23,6 +23,8 @@ The kernel, per image (split over the cores by images, graphc.backends.cpu.conv_
   conv + bias (the same rounding as the separate add); any other fused epilogue runs per
   image after its tiles, while the image is in cache (graphc.backends.cpu.conv_epilogue).
 
+The weight gradient of the same convolutions: graphc.backends.cpu.conv_few_channels_grad.
+
 Rounding: each output sums its taps in order (c, i, j) by fused multiply-adds, not in
 numpy's order: judged by distance from a float64 run (docs/performance.md, "Rounding";
 tests/test_cpu_conv_few_channels.py).
@@ -48,7 +50,7 @@ from graphc.backends.cpu.conv_threads import temporaries, units_loop
 from graphc.backends.cpu.values import F32, I64, i64, loop
 from graphc.types import float32
 
-__all__ = ["MAX_CHANNELS", "Tiling", "conv2d", "tiling_for"]
+__all__ = ["MAX_CHANNELS", "MAX_TAPS", "Tiling", "accumulators", "conv2d", "fma", "tiling_for"]
 
 # Which convolutions this path serves (measured against im2col + GEMM, 1-thread CPU time,
 # in-process A/B, docs/performance.md "Convolution (CPU)", seventh session): up to 8 input
@@ -299,7 +301,7 @@ class _Tiles:
                 splats = {vec: _splat(b, weight, vec) for vec in set(vecs)}
                 for r in range(rows):
                     for k, (vec, x) in enumerate(zip(vecs, inputs[r])):
-                        new[o][r][k] = _fma(b, splats[vec], x, new[o][r][k])
+                        new[o][r][k] = fma(b, splats[vec], x, new[o][r][k])
         nxt = b.add(t, i64(1), name="t.next")
         nxt.flags.append("nuw")
         for per_row, per_row_new in zip(sums, new):
@@ -333,7 +335,7 @@ def _splat(b, scalar, vec):
     return b.shuffle_vector(one, ir.Constant(vec, ir.Undefined), zeros)
 
 
-def _fma(b, x, y, acc):
+def fma(b, x, y, acc):
     """x*y + acc, one rounding (llvm.fma, vector or scalar)."""
     vec = x.type
     name = "llvm.fma.f32" if vec is F32 else f"llvm.fma.v{vec.count}f32"

@@ -1,0 +1,198 @@
+"""conv_few_channels_grad: the weight gradient of convolutions with few input channels,
+register-tiled (the backward partner of graphc.backends.cpu.conv_few_channels).
+
+Called first by graphc.backends.cpu.conv's `conv2d_weight_grad` lowering; returns False when
+the node does not take this path. It serves what conv_few_channels' forward serves (float32,
+stride 1, groups 1, at most MAX_CHANNELS input channels and MAX_TAPS taps; a host with
+AVX2 or AVX-512). There im2col + GEMM is `gy [O x P] @ cols^T [P x C*kH*kW]` per image: a
+GEMM only 27 columns wide for a 3-channel 3x3 convolution.
+
+The kernel: gw[o, c, i, j] = sum over images and output positions of gy[o, r, q] *
+xpad[c, r + i*dH, q + j*dW]. At stride 1, with the output gradient copied into rows of the
+padded width Wp (zeros past W_out), every tap is one flat sum over p = r*Wp + q of
+gy[o, p] * xpad[c, p + i*dH*Wp + j*dW]: vectors of LANES consecutive p, with no row
+structure (the flat buffer is rounded up to whole vectors, zero-filled). A tile is
+`channels` output channels x the kW taps of one kernel row: per vector step it loads the
+channels' gy vectors and the kW shifted input vectors once and does channels x kW fused
+multiply-adds into vector sums kept in registers. Per image, each tile's sums are added
+into a vector partial sum per (output channel, tap) in the workspace; after the last image
+each partial's lanes are added in a fixed tree into the gradient.
+
+Units of work are the output-channel tiles (each gradient row is one thread's: no partial
+gradients to add across threads); each share copies the images' padded planes and its
+channels' output gradients into its own workspace (graphc.backends.cpu.conv_threads).
+
+Rounding: per lane a sum over one image's positions (~P/LANES terms), then over the images,
+then over the lanes: another order than numpy's, judged by distance from a float64 run
+(docs/performance.md, "Rounding"; tests/test_cpu_conv_few_channels.py).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from graphc.backends.cpu import conv_few_channels, small_gemm
+from graphc.backends.cpu.conv import (
+    called_kernel,
+    contiguous_out,
+    grad_image,
+    iadd,
+    image_kernel,
+    image_strides,
+    imul,
+)
+from graphc.backends.cpu.conv_threads import temporaries, units_loop
+from graphc.backends.cpu.values import F32, I64, i64, loop
+from graphc.types import float32
+
+__all__ = ["conv2d_weight_grad"]
+
+
+def _tile_channels(g, lanes: int) -> int:
+    """Output channels a tile sums at once: channels x kW vector sums in the registers a
+    tile may take (conv_few_channels.accumulators), the channels split into even tiles."""
+    most = max(1, conv_few_channels.accumulators(lanes) // g.kw)
+    tiles = -(-g.o // min(g.o, most))
+    return -(-g.o // tiles)
+
+
+def serves(g, dt) -> bool:
+    """Whether this path takes the weight gradient of `g` (conv.Geometry)."""
+    lanes = small_gemm.lanes()
+    return bool(lanes) and dt is float32 and g.groups == 1 and \
+        g.c <= conv_few_channels.MAX_CHANNELS and g.stride == (1, 1) and \
+        g.k <= conv_few_channels.MAX_TAPS and g.kw <= conv_few_channels.accumulators(lanes) \
+        and all(type(d) is int for d in (g.c, g.h, g.w, g.o, g.ho, g.wo)) and \
+        min(g.o, g.ho, g.wo) >= 1
+
+
+def conv2d_weight_grad(lw, node, g) -> bool:
+    gy, x = node.inputs
+    dt = x.type.dtype
+    if not serves(g, dt):
+        return False
+    lanes = small_gemm.lanes()
+    gl, gs = grad_image(lw, lw.locs[gy], g)
+    xl = lw.locs[x]
+    xs = image_strides(xl)
+    (ph, pw), dw = g.padding, g.dilation[1]
+    hp, wp = g.h + 2 * ph, g.w + 2 * pw
+    flat = -(-g.ho * wp // lanes) * lanes  # positions p of one plane, whole vectors
+    slack = flat - g.ho * wp + (g.kw - 1) * dw
+    channels = _tile_channels(g, lanes)
+    full, rest = divmod(g.o, channels)
+    units = full + (rest > 0)
+    shapes = [(g.c * hp * wp + slack,), (channels * flat,), (channels * g.k * lanes,)]
+    split, temps = temporaries(lw, dt, shapes, units, g.n * g.o * g.k * g.p)
+    with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
+        kb, ids = image_kernel(lw, "conv2d_few_channels_weight_grad", [gl, xl, dst] + temps,
+                               ("few_channels", g.key(), lanes, channels, split is not None))
+        b = kb.begin()
+        if b is None:
+            lw.calls.append(called_kernel(lw, kb.kernel, split))
+            return True
+        grads = _Grads(kb, g, ids, gs, xs, lanes, flat, hp, wp)
+        for k, count in ((ids[3], g.c * hp * wp + slack), (ids[4], channels * flat)):
+            with loop(b, 0, count, "zero") as q:
+                kb.store(b, k, q, ir.Constant(F32, 0.0))
+        with units_loop(b, kb, split, ids[-1], units, "otile") as unit:
+            o0 = b.mul(unit, i64(channels))
+            if rest:
+                last = b.icmp_signed("==", unit, i64(full))
+                with b.if_else(last) as (then, otherwise):
+                    with then:
+                        grads.tile(b, o0, rest)
+                    with otherwise:
+                        grads.tile(b, o0, channels)
+            else:
+                grads.tile(b, o0, channels)
+        lw.calls.append(called_kernel(lw, kb.finish(b), split))
+    return True
+
+
+class _Grads:
+    """The code of one output-channel tile's gradient rows (`tile`)."""
+
+    def __init__(self, kb, g, ids, gs, xs, lanes, flat, hp, wp) -> None:
+        self.kb, self.g, self.gs, self.xs = kb, g, gs, xs
+        self.gi, self.xi, self.oi, self.xpad, self.gpad, self.part = ids[:6]
+        self.lanes, self.flat, self.hp, self.wp = lanes, flat, hp, wp
+        self.vec = ir.VectorType(F32, lanes)
+
+    def tile(self, b, o0, channels: int) -> None:
+        """gw[o0 + o] for o < channels: over the images, the padded planes and the tile's
+        output gradients copied, then every kernel row's sums; then the lanes added."""
+        kb, g = self.kb, self.g
+        (ph, pw), hp, wp = g.padding, self.hp, self.wp
+        with loop(b, 0, g.n, "n") as n:
+            with loop(b, 0, g.c, "pc") as c, loop(b, 0, g.h, "pr") as r:
+                src = iadd(b, imul(b, n, self.xs[0]), imul(b, c, self.xs[1]),
+                           imul(b, r, self.xs[2]))
+                to = iadd(b, imul(b, c, hp * wp), imul(b, r, wp), ph * wp + pw)
+                with loop(b, 0, g.w, "pq") as q:
+                    kb.store(b, self.xpad, b.add(to, q),
+                             kb.load(b, self.xi, b.add(src, imul(b, q, self.xs[3]))))
+            with loop(b, 0, channels, "go") as o, loop(b, 0, g.ho, "gr") as r:
+                src = iadd(b, imul(b, n, self.gs[0]), imul(b, b.add(o0, o), self.gs[1]),
+                           imul(b, r, self.gs[2]))
+                to = iadd(b, imul(b, o, self.flat), imul(b, r, wp))
+                with loop(b, 0, g.wo, "gq") as q:
+                    kb.store(b, self.gpad, b.add(to, q),
+                             kb.load(b, self.gi, b.add(src, imul(b, q, self.gs[3]))))
+            first = b.icmp_signed("==", n, i64(0))
+            with loop(b, 0, g.c * g.kh, "krow") as t:
+                self.kernel_row(b, t, channels, first)
+        lanes_ty = ir.IntType(32)
+        for o in range(channels):
+            for tap in range(g.k):
+                at = i64((o * g.k + tap) * self.lanes)
+                v = b.load(kb.pointer(b, self.part, at), typ=self.vec, align=4)
+                parts = [b.extract_element(v, ir.Constant(lanes_ty, k))
+                         for k in range(self.lanes)]
+                while len(parts) > 1:  # a fixed tree: lane k + lane k + half
+                    half = len(parts) // 2
+                    parts = [b.fadd(parts[k], parts[k + half]) for k in range(half)]
+                row = b.add(o0, i64(o))
+                kb.store(b, self.oi, b.add(b.mul(row, i64(g.k)), i64(tap)), parts[0])
+
+    def kernel_row(self, b, t, channels: int, first) -> None:
+        """The sums of kernel row t = c*kH + i (its kW taps) for the tile's channels over
+        one image, added into the vector partials (stored at the first image)."""
+        kb, g, wp, vec = self.kb, self.g, self.wp, self.vec
+        c, i = (b.udiv(t, i64(g.kh)), b.urem(t, i64(g.kh))) if g.kh > 1 else (t, i64(0))
+        shift = b.add(b.mul(c, i64(self.hp * wp)), b.mul(i, i64(g.dilation[0] * wp)))
+        zero = ir.Constant(vec, [0.0] * self.lanes)
+        pre = b.block
+        body = b.append_basic_block("pos.body")
+        b.branch(body)
+        b.position_at_end(body)
+        p = b.phi(I64, name="p")
+        p.add_incoming(i64(0), pre)
+        sums = [[b.phi(vec) for _ in range(g.kw)] for _ in range(channels)]
+        for row in sums:
+            for s in row:
+                s.add_incoming(zero, pre)
+        at = b.add(shift, p)
+        xv = [b.load(kb.pointer(b, self.xpad, b.add(at, i64(j * g.dilation[1]))), typ=vec,
+                     align=4) for j in range(g.kw)]
+        new = []
+        for o in range(channels):
+            gv = b.load(kb.pointer(b, self.gpad, b.add(p, i64(o * self.flat))), typ=vec,
+                        align=4)
+            new.append([conv_few_channels.fma(b, gv, x, s) for x, s in zip(xv, sums[o])])
+        nxt = b.add(p, i64(self.lanes), name="p.next")
+        nxt.flags.append("nuw")
+        for row, row_new in zip(sums, new):
+            for s, s_new in zip(row, row_new):
+                s.add_incoming(s_new, b.block)
+        p.add_incoming(nxt, b.block)
+        end = b.append_basic_block("pos.end")
+        b.cbranch(b.icmp_unsigned("<", nxt, i64(self.flat)), body, end)
+        b.position_at_end(end)
+        for o, row in enumerate(new):
+            for j, s in enumerate(row):
+                tap = b.add(b.mul(t, i64(g.kw)), i64(j))
+                at = b.mul(b.add(b.mul(i64(o), i64(g.k)), tap), i64(self.lanes))
+                ptr = kb.pointer(b, self.part, at)
+                old = b.load(ptr, typ=vec, align=4)
+                b.store(b.select(first, s, b.fadd(old, s)), ptr, align=4)
