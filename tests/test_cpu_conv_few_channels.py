@@ -198,15 +198,18 @@ def test_eight_lane_tiles(case, monkeypatch):
 GRAD_MARKER = "conv2d_few_channels_weight_grad"
 
 
+GRAD_CASES = CASES + [((3, 6, 9, 9), (5, 6, 5, 5), (0, 0), (1, 1))]  # 150 taps, 5 wide
+
+
 @needs_vectors
 @pytest.mark.parametrize("count", COUNTS)
-@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("case", range(len(GRAD_CASES)))
 def test_few_channels_weight_grad(case, count, monkeypatch):
     """Output-channel tiles (a remainder tile in case 0), kernel rows of 1-5 taps, flat
     rows with tails, dilation, unbatched; on one thread and split over the tiles: the
     interpreter's result within float32 rounding, within 2x eager's distance from float64."""
     monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
-    xs, ws, padding, dilation = CASES[case]
+    xs, ws, padding, dilation = GRAD_CASES[case]
     rng = np.random.default_rng(case)
     gs, graphs = _graphs(xs, ws, (1, 1), padding, 1, dilation=dilation)
     _, wide = _graphs(xs, ws, (1, 1), padding, 1, "float64", dilation)
