@@ -302,3 +302,45 @@ def test_slow_calls_try_all_cores_after_a_few_calls_not_after_min_gap():
     first = ThreadChooser.WARMUP + ThreadChooser.MIN_GAP_CALLS
     assert used[:first] == [1] * first and used[first] == 2
     assert chooser.current == 2 and used[-5:] == [2] * 5
+
+
+def test_one_slow_call_on_all_cores_sends_the_next_calls_to_one_thread():
+    """Load arrives while the chooser is on all cores: a parallel call now waits for a
+    parked thread (50x). Only the call that showed it runs on all cores; the next ones try
+    one thread and keep it."""
+    idle = {2: 1.0 * MS, 1: 1.8 * MS}
+    for switched_calls_ago in (ThreadChooser.TRIAL, ThreadChooser.TRIAL + 2, 500):
+        chooser = ThreadChooser(2, free_cores=_idle())
+        while chooser.current != 2:
+            _drive(chooser, idle, 1)
+        _drive(chooser, idle, switched_calls_ago)  # within MIN_GAP of the switch, or long after
+        used = _drive(chooser, {2: 50 * MS, 1: 2.0 * MS}, ThreadChooser.MIN_GAP)
+        assert used == [2] + [1] * (ThreadChooser.MIN_GAP - 1) and chooser.current == 1
+
+
+def test_a_one_off_slow_call_on_an_idle_machine_keeps_all_cores():
+    """A single slow call (a page fault storm, another process's blip) on all cores costs a
+    short trial of one thread at most, and all cores stay."""
+    chooser = ThreadChooser(2, free_cores=_idle())
+    _drive(chooser, {2: 1.0 * MS, 1: 1.8 * MS}, 2000)
+
+    def blip(i):
+        return 3.5 * MS if i == 0 else 1.0 * MS
+
+    used = _drive(chooser, {2: blip, 1: 1.8 * MS}, 200)
+    assert chooser.current == 2 and used.count(1) <= ThreadChooser.TRIAL
+
+
+def test_slow_calls_on_all_cores_every_few_calls_cost_a_bounded_share():
+    """A machine whose other load comes and goes every few calls: the quick fall-backs to
+    one thread are paid from the same budget as the trials."""
+    chooser = ThreadChooser(2, free_cores=_idle())
+
+    def bursty(i):
+        return 4.0 * MS if i % 5 == 0 else 1.0 * MS
+
+    cost = {2: bursty, 1: 1.8 * MS}
+    used = _drive(chooser, cost, 20000)
+    mean_all_cores = (4.0 + 4 * 1.0) / 5 * MS
+    spent = sum(cost[n](i) if n == 2 else cost[n] for i, n in enumerate(used))
+    assert spent / (len(used) * mean_all_cores) - 1 < 0.05

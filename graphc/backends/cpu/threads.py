@@ -451,7 +451,12 @@ class ThreadChooser:
       trial at once (hopeless).
     - A trial of one thread is cheap (at worst `most`x a call), so it comes early when the
       calls on `most` threads get slower than RESLOW times the mean at the last decision
-      (load arrived).
+      (load arrived). And at once, gap or not, after one call on `most` threads slower than
+      FALLBACK times their window's median: a parked thread held a barrier (a forced
+      two-thread MLP step took 40-100 ms against 1.3 ms on one thread with a core busy), and
+      without this a load that arrived within MIN_GAP calls of a switch or a trial cost up
+      to MIN_GAP such calls. One such quick trial per stay on `most` threads: after one
+      that loses (a one-off slow call on an idle machine), the gap and budget rules again.
     - Deciding: one thread wins when the trial's median beats the mean of the current
       window by 10% (the mean, because under load two threads run most calls fast and some
       very slow, and a loop pays the mean); `most` threads win only when the trial's mean
@@ -474,6 +479,7 @@ class ThreadChooser:
     BUDGET = 0.02  # share of the executable's own time that trials may cost
     MAX_BACKOFF = 64
     RESLOW = 1.5
+    FALLBACK = 4.0  # one call on `most` threads this much slower than their median: load
 
     def __init__(self, most: int, fixed: int | None = None, free_cores=cores_free) -> None:
         self.most = most
@@ -489,6 +495,8 @@ class ThreadChooser:
         self.due_seconds = 0.0  # the trial waits until gap_seconds reaches this
         self.backoff = 1
         self.reference = 0.0  # the current count's mean at the last decision
+        self.quick_armed = True  # a slow call on `most` threads may start a trial at once
+        self.quick = False  # ... and the last one did: the next call is that trial
 
     def _other(self) -> int:
         return 1 if self.current == self.most else self.most
@@ -496,6 +504,10 @@ class ThreadChooser:
     def pick(self) -> int:
         if self.trying:
             return self.trying
+        if self.quick:  # a call on all cores was FALLBACK times slower: one thread now
+            self.quick, self.quick_armed = False, False
+            self.trying, self.trial = 1, []
+            return 1
         if not self.explores or self.warmup_left > 0 or not self._gap_over():
             return self.current
         other = self._other()
@@ -524,6 +536,9 @@ class ThreadChooser:
             self.warmup_left -= 1
             return
         if n != self.trying:
+            if n > 1 and self.quick_armed and len(self.window) >= self.TRIAL and \
+                    seconds > self.FALLBACK * statistics.median(self.window):
+                self.quick = True
             self.window.append(seconds)
             self.gap_calls += 1
             self.gap_seconds += seconds
@@ -542,6 +557,7 @@ class ThreadChooser:
         self.gap_calls, self.gap_seconds = 0, 0.0
         if wins:
             self.current, self.backoff, self.due_seconds = other, 1, 0.0
+            self.quick_armed = True
             self.window = deque(trial, maxlen=self.WINDOW)
             self.reference = statistics.fmean(trial)
             return
