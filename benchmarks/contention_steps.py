@@ -16,8 +16,9 @@ machine's other load falls on every condition alike:
 - `auto load comes and goes`: one more chooser that runs one idle and one busy sample every
   round (its busy samples are reported): a load that arrives while the chooser is on all
   cores;
-- `1t busy` (median and mean), `2t busy`: wall, busy core, one thread / all cores forced (the floor that the
-  machine's other load sets, and what a parallel step costs when it does not back off).
+- `1t busy` (median and mean), `2t busy`: wall, busy core, one thread / all cores forced
+  (the floor that the machine's other load sets, and what a parallel step costs when it
+  does not back off).
 
 Each figure is the median over every call of its condition (and the mean for the
 choosers: a loop pays the mean). The interesting ratio is `auto busy` over `1t CPU`
@@ -37,9 +38,8 @@ import sys
 import time
 
 import graphc
-from graphc.backends.cpu import threads
-
 from benchmarks.contention import TRAINING_STEPS
+from graphc.backends.cpu import threads
 
 SAMPLE_SECONDS = 0.08  # each sample runs calls for at least this long ...
 SAMPLE_CALLS = 4  # ... and at least this many (one for a forced 2-thread call under load)
