@@ -7,12 +7,16 @@ SGEMM that takes 0.2 ms idle took 8-16 ms with one core busy before graphc's thr
 graphc/backends/cpu/threads.py).
 
 `python -m benchmarks.contention [--repeat N] [--only NAME ...]` gives the threads table of
-docs/performance.md: every training-step case (or the `--only` ones) run three times by
+docs/performance.md: every training-step case (or the `--only` ones) run four times by
 `benchmarks.run`, each in a fresh process: one thread with CPU-clock samples
-(`--threads 1 --clock cpu`), every core on the wall clock, and every core with a busy core
-(`--contention`); then one row per case with graphc's three figures and its contended
-figure over its own 1-thread figure (the runtime-speed issue allows 1.2x), and the load
-averages each run ended with.
+(`--threads 1 --clock cpu`), every core on the wall clock, every core with a busy core
+(`--contention`), and one thread with a busy core on the wall clock (`--threads 1
+--contention`); then one row per case with graphc's four figures, its contended figure over
+its own 1-thread figure (the runtime-speed issue allows 1.2x), and its contended figure over
+the fourth, the floor that the machine's other load sets for one thread: that last ratio is
+what graphc's choice of threads adds (about 1.00x when it keeps one thread, as it should
+with no core free). Then the load averages each run ended with.
+`python -m benchmarks.contention_steps` measures the same in one process.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ TRAINING_STEPS = ("mlp_b64", "mlp_b1", "lenet5_b64", "gpt_b16", "resnet18_b32", 
                   "vae_b64", "dcgan_b32", "mobilenet_b32")
 RUNS = (("1 thread, CPU clock", ["--threads", "1", "--clock", "cpu"]),
         ("2 threads, wall, idle", []),
-        ("2 threads, wall, one core busy", ["--contention"]))
+        ("2 threads, wall, one core busy", ["--contention"]),
+        ("1 thread, wall, one core busy", ["--threads", "1", "--contention"]))
 ALLOWED = 1.2  # contended / own 1-thread figure
 
 
@@ -63,19 +68,24 @@ def _graphc_ms(case: dict) -> float | None:
 
 
 def thread_table(runs: list[dict]) -> str:
-    """The markdown table of graphc's figures in `runs` (the three RUNS' JSON, in order)."""
+    """The markdown table of graphc's figures in `runs` (the RUNS' JSON, in order; a run left
+    out at the end shows as "-")."""
     lines = ["| training step | " + " | ".join(label for label, _ in RUNS)
-             + " | contended / own 1-thread |", "|---|---|---|---|---|"]
+             + " | contended / own 1-thread | contended / 1 thread contended |",
+             "|---" * (len(RUNS) + 3) + "|"]
     by_name = [{case["name"]: case for case in run["cases"]} for run in runs]
     for name, case in by_name[0].items():
         figures = [_graphc_ms(r[name]) if name in r else None for r in by_name]
+        figures += [None] * (len(RUNS) - len(figures))
         cells = ["-" if f is None else f"{f:.3f} ms" if f < 1 else f"{f:.2f} ms"
                  for f in figures]
         ratio = "-"
         if figures[0] and figures[2]:
             over = figures[2] / figures[0]
             ratio = f"{over:.2f}x" + (f" **over {ALLOWED}x**" if over > ALLOWED else "")
-        lines.append(f"| {case['description']} | " + " | ".join(cells) + f" | {ratio} |")
+        floor = f"{figures[2] / figures[3]:.2f}x" if figures[2] and figures[3] else "-"
+        lines.append(f"| {case['description']} | " + " | ".join(cells)
+                     + f" | {ratio} | {floor} |")
     loads = [run["header"].split("load average at the end ")[1].split(";")[0] for run in runs]
     return "\n".join(lines) + "\n\nload average at the end of each run: " + "; ".join(
         f"{label}: {load}" for (label, _), load in zip(RUNS, loads))

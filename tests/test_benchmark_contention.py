@@ -1,5 +1,6 @@
-"""benchmarks.contention's thread table: graphc's three figures per training step and its
-contended figure over its own 1-thread figure, flagged past the issue's 1.2x."""
+"""benchmarks.contention's thread table: graphc's four figures per training step, its
+contended figure over its own 1-thread figure (flagged past the issue's 1.2x) and over one
+thread's contended figure."""
 
 from benchmarks.contention import thread_table
 
@@ -16,10 +17,20 @@ def _run(load: str, **figures: float) -> dict:
 def test_the_table_divides_the_contended_figure_by_the_one_thread_figure():
     table = thread_table([_run("0.50 0.40 0.30", mlp=2.0, vae=0.5),
                           _run("0.60 0.40 0.30", mlp=1.5, vae=0.4),
-                          _run("1.60 0.90 0.40", mlp=2.2, vae=0.75)])
+                          _run("1.60 0.90 0.40", mlp=2.2, vae=0.75),
+                          _run("1.70 1.00 0.50", mlp=2.0, vae=0.75)])
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()
             if line.startswith("| MLP") or line.startswith("| VAE")}
-    assert rows["MLP"].endswith("| 2.00 ms | 1.50 ms | 2.20 ms | 1.10x |")
-    assert rows["VAE"].endswith("| 0.500 ms | 0.400 ms | 0.750 ms | 1.50x **over 1.2x** |")
-    assert "one core busy: 1.60 0.90 0.40" in table
+    assert rows["MLP"].endswith("| 2.00 ms | 1.50 ms | 2.20 ms | 2.00 ms | 1.10x | 1.10x |")
+    assert rows["VAE"].endswith(
+        "| 0.500 ms | 0.400 ms | 0.750 ms | 0.750 ms | 1.50x **over 1.2x** | 1.00x |")
+    assert "2 threads, wall, one core busy: 1.60 0.90 0.40" in table
+    assert "1 thread, wall, one core busy: 1.70 1.00 0.50" in table
+
+
+def test_a_run_left_out_shows_as_a_dash():
+    table = thread_table([_run("0.50 0.40 0.30", mlp=2.0), _run("0.60 0.40 0.30", mlp=1.5),
+                          _run("1.60 0.90 0.40", mlp=2.2)])
+    row = next(line for line in table.splitlines() if line.startswith("| MLP"))
+    assert row.endswith("| 2.20 ms | - | 1.10x | - |")
 
