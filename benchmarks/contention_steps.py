@@ -3,7 +3,7 @@
 
 `python -m benchmarks.contention_steps [--rounds N] [--only NAME ...]` builds every
 training step of benchmarks.contention.TRAINING_STEPS (graphc compiled only, no PyTorch in
-the process) and times it under six conditions, in rounds whose order rotates, so that the
+the process) and times it under these conditions, in rounds whose order rotates, so that the
 machine's other load falls on every condition alike:
 
 - `1t CPU`: one thread (`ThreadChooser(fixed=1)`), no busy core, the calling thread's CPU
@@ -12,7 +12,9 @@ machine's other load falls on every condition alike:
   own chooser;
 - `auto busy`: wall, a busy process on one core (benchmarks.contention's spinner, resumed
   with SIGCONT), a chooser that only ever runs under it (as in `benchmarks.run
-  --contention`);
+  --contention`); and `auto busy CPU`, the calling thread's CPU time in the same condition
+  (all of a call's CPU while the chooser keeps one thread: the last column says whether it
+  did), which tells a call that waits for a core from one that runs slower;
 - `auto load comes and goes`: one more chooser that runs one idle and one busy sample every
   round (its busy samples are reported): a load that arrives while the chooser is on all
   cores;
@@ -114,6 +116,7 @@ def measure(name: str, rounds: int, spinner: Spinner) -> dict[str, list[float]]:
                   ("1t idle", "1t", False, time.perf_counter, SAMPLE_CALLS),
                   ("auto idle", "auto idle", False, time.perf_counter, SAMPLE_CALLS),
                   ("auto busy", "auto busy", True, time.perf_counter, SAMPLE_CALLS),
+                  ("auto busy CPU", "auto busy", True, time.thread_time, SAMPLE_CALLS),
                   ("auto load comes and goes (idle)", "auto load comes and goes", False,
                    time.perf_counter, SAMPLE_CALLS),
                   ("auto load comes and goes", "auto load comes and goes", True,
@@ -153,7 +156,7 @@ def _ms(seconds: float) -> str:
 
 def row(name: str, found: dict[str, list[float]]) -> str:
     wide = found.pop("calls on all cores")
-    calls = [len(found["auto idle"]), len(found["auto busy"]),
+    calls = [len(found["auto idle"]), len(found["auto busy"]) + len(found["auto busy CPU"]),
              len(found["auto load comes and goes"]) + len(found["auto load comes and goes "
                                                                 "(idle)"])]
     med = {k: statistics.median(v) for k, v in found.items()}
@@ -161,6 +164,7 @@ def row(name: str, found: dict[str, list[float]]) -> str:
     cells = [_ms(med["1t CPU"]), _ms(med["1t idle"]),
              f"{_ms(med['auto idle'])} ({_ms(mean['auto idle'])})",
              f"{_ms(med['auto busy'])} ({_ms(mean['auto busy'])})",
+             _ms(med["auto busy CPU"]),
              f"{_ms(med['auto load comes and goes'])} "
              f"({_ms(mean['auto load comes and goes'])})",
              f"{_ms(med['1t busy'])} ({_ms(mean['1t busy'])})", _ms(med["2t busy"]),
@@ -171,10 +175,10 @@ def row(name: str, found: dict[str, list[float]]) -> str:
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
-HEADER = ("| step | 1t CPU | 1t idle | auto idle: median (mean) | auto busy | auto, load comes "
-          "and goes: busy samples | 1t busy | 2t busy | auto busy / 1t CPU (median / mean) "
+HEADER = ("| step | 1t CPU | 1t idle | auto idle: median (mean) | auto busy | auto busy CPU "
+          "| auto, load comes and goes: busy samples | 1t busy | 2t busy | auto busy / 1t CPU (median / mean) "
           "| 1t busy / 1t CPU | calls on all cores: auto idle / busy / comes and goes |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main(argv: list[str] | None = None) -> int:
