@@ -452,7 +452,7 @@ class ThreadChooser:
     - A trial of one thread is cheap (at worst `most`x a call), so it comes early when the
       calls on `most` threads get slower than RESLOW times the mean at the last decision
       (load arrived). And at once, gap or not, after one call on `most` threads slower than
-      FALLBACK times their window's median: a parked thread held a barrier (a forced
+      FALLBACK times their mean at the last decision: a parked thread held a barrier (a forced
       two-thread MLP step took 40-100 ms against 1.3 ms on one thread with a core busy), and
       without this a load that arrived within MIN_GAP calls of a switch or a trial cost up
       to MIN_GAP such calls. One such quick trial per stay on `most` threads: after one
@@ -479,7 +479,7 @@ class ThreadChooser:
     BUDGET = 0.02  # share of the executable's own time that trials may cost
     MAX_BACKOFF = 64
     RESLOW = 1.5
-    FALLBACK = 4.0  # one call on `most` threads this much slower than their median: load
+    FALLBACK = 4.0  # one call on `most` threads this much slower than their reference: load
 
     def __init__(self, most: int, fixed: int | None = None, free_cores=cores_free) -> None:
         self.most = most
@@ -536,9 +536,8 @@ class ThreadChooser:
             self.warmup_left -= 1
             return
         if n != self.trying:
-            if n > 1 and self.quick_armed and len(self.window) >= self.TRIAL and \
-                    seconds > self.FALLBACK * statistics.median(self.window):
-                self.quick = True
+            if n > 1 and self.quick_armed and seconds > self.FALLBACK * self.reference:
+                self.quick = True  # (reference: a float, so the idle path stays cheap)
             self.window.append(seconds)
             self.gap_calls += 1
             self.gap_seconds += seconds
