@@ -176,7 +176,8 @@ def row(name: str, found: dict[str, list[float]]) -> str:
 
 
 HEADER = ("| step | 1t CPU | 1t idle | auto idle: median (mean) | auto busy | auto busy CPU "
-          "| auto, load comes and goes: busy samples | 1t busy | 2t busy | auto busy / 1t CPU (median / mean) "
+          "| auto, load comes and goes: busy samples | 1t busy | 2t busy "
+          "| auto busy / 1t CPU (median / mean) "
           "| 1t busy / 1t CPU | calls on all cores: auto idle / busy / comes and goes |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
