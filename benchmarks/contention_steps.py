@@ -39,6 +39,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 import graphc
 from benchmarks.contention import TRAINING_STEPS
 from graphc.backends.cpu import threads
@@ -66,7 +68,7 @@ class Spinner:
 
 
 def build(name: str):
-    """(compiled step, its graphc arguments) of the training step `name`."""
+    """(model, training step, its graphc arguments) of the training step `name`."""
     from benchmarks import family_steps, model_steps, models
 
     family, batch = name.rsplit("_b", 1)
@@ -74,18 +76,31 @@ def build(name: str):
     if family in ("mlp", "lenet5"):
         model = models.graphc_model(family)
         x, y = models.batch(family, int(batch))
-        return graphc.compile(models.graphc_step(model), backend="cpu"), (
-            graphc.tensor(x), graphc.tensor(y))
+        return model, models.graphc_step(model), (graphc.tensor(x), graphc.tensor(y))
     if family in ("gpt", "resnet18"):
         shape = model_steps.FULL[family]
         model = (model_steps.gpt if family == "gpt" else model_steps.resnet18)(graphc, **shape)
         x, y = model_steps.batch_of(family, shape)
-        return graphc.compile(models.graphc_step(model), backend="cpu"), (
-            graphc.tensor(x), graphc.tensor(y))
+        return model, models.graphc_step(model), (graphc.tensor(x), graphc.tensor(y))
     shape = family_steps.FULL[family]
-    _, step = family_steps.build(graphc, family, shape)
-    args = tuple(graphc.tensor(a) for a in family_steps.batch(family, shape))
-    return graphc.compile(step, backend="cpu"), args
+    model, step = family_steps.build(graphc, family, shape)
+    return model, step, tuple(graphc.tensor(a) for a in family_steps.batch(family, shape))
+
+
+def state_arrays(model, step) -> list:
+    """The arrays `step` changes: the parameters and its optimizers' state (`step.optimizer`,
+    else the optimizers its closure holds: benchmarks/family_steps.py's Adam steps). Put
+    back before every sample: thousands of steps on one batch drive momentum into subnormal
+    floats (MLP b1 0.4 -> 1.1-1.4 ms; benchmarks/cases.py)."""
+    from benchmarks import models
+
+    optimizers = [step.optimizer] if hasattr(step, "optimizer") else [
+        cell.cell_contents for cell in step.__closure__ or ()
+        if hasattr(cell.cell_contents, "param_groups")]
+    arrays = [p.detach().numpy() for p in model.parameters()]
+    for optimizer in optimizers:
+        arrays += models.state_arrays(model, optimizer)[len(arrays):]
+    return arrays
 
 
 def _sample(step, args, clock, calls_at_least: int) -> list[float]:
@@ -102,10 +117,13 @@ def _sample(step, args, clock, calls_at_least: int) -> list[float]:
 
 def measure(name: str, rounds: int, spinner: Spinner) -> dict[str, list[float]]:
     """Per-call seconds of `name` under every condition (see the module docstring)."""
-    step, args = build(name)
+    model, raw_step, args = build(name)
+    step = graphc.compile(raw_step, backend="cpu")
     for _ in range(3):  # traces twice (momentum buffers), then the native code
         step(*args)
     executable = step.executable
+    arrays = state_arrays(model, raw_step)
+    saved = [a.copy() for a in arrays]
     most = threads.most_threads()
     choosers = {"auto idle": threads.ThreadChooser(most),
                 "auto busy": threads.ThreadChooser(most),
@@ -134,6 +152,8 @@ def measure(name: str, rounds: int, spinner: Spinner) -> dict[str, list[float]]:
         order.sort(key=lambda c: c[0] == "auto load comes and goes")
         for label, chooser, busy, clock, least in order:
             executable.thread_chooser = choosers[chooser]
+            for array, value in zip(arrays, saved):
+                np.copyto(array, value)
             spinner.busy(busy)
             found[label] += _sample(step, args, clock, least)
     spinner.busy(False)
