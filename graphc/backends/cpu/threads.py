@@ -453,7 +453,7 @@ class ThreadChooser:
       calls on `most` threads get slower than RESLOW times the mean at the last decision
       (load arrived). And at once, gap or not, after one call on `most` threads slower than
       FALLBACK times their mean at the last decision: a parked thread held a barrier (a forced
-      two-thread MLP step took 40-100 ms against 1.3 ms on one thread with a core busy), and
+      two-thread MLP step took 27-97 ms against 1.0-1.3 ms on one thread, a core busy), and
       without this a load that arrived within MIN_GAP calls of a switch or a trial cost up
       to MIN_GAP such calls. One such quick trial per stay on `most` threads: after one
       that loses (a one-off slow call on an idle machine), the gap and budget rules again.
