@@ -34,3 +34,22 @@ def test_a_run_left_out_shows_as_a_dash():
     row = next(line for line in table.splitlines() if line.startswith("| MLP"))
     assert row.endswith("| 2.20 ms | - | 1.10x | - |")
 
+
+
+def test_the_in_process_measurement_resets_the_optimizers_a_step_closes_over():
+    """benchmarks.contention_steps puts back the weights and the optimizer state before every
+    sample: the Adam steps of benchmarks/family_steps.py hold their optimizer in a closure."""
+    import graphc
+    from benchmarks import family_steps
+    from benchmarks.contention_steps import state_arrays
+
+    model, step = family_steps.build(graphc, "vae", family_steps.QUICK["vae"])
+    args = [graphc.tensor(a) for a in family_steps.batch("vae", family_steps.QUICK["vae"])]
+    step(*args)  # creates Adam's moments
+    parameters = len(list(model.parameters()))
+    arrays = state_arrays(model, step)
+    assert len(arrays) >= 3 * parameters  # each parameter, its two moments
+    before = [a.copy() for a in arrays]
+    step(*args)
+    assert all(a.shape == b.shape for a, b in zip(arrays, before))
+    assert any(not (a == b).all() for a, b in zip(arrays[parameters:], before[parameters:]))
