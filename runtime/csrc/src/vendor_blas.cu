@@ -7,6 +7,7 @@
  * loads cuBLAS) cannot run it; docs/backends.md says so.
  */
 #include "vendor_blas.h"
+#include "vendor_load.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -59,36 +60,12 @@ Cublas cublas;
 std::once_flag cublas_once;
 std::atomic<uint64_t> context_generation{1}; /* bumped by reset() */
 
-void *symbol(void *library, const char *name, bool *missing) {
-    void *p = dlsym(library, name);
-    if (!p) *missing = true;
-    return p;
-}
-
 void load() {
-    const char *setting = getenv("GRAPHC_CUDA_LIBS");
-    if (setting && strcmp(setting, "0") == 0) {
-        snprintf(cublas.status, sizeof cublas.status,
-                 "cuBLAS not used: GRAPHC_CUDA_LIBS=0 forces graphc's kernels");
-        return;
-    }
     static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-    void *library = nullptr;
     const char *name = nullptr;
-    const char *why = "";
-    for (const char *candidate : names) {
-        library = dlopen(candidate, RTLD_NOW | RTLD_LOCAL);
-        if (library) {
-            name = candidate;
-            break;
-        }
-        why = dlerror();
-    }
-    if (!library) {
-        snprintf(cublas.status, sizeof cublas.status,
-                 "cuBLAS not found (%s): graphc's kernels run every GEMM", why ? why : "");
-        return;
-    }
+    void *library = open_first(names, 3, "cuBLAS", "every GEMM", cublas.status,
+                               sizeof cublas.status, &name);
+    if (!library) return;
     bool missing = false;
     cublas.create = (CreateFn)symbol(library, "cublasCreate_v2", &missing);
     cublas.set_stream = (SetStreamFn)symbol(library, "cublasSetStream_v2", &missing);

@@ -8,6 +8,7 @@
  * chosen once per (descriptor, pass) and remembered.
  */
 #include "vendor_dnn.h"
+#include "vendor_load.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -88,35 +89,12 @@ Cudnn dnn;
 std::once_flag dnn_once;
 std::atomic<uint64_t> context_generation{1}; /* bumped by dnn_reset() */
 
-void *symbol(void *library, const char *name, bool *missing) {
-    void *p = dlsym(library, name);
-    if (!p) *missing = true;
-    return p;
-}
-
 void load() {
-    const char *setting = getenv("GRAPHC_CUDA_LIBS");
-    if (setting && strcmp(setting, "0") == 0) {
-        snprintf(dnn.status, sizeof dnn.status,
-                 "cuDNN not used: GRAPHC_CUDA_LIBS=0 forces graphc's kernels");
-        return;
-    }
     static const char *const names[] = {"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"};
-    void *library = nullptr;
-    const char *name = nullptr, *why = "";
-    for (const char *candidate : names) {
-        library = dlopen(candidate, RTLD_NOW | RTLD_LOCAL);
-        if (library) {
-            name = candidate;
-            break;
-        }
-        why = dlerror();
-    }
-    if (!library) {
-        snprintf(dnn.status, sizeof dnn.status,
-                 "cuDNN not found (%s): graphc's kernels run every convolution", why ? why : "");
-        return;
-    }
+    const char *name = nullptr;
+    void *library = open_first(names, 3, "cuDNN", "every convolution", dnn.status,
+                               sizeof dnn.status, &name);
+    if (!library) return;
     bool missing = false;
     dnn.create = (CreateFn)symbol(library, "cudnnCreate", &missing);
     dnn.set_stream = (SetStreamFn)symbol(library, "cudnnSetStream", &missing);
