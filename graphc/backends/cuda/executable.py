@@ -282,14 +282,11 @@ class CudaExecutable:
     def replay(self, count: int = 1) -> None:
         """Run the launch list `count` more times on the device values the last call left
         (no transfers, no input checks) and wait for the last: what a benchmark times to
-        measure the kernels alone. Replays of a graph that updates its inputs in place
-        update them again, as further calls would."""
-        if count < 1:
-            raise ArgumentError(f"replay: count must be at least 1, got {count}")
+        measure the kernels alone. For timing, not for results: the copies a call makes after
+        its launch list (updates not computed in their inputs' slots) are not replayed, so a
+        graph that updates its inputs leaves them as no sequence of calls would."""
         with self._lock:
-            if self._calls == 0 or self._lost is not None:
-                raise ArgumentError(f"graph @{self.graph.name}: replay needs the device "
-                                    "values of a call; call run() first")
+            self._check_replayable("replay", count)
             try:
                 for _ in range(count):
                     self._execute()
@@ -297,17 +294,22 @@ class CudaExecutable:
             except rtmod.CudaRuntimeError as error:
                 raise self._failed(error) from None
 
+    def _check_replayable(self, what: str, count: int) -> None:
+        """Raise unless `count` >= 1 and a call left device values to run on (under the
+        lock)."""
+        if count < 1:
+            raise ArgumentError(f"{what}: the count must be at least 1, got {count}")
+        if self._calls == 0 or self._lost is not None:
+            raise ArgumentError(f"graph @{self.graph.name}: {what} needs the device values of "
+                                "a call; call run() first")
+
     def step_times(self, repeat: int = 5) -> list[float]:
         """Seconds each step of the launch list takes on the device: the median over `repeat`
         runs on the device values the last call left, from events recorded between steps.
         The list runs directly (not as the captured graph), so a step shorter than its launch
         shows the launch's time: the sum is an upper bound on a replay's time."""
-        if repeat < 1:
-            raise ArgumentError(f"step_times: repeat must be at least 1, got {repeat}")
         with self._lock:
-            if self._calls == 0 or self._lost is not None:
-                raise ArgumentError(f"graph @{self.graph.name}: step_times needs the device "
-                                    "values of a call; call run() first")
+            self._check_replayable("step_times", repeat)
             rt, stream = self.rt, self._stream
             events = [ctypes.c_void_p() for _ in range(len(self._steps) + 1)]
             samples = []
