@@ -42,6 +42,10 @@
 - GRAPHC_BLAS_THREADS: how the CPU backend's BLAS (OpenBLAS) uses threads: `shared` (the
   default) runs its parallel jobs on the one libgomp team graphc's own loops use (see
   graphc.backends.cpu.threads); `native` leaves OpenBLAS's own thread pool alone.
+- GRAPHC_BLAS: which BLAS the CPU backend's GEMMs call (graphc.backends.cpu.blas): `auto`
+  (the default) Intel MKL's libmkl_rt where the `mkl` wheel is installed, else numpy's
+  OpenBLAS; `openblas` never MKL; `mkl` MKL or an error that says to install it. Read once
+  per process, by the first compiled GEMM.
 - GRAPHC_CUDA_ALL_OPINFO: `1` makes tests/test_cuda_backend.py run every sample of every
   OpInfo entry on the cuda backend instead of each entry's first (slow under emulation).
 
@@ -209,6 +213,16 @@ def blas_threads() -> str:
     if raw not in ("shared", "native"):
         raise ArgumentError(f"GRAPHC_BLAS_THREADS: expected 'shared' or 'native', got {raw!r}; "
                             "unset it for the default (shared)")
+    return raw
+
+
+def blas_choice() -> str:
+    """GRAPHC_BLAS: "auto" (default), "openblas" or "mkl"."""
+    raw = os.environ.get("GRAPHC_BLAS", "auto").strip().lower() or "auto"
+    if raw not in ("auto", "openblas", "mkl"):
+        raise ArgumentError(f"GRAPHC_BLAS: expected 'auto', 'openblas' or 'mkl' (which BLAS "
+                            f"the cpu backend's GEMMs call), got {raw!r}; unset it for the "
+                            "default (auto: MKL where the mkl package is installed)")
     return raw
 
 

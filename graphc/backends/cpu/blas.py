@@ -1,8 +1,12 @@
 """blas: the BLAS the CPU backend's generated code calls for GEMM and GEMV.
 
-`resolve_blas()` finds cblas_sgemm/cblas_dgemm (and ?gemv) once per process, in numpy's
-bundled OpenBLAS (ILP64, `scipy_cblas_sgemm64_`), else scipy's (LP64, `scipy_cblas_sgemm`),
-else a system libopenblas/libcblas; it registers them with the llvm layer as
+`resolve_blas()` finds cblas_sgemm/cblas_dgemm (and ?gemv) once per process: in Intel MKL's
+libmkl_rt (ILP64, `cblas_sgemm_64`) where the `mkl` wheel is installed and GRAPHC_BLAS
+(graphc.config.blas_choice) allows it, else in numpy's bundled OpenBLAS (ILP64,
+`scipy_cblas_sgemm64_`), else scipy's (LP64, `scipy_cblas_sgemm`), else a system
+libopenblas/libcblas. MKL comes first because it ran the benchmark models' GEMMs faster
+on one thread (docs/performance.md, "seventh session: MKL"). It registers them with the llvm
+layer as
 `graphc_blas_sgemm`/`graphc_blas_dgemm` (and `..gemv`), and hands the library's threads to
 graphc's one pool (graphc.backends.cpu.threads). A graph that needs GEMM where no BLAS is
 found is refused with a GraphcError that says what was tried and what to do.
@@ -14,14 +18,16 @@ import ctypes
 import ctypes.util
 import functools
 import glob
+import importlib.metadata
 import os
 from dataclasses import dataclass
 from typing import Iterator
 
+from graphc import config
 from graphc.backends.cpu import llvm, threads
 from graphc.errors import GraphcError
 
-__all__ = ["Blas", "blas_libraries", "resolve_blas"]
+__all__ = ["Blas", "blas_libraries", "mkl_library", "resolve_blas"]
 
 
 @dataclass(frozen=True)
@@ -42,17 +48,41 @@ class Blas:
 
 
 # (symbol of sgemm, symbol of dgemm, ilp64) tried in each library, in order
-_SYMBOLS = (("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
+_SYMBOLS = (("cblas_sgemm_64", "cblas_dgemm_64", True),  # MKL's ILP64 names
+            ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
             ("cblas_sgemm64_", "cblas_dgemm64_", True),
             ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
             ("cblas_sgemm", "cblas_dgemm", False))
 
 
+def mkl_library() -> str | None:
+    """The path of libmkl_rt from the installed `mkl` wheel (pip install mkl), or None."""
+    try:
+        files = importlib.metadata.files("mkl") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name.startswith("libmkl_rt.so"):
+            path = os.path.realpath(file.locate())
+            if os.path.exists(path):
+                return path
+    return None
+
+
 def blas_libraries() -> Iterator[str]:
-    """Candidate shared libraries, in order: numpy's bundled OpenBLAS, scipy's, the system's.
+    """Candidate shared libraries, in order: MKL's libmkl_rt (GRAPHC_BLAS=auto or mkl, where
+    the `mkl` wheel is installed), numpy's bundled OpenBLAS, scipy's, the system's.
     Each is looked for only when the one before did not serve (`resolve_blas` stops at the
     first that does): scipy's import and `ctypes.util.find_library`, which runs ldconfig
-    (~20 ms of wall time per name), are paid only where numpy has no OpenBLAS."""
+    (~20 ms of wall time per name), are paid only where numpy has no OpenBLAS.
+    GRAPHC_BLAS=mkl yields MKL alone (so a missing MKL is an error, not a silent OpenBLAS)."""
+    choice = config.blas_choice()
+    if choice in ("auto", "mkl"):
+        mkl = mkl_library()
+        if mkl is not None:
+            yield mkl
+        if choice == "mkl":
+            return
     try:
         import numpy
 
@@ -110,5 +140,7 @@ def resolve_blas() -> Blas:
     raise GraphcError(
         "cpu backend: no BLAS with cblas_sgemm/cblas_dgemm found (tried: "
         f"{', '.join(tried) or 'nothing: no numpy/scipy OpenBLAS, no system libopenblas'}); "
-        "install numpy or scipy wheels (they bundle OpenBLAS) or libopenblas, or compile "
-        "with backend=\"interp\"")
+        + ("GRAPHC_BLAS=mkl asks for MKL alone: pip install mkl, or unset GRAPHC_BLAS"
+           if config.blas_choice() == "mkl" else
+           "install numpy or scipy wheels (they bundle OpenBLAS) or libopenblas, or compile "
+           "with backend=\"interp\""))

@@ -12,6 +12,12 @@ graphc drives:
   `install(library)` hands OpenBLAS a caller-managed threading callback
   (`openblas_set_threads_callback_function`, OpenBLAS 0.3.27 and later), which forks one
   libgomp thread per job. OpenBLAS's own pool is then never woken again.
+- Intel MKL (where graphc.backends.cpu.blas chose it) has no such callback, but a threading
+  layer built on libgomp: `install` selects it (`MKL_Set_Threading_Layer(GNU)`, before any
+  other MKL call), so MKL's parallel GEMMs fork the same libgomp team, and its thread count
+  is `MKL_Set_Num_Threads` (process-wide, as OpenBLAS's). Without libgomp, MKL runs
+  sequential. MKL's own default (Intel OpenMP, libiomp5: a second spinning pool) is kept only
+  under GRAPHC_BLAS_THREADS=native.
 - Waiting: libgomp's threads spin briefly after a parallel region, then sleep
   (GOMP_SPINCOUNT = graphc.config.OPENMP_SPIN_COUNT, set by `import graphc` unless the user
   set it; libgomp reads it when it loads, so a libgomp that PyTorch loaded first keeps its
@@ -68,9 +74,13 @@ _CALLBACK_SETTERS = ("scipy_openblas_set_threads_callback_function64_",
                      "scipy_openblas_set_threads_callback_function",
                      "openblas_set_threads_callback_function")
 _THREAD_SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-                   "scipy_openblas_set_num_threads", "openblas_set_num_threads")
+                   "scipy_openblas_set_num_threads", "openblas_set_num_threads",
+                   "MKL_Set_Num_Threads")
 _THREAD_GETTERS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
-                   "scipy_openblas_get_num_threads", "openblas_get_num_threads")
+                   "scipy_openblas_get_num_threads", "openblas_get_num_threads",
+                   "MKL_Get_Max_Threads")
+# MKL's threading layers (mkl_service.h: MKL_THREADING_INTEL, _SEQUENTIAL, _PGI, _GNU, _TBB)
+MKL_THREADING_SEQUENTIAL, MKL_THREADING_GNU = 1, 3
 # The BLAS's thread count for generated code: a kernel that splits its images over the cores
 # (graphc.backends.cpu.conv_threads) holds the BLAS to one thread inside its parallel region
 # and gives the count back after it. Registered by `install` where the BLAS has both.
@@ -233,6 +243,7 @@ _libraries: list = []  # the callbacks' compiled code: alive for the process
 _setters: list = []  # the callback setters installed into, reset in a forked child
 _fork_hook = False
 _thread_setters: list = []  # the BLAS's set_num_threads, where the callback was installed
+_mkl_setters: list = []  # MKL_Set_Num_Threads, where MKL forks libgomp's team
 _blas_threads = [0]  # the count last given to the BLAS (process-wide in OpenBLAS)
 _blas_counts: list = []  # the BLAS's count getter and the locked setter (_COUNTS_IR)
 
@@ -258,6 +269,9 @@ def _install(library: ctypes.CDLL) -> str:
     global _fork_hook
     if config.blas_threads() == "native":
         return "native: GRAPHC_BLAS_THREADS=native leaves the BLAS's own threads"
+    layer_setter = getattr(library, "MKL_Set_Threading_Layer", None)
+    if layer_setter is not None:
+        return _install_mkl(library, layer_setter)
     setter = _find(library, _CALLBACK_SETTERS)
     openmp = llvm.load_openmp()
     code = None
@@ -288,6 +302,25 @@ def _install(library: ctypes.CDLL) -> str:
         return ("one thread: this BLAS has no threading callback, so it is held to one "
                 "thread and graphc's own loops use the cores")
     return "untouched: this BLAS exposes neither a threading callback nor a thread count"
+
+
+def _install_mkl(library: ctypes.CDLL, layer_setter) -> str:
+    """MKL: its GNU OpenMP threading layer forks libgomp's team (one pool); sequential where
+    graphc has no libgomp or MKL refuses the layer. Must run before any other MKL call."""
+    global _fork_hook
+    layer_setter.argtypes, layer_setter.restype = [ctypes.c_int], ctypes.c_int
+    if llvm.load_openmp() is not None and layer_setter(MKL_THREADING_GNU) == MKL_THREADING_GNU:
+        threads = _find(library, _THREAD_SETTERS)
+        threads.argtypes, threads.restype = [ctypes.c_int], None
+        _thread_setters.append(threads)
+        _mkl_setters.append(threads)
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=_native_in_child)
+            _fork_hook = True
+        _register_counts(library)
+        return "shared: MKL's GNU threading layer forks libgomp's team (one pool)"
+    layer_setter(MKL_THREADING_SEQUENTIAL)
+    return "one thread: MKL's sequential layer (no libgomp to share), graphc's loops use the cores"
 
 
 def _register_counts(library: ctypes.CDLL) -> None:
@@ -327,9 +360,12 @@ def image_threads() -> int:
 
 
 def _native_in_child() -> None:
-    """After fork: libgomp's team is gone in the child, so OpenBLAS gets its own pool back."""
+    """After fork: libgomp's team is gone in the child, so OpenBLAS gets its own pool back and
+    MKL (which has no pool of its own in the GNU layer) runs on one thread."""
     for setter in _setters:
         setter(None)
+    for setter in _mkl_setters:
+        setter(1)
 
 
 def policy() -> dict[str, str]:
