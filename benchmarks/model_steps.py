@@ -162,7 +162,11 @@ def model_step(name: str, quick: bool, repeat: int, torch_compile: bool,
             contenders.append(Contender("torch.compile", lambda: None,
                                         status="skipped: --quick"))
     contenders.sort(key=lambda c: c.name != "torch eager")
-    check_agreement(contenders, 1e-3)  # deep float32 steps: summation orders differ more
+    # deep float32 steps: summation orders differ more. The quick ResNet-18 (BatchNorm over 2
+    # images at 1x1 in its last stage) is ill-conditioned: after 3 steps PyTorch float32 is
+    # 3.3e-3 from PyTorch float64, graphc eager 4.0e-3, compiled on OpenBLAS 2.7e-3 and on
+    # MKL 1.5e-3, but 2.1e-3 from PyTorch float32 (docs/performance.md, "The BLAS: MKL")
+    check_agreement(contenders, 5e-3 if quick and name == "resnet18" else 1e-3)
     interleaved_medians(contenders, repeat, warmup_seconds=warmup_seconds)
     contenders.sort(key=lambda c: ["graphc cpu", "graphc eager", "torch eager",
                                    "torch.compile"].index(c.name))

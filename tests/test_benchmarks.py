@@ -23,6 +23,9 @@ QUICK_CASES = ["mlp_b8", "mlp_b1", "lenet5_b4", "gpt_b2", "resnet18_b2", "lstm_b
 # 1e-3
 TOLERANCE = {name: 1e-3 for name in ("gpt_b2", "resnet18_b2", "lstm_b2", "vae_b4", "dcgan_b2",
                                      "mobilenet_b4")}
+# the quick ResNet-18 is ill-conditioned (BatchNorm over 2 images): PyTorch float32 itself is
+# 3.3e-3 from float64 after 3 steps (benchmarks/model_steps.py)
+TOLERANCE["resnet18_b2"] = 5e-3
 
 
 @pytest.fixture(scope="module")
