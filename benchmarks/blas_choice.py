@@ -47,7 +47,6 @@ class _Sgemm:
 
     def __init__(self, library: str) -> None:
         if library == "openblas":
-            import numpy  # noqa: F401  (its OpenBLAS)
             from graphc.backends.cpu.blas import blas_libraries
 
             path = next(p for p in blas_libraries() if "openblas" in p)
