@@ -16,9 +16,11 @@ MKL's threading layer is chosen once per process:
   the same team graphc's own loops use) and MKL_Set_Num_Threads(n).
 
 One thread is timed with the process's CPU clock (as `benchmarks.run --clock cpu`), two with
-the wall clock. A figure is the median over rounds of the step's whole GEMM time (every
-GEMM of the step, each called as often as the step calls it, through ctypes: ~0.5 us a call
-for every library alike).
+the wall clock. A child's figure is the median over `--rounds` samples of the step's whole
+GEMM time (every GEMM of the step, each called as often as the step calls it, through
+ctypes: ~0.5 us a call for every library alike); each library runs `--passes` children, in
+an order that rotates, and a ratio is the median of the passes' ratios (this shared machine
+drifts by 30% within a minute).
 """
 
 from __future__ import annotations
@@ -116,12 +118,25 @@ def _child(args) -> None:
     print(json.dumps(result))
 
 
+def _run_child(args, library: str, threads: int) -> dict:
+    command = [sys.executable, "-m", "benchmarks.blas_choice", "--child", "--library", library,
+               "--threads", str(threads), "--rounds", str(args.rounds)]
+    for step in args.step:
+        command += ["--step", step]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, action="append", choices=(1, 2))
     parser.add_argument("--step", action="append", choices=tuple(STEPS))
     parser.add_argument("--library", choices=LIBRARIES, action="append")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=5, help="samples per child")
+    parser.add_argument("--passes", type=int, default=3,
+                        help="children per library, in rotating order")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.step = args.step or list(STEPS)
@@ -131,31 +146,26 @@ def main(argv: list[str] | None = None) -> None:
     libraries = args.library or list(LIBRARIES)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'step':<12} {'thr':>3} " + " ".join(f"{lib:>12}" for lib in libraries)
-          + "   (ms of the step's GEMMs; ratio to openblas)")
+          + "   (ms of the step's GEMMs, median over passes; ratio to openblas: the median of"
+          " the passes' ratios)")
     for threads in args.threads or [1, 2]:
-        results = {}
-        for library in libraries:
-            if library == "mkl-seq" and threads > 1:
-                continue
-            command = [sys.executable, "-m", "benchmarks.blas_choice", "--child", "--library",
-                       library, "--threads", str(threads), "--rounds", str(args.rounds)]
-            for step in args.step:
-                command += ["--step", step]
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads),
-                       OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-            results[library] = json.loads(done.stdout.strip().splitlines()[-1])
+        results: dict[str, list[dict]] = {}
+        present = [lib for lib in libraries if not (lib == "mkl-seq" and threads > 1)]
+        for turn in range(args.passes):  # the order rotates, so drift spreads over all
+            for library in present[turn % len(present):] + present[:turn % len(present)]:
+                results.setdefault(library, []).append(_run_child(args, library, threads))
         for step in args.step:
-            base = results.get("openblas", {}).get(step)
+            base = [one[step] for one in results.get("openblas", [])]
             cells = []
             for library in libraries:
-                seconds = results.get(library, {}).get(step)
-                if seconds is None:
+                if library not in results:
                     cells.append(f"{'-':>12}")
-                else:
-                    ratio = f" {seconds / base:4.2f}x" if base else ""
-                    cells.append(f"{seconds * 1e3:>6.3f}{ratio:>6}")
-            print(f"{step:<12} {threads:>3} " + " ".join(cells))
+                    continue
+                seconds = [one[step] for one in results[library]]
+                ratio = (f" {statistics.median(s / b for s, b in zip(seconds, base)):4.2f}x"
+                         if base else "")
+                cells.append(f"{statistics.median(seconds) * 1e3:>6.3f}{ratio:>6}")
+            print(f"{step:<12} {threads:>3} " + " ".join(cells), flush=True)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
