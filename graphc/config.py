@@ -39,9 +39,10 @@
   shared/global memory accesses as a launch failure (`warn`: on stderr only);
   `GRAPHC_EMU_SCHEDULE=random:SEED` runs CUDA threads in a seeded random order. With either
   set, the cuda backend compiles its generated kernels instrumented for them.
-- GRAPHC_BLAS_THREADS: how the CPU backend's BLAS (OpenBLAS) uses threads: `shared` (the
-  default) runs its parallel jobs on the one libgomp team graphc's own loops use (see
-  graphc.backends.cpu.threads); `native` leaves OpenBLAS's own thread pool alone.
+- GRAPHC_BLAS_THREADS: how the CPU backend's BLAS (OpenBLAS or MKL) uses threads: `shared`
+  (the default) runs its parallel jobs on the one libgomp team graphc's own loops use (see
+  graphc.backends.cpu.threads); `native` leaves the BLAS's own threads alone (OpenBLAS's
+  pool, MKL's default Intel OpenMP layer).
 - GRAPHC_BLAS: which BLAS the CPU backend's GEMMs call (graphc.backends.cpu.blas): `auto`
   (the default) Intel MKL's libmkl_rt where the `mkl` wheel is installed, else numpy's
   OpenBLAS; `openblas` never MKL; `mkl` MKL or an error that says to install it. Read once
