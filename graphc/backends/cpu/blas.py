@@ -4,12 +4,13 @@
 libmkl_rt (ILP64, `cblas_sgemm_64`) where the `mkl` wheel is installed and GRAPHC_BLAS
 (graphc.config.blas_choice) allows it, else in numpy's bundled OpenBLAS (ILP64,
 `scipy_cblas_sgemm64_`), else scipy's (LP64, `scipy_cblas_sgemm`), else a system
-libopenblas/libcblas. MKL comes first because it ran the benchmark models' GEMMs faster
-on one thread (docs/performance.md, "seventh session: MKL"). It registers them with the llvm
-layer as
-`graphc_blas_sgemm`/`graphc_blas_dgemm` (and `..gemv`), and hands the library's threads to
-graphc's one pool (graphc.backends.cpu.threads). A graph that needs GEMM where no BLAS is
-found is refused with a GraphcError that says what was tried and what to do.
+libopenblas/libcblas. MKL comes first because the benchmark steps ran faster on it (GPT
+0.86x, ResNet-18 0.8-0.93x; docs/performance.md, "The BLAS: MKL where installed"), and the
+`mkl` wheel is there only when someone installed it (the `graphc[mkl]` extra). It registers
+them with the llvm layer as `graphc_blas_sgemm`/`graphc_blas_dgemm` (and `..gemv`), and
+hands the library's threads to graphc's one pool (graphc.backends.cpu.threads). A graph that
+needs GEMM where no BLAS is found is refused with a GraphcError that says what was tried and
+what to do.
 """
 
 from __future__ import annotations
