@@ -53,4 +53,4 @@ def test_small_outputs_are_always_new():
     for _ in range(3):
         out, = ex.run(np.ones(8, np.float32))
         del out
-    assert ex._recent[0] == [None, None]  # none kept for reuse
+    assert ex._recent[0] == [(None, None), (None, None)]  # none kept for reuse

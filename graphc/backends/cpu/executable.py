@@ -170,8 +170,9 @@ class CpuExecutable:
         self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
         self._outputs_only = all(kind == "out" for kind, _ in self._results)
         self._pick_written = picker(sorted(self._written))
-        self._recent = [[None, None] for _ in self._copied]
-        self._recent_addresses = [[None, None] for _ in self._copied]
+        # per output: its last two kept arrays with their addresses, newest first, as
+        # (array, address) pairs replaced by one assignment (a Ctrl-C cannot part them)
+        self._recent = [[(None, None), (None, None)] for _ in self._copied]
         self._last_inputs: list = [None] * len(graph.inputs)
         self._lock = threading.Lock()
         self.thread_chooser = threads.ThreadChooser(threads.most_threads())
@@ -297,8 +298,8 @@ class CpuExecutable:
                     and not self._window_views:
                 recent = self._recent
                 for k, shape, dtype in self._kept_slots:
-                    out = recent[k][0]  # the last call's (`_out_ptrs[k]` is its address)
-                    # nothing else holds it: `recent[k]`, `out` and getrefcount's argument
+                    out = recent[k][0][0]  # the last call's (`_out_ptrs[k]` its address)
+                    # nothing else holds it: its pair in `recent[k]`, `out`, getrefcount's argument
                     if out is None or sys.getrefcount(out) != 3 or out.shape != shape \
                             or out.dtype is not dtype:
                         out = None  # `_outputs` counts references: this would be one more
@@ -306,7 +307,7 @@ class CpuExecutable:
                 outs, ptrs = [], self._out_ptrs
                 for k, (shape, dtype, large) in enumerate(self._out_types):
                     if large:
-                        outs.append(recent[k][0])
+                        outs.append(recent[k][0][0])
                     else:  # new, as in `_outputs`
                         out = np.empty(shape, dtype)
                         ptrs[k] = _new_address(out) if out.size else _address(out)
@@ -373,24 +374,22 @@ class CpuExecutable:
         work of an elementwise pass over them (docs/performance.md). A kept array's address is
         kept with it (an array's data never moves)."""
         outs = []
-        ptrs, recent, addresses = self._out_ptrs, self._recent, self._recent_addresses
+        ptrs, recent = self._out_ptrs, self._recent
         for k, (shape, dtype, large) in enumerate(out_types):
             if not large:
                 out = np.empty(shape, dtype)
                 ptrs[k] = _new_address(out) if out.size else _address(out)
                 outs.append(out)
                 continue
-            kept, kept_at = recent[k], addresses[k]
+            kept = recent[k]
             j = _unreferenced(kept, shape, dtype)
-            if j is None:
+            if j is None:  # the oldest goes
                 out = np.empty(shape, dtype)
                 address = _address(out)
-                kept.pop()  # the oldest goes
-                kept_at.pop()
+                recent[k] = [(out, address), kept[0]]
             else:
-                out, address = kept.pop(j), kept_at.pop(j)
-            kept.insert(0, out)
-            kept_at.insert(0, address)
+                out, address = kept[j]
+                recent[k] = [kept[j], kept[1 - j]]
             ptrs[k] = address
             outs.append(out)
         return outs
@@ -463,11 +462,12 @@ def output_types(types: list[tuple[tuple, np.dtype]]) -> list[tuple[tuple, np.dt
 
 
 def _unreferenced(kept: list, shape: tuple, dtype: np.dtype) -> int | None:
-    """The position in `kept` of an array of this type nothing else references, or None."""
-    for j in range(len(kept)):
-        # references to an unused one: `kept` and getrefcount's argument
-        if kept[j] is not None and sys.getrefcount(kept[j]) == 2 and \
-                kept[j].shape == shape and kept[j].dtype is dtype:
+    """The position in `kept` ((array, address) pairs) of an array of this type nothing else
+    references, or None."""
+    for j, (array, _) in enumerate(kept):
+        # references to an unused one: its pair, `array` and getrefcount's argument
+        if array is not None and sys.getrefcount(array) == 3 and \
+                array.shape == shape and array.dtype is dtype:
             return j
     return None
 
