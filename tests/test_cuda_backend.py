@@ -25,7 +25,7 @@ from graphc.backends import compile as compile_graph
 from graphc.ir import parse
 from tests.compile_opinfo import cases, check_case
 from tests.conftest import sgd_training_step
-from tests.cuda_support import cuda_test_kind, emulation_only
+from tests.cuda_support import built_test_runtime, cuda_test_kind, emulation_only
 
 
 @pytest.fixture(autouse=True)
@@ -35,16 +35,7 @@ def _emulation(tmp_path_factory, monkeypatch):
 
 
 def _runtime_or_skip():
-    try:
-        from tests.cuda_support import runtime_library
-    except ImportError:
-        from graphc.backends.cuda.rt import runtime_library as load
-
-        try:
-            return load(cuda_test_kind())
-        except Exception as error:  # noqa: BLE001 (any build failure: say why)
-            pytest.skip(f"the emulation runtime does not build here: {error}")
-    return runtime_library(cuda_test_kind())
+    return built_test_runtime()
 
 
 @pytest.fixture(scope="module", autouse=True)

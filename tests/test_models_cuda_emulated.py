@@ -11,7 +11,7 @@ import pytest
 
 from tests import test_models_recurrent as recurrent
 from tests import test_models_vision as vision
-from tests.cuda_support import cuda_test_kind
+from tests.cuda_support import built_test_runtime, cuda_test_kind
 from tests.model_parity_support import STEPS, run_family
 
 
@@ -19,12 +19,7 @@ from tests.model_parity_support import STEPS, run_family
 def emulated_cuda(monkeypatch, tmp_path):
     monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
-    try:
-        from tests.cuda_support import runtime_library
-
-        runtime_library(cuda_test_kind())
-    except Exception as error:  # noqa: BLE001 (any build failure: say why)
-        pytest.skip(f"the emulation runtime does not build here: {error}")
+    built_test_runtime()
 
 
 def _image_batches(rng, shape):
