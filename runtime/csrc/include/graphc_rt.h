@@ -165,14 +165,17 @@ typedef struct gc_conv2d_desc {
     int64_t out_h, out_w;
 } gc_conv2d_desc;
 
-typedef enum gc_conv2d_pass {
+typedef enum gc_conv2d_pass { /* graphc's kernels for each (kernels/conv.cu says more) */
     GC_CONV2D_FWD_IM2COL = 0,   /* im2col + GEMM per image, bias fused after the GEMM */
-    GC_CONV2D_FWD_IMPLICIT = 1, /* implicit GEMM: no column buffer */
-    GC_CONV2D_BWD_DATA = 2,     /* GEMM + col2im */
-    GC_CONV2D_BWD_FILTER = 3    /* im2col + GEMM, accumulated over the batch */
+    GC_CONV2D_FWD_IMPLICIT = 1, /* implicit GEMM (split along k when small) */
+    GC_CONV2D_BWD_DATA = 2,     /* implicit GEMM at stride 1, else one GEMM + col2im */
+    GC_CONV2D_BWD_FILTER = 3    /* implicit GEMM over the batch (split when its tiles are few) */
 } gc_conv2d_pass;
 
 gc_status gc_conv2d_check(gc_conv2d_desc *desc);
+/* In the CUDA build with cuDNN loaded, the first query of a (desc, pass) also chooses who runs
+ * the pass by timing cuDNN and graphc's kernels on scratch buffers (it allocates, launches and
+ * synchronises: never call it inside a stream capture); the size covers either. */
 gc_status gc_conv2d_workspace_size(const gc_conv2d_desc *desc, gc_conv2d_pass pass,
                                    int64_t *bytes);
 /* bias may be NULL; pass is GC_CONV2D_FWD_IM2COL or GC_CONV2D_FWD_IMPLICIT */

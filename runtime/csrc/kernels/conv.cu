@@ -8,8 +8,9 @@
  *   backward data  stride 1: dx_g = W_g^T @ dy through a transposed-convolution view, one
  *                implicit GEMM over all images; otherwise (conv_strided_dgrad.cuh) one GEMM
  *                col_g[K, n*P] = W_g^T @ dy_g over all images (the images are GEMM columns)
- *                into the workspace, then ONE col2im launch (a gather: each dx element sums
- *                the column entries that read it; deterministic, no atomics)
+ *                into the workspace, then one col2im launch per pass of at most 64 MiB of
+ *                columns (a gather: each dx element sums the column entries that read it;
+ *                deterministic, no atomics)
  *   backward filter dW_g = dy_g[c_out/groups, N*P] @ col_g^T[N*P, K]: one implicit GEMM over
  *                all images, split along N*P when its tiles are few (partials in the
  *                workspace, added in split order: deterministic)
