@@ -26,6 +26,13 @@ channels' output gradients into its own workspace (graphc.backends.cpu.conv_thre
 Rounding: per lane a sum over one image's positions (~P/LANES terms), then over the images,
 then over the lanes: another order than numpy's, judged by distance from a float64 run
 (docs/performance.md, "Rounding"; tests/test_cpu_conv_few_channels.py).
+
+Non-finite inputs: the zeros past W_out in gy's rows multiply real input values (those a
+tap's window never reaches at that row), so an infinite input value gives NaN in taps where
+PyTorch's gradient, which never forms those products, is finite (seen: 8 NaN taps of 108
+for one inf in a 2x3x8x8 input; both have the same 16 infinite taps). Finite inputs are
+unaffected; with an inf input the forward is already infinite. Not mended: masking the
+padded positions per lane would cost the flat sums their simplicity.
 """
 
 from __future__ import annotations
