@@ -1,8 +1,10 @@
 """gpu: issue 14's GPU targets, graphc's cuda backend next to PyTorch CUDA on one GPU.
 
-`python -m benchmarks.gpu [--quick] [--only NAME] [--json PATH]` needs a CUDA GPU, nvcc and
-PyTorch built with CUDA (benchmarks/gpu_check.sh runs it on the device machine, once with
-the default GEMM provider and once with GRAPHC_CUDA_LIBS=0, graphc's own kernels only).
+`python -m benchmarks.gpu [--quick] [--only NAME] [--profile] [--json PATH]` needs a CUDA
+GPU, nvcc and PyTorch built with CUDA (benchmarks/gpu_check.sh runs it on the device machine,
+with cuBLAS and cuDNN where they measure faster, and with GRAPHC_CUDA_LIBS=0, graphc's own
+kernels only). `--profile` adds, per training step, where the device time goes by kind of
+step and slowest step (`CudaExecutable.step_times`) and the host's cProfile of ten steps.
 
 Rows (each: graphc, its anchor, the ratio, the target):
 - `copy`: PyTorch's device-to-device copy of 1 GiB, bytes read plus written: the bandwidth
