@@ -266,7 +266,6 @@ def install(library: ctypes.CDLL, path: str) -> str:
 
 
 def _install(library: ctypes.CDLL) -> str:
-    global _fork_hook
     if config.blas_threads() == "native":
         return "native: GRAPHC_BLAS_THREADS=native leaves the BLAS's own threads"
     layer_setter = getattr(library, "MKL_Set_Threading_Layer", None)
@@ -285,13 +284,7 @@ def _install(library: ctypes.CDLL) -> str:
         setter(code.address("graphc_blas_threads"))
         _libraries.append(code)
         _setters.append(setter)
-        threads = _find(library, _THREAD_SETTERS)
-        if threads is not None:
-            threads.argtypes, threads.restype = [ctypes.c_int], None
-            _thread_setters.append(threads)
-        if not _fork_hook:
-            os.register_at_fork(after_in_child=_native_in_child)
-            _fork_hook = True
+        _adopt_thread_setter(library)
         _register_counts(library)
         return "shared: the BLAS's jobs run on libgomp's team (one pool)"
     threads = _find(library, _THREAD_SETTERS)
@@ -307,20 +300,30 @@ def _install(library: ctypes.CDLL) -> str:
 def _install_mkl(library: ctypes.CDLL, layer_setter) -> str:
     """MKL: its GNU OpenMP threading layer forks libgomp's team (one pool); sequential where
     graphc has no libgomp or MKL refuses the layer. Must run before any other MKL call."""
-    global _fork_hook
     layer_setter.argtypes, layer_setter.restype = [ctypes.c_int], ctypes.c_int
     if llvm.load_openmp() is not None and layer_setter(MKL_THREADING_GNU) == MKL_THREADING_GNU:
-        threads = _find(library, _THREAD_SETTERS)
-        threads.argtypes, threads.restype = [ctypes.c_int], None
-        _thread_setters.append(threads)
-        _mkl_setters.append(threads)
-        if not _fork_hook:
-            os.register_at_fork(after_in_child=_native_in_child)
-            _fork_hook = True
+        setter = _adopt_thread_setter(library)
+        if setter is not None:
+            _mkl_setters.append(setter)
         _register_counts(library)
         return "shared: MKL's GNU threading layer forks libgomp's team (one pool)"
     layer_setter(MKL_THREADING_SEQUENTIAL)
     return "one thread: MKL's sequential layer (no libgomp to share), graphc's loops use the cores"
+
+
+def _adopt_thread_setter(library: ctypes.CDLL):
+    """A BLAS whose jobs run on libgomp's team: its thread-count setter (if any) joins the
+    ones graphc sets, and a forked child puts it back to one thread (`_native_in_child`).
+    Returns the setter (None where the library has none)."""
+    global _fork_hook
+    threads = _find(library, _THREAD_SETTERS)
+    if threads is not None:
+        threads.argtypes, threads.restype = [ctypes.c_int], None
+        _thread_setters.append(threads)
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_native_in_child)
+        _fork_hook = True
+    return threads
 
 
 def _register_counts(library: ctypes.CDLL) -> None:
