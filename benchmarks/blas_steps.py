@@ -35,9 +35,8 @@ def _compiled_step(name: str):
     else:
         family = name.split("_")[0]
         shape = model_steps.FULL[family]
-        build = model_steps.gpt if family == "gpt" else model_steps.resnet18
         graphc.manual_seed(0)
-        model = build(graphc, **shape)
+        model = model_steps.build(graphc, family, shape)
         x, y = model_steps.batch_of(family, shape)
     step = graphc.compile(models.graphc_step(model), backend="cpu")
     gx, gy = graphc.tensor(x), graphc.tensor(y)

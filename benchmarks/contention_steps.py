@@ -79,7 +79,7 @@ def build(name: str):
         return model, models.graphc_step(model), (graphc.tensor(x), graphc.tensor(y))
     if family in ("gpt", "resnet18"):
         shape = model_steps.FULL[family]
-        model = (model_steps.gpt if family == "gpt" else model_steps.resnet18)(graphc, **shape)
+        model = model_steps.build(graphc, family, shape)
         x, y = model_steps.batch_of(family, shape)
         return model, models.graphc_step(model), (graphc.tensor(x), graphc.tensor(y))
     shape = family_steps.FULL[family]

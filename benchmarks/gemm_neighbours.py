@@ -40,7 +40,7 @@ def _step(name: str, quick: bool):
     graphc.manual_seed(0)
     if name in ("gpt", "resnet18"):
         shape = (model_steps.QUICK if quick else model_steps.FULL)[name]
-        model = (model_steps.gpt if name == "gpt" else model_steps.resnet18)(graphc, **shape)
+        model = model_steps.build(graphc, name, shape)
         step, args = models.graphc_step(model), model_steps.batch_of(name, shape)
     elif name == "mlp_b64":
         step = models.graphc_step(models.graphc_model("mlp"))

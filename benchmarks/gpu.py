@@ -181,10 +181,9 @@ def elementwise_row(torch, quick: bool, rounds: int, copy_gbps: float) -> dict:
 def step_row(torch, name: str, quick: bool, rounds: int, profile: bool) -> dict:
     key = name.split("_")[0]
     shape = (model_steps.QUICK if quick else model_steps.FULL)[key]
-    build = model_steps.gpt if key == "gpt" else model_steps.resnet18
     graphc.manual_seed(0)
-    model = build(graphc, **shape)
-    tmodel = build(torch, **shape)
+    model = model_steps.build(graphc, key, shape)
+    tmodel = model_steps.build(torch, key, shape)
     tmodel.load_state_dict({k: torch.from_numpy(v.detach().numpy().copy())
                             for k, v in model.state_dict().items()})
     tmodel = tmodel.cuda()

@@ -74,7 +74,7 @@ def _step(name: str):
     import graphc
     import graphc.nn as gnn
     from benchmarks import model_steps, models
-    from benchmarks.model_steps import COMPILE_ONLY, FULL, batch_of, gpt, resnet18
+    from benchmarks.model_steps import COMPILE_ONLY, FULL, batch_of, build
 
     graphc.manual_seed(0)
     if name in COMPILE_ONLY:
@@ -82,7 +82,7 @@ def _step(name: str):
         return step, tuple(graphc.tensor(a) for a in arrays)
     if name in ("gpt", "resnet18"):
         shape = FULL[name]
-        model = (gpt if name == "gpt" else resnet18)(graphc, **shape)
+        model = build(graphc, name, shape)
         x, y = batch_of(name, shape)
     elif name.startswith("mlp"):
         depth = int(name[3:])

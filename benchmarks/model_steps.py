@@ -100,6 +100,11 @@ def resnet18(lib, width: int, **_):
     return nn.Sequential(*layers)
 
 
+def build(lib, name: str, shape: dict):
+    """The model `name` ("gpt" or "resnet18") of `lib` (graphc or torch) at `shape`."""
+    return (gpt if name == "gpt" else resnet18)(lib, **shape)
+
+
 def batch_of(name: str, shape: dict, seed: int = 1):
     """(x, y) as numpy arrays for one step of `name` at `shape`."""
     rng = np.random.default_rng(seed)
@@ -118,14 +123,13 @@ def model_step(name: str, quick: bool, repeat: int, torch_compile: bool,
     from benchmarks import cases
 
     shape = (QUICK if quick else FULL)[name]
-    build = gpt if name == "gpt" else resnet18
     graphc.manual_seed(0)
-    base = build(graphc, **shape)
+    base = build(graphc, name, shape)
     x, y = batch_of(name, shape)
     gx, gy = graphc.tensor(x), graphc.tensor(y)
 
     def graphc_copy():
-        other = build(graphc, **shape)
+        other = build(graphc, name, shape)
         other.load_state_dict(base.state_dict())
         return other
 
@@ -145,7 +149,7 @@ def model_step(name: str, quick: bool, repeat: int, torch_compile: bool,
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
         def torch_copy():
-            other = build(torch, **shape)
+            other = build(torch, name, shape)
             other.load_state_dict({k: torch.from_numpy(v.detach().numpy().copy())
                                    for k, v in base.state_dict().items()})
             return other
@@ -239,5 +243,5 @@ def training_step(name: str, shape: dict):
         step = models.graphc_step(model)
         x, y = batch_of("resnet18", shape)
         return step, (x, y)
-    build = {"lstm": _lstm_step, "vae": _vae_step, "dcgan": _dcgan_step}[name]
-    return build(**shape)
+    make = {"lstm": _lstm_step, "vae": _vae_step, "dcgan": _dcgan_step}[name]
+    return make(**shape)

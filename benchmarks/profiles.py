@@ -266,9 +266,8 @@ def profile_model_step(name: str) -> str:
     from benchmarks import model_steps
 
     shape = model_steps.FULL[name]
-    build = model_steps.gpt if name == "gpt" else model_steps.resnet18
     graphc.manual_seed(0)
-    model = build(graphc, **shape)
+    model = model_steps.build(graphc, name, shape)
     x, y = model_steps.batch_of(name, shape)
     step = graphc.compile(models.graphc_step(model), backend="cpu")
     report = graphc.profile(step, graphc.tensor(x), graphc.tensor(y), repeat=5)

@@ -40,8 +40,7 @@ def _vision(name):
         x, y = models.batch("lenet5", 4)
     else:
         shape = model_steps.QUICK[name]
-        build = model_steps.gpt if name == "gpt" else model_steps.resnet18
-        model = build(graphc, **shape)
+        model = model_steps.build(graphc, name, shape)
         x, y = model_steps.batch_of(name, shape)
     return models.graphc_step(model), (graphc.tensor(x), graphc.tensor(y))
 
