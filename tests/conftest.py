@@ -1,4 +1,5 @@
-"""Shared fixtures: a numpy Generator seeded from the test id, and the optional torch module."""
+"""Shared fixtures: a numpy Generator seeded from the test id, the optional torch module, and
+the cuda backend's environment (`cuda_backend`, `cuda_runtime_built`)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,26 @@ def _torch_single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def cuda_backend(tmp_path_factory, monkeypatch):
+    """GRAPHC_CUDA names the kind under test (tests/cuda_support.cuda_test_kind) and compiled
+    graphs cache under the session's temporary directory. A cuda test module asks for it with
+    `pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")`."""
+    from tests.cuda_support import cuda_test_kind
+
+    monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="module")
+def cuda_runtime_built():
+    """The CUDA runtime library for the kind under test, built once; a skip (or, on a GPU run,
+    a failure) naming why where it cannot be."""
+    from tests.cuda_support import built_test_runtime
+
+    return built_test_runtime()
 
 
 def sgd_training_step(make_model, lr: float = 0.05, momentum: float = 0.9):

@@ -25,23 +25,9 @@ from graphc.backends import compile as compile_graph
 from graphc.ir import parse
 from tests.compile_opinfo import cases, check_case
 from tests.conftest import sgd_training_step
-from tests.cuda_support import built_test_runtime, cuda_test_kind, emulation_only
+from tests.cuda_support import emulation_only
 
-
-@pytest.fixture(autouse=True)
-def _emulation(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
-def _runtime_or_skip():
-    return built_test_runtime()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _runtime():
-    os.environ.setdefault("GRAPHC_CUDA", cuda_test_kind())
-    _runtime_or_skip()
+pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
 
 
 # ---- OpInfo ----------------------------------------------------------------------------------

@@ -17,20 +17,8 @@ import pytest
 
 from graphc.backends import compile as compile_graph
 from graphc.ir import parse
-from tests.cuda_support import cuda_test_kind
 
-
-@pytest.fixture(autouse=True)
-def _emulation(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _runtime():
-    from tests.test_cuda_backend import _runtime_or_skip
-
-    _runtime_or_skip()
+pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
 
 
 def _same_bits(text: str, *arrays):

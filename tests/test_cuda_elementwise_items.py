@@ -14,22 +14,11 @@ import graphc
 from graphc.backends.cuda import cudagen
 from graphc.backends.cuda.lowering import KernelText, Launch, Layout, contiguous_strides
 from graphc.types import TensorType, float32
-from tests.cuda_support import cuda_test_kind
 
 N = cudagen.ITEMS_FROM + 77  # a partial last block
 
 
-@pytest.fixture(autouse=True)
-def _backend(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _runtime():
-    from tests.test_cuda_backend import _runtime_or_skip
-
-    _runtime_or_skip()
+pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
 
 
 def _launches(compiled) -> list[Launch]:

@@ -9,20 +9,8 @@ import numpy as np
 import pytest
 
 from graphc.errors import ArgumentError
-from tests.cuda_support import cuda_test_kind
 
-
-@pytest.fixture(autouse=True)
-def _backend(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _runtime():
-    from tests.test_cuda_backend import _runtime_or_skip
-
-    _runtime_or_skip()
+pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
 
 
 def test_replay_and_step_times(rng):

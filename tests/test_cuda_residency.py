@@ -20,13 +20,9 @@ import graphc
 from graphc import nn
 from graphc.backends import residency
 from tests.conftest import sgd_training_step
-from tests.cuda_support import cuda_test_kind, loaded_test_runtime
+from tests.cuda_support import loaded_test_runtime
 
-
-@pytest.fixture(autouse=True)
-def _emulation(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("GRAPHC_CUDA", cuda_test_kind())
-    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+pytestmark = pytest.mark.usefixtures("cuda_backend")
 
 
 @pytest.fixture(scope="module")
