@@ -128,8 +128,26 @@ def cuda_vendor_libs() -> bool:
     return os.environ.get("GRAPHC_CUDA_LIBS", "") != "0"
 
 
+# GRAPHC_CHECK_NANS is read on every compiled call. `os.environ.get` (and `name in
+# os.environ`, which is Mapping.__contains__ over the same `__getitem__`) raises and catches
+# two KeyErrors inside when the variable is unset: ~0.6 us warm, 4-10 us on the caches a short
+# native run leaves (docs/performance.md, "SGEMM 256"). CPython keeps os.environ's items in a
+# plain dict, `os.environ._data`, keyed by `os.environ.encodekey(name)` (bytes on POSIX, upper
+# case str on Windows), which every change through os.environ (monkeypatch.setenv included)
+# writes first; a lookup there raises nothing. Where that dict is missing (another Python),
+# `os.environ.get`. os.environ itself is looked up at each call, so a replaced one is seen.
+_CHECK_NANS = "GRAPHC_CHECK_NANS"
+_CHECK_NANS_KEY = os.environ.encodekey(_CHECK_NANS)
+_OFF = frozenset((os.environ.encodevalue(""), os.environ.encodevalue("0")))
+
+
 def check_nans() -> bool:
-    return os.environ.get("GRAPHC_CHECK_NANS", "") not in ("", "0")
+    """Whether GRAPHC_CHECK_NANS is set to something other than "" or "0"."""
+    items = getattr(os.environ, "_data", None)
+    if type(items) is not dict:
+        return os.environ.get(_CHECK_NANS, "") not in ("", "0")
+    value = items.get(_CHECK_NANS_KEY)
+    return value is not None and value not in _OFF
 
 
 def recompile_limit() -> int:
