@@ -29,24 +29,29 @@ def _set(enabled: bool) -> None:
 
 
 class _GradModeContext:
-    """Base: sets grad mode on entry, restores the previous mode on exit; also a decorator."""
+    """Base: sets grad mode on entry, restores the previous mode on exit; also a decorator.
 
+    Entering and leaving read and write `state` in place, with no helper calls: a compiled
+    call under `with graphc.no_grad():` runs this right after its native run, on caches that
+    run filled, where each Python frame is a miss (docs/performance.md, "SGEMM 256")."""
+
+    __slots__ = ("_prev",)
     _mode = True
 
     def __new__(cls, orig_func=None):
         if orig_func is None:
-            return super().__new__(cls)
+            return object.__new__(cls)
         if not callable(orig_func):
             raise TypeError(f"{cls.__name__}() takes no arguments (got {orig_func!r})")
         return cls()(orig_func)  # used as a bare decorator: @no_grad
 
     def __enter__(self):
-        self._prev = is_grad_enabled()
-        _set(self._mode)
+        self._prev = state.enabled
+        state.enabled = self._mode
         return self
 
-    def __exit__(self, *exc) -> None:
-        _set(self._prev)
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        state.enabled = self._prev
 
     def __call__(self, fn):
         @functools.wraps(fn)
@@ -60,12 +65,14 @@ class _GradModeContext:
 class no_grad(_GradModeContext):
     """Disable autograd recording inside the block: results do not require grad."""
 
+    __slots__ = ()
     _mode = False
 
 
 class enable_grad(_GradModeContext):
     """Enable autograd recording inside the block (e.g. inside a no_grad region)."""
 
+    __slots__ = ()
     _mode = True
 
 
@@ -98,6 +105,8 @@ class set_grad_enabled:
 
 class inference_mode(_GradModeContext):
     """PyTorch's inference_mode: here the same as `no_grad` (or a no-op with mode=False)."""
+
+    __slots__ = ("_enabled",)
 
     def __new__(cls, mode=True):
         if callable(mode):
