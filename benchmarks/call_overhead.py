@@ -151,8 +151,9 @@ class Figures(NamedTuple):
 
 
 class GuardTimer:
-    """Stands in for an entry's guard (`Compiled._guarded` asks it `holds` and
-    `implies_types`) and adds up the time its `holds` takes inside real calls."""
+    """Stands in for an entry's guard (the compiled callable's fast path calls its `checks`,
+    `Compiled._guarded` asks it `holds` and `implies_types`) and adds up the time its checks
+    take inside real calls. Put in place and taken out by `_set_guard`."""
 
     def __init__(self, guard) -> None:
         self.guard, self.spent = guard, 0.0
@@ -163,8 +164,27 @@ class GuardTimer:
         self.spent += now() - start
         return held
 
+    @property
+    def checks(self):
+        return self._timed_checks
+
+    def _timed_checks(self, args: tuple, kwargs: dict) -> bool:
+        start = now()
+        try:
+            return self.guard.checks(args, kwargs)
+        finally:
+            self.spent += now() - start
+
     def __getattr__(self, name: str):
         return getattr(self.guard, name)
+
+
+def _set_guard(compiled, entry, guard) -> None:
+    """Give `entry` another guard (a `GuardTimer` or the guard back), and drop the compiled
+    callable's fast path (graphc.jit.compiler keeps the guard's checks there) so that the
+    next call makes it from this one."""
+    entry.guard = guard
+    compiled._fast = None
 
 
 def measure(name: str) -> Figures:
@@ -187,13 +207,14 @@ def measure(name: str) -> Figures:
         natives.append(timer.spent / number)
     overheads = [c - n for c, n in zip(calls, natives)]
     entry = compiled._entries[-1]
-    guard_timer = entry.guard = GuardTimer(entry.guard)  # more rounds, the guard timed
+    guard_timer = GuardTimer(entry.guard)  # more rounds, the guard timed
+    _set_guard(compiled, entry, guard_timer)
     in_call = []
     for _ in range(ROUNDS):
         guard_timer.spent = 0.0
         _round(call, number)
         in_call.append(guard_timer.spent / number)
-    entry.guard = guard_timer.guard
+    _set_guard(compiled, entry, guard_timer.guard)
     executable._run = _no_op  # the same call, without the native run: the Python alone
     python = _per_call(call, number)
     return Figures(statistics.median(calls), statistics.median(natives),
@@ -213,7 +234,8 @@ def compare_tags(name: str) -> dict[str, list[float]]:
     variants' figures include its two clock reads (~1 us)."""
     call, guard, compiled = build(name)
     entry = compiled._entries[-1]
-    timer = entry.guard = GuardTimer(entry.guard)
+    timer = GuardTimer(entry.guard)
+    _set_guard(compiled, entry, timer)
     start = now()
     call()
     number = max(1, int(ROUND_SECONDS / max(now() - start, 1e-7)))
@@ -226,6 +248,7 @@ def compare_tags(name: str) -> dict[str, list[float]]:
             for variant, on in (("off", False), ("on", True)):
                 dict_versions.AVAILABLE = on
                 timer.guard._checks = None  # compiled again, with or without tags
+                compiled._fast = None  # the fast path's copy of them too
                 call()
                 timer.spent = 0.0
                 times[f"call {variant}"].append(_round(call, number))
@@ -234,7 +257,7 @@ def compare_tags(name: str) -> dict[str, list[float]]:
     finally:
         dict_versions.AVAILABLE = available
         timer.guard._checks = None
-        entry.guard = timer.guard
+        _set_guard(compiled, entry, timer.guard)
     return times
 
 

@@ -71,6 +71,12 @@ def is_abstract() -> bool:
     return _state.abstract
 
 
+def outside_trace() -> bool:
+    """Neither a tracer nor abstract evaluation in this thread (`current_tracer()` and
+    `is_abstract()` in one frame, for graphc.compile's per-call fast path)."""
+    return _state.tracer is None and not _state.abstract
+
+
 @contextlib.contextmanager
 def abstract_eval(enabled: bool = True) -> Iterator[None]:
     """Run ops by their shape/dtype rule only (see the module docstring).

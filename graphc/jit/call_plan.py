@@ -10,7 +10,7 @@ holders and output wrappers are precomputed index lists. The run itself is the g
 path's: `run_and_write_back`, Ctrl-C held (`HeldInterrupts`) from the first binding (a
 random generator advanced) to the last `.grad` assigned; a call that only reads (no update,
 no random state, no `.grad`: `reads_only`) has nothing to leave half done, and runs the
-executable with nothing held (`_run_reading`).
+executable with nothing held (`run_reading`).
 
 A plan is made only where its shortcuts are exact (`CallPlan.of` returns None otherwise,
 and the general path runs): the executable returns `fresh_results` (every output an array
@@ -169,7 +169,7 @@ class CallPlan:
         """The call's result, or MISFIT when its tensors share storage other than at the
         trace (the general path then decides)."""
         if self.reads_only:
-            return self._run_reading(args, kwargs)
+            return self.run_reading(args, kwargs)
         pool = (*args, *kwargs.values(), *self.captured, *map(_GRAD, self.holders),
                 _NO_TENSOR) if self.holders else (*args, *kwargs.values(), *self.captured,
                                                   _NO_TENSOR)
@@ -201,8 +201,9 @@ class CallPlan:
             return wrapped[self.direct]
         return unflatten(self.out_spec, wrapped)
 
-    def _run_reading(self, args: tuple, kwargs: dict):
-        """`run` for a plan that only reads (`reads_only`): bind, run, wrap."""
+    def run_reading(self, args: tuple, kwargs: dict):
+        """`run` for a plan that only reads (`reads_only`): bind, run, wrap. (The compiled
+        callable's fast path calls it directly: one frame less after a short native run.)"""
         pool = (*args, *kwargs.values(), *self.captured)  # no holders, no stand-in
         tensors = self.inputs(pool)
         arrays = list(map(_ARRAY, tensors))

@@ -59,21 +59,20 @@ import functools
 import os
 import sys
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from graphc import config
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.backends import Executable, check_backend, residency
-from graphc.dispatch import current_tracer, is_abstract
+from graphc.dispatch import current_tracer, is_abstract, outside_trace
 from graphc.errors import ArgumentError, GraphcError
 from graphc.ir.printer import format_graph
 from graphc.ir.specialize import pin
 from graphc.jit import nan_check
 from graphc.jit.bindings import ArgBinding, GradBinding, RngBinding, TensorBinding, TraceResult
-from graphc.jit.call_plan import MISFIT, CallPlan
+from graphc.jit.call_plan import MISFIT
 from graphc.jit.compiled_autograd import (
     CompiledFunction,
     GradientPlan,
@@ -81,8 +80,10 @@ from graphc.jit.compiled_autograd import (
     partition,
 )
 from graphc.jit.dynamic import ConstraintViolationError, mark_dynamic, marked_dims
+from graphc.jit.entry import Entry, same_sharing
 from graphc.jit.first_step import FirstStep
 from graphc.jit.guards import (
+    CHECK_ERRORS,
     Guard,
     ShapeGuard,
     aliasing,
@@ -112,58 +113,7 @@ def _log(message: str) -> None:
         print(f"graphc: {message}", file=sys.stderr)
 
 
-@dataclass
-class _Entry:
-    signature: dict[str, Any]
-    traced: TraceResult
-    executable: Executable
-    aliasing: tuple  # which call tensors shared storage when it was traced (see aliasing)
-    gradient: GradientPlan | None = None  # forward/backward executables when outputs need grad
-    guard: Guard | None = None  # the fast path's checks (see graphc.jit.guards)
-    shadowed: bool = False  # a newer entry has the same signature: only the full one decides
-    # a symbolic entry: the argument dims ((path, dim)) its signature leaves out, and the
-    # ShapeGuard that checks them; the argument shapes of the call that traced it
-    dynamic: frozenset = frozenset()
-    shapes: ShapeGuard | None = None
-    arg_shapes: dict = field(default_factory=dict)
-    # the traced call's (number of positional arguments, keyword names, tensor paths): the
-    # CallPlan's pool layout; empty: no plan
-    call: tuple = ()
-
-    def __post_init__(self) -> None:
-        """What every call of this entry needs and no call changes."""
-        graph, traced = self.executable.graph, self.traced
-        position = {id(v): i for i, v in enumerate(graph.inputs)}
-        self.update_inputs = [position[id(target)] for target, _ in graph.updates]
-        self.feeds = list(zip(traced.bindings, graph.inputs))
-        self.typed = [(b, v, v.type.shape, v.type.dtype) for b, v in self.feeds
-                      if isinstance(b, (TensorBinding, GradBinding))
-                      and not v.type.is_symbolic]  # the ShapeGuard checks symbolic ones
-        self.captured = [b.tensor for b in traced.bindings if isinstance(b, TensorBinding)]
-        self.distinct = self.aliasing == tuple(range(len(self.aliasing)))
-        self.fresh = getattr(self.executable, "fresh_results", False)
-        n_own = len(graph.outputs) - sum(go.index is not None for go in traced.grad_outputs) \
-            - len(traced.escaped)
-        self.wraps = [(traced.output_aliases.get(i), traced.output_grads.get(i))
-                      for i in range(n_own)]
-        self.plan = CallPlan.of(traced, self.executable, self.update_inputs, self.wraps,
-                                self.call, self.distinct) \
-            if self.call and self.gradient is None else None
-
-
 _UNGUARDED = object()  # `Compiled._call`'s entry argument: the guards were not tried yet
-
-
-def _same_sharing(entry: _Entry, args: tuple, kwargs: dict) -> bool:
-    """Whether the call's tensors share storage as at the trace (`aliasing`): when none did,
-    it is enough that none does."""
-    if not entry.distinct:
-        return aliasing(entry.traced, args, kwargs) == entry.aliasing
-    # `_array`, not the fetching `_data`: only identities matter here, and a fetch (cuda
-    # residency) writes into the same array
-    ids = [id(t._array) for _, t in flatten((args, kwargs))]
-    ids += [id(t._array) for t in entry.captured]
-    return len(ids) == len(entry.aliasing) == len(set(ids))
 
 
 # ---- the compiled callable -------------------------------------------------------------------
@@ -187,7 +137,8 @@ class Compiled:
         self._auto_dynamic: set[tuple] = set()  # (path, dim) seen to change: symbolic now
         self._static_dims: set[tuple] = set()  # ... that the traced code specialised
         self.report = None  # the PipelineReport of the latest trace
-        self._entries: list[_Entry] = []
+        self._entries: list[Entry] = []
+        self._fast: tuple | None = None  # `_fast_path()`, None until a call makes it
         # the full-signature path (tracing, compiling) runs one thread at a time; a thread's
         # own nested call of the same callable re-enters it
         self._slow_path = threading.RLock()
@@ -233,6 +184,27 @@ class Compiled:
 
     # ---- calling -----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        fast = self._fast
+        if fast and outside_trace() and not config.check_nans():
+            # the newest entry's guard and plan, in this frame (see `_fast_path`)
+            checks, run, entry = fast
+            try:
+                holds = checks(args, kwargs)
+            except CHECK_ERRORS:  # as Guard.holds: the guard fails
+                holds = False
+            if holds:
+                result = run(args, kwargs)
+                if result is not MISFIT:
+                    return result
+                with residency.raw_reads():
+                    return self._call(args, kwargs, entry)
+            return self._call_unguarded(args, kwargs, tried=entry)
+        return self._call_unguarded(args, kwargs)
+
+    def _call_unguarded(self, args: tuple, kwargs: dict, tried: Entry | None = None):
+        """A call the fast path did not run (`tried`: the entry whose guard it tried and saw
+        fail, not tried again): inside a trace the function runs inline; else the guards
+        pick the entry, and a cpu entry with a plan runs it outside raw_reads."""
         if current_tracer() is not None or is_abstract():  # inside a trace: inline it
             return self.fn(*args, **kwargs)
         if self.backend == "cpu":
@@ -240,8 +212,10 @@ class Compiled:
             # device holds, so the fast path needs no raw_reads (the cpu executable does not
             # ask `in_raw_reads`); the guard reads `_array` too, or `_data` (a fetch) for
             # arguments it describes in full
-            entry = self._guarded(args, kwargs)
+            entry = self._guarded(args, kwargs, tried)
             if entry is not None and entry.plan is not None and not config.check_nans():
+                if self._fast is None:
+                    self._fast = self._fast_path()
                 result = entry.plan.run(args, kwargs)
                 if result is not MISFIT:
                     return result
@@ -252,11 +226,29 @@ class Compiled:
         with residency.raw_reads():
             return self._call(args, kwargs, entry)
 
-    def _guarded(self, args: tuple, kwargs: dict) -> _Entry | None:
+    def _fast_path(self) -> tuple:
+        """(checks, run, entry) for `__call__`'s first try, or (): the newest entry's guard
+        checks (`Guard.checks`) and plan run, where that entry is what `_guarded` picks
+        whenever its guard holds and needs no other check: it has a plan, no ShapeGuard, and
+        its guard implies its captured tensors' types (the newest is never shadowed). Three
+        frames then run the guard, the plan and the executable: after a short native run each
+        frame is a cache miss (docs/performance.md, "SGEMM 256"). Reset to None wherever an
+        entry is added, removed or given a new guard; made by the next planned call."""
+        entry = self._entries[-1] if self._entries and self.backend == "cpu" else None
+        if entry is None or entry.guard is None or entry.plan is None \
+                or entry.shapes is not None or not entry.guard.implies_types(entry.typed):
+            return ()
+        plan = entry.plan
+        return entry.guard.checks, plan.run_reading if plan.reads_only else plan.run, entry
+
+    def _guarded(self, args: tuple, kwargs: dict, tried=None) -> Entry | None:
         """The entry the fast path runs for this call, or None: the newest entry whose guard
         (and shape guard) holds, when it is not shadowed and its captured tensors still have
-        the graph's types (the storage-sharing check is the caller's)."""
+        the graph's types (the storage-sharing check is the caller's). `tried`: an entry
+        whose guard was just seen to fail (`__call__`'s first try), not checked again."""
         for entry in reversed(self._entries):
+            if entry is tried:
+                continue
             if entry.guard is not None and entry.guard.holds(args, kwargs) and (
                     entry.shapes is None or entry.shapes.holds(args, kwargs)):
                 if not entry.shadowed and (
@@ -271,7 +263,7 @@ class Compiled:
         it is `_UNGUARDED`), else the full signature."""
         if entry is _UNGUARDED:
             entry = self._guarded(args, kwargs)
-        if entry is not None and _same_sharing(entry, args, kwargs):
+        if entry is not None and same_sharing(entry, args, kwargs):
             return self._run(entry, args, kwargs)
         # threads making a first call at once: one traces, the rest find its entry
         with self._slow_path, _collector_paused():
@@ -286,6 +278,7 @@ class Compiled:
                     if not stale:
                         guard.set_dynamic(entry.dynamic)
                         entry.guard = guard
+                        self._fast = None  # made again from the new guard
                         return self._run(entry, args, kwargs)
             return self._trace(sig, guard, args, kwargs, modules, stale)
 
@@ -381,7 +374,7 @@ class Compiled:
             self._sign_steady(self._entries[-1], args, kwargs)
         return result
 
-    def _sign_steady(self, entry: _Entry, args: tuple, kwargs: dict) -> None:
+    def _sign_steady(self, entry: Entry, args: tuple, kwargs: dict) -> None:
         """The entry's signature and guard from the state the first call left (optimizer
         state and .grads it made): the state every later call comes with."""
         guard = Guard(self.fn, args, kwargs)
@@ -401,7 +394,7 @@ class Compiled:
         abstract trace: no kernel, no effect) and compile only that graph, the one every
         later call replays: one compile per training step. The interpreter runs the traced
         graph as it is: the passes would cost more than they save it."""
-        first = _Entry(sig, traced, _backend_compile(traced.graph, "interp"),
+        first = Entry(sig, traced, _backend_compile(traced.graph, "interp"),
                        aliasing(traced, args, kwargs), None, guard)
         traced.restore()
         try:
@@ -527,7 +520,7 @@ class Compiled:
                      f"{pinned[name]} (it specialised the symbol {name})")
 
     def _entry(self, sig: dict, traced: TraceResult, executable, args: tuple, kwargs: dict,
-               gradient, guard: Guard) -> _Entry:
+               gradient, guard: Guard) -> Entry:
         """An entry for a trace; a symbolic one leaves its dims out of its signature and
         checks them with a ShapeGuard."""
         shapes, dynamic = None, frozenset()
@@ -545,7 +538,7 @@ class Compiled:
                                  for path, d, _ in traced.symbols}
             guard.set_dynamic(dynamic)
         arg_shapes = {path: t._data.shape for path, t in flatten((args, kwargs))}
-        return _Entry(mask_signature(sig, dynamic), traced, executable,
+        return Entry(mask_signature(sig, dynamic), traced, executable,
                       aliasing(traced, args, kwargs), gradient, guard, dynamic=dynamic,
                       shapes=shapes, arg_shapes=arg_shapes,
                       call=(len(args), tuple(kwargs), list(arg_shapes)))
@@ -555,7 +548,9 @@ class Compiled:
             else list(self.passes)
 
     def _mark_shadowed(self) -> None:
-        """An entry whose signature a newer entry also has is left to the full signature."""
+        """An entry whose signature a newer entry also has is left to the full signature.
+        (Called wherever the entries or a guard change: the fast path is made anew.)"""
+        self._fast = None
         for i, entry in enumerate(self._entries):
             entry.shadowed = any(e.signature == entry.signature for e in self._entries[i + 1:])
 
@@ -581,7 +576,7 @@ class Compiled:
                             _compiled(part.backward, passes, self.backend)[0], wrt)
 
     @staticmethod
-    def _misfits(entry: _Entry, args: tuple, kwargs: dict):
+    def _misfits(entry: Entry, args: tuple, kwargs: dict):
         """(binding, graph value, tensor or None) for each captured tensor or `.grad` that no
         longer has the type the entry's graph was traced with."""
         for b, v, shape, dtype in entry.typed:
@@ -589,17 +584,17 @@ class Compiled:
             if t is None or t._data.shape != shape or t._dtype is not dtype:
                 yield b, v, t
 
-    def _stale(self, entry: _Entry, args: tuple, kwargs: dict) -> list[str]:
+    def _stale(self, entry: Entry, args: tuple, kwargs: dict) -> list[str]:
         """Why the entry's graph no longer fits this call (empty when it does): a captured
         tensor changed its type, or tensors that shared storage at the trace no longer do."""
         reasons = [f"{'captured ' if isinstance(b, TensorBinding) else ''}%{v.name} {v.type} -> "
                    f"{'None' if t is None else t.type}"
                    for b, v, t in self._misfits(entry, args, kwargs)]
-        if not _same_sharing(entry, args, kwargs):
+        if not same_sharing(entry, args, kwargs):
             reasons.append("which argument tensors share storage (e.g. f(x, x) -> f(x, y))")
         return reasons
 
-    def _run(self, entry: _Entry, args: tuple, kwargs: dict, escaped: list = ()):
+    def _run(self, entry: Entry, args: tuple, kwargs: dict, escaped: list = ()):
         """Run the entry's executable for this call. `escaped`: (output index, tensor) pairs
         of the traced call (`TraceResult.escaped`), given values by this, its first, run.
         A Ctrl-C during the run is held until the step is complete (updates, `.grad`s,
@@ -607,7 +602,7 @@ class Compiled:
         with interrupts_held():
             return self._run_now(entry, args, kwargs, escaped)
 
-    def _run_now(self, entry: _Entry, args: tuple, kwargs: dict, escaped: list):
+    def _run_now(self, entry: Entry, args: tuple, kwargs: dict, escaped: list):
         traced = entry.traced
         check = nan_check.Check(self.__name__, traced.graph, [
             b.generator for b in traced.bindings if isinstance(b, RngBinding)
@@ -646,7 +641,7 @@ class Compiled:
         return unflatten(traced.out_spec, wrapped)
 
     @staticmethod
-    def _run_with_gradient(entry: _Entry, arrays: list, by_index: list,
+    def _run_with_gradient(entry: Entry, arrays: list, by_index: list,
                            check: nan_check.Check | None = None) -> list:
         """Run the forward part under a CompiledFunction node: outputs carry a grad_fn.
         `by_index[i]` is the tensor bound to graph input i (None for rng/constant inputs)."""

@@ -39,6 +39,7 @@ import itertools
 import operator
 from typing import Any
 
+from graphc.autograd import grad_mode
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.jit.bindings import GradBinding, TensorBinding
 from graphc.jit.dict_versions import DictVersions, tagged_dict
@@ -61,8 +62,12 @@ from graphc.jit.signature import (  # the signature's names compiler.py imports 
 from graphc.tensor import Tensor
 from graphc.types import as_dtype
 
-
 # ---- the fast guard --------------------------------------------------------------------------
+# What a guard's checks may raise on objects that changed (an attribute gone, a key missing,
+# a value of another kind): the guard then fails, and the full signature decides.
+CHECK_ERRORS = (AttributeError, KeyError, TypeError, ValueError)
+
+
 class Guard:
     """Cheap checks that, when they all hold, imply the call's full signature equals the one
     computed at the same moment as the guard was built (see "The fast path" in the module
@@ -134,15 +139,23 @@ class Guard:
             checks = self._checks = compile_checks(self)
         try:
             return checks(args, kwargs)
-        except (AttributeError, KeyError, TypeError, ValueError):  # let the signature say
+        except CHECK_ERRORS:  # let the signature say
             return False
+
+    @property
+    def checks(self):
+        """The compiled checks, `checks(args, kwargs) -> bool` (`compile_checks`): `holds`
+        without its frame, for a caller that catches CHECK_ERRORS as a failed guard itself
+        (graphc.jit.compiler's fast path). The function stays this guard's until
+        `set_dynamic`, which makes a new one."""
+        if self._checks is None:
+            self._checks = compile_checks(self)
+        return self._checks
 
     @property
     def source(self) -> str:
         """The Python source of this guard's checks (`compile_checks`), for reading."""
-        if self._checks is None:
-            self._checks = compile_checks(self)
-        return self._checks.__doc__
+        return self.checks.__doc__
 
 
 def compile_checks(g: Guard):
@@ -175,7 +188,7 @@ def compile_checks(g: Guard):
       tensors hold a `.grad` (`_arg_holders`) where an argument requires grad.
     The function's `__doc__` is its source (`Guard.source`)."""
     names: dict[str, Any] = {"ABSENT": ABSENT, "Tensor": Tensor, "is_": operator.is_,
-                             "is_grad_enabled": is_grad_enabled, "cell_contents": cell_contents,
+                             "GRAD_STATE": grad_mode.state, "cell_contents": cell_contents,
                              "repeat": itertools.repeat, "describe": describe,
                              "LEAF_TYPE": _LEAF_TYPE, "GRAD_TYPE": _GRAD_TYPE,
                              "GRAD": operator.attrgetter("_grad"),
@@ -187,7 +200,9 @@ def compile_checks(g: Guard):
         names[key] = value
         return key
 
-    lines = ["if is_grad_enabled() is not GRAD_MODE:", "    return False"]
+    # grad mode read off its thread-local state, not through is_grad_enabled(): one frame
+    # less in every call (the mode is always stored as a bool)
+    lines = ["if GRAD_STATE.enabled is not GRAD_MODE:", "    return False"]
     args, kwargs = g.call
     if g.dynamic or kwargs:
         lines += [f"if not {name('call', _CallDescription(g))}(args, kwargs):",
