@@ -27,9 +27,11 @@ Invariants:
   shared-memory window, the same arrays every call, as PyTorch's bucket views are
   (`_window_views`; a step that reads its `.grad`s is not given views: docs/distributed.md).
 - The steady call (the last call's input arrays again, its large outputs dropped, as in a
-  loop) is checked and run in one frame that rewrites no pointer but the new small outputs'
-  (`run`): after a short native run little of the Python is left in the caches, and every
-  frame and C function it touches is a miss.
+  loop) is checked and run in one frame that rewrites no pointer but the new small outputs':
+  written out for each executable (graphc.backends.cpu.steady_call: no loop, each check one
+  comparison with a constant), `run_general`'s loops where there is none. After a short native
+  run little of the Python is left in the caches, and every frame and C function it touches
+  is a miss.
 - BLAS: resolved once per process by graphc.backends.cpu.blas for graphs that call it; a
   graph with a matmul and no BLAS is refused with a GraphcError.
 
@@ -67,6 +69,7 @@ from llvmlite import binding as llvm_binding
 from graphc.backends.common import planned
 from graphc.backends.cpu import llvm, threads, window_layout, workers
 from graphc.backends.cpu.blas import resolve_blas
+from graphc.backends.cpu.steady_call import compile_steady_call
 from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
 from graphc.ir.parser import parse
@@ -93,6 +96,7 @@ class CpuExecutable:
 
     backend = "cpu"
     fresh_results = True  # see the module docstring
+    _steady = None  # `run`'s steady call, made by `_finish` (none for a subclass without it)
     _window_views: dict = {}  # _finish's (a subclass without it returns no window views)
 
     def __init__(self, graph: Graph, options: dict | None = None) -> None:
@@ -146,6 +150,8 @@ class CpuExecutable:
         # an executable with window views never takes)
         self._kept_slots = [(k, shape, dtype) for k, (shape, dtype, large)
                             in enumerate(self._out_types) if large]
+        # the steady call written out for this executable (graphc.backends.cpu.steady_call)
+        self._steady = compile_steady_call(self, _address, _new_address)
 
     def _call_tables(self, in_input: dict[str, str]) -> None:
         """What every call reads: which results are output arrays (`_copied`: their types)
@@ -275,6 +281,13 @@ class CpuExecutable:
         return self.library.asm
 
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        steady = self._steady
+        if steady is not None:  # the same call, written out for this executable
+            return steady(self, arrays)
+        return self.run_general(arrays)
+
+    def run_general(self, arrays: tuple) -> list[np.ndarray]:
+        """`run` by the generic loops (what `_steady`, when there is one, does unrolled)."""
         types = self._in_types
         if len(arrays) != types.count:
             raise ArgumentError(f"graph @{self.graph.name} takes {types.count} inputs, "
