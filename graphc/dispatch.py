@@ -53,6 +53,7 @@ class _DispatchState(threading.local):
 
 
 _state = _DispatchState()
+state = _state  # read directly by graphc.compile's per-call fast path (no call: no frame)
 
 
 def set_tracer(tracer) -> object:
@@ -69,12 +70,6 @@ def current_tracer():
 def is_abstract() -> bool:
     """Whether ops run in abstract evaluation (shape/dtype rules only) in this thread."""
     return _state.abstract
-
-
-def outside_trace() -> bool:
-    """Neither a tracer nor abstract evaluation in this thread (`current_tracer()` and
-    `is_abstract()` in one frame, for graphc.compile's per-call fast path)."""
-    return _state.tracer is None and not _state.abstract
 
 
 @contextlib.contextmanager

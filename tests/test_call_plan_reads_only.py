@@ -1,6 +1,8 @@
 """A compiled call that only reads (no update written back, no random generator advanced, no
 `.grad` assigned) runs through CallPlan's reading path: it holds no Ctrl-C (nothing can be
-left half done) and gives what the general path gives; a call that writes still holds it."""
+left half done) and gives what the general path gives; a call that writes still holds it. Its
+reading path written out per plan (`CallPlan.reading`) gives what `run_reading` gives and
+refuses what it refuses."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvm
 import graphc  # noqa: E402
 import graphc.jit.run as jit_run  # noqa: E402
 import graphc.nn.functional as F  # noqa: E402
+from graphc.jit.call_plan import MISFIT  # noqa: E402
 
 
 def _count_handlers(monkeypatch) -> list[int]:
@@ -27,9 +30,9 @@ def _count_handlers(monkeypatch) -> list[int]:
     return changes
 
 
-def _warm(f, *args):
+def _warm(f, *args, **kwargs):
     for _ in range(3):  # the third call runs the plan
-        f(*args)
+        f(*args, **kwargs)
     plan = f._entries[-1].plan
     assert plan is not None
     return plan
@@ -77,3 +80,38 @@ def test_calls_that_write_back_or_draw_random_numbers_still_hold_interrupts(monk
     np.testing.assert_array_equal(counter.numpy(), [4])
     dropping(x)
     assert changes == [4]  # each call held Ctrl-C: two handler changes apiece
+
+
+def test_the_written_out_reading_path_gives_what_run_reading_gives():
+    rng = np.random.default_rng(7)
+    a = graphc.tensor(rng.standard_normal((8, 8)).astype(np.float32))
+    bias = graphc.tensor(rng.standard_normal(8).astype(np.float32))  # captured
+
+    def f(a):
+        return (a @ a).relu() + bias, a
+
+    compiled = graphc.compile(f, backend="cpu")
+    with graphc.no_grad():
+        plan = _warm(compiled, a)
+        source = plan.reading.__doc__
+        assert "t0 = args[0]" in source and "CAPTURED0" in source
+        assert compiled._fast[1] is plan.reading  # the first try runs it
+        out, same = plan.reading((a,), {})
+        want, want_same = plan.run_reading((a,), {})
+    assert same is a and want_same is a
+    np.testing.assert_array_equal(out.numpy(), want.numpy())
+    np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() @ a.numpy(), 0) + bias.numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_the_written_out_reading_path_refuses_shared_storage_and_keyword_inputs():
+    x, y = graphc.ones(4), graphc.full((4,), 3.0)
+    f = graphc.compile(lambda a, b: a * b, backend="cpu")
+    with graphc.no_grad():
+        plan = _warm(f, x, y)
+        assert plan.reading((x, x), {}) is MISFIT  # the trace had two distinct tensors
+        np.testing.assert_array_equal(f(x, x).numpy(), np.ones(4, np.float32))
+        g = graphc.compile(lambda a, *, scale: a * scale, backend="cpu")
+        keyword = _warm(g, x, scale=y)
+        assert keyword.reads_only and keyword.reading is None  # run_reading's pool
+        np.testing.assert_array_equal(g(x, scale=y).numpy(), np.full(4, 3.0, np.float32))

@@ -32,7 +32,7 @@ def test_the_first_try_is_made_for_the_newest_planned_entry_and_dropped_on_a_new
     _warm(f, x3)
     checks, run, entry = f._fast
     assert entry is f._entries[-1] and checks is entry.guard.checks
-    assert run == entry.plan.run_reading  # a reading call: the plan's reading path
+    assert run is entry.plan.reading  # a reading call: its reading path, written out
     f(x4)  # another shape: a new (static) entry, the first try dropped
     assert len(f._entries) == 2 and f._fast is None
     f(x4)

@@ -10,7 +10,8 @@ holders and output wrappers are precomputed index lists. The run itself is the g
 path's: `run_and_write_back`, Ctrl-C held (`HeldInterrupts`) from the first binding (a
 random generator advanced) to the last `.grad` assigned; a call that only reads (no update,
 no random state, no `.grad`: `reads_only`) has nothing to leave half done, and runs the
-executable with nothing held (`run_reading`).
+executable with nothing held (`run_reading`; written out for the plan as one function,
+`reading`, where its inputs are positional arguments and captured tensors).
 
 A plan is made only where its shortcuts are exact (`CallPlan.of` returns None otherwise,
 and the general path runs): the executable returns `fresh_results` (every output an array
@@ -66,7 +67,7 @@ class CallPlan:
 
     __slots__ = ("executable", "out_spec", "captured", "holders", "inputs", "specials",
                  "targets", "shared", "n_shared", "grads", "plain_grads", "returns_grads",
-                 "wraps", "direct", "reads_only")
+                 "wraps", "direct", "reads_only", "reading")
 
     @classmethod
     def of(cls, traced: TraceResult, executable, update_inputs: list[int], wraps: list,
@@ -164,6 +165,8 @@ class CallPlan:
         # docs/performance.md, "SGEMM 256")
         self.reads_only = not update_inputs and not self.specials and not self.holders \
             and not traced.grad_outputs
+        self.reading = _reading_function(self, inputs, n_args, len(kwarg_names)) \
+            if self.reads_only else None
 
     def run(self, args: tuple, kwargs: dict):
         """The call's result, or MISFIT when its tensors share storage other than at the
@@ -236,6 +239,64 @@ class CallPlan:
             holder._grad = grad = Tensor._result(array, dtype)
             grads.append(grad)
         return grads
+
+
+def _reading_function(plan: CallPlan, inputs: list[int], n_args: int, n_kwargs: int):
+    """`run_reading` written out for one plan, as `graphc.jit.guards.compile_checks` writes a
+    guard: each input's tensor read by name (`args[i]`, or a captured tensor as a constant of
+    the function), its array by one attribute, the sharing check one comparison, the
+    executable run with the arrays as arguments, the outputs wrapped by name. The same steps
+    in the same order, with no pool, itemgetter or map between them: after a short native run
+    each is a cache miss (docs/performance.md, "SGEMM 256, eighth session"). None where an
+    input is a keyword argument or the sharing check reads other tensors than the inputs
+    (`run_reading` then). Its text is its `__doc__`; it holds the plan's executable and
+    captured tensors, not the plan. `inputs`: each graph input's position in the pool (see
+    `CallPlan.run`) of a call with `n_args` positional and `n_kwargs` keyword arguments."""
+    first_captured = n_args + n_kwargs
+    if plan.shared is not None or any(
+            n_args <= p < first_captured or p >= first_captured + len(plan.captured)
+            for p in inputs):
+        return None
+    names: dict[str, Any] = {"MISFIT": MISFIT, "residency": residency, "Tensor": Tensor,
+                             "unflatten": unflatten, "EX": plan.executable,
+                             "SPEC": plan.out_spec}
+    lines = []
+    for i, p in enumerate(inputs):
+        if p < n_args:
+            lines.append(f"t{i} = args[{p}]")
+        else:
+            k = p - first_captured
+            names[f"CAPTURED{k}"] = plan.captured[k]
+            lines.append(f"t{i} = CAPTURED{k}")
+    arrays = [f"t{i}._array" for i in range(len(inputs))]
+    lines += [f"a{i} = {a}" for i, a in enumerate(arrays)]
+    listed = ", ".join(f"a{i}" for i in range(len(inputs)))
+    if plan.n_shared == 2:
+        lines.append("if a0 is a1:")
+        lines.append("    return MISFIT")
+    elif plan.n_shared > 2:
+        lines.append(f"if len({{{', '.join(f'id(a{i})' for i in range(len(inputs)))}}}) "
+                     f"!= {plan.n_shared}:")
+        lines.append("    return MISFIT")
+    lines += ["if residency.stale:  # what another device holds, fetched",
+              f"    residency.fresh_all(({listed}{',' if len(inputs) == 1 else ''}), keep=EX)",
+              f"outputs = EX.run({listed})"]
+    wrapped = []
+    for kind, index, dtype in plan.wraps:
+        if kind == "input":
+            wrapped.append(f"t{index}")
+        else:
+            names[f"DTYPE{index}"] = dtype
+            wrapped.append(f"Tensor._result(outputs[{index}], DTYPE{index})")
+    if plan.direct is not None:
+        lines.append(f"return {wrapped[plan.direct]}")
+    else:
+        lines.append(f"return unflatten(SPEC, [{', '.join(wrapped)}])")
+    source = "def reading(args, kwargs):\n" + "".join(f"    {line}\n" for line in lines)
+    exec(compile(source, "<graphc call plan>", "exec"), names)  # noqa: S102 (our own text)
+    reading = names["reading"]
+    reading.__doc__ = source
+    return reading
 
 
 class _NotPlanned(Exception):

@@ -66,7 +66,8 @@ import numpy as np
 from graphc import config
 from graphc.autograd.grad_mode import is_grad_enabled
 from graphc.backends import Executable, check_backend, residency
-from graphc.dispatch import current_tracer, is_abstract, outside_trace
+from graphc.dispatch import current_tracer, is_abstract
+from graphc.dispatch import state as dispatch_state
 from graphc.errors import ArgumentError, GraphcError
 from graphc.ir.printer import format_graph
 from graphc.ir.specialize import pin
@@ -185,7 +186,8 @@ class Compiled:
     # ---- calling -----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         fast = self._fast
-        if fast and outside_trace() and not config.check_nans():
+        if fast and dispatch_state.tracer is None and not dispatch_state.abstract \
+                and not config.check_nans():  # outside a trace, no NaN check
             # the newest entry's guard and plan, in this frame (see `_fast_path`)
             checks, run, entry = fast
             try:
@@ -239,7 +241,8 @@ class Compiled:
                 or entry.shapes is not None or not entry.guard.implies_types(entry.typed):
             return ()
         plan = entry.plan
-        return entry.guard.checks, plan.run_reading if plan.reads_only else plan.run, entry
+        run = plan.run if not plan.reads_only else plan.reading or plan.run_reading
+        return entry.guard.checks, run, entry
 
     def _guarded(self, args: tuple, kwargs: dict, tried=None) -> Entry | None:
         """The entry the fast path runs for this call, or None: the newest entry whose guard
