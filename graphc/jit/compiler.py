@@ -33,6 +33,9 @@ check and why that is sound). A cpu entry then runs through its `graphc.jit.call
 where it has one (bindings, `.grad`s and outputs laid out when the entry is made), outside
 `residency.raw_reads` (the plan reads `Tensor._array`, the executable fetches what another
 device holds); every other entry, and every entry under GRAPHC_CHECK_NANS, runs `_run_now`.
+The first try of a call runs the newest entry's compiled guard checks and its plan in the
+call's own frame (`_fast_path`: where that entry needs no other per-call check); where its
+guard fails, the guards of the older entries are tried as before.
 Where no guard holds, the full signature decides, and refreshes the guard of the entry it
 picks. An entry whose signature equals a newer entry's (traced again because it was stale) is
 `shadowed`: the fast path never takes it, so both paths pick the same entry. The stale checks
@@ -398,7 +401,7 @@ class Compiled:
         later call replays: one compile per training step. The interpreter runs the traced
         graph as it is: the passes would cost more than they save it."""
         first = Entry(sig, traced, _backend_compile(traced.graph, "interp"),
-                       aliasing(traced, args, kwargs), None, guard)
+                      aliasing(traced, args, kwargs), None, guard)
         traced.restore()
         try:
             result = self._run(first, args, kwargs, escaped=traced.escaped)
@@ -542,9 +545,9 @@ class Compiled:
             guard.set_dynamic(dynamic)
         arg_shapes = {path: t._data.shape for path, t in flatten((args, kwargs))}
         return Entry(mask_signature(sig, dynamic), traced, executable,
-                      aliasing(traced, args, kwargs), gradient, guard, dynamic=dynamic,
-                      shapes=shapes, arg_shapes=arg_shapes,
-                      call=(len(args), tuple(kwargs), list(arg_shapes)))
+                     aliasing(traced, args, kwargs), gradient, guard, dynamic=dynamic,
+                     shapes=shapes, arg_shapes=arg_shapes,
+                     call=(len(args), tuple(kwargs), list(arg_shapes)))
 
     def _passes(self, graph=None) -> list:
         return default_passes(graph, self.backend) if self.passes is None \
