@@ -23,6 +23,7 @@ from graphc.passes.fuse import fuse  # noqa: E402
 from graphc.passes.plan import plan_buffers  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
 from graphc.types import float32, float64  # noqa: E402
+from tests.conftest import torch_or_skip  # noqa: E402
 from tests.test_cpu_backend import compare  # noqa: E402
 from tests.test_cpu_conv_paths import _graphs  # noqa: E402
 
@@ -223,3 +224,44 @@ def test_few_channels_weight_grad(case, count, monkeypatch):
     np.testing.assert_allclose(got, eager, rtol=1e-4, atol=1e-4 * float(np.abs(eager).max()))
     assert_rounding_within(got, eager, reference)
     assert GRAD_MARKER in exe.lowered.ir_text
+
+
+# (input, weight, padding, where the inf goes): every one of them reaches taps through the
+# zeros past W_out (and past the last row) of the flat output-gradient rows
+NON_FINITE_CASES = [((2, 3, 8, 8), (4, 3, 3, 3), (1, 1), (1, 1, 7, 7)),  # last row and column
+                    ((2, 3, 8, 8), (4, 3, 3, 3), (1, 1), (0, 2, 4, 0)),  # a first column
+                    ((2, 1, 12, 28), (6, 1, 5, 5), (2, 2), (0, 0, 5, 27))]  # LeNet's row
+
+
+@needs_vectors
+@pytest.mark.parametrize("lanes", sorted({8, small_gemm.lanes()}))
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("case", range(len(NON_FINITE_CASES)))
+def test_weight_grad_of_an_infinite_input_matches_pytorch(case, count, lanes, monkeypatch):
+    """No product of a padded output-gradient position counts: with one inf in the input,
+    the same taps as PyTorch's are infinite and none is NaN (it was 8 NaN taps of 108 in
+    the first case, 0 * inf), the finite taps equal PyTorch's within float32 rounding; with
+    16 lanes (masked fused multiply-adds) and 8 (the AVX2 code, zeroed inputs)."""
+    torch = torch_or_skip()
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(small_gemm, "lanes", lambda: lanes)
+    xs, ws, padding, where = NON_FINITE_CASES[case]
+    rng = np.random.default_rng(case)
+    gs, graphs = _graphs(xs, ws, (1, 1), padding, 1)
+    x = rng.standard_normal(xs).astype(np.float32)
+    x[where] = np.inf
+    gy = rng.standard_normal(gs).astype(np.float32)
+    plan_buffers(graphs["gw"])
+    exe = CpuExecutable(graphs["gw"])
+    assert GRAD_MARKER in exe.lowered.ir_text
+    exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+    got = exe.run(gy, x)[0]
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.zeros(ws, requires_grad=True)
+    torch.nn.functional.conv2d(tx, tw, padding=padding).backward(torch.from_numpy(gy))
+    want = tw.grad.numpy()
+    assert np.isinf(want).any() and not np.isnan(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4,
+                               atol=1e-4 * float(np.abs(want[finite]).max()))

@@ -27,12 +27,18 @@ Rounding: per lane a sum over one image's positions (~P/LANES terms), then over 
 then over the lanes: another order than numpy's, judged by distance from a float64 run
 (docs/performance.md, "Rounding"; tests/test_cpu_conv_few_channels.py).
 
-Non-finite inputs: the zeros past W_out in gy's rows multiply real input values (those a
-tap's window never reaches at that row), so an infinite input value gives NaN in taps where
-PyTorch's gradient, which never forms those products, is finite (seen: 8 NaN taps of 108
-for one inf in a 2x3x8x8 input; both have the same 16 infinite taps). Finite inputs are
-unaffected; with an inf input the forward is already infinite. Not mended: masking the
-padded positions per lane would cost the flat sums their simplicity.
+Padded positions: the zeros past W_out in gy's rows (and past its last row) would multiply
+real input values (those a tap's window never reaches at that row), so one infinite input
+value gave NaN (0 * inf) in taps where PyTorch's gradient, which never forms those
+products, is finite (8 NaN taps of 108 for one inf in a 2x3x8x8 input). No such product
+counts: a mask of the valid positions, made once per call, keeps the padded lanes' sums as
+they were (AVX-512: masked fused multiply-adds, the step's 16 bits loaded into a mask
+register; AVX2: the tap's input vectors zeroed there by an `and`), so with an infinite
+input value the gradient matches PyTorch's (tests/test_cpu_conv_few_channels.py). Not
+mended: an infinite output-gradient value at a border meets the input's zero padding and
+gives NaN there, as the interpreter's im2col does; PyTorch skips those products too.
+Cost (docs/performance.md, "Two threads: the few-channel convolutions"): within 1-2% with
+AVX-512, measured; the AVX2 `and`s were not measured on an AVX2 host.
 """
 
 from __future__ import annotations
@@ -50,10 +56,12 @@ from graphc.backends.cpu.conv import (
     imul,
 )
 from graphc.backends.cpu.conv_threads import temporaries, units_loop
-from graphc.backends.cpu.values import F32, I64, i64, loop
+from graphc.backends.cpu.values import F32, I1, I32, I64, i64, loop
 from graphc.types import float32
 
 __all__ = ["MAX_TAPS", "conv2d_weight_grad", "serves"]
+
+I16 = ir.IntType(16)
 
 # C*kH*kW: only a kernel row's kW taps are unrolled here, so the gradient serves more taps
 # than the forward (8 channels of 5x5; measured, 1 thread, CPU time: LeNet's second layer,
@@ -95,7 +103,9 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     channels = _tile_channels(g, lanes)
     full, rest = divmod(g.o, channels)
     units = full + (rest > 0)
-    shapes = [(g.c * hp * wp + slack,), (channels * flat,), (channels * g.k * lanes,)]
+    # the tile's output gradients, then the mask of valid positions (`_Grads.masks`)
+    gpad_floats = channels * flat + flat + flat // lanes
+    shapes = [(g.c * hp * wp + slack,), (gpad_floats,), (channels * g.k * lanes,)]
     split, temps = temporaries(lw, dt, shapes, units, g.n * g.o * g.k * g.p)
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
         kb, ids = image_kernel(lw, "conv2d_few_channels_weight_grad", [gl, xl, dst] + temps,
@@ -105,9 +115,10 @@ def conv2d_weight_grad(lw, node, g) -> bool:
             lw.calls.append(called_kernel(lw, kb.kernel, split))
             return True
         grads = _Grads(kb, g, ids, gs, xs, lanes, flat, hp, wp)
-        for k, count in ((ids[3], g.c * hp * wp + slack), (ids[4], channels * flat)):
+        for k, count in ((ids[3], g.c * hp * wp + slack), (ids[4], gpad_floats)):
             with loop(b, 0, count, "zero") as q:
                 kb.store(b, k, q, ir.Constant(F32, 0.0))
+        grads.masks(b, channels)
         with units_loop(b, kb, split, ids[-1], units, "otile") as unit:
             o0 = b.mul(unit, i64(channels))
             if rest:
@@ -131,6 +142,27 @@ class _Grads:
         self.gi, self.xi, self.oi, self.xpad, self.gpad, self.part = ids[:6]
         self.lanes, self.flat, self.hp, self.wp = lanes, flat, hp, wp
         self.vec = ir.VectorType(F32, lanes)
+        self.words = ir.VectorType(I32, lanes)
+
+    def masks(self, b, channels: int) -> None:
+        """The positions p whose output gradient is real (row < H_out, column < W_out),
+        after the tile's output gradients in `gpad`: an int32 of all ones per valid p
+        (`mask_words`), and with 16 lanes one i16 of bits per vector step (`mask_bits`)."""
+        kb, g, wp = self.kb, self.g, self.wp
+        self.mask_words = channels * self.flat
+        self.mask_bits = self.mask_words + self.flat
+        words = kb.pointer(b, self.gpad, i64(self.mask_words))
+        with loop(b, 0, g.ho, "mr") as r, loop(b, 0, g.wo, "mq") as q:
+            at = iadd(b, imul(b, r, wp), q)
+            b.store(ir.Constant(I32, -1), b.gep(words, [at], inbounds=True, source_etype=I32))
+        if self.lanes != 16:
+            return
+        bits = kb.pointer(b, self.gpad, i64(self.mask_bits))
+        with loop(b, 0, self.flat // self.lanes, "mb") as s:
+            v = b.load(b.gep(words, [b.mul(s, i64(self.lanes))], inbounds=True,
+                             source_etype=I32), typ=self.words, align=4)
+            valid = b.icmp_signed("!=", v, ir.Constant(self.words, [0] * self.lanes))
+            b.store(b.bitcast(valid, I16), b.gep(bits, [s], inbounds=True, source_etype=I16))
 
     def tile(self, b, o0, channels: int) -> None:
         """gw[o0 + o] for o < channels: over the images, the padded planes and the tile's
@@ -188,11 +220,27 @@ class _Grads:
         at = b.add(shift, p)
         xv = [b.load(kb.pointer(b, self.xpad, b.add(at, i64(j * g.dilation[1]))), typ=vec,
                      align=4) for j in range(g.kw)]
+        # No product of a padded output-gradient position may count (0 * inf is NaN): with
+        # 16 lanes the step's mask bits keep those lanes' sums (masked fused multiply-adds,
+        # no extra vector operation); with 8 (AVX2, no mask registers) the input vectors
+        # are zeroed there, one `and` per tap.
+        valid = None
+        if self.lanes == 16:
+            ptr = b.gep(kb.pointer(b, self.gpad, i64(self.mask_bits)), [b.lshr(p, i64(4))],
+                        inbounds=True, source_etype=I16)
+            valid = b.bitcast(b.load(ptr, typ=I16), ir.VectorType(I1, 16))
+        else:
+            words = b.load(kb.pointer(b, self.gpad, b.add(p, i64(self.mask_words))),
+                           typ=self.words, align=4)
+            xv = [b.bitcast(b.and_(b.bitcast(x, self.words), words), vec) for x in xv]
         new = []
         for o in range(channels):
             gv = b.load(kb.pointer(b, self.gpad, b.add(p, i64(o * self.flat))), typ=vec,
                         align=4)
-            new.append([conv_few_channels.fma(b, gv, x, s) for x, s in zip(xv, sums[o])])
+            row = [conv_few_channels.fma(b, gv, x, s) for x, s in zip(xv, sums[o])]
+            if valid is not None:
+                row = [b.select(valid, v, s) for v, s in zip(row, sums[o])]
+            new.append(row)
         nxt = b.add(p, i64(self.lanes), name="p.next")
         nxt.flags.append("nuw")
         for row, row_new in zip(sums, new):
