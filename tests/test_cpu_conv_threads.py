@@ -240,6 +240,61 @@ def test_pooling_split_equals_the_interpreter(case, monkeypatch):
     assert ".split" in exe.lowered.ir_text
 
 
+
+def _max_pool2d_grad(shape, kernel, stride, padding):
+    """(graph, gradient, indices) of max_pool2d_grad with max_pool2d's own indices."""
+    from graphc.ops.registry import REGISTRY
+    from tests.test_cpu_backend import one_op_graph
+
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    attrs = dict(kernel_size=kernel, stride=stride, padding=padding, dilation=(1, 1),
+                 ceil_mode=False)
+    _, indices = REGISTRY["max_pool2d"].kernel(x, **attrs)
+    g = rng.standard_normal(indices.shape).astype(np.float32)
+    graph = one_op_graph("max_pool2d_grad", [(g.shape, "float32"), (g.shape, "int64")],
+                         input_hw=shape[-2:])
+    return graph, g, indices
+
+
+@needs_cores
+@pytest.mark.parametrize("case", [((5, 3, 8, 8), (2, 2), (2, 2), (0, 0)),  # LeNet's pools
+                                  ((3, 2, 7, 7), (3, 3), (2, 2), (1, 1))])  # windows overlap
+def test_max_pool2d_grad_split_equals_the_interpreter(case, monkeypatch):
+    """The gradient's images split over the cores (a status kernel: the split wrapper
+    returns the shares' status): each share zeroes and scatters into its own images."""
+    from graphc.backends.cpu import pool
+
+    monkeypatch.setattr(pool, "POOL_MIN_SPLIT_TAPS", 0)
+    graph, g, indices = _max_pool2d_grad(*case)
+    want = interpret(graph, g, indices)[0]
+    plan_buffers(graph)
+    for count in (1, ALL_CORES):
+        exe = CpuExecutable(graph)
+        exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        np.testing.assert_array_equal(exe.run(g, indices)[0], want)  # the same sums
+    assert ".split" in exe.lowered.ir_text
+
+
+@needs_cores
+@pytest.mark.parametrize("image", [0, 4])  # in the first share, in the last
+def test_a_split_max_pool2d_grad_reports_a_bad_index_from_any_share(image, monkeypatch):
+    from graphc.backends.cpu import pool
+    from graphc.errors import GraphcError
+
+    monkeypatch.setattr(pool, "POOL_MIN_SPLIT_TAPS", 0)
+    graph, g, indices = _max_pool2d_grad((5, 3, 8, 8), (2, 2), (2, 2), (0, 0))
+    indices[image, 1, 2, 3] = 64
+    plan_buffers(graph)
+    for count in (1, ALL_CORES):
+        exe = CpuExecutable(graph)
+        exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        with pytest.raises(GraphcError, match="out of the 8x8 plane"):
+            exe.run(g, indices)
+        indices[image, 1, 2, 3] = 0
+        exe.run(g, indices)  # the status of the failed call does not stick
+        indices[image, 1, 2, 3] = 64
+
 # ---- a fused epilogue applied per image inside the im2col kernel (conv.fused_conv2d) ---------
 EPILOGUES = [  # (input, weight, blocks of images: BLOCK_COLUMNS)
     ((5, 3, 10, 10), (16, 3, 3, 3), None),  # one GEMM per image

@@ -59,8 +59,9 @@ __all__ = ["MIN_SPLIT_MACS", "Split", "over_units", "plan_split", "temporaries",
 # more when the team sleeps) and holding the BLAS to one thread cost more than a core gains.
 MIN_SPLIT_MACS = 1 << 21
 
-CONTROL_WORDS = 8  # int64 slots of a share's control block: lo, hi, rows_lo, rows_hi, shares
-LO, HI, ROWS_LO, ROWS_HI, SHARES = range(5)
+CONTROL_WORDS = 8  # int64 slots of a share's control block: lo, hi, rows_lo, rows_hi, shares,
+# and the status a `status` range kernel returned for the share
+LO, HI, ROWS_LO, ROWS_HI, SHARES, STATUS = range(6)
 
 _WRAPPERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lowerer -> {key: name}
 
@@ -105,12 +106,17 @@ class Split:
         swapped = None if swap is None else (regions.index(swap[0].region),
                                              regions.index(swap[1].region))
         names = tuple(None if k is None else k.name for k in (kernel, reduce, prelude))
+        status = kernel.status
+        if status and (reduce is not None or prelude is not None):
+            raise ValueError(f"conv_threads: {kernel.name} returns a status: a split kernel "
+                             "with a status has no reduce or prelude kernel")
         key = (names, len(regions), per_share, control, swapped, self.shares, self.units,
-               self.rows, self.copy_bytes)
+               self.rows, self.copy_bytes, status)
         built = _WRAPPERS.setdefault(lw, {})
         if key not in built:
-            built[key] = _wrapper(lw, names, len(regions), per_share, control, swapped, self)
-        return Kernel(built[key], list(regions), list(kernel.args))
+            built[key] = _wrapper(lw, names, len(regions), per_share, control, swapped, self,
+                                  status)
+        return Kernel(built[key], list(regions), list(kernel.args), status)
 
 
 def plan_split(lw, dt, shapes, units, macs, shared=(), rows: int = 0,
@@ -202,9 +208,12 @@ def _strided(b, start, stop, step, name: str):
     return i, head, end
 
 
-def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split) -> str:
+def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split,
+             status: bool = False) -> str:
     """Emit `<range kernel>.split` and its worker (see the module docstring); its name.
-    `names`: the range kernel's, the reduce kernel's and the prelude's (or None)."""
+    `names`: the range kernel's, the reduce kernel's and the prelude's (or None). `status`:
+    the range kernel returns an i32 status (0, or an error's 1-based index); each share's is
+    kept in its control block, and the wrapper returns the first share's that is not 0."""
     module = lw.module
     name = names[0] + ".split"
     ptrs = [PTR] * n_args
@@ -248,7 +257,9 @@ def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split) 
             target, partial = swapped
             here[target] = b.select(b.icmp_signed("==", s, i64(0)), args[target],
                                     moved(b, args[partial], s))
-        b.call(range_fn, here)
+        done = b.call(range_fn, here)
+        if status:
+            b.store(b.sext(done, I64), word(b, here[control], STATUS))
 
     each_share(b, run_share)
     if reduce_fn is not None:
@@ -263,7 +274,7 @@ def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split) 
     b.ret_void()
 
     # ---- the kernel the driver calls -----------------------------------------------------
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), ptrs), name)
+    fn = ir.Function(module, ir.FunctionType(I32 if status else ir.VoidType(), ptrs), name)
     fn.attributes.add("nounwind")
     fn.attributes.add("noinline")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -277,10 +288,13 @@ def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split) 
         for k, v in ((LO, 0), (HI, split.units), (ROWS_LO, 0), (ROWS_HI, split.rows),
                      (SHARES, 1)):
             b.store(i64(v), word(b, ctrl, k))
-        b.call(range_fn, args)
+        done = b.call(range_fn, args)
         if reduce_fn is not None:
             b.call(reduce_fn, args)
-        b.ret_void()
+        if status:
+            b.ret(done)
+        else:
+            b.ret_void()
     with loop(b, 0, count, "plan") as s:
         ctrl = moved(b, args[control], s)
         for k, total in ((LO, split.units), (ROWS_LO, split.rows)):
@@ -295,5 +309,15 @@ def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split) 
         b.store(a, b.gep(table, [i64(k)], source_etype=PTR))
     b.call(gomp, [worker, table, b.trunc(count, I32), ir.Constant(I32, 0)])
     b.call(leave, [])
-    b.ret_void()
+    if not status:
+        b.ret_void()
+        return name
+    with b.goto_entry_block():
+        first = b.alloca(I32)  # the first share's status that is not 0 (shares in order)
+    b.store(ir.Constant(I32, 0), first)
+    with loop(b, 0, count, "status") as s:
+        got = b.trunc(b.load(word(b, moved(b, args[control], s), STATUS), typ=I64), I32)
+        seen = b.load(first, typ=I32)
+        b.store(b.select(b.icmp_signed("!=", seen, ir.Constant(I32, 0)), seen, got), first)
+    b.ret(b.load(first, typ=I32))
     return name

@@ -190,23 +190,29 @@ def max_pool2d_grad(lw, node: Node) -> None:
     h, w = out.type.shape[-2:]
     ho, wo = g.type.shape[-2:]
     lg, li = lw.locs[g], lw.locs[idx]
+    sizes, gs, gsh, gsw = _planes(lg)
+    split = _pool_split(lw, dt, sizes, out.type.numel, 1)  # images over the cores
     with contiguous_out(lw, lw.locs[out]) as lo:
-        kb, (gi, ii, oi) = image_kernel(lw, "max_pool2d_grad", [lg, li, lo])
+        kb, (gi, ii, oi, *control) = image_kernel(
+            lw, "max_pool2d_grad", [lg, li, lo] + ([] if split is None else [split.control]))
         kb.kernel.status = True
         lw.errors.append(f"max_pool2d_grad: an index is out of the {h}x{w} plane (0..."
                          f"{h * w - 1}) in node {format_node(node)}"
                          f"{' at ' + node.loc if node.loc else ''}")
         code = len(lw.errors)
-        sizes, gs, gsh, gsw = _planes(lg)
         _, is_, ish, isw = _planes(li)
         os_ = contiguous_strides(sizes, h * w)
         b = kb.begin()
         with b.goto_entry_block():
             status = b.alloca(I32, name="status")
         b.store(ir.Constant(I32, 0), status)
-        with loop(b, 0, out.type.numel, "zero") as q:
+        first = None if split is None else conv_threads.unit_range(b, kb, control[0])
+        image = out.type.numel // (sizes[0] if sizes else 1)
+        span = (0, out.type.numel) if first is None else (imul(b, first[0], image),
+                                                           imul(b, first[1], image))
+        with loop(b, *span, "zero") as q:
             kb.store(b, oi, q, const(dt, 0.0))
-        with _over_planes(b, sizes, [gs, is_, os_]) as (go, io, oo):
+        with _over_planes(b, sizes, [gs, is_, os_], first) as (go, io, oo):
             with loop(b, 0, ho, "oh") as oh:
                 with loop(b, 0, wo, "ow") as ow:
                     k = kb.load(b, ii, iadd(b, io, imul(b, oh, ish), imul(b, ow, isw)))
@@ -218,7 +224,7 @@ def max_pool2d_grad(lw, node: Node) -> None:
                     v = b.select(inside, v, const(dt, 0.0))
                     kb.store(b, oi, at, b.fadd(kb.load(b, oi, at), v))
         b.ret(b.load(status))
-        lw.calls.append(kb.kernel)
+        lw.calls.append(called_kernel(lw, kb.kernel, split))
 
 
 def _avg_divisors(lw, in_hw, out_hw, a):
