@@ -7,8 +7,8 @@ conv2d case; LeNet's and ResNet's are alike), so on two cores the second one idl
 outer loop over libgomp's team, the same pool every other parallel kernel uses
 (graphc.backends.cpu.kernels, graphc.backends.cpu.threads). Users: conv.py (im2col + GEMM:
 blocks of images), conv_winograd.py (blocks of images), conv_direct.py (images; output
-channels for the weight gradient), pool.py (images of max and average pooling's forward,
-channels of batch_norm):
+channels for the weight gradient), pool.py (images of max and average pooling's forward and
+of max_pool2d_grad, channels of batch_norm):
 
 - A lowering that takes `Split` builds its kernel as a *range kernel*: the same code as the
   serial kernel, but its outer loop runs over the units [lo, hi) read from a small control
@@ -31,6 +31,10 @@ channels of batch_norm):
   over the threads by rows; so for a given thread count the result is the same every call,
   and it differs from one thread's only by the order of the sum over images (judged by the
   float64-distance rule, docs/performance.md, "Rounding").
+- A range kernel may return a status (`Kernel.status`: 0, or an error's 1-based index, e.g.
+  max_pool2d_grad's index out of the plane): each share's goes into its control block and
+  the wrapper returns the first share's that is not 0, so an error in any share fails the
+  call as it does on one thread.
 
 Shares are built for `threads.image_threads()` (the most threads graphc's calls use) when the
 kernel's work is large enough (MIN_SPLIT_MACS) and it has two units or more; a batch known
