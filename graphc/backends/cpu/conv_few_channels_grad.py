@@ -37,8 +37,9 @@ register; AVX2: the tap's input vectors zeroed there by an `and`), so with an in
 input value the gradient matches PyTorch's (tests/test_cpu_conv_few_channels.py). Not
 mended: an infinite output-gradient value at a border meets the input's zero padding and
 gives NaN there, as the interpreter's im2col does; PyTorch skips those products too.
-Cost (docs/performance.md, "Two threads: the few-channel convolutions"): within 1-2% with
-AVX-512, measured; the AVX2 `and`s were not measured on an AVX2 host.
+Cost, kernels alone, 1 thread (docs/performance.md, "Two threads: the few-channel
+convolutions"): 0.5-4.5% with AVX-512; the AVX2 code 10-18% when run on an AVX-512 host,
+not measured on an AVX2-only one.
 """
 
 from __future__ import annotations
