@@ -410,3 +410,12 @@ def test_a_small_cnn_training_step_on_all_cores_tracks_one_thread(split_small, m
     np.testing.assert_allclose(losses2, losses1, rtol=1e-5)
     for w1, w2 in zip(weights1, weights2):
         np.testing.assert_allclose(w2, w1, rtol=1e-4, atol=1e-5)
+
+
+def test_a_status_kernel_with_a_reduce_kernel_is_refused_clearly():
+    from graphc.backends.cpu.kernels import Kernel
+    from graphc.backends.cpu.values import CpuLoweringError
+
+    split = conv_threads.Split(2, 2, 64, [], None, [])
+    with pytest.raises(CpuLoweringError, match="k returns a status.*build that kernel serial"):
+        split.call(None, Kernel("k", status=True), reduce=Kernel("r"))

@@ -53,7 +53,17 @@ from llvmlite import ir
 
 from graphc.backends.cpu import threads
 from graphc.backends.cpu.kernels import Kernel
-from graphc.backends.cpu.values import I8, I32, I64, PTR, Loc, contiguous, i64, loop
+from graphc.backends.cpu.values import (
+    I8,
+    I32,
+    I64,
+    PTR,
+    CpuLoweringError,
+    Loc,
+    contiguous,
+    i64,
+    loop,
+)
 from graphc.types import TensorType, int64
 
 __all__ = ["MIN_SPLIT_MACS", "Split", "over_units", "plan_split", "temporaries", "unit_range",
@@ -103,6 +113,11 @@ class Split:
         `swap` = (target, partial): share s >= 1 writes `target` into `partial`'s share-s
         copy instead. `prelude` runs once before the shares (e.g. a filter transform into a
         `shared` temporary that every share reads)."""
+        status = kernel.status
+        if status and (reduce is not None or prelude is not None):
+            raise CpuLoweringError(f"conv_threads: {kernel.name} returns a status, which a "
+                                   "split kernel with a reduce or prelude kernel cannot pass "
+                                   "on: build that kernel serial (no Split)")
         regions = kernel.regions
         per_share = tuple(sorted(regions.index(loc.region) for loc in self.locs + [self.control]
                                  if swap is None or loc is not swap[1]))
@@ -110,10 +125,6 @@ class Split:
         swapped = None if swap is None else (regions.index(swap[0].region),
                                              regions.index(swap[1].region))
         names = tuple(None if k is None else k.name for k in (kernel, reduce, prelude))
-        status = kernel.status
-        if status and (reduce is not None or prelude is not None):
-            raise ValueError(f"conv_threads: {kernel.name} returns a status: a split kernel "
-                             "with a status has no reduce or prelude kernel")
         key = (names, len(regions), per_share, control, swapped, self.shares, self.units,
                self.rows, self.copy_bytes, status)
         built = _WRAPPERS.setdefault(lw, {})
