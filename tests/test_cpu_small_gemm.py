@@ -1,8 +1,10 @@
-"""Thin float32 products (a recurrent step's [16 x 128] @ [128 x 512] and its gradient) run in
+"""Thin float32 products (a recurrent step's [16 x 128] @ [128 x 512] and its gradient), and
+small blocks whose b is read transposed (attention's Q K^T per head), run in
 graphc.backends.cpu.small_gemm's generated kernels instead of the BLAS: every layout of the
 operands they take (transposed views, batches, row counts that leave a smaller last tile)
 agrees with the interpreter, within float32 rounding judged by distance from a float64 run
-(docs/performance.md, "Rounding"); products that are not thin keep the BLAS call."""
+(docs/performance.md, "Rounding"), and a batch of them forks over the cores; other products
+keep the BLAS call."""
 
 import re
 
@@ -12,6 +14,8 @@ import pytest
 pytest.importorskip("llvmlite")
 
 import graphc  # noqa: E402
+from graphc.backends.cpu import threads  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.backends import compile as compile_graph  # noqa: E402
 from graphc.backends.cpu import llvm, small_gemm  # noqa: E402
 from graphc.ir import parse  # noqa: E402
@@ -42,6 +46,10 @@ def _bias_tanh(a, b):  # a GEMM with a fused epilogue reading the kernel's resul
     return (a @ b + 0.5).tanh()
 
 
+def _scores(q, k):  # attention's Q K^T per (batch, head): b read transposed, a small block
+    return q @ k.transpose(-2, -1)
+
+
 THIN = [  # (f, a shape, b shape): every one takes the generated kernel
     (_matmul, (16, 128), (128, 512)),
     (_matmul, (16, 512), (512, 128)),
@@ -54,6 +62,9 @@ THIN = [  # (f, a shape, b shape): every one takes the generated kernel
     (_b_transposed, (16, 128), (512, 128)),
     (_weight_first, (16, 128), (512, 128)),
     (_bias_tanh, (16, 96), (96, 64)),
+    (_b_transposed, (64, 32), (64, 32)),  # not thin, but b transposed and 64 x 64
+    (_scores, (2, 3, 64, 32), (2, 3, 48, 32)),  # heads: a loop of kernels over the cores
+    (_scores, (2, 40, 32), (2, 64, 32)),  # rows that leave a smaller last tile
 ]
 
 
@@ -71,8 +82,28 @@ def test_thin_products_run_the_generated_kernel_within_rounding(f, a_shape, b_sh
     assert "graphc_small_sgemm_" in compiled.executable.lowered.ir_text
 
 
+def test_a_batch_of_generated_products_forks_over_the_cores():
+    """GPT's scores, [16, 4, 64, 32] @ [16, 4, 32, 64]: one generated kernel per head, the
+    loop over heads split between the threads (each head's code as at one thread)."""
+    rng = np.random.default_rng(64)
+    q, k = (graphc.tensor(rng.standard_normal((16, 4, 64, 32)).astype(np.float32))
+            for _ in range(2))
+    compiled = graphc.compile(_scores, backend="cpu")
+    compiled(q, k)
+    text = compiled.executable.lowered.ir_text
+    assert re.search(r'define[^@]*@"?\w*small_gemm\.omp', text), "no forked loop of heads"
+    for count in sorted({1, threads.most_threads()}):
+        compiled.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        got = compiled(q, k).numpy()
+        np.testing.assert_allclose(got, graphc.compile(_scores, backend="interp")(q, k).numpy(),
+                                   rtol=1e-4, atol=1e-4)
+        assert_rounding_within(got, _scores(q, k).numpy(),
+                               _scores(q.double(), k.double()).numpy())
+
+
 WIDE = [  # (a shape, b shape, dtype): the BLAS keeps these
     ((64, 256), (256, 64), np.float32),  # not thin: both sides above MAX_THIN
+    ((64, 64), (64, 32), np.float32),  # a small block, but b read as laid out
     ((16, 128), (128, 10), np.float32),  # 10 columns: not a whole vector
     ((1, 128), (128, 64), np.float32),  # one row: the GEMV
     ((16, 8), (8, 64), np.float32),  # k below MIN_K
@@ -101,6 +132,10 @@ def test_tiles_split_the_rows_evenly_and_hold_the_sums_in_registers():
         assert m - (blocks - 1) * tile.rows <= tile.rows  # the last tile is the smaller
         assert tile.rows * blocks - m < blocks  # evenly: no block shorter by more than one
     assert small_gemm.tile_for(17, 17 * width, 64, 64, 1, 17 * width) is None  # not thin
+    block = small_gemm.MAX_TRANSPOSED_BLOCK
+    assert small_gemm.tile_for(block, block, 32, 32, 1, block, b_transposed=True) is not None
+    assert small_gemm.tile_for(block, block, 32, 32, 1, block) is None
+    assert small_gemm.tile_for(block + 1, block, 32, 32, 1, block, b_transposed=True) is None
 
 
 def test_an_lstm_training_step_matches_eager_within_rounding():

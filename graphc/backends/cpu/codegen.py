@@ -27,7 +27,8 @@ Lowered ops:
   softmax, log_softmax (any dim);
 - matmul (1-D, 2-D, batched with broadcast batch dims; float32/float64) through the BLAS
   cblas_sgemm/cblas_dgemm, transposed views passed as transposed operands; thin float32
-  products (m or n <= 16) in generated kernels (graphc.backends.cpu.small_gemm);
+  products (m or n <= 16) and small blocks with b read transposed (attention's heads) in
+  generated kernels (graphc.backends.cpu.small_gemm), a batch of them forked over the cores;
 - movement: reshape, permute, broadcast_to, slice (views where the plan has them, copies
   otherwise), copy, concat; sources full and arange;
 - nll_loss and nll_loss_backward (class-index targets, any reduction; a target out of range
@@ -493,7 +494,11 @@ class Lowerer(Codegen):
         kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
         kc = kb.operand(c, tuple(sc[:-2]) if strided else
                         tuple(contiguous_strides(batch, m * n)))
-        bld = kb.begin()
+        # a loop of generated products (attention's heads) forks over the cores, as an
+        # elementwise kernel of as many outputs would; a BLAS call threads itself
+        heads = math.prod(batch)
+        bld = kb.begin(parallel=bool(small) and type(heads) is int and heads > 1,
+                       work=heads * m * n if small else None)
         if bld is None:
             return self.calls.append(kb.kernel)
         iT = I64 if self.blas.ilp64 else I32

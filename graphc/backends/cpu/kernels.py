@@ -131,11 +131,13 @@ class KernelBuilder:
         self.operands.append(Operand(None, dtype, tuple(strides), (start, step)))
         return len(self.operands) - 1
 
-    def begin(self, parallel: bool = False) -> ir.IRBuilder | None:
+    def begin(self, parallel: bool = False, work: int | None = None) -> ir.IRBuilder | None:
         """Start the kernel function. `parallel` (a void kernel whose outermost loop's
         iterations are independent, over PARALLEL_MIN_ELEMENTS or more, with libgomp loaded):
         the loops go into `<name>.range(ptrs..., i64 lo, i64 hi)`, which runs the outermost
-        loop from lo to hi, and `finish` makes `<name>` fork it over the cores.
+        loop from lo to hi, and `finish` makes `<name>` fork it over the cores. `work`: the
+        elements that threshold weighs where the domain's own count understates them (a
+        loop of generated GEMMs: each iteration writes a whole product).
 
         None (only with a recipe): the same function was built before; `kernel` is now it,
         called with this builder's pointers, and the caller emits nothing."""
@@ -144,7 +146,7 @@ class KernelBuilder:
         if built is not None:
             self.kernel.name = built.name
             return None
-        work = math.prod(self.shape)
+        work = math.prod(self.shape) if work is None else work
         self.parallel = (parallel and not self.kernel.status and self.cg.openmp
                          and (type(work) is Sym or work >= PARALLEL_MIN_ELEMENTS))
         ret = I32 if self.kernel.status else ir.VoidType()

@@ -5,7 +5,10 @@ A recurrent layer's step multiplies a batch of a few rows by its weight: [16 x 1
 each step waiting for the one before. At these sizes OpenBLAS's fixed cost per call (its
 interface checks, copying both operands into its packed panels, its driver) is a large
 share of ~2 MFLOP, and it ran them at ~100 GFLOP/s where it runs large GEMMs at ~190 (one
-thread, AVX-512 host, 2026-11-25). This module generates, per shape, one function
+thread, AVX-512 host, 2026-11-25). The same holds for attention's per-head products with
+an operand read transposed (Q K^T, dO V^T: 64 x 64 x 32 in the GPT), where OpenBLAS packs
+the transposed operand on every call (MAX_TRANSPOSED_BLOCK). This module generates, per
+shape, one function
 
     void graphc_small_sgemm_<m>x<n>x<k>_<a strides>_<ldb>(ptr a, ptr b, ptr c)
 
@@ -46,6 +49,14 @@ __all__ = ["MAX_THIN", "SmallGemm", "function", "lanes", "operands", "tile_for"]
 # each variant compiled afresh, 1 thread, CPU time, load 3-9: GPT 55.1 against 55.1-55.9
 # ms, MobileNet 13.6 against 13.8, the CharLSTM 8.0-8.1 against 7.7-8.2)
 MAX_THIN = 16
+# ...and a product whose b is read transposed (a BLAS "T" flag: attention's Q K^T and the
+# backward's dO V^T, per head) with m and n both at most this: OpenBLAS's "NT" path packs
+# the transposed operand on every call and ran GPT's 64 x 64 x 32 heads at ~50 GFLOP/s
+# (4.7-5.2 us a head; its "NN" path 3.6 us), where the generated kernel after one copy of
+# the whole batch's b runs them in 2.5-3 us with the copy (issue 14, eighth session, in the
+# GPT step: docs/performance.md "GPT step, eighth session"). Products read as laid out keep
+# the BLAS at these sizes (64 x 32 x 64 "NN": the BLAS 1.9 us, the kernel 3.4).
+MAX_TRANSPOSED_BLOCK = 64
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
 K_BLOCK = 256  # k summed in registers per block; blocks' sums added in c (a BLAS's KC)
@@ -85,15 +96,18 @@ class SmallGemm:
                 f"_b{self.ldb}_t{self.rows}x{self.vectors}x{self.lanes}")
 
 
-def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int) -> SmallGemm | None:
+def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
+             b_transposed: bool = False) -> SmallGemm | None:
     """The generated kernel for this float32 product, or None where the BLAS call stays:
     sizes known per call, a single row (a GEMV), n not a whole number of vectors, a product
-    not thin (m and n both above MAX_THIN) or too large (MAX_WORK) or with too short a k
-    (MIN_K), a host without AVX2/FMA."""
+    neither thin (m and n both above MAX_THIN) nor a small block with b read transposed
+    (`b_transposed`, m and n both at most MAX_TRANSPOSED_BLOCK), too large (MAX_WORK) or
+    with too short a k (MIN_K), a host without AVX2/FMA."""
     width = lanes()
     if not width or not all(type(d) is int for d in (m, n, k, sa_row, sa_col, ldb)):
         return None
-    if m < 2 or n % width or min(m, n) > MAX_THIN or m * n * k > MAX_WORK or k < MIN_K:
+    small = min(m, n) <= MAX_THIN or (b_transposed and max(m, n) <= MAX_TRANSPOSED_BLOCK)
+    if m < 2 or n % width or not small or m * n * k > MAX_WORK or k < MIN_K:
         return None
     accumulators = 24 if width == 16 else 12  # of 32 / 16 registers: the rest for b and a
     panel = n // width
@@ -116,7 +130,7 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
     if dt is not float32 or lay_b is None:
         return None
     packed = lay_b[0] != NO_TRANSPOSE
-    if tile_for(m, n, k, sa[-2], sa[-1], n if packed else lay_b[1]) is None:
+    if tile_for(m, n, k, sa[-2], sa[-1], n if packed else lay_b[1], packed) is None:
         return None
     if packed:
         t = TensorType(tuple(sb_shape), dt)
@@ -125,7 +139,7 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
         b = lw.scratch_loc(t)
         lw.copy(src, b, "gemm_pack")
         sb = [s // item for s in b.strides]
-    return tile_for(m, n, k, sa[-2], sa[-1], sb[-2]), b, sb
+    return tile_for(m, n, k, sa[-2], sa[-1], sb[-2], packed), b, sb
 
 
 def function(cg, gemm: SmallGemm) -> ir.Function:
