@@ -66,6 +66,15 @@ THIN = [  # (f, a shape, b shape): every one takes the generated kernel
     (_scores, (2, 3, 64, 32), (2, 3, 48, 32)),  # heads: a loop of kernels over the cores
     (_scores, (2, 40, 32), (2, 64, 32)),  # rows that leave a smaller last tile
 ]
+MEDIUM = [  # on AVX-512 hosts: a read row by row, n <= MEDIUM_N, k <= MEDIUM_K
+    (_matmul, (1024, 128), (128, 128)),  # a projection's input gradient: 8 row chunks
+    (_b_transposed, (4, 64, 512), (128, 512)),  # a Linear forward, k in two blocks, b packed
+    (_bias_tanh, (2, 128, 96), (96, 64)),  # 256 rows folded from a batch, an epilogue
+    (_matmul, (384, 32), (32, 16)),  # thin and medium: one chunk a call
+    (_matmul, (300, 64), (64, 32)),  # rows not in whole chunks: one call
+]
+if small_gemm.lanes() == 16:
+    THIN += MEDIUM
 
 
 @pytest.mark.parametrize("f, a_shape, b_shape", THIN,
@@ -80,6 +89,36 @@ def test_thin_products_run_the_generated_kernel_within_rounding(f, a_shape, b_sh
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert_rounding_within(got, f(a, b).numpy(), f(a.double(), b.double()).numpy())
     assert "graphc_small_sgemm_" in compiled.executable.lowered.ir_text
+
+
+def test_a_weight_gradient_keeps_the_blas():
+    """x^T @ dy reads a by columns (broadcasts k rows apart): the BLAS is faster there."""
+    rng = np.random.default_rng(7)
+    x, dy = (graphc.tensor(rng.standard_normal((256, 128)).astype(np.float32))
+             for _ in range(2))
+    compiled = graphc.compile(_a_transposed, backend="cpu")
+    np.testing.assert_allclose(compiled(x, dy).numpy(), (x.t() @ dy).numpy(), rtol=1e-4,
+                               atol=1e-4)
+    assert "graphc_small_sgemm_" not in compiled.executable.lowered.ir_text
+
+
+@pytest.mark.skipif(small_gemm.lanes() != 16, reason="medium products are AVX-512 only")
+def test_a_medium_product_splits_its_rows_between_the_cores():
+    rng = np.random.default_rng(1024)
+    a = graphc.tensor(rng.standard_normal((1024, 128)).astype(np.float32))
+    b = graphc.tensor(rng.standard_normal((128, 128)).astype(np.float32))
+    compiled = graphc.compile(_matmul, backend="cpu")
+    compiled(a, b)
+    text = compiled.executable.lowered.ir_text
+    chunk = small_gemm.ROW_CHUNK
+    assert f"graphc_small_sgemm_{chunk}x128x128" in text  # one chunk's kernel
+    assert re.search(r'define[^@]*@"?\w*small_gemm\.omp', text), "no forked loop of chunks"
+    for count in sorted({1, threads.most_threads()}):
+        compiled.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        got = compiled(a, b).numpy()
+        np.testing.assert_allclose(got, graphc.compile(_matmul, backend="interp")(a, b).numpy(),
+                                   rtol=1e-4, atol=1e-4)
+        assert_rounding_within(got, _matmul(a, b).numpy(), _matmul(a.double(), b.double()).numpy())
 
 
 def test_a_batch_of_generated_products_forks_over_the_cores():
@@ -102,8 +141,10 @@ def test_a_batch_of_generated_products_forks_over_the_cores():
 
 
 WIDE = [  # (a shape, b shape, dtype): the BLAS keeps these
-    ((64, 256), (256, 64), np.float32),  # not thin: both sides above MAX_THIN
+    ((64, 256), (256, 256), np.float32),  # not thin (both sides above MAX_THIN), not medium
     ((64, 64), (64, 32), np.float32),  # a small block, but b read as laid out
+    ((1024, 128), (128, 256), np.float32),  # medium but for n above MEDIUM_N
+    ((1000, 520), (520, 128), np.float32),  # k above MEDIUM_K, rows not in whole chunks
     ((16, 128), (128, 10), np.float32),  # 10 columns: not a whole vector
     ((1, 128), (128, 64), np.float32),  # one row: the GEMV
     ((16, 8), (8, 64), np.float32),  # k below MIN_K

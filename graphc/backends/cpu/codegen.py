@@ -27,8 +27,9 @@ Lowered ops:
   softmax, log_softmax (any dim);
 - matmul (1-D, 2-D, batched with broadcast batch dims; float32/float64) through the BLAS
   cblas_sgemm/cblas_dgemm, transposed views passed as transposed operands; thin float32
-  products (m or n <= 16) and small blocks with b read transposed (attention's heads) in
-  generated kernels (graphc.backends.cpu.small_gemm), a batch of them forked over the cores;
+  products (m or n <= 16), small blocks with b read transposed (attention's heads) and
+  medium ones (n <= 128, k <= 512) in generated kernels (graphc.backends.cpu.small_gemm), a
+  batch of them or of a medium product's row chunks forked over the cores;
 - movement: reshape, permute, broadcast_to, slice (views where the plan has them, copies
   otherwise), copy, concat; sources full and arange;
 - nll_loss and nll_loss_backward (class-index targets, any reduction; a target out of range
@@ -483,6 +484,10 @@ class Lowerer(Codegen):
             small_gemm.operands(self, dt, m, n, k, sa, b, sb, sb_shape, lay_b)
         if small is not None:  # a thin product: a generated kernel instead of the BLAS
             small, b, sb = small
+            chunks = small_gemm.row_chunks(small) if not batch else None
+            if chunks is not None:  # many rows: a batch of row chunks the cores share
+                batch, small = (chunks[0],), chunks[1]
+                m, sa_shape, sa = small.m, [chunks[0], small.m, k], [small.m * sa[-2]] + sa[-2:]
         gemv = None if small or strided else self._gemv(m, n, k, sa, sb, lay_a, lay_b)
         fn = small_gemm.function(self, small) if small else \
             self._blas_function(dt, "gemv" if gemv else "gemm")

@@ -1,4 +1,4 @@
-"""small_gemm: generated register-blocked kernels for thin float32 GEMMs.
+"""small_gemm: generated register-blocked kernels for thin and medium float32 GEMMs.
 
 A recurrent layer's step multiplies a batch of a few rows by its weight: [16 x 128] @
 [128 x 512] forward, [16 x 512] @ [512 x 128] for the input gradient, 32 times a layer,
@@ -7,8 +7,9 @@ interface checks, copying both operands into its packed panels, its driver) is a
 share of ~2 MFLOP, and it ran them at ~100 GFLOP/s where it runs large GEMMs at ~190 (one
 thread, AVX-512 host, 2026-11-25). The same holds for attention's per-head products with
 an operand read transposed (Q K^T, dO V^T: 64 x 64 x 32 in the GPT), where OpenBLAS packs
-the transposed operand on every call (MAX_TRANSPOSED_BLOCK). This module generates, per
-shape, one function
+the transposed operand on every call (MAX_TRANSPOSED_BLOCK), and for products of many rows
+by a narrow b (MEDIUM_N, MEDIUM_K: a transformer's 1024 x 128 x 128 projections), where the
+packing is not repaid either. This module generates, per shape, one function
 
     void graphc_small_sgemm_<m>x<n>x<k>_<a strides>_<ldb>(ptr a, ptr b, ptr c)
 
@@ -27,13 +28,15 @@ or closer, k up to 16384). The order differs from the BLAS's, judged by distance
 float64 run (docs/performance.md, "Rounding";
 tests/test_cpu_small_gemm.py).
 
-`tile_for(m, n, k, ...)` decides (None: the BLAS call stays), `function(cg, ...)` emits the
-kernel once per module and shape. Used by graphc.backends.cpu.codegen's matmul lowering.
+`tile_for(m, n, k, ...)` decides (None: the BLAS call stays), `row_chunks` splits a product
+of many rows into calls of ROW_CHUNK rows (a loop graphc's threads share, where the BLAS
+would have threaded the one call), `function(cg, ...)` emits the kernel once per module and
+shape. Used by graphc.backends.cpu.codegen's matmul lowering.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
@@ -57,6 +60,17 @@ MAX_THIN = 16
 # GPT step: docs/performance.md "GPT step, eighth session"). Products read as laid out keep
 # the BLAS at these sizes (64 x 32 x 64 "NN": the BLAS 1.9 us, the kernel 3.4).
 MAX_TRANSPOSED_BLOCK = 64
+# ...and, on AVX-512 hosts, a product with a read row by row (its k contiguous), n and k
+# at most these: GPT's 1024 x 128 x 128 projections and 1024 x 128 x 512 second Linear,
+# forward and input gradient. OpenBLAS ran them at 110-150 GFLOP/s, the kernel at 150-170
+# (packing b where it is read transposed, 14-61 us): in the GPT step -1.2 to -3.4 ms of
+# ~55 (eighth session). Not taken: n 512 (1024 x 512 x 128: the BLAS as fast or faster),
+# a read transposed (a weight gradient's x^T @ dy: broadcasts k rows apart, 1.8x slower),
+# fewer than 2 * ROW_CHUNK rows (64 x 32 x 64: the BLAS 1.9 us, the kernel 3.4).
+MEDIUM_N = 128
+MEDIUM_K = 512
+MEDIUM_A_BYTES = 1 << 20  # a's rows beyond this come in whole ROW_CHUNKs (each in cache)
+ROW_CHUNK = 128  # rows of a medium product per kernel call: the calls fork over the cores
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
 K_BLOCK = 256  # k summed in registers per block; blocks' sums added in c (a BLAS's KC)
@@ -100,24 +114,42 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
              b_transposed: bool = False) -> SmallGemm | None:
     """The generated kernel for this float32 product, or None where the BLAS call stays:
     sizes known per call, a single row (a GEMV), n not a whole number of vectors, a product
-    neither thin (m and n both above MAX_THIN) nor a small block with b read transposed
-    (`b_transposed`, m and n both at most MAX_TRANSPOSED_BLOCK), too large (MAX_WORK) or
+    neither thin (m and n both above MAX_THIN, or too large: MAX_WORK) nor a small block
+    with b read transposed (`b_transposed`, m and n both at most MAX_TRANSPOSED_BLOCK) nor
+    medium (MEDIUM_N, MEDIUM_K, 2 * ROW_CHUNK rows or more, a read row by row, AVX-512),
     with too short a k (MIN_K), a host without AVX2/FMA."""
     width = lanes()
     if not width or not all(type(d) is int for d in (m, n, k, sa_row, sa_col, ldb)):
         return None
     small = min(m, n) <= MAX_THIN or (b_transposed and max(m, n) <= MAX_TRANSPOSED_BLOCK)
-    if m < 2 or n % width or not small or m * n * k > MAX_WORK or k < MIN_K:
+    medium = (width == 16 and sa_col == 1 and n <= MEDIUM_N and k <= MEDIUM_K
+              and m >= 2 * ROW_CHUNK and (m % ROW_CHUNK == 0 or m * k * 4 <= MEDIUM_A_BYTES))
+    if m < 2 or n % width or not (small or medium) or (m * n * k > MAX_WORK and not medium) \
+            or k < MIN_K:
         return None
-    accumulators = 24 if width == 16 else 12  # of 32 / 16 registers: the rest for b and a
     panel = n // width
     # two vectors a row where the panel allows (measured on 16 x 512 x 128 and 16 x 128 x
     # 512: 8 x 2 tiles 179-184 GFLOP/s, 16 x 1 162, 6 x 4 168-178, 12 x 2 168-174), then as
     # many rows as the registers hold, split evenly (16 rows: two tiles of 8, not 12 + 4)
     vectors = 2 if panel % 2 == 0 else 1
-    most = accumulators // vectors
-    rows = -(-m // -(-m // most))
-    return SmallGemm(m, n, k, sa_row, sa_col, ldb, rows, vectors, width)
+    return SmallGemm(m, n, k, sa_row, sa_col, ldb, _tile_rows(m, vectors, width), vectors,
+                     width)
+
+
+def _tile_rows(m: int, vectors: int, width: int) -> int:
+    """As many rows as the registers hold, split evenly over m."""
+    most = (24 if width == 16 else 12) // vectors  # accumulators of 32 / 16 registers
+    return -(-m // -(-m // most))
+
+
+def row_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
+    """(count, the kernel of one chunk) where g's rows split into chunks of ROW_CHUNK rows
+    that threads can share (each element is summed by the same instructions either way),
+    else None: fewer than two chunks, or rows not a whole number of them."""
+    if g.m < 2 * ROW_CHUNK or g.m % ROW_CHUNK:
+        return None
+    return g.m // ROW_CHUNK, replace(g, m=ROW_CHUNK,
+                                     rows=_tile_rows(ROW_CHUNK, g.vectors, g.lanes))
 
 
 def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: list,
