@@ -1,0 +1,165 @@
+"""The GPT step's GEMMs in OpenBLAS or in small_gemm's generated kernels, in one process.
+
+    python -m benchmarks.gpt_gemms                  # the GPT, 20 interleaved rounds
+    python -m benchmarks.gpt_gemms --rounds 10 --quick
+
+Three variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
+GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
+setting graphc.backends.cpu.small_gemm's thresholds while each compiles:
+- "before": neither small blocks with b read transposed (`MAX_TRANSPOSED_BLOCK = 0`) nor
+  medium products (`MEDIUM_N = 0`): attention's heads and the projections in OpenBLAS;
+- "heads": attention's Q K^T and dO V^T per head in generated kernels;
+- "after": the default (those, and the medium products: the projections, the second
+  Linear's forward, their input gradients).
+It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
+OpenMP and OpenBLAS), then from `graphc.profile` (3 interleaved profiles of each, each
+kernel's median) the step's kernels by role: GEMMs by kind, b^T copies ("pack"), GEMM
+epilogues, row programs, updates (docs/performance.md, "GPT step, eighth session").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from collections import defaultdict
+
+from benchmarks.harness import cache_root
+
+VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, "MEDIUM_N": 0},
+            "heads": {"MEDIUM_N": 0},
+            "after": {}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds (20)")
+    parser.add_argument("--quick", action="store_true", help="the GPT's smoke size")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    with cache_root("gpt_gemms.") as root:
+        _compare(args.rounds, args.quick, root)
+    print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
+
+
+@contextlib.contextmanager
+def _variant(name: str, root: str):
+    """While lowering variant `name`: its cache dir and small_gemm's thresholds."""
+    from graphc.backends.cpu import small_gemm
+
+    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
+    saved = {attr: getattr(small_gemm, attr) for attr in VARIANTS[name]}
+    for attr, value in VARIANTS[name].items():
+        setattr(small_gemm, attr, value)
+    try:
+        yield
+    finally:
+        for attr, value in saved.items():
+            setattr(small_gemm, attr, value)
+
+
+def _compare(rounds: int, quick: bool, root: str) -> None:
+    import numpy as np
+
+    import graphc
+    from benchmarks import model_steps, models
+
+    shape = (model_steps.QUICK if quick else model_steps.FULL)["gpt"]
+    steps, arguments = {}, {}
+    for name in VARIANTS:
+        with _variant(name, root):
+            graphc.manual_seed(0)
+            train = models.graphc_step(model_steps.gpt(graphc, **shape))
+            batch = tuple(graphc.tensor(a) for a in model_steps.batch_of("gpt", shape))
+            step = graphc.compile(train, backend="cpu")
+            for _ in range(3):  # the first calls trace, compile and create the optimizer state
+                step(*batch)
+        steps[name], arguments[name] = step, batch
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(rounds):
+        for name in (list(steps) if r % 2 else list(steps)[::-1]):
+            start, calls = time.process_time(), 0
+            while time.process_time() - start < 0.1:
+                steps[name](*arguments[name])
+                calls += 1
+            times[name].append((time.process_time() - start) / calls)
+    profiles: dict[str, list] = {name: [] for name in steps}
+    for r in range(3):  # interleaved profiles; each kernel's median over them
+        for name in (list(steps) if r % 2 else list(steps)[::-1]):
+            with _variant(name, root):  # profile lowers the graph again, with timers
+                profiles[name].append(graphc.profile(steps[name], *arguments[name],
+                                                     repeat=11))
+    for name in steps:
+        reports = profiles[name]
+        rows = sorted(reports[0].rows, key=lambda row: row.step)
+        seconds = {row.step: float(np.median([[q.seconds for q in rep.rows
+                                                 if q.step == row.step][0]
+                                                for rep in reports]))
+                   for row in rows}
+        roles = by_role(rows, seconds)
+        print(f"gpt {name}: step {np.median(times[name]) * 1e3:.3f} ms (median of {rounds}); "
+              f"{len(rows)} kernels, {sum(seconds.values()) * 1e3:.2f} ms")
+        for role, (count, total) in sorted(roles.items(), key=lambda kv: -kv[1][1]):
+            print(f"    {role:<44} {count:4d} kernels {total * 1e3:7.3f} ms")
+
+
+def by_role(rows: list, seconds: dict[int, float]) -> dict[str, list]:
+    """{role: [kernels, seconds]}. A GEMM node is one to three consecutive rows of the same
+    output values: a copy of b^T first where the kernel packs it, the GEMM (the longest),
+    then its epilogue where it has one."""
+    roles: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    groups: list[list] = []
+    for row in rows:
+        if groups and row.values and groups[-1][-1].values == row.values \
+                and row.step == groups[-1][-1].step + 1:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    for group in groups:
+        if "matmul" in group[0].op:
+            gemm = max(range(len(group)), key=lambda j: seconds[group[j].step])
+            for j, row in enumerate(group):
+                role = ("b^T copy (pack)" if j < gemm else _gemm_role(row) if j == gemm
+                        else "GEMM epilogue: gelu" if "gelu" in row.op else "GEMM epilogue")
+                roles[role][0] += 1
+                roles[role][1] += seconds[row.step]
+            continue
+        role = _other_role(group[0])
+        roles[role][0] += 1
+        roles[role][1] += seconds[group[0].step]
+    return dict(roles)
+
+
+def _gemm_role(row) -> str:
+    shape = row.shape
+    if "[16,4," in shape:
+        return "GEMM attention heads (64 x 64 x 32 ...)"
+    if shape.split(",")[0] in ("f32[128", "f32[512") and "]," not in shape:
+        return "GEMM weight gradients (k 1024, a^T)"
+    if "512]" in shape:
+        return "GEMM 1024 x 512 x 128 (linear1 fwd, linear2 dx)"
+    return "GEMM 1024 x 128 x 128|512 (projections, dx)"
+
+
+def _other_role(row) -> str:
+    op, shape = row.op, row.shape
+    if op.startswith("fused(mul,add,mul,add)"):
+        return "SGD momentum updates"
+    if "rsqrt" in op:
+        return "LayerNorm forward"
+    if "reduce_sum" in op and "[16,64,128]" in shape and "f32[128]" in shape:
+        return "LayerNorm backward"
+    if op == "softmax":
+        return "softmax"
+    if "where" in op and "reduce_sum" in op:
+        return "softmax backward"
+    if op in ("log_softmax", "nll_loss", "nll_loss_backward") or "exp,mul,sub" in op:
+        return "loss"
+    return "other (bias sums, concat, embedding, copies)"
+
+
+if __name__ == "__main__":
+    main()
