@@ -23,10 +23,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import time
 from collections import defaultdict
 
-from benchmarks.harness import cache_root
+from benchmarks.harness import cache_root, run_with_threads
 
 VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, "MEDIUM_N": 0},
             "heads": {"MEDIUM_N": 0},
@@ -38,8 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds (20)")
     parser.add_argument("--quick", action="store_true", help="the GPT's smoke size")
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # one thread for OpenMP and OpenBLAS: set before they load (numpy loads OpenBLAS when the
+    # harness imports it), so the process starts again with them where they are not
+    run_with_threads("benchmarks.gpt_gemms", 1, sys.argv[1:] if argv is None else argv)
     with cache_root("gpt_gemms.") as root:
         _compare(args.rounds, args.quick, root)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
