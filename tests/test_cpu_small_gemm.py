@@ -65,6 +65,8 @@ THIN = [  # (f, a shape, b shape): every one takes the generated kernel
     (_b_transposed, (64, 32), (64, 32)),  # not thin, but b transposed and 64 x 64
     (_scores, (2, 3, 64, 32), (2, 3, 48, 32)),  # heads: a loop of kernels over the cores
     (_scores, (2, 40, 32), (2, 64, 32)),  # rows that leave a smaller last tile
+    (_scores, (2, 64, 24), (2, 48, 24)),  # b's panels copied element by element (k 24)
+    (_b_transposed, (16, 300), (32, 300)),  # k above PANEL_COPY_MAX_K: b^T copied first
 ]
 MEDIUM = [  # on AVX-512 hosts: a read row by row, n <= MEDIUM_N, k <= MEDIUM_K
     (_matmul, (1024, 128), (128, 128)),  # a projection's input gradient: 8 row chunks
@@ -131,6 +133,7 @@ def test_a_batch_of_generated_products_forks_over_the_cores():
     compiled(q, k)
     text = compiled.executable.lowered.ir_text
     assert re.search(r'define[^@]*@"?\w*small_gemm\.omp', text), "no forked loop of heads"
+    assert "gemm_pack" not in text  # k^T's panels are copied inside the kernel
     for count in sorted({1, threads.most_threads()}):
         compiled.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
         got = compiled(q, k).numpy()

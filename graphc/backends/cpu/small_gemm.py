@@ -19,7 +19,10 @@ and c row-major, without packing: c is cut into tiles of `rows` x (`vectors` x L
 in registers through a block of k, every step of which loads `vectors` vectors of b's
 row k and broadcasts one element of a per tile row (any element strides for a: a
 transposed view costs nothing). Tiles run panel by panel (a panel is `vectors` x LANES
-columns of c), so each panel of b is read from cache once per row block.
+columns of c), so each panel of b is read from cache once per row block. A small block's b
+read transposed (attention's K^T, its k contiguous) is copied panel by panel onto the
+kernel's stack, LANES x LANES squares transposed in registers (PANEL_COPY_MAX_K); other
+transposed b are copied whole into scratch before the call.
 
 Rounding: every element of c sums k in blocks of K_BLOCK (in order, fused multiply-adds in
 registers), each block's sum added to c, as a BLAS blocks k (its KC): the error grows with
@@ -60,6 +63,10 @@ MAX_THIN = 16
 # GPT step: docs/performance.md "GPT step, eighth session"). Products read as laid out keep
 # the BLAS at these sizes (64 x 32 x 64 "NN": the BLAS 1.9 us, the kernel 3.4).
 MAX_TRANSPOSED_BLOCK = 64
+# such a block's b, k contiguous, up to this k: each panel copied row-major on the kernel's
+# stack (k x 32 floats, in L1 for the panel's tiles) instead of one pass copying the whole
+# batch's b^T into scratch first (GPT: 70-130 us a layer, 1.1-2 us a head)
+PANEL_COPY_MAX_K = 256
 # ...and, on AVX-512 hosts, a product with a read row by row (its k contiguous), n and k
 # at most these: GPT's 1024 x 128 x 128 projections and 1024 x 128 x 512 second Linear,
 # forward and input gradient. OpenBLAS ran them at 110-150 GFLOP/s, the kernel at 150-170
@@ -103,11 +110,13 @@ class SmallGemm:
     rows: int
     vectors: int
     lanes: int
+    ldb_t: int = 0  # b read transposed in place: (k, j) at j * ldb_t + k, ldb unused
 
     @property
     def name(self) -> str:
+        b = f"bt{self.ldb_t}" if self.ldb_t else f"b{self.ldb}"
         return (f"graphc_small_sgemm_{self.m}x{self.n}x{self.k}_a{self.sa_row}_{self.sa_col}"
-                f"_b{self.ldb}_t{self.rows}x{self.vectors}x{self.lanes}")
+                f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}")
 
 
 def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
@@ -162,8 +171,11 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
     if dt is not float32 or lay_b is None:
         return None
     packed = lay_b[0] != NO_TRANSPOSE
-    if tile_for(m, n, k, sa[-2], sa[-1], n if packed else lay_b[1], packed) is None:
+    tile = tile_for(m, n, k, sa[-2], sa[-1], n if packed else lay_b[1], packed)
+    if tile is None:
         return None
+    if packed and sb[-2] == 1 and max(m, n) <= MAX_TRANSPOSED_BLOCK and k <= PANEL_COPY_MAX_K:
+        return replace(tile, ldb=0, ldb_t=sb[-1]), b, sb  # each panel copied in the kernel
     if packed:
         t = TensorType(tuple(sb_shape), dt)
         item = dt.itemsize
@@ -185,24 +197,89 @@ def function(cg, gemm: SmallGemm) -> ir.Function:
     fn.attributes.add("nounwind")
     fn.attributes.add("noinline")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    _emit(b, gemm, *fn.args)
+    panel = None
+    if gemm.ldb_t:  # one panel of b, k x (vectors x lanes) floats, row-major
+        stack = b.alloca(F32, size=i64(gemm.k * gemm.vectors * gemm.lanes), name="panel")
+        stack.align = 64
+        # llvmlite's alloca gives a typed float*, which takes no vector stores: as opaque
+        panel = b.inttoptr(b.ptrtoint(stack, I64), PTR)
+    _emit(b, gemm, *fn.args, panel)
     b.ret_void()
     return fn
 
 
 # ---- the kernel's code ------------------------------------------------------------------------
-def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c) -> None:
+def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None) -> None:
     """Panels of c (runtime loop), in each the full row blocks (runtime loop) then the
-    remaining rows (one smaller tile)."""
+    remaining rows (one smaller tile). With b read transposed (`ldb_t`), each panel of b is
+    first copied row-major into `panel_copy` (on the stack, in L1 for the panel's tiles)."""
     width = g.vectors * g.lanes
     full, rest = divmod(g.m, g.rows)
     with _counted(b, g.n // width, "panel") as panel:
         col = b.mul(panel, i64(width))
+        source = (bm, g.ldb, col)
+        if g.ldb_t:
+            _copy_panel(b, g, bm, col, panel_copy)
+            source = (panel_copy, width, i64(0))
         if full:
             with _counted(b, full, "block") as block:
-                _tile(b, g, a, bm, c, b.mul(block, i64(g.rows)), col, g.rows)
+                _tile(b, g, a, source, c, b.mul(block, i64(g.rows)), col, g.rows)
         if rest:
-            _tile(b, g, a, bm, c, i64(full * g.rows), col, rest)
+            _tile(b, g, a, source, c, i64(full * g.rows), col, rest)
+
+
+def _copy_panel(b: ir.IRBuilder, g: SmallGemm, bm, col, panel_copy) -> None:
+    """panel_copy[kk, jj] = b[kk, col + jj] for the panel's columns, b's element (kk, j) at
+    j * ldb_t + kk: squares of lanes x lanes read as vectors along k (each a column of the
+    panel) and transposed in registers; element by element where k is not whole squares."""
+    width = g.vectors * g.lanes
+    lanes = g.lanes
+    vec = ir.VectorType(F32, lanes)
+    if g.k % lanes:
+        with _counted(b, width, "pcol") as jj:
+            row = b.mul(b.add(col, jj), i64(g.ldb_t))
+            with _counted(b, g.k, "pk") as kk:
+                x = b.load(b.gep(bm, [b.add(row, kk)], inbounds=True, source_etype=F32),
+                           typ=F32, align=4)
+                at = b.add(b.mul(kk, i64(width)), jj)
+                b.store(x, b.gep(panel_copy, [at], inbounds=True, source_etype=F32), align=4)
+        return
+    with _counted(b, g.vectors, "psq") as square:
+        j0 = b.mul(square, i64(lanes))
+        with _counted(b, g.k // lanes, "pkq") as kq:
+            k0 = b.mul(kq, i64(lanes))
+            columns = []
+            for j in range(lanes):
+                at = b.add(b.mul(b.add(b.add(col, j0), i64(j)), i64(g.ldb_t)), k0)
+                columns.append(b.load(b.gep(bm, [at], inbounds=True, source_etype=F32),
+                                      typ=vec, align=4))
+            for kk, row in enumerate(_transposed(b, columns)):
+                at = b.add(b.mul(b.add(k0, i64(kk)), i64(width)), j0)
+                b.store(row, b.gep(panel_copy, [at], inbounds=True, source_etype=F32),
+                        align=4)
+
+
+def _transposed(b: ir.IRBuilder, rows: list) -> list:
+    """The square of vectors `rows` (lanes of them, lanes a power of two) transposed: at each
+    half size h, rows i and i + h swap their off-diagonal h-blocks (one two-vector shuffle
+    each), so log2(lanes) rounds of lanes shuffles."""
+    lanes = len(rows)
+    rows = list(rows)
+    h = lanes // 2
+    while h:
+        low = [lane if (lane // h) % 2 == 0 else lanes + lane - h for lane in range(lanes)]
+        high = [lane + h if (lane // h) % 2 == 0 else lanes + lane for lane in range(lanes)]
+        for i in range(lanes):
+            if (i // h) % 2 == 0:
+                x, y = rows[i], rows[i + h]
+                rows[i] = b.shuffle_vector(x, y, _mask(low))
+                rows[i + h] = b.shuffle_vector(x, y, _mask(high))
+        h //= 2
+    return rows
+
+
+def _mask(lanes: list[int]) -> ir.Constant:
+    return ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes)
 
 
 class _counted:
@@ -244,27 +321,29 @@ def _fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
     return ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
 
 
-def _tile(b: ir.IRBuilder, g: SmallGemm, a, bm, c, row0, col0, rows: int) -> None:
+def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int) -> None:
     """c[row0 : row0 + rows, col0 : col0 + vectors * lanes] = a[rows, :] @ b[:, cols]: the
     sums of K_BLOCK consecutive k in registers, each block's added to c (the first stored),
-    as a BLAS blocks k: the rounding error grows with K_BLOCK + k / K_BLOCK, not with k."""
+    as a BLAS blocks k: the rounding error grows with K_BLOCK + k / K_BLOCK, not with k.
+    `source`: (pointer, leading dimension, first column) b's columns are read from."""
     first = min(g.k, K_BLOCK)
-    _store(b, g, c, row0, col0, _block_sums(b, g, a, bm, row0, col0, rows, i64(0), first))
+    _store(b, g, c, row0, col0, _block_sums(b, g, a, source, row0, rows, i64(0), first))
     full, rest = divmod(g.k - first, K_BLOCK)
     if full:
         with _counted(b, full, "kblock") as block:
             start = b.add(b.mul(block, i64(K_BLOCK)), i64(first))
-            sums = _block_sums(b, g, a, bm, row0, col0, rows, start, K_BLOCK)
+            sums = _block_sums(b, g, a, source, row0, rows, start, K_BLOCK)
             _store(b, g, c, row0, col0, sums, accumulate=True)
     if rest:
-        sums = _block_sums(b, g, a, bm, row0, col0, rows, i64(g.k - rest), rest)
+        sums = _block_sums(b, g, a, source, row0, rows, i64(g.k - rest), rest)
         _store(b, g, c, row0, col0, sums, accumulate=True)
 
 
-def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, bm, row0, col0, rows: int, start,
+def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start,
                 count: int) -> list:
     """The tile's sums over k in [start, start + count) (count >= 1), as phi nodes through
     the loop: rows lists of `vectors` vectors."""
+    bm, ldb, col0 = source
     vec = ir.VectorType(F32, g.lanes)
     zero = ir.Constant(vec, [0.0] * g.lanes)
     mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
@@ -280,7 +359,7 @@ def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, bm, row0, col0, rows: int, sta
     for row in sums:
         for s in row:
             s.add_incoming(zero, pre)
-    b_row = b.add(b.mul(k, i64(g.ldb)), col0)
+    b_row = b.add(b.mul(k, i64(ldb)), col0)
     bvecs = [b.load(b.gep(bm, [b.add(b_row, i64(v * g.lanes))], inbounds=True,
                           source_etype=F32), typ=vec, align=4)
              for v in range(g.vectors)]
