@@ -14,10 +14,9 @@ import pytest
 pytest.importorskip("llvmlite")
 
 import graphc  # noqa: E402
-from graphc.backends.cpu import threads  # noqa: E402
-from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.backends import compile as compile_graph  # noqa: E402
-from graphc.backends.cpu import llvm, small_gemm  # noqa: E402
+from graphc.backends.cpu import llvm, small_gemm, threads  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.ir import parse  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
 
