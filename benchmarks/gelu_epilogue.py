@@ -23,9 +23,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import time
 
-from benchmarks.harness import cache_root
+from benchmarks.harness import cache_root, run_with_threads
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,8 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds (30)")
     parser.add_argument("--quick", action="store_true", help="the GPT's smoke size")
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # one thread for OpenMP and OpenBLAS, set before they load: numpy (imported with the
+    # harness) has loaded OpenBLAS already, so the process starts again with them set (set
+    # here, its GEMMs had run on two threads, CPU time counting both)
+    run_with_threads("benchmarks.gelu_epilogue", 1, sys.argv[1:] if argv is None else argv)
     with cache_root("gelu_epilogue.") as root:
         _compare(args.rounds, args.quick, root)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))

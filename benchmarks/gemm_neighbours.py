@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
-from benchmarks.harness import cache_root
+from benchmarks.harness import cache_root, run_with_threads
 
 NEIGHBOURS = ("reshape", "permute", "copy", "concat", "reduce_sum")
 
@@ -58,8 +59,10 @@ def main(argv: list[str] | None = None) -> None:
                                                              "resnet18"),
                         help="the training step(s) compared (default: gpt)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # one thread for OpenMP and OpenBLAS, set before they load: numpy (imported with the
+    # harness) has loaded OpenBLAS already, so the process starts again with them set (set
+    # here, its GEMMs had run on two threads, CPU time counting both)
+    run_with_threads("benchmarks.gemm_neighbours", 1, sys.argv[1:] if argv is None else argv)
     for name in args.step or ["gpt"]:
         with cache_root("gemm_neighbours.") as root:
             _compare(name, args.rounds, args.quick, root)
