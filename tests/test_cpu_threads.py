@@ -344,3 +344,56 @@ def test_slow_calls_on_all_cores_every_few_calls_cost_a_bounded_share():
     mean_all_cores = (4.0 + 4 * 1.0) / 5 * MS
     spent = sum(cost[n](i) if n == 2 else cost[n] for i, n in enumerate(used))
     assert spent / (len(used) * mean_all_cores) - 1 < 0.05
+
+
+def _drive_waking(chooser: ThreadChooser, one: float, steady: float, wake: float,
+                  calls: int) -> list[int]:
+    """`calls` calls of a step that takes `one` seconds on one thread and `steady` on all
+    cores, plus `wake` for a call on all cores right after a call on one thread (the team's
+    threads slept, the other core's caches are cold)."""
+    used: list[int] = []
+    for _ in range(calls):
+        n = chooser.pick()
+        seconds = one if n == 1 else steady + (wake if not used or used[-1] == 1 else 0.0)
+        used.append(n)
+        chooser.record(n, seconds)
+    return used
+
+
+def test_a_trial_of_all_cores_is_not_judged_by_the_call_that_wakes_the_team():
+    """Two threads 1.3x faster, but the first call after one-thread calls pays a wake-up of
+    half a call: judged with that call, every trial lost (mean 0.94 of one thread's) and the
+    step stayed on one thread; the wake-up call is now left out of the verdict."""
+    chooser = ThreadChooser(2, free_cores=_idle())
+    used = _drive_waking(chooser, one=1.0 * MS, steady=0.77 * MS, wake=0.5 * MS, calls=2000)
+    assert chooser.current == 2
+    assert used[-1000:].count(1) < 0.01 * 1000
+
+
+def test_a_lossy_trial_after_close_ones_waits_its_own_excess_only():
+    """All cores were about as fast as one thread (close trials, which cost nothing), then
+    one trial met a one-off slow call, then all cores became twice as fast: the next trial
+    comes after that one trial's excess, not after it multiplied by a backoff that every
+    close trial had doubled before."""
+    chooser = ThreadChooser(2, free_cores=_idle())
+    _drive(chooser, {2: 0.95 * MS, 1: 1.0 * MS}, 1000)
+    assert chooser.current == 1 and chooser.backoff == 1
+    calls_on_all_cores = []
+
+    def faster_after_a_blip(i):
+        calls_on_all_cores.append(i)
+        return 5.0 * MS if len(calls_on_all_cores) == 1 else 0.5 * MS  # the first: hopeless
+
+    used = _drive(chooser, {2: faster_after_a_blip, 1: 1.0 * MS}, 1000)
+    assert chooser.current == 2
+    second_trial = calls_on_all_cores[1]
+    assert second_trial - calls_on_all_cores[0] < 300  # 4 ms of excess / 2%: 200 ms of calls
+    assert used[second_trial:].count(1) < 0.03 * len(used[second_trial:])
+
+
+def test_an_all_cores_trial_that_loses_under_load_still_ends_after_one_call():
+    """The wake-up call is left out of the verdict, not out of the hopeless rule."""
+    chooser = ThreadChooser(2, free_cores=_idle())
+    used = _drive_waking(chooser, one=1.0 * MS, steady=50 * MS, wake=0.5 * MS, calls=200)
+    assert chooser.current == 1
+    assert all(used[k + 1] == 1 for k, n in enumerate(used[:-1]) if n == 2)

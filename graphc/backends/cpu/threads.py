@@ -496,11 +496,20 @@ class ThreadChooser:
       without this a load that arrived within MIN_GAP calls of a switch or a trial cost up
       to MIN_GAP such calls. One such quick trial per stay on `most` threads: after one
       that loses (a one-off slow call on an idle machine), the gap and budget rules again.
+    - A trial of `most` threads runs WAKE calls more and leaves them out of the verdict
+      (not out of its cost): after a stretch on one thread the team's threads sleep and the
+      other core's caches hold none of the executable's data, so the first call pays for
+      both (LeNet-5's step under SCHED_FIFO: 2.15 ms against 1.40 for the next two calls
+      on two threads, 2.05 on one), and a 3-call mean with it lost the 15% rule below for
+      steps that two threads speed up by less than about 1.4x.
     - Deciding: one thread wins when the trial's median beats the mean of the current
       window by 10% (the mean, because under load two threads run most calls fast and some
       very slow, and a loop pays the mean); `most` threads win only when the trial's mean
       beats the current window's median by 15% (the median, because a call on one thread
-      that the OS parked says nothing in favour of two threads).
+      that the OS parked says nothing in favour of two threads). A trial that lost but cost
+      nothing (it was faster, by less than the rule asks) leaves `backoff` as it was: close
+      trials keep coming every MIN_GAP calls, and one unlucky trial later is not charged
+      for all the close ones before it.
 
     `fixed=n` always picks n (e.g. a profiling copy of an executable that already chose; its
     `most` still tells the executable to apply the count); `free_cores` replaces `cores_free`
@@ -510,6 +519,7 @@ class ThreadChooser:
     WARMUP = 2
     WINDOW = 9
     TRIAL = 3
+    WAKE = 1  # a trial of `most` threads: its first calls wake the team, not judged
     MIN_GAP = 8  # calls
     # ... or fewer for slow calls: MIN_GAP_CALLS that took MIN_GAP_SECONDS (a ResNet-18 step
     # of 0.5 s waited 8 calls, 4 s, before its first trial of all cores)
@@ -582,15 +592,18 @@ class ThreadChooser:
             self.gap_seconds += seconds
             return
         self.trial.append(seconds)
-        if len(self.trial) >= self.TRIAL or seconds > 2 * statistics.median(self.window):
+        calls = self.TRIAL if n == 1 else self.TRIAL + self.WAKE
+        if len(self.trial) >= calls or seconds > 2 * statistics.median(self.window):
             self._decide()
 
     def _decide(self) -> None:
         other, trial, window = self.trying, self.trial, self.window
         if other == 1:
             wins = statistics.median(trial) < 0.9 * statistics.fmean(window)
-        else:
-            wins = statistics.fmean(trial) < 0.85 * statistics.median(window)
+        else:  # a hopeless trial may end within its wake-up calls: then all of them count
+            judged = trial[self.WAKE:] if len(trial) > self.WAKE else trial
+            wins = statistics.fmean(judged) < 0.85 * statistics.median(window)
+            trial = judged if wins else trial
         self.trying, self.trial = 0, []
         self.gap_calls, self.gap_seconds = 0, 0.0
         if wins:
@@ -601,5 +614,6 @@ class ThreadChooser:
             return
         excess = max(sum(trial) - len(trial) * statistics.median(window), 0.0)
         self.due_seconds = excess * self.backoff / self.BUDGET
-        self.backoff = min(2 * self.backoff, self.MAX_BACKOFF)
+        if excess > 0:  # a trial that cost nothing was close: no reason to wait longer
+            self.backoff = min(2 * self.backoff, self.MAX_BACKOFF)
         self.reference = statistics.fmean(window)
