@@ -499,9 +499,10 @@ class ThreadChooser:
     - A trial of `most` threads runs WAKE calls more and leaves them out of the verdict
       (not out of its cost): after a stretch on one thread the team's threads sleep and the
       other core's caches hold none of the executable's data, so the first call pays for
-      both (LeNet-5's step under SCHED_FIFO: 2.15 ms against 1.40 for the next two calls
-      on two threads, 2.05 on one), and a 3-call mean with it lost the 15% rule below for
-      steps that two threads speed up by less than about 1.4x.
+      both (LeNet-5's step under SCHED_FIFO: 1.35-1.69 ms against 1.18-1.42 for the
+      trial's next calls, 2.15 ms on the process's first, where the team's threads are
+      made; 2.05 ms on one thread), and with it a 3-call mean can lose the 15% rule below
+      for a step that two threads speed up by less than about 1.4x.
     - Deciding: one thread wins when the trial's median beats the mean of the current
       window by 10% (the mean, because under load two threads run most calls fast and some
       very slow, and a loop pays the mean); `most` threads win only when the trial's mean
