@@ -16,7 +16,8 @@ its own 1-thread figure (the runtime-speed issue allows 1.2x), and its contended
 the fourth, the floor that the machine's other load sets for one thread: that last ratio is
 what graphc's choice of threads adds (about 1.00x when it keeps one thread, as it should
 with no core free). Then the load averages each run ended with.
-`python -m benchmarks.contention_steps` measures the same in one process.
+`python -m benchmarks.contention_steps` measures the same in one process, and
+`python -m benchmarks.contention_chooser` logs what each executable's chooser did in a run.
 """
 
 from __future__ import annotations
