@@ -1,0 +1,28 @@
+"""benchmarks/contention_chooser.py's logging chooser: its log matches what the chooser did."""
+
+from benchmarks.contention_chooser import LoggedChooser, own_runnable
+from graphc.backends.cpu.threads import ThreadChooser
+
+MS = 1e-3
+
+
+def test_the_log_shows_each_call_each_trial_and_each_gate_look(monkeypatch):
+    monkeypatch.setattr(LoggedChooser, "injected", 1)
+    chooser = LoggedChooser(2)
+    for _ in range(40):
+        n = chooser.pick()
+        chooser.record(n, 1.0 * MS if n == 1 else 0.5 * MS)
+    line = "".join(chooser.calls)
+    first = ThreadChooser.WARMUP + ThreadChooser.MIN_GAP
+    trial = ThreadChooser.TRIAL + ThreadChooser.WAKE
+    assert line[:first + trial] == "1" * first + "T" * trial
+    assert chooser.current == 2 and line[first + trial] == "2"
+    start, n, ms, won = chooser.trials[0]
+    assert (start, n, won) == (first, 2, True) and ms == [0.5] * trial
+    assert chooser.looks and chooser.looks[0][0] == first and chooser.looks[0][2] >= 1
+    report = chooser.report()
+    assert "trial at call 10 on 2: 0.500 0.500 0.500 0.500 ms (won)" in report
+
+
+def test_own_runnable_counts_the_calling_thread():
+    assert own_runnable() >= 1
