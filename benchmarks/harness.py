@@ -86,12 +86,28 @@ def keep_freed_memory() -> str:
 def run_with_threads(module: str, threads: int | None, argv: list[str]) -> None:
     """Start `python -m module argv` again with OMP_NUM_THREADS and OPENBLAS_NUM_THREADS set to
     `threads` (the runtimes read them once, at load), unless they are already that; returns
-    only when nothing needs to change (threads None, or this process already has them)."""
+    when nothing needs to change (threads None, or this process already has them), and when
+    `module` is not this process's main program: a caller that runs a benchmark's `main` in
+    its own process (a test under pytest) keeps its process and its threads."""
     if threads is None or os.environ.get("OMP_NUM_THREADS") == str(threads):
+        return
+    if not _is_main_program(module):
         return
     os.environ.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.execv(sys.executable, [sys.executable, "-m", module, *argv])
+
+
+def _is_main_program(module: str) -> bool:
+    """Whether this process runs `module` as its program (`python -m module` or its path)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:
+        return spec.name == module
+    path = getattr(main, "__file__", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return path is not None and os.path.abspath(path) == os.path.join(
+        root, *module.split(".")) + ".py"
 
 
 @contextlib.contextmanager

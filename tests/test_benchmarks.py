@@ -115,3 +115,36 @@ def test_targets_on_throughput_and_absolute_seconds():
 def test_only_with_an_unknown_case_names_the_cases():
     with pytest.raises(SystemExit, match="matches no case; the cases are mlp_b64"):
         main(["--only", "vgg"])
+
+
+def test_run_with_threads_keeps_a_process_that_runs_another_program(monkeypatch):
+    """A benchmark's `main` called in-process (as tests do) must never replace the caller's
+    process: under pytest that ended the whole run with exit status 0, the rest untested."""
+    from benchmarks import harness
+
+    def refuse(*args):
+        raise AssertionError(f"os.execv{args} from a benchmark called in-process")
+
+    monkeypatch.setattr(harness.os, "execv", refuse)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    harness.run_with_threads("benchmarks.gemm_neighbours", 1, ["--quick"])
+    assert harness._is_main_program("benchmarks.gemm_neighbours") is False
+
+
+def test_run_with_threads_restarts_a_program_that_runs_the_module(tmp_path):
+    """Run as the process's program (`python -m ...`), a benchmark still starts again with
+    the thread variables set: a child process prints what it sees after the restart."""
+    (tmp_path / "probe_threads.py").write_text(
+        "import os, sys\n"
+        "from benchmarks.harness import run_with_threads\n"
+        "run_with_threads('probe_threads', 1, sys.argv[1:])\n"
+        "print('threads', os.environ.get('OMP_NUM_THREADS'), "
+        "os.environ.get('OPENBLAS_NUM_THREADS'))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), root])
+    out = subprocess.run([sys.executable, "-m", "probe_threads"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "threads 1 1"
