@@ -46,6 +46,8 @@ the GEMM saves), float32 or float64.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from graphc.backends.cpu.conv import (
     NOTRANS,
     TRANS,
@@ -185,21 +187,8 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
             per_image = nrows * tw
             ld = count * per_image
             v_step, m_step = _spaced(ci * ld), _spaced(co * ld)
-            # the padded rows these tiles read, and the source rows that land there
-            src_rows = (_clamped(b, _twice_plus(b, ty0, -pad[0]), 0, in_hw[0]),
-                        _clamped(b, _twice_plus(b, ty0, 2 * nrows + 2 - pad[0]), 0, in_hw[0]))
-            with block_images(b, count) as j, loop(b, 0, ci, "ci") as c:
-                _pad_plane(b, kb, si, iadd(b, imul(b, iadd(b, n0, j), ss[0]), imul(b, c, ss[1])),
-                           ss[2:], in_hw, pi, wp, pad, src_rows)
-                row_v = iadd(b, imul(b, c, ld), imul(b, j, per_image))
-                with loop(b, 0, nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx:
-                    at = iadd(b, imul(b, ty, 2 * wp), imul(b, tx, 2), imul(b, ty0, 2 * wp))
-                    d = [[kb.load(b, pi, iadd(b, at, r * wp + s)) for s in range(ALPHA)]
-                         for r in range(ALPHA)]
-                    v = _sandwich(b, dt, BT, d)
-                    t = iadd(b, row_v, imul(b, ty, tw), tx)
-                    for xi in range(nxi):
-                        kb.store(b, vi, iadd(b, t, xi * v_step), v[xi // ALPHA][xi % ALPHA])
+            _input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, ss, ci, in_hw,
+                         pad, pi, wp, vi, v_step)
             for xi in range(nxi):  # M[xi] (co x T) = U[xi] (co x ci, or its transpose) @ V[xi]
                 cv.gemm(b, kb, TRANS if flip else NOTRANS, NOTRANS, co, ld, ci,
                         ui, xi * u_step, co if flip else ci,
@@ -229,6 +218,42 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
         lw.calls.append(called_kernel(lw, kb.finish(b), split, prelude=prelude))
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The tiles of one part: tile rows [ty0, ty0 + nrows) of `tw` tiles each, of images
+    n0 .. n0 + count - 1 (ty0 and n0 ints or loop values); `ld` = count * nrows * tw, the
+    columns of its transform-domain matrices (image j's tiles from column j * nrows * tw)."""
+
+    n0: object
+    count: int
+    ty0: object
+    nrows: int
+    tw: int
+    ld: int
+
+
+def _input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_step) -> None:
+    """V[xi][c][t] = (B^T d B)[xi] for every 4x4 tile d (at stride 2) of the part's images'
+    channel planes c < ci of `si` (element strides `ss`), zero-padded by `pad` through the
+    padded plane `pi` (`wp` wide, its border zero)."""
+    per_image = part.nrows * part.tw
+    # the padded rows these tiles read, and the source rows that land there
+    src_rows = (_clamped(b, _twice_plus(b, part.ty0, -pad[0]), 0, in_hw[0]),
+                _clamped(b, _twice_plus(b, part.ty0, 2 * part.nrows + 2 - pad[0]), 0, in_hw[0]))
+    with block_images(b, part.count) as j, loop(b, 0, ci, "ci") as c:
+        _pad_plane(b, kb, si, iadd(b, imul(b, iadd(b, part.n0, j), ss[0]), imul(b, c, ss[1])),
+                   ss[2:], in_hw, pi, wp, pad, src_rows)
+        row_v = iadd(b, imul(b, c, part.ld), imul(b, j, per_image))
+        with loop(b, 0, part.nrows, "ty") as ty, loop(b, 0, part.tw, "tx") as tx:
+            at = iadd(b, imul(b, ty, 2 * wp), imul(b, tx, 2), imul(b, part.ty0, 2 * wp))
+            d = [[kb.load(b, pi, iadd(b, at, r * wp + s)) for s in range(ALPHA)]
+                 for r in range(ALPHA)]
+            v = _sandwich(b, dt, BT, d)
+            t = iadd(b, row_v, imul(b, ty, part.tw), tx)
+            for xi in range(ALPHA * ALPHA):
+                kb.store(b, vi, iadd(b, t, xi * v_step), v[xi // ALPHA][xi % ALPHA])
 
 
 def _filter_kernel(lw, locs, recipe, u_step, g, flip):
