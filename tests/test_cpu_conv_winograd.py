@@ -1,5 +1,5 @@
 """The CPU backend's Winograd F(2x2, 3x3) convolutions (graphc.backends.cpu.conv_winograd):
-the transform matrices against a direct correlation, then the forward and input gradient on
+the transform matrices against a direct correlation, then the forward and both gradients on
 shapes that take the path (padding 0-2, blocks of images with a partial last block,
 unbatched, strided inputs) and shapes that must not (odd outputs, stride 2, groups,
 dilation, few channels), against the interpreter and within 2x eager's distance from a
@@ -25,7 +25,7 @@ def _private_cache(tmp_path_factory, monkeypatch):
 
 
 def check_winograd(xs, ws, stride, padding, groups):
-    """Forward and input gradient: equal to the interpreter within float32 rounding, within
+    """Forward and both gradients: equal to the interpreter within float32 rounding, within
     2x eager's distance from float64, and lowered by conv_winograd."""
     rng = np.random.default_rng(sum(xs) + 7 * sum(ws))
     gs, graphs = _graphs(xs, ws, stride, padding, groups)
@@ -33,7 +33,7 @@ def check_winograd(xs, ws, stride, padding, groups):
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
     gy = rng.standard_normal(gs).astype(np.float32)
-    for kind, args in (("fwd", [x, w]), ("gx", [gy, w])):
+    for kind, args in (("fwd", [x, w]), ("gx", [gy, w]), ("gw", [gy, x])):
         exe = compare(graphs[kind], args, rtol=1e-4)
         got = exe.run(*args)[0]
         eager = interpret(graphs[kind], *args)[0]
@@ -49,6 +49,17 @@ def test_transforms_compute_the_correlation():
     d, f = rng.standard_normal((4, 4)), rng.standard_normal((3, 3))
     want = np.array([[(d[i:i + 3, j:j + 3] * f).sum() for j in range(2)] for i in range(2)])
     got = at @ ((g @ f @ g.T) * (bt @ d @ bt.T)) @ at.T
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_weight_grad_transforms_compute_the_filter_gradient():
+    # the gradient of sum(gy * correlation(d, f)) over f, for one 4x4 tile and 2x2 block
+    rng = np.random.default_rng(5)
+    bt, g = (np.array(m, dtype=np.float64) for m in (conv_winograd.BT, conv_winograd.G))
+    a, gt = (np.array(m, dtype=np.float64) for m in (conv_winograd.A, conv_winograd.GT))
+    d, gy = rng.standard_normal((4, 4)), rng.standard_normal((2, 2))
+    want = np.array([[(gy * d[r:r + 2, s:s + 2]).sum() for s in range(3)] for r in range(3)])
+    got = gt @ ((a @ gy @ a.T) * (bt @ d @ bt.T)) @ gt.T
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -99,8 +110,8 @@ def test_other_convolutions_keep_im2col(case):
     xs, ws, stride, padding, groups = NOT_TAKEN[case]
     rng = np.random.default_rng(case)
     gs, graphs = _graphs(xs, ws, stride, padding, groups)
-    args = {"fwd": [xs, ws], "gx": [gs, ws]}
-    for kind in ("fwd", "gx"):
+    args = {"fwd": [xs, ws], "gx": [gs, ws], "gw": [gs, xs]}
+    for kind in ("fwd", "gx", "gw"):
         arrays = [rng.standard_normal(s).astype(np.float32) for s in args[kind]]
         exe = compare(graphs[kind], arrays, rtol=1e-4)
         assert "conv2d_winograd" not in exe.lowered.ir_text, kind
@@ -129,7 +140,7 @@ def test_float64():
     gs, graphs = _graphs((2, 16, 6, 6), (16, 16, 3, 3), (1, 1), (1, 1), 1, "float64")
     x, w = rng.standard_normal((2, 16, 6, 6)), rng.standard_normal((16, 16, 3, 3))
     gy = rng.standard_normal(gs)
-    for kind, args in (("fwd", [x, w]), ("gx", [gy, w])):
+    for kind, args in (("fwd", [x, w]), ("gx", [gy, w]), ("gw", [gy, x])):
         exe = compare(graphs[kind], args, rtol=1e-12)
         assert "conv2d_winograd" in exe.lowered.ir_text, kind
 

@@ -646,10 +646,11 @@ def conv2d_weight_grad(lw, node: Node) -> None:
     g = _geometry(x.type, out.type.shape, gy.type.shape[-2:], node.attrs)
     if g.n == 0:
         return lw.fill(out, 0.0, "conv2d_weight_grad_zero")
-    from graphc.backends.cpu import conv_direct, conv_few_channels_grad
+    from graphc.backends.cpu import conv_direct, conv_few_channels_grad, conv_winograd
 
     if conv_few_channels_grad.conv2d_weight_grad(lw, node, g) or \
-            conv_direct.conv2d_weight_grad(lw, node, g):
+            conv_direct.conv2d_weight_grad(lw, node, g) or \
+            conv_winograd.conv2d_weight_grad(lw, node, g):
         return
     cv = Conv(lw, node, g, x.type.dtype)
     xl = lw.locs[x]

@@ -63,18 +63,22 @@ from graphc.backends.cpu.conv import (
     walk_blocks,
     workspace,
 )
+from graphc.backends.cpu import conv_threads
 from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import i64, loop
+from graphc.backends.cpu.values import as_i64, i64, loop
 from graphc.types import float32, float64
 
-__all__ = ["conv2d", "conv2d_input_grad", "BT", "G", "AT"]
+__all__ = ["conv2d", "conv2d_input_grad", "conv2d_weight_grad", "BT", "G", "AT"]
 
 # F(2, 3) by Toom-Cook on the points 0, 1, -1, infinity (the 1/2 of the interpolation moved
 # into G): `y = AT @ ((G @ g) * (BT @ d))` is the correlation y[i] = sum_k d[i + k] g[k].
 BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, -1, 0, 1))
 G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
 AT = ((1, 1, 1, 0), (0, 1, -1, 1))
+# the weight gradient's transforms: gy's 2x2 blocks by A = AT^T, dU back to 3x3 by G^T
+A = tuple(zip(*AT))
+GT = tuple(zip(*G))
 ALPHA = 4  # tile side: 2 outputs + 3 taps - 1
 
 MIN_CHANNELS = 16
@@ -254,6 +258,139 @@ def _input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_s
             t = iadd(b, row_v, imul(b, ty, part.tw), tx)
             for xi in range(ALPHA * ALPHA):
                 kb.store(b, vi, iadd(b, t, xi * v_step), v[xi // ALPHA][xi % ALPHA])
+
+
+def conv2d_weight_grad(lw, node, g) -> bool:
+    """gw = G^T dU G with dU[xi] = sum over tiles of Y[xi] V[xi]^T (see the module
+    docstring), or False."""
+    gy, x = node.inputs
+    dt = x.type.dtype
+    if not _applies(g, dt, g.c, g.o, (g.ho, g.wo)):
+        return False
+    cv = Conv(lw, node, g, dt)
+    xl, gl = lw.locs[x], lw.locs[gy]
+    xs, gs = image_strides(xl), image_strides(gl)
+    ci, co, in_hw, out_hw, pad = g.c, g.o, (g.h, g.w), (g.ho, g.wo), g.padding
+    th, tw = out_hw[0] // 2, out_hw[1] // 2
+    tiles = th * tw
+    hp, wp = out_hw[0] + 2, out_hw[1] + 2
+    want = BLOCK_TILES  # not doubled for wide layers: longer GEMM sums round further
+    nb = max(1, -(-want // tiles))
+    nb = nb if type(g.n) is not int else min(g.n, nb)
+    rows = th if nb > 1 or tiles < 2 * want else max(1, want // tw)
+    full_parts, tail_rows = divmod(th, rows)
+    t_max = nb * rows * tw
+    nxi = ALPHA * ALPHA
+    u_step = _spaced(co * ci)
+    with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
+        # split: each share sums its blocks into its own dU; the reduce kernel adds them
+        shapes = [(nxi, u_step), (hp * wp,), (nxi, _spaced(ci * t_max)),
+                  (nxi, _spaced(co * t_max))]
+        units = -(-g.n // nb) if type(g.n) is int else None
+        macs = g.n * co * ci * 9 * out_hw[0] * out_hw[1] if units else None
+        split = plan_split(lw, dt, shapes, units, macs, rows=co)
+        temps = workspace(lw, dt, *shapes) if split is None else split.locs + [split.control]
+        locs = [gl, xl, dst] + temps
+        recipe = (g.key(), ci, co, in_hw, out_hw, pad,
+                  None if split is None else (split.shares, split.copy_bytes))
+        kb, ids = image_kernel(lw, "conv2d_winograd_weight_grad", locs, recipe)
+        gi, si, oi, ui, pi, vi, yi = ids[:7]
+        reduce = None if split is None else _weight_out_kernel(lw, locs, recipe, split, co,
+                                                               ci, u_step)
+        b = kb.begin()
+        if b is None:
+            return lw.calls.append(called_kernel(lw, kb.kernel, split, reduce=reduce))
+        with loop(b, 0, hp * wp, "zero") as q:
+            kb.store(b, pi, q, const(dt, 0.0))
+        start = 0 if split is None else \
+            b.mul(conv_threads.unit_range(b, kb, ids[-1])[0], i64(nb))
+
+        def part(b, n0, count, ty0, nrows):
+            """Tile rows [ty0, ty0 + nrows) of images n0 .. n0 + count - 1 into dU."""
+            per_image = nrows * tw
+            ld = count * per_image
+            v_step, y_step = _spaced(ci * ld), _spaced(co * ld)
+            _input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, xs, ci, in_hw,
+                         pad, pi, wp, vi, v_step)
+            with block_images(b, count) as j, loop(b, 0, co, "co") as o:  # Y = A gy A^T
+                row_y = iadd(b, imul(b, o, ld), imul(b, j, per_image))
+                plane = iadd(b, imul(b, iadd(b, n0, j), gs[0]), imul(b, o, gs[1]))
+                with loop(b, 0, nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx:
+                    at = iadd(b, plane, imul(b, iadd(b, ty, ty0), 2 * gs[2]),
+                              imul(b, tx, 2 * gs[3]))
+                    d = [[kb.load(b, gi, iadd(b, at, r * gs[2] + c * gs[3])) for c in range(2)]
+                         for r in range(2)]
+                    y = _sandwich(b, dt, A, d)
+                    t = iadd(b, row_y, imul(b, ty, tw), tx)
+                    for xi in range(nxi):
+                        kb.store(b, yi, iadd(b, t, xi * y_step), y[xi // ALPHA][xi % ALPHA])
+            beta = _accumulate(b, dt, n0, start, ty0)
+            for xi in range(nxi):  # dU[xi] (co x ci) (+)= Y[xi] (co x T) @ V[xi]^T
+                cv.gemm(b, kb, NOTRANS, TRANS, co, ci, ld, yi, xi * y_step, ld,
+                        vi, xi * v_step, ld, beta, ui, xi * u_step, ci)
+
+        def block(b, n0, count):
+            if full_parts == 1:
+                part(b, n0, count, 0, rows)
+            elif full_parts:
+                with loop(b, 0, full_parts, "part") as k:
+                    part(b, n0, count, b.mul(k, i64(rows)), rows)
+            if tail_rows:
+                part(b, n0, count, full_parts * rows, tail_rows)
+
+        walk_blocks(b, kb, g, nb, split, ids[-1], block)
+        if split is None:
+            _weight_out(b, kb, dt, ui, u_step, oi, (i64(0), i64(co)), ci)
+        lw.calls.append(called_kernel(lw, kb.finish(b), split, reduce=reduce))
+    return True
+
+
+def _accumulate(b, dt, n0, start, ty0):
+    """The GEMMs' beta: 0 for the first part of the kernel's (or share's) first block, which
+    writes dU, 1 for the rest, which add to it."""
+    zero, one = const(dt, 0.0), const(dt, 1.0)
+    if all(isinstance(v, int) for v in (n0, start, ty0)):
+        return zero if (n0, ty0) == (start, 0) else one
+    first = b.and_(b.icmp_signed("==", as_i64(n0), as_i64(start)),
+                   b.icmp_signed("==", as_i64(ty0), i64(0)))
+    return b.select(first, zero, one)
+
+
+def _weight_out_kernel(lw, locs, recipe, split, co, ci, u_step):
+    """The reduce kernel of a split weight gradient: over its rows (output channels)
+    [rows_lo, rows_hi), share 0's dU += the other shares' (in share order), then gw."""
+    dt = locs[0].type.dtype
+    kb, ids = image_kernel(lw, "conv2d_winograd_weight_out", locs, recipe)
+    b = kb.begin()
+    if b is None:
+        return kb.kernel
+    ui, ctrl = ids[3], ids[-1]
+    o_range = conv_threads.unit_range(b, kb, ctrl, conv_threads.ROWS_LO)
+    copy = split.copy_bytes // dt.itemsize
+    with loop(b, 1, kb.load(b, ctrl, i64(conv_threads.SHARES)), "share") as s:
+        frm = b.mul(s, i64(copy))
+        with loop(b, 0, ALPHA * ALPHA, "xi") as xi, loop(b, *o_range, "o") as o:
+            row = iadd(b, imul(b, xi, u_step), imul(b, o, ci))
+            with loop(b, 0, ci, "c") as c:
+                at = b.add(row, c)
+                v = b.fadd(kb.load(b, ui, at), kb.load(b, ui, b.add(frm, at)))
+                kb.store(b, ui, at, v)
+    _weight_out(b, kb, dt, ui, u_step, ids[2], o_range, ci)
+    return kb.finish(b)
+
+
+def _weight_out(b, kb, dt, ui, u_step, oi, o_range, ci) -> None:
+    """gw[o, c] = G^T dU[., o, c] G (3x3 from the 16 transform-domain sums) for the output
+    channels o in `o_range`."""
+    with loop(b, *o_range, "o") as o, loop(b, 0, ci, "c") as c:
+        at = iadd(b, imul(b, o, ci), c)
+        d = [[kb.load(b, ui, iadd(b, at, (r * ALPHA + s) * u_step)) for s in range(ALPHA)]
+             for r in range(ALPHA)]
+        w = _sandwich(b, dt, GT, d)
+        base = imul(b, at, 9)
+        for r in range(3):
+            for s in range(3):
+                kb.store(b, oi, iadd(b, base, r * 3 + s), w[r][s])
 
 
 def _filter_kernel(lw, locs, recipe, u_step, g, flip):
