@@ -1,0 +1,106 @@
+"""ResNet-18's weight gradients by im2col + GEMM and by Winograd F(2x2, 3x3), in one process.
+
+    python -m benchmarks.winograd_weight_grad               # batch 32, 7 interleaved rounds
+    python -m benchmarks.winograd_weight_grad --rounds 3 --batch 8
+
+For each stride-1 3x3 layer shape of benchmarks/model_steps.py's ResNet-18 (CIFAR, width 64:
+64 channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `conv2d_weight_grad`
+graph is compiled twice, each variant with its own GRAPHC_CACHE_DIR (the pipeline cache keys
+on graphc's source, the same for both): "im2col" with conv_winograd's weight gradient turned
+off while it compiles, and "winograd" (the default). Each kernel is called natively
+(benchmarks.profiles.native_call), the variants in alternation, each sample >= 40 ms of this
+process's CPU time (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1 unless set); it prints the
+medians, GFLOP/s of the direct convolution's 2*N*O*C*9*H*W, and each variant's distance
+from a float64 run over eager graphc's (the rounding rule of docs/performance.md, at most 2;
+inputs as in the step: x after a ReLU, gy normal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (7)")
+    parser.add_argument("--batch", type=int, default=32, help="images (32)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from benchmarks.harness import cache_root
+
+    with cache_root("winograd_weight_grad.") as root:
+        for channels, side in LAYERS:
+            _compare(root, args.batch, channels, side, args.rounds)
+    print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
+
+
+def _compile(root: str, variant: str, graph):
+    from graphc.backends.cpu import conv_winograd
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.passes.plan import plan_buffers
+
+    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, variant)
+    kept = conv_winograd.conv2d_weight_grad
+    if variant == "im2col":
+        conv_winograd.conv2d_weight_grad = _not_taken
+    try:
+        plan_buffers(graph)
+        exe = CpuExecutable(graph)
+    finally:
+        conv_winograd.conv2d_weight_grad = kept
+    marker = "conv2d_winograd_weight_grad" in exe.lowered.ir_text
+    assert marker == (variant == "winograd"), variant
+    return exe
+
+
+def _not_taken(lw, node, g) -> bool:
+    return False
+
+
+def _compare(root: str, n: int, c: int, side: int, rounds: int) -> None:
+    import numpy as np
+
+    from benchmarks.profiles import native_call
+    from graphc.ir.interpreter import run as interpret
+    from graphc.testing.rounding import rounding_distance
+    from tests.test_cpu_conv_paths import _graphs
+
+    xs, ws = (n, c, side, side), (c, c, 3, 3)
+    rng = np.random.default_rng(c)
+    x = np.maximum(rng.standard_normal(xs), 0).astype(np.float32)
+    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    gy = (rng.standard_normal(gs) * 1e-2).astype(np.float32)
+    variants = ("im2col", "winograd")
+    exes = {v: _compile(root, v, _graphs(xs, ws, (1, 1), (1, 1), 1)[1]["gw"]) for v in variants}
+    _, graphs = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    _, wide = _graphs(xs, ws, (1, 1), (1, 1), 1, "float64")
+    eager = interpret(graphs["gw"], gy, x)[0]
+    reference = interpret(wide["gw"], gy.astype(np.float64), x.astype(np.float64))[0]
+    eager_distance = rounding_distance(eager, reference)
+    calls = {v: native_call(exes[v], [gy, x]) for v in variants}
+    times = {v: [] for v in variants}
+    for _ in range(rounds):
+        for v in variants:
+            calls[v]()
+            count, start = 0, time.process_time()
+            while time.process_time() - start < 0.04:
+                calls[v]()
+                count += 1
+            times[v].append((time.process_time() - start) / count)
+    flop = 2 * n * c * c * 9 * side * side
+    parts = []
+    for v in variants:
+        t = float(np.median(times[v]))
+        ratio = rounding_distance(exes[v].run(gy, x)[0], reference) / eager_distance
+        parts.append(f"{v} {t * 1e3:.2f} ms ({flop / t / 1e9:.0f} GFLOP/s, "
+                     f"{ratio:.2f}x eager's distance)")
+    print(f"{c}->{c} 3x3 {side}x{side}, N={n}: " + "; ".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    main()
