@@ -83,6 +83,25 @@ def test_blocks_with_a_partial_last_block(monkeypatch):
     check_winograd((5, 16, 4, 4), (16, 16, 3, 3), (1, 1), (1, 1), 1)
 
 
+def test_nodes_of_one_geometry_share_the_weight_grad_kernel():
+    # the second node calls the first one's kernel, and nothing else (no im2col after it)
+    from graphc.ir.graph import Graph, Node, Value
+    from graphc.types import TensorType, float32
+
+    rng = np.random.default_rng(8)
+    gs, xs = (4, 16, 4, 4), (4, 16, 4, 4)
+    ins = [Value(f"x{i}", TensorType(s, float32)) for i, s in enumerate((gs, xs, gs, xs))]
+    attrs = dict(stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, kernel_size=(3, 3))
+    outs = [Value(f"gw{i}", TensorType((16, 16, 3, 3), float32)) for i in range(2)]
+    nodes = [Node("conv2d_weight_grad", ins[2 * i:2 * i + 2], attrs, [outs[i]])
+             for i in range(2)]
+    graph = Graph("two_grads", ins, nodes, outs)
+    args = [rng.standard_normal(v.type.shape).astype(np.float32) for v in ins]
+    exe = compare(graph, args, rtol=1e-4)
+    assert len(exe.lowered.kernel_nodes) == 2
+    assert "conv2d_winograd_weight_grad" in exe.lowered.ir_text
+
+
 def test_strided_input_view():
     import graphc
     from graphc.passes.fuse import fuse

@@ -298,8 +298,9 @@ def conv2d_weight_grad(lw, node, g) -> bool:
         reduce = None if split is None else _weight_out_kernel(lw, locs, recipe, split, co,
                                                                ci, u_step)
         b = kb.begin()
-        if b is None:
-            return lw.calls.append(called_kernel(lw, kb.kernel, split, reduce=reduce))
+        if b is None:  # built before for a node of the same geometry
+            lw.calls.append(called_kernel(lw, kb.kernel, split, reduce=reduce))
+            return True
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
         start = 0 if split is None else \
