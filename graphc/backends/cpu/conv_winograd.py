@@ -1,7 +1,7 @@
 """conv_winograd: 3x3 stride-1 convolutions by Winograd's minimal filtering F(2x2, 3x3).
 
-Called by graphc.backends.cpu.conv's forward and input-gradient lowerings before im2col;
-each function returns False when its node does not take this path.
+Called by graphc.backends.cpu.conv's forward, input-gradient and weight-gradient lowerings
+before im2col; each function returns False when its node does not take this path.
 
 A 3x3 correlation's 2x2 block of outputs needs 36 multiplications directly and 16 in
 Winograd's form (Lavin & Gray 2015): with d the 4x4 input tile and g the 3x3 filter,
@@ -28,16 +28,24 @@ The input gradient of a stride-1 3x3 convolution with padding p <= 2 is the same
 of the output gradient, padded by 2 - p, with the flipped filter and the channels swapped
 (`f[c, o] = w[o, c, ::-1, ::-1]`): the same kernel with another filter transform.
 
+The weight gradient is the transpose of the forward: with Y = A gy A^T (A = AT^T) for
+every 2x2 block of the output gradient and V the forward's input tiles,
+`dU[xi] (C_out x C_in) = sum over tiles Y[xi] V[xi]^T`, 16 GEMMs per block of images (V
+read through BLAS's transpose flag, beta 0 for the first block and 1 after, so the batch
+sums inside the GEMMs), then `gw[o, c] = G^T dU[., o, c] G`. Split over the cores, each
+share sums its blocks into its own dU and a reduce kernel (`_weight_out_kernel`, over the
+output channels) adds the shares' dU in share order before the G^T . G transform.
+
 The transforms (points 0, 1, -1, infinity) have coefficients 0, +-1 and 1/2, so they round
 little: the forward and input gradient stay within 2x im2col + GEMM's distance from a float64
 run (measured 0.8-1.6x on ResNet-18's layers; tests/test_cpu_conv_winograd.py checks it with
 graphc.testing.assert_rounding_within). F(4x4, 3x3) (4x fewer multiplications) was measured
-10-25x further from float64 than im2col. The weight gradient (by F(3x3, 2x2), or as the
-transpose of F(2x2, 3x3)) was 1.6-4x further than eager's per-image GEMMs summed pairwise
-when its GEMMs sum over the whole batch (numpy prototype), and 1.0-1.9x with per-image
-GEMMs summed pairwise, which needs each image's 16 x O x C products (16 MB at 512 channels;
-not tried in generated code): past or close to the rounding criterion (docs/performance.md,
-"Rounding"), so the weight gradient keeps im2col + GEMM.
+10-25x further from float64 than im2col. The weight gradient's error grows with the tiles
+one GEMM sums: on ResNet-18's layers (batch 32, x after a ReLU; benchmarks/
+winograd_weight_grad.py) blocks of WEIGHT_GRAD_TILES = 64 tiles were 1.25-1.44x eager's
+distance from float64 (im2col: 1.0-1.8x), 128 tiles 1.3-2.35x (512 channels at 4x4 past
+the 2x rule), 256 tiles up to 2.35x; summing the blocks pairwise instead of in order gained
+nothing in a numpy prototype (0.9-1.8x either way), so the GEMMs accumulate with beta = 1.
 
 Taken when: a 3x3 kernel, stride 1, dilation 1, groups 1, even output height and width,
 at least MIN_CHANNELS input and output channels (below that the transforms cost more than
@@ -91,6 +99,9 @@ MIN_CHANNELS = 16
 # equal to 256, 64 tiles 13% slower).
 BLOCK_TILES = 64
 WIDE_CHANNELS = 512
+# The weight gradient's GEMMs sum over a block's tiles: WEIGHT_GRAD_TILES at least (not
+# doubled for wide layers), since longer sums round further (see the module docstring).
+WEIGHT_GRAD_TILES = 64
 
 
 def _applies(g, dt, ci: int, co: int, out_hw) -> bool:
@@ -274,7 +285,7 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     th, tw = out_hw[0] // 2, out_hw[1] // 2
     tiles = th * tw
     hp, wp = out_hw[0] + 2, out_hw[1] + 2
-    want = BLOCK_TILES  # not doubled for wide layers: longer GEMM sums round further
+    want = WEIGHT_GRAD_TILES
     nb = max(1, -(-want // tiles))
     nb = nb if type(g.n) is not int else min(g.n, nb)
     rows = th if nb > 1 or tiles < 2 * want else max(1, want // tw)
