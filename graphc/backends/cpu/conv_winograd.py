@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphc.backends.cpu import conv_threads
 from graphc.backends.cpu.conv import (
     NOTRANS,
     TRANS,
@@ -71,7 +72,6 @@ from graphc.backends.cpu.conv import (
     walk_blocks,
     workspace,
 )
-from graphc.backends.cpu import conv_threads
 from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import as_i64, i64, loop
