@@ -2,6 +2,7 @@
 
     python -m benchmarks.winograd_weight_grad               # batch 32, 7 interleaved rounds
     python -m benchmarks.winograd_weight_grad --rounds 3 --batch 8
+    python -m benchmarks.winograd_weight_grad --threads 2   # wall clock, kernels split
 
 For each stride-1 3x3 layer shape of benchmarks/model_steps.py's ResNet-18 (CIFAR, width 64:
 64 channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `conv2d_weight_grad`
@@ -9,7 +10,8 @@ graph is compiled twice, each variant with its own GRAPHC_CACHE_DIR (the pipelin
 on graphc's source, the same for both): "im2col" with conv_winograd's weight gradient turned
 off while it compiles, and "winograd" (the default). Each kernel is called natively
 (benchmarks.profiles.native_call), the variants in alternation, each sample >= 40 ms of this
-process's CPU time (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1 unless set); it prints the
+process's CPU time (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, or `--threads N` of them
+and the wall clock: the kernels built split over the cores, conv_threads.py); it prints the
 medians, GFLOP/s of the direct convolution's 2*N*O*C*9*H*W, and each variant's distance
 from a float64 run over eager graphc's (the rounding rule of docs/performance.md, at most 2;
 inputs as in the step: x after a ReLU, gy normal).
@@ -22,15 +24,19 @@ import os
 import time
 
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
+_clock = time.process_time
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (7)")
     parser.add_argument("--batch", type=int, default=32, help="images (32)")
+    parser.add_argument("--threads", type=int, default=1, help="threads (1: CPU time; "
+                        "more: wall clock)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+    global _clock
+    _clock = time.process_time if args.threads == 1 else time.perf_counter
     from benchmarks.harness import cache_root
 
     with cache_root("winograd_weight_grad.") as root:
@@ -87,11 +93,11 @@ def _compare(root: str, n: int, c: int, side: int, rounds: int) -> None:
     for _ in range(rounds):
         for v in variants:
             calls[v]()
-            count, start = 0, time.process_time()
-            while time.process_time() - start < 0.04:
+            count, start = 0, _clock()
+            while _clock() - start < 0.04:
                 calls[v]()
                 count += 1
-            times[v].append((time.process_time() - start) / count)
+            times[v].append((_clock() - start) / count)
     flop = 2 * n * c * c * 9 * side * side
     parts = []
     for v in variants:
