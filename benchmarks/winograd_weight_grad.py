@@ -3,6 +3,7 @@
     python -m benchmarks.winograd_weight_grad               # batch 32, 7 interleaved rounds
     python -m benchmarks.winograd_weight_grad --rounds 3 --batch 8
     python -m benchmarks.winograd_weight_grad --threads 2   # wall clock, kernels split
+    python -m benchmarks.winograd_weight_grad --step --threads 2   # the whole training step
 
 For each stride-1 3x3 layer shape of benchmarks/model_steps.py's ResNet-18 (CIFAR, width 64:
 64 channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `conv2d_weight_grad`
@@ -14,7 +15,9 @@ process's CPU time (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, or `--threads N`
 and the wall clock: the kernels built split over the cores, conv_threads.py); it prints the
 medians, GFLOP/s of the direct convolution's 2*N*O*C*9*H*W, and each variant's distance
 from a float64 run over eager graphc's (the rounding rule of docs/performance.md, at most 2;
-inputs as in the step: x after a ReLU, gy normal).
+inputs as in the step: x after a ReLU, gy normal). `--step`: the whole ResNet-18 training
+step (batch `--batch`) compiled twice the same way from one set of weights, the two steps
+timed in alternation (median of each variant's rounds).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=32, help="images (32)")
     parser.add_argument("--threads", type=int, default=1, help="threads (1: CPU time; "
                         "more: wall clock)")
+    parser.add_argument("--step", action="store_true", help="the whole training step")
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
     global _clock
@@ -40,7 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.harness import cache_root
 
     with cache_root("winograd_weight_grad.") as root:
-        for channels, side in LAYERS:
+        if args.step:
+            _compare_steps(root, args.batch, args.rounds)
+        for channels, side in () if args.step else LAYERS:
             _compare(root, args.batch, channels, side, args.rounds)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
@@ -66,6 +72,43 @@ def _compile(root: str, variant: str, graph):
 
 def _not_taken(lw, node, g) -> bool:
     return False
+
+
+def _compare_steps(root: str, batch: int, rounds: int) -> None:
+    import copy
+
+    import numpy as np
+
+    import graphc
+    from benchmarks import model_steps, models
+    from graphc.backends.cpu import conv_winograd
+
+    shape = dict(model_steps.FULL["resnet18"], batch=batch)
+    graphc.manual_seed(0)
+    model = model_steps.build(graphc, "resnet18", shape)
+    x, y = (graphc.tensor(a) for a in model_steps.batch_of("resnet18", shape))
+    steps = {}
+    for variant in ("im2col", "winograd"):
+        os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, variant)
+        step = graphc.compile(models.graphc_step(copy.deepcopy(model)), backend="cpu")
+        kept = conv_winograd.conv2d_weight_grad
+        if variant == "im2col":
+            conv_winograd.conv2d_weight_grad = _not_taken
+        try:
+            step(x, y)  # traces and compiles
+        finally:
+            conv_winograd.conv2d_weight_grad = kept
+        steps[variant] = step
+    times = {v: [] for v in steps}
+    for _ in range(rounds):
+        for v, step in steps.items():
+            step(x, y)
+            start = _clock()
+            step(x, y)
+            step(x, y)
+            times[v].append((_clock() - start) / 2)
+    print(f"ResNet-18 step, batch {batch}: " + "; ".join(
+        f"{v} {float(np.median(t)) * 1e3:.0f} ms" for v, t in times.items()), flush=True)
 
 
 def _compare(root: str, n: int, c: int, side: int, rounds: int) -> None:
