@@ -72,7 +72,9 @@ def native_call(executable, arrays: list[np.ndarray]):
     in_ptrs = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
     out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[o.ctypes.data for o in outs])
     fn, arena = executable._run, executable._arena_ptr
-    keep = (arrays, outs)  # the pointers stay valid while the closure lives
+    # the pointers stay valid while the closure lives (the executable holds the arena and
+    # the library: a closure that outlived it wrote into freed memory)
+    keep = (arrays, outs, executable)
 
     def call():
         return fn(in_ptrs, out_ptrs, arena), keep
