@@ -1,0 +1,171 @@
+"""Where ResNet-18's training step spends its time, by kernel class, and the Winograd
+kernels' transform share.
+
+    python -m benchmarks.resnet18_kernels                 # classes, then transforms
+    python -m benchmarks.resnet18_kernels --only classes --repeat 5
+
+`classes`: benchmarks/model_steps.py's ResNet-18 step (CIFAR, width 64, batch 32) under
+graphc.profile (1 thread: OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1; each kernel's median
+of `--repeat` runs, timed inside the step), its rows grouped by class: each convolution
+kernel by pass (forward, input gradient, weight gradient) and geometry (3x3 stride 1 with 16
+channels or more, the shapes conv_winograd takes; 3x3 stride 2; 1x1; the few-channel
+stem), the rest by op. GFLOP/s are the direct convolution's 2*N*O*C*kH*kW*H_out*W_out over
+the time, so a Winograd kernel can pass the machine's SGEMM rate.
+`transforms`: each stride-1 3x3 layer shape of the step (batch 32), each pass, compiled as
+a one-op graph twice, as is and with its GEMMs removed (conv.Conv.gemm emits nothing while
+it compiles: what is left is the transforms and copies), timed natively in alternation
+(5 rounds of >= 40 ms of CPU time, medians); the GEMMs' rate is the transform-domain work
+2*N*O*C*16*(H/2)*(W/2) over the difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import defaultdict
+
+LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
+PASSES = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("classes", "transforms"), help="one of the two")
+    parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
+    args = parser.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    if args.only in (None, "classes"):
+        print(kernel_classes(args.repeat), flush=True)
+    if args.only in (None, "transforms"):
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            for channels, side in LAYERS:
+                print(transform_share(root, channels, side), flush=True)
+    print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
+
+
+def _conv_class(node) -> tuple[str, int] | None:
+    """(class, direct-convolution flops) of a convolution node or fused convolution, or
+    None."""
+    if node.op not in PASSES:
+        return None
+    if node.op == "conv2d_weight_grad":
+        gy = node.inputs[0]
+        w = node.outputs[0].type.shape
+        out_hw = gy.type.shape[-2:]
+    elif node.op == "conv2d_input_grad":
+        gy, weight = node.inputs
+        w, out_hw = weight.type.shape, gy.type.shape[-2:]
+    else:
+        w, out_hw = node.inputs[1].type.shape, node.outputs[0].type.shape[-2:]
+    n = node.inputs[0].type.shape[0]
+    stride = tuple(node.attrs.get("stride", (1, 1)))
+    if tuple(w[2:]) == (3, 3) and stride == (1, 1) and min(w[0], w[1]) >= 16:
+        geometry = "3x3 stride 1"
+    elif w[1] <= 8:
+        geometry = "stem"
+    elif tuple(w[2:]) == (1, 1):
+        geometry = "1x1"
+    else:
+        geometry = f"{w[2]}x{w[3]} stride {stride[0]}"
+    return f"{node.op} {geometry}", 2 * n * w[0] * w[1] * w[2] * w[3] * out_hw[0] * out_hw[1]
+
+
+def kernel_classes(repeat: int) -> str:
+    """A markdown table of the step's kernel time by class (see the module docstring)."""
+    import graphc
+    from benchmarks import model_steps, models
+    from graphc.ops.fused import FusedBody
+
+    shape = model_steps.FULL["resnet18"]
+    graphc.manual_seed(0)
+    model = model_steps.build(graphc, "resnet18", shape)
+    x, y = model_steps.batch_of("resnet18", shape)
+    step = graphc.compile(models.graphc_step(model), backend="cpu")
+    report = graphc.profile(step, graphc.tensor(x), graphc.tensor(y), repeat=repeat)
+    producer = {v.name: node for node in report.graph.nodes for v in node.outputs}
+    classes: dict[str, list] = defaultdict(lambda: [0, 0.0, 0])
+    for row in report.rows:
+        node = producer.get(row.values[0]) if row.values else None
+        found = None
+        if node is not None and node.op == "fused":
+            first = FusedBody.of_node(node).instructions[0]
+            found = ("fused conv2d epilogue", 0) if first.op == "conv2d" else None
+        elif node is not None:
+            found = _conv_class(node)
+        name, flops = found or (row.op.split("(")[0], 0)
+        entry = classes[name]
+        entry[0] += 1
+        entry[1] += row.seconds
+        entry[2] += flops
+    total = sum(e[1] for e in classes.values())
+    lines = [f"native step {report.total * 1e3:.1f} ms, kernels {total * 1e3:.1f} ms", "",
+             "| kernel class | count | time | share | GFLOP/s |", "|---|---|---|---|---|"]
+    for name, (count, seconds, flops) in sorted(classes.items(), key=lambda kv: -kv[1][1]):
+        rate = f"{flops / seconds / 1e9:.0f}" if flops and seconds else ""
+        lines.append(f"| {name} | {count} | {seconds * 1e3:.1f} ms | {seconds / total:.0%} | "
+                     f"{rate} |")
+    return "\n".join(lines)
+
+
+def transform_share(root: str, channels: int, side: int, n: int = 32) -> str:
+    """One line: each pass of the layer, its time and its time without GEMMs."""
+    import numpy as np
+
+    from benchmarks.profiles import native_call
+    from tests.test_cpu_conv_paths import _graphs
+
+    xs, ws = (n, channels, side, side), (channels, channels, 3, 3)
+    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    shapes = {"fwd": (xs, ws), "gx": (gs, ws), "gw": (gs, xs)}
+    rng = np.random.default_rng(channels)
+    gemm_flops = 2 * n * channels * channels * 16 * (side // 2) ** 2
+    parts = []
+    for kind, arg_shapes in shapes.items():
+        args = [rng.standard_normal(s).astype(np.float32) for s in arg_shapes]
+        calls = [native_call(_compiled(root, _graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind],
+                                       f"{channels}-{kind}-{gemms}", gemms), args)
+                 for gemms in (True, False)]
+        full, rest = (float(np.median(t)) for t in _alternated(calls, 5))
+        parts.append(f"{kind} {full * 1e3:.2f} ms (transforms {rest * 1e3:.2f} ms, "
+                     f"{rest / full:.0%}; GEMMs {gemm_flops / (full - rest) / 1e9:.0f} GFLOP/s)")
+    return f"{channels} channels {side}x{side}: " + "; ".join(parts)
+
+
+def _compiled(root: str, graph, tag: str, gemms: bool):
+    from graphc.backends.cpu import conv
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.passes.plan import plan_buffers
+
+    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, tag)
+    kept = conv.Conv.gemm
+    if not gemms:
+        conv.Conv.gemm = _no_gemm
+    try:
+        plan_buffers(graph)
+        return CpuExecutable(graph)
+    finally:
+        conv.Conv.gemm = kept
+
+
+def _no_gemm(self, *args) -> None:
+    return None
+
+
+def _alternated(calls, rounds: int) -> list[list[float]]:
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(rounds):
+        for call, samples in zip(calls, times):
+            call()
+            count, start = 0, time.process_time()
+            while time.process_time() - start < 0.04:
+                call()
+                count += 1
+            samples.append((time.process_time() - start) / count)
+    return times
+
+
+if __name__ == "__main__":
+    main()
