@@ -15,7 +15,7 @@ used by codegen's `Lowerer`, passed in as `lw`: its Locations, kernel list, scra
   tiles (graphc.backends.cpu.conv_few_channels, forward; conv_few_channels_grad, weight
   gradient); 3x3 stride-1
   convolutions with 16 channels or more take Winograd's F(2x2, 3x3)
-  (graphc.backends.cpu.conv_winograd), forward and input gradient. Bias and activation are
+  (graphc.backends.cpu.conv_winograd), forward and both gradients. Bias and activation are
   the fused node's epilogue (codegen).
 - `conv2d_input_grad`: per image or block, one GEMM per group `cols_g = W_g^T @ gy_g` (a
   block's gradients gathered into one matrix first), then col2im adds every column entry
