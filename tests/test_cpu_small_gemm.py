@@ -92,8 +92,9 @@ def test_thin_products_run_the_generated_kernel_within_rounding(f, a_shape, b_sh
     assert "graphc_small_sgemm_" in compiled.executable.lowered.ir_text
 
 
-def test_a_weight_gradient_keeps_the_blas():
-    """x^T @ dy reads a by columns (broadcasts k rows apart): the BLAS is faster there."""
+def test_a_weight_gradient_with_a_short_k_keeps_the_blas():
+    """x^T @ dy over 256 tokens (k below LONG_K_MIN) reads a by columns, broadcasts k rows
+    apart: the BLAS is faster there."""
     rng = np.random.default_rng(7)
     x, dy = (graphc.tensor(rng.standard_normal((256, 128)).astype(np.float32))
              for _ in range(2))
@@ -243,3 +244,52 @@ def test_both_vector_widths_agree_with_numpy(monkeypatch, width):
     got1, got2 = executable.run(a, w)
     np.testing.assert_allclose(got1, a @ w.T, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got2, (a @ w.T) @ w, rtol=1e-4, atol=1e-4)
+
+
+WEIGHT_GRADIENTS = [  # (x shape, dy shape): x^T @ dy, a read transposed, k = the tokens
+    ((1024, 128), (1024, 128)),  # GPT's projections: two column chunks of 64
+    ((1024, 128), (1024, 512)),  # GPT's second Linear: eight column chunks
+    ((600, 37), (600, 96)),  # k: 256, one more block, 88 left; rows leave a last tile of 7
+    ((512, 48), (512, 48)),  # one vector a panel (48 columns: three panels), no chunks
+    ((777, 20), (777, 256)),  # rows under a tile's, k not a multiple of the lanes
+]
+
+
+@pytest.mark.skipif(small_gemm.lanes() != 16, reason="weight gradients are AVX-512 only")
+@pytest.mark.parametrize("x_shape, dy_shape", WEIGHT_GRADIENTS,
+                         ids=[f"{x}x{dy}" for x, dy in WEIGHT_GRADIENTS])
+def test_weight_gradients_with_a_long_k_run_the_k_outer_kernel(x_shape, dy_shape):
+    rng = np.random.default_rng(sum(x_shape) * 7 + dy_shape[1])
+    x = graphc.tensor(rng.standard_normal(x_shape).astype(np.float32))
+    dy = graphc.tensor(rng.standard_normal(dy_shape).astype(np.float32))
+    compiled = graphc.compile(_a_transposed, backend="cpu")
+    compiled(x, dy)
+    text = compiled.executable.lowered.ir_text
+    assert re.search(r"graphc_small_sgemm_\w+_ko", text), "no k-outer kernel"
+    chunked = dy_shape[1] >= 2 * small_gemm.COLUMN_CHUNK
+    assert (f"_c{dy_shape[1]}" in text) == chunked  # chunks of c's columns, rows ldc apart
+    want = graphc.compile(_a_transposed, backend="interp")(x, dy).numpy()
+    results = []
+    for count in sorted({1, threads.most_threads()}):
+        compiled.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        got = compiled(x, dy).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert_rounding_within(got, _a_transposed(x, dy).numpy(),
+                               _a_transposed(x.double(), dy.double()).numpy())
+        results.append(got)
+    for got in results[1:]:  # chunks of columns: the same sums on any number of threads
+        np.testing.assert_array_equal(got, results[0])
+
+
+def test_only_weight_gradients_in_its_bounds_take_the_k_outer_kernel(monkeypatch):
+    monkeypatch.setattr(small_gemm, "lanes", lambda: 16)
+    k = small_gemm.LONG_K_MIN
+    m, n = small_gemm.LONG_K_MAX_M, small_gemm.LONG_K_MAX_N
+    assert small_gemm.tile_for(m, n, k, 1, m, n).k_outer
+    assert small_gemm.tile_for(m, n, k - 1, 1, m, n) is None  # a short k
+    assert small_gemm.tile_for(m + 16, n, k, 1, m + 16, n) is None  # linear1's 512 rows
+    assert small_gemm.tile_for(m, n + 16, k, 1, m, n + 16) is None
+    assert small_gemm.tile_for(m, n, k, k, 1, n) is None  # a read row by row
+    assert small_gemm.tile_for(m, 24, k, 1, m, 24) is None  # not a whole vector of columns
+    monkeypatch.setattr(small_gemm, "lanes", lambda: 8)  # AVX2 hosts keep the BLAS: untimed
+    assert small_gemm.tile_for(m, n, k, 1, m, n) is None

@@ -482,12 +482,18 @@ class Lowerer(Codegen):
         # a strided c (rows ldc apart: graphc.passes.gemm_output_layout) takes the BLAS GEMM
         small = None if strided else \
             small_gemm.operands(self, dt, m, n, k, sa, b, sb, sb_shape, lay_b)
+        c_batch_strides = None  # c's batch strides where not contiguous chunks of m * n
         if small is not None:  # a thin product: a generated kernel instead of the BLAS
             small, b, sb = small
             chunks = small_gemm.row_chunks(small) if not batch else None
+            columns = small_gemm.column_chunks(small) if not batch else None
             if chunks is not None:  # many rows: a batch of row chunks the cores share
                 batch, small = (chunks[0],), chunks[1]
                 m, sa_shape, sa = small.m, [chunks[0], small.m, k], [small.m * sa[-2]] + sa[-2:]
+            elif columns is not None:  # a weight gradient: chunks of c's columns, a shared
+                batch, small = (columns[0],), columns[1]
+                n, sb_shape, sb = small.n, [columns[0], k, small.n], [small.n * sb[-1]] + sb[-2:]
+                c_batch_strides = (small.n,)
         gemv = None if small or strided else self._gemv(m, n, k, sa, sb, lay_a, lay_b)
         fn = small_gemm.function(self, small) if small else \
             self._blas_function(dt, "gemv" if gemv else "gemm")
@@ -497,7 +503,7 @@ class Lowerer(Codegen):
                            ("gemm", fn.name, m, n, k, lay_a, lay_b, gemv, ldc))
         ka = kb.operand(a, broadcast_strides(tuple(sa_shape[:-2]), tuple(sa[:-2]), batch))
         kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
-        kc = kb.operand(c, tuple(sc[:-2]) if strided else
+        kc = kb.operand(c, tuple(sc[:-2]) if strided else c_batch_strides or
                         tuple(contiguous_strides(batch, m * n)))
         # a loop of generated products (attention's heads) forks over the cores, as an
         # elementwise kernel of as many outputs would; a BLAS call threads itself

@@ -22,7 +22,11 @@ transposed view costs nothing). Tiles run panel by panel (a panel is `vectors` x
 columns of c), so each panel of b is read from cache once per row block. A small block's b
 read transposed (attention's K^T, its k contiguous) is copied panel by panel onto the
 kernel's stack, LANES x LANES squares transposed in registers (PANEL_COPY_MAX_K); other
-transposed b are copied whole into scratch before the call.
+transposed b are copied whole into scratch before the call. A weight gradient x^T @ dy
+(a read transposed, k the tokens: LONG_K_MIN) turns the loops around (`k_outer`): block
+of k by block, each over all panels, a panel's block of b copied contiguous onto the stack
+first and read from L1 by all the panel's row blocks; its columns come in chunks of
+COLUMN_CHUNK (c's rows ldc apart) that the cores share.
 
 Rounding: every element of c sums k in blocks of K_BLOCK (in order, fused multiply-adds in
 registers), each block's sum added to c, as a BLAS blocks k (its KC): the error grows with
@@ -33,7 +37,8 @@ tests/test_cpu_small_gemm.py).
 
 `tile_for(m, n, k, ...)` decides (None: the BLAS call stays), `row_chunks` splits a product
 of many rows into calls of ROW_CHUNK rows (a loop graphc's threads share, where the BLAS
-would have threaded the one call), `function(cg, ...)` emits the kernel once per module and
+would have threaded the one call), `column_chunks` a weight gradient's columns, `function(cg,
+...)` emits the kernel once per module and
 shape. Used by graphc.backends.cpu.codegen's matmul lowering.
 """
 
@@ -47,7 +52,8 @@ from graphc.backends.cpu import llvm
 from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64
 from graphc.types import TensorType, float32
 
-__all__ = ["MAX_THIN", "SmallGemm", "function", "lanes", "operands", "tile_for"]
+__all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "function", "lanes", "operands",
+           "row_chunks", "tile_for"]
 
 # the kernel serves products whose m or n is at most this. Tried: 32 (GPT's attention
 # heads, 64 x 64 x 32, with their transposed operands packed; MobileNet's classifier):
@@ -78,6 +84,17 @@ MEDIUM_N = 128
 MEDIUM_K = 512
 MEDIUM_A_BYTES = 1 << 20  # a's rows beyond this come in whole ROW_CHUNKs (each in cache)
 ROW_CHUNK = 128  # rows of a medium product per kernel call: the calls fork over the cores
+# ...and, on AVX-512 hosts, a weight gradient: a read transposed (x^T, its m contiguous) with
+# a long k (the tokens), m at most LONG_K_MAX_M and n at most LONG_K_MAX_N (GPT's [128 x
+# 1024] @ [1024 x 128 | 512]). OpenBLAS ran them at ~125-145 GFLOP/s, the kernel at 150-180
+# (one thread, alone; docs/performance.md "GPT step, eighth session"): it walks k block by
+# block over the panels, each panel's block of b copied contiguous first (_emit_k_outer).
+# Not taken: m 512 (linear1's [512 x 1024] @ [1024 x 128], a = dy^T 2 KB a row: ~149
+# against the BLAS's ~159 GFLOP/s; in row chunks of 128, ~120)
+LONG_K_MIN = 512
+LONG_K_MAX_M = 128
+LONG_K_MAX_N = 512
+COLUMN_CHUNK = 64  # columns of c per call of a weight gradient: the calls fork over the cores
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
 K_BLOCK = 256  # k summed in registers per block; blocks' sums added in c (a BLAS's KC)
@@ -111,12 +128,15 @@ class SmallGemm:
     vectors: int
     lanes: int
     ldb_t: int = 0  # b read transposed in place: (k, j) at j * ldb_t + k, ldb unused
+    k_outer: bool = False  # a long k: each block of k over all row blocks of a panel
+    ldc: int = 0  # c's rows this many floats apart (a chunk of c's columns); 0: n
 
     @property
     def name(self) -> str:
         b = f"bt{self.ldb_t}" if self.ldb_t else f"b{self.ldb}"
+        order = ("_ko" if self.k_outer else "") + (f"_c{self.ldc}" if self.ldc else "")
         return (f"graphc_small_sgemm_{self.m}x{self.n}x{self.k}_a{self.sa_row}_{self.sa_col}"
-                f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}")
+                f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}{order}")
 
 
 def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
@@ -130,9 +150,19 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
     width = lanes()
     if not width or not all(type(d) is int for d in (m, n, k, sa_row, sa_col, ldb)):
         return None
+    if m < 2 or n % width:
+        return None
     small = min(m, n) <= MAX_THIN or (b_transposed and max(m, n) <= MAX_TRANSPOSED_BLOCK)
     medium = (width == 16 and sa_col == 1 and n <= MEDIUM_N and k <= MEDIUM_K
               and m >= 2 * ROW_CHUNK and (m % ROW_CHUNK == 0 or m * k * 4 <= MEDIUM_A_BYTES))
+    long_k = (width == 16 and sa_row == 1 and not b_transposed and k >= LONG_K_MIN
+              and m <= LONG_K_MAX_M and n <= LONG_K_MAX_N)
+    if long_k and not small:
+        # a weight gradient x^T @ dy: each block of k runs over all the row blocks of a
+        # panel, so the panel's block of b stays in L1 (_emit_k_outer)
+        vectors = 2 if (n // width) % 2 == 0 else 1
+        return SmallGemm(m, n, k, sa_row, sa_col, ldb, _tile_rows(m, vectors, width), vectors,
+                         width, k_outer=True)
     if m < 2 or n % width or not (small or medium) or (m * n * k > MAX_WORK and not medium) \
             or k < MIN_K:
         return None
@@ -155,10 +185,20 @@ def row_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
     """(count, the kernel of one chunk) where g's rows split into chunks of ROW_CHUNK rows
     that threads can share (each element is summed by the same instructions either way),
     else None: fewer than two chunks, or rows not a whole number of them."""
-    if g.m < 2 * ROW_CHUNK or g.m % ROW_CHUNK:
+    if g.m < 2 * ROW_CHUNK or g.m % ROW_CHUNK or g.k_outer:
         return None
     return g.m // ROW_CHUNK, replace(g, m=ROW_CHUNK,
                                      rows=_tile_rows(ROW_CHUNK, g.vectors, g.lanes))
+
+
+def column_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
+    """(count, the kernel of one chunk) where a weight gradient's (k_outer) columns split
+    into chunks of COLUMN_CHUNK columns that threads can share (each element of c is summed
+    by the same instructions either way; a is read by every chunk), else None."""
+    if not g.k_outer or g.n < 2 * COLUMN_CHUNK or g.n % COLUMN_CHUNK \
+            or COLUMN_CHUNK % (g.vectors * g.lanes):
+        return None
+    return g.n // COLUMN_CHUNK, replace(g, n=COLUMN_CHUNK, ldc=g.ldc or g.n)
 
 
 def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: list,
@@ -198,8 +238,9 @@ def function(cg, gemm: SmallGemm) -> ir.Function:
     fn.attributes.add("noinline")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     panel = None
-    if gemm.ldb_t:  # one panel of b, k x (vectors x lanes) floats, row-major
-        stack = b.alloca(F32, size=i64(gemm.k * gemm.vectors * gemm.lanes), name="panel")
+    if gemm.ldb_t or gemm.k_outer:  # one panel of b, k (a block of k) x (vectors x lanes)
+        rows = min(gemm.k, K_BLOCK) if gemm.k_outer else gemm.k  # floats, row-major
+        stack = b.alloca(F32, size=i64(rows * gemm.vectors * gemm.lanes), name="panel")
         stack.align = 64
         # llvmlite's alloca gives a typed float*, which takes no vector stores: as opaque
         panel = b.inttoptr(b.ptrtoint(stack, I64), PTR)
@@ -213,6 +254,8 @@ def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None) -> None:
     """Panels of c (runtime loop), in each the full row blocks (runtime loop) then the
     remaining rows (one smaller tile). With b read transposed (`ldb_t`), each panel of b is
     first copied row-major into `panel_copy` (on the stack, in L1 for the panel's tiles)."""
+    if g.k_outer:
+        return _emit_k_outer(b, g, a, bm, c, panel_copy)
     width = g.vectors * g.lanes
     full, rest = divmod(g.m, g.rows)
     with _counted(b, g.n // width, "panel") as panel:
@@ -226,6 +269,67 @@ def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None) -> None:
                 _tile(b, g, a, source, c, b.mul(block, i64(g.rows)), col, g.rows)
         if rest:
             _tile(b, g, a, source, c, i64(full * g.rows), col, rest)
+
+
+def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
+    """Panels of c (runtime loop); in each, k block by block (K_BLOCK, the first block
+    stored, the others added), each block over all the panel's row blocks: the panel's
+    block of b (K_BLOCK x vectors x lanes floats, 32 KB) is read from memory once and from
+    L1 by the other row blocks, where _emit's order reads all of k per row block. Each
+    element of c sums the same blocks in the same order as _emit's (same rounding)."""
+    width = g.vectors * g.lanes
+    first = min(g.k, K_BLOCK)
+    full, rest = divmod(g.k - first, K_BLOCK)
+    panels = g.n // width
+
+    def every_panel(start, count: int, accumulate: bool) -> None:
+        with _counted(b, panels, "panel") as panel:
+            col = b.mul(panel, i64(width))
+            _packed_row_blocks(b, g, a, bm, c, col, panel_copy, start, count, accumulate)
+
+    every_panel(i64(0), first, False)
+    if full:
+        with _counted(b, full, "kblock") as block:
+            every_panel(b.add(b.mul(block, i64(K_BLOCK)), i64(first)), K_BLOCK, True)
+    if rest:
+        every_panel(i64(g.k - rest), rest, True)
+
+
+def _packed_row_blocks(b: ir.IRBuilder, g: SmallGemm, a, bm, c, col, panel_copy, start,
+                       count: int, accumulate: bool) -> None:
+    """b's rows [start, start + count) of the panel at column `col` copied contiguous into
+    `panel_copy` (count x vectors x lanes floats), then every row block over them."""
+    width = g.vectors * g.lanes
+    vec = ir.VectorType(F32, g.lanes)
+    with _counted(b, count, "pk") as kk:
+        src = b.add(b.mul(b.add(start, kk), i64(g.ldb)), col)
+        dst = b.mul(kk, i64(width))
+        for v in range(g.vectors):
+            x = b.load(b.gep(bm, [b.add(src, i64(v * g.lanes))], inbounds=True,
+                             source_etype=F32), typ=vec, align=4)
+            b.store(x, b.gep(panel_copy, [b.add(dst, i64(v * g.lanes))], inbounds=True,
+                             source_etype=F32), align=64)
+    # the packed block's row kk holds b's row start + kk: read it as a b whose row 0 is
+    # `start` rows before the block
+    base = b.gep(panel_copy, [b.sub(i64(0), b.mul(start, i64(width)))], source_etype=F32)
+    _row_blocks(b, g, a, (base, width, i64(0)), c, start, count, accumulate, col)
+
+
+def _row_blocks(b: ir.IRBuilder, g: SmallGemm, a, source, c, start, count: int,
+                accumulate: bool, col) -> None:
+    """For k in [start, start + count): every row block of c's panel at column `col`, b's
+    columns read from `source` (the full ones in a runtime loop, then the smaller last),
+    its sums stored into c or added."""
+    full, rest = divmod(g.m, g.rows)
+    if full:
+        with _counted(b, full, "rblock") as block:
+            row0 = b.mul(block, i64(g.rows))
+            sums = _block_sums(b, g, a, source, row0, g.rows, start, count)
+            _store(b, g, c, row0, col, sums, accumulate=accumulate)
+    if rest:
+        row0 = i64(full * g.rows)
+        sums = _block_sums(b, g, a, source, row0, rest, start, count)
+        _store(b, g, c, row0, col, sums, accumulate=accumulate)
 
 
 def _copy_panel(b: ir.IRBuilder, g: SmallGemm, bm, col, panel_copy) -> None:
@@ -388,7 +492,7 @@ def _store(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, sums: list,
     """The tile's sums into c (`accumulate`: added to what c holds)."""
     vec = sums[0][0].type
     for r, row in enumerate(sums):
-        at = b.add(b.mul(b.add(row0, i64(r)), i64(g.n)), col0)
+        at = b.add(b.mul(b.add(row0, i64(r)), i64(g.ldc or g.n)), col0)
         for v, value in enumerate(row):
             pointer = b.gep(c, [b.add(at, i64(v * g.lanes))], inbounds=True, source_etype=F32)
             if accumulate:
