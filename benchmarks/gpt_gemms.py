@@ -2,16 +2,19 @@
 
     python -m benchmarks.gpt_gemms                  # the GPT, 20 interleaved rounds
     python -m benchmarks.gpt_gemms --rounds 10 --quick
+    python -m benchmarks.gpt_gemms --variant after --variant weights   # two of them
 
-Three variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+Four variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
 setting graphc.backends.cpu.small_gemm's thresholds while each compiles:
 - "before": neither small blocks with b read transposed (`MAX_TRANSPOSED_BLOCK = 0`) nor
   medium products (`MEDIUM_N = 0`): attention's heads and the projections in OpenBLAS;
 - "heads": attention's Q K^T and dO V^T per head in generated kernels;
-- "after": the default (those, and the medium products: the projections, the second
-  Linear's forward, their input gradients).
+- "after": those, and the medium products (the projections, the second Linear's forward,
+  their input gradients), but the weight gradients in OpenBLAS (`LONG_K_MIN` out of reach);
+- "weights": the default: also the weight gradients x^T @ dy (k = 1024 tokens, m <= 128)
+  in the k-outer generated kernel.
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
 OpenMP and OpenBLAS), then from `graphc.profile` (3 interleaved profiles of each, each
 kernel's median) the step's kernels by role: GEMMs by kind, b^T copies ("pack"), GEMM
@@ -29,21 +32,25 @@ from collections import defaultdict
 
 from benchmarks.harness import cache_root, run_with_threads
 
-VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, "MEDIUM_N": 0},
-            "heads": {"MEDIUM_N": 0},
-            "after": {}}
+NO_LONG_K = {"LONG_K_MIN": 1 << 40}
+VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, "MEDIUM_N": 0, **NO_LONG_K},
+            "heads": {"MEDIUM_N": 0, **NO_LONG_K},
+            "after": NO_LONG_K,
+            "weights": {}}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds (20)")
     parser.add_argument("--quick", action="store_true", help="the GPT's smoke size")
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS),
+                        help="compare these variants only (repeatable; default: all)")
     args = parser.parse_args(argv)
     # one thread for OpenMP and OpenBLAS: set before they load (numpy loads OpenBLAS when the
     # harness imports it), so the process starts again with them where they are not
     run_with_threads("benchmarks.gpt_gemms", 1, sys.argv[1:] if argv is None else argv)
     with cache_root("gpt_gemms.") as root:
-        _compare(args.rounds, args.quick, root)
+        _compare(args.rounds, args.quick, root, args.variant or list(VARIANTS))
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
@@ -63,7 +70,7 @@ def _variant(name: str, root: str):
             setattr(small_gemm, attr, value)
 
 
-def _compare(rounds: int, quick: bool, root: str) -> None:
+def _compare(rounds: int, quick: bool, root: str, variants: list[str]) -> None:
     import numpy as np
 
     import graphc
@@ -71,7 +78,7 @@ def _compare(rounds: int, quick: bool, root: str) -> None:
 
     shape = (model_steps.QUICK if quick else model_steps.FULL)["gpt"]
     steps, arguments = {}, {}
-    for name in VARIANTS:
+    for name in variants:
         with _variant(name, root):
             graphc.manual_seed(0)
             train = models.graphc_step(model_steps.gpt(graphc, **shape))
