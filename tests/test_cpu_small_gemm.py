@@ -268,6 +268,8 @@ def test_weight_gradients_with_a_long_k_run_the_k_outer_kernel(x_shape, dy_shape
     assert re.search(r"graphc_small_sgemm_\w+_ko", text), "no k-outer kernel"
     chunked = dy_shape[1] >= 2 * small_gemm.COLUMN_CHUNK
     assert (f"_c{dy_shape[1]}" in text) == chunked  # chunks of c's columns, rows ldc apart
+    if chunked:  # even two chunks of 128 x 64 fork: each output sums k products
+        assert re.search(r'define[^@]*@"?\w*small_gemm\.omp', text), "no forked chunks"
     want = graphc.compile(_a_transposed, backend="interp")(x, dy).numpy()
     results = []
     for count in sorted({1, threads.most_threads()}):

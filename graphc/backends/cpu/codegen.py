@@ -483,6 +483,7 @@ class Lowerer(Codegen):
         small = None if strided else \
             small_gemm.operands(self, dt, m, n, k, sa, b, sb, sb_shape, lay_b)
         c_batch_strides = None  # c's batch strides where not contiguous chunks of m * n
+        columns = None
         if small is not None:  # a thin product: a generated kernel instead of the BLAS
             small, b, sb = small
             chunks = small_gemm.row_chunks(small) if not batch else None
@@ -508,8 +509,10 @@ class Lowerer(Codegen):
         # a loop of generated products (attention's heads) forks over the cores, as an
         # elementwise kernel of as many outputs would; a BLAS call threads itself
         heads = math.prod(batch)
+        # (a weight gradient's column chunks weigh their long k: 2 x 128 x 64 outputs, 1024
+        # products each, are worth a fork where as many elementwise outputs are not)
         bld = kb.begin(parallel=bool(small) and type(heads) is int and heads > 1,
-                       work=heads * m * n if small else None)
+                       work=heads * m * n * (k if columns else 1) if small else None)
         if bld is None:
             return self.calls.append(kb.kernel)
         iT = I64 if self.blas.ilp64 else I32
