@@ -1,5 +1,6 @@
 """Thin float32 products (a recurrent step's [16 x 128] @ [128 x 512] and its gradient), and
-small blocks whose b is read transposed (attention's Q K^T per head), run in
+small blocks whose b is read transposed (attention's Q K^T per head), medium products and
+weight gradients with a long k (x^T @ dy over the tokens, k-outer, in column chunks) run in
 graphc.backends.cpu.small_gemm's generated kernels instead of the BLAS: every layout of the
 operands they take (transposed views, batches, row counts that leave a smaller last tile)
 agrees with the interpreter, within float32 rounding judged by distance from a float64 run
