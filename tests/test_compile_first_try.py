@@ -116,3 +116,33 @@ def test_an_entry_with_a_shape_guard_gets_no_first_try():
     _warm(f, x)
     assert f._entries[-1].shapes is not None and f._fast == ()
     np.testing.assert_array_equal(f(graphc.ones(5)).numpy(), np.full(5, 2, np.float32))
+
+
+def test_the_first_try_is_not_made_while_another_thread_holds_the_trace_lock():
+    """Every change of the entries and guards is made under `_slow_path`; the first try is
+    made under it too, else a trace in another thread between `_fast_path`'s read and its
+    store would leave an older entry's guard and plan as the first try."""
+    import threading
+
+    f = graphc.compile(_times_two, backend="cpu", dynamic=False)
+    x = graphc.ones(3)
+    _warm(f, x)
+    f._fast = None  # as a new entry or guard leaves it
+    held, release = threading.Event(), threading.Event()
+
+    def tracing():  # another thread in the middle of a trace
+        with f._slow_path:
+            held.set()
+            release.wait(30)
+
+    other = threading.Thread(target=tracing)
+    other.start()
+    try:
+        assert held.wait(30)
+        np.testing.assert_array_equal(f(x).numpy(), np.full(3, 2, np.float32))
+        assert f._fast is None  # not made while the entries may change
+    finally:
+        release.set()
+        other.join()
+    f(x)
+    assert f._fast and f._fast[2] is f._entries[-1]

@@ -219,8 +219,13 @@ class Compiled:
             # arguments it describes in full
             entry = self._guarded(args, kwargs, tried)
             if entry is not None and entry.plan is not None and not config.check_nans():
-                if self._fast is None:
-                    self._fast = self._fast_path()
+                # under the lock the entries change under (else a trace between the read
+                # and the store left an older entry as the first try); busy: a later call
+                if self._fast is None and self._slow_path.acquire(blocking=False):
+                    try:
+                        self._fast = self._fast_path()
+                    finally:
+                        self._slow_path.release()
                 result = entry.plan.run(args, kwargs)
                 if result is not MISFIT:
                     return result
