@@ -104,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_args", nargs="*", help="benchmarks.run's arguments, after --")
     args = parser.parse_args(argv)
     if args.realtime:  # before any thread exists: the threads inherit the policy
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+        except (PermissionError, AttributeError) as error:
+            raise SystemExit(f"benchmarks/contention_chooser.py: --realtime needs SCHED_FIFO "
+                             f"(root or CAP_SYS_NICE on Linux): {error}") from None
     LoggedChooser.injected = args.free_cores
     threads.ThreadChooser = LoggedChooser  # the executables make theirs through the module
     from benchmarks import run

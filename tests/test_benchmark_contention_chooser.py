@@ -1,5 +1,11 @@
-"""benchmarks/contention_chooser.py's logging chooser: its log matches what the chooser did."""
+"""benchmarks/contention_chooser.py: its logging chooser's log matches what the chooser did;
+--realtime without the right to it is a clear exit, not a traceback."""
 
+import os
+
+import pytest
+
+from benchmarks import contention_chooser
 from benchmarks.contention_chooser import LoggedChooser, own_runnable
 from graphc.backends.cpu.threads import ThreadChooser
 
@@ -26,3 +32,12 @@ def test_the_log_shows_each_call_each_trial_and_each_gate_look(monkeypatch):
 
 def test_own_runnable_counts_the_calling_thread():
     assert own_runnable() >= 1
+
+
+def test_realtime_refused_is_a_clear_exit(monkeypatch):
+    def refuse(*args):
+        raise PermissionError("Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse, raising=False)
+    with pytest.raises(SystemExit, match="--realtime needs SCHED_FIFO"):
+        contention_chooser.main(["--realtime", "--", "--only", "conv2d"])
