@@ -72,7 +72,7 @@ class CallPlan:
     @classmethod
     def of(cls, traced: TraceResult, executable, update_inputs: list[int], wraps: list,
            call: tuple, distinct: bool) -> CallPlan | None:
-        """The plan of an entry (`graphc.jit.compiler._Entry`'s fields), or None where it
+        """The plan of an entry (`graphc.jit.entry.Entry`'s fields), or None where it
         would not be exact. `call`: (number of positional arguments, keyword names in
         order, paths of the tensors in `flatten` order) of the traced call."""
         if not getattr(executable, "fresh_results", False) or not distinct:
