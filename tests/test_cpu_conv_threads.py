@@ -240,7 +240,6 @@ def test_pooling_split_equals_the_interpreter(case, monkeypatch):
     assert ".split" in exe.lowered.ir_text
 
 
-
 def _max_pool2d_grad(shape, kernel, stride, padding):
     """(graph, gradient, indices) of max_pool2d_grad with max_pool2d's own indices."""
     from graphc.ops.registry import REGISTRY
@@ -294,6 +293,7 @@ def test_a_split_max_pool2d_grad_reports_a_bad_index_from_any_share(image, monke
         indices[image, 1, 2, 3] = 0
         exe.run(g, indices)  # the status of the failed call does not stick
         indices[image, 1, 2, 3] = 64
+
 
 # ---- a fused epilogue applied per image inside the im2col kernel (conv.fused_conv2d) ---------
 EPILOGUES = [  # (input, weight, blocks of images: BLOCK_COLUMNS)
