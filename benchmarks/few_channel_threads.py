@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--realtime", action="store_true",
                         help="run under SCHED_FIFO, as on an idle machine (root)")
     args = parser.parse_args(argv)
+    for flag, value in (("--blocks", args.blocks), ("--calls", args.calls)):
+        if value < 1:  # else no call is timed, and every figure is the median of nothing
+            parser.error(f"{flag} must be at least 1, got {value}")
     if args.realtime:  # before any thread exists: libgomp's threads inherit the policy
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))

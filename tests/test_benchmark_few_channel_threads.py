@@ -32,3 +32,10 @@ def test_realtime_refused_is_a_clear_exit(monkeypatch):
     monkeypatch.setattr(os, "sched_setscheduler", refuse, raising=False)
     with pytest.raises(SystemExit, match="--realtime needs SCHED_FIFO"):
         few_channel_threads.main(["--quick", "--realtime"])
+
+
+@pytest.mark.parametrize("flag", ["--blocks", "--calls"])
+def test_no_timed_calls_is_refused_clearly(flag, capsys):
+    with pytest.raises(SystemExit):
+        few_channel_threads.main(["--quick", flag, "0"])
+    assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
