@@ -51,7 +51,7 @@ renders through (graphc.backends.common states the contract). Anything else rais
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llvmlite import ir
 
@@ -59,6 +59,7 @@ from graphc.backends import common
 from graphc.backends.cpu import attention as attention_kernels
 from graphc.backends.cpu import (
     collective_shm,
+    gemm_addends,
     conv,
     llvm,
     losses,
@@ -179,6 +180,9 @@ class Lowerer(Codegen):
             a, b_ = (self.locs[node.inputs[r]] for r in anchor.args)
             same = [v for v in node.outputs if v.type == t]
             c = self.locs[same[0]] if same else self.scratch_loc(t)
+            if anchor.op == "matmul" and same and \
+                    self.gemm(node, a, b_, c, gemm_addends.addends(self, body, c)):
+                return  # bias and residual added in the generated kernel's stores
             EPILOGUE_ANCHOR_LOWERINGS[anchor.op](self, node, a, b_, c, anchor.attrs)
             start = 1
             leaves[body.n] = c
@@ -422,7 +426,8 @@ class Lowerer(Codegen):
         """A fused body's matmul anchor: c = a @ b, read by the epilogue."""
         self.gemm(node, a, b, c)
 
-    def gemm(self, node: Node, a: Loc, b: Loc, c: Loc) -> None:
+    def gemm(self, node: Node, a: Loc, b: Loc, c: Loc, addends: tuple = ()) -> bool:
+        """c = a @ b; True where `addends` (gemm_addends) were added in its kernel too."""
         dt = a.type.dtype
         if dt not in (float32, float64):
             raise unsupported(node, f"matmul of {dt.name} (BLAS has float32/float64 only)")
@@ -457,7 +462,7 @@ class Lowerer(Codegen):
                      TensorType((k, n), dt))
             c2 = Loc(c.base, c.index, c.offset, contiguous_strides((rows, n), item),
                      TensorType((rows, n), dt))
-            return self.gemm(node, a2, b2, c2)
+            return self.gemm(node, a2, b2, c2, addends)
         if not strided and fold_after_packing(batch, sa_shape, sa, sb_shape, sb):  # A copied
             packed = self.scratch_loc(TensorType(tuple(sa_shape), dt))
             self.copy(Loc(a.base, a.index, a.offset, tuple(s * item for s in sa),
@@ -486,6 +491,8 @@ class Lowerer(Codegen):
         columns = None
         if small is not None:  # a thin product: a generated kernel instead of the BLAS
             small, b, sb = small
+            addends = addends if not batch and not small.k_outer else ()
+            small = replace(small, addends=tuple(kind for kind, _ in addends))
             chunks = small_gemm.row_chunks(small) if not batch else None
             columns = small_gemm.column_chunks(small) if not batch else None
             if chunks is not None:  # many rows: a batch of row chunks the cores share
@@ -506,6 +513,8 @@ class Lowerer(Codegen):
         kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
         kc = kb.operand(c, tuple(sc[:-2]) if strided else c_batch_strides or
                         tuple(contiguous_strides(batch, m * n)))
+        folded = [kb.operand(loc, kb.operands[kc].strides if kind == "full" else
+                             (0,) * len(batch)) for kind, loc in (addends if small else ())]
         # a loop of generated products (attention's heads) forks over the cores, as an
         # elementwise kernel of as many outputs would; a BLAS call threads itself
         heads = math.prod(batch)
@@ -514,7 +523,8 @@ class Lowerer(Codegen):
         bld = kb.begin(parallel=bool(small) and type(heads) is int and heads > 1,
                        work=heads * m * n * (k if columns else 1) if small else None)
         if bld is None:
-            return self.calls.append(kb.kernel)
+            self.calls.append(kb.kernel)
+            return bool(small and small.addends)
         iT = I64 if self.blas.ilp64 else I32
         fty = REG[dt.name]
 
@@ -537,7 +547,8 @@ class Lowerer(Codegen):
 
         def leaf(bb, offsets):
             if small:
-                return bb.call(fn, [kb.pointer(bb, x, offsets[x]) for x in (ka, kb_, kc)])
+                return bb.call(fn, [kb.pointer(bb, x, offsets[x])
+                                    for x in (ka, kb_, kc, *folded)])
             if gemv:
                 return leaf_gemv(bb, offsets)
             bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, lay_a[0]),
@@ -550,6 +561,7 @@ class Lowerer(Codegen):
 
         kb.nest(bld, *collapse(batch, [x.strides for x in kb.operands]), leaf)
         self.calls.append(kb.finish(bld))
+        return bool(small and small.addends)
 
     def _gemv(self, m, n, k, sa, sb, lay_a, lay_b):
         """A single-row or single-column product as one GEMV (OpenBLAS's GEMM is slow at

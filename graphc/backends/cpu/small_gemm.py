@@ -130,11 +130,15 @@ class SmallGemm:
     ldb_t: int = 0  # b read transposed in place: (k, j) at j * ldb_t + k, ldb unused
     k_outer: bool = False  # a long k: each block of k over all row blocks of a panel
     ldc: int = 0  # c's rows this many floats apart (a chunk of c's columns); 0: n
+    # operands added to c in the last block's stores, in order (graphc.backends.cpu.
+    # gemm_addends): "row" an [n] vector (a bias), "full" c's layout (a residual)
+    addends: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         b = f"bt{self.ldb_t}" if self.ldb_t else f"b{self.ldb}"
         order = ("_ko" if self.k_outer else "") + (f"_c{self.ldc}" if self.ldc else "")
+        order += "".join(f"_{kind}" for kind in self.addends)
         return (f"graphc_small_sgemm_{self.m}x{self.n}x{self.k}_a{self.sa_row}_{self.sa_col}"
                 f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}{order}")
 
@@ -227,11 +231,15 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
 
 
 def function(cg, gemm: SmallGemm) -> ir.Function:
-    """The module's function for `gemm` (emitted on first use): void(ptr a, ptr b, ptr c)."""
+    """The module's function for `gemm` (emitted on first use): void(ptr a, ptr b, ptr c,
+    one ptr per addend)."""
     existing = cg.module.globals.get(gemm.name)
     if existing is not None:
         return existing
-    fn = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR]), gemm.name)
+    if gemm.addends and gemm.k_outer:
+        raise ValueError(f"small_gemm {gemm.name}: addends are for the row-ordered kernel")
+    fn = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR] * (3 + len(gemm.addends))),
+                     gemm.name)
     for arg in fn.args:
         arg.add_attribute("noalias")
     fn.attributes.add("nounwind")
@@ -244,16 +252,17 @@ def function(cg, gemm: SmallGemm) -> ir.Function:
         stack.align = 64
         # llvmlite's alloca gives a typed float*, which takes no vector stores: as opaque
         panel = b.inttoptr(b.ptrtoint(stack, I64), PTR)
-    _emit(b, gemm, *fn.args, panel)
+    _emit(b, gemm, *fn.args[:3], panel, list(zip(gemm.addends, fn.args[3:])))
     b.ret_void()
     return fn
 
 
 # ---- the kernel's code ------------------------------------------------------------------------
-def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None) -> None:
+def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None, addends=()) -> None:
     """Panels of c (runtime loop), in each the full row blocks (runtime loop) then the
     remaining rows (one smaller tile). With b read transposed (`ldb_t`), each panel of b is
-    first copied row-major into `panel_copy` (on the stack, in L1 for the panel's tiles)."""
+    first copied row-major into `panel_copy` (on the stack, in L1 for the panel's tiles).
+    `addends`: (kind, pointer) added to c by the last block's stores (`_store`)."""
     if g.k_outer:
         return _emit_k_outer(b, g, a, bm, c, panel_copy)
     width = g.vectors * g.lanes
@@ -266,9 +275,9 @@ def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None) -> None:
             source = (panel_copy, width, i64(0))
         if full:
             with _counted(b, full, "block") as block:
-                _tile(b, g, a, source, c, b.mul(block, i64(g.rows)), col, g.rows)
+                _tile(b, g, a, source, c, b.mul(block, i64(g.rows)), col, g.rows, addends)
         if rest:
-            _tile(b, g, a, source, c, i64(full * g.rows), col, rest)
+            _tile(b, g, a, source, c, i64(full * g.rows), col, rest, addends)
 
 
 def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
@@ -425,22 +434,29 @@ def _fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
     return ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
 
 
-def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int) -> None:
+def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
+          addends=()) -> None:
     """c[row0 : row0 + rows, col0 : col0 + vectors * lanes] = a[rows, :] @ b[:, cols]: the
     sums of K_BLOCK consecutive k in registers, each block's added to c (the first stored),
     as a BLAS blocks k: the rounding error grows with K_BLOCK + k / K_BLOCK, not with k.
-    `source`: (pointer, leading dimension, first column) b's columns are read from."""
+    `source`: (pointer, leading dimension, first column) b's columns are read from.
+    `addends` go into the last block's stores (that block peeled off the loop)."""
     first = min(g.k, K_BLOCK)
-    _store(b, g, c, row0, col0, _block_sums(b, g, a, source, row0, rows, i64(0), first))
     full, rest = divmod(g.k - first, K_BLOCK)
-    if full:
-        with _counted(b, full, "kblock") as block:
+    _store(b, g, c, row0, col0, _block_sums(b, g, a, source, row0, rows, i64(0), first),
+           addends=() if full or rest else addends)
+    looped = full - 1 if addends and full and not rest else full
+    if looped:
+        with _counted(b, looped, "kblock") as block:
             start = b.add(b.mul(block, i64(K_BLOCK)), i64(first))
             sums = _block_sums(b, g, a, source, row0, rows, start, K_BLOCK)
             _store(b, g, c, row0, col0, sums, accumulate=True)
+    if looped < full:  # the last full block, with the addends
+        sums = _block_sums(b, g, a, source, row0, rows, i64(first + looped * K_BLOCK), K_BLOCK)
+        _store(b, g, c, row0, col0, sums, accumulate=True, addends=addends)
     if rest:
         sums = _block_sums(b, g, a, source, row0, rows, i64(g.k - rest), rest)
-        _store(b, g, c, row0, col0, sums, accumulate=True)
+        _store(b, g, c, row0, col0, sums, accumulate=True, addends=addends)
 
 
 def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start,
@@ -488,13 +504,20 @@ def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start
 
 
 def _store(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, sums: list,
-           accumulate: bool = False) -> None:
-    """The tile's sums into c (`accumulate`: added to what c holds)."""
+           accumulate: bool = False, addends=()) -> None:
+    """The tile's sums into c (`accumulate`: added to what c holds), then each of `addends`
+    ((kind, pointer): "row" read at the column, "full" at c's element) added in order: the
+    same additions, in the same order, as the unfused epilogue's over the stored c."""
     vec = sums[0][0].type
     for r, row in enumerate(sums):
         at = b.add(b.mul(b.add(row0, i64(r)), i64(g.ldc or g.n)), col0)
         for v, value in enumerate(row):
-            pointer = b.gep(c, [b.add(at, i64(v * g.lanes))], inbounds=True, source_etype=F32)
+            where = b.add(at, i64(v * g.lanes))
+            pointer = b.gep(c, [where], inbounds=True, source_etype=F32)
             if accumulate:
                 value = b.fadd(b.load(pointer, typ=vec, align=4), value)
+            for kind, source in addends:
+                index = where if kind == "full" else b.add(col0, i64(v * g.lanes))
+                addend = b.gep(source, [index], inbounds=True, source_etype=F32)
+                value = b.fadd(value, b.load(addend, typ=vec, align=4))
             b.store(value, pointer, align=4)
