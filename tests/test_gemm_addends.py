@@ -67,6 +67,7 @@ def _inputs(f, x_shape, n, seed):
 
 
 def _run(f, args, fold: bool, thread_counts):
+    """(the module's IR text, its count of kernels, the results at each thread count)."""
     saved = gemm_addends.FOLD
     gemm_addends.FOLD = fold
     try:
@@ -78,7 +79,8 @@ def _run(f, args, fold: bool, thread_counts):
     for count in thread_counts:
         compiled.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
         results.append(compiled(*args).numpy())
-    return compiled.executable.lowered.ir_text, results
+    lowered = compiled.executable.lowered
+    return lowered.ir_text, len(lowered.kernel_nodes), results
 
 
 @pytest.mark.parametrize("f, x_shape, n", FOLDED,
@@ -86,10 +88,11 @@ def _run(f, args, fold: bool, thread_counts):
 def test_bias_and_residual_adds_fold_into_the_kernel_with_the_same_bits(f, x_shape, n):
     args = _inputs(f, x_shape, n, sum(x_shape) * 13 + n)
     counts = sorted({1, threads.most_threads()})
-    text, folded = _run(f, args, True, counts)
+    text, kernels, folded = _run(f, args, True, counts)
     assert re.search(r"graphc_small_sgemm_\w+_(row|full)", text), "no kernel with addends"
-    unfused_text, unfused = _run(f, args, False, counts[:1])
+    unfused_text, unfused_kernels, unfused = _run(f, args, False, counts[:1])
     assert not re.search(r"graphc_small_sgemm_\w+_(row|full)", unfused_text)
+    assert kernels == unfused_kernels - 1  # the epilogue's kernel, and one product in each
     for got in folded:  # the same additions in the same order, on any number of threads
         np.testing.assert_array_equal(got, unfused[0])
     want = graphc.compile(f, backend="interp")(*args).numpy()
@@ -110,7 +113,8 @@ def test_other_epilogues_keep_the_elementwise_kernel(f, x_shape, n):
     args = _inputs(f, x_shape, n, n)
     if len(x_shape) == 4:  # a weight per batch element
         args[1] = graphc.tensor(np.ones(x_shape[:2] + (x_shape[-1], n), np.float32) / 8)
-    text, (got,) = _run(f, args, True, [1])
+    text, kernels, (got,) = _run(f, args, True, [1])
     assert not re.search(r"graphc_small_sgemm_\w+_(row|full)", text)
+    assert kernels == _run(f, args, False, [1])[1]  # the product once, then the epilogue
     np.testing.assert_allclose(got, graphc.compile(f, backend="interp")(*args).numpy(),
                                rtol=1e-4, atol=1e-4)

@@ -180,10 +180,12 @@ class Lowerer(Codegen):
             a, b_ = (self.locs[node.inputs[r]] for r in anchor.args)
             same = [v for v in node.outputs if v.type == t]
             c = self.locs[same[0]] if same else self.scratch_loc(t)
-            if anchor.op == "matmul" and same and \
-                    self.gemm(node, a, b_, c, gemm_addends.addends(self, body, c)):
+            addends = gemm_addends.addends(self, body, c) if anchor.op == "matmul" and same \
+                else ()
+            if not addends:
+                EPILOGUE_ANCHOR_LOWERINGS[anchor.op](self, node, a, b_, c, anchor.attrs)
+            elif self.gemm(node, a, b_, c, addends):  # else the product alone, as above
                 return  # bias and residual added in the generated kernel's stores
-            EPILOGUE_ANCHOR_LOWERINGS[anchor.op](self, node, a, b_, c, anchor.attrs)
             start = 1
             leaves[body.n] = c
         if body.fused.ending is not None:
