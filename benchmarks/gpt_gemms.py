@@ -4,17 +4,20 @@
     python -m benchmarks.gpt_gemms --rounds 10 --quick
     python -m benchmarks.gpt_gemms --variant after --variant weights   # two of them
 
-Four variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+Five variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
-setting graphc.backends.cpu.small_gemm's thresholds while each compiles:
+setting graphc.backends.cpu.small_gemm's thresholds (and gemm_addends.FOLD) while each
+compiles:
 - "before": neither small blocks with b read transposed (`MAX_TRANSPOSED_BLOCK = 0`) nor
   medium products (`MEDIUM_N = 0`): attention's heads and the projections in OpenBLAS;
 - "heads": attention's Q K^T and dO V^T per head in generated kernels;
 - "after": those, and the medium products (the projections, the second Linear's forward,
   their input gradients), but the weight gradients in OpenBLAS (`LONG_K_MIN` out of reach);
-- "weights": the default: also the weight gradients x^T @ dy (k = 1024 tokens, m <= 128)
-  in the k-outer generated kernel.
+- "weights": also the weight gradients x^T @ dy (k = 1024 tokens, m <= 128) in the
+  k-outer generated kernel;
+- "addends": the default: also the bias and residual adds in the generated kernels' stores
+  (graphc.backends.cpu.gemm_addends; the other variants keep them elementwise kernels).
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
 OpenMP and OpenBLAS), then from `graphc.profile` (3 interleaved profiles of each, each
 kernel's median) the step's kernels by role: GEMMs by kind, b^T copies ("pack"), GEMM
@@ -33,10 +36,12 @@ from collections import defaultdict
 from benchmarks.harness import cache_root, run_with_threads
 
 NO_LONG_K = {"LONG_K_MIN": 1 << 40}
-VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, "MEDIUM_N": 0, **NO_LONG_K},
-            "heads": {"MEDIUM_N": 0, **NO_LONG_K},
-            "after": NO_LONG_K,
-            "weights": {}}
+NO_ADDENDS = {"gemm_addends.FOLD": False}
+VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, "MEDIUM_N": 0, **NO_LONG_K, **NO_ADDENDS},
+            "heads": {"MEDIUM_N": 0, **NO_LONG_K, **NO_ADDENDS},
+            "after": {**NO_LONG_K, **NO_ADDENDS},
+            "weights": NO_ADDENDS,
+            "addends": {}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,18 +61,23 @@ def main(argv: list[str] | None = None) -> None:
 
 @contextlib.contextmanager
 def _variant(name: str, root: str):
-    """While lowering variant `name`: its cache dir and small_gemm's thresholds."""
-    from graphc.backends.cpu import small_gemm
+    """While lowering variant `name`: its cache dir, small_gemm's thresholds (a name with
+    a module first: that module of graphc.backends.cpu's)."""
+    import importlib
+
+    def owner(key: str):
+        module, _, attr = key.rpartition(".")
+        return importlib.import_module(f"graphc.backends.cpu.{module or 'small_gemm'}"), attr
 
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
-    saved = {attr: getattr(small_gemm, attr) for attr in VARIANTS[name]}
-    for attr, value in VARIANTS[name].items():
-        setattr(small_gemm, attr, value)
+    saved = {key: getattr(*owner(key)) for key in VARIANTS[name]}
+    for key, value in VARIANTS[name].items():
+        setattr(*owner(key), value)
     try:
         yield
     finally:
-        for attr, value in saved.items():
-            setattr(small_gemm, attr, value)
+        for key, value in saved.items():
+            setattr(*owner(key), value)
 
 
 def _compare(rounds: int, quick: bool, root: str, variants: list[str]) -> None:
