@@ -51,7 +51,7 @@ renders through (graphc.backends.common states the contract). Anything else rais
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from llvmlite import ir
 
@@ -59,8 +59,8 @@ from graphc.backends import common
 from graphc.backends.cpu import attention as attention_kernels
 from graphc.backends.cpu import (
     collective_shm,
-    gemm_addends,
     conv,
+    gemm_addends,
     llvm,
     losses,
     pool,
@@ -180,8 +180,7 @@ class Lowerer(Codegen):
             a, b_ = (self.locs[node.inputs[r]] for r in anchor.args)
             same = [v for v in node.outputs if v.type == t]
             c = self.locs[same[0]] if same else self.scratch_loc(t)
-            addends = gemm_addends.addends(self, body, c) if anchor.op == "matmul" and same \
-                else ()
+            addends = gemm_addends.addends(self, body, c if same else None)
             if not addends:
                 EPILOGUE_ANCHOR_LOWERINGS[anchor.op](self, node, a, b_, c, anchor.attrs)
             elif self.gemm(node, a, b_, c, addends):  # else the product alone, as above
@@ -493,8 +492,7 @@ class Lowerer(Codegen):
         columns = None
         if small is not None:  # a thin product: a generated kernel instead of the BLAS
             small, b, sb = small
-            addends = addends if not batch and not small.k_outer else ()
-            small = replace(small, addends=tuple(kind for kind, _ in addends))
+            small, addends = small_gemm.with_addends(small, () if batch else addends)
             chunks = small_gemm.row_chunks(small) if not batch else None
             columns = small_gemm.column_chunks(small) if not batch else None
             if chunks is not None:  # many rows: a batch of row chunks the cores share
@@ -515,8 +513,9 @@ class Lowerer(Codegen):
         kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
         kc = kb.operand(c, tuple(sc[:-2]) if strided else c_batch_strides or
                         tuple(contiguous_strides(batch, m * n)))
-        folded = [kb.operand(loc, kb.operands[kc].strides if kind == "full" else
-                             (0,) * len(batch)) for kind, loc in (addends if small else ())]
+        small_args = [ka, kb_, kc] + [kb.operand(loc, kb.operands[kc].strides if kind == "full"
+                                                 else (0,) * len(batch))
+                                      for kind, loc in (addends if small else ())]
         # a loop of generated products (attention's heads) forks over the cores, as an
         # elementwise kernel of as many outputs would; a BLAS call threads itself
         heads = math.prod(batch)
@@ -549,8 +548,7 @@ class Lowerer(Codegen):
 
         def leaf(bb, offsets):
             if small:
-                return bb.call(fn, [kb.pointer(bb, x, offsets[x])
-                                    for x in (ka, kb_, kc, *folded)])
+                return bb.call(fn, [kb.pointer(bb, x, offsets[x]) for x in small_args])
             if gemv:
                 return leaf_gemv(bb, offsets)
             bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, lay_a[0]),

@@ -27,15 +27,17 @@ __all__ = ["FOLD", "addends"]
 FOLD = True  # False: every epilogue stays an elementwise kernel (benchmarks' A/B, tests)
 
 
-def addends(lw, body, c: Loc) -> tuple[tuple[str, Loc], ...]:
-    """((kind, Loc), ...) where `body` (a fused node's kernels.Body, a matmul anchor first)
-    is the matmul followed only by adds, each of the running result and one of the node's
-    inputs: an [n] vector ("row", contiguous) or an array of c's shape ("full", contiguous
-    like c), none of them overlapping c (the kernel writes c before the last block adds
-    them), the chain's result the node's only output. Else (): the epilogue stays."""
+def addends(lw, body, c: Loc | None) -> tuple[tuple[str, Loc], ...]:
+    """((kind, Loc), ...) where `body` (a fused node's kernels.Body, its anchor first) is a
+    matmul into `c` (None: a scratch, not the node's output) followed only by adds, each of
+    the running result and one of the node's inputs: an [n] vector ("row", contiguous) or
+    an array of c's shape ("full", contiguous like c), none of them overlapping c (the
+    kernel writes c before the last block adds them), the chain's result the node's only
+    output. Else (): the epilogue stays."""
     instrs = body.instrs
     c_type = body.types[body.n]
-    if not FOLD or c_type.dtype is not float32 or len(instrs) < 2 or len(body.node.outputs) != 1 \
+    if not FOLD or c is None or instrs[0][0] != "matmul" or c_type.dtype is not float32 \
+            or len(instrs) < 2 or len(body.node.outputs) != 1 \
             or tuple(body.outputs) != (body.n + len(instrs) - 1,):
         return ()
     found = []

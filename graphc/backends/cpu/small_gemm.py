@@ -53,7 +53,7 @@ from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64
 from graphc.types import TensorType, float32
 
 __all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "function", "lanes", "operands",
-           "row_chunks", "tile_for"]
+           "row_chunks", "tile_for", "with_addends"]
 
 # the kernel serves products whose m or n is at most this. Tried: 32 (GPT's attention
 # heads, 64 x 64 x 32, with their transposed operands packed; MobileNet's classifier):
@@ -228,6 +228,13 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
         lw.copy(src, b, "gemm_pack")
         sb = [s // item for s in b.strides]
     return tile_for(m, n, k, sa[-2], sa[-1], sb[-2], packed), b, sb
+
+
+def with_addends(g: SmallGemm, addends: tuple) -> tuple[SmallGemm, tuple]:
+    """(g adding `addends` (graphc.backends.cpu.gemm_addends: (kind, Loc), ...) in its last
+    stores, the addends it takes): all of them, or none for the k-outer kernel."""
+    taken = () if g.k_outer else tuple(addends)
+    return replace(g, addends=tuple(kind for kind, _ in taken)), taken
 
 
 def function(cg, gemm: SmallGemm) -> ir.Function:
