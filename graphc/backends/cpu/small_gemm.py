@@ -26,7 +26,9 @@ transposed b are copied whole into scratch before the call. A weight gradient x^
 (a read transposed, k the tokens: LONG_K_MIN) turns the loops around (`k_outer`): block
 of k by block, each over all panels, a panel's block of b copied contiguous onto the stack
 first and read from L1 by all the panel's row blocks; its columns come in chunks of
-COLUMN_CHUNK (c's rows ldc apart) that the cores share.
+COLUMN_CHUNK (c's rows ldc apart) that the cores share. A fused epilogue of only bias and
+residual adds (graphc.backends.cpu.gemm_addends) is added in the row-ordered kernel's stores
+of the last block of k: one pointer argument per addend after c (`with_addends`).
 
 Rounding: every element of c sums k in blocks of K_BLOCK (in order, fused multiply-adds in
 registers), each block's sum added to c, as a BLAS blocks k (its KC): the error grows with
