@@ -327,10 +327,11 @@ def _packed_row_blocks(b: ir.IRBuilder, g: SmallGemm, a, bm, c, col, panel_copy,
                              source_etype=F32), typ=vec, align=4)
             b.store(x, b.gep(panel_copy, [b.add(dst, i64(v * g.lanes))], inbounds=True,
                              source_etype=F32), align=64)
-    # the packed block's row kk holds b's row start + kk: read it as a b whose row 0 is
-    # `start` rows before the block
-    base = b.gep(panel_copy, [b.sub(i64(0), b.mul(start, i64(width)))], source_etype=F32)
-    _row_blocks(b, g, a, (base, width, i64(0)), c, start, count, accumulate, col)
+    # the packed block's row kk holds b's row start + kk: k's row is at (k - start) * width,
+    # one inbounds gep from the block itself (a base pointer `start` rows before the stack
+    # buffer would lie outside it, and an inbounds gep from there is poison in LLVM)
+    offset = b.sub(i64(0), b.mul(start, i64(width)))
+    _row_blocks(b, g, a, (panel_copy, width, offset), c, start, count, accumulate, col)
 
 
 def _row_blocks(b: ir.IRBuilder, g: SmallGemm, a, source, c, start, count: int,
