@@ -171,3 +171,57 @@ def test_images_in_parts_of_tile_rows(padding, monkeypatch):
     h = 10 + 2 - 2 * padding[0]
     w = 6 + 2 - 2 * padding[1]
     check_winograd((2, 16, h, w), (16, 16, 3, 3), (1, 1), padding, 1)
+
+
+def _gemm_forms(monkeypatch) -> list:
+    """Records (trans_a, trans_b, m, n) of every GEMM conv_winograd emits."""
+    from graphc.backends.cpu import conv
+
+    forms, emit = [], conv.Conv.gemm
+
+    def recording(self, b, kb, trans_a, trans_b, m, n, *rest):
+        forms.append((trans_a, trans_b, m, n))
+        return emit(self, b, kb, trans_a, trans_b, m, n, *rest)
+
+    monkeypatch.setattr(conv.Conv, "gemm", recording)
+    return forms
+
+
+# (nn, WIDE_CHANNELS): the weight gradient's GEMM form, V @ Y^T into a transposed dU (NN)
+# below WIDE_CHANNELS, Y @ V^T (NT) at and above it or with WEIGHT_GRAD_NN off
+@pytest.mark.parametrize("nn, wide", [(True, 512), (True, 40), (False, 512)])
+def test_weight_grad_gemm_forms(nn, wide, monkeypatch):
+    from graphc.backends.cpu.conv import NOTRANS, TRANS
+
+    monkeypatch.setattr(conv_winograd, "WEIGHT_GRAD_NN", nn)
+    monkeypatch.setattr(conv_winograd, "WIDE_CHANNELS", wide)
+    monkeypatch.setattr(conv_winograd, "WEIGHT_GRAD_TILES", 6)  # parts: beta 0, then 1
+    forms = _gemm_forms(monkeypatch)
+    # 20 -> 40 channels: the last transform's squares of 16 end in partial ones (4 and 8)
+    xs, ws = (3, 20, 6, 8), (40, 20, 3, 3)
+    rng = np.random.default_rng(40)
+    gs, graphs = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    _, wide_graphs = _graphs(xs, ws, (1, 1), (1, 1), 1, "float64")
+    gy = rng.standard_normal(gs).astype(np.float32)
+    x = np.maximum(rng.standard_normal(xs), 0).astype(np.float32)
+    exe = compare(graphs["gw"], [gy, x], rtol=1e-4)
+    eager = interpret(graphs["gw"], gy, x)[0]
+    reference = interpret(wide_graphs["gw"], gy.astype(np.float64), x.astype(np.float64))[0]
+    assert_rounding_within(exe.run(gy, x)[0], eager, reference)
+    assert "conv2d_winograd_weight_grad" in exe.lowered.ir_text
+    want = (NOTRANS, NOTRANS, 20, 40) if nn and wide > 40 else (NOTRANS, TRANS, 40, 20)
+    assert forms and set(forms) == {want}, forms
+
+
+def test_split_weight_grad_in_both_forms(monkeypatch):
+    # one thread and all cores: the reduce kernel adds the shares' dU, transposed or not
+    from graphc.backends.cpu import conv_direct, conv_threads
+    from tests.test_cpu_conv_threads import ALL_CORES, check_split
+
+    if ALL_CORES < 2:
+        pytest.skip("one core (or a BLAS whose thread count cannot be held): not split")
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(conv_direct, "FEW_ROWS", 0)
+    for wide in (512, 16):  # NN, then NT
+        monkeypatch.setattr(conv_winograd, "WIDE_CHANNELS", wide)
+        check_split((3, 16, 16, 16), (40, 16, 3, 3))

@@ -30,11 +30,14 @@ of the output gradient, padded by 2 - p, with the flipped filter and the channel
 
 The weight gradient is the transpose of the forward: with Y = A gy A^T (A = AT^T) for
 every 2x2 block of the output gradient and V the forward's input tiles,
-`dU[xi] (C_out x C_in) = sum over tiles Y[xi] V[xi]^T`, 16 GEMMs per block of images (V
-read through BLAS's transpose flag, beta 0 for the first block and 1 after, so the batch
-sums inside the GEMMs), then `gw[o, c] = G^T dU[., o, c] G`. Split over the cores, each
-share sums its blocks into its own dU and a reduce kernel (`_weight_out_kernel`, over the
-output channels) adds the shares' dU in share order before the G^T . G transform.
+`dU[xi] (C_out x C_in) = sum over tiles Y[xi] V[xi]^T`, 16 GEMMs per block of images (beta
+0 for the first block and 1 after, so the batch sums inside the GEMMs), then `gw[o, c] =
+G^T dU[., o, c] G`. Below WIDE_CHANNELS the GEMMs compute dU^T = V Y^T from a tile-major Y,
+both operands as they lie (BLAS's NN form, faster on these small products), and dU stays
+transposed; wider layers read V through BLAS's transpose flag (WEIGHT_GRAD_NN). Split over
+the cores, each share sums its blocks into its own dU and a reduce kernel
+(`_weight_out_kernel`, over the output channels) adds the shares' dU in share order before
+the G^T . G transform.
 
 The transforms (points 0, 1, -1, infinity) have coefficients 0, +-1 and 1/2, so they round
 little: the forward and input gradient stay within 2x im2col + GEMM's distance from a float64
@@ -102,6 +105,16 @@ WIDE_CHANNELS = 512
 # The weight gradient's GEMMs sum over a block's tiles: WEIGHT_GRAD_TILES at least (not
 # doubled for wide layers), since longer sums round further (see the module docstring).
 WEIGHT_GRAD_TILES = 64
+# Below WIDE_CHANNELS, the weight gradient's GEMMs compute dU[xi]^T (C_in x C_out) = V[xi] @
+# Y[xi]^T with Y stored tile-major ([T x C_out]), so both operands are read as they lie (BLAS's
+# NN form), and dU is kept transposed ([xi][c][o]). OpenBLAS ran the other form dU = Y @ V^T
+# (V through the transpose flag, NT) at 71 against 112 GFLOP/s on [64 x 64] @ [64 x 64] (128:
+# 94 against 109; 256: 117 against 126; 1 thread, CPU time); whole kernels (batch 32,
+# benchmarks/winograd_weight_grad.py) 64 channels 13.4 -> 9.0 ms, 128: 10.3 -> 9.3, 256:
+# 9.5 -> 9.4, but 512 channels at 4x4 11.3 -> 15.0 (so wide layers keep the NT form).
+# False keeps the NT form everywhere (for A/B runs).
+WEIGHT_GRAD_NN = True
+OUT_SQUARE = 16  # the transposed dU's last transform, in squares of channels (_weight_out)
 
 
 def _applies(g, dt, ci: int, co: int, out_hw) -> bool:
@@ -302,12 +315,13 @@ def conv2d_weight_grad(lw, node, g) -> bool:
         split = plan_split(lw, dt, shapes, units, macs, rows=co)
         temps = workspace(lw, dt, *shapes) if split is None else split.locs + [split.control]
         locs = [gl, xl, dst] + temps
-        recipe = (g.key(), ci, co, in_hw, out_hw, pad,
+        nn = WEIGHT_GRAD_NN and max(ci, co) < WIDE_CHANNELS
+        recipe = (g.key(), ci, co, in_hw, out_hw, pad, nn,
                   None if split is None else (split.shares, split.copy_bytes))
         kb, ids = image_kernel(lw, "conv2d_winograd_weight_grad", locs, recipe)
         gi, si, oi, ui, pi, vi, yi = ids[:7]
         reduce = None if split is None else _weight_out_kernel(lw, locs, recipe, split, co,
-                                                               ci, u_step)
+                                                               ci, u_step, nn)
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
             lw.calls.append(called_kernel(lw, kb.kernel, split, reduce=reduce))
@@ -324,22 +338,34 @@ def conv2d_weight_grad(lw, node, g) -> bool:
             v_step, y_step = _spaced(ci * ld), _spaced(co * ld)
             _input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, xs, ci, in_hw,
                          pad, pi, wp, vi, v_step)
-            with block_images(b, count) as j, loop(b, 0, co, "co") as o:  # Y = A gy A^T
-                row_y = iadd(b, imul(b, o, ld), imul(b, j, per_image))
-                plane = iadd(b, imul(b, iadd(b, n0, j), gs[0]), imul(b, o, gs[1]))
-                with loop(b, 0, nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx:
-                    at = iadd(b, plane, imul(b, iadd(b, ty, ty0), 2 * gs[2]),
-                              imul(b, tx, 2 * gs[3]))
-                    d = [[kb.load(b, gi, iadd(b, at, r * gs[2] + c * gs[3])) for c in range(2)]
-                         for r in range(2)]
-                    y = _sandwich(b, dt, A, d)
-                    t = iadd(b, row_y, imul(b, ty, tw), tx)
-                    for xi in range(nxi):
-                        kb.store(b, yi, iadd(b, t, xi * y_step), y[xi // ALPHA][xi % ALPHA])
+            def y_tile(b, j, o, ty, tx):  # Y = A gy A^T of one 2x2 block
+                at = iadd(b, imul(b, iadd(b, n0, j), gs[0]), imul(b, o, gs[1]),
+                          imul(b, iadd(b, ty, ty0), 2 * gs[2]), imul(b, tx, 2 * gs[3]))
+                d = [[kb.load(b, gi, iadd(b, at, r * gs[2] + c * gs[3])) for c in range(2)]
+                     for r in range(2)]
+                y = _sandwich(b, dt, A, d)
+                t = iadd(b, imul(b, j, per_image), imul(b, ty, tw), tx)
+                t = iadd(b, imul(b, t, co), o) if nn else iadd(b, imul(b, o, ld), t)
+                for xi in range(nxi):
+                    kb.store(b, yi, iadd(b, t, xi * y_step), y[xi // ALPHA][xi % ALPHA])
+
+            with block_images(b, count) as j:  # stores along Y's rows: o inner when nn
+                if nn:
+                    with loop(b, 0, nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx, \
+                            loop(b, 0, co, "co") as o:
+                        y_tile(b, j, o, ty, tx)
+                else:
+                    with loop(b, 0, co, "co") as o, loop(b, 0, nrows, "ty") as ty, \
+                            loop(b, 0, tw, "tx") as tx:
+                        y_tile(b, j, o, ty, tx)
             beta = _accumulate(b, dt, n0, start, ty0)
-            for xi in range(nxi):  # dU[xi] (co x ci) (+)= Y[xi] (co x T) @ V[xi]^T
-                cv.gemm(b, kb, NOTRANS, TRANS, co, ci, ld, yi, xi * y_step, ld,
-                        vi, xi * v_step, ld, beta, ui, xi * u_step, ci)
+            for xi in range(nxi):
+                if nn:  # dU[xi]^T (ci x co) (+)= V[xi] (ci x T) @ Y[xi] (T x co)
+                    cv.gemm(b, kb, NOTRANS, NOTRANS, ci, co, ld, vi, xi * v_step, ld,
+                            yi, xi * y_step, co, beta, ui, xi * u_step, co)
+                else:  # dU[xi] (co x ci) (+)= Y[xi] (co x T) @ V[xi]^T
+                    cv.gemm(b, kb, NOTRANS, TRANS, co, ci, ld, yi, xi * y_step, ld,
+                            vi, xi * v_step, ld, beta, ui, xi * u_step, ci)
 
         def block(b, n0, count):
             if full_parts == 1:
@@ -352,7 +378,7 @@ def conv2d_weight_grad(lw, node, g) -> bool:
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
         if split is None:
-            _weight_out(b, kb, dt, ui, u_step, oi, (i64(0), i64(co)), ci)
+            _weight_out(b, kb, dt, ui, u_step, oi, (i64(0), i64(co)), ci, co, nn)
         lw.calls.append(called_kernel(lw, kb.finish(b), split, reduce=reduce))
     return True
 
@@ -368,9 +394,10 @@ def _accumulate(b, dt, n0, start, ty0):
     return b.select(first, zero, one)
 
 
-def _weight_out_kernel(lw, locs, recipe, split, co, ci, u_step):
+def _weight_out_kernel(lw, locs, recipe, split, co, ci, u_step, nn):
     """The reduce kernel of a split weight gradient: over its rows (output channels)
-    [rows_lo, rows_hi), share 0's dU += the other shares' (in share order), then gw."""
+    [rows_lo, rows_hi), share 0's dU += the other shares' (in share order), then gw. `nn`:
+    dU is transposed ([xi][c][o], WEIGHT_GRAD_NN)."""
     dt = locs[0].type.dtype
     kb, ids = image_kernel(lw, "conv2d_winograd_weight_out", locs, recipe)
     b = kb.begin()
@@ -381,28 +408,52 @@ def _weight_out_kernel(lw, locs, recipe, split, co, ci, u_step):
     copy = split.copy_bytes // dt.itemsize
     with loop(b, 1, kb.load(b, ctrl, i64(conv_threads.SHARES)), "share") as s:
         frm = b.mul(s, i64(copy))
-        with loop(b, 0, ALPHA * ALPHA, "xi") as xi, loop(b, *o_range, "o") as o:
-            row = iadd(b, imul(b, xi, u_step), imul(b, o, ci))
-            with loop(b, 0, ci, "c") as c:
-                at = b.add(row, c)
-                v = b.fadd(kb.load(b, ui, at), kb.load(b, ui, b.add(frm, at)))
-                kb.store(b, ui, at, v)
-    _weight_out(b, kb, dt, ui, u_step, ids[2], o_range, ci)
+        with loop(b, 0, ALPHA * ALPHA, "xi") as xi:
+            outer, inner = ((0, ci), o_range) if nn else (o_range, (0, ci))
+            with loop(b, *outer, "u") as u:
+                row = iadd(b, imul(b, xi, u_step), imul(b, u, co if nn else ci))
+                with loop(b, *inner, "v") as v:
+                    at = b.add(row, v)
+                    total = b.fadd(kb.load(b, ui, at), kb.load(b, ui, b.add(frm, at)))
+                    kb.store(b, ui, at, total)
+    _weight_out(b, kb, dt, ui, u_step, ids[2], o_range, ci, co, nn)
     return kb.finish(b)
 
 
-def _weight_out(b, kb, dt, ui, u_step, oi, o_range, ci) -> None:
+def _weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
     """gw[o, c] = G^T dU[., o, c] G (3x3 from the 16 transform-domain sums) for the output
-    channels o in `o_range`."""
-    with loop(b, *o_range, "o") as o, loop(b, 0, ci, "c") as c:
+    channels o in `o_range`. `nn`: dU stored transposed, at [xi][c][o], walked in squares of
+    OUT_SQUARE channels so that neither its reads nor gw's writes stride over the whole
+    matrix (512 x 512 channels: 16 streams 2 KiB apart per step took the kernel 12 -> 22 ms)."""
+    def one(b, o, c):
         at = iadd(b, imul(b, o, ci), c)
-        d = [[kb.load(b, ui, iadd(b, at, (r * ALPHA + s) * u_step)) for s in range(ALPHA)]
+        du = iadd(b, imul(b, c, co), o) if nn else at
+        d = [[kb.load(b, ui, iadd(b, du, (r * ALPHA + s) * u_step)) for s in range(ALPHA)]
              for r in range(ALPHA)]
         w = _sandwich(b, dt, GT, d)
         base = imul(b, at, 9)
         for r in range(3):
             for s in range(3):
                 kb.store(b, oi, iadd(b, base, r * 3 + s), w[r][s])
+
+    if not nn:
+        with loop(b, *o_range, "o") as o, loop(b, 0, ci, "c") as c:
+            one(b, o, c)
+        return
+    lo, hi = (as_i64(v) for v in o_range)
+    side = OUT_SQUARE
+    squares = b.udiv(b.add(b.sub(hi, lo), i64(side - 1)), i64(side))
+    with loop(b, 0, squares, "ob") as ob, loop(b, 0, -(-ci // side), "cb") as cb:
+        o_lo = b.add(lo, b.mul(ob, i64(side)))
+        c_lo = b.mul(cb, i64(side))
+        o_hi, c_hi = _at_most(b, b.add(o_lo, i64(side)), hi), \
+            _at_most(b, b.add(c_lo, i64(side)), i64(ci))
+        with loop(b, c_lo, c_hi, "c") as c, loop(b, o_lo, o_hi, "o") as o:
+            one(b, o, c)
+
+
+def _at_most(b, v, hi):
+    return b.select(b.icmp_signed(">", v, hi), hi, v)
 
 
 def _filter_kernel(lw, locs, recipe, u_step, g, flip):
