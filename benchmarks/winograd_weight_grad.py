@@ -7,16 +7,18 @@
 
 For each stride-1 3x3 layer shape of benchmarks/model_steps.py's ResNet-18 (CIFAR, width 64:
 64 channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `conv2d_weight_grad`
-graph is compiled twice, each variant with its own GRAPHC_CACHE_DIR (the pipeline cache keys
-on graphc's source, the same for both): "im2col" with conv_winograd's weight gradient turned
-off while it compiles, and "winograd" (the default). Each kernel is called natively
-(benchmarks.profiles.native_call), the variants in alternation, each sample >= 40 ms of this
+graph is compiled once per variant, each with its own GRAPHC_CACHE_DIR (the pipeline cache
+keys on graphc's source, the same for all): "im2col" with conv_winograd's weight gradient
+turned off while it compiles, "winograd-nt" with its GEMMs in the earlier NT form
+(conv_winograd.WEIGHT_GRAD_NN = False) and "winograd" (the default); `--variants` picks.
+Each kernel is called natively (benchmarks.profiles.native_call), the variants in
+alternation, each sample >= 40 ms of this
 process's CPU time (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, or `--threads N` of them
 and the wall clock: the kernels built split over the cores, conv_threads.py); it prints the
 medians, GFLOP/s of the direct convolution's 2*N*O*C*9*H*W, and each variant's distance
 from a float64 run over eager graphc's (the rounding rule of docs/performance.md, at most 2;
 inputs as in the step: x after a ReLU, gy normal). `--step`: the whole ResNet-18 training
-step (batch `--batch`) compiled twice the same way from one set of weights, the two steps
+step (batch `--batch`) compiled per variant the same way from one set of weights, the steps
 timed in alternation (median of each variant's rounds).
 """
 
@@ -25,8 +27,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from contextlib import contextmanager
 
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
+VARIANTS = ("im2col", "winograd-nt", "winograd")
 _clock = time.process_time
 
 
@@ -37,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="threads (1: CPU time; "
                         "more: wall clock)")
     parser.add_argument("--step", action="store_true", help="the whole training step")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="what to compare (all three)")
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
     global _clock
@@ -45,59 +51,61 @@ def main(argv: list[str] | None = None) -> None:
 
     with cache_root("winograd_weight_grad.") as root:
         if args.step:
-            _compare_steps(root, args.batch, args.rounds)
+            _compare_steps(root, args.batch, args.rounds, args.variants)
         for channels, side in () if args.step else LAYERS:
-            _compare(root, args.batch, channels, side, args.rounds)
+            _compare(root, args.batch, channels, side, args.rounds, args.variants)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
 def _compile(root: str, variant: str, graph):
-    from graphc.backends.cpu import conv_winograd
     from graphc.backends.cpu.executable import CpuExecutable
     from graphc.passes.plan import plan_buffers
 
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, variant)
-    kept = conv_winograd.conv2d_weight_grad
-    if variant == "im2col":
-        conv_winograd.conv2d_weight_grad = _not_taken
-    try:
+    with _variant(variant):
         plan_buffers(graph)
         exe = CpuExecutable(graph)
-    finally:
-        conv_winograd.conv2d_weight_grad = kept
     marker = "conv2d_winograd_weight_grad" in exe.lowered.ir_text
-    assert marker == (variant == "winograd"), variant
+    assert marker == (variant != "im2col"), variant
     return exe
+
+
+@contextmanager
+def _variant(variant: str):
+    """conv_winograd as `variant` wants it while a graph compiles."""
+    from graphc.backends.cpu import conv_winograd
+
+    kept = conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN
+    if variant == "im2col":
+        conv_winograd.conv2d_weight_grad = _not_taken
+    conv_winograd.WEIGHT_GRAD_NN = variant == "winograd"
+    try:
+        yield
+    finally:
+        conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN = kept
 
 
 def _not_taken(lw, node, g) -> bool:
     return False
 
 
-def _compare_steps(root: str, batch: int, rounds: int) -> None:
+def _compare_steps(root: str, batch: int, rounds: int, variants) -> None:
     import copy
 
     import numpy as np
 
     import graphc
     from benchmarks import model_steps, models
-    from graphc.backends.cpu import conv_winograd
-
     shape = dict(model_steps.FULL["resnet18"], batch=batch)
     graphc.manual_seed(0)
     model = model_steps.build(graphc, "resnet18", shape)
     x, y = (graphc.tensor(a) for a in model_steps.batch_of("resnet18", shape))
     steps = {}
-    for variant in ("im2col", "winograd"):
+    for variant in variants:
         os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, variant)
         step = graphc.compile(models.graphc_step(copy.deepcopy(model)), backend="cpu")
-        kept = conv_winograd.conv2d_weight_grad
-        if variant == "im2col":
-            conv_winograd.conv2d_weight_grad = _not_taken
-        try:
+        with _variant(variant):
             step(x, y)  # traces and compiles
-        finally:
-            conv_winograd.conv2d_weight_grad = kept
         steps[variant] = step
     times = {v: [] for v in steps}
     for _ in range(rounds):
@@ -111,7 +119,7 @@ def _compare_steps(root: str, batch: int, rounds: int) -> None:
         f"{v} {float(np.median(t)) * 1e3:.0f} ms" for v, t in times.items()), flush=True)
 
 
-def _compare(root: str, n: int, c: int, side: int, rounds: int) -> None:
+def _compare(root: str, n: int, c: int, side: int, rounds: int, variants) -> None:
     import numpy as np
 
     from benchmarks.profiles import native_call
@@ -124,8 +132,8 @@ def _compare(root: str, n: int, c: int, side: int, rounds: int) -> None:
     x = np.maximum(rng.standard_normal(xs), 0).astype(np.float32)
     gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
     gy = (rng.standard_normal(gs) * 1e-2).astype(np.float32)
-    variants = ("im2col", "winograd")
-    exes = {v: _compile(root, v, _graphs(xs, ws, (1, 1), (1, 1), 1)[1]["gw"]) for v in variants}
+    exes = {v: _compile(root, v, _graphs(xs, ws, (1, 1), (1, 1), 1)[1]["gw"])
+            for v in variants}
     _, graphs = _graphs(xs, ws, (1, 1), (1, 1), 1)
     _, wide = _graphs(xs, ws, (1, 1), (1, 1), 1, "float64")
     eager = interpret(graphs["gw"], gy, x)[0]
