@@ -115,8 +115,9 @@ def _compare_steps(root: str, batch: int, rounds: int, variants) -> None:
             step(x, y)
             step(x, y)
             times[v].append((_clock() - start) / 2)
-    print(f"ResNet-18 step, batch {batch}: " + "; ".join(
-        f"{v} {float(np.median(t)) * 1e3:.0f} ms" for v, t in times.items()), flush=True)
+    print(f"ResNet-18 step, batch {batch}, median (quartiles): " + "; ".join(
+        f"{v} {float(np.median(t)) * 1e3:.0f} ms ({float(np.percentile(t, 25)) * 1e3:.0f}-"
+        f"{float(np.percentile(t, 75)) * 1e3:.0f})" for v, t in times.items()), flush=True)
 
 
 def _compare(root: str, n: int, c: int, side: int, rounds: int, variants) -> None:
