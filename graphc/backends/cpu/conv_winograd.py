@@ -97,9 +97,10 @@ MIN_CHANNELS = 16
 # planes have 4 tiles an image; [512 x 512] @ [512 x 4] would run far below BLAS's speed), and
 # no more than needed, so that a block's transformed tiles V and products M stay in cache:
 # 64 tiles ran 7-20% faster than 256 on the 16x16 and 8x8 stages (1-thread CPU time). With
-# more than WIDE_CHANNELS channels in and out, a GEMM of 64 columns runs at ~2/3 of BLAS's
+# WIDE_CHANNELS channels or more in and out together, a GEMM of 64 columns runs below BLAS's
 # speed, and those take blocks of at least 2 * BLOCK_TILES (512 channels 4x4: 128 tiles
-# equal to 256, 64 tiles 13% slower).
+# equal to 256, 64 tiles 13% slower; 256 channels 8x8, batch 32: 128 tiles 5-8% faster
+# than 64, forward and input gradient, two in-process A/B runs; 64 and 128 channels: equal).
 BLOCK_TILES = 64
 WIDE_CHANNELS = 512
 # The weight gradient's GEMMs sum over a block's tiles: WEIGHT_GRAD_TILES at least (not
@@ -178,7 +179,7 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
     th, tw = out_hw[0] // 2, out_hw[1] // 2
     tiles = th * tw
     hp, wp = out_hw[0] + 2, out_hw[1] + 2
-    want = BLOCK_TILES * (2 if ci + co > WIDE_CHANNELS else 1)
+    want = BLOCK_TILES * (2 if ci + co >= WIDE_CHANNELS else 1)
     nb = max(1, -(-want // tiles))
     nb = nb if type(g.n) is not int else min(g.n, nb)  # a batch per call: see over_blocks
     # an image with more tiles than a block wants goes in parts of `rows` tile rows
