@@ -82,8 +82,13 @@ PANEL_COPY_MAX_K = 256
 # ~55 (eighth session). Not taken: n 512 (1024 x 512 x 128: the BLAS as fast or faster),
 # a read transposed (a weight gradient's x^T @ dy: broadcasts k rows apart, 1.8x slower),
 # fewer than 2 * ROW_CHUNK rows (64 x 32 x 64: the BLAS 1.9 us, the kernel 3.4).
+# k up to 1024 where b (k x n floats) stays within MEDIUM_B_BYTES, in L2 (issue 14, MLP
+# 784-256-256-10 b64's first Linear, W [256 x 784] @ x^T [784 x 64] with x^T packed: alone
+# 188 -> 129 us, OpenBLAS 136 GFLOP/s, the kernel 199; docs/performance.md "The MLP's first
+# layer"). GPT's [512 x 1024] @ [1024 x 128] (b 512 KB) stays out
 MEDIUM_N = 128
-MEDIUM_K = 512
+MEDIUM_K = 1024
+MEDIUM_B_BYTES = 256 << 10
 MEDIUM_A_BYTES = 1 << 20  # a's rows beyond this come in whole ROW_CHUNKs (each in cache)
 ROW_CHUNK = 128  # rows of a medium product per kernel call: the calls fork over the cores
 # ...and, on AVX-512 hosts, a weight gradient: a read transposed (x^T, its m contiguous) with
@@ -96,6 +101,14 @@ ROW_CHUNK = 128  # rows of a medium product per kernel call: the calls fork over
 LONG_K_MIN = 512
 LONG_K_MAX_M = 128
 LONG_K_MAX_N = 512
+# ...and a short k (a small batch: the MLP b64's dh^T @ x, k = 64) with m and n up to 1024,
+# n in two-vector panels: alone, 256 x 256 x 64 OpenBLAS 138 -> the kernel 171 GFLOP/s, k 32
+# 115 -> 182, k 128 169 -> 201, m or n 1024 ~143 -> 163-174; 256 x 784 x 64 (one-vector
+# panels) 164 -> 155: kept in the BLAS (docs/performance.md "The MLP's first layer")
+SHORT_K_MIN = 32
+SHORT_K_MAX = 128
+SHORT_K_MIN_M = 128
+SHORT_K_MAX_MN = 1024
 COLUMN_CHUNK = 64  # columns of c per call of a weight gradient: the calls fork over the cores
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
@@ -160,9 +173,13 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
         return None
     small = min(m, n) <= MAX_THIN or (b_transposed and max(m, n) <= MAX_TRANSPOSED_BLOCK)
     medium = (width == 16 and sa_col == 1 and n <= MEDIUM_N and k <= MEDIUM_K
+              and k * n * 4 <= MEDIUM_B_BYTES
               and m >= 2 * ROW_CHUNK and (m % ROW_CHUNK == 0 or m * k * 4 <= MEDIUM_A_BYTES))
     long_k = (width == 16 and sa_row == 1 and not b_transposed and k >= LONG_K_MIN
               and m <= LONG_K_MAX_M and n <= LONG_K_MAX_N)
+    long_k = long_k or (width == 16 and sa_row == 1 and not b_transposed
+                        and SHORT_K_MIN <= k <= SHORT_K_MAX and SHORT_K_MIN_M <= m
+                        and max(m, n) <= SHORT_K_MAX_MN and n % (2 * width) == 0)
     if long_k and not small:
         # a weight gradient x^T @ dy: each block of k runs over all the row blocks of a
         # panel, so the panel's block of b stays in L1 (_emit_k_outer)
