@@ -31,23 +31,34 @@ from benchmarks.harness import cache_root, run_with_threads
 VARIANTS = {"before": {"MEDIUM_K": 512, "SHORT_K_MAX": 0},
             "forward": {"SHORT_K_MAX": 0},
             "after": {}}
+
+
+def _weight_times_transposed(m: int, n: int, k: int) -> str:
+    """W [m, k] @ x^T [k, n], x read transposed (packed first): a Linear's forward."""
+    return f"""graph @f(%w: f32[{m},{k}], %x: f32[{n},{k}]) -> (f32[{m},{n}]) {{
+  %0: f32[{k},{n}] = permute[dims=(1, 0)](%x)
+  %1: f32[{m},{n}] = matmul(%w, %0)
+  return (%1)
+}}"""
+
+
+def _transposed_times(m: int, n: int, k: int) -> str:
+    """dh^T [m, k] @ x [k, n], dh read transposed: a Linear's weight gradient."""
+    return f"""graph @f(%d: f32[{k},{m}], %x: f32[{k},{n}]) -> (f32[{m},{n}]) {{
+  %0: f32[{m},{k}] = permute[dims=(1, 0)](%d)
+  %1: f32[{m},{n}] = matmul(%0, %x)
+  return (%1)
+}}"""
+
+
 # (label, IR text of the product as the step lays it out, its flops)
 PRODUCTS = [
-    ("forward W1 [256 x 784] @ x^T [784 x 64]", """graph @f(%w: f32[256,784], %x: f32[64,784]) -> (f32[256,64]) {
-  %0: f32[784,64] = permute[dims=(1, 0)](%x)
-  %1: f32[256,64] = matmul(%w, %0)
-  return (%1)
-}""", 2 * 256 * 64 * 784),
-    ("weight gradient dh1^T [256 x 64] @ x [64 x 784]", """graph @f(%d: f32[64,256], %x: f32[64,784]) -> (f32[256,784]) {
-  %0: f32[256,64] = permute[dims=(1, 0)](%d)
-  %1: f32[256,784] = matmul(%0, %x)
-  return (%1)
-}""", 2 * 256 * 784 * 64),
-    ("weight gradient dh2^T [256 x 64] @ h1 [64 x 256]", """graph @f(%d: f32[64,256], %h: f32[64,256]) -> (f32[256,256]) {
-  %0: f32[256,64] = permute[dims=(1, 0)](%d)
-  %1: f32[256,256] = matmul(%0, %h)
-  return (%1)
-}""", 2 * 256 * 256 * 64),
+    ("forward W1 [256 x 784] @ x^T [784 x 64]", _weight_times_transposed(256, 64, 784),
+     2 * 256 * 64 * 784),
+    ("weight gradient dh1^T [256 x 64] @ x [64 x 784]", _transposed_times(256, 784, 64),
+     2 * 256 * 784 * 64),
+    ("weight gradient dh2^T [256 x 64] @ h1 [64 x 256]", _transposed_times(256, 256, 64),
+     2 * 256 * 256 * 64),
 ]
 
 
@@ -116,7 +127,7 @@ def _products(rounds: int, root: str, variants: list[str]) -> None:
                 executable.run(a, b)
             kernels[name] = sorted(set(re.findall(r'define[^@]*@"?(graphc_small_sgemm_\w+)',
                                                   executable.lowered.ir_text))) or ["BLAS"]
-            calls[name] = lambda e=executable: e.run(a, b)
+            calls[name] = lambda e=executable, a=a, b=b: e.run(a, b)
         times = _interleaved(calls, rounds)
         print(label)
         for name in variants:
