@@ -16,7 +16,8 @@ pytest.importorskip("llvmlite")
 
 import graphc  # noqa: E402
 from graphc.backends import compile as compile_graph  # noqa: E402
-from graphc.backends.cpu import small_gemm  # noqa: E402
+from graphc.backends.cpu import small_gemm, threads  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.ir import parse  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
 
@@ -90,9 +91,18 @@ SHORT_K = [  # (m, n, k): a read transposed, k the batch
 
 @pytest.mark.parametrize("m, n, k", SHORT_K, ids=[f"{m}x{n}x{k}" for m, n, k in SHORT_K])
 def test_weight_gradients_with_a_short_k_run_the_k_outer_kernel(m, n, k):
-    executable = _run_and_judge(_transposed_times(m, n, k), seed=m * 5 + n + k)
+    text = _transposed_times(m, n, k)
+    executable = _run_and_judge(text, seed=m * 5 + n + k)
     names = _kernels(executable)
     assert names and all(name.endswith(("_ko", f"_ko_c{n}")) for name in names), names
+    rng = np.random.default_rng(k)
+    a, b = (rng.standard_normal(v.type.shape).astype(np.float32) for v in parse(text).inputs)
+    results = []
+    for count in sorted({1, threads.most_threads()}):  # chunks of columns: the same sums
+        executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        results.append(np.asarray(executable.run(a, b)[0]).copy())
+    for got in results[1:]:
+        np.testing.assert_array_equal(got, results[0])
 
 
 def test_the_rules_leave_other_products_to_the_blas():
