@@ -27,7 +27,9 @@ Invariants:
   shared-memory window, the same arrays every call, as PyTorch's bucket views are
   (`_window_views`; a step that reads its `.grad`s is not given views: docs/distributed.md).
 - The steady call (the last call's input arrays again, its large outputs dropped, as in a
-  loop) is checked and run in one frame that rewrites no pointer but the new small outputs':
+  loop; or, in a training step, each large output's array of two calls ago dropped while the
+  last call's is held as a `.grad`: the two alternate) is checked and run in one frame that
+  rewrites no pointer but the new small outputs' and the alternated ones':
   written out for each executable (graphc.backends.cpu.steady_call: no loop, each check one
   comparison with a constant), `run_general`'s loops where there is none. After a short native
   run little of the Python is left in the caches, and every frame and C function it touches
@@ -302,22 +304,33 @@ class CpuExecutable:
             # misses as much as for few instructions: after a native run of a fraction of a
             # millisecond (SGEMM 256) little of this Python is left in the caches, and each
             # frame, C function and object the call touches costs a trip to memory
-            # (docs/performance.md, "SGEMM 256"). Anything else takes `_call` (the inputs
-            # found bound when only an output is still held, e.g. a `.grad` until replaced).
+            # (docs/performance.md, "SGEMM 256"). An output whose last array is still held
+            # (a `.grad` until the next step replaces it) takes the array of two calls ago,
+            # as `_outputs` would; anything else takes `_call` (the inputs found bound when
+            # both of an output's arrays are held).
             if all(map(operator.is_, arrays, self._last_inputs)) \
                     and tuple(map(_SHAPE, arrays)) == types.shapes \
                     and all(map(operator.is_, map(_DTYPE, arrays), types.dtypes)) \
                     and (not self._written or all(map(_WRITEABLE, self._pick_written(arrays)))) \
                     and not self._window_views:
-                recent = self._recent
+                recent, ptrs = self._recent, self._out_ptrs
                 for k, shape, dtype in self._kept_slots:
-                    out = recent[k][0][0]  # the last call's (`_out_ptrs[k]` its address)
+                    kept = recent[k]
+                    out = kept[0][0]  # the last call's (`_out_ptrs[k]` its address)
                     # nothing else holds it: its pair in `recent[k]`, `out`, getrefcount's argument
                     if out is None or sys.getrefcount(out) != 3 or out.shape != shape \
                             or out.dtype is not dtype:
-                        out = None  # `_outputs` counts references: this would be one more
-                        return self._call(arrays, self._out_types, self._tail, arrays)
-                outs, ptrs = [], self._out_ptrs
+                        # a training step holds the last call's (a `.grad`): the array of
+                        # two calls ago goes back, as `_outputs` picks it
+                        older = kept[1]
+                        out = older[0]
+                        if out is None or sys.getrefcount(out) != 3 or out.shape != shape \
+                                or out.dtype is not dtype:
+                            out = None  # `_outputs` counts references: one more
+                            return self._call(arrays, self._out_types, self._tail, arrays)
+                        recent[k] = [older, kept[0]]
+                        ptrs[k] = older[1]
+                outs = []
                 for k, (shape, dtype, large) in enumerate(self._out_types):
                     if large:
                         outs.append(recent[k][0][0])

@@ -2,7 +2,9 @@
 
 The steady call is a loop's call (graphc.backends.cpu.executable, "The steady call"): the
 last call's input arrays again, unchanged, and every large output a kept array the caller
-has dropped, so the pointer tables already hold every address but the new small outputs'.
+has dropped, so the pointer tables already hold every address but the new small outputs'
+(and, in a training step, whose `.grad` outputs the user holds until the next step replaces
+them, those of the outputs that go back to the array of two calls ago: a ping-pong).
 `CpuExecutable.run` checks that with generic loops (maps over the inputs, a loop over the
 outputs). `compile_steady_call(executable, ...)` writes the same checks out for one
 executable, as `graphc.jit.guards.compile_checks` does for a guard: its inputs unpacked by
@@ -14,7 +16,8 @@ them than the loops (docs/performance.md, "SGEMM 256, eighth session").
 The function, `steady(executable, arrays)`, does exactly what `run` does: under the
 executable's lock, the same checks in the same order (identity with the last inputs first,
 then shapes, dtypes and the written inputs' writeable flags; each kept output's last array
-unreferenced and of its slot's type), the same outputs made, the same native run on the
+unreferenced and of its slot's type, else the one before it, as `_outputs` picks), the same
+outputs made, the same native run on the
 chooser's thread count, and the same way out to `_call` for anything else. It takes the
 executable as an argument and reads from it, per call, what a caller may replace (`_run`,
 `thread_chooser`, `_native`, `_call`, `_failed`) and the lists it updates in place
@@ -80,13 +83,22 @@ def compile_steady_call(executable, address: Callable,
         out = f"o{k}"
         if large:  # the last call's array, unreferenced: its pair, `out`, getrefcount's
             held.append(out)
-            body += [f"{out} = recent[{k}][0][0]",
-                     f"if {out} is None or getrefcount({out}) != 3 "
-                     f"or {out}.shape != {name('shape', shape)} "
-                     f"or {out}.dtype is not {name('dtype', dtype)}:",
+            unused = (f"{out} is None or getrefcount({out}) != 3 "
+                      f"or {out}.shape != {name('shape', shape)} "
+                      f"or {out}.dtype is not {name('dtype', dtype)}")
+            body += [f"kept = recent[{k}]",
+                     f"{out} = kept[0][0]",
+                     f"if {unused}:",
+                     # a training step: the last call's array is the `.grad` the user
+                     # holds; the array of two calls ago goes back, as `_outputs` picks it
+                     "    older = kept[1]",
+                     f"    {out} = older[0]",
+                     f"    if {unused}:",
                      # `_outputs` counts references: drop ours first
-                     f"    {' = '.join(held)} = None",
-                     "    return ex._call(arrays, ex._out_types, ex._tail, arrays)"]
+                     f"        {' = '.join(held)} = None",
+                     "        return ex._call(arrays, ex._out_types, ex._tail, arrays)",
+                     f"    recent[{k}] = [older, kept[0]]",
+                     f"    OUT[{k}] = older[1]"]
     for k, (shape, dtype, large) in enumerate(executable._out_types):
         if not large:  # new, as in `_outputs`
             size = int(np.prod(shape, dtype=np.int64))
