@@ -21,7 +21,8 @@ from graphc.backends import Executable, residency
 from graphc.jit import nan_check
 from graphc.tensor import Tensor
 
-__all__ = ["HeldInterrupts", "as_array", "as_tensor", "interrupts_held", "run_and_write_back"]
+__all__ = ["HeldInterrupts", "as_array", "as_tensor", "interrupts_held", "run_and_write_back",
+           "write_back"]
 
 _ARRAY = operator.attrgetter("_array")
 _VERSION_COUNTER = operator.attrgetter("_version_counter")
@@ -87,12 +88,19 @@ def run_and_write_back(executable: Executable, arrays: list, targets: list,
     results = executable.run(*arrays) if check is None else nan_check.run_checked(
         executable, arrays, check, n_out if n_checked is None else n_checked)
     outputs, updates = results[:n_out], results[n_out:]
-    # `_array`: fresh_all above fetched every value another device held
+    write_back(executable, arrays, targets, updates)
+    return outputs
+
+
+def write_back(executable: Executable, arrays: list, targets: list, updates: list) -> None:
+    """Write a run's `updates` into their `targets` (tensors) and bump the targets' version
+    counters (`run_and_write_back`'s second half; `arrays`: the call's input arrays)."""
+    # `_array`: fresh_all before the run fetched every value another device held
     current = list(map(_ARRAY, targets))
     if all(map(operator.is_, updates, current)):  # every update computed in place: no writes
         for counter in map(_VERSION_COUNTER, targets):
             counter.bump()
-        return outputs
+        return
     # A value the backend computed straight into its target needs no write. Any other value
     # that shares memory with a call array is copied first: writing one target must never
     # change a value still to be written. A backend with `fresh_results` returns call arrays
@@ -109,7 +117,6 @@ def run_and_write_back(executable: Executable, arrays: list, targets: list,
         if value is not c:
             np.copyto(c, value)
         t._version_counter.bump()
-    return outputs
 
 
 def as_array(output) -> np.ndarray:
