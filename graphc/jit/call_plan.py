@@ -42,7 +42,7 @@ from graphc.jit.bindings import (
     TraceResult,
 )
 from graphc.jit.pytree import unflatten
-from graphc.jit.run import HeldInterrupts, run_and_write_back
+from graphc.jit.run import HeldInterrupts, run_and_write_back, write_back
 from graphc.tensor import Tensor
 
 __all__ = ["MISFIT", "CallPlan"]
@@ -67,7 +67,7 @@ class CallPlan:
 
     __slots__ = ("executable", "out_spec", "captured", "holders", "inputs", "specials",
                  "targets", "shared", "n_shared", "grads", "plain_grads", "returns_grads",
-                 "wraps", "direct", "reads_only", "reading")
+                 "wraps", "direct", "reads_only", "reading", "stepping")
 
     @classmethod
     def of(cls, traced: TraceResult, executable, update_inputs: list[int], wraps: list,
@@ -167,6 +167,9 @@ class CallPlan:
             and not traced.grad_outputs
         self.reading = _reading_function(self, inputs, n_args, len(kwarg_names)) \
             if self.reads_only else None
+        # a step (updates, random state, .grads) written out too, or None
+        self.stepping = None if self.reads_only else _stepping_function(
+            self, inputs, update_inputs, n_args, len(kwarg_names))
 
     def run(self, args: tuple, kwargs: dict):
         """The call's result, or MISFIT when its tensors share storage other than at the
@@ -183,12 +186,7 @@ class CallPlan:
                     _ARRAY, self.shared(pool))))) != self.n_shared:
                 return MISFIT
             for i, b in self.specials:
-                if isinstance(b, RngBinding):
-                    seed, offset = b.traced_state if b.transient else \
-                        b.generator._take(b.counters)
-                    arrays[i] = np.array([seed, offset], np.uint64).view(np.int64)
-                else:  # a copy: an output may be a view of it
-                    arrays[i] = b.array.copy()
+                arrays[i] = special_array(b)
             outputs = run_and_write_back(self.executable, arrays, self.targets(tensors))
             if self.grads is None:
                 for holder, index, dtype in self.plain_grads:
@@ -297,6 +295,99 @@ def _reading_function(plan: CallPlan, inputs: list[int], n_args: int, n_kwargs: 
     reading = names["reading"]
     reading.__doc__ = source
     return reading
+
+
+def _stepping_function(plan: CallPlan, inputs: list[int], update_inputs: list[int],
+                       n_args: int, n_kwargs: int):
+    """`run` written out for one plan that writes (a training step), as `_reading_function`
+    writes `run_reading`: the same steps in the same order (the holders' `.grad`s read, Ctrl-C
+    held, each input's tensor and array read by name, the sharing check one comparison, the
+    random states and constants, the executable run, the updates found computed in place (a
+    version bump each) or written back by `write_back`, the `.grad`s assigned, the outputs
+    wrapped), with no pool, itemgetter or map between them (docs/performance.md, "Training
+    steps take the steady call"). None where `run_reading`'s function is (a keyword input, a
+    sharing check over other tensors) or a `.grad` is not a captured holder's own output
+    (`plan.grads`). Its text is its `__doc__`."""
+    first_captured = n_args + n_kwargs
+    first_grad = first_captured + len(plan.captured)
+    stand_in = first_grad + len(plan.holders)
+    specials = dict(plan.specials)
+    if plan.shared is not None or plan.grads is not None or any(
+            n_args <= p < first_captured for p in inputs) or any(
+            i in specials for i in update_inputs):
+        return None
+    executable = plan.executable
+    names: dict[str, Any] = {"MISFIT": MISFIT, "residency": residency, "Tensor": Tensor,
+                             "unflatten": unflatten, "EX": executable, "SPEC": plan.out_spec,
+                             "HeldInterrupts": HeldInterrupts, "write_back": write_back,
+                             "special_array": special_array}
+    outer, lines = [], []
+    for i, p in enumerate(inputs):
+        if p < n_args:
+            outer.append(f"t{i} = args[{p}]")
+        elif p < first_grad:
+            k = p - first_captured
+            names[f"CAPTURED{k}"] = plan.captured[k]
+            outer.append(f"t{i} = CAPTURED{k}")
+        elif p < stand_in:  # a holder's .grad, read before Ctrl-C is held (as the pool)
+            k = p - first_grad
+            names[f"HOLDER{k}"] = plan.holders[k]
+            outer.append(f"t{i} = HOLDER{k}._grad")
+    lines += [f"a{i} = None" if i in specials else f"a{i} = t{i}._array"
+              for i in range(len(inputs))]
+    listed = ", ".join(f"a{i}" for i in range(len(inputs)))
+    if plan.n_shared > 1:
+        ids = ", ".join(f"id(a{i})" for i in range(len(inputs)))
+        lines += [f"if len({{{ids}}}) != {plan.n_shared}:", "    return MISFIT"]
+    for i, b in plan.specials:
+        names[f"SPECIAL{i}"] = b
+        lines.append(f"a{i} = special_array(SPECIAL{i})")
+    one = "," if len(inputs) == 1 else ""
+    lines += ["if residency.stale:  # what another device holds, fetched",
+              f"    residency.fresh_all(({listed}{one}), keep=EX)",
+              f"results = EX.run({listed})"]
+    n_out = len(executable.graph.outputs)
+    targets = [f"t{i}" for i in update_inputs]
+    if targets:
+        updates = [f"results[{n_out + j}]" for j in range(len(targets))]
+        same = [f"{u} is {t}._array" for u, t in zip(updates, targets)]
+        lines.append("if (" + "\n        and ".join(same) + "):  # computed in place")
+        lines += [f"    {t}._version_counter.bump()" for t in targets]
+        lines += ["else:",
+                  f"    write_back(EX, [{listed}], [{', '.join(targets)}], results[{n_out}:])"]
+    for k, (holder, index, dtype) in enumerate(plan.plain_grads):
+        names[f"GRAD_HOLDER{k}"] = holder
+        names[f"GRAD_DTYPE{k}"] = dtype
+        lines.append(f"GRAD_HOLDER{k}._grad = Tensor._result(results[{index}], GRAD_DTYPE{k})")
+    wrapped = []
+    for kind, index, dtype in plan.wraps:
+        if kind == "input":
+            wrapped.append(f"t{index}")
+        elif kind == "grad":
+            wrapped.append(f"GRAD_HOLDER{index}._grad")
+        else:
+            names[f"DTYPE{index}"] = dtype
+            wrapped.append(f"Tensor._result(results[{index}], DTYPE{index})")
+    if plan.direct is not None:
+        lines.append(f"result = {wrapped[plan.direct]}")
+    else:
+        lines.append(f"result = [{', '.join(wrapped)}]")
+    body = outer + ["with HeldInterrupts():"] + [f"    {line}" for line in lines]
+    body.append("return result" if plan.direct is not None else "return unflatten(SPEC, result)")
+    source = "def stepping(args, kwargs):\n" + "".join(f"    {line}\n" for line in body)
+    exec(compile(source, "<graphc call plan step>", "exec"), names)  # noqa: S102 (our text)
+    stepping = names["stepping"]
+    stepping.__doc__ = source
+    return stepping
+
+
+def special_array(b: RngBinding | ConstantBinding) -> np.ndarray:
+    """The array a call passes for a random generator's state (advanced: this call's seed and
+    offset) or a constant (a copy: an output may be a view of it)."""
+    if isinstance(b, RngBinding):
+        seed, offset = b.traced_state if b.transient else b.generator._take(b.counters)
+        return np.array([seed, offset], np.uint64).view(np.int64)
+    return b.array.copy()
 
 
 class _NotPlanned(Exception):

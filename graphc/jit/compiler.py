@@ -249,7 +249,8 @@ class Compiled:
                 or entry.shapes is not None or not entry.guard.implies_types(entry.typed):
             return ()
         plan = entry.plan
-        run = plan.run if not plan.reads_only else plan.reading or plan.run_reading
+        run = plan.stepping or plan.run if not plan.reads_only else \
+            plan.reading or plan.run_reading
         return entry.guard.checks, run, entry
 
     def _guarded(self, args: tuple, kwargs: dict, tried=None) -> Entry | None:
