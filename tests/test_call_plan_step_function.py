@@ -85,3 +85,70 @@ def test_the_step_function_holds_interrupts_over_the_step():
     held = source.index("with HeldInterrupts():")
     assert held < source.index("EX.run(") < source.index("._grad = ")
     assert source.index("._version_counter.bump()") > held
+
+
+def test_an_update_the_run_could_not_make_in_place_is_written_back_the_same_way():
+    """A momentum buffer in Fortran order is bound as a contiguous copy: its update comes back
+    in the copy, and the written-out step hands it to `write_back`, as the plan's `run` does."""
+    rng = np.random.default_rng(9)
+    x = graphc.tensor(rng.standard_normal((16, 32)).astype(np.float32))
+    y = graphc.tensor(rng.integers(0, 10, 16))
+    runs = []
+    for written_out in (True, False):
+        model, opt, step = _step(False)
+        losses = [float(step(x, y)) for _ in range(2)]
+        plan = step._entries[-1].plan
+        if not written_out:
+            plan.stepping = None
+            step._fast = None
+        buffer = opt.state[model[0].weight]["momentum_buffer"]
+        buffer._array = np.asfortranarray(buffer._array)
+        written = []
+        if written_out:
+            names = plan.stepping.__globals__
+            real = names["write_back"]
+            names["write_back"] = lambda *a: written.append(1) or real(*a)
+        losses += [float(step(x, y)) for _ in range(3)]
+        if written_out:
+            assert step._entries[-1].plan is plan and written == [1, 1, 1]
+            names["write_back"] = real
+        assert not buffer._array.flags.c_contiguous  # written into, not replaced
+        runs.append((losses, _state(model, opt)))
+    (losses, state), (losses2, state2) = runs
+    assert losses == losses2
+    for a, b in zip(state, state2):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_update_made_in_a_fresh_array_is_copied_into_its_target():
+    """`w -= (a.T @ b).T * 0.1`: the update is not computed in place (the plan gives it an
+    array of its own), so the written-out step copies it into `w`'s array and bumps its
+    version, as `write_back` does."""
+    rng = np.random.default_rng(3)
+    a = graphc.tensor(rng.standard_normal((64, 64)).astype(np.float32))
+    b = graphc.tensor(rng.standard_normal((64, 64)).astype(np.float32))
+    start = rng.standard_normal((64, 64)).astype(np.float32)
+    results = []
+    for written_out in (True, False):
+        w = graphc.tensor(start.copy())
+
+        def update(a, b, w=w):
+            w.sub_((a.T @ b).T * 0.1)
+            return w.sum()
+
+        f = graphc.compile(update, backend="cpu")
+        sums = [float(f(a, b)) for _ in range(2)]
+        plan = f._entries[-1].plan
+        assert f.executable.updates_in_place == (False,)
+        assert "np.copyto(" in plan.stepping.__doc__
+        if not written_out:
+            plan.stepping = None
+            f._fast = None
+        array, version = w._array, w._version
+        sums += [float(f(a, b)) for _ in range(3)]
+        assert w._array is array and w._version == version + 3
+        results.append((sums, w.numpy().copy()))
+    assert results[0][0] == results[1][0]
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    np.testing.assert_allclose(results[0][1], start - 0.5 * (a.numpy().T @ b.numpy()).T,
+                               rtol=1e-4, atol=1e-3)

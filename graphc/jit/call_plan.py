@@ -11,7 +11,10 @@ path's: `run_and_write_back`, Ctrl-C held (`HeldInterrupts`) from the first bind
 random generator advanced) to the last `.grad` assigned; a call that only reads (no update,
 no random state, no `.grad`: `reads_only`) has nothing to leave half done, and runs the
 executable with nothing held (`run_reading`; written out for the plan as one function,
-`reading`, where its inputs are positional arguments and captured tensors).
+`reading`, where its inputs are positional arguments and captured tensors). A call that
+writes (a training step) is written out the same way (`stepping`: the same steps as `run`,
+Ctrl-C held, each update found in place bumped, or copied from the fresh array the executable
+says it made (`updates_in_place`), or handed to `write_back`; each `.grad` assigned by name).
 
 A plan is made only where its shortcuts are exact (`CallPlan.of` returns None otherwise,
 and the general path runs): the executable returns `fresh_results` (every output an array
@@ -320,7 +323,7 @@ def _stepping_function(plan: CallPlan, inputs: list[int], update_inputs: list[in
     names: dict[str, Any] = {"MISFIT": MISFIT, "residency": residency, "Tensor": Tensor,
                              "unflatten": unflatten, "EX": executable, "SPEC": plan.out_spec,
                              "HeldInterrupts": HeldInterrupts, "write_back": write_back,
-                             "special_array": special_array}
+                             "special_array": special_array, "np": np}
     outer, lines = [], []
     for i, p in enumerate(inputs):
         if p < n_args:
@@ -349,10 +352,17 @@ def _stepping_function(plan: CallPlan, inputs: list[int], update_inputs: list[in
     n_out = len(executable.graph.outputs)
     targets = [f"t{i}" for i in update_inputs]
     if targets:
+        # `write_back`'s work where the executable says which updates it computes in place
+        # (`updates_in_place`): those found in place need a bump, a fresh array (never a
+        # call array: `fresh_results`) is copied into its target; else `write_back` itself
+        in_place = getattr(executable, "updates_in_place", None) or (True,) * len(targets)
         updates = [f"results[{n_out + j}]" for j in range(len(targets))]
-        same = [f"{u} is {t}._array" for u, t in zip(updates, targets)]
-        lines.append("if (" + "\n        and ".join(same) + "):  # computed in place")
-        lines += [f"    {t}._version_counter.bump()" for t in targets]
+        same = [f"{u} is {t}._array" for u, t, kept in zip(updates, targets, in_place) if kept]
+        lines.append("if (" + "\n        and ".join(same or ["True"]) + "):")
+        for u, t, kept in zip(updates, targets, in_place):
+            if not kept:
+                lines.append(f"    np.copyto({t}._array, {u})")
+            lines.append(f"    {t}._version_counter.bump()")
         lines += ["else:",
                   f"    write_back(EX, [{listed}], [{', '.join(targets)}], results[{n_out}:])"]
     for k, (holder, index, dtype) in enumerate(plan.plain_grads):

@@ -174,6 +174,10 @@ class CpuExecutable:
             else:
                 self._results.append(("out", len(self._copied)))
                 self._copied.append(v.type)
+        # per update: whether the run returns its target's own array (computed in place,
+        # unless the input was copied), or a fresh one to write back (graphc.jit.call_plan)
+        self.updates_in_place = tuple(kind == "in" for kind, _ in
+                                      self._results[len(graph.outputs):])
         self._in_ptrs = (ctypes.c_void_p * max(len(graph.inputs), 1))()
         self._out_ptrs = (ctypes.c_void_p * max(len(self._copied), 1))()
         self._outputs_only = all(kind == "out" for kind, _ in self._results)
