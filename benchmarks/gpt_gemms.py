@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variant", action="append", choices=list(VARIANTS),
                         help="compare these variants only (repeatable; default: all)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:  # else every variant compiles, then each median is of nothing (nan)
+        parser.error(f"--rounds must be at least 1, got {args.rounds}: nothing would be timed")
     # one thread for OpenMP and OpenBLAS: set before they load (numpy loads OpenBLAS when the
     # harness imports it), so the process starts again with them where they are not
     run_with_threads("benchmarks.gpt_gemms", 1, sys.argv[1:] if argv is None else argv)

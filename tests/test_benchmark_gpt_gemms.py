@@ -1,0 +1,35 @@
+"""benchmarks/gpt_gemms.py: its variants set module constants that exist (a renamed one
+would otherwise be set on the module and change nothing, every variant then the same), and
+--rounds below 1 is refused with a message before anything compiles."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from benchmarks import gpt_gemms
+
+
+def test_every_variant_sets_constants_that_exist():
+    for name, settings in gpt_gemms.VARIANTS.items():
+        for key in settings:
+            module, _, attr = key.rpartition(".")
+            owner = importlib.import_module(f"graphc.backends.cpu.{module or 'small_gemm'}")
+            assert hasattr(owner, attr), f"variant {name!r}: {owner.__name__} has no {attr}"
+
+
+def test_the_variant_puts_the_constants_back(tmp_path, monkeypatch):
+    from graphc.backends.cpu import gemm_addends, small_gemm
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))  # the variant sets it: put back
+    with gpt_gemms._variant("before", str(tmp_path)):
+        assert small_gemm.MEDIUM_N == 0 and gemm_addends.FOLD is False
+    assert small_gemm.MEDIUM_N > 0 and gemm_addends.FOLD is True
+
+
+@pytest.mark.parametrize("rounds", ["0", "-3"])
+def test_no_rounds_is_refused_clearly(rounds, capsys):
+    with pytest.raises(SystemExit):
+        gpt_gemms.main(["--rounds", rounds])
+    assert f"--rounds must be at least 1, got {rounds}" in capsys.readouterr().err
