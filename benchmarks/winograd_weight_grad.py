@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="what to compare (all three)")
     args = parser.parse_args(argv)
+    for flag, value in (("--rounds", args.rounds), ("--batch", args.batch),
+                        ("--threads", args.threads)):
+        if value < 1:  # else layers compile for minutes, then each median is of nothing (nan)
+            parser.error(f"{flag} must be at least 1, got {value}")
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
     global _clock
     _clock = time.process_time if args.threads == 1 else time.perf_counter
