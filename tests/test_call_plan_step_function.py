@@ -152,3 +152,35 @@ def test_an_update_made_in_a_fresh_array_is_copied_into_its_target():
     np.testing.assert_array_equal(results[0][1], results[1][1])
     np.testing.assert_allclose(results[0][1], start - 0.5 * (a.numpy().T @ b.numpy()).T,
                                rtol=1e-4, atol=1e-3)
+
+
+def test_a_step_accumulating_gradients_is_left_to_run():
+    """A step without zero_grad reads each holder's `.grad`: its sharing check leaves those out
+    (`plan.shared`), so no step function is written, and the plan's `run` gives eager's
+    losses, parameters and `.grad`s."""
+    rng = np.random.default_rng(11)
+    x = graphc.tensor(rng.standard_normal((16, 32)).astype(np.float32))
+    y = graphc.tensor(rng.integers(0, 10, 16))
+    runs = []
+    for compiled in (True, False):
+        graphc.manual_seed(0)
+        model = gnn.Linear(32, 10)
+        opt = goptim.SGD(model.parameters(), lr=0.05)
+
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        run = graphc.compile(step, backend="cpu") if compiled else step
+        losses = [float(run(x, y)) for _ in range(4)]
+        if compiled:
+            plan = run._entries[-1].plan
+            assert plan.holders and plan.stepping is None
+        runs.append((losses, [a.numpy().copy() for p in model.parameters()
+                              for a in (p.detach(), p.grad)]))
+    (losses, state), (losses2, state2) = runs
+    np.testing.assert_allclose(losses, losses2, rtol=1e-5)
+    for a, b in zip(state, state2):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -303,19 +303,21 @@ def _reading_function(plan: CallPlan, inputs: list[int], n_args: int, n_kwargs: 
 def _stepping_function(plan: CallPlan, inputs: list[int], update_inputs: list[int],
                        n_args: int, n_kwargs: int):
     """`run` written out for one plan that writes (a training step), as `_reading_function`
-    writes `run_reading`: the same steps in the same order (the holders' `.grad`s read, Ctrl-C
-    held, each input's tensor and array read by name, the sharing check one comparison, the
-    random states and constants, the executable run, the updates found computed in place (a
-    version bump each) or written back by `write_back`, the `.grad`s assigned, the outputs
-    wrapped), with no pool, itemgetter or map between them (docs/performance.md, "Training
-    steps take the steady call"). None where `run_reading`'s function is (a keyword input, a
-    sharing check over other tensors) or a `.grad` is not a captured holder's own output
-    (`plan.grads`). Its text is its `__doc__`."""
+    writes `run_reading`: the same steps in the same order (Ctrl-C held, each input's tensor
+    and array read by name, the sharing check one comparison, the random states and
+    constants, the executable run, the updates found computed in place (a version bump each)
+    or written back by `write_back`, the `.grad`s assigned, the outputs wrapped), with no
+    pool, itemgetter or map between them (docs/performance.md, "Training steps take the
+    steady call"). None where `run_reading`'s function is (a keyword input, a sharing check
+    over other tensors than the inputs: so also a step that reads a holder's `.grad`, as one
+    accumulating gradients does, whose check leaves that `.grad` out), or a `.grad` is not a
+    captured holder's own output (`plan.grads`). Its text is its `__doc__`."""
     first_captured = n_args + n_kwargs
     first_grad = first_captured + len(plan.captured)
-    stand_in = first_grad + len(plan.holders)
     specials = dict(plan.specials)
-    if plan.shared is not None or plan.grads is not None or any(
+    # a holder's .grad read as an input (a step accumulating gradients) is left to `run`:
+    # its sharing check leaves that .grad out (`plan.shared` is then a list of its own)
+    if plan.shared is not None or plan.holders or plan.grads is not None or any(
             n_args <= p < first_captured for p in inputs) or any(
             i in specials for i in update_inputs):
         return None
@@ -332,10 +334,6 @@ def _stepping_function(plan: CallPlan, inputs: list[int], update_inputs: list[in
             k = p - first_captured
             names[f"CAPTURED{k}"] = plan.captured[k]
             outer.append(f"t{i} = CAPTURED{k}")
-        elif p < stand_in:  # a holder's .grad, read before Ctrl-C is held (as the pool)
-            k = p - first_grad
-            names[f"HOLDER{k}"] = plan.holders[k]
-            outer.append(f"t{i} = HOLDER{k}._grad")
     lines += [f"a{i} = None" if i in specials else f"a{i} = t{i}._array"
               for i in range(len(inputs))]
     listed = ", ".join(f"a{i}" for i in range(len(inputs)))
