@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from graphc.errors import AutogradError, ShapeError
+from graphc.refcounts import COUNTS_ARE_EXACT
 
 if TYPE_CHECKING:
     from graphc.tensor import Tensor
@@ -266,10 +267,12 @@ def _adoptable(grad: Tensor, var: Tensor) -> bool:
     local (3), and, where it views a whole buffer (a transposed matmul result, as the weight
     gradient of a Linear), that buffer and the tensor it is a view of are held only by this
     view (a view of the memory would hold them too). Anything else is copied, as before; an
-    adopted view is cut from its source, so `.grad` is a tensor of its own."""
+    adopted view is cut from its source, so `.grad` is a tensor of its own. Where reference
+    counts cannot tell (graphc.refcounts), nothing is adopted."""
     from graphc.dispatch import current_tracer, is_abstract
 
-    if (grad._requires_grad or grad._dtype is not var._dtype or sys.getrefcount(grad) != 4
+    if (not COUNTS_ARE_EXACT or grad._requires_grad or grad._dtype is not var._dtype
+            or sys.getrefcount(grad) != 4
             or current_tracer() is not None or is_abstract()):
         return False
     array = grad._array

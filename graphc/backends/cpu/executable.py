@@ -80,6 +80,7 @@ from graphc.ir.verifier import verify
 from graphc.ops.collective import COLLECTIVE_OPS, communicator
 from graphc.ops.fused import FusedBody
 from graphc.ops.registry import CONTRACTION, REGISTRY
+from graphc.refcounts import COUNTS_ARE_EXACT
 
 # A graph of this many scheduled nodes or more makes a module large enough to compile in
 # parts (graphc.backends.cpu.workers.PARALLEL_MIN_CHARS): its workers are started before
@@ -312,7 +313,7 @@ class CpuExecutable:
             # (a `.grad` until the next step replaces it) takes the array of two calls ago,
             # as `_outputs` would; anything else takes `_call` (the inputs found bound when
             # both of an output's arrays are held).
-            if all(map(operator.is_, arrays, self._last_inputs)) \
+            if COUNTS_ARE_EXACT and all(map(operator.is_, arrays, self._last_inputs)) \
                     and tuple(map(_SHAPE, arrays)) == types.shapes \
                     and all(map(operator.is_, map(_DTYPE, arrays), types.dtypes)) \
                     and (not self._written or all(map(_WRITEABLE, self._pick_written(arrays)))) \
@@ -493,7 +494,9 @@ def output_types(types: list[tuple[tuple, np.dtype]]) -> list[tuple[tuple, np.dt
 
 def _unreferenced(kept: list, shape: tuple, dtype: np.dtype) -> int | None:
     """The position in `kept` ((array, address) pairs) of an array of this type nothing else
-    references, or None."""
+    references, or None (always where reference counts cannot tell: graphc.refcounts)."""
+    if not COUNTS_ARE_EXACT:
+        return None
     for j, (array, _) in enumerate(kept):
         # references to an unused one: its pair, `array` and getrefcount's argument
         if array is not None and sys.getrefcount(array) == 3 and \

@@ -25,8 +25,9 @@ executable as an argument and reads from it, per call, what a caller may replace
 made (types, the pointer tables, the driver's tail, the lock). It holds no reference to the
 executable, so storing it on the executable makes no cycle. Its text is its `__doc__`.
 
-Not made (None) for an executable whose calls agree on collectives or return window views:
-`run` keeps those.
+Not made (None) for an executable whose calls agree on collectives or return window views,
+or where reference counts cannot tell a dropped array (graphc.refcounts): `run` keeps
+those.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from graphc.refcounts import COUNTS_ARE_EXACT
+
 __all__ = ["compile_steady_call"]
 
 
@@ -44,7 +47,7 @@ def compile_steady_call(executable, address: Callable,
     """`steady(executable, arrays)` for this executable (see the module docstring), or None.
     `address` and `new_address` give an array's data address (graphc.backends.cpu.executable's
     helpers). A call with another number of inputs goes to `run_general` (which says so)."""
-    if executable._collectives or executable._window_views:
+    if executable._collectives or executable._window_views or not COUNTS_ARE_EXACT:
         return None
     names: dict[str, Any] = {"getrefcount": sys.getrefcount, "empty": np.empty,
                              "address": address, "new_address": new_address,
