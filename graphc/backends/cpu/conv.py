@@ -59,7 +59,18 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from graphc.backends.cpu import conv_threads
-from graphc.backends.cpu.kernels import KernelBuilder
+from graphc.backends.cpu.image_kernels import (
+    Table,
+    called_kernel,
+    contiguous_in,
+    contiguous_out,
+    iadd,
+    image_kernel,
+    image_strides,
+    imul,
+    is_contiguous,
+    out_ranges,
+)
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import (
     I32,
@@ -68,7 +79,6 @@ from graphc.backends.cpu.values import (
     Loc,
     as_i64,
     contiguous,
-    contiguous_strides,
     i64,
     loop,
     size,
@@ -80,130 +90,6 @@ from graphc.types import TensorType, float32, float64
 __all__ = ["conv2d", "conv2d_input_grad", "conv2d_weight_grad"]
 
 ROW_MAJOR, NOTRANS, TRANS = 101, 111, 112
-
-
-# ---- helpers ---------------------------------------------------------------------------------
-def iadd(b, *terms) -> ir.Value:
-    """Sum of i64 terms (ints, sizes known per call, or values), folding the constants."""
-    k, vals = 0, []
-    for t in terms:
-        if isinstance(t, int):
-            k += t
-        else:
-            vals.append(size(b, t))
-    out = None
-    for v in vals:
-        out = v if out is None else b.add(out, v)
-    if out is None:
-        return i64(k)
-    return b.add(out, i64(k)) if k else out
-
-
-def imul(b, x, k: int):
-    if isinstance(x, int):
-        return x * k
-    return x if k == 1 else (0 if k == 0 else b.mul(size(b, x), size(b, k)))
-
-
-class Table:
-    """A constant i64 table indexed at run time (folded to a constant when uniform). Its
-    global is made when a kernel first indexes it at run time, so a kernel shared with an
-    earlier node (`begin` returned None) leaves none behind."""
-
-    def __init__(self, lw, values) -> None:
-        self.values = [int(v) for v in values]
-        self.uniform = len(set(self.values)) == 1
-        self.lw = lw
-        self.gv = None
-
-    def __call__(self, b, index):
-        if self.uniform:
-            return self.values[0]
-        if isinstance(index, int):
-            return self.values[index]
-        ty = ir.ArrayType(I64, len(self.values))
-        if self.gv is None:
-            self.gv = ir.GlobalVariable(self.lw.module, ty, name=self.lw.name("table"))
-            self.gv.global_constant = True
-            self.gv.linkage = "internal"
-            self.gv.initializer = ir.Constant(ty, self.values)
-        p = b.gep(self.gv, [i64(0), index], inbounds=True, source_etype=ty)
-        return b.load(p, typ=I64)
-
-
-def _estrides(loc: Loc) -> tuple[int, ...]:
-    item = loc.type.dtype.itemsize
-    return tuple(s // item for s in loc.strides)
-
-
-def _is_contiguous(loc: Loc) -> bool:
-    t = loc.type
-    want = contiguous_strides(t.shape, t.dtype.itemsize)
-    return all(n == 1 or s == w for n, s, w in zip(t.shape, loc.strides, want))
-
-
-def contiguous_in(lw, loc: Loc) -> Loc:
-    """`loc`, or a contiguous copy of it in scratch."""
-    if _is_contiguous(loc):
-        return loc
-    tmp = lw.scratch_loc(loc.type)
-    lw.copy(loc, tmp, "pack")
-    return tmp
-
-
-@contextmanager
-def contiguous_out(lw, loc: Loc):
-    """Yield a contiguous Loc to write; copied to `loc` afterwards when it is not one."""
-    if _is_contiguous(loc):
-        yield loc
-        return
-    tmp = lw.scratch_loc(loc.type)
-    yield tmp
-    lw.copy(tmp, loc, "unpack")
-
-
-def image_kernel(lw, name: str, locs: list[Loc], recipe: object = None):
-    """A KernelBuilder whose operands are `locs` (element addressing by hand). `recipe`:
-    what the kernel's code depends on besides the locs (the lowering's path and geometry);
-    the locs' types and strides are added to it here, since the code addresses them by hand.
-    With a recipe, `kb.begin()` returns None when the same kernel was built before (for
-    another node: ResNet's repeated blocks) and `kb.kernel` is that function, to be called
-    with these locs (graphc.backends.cpu.kernels, "Shared kernels"); None: never shared."""
-    if recipe is not None:
-        recipe = (name, recipe, tuple((loc.type, loc.strides) for loc in locs))
-    kb = KernelBuilder(lw, lw.name(name), (1,), recipe)
-    ids = [kb.operand(loc, (0,)) for loc in locs]
-    return kb, ids
-
-
-def _fadd(b, x, y, reassoc=False):
-    r = b.fadd(x, y)
-    if reassoc:
-        r.flags.extend(("reassoc", "nsz"))
-    return r
-
-
-def _taps(n: int, out: int, k: int, s: int, p: int, d: int):
-    """Per output position o: the range [lo, hi) of kernel taps t whose input position
-    o*s - p + t*d lies in [0, n)."""
-    lo, hi = [], []
-    for o in range(out):
-        start = o * s - p
-        ts = [t for t in range(k) if 0 <= start + t * d < n]
-        lo.append(ts[0] if ts else 0)
-        hi.append(ts[-1] + 1 if ts else 0)
-    return lo, hi
-
-
-def out_ranges(n: int, out: int, k: int, s: int, p: int, d: int):
-    """Per kernel tap t: the range [lo, hi) of output positions o whose input position
-    o*s - p + t*d lies in [0, n)."""
-    lo, hi = [], []
-    for t in range(k):
-        os_ = [o for o in range(out) if 0 <= o * s - p + t * d < n]
-        lo.append(os_[0] if os_ else 0)
-        hi.append(os_[-1] + 1 if os_ else 0)
-    return lo, hi
 
 
 # ---- convolution -----------------------------------------------------------------------------
@@ -255,12 +141,6 @@ def _geometry(x_t: TensorType, w_shape, out_hw, attrs) -> Geometry:
     o, _, kh, kw = w_shape
     return Geometry(n, c, h, w, o, attrs["groups"], kh, kw, out_hw[0], out_hw[1],
                  tuple(attrs["stride"]), tuple(attrs["padding"]), tuple(attrs["dilation"]))
-
-
-def image_strides(loc: Loc) -> tuple[int, int, int, int]:
-    """Element strides (n, c, h, w) of a batched or unbatched image tensor."""
-    s = _estrides(loc)
-    return (0,) + s if len(s) == 3 else s
 
 
 class Conv:
@@ -473,11 +353,6 @@ def walk_blocks(b, kb, g: Geometry, nb: int, split, control: int, block) -> ir.V
     return b.mul(lo, i64(nb))
 
 
-def called_kernel(lw, kernel, split, **how):
-    """The kernel the driver calls: `kernel`, or its split over the cores."""
-    return kernel if split is None else split.call(lw, kernel, **how)
-
-
 def fused_conv2d(lw, node: Node, body) -> None:
     """A fused node whose body is conv2d then elementwise ops (bias, activation, residual
     add): on the im2col path the epilogue runs per image inside the convolution kernel, right
@@ -490,7 +365,7 @@ def fused_conv2d(lw, node: Node, body) -> None:
     same = [v for v in node.outputs if v.type == t]
     c = lw.locs[same[0]] if same else lw.scratch_loc(t)
     epilogue = None
-    if body.fused.ending is None and _is_contiguous(c) and \
+    if body.fused.ending is None and is_contiguous(c) and \
             not any(op == "arange" for op, _, _ in body.instrs):
         body.check(1, len(body.instrs))
         epilogue = body

@@ -38,17 +38,17 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from graphc.backends.cpu.conv import (
+from graphc.backends.cpu.conv import grad_image
+from graphc.backends.cpu.conv_threads import temporaries, units_loop
+from graphc.backends.cpu.image_kernels import (
     called_kernel,
     contiguous_in,
     contiguous_out,
-    grad_image,
     iadd,
     image_kernel,
     image_strides,
     imul,
 )
-from graphc.backends.cpu.conv_threads import temporaries, units_loop
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import i64, loop
 from graphc.types import float32, float64

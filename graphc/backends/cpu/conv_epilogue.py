@@ -16,7 +16,7 @@ every operand allows it, so the inner loop runs over the whole plane and vectori
 
 from __future__ import annotations
 
-from graphc.backends.cpu.conv import iadd, imul
+from graphc.backends.cpu.image_kernels import iadd, imul
 from graphc.backends.cpu.scalars import convert
 from graphc.backends.cpu.values import broadcast_strides, i64, loop
 

@@ -37,7 +37,8 @@ from dataclasses import astuple, dataclass
 from llvmlite import ir
 
 from graphc.backends.cpu import conv_direct, small_gemm
-from graphc.backends.cpu.conv import (
+from graphc.backends.cpu.conv_threads import temporaries, units_loop
+from graphc.backends.cpu.image_kernels import (
     called_kernel,
     contiguous_in,
     contiguous_out,
@@ -46,7 +47,6 @@ from graphc.backends.cpu.conv import (
     image_strides,
     imul,
 )
-from graphc.backends.cpu.conv_threads import temporaries, units_loop
 from graphc.backends.cpu.values import F32, I64, i64, loop
 from graphc.types import float32
 

@@ -49,16 +49,16 @@ from __future__ import annotations
 from llvmlite import ir
 
 from graphc.backends.cpu import conv_few_channels, small_gemm
-from graphc.backends.cpu.conv import (
+from graphc.backends.cpu.conv import grad_image
+from graphc.backends.cpu.conv_threads import temporaries, units_loop
+from graphc.backends.cpu.image_kernels import (
     called_kernel,
     contiguous_out,
-    grad_image,
     iadd,
     image_kernel,
     image_strides,
     imul,
 )
-from graphc.backends.cpu.conv_threads import temporaries, units_loop
 from graphc.backends.cpu.values import F32, I1, I32, I64, i64, loop
 from graphc.types import float32
 

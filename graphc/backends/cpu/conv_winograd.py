@@ -60,11 +60,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphc.backends.cpu import conv_threads
-from graphc.backends.cpu.conv import (
-    NOTRANS,
-    TRANS,
-    Conv,
-    block_images,
+from graphc.backends.cpu.conv import NOTRANS, TRANS, Conv, block_images, walk_blocks, workspace
+from graphc.backends.cpu.conv_threads import plan_split
+from graphc.backends.cpu.image_kernels import (
     called_kernel,
     contiguous_in,
     contiguous_out,
@@ -72,10 +70,7 @@ from graphc.backends.cpu.conv import (
     image_kernel,
     image_strides,
     imul,
-    walk_blocks,
-    workspace,
 )
-from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import as_i64, i64, loop
 from graphc.types import float32, float64

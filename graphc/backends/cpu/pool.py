@@ -7,8 +7,8 @@
   training, the running statistics in eval; `invstd = 1/sqrt(var + eps)`; the output, mean
   and invstd rounded to the input's dtype, as the numpy kernel does.
 
-Invariants: a window's taps and the divisors are computed in Python (graphc.backends.cpu.conv's
-geometry: `_taps`, `Table`) and passed to the kernels as constant tables, so no kernel reads
+Invariants: a window's taps and the divisors are computed in Python (graphc.backends.cpu.
+image_kernels: `_taps`, `Table`) and passed to the kernels as constant tables, so no kernel reads
 outside its tensors and padding is never materialised. Max pooling keeps the first maximum of
 a window in row-major order, and a NaN wins (the last NaN), as the numpy kernel and PyTorch's
 CPU kernel do. Inputs may be strided views (pooling reads through strides).
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from llvmlite import ir
 
 from graphc.backends.cpu import conv_threads
-from graphc.backends.cpu.conv import (
+from graphc.backends.cpu.image_kernels import (
     Table,
     _estrides,
     _fadd,
