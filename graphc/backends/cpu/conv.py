@@ -51,14 +51,13 @@ code call one kernel (ResNet-18's step: 162 kernel functions -> 119, its module 
 from __future__ import annotations
 
 import dataclasses
-import math
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from llvmlite import ir
 
 from graphc.backends.cpu import conv_threads
+from graphc.backends.cpu.conv_workspace import workspace
 from graphc.backends.cpu.image_kernels import (
     Table,
     called_kernel,
@@ -78,7 +77,6 @@ from graphc.backends.cpu.values import (
     REG,
     Loc,
     as_i64,
-    contiguous,
     i64,
     loop,
     size,
@@ -251,33 +249,6 @@ class Conv:
 # the GEMM's layout and NCHW. At 64 columns and more that copy costs what the GEMM gains.
 THIN_COLUMNS = 64
 BLOCK_COLUMNS = 512
-
-_WORKSPACES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # lowerer -> [at, n]
-
-
-def reserve_workspace(lw, need: int) -> int:
-    """The scratch offset of the module's convolution workspace, grown to `need` bytes:
-    every convolution kernel of the module shares it (they run one after another and keep
-    nothing there between calls), so the scratch is the largest need, not the sum."""
-    ws = _WORKSPACES.get(lw)
-    if ws is None or ws[1] < need:
-        if ws is not None and ws[0] + ws[1] == lw.scratch:  # still the last: grow in place
-            lw.scratch = ws[0]
-        ws = [lw.add_scratch(need), need]
-        _WORKSPACES[lw] = ws
-    return ws[0]
-
-
-def workspace(lw, dt, *shapes) -> list[Loc]:
-    """Contiguous temporaries for one convolution kernel, in the module's shared convolution
-    workspace (`reserve_workspace`; a kernel split over the cores takes one copy per thread:
-    graphc.backends.cpu.conv_threads)."""
-    sizes = [-(-math.prod(s) * dt.itemsize // 64) * 64 for s in shapes]
-    locs, at = [], lw.arena_end + reserve_workspace(lw, sum(sizes))
-    for shape, n in zip(shapes, sizes):
-        locs.append(contiguous("arena", 0, at, TensorType(tuple(shape), dt)))
-        at += n
-    return locs
 
 
 def images_per_block(g: Geometry) -> int:

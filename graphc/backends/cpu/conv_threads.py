@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from graphc.backends.cpu import threads
+from graphc.backends.cpu.conv_workspace import reserve_workspace, workspace
 from graphc.backends.cpu.kernels import Kernel
 from graphc.backends.cpu.values import (
     I8,
@@ -138,9 +139,7 @@ def plan_split(lw, dt, shapes, units, macs, shared=(), rows: int = 0,
                least: int | None = None) -> Split | None:
     """A Split of a kernel whose temporaries have `shapes` (one copy per share) and
     `shared` (one copy, read by every share), or None: then the caller builds the serial
-    kernel with `conv.workspace(lw, dt, *shapes)` as before."""
-    from graphc.backends.cpu.conv import reserve_workspace
-
+    kernel with `conv_workspace.workspace(lw, dt, *shapes)` as before."""
     shares = shares_for(lw, units, macs, least)
     if shares < 2:
         return None
@@ -200,8 +199,6 @@ def units_loop(b, kb, split: Split | None, control: int, total, name: str):
 def temporaries(lw, dt, shapes, units, macs) -> tuple[Split | None, list[Loc]]:
     """(the Split or None, the kernel's temporaries): `shapes` in the module's workspace for
     a serial kernel; for a split one share 0's copies and, last, its control block."""
-    from graphc.backends.cpu.conv import workspace
-
     split = plan_split(lw, dt, shapes, units, macs)
     if split is None:
         return None, workspace(lw, dt, *shapes)
