@@ -12,8 +12,8 @@ channels or more, the shapes conv_winograd takes; 3x3 stride 2; 1x1; the few-cha
 stem), the rest by op. GFLOP/s are the direct convolution's 2*N*O*C*kH*kW*H_out*W_out over
 the time, so a Winograd kernel can pass the machine's SGEMM rate.
 `transforms`: each stride-1 3x3 layer shape of the step (batch 32), each pass, compiled as
-a one-op graph twice, as is and with its GEMMs removed (conv.Conv.gemm emits nothing while
-it compiles: what is left is the transforms and copies), timed natively in alternation
+a one-op graph twice, as is and with its GEMMs removed (conv_im2col.Conv.gemm emits nothing
+while it compiles: what is left is the transforms and copies), timed natively in alternation
 (5 rounds of >= 40 ms of CPU time, medians); the GEMMs' rate is the transform-domain work
 2*N*O*C*16*(H/2)*(W/2) over the difference.
 """
@@ -135,19 +135,19 @@ def transform_share(root: str, channels: int, side: int, n: int = 32) -> str:
 
 
 def _compiled(root: str, graph, tag: str, gemms: bool):
-    from graphc.backends.cpu import conv
+    from graphc.backends.cpu import conv_im2col
     from graphc.backends.cpu.executable import CpuExecutable
     from graphc.passes.plan import plan_buffers
 
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, tag)
-    kept = conv.Conv.gemm
+    kept = conv_im2col.Conv.gemm
     if not gemms:
-        conv.Conv.gemm = _no_gemm
+        conv_im2col.Conv.gemm = _no_gemm
     try:
         plan_buffers(graph)
         return CpuExecutable(graph)
     finally:
-        conv.Conv.gemm = kept
+        conv_im2col.Conv.gemm = kept
 
 
 def _no_gemm(self, *args) -> None:

@@ -15,7 +15,7 @@ pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvm
 import graphc  # noqa: E402
 from graphc.backends.cpu import conv_few_channels, conv_threads, small_gemm, threads  # noqa: E402
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
-from graphc.backends.cpu.conv import Geometry  # noqa: E402
+from graphc.backends.cpu.conv_im2col import Geometry  # noqa: E402
 from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.ir.interpreter import run as interpret  # noqa: E402

@@ -175,15 +175,15 @@ def test_images_in_parts_of_tile_rows(padding, monkeypatch):
 
 def _gemm_forms(monkeypatch) -> list:
     """Records (trans_a, trans_b, m, n) of every GEMM conv_winograd emits."""
-    from graphc.backends.cpu import conv
+    from graphc.backends.cpu import conv_im2col
 
-    forms, emit = [], conv.Conv.gemm
+    forms, emit = [], conv_im2col.Conv.gemm
 
     def recording(self, b, kb, trans_a, trans_b, m, n, *rest):
         forms.append((trans_a, trans_b, m, n))
         return emit(self, b, kb, trans_a, trans_b, m, n, *rest)
 
-    monkeypatch.setattr(conv.Conv, "gemm", recording)
+    monkeypatch.setattr(conv_im2col.Conv, "gemm", recording)
     return forms
 
 
@@ -191,7 +191,7 @@ def _gemm_forms(monkeypatch) -> list:
 # below WIDE_CHANNELS, Y @ V^T (NT) at and above it or with WEIGHT_GRAD_NN off
 @pytest.mark.parametrize("nn, wide", [(True, 512), (True, 40), (False, 512)])
 def test_weight_grad_gemm_forms(nn, wide, monkeypatch):
-    from graphc.backends.cpu.conv import NOTRANS, TRANS
+    from graphc.backends.cpu.conv_im2col import NOTRANS, TRANS
 
     monkeypatch.setattr(conv_winograd, "WEIGHT_GRAD_NN", nn)
     monkeypatch.setattr(conv_winograd, "WIDE_CHANNELS", wide)

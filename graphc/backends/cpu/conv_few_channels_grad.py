@@ -49,7 +49,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from graphc.backends.cpu import conv_few_channels, small_gemm
-from graphc.backends.cpu.conv import grad_image
+from graphc.backends.cpu.conv_im2col import grad_image
 from graphc.backends.cpu.conv_threads import temporaries, units_loop
 from graphc.backends.cpu.image_kernels import (
     called_kernel,

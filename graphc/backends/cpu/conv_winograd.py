@@ -60,7 +60,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphc.backends.cpu import conv_threads
-from graphc.backends.cpu.conv import NOTRANS, TRANS, Conv, block_images, walk_blocks
+from graphc.backends.cpu.conv import block_images, walk_blocks
+from graphc.backends.cpu.conv_im2col import NOTRANS, TRANS, Conv
 from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.conv_workspace import workspace
 from graphc.backends.cpu.image_kernels import (

@@ -1,0 +1,195 @@
+"""conv_im2col: a convolution's geometry and the im2col path's emitter.
+
+- `Geometry`: the sizes of one convolution (batch, channels, planes, kernel, groups, stride,
+  padding, dilation) as every CPU convolution path reads them (graphc.backends.cpu.conv
+  builds it from the node; conv_direct, conv_few_channels(_grad) and conv_winograd take it),
+  with the derived sizes of the im2col matrices (`k` rows of one group's columns, `p`
+  output positions of one image) and `key()`, its part of a kernel recipe.
+- `Conv`: the code the GEMM-based kernels share (the im2col lowerings of
+  graphc.backends.cpu.conv, and conv_winograd's GEMMs): `gemm` (a call of the BLAS's cblas
+  GEMM, row-major, NOTRANS/TRANS, on kernel operands), `im2col` (one image's columns:
+  `cols[(c*kH + i)*kW + j, oh*W_out + ow] = x[c, oh*s - p + i*d, ow*s - p + j*d]`, 0 in the
+  padding) and `col2im` (the reverse scatter-add into a zeroed input gradient, overlaps
+  accumulating in the kernel offset order of the numpy kernel).
+- `grad_image`: an output gradient readable as one (O x H_out*W_out) matrix per image.
+
+Invariant: which output rows and columns a kernel offset reaches is computed in Python
+(`out_ranges`, as constant tables), so im2col and col2im never read or write outside their
+tensors and padding is never materialised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from graphc.backends.cpu.image_kernels import (
+    Table,
+    contiguous_in,
+    iadd,
+    image_strides,
+    imul,
+    out_ranges,
+)
+from graphc.backends.cpu.scalars import const
+from graphc.backends.cpu.values import I32, I64, REG, Loc, as_i64, i64, loop, unsupported
+from graphc.ir.graph import Node
+from graphc.types import float32, float64
+
+__all__ = ["NOTRANS", "ROW_MAJOR", "TRANS", "Conv", "Geometry", "grad_image"]
+
+ROW_MAJOR, NOTRANS, TRANS = 101, 111, 112
+
+
+@dataclass
+class Geometry:
+    n: int
+    c: int
+    h: int
+    w: int
+    o: int
+    groups: int
+    kh: int
+    kw: int
+    ho: int
+    wo: int
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def og(self) -> int:
+        return self.o // self.groups
+
+    @property
+    def k(self) -> int:  # rows of one group's columns
+        return self.cg * self.kh * self.kw
+
+    @property
+    def p(self) -> int:  # output positions of one image
+        return self.ho * self.wo
+
+    @property
+    def pointwise(self) -> bool:  # the image is its own im2col
+        return (self.kh, self.kw) == (1, 1) and self.stride == (1, 1) and \
+            self.padding == (0, 0)
+
+    def key(self) -> tuple:
+        """The geometry as a kernel recipe's part (every field)."""
+        return dataclasses.astuple(self)
+
+
+class Conv:
+    """Shared pieces of the three convolution kernels."""
+
+    def __init__(self, lw, node: Node, g: Geometry, dt) -> None:
+        if dt not in (float32, float64):
+            raise unsupported(node, f"{node.op} of {dt.name}")
+        if lw.blas is None:  # the executable resolves a BLAS for matmul graphs only
+            from graphc.backends.cpu.blas import resolve_blas
+
+            lw.blas = resolve_blas()
+        self.lw, self.node, self.g, self.dt = lw, node, g, dt
+        self.gemm_fn = lw._blas_function(dt, "gemm")
+        self.iT = I64 if lw.blas.ilp64 else I32
+        self.fty = REG[dt.name]
+        sh, sw = g.stride
+        ph, pw = g.padding
+        dh, dw = g.dilation
+        self.oh_rng = [Table(lw, t) for t in out_ranges(g.h, g.ho, g.kh, sh, ph, dh)]
+        self.ow_rng = [Table(lw, t) for t in out_ranges(g.w, g.wo, g.kw, sw, pw, dw)]
+
+    def gemm(self, b, kb, trans_a, trans_b, m, n, k, a, a_off, lda, bb, b_off, ldb, beta, c,
+             c_off, ldc):
+        iT, fty = self.iT, self.fty
+        beta = ir.Constant(fty, beta) if isinstance(beta, float) else beta
+        b.call(self.gemm_fn, [
+            ir.Constant(I32, ROW_MAJOR), ir.Constant(I32, trans_a), ir.Constant(I32, trans_b),
+            ir.Constant(iT, m), ir.Constant(iT, n), ir.Constant(iT, k), ir.Constant(fty, 1.0),
+            kb.pointer(b, a, as_i64(a_off)), ir.Constant(iT, lda),
+            kb.pointer(b, bb, as_i64(b_off)), ir.Constant(iT, ldb), beta,
+            kb.pointer(b, c, as_i64(c_off)), ir.Constant(iT, ldc)])
+
+    def _rows(self, b, fn):
+        """fn(b, row, c, i, j) for every column row (c, i, j), row = (c*kH + i)*kW + j."""
+        g = self.g
+        with loop(b, 0, g.c, "ch") as c:
+            with loop(b, 0, g.kh, "ki") as i:
+                with loop(b, 0, g.kw, "kj") as j:
+                    row = b.add(b.mul(b.add(b.mul(c, i64(g.kh)), i), i64(g.kw)), j)
+                    fn(b, row, c, i, j)
+
+    def im2col(self, b, kb, x, xs, x_img, cols, cols_img=0, ld=None) -> None:
+        """cols[row, cols_img + oh*W_out + ow] = x[c, ih, iw] (0 in the padding) for image
+        offset x_img; `ld` is the row stride of cols (H_out*W_out for one image)."""
+        g = self.g
+        sh, sw = g.stride
+        ph, pw = g.padding
+        dh, dw = g.dilation
+        zero = const(self.dt, 0.0)
+        ld = g.p if ld is None else ld
+
+        def fn(b, row, c, i, j):
+            base = iadd(b, b.mul(row, i64(ld)), cols_img)
+            oh_lo, oh_hi = (t(b, i) for t in self.oh_rng)
+            ow_lo, ow_hi = (t(b, j) for t in self.ow_rng)
+            with loop(b, 0, imul(b, oh_lo, g.wo), "z0") as q:
+                kb.store(b, cols, b.add(base, q), zero)
+            with loop(b, imul(b, oh_hi, g.wo), g.p, "z1") as q:
+                kb.store(b, cols, b.add(base, q), zero)
+            with loop(b, oh_lo, oh_hi, "oh") as oh:
+                ih = iadd(b, imul(b, oh, sh), imul(b, i, dh), -ph)
+                dst = b.add(base, b.mul(oh, i64(g.wo)))
+                src = iadd(b, x_img, imul(b, c, xs[1]), imul(b, ih, xs[2]),
+                           imul(b, iadd(b, imul(b, j, dw), -pw), xs[3]))
+                with loop(b, 0, ow_lo, "z2") as ow:
+                    kb.store(b, cols, b.add(dst, ow), zero)
+                with loop(b, ow_lo, ow_hi, "ow") as ow:
+                    v = kb.load(b, x, iadd(b, src, imul(b, ow, sw * xs[3])))
+                    kb.store(b, cols, b.add(dst, ow), v)
+                with loop(b, ow_hi, g.wo, "z3") as ow:
+                    kb.store(b, cols, b.add(dst, ow), zero)
+
+        self._rows(b, fn)
+
+    def col2im(self, b, kb, cols, gx, gx_img, cols_img=0, ld=None) -> None:
+        """gx[c, ih, iw] += cols[row, cols_img + oh*W_out + ow] over the in-bounds entries
+        (gx contiguous per image, zeroed first; `ld` the row stride of cols)."""
+        g = self.g
+        ld = g.p if ld is None else ld
+        sh, sw = g.stride
+        ph, pw = g.padding
+        dh, dw = g.dilation
+        with loop(b, 0, g.c * g.h * g.w, "zero") as q:
+            kb.store(b, gx, b.add(gx_img, q), const(self.dt, 0.0))
+
+        def fn(b, row, c, i, j):
+            base = iadd(b, b.mul(row, i64(ld)), cols_img)
+            oh_lo, oh_hi = (t(b, i) for t in self.oh_rng)
+            ow_lo, ow_hi = (t(b, j) for t in self.ow_rng)
+            with loop(b, oh_lo, oh_hi, "oh") as oh:
+                ih = iadd(b, imul(b, oh, sh), imul(b, i, dh), -ph)
+                src = b.add(base, b.mul(oh, i64(g.wo)))
+                dst = iadd(b, gx_img, imul(b, c, g.h * g.w), imul(b, ih, g.w),
+                           iadd(b, imul(b, j, dw), -pw))
+                with loop(b, ow_lo, ow_hi, "ow") as ow:
+                    at = b.add(dst, imul(b, ow, sw))
+                    kb.store(b, gx, at, b.fadd(kb.load(b, gx, at),
+                                               kb.load(b, cols, b.add(src, ow))))
+
+        self._rows(b, fn)
+
+
+def grad_image(lw, loc: Loc, g: Geometry) -> tuple[Loc, tuple]:
+    """A grad_output readable as one (O x H_out*W_out) matrix per image: (loc, strides)."""
+    s = image_strides(loc)
+    if not (s[3] == 1 or g.wo == 1) or not (s[2] == g.wo or g.ho == 1) or s[1] < g.p:
+        loc = contiguous_in(lw, loc)
+        s = image_strides(loc)
+    return loc, s
