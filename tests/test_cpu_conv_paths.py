@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
-from graphc.backends.cpu import conv, conv_direct, conv_few_channels  # noqa: E402
+from graphc.backends.cpu import conv_blocks, conv_direct, conv_few_channels  # noqa: E402
 from graphc.ir.interpreter import run as interpret  # noqa: E402
 from graphc.ops.conv import conv_output_hw  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
@@ -66,7 +66,7 @@ BLOCKED = [
 
 @pytest.mark.parametrize("case", range(len(BLOCKED)))
 def test_images_in_blocks_of_one_gemm(case, monkeypatch):
-    monkeypatch.setattr(conv, "BLOCK_COLUMNS", 40)  # blocks of 2-3 images, partial tails
+    monkeypatch.setattr(conv_blocks, "BLOCK_COLUMNS", 40)  # blocks of 2-3 images, partial tails
     monkeypatch.setattr(conv_direct, "FEW_ROWS", 0)  # these few rows would take direct loops
     # and <= 8 input channels at stride 1 register tiles (test_cpu_conv_few_channels.py)
     monkeypatch.setattr(conv_few_channels, "MAX_CHANNELS", 0)

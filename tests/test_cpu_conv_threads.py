@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
-from graphc.backends.cpu import conv, conv_direct, conv_threads, threads  # noqa: E402
+from graphc.backends.cpu import conv_blocks, conv_direct, conv_threads, threads  # noqa: E402
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
@@ -94,7 +94,7 @@ BLOCKED = [
 @needs_cores
 @pytest.mark.parametrize("case", range(len(BLOCKED)))
 def test_blocked_kernels_split_equal_the_interpreter(case, split_small, monkeypatch):
-    monkeypatch.setattr(conv, "BLOCK_COLUMNS", 40)
+    monkeypatch.setattr(conv_blocks, "BLOCK_COLUMNS", 40)
     check_split(*BLOCKED[case])
 
 
@@ -312,7 +312,7 @@ def test_a_fused_epilogue_runs_in_the_convolution_kernel(case, split_small, monk
 
     xs, ws, block_columns = EPILOGUES[case]
     if block_columns:
-        monkeypatch.setattr(conv, "BLOCK_COLUMNS", block_columns)
+        monkeypatch.setattr(conv_blocks, "BLOCK_COLUMNS", block_columns)
     rng = np.random.default_rng(case)
 
     def f(x, w, bias, r):

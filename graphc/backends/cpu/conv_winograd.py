@@ -60,7 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphc.backends.cpu import conv_threads
-from graphc.backends.cpu.conv import block_images, walk_blocks
+from graphc.backends.cpu.conv_blocks import block_images, walk_blocks
 from graphc.backends.cpu.conv_im2col import NOTRANS, TRANS, Conv
 from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.conv_workspace import workspace
