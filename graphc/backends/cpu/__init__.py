@@ -11,8 +11,10 @@ Layers, bottom-up (one module each, one owner each):
 - `values.py` (where values live, loops), `scalars.py` (scalar ops in LLVM IR),
   `kernels.py` (loops over a domain, fused bodies), `codegen.py` (lowering of a planned
   graph: fused elementwise nodes, reductions, softmax, GEMM through a BLAS resolved once at
-  load, movement, nll_loss), `conv.py` (conv2d as im2col + GEMM, its two gradients,
-  max/avg pooling and their gradients, batch_norm), `philox.py` (the eager random stream
+  load, movement, nll_loss), `conv.py` (conv2d and its two gradients: the dispatch to the
+  conv_* paths, im2col + GEMM; its shared pieces in `image_kernels.py`, `conv_im2col.py`,
+  `conv_blocks.py`, `conv_workspace.py`), `pool.py` (max/avg pooling and their gradients,
+  batch_norm), `philox.py` (the eager random stream
   as IR) with `random_ops.py` (uniform, normal, dropout, bernoulli kernels), `index_ops.py`
   (gathers, scatters, embedding, pad, flip, argmax/argmin, randint, randperm; indices checked
   before use), and `executable.py` (one LLVM module with one driver function that runs the

@@ -1,57 +1,65 @@
-"""conv: lowering of convolution (called by the Lowerer).
+"""conv: the CPU backend's convolution lowerings (called by the Lowerer) and their dispatch.
 
-The CPU code generator's lowering of the image ops (values <- scalars <- kernels <- conv,
-used by codegen's `Lowerer`, passed in as `lw`: its Locations, kernel list, scratch, BLAS):
+The entry points of codegen's `Lowerer` (passed in as `lw`: its Locations, kernel list,
+scratch, BLAS) for `conv2d` (and a fused `fused(conv2d, ...)` node), `conv2d_input_grad` and
+`conv2d_weight_grad`. Each builds the node's `Geometry` and offers it to the special paths in
+turn, the first that takes it building the kernel; the rest take im2col + BLAS GEMM, here:
 
-- `conv2d` (THNN's SpatialConvolutionMM, ../shared/SEEDS.md section 3): im2col into backend
-  scratch (`(C*kH*kW) x (H_out*W_out)` per image, the groups' row blocks one after the
-  other), then one BLAS GEMM per group `W_g (O/g x K) @ cols_g (K x P)` writing the image's
-  NCHW output directly. Images whose planes have fewer than THIN_COLUMNS output positions go
-  in blocks (`images_per_block`): one im2col of the block's images side by side and one GEMM
-  over all their columns, whose result is copied out to NCHW. A 1x1 kernel with stride 1
-  and no padding reads the image itself as the columns (one image per GEMM).
-  Depthwise convolutions and those with few output channels per group take direct loops
-  instead (graphc.backends.cpu.conv_direct); at most 8 input channels at stride 1 register
-  tiles (graphc.backends.cpu.conv_few_channels, forward; conv_few_channels_grad, weight
-  gradient); 3x3 stride-1
-  convolutions with 16 channels or more take Winograd's F(2x2, 3x3)
-  (graphc.backends.cpu.conv_winograd), forward and both gradients. Bias and activation are
-  the fused node's epilogue (codegen).
-- `conv2d_input_grad`: per image or block, one GEMM per group `cols_g = W_g^T @ gy_g` (a
-  block's gradients gathered into one matrix first), then col2im adds every column entry
-  back into its input position (overlaps accumulate, in the kernel offset order of the numpy
-  kernel); a pointwise 1x1 GEMM writes the input gradient itself.
-- `conv2d_weight_grad`: per image or block, im2col then `gw_g^T += cols_g @ gy_g^T` (beta 0
-  for the first, 1 after), so the batch accumulates inside the GEMM. Where O/g <= 128 < K
-  the GEMM computes the transposed gradient `gw_g^T += cols_g @ gy_g^T` in scratch, copied
-  out in tiles at the end: OpenBLAS runs that [K x O] orientation 10-25% faster on such
-  shapes (ResNet-18 CIFAR's 64- and 128-channel layers; measured 1-thread CPU time).
-- The temporaries of a convolution kernel (columns, a block's result or gradients) live in
-  one backend scratch region that all convolution kernels of the module share (`workspace`).
+- forward: at most 8 input channels at stride 1, register tiles
+  (graphc.backends.cpu.conv_few_channels); depthwise convolutions and those with few output
+  channels per group, direct loops (conv_direct); 3x3 stride 1 with 16 channels or more,
+  Winograd's F(2x2, 3x3) (conv_winograd); else `conv2d` (THNN's SpatialConvolutionMM,
+  ../shared/SEEDS.md section 3): im2col into scratch (`(C*kH*kW) x (H_out*W_out)` per
+  image, the groups' row blocks one after the other), then one GEMM per group
+  `W_g (O/g x K) @ cols_g (K x P)` writing the image's NCHW output directly. Images whose
+  planes have fewer than THIN_COLUMNS output positions go in blocks (conv_blocks): one
+  im2col of the block's images side by side and one GEMM over all their columns, copied out
+  to NCHW. A 1x1 kernel with stride 1 and no padding reads the image itself as the columns.
+- input gradient: conv_direct, conv_winograd, else per image or block one GEMM per group
+  `cols_g = W_g^T @ gy_g` (a block's gradients gathered into one matrix first), then col2im
+  adds every column entry back into its input position; a pointwise 1x1 GEMM writes the
+  input gradient itself.
+- weight gradient: conv_few_channels_grad, conv_direct, conv_winograd, else per image or
+  block im2col then `gw_g += gy_g @ cols_g^T` (beta 0 for the first, 1 after), so the batch
+  accumulates inside the GEMM. Where O/g <= 128 < K the GEMM computes the transposed
+  gradient `gw_g^T += cols_g @ gy_g^T` in scratch, copied out in tiles at the end: OpenBLAS
+  runs that [K x O] orientation 10-25% faster on such shapes (ResNet-18 CIFAR's 64- and
+  128-channel layers; measured 1-thread CPU time).
+- A fused node `fused(conv2d, ...)` runs its elementwise epilogue per image inside the
+  im2col kernel (`fused_conv2d`, graphc.backends.cpu.conv_epilogue); bias and activation on
+  the other paths are codegen's elementwise kernel after it.
 - On more than one core each kernel is built split over the threads where it pays
   (graphc.backends.cpu.conv_threads): its block loop walks one share's blocks, with its own
   copy of the temporaries; the weight gradient's shares sum into their own partials, added
   in share order by `_sum_shares`.
-- A fused node `fused(conv2d, ...)` runs its elementwise epilogue per image inside the
-  im2col kernel (`fused_conv2d`, graphc.backends.cpu.conv_epilogue).
-- Pooling and batch normalisation: graphc.backends.cpu.pool, on this module's geometry
-  helpers (`Table`, `_taps`, `out_ranges`).
 
-Invariants: the geometry (which output rows and columns a kernel offset reaches, which taps
-a pooling window has, the divisors) is computed here in Python and passed to the kernels as
-constant tables, so no kernel reads outside its tensors and padding is never materialised.
-Inputs may be strided views (im2col reads through strides); GEMM operands and outputs that
-BLAS cannot read or write in place are copied through contiguous scratch. Every kernel here,
-in conv_direct, conv_winograd and pool is keyed by a recipe (`image_kernel`: the path, the
-geometry or attributes, and each operand's type and strides), so nodes that need the same
-code call one kernel (ResNet-18's step: 162 kernel functions -> 119, its module text 1.73M
--> 0.75M characters); max_pool2d_grad, a status kernel, is built per node.
+The family: image_kernels (the kernel building blocks convolution and pooling share),
+conv_im2col (`Geometry`; `Conv`: GEMM calls, im2col, col2im), conv_blocks (images per GEMM
+and the block walk), conv_workspace (the temporaries' scratch region, one per module),
+conv_threads, conv_epilogue, and the paths above. Dependencies point one way: this module
+imports them all and none of them imports it.
+
+Invariants: the geometry (which output rows and columns a kernel offset reaches, the
+divisors) is computed in Python and passed to the kernels as constant tables, so no kernel
+reads outside its tensors and padding is never materialised. Inputs may be strided views
+(im2col reads through strides); GEMM operands and outputs that BLAS cannot read or write in
+place are copied through contiguous scratch. Every kernel is keyed by a recipe
+(`image_kernel`: the path, the geometry or attributes, and each operand's type and strides),
+so nodes that need the same code call one kernel (ResNet-18's step: 162 kernel functions ->
+119, its module text 1.73M -> 0.75M characters).
 """
 
 from __future__ import annotations
 
-from graphc.backends.cpu import conv_threads
+from graphc.backends.cpu import (
+    conv_direct,
+    conv_few_channels,
+    conv_few_channels_grad,
+    conv_threads,
+    conv_winograd,
+)
 from graphc.backends.cpu.conv_blocks import block_images, images_per_block, walk_blocks
+from graphc.backends.cpu.conv_epilogue import apply_epilogue, epilogue_operands
 from graphc.backends.cpu.conv_im2col import NOTRANS, TRANS, Conv, Geometry, grad_image
 from graphc.backends.cpu.conv_workspace import workspace
 from graphc.backends.cpu.image_kernels import (
@@ -72,7 +80,6 @@ from graphc.types import TensorType
 __all__ = ["conv2d", "conv2d_input_grad", "conv2d_weight_grad"]
 
 
-# ---- convolution -----------------------------------------------------------------------------
 def _geometry(x_t: TensorType, w_shape, out_hw, attrs) -> Geometry:
     n = x_t.shape[0] if x_t.ndim == 4 else 1
     c, h, w = x_t.shape[-3:]
@@ -127,8 +134,6 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None)
     """out = conv2d(x, w) (out contiguous or not: see `contiguous_out`). `epilogue`: a fused
     body to apply per image on the im2col path (`fused_conv2d`); returns whether it did."""
     g = _geometry(x.type, w.type.shape, out.type.shape[-2:], attrs)
-    from graphc.backends.cpu import conv_direct, conv_few_channels, conv_winograd
-
     applied = conv_few_channels.conv2d(lw, node, g, x, w, out, epilogue)
     if applied is not None:
         return applied
@@ -154,8 +159,6 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None)
         control = ids[-1]
         fused, extra = None, None
         if epilogue is not None:
-            from graphc.backends.cpu.conv_epilogue import epilogue_operands
-
             fused, extra = epilogue_operands(lw, kb, epilogue, out.type.shape, oi)
         kb.recipe = ("conv2d", ("im2col", g.key(), split is not None, extra),
                      tuple((op.loc.type, op.loc.strides) for op in kb.operands))
@@ -189,8 +192,6 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None)
                         with loop(b, 0, g.p, "q") as q:
                             kb.store(b, oi, b.add(at, q), kb.load(b, tmp, b.add(frm, q)))
             if fused is not None:  # the image's output is still in cache
-                from graphc.backends.cpu.conv_epilogue import apply_epilogue
-
                 with block_images(b, count) as j:
                     apply_epilogue(lw, kb, b, epilogue, fused, iadd(b, n0, j))
 
@@ -203,8 +204,6 @@ def conv2d_input_grad(lw, node: Node) -> None:
     gy, w = node.inputs
     out = lw.locs[node.outputs[0]]
     g = _geometry(out.type, w.type.shape, gy.type.shape[-2:], node.attrs)
-    from graphc.backends.cpu import conv_direct, conv_winograd
-
     if conv_direct.conv2d_input_grad(lw, node, g) or \
             conv_winograd.conv2d_input_grad(lw, node, g):
         return
@@ -257,8 +256,6 @@ def conv2d_weight_grad(lw, node: Node) -> None:
     g = _geometry(x.type, out.type.shape, gy.type.shape[-2:], node.attrs)
     if g.n == 0:
         return lw.fill(out, 0.0, "conv2d_weight_grad_zero")
-    from graphc.backends.cpu import conv_direct, conv_few_channels_grad, conv_winograd
-
     if conv_few_channels_grad.conv2d_weight_grad(lw, node, g) or \
             conv_direct.conv2d_weight_grad(lw, node, g) or \
             conv_winograd.conv2d_weight_grad(lw, node, g):

@@ -98,7 +98,7 @@ def accumulators(lanes: int) -> int:
 
 
 def tiling_for(g, dt) -> Tiling | None:
-    """The tiling for a convolution `g` (conv.Geometry), or None where this path does not
+    """The tiling for a convolution `g` (conv_im2col.Geometry), or None where this path does not
     serve it (see the module docstring; also: sizes known per call, a host without AVX2)."""
     lanes = small_gemm.lanes()
     if not lanes or dt is not float32 or g.groups != 1 or g.c > MAX_CHANNELS or \

@@ -81,7 +81,7 @@ def _tile_channels(g, lanes: int) -> int:
 
 
 def serves(g, dt) -> bool:
-    """Whether this path takes the weight gradient of `g` (conv.Geometry)."""
+    """Whether this path takes the weight gradient of `g` (conv_im2col.Geometry)."""
     lanes = small_gemm.lanes()
     return bool(lanes) and dt is float32 and g.groups == 1 and \
         g.c <= conv_few_channels.MAX_CHANNELS and g.stride == (1, 1) and \
