@@ -1,5 +1,5 @@
 """Convolution, pooling and batch-norm kernels are built once per distinct recipe
-(graphc.backends.cpu.conv.image_kernel): nodes of the same geometry, types and strides call
+(graphc.backends.cpu.image_kernels.image_kernel): nodes of the same geometry, types and strides call
 one kernel; another stride of an operand, another geometry or other attributes make another
 kernel; and a module built with sharing computes what one built without it computes, bit for
 bit, on every path (im2col + GEMM, Winograd, depthwise direct loops, pooling, batch norm)."""
