@@ -298,7 +298,7 @@ class _Tiles:
             tap = b.add(b.mul(t, i64(g.kw)), i64(j))
             for o, w_row in enumerate(w_rows):
                 weight = kb.load(b, self.wi, b.add(w_row, tap))
-                splats = {vec: _splat(b, weight, vec) for vec in set(vecs)}
+                splats = {vec: _splat(b, weight, vec) for vec in dict.fromkeys(vecs)}
                 for r in range(rows):
                     for k, (vec, x) in enumerate(zip(vecs, inputs[r])):
                         new[o][r][k] = fma(b, splats[vec], x, new[o][r][k])
