@@ -115,7 +115,8 @@ def compile_steady_call(executable, address: Callable,
     body.append(f"return [{', '.join(results)}]")
     lines += [f"    {line}" for line in body]
     source = "def steady(ex, arrays):\n" + "".join(f"    {line}\n" for line in lines)
-    exec(compile(source, f"<graphc steady call @{executable.graph.name}>", "exec"), names)  # noqa: S102
+    code = compile(source, f"<graphc steady call @{executable.graph.name}>", "exec")
+    exec(code, names)  # noqa: S102
     steady = names["steady"]
     steady.__doc__ = source
     return steady
