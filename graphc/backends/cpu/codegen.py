@@ -50,7 +50,6 @@ renders through (graphc.backends.common states the contract). Anything else rais
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from llvmlite import ir
@@ -65,20 +64,13 @@ from graphc.backends.cpu import (
     losses,
     pool,
     rows,
-    small_gemm,
     values,
     window_layout,
 )
 from graphc.backends.cpu.collective import COLLECTIVE_LOWERINGS, lower_fused_wait
-from graphc.backends.cpu.gemm_layout import (
-    fold_after_packing,
-    folded_rows,
-    gemm_layout,
-    strided_output,
-    transposed,
-)
+from graphc.backends.cpu.gemm import GemmLowering
 from graphc.backends.cpu.index_ops import INDEX_LOWERINGS
-from graphc.backends.cpu.kernels import Body, Kernel, KernelBuilder
+from graphc.backends.cpu.kernels import Body, Kernel
 from graphc.backends.cpu.random_ops import lower_random
 from graphc.backends.cpu.reductions import ReductionLowering
 from graphc.backends.cpu.scalars import SCALAR_LOWERINGS
@@ -87,22 +79,16 @@ from graphc.backends.cpu.values import (
     I32,
     I64,
     PTR,
-    REG,
     CpuLoweringError,
     Loc,
     Locations,
-    broadcast_strides,
-    collapse,
     contiguous,
-    contiguous_strides,
     i64,
     size,
-    unsupported,
 )
 from graphc.ir.graph import Graph, Node
-from graphc.ops.shapes import broadcast_shapes
 from graphc.passes.fuse_rows import is_row_program
-from graphc.types import TensorType, float32, float64
+from graphc.types import TensorType
 
 __all__ = ["LOWERINGS", "REFUSALS", "CpuLoweringError", "Lowered", "Lowerer", "lower"]
 
@@ -121,7 +107,7 @@ class Lowered:
     window_outputs: dict = field(default_factory=dict)
 
 
-class Lowerer(ReductionLowering):
+class Lowerer(ReductionLowering, GemmLowering):
     """Lowers each scheduled node into kernels, in order; `calls` is the driver's program."""
 
     def __init__(self, graph: Graph, plan, blas, runtime_sizes=None) -> None:
@@ -179,177 +165,6 @@ class Lowerer(ReductionLowering):
             return self.reduction(node, body, start, leaves)
         body.check(start, len(body.instrs))
         return self.elementwise(node, body, start, leaves)
-
-    # ---- matmul through BLAS -------------------------------------------------------------
-    def lower_matmul(self, node: Node) -> None:
-        a, b = node.inputs
-        self.gemm(node, self.locs[a], self.locs[b], self.locs[node.outputs[0]])
-
-    def epilogue_gemm(self, node: Node, a: Loc, b: Loc, c: Loc, attrs: dict) -> None:
-        """A fused body's matmul anchor: c = a @ b, read by the epilogue."""
-        self.gemm(node, a, b, c)
-
-    def gemm(self, node: Node, a: Loc, b: Loc, c: Loc, addends: tuple = ()) -> bool:
-        """c = a @ b; True where `addends` (gemm_addends) were added in its kernel too."""
-        dt = a.type.dtype
-        if dt not in (float32, float64):
-            raise unsupported(node, f"matmul of {dt.name} (BLAS has float32/float64 only)")
-        item = dt.itemsize
-        sa = [s // item for s in a.strides]
-        sb = [s // item for s in b.strides]
-        sa_shape, sb_shape = list(a.type.shape), list(b.type.shape)
-        if len(sa_shape) == 1:
-            sa_shape, sa = [1] + sa_shape, [0] + sa
-        if len(sb_shape) == 1:
-            sb_shape, sb = sb_shape + [1], sb + [0]
-        m, k = sa_shape[-2:]
-        n = sb_shape[-1]
-        batch = broadcast_shapes("matmul", tuple(sa_shape[:-2]), tuple(sb_shape[:-2]))
-        c_shape = batch + (m, n)
-        strided = strided_output(c, c_shape)
-        if strided == "transposed":  # c^T = b^T @ a^T, each read through swapped strides
-            return self.gemm(node, transposed(b, sb_shape, sb), transposed(a, sa_shape, sa),
-                             transposed(c, c_shape, [s // item for s in c.strides]))
-        if not strided:
-            c = Loc(c.base, c.index, c.offset, contiguous_strides(c_shape, item),
-                    TensorType(c_shape, dt))
-        sc = [s // item for s in c.strides]
-        if m * n == 0:
-            return
-        if k == 0:
-            return self.fill(c, 0.0, "gemm_zero")
-        rows = None if strided else folded_rows(batch, sa_shape, sa, sb_shape, sb)
-        if rows is not None:  # one GEMM over the whole batch: (batch*m, k) @ (k, n)
-            a2 = Loc(a.base, a.index, a.offset, (sa[-2] * item, item), TensorType((rows, k), dt))
-            b2 = Loc(b.base, b.index, b.offset, (sb[-2] * item, sb[-1] * item),
-                     TensorType((k, n), dt))
-            c2 = Loc(c.base, c.index, c.offset, contiguous_strides((rows, n), item),
-                     TensorType((rows, n), dt))
-            return self.gemm(node, a2, b2, c2, addends)
-        if not strided and fold_after_packing(batch, sa_shape, sa, sb_shape, sb):  # A copied
-            packed = self.scratch_loc(TensorType(tuple(sa_shape), dt))
-            self.copy(Loc(a.base, a.index, a.offset, tuple(s * item for s in sa),
-                          packed.type), packed, "gemm_pack")
-            return self.gemm(node, packed, b, c)
-        lay_a = gemm_layout(m, k, sa[-2], sa[-1])
-        if lay_a is None:  # no BLAS layout reads it: a contiguous copy in scratch
-            t = TensorType(tuple(sa_shape), dt)
-            src = Loc(a.base, a.index, a.offset, tuple(s * item for s in sa), t)
-            a = self.scratch_loc(t)
-            self.copy(src, a, "gemm_pack")
-            sa = [s // item for s in a.strides]
-            lay_a = gemm_layout(m, k, sa[-2], sa[-1])
-        lay_b = gemm_layout(k, n, sb[-2], sb[-1])
-        if lay_b is None:
-            t = TensorType(tuple(sb_shape), dt)
-            src = Loc(b.base, b.index, b.offset, tuple(s * item for s in sb), t)
-            b = self.scratch_loc(t)
-            self.copy(src, b, "gemm_pack")
-            sb = [s // item for s in b.strides]
-            lay_b = gemm_layout(k, n, sb[-2], sb[-1])
-        # a strided c (rows ldc apart: graphc.passes.gemm_output_layout) takes the BLAS GEMM
-        small = None if strided else \
-            small_gemm.operands(self, dt, m, n, k, sa, b, sb, sb_shape, lay_b)
-        c_batch_strides = None  # c's batch strides where not contiguous chunks of m * n
-        columns = None
-        if small is not None:  # a thin product: a generated kernel instead of the BLAS
-            small, b, sb = small
-            small, addends = small_gemm.with_addends(small, () if batch else addends)
-            chunks = small_gemm.row_chunks(small) if not batch else None
-            columns = small_gemm.column_chunks(small) if not batch else None
-            if chunks is not None:  # many rows: a batch of row chunks the cores share
-                batch, small = (chunks[0],), chunks[1]
-                m, sa_shape, sa = small.m, [chunks[0], small.m, k], [small.m * sa[-2]] + sa[-2:]
-            elif columns is not None:  # a weight gradient: chunks of c's columns, a shared
-                batch, small = (columns[0],), columns[1]
-                n, sb_shape, sb = small.n, [columns[0], k, small.n], [small.n * sb[-1]] + sb[-2:]
-                c_batch_strides = (small.n,)
-        gemv = None if small or strided else self._gemv(m, n, k, sa, sb, lay_a, lay_b)
-        fn = small_gemm.function(self, small) if small else \
-            self._blas_function(dt, "gemv" if gemv else "gemm")
-        ldc = sc[-2] if strided else n
-        kb = KernelBuilder(self, self.name("small_gemm" if small else "gemv" if gemv else
-                                           "gemm"), batch,
-                           ("gemm", fn.name, m, n, k, lay_a, lay_b, gemv, ldc))
-        ka = kb.operand(a, broadcast_strides(tuple(sa_shape[:-2]), tuple(sa[:-2]), batch))
-        kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
-        kc = kb.operand(c, tuple(sc[:-2]) if strided else c_batch_strides or
-                        tuple(contiguous_strides(batch, m * n)))
-        small_args = [ka, kb_, kc] + [kb.operand(loc, kb.operands[kc].strides if kind == "full"
-                                                 else (0,) * len(batch))
-                                      for kind, loc in (addends if small else ())]
-        # a loop of generated products (attention's heads) forks over the cores, as an
-        # elementwise kernel of as many outputs would; a BLAS call threads itself
-        heads = math.prod(batch)
-        # (a weight gradient's column chunks weigh their long k: 2 x 128 x 64 outputs, 1024
-        # products each, are worth a fork where as many elementwise outputs are not)
-        bld = kb.begin(parallel=bool(small) and type(heads) is int and heads > 1,
-                       work=heads * m * n * (k if columns else 1) if small else None)
-        if bld is None:
-            self.calls.append(kb.kernel)
-            return bool(small and small.addends)
-        iT = I64 if self.blas.ilp64 else I32
-        fty = REG[dt.name]
-
-        def blas_int(bb, x):  # a BLAS integer argument (sizes may be known per call)
-            v = size(bb, x)
-            return v if iT is I64 else bb.trunc(v, I32)
-
-        def leaf_gemv(bb, offsets):
-            trans, rows, cols, mat, ld, vec, inc = gemv
-            bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, trans), blas_int(bb, rows),
-                         blas_int(bb, cols), ir.Constant(fty, 1.0),
-                         kb.pointer(bb, mat, offsets[mat]), blas_int(bb, ld),
-                         kb.pointer(bb, vec, offsets[vec]), blas_int(bb, inc),
-                         ir.Constant(fty, 0.0), kb.pointer(bb, kc, offsets[kc]),
-                         ir.Constant(iT, 1)])
-
-        if gemv:  # operand names to operand ids
-            gemv = gemv[:3] + ((ka if gemv[3] == "a" else kb_), gemv[4],
-                               (ka if gemv[5] == "a" else kb_), gemv[6])
-
-        def leaf(bb, offsets):
-            if small:
-                return bb.call(fn, [kb.pointer(bb, x, offsets[x]) for x in small_args])
-            if gemv:
-                return leaf_gemv(bb, offsets)
-            bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, lay_a[0]),
-                         ir.Constant(I32, lay_b[0]), blas_int(bb, m), blas_int(bb, n),
-                         blas_int(bb, k), ir.Constant(fty, 1.0),
-                         kb.pointer(bb, ka, offsets[ka]), blas_int(bb, lay_a[1]),
-                         kb.pointer(bb, kb_, offsets[kb_]), blas_int(bb, lay_b[1]),
-                         ir.Constant(fty, 0.0), kb.pointer(bb, kc, offsets[kc]),
-                         blas_int(bb, ldc)])
-
-        kb.nest(bld, *collapse(batch, [x.strides for x in kb.operands]), leaf)
-        self.calls.append(kb.finish(bld))
-        return bool(small and small.addends)
-
-    def _gemv(self, m, n, k, sa, sb, lay_a, lay_b):
-        """A single-row or single-column product as one GEMV (OpenBLAS's GEMM is slow at
-        M = 1): (transpose flag, rows, cols, matrix, ld, vector, increment), or None."""
-        if self.blas is None or not self.blas.sgemv or k == 1:
-            return None
-        if m == 1 and sa[-1] > 0:  # c[0, :] = B^T a
-            trans = 112 if lay_b[0] == 111 else 111
-            rows, cols = (k, n) if lay_b[0] == 111 else (n, k)
-            return (trans, rows, cols, "b", lay_b[1], "a", sa[-1])
-        if n == 1 and sb[-2] > 0:  # c[:, 0] = A b
-            rows, cols = (m, k) if lay_a[0] == 111 else (k, m)
-            return (lay_a[0], rows, cols, "a", lay_a[1], "b", sb[-2])
-        return None
-
-    def _blas_function(self, dt, routine: str = "gemm") -> ir.Function:
-        if self.blas is None:
-            raise CpuLoweringError("cpu backend: matmul needs a BLAS and none was found")
-        iT = I64 if self.blas.ilp64 else I32
-        fty = REG[dt.name]
-        if routine == "gemv":
-            args = [I32, I32, iT, iT, fty, PTR, iT, PTR, iT, fty, PTR, iT]
-        else:
-            args = [I32, I32, I32, iT, iT, iT, fty, PTR, iT, PTR, iT, fty, PTR, iT]
-        return self.declare(self.blas.symbol(dt.name, routine),
-                            ir.FunctionType(ir.VoidType(), args))
 
     # ---- convolution (graphc.backends.cpu.conv; pooling and batch_norm, .pool: LOWERINGS) -
     def lower_conv2d(self, node: Node) -> None:
