@@ -7,8 +7,18 @@ text of one module holding the kernels of the scheduled nodes that do work, and 
 graph: graphc.backends.cpu.runtime_sizes) that calls them in schedule order, then copies
 the graph outputs (and the update values not computed straight into their inputs) into
 `outputs[k]` (fresh contiguous arrays the executable allocates). A call of the graph is one
-native call. The elementwise, reduction, copy, fill, arange and GEMM kernels here are built
+native call. The elementwise, reduction, copy, fill, arange and GEMM kernels are built
 once per recipe and operands and called per node (graphc.backends.cpu.kernels).
+
+This module holds the `Lowerer` (its state, the dispatch of each node to its lowering, fused
+nodes, conv2d), the op tables and `lower`. The `Lowerer`'s kernels come from its bases, one
+module each, all below this one:
+- graphc.backends.cpu.elementwise (`ElementwiseLowering`): elementwise maps and fused
+  elementwise bodies, copy, fill, and the movement and source ops;
+- graphc.backends.cpu.reductions (`ReductionLowering`): reductions and softmax;
+- graphc.backends.cpu.gemm (`GemmLowering`): matmul and GEMM epilogue anchors, BLAS or
+  generated kernels;
+- graphc.backends.cpu.driver (`DriverLowering`): the copies out and the driver `@run`.
 
 Values live where graphc.backends.cpu.values places them (inputs, arena buffers, views into
 either). The arena also holds the backend's own scratch (contiguous copies of GEMM operands
@@ -29,7 +39,8 @@ Lowered ops:
   cblas_sgemm/cblas_dgemm, transposed views passed as transposed operands; thin float32
   products (m or n <= 16), small blocks with b read transposed (attention's heads) and
   medium ones (n <= 128, k <= 512) in generated kernels (graphc.backends.cpu.small_gemm), a
-  batch of them or of a medium product's row chunks forked over the cores;
+  batch of them or of a medium product's row chunks forked over the cores:
+  graphc.backends.cpu.gemm;
 - movement: reshape, permute, broadcast_to, slice (views where the plan has them, copies
   otherwise), copy, concat; sources full and arange;
 - nll_loss and nll_loss_backward (class-index targets, any reduction; a target out of range
@@ -73,12 +84,7 @@ from graphc.backends.cpu.kernels import Body, Kernel
 from graphc.backends.cpu.random_ops import lower_random
 from graphc.backends.cpu.reductions import ReductionLowering
 from graphc.backends.cpu.scalars import SCALAR_LOWERINGS
-from graphc.backends.cpu.values import (
-    CpuLoweringError,
-    Loc,
-    Locations,
-    contiguous,
-)
+from graphc.backends.cpu.values import CpuLoweringError, Loc, Locations, contiguous
 from graphc.ir.graph import Graph, Node
 from graphc.passes.fuse_rows import is_row_program
 from graphc.types import TensorType
@@ -101,7 +107,10 @@ class Lowered:
 
 
 class Lowerer(ReductionLowering, GemmLowering, DriverLowering):
-    """Lowers each scheduled node into kernels, in order; `calls` is the driver's program."""
+    """Lowers each scheduled node into kernels, in order; `calls` is the driver's program.
+    The kernels of each kind are its bases' (see the module docstring); it sets the state
+    they read (`graph`, `plan`, `runtime`, `locs`, `calls`, `errors`) and the arena scratch
+    they share (`scratch_loc`)."""
 
     def __init__(self, graph: Graph, plan, blas, runtime_sizes=None) -> None:
         super().__init__(graph.name or "graph", blas, openmp=llvm.load_openmp() is not None)
