@@ -30,10 +30,14 @@ import argparse
 import contextlib
 import os
 import sys
-import time
 from collections import defaultdict
 
-from benchmarks.harness import cache_root, run_with_threads
+from benchmarks.harness import (
+    cache_root,
+    interleaved_process_times,
+    interleaved_profiles,
+    run_with_threads,
+)
 
 NO_LONG_K = {"LONG_K_MIN": 1 << 40}
 NO_ADDENDS = {"gemm_addends.FOLD": False}
@@ -99,27 +103,13 @@ def _compare(rounds: int, quick: bool, root: str, variants: list[str]) -> None:
             for _ in range(3):  # the first calls trace, compile and create the optimizer state
                 step(*batch)
         steps[name], arguments[name] = step, batch
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for r in range(rounds):
-        for name in (list(steps) if r % 2 else list(steps)[::-1]):
-            start, calls = time.process_time(), 0
-            while time.process_time() - start < 0.1:
-                steps[name](*arguments[name])
-                calls += 1
-            times[name].append((time.process_time() - start) / calls)
-    profiles: dict[str, list] = {name: [] for name in steps}
-    for r in range(3):  # interleaved profiles; each kernel's median over them
-        for name in (list(steps) if r % 2 else list(steps)[::-1]):
-            with _variant(name, root):  # profile lowers the graph again, with timers
-                profiles[name].append(graphc.profile(steps[name], *arguments[name],
-                                                     repeat=11))
+    times = interleaved_process_times(
+        {name: lambda n=name: steps[n](*arguments[n]) for name in steps}, rounds)
+    # interleaved profiles (profiling lowers the graph again, under the variant's settings)
+    profiled = interleaved_profiles(steps, arguments, 3, lambda n: _variant(n, root),
+                                    repeat=11)
     for name in steps:
-        reports = profiles[name]
-        rows = sorted(reports[0].rows, key=lambda row: row.step)
-        seconds = {row.step: float(np.median([[q.seconds for q in rep.rows
-                                                 if q.step == row.step][0]
-                                                for rep in reports]))
-                   for row in rows}
+        rows, seconds = profiled[name]
         roles = by_role(rows, seconds)
         print(f"gpt {name}: step {np.median(times[name]) * 1e3:.3f} ms (median of {rounds}); "
               f"{len(rows)} kernels, {sum(seconds.values()) * 1e3:.2f} ms")

@@ -36,6 +36,7 @@ import ctypes
 import ctypes.util
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -337,3 +338,41 @@ def as_json(cases: list[CaseResult]) -> list[dict]:
                              "seconds": c.seconds, "rounds": c.rounds,
                              "figure": case.figure(c)} for c in case.contenders]}
             for case in cases]
+
+
+def interleaved_process_times(calls: dict, rounds: int,
+                              seconds: float = 0.1) -> dict[str, list[float]]:
+    """{name: CPU seconds per call, one sample a round} for in-process A/Bs: each round runs
+    every call in a loop for `seconds` of this process's CPU time, the order alternating
+    each round so neither variant always follows the other."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(rounds):
+        for name in (list(calls) if r % 2 else list(calls)[::-1]):
+            start, count = time.process_time(), 0
+            while time.process_time() - start < seconds:
+                calls[name]()
+                count += 1
+            times[name].append((time.process_time() - start) / count)
+    return times
+
+
+def interleaved_profiles(steps: dict, arguments: dict, rounds: int, variant, repeat: int):
+    """{name: (rows in schedule order, {step: median seconds over the rounds})}: each
+    compiled step profiled `rounds` times (graphc.profile, `repeat` runs each), the variants
+    in alternating order, each under `variant(name)` (a context manager: profiling lowers
+    the graph again, so the variant's settings must hold)."""
+    import graphc
+
+    reports: dict[str, list] = {name: [] for name in steps}
+    for r in range(rounds):
+        for name in (list(steps) if r % 2 else list(steps)[::-1]):
+            with variant(name):
+                reports[name].append(graphc.profile(steps[name], *arguments[name],
+                                                    repeat=repeat))
+    result = {}
+    for name, runs in reports.items():
+        rows = sorted(runs[0].rows, key=lambda row: row.step)
+        result[name] = (rows, {row.step: statistics.median(
+            [next(q.seconds for q in run.rows if q.step == row.step) for run in runs])
+            for row in rows})
+    return result

@@ -24,9 +24,13 @@ import argparse
 import contextlib
 import os
 import sys
-import time
 
-from benchmarks.harness import cache_root, run_with_threads
+from benchmarks.harness import (
+    cache_root,
+    interleaved_process_times,
+    interleaved_profiles,
+    run_with_threads,
+)
 
 VARIANTS = {"before": {"MEDIUM_K": 512, "SHORT_K_MAX": 0},
             "forward": {"SHORT_K_MAX": 0},
@@ -95,19 +99,6 @@ def _variant(name: str, root: str, part: str):
             setattr(small_gemm, attr, value)
 
 
-def _interleaved(calls: dict, rounds: int) -> dict[str, list[float]]:
-    """{name: seconds per call, one sample a round}; the order alternates each round."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for r in range(rounds):
-        for name in (list(calls) if r % 2 else list(calls)[::-1]):
-            start, count = time.process_time(), 0
-            while time.process_time() - start < 0.05:
-                calls[name]()
-                count += 1
-            times[name].append((time.process_time() - start) / count)
-    return times
-
-
 def _products(rounds: int, root: str, variants: list[str]) -> None:
     import re
 
@@ -128,7 +119,7 @@ def _products(rounds: int, root: str, variants: list[str]) -> None:
             kernels[name] = sorted(set(re.findall(r'define[^@]*@"?(graphc_small_sgemm_\w+)',
                                                   executable.lowered.ir_text))) or ["BLAS"]
             calls[name] = lambda e=executable, a=a, b=b: e.run(a, b)
-        times = _interleaved(calls, rounds)
+        times = interleaved_process_times(calls, rounds, seconds=0.05)
         print(label)
         for name in variants:
             median = float(np.median(times[name]))
@@ -153,21 +144,13 @@ def _step(rounds: int, root: str, variants: list[str]) -> None:
             for _ in range(3):  # the first calls trace, compile and create the state
                 step(*batch)
         steps[name], arguments[name] = step, batch
-    times = _interleaved({name: lambda n=name: steps[n](*arguments[n]) for name in steps},
-                         rounds)
-    profiles: dict[str, list] = {name: [] for name in steps}
-    for r in range(3):  # interleaved profiles; each kernel's median over them
-        for name in (list(steps) if r % 2 else list(steps)[::-1]):
-            with _variant(name, root, "step"):  # profile lowers the graph again, with timers
-                profiles[name].append(graphc.profile(steps[name], *arguments[name],
-                                                     repeat=101))
+    times = interleaved_process_times(
+        {name: lambda n=name: steps[n](*arguments[n]) for name in steps}, rounds, seconds=0.05)
+    # interleaved profiles (profiling lowers the graph again, under the variant's settings)
+    profiled = interleaved_profiles(steps, arguments, 3, lambda n: _variant(n, root, "step"),
+                                    repeat=101)
     for name in steps:
-        reports = profiles[name]
-        rows = sorted(reports[0].rows, key=lambda row: row.step)
-        seconds = {row.step: float(np.median([[q.seconds for q in rep.rows
-                                                 if q.step == row.step][0]
-                                                for rep in reports]))
-                   for row in rows}
+        rows, seconds = profiled[name]
         gemms = [row for row in rows if "matmul" in row.op]
         print(f"mlp_b64 {name}: step {np.median(times[name]) * 1e3:.3f} ms (median of "
               f"{rounds}); {len(rows)} kernels {sum(seconds.values()) * 1e6:.1f} us, of which "
