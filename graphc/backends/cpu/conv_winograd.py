@@ -234,16 +234,22 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
                             kb.store(b, oi, iadd(b, at, r * out_hw[1] + s), y[r][s])
 
         def block(b, n0, count):
-            if full_parts == 1:
-                part(b, n0, count, 0, rows)
-            elif full_parts:
-                with loop(b, 0, full_parts, "part") as k:
-                    part(b, n0, count, b.mul(k, i64(rows)), rows)
-            if tail_rows:
-                part(b, n0, count, full_parts * rows, tail_rows)
+            _over_parts(b, part, n0, count, rows, full_parts, tail_rows)
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
         lw.calls.append(called_kernel(lw, kb.finish(b), split, prelude=prelude))
+
+
+def _over_parts(b, part, n0, count, rows: int, full_parts: int, tail_rows: int) -> None:
+    """`part(b, n0, count, first_row, rows)` over a block's parts of tile rows: the full
+    parts (one straight call where there is one, else a loop), then the shorter last."""
+    if full_parts == 1:
+        part(b, n0, count, 0, rows)
+    elif full_parts:
+        with loop(b, 0, full_parts, "part") as k:
+            part(b, n0, count, b.mul(k, i64(rows)), rows)
+    if tail_rows:
+        part(b, n0, count, full_parts * rows, tail_rows)
 
 
 @dataclass(frozen=True)
@@ -366,13 +372,7 @@ def conv2d_weight_grad(lw, node, g) -> bool:
                             vi, xi * v_step, ld, beta, ui, xi * u_step, ci)
 
         def block(b, n0, count):
-            if full_parts == 1:
-                part(b, n0, count, 0, rows)
-            elif full_parts:
-                with loop(b, 0, full_parts, "part") as k:
-                    part(b, n0, count, b.mul(k, i64(rows)), rows)
-            if tail_rows:
-                part(b, n0, count, full_parts * rows, tail_rows)
+            _over_parts(b, part, n0, count, rows, full_parts, tail_rows)
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
         if split is None:
