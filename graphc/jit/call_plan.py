@@ -282,13 +282,7 @@ def _reading_function(plan: CallPlan, inputs: list[int], n_args: int, n_kwargs: 
     lines += ["if residency.stale:  # what another device holds, fetched",
               f"    residency.fresh_all(({listed}{',' if len(inputs) == 1 else ''}), keep=EX)",
               f"outputs = EX.run({listed})"]
-    wrapped = []
-    for kind, index, dtype in plan.wraps:
-        if kind == "input":
-            wrapped.append(f"t{index}")
-        else:
-            names[f"DTYPE{index}"] = dtype
-            wrapped.append(f"Tensor._result(outputs[{index}], DTYPE{index})")
+    wrapped = _wrapped_results(plan, names, "outputs")
     if plan.direct is not None:
         lines.append(f"return {wrapped[plan.direct]}")
     else:
@@ -367,15 +361,7 @@ def _stepping_function(plan: CallPlan, inputs: list[int], update_inputs: list[in
         names[f"GRAD_HOLDER{k}"] = holder
         names[f"GRAD_DTYPE{k}"] = dtype
         lines.append(f"GRAD_HOLDER{k}._grad = Tensor._result(results[{index}], GRAD_DTYPE{k})")
-    wrapped = []
-    for kind, index, dtype in plan.wraps:
-        if kind == "input":
-            wrapped.append(f"t{index}")
-        elif kind == "grad":
-            wrapped.append(f"GRAD_HOLDER{index}._grad")
-        else:
-            names[f"DTYPE{index}"] = dtype
-            wrapped.append(f"Tensor._result(results[{index}], DTYPE{index})")
+    wrapped = _wrapped_results(plan, names, "results")
     if plan.direct is not None:
         lines.append(f"result = {wrapped[plan.direct]}")
     else:
@@ -422,3 +408,20 @@ class _OneItem:
 
 def _no_items(items) -> tuple:
     return ()
+
+
+def _wrapped_results(plan, names: dict, results: str) -> list[str]:
+    """The written-out expressions of what the call returns, in `plan.wraps`' order: an input
+    tensor by its local, a `.grad` by its holder (bound as GRAD_HOLDER<k> by the step), an
+    output array of the list named `results` wrapped as a tensor of its dtype (bound in
+    `names` as DTYPE<index>)."""
+    wrapped = []
+    for kind, index, dtype in plan.wraps:
+        if kind == "input":
+            wrapped.append(f"t{index}")
+        elif kind == "grad":
+            wrapped.append(f"GRAD_HOLDER{index}._grad")
+        else:
+            names[f"DTYPE{index}"] = dtype
+            wrapped.append(f"Tensor._result({results}[{index}], DTYPE{index})")
+    return wrapped
