@@ -7,15 +7,15 @@ elements; this module holds what they share:
 - index arithmetic on i64 terms that folds the constants (`iadd`, `imul`);
 - `Table`: a constant i64 table indexed at run time, folded where uniform; the geometry
   tables it holds come from `out_ranges` (per kernel tap, the output positions it reaches)
-  and `_taps` (per output position, the taps in bounds);
-- strides and layout: `_estrides` (element strides of a Loc), `image_strides` (those
+  and `window_taps` (per output position, the taps in bounds);
+- strides and layout: `element_strides` (element strides of a Loc), `image_strides` (those
   of an image tensor as (n, c, h, w)), `is_contiguous`,
   `contiguous_in` (an operand copied to contiguous scratch where it is not) and
   `contiguous_out` (an output written through contiguous scratch where it is not);
 - `image_kernel`: a KernelBuilder keyed by a recipe, so nodes that need the same code call
   one kernel; `called_kernel`: that kernel, or its split over the cores
   (graphc.backends.cpu.conv_threads);
-- `_fadd`: a float add that may reassociate (pooling's and batch_norm's sums).
+- `fadd`: a float add that may reassociate (pooling's and batch_norm's sums).
 
 Invariant: nothing here knows a convolution's or a pooling's geometry; what a kernel reads
 and writes is decided by its caller and passed in as constants and tables.
@@ -92,7 +92,7 @@ class Table:
         return b.load(p, typ=I64)
 
 
-def _estrides(loc: Loc) -> tuple[int, ...]:
+def element_strides(loc: Loc) -> tuple[int, ...]:
     item = loc.type.dtype.itemsize
     return tuple(s // item for s in loc.strides)
 
@@ -105,7 +105,7 @@ def is_contiguous(loc: Loc) -> bool:
 
 def image_strides(loc: Loc) -> tuple[int, int, int, int]:
     """Element strides (n, c, h, w) of a batched or unbatched image tensor."""
-    s = _estrides(loc)
+    s = element_strides(loc)
     return (0,) + s if len(s) == 3 else s
 
 
@@ -143,14 +143,14 @@ def image_kernel(lw, name: str, locs: list[Loc], recipe: object = None):
     return kb, ids
 
 
-def _fadd(b, x, y, reassoc=False):
+def fadd(b, x, y, reassoc=False):
     r = b.fadd(x, y)
     if reassoc:
         r.flags.extend(("reassoc", "nsz"))
     return r
 
 
-def _taps(n: int, out: int, k: int, s: int, p: int, d: int):
+def window_taps(n: int, out: int, k: int, s: int, p: int, d: int):
     """Per output position o: the range [lo, hi) of kernel taps t whose input position
     o*s - p + t*d lies in [0, n)."""
     lo, hi = [], []

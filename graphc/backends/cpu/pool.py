@@ -8,10 +8,10 @@
   and invstd rounded to the input's dtype, as the numpy kernel does.
 
 Invariants: a window's taps and the divisors are computed in Python (graphc.backends.cpu.
-image_kernels: `_taps`, `Table`) and passed to the kernels as constant tables, so no kernel reads
-outside its tensors and padding is never materialised. Max pooling keeps the first maximum of
-a window in row-major order, and a NaN wins (the last NaN), as the numpy kernel and PyTorch's
-CPU kernel do. Inputs may be strided views (pooling reads through strides).
+image_kernels: `window_taps`, `Table`) and passed to the kernels as constant tables, so no
+kernel reads outside its tensors and padding is never materialised. Max pooling keeps the
+first maximum of a window in row-major order, and a NaN wins (the last NaN), as the numpy
+kernel and PyTorch's CPU kernel do. Inputs may be strided views (pooling reads through strides).
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from llvmlite import ir
 from graphc.backends.cpu import conv_threads
 from graphc.backends.cpu.image_kernels import (
     Table,
-    _estrides,
-    _fadd,
-    _taps,
     called_kernel,
     contiguous_in,
     contiguous_out,
+    element_strides,
+    fadd,
     iadd,
     image_kernel,
     imul,
+    window_taps,
 )
 from graphc.backends.cpu.scalars import const, convert
 from graphc.backends.cpu.values import (
@@ -63,7 +63,7 @@ def _recipe(node: Node) -> tuple:
 
 def _planes(loc: Loc):
     """(sizes, element strides) of the leading dims of an (N, C, H, W) / (C, H, W) tensor."""
-    s = _estrides(loc)
+    s = element_strides(loc)
     return loc.type.shape[:-2], s[:-2], s[-2], s[-1]
 
 
@@ -98,9 +98,9 @@ def _over_planes(b, sizes, strides_list, first=None):
 
 
 def _pool_tables(lw, in_hw, out_hw, kernel_size, stride, padding, dilation):
-    rows = [Table(lw, t) for t in _taps(in_hw[0], out_hw[0], kernel_size[0], stride[0],
+    rows = [Table(lw, t) for t in window_taps(in_hw[0], out_hw[0], kernel_size[0], stride[0],
                                         padding[0], dilation[0])]
-    cols = [Table(lw, t) for t in _taps(in_hw[1], out_hw[1], kernel_size[1], stride[1],
+    cols = [Table(lw, t) for t in window_taps(in_hw[1], out_hw[1], kernel_size[1], stride[1],
                                         padding[1], dilation[1])]
     return rows, cols
 
@@ -347,7 +347,7 @@ def batch_norm(lw, node: Node) -> None:
     count = n * s
     lx = contiguous_in(lw, lw.locs[x])
     params = [lw.locs[v] for v in (weight, bias, rmean, rvar)]
-    pstr = [_estrides(p)[0] if p.type.ndim else 0 for p in params]
+    pstr = [element_strides(p)[0] if p.type.ndim else 0 for p in params]
     # split over the channels (each one's statistics and output are its own): three passes
     # over the input, memory-bound, so pooling's bar
     split = conv_threads.plan_split(lw, dt, [], c, 3 * count * c, least=POOL_MIN_SPLIT_TAPS)
@@ -357,7 +357,7 @@ def batch_norm(lw, node: Node) -> None:
                                                          [split.control]),
                                _recipe(node) + (split is not None,))
         xi, wi, bi, rmi, rvi, oi, mi, ii = ids[:8]
-        ms, is_ = (_estrides(lw.locs[v])[0] for v in (mean_v, invstd_v))
+        ms, is_ = (element_strides(lw.locs[v])[0] for v in (mean_v, invstd_v))
         b = kb.begin()
         if b is None:  # built before for a node of the same shapes and attributes
             return lw.calls.append(called_kernel(lw, kb.kernel, split))
@@ -377,14 +377,14 @@ def batch_norm(lw, node: Node) -> None:
             if training:
                 b.store(ir.Constant(F64, 0.0), acc)
                 over(b, ch, lambda b, at: b.store(
-                    _fadd(b, b.load(acc), convert(b, kb.load(b, xi, at), dt, float64), True),
+                    fadd(b, b.load(acc), convert(b, kb.load(b, xi, at), dt, float64), True),
                     acc))
                 mean = b.fdiv(b.load(acc), b.sitofp(size(b, count), F64))
                 b.store(ir.Constant(F64, 0.0), acc)
 
                 def sq(b, at):
                     d = b.fsub(convert(b, kb.load(b, xi, at), dt, float64), mean)
-                    b.store(_fadd(b, b.load(acc), b.fmul(d, d), True), acc)
+                    b.store(fadd(b, b.load(acc), b.fmul(d, d), True), acc)
 
                 over(b, ch, sq)
                 var = b.fdiv(b.load(acc), b.sitofp(size(b, count), F64))
