@@ -96,7 +96,7 @@ class Conv:
 
             lw.blas = resolve_blas()
         self.lw, self.node, self.g, self.dt = lw, node, g, dt
-        self.gemm_fn = lw._blas_function(dt, "gemm")
+        self.gemm_fn = lw.blas_function(dt, "gemm")
         self.iT = I64 if lw.blas.ilp64 else I32
         self.fty = REG[dt.name]
         sh, sw = g.stride

@@ -48,7 +48,7 @@ class ElementwiseLowering(Codegen):
     def lower_elementwise(self, node: Node) -> None:
         self.elementwise(node, Body(node), 0)
 
-    def _leaves(self, kb: KernelBuilder, body: Body, extra: dict[int, Loc], start: int,
+    def body_leaves(self, kb: KernelBuilder, body: Body, extra: dict[int, Loc], start: int,
                 stop: int) -> dict[int, int]:
         leaves: dict[int, int] = {}
         used = {r for _, args, _ in body.instrs[start:stop] for r in args} | set(body.outputs)
@@ -78,7 +78,7 @@ class ElementwiseLowering(Codegen):
         if combined or streamed:
             recipe += (sorted((ref, c.key) for ref, c in combined.items()), sorted(streamed))
         kb = KernelBuilder(self, self.name(node.op), domain, recipe)
-        leaves = self._leaves(kb, body, extra or {}, start, len(body.instrs))
+        leaves = self.body_leaves(kb, body, extra or {}, start, len(body.instrs))
         reads = {ref: (tuple(kb.operand(loc) for loc in c.locs), c.combine)
                  for ref, c in combined.items()}
         outs = [kb.operand(self.locs[v]) for v in node.outputs]

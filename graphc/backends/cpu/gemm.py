@@ -16,7 +16,7 @@ deciding in order:
   (graphc.backends.cpu.gemm_addends); a batch of them, or of a medium product's row chunks,
   or of a weight gradient's column chunks, forks over the cores;
 - a single row or column through the BLAS GEMV (`_gemv`), else the BLAS GEMM
-  (cblas_sgemm / cblas_dgemm, declared by `_blas_function`), which threads itself.
+  (cblas_sgemm / cblas_dgemm, declared by `blas_function`), which threads itself.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class GemmLowering(ElementwiseLowering):
                 c_batch_strides = (small.n,)
         gemv = None if small or strided else self._gemv(m, n, k, sa, sb, lay_a, lay_b)
         fn = small_gemm.function(self, small) if small else \
-            self._blas_function(dt, "gemv" if gemv else "gemm")
+            self.blas_function(dt, "gemv" if gemv else "gemm")
         ldc = sc[-2] if strided else n
         kb = KernelBuilder(self, self.name("small_gemm" if small else "gemv" if gemv else
                                            "gemm"), batch,
@@ -218,7 +218,7 @@ class GemmLowering(ElementwiseLowering):
             return (lay_a[0], rows, cols, "a", lay_a[1], "b", sb[-2])
         return None
 
-    def _blas_function(self, dt, routine: str = "gemm") -> ir.Function:
+    def blas_function(self, dt, routine: str = "gemm") -> ir.Function:
         if self.blas is None:
             raise CpuLoweringError("cpu backend: matmul needs a BLAS and none was found")
         iT = I64 if self.blas.ilp64 else I32

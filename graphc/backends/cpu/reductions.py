@@ -41,7 +41,7 @@ __all__ = ["ReductionLowering"]
 class ReductionLowering(ElementwiseLowering):
     """Reduction and softmax kernels (see the module docstring); a base of codegen's
     `Lowerer`. A fused body's leaves are read as the elementwise kernels read them
-    (ElementwiseLowering._leaves)."""
+    (ElementwiseLowering.body_leaves)."""
 
     # ---- reductions and softmax ----------------------------------------------------------
     def reduction(self, node: Node, body: Body, start: int, extra: dict[int, Loc]) -> None:
@@ -49,7 +49,7 @@ class ReductionLowering(ElementwiseLowering):
         red = body.n + len(body.instrs) - 1
         domain = body.types[src].shape or (1,)  # a 0-d input: one element
         kb = KernelBuilder(self, self.name(op), domain, body.recipe("reduce", start, extra))
-        leaves = self._leaves(kb, body, extra, start, len(body.instrs) - 1)
+        leaves = self.body_leaves(kb, body, extra, start, len(body.instrs) - 1)
         if src in extra or src < body.n:
             leaves.setdefault(src, kb.operand(extra[src] if src in extra
                                               else self.locs[node.inputs[src]]))
