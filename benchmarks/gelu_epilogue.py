@@ -27,6 +27,7 @@ import sys
 
 from benchmarks.harness import (
     cache_root,
+    compiled_variants,
     interleaved_process_times,
     interleaved_profiles,
     run_with_threads,
@@ -99,16 +100,10 @@ def _compare(rounds: int, quick: bool, root: str) -> None:
     from benchmarks import model_steps, models
 
     shape = (model_steps.QUICK if quick else model_steps.FULL)["gpt"]
-    steps, arguments = {}, {}
-    for name in VARIANTS:
-        with _variant(name, root):
-            graphc.manual_seed(0)
-            train = models.graphc_step(model_steps.gpt(graphc, **shape))
-            batch = tuple(graphc.tensor(a) for a in model_steps.batch_of("gpt", shape))
-            step = graphc.compile(train, backend="cpu")
-            for _ in range(3):  # the first calls trace, compile and create the optimizer state
-                step(*batch)
-        steps[name], arguments[name] = step, batch
+    steps, arguments = compiled_variants(
+        VARIANTS, lambda n: _variant(n, root),
+        lambda: (models.graphc_step(model_steps.gpt(graphc, **shape)),
+                 tuple(graphc.tensor(a) for a in model_steps.batch_of("gpt", shape))))
     times = interleaved_process_times(
         {name: lambda n=name: steps[n](*arguments[n]) for name in steps}, rounds)
     # interleaved profiles (profiling lowers the graph again, under the variant's settings)

@@ -376,3 +376,22 @@ def interleaved_profiles(steps: dict, arguments: dict, rounds: int, variant, rep
             [next(q.seconds for q in run.rows if q.step == row.step) for run in runs])
             for row in rows})
     return result
+
+
+def compiled_variants(names, variant, make, warmup: int = 3) -> tuple[dict, dict]:
+    """({name: compiled step}, {name: its arguments}) for in-process A/Bs: under each
+    `variant(name)` (a context manager), graphc seeded with 0, `make()` gives (training step
+    function, arguments), compiled on the cpu backend and called `warmup` times (the first
+    calls trace, compile and create the optimizer state)."""
+    import graphc
+
+    steps, arguments = {}, {}
+    for name in names:
+        with variant(name):
+            graphc.manual_seed(0)
+            train, batch = make()
+            step = graphc.compile(train, backend="cpu")
+            for _ in range(warmup):
+                step(*batch)
+        steps[name], arguments[name] = step, batch
+    return steps, arguments

@@ -27,6 +27,7 @@ import sys
 
 from benchmarks.harness import (
     cache_root,
+    compiled_variants,
     interleaved_process_times,
     interleaved_profiles,
     run_with_threads,
@@ -134,16 +135,10 @@ def _step(rounds: int, root: str, variants: list[str]) -> None:
     from benchmarks import models
 
     x, y = models.batch("mlp", 64)
-    steps, arguments = {}, {}
-    for name in variants:
-        with _variant(name, root, "step"):
-            graphc.manual_seed(0)
-            train = models.graphc_step(models.graphc_model("mlp"))
-            batch = (graphc.tensor(x), graphc.tensor(y))
-            step = graphc.compile(train, backend="cpu")
-            for _ in range(3):  # the first calls trace, compile and create the state
-                step(*batch)
-        steps[name], arguments[name] = step, batch
+    steps, arguments = compiled_variants(
+        variants, lambda n: _variant(n, root, "step"),
+        lambda: (models.graphc_step(models.graphc_model("mlp")),
+                 (graphc.tensor(x), graphc.tensor(y))))
     times = interleaved_process_times(
         {name: lambda n=name: steps[n](*arguments[n]) for name in steps}, rounds, seconds=0.05)
     # interleaved profiles (profiling lowers the graph again, under the variant's settings)
