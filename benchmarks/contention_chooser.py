@@ -110,9 +110,14 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"benchmarks/contention_chooser.py: --realtime needs SCHED_FIFO "
                              f"(root or CAP_SYS_NICE on Linux): {error}") from None
     LoggedChooser.injected = args.free_cores
-    threads.ThreadChooser = LoggedChooser  # the executables make theirs through the module
     from benchmarks import run
-    status = run.main(args.run_args)
+
+    chooser = threads.ThreadChooser
+    threads.ThreadChooser = LoggedChooser  # the executables make theirs through the module
+    try:
+        status = run.main(args.run_args)
+    finally:  # executables made after this call choose as before
+        threads.ThreadChooser = chooser
     for k, chooser in enumerate(LoggedChooser.made):
         if chooser.explores and chooser.calls:
             print(f"executable {k}: " + chooser.report())

@@ -41,3 +41,17 @@ def test_realtime_refused_is_a_clear_exit(monkeypatch):
     monkeypatch.setattr(os, "sched_setscheduler", refuse, raising=False)
     with pytest.raises(SystemExit, match="--realtime needs SCHED_FIFO"):
         contention_chooser.main(["--realtime", "--", "--only", "conv2d"])
+
+
+def test_main_puts_the_chooser_back(monkeypatch):
+    """Executables made after main (later tests in the same process) choose with the
+    project's ThreadChooser, not the logging one."""
+    from benchmarks import run
+    from graphc.backends.cpu import threads
+
+    original = threads.ThreadChooser
+    seen = []
+    monkeypatch.setattr(run, "main", lambda args: seen.append(threads.ThreadChooser) or 0)
+    assert contention_chooser.main(["--", "--only", "conv2d"]) == 0
+    assert seen == [LoggedChooser]
+    assert threads.ThreadChooser is original
