@@ -27,10 +27,8 @@ import sys
 
 from benchmarks.harness import (
     cache_root,
-    compiled_variants,
-    interleaved_process_times,
-    interleaved_profiles,
     run_with_threads,
+    step_ab,
 )
 
 
@@ -96,20 +94,12 @@ def _is_gelu_kernel(op: str) -> bool:
 def _compare(rounds: int, quick: bool, root: str) -> None:
     import numpy as np
 
-    import graphc
-    from benchmarks import model_steps, models
+    from benchmarks import model_steps
 
-    shape = (model_steps.QUICK if quick else model_steps.FULL)["gpt"]
-    steps, arguments = compiled_variants(
-        VARIANTS, lambda n: _variant(n, root),
-        lambda: (models.graphc_step(model_steps.gpt(graphc, **shape)),
-                 tuple(graphc.tensor(a) for a in model_steps.batch_of("gpt", shape))))
-    times = interleaved_process_times(
-        {name: lambda n=name: steps[n](*arguments[n]) for name in steps}, rounds)
-    # interleaved profiles (profiling lowers the graph again, under the variant's settings)
-    profiled = interleaved_profiles(steps, arguments, 5, lambda n: _variant(n, root),
-                                    repeat=11)
-    for name in steps:
+    times, profiled = step_ab(VARIANTS, lambda n: _variant(n, root),
+                              lambda: model_steps.graphc_gpt_step(quick),
+                              rounds, 5, repeat=11)
+    for name in profiled:
         rows, seconds = profiled[name]
         # a fused GEMM is two rows with the same label, its GEMM then its epilogue
         epilogues = [row for row in rows if _is_gelu_kernel(row.op)

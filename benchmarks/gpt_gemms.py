@@ -34,10 +34,8 @@ from collections import defaultdict
 
 from benchmarks.harness import (
     cache_root,
-    compiled_variants,
-    interleaved_process_times,
-    interleaved_profiles,
     run_with_threads,
+    step_ab,
 )
 
 NO_LONG_K = {"LONG_K_MIN": 1 << 40}
@@ -90,20 +88,12 @@ def _variant(name: str, root: str):
 def _compare(rounds: int, quick: bool, root: str, variants: list[str]) -> None:
     import numpy as np
 
-    import graphc
-    from benchmarks import model_steps, models
+    from benchmarks import model_steps
 
-    shape = (model_steps.QUICK if quick else model_steps.FULL)["gpt"]
-    steps, arguments = compiled_variants(
-        variants, lambda n: _variant(n, root),
-        lambda: (models.graphc_step(model_steps.gpt(graphc, **shape)),
-                 tuple(graphc.tensor(a) for a in model_steps.batch_of("gpt", shape))))
-    times = interleaved_process_times(
-        {name: lambda n=name: steps[n](*arguments[n]) for name in steps}, rounds)
-    # interleaved profiles (profiling lowers the graph again, under the variant's settings)
-    profiled = interleaved_profiles(steps, arguments, 3, lambda n: _variant(n, root),
-                                    repeat=11)
-    for name in steps:
+    times, profiled = step_ab(variants, lambda n: _variant(n, root),
+                              lambda: model_steps.graphc_gpt_step(quick),
+                              rounds, 3, repeat=11)
+    for name in profiled:
         rows, seconds = profiled[name]
         roles = by_role(rows, seconds)
         print(f"gpt {name}: step {np.median(times[name]) * 1e3:.3f} ms (median of {rounds}); "

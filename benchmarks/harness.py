@@ -395,3 +395,14 @@ def compiled_variants(names, variant, make, warmup: int = 3) -> tuple[dict, dict
                 step(*batch)
         steps[name], arguments[name] = step, batch
     return steps, arguments
+
+
+def step_ab(names, variant, make, rounds: int, profile_rounds: int, repeat: int,
+            seconds: float = 0.1) -> tuple[dict, dict]:
+    """An in-process A/B of a training step's variants: (their CPU seconds per call, one
+    sample a round, from `interleaved_process_times`; their kernels' profiles, from
+    `interleaved_profiles`), the variants built by `compiled_variants(names, variant, make)`."""
+    steps, arguments = compiled_variants(names, variant, make)
+    times = interleaved_process_times(
+        {name: lambda n=name: steps[n](*arguments[n]) for name in steps}, rounds, seconds)
+    return times, interleaved_profiles(steps, arguments, profile_rounds, variant, repeat)

@@ -27,10 +27,9 @@ import sys
 
 from benchmarks.harness import (
     cache_root,
-    compiled_variants,
     interleaved_process_times,
-    interleaved_profiles,
     run_with_threads,
+    step_ab,
 )
 
 VARIANTS = {"before": {"MEDIUM_K": 512, "SHORT_K_MAX": 0},
@@ -135,16 +134,11 @@ def _step(rounds: int, root: str, variants: list[str]) -> None:
     from benchmarks import models
 
     x, y = models.batch("mlp", 64)
-    steps, arguments = compiled_variants(
-        variants, lambda n: _variant(n, root, "step"),
-        lambda: (models.graphc_step(models.graphc_model("mlp")),
-                 (graphc.tensor(x), graphc.tensor(y))))
-    times = interleaved_process_times(
-        {name: lambda n=name: steps[n](*arguments[n]) for name in steps}, rounds, seconds=0.05)
-    # interleaved profiles (profiling lowers the graph again, under the variant's settings)
-    profiled = interleaved_profiles(steps, arguments, 3, lambda n: _variant(n, root, "step"),
-                                    repeat=101)
-    for name in steps:
+    times, profiled = step_ab(variants, lambda n: _variant(n, root, "step"),
+                              lambda: (models.graphc_step(models.graphc_model("mlp")),
+                                       (graphc.tensor(x), graphc.tensor(y))),
+                              rounds, 3, repeat=101, seconds=0.05)
+    for name in profiled:
         rows, seconds = profiled[name]
         gemms = [row for row in rows if "matmul" in row.op]
         print(f"mlp_b64 {name}: step {np.median(times[name]) * 1e3:.3f} ms (median of "

@@ -245,3 +245,11 @@ def training_step(name: str, shape: dict):
         return step, (x, y)
     make = {"lstm": _lstm_step, "vae": _vae_step, "dcgan": _dcgan_step}[name]
     return make(**shape)
+
+
+def graphc_gpt_step(quick: bool):
+    """(graphc training step, its arguments as tensors) of the GPT case, at the quick or the
+    full size (for the in-process A/Bs of benchmarks/gpt_gemms.py and gelu_epilogue.py)."""
+    shape = (QUICK if quick else FULL)["gpt"]
+    step = models.graphc_step(gpt(graphc, **shape))
+    return step, tuple(graphc.tensor(a) for a in batch_of("gpt", shape))
