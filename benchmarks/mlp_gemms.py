@@ -37,7 +37,7 @@ VARIANTS = {"before": {"MEDIUM_K": 512, "SHORT_K_MAX": 0},
             "after": {}}
 
 
-def _weight_times_transposed(m: int, n: int, k: int) -> str:
+def weight_times_transposed(m: int, n: int, k: int) -> str:
     """W [m, k] @ x^T [k, n], x read transposed (packed first): a Linear's forward."""
     return f"""graph @f(%w: f32[{m},{k}], %x: f32[{n},{k}]) -> (f32[{m},{n}]) {{
   %0: f32[{k},{n}] = permute[dims=(1, 0)](%x)
@@ -46,7 +46,7 @@ def _weight_times_transposed(m: int, n: int, k: int) -> str:
 }}"""
 
 
-def _transposed_times(m: int, n: int, k: int) -> str:
+def transposed_times(m: int, n: int, k: int) -> str:
     """dh^T [m, k] @ x [k, n], dh read transposed: a Linear's weight gradient."""
     return f"""graph @f(%d: f32[{k},{m}], %x: f32[{k},{n}]) -> (f32[{m},{n}]) {{
   %0: f32[{m},{k}] = permute[dims=(1, 0)](%d)
@@ -57,11 +57,11 @@ def _transposed_times(m: int, n: int, k: int) -> str:
 
 # (label, IR text of the product as the step lays it out, its flops)
 PRODUCTS = [
-    ("forward W1 [256 x 784] @ x^T [784 x 64]", _weight_times_transposed(256, 64, 784),
+    ("forward W1 [256 x 784] @ x^T [784 x 64]", weight_times_transposed(256, 64, 784),
      2 * 256 * 64 * 784),
-    ("weight gradient dh1^T [256 x 64] @ x [64 x 784]", _transposed_times(256, 784, 64),
+    ("weight gradient dh1^T [256 x 64] @ x [64 x 784]", transposed_times(256, 784, 64),
      2 * 256 * 784 * 64),
-    ("weight gradient dh2^T [256 x 64] @ h1 [64 x 256]", _transposed_times(256, 256, 64),
+    ("weight gradient dh2^T [256 x 64] @ h1 [64 x 256]", transposed_times(256, 256, 64),
      2 * 256 * 256 * 64),
 ]
 

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("llvmlite")
 
 import graphc  # noqa: E402
+from benchmarks.mlp_gemms import transposed_times, weight_times_transposed  # noqa: E402
 from graphc.backends import compile as compile_graph  # noqa: E402
 from graphc.backends.cpu import small_gemm, threads  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
@@ -24,24 +25,6 @@ from graphc.testing import assert_rounding_within  # noqa: E402
 if small_gemm.lanes() != 16:
     pytest.skip("medium products and k-outer weight gradients are generated on AVX-512 "
                 "hosts only; this host has none", allow_module_level=True)
-
-
-def _weight_times_transposed(m: int, n: int, k: int) -> str:
-    """W [m, k] @ x^T: x [n, k] read transposed (packed first), as the step lays it out."""
-    return f"""graph @f(%w: f32[{m},{k}], %x: f32[{n},{k}]) -> (f32[{m},{n}]) {{
-  %0: f32[{k},{n}] = permute[dims=(1, 0)](%x)
-  %1: f32[{m},{n}] = matmul(%w, %0)
-  return (%1)
-}}"""
-
-
-def _transposed_times(m: int, n: int, k: int) -> str:
-    """dh^T @ x: dh [k, m] read transposed (m contiguous), x [k, n]: a weight gradient."""
-    return f"""graph @f(%d: f32[{k},{m}], %x: f32[{k},{n}]) -> (f32[{m},{n}]) {{
-  %0: f32[{m},{k}] = permute[dims=(1, 0)](%d)
-  %1: f32[{m},{n}] = matmul(%0, %x)
-  return (%1)
-}}"""
 
 
 def _kernels(executable) -> set[str]:
@@ -76,7 +59,7 @@ MEDIUM_LONG_K = [  # (m, n, k): a read row by row, k above the former 512
 @pytest.mark.parametrize("m, n, k", MEDIUM_LONG_K, ids=[f"{m}x{n}x{k}" for m, n, k in
                                                         MEDIUM_LONG_K])
 def test_medium_products_with_k_up_to_1024_run_the_generated_kernel(m, n, k):
-    executable = _run_and_judge(_weight_times_transposed(m, n, k), seed=m * 7 + n + k)
+    executable = _run_and_judge(weight_times_transposed(m, n, k), seed=m * 7 + n + k)
     names = _kernels(executable)
     assert names, "the BLAS ran a medium product with k <= MEDIUM_K"
     assert all(f"x{k}_a{k}_1_" in name for name in names)
@@ -91,7 +74,7 @@ SHORT_K = [  # (m, n, k): a read transposed, k the batch
 
 @pytest.mark.parametrize("m, n, k", SHORT_K, ids=[f"{m}x{n}x{k}" for m, n, k in SHORT_K])
 def test_weight_gradients_with_a_short_k_run_the_k_outer_kernel(m, n, k):
-    text = _transposed_times(m, n, k)
+    text = transposed_times(m, n, k)
     executable = _run_and_judge(text, seed=m * 5 + n + k)
     names = _kernels(executable)
     assert names and all(name.endswith(("_ko", f"_ko_c{n}")) for name in names), names
