@@ -40,7 +40,7 @@ def inputs(request):
             rng.standard_normal((N, 4 * N)).astype(np.float32))
 
 
-def _taken(ex, monkeypatch) -> list[int]:
+def count_general_calls(ex, monkeypatch) -> list[int]:
     """Count the calls that leave the steady path for `_call`."""
     general = [0]
     real = ex._call
@@ -58,7 +58,7 @@ def test_the_steady_call_reuses_the_dropped_outputs_and_reads_inputs_changed_in_
     x, w = inputs
     ex = _two_outputs()
     first = [id(a) for a in ex.run(x, w)]  # dropped at once
-    general = _taken(ex, monkeypatch)
+    general = count_general_calls(ex, monkeypatch)
     for _ in range(3):
         x *= -0.5  # the same array, new values: the pointer it had still reads them
         product, negated = ex.run(x, w)
@@ -76,7 +76,7 @@ def test_an_output_still_held_is_never_written_and_the_other_is_reused(inputs, m
     dropped, held = id(product), negated
     want = held.copy()
     del product, negated
-    general = _taken(ex, monkeypatch)
+    general = count_general_calls(ex, monkeypatch)
     x2 = x * 2  # and a new input array: its pointer is bound anew
     product, negated = ex.run(x2, w)
     assert general == [1]  # the held output sends the call the general way
@@ -96,7 +96,7 @@ def test_the_same_inputs_with_an_output_held_reuse_what_was_dropped(inputs, monk
     older_id = id(older)
     held = ex.run(x, w)[0]  # a new array: `older` is still held
     del older  # now the last call's array is held, the one before dropped
-    general = _taken(ex, monkeypatch)
+    general = count_general_calls(ex, monkeypatch)
     x *= 3.0
     product, negated = ex.run(x, w)
     assert general == [0]
@@ -127,7 +127,7 @@ def test_the_steady_call_runs_on_the_choosers_thread_count(inputs, monkeypatch, 
     ex = _two_outputs()
     ex.thread_chooser = ThreadChooser(most, fixed=1)
     want = [a.copy() for a in ex.run(x, w)]
-    general = _taken(ex, monkeypatch)
+    general = count_general_calls(ex, monkeypatch)
     chosen = [0]
     real_native = ex._native
 
@@ -153,7 +153,7 @@ def test_a_failed_steady_run_raises_and_the_next_good_one_runs(monkeypatch):
     with graphc.no_grad():
         for _ in range(3):  # the output (4 x 4096 floats) is kept and dropped
             f(indices, weight)
-        general = _taken(f.executable, monkeypatch)
+        general = count_general_calls(f.executable, monkeypatch)
         indices._array[2] = 9  # in place: the steady call reads it
         with pytest.raises(IndexOutOfRangeError, match="embedding"):
             f(indices, weight)

@@ -15,21 +15,9 @@ import graphc.nn as gnn  # noqa: E402
 import graphc.optim as goptim  # noqa: E402
 from graphc.backends import compile as backend_compile  # noqa: E402
 from graphc.ir import parse  # noqa: E402
+from tests.test_cpu_steady_call import count_general_calls  # noqa: E402
 
 N = 64  # the output, N x 4N float32 = 64 KB, is kept for reuse
-
-
-def _counted_general(ex, monkeypatch) -> list[int]:
-    """Count the calls that leave the steady path for `_call`."""
-    general = [0]
-    real = ex._call
-
-    def counted(*args):
-        general[0] += 1
-        return real(*args)
-
-    monkeypatch.setattr(ex, "_call", counted)
-    return general
 
 
 def _product():
@@ -52,7 +40,7 @@ def test_the_last_output_held_ping_pongs_between_two_arrays(inputs, monkeypatch)
     ex = _product()
     held = ex.run(x, w)[0]
     held = ex.run(x, w)[0]  # the first one dropped: two arrays made
-    general = _counted_general(ex, monkeypatch)
+    general = count_general_calls(ex, monkeypatch)
     seen = []
     for _ in range(6):
         x *= -0.5
@@ -72,7 +60,7 @@ def test_both_arrays_held_go_the_general_way_and_neither_is_written(inputs, monk
     ex = _product()
     kept = [ex.run(x, w)[0], ex.run(x, w)[0]]  # the last call's and the one before
     snapshots = [a.copy() for a in kept]
-    general = _counted_general(ex, monkeypatch)
+    general = count_general_calls(ex, monkeypatch)
     x *= 2.0
     new = ex.run(x, w)[0]
     assert general == [1]
@@ -105,7 +93,7 @@ def test_a_training_step_takes_the_steady_call(monkeypatch):
     model, step, x, y = _training_step()
     for _ in range(3):
         step(x, y)
-    general = _counted_general(step.executable, monkeypatch)
+    general = count_general_calls(step.executable, monkeypatch)
     losses = [float(step(x, y)) for _ in range(4)]
     assert general == [0]
     assert losses == sorted(losses, reverse=True)  # it still learns
@@ -125,7 +113,7 @@ def test_gradients_the_user_holds_are_never_overwritten(monkeypatch):
     # dropped again: the steady call takes over, and the last one held stays as it was
     last, snapshot = held[-1]
     del held, grad
-    general = _counted_general(step.executable, monkeypatch)
+    general = count_general_calls(step.executable, monkeypatch)
     for _ in range(3):
         step(x, y)
         assert weight.grad.numpy() is not last.numpy()
