@@ -147,7 +147,7 @@ def test_a_batch_of_generated_products_forks_over_the_cores():
 WIDE = [  # (a shape, b shape, dtype): the BLAS keeps these
     ((64, 256), (256, 256), np.float32),  # not thin (both sides above MAX_THIN), not medium
     ((64, 64), (64, 32), np.float32),  # a small block, but b read as laid out
-    ((1024, 128), (128, 256), np.float32),  # medium but for n above MEDIUM_N
+    ((1024, 128), (128, 1024), np.float32),  # medium but for n above MEDIUM_N
     ((1000, 520), (520, 128), np.float32),  # k above MEDIUM_K, rows not in whole chunks
     ((16, 128), (128, 10), np.float32),  # 10 columns: not a whole vector
     ((1, 128), (128, 64), np.float32),  # one row: the GEMV

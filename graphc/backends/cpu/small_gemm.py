@@ -86,11 +86,18 @@ PANEL_COPY_MAX_K = 256
 # 784-256-256-10 b64's first Linear, W [256 x 784] @ x^T [784 x 64] with x^T packed: alone
 # 188 -> 129 us, OpenBLAS 136 GFLOP/s, the kernel 199; docs/performance.md "The MLP's first
 # layer"). GPT's [512 x 1024] @ [1024 x 128] (b 512 KB) stays out
-MEDIUM_N = 128
+MEDIUM_N = 512
 MEDIUM_K = 1024
 MEDIUM_B_BYTES = 256 << 10
 MEDIUM_A_BYTES = 1 << 20  # a's rows beyond this come in whole ROW_CHUNKs (each in cache)
 ROW_CHUNK = 128  # rows of a medium product per kernel call: the calls fork over the cores
+# a medium product's b copied panel-major into scratch first (one copy before the row
+# chunks; `SmallGemm.b_panels`): each tile then reads its panel's rows one after another.
+# Read in place, a panel's rows lie ldb apart, 2 KB at n = 512, which maps a 16 KB panel
+# onto 4 of L1's 64 sets: it never stayed in L1. Alone, one thread, 1024-row products
+# (issue 14, ninth session): 1024 x 512 x 128 147-159 -> 161-170 GFLOP/s, 1024 x 128 x 128
+# 154-160 -> 173-186, 1024 x 128 x 512 152 -> 170 (OpenBLAS 132-144)
+PANEL_MAJOR_B = True
 # ...and, on AVX-512 hosts, a weight gradient: a read transposed (x^T, its m contiguous) with
 # a long k (the tokens), m at most LONG_K_MAX_M and n at most LONG_K_MAX_N (GPT's [128 x
 # 1024] @ [1024 x 128 | 512]). OpenBLAS ran them at ~125-145 GFLOP/s, the kernel at 150-180
@@ -148,10 +155,13 @@ class SmallGemm:
     # operands added to c in the last block's stores, in order (graphc.backends.cpu.
     # gemm_addends): "row" an [n] vector (a bias), "full" c's layout (a residual)
     addends: tuple[str, ...] = ()
+    # b copied panel-major into scratch first (`operands`): panel p's k rows of vectors x
+    # lanes floats one after another, p * k * vectors * lanes floats on; ldb unused
+    b_panels: bool = False
 
     @property
     def name(self) -> str:
-        b = f"bt{self.ldb_t}" if self.ldb_t else f"b{self.ldb}"
+        b = f"bt{self.ldb_t}" if self.ldb_t else "bp" if self.b_panels else f"b{self.ldb}"
         order = ("_ko" if self.k_outer else "") + (f"_c{self.ldc}" if self.ldc else "")
         order += "".join(f"_{kind}" for kind in self.addends)
         return (f"graphc_small_sgemm_{self.m}x{self.n}x{self.k}_a{self.sa_row}_{self.sa_col}"
@@ -239,6 +249,16 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
         return None
     if packed and sb[-2] == 1 and max(m, n) <= MAX_TRANSPOSED_BLOCK and k <= PANEL_COPY_MAX_K:
         return replace(tile, ldb=0, ldb_t=sb[-1]), b, sb  # each panel copied in the kernel
+    if PANEL_MAJOR_B and len(sb_shape) == 2 and not tile.k_outer and min(m, n) > MAX_THIN \
+            and m >= 2 * ROW_CHUNK:  # a medium product: b's panels contiguous, one copy
+        width = tile.vectors * tile.lanes
+        item = dt.itemsize
+        t = TensorType((n // width, k, width), dt)
+        src = Loc(b.base, b.index, b.offset, (width * sb[-1] * item, sb[-2] * item,
+                                              sb[-1] * item), t)
+        panels = lw.scratch_loc(t)
+        lw.copy(src, panels, "gemm_pack")
+        return replace(tile, ldb=width, b_panels=True), panels, [width, 1]
     if packed:
         t = TensorType(tuple(sb_shape), dt)
         item = dt.itemsize
@@ -299,6 +319,8 @@ def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None, addends=()) 
         if g.ldb_t:
             _copy_panel(b, g, bm, col, panel_copy)
             source = (panel_copy, width, i64(0))
+        elif g.b_panels:  # the panel's rows one after another, read in order (in L1 or L2)
+            source = (bm, width, b.mul(panel, i64(g.k * width)))
         if full:
             with _counted(b, full, "block") as block:
                 _tile(b, g, a, source, c, b.mul(block, i64(g.rows)), col, g.rows, addends)
