@@ -40,11 +40,20 @@ from benchmarks.harness import (
 
 NO_LONG_K = {"LONG_K_MIN": 1 << 40}
 NO_ADDENDS = {"gemm_addends.FOLD": False}
-VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, "MEDIUM_N": 0, **NO_LONG_K, **NO_ADDENDS},
-            "heads": {"MEDIUM_N": 0, **NO_LONG_K, **NO_ADDENDS},
-            "after": {**NO_LONG_K, **NO_ADDENDS},
-            "weights": NO_ADDENDS,
-            "addends": {}}
+NO_CHUNKED = {"gemm_epilogue.FOLD": False}
+# the eighth session's medium products: b read in place, n at most 128
+EIGHTH = {"PANEL_MAJOR_B": False, "MEDIUM_N": 128, **NO_CHUNKED}
+VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, **NO_LONG_K, **NO_ADDENDS, **EIGHTH,
+                       "MEDIUM_N": 0},
+            "heads": {**NO_LONG_K, **NO_ADDENDS, **EIGHTH, "MEDIUM_N": 0},
+            "after": {**NO_LONG_K, **NO_ADDENDS, **EIGHTH},
+            "weights": {**NO_ADDENDS, **EIGHTH},
+            "addends": EIGHTH,
+            "panels": {"MEDIUM_N": 128, **NO_CHUNKED},
+            "wide": NO_CHUNKED,
+            "chunked": {}}
+
+PACK_SHARE = 0.3  # a GEMM node's leading rows shorter than this share of its longest: packs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,8 +113,8 @@ def _compare(rounds: int, quick: bool, root: str, variants: list[str]) -> None:
 
 def by_role(rows: list, seconds: dict[int, float]) -> dict[str, list]:
     """{role: [kernels, seconds]}. A GEMM node is one to three consecutive rows of the same
-    output values: a copy of b^T first where the kernel packs it, the GEMM (the longest),
-    then its epilogue where it has one."""
+    output values: a copy of b first where the kernel packs it (a row under PACK_SHARE of
+    the group's longest), the GEMM, then its epilogue where it has one."""
     roles: dict[str, list] = defaultdict(lambda: [0, 0.0])
     groups: list[list] = []
     for row in rows:
@@ -116,9 +125,13 @@ def by_role(rows: list, seconds: dict[int, float]) -> dict[str, list]:
             groups.append([row])
     for group in groups:
         if "matmul" in group[0].op:
-            gemm = max(range(len(group)), key=lambda j: seconds[group[j].step])
+            # copies of b (or a) come first and are short, the GEMM next, its epilogue last
+            # (a GELU epilogue can take longer than its GEMM)
+            longest = max(seconds[row.step] for row in group)
+            gemm = next(j for j, row in enumerate(group)
+                        if seconds[row.step] >= PACK_SHARE * longest)
             for j, row in enumerate(group):
-                role = ("b^T copy (pack)" if j < gemm else _gemm_role(row) if j == gemm
+                role = ("b copy (pack)" if j < gemm else _gemm_role(row) if j == gemm
                         else "GEMM epilogue: gelu" if "gelu" in row.op else "GEMM epilogue")
                 roles[role][0] += 1
                 roles[role][1] += seconds[row.step]

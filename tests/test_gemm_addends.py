@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("llvmlite")
 
 import graphc  # noqa: E402
-from graphc.backends.cpu import gemm_addends, small_gemm, threads  # noqa: E402
+from graphc.backends.cpu import gemm_addends, gemm_epilogue, small_gemm, threads  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
 
@@ -68,13 +68,13 @@ def _inputs(f, x_shape, n, seed):
 
 def _run(f, args, fold: bool, thread_counts):
     """(the module's IR text, its count of kernels, the results at each thread count)."""
-    saved = gemm_addends.FOLD
-    gemm_addends.FOLD = fold
+    saved = gemm_addends.FOLD, gemm_epilogue.FOLD
+    gemm_addends.FOLD = gemm_epilogue.FOLD = fold  # unfolded: the elementwise kernel
     try:
         compiled = graphc.compile(f, backend="cpu")
         compiled(*args)
     finally:
-        gemm_addends.FOLD = saved
+        gemm_addends.FOLD, gemm_epilogue.FOLD = saved
     results = []
     for count in thread_counts:
         compiled.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)

@@ -156,10 +156,14 @@ class Lowerer(ReductionLowering, GemmLowering, DriverLowering):
             same = [v for v in node.outputs if v.type == t]
             c = self.locs[same[0]] if same else self.scratch_loc(t)
             addends = gemm_addends.addends(self, body, c if same else None)
-            if not addends:
+            if addends:
+                if self.gemm(node, a, b_, c, addends):  # else the product alone, as below
+                    return  # bias and residual added in the generated kernel's stores
+            elif anchor.op == "matmul":
+                if self.gemm_with_epilogue(node, body, a, b_, c):  # else the product alone
+                    return  # the whole epilogue run chunk by chunk in the GEMM's kernel
+            else:
                 EPILOGUE_ANCHOR_LOWERINGS[anchor.op](self, node, a, b_, c, anchor.attrs)
-            elif self.gemm(node, a, b_, c, addends):  # else the product alone, as above
-                return  # bias and residual added in the generated kernel's stores
             start = 1
             leaves[body.n] = c
         if body.fused.ending is not None:

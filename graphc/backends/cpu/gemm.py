@@ -25,7 +25,7 @@ import math
 
 from llvmlite import ir
 
-from graphc.backends.cpu import small_gemm
+from graphc.backends.cpu import gemm_epilogue, small_gemm
 from graphc.backends.cpu.elementwise import ElementwiseLowering
 from graphc.backends.cpu.gemm_layout import (
     fold_after_packing,
@@ -34,7 +34,7 @@ from graphc.backends.cpu.gemm_layout import (
     strided_output,
     transposed,
 )
-from graphc.backends.cpu.kernels import KernelBuilder
+from graphc.backends.cpu.kernels import Body, KernelBuilder
 from graphc.backends.cpu.values import (
     I32,
     I64,
@@ -68,8 +68,16 @@ class GemmLowering(ElementwiseLowering):
         """A fused body's matmul anchor: c = a @ b, read by the epilogue."""
         self.gemm(node, a, b, c)
 
-    def gemm(self, node: Node, a: Loc, b: Loc, c: Loc, addends: tuple = ()) -> bool:
-        """c = a @ b; True where `addends` (gemm_addends) were added in its kernel too."""
+    def gemm_with_epilogue(self, node: Node, body: Body, a: Loc, b: Loc, c: Loc) -> bool:
+        """A fused body's matmul anchor, c = a @ b: True where its elementwise epilogue ran
+        in the GEMM's kernel too, row chunk by row chunk (gemm_epilogue); else the product
+        alone, the epilogue left to its own kernel."""
+        return self.gemm(node, a, b, c, epilogue=gemm_epilogue.plan(self, body, c, a, b))
+
+    def gemm(self, node: Node, a: Loc, b: Loc, c: Loc, addends: tuple = (),
+             epilogue: gemm_epilogue.ChunkEpilogue | None = None) -> bool:
+        """c = a @ b; True where `addends` (gemm_addends) were added in its kernel too, or
+        `epilogue` ran in it (a product in row chunks; else the product alone)."""
         dt = a.type.dtype
         if dt not in (float32, float64):
             raise unsupported(node, f"matmul of {dt.name} (BLAS has float32/float64 only)")
@@ -104,7 +112,7 @@ class GemmLowering(ElementwiseLowering):
                      TensorType((k, n), dt))
             c2 = Loc(c.base, c.index, c.offset, contiguous_strides((rows, n), item),
                      TensorType((rows, n), dt))
-            return self.gemm(node, a2, b2, c2, addends)
+            return self.gemm(node, a2, b2, c2, addends, epilogue)
         if not strided and fold_after_packing(batch, sa_shape, sa, sb_shape, sb):  # A copied
             packed = self.scratch_loc(TensorType(tuple(sa_shape), dt))
             self.copy(Loc(a.base, a.index, a.offset, tuple(s * item for s in sa),
@@ -131,6 +139,7 @@ class GemmLowering(ElementwiseLowering):
             small_gemm.operands(self, dt, m, n, k, sa, b, sb, sb_shape, lay_b)
         c_batch_strides = None  # c's batch strides where not contiguous chunks of m * n
         columns = None
+        chunks = None
         if small is not None:  # a thin product: a generated kernel instead of the BLAS
             small, b, sb = small
             small, addends = small_gemm.with_addends(small, () if batch else addends)
@@ -143,13 +152,16 @@ class GemmLowering(ElementwiseLowering):
                 batch, small = (columns[0],), columns[1]
                 n, sb_shape, sb = small.n, [columns[0], k, small.n], [small.n * sb[-1]] + sb[-2:]
                 c_batch_strides = (small.n,)
+        if chunks is None or small.addends or strided:  # the epilogue runs as its own kernel
+            epilogue = None
         gemv = None if small or strided else self._gemv(m, n, k, sa, sb, lay_a, lay_b)
         fn = small_gemm.function(self, small) if small else \
             self.blas_function(dt, "gemv" if gemv else "gemm")
         ldc = sc[-2] if strided else n
         kb = KernelBuilder(self, self.name("small_gemm" if small else "gemv" if gemv else
                                            "gemm"), batch,
-                           ("gemm", fn.name, m, n, k, lay_a, lay_b, gemv, ldc))
+                           ("gemm", fn.name, m, n, k, lay_a, lay_b, gemv, ldc,
+                            epilogue and epilogue.recipe()))
         ka = kb.operand(a, broadcast_strides(tuple(sa_shape[:-2]), tuple(sa[:-2]), batch))
         kb_ = kb.operand(b, broadcast_strides(tuple(sb_shape[:-2]), tuple(sb[:-2]), batch))
         kc = kb.operand(c, tuple(sc[:-2]) if strided else c_batch_strides or
@@ -157,6 +169,7 @@ class GemmLowering(ElementwiseLowering):
         small_args = [ka, kb_, kc] + [kb.operand(loc, kb.operands[kc].strides if kind == "full"
                                                  else (0,) * len(batch))
                                       for kind, loc in (addends if small else ())]
+        epilogue_operands = epilogue and epilogue.operands(kb, kc, m)
         # a loop of generated products (attention's heads) forks over the cores, as an
         # elementwise kernel of as many outputs would; a BLAS call threads itself
         heads = math.prod(batch)
@@ -166,7 +179,7 @@ class GemmLowering(ElementwiseLowering):
                        work=heads * m * n * (k if columns else 1) if small else None)
         if bld is None:
             self.calls.append(kb.kernel)
-            return bool(small and small.addends)
+            return bool(small and small.addends) or epilogue is not None
         iT = I64 if self.blas.ilp64 else I32
         fty = REG[dt.name]
 
@@ -189,7 +202,10 @@ class GemmLowering(ElementwiseLowering):
 
         def leaf(bb, offsets):
             if small:
-                return bb.call(fn, [kb.pointer(bb, x, offsets[x]) for x in small_args])
+                bb.call(fn, [kb.pointer(bb, x, offsets[x]) for x in small_args])
+                if epilogue:  # the chunk's rows through the fused body, still in cache
+                    epilogue.emit(self, kb, bb, epilogue_operands, offsets, m, n)
+                return
             if gemv:
                 return leaf_gemv(bb, offsets)
             bb.call(fn, [ir.Constant(I32, 101), ir.Constant(I32, lay_a[0]),
@@ -202,7 +218,7 @@ class GemmLowering(ElementwiseLowering):
 
         kb.nest(bld, *collapse(batch, [x.strides for x in kb.operands]), leaf)
         self.calls.append(kb.finish(bld))
-        return bool(small and small.addends)
+        return bool(small and small.addends) or epilogue is not None
 
     def _gemv(self, m, n, k, sa, sb, lay_a, lay_b):
         """A single-row or single-column product as one GEMV (OpenBLAS's GEMM is slow at

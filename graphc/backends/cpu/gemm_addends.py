@@ -22,7 +22,7 @@ from __future__ import annotations
 from graphc.backends.cpu.values import Loc
 from graphc.types import float32
 
-__all__ = ["FOLD", "addends"]
+__all__ = ["FOLD", "addends", "overlaps"]
 
 FOLD = True  # False: every epilogue stays an elementwise kernel (benchmarks' A/B, tests)
 
@@ -50,7 +50,7 @@ def addends(lw, body, c: Loc | None) -> tuple[tuple[str, Loc], ...]:
             return ()
         loc = lw.locs[body.node.inputs[other]]
         kind = _kind(loc, c_type)
-        if kind is None or _overlaps(loc, c):
+        if kind is None or overlaps(loc, c):
             return ()
         found.append((kind, loc))
         running = body.n + k
@@ -77,7 +77,7 @@ def _kind(loc: Loc, c_type) -> str | None:
     return None
 
 
-def _overlaps(loc: Loc, c: Loc) -> bool:
+def overlaps(loc: Loc, c: Loc) -> bool:
     """Whether `loc` may share bytes with `c` (unknown offsets count as sharing)."""
     if (loc.base, loc.index) != (c.base, c.index):
         return False
