@@ -42,7 +42,7 @@ NO_LONG_K = {"LONG_K_MIN": 1 << 40}
 NO_ADDENDS = {"gemm_addends.FOLD": False}
 NO_CHUNKED = {"gemm_epilogue.FOLD": False}
 # the eighth session's medium products: b read in place, n at most 128
-EIGHTH = {"PANEL_MAJOR_B": False, "MEDIUM_N": 128, **NO_CHUNKED}
+EIGHTH = {"gemm_panels.PANEL_MAJOR_B": False, "MEDIUM_N": 128, **NO_CHUNKED}
 VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, **NO_LONG_K, **NO_ADDENDS, **EIGHTH,
                        "MEDIUM_N": 0},
             "heads": {**NO_LONG_K, **NO_ADDENDS, **EIGHTH, "MEDIUM_N": 0},

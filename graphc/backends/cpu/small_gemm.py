@@ -50,7 +50,8 @@ from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
-from graphc.backends.cpu import llvm
+from graphc.backends.cpu import gemm_panels, llvm
+from graphc.backends.cpu.gemm_panels import copy_transposed, counted
 from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64
 from graphc.types import TensorType, float32
 
@@ -91,13 +92,6 @@ MEDIUM_K = 1024
 MEDIUM_B_BYTES = 256 << 10
 MEDIUM_A_BYTES = 1 << 20  # a's rows beyond this come in whole ROW_CHUNKs (each in cache)
 ROW_CHUNK = 128  # rows of a medium product per kernel call: the calls fork over the cores
-# a medium product's b copied panel-major into scratch first (one copy before the row
-# chunks; `SmallGemm.b_panels`): each tile then reads its panel's rows one after another.
-# Read in place, a panel's rows lie ldb apart, 2 KB at n = 512, which maps a 16 KB panel
-# onto 4 of L1's 64 sets: it never stayed in L1. Alone, one thread, 1024-row products
-# (issue 14, ninth session): 1024 x 512 x 128 147-159 -> 161-170 GFLOP/s, 1024 x 128 x 128
-# 154-160 -> 173-186, 1024 x 128 x 512 152 -> 170 (OpenBLAS 132-144)
-PANEL_MAJOR_B = True
 # ...and, on AVX-512 hosts, a weight gradient: a read transposed (x^T, its m contiguous) with
 # a long k (the tokens), m at most LONG_K_MAX_M and n at most LONG_K_MAX_N (GPT's [128 x
 # 1024] @ [1024 x 128 | 512]). OpenBLAS ran them at ~125-145 GFLOP/s, the kernel at 150-180
@@ -249,16 +243,9 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
         return None
     if packed and sb[-2] == 1 and max(m, n) <= MAX_TRANSPOSED_BLOCK and k <= PANEL_COPY_MAX_K:
         return replace(tile, ldb=0, ldb_t=sb[-1]), b, sb  # each panel copied in the kernel
-    if PANEL_MAJOR_B and len(sb_shape) == 2 and not tile.k_outer and min(m, n) > MAX_THIN \
-            and m >= 2 * ROW_CHUNK:  # a medium product: b's panels contiguous, one copy
-        width = tile.vectors * tile.lanes
-        item = dt.itemsize
-        t = TensorType((n // width, k, width), dt)
-        src = Loc(b.base, b.index, b.offset, (width * sb[-1] * item, sb[-2] * item,
-                                              sb[-1] * item), t)
-        panels = lw.scratch_loc(t)
-        lw.copy(src, panels, "gemm_pack")
-        return replace(tile, ldb=width, b_panels=True), panels, [width, 1]
+    if gemm_panels.PANEL_MAJOR_B and len(sb_shape) == 2 and not tile.k_outer \
+            and min(m, n) > MAX_THIN and m >= 2 * ROW_CHUNK:  # medium: b's panels contiguous
+        return gemm_panels.pack(lw, tile, b, sb)
     if packed:
         t = TensorType(tuple(sb_shape), dt)
         item = dt.itemsize
@@ -313,16 +300,16 @@ def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None, addends=()) 
         return _emit_k_outer(b, g, a, bm, c, panel_copy)
     width = g.vectors * g.lanes
     full, rest = divmod(g.m, g.rows)
-    with _counted(b, g.n // width, "panel") as panel:
+    with counted(b, g.n // width, "panel") as panel:
         col = b.mul(panel, i64(width))
         source = (bm, g.ldb, col)
         if g.ldb_t:
-            _copy_panel(b, g, bm, col, panel_copy)
+            copy_transposed(b, bm, g.ldb_t, col, panel_copy, g.k, width, g.lanes)
             source = (panel_copy, width, i64(0))
         elif g.b_panels:  # the panel's rows one after another, read in order (in L1 or L2)
             source = (bm, width, b.mul(panel, i64(g.k * width)))
         if full:
-            with _counted(b, full, "block") as block:
+            with counted(b, full, "block") as block:
                 _tile(b, g, a, source, c, b.mul(block, i64(g.rows)), col, g.rows, addends)
         if rest:
             _tile(b, g, a, source, c, i64(full * g.rows), col, rest, addends)
@@ -340,13 +327,13 @@ def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
     panels = g.n // width
 
     def every_panel(start, count: int, accumulate: bool) -> None:
-        with _counted(b, panels, "panel") as panel:
+        with counted(b, panels, "panel") as panel:
             col = b.mul(panel, i64(width))
             _packed_row_blocks(b, g, a, bm, c, col, panel_copy, start, count, accumulate)
 
     every_panel(i64(0), first, False)
     if full:
-        with _counted(b, full, "kblock") as block:
+        with counted(b, full, "kblock") as block:
             every_panel(b.add(b.mul(block, i64(K_BLOCK)), i64(first)), K_BLOCK, True)
     if rest:
         every_panel(i64(g.k - rest), rest, True)
@@ -358,7 +345,7 @@ def _packed_row_blocks(b: ir.IRBuilder, g: SmallGemm, a, bm, c, col, panel_copy,
     `panel_copy` (count x vectors x lanes floats), then every row block over them."""
     width = g.vectors * g.lanes
     vec = ir.VectorType(F32, g.lanes)
-    with _counted(b, count, "pk") as kk:
+    with counted(b, count, "pk") as kk:
         src = b.add(b.mul(b.add(start, kk), i64(g.ldb)), col)
         dst = b.mul(kk, i64(width))
         for v in range(g.vectors):
@@ -380,7 +367,7 @@ def _row_blocks(b: ir.IRBuilder, g: SmallGemm, a, source, c, start, count: int,
     its sums stored into c or added."""
     full, rest = divmod(g.m, g.rows)
     if full:
-        with _counted(b, full, "rblock") as block:
+        with counted(b, full, "rblock") as block:
             row0 = b.mul(block, i64(g.rows))
             sums = _block_sums(b, g, a, source, row0, g.rows, start, count)
             _store(b, g, c, row0, col, sums, accumulate=accumulate)
@@ -388,90 +375,6 @@ def _row_blocks(b: ir.IRBuilder, g: SmallGemm, a, source, c, start, count: int,
         row0 = i64(full * g.rows)
         sums = _block_sums(b, g, a, source, row0, rest, start, count)
         _store(b, g, c, row0, col, sums, accumulate=accumulate)
-
-
-def _copy_panel(b: ir.IRBuilder, g: SmallGemm, bm, col, panel_copy) -> None:
-    """panel_copy[kk, jj] = b[kk, col + jj] for the panel's columns, b's element (kk, j) at
-    j * ldb_t + kk: squares of lanes x lanes read as vectors along k (each a column of the
-    panel) and transposed in registers; element by element where k is not whole squares."""
-    width = g.vectors * g.lanes
-    lanes = g.lanes
-    vec = ir.VectorType(F32, lanes)
-    if g.k % lanes:
-        with _counted(b, width, "pcol") as jj:
-            row = b.mul(b.add(col, jj), i64(g.ldb_t))
-            with _counted(b, g.k, "pk") as kk:
-                x = b.load(b.gep(bm, [b.add(row, kk)], inbounds=True, source_etype=F32),
-                           typ=F32, align=4)
-                at = b.add(b.mul(kk, i64(width)), jj)
-                b.store(x, b.gep(panel_copy, [at], inbounds=True, source_etype=F32), align=4)
-        return
-    with _counted(b, g.vectors, "psq") as square:
-        j0 = b.mul(square, i64(lanes))
-        with _counted(b, g.k // lanes, "pkq") as kq:
-            k0 = b.mul(kq, i64(lanes))
-            columns = []
-            for j in range(lanes):
-                at = b.add(b.mul(b.add(b.add(col, j0), i64(j)), i64(g.ldb_t)), k0)
-                columns.append(b.load(b.gep(bm, [at], inbounds=True, source_etype=F32),
-                                      typ=vec, align=4))
-            for kk, row in enumerate(_transposed(b, columns)):
-                at = b.add(b.mul(b.add(k0, i64(kk)), i64(width)), j0)
-                b.store(row, b.gep(panel_copy, [at], inbounds=True, source_etype=F32),
-                        align=4)
-
-
-def _transposed(b: ir.IRBuilder, rows: list) -> list:
-    """The square of vectors `rows` (lanes of them, lanes a power of two) transposed: at each
-    half size h, rows i and i + h swap their off-diagonal h-blocks (one two-vector shuffle
-    each), so log2(lanes) rounds of lanes shuffles."""
-    lanes = len(rows)
-    rows = list(rows)
-    h = lanes // 2
-    while h:
-        low = [lane if (lane // h) % 2 == 0 else lanes + lane - h for lane in range(lanes)]
-        high = [lane + h if (lane // h) % 2 == 0 else lanes + lane for lane in range(lanes)]
-        for i in range(lanes):
-            if (i // h) % 2 == 0:
-                x, y = rows[i], rows[i + h]
-                rows[i] = b.shuffle_vector(x, y, _mask(low))
-                rows[i + h] = b.shuffle_vector(x, y, _mask(high))
-        h //= 2
-    return rows
-
-
-def _mask(lanes: list[int]) -> ir.Constant:
-    return ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes)
-
-
-class _counted:
-    """`for i in range(count)` with a known count >= 1 (a do-while loop; no loop at 1)."""
-
-    def __init__(self, b: ir.IRBuilder, count: int, name: str) -> None:
-        self.b, self.count, self.name = b, count, name
-
-    def __enter__(self) -> ir.Value:
-        b = self.b
-        if self.count == 1:
-            return i64(0)
-        self.pre = b.block
-        self.body = b.append_basic_block(f"{self.name}.body")
-        b.branch(self.body)
-        b.position_at_end(self.body)
-        self.i = b.phi(I64, name=self.name)
-        self.i.add_incoming(i64(0), self.pre)
-        return self.i
-
-    def __exit__(self, *exc) -> None:
-        if self.count == 1 or exc[0] is not None:
-            return
-        b = self.b
-        nxt = b.add(self.i, i64(1), name=f"{self.name}.next")
-        nxt.flags.append("nuw")
-        self.i.add_incoming(nxt, b.block)
-        end = b.append_basic_block(f"{self.name}.end")
-        b.cbranch(b.icmp_unsigned("<", nxt, i64(self.count)), self.body, end)
-        b.position_at_end(end)
 
 
 def _fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
@@ -496,7 +399,7 @@ def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
            addends=() if full or rest else addends)
     looped = full - 1 if addends and full and not rest else full
     if looped:
-        with _counted(b, looped, "kblock") as block:
+        with counted(b, looped, "kblock") as block:
             start = b.add(b.mul(block, i64(K_BLOCK)), i64(first))
             sums = _block_sums(b, g, a, source, row0, rows, start, K_BLOCK)
             _store(b, g, c, row0, col0, sums, accumulate=True)
