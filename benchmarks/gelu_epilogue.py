@@ -72,11 +72,15 @@ VARIANTS = ("before", "two ranges", "after")
 
 @contextlib.contextmanager
 def _variant(name: str, root: str):
-    """While lowering variant `name`: its cache dir, and mathlib / scalars as it had them."""
-    from graphc.backends.cpu import mathlib, scalars
+    """While lowering variant `name`: its cache dir, and mathlib / scalars as it had them.
+    Every variant keeps the epilogue its own kernel (gemm_epilogue.FOLD off; by default it
+    runs inside linear1's GEMM kernel, which would time both together)."""
+    from graphc.backends.cpu import gemm_epilogue, mathlib, scalars
 
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
     wide, tail = scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32
+    fold = gemm_epilogue.FOLD
+    gemm_epilogue.FOLD = False
     if name != "after":
         scalars.WIDE_VECTOR_FUNCTIONS = frozenset()
     if name == "before":
@@ -85,6 +89,7 @@ def _variant(name: str, root: str):
         yield
     finally:
         scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32 = wide, tail
+        gemm_epilogue.FOLD = fold
 
 
 def _is_gelu_kernel(op: str) -> bool:

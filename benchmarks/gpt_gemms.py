@@ -4,11 +4,11 @@
     python -m benchmarks.gpt_gemms --rounds 10 --quick
     python -m benchmarks.gpt_gemms --variant after --variant weights   # two of them
 
-Five variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+Eight variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
-setting graphc.backends.cpu.small_gemm's thresholds (and gemm_addends.FOLD) while each
-compiles:
+setting graphc.backends.cpu.small_gemm's thresholds (and gemm_addends.FOLD, gemm_panels.
+PANEL_MAJOR_B, gemm_epilogue.FOLD) while each compiles:
 - "before": neither small blocks with b read transposed (`MAX_TRANSPOSED_BLOCK = 0`) nor
   medium products (`MEDIUM_N = 0`): attention's heads and the projections in OpenBLAS;
 - "heads": attention's Q K^T and dO V^T per head in generated kernels;
@@ -16,12 +16,20 @@ compiles:
   their input gradients), but the weight gradients in OpenBLAS (`LONG_K_MIN` out of reach);
 - "weights": also the weight gradients x^T @ dy (k = 1024 tokens, m <= 128) in the
   k-outer generated kernel;
-- "addends": the default: also the bias and residual adds in the generated kernels' stores
-  (graphc.backends.cpu.gemm_addends; the other variants keep them elementwise kernels).
+- "addends": also the bias and residual adds in the generated kernels' stores
+  (graphc.backends.cpu.gemm_addends; the variants above keep them elementwise kernels);
+  the eighth session's end (b read in place, `MEDIUM_N = 128`);
+- "panels": also each medium product's b copied panel-major first
+  (graphc.backends.cpu.gemm_panels, `PANEL_MAJOR_B`);
+- "wide": also the 1024 x 512 x 128 products (linear1 forward, linear2's input gradient) in
+  the medium kernel (`MEDIUM_N = 512`);
+- "chunked": the default: also a fused GEMM's elementwise epilogue (linear1's GELU) run
+  row chunk by row chunk in the GEMM's kernel (graphc.backends.cpu.gemm_epilogue), which the
+  variants above keep a kernel of its own (docs/performance.md, "GPT step, ninth session").
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
 OpenMP and OpenBLAS), then from `graphc.profile` (3 interleaved profiles of each, each
-kernel's median) the step's kernels by role: GEMMs by kind, b^T copies ("pack"), GEMM
-epilogues, row programs, updates (docs/performance.md, "GPT step, eighth session").
+kernel's median) the step's kernels by role: GEMMs by kind (a chunked epilogue counts with
+its GEMM), b copies ("pack"), GEMM epilogues, row programs, updates.
 """
 
 from __future__ import annotations
