@@ -11,10 +11,12 @@ deciding in order:
   that folds once A is copied contiguous; operands no BLAS layout reads are copied into
   scratch first;
 - thin float32 products (m or n <= 16), small blocks with b read transposed (attention's
-  heads) and medium ones (n <= 128, k <= 512) in generated kernels
-  (graphc.backends.cpu.small_gemm) that may also add a fused body's bias and residual
-  (graphc.backends.cpu.gemm_addends); a batch of them, or of a medium product's row chunks,
-  or of a weight gradient's column chunks, forks over the cores;
+  heads), medium ones (n <= 512, b copied panel-major first: graphc.backends.cpu.
+  gemm_panels) and weight gradients in generated kernels (graphc.backends.cpu.small_gemm)
+  that may also add a fused body's bias and residual (graphc.backends.cpu.gemm_addends), or
+  run a fused body's whole elementwise epilogue after each row chunk's product
+  (`gemm_with_epilogue`, graphc.backends.cpu.gemm_epilogue); a batch of them, or of a medium
+  product's row chunks, or of a weight gradient's column chunks, forks over the cores;
 - a single row or column through the BLAS GEMV (`_gemv`), else the BLAS GEMM
   (cblas_sgemm / cblas_dgemm, declared by `blas_function`), which threads itself.
 """

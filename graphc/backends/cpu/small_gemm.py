@@ -21,8 +21,10 @@ row k and broadcasts one element of a per tile row (any element strides for a: a
 transposed view costs nothing). Tiles run panel by panel (a panel is `vectors` x LANES
 columns of c), so each panel of b is read from cache once per row block. A small block's b
 read transposed (attention's K^T, its k contiguous) is copied panel by panel onto the
-kernel's stack, LANES x LANES squares transposed in registers (PANEL_COPY_MAX_K); other
-transposed b are copied whole into scratch before the call. A weight gradient x^T @ dy
+kernel's stack, LANES x LANES squares transposed in registers (PANEL_COPY_MAX_K); a
+medium product's b is copied panel-major into scratch before the call (`b_panels`: each
+panel's rows one after another; graphc.backends.cpu.gemm_panels), other transposed b whole
+and row-major. A weight gradient x^T @ dy
 (a read transposed, k the tokens: LONG_K_MIN) turns the loops around (`k_outer`): block
 of k by block, each over all panels, a panel's block of b copied contiguous onto the stack
 first and read from L1 by all the panel's row blocks; its columns come in chunks of
@@ -80,7 +82,11 @@ PANEL_COPY_MAX_K = 256
 # at most these: GPT's 1024 x 128 x 128 projections and 1024 x 128 x 512 second Linear,
 # forward and input gradient. OpenBLAS ran them at 110-150 GFLOP/s, the kernel at 150-170
 # (packing b where it is read transposed, 14-61 us): in the GPT step -1.2 to -3.4 ms of
-# ~55 (eighth session). Not taken: n 512 (1024 x 512 x 128: the BLAS as fast or faster),
+# ~55 (eighth session). n up to 512 since b is copied panel-major first (graphc.backends.
+# cpu.gemm_panels): GPT's 1024 x 512 x 128 (linear1 forward, linear2's input gradient)
+# 137-151 -> 159-176 GFLOP/s alone with the copy, and with linear1's GELU run in its row
+# chunks (graphc.backends.cpu.gemm_epilogue) -2.7 ms in the step (ninth session; in place,
+# b's rows 2 KB apart, the kernel had been no faster than the BLAS). Not taken:
 # a read transposed (a weight gradient's x^T @ dy: broadcasts k rows apart, 1.8x slower),
 # fewer than 2 * ROW_CHUNK rows (64 x 32 x 64: the BLAS 1.9 us, the kernel 3.4).
 # k up to 1024 where b (k x n floats) stays within MEDIUM_B_BYTES, in L2 (issue 14, MLP
