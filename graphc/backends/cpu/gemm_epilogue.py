@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from graphc.backends.cpu.gemm_addends import overlaps
 from graphc.backends.cpu.kernels import Body, KernelBuilder
 from graphc.backends.cpu.scalars import convert
-from graphc.backends.cpu.values import Loc, broadcast_strides, i64, loop
+from graphc.backends.cpu.values import CpuLoweringError, Loc, broadcast_strides, i64, loop
 
 __all__ = ["FOLD", "ChunkEpilogue", "plan"]
 
@@ -87,7 +87,7 @@ def plan(lw, body: Body, c: Loc, a: Loc, b: Loc) -> ChunkEpilogue | None:
         return None
     try:
         body.check(1, len(body.instrs))
-    except Exception:  # an op the elementwise rendering refuses: the kernel as before
+    except CpuLoweringError:  # an op the elementwise rendering refuses: lowered as before
         return None
     if any(op == "arange" for op, _, _ in body.instrs):
         return None
