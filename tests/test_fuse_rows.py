@@ -383,6 +383,41 @@ def test_a_gemm_epilogue_stops_writing_what_the_row_program_can_recompute(rng):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_producer_its_readers_wholly_recompute_is_dropped(rng):
+    """A scaled bias read only by a GEMM epilogue (`gelu(x @ w.t() + b.reshape(4, 1, 1) *
+    0.1)`): the epilogue recomputes it, and the producer, left with no output, goes (it
+    once stayed as a node with no outputs, and lowering it raised IndexError)."""
+    graph = parse('''graph @g(%x: f32[4,8,16], %w: f32[16,16], %b: f32[4]) -> (f32[4,8,16]) {
+  %0: f32[4,8,16] = matmul(%x, %w)
+  %1: f32[4,1,1] = reshape[shape=(4, 1, 1)](%b)
+  %2: f32[] = full[shape=(), value=0.1, dtype="float32"]()
+  %3: f32[4,1,1] = mul(%1, %2)
+  %4: f32[4,8,16] = add(%0, %3)
+  %5: f32[4,8,16] = gelu[approximate="none"](%4)
+  return (%5)
+}''')
+    before = fuse_rows(fuse(graph))
+    out = recompute_row_values(before)
+    assert all(n.outputs for n in out.nodes)
+    assert len(out.nodes) == len(before.nodes) - 1
+    args = _arrays(graph, rng)
+    (got,) = compile_graph(out, "cpu").run(*args)
+    (want,) = compile_graph(graph, "interp").run(*args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_module_whose_scaled_bias_feeds_a_gelu_compiles(rng):
+    x = graphc.tensor(rng.standard_normal((4, 8, 16)).astype(np.float32))
+    w = graphc.tensor(rng.standard_normal((16, 16)).astype(np.float32))
+    b = graphc.tensor(rng.standard_normal(4).astype(np.float32))
+
+    def f(x, w, b):
+        return F.gelu(x @ w.t() + b.reshape(4, 1, 1) * 0.1)
+
+    np.testing.assert_allclose(graphc.compile(f)(x, w, b).numpy(), f(x, w, b).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_a_column_sum_the_group_reads_does_not_join_it(rng):
     """`y = (x - mean) * sum(x, 0)`: the column sum reads x, as the row group does, but the
     group reads the sum, which is complete only after the last row: it stays apart."""

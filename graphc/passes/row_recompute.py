@@ -27,7 +27,7 @@ only its inputs and kept outputs are sources (no per-row value is exported).
 Needs: a graph after fuse_rows (cpu pipeline; fuse_rows runs again after it, so the column
 sums that now read what a row program reads join it). Guarantees: the same values (up to
 that contraction); the result verifies; nodes keep their order (every new input of a reader
-is F's input or output).
+is F's input or output); a producer whose every output its readers recompute is removed.
 """
 
 from __future__ import annotations
@@ -274,12 +274,16 @@ def recompute_row_values(graph: Graph) -> Graph:
         fb = plan.fb
         outs = [(r, v) for r, v in zip(fb.outputs, node.outputs) if v not in wanted]
         outs += list(plan.exports.items())
+        # a producer whose every output its readers now recompute (a scaled bias read by
+        # one GEMM epilogue) is gone; later positions never read it again (their readers
+        # come after them)
         nodes[k] = Node("fused", list(node.inputs),
                         {"body": node.attrs["body"], "outputs": tuple(r for r, _ in outs)},
-                        [v for _, v in outs], node.loc)
+                        [v for _, v in outs], node.loc) if outs else None
         changed = True
     if not changed:
         return graph
+    nodes = [n for n in nodes if n is not None]
     out = Graph(graph.name, list(graph.inputs), nodes, list(graph.outputs), list(graph.updates))
     out.meta = dict(graph.meta)
     verify(out)
