@@ -22,7 +22,7 @@ wall time of the first compiled call, which does all of the compile work:
 a new process with that directory populated by the cold run: a warm compile still traces,
 runs the passes and lowers (the cache key is the hash of the IR text), and skips LLVM's
 optimisation and code generation. The stage times come from wrapping the functions
-graphc.jit.compiler and graphc.jit.pipeline call (trace_call, default_passes, run_pipeline,
+graphc.jit.retrace and graphc.jit.pipeline call (trace_call, default_passes, run_pipeline,
 compile_graph) and the CPU backend's `lower` and `llvm.compile_module` in timers in the
 child; graphc is not changed.
 The timers read the clock run.py's --clock chose (wall, or this process's CPU time).
@@ -61,15 +61,15 @@ def _timed(table: dict, key: str, fn):
 def measure(batch: int) -> dict:
     """In this (fresh) process: the compile time of the LeNet-5 step and its stages."""
     import graphc
-    import graphc.jit.compiler as compiler
     import graphc.jit.pipeline as pipeline
+    import graphc.jit.retrace as retrace
     from benchmarks import models
 
     stages: dict[str, float] = {}
-    compiler.trace_call = _timed(stages, "trace", compiler.trace_call)
+    retrace.trace_call = _timed(stages, "trace", retrace.trace_call)
     pipeline.run_pipeline = _timed(stages, "passes", pipeline.run_pipeline)
     pipeline.compile_graph = _timed(stages, "backend", pipeline.compile_graph)
-    compiler.default_passes = _timed(stages, "default_passes", compiler.default_passes)
+    retrace.default_passes = _timed(stages, "default_passes", retrace.default_passes)
 
     x, y = models.batch("lenet5", batch)
     gx, gy = graphc.tensor(x), graphc.tensor(y)

@@ -17,14 +17,14 @@ traces, runs the passes, lowers and compiles the steady graph, and runs the firs
 `warm-up`, the rest of the first call, i.e. that step's run, compiled where the optimizer's
 first step is its steady update on zero state (graphc.jit.first_step), on the interpreter
 otherwise), then the next call. Stages come
-from timers wrapped around graphc.jit.compiler's functions and the CPU backend's: `lower`
-(LLVM IR text), `dedupe` (graphc.backends.cpu.module_text), `llvm` (optimisation and object
-code, in parts on several processes when the module is large: graphc.backends.cpu.workers),
-`load` (MCJIT loading the objects), `key` (hashing the text for the cache). `--workers` sets
-GRAPHC_COMPILE_WORKERS, `--level` the LLVM pipeline of every module (default graphc's: O2
-for every module, llvm.OPT_LEVEL). First calls in wall seconds, with the CPU
-seconds of the child itself (workers' time not included) in brackets; stages in wall
-seconds, or with `--clock cpu` the child's CPU seconds (robust to load, blind to the
+from timers wrapped around graphc.jit.compiler's and graphc.jit.retrace's functions and the
+CPU backend's: `lower` (LLVM IR text), `dedupe` (graphc.backends.cpu.module_text), `llvm`
+(optimisation and object code, in parts on several processes when the module is large:
+graphc.backends.cpu.workers), `load` (MCJIT loading the objects), `key` (hashing the text for
+the cache). `--workers` sets GRAPHC_COMPILE_WORKERS, `--level` the LLVM pipeline of every
+module (default graphc's: O2 for every module, llvm.OPT_LEVEL). First calls in wall
+seconds, with the CPU seconds of the child itself (workers' time not included) in brackets;
+stages in wall seconds, or with `--clock cpu` the child's CPU seconds (robust to load, blind to the
 workers). Warm stages: `trace`, `pipeline key` (the traced graph's text and hash:
 graphc.jit.pipeline_cache), `lookup` (reading the entry, parsing and loading the planned
 graph and its objects), `run` (the step's first run, arena and output pages included), and
@@ -104,6 +104,7 @@ def child(name: str, level: int | None, clock: str = "wall") -> dict:
     import graphc.jit.compiler as compiler
     import graphc.jit.pipeline as pipeline
     import graphc.jit.pipeline_cache as pipeline_cache
+    import graphc.jit.retrace as retrace
     from graphc.backends.cpu import llvm
 
     if level is not None:
@@ -111,7 +112,7 @@ def child(name: str, level: int | None, clock: str = "wall") -> dict:
     if clock == "cpu":
         _clock = time.process_time
     stages: dict[str, float] = {}
-    compiler.trace_call = _timed(stages, "trace", compiler.trace_call)
+    retrace.trace_call = _timed(stages, "trace", retrace.trace_call)
     pipeline.run_pipeline = _timed(stages, "passes", pipeline.run_pipeline)
     pipeline.compile_graph = _timed(stages, "backend", pipeline.compile_graph)
     pipeline_cache.key_of = _timed(stages, "pipeline key", pipeline_cache.key_of)

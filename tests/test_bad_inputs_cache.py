@@ -120,7 +120,7 @@ def test_dumps_never_write_through_a_planted_link(tmp_path, monkeypatch):
     victim.write_text("precious")
     (dump / "double.1.0.traced.gir").symlink_to(victim)
     monkeypatch.setenv("GRAPHC_DUMP", str(dump))
-    monkeypatch.setattr("graphc.jit.compiler._dump_counts", {})
+    monkeypatch.setattr("graphc.jit.retrace._dump_counts", {})
 
     def double(x):
         return x * 2

@@ -16,7 +16,7 @@ import pytest
 import graphc
 import graphc.optim as optim
 from graphc.backends.interp import InterpExecutable
-from graphc.jit import compiler
+from graphc.jit import retrace
 from tests.conftest import torch_or_skip
 
 STEPS = 3
@@ -86,7 +86,7 @@ class _Counts:
 
     def __init__(self, monkeypatch) -> None:
         self.traces = self.interpreted = 0
-        trace_call, run = compiler.trace_call, InterpExecutable.run
+        trace_call, run = retrace.trace_call, InterpExecutable.run
 
         def counting_trace(*args, **kwargs):
             self.traces += 1
@@ -96,7 +96,7 @@ class _Counts:
             self.interpreted += 1
             return run(executable, *arrays)
 
-        monkeypatch.setattr(compiler, "trace_call", counting_trace)
+        monkeypatch.setattr(retrace, "trace_call", counting_trace)
         monkeypatch.setattr(InterpExecutable, "run", counting_run)
 
 

@@ -1,13 +1,13 @@
 """A compiled entry's call, laid out once: what its fast path does with no walk and no search.
 
 `graphc.jit.compiler` runs an entry whose guard held (graphc.jit.guards) either through its
-general path (`Compiled._run_now`: per binding, a type test and a lookup) or, where the entry
-allows, through a `CallPlan` made when the entry is: every graph input's tensor comes from
-one *pool* tuple, `(*args, *kwargs.values(), *captured tensors, *captured holders' .grads,
-a stand-in)`, picked in graph-input order by one itemgetter; arrays are read with one attrgetter
-map; the storage-sharing check is one set over those arrays; update targets, `.grad`
-holders and output wrappers are precomputed index lists. The run itself is the general
-path's: `run_and_write_back`, Ctrl-C held (`HeldInterrupts`) from the first binding (a
+general path (`graphc.jit.general_path.run_entry`: per binding, a type test and a lookup) or,
+where the entry allows, through a `CallPlan` made when the entry is: every graph input's
+tensor comes from one *pool* tuple, `(*args, *kwargs.values(), *captured tensors, *captured
+holders' .grads, a stand-in)`, picked in graph-input order by one itemgetter; arrays are read
+with one attrgetter map; the storage-sharing check is one set over those arrays; update
+targets, `.grad` holders and output wrappers are precomputed index lists. The run itself is
+the general path's: `run_and_write_back`, Ctrl-C held (`HeldInterrupts`) from the first binding (a
 random generator advanced) to the last `.grad` assigned; a call that only reads (no update,
 no random state, no `.grad`: `reads_only`) has nothing to leave half done, and runs the
 executable with nothing held (`run_reading`; written out for the plan as one function,
