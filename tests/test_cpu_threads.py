@@ -98,6 +98,10 @@ def _openmp():
     return ctypes.CDLL(path)
 
 
+def _mkl() -> bool:
+    return any("MKL" in what or "mkl" in path for path, what in threads.policy().items())
+
+
 def test_use_reapplies_a_count_another_library_changed_and_restore_gives_it_back():
     openmp = _openmp()
     openmp.omp_set_num_threads(3)
@@ -108,6 +112,59 @@ def test_use_reapplies_a_count_another_library_changed_and_restore_gives_it_back
     assert threads.use(1) is None  # nothing to give back
     threads.restore(2)
     assert openmp.omp_get_max_threads() == 2
+
+
+def test_use_without_openmp_sets_the_blas_count_and_leaves_the_threads_own():
+    """`use(n, openmp=False)`: a module that forks no OpenMP region of its own needs only the
+    BLAS's count; the calling thread's OpenMP count is neither read nor set (where MKL forks
+    libgomp's team, which may read it, it is set as before)."""
+    openmp = _openmp()
+    blas.resolve_blas()
+    if threads.blas_threads() is None:
+        pytest.skip(f"this BLAS's thread count cannot be read: {threads.policy()}")
+    if _mkl():
+        pytest.skip("MKL on libgomp's team: the OpenMP count is always set")
+    openmp.omp_set_num_threads(3)
+    try:
+        for n in (1, 2, 1):
+            assert threads.use(n, openmp=False) is None
+            assert openmp.omp_get_max_threads() == 3 and threads.blas_threads() == n
+    finally:
+        threads.use(threads.most_threads())
+        openmp.omp_set_num_threads(threads.most_threads())
+
+
+def test_only_a_module_that_forks_openmp_regions_reads_the_openmp_count(monkeypatch):
+    """A GEMM-only executable sets only the BLAS's count per call; one with a parallel
+    elementwise kernel sets the OpenMP count as well; both give numpy's numbers on every
+    count."""
+    if threads.most_threads() < 2:
+        pytest.skip("one core: graphc never sets a thread count")
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal((96, 96)).astype(np.float32) for _ in range(2))
+    big = rng.standard_normal(1 << 17).astype(np.float32)
+    gemm = graphc.compile(lambda x, y: x @ y, backend="cpu")
+    scale = graphc.compile(lambda x: (x * 2.0).relu(), backend="cpu")
+    gemm(graphc.tensor(a), graphc.tensor(b))
+    scale(graphc.tensor(big))
+    assert not threads.reads_openmp_count(gemm.executable.lowered.ir_text)
+    assert threads.reads_openmp_count(scale.executable.lowered.ir_text)
+    asked = []
+    real_use = threads.use
+
+    def use(n, openmp=True):
+        asked.append(openmp)
+        return real_use(n, openmp)
+
+    monkeypatch.setattr(threads, "use", use)
+    for fixed in (1, 2):
+        for f in (gemm, scale):
+            f.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=fixed)
+        np.testing.assert_allclose(gemm(graphc.tensor(a), graphc.tensor(b)).numpy(), a @ b,
+                                   rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(scale(graphc.tensor(big)).numpy(),
+                                      np.maximum(big * 2.0, 0))
+    assert asked == [False, True, False, True]
 
 
 def test_a_compiled_call_leaves_the_callers_openmp_count_as_it_found_it():
@@ -135,9 +192,9 @@ def test_a_fixed_count_is_applied_to_the_call(monkeypatch):
     applied = []
     real_use = threads.use
 
-    def use(n):
+    def use(n, openmp=True):
         applied.append(n)
-        return real_use(n)
+        return real_use(n, openmp)
 
     monkeypatch.setattr(threads, "use", use)
     for fixed in (1, 2):

@@ -189,6 +189,9 @@ class CpuExecutable:
         self._last_inputs: list = [None] * len(graph.inputs)
         self._lock = threading.Lock()
         self.thread_chooser = threads.ThreadChooser(threads.most_threads())
+        # whether the module forks OpenMP regions (or reads the count) itself: where it does
+        # not, a call sets only the BLAS's count (`threads.use(n, openmp=False)`)
+        self._reads_openmp = threads.reads_openmp_count(self.lowered.ir_text)
 
     @property
     def memory_plan(self):
@@ -375,14 +378,14 @@ class CpuExecutable:
         chooser = self.thread_chooser
         if chooser.explores:  # its bookkeeping only where it chooses
             n = chooser.pick()
-            previous = threads.use(n)
+            previous = threads.use(n, self._reads_openmp)
             start = time.perf_counter()
             status = self._run(self._in_ptrs, self._out_ptrs, *tail)
             chooser.record(n, time.perf_counter() - start)
             if previous is not None:
                 threads.restore(previous)
         elif chooser.most > 1:  # a fixed count, still applied to this thread
-            previous = threads.use(chooser.current)
+            previous = threads.use(chooser.current, self._reads_openmp)
             status = self._run(self._in_ptrs, self._out_ptrs, *tail)
             if previous is not None:
                 threads.restore(previous)

@@ -57,6 +57,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import statistics
 import threading
 from collections import deque
@@ -66,7 +67,8 @@ from graphc.backends.cpu import llvm
 
 __all__ = ["BLAS_GET_THREADS", "BLAS_SET_THREADS", "SPLIT_ENTER", "SPLIT_EXIT", "ThreadChooser",
            "blas_threads", "cores_free",
-           "image_threads", "install", "most_threads", "policy", "restore", "use"]
+           "image_threads", "install", "most_threads", "policy", "reads_openmp_count",
+           "restore", "use"]
 
 # Where each OpenBLAS build exports the callback setter and the thread-count setter.
 _CALLBACK_SETTERS = ("scipy_openblas_set_threads_callback_function64_",
@@ -401,7 +403,7 @@ def most_threads() -> int:
     return max(1, min(found[0], len(os.sched_getaffinity(0))))
 
 
-def use(n: int) -> int | None:
+def use(n: int, openmp: bool = True) -> int | None:
     """Run the calling thread's next OpenMP regions, and the BLAS's GEMMs, on `n` threads;
     returns the OpenMP thread count the calling thread had when it differed (give it to
     `restore` after the call), else None.
@@ -409,11 +411,19 @@ def use(n: int) -> int | None:
     The OpenMP count is read back every time rather than remembered: the process has one
     libgomp (PyTorch's `libgomp.so.1` and the system's share the name, so whichever loads
     first serves both), and another library on this thread (`torch.set_num_threads`) sets the
-    same per-thread count."""
-    openmp = _openmp()
-    previous = openmp.omp_get_max_threads()
-    if previous != n:
-        openmp.omp_set_num_threads(n)
+    same per-thread count. `openmp=False`: the caller's code reads no OpenMP count
+    (`reads_openmp_count` of its module is false: its only parallel work is the BLAS's, whose
+    jobs fork with a count of their own), so only the BLAS's count is set; not where MKL
+    forks libgomp's team, which may read it. Two ctypes calls less on a call that runs on one
+    thread while the thread's own count is all cores (a GEMM-only executable under load)."""
+    previous = None
+    if openmp or _mkl_setters:
+        openmp_library = _openmp()
+        previous = openmp_library.omp_get_max_threads()
+        if previous != n:
+            openmp_library.omp_set_num_threads(n)
+        else:
+            previous = None
     if _blas_threads[0] != n:
         if _blas_counts:  # through the lock split convolutions hold (_COUNTS_IR)
             _blas_counts[1](n)
@@ -421,7 +431,17 @@ def use(n: int) -> int | None:
             for setter in _thread_setters:
                 setter(n)
         _blas_threads[0] = n
-    return previous if previous != n else None
+    return previous
+
+
+_OPENMP_DECLARATION = re.compile(r'^declare [^@\n]*@"?(GOMP_|omp_)', re.MULTILINE)
+
+
+def reads_openmp_count(module_text: str) -> bool:
+    """Whether an LLVM module (its text) forks OpenMP regions or reads OpenMP's thread count
+    itself: it declares a `GOMP_` or `omp_` function. One that does not (a module whose only
+    parallel work is BLAS calls) runs the same on any OpenMP count (`use(n, openmp=False)`)."""
+    return _OPENMP_DECLARATION.search(module_text) is not None
 
 
 def restore(previous: int) -> None:
@@ -548,20 +568,26 @@ class ThreadChooser:
         self.quick_armed = True  # a slow call on `most` threads may start a trial at once
         self.quick = False  # ... and the last one did: the next call is that trial
 
-    def _other(self) -> int:
-        return 1 if self.current == self.most else self.most
-
     def pick(self) -> int:
+        # every call asks: the steady answer (the current count) is one frame, the gap's rules
+        # written in line (after a short native run each extra frame is a cache miss)
         if self.trying:
             return self.trying
         if self.quick:  # a call on all cores was FALLBACK times slower: one thread now
             self.quick, self.quick_armed = False, False
             self.trying, self.trial = 1, []
             return 1
-        if not self.explores or self.warmup_left > 0 or not self._gap_over():
-            return self.current
-        other = self._other()
-        if self.gap_seconds < self.due_seconds and not (other == 1 and self._slower()):
+        gap_calls = self.gap_calls
+        if not self.explores or self.warmup_left > 0 or gap_calls < self.MIN_GAP and (
+                gap_calls < self.MIN_GAP_CALLS or self.gap_seconds < self.MIN_GAP_SECONDS):
+            return self.current  # the gap since the last trial is not over
+        other = 1 if self.current == self.most else self.most
+        # the trial waits for its budget, unless it is one thread's and the calls on `most`
+        # got slower than RESLOW times their mean at the last decision (load arrived)
+        window = self.window
+        if self.gap_seconds < self.due_seconds and not (
+                other == 1 and self.reference
+                and sum(window) > self.RESLOW * self.reference * len(window)):
             return self.current
         if other > 1:
             free = self.free_cores()
@@ -570,14 +596,6 @@ class ThreadChooser:
                 return self.current
         self.trying, self.trial = other, []
         return other
-
-    def _gap_over(self) -> bool:
-        return self.gap_calls >= self.MIN_GAP or (
-            self.gap_calls >= self.MIN_GAP_CALLS and self.gap_seconds >= self.MIN_GAP_SECONDS)
-
-    def _slower(self) -> bool:
-        return bool(self.reference) and statistics.fmean(self.window) > \
-            self.RESLOW * self.reference
 
     def record(self, n: int, seconds: float) -> None:
         if not self.explores:
