@@ -167,6 +167,28 @@ def test_only_a_module_that_forks_openmp_regions_reads_the_openmp_count(monkeypa
     assert asked == [False, True, False, True]
 
 
+def test_a_module_with_no_parallel_work_runs_without_the_chooser(monkeypatch):
+    """A small elementwise kernel forks no OpenMP region and calls no BLAS: no thread count
+    changes what it does, so its calls run on one thread with no thread bookkeeping (a chooser
+    of one thread, `use` never called); a GEMM's executable keeps its chooser."""
+    if threads.most_threads() < 2:
+        pytest.skip("one core: every chooser has one thread")
+    small = graphc.compile(lambda x: (x * 2.0).relu(), backend="cpu")
+    x = graphc.tensor(np.arange(-4, 4, dtype=np.float32))
+    small(x)
+    assert small.executable.thread_chooser.most == 1
+    assert not small.executable.thread_chooser.explores
+    gemm = graphc.compile(lambda a, b: a @ b, backend="cpu")
+    a = graphc.tensor(np.eye(8, dtype=np.float32))
+    gemm(a, a)
+    assert gemm.executable.thread_chooser.most == threads.most_threads()
+    asked = []
+    monkeypatch.setattr(threads, "use", lambda *a: asked.append(a))
+    for _ in range(3):
+        np.testing.assert_array_equal(small(x).numpy(), np.maximum(np.arange(-4, 4) * 2.0, 0))
+    assert asked == []
+
+
 def test_a_compiled_call_leaves_the_callers_openmp_count_as_it_found_it():
     openmp = _openmp()
     if threads.most_threads() < 2:

@@ -188,10 +188,13 @@ class CpuExecutable:
         self._recent = [[(None, None), (None, None)] for _ in self._copied]
         self._last_inputs: list = [None] * len(graph.inputs)
         self._lock = threading.Lock()
-        self.thread_chooser = threads.ThreadChooser(threads.most_threads())
         # whether the module forks OpenMP regions (or reads the count) itself: where it does
-        # not, a call sets only the BLAS's count (`threads.use(n, openmp=False)`)
+        # not, a call sets only the BLAS's count (`threads.use(n, openmp=False)`); and where
+        # it calls no BLAS either, no count changes what it does: its calls run on one thread
+        # with no chooser's bookkeeping (a short call's Python is most of it)
         self._reads_openmp = threads.reads_openmp_count(self.lowered.ir_text)
+        parallel = self._reads_openmp or any(_uses_gemm(n) for n in graph.nodes)
+        self.thread_chooser = threads.ThreadChooser(threads.most_threads() if parallel else 1)
 
     @property
     def memory_plan(self):

@@ -49,7 +49,10 @@ executable measures instead of guessing: a `ThreadChooser` starts on one thread,
 native calls and now and then tries the other count (all cores only while a core is free),
 keeping the faster; `use(n)` applies a count to libgomp (this thread's
 `omp_set_num_threads`) and to the BLAS, and `restore` gives the calling thread its own
-OpenMP count back after the call (PyTorch reads the same one).
+OpenMP count back after the call (PyTorch reads the same one). A module that forks no OpenMP
+region of its own (`reads_openmp_count`: only BLAS calls) has only the BLAS's count set, and
+one with no parallel work at all (no OpenMP region, no BLAS call) gets a chooser of one thread:
+no bookkeeping per call (graphc.backends.cpu.executable).
 """
 
 from __future__ import annotations
