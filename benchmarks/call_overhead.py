@@ -27,9 +27,11 @@ for the MLP training step. The cases: `tiny` (`x * 2` on 16 floats), `sgemm_256`
 `lenet5_b64` (LeNet-5's).
 
 `--threads N` (default 1) sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, restarting the process
-so the libraries read them; `--clock cpu` times by this process's CPU time (steadier on a
-shared machine). Replacing CpuExecutable's private `_run` is deliberate: the native figure
-needs the raw entry point.
+so the libraries read them (above one thread, the calls of an executable with parallel work,
+an OpenMP region or a BLAS call, also run its thread chooser's bookkeeping, which *python*
+then includes: docs/performance.md, "SGEMM 256 on two threads"); `--clock cpu` times by this
+process's CPU time (steadier on a shared machine). Replacing CpuExecutable's private `_run`
+is deliberate: the native figure needs the raw entry point.
 """
 
 from __future__ import annotations
