@@ -19,7 +19,9 @@ characters of IR, LLVM 0.17 -> 0.06 s CPU each, run time and results the same):
   transpose flag);
 - input transform: each channel plane copied into a zero-padded plane (border zeroed once per
   kernel, so no tap needs a bounds test), every 4x4 tile at stride 2 to `V[xi][ci][t]`;
-- 16 GEMMs, then the output transform of every tile to its 2x2 outputs (NCHW).
+- 16 GEMMs, then the output transform of every tile to its 2x2 outputs (NCHW). The 16
+  are one call of a generated function (graphc.backends.cpu.winograd_gemm: register tiles,
+  no packing, no per-call BLAS cost) where it takes the shape, float32, else 16 BLAS calls.
 On more than one core the blocks are split over the threads (graphc.backends.cpu.
 conv_threads): each thread its own padded plane, V and M; the filter transform runs once,
 before the threads, as a kernel of its own (`_filter_kernel`), and every thread reads U.
@@ -34,7 +36,9 @@ every 2x2 block of the output gradient and V the forward's input tiles,
 0 for the first block and 1 after, so the batch sums inside the GEMMs), then `gw[o, c] =
 G^T dU[., o, c] G`. Below WIDE_CHANNELS the GEMMs compute dU^T = V Y^T from a tile-major Y,
 both operands as they lie (BLAS's NN form, faster on these small products), and dU stays
-transposed; wider layers read V through BLAS's transpose flag (WEIGHT_GRAD_NN). Split over
+transposed; wider layers read V through BLAS's transpose flag (WEIGHT_GRAD_NN). The NN
+form's 16 products go to winograd_gemm's function where it takes them (beta a call
+argument). Split over
 the cores, each share sums its blocks into its own dU and a reduce kernel
 (`_weight_out_kernel`, over the output channels) adds the shares' dU in share order before
 the G^T . G transform.
@@ -59,7 +63,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphc.backends.cpu import conv_threads
+from graphc.backends.cpu import conv_threads, winograd_gemm
 from graphc.backends.cpu.conv_blocks import block_images, walk_blocks
 from graphc.backends.cpu.conv_im2col import NOTRANS, TRANS, Conv
 from graphc.backends.cpu.conv_threads import plan_split
@@ -215,7 +219,12 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
             v_step, m_step = _spaced(ci * ld), _spaced(co * ld)
             _input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, ss, ci, in_hw,
                          pad, pi, wp, vi, v_step)
-            for xi in range(nxi):  # M[xi] (co x T) = U[xi] (co x ci, or its transpose) @ V[xi]
+            # M[xi] (co x T) = U[xi] (co x ci, or its transpose) @ V[xi]
+            a_strides = (1, co) if flip else (ci, 1)
+            fast = _block_gemm(dt, co, ld, ci, a_strides, ld, ld, (u_step, v_step, m_step))
+            if fast is not None:
+                _call_block_gemm(lw, b, kb, fast, (ui, vi, mi), const(dt, 0.0))
+            for xi in range(nxi if fast is None else 0):
                 cv.gemm(b, kb, TRANS if flip else NOTRANS, NOTRANS, co, ld, ci,
                         ui, xi * u_step, co if flip else ci,
                         vi, xi * v_step, ld, 0.0, mi, xi * m_step, ld)
@@ -363,7 +372,12 @@ def conv2d_weight_grad(lw, node, g) -> bool:
                             loop(b, 0, tw, "tx") as tx:
                         y_tile(b, j, o, ty, tx)
             beta = _accumulate(b, dt, n0, start, ty0)
-            for xi in range(nxi):
+            # dU[xi]^T (ci x co) (+)= V[xi] (ci x T) @ Y[xi] (T x co), one call for the 16
+            fast = None if not nn else _block_gemm(dt, ci, co, ld, (ld, 1), co, co,
+                                                   (v_step, y_step, u_step), accumulates=True)
+            if fast is not None:
+                _call_block_gemm(lw, b, kb, fast, (vi, yi, ui), beta)
+            for xi in range(nxi if fast is None else 0):
                 if nn:  # dU[xi]^T (ci x co) (+)= V[xi] (ci x T) @ Y[xi] (T x co)
                     cv.gemm(b, kb, NOTRANS, NOTRANS, ci, co, ld, vi, xi * v_step, ld,
                             yi, xi * y_step, co, beta, ui, xi * u_step, co)
@@ -379,6 +393,22 @@ def conv2d_weight_grad(lw, node, g) -> bool:
             _weight_out(b, kb, dt, ui, u_step, oi, (i64(0), i64(co)), ci, co, nn)
         lw.calls.append(called_kernel(lw, kb.finish(b), split, reduce=reduce))
     return True
+
+
+def _block_gemm(dt, m, n, k, a_strides, ldb, ldc, steps, accumulates=False):
+    """The generated function (graphc.backends.cpu.winograd_gemm) for a block's 16 products
+    c[xi] (m x n) (+)= a[xi] (m x k, element strides `a_strides`) @ b[xi] (k x n, rows ldb
+    apart), c's rows ldc apart, the matrices `steps` (a, b, c) apart; None where the 16 BLAS
+    calls stay."""
+    if dt is not float32:
+        return None
+    return winograd_gemm.plan(m, n, k, *a_strides, ldb, ldc, *steps, accumulates)
+
+
+def _call_block_gemm(lw, b, kb, gemm, operands, beta) -> None:
+    """One call of `gemm` on the kernel operands (a, b, c) from their first matrix."""
+    fn = winograd_gemm.function(lw.module, gemm)
+    b.call(fn, [kb.pointer(b, k, i64(0)) for k in operands] + [beta])
 
 
 def _accumulate(b, dt, n0, start, ty0):

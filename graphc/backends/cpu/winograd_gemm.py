@@ -1,0 +1,248 @@
+"""winograd_gemm: one generated function for a Winograd block's 16 transform-domain GEMMs.
+
+graphc.backends.cpu.conv_winograd multiplies, per block of tiles, 16 independent matrices:
+`c[xi] (m x n) (+)= a[xi] (m x k) @ b[xi] (k x n)` for the 16 transform-domain positions xi
+(forward and input gradient: m output channels, k input channels, n tiles; weight gradient:
+m and n channels, k tiles). One BLAS call each costs the BLAS's interface, its packing of
+both operands into panels, and its driver: on ResNet-18's shapes ([64 x 64] @ [64 x 64] to
+[512 x 512] @ [512 x 128]) OpenBLAS ran them at 107-160 GFLOP/s where it runs large SGEMM at
+~190 on one core (docs/performance.md, "ResNet-18, ninth session").
+
+This module generates, per shape, one function
+
+    void graphc_winograd_gemm_<shape>(ptr a, ptr b, ptr c, float beta)
+
+that runs all 16 products without packing: c is cut into tiles of `rows` x (`vectors` x
+LANES) (LANES floats to a vector register), each tile's sums kept in registers over the
+whole of k (k <= MAX_K), every step of k loading `vectors` vectors of b's row and
+broadcasting one element of a per tile row (any element strides for a, so the input
+gradient's transposed filter U^T costs nothing). b's rows are contiguous (leading dimension
+`ldb`), c's rows `ldc` apart; the 16 matrices of each operand `*_step` elements apart.
+`beta` is 0 (c = a @ b) or 1 (c += a @ b: the weight gradient's blocks after the first).
+
+Rounding: each element of c is one chain of fused multiply-adds over k in order (k at most
+MAX_K = 512), added to c once where beta is 1: the products of BLAS's kernel, summed in
+one block of k as OpenBLAS does for these k. Judged by distance from a float64 run
+(tests/test_cpu_winograd_gemm.py, tests/test_cpu_conv_winograd.py).
+
+`plan(...)` decides (None: the BLAS calls stay): float32, an AVX-512 or AVX2 host
+(graphc.backends.cpu.small_gemm.lanes), n a whole number of vectors, k within MAX_K, and the
+shape not in SLOWER (where measured slower than the BLAS). `function(module, gemm)` emits
+the function once per module and shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from graphc.backends.cpu.small_gemm import lanes
+from graphc.backends.cpu.values import F32, I64, PTR, i64
+
+__all__ = ["BlockGemm", "MAX_K", "POSITIONS", "function", "plan"]
+
+POSITIONS = 16  # F(2x2, 3x3): 4 x 4 transform-domain positions, one product each
+# k summed in registers per block (each block's sums added to c, as a BLAS's KC): the
+# panel's block of b, K_BLOCK x 64 floats (16 KB), stays in L1 for all its row blocks
+# (1 thread, alone, [512 x 512] @ [512 x 128]: blocks of 64 at 145 GFLOP/s, 128 at 112,
+# 256 at 123, k whole at 132)
+K_BLOCK = 64
+# Taken up to this k: the forward's and input gradient's products of 256 channels or fewer.
+# At 512 channels ([512 x 512] @ [512 x 128], U 16 MB a block) the kernel ran at 121-145
+# GFLOP/s against the BLAS's 113-136 in alternated runs, within the noise: the BLAS stays
+MAX_K = 256
+# An accumulating product (beta 1: the weight gradient's) with c larger than this keeps the
+# BLAS: [256 x 64] @ [64 x 256] ran at 123-132 GFLOP/s against its 128-141, [512 x 64] @
+# [64 x 512] 106-134 against 129-156 (c, 256 KB to 1 MB a position, read and written
+# once per tile)
+MAX_ACCUMULATED_C = 128 * 128
+# register tiles: accumulators of 32 vector registers (AVX-512) or 16 (AVX2), the rest for
+# b's vectors and a's broadcasts
+ACCUMULATORS = {16: 24, 8: 12}
+ENABLED = True  # False: every block keeps its BLAS calls (A/B runs, benchmarks)
+
+
+@dataclass(frozen=True)
+class BlockGemm:
+    """POSITIONS products c[xi] (m x n) (+)= a[xi] (m x k) @ b[xi] (k x n): a's element
+    strides (a_row, a_col), b's rows ldb apart (contiguous), c's rows ldc apart; matrix xi
+    of each operand at xi * its step; tiles of `rows` x `vectors` registers of `lanes`."""
+
+    m: int
+    n: int
+    k: int
+    a_row: int
+    a_col: int
+    ldb: int
+    ldc: int
+    a_step: int
+    b_step: int
+    c_step: int
+    rows: int
+    vectors: int
+    lanes: int
+    k_block: int = 0
+
+    @property
+    def name(self) -> str:
+        return (f"graphc_winograd_gemm_{self.m}x{self.n}x{self.k}_a{self.a_row}_{self.a_col}"
+                f"_b{self.ldb}_c{self.ldc}_s{self.a_step}_{self.b_step}_{self.c_step}"
+                f"_t{self.rows}x{self.vectors}x{self.lanes}_k{self.k_block}")
+
+
+def plan(m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int, a_step: int,
+         b_step: int, c_step: int, accumulates: bool = False, *, vectors: int | None = None,
+         k_block: int | None = None, max_k: int | None = None) -> BlockGemm | None:
+    """The generated function for a block's float32 products, or None where the BLAS calls
+    stay (see the module docstring). `accumulates`: the products add to c (beta 1 in some
+    calls). `vectors`, `k_block`, `max_k`: the tile's width in vector registers (default:
+    4 where n allows, else 2, else 1), K_BLOCK and MAX_K, for benchmarks."""
+    width = lanes() if ENABLED else 0
+    if not width or not all(type(d) is int for d in (m, n, k, a_row, a_col, ldb, ldc)):
+        return None
+    if n % width or k > (max_k or MAX_K) or k < 1 or m < 1:
+        return None
+    if accumulates and m * n > MAX_ACCUMULATED_C and max_k is None:
+        return None
+    panel = n // width
+    if vectors is None:
+        vectors = next(v for v in (4, 2, 1) if panel % v == 0 and v * 2 <= ACCUMULATORS[width])
+    if panel % vectors:
+        return None
+    most = ACCUMULATORS[width] // vectors
+    rows = -(-m // -(-m // most))  # as many rows as the registers hold, split evenly
+    return BlockGemm(m, n, k, a_row, a_col, ldb, ldc, a_step, b_step, c_step, rows, vectors,
+                     width, min(k, k_block or K_BLOCK))
+
+
+def function(module: ir.Module, gemm: BlockGemm) -> ir.Function:
+    """The module's function for `gemm` (emitted on first use): void(ptr a, ptr b, ptr c,
+    float beta)."""
+    existing = module.globals.get(gemm.name)
+    if existing is not None:
+        return existing
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, F32]), gemm.name)
+    for arg in fn.args[:3]:
+        arg.add_attribute("noalias")
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    a, bm, c, beta = fn.args
+    accumulate = b.fcmp_ordered("!=", beta, ir.Constant(F32, 0.0))
+    with _counted(b, POSITIONS, "xi") as xi:
+        operands = [b.gep(p, [b.mul(xi, i64(step))], inbounds=True, source_etype=F32)
+                    for p, step in ((a, gemm.a_step), (bm, gemm.b_step), (c, gemm.c_step))]
+        _product(b, gemm, *operands, accumulate)
+    b.ret_void()
+    return fn
+
+
+def _product(b: ir.IRBuilder, g: BlockGemm, a, bm, c, accumulate) -> None:
+    """One product: panels of c (runtime loop), in each k block by block (K_BLOCK), in each
+    block the full row blocks (runtime loop), then the remaining rows (one smaller tile):
+    the panel's block of b (K_BLOCK x vectors x lanes floats) stays in L1 for its row
+    blocks."""
+    width = g.vectors * g.lanes
+    full, rest = divmod(g.m, g.rows)
+    with _counted(b, g.n // width, "panel") as panel:
+        col = b.mul(panel, i64(width))
+        for k0 in range(0, g.k, g.k_block):
+            count = min(g.k_block, g.k - k0)
+            adding = accumulate if k0 == 0 else True
+            if full:
+                with _counted(b, full, "block") as block:
+                    _tile(b, g, a, bm, c, b.mul(block, i64(g.rows)), col, g.rows, k0, count,
+                          adding)
+            if rest:
+                _tile(b, g, a, bm, c, i64(full * g.rows), col, rest, k0, count, adding)
+
+
+def _tile(b: ir.IRBuilder, g: BlockGemm, a, bm, c, row0, col0, rows: int, k0: int,
+          count: int, accumulate) -> None:
+    """c[row0 : row0 + rows, col0 : col0 + vectors * lanes] (+)= a[rows, :] @ b[:, cols]:
+    the sums over all of k in registers (phi nodes through the loop), then stored."""
+    vec = ir.VectorType(F32, g.lanes)
+    zero = ir.Constant(vec, [0.0] * g.lanes)
+    splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
+    fma = _fma_intrinsic(b.module, vec)
+    pre = b.block
+    body = b.append_basic_block("k.body")
+    b.branch(body)
+    b.position_at_end(body)
+    k = b.phi(I64, name="k")
+    k.add_incoming(i64(k0), pre)
+    sums = [[b.phi(vec, name=f"s{r}_{v}") for v in range(g.vectors)] for r in range(rows)]
+    for row in sums:
+        for s in row:
+            s.add_incoming(zero, pre)
+    b_row = b.add(b.mul(k, i64(g.ldb)), col0)
+    bvecs = [b.load(b.gep(bm, [b.add(b_row, i64(v * g.lanes))], inbounds=True,
+                          source_etype=F32), typ=vec, align=4)
+             for v in range(g.vectors)]
+    a_col = b.mul(k, i64(g.a_col))
+    new = []
+    for r in range(rows):
+        at = b.add(b.mul(b.add(row0, i64(r)), i64(g.a_row)), a_col)
+        x = b.load(b.gep(a, [at], inbounds=True, source_etype=F32), typ=F32, align=4)
+        splat = b.shuffle_vector(b.insert_element(ir.Constant(vec, ir.Undefined), x, i64(0)),
+                                 ir.Constant(vec, ir.Undefined), splat_mask)
+        new.append([b.call(fma, [splat, bv, s]) for bv, s in zip(bvecs, sums[r])])
+    nxt = b.add(k, i64(1), name="k.next")
+    nxt.flags.append("nuw")
+    for row, row_new in zip(sums, new):
+        for s, s_new in zip(row, row_new):
+            s.add_incoming(s_new, body)
+    k.add_incoming(nxt, body)
+    end = b.append_basic_block("k.end")
+    b.cbranch(b.icmp_unsigned("<", nxt, i64(k0 + count)), body, end)
+    b.position_at_end(end)
+    for r, row in enumerate(new):
+        at = b.add(b.mul(b.add(row0, i64(r)), i64(g.ldc)), col0)
+        for v, value in enumerate(row):
+            pointer = b.gep(c, [b.add(at, i64(v * g.lanes))], inbounds=True, source_etype=F32)
+            # beta 1 adds to c; beta 0 stores (c's old contents, maybe not numbers, unused)
+            old = b.load(pointer, typ=vec, align=4)
+            total = b.fadd(old, value)
+            if accumulate is not True:
+                total = b.select(accumulate, total, value)
+            b.store(total, pointer, align=4)
+
+
+class _counted:
+    """`for i in range(count)` with a known count >= 1 (a do-while loop; no loop at 1)."""
+
+    def __init__(self, b: ir.IRBuilder, count: int, name: str) -> None:
+        self.b, self.count, self.name = b, count, name
+
+    def __enter__(self) -> ir.Value:
+        b = self.b
+        if self.count == 1:
+            return i64(0)
+        self.pre = b.block
+        self.body = b.append_basic_block(f"{self.name}.body")
+        b.branch(self.body)
+        b.position_at_end(self.body)
+        self.i = b.phi(I64, name=self.name)
+        self.i.add_incoming(i64(0), self.pre)
+        return self.i
+
+    def __exit__(self, *exc) -> None:
+        if self.count == 1 or exc[0] is not None:
+            return
+        b = self.b
+        nxt = b.add(self.i, i64(1), name=f"{self.name}.next")
+        nxt.flags.append("nuw")
+        self.i.add_incoming(nxt, b.block)
+        end = b.append_basic_block(f"{self.name}.end")
+        b.cbranch(b.icmp_unsigned("<", nxt, i64(self.count)), self.body, end)
+        b.position_at_end(end)
+
+
+def _fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
+    """llvm.fma on vectors (llvmlite's IRBuilder.fma takes scalars only)."""
+    name = f"llvm.fma.v{vec.count}f32"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    return ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
