@@ -16,6 +16,9 @@ a one-op graph twice, as is and with its GEMMs removed (conv_im2col.Conv.gemm em
 while it compiles: what is left is the transforms and copies), timed natively in alternation
 (5 rounds of >= 40 ms of CPU time, medians); the GEMMs' rate is the transform-domain work
 2*N*O*C*16*(H/2)*(W/2) over the difference.
+`block-gemm`: the same one-op graphs compiled with the block's 16 GEMMs as one call of
+graphc.backends.cpu.winograd_gemm's generated function (where it takes the shape) and as
+16 BLAS calls (winograd_gemm.ENABLED off while it compiles), timed the same way.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ PASSES = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("classes", "transforms"), help="one of the two")
+    parser.add_argument("--only", choices=("classes", "transforms", "block-gemm"),
+                        help="one of the three (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = "1"
@@ -43,6 +47,12 @@ def main(argv: list[str] | None = None) -> None:
         with cache_root("resnet18_kernels.") as root:
             for channels, side in LAYERS:
                 print(transform_share(root, channels, side), flush=True)
+    if args.only == "block-gemm":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            for channels, side in LAYERS:
+                print(block_gemm_gain(root, channels, side), flush=True)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
@@ -134,20 +144,50 @@ def transform_share(root: str, channels: int, side: int, n: int = 32) -> str:
     return f"{channels} channels {side}x{side}: " + "; ".join(parts)
 
 
-def _compiled(root: str, graph, tag: str, gemms: bool):
-    from graphc.backends.cpu import conv_im2col
+def block_gemm_gain(root: str, channels: int, side: int, n: int = 32) -> str:
+    """One line: each pass of the layer with the generated block GEMM and with the BLAS's."""
+    import numpy as np
+
+    from benchmarks.profiles import native_call
+    from tests.test_cpu_conv_paths import _graphs
+
+    xs, ws = (n, channels, side, side), (channels, channels, 3, 3)
+    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    shapes = {"fwd": (xs, ws), "gx": (gs, ws), "gw": (gs, xs)}
+    rng = np.random.default_rng(channels)
+    gemm_flops = 2 * n * channels * channels * 16 * (side // 2) ** 2
+    parts = []
+    for kind, arg_shapes in shapes.items():
+        args = [rng.standard_normal(s).astype(np.float32) for s in arg_shapes]
+        exes = [_compiled(root, _graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind],
+                          f"{channels}-{kind}-kernel{kernel}", True, kernel)
+                for kernel in (True, False)]
+        if "graphc_winograd_gemm" not in exes[0].lowered.ir_text:
+            parts.append(f"{kind} BLAS (not taken)")
+            continue
+        kernel, blas = (float(np.median(t)) for t in
+                        _alternated([native_call(e, args) for e in exes], 5))
+        parts.append(f"{kind} {blas * 1e3:.2f} -> {kernel * 1e3:.2f} ms "
+                     f"({(blas - kernel) * 1e3:+.2f}; {gemm_flops / 1e9:.2f} GFLOP)")
+    return f"{channels} channels {side}x{side}, BLAS -> kernel: " + "; ".join(parts)
+
+
+def _compiled(root: str, graph, tag: str, gemms: bool, block_gemm: bool = True):
+    from graphc.backends.cpu import conv_im2col, winograd_gemm
     from graphc.backends.cpu.executable import CpuExecutable
     from graphc.passes.plan import plan_buffers
 
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, tag)
-    kept = conv_im2col.Conv.gemm
+    kept = conv_im2col.Conv.gemm, winograd_gemm.ENABLED
     if not gemms:
         conv_im2col.Conv.gemm = _no_gemm
+        winograd_gemm.ENABLED = False
+    winograd_gemm.ENABLED = winograd_gemm.ENABLED and block_gemm
     try:
         plan_buffers(graph)
         return CpuExecutable(graph)
     finally:
-        conv_im2col.Conv.gemm = kept
+        conv_im2col.Conv.gemm, winograd_gemm.ENABLED = kept
 
 
 def _no_gemm(self, *args) -> None:

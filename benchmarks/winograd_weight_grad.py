@@ -10,7 +10,10 @@ For each stride-1 3x3 layer shape of benchmarks/model_steps.py's ResNet-18 (CIFA
 graph is compiled once per variant, each with its own GRAPHC_CACHE_DIR (the pipeline cache
 keys on graphc's source, the same for all): "im2col" with conv_winograd's weight gradient
 turned off while it compiles, "winograd-nt" with its GEMMs in the earlier NT form
-(conv_winograd.WEIGHT_GRAD_NN = False) and "winograd" (the default); `--variants` picks.
+(conv_winograd.WEIGHT_GRAD_NN = False), "winograd-blas" with the 16 GEMMs of every
+Winograd block (forward and input gradient too) as BLAS calls (graphc.backends.cpu.
+winograd_gemm.ENABLED = False) and "winograd" (the default: one call of winograd_gemm's
+generated function where it takes the shape); `--variants` picks.
 Each kernel is called natively (benchmarks.profiles.native_call), the variants in
 alternation, each sample >= 40 ms of this
 process's CPU time (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, or `--threads N` of them
@@ -18,19 +21,23 @@ and the wall clock: the kernels built split over the cores, conv_threads.py); it
 medians, GFLOP/s of the direct convolution's 2*N*O*C*9*H*W, and each variant's distance
 from a float64 run over eager graphc's (the rounding rule of docs/performance.md, at most 2;
 inputs as in the step: x after a ReLU, gy normal). `--step`: the whole ResNet-18 training
-step (batch `--batch`) compiled per variant the same way from one set of weights, the steps
-timed in alternation (median of each variant's rounds).
+step (batch `--batch`) compiled per variant the same way from one set of weights
+(benchmarks.harness.compiled_variants), the steps timed in alternation
+(harness.interleaved_process_times at one thread; median and quartiles of each variant's
+rounds).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import os
 import time
 from contextlib import contextmanager
 
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
-VARIANTS = ("im2col", "winograd-nt", "winograd")
+VARIANTS = ("im2col", "winograd-nt", "winograd-blas", "winograd")
 _clock = time.process_time
 
 
@@ -77,16 +84,19 @@ def _compile(root: str, variant: str, graph):
 @contextmanager
 def _variant(variant: str):
     """conv_winograd as `variant` wants it while a graph compiles."""
-    from graphc.backends.cpu import conv_winograd
+    from graphc.backends.cpu import conv_winograd, winograd_gemm
 
-    kept = conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN
+    kept = conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
+        winograd_gemm.ENABLED
     if variant == "im2col":
         conv_winograd.conv2d_weight_grad = _not_taken
-    conv_winograd.WEIGHT_GRAD_NN = variant == "winograd"
+    conv_winograd.WEIGHT_GRAD_NN = variant != "winograd-nt"
+    winograd_gemm.ENABLED = variant == "winograd"
     try:
         yield
     finally:
-        conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN = kept
+        conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
+            winograd_gemm.ENABLED = kept
 
 
 def _not_taken(lw, node, g) -> bool:
@@ -94,31 +104,39 @@ def _not_taken(lw, node, g) -> bool:
 
 
 def _compare_steps(root: str, batch: int, rounds: int, variants) -> None:
-    import copy
-
     import numpy as np
 
     import graphc
     from benchmarks import model_steps, models
+    from benchmarks.harness import compiled_variants, interleaved_process_times
+
     shape = dict(model_steps.FULL["resnet18"], batch=batch)
     graphc.manual_seed(0)
     model = model_steps.build(graphc, "resnet18", shape)
     x, y = (graphc.tensor(a) for a in model_steps.batch_of("resnet18", shape))
-    steps = {}
-    for variant in variants:
-        os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, variant)
-        step = graphc.compile(models.graphc_step(copy.deepcopy(model)), backend="cpu")
-        with _variant(variant):
-            step(x, y)  # traces and compiles
-        steps[variant] = step
-    times = {v: [] for v in steps}
-    for _ in range(rounds):
-        for v, step in steps.items():
-            step(x, y)
-            start = _clock()
-            step(x, y)
-            step(x, y)
-            times[v].append((_clock() - start) / 2)
+
+    @contextmanager
+    def variant(name: str):
+        os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
+        with _variant(name):
+            yield
+
+    def make():  # every variant from the same weights
+        return models.graphc_step(copy.deepcopy(model)), (x, y)
+
+    steps, arguments = compiled_variants(variants, variant, make)
+    calls = {v: functools.partial(steps[v], *arguments[v]) for v in steps}
+    if _clock is time.process_time:
+        times = interleaved_process_times(calls, rounds, 0.1)
+    else:
+        times = {v: [] for v in steps}
+        for _ in range(rounds):
+            for v, call in calls.items():
+                call()
+                start = _clock()
+                call()
+                call()
+                times[v].append((_clock() - start) / 2)
     print(f"ResNet-18 step, batch {batch}, median (quartiles): " + "; ".join(
         f"{v} {float(np.median(t)) * 1e3:.0f} ms ({float(np.percentile(t, 25)) * 1e3:.0f}-"
         f"{float(np.percentile(t, 75)) * 1e3:.0f})" for v, t in times.items()), flush=True)
