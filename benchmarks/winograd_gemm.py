@@ -4,15 +4,16 @@
     python -m benchmarks.winograd_gemm --rounds 3 --vectors 2
 
 For each block shape conv_winograd runs in ResNet-18's training step (CIFAR, width 64,
-batch 32: forward `M = U @ V`, input gradient `M = U^T @ V`, weight gradient `dU^T (+)= V @
-Y`, at 64, 128, 256 and 512 channels), one LLVM module holds a function that makes the
-block's 16 BLAS calls (graphc's resolved cblas_sgemm, as conv_winograd emits them) and the
+batch 32: forward and input gradient `M = U @ V`, weight gradient `dU^T (+)= V @ Y`, at
+64, 128, 256 and 512 channels), one LLVM module holds a function that makes the block's
+16 BLAS calls (graphc's resolved cblas_sgemm, as conv_winograd emits them) and the
 generated function of graphc.backends.cpu.winograd_gemm; each is called through ctypes on
 the same operands, in alternation, each sample >= 20 ms of this process's CPU time
 (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1), and the medians printed with the GEMMs'
 GFLOP/s (2*m*n*k*16 a block) and the largest difference between the two results. Shapes
 that winograd_gemm.plan leaves to the BLAS show the BLAS alone, unless `--all`;
-`--vectors` and `--k-block` set the kernel's tile width and block of k.
+`--vectors` and `--k-block` set the kernel's tile width and block of k (winograd_gemm.
+plan's arguments).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import os
 import time
 
 # (pass, channels, tiles): the transform-domain products of ResNet-18's Winograd blocks
+# (the input gradient's products have the forward's form: its U is stored transposed)
 CASES = (("fwd", 64, 64), ("fwd", 128, 64), ("fwd", 256, 128), ("fwd", 512, 128),
-         ("gx", 64, 64), ("gx", 128, 64), ("gx", 256, 128), ("gx", 512, 128),
          ("gw", 64, 64), ("gw", 128, 64), ("gw", 256, 64), ("gw", 512, 64))
 
 
@@ -39,16 +40,15 @@ def block_shape(kind: str, c: int, t: int) -> dict:
     if kind == "gw":  # dU^T[xi] (c x c) += V[xi] (c x t) @ Y[xi] (t x c)
         return dict(m=c, n=c, k=t, a_row=t, a_col=1, ldb=c, ldc=c, a_step=spaced(c * t),
                     b_step=spaced(c * t), c_step=spaced(c * c), beta=1.0)
-    transposed = kind == "gx"  # M[xi] (c x t) = U[xi] or U[xi]^T (c x c) @ V[xi] (c x t)
-    return dict(m=c, n=t, k=c, a_row=1 if transposed else c, a_col=c if transposed else 1,
-                ldb=t, ldc=t, a_step=spaced(c * c), b_step=spaced(c * t),
-                c_step=spaced(c * t), beta=0.0)
+    # M[xi] (c x t) = U[xi] (c x c) @ V[xi] (c x t)
+    return dict(m=c, n=t, k=c, a_row=c, a_col=1, ldb=t, ldc=t, a_step=spaced(c * c),
+                b_step=spaced(c * t), c_step=spaced(c * t), beta=0.0)
 
 
 def build(shapes: list[dict], vectors: int | None, k_block: int | None,
-          max_k: int | None = None):
-    """One compiled module: per shape, `blas_<i>` (16 BLAS calls) and the generated
-    function (or None where winograd_gemm.plan declines; `max_k` given: every shape)."""
+          max_k: int | None = None) -> list[dict]:
+    """One compiled module: per shape, {"blas": its 16 BLAS calls, "kernel": the generated
+    function, absent where winograd_gemm.plan declines (`max_k` given: every shape)}."""
     from llvmlite import ir
 
     from graphc.backends.cpu import llvm, winograd_gemm
@@ -77,14 +77,17 @@ def build(shapes: list[dict], vectors: int | None, k_block: int | None,
                            ir.Constant(iT, s["ldb"]), beta, at(c, s["c_step"]),
                            ir.Constant(iT, s["ldc"])])
         b.ret_void()
+        found = {"blas": f"blas_{i}"}
         g = winograd_gemm.plan(*(s[f] for f in ("m", "n", "k", "a_row", "a_col", "ldb", "ldc",
-                                                "a_step", "b_step", "c_step")), s["beta"] != 0.0,
-                                vectors=vectors, k_block=k_block, max_k=max_k)
-        names.append((f"blas_{i}", winograd_gemm.function(module, g).name if g else None))
+                                                "a_step", "b_step", "c_step")),
+                               s["beta"] != 0.0, vectors=vectors, k_block=k_block, max_k=max_k)
+        if g is not None:
+            found["kernel"] = winograd_gemm.function(module, g).name
+        names.append(found)
     library = llvm.compile_module(str(module), "winograd_gemm_bench", use_cache=False)
     argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float)
-    return [tuple(library.ctypes_function(n, None, argtypes) if n else None for n in pair)
-            for pair in names]
+    return [{v: library.ctypes_function(n, None, argtypes) for v, n in found.items()}
+            for found in names]
 
 
 def operands(s: dict, rng):
@@ -109,26 +112,25 @@ def main(argv: list[str] | None = None) -> None:
     shapes = [block_shape(*case) for case in CASES]
     functions = build(shapes, args.vectors, args.k_block, 512 if args.all else None)
     rng = np.random.default_rng(0)
-    for case, s, (blas_fn, kernel_fn) in zip(CASES, shapes, functions):
+    for case, s, contenders in zip(CASES, shapes, functions):
         a, bm, c = operands(s, rng)
         pointers = (a.ctypes.data, bm.ctypes.data, c.ctypes.data, s["beta"])
-        calls = {"blas": functools.partial(blas_fn, *pointers)}
-        if kernel_fn is not None:
-            calls["kernel"] = functools.partial(kernel_fn, *pointers)
-            error = _check(s, kernel_fn, blas_fn, rng)
+        calls = {v: functools.partial(fn, *pointers) for v, fn in contenders.items()}
+        errors = {v: _check(s, fn, contenders["blas"], rng) for v, fn in contenders.items()
+                  if v != "blas"}
         times = {v: [] for v in calls}
-        for _ in range(args.rounds):
-            for v, call in calls.items():
-                call()
+        for r in range(args.rounds):
+            for v in (list(calls) if r % 2 else list(calls)[::-1]):
+                calls[v]()
                 count, start = 0, time.process_time()
                 while time.process_time() - start < 0.02:
-                    call()
+                    calls[v]()
                     count += 1
                 times[v].append((time.process_time() - start) / count)
         flop = 2 * s["m"] * s["n"] * s["k"] * 16
         parts = [f"{v} {np.median(t) * 1e6:.1f} us ({flop / np.median(t) / 1e9:.0f} GFLOP/s)"
                  for v, t in times.items()]
-        note = f"; max |kernel - blas| {error:.1e}" if kernel_fn is not None else ""
+        note = "".join(f"; max |{v} - blas| {e:.1e}" for v, e in errors.items())
         print(f"{case[0]} {case[1]} channels, {case[2]} tiles [{s['m']}x{s['k']}]@"
               f"[{s['k']}x{s['n']}]: " + "; ".join(parts) + note, flush=True)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))

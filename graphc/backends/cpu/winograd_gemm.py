@@ -13,22 +13,24 @@ This module generates, per shape, one function
     void graphc_winograd_gemm_<shape>(ptr a, ptr b, ptr c, float beta)
 
 that runs all 16 products without packing: c is cut into tiles of `rows` x (`vectors` x
-LANES) (LANES floats to a vector register), each tile's sums kept in registers over the
-whole of k (k <= MAX_K), every step of k loading `vectors` vectors of b's row and
-broadcasting one element of a per tile row (any element strides for a, so the input
-gradient's transposed filter U^T costs nothing). b's rows are contiguous (leading dimension
-`ldb`), c's rows `ldc` apart; the 16 matrices of each operand `*_step` elements apart.
-`beta` is 0 (c = a @ b) or 1 (c += a @ b: the weight gradient's blocks after the first).
+LANES) (LANES floats to a vector register), each tile's sums kept in registers through a
+block of K_BLOCK steps of k, every step loading `vectors` vectors of b's row and
+broadcasting one element of a per tile row (any element strides for a). The panel's block
+of b stays in L1 for all its row blocks. b's rows are contiguous (leading dimension `ldb`),
+c's rows `ldc` apart; the 16 matrices of each operand `*_step` elements apart. `beta` is 0
+(c = a @ b) or 1 (c += a @ b: the weight gradient's blocks after the first).
 
-Rounding: each element of c is one chain of fused multiply-adds over k in order (k at most
-MAX_K = 512), added to c once where beta is 1: the products of BLAS's kernel, summed in
-one block of k as OpenBLAS does for these k. Judged by distance from a float64 run
-(tests/test_cpu_winograd_gemm.py, tests/test_cpu_conv_winograd.py).
+Rounding: each element of c sums k in blocks of K_BLOCK (one chain of fused multiply-adds
+each, in order), each block's sum added to c, as a BLAS blocks k (its KC); for k <= K_BLOCK
+(the weight gradient's blocks of 64 tiles, the 64-channel layers) the same sums as
+OpenBLAS's, bit for bit (benchmarks/winograd_gemm.py prints the difference). Judged by
+distance from a float64 run (tests/test_cpu_winograd_gemm.py, test_cpu_conv_winograd.py).
 
-`plan(...)` decides (None: the BLAS calls stay): float32, an AVX-512 or AVX2 host
-(graphc.backends.cpu.small_gemm.lanes), n a whole number of vectors, k within MAX_K, and the
-shape not in SLOWER (where measured slower than the BLAS). `function(module, gemm)` emits
-the function once per module and shape.
+`plan(...)` decides (None: the BLAS calls stay): an AVX-512 or AVX2 host
+(graphc.backends.cpu.small_gemm.lanes), n a whole number of vectors, k within MAX_K, an
+accumulated c within MAX_ACCUMULATED_C (larger ones measured slower than the BLAS), ENABLED.
+The caller keeps float64 on the BLAS. `function(module, gemm)` emits the function once per
+module and shape.
 """
 
 from __future__ import annotations
@@ -48,10 +50,7 @@ POSITIONS = 16  # F(2x2, 3x3): 4 x 4 transform-domain positions, one product eac
 # (1 thread, alone, [512 x 512] @ [512 x 128]: blocks of 64 at 145 GFLOP/s, 128 at 112,
 # 256 at 123, k whole at 132)
 K_BLOCK = 64
-# Taken up to this k: the forward's and input gradient's products of 256 channels or fewer.
-# At 512 channels ([512 x 512] @ [512 x 128], U 16 MB a block) the kernel ran at 121-145
-# GFLOP/s against the BLAS's 113-136 in alternated runs, within the noise: the BLAS stays
-MAX_K = 256
+MAX_K = 512  # the longest k measured and tested: ResNet-18's widest, [512 x 512] @ [512 x 128]
 # An accumulating product (beta 1: the weight gradient's) with c larger than this keeps the
 # BLAS: [256 x 64] @ [64 x 256] ran at 123-132 GFLOP/s against its 128-141, [512 x 64] @
 # [64 x 512] 106-134 against 129-156 (c, 256 KB to 1 MB a position, read and written
@@ -142,7 +141,8 @@ def _product(b: ir.IRBuilder, g: BlockGemm, a, bm, c, accumulate) -> None:
     """One product: panels of c (runtime loop), in each k block by block (K_BLOCK), in each
     block the full row blocks (runtime loop), then the remaining rows (one smaller tile):
     the panel's block of b (K_BLOCK x vectors x lanes floats) stays in L1 for its row
-    blocks."""
+    blocks. (Row blocks outermost, each over all panels, measured the same within the
+    noise: docs/performance.md, "ResNet-18, ninth session".)"""
     width = g.vectors * g.lanes
     full, rest = divmod(g.m, g.rows)
     with _counted(b, g.n // width, "panel") as panel:
