@@ -154,3 +154,22 @@ def test_split_over_the_cores(monkeypatch):
     monkeypatch.setattr(conv_winograd, "BLOCK_TILES", 16)
     monkeypatch.setattr(conv_winograd, "WEIGHT_GRAD_TILES", 16)
     check_split((4, 16, 8, 8), (32, 16, 3, 3))
+
+
+@needs_vectors
+def test_wide_input_grad_keeps_the_blas(monkeypatch):
+    # from WIDE_CHANNELS on, the input gradient's U keeps the forward's layout and its GEMMs
+    # read it through BLAS's transpose flag; the forward still calls the block GEMM
+    monkeypatch.setattr(conv_winograd, "WIDE_CHANNELS", 16)
+    xs, ws = TAKEN[0]
+    rng = np.random.default_rng(2)
+    gs, graphs = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    _, wide = _graphs(xs, ws, (1, 1), (1, 1), 1, "float64")
+    args = {"fwd": [xs, ws], "gx": [gs, ws]}
+    for kind, shapes in args.items():
+        arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        exe = compare(graphs[kind], arrays, rtol=1e-4)
+        reference = interpret(wide[kind], *[a.astype(np.float64) for a in arrays])[0]
+        assert_rounding_within(exe.run(*arrays)[0], interpret(graphs[kind], *arrays)[0],
+                               reference)
+        assert ("graphc_winograd_gemm" in exe.lowered.ir_text) == (kind == "fwd"), kind

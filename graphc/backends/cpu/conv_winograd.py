@@ -15,7 +15,8 @@ with more tiles goes in parts of tile rows, so a block's V and M stay in cache; 
 are one loop, not one copy of the code each: ResNet-18's 32x32 kernels 86k -> 29k
 characters of IR, LLVM 0.17 -> 0.06 s CPU each, run time and results the same):
 - filter transform (once per call): `U[xi][o][c] = (G w[o, c] G^T)[xi]` (the input
-  gradient's flipped filter transposed, `U[xi][c][o]`, so its GEMMs read U as laid out);
+  gradient's flipped filter transposed, `U[xi][c][o]`, so its GEMMs read U as laid out;
+  from WIDE_CHANNELS on in the forward's layout, read through BLAS's transpose flag);
 - input transform: each channel plane copied into a zero-padded plane (border zeroed once per
   kernel, so no tap needs a bounds test), every 4x4 tile at stride 2 to `V[xi][ci][t]`;
 - 16 GEMMs, then the output transform of every tile to its 2x2 outputs (NCHW). The 16
@@ -115,7 +116,7 @@ WEIGHT_GRAD_TILES = 64
 # 9.5 -> 9.4, but 512 channels at 4x4 11.3 -> 15.0 (so wide layers keep the NT form).
 # False keeps the NT form everywhere (for A/B runs).
 WEIGHT_GRAD_NN = True
-OUT_SQUARE = 16  # the transposed dU's last transform, in squares of channels (_weight_out)
+OUT_SQUARE = 16  # transposing walks in squares of channels (_in_squares)
 
 
 def _applies(g, dt, ci: int, co: int, out_hw) -> bool:
@@ -200,14 +201,17 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
         recipe = (g.key(), flip, ci, co, in_hw, out_hw, pad)
         kb, ids = image_kernel(lw, "conv2d_winograd", locs, recipe + (split is not None,))
         si, wi, oi, ui, pi, vi, mi = ids[:7]
-        prelude = None if split is None else _filter_kernel(lw, locs, recipe, u_step, g, flip)
+        # the input gradient's U stored transposed below WIDE_CHANNELS (_filter_transform)
+        transposed = flip and max(ci, co) < WIDE_CHANNELS
+        prelude = None if split is None else \
+            _filter_kernel(lw, locs, recipe, u_step, g, flip, transposed)
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
             return lw.calls.append(called_kernel(lw, kb.kernel, split, prelude=prelude))
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
         if split is None:
-            _filter_transform(b, kb, dt, wi, ui, u_step, g, flip)
+            _filter_transform(b, kb, dt, wi, ui, u_step, g, flip, transposed)
         plane_out = out_hw[0] * out_hw[1]
 
         def part(b, n0, count, ty0, nrows):
@@ -218,12 +222,15 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
             v_step, m_step = _spaced(ci * ld), _spaced(co * ld)
             _input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, ss, ci, in_hw,
                          pad, pi, wp, vi, v_step)
-            # M[xi] (co x T) = U[xi] (co x ci) @ V[xi] (ci x T)
-            fast = _block_gemm(dt, co, ld, ci, (ci, 1), ld, ld, (u_step, v_step, m_step))
+            # M[xi] (co x T) = U[xi] (co x ci, or its transpose) @ V[xi] (ci x T)
+            trans_u = flip and not transposed
+            fast = None if trans_u else \
+                _block_gemm(dt, co, ld, ci, (ci, 1), ld, ld, (u_step, v_step, m_step))
             if fast is not None:
                 _call_block_gemm(lw, b, kb, fast, (ui, vi, mi), const(dt, 0.0))
             for xi in range(nxi if fast is None else 0):
-                cv.gemm(b, kb, NOTRANS, NOTRANS, co, ld, ci, ui, xi * u_step, ci,
+                cv.gemm(b, kb, TRANS if trans_u else NOTRANS, NOTRANS, co, ld, ci,
+                        ui, xi * u_step, co if trans_u else ci,
                         vi, xi * v_step, ld, 0.0, mi, xi * m_step, ld)
             with block_images(b, count) as j, loop(b, 0, co, "co") as o:
                 row_m = iadd(b, imul(b, o, ld), imul(b, j, per_image))
@@ -466,6 +473,13 @@ def _weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
         with loop(b, *o_range, "o") as o, loop(b, 0, ci, "c") as c:
             one(b, o, c)
         return
+    _in_squares(b, o_range, ci, one)
+
+
+def _in_squares(b, o_range, ci: int, one) -> None:
+    """one(b, o, c) for o in `o_range`, c < ci, in squares of OUT_SQUARE x OUT_SQUARE
+    channels (c outer, o inner in each): for the transposes between [o][c] and [c][o]
+    layouts, so that neither side strides over the whole matrix."""
     lo, hi = (as_i64(v) for v in o_range)
     side = OUT_SQUARE
     squares = b.udiv(b.add(b.sub(hi, lo), i64(side - 1)), i64(side))
@@ -482,33 +496,39 @@ def _at_most(b, v, hi):
     return b.select(b.icmp_signed(">", v, hi), hi, v)
 
 
-def _filter_kernel(lw, locs, recipe, u_step, g, flip):
+def _filter_kernel(lw, locs, recipe, u_step, g, flip, transposed):
     """The filter transform as a kernel of its own (on the Winograd kernel's locs), run once
     before a split kernel's shares."""
     kb, ids = image_kernel(lw, "conv2d_winograd_filter", locs, recipe)
     b = kb.begin()
     if b is None:
         return kb.kernel
-    _filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g, flip)
+    _filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g, flip, transposed)
     return kb.finish(b)
 
 
-def _filter_transform(b, kb, dt, wi, ui, step, g, flip) -> None:
-    """U[xi * step + o * C + c] = (G f G^T)[xi] for f = w[o, c]; when `flip`, the input
-    gradient's filter f = w[o, c, ::-1, ::-1] stored transposed, at U[xi * step + c * O +
-    o], so that its GEMMs read U as laid out (the generated block GEMM broadcasts a's
-    elements: along a row, not O apart; the BLAS runs NN as fast as TN on these). Stores
-    run along U's rows; the flipped filter's reads stride by C * 9."""
-    outer, inner = ((g.c, "wc"), (g.o, "wo")) if flip else ((g.o, "wo"), (g.c, "wc"))
-    with loop(b, 0, outer[0], outer[1]) as p, loop(b, 0, inner[0], inner[1]) as q:
-        o, c = (q, p) if flip else (p, q)
+def _filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False) -> None:
+    """U[xi * step + o * C + c] = (G f G^T)[xi] for f = w[o, c], or for the input
+    gradient's f = w[o, c, ::-1, ::-1] when `flip`; `transposed`: stored at U[xi * step +
+    c * O + o], so that the input gradient's GEMMs read U as laid out (the generated block
+    GEMM broadcasts a's elements along a row, not O apart), in squares of channels
+    (_in_squares). Below WIDE_CHANNELS only: at 512 x 512 channels the transposing walk
+    took ~2-2.5 ms more than the row walk (reads 18 KB apart; 4 x 4 planes, batch 32: a
+    kernel of ~11 ms) and the BLAS's TN form runs as fast as the generated function there,
+    so wide layers keep U as the forward's and BLAS's transpose flag."""
+    def one(b, o, c):
         base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
         f = [[kb.load(b, wi, iadd(b, base, (2 - r if flip else r) * 3 + (2 - s if flip else s)))
               for s in range(3)] for r in range(3)]
         u = _sandwich(b, dt, G, f)
-        at = iadd(b, imul(b, c, g.o), o) if flip else iadd(b, imul(b, o, g.c), c)
+        at = iadd(b, imul(b, c, g.o), o) if transposed else iadd(b, imul(b, o, g.c), c)
         for xi in range(ALPHA * ALPHA):
             kb.store(b, ui, iadd(b, at, xi * step), u[xi // ALPHA][xi % ALPHA])
+
+    if transposed:
+        return _in_squares(b, (i64(0), i64(g.o)), g.c, one)
+    with loop(b, 0, g.o, "wo") as o, loop(b, 0, g.c, "wc") as c:
+        one(b, o, c)
 
 
 def _twice_plus(b, v, k: int):
