@@ -52,10 +52,13 @@ POSITIONS = 16  # F(2x2, 3x3): 4 x 4 transform-domain positions, one product eac
 K_BLOCK = 64
 MAX_K = 512  # the longest k measured and tested: ResNet-18's widest, [512 x 512] @ [512 x 128]
 # An accumulating product (beta 1: the weight gradient's) with c larger than this keeps the
-# BLAS: [256 x 64] @ [64 x 256] ran at 123-132 GFLOP/s against its 128-141, [512 x 64] @
-# [64 x 512] 106-134 against 129-156 (c, 256 KB to 1 MB a position, read and written
-# once per tile)
-MAX_ACCUMULATED_C = 128 * 128
+# BLAS. [256 x 64] @ [64 x 256] alone (benchmarks/winograd_gemm.py, the same c every call)
+# ran at 120-145 GFLOP/s against the BLAS's 121-141, but inside the weight-gradient kernel
+# (256 channels at 8x8, batch 32, 1 thread, 31 alternated rounds, three runs) the kernel
+# took 8.6-9.0 ms against 10.1-10.5 with the BLAS. The 512-channel layer (dU 1 MB a
+# position) reads V through the transpose flag (conv_winograd.WIDE_CHANNELS): the NN form
+# with this kernel measured the same as that, within the noise
+MAX_ACCUMULATED_C = 256 * 256
 # register tiles: accumulators of 32 vector registers (AVX-512) or 16 (AVX2), the rest for
 # b's vectors and a's broadcasts
 ACCUMULATORS = {16: 24, 8: 12}
