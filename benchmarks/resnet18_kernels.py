@@ -18,7 +18,8 @@ while it compiles: what is left is the transforms and copies), timed natively in
 2*N*O*C*16*(H/2)*(W/2) over the difference.
 `block-gemm`: the same one-op graphs compiled with the block's 16 GEMMs as one call of
 graphc.backends.cpu.winograd_gemm's generated function (where it takes the shape) and as
-16 BLAS calls (winograd_gemm.ENABLED off while it compiles), timed the same way.
+16 BLAS calls (winograd_gemm.ENABLED off while it compiles), timed the same way
+(`--rounds` rounds).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=("classes", "transforms", "block-gemm"),
                         help="one of the three (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
+    parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
+                        "rounds (15)")
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = "1"
     if args.only in (None, "classes"):
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
 
         with cache_root("resnet18_kernels.") as root:
             for channels, side in LAYERS:
-                print(block_gemm_gain(root, channels, side), flush=True)
+                print(block_gemm_gain(root, channels, side, args.rounds), flush=True)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
@@ -144,7 +147,7 @@ def transform_share(root: str, channels: int, side: int, n: int = 32) -> str:
     return f"{channels} channels {side}x{side}: " + "; ".join(parts)
 
 
-def block_gemm_gain(root: str, channels: int, side: int, n: int = 32) -> str:
+def block_gemm_gain(root: str, channels: int, side: int, rounds: int, n: int = 32) -> str:
     """One line: each pass of the layer with the generated block GEMM and with the BLAS's."""
     import numpy as np
 
@@ -166,7 +169,7 @@ def block_gemm_gain(root: str, channels: int, side: int, n: int = 32) -> str:
             parts.append(f"{kind} BLAS (not taken)")
             continue
         kernel, blas = (float(np.median(t)) for t in
-                        _alternated([native_call(e, args) for e in exes], 5))
+                        _alternated([native_call(e, args) for e in exes], rounds))
         parts.append(f"{kind} {blas * 1e3:.2f} -> {kernel * 1e3:.2f} ms "
                      f"({(blas - kernel) * 1e3:+.2f}; {gemm_flops / 1e9:.2f} GFLOP)")
     return f"{channels} channels {side}x{side}, BLAS -> kernel: " + "; ".join(parts)
