@@ -97,6 +97,7 @@ def test_plan_declines_what_the_blas_keeps(monkeypatch):
 TAKEN = [
     ((2, 16, 8, 8), (32, 16, 3, 3)),  # 16 tiles an image, blocks of 2 images: 32 tiles
     ((1, 32, 16, 8), (16, 32, 3, 3)),  # one image, 32 tiles
+    ((4, 80, 8, 8), (32, 80, 3, 3)),  # the forward's k = 80: two blocks of k (64 + 16)
 ]
 
 
