@@ -16,7 +16,8 @@ are one loop, not one copy of the code each: ResNet-18's 32x32 kernels 86k -> 29
 characters of IR, LLVM 0.17 -> 0.06 s CPU each, run time and results the same):
 - filter transform (once per call): `U[xi][o][c] = (G w[o, c] G^T)[xi]` (the input
   gradient's flipped filter transposed, `U[xi][c][o]`, so its GEMMs read U as laid out;
-  from WIDE_CHANNELS on in the forward's layout, read through BLAS's transpose flag);
+  from WIDE_CHANNELS on without the generated GEMM, in the forward's layout, read through
+  BLAS's transpose flag);
 - input transform: each channel plane copied into a zero-padded plane (border zeroed once per
   kernel, so no tap needs a bounds test), every 4x4 tile at stride 2 to `V[xi][ci][t]`;
 - 16 GEMMs, then the output transform of every tile to its 2x2 outputs (NCHW). The 16
@@ -201,8 +202,9 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
         recipe = (g.key(), flip, ci, co, in_hw, out_hw, pad)
         kb, ids = image_kernel(lw, "conv2d_winograd", locs, recipe + (split is not None,))
         si, wi, oi, ui, pi, vi, mi = ids[:7]
-        # the input gradient's U stored transposed below WIDE_CHANNELS (_filter_transform)
-        transposed = flip and max(ci, co) < WIDE_CHANNELS
+        # the input gradient's U stored transposed (see _filter_transform)
+        transposed = flip and (max(ci, co) < WIDE_CHANNELS or
+                               (dt is float32 and winograd_gemm.available()))
         prelude = None if split is None else \
             _filter_kernel(lw, locs, recipe, u_step, g, flip, transposed)
         b = kb.begin()
@@ -512,10 +514,10 @@ def _filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False) -> Non
     gradient's f = w[o, c, ::-1, ::-1] when `flip`; `transposed`: stored at U[xi * step +
     c * O + o], so that the input gradient's GEMMs read U as laid out (the generated block
     GEMM broadcasts a's elements along a row, not O apart), in squares of channels
-    (_in_squares). Below WIDE_CHANNELS only: at 512 x 512 channels the transposing walk
-    took ~2-2.5 ms more than the row walk (reads 18 KB apart; 4 x 4 planes, batch 32: a
-    kernel of ~11 ms) and the BLAS's TN form runs as fast as the generated function there,
-    so wide layers keep U as the forward's and BLAS's transpose flag."""
+    (_in_squares). From WIDE_CHANNELS on only where the generated GEMM serves: at 512 x 512
+    channels the transposing walk took ~2-2.5 ms more than the row walk (reads 18 KB
+    apart), which the generated GEMM repays (4 x 4 planes, batch 32: 12.8 -> 11.0 ms
+    against U^T through BLAS's transpose flag) and the BLAS's NN form does not."""
     def one(b, o, c):
         base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
         f = [[kb.load(b, wi, iadd(b, base, (2 - r if flip else r) * 3 + (2 - s if flip else s)))
