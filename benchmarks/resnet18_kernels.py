@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
                         "rounds (15)")
     args = parser.parse_args(argv)
+    for flag, value in (("--repeat", args.repeat), ("--rounds", args.rounds)):
+        if value < 1:  # else the step compiles, then every figure is the median of nothing
+            parser.error(f"{flag} must be at least 1, got {value}")
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = "1"
     if args.only in (None, "classes"):
         print(kernel_classes(args.repeat), flush=True)

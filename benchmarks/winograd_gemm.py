@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--all", action="store_true", help="the kernel for every shape, "
                         "also those winograd_gemm.plan leaves to the BLAS")
     args = parser.parse_args(argv)
+    if args.rounds < 1:  # else every figure is the median of nothing (nan)
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = "1"
     import numpy as np
 
@@ -116,8 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         a, bm, c = operands(s, rng)
         pointers = (a.ctypes.data, bm.ctypes.data, c.ctypes.data, s["beta"])
         calls = {v: functools.partial(fn, *pointers) for v, fn in contenders.items()}
-        errors = {v: _check(s, fn, contenders["blas"], rng) for v, fn in contenders.items()
-                  if v != "blas"}
+        errors = {v: largest_difference(s, fn, contenders["blas"], rng)
+                  for v, fn in contenders.items() if v != "blas"}
         times = {v: [] for v in calls}
         for r in range(args.rounds):
             for v in (list(calls) if r % 2 else list(calls)[::-1]):
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
-def _check(s: dict, kernel_fn, blas_fn, rng) -> float:
+def largest_difference(s: dict, kernel_fn, blas_fn, rng) -> float:
     """Largest difference between the two on fresh operands (c starting equal)."""
     import numpy as np
 
