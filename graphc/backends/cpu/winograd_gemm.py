@@ -26,8 +26,9 @@ each, in order), each block's sum added to c, as a BLAS blocks k (its KC); for k
 OpenBLAS's, bit for bit (benchmarks/winograd_gemm.py prints the difference). Judged by
 distance from a float64 run (tests/test_cpu_winograd_gemm.py, test_cpu_conv_winograd.py).
 
-`plan(...)` decides (None: the BLAS calls stay): an AVX-512 or AVX2 host
-(graphc.backends.cpu.small_gemm.lanes), n a whole number of vectors, k within MAX_K, an
+`plan(...)` decides (None: the BLAS calls stay): an AVX-512 host (graphc.backends.cpu.
+small_gemm.lanes() 16; AVX2 hosts keep the BLAS: not measured there), n a whole number of
+vectors, k within MAX_K, an
 accumulated c within MAX_ACCUMULATED_C (larger ones measured slower than the BLAS), ENABLED.
 The caller keeps float64 on the BLAS. `function(module, gemm)` emits the function once per
 module and shape.
@@ -59,9 +60,10 @@ MAX_K = 512  # the longest k measured and tested: ResNet-18's widest, [512 x 512
 # position) reads V through the transpose flag (conv_winograd.WIDE_CHANNELS): the NN form
 # with this kernel measured the same as that, within the noise
 MAX_ACCUMULATED_C = 256 * 256
-# register tiles: accumulators of 32 vector registers (AVX-512) or 16 (AVX2), the rest for
-# b's vectors and a's broadcasts
-ACCUMULATORS = {16: 24, 8: 12}
+LANES = 16  # AVX-512: 16 floats a vector register
+# register tiles: 24 accumulators of the 32 vector registers, the rest for b's vectors and
+# a's broadcasts (6 rows x 4 vectors where n allows)
+ACCUMULATORS = 24
 ENABLED = True  # False: every block keeps its BLAS calls (A/B runs, benchmarks)
 
 
@@ -94,8 +96,8 @@ class BlockGemm:
 
 
 def available() -> bool:
-    """Whether `plan` can take any float32 product on this host (ENABLED, AVX2 or AVX-512)."""
-    return ENABLED and lanes() > 0
+    """Whether `plan` can take any float32 product on this host (ENABLED, AVX-512)."""
+    return ENABLED and lanes() == LANES
 
 
 def plan(m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int, a_step: int,
@@ -105,7 +107,7 @@ def plan(m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int, a_s
     stay (see the module docstring). `accumulates`: the products add to c (beta 1 in some
     calls). `vectors`, `k_block`, `max_k`: the tile's width in vector registers (default:
     4 where n allows, else 2, else 1), K_BLOCK and MAX_K, for benchmarks."""
-    width = lanes() if available() else 0
+    width = LANES if available() else 0
     if not width or not all(type(d) is int for d in (m, n, k, a_row, a_col, ldb, ldc)):
         return None
     if n % width or k > (max_k or MAX_K) or k < 1 or m < 1:
@@ -114,10 +116,10 @@ def plan(m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int, a_s
         return None
     panel = n // width
     if vectors is None:
-        vectors = next(v for v in (4, 2, 1) if panel % v == 0 and v * 2 <= ACCUMULATORS[width])
+        vectors = next(v for v in (4, 2, 1) if panel % v == 0)
     if panel % vectors:
         return None
-    most = ACCUMULATORS[width] // vectors
+    most = ACCUMULATORS // vectors
     rows = -(-m // -(-m // most))  # as many rows as the registers hold, split evenly
     return BlockGemm(m, n, k, a_row, a_col, ldb, ldc, a_step, b_step, c_step, rows, vectors,
                      width, min(k, k_block or K_BLOCK))
