@@ -47,7 +47,8 @@ Lowered ops:
   makes the call fail with a clear error instead of reading out of bounds):
   graphc.backends.cpu.losses;
 - conv2d (alone or with a fused epilogue), conv2d_input_grad, conv2d_weight_grad,
-  max_pool2d(_grad), avg_pool2d(_grad), batch_norm: graphc.backends.cpu.conv and .pool;
+  max_pool2d(_grad), avg_pool2d(_grad), batch_norm: graphc.backends.cpu.conv, .pool and
+  .batch_norm;
 - random ops uniform, normal, dropout, bernoulli (the eager Philox stream, seed input read
   once per call): graphc.backends.cpu.random_ops;
 - take, gather, index_add, index_put, scatter_add, slice_scatter, embedding,
@@ -66,6 +67,7 @@ from dataclasses import dataclass, field
 from graphc.backends import common
 from graphc.backends.cpu import attention as attention_kernels
 from graphc.backends.cpu import (
+    batch_norm,
     collective_shm,
     conv,
     gemm_addends,
@@ -172,7 +174,7 @@ class Lowerer(ReductionLowering, GemmLowering, DriverLowering):
         body.check(start, len(body.instrs))
         return self.elementwise(node, body, start, leaves)
 
-    # ---- convolution (graphc.backends.cpu.conv; pooling and batch_norm, .pool: LOWERINGS) -
+    # ---- convolution (graphc.backends.cpu.conv; .pool, .batch_norm: LOWERINGS) -
     def lower_conv2d(self, node: Node) -> None:
         x, w = node.inputs
         conv.conv2d(self, node, self.locs[x], self.locs[w], self.locs[node.outputs[0]],
@@ -190,7 +192,7 @@ LOWERINGS = {
     "conv2d": Lowerer.lower_conv2d, "conv2d_input_grad": conv.conv2d_input_grad,
     "conv2d_weight_grad": conv.conv2d_weight_grad, "max_pool2d": pool.max_pool2d,
     "max_pool2d_grad": pool.max_pool2d_grad, "avg_pool2d": pool.avg_pool2d,
-    "avg_pool2d_grad": pool.avg_pool2d_grad, "batch_norm": pool.batch_norm,
+    "avg_pool2d_grad": pool.avg_pool2d_grad, "batch_norm": batch_norm.batch_norm,
     "uniform": lower_random, "normal": lower_random, "dropout": lower_random,
     "bernoulli": lower_random,
     "copy": Lowerer.lower_copy, "reshape": Lowerer.lower_reshape,
@@ -215,7 +217,7 @@ RUNTIME_SIZE_LOWERINGS = {
                                      "pad", "flip", "argmax", "argmin")),
     lower_random,
     conv.conv2d_input_grad, conv.conv2d_weight_grad, pool.max_pool2d, pool.max_pool2d_grad,
-    pool.avg_pool2d, pool.avg_pool2d_grad, pool.batch_norm, Lowerer.lower_conv2d,
+    pool.avg_pool2d, pool.avg_pool2d_grad, batch_norm.batch_norm, Lowerer.lower_conv2d,
 }
 # the anchors of GEMM epilogues (OpDef.epilogue_anchor): lower(lowerer, node, a, b, out,
 # attrs) computes the anchor's result into `out` for the fused epilogue to read

@@ -1,11 +1,8 @@
-"""pool: lowering of pooling and batch normalisation (called by the Lowerer).
+"""pool: lowering of pooling (called by the Lowerer; batch_norm: graphc.backends.cpu.batch_norm).
 
 - `max_pool2d` (values and int64 flat H*W indices), `max_pool2d_grad` (a scatter-add by the
   indices; an index out of the plane makes the call fail clearly), `avg_pool2d` and
   `avg_pool2d_grad` (PyTorch's divisors: count_include_pad, divisor_override, ceil_mode).
-- `batch_norm` forward: per channel, float64 mean and biased variance (two passes) in
-  training, the running statistics in eval; `invstd = 1/sqrt(var + eps)`; the output, mean
-  and invstd rounded to the input's dtype, as the numpy kernel does.
 
 Invariants: a window's taps and the divisors are computed in Python (graphc.backends.cpu.
 image_kernels: `window_taps`, `Table`) and passed to the kernels as constant tables, so no
@@ -25,18 +22,15 @@ from graphc.backends.cpu import conv_threads
 from graphc.backends.cpu.image_kernels import (
     Table,
     called_kernel,
-    contiguous_in,
     contiguous_out,
     element_strides,
-    fadd,
     iadd,
     image_kernel,
     imul,
     window_taps,
 )
-from graphc.backends.cpu.scalars import const, convert
+from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import (
-    F64,
     I32,
     I64,
     REG,
@@ -45,14 +39,11 @@ from graphc.backends.cpu.values import (
     contiguous_strides,
     i64,
     loop,
-    size,
-    unsupported,
 )
 from graphc.ir.graph import Node
 from graphc.ir.printer import format_node
-from graphc.types import float32, float64
 
-__all__ = ["avg_pool2d", "avg_pool2d_grad", "batch_norm", "max_pool2d", "max_pool2d_grad"]
+__all__ = ["avg_pool2d", "avg_pool2d_grad", "max_pool2d", "max_pool2d_grad"]
 
 # ---- pooling ---------------------------------------------------------------------------------
 def _recipe(node: Node) -> tuple:
@@ -333,75 +324,3 @@ def avg_pool2d_grad(lw, node: Node) -> None:
                             kb.store(b, oi, at, b.fadd(kb.load(b, oi, at), v))
         lw.calls.append(kb.finish(b))
 
-
-# ---- batch_norm ------------------------------------------------------------------------------
-def batch_norm(lw, node: Node) -> None:
-    x, weight, bias, rmean, rvar = node.inputs
-    out, mean_v, invstd_v = node.outputs
-    dt = x.type.dtype
-    if dt not in (float32, float64):
-        raise unsupported(node, f"batch_norm of {dt.name}")
-    training, eps = node.attrs["training"], node.attrs["eps"]
-    n, c = x.type.shape[:2]
-    s = math.prod(x.type.shape[2:])
-    count = n * s
-    lx = contiguous_in(lw, lw.locs[x])
-    params = [lw.locs[v] for v in (weight, bias, rmean, rvar)]
-    pstr = [element_strides(p)[0] if p.type.ndim else 0 for p in params]
-    # split over the channels (each one's statistics and output are its own): three passes
-    # over the input, memory-bound, so pooling's bar
-    split = conv_threads.plan_split(lw, dt, [], c, 3 * count * c, least=POOL_MIN_SPLIT_TAPS)
-    with contiguous_out(lw, lw.locs[out]) as lo:
-        locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v]]
-        kb, ids = image_kernel(lw, "batch_norm", locs + ([] if split is None else
-                                                         [split.control]),
-                               _recipe(node) + (split is not None,))
-        xi, wi, bi, rmi, rvi, oi, mi, ii = ids[:8]
-        ms, is_ = (element_strides(lw.locs[v])[0] for v in (mean_v, invstd_v))
-        b = kb.begin()
-        if b is None:  # built before for a node of the same shapes and attributes
-            return lw.calls.append(called_kernel(lw, kb.kernel, split))
-        with b.goto_entry_block():
-            acc = b.alloca(F64, name="acc")
-
-        def over(b, ch, fn):
-            with loop(b, 0, n, "n") as k:
-                base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
-                with loop(b, 0, s, "s") as q:
-                    fn(b, b.add(base, q))
-
-        def wide(v):
-            return convert(b, v, dt, float64)
-
-        with conv_threads.units_loop(b, kb, split, ids[-1], c, "c") as ch:
-            if training:
-                b.store(ir.Constant(F64, 0.0), acc)
-                over(b, ch, lambda b, at: b.store(
-                    fadd(b, b.load(acc), convert(b, kb.load(b, xi, at), dt, float64), True),
-                    acc))
-                mean = b.fdiv(b.load(acc), b.sitofp(size(b, count), F64))
-                b.store(ir.Constant(F64, 0.0), acc)
-
-                def sq(b, at):
-                    d = b.fsub(convert(b, kb.load(b, xi, at), dt, float64), mean)
-                    b.store(fadd(b, b.load(acc), b.fmul(d, d), True), acc)
-
-                over(b, ch, sq)
-                var = b.fdiv(b.load(acc), b.sitofp(size(b, count), F64))
-            else:
-                mean = wide(kb.load(b, rmi, imul(b, ch, pstr[2])))
-                var = wide(kb.load(b, rvi, imul(b, ch, pstr[3])))
-            root = lw.scalars.intrinsic(b, "llvm.sqrt", float64,
-                                        b.fadd(var, ir.Constant(F64, float(eps))))
-            invstd = b.fdiv(ir.Constant(F64, 1.0), root)
-            scale = b.fmul(invstd, wide(kb.load(b, wi, imul(b, ch, pstr[0]))))
-            shift = wide(kb.load(b, bi, imul(b, ch, pstr[1])))
-
-            def norm(b, at):
-                v = b.fsub(convert(b, kb.load(b, xi, at), dt, float64), mean)
-                kb.store(b, oi, at, convert(b, b.fadd(b.fmul(v, scale), shift), float64, dt))
-
-            over(b, ch, norm)
-            kb.store(b, mi, imul(b, ch, ms), convert(b, mean, float64, dt))
-            kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
-        lw.calls.append(called_kernel(lw, kb.finish(b), split))

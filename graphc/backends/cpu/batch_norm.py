@@ -1,0 +1,254 @@
+"""batch_norm: the lowering of `batch_norm`'s forward (called by the Lowerer).
+
+Per channel c of an (N, C, S...) input x, in float64: in training the batch mean and biased
+variance, in eval the running statistics; `invstd = 1/sqrt(var + eps)`, `scale = invstd *
+weight[c]`, and `out = (x - mean) * scale + bias[c]`; out, mean and invstd rounded to the
+input's dtype, as the numpy kernel (graphc.ops.nn_ops) does.
+
+How (IMAGE_ORDER, the default): the kernel walks x in memory order, image by image and,
+within an image, channel by channel (each channel's plane of S elements contiguous), as an
+elementwise kernel does, prefetching PREFETCH_AHEAD_BYTES ahead (graphc.backends.cpu.prefetch's
+reason). In training a first walk sums, per channel, the shifted values d = x - K and d^2 in
+float64 (K: the channel's first element; see `_shifted_statistics`) into a workspace of 4 x C
+float64 (the sums, then the mean, scale and shift of each channel); a second walk writes the
+output. The earlier kernel (IMAGE_ORDER = False) went channel by channel: three passes over
+each channel's N planes (the mean, the squared deviations, the output), the planes C planes
+apart, so every plane began cold (docs/performance.md, "ninth session").
+
+Invariants: a channel's sums are added in one order (image by image, a plane's elements
+reassociated in vector registers) whatever the thread count, so the kernel split over the
+channels (conv_threads, pooling's bar) gives the one-thread result bit for bit; x is read
+through a contiguous copy if it is strided; nothing is read outside x, and a prefetch past x's
+end never faults.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from graphc.backends.cpu import conv_threads, pool
+from graphc.backends.cpu.conv_workspace import workspace
+from graphc.backends.cpu.image_kernels import (
+    called_kernel,
+    contiguous_in,
+    contiguous_out,
+    element_strides,
+    fadd,
+    image_kernel,
+    imul,
+)
+from graphc.backends.cpu.scalars import convert
+from graphc.backends.cpu.values import F64, I32, MEM, PTR, i64, loop, size, unsupported
+from graphc.ir.graph import Node
+from graphc.types import float32, float64
+
+__all__ = ["batch_norm"]
+
+# Walk x in memory order (the module docstring); False: the channel-by-channel kernel of
+# before (benchmarks' A/B: benchmarks/batch_norm_passes.py).
+IMAGE_ORDER = True
+# How far ahead of the plane being read its walk asks for x's (and the output's) lines.
+PREFETCH_AHEAD_BYTES = 1024
+CACHE_LINE_BYTES = 64
+# rows of the workspace: the sums and the shift K, then (the sums read) mean, scale and bias
+SUM, SQUARES, SHIFT, BIAS = range(4)
+MEAN, SCALE = SUM, SQUARES
+
+
+def batch_norm(lw, node: Node) -> None:
+    x, weight, bias, rmean, rvar = node.inputs
+    out, mean_v, invstd_v = node.outputs
+    dt = x.type.dtype
+    if dt not in (float32, float64):
+        raise unsupported(node, f"batch_norm of {dt.name}")
+    if not IMAGE_ORDER:
+        return _by_channel(lw, node)
+    training, eps = node.attrs["training"], node.attrs["eps"]
+    n, c = x.type.shape[:2]
+    s = math.prod(x.type.shape[2:])
+    lx = contiguous_in(lw, lw.locs[x])
+    params = [lw.locs[v] for v in (weight, bias, rmean, rvar)]
+    pstr = [element_strides(p)[0] if p.type.ndim else 0 for p in params]
+    # split over the channels (each one's statistics and output are its own): two walks over
+    # the input, memory-bound, so pooling's bar; the workspace is one copy, shares write
+    # their own channels' columns
+    split = conv_threads.plan_split(lw, float64, [], c, 2 * n * s * c,
+                                    shared=[(4, c)], least=pool.POOL_MIN_SPLIT_TAPS)
+    ws = workspace(lw, float64, (4, c))[0] if split is None else split.shared[0]
+    with contiguous_out(lw, lw.locs[out]) as lo:
+        locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v], ws]
+        kb, ids = image_kernel(lw, "batch_norm", locs + ([] if split is None else
+                                                         [split.control]),
+                               ("images", tuple(sorted(node.attrs.items())),
+                                split is not None, PREFETCH_AHEAD_BYTES))
+        xi, wi, bi, rmi, rvi, oi, mi, ii, wsi = ids[:9]
+        ms, is_ = (element_strides(lw.locs[v])[0] for v in (mean_v, invstd_v))
+        b = kb.begin()
+        if b is None:  # built before for a node of the same shapes and attributes
+            return lw.calls.append(called_kernel(lw, kb.kernel, split))
+        lo_c, hi_c = (0, c) if split is None else conv_threads.unit_range(b, kb, ids[-1])
+
+        def column(row: int, ch):
+            return b.add(i64(row * c), ch)
+
+        def wide(v):
+            return convert(b, v, dt, float64)
+
+        if training:
+            with loop(b, lo_c, hi_c, "c0") as ch:
+                kb.store(b, wsi, column(SUM, ch), ir.Constant(F64, 0.0))
+                kb.store(b, wsi, column(SQUARES, ch), ir.Constant(F64, 0.0))
+                kb.store(b, wsi, column(SHIFT, ch), wide(kb.load(b, xi, imul(b, ch, s))))
+            _shifted_sums(lw, b, kb, xi, wsi, n, c, s, lo_c, hi_c, dt)
+        with loop(b, lo_c, hi_c, "c1") as ch:
+            if training:
+                m = b.sitofp(size(b, n * s), F64)
+                centre = b.fdiv(kb.load(b, wsi, column(SUM, ch)), m)
+                var = b.fsub(b.fdiv(kb.load(b, wsi, column(SQUARES, ch)), m),
+                             b.fmul(centre, centre))
+                var = b.select(b.fcmp_ordered("<", var, ir.Constant(F64, 0.0)),
+                               ir.Constant(F64, 0.0), var)  # a NaN stays
+                mean = b.fadd(kb.load(b, wsi, column(SHIFT, ch)), centre)
+            else:
+                mean = wide(kb.load(b, rmi, imul(b, ch, pstr[2])))
+                var = wide(kb.load(b, rvi, imul(b, ch, pstr[3])))
+            root = lw.scalars.intrinsic(b, "llvm.sqrt", float64,
+                                        b.fadd(var, ir.Constant(F64, float(eps))))
+            invstd = b.fdiv(ir.Constant(F64, 1.0), root)
+            kb.store(b, wsi, column(MEAN, ch), mean)
+            kb.store(b, wsi, column(SCALE, ch),
+                     b.fmul(invstd, wide(kb.load(b, wi, imul(b, ch, pstr[0])))))
+            kb.store(b, wsi, column(BIAS, ch), wide(kb.load(b, bi, imul(b, ch, pstr[1]))))
+            kb.store(b, mi, imul(b, ch, ms), convert(b, mean, float64, dt))
+            kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
+        with loop(b, 0, n, "n") as k, loop(b, lo_c, hi_c, "c") as ch:
+            base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
+            _prefetch_plane(lw, b, kb, [(xi, False), (oi, True)], base, s)
+            mean = kb.load(b, wsi, column(MEAN, ch))
+            scale = kb.load(b, wsi, column(SCALE, ch))
+            shift = kb.load(b, wsi, column(BIAS, ch))
+            with loop(b, 0, s, "s") as q:
+                at = b.add(base, q)
+                v = b.fsub(wide(kb.load(b, xi, at)), mean)
+                kb.store(b, oi, at, convert(b, b.fadd(b.fmul(v, scale), shift), float64, dt))
+        lw.calls.append(called_kernel(lw, kb.finish(b), split))
+
+
+def _shifted_sums(lw, b, kb, xi, wsi, n: int, c: int, s: int, lo_c, hi_c, dt) -> None:
+    """Per channel of [lo_c, hi_c), S1 += sum(x - K) and S2 += sum((x - K)^2) in float64
+    (K: the workspace's SHIFT row), x walked in memory order, each plane's two sums in
+    registers (reassociated: vector registers) and added to the workspace's once.
+
+    Why the shift: mean = K + S1/m and var = S2/m - (S1/m)^2 (m = N*S) lose about
+    log10(1 + (mean - K)^2 / var) of float64's ~16 digits to the subtraction, and K, a sample
+    of the channel, lies a few deviations from its mean, so a large mean over a small spread
+    (1e5 + 0.1 * noise) costs nothing, where unshifted sums would lose every digit. Only a
+    K some 10^4 deviations from the mean would cost the float32 result's last bits."""
+    with b.goto_entry_block():
+        s1 = b.alloca(F64, name="s1")
+        s2 = b.alloca(F64, name="s2")
+    with loop(b, 0, n, "n") as k, loop(b, lo_c, hi_c, "c") as ch:
+        base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
+        _prefetch_plane(lw, b, kb, [(xi, False)], base, s)
+        shift = kb.load(b, wsi, b.add(i64(SHIFT * c), ch))
+        b.store(ir.Constant(F64, 0.0), s1)
+        b.store(ir.Constant(F64, 0.0), s2)
+        with loop(b, 0, s, "s") as q:
+            d = b.fsub(convert(b, kb.load(b, xi, b.add(base, q)), dt, float64), shift)
+            b.store(fadd(b, b.load(s1), d, True), s1)
+            b.store(fadd(b, b.load(s2), b.fmul(d, d), True), s2)
+        for row, acc in ((SUM, s1), (SQUARES, s2)):
+            at = b.add(i64(row * c), ch)
+            kb.store(b, wsi, at, b.fadd(kb.load(b, wsi, at), b.load(acc)))
+
+
+def _prefetch_plane(lw, b, kb, operands, base, s: int) -> None:
+    """Ask for the cache lines PREFETCH_AHEAD_BYTES past the plane at element `base` of each
+    (operand, for writing) in `operands`, as many as the plane has (llvm.prefetch; past an
+    array's end it fetches what no one reads, never faults)."""
+    if not PREFETCH_AHEAD_BYTES:
+        return
+    prefetch = lw.declare("llvm.prefetch.p0", ir.FunctionType(ir.VoidType(),
+                                                              [PTR, I32, I32, I32]))
+    for k, write in operands:
+        op = kb.operands[k]
+        region = kb.fn.args[kb.kernel.regions.index(op.loc.region)]
+        start = b.gep(region, [base], source_etype=MEM[op.dtype.name])  # not inbounds
+        for line in range(0, s * op.dtype.itemsize, CACHE_LINE_BYTES):
+            at = b.gep(start, [i64(PREFETCH_AHEAD_BYTES + line)], source_etype=ir.IntType(8))
+            # llvm.prefetch(address, rw, locality 3: keep in every cache level, 1: data)
+            b.call(prefetch, [at, ir.Constant(I32, int(write)), ir.Constant(I32, 3),
+                              ir.Constant(I32, 1)])
+
+
+def _by_channel(lw, node: Node) -> None:
+    """The kernel of before (IMAGE_ORDER = False): channel by channel, the mean, the squared
+    deviations and the output, each a pass over the channel's N planes."""
+    x, weight, bias, rmean, rvar = node.inputs
+    out, mean_v, invstd_v = node.outputs
+    dt = x.type.dtype
+    training, eps = node.attrs["training"], node.attrs["eps"]
+    n, c = x.type.shape[:2]
+    s = math.prod(x.type.shape[2:])
+    count = n * s
+    lx = contiguous_in(lw, lw.locs[x])
+    params = [lw.locs[v] for v in (weight, bias, rmean, rvar)]
+    pstr = [element_strides(p)[0] if p.type.ndim else 0 for p in params]
+    split = conv_threads.plan_split(lw, dt, [], c, 3 * count * c,
+                                    least=pool.POOL_MIN_SPLIT_TAPS)
+    with contiguous_out(lw, lw.locs[out]) as lo:
+        locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v]]
+        kb, ids = image_kernel(lw, "batch_norm", locs + ([] if split is None else
+                                                         [split.control]),
+                               ("channels", tuple(sorted(node.attrs.items())),
+                                split is not None))
+        xi, wi, bi, rmi, rvi, oi, mi, ii = ids[:8]
+        ms, is_ = (element_strides(lw.locs[v])[0] for v in (mean_v, invstd_v))
+        b = kb.begin()
+        if b is None:
+            return lw.calls.append(called_kernel(lw, kb.kernel, split))
+        with b.goto_entry_block():
+            acc = b.alloca(F64, name="acc")
+
+        def over(b, ch, fn):
+            with loop(b, 0, n, "n") as k:
+                base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
+                with loop(b, 0, s, "s") as q:
+                    fn(b, b.add(base, q))
+
+        def wide(v):
+            return convert(b, v, dt, float64)
+
+        with conv_threads.units_loop(b, kb, split, ids[-1], c, "c") as ch:
+            if training:
+                b.store(ir.Constant(F64, 0.0), acc)
+                over(b, ch, lambda b, at: b.store(fadd(b, b.load(acc), wide(kb.load(b, xi, at)),
+                                                       True), acc))
+                mean = b.fdiv(b.load(acc), b.sitofp(size(b, count), F64))
+                b.store(ir.Constant(F64, 0.0), acc)
+
+                def sq(b, at):
+                    d = b.fsub(wide(kb.load(b, xi, at)), mean)
+                    b.store(fadd(b, b.load(acc), b.fmul(d, d), True), acc)
+
+                over(b, ch, sq)
+                var = b.fdiv(b.load(acc), b.sitofp(size(b, count), F64))
+            else:
+                mean = wide(kb.load(b, rmi, imul(b, ch, pstr[2])))
+                var = wide(kb.load(b, rvi, imul(b, ch, pstr[3])))
+            root = lw.scalars.intrinsic(b, "llvm.sqrt", float64,
+                                        b.fadd(var, ir.Constant(F64, float(eps))))
+            invstd = b.fdiv(ir.Constant(F64, 1.0), root)
+            scale = b.fmul(invstd, wide(kb.load(b, wi, imul(b, ch, pstr[0]))))
+            shift = wide(kb.load(b, bi, imul(b, ch, pstr[1])))
+
+            def norm(b, at):
+                v = b.fsub(wide(kb.load(b, xi, at)), mean)
+                kb.store(b, oi, at, convert(b, b.fadd(b.fmul(v, scale), shift), float64, dt))
+
+            over(b, ch, norm)
+            kb.store(b, mi, imul(b, ch, ms), convert(b, mean, float64, dt))
+            kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
+        lw.calls.append(called_kernel(lw, kb.finish(b), split))
