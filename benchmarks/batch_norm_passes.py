@@ -10,7 +10,7 @@ channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `batch_norm`
 (training) is compiled once per variant (`--variants`), each with its own GRAPHC_CACHE_DIR,
 graphc.backends.cpu.batch_norm's settings changed while it compiles: "by-channel" (IMAGE_ORDER
 = False: the kernel before, channel by channel the mean, the squared deviations and the
-output), "no-prefetch" (PREFETCH_AHEAD_BYTES = 0: image by image, shifted sums, then the
+output), "no-prefetch" (PREFETCH = False: image by image, shifted sums, then the
 output) and "by-image" (the default: the same, prefetching ahead). Each kernel is
 called natively (benchmarks.profiles.native_call), the variants alternated, each sample >= 40
 ms of this process's CPU time at one thread; it prints the medians and GB/s of the nominal
@@ -41,7 +41,7 @@ import numpy as np
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
 # graphc.backends.cpu.batch_norm's settings per variant
 VARIANTS = {"by-channel": {"IMAGE_ORDER": False},
-            "no-prefetch": {"PREFETCH_AHEAD_BYTES": 0},
+            "no-prefetch": {"PREFETCH": False},
             "by-image": {}}
 INPUTS = ("normal", "mean 1e4 sd 1e-2", "mean 1e5 sd 1e-1", "outlier first")
 

@@ -3,6 +3,7 @@ its time inside the step, next to a copy's rate on this machine.
 
     python -m benchmarks.resnet18_bytes                  # the table, worst first
     python -m benchmarks.resnet18_bytes --repeat 5 --limit 40
+    python -m benchmarks.resnet18_bytes --ab graphc.backends.cpu.reductions.PREFETCH_ROWS=False
 
 The step is benchmarks/model_steps.py's ResNet-18 (CIFAR, width 64, batch 32), profiled
 under graphc.profile at one thread (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1; each kernel's
@@ -12,15 +13,23 @@ nominal bytes (each input and output once: graphc.profile's figure) and the time
 would take at the anchor: numpy's copy of a 16 MiB float32 array into another (one thread,
 CPU time, median of 9 rounds), counted as bytes read + written. "excess" is the kernel's time
 minus that floor: what a kernel far from memory speed could still give.
+
+`--ab MODULE.NAME=VALUE ...`: an in-process A/B of the step instead (`compare_steps`):
+"default" against "changed", compiled with those module attributes set (Python literals),
+each with its own GRAPHC_CACHE_DIR, `--rounds` alternated rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import os
 import statistics
+import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -132,13 +141,43 @@ def compare_steps(names, variant, rounds: int, profile_rounds: int = 3) -> str:
     return "\n".join(lines)
 
 
+@contextmanager
+def changed(root: str, name: str, settings: list[str]):
+    """Under variant `name` ("default" or "changed": `settings` applied, each
+    "package.module.NAME=literal"), with the variant's own GRAPHC_CACHE_DIR."""
+    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)
+    kept = []
+    try:
+        for setting in settings if name == "changed" else ():
+            target, value = setting.split("=", 1)
+            module_name, attr = target.rsplit(".", 1)
+            module = importlib.import_module(module_name)
+            kept.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, ast.literal_eval(value))
+        yield
+    finally:
+        for module, attr, value in reversed(kept):
+            setattr(module, attr, value)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--limit", type=int, default=30, help="rows shown (30)")
+    parser.add_argument("--ab", nargs="+", metavar="MODULE.NAME=VALUE",
+                        help="an in-process step A/B: default against these settings")
+    parser.add_argument("--rounds", type=int, default=9, help="A/B rounds (9)")
     args = parser.parse_args(argv)
-    os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    from benchmarks.harness import cache_root, run_with_threads
+
+    run_with_threads("benchmarks.resnet18_bytes", 1, sys.argv[1:] if argv is None else argv)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    if args.ab:
+        with cache_root("resnet18_bytes.") as root:
+            print(compare_steps(("default", "changed"),
+                                lambda name: changed(root, name, args.ab), args.rounds))
+        print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
+        return
     rate = copy_rate()
     print(byte_table(args.repeat, args.limit, rate), flush=True)
     print(f"copy anchor again: {copy_rate() / 1e9:.1f} GB/s")

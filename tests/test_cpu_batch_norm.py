@@ -71,9 +71,9 @@ def test_memory_order_walk_equals_the_channel_by_channel_kernel(training, shape,
     args = [rng.uniform(-2, 5, shape).astype(np.float32)] + \
         [rng.uniform(0.5, 2, c).astype(np.float32) for _ in range(4)]
     results = []
-    for order, ahead in ((False, 1024), (True, 0), (True, 1024)):
+    for order, prefetch in ((False, True), (True, False), (True, True)):
         monkeypatch.setattr(batch_norm, "IMAGE_ORDER", order)
-        monkeypatch.setattr(batch_norm, "PREFETCH_AHEAD_BYTES", ahead)
+        monkeypatch.setattr(batch_norm, "PREFETCH", prefetch)
         results.append(_compiled(shape, training).run(*[a.copy() for a in args]))
     for other in results[1:]:
         for got, want in zip(other, results[0]):

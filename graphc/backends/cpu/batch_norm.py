@@ -7,13 +7,13 @@ input's dtype, as the numpy kernel (graphc.ops.nn_ops) does.
 
 How (IMAGE_ORDER, the default): the kernel walks x in memory order, image by image and,
 within an image, channel by channel (each channel's plane of S elements contiguous), as an
-elementwise kernel does, prefetching PREFETCH_AHEAD_BYTES ahead (graphc.backends.cpu.prefetch's
+elementwise kernel does, each plane prefetched (PREFETCH; graphc.backends.cpu.prefetch's
 reason). In training a first walk sums, per channel, the shifted values d = x - K and d^2 in
-float64 (K: the channel's first element; see `_shifted_statistics`) into a workspace of 4 x C
-float64 (the sums, then the mean, scale and shift of each channel); a second walk writes the
-output. The earlier kernel (IMAGE_ORDER = False) went channel by channel: three passes over
-each channel's N planes (the mean, the squared deviations, the output), the planes C planes
-apart, so every plane began cold (docs/performance.md, "ninth session").
+float64 (K: the channel's first element; see `_shifted_sums`) into a workspace of 4 x C
+float64 (the sums and K, then the mean, scale and bias of each channel); a second walk writes
+the output. The earlier kernel (IMAGE_ORDER = False) went channel by channel: three passes
+over each channel's N planes (the mean, the squared deviations, the output), the planes C
+planes apart, so every plane began cold (docs/performance.md, "ninth session").
 
 Invariants: a channel's sums are added in one order (image by image, a plane's elements
 reassociated in vector registers) whatever the thread count, so the kernel split over the
@@ -39,8 +39,9 @@ from graphc.backends.cpu.image_kernels import (
     image_kernel,
     imul,
 )
+from graphc.backends.cpu.prefetch import prefetch_lines
 from graphc.backends.cpu.scalars import convert
-from graphc.backends.cpu.values import F64, I32, MEM, PTR, i64, loop, size, unsupported
+from graphc.backends.cpu.values import F64, i64, loop, size, unsupported
 from graphc.ir.graph import Node
 from graphc.types import float32, float64
 
@@ -49,9 +50,8 @@ __all__ = ["batch_norm"]
 # Walk x in memory order (the module docstring); False: the channel-by-channel kernel of
 # before (benchmarks' A/B: benchmarks/batch_norm_passes.py).
 IMAGE_ORDER = True
-# How far ahead of the plane being read its walk asks for x's (and the output's) lines.
-PREFETCH_AHEAD_BYTES = 1024
-CACHE_LINE_BYTES = 64
+# Each plane's walk first asks for the lines of x (and of the output) 1 KiB ahead.
+PREFETCH = True
 # rows of the workspace: the sums and the shift K, then (the sums read) mean, scale and bias
 SUM, SQUARES, SHIFT, BIAS = range(4)
 MEAN, SCALE = SUM, SQUARES
@@ -82,7 +82,7 @@ def batch_norm(lw, node: Node) -> None:
         kb, ids = image_kernel(lw, "batch_norm", locs + ([] if split is None else
                                                          [split.control]),
                                ("images", tuple(sorted(node.attrs.items())),
-                                split is not None, PREFETCH_AHEAD_BYTES))
+                                split is not None, PREFETCH))
         xi, wi, bi, rmi, rvi, oi, mi, ii, wsi = ids[:9]
         ms, is_ = (element_strides(lw.locs[v])[0] for v in (mean_v, invstd_v))
         b = kb.begin()
@@ -101,7 +101,7 @@ def batch_norm(lw, node: Node) -> None:
                 kb.store(b, wsi, column(SUM, ch), ir.Constant(F64, 0.0))
                 kb.store(b, wsi, column(SQUARES, ch), ir.Constant(F64, 0.0))
                 kb.store(b, wsi, column(SHIFT, ch), wide(kb.load(b, xi, imul(b, ch, s))))
-            _shifted_sums(lw, b, kb, xi, wsi, n, c, s, lo_c, hi_c, dt)
+            _shifted_sums(b, kb, xi, wsi, n, c, s, lo_c, hi_c, dt)
         with loop(b, lo_c, hi_c, "c1") as ch:
             if training:
                 m = b.sitofp(size(b, n * s), F64)
@@ -125,7 +125,7 @@ def batch_norm(lw, node: Node) -> None:
             kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
         with loop(b, 0, n, "n") as k, loop(b, lo_c, hi_c, "c") as ch:
             base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
-            _prefetch_plane(lw, b, kb, [(xi, False), (oi, True)], base, s)
+            _prefetch_plane(b, kb, [(xi, False), (oi, True)], base, s)
             mean = kb.load(b, wsi, column(MEAN, ch))
             scale = kb.load(b, wsi, column(SCALE, ch))
             shift = kb.load(b, wsi, column(BIAS, ch))
@@ -136,7 +136,7 @@ def batch_norm(lw, node: Node) -> None:
         lw.calls.append(called_kernel(lw, kb.finish(b), split))
 
 
-def _shifted_sums(lw, b, kb, xi, wsi, n: int, c: int, s: int, lo_c, hi_c, dt) -> None:
+def _shifted_sums(b, kb, xi, wsi, n: int, c: int, s: int, lo_c, hi_c, dt) -> None:
     """Per channel of [lo_c, hi_c), S1 += sum(x - K) and S2 += sum((x - K)^2) in float64
     (K: the workspace's SHIFT row), x walked in memory order, each plane's two sums in
     registers (reassociated: vector registers) and added to the workspace's once.
@@ -151,7 +151,7 @@ def _shifted_sums(lw, b, kb, xi, wsi, n: int, c: int, s: int, lo_c, hi_c, dt) ->
         s2 = b.alloca(F64, name="s2")
     with loop(b, 0, n, "n") as k, loop(b, lo_c, hi_c, "c") as ch:
         base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
-        _prefetch_plane(lw, b, kb, [(xi, False)], base, s)
+        _prefetch_plane(b, kb, [(xi, False)], base, s)
         shift = kb.load(b, wsi, b.add(i64(SHIFT * c), ch))
         b.store(ir.Constant(F64, 0.0), s1)
         b.store(ir.Constant(F64, 0.0), s2)
@@ -164,23 +164,12 @@ def _shifted_sums(lw, b, kb, xi, wsi, n: int, c: int, s: int, lo_c, hi_c, dt) ->
             kb.store(b, wsi, at, b.fadd(kb.load(b, wsi, at), b.load(acc)))
 
 
-def _prefetch_plane(lw, b, kb, operands, base, s: int) -> None:
-    """Ask for the cache lines PREFETCH_AHEAD_BYTES past the plane at element `base` of each
-    (operand, for writing) in `operands`, as many as the plane has (llvm.prefetch; past an
-    array's end it fetches what no one reads, never faults)."""
-    if not PREFETCH_AHEAD_BYTES:
-        return
-    prefetch = lw.declare("llvm.prefetch.p0", ir.FunctionType(ir.VoidType(),
-                                                              [PTR, I32, I32, I32]))
-    for k, write in operands:
-        op = kb.operands[k]
-        region = kb.fn.args[kb.kernel.regions.index(op.loc.region)]
-        start = b.gep(region, [base], source_etype=MEM[op.dtype.name])  # not inbounds
-        for line in range(0, s * op.dtype.itemsize, CACHE_LINE_BYTES):
-            at = b.gep(start, [i64(PREFETCH_AHEAD_BYTES + line)], source_etype=ir.IntType(8))
-            # llvm.prefetch(address, rw, locality 3: keep in every cache level, 1: data)
-            b.call(prefetch, [at, ir.Constant(I32, int(write)), ir.Constant(I32, 3),
-                              ir.Constant(I32, 1)])
+def _prefetch_plane(b, kb, operands, base, s: int) -> None:
+    """With PREFETCH, ask for the plane 1 KiB past element `base` of each
+    (operand, for writing) in `operands` (graphc.backends.cpu.prefetch.prefetch_lines: 1 KiB)."""
+    if PREFETCH:
+        for k, write in operands:
+            prefetch_lines(kb, b, k, base, s * kb.operands[k].dtype.itemsize, write)
 
 
 def _by_channel(lw, node: Node) -> None:

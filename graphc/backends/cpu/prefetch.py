@@ -20,6 +20,12 @@ past the block's start (for writing, for the outputs), then runs the block (a lo
 constant trip count, which LLVM vectorises); a remainder loop runs the last elements. It returns
 False, emitting nothing, for any other domain, and the caller nests as before.
 
+`row_prefetcher(kb, sizes, strides, outputs)` does the same for a loop nest whose innermost
+loop runs along short contiguous rows (a reduction over a channel's planes, reductions.py:
+rows of 16 to 1024 float32 that lie C rows apart, where the hardware's prefetchers stop at
+each row's page): a function to call at each row's start, asking for the row's cache lines
+PREFETCH_AHEAD_BYTES ahead. `prefetch_lines` is the one place that emits the hint.
+
 Invariants: each element is computed by the same `leaf` code as in `KernelBuilder.nest`, so
 results are bit for bit the same. A prefetch never faults (past the end of an array it only
 fetches a line no one reads). graphc.backends.cpu.codegen nests DDP's fused waits (their
@@ -28,6 +34,8 @@ before: prefetching the windows was slower (docs/distributed.md).
 """
 
 from __future__ import annotations
+
+import math
 
 from llvmlite import ir
 
@@ -42,6 +50,9 @@ PREFETCH_AHEAD_BYTES = 1024
 # Below this many elements (256 KiB of float32, within the L2 cache) the hardware keeps up.
 PREFETCH_MIN_ELEMENTS = 1 << 16
 CACHE_LINE_BYTES = 64
+# Rows longer than this (bytes) are not prefetched row by row (one hint per line at the row's
+# start would run too far ahead); ResNet-18's planes are 64 bytes to 4 KiB.
+PREFETCH_ROW_MAX_BYTES = 1 << 14
 
 
 def prefetching_nest(kb, b: ir.IRBuilder, sizes, strides, leaf, outputs=()) -> bool:
@@ -56,15 +67,14 @@ def prefetching_nest(kb, b: ir.IRBuilder, sizes, strides, leaf, outputs=()) -> b
         kb.outer_size = sizes[0]
     else:
         lo, hi = i64(0), size(b, sizes[0])
-    prefetch = kb.cg.declare("llvm.prefetch.p0", ir.FunctionType(
-        ir.VoidType(), [PTR, I32, I32, I32]))
     fetched = [k for k, op in enumerate(kb.operands)
                if op.loc is not None and op.arange is None and strides[k][0] == 1]
     blocks = b.sdiv(b.sub(hi, lo), i64(PREFETCH_BLOCK))
     with loop(b, 0, blocks, "block") as j:
         start = b.add(lo, b.mul(j, i64(PREFETCH_BLOCK)), flags=["nsw"])
         for k in fetched:
-            _prefetch_block(kb, b, prefetch, k, start, write=k in outputs)
+            prefetch_lines(kb, b, k, start, PREFETCH_BLOCK * kb.operands[k].dtype.itemsize,
+                           write=k in outputs)
         with loop(b, 0, PREFETCH_BLOCK, "i") as i:
             at = b.add(start, i, flags=["nsw"])
             leaf(b, [at if s[0] else i64(0) for s in strides])
@@ -74,21 +84,48 @@ def prefetching_nest(kb, b: ir.IRBuilder, sizes, strides, leaf, outputs=()) -> b
     return True
 
 
+def row_prefetcher(kb, sizes, strides, outputs=()):
+    """`fetch(b, offsets)`, to call at the start of each innermost row of a loop nest over
+    the collapsed `sizes` (more than one dimension, at least PREFETCH_MIN_ELEMENTS elements,
+    rows of a cache line to PREFETCH_ROW_MAX_BYTES; shorter rows share lines, and the hints
+    changed how LLVM vectorised them, so their sums' rounding): it asks for the row's lines
+    PREFETCH_AHEAD_BYTES past its start, for each operand contiguous along the row (for
+    writing: `outputs`); None where the nest is not such (sizes known per call included)."""
+    if len(sizes) < 2 or any(type(n) is not int for n in sizes) or \
+            math.prod(sizes) < PREFETCH_MIN_ELEMENTS:
+        return None
+    fetched = [k for k, op in enumerate(kb.operands)
+               if op.loc is not None and op.arange is None and strides[k][-1] == 1
+               and CACHE_LINE_BYTES <= sizes[-1] * op.dtype.itemsize <= PREFETCH_ROW_MAX_BYTES]
+    if not fetched:
+        return None
+
+    def fetch(b, offsets) -> None:
+        for k in fetched:
+            prefetch_lines(kb, b, k, offsets[k], sizes[-1] * kb.operands[k].dtype.itemsize,
+                           write=k in outputs)
+
+    return fetch
+
+
+def prefetch_lines(kb, b, k: int, offset, nbytes: int, write: bool = False) -> None:
+    """Ask for operand `k`'s cache lines that hold `nbytes` from PREFETCH_AHEAD_BYTES past its
+    element `offset` (llvm.prefetch, keep in every cache level; past the array's end it
+    fetches a line no one reads, never faults)."""
+    prefetch = kb.cg.declare("llvm.prefetch.p0", ir.FunctionType(
+        ir.VoidType(), [PTR, I32, I32, I32]))
+    first = b.gep(kb.pointer(b, k, offset), [i64(PREFETCH_AHEAD_BYTES)],
+                  source_etype=ir.IntType(8))  # not inbounds: it may point past the end
+    for line in range(0, nbytes, CACHE_LINE_BYTES):
+        at = first if line == 0 else b.gep(first, [i64(line)], source_etype=ir.IntType(8))
+        # llvm.prefetch(address, rw, locality 3: keep in every cache level, 1: data)
+        b.call(prefetch, [at, ir.Constant(I32, int(write)), ir.Constant(I32, 3),
+                          ir.Constant(I32, 1)])
+
+
 def _wanted(sizes, strides) -> bool:
     """One dimension, every operand contiguous or broadcast, and large (or known per call)."""
     if len(sizes) != 1 or any(s[0] not in (0, 1) for s in strides):
         return False
     n = sizes[0]
     return type(n) is Sym or n >= PREFETCH_MIN_ELEMENTS
-
-
-def _prefetch_block(kb, b, prefetch, k: int, start, write: bool) -> None:
-    """Prefetch operand `k`'s cache lines PREFETCH_AHEAD_BYTES past element `start`."""
-    itemsize = kb.operands[k].dtype.itemsize
-    first = b.gep(kb.pointer(b, k, start), [i64(PREFETCH_AHEAD_BYTES)],
-                  source_etype=ir.IntType(8))  # not inbounds: it may point past the end
-    for line in range(0, PREFETCH_BLOCK * itemsize, CACHE_LINE_BYTES):
-        at = first if line == 0 else b.gep(first, [i64(line)], source_etype=ir.IntType(8))
-        # llvm.prefetch(address, rw, locality 3: keep in every cache level, 1: data)
-        b.call(prefetch, [at, ir.Constant(I32, int(write)), ir.Constant(I32, 3),
-                          ir.Constant(I32, 1)])

@@ -6,7 +6,8 @@ Part of the top layer of the CPU code generator (values <- scalars <- kernels <-
   ending a fused body (the body's elementwise instructions from `start` rendered per element
   read, its other outputs stored on the way): the output first set to the reduction's
   identity, then combined element by element (in a register across an innermost reduced
-  loop), a mean divided by the count at the end (a count known per call in a symbolic graph);
+  loop, short rows prefetched: graphc.backends.cpu.prefetch.row_prefetcher), a mean
+  divided by the count at the end (a count known per call in a symbolic graph);
 - `_rows`: softmax and log_softmax along `dim` (a fused body may feed them): in vector
   registers where the output row is contiguous (graphc.backends.cpu.rows), else three
   scalar passes per row (max, sum of exp, result);
@@ -20,6 +21,7 @@ import math
 from graphc.backends.cpu import rows
 from graphc.backends.cpu.elementwise import ElementwiseLowering
 from graphc.backends.cpu.kernels import Body, KernelBuilder
+from graphc.backends.cpu.prefetch import row_prefetcher
 from graphc.backends.cpu.scalars import const, convert, reduction_combiner, reduction_identity
 from graphc.backends.cpu.values import (
     I1,
@@ -36,6 +38,8 @@ from graphc.ops.registry import REGISTRY
 from graphc.types import bool_
 
 __all__ = ["ReductionLowering"]
+
+PREFETCH_ROWS = True  # graphc.backends.cpu.prefetch.row_prefetcher; False: benchmarks' A/B
 
 
 class ReductionLowering(ElementwiseLowering):
@@ -89,8 +93,13 @@ class ReductionLowering(ElementwiseLowering):
         if inner_reduced:
             with b.goto_entry_block():
                 acc = b.alloca(REG[acc_t.name] if acc_t is not bool_ else I1, name="acc")
+            # short rows C rows apart (a channel's planes): each row's start prefetches it
+            fetch = row_prefetcher(kb, sizes, strides, {k for _, k, _ in stores}) \
+                if PREFETCH_ROWS else None
 
             def before(b, offsets):
+                if fetch is not None:
+                    fetch(b, offsets)
                 b.store(ident, acc)
 
             def leaf(b, offsets):
