@@ -92,3 +92,54 @@ def test_the_statistics_of_a_constant_channel_are_exact():
     np.testing.assert_array_equal(mean, np.full(c, 123.25, np.float32))
     np.testing.assert_array_equal(out, np.zeros(shape, np.float32))
     np.testing.assert_array_equal(invstd, np.full(c, 1 / np.sqrt(1e-5), np.float32))
+
+
+@pytest.mark.parametrize("training, momentum", [(True, 0.1), (True, 0.5), (False, 0.1)])
+def test_compiled_batch_norm_steps_match_pytorch(training, momentum):
+    """Three compiled forward + backward steps of BatchNorm2d (the batch-norm kernel and the
+    backward's sums, with a ReLU after it as in ResNet) against PyTorch: loss, input and
+    parameter gradients, running statistics. (momentum=None does not compile: the module
+    reads num_batches_tracked.item() for its cumulative average.)"""
+    import graphc
+    from graphc import nn
+    from tests.conftest import torch_or_skip
+
+    torch = torch_or_skip()
+    rng = np.random.default_rng(3 + training + (momentum is None))
+    c = 6
+    g_bn = nn.BatchNorm2d(c, momentum=momentum)
+    t_bn = torch.nn.BatchNorm2d(c, momentum=momentum)
+    weight, bias = rng.uniform(0.5, 2, c), rng.uniform(-1, 1, c)
+    with torch.no_grad():
+        t_bn.weight.copy_(torch.tensor(weight))
+        t_bn.bias.copy_(torch.tensor(bias))
+    g_bn.weight.data = graphc.tensor(weight.astype(np.float32))
+    g_bn.bias.data = graphc.tensor(bias.astype(np.float32))
+    g_bn.train(training)
+    t_bn.train(training)
+
+    def g_step(x, w):
+        loss = (g_bn(x).relu() * w).sum()
+        loss.backward()
+        return loss
+
+    step = graphc.compile(g_step, backend="cpu")
+    for k in range(3):
+        x = (3.0 + rng.standard_normal((4, c, 5, 7))).astype(np.float32)
+        w = rng.standard_normal((4, c, 5, 7)).astype(np.float32)
+        g_bn.zero_grad()
+        gx = graphc.tensor(x, requires_grad=True)
+        loss = step(gx, graphc.tensor(w))
+        tx = torch.tensor(x, requires_grad=True)
+        t_bn.zero_grad()
+        t_loss = (t_bn(tx).relu() * torch.tensor(w)).sum()
+        t_loss.backward()
+        np.testing.assert_allclose(loss.numpy(), t_loss.item(), rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(gx.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+        for name in ("weight", "bias"):
+            np.testing.assert_allclose(getattr(g_bn, name).grad.numpy(),
+                                       getattr(t_bn, name).grad.numpy(), rtol=1e-4, atol=1e-4)
+        for name in ("running_mean", "running_var"):
+            np.testing.assert_allclose(getattr(g_bn, name).numpy(),
+                                       getattr(t_bn, name).numpy(), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{name} after step {k}")

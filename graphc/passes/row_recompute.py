@@ -20,9 +20,11 @@ The recomputation runs the same scalar operations on the same inputs; the one di
 in rounding is that LLVM may contract a recomputed product into the multiply-add of the sum
 or difference that reads it (one rounding fewer, as anywhere in a fused body).
 
-Besides row programs, the producer may be a fused elementwise node or a GEMM epilogue (a
-LayerNorm backward whose first products landed in the epilogue of the GEMM before it): there
-only its inputs and kept outputs are sources (no per-row value is exported).
+Besides row programs, the producer may be a fused elementwise node, a GEMM epilogue (a
+LayerNorm backward whose first products landed in the epilogue of the GEMM before it) or a
+fused body ending in a reduction (a batch-norm backward's sum(g) that writes g = where(relu
+mask, dy, 0) on the way, its sum(g * xhat) that writes xhat): there only its inputs and kept
+outputs are sources (no per-row value is exported), and its domain is the reduction's input.
 
 Needs: a graph after fuse_rows (cpu pipeline; fuse_rows runs again after it, so the column
 sums that now read what a row program reads join it). Guarantees: the same values (up to
@@ -42,7 +44,8 @@ from graphc.passes.fuse_rows import body_cache, is_row_program, row_domain
 
 __all__ = ["recompute_row_values"]
 
-RECOMPUTED_OPS = ("add", "sub", "mul", "div", "neg", "broadcast_to", "full")
+RECOMPUTED_OPS = ("add", "sub", "mul", "div", "neg", "where", "broadcast_to", "full")
+REDUCTION_PRODUCERS = True  # fused bodies ending in a reduction are producers (False: A/Bs)
 
 
 class _Names:
@@ -141,15 +144,22 @@ def _reader_index(nodes: list[Node]) -> dict[Value, list[int]]:
 
 
 def _domain(node: Node, bodies) -> tuple | None:
-    """The domain of a producer this pass handles: a row program's, or the one output shape
-    of a fused elementwise node or GEMM epilogue (static sizes); None for others."""
+    """The domain of a producer this pass handles: a row program's, the one output shape of
+    a fused elementwise node or GEMM epilogue, or the input shape of a fused body's final
+    reduction (static sizes); None for others."""
     if node.op != "fused" or not _rewritable(node):
         return None
     fb = bodies(node)
     if is_row_program(fb):
         return row_domain(fb)
     shapes = {tuple(v.type.shape) for v in node.outputs}
-    if fb.ending is not None or len(shapes) != 1:
+    if fb.ending is not None and REGISTRY[fb.ending.op].reduction is not None \
+            and REDUCTION_PRODUCERS:
+        # a batch-norm backward's sum(g * xhat) that stores xhat on the way
+        shapes = {tuple(fb.types[fb.ending.args[0]].shape)}
+    elif fb.ending is not None:
+        return None
+    if len(shapes) != 1:
         return None
     (shape,) = shapes
     return shape if shape and all(type(n) is int for n in shape) else None
