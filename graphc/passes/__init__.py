@@ -91,7 +91,8 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
     their order); for the "cpu" backend, the passes that serve its kernels, which the
     interpreter, the reference, does not need: transpose_weight_products after simplify (a
     GEMM order its BLAS runs faster) and fuse_attention; share_reshape_copies before fuse;
-    fuse_rows, recompute_row_values and fuse_rows again after it (row programs);
+    fuse_rows, recompute_row_values and fuse_rows again after it (row programs), then
+    merge_sibling_sums;
     fuse_gemm_column_sums and lay_out_gemm_outputs before the plan (docs/passes.md)."""
     from graphc.passes.attention import fuse_attention
     from graphc.passes.fuse import fuse
@@ -113,12 +114,14 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
         from graphc.passes.gemm_output_layout import lay_out_gemm_outputs
         from graphc.passes.reshape_share import share_reshape_copies
         from graphc.passes.row_recompute import recompute_row_values
+        from graphc.passes.sibling_sums import merge_sibling_sums
 
         # fuse_rows again: the column sums that now read what a row program reads join it;
         # fuse_gemm_column_sums: a bias gradient summed in the epilogue that computes it;
         # lay_out_gemm_outputs: head merges written by their GEMM instead of copied
         return front + [share_reshape_copies, fuse, fuse_rows, recompute_row_values, fuse_rows,
-                        fuse_gemm_column_sums, lay_out_gemm_outputs, plan_buffers]
+                        merge_sibling_sums, fuse_gemm_column_sums, lay_out_gemm_outputs,
+                        plan_buffers]
     return front + [fuse, plan_buffers]
 
 

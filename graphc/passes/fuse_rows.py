@@ -57,6 +57,7 @@ from graphc.ir.verifier import verify
 from graphc.ops.fused import FusedBody, effectful
 from graphc.ops.registry import ELEMENTWISE, REGISTRY
 from graphc.ops.shapes import broadcast_many
+from graphc.passes.sibling_sums import is_sibling_sums
 
 __all__ = ["column_sum", "fuse_rows", "is_row_program", "row_domain", "row_reduction"]
 
@@ -79,8 +80,9 @@ def column_sum(op: str, attrs: dict, arg_shape: tuple) -> bool:
 
 def is_row_program(body: FusedBody) -> bool:
     """Whether a fused body is a row program (made by this pass): no contraction anchor and a
-    reduction that is not its last instruction, or several reductions."""
-    if body.anchor is not None:
+    reduction that is not its last instruction, or several reductions (but not sums over one
+    domain alone: graphc.passes.sibling_sums)."""
+    if body.anchor is not None or is_sibling_sums(body):
         return False
     reductions = [k for k, ins in enumerate(body.instructions)
                   if REGISTRY[ins.op].reduction is not None]

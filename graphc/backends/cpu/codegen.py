@@ -75,6 +75,7 @@ from graphc.backends.cpu import (
     losses,
     pool,
     rows,
+    sibling_sums,
     values,
     window_layout,
 )
@@ -89,6 +90,7 @@ from graphc.backends.cpu.scalars import SCALAR_LOWERINGS
 from graphc.backends.cpu.values import CpuLoweringError, Loc, Locations, contiguous
 from graphc.ir.graph import Graph, Node
 from graphc.passes.fuse_rows import is_row_program
+from graphc.passes.sibling_sums import is_sibling_sums
 from graphc.types import TensorType
 
 __all__ = ["LOWERINGS", "REFUSALS", "CpuLoweringError", "Lowered", "Lowerer", "lower"]
@@ -150,6 +152,8 @@ class Lowerer(ReductionLowering, GemmLowering, DriverLowering):
         anchor = body.fused.anchor
         if anchor is not None and anchor.op in FUSED_ANCHOR_LOWERINGS:  # renders the node
             return FUSED_ANCHOR_LOWERINGS[anchor.op](self, node, body)
+        if is_sibling_sums(body.fused):  # graphc.passes.sibling_sums: batch norm's dy sums
+            return sibling_sums.lower_sibling_sums(self, node, body)
         if is_row_program(body.fused):  # graphc.passes.fuse_rows: a LayerNorm, a softmax grad
             return rows.lower_row_program(self, node, body)
         if anchor is not None:
