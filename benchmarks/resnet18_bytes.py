@@ -16,7 +16,8 @@ minus that floor: what a kernel far from memory speed could still give.
 
 `--ab MODULE.NAME=VALUE ...`: an in-process A/B of the step instead (`compare_steps`):
 "default" against "changed", compiled with those module attributes set (Python literals),
-each with its own GRAPHC_CACHE_DIR, `--rounds` alternated rounds.
+each with its own GRAPHC_CACHE_DIR, `--rounds` alternated rounds. `--set MODULE.NAME=VALUE
+...`: the table of the step compiled with those settings.
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ab", nargs="+", metavar="MODULE.NAME=VALUE",
                         help="an in-process step A/B: default against these settings")
     parser.add_argument("--rounds", type=int, default=9, help="A/B rounds (9)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="MODULE.NAME=VALUE",
+                        help="the table of the step compiled with these settings")
     args = parser.parse_args(argv)
     from benchmarks.harness import cache_root, run_with_threads
 
@@ -179,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
         print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
         return
     rate = copy_rate()
-    print(byte_table(args.repeat, args.limit, rate), flush=True)
+    with cache_root("resnet18_bytes.") as root, changed(root, "changed", args.set):
+        print(byte_table(args.repeat, args.limit, rate), flush=True)
     print(f"copy anchor again: {copy_rate() / 1e9:.1f} GB/s")
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
