@@ -11,6 +11,7 @@ import sys
 from graphc.ir import format_graph, parse
 from graphc.passes.fuse import fuse
 from graphc.passes.fuse_rows import fuse_rows
+from graphc.passes.sibling_sums import merge_sibling_sums
 from graphc.passes.simplify import simplify
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
@@ -35,13 +36,15 @@ def ir_blocks(path: pathlib.Path) -> list[str]:
 
 def test_passes_doc_examples_are_real():
     blocks = ir_blocks(DOCS / "passes.md")
-    assert len(blocks) == 7
+    assert len(blocks) == 9
     graphs = [parse(b) for b in blocks]
     before, simplified, fused = graphs[2], graphs[3], graphs[4]
     assert format_graph(simplify(before)) == format_graph(simplified)
     assert format_graph(fuse(simplified)) == format_graph(fused)
     fused_groups, row_program = graphs[5], graphs[6]  # "Row programs (cpu)"
     assert format_graph(fuse_rows(fused_groups)) == format_graph(row_program)
+    two_sums, merged = graphs[7], graphs[8]  # merge_sibling_sums
+    assert format_graph(merge_sibling_sums(two_sums)) == format_graph(merged)
 
 
 def test_readme_layout_names_every_package():
