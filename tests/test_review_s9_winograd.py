@@ -1,0 +1,89 @@
+"""Review of the ninth session's Winograd block GEMM (graphc.backends.cpu.winograd_gemm, called
+by conv_winograd): convolutions that take it next to other kernels of the same module, with
+static and dynamic batches, against PyTorch and within rounding of a float64 run.
+
+Known bug (strict xfail until fixed): winograd_gemm._prefetch_rows declares `llvm.prefetch.p0`
+on the module itself, past the code generator's declaration table (`Codegen.declare`); a large
+elementwise loop lowered after the convolution (graphc.backends.cpu.prefetch, 64K elements or
+more, or any dynamic size) then declares it again, and llvmlite raises DuplicatedNameError
+while lowering. ResNet-18 escapes it only because its stem's elementwise loops come first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+
+import graphc  # noqa: E402
+import graphc.nn.functional as F  # noqa: E402
+from graphc.backends.cpu import winograd_gemm  # noqa: E402
+from graphc.testing import assert_rounding_within  # noqa: E402
+
+needs_block_gemm = pytest.mark.skipif(
+    not winograd_gemm.available(), reason="no AVX-512 on this host: the BLAS serves every block")
+
+PREFETCH_DUPLICATE = (
+    "winograd_gemm._prefetch_rows declares llvm.prefetch.p0 past Codegen.declare's table, so "
+    "a large elementwise loop lowered after it declares it again (DuplicatedNameError)")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _weight(co: int, ci: int, seed: int) -> graphc.Tensor:
+    rng = np.random.default_rng(seed)
+    return graphc.tensor((rng.standard_normal((co, ci, 3, 3)) / np.sqrt(9 * ci))
+                         .astype(np.float32))
+
+
+def _images(shape, seed: int) -> graphc.Tensor:
+    return graphc.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+def _torch_conv(x, w, pad, dtype):
+    torch = pytest.importorskip("torch")
+    return torch.nn.functional.conv2d(torch.from_numpy(x.numpy()).to(dtype),
+                                      torch.from_numpy(w.numpy()).to(dtype),
+                                      padding=pad).numpy()
+
+
+@needs_block_gemm
+@pytest.mark.xfail(strict=True, reason=PREFETCH_DUPLICATE)
+def test_a_large_elementwise_loop_after_the_block_gemm_compiles():
+    torch = pytest.importorskip("torch")
+    w = _weight(64, 64, 0)
+    x = _images((4, 64, 16, 16), 1)
+    big = _images((1 << 17,), 2)  # past PREFETCH_MIN_ELEMENTS: its loop prefetches
+
+    def f(x, big):
+        return F.conv2d(x, w, padding=1), big * 2.0 + 1.0
+
+    y, z = graphc.compile(f, backend="cpu")(x, big)
+    assert_rounding_within(y.numpy(), _torch_conv(x, w, 1, torch.float32),
+                           _torch_conv(x, w, 1, torch.float64))
+    np.testing.assert_array_equal(z.numpy(), big.numpy() * np.float32(2) + np.float32(1))
+
+
+@needs_block_gemm
+@pytest.mark.xfail(strict=True, reason=PREFETCH_DUPLICATE)
+def test_a_dynamic_batch_through_the_block_gemm():
+    """A symbolic batch makes the ReLU's loop a prefetching one (its size is unknown)."""
+    torch = pytest.importorskip("torch")
+    w = _weight(64, 64, 3)
+
+    def f(x):
+        return F.relu(F.conv2d(x, w, padding=1))
+
+    compiled = graphc.compile(f, backend="cpu", dynamic=True)
+    for batch in (2, 1, 0, 3):
+        x = _images((batch, 64, 8, 8), batch)
+        got = compiled(x).numpy()
+        want = np.maximum(_torch_conv(x, w, 1, torch.float32), 0)
+        assert got.shape == want.shape
+        if batch:
+            assert_rounding_within(got, want,
+                                   np.maximum(_torch_conv(x, w, 1, torch.float64), 0))
