@@ -70,7 +70,8 @@ class SignatureTracer:
 
     def _trace(self, sig: dict, guard: Guard, args: tuple, kwargs: dict, modules,
                stale: list[str]):
-        if self._entries:
+        noted = bool(self._entries)  # a recompile's reason noted, dropped if it is refused
+        if noted:
             last = self._entries[-1]
             reasons = stale or (last.shapes.failures(args, kwargs) if last.shapes is not None
                                 and mask_signature(sig, last.dynamic) == last.signature
@@ -84,6 +85,7 @@ class SignatureTracer:
             if len(self._entries) >= self._limit():
                 listing = "\n".join(f"  recompile {i + 1}: " + "; ".join(r)
                                     for i, r in enumerate(self._recompile_reasons))
+                self._recompile_reasons.pop()  # refused: the next call's listing is the same
                 raise RecompileLimitError(
                     f"graphc.compile({self.__name__}): traced {len(self._entries) + 1} times, "
                     f"over the limit of {self._limit()} (raise it with "
@@ -111,6 +113,8 @@ class SignatureTracer:
             if first is not None:
                 first.undo()
             lazy_state.drop_new()  # a failed trace leaves no optimizer state behind
+            if noted:  # nor a recompile reason: the reasons are those of the entries made
+                self._recompile_reasons.pop()
             raise
         try:
             with _symbolic(traced):
@@ -131,6 +135,8 @@ class SignatureTracer:
         except BaseException:
             traced.restore()  # the refused call leaves no trace of its run
             lazy_state.drop_new()
+            if noted:
+                self._recompile_reasons.pop()
             raise
         self._entries.append(self._entry(sig, traced, executable, args, kwargs, gradient,
                                          guard))
@@ -147,6 +153,8 @@ class SignatureTracer:
                 self._entries.pop()
                 self._mark_shadowed()
                 lazy_state.drop_new()
+                if noted:
+                    self._recompile_reasons.pop()
             raise
         except BaseException:  # a Ctrl-C, held until the step was complete: it stands
             if changed:
