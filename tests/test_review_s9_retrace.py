@@ -52,3 +52,17 @@ def test_a_retrace_that_fails_leaves_no_recompile_reason():
     assert f.recompile_reasons == [] and len(f.graphs) == 1
     f(_ones(6, 4), w)
     assert f.recompile_reasons == [["arg 0 shape (2,4) -> (6,4)"]]
+
+
+@pytest.mark.parametrize("backend", ["interp", "cpu"])
+def test_an_argument_with_fewer_dims_after_one_became_dynamic_traces(backend):
+    """dynamic=None made x's dim 1 symbolic after (4, 5) -> (4, 6); a 1-D x then raised
+    IndexError in the tracer, which indexed that dim of a tensor that has none."""
+    if backend == "cpu":
+        pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+    f = graphc.compile(lambda x: x.sum(-1) * 2, backend=backend)
+    for shape in ((4, 5), (4, 6), (7,), (2, 3, 4)):
+        x = graphc.tensor(np.arange(np.prod(shape), dtype=np.float32).reshape(shape))
+        got = f(x)
+        np.testing.assert_array_equal(got.numpy(), x.numpy().sum(-1) * 2)
+    assert len(f.graphs) == 4  # (4, 5); (4, s1); (7,); (2, 3, s) with dim 2 symbolic

@@ -226,8 +226,8 @@ class SignatureTracer:
             dims = set(marked_dims(t))
             if self.dynamic is True:
                 dims |= set(range(t.ndim))
-            elif self.dynamic is None:
-                dims |= {d for p, d in self._auto_dynamic if p == path}
+            elif self.dynamic is None:  # the dims seen to change that this call's tensor has
+                dims |= {d for p, d in self._auto_dynamic if p == path and d < t.ndim}
                 for entry in self._entries:
                     before = entry.arg_shapes.get(path)
                     if before is None or len(before) != t.ndim:
