@@ -5,11 +5,11 @@ out), odd images, padding 0, 1 and 2, a batch of one, one and two threads; convo
 to other kernels of the same module, static and dynamic batches; against PyTorch and within
 rounding of a float64 run.
 
-Known bug (strict xfail until fixed): winograd_gemm._prefetch_rows declares `llvm.prefetch.p0`
-on the module itself, past the code generator's declaration table (`Codegen.declare`); a large
-elementwise loop lowered after the convolution (graphc.backends.cpu.prefetch, 64K elements or
-more, or any dynamic size) then declares it again, and llvmlite raises DuplicatedNameError
-while lowering. ResNet-18 escapes it only because its stem's elementwise loops come first.
+Fixed here: winograd_gemm._prefetch_rows declared `llvm.prefetch.p0` on the module itself, past
+the code generator's declaration table (`Codegen.declare`); a large elementwise loop lowered
+after the convolution (graphc.backends.cpu.prefetch, 64K elements or more, or any dynamic size)
+then declared it again, and llvmlite raised DuplicatedNameError while lowering.
+`Codegen.declare` now takes a declaration already on the module.
 """
 
 from __future__ import annotations
@@ -27,10 +27,6 @@ from graphc.testing import assert_rounding_within  # noqa: E402
 
 needs_block_gemm = pytest.mark.skipif(
     not winograd_gemm.available(), reason="no AVX-512 on this host: the BLAS serves every block")
-
-PREFETCH_DUPLICATE = (
-    "winograd_gemm._prefetch_rows declares llvm.prefetch.p0 past Codegen.declare's table, so "
-    "a large elementwise loop lowered after it declares it again (DuplicatedNameError)")
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +52,6 @@ def _torch_conv(x, w, pad, dtype):
 
 
 @needs_block_gemm
-@pytest.mark.xfail(strict=True, reason=PREFETCH_DUPLICATE)
 def test_a_large_elementwise_loop_after_the_block_gemm_compiles():
     torch = pytest.importorskip("torch")
     w = _weight(64, 64, 0)
@@ -73,7 +68,6 @@ def test_a_large_elementwise_loop_after_the_block_gemm_compiles():
 
 
 @needs_block_gemm
-@pytest.mark.xfail(strict=True, reason=PREFETCH_DUPLICATE)
 def test_a_dynamic_batch_through_the_block_gemm():
     """A symbolic batch makes the ReLU's loop a prefetching one (its size is unknown)."""
     torch = pytest.importorskip("torch")

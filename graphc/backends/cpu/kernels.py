@@ -408,7 +408,11 @@ class Codegen:
 
     def declare(self, name: str, ftype: ir.FunctionType) -> ir.Function:
         if name not in self._decls:
-            self._decls[name] = ir.Function(self.module, ftype, name)
+            # an emitter that declared it on the module itself (an intrinsic such as
+            # llvm.prefetch.p0) must not make a second declaration fail
+            known = self.module.globals.get(name)
+            self._decls[name] = known if known is not None else ir.Function(self.module,
+                                                                            ftype, name)
         return self._decls[name]
 
 
