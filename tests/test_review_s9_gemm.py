@@ -178,9 +178,6 @@ def test_two_python_threads_share_one_executable():
     assert wrong == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gemm_epilogue._row_strides folds leading dims pairwise (s[i] == s[i + 1] * shape[i + 1]) "
-    "on broadcast strides, which are 0 for a size-1 dim: a batch of one never folds"))
 def test_a_batch_of_one_runs_its_epilogue_in_the_row_chunks_too():
     """[1, 256, 128] @ W^T: the same rows as [2, 128, 128], whose GELU runs in the chunks."""
     kernels = []

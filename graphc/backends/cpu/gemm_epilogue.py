@@ -20,6 +20,7 @@ Else the GEMM and the elementwise kernel run as before.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from graphc.backends.cpu.gemm_addends import overlaps
@@ -118,10 +119,17 @@ def _row_strides(loc: Loc, shape: tuple) -> tuple[int, int] | None:
         return None
     s = broadcast_strides(tuple(loc.type.shape), tuple(st // item for st in loc.strides),
                           shape)
-    for i in range(len(shape) - 2):
-        if s[i] != s[i + 1] * shape[i + 1]:
+    # a leading dim of size 1 moves no row (its stride, often 0 when broadcast, is never
+    # used): the row stride is the innermost other leading dim's, and each other one must
+    # step over the rows inside it
+    lead = [i for i in range(len(shape) - 1) if shape[i] != 1]
+    if not lead:
+        return s[-2], s[-1]
+    row = s[lead[-1]]
+    for i in lead:
+        if s[i] != row * math.prod(shape[i + 1:-1]):
             return None
-    return s[-2], s[-1]
+    return row, s[-1]
 
 
 def _broadcasts(small: tuple, shape: tuple) -> bool:
