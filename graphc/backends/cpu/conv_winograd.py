@@ -23,6 +23,7 @@ characters of IR, LLVM 0.17 -> 0.06 s CPU each, run time and results the same):
 - 16 GEMMs, then the output transform of every tile to its 2x2 outputs (NCHW). The 16
   are one call of a generated function (graphc.backends.cpu.winograd_gemm: register tiles,
   no packing, no per-call BLAS cost) where it takes the shape, float32, else 16 BLAS calls.
+The transforms' IR is emitted by graphc.backends.cpu.winograd_transforms.
 On more than one core the blocks are split over the threads (graphc.backends.cpu.
 conv_threads): each thread its own padded plane, V and M; the filter transform runs once,
 before the threads, as a kernel of its own (`_filter_kernel`), and every thread reads U.
@@ -62,8 +63,6 @@ the GEMM saves), float32 or float64.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from graphc.backends.cpu import conv_threads, winograd_gemm
 from graphc.backends.cpu.conv_blocks import block_images, walk_blocks
 from graphc.backends.cpu.conv_im2col import NOTRANS, TRANS, Conv
@@ -80,19 +79,23 @@ from graphc.backends.cpu.image_kernels import (
 )
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import as_i64, i64, loop
+from graphc.backends.cpu.winograd_transforms import (
+    ALPHA,
+    AT,
+    BT,
+    GT,
+    A,
+    G,
+    Tiles,
+    filter_transform,
+    in_squares,
+    input_tiles,
+    sandwich,
+    spaced,
+)
 from graphc.types import float32, float64
 
 __all__ = ["conv2d", "conv2d_input_grad", "conv2d_weight_grad", "BT", "G", "AT"]
-
-# F(2, 3) by Toom-Cook on the points 0, 1, -1, infinity (the 1/2 of the interpolation moved
-# into G): `y = AT @ ((G @ g) * (BT @ d))` is the correlation y[i] = sum_k d[i + k] g[k].
-BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, -1, 0, 1))
-G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
-AT = ((1, 1, 1, 0), (0, 1, -1, 1))
-# the weight gradient's transforms: gy's 2x2 blocks by A = AT^T, dU back to 3x3 by G^T
-A = tuple(zip(*AT))
-GT = tuple(zip(*G))
-ALPHA = 4  # tile side: 2 outputs + 3 taps - 1
 
 MIN_CHANNELS = 16
 # Tiles per GEMM: images go in blocks of at least BLOCK_TILES tiles (ResNet-18 CIFAR's 4x4
@@ -117,35 +120,12 @@ WEIGHT_GRAD_TILES = 64
 # 9.5 -> 9.4, but 512 channels at 4x4 11.3 -> 15.0 (so wide layers keep the NT form).
 # False keeps the NT form everywhere (for A/B runs).
 WEIGHT_GRAD_NN = True
-OUT_SQUARE = 16  # transposing walks in squares of channels (_in_squares)
 
 
 def _applies(g, dt, ci: int, co: int, out_hw) -> bool:
     return ((g.kh, g.kw) == (3, 3) and g.stride == (1, 1) and g.dilation == (1, 1)
             and g.groups == 1 and dt in (float32, float64) and min(ci, co) >= MIN_CHANNELS
             and out_hw[0] % 2 == 0 and out_hw[1] % 2 == 0 and g.n > 0)
-
-
-def _combine(b, dt, row, vals):
-    """sum_k row[k] * vals[k], skipping zero coefficients, +-1 as adds and subtractions."""
-    acc = None
-    for c, v in zip(row, vals):
-        if c == 0:
-            continue
-        if c not in (1, -1):
-            v = b.fmul(const(dt, float(c)), v)
-        if acc is None:
-            acc = v if c != -1 else b.fneg(v)
-        else:
-            acc = b.fsub(acc, v) if c == -1 else b.fadd(acc, v)
-    return const(dt, 0.0) if acc is None else acc
-
-
-def _sandwich(b, dt, mat, d):
-    """mat @ d @ mat^T for a square or rectangular `d` given as rows of IR values."""
-    left = [[_combine(b, dt, r, [d[k][col] for k in range(len(d))]) for col in range(len(d[0]))]
-            for r in mat]
-    return [[_combine(b, dt, r, row) for r in mat] for row in left]
 
 
 def conv2d(lw, node, g, x, w, out) -> bool:
@@ -190,9 +170,9 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
     t_max = nb * rows * tw
     nxi = ALPHA * ALPHA
     with contiguous_out(lw, out) as dst:
-        u_step = _spaced(co * ci)
+        u_step = spaced(co * ci)
         # split over the cores: each share its own padded plane, V and M; U made once
-        shapes = [(hp * wp,), (nxi, _spaced(ci * t_max)), (nxi, _spaced(co * t_max))]
+        shapes = [(hp * wp,), (nxi, spaced(ci * t_max)), (nxi, spaced(co * t_max))]
         units = -(-g.n // nb) if type(g.n) is int else None
         macs = g.n * co * ci * 9 * out_hw[0] * out_hw[1] if units else None
         split = plan_split(lw, dt, shapes, units, macs, shared=[(nxi, u_step)])
@@ -202,7 +182,7 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
         recipe = (g.key(), flip, ci, co, in_hw, out_hw, pad)
         kb, ids = image_kernel(lw, "conv2d_winograd", locs, recipe + (split is not None,))
         si, wi, oi, ui, pi, vi, mi = ids[:7]
-        # the input gradient's U stored transposed (see _filter_transform)
+        # the input gradient's U stored transposed (see filter_transform)
         transposed = flip and (max(ci, co) < WIDE_CHANNELS or
                                (dt is float32 and winograd_gemm.available()))
         prelude = None if split is None else \
@@ -213,7 +193,7 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
         if split is None:
-            _filter_transform(b, kb, dt, wi, ui, u_step, g, flip, transposed)
+            filter_transform(b, kb, dt, wi, ui, u_step, g, flip, transposed)
         plane_out = out_hw[0] * out_hw[1]
 
         def part(b, n0, count, ty0, nrows):
@@ -221,8 +201,8 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
             a loop's value: the parts of an image are one loop, not one copy each)."""
             per_image = nrows * tw
             ld = count * per_image
-            v_step, m_step = _spaced(ci * ld), _spaced(co * ld)
-            _input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, ss, ci, in_hw,
+            v_step, m_step = spaced(ci * ld), spaced(co * ld)
+            input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, ss, ci, in_hw,
                          pad, pi, wp, vi, v_step)
             # M[xi] (co x T) = U[xi] (co x ci, or its transpose) @ V[xi] (ci x T)
             trans_u = flip and not transposed
@@ -241,7 +221,7 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
                     t = iadd(b, row_m, imul(b, ty, tw), tx)
                     m = [[kb.load(b, mi, iadd(b, t, (r * ALPHA + s) * m_step))
                           for s in range(ALPHA)] for r in range(ALPHA)]
-                    y = _sandwich(b, dt, AT, m)
+                    y = sandwich(b, dt, AT, m)
                     at = iadd(b, plane, imul(b, ty, 2 * out_hw[1]), imul(b, tx, 2),
                               imul(b, ty0, 2 * out_hw[1]))
                     for r in range(2):
@@ -267,42 +247,6 @@ def _over_parts(b, part, n0, count, rows: int, full_parts: int, tail_rows: int) 
         part(b, n0, count, full_parts * rows, tail_rows)
 
 
-@dataclass(frozen=True)
-class Tiles:
-    """The tiles of one part: tile rows [ty0, ty0 + nrows) of `tw` tiles each, of images
-    n0 .. n0 + count - 1 (ty0 and n0 ints or loop values); `ld` = count * nrows * tw, the
-    columns of its transform-domain matrices (image j's tiles from column j * nrows * tw)."""
-
-    n0: object
-    count: int
-    ty0: object
-    nrows: int
-    tw: int
-    ld: int
-
-
-def _input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_step) -> None:
-    """V[xi][c][t] = (B^T d B)[xi] for every 4x4 tile d (at stride 2) of the part's images'
-    channel planes c < ci of `si` (element strides `ss`), zero-padded by `pad` through the
-    padded plane `pi` (`wp` wide, its border zero)."""
-    per_image = part.nrows * part.tw
-    # the padded rows these tiles read, and the source rows that land there
-    src_rows = (_clamped(b, _twice_plus(b, part.ty0, -pad[0]), 0, in_hw[0]),
-                _clamped(b, _twice_plus(b, part.ty0, 2 * part.nrows + 2 - pad[0]), 0, in_hw[0]))
-    with block_images(b, part.count) as j, loop(b, 0, ci, "ci") as c:
-        _pad_plane(b, kb, si, iadd(b, imul(b, iadd(b, part.n0, j), ss[0]), imul(b, c, ss[1])),
-                   ss[2:], in_hw, pi, wp, pad, src_rows)
-        row_v = iadd(b, imul(b, c, part.ld), imul(b, j, per_image))
-        with loop(b, 0, part.nrows, "ty") as ty, loop(b, 0, part.tw, "tx") as tx:
-            at = iadd(b, imul(b, ty, 2 * wp), imul(b, tx, 2), imul(b, part.ty0, 2 * wp))
-            d = [[kb.load(b, pi, iadd(b, at, r * wp + s)) for s in range(ALPHA)]
-                 for r in range(ALPHA)]
-            v = _sandwich(b, dt, BT, d)
-            t = iadd(b, row_v, imul(b, ty, part.tw), tx)
-            for xi in range(ALPHA * ALPHA):
-                kb.store(b, vi, iadd(b, t, xi * v_step), v[xi // ALPHA][xi % ALPHA])
-
-
 def conv2d_weight_grad(lw, node, g) -> bool:
     """gw = G^T dU G with dU[xi] = sum over tiles of Y[xi] V[xi]^T (see the module
     docstring), or False."""
@@ -324,11 +268,11 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     full_parts, tail_rows = divmod(th, rows)
     t_max = nb * rows * tw
     nxi = ALPHA * ALPHA
-    u_step = _spaced(co * ci)
+    u_step = spaced(co * ci)
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
         # split: each share sums its blocks into its own dU; the reduce kernel adds them
-        shapes = [(nxi, u_step), (hp * wp,), (nxi, _spaced(ci * t_max)),
-                  (nxi, _spaced(co * t_max))]
+        shapes = [(nxi, u_step), (hp * wp,), (nxi, spaced(ci * t_max)),
+                  (nxi, spaced(co * t_max))]
         units = -(-g.n // nb) if type(g.n) is int else None
         macs = g.n * co * ci * 9 * out_hw[0] * out_hw[1] if units else None
         split = plan_split(lw, dt, shapes, units, macs, rows=co)
@@ -354,15 +298,15 @@ def conv2d_weight_grad(lw, node, g) -> bool:
             """Tile rows [ty0, ty0 + nrows) of images n0 .. n0 + count - 1 into dU."""
             per_image = nrows * tw
             ld = count * per_image
-            v_step, y_step = _spaced(ci * ld), _spaced(co * ld)
-            _input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, xs, ci, in_hw,
+            v_step, y_step = spaced(ci * ld), spaced(co * ld)
+            input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, xs, ci, in_hw,
                          pad, pi, wp, vi, v_step)
             def y_tile(b, j, o, ty, tx):  # Y = A gy A^T of one 2x2 block
                 at = iadd(b, imul(b, iadd(b, n0, j), gs[0]), imul(b, o, gs[1]),
                           imul(b, iadd(b, ty, ty0), 2 * gs[2]), imul(b, tx, 2 * gs[3]))
                 d = [[kb.load(b, gi, iadd(b, at, r * gs[2] + c * gs[3])) for c in range(2)]
                      for r in range(2)]
-                y = _sandwich(b, dt, A, d)
+                y = sandwich(b, dt, A, d)
                 t = iadd(b, imul(b, j, per_image), imul(b, ty, tw), tx)
                 t = iadd(b, imul(b, t, co), o) if nn else iadd(b, imul(b, o, ld), t)
                 for xi in range(nxi):
@@ -465,7 +409,7 @@ def _weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
         du = iadd(b, imul(b, c, co), o) if nn else at
         d = [[kb.load(b, ui, iadd(b, du, (r * ALPHA + s) * u_step)) for s in range(ALPHA)]
              for r in range(ALPHA)]
-        w = _sandwich(b, dt, GT, d)
+        w = sandwich(b, dt, GT, d)
         base = imul(b, at, 9)
         for r in range(3):
             for s in range(3):
@@ -475,27 +419,7 @@ def _weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
         with loop(b, *o_range, "o") as o, loop(b, 0, ci, "c") as c:
             one(b, o, c)
         return
-    _in_squares(b, o_range, ci, one)
-
-
-def _in_squares(b, o_range, ci: int, one) -> None:
-    """one(b, o, c) for o in `o_range`, c < ci, in squares of OUT_SQUARE x OUT_SQUARE
-    channels (c outer, o inner in each): for the transposes between [o][c] and [c][o]
-    layouts, so that neither side strides over the whole matrix."""
-    lo, hi = (as_i64(v) for v in o_range)
-    side = OUT_SQUARE
-    squares = b.udiv(b.add(b.sub(hi, lo), i64(side - 1)), i64(side))
-    with loop(b, 0, squares, "ob") as ob, loop(b, 0, -(-ci // side), "cb") as cb:
-        o_lo = b.add(lo, b.mul(ob, i64(side)))
-        c_lo = b.mul(cb, i64(side))
-        o_hi, c_hi = _at_most(b, b.add(o_lo, i64(side)), hi), \
-            _at_most(b, b.add(c_lo, i64(side)), i64(ci))
-        with loop(b, c_lo, c_hi, "c") as c, loop(b, o_lo, o_hi, "o") as o:
-            one(b, o, c)
-
-
-def _at_most(b, v, hi):
-    return b.select(b.icmp_signed(">", v, hi), hi, v)
+    in_squares(b, o_range, ci, one)
 
 
 def _filter_kernel(lw, locs, recipe, u_step, g, flip, transposed):
@@ -505,60 +429,5 @@ def _filter_kernel(lw, locs, recipe, u_step, g, flip, transposed):
     b = kb.begin()
     if b is None:
         return kb.kernel
-    _filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g, flip, transposed)
+    filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g, flip, transposed)
     return kb.finish(b)
-
-
-def _filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False) -> None:
-    """U[xi * step + o * C + c] = (G f G^T)[xi] for f = w[o, c], or for the input
-    gradient's f = w[o, c, ::-1, ::-1] when `flip`; `transposed`: stored at U[xi * step +
-    c * O + o], so that the input gradient's GEMMs read U as laid out (the generated block
-    GEMM broadcasts a's elements along a row, not O apart), in squares of channels
-    (_in_squares). From WIDE_CHANNELS on only where the generated GEMM serves: at 512 x 512
-    channels the transposing walk took ~2-2.5 ms more than the row walk (reads 18 KB
-    apart), which the generated GEMM repays (4 x 4 planes, batch 32: 12.8 -> 11.0 ms
-    against U^T through BLAS's transpose flag) and the BLAS's NN form does not."""
-    def one(b, o, c):
-        base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
-        f = [[kb.load(b, wi, iadd(b, base, (2 - r if flip else r) * 3 + (2 - s if flip else s)))
-              for s in range(3)] for r in range(3)]
-        u = _sandwich(b, dt, G, f)
-        at = iadd(b, imul(b, c, g.o), o) if transposed else iadd(b, imul(b, o, g.c), c)
-        for xi in range(ALPHA * ALPHA):
-            kb.store(b, ui, iadd(b, at, xi * step), u[xi // ALPHA][xi % ALPHA])
-
-    if transposed:
-        return _in_squares(b, (i64(0), i64(g.o)), g.c, one)
-    with loop(b, 0, g.o, "wo") as o, loop(b, 0, g.c, "wc") as c:
-        one(b, o, c)
-
-
-def _twice_plus(b, v, k: int):
-    """2*v + k of an i64 value or an int."""
-    return 2 * v + k if isinstance(v, int) else iadd(b, imul(b, v, 2), k)
-
-
-def _clamped(b, v, lo: int, hi: int):
-    """min(max(v, lo), hi) of an i64 value or an int."""
-    if isinstance(v, int):
-        return min(max(v, lo), hi)
-    v = b.select(b.icmp_signed("<", v, i64(lo)), i64(lo), v)
-    return b.select(b.icmp_signed(">", v, i64(hi)), i64(hi), v)
-
-
-def _spaced(n: int) -> int:
-    """The distance between consecutive transform-domain matrices: `n` elements and 32 more,
-    so the 16 streams a tile transform reads or writes are not a power of two apart (they
-    would share cache sets: 256x256 channels with 256 tiles put them 256 KiB apart)."""
-    return n + 32
-
-
-def _pad_plane(b, kb, src, base, strides, hw, dst, wp, pad, rows) -> None:
-    """dst[(r + pad_h) * wp + pad_w + q] = src[base + r*strides[0] + q*strides[1]] for the
-    source rows r in [rows[0], rows[1]); the border of dst (zeroed once per kernel) stays
-    zero."""
-    with loop(b, *rows, "pr") as r:
-        row = iadd(b, base, imul(b, r, strides[0]))
-        at = iadd(b, imul(b, r, wp), pad[0] * wp + pad[1])
-        with loop(b, 0, hw[1], "pq") as q:
-            kb.store(b, dst, b.add(at, q), kb.load(b, src, iadd(b, row, imul(b, q, strides[1]))))

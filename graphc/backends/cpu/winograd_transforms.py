@@ -1,0 +1,171 @@
+"""winograd_transforms: the IR of F(2x2, 3x3)'s transforms (graphc.backends.cpu.conv_winograd).
+
+Each function emits, into a kernel being built (an image_kernels builder `kb` and its LLVM
+builder `b`), one of the transforms around the Winograd kernels' GEMMs; conv_winograd decides
+the blocks, the layouts and the GEMMs, these the arithmetic:
+- `sandwich`: mat @ d @ mat^T of one tile held in IR values, coefficient by coefficient
+  (`combine`: zeros skipped, +-1 as additions and subtractions), so every transform keeps
+  the same order of operations wherever it is emitted (the results' rounding depends on it);
+- `input_tiles`: V = B^T d B of every 4x4 tile of a part of a block's images, through a
+  zero-padded plane (`pad_plane`);
+- `filter_transform`: U = G f G^T of every filter (the input gradient's flipped one, and
+  U stored transposed where conv_winograd asks), `in_squares` the transposing walk;
+- `spaced`: the distance between consecutive transform-domain matrices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphc.backends.cpu.conv_blocks import block_images
+from graphc.backends.cpu.image_kernels import iadd, imul
+from graphc.backends.cpu.scalars import const
+from graphc.backends.cpu.values import as_i64, i64, loop
+
+__all__ = ["A", "ALPHA", "AT", "BT", "G", "GT", "OUT_SQUARE", "Tiles", "combine",
+           "filter_transform", "in_squares", "input_tiles", "pad_plane", "sandwich", "spaced"]
+
+# F(2, 3) by Toom-Cook on the points 0, 1, -1, infinity (the 1/2 of the interpolation moved
+# into G): `y = AT @ ((G @ g) * (BT @ d))` is the correlation y[i] = sum_k d[i + k] g[k].
+BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, -1, 0, 1))
+G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
+AT = ((1, 1, 1, 0), (0, 1, -1, 1))
+# the weight gradient's transforms: gy's 2x2 blocks by A = AT^T, dU back to 3x3 by G^T
+A = tuple(zip(*AT))
+GT = tuple(zip(*G))
+ALPHA = 4  # tile side: 2 outputs + 3 taps - 1
+
+OUT_SQUARE = 16  # transposing walks in squares of channels (in_squares)
+
+
+def combine(b, dt, row, vals):
+    """sum_k row[k] * vals[k], skipping zero coefficients, +-1 as adds and subtractions."""
+    acc = None
+    for c, v in zip(row, vals):
+        if c == 0:
+            continue
+        if c not in (1, -1):
+            v = b.fmul(const(dt, float(c)), v)
+        if acc is None:
+            acc = v if c != -1 else b.fneg(v)
+        else:
+            acc = b.fsub(acc, v) if c == -1 else b.fadd(acc, v)
+    return const(dt, 0.0) if acc is None else acc
+
+
+def sandwich(b, dt, mat, d):
+    """mat @ d @ mat^T for a square or rectangular `d` given as rows of IR values."""
+    left = [[combine(b, dt, r, [d[k][col] for k in range(len(d))]) for col in range(len(d[0]))]
+            for r in mat]
+    return [[combine(b, dt, r, row) for r in mat] for row in left]
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The tiles of one part: tile rows [ty0, ty0 + nrows) of `tw` tiles each, of images
+    n0 .. n0 + count - 1 (ty0 and n0 ints or loop values); `ld` = count * nrows * tw, the
+    columns of its transform-domain matrices (image j's tiles from column j * nrows * tw)."""
+
+    n0: object
+    count: int
+    ty0: object
+    nrows: int
+    tw: int
+    ld: int
+
+
+def input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_step) -> None:
+    """V[xi][c][t] = (B^T d B)[xi] for every 4x4 tile d (at stride 2) of the part's images'
+    channel planes c < ci of `si` (element strides `ss`), zero-padded by `pad` through the
+    padded plane `pi` (`wp` wide, its border zero)."""
+    per_image = part.nrows * part.tw
+    # the padded rows these tiles read, and the source rows that land there
+    src_rows = (_clamped(b, _twice_plus(b, part.ty0, -pad[0]), 0, in_hw[0]),
+                _clamped(b, _twice_plus(b, part.ty0, 2 * part.nrows + 2 - pad[0]), 0, in_hw[0]))
+    with block_images(b, part.count) as j, loop(b, 0, ci, "ci") as c:
+        pad_plane(b, kb, si, iadd(b, imul(b, iadd(b, part.n0, j), ss[0]), imul(b, c, ss[1])),
+                   ss[2:], in_hw, pi, wp, pad, src_rows)
+        row_v = iadd(b, imul(b, c, part.ld), imul(b, j, per_image))
+        with loop(b, 0, part.nrows, "ty") as ty, loop(b, 0, part.tw, "tx") as tx:
+            at = iadd(b, imul(b, ty, 2 * wp), imul(b, tx, 2), imul(b, part.ty0, 2 * wp))
+            d = [[kb.load(b, pi, iadd(b, at, r * wp + s)) for s in range(ALPHA)]
+                 for r in range(ALPHA)]
+            v = sandwich(b, dt, BT, d)
+            t = iadd(b, row_v, imul(b, ty, part.tw), tx)
+            for xi in range(ALPHA * ALPHA):
+                kb.store(b, vi, iadd(b, t, xi * v_step), v[xi // ALPHA][xi % ALPHA])
+
+
+def in_squares(b, o_range, ci: int, one) -> None:
+    """one(b, o, c) for o in `o_range`, c < ci, in squares of OUT_SQUARE x OUT_SQUARE
+    channels (c outer, o inner in each): for the transposes between [o][c] and [c][o]
+    layouts, so that neither side strides over the whole matrix."""
+    lo, hi = (as_i64(v) for v in o_range)
+    side = OUT_SQUARE
+    squares = b.udiv(b.add(b.sub(hi, lo), i64(side - 1)), i64(side))
+    with loop(b, 0, squares, "ob") as ob, loop(b, 0, -(-ci // side), "cb") as cb:
+        o_lo = b.add(lo, b.mul(ob, i64(side)))
+        c_lo = b.mul(cb, i64(side))
+        o_hi, c_hi = _at_most(b, b.add(o_lo, i64(side)), hi), \
+            _at_most(b, b.add(c_lo, i64(side)), i64(ci))
+        with loop(b, c_lo, c_hi, "c") as c, loop(b, o_lo, o_hi, "o") as o:
+            one(b, o, c)
+
+
+def _at_most(b, v, hi):
+    return b.select(b.icmp_signed(">", v, hi), hi, v)
+
+
+def filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False) -> None:
+    """U[xi * step + o * C + c] = (G f G^T)[xi] for f = w[o, c], or for the input
+    gradient's f = w[o, c, ::-1, ::-1] when `flip`; `transposed`: stored at U[xi * step +
+    c * O + o], so that the input gradient's GEMMs read U as laid out (the generated block
+    GEMM broadcasts a's elements along a row, not O apart), in squares of channels
+    (in_squares). From WIDE_CHANNELS on only where the generated GEMM serves: at 512 x 512
+    channels the transposing walk took ~2-2.5 ms more than the row walk (reads 18 KB
+    apart), which the generated GEMM repays (4 x 4 planes, batch 32: 12.8 -> 11.0 ms
+    against U^T through BLAS's transpose flag) and the BLAS's NN form does not."""
+    def one(b, o, c):
+        base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
+        f = [[kb.load(b, wi, iadd(b, base, (2 - r if flip else r) * 3 + (2 - s if flip else s)))
+              for s in range(3)] for r in range(3)]
+        u = sandwich(b, dt, G, f)
+        at = iadd(b, imul(b, c, g.o), o) if transposed else iadd(b, imul(b, o, g.c), c)
+        for xi in range(ALPHA * ALPHA):
+            kb.store(b, ui, iadd(b, at, xi * step), u[xi // ALPHA][xi % ALPHA])
+
+    if transposed:
+        return in_squares(b, (i64(0), i64(g.o)), g.c, one)
+    with loop(b, 0, g.o, "wo") as o, loop(b, 0, g.c, "wc") as c:
+        one(b, o, c)
+
+
+def _twice_plus(b, v, k: int):
+    """2*v + k of an i64 value or an int."""
+    return 2 * v + k if isinstance(v, int) else iadd(b, imul(b, v, 2), k)
+
+
+def _clamped(b, v, lo: int, hi: int):
+    """min(max(v, lo), hi) of an i64 value or an int."""
+    if isinstance(v, int):
+        return min(max(v, lo), hi)
+    v = b.select(b.icmp_signed("<", v, i64(lo)), i64(lo), v)
+    return b.select(b.icmp_signed(">", v, i64(hi)), i64(hi), v)
+
+
+def spaced(n: int) -> int:
+    """The distance between consecutive transform-domain matrices: `n` elements and 32 more,
+    so the 16 streams a tile transform reads or writes are not a power of two apart (they
+    would share cache sets: 256x256 channels with 256 tiles put them 256 KiB apart)."""
+    return n + 32
+
+
+def pad_plane(b, kb, src, base, strides, hw, dst, wp, pad, rows) -> None:
+    """dst[(r + pad_h) * wp + pad_w + q] = src[base + r*strides[0] + q*strides[1]] for the
+    source rows r in [rows[0], rows[1]); the border of dst (zeroed once per kernel) stays
+    zero."""
+    with loop(b, *rows, "pr") as r:
+        row = iadd(b, base, imul(b, r, strides[0]))
+        at = iadd(b, imul(b, r, wp), pad[0] * wp + pad[1])
+        with loop(b, 0, hw[1], "pq") as q:
+            kb.store(b, dst, b.add(at, q), kb.load(b, src, iadd(b, row, imul(b, q, strides[1]))))
