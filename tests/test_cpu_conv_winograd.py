@@ -225,3 +225,45 @@ def test_split_weight_grad_in_both_forms(monkeypatch):
     for wide in (512, 16):  # NN, then NT
         monkeypatch.setattr(conv_winograd, "WIDE_CHANNELS", wide)
         check_split((3, 16, 16, 16), (40, 16, 3, 3))
+
+
+# small planes whose input transform runs in vectors of 16 tiles (winograd_transforms.
+# planes_by_vectors): (input, padding); every pass but where noted takes it
+SMALL_PLANES = [
+    ((4, 16, 4, 4), (1, 1)),  # 4 tiles an image: 4 images a vector (ResNet-18's 512 stage)
+    ((2, 16, 8, 8), (1, 1)),  # 16 tiles: one image a vector (its 256 stage)
+    ((16, 16, 2, 2), (1, 1)),  # 1 tile: 16 images a vector
+    ((4, 16, 4, 2), (1, 2)),  # unequal padding, a rectangular plane
+    ((4, 16, 2, 2), (2, 2)),  # padding 2 (the input gradient, padded by 0, does not take it)
+]
+
+
+@pytest.mark.parametrize("case", range(len(SMALL_PLANES)))
+def test_small_planes_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
+    from graphc.backends.cpu import winograd_transforms
+
+    xs, padding = SMALL_PLANES[case]
+    ws = (16, 16, 3, 3)
+    taken = []
+    vectors = winograd_transforms.planes_by_vectors
+
+    def recording(*args):
+        taken.append(True)
+        return vectors(*args)
+
+    monkeypatch.setattr(winograd_transforms, "planes_by_vectors", recording)
+    check_winograd(xs, ws, (1, 1), padding, 1)
+    assert taken
+    # the same bits as the tile loop through the padded plane
+    rng = np.random.default_rng(case)
+    gs, graphs = _graphs(xs, ws, (1, 1), padding, 1)
+    args = {"fwd": [xs, ws], "gx": [gs, ws], "gw": [gs, xs]}
+    for kind, shapes in args.items():
+        arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        outs = []
+        for on in (True, False):
+            monkeypatch.setattr(winograd_transforms, "PLANE_VECTORS", on)
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{kind}-{on}"))
+            outs.append(compare(_graphs(xs, ws, (1, 1), padding, 1)[1][kind], arrays,
+                                rtol=1e-4).run(*arrays)[0])
+        np.testing.assert_array_equal(outs[0], outs[1], err_msg=kind)

@@ -7,7 +7,8 @@ the blocks, the layouts and the GEMMs, these the arithmetic:
   (`combine`: zeros skipped, +-1 as additions and subtractions), so every transform keeps
   the same order of operations wherever it is emitted (the results' rounding depends on it);
 - `input_tiles`: V = B^T d B of every 4x4 tile of a part of a block's images, through a
-  zero-padded plane (`pad_plane`);
+  zero-padded plane (`pad_plane`); small planes (4x4, 8x8: tile rows of 2 or 4 tiles, which
+  LLVM leaves scalar) by `planes_by_vectors`, 16 tiles a vector, with no padded plane;
 - `filter_transform`: U = G f G^T of every filter (the input gradient's flipped one, and
   U stored transposed where conv_winograd asks), `in_squares` the transposing walk;
 - `spaced`: the distance between consecutive transform-domain matrices.
@@ -17,13 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llvmlite import ir
+
 from graphc.backends.cpu.conv_blocks import block_images
 from graphc.backends.cpu.image_kernels import iadd, imul
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import as_i64, i64, loop
+from graphc.backends.cpu.values import F32, as_i64, i64, loop
 
 __all__ = ["A", "ALPHA", "AT", "BT", "G", "GT", "OUT_SQUARE", "Tiles", "combine",
-           "filter_transform", "in_squares", "input_tiles", "pad_plane", "sandwich", "spaced"]
+           "filter_transform", "in_squares", "input_tiles", "pad_plane", "planes_by_vectors",
+           "planes_by_vectors_apply", "sandwich", "spaced"]
 
 # F(2, 3) by Toom-Cook on the points 0, 1, -1, infinity (the 1/2 of the interpolation moved
 # into G): `y = AT @ ((G @ g) * (BT @ d))` is the correlation y[i] = sum_k d[i + k] g[k].
@@ -78,6 +82,8 @@ def input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_st
     """V[xi][c][t] = (B^T d B)[xi] for every 4x4 tile d (at stride 2) of the part's images'
     channel planes c < ci of `si` (element strides `ss`), zero-padded by `pad` through the
     padded plane `pi` (`wp` wide, its border zero)."""
+    if planes_by_vectors_apply(dt, part, ss, in_hw):
+        return planes_by_vectors(b, kb, dt, part, si, ss, ci, in_hw, pad, vi, v_step)
     per_image = part.nrows * part.tw
     # the padded rows these tiles read, and the source rows that land there
     src_rows = (_clamped(b, _twice_plus(b, part.ty0, -pad[0]), 0, in_hw[0]),
@@ -169,3 +175,76 @@ def pad_plane(b, kb, src, base, strides, hw, dst, wp, pad, rows) -> None:
         at = iadd(b, imul(b, r, wp), pad[0] * wp + pad[1])
         with loop(b, 0, hw[1], "pq") as q:
             kb.store(b, dst, b.add(at, q), kb.load(b, src, iadd(b, row, imul(b, q, strides[1]))))
+
+
+# Small planes' input transform in vectors of PLANE_LANES tiles (float32): see
+# planes_by_vectors. False: the tile loop through the padded plane (for A/B runs).
+PLANE_VECTORS = True
+PLANE_LANES = 16
+PLANE_SOURCE = 64  # at most this many elements of whole planes feed one vector of tiles
+
+
+def planes_by_vectors_apply(dt, part: Tiles, ss, in_hw) -> bool:
+    """Whether planes_by_vectors serves this part: float32, the part's first tile row 0,
+    whole vectors of tiles made of whole images (or one image a whole number of vectors),
+    small contiguous planes."""
+    per_image = part.nrows * part.tw
+    lanes = PLANE_LANES
+    if not (PLANE_VECTORS and dt.name == "float32" and isinstance(part.ty0, int)
+            and part.ty0 == 0 and part.ld % lanes == 0 and lanes % per_image == 0):
+        return False
+    images = lanes // per_image
+    return (part.count % images == 0 and images * in_hw[0] * in_hw[1] <= PLANE_SOURCE
+            and ss[3] == 1 and ss[2] == in_hw[1])
+
+
+def planes_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step) -> None:
+    """V[xi][c][t] = (B^T d B)[xi] of PLANE_LANES consecutive tiles t at once, for small
+    planes (ResNet-18's 4x4 and 8x8 stages: tile rows of 2 or 4 tiles, which the tile loop
+    runs in scalar code): the planes those tiles lie in (whole images, contiguous) are
+    loaded as vectors, each tap d[r][s] of the PLANE_LANES tiles is one shuffle of them
+    (a padded tap from a zero vector), the transform runs on vectors, and each xi's
+    PLANE_LANES sums are one store along V's row. The same additions in the same order as
+    the tile loop (bit for bit), with no padded plane."""
+    lanes = PLANE_LANES
+    per_image = part.nrows * part.tw
+    images = lanes // per_image
+    plane = in_hw[0] * in_hw[1]
+    vec = ir.VectorType(F32, plane)
+    source = images * plane
+    zero = ir.Constant(ir.VectorType(F32, source), [0.0] * source)
+
+    def tap(r, s):  # which source element (or `source`: zero) each lane's d[r][s] is
+        mask = []
+        for lane in range(lanes):
+            j, t = divmod(lane, per_image)
+            ty, tx = divmod(t, part.tw)
+            row, col = 2 * ty + r - pad[0], 2 * tx + s - pad[1]
+            inside = 0 <= row < in_hw[0] and 0 <= col < in_hw[1]
+            mask.append(j * plane + row * in_hw[1] + col if inside else source)
+        return ir.Constant(ir.VectorType(ir.IntType(32), lanes), mask)
+
+    masks = [[tap(r, s) for s in range(ALPHA)] for r in range(ALPHA)]
+    with loop(b, 0, ci, "ci") as c, loop(b, 0, part.ld // lanes, "tg") as group:
+        first = iadd(b, part.n0, imul(b, group, images))
+        planes = [b.load(kb.pointer(b, si, iadd(b, imul(b, iadd(b, first, k), ss[0]),
+                                                imul(b, c, ss[1]))), typ=vec, align=4)
+                  for k in range(images)]
+        src = _concatenated(b, planes)
+        d = [[b.shuffle_vector(src, zero, masks[r][s]) for s in range(ALPHA)]
+             for r in range(ALPHA)]
+        v = sandwich(b, dt, BT, d)
+        at = iadd(b, imul(b, c, part.ld), imul(b, group, lanes))
+        for xi in range(ALPHA * ALPHA):
+            b.store(v[xi // ALPHA][xi % ALPHA], kb.pointer(b, vi, iadd(b, at, xi * v_step)),
+                    align=4)
+
+
+def _concatenated(b, vectors: list):
+    """One vector of the given equal-length vectors, in order (pairwise shuffles)."""
+    while len(vectors) > 1:
+        n = vectors[0].type.count
+        both = ir.Constant(ir.VectorType(ir.IntType(32), 2 * n), list(range(2 * n)))
+        vectors = [b.shuffle_vector(vectors[i], vectors[i + 1], both)
+                   for i in range(0, len(vectors), 2)]
+    return vectors[0]
