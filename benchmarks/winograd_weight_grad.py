@@ -12,8 +12,10 @@ keys on graphc's source, the same for all): "im2col" with conv_winograd's weight
 turned off while it compiles, "winograd-nt" with its GEMMs in the earlier NT form
 (conv_winograd.WEIGHT_GRAD_NN = False), "winograd-blas" with the 16 GEMMs of every
 Winograd block (forward and input gradient too) as BLAS calls (graphc.backends.cpu.
-winograd_gemm.ENABLED = False) and "winograd" (the default: one call of winograd_gemm's
-generated function where it takes the shape); `--variants` picks.
+winograd_gemm.ENABLED = False), "winograd-tile-loop" with the small planes' input
+transform as the tile loop through a padded plane (winograd_transforms.PLANE_VECTORS =
+False), and "winograd" (the default: one call of winograd_gemm's generated function where it
+takes the shape, small planes by vectors); `--variants` picks.
 Each kernel is called natively (benchmarks.profiles.native_call), the variants in
 alternation, each sample >= 40 ms of this
 process's CPU time (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, or `--threads N` of them
@@ -37,7 +39,7 @@ import time
 from contextlib import contextmanager
 
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
-VARIANTS = ("im2col", "winograd-nt", "winograd-blas", "winograd")
+VARIANTS = ("im2col", "winograd-nt", "winograd-blas", "winograd-tile-loop", "winograd")
 _clock = time.process_time
 
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
                         "more: wall clock)")
     parser.add_argument("--step", action="store_true", help="the whole training step")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                        help="what to compare (all three)")
+                        help="what to compare (all)")
     args = parser.parse_args(argv)
     for flag, value in (("--rounds", args.rounds), ("--batch", args.batch),
                         ("--threads", args.threads)):
@@ -84,19 +86,20 @@ def _compile(root: str, variant: str, graph):
 @contextmanager
 def _variant(variant: str):
     """conv_winograd as `variant` wants it while a graph compiles."""
-    from graphc.backends.cpu import conv_winograd, winograd_gemm
+    from graphc.backends.cpu import conv_winograd, winograd_gemm, winograd_transforms
 
     kept = conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
-        winograd_gemm.ENABLED
+        winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS
     if variant == "im2col":
         conv_winograd.conv2d_weight_grad = _not_taken
     conv_winograd.WEIGHT_GRAD_NN = variant != "winograd-nt"
-    winograd_gemm.ENABLED = variant == "winograd"
+    winograd_gemm.ENABLED = variant in ("winograd", "winograd-tile-loop")
+    winograd_transforms.PLANE_VECTORS = variant != "winograd-tile-loop"
     try:
         yield
     finally:
         conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
-            winograd_gemm.ENABLED = kept
+            winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS = kept
 
 
 def _not_taken(lw, node, g) -> bool:
