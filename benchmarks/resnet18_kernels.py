@@ -20,6 +20,10 @@ while it compiles: what is left is the transforms and copies), timed natively in
 graphc.backends.cpu.winograd_gemm's generated function (where it takes the shape) and as
 16 BLAS calls (winograd_gemm.ENABLED off while it compiles), timed the same way
 (`--rounds` rounds).
+`plane-vectors`: the same with the small planes' input transform in vectors of 16 tiles
+(graphc.backends.cpu.winograd_transforms.planes_by_vectors) and as the tile loop through a
+padded plane (PLANE_VECTORS off while it compiles); the 64- and 128-channel layers do not
+take it.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ PASSES = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("classes", "transforms", "block-gemm"),
-                        help="one of the three (default: classes and transforms)")
+    parser.add_argument("--only", choices=("classes", "transforms", "block-gemm",
+                                           "plane-vectors"),
+                        help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
                         "rounds (15)")
@@ -59,6 +64,12 @@ def main(argv: list[str] | None = None) -> None:
         with cache_root("resnet18_kernels.") as root:
             for channels, side in LAYERS:
                 print(block_gemm_gain(root, channels, side, args.rounds), flush=True)
+    if args.only == "plane-vectors":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            for channels, side in LAYERS[2:]:
+                print(plane_vectors_gain(root, channels, side, args.rounds), flush=True)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
@@ -178,22 +189,50 @@ def block_gemm_gain(root: str, channels: int, side: int, rounds: int, n: int = 3
     return f"{channels} channels {side}x{side}, BLAS -> kernel: " + "; ".join(parts)
 
 
-def _compiled(root: str, graph, tag: str, gemms: bool, block_gemm: bool = True):
-    from graphc.backends.cpu import conv_im2col, winograd_gemm
+def plane_vectors_gain(root: str, channels: int, side: int, rounds: int, n: int = 32) -> str:
+    """One line: each pass of the layer with the small planes' input transform as the tile
+    loop and in vectors."""
+    import numpy as np
+
+    from benchmarks.profiles import native_call
+    from tests.test_cpu_conv_paths import _graphs
+
+    xs, ws = (n, channels, side, side), (channels, channels, 3, 3)
+    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    shapes = {"fwd": (xs, ws), "gx": (gs, ws), "gw": (gs, xs)}
+    rng = np.random.default_rng(channels)
+    parts = []
+    for kind, arg_shapes in shapes.items():
+        args = [rng.standard_normal(s).astype(np.float32) for s in arg_shapes]
+        exes = [_compiled(root, _graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind],
+                          f"{channels}-{kind}-planes{vectors}", True, plane_vectors=vectors)
+                for vectors in (False, True)]
+        same = np.array_equal(exes[0].run(*args)[0], exes[1].run(*args)[0])
+        loop, vectors = (float(np.median(t)) for t in
+                         _alternated([native_call(e, args) for e in exes], rounds))
+        parts.append(f"{kind} {loop * 1e3:.2f} -> {vectors * 1e3:.2f} ms "
+                     f"({(vectors - loop) * 1e3:+.2f}{'' if same else ', results differ'})")
+    return f"{channels} channels {side}x{side}, tile loop -> vectors: " + "; ".join(parts)
+
+
+def _compiled(root: str, graph, tag: str, gemms: bool, block_gemm: bool = True,
+              plane_vectors: bool = True):
+    from graphc.backends.cpu import conv_im2col, winograd_gemm, winograd_transforms
     from graphc.backends.cpu.executable import CpuExecutable
     from graphc.passes.plan import plan_buffers
 
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, tag)
-    kept = conv_im2col.Conv.gemm, winograd_gemm.ENABLED
+    kept = conv_im2col.Conv.gemm, winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS
     if not gemms:
         conv_im2col.Conv.gemm = _no_gemm
         winograd_gemm.ENABLED = False
     winograd_gemm.ENABLED = winograd_gemm.ENABLED and block_gemm
+    winograd_transforms.PLANE_VECTORS = plane_vectors
     try:
         plan_buffers(graph)
         return CpuExecutable(graph)
     finally:
-        conv_im2col.Conv.gemm, winograd_gemm.ENABLED = kept
+        conv_im2col.Conv.gemm, winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS = kept
 
 
 def _no_gemm(self, *args) -> None:
