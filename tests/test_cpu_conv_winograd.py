@@ -227,8 +227,9 @@ def test_split_weight_grad_in_both_forms(monkeypatch):
         check_split((3, 16, 16, 16), (40, 16, 3, 3))
 
 
-# small planes whose input transform runs in vectors of 16 tiles (winograd_transforms.
-# planes_by_vectors): (input, padding); every pass but where noted takes it
+# small planes whose input and output transforms run in vectors of 16 tiles
+# (winograd_transforms.planes_by_vectors, output_planes_by_vectors): (input, padding); each
+# case takes both in some pass
 SMALL_PLANES = [
     ((4, 16, 4, 4), (1, 1)),  # 4 tiles an image: 4 images a vector (ResNet-18's 512 stage)
     ((2, 16, 8, 8), (1, 1)),  # 16 tiles: one image a vector (its 256 stage)
@@ -245,15 +246,20 @@ def test_small_planes_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
     xs, padding = SMALL_PLANES[case]
     ws = (16, 16, 3, 3)
     taken = []
-    vectors = winograd_transforms.planes_by_vectors
 
-    def recording(*args):
-        taken.append(True)
-        return vectors(*args)
+    def recorded(name):
+        emit = getattr(winograd_transforms, name)
 
-    monkeypatch.setattr(winograd_transforms, "planes_by_vectors", recording)
+        def recording(*args):
+            taken.append(name)
+            return emit(*args)
+
+        return recording
+
+    for name in ("planes_by_vectors", "output_planes_by_vectors"):  # input and output
+        monkeypatch.setattr(winograd_transforms, name, recorded(name))
     check_winograd(xs, ws, (1, 1), padding, 1)
-    assert taken
+    assert set(taken) == {"planes_by_vectors", "output_planes_by_vectors"}, taken
     # the same bits as the tile loop through the padded plane
     rng = np.random.default_rng(case)
     gs, graphs = _graphs(xs, ws, (1, 1), padding, 1)

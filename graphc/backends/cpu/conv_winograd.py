@@ -91,6 +91,7 @@ from graphc.backends.cpu.winograd_transforms import (
     filter_transform,
     in_squares,
     input_tiles,
+    output_tiles,
     sandwich,
     spaced,
 )
@@ -195,7 +196,6 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
             kb.store(b, pi, q, const(dt, 0.0))
         if split is None:
             filter_transform(b, kb, dt, wi, ui, u_step, g, flip, transposed)
-        plane_out = out_hw[0] * out_hw[1]
 
         def part(b, n0, count, ty0, nrows):
             """Tile rows [ty0, ty0 + nrows) of images n0 .. n0 + count - 1 (ty0 an int, or
@@ -215,19 +215,8 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
                 cv.gemm(b, kb, TRANS if trans_u else NOTRANS, NOTRANS, co, ld, ci,
                         ui, xi * u_step, co if trans_u else ci,
                         vi, xi * v_step, ld, 0.0, mi, xi * m_step, ld)
-            with block_images(b, count) as j, loop(b, 0, co, "co") as o:
-                row_m = iadd(b, imul(b, o, ld), imul(b, j, per_image))
-                plane = imul(b, iadd(b, imul(b, iadd(b, n0, j), co), o), plane_out)
-                with loop(b, 0, nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx:
-                    t = iadd(b, row_m, imul(b, ty, tw), tx)
-                    m = [[kb.load(b, mi, iadd(b, t, (r * ALPHA + s) * m_step))
-                          for s in range(ALPHA)] for r in range(ALPHA)]
-                    y = sandwich(b, dt, AT, m)
-                    at = iadd(b, plane, imul(b, ty, 2 * out_hw[1]), imul(b, tx, 2),
-                              imul(b, ty0, 2 * out_hw[1]))
-                    for r in range(2):
-                        for s in range(2):
-                            kb.store(b, oi, iadd(b, at, r * out_hw[1] + s), y[r][s])
+            output_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), mi, m_step, co, oi,
+                         out_hw)
 
         def block(b, n0, count):
             _over_parts(b, part, n0, count, rows, full_parts, tail_rows)

@@ -26,8 +26,9 @@ from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import F32, as_i64, i64, loop
 
 __all__ = ["A", "ALPHA", "AT", "BT", "G", "GT", "OUT_SQUARE", "Tiles", "combine",
-           "filter_transform", "in_squares", "input_tiles", "pad_plane", "planes_by_vectors",
-           "planes_by_vectors_apply", "sandwich", "spaced"]
+           "filter_transform", "in_squares", "input_tiles", "output_planes_by_vectors",
+           "output_tiles", "pad_plane", "planes_by_vectors", "planes_by_vectors_apply",
+           "sandwich", "spaced"]
 
 # F(2, 3) by Toom-Cook on the points 0, 1, -1, infinity (the 1/2 of the interpolation moved
 # into G): `y = AT @ ((G @ g) * (BT @ d))` is the correlation y[i] = sum_k d[i + k] g[k].
@@ -100,6 +101,29 @@ def input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_st
             t = iadd(b, row_v, imul(b, ty, part.tw), tx)
             for xi in range(ALPHA * ALPHA):
                 kb.store(b, vi, iadd(b, t, xi * v_step), v[xi // ALPHA][xi % ALPHA])
+
+
+def output_tiles(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, out_hw) -> None:
+    """out[n0 + j, o] (NCHW, contiguous, planes `out_hw`) = A^T m A for every tile t of the
+    part, m[xi] = M[xi * m_step + o * ld + t]; small planes by output_planes_by_vectors."""
+    if planes_by_vectors_apply(dt, part, (None, None, out_hw[1], 1), out_hw, whole=True):
+        return output_planes_by_vectors(b, kb, dt, part, mi, m_step, co, oi, out_hw)
+    per_image = part.nrows * part.tw
+    plane_out = out_hw[0] * out_hw[1]
+    n0, ld, tw, ty0 = part.n0, part.ld, part.tw, part.ty0
+    with block_images(b, part.count) as j, loop(b, 0, co, "co") as o:
+        row_m = iadd(b, imul(b, o, ld), imul(b, j, per_image))
+        plane = imul(b, iadd(b, imul(b, iadd(b, n0, j), co), o), plane_out)
+        with loop(b, 0, part.nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx:
+            t = iadd(b, row_m, imul(b, ty, tw), tx)
+            m = [[kb.load(b, mi, iadd(b, t, (r * ALPHA + s) * m_step))
+                  for s in range(ALPHA)] for r in range(ALPHA)]
+            y = sandwich(b, dt, AT, m)
+            at = iadd(b, plane, imul(b, ty, 2 * out_hw[1]), imul(b, tx, 2),
+                      imul(b, ty0, 2 * out_hw[1]))
+            for r in range(2):
+                for s in range(2):
+                    kb.store(b, oi, iadd(b, at, r * out_hw[1] + s), y[r][s])
 
 
 def in_squares(b, o_range, ci: int, one) -> None:
@@ -184,14 +208,17 @@ PLANE_LANES = 16
 PLANE_SOURCE = 64  # at most this many elements of whole planes feed one vector of tiles
 
 
-def planes_by_vectors_apply(dt, part: Tiles, ss, in_hw) -> bool:
-    """Whether planes_by_vectors serves this part: float32, the part's first tile row 0,
-    whole vectors of tiles made of whole images (or one image a whole number of vectors),
+def planes_by_vectors_apply(dt, part: Tiles, ss, in_hw, whole: bool = False) -> bool:
+    """Whether planes_by_vectors (or, `whole`, output_planes_by_vectors: the part's tiles
+    cover its images' `in_hw` planes) serves this part: float32, the part's first tile row
+    0, whole vectors of tiles made of whole images (or one image a whole number of vectors),
     small contiguous planes."""
     per_image = part.nrows * part.tw
     lanes = PLANE_LANES
     if not (PLANE_VECTORS and dt.name == "float32" and isinstance(part.ty0, int)
             and part.ty0 == 0 and part.ld % lanes == 0 and lanes % per_image == 0):
+        return False
+    if whole and (2 * part.nrows, 2 * part.tw) != tuple(in_hw):
         return False
     images = lanes // per_image
     return (part.count % images == 0 and images * in_hw[0] * in_hw[1] <= PLANE_SOURCE
@@ -248,3 +275,35 @@ def _concatenated(b, vectors: list):
         vectors = [b.shuffle_vector(vectors[i], vectors[i + 1], both)
                    for i in range(0, len(vectors), 2)]
     return vectors[0]
+
+
+def output_planes_by_vectors(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, out_hw) -> None:
+    """output_tiles for small planes, PLANE_LANES tiles at once (planes_by_vectors'
+    converse): the 16 sums of PLANE_LANES tiles loaded as vectors along M's row, A^T m A on
+    vectors, and the 2x2 outputs of every tile shuffled into whole output planes, stored
+    as vectors. The same additions in the same order as the tile loop (bit for bit)."""
+    lanes = PLANE_LANES
+    per_image = part.nrows * part.tw
+    images = lanes // per_image
+    plane = out_hw[0] * out_hw[1]
+    vec = ir.VectorType(F32, lanes)
+    # the 2x2 outputs, concatenated ([r][s] blocks of `lanes`), to images' planes in order
+    order = []
+    for k in range(images):
+        for row in range(out_hw[0]):
+            for col in range(out_hw[1]):
+                tile = k * per_image + (row // 2) * part.tw + col // 2
+                order.append(((row % 2) * 2 + col % 2) * lanes + tile)
+    with loop(b, 0, co, "co") as o, loop(b, 0, part.ld // lanes, "tg") as group:
+        at = iadd(b, imul(b, o, part.ld), imul(b, group, lanes))
+        m = [[b.load(kb.pointer(b, mi, iadd(b, at, (r * ALPHA + s) * m_step)), typ=vec, align=4)
+              for s in range(ALPHA)] for r in range(ALPHA)]
+        y = sandwich(b, dt, AT, m)
+        every = _concatenated(b, [y[0][0], y[0][1], y[1][0], y[1][1]])
+        first = iadd(b, part.n0, imul(b, group, images))
+        for k in range(images):
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), plane),
+                               order[k * plane:(k + 1) * plane])
+            values = b.shuffle_vector(every, ir.Constant(every.type, ir.Undefined), mask)
+            out_at = imul(b, iadd(b, imul(b, iadd(b, first, k), co), o), plane)
+            b.store(values, kb.pointer(b, oi, out_at), align=4)
