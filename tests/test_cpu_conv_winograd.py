@@ -273,3 +273,33 @@ def test_small_planes_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
             outs.append(compare(_graphs(xs, ws, (1, 1), padding, 1)[1][kind], arrays,
                                 rtol=1e-4).run(*arrays)[0])
         np.testing.assert_array_equal(outs[0], outs[1], err_msg=kind)
+
+
+def test_weight_grad_nt_form_small_planes_by_vectors(monkeypatch, tmp_path):
+    # wide layers' NT form: Y[xi][o][t] of small planes by planes_by_vectors with A
+    from graphc.backends.cpu import winograd_transforms
+
+    monkeypatch.setattr(conv_winograd, "WIDE_CHANNELS", 16)
+    mats = []
+    vectors = winograd_transforms.planes_by_vectors
+
+    def recording(*args):
+        mats.append(args[11] if len(args) > 11 else "BT")
+        return vectors(*args)
+
+    monkeypatch.setattr(winograd_transforms, "planes_by_vectors", recording)
+    monkeypatch.setattr(conv_winograd, "planes_by_vectors", recording)
+    xs, ws = (8, 16, 4, 4), (24, 16, 3, 3)
+    check_winograd(xs, ws, (1, 1), (1, 1), 1)
+    assert conv_winograd.A in mats
+    rng = np.random.default_rng(9)
+    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    gy = rng.standard_normal(gs).astype(np.float32)
+    x = rng.standard_normal(xs).astype(np.float32)
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(winograd_transforms, "PLANE_VECTORS", on)
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"gw-{on}"))
+        graph = _graphs(xs, ws, (1, 1), (1, 1), 1)[1]["gw"]
+        outs.append(compare(graph, [gy, x], rtol=1e-4).run(gy, x)[0])
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -92,6 +92,8 @@ from graphc.backends.cpu.winograd_transforms import (
     in_squares,
     input_tiles,
     output_tiles,
+    planes_by_vectors,
+    planes_by_vectors_apply,
     sandwich,
     spaced,
 )
@@ -302,15 +304,19 @@ def conv2d_weight_grad(lw, node, g) -> bool:
                 for xi in range(nxi):
                     kb.store(b, yi, iadd(b, t, xi * y_step), y[xi // ALPHA][xi % ALPHA])
 
-            with block_images(b, count) as j:  # stores along Y's rows: o inner when nn
-                if nn:
-                    with loop(b, 0, nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx, \
-                            loop(b, 0, co, "co") as o:
-                        y_tile(b, j, o, ty, tx)
-                else:
-                    with loop(b, 0, co, "co") as o, loop(b, 0, nrows, "ty") as ty, \
-                            loop(b, 0, tw, "tx") as tx:
-                        y_tile(b, j, o, ty, tx)
+            gy_part = Tiles(n0, count, ty0, nrows, tw, ld)
+            if not nn and planes_by_vectors_apply(dt, gy_part, gs, out_hw):  # Y[xi][o][t]
+                planes_by_vectors(b, kb, dt, gy_part, gi, gs, co, out_hw, (0, 0), yi, y_step, A)
+            else:
+                with block_images(b, count) as j:  # stores along Y's rows: o inner when nn
+                    if nn:
+                        with loop(b, 0, nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx, \
+                                loop(b, 0, co, "co") as o:
+                            y_tile(b, j, o, ty, tx)
+                    else:
+                        with loop(b, 0, co, "co") as o, loop(b, 0, nrows, "ty") as ty, \
+                                loop(b, 0, tw, "tx") as tx:
+                            y_tile(b, j, o, ty, tx)
             beta = _accumulate(b, dt, n0, start, ty0)
             # dU[xi]^T (ci x co) (+)= V[xi] (ci x T) @ Y[xi] (T x co), one call for the 16
             fast = None if not nn else _block_gemm(dt, ci, co, ld, (ld, 1), co, co,

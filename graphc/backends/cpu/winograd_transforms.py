@@ -225,14 +225,16 @@ def planes_by_vectors_apply(dt, part: Tiles, ss, in_hw, whole: bool = False) -> 
             and ss[3] == 1 and ss[2] == in_hw[1])
 
 
-def planes_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step) -> None:
+def planes_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step,
+                      mat=BT) -> None:
     """V[xi][c][t] = (B^T d B)[xi] of PLANE_LANES consecutive tiles t at once, for small
     planes (ResNet-18's 4x4 and 8x8 stages: tile rows of 2 or 4 tiles, which the tile loop
     runs in scalar code): the planes those tiles lie in (whole images, contiguous) are
     loaded as vectors, each tap d[r][s] of the PLANE_LANES tiles is one shuffle of them
     (a padded tap from a zero vector), the transform runs on vectors, and each xi's
     PLANE_LANES sums are one store along V's row. The same additions in the same order as
-    the tile loop (bit for bit), with no padded plane."""
+    the tile loop (bit for bit), with no padded plane. `mat` = A (2x2 blocks at stride 2,
+    `pad` 0): the weight gradient's Y[xi][o][t] = (A gy A^T)[xi] of the NT form instead."""
     lanes = PLANE_LANES
     per_image = part.nrows * part.tw
     images = lanes // per_image
@@ -251,16 +253,17 @@ def planes_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step
             mask.append(j * plane + row * in_hw[1] + col if inside else source)
         return ir.Constant(ir.VectorType(ir.IntType(32), lanes), mask)
 
-    masks = [[tap(r, s) for s in range(ALPHA)] for r in range(ALPHA)]
+    side = len(mat[0])  # taps a tile: 4 (B^T d B) or 2 (A gy A^T)
+    masks = [[tap(r, s) for s in range(side)] for r in range(side)]
     with loop(b, 0, ci, "ci") as c, loop(b, 0, part.ld // lanes, "tg") as group:
         first = iadd(b, part.n0, imul(b, group, images))
         planes = [b.load(kb.pointer(b, si, iadd(b, imul(b, iadd(b, first, k), ss[0]),
                                                 imul(b, c, ss[1]))), typ=vec, align=4)
                   for k in range(images)]
         src = _concatenated(b, planes)
-        d = [[b.shuffle_vector(src, zero, masks[r][s]) for s in range(ALPHA)]
-             for r in range(ALPHA)]
-        v = sandwich(b, dt, BT, d)
+        d = [[b.shuffle_vector(src, zero, masks[r][s]) for s in range(side)]
+             for r in range(side)]
+        v = sandwich(b, dt, mat, d)
         at = iadd(b, imul(b, c, part.ld), imul(b, group, lanes))
         for xi in range(ALPHA * ALPHA):
             b.store(v[xi // ALPHA][xi % ALPHA], kb.pointer(b, vi, iadd(b, at, xi * v_step)),
