@@ -20,6 +20,12 @@ while it compiles: what is left is the transforms and copies), timed natively in
 graphc.backends.cpu.winograd_gemm's generated function (where it takes the shape) and as
 16 BLAS calls (winograd_gemm.ENABLED off while it compiles), timed the same way
 (`--rounds` rounds).
+`transform-parts`: each pass's kernel without its GEMMs (as `transforms`), and again with
+one transform also emitting nothing (conv_winograd's filter_transform or, in the weight
+gradient, weight_out: G^T dU G; input_tiles; winograd_transforms.pad_plane, the padded
+plane's copy, inside input_tiles), timed the same way (`--rounds` rounds): what each
+saves; the rest is the output transform (or the weight gradient's Y = A gy A^T) and loop
+overhead. (Removing a part also changes what the others find in cache.)
 `plane-vectors`: the same with the small planes' input transform in vectors of 16 tiles
 (graphc.backends.cpu.winograd_transforms.planes_by_vectors) and as the tile loop through a
 padded plane (PLANE_VECTORS off while it compiles); the 64- and 128-channel layers do not
@@ -40,7 +46,7 @@ PASSES = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("classes", "transforms", "block-gemm",
-                                           "plane-vectors"),
+                                           "plane-vectors", "transform-parts"),
                         help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
@@ -64,6 +70,12 @@ def main(argv: list[str] | None = None) -> None:
         with cache_root("resnet18_kernels.") as root:
             for channels, side in LAYERS:
                 print(block_gemm_gain(root, channels, side, args.rounds), flush=True)
+    if args.only == "transform-parts":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            for channels, side in LAYERS:
+                print(transform_parts(root, channels, side, args.rounds), flush=True)
     if args.only == "plane-vectors":
         from benchmarks.harness import cache_root
 
@@ -187,6 +199,53 @@ def block_gemm_gain(root: str, channels: int, side: int, rounds: int, n: int = 3
         parts.append(f"{kind} {blas * 1e3:.2f} -> {kernel * 1e3:.2f} ms "
                      f"({(blas - kernel) * 1e3:+.2f}; {gemm_flops / 1e9:.2f} GFLOP)")
     return f"{channels} channels {side}x{side}, BLAS -> kernel: " + "; ".join(parts)
+
+
+PARTS = {"filter": ("conv_winograd", "filter_transform"),
+         "weight_out": ("conv_winograd", "weight_out"),
+         "input": ("conv_winograd", "input_tiles"),
+         "pad": ("winograd_transforms", "pad_plane")}
+
+
+def transform_parts(root: str, channels: int, side: int, rounds: int, n: int = 32) -> str:
+    """One line: each pass's kernel without GEMMs, and what removing each transform saves."""
+    import numpy as np
+
+    from benchmarks.profiles import native_call
+    from tests.test_cpu_conv_paths import _graphs
+
+    xs, ws = (n, channels, side, side), (channels, channels, 3, 3)
+    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    shapes = {"fwd": (xs, ws), "gx": (gs, ws), "gw": (gs, xs)}
+    rng = np.random.default_rng(channels)
+    lines = []
+    for kind, arg_shapes in shapes.items():
+        args = [rng.standard_normal(s).astype(np.float32) for s in arg_shapes]
+        parts = (None, "weight_out" if kind == "gw" else "filter", "input", "pad")
+        exes = [_without(part, root, _graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind],
+                         f"{channels}-{kind}-without-{part}") for part in parts]
+        times = [float(np.median(t)) * 1e3 for t in
+                 _alternated([native_call(e, args) for e in exes], rounds)]
+        lines.append(f"{kind} {times[0]:.2f} ms: " + ", ".join(
+            f"{part} {times[0] - t:.2f}" for part, t in zip(parts[1:], times[1:])))
+    return f"{channels} channels {side}x{side}, no GEMMs, then what each part takes: " + \
+        "; ".join(lines)
+
+
+def _without(part, root: str, graph, tag: str):
+    """The graph compiled without GEMMs and with the transform `part` (a PARTS key, or
+    None) emitting nothing."""
+    import importlib
+
+    if part is None:
+        return _compiled(root, graph, tag, False)
+    module = importlib.import_module(f"graphc.backends.cpu.{PARTS[part][0]}")
+    kept = getattr(module, PARTS[part][1])
+    setattr(module, PARTS[part][1], _no_gemm)
+    try:
+        return _compiled(root, graph, tag, False)
+    finally:
+        setattr(module, PARTS[part][1], kept)
 
 
 def plane_vectors_gain(root: str, channels: int, side: int, rounds: int, n: int = 32) -> str:

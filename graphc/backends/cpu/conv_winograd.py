@@ -336,7 +336,7 @@ def conv2d_weight_grad(lw, node, g) -> bool:
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
         if split is None:
-            _weight_out(b, kb, dt, ui, u_step, oi, (i64(0), i64(co)), ci, co, nn)
+            weight_out(b, kb, dt, ui, u_step, oi, (i64(0), i64(co)), ci, co, nn)
         lw.calls.append(called_kernel(lw, kb.finish(b), split, reduce=reduce))
     return True
 
@@ -390,11 +390,11 @@ def _weight_out_kernel(lw, locs, recipe, split, co, ci, u_step, nn):
                     at = b.add(row, v)
                     total = b.fadd(kb.load(b, ui, at), kb.load(b, ui, b.add(frm, at)))
                     kb.store(b, ui, at, total)
-    _weight_out(b, kb, dt, ui, u_step, ids[2], o_range, ci, co, nn)
+    weight_out(b, kb, dt, ui, u_step, ids[2], o_range, ci, co, nn)
     return kb.finish(b)
 
 
-def _weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
+def weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
     """gw[o, c] = G^T dU[., o, c] G (3x3 from the 16 transform-domain sums) for the output
     channels o in `o_range`. `nn`: dU stored transposed, at [xi][c][o], walked in squares of
     OUT_SQUARE channels so that neither its reads nor gw's writes stride over the whole
