@@ -27,7 +27,7 @@ import math
 
 from llvmlite import ir
 
-from graphc.backends.cpu import gemm_epilogue, small_gemm
+from graphc.backends.cpu import gemm_epilogue, kernels, small_gemm
 from graphc.backends.cpu.elementwise import ElementwiseLowering
 from graphc.backends.cpu.gemm_layout import (
     fold_after_packing,
@@ -183,13 +183,13 @@ class GemmLowering(ElementwiseLowering):
                                                  else (0,) * len(batch))
                                       for kind, loc in (addends if small else ())]
         epilogue_operands = epilogue and epilogue.operands(kb, kc, m)
-        # a loop of generated products (attention's heads) forks over the cores, as an
-        # elementwise kernel of as many outputs would; a BLAS call threads itself
+        # a loop of generated products (attention's heads, row or column chunks) forks over
+        # the cores where its multiply-adds are worth it (kernels.gemm_work: 2 x 128 x 64
+        # outputs of 784 products each are, as many elementwise outputs are not); a BLAS
+        # call threads itself
         heads = math.prod(batch)
-        # (a weight gradient's column chunks weigh their long k: 2 x 128 x 64 outputs, 1024
-        # products each, are worth a fork where as many elementwise outputs are not)
         bld = kb.begin(parallel=bool(small) and type(heads) is int and heads > 1,
-                       work=heads * m * n * (k if columns else 1) if small else None)
+                       work=kernels.gemm_work(heads, m, n, k) if small else None)
         if bld is None:
             self.calls.append(kb.kernel)
             return bool(small and small.addends) or epilogue is not None

@@ -33,7 +33,8 @@ kernel then reads it from the call's sizes table (`Codegen.emit_size`). Kernels 
 `nounwind noinline`: each stays one function the driver calls.
 
 Parallel kernels: elementwise, copy and fill kernels over PARALLEL_MIN_ELEMENTS or more
-(when libgomp is loaded) split their outermost loop into one contiguous share per thread:
+(when libgomp is loaded), and loops of generated GEMMs over as much work (`gemm_work`),
+split their outermost loop into one contiguous share per thread:
 `<name>` calls libgomp's `GOMP_parallel` on `<name>.omp`, which calls `<name>.range(ptrs...,
 lo, hi)`. Each element is computed by exactly the code of the serial loop, so results are bit
 for bit the same. libgomp threads spin briefly (GOMP_SPINCOUNT, set by graphc.config when
@@ -76,6 +77,26 @@ from graphc.types import DType, TensorType, bool_, float64, int64
 # A kernel over this many elements or more forks over the cores (when it may); below it,
 # the fork and join (a few microseconds) cost more than the second core saves.
 PARALLEL_MIN_ELEMENTS = 1 << 16
+# A loop of generated GEMMs (graphc.backends.cpu.small_gemm: attention's heads, a medium
+# product's row chunks, a weight gradient's column chunks) weighs this many multiply-adds
+# as one element against PARALLEL_MIN_ELEMENTS (`gemm_work`): an elementwise element moves
+# 8-12 bytes (~0.4-0.6 ns at 20 GB/s), a multiply-add in a register tile ~1/80 ns (~160
+# GFLOP/s), so 16 of them are less work than one element, and a loop forks from ~1M
+# multiply-adds (~13 us on one core). With small_gemm.MIN_K = 16, every loop that forked
+# when only its outputs were counted still does. The MLP b64 step's W1 @ x^T and W2 @ h^T (two row
+# chunks of 128 x 64, k 784 and 256) fork now: 16,384 outputs alone stayed serial
+# (docs/performance.md, "The MLP b64 step on two threads").
+GEMM_MACS_PER_ELEMENT = 16
+
+
+def gemm_work(products, m, n, k):
+    """The elements a loop of `products` generated m x n x k GEMMs weighs against
+    PARALLEL_MIN_ELEMENTS (KernelBuilder.begin's `work`): its multiply-adds over
+    GEMM_MACS_PER_ELEMENT. A symbolic count stays symbolic (checked per call)."""
+    macs = products * m * n * k
+    if type(macs) is Sym:
+        return macs
+    return macs // GEMM_MACS_PER_ELEMENT
 
 
 @dataclass
