@@ -1,0 +1,217 @@
+"""The MLP 784-256-256-10 batch-64 SGD step on one thread and on two, wall clock, per call,
+with and without its forward products' row chunks forked, in one process.
+
+    python -m benchmarks.mlp_threads                    # 12 interleaved blocks of 100 calls
+    python -m benchmarks.mlp_threads --blocks 4 --calls 30 --profile
+
+Variants, each compiled with its own GRAPHC_CACHE_DIR (benchmarks.harness.compiled_variants):
+- "before": a loop of generated GEMMs weighs only its outputs against
+  kernels.PARALLEL_MIN_ELEMENTS (main before the ninth session; for this step the same
+  decisions as its rule, which weighed column chunks by k): W1 @ x^T and W2 @ h^T, two row
+  chunks of 128 x 64 each, run serially;
+- "after": the default, `kernels.gemm_work` (multiply-adds over GEMM_MACS_PER_ELEMENT): both
+  fork.
+Each variant runs in blocks of `--calls` timed calls on a forced count (`ThreadChooser(
+fixed=n)`: "1t", "2t") and on a fresh chooser ("chosen", as benchmarks.run gets it), the
+blocks of all variants and counts interleaved, the order rotating. Each block starts with
+untimed calls (the team wakes or parks). Per variant and count it prints the median over
+blocks of each block's median and 20th percentile (the calls no other task interrupted),
+the calling process's CPU time per call on one thread (the work itself), and for "chosen"
+how many calls ran on each count. `--profile`: each kernel's time at one and two threads,
+from a profiling build run back to back (`_profiles`; docs/performance.md, "The MLP b64
+step on two threads (ninth session)").
+
+Two threads wait for a core the OS gives to other work: read the load average printed at
+the start and the end (docs/performance.md, "Threads: one owner of the cores").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import time
+
+import numpy as np
+
+from benchmarks.harness import cache_root, compiled_variants, keep_freed_memory
+
+VARIANTS = ("before", "after")
+COUNTS = ("1t", "2t", "chosen")
+
+
+def outputs_only(products, m, n, k):
+    """The rule before the ninth session (for this step's loops): outputs, not their k."""
+    return products * m * n
+
+
+@contextlib.contextmanager
+def variant(name: str, root: str):
+    """While compiling (or profiling) variant `name`: its cache dir and GEMM-loop weight."""
+    from graphc.backends.cpu import kernels
+
+    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)
+    saved = kernels.gemm_work
+    if name == "before":
+        kernels.gemm_work = outputs_only
+    try:
+        yield
+    finally:
+        kernels.gemm_work = saved
+
+
+def load() -> str:
+    with open("/proc/loadavg") as f:
+        fields = f.read().split()
+    return f"load average {' '.join(fields[:3])}, runnable {fields[3]}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=12, help="interleaved blocks (12)")
+    parser.add_argument("--calls", type=int, default=100, help="timed calls a block (100)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also graphc.profile each variant at one and two threads")
+    args = parser.parse_args(argv)
+    for flag, value in (("--blocks", args.blocks), ("--calls", args.calls)):
+        if value < 1:  # else no call is timed, and every figure is the median of nothing
+            parser.error(f"{flag} must be at least 1, got {value}")
+    import graphc
+    from benchmarks import models
+    from graphc.backends.cpu import threads
+
+    keep_freed_memory()
+    most = threads.most_threads()
+    print(f"most threads {most}; {load()}", flush=True)
+    if most < 2:
+        raise SystemExit("benchmarks/mlp_threads.py: one thread only here (OMP_NUM_THREADS, "
+                         "affinity or GRAPHC_BLAS_THREADS=native): nothing to compare")
+    x, y = models.batch("mlp", 64)
+    with cache_root("mlp_threads.") as root:
+        steps, arguments = compiled_variants(
+            VARIANTS, lambda name: variant(name, root),
+            lambda: (models.graphc_step(models.graphc_model("mlp")),
+                     (graphc.tensor(x), graphc.tensor(y))))
+        for name in VARIANTS:
+            forked = len(re.findall(r'define[^@]*@"?\w*small_gemm\.omp',
+                                    steps[name].executable.lowered.ir_text))
+            print(f"{name}: {forked} loops of generated GEMMs fork", flush=True)
+        results = _blocks(steps, arguments, most, args.blocks, args.calls)
+        _report(results, most)
+        if args.profile:
+            _profiles(steps, arguments, most, root)
+    print(f"at the end: {load()}")
+
+
+def _blocks(steps: dict, arguments: dict, most: int, blocks: int, calls: int) -> dict:
+    from graphc.backends.cpu import threads
+
+    choosers = {name: threads.ThreadChooser(most) for name in steps}
+    picked = {name: {1: 0, most: 0} for name in steps}
+    results = {(name, count): {"median": [], "p20": [], "cpu": []}
+               for name in steps for count in COUNTS}
+    order = [(name, count) for name in steps for count in COUNTS]
+    for block in range(blocks):
+        shift = block % len(order)
+        for name, count in order[shift:] + order[:shift]:
+            executable = steps[name].executable
+            if count == "chosen":
+                executable.thread_chooser = choosers[name]
+            else:
+                executable.thread_chooser = threads.ThreadChooser(most, fixed=int(count[0]))
+            for _ in range(3):  # wake or park the team; not timed
+                steps[name](*arguments[name])
+            seconds = []
+            cpu = time.process_time()
+            for _ in range(calls):
+                if count == "chosen":
+                    chooser = choosers[name]
+                    picked[name][chooser.trying or chooser.current] += 1
+                start = time.perf_counter()
+                steps[name](*arguments[name])
+                seconds.append(time.perf_counter() - start)
+            cpu = (time.process_time() - cpu) / calls
+            entry = results[(name, count)]
+            entry["median"].append(float(np.median(seconds)))
+            entry["p20"].append(float(np.percentile(seconds, 20)))
+            entry["cpu"].append(cpu)
+    for name in steps:
+        results[(name, "chosen")]["picked"] = picked[name]
+    return results
+
+
+def _report(results: dict, most: int) -> None:
+    one = {name: np.median(r["median"]) for (name, count), r in results.items()
+           if count == "1t"}
+    for (name, count), r in results.items():
+        median, p20 = np.median(r["median"]) * 1e3, np.median(r["p20"]) * 1e3
+        line = (f"{name:<7} {count:>6}: median {median:.3f} ms, p20 {p20:.3f} ms "
+                f"({median / (one[name] * 1e3):.2f}x its one thread's median)")
+        if count == "1t":
+            line += f"; CPU {np.median(r['cpu']) * 1e3:.3f} ms a call"
+        if "picked" in r:
+            line += f"; calls on 1 / {most} threads: {r['picked'][1]} / {r['picked'][most]}"
+        print(line, flush=True)
+
+
+class _Captured(Exception):
+    """Stops a call once the arrays it binds are caught (`_bound_arrays`)."""
+
+
+def _bound_arrays(step, arguments) -> list[np.ndarray]:
+    """Copies of the arrays a call of `step` binds (inputs, parameters, optimizer state),
+    caught before it runs, as graphc.profile catches them."""
+    executable, captured = step.executable, []
+
+    def capture(*arrays):
+        captured.extend(np.array(a, copy=True) for a in arrays)
+        raise _Captured
+
+    executable.run = capture  # an instance attribute shadows the method for one call
+    try:
+        step(*arguments)
+    except _Captured:
+        pass
+    finally:
+        del executable.run
+    return captured
+
+
+def _profiles(steps: dict, arguments: dict, most: int, root: str, runs: int = 200) -> None:
+    """Each kernel's median time at one and at `most` threads, from a profiling build of the
+    step (the driver stamps the clock around every kernel, as graphc.profile's) run `runs`
+    times back to back on the same arrays: graphc.profile copies the arrays before every
+    run, long enough for the team to fall asleep, so its first forked kernel would carry
+    the wake-up that a loop of steps does not pay."""
+    from graphc.backends.cpu import threads
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.tools.profile import kernel_label
+
+    for name in steps:
+        with variant(name, root):
+            timed = CpuExecutable(steps[name].executable.graph, {"profile": True})
+        arrays = _bound_arrays(steps[name], arguments[name])
+        stamps: dict[int, list] = {1: [], most: []}
+        for count in (1, most, 1, most):
+            timed.thread_chooser = threads.ThreadChooser(most, fixed=count)
+            for _ in range(5):
+                timed.run(*arrays)
+            for _ in range(runs // 2):
+                timed.run(*arrays)
+                stamps[count].append(np.diff(timed.last_stamps) / 1e3)
+        medians = {count: np.median(np.array(v), axis=0) for count, v in stamps.items()}
+        print(f"{name}: kernels over 5 us, us at 1 / {most} threads (medians of {runs} "
+              f"runs back to back)")
+        for step, node in enumerate(timed.lowered.kernel_nodes):
+            one, all_cores = medians[1][step], medians[most][step]
+            if max(one, all_cores) > 5:
+                label = kernel_label(node) if node is not None else "output copy"
+                shape = "" if node is None else ", ".join(str(v.type) for v in node.outputs)
+                print(f"    {step:3d} {one:7.1f} {all_cores:7.1f}  {label[:30]:<30} "
+                      f"{shape[:34]}")
+        print(f"    native call {medians[1].sum():.1f} / {medians[most].sum():.1f} us")
+
+
+if __name__ == "__main__":
+    main()
