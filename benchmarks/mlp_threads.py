@@ -3,6 +3,7 @@ with and without its forward products' row chunks forked, in one process.
 
     python -m benchmarks.mlp_threads                    # 12 interleaved blocks of 100 calls
     python -m benchmarks.mlp_threads --blocks 4 --calls 30 --profile
+    python -m benchmarks.mlp_threads --fork             # what a fork and join costs
 
 Variants, each compiled with its own GRAPHC_CACHE_DIR (benchmarks.harness.compiled_variants):
 - "before": a loop of generated GEMMs weighs only its outputs against
@@ -19,7 +20,9 @@ blocks of each block's median and 20th percentile (the calls no other task inter
 the calling process's CPU time per call on one thread (the work itself), and for "chosen"
 how many calls ran on each count. `--profile`: each kernel's time at one and two threads,
 from a profiling build run back to back (`_profiles`; docs/performance.md, "The MLP b64
-step on two threads (ninth session)").
+step on two threads (ninth session)"). `--fork`: a forked kernel of 64 floats called after
+busy gaps of the calling thread (the serial kernels between two forked ones), at one and two
+threads: what a fork and join costs while the team spins and once it has gone to sleep.
 
 Two threads wait for a core the OS gives to other work: read the load average printed at
 the start and the end (docs/performance.md, "Threads: one owner of the cores").
@@ -72,7 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", type=int, default=12, help="interleaved blocks (12)")
     parser.add_argument("--calls", type=int, default=100, help="timed calls a block (100)")
     parser.add_argument("--profile", action="store_true",
-                        help="also graphc.profile each variant at one and two threads")
+                        help="also each kernel's time at one and two threads")
+    parser.add_argument("--fork", action="store_true",
+                        help="only the cost of a fork and join after busy gaps")
     args = parser.parse_args(argv)
     for flag, value in (("--blocks", args.blocks), ("--calls", args.calls)):
         if value < 1:  # else no call is timed, and every figure is the median of nothing
@@ -87,6 +92,11 @@ def main(argv: list[str] | None = None) -> None:
     if most < 2:
         raise SystemExit("benchmarks/mlp_threads.py: one thread only here (OMP_NUM_THREADS, "
                          "affinity or GRAPHC_BLAS_THREADS=native): nothing to compare")
+    if args.fork:
+        with cache_root("mlp_threads.") as root:
+            _fork_costs(most, root, args.calls)
+        print(f"at the end: {load()}")
+        return
     x, y = models.batch("mlp", 64)
     with cache_root("mlp_threads.") as root:
         steps, arguments = compiled_variants(
@@ -211,6 +221,46 @@ def _profiles(steps: dict, arguments: dict, most: int, root: str, runs: int = 20
                 print(f"    {step:3d} {one:7.1f} {all_cores:7.1f}  {label[:30]:<30} "
                       f"{shape[:34]}")
         print(f"    native call {medians[1].sum():.1f} / {medians[most].sum():.1f} us")
+
+
+GAPS_US = (0, 50, 100, 200, 300, 500, 1000, 2000)
+
+
+def _fork_costs(most: int, root: str, calls: int) -> None:
+    """Median wall time of a call of relu over 64 floats, forked (PARALLEL_MIN_ELEMENTS 1
+    while compiling), after a busy gap of the calling thread, at one and `most` threads."""
+    from graphc.backends import compile as compile_graph
+    from graphc.backends.cpu import kernels, threads
+    from graphc.ir import parse
+
+    text = """graph @f(%a: f32[64]) -> (f32[64]) {
+  %1: f32[64] = relu(%a)
+  return (%1)
+}"""
+    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, "fork")
+    least, kernels.PARALLEL_MIN_ELEMENTS = kernels.PARALLEL_MIN_ELEMENTS, 1
+    try:
+        executable = compile_graph(parse(text), "cpu")
+    finally:
+        kernels.PARALLEL_MIN_ELEMENTS = least
+    a = np.ones(64, np.float32)
+    print(f"a forked kernel of 64 floats, median us a call ({calls} calls a block, blocks "
+          f"alternating): gap | 1 thread | {most} threads")
+    for gap in GAPS_US:
+        seconds: dict[int, list] = {1: [], most: []}
+        for count in (1, most, 1, most):
+            executable.thread_chooser = threads.ThreadChooser(most, fixed=count)
+            for _ in range(3):
+                executable.run(a)
+            for _ in range(calls):
+                start = time.perf_counter()
+                while time.perf_counter() - start < gap * 1e-6:
+                    pass  # the caller busy, as in the serial kernels between two forks
+                start = time.perf_counter()
+                executable.run(a)
+                seconds[count].append(time.perf_counter() - start)
+        print(f"    {gap:5d} us | {np.median(seconds[1]) * 1e6:7.1f} | "
+              f"{np.median(seconds[most]) * 1e6:7.1f}", flush=True)
 
 
 if __name__ == "__main__":

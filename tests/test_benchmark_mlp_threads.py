@@ -41,3 +41,14 @@ def test_no_timed_calls_is_refused_clearly(flag, capsys):
     with pytest.raises(SystemExit):
         mlp_threads.main([flag, "0"])
     assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(threads.most_threads() < 2, reason="one thread here: nothing to compare")
+def test_the_fork_costs_run_every_gap(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    least = kernels.PARALLEL_MIN_ELEMENTS
+    mlp_threads.main(["--fork", "--calls", "2"])
+    out = capsys.readouterr().out
+    assert kernels.PARALLEL_MIN_ELEMENTS == least  # put back after compiling
+    for gap in mlp_threads.GAPS_US:
+        assert f"{gap:5d} us | " in out
