@@ -4,6 +4,7 @@ with and without its forward products' row chunks forked, in one process.
     python -m benchmarks.mlp_threads                    # 12 interleaved blocks of 100 calls
     python -m benchmarks.mlp_threads --blocks 4 --calls 30 --profile
     python -m benchmarks.mlp_threads --fork             # what a fork and join costs
+    python -m benchmarks.mlp_threads --realtime         # each timed block under SCHED_FIFO
 
 Variants, each compiled with its own GRAPHC_CACHE_DIR (benchmarks.harness.compiled_variants):
 - "before": a loop of generated GEMMs weighs only its outputs against
@@ -25,7 +26,11 @@ busy gaps of the calling thread (the serial kernels between two forked ones), at
 threads: what a fork and join costs while the team spins and once it has gone to sleep.
 
 Two threads wait for a core the OS gives to other work: read the load average printed at
-the start and the end (docs/performance.md, "Threads: one owner of the cores").
+the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
+(root) puts every thread of the process under SCHED_FIFO for each timed block only (tens of
+milliseconds; Linux keeps 5% of every second for the other tasks), as if the machine were
+idle, and tells the "chosen" chooser a core is free (the starved tasks still count as
+runnable in /proc/loadavg, its gate).
 """
 
 from __future__ import annotations
@@ -78,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="also each kernel's time at one and two threads")
     parser.add_argument("--fork", action="store_true",
                         help="only the cost of a fork and join after busy gaps")
+    parser.add_argument("--realtime", action="store_true",
+                        help="SCHED_FIFO while timing each block (root)")
     args = parser.parse_args(argv)
     for flag, value in (("--blocks", args.blocks), ("--calls", args.calls)):
         if value < 1:  # else no call is timed, and every figure is the median of nothing
@@ -92,9 +99,12 @@ def main(argv: list[str] | None = None) -> None:
     if most < 2:
         raise SystemExit("benchmarks/mlp_threads.py: one thread only here (OMP_NUM_THREADS, "
                          "affinity or GRAPHC_BLAS_THREADS=native): nothing to compare")
+    if args.realtime:  # refused now, not after compiling
+        with realtime(True):
+            pass
     if args.fork:
         with cache_root("mlp_threads.") as root:
-            _fork_costs(most, root, args.calls)
+            _fork_costs(most, root, args.calls, args.realtime)
         print(f"at the end: {load()}")
         return
     x, y = models.batch("mlp", 64)
@@ -107,17 +117,50 @@ def main(argv: list[str] | None = None) -> None:
             forked = len(re.findall(r'define[^@]*@"?\w*small_gemm\.omp',
                                     steps[name].executable.lowered.ir_text))
             print(f"{name}: {forked} loops of generated GEMMs fork", flush=True)
-        results = _blocks(steps, arguments, most, args.blocks, args.calls)
+        results = _blocks(steps, arguments, most, args.blocks, args.calls, args.realtime)
         _report(results, most)
         if args.profile:
             _profiles(steps, arguments, most, root)
     print(f"at the end: {load()}")
 
 
-def _blocks(steps: dict, arguments: dict, most: int, blocks: int, calls: int) -> dict:
+@contextlib.contextmanager
+def realtime(on: bool):
+    """While on: every thread of this process (the caller and libgomp's team) under
+    SCHED_FIFO, put back to SCHED_OTHER afterwards; SystemExit where it is not allowed."""
+    if not on:
+        yield
+        return
+    done = []
+    try:
+        for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
+            try:
+                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(10))
+            except ProcessLookupError:  # a thread that ended meanwhile
+                continue
+            done.append(tid)
+    except (PermissionError, AttributeError) as error:
+        _normal(done)
+        raise SystemExit(f"benchmarks/mlp_threads.py: --realtime needs SCHED_FIFO (root or "
+                         f"CAP_SYS_NICE on Linux): {error}") from None
+    try:
+        yield
+    finally:  # every thread, those made meanwhile too (they inherit the policy)
+        _normal(int(t) for t in os.listdir("/proc/self/task"))
+
+
+def _normal(tids) -> None:
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+
+
+def _blocks(steps: dict, arguments: dict, most: int, blocks: int, calls: int,
+            fifo: bool = False) -> dict:
     from graphc.backends.cpu import threads
 
-    choosers = {name: threads.ThreadChooser(most) for name in steps}
+    free = (lambda: most - 1) if fifo else threads.cores_free
+    choosers = {name: threads.ThreadChooser(most, free_cores=free) for name in steps}
     picked = {name: {1: 0, most: 0} for name in steps}
     results = {(name, count): {"median": [], "p20": [], "cpu": []}
                for name in steps for count in COUNTS}
@@ -130,18 +173,19 @@ def _blocks(steps: dict, arguments: dict, most: int, blocks: int, calls: int) ->
                 executable.thread_chooser = choosers[name]
             else:
                 executable.thread_chooser = threads.ThreadChooser(most, fixed=int(count[0]))
-            for _ in range(3):  # wake or park the team; not timed
-                steps[name](*arguments[name])
             seconds = []
-            cpu = time.process_time()
-            for _ in range(calls):
-                if count == "chosen":
-                    chooser = choosers[name]
-                    picked[name][chooser.trying or chooser.current] += 1
-                start = time.perf_counter()
-                steps[name](*arguments[name])
-                seconds.append(time.perf_counter() - start)
-            cpu = (time.process_time() - cpu) / calls
+            with realtime(fifo):
+                for _ in range(3):  # wake or park the team; not timed
+                    steps[name](*arguments[name])
+                cpu = time.process_time()
+                for _ in range(calls):
+                    if count == "chosen":
+                        chooser = choosers[name]
+                        picked[name][chooser.trying or chooser.current] += 1
+                    start = time.perf_counter()
+                    steps[name](*arguments[name])
+                    seconds.append(time.perf_counter() - start)
+                cpu = (time.process_time() - cpu) / calls
             entry = results[(name, count)]
             entry["median"].append(float(np.median(seconds)))
             entry["p20"].append(float(np.percentile(seconds, 20)))
@@ -226,7 +270,7 @@ def _profiles(steps: dict, arguments: dict, most: int, root: str, runs: int = 20
 GAPS_US = (0, 50, 100, 200, 300, 500, 1000, 2000)
 
 
-def _fork_costs(most: int, root: str, calls: int) -> None:
+def _fork_costs(most: int, root: str, calls: int, fifo: bool = False) -> None:
     """Median wall time of a call of relu over 64 floats, forked (PARALLEL_MIN_ELEMENTS 1
     while compiling), after a busy gap of the calling thread, at one and `most` threads."""
     from graphc.backends import compile as compile_graph
@@ -250,15 +294,16 @@ def _fork_costs(most: int, root: str, calls: int) -> None:
         seconds: dict[int, list] = {1: [], most: []}
         for count in (1, most, 1, most):
             executable.thread_chooser = threads.ThreadChooser(most, fixed=count)
-            for _ in range(3):
-                executable.run(a)
-            for _ in range(calls):
-                start = time.perf_counter()
-                while time.perf_counter() - start < gap * 1e-6:
-                    pass  # the caller busy, as in the serial kernels between two forks
-                start = time.perf_counter()
-                executable.run(a)
-                seconds[count].append(time.perf_counter() - start)
+            with realtime(fifo):
+                for _ in range(3):
+                    executable.run(a)
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    while time.perf_counter() - start < gap * 1e-6:
+                        pass  # the caller busy, as in the serial kernels between two forks
+                    start = time.perf_counter()
+                    executable.run(a)
+                    seconds[count].append(time.perf_counter() - start)
         print(f"    {gap:5d} us | {np.median(seconds[1]) * 1e6:7.1f} | "
               f"{np.median(seconds[most]) * 1e6:7.1f}", flush=True)
 

@@ -52,3 +52,30 @@ def test_the_fork_costs_run_every_gap(capsys, tmp_path, monkeypatch):
     assert kernels.PARALLEL_MIN_ELEMENTS == least  # put back after compiling
     for gap in mlp_threads.GAPS_US:
         assert f"{gap:5d} us | " in out
+
+
+@pytest.mark.skipif(threads.most_threads() < 2, reason="one thread here: nothing to compare")
+def test_realtime_puts_every_thread_back_to_the_normal_policy(capsys, tmp_path, monkeypatch):
+    """Each timed block runs under SCHED_FIFO (root); afterwards no thread of the process,
+    libgomp's team included, keeps it. Without the right to it: a clear exit."""
+    import os
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    try:
+        mlp_threads.main(["--fork", "--calls", "1", "--realtime"])
+    except SystemExit as error:
+        assert "--realtime needs SCHED_FIFO" in str(error)
+        return
+    for tid in os.listdir("/proc/self/task"):
+        assert os.sched_getscheduler(int(tid)) == os.SCHED_OTHER, tid
+
+
+def test_realtime_refused_is_a_clear_exit(monkeypatch):
+    import os
+
+    def refuse(*args):
+        raise PermissionError("Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse, raising=False)
+    with pytest.raises(SystemExit, match="--realtime needs SCHED_FIFO"):
+        mlp_threads.main(["--fork", "--realtime"])
