@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         results = _blocks(steps, arguments, most, args.blocks, args.calls, args.realtime)
         _report(results, most)
         if args.profile:
-            _profiles(steps, arguments, most, root)
+            _profiles(steps, arguments, most, root, args.realtime)
     print(f"at the end: {load()}")
 
 
@@ -232,7 +232,8 @@ def _bound_arrays(step, arguments) -> list[np.ndarray]:
     return captured
 
 
-def _profiles(steps: dict, arguments: dict, most: int, root: str, runs: int = 200) -> None:
+def _profiles(steps: dict, arguments: dict, most: int, root: str, fifo: bool = False,
+              runs: int = 200) -> None:
     """Each kernel's median time at one and at `most` threads, from a profiling build of the
     step (the driver stamps the clock around every kernel, as graphc.profile's) run `runs`
     times back to back on the same arrays: graphc.profile copies the arrays before every
@@ -249,11 +250,12 @@ def _profiles(steps: dict, arguments: dict, most: int, root: str, runs: int = 20
         stamps: dict[int, list] = {1: [], most: []}
         for count in (1, most, 1, most):
             timed.thread_chooser = threads.ThreadChooser(most, fixed=count)
-            for _ in range(5):
-                timed.run(*arrays)
-            for _ in range(runs // 2):
-                timed.run(*arrays)
-                stamps[count].append(np.diff(timed.last_stamps) / 1e3)
+            with realtime(fifo):
+                for _ in range(5):
+                    timed.run(*arrays)
+                for _ in range(runs // 2):
+                    timed.run(*arrays)
+                    stamps[count].append(np.diff(timed.last_stamps) / 1e3)
         medians = {count: np.median(np.array(v), axis=0) for count, v in stamps.items()}
         print(f"{name}: kernels over 5 us, us at 1 / {most} threads (medians of {runs} "
               f"runs back to back)")
