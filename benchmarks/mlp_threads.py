@@ -5,6 +5,7 @@ with and without its forward products' row chunks forked, in one process.
     python -m benchmarks.mlp_threads --blocks 4 --calls 30 --profile
     python -m benchmarks.mlp_threads --fork             # what a fork and join costs
     python -m benchmarks.mlp_threads --realtime         # each timed block under SCHED_FIFO
+    python -m benchmarks.mlp_threads --torch            # PyTorch eager's step alongside
 
 Variants, each compiled with its own GRAPHC_CACHE_DIR (benchmarks.harness.compiled_variants):
 - "before": a loop of generated GEMMs weighs only its outputs against
@@ -19,11 +20,14 @@ blocks of all variants and counts interleaved, the order rotating. Each block st
 untimed calls (the team wakes or parks). Per variant and count it prints the median over
 blocks of each block's median and 20th percentile (the calls no other task interrupted),
 the calling process's CPU time per call on one thread (the work itself), and for "chosen"
-how many calls ran on each count. `--profile`: each kernel's time at one and two threads,
-from a profiling build run back to back (`_profiles`; docs/performance.md, "The MLP b64
-step on two threads (ninth session)"). `--fork`: a forked kernel of 64 floats called after
-busy gaps of the calling thread (the serial kernels between two forked ones), at one and two
-threads: what a fork and join costs while the team spins and once it has gone to sleep.
+how many calls ran on each count. `--torch`: PyTorch eager's step of the same model and
+weights joins the blocks on one thread and on two (`torch.set_num_threads`), and each
+variant's figures over its are printed (the issue's target is <= 0.6x). `--profile`: each
+kernel's time at one and two threads, from a profiling build run back to back (`_profiles`;
+docs/performance.md, "The MLP b64 step on two threads (ninth session)"). `--fork`: a forked
+kernel of 64 floats called after busy gaps of the calling thread (the serial kernels between
+two forked ones), at one and two threads: what a fork and join costs while the team spins
+and once it has gone to sleep.
 
 Two threads wait for a core the OS gives to other work: read the load average printed at
 the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
@@ -46,6 +50,7 @@ import numpy as np
 from benchmarks.harness import cache_root, compiled_variants, keep_freed_memory
 
 VARIANTS = ("before", "after")
+TORCH = "torch"  # PyTorch eager's step (`--torch`): one thread and two, no chooser
 COUNTS = ("1t", "2t", "chosen")
 
 
@@ -85,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="only the cost of a fork and join after busy gaps")
     parser.add_argument("--realtime", action="store_true",
                         help="SCHED_FIFO while timing each block (root)")
+    parser.add_argument("--torch", action="store_true",
+                        help="also PyTorch eager's step, on one thread and on two")
     args = parser.parse_args(argv)
     for flag, value in (("--blocks", args.blocks), ("--calls", args.calls)):
         if value < 1:  # else no call is timed, and every figure is the median of nothing
@@ -117,10 +124,13 @@ def main(argv: list[str] | None = None) -> None:
             forked = len(re.findall(r'define[^@]*@"?\w*small_gemm\.omp',
                                     steps[name].executable.lowered.ir_text))
             print(f"{name}: {forked} loops of generated GEMMs fork", flush=True)
+        graphc_steps = dict(steps)
+        if args.torch:
+            steps[TORCH], arguments[TORCH] = _torch_step(x, y)
         results = _blocks(steps, arguments, most, args.blocks, args.calls, args.realtime)
         _report(results, most)
         if args.profile:
-            _profiles(steps, arguments, most, root, args.realtime)
+            _profiles(graphc_steps, arguments, most, root, args.realtime)
     print(f"at the end: {load()}")
 
 
@@ -155,6 +165,20 @@ def _normal(tids) -> None:
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
 
 
+def _torch_step(x, y):
+    """PyTorch eager's step of the same MLP (the same weights), and its arguments."""
+    import torch
+
+    from benchmarks import models
+
+    model = models.torch_copy(models.graphc_model("mlp"), "mlp")
+    step = models.torch_step(model)
+    arguments = (torch.from_numpy(x), torch.from_numpy(y))
+    for _ in range(3):
+        step(*arguments)
+    return step, arguments
+
+
 def _blocks(steps: dict, arguments: dict, most: int, blocks: int, calls: int,
             fifo: bool = False) -> dict:
     from graphc.backends.cpu import threads
@@ -162,17 +186,21 @@ def _blocks(steps: dict, arguments: dict, most: int, blocks: int, calls: int,
     free = (lambda: most - 1) if fifo else threads.cores_free
     choosers = {name: threads.ThreadChooser(most, free_cores=free) for name in steps}
     picked = {name: {1: 0, most: 0} for name in steps}
-    results = {(name, count): {"median": [], "p20": [], "cpu": []}
-               for name in steps for count in COUNTS}
-    order = [(name, count) for name in steps for count in COUNTS]
+    order = [(name, count) for name in steps for count in COUNTS
+             if name != TORCH or count != "chosen"]
+    results = {key: {"median": [], "p20": [], "cpu": []} for key in order}
     for block in range(blocks):
         shift = block % len(order)
         for name, count in order[shift:] + order[:shift]:
-            executable = steps[name].executable
-            if count == "chosen":
-                executable.thread_chooser = choosers[name]
+            if name == TORCH:
+                import torch
+
+                torch.set_num_threads(1 if count == "1t" else most)
+            elif count == "chosen":
+                steps[name].executable.thread_chooser = choosers[name]
             else:
-                executable.thread_chooser = threads.ThreadChooser(most, fixed=int(count[0]))
+                steps[name].executable.thread_chooser = threads.ThreadChooser(
+                    most, fixed=1 if count == "1t" else most)
             seconds = []
             with realtime(fifo):
                 for _ in range(3):  # wake or park the team; not timed
@@ -191,7 +219,8 @@ def _blocks(steps: dict, arguments: dict, most: int, blocks: int, calls: int,
             entry["p20"].append(float(np.percentile(seconds, 20)))
             entry["cpu"].append(cpu)
     for name in steps:
-        results[(name, "chosen")]["picked"] = picked[name]
+        if name != TORCH:
+            results[(name, "chosen")]["picked"] = picked[name]
     return results
 
 
@@ -207,6 +236,13 @@ def _report(results: dict, most: int) -> None:
         if "picked" in r:
             line += f"; calls on 1 / {most} threads: {r['picked'][1]} / {r['picked'][most]}"
         print(line, flush=True)
+    if (TORCH, "2t") in results:
+        anchor = {count: np.median(results[(TORCH, count)]["median"]) for count in ("1t", "2t")}
+        for name in VARIANTS:
+            print(f"{name} / torch eager: " + ", ".join(
+                f"{count} {np.median(results[(name, count)]['median']) / anchor[count]:.2f}x"
+                for count in ("1t", "2t")) + f", chosen / torch 2t "
+                f"{np.median(results[(name, 'chosen')]['median']) / anchor['2t']:.2f}x")
 
 
 class _Captured(Exception):

@@ -1,6 +1,7 @@
 """benchmarks/mlp_threads.py: "before" keeps the MLP step's forward row chunks serial and
 puts kernels.gemm_work back afterwards; one block of each variant and count runs, with a
-line per count and the per-kernel profile; bad counts are refused with a message."""
+line per count, PyTorch eager's step alongside and the per-kernel profile; bad counts are
+refused with a message."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_before_weighs_outputs_only_and_puts_the_rule_back(tmp_path, monkeypatch
 @pytest.mark.skipif(small_gemm.lanes() != 16, reason="medium products are AVX-512 only")
 def test_one_block_of_each_variant_and_count(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
-    mlp_threads.main(["--blocks", "1", "--calls", "2", "--profile"])
+    mlp_threads.main(["--blocks", "1", "--calls", "2", "--profile", "--torch"])
     out = capsys.readouterr().out
     assert "before: 1 loops of generated GEMMs fork" in out  # the weight gradient's chunks
     assert "after: 3 loops of generated GEMMs fork" in out  # and W1 @ x^T, W2 @ h^T
@@ -33,6 +34,9 @@ def test_one_block_of_each_variant_and_count(capsys, tmp_path, monkeypatch):
         for count in mlp_threads.COUNTS:
             assert f"{name:<7} {count:>6}: median " in out
     assert out.count("native call ") == len(mlp_threads.VARIANTS)
+    for count in ("1t", "2t"):
+        assert f"torch   {count:>6}: median " in out
+    assert out.count(" / torch eager: 1t ") == len(mlp_threads.VARIANTS)
     assert "at the end: load average" in out
 
 
