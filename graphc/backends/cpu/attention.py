@@ -33,7 +33,7 @@ import math
 
 from llvmlite import ir
 
-from graphc.backends.cpu import mathlib, small_gemm
+from graphc.backends.cpu import attention_small, mathlib, small_gemm
 from graphc.backends.cpu.kernels import KernelBuilder
 from graphc.backends.cpu.values import (
     F32,
@@ -213,6 +213,17 @@ def _mask_reader(k: _Kernel, mask_loc: Loc, scores: tuple):
     return read, all(s == 0 for s in ms)
 
 
+def _small_head(locs: dict, scores: tuple, e, ev, outputs: tuple) -> tuple | None:
+    """((mask's row and key strides), whether it is all broadcast) where attention_small's
+    one-block kernels take the head, else None."""
+    mask = locs["mask"]
+    ms = broadcast_strides(mask.type.shape, _elements(mask), scores)
+    if locs["q"].type.dtype is not float32 or not attention_small.fits(
+            scores[-2], scores[-1], e, ev, ms, [_elements(locs[x]) for x in outputs]):
+        return None
+    return (ms[-2], ms[-1]), all(s == 0 for s in ms)
+
+
 def _zero_rows(k: _Kernel, key: str, base, first, count, width: int) -> None:
     """Rows [first, first + count) of operand `key` (at batch offset `base`) set to 0."""
     b, rs = k.b, k.row_stride(key)
@@ -261,7 +272,12 @@ def attention(lw, node: Node) -> None:
     length, e = q.type.shape[-2:]
     source, ev = v.type.shape[-2:]
     causal = bool(node.attrs["causal"])
-    k = _Kernel(lw, node, "attention", locs, batch, BLOCK_ROWS * BLOCK_KEYS + BLOCK_ROWS)
+    small = _small_head(locs, batch + (length, source), e, ev, ("o",))
+    k = _Kernel(lw, node, "attention", locs, batch, attention_small.scratch_floats(
+        length, source) if small else BLOCK_ROWS * BLOCK_KEYS + BLOCK_ROWS)
+    if small:  # one block holds the head: attention_small
+        attention_small.forward(k, node, (length, source, e, ev), *small)
+        return k.finish()
     b = k.b
     block = k.base["scratch"]
     sums = b.gep(block, [i64(BLOCK_ROWS * BLOCK_KEYS)], inbounds=True, source_etype=F32)
@@ -350,8 +366,12 @@ def attention_backward(lw, node: Node) -> None:
     source, ev = v.type.shape[-2:]
     causal = bool(node.attrs["causal"])
     scale = float(node.attrs["scale"])
-    k = _Kernel(lw, node, "attention_backward", locs, batch,
-                2 * BLOCK_ROWS * BLOCK_KEYS + length)
+    small = _small_head(locs, batch + (length, source), e, ev, ("dq", "dk", "dv"))
+    k = _Kernel(lw, node, "attention_backward", locs, batch, attention_small.scratch_floats(
+        length, source) if small else 2 * BLOCK_ROWS * BLOCK_KEYS + length)
+    if small:  # one block holds the head: attention_small
+        attention_small.backward(k, node, (length, source, e, ev), *small)
+        return k.finish()
     b = k.b
     p_block = k.base["scratch"]
     ds_block = b.gep(p_block, [i64(BLOCK_ROWS * BLOCK_KEYS)], inbounds=True, source_etype=F32)

@@ -58,7 +58,7 @@ from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64
 from graphc.types import TensorType, float32
 
 __all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "function", "lanes", "operands",
-           "row_chunks", "tile_for", "with_addends"]
+           "row_chunks", "tile_for", "tile_rows", "with_addends"]
 
 # the kernel serves products whose m or n is at most this. Tried: 32 (GPT's attention
 # heads, 64 x 64 x 32, with their transposed operands packed; MobileNet's classifier):
@@ -194,7 +194,7 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
         # a weight gradient x^T @ dy: each block of k runs over all the row blocks of a
         # panel, so the panel's block of b stays in L1 (_emit_k_outer)
         vectors = 2 if (n // width) % 2 == 0 else 1
-        return SmallGemm(m, n, k, sa_row, sa_col, ldb, _tile_rows(m, vectors, width), vectors,
+        return SmallGemm(m, n, k, sa_row, sa_col, ldb, tile_rows(m, vectors, width), vectors,
                          width, k_outer=True)
     if m < 2 or n % width or not (small or medium) or (m * n * k > MAX_WORK and not medium) \
             or k < MIN_K:
@@ -204,14 +204,18 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
     # 512: 8 x 2 tiles 179-184 GFLOP/s, 16 x 1 162, 6 x 4 168-178, 12 x 2 168-174), then as
     # many rows as the registers hold, split evenly (16 rows: two tiles of 8, not 12 + 4)
     vectors = 2 if panel % 2 == 0 else 1
-    return SmallGemm(m, n, k, sa_row, sa_col, ldb, _tile_rows(m, vectors, width), vectors,
+    return SmallGemm(m, n, k, sa_row, sa_col, ldb, tile_rows(m, vectors, width), vectors,
                      width)
 
 
-def _tile_rows(m: int, vectors: int, width: int) -> int:
-    """As many rows as the registers hold, split evenly over m."""
+def tile_rows(m: int, vectors: int, width: int) -> int:
+    """As many rows as the registers hold, split evenly over m (m = 64, two vectors of 16
+    lanes: tiles of 11 rows)."""
     most = (24 if width == 16 else 12) // vectors  # accumulators of 32 / 16 registers
     return -(-m // -(-m // most))
+
+
+_tile_rows = tile_rows  # the name row_chunks uses (another helper's function)
 
 
 def row_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:

@@ -1,0 +1,231 @@
+"""attention_small: `attention` and `attention_backward` where one block holds a whole head.
+
+graphc.backends.cpu.attention's kernels walk blocks of 128 query rows and 128 keys with an
+online softmax, their products in the BLAS. Where every query row and key of a (batch,
+head) fit one block of at most SMALL_MAX x SMALL_MAX (GPT's context 64: 64 x 64 scores, 16
+KB) that machinery is overhead: OpenBLAS packs each 64 x 64 x 32 operand on every call (its
+"NT" path ~3.5 us a head where the generated kernel takes ~1.8) and the row loops run one
+element at a time. Here, per (batch, head), everything in L1:
+
+- forward: S = Q K^T (small_gemm's kernel, K read transposed and copied panel by panel onto
+  its stack); one pass per row in vectors of the host's lanes: s * scale + mask (-inf past
+  the diagonal for a causal kernel), its maximum m, p = exp(s - m), l = sum p, P = p / l
+  back into the block, lse = m + log l; then O = P V (generated, O's rows in place);
+- backward: D_i = rowsum(dO_i * O_i); P recomputed from S and lse; dV = P^T dO; dP = dO V^T;
+  dS = scale * P * (dP - D_i); dQ = dS K; dK = dS^T Q: five generated products, each written
+  straight into its output (one block: nothing to accumulate, nothing to zero).
+
+`fits(...)` says where it applies: float32, a host with generated kernels (small_gemm.lanes),
+T and S from `lanes` to SMALL_MAX and the key count and both head sizes whole vectors,
+every output's rows contiguous, a mask read along keys contiguously or broadcast.
+
+Rounding: every product sums its k in order in registers (small_gemm: one block of k);
+P is normalised before P V (the unfused chain's order), where the blocked kernel divides
+O by l after; scale multiplies dS before dQ and dK, where the blocked kernel passes it to
+the BLAS as alpha. Judged by distance from a float64 run (tests/test_attention_small.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from graphc.backends.cpu import mathlib, small_gemm
+from graphc.backends.cpu.small_gemm import SmallGemm
+from graphc.backends.cpu.values import F32, I32, i64, loop
+
+__all__ = ["SMALL_MAX", "backward", "fits", "forward", "scratch_floats"]
+
+SMALL_MAX = 64  # query rows and keys of one head at most (scores of 16 KB)
+
+
+def fits(length, source, e: int, ev: int, mask_strides: tuple, out_strides: list) -> bool:
+    """Whether one block holds the head and the generated kernels take its products."""
+    width = small_gemm.lanes()
+    sizes = (length, source, e, ev)
+    return bool(width) and all(type(d) is int for d in sizes) \
+        and width <= length <= SMALL_MAX and width <= source <= SMALL_MAX \
+        and source % width == 0 and e % width == 0 and ev % width == 0 \
+        and mask_strides[-1] in (0, 1) and all(s[-1] == 1 for s in out_strides)
+
+
+def scratch_floats(length: int, source: int) -> int:
+    """Scratch of a kernel: two blocks (P and dS) and a row of D."""
+    return 2 * length * source + length
+
+
+def _product(lw, m: int, n: int, depth: int, sa_row: int, sa_col: int, ldb: int = 0,
+             ldb_t: int = 0, ldc: int = 0):
+    """The generated kernel void(a, b, c) for c[m, n] (rows ldc apart) = a[m, depth] @
+    b[depth, n], a's element strides (sa_row, sa_col), b's rows ldb apart or b read
+    transposed (`ldb_t`)."""
+    width = small_gemm.lanes()
+    vectors = 2 if (n // width) % 2 == 0 else 1
+    g = SmallGemm(m, n, depth, sa_row, sa_col, ldb, small_gemm.tile_rows(m, vectors, width),
+                  vectors, width, ldb_t=ldb_t, ldc=0 if ldc == n else ldc)
+    return small_gemm.function(lw, g)
+
+
+class _Rows:
+    """The row passes' vectors: the host's lanes, the key index of each lane."""
+
+    def __init__(self, k, source: int) -> None:
+        self.k, self.b = k, k.b
+        self.lanes = small_gemm.lanes()
+        self.vec = ir.VectorType(F32, self.lanes)
+        self.count = source // self.lanes
+        self.lane_index = ir.Constant(ir.VectorType(ir.IntType(64), self.lanes),
+                                      list(range(self.lanes)))
+
+    def splat(self, x):
+        b = self.b
+        v = b.insert_element(ir.Constant(self.vec, ir.Undefined), x, ir.Constant(I32, 0))
+        return b.shuffle_vector(v, ir.Constant(self.vec, ir.Undefined),
+                                ir.Constant(ir.VectorType(I32, self.lanes), [0] * self.lanes))
+
+    def load(self, ptr, at):
+        return self.b.load(self.b.gep(ptr, [at], inbounds=True, source_etype=F32),
+                           typ=self.vec, align=4)
+
+    def store(self, ptr, at, value) -> None:
+        self.b.store(value, self.b.gep(ptr, [at], inbounds=True, source_etype=F32), align=4)
+
+    def reduce(self, values: list, combine):
+        """One scalar from vectors: combined vector by vector, then the halves of the vector
+        folded onto each other (log2(lanes) steps: lane by lane, 15 dependent steps a row,
+        the forward spent ~4 us a 64-row head in its two reductions)."""
+        b = self.b
+        acc = values[0]
+        for v in values[1:]:
+            acc = combine(acc, v)
+        half = self.lanes // 2
+        while half:
+            upper = [half + lane if lane < half else lane for lane in range(self.lanes)]
+            acc = combine(acc, b.shuffle_vector(acc, acc, ir.Constant(
+                ir.VectorType(I32, self.lanes), upper)))
+            half //= 2
+        return b.extract_element(acc, ir.Constant(I32, 0))
+
+    def scores(self, block, r, mask_row, mask_sj: int, no_mask: bool, causal: bool,
+               scale: float) -> list:
+        """Row r of the block (its keys contiguous) as s * scale + mask, -inf where hidden."""
+        b, k = self.b, self.k
+        row = b.mul(r, i64(self.count * self.lanes))
+        scale_v = ir.Constant(self.vec, [scale] * self.lanes)
+        ninf = ir.Constant(self.vec, [-math.inf] * self.lanes)
+        out = []
+        for c in range(self.count):
+            s = b.fmul(self.load(block, b.add(row, i64(c * self.lanes))), scale_v)
+            if not no_mask:
+                if mask_sj:
+                    m = self.load(k.base["mask"], b.add(mask_row, i64(c * self.lanes)))
+                else:
+                    m = self.splat(k.load(k.base["mask"], mask_row))
+                s = b.fadd(s, m)
+            if causal:
+                keys = b.add(self.lane_index, ir.Constant(self.lane_index.type,
+                                                          [c * self.lanes] * self.lanes))
+                hidden = b.icmp_signed(">", keys, _splat_i64(b, r, self.lanes))
+                s = b.select(hidden, ninf, s)
+            out.append(s)
+        return out
+
+
+def _splat_i64(b, x, lanes: int):
+    vec = ir.VectorType(ir.IntType(64), lanes)
+    v = b.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(vec, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def _larger(b):
+    def larger(x, y):
+        return b.select(b.fcmp_ordered(">", x, y), x, y)
+    return larger
+
+
+def forward(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> None:
+    """The forward kernel's body over every batch entry (`k`: attention's kernel helper)."""
+    b, lw = k.b, k.lw
+    length, source, e, ev = shape
+    causal = bool(node.attrs["causal"])
+    scale = float(node.attrs["scale"])
+    rows = _Rows(k, source)
+    block = k.base["scratch"]
+    si, sj = mask_si_sj
+    ors, lrs = k.row_stride("o"), k.strides["lse"][-1]
+    scores = _product(lw, length, source, e, k.row_stride("q"), 1, ldb_t=k.row_stride("k"))
+    values = _product(lw, length, ev, source, source, 1, ldb=k.row_stride("v"), ldc=ors)
+    larger = _larger(b)
+    zero = ir.Constant(F32, 0.0)
+    with loop(b, 0, math.prod(k.batch) or 1, "n") as n:
+        qb, kb_, vb = (k.batch_offset(x, n) for x in ("q", "k", "v"))
+        ob, lb, mb = k.batch_offset("o", n), k.batch_offset("lse", n), k.batch_offset("mask", n)
+        b.call(scores, [k.at("q", qb), k.at("k", kb_), block])
+        with loop(b, 0, length, "row") as r:
+            s = rows.scores(block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal, scale)
+            m = rows.reduce(s, larger)
+            # a row hidden throughout keeps m = -inf: subtract 0 so exp gives 0, not NaN
+            safe = b.select(b.fcmp_ordered("==", m, ir.Constant(F32, -math.inf)), zero, m)
+            p = [mathlib.emit(b, "exp", [b.fsub(x, rows.splat(safe))]) for x in s]
+            total = rows.reduce(p, b.fadd)
+            inv = rows.splat(b.fdiv(ir.Constant(F32, 1.0), total))
+            row = b.mul(r, i64(source))
+            for c, x in enumerate(p):
+                rows.store(block, b.add(row, i64(c * rows.lanes)), b.fmul(x, inv))
+            k.store(k.base["lse"], b.add(lb, b.mul(r, i64(lrs))),
+                    b.fadd(m, k.emit("log", total)))
+        b.call(values, [block, k.at("v", vb), k.at("o", ob)])
+
+
+def backward(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> None:
+    """The backward kernel's body over every batch entry (`k`: attention's kernel helper)."""
+    b, lw = k.b, k.lw
+    length, source, e, ev = shape
+    causal = bool(node.attrs["causal"])
+    scale = float(node.attrs["scale"])
+    rows = _Rows(k, source)
+    p_block = k.base["scratch"]
+    ds_block = b.gep(p_block, [i64(length * source)], inbounds=True, source_etype=F32)
+    rowdot = b.gep(p_block, [i64(2 * length * source)], inbounds=True, source_etype=F32)
+    si, sj = mask_si_sj
+    rs = {x: k.row_stride(x) for x in ("q", "k", "v", "o", "g", "dq", "dk", "dv")}
+    lrs = k.strides["lse"][-1]
+    scores = _product(lw, length, source, e, rs["q"], 1, ldb_t=rs["k"])
+    grad_v = _product(lw, source, ev, length, 1, source, ldb=rs["g"], ldc=rs["dv"])
+    grad_p = _product(lw, length, source, ev, rs["g"], 1, ldb_t=rs["v"])
+    grad_q = _product(lw, length, e, source, source, 1, ldb=rs["k"], ldc=rs["dq"])
+    grad_k = _product(lw, source, e, length, 1, source, ldb=rs["q"], ldc=rs["dk"])
+    head = _Rows(k, ev)
+    with loop(b, 0, math.prod(k.batch) or 1, "n") as n:
+        base = {x: k.batch_offset(x, n) for x in rs}
+        lb, mb = k.batch_offset("lse", n), k.batch_offset("mask", n)
+        with loop(b, 0, length, "dot") as i:  # D_i = rowsum(dO_i * O_i)
+            grow = b.add(base["g"], b.mul(i, i64(rs["g"])))
+            orow = b.add(base["o"], b.mul(i, i64(rs["o"])))
+            prods = [b.fmul(head.load(k.base["g"], b.add(grow, i64(c * head.lanes))),
+                            head.load(k.base["o"], b.add(orow, i64(c * head.lanes))))
+                     for c in range(head.count)]
+            k.store(rowdot, i, head.reduce(prods, b.fadd))
+        b.call(scores, [k.at("q", base["q"]), k.at("k", base["k"]), p_block])
+        with loop(b, 0, length, "prow") as r:  # P = exp(s - lse_i)
+            s = rows.scores(p_block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal,
+                            scale)
+            lse = rows.splat(k.load(k.base["lse"], b.add(lb, b.mul(r, i64(lrs)))))
+            row = b.mul(r, i64(source))
+            for c, x in enumerate(s):
+                rows.store(p_block, b.add(row, i64(c * rows.lanes)),
+                           mathlib.emit(b, "exp", [b.fsub(x, lse)]))
+        b.call(grad_v, [p_block, k.at("g", base["g"]), k.at("dv", base["dv"])])
+        b.call(grad_p, [k.at("g", base["g"]), k.at("v", base["v"]), ds_block])
+        scale_v = ir.Constant(rows.vec, [scale] * rows.lanes)
+        with loop(b, 0, length, "dsr") as r:  # dS = scale * P * (dP - D_i)
+            d_i = rows.splat(k.load(rowdot, r))
+            row = b.mul(r, i64(source))
+            for c in range(rows.count):
+                at = b.add(row, i64(c * rows.lanes))
+                ds = b.fmul(rows.load(p_block, at), b.fsub(rows.load(ds_block, at), d_i))
+                rows.store(ds_block, at, b.fmul(ds, scale_v))
+        b.call(grad_q, [ds_block, k.at("k", base["k"]), k.at("dq", base["dq"])])
+        b.call(grad_k, [ds_block, k.at("q", base["q"]), k.at("dk", base["dk"])])

@@ -1,0 +1,127 @@
+"""attention_small: the one-block kernels of `attention` and `attention_backward`
+(graphc/backends/cpu/attention_small.py), used where a head's query rows and keys fit one
+block of at most SMALL_MAX.
+
+Compiled results are judged by distance from a float64 run (docs/performance.md, Rounding):
+the kernels sum in another order than the unfused chain. The pass's threshold is lowered so
+these small shapes take the fused path; `fits` is checked to be what decides, so the tests
+fail if the one-block kernels stop being chosen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graphc
+import graphc.nn.functional as F
+from graphc.passes import attention as attention_pass
+from graphc.testing import assert_rounding_within
+
+pytest.importorskip("llvmlite")
+
+from graphc.backends.cpu import attention_small, small_gemm  # noqa: E402
+
+needs_kernels = pytest.mark.skipif(not small_gemm.lanes(),
+                                   reason="no AVX2/FMA: small_gemm generates no kernels")
+
+
+@pytest.fixture
+def fuse_everything(monkeypatch):
+    monkeypatch.setattr(attention_pass, "MIN_SCORE_BYTES", 0)
+
+
+def _attend(mode: str):
+    def step(q, k, v, mask):
+        if mode == "causal":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif mode == "none":
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        (out * out.sin()).sum().backward()
+        return out, q.grad, k.grad, v.grad
+    return step
+
+
+def _run(step, arrays, dtype, compiled: bool):
+    tensors = [graphc.tensor(a.astype(dtype), requires_grad=i < 3) for i, a in enumerate(arrays)]
+    fn = graphc.compile(step, backend="cpu") if compiled else step
+    return [r.detach().numpy() for r in fn(*tensors)], fn
+
+
+CASES = [("causal", (2, 4, 64, 32), ()), ("causal", (1, 2, 48, 16), ()),
+         ("none", (2, 2, 32, 16), ()),
+         ("additive", (1, 2, 64, 32), (64, 64)),
+         ("additive", (2, 2, 64, 16), (2, 1, 1, 64))]  # a key-padding style mask
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode,shape,mask_shape", CASES)
+def test_one_block_heads_within_rounding_of_float64(fuse_everything, monkeypatch, tmp_path,
+                                                    rng, mode, shape, mask_shape):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))  # lowered here, not from a cache
+    chosen = []
+    fits = attention_small.fits
+    monkeypatch.setattr(attention_small, "fits", lambda *a: chosen.append(fits(*a)) or
+                        chosen[-1])
+    arrays = [rng.standard_normal(shape) for _ in range(3)]
+    mask = rng.standard_normal(mask_shape) if mask_shape else np.zeros(())
+    if mask_shape:
+        mask[..., -5:] = -np.inf  # hidden keys, as a padding mask
+    arrays.append(mask)
+    step = _attend(mode)
+    got, compiled = _run(step, arrays, np.float32, compiled=True)
+    ops = [n.op for n in compiled.optimized_graph.nodes]
+    assert "attention" in ops and "attention_backward" in ops
+    assert chosen == [True, True]  # forward and backward both took the one-block kernels
+    eager, _ = _run(step, arrays, np.float32, compiled=False)
+    reference, _ = _run(step, arrays, np.float64, compiled=False)
+    for g, e, r in zip(got, eager, reference):
+        assert_rounding_within(g, e, r)
+
+
+def test_what_fits_one_block():
+    width = small_gemm.lanes() or 16
+    contiguous = [(1,)]
+    assert attention_small.fits(64, 64, 32, 32, (64, 1), contiguous) == bool(small_gemm.lanes())
+    assert not attention_small.fits(65, 64, 32, 32, (64, 1), contiguous)  # over SMALL_MAX
+    assert not attention_small.fits(64, 64 - width // 2, 32, 32, (0, 0), contiguous)
+    assert not attention_small.fits(64, 64, 32, 32, (1, 64), contiguous)  # mask along rows
+    assert not attention_small.fits(64, 64, 32, 32, (0, 0), [(2,)])  # output's rows strided
+
+
+@needs_kernels
+def test_a_gpt_training_step_at_context_64_within_rounding_of_float64(fuse_everything, rng):
+    """benchmarks/model_steps.py's GPT at context 64 (one block a head), two SGD steps:
+    compiled losses, weights and gradients as close to a float64 run as eager graphc's."""
+    from benchmarks import model_steps
+
+    block = 64
+    x = rng.integers(0, model_steps.VOCAB, (2, block))
+    y = rng.integers(0, model_steps.VOCAB, 2 * block)
+    results = {}
+    for name, dtype, compiled in (("eager", graphc.float32, False),
+                                  ("compiled", graphc.float32, True),
+                                  ("reference", graphc.float64, False)):
+        graphc.manual_seed(0)
+        model = model_steps.gpt(graphc, embed=32, layers=1, heads=2, block=block).to(dtype=dtype)
+        opt = graphc.optim.SGD(model.parameters(), lr=0.05)
+
+        def step(x, y, model=model, opt=opt):
+            opt.zero_grad()
+            loss = graphc.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        fn = graphc.compile(step, backend="cpu") if compiled else step
+        losses = [fn(graphc.tensor(x), graphc.tensor(y)).numpy() for _ in range(2)]
+        if compiled:
+            assert "attention_backward" in [n.op for n in fn.optimized_graph.nodes]
+        results[name] = [np.array(losses)] + [p.detach().numpy().copy()
+                                              for p in model.parameters()] + \
+            [p.grad.numpy().copy() for p in model.parameters()]
+    for got, eager, reference in zip(results["compiled"], results["eager"],
+                                     results["reference"]):
+        assert_rounding_within(got, eager, reference)
