@@ -14,7 +14,8 @@ contiguous instead and the GEMM writes c^T = b^T @ a^T (graphc.backends.cpu.gemm
 The pass chooses layouts only: it records them in `graph.meta["root_strides"]` (value name
 -> element strides), which `plan_buffers` gives the value's buffer (`MemoryPlan.strides`)
 and the cpu backend's `Locations` place it with. A value gets one when it is a `matmul`
-node's single output of static shape with both operands of rank 2 or more, is no graph
+node's single output of static shape with both operands of rank 2 or more (or fused
+attention's out, dq, dk or dv, rows contiguous: ATTENTION_HEADS), is no graph
 output or update value, is read by one node only, a `permute`, and the view ops that read
 the permuted value (and their views) copy fewer times under the new layout than under
 row-major (a head merge's reshape, or the (B*T, H*E) reshape after it); and the GEMM can
@@ -45,7 +46,11 @@ from graphc.ir.graph import Graph, Node, Value
 from graphc.ops.registry import REGISTRY
 from graphc.ops.shapes import contiguous_element_strides
 
-__all__ = ["gemm_writable", "lay_out_gemm_outputs"]
+__all__ = ["ATTENTION_HEADS", "gemm_writable", "lay_out_gemm_outputs"]
+
+# fused attention's per-head outputs (graphc.backends.cpu.attention: out; dq, dk, dv), which
+# its kernels write as GEMM results, rows ldc apart (the last stride 1, not c^T)
+ATTENTION_HEADS = {"attention": (0,), "attention_backward": (0, 1, 2)}
 
 
 def lay_out_gemm_outputs(graph: Graph) -> Graph:
@@ -55,18 +60,23 @@ def lay_out_gemm_outputs(graph: Graph) -> Graph:
     kept = set(graph.outputs) | {v for _, v in graph.updates} | {w for w, _ in graph.updates}
     chosen: dict[str, tuple[int, ...]] = {}
     for node in graph.nodes:
-        if node.op != "matmul" or len(node.outputs) != 1:
+        if node.op in ATTENTION_HEADS:  # its kernels write each head's rows ldc apart
+            candidates = [node.outputs[i] for i in ATTENTION_HEADS[node.op]]
+        elif node.op == "matmul" and len(node.outputs) == 1 and \
+                all(v.type.ndim >= 2 for v in node.inputs):
+            candidates = node.outputs
+        else:
             continue
-        out = node.outputs[0]
-        if out in kept or any(v.type.ndim < 2 for v in node.inputs) or \
-                not all(type(d) is int for d in out.type.shape):
-            continue
-        users = readers.get(out, [])
-        if len(users) != 1 or users[0].op != "permute" or users[0].inputs[0] is not out:
-            continue
-        strides = _merged_layout(users[0], readers)
-        if strides is not None and gemm_writable(out.type.shape, strides):
-            chosen[out.name] = strides
+        for out in candidates:
+            if out in kept or not all(type(d) is int for d in out.type.shape):
+                continue
+            users = readers.get(out, [])
+            if len(users) != 1 or users[0].op != "permute" or users[0].inputs[0] is not out:
+                continue
+            strides = _merged_layout(users[0], readers)
+            if strides is not None and gemm_writable(out.type.shape, strides) and \
+                    (node.op == "matmul" or strides[-1] == 1):
+                chosen[out.name] = strides
     out = Graph(graph.name, list(graph.inputs), list(graph.nodes), list(graph.outputs),
                 list(graph.updates))
     out.meta = {**graph.meta, "root_strides": chosen}
