@@ -129,16 +129,20 @@ def test_a_gpt_training_step_at_context_64_within_rounding_of_float64(fuse_every
 
 def test_fused_attention_writes_its_heads_in_the_merged_layout():
     """graphc.passes.gemm_output_layout lays out attention's out (and the backward's dq, dk,
-    dv) as the head merge reads them, so the merge's reshape is a view, not a copy."""
+    dv) as the head merge reads them, so the merge's reshape is a view, not a copy; out is
+    read by the backward too (a graph's outputs keep their row-major layout)."""
     from graphc.ir import parse
     from graphc.passes.gemm_output_layout import lay_out_gemm_outputs
 
     g = lay_out_gemm_outputs(parse('''graph @f(%q: f32[2,4,8,16], %k: f32[2,4,8,16],
-        %v: f32[2,4,8,16]) -> (f32[2,8,64], f32[2,4,8]) {
+        %v: f32[2,4,8,16]) -> (f32[2,8,64], f32[2,4,8,16], f32[2,4,8,16], f32[2,4,8,16]) {
       %m: f32[] = full[shape=(), value=0.0, dtype="float32"]()
       %o: f32[2,4,8,16], %l: f32[2,4,8] = attention[scale=0.25, causal=true](%q, %k, %v, %m)
       %1: f32[2,8,4,16] = permute[dims=(0, 2, 1, 3)](%o)
       %2: f32[2,8,64] = reshape[shape=(2, 8, 64)](%1)
-      return (%2, %l)
+      %g: f32[2,4,8,16] = full[shape=(2, 4, 8, 16), value=1.0, dtype="float32"]()
+      %dq: f32[2,4,8,16], %dk: f32[2,4,8,16], %dv: f32[2,4,8,16] = attention_backward[
+        scale=0.25, causal=true](%q, %k, %v, %m, %o, %l, %g)
+      return (%2, %dq, %dk, %dv)
     }'''))
     assert g.meta["root_strides"] == {"o": (512, 16, 64, 1)}

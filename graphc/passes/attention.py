@@ -27,10 +27,11 @@ Needs: a graph that verifies; the cpu pipeline runs it after transpose_weight_pr
 before fuse (it works on unfused nodes). Guarantees: a graph that verifies; results equal up
 to float rounding (the blocked kernels sum in another order: docs/performance.md, Rounding);
 a chain whose score matrix per (batch, head) holds at most MIN_SCORE_BYTES is left as it is
-(it fits in cache, where the unfused kernels are as fast), as is any chain the pattern does
-not match exactly. The interpreter and the cuda backend never see these nodes unless
-someone runs this pass for them: the interpreter runs them (graphc/ops/attention.py), the
-cuda backend refuses them with its reason.
+(it fits in cache, where the unfused kernels are as fast) unless one block holds it
+(`ONE_BLOCK_MAX`: T and S at most 64, fused for the cpu backend's one-block kernels), as is
+any chain the pattern does not match exactly. The interpreter and the cuda backend never
+see these nodes unless someone runs this pass for them: the interpreter runs them
+(graphc/ops/attention.py), the cuda backend refuses them with its reason.
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ from graphc.types import TensorType
 # the score matrix of one (batch, head), in bytes, above which the chain is fused: half of a
 # Zen 3/4 core's 512 KiB L2 (256 x 256 float32 scores stay as they are)
 MIN_SCORE_BYTES = 256 * 1024
+# ...or where one block holds each head's scores (T and S from ONE_BLOCK_MIN to ONE_BLOCK_MAX,
+# S a multiple of ONE_BLOCK_MIN): the cpu backend's one-block kernels (graphc.backends.cpu.
+# attention_small) keep them in L1, where the chain writes and reads them back 5 times a layer
+# (GPT at context 64: its attention kernels 6.4 -> 5.6 ms a step; docs/performance.md "GPT's
+# heads and weight gradients"). Head sizes they do not take run in the blocked kernels.
+ONE_BLOCK_MIN = 16
+ONE_BLOCK_MAX = 64
+
+
+def _one_block(rows: int, cols: int) -> bool:
+    return ONE_BLOCK_MIN <= rows <= ONE_BLOCK_MAX and ONE_BLOCK_MIN <= cols <= ONE_BLOCK_MAX \
+        and cols % ONE_BLOCK_MIN == 0
 
 
 def _swaps_last_two(node: Node) -> bool:
@@ -368,7 +381,8 @@ def fuse_attention(graph: Graph) -> Graph:
         scores = node.outputs[0].type
         rows_cols = scores.shape[-2:]
         if len(rows_cols) < 2 or not all(isinstance(n, int) for n in rows_cols) or \
-                rows_cols[0] * rows_cols[1] * scores.dtype.itemsize <= MIN_SCORE_BYTES:
+                (rows_cols[0] * rows_cols[1] * scores.dtype.itemsize <= MIN_SCORE_BYTES
+                 and not _one_block(*rows_cols)):
             continue
         m = _match_forward(graph, producer, users, uses, node, memo)
         if m is not None and _match_backward(producer, users, uses, m, node.outputs[0]) and \

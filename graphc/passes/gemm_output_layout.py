@@ -70,7 +70,8 @@ def lay_out_gemm_outputs(graph: Graph) -> Graph:
         for out in candidates:
             if out in kept or not all(type(d) is int for d in out.type.shape):
                 continue
-            users = readers.get(out, [])
+            # (attention's out is read by its backward too, which takes any row stride)
+            users = [u for u in readers.get(out, []) if u.op != "attention_backward"]
             if len(users) != 1 or users[0].op != "permute" or users[0].inputs[0] is not out:
                 continue
             strides = _merged_layout(users[0], readers)
