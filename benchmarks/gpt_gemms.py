@@ -4,11 +4,12 @@
     python -m benchmarks.gpt_gemms --rounds 10 --quick
     python -m benchmarks.gpt_gemms --variant after --variant weights   # two of them
 
-Eight variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+Nine variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
 setting graphc.backends.cpu.small_gemm's thresholds (and gemm_addends.FOLD, gemm_panels.
-PANEL_MAJOR_B, gemm_epilogue.FOLD) while each compiles:
+PANEL_MAJOR_B, gemm_epilogue.FOLD, graphc.passes.attention.ONE_BLOCK_MAX) while each
+compiles:
 - "before": neither small blocks with b read transposed (`MAX_TRANSPOSED_BLOCK = 0`) nor
   medium products (`MEDIUM_N = 0`): attention's heads and the projections in OpenBLAS;
 - "heads": attention's Q K^T and dO V^T per head in generated kernels;
@@ -23,9 +24,13 @@ PANEL_MAJOR_B, gemm_epilogue.FOLD) while each compiles:
   (graphc.backends.cpu.gemm_panels, `PANEL_MAJOR_B`);
 - "wide": also the 1024 x 512 x 128 products (linear1 forward, linear2's input gradient) in
   the medium kernel (`MEDIUM_N = 512`);
-- "chunked": the default: also a fused GEMM's elementwise epilogue (linear1's GELU) run
-  row chunk by row chunk in the GEMM's kernel (graphc.backends.cpu.gemm_epilogue), which the
-  variants above keep a kernel of its own (docs/performance.md, "GPT step, ninth session").
+- "chunked": also a fused GEMM's elementwise epilogue (linear1's GELU) run row chunk by
+  row chunk in the GEMM's kernel (graphc.backends.cpu.gemm_epilogue), which the variants
+  above keep a kernel of its own (docs/performance.md, "GPT step, ninth session");
+- "fused_heads": the default: also attention fused at context 64 (graphc.passes.attention's
+  one-block rule), each head in graphc.backends.cpu.attention_small's kernels, where the
+  variants above keep the unfused chain (docs/performance.md, "GPT's heads and weight
+  gradients, ninth session").
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
 OpenMP and OpenBLAS), then from `graphc.profile` (3 interleaved profiles of each, each
 kernel's median) the step's kernels by role: GEMMs by kind (a chunked epilogue counts with
@@ -49,17 +54,20 @@ from benchmarks.harness import (
 NO_LONG_K = {"LONG_K_MIN": 1 << 40}
 NO_ADDENDS = {"gemm_addends.FOLD": False}
 NO_CHUNKED = {"gemm_epilogue.FOLD": False}
+# attention at context 64 left as the unfused chain (graphc.passes.attention's one-block rule)
+NO_ONE_BLOCK = {"graphc.passes.attention.ONE_BLOCK_MAX": 0}
 # the eighth session's medium products: b read in place, n at most 128
-EIGHTH = {"gemm_panels.PANEL_MAJOR_B": False, "MEDIUM_N": 128, **NO_CHUNKED}
+EIGHTH = {"gemm_panels.PANEL_MAJOR_B": False, "MEDIUM_N": 128, **NO_CHUNKED, **NO_ONE_BLOCK}
 VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, **NO_LONG_K, **NO_ADDENDS, **EIGHTH,
                        "MEDIUM_N": 0},
             "heads": {**NO_LONG_K, **NO_ADDENDS, **EIGHTH, "MEDIUM_N": 0},
             "after": {**NO_LONG_K, **NO_ADDENDS, **EIGHTH},
             "weights": {**NO_ADDENDS, **EIGHTH},
             "addends": EIGHTH,
-            "panels": {"MEDIUM_N": 128, **NO_CHUNKED},
-            "wide": NO_CHUNKED,
-            "chunked": {}}
+            "panels": {"MEDIUM_N": 128, **NO_CHUNKED, **NO_ONE_BLOCK},
+            "wide": {**NO_CHUNKED, **NO_ONE_BLOCK},
+            "chunked": NO_ONE_BLOCK,
+            "fused_heads": {}}
 
 PACK_SHARE = 0.3  # a GEMM node's leading rows shorter than this share of its longest: packs
 
@@ -81,16 +89,20 @@ def main(argv: list[str] | None = None) -> None:
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
-@contextlib.contextmanager
-def _variant(name: str, root: str):
-    """While lowering variant `name`: its cache dir, small_gemm's thresholds (a name with
-    a module first: that module of graphc.backends.cpu's)."""
+def owner(key: str):
+    """(module, attribute) of a variant's setting: small_gemm's, a name with a module first
+    that module of graphc.backends.cpu's, or one named in full from `graphc.` (a pass's)."""
     import importlib
 
-    def owner(key: str):
-        module, _, attr = key.rpartition(".")
-        return importlib.import_module(f"graphc.backends.cpu.{module or 'small_gemm'}"), attr
+    module, _, attr = key.rpartition(".")
+    if module.startswith("graphc."):
+        return importlib.import_module(module), attr
+    return importlib.import_module(f"graphc.backends.cpu.{module or 'small_gemm'}"), attr
 
+
+@contextlib.contextmanager
+def _variant(name: str, root: str):
+    """While lowering variant `name`: its cache dir and its settings (`owner`)."""
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
     saved = {key: getattr(*owner(key)) for key in VARIANTS[name]}
     for key, value in VARIANTS[name].items():
@@ -171,6 +183,8 @@ def _other_role(row) -> str:
         return "LayerNorm backward"
     if op == "softmax":
         return "softmax"
+    if op.startswith("attention"):
+        return "attention, fused (forward, backward)"
     if "where" in op and "reduce_sum" in op:
         return "softmax backward"
     if op in ("log_softmax", "nll_loss", "nll_loss_backward") or "exp,mul,sub" in op:

@@ -4,8 +4,6 @@ would otherwise be set on the module and change nothing, every variant then the 
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 
 from benchmarks import gpt_gemms
@@ -14,8 +12,7 @@ from benchmarks import gpt_gemms
 def test_every_variant_sets_constants_that_exist():
     for name, settings in gpt_gemms.VARIANTS.items():
         for key in settings:
-            module, _, attr = key.rpartition(".")
-            owner = importlib.import_module(f"graphc.backends.cpu.{module or 'small_gemm'}")
+            owner, attr = gpt_gemms.owner(key)
             assert hasattr(owner, attr), f"variant {name!r}: {owner.__name__} has no {attr}"
 
 
