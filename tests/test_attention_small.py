@@ -81,6 +81,20 @@ def test_one_block_heads_within_rounding_of_float64(fuse_everything, monkeypatch
         assert_rounding_within(g, e, r)
 
 
+@needs_kernels
+def test_query_rows_not_a_whole_vector(fuse_everything, rng):
+    """40 query rows against 48 keys: the last rows' logsumexp one by one."""
+    arrays = [rng.standard_normal(shape) for shape in ((2, 2, 40, 16), (2, 2, 48, 16),
+                                                       (2, 2, 48, 16))] + [np.zeros(())]
+    step = _attend("none")
+    got, compiled = _run(step, arrays, np.float32, compiled=True)
+    assert "attention_backward" in [n.op for n in compiled.optimized_graph.nodes]
+    eager, _ = _run(step, arrays, np.float32, compiled=False)
+    reference, _ = _run(step, arrays, np.float64, compiled=False)
+    for g, e, r in zip(got, eager, reference):
+        assert_rounding_within(g, e, r)
+
+
 def test_what_fits_one_block():
     width = small_gemm.lanes() or 16
     contiguous = [(1,)]

@@ -24,7 +24,9 @@ inside its own parallel region (graphc.backends.cpu.threads), and products of a 
 are too small for the BLAS to split. Operands whose rows are not contiguous (last stride not
 1, or a row stride BLAS cannot take) are copied into scratch first. The exp and log are
 mathlib's (graphc.backends.cpu.mathlib, via the scalar table), so the row loops vectorise.
-Sizes must be known at compile time (a symbolic graph is compiled per size).
+Sizes must be known at compile time (a symbolic graph is compiled per size). Where one
+block holds a whole head (T and S at most 64: GPT's context 64) both kernels hand their body
+to graphc.backends.cpu.attention_small, whose products are small_gemm's generated kernels.
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ def fits(length, source, e: int, ev: int, mask_strides: tuple, out_strides: list
 
 
 def scratch_floats(length: int, source: int) -> int:
-    """Scratch of a kernel: two blocks (P and dS) and a row of D."""
+    """Scratch of a kernel: two blocks (P and dS) and a row of D; the forward's one block,
+    each row's maximum and sum."""
     return 2 * length * source + length
 
 
@@ -153,6 +154,8 @@ def forward(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> None:
     scale = float(node.attrs["scale"])
     rows = _Rows(k, source)
     block = k.base["scratch"]
+    maxima = b.gep(block, [i64(length * source)], inbounds=True, source_etype=F32)
+    sums = b.gep(maxima, [i64(length)], inbounds=True, source_etype=F32)
     si, sj = mask_si_sj
     ors, lrs = k.row_stride("o"), k.strides["lse"][-1]
     scores = _product(lw, length, source, e, k.row_stride("q"), 1, ldb_t=k.row_stride("k"))
@@ -174,8 +177,20 @@ def forward(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> None:
             row = b.mul(r, i64(source))
             for c, x in enumerate(p):
                 rows.store(block, b.add(row, i64(c * rows.lanes)), b.fmul(x, inv))
-            k.store(k.base["lse"], b.add(lb, b.mul(r, i64(lrs))),
-                    b.fadd(m, k.emit("log", total)))
+            k.store(maxima, r, m)
+            k.store(sums, r, total)
+        # lse = m + log l, a vector of rows at a time (a scalar log a row cost ~1 us a head)
+        for r0 in range(0, length, rows.lanes):
+            if r0 + rows.lanes <= length:
+                lse = b.fadd(rows.load(maxima, i64(r0)),
+                             mathlib.emit(b, "log", [rows.load(sums, i64(r0))]))
+                values_of = [b.extract_element(lse, ir.Constant(I32, j))
+                             for j in range(rows.lanes)]
+            else:  # the last rows, one by one
+                values_of = [b.fadd(k.load(maxima, i64(r)), k.emit("log", k.load(sums, i64(r))))
+                             for r in range(r0, length)]
+            for j, value in enumerate(values_of):
+                k.store(k.base["lse"], b.add(lb, i64((r0 + j) * lrs)), value)
         b.call(values, [block, k.at("v", vb), k.at("o", ob)])
 
 
