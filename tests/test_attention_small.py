@@ -10,6 +10,8 @@ fail if the one-block kernels stop being chosen.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -93,6 +95,34 @@ def test_query_rows_not_a_whole_vector(fuse_everything, rng):
     reference, _ = _run(step, arrays, np.float64, compiled=False)
     for g, e, r in zip(got, eager, reference):
         assert_rounding_within(g, e, r)
+
+
+@needs_kernels
+def test_the_heads_fork_over_the_cores_with_the_same_bits(fuse_everything, monkeypatch,
+                                                           tmp_path, rng):
+    """The loop over (batch, head) is split between the threads; each head's code is the
+    same on any number of them, so the results are the same bits."""
+    from graphc.backends.cpu import threads
+    from graphc.backends.cpu.threads import ThreadChooser
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    arrays = [rng.standard_normal((4, 4, 64, 32)).astype(np.float32) for _ in range(3)]
+    tensors = [graphc.tensor(a, requires_grad=True) for a in arrays] + \
+        [graphc.tensor(np.zeros((), np.float32))]
+    compiled = graphc.compile(_attend("causal"), backend="cpu")
+    compiled(*tensors)
+    text = compiled.executable.lowered.ir_text
+    assert re.search(r'define[^@]*@"?\w*_attention\.omp', text), "no forked loop of heads"
+    assert re.search(r'define[^@]*@"?\w*_attention_backward\.omp', text)
+    results = []
+    for count in sorted({1, threads.most_threads()}):
+        compiled.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        for t in tensors[:3]:
+            t.grad = None  # else the gradients add up from call to call
+        results.append([r.detach().numpy().copy() for r in compiled(*tensors)])
+    for got in results[1:]:
+        for a, b in zip(results[0], got):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_what_fits_one_block():

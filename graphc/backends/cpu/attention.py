@@ -275,11 +275,9 @@ def attention(lw, node: Node) -> None:
     source, ev = v.type.shape[-2:]
     causal = bool(node.attrs["causal"])
     small = _small_head(locs, batch + (length, source), e, ev, ("o",))
-    k = _Kernel(lw, node, "attention", locs, batch, attention_small.scratch_floats(
-        length, source) if small else BLOCK_ROWS * BLOCK_KEYS + BLOCK_ROWS)
     if small:  # one block holds the head: attention_small
-        attention_small.forward(k, node, (length, source, e, ev), *small)
-        return k.finish()
+        return attention_small.forward(lw, node, locs, batch, (length, source, e, ev), *small)
+    k = _Kernel(lw, node, "attention", locs, batch, BLOCK_ROWS * BLOCK_KEYS + BLOCK_ROWS)
     b = k.b
     block = k.base["scratch"]
     sums = b.gep(block, [i64(BLOCK_ROWS * BLOCK_KEYS)], inbounds=True, source_etype=F32)
@@ -369,11 +367,10 @@ def attention_backward(lw, node: Node) -> None:
     causal = bool(node.attrs["causal"])
     scale = float(node.attrs["scale"])
     small = _small_head(locs, batch + (length, source), e, ev, ("dq", "dk", "dv"))
-    k = _Kernel(lw, node, "attention_backward", locs, batch, attention_small.scratch_floats(
-        length, source) if small else 2 * BLOCK_ROWS * BLOCK_KEYS + length)
     if small:  # one block holds the head: attention_small
-        attention_small.backward(k, node, (length, source, e, ev), *small)
-        return k.finish()
+        return attention_small.backward(lw, node, locs, batch, (length, source, e, ev), *small)
+    k = _Kernel(lw, node, "attention_backward", locs, batch,
+                2 * BLOCK_ROWS * BLOCK_KEYS + length)
     b = k.b
     p_block = k.base["scratch"]
     ds_block = b.gep(p_block, [i64(BLOCK_ROWS * BLOCK_KEYS)], inbounds=True, source_etype=F32)

@@ -32,8 +32,19 @@ import math
 from llvmlite import ir
 
 from graphc.backends.cpu import mathlib, small_gemm
+from graphc.backends.cpu.kernels import KernelBuilder
 from graphc.backends.cpu.small_gemm import SmallGemm
-from graphc.backends.cpu.values import F32, I32, i64, loop
+from graphc.backends.cpu.values import (
+    F32,
+    I32,
+    I64,
+    PTR,
+    broadcast_strides,
+    collapse,
+    i64,
+    loop,
+)
+from graphc.types import TensorType, float32
 
 __all__ = ["SMALL_MAX", "backward", "fits", "forward", "scratch_floats"]
 
@@ -54,6 +65,74 @@ def scratch_floats(length: int, source: int) -> int:
     """Scratch of a kernel: two blocks (P and dS) and a row of D; the forward's one block,
     each row's maximum and sum."""
     return 2 * length * source + length
+
+
+def forward(lw, node, locs: dict, batch: tuple, shape: tuple, mask_si_sj: tuple,
+            no_mask: bool) -> None:
+    """Appends the `attention` kernel to the Lowerer `lw`'s calls: `locs` its operands (q,
+    k, v, mask, o, lse; q, k, v rows contiguous), `batch` the leading dims, `shape` (T, S,
+    E, Ev), the mask's (row, key) strides and whether it is all broadcast (`no_mask`)."""
+    _build(lw, node, "attention", locs, batch, shape, mask_si_sj, no_mask, _forward_head)
+
+
+def backward(lw, node, locs: dict, batch: tuple, shape: tuple, mask_si_sj: tuple,
+             no_mask: bool) -> None:
+    """Appends the `attention_backward` kernel (`locs` also o, lse, g and dq, dk, dv)."""
+    _build(lw, node, "attention_backward", locs, batch, shape, mask_si_sj, no_mask,
+           _backward_head)
+
+
+def _build(lw, node, name: str, locs: dict, batch: tuple, shape: tuple, mask_si_sj: tuple,
+           no_mask: bool, head_code) -> None:
+    """One kernel whose loop over (batch, head) the cores share (KernelBuilder's parallel
+    nest), each iteration one head with its scratch blocks on the stack."""
+    length, source, e, ev = shape
+    domain = batch or (1,)
+    kb = KernelBuilder(lw, lw.name(name), domain)
+    scores = domain + (length, source) if batch else (length, source)
+    ids, strides = {}, {}
+    for key, loc in locs.items():
+        strides[key] = tuple(st // loc.type.dtype.itemsize for st in loc.strides)
+        lead = broadcast_strides(loc.type.shape, strides[key], scores)[:len(batch)] \
+            if key == "mask" else strides[key][:len(batch)]
+        ids[key] = kb.operand(loc, lead if batch else (0,))
+    bld = kb.begin(parallel=True, work=math.prod(domain) * length * source * (e + ev))
+    floats = scratch_floats(length, source)
+
+    def leaf(bb, offsets) -> None:
+        with bb.goto_entry_block():
+            stack = bb.alloca(F32, size=i64(floats), name="blocks")
+            stack.align = 64
+        base = {key: kb.pointer(bb, i, offsets[i]) for key, i in ids.items()}
+        # llvmlite's alloca gives a typed float*: as an opaque pointer, as small_gemm does
+        base["scratch"] = bb.inttoptr(bb.ptrtoint(stack, I64), PTR)
+        head_code(_Head(lw, bb, base, strides), node, shape, mask_si_sj, no_mask)
+
+    kb.nest(bld, *collapse(domain, [x.strides for x in kb.operands]), leaf)
+    lw.calls.append(kb.finish(bld))
+
+
+class _Head:
+    """One (batch, head) in the kernel's loop: its operands' pointers (`base`, and its
+    scratch), their element strides, the builder."""
+
+    def __init__(self, lw, b: ir.IRBuilder, base: dict, strides: dict) -> None:
+        self.lw, self.b, self.base, self.strides = lw, b, base, strides
+
+    def row_stride(self, key: str) -> int:
+        return self.strides[key][-2]
+
+    def at(self, key: str, offset) -> ir.Value:
+        return self.b.gep(self.base[key], [offset], inbounds=True, source_etype=F32)
+
+    def load(self, ptr, offset) -> ir.Value:
+        return self.b.load(self.b.gep(ptr, [offset], inbounds=True, source_etype=F32), typ=F32)
+
+    def store(self, ptr, offset, value) -> None:
+        self.b.store(value, self.b.gep(ptr, [offset], inbounds=True, source_etype=F32))
+
+    def emit(self, op: str, x: ir.Value) -> ir.Value:
+        return self.lw.scalars.emit(self.b, op, {}, [x], [float32], TensorType((), float32))
 
 
 def _product(lw, m: int, n: int, depth: int, sa_row: int, sa_col: int, ldb: int = 0,
@@ -146,8 +225,8 @@ def _larger(b):
     return larger
 
 
-def forward(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> None:
-    """The forward kernel's body over every batch entry (`k`: attention's kernel helper)."""
+def _forward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> None:
+    """The forward of one (batch, head) (`k`: its _Head)."""
     b, lw = k.b, k.lw
     length, source, e, ev = shape
     causal = bool(node.attrs["causal"])
@@ -162,40 +241,38 @@ def forward(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> None:
     values = _product(lw, length, ev, source, source, 1, ldb=k.row_stride("v"), ldc=ors)
     larger = _larger(b)
     zero = ir.Constant(F32, 0.0)
-    with loop(b, 0, math.prod(k.batch) or 1, "n") as n:
-        qb, kb_, vb = (k.batch_offset(x, n) for x in ("q", "k", "v"))
-        ob, lb, mb = k.batch_offset("o", n), k.batch_offset("lse", n), k.batch_offset("mask", n)
-        b.call(scores, [k.at("q", qb), k.at("k", kb_), block])
-        with loop(b, 0, length, "row") as r:
-            s = rows.scores(block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal, scale)
-            m = rows.reduce(s, larger)
-            # a row hidden throughout keeps m = -inf: subtract 0 so exp gives 0, not NaN
-            safe = b.select(b.fcmp_ordered("==", m, ir.Constant(F32, -math.inf)), zero, m)
-            p = [mathlib.emit(b, "exp", [b.fsub(x, rows.splat(safe))]) for x in s]
-            total = rows.reduce(p, b.fadd)
-            inv = rows.splat(b.fdiv(ir.Constant(F32, 1.0), total))
-            row = b.mul(r, i64(source))
-            for c, x in enumerate(p):
-                rows.store(block, b.add(row, i64(c * rows.lanes)), b.fmul(x, inv))
-            k.store(maxima, r, m)
-            k.store(sums, r, total)
-        # lse = m + log l, a vector of rows at a time (a scalar log a row cost ~1 us a head)
-        for r0 in range(0, length, rows.lanes):
-            if r0 + rows.lanes <= length:
-                lse = b.fadd(rows.load(maxima, i64(r0)),
-                             mathlib.emit(b, "log", [rows.load(sums, i64(r0))]))
-                values_of = [b.extract_element(lse, ir.Constant(I32, j))
-                             for j in range(rows.lanes)]
-            else:  # the last rows, one by one
-                values_of = [b.fadd(k.load(maxima, i64(r)), k.emit("log", k.load(sums, i64(r))))
-                             for r in range(r0, length)]
-            for j, value in enumerate(values_of):
-                k.store(k.base["lse"], b.add(lb, i64((r0 + j) * lrs)), value)
-        b.call(values, [block, k.at("v", vb), k.at("o", ob)])
+    qb = kb_ = vb = ob = lb = mb = i64(0)  # the head's own pointers (k.base)
+    b.call(scores, [k.at("q", qb), k.at("k", kb_), block])
+    with loop(b, 0, length, "row") as r:
+        s = rows.scores(block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal, scale)
+        m = rows.reduce(s, larger)
+        # a row hidden throughout keeps m = -inf: subtract 0 so exp gives 0, not NaN
+        safe = b.select(b.fcmp_ordered("==", m, ir.Constant(F32, -math.inf)), zero, m)
+        p = [mathlib.emit(b, "exp", [b.fsub(x, rows.splat(safe))]) for x in s]
+        total = rows.reduce(p, b.fadd)
+        inv = rows.splat(b.fdiv(ir.Constant(F32, 1.0), total))
+        row = b.mul(r, i64(source))
+        for c, x in enumerate(p):
+            rows.store(block, b.add(row, i64(c * rows.lanes)), b.fmul(x, inv))
+        k.store(maxima, r, m)
+        k.store(sums, r, total)
+    # lse = m + log l, a vector of rows at a time (a scalar log a row cost ~1 us a head)
+    for r0 in range(0, length, rows.lanes):
+        if r0 + rows.lanes <= length:
+            lse = b.fadd(rows.load(maxima, i64(r0)),
+                         mathlib.emit(b, "log", [rows.load(sums, i64(r0))]))
+            values_of = [b.extract_element(lse, ir.Constant(I32, j))
+                         for j in range(rows.lanes)]
+        else:  # the last rows, one by one
+            values_of = [b.fadd(k.load(maxima, i64(r)), k.emit("log", k.load(sums, i64(r))))
+                         for r in range(r0, length)]
+        for j, value in enumerate(values_of):
+            k.store(k.base["lse"], b.add(lb, i64((r0 + j) * lrs)), value)
+    b.call(values, [block, k.at("v", vb), k.at("o", ob)])
 
 
-def backward(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> None:
-    """The backward kernel's body over every batch entry (`k`: attention's kernel helper)."""
+def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> None:
+    """The backward of one (batch, head) (`k`: its _Head)."""
     b, lw = k.b, k.lw
     length, source, e, ev = shape
     causal = bool(node.attrs["causal"])
@@ -213,34 +290,33 @@ def backward(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> None:
     grad_q = _product(lw, length, e, source, source, 1, ldb=rs["k"], ldc=rs["dq"])
     grad_k = _product(lw, source, e, length, 1, source, ldb=rs["q"], ldc=rs["dk"])
     head = _Rows(k, ev)
-    with loop(b, 0, math.prod(k.batch) or 1, "n") as n:
-        base = {x: k.batch_offset(x, n) for x in rs}
-        lb, mb = k.batch_offset("lse", n), k.batch_offset("mask", n)
-        with loop(b, 0, length, "dot") as i:  # D_i = rowsum(dO_i * O_i)
-            grow = b.add(base["g"], b.mul(i, i64(rs["g"])))
-            orow = b.add(base["o"], b.mul(i, i64(rs["o"])))
-            prods = [b.fmul(head.load(k.base["g"], b.add(grow, i64(c * head.lanes))),
-                            head.load(k.base["o"], b.add(orow, i64(c * head.lanes))))
-                     for c in range(head.count)]
-            k.store(rowdot, i, head.reduce(prods, b.fadd))
-        b.call(scores, [k.at("q", base["q"]), k.at("k", base["k"]), p_block])
-        with loop(b, 0, length, "prow") as r:  # P = exp(s - lse_i)
-            s = rows.scores(p_block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal,
-                            scale)
-            lse = rows.splat(k.load(k.base["lse"], b.add(lb, b.mul(r, i64(lrs)))))
-            row = b.mul(r, i64(source))
-            for c, x in enumerate(s):
-                rows.store(p_block, b.add(row, i64(c * rows.lanes)),
-                           mathlib.emit(b, "exp", [b.fsub(x, lse)]))
-        b.call(grad_v, [p_block, k.at("g", base["g"]), k.at("dv", base["dv"])])
-        b.call(grad_p, [k.at("g", base["g"]), k.at("v", base["v"]), ds_block])
-        scale_v = ir.Constant(rows.vec, [scale] * rows.lanes)
-        with loop(b, 0, length, "dsr") as r:  # dS = scale * P * (dP - D_i)
-            d_i = rows.splat(k.load(rowdot, r))
-            row = b.mul(r, i64(source))
-            for c in range(rows.count):
-                at = b.add(row, i64(c * rows.lanes))
-                ds = b.fmul(rows.load(p_block, at), b.fsub(rows.load(ds_block, at), d_i))
-                rows.store(ds_block, at, b.fmul(ds, scale_v))
-        b.call(grad_q, [ds_block, k.at("k", base["k"]), k.at("dq", base["dq"])])
-        b.call(grad_k, [ds_block, k.at("q", base["q"]), k.at("dk", base["dk"])])
+    base = {x: i64(0) for x in rs}  # the head's own pointers (k.base)
+    lb = mb = i64(0)
+    with loop(b, 0, length, "dot") as i:  # D_i = rowsum(dO_i * O_i)
+        grow = b.add(base["g"], b.mul(i, i64(rs["g"])))
+        orow = b.add(base["o"], b.mul(i, i64(rs["o"])))
+        prods = [b.fmul(head.load(k.base["g"], b.add(grow, i64(c * head.lanes))),
+                        head.load(k.base["o"], b.add(orow, i64(c * head.lanes))))
+                 for c in range(head.count)]
+        k.store(rowdot, i, head.reduce(prods, b.fadd))
+    b.call(scores, [k.at("q", base["q"]), k.at("k", base["k"]), p_block])
+    with loop(b, 0, length, "prow") as r:  # P = exp(s - lse_i)
+        s = rows.scores(p_block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal,
+                        scale)
+        lse = rows.splat(k.load(k.base["lse"], b.add(lb, b.mul(r, i64(lrs)))))
+        row = b.mul(r, i64(source))
+        for c, x in enumerate(s):
+            rows.store(p_block, b.add(row, i64(c * rows.lanes)),
+                       mathlib.emit(b, "exp", [b.fsub(x, lse)]))
+    b.call(grad_v, [p_block, k.at("g", base["g"]), k.at("dv", base["dv"])])
+    b.call(grad_p, [k.at("g", base["g"]), k.at("v", base["v"]), ds_block])
+    scale_v = ir.Constant(rows.vec, [scale] * rows.lanes)
+    with loop(b, 0, length, "dsr") as r:  # dS = scale * P * (dP - D_i)
+        d_i = rows.splat(k.load(rowdot, r))
+        row = b.mul(r, i64(source))
+        for c in range(rows.count):
+            at = b.add(row, i64(c * rows.lanes))
+            ds = b.fmul(rows.load(p_block, at), b.fsub(rows.load(ds_block, at), d_i))
+            rows.store(ds_block, at, b.fmul(ds, scale_v))
+    b.call(grad_q, [ds_block, k.at("k", base["k"]), k.at("dq", base["dq"])])
+    b.call(grad_k, [ds_block, k.at("q", base["q"]), k.at("dk", base["dk"])])
