@@ -15,6 +15,9 @@ element at a time. Here, per (batch, head), everything in L1:
   dS = scale * P * (dP - D_i); dQ = dS K; dK = dS^T Q: five generated products, each written
   straight into its output (one block: nothing to accumulate, nothing to zero).
 
+The loop over (batch, head) is a KernelBuilder nest the cores share (each head's scratch
+blocks on its thread's stack); a head's code is the same on any number of threads.
+
 `fits(...)` says where it applies: float32, a host with generated kernels (small_gemm.lanes),
 T and S from `lanes` to SMALL_MAX and the key count and both head sizes whole vectors,
 every output's rows contiguous, a mask read along keys contiguously or broadcast.
