@@ -190,15 +190,36 @@ class _Rows:
             half //= 2
         return b.extract_element(acc, ir.Constant(I32, 0))
 
+    def rows(self, length: int, causal: bool, row_code) -> None:
+        """row_code(r, live) for each row r: its first `live` vectors of keys hold all it
+        sees. A causal row r sees keys up to r, so rows in [q * lanes, (q + 1) * lanes) need
+        q + 1 vectors (the others are -inf, their probabilities 0): the exp and the products'
+        operands are written for the live vectors, zeros stored for the rest."""
+        if not causal:
+            with loop(self.b, 0, length, "row") as r:
+                row_code(r, self.count)
+            return
+        for q in range(-(-length // self.lanes)):
+            with loop(self.b, q * self.lanes, min(length, (q + 1) * self.lanes), "row") as r:
+                row_code(r, min(self.count, q + 1))
+
+    def zeros(self, block, r, live: int) -> None:
+        """The hidden vectors of row r (from `live` on) set to 0."""
+        row = self.b.mul(r, i64(self.count * self.lanes))
+        zero = ir.Constant(self.vec, [0.0] * self.lanes)
+        for c in range(live, self.count):
+            self.store(block, self.b.add(row, i64(c * self.lanes)), zero)
+
     def scores(self, block, r, mask_row, mask_sj: int, no_mask: bool, causal: bool,
-               scale: float) -> list:
-        """Row r of the block (its keys contiguous) as s * scale + mask, -inf where hidden."""
+               scale: float, live: int) -> list:
+        """Row r of the block (its keys contiguous) as s * scale + mask, -inf where hidden:
+        its first `live` vectors."""
         b, k = self.b, self.k
         row = b.mul(r, i64(self.count * self.lanes))
         scale_v = ir.Constant(self.vec, [scale] * self.lanes)
         ninf = ir.Constant(self.vec, [-math.inf] * self.lanes)
         out = []
-        for c in range(self.count):
+        for c in range(live):
             s = b.fmul(self.load(block, b.add(row, i64(c * self.lanes))), scale_v)
             if not no_mask:
                 if mask_sj:
@@ -246,8 +267,9 @@ def _forward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> No
     zero = ir.Constant(F32, 0.0)
     qb = kb_ = vb = ob = lb = mb = i64(0)  # the head's own pointers (k.base)
     b.call(scores, [k.at("q", qb), k.at("k", kb_), block])
-    with loop(b, 0, length, "row") as r:
-        s = rows.scores(block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal, scale)
+    def softmax_row(r, live: int) -> None:
+        s = rows.scores(block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal, scale,
+                        live)
         m = rows.reduce(s, larger)
         # a row hidden throughout keeps m = -inf: subtract 0 so exp gives 0, not NaN
         safe = b.select(b.fcmp_ordered("==", m, ir.Constant(F32, -math.inf)), zero, m)
@@ -257,8 +279,11 @@ def _forward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> No
         row = b.mul(r, i64(source))
         for c, x in enumerate(p):
             rows.store(block, b.add(row, i64(c * rows.lanes)), b.fmul(x, inv))
+        rows.zeros(block, r, live)
         k.store(maxima, r, m)
         k.store(sums, r, total)
+
+    rows.rows(length, causal, softmax_row)
     # lse = m + log l, a vector of rows at a time (a scalar log a row cost ~1 us a head)
     for r0 in range(0, length, rows.lanes):
         if r0 + rows.lanes <= length:
@@ -303,23 +328,29 @@ def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> N
                  for c in range(head.count)]
         k.store(rowdot, i, head.reduce(prods, b.fadd))
     b.call(scores, [k.at("q", base["q"]), k.at("k", base["k"]), p_block])
-    with loop(b, 0, length, "prow") as r:  # P = exp(s - lse_i)
+    def probability_row(r, live: int) -> None:  # P = exp(s - lse_i)
         s = rows.scores(p_block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal,
-                        scale)
+                        scale, live)
         lse = rows.splat(k.load(k.base["lse"], b.add(lb, b.mul(r, i64(lrs)))))
         row = b.mul(r, i64(source))
         for c, x in enumerate(s):
             rows.store(p_block, b.add(row, i64(c * rows.lanes)),
                        mathlib.emit(b, "exp", [b.fsub(x, lse)]))
+        rows.zeros(p_block, r, live)
+
+    rows.rows(length, causal, probability_row)
     b.call(grad_v, [p_block, k.at("g", base["g"]), k.at("dv", base["dv"])])
     b.call(grad_p, [k.at("g", base["g"]), k.at("v", base["v"]), ds_block])
     scale_v = ir.Constant(rows.vec, [scale] * rows.lanes)
-    with loop(b, 0, length, "dsr") as r:  # dS = scale * P * (dP - D_i)
+    def gradient_row(r, live: int) -> None:  # dS = scale * P * (dP - D_i)
         d_i = rows.splat(k.load(rowdot, r))
         row = b.mul(r, i64(source))
-        for c in range(rows.count):
+        for c in range(live):
             at = b.add(row, i64(c * rows.lanes))
             ds = b.fmul(rows.load(p_block, at), b.fsub(rows.load(ds_block, at), d_i))
             rows.store(ds_block, at, b.fmul(ds, scale_v))
+        rows.zeros(ds_block, r, live)  # P is 0 there
+
+    rows.rows(length, causal, gradient_row)
     b.call(grad_q, [ds_block, k.at("k", base["k"]), k.at("dq", base["dq"])])
     b.call(grad_k, [ds_block, k.at("q", base["q"]), k.at("dk", base["dk"])])
