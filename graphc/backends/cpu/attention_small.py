@@ -52,6 +52,7 @@ from graphc.types import TensorType, float32
 __all__ = ["SMALL_MAX", "backward", "fits", "forward", "scratch_floats"]
 
 SMALL_MAX = 64  # query rows and keys of one head at most (scores of 16 KB)
+TRIANGLES = True  # a causal head's products skip the zeros past the diagonal
 
 
 def fits(length, source, e: int, ev: int, mask_strides: tuple, out_strides: list) -> bool:
@@ -139,14 +140,16 @@ class _Head:
 
 
 def _product(lw, m: int, n: int, depth: int, sa_row: int, sa_col: int, ldb: int = 0,
-             ldb_t: int = 0, ldc: int = 0):
+             ldb_t: int = 0, ldc: int = 0, triangle: str = ""):
     """The generated kernel void(a, b, c) for c[m, n] (rows ldc apart) = a[m, depth] @
     b[depth, n], a's element strides (sa_row, sa_col), b's rows ldb apart or b read
-    transposed (`ldb_t`)."""
+    transposed (`ldb_t`); `triangle`: a causal head's P or dS ("lower") or its transpose
+    ("upper"), whose zeros past the diagonal each row block skips."""
     width = small_gemm.lanes()
     vectors = 2 if (n // width) % 2 == 0 else 1
     g = SmallGemm(m, n, depth, sa_row, sa_col, ldb, small_gemm.tile_rows(m, vectors, width),
-                  vectors, width, ldb_t=ldb_t, ldc=0 if ldc == n else ldc)
+                  vectors, width, ldb_t=ldb_t, ldc=0 if ldc == n else ldc,
+                  triangle=triangle if TRIANGLES else "")
     return small_gemm.function(lw, g)
 
 
@@ -262,7 +265,9 @@ def _forward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> No
     si, sj = mask_si_sj
     ors, lrs = k.row_stride("o"), k.strides["lse"][-1]
     scores = _product(lw, length, source, e, k.row_stride("q"), 1, ldb_t=k.row_stride("k"))
-    values = _product(lw, length, ev, source, source, 1, ldb=k.row_stride("v"), ldc=ors)
+    lower = "lower" if causal else ""
+    values = _product(lw, length, ev, source, source, 1, ldb=k.row_stride("v"), ldc=ors,
+                      triangle=lower)
     larger = _larger(b)
     zero = ir.Constant(F32, 0.0)
     qb = kb_ = vb = ob = lb = mb = i64(0)  # the head's own pointers (k.base)
@@ -313,10 +318,14 @@ def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> N
     rs = {x: k.row_stride(x) for x in ("q", "k", "v", "o", "g", "dq", "dk", "dv")}
     lrs = k.strides["lse"][-1]
     scores = _product(lw, length, source, e, rs["q"], 1, ldb_t=rs["k"])
-    grad_v = _product(lw, source, ev, length, 1, source, ldb=rs["g"], ldc=rs["dv"])
+    lower, upper = ("lower", "upper") if causal else ("", "")
+    grad_v = _product(lw, source, ev, length, 1, source, ldb=rs["g"], ldc=rs["dv"],
+                      triangle=upper)
     grad_p = _product(lw, length, source, ev, rs["g"], 1, ldb_t=rs["v"])
-    grad_q = _product(lw, length, e, source, source, 1, ldb=rs["k"], ldc=rs["dq"])
-    grad_k = _product(lw, source, e, length, 1, source, ldb=rs["q"], ldc=rs["dk"])
+    grad_q = _product(lw, length, e, source, source, 1, ldb=rs["k"], ldc=rs["dq"],
+                      triangle=lower)
+    grad_k = _product(lw, source, e, length, 1, source, ldb=rs["q"], ldc=rs["dk"],
+                      triangle=upper)
     head = _Rows(k, ev)
     base = {x: i64(0) for x in rs}  # the head's own pointers (k.base)
     lb = mb = i64(0)

@@ -158,11 +158,16 @@ class SmallGemm:
     # b copied panel-major into scratch first (`operands`): panel p's k rows of vectors x
     # lanes floats one after another, p * k * vectors * lanes floats on; ldb unused
     b_panels: bool = False
+    # a triangular: "lower" (a[i, k] = 0 for k > i: a causal head's P or dS), "upper" (0 for
+    # k < i: their transposes); each row block sums only the k its rows can see (k within
+    # one K_BLOCK). The terms skipped are exact zeros times b
+    triangle: str = ""
 
     @property
     def name(self) -> str:
         b = f"bt{self.ldb_t}" if self.ldb_t else "bp" if self.b_panels else f"b{self.ldb}"
         order = ("_ko" if self.k_outer else "") + (f"_c{self.ldc}" if self.ldc else "")
+        order += f"_{self.triangle}" if self.triangle else ""
         order += "".join(f"_{kind}" for kind in self.addends)
         return (f"graphc_small_sgemm_{self.m}x{self.n}x{self.k}_a{self.sa_row}_{self.sa_col}"
                 f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}{order}")
@@ -281,6 +286,9 @@ def function(cg, gemm: SmallGemm) -> ir.Function:
         return existing
     if gemm.addends and gemm.k_outer:
         raise ValueError(f"small_gemm {gemm.name}: addends are for the row-ordered kernel")
+    if gemm.triangle and (gemm.k_outer or gemm.k > K_BLOCK or gemm.addends):
+        raise ValueError(f"small_gemm {gemm.name}: a triangular a is for the row-ordered "
+                         f"kernel with k in one block, without addends")
     fn = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR] * (3 + len(gemm.addends))),
                      gemm.name)
     for arg in fn.args:
@@ -405,6 +413,15 @@ def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
     `addends` go into the last block's stores (that block peeled off the loop)."""
     first = min(g.k, K_BLOCK)
     full, rest = divmod(g.k - first, K_BLOCK)
+    if g.triangle:  # one block of k, from/to the diagonal of the block's rows
+        start, stop = i64(0), i64(g.k)
+        if g.triangle == "lower":  # the block's last row sees k up to itself
+            last = b.add(row0, i64(rows))
+            stop = b.select(b.icmp_signed("<", last, stop), last, stop)
+        else:  # its first row sees k from itself on (at least one k: the rest are zeros)
+            start = b.select(b.icmp_signed("<", row0, i64(g.k - 1)), row0, i64(g.k - 1))
+        sums = _block_sums(b, g, a, source, row0, rows, start, g.k, stop)
+        return _store(b, g, c, row0, col0, sums)
     _store(b, g, c, row0, col0, _block_sums(b, g, a, source, row0, rows, i64(0), first),
            addends=() if full or rest else addends)
     looped = full - 1 if addends and full and not rest else full
@@ -422,16 +439,16 @@ def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
 
 
 def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start,
-                count: int) -> list:
-    """The tile's sums over k in [start, start + count) (count >= 1), as phi nodes through
-    the loop: rows lists of `vectors` vectors."""
+                count: int, stop=None) -> list:
+    """The tile's sums over k in [start, start + count) (count >= 1; or to `stop`, a value
+    above start), as phi nodes through the loop: rows lists of `vectors` vectors."""
     bm, ldb, col0 = source
     vec = ir.VectorType(F32, g.lanes)
     zero = ir.Constant(vec, [0.0] * g.lanes)
     mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
     fma = _fma_intrinsic(b.module, vec)
     pre = b.block
-    stop = b.add(start, i64(count))
+    stop = b.add(start, i64(count)) if stop is None else stop
     body = b.append_basic_block("k.body")
     b.branch(body)
     b.position_at_end(body)
