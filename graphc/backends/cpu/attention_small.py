@@ -15,6 +15,11 @@ element at a time. Here, per (batch, head), everything in L1:
   dS = scale * P * (dP - D_i); dQ = dS K; dK = dS^T Q: five generated products, each written
   straight into its output (one block: nothing to accumulate, nothing to zero).
 
+A causal head skips what lies past the diagonal: rows in [q * lanes, (q + 1) * lanes) work
+on their first q + 1 vectors of keys (zeros stored for the rest, no exp of hidden scores),
+and the products whose a is P or dS (or a transpose) sum in each row block only the k its
+rows see (small_gemm's `triangle`, TRIANGLES): the terms skipped are exact zeros times b.
+
 The loop over (batch, head) is a KernelBuilder nest the cores share (each head's scratch
 blocks on its thread's stack); a head's code is the same on any number of threads.
 
