@@ -84,6 +84,27 @@ def test_one_block_heads_within_rounding_of_float64(fuse_everything, monkeypatch
 
 
 @needs_kernels
+@pytest.mark.parametrize("mode,shape", [("causal", (2, 2, 64, 16)), ("none", (1, 2, 40, 8))])
+def test_eight_lane_vectors_as_on_avx2_hosts(fuse_everything, monkeypatch, tmp_path, rng,
+                                             mode, shape):
+    """The kernels with 8-lane vectors and tiles (an AVX2 host's), generated and run here."""
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(small_gemm, "lanes", lambda: 8)
+    chosen = []
+    fits = attention_small.fits
+    monkeypatch.setattr(attention_small, "fits", lambda *a: chosen.append(fits(*a)) or
+                        chosen[-1])
+    arrays = [rng.standard_normal(shape) for _ in range(3)] + [np.zeros(())]
+    step = _attend(mode)
+    got, _ = _run(step, arrays, np.float32, compiled=True)
+    assert chosen == [True, True]
+    eager, _ = _run(step, arrays, np.float32, compiled=False)
+    reference, _ = _run(step, arrays, np.float64, compiled=False)
+    for g, e, r in zip(got, eager, reference):
+        assert_rounding_within(g, e, r)
+
+
+@needs_kernels
 def test_query_rows_not_a_whole_vector(fuse_everything, rng):
     """40 query rows against 48 keys: the last rows' logsumexp one by one."""
     arrays = [rng.standard_normal(shape) for shape in ((2, 2, 40, 16), (2, 2, 48, 16),
