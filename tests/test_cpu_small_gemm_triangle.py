@@ -52,3 +52,26 @@ def test_a_triangle_needs_k_in_one_block():
     g = SmallGemm(64, 32, 512, 512, 1, 32, 11, 2, small_gemm.lanes(), triangle="lower")
     with pytest.raises(ValueError, match="triangular a is for the row-ordered kernel"):
         small_gemm.function(_Module(), g)
+
+
+def test_lower_c_computes_every_element_on_and_below_the_diagonal(rng):
+    """`lower_c` (a causal head's scores): row blocks wholly above a panel are skipped, so
+    c's upper right holds what it held; every element with j <= i is the product."""
+    width = small_gemm.lanes()
+    m = n = 64
+    depth = 32
+    g = SmallGemm(m, n, depth, depth, 1, n, small_gemm.tile_rows(m, 2, width), 2, width,
+                  lower_c=True)
+    cg = _Module()
+    small_gemm.function(cg, g)
+    library = llvm.compile_module(str(cg.module), "lower_c_test", use_cache=False)
+    p = ctypes.c_void_p
+    fn = library.ctypes_function(g.name, None, [p, p, p])
+    a = rng.standard_normal((m, depth)).astype(np.float32)
+    b = rng.standard_normal((depth, n)).astype(np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    fn(a.ctypes.data, b.ctypes.data, c.ctypes.data)
+    i, j = np.indices((m, n))
+    expected = a.astype(np.float64) @ b
+    np.testing.assert_allclose(c[j <= i], expected[j <= i], rtol=1e-4, atol=1e-4)
+    assert np.isnan(c[:g.rows, 2 * width:]).all()  # the first row block, in the second panel

@@ -145,16 +145,17 @@ class _Head:
 
 
 def _product(lw, m: int, n: int, depth: int, sa_row: int, sa_col: int, ldb: int = 0,
-             ldb_t: int = 0, ldc: int = 0, triangle: str = ""):
+             ldb_t: int = 0, ldc: int = 0, triangle: str = "", lower_c: bool = False):
     """The generated kernel void(a, b, c) for c[m, n] (rows ldc apart) = a[m, depth] @
     b[depth, n], a's element strides (sa_row, sa_col), b's rows ldb apart or b read
     transposed (`ldb_t`); `triangle`: a causal head's P or dS ("lower") or its transpose
-    ("upper"), whose zeros past the diagonal each row block skips."""
+    ("upper"), whose zeros past the diagonal each row block skips; `lower_c`: a causal
+    head's scores or dP, of which the row passes read no vector past a row's diagonal one."""
     width = small_gemm.lanes()
     vectors = 2 if (n // width) % 2 == 0 else 1
     g = SmallGemm(m, n, depth, sa_row, sa_col, ldb, small_gemm.tile_rows(m, vectors, width),
                   vectors, width, ldb_t=ldb_t, ldc=0 if ldc == n else ldc,
-                  triangle=triangle if TRIANGLES else "")
+                  triangle=triangle if TRIANGLES else "", lower_c=lower_c and TRIANGLES)
     return small_gemm.function(lw, g)
 
 
@@ -269,7 +270,8 @@ def _forward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> No
     sums = b.gep(maxima, [i64(length)], inbounds=True, source_etype=F32)
     si, sj = mask_si_sj
     ors, lrs = k.row_stride("o"), k.strides["lse"][-1]
-    scores = _product(lw, length, source, e, k.row_stride("q"), 1, ldb_t=k.row_stride("k"))
+    scores = _product(lw, length, source, e, k.row_stride("q"), 1, ldb_t=k.row_stride("k"),
+                      lower_c=causal)
     lower = "lower" if causal else ""
     values = _product(lw, length, ev, source, source, 1, ldb=k.row_stride("v"), ldc=ors,
                       triangle=lower)
@@ -322,11 +324,11 @@ def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> N
     si, sj = mask_si_sj
     rs = {x: k.row_stride(x) for x in ("q", "k", "v", "o", "g", "dq", "dk", "dv")}
     lrs = k.strides["lse"][-1]
-    scores = _product(lw, length, source, e, rs["q"], 1, ldb_t=rs["k"])
+    scores = _product(lw, length, source, e, rs["q"], 1, ldb_t=rs["k"], lower_c=causal)
     lower, upper = ("lower", "upper") if causal else ("", "")
     grad_v = _product(lw, source, ev, length, 1, source, ldb=rs["g"], ldc=rs["dv"],
                       triangle=upper)
-    grad_p = _product(lw, length, source, ev, rs["g"], 1, ldb_t=rs["v"])
+    grad_p = _product(lw, length, source, ev, rs["g"], 1, ldb_t=rs["v"], lower_c=causal)
     grad_q = _product(lw, length, e, source, source, 1, ldb=rs["k"], ldc=rs["dq"],
                       triangle=lower)
     grad_k = _product(lw, source, e, length, 1, source, ldb=rs["q"], ldc=rs["dk"],

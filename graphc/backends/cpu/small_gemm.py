@@ -162,12 +162,16 @@ class SmallGemm:
     # k < i: their transposes); each row block sums only the k its rows can see (k within
     # one K_BLOCK). The terms skipped are exact zeros times b
     triangle: str = ""
+    # only c's lower triangle (j <= i, and what shares a tile with it) is read: row blocks
+    # wholly above a panel's first column are skipped (a causal head's scores, dP)
+    lower_c: bool = False
 
     @property
     def name(self) -> str:
         b = f"bt{self.ldb_t}" if self.ldb_t else "bp" if self.b_panels else f"b{self.ldb}"
         order = ("_ko" if self.k_outer else "") + (f"_c{self.ldc}" if self.ldc else "")
         order += f"_{self.triangle}" if self.triangle else ""
+        order += "_lowc" if self.lower_c else ""
         order += "".join(f"_{kind}" for kind in self.addends)
         return (f"graphc_small_sgemm_{self.m}x{self.n}x{self.k}_a{self.sa_row}_{self.sa_col}"
                 f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}{order}")
@@ -328,9 +332,19 @@ def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None, addends=()) 
             source = (bm, width, b.mul(panel, i64(g.k * width)))
         if full:
             with counted(b, full, "block") as block:
-                _tile(b, g, a, source, c, b.mul(block, i64(g.rows)), col, g.rows, addends)
+                _tile_needed(b, g, a, source, c, b.mul(block, i64(g.rows)), col, g.rows,
+                             addends)
         if rest:
-            _tile(b, g, a, source, c, i64(full * g.rows), col, rest, addends)
+            _tile_needed(b, g, a, source, c, i64(full * g.rows), col, rest, addends)
+
+
+def _tile_needed(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
+                 addends) -> None:
+    """_tile, but with `lower_c` only where a row of the block reaches the panel."""
+    if not g.lower_c:
+        return _tile(b, g, a, source, c, row0, col0, rows, addends)
+    with b.if_then(b.icmp_signed(">", b.add(row0, i64(rows)), col0)):
+        _tile(b, g, a, source, c, row0, col0, rows, addends)
 
 
 def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
