@@ -50,7 +50,7 @@ MIN_SCORE_BYTES = 256 * 1024
 # ...or where one block holds each head's scores (T and S from ONE_BLOCK_MIN to ONE_BLOCK_MAX,
 # S a multiple of ONE_BLOCK_MIN): the cpu backend's one-block kernels (graphc.backends.cpu.
 # attention_small) keep them in L1, where the chain writes and reads them back 5 times a layer
-# (GPT at context 64: its attention kernels 6.4 -> 4.7 ms, the step -2.9%; docs/performance.md
+# (GPT at context 64: its attention kernels 5.7 -> 4.0 ms, the step -3%; docs/performance.md
 # "GPT's heads and weight gradients"). Head sizes they do not take run in the blocked kernels.
 ONE_BLOCK_MIN = 16
 ONE_BLOCK_MAX = 64
