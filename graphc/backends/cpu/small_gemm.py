@@ -30,7 +30,10 @@ of k by block, each over all panels, a panel's block of b copied contiguous onto
 first and read from L1 by all the panel's row blocks; its columns come in chunks of
 COLUMN_CHUNK (c's rows ldc apart) that the cores share. A fused epilogue of only bias and
 residual adds (graphc.backends.cpu.gemm_addends) is added in the row-ordered kernel's stores
-of the last block of k: one pointer argument per addend after c (`with_addends`).
+of the last block of k: one pointer argument per addend after c (`with_addends`). For a
+causal attention head (graphc.backends.cpu.attention_small) the row-ordered kernel skips
+what lies past the diagonal: a triangular a's zero terms (`triangle`), or the row blocks
+wholly above a panel of a c read only on and below its diagonal (`lower_c`).
 
 Rounding: every element of c sums k in blocks of K_BLOCK (in order, fused multiply-adds in
 registers), each block's sum added to c, as a BLAS blocks k (its KC): the error grows with
