@@ -381,17 +381,21 @@ class CpuExecutable:
         chooser = self.thread_chooser
         if chooser.explores:  # its bookkeeping only where it chooses
             n = chooser.pick()
-            previous = threads.use(n, self._reads_openmp)
-            start = time.perf_counter()
-            status = self._run(self._in_ptrs, self._out_ptrs, *tail)
-            chooser.record(n, time.perf_counter() - start)
-            if previous is not None:
-                threads.restore(previous)
+            changed = threads.use(n, self._reads_openmp)
+            try:  # the user's thread counts come back whatever happens
+                start = time.perf_counter()
+                status = self._run(self._in_ptrs, self._out_ptrs, *tail)
+                chooser.record(n, time.perf_counter() - start)
+            finally:
+                if changed is not None:
+                    threads.restore(changed)
         elif chooser.most > 1:  # a fixed count, still applied to this thread
-            previous = threads.use(chooser.current, self._reads_openmp)
-            status = self._run(self._in_ptrs, self._out_ptrs, *tail)
-            if previous is not None:
-                threads.restore(previous)
+            changed = threads.use(chooser.current, self._reads_openmp)
+            try:
+                status = self._run(self._in_ptrs, self._out_ptrs, *tail)
+            finally:
+                if changed is not None:
+                    threads.restore(changed)
         else:
             status = self._run(self._in_ptrs, self._out_ptrs, *tail)
         return status

@@ -38,7 +38,8 @@ Invariants:
 - generated code never calls BLAS inside one of its own parallel regions (a nested
   `GOMP_parallel` gets a team of one, and OpenBLAS's jobs would wait on each other forever).
 - a forked child process gets OpenBLAS's own pool back (`os.register_at_fork`): libgomp's
-  team does not survive a fork.
+  team does not survive a fork; and the BLAS count the user had before the compiled calls
+  that other threads had in flight (they never end in the child).
 - GRAPHC_BLAS_THREADS=native (graphc.config) leaves OpenBLAS's threading untouched.
 
 Load: on a machine where other work holds a core, every join of a 2-thread region waits for
@@ -48,8 +49,10 @@ OpenBLAS's own pool as with libgomp's. No thread count is right for every moment
 executable measures instead of guessing: a `ThreadChooser` starts on one thread, times its
 native calls and now and then tries the other count (all cores only while a core is free),
 keeping the faster; `use(n)` applies a count to libgomp (this thread's
-`omp_set_num_threads`) and to the BLAS, and `restore` gives the calling thread its own
-OpenMP count back after the call (PyTorch reads the same one). A module that forks no OpenMP
+`omp_set_num_threads`) and to the BLAS, and `restore` gives both back after the call: the
+calling thread its own OpenMP count (PyTorch reads the same one), and the process the BLAS
+count the user had, once no compiled call is in flight, so numpy's own GEMMs never run on
+graphc's choice. Neither count is remembered between calls: the user may change either. A module that forks no OpenMP
 region of its own (`reads_openmp_count`: only BLAS calls) has only the BLAS's count set, and
 one with no parallel work at all (no OpenMP region, no BLAS call) gets a chooser of one thread:
 no bookkeeping per call (graphc.backends.cpu.executable).
@@ -168,6 +171,8 @@ _COUNTS_IR = """\
 @lock = internal global i32 0
 @active = internal global i64 0
 @saved = internal global i32 0
+@calls = internal global i64 0  ; compiled calls in flight (graphc_blas_enter)
+@user = internal global i32 0  ; the BLAS's count before the first of them
 
 declare i32 @graphc_blas_get_threads()
 declare void @graphc_blas_set_threads(i32)
@@ -224,20 +229,121 @@ done:
   ret void
 }
 
-define void @graphc_blas_use(i32 %threads) nounwind {
+; the count the BLAS runs the user's GEMMs on: its own count, or the one a split region
+; holds in @saved while it runs the BLAS on one thread (under the lock)
+define internal i32 @effective(i64 %active) nounwind {
 entry:
-  call void @acquire()
-  %n = load i64, ptr @active
-  %idle = icmp eq i64 %n, 0
+  %idle = icmp eq i64 %active, 0
+  br i1 %idle, label %read, label %held
+read:
+  %c = call i32 @graphc_blas_get_threads()
+  ret i32 %c
+held:
+  %s = load i32, ptr @saved
+  ret i32 %s
+}
+
+define internal void @set_effective(i64 %active, i32 %threads) nounwind {
+entry:
+  %idle = icmp eq i64 %active, 0
   br i1 %idle, label %set, label %later
 set:
   call void @graphc_blas_set_threads(i32 %threads)
-  br label %done
+  ret void
 later:
   store i32 %threads, ptr @saved
+  ret void
+}
+
+; A compiled call's count. The first call in saves the user's count in @user; the last one
+; out gives it back (graphc_blas_leave). Returns 1 when the call must leave, 0 when it
+; changed nothing and no other call is in flight (the count is already the call's).
+define i32 @graphc_blas_enter(i32 %threads) nounwind {
+entry:
+  call void @acquire()
+  %calls = load i64, ptr @calls
+  %active = load i64, ptr @active
+  %now = call i32 @effective(i64 %active)
+  %same = icmp eq i32 %now, %threads
+  %first = icmp eq i64 %calls, 0
+  %nothing = and i1 %same, %first
+  br i1 %nothing, label %none, label %enter
+none:
+  call void @release()
+  ret i32 0
+enter:
+  br i1 %first, label %save, label %count
+save:
+  store i32 %now, ptr @user
+  br label %count
+count:
+  %more = add i64 %calls, 1
+  store i64 %more, ptr @calls
+  br i1 %same, label %done, label %set
+set:
+  call void @set_effective(i64 %active, i32 %threads)
   br label %done
 done:
   call void @release()
+  ret i32 1
+}
+
+define void @graphc_blas_leave() nounwind {
+entry:
+  call void @acquire()
+  %calls = load i64, ptr @calls
+  %left = sub i64 %calls, 1
+  store i64 %left, ptr @calls
+  %last = icmp eq i64 %left, 0
+  br i1 %last, label %back, label %done
+back:
+  %active = load i64, ptr @active
+  %now = call i32 @effective(i64 %active)
+  %user = load i32, ptr @user
+  %same = icmp eq i32 %now, %user
+  br i1 %same, label %done, label %set
+set:
+  call void @set_effective(i64 %active, i32 %user)
+  br label %done
+done:
+  call void @release()
+  ret void
+}
+
+; the user's count as the user sees it (what a split region holds aside counts as theirs)
+define i32 @graphc_blas_now() nounwind {
+entry:
+  call void @acquire()
+  %active = load i64, ptr @active
+  %now = call i32 @effective(i64 %active)
+  call void @release()
+  ret i32 %now
+}
+
+; A forked child has only the thread that forked: the calls and split regions of the
+; others never end there, and the lock may have been held. Give the child the user's count
+; (the one before the first call in flight) and an open lock.
+define void @graphc_blas_after_fork() nounwind {
+entry:
+  store atomic i32 0, ptr @lock release, align 4
+  %active = load i64, ptr @active
+  %splits = icmp ne i64 %active, 0
+  br i1 %splits, label %unsplit, label %calls
+unsplit:
+  store i64 0, ptr @active
+  %s = load i32, ptr @saved
+  call void @graphc_blas_set_threads(i32 %s)
+  br label %calls
+calls:
+  %n = load i64, ptr @calls
+  %busy = icmp ne i64 %n, 0
+  br i1 %busy, label %back, label %done
+back:
+  store i64 0, ptr @calls
+  %u = load i32, ptr @user
+  call void @graphc_blas_set_threads(i32 %u)
+  br label %done
+done:
   ret void
 }
 """
@@ -249,8 +355,8 @@ _setters: list = []  # the callback setters installed into, reset in a forked ch
 _fork_hook = False
 _thread_setters: list = []  # the BLAS's set_num_threads, where the callback was installed
 _mkl_setters: list = []  # MKL_Set_Num_Threads, where MKL forks libgomp's team
-_blas_threads = [0]  # the count last given to the BLAS (process-wide in OpenBLAS)
-_blas_counts: list = []  # the BLAS's count getter and the locked setter (_COUNTS_IR)
+# the compiled calls' way to the BLAS's count (_COUNTS_IR): enter, leave, now, after_fork
+_blas_counts: list = []
 
 
 def _find(library: ctypes.CDLL, names: tuple[str, ...]):
@@ -320,15 +426,19 @@ def _adopt_thread_setter(library: ctypes.CDLL):
     """A BLAS whose jobs run on libgomp's team: its thread-count setter (if any) joins the
     ones graphc sets, and a forked child puts it back to one thread (`_native_in_child`).
     Returns the setter (None where the library has none)."""
-    global _fork_hook
     threads = _find(library, _THREAD_SETTERS)
     if threads is not None:
         threads.argtypes, threads.restype = [ctypes.c_int], None
         _thread_setters.append(threads)
+    _register_fork_hook()
+    return threads
+
+
+def _register_fork_hook() -> None:
+    global _fork_hook
     if not _fork_hook:
         os.register_at_fork(after_in_child=_native_in_child)
         _fork_hook = True
-    return threads
 
 
 def _register_counts(library: ctypes.CDLL) -> None:
@@ -345,17 +455,22 @@ def _register_counts(library: ctypes.CDLL) -> None:
         return
     for name in (SPLIT_ENTER, SPLIT_EXIT):
         llvm.register_symbol(name, code.address(name))
-    use = ctypes.CFUNCTYPE(None, ctypes.c_int)(code.address("graphc_blas_use"))
-    get.argtypes, get.restype = [], ctypes.c_int
+    enter = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(code.address("graphc_blas_enter"))
+    leave = ctypes.CFUNCTYPE(None)(code.address("graphc_blas_leave"))
+    now = ctypes.CFUNCTYPE(ctypes.c_int)(code.address("graphc_blas_now"))
+    after_fork = ctypes.CFUNCTYPE(None)(code.address("graphc_blas_after_fork"))
     _libraries.append(code)
-    _blas_counts.extend((get, use))
+    _blas_counts.extend((enter, leave, now, after_fork))
+    _register_fork_hook()
 
 
 def blas_threads() -> int | None:
-    """The BLAS's thread count now, as generated code reads it (None where it cannot)."""
+    """The BLAS's thread count now, as the user's next GEMM outside a compiled call would
+    find it (a convolution's split region holds the BLAS to one thread while it runs and
+    gives this count back after; None where it cannot be read)."""
     with _lock:
-        get = _blas_counts[0] if _blas_counts else None
-    return None if get is None else get()
+        now = _blas_counts[2] if _blas_counts else None
+    return None if now is None else now()
 
 
 def image_threads() -> int:
@@ -369,11 +484,15 @@ def image_threads() -> int:
 
 def _native_in_child() -> None:
     """After fork: libgomp's team is gone in the child, so OpenBLAS gets its own pool back and
-    MKL (which has no pool of its own in the GNU layer) runs on one thread."""
+    MKL (which has no pool of its own in the GNU layer) runs on one thread. The compiled calls
+    and split regions other threads had in flight never end in the child: it gets the BLAS
+    count the user had before them."""
     for setter in _setters:
         setter(None)
     for setter in _mkl_setters:
         setter(1)
+    if _blas_counts:
+        _blas_counts[3]()
 
 
 def policy() -> dict[str, str]:
@@ -406,19 +525,23 @@ def most_threads() -> int:
     return max(1, min(found[0], len(os.sched_getaffinity(0))))
 
 
-def use(n: int, openmp: bool = True) -> int | None:
+def use(n: int, openmp: bool = True) -> tuple[int | None, bool] | None:
     """Run the calling thread's next OpenMP regions, and the BLAS's GEMMs, on `n` threads;
-    returns the OpenMP thread count the calling thread had when it differed (give it to
-    `restore` after the call), else None.
+    returns what to give back after the call (`restore`, in a `finally`), None when nothing
+    changed.
 
-    The OpenMP count is read back every time rather than remembered: the process has one
-    libgomp (PyTorch's `libgomp.so.1` and the system's share the name, so whichever loads
-    first serves both), and another library on this thread (`torch.set_num_threads`) sets the
-    same per-thread count. `openmp=False`: the caller's code reads no OpenMP count
-    (`reads_openmp_count` of its module is false: its only parallel work is the BLAS's, whose
-    jobs fork with a count of their own), so only the BLAS's count is set; not where MKL
-    forks libgomp's team, which may read it. Two ctypes calls less on a call that runs on one
-    thread while the thread's own count is all cores (a GEMM-only executable under load)."""
+    Both counts are read back every time, never remembered: the process has one libgomp
+    (PyTorch's `libgomp.so.1` and the system's share the name, so whichever loads first
+    serves both), another library on this thread (`torch.set_num_threads`) sets the same
+    per-thread OpenMP count, and the user may set OpenBLAS's process-wide count between calls
+    (threadpoolctl's `threadpool_limits`, `openblas_set_num_threads` through ctypes). The
+    BLAS's count goes through one native call (`graphc_blas_enter`, _COUNTS_IR): it saves the
+    user's count when the first compiled call of the process enters and sets `n` only where
+    it differs; the last call out gives the user's count back, so concurrent calls from
+    several Python threads end on it too. `openmp=False`: the caller's code reads no OpenMP
+    count (`reads_openmp_count` of its module is false: its only parallel work is the BLAS's,
+    whose jobs fork with a count of their own), so only the BLAS's count is set; not where
+    MKL forks libgomp's team, which may read it."""
     previous = None
     if openmp or _mkl_setters:
         openmp_library = _openmp()
@@ -427,14 +550,15 @@ def use(n: int, openmp: bool = True) -> int | None:
             openmp_library.omp_set_num_threads(n)
         else:
             previous = None
-    if _blas_threads[0] != n:
-        if _blas_counts:  # through the lock split convolutions hold (_COUNTS_IR)
-            _blas_counts[1](n)
-        else:
-            for setter in _thread_setters:
-                setter(n)
-        _blas_threads[0] = n
-    return previous
+    if _blas_counts:  # through the lock split convolutions hold (_COUNTS_IR)
+        entered = _blas_counts[0](n) != 0
+    else:  # a BLAS whose count cannot be read (none known): set, not given back
+        for setter in _thread_setters:
+            setter(n)
+        entered = False
+    if previous is None and not entered:
+        return None
+    return previous, entered
 
 
 _OPENMP_DECLARATION = re.compile(r'^declare [^@\n]*@"?(GOMP_|omp_)', re.MULTILINE)
@@ -447,11 +571,16 @@ def reads_openmp_count(module_text: str) -> bool:
     return _OPENMP_DECLARATION.search(module_text) is not None
 
 
-def restore(previous: int) -> None:
-    """Give the calling thread back the OpenMP thread count `use` returned, so that graphc's
+def restore(given: tuple[int | None, bool]) -> None:
+    """Give back what `use` changed: the calling thread's OpenMP count, so that graphc's
     choice does not leak into another library's parallel regions on this thread (PyTorch's
-    `#pragma omp parallel` reads the same setting)."""
-    _openmp().omp_set_num_threads(previous)
+    `#pragma omp parallel` reads the same setting), and the BLAS's process-wide count, once
+    no other compiled call is in flight (numpy's GEMMs run on the user's count again)."""
+    openmp_count, entered = given
+    if entered:
+        _blas_counts[1]()
+    if openmp_count is not None:
+        _openmp().omp_set_num_threads(openmp_count)
 
 
 class _RunnableTasks:
