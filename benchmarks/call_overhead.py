@@ -3,6 +3,7 @@
     python -m benchmarks.call_overhead --threads 1 --clock cpu
     python -m benchmarks.call_overhead --profile mlp_b1     # cProfile of one case's calls
     python -m benchmarks.call_overhead --clock cpu --tags   # guards' dict version tags off/on
+    python -m benchmarks.call_overhead --threads 2 --counts # what use + restore cost a call
 
 For each case (medians over ROUNDS rounds, each of enough calls to last ~20 ms):
 - *call*: the compiled callable called as a user calls it (`f(x)`, `step(x, y)`): guards,
@@ -283,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="threads for OpenMP and OpenBLAS (default 1)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--profile", choices=CASES, help="print cProfile of this case's calls")
+    parser.add_argument("--counts", action="store_true",
+                        help="time what a compiled call's thread counts cost: threads.use + "
+                             "threads.restore, per count and kind of module")
     parser.add_argument("--tags", action="store_true",
                         help="compare each case's call and guard with the guards' dict version "
                              "tags off and on, alternating in one process")
@@ -295,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.tags:
         return _print_tags(args)
+    if args.counts:
+        return _print_counts(args)
     print(f"threads {args.threads}, clock {args.clock}; microseconds per call (medians)")
     print(f"{'case':<10} {'call':>9} {'native':>9} {'overhead':>9} {'python':>9} {'guard':>8} "
           f"{'in call':>8} {'target':>8}")
@@ -304,6 +310,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<10} {f.call:9.1f} {f.native:9.1f} {f.overhead:9.1f} {f.python:9.1f} "
               f"{f.guard:8.1f} {f.guard_in_call:8.1f} {'<= %g' % target if target else '':>8}",
               flush=True)
+    load = os.getloadavg()
+    print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return 0
+
+
+def _print_counts(args, calls: int = 20000) -> int:
+    """`threads.use(n, openmp)` + `threads.restore` per call, as `CpuExecutable._native`
+    runs them around a native run: the user's counts are the process's (`--threads`)."""
+    from graphc.backends.cpu import blas, threads
+
+    blas.resolve_blas()
+    print(f"threads {args.threads}, clock {args.clock}; use + restore, microseconds per call "
+          f"(medians of {ROUNDS} rounds of {calls}); BLAS count now {threads.blas_threads()}")
+    for openmp, kind in ((False, "GEMM-only module"), (True, "module with OpenMP regions")):
+        for n in sorted({1, threads.most_threads()}):
+            rounds = []
+            for _ in range(ROUNDS):
+                start = now()
+                for _ in range(calls):
+                    changed = threads.use(n, openmp)
+                    if changed is not None:
+                        threads.restore(changed)
+                rounds.append((now() - start) / calls * 1e6)
+            print(f"{kind:<28} on {n} thread(s): {statistics.median(rounds):6.2f}", flush=True)
     load = os.getloadavg()
     print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0
