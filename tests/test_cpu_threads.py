@@ -123,9 +123,10 @@ def test_use_without_openmp_sets_the_blas_count_and_leaves_the_threads_own():
     """`use(n, openmp=False)`: a module that forks no OpenMP region of its own needs only the
     BLAS's count; the calling thread's OpenMP count is neither read nor set (where MKL forks
     libgomp's team, which may read it, it is set as before). The BLAS's count is read back,
-    never remembered: this test once failed in an xdist worker when graphc's remembered count
-    had gone stale (two Python threads' calls set it in one order and noted it in the other,
-    the GIL let go in between), so `use` skipped a count it had to set."""
+    never remembered: this test once failed in an xdist worker, where a count set behind
+    graphc's back made its remembered count stale (`use` then skipped the setter), or a split
+    convolution on another thread held the raw count at one (`blas_threads()` now reads the
+    count the split holds aside); docs/performance.md, "The user's thread counts"."""
     openmp = _openmp()
     blas.resolve_blas()
     if threads.blas_threads() is None:
