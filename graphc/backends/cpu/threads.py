@@ -52,10 +52,11 @@ keeping the faster; `use(n)` applies a count to libgomp (this thread's
 `omp_set_num_threads`) and to the BLAS, and `restore` gives both back after the call: the
 calling thread its own OpenMP count (PyTorch reads the same one), and the process the BLAS
 count the user had, once no compiled call is in flight, so numpy's own GEMMs never run on
-graphc's choice. Neither count is remembered between calls: the user may change either. A module that forks no OpenMP
-region of its own (`reads_openmp_count`: only BLAS calls) has only the BLAS's count set, and
-one with no parallel work at all (no OpenMP region, no BLAS call) gets a chooser of one thread:
-no bookkeeping per call (graphc.backends.cpu.executable).
+graphc's choice. Neither count is remembered between calls: the user may change either.
+A module that forks no OpenMP region of its own (`reads_openmp_count`: only BLAS calls)
+has only the BLAS's count set, and one with no parallel work at all (no OpenMP region, no
+BLAS call) gets a chooser of one thread: no bookkeeping per call
+(graphc.backends.cpu.executable).
 """
 
 from __future__ import annotations
