@@ -120,6 +120,12 @@ SHORT_K_MAX = 128
 SHORT_K_MIN_M = 128
 SHORT_K_MAX_MN = 1024
 COLUMN_CHUNK = 64  # columns of c per call of a weight gradient: the calls fork over the cores
+# the k-outer kernel's software prefetch of a (x^T: each k step's broadcasts read a line of x
+# far from the last): at every k, the element of a PREFETCH_A_ROWS rows below the row
+# block's first and PREFETCH_A_K k ahead (both 0: none). Measured with the operands cold and
+# hot: benchmarks/weight_grad_cold.py, docs/performance.md "GPT's weight gradients read cold"
+PREFETCH_A_ROWS = 0
+PREFETCH_A_K = 0
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
 K_BLOCK = 256  # k summed in registers per block; blocks' sums added in c (a BLAS's KC)
@@ -168,6 +174,10 @@ class SmallGemm:
     # only c's lower triangle (j <= i, and what shares a tile with it) is read: row blocks
     # wholly above a panel's first column are skipped (a causal head's scores, dP)
     lower_c: bool = False
+    # the k-outer kernel prefetches, at each k, a's element prefetch_rows rows below the row
+    # block's first and prefetch_k k ahead (PREFETCH_A_ROWS, PREFETCH_A_K; both 0: none)
+    prefetch_rows: int = 0
+    prefetch_k: int = 0
 
     @property
     def name(self) -> str:
@@ -176,6 +186,8 @@ class SmallGemm:
         order += f"_{self.triangle}" if self.triangle else ""
         order += "_lowc" if self.lower_c else ""
         order += "".join(f"_{kind}" for kind in self.addends)
+        if self.prefetch_rows or self.prefetch_k:
+            order += f"_pf{self.prefetch_rows}_{self.prefetch_k}"
         return (f"graphc_small_sgemm_{self.m}x{self.n}x{self.k}_a{self.sa_row}_{self.sa_col}"
                 f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}{order}")
 
@@ -207,7 +219,8 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
         # panel, so the panel's block of b stays in L1 (_emit_k_outer)
         vectors = 2 if (n // width) % 2 == 0 else 1
         return SmallGemm(m, n, k, sa_row, sa_col, ldb, tile_rows(m, vectors, width), vectors,
-                         width, k_outer=True)
+                         width, k_outer=True, prefetch_rows=PREFETCH_A_ROWS,
+                         prefetch_k=PREFETCH_A_K)
     if m < 2 or n % width or not (small or medium) or (m * n * k > MAX_WORK and not medium) \
             or k < MIN_K:
         return None
@@ -480,6 +493,8 @@ def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start
                           source_etype=F32), typ=vec, align=4)
              for v in range(g.vectors)]
     a_col = b.mul(k, i64(g.sa_col))
+    if g.k_outer and (g.prefetch_rows or g.prefetch_k):
+        _prefetch_a(b, g, a, row0, k)
     new = []
     for r in range(rows):
         at = b.add(b.mul(b.add(row0, i64(r)), i64(g.sa_row)), a_col)
@@ -497,6 +512,18 @@ def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start
     b.cbranch(b.icmp_unsigned("<", nxt, stop), body, end)
     b.position_at_end(end)
     return new
+
+
+def _prefetch_a(b: ir.IRBuilder, g: SmallGemm, a, row0, k) -> None:
+    """Prefetch a's element prefetch_rows rows below row0, prefetch_k k ahead of k (into
+    every cache level; past a's end it touches what follows, which never faults)."""
+    prefetch = b.module.globals.get("llvm.prefetch.p0") or ir.Function(
+        b.module, ir.FunctionType(ir.VoidType(), [PTR] + [ir.IntType(32)] * 3),
+        "llvm.prefetch.p0")
+    at = b.add(b.mul(b.add(row0, i64(g.prefetch_rows)), i64(g.sa_row)),
+               b.mul(b.add(k, i64(g.prefetch_k)), i64(g.sa_col)))
+    pointer = b.gep(a, [at], source_etype=F32)  # not inbounds: it may lie past a
+    b.call(prefetch, [pointer] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
 
 
 def _store(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, sums: list,
