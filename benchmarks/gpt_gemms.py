@@ -4,7 +4,7 @@
     python -m benchmarks.gpt_gemms --rounds 10 --quick
     python -m benchmarks.gpt_gemms --variant after --variant weights   # two of them
 
-Nine variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+Eleven variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
 setting graphc.backends.cpu.small_gemm's thresholds (and gemm_addends.FOLD, gemm_panels.
@@ -27,10 +27,14 @@ compiles:
 - "chunked": also a fused GEMM's elementwise epilogue (linear1's GELU) run row chunk by
   row chunk in the GEMM's kernel (graphc.backends.cpu.gemm_epilogue), which the variants
   above keep a kernel of its own (docs/performance.md, "GPT step, ninth session");
-- "fused_heads": the default: also attention fused at context 64 (graphc.passes.attention's
+- "fused_heads": also attention fused at context 64 (graphc.passes.attention's
   one-block rule), each head in graphc.backends.cpu.attention_small's kernels, where the
   variants above keep the unfused chain (docs/performance.md, "GPT's heads and weight
-  gradients, ninth session").
+  gradients, ninth session");
+- "prefetch": also the k-outer kernel prefetching a's lines ahead (small_gemm's
+  PREFETCH_A_K), linear1's weight gradient (m 512) still in OpenBLAS;
+- "wgrad_cold": the default: also linear1's in the k-outer kernel (`LONG_K_MAX_M = 512`;
+  docs/performance.md, "GPT's weight gradients read cold, ninth session").
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
 OpenMP and OpenBLAS), then from `graphc.profile` (3 interleaved profiles of each, each
 kernel's median) the step's kernels by role: GEMMs by kind (a chunked epilogue counts with
@@ -56,18 +60,23 @@ NO_ADDENDS = {"gemm_addends.FOLD": False}
 NO_CHUNKED = {"gemm_epilogue.FOLD": False}
 # attention at context 64 left as the unfused chain (graphc.passes.attention's one-block rule)
 NO_ONE_BLOCK = {"graphc.passes.attention.ONE_BLOCK_MAX": 0}
+# the weight gradients before a's prefetch: linear1's (m 512) in OpenBLAS, none prefetched
+NO_PREFETCH = {"PREFETCH_A_K": None, "LONG_K_MAX_M": 128}
 # the eighth session's medium products: b read in place, n at most 128
-EIGHTH = {"gemm_panels.PANEL_MAJOR_B": False, "MEDIUM_N": 128, **NO_CHUNKED, **NO_ONE_BLOCK}
+EIGHTH = {"gemm_panels.PANEL_MAJOR_B": False, "MEDIUM_N": 128, **NO_CHUNKED, **NO_ONE_BLOCK,
+          **NO_PREFETCH}
 VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, **NO_LONG_K, **NO_ADDENDS, **EIGHTH,
                        "MEDIUM_N": 0},
             "heads": {**NO_LONG_K, **NO_ADDENDS, **EIGHTH, "MEDIUM_N": 0},
             "after": {**NO_LONG_K, **NO_ADDENDS, **EIGHTH},
             "weights": {**NO_ADDENDS, **EIGHTH},
             "addends": EIGHTH,
-            "panels": {"MEDIUM_N": 128, **NO_CHUNKED, **NO_ONE_BLOCK},
-            "wide": {**NO_CHUNKED, **NO_ONE_BLOCK},
-            "chunked": NO_ONE_BLOCK,
-            "fused_heads": {}}
+            "panels": {"MEDIUM_N": 128, **NO_CHUNKED, **NO_ONE_BLOCK, **NO_PREFETCH},
+            "wide": {**NO_CHUNKED, **NO_ONE_BLOCK, **NO_PREFETCH},
+            "chunked": {**NO_ONE_BLOCK, **NO_PREFETCH},
+            "fused_heads": NO_PREFETCH,
+            "prefetch": {"LONG_K_MAX_M": 128},
+            "wgrad_cold": {}}
 
 PACK_SHARE = 0.3  # a GEMM node's leading rows shorter than this share of its longest: packs
 

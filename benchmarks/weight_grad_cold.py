@@ -29,11 +29,14 @@ TOKENS = 1024
 BLAS = {"LONG_K_MIN": 1 << 40}
 VARIANTS = {
     "blas": BLAS,  # OpenBLAS for all three
-    "kernel": {"LONG_K_MAX_M": 512},  # the k-outer kernel for all three, no prefetch
-    # the next row block's new line of a, at the same k (a row block's run ahead)
-    "pf_next_block": {"LONG_K_MAX_M": 512, "PREFETCH_A_ROWS": 23},
-    # the row block's own last line, 32 k ahead
-    "pf_k32": {"LONG_K_MAX_M": 512, "PREFETCH_A_ROWS": 11, "PREFETCH_A_K": 32},
+    "kernel": {"PREFETCH_A_K": None},  # the k-outer kernel for all three, no prefetch
+    # a's line of the row block's last row, k ahead: 16, 32 (the default), 64
+    "pf_k16": {"PREFETCH_A_K": 16},
+    "pf_k32": {},
+    "pf_k64": {"PREFETCH_A_K": 64},
+    # the next row block's line (12 rows on), at the same k or 32 ahead
+    "pf_next_block": {"PREFETCH_A_ROWS": 12, "PREFETCH_A_K": 0},
+    "pf_next_k32": {"PREFETCH_A_ROWS": 12, "PREFETCH_A_K": 32},
 }
 
 
@@ -64,9 +67,8 @@ def measure(variants: list[str], rounds: int, sweep_mb: int, root: str) -> dict:
     each variant's result checked against OpenBLAS's first (rounding: tests)."""
     import numpy as np
 
-    from benchmarks.gpt_gemms import owner
-
     import graphc
+    from benchmarks.gpt_gemms import owner
 
     rng = np.random.default_rng(14)
     sweep = np.zeros(sweep_mb << 18, np.float32)

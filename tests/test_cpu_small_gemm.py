@@ -253,6 +253,7 @@ WEIGHT_GRADIENTS = [  # (x shape, dy shape): x^T @ dy, a read transposed, k = th
     ((600, 37), (600, 96)),  # k: 256, one more block, 88 left; rows leave a last tile of 7
     ((512, 48), (512, 48)),  # one vector a panel (48 columns: three panels), no chunks
     ((777, 20), (777, 256)),  # rows under a tile's, k not a multiple of the lanes
+    ((1024, 512), (1024, 128)),  # GPT's first Linear: 512 rows of a (a prefetched)
 ]
 
 
@@ -290,9 +291,32 @@ def test_only_weight_gradients_in_its_bounds_take_the_k_outer_kernel(monkeypatch
     m, n = small_gemm.LONG_K_MAX_M, small_gemm.LONG_K_MAX_N
     assert small_gemm.tile_for(m, n, k, 1, m, n).k_outer
     assert small_gemm.tile_for(m, n, k - 1, 1, m, n) is None  # a short k
-    assert small_gemm.tile_for(m + 16, n, k, 1, m + 16, n) is None  # linear1's 512 rows
+    assert small_gemm.tile_for(m + 16, n, k, 1, m + 16, n) is None  # past linear1's 512 rows
     assert small_gemm.tile_for(m, n + 16, k, 1, m, n + 16) is None
     assert small_gemm.tile_for(m, n, k, k, 1, n) is None  # a read row by row
     assert small_gemm.tile_for(m, 24, k, 1, m, 24) is None  # not a whole vector of columns
     monkeypatch.setattr(small_gemm, "lanes", lambda: 8)  # AVX2 hosts keep the BLAS: untimed
     assert small_gemm.tile_for(m, n, k, 1, m, n) is None
+
+
+@pytest.mark.skipif(small_gemm.lanes() != 16, reason="weight gradients are AVX-512 only")
+def test_the_k_outer_kernel_prefetches_a_without_changing_a_bit(monkeypatch):
+    """PREFETCH_A_K: each k step prefetches a line of a ahead (llvm.prefetch in the kernel);
+    the sums are the same instructions, so the same bits as without it."""
+    rng = np.random.default_rng(14)
+    x = graphc.tensor(rng.standard_normal((1024, 128)).astype(np.float32))
+    dy = graphc.tensor(rng.standard_normal((1024, 128)).astype(np.float32))
+    results = {}
+    for ahead in (None, small_gemm.PREFETCH_A_K or 32):
+        monkeypatch.setattr(small_gemm, "PREFETCH_A_K", ahead)
+        assert (small_gemm.tile_for(128, 128, 1024, 1, 128, 128).prefetch_a is None) \
+            == (ahead is None)
+        compiled = graphc.compile(_a_transposed, backend="cpu")
+        results[ahead] = compiled(x, dy).numpy()
+        text = compiled.executable.lowered.ir_text
+        kernel = re.search(r'define[^@]*@"?graphc_small_sgemm_\w+_ko\w*"?\([^)]*\)[^{]*\{'
+                           r'(.*?)\n\}', text, re.S)
+        assert kernel, "no k-outer kernel"
+        assert ("llvm.prefetch" in kernel.group(1)) == (ahead is not None)
+    first, second = results.values()
+    np.testing.assert_array_equal(first, second)

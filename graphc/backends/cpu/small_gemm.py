@@ -106,10 +106,11 @@ ROW_CHUNK = 128  # rows of a medium product per kernel call: the calls fork over
 # 1024] @ [1024 x 128 | 512]). OpenBLAS ran them at ~125-145 GFLOP/s, the kernel at 150-180
 # (one thread, alone; docs/performance.md "GPT step, eighth session"): it walks k block by
 # block over the panels, each panel's block of b copied contiguous first (_emit_k_outer).
-# Not taken: m 512 (linear1's [512 x 1024] @ [1024 x 128], a = dy^T 2 KB a row: ~149
-# against the BLAS's ~159 GFLOP/s; in row chunks of 128, ~120)
+# m up to 512 (linear1's [512 x 1024] @ [1024 x 128], a = dh^T 2 KB a row) since the kernel
+# prefetches a (PREFETCH_A_K): alone, swept from cache, 1387 -> 1018 us against OpenBLAS's
+# 1098 (without the prefetch it lost to the BLAS, hot and cold; ninth session)
 LONG_K_MIN = 512
-LONG_K_MAX_M = 128
+LONG_K_MAX_M = 512
 LONG_K_MAX_N = 512
 # ...and a short k (a small batch: the MLP b64's dh^T @ x, k = 64) with m and n up to 1024,
 # n in two-vector panels: alone, 256 x 256 x 64 OpenBLAS 138 -> the kernel 171 GFLOP/s, k 32
@@ -121,11 +122,13 @@ SHORT_K_MIN_M = 128
 SHORT_K_MAX_MN = 1024
 COLUMN_CHUNK = 64  # columns of c per call of a weight gradient: the calls fork over the cores
 # the k-outer kernel's software prefetch of a (x^T: each k step's broadcasts read a line of x
-# far from the last): at every k, the element of a PREFETCH_A_ROWS rows below the row
-# block's first and PREFETCH_A_K k ahead (both 0: none). Measured with the operands cold and
-# hot: benchmarks/weight_grad_cold.py, docs/performance.md "GPT's weight gradients read cold"
+# 4 * m bytes from the last, which the hardware fetched late): at every k, the element of a
+# PREFETCH_A_ROWS rows below the row block's last and PREFETCH_A_K k ahead (None: none).
+# The step's three shapes alone, one thread, operands swept from cache (benchmarks/
+# weight_grad_cold.py, docs/performance.md "GPT's weight gradients read cold"): 128 x 128
+# 415 -> 308 us, 128 x 512 1036 -> 913, 512 x 128 1387 -> 1018 (OpenBLAS 1098); hot too
 PREFETCH_A_ROWS = 0
-PREFETCH_A_K = 0
+PREFETCH_A_K: int | None = 32
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
 K_BLOCK = 256  # k summed in registers per block; blocks' sums added in c (a BLAS's KC)
@@ -174,10 +177,9 @@ class SmallGemm:
     # only c's lower triangle (j <= i, and what shares a tile with it) is read: row blocks
     # wholly above a panel's first column are skipped (a causal head's scores, dP)
     lower_c: bool = False
-    # the k-outer kernel prefetches, at each k, a's element prefetch_rows rows below the row
-    # block's first and prefetch_k k ahead (PREFETCH_A_ROWS, PREFETCH_A_K; both 0: none)
-    prefetch_rows: int = 0
-    prefetch_k: int = 0
+    # the k-outer kernel prefetches, at each k, a's element prefetch_a[0] rows below the row
+    # block's first and prefetch_a[1] k ahead (PREFETCH_A_ROWS, PREFETCH_A_K); None: none
+    prefetch_a: tuple[int, int] | None = None
 
     @property
     def name(self) -> str:
@@ -186,8 +188,8 @@ class SmallGemm:
         order += f"_{self.triangle}" if self.triangle else ""
         order += "_lowc" if self.lower_c else ""
         order += "".join(f"_{kind}" for kind in self.addends)
-        if self.prefetch_rows or self.prefetch_k:
-            order += f"_pf{self.prefetch_rows}_{self.prefetch_k}"
+        if self.prefetch_a:
+            order += f"_pf{self.prefetch_a[0]}_{self.prefetch_a[1]}"
         return (f"graphc_small_sgemm_{self.m}x{self.n}x{self.k}_a{self.sa_row}_{self.sa_col}"
                 f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}{order}")
 
@@ -209,18 +211,21 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
     medium = (width == 16 and sa_col == 1 and n <= MEDIUM_N and k <= MEDIUM_K
               and k * n * 4 <= MEDIUM_B_BYTES
               and m >= 2 * ROW_CHUNK and (m % ROW_CHUNK == 0 or m * k * 4 <= MEDIUM_A_BYTES))
-    long_k = (width == 16 and sa_row == 1 and not b_transposed and k >= LONG_K_MIN
+    tokens = (width == 16 and sa_row == 1 and not b_transposed and k >= LONG_K_MIN
               and m <= LONG_K_MAX_M and n <= LONG_K_MAX_N)
-    long_k = long_k or (width == 16 and sa_row == 1 and not b_transposed
+    long_k = tokens or (width == 16 and sa_row == 1 and not b_transposed
                         and SHORT_K_MIN <= k <= SHORT_K_MAX and SHORT_K_MIN_M <= m
                         and max(m, n) <= SHORT_K_MAX_MN and n % (2 * width) == 0)
     if long_k and not small:
         # a weight gradient x^T @ dy: each block of k runs over all the row blocks of a
         # panel, so the panel's block of b stays in L1 (_emit_k_outer)
         vectors = 2 if (n // width) % 2 == 0 else 1
-        return SmallGemm(m, n, k, sa_row, sa_col, ldb, tile_rows(m, vectors, width), vectors,
-                         width, k_outer=True, prefetch_rows=PREFETCH_A_ROWS,
-                         prefetch_k=PREFETCH_A_K)
+        rows = tile_rows(m, vectors, width)
+        # a prefetched for the long k only (a short k's a, 64 rows of x, was measured without)
+        prefetch = (rows - 1 + PREFETCH_A_ROWS, PREFETCH_A_K) \
+            if tokens and PREFETCH_A_K is not None else None
+        return SmallGemm(m, n, k, sa_row, sa_col, ldb, rows, vectors, width, k_outer=True,
+                         prefetch_a=prefetch)
     if m < 2 or n % width or not (small or medium) or (m * n * k > MAX_WORK and not medium) \
             or k < MIN_K:
         return None
@@ -493,7 +498,7 @@ def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start
                           source_etype=F32), typ=vec, align=4)
              for v in range(g.vectors)]
     a_col = b.mul(k, i64(g.sa_col))
-    if g.k_outer and (g.prefetch_rows or g.prefetch_k):
+    if g.k_outer and g.prefetch_a:
         _prefetch_a(b, g, a, row0, k)
     new = []
     for r in range(rows):
@@ -515,13 +520,14 @@ def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start
 
 
 def _prefetch_a(b: ir.IRBuilder, g: SmallGemm, a, row0, k) -> None:
-    """Prefetch a's element prefetch_rows rows below row0, prefetch_k k ahead of k (into
-    every cache level; past a's end it touches what follows, which never faults)."""
+    """Prefetch a's element g.prefetch_a[0] rows below row0, g.prefetch_a[1] k ahead of k
+    (into every cache level; past a's end it touches what follows, which never faults)."""
+    rows, ahead = g.prefetch_a
+    at = b.add(b.mul(b.add(row0, i64(rows)), i64(g.sa_row)),
+               b.mul(b.add(k, i64(ahead)), i64(g.sa_col)))
     prefetch = b.module.globals.get("llvm.prefetch.p0") or ir.Function(
         b.module, ir.FunctionType(ir.VoidType(), [PTR] + [ir.IntType(32)] * 3),
         "llvm.prefetch.p0")
-    at = b.add(b.mul(b.add(row0, i64(g.prefetch_rows)), i64(g.sa_row)),
-               b.mul(b.add(k, i64(g.prefetch_k)), i64(g.sa_col)))
     pointer = b.gep(a, [at], source_etype=F32)  # not inbounds: it may lie past a
     b.call(prefetch, [pointer] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
 
