@@ -27,8 +27,9 @@ panel's rows one after another; graphc.backends.cpu.gemm_panels), other transpos
 and row-major. A weight gradient x^T @ dy
 (a read transposed, k the tokens: LONG_K_MIN) turns the loops around (`k_outer`): block
 of k by block, each over all panels, a panel's block of b copied contiguous onto the stack
-first and read from L1 by all the panel's row blocks; its columns come in chunks of
-COLUMN_CHUNK (c's rows ldc apart) that the cores share. A fused epilogue of only bias and
+first and read from L1 by all the panel's row blocks, a's line 32 k ahead prefetched at
+each k (PREFETCH_A_K: x's rows lie 4 * m bytes apart, cold when the backward reads them);
+its columns come in chunks of COLUMN_CHUNK (c's rows ldc apart) that the cores share. A fused epilogue of only bias and
 residual adds (graphc.backends.cpu.gemm_addends) is added in the row-ordered kernel's stores
 of the last block of k: one pointer argument per addend after c (`with_addends`). For a
 causal attention head (graphc.backends.cpu.attention_small) the row-ordered kernel skips
