@@ -29,9 +29,10 @@ and row-major. A weight gradient x^T @ dy
 of k by block, each over all panels, a panel's block of b copied contiguous onto the stack
 first and read from L1 by all the panel's row blocks, a's line 32 k ahead prefetched at
 each k (PREFETCH_A_K: x's rows lie 4 * m bytes apart, cold when the backward reads them);
-its columns come in chunks of COLUMN_CHUNK (c's rows ldc apart) that the cores share. A fused epilogue of only bias and
-residual adds (graphc.backends.cpu.gemm_addends) is added in the row-ordered kernel's stores
-of the last block of k: one pointer argument per addend after c (`with_addends`). For a
+its columns come in chunks of COLUMN_CHUNK (c's rows ldc apart) that the cores share. A
+fused epilogue of only bias and residual adds (graphc.backends.cpu.gemm_addends) is added in
+the row-ordered kernel's stores of the last block of k: one pointer argument per addend
+after c (`with_addends`). For a
 causal attention head (graphc.backends.cpu.attention_small) the row-ordered kernel skips
 what lies past the diagonal: a triangular a's zero terms (`triangle`), or the row blocks
 wholly above a panel of a c read only on and below its diagonal (`lower_c`).
