@@ -239,8 +239,10 @@ def _one_reader(users: dict, uses: dict, v: Value) -> Node | None:
 def _match_backward(producer: dict, users: dict, uses: dict, m: _Match, p: Value) -> bool:
     """Recognise the softmax chain's backward (see the module docstring); fill m.backward."""
     readers = [n for n in users.get(p, []) if n is not m.removed[-1]]
-    if not readers:
-        return m.o is not None  # a forward graph (with out dead, nothing to do)
+    if not readers:  # a forward graph (with out dead, nothing to do); p must be read by
+        # out's matmul alone: a forward part that saves p for a backward outside (autograd's
+        # split graph) returns it, and the fused node does not make it
+        return m.o is not None and uses.get(p) == 1
     if sorted(n.op for n in readers) != ["mul", "mul", "permute"] or \
             uses.get(p) != len(readers) + (m.o is not None):
         return False
