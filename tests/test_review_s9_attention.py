@@ -48,3 +48,88 @@ def test_backward_outside_the_compiled_attention(causal, length):
                         v.grad.numpy()])
     for got, eager, reference in zip(*results):
         assert_rounding_within(got, eager, reference)
+
+
+def _compiled_and_references(step, arrays):
+    """step's results compiled (float32), eager (float32) and eager in float64."""
+    results = []
+    for dtype, compiled in ((np.float32, True), (np.float32, False), (np.float64, False)):
+        tensors = [graphc.tensor(a.astype(dtype), requires_grad=i < 3)
+                   for i, a in enumerate(arrays)]
+        fn = graphc.compile(step, backend="cpu") if compiled else step
+        results.append([r.detach().numpy() for r in fn(*tensors)])
+    return results
+
+
+def _masked(prepare):
+    def step(q, k, v, mask):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=prepare(mask))
+        (out * out.sin()).sum().backward()
+        return out, q.grad, k.grad, v.grad
+    return step
+
+
+MASKS = {  # mask shape, how the step reads it
+    "per head": ((3, 32, 48), lambda m: m),
+    "key padding, heads broadcast": ((1, 3, 1, 48), lambda m: m),
+    "per query row": ((2, 1, 32, 1), lambda m: m),
+    "an expanded view": ((1, 1, 1, 48), lambda m: m.expand(2, 3, 32, 48)),
+    "every other column": ((32, 96), lambda m: m[:, ::2]),
+}
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+def test_float_masks_of_every_broadcast(name):
+    """32 query rows (two vectors), 48 keys: the one-block kernels where the mask's keys are
+    contiguous or broadcast, the blocked ones where they are strided; all within rounding."""
+    shape, prepare = MASKS[name]
+    rng = np.random.default_rng(len(name))
+    arrays = [rng.standard_normal(s) for s in ((2, 3, 32, 16), (2, 3, 48, 16), (2, 3, 48, 16))]
+    mask = rng.standard_normal(shape)
+    mask[..., :1, -3:] = -np.inf  # hidden keys (a whole row where the mask has one column)
+    results = _compiled_and_references(_masked(prepare), arrays + [mask])
+    for got, eager, reference in zip(*results):
+        if np.isnan(reference).any():  # a row with every key hidden: NaN, as PyTorch's
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(reference))
+            continue
+        assert_rounding_within(got, eager, reference)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_dropout_forward_and_backward_drop_the_same_probabilities(causal):
+    """o = D(P) v is linear in v, so sum(o * G) = sum(v * dL/dv) for L = sum(o * G) exactly
+    when the backward drops what the forward dropped (compiled: the chain is not fused)."""
+    rng = np.random.default_rng(causal)
+    weights = graphc.tensor(rng.standard_normal((2, 2, 32, 16)).astype(np.float32))
+
+    def step(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=causal)
+        (out * weights).sum().backward()
+        return out.detach(), v.grad
+
+    q, k, v = _heads(rng, (2, 2, 32, 16), np.float32)
+    out, dv = graphc.compile(step, backend="cpu")(q, k, v)
+    lhs = (out.numpy().astype(np.float64) * weights.numpy()).sum()
+    rhs = (v.detach().numpy().astype(np.float64) * dv.numpy()).sum()
+    assert abs(lhs - rhs) <= 1e-5 * abs(lhs)
+
+
+def test_a_dynamic_batch_through_the_one_block_kernels():
+    """Batches 2, 3 (the batch becomes symbolic) and 5: each within rounding of float64."""
+    def step(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (out * out.sin()).sum().backward()
+        return out.detach(), q.grad, k.grad, v.grad
+
+    compiled = graphc.compile(step, backend="cpu")
+    rng = np.random.default_rng(3)
+    for batch in (2, 3, 5):
+        arrays = [rng.standard_normal((batch, 2, 64, 16)) for _ in range(3)]
+        results = []
+        for fn, dtype in ((compiled, np.float32), (step, np.float32), (step, np.float64)):
+            results.append([r.numpy() for r in fn(*[graphc.tensor(a.astype(dtype),
+                                                                   requires_grad=True)
+                                                    for a in arrays])])
+        for got, eager, reference in zip(*results):
+            assert_rounding_within(got, eager, reference)
+    assert any(not isinstance(d, int) for d in compiled.optimized_graph.inputs[0].type.shape)
