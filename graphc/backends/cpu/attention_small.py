@@ -11,9 +11,12 @@ element at a time. Here, per (batch, head), everything in L1:
   its stack); one pass per row in vectors of the host's lanes: s * scale + mask (-inf past
   the diagonal for a causal kernel), its maximum m, p = exp(s - m), l = sum p, P = p / l
   back into the block, lse = m + log l; then O = P V (generated, O's rows in place);
-- backward: D_i = rowsum(dO_i * O_i); P recomputed from S and lse; dV = P^T dO; dP = dO V^T;
-  dS = scale * P * (dP - D_i); dQ = dS K; dK = dS^T Q: five generated products, each written
-  straight into its output (one block: nothing to accumulate, nothing to zero).
+- backward: P recomputed from S and lse; dV = P^T dO; dP = dO V^T; D_i = rowsum(P_i * dP_i)
+  (the softmax backward's sum, as the unfused chain: the blocked kernel's equal rowsum(dO_i *
+  O_i) sums in another order, and where a row sees one key, a causal head's first, its dQ row
+  was rounding noise instead of 0); dS = scale * P * (dP - D_i); dQ = dS K; dK = dS^T Q: five
+  generated products, each written straight into its output (one block: nothing to
+  accumulate, nothing to zero).
 
 A causal head skips what lies past the diagonal: rows in [q * lanes, (q + 1) * lanes) work
 on their first q + 1 vectors of keys (zeros stored for the rest, no exp of hidden scores),
@@ -71,8 +74,8 @@ def fits(length, source, e: int, ev: int, mask_strides: tuple, out_strides: list
 
 
 def scratch_floats(length: int, source: int) -> int:
-    """Scratch of a kernel: two blocks (P and dS) and a row of D; the forward's one block,
-    each row's maximum and sum."""
+    """Scratch of a kernel: the backward's two blocks (P and dS); the forward's one block,
+    each row's maximum and sum (within the same floats)."""
     return 2 * length * source + length
 
 
@@ -320,7 +323,6 @@ def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> N
     rows = _Rows(k, source)
     p_block = k.base["scratch"]
     ds_block = b.gep(p_block, [i64(length * source)], inbounds=True, source_etype=F32)
-    rowdot = b.gep(p_block, [i64(2 * length * source)], inbounds=True, source_etype=F32)
     si, sj = mask_si_sj
     rs = {x: k.row_stride(x) for x in ("q", "k", "v", "o", "g", "dq", "dk", "dv")}
     lrs = k.strides["lse"][-1]
@@ -333,16 +335,8 @@ def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> N
                       triangle=lower)
     grad_k = _product(lw, source, e, length, 1, source, ldb=rs["q"], ldc=rs["dk"],
                       triangle=upper)
-    head = _Rows(k, ev)
     base = {x: i64(0) for x in rs}  # the head's own pointers (k.base)
     lb = mb = i64(0)
-    with loop(b, 0, length, "dot") as i:  # D_i = rowsum(dO_i * O_i)
-        grow = b.add(base["g"], b.mul(i, i64(rs["g"])))
-        orow = b.add(base["o"], b.mul(i, i64(rs["o"])))
-        prods = [b.fmul(head.load(k.base["g"], b.add(grow, i64(c * head.lanes))),
-                        head.load(k.base["o"], b.add(orow, i64(c * head.lanes))))
-                 for c in range(head.count)]
-        k.store(rowdot, i, head.reduce(prods, b.fadd))
     b.call(scores, [k.at("q", base["q"]), k.at("k", base["k"]), p_block])
     def probability_row(r, live: int) -> None:  # P = exp(s - lse_i)
         s = rows.scores(p_block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal,
@@ -359,12 +353,16 @@ def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> N
     b.call(grad_p, [k.at("g", base["g"]), k.at("v", base["v"]), ds_block])
     scale_v = ir.Constant(rows.vec, [scale] * rows.lanes)
     def gradient_row(r, live: int) -> None:  # dS = scale * P * (dP - D_i)
-        d_i = rows.splat(k.load(rowdot, r))
         row = b.mul(r, i64(source))
-        for c in range(live):
-            at = b.add(row, i64(c * rows.lanes))
-            ds = b.fmul(rows.load(p_block, at), b.fsub(rows.load(ds_block, at), d_i))
-            rows.store(ds_block, at, b.fmul(ds, scale_v))
+        ats = [b.add(row, i64(c * rows.lanes)) for c in range(live)]
+        ps = [rows.load(p_block, at) for at in ats]
+        dps = [rows.load(ds_block, at) for at in ats]
+        # D_i = rowsum(P_i * dP_i), the softmax backward's own sum (the unfused chain's):
+        # where P_i is one key's 1 (a causal head's first row), dP - D_i is exactly 0; the
+        # equal rowsum(dO_i * O_i) sums in another order and leaves rounding there
+        d_i = rows.splat(rows.reduce([b.fmul(p, dp) for p, dp in zip(ps, dps)], b.fadd))
+        for at, p, dp in zip(ats, ps, dps):
+            rows.store(ds_block, at, b.fmul(b.fmul(p, b.fsub(dp, d_i)), scale_v))
         rows.zeros(ds_block, r, live)  # P is 0 there
 
     rows.rows(length, causal, gradient_row)
