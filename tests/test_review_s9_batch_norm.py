@@ -3,9 +3,9 @@ of shifted float64 sums in memory order, split over the channels) as a user driv
 nn.BatchNorm2d: train and eval, affine and running statistics on or off, momentum, hostile
 values, one value per channel, one and two threads; against PyTorch in float64.
 
-Found and left (graphc/nn/modules/batchnorm.py is outside this review): momentum=None (the
-cumulative average) reads `num_batches_tracked.item()` in forward, so a compiled step fails
-to trace; the strict xfail below says so until the factor is computed as a tensor.
+momentum=None (the cumulative average) read `num_batches_tracked.item()` in forward, so a
+compiled step failed to trace; the factor is now a 0-d tensor (tests at the end, with
+BatchNorm3d).
 """
 
 from __future__ import annotations
@@ -152,7 +152,24 @@ def test_one_and_two_threads_give_the_same_bits():
         np.testing.assert_array_equal(one, two)
 
 
-@pytest.mark.xfail(strict=True, reason="BatchNorm's momentum=None reads num_batches_tracked."
-                   "item() while tracing (graphc/nn/modules/batchnorm.py): TraceError")
 def test_cumulative_average_compiles():
+    """momentum=None: the factor 1 / num_batches_tracked is a 0-d tensor, per call (it was a
+    float read off the buffer with .item(), and a compiled step failed to trace)."""
     _check(np.random.default_rng(0).standard_normal((4, 3, 3, 3)), 3, momentum=None)
+
+
+def test_cumulative_average_over_calls_matches_pytorch():
+    """Three compiled calls: the running statistics average the three batches' (1/1, 1/2,
+    1/3), as PyTorch's do."""
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((4, 3, 5, 5)) * (1 + k) + k for k in range(3)]
+    module = graphc.nn.BatchNorm3d(3, momentum=None)
+    reference = torch.nn.BatchNorm3d(3, momentum=None).double()
+    step = graphc.compile(lambda x: module(x), backend="cpu")
+    for x in xs:
+        step(graphc.tensor(x[:, :, None].astype(np.float32)))
+        reference(torch.tensor(x[:, :, None]))
+    assert int(module.num_batches_tracked.item()) == 3
+    for got, want in ((module.running_mean, reference.running_mean),
+                      (module.running_var, reference.running_var)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

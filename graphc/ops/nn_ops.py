@@ -544,7 +544,12 @@ register(OpDef("batch_norm", NORM, ("input", "weight", "bias", "running_mean", "
                saved_inputs=(0, 1), saved_outputs=(1, 2)))
 
 
-def _bn_update(running, value, momentum: float) -> None:
+def _bn_update(running, value, momentum) -> None:
+    """running = running * (1 - momentum) + value * momentum, in place; `momentum` a float or
+    a 0-d tensor (BatchNorm's momentum=None: 1 / num_batches_tracked, known per call)."""
+    if not hasattr(momentum, "shape"):
+        momentum = float(momentum)
+
     def updated(old):
         return old * (1.0 - momentum) + value * momentum
 
@@ -598,12 +603,12 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,  # noqa
 
         with no_grad():  # buffers: the update records no history
             if running_mean is not None:
-                _bn_update(running_mean, mean, float(momentum))
+                _bn_update(running_mean, mean, momentum)
             if running_var is not None:
                 correction = n / (n - 1) if type(n) is not Sym else \
                     _size_value(n, dt) / _size_value(n - 1, dt)  # n symbolic: per call
                 unbiased = (1.0 / (invstd * invstd) - float(eps)) * correction
-                _bn_update(running_var, unbiased, float(momentum))
+                _bn_update(running_var, unbiased, momentum)
     return out
 
 

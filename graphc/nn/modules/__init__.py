@@ -20,7 +20,7 @@ from graphc.nn.modules.activation_extra import (
     SiLU,
     Softplus,
 )
-from graphc.nn.modules.batchnorm import BatchNorm1d, BatchNorm2d
+from graphc.nn.modules.batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from graphc.nn.modules.container import ModuleDict, ModuleList, Sequential
 from graphc.nn.modules.conv import Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d
 from graphc.nn.modules.linear import Identity, Linear
@@ -77,7 +77,7 @@ from graphc.nn.modules.upsampling import (
 
 __all__ = [
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
-    "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d",
+    "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
     "CircularPad1d", "CircularPad2d", "ConstantPad1d", "ConstantPad2d", "Conv1d", "Conv2d",
     "ConvTranspose1d", "ConvTranspose2d", "CrossEntropyLoss", "Dropout", "Dropout1d",
     "Dropout2d", "ELU", "Embedding", "Flatten", "GELU", "GRU", "GRUCell", "GroupNorm",

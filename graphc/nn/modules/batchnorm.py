@@ -1,4 +1,5 @@
-"""Batch normalisation: `BatchNorm1d` (N, C) / (N, C, L) and `BatchNorm2d` (N, C, H, W).
+"""Batch normalisation: `BatchNorm1d` (N, C) / (N, C, L), `BatchNorm2d` (N, C, H, W) and
+`BatchNorm3d` (N, C, D, H, W).
 
 As in PyTorch: `running_mean`, `running_var` and `num_batches_tracked` are buffers (when
 `track_running_stats`); `momentum=None` makes the running statistics a cumulative average
@@ -74,7 +75,9 @@ class _BatchNorm(Module):
             with graphc.no_grad():
                 self.num_batches_tracked.add_(1)
             if self.momentum is None:  # cumulative moving average
-                factor = 1.0 / float(self.num_batches_tracked.item())
+                # a 0-d tensor, not a float read off the buffer: a compiled step keeps it
+                # per call (PyTorch computes the same 1 / n in double)
+                factor = 1.0 / self.num_batches_tracked.to(self.running_mean.dtype)
         if self.training:
             bn_training = True
         else:
@@ -122,3 +125,11 @@ class BatchNorm2d(_BatchNorm):
     def _check_input_dim(self, input) -> None:  # noqa: A002
         if input.dim() != 4:
             raise ArgumentError(f"expected 4D input (got {input.dim()}D input)")
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch norm over (N, C, D, H, W) inputs (volumes), one mean and variance per channel."""
+
+    def _check_input_dim(self, input) -> None:  # noqa: A002
+        if input.dim() != 5:
+            raise ArgumentError(f"expected 5D input (got {input.dim()}D input)")
