@@ -185,10 +185,11 @@ class GemmLowering(ElementwiseLowering):
         epilogue_operands = epilogue and epilogue.operands(kb, kc, m)
         # a loop of generated products (attention's heads, row or column chunks) forks over
         # the cores where its multiply-adds are worth it (kernels.gemm_work: 2 x 128 x 64
-        # outputs of 784 products each are, as many elementwise outputs are not); a BLAS
+        # outputs of 784 products each are, as many elementwise outputs are not), a count
+        # known per call (a symbolic batch of heads) weighed the same at each call; a BLAS
         # call threads itself
         heads = math.prod(batch)
-        bld = kb.begin(parallel=bool(small) and type(heads) is int and heads > 1,
+        bld = kb.begin(parallel=bool(small) and (type(heads) is not int or heads > 1),
                        work=kernels.gemm_work(heads, m, n, k) if small else None)
         if bld is None:
             self.calls.append(kb.kernel)

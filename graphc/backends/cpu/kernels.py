@@ -89,13 +89,31 @@ PARALLEL_MIN_ELEMENTS = 1 << 16
 GEMM_MACS_PER_ELEMENT = 16
 
 
+@dataclass(frozen=True)
+class WorkPerCall:
+    """A parallel loop's work known only per call (sizes read from the call's table):
+    `units`, `per_element` of which weigh one element against PARALLEL_MIN_ELEMENTS. The
+    check `units >= least_units` per call decides as `units // per_element >=
+    PARALLEL_MIN_ELEMENTS` does for a count known when compiling (for whole numbers,
+    floor(u / p) >= N exactly when u >= N * p), so a symbolic graph forks at the sizes where
+    the static graph of the same sizes does."""
+
+    units: Sym
+    per_element: int = 1
+
+    @property
+    def least_units(self) -> int:
+        return PARALLEL_MIN_ELEMENTS * self.per_element
+
+
 def gemm_work(products, m, n, k):
     """The elements a loop of `products` generated m x n x k GEMMs weighs against
     PARALLEL_MIN_ELEMENTS (KernelBuilder.begin's `work`): its multiply-adds over
-    GEMM_MACS_PER_ELEMENT. A symbolic count stays symbolic (checked per call)."""
+    GEMM_MACS_PER_ELEMENT; a symbolic count (a batch of products known per call) as a
+    WorkPerCall of the same weight."""
     macs = products * m * n * k
     if type(macs) is Sym:
-        return macs
+        return WorkPerCall(macs, GEMM_MACS_PER_ELEMENT)
     return macs // GEMM_MACS_PER_ELEMENT
 
 
@@ -135,6 +153,7 @@ class KernelBuilder:
         self.outer_size = 1  # a parallel kernel's outermost trip count (set by nest)
         self.recipe = recipe
         self.key: tuple | None = None  # set by begin when this kernel may be shared
+        self.work: int | WorkPerCall = 0  # what a parallel kernel's fork weighs (begin)
 
     def operand(self, loc: Loc, strides: tuple[int, ...] | None = None) -> int:
         """Read or write `loc` broadcast over the domain (or with explicit element strides)."""
@@ -152,13 +171,16 @@ class KernelBuilder:
         self.operands.append(Operand(None, dtype, tuple(strides), (start, step)))
         return len(self.operands) - 1
 
-    def begin(self, parallel: bool = False, work: int | None = None) -> ir.IRBuilder | None:
+    def begin(self, parallel: bool = False,
+              work: int | Sym | WorkPerCall | None = None) -> ir.IRBuilder | None:
         """Start the kernel function. `parallel` (a void kernel whose outermost loop's
         iterations are independent, over PARALLEL_MIN_ELEMENTS or more, with libgomp loaded):
         the loops go into `<name>.range(ptrs..., i64 lo, i64 hi)`, which runs the outermost
         loop from lo to hi, and `finish` makes `<name>` fork it over the cores. `work`: the
         elements that threshold weighs where the domain's own count understates them (a
-        loop of generated GEMMs: each iteration writes a whole product).
+        loop of generated GEMMs: each iteration writes a whole product, `gemm_work`). Work
+        known only per call (a Sym, or a WorkPerCall) makes the kernel parallel, and `<name>`
+        weighs that same work at each call before it forks (`_fork`).
 
         None (only with a recipe): the same function was built before; `kernel` is now it,
         called with this builder's pointers, and the caller emits nothing."""
@@ -168,8 +190,11 @@ class KernelBuilder:
             self.kernel.name = built.name
             return None
         work = math.prod(self.shape) if work is None else work
+        if type(work) is Sym:
+            work = WorkPerCall(work)
+        self.work = work
         self.parallel = (parallel and not self.kernel.status and self.cg.openmp
-                         and (type(work) is Sym or work >= PARALLEL_MIN_ELEMENTS))
+                         and (type(work) is WorkPerCall or work >= PARALLEL_MIN_ELEMENTS))
         ret = I32 if self.kernel.status else ir.VoidType()
         params = [PTR] * len(self.kernel.regions) + ([I64, I64] if self.parallel else [])
         name = self.kernel.name + (".range" if self.parallel else "")
@@ -269,7 +294,7 @@ class KernelBuilder:
     def finish(self, b) -> Kernel:
         b.ret_void()
         if self.parallel:
-            self._fork(self.outer_size, math.prod(self.shape))
+            self._fork(self.outer_size, self.work)
         if self.key is not None:
             self.cg.built[self.key] = self.kernel
         return self.kernel
@@ -277,8 +302,9 @@ class KernelBuilder:
     def _fork(self, outer, work) -> None:
         """`<name>(ptrs...)`: GOMP_parallel over `<name>.omp(ptr args)`, whose thread t of n
         calls `<name>.range(ptrs..., lo, hi)` on its contiguous share of [0, outer). With
-        sizes known per call (`work`, the element count, symbolic), `<name>` first checks
-        the count and runs the whole range itself below PARALLEL_MIN_ELEMENTS."""
+        sizes known per call (`work` a WorkPerCall: begin's work, the domain's elements or
+        a loop of GEMMs' multiply-adds), `<name>` first weighs it and runs the whole range
+        itself below PARALLEL_MIN_ELEMENTS' worth, as begin decides for sizes known now."""
         cg, n = self.cg, len(self.kernel.regions)
         worker = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR]),
                              self.kernel.name + ".omp")
@@ -304,8 +330,8 @@ class KernelBuilder:
         kernel.attributes.add("nounwind")
         kernel.attributes.add("noinline")
         b = ir.IRBuilder(kernel.append_basic_block("entry"))
-        if type(work) is Sym:  # small at this call: one thread, no fork
-            with b.if_then(b.icmp_signed("<", size(b, work), i64(PARALLEL_MIN_ELEMENTS)),
+        if type(work) is WorkPerCall:  # small at this call: one thread, no fork
+            with b.if_then(b.icmp_signed("<", size(b, work.units), i64(work.least_units)),
                            likely=False):
                 b.call(self.fn, list(kernel.args) + [i64(0), size(b, outer)])
                 b.ret_void()
