@@ -3,6 +3,7 @@ graph costs per call against the static graph of the same shape.
 
     python -m benchmarks.dynamic_shapes            # every part, backend cpu
     python -m benchmarks.dynamic_shapes --quick    # small sizes, few repeats
+    python -m benchmarks.dynamic_shapes --parts speed --threads 1,2 --realtime
 
 Parts:
 - sweep: a GPT (graphc.tools.demo_gpt.TinyGPT) in inference over batch 1..16 at length 32,
@@ -11,7 +12,11 @@ Parts:
 - epochs: an MLP training step over 3 epochs whose last batch is smaller: traces;
 - speed: medians of the MLP 784-256-256-10 batch-64 training step and of the GPT forward
   (n_embd 128, 4 layers, length 64, batch 16), static (dynamic=False) against symbolic
-  (dynamic=True) at the same shape, interleaved in one process.
+  (dynamic=True) at the same shape, interleaved in one process; `--threads 1,2`: on each
+  count forced (`ThreadChooser(fixed=n)`) instead of the default chooser, the counts
+  interleaved too, and the loops each build forks (`.omp` functions: the symbolic build's
+  decide per call, graphc.backends.cpu.kernels.WorkPerCall); `--realtime` (root): each timed
+  round under SCHED_FIFO (benchmarks.mlp_threads.realtime), as if a core were free.
 
 Counts: "traces" are the compiled callable's graphs (`len(f.graphs)`); "backend compiles"
 count the executables the backend built (a symbolic graph on cpu compiles once for every
@@ -93,22 +98,74 @@ def _median_ms(fn, args, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def _compare(label: str, make, args, repeats: int, rounds: int) -> None:
+def _cpu_executable(f, args):
+    """The cpu executable a compiled callable's last graph runs on `args` (a symbolic
+    graph's: its one executable for every size), or None on other backends."""
+    from graphc.symbolic import Sym
+
+    ex = f.executable
+    if hasattr(ex, "executable_for"):  # graphc.backends.specializing: bind the symbols
+        values = {}
+        for v, arg in zip(f.graphs[-1].inputs, args):  # the arguments lead the inputs
+            for size, actual in zip(v.type.shape, arg.shape):
+                if type(size) is Sym and size.is_symbol():
+                    values[size.name] = actual
+        ex = getattr(ex.executable_for(values), "executable", None)
+    return ex if hasattr(ex, "thread_chooser") else None
+
+
+def _forked(ex) -> str:
+    """How many loops the executable's module forks, and how many of them decide per call."""
+    import re
+
+    text = ex.lowered.ir_text
+    names = re.findall(r'define[^@]*@"?([\w.]+)\.omp"?\(', text)
+    per_call = sum(1 for n in names if re.search(
+        r'define[^@]*@"?%s"?\(ptr[^{]*\{[^}]*?icmp slt' % re.escape(n), text))
+    return f"{len(names)} forked loops ({per_call} checked per call)"
+
+
+def _compare(label: str, make, args, repeats: int, rounds: int, counts=(None,),
+             fifo: bool = False) -> None:
+    from benchmarks.mlp_threads import realtime
+
     static, symbolic = make(False), make(True)
     for f in (static, symbolic):  # compile, warm up
         for _ in range(3):
             f(*args)
-    a, b = [], []
-    for _ in range(rounds):  # interleaved: the machine's load hits both alike
-        a.append(_median_ms(static, args, repeats))
-        b.append(_median_ms(symbolic, args, repeats))
-    ms_a, ms_b = statistics.median(a), statistics.median(b)
     kinds = str(symbolic.graphs[-1].inputs[0].type)
-    print(f"speed   {label}: static {ms_a:.3f} ms, symbolic ({kinds}) {ms_b:.3f} ms, "
-          f"ratio {ms_b / ms_a:.3f}")
+    executables = {"static": _cpu_executable(static, args),
+                   "symbolic": _cpu_executable(symbolic, args)}
+    if counts != (None,):
+        if None in executables.values():
+            raise SystemExit(f"benchmarks/dynamic_shapes.py: --threads needs the cpu backend's "
+                             f"executables, found {executables}")
+        for name, ex in executables.items():
+            print(f"speed   {label}, {name}: {_forked(ex)}")
+    times = {(name, n): [] for n in counts for name in ("static", "symbolic")}
+    for r in range(rounds):  # interleaved: the machine's load hits both alike
+        order = list(times)
+        shift = r % len(order)
+        for name, n in order[shift:] + order[:shift]:
+            f = static if name == "static" else symbolic
+            if n is not None:
+                from graphc.backends.cpu import threads
+
+                executables[name].thread_chooser = threads.ThreadChooser(
+                    threads.most_threads(), fixed=n)
+            with realtime(fifo):
+                for _ in range(3):  # the team wakes or parks: not timed
+                    f(*args)
+                times[(name, n)].append(_median_ms(f, args, repeats))
+    for n in counts:
+        ms_a = statistics.median(times[("static", n)])
+        ms_b = statistics.median(times[("symbolic", n)])
+        on = "" if n is None else f" on {n} thread{'s' * (n > 1)}"
+        print(f"speed   {label}{on}: static {ms_a:.3f} ms, symbolic ({kinds}) {ms_b:.3f} ms, "
+              f"ratio {ms_b / ms_a:.3f}")
 
 
-def speed(backend: str, quick: bool) -> None:
+def speed(backend: str, quick: bool, counts=(None,), fifo: bool = False) -> None:
     repeats, rounds = (20, 3) if quick else (50, 7)
     x, y = batch("mlp", 64, MlpSizes())
 
@@ -117,7 +174,7 @@ def speed(backend: str, quick: bool) -> None:
                               dynamic=dynamic)
 
     _compare("MLP 784-256-256-10 b64 training step", make_mlp,
-             (graphc.from_numpy(x), graphc.from_numpy(y)), repeats, rounds)
+             (graphc.from_numpy(x), graphc.from_numpy(y)), repeats, rounds, counts, fifo)
 
     shape = model_steps.QUICK["gpt"] if quick else model_steps.FULL["gpt"]
     graphc.manual_seed(0)
@@ -129,7 +186,8 @@ def speed(backend: str, quick: bool) -> None:
         return _Forward(graphc.compile(gpt, backend=backend, dynamic=dynamic))
 
     _compare(f"GPT forward (n_embd {shape['embed']}, {shape['layers']} layers, length "
-             f"{shape['block']}, batch {shape['batch']})", make_gpt, (idx,), repeats, rounds)
+             f"{shape['block']}, batch {shape['batch']})", make_gpt, (idx,), repeats, rounds,
+             counts, fifo)
 
 
 class _Forward:
@@ -142,6 +200,10 @@ class _Forward:
     def graphs(self):
         return self.f.graphs
 
+    @property
+    def executable(self):
+        return self.f.executable
+
     def __call__(self, *args):
         with graphc.no_grad():
             return self.f(*args)
@@ -152,12 +214,27 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--backend", default="cpu")
     parser.add_argument("--parts", default="sweep,epochs,speed")
+    parser.add_argument("--threads", default=None,
+                        help="speed: thread counts forced, e.g. 1,2 (default: the chooser)")
+    parser.add_argument("--realtime", action="store_true",
+                        help="speed: each timed round under SCHED_FIFO (root)")
     args = parser.parse_args()
+    counts = (None,)
+    if args.threads is not None:
+        try:
+            counts = tuple(int(n) for n in args.threads.split(","))
+        except ValueError:
+            parser.error(f"--threads takes counts such as 1,2, got {args.threads!r}")
+        if min(counts) < 1:
+            parser.error(f"--threads: each count must be at least 1, got {args.threads!r}")
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; "
           f"backend {args.backend}")
     for part in args.parts.split(","):
-        {"sweep": sweep, "epochs": epochs, "speed": speed}[part](args.backend, args.quick)
-
+        if part == "speed":
+            speed(args.backend, args.quick, counts, args.realtime)
+        else:
+            {"sweep": sweep, "epochs": epochs}[part](args.backend, args.quick)
+    print(f"at the end: load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
 
 if __name__ == "__main__":
     main()
