@@ -39,9 +39,9 @@ split their outermost loop into one contiguous share per thread:
 lo, hi)`. Each element is computed by exactly the code of the serial loop, so results are bit
 for bit the same. With sizes known per call, `<name>` weighs the same work per call
 (`WorkPerCall`: elements, or a loop of GEMMs' multiply-adds) and runs the loop itself below
-the threshold, so a symbolic graph forks at the sizes where the static graph does. libgomp threads spin briefly (GOMP_SPINCOUNT, set by graphc.config when
-graphc is imported, unless the user did) and then sleep, leaving the cores to the BLAS
-threads of a following GEMM.
+the threshold, so a symbolic graph forks at the sizes where the static graph does. libgomp
+threads spin briefly (GOMP_SPINCOUNT, set by graphc.config when graphc is imported, unless
+the user did) and then sleep, leaving the cores to the BLAS threads of a following GEMM.
 """
 
 from __future__ import annotations
