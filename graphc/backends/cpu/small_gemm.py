@@ -62,8 +62,9 @@ from graphc.backends.cpu.gemm_panels import copy_transposed, counted
 from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64
 from graphc.types import TensorType, float32
 
-__all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "function", "lanes", "operands",
-           "row_chunks", "tile_for", "tile_rows", "with_addends"]
+__all__ = ["MAX_THIN", "SmallGemm", "broadcast_fma", "column_chunks", "fma_intrinsic",
+           "function", "lanes", "operands", "prefetch_intrinsic", "row_chunks", "tile_for",
+           "tile_rows", "with_addends"]
 
 # the kernel serves products whose m or n is at most this. Tried: 32 (GPT's attention
 # heads, 64 x 64 x 32, with their transposed operands packed; MobileNet's classifier):
@@ -432,13 +433,36 @@ def _row_blocks(b: ir.IRBuilder, g: SmallGemm, a, source, c, start, count: int,
         _store(b, g, c, row0, col, sums, accumulate=accumulate)
 
 
-def _fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
+def fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
     """llvm.fma on vectors (llvmlite's IRBuilder.fma takes scalars only)."""
     name = f"llvm.fma.v{vec.count}f32"
     existing = module.globals.get(name)
     if existing is not None:
         return existing
     return ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
+
+
+def prefetch_intrinsic(module: ir.Module) -> ir.Function:
+    """llvm.prefetch.p0(pointer, rw, locality, cache type), declared once per module."""
+    return module.globals.get("llvm.prefetch.p0") or ir.Function(
+        module, ir.FunctionType(ir.VoidType(), [PTR] + [ir.IntType(32)] * 3),
+        "llvm.prefetch.p0")
+
+
+def broadcast_fma(b: ir.IRBuilder, a, row0, rows: int, a_row: int, a_col, bvecs: list,
+                  sums: list, fma, splat_mask) -> list:
+    """One k step of a register tile: for each of `rows` rows, a[row0 + r, k] (at
+    (row0 + r) * a_row + a_col) broadcast to a vector and multiplied into `bvecs` (b's row k)
+    with the row's sums added; returns the new sums, rows lists of len(bvecs) vectors."""
+    vec = bvecs[0].type
+    new = []
+    for r in range(rows):
+        at = b.add(b.mul(b.add(row0, i64(r)), i64(a_row)), a_col)
+        x = b.load(b.gep(a, [at], inbounds=True, source_etype=F32), typ=F32, align=4)
+        splat = b.shuffle_vector(b.insert_element(ir.Constant(vec, ir.Undefined), x, i64(0)),
+                                 ir.Constant(vec, ir.Undefined), splat_mask)
+        new.append([b.call(fma, [splat, bv, s]) for bv, s in zip(bvecs, sums[r])])
+    return new
 
 
 def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
@@ -483,7 +507,7 @@ def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start
     vec = ir.VectorType(F32, g.lanes)
     zero = ir.Constant(vec, [0.0] * g.lanes)
     mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
-    fma = _fma_intrinsic(b.module, vec)
+    fma = fma_intrinsic(b.module, vec)
     pre = b.block
     stop = b.add(start, i64(count)) if stop is None else stop
     body = b.append_basic_block("k.body")
@@ -502,13 +526,7 @@ def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start
     a_col = b.mul(k, i64(g.sa_col))
     if g.k_outer and g.prefetch_a:
         _prefetch_a(b, g, a, row0, k)
-    new = []
-    for r in range(rows):
-        at = b.add(b.mul(b.add(row0, i64(r)), i64(g.sa_row)), a_col)
-        x = b.load(b.gep(a, [at], inbounds=True, source_etype=F32), typ=F32, align=4)
-        splat = b.shuffle_vector(b.insert_element(ir.Constant(vec, ir.Undefined), x, i64(0)),
-                                 ir.Constant(vec, ir.Undefined), mask)
-        new.append([b.call(fma, [splat, bv, s]) for bv, s in zip(bvecs, sums[r])])
+    new = broadcast_fma(b, a, row0, rows, g.sa_row, a_col, bvecs, sums, fma, mask)
     nxt = b.add(k, i64(1), name="k.next")
     nxt.flags.append("nuw")
     end = b.append_basic_block("k.end")
@@ -527,9 +545,7 @@ def _prefetch_a(b: ir.IRBuilder, g: SmallGemm, a, row0, k) -> None:
     rows, ahead = g.prefetch_a
     at = b.add(b.mul(b.add(row0, i64(rows)), i64(g.sa_row)),
                b.mul(b.add(k, i64(ahead)), i64(g.sa_col)))
-    prefetch = b.module.globals.get("llvm.prefetch.p0") or ir.Function(
-        b.module, ir.FunctionType(ir.VoidType(), [PTR] + [ir.IntType(32)] * 3),
-        "llvm.prefetch.p0")
+    prefetch = prefetch_intrinsic(b.module)
     pointer = b.gep(a, [at], source_etype=F32)  # not inbounds: it may lie past a
     b.call(prefetch, [pointer] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
 

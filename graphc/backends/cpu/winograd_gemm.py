@@ -40,7 +40,8 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from graphc.backends.cpu.small_gemm import lanes
+from graphc.backends.cpu.gemm_panels import counted
+from graphc.backends.cpu.small_gemm import broadcast_fma, fma_intrinsic, lanes, prefetch_intrinsic
 from graphc.backends.cpu.values import F32, I64, PTR, i64
 
 __all__ = ["BlockGemm", "MAX_K", "POSITIONS", "available", "function", "plan"]
@@ -139,7 +140,7 @@ def function(module: ir.Module, gemm: BlockGemm) -> ir.Function:
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     a, bm, c, beta = fn.args
     accumulate = b.fcmp_ordered("!=", beta, ir.Constant(F32, 0.0))
-    with _counted(b, POSITIONS, "xi") as xi:
+    with counted(b, POSITIONS, "xi") as xi:
         operands = [b.gep(p, [b.mul(xi, i64(step))], inbounds=True, source_etype=F32)
                     for p, step in ((a, gemm.a_step), (bm, gemm.b_step), (c, gemm.c_step))]
         _product(b, gemm, *operands, accumulate)
@@ -155,13 +156,13 @@ def _product(b: ir.IRBuilder, g: BlockGemm, a, bm, c, accumulate) -> None:
     noise: docs/performance.md, "ResNet-18, ninth session".)"""
     width = g.vectors * g.lanes
     full, rest = divmod(g.m, g.rows)
-    with _counted(b, g.n // width, "panel") as panel:
+    with counted(b, g.n // width, "panel") as panel:
         col = b.mul(panel, i64(width))
         for k0 in range(0, g.k, g.k_block):
             count = min(g.k_block, g.k - k0)
             adding = accumulate if k0 == 0 else True
             if full:
-                with _counted(b, full, "block") as block:
+                with counted(b, full, "block") as block:
                     _tile(b, g, a, bm, c, b.mul(block, i64(g.rows)), col, g.rows, k0, count,
                           adding)
             if rest:
@@ -181,7 +182,7 @@ def _tile(b: ir.IRBuilder, g: BlockGemm, a, bm, c, row0, col0, rows: int, k0: in
         _prefetch_rows(b, g, a, b.add(row0, i64(rows)), k0, count)
     zero = ir.Constant(vec, [0.0] * g.lanes)
     splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
-    fma = _fma_intrinsic(b.module, vec)
+    fma = fma_intrinsic(b.module, vec)
     pre = b.block
     body = b.append_basic_block("k.body")
     b.branch(body)
@@ -197,13 +198,7 @@ def _tile(b: ir.IRBuilder, g: BlockGemm, a, bm, c, row0, col0, rows: int, k0: in
                           source_etype=F32), typ=vec, align=4)
              for v in range(g.vectors)]
     a_col = b.mul(k, i64(g.a_col))
-    new = []
-    for r in range(rows):
-        at = b.add(b.mul(b.add(row0, i64(r)), i64(g.a_row)), a_col)
-        x = b.load(b.gep(a, [at], inbounds=True, source_etype=F32), typ=F32, align=4)
-        splat = b.shuffle_vector(b.insert_element(ir.Constant(vec, ir.Undefined), x, i64(0)),
-                                 ir.Constant(vec, ir.Undefined), splat_mask)
-        new.append([b.call(fma, [splat, bv, s]) for bv, s in zip(bvecs, sums[r])])
+    new = broadcast_fma(b, a, row0, rows, g.a_row, a_col, bvecs, sums, fma, splat_mask)
     nxt = b.add(k, i64(1), name="k.next")
     nxt.flags.append("nuw")
     for row, row_new in zip(sums, new):
@@ -228,9 +223,7 @@ def _tile(b: ir.IRBuilder, g: BlockGemm, a, bm, c, row0, col0, rows: int, k0: in
 def _prefetch_rows(b: ir.IRBuilder, g: BlockGemm, a, row0, k0: int, count: int) -> None:
     """Prefetch a's rows [row0, row0 + rows) over k [k0, k0 + count): the next tile's
     broadcasts (past a's last row it fetches what follows, which never faults)."""
-    prefetch = b.module.globals.get("llvm.prefetch.p0") or ir.Function(
-        b.module, ir.FunctionType(ir.VoidType(), [PTR, ir.IntType(32), ir.IntType(32),
-                                                  ir.IntType(32)]), "llvm.prefetch.p0")
+    prefetch = prefetch_intrinsic(b.module)
     lines = range(0, count, 64 // 4)
     for r in range(g.rows):
         start = b.add(b.mul(b.add(row0, i64(r)), i64(g.a_row)), i64(k0))
@@ -238,42 +231,3 @@ def _prefetch_rows(b: ir.IRBuilder, g: BlockGemm, a, row0, k0: int, count: int) 
             at = b.gep(a, [b.add(start, i64(line))], source_etype=F32)  # not inbounds
             b.call(prefetch, [at, ir.Constant(ir.IntType(32), 0),
                               ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
-
-
-class _counted:
-    """`for i in range(count)` with a known count >= 1 (a do-while loop; no loop at 1)."""
-
-    def __init__(self, b: ir.IRBuilder, count: int, name: str) -> None:
-        self.b, self.count, self.name = b, count, name
-
-    def __enter__(self) -> ir.Value:
-        b = self.b
-        if self.count == 1:
-            return i64(0)
-        self.pre = b.block
-        self.body = b.append_basic_block(f"{self.name}.body")
-        b.branch(self.body)
-        b.position_at_end(self.body)
-        self.i = b.phi(I64, name=self.name)
-        self.i.add_incoming(i64(0), self.pre)
-        return self.i
-
-    def __exit__(self, *exc) -> None:
-        if self.count == 1 or exc[0] is not None:
-            return
-        b = self.b
-        nxt = b.add(self.i, i64(1), name=f"{self.name}.next")
-        nxt.flags.append("nuw")
-        self.i.add_incoming(nxt, b.block)
-        end = b.append_basic_block(f"{self.name}.end")
-        b.cbranch(b.icmp_unsigned("<", nxt, i64(self.count)), self.body, end)
-        b.position_at_end(end)
-
-
-def _fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
-    """llvm.fma on vectors (llvmlite's IRBuilder.fma takes scalars only)."""
-    name = f"llvm.fma.v{vec.count}f32"
-    existing = module.globals.get(name)
-    if existing is not None:
-        return existing
-    return ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
