@@ -208,9 +208,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     >>> graphc.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).shape
     graphc.Size([1, 2, 3, 4])
     """
-    if is_causal and attn_mask is not None:
-        raise ArgumentError("scaled_dot_product_attention: Explicit attn_mask should not be set "
-                            "when is_causal=True")
+    if is_causal and attn_mask is not None and not _causal_mask_combines(
+            query, key, value, attn_mask, dropout_p):
+        raise ShapeError("_scaled_dot_product_attention: Explicit attn_mask should not be set "
+                         "when is_causal=True (PyTorch 2.13's wording: it combines the two "
+                         "only for 4-d query, key and value of one head size, a 2-d or 4-d "
+                         "mask and dropout_p=0; fold the triangle into attn_mask instead)")
     if attn_mask is not None and attn_mask.dtype.name not in ("bool", "float32",
                                                               query.dtype.name):
         raise DTypeError(f"scaled_dot_product_attention: Expected attn_mask dtype to be bool or "
@@ -223,19 +226,29 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
         key, value = _repeat_heads(key, query.shape[-3]), _repeat_heads(value, query.shape[-3])
     scores = _linalg.matmul(query, key.transpose(-2, -1)) * scale
-    if is_causal:
+    if attn_mask is not None:
+        if attn_mask.dtype.name == "bool":  # True takes part: 0 added, -inf where False
+            # (PyTorch's convert_boolean_attn_mask; added, it fuses as a float mask does)
+            attn_mask = _call("full", shape=(), value=0.0, dtype=query.dtype.name).masked_fill(
+                attn_mask.logical_not(), -math.inf)
+        scores = scores + attn_mask
+    if is_causal:  # with a mask too: both hide (PyTorch 2.13's CPU kernel, see above)
         causal = _composites.tril(_call("full", shape=(length, source), value=True,
                                         dtype="bool"))
         scores = scores.masked_fill(causal.logical_not(), -math.inf)
-    elif attn_mask is not None:
-        if attn_mask.dtype.name == "bool":
-            scores = scores.masked_fill(attn_mask.logical_not(), -math.inf)
-        else:
-            scores = scores + attn_mask
     weights = _nn_ops.softmax(scores, dim=-1)
     if dropout_p > 0.0:
         weights = _random.dropout(weights, dropout_p, True, False)
     return _linalg.matmul(weights, value)
+
+
+def _causal_mask_combines(query, key, value, attn_mask, dropout_p: float) -> bool:
+    """Whether PyTorch 2.13 (CPU) takes is_causal=True with an attn_mask: its flash kernel
+    does, hiding what either hides, where query, key and value are 4-d with one head size,
+    the mask is 2-d or 4-d and dropout_p is 0; its math kernel, taking every other case,
+    raises RuntimeError."""
+    return query.ndim == key.ndim == value.ndim == 4 and attn_mask.ndim in (2, 4) and \
+        dropout_p == 0.0 and value.shape[-1] == query.shape[-1]
 
 
 _C_NAMES = {"float32": "float", "float64": "double", "int64": "long int", "int32": "int"}

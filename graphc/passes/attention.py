@@ -13,7 +13,7 @@ Recognised forward, after simplify:
 
     s  = matmul(q, permute_T(k))          # permute_T swaps the last two dims
     s' = mul(s, c)                        # optional: c a scalar `full` constant
-    s''= where(hide, -inf, s') | add(s', mask) | s'
+    s''= where(hide, -inf, s') | add(s', mask) | where(hide, -inf, add(s', mask)) | s'
     p  = softmax[dim=last](s'')
     o  = matmul(p, v)
 
@@ -161,7 +161,8 @@ def _match_forward(graph: Graph, producer: dict, users: dict, uses: dict,
         m.causal = True
         chain.append(node)
         x = node.inputs[2]
-    elif node is not None and node.op == "add":
+        node = producer.get(x)  # is_causal with a mask: the mask's add under the triangle
+    if node is not None and node.op == "add":
         for scores, mask in (node.inputs, node.inputs[::-1]):
             made = producer.get(scores)
             if scores.type == x.type and made is not None and made.op in ("mul", "matmul") \
