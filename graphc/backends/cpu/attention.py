@@ -12,11 +12,14 @@ past it), keeps each row's running maximum m and sum l, turns S into exp(S - m),
 the row of the output accumulator by exp(m_old - m); a second GEMM adds P V_j into the output
 block. At the end each row is divided by l and lse = m + log(l) is written for the backward.
 
-Backward (FlashAttention-2's), per batch entry: D_i = rowsum(dO_i * O_i); dQ zeroed; per
-key block j (dK_j and dV_j zeroed), per query block i (a causal kernel starts at the
-diagonal): S = scale Q_i K_j^T (GEMM), P = exp(S + mask - lse_i) (0 where hidden),
-dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P * (dP - D_i) in place of dP,
-dQ_i += scale dS K_j, dK_j += scale dS^T Q_i: five GEMMs on blocks and two row loops.
+Backward, per batch entry (dK and dV zeroed), per query block i (dQ_i zeroed), over a panel
+of the block's rows against every key (P and dP, BLOCK_ROWS x S each; a causal kernel stops
+at the diagonal): per key block j, S = scale Q_i K_j^T (GEMM), P = exp(S + mask - lse_i) (0
+where hidden), dV_j += P^T dO_i, dP = dO_i V_j^T; then per row D_i = rowsum(P_i * dP_i), the
+softmax backward's own sum (FlashAttention-2's equal rowsum(dO_i * O_i) sums in another order:
+a causal head's first dQ row, exactly 0 unfused, was rounding noise growing with the head
+size), and dS = P * (dP - D_i) in place of dP; per key block j, dQ_i += scale dS K_j and
+dK_j += scale dS^T Q_i: five GEMMs on blocks and two row loops.
 
 The block products go to the process's BLAS (cblas_sgemm, as codegen's matmul), so the
 kernels loop over batch entries and blocks on one thread: generated code never calls BLAS
@@ -236,9 +239,10 @@ def _zero_rows(k: _Kernel, key: str, base, first, count, width: int) -> None:
 
 
 def _scores(k: _Kernel, node: Node, block, rows, cols, i0, j0, qb, kb_, mask_base, read_mask,
-            no_mask: bool, causal: bool, per_element, row_start=None) -> None:
-    """S = scale Q_i K_j^T into `block` [rows x BLOCK_KEYS], then per element
-    per_element(b, row_value, offset in block, s) with s masked (-inf where hidden),
+            no_mask: bool, causal: bool, per_element, row_start=None,
+            ld: int = BLOCK_KEYS) -> None:
+    """S = scale Q_i K_j^T into `block` [rows x cols, rows `ld` floats apart], then per
+    element per_element(b, row_value, offset in block, s) with s masked (-inf where hidden),
     row_value = row_start(b, row) (None without one)."""
     b = k.b
     e = k.node.inputs[0].type.shape[-1]
@@ -246,7 +250,7 @@ def _scores(k: _Kernel, node: Node, block, rows, cols, i0, j0, qb, kb_, mask_bas
     k.gemm(_NO_TRANS, _TRANS, rows, cols, e, scale,
            k.at("q", b.add(qb, b.mul(i0, i64(k.row_stride("q"))))), k.row_stride("q"),
            k.at("k", b.add(kb_, b.mul(j0, i64(k.row_stride("k"))))), k.row_stride("k"),
-           0.0, block, BLOCK_KEYS)
+           0.0, block, ld)
     if per_element is None:  # the GEMM's scores as they are (no mask)
         return
     ninf = ir.Constant(F32, -math.inf)
@@ -255,7 +259,7 @@ def _scores(k: _Kernel, node: Node, block, rows, cols, i0, j0, qb, kb_, mask_bas
         row_value = row_start(b, r) if row_start else None  # read once per row
         with loop(b, 0, cols, "sc") as c:
             j = b.add(j0, c)
-            at = b.add(b.mul(r, i64(BLOCK_KEYS)), c)
+            at = b.add(b.mul(r, i64(ld)), c)
             s = k.load(block, at)
             if not no_mask:
                 s = b.fadd(s, read_mask(b, mask_base, i, j))
@@ -369,67 +373,71 @@ def attention_backward(lw, node: Node) -> None:
     small = _small_head(locs, batch + (length, source), e, ev, ("dq", "dk", "dv"))
     if small:  # one block holds the head: attention_small
         return attention_small.backward(lw, node, locs, batch, (length, source, e, ev), *small)
-    k = _Kernel(lw, node, "attention_backward", locs, batch,
-                2 * BLOCK_ROWS * BLOCK_KEYS + length)
+    # a panel of query rows against every key: P and dP (then dS), BLOCK_ROWS x source each
+    k = _Kernel(lw, node, "attention_backward", locs, batch, 2 * BLOCK_ROWS * source)
     b = k.b
-    p_block = k.base["scratch"]
-    ds_block = b.gep(p_block, [i64(BLOCK_ROWS * BLOCK_KEYS)], inbounds=True, source_etype=F32)
-    rowdot = b.gep(p_block, [i64(2 * BLOCK_ROWS * BLOCK_KEYS)], inbounds=True,
-                   source_etype=F32)
+    p_panel = k.base["scratch"]
+    ds_panel = b.gep(p_panel, [i64(BLOCK_ROWS * source)], inbounds=True, source_etype=F32)
     read_mask, no_mask = _mask_reader(k, locs["mask"], batch + (length, source))
-    with b.goto_entry_block():
-        acc = b.alloca(F32, name="acc")
     zero = ir.Constant(F32, 0.0)
     rs = {x: k.row_stride(x) for x in ("q", "k", "v", "o", "g", "dq", "dk", "dv")}
     lrs = k.strides["lse"][-1]
     with for_range(b, max(1, math.prod(batch)), "n") as n:
         base = {x: k.batch_offset(x, n) for x in rs}
         lb, mb = k.batch_offset("lse", n), k.batch_offset("mask", n)
-        with for_range(b, length, "dot") as i:  # D_i = rowsum(dO_i * O_i)
-            b.store(zero, acc)
-            grow = b.add(base["g"], b.mul(i, i64(rs["g"])))
-            orow = b.add(base["o"], b.mul(i, i64(rs["o"])))
-            with for_range(b, ev, "d") as d:
-                prod = b.fmul(k.load(k.base["g"], b.add(grow, d)),
-                              k.load(k.base["o"], b.add(orow, d)))
-                b.store(b.fadd(b.load(acc), prod), acc)
-            k.store(rowdot, i, b.load(acc))
-        _zero_rows(k, "dq", base["dq"], i64(0), i64(length), e)
-        with loop(b, 0, -(-source // BLOCK_KEYS), "kj") as kj:
-            j0 = b.mul(kj, i64(BLOCK_KEYS))
-            cols = _smin(b, i64(BLOCK_KEYS), b.sub(i64(source), j0))
-            _zero_rows(k, "dk", base["dk"], j0, cols, e)
-            _zero_rows(k, "dv", base["dv"], j0, cols, ev)
-            first = b.udiv(j0, i64(BLOCK_ROWS)) if causal else i64(0)
-            with loop(b, first, -(-length // BLOCK_ROWS), "qi") as qi:
-                i0 = b.mul(qi, i64(BLOCK_ROWS))
-                rows = _smin(b, i64(BLOCK_ROWS), b.sub(i64(length), i0))
+        _zero_rows(k, "dk", base["dk"], i64(0), i64(source), e)
+        _zero_rows(k, "dv", base["dv"], i64(0), i64(source), ev)
+        with loop(b, 0, -(-length // BLOCK_ROWS), "qi") as qi:
+            i0 = b.mul(qi, i64(BLOCK_ROWS))
+            rows = _smin(b, i64(BLOCK_ROWS), b.sub(i64(length), i0))
+            kend = _smin(b, b.add(i0, rows), i64(source)) if causal else i64(source)
+            blocks = b.udiv(b.add(kend, i64(BLOCK_KEYS - 1)), i64(BLOCK_KEYS))
+            g_i = k.at("g", b.add(base["g"], b.mul(i0, i64(rs["g"]))))
+            _zero_rows(k, "dq", base["dq"], i0, rows, e)
 
-                def row_lse(bb, r):
-                    return k.load(k.base["lse"], bb.add(lb, bb.mul(bb.add(i0, r), i64(lrs))))
+            def row_lse(bb, r):
+                return k.load(k.base["lse"], bb.add(lb, bb.mul(bb.add(i0, r), i64(lrs))))
 
-                def probability(bb, lse, at, s):  # P = exp(s - lse_i)
-                    k.store(p_block, at, k.emit("exp", bb.fsub(s, lse)))
+            with loop(b, 0, blocks, "kj") as kj:  # P, dP = dO_i V_j^T and dV_j += P^T dO_i
+                j0 = b.mul(kj, i64(BLOCK_KEYS))
+                cols = _smin(b, i64(BLOCK_KEYS), b.sub(kend, j0))
+                p_j = b.gep(p_panel, [j0], inbounds=True, source_etype=F32)
 
-                _scores(k, node, p_block, rows, cols, i0, j0, base["q"], base["k"], mb,
-                        read_mask, no_mask, causal, probability, row_lse)
-                g_i = k.at("g", b.add(base["g"], b.mul(i0, i64(rs["g"]))))
-                k.gemm(_TRANS, _NO_TRANS, cols, ev, rows, 1.0, p_block, BLOCK_KEYS, g_i,
-                       rs["g"], 1.0, k.at("dv", b.add(base["dv"], b.mul(j0, i64(rs["dv"])))),
+                def probability(bb, lse, at, s, p_j=p_j):  # P = exp(s - lse_i)
+                    k.store(p_j, at, k.emit("exp", bb.fsub(s, lse)))
+
+                _scores(k, node, p_j, rows, cols, i0, j0, base["q"], base["k"], mb,
+                        read_mask, no_mask, causal, probability, row_lse, ld=source)
+                k.gemm(_TRANS, _NO_TRANS, cols, ev, rows, 1.0, p_j, source, g_i, rs["g"],
+                       1.0, k.at("dv", b.add(base["dv"], b.mul(j0, i64(rs["dv"])))),
                        rs["dv"])
                 k.gemm(_NO_TRANS, _TRANS, rows, cols, ev, 1.0, g_i, rs["g"],
                        k.at("v", b.add(base["v"], b.mul(j0, i64(rs["v"])))), rs["v"], 0.0,
-                       ds_block, BLOCK_KEYS)
-                with loop(b, 0, rows, "dsr") as r:
-                    d_i = k.load(rowdot, b.add(i0, r))
-                    with loop(b, 0, cols, "dsc") as c:
-                        at = b.add(b.mul(r, i64(BLOCK_KEYS)), c)
-                        ds = b.fmul(k.load(p_block, at), b.fsub(k.load(ds_block, at), d_i))
-                        k.store(ds_block, at, ds)
-                k.gemm(_NO_TRANS, _NO_TRANS, rows, e, cols, scale, ds_block, BLOCK_KEYS,
+                       b.gep(ds_panel, [j0], inbounds=True, source_etype=F32), source)
+            with loop(b, 0, rows, "dsr") as r:
+                # D_i = rowsum(P_i * dP_i), the softmax backward's own sum (the unfused
+                # chain's), not FlashAttention-2's equal rowsum(dO_i * O_i): that one sums in
+                # another order, and where P_i is one key's 1 (a causal head's first row) it
+                # left rounding noise in dQ's row instead of 0
+                row = b.mul(r, i64(source))
+
+                def p_dp(acc, at, vector):
+                    return b.fadd(acc, b.fmul(_load_vec(b, p_panel, at, vector),
+                                              _load_vec(b, ds_panel, at, vector)))
+
+                d_i = _vector_row(k, p_panel, row, kend, zero, p_dp, b.fadd)
+                with loop(b, 0, kend, "dsc") as c:  # dS = P * (dP - D_i) in place of dP
+                    at = b.add(row, c)
+                    ds = b.fmul(k.load(p_panel, at), b.fsub(k.load(ds_panel, at), d_i))
+                    k.store(ds_panel, at, ds)
+            with loop(b, 0, blocks, "kg") as kj:  # dQ_i += scale dS K_j, dK_j += scale dS^T Q_i
+                j0 = b.mul(kj, i64(BLOCK_KEYS))
+                cols = _smin(b, i64(BLOCK_KEYS), b.sub(kend, j0))
+                ds_j = b.gep(ds_panel, [j0], inbounds=True, source_etype=F32)
+                k.gemm(_NO_TRANS, _NO_TRANS, rows, e, cols, scale, ds_j, source,
                        k.at("k", b.add(base["k"], b.mul(j0, i64(rs["k"])))), rs["k"], 1.0,
                        k.at("dq", b.add(base["dq"], b.mul(i0, i64(rs["dq"])))), rs["dq"])
-                k.gemm(_TRANS, _NO_TRANS, cols, e, rows, scale, ds_block, BLOCK_KEYS,
+                k.gemm(_TRANS, _NO_TRANS, cols, e, rows, scale, ds_j, source,
                        k.at("q", b.add(base["q"], b.mul(i0, i64(rs["q"])))), rs["q"], 1.0,
                        k.at("dk", b.add(base["dk"], b.mul(j0, i64(rs["dk"])))), rs["dk"])
     k.finish()
