@@ -37,6 +37,8 @@ def _step(causal: bool, with_mask: bool):
 def _run(step, arrays, mask, dtype, backend=None):
     tensors = [graphc.tensor(a.astype(dtype), requires_grad=True) for a in arrays]
     fn = graphc.compile(step, backend=backend) if backend else step
+    if mask.dtype != np.bool_:
+        mask = mask.astype(dtype)
     results = fn(*tensors, graphc.tensor(mask))
     return [r.detach().numpy() for r in results], fn
 
@@ -74,3 +76,82 @@ def test_blocked_causal_first_query_gradient_is_zero(monkeypatch, tmp_path, leng
     assert not got[1][..., 0, :].any()
     for a, b, c in zip(got, eager, reference):
         assert_rounding_within(a, b, c)
+
+
+def _bool_mask(rng, shape):
+    mask = rng.random(shape) > 0.3
+    mask[..., 0] = True  # every query sees a key (no row of NaN)
+    return mask
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length,mask_shape", [(32, (32, 32)), (512, (1, 2, 512, 512)),
+                                               (512, (512, 512))])
+def test_bool_masks_fuse_and_match_pytorch(causal, length, mask_shape):
+    """A bool mask (True takes part), alone or with is_causal (4-d heads, 2-d or 4-d mask:
+    PyTorch takes both): fused as a float mask is (one block a head at 32, the blocked kernels
+    at 512), compiled for cpu and interp and eager against PyTorch, forward and gradients."""
+    rng = np.random.default_rng(length + causal)
+    arrays = [rng.standard_normal((1, 2, length, 16)) for _ in range(3)]
+    mask = _bool_mask(rng, mask_shape)
+    step = _step(causal, True)
+    reference = _torch(arrays, mask, causal, True)
+    got, fn = _run(step, arrays, mask, np.float32, backend="cpu")
+    assert "attention" in _ops(fn) and "attention_backward" in _ops(fn)
+    interp, _ = _run(step, arrays, mask, np.float32, backend="interp")
+    eager, _ = _run(step, arrays, mask, np.float32)
+    f32 = [r.astype(np.float32) for r in _torch([a.astype(np.float32) for a in arrays], mask,
+                                                causal, True)]
+    for a, b, c, d, t32 in zip(got, interp, eager, reference, f32):
+        assert_rounding_within(a, t32, d)
+        assert_rounding_within(b, t32, d)
+        assert_rounding_within(c, t32, d)
+
+
+def test_a_float_mask_under_the_causal_triangle_fuses():
+    """is_causal with a float mask: both hide (the float mask's -inf and the triangle)."""
+    rng = np.random.default_rng(7)
+    arrays = [rng.standard_normal((1, 2, 512, 16)) for _ in range(3)]
+    mask = rng.standard_normal((1, 1, 512, 512))
+    mask[..., 1:, 1] = -np.inf
+    reference = _torch(arrays, mask, True, True)
+    got, fn = _run(_step(True, True), arrays, mask, np.float32, backend="cpu")
+    assert "attention_backward" in _ops(fn)
+    eager, _ = _run(_step(True, True), arrays, mask, np.float32)
+    for a, b, c in zip(got, eager, reference):
+        assert_rounding_within(a, b, c)
+
+
+CAUSAL_WITH_MASK = {  # query shape, value shape, mask shape, dropout_p
+    "3-d mask": ((1, 2, 5, 8), (1, 2, 5, 8), (1, 5, 5), 0.0),
+    "3-d heads": ((2, 5, 8), (2, 5, 8), (5, 5), 0.0),
+    "5-d heads": ((2, 2, 1, 5, 8), (2, 2, 1, 5, 8), (5, 5), 0.0),
+    "another value size": ((1, 2, 5, 8), (1, 2, 5, 4), (5, 5), 0.0),
+    "dropout": ((1, 2, 5, 8), (1, 2, 5, 8), (5, 5), 0.5),
+    "2-d mask": ((1, 2, 3, 8), (1, 2, 5, 8), (3, 5), 0.0),
+    "4-d mask": ((1, 2, 5, 8), (1, 2, 5, 8), (1, 2, 5, 5), 0.0),
+    "a key row": ((1, 2, 5, 8), (1, 2, 5, 8), (1, 5), 0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(CAUSAL_WITH_MASK))
+def test_causal_with_a_mask_as_pytorch(name):
+    """PyTorch 2.13 CPU raises RuntimeError or hides what either hides; graphc does the same:
+    the same error type and wording, or the same values."""
+    query, value, mask_shape, dropout_p = CAUSAL_WITH_MASK[name]
+    rng = np.random.default_rng(len(name))
+    q = rng.standard_normal(query).astype(np.float32)
+    k = rng.standard_normal(query[:-2] + value[-2:-1] + query[-1:]).astype(np.float32)
+    v = rng.standard_normal(value).astype(np.float32)
+    mask = _bool_mask(rng, mask_shape)
+    try:
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            *map(torch.tensor, (q, k, v, mask)), dropout_p=dropout_p, is_causal=True).numpy()
+    except RuntimeError as error:
+        with pytest.raises(RuntimeError, match=str(error)):
+            F.scaled_dot_product_attention(*map(graphc.tensor, (q, k, v, mask)),
+                                           dropout_p=dropout_p, is_causal=True)
+        return
+    assert dropout_p == 0.0
+    got = F.scaled_dot_product_attention(*map(graphc.tensor, (q, k, v, mask)), is_causal=True)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
