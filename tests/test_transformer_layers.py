@@ -77,7 +77,9 @@ def test_sdpa(rng):
     check_parity(sdpa, tsdpa, q, k[:, :, :5], v[:, :, :5], is_causal=True, scale=0.3)
     check_parity(sdpa, tsdpa, rng.standard_normal((1, 4, 5, 4)), k[:1], v[:1],
                  enable_gqa=True)
-    with pytest.raises(ArgumentError, match="Explicit attn_mask should not be set"):
+    # PyTorch 2.13 CPU raises RuntimeError here (3-d heads); 4-d heads with a 2-d or 4-d mask
+    # combine: tests/test_review_s9_attention_blocked.py
+    with pytest.raises(RuntimeError, match="Explicit attn_mask should not be set"):
         sdpa(graphc.ones(1, 2, 2), graphc.ones(1, 2, 2), graphc.ones(1, 2, 2),
              graphc.ones(2, 2).bool(), is_causal=True)
 
