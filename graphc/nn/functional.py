@@ -200,8 +200,10 @@ def group_norm(input, num_groups: int, weight=None, bias=None,  # noqa: A002
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale=None, enable_gqa: bool = False):
     """softmax(q @ k^T * scale + mask) @ v over (..., L, E) queries and (..., S, E) keys, as
-    PyTorch's math reference: a bool mask keeps where True, a float mask is added,
-    `is_causal` keeps the lower triangle; dropout on the weights when dropout_p > 0.
+    PyTorch's math reference: a bool mask keeps where True (traced as an added 0 / -inf, so
+    it fuses as a float mask does), a float mask is added, `is_causal` keeps the lower
+    triangle, and with a mask too hides what either hides where PyTorch 2.13 CPU accepts both
+    (`_causal_mask_combines`); dropout on the weights when dropout_p > 0.
 
     >>> import graphc
     >>> q = graphc.ones(1, 2, 3, 4)
