@@ -114,9 +114,7 @@ def batch_norm(lw, node: Node) -> None:
             else:
                 mean = wide(kb.load(b, rmi, imul(b, ch, pstr[2])))
                 var = wide(kb.load(b, rvi, imul(b, ch, pstr[3])))
-            root = lw.scalars.intrinsic(b, "llvm.sqrt", float64,
-                                        b.fadd(var, ir.Constant(F64, float(eps))))
-            invstd = b.fdiv(ir.Constant(F64, 1.0), root)
+            invstd = _invstd(lw, b, var, eps)
             kb.store(b, wsi, column(MEAN, ch), mean)
             kb.store(b, wsi, column(SCALE, ch),
                      b.fmul(invstd, wide(kb.load(b, wi, imul(b, ch, pstr[0])))))
@@ -227,9 +225,7 @@ def _by_channel(lw, node: Node) -> None:
             else:
                 mean = wide(kb.load(b, rmi, imul(b, ch, pstr[2])))
                 var = wide(kb.load(b, rvi, imul(b, ch, pstr[3])))
-            root = lw.scalars.intrinsic(b, "llvm.sqrt", float64,
-                                        b.fadd(var, ir.Constant(F64, float(eps))))
-            invstd = b.fdiv(ir.Constant(F64, 1.0), root)
+            invstd = _invstd(lw, b, var, eps)
             scale = b.fmul(invstd, wide(kb.load(b, wi, imul(b, ch, pstr[0]))))
             shift = wide(kb.load(b, bi, imul(b, ch, pstr[1])))
 
@@ -241,3 +237,9 @@ def _by_channel(lw, node: Node) -> None:
             kb.store(b, mi, imul(b, ch, ms), convert(b, mean, float64, dt))
             kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
         lw.calls.append(called_kernel(lw, kb.finish(b), split))
+
+
+def _invstd(lw, b, var, eps: float):
+    """1 / sqrt(var + eps) in float64 (the statistics' precision)."""
+    root = lw.scalars.intrinsic(b, "llvm.sqrt", float64, b.fadd(var, ir.Constant(F64, float(eps))))
+    return b.fdiv(ir.Constant(F64, 1.0), root)
