@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import graphc
-import graphc.nn.functional as F
 from graphc.passes import attention as attention_pass
 from graphc.testing import assert_rounding_within
+from tests.attention_support import attend, run
 
 pytest.importorskip("llvmlite")
 
@@ -31,25 +31,6 @@ needs_kernels = pytest.mark.skipif(not small_gemm.lanes(),
 @pytest.fixture
 def fuse_everything(monkeypatch):
     monkeypatch.setattr(attention_pass, "MIN_SCORE_BYTES", 0)
-
-
-def _attend(mode: str):
-    def step(q, k, v, mask):
-        if mode == "causal":
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif mode == "none":
-            out = F.scaled_dot_product_attention(q, k, v)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        (out * out.sin()).sum().backward()
-        return out, q.grad, k.grad, v.grad
-    return step
-
-
-def _run(step, arrays, dtype, compiled: bool):
-    tensors = [graphc.tensor(a.astype(dtype), requires_grad=i < 3) for i, a in enumerate(arrays)]
-    fn = graphc.compile(step, backend="cpu") if compiled else step
-    return [r.detach().numpy() for r in fn(*tensors)], fn
 
 
 CASES = [("causal", (2, 4, 64, 32), ()), ("causal", (1, 2, 48, 16), ()),
@@ -72,13 +53,13 @@ def test_one_block_heads_within_rounding_of_float64(fuse_everything, monkeypatch
     if mask_shape:
         mask[..., -5:] = -np.inf  # hidden keys, as a padding mask
     arrays.append(mask)
-    step = _attend(mode)
-    got, compiled = _run(step, arrays, np.float32, compiled=True)
+    step = attend(mode)
+    got, compiled = run(step, arrays, np.float32, compiled=True)
     ops = [n.op for n in compiled.optimized_graph.nodes]
     assert "attention" in ops and "attention_backward" in ops
     assert chosen == [True, True]  # forward and backward both took the one-block kernels
-    eager, _ = _run(step, arrays, np.float32, compiled=False)
-    reference, _ = _run(step, arrays, np.float64, compiled=False)
+    eager, _ = run(step, arrays, np.float32, compiled=False)
+    reference, _ = run(step, arrays, np.float64, compiled=False)
     for g, e, r in zip(got, eager, reference):
         assert_rounding_within(g, e, r)
 
@@ -95,11 +76,11 @@ def test_eight_lane_vectors_as_on_avx2_hosts(fuse_everything, monkeypatch, tmp_p
     monkeypatch.setattr(attention_small, "fits", lambda *a: chosen.append(fits(*a)) or
                         chosen[-1])
     arrays = [rng.standard_normal(shape) for _ in range(3)] + [np.zeros(())]
-    step = _attend(mode)
-    got, _ = _run(step, arrays, np.float32, compiled=True)
+    step = attend(mode)
+    got, _ = run(step, arrays, np.float32, compiled=True)
     assert chosen == [True, True]
-    eager, _ = _run(step, arrays, np.float32, compiled=False)
-    reference, _ = _run(step, arrays, np.float64, compiled=False)
+    eager, _ = run(step, arrays, np.float32, compiled=False)
+    reference, _ = run(step, arrays, np.float64, compiled=False)
     for g, e, r in zip(got, eager, reference):
         assert_rounding_within(g, e, r)
 
@@ -109,11 +90,11 @@ def test_query_rows_not_a_whole_vector(fuse_everything, rng):
     """40 query rows against 48 keys: the last rows' logsumexp one by one."""
     arrays = [rng.standard_normal(shape) for shape in ((2, 2, 40, 16), (2, 2, 48, 16),
                                                        (2, 2, 48, 16))] + [np.zeros(())]
-    step = _attend("none")
-    got, compiled = _run(step, arrays, np.float32, compiled=True)
+    step = attend("none")
+    got, compiled = run(step, arrays, np.float32, compiled=True)
     assert "attention_backward" in [n.op for n in compiled.optimized_graph.nodes]
-    eager, _ = _run(step, arrays, np.float32, compiled=False)
-    reference, _ = _run(step, arrays, np.float64, compiled=False)
+    eager, _ = run(step, arrays, np.float32, compiled=False)
+    reference, _ = run(step, arrays, np.float64, compiled=False)
     for g, e, r in zip(got, eager, reference):
         assert_rounding_within(g, e, r)
 
@@ -130,7 +111,7 @@ def test_the_heads_fork_over_the_cores_with_the_same_bits(fuse_everything, monke
     arrays = [rng.standard_normal((4, 4, 64, 32)).astype(np.float32) for _ in range(3)]
     tensors = [graphc.tensor(a, requires_grad=True) for a in arrays] + \
         [graphc.tensor(np.zeros((), np.float32))]
-    compiled = graphc.compile(_attend("causal"), backend="cpu")
+    compiled = graphc.compile(attend("causal"), backend="cpu")
     compiled(*tensors)
     text = compiled.executable.lowered.ir_text
     assert re.search(r'define[^@]*@"?\w*_attention\.omp', text), "no forked loop of heads"

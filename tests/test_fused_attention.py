@@ -21,6 +21,7 @@ from graphc.passes import attention as attention_pass
 from graphc.passes.gemm_order import transpose_weight_products
 from graphc.passes.simplify import simplify
 from graphc.testing import assert_rounding_within
+from tests.attention_support import attend, run
 
 pytest.importorskip("llvmlite")
 
@@ -66,27 +67,6 @@ def test_a_score_matrix_read_elsewhere_is_left_alone(fuse_everything):
     assert attention_pass.fuse_attention(g) is g
 
 
-def _attend(mode: str, heads_first: bool = True):
-    """A step: attention of `mode`, a loss reading out through sin, every gradient."""
-    def step(q, k, v, mask):
-        if mode == "causal":
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif mode == "none":
-            out = F.scaled_dot_product_attention(q, k, v)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        (out * out.sin()).sum().backward()
-        return out, q.grad, k.grad, v.grad
-    return step
-
-
-def _run(step, arrays, dtype, compiled: bool):
-    tensors = [graphc.tensor(a.astype(dtype), requires_grad=i < 3) for i, a in enumerate(arrays)]
-    fn = graphc.compile(step, backend="cpu") if compiled else step
-    results = fn(*tensors)
-    return [r.detach().numpy() for r in results], fn
-
-
 CASES = [("causal", (2, 3, 150, 16), ()), ("none", (1, 2, 150, 8), ()),
          ("additive", (2, 2, 150, 16), (150, 150)),
          ("additive", (2, 2, 150, 16), (2, 1, 1, 150)),  # a key-padding style mask
@@ -101,12 +81,12 @@ def test_forward_and_gradients_within_rounding_of_float64(fuse_everything, rng, 
     if mask_shape:
         mask[..., -5:] = -np.inf  # hidden keys, as a padding mask
     arrays.append(mask)
-    step = _attend(mode)
-    got, compiled = _run(step, arrays, np.float32, compiled=True)
+    step = attend(mode)
+    got, compiled = run(step, arrays, np.float32, compiled=True)
     ops = [n.op for n in compiled.optimized_graph.nodes]
     assert "attention" in ops and "attention_backward" in ops and "softmax" not in ops
-    eager, _ = _run(step, arrays, np.float32, compiled=False)
-    reference, _ = _run(step, arrays, np.float64, compiled=False)
+    eager, _ = run(step, arrays, np.float32, compiled=False)
+    reference, _ = run(step, arrays, np.float64, compiled=False)
     for g, e, r in zip(got, eager, reference):
         assert_rounding_within(g, e, r)
 
@@ -115,7 +95,7 @@ def test_the_interpreter_runs_the_fused_graph_as_the_chain(fuse_everything, rng)
     arrays = [rng.standard_normal((2, 2, 20, 4)).astype(np.float32) for _ in range(3)]
     arrays.append(np.zeros((), np.float32))
     tensors = [graphc.tensor(a, requires_grad=i < 3) for i, a in enumerate(arrays)]
-    compiled = graphc.compile(_attend("causal"), backend="cpu")
+    compiled = graphc.compile(attend("causal"), backend="cpu")
     compiled(*tensors)
     before = transpose_weight_products(simplify(compiled.graph))
     after = attention_pass.fuse_attention(before)
@@ -133,10 +113,10 @@ def test_a_loss_that_does_not_read_out(fuse_everything, rng):
         return q.grad, k.grad, v.grad
 
     arrays = [rng.standard_normal((1, 2, 150, 8)) for _ in range(4)]
-    got, compiled = _run(step, arrays, np.float32, compiled=True)
+    got, compiled = run(step, arrays, np.float32, compiled=True)
     assert "attention_backward" in [n.op for n in compiled.optimized_graph.nodes]
-    eager, _ = _run(step, arrays, np.float32, compiled=False)
-    reference, _ = _run(step, arrays, np.float64, compiled=False)
+    eager, _ = run(step, arrays, np.float32, compiled=False)
+    reference, _ = run(step, arrays, np.float64, compiled=False)
     for g, e, r in zip(got, eager, reference):
         assert_rounding_within(g, e, r)
 
@@ -144,7 +124,7 @@ def test_a_loss_that_does_not_read_out(fuse_everything, rng):
 def test_below_the_threshold_the_compiled_step_keeps_the_chain(rng):
     """128 x 128 scores: under MIN_SCORE_BYTES and over one block (ONE_BLOCK_MAX)."""
     arrays = [rng.standard_normal((1, 2, 128, 8)) for _ in range(3)] + [np.zeros(())]
-    _, compiled = _run(_attend("causal"), arrays, np.float32, compiled=True)
+    _, compiled = run(attend("causal"), arrays, np.float32, compiled=True)
     ops = [n.op for n in compiled.optimized_graph.nodes]
     assert "attention" not in ops and "softmax" in ops
 
