@@ -18,7 +18,7 @@ import pytest
 import graphc
 from graphc.passes import attention as attention_pass
 from graphc.testing import assert_rounding_within
-from tests.attention_support import attend, run
+from tests.attention_support import attend, gpt_steps_within_rounding, run
 
 pytest.importorskip("llvmlite")
 
@@ -146,31 +146,12 @@ def test_a_gpt_training_step_at_context_64_within_rounding_of_float64(fuse_every
     block = 64
     x = rng.integers(0, model_steps.VOCAB, (2, block))
     y = rng.integers(0, model_steps.VOCAB, 2 * block)
-    results = {}
-    for name, dtype, compiled in (("eager", graphc.float32, False),
-                                  ("compiled", graphc.float32, True),
-                                  ("reference", graphc.float64, False)):
+
+    def make_model(dtype):
         graphc.manual_seed(0)
-        model = model_steps.gpt(graphc, embed=32, layers=1, heads=2, block=block).to(dtype=dtype)
-        opt = graphc.optim.SGD(model.parameters(), lr=0.05)
+        return model_steps.gpt(graphc, embed=32, layers=1, heads=2, block=block).to(dtype=dtype)
 
-        def step(x, y, model=model, opt=opt):
-            opt.zero_grad()
-            loss = graphc.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        fn = graphc.compile(step, backend="cpu") if compiled else step
-        losses = [fn(graphc.tensor(x), graphc.tensor(y)).numpy() for _ in range(2)]
-        if compiled:
-            assert "attention_backward" in [n.op for n in fn.optimized_graph.nodes]
-        results[name] = [np.array(losses)] + [p.detach().numpy().copy()
-                                              for p in model.parameters()] + \
-            [p.grad.numpy().copy() for p in model.parameters()]
-    for got, eager, reference in zip(results["compiled"], results["eager"],
-                                     results["reference"]):
-        assert_rounding_within(got, eager, reference)
+    gpt_steps_within_rounding(make_model, x, y, ["attention_backward"])
 
 
 def test_fused_attention_writes_its_heads_in_the_merged_layout():

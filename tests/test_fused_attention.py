@@ -21,7 +21,7 @@ from graphc.passes import attention as attention_pass
 from graphc.passes.gemm_order import transpose_weight_products
 from graphc.passes.simplify import simplify
 from graphc.testing import assert_rounding_within
-from tests.attention_support import attend, run
+from tests.attention_support import attend, gpt_steps_within_rounding, run
 
 pytest.importorskip("llvmlite")
 
@@ -148,31 +148,8 @@ def test_a_gpt_training_step_at_long_context_within_rounding_of_float64(rng):
     block = 300
     x = rng.integers(0, model_steps.VOCAB, (1, block))
     y = rng.integers(0, model_steps.VOCAB, block)
-    results = {}
-    for name, dtype, compiled in (("eager", graphc.float32, False),
-                                  ("compiled", graphc.float32, True),
-                                  ("reference", graphc.float64, False)):
-        model = _gpt(dtype, block)
-        opt = graphc.optim.SGD(model.parameters(), lr=0.05)
-
-        def step(x, y, model=model, opt=opt):
-            opt.zero_grad()
-            loss = graphc.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        fn = graphc.compile(step, backend="cpu") if compiled else step
-        losses = [fn(graphc.tensor(x), graphc.tensor(y)).numpy() for _ in range(2)]
-        if compiled:
-            ops = [n.op for n in fn.optimized_graph.nodes]
-            assert "attention" in ops and "attention_backward" in ops
-        results[name] = [np.array(losses)] + [p.detach().numpy().copy()
-                                              for p in model.parameters()] + \
-            [p.grad.numpy().copy() for p in model.parameters()]
-    for got, eager, reference in zip(results["compiled"], results["eager"],
-                                     results["reference"]):
-        assert_rounding_within(got, eager, reference)
+    gpt_steps_within_rounding(lambda dtype: _gpt(dtype, block), x, y,
+                              ["attention", "attention_backward"])
 
 
 def test_bad_inputs_name_the_op_and_what_was_expected():
