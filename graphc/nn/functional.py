@@ -211,11 +211,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     graphc.Size([1, 2, 3, 4])
     """
     if is_causal and attn_mask is not None and not _causal_mask_combines(
-            query, key, value, attn_mask, dropout_p):
+            query, key, value, attn_mask, dropout_p, enable_gqa):
         raise ShapeError("_scaled_dot_product_attention: Explicit attn_mask should not be set "
                          "when is_causal=True (PyTorch 2.13's wording: it combines the two "
-                         "only for 4-d query, key and value of one head size, a 2-d or 4-d "
-                         "mask and dropout_p=0; fold the triangle into attn_mask instead)")
+                         "only for 4-d query, key and value of one batch and head size, a "
+                         "2-d or 4-d mask that needs no grad and dropout_p=0; fold the "
+                         "triangle into attn_mask instead)")
     if attn_mask is not None and attn_mask.dtype.name not in ("bool", "float32",
                                                               query.dtype.name):
         raise DTypeError(f"scaled_dot_product_attention: Expected attn_mask dtype to be bool or "
@@ -244,13 +245,25 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return _linalg.matmul(weights, value)
 
 
-def _causal_mask_combines(query, key, value, attn_mask, dropout_p: float) -> bool:
+def _causal_mask_combines(query, key, value, attn_mask, dropout_p: float,
+                          enable_gqa: bool) -> bool:
     """Whether PyTorch 2.13 (CPU) takes is_causal=True with an attn_mask: its flash kernel
-    does, hiding what either hides, where query, key and value are 4-d with one head size,
-    the mask is 2-d or 4-d and dropout_p is 0; its math kernel, taking every other case,
-    raises RuntimeError."""
-    return query.ndim == key.ndim == value.ndim == 4 and attn_mask.ndim in (2, 4) and \
-        dropout_p == 0.0 and value.shape[-1] == query.shape[-1]
+    does, hiding what either hides, where query, key and value are 4-d of one batch and one
+    head size, key and value of one head count (the query's, or with enable_gqa a divisor of
+    it), the mask 2-d or 4-d, broadcast only from size 1, not requiring grad, and dropout_p
+    is 0 (sdp_utils_cpp's checks); its math kernel, taking every other case, raises
+    RuntimeError."""
+    if not (query.ndim == key.ndim == value.ndim == 4 and attn_mask.ndim in (2, 4)
+            and dropout_p == 0.0 and not attn_mask.requires_grad):
+        return False
+    (batch, heads, length, size), (_, kv_heads, source, _) = query.shape, key.shape
+    if not (key.shape[0] == value.shape[0] == batch and value.shape[1] == kv_heads
+            and key.shape[-1] == value.shape[-1] == size):
+        return False
+    if kv_heads != heads and not (enable_gqa and heads % kv_heads == 0):
+        return False
+    wanted = (batch, heads, length, source)[4 - attn_mask.ndim:]
+    return all(m == 1 or m == w for m, w in zip(attn_mask.shape, wanted))
 
 
 _C_NAMES = {"float32": "float", "float64": "double", "int64": "long int", "int32": "int"}
