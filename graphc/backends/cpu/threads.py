@@ -174,6 +174,7 @@ _COUNTS_IR = """\
 @saved = internal global i32 0
 @calls = internal global i64 0  ; compiled calls in flight (graphc_blas_enter)
 @user = internal global i32 0  ; the BLAS's count before the first of them
+@ours = internal global i32 0  ; the count the calls in flight last set
 
 declare i32 @graphc_blas_get_threads()
 declare void @graphc_blas_set_threads(i32)
@@ -257,8 +258,11 @@ later:
 }
 
 ; A compiled call's count. The first call in saves the user's count in @user; the last one
-; out gives it back (graphc_blas_leave). Returns 1 when the call must leave, 0 when it
-; changed nothing and no other call is in flight (the count is already the call's).
+; out gives it back (graphc_blas_leave). @ours is the count the calls in flight last set: a
+; count found different from it while calls are in flight was set by the user meanwhile
+; (another Python thread), and becomes the one given back. Returns 1 when the call must
+; leave, 0 when it changed nothing and no other call is in flight (the count is already the
+; call's).
 define i32 @graphc_blas_enter(i32 %threads) nounwind {
 entry:
   call void @acquire()
@@ -273,13 +277,17 @@ none:
   call void @release()
   ret i32 0
 enter:
-  br i1 %first, label %save, label %count
+  %ours = load i32, ptr @ours
+  %moved = icmp ne i32 %now, %ours
+  %users = or i1 %first, %moved
+  br i1 %users, label %save, label %count
 save:
   store i32 %now, ptr @user
   br label %count
 count:
   %more = add i64 %calls, 1
   store i64 %more, ptr @calls
+  store i32 %threads, ptr @ours
   br i1 %same, label %done, label %set
 set:
   call void @set_effective(i64 %active, i32 %threads)
@@ -300,9 +308,12 @@ entry:
 back:
   %active = load i64, ptr @active
   %now = call i32 @effective(i64 %active)
+  %ours = load i32, ptr @ours
+  %moved = icmp ne i32 %now, %ours  ; the user set a count during the calls: theirs stays
   %user = load i32, ptr @user
   %same = icmp eq i32 %now, %user
-  br i1 %same, label %done, label %set
+  %keep = or i1 %same, %moved
+  br i1 %keep, label %done, label %set
 set:
   call void @set_effective(i64 %active, i32 %user)
   br label %done
@@ -323,7 +334,8 @@ entry:
 
 ; A forked child has only the thread that forked: the calls and split regions of the
 ; others never end there, and the lock may have been held. Give the child the user's count
-; (the one before the first call in flight) and an open lock.
+; (the one before the first call in flight, or one the user set during the calls) and an
+; open lock.
 define void @graphc_blas_after_fork() nounwind {
 entry:
   store atomic i32 0, ptr @lock release, align 4
@@ -341,6 +353,11 @@ calls:
   br i1 %busy, label %back, label %done
 back:
   store i64 0, ptr @calls
+  %now = call i32 @graphc_blas_get_threads()
+  %ours = load i32, ptr @ours
+  %moved = icmp ne i32 %now, %ours  ; a count the user set during the calls stays
+  br i1 %moved, label %done, label %set
+set:
   %u = load i32, ptr @user
   call void @graphc_blas_set_threads(i32 %u)
   br label %done
@@ -539,7 +556,9 @@ def use(n: int, openmp: bool = True) -> tuple[int | None, bool] | None:
     BLAS's count goes through one native call (`graphc_blas_enter`, _COUNTS_IR): it saves the
     user's count when the first compiled call of the process enters and sets `n` only where
     it differs; the last call out gives the user's count back, so concurrent calls from
-    several Python threads end on it too. `openmp=False`: the caller's code reads no OpenMP
+    several Python threads end on it too. A count the user sets while calls are in flight
+    (from another Python thread) is the one given back: the native side tells it from the
+    count the calls set last (unless the user picked that same count). `openmp=False`: the caller's code reads no OpenMP
     count (`reads_openmp_count` of its module is false: its only parallel work is the BLAS's,
     whose jobs fork with a count of their own), so only the BLAS's count is set; not where
     MKL forks libgomp's team, which may read it."""

@@ -1,0 +1,132 @@
+"""Review of the ninth session's third wave: the user's BLAS thread count around compiled
+calls (graphc.backends.cpu.threads, `use`/`restore`, _COUNTS_IR) as a hostile user drives it.
+
+Fixed here: a count the user set while another thread's compiled call was in flight was
+lost: the last call out put back the count from before the first call in (`@user`), so
+`openblas_set_num_threads(4)` on the main thread during a worker's call read back as the old
+count after it. The native side now remembers the count graphc itself last set (`@ours`):
+a count found different from it, at a call's entry or at the last one's exit, is the user's.
+"""
+
+import ctypes
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite")
+
+import graphc  # noqa: E402
+from graphc.backends.cpu import blas, threads  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+
+SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+           "scipy_openblas_set_num_threads", "openblas_set_num_threads")
+GETTERS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+           "scipy_openblas_get_num_threads", "openblas_get_num_threads")
+
+
+@pytest.fixture
+def openblas():
+    if threads.most_threads() < 2:
+        pytest.skip("one core: graphc never sets a thread count")
+    library = ctypes.CDLL(blas.resolve_blas().path)
+    setter = next((getattr(library, n) for n in SETTERS if hasattr(library, n)), None)
+    getter = next((getattr(library, n) for n in GETTERS if hasattr(library, n)), None)
+    if setter is None or getter is None or threads.blas_threads() is None:
+        pytest.skip(f"not an OpenBLAS whose count graphc reads: {threads.policy()}")
+    setter.argtypes, setter.restype = [ctypes.c_int], None
+    getter.argtypes, getter.restype = [], ctypes.c_int
+    before = getter()
+    yield setter, getter
+    setter(before)
+
+
+def _held_gemm(fixed: int):
+    """A compiled GEMM on `fixed` threads whose native run waits for `release`."""
+    a = np.random.default_rng(fixed).standard_normal((64, 64)).astype(np.float32)
+    f = graphc.compile(lambda x, y: x @ y, backend="cpu")
+    x = graphc.tensor(a)
+    f(x, x)
+    f.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=fixed)
+    inside, release = threading.Event(), threading.Event()
+    run = f.executable._run
+
+    def held(*args):
+        inside.set()
+        assert release.wait(60)
+        return run(*args)
+
+    f.executable._run = held
+    results = []
+    caller = threading.Thread(target=lambda: results.append(f(x, x).numpy()), daemon=True)
+    return caller, inside, release, results, a @ a
+
+
+@pytest.mark.parametrize("users_new", [1, 3])
+def test_a_count_set_while_another_threads_call_is_in_flight_is_kept(openblas, users_new):
+    set_count, get_count = openblas
+    set_count(1)
+    caller, inside, release, results, want = _held_gemm(2)
+    caller.start()
+    try:
+        assert inside.wait(60)
+        assert get_count() == 2  # the call in flight runs on its own count
+        set_count(users_new)  # the user's new wish, on the main thread
+    finally:
+        release.set()
+        caller.join(timeout=60)
+    assert not caller.is_alive()
+    np.testing.assert_allclose(results[0], want, rtol=1e-4, atol=1e-4)
+    assert get_count() == users_new
+    assert threads.blas_threads() == users_new
+
+
+def test_the_users_count_still_comes_back_after_overlapping_calls(openblas):
+    """Two calls in flight on different counts, the user setting nothing: the last one out
+    gives back the count from before the first one in."""
+    set_count, get_count = openblas
+    set_count(1)
+    first, inside1, release1, results1, want = _held_gemm(2)
+    second, inside2, release2, results2, _ = _held_gemm(2)
+    first.start()
+    second.start()
+    try:
+        assert inside1.wait(60) and inside2.wait(60)
+        assert get_count() == 2
+        release1.set()
+        first.join(timeout=60)
+        assert get_count() == 2  # the second call is still in flight
+    finally:
+        release1.set()
+        release2.set()
+        first.join(timeout=60)
+        second.join(timeout=60)
+    assert get_count() == 1
+    for got in results1 + results2:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_count_set_during_a_call_then_a_second_call_still_ends_on_it(openblas):
+    """The user's count set during the first call; a second call enters (and sets its own)
+    and leaves last: the user's new count comes back, not the one from before the first."""
+    set_count, get_count = openblas
+    set_count(1)
+    first, inside1, release1, _, _ = _held_gemm(2)
+    second, inside2, release2, results2, want = _held_gemm(2)
+    first.start()
+    try:
+        assert inside1.wait(60)
+        set_count(3)
+        second.start()
+        assert inside2.wait(60)
+        assert get_count() == 2
+        release1.set()
+        first.join(timeout=60)
+    finally:
+        release1.set()
+        release2.set()
+        first.join(timeout=60)
+        second.join(timeout=60)
+    np.testing.assert_allclose(results2[0], want, rtol=1e-4, atol=1e-4)
+    assert get_count() == 3
