@@ -6,9 +6,14 @@ lost: the last call out put back the count from before the first call in (`@user
 `openblas_set_num_threads(4)` on the main thread during a worker's call read back as the old
 count after it. The native side now remembers the count graphc itself last set (`@ours`):
 a count found different from it, at a call's entry or at the last one's exit, is the user's.
+
+Fixed here too: a child forked after the parent ran a compiled call on two threads hung in
+its first compiled call with a parallel loop (libgomp's team did not survive the fork, and
+libgomp waits for it); a forked child's compiled calls now run on one thread.
 """
 
 import ctypes
+import multiprocessing
 import threading
 
 import numpy as np
@@ -130,3 +135,31 @@ def test_a_count_set_during_a_call_then_a_second_call_still_ends_on_it(openblas)
         second.join(timeout=60)
     np.testing.assert_allclose(results2[0], want, rtol=1e-4, atol=1e-4)
     assert get_count() == 3
+
+
+def _child_call(queue, f, x, want):
+    got = f(x, x).numpy()
+    queue.put(float(np.abs(got - want).max()))
+
+
+def test_a_child_forked_after_a_two_thread_call_runs_compiled_calls():
+    """The parent's elementwise kernel forked libgomp's team; the child's same call must
+    finish (it hung in GOMP_parallel) with the same values."""
+    if threads.most_threads() < 2:
+        pytest.skip("one core: graphc never forks a team")
+    f = graphc.compile(lambda x, y: (x * 2.0).relu() + y, backend="cpu")
+    a = np.random.default_rng(5).standard_normal((512, 512)).astype(np.float32)
+    x = graphc.tensor(a)
+    f(x, x)
+    assert threads.reads_openmp_count(f.executable.lowered.ir_text)
+    f.executable.thread_chooser = ThreadChooser(threads.most_threads(), fixed=2)
+    want = f(x, x).numpy().copy()  # on two threads: the team exists now
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_call, args=(queue, f, x, want))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child hung in its compiled call")
+    assert child.exitcode == 0 and queue.get(timeout=5) == 0.0

@@ -375,6 +375,18 @@ _thread_setters: list = []  # the BLAS's set_num_threads, where the callback was
 _mkl_setters: list = []  # MKL_Set_Num_Threads, where MKL forks libgomp's team
 # the compiled calls' way to the BLAS's count (_COUNTS_IR): enter, leave, now, after_fork
 _blas_counts: list = []
+# A child forked after the parent ran a parallel region waits forever in its next region of
+# more than one thread (libgomp's team did not survive the fork): every compiled call there
+# runs on one thread (`use`).
+_forked_child = False
+
+
+def _one_thread_in_child() -> None:
+    global _forked_child
+    _forked_child = True
+
+
+os.register_at_fork(after_in_child=_one_thread_in_child)
 
 
 def _find(library: ctypes.CDLL, names: tuple[str, ...]):
@@ -549,19 +561,17 @@ def use(n: int, openmp: bool = True) -> tuple[int | None, bool] | None:
     changed.
 
     Both counts are read back every time, never remembered: the process has one libgomp
-    (PyTorch's `libgomp.so.1` and the system's share the name, so whichever loads first
-    serves both), another library on this thread (`torch.set_num_threads`) sets the same
+    (PyTorch's and the system's share the name), `torch.set_num_threads` sets the same
     per-thread OpenMP count, and the user may set OpenBLAS's process-wide count between calls
-    (threadpoolctl's `threadpool_limits`, `openblas_set_num_threads` through ctypes). The
-    BLAS's count goes through one native call (`graphc_blas_enter`, _COUNTS_IR): it saves the
-    user's count when the first compiled call of the process enters and sets `n` only where
-    it differs; the last call out gives the user's count back, so concurrent calls from
-    several Python threads end on it too. A count the user sets while calls are in flight
-    (from another Python thread) is the one given back: the native side tells it from the
-    count the calls set last (unless the user picked that same count). `openmp=False`: the caller's code reads no OpenMP
-    count (`reads_openmp_count` of its module is false: its only parallel work is the BLAS's,
-    whose jobs fork with a count of their own), so only the BLAS's count is set; not where
-    MKL forks libgomp's team, which may read it."""
+    (threadpoolctl, `openblas_set_num_threads` through ctypes). The BLAS's count goes through
+    `graphc_blas_enter` (_COUNTS_IR): the first compiled call in saves the user's count and
+    the last one out gives it back (or a count the user set while calls were in flight, told
+    from the one they set last, `@ours`). `openmp=False`: the caller's code reads no OpenMP
+    count (`reads_openmp_count`: its only parallel work is the BLAS's, whose jobs fork with
+    a count of their own), so only the BLAS's count is set; not where MKL forks libgomp's
+    team, which may read it. In a forked child `n` is 1 (`_forked_child`)."""
+    if _forked_child:  # libgomp's team did not survive the fork (see _forked_child)
+        n = 1
     previous = None
     if openmp or _mkl_setters:
         openmp_library = _openmp()
