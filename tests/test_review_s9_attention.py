@@ -108,10 +108,14 @@ def test_dropout_forward_and_backward_drop_the_same_probabilities(causal):
         return out.detach(), v.grad
 
     q, k, v = _heads(rng, (2, 2, 32, 16), np.float32)
+    graphc.manual_seed(7)  # the dropout mask: not whatever an earlier test left the stream at
     out, dv = graphc.compile(step, backend="cpu")(q, k, v)
-    lhs = (out.numpy().astype(np.float64) * weights.numpy()).sum()
+    terms = out.numpy().astype(np.float64) * weights.numpy()
+    lhs = terms.sum()
     rhs = (v.detach().numpy().astype(np.float64) * dv.numpy()).sum()
-    assert abs(lhs - rhs) <= 1e-5 * abs(lhs)
+    # float32 rounding scales with the terms, not with their sum (which may cancel); a mask
+    # the backward did not share moves the sum by whole terms
+    assert abs(lhs - rhs) <= 1e-5 * np.abs(terms).sum()
 
 
 def test_a_dynamic_batch_through_the_one_block_kernels():
