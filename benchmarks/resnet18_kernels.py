@@ -30,6 +30,10 @@ overhead. (Removing a part also changes what the others find in cache.)
 (graphc.backends.cpu.winograd_transforms.planes_by_vectors) and as the tile loop through a
 padded plane (PLANE_VECTORS off while it compiles); the 64- and 128-channel layers do not
 take it.
+`row-split`: the whole step compiled twice, the stride-2 forward and input-gradient GEMMs
+in 16 row slabs (graphc.backends.cpu.conv_row_split) and in their BLAS calls, each with its
+own GRAPHC_CACHE_DIR; the steps timed in alternation (`--rounds` samples), then the stride-2
+and 1x1 kernels by weight shape (graphc.profile, `--repeat` runs, 3 alternated rounds).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ PASSES = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("classes", "transforms", "block-gemm",
-                                           "plane-vectors", "transform-parts"),
+                                           "plane-vectors", "transform-parts", "row-split"),
                         help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
@@ -82,12 +86,17 @@ def main(argv: list[str] | None = None) -> None:
         with cache_root("resnet18_kernels.") as root:
             for channels, side in LAYERS[2:]:
                 print(plane_vectors_gain(root, channels, side, args.rounds), flush=True)
+    if args.only == "row-split":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            print(row_split_gain(root, args.rounds, args.repeat), flush=True)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
-def _conv_class(node) -> tuple[str, int] | None:
+def _conv_class(node, by_shape: bool = False) -> tuple[str, int] | None:
     """(class, direct-convolution flops) of a convolution node or fused convolution, or
-    None."""
+    None; `by_shape`: a stride-2 or 1x1 class per weight shape."""
     if node.op not in PASSES:
         return None
     if node.op == "conv2d_weight_grad":
@@ -109,6 +118,8 @@ def _conv_class(node) -> tuple[str, int] | None:
         geometry = "1x1"
     else:
         geometry = f"{w[2]}x{w[3]} stride {stride[0]}"
+    if by_shape and geometry in ("1x1", "3x3 stride 2"):
+        geometry += f" {w[1]} -> {w[0]}"
     return f"{node.op} {geometry}", 2 * n * w[0] * w[1] * w[2] * w[3] * out_hw[0] * out_hw[1]
 
 
@@ -116,7 +127,6 @@ def kernel_classes(repeat: int) -> str:
     """A markdown table of the step's kernel time by class (see the module docstring)."""
     import graphc
     from benchmarks import model_steps, models
-    from graphc.ops.fused import FusedBody
 
     shape = model_steps.FULL["resnet18"]
     graphc.manual_seed(0)
@@ -124,6 +134,22 @@ def kernel_classes(repeat: int) -> str:
     x, y = model_steps.batch_of("resnet18", shape)
     step = graphc.compile(models.graphc_step(model), backend="cpu")
     report = graphc.profile(step, graphc.tensor(x), graphc.tensor(y), repeat=repeat)
+    classes = _classify(report)
+    total = sum(e[1] for e in classes.values())
+    lines = [f"native step {report.total * 1e3:.1f} ms, kernels {total * 1e3:.1f} ms", "",
+             "| kernel class | count | time | share | GFLOP/s |", "|---|---|---|---|---|"]
+    for name, (count, seconds, flops) in sorted(classes.items(), key=lambda kv: -kv[1][1]):
+        rate = f"{flops / seconds / 1e9:.0f}" if flops and seconds else ""
+        lines.append(f"| {name} | {count} | {seconds * 1e3:.1f} ms | {seconds / total:.0%} | "
+                     f"{rate} |")
+    return "\n".join(lines)
+
+
+def _classify(report, by_shape: bool = False) -> dict[str, list]:
+    """{class: [kernels, seconds, direct-convolution flops]} of a graphc.profile report
+    (`by_shape`: as _conv_class)."""
+    from graphc.ops.fused import FusedBody
+
     producer = {v.name: node for node in report.graph.nodes for v in node.outputs}
     classes: dict[str, list] = defaultdict(lambda: [0, 0.0, 0])
     for row in report.rows:
@@ -133,19 +159,71 @@ def kernel_classes(repeat: int) -> str:
             first = FusedBody.of_node(node).instructions[0]
             found = ("fused conv2d epilogue", 0) if first.op == "conv2d" else None
         elif node is not None:
-            found = _conv_class(node)
+            found = _conv_class(node, by_shape)
         name, flops = found or (row.op.split("(")[0], 0)
         entry = classes[name]
         entry[0] += 1
         entry[1] += row.seconds
         entry[2] += flops
-    total = sum(e[1] for e in classes.values())
-    lines = [f"native step {report.total * 1e3:.1f} ms, kernels {total * 1e3:.1f} ms", "",
-             "| kernel class | count | time | share | GFLOP/s |", "|---|---|---|---|---|"]
-    for name, (count, seconds, flops) in sorted(classes.items(), key=lambda kv: -kv[1][1]):
-        rate = f"{flops / seconds / 1e9:.0f}" if flops and seconds else ""
-        lines.append(f"| {name} | {count} | {seconds * 1e3:.1f} ms | {seconds / total:.0%} | "
-                     f"{rate} |")
+    return classes
+
+
+def row_split_gain(root: str, rounds: int, repeat: int) -> str:
+    """The step with the stride-2 forward and input-gradient GEMMs in 16 row slabs
+    (graphc.backends.cpu.conv_row_split) and with their BLAS calls (ENABLED off while it
+    compiles), each compiled with its own GRAPHC_CACHE_DIR: the steps' CPU time in
+    alternation (`rounds` samples of >= 0.1 s, medians and quartiles), then the stride-2
+    and 1x1 kernels' time by weight shape (graphc.profile, `repeat` runs, 3 alternated
+    rounds, medians)."""
+    import copy
+    import statistics
+    from contextlib import contextmanager
+
+    import numpy as np
+
+    import graphc
+    from benchmarks import model_steps, models
+    from benchmarks.harness import compiled_variants, interleaved_process_times
+    from graphc.backends.cpu import conv_row_split
+
+    shape = model_steps.FULL["resnet18"]
+    graphc.manual_seed(0)
+    model = model_steps.build(graphc, "resnet18", shape)
+    x, y = (graphc.tensor(a) for a in model_steps.batch_of("resnet18", shape))
+    names = ("blas", "slabs")
+
+    @contextmanager
+    def variant(name: str):
+        os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
+        kept = conv_row_split.ENABLED
+        conv_row_split.ENABLED = name == "slabs"
+        try:
+            yield
+        finally:
+            conv_row_split.ENABLED = kept
+
+    def make():  # every variant from the same weights
+        return models.graphc_step(copy.deepcopy(model)), (x, y)
+
+    steps, arguments = compiled_variants(names, variant, make)
+    times = interleaved_process_times(
+        {v: lambda v=v: steps[v](*arguments[v]) for v in names}, rounds, 0.1)
+    lines = ["ResNet-18 step, batch 32, 1 thread, CPU time, median (quartiles): " + "; ".join(
+        f"{v} {np.median(t) * 1e3:.1f} ms ({np.percentile(t, 25) * 1e3:.1f}-"
+        f"{np.percentile(t, 75) * 1e3:.1f})" for v, t in times.items())]
+    seconds: dict[str, dict[str, list]] = {v: defaultdict(list) for v in names}
+    for r in range(3):
+        for v in (names if r % 2 else names[::-1]):
+            with variant(v):
+                report = graphc.profile(steps[v], *arguments[v], repeat=repeat)
+            for name, (_, spent, _) in _classify(report, by_shape=True).items():
+                seconds[v][name].append(spent)
+    shown = sorted(c for c in seconds["blas"] if "stride 2" in c or "1x1" in c)
+    lines.append("| kernel class | " + " | ".join(names) + " |")
+    lines.append("|---|" + "---|" * len(names))
+    for c in shown:
+        lines.append(f"| {c} | " + " | ".join(
+            f"{statistics.median(seconds[v][c]) * 1e3:.2f} ms" for v in names) + " |")
     return "\n".join(lines)
 
 

@@ -55,6 +55,7 @@ from graphc.backends.cpu import (
     conv_direct,
     conv_few_channels,
     conv_few_channels_grad,
+    conv_row_split,
     conv_threads,
     conv_winograd,
 )
@@ -178,7 +179,11 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None)
                               imul(b, j, g.p), ld)
             c, c_img, ldc = (tmp, 0, ld) if tmp is not None else \
                 (oi, imul(b, n0, g.o * g.p), g.p)
-            for grp in range(g.groups):
+            slabs = None if direct or nb > 1 or g.groups > 1 else \
+                conv_row_split.plan(cv.dt, g.og, ld, g.k, g.k, 1, ldb, ldc)
+            if slabs is not None:  # one image, 16 slabs of rows in one generated call
+                conv_row_split.call(lw, b, kb, slabs, wi, 0, src, src_img, c, c_img)
+            for grp in range(g.groups if slabs is None else 0):
                 cv.gemm(b, kb, NOTRANS, NOTRANS, g.og, ld, g.k,
                         wi, grp * g.og * g.k, g.k,
                         src, iadd(b, src_img, grp * g.k * ldb), ldb, 0.0,
@@ -236,7 +241,11 @@ def conv2d_input_grad(lw, node: Node) -> None:
             else:
                 a, a_img, lda = gi, imul(b, n0, gs[0]), gs[1]
             cols_img = imul(b, n0, g.c * g.h * g.w) if direct else 0
-            for grp in range(g.groups):
+            slabs = None if direct or nb > 1 or g.groups > 1 else \
+                conv_row_split.plan(cv.dt, g.k, ld, g.og, 1, g.k, lda, ld)
+            if slabs is not None:  # one image, 16 slabs of rows in one generated call
+                conv_row_split.call(lw, b, kb, slabs, wi, 0, a, a_img, cols, cols_img)
+            for grp in range(g.groups if slabs is None else 0):
                 cv.gemm(b, kb, TRANS, NOTRANS, g.k, ld, g.og,
                         wi, grp * g.og * g.k, g.k,
                         a, iadd(b, a_img, grp * g.og * lda), lda, 0.0,
