@@ -50,7 +50,8 @@ PASSES = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("classes", "transforms", "block-gemm",
-                                           "plane-vectors", "transform-parts", "row-split"),
+                                           "plane-vectors", "transform-parts", "row-split",
+                                           "row-split-kernels"),
                         help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
@@ -91,6 +92,11 @@ def main(argv: list[str] | None = None) -> None:
 
         with cache_root("resnet18_kernels.") as root:
             print(row_split_gain(root, args.rounds, args.repeat), flush=True)
+    if args.only == "row-split-kernels":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            print(row_split_kernels(root, args.rounds), flush=True)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
@@ -350,6 +356,40 @@ def plane_vectors_gain(root: str, channels: int, side: int, rounds: int, n: int 
         parts.append(f"{kind} {loop * 1e3:.2f} -> {vectors * 1e3:.2f} ms "
                      f"({(vectors - loop) * 1e3:+.2f}{'' if same else ', results differ'})")
     return f"{channels} channels {side}x{side}, tile loop -> vectors: " + "; ".join(parts)
+
+
+def row_split_kernels(root: str, rounds: int, n: int = 32) -> str:
+    """A markdown table: each stride-2 convolution of the step (3x3 padding 1 and the 1x1
+    shortcut), forward and input gradient, as one-op graphs compiled with the row slabs
+    (graphc.backends.cpu.conv_row_split) and with the BLAS calls, timed natively in
+    alternation (`rounds` rounds of >= 40 ms, medians)."""
+    import numpy as np
+
+    from benchmarks.profiles import native_call
+    from graphc.backends.cpu import conv_row_split
+    from tests.test_cpu_conv_paths import _graphs
+
+    lines = ["| kernel | BLAS | slabs | taken |", "|---|---|---|---|"]
+    for (c, side), k in ((layer, k) for layer in LAYERS[:3] for k in (3, 1)):
+        xs, ws = (n, c, side, side), (2 * c, c, k, k)
+        gs, graphs = _graphs(xs, ws, (2, 2), (k // 2, k // 2), 1)
+        rng = np.random.default_rng(c + k)
+        for kind, shapes in (("fwd", (xs, ws)), ("gx", (gs, ws))):
+            args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+            exes = []
+            for enabled in (False, True):
+                kept, conv_row_split.ENABLED = conv_row_split.ENABLED, enabled
+                try:
+                    graph = _graphs(xs, ws, (2, 2), (k // 2, k // 2), 1)[1][kind]
+                    exes.append(_compiled(root, graph, f"{c}-{k}-{kind}-{enabled}", True))
+                finally:
+                    conv_row_split.ENABLED = kept
+            taken = "graphc_winograd_gemm_" in exes[1].lowered.ir_text
+            blas, slabs = (float(np.median(t)) for t in
+                           _alternated([native_call(e, args) for e in exes], rounds))
+            lines.append(f"| {k}x{k} {c} -> {2 * c}, {side}x{side} {kind} | "
+                         f"{blas * 1e3:.2f} ms | {slabs * 1e3:.2f} ms | {taken} |")
+    return "\n".join(lines)
 
 
 def _compiled(root: str, graph, tag: str, gemms: bool, block_gemm: bool = True,
