@@ -88,7 +88,8 @@ def test_plan_declines():
     assert conv_row_split.plan(float32, 120, 64, 64, 64, 1, 64, 64) is None
     assert conv_row_split.plan(float32, 32, 64, 64, 64, 1, 64, 64) is None
     assert conv_row_split.plan(float32, 256, 64, 2304, 2304, 1, 64, 64) is None
-    assert conv_row_split.plan(float32, 128, 256, 576, 576, 1, 256, 256) is None  # 576 KB
+    assert conv_row_split.plan(float32, 128, 512, 576, 576, 1, 512, 512) is None  # 1.2 MB
+    assert conv_row_split.plan(float32, 576, 256, 128, 1, 576, 256, 256, max_n=64) is None
     if winograd_gemm.available():
         g = conv_row_split.plan(float32, 256, 64, 1152, 1152, 1, 64, 64)
         assert (g.m, g.n, g.k, g.a_step, g.b_step, g.c_step) == (16, 64, 1152, 16 * 1152, 0,

@@ -242,7 +242,8 @@ def conv2d_input_grad(lw, node: Node) -> None:
                 a, a_img, lda = gi, imul(b, n0, gs[0]), gs[1]
             cols_img = imul(b, n0, g.c * g.h * g.w) if direct else 0
             slabs = None if direct or nb > 1 or g.groups > 1 else \
-                conv_row_split.plan(cv.dt, g.k, ld, g.og, 1, g.k, lda, ld)
+                conv_row_split.plan(cv.dt, g.k, ld, g.og, 1, g.k, lda, ld,
+                                    max_n=conv_row_split.INPUT_GRAD_MAX_N)
             if slabs is not None:  # one image, 16 slabs of rows in one generated call
                 conv_row_split.call(lw, b, kb, slabs, wi, 0, a, a_img, cols, cols_img)
             for grp in range(g.groups if slabs is None else 0):

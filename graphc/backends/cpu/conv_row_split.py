@@ -6,21 +6,24 @@ and the input gradient's `cols (K x P) = w^T (K x O) @ gy (O x P)`. On the mid-s
 images OpenBLAS runs these at 120-145 GFLOP/s (one thread), where graphc.backends.cpu.
 winograd_gemm's generated function, which runs 16 products of one shape without packing,
 runs the same product cut into 16 slabs of rows (a and c stepped by a slab's rows, b shared
-and read from cache by every slab) at 170-185 (one thread, alone, batch 32's worth of
-calls, 2026-11-26; docs/performance.md, "ResNet-18's stride-2 convolutions, ninth session"):
+and read from cache by every slab) at 170-185 (one thread, alone, 2026-11-26; docs/
+performance.md, "ResNet-18's stride-2 convolutions, ninth session"):
 
 | product (per image) | OpenBLAS, one call | 16 slabs, generated |
 |---|---|---|
 | 3x3, 128 ch, 8x8 out: [256 x 1152] @ [1152 x 64] | 135-143 GFLOP/s | 176 |
 | its input gradient [1152 x 256] @ [256 x 64] | 143 | 171 |
 | 1x1, 64 -> 128, 16x16 out: [128 x 64] @ [64 x 256] | 120-128 | 173 |
-| its input gradient [64 x 128] @ [128 x 256] | 120-133 | 180 |
 | 1x1, 128 -> 256, 8x8 out: [256 x 128] @ [128 x 64] | 130-149 | 181 |
-| 3x3, 64 ch, 16x16 out: [128 x 576] @ [576 x 256] | 140 | 121: kept in the BLAS |
 
-The last (b 576 KB, slabs of 8 rows) reads b from L2 once per 8 rows and loses: `plan`
-takes a product whose b is at most MAX_B_BYTES. A block of several images (graphc.backends.
-cpu.conv_blocks, the 4x4 planes) keeps its one BLAS call (measured the same or slower).
+Inside the convolution kernels (batch 32, one thread, the one-op graphs of
+`python -m benchmarks.resnet18_kernels --only row-split-kernels`, load ~4, four runs) the
+forwards of 64 -> 128 (3x3 and 1x1) and 128 -> 256 and the input gradients of 128 -> 256
+gained (0.1-2.4 ms a kernel); the input gradients of 64 -> 128 (n = 256 positions, c the
+576 x 256 columns) lost 0.1-0.5 ms in three runs of four: an input gradient is taken up to
+INPUT_GRAD_MAX_N positions. A product whose b is past MAX_B_BYTES (the slabs read b from
+L2 once per slab) and a block of several images (graphc.backends.cpu.conv_blocks, the 4x4
+planes, one GEMM of 512 columns) keep the BLAS (the latter measured the same or slower).
 
 Rounding: each element of c sums k in blocks of winograd_gemm.K_BLOCK (fused multiply-adds in
 order), the blocks' sums added in c, as a BLAS blocks k; judged by distance from a float64
@@ -35,27 +38,33 @@ from graphc.backends.cpu import winograd_gemm
 from graphc.backends.cpu.values import F32, as_i64
 from graphc.types import float32
 
-__all__ = ["ENABLED", "MAX_B_BYTES", "MAX_K", "SLABS", "call", "plan"]
+__all__ = ["ENABLED", "INPUT_GRAD_MAX_N", "MAX_B_BYTES", "MAX_K", "SLABS", "call", "plan"]
 
 SLABS = winograd_gemm.POSITIONS  # the generated function runs this many products a call
-MAX_B_BYTES = 320 << 10  # b (k x n floats) read by every slab: 295 KB measured, 576 KB lost
+# b (k x n floats) read by every slab: 3x3 64 -> 128's forward (576 KB) gained 0.7-0.9 ms
+# of 8-9 in the kernel (three runs), though alone, b in cache, it measured 121-169 GFLOP/s
+# against the BLAS's 140 (noisy); larger ones not measured
+MAX_B_BYTES = 640 << 10
+INPUT_GRAD_MAX_N = 64  # the columns an input gradient's product may have (see above)
 MAX_K = 1152  # the longest k measured (128 channels x 3 x 3)
-MIN_SLAB_ROWS = 4  # the fewest rows a slab has among the shapes measured (1x1 64 -> 128's gx)
+MIN_SLAB_ROWS = 4  # the thinnest slabs measured (1x1 64 -> 128, input gradient: 4 rows)
 ENABLED = True  # False: every product keeps its BLAS call (A/B runs, benchmarks)
 
 
-def plan(dt, m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int):
+def plan(dt, m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int,
+         max_n: int | None = None):
     """The generated function computing c (m x n, rows ldc apart) = a (m x k, element
     strides a_row, a_col) @ b (k x n, rows ldb apart) as SLABS slabs of m / SLABS rows, or
     None where the BLAS call stays (not float32, not ENABLED, a host winograd_gemm does not
     serve, m not a whole number of slabs of MIN_SLAB_ROWS rows or more, k past MAX_K, b past
-    MAX_B_BYTES, n not a whole number of vectors)."""
+    MAX_B_BYTES, n past `max_n` or not a whole number of vectors)."""
     if dt is not float32 or not ENABLED or not winograd_gemm.available():
         return None
     if not all(type(d) is int for d in (m, n, k)):
         return None
     rows = m // SLABS
-    if m % SLABS or rows < MIN_SLAB_ROWS or k > MAX_K or k * n * 4 > MAX_B_BYTES:
+    if m % SLABS or rows < MIN_SLAB_ROWS or k > MAX_K or k * n * 4 > MAX_B_BYTES or \
+            (max_n is not None and n > max_n):
         return None
     return winograd_gemm.plan(rows, n, k, a_row, a_col, ldb, ldc, rows * a_row, 0, rows * ldc,
                               max_k=MAX_K)
