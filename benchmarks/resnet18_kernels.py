@@ -394,15 +394,16 @@ def row_split_kernels(root: str, rounds: int, n: int = 32) -> str:
 
 def _compiled(root: str, graph, tag: str, gemms: bool, block_gemm: bool = True,
               plane_vectors: bool = True):
-    from graphc.backends.cpu import conv_im2col, winograd_gemm, winograd_transforms
+    from graphc.backends.cpu import conv_im2col, conv_row_split, winograd_gemm, winograd_transforms
     from graphc.backends.cpu.executable import CpuExecutable
     from graphc.passes.plan import plan_buffers
 
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, tag)
     kept = conv_im2col.Conv.gemm, winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS
-    if not gemms:
+    kept_slabs = conv_row_split.ENABLED
+    if not gemms:  # the row slabs' call too is a GEMM: off, so Conv.gemm makes them all
         conv_im2col.Conv.gemm = _no_gemm
-        winograd_gemm.ENABLED = False
+        winograd_gemm.ENABLED = conv_row_split.ENABLED = False
     winograd_gemm.ENABLED = winograd_gemm.ENABLED and block_gemm
     winograd_transforms.PLANE_VECTORS = plane_vectors
     try:
@@ -410,6 +411,7 @@ def _compiled(root: str, graph, tag: str, gemms: bool, block_gemm: bool = True,
         return CpuExecutable(graph)
     finally:
         conv_im2col.Conv.gemm, winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS = kept
+        conv_row_split.ENABLED = kept_slabs
 
 
 def _no_gemm(self, *args) -> None:

@@ -15,10 +15,13 @@ turn, the first that takes it building the kernel; the rest take im2col + BLAS G
   planes have fewer than THIN_COLUMNS output positions go in blocks (conv_blocks): one
   im2col of the block's images side by side and one GEMM over all their columns, copied out
   to NCHW. A 1x1 kernel with stride 1 and no padding reads the image itself as the columns.
+  One image's float32 GEMM (one group) may run as 16 row slabs in one generated call
+  instead (conv_row_split: ResNet-18's stride-2 layers, where it beats OpenBLAS).
 - input gradient: conv_direct, conv_winograd, else per image or block one GEMM per group
   `cols_g = W_g^T @ gy_g` (a block's gradients gathered into one matrix first), then col2im
   adds every column entry back into its input position; a pointwise 1x1 GEMM writes the
-  input gradient itself.
+  input gradient itself. Row slabs as the forward's, up to conv_row_split.INPUT_GRAD_MAX_N
+  columns.
 - weight gradient: conv_few_channels_grad, conv_direct, conv_winograd, else per image or
   block im2col then `gw_g += gy_g @ cols_g^T` (beta 0 for the first, 1 after), so the batch
   accumulates inside the GEMM. Where O/g <= 128 < K the GEMM computes the transposed
