@@ -2,15 +2,22 @@
 
     python -m benchmarks.gelu_epilogue                  # the GPT, 30 interleaved rounds
     python -m benchmarks.gelu_epilogue --rounds 10 --quick
+    python -m benchmarks.gelu_epilogue --variant "coefficient selects" --variant after
 
-Three variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
-128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
+Variants (all by default) are compiled from the same weights (benchmarks/model_steps.py's
+GPT, n_embd 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, which is the same for all):
 - "before": float32 erfc tail in the three ranges it had (`THREE_RANGE_ERFC_TAIL_F32`, put
   back into mathlib while it compiles) and no loop marked to prefer 512-bit vectors
   (`scalars.WIDE_VECTOR_FUNCTIONS` emptied: LLVM's default 256 bits on Intel cores);
 - "two ranges": the current tail, still 256-bit;
-- "after": the default (two ranges, 512-bit vectors where the host has AVX-512).
+- "coefficient selects": the two ranges at 512 bits, each lane picking its range's
+  coefficients by select (`mathlib.TAIL_SELECTS_COEFFICIENTS`), as the eighth session left it;
+- "after": the default (two ranges, each range's polynomial evaluated whole and its value
+  selected, 512-bit vectors where the host has AVX-512);
+- "in gemm, coefficient selects" and "in gemm": the last two with the epilogue run inside
+  linear1's GEMM kernel row chunk by row chunk (`gemm_epilogue.FOLD`, the default step);
+  their gelu rows in the profile are the GEMM and its epilogue together.
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
 OpenMP and OpenBLAS), then from `graphc.profile` (5 interleaved profiles, each lowered again
 as its variant, each kernel's median) the time of the kernels that compute gelu or erf (the
@@ -36,13 +43,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds (30)")
     parser.add_argument("--quick", action="store_true", help="the GPT's smoke size")
+    parser.add_argument("--variant", action="append", choices=list(VARIANTS),
+                        help="compare these variants only (repeatable; default: all)")
     args = parser.parse_args(argv)
     # one thread for OpenMP and OpenBLAS, set before they load: numpy (imported with the
     # harness) has loaded OpenBLAS already, so the process starts again with them set (set
     # here, its GEMMs had run on two threads, CPU time counting both)
     run_with_threads("benchmarks.gelu_epilogue", 1, sys.argv[1:] if argv is None else argv)
     with cache_root("gelu_epilogue.") as root:
-        _compare(args.rounds, args.quick, root)
+        _compare(args.rounds, args.quick, root, args.variant or list(VARIANTS))
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
@@ -67,21 +76,24 @@ THREE_RANGE_ERFC_TAIL_F32 = (
 )
 
 
-VARIANTS = ("before", "two ranges", "after")
+VARIANTS = ("before", "two ranges", "coefficient selects", "after",
+            "in gemm, coefficient selects", "in gemm")
 
 
 @contextlib.contextmanager
 def _variant(name: str, root: str):
     """While lowering variant `name`: its cache dir, and mathlib / scalars as it had them.
     Every variant keeps the epilogue its own kernel (gemm_epilogue.FOLD off; by default it
-    runs inside linear1's GEMM kernel, which would time both together)."""
+    runs inside linear1's GEMM kernel, which would time both together), except the "in gemm"
+    ones."""
     from graphc.backends.cpu import gemm_epilogue, mathlib, scalars
 
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
     wide, tail = scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32
-    fold = gemm_epilogue.FOLD
-    gemm_epilogue.FOLD = False
-    if name != "after":
+    fold, selects = gemm_epilogue.FOLD, mathlib.TAIL_SELECTS_COEFFICIENTS
+    gemm_epilogue.FOLD = name.startswith("in gemm")
+    mathlib.TAIL_SELECTS_COEFFICIENTS = name in ("before", "two ranges") or "selects" in name
+    if name in ("before", "two ranges"):
         scalars.WIDE_VECTOR_FUNCTIONS = frozenset()
     if name == "before":
         mathlib._ERFC_TAIL_F32 = THREE_RANGE_ERFC_TAIL_F32
@@ -89,19 +101,19 @@ def _variant(name: str, root: str):
         yield
     finally:
         scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32 = wide, tail
-        gemm_epilogue.FOLD = fold
+        gemm_epilogue.FOLD, mathlib.TAIL_SELECTS_COEFFICIENTS = fold, selects
 
 
 def _is_gelu_kernel(op: str) -> bool:
     return op.startswith("fused(") and ("gelu" in op or "erf" in op)
 
 
-def _compare(rounds: int, quick: bool, root: str) -> None:
+def _compare(rounds: int, quick: bool, root: str, variants: list[str]) -> None:
     import numpy as np
 
     from benchmarks import model_steps
 
-    times, profiled = step_ab(VARIANTS, lambda n: _variant(n, root),
+    times, profiled = step_ab(variants, lambda n: _variant(n, root),
                               lambda: model_steps.graphc_gpt_step(quick),
                               rounds, 5, repeat=11)
     for name in profiled:
