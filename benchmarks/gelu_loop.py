@@ -10,12 +10,14 @@ shares gelu's exp and erf terms with it), over 512K floats (one layer's [16, 64,
 loop marked `"prefer-vector-width"="512"` as scalars.WIDE_VECTOR_FUNCTIONS marks it.
 Variants, each lowered as itself (llvmlite at O3 for the host, or `--cpu`):
 - "coefficient selects": each lane picks its erfc-tail range's coefficients by select
-  (`mathlib.TAIL_SELECTS_COEFFICIENTS`, the eighth session's form);
-- "whole polynomials": each range's polynomial evaluated whole and its value selected (the
-  default).
+  (`mathlib.TAIL_SELECTS_COEFFICIENTS`) and the derivative's erf evaluates its own
+  polynomials (`mathlib.ERF_AFTER_GELU` off): the eighth session's form;
+- "whole polynomials": each range's polynomial evaluated whole and its value selected;
+- "erf from gelu": that, and the derivative's erf takes gelu's (the default).
 It prints the instructions of each variant's vector loop body (the assembly's block with the
 most registers of the widest kind), then each variant's median CPU time over interleaved
-rounds, and whether both give the same bits (docs/performance.md, "GPT's GELU, ninth session").
+rounds, and whether the first two give the same bits (the third is within erf's bound, not
+the same bits; docs/performance.md, "GPT's GELU, ninth session").
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import os
 import re
 from collections import Counter
 
-VARIANTS = ("coefficient selects", "whole polynomials")
+VARIANTS = ("coefficient selects", "whole polynomials", "erf from gelu")
 ELEMENTS = 16 * 64 * 512
 
 
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in VARIANTS:
         print(f"{name}: {np.median(times[name]) * 1e6:.0f} us per {ELEMENTS} elements "
               f"(median of {args.rounds})")
-    first, second = (outs[name] for name in VARIANTS)
+    first, second = (outs[name] for name in VARIANTS[:2])
     same = all(np.array_equal(a.view(np.int32), b.view(np.int32)) for a, b in zip(first, second))
     print("same bits:", same)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
@@ -74,12 +76,13 @@ def main(argv: list[str] | None = None) -> None:
 def _variant(name: str):
     from graphc.backends.cpu import mathlib
 
-    selects = mathlib.TAIL_SELECTS_COEFFICIENTS
+    selects, after_gelu = mathlib.TAIL_SELECTS_COEFFICIENTS, mathlib.ERF_AFTER_GELU
     mathlib.TAIL_SELECTS_COEFFICIENTS = name == "coefficient selects"
+    mathlib.ERF_AFTER_GELU = name == "erf from gelu"
     try:
         yield
     finally:
-        mathlib.TAIL_SELECTS_COEFFICIENTS = selects
+        mathlib.TAIL_SELECTS_COEFFICIENTS, mathlib.ERF_AFTER_GELU = selects, after_gelu
 
 
 _ENGINES = []  # each engine (with its target machine: an engine owns it) lives to the end
