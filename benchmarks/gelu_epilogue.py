@@ -2,7 +2,7 @@
 
     python -m benchmarks.gelu_epilogue                  # the GPT, 30 interleaved rounds
     python -m benchmarks.gelu_epilogue --rounds 10 --quick
-    python -m benchmarks.gelu_epilogue --variant "coefficient selects" --variant after
+    python -m benchmarks.gelu_epilogue --variant "own erf" --variant after
 
 Variants (all by default) are compiled from the same weights (benchmarks/model_steps.py's
 GPT, n_embd 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
@@ -11,11 +11,11 @@ GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, which is the same 
   back into mathlib while it compiles) and no loop marked to prefer 512-bit vectors
   (`scalars.WIDE_VECTOR_FUNCTIONS` emptied: LLVM's default 256 bits on Intel cores);
 - "two ranges": the current tail, still 256-bit;
-- "coefficient selects": the two ranges at 512 bits, each lane picking its range's
-  coefficients by select (`mathlib.TAIL_SELECTS_COEFFICIENTS`), as the eighth session left it;
-- "after": the default (two ranges, each range's polynomial evaluated whole and its value
-  selected, 512-bit vectors where the host has AVX-512);
-- "in gemm, coefficient selects" and "in gemm": the last two with the epilogue run inside
+- "own erf": two ranges at 512 bits, the derivative's erf evaluating its own polynomials
+  (`mathlib.ERF_AFTER_GELU` off), as the eighth session left it;
+- "after": the default (two ranges, 512-bit vectors where the host has AVX-512, the
+  derivative's erf taken from gelu's);
+- "in gemm, own erf" and "in gemm": the last two with the epilogue run inside
   linear1's GEMM kernel row chunk by row chunk (`gemm_epilogue.FOLD`, the default step);
   their gelu rows in the profile are the GEMM and its epilogue together.
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
@@ -76,8 +76,7 @@ THREE_RANGE_ERFC_TAIL_F32 = (
 )
 
 
-VARIANTS = ("before", "two ranges", "coefficient selects", "after",
-            "in gemm, coefficient selects", "in gemm")
+VARIANTS = ("before", "two ranges", "own erf", "after", "in gemm, own erf", "in gemm")
 
 
 @contextlib.contextmanager
@@ -90,9 +89,9 @@ def _variant(name: str, root: str):
 
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
     wide, tail = scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32
-    fold, selects = gemm_epilogue.FOLD, mathlib.TAIL_SELECTS_COEFFICIENTS
+    fold, after_gelu = gemm_epilogue.FOLD, mathlib.ERF_AFTER_GELU
     gemm_epilogue.FOLD = name.startswith("in gemm")
-    mathlib.TAIL_SELECTS_COEFFICIENTS = name in ("before", "two ranges") or "selects" in name
+    mathlib.ERF_AFTER_GELU = name in ("after", "in gemm")
     if name in ("before", "two ranges"):
         scalars.WIDE_VECTOR_FUNCTIONS = frozenset()
     if name == "before":
@@ -101,7 +100,7 @@ def _variant(name: str, root: str):
         yield
     finally:
         scalars.WIDE_VECTOR_FUNCTIONS, mathlib._ERFC_TAIL_F32 = wide, tail
-        gemm_epilogue.FOLD, mathlib.TAIL_SELECTS_COEFFICIENTS = fold, selects
+        gemm_epilogue.FOLD, mathlib.ERF_AFTER_GELU = fold, after_gelu
 
 
 def _is_gelu_kernel(op: str) -> bool:

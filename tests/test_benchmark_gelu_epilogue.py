@@ -15,11 +15,11 @@ from graphc.backends.cpu import gemm_epilogue, mathlib, scalars  # noqa: E402
 def test_gelu_epilogue_benchmark_smoke(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
     wide = scalars.WIDE_VECTOR_FUNCTIONS
-    selects, fold = mathlib.TAIL_SELECTS_COEFFICIENTS, gemm_epilogue.FOLD
+    after_gelu, fold = mathlib.ERF_AFTER_GELU, gemm_epilogue.FOLD
     gelu_epilogue.main(["--rounds", "1", "--quick"])
     out = capsys.readouterr().out
     for name in gelu_epilogue.VARIANTS:
         assert f"gpt {name}: step" in out
     assert "load average:" in out
     assert scalars.WIDE_VECTOR_FUNCTIONS is wide
-    assert mathlib.TAIL_SELECTS_COEFFICIENTS is selects and gemm_epilogue.FOLD is fold
+    assert mathlib.ERF_AFTER_GELU is after_gelu and gemm_epilogue.FOLD is fold

@@ -407,27 +407,6 @@ def test_erf_after_gelu_within_erfs_bound(dtype):
     assert got[3] == 0 and not np.signbit(got[3]) and got[4] == 0 and np.signbit(got[4])
 
 
-def _gelu_f32_selects_coefficients(selects: bool, monkeypatch):
-    """(float32 gelu's kernel built with mathlib.TAIL_SELECTS_COEFFICIENTS = selects, and the
-    number of selects O3 leaves in its loop)."""
-    monkeypatch.setattr(mathlib, "TAIL_SELECTS_COEFFICIENTS", selects)
-    ir_text = str(_optimised(_loop_ir("gelu", "float32"), _target_machine()))
-    return _kernel.__wrapped__("gelu", "float32"), len(re.findall(r"= select ", ir_text))
-
-
-def test_float32_erfc_tail_selects_each_range_value(monkeypatch):
-    """float32 gelu's erfc tail (x < -0.71) evaluates each range's polynomial whole and selects
-    the value: bit-identical to selecting the coefficients per lane (the sweep, and every 64th
-    float in [-16, -0.5]), with one select per boundary instead of 11."""
-    lo, hi = np.float32(0.5).view(np.int32), np.float32(16.0).view(np.int32)
-    dense = -np.arange(lo, hi, 64, dtype=np.int32).view(np.float32)
-    x = np.concatenate([_sweep("float32"), _specials("float32"), dense])
-    whole, whole_selects = _gelu_f32_selects_coefficients(False, monkeypatch)
-    picked, picked_selects = _gelu_f32_selects_coefficients(True, monkeypatch)
-    np.testing.assert_array_equal(whole(x).view(np.int32), picked(x).view(np.int32))
-    assert whole_selects <= picked_selects - 10, (whole_selects, picked_selects)
-
-
 def test_float64_erf_and_gelu_against_mpmath():
     mpmath = pytest.importorskip("mpmath")
     mpmath.mp.dps = 40

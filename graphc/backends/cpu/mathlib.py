@@ -336,8 +336,7 @@ def sigmoid(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 # ---- erf, erfc and gelu ---------------------------------------------------------------------
 # |a| < 1: erf(a) = a * P(a^2). a >= 0.5: erfc(a) = exp(-a^2) * u * G(u) with u = 1/a and G a
-# polynomial in (u - centre) per range of u, picked per lane by `select` (its coefficients,
-# or its value: `TAIL_SELECTS_COEFFICIENTS`).
+# polynomial in (u - centre) per range of u, the coefficients picked per lane by `select`.
 # Fitted (Chebyshev, mpmath at 50 digits) to well under an ulp, coefficients rounded to the type.
 _ERF_SMALL_F32 = (
     -9.667044650996104e-06,
@@ -424,14 +423,6 @@ _ERF_MID_F32 = (3.670401440558635e-07, -8.742103432268777e-07, -3.57997600985982
 _ERF_MID_F32_END = 3.92
 # erfc(a) underflows to 0 beyond these (the tail's lowest u range starts just below 1/max).
 _ERFC_A_MAX = {False: 11.0, True: 27.5}
-# How a lane gets its range's polynomial in the erfc tail. float32 (two ranges): each range's
-# polynomial is evaluated whole and one select picks the value: 18 FMAs and 1 select, against
-# 9 FMAs and 11 selects whose 20 constants must be kept in registers or reloaded; the GPT's
-# gelu epilogue loop went from 153 to 137 instructions per 16 lanes (docs/performance.md,
-# "GPT's GELU, ninth session"). The values are bit-identical either way (the same
-# instructions per lane). float64 (four ranges of degree 18: 4 x 19 FMAs whole) keeps the
-# coefficient selects: not measured. True here: float32 as float64 (the benchmark's A/B).
-TAIL_SELECTS_COEFFICIENTS = False
 
 
 def _erf_small(m: _Emitter, a):
@@ -450,18 +441,13 @@ def _erfc_tail(m: _Emitter, u, h, lo, e=None):
     """
     table = _ERFC_TAIL_F64 if m.f64 else _ERFC_TAIL_F32
     u = m.min_c(u, table[-1][0])
-    if m.f64 or TAIL_SELECTS_COEFFICIENTS:
-        centre = m.c(table[-1][1])
-        coeffs = [m.c(k) for k in table[-1][2]]
-        for bound, mid, cs in reversed(table[:-1]):  # narrower ranges override, by lane
-            inside = m.lt(u, m.c(bound))
-            centre = m.sel(inside, m.c(mid), centre)
-            coeffs = [m.sel(inside, m.c(k), acc) for k, acc in zip(cs, coeffs)]
-        g = m.poly(m.sub(u, centre), coeffs)
-    else:  # each range's polynomial whole, one select per range boundary
-        g = m.poly(m.sub(u, m.c(table[-1][1])), table[-1][2])
-        for bound, mid, cs in reversed(table[:-1]):  # narrower ranges override, by lane
-            g = m.sel(m.lt(u, m.c(bound)), m.poly(m.sub(u, m.c(mid)), cs), g)
+    centre = m.c(table[-1][1])
+    coeffs = [m.c(k) for k in table[-1][2]]
+    for bound, mid, cs in reversed(table[:-1]):  # narrower ranges override, by lane
+        inside = m.lt(u, m.c(bound))
+        centre = m.sel(inside, m.c(mid), centre)
+        coeffs = [m.sel(inside, m.c(k), acc) for k, acc in zip(cs, coeffs)]
+    g = m.poly(m.sub(u, centre), coeffs)
     e = _exp_core(m, m.b.fneg(h)) if e is None else e
     f = m.mul(m.mul(m.sub(m.c(1.0), lo), u), g)  # exp(-lo) ~ 1 - lo: |lo| <= ulp(h)/2
     return e, f
@@ -523,7 +509,8 @@ def gelu(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     |x|/sqrt2, erf's polynomial of it and exp(-x^2/2) come from the very instructions that
     `erf(x * 0.70710677)` and `exp(x * x * -0.5)` emit (unflagged fmuls, as graphc's scalar
     mul renders them): the gelu derivative in a fused body computes those, and LLVM's CSE
-    then computes each once. The values are the same as computing them here afresh.
+    then computes each once. The values are the same as computing them here afresh. erf(x *
+    0.70710677) emitted after it in the same block takes its erf (`_gelu_erf_of`).
     """
     m = _Emitter(builder, x.type)
     nan = m.isnan(x)
