@@ -100,9 +100,14 @@ _ENGINES = []  # keep every engine (and its module) alive for the whole session
 
 @functools.lru_cache(maxsize=None)
 def _kernel(fn_name: str, dtype: str):
+    return _runner(_loop_ir(fn_name, dtype), dtype)
+
+
+def _runner(module_text: str, dtype: str):
+    """`kernel(T* x, T* out, i64 n)` of an LLVM module, optimised, compiled and wrapped as
+    x -> out (the engine kept alive for the process)."""
     tm = _target_machine()
-    mod = _optimised(_loop_ir(fn_name, dtype), tm)
-    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine = llvm.create_mcjit_compiler(_optimised(module_text, tm), tm)
     engine.finalize_object()
     _ENGINES.append(engine)
     cfun = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(
@@ -368,20 +373,7 @@ def _erf_after_gelu_kernel(dtype: str):
     b.cbranch(b.icmp_signed("<", following, n), loop, done)
     b.position_at_end(done)
     b.ret_void()
-    tm = _target_machine()
-    engine = llvm.create_mcjit_compiler(_optimised(str(module), tm), tm)
-    engine.finalize_object()
-    _ENGINES.append(engine)
-    cfun = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(
-        engine.get_function_address("kernel"))
-
-    def run(x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=dtype)
-        out = np.empty_like(x)
-        cfun(x.ctypes.data, out.ctypes.data, x.size)
-        return out
-
-    return run
+    return _runner(str(module), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
