@@ -17,36 +17,9 @@ pytest.importorskip("llvmlite")
 import graphc  # noqa: E402
 from graphc.backends.cpu import blas, llvm, threads  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from tests import blas_threads_support  # noqa: E402
 
-SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-           "scipy_openblas_set_num_threads", "openblas_set_num_threads")
-GETTERS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
-           "scipy_openblas_get_num_threads", "openblas_get_num_threads")
-
-
-class OpenBLAS:
-    """numpy's OpenBLAS as its user reaches it: its own setter and getter, through ctypes."""
-
-    def __init__(self) -> None:
-        found = blas.resolve_blas()
-        if threads.most_threads() < 2:
-            pytest.skip("one core: graphc never sets a thread count")
-        library = ctypes.CDLL(found.path)
-        setter = next((getattr(library, n) for n in SETTERS if hasattr(library, n)), None)
-        getter = next((getattr(library, n) for n in GETTERS if hasattr(library, n)), None)
-        if setter is None or getter is None or threads.blas_threads() is None:
-            pytest.skip(f"not an OpenBLAS whose count graphc reads: {threads.policy()}")
-        setter.argtypes, setter.restype = [ctypes.c_int], None
-        getter.argtypes, getter.restype = [], ctypes.c_int
-        self.set, self.get = setter, getter
-
-
-@pytest.fixture
-def openblas():
-    library = OpenBLAS()
-    before = library.get()
-    yield library
-    library.set(before)
+openblas = blas_threads_support.openblas  # the fixture: numpy's OpenBLAS, count given back
 
 
 def _gemm(fixed: int):

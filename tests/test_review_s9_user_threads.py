@@ -1,5 +1,6 @@
 """Review of the ninth session's third wave: the user's BLAS thread count around compiled
-calls (graphc.backends.cpu.threads, `use`/`restore`, _COUNTS_IR) as a hostile user drives it.
+calls (graphc.backends.cpu.threads, `use`/`restore`, thread_ir.COUNTS_IR) as a hostile
+user drives it.
 
 Fixed here: a count the user set while another thread's compiled call was in flight was
 lost: the last call out put back the count from before the first call in (`@user`), so
@@ -12,7 +13,6 @@ its first compiled call with a parallel loop (libgomp's team did not survive the
 libgomp waits for it); a forked child's compiled calls now run on one thread.
 """
 
-import ctypes
 import multiprocessing
 import threading
 
@@ -22,29 +22,11 @@ import pytest
 pytest.importorskip("llvmlite")
 
 import graphc  # noqa: E402
-from graphc.backends.cpu import blas, threads  # noqa: E402
+from graphc.backends.cpu import threads  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from tests import blas_threads_support  # noqa: E402
 
-SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-           "scipy_openblas_set_num_threads", "openblas_set_num_threads")
-GETTERS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
-           "scipy_openblas_get_num_threads", "openblas_get_num_threads")
-
-
-@pytest.fixture
-def openblas():
-    if threads.most_threads() < 2:
-        pytest.skip("one core: graphc never sets a thread count")
-    library = ctypes.CDLL(blas.resolve_blas().path)
-    setter = next((getattr(library, n) for n in SETTERS if hasattr(library, n)), None)
-    getter = next((getattr(library, n) for n in GETTERS if hasattr(library, n)), None)
-    if setter is None or getter is None or threads.blas_threads() is None:
-        pytest.skip(f"not an OpenBLAS whose count graphc reads: {threads.policy()}")
-    setter.argtypes, setter.restype = [ctypes.c_int], None
-    getter.argtypes, getter.restype = [], ctypes.c_int
-    before = getter()
-    yield setter, getter
-    setter(before)
+openblas = blas_threads_support.openblas  # the fixture: numpy's OpenBLAS, count given back
 
 
 def _held_gemm(fixed: int):
@@ -70,7 +52,7 @@ def _held_gemm(fixed: int):
 
 @pytest.mark.parametrize("users_new", [1, 3])
 def test_a_count_set_while_another_threads_call_is_in_flight_is_kept(openblas, users_new):
-    set_count, get_count = openblas
+    set_count, get_count = openblas.set, openblas.get
     set_count(1)
     caller, inside, release, results, want = _held_gemm(2)
     caller.start()
@@ -90,7 +72,7 @@ def test_a_count_set_while_another_threads_call_is_in_flight_is_kept(openblas, u
 def test_the_users_count_still_comes_back_after_overlapping_calls(openblas):
     """Two calls in flight on different counts, the user setting nothing: the last one out
     gives back the count from before the first one in."""
-    set_count, get_count = openblas
+    set_count, get_count = openblas.set, openblas.get
     set_count(1)
     first, inside1, release1, results1, want = _held_gemm(2)
     second, inside2, release2, results2, _ = _held_gemm(2)
@@ -115,7 +97,7 @@ def test_the_users_count_still_comes_back_after_overlapping_calls(openblas):
 def test_a_count_set_during_a_call_then_a_second_call_still_ends_on_it(openblas):
     """The user's count set during the first call; a second call enters (and sets its own)
     and leaves last: the user's new count comes back, not the one from before the first."""
-    set_count, get_count = openblas
+    set_count, get_count = openblas.set, openblas.get
     set_count(1)
     first, inside1, release1, _, _ = _held_gemm(2)
     second, inside2, release2, results2, want = _held_gemm(2)
