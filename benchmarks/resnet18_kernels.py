@@ -233,22 +233,31 @@ def row_split_gain(root: str, rounds: int, repeat: int) -> str:
     return "\n".join(lines)
 
 
+def _layer_passes(channels: int, side: int, n: int):
+    """(kind, a function making that pass's one-op graph afresh, its arguments) for the
+    forward ("fwd"), input gradient ("gx") and weight gradient ("gw") of a 3x3 stride-1
+    convolution of `channels` -> `channels` on n images side x side (ResNet-18's layers)."""
+    import numpy as np
+
+    from tests.test_cpu_conv_paths import _graphs
+
+    xs, ws = (n, channels, side, side), (channels, channels, 3, 3)
+    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    rng = np.random.default_rng(channels)
+    for kind, arg_shapes in {"fwd": (xs, ws), "gx": (gs, ws), "gw": (gs, xs)}.items():
+        args = [rng.standard_normal(s).astype(np.float32) for s in arg_shapes]
+        yield kind, (lambda kind=kind: _graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind]), args
+
+
 def transform_share(root: str, channels: int, side: int, n: int = 32) -> str:
     """One line: each pass of the layer, its time and its time without GEMMs."""
     import numpy as np
 
     from benchmarks.profiles import native_call
-    from tests.test_cpu_conv_paths import _graphs
-
-    xs, ws = (n, channels, side, side), (channels, channels, 3, 3)
-    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
-    shapes = {"fwd": (xs, ws), "gx": (gs, ws), "gw": (gs, xs)}
-    rng = np.random.default_rng(channels)
     gemm_flops = 2 * n * channels * channels * 16 * (side // 2) ** 2
     parts = []
-    for kind, arg_shapes in shapes.items():
-        args = [rng.standard_normal(s).astype(np.float32) for s in arg_shapes]
-        calls = [native_call(_compiled(root, _graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind],
+    for kind, fresh, args in _layer_passes(channels, side, n):
+        calls = [native_call(_compiled(root, fresh(),
                                        f"{channels}-{kind}-{gemms}", gemms), args)
                  for gemms in (True, False)]
         full, rest = (float(np.median(t)) for t in _alternated(calls, 5))
@@ -262,17 +271,10 @@ def block_gemm_gain(root: str, channels: int, side: int, rounds: int, n: int = 3
     import numpy as np
 
     from benchmarks.profiles import native_call
-    from tests.test_cpu_conv_paths import _graphs
-
-    xs, ws = (n, channels, side, side), (channels, channels, 3, 3)
-    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
-    shapes = {"fwd": (xs, ws), "gx": (gs, ws), "gw": (gs, xs)}
-    rng = np.random.default_rng(channels)
     gemm_flops = 2 * n * channels * channels * 16 * (side // 2) ** 2
     parts = []
-    for kind, arg_shapes in shapes.items():
-        args = [rng.standard_normal(s).astype(np.float32) for s in arg_shapes]
-        exes = [_compiled(root, _graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind],
+    for kind, fresh, args in _layer_passes(channels, side, n):
+        exes = [_compiled(root, fresh(),
                           f"{channels}-{kind}-kernel{kernel}", True, kernel)
                 for kernel in (True, False)]
         if "graphc_winograd_gemm" not in exes[0].lowered.ir_text:
@@ -296,17 +298,10 @@ def transform_parts(root: str, channels: int, side: int, rounds: int, n: int = 3
     import numpy as np
 
     from benchmarks.profiles import native_call
-    from tests.test_cpu_conv_paths import _graphs
-
-    xs, ws = (n, channels, side, side), (channels, channels, 3, 3)
-    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
-    shapes = {"fwd": (xs, ws), "gx": (gs, ws), "gw": (gs, xs)}
-    rng = np.random.default_rng(channels)
     lines = []
-    for kind, arg_shapes in shapes.items():
-        args = [rng.standard_normal(s).astype(np.float32) for s in arg_shapes]
+    for kind, fresh, args in _layer_passes(channels, side, n):
         parts = (None, "weight_out" if kind == "gw" else "filter", "input", "pad")
-        exes = [_without(part, root, _graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind],
+        exes = [_without(part, root, fresh(),
                          f"{channels}-{kind}-without-{part}") for part in parts]
         times = [float(np.median(t)) * 1e3 for t in
                  _alternated([native_call(e, args) for e in exes], rounds)]
@@ -338,16 +333,9 @@ def plane_vectors_gain(root: str, channels: int, side: int, rounds: int, n: int 
     import numpy as np
 
     from benchmarks.profiles import native_call
-    from tests.test_cpu_conv_paths import _graphs
-
-    xs, ws = (n, channels, side, side), (channels, channels, 3, 3)
-    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
-    shapes = {"fwd": (xs, ws), "gx": (gs, ws), "gw": (gs, xs)}
-    rng = np.random.default_rng(channels)
     parts = []
-    for kind, arg_shapes in shapes.items():
-        args = [rng.standard_normal(s).astype(np.float32) for s in arg_shapes]
-        exes = [_compiled(root, _graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind],
+    for kind, fresh, args in _layer_passes(channels, side, n):
+        exes = [_compiled(root, fresh(),
                           f"{channels}-{kind}-planes{vectors}", True, plane_vectors=vectors)
                 for vectors in (False, True)]
         same = np.array_equal(exes[0].run(*args)[0], exes[1].run(*args)[0])
