@@ -55,10 +55,21 @@ def _target_machine(cpu: str | None = None, features: str | None = None):
 
 def _loop_ir(fn_name: str, dtype: str) -> str:
     """IR text of `void kernel(T* noalias in, T* noalias out, i64 n)` applying fn elementwise."""
+    def body(b, x):
+        if fn_name == "gelu_tanh":
+            return mathlib.emit(b, "gelu", [x], {"approximate": "tanh"})
+        return mathlib.emit(b, fn_name, [x])
+
+    return _elementwise_loop_ir(f"mathlib_{fn_name}_{dtype}", dtype, body)
+
+
+def _elementwise_loop_ir(name: str, dtype: str, body) -> str:
+    """IR text of `void kernel(T* noalias in, T* noalias out, i64 n)`: out[i] = body(b, x[i])
+    (`body` emits its instructions with the IRBuilder b and returns the value stored)."""
     fty = ir.FloatType() if dtype == "float32" else ir.DoubleType()
     i64 = ir.IntType(64)
     ptr = ir.PointerType()
-    module = ir.Module(name=f"mathlib_{fn_name}_{dtype}")
+    module = ir.Module(name=name)
     module.triple = llvm.get_process_triple()
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr, ptr, i64]), "kernel")
     for arg in fn.args[:2]:
@@ -71,10 +82,7 @@ def _loop_ir(fn_name: str, dtype: str) -> str:
     i = b.phi(i64)
     i.add_incoming(ir.Constant(i64, 0), entry)
     x = b.load(b.gep(src, [i], source_etype=fty), typ=fty)
-    if fn_name == "gelu_tanh":
-        y = mathlib.emit(b, "gelu", [x], {"approximate": "tanh"})
-    else:
-        y = mathlib.emit(b, fn_name, [x])
+    y = body(b, x)
     b.store(y, b.gep(dst, [i], source_etype=fty))
     nxt = b.add(i, ir.Constant(i64, 1))
     i.add_incoming(nxt, loop)
@@ -353,27 +361,12 @@ def _erf_after_gelu_kernel(dtype: str):
     """`void f(T* x, T* out, i64 n)`: out = erf(x * 0.70710677) with gelu(x) emitted first in
     the same block (its value unused), run over x."""
     fty = ir.FloatType() if dtype == "float32" else ir.DoubleType()
-    module = ir.Module(name="erf_after_gelu")
-    module.triple = llvm.get_process_triple()
-    i64, ptr = ir.IntType(64), ir.PointerType()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr, ptr, i64]), "kernel")
-    src, dst, n = fn.args
-    entry, loop, done = (fn.append_basic_block(s) for s in ("entry", "loop", "done"))
-    b = ir.IRBuilder(entry)
-    b.cbranch(b.icmp_signed(">", n, ir.Constant(i64, 0)), loop, done)
-    b.position_at_end(loop)
-    i = b.phi(i64)
-    i.add_incoming(ir.Constant(i64, 0), entry)
-    x = b.load(b.gep(src, [i], source_etype=fty), typ=fty)
-    mathlib.emit(b, "gelu", [x])
-    y = mathlib.emit(b, "erf", [b.fmul(x, ir.Constant(fty, math.sqrt(0.5)))])
-    b.store(y, b.gep(dst, [i], source_etype=fty))
-    following = b.add(i, ir.Constant(i64, 1))
-    i.add_incoming(following, loop)
-    b.cbranch(b.icmp_signed("<", following, n), loop, done)
-    b.position_at_end(done)
-    b.ret_void()
-    return _runner(str(module), dtype)
+
+    def body(b, x):
+        mathlib.emit(b, "gelu", [x])
+        return mathlib.emit(b, "erf", [b.fmul(x, ir.Constant(fty, math.sqrt(0.5)))])
+
+    return _runner(_elementwise_loop_ir("erf_after_gelu", dtype, body), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
