@@ -198,10 +198,9 @@ def step_row(torch, name: str, quick: bool, rounds: int, profile: bool) -> dict:
         for _ in range(n):
             step(gx, gy).item()
 
-    def torch_timed(n):
+    def torch_timed(n):  # the loss read every step, as graphc's: both wait for the device
         for _ in range(n):
-            tstep(tx, ty)
-        torch.cuda.synchronize()
+            tstep(tx, ty).item()
 
     times = _in_turns({"graphc": graphc_timed, "torch": torch_timed}, rounds)
     ratio = times["graphc"] / times["torch"]

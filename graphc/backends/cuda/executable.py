@@ -269,14 +269,16 @@ class CudaExecutable:
             rt.gc_memcpy_d2d(dst, src, nbytes, stream)
         if n_errors:
             rt.gc_memcpy_d2h(errors.ctypes.data, self._errors_ptr, 8 * n_errors, stream)
-        rt.gc_stream_synchronize(stream)
-        for out, at in staged_outs:
-            view = np.frombuffer((ctypes.c_char * out.nbytes).from_address(at), out.dtype)
-            np.copyto(out, view.reshape(out.shape))
+        # the marks while the device works: nothing reads a mark's value before the lock,
+        # held until this call returns, lets a fetch in (every copy is ordered on the stream)
         for out, slot in marks:
             if not isinstance(slot, tuple):
                 self._holders[slot] = weakref.ref(out)
             residency.mark(out, self, slot)
+        rt.gc_stream_synchronize(stream)
+        for out, at in staged_outs:
+            view = np.frombuffer((ctypes.c_char * out.nbytes).from_address(at), out.dtype)
+            np.copyto(out, view.reshape(out.shape))
         return outs, errors
 
     def replay(self, count: int = 1) -> None:
