@@ -4,7 +4,7 @@
 # PyTorch with CUDA:
 #
 #   bash benchmarks/gpu_check.sh [STAGE...]     stages: build kernels tests bench libs0 profile
-#                                               variants sanitizer (default: the first five)
+#                                               host variants sanitizer (default: the first five)
 #
 # - build: the CUDA runtime library (make -C runtime/csrc cuda, every core)
 # - kernels: runtime/csrc/tests/test_kernels_*.cu against it (make gpu-check)
@@ -14,6 +14,7 @@
 # - libs0: the SGEMM, conv and ResNet-18 rows again with GRAPHC_CUDA_LIBS=0 (graphc's own
 #   kernels only, the ResNet-18 step profiled)
 # - profile: the GPT and ResNet-18 steps again, with where their device time goes
+# - host: python -m benchmarks.gpu_host (the GPT and ResNet-18 steps' host phases)
 # - variants: benchmarks/cuda/elementwise_variants.cu, the elementwise chain written the ways
 #   the generator could emit it, against a copy
 # - sanitizer: the kernel test programs under compute-sanitizer memcheck and racecheck
@@ -61,6 +62,7 @@ for s in "${stages[@]}"; do
             --only conv --only resnet18_b32 --profile --rounds 3 ;;
         profile) stage profile $PY -m benchmarks.gpu --only gpt_b16 --only resnet18_b32 \
             --profile --rounds 3 ;;
+        host) stage host $PY -m benchmarks.gpu_host ;;
         variants) stage variants bash -c "nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/variants \
             benchmarks/cuda/elementwise_variants.cu && /tmp/variants" ;;
         sanitizer) stage sanitizer make -C runtime/csrc gpu-check \

@@ -1,0 +1,111 @@
+"""gpu_host: where a compiled cuda training step's wall time goes on the host, phase by phase.
+
+`python -m benchmarks.gpu_host [--quick] [--steps N] [--only gpt_b16|resnet18_b32]` needs a
+CUDA GPU and PyTorch with CUDA (as benchmarks.gpu). It runs benchmarks.gpu's training steps
+(graphc's compiled step, the loss read every step) and stamps the wall clock at the phases of
+each call, by wrapping the runtime's graph launch and stream synchronisation:
+
+- `before launch`: from the call to the launch of the captured CUDA graph (the compiled
+  callable's guards, the executable's input checks and uploads);
+- `after launch`: from the launch to the synchronisation (output copies enqueued, residency
+  marks): host work the device's run hides;
+- `device wait`: inside the synchronisation (the device still running);
+- `after wait`: from the synchronisation's return to the step's return (host copies of
+  results, the compiled callable wrapping results in tensors and assigning `.grad`s);
+- `loss read`: the `.item()` of the returned loss.
+
+It prints the median of each phase over the steps and the device time of one replay of the
+launch list, next to PyTorch's step with the same loss read. The phases the device does not
+hide (before launch, after wait, loss read) are what the step costs above its replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import graphc
+from benchmarks import model_steps, models
+from benchmarks.gpu import _samples, _torch
+
+PHASES = ("before launch", "after launch", "device wait", "after wait", "loss read")
+
+
+def phases(step, gx, gy, steps: int) -> dict[str, float]:
+    """{phase: median seconds} over `steps` calls of the compiled `step` (see the module
+    docstring), the runtime's launch and synchronisation wrapped while it runs."""
+    rt = step.executable.rt
+    launch, sync = rt.gc_graph_launch, rt.gc_stream_synchronize
+    stamps: dict[str, float] = {}
+
+    def stamped_launch(*args):
+        stamps["launch"] = time.perf_counter()
+        return launch(*args)
+
+    def stamped_sync(*args):
+        stamps.setdefault("sync", time.perf_counter())  # the call's first synchronisation
+        result = sync(*args)
+        stamps.setdefault("synced", time.perf_counter())
+        return result
+
+    rows = {name: [] for name in PHASES}
+    rt.gc_graph_launch, rt.gc_stream_synchronize = stamped_launch, stamped_sync
+    try:
+        for _ in range(steps):
+            stamps.clear()
+            start = time.perf_counter()
+            loss = step(gx, gy)
+            returned = time.perf_counter()
+            loss.item()
+            read = time.perf_counter()
+            if not {"launch", "sync", "synced"} <= stamps.keys():
+                raise SystemExit("benchmarks.gpu_host: the step did not launch a captured "
+                                 "graph and synchronise once (is this the emulation?)")
+            rows["before launch"].append(stamps["launch"] - start)
+            rows["after launch"].append(stamps["sync"] - stamps["launch"])
+            rows["device wait"].append(stamps["synced"] - stamps["sync"])
+            rows["after wait"].append(returned - stamps["synced"])
+            rows["loss read"].append(read - returned)
+    finally:
+        rt.gc_graph_launch, rt.gc_stream_synchronize = launch, sync
+    return {name: statistics.median(v) for name, v in rows.items()}
+
+
+def report(torch, name: str, quick: bool, steps: int) -> str:
+    """One row: the phases' medians, their sum, the whole step, a replay, PyTorch's step."""
+    key = name.split("_")[0]
+    shape = (model_steps.QUICK if quick else model_steps.FULL)[key]
+    graphc.manual_seed(0)
+    model = model_steps.build(graphc, key, shape)
+    tmodel = model_steps.build(torch, key, shape).cuda()
+    x, y = model_steps.batch_of(key, shape)
+    gx, gy = graphc.tensor(x), graphc.tensor(y)
+    tx, ty = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
+    step = graphc.compile(models.graphc_step(model), backend="cuda")
+    tstep = models.torch_step(tmodel)
+    for _ in range(3):  # the first call, the capture, one replayed call
+        step(gx, gy).item()
+    median = phases(step, gx, gy, steps)
+    replay = _samples(lambda n: step.executable.replay(n), 5)
+    whole = _samples(lambda n: [step(gx, gy).item() for _ in range(n)], 5)
+    torch_step = _samples(lambda n: [tstep(tx, ty).item() for _ in range(n)], 5)
+    cells = " | ".join(f"{p} {median[p] * 1e3:.3f} ms" for p in PHASES)
+    return (f"{name:13s}{cells} | sum {sum(median.values()) * 1e3:.3f} ms | step "
+            f"{whole * 1e3:.3f} ms | replay {replay * 1e3:.3f} ms | torch step "
+            f"{torch_step * 1e3:.3f} ms")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--only", action="append", choices=("gpt_b16", "resnet18_b32"))
+    args = parser.parse_args(argv)
+    torch = _torch()
+    for name in args.only or ("gpt_b16", "resnet18_b32"):
+        print(report(torch, name, args.quick, args.steps), flush=True)
+
+
+if __name__ == "__main__":
+    main()
