@@ -212,7 +212,8 @@ def step_row(torch, name: str, quick: bool, rounds: int, profile: bool) -> dict:
                 loss_after_3=losses[-1], traces=len(step.graphs),
                 provider=_provider_summary(executable),
                 profile=(profile_lines(executable) + host_profile_lines(
-                    lambda: graphc_timed(10))) if profile else [])
+                    lambda: graphc_timed(10)) + torch_profile_lines(
+                    torch, lambda: torch_timed(5))) if profile else [])
 
 
 def profile_lines(executable, top: int = 12) -> list[str]:
@@ -252,6 +253,24 @@ def host_profile_lines(run, top: int = 14) -> list[str]:
     start = next((i for i, line in enumerate(body) if "ncalls" in line), 0)
     return ["  host profile (10 steps, by own time):"] + ["    " + line.strip()[:150]
                                                          for line in body[start:] if line]
+
+
+def torch_profile_lines(torch, run, top: int = 14) -> list[str]:
+    """PyTorch's device time in `run()` (five steps) by kernel, per step (torch.profiler):
+    the anchor's side of the profile, kernel for kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    rows = [(e.device_time_total, e.count, e.key) for e in prof.key_averages()
+            if e.device_time_total > 0]
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows) / 5
+    lines = [f"  PyTorch: {total / 1e3:.3f} ms of kernels per step, by kernel:"]
+    for us, count, key in rows[:top]:
+        lines.append(f"    {us / 5 / 1e3:8.3f} ms  x{count // 5:<4d} {key[:110]}")
+    return lines
 
 
 def _provider_summary(executable) -> str:
