@@ -1,9 +1,11 @@
 """GEMM and convolution choices of the cuda backend, emulated (GRAPHC_CUDA=emu).
 
 The forward convolution is one implicit GEMM over all images (no column buffer); the weight
-gradient is one implicit GEMM over N * P split into chunks when its tiles are few (partials
-added in split order), so it is checked on a shape that splits, against a float64 reference,
-and for equal bits on two runs. Float32 matmuls stay float32 unless GRAPHC_CUDA_ALLOW_TF32=1
+gradient copies the column matrices of x and dy into the workspace and runs one batched GEMM
+over N * P split into chunks when its tiles are few (partials added in split order), in
+passes when the columns pass a budget (64 KiB in the emulation), so it is checked on shapes
+that split, in one pass and in several, with groups and stride 2, against a float64
+reference by the rounding rule, and for equal bits on two runs. Float32 matmuls stay float32 unless GRAPHC_CUDA_ALLOW_TF32=1
 (PyTorch's default for matmul), which selects the TF32 tensor-core GEMM. Skinny float32
 GEMMs (few output tiles, long k) are split along k, the slices added in order.
 """
@@ -15,6 +17,7 @@ import pytest
 
 from graphc.backends import compile as compile_graph
 from graphc.ir import parse
+from graphc.testing import assert_rounding_within
 from tests.cuda_support import cuda_test_kind, emulation_only
 
 pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
@@ -98,6 +101,35 @@ def test_weight_gradient_split_over_pixels(rng):
     want = compile_graph(parse(text.replace("f32", "f64")), "interp").run(
         g.astype(np.float64), x.astype(np.float64))[0]
     np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("n, c_in, hw, c_out, stride, groups", [
+    (2, 1, 27, 2, 1, 1),  # 1458 pixels: 2 splits of 736 (the last 722), one pass
+    (4, 4, 33, 6, 2, 2),  # stride 2, groups 2: 2 splits of 584 in 4 passes (3 x 152, 128)
+    (2, 3, 24, 3, 1, 3),  # depthwise: 2 splits of 576 in 3 passes
+    (3, 5, 7, 4, 1, 1),   # 147 pixels: one split, one pass
+])
+def test_weight_gradient_columns_and_batched_gemm(rng, n, c_in, hw, c_out, stride, groups):
+    """The weight gradient's explicit columns + batched GEMM (runtime/csrc/kernels/
+    conv_filter_grad.cuh) on every branch of its plan: within the rounding rule of a float64
+    run (docs/performance.md § Rounding; eager graphc is the interpreter in float32), and the
+    same bits on a rerun."""
+    out = (hw + 2 - 3) // stride + 1
+    attrs = f"stride=({stride}, {stride}), padding=(1, 1), dilation=(1, 1), groups={groups}"
+    text = f'''graph @f(%g: f32[{n},{c_out},{out},{out}], %x: f32[{n},{c_in},{hw},{hw}]) -> (f32[{c_out},{c_in // groups},3,3]) {{
+  %0: f32[{c_out},{c_in // groups},3,3] = conv2d_weight_grad[kernel_size=(3, 3), {attrs}](%g, %x)
+  return (%0)
+}}'''  # noqa: E501
+    g = rng.standard_normal((n, c_out, out, out)).astype(np.float32)
+    x = rng.standard_normal((n, c_in, hw, hw)).astype(np.float32)
+    ex = compile_graph(parse(text), "cuda")
+    assert _calls(ex) == ["gc_conv2d_bwd_filter_f32"]
+    first, second = ex.run(g, x)[0], ex.run(g, x)[0]
+    assert first.tobytes() == second.tobytes()
+    eager = compile_graph(parse(text), "interp").run(g, x)[0]
+    want = compile_graph(parse(text.replace("f32", "f64")), "interp").run(
+        g.astype(np.float64), x.astype(np.float64))[0]
+    assert_rounding_within(first, eager, want)
 
 
 @pytest.mark.parametrize("stride", [1, 2])

@@ -1,7 +1,7 @@
 /* conv.cu: 2-D convolution (NCHW, weight (c_out, c_in / groups, kh, kw)): gc_conv2d_check,
  * gc_conv2d_workspace_size, the forward (im2col + GEMM or implicit GEMM), backward data
- * (implicit GEMM, or GEMM + col2im), backward filter (implicit GEMM over the batch) and the
- * bias gradient, with stride, padding, dilation and groups.
+ * (implicit GEMM, or GEMM + col2im), backward filter (explicit columns + one batched GEMM)
+ * and the bias gradient, with stride, padding, dilation and groups.
  *
  * Per group g, with K = (c_in / groups) * kh * kw and P = out_h * out_w:
  *   forward      y_g[c_out/groups, P] = W_g[c_out/groups, K] @ col_g[K, P] + bias_g
@@ -11,16 +11,18 @@
  *                into the workspace, then one col2im launch per pass of at most 64 MiB of
  *                columns (a gather: each dx element sums the column entries that read it;
  *                deterministic, no atomics)
- *   backward filter dW_g = dy_g[c_out/groups, N*P] @ col_g^T[N*P, K]: one implicit GEMM over
- *                all images, split along N*P when its tiles are few (partials in the
- *                workspace, added in split order: deterministic)
+ *   backward filter dW_g = dy_g[c_out/groups, N*P] @ col_g^T[N*P, K] (conv_filter_grad.cuh):
+ *                N*P split into ranges summed apart; one launch copies every range's
+ *                columns of x and dy into the workspace (pixels contiguous), one strided-
+ *                batched GEMM (cuBLAS where loaded) makes each range's partial dW, and the
+ *                partials are added in split order (deterministic); in passes past 64 MiB
  * The groups are the batch (blockIdx.z) of gemm_tile.cuh's kernel. The im2col forward works
  * one image at a time through a column buffer of c_in * kh * kw * P floats (the workspace);
  * the implicit GEMMs read x (or dy) through an im2col view instead, over all images at once
  * (their GEMM columns are n * P), and split K when their tiles are fewer than half the SMs
  * (conv_split_k.cuh: partials in the workspace, added in split order with the bias); their
  * cursors hoist the index math out of the k loop (divisions once per thread, then adds).
- * The weight gradient's workspace holds the split partials (none when it does not split).
+ * The weight gradient's workspace holds the column matrices and the split partials.
  * Invariants: the descriptor is re-checked by every entry (out_h/out_w must be what
  * gc_conv2d_check computes); a workspace smaller than gc_conv2d_workspace_size gives
  * GC_ERROR_WORKSPACE before any launch; every result is bit-identical on a rerun on one device.
@@ -35,6 +37,7 @@
 using namespace gc_kernels;
 
 #include "conv_split_k.cuh"
+#include "conv_filter_grad.cuh"
 #include "conv_strided_dgrad.cuh"
 
 namespace {
@@ -298,174 +301,6 @@ struct DxOutput {
 
 bool implicit_dgrad(const gc_conv2d_desc &d) { return d.stride_h == 1 && d.stride_w == 1; }
 
-/* ---- the weight gradient: one GEMM per group over all images, split along N * P ----------
- * dW_g[c_out/groups, K] = dy_g[c_out/groups, N*P] @ col_g^T[N*P, K]. Batch entry z of the tile
- * kernel is (group, split) = (z / splits, z % splits); split s covers the GEMM k (the pixel
- * q = image * P + p) in [s * chunk, (s + 1) * chunk). Both operands are K_CONTIGUOUS views
- * (4 consecutive pixels per load) with cursors that step q by digits. */
-struct FilterSplit {
-    int64_t splits, chunk, np; /* chunk: a multiple of kTileK */
-    __device__ int64_t group(int64_t z) const { return z / splits; }
-    __device__ int64_t q0(int64_t z) const { return z % splits * chunk; }
-    __device__ int64_t q_end(int64_t z) const {
-        return q0(z) + chunk < np ? q0(z) + chunk : np;
-    }
-};
-
-/* dy of one group as the A operand (c_out/groups x N*P). */
-struct ImplicitDy {
-    static constexpr bool K_CONTIGUOUS = true;
-    static constexpr int MIN_BLOCKS = 1;
-    gc_conv2d_desc d;
-    const float *dy;
-    FilterSplit split;
-    int64_t channel0, q0, q_end; /* of the selected batch entry */
-
-    __device__ void select(int64_t z) {
-        channel0 = split.group(z) * (d.c_out / d.groups);
-        q0 = split.q0(z);
-        q_end = split.q_end(z);
-    }
-
-    struct Cursor {
-        const float *at; /* dy at (image, channel, p) */
-        int32_t p;       /* the pixel in its image */
-        int32_t left;    /* pixels left in the split (far below 0: a row outside) */
-    };
-
-    __device__ Cursor start(int64_t row, int64_t kk) const {
-        const int64_t p_count = d.out_h * d.out_w, q = q0 + kk;
-        Cursor c;
-        c.p = (int32_t)(q % p_count);
-        c.at = dy + ((q / p_count) * d.c_out + channel0 + row) * p_count + c.p;
-        c.left = row < d.c_out / d.groups ? (int32_t)(q_end - q) : INT32_MIN / 2;
-        return c;
-    }
-
-    __device__ void advance(Cursor &c) const {
-        const int64_t p_count = d.out_h * d.out_w;
-        c.at += kTileK;
-        c.p += kTileK;
-        c.left -= kTileK;
-        while (c.p >= p_count) { /* into the next image: the same channel, c_out planes on */
-            c.p -= (int32_t)p_count;
-            c.at += (d.c_out - 1) * p_count;
-        }
-    }
-
-    __device__ void load4(const Cursor &c, float (&v)[4]) const {
-        const int64_t p_count = d.out_h * d.out_w;
-        GC_UNROLL
-        for (int i = 0; i < 4; ++i) {
-            v[i] = 0.0f;
-            if (i >= c.left) continue;
-            const float *a = c.at + i;
-            for (int64_t p = c.p + i; p >= p_count; p -= p_count) a += (d.c_out - 1) * p_count;
-            v[i] = *a;
-        }
-    }
-};
-
-/* x through a transposed im2col view, as the B operand (N*P x K) of one group's GEMM: a thread
- * keeps one K column (ci, ki, kj: its offsets fixed) and steps the pixel (image, oh, ow). */
-struct ImplicitColT {
-    static constexpr bool K_CONTIGUOUS = true;
-    static constexpr int MIN_BLOCKS = 1;
-    gc_conv2d_desc d;
-    const float *x;
-    FilterSplit split;
-    int32_t step_ow, step_oh; /* kTileK pixels as digits: ow, oh, and whole images */
-    int64_t step_images;
-    int64_t channel0, q0, q_end;
-
-    __device__ void select(int64_t z) {
-        channel0 = split.group(z) * (d.c_in / d.groups);
-        q0 = split.q0(z);
-        q_end = split.q_end(z);
-    }
-
-    struct Cursor {
-        const float *plane;   /* x at (image, channel0 + ci) */
-        int32_t oh, ow;       /* the pixel */
-        int32_t ih_off, iw_off; /* ki * dilation_h - pad_h, kj * dilation_w - pad_w */
-        int32_t left;         /* pixels left in the split (far below 0: a column outside) */
-    };
-
-    __device__ Cursor start(int64_t kidx, int64_t kk) const {
-        const int64_t p_count = d.out_h * d.out_w, q = q0 + kk;
-        const int64_t k_count = (d.c_in / d.groups) * d.kh * d.kw;
-        const int64_t ci = kidx / (d.kh * d.kw), p = q % p_count;
-        Cursor c;
-        c.plane = x + ((q / p_count) * d.c_in + channel0 + ci) * d.h * d.w;
-        c.oh = (int32_t)(p / d.out_w);
-        c.ow = (int32_t)(p % d.out_w);
-        c.ih_off = (int32_t)((kidx / d.kw) % d.kh * d.dilation_h - d.pad_h);
-        c.iw_off = (int32_t)(kidx % d.kw * d.dilation_w - d.pad_w);
-        c.left = kidx < k_count ? (int32_t)(q_end - q) : INT32_MIN / 2;
-        return c;
-    }
-
-    __device__ void advance(Cursor &c) const {
-        c.left -= kTileK;
-        c.plane += step_images;
-        c.ow += step_ow;
-        c.oh += step_oh;
-        if (c.ow >= d.out_w) { c.ow -= (int32_t)d.out_w; ++c.oh; }
-        if (c.oh >= d.out_h) { c.oh -= (int32_t)d.out_h; c.plane += d.c_in * d.h * d.w; }
-    }
-
-    __device__ void load4(const Cursor &c, float (&v)[4]) const {
-        GC_UNROLL
-        for (int i = 0; i < 4; ++i) {
-            v[i] = 0.0f;
-            if (i >= c.left) continue;
-            int64_t ow = c.ow + i, oh = c.oh;
-            const float *plane = c.plane;
-            while (ow >= d.out_w) { /* a row end (and an image end) inside the 4 pixels */
-                ow -= d.out_w;
-                if (++oh == d.out_h) { oh = 0; plane += d.c_in * d.h * d.w; }
-            }
-            const int64_t ih = oh * d.stride_h + c.ih_off, iw = ow * d.stride_w + c.iw_off;
-            if (ih >= 0 && ih < d.h && iw >= 0 && iw < d.w) v[i] = plane[ih * d.w + iw];
-        }
-    }
-};
-
-/* dweight[g * c_out_g + row][k] = the splits' partial sums added in split order */
-__global__ void sum_splits_kernel(int64_t groups, int64_t splits, int64_t per_group,
-                                  const float *partial, float *dweight) {
-    for (int64_t i = global_thread_index(); i < groups * per_group; i += global_thread_count()) {
-        const float *at = partial + (i / per_group) * splits * per_group + i % per_group;
-        float sum = 0.0f;
-        for (int64_t s = 0; s < splits; ++s) sum += at[s * per_group];
-        dweight[i] = sum;
-    }
-}
-
-/* How many splits of N*P the weight gradient uses: enough blocks for two per SM of an H100
- * when the (c_out/groups x K) tiles are few, at least 512 pixels a split; a function of the
- * shape only, so the result is the same on every run. */
-FilterSplit filter_split(const gc_conv2d_desc &d) {
-    const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
-    const int64_t tiles = ((c_out_g + kTileM - 1) / kTileM) * ((k + kTileN - 1) / kTileN) *
-                          d.groups;
-    const int64_t np = d.n * d.out_h * d.out_w;
-    int64_t splits = (2 * 132 + tiles - 1) / tiles;
-    if (splits > np / 512) splits = np / 512;
-    if (splits > 256) splits = 256;
-    if (splits < 1) splits = 1;
-    int64_t chunk = (np + splits - 1) / splits;
-    chunk = (chunk + kTileK - 1) / kTileK * kTileK;
-    splits = np > 0 ? (np + chunk - 1) / chunk : 1;
-    return FilterSplit{splits, chunk, np};
-}
-
-int64_t filter_workspace_bytes(const gc_conv2d_desc &d) {
-    const FilterSplit s = filter_split(d);
-    const int64_t k = (d.c_in / d.groups) * d.kh * d.kw;
-    return s.splits > 1 ? s.splits * d.c_out * k * (int64_t)sizeof(float) : 0;
-}
-
 /* One group's GEMM result (c_out/groups x n*P) written into NCHW y with the bias added. */
 struct ConvOutput {
     gc_conv2d_desc d;
@@ -694,31 +529,13 @@ extern "C" gc_status gc_conv2d_bwd_filter_f32(const gc_conv2d_desc *desc, const 
     const int64_t needed = filter_workspace_bytes(d);
     GC_TRY(check_call(fn, desc, &d, needed, workspace, workspace_bytes));
     GC_REQUIRE(dweight != nullptr, "dweight is NULL");
-    const int64_t c_out_g = d.c_out / d.groups, k = (d.c_in / d.groups) * d.kh * d.kw;
+    const int64_t k = (d.c_in / d.groups) * d.kh * d.kw;
     if (d.n == 0) return gc_fill_f32(dweight, 0.0f, d.c_out * k, stream); /* no images: 0 */
     GC_TRY(require_pointers(fn, x, dy, dweight));
     if (gc_vendor::conv_takes(d, gc_vendor::ConvPass::backward_filter, workspace_bytes))
         return gc_vendor::conv_backward_filter(d, x, dy, dweight, workspace, workspace_bytes,
                                                stream);
-    const FilterSplit split = filter_split(d);
-    GC_REQUIRE(split.np < ((int64_t)1 << 30), "n * out_h * out_w = %lld pixels exceed the 2^30 "
-               "this kernel counts; split the batch", (long long)split.np);
-    const ImplicitDy op_dy{d, dy, split, 0, 0, 0};
-    const int64_t p_count = d.out_h * d.out_w;
-    const ImplicitColT op_col{d, x, split, (int32_t)(kTileK % d.out_w),
-                              (int32_t)((kTileK / d.out_w) % d.out_h),
-                              kTileK / p_count * d.c_in * d.h * d.w, 0, 0, 0};
-    /* z = group * splits + s writes its own (c_out_g x k) matrix */
-    float *target = split.splits > 1 ? static_cast<float *>(workspace) : dweight;
-    const MatrixOutput out = matrix_output(target, k, c_out_g * k, c_out_g, k, 1.0f, 0.0f,
-                                           nullptr, 0);
-    GC_TRY(launch_gemm_tiles(op_dy, op_col, out, c_out_g, k, split.chunk,
-                             d.groups * split.splits, stream, fn));
-    if (split.splits == 1) return GC_SUCCESS;
-    GC_LAUNCH(sum_splits_kernel, grid_1d(d.c_out * k), dim3(kThreads, 1, 1), 0, stream)(
-        d.groups, split.splits, c_out_g * k, target, dweight);
-    GC_CHECK_LAUNCH(fn);
-    return GC_SUCCESS;
+    return filter_gradient(d, x, dy, dweight, static_cast<float *>(workspace), stream, fn);
 }
 
 extern "C" gc_status gc_conv2d_bwd_bias_f32(const gc_conv2d_desc *desc, const float *dy,

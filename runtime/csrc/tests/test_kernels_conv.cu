@@ -2,9 +2,11 @@
  * through im2col + GEMM and through the implicit GEMM (with and without bias; split-K when
  * its tiles are few, bit-identical on a rerun), backward data (implicit for stride 1, split-K
  * when its tiles are few; for stride > 1 one GEMM over every image's columns, then one
- * col2im), backward filter (over a batch: overwritten, not accumulated; split along N*P when
- * long) and the bias gradient, with stride, padding, dilation and groups (depthwise
- * included); then descriptor, workspace and pointer errors.
+ * col2im), backward filter (over a batch: overwritten, not accumulated; explicit columns and
+ * one batched GEMM, split along N*P when long, in passes past the column budget: 64 KiB in
+ * the emulation, so small shapes take several; bit-identical on a rerun) and the bias
+ * gradient, with stride, padding, dilation and groups (depthwise included); then descriptor,
+ * workspace and pointer errors.
  */
 #include "test_kernels_util.h"
 
@@ -134,7 +136,12 @@ void run_conv(gc_conv2d_desc desc, uint64_t seed, const char *name) {
     EXPECT_OK(gc_conv2d_bwd_filter_f32(&d, dxv.ptr, ddy.ptr, dw.ptr, filter_ws.ptr, filter_bytes,
                                        nullptr));
     snprintf(what, sizeof what, "%s: backward filter", name);
-    test::all_close(dw.get(), dw_ref, rtol, 1e-5 * (double)(d.n * p), what);
+    const std::vector<float> dw_first = dw.get();
+    test::all_close(dw_first, dw_ref, rtol, 1e-5 * (double)(d.n * p), what);
+    EXPECT_OK(gc_conv2d_bwd_filter_f32(&d, dxv.ptr, ddy.ptr, dw.ptr, filter_ws.ptr, filter_bytes,
+                                       nullptr));
+    TEST_CHECK(memcmp(dw_first.data(), dw.get().data(), dw_first.size() * 4) == 0,
+               "%s: a rerun of the weight gradient is not bit-identical", name);
     EXPECT_OK(gc_conv2d_bwd_bias_f32(&d, ddy.ptr, db.ptr, nullptr));
     snprintf(what, sizeof what, "%s: backward bias", name);
     test::all_close(db.get(), db_ref, rtol, 1e-5 * (double)(d.n * p), what);
@@ -209,9 +216,19 @@ int main() {
              "3x2 stride 2x1 pad 1x2 dilation 2x1 groups 2");
     run_conv(make_desc(1, 3, 8, 7, 3, 2, 2, 3, 2, 0, 1, 1, 2, 3), 30, "depthwise stride 3x2");
     run_conv(make_desc(3, 5, 4, 4, 7, 1, 1, 1, 1, 0, 0, 1, 1, 1), 40, "1x1 odd channels");
-    /* N*P = 3 * 29 * 23 pixels: the weight gradient splits them (partials in the workspace);
-     * out_w = 23: runs of 4 pixels cross row and image ends */
+    /* N*P = 3 * 29 * 23 pixels: the weight gradient splits them (3 splits of 672, partials in
+     * the workspace, the last split 15 pixels short), 3 passes in the emulation; out_w = 23:
+     * runs of 4 pixels cross row and image ends */
     run_conv(make_desc(3, 2, 31, 25, 3, 3, 3, 1, 1, 0, 0, 1, 1, 1), 50, "weight grad split");
+    /* the weight gradient: 2 splits in one pass (1150 pixels, the last split 574); 2 splits
+     * of 544 in 3 passes of 184, 184, 176 with groups 2 and stride 2; depthwise, 2 splits in
+     * 3 passes (the emulation's column budget; one pass on a GPU) */
+    run_conv(make_desc(2, 1, 25, 27, 2, 3, 3, 1, 1, 0, 0, 1, 1, 1), 53,
+             "weight grad 2 splits, one pass, odd sizes");
+    run_conv(make_desc(4, 4, 33, 31, 6, 3, 3, 2, 2, 1, 1, 1, 1, 2), 56,
+             "weight grad 2 splits, 3 passes, stride 2, groups 2");
+    run_conv(make_desc(2, 3, 24, 24, 3, 3, 3, 1, 1, 1, 1, 1, 1, 3), 58,
+             "weight grad depthwise, 2 splits, 3 passes");
     run_conv(make_desc(2, 2, 9, 3, 5, 3, 3, 2, 2, 1, 1, 1, 1, 1), 60, "out_w 2: short rows");
     /* stride 1: the input gradient is the implicit transposed-convolution GEMM */
     run_conv(make_desc(2, 4, 9, 7, 6, 3, 2, 1, 1, 1, 2, 2, 1, 2), 70,
