@@ -5,9 +5,10 @@ gradient copies the column matrices of x and dy into the workspace and runs one 
 over N * P split into chunks when its tiles are few (partials added in split order), in
 passes when the columns pass a budget (64 KiB in the emulation), so it is checked on shapes
 that split, in one pass and in several, with groups and stride 2, against a float64
-reference by the rounding rule, and for equal bits on two runs. Float32 matmuls stay float32 unless GRAPHC_CUDA_ALLOW_TF32=1
-(PyTorch's default for matmul), which selects the TF32 tensor-core GEMM. Skinny float32
-GEMMs (few output tiles, long k) are split along k, the slices added in order.
+reference by the rounding rule, and for equal bits on two runs. Float32 matmuls stay
+float32 unless GRAPHC_CUDA_ALLOW_TF32=1 (PyTorch's default for matmul), which selects the
+TF32 tensor-core GEMM. Skinny float32 GEMMs (few output tiles, long k) are split along k,
+the slices added in order.
 """
 
 from __future__ import annotations
