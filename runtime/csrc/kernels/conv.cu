@@ -6,10 +6,11 @@
  * Per group g, with K = (c_in / groups) * kh * kw and P = out_h * out_w:
  *   forward      y_g[c_out/groups, P] = W_g[c_out/groups, K] @ col_g[K, P] + bias_g
  *   backward data  stride 1: dx_g = W_g^T @ dy through a transposed-convolution view, one
- *                implicit GEMM over all images; otherwise (conv_strided_dgrad.cuh) one GEMM
- *                col_g[K, n*P] = W_g^T @ dy_g over all images (the images are GEMM columns)
- *                into the workspace, then one col2im launch per pass of at most 64 MiB of
- *                columns (a gather: each dx element sums the column entries that read it;
+ *                implicit GEMM over all images; otherwise (conv_strided_dgrad.cuh) dy copied
+ *                into rows, one strided-batched GEMM col_g[K, n*P] = W_g^T @ dy_g over all
+ *                images (the images are GEMM columns; cuBLAS where loaded) into the
+ *                workspace, then one col2im launch per pass of at most 64 MiB of columns and
+ *                dy rows (a gather: each dx element sums the column entries that read it;
  *                deterministic, no atomics)
  *   backward filter dW_g = dy_g[c_out/groups, N*P] @ col_g^T[N*P, K] (conv_filter_grad.cuh):
  *                N*P split into ranges summed apart; one launch copies every range's
@@ -37,6 +38,7 @@
 using namespace gc_kernels;
 
 #include "conv_split_k.cuh"
+#include "conv_fast_divisor.cuh"
 #include "conv_filter_grad.cuh"
 #include "conv_strided_dgrad.cuh"
 

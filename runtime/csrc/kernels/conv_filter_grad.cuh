@@ -1,5 +1,6 @@
 /* conv_filter_grad.cuh: the weight gradient of a convolution (gc_conv2d_bwd_filter_f32),
- * included by conv.cu only (after conv_split_k.cuh, whose SM count it uses).
+ * included by conv.cu only (after conv_split_k.cuh, whose SM count it uses, and
+ * conv_fast_divisor.cuh).
  *
  * Per group g, with K_g = (c_in/groups) * kh * kw and the pixels q = image * P + p of all
  * images (P = out_h * out_w):
@@ -41,28 +42,6 @@ constexpr int64_t kFilterMinChunk = 512; /* pixels a split sums at least */
 constexpr int64_t kFilterMaxSplits = 256;
 constexpr int64_t kFilterAlign = 8;      /* chunk and sub are multiples of it */
 
-/* n / divisor for 0 <= n < 2^31 by a multiply and a shift (Granlund-Montgomery): multiplier
- * = ceil(2^shift / divisor) with shift = 32 + ceil(log2 divisor); the error term stays below
- * 1 / divisor for such n, so the quotient is exact. Made on the host, used in kernels. */
-struct FastDivisor {
-    uint32_t divisor;
-    uint32_t shift;
-    uint64_t multiplier;
-
-    static FastDivisor of(int64_t divisor) {
-        FastDivisor f;
-        f.divisor = (uint32_t)divisor;
-        uint32_t log2_ceil = 0;
-        while (((uint64_t)1 << log2_ceil) < (uint64_t)divisor) ++log2_ceil;
-        f.shift = 32 + log2_ceil;
-        f.multiplier = (((uint64_t)1 << f.shift) + (uint64_t)divisor - 1) / (uint64_t)divisor;
-        return f;
-    }
-    __device__ uint32_t quotient(uint32_t n) const {
-        return (uint32_t)(((uint64_t)n * multiplier) >> shift);
-    }
-};
-
 struct FilterPlan {
     int64_t splits, chunk; /* pixel ranges summed apart, then added in split order */
     int64_t passes, sub;   /* pass t covers pixels [t * sub, (t + 1) * sub) of each split */
@@ -71,10 +50,6 @@ struct FilterPlan {
     int64_t partial_floats, dy_floats; /* workspace: [partials | dy columns | x columns] */
     int64_t column_floats;
 };
-
-inline int64_t round_up(int64_t v, int64_t multiple) {
-    return (v + multiple - 1) / multiple * multiple;
-}
 
 /* How the weight gradient of d runs: splits enough for two blocks an SM of graphc's tile
  * kernel when the (c_out/groups x K_g) tiles are few (at least kFilterMinChunk pixels a

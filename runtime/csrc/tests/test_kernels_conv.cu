@@ -1,8 +1,8 @@
 /* test_kernels_conv.cu: the conv2d entries against direct double-precision loops: forward
  * through im2col + GEMM and through the implicit GEMM (with and without bias; split-K when
  * its tiles are few, bit-identical on a rerun), backward data (implicit for stride 1, split-K
- * when its tiles are few; for stride > 1 one GEMM over every image's columns, then one
- * col2im), backward filter (over a batch: overwritten, not accumulated; explicit columns and
+ * when its tiles are few; for stride > 1 a copy of dy into rows, one GEMM over every
+ * image's columns, then one col2im), backward filter (over a batch: overwritten, not accumulated; explicit columns and
  * one batched GEMM, split along N*P when long, in passes past the column budget: 64 KiB in
  * the emulation, so small shapes take several; bit-identical on a rerun) and the bias
  * gradient, with stride, padding, dilation and groups (depthwise included); then descriptor,
@@ -116,10 +116,12 @@ void run_conv(gc_conv2d_desc desc, uint64_t seed, const char *name) {
     Device<float> dx(c.x_size(), NAN), dw(c.w_size(), NAN), db(d.c_out, NAN);
     int64_t data_bytes = -1;
     EXPECT_OK(gc_conv2d_workspace_size(&d, GC_CONV2D_BWD_DATA, &data_bytes));
+    /* every image's column matrix (rounded to 64 floats), then every image's dy rows: one
+     * pass */
+    const int64_t strided_bytes = (d.n * column_bytes + 255) / 256 * 256 + c.y_size() * 4;
     if ((d.stride_h > 1 || d.stride_w > 1) && !by_cudnn(&d, GC_CONV2D_BWD_DATA))
-        /* every image's column matrix: one pass */
-        TEST_CHECK(data_bytes == d.n * column_bytes, "%s: input-gradient workspace %lld bytes, "
-                   "expected %lld", name, (long long)data_bytes, (long long)(d.n * column_bytes));
+        TEST_CHECK(data_bytes == strided_bytes, "%s: input-gradient workspace %lld bytes, "
+                   "expected %lld", name, (long long)data_bytes, (long long)strided_bytes);
     Device<float> data_ws(data_bytes / 4 + 1, NAN);
     EXPECT_OK(gc_conv2d_bwd_data_f32(&d, ddy.ptr, dwv.ptr, dx.ptr, data_ws.ptr, data_bytes,
                                      nullptr));
