@@ -464,7 +464,9 @@ class CudaExecutable:
         node = self.node_of_step(k)
         if node is None:
             return f"{what} {function} (copying the results out)"
-        return f"{what} {function} (node `{format_node(node).strip()}`)"
+        more = len(self.lowered.step_nodes[k]) - 1
+        return f"{what} {function} (node `{format_node(node).strip()}`" + \
+            (f" and {more} more)" if more else ")")
 
     def gemm_providers(self) -> list[str]:
         """What runs each GEMM call of the launch list, in launch order: 'gc_gemm_f32 33x45x70:
@@ -499,19 +501,10 @@ class CudaExecutable:
         return found
 
     def node_of_step(self, k: int):
-        """The graph node whose lowering made step k (None: the result copies after the
-        schedule), found by lowering again node by node; only asked after a failure."""
-        from graphc.backends.cuda.lowering import Lowerer
-        from graphc.backends.cuda.ops import lower_node
-
-        plan = self.memory_plan
-        lowerer = Lowerer(self.graph, plan)
-        for node in plan.schedule:  # as lowering.lower() does, counting each node's steps
-            lowerer.place(node)
-            lower_node(lowerer, node)
-            if len(lowerer.steps) > k:
-                return node
-        return None
+        """The (first) graph node step k computes (None: the result copies after the
+        schedule); a merged launch serves several (`lowered.step_nodes`)."""
+        nodes = self.lowered.step_nodes[k]
+        return nodes[0] if nodes else None
 
     # ---- the residency owner protocol (graphc.backends.residency) ---------------------------
     def fetch(self, slot, array: np.ndarray) -> None:

@@ -4,6 +4,8 @@
 source (graphc.backends.cuda.cudagen), the device bytes needed, where each graph input is
 copied in and each result copied out, and `steps`, the whole program of a call: kernel
 launches and runtime library calls in schedule order, every argument already known.
+Consecutive small elementwise kernels that touch no byte another of them writes share one
+launch (`merge_kernels`; `Lowered.step_nodes` names the nodes each step serves).
 
 Device memory is one allocation laid out as [plan arena | graph inputs | scratch]; every
 address below is an offset from its start (`Addr`), made absolute once by the executable, so a
@@ -36,6 +38,7 @@ naming the op and node.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from graphc.backends.common import LoweringError, broadcast_strides, contiguous_strides, view_of
@@ -123,6 +126,9 @@ class Lowered:
     errors_offset: int = 0
     errors: list[str] = field(default_factory=list)  # error word k -> message
     kernels: list[str] = field(default_factory=list)
+    # the graph nodes each step computes (a merged launch serves several; none: the copies
+    # of results after the schedule)
+    step_nodes: list[tuple[Node, ...]] = field(default_factory=list)
 
 
 class KernelText:
@@ -131,7 +137,7 @@ class KernelText:
     (`spans`), the parameters it may write (`written`, `at` counting as a write), and those
     reached through `ptr` directly (`unknown`: any bytes, maybe written)."""
 
-    def __init__(self, name: str, threads: int) -> None:
+    def __init__(self, name: str, threads: int, node: Node | None = None) -> None:
         self.name, self.threads = name, threads
         self.guard, self.lanes = True, 1  # cooperative kernels: False, the segment width
         self.partials: dict[str, int] = {}  # a split reduction's pass 1: state -> scratch
@@ -140,6 +146,7 @@ class KernelText:
         self.spans: dict[int, tuple[int, int]] = {}
         self.written: set[int] = set()
         self.unknown: set[int] = set()
+        self.nodes: list[Node] = [node] if node is not None else []
 
     def ptr(self, offset: int, span: tuple[int, int] | None = None,
             written: bool = True) -> str:
@@ -164,6 +171,14 @@ class KernelText:
         """The element of `layout` at its own coordinates (an lvalue)."""
         index = cudagen.offset(coords, layout.strides)
         return cudagen.load(self.ptr(layout.offset, _span(layout)), layout.type.dtype, index)
+
+    def touches(self, other: "KernelText") -> bool:
+        """Whether a byte one of the two kernels writes is one the other reads or writes (so
+        they cannot run as one launch); True when either reaches memory through `ptr` alone."""
+        if self.unknown or other.unknown:
+            return True
+        return any((o1 in self.written or o2 in other.written) and a[0] < b[1] and b[0] < a[1]
+                   for o1, a in self.spans.items() for o2, b in other.spans.items())
 
     def disjoint(self) -> bool:
         """Whether no byte a parameter may write is reached through another parameter (so
@@ -202,6 +217,10 @@ class Lowerer:
         self.errors: list[str] = []
         self.kernels: list[Kernel] = []
         self.steps: list = []
+        self.step_nodes: list[tuple[Node, ...]] = []  # the nodes each step computes
+        self._pending: list[KernelText] = []  # small kernels waiting to share one launch
+        self.current: Node | None = None  # the node being lowered
+        self._serial = 0  # kernels named so far (names stay unique when kernels merge)
         self._index = {v.name: i for i, v in enumerate(graph.inputs)}
 
     # ---- memory ------------------------------------------------------------------------
@@ -244,21 +263,46 @@ class Lowerer:
 
     # ---- emitting ------------------------------------------------------------------------
     def new_kernel(self, node: Node, threads: int) -> KernelText:
-        name = f"k{len(self.kernels)}_{node.op}"
-        return KernelText(name, threads)
+        self._serial += 1
+        return KernelText(f"k{self._serial - 1}_{node.op}", threads, node)
 
     def emit(self, k: KernelText) -> None:
+        """Append kernel `k`'s launch; a small elementwise one waits (`_pending`) to share one
+        launch with the next ones it is independent of (see `merge_kernels`)."""
         if k.threads <= 0:
             return
+        if not mergeable(k):
+            self.flush()
+            return self._launch(k)
+        if self._pending and (len(self._pending) >= MERGE_MAX
+                              or any(k.touches(p) for p in self._pending)):
+            self.flush()
+        self._pending.append(k)
+
+    def flush(self) -> None:
+        """Launch the kernels waiting in `_pending`: one alone, several as one kernel."""
+        pending, self._pending = self._pending, []
+        if len(pending) == 1:
+            self._launch(pending[0])
+        elif pending:
+            self._serial += 1
+            self._launch(merge_kernels(f"k{self._serial - 1}_merged", pending))
+
+    def _launch(self, k: KernelText) -> None:
         items = cudagen.ITEMS if (k.guard and k.lanes == 1 and k.threads >= cudagen.ITEMS_FROM
                                   and not any("return" in line for line in k.lines)
                                   and k.disjoint()) else 1
         self.kernels.append(Kernel(k.name, k.threads, len(k.params), k.lines, k.guard, items))
         self.steps.append(Launch(k.name, k.threads, [Addr(o) for o in k.params], k.lanes,
                                  items))
+        nodes = k.nodes or [self.current]
+        self.step_nodes.append(tuple(n for i, n in enumerate(nodes)
+                                     if all(n is not m for m in nodes[:i])))
 
     def call(self, function: str, *args, keep: tuple = ()) -> None:
+        self.flush()
         self.steps.append(Call(function, args, keep))
+        self.step_nodes.append((self.current,))
 
     def copy_to(self, src: Layout, dst: Layout, node: Node) -> None:
         """dst (contiguous) = src, elementwise with broadcasting and casting."""
@@ -280,6 +324,50 @@ class Lowerer:
         return copy
 
 
+# Launch merging: consecutive small elementwise kernels (each one item per thread, every
+# pointer's bytes known) that touch no byte another writes run as one launch, each its own
+# range of the index space; on a GPU each launch costs microseconds however small its work
+# (ResNet-18's step has ~160 kernels of a few hundred threads: optimizer updates, running
+# statistics, gradient copies).
+MERGE_MAX = 64  # kernels in one merged launch (each thread walks a chain of range tests)
+
+
+def mergeable(k: KernelText) -> bool:
+    """Whether `k` may share a launch: an elementwise kernel (guard, one lane) of one item per
+    thread (below ITEMS_FROM) whose every pointer's bytes are known."""
+    return (k.guard and k.lanes == 1 and not k.partials and k.threads < cudagen.ITEMS_FROM
+            and k.disjoint())
+
+
+_PARAM = re.compile(r"\bp(\d+)\b")
+
+
+def merge_kernels(name: str, parts: list[KernelText]) -> KernelText:
+    """One kernel running `parts` (pairwise independent, see KernelText.touches) side by side:
+    part j takes the index range [start_j, start_j + threads_j) and sees its own `gi` from 0;
+    pointer parameters are shared by offset (each body's p<k> renamed)."""
+    merged = KernelText(name, sum(p.threads for p in parts))
+    merged.nodes = [n for p in parts for n in p.nodes]
+    start = 0
+    for j, part in enumerate(parts):
+        rename = {}
+        for index, offset in enumerate(part.params):
+            if offset in part.unknown or offset not in part.spans:
+                raise ValueError(f"merge_kernels: {part.name} has a pointer of unknown span")
+            rename[str(index)] = merged.ptr(offset, part.spans[offset],
+                                            written=offset in part.written)
+        body = [_PARAM.sub(lambda m, r=rename: r[m.group(1)], line) for line in part.lines]
+        test = f"if (gi < {start + part.threads}LL) {{" if j == 0 else \
+            f"}} else if (gi < {start + part.threads}LL) {{"
+        merged.lines += [test, f"  long long gc_part_gi = gi - {start}LL;",
+                         "  { long long gi = gc_part_gi;"]
+        merged.lines += ["    " + line for line in body]
+        merged.lines.append("  }")
+        start += part.threads
+    merged.lines.append("}")
+    return merged
+
+
 def lower(graph: Graph) -> Lowered:
     """Lower a planned graph (see the module docstring)."""
     from graphc.backends.cuda.ops import lower_node
@@ -287,19 +375,24 @@ def lower(graph: Graph) -> Lowered:
     plan = graph.meta["memory_plan"]
     lowerer = Lowerer(graph, plan)
     for node in plan.schedule:
+        lowerer.current = node
         lowerer.place(node)
         lower_node(lowerer, node)
-    results = []
+    results, copies = [], []
     for v in list(graph.outputs) + [v for _, v in graph.updates]:
         layout = lowerer.layouts[v]
         if not layout.contiguous or v in graph.inputs:
             copy = lowerer.scratch_layout(v.type)
-            lowerer.copy_to(layout, copy, Node("copy", [v], {}, [v]))
+            copies.append(Node("copy", [v], {}, [v]))
+            lowerer.copy_to(layout, copy, copies[-1])
             layout = copy
         results.append(layout)
+    lowerer.flush()
+    step_nodes = [tuple(n for n in nodes if all(n is not c for c in copies))
+                  for nodes in lowerer.step_nodes]
     return Lowered(cudagen.render(lowerer.kernels), lowerer.top, lowerer.input_offsets, results,
                    lowerer.steps, lowerer.errors_offset, lowerer.errors,
-                   [k.name for k in lowerer.kernels])
+                   [k.name for k in lowerer.kernels], step_nodes)
 
 
 __all__ = ["Addr", "BLOCK", "Call", "CudaLoweringError", "Launch", "Layout", "Lowered",
