@@ -691,8 +691,16 @@ def lower_batch_norm(lw: Lowerer, node: Node) -> None:
 
 def _batch_norm_train(lw: Lowerer, node: Node, ins, y: Layout, mean: Layout,
                       invstd: Layout) -> None:
-    """Three passes, as the library and the reference: the mean (double), the centred sum of
-    squares (the biased variance: no cancellation), then y = (x - mean) * invstd * w + b."""
+    """Two passes over x: the statistics, then y = (x - mean) * (invstd * w) + b.
+
+    The statistics are one cooperative reduction per channel (split over N * H * W when the
+    channels are few) of d = x - x[0, c, 0, ...] and d * d in double: shifted by a value of
+    the channel, the variance S2 / m - (S1 / m)^2 cancels at most a factor 1 + m (no value
+    lies more than sqrt(m) standard deviations from the mean), far inside double precision,
+    so the result is the two-pass one's (mean, then centred squares) to float32 rounding,
+    with one read of x fewer. Its finish stores (mean, invstd * w, b) per channel in double
+    (scratch) for the elementwise pass, which reads x and that triple only (spans known, so
+    it runs several items a thread when large, or shares a launch when small)."""
     x, weight, bias = ins[:3]
     shape = x.type.shape
     channels = shape[1]
@@ -700,42 +708,41 @@ def _batch_norm_train(lw: Lowerer, node: Node, ins, y: Layout, mean: Layout,
     red = (tuple(shape[d] for d in red_dims), red_dims)
     count = math.prod(red[0])
     coords = _coords(len(shape))
-    mean_d, invstd_d = lw.scratch(8 * channels), lw.scratch(8 * channels)
+    first = ["0", "c1"] + ["0"] * (len(shape) - 2)
+    table = lw.scratch(24 * channels)  # (mean, invstd * weight, bias) per channel, double
+    span = (table, table + 24 * channels)
 
-    def sum_of(term):
-        def update(k) -> list[str]:
-            return [f"double x = (double){k.read(x, coords, shape)};", f"acc += {term(k)};"]
-        return update
+    def update(k) -> list[str]:
+        return [f"double d = (double){k.read(x, coords, shape)} - "
+                f"(double){k.read(x, first, shape)};", "s1 += d;", "s2 += d * d;"]
 
-    def add(a: str, b: str) -> str:
-        return f"{a} + {b}"
+    def merge() -> list[str]:
+        return ["s1 += o_s1;", "s2 += o_s2;"]
 
-    def store_mean(k) -> list[str]:
-        return [f"double gc_mean = acc / {count}.0;",
-                f"((double *){k.ptr(mean_d)})[c1] = gc_mean;",
-                f"((float *){k.ptr(mean.offset)})[c1] = (float)gc_mean;"]
-
-    def centred(k) -> str:
-        return f"(x - ((double *){k.ptr(mean_d)})[c1]) * (x - ((double *){k.ptr(mean_d)})[c1])"
-
-    def store_invstd(k) -> list[str]:
+    def finish(k) -> list[str]:
         eps = float(node.attrs["eps"]).hex()
-        return [f"double gc_inv = 1.0 / sqrt(acc / {count}.0 + {eps});",
-                f"((double *){k.ptr(invstd_d)})[c1] = gc_inv;",
-                f"((float *){k.ptr(invstd.offset)})[c1] = (float)gc_inv;"]
+        w, b = k.read(weight, ["c1"], (channels,)), k.read(bias, ["c1"], (channels,))
+        t = k.ptr(table, span)
+        return [f"double gc_m1 = s1 / {count}.0, gc_var = s2 / {count}.0 - gc_m1 * gc_m1;",
+                f"double gc_mean = (double){k.read(x, first, shape)} + gc_m1;",
+                f"double gc_inv = 1.0 / sqrt((gc_var > 0.0 ? gc_var : 0.0) + {eps});",
+                f"((double *){t})[3 * c1] = gc_mean;",
+                f"((double *){t})[3 * c1 + 1] = gc_inv * (double){w};",
+                f"((double *){t})[3 * c1 + 2] = (double){b};",
+                f"{k.at(mean, ['c1'])} = (float)gc_mean;",
+                f"{k.at(invstd, ['c1'])} = (float)gc_inv;"]
 
-    kept = ((channels,), [1])
-    state = [("acc", "double", "0.0")]
-    reductions.reduce_kernels(lw, node, channels, kept, count, red,
-                              reductions.fold(state, sum_of(lambda k: "x"), add, store_mean))
-    reductions.reduce_kernels(lw, node, channels, kept, count, red,
-                              reductions.fold(state, sum_of(centred), add, store_invstd))
+    states = [("s1", "double", "0.0"), ("s2", "double", "0.0")]
+    reductions.reduce_kernels(lw, node, channels, ((channels,), [1]), count, red,
+                              reductions.Reducer(states, update, merge, finish))
     k = lw.new_kernel(node, x.type.numel)
     k.lines += cudagen.decompose(shape, "gi")
-    m, inv = f"((double *){k.ptr(mean_d)})[c1]", f"((double *){k.ptr(invstd_d)})[c1]"
-    w, b = k.read(weight, ["c1"], (channels,)), k.read(bias, ["c1"], (channels,))
-    k.lines.append(f"{k.at(y, coords)} = (float)(((double){k.read(x, coords, shape)} - {m}) * "
-                   f"({inv} * (double){w}) + (double){b});")
+    t = k.ptr(table, span, written=False)
+    k.lines += [f"const float gc_x = {k.read(x, coords, shape)};",
+                f"const double gc_m = ((double *){t})[3 * c1];",
+                f"const double gc_s = ((double *){t})[3 * c1 + 1];",
+                f"const double gc_b = ((double *){t})[3 * c1 + 2];",
+                f"{k.at(y, coords)} = (float)(((double)gc_x - gc_m) * gc_s + gc_b);"]
     lw.emit(k)
 
 

@@ -1,0 +1,85 @@
+"""batch_norm in training mode on the cuda backend (graphc.backends.cuda.ops
+`_batch_norm_train`), emulated: one shifted pass of statistics (sums of d and d * d, d = x
+minus a value of the channel, in double), then one elementwise pass. Covers: y, the saved
+mean and invstd within float32 rounding of a float64 reference on channels whose mean is
+10^6 standard deviations from zero (unshifted sums of squares
+would cancel 12 digits) and on a channel whose shift value is its outlier; the
+launch count (two kernels a batch norm, three when the statistics split over the batch); the
+elementwise pass reads only x and a per-channel table (several items a thread when large)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphc.backends import compile as compile_graph
+from graphc.backends.cuda import cudagen
+from graphc.backends.cuda.lowering import Launch
+from graphc.ir import parse
+
+pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
+
+
+def _graph(shape) -> str:
+    t = f"f32[{','.join(map(str, shape))}]"
+    c = f"f32[{shape[1]}]"
+    return f'''graph @f(%x: {t}, %w: {c}, %b: {c}, %rm: {c}, %rv: {c}) -> ({t}, {c}, {c}) {{
+  %0: {t}, %1: {c}, %2: {c} = batch_norm[training=true, eps=1e-05](%x, %w, %b, %rm, %rv)
+  return (%0, %1, %2)
+}}'''
+
+
+def _reference(x, w, b, eps=1e-5):
+    x64 = x.astype(np.float64)
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean = x64.mean(axis=axes)
+    bshape = (1, -1) + (1,) * (x.ndim - 2)
+    var = ((x64 - mean.reshape(bshape)) ** 2).mean(axis=axes)
+    invstd = 1 / np.sqrt(var + eps)
+    y = (x64 - mean.reshape(bshape)) * (invstd * w).reshape(bshape) + b.reshape(bshape)
+    return y, mean, invstd
+
+
+def _run(x, rng):
+    c = x.shape[1]
+    w = rng.standard_normal(c).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    ex = compile_graph(parse(_graph(x.shape)), "cuda")
+    got = ex.run(x, w, b, np.zeros(c, np.float32), np.ones(c, np.float32))
+    return ex, got, _reference(x, w, b)
+
+
+def _assert_float32_close(got, want):
+    for g, r in zip(got, want):
+        # one float32 rounding of each result, a few more of its inputs' products
+        np.testing.assert_allclose(g, r, rtol=4e-7 * 8, atol=1e-6 * np.abs(r).max())
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 7), (2, 3, 40, 40), (8, 64, 2, 2)])
+def test_statistics_and_output_match_float64_far_from_zero(rng, shape):
+    x = (1e6 + rng.standard_normal(shape)).astype(np.float32)  # mean 10^6 std from 0
+    _, got, want = _run(x, rng)
+    _assert_float32_close(got, want)
+
+
+def test_a_channel_whose_shift_value_is_its_outlier(rng):
+    x = rng.standard_normal((4, 2, 6, 6)).astype(np.float32)
+    x[0, 1, 0, 0] = 3e3  # the value the statistics are shifted by, far from the rest
+    x[:, 0] = 7.0  # and a constant channel: variance 0
+    _, got, want = _run(x, rng)
+    _assert_float32_close(got, want)
+
+
+def test_two_kernels_a_batch_norm_three_when_split(rng):
+    ex, _, _ = _run(rng.standard_normal((4, 8, 5, 5)).astype(np.float32), rng)
+    assert len([s for s in ex.lowered.steps if isinstance(s, Launch)]) == 2
+    ex, _, _ = _run(rng.standard_normal((2, 3, 40, 40)).astype(np.float32), rng)
+    launches = [s for s in ex.lowered.steps if isinstance(s, Launch)]
+    assert len(launches) == 3 and launches[0].lanes >= 256
+
+
+def test_the_elementwise_pass_runs_items_when_large(rng):
+    n = -(-cudagen.ITEMS_FROM // (3 * 64)) + 1
+    ex, got, want = _run(rng.standard_normal((n, 3, 8, 8)).astype(np.float32), rng)
+    _assert_float32_close(got, want)
+    assert ex.lowered.steps[-1].items == cudagen.ITEMS
