@@ -316,3 +316,38 @@ def test_batch_norm_and_conv_bias_gradients_match_the_interpreter(rng, shape):
     reductions = _channel_gradient_reductions(step.executable)
     assert len(reductions) >= 3, reductions  # batch-norm weight, bias; conv bias
     assert min(reductions.values()) >= 256, reductions
+
+
+@pytest.mark.parametrize("shape, axes", [((4, 3, 5, 5), (0, 2, 3)), ((2, 3, 40, 40), (0, 2, 3)),
+                                         ((300, 64), (0,)), ((5, 700), (1,))])
+def test_an_intermediate_of_a_reduce_group_is_stored_by_the_reduction(rng, shape, axes):
+    """where(mask, g, 0) returned and summed (a relu gradient and its batch-norm bias
+    gradient): the fused group's first reduction pass stores the intermediate (no kernel of
+    its own reads the inputs again), in the segment and column layouts, split or not."""
+    from graphc.ops.fused import FusedBody
+    from graphc.passes.fuse import fuse
+
+    t = ",".join(map(str, shape))
+    r = ",".join(str(n) for d, n in enumerate(shape) if d not in axes)
+    text = f'''graph @f(%g: f32[{t}], %y: f32[{t}]) -> (f32[{t}], f32[{r}]) {{
+  %z: f32[] = full[shape=(), value=0.0, dtype="float32"]()
+  %m: bool[{t}] = gt(%y, %z)
+  %0: f32[{t}] = where(%m, %g, %z)
+  %1: f32[{r}] = reduce_sum[axes={axes}, keepdim=false](%0)
+  return (%0, %1)
+}}'''
+    graph = fuse(parse(text))
+    (node,) = [n for n in graph.nodes if n.op == "fused"]
+    assert len(node.outputs) == 2 and FusedBody.of_node(node).ending is not None
+    g, y = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    ex = compile_graph(graph, "cuda")
+    got = ex.run(g, y)
+    want = np.where(y > 0, g, 0)
+    np.testing.assert_array_equal(got[0], want)
+    np.testing.assert_allclose(got[1], want.astype(np.float64).sum(axis=axes), rtol=1e-5,
+                               atol=1e-5)
+    from graphc.backends.cuda.lowering import Launch
+
+    launches = [s for s in ex.lowered.steps if isinstance(s, Launch)]
+    assert all(launch.lanes > 1 for launch in launches)  # no elementwise kernel of its own
+    assert len(launches) <= 2  # one pass, or two when split

@@ -138,18 +138,30 @@ def _map_with(lw: Lowerer, node: Node, fb: FusedBody, contraction: Layout) -> No
 
 
 def _reduce_group(lw: Lowerer, node: Node, fb: FusedBody) -> None:
+    """A fused body ending in a reduction. An intermediate it also returns (of the reduced
+    operand's shape: the relu mask applied to a gradient, a batch norm's x-hat) is stored by
+    the reduction's first pass, which visits every element once, rather than by a kernel of
+    its own that would read the inputs again; row-wise endings (softmax) and returned inputs
+    keep that kernel."""
     n_in = fb.n_inputs
     last_ref = n_in + len(fb) - 1
     op, args, attrs = fb.instructions[-1]
     src_type = fb.types[args[0]]
+    fold_in = not REGISTRY[op].row_wise
+    stores = []
+    for v, ref in zip(node.outputs, fb.outputs):
+        if ref == last_ref:
+            continue
+        if v.type.shape != src_type.shape:
+            raise unsupported(node, "a reduce group returning an intermediate of another shape")
+        if fold_in and ref >= n_in:
+            stores.append((lw.layouts[v], ref))
+        else:
+            _map_one(lw, node, fb, ref - n_in + 1, ref, lw.layouts[v])
     for v, ref in zip(node.outputs, fb.outputs):
         if ref == last_ref:
             _reduction(lw, node, fb, len(fb) - 1, args[0], src_type, op, attrs,
-                       lw.layouts[v])
-        elif v.type.shape == src_type.shape:
-            _map_one(lw, node, fb, ref - n_in + 1, ref, lw.layouts[v])
-        else:
-            raise unsupported(node, "a reduce group returning an intermediate of another shape")
+                       lw.layouts[v], stores)
 
 
 def _map_one(lw: Lowerer, node: Node, fb: FusedBody, stop: int, ref: int, out: Layout) -> None:
@@ -215,11 +227,13 @@ def _element(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int, sh
 
 
 def _reduction(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int,
-               src: TensorType, op: str, attrs: dict, out: Layout) -> None:
+               src: TensorType, op: str, attrs: dict, out: Layout, stores=()) -> None:
     """out = op over `src_ref` (an input or a value of fb's instructions [0, stop)) computed
-    at every source index: a segment of threads per output (graphc.backends.cuda.reductions)."""
+    at every source index: a segment of threads per output (graphc.backends.cuda.reductions);
+    `stores`: (layout of the source's shape, ref) of intermediates the first pass writes."""
     shape = src.shape
     if REGISTRY[op].row_wise:
+        assert not stores, "row-wise endings write no intermediates here"
         return _softmax_kernel(lw, node, fb, stop, src_ref, src, op == "log_softmax",
                                attrs["dim"] % max(len(shape), 1), out)
     reduction = REGISTRY[op].reduction
@@ -236,6 +250,8 @@ def _reduction(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int,
     def update(k) -> list[str]:
         lines, v = value(k)
         x = cudagen.scalar("cast", {}, [v], [src.dtype], dt)
+        lines += [f"{k.at(layout, _coords(len(shape)))} = {_ref_expr(node, ref)};"
+                  for layout, ref in stores]
         return lines + [f"{acc_t} x = ({acc_t})({x});", f"acc = {combine('acc', 'x', dt)};"]
 
     def finish(k) -> list[str]:
