@@ -117,3 +117,21 @@ def test_the_launch_list_names_every_node_of_a_merged_launch(rng):
     (k,) = [i for i, s in enumerate(ex.lowered.steps) if s.function.endswith("_merged")]
     assert len(ex.lowered.step_nodes[k]) == 2
     assert "and 1 more" in ex.describe_step(k)
+
+
+def test_a_head_merge_reshaped_twice_is_copied_once(rng):
+    """The cuda pipeline runs share_reshape_copies: the second reshape of a permuted value
+    (an attention head merge, forward and weight gradient) is a view of the first copy."""
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+
+    def merge_heads(v):
+        p = v.permute(0, 2, 1, 3)
+        return p.reshape(2, 4, 15) * 2, p.reshape(8, 15) + 1
+
+    compiled = graphc.compile(merge_heads, backend="cuda")
+    a, b = compiled(graphc.tensor(x))
+    p = x.transpose(0, 2, 1, 3)
+    np.testing.assert_array_equal(a.numpy(), p.reshape(2, 4, 15) * 2)
+    np.testing.assert_array_equal(b.numpy(), p.reshape(8, 15) + 1)
+    copies = [s for s in _launches(compiled) if s.function.endswith("_reshape")]
+    assert len(copies) == 1

@@ -93,7 +93,8 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
     GEMM order its BLAS runs faster) and fuse_attention; share_reshape_copies before fuse;
     fuse_rows, recompute_row_values and fuse_rows again after it (row programs), then
     merge_sibling_sums;
-    fuse_gemm_column_sums and lay_out_gemm_outputs before the plan (docs/passes.md)."""
+    fuse_gemm_column_sums and lay_out_gemm_outputs before the plan (docs/passes.md); for the
+    "cuda" backend, share_reshape_copies before fuse."""
     from graphc.passes.attention import fuse_attention
     from graphc.passes.fuse import fuse
     from graphc.passes.gemm_order import transpose_weight_products
@@ -122,6 +123,10 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
         return front + [share_reshape_copies, fuse, fuse_rows, recompute_row_values, fuse_rows,
                         merge_sibling_sums, fuse_gemm_column_sums, lay_out_gemm_outputs,
                         plan_buffers]
+    if backend == "cuda":  # a head merge reshaped twice is copied once (reshape_share.py)
+        from graphc.passes.reshape_share import share_reshape_copies
+
+        return front + [share_reshape_copies, fuse, plan_buffers]
     return front + [fuse, plan_buffers]
 
 
