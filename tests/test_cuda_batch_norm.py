@@ -83,3 +83,66 @@ def test_the_elementwise_pass_runs_items_when_large(rng):
     ex, got, want = _run(rng.standard_normal((n, 3, 8, 8)).astype(np.float32), rng)
     _assert_float32_close(got, want)
     assert ex.lowered.steps[-1].items == cudagen.ITEMS
+
+
+def _bn_relu_graph(shape, also_return_y: bool = False, source: str = "%x") -> str:
+    t, c = f"f32[{','.join(map(str, shape))}]", f"f32[{shape[1]}]"
+    pre = "  %s: " + t + " = exp(%x)\n" if source != "%x" else ""
+    outs = f"{t}, {t}" if also_return_y else t
+    ret = "%r, %0" if also_return_y else "%r"
+    return f'''graph @f(%x: {t}, %w: {c}, %b: {c}, %rm: {c}, %rv: {c}) -> ({outs}) {{
+{pre}  %0: {t}, %1: {c}, %2: {c} = batch_norm[training=true, eps=1e-05]({source}, %w, %b, %rm, %rv)
+  %r: {t} = relu(%0)
+  return ({ret})
+}}'''
+
+
+@pytest.mark.parametrize("also_return_y, launches", [(False, 2), (True, 3)])
+def test_an_output_read_by_one_elementwise_node_is_computed_there(rng, also_return_y,
+                                                                   launches):
+    """y of a batch norm read only by a relu is not stored: the relu reads x and the
+    per-channel table (two launches, not three); returned, y is stored as before."""
+    shape = (4, 3, 6, 6)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w, b = (rng.standard_normal(3).astype(np.float32) for _ in range(2))
+    ex = compile_graph(parse(_bn_relu_graph(shape, also_return_y)), "cuda")
+    got = ex.run(x, w, b, np.zeros(3, np.float32), np.ones(3, np.float32))
+    y = _reference(x, w, b)[0]
+    _assert_float32_close([got[0]], [np.maximum(y, 0)])
+    if also_return_y:
+        _assert_float32_close([got[1]], [y])
+    assert len([s for s in ex.lowered.steps if isinstance(s, Launch)]) == launches
+
+
+def test_a_source_freed_at_the_batch_norm_still_gives_the_right_output(rng):
+    """x = exp(input) dies at the batch norm in the plan: the relu may compute y from x only
+    where x's buffer outlives it (graphc.backends.cuda.lowering.Lowerer.live_until)."""
+    shape = (2, 3, 5, 5)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w, b = (rng.standard_normal(3).astype(np.float32) for _ in range(2))
+    ex = compile_graph(parse(_bn_relu_graph(shape, source="%s")), "cuda")
+    (got,) = ex.run(x, w, b, np.zeros(3, np.float32), np.ones(3, np.float32))
+    _assert_float32_close([got], [np.maximum(_reference(np.exp(x.astype(np.float64)), w, b)[0],
+                                             0)])
+    # here the plan frees x's buffer at the batch norm: y is stored (exp, statistics, y, relu)
+    assert ex.memory_plan.buffers["s"].end == 1
+    assert len([s for s in ex.lowered.steps if isinstance(s, Launch)]) == 4
+
+
+def test_two_batch_norms_feeding_one_residual_add(rng):
+    """A residual block's end: relu(bn(a) + bn(b)), both outputs computed in the add."""
+    shape = (2, 4, 3, 3)
+    t, c = f"f32[{','.join(map(str, shape))}]", "f32[4]"
+    text = f'''graph @f(%a: {t}, %x: {t}, %w: {c}, %b: {c}, %rm: {c}, %rv: {c}) -> ({t}) {{
+  %0: {t}, %1: {c}, %2: {c} = batch_norm[training=true, eps=1e-05](%a, %w, %b, %rm, %rv)
+  %3: {t}, %4: {c}, %5: {c} = batch_norm[training=true, eps=1e-05](%x, %w, %b, %rm, %rv)
+  %6: {t} = fused[body=(("add", (0, 1), ()), ("relu", (2,), ())), outputs=(3,)](%0, %3)
+  return (%6)
+}}'''
+    a, x = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    w, b = (rng.standard_normal(4).astype(np.float32) for _ in range(2))
+    ex = compile_graph(parse(text), "cuda")
+    (got,) = ex.run(a, x, w, b, np.zeros(4, np.float32), np.ones(4, np.float32))
+    want = np.maximum(_reference(a, w, b)[0] + _reference(x, w, b)[0], 0)
+    _assert_float32_close([got], [want])
+    assert len([s for s in ex.lowered.steps if isinstance(s, Launch)]) == 3

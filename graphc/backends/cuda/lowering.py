@@ -221,7 +221,31 @@ class Lowerer:
         self._pending: list[KernelText] = []  # small kernels waiting to share one launch
         self.current: Node | None = None  # the node being lowered
         self._serial = 0  # kernels named so far (names stay unique when kernels merge)
+        # values no kernel stores: their one elementwise reader computes them where it reads
+        # them, inline(k, coords) -> a C expression (a batch norm's output, ops.py)
+        self.inline: dict[Value, object] = {}
+        self._readers: dict[Value, list[Node]] | None = None
         self._index = {v.name: i for i, v in enumerate(graph.inputs)}
+
+    def readers(self, v: Value) -> list[Node]:
+        """The scheduled nodes that read `v`, in schedule order."""
+        if self._readers is None:
+            self._readers = {}
+            for node in self.plan.schedule:
+                for u in dict.fromkeys(node.inputs):
+                    self._readers.setdefault(u, []).append(node)
+        return self._readers.get(v, [])
+
+    def live_until(self, v: Value, node: Node) -> bool:
+        """Whether `v`'s bytes hold `v` up to and including `node`'s step: an intermediate
+        whose buffer lives that long, or a graph input no update overwrites."""
+        plan = self.plan
+        if v in self.graph.inputs:
+            return all(target is not v for target, _ in self.graph.updates)
+        if v.name not in plan.buffer_of:
+            return False
+        step = next(i for i, n in enumerate(plan.schedule) if n is node)
+        return plan.buffers[plan.buffer_of[v.name]].end >= step
 
     # ---- memory ------------------------------------------------------------------------
     def scratch(self, nbytes: int) -> int:

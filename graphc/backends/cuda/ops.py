@@ -47,8 +47,9 @@ def _body_lines(lw: Lowerer, k, node: Node, domain, coords, fb: FusedBody, stop:
     def value(ref: int):
         if ref not in known:
             v = node.inputs[ref]
-            lines.append(f"{cudagen.ctype(v.type.dtype)} a{ref} = "
-                         f"{k.read(lw.layouts[v], coords, domain)};")
+            read = lw.inline[v](k, coords) if v in lw.inline else \
+                k.read(lw.layouts[v], coords, domain)
+            lines.append(f"{cudagen.ctype(v.type.dtype)} a{ref} = {read};")
             known[ref] = (f"a{ref}", v.type.dtype)
         return known[ref]
 
@@ -751,15 +752,37 @@ def _batch_norm_train(lw: Lowerer, node: Node, ins, y: Layout, mean: Layout,
     states = [("s1", "double", "0.0"), ("s2", "double", "0.0")]
     reductions.reduce_kernels(lw, node, channels, ((channels,), [1]), count, red,
                               reductions.Reducer(states, update, merge, finish))
+
+    def normalized(k, at: list[str]) -> str:
+        t = k.ptr(table, span, written=False)
+        m, sc, b = (f"((double *){t})[3 * {at[1]}{part}]" for part in ("", " + 1", " + 2"))
+        return f"(float)(((double){k.read(x, at, shape)} - {m}) * {sc} + {b})"
+
+    if _inline_reader(lw, node.outputs[0], node.inputs[0]):
+        lw.inline[node.outputs[0]] = normalized
+        return
     k = lw.new_kernel(node, x.type.numel)
     k.lines += cudagen.decompose(shape, "gi")
-    t = k.ptr(table, span, written=False)
-    k.lines += [f"const float gc_x = {k.read(x, coords, shape)};",
-                f"const double gc_m = ((double *){t})[3 * c1];",
-                f"const double gc_s = ((double *){t})[3 * c1 + 1];",
-                f"const double gc_b = ((double *){t})[3 * c1 + 2];",
-                f"{k.at(y, coords)} = (float)(((double)gc_x - gc_m) * gc_s + gc_b);"]
+    k.lines.append(f"{k.at(y, coords)} = {normalized(k, coords)};")
     lw.emit(k)
+
+
+def _inline_reader(lw: Lowerer, v, source) -> bool:
+    """Whether `v` can be left unstored, computed by its reader from `source` instead: one
+    reader, an elementwise node (a lone op, or a fused body without anchor or reduction) of
+    `v`'s shape, `v` no result of the graph, and `source` still intact at that reader."""
+    readers = lw.readers(v)
+    if len(readers) != 1 or v in lw.graph.outputs or any(v is u for _, u in lw.graph.updates):
+        return False
+    (reader,) = readers
+    if reader.op == "fused":
+        fb = FusedBody.of_node(reader)
+        if fb.anchor is not None or fb.ending is not None:
+            return False
+    elif REGISTRY[reader.op].kind != ELEMENTWISE:
+        return False
+    return all(out.type.shape == v.type.shape for out in reader.outputs) and \
+        lw.live_until(source, reader)
 
 
 # ---- the lowering table: op name -> lower(lowerer, node) -----------------------------------
