@@ -135,3 +135,16 @@ def test_a_head_merge_reshaped_twice_is_copied_once(rng):
     np.testing.assert_array_equal(b.numpy(), p.reshape(8, 15) + 1)
     copies = [s for s in _launches(compiled) if s.function.endswith("_reshape")]
     assert len(copies) == 1
+
+
+def test_merged_kernels_past_items_from_run_several_items_a_thread(rng):
+    """Two kernels each below ITEMS_FROM, together above it: one launch of ITEMS items a
+    thread (each item finds its part), results equal to numpy."""
+    n = cudagen.ITEMS_FROM // 2 + 333
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    compiled = graphc.compile(lambda x, y: (x * 2, y - 1), backend="cuda")
+    got = compiled(graphc.tensor(a), graphc.tensor(b))
+    np.testing.assert_array_equal(got[0].numpy(), a * 2)
+    np.testing.assert_array_equal(got[1].numpy(), b - 1)
+    (launch,) = _launches(compiled)
+    assert launch.function.endswith("_merged") and launch.items == cudagen.ITEMS
