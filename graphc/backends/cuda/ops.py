@@ -725,13 +725,15 @@ def _batch_norm_train(lw: Lowerer, node: Node, ins, y: Layout, mean: Layout,
     red = (tuple(shape[d] for d in red_dims), red_dims)
     count = math.prod(red[0])
     coords = _coords(len(shape))
-    first = ["0", "c1"] + ["0"] * (len(shape) - 2)
+    # x[0, c, 0, ...] as a tensor of its own (its bytes are a 1/N slice of x's, which keeps
+    # the known spans of a split reduction's second pass narrow)
+    firsts = Layout(x.offset, (x.strides[1],), TensorType((channels,), x.type.dtype))
     table = lw.scratch(24 * channels)  # (mean, invstd * weight, bias) per channel, double
     span = (table, table + 24 * channels)
 
     def update(k) -> list[str]:
         return [f"double d = (double){k.read(x, coords, shape)} - "
-                f"(double){k.read(x, first, shape)};", "s1 += d;", "s2 += d * d;"]
+                f"(double){k.read(firsts, ['c1'], (channels,))};", "s1 += d;", "s2 += d * d;"]
 
     def merge() -> list[str]:
         return ["s1 += o_s1;", "s2 += o_s2;"]
@@ -741,7 +743,7 @@ def _batch_norm_train(lw: Lowerer, node: Node, ins, y: Layout, mean: Layout,
         w, b = k.read(weight, ["c1"], (channels,)), k.read(bias, ["c1"], (channels,))
         t = k.ptr(table, span)
         return [f"double gc_m1 = s1 / {count}.0, gc_var = s2 / {count}.0 - gc_m1 * gc_m1;",
-                f"double gc_mean = (double){k.read(x, first, shape)} + gc_m1;",
+                f"double gc_mean = (double){k.read(firsts, ['c1'], (channels,))} + gc_m1;",
                 f"double gc_inv = 1.0 / sqrt((gc_var > 0.0 ? gc_var : 0.0) + {eps});",
                 f"((double *){t})[3 * c1] = gc_mean;",
                 f"((double *){t})[3 * c1 + 1] = gc_inv * (double){w};",
