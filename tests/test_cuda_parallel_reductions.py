@@ -351,3 +351,48 @@ def test_an_intermediate_of_a_reduce_group_is_stored_by_the_reduction(rng, shape
     launches = [s for s in ex.lowered.steps if isinstance(s, Launch)]
     assert all(launch.lanes > 1 for launch in launches)  # no elementwise kernel of its own
     assert len(launches) <= 2  # one pass, or two when split
+
+
+def _bn_backward_sums(shape) -> str:
+    """sum(g) and sum(g * x-hat) of a batch-norm backward, g = where(y > 0, dy, 0): two
+    fused reduce groups, the second reading the first's intermediate g."""
+    t = ",".join(map(str, shape))
+    c = f"f32[1,{shape[1]},1,1]"
+    return f'''graph @f(%dy: f32[{t}], %y: f32[{t}], %x: f32[{t}], %m: {c}, %s: {c}) -> (f32[{t}], f32[{shape[1]}], f32[{t}], f32[{shape[1]}]) {{
+  %z: f32[] = full[shape=(), value=0.0, dtype="float32"]()
+  %k: bool[{t}] = gt(%y, %z)
+  %g: f32[{t}] = where(%k, %dy, %z)
+  %gb: f32[{shape[1]}] = reduce_sum[axes=(0, 2, 3), keepdim=false](%g)
+  %c: f32[{t}] = sub(%x, %m)
+  %h: f32[{t}] = mul(%c, %s)
+  %p: f32[{t}] = mul(%g, %h)
+  %gw: f32[{shape[1]}] = reduce_sum[axes=(0, 2, 3), keepdim=false](%p)
+  return (%g, %gb, %h, %gw)
+}}'''  # noqa: E501
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 3, 40, 40)])
+def test_sibling_reductions_share_one_kernel(rng, shape):
+    """A batch-norm backward's two channel sums run in one cooperative kernel (one pass, or
+    two when split), the second reading g from the first's registers; both stored
+    intermediates and both sums match numpy."""
+    from graphc.backends.cuda.lowering import Launch
+    from graphc.passes.fuse import fuse
+
+    graph = fuse(parse(_bn_backward_sums(shape)))
+    assert len([n for n in graph.nodes if n.op == "fused"]) == 2
+    dy, y, x = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    m, s = (rng.standard_normal((1, shape[1], 1, 1)).astype(np.float32) for _ in range(2))
+    ex = compile_graph(graph, "cuda")
+    g, gb, h, gw = ex.run(dy, y, x, m, s)
+    want_g = np.where(y > 0, dy, 0)
+    want_h = (x - m) * s
+    np.testing.assert_array_equal(g, want_g)
+    np.testing.assert_allclose(h, want_h, rtol=1e-6, atol=1e-6)
+    axes = (0, 2, 3)
+    g64, h64 = want_g.astype(np.float64), want_h.astype(np.float64)
+    np.testing.assert_allclose(gb, g64.sum(axis=axes), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw, (g64 * h64).sum(axis=axes), rtol=1e-5, atol=1e-5)
+    launches = [(k, st) for k, st in enumerate(ex.lowered.steps) if isinstance(st, Launch)]
+    assert len(launches) <= 2
+    assert all(len(ex.lowered.step_nodes[k]) == 2 for k, _ in launches)

@@ -164,13 +164,13 @@ class KernelText:
     def read(self, layout: Layout, coords: list[str], domain: tuple[int, ...]) -> str:
         """The element of `layout` at `coords` over `domain` (broadcasting)."""
         index = cudagen.offset(coords, layout.broadcast(domain))
-        return cudagen.load(self.ptr(layout.offset, _span(layout), written=False),
+        return cudagen.load(self.ptr(layout.offset, span_of(layout), written=False),
                             layout.type.dtype, index)
 
     def at(self, layout: Layout, coords: list[str]) -> str:
         """The element of `layout` at its own coordinates (an lvalue)."""
         index = cudagen.offset(coords, layout.strides)
-        return cudagen.load(self.ptr(layout.offset, _span(layout)), layout.type.dtype, index)
+        return cudagen.load(self.ptr(layout.offset, span_of(layout)), layout.type.dtype, index)
 
     def touches(self, other: "KernelText") -> bool:
         """Whether a byte one of the two kernels writes is one the other reads or writes (so
@@ -190,7 +190,7 @@ class KernelText:
                        for i, (a, w1) in enumerate(spans) for b, w2 in spans[i + 1:])
 
 
-def _span(layout: Layout) -> tuple[int, int]:
+def span_of(layout: Layout) -> tuple[int, int]:
     """The bytes `layout`'s elements lie in: [first, past the last)."""
     size = layout.type.dtype.itemsize
     if not layout.type.numel:
@@ -225,6 +225,11 @@ class Lowerer:
         # them, inline(k, coords) -> a C expression (a batch norm's output, ops.py)
         self.inline: dict[Value, object] = {}
         self._readers: dict[Value, list[Node]] | None = None
+        self._steps_of: dict[int, int] | None = None
+        # nodes an earlier node's kernel already computes (sibling reductions, ops.py), and
+        # while such a kernel is written, the nodes it serves besides the one being lowered
+        self.ahead: set[int] = set()
+        self.co_nodes: list[Node] = []
         self._index = {v.name: i for i, v in enumerate(graph.inputs)}
 
     def readers(self, v: Value) -> list[Node]:
@@ -244,8 +249,13 @@ class Lowerer:
             return all(target is not v for target, _ in self.graph.updates)
         if v.name not in plan.buffer_of:
             return False
-        step = next(i for i, n in enumerate(plan.schedule) if n is node)
-        return plan.buffers[plan.buffer_of[v.name]].end >= step
+        return plan.buffers[plan.buffer_of[v.name]].end >= self.step_of(node)
+
+    def step_of(self, node: Node) -> int:
+        """`node`'s index in the schedule."""
+        if self._steps_of is None:
+            self._steps_of = {id(n): i for i, n in enumerate(self.plan.schedule)}
+        return self._steps_of[id(node)]
 
     # ---- memory ------------------------------------------------------------------------
     def scratch(self, nbytes: int) -> int:
@@ -288,7 +298,9 @@ class Lowerer:
     # ---- emitting ------------------------------------------------------------------------
     def new_kernel(self, node: Node, threads: int) -> KernelText:
         self._serial += 1
-        return KernelText(f"k{self._serial - 1}_{node.op}", threads, node)
+        k = KernelText(f"k{self._serial - 1}_{node.op}", threads, node)
+        k.nodes += self.co_nodes
+        return k
 
     def emit(self, k: KernelText) -> None:
         """Append kernel `k`'s launch; a small elementwise one waits (`_pending`) to share one
@@ -420,4 +432,4 @@ def lower(graph: Graph) -> Lowered:
 
 
 __all__ = ["Addr", "BLOCK", "Call", "CudaLoweringError", "Launch", "Layout", "Lowered",
-           "Lowerer", "lower", "unsupported"]
+           "Lowerer", "lower", "span_of", "unsupported"]

@@ -4,8 +4,8 @@
 indexing and random ops come from graphc.backends.cuda.movement, batch_norm from
 graphc.backends.cuda.norms); an elementwise op renders
 through cudagen.SCALAR_LOWERINGS instead; `lower_node` is the shared prologue
-(graphc.backends.common.lower_node). Fused bodies are read through graphc.ops.fused.FusedBody
-and reductions through their OpDef's `Reduction` (identity and combiner).
+(graphc.backends.common.lower_node). The kernels of fused bodies and generated reductions
+are written by graphc.backends.cuda.fused_kernels (`lower_fused` here picks the form).
 
 Each function appends the node's kernels (graphc.backends.cuda.lowering.KernelText, text from
 graphc.backends.cuda.cudagen) or runtime library calls to the Lowerer, reading inputs where
@@ -24,13 +24,19 @@ import math
 
 from graphc import config
 from graphc.backends import common
-from graphc.backends.cuda import cudagen, reductions, rt
-from graphc.backends.cuda.lowering import Addr, CudaLoweringError, Layout, Lowerer, unsupported
+from graphc.backends.cuda import cudagen, fused_kernels, reductions, rt
+from graphc.backends.cuda.fused_kernels import lower_map
+from graphc.backends.cuda.lowering import (
+    Addr,
+    CudaLoweringError,
+    Layout,
+    Lowerer,
+    unsupported,
+)
 from graphc.backends.cuda.movement import MOVEMENT_LOWERINGS
 from graphc.backends.cuda.norms import lower_batch_norm
 from graphc.ir.graph import Node
 from graphc.ops.fused import FusedBody
-from graphc.ops.registry import ELEMENTWISE, REGISTRY, Reduction
 from graphc.types import TensorType
 
 
@@ -38,73 +44,7 @@ def _coords(n: int, prefix: str = "c") -> list[str]:
     return [f"{prefix}{d}" for d in range(n)]
 
 
-# ---- fused bodies -------------------------------------------------------------------------------
-def _body_lines(lw: Lowerer, k, node: Node, domain, coords, fb: FusedBody, stop: int,
-                env: dict) -> list[str]:
-    """Statements computing instructions [0, stop) of `fb` at `coords`; env: ref -> (expr,
-    dtype) for refs known."""
-    lines, n_in = [], fb.n_inputs
-    known = dict(env)
-
-    def value(ref: int):
-        if ref not in known:
-            v = node.inputs[ref]
-            read = lw.inline[v](k, coords) if v in lw.inline else \
-                k.read(lw.layouts[v], coords, domain)
-            lines.append(f"{cudagen.ctype(v.type.dtype)} a{ref} = {read};")
-            known[ref] = (f"a{ref}", v.type.dtype)
-        return known[ref]
-
-    for i, (op, args, attrs) in enumerate(fb.instructions[:stop]):
-        ref = n_in + i
-        if ref in known:
-            continue
-        operands = [value(a) for a in args]
-        t = fb.types[ref]
-        out = t.dtype
-        if op == "broadcast_to":
-            expr = cudagen.scalar("cast", {}, [operands[0][0]], [operands[0][1]], out)
-        elif op == "full":
-            expr = cudagen.literal(attrs["value"], out)
-        elif op == "arange":
-            n = t.shape[0]
-            c = coords[-1] if n > 1 and coords else "0"
-            expr = f"(({cudagen.ctype(out)})({attrs['start']!r} + (double){c} * " \
-                   f"{attrs['step']!r}))"
-        elif REGISTRY[op].kind == ELEMENTWISE:
-            try:
-                expr = cudagen.scalar(REGISTRY[op].scalar, attrs, [o[0] for o in operands],
-                                      [o[1] for o in operands], out)
-            except KeyError:
-                raise unsupported(node, f"{op} on {out.name}") from None
-        else:
-            raise unsupported(node, f"{op} inside a fused body")
-        lines.append(f"{cudagen.ctype(out)} v{ref} = {expr};")
-        known[ref] = (f"v{ref}", out)
-    return lines
-
-
-def _map(lw: Lowerer, node: Node, fb: FusedBody, env=None) -> None:
-    """One kernel over the outputs' (common) shape computing `fb` and storing its outputs."""
-    first = lw.layouts[node.outputs[0]]
-    shape = first.type.shape
-    for v in node.outputs:
-        if v.type.shape != shape:
-            raise unsupported(node, "a fused group whose outputs differ in shape")
-    k = lw.new_kernel(node, first.type.numel)
-    coords = _coords(len(shape))
-    k.lines += cudagen.decompose(shape, "gi")
-    k.lines += _body_lines(lw, k, node, shape, coords, fb, len(fb), env or {})
-    for v, ref in zip(node.outputs, fb.outputs):
-        k.lines.append(f"{k.at(lw.layouts[v], coords)} = v{ref};")
-    lw.emit(k)
-
-
-def lower_map(lw: Lowerer, node: Node) -> None:
-    """A lone elementwise op or constant source (full, arange): one generated kernel."""
-    _map(lw, node, FusedBody.of_node(node))
-
-
+# ---- fused groups ---------------------------------------------------------------------------
 def lower_fused(lw: Lowerer, node: Node) -> None:
     fb = FusedBody.of_node(node)
     n_in = fb.n_inputs
@@ -117,236 +57,10 @@ def lower_fused(lw: Lowerer, node: Node) -> None:
         EPILOGUE_ANCHOR_LOWERINGS[anchor.op](lw, contraction, [tmp])
         if n_in in fb.outputs:
             raise unsupported(node, "an epilogue group that returns its raw contraction")
-        return _map_with(lw, node, fb, tmp)
+        return fused_kernels.map_with(lw, node, fb, tmp)
     if fb.ending is not None:
-        return _reduce_group(lw, node, fb)
-    _map(lw, node, fb)
-
-
-def _map_with(lw: Lowerer, node: Node, fb: FusedBody, contraction: Layout) -> None:
-    """An epilogue: instruction 0's result lives in `contraction` (scratch)."""
-    first = lw.layouts[node.outputs[0]]
-    shape = first.type.shape
-    k = lw.new_kernel(node, first.type.numel)
-    coords = _coords(len(shape))
-    k.lines += cudagen.decompose(shape, "gi")
-    n_in = len(node.inputs)
-    k.lines.append(f"{cudagen.ctype(contraction.type.dtype)} v{n_in} = "
-                   f"{k.read(contraction, coords, shape)};")
-    env = {n_in: (f"v{n_in}", contraction.type.dtype)}
-    k.lines += _body_lines(lw, k, node, shape, coords, fb, len(fb), env)
-    for v, ref in zip(node.outputs, fb.outputs):
-        k.lines.append(f"{k.at(lw.layouts[v], coords)} = v{ref};")
-    lw.emit(k)
-
-
-def _reduce_group(lw: Lowerer, node: Node, fb: FusedBody) -> None:
-    """A fused body ending in a reduction. An intermediate it also returns (of the reduced
-    operand's shape: the relu mask applied to a gradient, a batch norm's x-hat) is stored by
-    the reduction's first pass, which visits every element once, rather than by a kernel of
-    its own that would read the inputs again; row-wise endings (softmax) and returned inputs
-    keep that kernel."""
-    n_in = fb.n_inputs
-    last_ref = n_in + len(fb) - 1
-    op, args, attrs = fb.instructions[-1]
-    src_type = fb.types[args[0]]
-    fold_in = not REGISTRY[op].row_wise
-    stores = []
-    for v, ref in zip(node.outputs, fb.outputs):
-        if ref == last_ref:
-            continue
-        if v.type.shape != src_type.shape:
-            raise unsupported(node, "a reduce group returning an intermediate of another shape")
-        if fold_in and ref >= n_in:
-            stores.append((lw.layouts[v], ref))
-        else:
-            _map_one(lw, node, fb, ref - n_in + 1, ref, lw.layouts[v])
-    for v, ref in zip(node.outputs, fb.outputs):
-        if ref == last_ref:
-            _reduction(lw, node, fb, len(fb) - 1, args[0], src_type, op, attrs,
-                       lw.layouts[v], stores)
-
-
-def _map_one(lw: Lowerer, node: Node, fb: FusedBody, stop: int, ref: int, out: Layout) -> None:
-    shape = out.type.shape
-    k = lw.new_kernel(node, out.type.numel)
-    coords = _coords(len(shape))
-    k.lines += cudagen.decompose(shape, "gi")
-    k.lines += _body_lines(lw, k, node, shape, coords, fb, stop, {})
-    k.lines.append(f"{k.at(out, coords)} = {_ref_expr(node, ref)};")
-    lw.emit(k)
-
-
-def _ref_expr(node: Node, ref: int) -> str:
-    return f"a{ref}" if ref < len(node.inputs) else f"v{ref}"
-
-
-# ---- reductions: the identity and combiner of each OpDef's Reduction ------------------------
-def _identity(red: Reduction, dt) -> str:
-    value = red.identity_value(dt)
-    if dt.name == "int64" and red.identity in ("lowest", "highest"):
-        return f"({'9223372036854775807LL' if value > 0 else '(-9223372036854775807LL - 1)'})"
-    return cudagen.literal(value, dt)
-
-
-def _combine_add(acc: str, v: str, dt) -> str:
-    return f"{acc} || {v}" if dt.name == "bool" else f"{acc} + {v}"
-
-
-def _combine_mul(acc: str, v: str, dt) -> str:
-    return f"{acc} && {v}" if dt.name == "bool" else f"{acc} * {v}"
-
-
-def _combine_max(acc: str, v: str, dt) -> str:
-    return f"gc_max({acc}, {v})"
-
-
-def _combine_min(acc: str, v: str, dt) -> str:
-    return f"gc_min({acc}, {v})"
-
-
-COMBINER_LOWERINGS = {"add": _combine_add, "mul": _combine_mul, "max": _combine_max,
-                      "min": _combine_min}
-
-
-def _library_reduce_op(red: Reduction) -> int:
-    """The runtime library's gc_reduce_op of a Reduction."""
-    name = "MEAN" if red.mean else {"add": "SUM", "mul": "PROD", "max": "MAX",
-                                    "min": "MIN"}[red.combiner]
-    return rt.REDUCE_OP[f"GC_REDUCE_{name}"]
-
-
-def _element(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int, shape):
-    """value(k) -> (statements, expression): the reduced operand at coordinates c<d>."""
-    coords = _coords(len(shape))
-
-    def value(k) -> tuple[list[str], str]:
-        lines = _body_lines(lw, k, node, shape, coords, fb, stop, {})
-        if src_ref < len(node.inputs):
-            return lines, k.read(lw.layouts[node.inputs[src_ref]], coords, shape)
-        return lines, f"v{src_ref}"
-
-    return value
-
-
-def _reduction(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int,
-               src: TensorType, op: str, attrs: dict, out: Layout, stores=()) -> None:
-    """out = op over `src_ref` (an input or a value of fb's instructions [0, stop)) computed
-    at every source index: a segment of threads per output (graphc.backends.cuda.reductions);
-    `stores`: (layout of the source's shape, ref) of intermediates the first pass writes."""
-    shape = src.shape
-    if REGISTRY[op].row_wise:
-        assert not stores, "row-wise endings write no intermediates here"
-        return _softmax_kernel(lw, node, fb, stop, src_ref, src, op == "log_softmax",
-                               attrs["dim"] % max(len(shape), 1), out)
-    reduction = REGISTRY[op].reduction
-    axes = tuple(a % max(len(shape), 1) for a in attrs["axes"])
-    kept = [d for d in range(len(shape)) if d not in axes]
-    red = [d for d in range(len(shape)) if d in axes]
-    dt = out.type.dtype
-    acc_t = "double" if dt.name == "float32" and reduction.combiner in ("add", "mul") else \
-        reductions.shuffle_type(cudagen.ctype(dt))
-    count = math.prod(shape[d] for d in red)
-    value = _element(lw, node, fb, stop, src_ref, shape)
-    combine = COMBINER_LOWERINGS[reduction.combiner]
-
-    def update(k) -> list[str]:
-        lines, v = value(k)
-        x = cudagen.scalar("cast", {}, [v], [src.dtype], dt)
-        lines += [f"{k.at(layout, _coords(len(shape)))} = {_ref_expr(node, ref)};"
-                  for layout, ref in stores]
-        return lines + [f"{acc_t} x = ({acc_t})({x});", f"acc = {combine('acc', 'x', dt)};"]
-
-    def finish(k) -> list[str]:
-        result = f"acc / {count}.0" if reduction.mean else "acc"
-        return [f"{k.at(out, _kept_coords(out, kept, attrs))} = "
-                f"({cudagen.ctype(dt)})({result});"]
-
-    def merge(a: str, b: str) -> str:
-        return combine(a, b, dt)
-
-    identity = f"({acc_t}){_identity(reduction, dt)}"
-    reducer = reductions.fold([("acc", acc_t, identity)], update, merge, finish)
-    reductions.reduce_kernels(lw, node, out.type.numel,
-                              (tuple(shape[d] for d in kept), kept), count,
-                              (tuple(shape[d] for d in red), red), reducer)
-
-
-def _kept_coords(out: Layout, kept: list[int], attrs: dict) -> list[str]:
-    """Output coordinates: the kept source dims (and 0 for reduced ones with keepdim)."""
-    if out.type.ndim == len(kept):
-        return [f"c{d}" for d in kept]
-    return [f"c{d}" if d in kept else "0" for d in range(out.type.ndim)]
-
-
-def _softmax_kernel(lw: Lowerer, node: Node, fb: FusedBody, stop: int, src_ref: int,
-                    src: TensorType, log: bool, dim: int, out: Layout) -> None:
-    """Online softmax: a segment per row keeps (max m, sum s of exp(x - m)), merged across
-    lanes, then writes the row: two reads of each element (O(n)). Few long rows split the
-    row: partial (m, s) per chunk, merged per row into scratch, then one elementwise pass."""
-    shape = src.shape
-    dt = out.type.dtype
-    ct = cudagen.ctype(dt)
-    n = shape[dim] if shape else 1
-    kept = [d for d in range(len(shape)) if d != dim]
-    kept_shape = tuple(shape[d] for d in kept)
-    rows = math.prod(kept_shape)
-    value = _element(lw, node, fb, stop, src_ref, shape)
-    coords = _coords(len(shape))
-    lanes = reductions.lanes_for(n)
-
-    def result(x: str, m: str, s: str) -> str:
-        return f"({x} - {m}) - ({ct})log({s})" if log else f"gc_exp({x} - {m}) / ({ct}){s}"
-
-    def update(k) -> list[str]:
-        lines, v = value(k)
-        return lines + [f"gc_online_merge(m, s, ({ct})({v}), 1.0);"]
-
-    def merge() -> list[str]:
-        return ["gc_online_merge(m, s, o_m, o_s);"]
-
-    def write_row(k) -> list[str]:
-        lines, v = value(k)
-        body = [f"long long c{dim} = t;", *lines, f"{ct} x = ({ct})({v});",
-                f"{k.at(out, coords)} = {result('x', 'm', 's')};"]
-        return [f"for (long long t = gc_lane; t < {n}LL; t += {lanes}) {{",
-                *("  " + line for line in body), "}"]
-
-    def no_finish(k) -> list[str]:
-        return []
-
-    states = [("m", ct, cudagen.literal(-math.inf, dt)), ("s", "double", "0.0")]
-    red = ((n,), [dim]) if shape else ((), [])
-    split = reductions.split_for(rows, n, lanes)
-    if split == 1:
-        reducer = reductions.Reducer(states, update, merge, no_finish, write_row)
-        reductions.reduce_kernels(lw, node, rows, (kept_shape, kept), n, red, reducer, 1)
-        return
-    stats_m, stats_s = lw.scratch(rows * dt.itemsize), lw.scratch(rows * 8)
-
-    def store_stats(k) -> list[str]:
-        return [f"(({ct} *){k.ptr(stats_m)})[gc_o] = m;",
-                f"((double *){k.ptr(stats_s)})[gc_o] = s;"]
-
-    reducer = reductions.Reducer(states, update, merge, store_stats)
-    reductions.reduce_kernels(lw, node, rows, (kept_shape, kept), n, red, reducer, split)
-    k = lw.new_kernel(node, out.type.numel)  # the third pass: one thread per element
-    k.lines += cudagen.decompose(shape, "gi")
-    row = cudagen.offset([f"c{d}" for d in kept], _row_strides(kept_shape)) if kept else "0"
-    lines, v = value(k)
-    k.lines += lines
-    k.lines.append(f"{ct} x = ({ct})({v}); long long row = {row};")
-    m, s = f"(({ct} *){k.ptr(stats_m)})[row]", f"((double *){k.ptr(stats_s)})[row]"
-    k.lines.append(f"{k.at(out, coords)} = {result('x', m, s)};")
-    lw.emit(k)
-
-
-def _row_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    return tuple(reversed(strides))
+        return fused_kernels.reduce_group(lw, node, fb)
+    fused_kernels.map_body(lw, node, fb)
 
 
 # ---- library-backed ops ----------------------------------------------------------------------
@@ -600,25 +314,23 @@ def lower_softmax(lw: Lowerer, node: Node) -> None:
         lw.call("gc_softmax_fwd_f32", rows, shape[dim], 1, int(node.op == "log_softmax"),
                 Addr(x.offset), Addr(y.offset), None)
         return
-    _reduction(lw, node, FusedBody.of_node(node), 0, 0, x.type, node.op, dict(node.attrs), y)
+    fused_kernels.reduction(lw, node, FusedBody.of_node(node), 0, 0, x.type, node.op,
+                            dict(node.attrs), y)
 
 
 def lower_reduce(lw: Lowerer, node: Node) -> None:
-    """A generated cooperative reduction; a float32 sum over (N, H, W) of a contiguous NCHW
-    tensor (a conv bias gradient) goes to gc_conv2d_bwd_bias_f32 when its block per channel
-    fills the device."""
+    """A generated cooperative reduction, or the library's conv bias gradient
+    (`_bias_sum_by_library`)."""
     x, y = lw.layouts[node.inputs[0]], lw.layouts[node.outputs[0]]
     shape = x.type.shape
-    axes = sorted(a % max(x.type.ndim, 1) for a in node.attrs["axes"])
-    if node.op == "reduce_sum" and len(shape) == 4 and axes == [0, 2, 3] and _f32(x) and \
-            _f32(y) and x.contiguous and x.type.numel and \
-            reductions.split_for(shape[1], x.type.numel // shape[1], 256) == 1:
+    if fused_kernels.bias_sum_by_library(lw, node):
         n, c, h, w = shape
         desc = rt.Conv2dDesc(n, 1, h, w, c, 1, 1, 1, 1, 0, 0, 1, 1, 1, h, w)
         lw.call("gc_conv2d_bwd_bias_f32", ctypes.byref(desc), Addr(x.offset), Addr(y.offset),
                 None, keep=(desc,))
         return
-    _reduction(lw, node, FusedBody.of_node(node), 0, 0, x.type, node.op, dict(node.attrs), y)
+    fused_kernels.reduction(lw, node, FusedBody.of_node(node), 0, 0, x.type, node.op,
+                            dict(node.attrs), y)
 
 
 _NLL_REDUCTION = {"none": 0, "mean": 1, "sum": 2}
@@ -721,7 +433,11 @@ REFUSALS.update({name: "made only by the cpu pipeline's fuse_attention pass (the
 
 
 def lower_node(lw: Lowerer, node: Node) -> None:
-    """Append the kernels and calls of one scheduled node."""
+    """Append the kernels and calls of one scheduled node (nothing for one whose reduction
+    an earlier node's kernel computed: `Lowerer.ahead`)."""
+    if id(node) in lw.ahead:
+        lw.place(node)
+        return
     lowering = common.find_lowering(node.op, LOWERINGS, cudagen.SCALAR_LOWERINGS, lower_map)
     common.lower_node(lw, node, lowering, CudaLoweringError)
 
