@@ -105,9 +105,10 @@ def test_weight_gradient_split_over_pixels(rng):
 
 
 @pytest.mark.parametrize("n, c_in, hw, c_out, stride, groups", [
-    (2, 1, 27, 2, 1, 1),  # 1458 pixels: 2 splits of 736 (the last 722), one pass
-    (4, 4, 33, 6, 2, 2),  # stride 2, groups 2: 2 splits of 584 in 4 passes (3 x 152, 128)
-    (2, 3, 24, 3, 1, 3),  # depthwise: 2 splits of 576 in 3 passes
+    (2, 1, 16, 2, 1, 1),  # 512 pixels: 4 splits of 128, one pass
+    (2, 1, 27, 2, 1, 1),  # 1458 pixels: 11 splits of 136 (the last 98) in 2 passes of 72
+    (4, 4, 33, 6, 2, 2),  # stride 2, groups 2: 9 splits of 136 in 4 passes of 40
+    (2, 3, 24, 3, 1, 3),  # depthwise: 9 splits of 128 in 3 passes of 48
     (3, 5, 7, 4, 1, 1),   # 147 pixels: one split, one pass
 ])
 def test_weight_gradient_columns_and_batched_gemm(rng, n, c_in, hw, c_out, stride, groups):

@@ -19,8 +19,9 @@
  * kFilterPassBudget the splits' pixels run in passes (pass t covers pixels [t sub, (t+1) sub)
  * of every split; its GEMM adds onto the earlier passes' result with beta = 1), so the
  * workspace is bounded by the budget (at least 8 pixels a split and pass).
- * Rounding: each split sums at most `chunk` products per weight (512+ pixels, as the implicit
- * GEMM this replaced), then the splits are added in order.
+ * Rounding: each split sums `chunk` products per weight in order (128 pixels or more: a
+ * long chunk's sequential sum broke the rounding rule on a GPU), then the splits are added in
+ * order.
  * Invariants: chunk and sub are multiples of 8 (4-pixel groups never cross a split, and the
  * column rows stay 16-byte aligned); columns past the last pixel are zeros in both operands;
  * the plan is a function of the descriptor and the SM count only, and
@@ -38,7 +39,10 @@ constexpr int64_t kFilterPassBudget = (int64_t)64 << 10;
 #else
 constexpr int64_t kFilterPassBudget = (int64_t)64 << 20;
 #endif
-constexpr int64_t kFilterMinChunk = 512; /* pixels a split sums at least */
+/* pixels a split sums at least: each weight's products are summed in order within a split,
+ * so the split's length bounds the rounding error's growth (a GPU run of 584 pixels a split,
+ * in one pass, broke the rounding rule where 152-pixel passes kept it) */
+constexpr int64_t kFilterMinChunk = 128;
 constexpr int64_t kFilterMaxSplits = 256;
 constexpr int64_t kFilterAlign = 8;      /* chunk and sub are multiples of it */
 
