@@ -59,12 +59,13 @@ from llvmlite import ir
 
 from graphc.backends.cpu import gemm_panels, llvm
 from graphc.backends.cpu.gemm_panels import copy_transposed, counted
-from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64
+from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop, size
+from graphc.symbolic import Sym, current_env
 from graphc.types import TensorType, float32
 
 __all__ = ["MAX_THIN", "SmallGemm", "broadcast_fma", "column_chunks", "fma_intrinsic",
-           "function", "lanes", "operands", "prefetch_intrinsic", "row_chunks", "tile_for",
-           "tile_rows", "with_addends"]
+           "function", "lanes", "operands", "per_call_tile", "prefetch_intrinsic", "row_chunks",
+           "size_arguments", "tile_for", "tile_rows", "with_addends"]
 
 # the kernel serves products whose m or n is at most this. Tried: 32 (GPT's attention
 # heads, 64 x 64 x 32, with their transposed operands packed; MobileNet's classifier):
@@ -193,8 +194,16 @@ class SmallGemm:
         order += "".join(f"_{kind}" for kind in self.addends)
         if self.prefetch_a:
             order += f"_pf{self.prefetch_a[0]}_{self.prefetch_a[1]}"
-        return (f"graphc_small_sgemm_{self.m}x{self.n}x{self.k}_a{self.sa_row}_{self.sa_col}"
+        dims = "x".join(str(d) if type(d) is int else letter  # known per call: an argument
+                        for d, letter in ((self.m, "M"), (self.n, "N"), (self.k, "K")))
+        return (f"graphc_small_sgemm_{dims}_a{self.sa_row}_{self.sa_col}"
                 f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}{order}")
+
+    @property
+    def per_call(self) -> tuple[str, ...]:
+        """The dims ("m", "k") known only per call: the kernel takes each as a trailing i64
+        argument (`size_arguments`), in this order."""
+        return tuple(d for d in ("m", "n", "k") if type(getattr(self, d)) is not int)
 
 
 def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
@@ -204,10 +213,14 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
     neither thin (m and n both above MAX_THIN, or too large: MAX_WORK) nor a small block
     with b read transposed (`b_transposed`, m and n both at most MAX_TRANSPOSED_BLOCK) nor
     medium (MEDIUM_N, MEDIUM_K, 2 * ROW_CHUNK rows or more, a read row by row, AVX-512),
-    with too short a k (MIN_K), a host without AVX2/FMA."""
+    with too short a k (MIN_K), a host without AVX2/FMA. A batch known per call as m or k
+    (a symbolic size, the others static) takes the kernel the trace's size would take, built
+    for every size (`per_call_tile`)."""
     width = lanes()
-    if not width or not all(type(d) is int for d in (m, n, k, sa_row, sa_col, ldb)):
+    if not width or not all(type(d) is int for d in (sa_row, sa_col, ldb)):
         return None
+    if not all(type(d) is int for d in (m, n, k)):
+        return per_call_tile(m, n, k, sa_row, sa_col, ldb, b_transposed)
     if m < 2 or n % width:
         return None
     small = min(m, n) <= MAX_THIN or (b_transposed and max(m, n) <= MAX_TRANSPOSED_BLOCK)
@@ -241,6 +254,52 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
                      width)
 
 
+def per_call_tile(m, n, k, sa_row: int, sa_col: int, ldb: int,
+                  b_transposed: bool = False) -> SmallGemm | None:
+    """The kernel of a product whose m or k (one of them: the batch of a graph with symbolic
+    sizes, graphc.backends.cpu.runtime_sizes) is known only per call, or None (the BLAS
+    stays): the tile `tile_for` chooses at that dim's size in the trace (so the call at the
+    traced shape runs the static graph's kernel), emitted for every size. The kernel takes
+    the dim as an argument: m bounds its loop over row blocks, the rows past the last full
+    block run in tiles of 16, 8, 4, 2 and 1 rows as the rest's bits say (`_each_row_block`);
+    k bounds its blocks of K_BLOCK (the same blocks, so the same sums, as a static k's).
+    Not taken: n known per call, two dims known per call, a size with no trace's value."""
+    per_call = [d for d, v in zip("mnk", (m, n, k)) if type(v) is not int]
+    size = m if per_call == ["m"] else k if per_call == ["k"] else None
+    hint = _hint(size)
+    if hint is None:
+        return None
+    tile = tile_for(hint if size is m else m, n, hint if size is k else k, sa_row, sa_col, ldb,
+                    b_transposed)
+    if tile is None:
+        return None
+    if size is k:
+        return replace(tile, k=k)
+    rows = (24 if tile.lanes == 16 else 12) // tile.vectors  # no even split of an unknown m
+    prefetch = tile.prefetch_a and (rows - 1 + PREFETCH_A_ROWS, tile.prefetch_a[1])
+    return replace(tile, m=m, rows=rows, prefetch_a=prefetch)
+
+
+def _hint(size) -> int | None:
+    """A symbolic size's value in the trace (no guard: a choice of tile holds for every
+    size), an int as it is; None without one."""
+    if type(size) is int:
+        return size
+    env = current_env()
+    if type(size) is not Sym or env is None:
+        return None
+    try:
+        return size.evaluate(env.hints)
+    except KeyError:
+        return None
+
+
+def size_arguments(b: ir.IRBuilder, g: SmallGemm) -> list:
+    """The i64 arguments a call of g's kernel passes after its pointers: each dim known per
+    call (`SmallGemm.per_call`), read from the call's sizes table."""
+    return [size(b, getattr(g, d)) for d in g.per_call]
+
+
 def tile_rows(m: int, vectors: int, width: int) -> int:
     """As many rows as the registers hold, split evenly over m (m = 64, two vectors of 16
     lanes: tiles of 11 rows)."""
@@ -255,7 +314,7 @@ def row_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
     """(count, the kernel of one chunk) where g's rows split into chunks of ROW_CHUNK rows
     that threads can share (each element is summed by the same instructions either way),
     else None: fewer than two chunks, or rows not a whole number of them."""
-    if g.m < 2 * ROW_CHUNK or g.m % ROW_CHUNK or g.k_outer:
+    if type(g.m) is not int or g.m < 2 * ROW_CHUNK or g.m % ROW_CHUNK or g.k_outer:
         return None
     return g.m // ROW_CHUNK, replace(g, m=ROW_CHUNK,
                                      rows=_tile_rows(ROW_CHUNK, g.vectors, g.lanes))
@@ -284,11 +343,13 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
     tile = tile_for(m, n, k, sa[-2], sa[-1], n if packed else lay_b[1], packed)
     if tile is None:
         return None
-    if packed and sb[-2] == 1 and max(m, n) <= MAX_TRANSPOSED_BLOCK and k <= PANEL_COPY_MAX_K:
+    m, k = _hint(m), _hint(k)  # a size known per call: the choices its trace's size makes
+    if packed and sb[-2] == 1 and max(m, n) <= MAX_TRANSPOSED_BLOCK and k <= PANEL_COPY_MAX_K \
+            and type(tile.k) is int:
         return replace(tile, ldb=0, ldb_t=sb[-1]), b, sb  # each panel copied in the kernel
     if gemm_panels.PANEL_MAJOR_B and len(sb_shape) == 2 and not tile.k_outer \
-            and min(m, n) > MAX_THIN and m >= 2 * ROW_CHUNK:  # medium: b's panels contiguous
-        return gemm_panels.pack(lw, tile, b, sb)
+            and min(m, n) > MAX_THIN and m >= 2 * ROW_CHUNK and type(tile.k) is int:
+        return gemm_panels.pack(lw, tile, b, sb)  # medium: b's panels contiguous
     if packed:
         t = TensorType(tuple(sb_shape), dt)
         item = dt.itemsize
@@ -296,42 +357,50 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
         b = lw.scratch_loc(t)
         lw.copy(src, b, "gemm_pack")
         sb = [s // item for s in b.strides]
-    return tile_for(m, n, k, sa[-2], sa[-1], sb[-2], packed), b, sb
+    return replace(tile, ldb=sb[-2]), b, sb
 
 
 def with_addends(g: SmallGemm, addends: tuple) -> tuple[SmallGemm, tuple]:
     """(g adding `addends` (graphc.backends.cpu.gemm_addends: (kind, Loc), ...) in its last
-    stores, the addends it takes): all of them, or none for the k-outer kernel."""
+    stores, the addends it takes): all of them, or none for the k-outer kernel. With k known
+    per call they are added after the last block (`_add_addends`: the same sums)."""
     taken = () if g.k_outer else tuple(addends)
     return replace(g, addends=tuple(kind for kind, _ in taken)), taken
 
 
 def function(cg, gemm: SmallGemm) -> ir.Function:
     """The module's function for `gemm` (emitted on first use): void(ptr a, ptr b, ptr c,
-    one ptr per addend)."""
+    one ptr per addend, one i64 per dim known per call)."""
     existing = cg.module.globals.get(gemm.name)
     if existing is not None:
         return existing
     if gemm.addends and gemm.k_outer:
         raise ValueError(f"small_gemm {gemm.name}: addends are for the row-ordered kernel")
-    if gemm.triangle and (gemm.k_outer or gemm.k > K_BLOCK or gemm.addends):
+    if gemm.triangle and (gemm.k_outer or gemm.k > K_BLOCK or gemm.addends or gemm.per_call):
         raise ValueError(f"small_gemm {gemm.name}: a triangular a is for the row-ordered "
-                         f"kernel with k in one block, without addends")
-    fn = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR] * (3 + len(gemm.addends))),
-                     gemm.name)
-    for arg in fn.args:
+                         f"kernel with k in one block, without addends, sizes all static")
+    if "n" in gemm.per_call or (gemm.ldb_t and "k" in gemm.per_call):
+        raise ValueError(f"small_gemm {gemm.name}: a size known per call is m, or k with b "
+                         f"read in place or from scratch")
+    pointers = 3 + len(gemm.addends)
+    fn = ir.Function(cg.module, ir.FunctionType(
+        ir.VoidType(), [PTR] * pointers + [I64] * len(gemm.per_call)), gemm.name)
+    for arg in fn.args[:pointers]:
         arg.add_attribute("noalias")
     fn.attributes.add("nounwind")
     fn.attributes.add("noinline")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     panel = None
     if gemm.ldb_t or gemm.k_outer:  # one panel of b, k (a block of k) x (vectors x lanes)
-        rows = min(gemm.k, K_BLOCK) if gemm.k_outer else gemm.k  # floats, row-major
+        rows = K_BLOCK if type(gemm.k) is not int else \
+            min(gemm.k, K_BLOCK) if gemm.k_outer else gemm.k  # floats, row-major
         stack = b.alloca(F32, size=i64(rows * gemm.vectors * gemm.lanes), name="panel")
         stack.align = 64
         # llvmlite's alloca gives a typed float*, which takes no vector stores: as opaque
         panel = b.inttoptr(b.ptrtoint(stack, I64), PTR)
-    _emit(b, gemm, *fn.args[:3], panel, list(zip(gemm.addends, fn.args[3:])))
+    # the code reads each size known per call from its argument (an i64 value in g)
+    emitted = replace(gemm, **dict(zip(gemm.per_call, fn.args[pointers:])))
+    _emit(b, emitted, *fn.args[:3], panel, list(zip(gemm.addends, fn.args[3:pointers])))
     b.ret_void()
     return fn
 
@@ -345,7 +414,6 @@ def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None, addends=()) 
     if g.k_outer:
         return _emit_k_outer(b, g, a, bm, c, panel_copy)
     width = g.vectors * g.lanes
-    full, rest = divmod(g.m, g.rows)
     with counted(b, g.n // width, "panel") as panel:
         col = b.mul(panel, i64(width))
         source = (bm, g.ldb, col)
@@ -354,12 +422,34 @@ def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None, addends=()) 
             source = (panel_copy, width, i64(0))
         elif g.b_panels:  # the panel's rows one after another, read in order (in L1 or L2)
             source = (bm, width, b.mul(panel, i64(g.k * width)))
+
+        def row_block(row0, rows: int) -> None:
+            _tile_needed(b, g, a, source, c, row0, col, rows, addends)
+
+        _each_row_block(b, g, row_block)
+
+
+def _each_row_block(b: ir.IRBuilder, g: SmallGemm, body) -> None:
+    """body(first row, rows) for each row block of c: the full blocks of g.rows rows
+    (runtime loop), then the rest: one smaller tile where m is static; where m is known per
+    call (an i64 value), a tile of 2^j rows for each bit j the rest has, largest first."""
+    if type(g.m) is int:
+        full, rest = divmod(g.m, g.rows)
         if full:
             with counted(b, full, "block") as block:
-                _tile_needed(b, g, a, source, c, b.mul(block, i64(g.rows)), col, g.rows,
-                             addends)
+                body(b.mul(block, i64(g.rows)), g.rows)
         if rest:
-            _tile_needed(b, g, a, source, c, i64(full * g.rows), col, rest, addends)
+            body(i64(full * g.rows), rest)
+        return
+    full = b.udiv(g.m, i64(g.rows))
+    with loop(b, 0, full, "block") as block:
+        body(b.mul(block, i64(g.rows)), g.rows)
+    done = b.mul(full, i64(g.rows))
+    rest = b.sub(g.m, done)
+    for bit in reversed(range((g.rows - 1).bit_length())):
+        part = 1 << bit
+        with b.if_then(b.icmp_unsigned("!=", b.and_(rest, i64(part)), i64(0))):
+            body(b.add(done, b.and_(rest, i64(-2 * part))), part)  # after the larger parts
 
 
 def _tile_needed(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
@@ -378,15 +468,23 @@ def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
     L1 by the other row blocks, where _emit's order reads all of k per row block. Each
     element of c sums the same blocks in the same order as _emit's (same rounding)."""
     width = g.vectors * g.lanes
-    first = min(g.k, K_BLOCK)
-    full, rest = divmod(g.k - first, K_BLOCK)
     panels = g.n // width
 
-    def every_panel(start, count: int, accumulate: bool) -> None:
+    def every_panel(start, count, accumulate: bool) -> None:
         with counted(b, panels, "panel") as panel:
             col = b.mul(panel, i64(width))
             _packed_row_blocks(b, g, a, bm, c, col, panel_copy, start, count, accumulate)
 
+    if type(g.k) is not int:  # the same blocks, counted at run time
+        first, full, rest = _k_blocks(b, g.k)
+        every_panel(i64(0), first, False)
+        with loop(b, 0, full, "kblock") as block:
+            every_panel(b.add(b.mul(block, i64(K_BLOCK)), first), K_BLOCK, True)
+        with b.if_then(b.icmp_unsigned("!=", rest, i64(0))):
+            every_panel(b.sub(g.k, rest), rest, True)
+        return
+    first = min(g.k, K_BLOCK)
+    full, rest = divmod(g.k - first, K_BLOCK)
     every_panel(i64(0), first, False)
     if full:
         with counted(b, full, "kblock") as block:
@@ -395,13 +493,26 @@ def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
         every_panel(i64(g.k - rest), rest, True)
 
 
+def _k_blocks(b: ir.IRBuilder, k) -> tuple:
+    """(first block's k, full K_BLOCKs after it, the rest) of a k known per call, as _tile
+    and _emit_k_outer split a static k: i64 values."""
+    first = b.select(b.icmp_unsigned("<", k, i64(K_BLOCK)), k, i64(K_BLOCK))
+    after = b.sub(k, first)
+    return first, b.udiv(after, i64(K_BLOCK)), b.urem(after, i64(K_BLOCK))
+
+
+def _count(b: ir.IRBuilder, count, name: str):
+    """`for i in range(count)`: a static count >= 1, or an i64 value."""
+    return counted(b, count, name) if type(count) is int else loop(b, 0, count, name)
+
+
 def _packed_row_blocks(b: ir.IRBuilder, g: SmallGemm, a, bm, c, col, panel_copy, start,
-                       count: int, accumulate: bool) -> None:
+                       count, accumulate: bool) -> None:
     """b's rows [start, start + count) of the panel at column `col` copied contiguous into
     `panel_copy` (count x vectors x lanes floats), then every row block over them."""
     width = g.vectors * g.lanes
     vec = ir.VectorType(F32, g.lanes)
-    with counted(b, count, "pk") as kk:
+    with _count(b, count, "pk") as kk:
         src = b.add(b.mul(b.add(start, kk), i64(g.ldb)), col)
         dst = b.mul(kk, i64(width))
         for v in range(g.vectors):
@@ -416,21 +527,16 @@ def _packed_row_blocks(b: ir.IRBuilder, g: SmallGemm, a, bm, c, col, panel_copy,
     _row_blocks(b, g, a, (panel_copy, width, offset), c, start, count, accumulate, col)
 
 
-def _row_blocks(b: ir.IRBuilder, g: SmallGemm, a, source, c, start, count: int,
+def _row_blocks(b: ir.IRBuilder, g: SmallGemm, a, source, c, start, count,
                 accumulate: bool, col) -> None:
     """For k in [start, start + count): every row block of c's panel at column `col`, b's
-    columns read from `source` (the full ones in a runtime loop, then the smaller last),
-    its sums stored into c or added."""
-    full, rest = divmod(g.m, g.rows)
-    if full:
-        with counted(b, full, "rblock") as block:
-            row0 = b.mul(block, i64(g.rows))
-            sums = _block_sums(b, g, a, source, row0, g.rows, start, count)
-            _store(b, g, c, row0, col, sums, accumulate=accumulate)
-    if rest:
-        row0 = i64(full * g.rows)
-        sums = _block_sums(b, g, a, source, row0, rest, start, count)
+    columns read from `source` (_each_row_block), its sums stored into c or added."""
+
+    def row_block(row0, rows: int) -> None:
+        sums = _block_sums(b, g, a, source, row0, rows, start, count)
         _store(b, g, c, row0, col, sums, accumulate=accumulate)
+
+    _each_row_block(b, g, row_block)
 
 
 def fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
@@ -472,6 +578,17 @@ def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
     as a BLAS blocks k: the rounding error grows with K_BLOCK + k / K_BLOCK, not with k.
     `source`: (pointer, leading dimension, first column) b's columns are read from.
     `addends` go into the last block's stores (that block peeled off the loop)."""
+    if type(g.k) is not int:  # k known per call: the same blocks, counted at run time
+        first, full, rest = _k_blocks(b, g.k)
+        _store(b, g, c, row0, col0, _block_sums(b, g, a, source, row0, rows, i64(0), first))
+        with loop(b, 0, full, "kblock") as block:
+            start = b.add(b.mul(block, i64(K_BLOCK)), first)
+            sums = _block_sums(b, g, a, source, row0, rows, start, K_BLOCK)
+            _store(b, g, c, row0, col0, sums, accumulate=True)
+        with b.if_then(b.icmp_unsigned("!=", rest, i64(0))):
+            sums = _block_sums(b, g, a, source, row0, rows, b.sub(g.k, rest), rest)
+            _store(b, g, c, row0, col0, sums, accumulate=True)
+        return _add_addends(b, g, c, row0, col0, rows, addends)
     first = min(g.k, K_BLOCK)
     full, rest = divmod(g.k - first, K_BLOCK)
     if g.triangle:  # one block of k, from/to the diagonal of the block's rows
@@ -500,16 +617,18 @@ def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
 
 
 def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start,
-                count: int, stop=None) -> list:
-    """The tile's sums over k in [start, start + count) (count >= 1; or to `stop`, a value
-    above start), as phi nodes through the loop: rows lists of `vectors` vectors."""
+                count, stop=None) -> list:
+    """The tile's sums over k in [start, start + count) (count >= 1, an int or an i64 value;
+    or to `stop`, a value above start), as phi nodes through the loop: rows lists of
+    `vectors` vectors."""
     bm, ldb, col0 = source
     vec = ir.VectorType(F32, g.lanes)
     zero = ir.Constant(vec, [0.0] * g.lanes)
     mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
     fma = fma_intrinsic(b.module, vec)
     pre = b.block
-    stop = b.add(start, i64(count)) if stop is None else stop
+    stop = b.add(start, count if type(count) is not int else i64(count)) if stop is None \
+        else stop
     body = b.append_basic_block("k.body")
     b.branch(body)
     b.position_at_end(body)
@@ -550,11 +669,23 @@ def _prefetch_a(b: ir.IRBuilder, g: SmallGemm, a, row0, k) -> None:
     b.call(prefetch, [pointer] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
 
 
+def _add_addends(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, rows: int, addends) -> None:
+    """Each of `addends` added to the tile of c just stored (a k known per call, whose last
+    block is found at run time): c + addend in the order _store adds them, so the same
+    bits as adding them in the last block's stores."""
+    if not addends:
+        return
+    vec = ir.VectorType(F32, g.lanes)
+    unused = [[ir.Constant(vec, ir.Undefined)] * g.vectors for _ in range(rows)]
+    _store(b, g, c, row0, col0, unused, accumulate=True, addends=addends, sums_too=False)
+
+
 def _store(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, sums: list,
-           accumulate: bool = False, addends=()) -> None:
-    """The tile's sums into c (`accumulate`: added to what c holds), then each of `addends`
-    ((kind, pointer): "row" read at the column, "full" at c's element) added in order: the
-    same additions, in the same order, as the unfused epilogue's over the stored c."""
+           accumulate: bool = False, addends=(), sums_too: bool = True) -> None:
+    """The tile's sums into c (`accumulate`: added to what c holds; not `sums_too`: c as it
+    is), then each of `addends` ((kind, pointer): "row" read at the column, "full" at c's
+    element) added in order: the same additions, in the same order, as the unfused
+    epilogue's over the stored c."""
     vec = sums[0][0].type
     for r, row in enumerate(sums):
         at = b.add(b.mul(b.add(row0, i64(r)), i64(g.ldc or g.n)), col0)
@@ -562,7 +693,8 @@ def _store(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, sums: list,
             where = b.add(at, i64(v * g.lanes))
             pointer = b.gep(c, [where], inbounds=True, source_etype=F32)
             if accumulate:
-                value = b.fadd(b.load(pointer, typ=vec, align=4), value)
+                held = b.load(pointer, typ=vec, align=4)
+                value = b.fadd(held, value) if sums_too else held
             for kind, source in addends:
                 index = where if kind == "full" else b.add(col0, i64(v * g.lanes))
                 addend = b.gep(source, [index], inbounds=True, source_etype=F32)
