@@ -1,5 +1,5 @@
 """A batch known only per call (a symbolic size: graphc.compile(dynamic=True), mark_dynamic,
-a retrace) as a product's m or k takes graphc.backends.cpu.small_gemm's generated kernel
+a retrace) as a product's m, n or k takes graphc.backends.cpu.small_gemm's generated kernel
 where the trace's size would (`per_call_tile`), in the one executable that serves every size
 (graphc.backends.cpu.runtime_sizes): results agree with the interpreter at batch sizes below,
 at and above the tile's rows and K_BLOCK (1, primes, 255-257), gradients too, and each test
@@ -45,6 +45,10 @@ def _weight_gradient_bias(x, dy, bias):
     return x.t() @ dy + bias
 
 
+def _weight_first(x, w):  # a Linear's W @ x^T (graphc.passes.gemm_order): the batch is n
+    return w @ x.t()
+
+
 def _generic_ir(f) -> str:
     """The module text of f's executable for every size (graphc.backends.cpu.runtime_sizes);
     fails where the symbolic graph was compiled per size instead."""
@@ -69,7 +73,9 @@ CASES = [  # (f, traced batch, a shape, other shapes (None: the batch), expected
     (_weight_gradient_bias, 64, (16,), [(None, 64), (64,)],
      r"graphc_small_sgemm_16x64xK_.*_row$"),
 ]
-if WIDE:
+CASES.append((_weight_first, 32, (48,), [(16, 48)], r"graphc_small_sgemm_16xNx48_.*_bp_"))
+if WIDE:  # a medium product in row chunks: the MLP's first Linear
+    CASES.append((_weight_first, 64, (784,), [(256, 784)], r"graphc_small_sgemm_128xNx784_"))
     CASES.append((_weight_gradient, 64, (256,), [(None, 256)],
                   r"graphc_small_sgemm_256x64xK_.*_ko_c256"))  # k-outer, column chunks
 
@@ -108,11 +114,12 @@ def test_a_batch_known_per_call_runs_the_generated_kernel(f, traced, a_tail, oth
 
 def test_the_kernel_is_chosen_at_the_traced_size_without_a_guard():
     """A symbolic m takes the tile the trace's size takes (and records no guard, so every
-    size keeps the one executable); n known per call, or two sizes per call, keep the BLAS."""
+    size keeps the one executable); two sizes per call, or n known per call with b read in
+    place, keep the BLAS."""
     from graphc.symbolic import ShapeEnv
 
-    s0, s1 = Sym.symbol("s0"), Sym.symbol("s1")
-    env = ShapeEnv(hints={"s0": 9, "s1": 40})
+    s0, s1, s2 = Sym.symbol("s0"), Sym.symbol("s1"), Sym.symbol("s2")
+    env = ShapeEnv(hints={"s0": 9, "s1": 40, "s2": 32})
     with env.active():
         tile = small_gemm.tile_for(s0, 16, 64, 64, 1, 16)
         assert tile is not None and tile.m is s0 and tile.per_call == ("m",)
@@ -120,6 +127,11 @@ def test_the_kernel_is_chosen_at_the_traced_size_without_a_guard():
         assert small_gemm.tile_for(9, 16, 64, 64, 1, 16).vectors == tile.vectors
         assert small_gemm.tile_for(s0, 16, s1, 64, 1, 16) is None  # two sizes per call
         assert small_gemm.tile_for(s1, 64, 64, 64, 1, 64) is None  # not thin at 40 rows
+        columns = small_gemm.tile_for(16, s2, 48, 48, 1, s2, b_transposed=True)
+        assert columns is not None and columns.per_call == ("n",)
+        assert small_gemm.tile_for(16, s2, 48, 48, 1, s2) is None  # b in place, ldb per call
+        # the traced n not a whole number of vectors: the BLAS, as the static graph there
+        assert small_gemm.tile_for(16, s1, 48, 48, 1, s1, b_transposed=True) is None
     assert env.guards == []
     assert small_gemm.tile_for(s0, 16, 64, 64, 1, 16) is None  # no trace's size to choose at
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
-from graphc.backends.cpu import gemm_panels, llvm
+from graphc.backends.cpu import gemm_panels, llvm, small_gemm_columns
 from graphc.backends.cpu.gemm_panels import copy_transposed, counted
 from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop, size
 from graphc.symbolic import Sym, current_env
@@ -217,10 +217,12 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
     (a symbolic size, the others static) takes the kernel the trace's size would take, built
     for every size (`per_call_tile`)."""
     width = lanes()
-    if not width or not all(type(d) is int for d in (sa_row, sa_col, ldb)):
+    if not width or not all(type(d) is int for d in (sa_row, sa_col)):
         return None
     if not all(type(d) is int for d in (m, n, k)):
         return per_call_tile(m, n, k, sa_row, sa_col, ldb, b_transposed)
+    if type(ldb) is not int:
+        return None
     if m < 2 or n % width:
         return None
     small = min(m, n) <= MAX_THIN or (b_transposed and max(m, n) <= MAX_TRANSPOSED_BLOCK)
@@ -256,25 +258,30 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
 
 def per_call_tile(m, n, k, sa_row: int, sa_col: int, ldb: int,
                   b_transposed: bool = False) -> SmallGemm | None:
-    """The kernel of a product whose m or k (one of them: the batch of a graph with symbolic
-    sizes, graphc.backends.cpu.runtime_sizes) is known only per call, or None (the BLAS
-    stays): the tile `tile_for` chooses at that dim's size in the trace (so the call at the
-    traced shape runs the static graph's kernel), emitted for every size. The kernel takes
-    the dim as an argument: m bounds its loop over row blocks, the rows past the last full
-    block run in tiles of 16, 8, 4, 2 and 1 rows as the rest's bits say (`_each_row_block`);
-    k bounds its blocks of K_BLOCK (the same blocks, so the same sums, as a static k's).
-    Not taken: n known per call, two dims known per call, a size with no trace's value."""
+    """The kernel of a product whose m, n or k (one of them: the batch of a graph with
+    symbolic sizes, graphc.backends.cpu.runtime_sizes) is known only per call, or None (the
+    BLAS stays): the tile `tile_for` chooses at that dim's size in the trace (so the call at
+    the traced shape runs the static graph's kernel), emitted for every size. The kernel
+    takes the dim as an argument: m bounds its loop over row blocks, the rows past the last
+    full block run in tiles of 16, 8, 4, 2 and 1 rows as the rest's bits say
+    (`_each_row_block`); k bounds its blocks of K_BLOCK (the same blocks, so the same sums,
+    as a static k's); n bounds its loop over panels, the last n % width columns computed
+    into the stack and copied (b read transposed only, packed by graphc.backends.cpu.
+    small_gemm_columns). Not taken: two dims known per call, a size with no trace's value,
+    n known per call with b read in place or by the k-outer kernel."""
     per_call = [d for d, v in zip("mnk", (m, n, k)) if type(v) is not int]
-    size = m if per_call == ["m"] else k if per_call == ["k"] else None
+    size = {"m": m, "n": n, "k": k}[per_call[0]] if len(per_call) == 1 else None
     hint = _hint(size)
-    if hint is None:
+    if hint is None or (size is n and not b_transposed):
         return None
-    tile = tile_for(hint if size is m else m, n, hint if size is k else k, sa_row, sa_col, ldb,
-                    b_transposed)
-    if tile is None:
+    tile = tile_for(hint if size is m else m, hint if size is n else n,
+                    hint if size is k else k, sa_row, sa_col, _hint(ldb), b_transposed)
+    if tile is None or (size is n and tile.k_outer):
         return None
     if size is k:
         return replace(tile, k=k)
+    if size is n:
+        return replace(tile, n=n)
     rows = (24 if tile.lanes == 16 else 12) // tile.vectors  # no even split of an unknown m
     prefetch = tile.prefetch_a and (rows - 1 + PREFETCH_A_ROWS, tile.prefetch_a[1])
     return replace(tile, m=m, rows=rows, prefetch_a=prefetch)
@@ -343,6 +350,8 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
     tile = tile_for(m, n, k, sa[-2], sa[-1], n if packed else lay_b[1], packed)
     if tile is None:
         return None
+    if "n" in tile.per_call:  # b's panels copied, the last one padded with zeros
+        return small_gemm_columns.pack(lw, tile, b, sb) if packed else None
     m, k = _hint(m), _hint(k)  # a size known per call: the choices its trace's size makes
     if packed and sb[-2] == 1 and max(m, n) <= MAX_TRANSPOSED_BLOCK and k <= PANEL_COPY_MAX_K \
             and type(tile.k) is int:
@@ -364,7 +373,7 @@ def with_addends(g: SmallGemm, addends: tuple) -> tuple[SmallGemm, tuple]:
     """(g adding `addends` (graphc.backends.cpu.gemm_addends: (kind, Loc), ...) in its last
     stores, the addends it takes): all of them, or none for the k-outer kernel. With k known
     per call they are added after the last block (`_add_addends`: the same sums)."""
-    taken = () if g.k_outer else tuple(addends)
+    taken = () if g.k_outer or "n" in g.per_call else tuple(addends)
     return replace(g, addends=tuple(kind for kind, _ in taken)), taken
 
 
@@ -379,9 +388,10 @@ def function(cg, gemm: SmallGemm) -> ir.Function:
     if gemm.triangle and (gemm.k_outer or gemm.k > K_BLOCK or gemm.addends or gemm.per_call):
         raise ValueError(f"small_gemm {gemm.name}: a triangular a is for the row-ordered "
                          f"kernel with k in one block, without addends, sizes all static")
-    if "n" in gemm.per_call or (gemm.ldb_t and "k" in gemm.per_call):
-        raise ValueError(f"small_gemm {gemm.name}: a size known per call is m, or k with b "
-                         f"read in place or from scratch")
+    if len(gemm.per_call) > 1 or (gemm.ldb_t and "k" in gemm.per_call) \
+            or ("n" in gemm.per_call and (not gemm.b_panels or gemm.addends)):
+        raise ValueError(f"small_gemm {gemm.name}: one size known per call: m, k with b read "
+                         f"in place or from scratch, or n with b's panels copied and no addends")
     pointers = 3 + len(gemm.addends)
     fn = ir.Function(cg.module, ir.FunctionType(
         ir.VoidType(), [PTR] * pointers + [I64] * len(gemm.per_call)), gemm.name)
@@ -391,9 +401,11 @@ def function(cg, gemm: SmallGemm) -> ir.Function:
     fn.attributes.add("noinline")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     panel = None
-    if gemm.ldb_t or gemm.k_outer:  # one panel of b, k (a block of k) x (vectors x lanes)
-        rows = K_BLOCK if type(gemm.k) is not int else \
-            min(gemm.k, K_BLOCK) if gemm.k_outer else gemm.k  # floats, row-major
+    if gemm.ldb_t or gemm.k_outer or "n" in gemm.per_call:
+        # one panel of b, k (a block of k) x (vectors x lanes) floats, row-major; with n
+        # known per call, a row block's tile of the last panel (rows x vectors x lanes)
+        rows = gemm.rows if "n" in gemm.per_call else K_BLOCK if type(gemm.k) is not int else \
+            min(gemm.k, K_BLOCK) if gemm.k_outer else gemm.k
         stack = b.alloca(F32, size=i64(rows * gemm.vectors * gemm.lanes), name="panel")
         stack.align = 64
         # llvmlite's alloca gives a typed float*, which takes no vector stores: as opaque
@@ -414,19 +426,46 @@ def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None, addends=()) 
     if g.k_outer:
         return _emit_k_outer(b, g, a, bm, c, panel_copy)
     width = g.vectors * g.lanes
+    if type(g.n) is not int:  # n known per call: whole panels, then the last columns
+        full = b.udiv(g.n, i64(width))
+        with loop(b, 0, full, "panel") as panel:
+            _panel(b, g, a, bm, c, panel, panel_copy, addends)
+        tail = b.sub(g.n, b.mul(full, i64(width)))
+        with b.if_then(b.icmp_unsigned("!=", tail, i64(0))):
+            _panel(b, g, a, bm, c, full, panel_copy, addends, tail)
+        return
     with counted(b, g.n // width, "panel") as panel:
-        col = b.mul(panel, i64(width))
-        source = (bm, g.ldb, col)
-        if g.ldb_t:
-            copy_transposed(b, bm, g.ldb_t, col, panel_copy, g.k, width, g.lanes)
-            source = (panel_copy, width, i64(0))
-        elif g.b_panels:  # the panel's rows one after another, read in order (in L1 or L2)
-            source = (bm, width, b.mul(panel, i64(g.k * width)))
+        _panel(b, g, a, bm, c, panel, panel_copy, addends)
 
-        def row_block(row0, rows: int) -> None:
-            _tile_needed(b, g, a, source, c, row0, col, rows, addends)
 
-        _each_row_block(b, g, row_block)
+def _panel(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel, panel_copy, addends,
+           tail=None) -> None:
+    """Every row block of c's panel number `panel`. `tail` (an i64 value, n known per call):
+    only that many of the panel's columns lie in c; each row block's tile is computed into
+    `panel_copy` (on the stack) and those columns copied into c."""
+    width = g.vectors * g.lanes
+    col = b.mul(panel, i64(width))
+    source = (bm, g.ldb, col)
+    if g.ldb_t:
+        copy_transposed(b, bm, g.ldb_t, col, panel_copy, g.k, width, g.lanes)
+        source = (panel_copy, width, i64(0))
+    elif g.b_panels:  # the panel's rows one after another, read in order (in L1 or L2)
+        source = (bm, width, b.mul(panel, i64(g.k * width)))
+
+    def row_block(row0, rows: int) -> None:
+        if tail is None:
+            return _tile_needed(b, g, a, source, c, row0, col, rows, addends)
+        _tile(b, replace(g, ldc=width), a, source, panel_copy, row0, col, rows,
+              c_at=(i64(0), i64(0)))
+        for r in range(rows):
+            at = b.add(b.mul(b.add(row0, i64(r)), _value(g.ldc or g.n)), col)
+            with loop(b, 0, tail, "tcol") as j:
+                x = b.load(b.gep(panel_copy, [b.add(i64(r * width), j)], inbounds=True,
+                                 source_etype=F32), typ=F32, align=4)
+                b.store(x, b.gep(c, [b.add(at, j)], inbounds=True, source_etype=F32),
+                        align=4)
+
+    _each_row_block(b, g, row_block)
 
 
 def _each_row_block(b: ir.IRBuilder, g: SmallGemm, body) -> None:
@@ -501,6 +540,11 @@ def _k_blocks(b: ir.IRBuilder, k) -> tuple:
     return first, b.udiv(after, i64(K_BLOCK)), b.urem(after, i64(K_BLOCK))
 
 
+def _value(x) -> ir.Value:
+    """An i64 size: a static int as a constant, one known per call (an i64 value) as is."""
+    return x if isinstance(x, ir.Value) else i64(x)
+
+
 def _count(b: ir.IRBuilder, count, name: str):
     """`for i in range(count)`: a static count >= 1, or an i64 value."""
     return counted(b, count, name) if type(count) is int else loop(b, 0, count, name)
@@ -572,23 +616,25 @@ def broadcast_fma(b: ir.IRBuilder, a, row0, rows: int, a_row: int, a_col, bvecs:
 
 
 def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
-          addends=()) -> None:
+          addends=(), c_at=None) -> None:
     """c[row0 : row0 + rows, col0 : col0 + vectors * lanes] = a[rows, :] @ b[:, cols]: the
     sums of K_BLOCK consecutive k in registers, each block's added to c (the first stored),
     as a BLAS blocks k: the rounding error grows with K_BLOCK + k / K_BLOCK, not with k.
     `source`: (pointer, leading dimension, first column) b's columns are read from.
-    `addends` go into the last block's stores (that block peeled off the loop)."""
+    `addends` go into the last block's stores (that block peeled off the loop). `c_at`:
+    (row, column) the tile's first element lies at in c, where not (row0, col0)."""
+    crow, ccol = (row0, col0) if c_at is None else c_at
     if type(g.k) is not int:  # k known per call: the same blocks, counted at run time
         first, full, rest = _k_blocks(b, g.k)
-        _store(b, g, c, row0, col0, _block_sums(b, g, a, source, row0, rows, i64(0), first))
+        _store(b, g, c, crow, ccol, _block_sums(b, g, a, source, row0, rows, i64(0), first))
         with loop(b, 0, full, "kblock") as block:
             start = b.add(b.mul(block, i64(K_BLOCK)), first)
             sums = _block_sums(b, g, a, source, row0, rows, start, K_BLOCK)
-            _store(b, g, c, row0, col0, sums, accumulate=True)
+            _store(b, g, c, crow, ccol, sums, accumulate=True)
         with b.if_then(b.icmp_unsigned("!=", rest, i64(0))):
             sums = _block_sums(b, g, a, source, row0, rows, b.sub(g.k, rest), rest)
-            _store(b, g, c, row0, col0, sums, accumulate=True)
-        return _add_addends(b, g, c, row0, col0, rows, addends)
+            _store(b, g, c, crow, ccol, sums, accumulate=True)
+        return _add_addends(b, g, c, crow, ccol, rows, addends)
     first = min(g.k, K_BLOCK)
     full, rest = divmod(g.k - first, K_BLOCK)
     if g.triangle:  # one block of k, from/to the diagonal of the block's rows
@@ -599,21 +645,21 @@ def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
         else:  # its first row sees k from itself on (at least one k: the rest are zeros)
             start = b.select(b.icmp_signed("<", row0, i64(g.k - 1)), row0, i64(g.k - 1))
         sums = _block_sums(b, g, a, source, row0, rows, start, g.k, stop)
-        return _store(b, g, c, row0, col0, sums)
-    _store(b, g, c, row0, col0, _block_sums(b, g, a, source, row0, rows, i64(0), first),
+        return _store(b, g, c, crow, ccol, sums)
+    _store(b, g, c, crow, ccol, _block_sums(b, g, a, source, row0, rows, i64(0), first),
            addends=() if full or rest else addends)
     looped = full - 1 if addends and full and not rest else full
     if looped:
         with counted(b, looped, "kblock") as block:
             start = b.add(b.mul(block, i64(K_BLOCK)), i64(first))
             sums = _block_sums(b, g, a, source, row0, rows, start, K_BLOCK)
-            _store(b, g, c, row0, col0, sums, accumulate=True)
+            _store(b, g, c, crow, ccol, sums, accumulate=True)
     if looped < full:  # the last full block, with the addends
         sums = _block_sums(b, g, a, source, row0, rows, i64(first + looped * K_BLOCK), K_BLOCK)
-        _store(b, g, c, row0, col0, sums, accumulate=True, addends=addends)
+        _store(b, g, c, crow, ccol, sums, accumulate=True, addends=addends)
     if rest:
         sums = _block_sums(b, g, a, source, row0, rows, i64(g.k - rest), rest)
-        _store(b, g, c, row0, col0, sums, accumulate=True, addends=addends)
+        _store(b, g, c, crow, ccol, sums, accumulate=True, addends=addends)
 
 
 def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start,
@@ -627,8 +673,7 @@ def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start
     mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
     fma = fma_intrinsic(b.module, vec)
     pre = b.block
-    stop = b.add(start, count if type(count) is not int else i64(count)) if stop is None \
-        else stop
+    stop = b.add(start, _value(count)) if stop is None else stop
     body = b.append_basic_block("k.body")
     b.branch(body)
     b.position_at_end(body)
@@ -688,7 +733,7 @@ def _store(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, sums: list,
     epilogue's over the stored c."""
     vec = sums[0][0].type
     for r, row in enumerate(sums):
-        at = b.add(b.mul(b.add(row0, i64(r)), i64(g.ldc or g.n)), col0)
+        at = b.add(b.mul(b.add(row0, i64(r)), _value(g.ldc or g.n)), col0)
         for v, value in enumerate(row):
             where = b.add(at, i64(v * g.lanes))
             pointer = b.gep(c, [where], inbounds=True, source_etype=F32)
