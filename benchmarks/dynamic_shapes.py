@@ -4,15 +4,18 @@ graph costs per call against the static graph of the same shape.
     python -m benchmarks.dynamic_shapes            # every part, backend cpu
     python -m benchmarks.dynamic_shapes --quick    # small sizes, few repeats
     python -m benchmarks.dynamic_shapes --parts speed --threads 1,2 --realtime
+    python -m benchmarks.dynamic_shapes --parts speed --threads 1 --clock cpu --models mlp,lenet
 
 Parts:
 - sweep: a GPT (graphc.tools.demo_gpt.TinyGPT) in inference over batch 1..16 at length 32,
   then length 8..32 at batch 4 (dynamic=None, True, then False as the baseline): traces,
   backend compiles, seconds;
 - epochs: an MLP training step over 3 epochs whose last batch is smaller: traces;
-- speed: medians of the MLP 784-256-256-10 batch-64 training step and of the GPT forward
-  (n_embd 128, 4 layers, length 64, batch 16), static (dynamic=False) against symbolic
-  (dynamic=True) at the same shape, interleaved in one process; `--threads 1,2`: on each
+- speed: medians of the MLP 784-256-256-10 batch-64 training step, the LeNet-5 batch-64
+  training step and the GPT forward (n_embd 128, 4 layers, length 64, batch 16; `--models`
+  picks), static (dynamic=False) against symbolic (dynamic=True) at the same shape,
+  interleaved in one process, timed with `--clock` (wall, or the process's CPU time:
+  steadier on a shared machine at one thread); `--threads 1,2`: on each
   count forced (`ThreadChooser(fixed=n)`) instead of the default chooser, the counts
   interleaved too, and the loops each build forks (`.omp` functions: the symbolic build's
   decide per call, graphc.backends.cpu.kernels.WorkPerCall); `--realtime` (root): each timed
@@ -35,6 +38,7 @@ import numpy as np
 
 import graphc
 from benchmarks import model_steps
+from benchmarks.harness import now, set_clock
 from benchmarks.models import MlpSizes, batch, graphc_model, graphc_step
 
 
@@ -92,9 +96,9 @@ def epochs(backend: str, quick: bool) -> None:
 def _median_ms(fn, args, repeats: int) -> float:
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = now()
         fn(*args)
-        times.append(time.perf_counter() - t0)
+        times.append(now() - t0)
     return statistics.median(times) * 1e3
 
 
@@ -165,16 +169,25 @@ def _compare(label: str, make, args, repeats: int, rounds: int, counts=(None,),
               f"ratio {ms_b / ms_a:.3f}")
 
 
-def speed(backend: str, quick: bool, counts=(None,), fifo: bool = False) -> None:
+MODELS = ("mlp", "lenet", "gpt")
+
+
+def speed(backend: str, quick: bool, counts=(None,), fifo: bool = False,
+          models=MODELS) -> None:
     repeats, rounds = (20, 3) if quick else (50, 7)
-    x, y = batch("mlp", 64, MlpSizes())
+    for name, label in (("mlp", "MLP 784-256-256-10 b64"), ("lenet", "LeNet-5 b64")):
+        if name not in models:
+            continue
+        x, y = batch(name, 64, MlpSizes())
 
-    def make_mlp(dynamic: bool):
-        return graphc.compile(graphc_step(graphc_model("mlp")), backend=backend,
-                              dynamic=dynamic)
+        def make_step(dynamic: bool, name=name):
+            return graphc.compile(graphc_step(graphc_model(name)), backend=backend,
+                                  dynamic=dynamic)
 
-    _compare("MLP 784-256-256-10 b64 training step", make_mlp,
-             (graphc.from_numpy(x), graphc.from_numpy(y)), repeats, rounds, counts, fifo)
+        _compare(f"{label} training step", make_step,
+                 (graphc.from_numpy(x), graphc.from_numpy(y)), repeats, rounds, counts, fifo)
+    if "gpt" not in models:
+        return
 
     shape = model_steps.QUICK["gpt"] if quick else model_steps.FULL["gpt"]
     graphc.manual_seed(0)
@@ -218,7 +231,15 @@ def main() -> None:
                         help="speed: thread counts forced, e.g. 1,2 (default: the chooser)")
     parser.add_argument("--realtime", action="store_true",
                         help="speed: each timed round under SCHED_FIFO (root)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="speed: the wall clock or the process's CPU time")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"speed: which of {','.join(MODELS)} to time")
     args = parser.parse_args()
+    models = tuple(args.models.split(","))
+    if not set(models) <= set(MODELS):
+        parser.error(f"--models: expected names from {','.join(MODELS)}, got {args.models!r}")
+    set_clock(args.clock)
     counts = (None,)
     if args.threads is not None:
         try:
@@ -228,10 +249,10 @@ def main() -> None:
         if min(counts) < 1:
             parser.error(f"--threads: each count must be at least 1, got {args.threads!r}")
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; "
-          f"backend {args.backend}")
+          f"backend {args.backend}; clock {args.clock}")
     for part in args.parts.split(","):
         if part == "speed":
-            speed(args.backend, args.quick, counts, args.realtime)
+            speed(args.backend, args.quick, counts, args.realtime, models)
         else:
             {"sweep": sweep, "epochs": epochs}[part](args.backend, args.quick)
     print(f"at the end: load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
