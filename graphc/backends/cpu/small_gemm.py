@@ -59,8 +59,8 @@ from llvmlite import ir
 
 from graphc.backends.cpu import gemm_panels, llvm, small_gemm_columns
 from graphc.backends.cpu.gemm_panels import copy_transposed, counted
+from graphc.backends.cpu.traced_sizes import traced
 from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop, size
-from graphc.symbolic import Sym, current_env
 from graphc.types import TensorType, float32
 
 __all__ = ["MAX_THIN", "SmallGemm", "broadcast_fma", "column_chunks", "fma_intrinsic",
@@ -271,11 +271,11 @@ def per_call_tile(m, n, k, sa_row: int, sa_col: int, ldb: int,
     n known per call with b read in place or by the k-outer kernel."""
     per_call = [d for d, v in zip("mnk", (m, n, k)) if type(v) is not int]
     size = {"m": m, "n": n, "k": k}[per_call[0]] if len(per_call) == 1 else None
-    hint = _hint(size)
+    hint = traced(size)
     if hint is None or (size is n and not b_transposed):
         return None
     tile = tile_for(hint if size is m else m, hint if size is n else n,
-                    hint if size is k else k, sa_row, sa_col, _hint(ldb), b_transposed)
+                    hint if size is k else k, sa_row, sa_col, traced(ldb), b_transposed)
     if tile is None or (size is n and tile.k_outer):
         return None
     if size is k:
@@ -285,20 +285,6 @@ def per_call_tile(m, n, k, sa_row: int, sa_col: int, ldb: int,
     rows = (24 if tile.lanes == 16 else 12) // tile.vectors  # no even split of an unknown m
     prefetch = tile.prefetch_a and (rows - 1 + PREFETCH_A_ROWS, tile.prefetch_a[1])
     return replace(tile, m=m, rows=rows, prefetch_a=prefetch)
-
-
-def _hint(size) -> int | None:
-    """A symbolic size's value in the trace (no guard: a choice of tile holds for every
-    size), an int as it is; None without one."""
-    if type(size) is int:
-        return size
-    env = current_env()
-    if type(size) is not Sym or env is None:
-        return None
-    try:
-        return size.evaluate(env.hints)
-    except KeyError:
-        return None
 
 
 def size_arguments(b: ir.IRBuilder, g: SmallGemm) -> list:
@@ -352,7 +338,7 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
         return None
     if "n" in tile.per_call:  # b's panels copied, the last one padded with zeros
         return small_gemm_columns.pack(lw, tile, b, sb) if packed else None
-    m, k = _hint(m), _hint(k)  # a size known per call: the choices its trace's size makes
+    m, k = traced(m), traced(k)  # a size known per call: the choices its trace's size makes
     if packed and sb[-2] == 1 and max(m, n) <= MAX_TRANSPOSED_BLOCK and k <= PANEL_COPY_MAX_K \
             and type(tile.k) is int:
         return replace(tile, ldb=0, ldb_t=sb[-1]), b, sb  # each panel copied in the kernel
