@@ -105,8 +105,9 @@ def _gather_grad(b, kb, g: Geometry, gi, gs, n0, count, dst) -> None:
 
 
 def _units(g: Geometry, nb: int):
-    """The blocks a kernel walks (None for a batch known per call)."""
-    return -(-g.n // nb) if type(g.n) is int else None
+    """The blocks a kernel walks (a batch known per call: its images, one a block; else
+    None, the kernel serial)."""
+    return -(-g.n // nb) if type(g.n) is int else g.n if nb == 1 else None
 
 
 def fused_conv2d(lw, node: Node, body) -> None:

@@ -38,7 +38,8 @@ of max_pool2d_grad, channels of batch_norm):
 
 Shares are built for `threads.image_threads()` (the most threads graphc's calls use) when the
 kernel's work is large enough (MIN_SPLIT_MACS) and it has two units or more; a batch known
-per call keeps the serial kernel. A call gets min(its thread count, shares) shares; the
+per call (graphc.backends.cpu.runtime_sizes: images one to a unit) is split where the
+traced batch would be (graphc.backends.cpu.traced_sizes), its units counted per call. A call gets min(its thread count, shares) shares; the
 team libgomp actually gives may be smaller (nested, or a limit): each thread then runs
 shares t, t + n, ..., so every share still runs exactly once.
 """
@@ -54,6 +55,7 @@ from llvmlite import ir
 from graphc.backends.cpu import threads
 from graphc.backends.cpu.conv_workspace import reserve_workspace, workspace
 from graphc.backends.cpu.kernels import Kernel
+from graphc.backends.cpu.traced_sizes import traced
 from graphc.backends.cpu.values import (
     I8,
     I32,
@@ -64,6 +66,7 @@ from graphc.backends.cpu.values import (
     contiguous,
     i64,
     loop,
+    size,
 )
 from graphc.types import TensorType, int64
 
@@ -86,11 +89,13 @@ def shares_for(lw, units, macs, least: int | None = None) -> int:
     multiply-adds (or other steps: `least` of them or more split) is built for: 1 (the
     serial kernel) or the most threads calls use."""
     least = MIN_SPLIT_MACS if least is None else least
-    if not getattr(lw, "openmp", False) or type(units) is not int or units < 2 or \
-            type(macs) is not int or macs < least:
+    # a batch known per call: decided at the trace's sizes (no guard), units clamped per call
+    units_now, macs = traced(units), traced(macs)
+    if not getattr(lw, "openmp", False) or units_now is None or units_now < 2 or \
+            macs is None or macs < least:
         return 1
     most = threads.image_threads()
-    return 1 if most < 2 else min(most, units)
+    return 1 if most < 2 else most if type(units) is not int else min(most, units)
 
 
 @dataclass
@@ -178,8 +183,8 @@ def over_units(b, n: int, nb: int, lo, hi, body) -> None:
     """body(b, first image, images) for the blocks of `nb` images numbered [lo, hi) of a
     batch of `n` (a constant): the whole blocks, then the partial last one (numbered n // nb,
     its size a constant too, so every GEMM keeps constant sizes)."""
-    full, tail = divmod(n, nb)
-    end = b.select(b.icmp_signed("<", hi, i64(full)), hi, i64(full))
+    full, tail = (n // nb, n % nb) if type(n) is not int else divmod(n, nb)  # per call: nb 1
+    end = b.select(b.icmp_signed("<", hi, size(b, full)), hi, size(b, full))
     with loop(b, lo, end, "block") as k:
         body(b, b.mul(k, i64(nb)), nb)
     if tail:
@@ -295,11 +300,13 @@ def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split,
         b.call(prelude_fn, args)
     most = b.sext(b.call(max_threads, []), I64)
     count = b.select(b.icmp_signed("<", most, i64(split.shares)), most, i64(split.shares))
+    units = size(b, split.units)  # known per call where the batch is
+    count = b.select(b.icmp_signed("<", units, count), units, count)
     with b.if_then(b.icmp_signed("<=", count, i64(1))):
         ctrl = args[control]
-        for k, v in ((LO, 0), (HI, split.units), (ROWS_LO, 0), (ROWS_HI, split.rows),
+        for k, v in ((LO, 0), (HI, units), (ROWS_LO, 0), (ROWS_HI, split.rows),
                      (SHARES, 1)):
-            b.store(i64(v), word(b, ctrl, k))
+            b.store(size(b, v), word(b, ctrl, k))
         done = b.call(range_fn, args)
         if reduce_fn is not None:
             b.call(reduce_fn, args)
@@ -309,9 +316,9 @@ def _wrapper(lw, names, n_args: int, per_share, control, swapped, split: Split,
             b.ret_void()
     with loop(b, 0, count, "plan") as s:
         ctrl = moved(b, args[control], s)
-        for k, total in ((LO, split.units), (ROWS_LO, split.rows)):
-            lo = b.udiv(b.mul(s, i64(total)), count)
-            hi = b.udiv(b.mul(b.add(s, i64(1)), i64(total)), count)
+        for k, total in ((LO, units), (ROWS_LO, split.rows)):
+            lo = b.udiv(b.mul(s, size(b, total)), count)
+            hi = b.udiv(b.mul(b.add(s, i64(1)), size(b, total)), count)
             b.store(lo, word(b, ctrl, k))
             b.store(hi, word(b, ctrl, k + 1))
         b.store(count, word(b, ctrl, SHARES))
