@@ -166,3 +166,25 @@ def test_gradients_with_a_batch_known_per_call_equal_the_interpreter():
     assert any(re.match(r"graphc_small_sgemm_16x256xK_", k) for k in kernels), kernels
     if WIDE:
         assert any(re.match(r"graphc_small_sgemm_256x32xK_.*_ko", k) for k in kernels), kernels
+
+
+@pytest.mark.skipif(not WIDE, reason="medium products are AVX-512 only")
+@pytest.mark.parametrize("one_call", [False, True])
+def test_a_medium_product_with_m_per_call_keeps_the_blas_unless_asked(one_call, monkeypatch):
+    """The static build splits a medium product's rows into chunks the cores share; with m
+    known per call the BLAS (which threads itself) stays, or with PER_CALL_ROW_CHUNKS one
+    generated call covers every row."""
+    monkeypatch.setattr(small_gemm, "PER_CALL_ROW_CHUNKS", one_call)
+    rng = np.random.default_rng(512)
+    w = graphc.tensor(rng.standard_normal((128, 128)).astype(np.float32))
+    compiled = graphc.compile(_matmul, backend="cpu")
+    for i, batch in enumerate((512, 2, 13, 300, 513)):
+        x = graphc.tensor(rng.standard_normal((batch, 128)).astype(np.float32))
+        if i == 0:
+            graphc.mark_dynamic(x, 0)
+        np.testing.assert_allclose(compiled(x, w).numpy(), x.numpy() @ w.numpy(), rtol=1e-4,
+                                   atol=1e-3, err_msg=f"batch {batch}")
+    text = _generic_ir(compiled)
+    assert bool(BLAS_CALL.search(text)) is not one_call
+    assert ["graphc_small_sgemm_Mx128x128" in k for k in _kernels(text)] == \
+        ([True] if one_call else [])

@@ -133,6 +133,13 @@ COLUMN_CHUNK = 64  # columns of c per call of a weight gradient: the calls fork 
 # 415 -> 308 us, 128 x 512 1036 -> 913, 512 x 128 1387 -> 1018 (OpenBLAS 1098); hot too
 PREFETCH_A_ROWS = 0
 PREFETCH_A_K: int | None = 32
+# a product whose m is known per call where the static build splits it into row chunks that
+# the cores share (row_chunks: a medium product of 256 rows or more): False keeps the BLAS,
+# which threads itself, as the count of chunks of an m known per call is not expressible
+# yet; True runs one generated call over all rows on one core. GPT forward, batch and length
+# symbolic, 1 thread, CPU time, load 6 (issue 14, tenth session): True 13.7 ms, False 15.4,
+# the static graph 11.9; at 2 threads the BLAS's split of each product is lost with True
+PER_CALL_ROW_CHUNKS = False
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
 K_BLOCK = 256  # k summed in registers per block; blocks' sums added in c (a BLAS's KC)
@@ -268,7 +275,8 @@ def per_call_tile(m, n, k, sa_row: int, sa_col: int, ldb: int,
     as a static k's); n bounds its loop over panels, the last n % width columns computed
     into the stack and copied (b read transposed only, packed by graphc.backends.cpu.
     small_gemm_columns). Not taken: two dims known per call, a size with no trace's value,
-    n known per call with b read in place or by the k-outer kernel."""
+    n known per call with b read in place or by the k-outer kernel, m known per call where
+    the traced size would split into row chunks (PER_CALL_ROW_CHUNKS)."""
     per_call = [d for d, v in zip("mnk", (m, n, k)) if type(v) is not int]
     size = {"m": m, "n": n, "k": k}[per_call[0]] if len(per_call) == 1 else None
     hint = traced(size)
@@ -282,6 +290,8 @@ def per_call_tile(m, n, k, sa_row: int, sa_col: int, ldb: int,
         return replace(tile, k=k)
     if size is n:
         return replace(tile, n=n)
+    if row_chunks(tile) is not None and not PER_CALL_ROW_CHUNKS:
+        return None
     rows = (24 if tile.lanes == 16 else 12) // tile.vectors  # no even split of an unknown m
     prefetch = tile.prefetch_a and (rows - 1 + PREFETCH_A_ROWS, tile.prefetch_a[1])
     return replace(tile, m=m, rows=rows, prefetch_a=prefetch)
