@@ -39,9 +39,10 @@ of max_pool2d_grad, channels of batch_norm):
 Shares are built for `threads.image_threads()` (the most threads graphc's calls use) when the
 kernel's work is large enough (MIN_SPLIT_MACS) and it has two units or more; a batch known
 per call (graphc.backends.cpu.runtime_sizes: images one to a unit) is split where the
-traced batch would be (graphc.backends.cpu.traced_sizes), its units counted per call. A call gets min(its thread count, shares) shares; the
-team libgomp actually gives may be smaller (nested, or a limit): each thread then runs
-shares t, t + n, ..., so every share still runs exactly once.
+traced batch would be (graphc.backends.cpu.traced_sizes), its units counted per call. A
+call gets min(its thread count, shares, units) shares; the team libgomp actually gives may
+be smaller (nested, or a limit): each thread then runs shares t, t + n, ..., so every share
+still runs exactly once.
 """
 
 from __future__ import annotations
