@@ -169,22 +169,30 @@ def test_gradients_with_a_batch_known_per_call_equal_the_interpreter():
 
 
 @pytest.mark.skipif(not WIDE, reason="medium products are AVX-512 only")
-@pytest.mark.parametrize("one_call", [False, True])
-def test_a_medium_product_with_m_per_call_keeps_the_blas_unless_asked(one_call, monkeypatch):
-    """The static build splits a medium product's rows into chunks the cores share; with m
-    known per call the BLAS (which threads itself) stays, or with PER_CALL_ROW_CHUNKS one
-    generated call covers every row."""
-    monkeypatch.setattr(small_gemm, "PER_CALL_ROW_CHUNKS", one_call)
+def test_a_medium_product_with_m_per_call_splits_its_rows_into_chunks_counted_per_call():
+    """As the static build at the traced 512 rows, the rows go in chunks of ROW_CHUNK that
+    the cores share (a forked loop); their count comes per call (traced_sizes.chunks) and
+    the last chunk computes the rows left (2, 13, 300, 513: one short chunk, a chunk and a
+    bit), on one thread and on all cores."""
+    from graphc.backends.cpu import threads
+    from graphc.backends.cpu.threads import ThreadChooser
+
     rng = np.random.default_rng(512)
     w = graphc.tensor(rng.standard_normal((128, 128)).astype(np.float32))
     compiled = graphc.compile(_matmul, backend="cpu")
-    for i, batch in enumerate((512, 2, 13, 300, 513)):
-        x = graphc.tensor(rng.standard_normal((batch, 128)).astype(np.float32))
-        if i == 0:
-            graphc.mark_dynamic(x, 0)
-        np.testing.assert_allclose(compiled(x, w).numpy(), x.numpy() @ w.numpy(), rtol=1e-4,
-                                   atol=1e-3, err_msg=f"batch {batch}")
+    x = graphc.tensor(rng.standard_normal((512, 128)).astype(np.float32))
+    graphc.mark_dynamic(x, 0)
+    compiled(x, w)
     text = _generic_ir(compiled)
-    assert bool(BLAS_CALL.search(text)) is not one_call
-    assert ["graphc_small_sgemm_Mx128x128" in k for k in _kernels(text)] == \
-        ([True] if one_call else [])
+    chunk = small_gemm.ROW_CHUNK
+    assert f"graphc_small_sgemm_M{chunk}x128x128_" in " ".join(_kernels(text)), _kernels(text)
+    assert re.search(r'define[^@]*@"?\w*small_gemm\.omp', text), "no forked loop of chunks"
+    assert not BLAS_CALL.search(text)
+    generic = next(e.executable for e in compiled._entries
+                   if hasattr(e.executable, "executable_for"))
+    for count in sorted({1, threads.most_threads()}):
+        generic.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+        for batch in (512, 2, 13, 127, 128, 129, 300, 513, 1024):
+            x = graphc.tensor(rng.standard_normal((batch, 128)).astype(np.float32))
+            np.testing.assert_allclose(compiled(x, w).numpy(), x.numpy() @ w.numpy(),
+                                       rtol=1e-4, atol=1e-3, err_msg=f"batch {batch}")

@@ -217,7 +217,7 @@ class GemmLowering(ElementwiseLowering):
         def leaf(bb, offsets):
             if small:
                 bb.call(fn, [kb.pointer(bb, x, offsets[x]) for x in small_args]
-                        + small_gemm.size_arguments(bb, small))  # m or k known per call
+                        + small_gemm.size_arguments(bb, small, offsets[ka]))  # per call
                 if epilogue:  # the chunk's rows through the fused body, still in cache
                     epilogue.emit(self, kb, bb, epilogue_operands, offsets, m, n)
                 return

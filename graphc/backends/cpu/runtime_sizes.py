@@ -7,7 +7,9 @@ sequence length. The table holds
 - the graph's symbols (`s0`, `s1`: bound from the inputs' shapes each call),
 - each arena buffer's offset (`_b<k>`: the symbolic memory plan packs the same buffers for
   the call's sizes, `MemoryPlan.layout`, cached per size), and
-- the end of the plan's arena (`_arena`), where the backend's own scratch begins.
+- the end of the plan's arena (`_arena`), where the backend's own scratch begins, and
+- counts derived from the symbols that no polynomial of them expresses (`_c<k>`: a symbolic
+  m's row chunks, graphc.backends.cpu.traced_sizes.chunks).
 Kernels read the table through the module's `graphc.dims` (Codegen.emit_size); loops whose
 trip counts are symbolic stay loops over an i64 bound, and an elementwise kernel that may
 fork over the cores decides per call from its element count.
@@ -41,6 +43,7 @@ from graphc.backends.cpu.executable import (
     _uses_gemm,
     output_types,
 )
+from graphc.backends.cpu.traced_sizes import derived_values
 from graphc.backends.cpu.values import CpuLoweringError
 from graphc.errors import ArgumentError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
@@ -52,7 +55,7 @@ from graphc.symbolic import ShapeEnv, Sym, check_relations, evaluate, free_symbo
 DEFAULT_HINT = 64  # the size a symbol is lowered at where no trace gave one
 KEPT_SIZES = 256  # per-size tables (sizes table, arena bytes, types) kept at once
 # a Sym that reached an ir.Constant prints as its expression: `i64 s0*4`, `i32 _b3`
-_PRINTED_SYMBOL = re.compile(r"\bi(?:32|64) (-?[0-9]*\*?(?:s[0-9]+|_b[0-9]+|_arena)\b)")
+_PRINTED_SYMBOL = re.compile(r"\bi(?:32|64) (-?[0-9]*\*?(?:s[0-9]+|_b[0-9]+|_c[0-9]+|_arena)\b)")
 
 
 class RuntimeSizesUnsupported(CpuLoweringError):
@@ -76,6 +79,7 @@ class Layout:
         """Every table symbol's value for the graph's symbols `sizes`."""
         offsets, arena = self.plan.layout(sizes)
         out = dict(sizes)
+        out.update(derived_values(sizes))  # counts such as a symbolic m's row chunks
         for name, symbol in self.symbols.items():
             out[symbol] = offsets[name]
         out["_arena"] = align(arena)

@@ -59,7 +59,7 @@ from llvmlite import ir
 
 from graphc.backends.cpu import gemm_panels, llvm, small_gemm_columns
 from graphc.backends.cpu.gemm_panels import copy_transposed, counted
-from graphc.backends.cpu.traced_sizes import traced
+from graphc.backends.cpu.traced_sizes import chunks, traced
 from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop, size
 from graphc.types import TensorType, float32
 
@@ -133,13 +133,6 @@ COLUMN_CHUNK = 64  # columns of c per call of a weight gradient: the calls fork 
 # 415 -> 308 us, 128 x 512 1036 -> 913, 512 x 128 1387 -> 1018 (OpenBLAS 1098); hot too
 PREFETCH_A_ROWS = 0
 PREFETCH_A_K: int | None = 32
-# a product whose m is known per call where the static build splits it into row chunks that
-# the cores share (row_chunks: a medium product of 256 rows or more): False keeps the BLAS,
-# which threads itself, as the count of chunks of an m known per call is not expressible
-# yet; True runs one generated call over all rows on one core. GPT forward, batch and length
-# symbolic, 1 thread, CPU time, load 6 (issue 14, tenth session): True 13.7 ms, False 15.4,
-# the static graph 11.9; at 2 threads the BLAS's split of each product is lost with True
-PER_CALL_ROW_CHUNKS = False
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
 K_BLOCK = 256  # k summed in registers per block; blocks' sums added in c (a BLAS's KC)
@@ -191,6 +184,9 @@ class SmallGemm:
     # the k-outer kernel prefetches, at each k, a's element prefetch_a[0] rows below the row
     # block's first and prefetch_a[1] k ahead (PREFETCH_A_ROWS, PREFETCH_A_K); None: none
     prefetch_a: tuple[int, int] | None = None
+    # one row chunk of a product whose m (this symbolic size) is known per call: m is the
+    # most rows a call computes, and the call's own count comes as an argument (row_chunks)
+    chunk_of: object = None
 
     @property
     def name(self) -> str:
@@ -203,6 +199,7 @@ class SmallGemm:
             order += f"_pf{self.prefetch_a[0]}_{self.prefetch_a[1]}"
         dims = "x".join(str(d) if type(d) is int else letter  # known per call: an argument
                         for d, letter in ((self.m, "M"), (self.n, "N"), (self.k, "K")))
+        dims = f"M{dims}" if self.chunk_of is not None else dims  # at most m rows a call
         return (f"graphc_small_sgemm_{dims}_a{self.sa_row}_{self.sa_col}"
                 f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}{order}")
 
@@ -210,7 +207,8 @@ class SmallGemm:
     def per_call(self) -> tuple[str, ...]:
         """The dims ("m", "k") known only per call: the kernel takes each as a trailing i64
         argument (`size_arguments`), in this order."""
-        return tuple(d for d in ("m", "n", "k") if type(getattr(self, d)) is not int)
+        return tuple(d for d in ("m", "n", "k") if type(getattr(self, d)) is not int
+                     or (d == "m" and self.chunk_of is not None))
 
 
 def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
@@ -275,8 +273,7 @@ def per_call_tile(m, n, k, sa_row: int, sa_col: int, ldb: int,
     as a static k's); n bounds its loop over panels, the last n % width columns computed
     into the stack and copied (b read transposed only, packed by graphc.backends.cpu.
     small_gemm_columns). Not taken: two dims known per call, a size with no trace's value,
-    n known per call with b read in place or by the k-outer kernel, m known per call where
-    the traced size would split into row chunks (PER_CALL_ROW_CHUNKS)."""
+    n known per call with b read in place or by the k-outer kernel."""
     per_call = [d for d, v in zip("mnk", (m, n, k)) if type(v) is not int]
     size = {"m": m, "n": n, "k": k}[per_call[0]] if len(per_call) == 1 else None
     hint = traced(size)
@@ -290,17 +287,20 @@ def per_call_tile(m, n, k, sa_row: int, sa_col: int, ldb: int,
         return replace(tile, k=k)
     if size is n:
         return replace(tile, n=n)
-    if row_chunks(tile) is not None and not PER_CALL_ROW_CHUNKS:
-        return None
     rows = (24 if tile.lanes == 16 else 12) // tile.vectors  # no even split of an unknown m
     prefetch = tile.prefetch_a and (rows - 1 + PREFETCH_A_ROWS, tile.prefetch_a[1])
     return replace(tile, m=m, rows=rows, prefetch_a=prefetch)
 
 
-def size_arguments(b: ir.IRBuilder, g: SmallGemm) -> list:
+def size_arguments(b: ir.IRBuilder, g: SmallGemm, a_offset=None) -> list:
     """The i64 arguments a call of g's kernel passes after its pointers: each dim known per
-    call (`SmallGemm.per_call`), read from the call's sizes table."""
-    return [size(b, getattr(g, d)) for d in g.per_call]
+    call (`SmallGemm.per_call`), read from the call's sizes table; a row chunk's rows
+    (`chunk_of`: at most g.m, fewer in the last chunk) from the chunk's offset into a
+    (`a_offset`, elements: its first row times a's row stride)."""
+    if g.chunk_of is None:
+        return [size(b, getattr(g, d)) for d in g.per_call]
+    left = b.sub(size(b, g.chunk_of), b.udiv(a_offset, i64(g.sa_row)))
+    return [b.select(b.icmp_signed("<", left, i64(g.m)), left, i64(g.m))]
 
 
 def tile_rows(m: int, vectors: int, width: int) -> int:
@@ -316,7 +316,13 @@ _tile_rows = tile_rows  # the name row_chunks uses (another helper's function)
 def row_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
     """(count, the kernel of one chunk) where g's rows split into chunks of ROW_CHUNK rows
     that threads can share (each element is summed by the same instructions either way),
-    else None: fewer than two chunks, or rows not a whole number of them."""
+    else None: fewer than two chunks, or rows not a whole number of them. An m known per
+    call takes chunks where its traced size has two or more: their count per call
+    (traced_sizes.chunks), each call's rows an argument (`size_arguments`)."""
+    if type(g.m) is not int and not g.k_outer and g.sa_row \
+            and (traced(g.m) or 0) >= 2 * ROW_CHUNK:  # m known per call: the last one short
+        return chunks(g.m, ROW_CHUNK), replace(
+            g, m=ROW_CHUNK, rows=_tile_rows(ROW_CHUNK, g.vectors, g.lanes), chunk_of=g.m)
     if type(g.m) is not int or g.m < 2 * ROW_CHUNK or g.m % ROW_CHUNK or g.k_outer:
         return None
     return g.m // ROW_CHUNK, replace(g, m=ROW_CHUNK,
