@@ -470,20 +470,20 @@ def _panel(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel, panel_copy, addends,
     _each_row_block(b, g, row_block)
 
 
-def _each_row_block(b: ir.IRBuilder, g: SmallGemm, body) -> None:
+def _each_row_block(b: ir.IRBuilder, g: SmallGemm, body, name: str = "block") -> None:
     """body(first row, rows) for each row block of c: the full blocks of g.rows rows
     (runtime loop), then the rest: one smaller tile where m is static; where m is known per
     call (an i64 value), a tile of 2^j rows for each bit j the rest has, largest first."""
     if type(g.m) is int:
         full, rest = divmod(g.m, g.rows)
         if full:
-            with counted(b, full, "block") as block:
+            with counted(b, full, name) as block:
                 body(b.mul(block, i64(g.rows)), g.rows)
         if rest:
             body(i64(full * g.rows), rest)
         return
     full = b.udiv(g.m, i64(g.rows))
-    with loop(b, 0, full, "block") as block:
+    with loop(b, 0, full, name) as block:
         body(b.mul(block, i64(g.rows)), g.rows)
     done = b.mul(full, i64(g.rows))
     rest = b.sub(g.m, done)
@@ -582,7 +582,7 @@ def _row_blocks(b: ir.IRBuilder, g: SmallGemm, a, source, c, start, count,
         sums = _block_sums(b, g, a, source, row0, rows, start, count)
         _store(b, g, c, row0, col, sums, accumulate=accumulate)
 
-    _each_row_block(b, g, row_block)
+    _each_row_block(b, g, row_block, "rblock")
 
 
 def fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
