@@ -44,6 +44,11 @@ or closer, k up to 16384). The order differs from the BLAS's, judged by distance
 float64 run (docs/performance.md, "Rounding";
 tests/test_cpu_small_gemm.py).
 
+Sizes known per call (a symbolic graph's batch, graphc.backends.cpu.runtime_sizes): one of
+m, n, k may be symbolic (`per_call_tile`): the tile is the one the trace's size takes, the
+kernel takes that size as a trailing i64 argument (`size_arguments`) and is named with its
+letter (`graphc_small_sgemm_Mx16x64_...`); see per_call_tile for how each bounds its loops.
+
 `tile_for(m, n, k, ...)` decides (None: the BLAS call stays), `row_chunks` splits a product
 of many rows into calls of ROW_CHUNK rows (a loop graphc's threads share, where the BLAS
 would have threaded the one call), `column_chunks` a weight gradient's columns, `function(cg,
