@@ -221,20 +221,29 @@ class _Grouping:
             domain = tuple(self.nodes[group.members[-1]].inputs[0].type.shape)
         else:
             domain = _broadcast(*(self._shape(m) for m in members))
-        stack = [m for m in members if self.roles[m] == ELEMENTWISE_ROLE
+        seeds = [m for m in members if self.roles[m] == ELEMENTWISE_ROLE
                  and not same_shape(self._shape(m), domain)
                  and self._read_outside(m, members)]
-        if not stack:
+        if not seeds:
             return [group]
-        small: set[int] = set()
-        while stack:
-            m = stack.pop()
-            if m not in small:
-                small.add(m)
-                stack.extend(p for p in self.preds[m] if p in members)
+        small = self._ancestors_within(seeds, members)
+        if small == members:  # no member has the domain shape (independent parts, each
+            # smaller, read outside: [B,1,1,S] and [L,S]): split one part off at a time (one
+            # seed's ancestors are not all: its shape would then be the domain)
+            small = self._ancestors_within(seeds[:1], members)
         rest = _Group(sorted(members - small), group.kind, closed=group.closed)
         return self._split_mixed(_Group(sorted(small), "elementwise")) + \
             self._split_mixed(rest)
+
+    def _ancestors_within(self, start: list[int], members: set[int]) -> set[int]:
+        """The nodes `start` and their ancestors among `members`."""
+        found, stack = set(), list(start)
+        while stack:
+            n = stack.pop()
+            if n not in found:
+                found.add(n)
+                stack.extend(p for p in self.preds[n] if p in members)
+        return found
 
     def _read_outside(self, m: int, members: set[int]) -> bool:
         return (self.nodes[m].outputs[0] in self.escaping
