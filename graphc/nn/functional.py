@@ -203,7 +203,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     PyTorch's math reference: a bool mask keeps where True (traced as an added 0 / -inf, so
     it fuses as a float mask does), a float mask is added, `is_causal` keeps the lower
     triangle, and with a mask too hides what either hides where PyTorch 2.13 CPU accepts both
-    (`_causal_mask_combines`); dropout on the weights when dropout_p > 0.
+    (`_causal_mask_combines`); dropout on the weights when dropout_p > 0. A query row whose
+    every key is hidden gives 0 and no gradient, as PyTorch 2.13 CPU (`_unhide_empty_rows`).
 
     >>> import graphc
     >>> q = graphc.ones(1, 2, 3, 4)
@@ -229,20 +230,41 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
         key, value = _repeat_heads(key, query.shape[-3]), _repeat_heads(value, query.shape[-3])
     scores = _linalg.matmul(query, key.transpose(-2, -1)) * scale
+    hidden_rows = None
     if attn_mask is not None:
         if attn_mask.dtype.name == "bool":  # True takes part: 0 added, -inf where False
             # (PyTorch's convert_boolean_attn_mask; added, it fuses as a float mask does)
             attn_mask = _call("full", shape=(), value=0.0, dtype=query.dtype.name).masked_fill(
                 attn_mask.logical_not(), -math.inf)
+        attn_mask, hidden_rows = _unhide_empty_rows(attn_mask, is_causal, length, source)
         scores = scores + attn_mask
     if is_causal:  # with a mask too: both hide (PyTorch 2.13's CPU kernel, see above)
-        causal = _composites.tril(_call("full", shape=(length, source), value=True,
-                                        dtype="bool"))
-        scores = scores.masked_fill(causal.logical_not(), -math.inf)
+        scores = scores.masked_fill(_causal_hide(length, source), -math.inf)
     weights = _nn_ops.softmax(scores, dim=-1)
     if dropout_p > 0.0:
         weights = _random.dropout(weights, dropout_p, True, False)
-    return _linalg.matmul(weights, value)
+    out = _linalg.matmul(weights, value)
+    return out if hidden_rows is None else out.masked_fill(hidden_rows, 0.0)
+
+
+def _causal_hide(length: int, source: int):
+    """[L, S] bool, True where key j > query i (what is_causal hides)."""
+    keep = _composites.tril(_call("full", shape=(length, source), value=True, dtype="bool"))
+    return keep.logical_not()
+
+
+def _unhide_empty_rows(mask, is_causal: bool, length: int, source: int):
+    """(mask', hidden): a query row whose every key is hidden (the additive mask -inf at every
+    key, with is_causal at every key the triangle leaves) gets output 0 and no gradient in
+    PyTorch 2.13 CPU (its flash kernel, and the math kernel's _safe_softmax), where a plain
+    softmax of -infs is NaN. `hidden` ([..., L or 1, 1] bool, found on the mask's own shape,
+    never the scores') marks those rows; mask' is 0 along them, so their softmax stays finite
+    and the chain still fuses into one attention node (graphc.passes.attention), and the
+    caller zeroes their output (its gradient then zeroes theirs). A row that q k^T itself
+    makes all -inf (infinite inputs) is not caught: it gives NaN, as softmax."""
+    seen = mask.masked_fill(_causal_hide(length, source), -math.inf) if is_causal else mask
+    hidden = seen.amax(-1, keepdim=True) == -math.inf
+    return mask.masked_fill(hidden, 0.0), hidden
 
 
 def _causal_mask_combines(query, key, value, attn_mask, dropout_p: float,

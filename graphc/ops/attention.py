@@ -19,7 +19,9 @@ kernels are the reference the interpreter runs, and they do materialise it.
   dS = P * (dP - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q. The mask gets no
   gradient (the pass leaves a mask that needs one alone).
 
-A row whose every key is masked has lse = -inf and NaN results, as the unfused chain.
+A row whose every key is masked has lse = -inf and NaN results, as the unfused chain (and
+PyTorch's softmax). `scaled_dot_product_attention` never hands such a row over: it gives them
+0, as PyTorch 2.13 CPU, by unmasking them and zeroing their output (graphc.nn.functional).
 """
 
 from __future__ import annotations
