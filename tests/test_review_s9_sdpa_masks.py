@@ -9,8 +9,8 @@ sdp_utils_cpp; the math kernel then raises).
 
 Fixed in the tenth session: a query row whose every key is hidden gave NaN where PyTorch 2.13
 gives 0 and no gradient (its flash kernel and the math kernel's _safe_softmax); checked here
-eager, interpreted and compiled for cpu (the unfused chain, the one-block and the blocked
-attention kernels), forward and backward.
+eager, interpreted, compiled for cpu (the unfused chain, the one-block and the blocked
+attention kernels) and for cuda (the emulation here), forward and backward.
 """
 
 from __future__ import annotations
@@ -207,3 +207,19 @@ def test_hidden_rows_compiled_as_pytorch(name, kind, causal, monkeypatch, tmp_pa
         assert np.array_equal(grad_q[:, :, hidden], np.zeros_like(grad_q[:, :, hidden]))
     else:
         assert not out[1].any() and not grad_q[1].any()
+
+
+@pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind", ["rows", "padding"])
+def test_hidden_rows_compiled_for_cuda_as_pytorch(kind, causal):
+    shape = (2, 2, 8, 8)
+    rng = np.random.default_rng(17)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    keep = _keep(shape, kind, rng)
+    reference = _step(torch, torch.nn.functional.scaled_dot_product_attention, arrays, keep,
+                      causal)
+    got, _ = _compiled_step(arrays, keep, causal, "cuda")
+    for g, r in zip(got, reference):
+        assert not np.isnan(g).any()
+        np.testing.assert_allclose(g, r, rtol=2e-4, atol=2e-5)
