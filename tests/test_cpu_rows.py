@@ -1,7 +1,7 @@
 """softmax / log_softmax rows on the cpu backend (graphc.backends.cpu.rows and the scalar
 path): odd row lengths around the vector width, rows along other dims, non-contiguous
-inputs, fused bodies, -inf / inf / NaN rows, float64, and rows enough to fork over threads.
-Judged by distance from a float64 run (the sum reassociates: docs/performance.md, Rounding)."""
+inputs, fused bodies, -inf / inf / NaN rows, float64, and rows enough to fork over threads;
+row programs prefetching rows ahead with the same bits. Judged by distance from a float64 run (the sum reassociates: docs/performance.md, Rounding)."""
 
 from __future__ import annotations
 
@@ -101,3 +101,29 @@ def test_row_kernel_uses_vector_registers():
     compiled(graphc.tensor(np.ones((4, 40), np.float32)))
     ir_text = compiled.executable.lowered.ir_text
     assert "load <16 x float>" in ir_text and "store <16 x float>" in ir_text
+
+
+def test_row_programs_prefetch_rows_ahead_with_the_same_bits(monkeypatch, tmp_path):
+    """A LayerNorm's row programs (forward, and backward with its column sums) over enough
+    rows ask for the rows PREFETCH_AHEAD_ROWS on (rows.PREFETCH): the same bits as without."""
+    import graphc.nn.functional as F
+    from graphc.backends.cpu import rows
+
+    def step(x, w, b):
+        y = F.layer_norm(x, (128,), w, b)
+        (y * y.sin()).sum().backward()
+        return y, x.grad, w.grad, b.grad
+
+    rng = np.random.default_rng(_seed("prefetch"))
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in ((16, 64, 128), (128,), (128,))]
+    results, texts = {}, {}
+    for prefetch in (True, False):
+        monkeypatch.setattr(rows, "PREFETCH", prefetch)
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / str(prefetch)))  # lowered here
+        compiled = graphc.compile(step, backend="cpu")
+        tensors = [graphc.tensor(a, requires_grad=True) for a in arrays]
+        results[prefetch] = [r.detach().numpy() for r in compiled(*tensors)]
+        texts[prefetch] = compiled.executable.lowered.ir_text
+    assert texts[True].count("llvm.prefetch") > texts[False].count("llvm.prefetch")
+    for on, off in zip(results[True], results[False]):
+        np.testing.assert_array_equal(on, off)

@@ -84,13 +84,14 @@ def prefetching_nest(kb, b: ir.IRBuilder, sizes, strides, leaf, outputs=()) -> b
     return True
 
 
-def row_prefetcher(kb, sizes, strides, outputs=()):
+def row_prefetcher(kb, sizes, strides, outputs=(), ahead: int | None = None):
     """`fetch(b, offsets)`, to call at the start of each innermost row of a loop nest over
     the collapsed `sizes` (more than one dimension, at least PREFETCH_MIN_ELEMENTS elements,
     rows of a cache line to PREFETCH_ROW_MAX_BYTES; shorter rows share lines, and the hints
     changed how LLVM vectorised them, so their sums' rounding): it asks for the row's lines
     PREFETCH_AHEAD_BYTES past its start, for each operand contiguous along the row (for
-    writing: `outputs`); None where the nest is not such (sizes known per call included)."""
+    writing: `outputs`; `ahead` bytes instead where given); None where the nest is not such
+    (sizes known per call included)."""
     if len(sizes) < 2 or any(type(n) is not int for n in sizes) or \
             math.prod(sizes) < PREFETCH_MIN_ELEMENTS:
         return None
@@ -103,18 +104,20 @@ def row_prefetcher(kb, sizes, strides, outputs=()):
     def fetch(b, offsets) -> None:
         for k in fetched:
             prefetch_lines(kb, b, k, offsets[k], sizes[-1] * kb.operands[k].dtype.itemsize,
-                           write=k in outputs)
+                           write=k in outputs, ahead=ahead)
 
     return fetch
 
 
-def prefetch_lines(kb, b, k: int, offset, nbytes: int, write: bool = False) -> None:
-    """Ask for operand `k`'s cache lines that hold `nbytes` from PREFETCH_AHEAD_BYTES past its
-    element `offset` (llvm.prefetch, keep in every cache level; past the array's end it
-    fetches a line no one reads, never faults)."""
+def prefetch_lines(kb, b, k: int, offset, nbytes: int, write: bool = False,
+                   ahead: int | None = None) -> None:
+    """Ask for operand `k`'s cache lines that hold `nbytes` from PREFETCH_AHEAD_BYTES (or
+    `ahead`) past its element `offset` (llvm.prefetch, keep in every cache level; past the
+    array's end it fetches a line no one reads, never faults)."""
     prefetch = kb.cg.declare("llvm.prefetch.p0", ir.FunctionType(
         ir.VoidType(), [PTR, I32, I32, I32]))
-    first = b.gep(kb.pointer(b, k, offset), [i64(PREFETCH_AHEAD_BYTES)],
+    ahead = PREFETCH_AHEAD_BYTES if ahead is None else ahead
+    first = b.gep(kb.pointer(b, k, offset), [i64(ahead)],
                   source_etype=ir.IntType(8))  # not inbounds: it may point past the end
     for line in range(0, nbytes, CACHE_LINE_BYTES):
         at = first if line == 0 else b.gep(first, [i64(line)], source_etype=ir.IntType(8))

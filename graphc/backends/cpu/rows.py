@@ -36,7 +36,11 @@ pass) and is left to LLVM's loop vectoriser (the sums reassociate, as the reduct
 A row program with column sums runs serially (the rows add into the same outputs); one
 without is split over the threads by rows. Every pass reads a row before the last one
 writes it, and the last computes all of an element's outputs before storing any, so the
-plan may put an output in place of an input of its shape (graphc.passes.plan).
+plan may put an output in place of an input of its shape (graphc.passes.plan). Each row
+first asks for the lines of the row PREFETCH_AHEAD_ROWS on of every input and output that
+moves from row to row (graphc.backends.cpu.prefetch's row_prefetcher): in a training step a
+LayerNorm's rows come from memory, which the hardware's prefetchers fetched late. The hints
+change no arithmetic (the same bits: tests/test_cpu_rows.py).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import math
 from llvmlite import ir
 
 from graphc.backends.cpu.kernels import KernelBuilder, filled
+from graphc.backends.cpu.prefetch import row_prefetcher
 from graphc.backends.cpu.scalars import const, convert, reduction_combiner
 from graphc.backends.cpu.values import REG, collapse, for_range, i64, loop, size, unsupported
 from graphc.ops.registry import REGISTRY
@@ -54,6 +59,12 @@ from graphc.passes.fuse_rows import column_sum, row_domain, row_reduction
 __all__ = ["LANES", "lower_row_program", "lower_rows"]
 
 LANES = {"float32": 16, "float64": 8}
+PREFETCH = True  # False: a row program's rows are left to the hardware prefetchers (A/B)
+# a row program's rows ask for the rows this many on: the GPT step's LayerNorm row programs
+# (rows of 512 bytes, their inputs and outputs out of cache) 1.43 -> 1.19 / 1.09 / 0.91 ms at
+# 2 / 4 / 8 rows (16: 1.14, 32: 1.25; docs/performance.md "GPT's non-GEMM kernels, tenth
+# session")
+PREFETCH_AHEAD_ROWS = 8
 
 
 def lower_rows(lw, node, kb, body, src, leaves, stores, out_v, attrs) -> bool:
@@ -351,6 +362,25 @@ def lower_row_program(lw, node, body) -> None:
             for k, value in results:
                 kb.store(b, k, offs[k], value)
 
-    kb.nest(b, outer_sizes, outer_strides, row)
+    fetch = _row_fetcher(kb, outer_sizes, outer_strides, row_strides, width,
+                         [k for ref, k, _ in stores if ref not in columns])
+
+    def fetched_row(b, offsets):
+        fetch(b, offsets)
+        row(b, offsets)
+
+    kb.nest(b, outer_sizes, outer_strides, row if fetch is None else fetched_row)
     lw.calls.append(kb.finish(b))
+
+
+def _row_fetcher(kb, outer_sizes, outer_strides, row_strides, width: int, outputs: list):
+    """graphc.backends.cpu.prefetch's `row_prefetcher` for a row program's rows (`PREFETCH`):
+    each row asks for the lines of the rows PREFETCH_AHEAD_BYTES on, of every operand that
+    moves from row to row (not a column sum, not a per-row scalar); None where none does or
+    the domain is small."""
+    if not PREFETCH or not outer_sizes:
+        return None
+    strides = [tuple(o) + (r if any(o) else 0,) for o, r in zip(outer_strides, row_strides)]
+    ahead = PREFETCH_AHEAD_ROWS * width * min(o.dtype.itemsize for o in kb.operands)
+    return row_prefetcher(kb, tuple(outer_sizes) + (width,), strides, outputs, ahead)
 
