@@ -4,12 +4,12 @@
     python -m benchmarks.gpt_gemms --rounds 10 --quick
     python -m benchmarks.gpt_gemms --variant after --variant weights   # two of them
 
-Eleven variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+Twelve variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
 setting graphc.backends.cpu.small_gemm's thresholds (and gemm_addends.FOLD, gemm_panels.
-PANEL_MAJOR_B, gemm_epilogue.FOLD, graphc.passes.attention.ONE_BLOCK_MAX) while each
-compiles:
+PANEL_MAJOR_B, gemm_epilogue.FOLD, rows.PREFETCH, graphc.passes.attention.ONE_BLOCK_MAX)
+while each compiles:
 - "before": neither small blocks with b read transposed (`MAX_TRANSPOSED_BLOCK = 0`) nor
   medium products (`MEDIUM_N = 0`): attention's heads and the projections in OpenBLAS;
 - "heads": attention's Q K^T and dO V^T per head in generated kernels;
@@ -33,8 +33,11 @@ compiles:
   gradients, ninth session");
 - "prefetch": also the k-outer kernel prefetching a's lines ahead (small_gemm's
   PREFETCH_A_K), linear1's weight gradient (m 512) still in OpenBLAS;
-- "wgrad_cold": the default: also linear1's in the k-outer kernel (`LONG_K_MAX_M = 512`;
-  docs/performance.md, "GPT's weight gradients read cold, ninth session").
+- "wgrad_cold": also linear1's in the k-outer kernel (`LONG_K_MAX_M = 512`;
+  docs/performance.md, "GPT's weight gradients read cold, ninth session");
+- "row_prefetch": the default: also the row programs (the LayerNorms) asking for the rows
+  8 on (graphc.backends.cpu.rows `PREFETCH`; docs/performance.md, "GPT's non-GEMM kernels,
+  tenth session").
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
 OpenMP and OpenBLAS), then from `graphc.profile` (3 interleaved profiles of each, each
 kernel's median) the step's kernels by role: GEMMs by kind (a chunked epilogue counts with
@@ -57,11 +60,12 @@ from benchmarks.harness import (
 
 NO_LONG_K = {"LONG_K_MIN": 1 << 40}
 NO_ADDENDS = {"gemm_addends.FOLD": False}
+NO_ROW_PREFETCH = {"rows.PREFETCH": False}
 NO_CHUNKED = {"gemm_epilogue.FOLD": False}
 # attention at context 64 left as the unfused chain (graphc.passes.attention's one-block rule)
 NO_ONE_BLOCK = {"graphc.passes.attention.ONE_BLOCK_MAX": 0}
 # the weight gradients before a's prefetch: linear1's (m 512) in OpenBLAS, none prefetched
-NO_PREFETCH = {"PREFETCH_A_K": None, "LONG_K_MAX_M": 128}
+NO_PREFETCH = {"PREFETCH_A_K": None, "LONG_K_MAX_M": 128, **NO_ROW_PREFETCH}
 # the eighth session's medium products: b read in place, n at most 128
 EIGHTH = {"gemm_panels.PANEL_MAJOR_B": False, "MEDIUM_N": 128, **NO_CHUNKED, **NO_ONE_BLOCK,
           **NO_PREFETCH}
@@ -75,8 +79,9 @@ VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, **NO_LONG_K, **NO_ADDENDS, **E
             "wide": {**NO_CHUNKED, **NO_ONE_BLOCK, **NO_PREFETCH},
             "chunked": {**NO_ONE_BLOCK, **NO_PREFETCH},
             "fused_heads": NO_PREFETCH,
-            "prefetch": {"LONG_K_MAX_M": 128},
-            "wgrad_cold": {}}
+            "prefetch": {"LONG_K_MAX_M": 128, **NO_ROW_PREFETCH},
+            "wgrad_cold": NO_ROW_PREFETCH,
+            "row_prefetch": {}}
 
 PACK_SHARE = 0.3  # a GEMM node's leading rows shorter than this share of its longest: packs
 
