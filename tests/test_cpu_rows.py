@@ -1,7 +1,8 @@
 """softmax / log_softmax rows on the cpu backend (graphc.backends.cpu.rows and the scalar
 path): odd row lengths around the vector width, rows along other dims, non-contiguous
 inputs, fused bodies, -inf / inf / NaN rows, float64, and rows enough to fork over threads;
-row programs prefetching rows ahead with the same bits. Judged by distance from a float64 run (the sum reassociates: docs/performance.md, Rounding)."""
+row programs prefetching rows ahead with the same bits. Judged by distance from a float64
+run (the sum reassociates: docs/performance.md, Rounding)."""
 
 from __future__ import annotations
 
