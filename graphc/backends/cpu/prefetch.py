@@ -84,14 +84,14 @@ def prefetching_nest(kb, b: ir.IRBuilder, sizes, strides, leaf, outputs=()) -> b
     return True
 
 
-def row_prefetcher(kb, sizes, strides, outputs=(), ahead: int | None = None):
+def row_prefetcher(kb, sizes, strides, outputs=(), rows_ahead: int | None = None):
     """`fetch(b, offsets)`, to call at the start of each innermost row of a loop nest over
     the collapsed `sizes` (more than one dimension, at least PREFETCH_MIN_ELEMENTS elements,
     rows of a cache line to PREFETCH_ROW_MAX_BYTES; shorter rows share lines, and the hints
     changed how LLVM vectorised them, so their sums' rounding): it asks for the row's lines
     PREFETCH_AHEAD_BYTES past its start, for each operand contiguous along the row (for
-    writing: `outputs`; `ahead` bytes instead where given); None where the nest is not such
-    (sizes known per call included)."""
+    writing: `outputs`; `rows_ahead` rows on instead where given); None where the nest is not
+    such (sizes known per call included)."""
     if len(sizes) < 2 or any(type(n) is not int for n in sizes) or \
             math.prod(sizes) < PREFETCH_MIN_ELEMENTS:
         return None
@@ -103,8 +103,9 @@ def row_prefetcher(kb, sizes, strides, outputs=(), ahead: int | None = None):
 
     def fetch(b, offsets) -> None:
         for k in fetched:
-            prefetch_lines(kb, b, k, offsets[k], sizes[-1] * kb.operands[k].dtype.itemsize,
-                           write=k in outputs, ahead=ahead)
+            row_bytes = sizes[-1] * kb.operands[k].dtype.itemsize
+            prefetch_lines(kb, b, k, offsets[k], row_bytes, write=k in outputs,
+                           ahead=None if rows_ahead is None else rows_ahead * row_bytes)
 
     return fetch
 

@@ -375,12 +375,12 @@ def lower_row_program(lw, node, body) -> None:
 
 def _row_fetcher(kb, outer_sizes, outer_strides, row_strides, width: int, outputs: list):
     """graphc.backends.cpu.prefetch's `row_prefetcher` for a row program's rows (`PREFETCH`):
-    each row asks for the lines of the rows PREFETCH_AHEAD_BYTES on, of every operand that
+    each row asks for the lines of the row PREFETCH_AHEAD_ROWS on, of every operand that
     moves from row to row (not a column sum, not a per-row scalar); None where none does or
     the domain is small."""
     if not PREFETCH or not outer_sizes:
         return None
     strides = [tuple(o) + (r if any(o) else 0,) for o, r in zip(outer_strides, row_strides)]
-    ahead = PREFETCH_AHEAD_ROWS * width * min(o.dtype.itemsize for o in kb.operands)
-    return row_prefetcher(kb, tuple(outer_sizes) + (width,), strides, outputs, ahead)
+    return row_prefetcher(kb, tuple(outer_sizes) + (width,), strides, outputs,
+                          PREFETCH_AHEAD_ROWS)
 
