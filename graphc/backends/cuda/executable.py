@@ -28,6 +28,13 @@ Host traffic (graphc.backends.residency states the protocol):
   output copied back.
 - The launch list runs directly on the first call and as a CUDA graph captured on the second
   and replayed after (the emulation refuses capture and keeps running the list directly).
+- *Asynchronous calls*: from the second compiled call on (no NaN check, no GRAPHC_CUDA_SYNC),
+  a call returns once its work is queued, as PyTorch's CUDA ops do: every output, the 0-d
+  loss too, stays on the device until read, so the host runs the caller's Python (and the
+  next call's guards) while the device works. The next call, a read of any value this
+  executable holds, another executable taking one of them, a replay and close() first wait for
+  the call in flight (`_wait`); an index error its kernels recorded (the error words, copied
+  to pinned memory at the end of the call) is raised there, naming the failed call's error.
 
 Faults: launches are asynchronous, so a kernel fault surfaces at a later call; the error then
 says so and names GRAPHC_CUDA_SYNC=1, under which every step is followed by a stream
@@ -40,8 +47,10 @@ again. If the reset fails, every later call of every executable raises CudaDevic
 naming the first fault, without touching the device.
 
 Invariants: calls on one executable are serialised by a lock (they share the device buffer);
-fetches take the same lock; the device buffer, stream, graph, pools and module live as long
-as the executable (freed by `close()`, which first fetches every value still marked).
+fetches take the same lock; at most one call is in flight (`_in_flight`), and nothing reads or
+rewrites its pinned staging before `_wait`; the device buffer, stream, graph, pools and module
+live as long as the executable (freed by `close()`, which first fetches every value still
+marked).
 """
 
 from __future__ import annotations
@@ -141,6 +150,8 @@ class CudaExecutable:
             _align(t.nbytes) for _, t, _, out in self._layout if out)
         self._staging = ctypes.c_void_p()
         rt.gc_host_alloc(ctypes.byref(self._staging), max(self._staging_bytes, 256))
+        self._errors_staged = self._staging.value + sum(sizes)
+        self._in_flight = False  # a call returned before its device work finished
         self._pools: dict[int, list[int]] = {}  # output index -> free device buffers
         self._graph_exec = None
         self._capture = "untried"  # "untried" | "captured" | "refused"
@@ -206,6 +217,7 @@ class CudaExecutable:
 
     def _call(self, arrays: tuple, bound: list, eager: bool):
         rt, stream = self.rt, self._stream
+        self._wait()  # the staging, the pools and the error words are free again
         seen: set[int] = set()
         shared = {id(a) for a in bound if id(a) in seen or seen.add(id(a))}  # passed twice
         staged = self._staging.value
@@ -230,6 +242,8 @@ class CudaExecutable:
         n_errors = len(self.lowered.errors)
         errors = np.zeros(n_errors, np.int64)
         lazy = not eager and self._calls > 0
+        asynchronous = lazy and not config.cuda_sync()
+        staged = self._errors_staged + _align(8 * max(n_errors, 1))  # then the 0-d outputs
         outs, staged_outs, marks = [], [], []
         moves = []  # state values into their slots: after every copy out (one may read a slot)
         base = self._base.value
@@ -237,7 +251,7 @@ class CudaExecutable:
             ptr = base + offset
             if is_output:
                 out = np.empty(t.shape, t.dtype.np)
-                if lazy and t.shape and out.nbytes:  # kept on the device until read
+                if lazy and (t.shape or asynchronous) and out.nbytes:  # on the device until read
                     buffer = self._pool_take(k, out.nbytes)
                     rt.gc_memcpy_d2d(buffer, ptr, out.nbytes, stream)
                     marks.append((out, ("out", k, buffer)))
@@ -267,7 +281,9 @@ class CudaExecutable:
             outs.append(out)
         for dst, src, nbytes in moves:
             rt.gc_memcpy_d2d(dst, src, nbytes, stream)
-        if n_errors:
+        if n_errors and asynchronous:  # read by the next _wait
+            rt.gc_memcpy_d2h(self._errors_staged, self._errors_ptr, 8 * n_errors, stream)
+        elif n_errors:
             rt.gc_memcpy_d2h(errors.ctypes.data, self._errors_ptr, 8 * n_errors, stream)
         # the marks while the device works: nothing reads a mark's value before the lock,
         # held until this call returns, lets a fetch in (every copy is ordered on the stream)
@@ -275,11 +291,34 @@ class CudaExecutable:
             if not isinstance(slot, tuple):
                 self._holders[slot] = weakref.ref(out)
             residency.mark(out, self, slot)
+        if asynchronous:
+            self._in_flight = True
+            return outs, errors
         rt.gc_stream_synchronize(stream)
         for out, at in staged_outs:
             view = np.frombuffer((ctypes.c_char * out.nbytes).from_address(at), out.dtype)
             np.copyto(out, view.reshape(out.shape))
         return outs, errors
+
+    def _wait(self) -> None:
+        """Wait for the call in flight, if any (under the lock), and raise the index error its
+        kernels recorded: the asynchronous call's failure, reported at the first wait after
+        it (the next call, a read of a value, close())."""
+        if not self._in_flight:
+            return
+        self.rt.gc_stream_synchronize(self._stream)
+        self._in_flight = False
+        n_errors = len(self.lowered.errors)
+        if not n_errors:
+            return
+        words = np.frombuffer((ctypes.c_char * (8 * n_errors)).from_address(
+            self._errors_staged), np.int64)
+        for k in np.flatnonzero(words):
+            raise IndexOutOfRangeError(
+                f"cuda backend: graph @{self.graph.name} failed in an earlier call: "
+                f"{self.lowered.errors[k]} (a compiled call returns before its device work "
+                "ends, as PyTorch's CUDA ops do, so a failure shows at the next call or read "
+                "of a result; GRAPHC_CUDA_SYNC=1 makes every call wait and fail itself)")
 
     def replay(self, count: int = 1) -> None:
         """Run the launch list `count` more times on the device values the last call left
@@ -290,6 +329,7 @@ class CudaExecutable:
         with self._lock:
             self._check_replayable("replay", count)
             try:
+                self._wait()
                 for _ in range(count):
                     self._execute()
                 self.rt.gc_stream_synchronize(self._stream)
@@ -313,6 +353,10 @@ class CudaExecutable:
         with self._lock:
             self._check_replayable("step_times", repeat)
             rt, stream = self.rt, self._stream
+            try:
+                self._wait()
+            except rtmod.CudaRuntimeError as error:
+                raise self._failed(error) from None
             events = [ctypes.c_void_p() for _ in range(len(self._steps) + 1)]
             samples = []
             try:
@@ -362,6 +406,7 @@ class CudaExecutable:
             if residency.marked_by(a) != found or owner._lost is not None:
                 residency.fresh_all([a])
                 return False
+            owner._wait()  # its call in flight computes the value
             src = slot[2] if isinstance(slot, tuple) else owner._input_ptrs[slot]
             if a.nbytes:  # done before the owner may run again and overwrite its slot
                 self.rt.gc_memcpy_d2d(dst, src, a.nbytes, self._stream)
@@ -517,12 +562,13 @@ class CudaExecutable:
             else:
                 ptr = self._input_ptrs[slot]
                 self._holders.pop(slot, None)
-            if array.nbytes:
-                try:
+            try:
+                self._wait()
+                if array.nbytes:
                     self.rt.gc_memcpy_d2h(array.ctypes.data, ptr, array.nbytes, self._stream)
                     self.rt.gc_stream_synchronize(self._stream)
-                except rtmod.CudaRuntimeError as error:
-                    raise self._failed(error) from None
+            except rtmod.CudaRuntimeError as error:
+                raise self._failed(error) from None
             if isinstance(slot, tuple):
                 self._pool_give(slot)
 
@@ -553,6 +599,9 @@ class CudaExecutable:
             residency.unmark_owner(self)
         finally:
             with self._lock:
+                if self._in_flight and self._lost is None:
+                    self._in_flight = False
+                    self.rt.gc_stream_synchronize(self._stream)  # before its memory goes
                 base, self._base = self._base, None
                 if self._lost is None:
                     self._free(base)
