@@ -3,20 +3,20 @@
 `python -m benchmarks.gpu_host [--quick] [--steps N] [--only gpt_b16|resnet18_b32]` needs a
 CUDA GPU and PyTorch with CUDA (as benchmarks.gpu). It runs benchmarks.gpu's training steps
 (graphc's compiled step, the loss read every step) and stamps the wall clock at the phases of
-each call, by wrapping the runtime's graph launch and stream synchronisation:
+each step, by wrapping the runtime's graph launch and stream synchronisation:
 
 - `before launch`: from the call to the launch of the captured CUDA graph (the compiled
   callable's guards, the executable's input checks and uploads);
-- `after launch`: from the launch to the synchronisation (output copies enqueued, residency
-  marks): host work the device's run hides;
-- `device wait`: inside the synchronisation (the device still running);
-- `after wait`: from the synchronisation's return to the step's return (host copies of
-  results, the compiled callable wrapping results in tensors and assigning `.grad`s);
-- `loss read`: the `.item()` of the returned loss.
+- `after launch`: from the launch to the call's return (output copies enqueued, residency
+  marks, the compiled callable wrapping results in tensors and assigning `.grad`s): a call
+  returns before its device work ends, so this is host work the device's run hides;
+- `device wait`: the loss read's synchronisation (the device still running);
+- `loss read`: the rest of the `.item()` (its copy and Python).
 
 It prints the median of each phase over the steps and the device time of one replay of the
-launch list, next to PyTorch's step with the same loss read. The phases the device does not
-hide (before launch, after wait, loss read) are what the step costs above its replay.
+launch list, next to PyTorch's step with the same loss read. What the device does not hide
+(before launch, and after launch beyond the device's own time) is what the step costs above
+its replay.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import graphc
 from benchmarks import model_steps, models
 from benchmarks.gpu import _samples, _torch
 
-PHASES = ("before launch", "after launch", "device wait", "after wait", "loss read")
+PHASES = ("before launch", "after launch", "device wait", "loss read")
 
 
 def phases(step, gx, gy, steps: int) -> dict[str, float]:
@@ -44,9 +44,10 @@ def phases(step, gx, gy, steps: int) -> dict[str, float]:
         return launch(*args)
 
     def stamped_sync(*args):
-        stamps.setdefault("sync", time.perf_counter())  # the call's first synchronisation
+        started = time.perf_counter()
         result = sync(*args)
-        stamps.setdefault("synced", time.perf_counter())
+        if "returned" in stamps and "sync" not in stamps:  # the loss read's first wait
+            stamps["sync"], stamps["synced"] = started, time.perf_counter()
         return result
 
     rows = {name: [] for name in PHASES}
@@ -56,17 +57,16 @@ def phases(step, gx, gy, steps: int) -> dict[str, float]:
             stamps.clear()
             start = time.perf_counter()
             loss = step(gx, gy)
-            returned = time.perf_counter()
+            stamps["returned"] = time.perf_counter()
             loss.item()
             read = time.perf_counter()
             if not {"launch", "sync", "synced"} <= stamps.keys():
                 raise SystemExit("benchmarks.gpu_host: the step did not launch a captured "
-                                 "graph and synchronise once (is this the emulation?)")
+                                 "graph and wait for it in the loss read (the emulation?)")
             rows["before launch"].append(stamps["launch"] - start)
-            rows["after launch"].append(stamps["sync"] - stamps["launch"])
+            rows["after launch"].append(stamps["returned"] - stamps["launch"])
             rows["device wait"].append(stamps["synced"] - stamps["sync"])
-            rows["after wait"].append(returned - stamps["synced"])
-            rows["loss read"].append(read - returned)
+            rows["loss read"].append(read - stamps["returned"] - rows["device wait"][-1])
     finally:
         rt.gc_graph_launch, rt.gc_stream_synchronize = launch, sync
     return {name: statistics.median(v) for name, v in rows.items()}
