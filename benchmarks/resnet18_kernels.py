@@ -30,6 +30,9 @@ overhead. (Removing a part also changes what the others find in cache.)
 (graphc.backends.cpu.winograd_transforms.planes_by_vectors) and as the tile loop through a
 padded plane (PLANE_VECTORS off while it compiles); the 64- and 128-channel layers do not
 take it.
+`row-vectors`: the same for the 64- and 128-channel layers, their input transform 16 tiles a
+vector along tile rows (winograd_transforms.rows_by_vectors) and as the tile loop
+(ROW_VECTORS off while it compiles).
 `row-split`: the whole step compiled twice, the stride-2 forward and input-gradient GEMMs
 in 16 row slabs (graphc.backends.cpu.conv_row_split) and in their BLAS calls, each with its
 own GRAPHC_CACHE_DIR; the steps timed in alternation (`--rounds` samples), then the stride-2
@@ -50,7 +53,8 @@ PASSES = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("classes", "transforms", "block-gemm",
-                                           "plane-vectors", "transform-parts", "row-split",
+                                           "plane-vectors", "row-vectors", "transform-parts",
+                                           "row-split",
                                            "row-split-kernels"),
                         help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
@@ -87,6 +91,13 @@ def main(argv: list[str] | None = None) -> None:
         with cache_root("resnet18_kernels.") as root:
             for channels, side in LAYERS[2:]:
                 print(plane_vectors_gain(root, channels, side, args.rounds), flush=True)
+    if args.only == "row-vectors":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            for channels, side in LAYERS[:2]:
+                print(plane_vectors_gain(root, channels, side, args.rounds,
+                                         flag="ROW_VECTORS"), flush=True)
     if args.only == "row-split":
         from benchmarks.harness import cache_root
 
@@ -327,17 +338,27 @@ def _without(part, root: str, graph, tag: str):
         setattr(module, PARTS[part][1], kept)
 
 
-def plane_vectors_gain(root: str, channels: int, side: int, rounds: int, n: int = 32) -> str:
-    """One line: each pass of the layer with the small planes' input transform as the tile
-    loop and in vectors."""
+def plane_vectors_gain(root: str, channels: int, side: int, rounds: int, n: int = 32,
+                       flag: str = "PLANE_VECTORS") -> str:
+    """One line: each pass of the layer with the input transform (and for small planes the
+    output transform) as the tile loop and in vectors: `flag`, winograd_transforms'
+    PLANE_VECTORS (small planes) or ROW_VECTORS (large planes), off and on."""
     import numpy as np
 
     from benchmarks.profiles import native_call
+    from graphc.backends.cpu import winograd_transforms
     parts = []
     for kind, fresh, args in _layer_passes(channels, side, n):
-        exes = [_compiled(root, fresh(),
-                          f"{channels}-{kind}-planes{vectors}", True, plane_vectors=vectors)
-                for vectors in (False, True)]
+        exes = []
+        for vectors in (False, True):
+            kept = getattr(winograd_transforms, flag)
+            setattr(winograd_transforms, flag, vectors)
+            try:
+                exes.append(_compiled(root, fresh(), f"{channels}-{kind}-{flag}{vectors}",
+                                      True, plane_vectors=vectors if flag == "PLANE_VECTORS"
+                                      else winograd_transforms.PLANE_VECTORS))
+            finally:
+                setattr(winograd_transforms, flag, kept)
         same = np.array_equal(exes[0].run(*args)[0], exes[1].run(*args)[0])
         loop, vectors = (float(np.median(t)) for t in
                          _alternated([native_call(e, args) for e in exes], rounds))

@@ -20,7 +20,9 @@ characters of IR, LLVM 0.17 -> 0.06 s CPU each, run time and results the same):
   BLAS's transpose flag);
 - input transform: each channel plane copied into a zero-padded plane (border zeroed once per
   kernel, so no tap needs a bounds test), every 4x4 tile at stride 2 to `V[xi][ci][t]`
-  (planes of 16 tiles or fewer: 16 tiles a vector, winograd_transforms.planes_by_vectors);
+  (planes of 16 tiles or fewer: 16 tiles a vector, winograd_transforms.planes_by_vectors;
+  tile rows of 16 tiles or a whole fraction of it: 16 tiles a vector along tile rows,
+  rows_by_vectors, with no padded plane);
 - 16 GEMMs, then the output transform of every tile to its 2x2 outputs (NCHW). The 16
   are one call of a generated function (graphc.backends.cpu.winograd_gemm: register tiles,
   no packing, no per-call BLAS cost) where it takes the shape, float32, else 16 BLAS calls.

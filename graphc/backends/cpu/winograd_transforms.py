@@ -9,6 +9,8 @@ the blocks, the layouts and the GEMMs, these the arithmetic:
 - `input_tiles`: V = B^T d B of every 4x4 tile of a part of a block's images, through a
   zero-padded plane (`pad_plane`); small planes (4x4, 8x8: tile rows of 2 or 4 tiles, which
   LLVM leaves scalar) by `planes_by_vectors`, 16 tiles a vector, with no padded plane;
+  large planes whose tile rows hold 16 tiles or a whole fraction of it (32x32, 16x16) by
+  `rows_by_vectors`, 16 tiles a vector along tile rows, with no padded plane either;
 - `filter_transform`: U = G f G^T of every filter (the input gradient's flipped one, and
   U stored transposed where conv_winograd asks), `in_squares` the transposing walk;
 - `spaced`: the distance between consecutive transform-domain matrices.
@@ -28,7 +30,7 @@ from graphc.backends.cpu.values import F32, as_i64, i64, loop
 __all__ = ["A", "ALPHA", "AT", "BT", "G", "GT", "OUT_SQUARE", "Tiles", "combine",
            "filter_transform", "in_squares", "input_tiles", "output_planes_by_vectors",
            "output_tiles", "pad_plane", "planes_by_vectors", "planes_by_vectors_apply",
-           "sandwich", "spaced"]
+           "rows_by_vectors", "rows_by_vectors_apply", "sandwich", "spaced"]
 
 # F(2, 3) by Toom-Cook on the points 0, 1, -1, infinity (the 1/2 of the interpolation moved
 # into G): `y = AT @ ((G @ g) * (BT @ d))` is the correlation y[i] = sum_k d[i + k] g[k].
@@ -85,6 +87,8 @@ def input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_st
     padded plane `pi` (`wp` wide, its border zero)."""
     if planes_by_vectors_apply(dt, part, ss, in_hw):
         return planes_by_vectors(b, kb, dt, part, si, ss, ci, in_hw, pad, vi, v_step)
+    if rows_by_vectors_apply(dt, part, ss, in_hw):
+        return rows_by_vectors(b, kb, dt, part, si, ss, ci, in_hw, pad, vi, v_step)
     per_image = part.nrows * part.tw
     # the padded rows these tiles read, and the source rows that land there
     src_rows = (_clamped(b, _twice_plus(b, part.ty0, -pad[0]), 0, in_hw[0]),
@@ -310,3 +314,71 @@ def output_planes_by_vectors(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, ou
             values = b.shuffle_vector(every, ir.Constant(every.type, ir.Undefined), mask)
             out_at = imul(b, iadd(b, imul(b, iadd(b, first, k), co), o), plane)
             b.store(values, kb.pointer(b, oi, out_at), align=4)
+
+
+# Large planes' input transform in vectors of PLANE_LANES tiles along tile rows (float32):
+# see rows_by_vectors. False: the tile loop through the padded plane (for A/B runs).
+ROW_VECTORS = True
+ROW_SOURCE = 64  # at most this many elements of input rows feed one tap's shuffle
+
+
+def rows_by_vectors_apply(dt, part: Tiles, ss, in_hw) -> bool:
+    """Whether rows_by_vectors serves this part: float32, a whole number of tile rows to a
+    vector of PLANE_LANES tiles (ResNet-18's 32x32 planes: one tile row of 16 tiles; 16x16:
+    two of 8), whole vectors in the part, input rows contiguous and short."""
+    lanes = PLANE_LANES
+    if not (ROW_VECTORS and dt.name == "float32" and lanes % part.tw == 0):
+        return False
+    per_vector = lanes // part.tw
+    return (part.nrows % per_vector == 0 and part.ld % lanes == 0 and ss[3] == 1
+            and per_vector * in_hw[1] <= ROW_SOURCE)
+
+
+def rows_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step) -> None:
+    """V[xi][c][t] = (B^T d B)[xi] of PLANE_LANES consecutive tiles t at once, for planes
+    whose tile rows are PLANE_LANES tiles or a whole fraction of it (ResNet-18's 32x32 and
+    16x16 stages, where the tile loop first copies every plane into a padded one): the 4
+    (or 2 + 2 * tile rows) input rows a vector of tiles reads are loaded as vectors (a row
+    in the padding: a zero vector), each tap d[r][s] of the tiles is one shuffle of one
+    row (or of one row per tile row) and a zero vector, the transform runs on vectors, and
+    each xi's PLANE_LANES sums are one store along V's row. The same additions in the same
+    order as the tile loop (bit for bit), with no padded plane."""
+    lanes = PLANE_LANES
+    per_vector = lanes // part.tw  # tile rows a vector holds
+    width = in_hw[1]
+    row_vec = ir.VectorType(F32, width)
+    source = per_vector * width
+    zero_row = ir.Constant(row_vec, [0.0] * width)
+    zero = ir.Constant(ir.VectorType(F32, source), [0.0] * source)
+
+    def tap(s):  # which element of the tile rows' source (or `source`: zero) lane reads
+        mask = []
+        for lane in range(lanes):
+            i, tx = divmod(lane, part.tw)
+            col = 2 * tx + s - pad[1]
+            mask.append(i * width + col if 0 <= col < width else source)
+        return ir.Constant(ir.VectorType(ir.IntType(32), lanes), mask)
+
+    masks = [tap(s) for s in range(ALPHA)]
+    per_image = part.nrows * part.tw
+    with block_images(b, part.count) as j, loop(b, 0, ci, "ci") as c, \
+            loop(b, 0, part.nrows // per_vector, "tg") as group:
+        plane = iadd(b, imul(b, iadd(b, part.n0, j), ss[0]), imul(b, c, ss[1]))
+        ty = iadd(b, imul(b, group, per_vector), part.ty0)
+        top = _twice_plus(b, ty, -pad[0])  # the input row of the vector's first tap row
+        rows = []
+        for k in range(2 * per_vector + 2):
+            row = iadd(b, top, k)
+            inside = b.and_(b.icmp_signed(">=", row, i64(0)),
+                            b.icmp_signed("<", row, i64(in_hw[0])))
+            safe = b.select(inside, row, i64(0))  # never read outside the tensor
+            loaded = b.load(kb.pointer(b, si, iadd(b, plane, imul(b, safe, ss[2]))),
+                            typ=row_vec, align=4)
+            rows.append(b.select(inside, loaded, zero_row))
+        d = [[b.shuffle_vector(_concatenated(b, [rows[r + 2 * i] for i in range(per_vector)]),
+                               zero, masks[s]) for s in range(ALPHA)] for r in range(ALPHA)]
+        v = sandwich(b, dt, BT, d)
+        at = iadd(b, imul(b, c, part.ld), imul(b, j, per_image), imul(b, group, lanes))
+        for xi in range(ALPHA * ALPHA):
+            b.store(v[xi // ALPHA][xi % ALPHA], kb.pointer(b, vi, iadd(b, at, xi * v_step)),
+                    align=4)
