@@ -14,8 +14,10 @@ turned off while it compiles, "winograd-nt" with its GEMMs in the earlier NT for
 Winograd block (forward and input gradient too) as BLAS calls (graphc.backends.cpu.
 winograd_gemm.ENABLED = False), "winograd-tile-loop" with the small planes' input
 transform as the tile loop through a padded plane (winograd_transforms.PLANE_VECTORS =
-False), and "winograd" (the default: one call of winograd_gemm's generated function where it
-takes the shape, small planes by vectors); `--variants` picks.
+False), "winograd-row-loop" with the large planes' (32x32, 16x16) input transform as the
+tile loop through a padded plane (winograd_transforms.ROW_VECTORS = False), and "winograd"
+(the default: one call of winograd_gemm's generated function where it takes the shape,
+small planes by vectors, large ones along tile rows); `--variants` picks.
 Each kernel is called natively (benchmarks.profiles.native_call), the variants in
 alternation, each sample >= 40 ms of this
 process's CPU time (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, or `--threads N` of them
@@ -39,7 +41,8 @@ import time
 from contextlib import contextmanager
 
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
-VARIANTS = ("im2col", "winograd-nt", "winograd-blas", "winograd-tile-loop", "winograd")
+VARIANTS = ("im2col", "winograd-nt", "winograd-blas", "winograd-tile-loop", "winograd-row-loop",
+            "winograd")
 _clock = time.process_time
 
 
@@ -89,17 +92,19 @@ def _variant(variant: str):
     from graphc.backends.cpu import conv_winograd, winograd_gemm, winograd_transforms
 
     kept = conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
-        winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS
+        winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS, winograd_transforms.ROW_VECTORS
     if variant == "im2col":
         conv_winograd.conv2d_weight_grad = _not_taken
     conv_winograd.WEIGHT_GRAD_NN = variant != "winograd-nt"
-    winograd_gemm.ENABLED = variant in ("winograd", "winograd-tile-loop")
+    winograd_gemm.ENABLED = variant in ("winograd", "winograd-tile-loop", "winograd-row-loop")
     winograd_transforms.PLANE_VECTORS = variant != "winograd-tile-loop"
+    winograd_transforms.ROW_VECTORS = variant != "winograd-row-loop"
     try:
         yield
     finally:
         conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
-            winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS = kept
+            winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS, \
+            winograd_transforms.ROW_VECTORS = kept
 
 
 def _not_taken(lw, node, g) -> bool:
