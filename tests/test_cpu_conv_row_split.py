@@ -1,8 +1,9 @@
-"""One image's im2col GEMM in 16 row slabs (graphc.backends.cpu.conv_row_split): the
-stride-2 3x3 and 1x1 convolutions' forward and input gradient where the plan takes them,
-equal to the interpreter within float32 rounding and within 2x eager's distance from a
-float64 run (graphc.testing.assert_rounding_within), at one and two threads; the products
-the plan must leave to the BLAS."""
+"""One image's im2col GEMM in one generated call (graphc.backends.cpu.conv_row_split; in
+slabs of rows where SLABS asks): the stride-2 3x3 and 1x1 convolutions' forward and input
+gradient where the plan takes them, equal to the interpreter within float32 rounding and
+within 2x eager's distance from a float64 run (graphc.testing.assert_rounding_within), at
+one and two threads; slab counts against numpy and one another; the products the plan must
+leave to the BLAS."""
 
 from __future__ import annotations
 
@@ -82,15 +83,45 @@ def test_disabled_keeps_the_blas(monkeypatch):
     _check((2, 64, 16, 16), (128, 64, 1, 1), (2, 2), (0, 0), slabs_expected=False)
 
 
-def test_plan_declines():
+def test_plan_declines(monkeypatch):
     # float64, rows not a whole number of slabs, slabs too thin, k or b too large
     assert conv_row_split.plan(float64, 128, 64, 64, 64, 1, 64, 64) is None
+    monkeypatch.setattr(conv_row_split, "SLABS", 16)
     assert conv_row_split.plan(float32, 120, 64, 64, 64, 1, 64, 64) is None
     assert conv_row_split.plan(float32, 32, 64, 64, 64, 1, 64, 64) is None
+    monkeypatch.setattr(conv_row_split, "SLABS", 1)
+    assert conv_row_split.plan(float32, 3, 64, 64, 64, 1, 64, 64) is None
     assert conv_row_split.plan(float32, 256, 64, 2304, 2304, 1, 64, 64) is None
     assert conv_row_split.plan(float32, 128, 512, 576, 576, 1, 512, 512) is None  # 1.2 MB
     assert conv_row_split.plan(float32, 576, 256, 128, 1, 576, 256, 256, max_n=64) is None
     if winograd_gemm.available():
+        g = conv_row_split.plan(float32, 120, 64, 64, 64, 1, 64, 64)  # one product: any rows
+        assert (g.m, g.products) == (120, 1)
+        monkeypatch.setattr(conv_row_split, "SLABS", 16)
         g = conv_row_split.plan(float32, 256, 64, 1152, 1152, 1, 64, 64)
         assert (g.m, g.n, g.k, g.a_step, g.b_step, g.c_step) == (16, 64, 1152, 16 * 1152, 0,
                                                                   16 * 64)
+        assert g.products == 16
+
+
+@needs_kernel
+@pytest.mark.parametrize("slabs", [1, 2, 16])
+def test_slabs_equal_numpy_and_one_another(slabs, monkeypatch):
+    # the product as `slabs` slabs of rows (a's and c's rows stepped, b shared): c = a @ b,
+    # the same bits for every slab count (each element's sums the same)
+    from tests.test_cpu_winograd_gemm import _compiled
+
+    m, n, k = 96, 128, 150
+    rng = np.random.default_rng(slabs)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n)))
+    got = {}
+    for count in (slabs, 1):
+        monkeypatch.setattr(conv_row_split, "SLABS", count)
+        gemm = conv_row_split.plan(float32, m, n, k, k, 1, n, n)
+        assert gemm is not None and gemm.products == count
+        c = np.full((m, n), np.nan, np.float32)
+        _compiled(gemm)(a.ctypes.data, b.ctypes.data, c.ctypes.data, 0.0)
+        got[count] = c
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got[slabs], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    np.testing.assert_array_equal(got[slabs], got[1])

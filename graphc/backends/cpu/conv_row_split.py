@@ -1,4 +1,4 @@
-"""conv_row_split: one image's im2col GEMM as 16 row slabs in one generated call.
+"""conv_row_split: one image's im2col GEMM in one generated call (once 16 row slabs).
 
 The stride-2 convolutions of ResNet-18 (CIFAR, batch 32) run by im2col and one BLAS GEMM
 per image (graphc.backends.cpu.conv): the forward's `out (O x P) = w (O x K) @ cols (K x P)`
@@ -25,6 +25,18 @@ INPUT_GRAD_MAX_N positions. A product whose b is past MAX_B_BYTES (the slabs rea
 L2 once per slab) and a block of several images (graphc.backends.cpu.conv_blocks, the 4x4
 planes, one GEMM of 512 columns) keep the BLAS (the latter measured the same or slower).
 
+Since the tenth session the product is one product of the function (SLABS = 1), not 16
+slabs: the generated function's loops (panels of c, blocks of k, row tiles) keep b's block
+in L1 for all of c's rows either way, and the slabs' thin row blocks (128 rows: 16 slabs
+of 8, two tiles of 4 rows) cost more than they saved. Each kernel as a one-op graph (batch
+32, 1 thread, CPU time, 15 alternated rounds, three runs at load 5-6), 16 slabs -> one
+product: 3x3 128 -> 256 input gradient 8.21 -> 7.51, 8.24 -> 7.62, 7.69 -> 6.95 ms; 1x1
+128 -> 256 input gradient 1.18 -> 1.00 (BLAS 1.27); 3x3 64 -> 128 forward 7.68 -> 7.40,
+7.89 -> 7.68, 7.37 -> 7.21; the 1x1 and 128 -> 256 forwards the same within 0.2 ms. The
+same sums, bit for bit. The rules below (INPUT_GRAD_MAX_N, MAX_B_BYTES, MAX_K) stay as
+measured with the slabs: the 64 -> 128 input gradient as one product lost too (9.29 ->
+9.66 ms against the BLAS).
+
 Rounding: each element of c sums k in blocks of winograd_gemm.K_BLOCK (fused multiply-adds in
 order), the blocks' sums added in c, as a BLAS blocks k; judged by distance from a float64
 run (tests/test_cpu_conv_row_split.py).
@@ -40,7 +52,7 @@ from graphc.types import float32
 
 __all__ = ["ENABLED", "INPUT_GRAD_MAX_N", "MAX_B_BYTES", "MAX_K", "SLABS", "call", "plan"]
 
-SLABS = winograd_gemm.POSITIONS  # the generated function runs this many products a call
+SLABS = 1  # products of m / SLABS rows each, one call (see the module docstring)
 # b (k x n floats) read by every slab: 3x3 64 -> 128's forward (576 KB) gained 0.7-0.9 ms
 # of 8-9 in the kernel (three runs), though alone, b in cache, it measured 121-169 GFLOP/s
 # against the BLAS's 140 (noisy); larger ones not measured
@@ -54,7 +66,7 @@ ENABLED = True  # False: every product keeps its BLAS call (A/B runs, benchmarks
 def plan(dt, m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int,
          max_n: int | None = None):
     """The generated function computing c (m x n, rows ldc apart) = a (m x k, element
-    strides a_row, a_col) @ b (k x n, rows ldb apart) as SLABS slabs of m / SLABS rows, or
+    strides a_row, a_col) @ b (k x n, rows ldb apart) as SLABS slab(s) of m / SLABS rows, or
     None where the BLAS call stays (not float32, not ENABLED, a host winograd_gemm does not
     serve, m not a whole number of slabs of MIN_SLAB_ROWS rows or more, k past MAX_K, b past
     MAX_B_BYTES, n past `max_n` or not a whole number of vectors)."""
@@ -67,7 +79,7 @@ def plan(dt, m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int,
             (max_n is not None and n > max_n):
         return None
     return winograd_gemm.plan(rows, n, k, a_row, a_col, ldb, ldc, rows * a_row, 0, rows * ldc,
-                              max_k=MAX_K)
+                              max_k=MAX_K, products=SLABS)
 
 
 def call(lw, b, kb, gemm, a, a_off, bm, b_off, c, c_off) -> None:

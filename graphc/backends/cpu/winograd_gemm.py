@@ -26,6 +26,9 @@ each, in order), each block's sum added to c, as a BLAS blocks k (its KC); for k
 OpenBLAS's, bit for bit (benchmarks/winograd_gemm.py prints the difference). Judged by
 distance from a float64 run (tests/test_cpu_winograd_gemm.py, test_cpu_conv_winograd.py).
 
+`plan(..., products=...)`: a function running another number of products, one shape
+(graphc.backends.cpu.conv_row_split's one product of a stride-2 convolution's image).
+
 `plan(...)` decides (None: the BLAS calls stay): an AVX-512 host (graphc.backends.cpu.
 small_gemm.lanes() 16; AVX2 hosts keep the BLAS: not measured there), n a whole number of
 vectors, k within MAX_K, an
@@ -70,9 +73,10 @@ ENABLED = True  # False: every block keeps its BLAS calls (A/B runs, benchmarks)
 
 @dataclass(frozen=True)
 class BlockGemm:
-    """POSITIONS products c[xi] (m x n) (+)= a[xi] (m x k) @ b[xi] (k x n): a's element
-    strides (a_row, a_col), b's rows ldb apart (contiguous), c's rows ldc apart; matrix xi
-    of each operand at xi * its step; tiles of `rows` x `vectors` registers of `lanes`."""
+    """`products` (POSITIONS) products c[xi] (m x n) (+)= a[xi] (m x k) @ b[xi] (k x n):
+    a's element strides (a_row, a_col), b's rows ldb apart (contiguous), c's rows ldc apart;
+    matrix xi of each operand at xi * its step; tiles of `rows` x `vectors` registers of
+    `lanes`."""
 
     m: int
     n: int
@@ -88,12 +92,14 @@ class BlockGemm:
     vectors: int
     lanes: int
     k_block: int = 0
+    products: int = POSITIONS
 
     @property
     def name(self) -> str:
+        count = "" if self.products == POSITIONS else f"_p{self.products}"
         return (f"graphc_winograd_gemm_{self.m}x{self.n}x{self.k}_a{self.a_row}_{self.a_col}"
                 f"_b{self.ldb}_c{self.ldc}_s{self.a_step}_{self.b_step}_{self.c_step}"
-                f"_t{self.rows}x{self.vectors}x{self.lanes}_k{self.k_block}")
+                f"_t{self.rows}x{self.vectors}x{self.lanes}_k{self.k_block}{count}")
 
 
 def available() -> bool:
@@ -103,11 +109,13 @@ def available() -> bool:
 
 def plan(m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int, a_step: int,
          b_step: int, c_step: int, accumulates: bool = False, *, vectors: int | None = None,
-         k_block: int | None = None, max_k: int | None = None) -> BlockGemm | None:
+         k_block: int | None = None, max_k: int | None = None,
+         products: int = POSITIONS) -> BlockGemm | None:
     """The generated function for a block's float32 products, or None where the BLAS calls
     stay (see the module docstring). `accumulates`: the products add to c (beta 1 in some
     calls). `vectors`, `k_block`, `max_k`: the tile's width in vector registers (default:
-    4 where n allows, else 2, else 1), K_BLOCK and MAX_K, for benchmarks."""
+    4 where n allows, else 2, else 1), K_BLOCK and MAX_K, for benchmarks; `products`: how
+    many products a call runs."""
     width = LANES if available() else 0
     if not width or not all(type(d) is int for d in (m, n, k, a_row, a_col, ldb, ldc)):
         return None
@@ -123,7 +131,7 @@ def plan(m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int, a_s
     most = ACCUMULATORS // vectors
     rows = -(-m // -(-m // most))  # as many rows as the registers hold, split evenly
     return BlockGemm(m, n, k, a_row, a_col, ldb, ldc, a_step, b_step, c_step, rows, vectors,
-                     width, min(k, k_block or K_BLOCK))
+                     width, min(k, k_block or K_BLOCK), products)
 
 
 def function(module: ir.Module, gemm: BlockGemm) -> ir.Function:
@@ -140,7 +148,7 @@ def function(module: ir.Module, gemm: BlockGemm) -> ir.Function:
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     a, bm, c, beta = fn.args
     accumulate = b.fcmp_ordered("!=", beta, ir.Constant(F32, 0.0))
-    with counted(b, POSITIONS, "xi") as xi:
+    with counted(b, gemm.products, "xi") as xi:
         operands = [b.gep(p, [b.mul(xi, i64(step))], inbounds=True, source_etype=F32)
                     for p, step in ((a, gemm.a_step), (bm, gemm.b_step), (c, gemm.c_step))]
         _product(b, gemm, *operands, accumulate)
