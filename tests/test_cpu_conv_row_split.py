@@ -36,17 +36,18 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
-def _check(xs, ws, stride, padding, slabs_expected: bool, counts=(1, 2)):
-    """Forward and input gradient on each thread count: the interpreter's result within
-    float32 rounding, within 2x eager's distance from float64; the slabs' function in the
-    module or not."""
+def _check(xs, ws, stride, padding, slabs_expected: bool, counts=(1, 2), kinds=("fwd", "gx")):
+    """Forward and input gradient (or `kinds`) on each thread count: the interpreter's
+    result within float32 rounding, within 2x eager's distance from float64; the generated
+    function in the module or not."""
     rng = np.random.default_rng(sum(xs) + 7 * sum(ws))
     gs, graphs = _graphs(xs, ws, stride, padding, 1)
     _, wide = _graphs(xs, ws, stride, padding, 1, "float64")
-    x = rng.standard_normal(xs).astype(np.float32)
+    x = np.maximum(rng.standard_normal(xs), 0).astype(np.float32)  # after a ReLU
     w = rng.standard_normal(ws).astype(np.float32)
     gy = rng.standard_normal(gs).astype(np.float32)
-    for kind, args in (("fwd", [x, w]), ("gx", [gy, w])):
+    arguments = {"fwd": [x, w], "gx": [gy, w], "gw": [gy, x]}
+    for kind, args in ((kind, arguments[kind]) for kind in kinds):
         graph = graphs[kind]
         eager = interpret(graph, *args)[0]
         reference = interpret(wide[kind], *[a.astype(np.float64) for a in args])[0]
@@ -78,9 +79,30 @@ def test_stride_two_products_in_slabs(case, monkeypatch):
 
 
 @needs_kernel
+@pytest.mark.parametrize("case", [
+    ((2, 64, 16, 16), (128, 64, 1, 1), (2, 2), (0, 0)),   # 1x1 stride 2, 8x8 out
+    ((3, 32, 16, 16), (64, 32, 3, 3), (2, 2), (1, 1)),    # 3x3 stride 2: K = 288 > O
+    ((2, 16, 16, 16), (96, 16, 3, 3), (2, 2), (1, 1)),    # K = 144 > O = 96
+    ((2, 64, 16, 16), (96, 64, 1, 1), (2, 2), (0, 0)),    # K = 64 < O
+])
+def test_stride_two_weight_grads(case, monkeypatch):
+    # gw^T += cols @ gy^T, gy^T copied per image; two threads sum their shares' gw^T
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    _check(*case, slabs_expected=True, kinds=("gw",))
+
+
+@needs_kernel
+def test_weight_grad_switch_keeps_the_blas(monkeypatch):
+    monkeypatch.setattr(conv_row_split, "WEIGHT_GRAD", False)
+    _check((2, 64, 16, 16), (128, 64, 1, 1), (2, 2), (0, 0), slabs_expected=False,
+           kinds=("gw",))
+
+
+@needs_kernel
 def test_disabled_keeps_the_blas(monkeypatch):
     monkeypatch.setattr(conv_row_split, "ENABLED", False)
-    _check((2, 64, 16, 16), (128, 64, 1, 1), (2, 2), (0, 0), slabs_expected=False)
+    _check((2, 64, 16, 16), (128, 64, 1, 1), (2, 2), (0, 0), slabs_expected=False,
+           kinds=("fwd", "gx", "gw"))
 
 
 def test_plan_declines(monkeypatch):

@@ -27,7 +27,10 @@ turn, the first that takes it building the kernel; the rest take im2col + BLAS G
   accumulates inside the GEMM. Where O/g <= 128 < K the GEMM computes the transposed
   gradient `gw_g^T += cols_g @ gy_g^T` in scratch, copied out in tiles at the end: OpenBLAS
   runs that [K x O] orientation 10-25% faster on such shapes (ResNet-18 CIFAR's 64- and
-  128-channel layers; measured 1-thread CPU time).
+  128-channel layers; measured 1-thread CPU time). One image's float32 GEMM (one group)
+  may run as one call of winograd_gemm's generated function instead, always in that
+  transposed form, from a per-image copy of gy^T (conv_row_split.plan_weight_grad:
+  ResNet-18's 3x3 stride-2 layers, 0.4-1.0 ms faster a kernel than OpenBLAS).
 - A fused node `fused(conv2d, ...)` runs its elementwise epilogue per image inside the
   im2col kernel (`fused_conv2d`, graphc.backends.cpu.conv_epilogue); bias and activation on
   the other paths are codegen's elementwise kernel after it.
@@ -280,11 +283,14 @@ def conv2d_weight_grad(lw, node: Node) -> None:
     nb = images_per_block(g)
     direct = nb == 1 and g.pointwise and xs[3] == 1 and xs[2] == g.w and xs[1] == g.p
     gl, gs = grad_image(lw, lw.locs[gy], g)
-    transposed = g.og <= 128 and g.k > g.og  # see the module docstring
+    # one image's gw^T += cols @ gy^T by the generated function (conv_row_split), gy^T copied
+    fast = None if direct or nb > 1 or g.groups > 1 else \
+        conv_row_split.plan_weight_grad(cv.dt, g.k, g.og, g.p)
+    transposed = fast is not None or (g.og <= 128 and g.k > g.og)  # see the docstring
     with contiguous_out(lw, out) as dst:
         shapes = ([(g.groups, g.k, g.og)] if transposed else []) + \
             ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
-            ([(g.o, nb * g.p)] if nb > 1 else [])
+            ([(g.o, nb * g.p)] if nb > 1 else []) + ([(g.p, g.o)] if fast else [])
         # split: each share sums its images into its own partial gradient (the transposed
         # one in its copy of the workspace; share s >= 1 of the other in a `partial`)
         partial = [] if transposed else [(g.o, g.k)]
@@ -300,6 +306,7 @@ def conv2d_weight_grad(lw, node: Node) -> None:
         gwt = ids[3] if transposed else None
         cols = None if direct else ids[3 + transposed]
         gyt = ids[3 + transposed + (not direct)] if nb > 1 else None
+        gy_t = ids[3 + transposed + (not direct)] if fast else None  # gy^T (P x O)
         swap = None if split is None or transposed else (dst, split.locs[-1])
         reduce = None if split is None else _sum_shares(lw, g, locs, split, transposed)
         b = kb.begin()
@@ -327,7 +334,10 @@ def conv2d_weight_grad(lw, node: Node) -> None:
             beta = (zero if n0 == start else one) if isinstance(n0, int) and \
                 isinstance(start, int) else \
                 b.select(b.icmp_signed("==", as_i64(n0), as_i64(start)), zero, one)
-            for grp in range(g.groups):
+            if fast is not None:  # gw^T (K x O) (+)= cols @ gy^T, gy^T copied first
+                _transposed_image(b, kb, g, a, a_img, lda, gy_t)
+                conv_row_split.call(lw, b, kb, fast, src, src_img, gy_t, 0, gwt, 0, beta)
+            for grp in range(g.groups if fast is None else 0):
                 if transposed:  # gw_g^T (K x O/g) += cols_g @ gy_g^T
                     cv.gemm(b, kb, NOTRANS, TRANS, g.k, g.og, ld,
                             src, iadd(b, src_img, grp * g.k * ldb), ldb,
@@ -346,6 +356,24 @@ def conv2d_weight_grad(lw, node: Node) -> None:
         if transposed and split is None:
             _untranspose(b, kb, g, gwt, oi)
         lw.calls.append(called_kernel(lw, kb.finish(b), split, swap=swap, reduce=reduce))
+
+
+def _transposed_image(b, kb, g: Geometry, gi, g_img, ld, dst, tile: int = 16) -> None:
+    """dst[q, o] = gy[o, q] of one image (gy's rows `ld` apart from element g_img), in
+    squares of `tile` (both sides stay in cache)."""
+    with loop(b, 0, -(-g.o // tile), "ot") as ot, loop(b, 0, -(-g.p // tile), "qt") as qt:
+        o_lo, q_lo = b.mul(ot, i64(tile)), b.mul(qt, i64(tile))
+        o_hi, q_hi = (_at_most(b, b.add(lo, i64(tile)), n) for lo, n in
+                      ((o_lo, g.o), (q_lo, g.p)))
+        with loop(b, q_lo, q_hi, "q") as q:
+            row = b.mul(q, i64(g.o))
+            with loop(b, o_lo, o_hi, "o") as o:
+                at = iadd(b, g_img, imul(b, o, ld), q)
+                kb.store(b, dst, b.add(row, o), kb.load(b, gi, at))
+
+
+def _at_most(b, v, n: int):
+    return b.select(b.icmp_signed(">", v, i64(n)), i64(n), v)
 
 
 def _untranspose(b, kb, g: Geometry, gwt, gw, tile: int = 32) -> None:

@@ -37,6 +37,15 @@ same sums, bit for bit. The rules below (INPUT_GRAD_MAX_N, MAX_B_BYTES, MAX_K) s
 measured with the slabs: the 64 -> 128 input gradient as one product lost too (9.29 ->
 9.66 ms against the BLAS).
 
+The weight gradient too (`plan_weight_grad`, tenth session): one image's `gw^T (K x O) (+)=
+cols (K x P) @ gy^T (P x O)`, beta 0 for the kernel's (or share's) first image and 1 after,
+from a per-image copy of gy^T (b's rows must be contiguous; gy^T is the smaller operand),
+gw^T untransposed at the end as the BLAS's transposed form does (graphc.backends.cpu.conv).
+One-op kernels (batch 32, 1 thread, CPU time, 15 and 21 alternated rounds, load 4.5-5),
+BLAS -> generated: 3x3 64 -> 128 8.27 -> 7.30, 8.72 -> 7.69 ms; 3x3 128 -> 256 8.23 -> 7.43,
+7.82 -> 7.41; the 1x1 shortcuts the same (1.46 -> 1.42, 1.07 -> 1.06). The 256 -> 512
+layers (blocks of images) keep the BLAS.
+
 Rounding: each element of c sums k in blocks of winograd_gemm.K_BLOCK (fused multiply-adds in
 order), the blocks' sums added in c, as a BLAS blocks k; judged by distance from a float64
 run (tests/test_cpu_conv_row_split.py).
@@ -50,7 +59,8 @@ from graphc.backends.cpu import winograd_gemm
 from graphc.backends.cpu.values import F32, as_i64
 from graphc.types import float32
 
-__all__ = ["ENABLED", "INPUT_GRAD_MAX_N", "MAX_B_BYTES", "MAX_K", "SLABS", "call", "plan"]
+__all__ = ["ENABLED", "INPUT_GRAD_MAX_N", "MAX_B_BYTES", "MAX_K", "SLABS", "WEIGHT_GRAD", "call",
+           "plan", "plan_weight_grad"]
 
 SLABS = 1  # products of m / SLABS rows each, one call (see the module docstring)
 # b (k x n floats) read by every slab: 3x3 64 -> 128's forward (576 KB) gained 0.7-0.9 ms
@@ -61,6 +71,7 @@ INPUT_GRAD_MAX_N = 64  # the columns an input gradient's product may have (see a
 MAX_K = 1152  # the longest k measured (128 channels x 3 x 3)
 MIN_SLAB_ROWS = 4  # the thinnest slabs measured (1x1 64 -> 128, input gradient: 4 rows)
 ENABLED = True  # False: every product keeps its BLAS call (A/B runs, benchmarks)
+WEIGHT_GRAD = True  # False: the weight gradients keep their BLAS calls (A/B runs)
 
 
 def plan(dt, m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int,
@@ -82,9 +93,22 @@ def plan(dt, m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int,
                               max_k=MAX_K, products=SLABS)
 
 
-def call(lw, b, kb, gemm, a, a_off, bm, b_off, c, c_off) -> None:
-    """c = a @ b by `gemm` (from `plan`, beta 0: c written), on kernel operands from these
-    element offsets."""
+def plan_weight_grad(dt, k: int, o: int, p: int):
+    """The generated function accumulating one image's transposed weight gradient
+    `gw^T (K x O) (+)= cols (K x P) @ gy^T (P x O)` (gy^T a per-image copy, rows of O), or
+    None where the BLAS call stays (as `plan`; P up to winograd_gemm.MAX_K)."""
+    if dt is not float32 or not ENABLED or not WEIGHT_GRAD or not winograd_gemm.available():
+        return None
+    if not all(type(d) is int for d in (k, o, p)) or k < MIN_SLAB_ROWS or \
+            p > winograd_gemm.MAX_K or p * o * 4 > MAX_B_BYTES:
+        return None
+    return winograd_gemm.plan(k, o, p, p, 1, o, o, 0, 0, 0, accumulates=True,
+                              max_k=winograd_gemm.MAX_K, products=1)
+
+
+def call(lw, b, kb, gemm, a, a_off, bm, b_off, c, c_off, beta=None) -> None:
+    """c (+)= a @ b by `gemm` (from `plan`: beta 0, c written; or `plan_weight_grad`: beta
+    an IR value, 0 or 1), on kernel operands from these element offsets."""
     fn = winograd_gemm.function(lw.module, gemm)
     b.call(fn, [kb.pointer(b, a, as_i64(a_off)), kb.pointer(b, bm, as_i64(b_off)),
-                kb.pointer(b, c, as_i64(c_off)), ir.Constant(F32, 0.0)])
+                kb.pointer(b, c, as_i64(c_off)), beta or ir.Constant(F32, 0.0)])
