@@ -34,9 +34,11 @@ take it.
 vector along tile rows (winograd_transforms.rows_by_vectors) and as the tile loop
 (ROW_VECTORS off while it compiles).
 `row-split`: the whole step compiled twice, the stride-2 forward and input-gradient GEMMs
-in 16 row slabs (graphc.backends.cpu.conv_row_split) and in their BLAS calls, each with its
-own GRAPHC_CACHE_DIR; the steps timed in alternation (`--rounds` samples), then the stride-2
-and 1x1 kernels by weight shape (graphc.profile, `--repeat` runs, 3 alternated rounds).
+by the generated function (graphc.backends.cpu.conv_row_split) and in their BLAS calls, each
+with its own GRAPHC_CACHE_DIR; the steps timed in alternation (`--rounds` samples), then the
+stride-2 and 1x1 kernels by weight shape (graphc.profile, `--repeat` runs, 3 alternated
+rounds). `switches`: the same with the tenth session's three changes turned back by their
+switches (TENTH_SESSION) against the defaults.
 """
 
 from __future__ import annotations
@@ -54,8 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("classes", "transforms", "block-gemm",
                                            "plane-vectors", "row-vectors", "transform-parts",
-                                           "row-split",
-                                           "row-split-kernels"),
+                                           "row-split", "row-split-kernels", "switches"),
                         help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
@@ -103,6 +104,11 @@ def main(argv: list[str] | None = None) -> None:
 
         with cache_root("resnet18_kernels.") as root:
             print(row_split_gain(root, args.rounds, args.repeat), flush=True)
+    if args.only == "switches":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            print(switches_gain(root, args.rounds, args.repeat), flush=True)
     if args.only == "row-split-kernels":
         from benchmarks.harness import cache_root
 
@@ -186,13 +192,31 @@ def _classify(report, by_shape: bool = False) -> dict[str, list]:
 
 
 def row_split_gain(root: str, rounds: int, repeat: int) -> str:
-    """The step with the stride-2 forward and input-gradient GEMMs in 16 row slabs
+    """The step with the stride-2 forward and input-gradient GEMMs by the generated function
     (graphc.backends.cpu.conv_row_split) and with their BLAS calls (ENABLED off while it
-    compiles), each compiled with its own GRAPHC_CACHE_DIR: the steps' CPU time in
-    alternation (`rounds` samples of >= 0.1 s, medians and quartiles), then the stride-2
-    and 1x1 kernels' time by weight shape (graphc.profile, `repeat` runs, 3 alternated
+    compiles): `switches_gain`."""
+    return switches_gain(root, rounds, repeat, ("blas", "slabs"),
+                         {("conv_row_split", "ENABLED"): False})
+
+
+# The tenth session's changes, each turned back by one switch (`--only switches`): the large
+# planes' input transform in vectors, the stride-2 image GEMM as one product (16 row slabs
+# before), the stride-2 weight gradients by the generated function
+TENTH_SESSION = {("winograd_transforms", "ROW_VECTORS"): False,
+                 ("conv_row_split", "SLABS"): 16,
+                 ("conv_row_split", "WEIGHT_GRAD"): False}
+
+
+def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after"),
+                  off=None) -> str:
+    """The step compiled twice, the first with graphc.backends.cpu's switches `off`
+    ({(module, attribute): value}, TENTH_SESSION by default) set while it compiles, each
+    with its own GRAPHC_CACHE_DIR: the steps' CPU time in alternation (`rounds` samples of
+    >= 0.1 s, medians and quartiles), then the stride-2 and 1x1 kernels' time by weight
+    shape and the stride-1 3x3 kernels by class (graphc.profile, `repeat` runs, 3 alternated
     rounds, medians)."""
     import copy
+    import importlib
     import statistics
     from contextlib import contextmanager
 
@@ -201,23 +225,27 @@ def row_split_gain(root: str, rounds: int, repeat: int) -> str:
     import graphc
     from benchmarks import model_steps, models
     from benchmarks.harness import compiled_variants, interleaved_process_times
-    from graphc.backends.cpu import conv_row_split
 
+    off = TENTH_SESSION if off is None else off
+    switches = {(importlib.import_module(f"graphc.backends.cpu.{m}"), a): v
+                for (m, a), v in off.items()}
     shape = model_steps.FULL["resnet18"]
     graphc.manual_seed(0)
     model = model_steps.build(graphc, "resnet18", shape)
     x, y = (graphc.tensor(a) for a in model_steps.batch_of("resnet18", shape))
-    names = ("blas", "slabs")
 
     @contextmanager
     def variant(name: str):
         os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
-        kept = conv_row_split.ENABLED
-        conv_row_split.ENABLED = name == "slabs"
+        kept = {key: getattr(*key) for key in switches}
+        if name == names[0]:
+            for (module, attr), value in switches.items():
+                setattr(module, attr, value)
         try:
             yield
         finally:
-            conv_row_split.ENABLED = kept
+            for (module, attr), value in kept.items():
+                setattr(module, attr, value)
 
     def make():  # every variant from the same weights
         return models.graphc_step(copy.deepcopy(model)), (x, y)
@@ -235,7 +263,7 @@ def row_split_gain(root: str, rounds: int, repeat: int) -> str:
                 report = graphc.profile(steps[v], *arguments[v], repeat=repeat)
             for name, (_, spent, _) in _classify(report, by_shape=True).items():
                 seconds[v][name].append(spent)
-    shown = sorted(c for c in seconds["blas"] if "stride 2" in c or "1x1" in c)
+    shown = sorted(c for c in seconds[names[0]] if "stride" in c or "1x1" in c)
     lines.append("| kernel class | " + " | ".join(names) + " |")
     lines.append("|---|" + "---|" * len(names))
     for c in shown:
