@@ -1,7 +1,8 @@
-"""The im2col input gradient's col2im one input row at a time (graphc.backends.cpu.
-conv_im2col, `Conv._col2im_rows`): bit for bit the scalar loops' result (COL2IM_ROWS off) and
-the interpreter's within float32 rounding, on strides 1 and 2, paddings 0-2, kernels 1x1 to
-3x3 and 5x5, a dilated height, groups, blocks of small images, float64; what it declines."""
+"""The im2col path's im2col and col2im one input row at a time (graphc.backends.cpu.
+conv_im2col, `Conv._im2col_rows`, `_col2im_rows`): forward, input and weight gradients bit
+for bit the scalar loops' results (BY_ROWS off) and the interpreter's within float32
+rounding, on strides 1 and 2, paddings 0-2, kernels 1x1 to 3x3 and 5x5, a dilated height,
+groups, blocks of small images, float64, a strided input view; what it declines."""
 
 from __future__ import annotations
 
@@ -30,6 +31,51 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
+def test_im2col_by_rows_bit_for_bit(case, monkeypatch, tmp_path):
+    # the forward and the weight gradient read their columns from im2col
+    xs, ws, stride, padding, groups, dilation, dtype = CASES[case]
+    gs, _ = _graphs(xs, ws, stride, padding, groups, dtype, dilation)
+    rng = np.random.default_rng(case)
+    taken = []
+    emit = conv_im2col.Conv._im2col_rows
+
+    def recording(self, *rest):
+        taken.append(True)
+        return emit(self, *rest)
+
+    monkeypatch.setattr(conv_im2col.Conv, "_im2col_rows", recording)
+    for kind, shapes in (("fwd", (xs, ws)), ("gw", (gs, xs))):
+        args = [rng.standard_normal(s).astype(dtype) for s in shapes]
+        outs = []
+        for on in (True, False):
+            taken.clear()
+            monkeypatch.setattr(conv_im2col, "BY_ROWS", on)
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{kind}-{on}"))
+            graph = _graphs(xs, ws, stride, padding, groups, dtype, dilation)[1][kind]
+            exe = compare(graph, args, rtol=1e-4 if dtype == "float32" else 1e-12)
+            outs.append(exe.run(*args)[0])
+            if on and kind == "fwd":  # (a weight gradient may take conv_direct)
+                assert bool(taken) == (ws[2] * ws[3] <= conv_im2col.ROW_TAPS), taken
+        np.testing.assert_array_equal(outs[0], outs[1], err_msg=kind)
+
+
+def test_im2col_by_rows_of_a_strided_view(monkeypatch, tmp_path):
+    import graphc
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 16, 12, 20)).astype(np.float32)
+    w = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(conv_im2col, "BY_ROWS", on)
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / str(on)))
+        g = graphc.trace(lambda x, w: graphc.conv2d(x[:, :, :, 3:17], w, stride=2, padding=1),
+                         graphc.tensor(x), graphc.tensor(w))
+        outs.append(compare(g, [x, w], rtol=1e-4).run(x, w)[0])
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
 def test_col2im_by_rows_bit_for_bit(case, monkeypatch, tmp_path):
     xs, ws, stride, padding, groups, dilation, dtype = CASES[case]
     gs, _ = _graphs(xs, ws, stride, padding, groups, dtype, dilation)
@@ -44,7 +90,7 @@ def test_col2im_by_rows_bit_for_bit(case, monkeypatch, tmp_path):
 
     monkeypatch.setattr(conv_im2col.Conv, "_col2im_rows", recording)
     for on in (True, False):
-        monkeypatch.setattr(conv_im2col, "COL2IM_ROWS", on)
+        monkeypatch.setattr(conv_im2col, "BY_ROWS", on)
         monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / str(on)))
         graph = _graphs(xs, ws, stride, padding, groups, dtype, dilation)[1]["gx"]
         exe = compare(graph, args, rtol=1e-4 if dtype == "float32" else 1e-12)
