@@ -201,10 +201,11 @@ def row_split_gain(root: str, rounds: int, repeat: int) -> str:
 
 # The tenth session's changes, each turned back by one switch (`--only switches`): the large
 # planes' input transform in vectors, the stride-2 image GEMM as one product (16 row slabs
-# before), the stride-2 weight gradients by the generated function
+# before), the stride-2 weight gradients by the generated function, im2col and col2im by rows
 TENTH_SESSION = {("winograd_transforms", "ROW_VECTORS"): False,
                  ("conv_row_split", "SLABS"): 16,
-                 ("conv_row_split", "WEIGHT_GRAD"): False}
+                 ("conv_row_split", "WEIGHT_GRAD"): False,
+                 ("conv_im2col", "BY_ROWS"): False}
 
 
 def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after"),
