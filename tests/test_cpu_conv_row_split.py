@@ -84,9 +84,11 @@ def test_stride_two_products_in_slabs(case, monkeypatch):
     ((3, 32, 16, 16), (64, 32, 3, 3), (2, 2), (1, 1)),    # 3x3 stride 2: K = 288 > O
     ((2, 16, 16, 16), (96, 16, 3, 3), (2, 2), (1, 1)),    # K = 144 > O = 96
     ((2, 64, 16, 16), (96, 64, 1, 1), (2, 2), (0, 0)),    # K = 64 < O
+    ((2, 32, 18, 18), (64, 32, 3, 3), (2, 2), (1, 1)),    # P = 81: gy^T element by element
 ])
 def test_stride_two_weight_grads(case, monkeypatch):
-    # gw^T += cols @ gy^T, gy^T copied per image; two threads sum their shares' gw^T
+    # gw^T += cols @ gy^T, gy^T copied per image (16 x 16 squares in vector registers where
+    # O and P are whole squares); two threads sum their shares' gw^T
     monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
     _check(*case, slabs_expected=True, kinds=("gw",))
 

@@ -30,7 +30,7 @@ turn, the first that takes it building the kernel; the rest take im2col + BLAS G
   128-channel layers; measured 1-thread CPU time). One image's float32 GEMM (one group)
   may run as one call of winograd_gemm's generated function instead, always in that
   transposed form, from a per-image copy of gy^T (conv_row_split.plan_weight_grad:
-  ResNet-18's 3x3 stride-2 layers, 0.4-1.0 ms faster a kernel than OpenBLAS).
+  ResNet-18's stride-2 layers, 0.1-1.4 ms faster a kernel than OpenBLAS).
 - A fused node `fused(conv2d, ...)` runs its elementwise epilogue per image inside the
   im2col kernel (`fused_conv2d`, graphc.backends.cpu.conv_epilogue); bias and activation on
   the other paths are codegen's elementwise kernel after it.
@@ -57,6 +57,8 @@ so nodes that need the same code call one kernel (ResNet-18's step: 162 kernel f
 
 from __future__ import annotations
 
+from llvmlite import ir
+
 from graphc.backends.cpu import (
     conv_direct,
     conv_few_channels,
@@ -80,9 +82,9 @@ from graphc.backends.cpu.image_kernels import (
     is_contiguous,
 )
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import Loc, as_i64, i64, loop
+from graphc.backends.cpu.values import F32, Loc, as_i64, i64, loop
 from graphc.ir.graph import Node
-from graphc.types import TensorType
+from graphc.types import TensorType, float32
 
 __all__ = ["conv2d", "conv2d_input_grad", "conv2d_weight_grad"]
 
@@ -360,7 +362,11 @@ def conv2d_weight_grad(lw, node: Node) -> None:
 
 def _transposed_image(b, kb, g: Geometry, gi, g_img, ld, dst, tile: int = 16) -> None:
     """dst[q, o] = gy[o, q] of one image (gy's rows `ld` apart from element g_img), in
-    squares of `tile` (both sides stay in cache)."""
+    squares of `tile` (both sides stay in cache): float32 squares of 16 x 16 in vector
+    registers where O and P are whole squares (the scalar squares cost 0.5-0.9 ms of
+    ResNet-18's 7-8 ms stride-2 weight gradients), else element by element."""
+    if kb.operands[gi].dtype is float32 and g.o % SQUARE == 0 and g.p % SQUARE == 0:
+        return _transposed_squares(b, kb, g, gi, g_img, ld, dst)
     with loop(b, 0, -(-g.o // tile), "ot") as ot, loop(b, 0, -(-g.p // tile), "qt") as qt:
         o_lo, q_lo = b.mul(ot, i64(tile)), b.mul(qt, i64(tile))
         o_hi, q_hi = (_at_most(b, b.add(lo, i64(tile)), n) for lo, n in
@@ -370,6 +376,37 @@ def _transposed_image(b, kb, g: Geometry, gi, g_img, ld, dst, tile: int = 16) ->
             with loop(b, o_lo, o_hi, "o") as o:
                 at = iadd(b, g_img, imul(b, o, ld), q)
                 kb.store(b, dst, b.add(row, o), kb.load(b, gi, at))
+
+
+SQUARE = 16  # the vector transpose's squares: 16 float32 lanes (one AVX-512 register)
+
+
+def _transposed_squares(b, kb, g: Geometry, gi, g_img, ld, dst) -> None:
+    """_transposed_image by squares of SQUARE x SQUARE: SQUARE rows of gy loaded as vectors,
+    transposed by log2(SQUARE) rounds of pairwise shuffles (round h swaps the h x h
+    off-diagonal blocks of every 2h x 2h block), stored as SQUARE rows of dst."""
+    n = SQUARE
+    vec = ir.VectorType(F32, n)
+    rounds = []
+    h = n // 2
+    while h:
+        lo = [c if not c & h else n + c - h for c in range(n)]
+        hi = [c + h if not c & h else n + c for c in range(n)]
+        rounds.append((h, *(ir.Constant(ir.VectorType(ir.IntType(32), n), m) for m in (lo, hi))))
+        h //= 2
+    with loop(b, 0, g.o // n, "ot") as ot, loop(b, 0, g.p // n, "qt") as qt:
+        o0, q0 = b.mul(ot, i64(n)), b.mul(qt, i64(n))
+        rows = [b.load(kb.pointer(b, gi, iadd(b, g_img, imul(b, b.add(o0, i64(r)), ld), q0)),
+                       typ=vec, align=4) for r in range(n)]
+        for h, lo, hi in rounds:
+            for r in range(n):
+                if r & h:
+                    continue
+                rows[r], rows[r + h] = (b.shuffle_vector(rows[r], rows[r + h], lo),
+                                        b.shuffle_vector(rows[r], rows[r + h], hi))
+        for c in range(n):
+            at = b.add(b.mul(b.add(q0, i64(c)), i64(g.o)), o0)
+            b.store(rows[c], kb.pointer(b, dst, at), align=4)
 
 
 def _at_most(b, v, n: int):

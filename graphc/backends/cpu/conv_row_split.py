@@ -43,8 +43,11 @@ from a per-image copy of gy^T (b's rows must be contiguous; gy^T is the smaller 
 gw^T untransposed at the end as the BLAS's transposed form does (graphc.backends.cpu.conv).
 One-op kernels (batch 32, 1 thread, CPU time, 15 and 21 alternated rounds, load 4.5-5),
 BLAS -> generated: 3x3 64 -> 128 8.27 -> 7.30, 8.72 -> 7.69 ms; 3x3 128 -> 256 8.23 -> 7.43,
-7.82 -> 7.41; the 1x1 shortcuts the same (1.46 -> 1.42, 1.07 -> 1.06). The 256 -> 512
-layers (blocks of images) keep the BLAS.
+7.82 -> 7.41; the 1x1 shortcuts the same (1.46 -> 1.42, 1.07 -> 1.06), with gy^T copied
+element by element (0.5-0.9 ms of the 3x3 kernels); copied in 16 x 16 squares in vector
+registers (conv._transposed_squares; 15 rounds, load 6.5): 3x3 8.28 -> 6.84 and 7.57 ->
+6.71, 1x1 1.48 -> 1.14 and 1.05 -> 0.91. The 256 -> 512 layers (blocks of images) keep
+the BLAS.
 
 Rounding: each element of c sums k in blocks of winograd_gemm.K_BLOCK (fused multiply-adds in
 order), the blocks' sums added in c, as a BLAS blocks k; judged by distance from a float64
