@@ -94,7 +94,7 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
     fuse_rows, recompute_row_values and fuse_rows again after it (row programs), then
     merge_sibling_sums;
     fuse_gemm_column_sums and lay_out_gemm_outputs before the plan (docs/passes.md); for the
-    "cuda" backend, share_reshape_copies before fuse."""
+    "cuda" backend, share_reshape_copies and drop_output_copies before fuse."""
     from graphc.passes.attention import fuse_attention
     from graphc.passes.fuse import fuse
     from graphc.passes.gemm_order import transpose_weight_products
@@ -124,9 +124,10 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
                         merge_sibling_sums, fuse_gemm_column_sums, lay_out_gemm_outputs,
                         plan_buffers]
     if backend == "cuda":  # a head merge reshaped twice is copied once (reshape_share.py)
+        from graphc.passes.output_copies import drop_output_copies
         from graphc.passes.reshape_share import share_reshape_copies
 
-        return front + [share_reshape_copies, fuse, plan_buffers]
+        return front + [share_reshape_copies, drop_output_copies, fuse, plan_buffers]
     return front + [fuse, plan_buffers]
 
 
