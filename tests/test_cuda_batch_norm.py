@@ -146,3 +146,35 @@ def test_two_batch_norms_feeding_one_residual_add(rng):
     want = np.maximum(_reference(a, w, b)[0] + _reference(x, w, b)[0], 0)
     _assert_float32_close([got], [want])
     assert len([s for s in ex.lowered.steps if isinstance(s, Launch)]) == 3
+
+
+@pytest.mark.parametrize("shape, launches", [((4, 3, 5, 5), 3), ((2, 3, 40, 40), 4)])
+def test_running_statistics_are_updated_by_the_statistics_kernel(rng, shape, launches):
+    """BatchNorm2d in training: the running mean and variance updates (nodes reading the
+    batch norm's mean and invstd) run in its statistics kernel's finish; after two compiled
+    steps the buffers equal eager graphc's within float32 rounding, and the step has no
+    kernel of their own."""
+    import graphc
+    from graphc import nn
+
+    eager, compiled_bn = nn.BatchNorm2d(3), nn.BatchNorm2d(3)
+    fn = graphc.compile(lambda v: compiled_bn(v) * 2, backend="cuda")
+    for _ in range(2):
+        x = (rng.standard_normal(shape) * 2 + 1).astype(np.float32)
+        fn(graphc.tensor(x))
+        eager(graphc.tensor(x))
+    for name in ("running_mean", "running_var"):
+        np.testing.assert_allclose(getattr(compiled_bn, name).numpy(),
+                                   getattr(eager, name).numpy(), rtol=2e-6, atol=1e-7)
+    assert int(compiled_bn.num_batches_tracked.numpy()) == 2
+    ex = fn.executable
+    names = {n.op for k, s in enumerate(ex.lowered.steps) for n in ex.lowered.step_nodes[k]}
+    assert "batch_norm" in names
+    # the statistics' last pass serves the batch norm and both running updates
+    last = max(k for k, s in enumerate(ex.lowered.steps)
+               if any(n.op == "batch_norm" for n in ex.lowered.step_nodes[k]) and s.lanes > 1)
+    assert len(ex.lowered.step_nodes[last]) == 3
+    # num_batches_tracked + 1, the statistics (two passes when split), the output and its
+    # * 2 (one kernel: y is inlined)
+    found = [s.function for s in ex.lowered.steps if isinstance(s, Launch)]
+    assert len(found) == launches, found

@@ -3,9 +3,11 @@
 
 Training mode: one cooperative reduction per channel (graphc.backends.cuda.reductions) of
 the shifted sums of x and x * x, whose finish stores (mean, invstd * weight, bias) per channel
-in a scratch table, then one elementwise pass y = (x - mean) * (invstd * weight) + bias; when
-y's only reader is an elementwise node and x outlives it, that pass is left out and the
-reader computes y where it reads it (`Lowerer.inline`, read by ops' fused bodies).
+in a scratch table and updates the running statistics (the nodes reading mean and invstd,
+when nothing else touches their buffers), then one elementwise pass
+y = (x - mean) * (invstd * weight) + bias; when y's only reader is an elementwise node and x
+outlives it, that pass is left out and the reader computes y where it reads it
+(`Lowerer.inline`, read by the fused bodies of graphc.backends.cuda.fused_kernels).
 Inference: the library's elementwise kernel (gc_batch_norm_fwd_f32). float32 only.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import math
 
 from graphc.backends.cuda import cudagen, reductions
+from graphc.backends.cuda.fused_kernels import body_lines
 from graphc.backends.cuda.lowering import Addr, Layout, Lowerer, unsupported
 from graphc.ir.graph import Node
 from graphc.ops.fused import FusedBody
@@ -49,7 +52,8 @@ def _batch_norm_train(lw: Lowerer, node: Node, ins, y: Layout, mean: Layout,
     so the result is the two-pass one's (mean, then centred squares) to float32 rounding,
     with one read of x fewer. Its finish stores (mean, invstd * w, b) per channel in double
     (scratch) for the elementwise pass, which reads x and that triple only (spans known, so
-    it runs several items a thread when large, or shares a launch when small)."""
+    it runs several items a thread when large, or shares a launch when small), and computes
+    the running-statistics updates that read mean and invstd (`_running_updates`)."""
     x, weight, bias = ins[:3]
     shape = x.type.shape
     channels = shape[1]
@@ -70,6 +74,8 @@ def _batch_norm_train(lw: Lowerer, node: Node, ins, y: Layout, mean: Layout,
     def merge() -> list[str]:
         return ["s1 += o_s1;", "s2 += o_s2;"]
 
+    running = _running_updates(lw, node)
+
     def finish(k) -> list[str]:
         eps = float(node.attrs["eps"]).hex()
         w, b = k.read(weight, ["c1"], (channels,)), k.read(bias, ["c1"], (channels,))
@@ -81,11 +87,16 @@ def _batch_norm_train(lw: Lowerer, node: Node, ins, y: Layout, mean: Layout,
                 f"((double *){t})[3 * c1 + 1] = gc_inv * (double){w};",
                 f"((double *){t})[3 * c1 + 2] = (double){b};",
                 f"{k.at(mean, ['c1'])} = (float)gc_mean;",
-                f"{k.at(invstd, ['c1'])} = (float)gc_inv;"]
+                f"{k.at(invstd, ['c1'])} = (float)gc_inv;",
+                *_running_lines(lw, k, node, running)]
 
     states = [("s1", "double", "0.0"), ("s2", "double", "0.0")]
-    reductions.reduce_kernels(lw, node, channels, ((channels,), [1]), count, red,
-                              reductions.Reducer(states, update, merge, finish))
+    lw.co_nodes = [reader for reader, _ in running]
+    try:
+        reductions.reduce_kernels(lw, node, channels, ((channels,), [1]), count, red,
+                                  reductions.Reducer(states, update, merge, finish))
+    finally:
+        lw.co_nodes = []
 
     def normalized(k, at: list[str]) -> str:
         t = k.ptr(table, span, written=False)
@@ -101,6 +112,60 @@ def _batch_norm_train(lw: Lowerer, node: Node, ins, y: Layout, mean: Layout,
     lw.emit(k)
 
 
+def _elementwise_body(node: Node) -> FusedBody | None:
+    """The body of an elementwise node (a lone op, or a fused body without anchor or
+    reduction), else None."""
+    if node.op == "fused":
+        fb = FusedBody.of_node(node)
+        return fb if fb.anchor is None and fb.ending is None else None
+    return FusedBody.of_node(node) if REGISTRY[node.op].kind == ELEMENTWISE else None
+
+
+def _running_updates(lw: Lowerer, node: Node) -> list[tuple[Node, FusedBody]]:
+    """The readers of the batch norm's mean and invstd that its statistics kernel computes
+    per channel in its finish (the running-statistics updates, each otherwise a kernel of
+    a few hundred threads): elementwise over (C,), reading only those two and graph inputs
+    that nothing but the batch norm and the reader reads, every output computed into a graph
+    input's memory (an update) that nothing else reads either. Each is placed and marked
+    done (`Lowerer.ahead`)."""
+    stats = node.outputs[1:]
+    channels = stats[0].type.shape
+    found: list[tuple[Node, FusedBody]] = []
+    for reader in [r for v in stats for r in lw.readers(v)]:
+        fb = _elementwise_body(reader)
+        if fb is None or any(reader is r for r, _ in found):
+            continue
+        lw.place(reader)
+        plan, inputs = lw.plan, {v.name: v for v in lw.graph.inputs}
+        if any(out.type.shape != channels or out.name not in plan.in_input
+               for out in reader.outputs) or any(ref < fb.n_inputs for ref in fb.outputs):
+            continue
+        if any(v not in stats and v not in lw.graph.inputs for v in reader.inputs):
+            continue
+        touched = [v for v in reader.inputs if v not in stats] + \
+            [inputs[plan.in_input[out.name]] for out in reader.outputs]
+        if any(r is not node and r is not reader for v in touched for r in lw.readers(v)):
+            continue
+        found.append((reader, fb))
+        lw.ahead.add(id(reader))
+    return found
+
+
+def _running_lines(lw: Lowerer, k, node: Node, running) -> list[str]:
+    """Statements of `running` (see _running_updates) at channel c1, reading the statistics
+    as the float32 values the batch norm stores."""
+    channels = node.outputs[1].type.shape
+    stats = {node.outputs[1]: "((float)gc_mean)", node.outputs[2]: "((float)gc_inv)"}
+    lines = []
+    for j, (reader, fb) in enumerate(running):
+        env = {i: (stats[v], v.type.dtype) for i, v in enumerate(reader.inputs) if v in stats}
+        prefix = f"gc_r{j}_"
+        lines += body_lines(lw, k, reader, channels, ["c1"], fb, len(fb), env, prefix)
+        lines += [f"{k.at(lw.layouts[out], ['c1'])} = {prefix}v{ref};"
+                  for out, ref in zip(reader.outputs, fb.outputs)]
+    return lines
+
+
 def _inline_reader(lw: Lowerer, v, source) -> bool:
     """Whether `v` can be left unstored, computed by its reader from `source` instead: one
     reader, an elementwise node (a lone op, or a fused body without anchor or reduction) of
@@ -109,11 +174,7 @@ def _inline_reader(lw: Lowerer, v, source) -> bool:
     if len(readers) != 1 or v in lw.graph.outputs or any(v is u for _, u in lw.graph.updates):
         return False
     (reader,) = readers
-    if reader.op == "fused":
-        fb = FusedBody.of_node(reader)
-        if fb.anchor is not None or fb.ending is not None:
-            return False
-    elif REGISTRY[reader.op].kind != ELEMENTWISE:
+    if _elementwise_body(reader) is None:
         return False
     return all(out.type.shape == v.type.shape for out in reader.outputs) and \
         lw.live_until(source, reader)
