@@ -395,10 +395,13 @@ def merge_kernels(name: str, parts: list[KernelText]) -> KernelText:
         body = [_PARAM.sub(lambda m, r=rename: r[m.group(1)], line) for line in part.lines]
         test = f"if (gi < {start + part.threads}LL) {{" if j == 0 else \
             f"}} else if (gi < {start + part.threads}LL) {{"
-        merged.lines += [test, f"  long long gc_part_gi = gi - {start}LL;",
-                         "  { long long gi = gc_part_gi;"]
-        merged.lines += ["    " + line for line in body]
-        merged.lines.append("  }")
+        merged.lines.append(test)
+        if any(re.search(r"\bgi\b", line) for line in body):  # its own index from 0
+            merged.lines += [f"  long long gc_part_gi = gi - {start}LL;",
+                             "  { long long gi = gc_part_gi;"]
+            merged.lines += ["    " + line for line in body] + ["  }"]
+        else:
+            merged.lines += ["  " + line for line in body]
         start += part.threads
     merged.lines.append("}")
     return merged
