@@ -246,10 +246,10 @@ def _report(results: dict, most: int) -> None:
 
 
 class _Captured(Exception):
-    """Stops a call once the arrays it binds are caught (`_bound_arrays`)."""
+    """Stops a call once the arrays it binds are caught (`bound_arrays`)."""
 
 
-def _bound_arrays(step, arguments) -> list[np.ndarray]:
+def bound_arrays(step, arguments) -> list[np.ndarray]:
     """Copies of the arrays a call of `step` binds (inputs, parameters, optimizer state),
     caught before it runs, as graphc.profile catches them."""
     executable, captured = step.executable, []
@@ -282,7 +282,7 @@ def _profiles(steps: dict, arguments: dict, most: int, root: str, fifo: bool = F
     for name in steps:
         with variant(name, root):
             timed = CpuExecutable(steps[name].executable.graph, {"profile": True})
-        arrays = _bound_arrays(steps[name], arguments[name])
+        arrays = bound_arrays(steps[name], arguments[name])
         stamps: dict[int, list] = {1: [], most: []}
         for count in (1, most, 1, most):
             timed.thread_chooser = threads.ThreadChooser(most, fixed=count)

@@ -1,0 +1,198 @@
+"""GPT's and ResNet-18's training steps at one thread and at two, kernel by kernel, in one
+process: which kernels do not scale, and what the whole step gains.
+
+    python -m benchmarks.step_threads --model gpt                 # kernels, then the step
+    python -m benchmarks.step_threads --model resnet18 --runs 10 --rounds 4
+    python -m benchmarks.step_threads --model gpt --realtime      # each round under SCHED_FIFO
+    python -m benchmarks.step_threads --model gpt --only step     # the whole step only
+
+The steps are benchmarks/model_steps.py's (GPT n_embd 128, 4 layers, context 64, batch 16;
+ResNet-18 CIFAR, width 64, batch 32), compiled on the cpu backend.
+
+`kernels`: a profiling build of the step (the driver stamps the clock around every kernel,
+as graphc.profile's) run on copies of the arrays the real call binds, `--runs` times back to
+back per round, the rounds alternating one thread and two (`ThreadChooser(fixed=n)`), two
+untimed runs first in each round. Back to back, not as graphc.profile runs them: it copies
+the arrays before every run, long enough for libgomp's team to fall asleep, so its first
+forked kernel would carry a wake-up that a loop of steps does not pay. Per kernel: the
+median at one thread and at two, the speed-up, and the time lost to perfect scaling (two
+threads' time minus half of one's), with how the kernel runs on two threads:
+- `omp`: a generated kernel that forks its outer loop (kernels.py: elementwise over
+  PARALLEL_MIN_ELEMENTS, loops of generated GEMMs over `gemm_work`);
+- `split`: a convolution or pooling kernel split over units (conv_threads.py);
+- `blas`: calls the BLAS, which splits by its own thresholds (threads.py's callback);
+- `serial`: none of these.
+Kernels are listed by the time lost, then summed by op and how they run.
+
+`step`: the compiled step itself, blocks of `--calls` calls alternating one thread and two
+forced, wall clock (median over blocks of each block's median), and CPU time per call.
+
+Two threads wait for a core the OS gives to other work: read the load averages printed at
+the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
+(root) runs each round under SCHED_FIFO (benchmarks.mlp_threads.realtime) as if the machine
+were idle; a round is `--runs` steps (a ResNet-18 step is ~0.3-0.5 s: keep its rounds short,
+Linux leaves other tasks 5% of every second meanwhile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from benchmarks.harness import keep_freed_memory
+from benchmarks.mlp_threads import bound_arrays, load, realtime
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("gpt", "resnet18"), required=True)
+    parser.add_argument("--only", choices=("kernels", "step"), help="one part (default both)")
+    parser.add_argument("--runs", type=int, default=20, help="profiled runs a round (20)")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="rounds, alternating one thread and two (4)")
+    parser.add_argument("--calls", type=int, default=10, help="step: timed calls a block (10)")
+    parser.add_argument("--blocks", type=int, default=8, help="step: blocks (8)")
+    parser.add_argument("--top", type=int, default=30, help="kernels listed (30)")
+    parser.add_argument("--realtime", action="store_true",
+                        help="SCHED_FIFO while timing each round or block (root)")
+    parser.add_argument("--json", help="kernels: write every kernel's row to this file")
+    args = parser.parse_args(argv)
+    for flag, value in (("--runs", args.runs), ("--rounds", args.rounds),
+                        ("--calls", args.calls), ("--blocks", args.blocks)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
+    from graphc.backends.cpu import threads
+
+    keep_freed_memory()
+    most = threads.most_threads()
+    print(f"{args.model}: most threads {most}; {load()}", flush=True)
+    if most < 2:
+        raise SystemExit("benchmarks/step_threads.py: one thread only here (OMP_NUM_THREADS, "
+                         "affinity or GRAPHC_BLAS_THREADS=native): nothing to compare")
+    if args.realtime:  # refused now, not after compiling
+        with realtime(True):
+            pass
+    step, arguments = compiled_step(args.model)
+    if args.only in (None, "kernels"):
+        kernel_table(step, arguments, most, args.runs, args.rounds, args.top, args.realtime,
+                     args.json)
+        print(f"{load()}", flush=True)
+    if args.only in (None, "step"):
+        step_table(step, arguments, most, args.blocks, args.calls, args.realtime)
+    print(f"at the end: {load()}")
+
+
+def compiled_step(name: str):
+    """The compiled training step of model_steps' `name` at its full size, called three
+    times (trace, momentum buffers, native code), and its arguments."""
+    import graphc
+    from benchmarks import model_steps, models
+
+    shape = model_steps.FULL[name]
+    graphc.manual_seed(0)
+    model = model_steps.build(graphc, name, shape)
+    x, y = model_steps.batch_of(name, shape)
+    arguments = (graphc.tensor(x), graphc.tensor(y))
+    step = graphc.compile(models.graphc_step(model), backend="cpu")
+    for _ in range(3):
+        step(*arguments)
+    return step, arguments
+
+
+def how_it_runs(kernel: str, ir_text: str) -> str:
+    """`split`, `omp`, `blas` or `serial` (the module docstring) for the driver's kernel."""
+    if kernel.endswith(".split"):
+        return "split"
+    if f'@"{kernel}.omp"' in ir_text or f"@{kernel}.omp(" in ir_text:
+        return "omp"
+    body = re.search(r"define [^\n]*@\"?" + re.escape(kernel) + r"\"?\((.*?)\n}\n", ir_text,
+                     re.S)
+    if body and re.search(r"call [^\n]*@\"?cblas_", body.group(1)):
+        return "blas"
+    return "serial"
+
+
+def kernel_table(step, arguments, most: int, runs: int, rounds: int, top: int,
+                 fifo: bool, path: str | None = None) -> None:
+    from graphc.backends.cpu import threads
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.tools.profile import kernel_label
+
+    timed = CpuExecutable(step.executable.graph, {"profile": True})
+    arrays = bound_arrays(step, arguments)
+    stamps: dict[int, list] = {1: [], most: []}
+    for round_ in range(rounds):
+        count = 1 if round_ % 2 == 0 else most
+        timed.thread_chooser = threads.ThreadChooser(most, fixed=count)
+        with realtime(fifo):
+            for _ in range(2):
+                timed.run(*arrays)
+            for _ in range(runs):
+                timed.run(*arrays)
+                stamps[count].append(np.diff(timed.last_stamps) / 1e3)
+    one, two = (np.median(np.array(stamps[c]), axis=0) for c in (1, most))
+    lowered = timed.lowered
+    rows = []
+    for k, node in enumerate(lowered.kernel_nodes):
+        label = kernel_label(node) if node is not None else "output copy"
+        shape = "" if node is None else ", ".join(str(v.type) for v in node.outputs)
+        rows.append((two[k] - one[k] / 2, one[k], two[k], label, shape,
+                     how_it_runs(lowered.kernels[k], lowered.ir_text), k))
+    if path is not None:
+        with open(path, "w") as f:
+            json.dump([{"step": k, "one_us": t1, "all_us": t2, "op": label, "shape": shape,
+                        "runs_as": how, "kernel": lowered.kernels[k]}
+                       for _, t1, t2, label, shape, how, k in rows], f, indent=1)
+    total1, total2 = one.sum(), two.sum()
+    print(f"native call (sum of kernels): {total1 / 1e3:.2f} ms at 1 thread, "
+          f"{total2 / 1e3:.2f} ms at {most} ({total1 / total2:.2f}x); medians of "
+          f"{runs * ((rounds + 1) // 2)} / {runs * (rounds // 2)} runs; lost to perfect "
+          f"scaling {(total2 - total1 / most) / 1e3:.2f} ms")
+    print(f"  the {top} kernels losing most: step, us at 1 / {most} threads, speed-up, lost")
+    for lost, t1, t2, label, shape, how, k in sorted(rows, reverse=True)[:top]:
+        print(f"  {k:4d} {t1:8.1f} {t2:8.1f} {t1 / t2:5.2f}x {lost:7.1f}  {how:<6} "
+              f"{label[:34]:<34} {shape[:40]}")
+    groups: dict = defaultdict(lambda: [0.0, 0.0, 0])
+    for _, t1, t2, label, _, how, _ in rows:
+        group = groups[(label.split("(")[0] if label.startswith("fused") else label, how)]
+        group[0] += t1
+        group[1] += t2
+        group[2] += 1
+    print(f"  by op and how it runs: kernels, ms at 1 / {most}, speed-up, lost ms")
+    ordered = sorted(groups.items(), key=lambda kv: kv[1][1] - kv[1][0] / 2, reverse=True)
+    for (label, how), (t1, t2, n) in ordered[:top]:
+        print(f"  {label[:28]:<28} {how:<6} {n:4d} {t1 / 1e3:8.2f} {t2 / 1e3:8.2f} "
+              f"{t1 / max(t2, 1e-9):5.2f}x {(t2 - t1 / 2) / 1e3:7.2f}")
+
+
+def step_table(step, arguments, most: int, blocks: int, calls: int, fifo: bool) -> None:
+    from graphc.backends.cpu import threads
+
+    results: dict[int, dict] = {1: {"median": [], "cpu": []}, most: {"median": [], "cpu": []}}
+    for block in range(blocks):
+        count = 1 if block % 2 == 0 else most
+        step.executable.thread_chooser = threads.ThreadChooser(most, fixed=count)
+        with realtime(fifo):
+            step(*arguments)  # wake or park the team; not timed
+            seconds, cpu = [], time.process_time()
+            for _ in range(calls):
+                start = time.perf_counter()
+                step(*arguments)
+                seconds.append(time.perf_counter() - start)
+            cpu = (time.process_time() - cpu) / calls
+        results[count]["median"].append(float(np.median(seconds)))
+        results[count]["cpu"].append(cpu)
+    one = np.median(results[1]["median"])
+    for count, r in results.items():
+        median = np.median(r["median"])
+        print(f"step on {count} thread(s): median {median * 1e3:.2f} ms ({one / median:.2f}x "
+              f"one thread's), CPU {np.median(r['cpu']) * 1e3:.2f} ms a call", flush=True)
+
+
+if __name__ == "__main__":
+    main()
