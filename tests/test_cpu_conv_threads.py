@@ -11,7 +11,14 @@ import pytest
 
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
-from graphc.backends.cpu import conv_blocks, conv_direct, conv_threads, threads  # noqa: E402
+from graphc.backends.cpu import (  # noqa: E402
+    conv_blocks,
+    conv_direct,
+    conv_threads,
+    kernels,
+    small_gemm,
+    threads,
+)
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
@@ -419,3 +426,48 @@ def test_a_status_kernel_with_a_reduce_kernel_is_refused_clearly():
     split = conv_threads.Split(2, 2, 64, [], None, [])
     with pytest.raises(CpuLoweringError, match="k returns a status.*build that kernel serial"):
         split.call(None, Kernel("k", status=True), reduce=Kernel("r"))
+
+
+@needs_cores
+@pytest.mark.skipif(small_gemm.lanes() != 16,
+                    reason="no AVX-512 on this host: the BLAS serves every Winograd block")
+@pytest.mark.parametrize("images", [4, 40])
+def test_winograd_filter_transform_and_block_gemms_fork(images, split_small, monkeypatch):
+    """A Winograd kernel whose batch is one block (4 images of 4 tiles: ResNet-18's
+    512-channel layers) is not split over images; its filter transform forks in a kernel of
+    its own called first, and its 16 block GEMMs fork (winograd_gemm.function(forked=True)).
+    A split kernel (40 images, 3 blocks) forks its filter transform (the prelude) and keeps
+    its GEMMs serial inside the shares. Either way: the same bits on one thread and on all
+    cores, the interpreter's result. Small here: every loop forks (PARALLEL_MIN_ELEMENTS 0)."""
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 0)
+    xs, ws = (images, 32, 4, 4), (32, 32, 3, 3)
+    rng = np.random.default_rng(11)
+    gs, graphs = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    gy = rng.standard_normal(gs).astype(np.float32)
+    for kind, args in (("fwd", [x, w]), ("gx", [gy, w])):
+        graph = graphs[kind]
+        eager = interpret(graph, *args)[0]
+        plan_buffers(graph)
+        one_exe, one = _run(graph, args, 1)
+        _, every = _run(graph, args, ALL_CORES)
+        text = one_exe.lowered.ir_text
+        assert "conv2d_winograd_filter" in text and '_filter.omp"' in text, kind
+        assert (".forked" in text) == (images == 4), kind
+        assert (".split" in text) == (images == 40), kind
+        np.testing.assert_array_equal(every, one, err_msg=kind)
+        np.testing.assert_allclose(one, eager, rtol=1e-4, atol=1e-4 * np.abs(eager).max(),
+                                   err_msg=kind)
+
+
+def test_unsplit_winograd_gemms_stay_serial_below_the_threshold():
+    """The same kernel at the real thresholds: 16 x 32 x 16 x 32 multiply-adds are far below
+    a fork's worth (kernels.gemm_work), and so are the filter's 16 x 32 x 32 elements: the
+    block GEMM is the serial function, the filter transformed inside the kernel."""
+    xs, ws = (4, 32, 4, 4), (32, 32, 3, 3)
+    _, graphs = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    graph = graphs["fwd"]
+    plan_buffers(graph)
+    text = CpuExecutable(graph).lowered.ir_text
+    assert ".forked" not in text and "conv2d_winograd_filter" not in text

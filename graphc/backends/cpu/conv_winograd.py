@@ -66,7 +66,7 @@ the GEMM saves), float32 or float64.
 
 from __future__ import annotations
 
-from graphc.backends.cpu import conv_threads, winograd_gemm
+from graphc.backends.cpu import conv_threads, kernels, winograd_gemm
 from graphc.backends.cpu.conv_blocks import block_images, walk_blocks
 from graphc.backends.cpu.conv_im2col import NOTRANS, TRANS, Conv
 from graphc.backends.cpu.conv_threads import plan_split
@@ -186,19 +186,25 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
             split.shared + split.locs + [split.control]
         locs = [src, w, dst] + temps
         recipe = (g.key(), flip, ci, co, in_hw, out_hw, pad)
-        kb, ids = image_kernel(lw, "conv2d_winograd", locs, recipe + (split is not None,))
+        # not split over images: the filter transform, where a fork pays (512 channels: 16 MB
+        # of U), in a forked kernel of its own called first, as a split kernel's prelude is
+        alone = split is None and kernels.forks(lw.openmp, nxi * co * ci)
+        kb, ids = image_kernel(lw, "conv2d_winograd", locs, recipe + (split is not None,
+                                                                    alone))
         si, wi, oi, ui, pi, vi, mi = ids[:7]
         # the input gradient's U stored transposed (see filter_transform)
         transposed = flip and (max(ci, co) < WIDE_CHANNELS or
                                (dt is float32 and winograd_gemm.available()))
-        prelude = None if split is None else \
+        prelude = None if split is None and not alone else \
             _filter_kernel(lw, locs, recipe, u_step, g, flip, transposed)
+        if alone:
+            lw.calls.append(prelude)
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
             return lw.calls.append(called_kernel(lw, kb.kernel, split, prelude=prelude))
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
-        if split is None:
+        if prelude is None:
             filter_transform(b, kb, dt, wi, ui, u_step, g, flip, transposed)
 
         def part(b, n0, count, ty0, nrows):
@@ -213,8 +219,10 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
             trans_u = flip and not transposed
             fast = None if trans_u else \
                 _block_gemm(dt, co, ld, ci, (ci, 1), ld, ld, (u_step, v_step, m_step))
-            if fast is not None:
-                _call_block_gemm(lw, b, kb, fast, (ui, vi, mi), const(dt, 0.0))
+            if fast is not None:  # a kernel not split over images forks the 16 GEMMs
+                forked = split is None and kernels.forks(  # (ResNet-18's 512 channels)
+                    lw.openmp, kernels.gemm_work(winograd_gemm.POSITIONS, co, ld, ci))
+                _call_block_gemm(lw, b, kb, fast, (ui, vi, mi), const(dt, 0.0), forked)
             for xi in range(nxi if fast is None else 0):
                 cv.gemm(b, kb, TRANS if trans_u else NOTRANS, NOTRANS, co, ld, ci,
                         ui, xi * u_step, co if trans_u else ci,
@@ -353,9 +361,10 @@ def _block_gemm(dt, m, n, k, a_strides, ldb, ldc, steps, accumulates=False):
     return winograd_gemm.plan(m, n, k, *a_strides, ldb, ldc, *steps, accumulates)
 
 
-def _call_block_gemm(lw, b, kb, gemm, operands, beta) -> None:
-    """One call of `gemm` on the kernel operands (a, b, c) from their first matrix."""
-    fn = winograd_gemm.function(lw.module, gemm)
+def _call_block_gemm(lw, b, kb, gemm, operands, beta, forked: bool = False) -> None:
+    """One call of `gemm` on the kernel operands (a, b, c) from their first matrix
+    (`forked`: its 16 products over the cores, winograd_gemm.function)."""
+    fn = winograd_gemm.function(lw.module, gemm, forked)
     b.call(fn, [kb.pointer(b, k, i64(0)) for k in operands] + [beta])
 
 
@@ -422,10 +431,12 @@ def weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
 
 def _filter_kernel(lw, locs, recipe, u_step, g, flip, transposed):
     """The filter transform as a kernel of its own (on the Winograd kernel's locs), run once
-    before a split kernel's shares."""
+    before a split kernel's shares (or before a kernel not split); forked over w's output
+    channels where large enough (kernels.forks: 16 x O x C elements written)."""
     kb, ids = image_kernel(lw, "conv2d_winograd_filter", locs, recipe)
-    b = kb.begin()
+    b = kb.begin(parallel=True, work=ALPHA * ALPHA * g.o * g.c)
     if b is None:
         return kb.kernel
-    filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g, flip, transposed)
+    filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g, flip, transposed,
+                     kb.outer_range(b, g.o))
     return kb.finish(b)

@@ -119,6 +119,60 @@ def gemm_work(products, m, n, k):
     return macs // GEMM_MACS_PER_ELEMENT
 
 
+def forks(openmp: bool, work: int) -> bool:
+    """Whether a loop of `work` elements (`gemm_work` for a loop of GEMMs), known when
+    compiling, forks over the cores: libgomp loaded and PARALLEL_MIN_ELEMENTS or more, as
+    KernelBuilder.begin decides for its kernels."""
+    return bool(openmp) and work >= PARALLEL_MIN_ELEMENTS
+
+
+def forked_range(module: ir.Module, range_fn: ir.Function, name: str, total: int) -> ir.Function:
+    """`name(args...)`, which runs `range_fn(args..., i64 lo, i64 hi)` over [0, total) split
+    over libgomp's team: thread t of n gets the contiguous share [t * total / n, (t + 1) *
+    total / n), so every index runs once, on the same code as on one thread (the same bits).
+    On one thread, or inside another parallel region (libgomp gives a nested region a team
+    of one), it runs every index on the calling thread. For a function whose loop is not a
+    kernel of its own (KernelBuilder forks those): a Winograd block's 16 GEMMs
+    (graphc.backends.cpu.winograd_gemm)."""
+    params = list(range_fn.function_type.args[:-2])
+    context = ir.LiteralStructType(params)
+    worker = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name + ".omp")
+    worker.linkage = "internal"
+    worker.attributes.add("nounwind")
+    b = ir.IRBuilder(worker.append_basic_block("entry"))
+    args = [b.load(b.gep(worker.args[0], [ir.Constant(I32, 0), ir.Constant(I32, k)],
+                         source_etype=context), typ=t) for k, t in enumerate(params)]
+    thread = b.sext(b.call(_declared(module, "omp_get_thread_num", ir.FunctionType(I32, [])),
+                           []), I64)
+    team = b.sext(b.call(_declared(module, "omp_get_num_threads", ir.FunctionType(I32, [])),
+                         []), I64)
+    lo = b.sdiv(b.mul(thread, i64(total)), team)
+    hi = b.sdiv(b.mul(b.add(thread, i64(1)), i64(total)), team)
+    with b.if_then(b.icmp_signed("<", lo, hi)):
+        b.call(range_fn, args + [lo, hi])
+    b.ret_void()
+
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), params), name)
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    table = b.alloca(context)  # a typed pointer (llvmlite): its gep takes no source_etype
+    for k, arg in enumerate(fn.args):
+        b.store(arg, b.gep(table, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
+    table = b.bitcast(table, PTR)
+    gomp = _declared(module, "GOMP_parallel", ir.FunctionType(ir.VoidType(),
+                                                             [PTR, PTR, I32, I32]))
+    b.call(gomp, [worker, table, ir.Constant(I32, 0), ir.Constant(I32, 0)])
+    b.ret_void()
+    return fn
+
+
+def _declared(module: ir.Module, name: str, ftype: ir.FunctionType) -> ir.Function:
+    """The module's declaration of `name`, made on first use."""
+    known = module.globals.get(name)
+    return known if known is not None else ir.Function(module, ftype, name)
+
+
 @dataclass
 class Operand:
     """A tensor a kernel reads or writes: its Loc and element strides over the domain.
@@ -264,6 +318,16 @@ class KernelBuilder:
         if streaming_stores():
             sfence = ir.FunctionType(ir.VoidType(), [])
             b.call(self.cg.declare("llvm.x86.sse.sfence", sfence), [])
+
+    def outer_range(self, b, total) -> tuple:
+        """(lo, hi) of the outermost loop for a kernel that writes its loops by hand (not
+        with `nest`): in a parallel kernel this thread's share of range(total) (the
+        `.range` function's last two arguments; `finish` forks over `total`), else (0,
+        total)."""
+        if not self.parallel:
+            return i64(0), size(b, total)
+        self.outer_size = total
+        return self.fn.args[-2], self.fn.args[-1]
 
     def nest(self, b, sizes, strides, leaf, inner=None, depth=0, offsets=None):
         """Loops over collapsed `sizes`; `leaf(b, offsets)` per element.

@@ -43,9 +43,10 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from graphc.backends.cpu import kernels
 from graphc.backends.cpu.gemm_panels import counted
 from graphc.backends.cpu.small_gemm import broadcast_fma, fma_intrinsic, lanes, prefetch_intrinsic
-from graphc.backends.cpu.values import F32, I64, PTR, i64
+from graphc.backends.cpu.values import F32, I64, PTR, i64, loop
 
 __all__ = ["BlockGemm", "MAX_K", "POSITIONS", "available", "function", "plan"]
 
@@ -134,21 +135,37 @@ def plan(m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int, a_s
                      width, min(k, k_block or K_BLOCK), products)
 
 
-def function(module: ir.Module, gemm: BlockGemm) -> ir.Function:
+def function(module: ir.Module, gemm: BlockGemm, forked: bool = False) -> ir.Function:
     """The module's function for `gemm` (emitted on first use): void(ptr a, ptr b, ptr c,
-    float beta)."""
-    existing = module.globals.get(gemm.name)
+    float beta). `forked`: the 16 products split over libgomp's team, 8 a thread on two
+    (kernels.forked_range; each product computed by the same code, the same bits), for a
+    block the caller runs on one thread: a kernel not split over its images, such as
+    ResNet-18's 512-channel layers, whose batch is one block."""
+    name = gemm.name + (".forked" if forked else "")
+    existing = module.globals.get(name)
     if existing is not None:
         return existing
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, F32]), gemm.name)
+    if forked:
+        return kernels.forked_range(module, _positions(module, gemm, gemm.name + ".range",
+                                                       ranged=True), name, gemm.products)
+    return _positions(module, gemm, name)
+
+
+def _positions(module: ir.Module, gemm: BlockGemm, name: str,
+               ranged: bool = False) -> ir.Function:
+    """`name(a, b, c, beta)`: the 16 products; `ranged`: `name(a, b, c, beta, lo, hi)`,
+    products lo to hi - 1."""
+    params = [PTR, PTR, PTR, F32] + ([I64, I64] if ranged else [])
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), params), name)
     for arg in fn.args[:3]:
         arg.add_attribute("noalias")
     fn.attributes.add("nounwind")
     fn.attributes.add("noinline")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    a, bm, c, beta = fn.args
+    a, bm, c, beta = fn.args[:4]
     accumulate = b.fcmp_ordered("!=", beta, ir.Constant(F32, 0.0))
-    with counted(b, gemm.products, "xi") as xi:
+    with loop(b, fn.args[4], fn.args[5], "xi") if ranged else \
+            counted(b, gemm.products, "xi") as xi:
         operands = [b.gep(p, [b.mul(xi, i64(step))], inbounds=True, source_etype=F32)
                     for p, step in ((a, gemm.a_step), (bm, gemm.b_step), (c, gemm.c_step))]
         _product(b, gemm, *operands, accumulate)

@@ -150,12 +150,14 @@ def _at_most(b, v, hi):
     return b.select(b.icmp_signed(">", v, hi), hi, v)
 
 
-def filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False) -> None:
+def filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False,
+                     o_range=None) -> None:
     """U[xi * step + o * C + c] = (G f G^T)[xi] for f = w[o, c], or for the input
     gradient's f = w[o, c, ::-1, ::-1] when `flip`; `transposed`: stored at U[xi * step +
     c * O + o], so that the input gradient's GEMMs read U as laid out (the generated block
     GEMM broadcasts a's elements along a row, not O apart), in squares of channels
-    (in_squares). From WIDE_CHANNELS on only where the generated GEMM serves: at 512 x 512
+    (in_squares). `o_range`: only w's output channels [lo, hi) (a forked kernel's share).
+    From WIDE_CHANNELS on only where the generated GEMM serves: at 512 x 512
     channels the transposing walk took ~2-2.5 ms more than the row walk (reads 18 KB
     apart), which the generated GEMM repays (4 x 4 planes, batch 32: 12.8 -> 11.0 ms
     against U^T through BLAS's transpose flag) and the BLAS's NN form does not."""
@@ -168,9 +170,10 @@ def filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False) -> None
         for xi in range(ALPHA * ALPHA):
             kb.store(b, ui, iadd(b, at, xi * step), u[xi // ALPHA][xi % ALPHA])
 
+    o_range = o_range or (i64(0), i64(g.o))  # a forked kernel's share of the o
     if transposed:
-        return in_squares(b, (i64(0), i64(g.o)), g.c, one)
-    with loop(b, 0, g.o, "wo") as o, loop(b, 0, g.c, "wc") as c:
+        return in_squares(b, o_range, g.c, one)
+    with loop(b, *o_range, "wo") as o, loop(b, 0, g.c, "wc") as c:
         one(b, o, c)
 
 
