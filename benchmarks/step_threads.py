@@ -20,12 +20,19 @@ threads' time minus half of one's), with how the kernel runs on two threads:
 - `omp`: a generated kernel that forks its outer loop (kernels.py: elementwise over
   PARALLEL_MIN_ELEMENTS, loops of generated GEMMs over `gemm_work`);
 - `split`: a convolution or pooling kernel split over units (conv_threads.py);
+- `forked`: calls a function that forks (a Winograd kernel's block GEMMs,
+  winograd_gemm.function(forked=True));
 - `blas`: calls the BLAS, which splits by its own thresholds (threads.py's callback);
 - `serial`: none of these.
 Kernels are listed by the time lost, then summed by op and how they run.
 
 `step`: the compiled step itself, blocks of `--calls` calls alternating one thread and two
 forced, wall clock (median over blocks of each block's median), and CPU time per call.
+`--ab`: the step compiled twice, each in its own GRAPHC_CACHE_DIR, "before" with the forks
+of a Winograd kernel not split over its images off (its filter transform and 16 block GEMMs
+serial, as before the tenth session: `kernels.forks` False while compiling) and "after" as
+it is; the blocks rotate over both variants and both counts (the kernels part profiles
+"after").
 
 Two threads wait for a core the OS gives to other work: read the load averages printed at
 the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
@@ -37,14 +44,16 @@ Linux leaves other tasks 5% of every second meanwhile).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import time
 from collections import defaultdict
 
 import numpy as np
 
-from benchmarks.harness import keep_freed_memory
+from benchmarks.harness import cache_root, compiled_variants, keep_freed_memory
 from benchmarks.mlp_threads import bound_arrays, load, realtime
 
 
@@ -61,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--realtime", action="store_true",
                         help="SCHED_FIFO while timing each round or block (root)")
     parser.add_argument("--json", help="kernels: write every kernel's row to this file")
+    parser.add_argument("--ab", action="store_true",
+                        help="step: also the variant without the unsplit Winograd forks")
     args = parser.parse_args(argv)
     for flag, value in (("--runs", args.runs), ("--rounds", args.rounds),
                         ("--calls", args.calls), ("--blocks", args.blocks)):
@@ -77,41 +88,64 @@ def main(argv: list[str] | None = None) -> None:
     if args.realtime:  # refused now, not after compiling
         with realtime(True):
             pass
-    step, arguments = compiled_step(args.model)
-    if args.only in (None, "kernels"):
-        kernel_table(step, arguments, most, args.runs, args.rounds, args.top, args.realtime,
-                     args.json)
-        print(f"{load()}", flush=True)
-    if args.only in (None, "step"):
-        step_table(step, arguments, most, args.blocks, args.calls, args.realtime)
+    with cache_root("step_threads.") as root:
+        names = VARIANTS if args.ab else VARIANTS[1:]
+        steps, arguments = compiled_variants(names, lambda name: variant(name, root),
+                                             lambda: training_step(args.model))
+        if args.only in (None, "kernels"):
+            kernel_table(steps["after"], arguments["after"], most, args.runs, args.rounds,
+                         args.top, args.realtime, args.json)
+            print(f"{load()}", flush=True)
+        if args.only in (None, "step"):
+            step_table(steps, arguments, most, args.blocks, args.calls, args.realtime)
     print(f"at the end: {load()}")
 
 
-def compiled_step(name: str):
-    """The compiled training step of model_steps' `name` at its full size, called three
-    times (trace, momentum buffers, native code), and its arguments."""
+VARIANTS = ("before", "after")
+
+
+@contextlib.contextmanager
+def variant(name: str, root: str):
+    """While compiling variant `name`: its cache dir; "before": kernels.forks False (a
+    Winograd kernel not split over images keeps its filter transform and GEMMs serial)."""
+    from graphc.backends.cpu import kernels
+
+    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)
+    saved = kernels.forks
+    if name == "before":
+        kernels.forks = never_forks
+    try:
+        yield
+    finally:
+        kernels.forks = saved
+
+
+def never_forks(openmp: bool, work: int) -> bool:
+    return False
+
+
+def training_step(name: str):
+    """(the training step of model_steps' `name` at its full size, its arguments)."""
     import graphc
     from benchmarks import model_steps, models
 
     shape = model_steps.FULL[name]
-    graphc.manual_seed(0)
     model = model_steps.build(graphc, name, shape)
     x, y = model_steps.batch_of(name, shape)
-    arguments = (graphc.tensor(x), graphc.tensor(y))
-    step = graphc.compile(models.graphc_step(model), backend="cpu")
-    for _ in range(3):
-        step(*arguments)
-    return step, arguments
+    return models.graphc_step(model), (graphc.tensor(x), graphc.tensor(y))
 
 
 def how_it_runs(kernel: str, ir_text: str) -> str:
-    """`split`, `omp`, `blas` or `serial` (the module docstring) for the driver's kernel."""
+    """`split`, `omp`, `forked`, `blas` or `serial` (the module docstring) for the driver's
+    kernel."""
     if kernel.endswith(".split"):
         return "split"
     if f'@"{kernel}.omp"' in ir_text or f"@{kernel}.omp(" in ir_text:
         return "omp"
     body = re.search(r"define [^\n]*@\"?" + re.escape(kernel) + r"\"?\((.*?)\n}\n", ir_text,
                      re.S)
+    if body and re.search(r"call [^\n]*\.forked\"?\(", body.group(1)):
+        return "forked"
     if body and re.search(r"call [^\n]*@\"?cblas_", body.group(1)):
         return "blas"
     return "serial"
@@ -170,28 +204,33 @@ def kernel_table(step, arguments, most: int, runs: int, rounds: int, top: int,
               f"{t1 / max(t2, 1e-9):5.2f}x {(t2 - t1 / 2) / 1e3:7.2f}")
 
 
-def step_table(step, arguments, most: int, blocks: int, calls: int, fifo: bool) -> None:
+def step_table(steps: dict, arguments: dict, most: int, blocks: int, calls: int,
+               fifo: bool) -> None:
     from graphc.backends.cpu import threads
 
-    results: dict[int, dict] = {1: {"median": [], "cpu": []}, most: {"median": [], "cpu": []}}
+    order = [(name, count) for count in (1, most) for name in steps]
+    results = {key: {"median": [], "cpu": []} for key in order}
     for block in range(blocks):
-        count = 1 if block % 2 == 0 else most
-        step.executable.thread_chooser = threads.ThreadChooser(most, fixed=count)
-        with realtime(fifo):
-            step(*arguments)  # wake or park the team; not timed
-            seconds, cpu = [], time.process_time()
+        shift = block % len(order)
+        for name, count in order[shift:] + order[:shift]:
+            step, args = steps[name], arguments[name]
+            step.executable.thread_chooser = threads.ThreadChooser(most, fixed=count)
+            step(*args)  # wake or park the team; not timed
+            seconds, cpu = [], 0.0
             for _ in range(calls):
-                start = time.perf_counter()
-                step(*arguments)
-                seconds.append(time.perf_counter() - start)
-            cpu = (time.process_time() - cpu) / calls
-        results[count]["median"].append(float(np.median(seconds)))
-        results[count]["cpu"].append(cpu)
-    one = np.median(results[1]["median"])
-    for count, r in results.items():
+                with realtime(fifo):  # one call at a time: a ResNet-18 step is ~0.3-0.5 s
+                    start, used = time.perf_counter(), time.process_time()
+                    step(*args)
+                    seconds.append(time.perf_counter() - start)
+                    cpu += time.process_time() - used
+            results[(name, count)]["median"].append(float(np.median(seconds)))
+            results[(name, count)]["cpu"].append(cpu / calls)
+    for (name, count), r in results.items():
         median = np.median(r["median"])
-        print(f"step on {count} thread(s): median {median * 1e3:.2f} ms ({one / median:.2f}x "
-              f"one thread's), CPU {np.median(r['cpu']) * 1e3:.2f} ms a call", flush=True)
+        one = np.median(results[(name, 1)]["median"])
+        print(f"{name}: step on {count} thread(s): median {median * 1e3:.2f} ms "
+              f"({one / median:.2f}x its one thread's), CPU {np.median(r['cpu']) * 1e3:.2f} "
+              f"ms a call", flush=True)
 
 
 if __name__ == "__main__":
