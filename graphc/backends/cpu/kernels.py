@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from llvmlite import ir
 
+from graphc.backends.cpu import threads
 from graphc.backends.cpu.scalars import Scalars, const, convert
 from graphc.backends.cpu.values import (
     F64,
@@ -124,6 +125,60 @@ def forks(openmp: bool, work: int) -> bool:
     compiling, forks over the cores: libgomp loaded and PARALLEL_MIN_ELEMENTS or more, as
     KernelBuilder.begin decides for its kernels."""
     return bool(openmp) and work >= PARALLEL_MIN_ELEMENTS
+
+
+def reduction_loops(cg: "Codegen", domain, sizes: list, strides: list,
+                    out: int) -> tuple[list, list, bool]:
+    """(sizes, strides, parallel) of a reduction kernel's collapsed loops over `domain`
+    (`strides`: one tuple per operand; operand `out` the result, stride 0 along the reduced
+    dims). Where the kernel forks (`forks` on the domain's elements) and a kept dim can go
+    outermost (`kept_outermost`), the loops with it outermost and parallel True: each share
+    of the outermost loop then writes its own contiguous range of the result
+    (`result_share`); else the loops as they are, serial."""
+    work = math.prod(domain)
+    if type(work) is not int or not forks(cg.openmp, work):
+        return sizes, strides, False
+    moved = kept_outermost(sizes, strides, out, threads.most_threads)
+    return (sizes, strides, False) if moved is None else (*moved, True)
+
+
+# a column sum's contiguous rows are cut into parts of whole vectors (16 float32) at least
+KEPT_PART_MULTIPLE = 16
+
+
+def kept_outermost(sizes, strides, out: int, parts) -> tuple[list, list] | None:
+    """A reduction's collapsed loops with a kept dim outermost, or None where none can be:
+    the outermost kept dim (the result's slowest) as it is if outermost already, moved
+    outermost if in the middle (a batch norm's channels between the images and the planes),
+    and if innermost (contiguous rows, a column sum's: the only kept dim) cut into `parts()`
+    parts of whole vectors (one a thread), the parts outermost. The reduced loops keep their
+    order, so every element of the result adds the same values in the same order as before
+    (the same bits)."""
+    if not sizes or any(type(n) is not int for n in sizes):
+        return None
+    kept = [d for d, s in enumerate(strides[out]) if s != 0]
+    if not kept:
+        return None
+    d = kept[0]
+    if d < len(sizes) - 1:
+        order = [d] + [e for e in range(len(sizes)) if e != d]
+        return [sizes[e] for e in order], [tuple(s[e] for e in order) for s in strides]
+    count = parts()
+    if count < 2 or sizes[d] % (count * KEPT_PART_MULTIPLE):
+        return None
+    chunk = sizes[d] // count
+    return [count] + list(sizes[:-1]) + [chunk], \
+        [(s[-1] * chunk,) + tuple(s[:-1]) + (s[-1],) for s in strides]
+
+
+def result_share(kb: "KernelBuilder", b, sizes, strides, out: int, count: int) -> tuple:
+    """(lo, hi): the result elements a reduction kernel from `reduction_loops` writes: in a
+    parallel kernel its share of the outermost (kept) loop's, else all `count`."""
+    if not kb.parallel:
+        return i64(0), size(b, count)
+    lo, hi = kb.outer_range(b, sizes[0])
+    step = i64(strides[out][0])
+    return b.mul(lo, step), b.mul(hi, step)
 
 
 def forked_range(module: ir.Module, range_fn: ir.Function, name: str, total: int) -> ir.Function:

@@ -20,7 +20,7 @@ import math
 
 from graphc.backends.cpu import rows
 from graphc.backends.cpu.elementwise import ElementwiseLowering
-from graphc.backends.cpu.kernels import Body, KernelBuilder
+from graphc.backends.cpu.kernels import Body, KernelBuilder, reduction_loops, result_share
 from graphc.backends.cpu.prefetch import row_prefetcher
 from graphc.backends.cpu.scalars import const, convert, reduction_combiner, reduction_identity
 from graphc.backends.cpu.values import (
@@ -30,6 +30,7 @@ from graphc.backends.cpu.values import (
     collapse,
     contiguous_strides,
     for_range,
+    loop,
     size,
     unsupported,
 )
@@ -72,12 +73,15 @@ class ReductionLowering(ElementwiseLowering):
         o = kb.operand(out_loc, tuple(0 if d in axes else s for d, s in enumerate(cstr)))
         acc_t = out_v.type.dtype
         sizes, strides = collapse(domain, [x.strides for x in kb.operands])
-        b = kb.begin()
+        # a large one forks over a kept dim (kernels.reduction_loops: the same sums)
+        sizes, strides, parallel = reduction_loops(self, domain, sizes, strides, o)
+        b = kb.begin(parallel=parallel)
         if b is None:
             return self.calls.append(kb.kernel)
         ident = reduction_identity(op, acc_t)
         count = out_v.type.numel
-        with for_range(b, count, "init") as i:
+        results = result_share(kb, b, sizes, strides, o, count)
+        with loop(b, *results, "init") as i:
             kb.store(b, o, i, ident)
         combine = reduction_combiner(self.scalars, op, acc_t)
 
@@ -118,7 +122,7 @@ class ReductionLowering(ElementwiseLowering):
             kb.nest(b, sizes, strides, leaf)
         if REGISTRY[op].reduction.mean:
             n = math.prod(domain[d] for d in axes)
-            with for_range(b, count, "mean") as i:
+            with loop(b, *results, "mean") as i:
                 divisor = const(acc_t, n) if type(n) is int else \
                     b.sitofp(size(b, n), REG[acc_t.name])  # a count known per call
                 kb.store(b, o, i, b.fdiv(kb.load(b, o, i), divisor))

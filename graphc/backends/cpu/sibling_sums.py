@@ -16,10 +16,10 @@ several accumulators: float32 rounding of the order, no more.
 
 from __future__ import annotations
 
-from graphc.backends.cpu.kernels import Body, KernelBuilder
+from graphc.backends.cpu.kernels import Body, KernelBuilder, reduction_loops, result_share
 from graphc.backends.cpu.prefetch import row_prefetcher
 from graphc.backends.cpu.scalars import convert, reduction_combiner, reduction_identity
-from graphc.backends.cpu.values import REG, collapse, contiguous_strides, for_range, unsupported
+from graphc.backends.cpu.values import REG, collapse, contiguous_strides, loop, unsupported
 from graphc.ir.graph import Node
 from graphc.passes.sibling_sums import trailing_sums
 
@@ -52,12 +52,15 @@ def lower_sibling_sums(lw, node: Node, body: Body) -> None:
             raise unsupported(node, "a fused sum whose result is not an output")
         outs.append((kb.operand(lw.locs[value_of[red]], ostr), value_of[red].type.dtype))
     sizes, strides = collapse(domain, [x.strides for x in kb.operands])
-    b = kb.begin()
+    # a large one forks over a kept dim (a batch norm's channels; kernels.reduction_loops)
+    sizes, strides, parallel = reduction_loops(lw, domain, sizes, strides, outs[0][0])
+    b = kb.begin(parallel=parallel)
     if b is None:
         return lw.calls.append(kb.kernel)
     count = value_of[reds[0]].type.numel
+    results = result_share(kb, b, sizes, strides, outs[0][0], count)
     for o, t in outs:
-        with for_range(b, count, "init") as i:
+        with loop(b, *results, "init") as i:
             kb.store(b, o, i, reduction_identity("reduce_sum", t))
     combines = [reduction_combiner(lw.scalars, "reduce_sum", t) for _, t in outs]
 

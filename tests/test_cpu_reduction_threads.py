@@ -1,0 +1,95 @@
+"""Reductions forked over a kept dim (graphc.backends.cpu.kernels.reduction_loops, used by
+reductions.py and sibling_sums.py): a column sum's rows cut into parts, a batch norm's
+channels moved outermost. The loops first (kept_outermost), then compiled kernels: forked,
+the same bits on one thread and on all cores and as the serial kernel, numpy's result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+
+from graphc.backends import compile as compile_graph  # noqa: E402
+from graphc.backends.cpu import kernels, threads  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from graphc.ir import parse  # noqa: E402
+from tests.test_cpu_backend import one_op_graph  # noqa: E402
+
+ALL_CORES = threads.most_threads()
+needs_cores = pytest.mark.skipif(ALL_CORES < 2, reason="one core (or no libgomp): nothing "
+                                 "forks")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def two():
+    return 2
+
+
+def test_kept_outermost_moves_or_cuts_the_kept_dim():
+    # operands: input (contiguous), result (stride 0 along reduced dims)
+    # [N, C, HW] summed over N and HW: C moves outermost, the reduced loops keep their order
+    sizes, strides = kernels.kept_outermost([32, 64, 1024], [(65536, 1024, 1), (0, 1, 0)],
+                                            1, two)
+    assert sizes == [64, 32, 1024] and strides == [(1024, 65536, 1), (1, 0, 0)]
+    # [rows, cols] summed over rows: the columns cut into two parts, the parts outermost
+    sizes, strides = kernels.kept_outermost([1024, 512], [(512, 1), (0, 1)], 1, two)
+    assert sizes == [2, 1024, 256] and strides == [(256, 512, 1), (256, 0, 1)]
+    # already outermost: as it is
+    assert kernels.kept_outermost([64, 1024], [(1024, 1), (1, 0)], 1, two) == \
+        ([64, 1024], [(1024, 1), (1, 0)])
+    # columns that do not cut into parts of whole vectors, one thread, nothing kept: None
+    assert kernels.kept_outermost([1024, 40], [(40, 1), (0, 1)], 1, two) is None
+    assert kernels.kept_outermost([1024, 512], [(512, 1), (0, 1)], 1, lambda: 1) is None
+    assert kernels.kept_outermost([1024], [(1,), (0,)], 1, two) is None
+
+
+SUM = '("reduce_sum", ({arg},), (("axes", {axes}), ("keepdim", false)))'
+# batch norm's backward sums over one walk (graphc.passes.sibling_sums): sum(g), sum(g * x)
+SIBLING = f'''graph @f(%g: f32[8,32,16,16], %x: f32[8,32,16,16]) -> (f32[32], f32[32]) {{
+  %0: f32[32], %1: f32[32] = fused[body=(("mul", (0, 1), ()), {SUM.format(arg=0, axes=(0, 2, 3))}, {SUM.format(arg=2, axes=(0, 2, 3))}), outputs=(3, 4)](%g, %x)
+  return (%0, %1)
+}}'''  # noqa: E501
+
+# (graph, its inputs' shapes): each over PARALLEL_MIN_ELEMENTS (65,536) elements
+CASES = {
+    "column sum": (lambda: one_op_graph("reduce_sum", [((256, 512), "float32")],
+                                        axes=(0,), keepdim=False), [(256, 512)]),
+    "channel mean": (lambda: one_op_graph("reduce_mean", [((8, 32, 16, 16), "float32")],
+                                          axes=(0, 2, 3), keepdim=True), [(8, 32, 16, 16)]),
+    "row max": (lambda: one_op_graph("reduce_max", [((512, 256), "float32")], axes=(1,),
+                                     keepdim=False), [(512, 256)]),
+    "sibling sums": (lambda: parse(SIBLING), [(8, 32, 16, 16)] * 2),
+}
+
+
+def _results(graph, args, count: int, monkeypatch, serial: bool = False) -> tuple:
+    with monkeypatch.context() as patch:
+        if serial:  # the kernels as before: nothing forks
+            patch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1 << 40)
+        exe = compile_graph(graph, "cpu")
+    exe.thread_chooser = ThreadChooser(ALL_CORES, fixed=count)
+    return exe, [np.array(r) for r in exe.run(*[a.copy() for a in args])]
+
+
+@needs_cores
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_forked_reductions_give_the_serial_kernels_bits(case, monkeypatch, tmp_path):
+    make, shapes = CASES[case]
+    rng = np.random.default_rng(len(case))
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    exe, one = _results(make(), args, 1, monkeypatch)
+    assert '.omp"' in exe.lowered.ir_text, case
+    _, every = _results(make(), args, ALL_CORES, monkeypatch)
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))  # the serial build apart
+    serial_exe, serial = _results(make(), args, 1, monkeypatch, serial=True)
+    assert '.omp"' not in serial_exe.lowered.ir_text, case
+    interpreted = compile_graph(make(), "interp").run(*args)
+    for got, same, before, want in zip(one, every, serial, interpreted):
+        np.testing.assert_array_equal(same, got, err_msg=f"{case}: all cores")
+        np.testing.assert_array_equal(before, got, err_msg=f"{case}: the serial kernel")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case)
