@@ -1,6 +1,6 @@
 """Reductions forked over a kept dim (graphc.backends.cpu.kernels.reduction_loops, used by
-reductions.py and sibling_sums.py): a batch norm's channels moved outermost, rows already
-outermost; a column sum stays serial. The loops first (kept_outermost), then compiled
+reductions.py and sibling_sums.py): a batch norm's channels cut into one part a thread, rows
+already outermost; a column sum stays serial. The loops first (kept_outermost), then compiled
 kernels: forked, the same bits on one thread and on all cores and as the serial kernel, the
 interpreter's result."""
 
@@ -27,17 +27,29 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
-def test_kept_outermost_moves_the_kept_dim():
+def two():
+    return 2
+
+
+def test_kept_outermost_cuts_the_kept_dim():
     # operands: input (contiguous), result (stride 0 along reduced dims)
-    # [N, C, HW] summed over N and HW: C moves outermost, the reduced loops keep their order
-    sizes, strides = kernels.kept_outermost([32, 64, 1024], [(65536, 1024, 1), (0, 1, 0)], 1)
-    assert sizes == [64, 32, 1024] and strides == [(1024, 65536, 1), (1, 0, 0)]
+    # [N, C, HW] summed over N and HW: C cut in two parts, the parts outermost, each part's
+    # channels where they were (an image's channels of a part one contiguous run)
+    sizes, strides = kernels.kept_outermost([32, 64, 1024], [(65536, 1024, 1), (0, 1, 0)], 1,
+                                            two)
+    assert sizes == [2, 32, 32, 1024]
+    assert strides == [(32768, 65536, 1024, 1), (32, 0, 1, 0)]
     # already outermost: as it is
-    assert kernels.kept_outermost([64, 1024], [(1024, 1), (1, 0)], 1) == \
+    assert kernels.kept_outermost([64, 1024], [(1024, 1), (1, 0)], 1, two) == \
         ([64, 1024], [(1024, 1), (1, 0)])
-    # a column sum (the only kept dim innermost) and a sum of everything: None
-    assert kernels.kept_outermost([1024, 512], [(512, 1), (0, 1)], 1) is None
-    assert kernels.kept_outermost([1024], [(1,), (0,)], 1) is None
+    # channels not a multiple of the parts, one thread, a column sum (the only kept dim
+    # innermost), a sum of everything: None
+    assert kernels.kept_outermost([32, 63, 1024], [(64512, 1024, 1), (0, 1, 0)], 1,
+                                  two) is None
+    assert kernels.kept_outermost([32, 64, 1024], [(65536, 1024, 1), (0, 1, 0)], 1,
+                                  lambda: 1) is None
+    assert kernels.kept_outermost([1024, 512], [(512, 1), (0, 1)], 1, two) is None
+    assert kernels.kept_outermost([1024], [(1,), (0,)], 1, two) is None
 
 
 SUM = '("reduce_sum", ({arg},), (("axes", {axes}), ("keepdim", false)))'
