@@ -33,8 +33,9 @@ kernel then reads it from the call's sizes table (`Codegen.emit_size`). Kernels 
 `nounwind noinline`: each stays one function the driver calls.
 
 Parallel kernels: elementwise, copy and fill kernels over PARALLEL_MIN_ELEMENTS or more
-(when libgomp is loaded), and loops of generated GEMMs over as much work (`gemm_work`),
-split their outermost loop into one contiguous share per thread:
+(when libgomp is loaded), reductions as large whose outermost kept dim can lead
+(`reduction_loops`), and loops of generated GEMMs over as much work (`gemm_work`), split
+their outermost loop into one contiguous share per thread:
 `<name>` calls libgomp's `GOMP_parallel` on `<name>.omp`, which calls `<name>.range(ptrs...,
 lo, hi)`. Each element is computed by exactly the code of the serial loop, so results are bit
 for bit the same. With sizes known per call, `<name>` weighs the same work per call
@@ -42,6 +43,7 @@ for bit the same. With sizes known per call, `<name>` weighs the same work per c
 the threshold, so a symbolic graph forks at the sizes where the static graph does. libgomp
 threads spin briefly (GOMP_SPINCOUNT, set by graphc.config when graphc is imported, unless
 the user did) and then sleep, leaving the cores to the BLAS threads of a following GEMM.
+`forked_range` forks a loop that is not a kernel of its own (a Winograd block's 16 GEMMs).
 """
 
 from __future__ import annotations
