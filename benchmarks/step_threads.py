@@ -5,9 +5,11 @@ process: which kernels do not scale, and what the whole step gains.
     python -m benchmarks.step_threads --model resnet18 --runs 10 --rounds 4
     python -m benchmarks.step_threads --model gpt --realtime      # each round under SCHED_FIFO
     python -m benchmarks.step_threads --model gpt --only step     # the whole step only
+    python -m benchmarks.step_threads --model gpt --quick         # smoke sizes (tests)
 
 The steps are benchmarks/model_steps.py's (GPT n_embd 128, 4 layers, context 64, batch 16;
-ResNet-18 CIFAR, width 64, batch 32), compiled on the cpu backend.
+ResNet-18 CIFAR, width 64, batch 32; `--quick`: model_steps.QUICK's smoke sizes), compiled
+on the cpu backend.
 
 `kernels`: a profiling build of the step (the driver stamps the clock around every kernel,
 as graphc.profile's) run on copies of the arrays the real call binds, `--runs` times back to
@@ -28,11 +30,11 @@ Kernels are listed by the time lost, then summed by op and how they run.
 
 `step`: the compiled step itself, blocks of `--calls` calls alternating one thread and two
 forced, wall clock (median over blocks of each block's median), and CPU time per call.
-`--ab`: the step compiled twice, each in its own GRAPHC_CACHE_DIR, "before" with the forks
-of a Winograd kernel not split over its images off (its filter transform and 16 block GEMMs
-serial, as before the tenth session: `kernels.forks` False while compiling) and "after" as
-it is; the blocks rotate over both variants and both counts (the kernels part profiles
-"after").
+`--ab`: the step compiled twice, each in its own GRAPHC_CACHE_DIR, "before" with the tenth
+session's forks off (`kernels.forks` False while compiling: a Winograd kernel not split over
+its images keeps its filter transform and 16 block GEMMs serial, reductions stay serial) and
+"after" as it is; the blocks rotate over both variants and both counts (the kernels part
+profiles "after").
 
 Two threads wait for a core the OS gives to other work: read the load averages printed at
 the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--realtime", action="store_true",
                         help="SCHED_FIFO while timing each round or block (root)")
     parser.add_argument("--json", help="kernels: write every kernel's row to this file")
+    parser.add_argument("--quick", action="store_true", help="smoke sizes (model_steps.QUICK)")
     parser.add_argument("--ab", action="store_true",
                         help="step: also the variant without the unsplit Winograd forks")
     args = parser.parse_args(argv)
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     with cache_root("step_threads.") as root:
         names = VARIANTS if args.ab else VARIANTS[1:]
         steps, arguments = compiled_variants(names, lambda name: variant(name, root),
-                                             lambda: training_step(args.model))
+                                             lambda: training_step(args.model, args.quick))
         if args.only in (None, "kernels"):
             kernel_table(steps["after"], arguments["after"], most, args.runs, args.rounds,
                          args.top, args.realtime, args.json)
@@ -107,7 +110,8 @@ VARIANTS = ("before", "after")
 @contextlib.contextmanager
 def variant(name: str, root: str):
     """While compiling variant `name`: its cache dir; "before": kernels.forks False (a
-    Winograd kernel not split over images keeps its filter transform and GEMMs serial)."""
+    Winograd kernel not split over images keeps its filter transform and GEMMs serial, and
+    reductions stay serial)."""
     from graphc.backends.cpu import kernels
 
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)
@@ -124,12 +128,13 @@ def never_forks(openmp: bool, work: int) -> bool:
     return False
 
 
-def training_step(name: str):
-    """(the training step of model_steps' `name` at its full size, its arguments)."""
+def training_step(name: str, quick: bool = False):
+    """(the training step of model_steps' `name` at its full size, or its smoke size, its
+    arguments)."""
     import graphc
     from benchmarks import model_steps, models
 
-    shape = model_steps.FULL[name]
+    shape = (model_steps.QUICK if quick else model_steps.FULL)[name]
     model = model_steps.build(graphc, name, shape)
     x, y = model_steps.batch_of(name, shape)
     return models.graphc_step(model), (graphc.tensor(x), graphc.tensor(y))
