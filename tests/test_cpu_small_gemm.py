@@ -253,7 +253,8 @@ WEIGHT_GRADIENTS = [  # (x shape, dy shape): x^T @ dy, a read transposed, k = th
     ((600, 37), (600, 96)),  # k: 256, one more block, 88 left; rows leave a last tile of 7
     ((512, 48), (512, 48)),  # one vector a panel (48 columns: three panels), no chunks
     ((777, 20), (777, 256)),  # rows under a tile's, k not a multiple of the lanes
-    ((1024, 512), (1024, 128)),  # GPT's first Linear: 512 rows of a (a prefetched)
+    ((1024, 512), (1024, 128)),  # GPT's first Linear: 512 rows of a (a prefetched), in
+    # two chunks of K_OUTER_ROW_CHUNK rows, not of columns
 ]
 
 
@@ -268,9 +269,10 @@ def test_weight_gradients_with_a_long_k_run_the_k_outer_kernel(x_shape, dy_shape
     compiled(x, dy)
     text = compiled.executable.lowered.ir_text
     assert re.search(r"graphc_small_sgemm_\w+_ko", text), "no k-outer kernel"
-    chunked = dy_shape[1] >= 2 * small_gemm.COLUMN_CHUNK
+    rows = x_shape[1] >= 2 * small_gemm.K_OUTER_ROW_CHUNK
+    chunked = dy_shape[1] >= 2 * small_gemm.COLUMN_CHUNK and not rows
     assert (f"_c{dy_shape[1]}" in text) == chunked  # chunks of c's columns, rows ldc apart
-    if chunked:  # even two chunks of 128 x 64 fork: each output sums k products
+    if chunked or rows:  # even two chunks of 128 x 64 fork: each output sums k products
         assert re.search(r'define[^@]*@"?\w*small_gemm\.omp', text), "no forked chunks"
     want = graphc.compile(_a_transposed, backend="interp")(x, dy).numpy()
     results = []

@@ -165,7 +165,7 @@ class GemmLowering(ElementwiseLowering):
                 batch, small = (columns[0],), columns[1]
                 n, sb_shape, sb = small.n, [columns[0], k, small.n], [small.n * sb[-1]] + sb[-2:]
                 c_batch_strides = (small.n,)
-        if chunks is None or small.addends or strided:  # the epilogue runs as its own kernel
+        if chunks is None or small.addends or strided or small.k_outer:  # its own kernel
             epilogue = None
         gemv = None if small or strided else self._gemv(m, n, k, sa, sb, lay_a, lay_b)
         fn = small_gemm.function(self, small) if small else \

@@ -29,7 +29,8 @@ and row-major. A weight gradient x^T @ dy
 of k by block, each over all panels, a panel's block of b copied contiguous onto the stack
 first and read from L1 by all the panel's row blocks, a's line 32 k ahead prefetched at
 each k (PREFETCH_A_K: x's rows lie 4 * m bytes apart, cold when the backward reads them);
-its columns come in chunks of COLUMN_CHUNK (c's rows ldc apart) that the cores share. A
+its columns come in chunks of COLUMN_CHUNK (c's rows ldc apart) that the cores share, or
+from 512 rows its rows in chunks of K_OUTER_ROW_CHUNK. A
 fused epilogue of only bias and residual adds (graphc.backends.cpu.gemm_addends) is added in
 the row-ordered kernel's stores of the last block of k: one pointer argument per addend
 after c (`with_addends`). For a
@@ -130,6 +131,12 @@ SHORT_K_MAX = 128
 SHORT_K_MIN_M = 128
 SHORT_K_MAX_MN = 1024
 COLUMN_CHUNK = 64  # columns of c per call of a weight gradient: the calls fork over the cores
+# ...but a weight gradient of 512 rows or more (GPT's linear1, [512 x 1024] @ [1024 x 128])
+# goes in chunks of this many rows instead (0: columns): each column chunk read all of
+# a = dh^T, which the product before wrote in row chunks of tokens, half of it in the other
+# core's cache; alone 799 / 448 -> 740 / 367 us (one / two threads), after that product
+# 767 / 569 -> 754 / 418 (docs/performance.md, "GPT and ResNet-18 on two threads")
+K_OUTER_ROW_CHUNK = 256
 # the k-outer kernel's software prefetch of a (x^T: each k step's broadcasts read a line of x
 # 4 * m bytes from the last, which the hardware fetched late): at every k, the element of a
 # PREFETCH_A_ROWS rows below the row block's last and PREFETCH_A_K k ahead (None: none).
@@ -320,18 +327,21 @@ _tile_rows = tile_rows  # the name row_chunks uses (another helper's function)
 
 def row_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
     """(count, the kernel of one chunk) where g's rows split into chunks of ROW_CHUNK rows
-    that threads can share (each element is summed by the same instructions either way),
-    else None: fewer than two chunks, or rows not a whole number of them. An m known per
-    call takes chunks where its traced size has two or more: their count per call
-    (traced_sizes.chunks), each call's rows an argument (`size_arguments`)."""
+    (a weight gradient's: K_OUTER_ROW_CHUNK) that threads can share (each element is summed
+    by the same instructions either way), else None: fewer than two chunks, or rows not a
+    whole number of them. An m known per call takes chunks where its traced size has two or
+    more: their count per call (traced_sizes.chunks), each call's rows an argument
+    (`size_arguments`)."""
     if type(g.m) is not int and not g.k_outer and g.sa_row \
             and (traced(g.m) or 0) >= 2 * ROW_CHUNK:  # m known per call: the last one short
         return chunks(g.m, ROW_CHUNK), replace(
             g, m=ROW_CHUNK, rows=_tile_rows(ROW_CHUNK, g.vectors, g.lanes), chunk_of=g.m)
-    if type(g.m) is not int or g.m < 2 * ROW_CHUNK or g.m % ROW_CHUNK or g.k_outer:
+    chunk = K_OUTER_ROW_CHUNK if g.k_outer else ROW_CHUNK
+    if type(g.m) is not int or not chunk or g.m < 2 * chunk or g.m % chunk:
         return None
-    return g.m // ROW_CHUNK, replace(g, m=ROW_CHUNK,
-                                     rows=_tile_rows(ROW_CHUNK, g.vectors, g.lanes))
+    rows = _tile_rows(chunk, g.vectors, g.lanes)
+    prefetch = g.prefetch_a and (rows - 1 + PREFETCH_A_ROWS, g.prefetch_a[1])
+    return g.m // chunk, replace(g, m=chunk, rows=rows, prefetch_a=prefetch)
 
 
 def column_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
