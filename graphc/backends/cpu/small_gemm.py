@@ -38,12 +38,8 @@ causal attention head (graphc.backends.cpu.attention_small) the row-ordered kern
 what lies past the diagonal: a triangular a's zero terms (`triangle`), or the row blocks
 wholly above a panel of a c read only on and below its diagonal (`lower_c`).
 
-Rounding: every element of c sums k in blocks of K_BLOCK (in order, fused multiply-adds in
-registers), each block's sum added to c, as a BLAS blocks k (its KC): the error grows with
-K_BLOCK + k / K_BLOCK rather than with k (measured: as close to a float64 run as OpenBLAS
-or closer, k up to 16384). The order differs from the BLAS's, judged by distance from a
-float64 run (docs/performance.md, "Rounding";
-tests/test_cpu_small_gemm.py).
+Rounding: every element of c sums k in blocks of K_BLOCK, each block's sum added to c, as a
+BLAS blocks k (graphc.backends.cpu.small_gemm_tile says more).
 
 Sizes known per call (a symbolic graph's batch, graphc.backends.cpu.runtime_sizes): one of
 m, n, k may be symbolic (`per_call_tile`): the tile is the one the trace's size takes, the
@@ -53,25 +49,31 @@ letter (`graphc_small_sgemm_Mx16x64_...`); see per_call_tile for how each bounds
 `tile_for(m, n, k, ...)` decides (None: the BLAS call stays), `row_chunks` splits a product
 of many rows into calls of ROW_CHUNK rows (a loop graphc's threads share, where the BLAS
 would have threaded the one call), `column_chunks` a weight gradient's columns, `function(cg,
-...)` emits the kernel once per module and
-shape. Used by graphc.backends.cpu.codegen's matmul lowering.
+...)` emits the kernel once per module and shape. Used by graphc.backends.cpu.codegen's
+matmul lowering. The modules, dependencies pointing one way: small_gemm (the choice and the
+call's sizes) -> small_gemm_kernel (`function`: the loops over panels and row blocks, the
+k-outer order) -> small_gemm_tile (`SmallGemm`, the register tile: blocks of k, stores with
+addends); small_gemm_columns packs b's panels where n is known per call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from llvmlite import ir
 
 from graphc.backends.cpu import gemm_panels, llvm, small_gemm_columns
-from graphc.backends.cpu.gemm_panels import copy_transposed, counted
+from graphc.backends.cpu.small_gemm_kernel import function
+from graphc.backends.cpu.small_gemm_tile import SmallGemm
 from graphc.backends.cpu.traced_sizes import chunks, traced
-from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop, size
+from graphc.backends.cpu.values import Loc, i64, size
 from graphc.types import TensorType, float32
 
-__all__ = ["MAX_THIN", "SmallGemm", "broadcast_fma", "column_chunks", "fma_intrinsic",
-           "function", "lanes", "operands", "per_call_tile", "prefetch_intrinsic", "row_chunks",
-           "size_arguments", "tile_for", "tile_rows", "with_addends"]
+# SmallGemm and function (defined in small_gemm_tile and small_gemm_kernel) are named here
+# too: small_gemm is where its users choose a kernel and have it emitted
+__all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "function", "lanes", "operands",
+           "per_call_tile", "row_chunks", "size_arguments", "tile_for", "tile_rows",
+           "with_addends"]
 
 # the kernel serves products whose m or n is at most this. Tried: 32 (GPT's attention
 # heads, 64 x 64 x 32, with their transposed operands packed; MobileNet's classifier):
@@ -115,7 +117,7 @@ ROW_CHUNK = 128  # rows of a medium product per kernel call: the calls fork over
 # a long k (the tokens), m at most LONG_K_MAX_M and n at most LONG_K_MAX_N (GPT's [128 x
 # 1024] @ [1024 x 128 | 512]). OpenBLAS ran them at ~125-145 GFLOP/s, the kernel at 150-180
 # (one thread, alone; docs/performance.md "GPT step, eighth session"): it walks k block by
-# block over the panels, each panel's block of b copied contiguous first (_emit_k_outer).
+# block over the panels, each panel's block of b copied contiguous first (small_gemm_kernel).
 # m up to 512 (linear1's [512 x 1024] @ [1024 x 128], a = dh^T 2 KB a row) since the kernel
 # prefetches a (PREFETCH_A_K): alone, swept from cache, 1387 -> 1018 us against OpenBLAS's
 # 1098 (without the prefetch it lost to the BLAS, hot and cold; ninth session)
@@ -147,7 +149,6 @@ PREFETCH_A_ROWS = 0
 PREFETCH_A_K: int | None = 32
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
-K_BLOCK = 256  # k summed in registers per block; blocks' sums added in c (a BLAS's KC)
 NO_TRANSPOSE = 111  # CBLAS's flag for an operand read as laid out
 
 
@@ -160,67 +161,6 @@ def lanes() -> int:
     if host.has_feature("avx2") and host.has_feature("fma"):
         return 8
     return 0
-
-
-@dataclass(frozen=True)
-class SmallGemm:
-    """One generated product: c[m, n] = a[m, k] @ b[k, n]; a's element strides (sa_row,
-    sa_col), b's leading dimension ldb (its rows contiguous), c row-major; tiles of `rows`
-    x `vectors` vector registers of `lanes` floats."""
-
-    m: int
-    n: int
-    k: int
-    sa_row: int
-    sa_col: int
-    ldb: int
-    rows: int
-    vectors: int
-    lanes: int
-    ldb_t: int = 0  # b read transposed in place: (k, j) at j * ldb_t + k, ldb unused
-    k_outer: bool = False  # a long k: each block of k over all row blocks of a panel
-    ldc: int = 0  # c's rows this many floats apart (a chunk of c's columns); 0: n
-    # operands added to c in the last block's stores, in order (graphc.backends.cpu.
-    # gemm_addends): "row" an [n] vector (a bias), "full" c's layout (a residual)
-    addends: tuple[str, ...] = ()
-    # b copied panel-major into scratch first (`operands`): panel p's k rows of vectors x
-    # lanes floats one after another, p * k * vectors * lanes floats on; ldb unused
-    b_panels: bool = False
-    # a triangular: "lower" (a[i, k] = 0 for k > i: a causal head's P or dS), "upper" (0 for
-    # k < i: their transposes); each row block sums only the k its rows can see (k within
-    # one K_BLOCK). The terms skipped are exact zeros times b
-    triangle: str = ""
-    # only c's lower triangle (j <= i, and what shares a tile with it) is read: row blocks
-    # wholly above a panel's first column are skipped (a causal head's scores, dP)
-    lower_c: bool = False
-    # the k-outer kernel prefetches, at each k, a's element prefetch_a[0] rows below the row
-    # block's first and prefetch_a[1] k ahead (PREFETCH_A_ROWS, PREFETCH_A_K); None: none
-    prefetch_a: tuple[int, int] | None = None
-    # one row chunk of a product whose m (this symbolic size) is known per call: m is the
-    # most rows a call computes, and the call's own count comes as an argument (row_chunks)
-    chunk_of: object = None
-
-    @property
-    def name(self) -> str:
-        b = f"bt{self.ldb_t}" if self.ldb_t else "bp" if self.b_panels else f"b{self.ldb}"
-        order = ("_ko" if self.k_outer else "") + (f"_c{self.ldc}" if self.ldc else "")
-        order += f"_{self.triangle}" if self.triangle else ""
-        order += "_lowc" if self.lower_c else ""
-        order += "".join(f"_{kind}" for kind in self.addends)
-        if self.prefetch_a:
-            order += f"_pf{self.prefetch_a[0]}_{self.prefetch_a[1]}"
-        dims = "x".join(str(d) if type(d) is int else letter  # known per call: an argument
-                        for d, letter in ((self.m, "M"), (self.n, "N"), (self.k, "K")))
-        dims = f"M{dims}" if self.chunk_of is not None else dims  # at most m rows a call
-        return (f"graphc_small_sgemm_{dims}_a{self.sa_row}_{self.sa_col}"
-                f"_{b}_t{self.rows}x{self.vectors}x{self.lanes}{order}")
-
-    @property
-    def per_call(self) -> tuple[str, ...]:
-        """The dims ("m", "k") known only per call: the kernel takes each as a trailing i64
-        argument (`size_arguments`), in this order."""
-        return tuple(d for d in ("m", "n", "k") if type(getattr(self, d)) is not int
-                     or (d == "m" and self.chunk_of is not None))
 
 
 def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
@@ -253,7 +193,7 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
                         and max(m, n) <= SHORT_K_MAX_MN and n % (2 * width) == 0)
     if long_k and not small:
         # a weight gradient x^T @ dy: each block of k runs over all the row blocks of a
-        # panel, so the panel's block of b stays in L1 (_emit_k_outer)
+        # panel, so the panel's block of b stays in L1 (small_gemm_kernel)
         vectors = 2 if (n // width) % 2 == 0 else 1
         rows = tile_rows(m, vectors, width)
         # a prefetched for the long k only (a short k's a, 64 rows of x, was measured without)
@@ -281,7 +221,7 @@ def per_call_tile(m, n, k, sa_row: int, sa_col: int, ldb: int,
     the traced shape runs the static graph's kernel), emitted for every size. The kernel
     takes the dim as an argument: m bounds its loop over row blocks, the rows past the last
     full block run in tiles of 16, 8, 4, 2 and 1 rows as the rest's bits say
-    (`_each_row_block`); k bounds its blocks of K_BLOCK (the same blocks, so the same sums,
+    (small_gemm_kernel); k bounds its blocks of K_BLOCK (the same blocks, so the same sums,
     as a static k's); n bounds its loop over panels, the last n % width columns computed
     into the stack and copied (b read transposed only, packed by graphc.backends.cpu.
     small_gemm_columns). Not taken: two dims known per call, a size with no trace's value,
@@ -392,373 +332,3 @@ def with_addends(g: SmallGemm, addends: tuple) -> tuple[SmallGemm, tuple]:
     per call they are added after the last block (`_add_addends`: the same sums)."""
     taken = () if g.k_outer or "n" in g.per_call else tuple(addends)
     return replace(g, addends=tuple(kind for kind, _ in taken)), taken
-
-
-def function(cg, gemm: SmallGemm) -> ir.Function:
-    """The module's function for `gemm` (emitted on first use): void(ptr a, ptr b, ptr c,
-    one ptr per addend, one i64 per dim known per call)."""
-    existing = cg.module.globals.get(gemm.name)
-    if existing is not None:
-        return existing
-    if gemm.addends and gemm.k_outer:
-        raise ValueError(f"small_gemm {gemm.name}: addends are for the row-ordered kernel")
-    if gemm.triangle and (gemm.k_outer or gemm.k > K_BLOCK or gemm.addends or gemm.per_call):
-        raise ValueError(f"small_gemm {gemm.name}: a triangular a is for the row-ordered "
-                         f"kernel with k in one block, without addends, sizes all static")
-    if len(gemm.per_call) > 1 or (gemm.ldb_t and "k" in gemm.per_call) \
-            or ("n" in gemm.per_call and (not gemm.b_panels or gemm.addends)):
-        raise ValueError(f"small_gemm {gemm.name}: one size known per call: m, k with b read "
-                         f"in place or from scratch, or n with b's panels copied and no addends")
-    pointers = 3 + len(gemm.addends)
-    fn = ir.Function(cg.module, ir.FunctionType(
-        ir.VoidType(), [PTR] * pointers + [I64] * len(gemm.per_call)), gemm.name)
-    for arg in fn.args[:pointers]:
-        arg.add_attribute("noalias")
-    fn.attributes.add("nounwind")
-    fn.attributes.add("noinline")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    panel = None
-    if gemm.ldb_t or gemm.k_outer or "n" in gemm.per_call:
-        # one panel of b, k (a block of k) x (vectors x lanes) floats, row-major; with n
-        # known per call, a row block's tile of the last panel (rows x vectors x lanes)
-        rows = gemm.rows if "n" in gemm.per_call else K_BLOCK if type(gemm.k) is not int else \
-            min(gemm.k, K_BLOCK) if gemm.k_outer else gemm.k
-        stack = b.alloca(F32, size=i64(rows * gemm.vectors * gemm.lanes), name="panel")
-        stack.align = 64
-        # llvmlite's alloca gives a typed float*, which takes no vector stores: as opaque
-        panel = b.inttoptr(b.ptrtoint(stack, I64), PTR)
-    # the code reads each size known per call from its argument (an i64 value in g)
-    emitted = replace(gemm, **dict(zip(gemm.per_call, fn.args[pointers:])))
-    _emit(b, emitted, *fn.args[:3], panel, list(zip(gemm.addends, fn.args[3:pointers])))
-    b.ret_void()
-    return fn
-
-
-# ---- the kernel's code ------------------------------------------------------------------------
-def _emit(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy=None, addends=()) -> None:
-    """Panels of c (runtime loop), in each the full row blocks (runtime loop) then the
-    remaining rows (one smaller tile). With b read transposed (`ldb_t`), each panel of b is
-    first copied row-major into `panel_copy` (on the stack, in L1 for the panel's tiles).
-    `addends`: (kind, pointer) added to c by the last block's stores (`_store`)."""
-    if g.k_outer:
-        return _emit_k_outer(b, g, a, bm, c, panel_copy)
-    width = g.vectors * g.lanes
-    if type(g.n) is not int:  # n known per call: whole panels, then the last columns
-        full = b.udiv(g.n, i64(width))
-        with loop(b, 0, full, "panel") as panel:
-            _panel(b, g, a, bm, c, panel, panel_copy, addends)
-        tail = b.sub(g.n, b.mul(full, i64(width)))
-        with b.if_then(b.icmp_unsigned("!=", tail, i64(0))):
-            _panel(b, g, a, bm, c, full, panel_copy, addends, tail)
-        return
-    with counted(b, g.n // width, "panel") as panel:
-        _panel(b, g, a, bm, c, panel, panel_copy, addends)
-
-
-def _panel(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel, panel_copy, addends,
-           tail=None) -> None:
-    """Every row block of c's panel number `panel`. `tail` (an i64 value, n known per call):
-    only that many of the panel's columns lie in c; each row block's tile is computed into
-    `panel_copy` (on the stack) and those columns copied into c."""
-    width = g.vectors * g.lanes
-    col = b.mul(panel, i64(width))
-    source = (bm, g.ldb, col)
-    if g.ldb_t:
-        copy_transposed(b, bm, g.ldb_t, col, panel_copy, g.k, width, g.lanes)
-        source = (panel_copy, width, i64(0))
-    elif g.b_panels:  # the panel's rows one after another, read in order (in L1 or L2)
-        source = (bm, width, b.mul(panel, i64(g.k * width)))
-
-    def row_block(row0, rows: int) -> None:
-        if tail is None:
-            return _tile_needed(b, g, a, source, c, row0, col, rows, addends)
-        _tile(b, replace(g, ldc=width), a, source, panel_copy, row0, col, rows,
-              c_at=(i64(0), i64(0)))
-        for r in range(rows):
-            at = b.add(b.mul(b.add(row0, i64(r)), _value(g.ldc or g.n)), col)
-            with loop(b, 0, tail, "tcol") as j:
-                x = b.load(b.gep(panel_copy, [b.add(i64(r * width), j)], inbounds=True,
-                                 source_etype=F32), typ=F32, align=4)
-                b.store(x, b.gep(c, [b.add(at, j)], inbounds=True, source_etype=F32),
-                        align=4)
-
-    _each_row_block(b, g, row_block)
-
-
-def _each_row_block(b: ir.IRBuilder, g: SmallGemm, body, name: str = "block") -> None:
-    """body(first row, rows) for each row block of c: the full blocks of g.rows rows
-    (runtime loop), then the rest: one smaller tile where m is static; where m is known per
-    call (an i64 value), a tile of 2^j rows for each bit j the rest has, largest first."""
-    if type(g.m) is int:
-        full, rest = divmod(g.m, g.rows)
-        if full:
-            with counted(b, full, name) as block:
-                body(b.mul(block, i64(g.rows)), g.rows)
-        if rest:
-            body(i64(full * g.rows), rest)
-        return
-    full = b.udiv(g.m, i64(g.rows))
-    with loop(b, 0, full, name) as block:
-        body(b.mul(block, i64(g.rows)), g.rows)
-    done = b.mul(full, i64(g.rows))
-    rest = b.sub(g.m, done)
-    for bit in reversed(range((g.rows - 1).bit_length())):
-        part = 1 << bit
-        with b.if_then(b.icmp_unsigned("!=", b.and_(rest, i64(part)), i64(0))):
-            body(b.add(done, b.and_(rest, i64(-2 * part))), part)  # after the larger parts
-
-
-def _tile_needed(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
-                 addends) -> None:
-    """_tile, but with `lower_c` only where a row of the block reaches the panel."""
-    if not g.lower_c:
-        return _tile(b, g, a, source, c, row0, col0, rows, addends)
-    with b.if_then(b.icmp_signed(">", b.add(row0, i64(rows)), col0)):
-        _tile(b, g, a, source, c, row0, col0, rows, addends)
-
-
-def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
-    """Panels of c (runtime loop); in each, k block by block (K_BLOCK, the first block
-    stored, the others added), each block over all the panel's row blocks: the panel's
-    block of b (K_BLOCK x vectors x lanes floats, 32 KB) is read from memory once and from
-    L1 by the other row blocks, where _emit's order reads all of k per row block. Each
-    element of c sums the same blocks in the same order as _emit's (same rounding)."""
-    width = g.vectors * g.lanes
-    panels = g.n // width
-
-    def every_panel(start, count, accumulate: bool) -> None:
-        with counted(b, panels, "panel") as panel:
-            col = b.mul(panel, i64(width))
-            _packed_row_blocks(b, g, a, bm, c, col, panel_copy, start, count, accumulate)
-
-    if type(g.k) is not int:  # the same blocks, counted at run time
-        first, full, rest = _k_blocks(b, g.k)
-        every_panel(i64(0), first, False)
-        with loop(b, 0, full, "kblock") as block:
-            every_panel(b.add(b.mul(block, i64(K_BLOCK)), first), K_BLOCK, True)
-        with b.if_then(b.icmp_unsigned("!=", rest, i64(0))):
-            every_panel(b.sub(g.k, rest), rest, True)
-        return
-    first = min(g.k, K_BLOCK)
-    full, rest = divmod(g.k - first, K_BLOCK)
-    every_panel(i64(0), first, False)
-    if full:
-        with counted(b, full, "kblock") as block:
-            every_panel(b.add(b.mul(block, i64(K_BLOCK)), i64(first)), K_BLOCK, True)
-    if rest:
-        every_panel(i64(g.k - rest), rest, True)
-
-
-def _k_blocks(b: ir.IRBuilder, k) -> tuple:
-    """(first block's k, full K_BLOCKs after it, the rest) of a k known per call, as _tile
-    and _emit_k_outer split a static k: i64 values."""
-    first = b.select(b.icmp_unsigned("<", k, i64(K_BLOCK)), k, i64(K_BLOCK))
-    after = b.sub(k, first)
-    return first, b.udiv(after, i64(K_BLOCK)), b.urem(after, i64(K_BLOCK))
-
-
-def _value(x) -> ir.Value:
-    """An i64 size: a static int as a constant, one known per call (an i64 value) as is."""
-    return x if isinstance(x, ir.Value) else i64(x)
-
-
-def _count(b: ir.IRBuilder, count, name: str):
-    """`for i in range(count)`: a static count >= 1, or an i64 value."""
-    return counted(b, count, name) if type(count) is int else loop(b, 0, count, name)
-
-
-def _packed_row_blocks(b: ir.IRBuilder, g: SmallGemm, a, bm, c, col, panel_copy, start,
-                       count, accumulate: bool) -> None:
-    """b's rows [start, start + count) of the panel at column `col` copied contiguous into
-    `panel_copy` (count x vectors x lanes floats), then every row block over them."""
-    width = g.vectors * g.lanes
-    vec = ir.VectorType(F32, g.lanes)
-    with _count(b, count, "pk") as kk:
-        src = b.add(b.mul(b.add(start, kk), i64(g.ldb)), col)
-        dst = b.mul(kk, i64(width))
-        for v in range(g.vectors):
-            x = b.load(b.gep(bm, [b.add(src, i64(v * g.lanes))], inbounds=True,
-                             source_etype=F32), typ=vec, align=4)
-            b.store(x, b.gep(panel_copy, [b.add(dst, i64(v * g.lanes))], inbounds=True,
-                             source_etype=F32), align=64)
-    # the packed block's row kk holds b's row start + kk: k's row is at (k - start) * width,
-    # one inbounds gep from the block itself (a base pointer `start` rows before the stack
-    # buffer would lie outside it, and an inbounds gep from there is poison in LLVM)
-    offset = b.sub(i64(0), b.mul(start, i64(width)))
-    _row_blocks(b, g, a, (panel_copy, width, offset), c, start, count, accumulate, col)
-
-
-def _row_blocks(b: ir.IRBuilder, g: SmallGemm, a, source, c, start, count,
-                accumulate: bool, col) -> None:
-    """For k in [start, start + count): every row block of c's panel at column `col`, b's
-    columns read from `source` (_each_row_block), its sums stored into c or added."""
-
-    def row_block(row0, rows: int) -> None:
-        sums = _block_sums(b, g, a, source, row0, rows, start, count)
-        _store(b, g, c, row0, col, sums, accumulate=accumulate)
-
-    _each_row_block(b, g, row_block, "rblock")
-
-
-def fma_intrinsic(module: ir.Module, vec: ir.VectorType) -> ir.Function:
-    """llvm.fma on vectors (llvmlite's IRBuilder.fma takes scalars only)."""
-    name = f"llvm.fma.v{vec.count}f32"
-    existing = module.globals.get(name)
-    if existing is not None:
-        return existing
-    return ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
-
-
-def prefetch_intrinsic(module: ir.Module) -> ir.Function:
-    """llvm.prefetch.p0(pointer, rw, locality, cache type), declared once per module."""
-    return module.globals.get("llvm.prefetch.p0") or ir.Function(
-        module, ir.FunctionType(ir.VoidType(), [PTR] + [ir.IntType(32)] * 3),
-        "llvm.prefetch.p0")
-
-
-def broadcast_fma(b: ir.IRBuilder, a, row0, rows: int, a_row: int, a_col, bvecs: list,
-                  sums: list, fma, splat_mask) -> list:
-    """One k step of a register tile: for each of `rows` rows, a[row0 + r, k] (at
-    (row0 + r) * a_row + a_col) broadcast to a vector and multiplied into `bvecs` (b's row k)
-    with the row's sums added; returns the new sums, rows lists of len(bvecs) vectors."""
-    vec = bvecs[0].type
-    new = []
-    for r in range(rows):
-        at = b.add(b.mul(b.add(row0, i64(r)), i64(a_row)), a_col)
-        x = b.load(b.gep(a, [at], inbounds=True, source_etype=F32), typ=F32, align=4)
-        splat = b.shuffle_vector(b.insert_element(ir.Constant(vec, ir.Undefined), x, i64(0)),
-                                 ir.Constant(vec, ir.Undefined), splat_mask)
-        new.append([b.call(fma, [splat, bv, s]) for bv, s in zip(bvecs, sums[r])])
-    return new
-
-
-def _tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int,
-          addends=(), c_at=None) -> None:
-    """c[row0 : row0 + rows, col0 : col0 + vectors * lanes] = a[rows, :] @ b[:, cols]: the
-    sums of K_BLOCK consecutive k in registers, each block's added to c (the first stored),
-    as a BLAS blocks k: the rounding error grows with K_BLOCK + k / K_BLOCK, not with k.
-    `source`: (pointer, leading dimension, first column) b's columns are read from.
-    `addends` go into the last block's stores (that block peeled off the loop). `c_at`:
-    (row, column) the tile's first element lies at in c, where not (row0, col0)."""
-    crow, ccol = (row0, col0) if c_at is None else c_at
-    if type(g.k) is not int:  # k known per call: the same blocks, counted at run time
-        first, full, rest = _k_blocks(b, g.k)
-        _store(b, g, c, crow, ccol, _block_sums(b, g, a, source, row0, rows, i64(0), first))
-        with loop(b, 0, full, "kblock") as block:
-            start = b.add(b.mul(block, i64(K_BLOCK)), first)
-            sums = _block_sums(b, g, a, source, row0, rows, start, K_BLOCK)
-            _store(b, g, c, crow, ccol, sums, accumulate=True)
-        with b.if_then(b.icmp_unsigned("!=", rest, i64(0))):
-            sums = _block_sums(b, g, a, source, row0, rows, b.sub(g.k, rest), rest)
-            _store(b, g, c, crow, ccol, sums, accumulate=True)
-        return _add_addends(b, g, c, crow, ccol, rows, addends)
-    first = min(g.k, K_BLOCK)
-    full, rest = divmod(g.k - first, K_BLOCK)
-    if g.triangle:  # one block of k, from/to the diagonal of the block's rows
-        start, stop = i64(0), i64(g.k)
-        if g.triangle == "lower":  # the block's last row sees k up to itself
-            last = b.add(row0, i64(rows))
-            stop = b.select(b.icmp_signed("<", last, stop), last, stop)
-        else:  # its first row sees k from itself on (at least one k: the rest are zeros)
-            start = b.select(b.icmp_signed("<", row0, i64(g.k - 1)), row0, i64(g.k - 1))
-        sums = _block_sums(b, g, a, source, row0, rows, start, g.k, stop)
-        return _store(b, g, c, crow, ccol, sums)
-    _store(b, g, c, crow, ccol, _block_sums(b, g, a, source, row0, rows, i64(0), first),
-           addends=() if full or rest else addends)
-    looped = full - 1 if addends and full and not rest else full
-    if looped:
-        with counted(b, looped, "kblock") as block:
-            start = b.add(b.mul(block, i64(K_BLOCK)), i64(first))
-            sums = _block_sums(b, g, a, source, row0, rows, start, K_BLOCK)
-            _store(b, g, c, crow, ccol, sums, accumulate=True)
-    if looped < full:  # the last full block, with the addends
-        sums = _block_sums(b, g, a, source, row0, rows, i64(first + looped * K_BLOCK), K_BLOCK)
-        _store(b, g, c, crow, ccol, sums, accumulate=True, addends=addends)
-    if rest:
-        sums = _block_sums(b, g, a, source, row0, rows, i64(g.k - rest), rest)
-        _store(b, g, c, crow, ccol, sums, accumulate=True, addends=addends)
-
-
-def _block_sums(b: ir.IRBuilder, g: SmallGemm, a, source, row0, rows: int, start,
-                count, stop=None) -> list:
-    """The tile's sums over k in [start, start + count) (count >= 1, an int or an i64 value;
-    or to `stop`, a value above start), as phi nodes through the loop: rows lists of
-    `vectors` vectors."""
-    bm, ldb, col0 = source
-    vec = ir.VectorType(F32, g.lanes)
-    zero = ir.Constant(vec, [0.0] * g.lanes)
-    mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
-    fma = fma_intrinsic(b.module, vec)
-    pre = b.block
-    stop = b.add(start, _value(count)) if stop is None else stop
-    body = b.append_basic_block("k.body")
-    b.branch(body)
-    b.position_at_end(body)
-    k = b.phi(I64, name="k")
-    k.add_incoming(start, pre)
-    sums = [[b.phi(vec, name=f"s{r}_{v}") for v in range(g.vectors)] for r in range(rows)]
-    for row in sums:
-        for s in row:
-            s.add_incoming(zero, pre)
-    b_row = b.add(b.mul(k, i64(ldb)), col0)
-    bvecs = [b.load(b.gep(bm, [b.add(b_row, i64(v * g.lanes))], inbounds=True,
-                          source_etype=F32), typ=vec, align=4)
-             for v in range(g.vectors)]
-    a_col = b.mul(k, i64(g.sa_col))
-    if g.k_outer and g.prefetch_a:
-        _prefetch_a(b, g, a, row0, k)
-    new = broadcast_fma(b, a, row0, rows, g.sa_row, a_col, bvecs, sums, fma, mask)
-    nxt = b.add(k, i64(1), name="k.next")
-    nxt.flags.append("nuw")
-    end = b.append_basic_block("k.end")
-    for row, row_new in zip(sums, new):
-        for s, s_new in zip(row, row_new):
-            s.add_incoming(s_new, body)
-    k.add_incoming(nxt, body)
-    b.cbranch(b.icmp_unsigned("<", nxt, stop), body, end)
-    b.position_at_end(end)
-    return new
-
-
-def _prefetch_a(b: ir.IRBuilder, g: SmallGemm, a, row0, k) -> None:
-    """Prefetch a's element g.prefetch_a[0] rows below row0, g.prefetch_a[1] k ahead of k
-    (into every cache level; past a's end it touches what follows, which never faults)."""
-    rows, ahead = g.prefetch_a
-    at = b.add(b.mul(b.add(row0, i64(rows)), i64(g.sa_row)),
-               b.mul(b.add(k, i64(ahead)), i64(g.sa_col)))
-    prefetch = prefetch_intrinsic(b.module)
-    pointer = b.gep(a, [at], source_etype=F32)  # not inbounds: it may lie past a
-    b.call(prefetch, [pointer] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
-
-
-def _add_addends(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, rows: int, addends) -> None:
-    """Each of `addends` added to the tile of c just stored (a k known per call, whose last
-    block is found at run time): c + addend in the order _store adds them, so the same
-    bits as adding them in the last block's stores."""
-    if not addends:
-        return
-    vec = ir.VectorType(F32, g.lanes)
-    unused = [[ir.Constant(vec, ir.Undefined)] * g.vectors for _ in range(rows)]
-    _store(b, g, c, row0, col0, unused, accumulate=True, addends=addends, sums_too=False)
-
-
-def _store(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, sums: list,
-           accumulate: bool = False, addends=(), sums_too: bool = True) -> None:
-    """The tile's sums into c (`accumulate`: added to what c holds; not `sums_too`: c as it
-    is), then each of `addends` ((kind, pointer): "row" read at the column, "full" at c's
-    element) added in order: the same additions, in the same order, as the unfused
-    epilogue's over the stored c."""
-    vec = sums[0][0].type
-    for r, row in enumerate(sums):
-        at = b.add(b.mul(b.add(row0, i64(r)), _value(g.ldc or g.n)), col0)
-        for v, value in enumerate(row):
-            where = b.add(at, i64(v * g.lanes))
-            pointer = b.gep(c, [where], inbounds=True, source_etype=F32)
-            if accumulate:
-                held = b.load(pointer, typ=vec, align=4)
-                value = b.fadd(held, value) if sums_too else held
-            for kind, source in addends:
-                index = where if kind == "full" else b.add(col0, i64(v * g.lanes))
-                addend = b.gep(source, [index], inbounds=True, source_etype=F32)
-                value = b.fadd(value, b.load(addend, typ=vec, align=4))
-            b.store(value, pointer, align=4)

@@ -45,7 +45,8 @@ from llvmlite import ir
 
 from graphc.backends.cpu import kernels
 from graphc.backends.cpu.gemm_panels import counted
-from graphc.backends.cpu.small_gemm import broadcast_fma, fma_intrinsic, lanes, prefetch_intrinsic
+from graphc.backends.cpu.small_gemm import lanes
+from graphc.backends.cpu.small_gemm_tile import broadcast_fma, fma_intrinsic, prefetch_intrinsic
 from graphc.backends.cpu.values import F32, I64, PTR, i64, loop
 
 __all__ = ["BlockGemm", "MAX_K", "POSITIONS", "available", "function", "plan"]
