@@ -20,10 +20,11 @@ from dataclasses import replace
 from llvmlite import ir
 
 from graphc.backends.cpu.kernels import KernelBuilder
-from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64
+from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop
 from graphc.types import TensorType
 
-__all__ = ["PANEL_MAJOR_B", "copy_transposed", "counted", "pack", "transposed"]
+__all__ = ["PANEL_MAJOR_B", "copy_columns", "copy_transposed", "count_loop", "counted", "pack",
+           "transposed"]
 
 # a medium product's b copied panel-major into scratch first (one copy before the row
 # chunks; `SmallGemm.b_panels`): each tile then reads its panel's rows one after another.
@@ -95,14 +96,7 @@ def copy_transposed(b: ir.IRBuilder, bm, ldb_t: int, col, panel_copy, k: int, wi
     whole squares."""
     vec = ir.VectorType(F32, lanes)
     if k % lanes:
-        with counted(b, width, "pcol") as jj:
-            row = b.mul(b.add(col, jj), i64(ldb_t))
-            with counted(b, k, "pk") as kk:
-                x = b.load(b.gep(bm, [b.add(row, kk)], inbounds=True, source_etype=F32),
-                           typ=F32, align=4)
-                at = b.add(b.mul(kk, i64(width)), jj)
-                b.store(x, b.gep(panel_copy, [at], inbounds=True, source_etype=F32), align=4)
-        return
+        return copy_columns(b, bm, ldb_t, col, panel_copy, k, width, width)
     with counted(b, width // lanes, "psq") as square:
         j0 = b.mul(square, i64(lanes))
         with counted(b, k // lanes, "pkq") as kq:
@@ -116,6 +110,20 @@ def copy_transposed(b: ir.IRBuilder, bm, ldb_t: int, col, panel_copy, k: int, wi
                 at = b.add(b.mul(b.add(k0, i64(kk)), i64(width)), j0)
                 b.store(row, b.gep(panel_copy, [at], inbounds=True, source_etype=F32),
                         align=4)
+
+
+def copy_columns(b: ir.IRBuilder, bm, ldb_t: int, col, panel_copy, k: int, width: int,
+                 columns) -> None:
+    """panel_copy[kk, jj] = b[kk, col + jj] for jj < `columns` (an int, or an i64 value known
+    per call), element by element: b's element (kk, j) at j * ldb_t + kk, the panel's rows
+    `width` floats apart."""
+    with count_loop(b, columns, "pcol") as jj:
+        row = b.mul(b.add(col, jj), i64(ldb_t))
+        with counted(b, k, "pk") as kk:
+            x = b.load(b.gep(bm, [b.add(row, kk)], inbounds=True, source_etype=F32),
+                       typ=F32, align=4)
+            at = b.add(b.mul(kk, i64(width)), jj)
+            b.store(x, b.gep(panel_copy, [at], inbounds=True, source_etype=F32), align=4)
 
 
 def transposed(b: ir.IRBuilder, rows: list) -> list:
@@ -169,3 +177,9 @@ class counted:
         end = b.append_basic_block(f"{self.name}.end")
         b.cbranch(b.icmp_unsigned("<", nxt, i64(self.count)), self.body, end)
         b.position_at_end(end)
+
+
+def count_loop(b: ir.IRBuilder, count, name: str):
+    """`for i in range(count)`: a static count >= 1 (`counted`), or an i64 value (values.loop,
+    which also runs no iteration at 0)."""
+    return counted(b, count, name) if type(count) is int else loop(b, 0, count, name)

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from llvmlite import ir
 
-from graphc.backends.cpu.gemm_panels import copy_transposed, counted
+from graphc.backends.cpu.gemm_panels import copy_columns, copy_transposed, counted
 from graphc.backends.cpu.kernels import KernelBuilder
 from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop, size
 from graphc.types import TensorType
@@ -75,12 +75,6 @@ def _pack_function(cg, k: int, width: int, lanes: int, ldb_t: int) -> ir.Functio
         with counted(b, k * width // lanes, "pzero") as v:
             b.store(zero, b.gep(target, [b.mul(v, i64(lanes))], inbounds=True,
                                 source_etype=F32), align=4)
-        with loop(b, 0, tail, "pcol") as jj:
-            row = b.mul(b.add(col, jj), i64(ldb_t))
-            with counted(b, k, "pk") as kk:
-                x = b.load(b.gep(source, [b.add(row, kk)], inbounds=True, source_etype=F32),
-                           typ=F32, align=4)
-                at = b.add(b.mul(kk, i64(width)), jj)
-                b.store(x, b.gep(target, [at], inbounds=True, source_etype=F32), align=4)
+        copy_columns(b, source, ldb_t, col, target, k, width, tail)
     b.ret_void()
     return fn

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from llvmlite import ir
 
-from graphc.backends.cpu.gemm_panels import copy_transposed, counted
+from graphc.backends.cpu.gemm_panels import copy_transposed, count_loop, counted
 from graphc.backends.cpu.small_gemm_tile import (
     K_BLOCK,
     SmallGemm,
@@ -192,18 +192,13 @@ def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
         every_panel(i64(g.k - rest), rest, True)
 
 
-def _count(b: ir.IRBuilder, count, name: str):
-    """`for i in range(count)`: a static count >= 1, or an i64 value."""
-    return counted(b, count, name) if type(count) is int else loop(b, 0, count, name)
-
-
 def _packed_row_blocks(b: ir.IRBuilder, g: SmallGemm, a, bm, c, col, panel_copy, start,
                        count, accumulate: bool) -> None:
     """b's rows [start, start + count) of the panel at column `col` copied contiguous into
     `panel_copy` (count x vectors x lanes floats), then every row block over them."""
     width = g.vectors * g.lanes
     vec = ir.VectorType(F32, g.lanes)
-    with _count(b, count, "pk") as kk:
+    with count_loop(b, count, "pk") as kk:
         src = b.add(b.mul(b.add(start, kk), i64(g.ldb)), col)
         dst = b.mul(kk, i64(width))
         for v in range(g.vectors):
