@@ -76,3 +76,17 @@ def sgd_training_step(make_model, lr: float = 0.05, momentum: float = 0.9):
         return loss
 
     return model, step
+
+
+def square_loss_gradients(model):
+    """`step(x)` -> (sum(model(x) ** 2), each parameter's gradient): a forward and backward
+    with no optimizer, whose every output a compiled run can be compared on."""
+
+    def step(x):
+        for p in model.parameters():
+            p.grad = None
+        loss = (model(x) ** 2).sum()
+        loss.backward()
+        return (loss.detach(),) + tuple(p.grad for p in model.parameters())
+
+    return step

@@ -20,6 +20,7 @@ import graphc.nn as nn  # noqa: E402
 from graphc.backends.cpu import conv_direct, conv_threads, threads  # noqa: E402
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from tests.conftest import square_loss_gradients  # noqa: E402
 
 resolve_blas()  # hands the BLAS's thread count to generated code (threads.install)
 ALL_CORES = threads.image_threads()
@@ -41,16 +42,6 @@ def _model():
                          nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 3 * 3, 3))
 
 
-def _step(model):
-    def step(x):
-        for p in model.parameters():
-            p.grad = None
-        loss = (model(x) ** 2).sum()
-        loss.backward()
-        return (loss.detach(),) + tuple(p.grad for p in model.parameters())
-    return step
-
-
 def _executables(f) -> list:
     """f's cpu executables: a static graph's, and a symbolic graph's one for every size."""
     out = []
@@ -70,10 +61,10 @@ def _split_kernels(ex) -> list[str]:
 @pytest.mark.skipif(ALL_CORES < 2, reason="one core (or a BLAS whose thread count cannot "
                     "be held): convolution kernels are never split")
 def test_a_batch_known_per_call_splits_its_convolutions_as_the_static_graph():
-    symbolic = graphc.compile(_step(_model()), backend="cpu", dynamic=True)
-    static = graphc.compile(_step(_model()), backend="cpu", dynamic=False)
-    reference = graphc.compile(_step(_model()), backend="interp", dynamic=False,
-                               recompile_limit=len(BATCHES) + 1)
+    symbolic = graphc.compile(square_loss_gradients(_model()), backend="cpu", dynamic=True)
+    static = graphc.compile(square_loss_gradients(_model()), backend="cpu", dynamic=False)
+    reference = graphc.compile(square_loss_gradients(_model()), backend="interp",
+                               dynamic=False, recompile_limit=len(BATCHES) + 1)
     rng = np.random.default_rng(11)
     x = graphc.tensor(rng.standard_normal((TRACED, 2, 10, 10)).astype(np.float32))
     symbolic(x)
@@ -112,8 +103,8 @@ def test_lenet5_with_a_batch_known_per_call_splits_every_kernel_the_static_step_
         graphc.manual_seed(0)
         return lenet5()
 
-    symbolic = graphc.compile(_step(model()), backend="cpu", dynamic=True)
-    static = graphc.compile(_step(model()), backend="cpu", dynamic=False)
+    symbolic = graphc.compile(square_loss_gradients(model()), backend="cpu", dynamic=True)
+    static = graphc.compile(square_loss_gradients(model()), backend="cpu", dynamic=False)
     rng = np.random.default_rng(5)
     x = graphc.tensor(rng.standard_normal((64, 1, 28, 28)).astype(np.float32))
     symbolic(x)
@@ -124,7 +115,7 @@ def test_lenet5_with_a_batch_known_per_call_splits_every_kernel_the_static_step_
                if type(ex).__name__ == "RuntimeSizedExecutable"]
     assert len(generic) == 1 and _split_kernels(generic[0]) == wanted
     x = graphc.tensor(rng.standard_normal((7, 1, 28, 28)).astype(np.float32))
-    want = [t.numpy() for t in graphc.compile(_step(model()), backend="interp")(x)]
+    want = [t.numpy() for t in graphc.compile(square_loss_gradients(model()), backend="interp")(x)]
     for count in sorted({1, ALL_CORES}):
         generic[0].thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
         for got, expected in zip(symbolic(x), want):

@@ -17,6 +17,7 @@ import graphc.nn as nn  # noqa: E402
 from graphc.backends.cpu import small_gemm  # noqa: E402
 from graphc.symbolic import Sym  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
+from tests.conftest import square_loss_gradients  # noqa: E402
 
 if not small_gemm.lanes():
     pytest.skip("the host has neither AVX-512 nor AVX2 with FMA: no generated small GEMM",
@@ -144,17 +145,8 @@ def test_gradients_with_a_batch_known_per_call_equal_the_interpreter():
         graphc.manual_seed(0)
         return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 16))
 
-    def step_of(m):
-        def step(x):
-            for p in m.parameters():
-                p.grad = None
-            loss = (m(x) ** 2).sum()
-            loss.backward()
-            return (loss.detach(),) + tuple(p.grad for p in m.parameters())
-        return step
-
-    compiled = graphc.compile(step_of(model()), backend="cpu", dynamic=True)
-    reference = graphc.compile(step_of(model()), backend="interp", dynamic=True)
+    compiled = graphc.compile(square_loss_gradients(model()), backend="cpu", dynamic=True)
+    reference = graphc.compile(square_loss_gradients(model()), backend="interp", dynamic=True)
     rng = np.random.default_rng(3)
     for batch in (64,) + BATCHES:
         x = graphc.tensor(rng.standard_normal((batch, 32)).astype(np.float32))
