@@ -262,9 +262,6 @@ def tile_rows(m: int, vectors: int, width: int) -> int:
     return -(-m // -(-m // most))
 
 
-_tile_rows = tile_rows  # the name row_chunks uses (another helper's function)
-
-
 def row_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
     """(count, the kernel of one chunk) where g's rows split into chunks of ROW_CHUNK rows
     (a weight gradient's: K_OUTER_ROW_CHUNK) that threads can share (each element is summed
@@ -275,11 +272,11 @@ def row_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
     if type(g.m) is not int and not g.k_outer and g.sa_row \
             and (traced(g.m) or 0) >= 2 * ROW_CHUNK:  # m known per call: the last one short
         return chunks(g.m, ROW_CHUNK), replace(
-            g, m=ROW_CHUNK, rows=_tile_rows(ROW_CHUNK, g.vectors, g.lanes), chunk_of=g.m)
+            g, m=ROW_CHUNK, rows=tile_rows(ROW_CHUNK, g.vectors, g.lanes), chunk_of=g.m)
     chunk = K_OUTER_ROW_CHUNK if g.k_outer else ROW_CHUNK
     if type(g.m) is not int or not chunk or g.m < 2 * chunk or g.m % chunk:
         return None
-    rows = _tile_rows(chunk, g.vectors, g.lanes)
+    rows = tile_rows(chunk, g.vectors, g.lanes)
     prefetch = g.prefetch_a and (rows - 1 + PREFETCH_A_ROWS, g.prefetch_a[1])
     return g.m // chunk, replace(g, m=chunk, rows=rows, prefetch_a=prefetch)
 
