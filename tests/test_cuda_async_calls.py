@@ -5,6 +5,7 @@ call's values, from any thread. Runs on the emulation (tests/cuda_support.py).""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -14,22 +15,13 @@ import graphc
 import graphc.nn as nn
 import graphc.nn.functional as F
 from graphc.errors import IndexOutOfRangeError
+from tests.conftest import sgd_training_step
 
 pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
 
 
 def _classifier_step():
-    graphc.manual_seed(0)
-    model = nn.Linear(6, 4)
-    opt = graphc.optim.SGD(model.parameters(), lr=0.1)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
+    model, step = sgd_training_step(functools.partial(nn.Linear, 6, 4), lr=0.1, momentum=0)
     return model, graphc.compile(step, backend="cuda")
 
 
