@@ -27,6 +27,15 @@ class _Module:
         self.module = ir.Module("triangle_test")
 
 
+def _kernel(g: SmallGemm):
+    """g's kernel compiled alone: fn(a, b, c) with the operands' addresses."""
+    cg = _Module()
+    small_gemm.function(cg, g)
+    library = llvm.compile_module(str(cg.module), "triangle_test", use_cache=False)
+    p = ctypes.c_void_p
+    return library.ctypes_function(g.name, None, [p, p, p])
+
+
 @pytest.mark.parametrize("triangle", ["lower", "upper"])
 @pytest.mark.parametrize("m,depth,n", [(64, 64, 32), (48, 64, 16), (64, 48, 32)])
 def test_a_triangular_a_gives_the_full_product(rng, triangle, m, depth, n):
@@ -34,11 +43,7 @@ def test_a_triangular_a_gives_the_full_product(rng, triangle, m, depth, n):
     vectors = 2 if (n // width) % 2 == 0 else 1
     g = SmallGemm(m, n, depth, depth, 1, n, small_gemm.tile_rows(m, vectors, width), vectors,
                   width, triangle=triangle)
-    cg = _Module()
-    small_gemm.function(cg, g)
-    library = llvm.compile_module(str(cg.module), "triangle_test", use_cache=False)
-    p = ctypes.c_void_p
-    fn = library.ctypes_function(g.name, None, [p, p, p])
+    fn = _kernel(g)
     a = rng.standard_normal((m, depth)).astype(np.float32)
     i, k = np.indices((m, depth))
     a[(k > i) if triangle == "lower" else (k < i)] = 0.0  # zeros past the diagonal
@@ -62,11 +67,7 @@ def test_lower_c_computes_every_element_on_and_below_the_diagonal(rng):
     depth = 32
     g = SmallGemm(m, n, depth, depth, 1, n, small_gemm.tile_rows(m, 2, width), 2, width,
                   lower_c=True)
-    cg = _Module()
-    small_gemm.function(cg, g)
-    library = llvm.compile_module(str(cg.module), "lower_c_test", use_cache=False)
-    p = ctypes.c_void_p
-    fn = library.ctypes_function(g.name, None, [p, p, p])
+    fn = _kernel(g)
     a = rng.standard_normal((m, depth)).astype(np.float32)
     b = rng.standard_normal((depth, n)).astype(np.float32)
     c = np.full((m, n), np.nan, np.float32)
