@@ -76,6 +76,7 @@ from graphc.backends.cpu import (
     pool,
     rows,
     sibling_sums,
+    threads,
     values,
     window_layout,
 )
@@ -117,7 +118,8 @@ class Lowerer(ReductionLowering, GemmLowering, DriverLowering):
     they share (`scratch_loc`)."""
 
     def __init__(self, graph: Graph, plan, blas, runtime_sizes=None) -> None:
-        super().__init__(graph.name or "graph", blas, openmp=llvm.load_openmp() is not None)
+        super().__init__(graph.name or "graph", blas, openmp=llvm.load_openmp() is not None,
+                         most_threads=threads.most_threads)
         self.graph = graph
         self.plan = plan
         # runtime_sizes (graphc.backends.cpu.runtime_sizes.Layout): sizes, buffer offsets

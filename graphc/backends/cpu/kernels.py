@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from llvmlite import ir
 
-from graphc.backends.cpu import threads
 from graphc.backends.cpu.scalars import Scalars, const, convert
 from graphc.backends.cpu.values import (
     F64,
@@ -140,7 +139,7 @@ def reduction_loops(cg: "Codegen", domain, sizes: list, strides: list,
     work = math.prod(domain)
     if type(work) is not int or not forks(cg.openmp, work):
         return sizes, strides, False
-    moved = kept_outermost(sizes, strides, out, threads.most_threads)
+    moved = kept_outermost(sizes, strides, out, cg.most_threads)
     return (sizes, strides, False) if moved is None else (*moved, True)
 
 
@@ -516,13 +515,16 @@ SHARE_KERNELS = True
 
 class Codegen:
     """One LLVM module under construction: kernels, BLAS declarations, the driver.
-    `openmp`: whether libgomp is loaded, so kernels may fork over the cores. `built`: the
-    shared kernels by key (None when SHARE_KERNELS is off)."""
+    `openmp`: whether libgomp is loaded, so kernels may fork over the cores;
+    `most_threads()`: how many threads a forked kernel's parts may be cut for (the backend's
+    graphc.backends.cpu.threads.most_threads; kernels stay below the thread runtime). `built`:
+    the shared kernels by key (None when SHARE_KERNELS is off)."""
 
-    def __init__(self, name: str, blas, openmp: bool = False) -> None:
+    def __init__(self, name: str, blas, openmp: bool = False, most_threads=lambda: 1) -> None:
         import llvmlite.binding as llvm
 
         self.openmp = openmp
+        self.most_threads = most_threads
         self.module = ir.Module(name=name)
         self.module.triple = llvm.get_process_triple()
         self.scalars = Scalars(self.module)
