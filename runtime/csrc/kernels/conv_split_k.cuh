@@ -2,7 +2,8 @@
  * gradient), included by conv.cu only.
  *
  * A convolution whose output tiles are few (the 512-channel 4x4 layers of a CIFAR ResNet: 16
- * tiles of 128 x 128 against 132 SMs) leaves most of the GPU idle, each block walking a long
+ * tiles of 128 x 128 against 132 SMs; gemm_tile_count counts the tiles of the shape
+ * launch_gemm_tiles picks) leaves most of the GPU idle, each block walking a long
  * K. Split-K cuts K into `splits` chunks: batch entry z = group * splits + s of the tile kernel
  * computes chunk s of group g into its own partial matrix (rows_g x columns) in the
  * workspace, then sum_k_splits_kernel adds the partials in split order, adds the bias and
@@ -71,19 +72,23 @@ inline KSplit k_split(int64_t tiles, int64_t k) {
     return s;
 }
 
+/* 128 x 128 tiles of a (rows x columns) product times `groups`: the weight gradient's plan
+ * (conv_filter_grad.cuh) counts these whatever its GEMM runs on (cuBLAS on a GPU), so its
+ * splits, and with them its rounding, do not follow the tile kernel's choice of shape. */
 inline int64_t tile_count(int64_t rows, int64_t columns, int64_t groups) {
     return ((rows + kTileM - 1) / kTileM) * ((columns + kTileN - 1) / kTileN) * groups;
 }
 
-/* the forward's implicit GEMM: (c_out/groups) x (n * P) per group, K = (c_in/groups) kh kw */
+/* the forward's implicit GEMM: (c_out/groups) x (n * P) per group, K = (c_in/groups) kh kw;
+ * its tiles are those launch_gemm_tiles runs (64 rows when c_out/groups <= 64) */
 inline KSplit forward_k_split(const gc_conv2d_desc &d) {
-    return k_split(tile_count(d.c_out / d.groups, d.n * d.out_h * d.out_w, d.groups),
+    return k_split(gemm_tile_count(d.c_out / d.groups, d.n * d.out_h * d.out_w, d.groups),
                    (d.c_in / d.groups) * d.kh * d.kw);
 }
 
 /* the stride-1 input gradient: (c_in/groups) x (n * H * W) per group, K' = (c_out/groups) kh kw */
 inline KSplit dgrad_k_split(const gc_conv2d_desc &d) {
-    return k_split(tile_count(d.c_in / d.groups, d.n * d.h * d.w, d.groups),
+    return k_split(gemm_tile_count(d.c_in / d.groups, d.n * d.h * d.w, d.groups),
                    (d.c_out / d.groups) * d.kh * d.kw);
 }
 

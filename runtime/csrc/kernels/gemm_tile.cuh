@@ -1,9 +1,16 @@
 /* gemm_tile.cuh: the SIMT SGEMM tile kernel, generic over where its operands come from.
  *
- * C[m, n] = op(A)[m, k] @ op(B)[k, n] computed by blocks of 256 threads over a 128 x 128 tile
- * of C, stepping k by 8 through double-buffered shared memory (one barrier per step); each
- * thread owns an 8 x 8 register tile made of 4 x 4 quarters at rows {4ty, 64 + 4ty} and
- * columns {4tx, 64 + 4tx}, so its shared-memory reads are float4 and conflict-free.
+ * C[m, n] = op(A)[m, k] @ op(B)[k, n] computed by blocks of 256 threads over a TILE_M x 128
+ * tile of C, stepping k by 8 through double-buffered shared memory (one barrier per step).
+ * Two tile shapes, chosen per product by tile_rows(m):
+ *   TILE_M = 128 (kTileM): each thread owns an 8 x 8 register tile made of 4 x 4 quarters at
+ *       rows {4ty, 64 + 4ty} and columns {4tx, 64 + 4tx};
+ *   TILE_M = 64 (kTileMNarrow, when m <= 64: a 128-row tile would compute half its rows for
+ *       nothing, e.g. every 64-channel convolution): a 4 x 8 register tile at rows {4ty} and
+ *       the same columns; the first 128 threads load the A tile, all 256 the B tile.
+ * Either way a thread's shared-memory reads are float4 and conflict-free, and every output
+ * sums its k products in the same order (k ascending, one accumulator), so the two shapes
+ * give bit-identical results.
  *
  * Operands are policies (a plain row-major matrix, or conv.cu's implicit im2col views):
  *   static constexpr bool K_CONTIGUOUS; true when 4 consecutive k of one row/column are
@@ -30,6 +37,7 @@
 namespace gc_kernels {
 
 constexpr int kTileM = 128, kTileN = 128, kTileK = 8, kTileThreads = 256, kTilePad = 4;
+constexpr int kTileMNarrow = 64; /* the tile rows for products of at most 64 rows */
 /* grid.y and grid.z are limited to 65535 blocks */
 constexpr int64_t kMaxGridYZ = 65535;
 
@@ -153,60 +161,84 @@ struct MatrixOutput {
     }
 };
 
-/* Global -> registers -> shared for one 8 x 128 operand tile; the thread layout depends on
- * which dimension is contiguous so global loads stay coalesced. This thread's cursor over
- * the tile's k steps: */
-template <class Operand>
+/* The tile rows for a product of m rows: 64 when m fits in 64 (half the work of a 128-row
+ * tile, twice the blocks), 128 otherwise. */
+inline int tile_rows(int64_t m) { return m <= kTileMNarrow ? kTileMNarrow : kTileM; }
+
+/* Output tiles of a (rows x columns) product per batch entry times `batch`, with the tile
+ * rows launch_gemm_tiles chooses for it. */
+inline int64_t gemm_tile_count(int64_t rows, int64_t columns, int64_t batch) {
+    const int64_t tile_m = tile_rows(rows);
+    return ((rows + tile_m - 1) / tile_m) * ((columns + kTileN - 1) / kTileN) * batch;
+}
+
+/* Global -> registers -> shared for one 8 x WIDTH operand tile (WIDTH: 128, or 64 for a
+ * narrow A tile, loaded by the first 2 * WIDTH threads); the thread layout depends on which
+ * dimension is contiguous so global loads stay coalesced. This thread's cursor over the
+ * tile's k steps: */
+template <class Operand, int WIDTH = kTileM>
 __device__ inline typename Operand::Cursor tile_cursor(const Operand &op, int64_t free0) {
     const int tid = threadIdx.x;
     if (Operand::K_CONTIGUOUS) return op.start(free0 + tid / 2, (tid % 2) * 4);
-    return op.start(tid / 32, free0 + (tid % 32) * 4);
+    return op.start(tid / (WIDTH / 4), free0 + (tid % (WIDTH / 4)) * 4);
 }
 
-template <class Operand>
-__device__ inline void store_tile(float (*tile)[kTileM + kTilePad], const float (&reg)[4]) {
+template <class Operand, int WIDTH = kTileM>
+__device__ inline void store_tile(float (*tile)[WIDTH + kTilePad], const float (&reg)[4]) {
     const int tid = threadIdx.x;
     if (Operand::K_CONTIGUOUS) {
         GC_UNROLL
         for (int i = 0; i < 4; ++i) tile[(tid % 2) * 4 + i][tid / 2] = reg[i];
     } else {
-        *reinterpret_cast<float4 *>(&tile[tid / 32][(tid % 32) * 4]) =
+        *reinterpret_cast<float4 *>(&tile[tid / (WIDTH / 4)][(tid % (WIDTH / 4)) * 4]) =
             make_float4(reg[0], reg[1], reg[2], reg[3]);
     }
 }
 
-/* Two 256-thread blocks an SM (at most 128 registers a thread; ptxas-check: no spills) unless
- * an operand's cursor needs more registers (MIN_BLOCKS 1: conv.cu's implicit views). */
-template <class OpA, class OpB, class Out>
-__global__ void __launch_bounds__(kTileThreads,
-                                  OpA::MIN_BLOCKS < OpB::MIN_BLOCKS ? OpA::MIN_BLOCKS
-                                                                    : OpB::MIN_BLOCKS)
+/* The blocks per SM a tile kernel's registers are bounded for: the operands' MIN_BLOCKS (two
+ * 256-thread blocks, at most 128 registers a thread; one for conv.cu's implicit views, whose
+ * cursors need more); the narrow tile's 32 accumulators leave room for two blocks at least. */
+template <int TILE_M, class OpA, class OpB>
+constexpr int tile_min_blocks() {
+    constexpr int least = OpA::MIN_BLOCKS < OpB::MIN_BLOCKS ? OpA::MIN_BLOCKS : OpB::MIN_BLOCKS;
+    return TILE_M == kTileM ? least : (least < 2 ? 2 : least);
+}
+
+/* ptxas-check: no spills for either tile shape */
+template <int TILE_M, class OpA, class OpB, class Out>
+__global__ void __launch_bounds__(kTileThreads, (tile_min_blocks<TILE_M, OpA, OpB>()))
 gemm_tile_kernel(OpA a, OpB b, Out out, int64_t k, int64_t z_base) {
-    __shared__ __align__(16) float a_tile[2][kTileK][kTileM + kTilePad];
+    static_assert(TILE_M == kTileM || TILE_M == kTileMNarrow, "tile rows: 128 or 64");
+    constexpr int kRowQuarters = TILE_M / 64; /* 4 x 4 quarters of the register tile in rows */
+    __shared__ __align__(16) float a_tile[2][kTileK][TILE_M + kTilePad];
     __shared__ __align__(16) float b_tile[2][kTileK][kTileN + kTilePad];
 
     const int64_t z = z_base + blockIdx.z;
     a.select(z);
     b.select(z);
     out.select(z);
-    const int64_t m0 = (int64_t)blockIdx.y * kTileM, n0 = (int64_t)blockIdx.x * kTileN;
+    const int64_t m0 = (int64_t)blockIdx.y * TILE_M, n0 = (int64_t)blockIdx.x * kTileN;
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    /* every thread loads B; the A tile takes 2 * TILE_M threads (all of them at 128 rows) */
+    const bool loads_a = TILE_M == kTileM || (int)threadIdx.x < 2 * TILE_M;
 
-    float acc[8][8];
+    float acc[4 * kRowQuarters][8];
     GC_UNROLL
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < 4 * kRowQuarters; ++i) {
         GC_UNROLL
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
     }
 
     const int steps = (int)((k + kTileK - 1) / kTileK); /* k < 2^31: launch_gemm_tiles */
-    float reg_a[4], reg_b[4];
-    auto cursor_a = tile_cursor(a, m0);
+    float reg_a[4] = {0.0f, 0.0f, 0.0f, 0.0f}, reg_b[4];
+    auto cursor_a = tile_cursor<OpA, TILE_M>(a, m0);
     auto cursor_b = tile_cursor(b, n0);
     if (steps > 0) {
-        a.load4(cursor_a, reg_a);
+        if (loads_a) {
+            a.load4(cursor_a, reg_a);
+            store_tile<OpA, TILE_M>(a_tile[0], reg_a);
+        }
         b.load4(cursor_b, reg_b);
-        store_tile<OpA>(a_tile[0], reg_a);
         store_tile<OpB>(b_tile[0], reg_b);
     }
     __syncthreads();
@@ -215,35 +247,40 @@ gemm_tile_kernel(OpA a, OpB b, Out out, int64_t k, int64_t z_base) {
         const int cur = step & 1;
         const bool more = step + 1 < steps;
         if (more) { /* the next tile's global loads overlap this tile's arithmetic */
-            a.advance(cursor_a);
+            if (loads_a) {
+                a.advance(cursor_a);
+                a.load4(cursor_a, reg_a);
+            }
             b.advance(cursor_b);
-            a.load4(cursor_a, reg_a);
             b.load4(cursor_b, reg_b);
         }
         GC_UNROLL
         for (int kk = 0; kk < kTileK; ++kk) {
-            const float4 a_lo = *reinterpret_cast<const float4 *>(&a_tile[cur][kk][ty * 4]);
-            const float4 a_hi = *reinterpret_cast<const float4 *>(&a_tile[cur][kk][64 + ty * 4]);
+            float av[4 * kRowQuarters];
+            GC_UNROLL
+            for (int q = 0; q < kRowQuarters; ++q) {
+                const float4 a4 = *reinterpret_cast<const float4 *>(&a_tile[cur][kk][q * 64 + ty * 4]);
+                av[4 * q] = a4.x; av[4 * q + 1] = a4.y; av[4 * q + 2] = a4.z; av[4 * q + 3] = a4.w;
+            }
             const float4 b_lo = *reinterpret_cast<const float4 *>(&b_tile[cur][kk][tx * 4]);
             const float4 b_hi = *reinterpret_cast<const float4 *>(&b_tile[cur][kk][64 + tx * 4]);
-            const float av[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
             const float bv[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
             GC_UNROLL
-            for (int i = 0; i < 8; ++i) {
+            for (int i = 0; i < 4 * kRowQuarters; ++i) {
                 GC_UNROLL
                 for (int j = 0; j < 8; ++j) acc[i][j] += av[i] * bv[j];
             }
         }
         if (more) {
-            store_tile<OpA>(a_tile[cur ^ 1], reg_a);
+            if (loads_a) store_tile<OpA, TILE_M>(a_tile[cur ^ 1], reg_a);
             store_tile<OpB>(b_tile[cur ^ 1], reg_b);
         }
         __syncthreads();
     }
 
     GC_UNROLL
-    for (int i = 0; i < 8; ++i) {
-        const int64_t row = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + (i - 4));
+    for (int i = 0; i < 4 * kRowQuarters; ++i) {
+        const int64_t row = m0 + (i / 4) * 64 + ty * 4 + i % 4;
         const float lo[4] = {acc[i][0], acc[i][1], acc[i][2], acc[i][3]};
         const float hi[4] = {acc[i][4], acc[i][5], acc[i][6], acc[i][7]};
         out.store4(row, n0 + tx * 4, lo);
@@ -251,22 +288,22 @@ gemm_tile_kernel(OpA a, OpB b, Out out, int64_t k, int64_t z_base) {
     }
 }
 
-/* Launch a kTileM x kTileN tile kernel (this one, or gemm_pipeline.cuh's) over an m x n
+/* Launch a TILE_M x kTileN tile kernel (this one, or gemm_pipeline.cuh's) over an m x n
  * output for `batch` entries (blockIdx.z, chunked at 65535), after the size checks the
  * kernels' 32-bit cursors and the grid need. The caller has validated the rest; m, n,
  * batch > 0. */
-template <class Kernel, class OpA, class OpB, class Out>
+template <int TILE_M = kTileM, class Kernel, class OpA, class OpB, class Out>
 gc_status launch_tile_grid(Kernel kernel, const OpA &a, const OpB &b, const Out &out,
                            int64_t m, int64_t n, int64_t k, int64_t batch, gc_stream stream,
                            const char *what) {
-    const int64_t tiles_m = (m + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
+    const int64_t tiles_m = (m + TILE_M - 1) / TILE_M, tiles_n = (n + kTileN - 1) / kTileN;
     if (k >= (int64_t)1 << 27)
         return gc_fail(GC_ERROR_NOT_SUPPORTED, "%s: k = %lld exceeds the 2^27 this GEMM's "
                        "cursors count (8 * k in 32 bits); split the product", what, (long long)k);
     if (tiles_m > kMaxGridYZ)
         return gc_fail(GC_ERROR_NOT_SUPPORTED, "%s: m = %lld rows exceed the %lld this GEMM "
                        "grid covers; split the product", what, (long long)m,
-                       (long long)(kMaxGridYZ * kTileM));
+                       (long long)(kMaxGridYZ * TILE_M));
     for (int64_t z0 = 0; z0 < batch; z0 += kMaxGridYZ) {
         const int64_t chunk = batch - z0 < kMaxGridYZ ? batch - z0 : kMaxGridYZ;
         const dim3 grid((unsigned)tiles_n, (unsigned)tiles_m, (unsigned)chunk);
@@ -276,12 +313,15 @@ gc_status launch_tile_grid(Kernel kernel, const OpA &a, const OpB &b, const Out 
     return GC_SUCCESS;
 }
 
-/* Launch the tile kernel (launch_tile_grid). */
+/* Launch the tile kernel (launch_tile_grid) with the tile rows tile_rows(m) chooses. */
 template <class OpA, class OpB, class Out>
 gc_status launch_gemm_tiles(const OpA &a, const OpB &b, const Out &out, int64_t m, int64_t n,
                             int64_t k, int64_t batch, gc_stream stream, const char *what) {
-    return launch_tile_grid(&gemm_tile_kernel<OpA, OpB, Out>, a, b, out, m, n, k, batch,
-                            stream, what);
+    if (tile_rows(m) == kTileMNarrow)
+        return launch_tile_grid<kTileMNarrow>(&gemm_tile_kernel<kTileMNarrow, OpA, OpB, Out>, a,
+                                              b, out, m, n, k, batch, stream, what);
+    return launch_tile_grid<kTileM>(&gemm_tile_kernel<kTileM, OpA, OpB, Out>, a, b, out, m, n,
+                                    k, batch, stream, what);
 }
 
 /* Whether a pointer and the element strides used with it allow aligned float4 access. */

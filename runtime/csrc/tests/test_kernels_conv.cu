@@ -5,8 +5,10 @@
  * image's columns, then one col2im), backward filter (over a batch: overwritten, not accumulated; explicit columns and
  * one batched GEMM, split along N*P when long, in passes past the column budget: 64 KiB in
  * the emulation, so small shapes take several; bit-identical on a rerun) and the bias
- * gradient, with stride, padding, dilation and groups (depthwise included); then descriptor,
- * workspace and pointer errors.
+ * gradient, with stride, padding, dilation and groups (depthwise included); the implicit
+ * GEMMs' 64-row tiles (at most 64 GEMM rows) and 128-row ones, split-K on and off, and the
+ * two tile shapes bit-identical on the channels they share; then descriptor, workspace and
+ * pointer errors.
  */
 #include "test_kernels_util.h"
 
@@ -149,6 +151,66 @@ void run_conv(gc_conv2d_desc desc, uint64_t seed, const char *name) {
     test::all_close(db.get(), db_ref, rtol, 1e-5 * (double)(d.n * p), what);
 }
 
+/* The first 64 channels of a forward (c_out 64 against 65) and of a stride-1 input gradient
+ * (c_in 64 against 65), the 65th channel's weights appended: 64 rows run the 64-row tile
+ * kernel, 65 the 128-row one, and both sum each output's products in the same order, with
+ * the same split-K (the tiles along the columns are as many), so the shared channels must be
+ * bit-identical. `other`: the channels on the far side (K = other * 9: split-K from 256). */
+void test_tile_shapes_agree(int64_t n, int64_t other, int64_t h, int64_t w, uint64_t seed,
+                            const char *name) {
+    gc_conv2d_desc fwd[2], bwd[2];
+    for (int wide = 0; wide < 2; ++wide) {
+        fwd[wide] = make_desc(n, other, h, w, 64 + wide, 3, 3, 1, 1, 1, 1, 1, 1, 1);
+        bwd[wide] = make_desc(n, 64 + wide, h, w, other, 3, 3, 1, 1, 1, 1, 1, 1, 1);
+        EXPECT_OK(gc_conv2d_check(&fwd[wide]));
+        EXPECT_OK(gc_conv2d_check(&bwd[wide]));
+    }
+    if (by_cudnn(&fwd[0], GC_CONV2D_FWD_IMPLICIT) || by_cudnn(&fwd[1], GC_CONV2D_FWD_IMPLICIT) ||
+        by_cudnn(&bwd[0], GC_CONV2D_BWD_DATA) || by_cudnn(&bwd[1], GC_CONV2D_BWD_DATA)) {
+        printf("test_tile_shapes_agree %s: skipped, cuDNN runs one of the passes\n", name);
+        return;
+    }
+    const int64_t plane = h * w, taps = 9;
+    const std::vector<float> x = test::random_floats(n * other * plane, seed);
+    const std::vector<float> dy = test::random_floats(n * other * plane, seed + 1);
+    /* forward weights (c_out, other, 3, 3): channel 64 appended at the end */
+    const std::vector<float> w_fwd = test::random_floats(65 * other * taps, seed + 2);
+    /* input-gradient weights (other, c_in, 3, 3): c_in 64 is w_bwd without each row's last
+     * channel */
+    const std::vector<float> w_bwd = test::random_floats(other * 65 * taps, seed + 3);
+    std::vector<float> w_bwd64;
+    for (int64_t co = 0; co < other; ++co)
+        w_bwd64.insert(w_bwd64.end(), w_bwd.begin() + co * 65 * taps,
+                       w_bwd.begin() + (co * 65 + 64) * taps);
+    std::vector<float> y[2], dx[2];
+    for (int wide = 0; wide < 2; ++wide) {
+        int64_t bytes = -1;
+        EXPECT_OK(gc_conv2d_workspace_size(&fwd[wide], GC_CONV2D_FWD_IMPLICIT, &bytes));
+        Device<float> dxv(x), dw(w_fwd), out(n * (64 + wide) * plane, NAN), ws(bytes / 4 + 1);
+        EXPECT_OK(gc_conv2d_fwd_f32(&fwd[wide], GC_CONV2D_FWD_IMPLICIT, dxv.ptr, dw.ptr, nullptr,
+                                    out.ptr, ws.ptr, bytes, nullptr));
+        y[wide] = out.get();
+        EXPECT_OK(gc_conv2d_workspace_size(&bwd[wide], GC_CONV2D_BWD_DATA, &bytes));
+        Device<float> ddy(dy), dwt(wide ? w_bwd : w_bwd64), grad(n * (64 + wide) * plane, NAN);
+        Device<float> data_ws(bytes / 4 + 1);
+        EXPECT_OK(gc_conv2d_bwd_data_f32(&bwd[wide], ddy.ptr, dwt.ptr, grad.ptr, data_ws.ptr,
+                                         bytes, nullptr));
+        dx[wide] = grad.get();
+    }
+    int64_t forward_differ = 0, data_differ = 0;
+    for (int64_t b = 0; b < n; ++b)
+        for (int64_t c = 0; c < 64; ++c)
+            for (int64_t p = 0; p < plane; ++p) {
+                const int64_t narrow = (b * 64 + c) * plane + p, wide = (b * 65 + c) * plane + p;
+                forward_differ += memcmp(&y[0][narrow], &y[1][wide], 4) != 0;
+                data_differ += memcmp(&dx[0][narrow], &dx[1][wide], 4) != 0;
+            }
+    TEST_CHECK(forward_differ == 0, "%s: %lld forward outputs of the 64-row tiles differ from "
+               "the 128-row tiles'", name, (long long)forward_differ);
+    TEST_CHECK(data_differ == 0, "%s: %lld input-gradient outputs of the 64-row tiles differ "
+               "from the 128-row tiles'", name, (long long)data_differ);
+}
+
 void test_errors() {
     const gc_status bad = GC_ERROR_INVALID_ARGUMENT;
     gc_conv2d_desc d = make_desc(1, 4, 5, 5, 6, 3, 3, 1, 1, 0, 0, 1, 1, 3);
@@ -257,6 +319,26 @@ int main() {
              "split-K dilation 2x1 pad 2x1, K 360, K' 324");
     run_conv(make_desc(2, 64, 7, 7, 24, 2, 2, 2, 2, 0, 0, 1, 1, 1), 130,
              "split-K forward stride 2 (K 256), strided input gradient");
+    /* 64-row tiles (the GEMM's rows, c_out/groups forward and c_in/groups for the stride-1
+     * input gradient, <= 64) and 128-row ones (65 and up), split-K on and off in each:
+     * c_out 64, K 45 (forward: 64 rows, no split; input gradient: 5 rows, K' 576 split);
+     * c_in 64, c_out 20 (forward: K 576 split; input gradient: 64 rows, K' 180, no split);
+     * 65 both ways (128 rows, both split); 70 rows with K 27 / K' 27 (128 rows, no split);
+     * groups 2 of 64 output and 65 input channels (forward 64 rows, input gradient 65) */
+    run_conv(make_desc(2, 5, 6, 7, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1), 140,
+             "64 output channels: 64-row tiles, forward unsplit, odd sizes");
+    run_conv(make_desc(2, 64, 5, 6, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1), 150,
+             "64 input channels: 64-row tiles, input gradient unsplit");
+    run_conv(make_desc(1, 65, 5, 5, 65, 3, 3, 1, 1, 1, 1, 1, 1, 1), 160,
+             "65 channels: 128-row tiles, split-K");
+    run_conv(make_desc(1, 3, 6, 5, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1), 170,
+             "70 output channels: 128-row tiles, forward unsplit");
+    run_conv(make_desc(1, 70, 5, 6, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1), 180,
+             "70 input channels: 128-row tiles, input gradient unsplit");
+    run_conv(make_desc(2, 130, 4, 5, 128, 3, 3, 1, 1, 1, 1, 1, 1, 2), 190,
+             "groups 2: 64 rows forward, 65 rows input gradient, split-K");
+    test_tile_shapes_agree(2, 3, 7, 5, 200, "K 27, no split");
+    test_tile_shapes_agree(1, 40, 5, 6, 210, "K 360, split-K");
     test_errors();
     return test::finish("test_kernels_conv");
 }

@@ -1,6 +1,6 @@
 /* test_kernels_gemm.cu: gc_gemm_f32, gc_gemm_strided_batched_f32 and gc_gemm_tf32_f32 against
  * a double-precision CPU loop: odd and tile-crossing shapes (k >= 24: the cp.async pipeline,
- * shorter: the register-buffered kernel), every transpose pair, padded
+ * shorter: the register-buffered kernel, with 64-row tiles for m <= 64), every transpose pair, padded
  * leading dimensions, misaligned pointers (scalar loads), alpha/beta, beta == 0 over NaN,
  * k == 0, batch broadcasting, TF32 rounding, and argument errors.
  */
@@ -90,10 +90,11 @@ void run_case(const Case &t, Mode mode, uint64_t seed) {
 
 void test_shapes() {
     /* k >= 24 runs the cp.async pipeline (gemm_pipeline.cuh): exactly 3 steps, a partial last
-     * step, more steps than stages, tiles crossing in m and n */
+     * step, more steps than stages, tiles crossing in m and n; shorter k the register-buffered
+     * kernel, with 64-row tiles for m <= 64 (1, 7, 33, 64) and 128-row ones above (65, 130) */
     const int64_t shapes[][3] = {{1, 1, 1},   {7, 13, 5},    {33, 65, 17}, {130, 129, 19},
-                                 {64, 64, 16}, {9, 5, 24},   {37, 131, 29}, {130, 67, 77},
-                                 {3, 2, 203}};
+                                 {64, 64, 16}, {65, 70, 11}, {9, 5, 24},   {37, 131, 29},
+                                 {130, 67, 77}, {3, 2, 203}};
     uint64_t seed = 1;
     for (const auto &shape : shapes)
         for (int ta = 0; ta < 2; ++ta)
@@ -110,6 +111,8 @@ void test_shapes() {
     run_case(Case{0, 1, 20, 36, 12, 0, 1.0f, 0.25f, 0}, TF32, seed++);
     run_case(Case{1, 0, 5, 3, 9, 2, -1.0f, 0.0f, 1}, TF32, seed++);
     run_case(Case{0, 0, 40, 70, 33, 0, 1.0f, 0.0f, 0}, TF32, seed++); /* k >= 24: no pipeline */
+    run_case(Case{1, 1, 72, 40, 20, 1, 1.0f, 0.0f, 1}, TF32, seed++); /* 128-row tiles */
+    run_case(Case{0, 1, 65, 129, 21, 0, 1.0f, 0.0f, 0}, BATCHED, seed++); /* 128-row tiles */
 }
 
 void test_k_zero_scales_c() {
