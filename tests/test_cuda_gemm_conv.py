@@ -152,6 +152,40 @@ def test_input_gradient(rng, stride):
     np.testing.assert_allclose(ex.run(g, w)[0], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n, c_in, hw, c_out, groups", [
+    (2, 5, 7, 64, 1),     # forward: 64 rows (64-row tiles), K 45 unsplit; input grad: 5 rows, split
+    (1, 64, 6, 20, 1),    # forward: 20 rows, K 576 split; input grad: 64 rows, K' 180 unsplit
+    (1, 65, 5, 65, 1),    # 65 rows both ways: 128-row tiles, both split
+    (2, 3, 9, 70, 1),     # forward: 70 rows, K 27 unsplit; input grad: 3 rows, K' 630 split
+    (1, 130, 4, 128, 2),  # groups 2: forward 64 rows a group, input grad 65, both split
+])
+def test_conv_forward_and_input_gradient_tile_shapes(rng, n, c_in, hw, c_out, groups):
+    """The implicit GEMMs of the forward and the stride-1 input gradient run 64-row tiles when
+    their rows (c_out/groups, c_in/groups) are at most 64, 128-row tiles above, with split-K
+    when their tiles are few (runtime/csrc/kernels/gemm_tile.cuh, conv_split_k.cuh): within the
+    rounding rule of a float64 run (docs/performance.md § Rounding) on each branch, and the same
+    bits on a rerun."""
+    same = f"stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups={groups}"
+    x_t, w_t = f"f32[{n},{c_in},{hw},{hw}]", f"f32[{c_out},{c_in // groups},3,3]"
+    y_t = f"f32[{n},{c_out},{hw},{hw}]"
+    text = f'''graph @f(%x: {x_t}, %w: {w_t}, %g: {y_t}) -> ({y_t}, {x_t}) {{
+  %0: {y_t} = conv2d[{same}](%x, %w)
+  %1: {x_t} = conv2d_input_grad[{same}, input_hw=({hw}, {hw})](%g, %w)
+  return (%0, %1)
+}}'''
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in (
+        (n, c_in, hw, hw), (c_out, c_in // groups, 3, 3), (n, c_out, hw, hw))]
+    ex = compile_graph(parse(text), "cuda")
+    assert _calls(ex) == ["gc_conv2d_fwd_f32", "gc_conv2d_bwd_data_f32"]
+    first, second = ex.run(*inputs), ex.run(*inputs)
+    eager = compile_graph(parse(text), "interp").run(*inputs)
+    want = compile_graph(parse(text.replace("f32", "f64")), "interp").run(
+        *(a.astype(np.float64) for a in inputs))
+    for got, again, eager_out, reference in zip(first, second, eager, want):
+        assert got.tobytes() == again.tobytes()
+        assert_rounding_within(got, eager_out, reference)
+
+
 @pytest.mark.parametrize("m, k, n, transpose_b", [
     (37, 131, 29, False), (130, 77, 67, True), (5, 203, 3, False), (129, 24, 130, True),
     (1, 25, 1, False)])
