@@ -3,7 +3,7 @@
  *
  * FP32 runs the SIMT tile kernel (128 x 128 block tile, 8 x 8 per thread): with a 3-stage
  * cp.async pipeline (gemm_pipeline.cuh) when k spans at least 3 k steps (24), otherwise
- * gemm_tile.cuh's register double buffering. TF32 runs
+ * gemm_tile.cuh's register double buffering (64 x 128 tiles when m <= 64). TF32 runs
  * a wmma tensor-core kernel in the CUDA build (64 x 64 block tile, 4 warps of 32 x 32, inputs
  * rounded with __float_to_tf32, FP32 accumulation); the emulation has no tensor cores, so
  * there the same entry rounds A and B to TF32 as they are loaded and runs the SIMT kernel.
