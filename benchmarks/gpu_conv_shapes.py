@@ -42,9 +42,8 @@ def _graph_text(n: int, c_in: int, c_out: int, hw: int, stride: int) -> str:
 def _graphc_times(text: str, arrays, repeat: int) -> tuple[list[float], list[str]]:
     """Seconds of each convolution call (forward, input gradient) and their providers."""
     from graphc.backends import compile as compile_graph
-    from graphc.ir import parse
-
     from graphc.backends.cuda.lowering import Call
+    from graphc.ir import parse
 
     ex = compile_graph(parse(text), "cuda")
     ex.run(*arrays)
