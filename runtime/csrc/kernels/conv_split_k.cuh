@@ -56,8 +56,9 @@ struct KSplit {
 };
 
 /* How many chunks of k a GEMM of `tiles` output tiles runs in: enough blocks for one wave
- * (the implicit views' kernels run one block an SM) when the tiles are fewer than half the
- * SMs, each chunk at least kMinSplitK long; 1 otherwise. */
+ * (the implicit views' 128-row tile kernels run one block an SM; the 64-row ones fit two,
+ * so theirs fill half the slots: not retuned without a GPU measurement) when the tiles are
+ * fewer than half the SMs, each chunk at least kMinSplitK long; 1 otherwise. */
 inline KSplit k_split(int64_t tiles, int64_t k) {
     KSplit s{1, k};
     if (tiles <= 0 || k <= 0) return s;
