@@ -259,7 +259,8 @@ gemm_tile_kernel(OpA a, OpB b, Out out, int64_t k, int64_t z_base) {
             float av[4 * kRowQuarters];
             GC_UNROLL
             for (int q = 0; q < kRowQuarters; ++q) {
-                const float4 a4 = *reinterpret_cast<const float4 *>(&a_tile[cur][kk][q * 64 + ty * 4]);
+                const float4 a4 =
+                    *reinterpret_cast<const float4 *>(&a_tile[cur][kk][q * 64 + ty * 4]);
                 av[4 * q] = a4.x; av[4 * q + 1] = a4.y; av[4 * q + 2] = a4.z; av[4 * q + 3] = a4.w;
             }
             const float4 b_lo = *reinterpret_cast<const float4 *>(&b_tile[cur][kk][tx * 4]);

@@ -1,8 +1,8 @@
 /* test_kernels_gemm.cu: gc_gemm_f32, gc_gemm_strided_batched_f32 and gc_gemm_tf32_f32 against
  * a double-precision CPU loop: odd and tile-crossing shapes (k >= 24: the cp.async pipeline,
- * shorter: the register-buffered kernel, with 64-row tiles for m <= 64), every transpose pair, padded
- * leading dimensions, misaligned pointers (scalar loads), alpha/beta, beta == 0 over NaN,
- * k == 0, batch broadcasting, TF32 rounding, and argument errors.
+ * shorter: the register-buffered kernel, with 64-row tiles for m <= 64), every transpose
+ * pair, padded leading dimensions, misaligned pointers (scalar loads), alpha/beta, beta == 0
+ * over NaN, k == 0, batch broadcasting, TF32 rounding, and argument errors.
  */
 #include "test_kernels_util.h"
 
