@@ -4,7 +4,8 @@
 # PyTorch with CUDA:
 #
 #   bash benchmarks/gpu_check.sh [STAGE...]     stages: build kernels tests bench libs0 profile
-#                                               host variants sanitizer (default: the first five)
+#                                               host convs variants sanitizer (default: the
+#                                               first five)
 #
 # - build: the CUDA runtime library (make -C runtime/csrc cuda, every core)
 # - kernels: runtime/csrc/tests/test_kernels_*.cu against it (make gpu-check)
@@ -15,6 +16,7 @@
 #   kernels only, the ResNet-18 step profiled)
 # - profile: the GPT and ResNet-18 steps again, with where their device time goes
 # - host: python -m benchmarks.gpu_host (the GPT and ResNet-18 steps' host phases)
+# - convs: python -m benchmarks.gpu_conv_shapes (ResNet-18's convolutions shape by shape)
 # - variants: benchmarks/cuda/elementwise_variants.cu, the elementwise chain written the ways
 #   the generator could emit it, against a copy
 # - sanitizer: the kernel test programs under compute-sanitizer memcheck and racecheck
@@ -55,7 +57,8 @@ for s in "${stages[@]}"; do
             -p no:cacheprovider tests/test_cuda_backend.py tests/test_cuda_gemm_conv.py \
             tests/test_cuda_parallel_reductions.py tests/test_cuda_determinism.py \
             tests/test_cuda_residency.py tests/test_models_cuda_emulated.py \
-            tests/test_cuda_elementwise_items.py \
+            tests/test_cuda_elementwise_items.py tests/test_cuda_async_calls.py \
+            tests/test_cuda_launch_merging.py \
             "tests/test_models_transformer.py::test_gpt_step_on_emulated_cuda_matches_eager" ;;
         bench) stage bench $PY -m benchmarks.gpu --json "$OUT/bench.json" ;;
         libs0) stage libs0 env GRAPHC_CUDA_LIBS=0 $PY -m benchmarks.gpu --only sgemm_4096 \
@@ -63,6 +66,7 @@ for s in "${stages[@]}"; do
         profile) stage profile $PY -m benchmarks.gpu --only gpt_b16 --only resnet18_b32 \
             --profile --rounds 3 ;;
         host) stage host $PY -m benchmarks.gpu_host ;;
+        convs) stage convs $PY -m benchmarks.gpu_conv_shapes ;;
         variants) stage variants bash -c "nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/variants \
             benchmarks/cuda/elementwise_variants.cu && /tmp/variants" ;;
         sanitizer) stage sanitizer make -C runtime/csrc gpu-check \
