@@ -81,11 +81,19 @@ void run_case(const Case &t, Mode mode, uint64_t seed) {
              t.trans_a, t.trans_b, (long long)t.m, (long long)t.n, (long long)t.k,
              (long long)t.pad, t.alpha, t.beta, t.offset);
     test::expect_status(s, GC_SUCCESS, "", what);
+    /* cuBLAS rounds a TF32 product's inputs its own way (not necessarily cvt.rna; on an H100
+     * one case was 4.8e-4 from the cvt.rna reference): there, the float32 reference within
+     * TF32's 2^-10 per product (|a|, |b| <= 1) */
+    const bool vendor_tf32 = mode == TF32 && strstr(gc_gemm_provider(1, t.m, t.n, t.k),
+                                                     "cuBLAS") != nullptr;
     std::vector<double> want = reference(t, a, lda, sa, b, ldb, sb, c, ldc, sc, batch,
-                                         mode == TF32);
+                                         mode == TF32 && !vendor_tf32);
     std::vector<float> got = dc.get();
     /* elements outside C's m x n windows (padding, offset) must be untouched: NaN stays NaN */
-    test::all_close(got, want, 1e-5, 1e-5 * (double)(t.k + 1), what);
+    if (vendor_tf32)
+        test::all_close(got, want, 1.0 / 1024, (double)(t.k + 1) / 1024, what);
+    else
+        test::all_close(got, want, 1e-5, 1e-5 * (double)(t.k + 1), what);
 }
 
 void test_shapes() {
