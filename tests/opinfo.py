@@ -109,4 +109,6 @@ COVERAGE_EXEMPT: dict[str, str] = {
     "attention": "made by the cpu pipeline's fuse_attention pass, never called by users: "
                  "tests/test_fused_attention.py checks it compiled and interpreted",
     "attention_backward": "made by fuse_attention with attention: tests/test_fused_attention.py",
+    "batch_norm_relu": "made by the cpu pipeline's fuse_batch_norm_relu pass, never called by "
+                       "users: tests/test_batch_norm_relu.py checks it compiled and interpreted",
 }

@@ -6,6 +6,7 @@ Importing this package registers all ops. `REGISTRY` maps op names to `OpDef`s;
 
 from graphc.ops import (
     attention,
+    batch_norm_relu,
     collective,
     conv,
     elementwise,
@@ -25,6 +26,6 @@ from graphc.ops import (
 from graphc.ops.registry import REGISTRY, OpDef, call, get, register
 
 OP_MODULES = (sources, elementwise, mathops, reduce, movement, gather, indexing, linalg, conv,
-              pool, nn_ops, attention, random, collective, fused)
+              pool, nn_ops, batch_norm_relu, attention, random, collective, fused)
 
 __all__ = ["REGISTRY", "OpDef", "OP_MODULES", "call", "get", "register", "registry"]

@@ -25,6 +25,7 @@ end never faults.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 from llvmlite import ir
 
@@ -43,7 +44,7 @@ from graphc.backends.cpu.prefetch import prefetch_lines
 from graphc.backends.cpu.scalars import convert
 from graphc.backends.cpu.values import F64, i64, loop, size, unsupported
 from graphc.ir.graph import Node
-from graphc.types import float32, float64
+from graphc.types import bool_, float32, float64
 
 __all__ = ["batch_norm"]
 
@@ -58,12 +59,16 @@ MEAN, SCALE = SUM, SQUARES
 
 
 def batch_norm(lw, node: Node) -> None:
-    x, weight, bias, rmean, rvar = node.inputs
-    out, mean_v, invstd_v = node.outputs
+    """`batch_norm`, and `batch_norm_relu` (graphc.ops.batch_norm_relu: the output walk writes
+    relu(y [+ residual]) and its mask, rendered by the scalar rules of add, relu and gt)."""
+    x, weight, bias, rmean, rvar = node.inputs[:5]
+    residual = node.inputs[5:]
+    fused_relu = node.op == "batch_norm_relu"
+    out, *masks, mean_v, invstd_v = node.outputs
     dt = x.type.dtype
     if dt not in (float32, float64):
-        raise unsupported(node, f"batch_norm of {dt.name}")
-    if not IMAGE_ORDER:
+        raise unsupported(node, f"{node.op} of {dt.name}")
+    if not IMAGE_ORDER and not fused_relu:
         return _by_channel(lw, node)
     training, eps = node.attrs["training"], node.attrs["eps"]
     n, c = x.type.shape[:2]
@@ -77,13 +82,14 @@ def batch_norm(lw, node: Node) -> None:
     split = conv_threads.plan_split(lw, float64, [], c, 2 * n * s * c,
                                     shared=[(4, c)], least=pool.POOL_MIN_SPLIT_TAPS)
     ws = workspace(lw, float64, (4, c))[0] if split is None else split.shared[0]
-    with contiguous_out(lw, lw.locs[out]) as lo:
-        locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v], ws]
-        kb, ids = image_kernel(lw, "batch_norm", locs + ([] if split is None else
-                                                         [split.control]),
+    extra = [contiguous_in(lw, lw.locs[v]) for v in residual]
+    with contiguous_out(lw, lw.locs[out]) as lo, _maybe_out(lw, masks) as lmask:
+        locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v], ws, *lmask, *extra]
+        kb, ids = image_kernel(lw, node.op, locs + ([] if split is None else [split.control]),
                                ("images", tuple(sorted(node.attrs.items())),
-                                split is not None, PREFETCH))
+                                split is not None, PREFETCH, len(residual)))
         xi, wi, bi, rmi, rvi, oi, mi, ii, wsi = ids[:9]
+        maski, ri = (ids[9] if fused_relu else None), (ids[10] if residual else None)
         ms, is_ = (element_strides(lw.locs[v])[0] for v in (mean_v, invstd_v))
         b = kb.begin()
         if b is None:  # built before for a node of the same shapes and attributes
@@ -123,15 +129,41 @@ def batch_norm(lw, node: Node) -> None:
             kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
         with loop(b, 0, n, "n") as k, loop(b, lo_c, hi_c, "c") as ch:
             base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
-            _prefetch_plane(b, kb, [(xi, False), (oi, True)], base, s)
+            _prefetch_plane(b, kb, [(xi, False), (oi, True)]
+                            + ([(ri, False)] if residual else []), base, s)
             mean = kb.load(b, wsi, column(MEAN, ch))
             scale = kb.load(b, wsi, column(SCALE, ch))
             shift = kb.load(b, wsi, column(BIAS, ch))
             with loop(b, 0, s, "s") as q:
                 at = b.add(base, q)
                 v = b.fsub(wide(kb.load(b, xi, at)), mean)
-                kb.store(b, oi, at, convert(b, b.fadd(b.fmul(v, scale), shift), float64, dt))
+                y = convert(b, b.fadd(b.fmul(v, scale), shift), float64, dt)
+                if fused_relu:
+                    y = _relu_and_mask(lw, b, kb, y, dt, maski, at,
+                                       None if ri is None else kb.load(b, ri, at))
+                kb.store(b, oi, at, y)
         lw.calls.append(called_kernel(lw, kb.finish(b), split))
+
+
+def _relu_and_mask(lw, b, kb, y, dt, maski: int, at, residual):
+    """relu(y [+ residual]) with its mask (> 0) stored at `at` of operand `maski`: the scalar
+    rules of add, relu and gt (graphc.backends.cpu.scalars), as the fused ReLU rendered them."""
+    if residual is not None:
+        y = lw.scalars.op_add(b, {}, [y, residual], [dt, dt], dt)
+    r = lw.scalars.op_relu(b, {}, [y], [dt], dt)
+    zero = ir.Constant(y.type, 0.0)
+    kb.store(b, maski, at, lw.scalars.op_gt(b, {}, [r, zero], [dt, dt], bool_))
+    return r
+
+
+@contextmanager
+def _maybe_out(lw, values):
+    """`contiguous_out` of each value in `values` (none or one): a list of the Locs."""
+    if not values:
+        yield []
+        return
+    with contiguous_out(lw, lw.locs[values[0]]) as loc:
+        yield [loc]
 
 
 def _shifted_sums(b, kb, xi, wsi, n: int, c: int, s: int, lo_c, hi_c, dt) -> None:

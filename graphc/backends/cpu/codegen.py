@@ -199,6 +199,7 @@ LOWERINGS = {
     "conv2d_weight_grad": conv.conv2d_weight_grad, "max_pool2d": pool.max_pool2d,
     "max_pool2d_grad": pool.max_pool2d_grad, "avg_pool2d": pool.avg_pool2d,
     "avg_pool2d_grad": pool.avg_pool2d_grad, "batch_norm": batch_norm.batch_norm,
+    "batch_norm_relu": batch_norm.batch_norm,
     "uniform": lower_random, "normal": lower_random, "dropout": lower_random,
     "bernoulli": lower_random,
     "copy": Lowerer.lower_copy, "reshape": Lowerer.lower_reshape,

@@ -430,6 +430,9 @@ REFUSALS: dict[str, str] = {
 REFUSALS.update({name: "made only by the cpu pipeline's fuse_attention pass (the cuda pipeline "
                        "keeps the matmul/softmax chain), so no cuda graph holds it"
                  for name in ("attention", "attention_backward")})
+REFUSALS["batch_norm_relu"] = ("made only by the cpu pipeline's fuse_batch_norm_relu pass "
+                               "(the cuda pipeline keeps batch_norm and the fused ReLU), so no "
+                               "cuda graph holds it")
 
 
 def lower_node(lw: Lowerer, node: Node) -> None:
