@@ -4,6 +4,7 @@ process, and their rounding on hostile inputs.
     python -m benchmarks.batch_norm_passes                 # 7 alternated rounds
     python -m benchmarks.batch_norm_passes --rounds 3 --accuracy-only
     python -m benchmarks.batch_norm_passes --step --rounds 9   # the whole training step
+    python -m benchmarks.batch_norm_passes --relu --rounds 9   # batch norm + ReLU, fused or not
 
 For each batch-norm shape of benchmarks/model_steps.py's ResNet-18 step (batch 32: 64
 channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `batch_norm` graph
@@ -25,6 +26,11 @@ docs/performance.md, at most 2.
 `--step`: the ResNet-18 training step compiled per variant from one set of weights, timed in
 alternation (benchmarks.resnet18_bytes.compare_steps: step medians and the memory-bound
 kernels by op list).
+
+`--relu`: per layer, the training batch norm followed by the fused ReLU with its mask
+(`fused[relu, gt]`, and `fused[add, relu, gt]` with a residual), as two kernels ("separate")
+and as one `batch_norm_relu` (graphc.passes.batch_norm_relu: "fused"), each compiled once,
+called natively in alternated rounds as above.
 """
 
 from __future__ import annotations
@@ -158,11 +164,71 @@ def speed(root: str, rounds: int, names) -> list[str]:
     return lines
 
 
+def relu_graph(shape: tuple, residual: bool):
+    """batch_norm then fused[(add,) relu, gt], as the ResNet-18 step's `fuse` leaves them."""
+    from graphc.ir import parse
+
+    t, c = "f32[" + ",".join(map(str, shape)) + "]", f"f32[{shape[1]}]"
+    m = "bool" + t[3:]
+    full = '("full", (), (("shape", ()), ("value", 0.0), ("dtype", "float32")))'
+    body = (f'("add", (0, 1), ()), ("relu", (2,), ()), {full}, ("gt", (3, 4), ())'
+            if residual else f'("relu", (0,), ()), {full}, ("gt", (1, 2), ())')
+    outs, args = ("(3, 5)", "%0, %r") if residual else ("(1, 3)", "%0")
+    return parse(f"""graph @bn_relu(%x: {t}, %w: {c}, %b: {c}, %m: {c}, %v: {c}, %r: {t})
+        -> ({t}, {m}, {c}, {c}) {{
+      %0: {t}, %1: {c}, %2: {c} = batch_norm[training=true, eps=1e-05](%x, %w, %b, %m, %v)
+      %3: {t}, %4: {m} = fused[body=({body}), outputs={outs}]({args})
+      return (%3, %4, %1, %2)
+    }}""")
+
+
+def relu_speed(root: str, rounds: int) -> list[str]:
+    """The --relu table (module docstring); each layer's variants checked equal first."""
+    from benchmarks.profiles import native_call
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.passes.batch_norm_relu import fuse_batch_norm_relu
+    from graphc.passes.plan import plan_buffers
+
+    lines = ["| layer (N = 32) | residual | separate | fused | saved |", "|---|---|---|---|---|"]
+    rng = np.random.default_rng(2)
+    for channels, side in LAYERS:
+        shape = (32, channels, side, side)
+        args = arguments(rng, shape, "normal") + [rng.standard_normal(shape).astype(np.float32)]
+        for residual in (False, True):
+            calls, results = [], []
+            for name in ("separate", "fused"):
+                os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)
+                graph = relu_graph(shape, residual)
+                if name == "fused":
+                    graph = fuse_batch_norm_relu(graph)
+                plan_buffers(graph)
+                executable = CpuExecutable(graph)
+                results.append(executable.run(*[a.copy() for a in args]))
+                calls.append(native_call(executable, args))
+            if not all(np.array_equal(a, b) for a, b in zip(*results)):
+                raise AssertionError(f"{shape}: the fused kernel's bits differ")
+            times: list[list[float]] = [[], []]
+            for r in range(rounds):
+                for k in ((0, 1) if r % 2 else (1, 0)):
+                    calls[k]()
+                    count, start = 0, time.process_time()
+                    while time.process_time() - start < 0.04:
+                        calls[k]()
+                        count += 1
+                    times[k].append((time.process_time() - start) / count)
+            a, b = (statistics.median(t) for t in times)
+            lines.append(f"| {channels} channels, {side}x{side} | {'yes' if residual else 'no'} "
+                         f"| {a * 1e3:.3f} ms | {b * 1e3:.3f} ms | {(a - b) * 1e3:.3f} ms |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="alternated rounds (7)")
     parser.add_argument("--accuracy-only", action="store_true", help="skip the timing")
     parser.add_argument("--step", action="store_true", help="the whole training step")
+    parser.add_argument("--relu", action="store_true",
+                        help="batch norm and the ReLU after it, two kernels or one")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
                         help="which variants (all)")
     args = parser.parse_args(argv)
@@ -171,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
     run_with_threads("benchmarks.batch_norm_passes", 1, sys.argv[1:] if argv is None else argv)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
     with cache_root("batch_norm_passes.") as root:
+        if args.relu:
+            print("\n".join(relu_speed(root, args.rounds)), flush=True)
+            return print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
         if args.step:
             from benchmarks.resnet18_bytes import compare_steps
 
