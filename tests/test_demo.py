@@ -64,11 +64,12 @@ def test_small_demo_prints_its_summary_and_writes_valid_files(capsys, tmp_path, 
                                      "step.2.transpose_weight_products.gir",
                                      "step.3.fuse_attention.gir",
                                      "step.4.share_reshape_copies.gir", "step.5.fuse.gir",
-                                     "step.6.fuse_rows.gir", "step.7.recompute_row_values.gir",
-                                     "step.8.fuse_rows.gir", "step.9.merge_sibling_sums.gir",
-                                     "step.10.fuse_gemm_column_sums.gir",
-                                     "step.11.lay_out_gemm_outputs.gir",
-                                     "step.12.plan_buffers.gir"]
+                                     "step.6.fuse_batch_norm_relu.gir",
+                                     "step.7.fuse_rows.gir", "step.8.recompute_row_values.gir",
+                                     "step.9.fuse_rows.gir", "step.10.merge_sibling_sums.gir",
+                                     "step.11.fuse_gemm_column_sums.gir",
+                                     "step.12.lay_out_gemm_outputs.gir",
+                                     "step.13.plan_buffers.gir"]
     graphs = [verify(parse(p.read_text())) for p in gir]
     assert len(graphs[5].nodes) < len(graphs[0].nodes)
     assert any(node.op == "fused" for node in graphs[11].nodes)

@@ -280,7 +280,8 @@ def test_a_strided_input_row_program(rng):
 def test_run_pipeline_verifies_every_stage_of_a_layer_norm_step(rng):
     graph = parse(LAYER_NORM)
     out, report = run_pipeline(graph, default_passes(graph, "cpu"))
-    assert [r.name for r in report.records][-8:] == ["fuse", "fuse_rows",
+    assert [r.name for r in report.records][-9:] == ["fuse", "fuse_batch_norm_relu",
+                                                      "fuse_rows",
                                                       "recompute_row_values", "fuse_rows",
                                                       "merge_sibling_sums",
                                                       "fuse_gemm_column_sums",
