@@ -1,4 +1,5 @@
-"""batch_norm: the lowering of `batch_norm`'s forward (called by the Lowerer).
+"""batch_norm: the lowering of `batch_norm`'s forward and of `batch_norm_relu` (called by the
+Lowerer).
 
 Per channel c of an (N, C, S...) input x, in float64: in training the batch mean and biased
 variance, in eval the running statistics; `invstd = 1/sqrt(var + eps)`, `scale = invstd *
@@ -14,6 +15,11 @@ float64 (the sums and K, then the mean, scale and bias of each channel); a secon
 the output. The earlier kernel (IMAGE_ORDER = False) went channel by channel: three passes
 over each channel's N planes (the mean, the squared deviations, the output), the planes C
 planes apart, so every plane began cold (docs/performance.md, "ninth session").
+
+`batch_norm_relu` (graphc.ops.batch_norm_relu, made by graphc.passes.batch_norm_relu): the same
+kernel, whose output walk adds the residual (if any) to the rounded y, takes the ReLU and
+stores its mask, each by the scalar rule a fused body renders (graphc.backends.cpu.scalars),
+so the result is the two kernels' bit for bit; it always walks in image order.
 
 Invariants: a channel's sums are added in one order (image by image, a plane's elements
 reassociated in vector registers) whatever the thread count, so the kernel split over the
