@@ -12,7 +12,10 @@ channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `batch_norm`
 graphc.backends.cpu.batch_norm's settings changed while it compiles: "by-channel" (IMAGE_ORDER
 = False: the kernel before, channel by channel the mean, the squared deviations and the
 output), "no-prefetch" (PREFETCH = False: image by image, shifted sums, then the
-output) and "by-image" (the default: the same, prefetching ahead). Each kernel is
+output), "one-block" (the same, prefetching ahead: the statistics walk over all of x, then
+the output walk) and "by-image" (the default: the same in blocks of channels,
+CHANNEL_BLOCK_BYTES, each block's two walks one after the other, so the second reads x from
+L2). Each kernel is
 called natively (benchmarks.profiles.native_call), the variants alternated, each sample >= 40
 ms of this process's CPU time at one thread; it prints the medians and GB/s of the nominal
 bytes (x read once, the output written once).
@@ -47,7 +50,8 @@ import numpy as np
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
 # graphc.backends.cpu.batch_norm's settings per variant
 VARIANTS = {"by-channel": {"IMAGE_ORDER": False},
-            "no-prefetch": {"PREFETCH": False},
+            "no-prefetch": {"PREFETCH": False, "CHANNEL_BLOCK_BYTES": None},
+            "one-block": {"CHANNEL_BLOCK_BYTES": None},
             "by-image": {}}
 INPUTS = ("normal", "mean 1e4 sd 1e-2", "mean 1e5 sd 1e-1", "outlier first")
 

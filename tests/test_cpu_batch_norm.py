@@ -143,3 +143,32 @@ def test_compiled_batch_norm_steps_match_pytorch(training, momentum):
             np.testing.assert_allclose(getattr(g_bn, name).numpy(),
                                        getattr(t_bn, name).numpy(), rtol=1e-5, atol=1e-6,
                                        err_msg=f"{name} after step {k}")
+
+
+@pytest.mark.parametrize("op", ["batch_norm", "batch_norm_relu"])
+@pytest.mark.parametrize("channels_a_block", [1, 2, 3, 7])
+def test_channel_blocks_give_the_one_block_bits(op, channels_a_block, monkeypatch):
+    """CHANNEL_BLOCK_BYTES: each block of channels' statistics walk, then its output walk; a
+    channel's sums are added in the same order (image by image) whatever the blocks, so the
+    result is one block's (the two walks over all of x) bit for bit, a partial last block
+    included."""
+    shape = (3, 7, 5, 4)
+    plane_bytes = shape[0] * 5 * 4 * 4  # a channel's N planes of float32
+    rng = np.random.default_rng(channels_a_block)
+    args = [rng.uniform(-2, 5, shape).astype(np.float32)] + \
+        [rng.uniform(0.5, 2, 7).astype(np.float32) for _ in range(4)]
+    types = [(shape, "float32")] + [((7,), "float32")] * 4
+    if op == "batch_norm_relu":
+        args.append(rng.standard_normal(shape).astype(np.float32))
+        types.append((shape, "float32"))
+    results = []
+    for block_bytes in (None, channels_a_block * plane_bytes):
+        monkeypatch.setattr(batch_norm, "CHANNEL_BLOCK_BYTES", block_bytes)
+        graph = one_op_graph(op, types, training=True, eps=1e-5)
+        plan_buffers(graph)
+        exe = CpuExecutable(graph)
+        results.append(exe.run(*[a.copy() for a in args]))
+        blocked = "block.head" in exe.lowered.ir_text
+        assert blocked == (block_bytes is not None and channels_a_block < 7)
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

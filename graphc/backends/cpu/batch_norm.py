@@ -12,7 +12,8 @@ elementwise kernel does, each plane prefetched (PREFETCH; graphc.backends.cpu.pr
 reason). In training a first walk sums, per channel, the shifted values d = x - K and d^2 in
 float64 (K: the channel's first element; see `_shifted_sums`) into a workspace of 4 x C
 float64 (the sums and K, then the mean, scale and bias of each channel); a second walk writes
-the output. The earlier kernel (IMAGE_ORDER = False) went channel by channel: three passes
+the output. Both walks go a block of channels at a time (CHANNEL_BLOCK_BYTES of x), so the
+output walk reads the block's planes from L2, where the statistics walk left them. The earlier kernel (IMAGE_ORDER = False) went channel by channel: three passes
 over each channel's N planes (the mean, the squared deviations, the output), the planes C
 planes apart, so every plane began cold (docs/performance.md, "ninth session").
 
@@ -59,6 +60,12 @@ __all__ = ["batch_norm"]
 IMAGE_ORDER = True
 # Each plane's walk first asks for the lines of x (and of the output) 1 KiB ahead.
 PREFETCH = True
+# In training, channels in blocks of this many bytes of x (its N planes a channel), each
+# block's statistics walk then its output walk, so that the second reads x from L2 (2 MiB a
+# core here), not memory; None: one block (the two walks over the whole of x). 256 KiB: of
+# 256 KiB, 512 KiB and 1 MiB the fastest at 128 and 256 channels (benchmarks/
+# batch_norm_passes.py, docs/performance.md "ResNet-18, tenth session, h8").
+CHANNEL_BLOCK_BYTES: int | None = 1 << 18
 # rows of the workspace: the sums and the shift K, then (the sums read) mean, scale and bias
 SUM, SQUARES, SHIFT, BIAS = range(4)
 MEAN, SCALE = SUM, SQUARES
@@ -93,7 +100,8 @@ def batch_norm(lw, node: Node) -> None:
         locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v], ws, *lmask, *extra]
         kb, ids = image_kernel(lw, node.op, locs + ([] if split is None else [split.control]),
                                ("images", tuple(sorted(node.attrs.items())),
-                                split is not None, PREFETCH, len(residual)))
+                                split is not None, PREFETCH, len(residual),
+                                CHANNEL_BLOCK_BYTES))
         xi, wi, bi, rmi, rvi, oi, mi, ii, wsi = ids[:9]
         maski, ri = (ids[9] if fused_relu else None), (ids[10] if residual else None)
         ms, is_ = (element_strides(lw.locs[v])[0] for v in (mean_v, invstd_v))
@@ -108,47 +116,68 @@ def batch_norm(lw, node: Node) -> None:
         def wide(v):
             return convert(b, v, dt, float64)
 
-        if training:
-            with loop(b, lo_c, hi_c, "c0") as ch:
-                kb.store(b, wsi, column(SUM, ch), ir.Constant(F64, 0.0))
-                kb.store(b, wsi, column(SQUARES, ch), ir.Constant(F64, 0.0))
-                kb.store(b, wsi, column(SHIFT, ch), wide(kb.load(b, xi, imul(b, ch, s))))
-            _shifted_sums(b, kb, xi, wsi, n, c, s, lo_c, hi_c, dt)
-        with loop(b, lo_c, hi_c, "c1") as ch:
+        def walks(lo, hi):
+            """The statistics, then the output, of channels [lo, hi)."""
             if training:
-                m = b.sitofp(size(b, n * s), F64)
-                centre = b.fdiv(kb.load(b, wsi, column(SUM, ch)), m)
-                var = b.fsub(b.fdiv(kb.load(b, wsi, column(SQUARES, ch)), m),
-                             b.fmul(centre, centre))
-                var = b.select(b.fcmp_ordered("<", var, ir.Constant(F64, 0.0)),
-                               ir.Constant(F64, 0.0), var)  # a NaN stays
-                mean = b.fadd(kb.load(b, wsi, column(SHIFT, ch)), centre)
-            else:
-                mean = wide(kb.load(b, rmi, imul(b, ch, pstr[2])))
-                var = wide(kb.load(b, rvi, imul(b, ch, pstr[3])))
-            invstd = _invstd(lw, b, var, eps)
-            kb.store(b, wsi, column(MEAN, ch), mean)
-            kb.store(b, wsi, column(SCALE, ch),
-                     b.fmul(invstd, wide(kb.load(b, wi, imul(b, ch, pstr[0])))))
-            kb.store(b, wsi, column(BIAS, ch), wide(kb.load(b, bi, imul(b, ch, pstr[1]))))
-            kb.store(b, mi, imul(b, ch, ms), convert(b, mean, float64, dt))
-            kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
-        with loop(b, 0, n, "n") as k, loop(b, lo_c, hi_c, "c") as ch:
-            base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
-            _prefetch_plane(b, kb, [(xi, False), (oi, True)]
-                            + ([(ri, False)] if residual else []), base, s)
-            mean = kb.load(b, wsi, column(MEAN, ch))
-            scale = kb.load(b, wsi, column(SCALE, ch))
-            shift = kb.load(b, wsi, column(BIAS, ch))
-            with loop(b, 0, s, "s") as q:
-                at = b.add(base, q)
-                v = b.fsub(wide(kb.load(b, xi, at)), mean)
-                y = convert(b, b.fadd(b.fmul(v, scale), shift), float64, dt)
-                if fused_relu:
-                    y = _relu_and_mask(lw, b, kb, y, dt, maski, at,
-                                       None if ri is None else kb.load(b, ri, at))
-                kb.store(b, oi, at, y)
+                with loop(b, lo, hi, "c0") as ch:
+                    kb.store(b, wsi, column(SUM, ch), ir.Constant(F64, 0.0))
+                    kb.store(b, wsi, column(SQUARES, ch), ir.Constant(F64, 0.0))
+                    kb.store(b, wsi, column(SHIFT, ch), wide(kb.load(b, xi, imul(b, ch, s))))
+                _shifted_sums(b, kb, xi, wsi, n, c, s, lo, hi, dt)
+            with loop(b, lo, hi, "c1") as ch:
+                if training:
+                    m = b.sitofp(size(b, n * s), F64)
+                    centre = b.fdiv(kb.load(b, wsi, column(SUM, ch)), m)
+                    var = b.fsub(b.fdiv(kb.load(b, wsi, column(SQUARES, ch)), m),
+                                 b.fmul(centre, centre))
+                    var = b.select(b.fcmp_ordered("<", var, ir.Constant(F64, 0.0)),
+                                   ir.Constant(F64, 0.0), var)  # a NaN stays
+                    mean = b.fadd(kb.load(b, wsi, column(SHIFT, ch)), centre)
+                else:
+                    mean = wide(kb.load(b, rmi, imul(b, ch, pstr[2])))
+                    var = wide(kb.load(b, rvi, imul(b, ch, pstr[3])))
+                invstd = _invstd(lw, b, var, eps)
+                kb.store(b, wsi, column(MEAN, ch), mean)
+                kb.store(b, wsi, column(SCALE, ch),
+                         b.fmul(invstd, wide(kb.load(b, wi, imul(b, ch, pstr[0])))))
+                kb.store(b, wsi, column(BIAS, ch), wide(kb.load(b, bi, imul(b, ch, pstr[1]))))
+                kb.store(b, mi, imul(b, ch, ms), convert(b, mean, float64, dt))
+                kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
+            with loop(b, 0, n, "n") as k, loop(b, lo, hi, "c") as ch:
+                base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
+                _prefetch_plane(b, kb, [(xi, False), (oi, True)]
+                                + ([(ri, False)] if residual else []), base, s)
+                mean = kb.load(b, wsi, column(MEAN, ch))
+                scale = kb.load(b, wsi, column(SCALE, ch))
+                shift = kb.load(b, wsi, column(BIAS, ch))
+                with loop(b, 0, s, "s") as q:
+                    at = b.add(base, q)
+                    v = b.fsub(wide(kb.load(b, xi, at)), mean)
+                    y = convert(b, b.fadd(b.fmul(v, scale), shift), float64, dt)
+                    if fused_relu:
+                        y = _relu_and_mask(lw, b, kb, y, dt, maski, at,
+                                           None if ri is None else kb.load(b, ri, at))
+                    kb.store(b, oi, at, y)
+
+        block = _block_channels(n, s, dt) if training else c
+        if block >= c:
+            walks(lo_c, hi_c)
+        else:  # channel blocks whose N planes stay in L2 between the two walks
+            first, last = size(b, lo_c), size(b, hi_c)
+            blocks = b.sdiv(b.add(b.sub(last, first), i64(block - 1)), i64(block))
+            with loop(b, 0, blocks, "block") as j:
+                lo = b.add(first, b.mul(j, i64(block)))
+                hi = b.add(lo, i64(block))
+                walks(lo, b.select(b.icmp_signed("<", hi, last), hi, last))
         lw.calls.append(called_kernel(lw, kb.finish(b), split))
+
+
+def _block_channels(n: int, s: int, dt) -> int:
+    """Channels per block (CHANNEL_BLOCK_BYTES of x, at least one): each block's statistics
+    walk, then its output walk, so the second reads x from L2."""
+    if CHANNEL_BLOCK_BYTES is None:
+        return 1 << 62
+    return max(1, CHANNEL_BLOCK_BYTES // (n * s * dt.itemsize))
 
 
 def _relu_and_mask(lw, b, kb, y, dt, maski: int, at, residual):
