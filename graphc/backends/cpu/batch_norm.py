@@ -13,8 +13,9 @@ reason). In training a first walk sums, per channel, the shifted values d = x - 
 float64 (K: the channel's first element; see `_shifted_sums`) into a workspace of 4 x C
 float64 (the sums and K, then the mean, scale and bias of each channel); a second walk writes
 the output. Both walks go a block of channels at a time (CHANNEL_BLOCK_BYTES of x), so the
-output walk reads the block's planes from L2, where the statistics walk left them. The earlier kernel (IMAGE_ORDER = False) went channel by channel: three passes
-over each channel's N planes (the mean, the squared deviations, the output), the planes C
+output walk reads the block's planes from L2, where the statistics walk left them. The
+earlier kernel (IMAGE_ORDER = False) went channel by channel: three passes over each channel's
+N planes (the mean, the squared deviations, the output), the planes C
 planes apart, so every plane began cold (docs/performance.md, "ninth session").
 
 `batch_norm_relu` (graphc.ops.batch_norm_relu, made by graphc.passes.batch_norm_relu): the same
