@@ -515,6 +515,8 @@ _COLLECTIVE = ("a collective between the ranks of a training job: ONNX has no op
 REFUSED = {
     "fused": "a fused group: export the traced IR, before the fuse pass",
     "attention": "made by the cpu pipeline's fuse_attention pass: export the traced IR",
+    "batch_norm_relu": "made by the cpu pipeline's fuse_batch_norm_relu pass: export the "
+                       "traced IR",
     "attention_backward": _BACKWARD,
     "conv2d_weight_grad": _BACKWARD,
     "avg_pool2d_grad": _BACKWARD, "max_pool2d_grad": _BACKWARD,
