@@ -176,8 +176,8 @@ def batch_norm(lw, node: Node) -> None:
 def _block_channels(n: int, s: int, dt) -> int:
     """Channels per block (CHANNEL_BLOCK_BYTES of x, at least one): each block's statistics
     walk, then its output walk, so the second reads x from L2."""
-    if CHANNEL_BLOCK_BYTES is None:
-        return 1 << 62
+    if CHANNEL_BLOCK_BYTES is None or not isinstance(n * s, int):
+        return 1 << 62  # (a symbolic size: one block, as before)
     return max(1, CHANNEL_BLOCK_BYTES // (n * s * dt.itemsize))
 
 
