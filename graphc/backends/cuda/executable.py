@@ -592,9 +592,17 @@ class CudaExecutable:
 
     # ---- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Fetch every value still marked, then free the device state."""
+        """Fetch every value still marked, then free the device state; an index error the
+        call in flight recorded is raised after that (every value is readable then)."""
         if getattr(self, "_base", None) is None:
             return
+        failed = None  # the call in flight's index error: raised once every value is fetched
+        with self._lock:
+            if self._lost is None:
+                try:
+                    self._wait()
+                except IndexOutOfRangeError as error:
+                    failed = error
         try:
             residency.unmark_owner(self)
         finally:
@@ -605,6 +613,8 @@ class CudaExecutable:
                 base, self._base = self._base, None
                 if self._lost is None:
                     self._free(base)
+        if failed is not None:
+            raise failed
 
     def _free(self, base) -> None:
         rt = self.rt

@@ -1,0 +1,107 @@
+"""Review of the tenth session's asynchronous cuda calls (graphc/backends/cuda/executable.py,
+"Asynchronous calls") as a user drives them: reads from another thread while calls run, a
+compiled evaluation sharing the training step's parameters, batch sizes that retrace into a
+second executable, and `close()` after a call whose kernels recorded an index error.
+
+Fixed here: `close()` after an asynchronous call that failed raised the failure from the
+first value it fetched and freed the device state with the other values still marked, so
+every later read of the model's parameters failed ("stream ... is not a live gc_stream").
+close() now waits for the call first, fetches every value, then raises the failure.
+Runs on the emulation (tests/cuda_support.py).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import graphc
+import graphc.nn as nn
+import graphc.nn.functional as F
+from graphc.backends import residency
+from graphc.errors import IndexOutOfRangeError
+
+pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
+
+
+def _model_and_functions(backend: str | None):
+    """(model, step, evaluate): an SGD-momentum training step and a no-grad evaluation over
+    the same parameters, compiled for `backend` (None: eager, the reference)."""
+    graphc.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4))
+    opt = graphc.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def evaluate(x):
+        with graphc.no_grad():
+            return model(x).sum(1)
+
+    if backend is None:
+        return model, step, evaluate
+    return model, graphc.compile(step, backend=backend), graphc.compile(evaluate,
+                                                                        backend=backend)
+
+
+def _batches(rng, sizes):
+    return [(graphc.tensor(rng.standard_normal((n, 6)).astype(np.float32)),
+             graphc.tensor(rng.integers(0, 4, n))) for n in sizes]
+
+
+def test_close_after_a_failed_asynchronous_call_fetches_every_value_then_raises():
+    rng = np.random.default_rng(0)
+    model, step, _ = _model_and_functions("cuda")
+    for x, y in _batches(rng, [4, 4, 4]):
+        step(x, y).item()
+    x, y = _batches(rng, [4])[0]
+    y = graphc.tensor(np.array([0, 9, 2, 3]))
+    loss = step(x, y)  # returns before the device ran it: the failure is not known yet
+    executable = step.executable
+    with pytest.raises(IndexOutOfRangeError, match="failed in an earlier call"):
+        executable.close()
+    assert residency.count_marks(executable) == 0
+    for p in model.parameters():  # readable, not "not a live gc_stream"
+        assert np.isfinite(p.detach().numpy()).all()
+    assert np.isfinite(loss.item())
+
+
+def test_calls_with_retraced_batches_a_shared_evaluation_and_a_reading_thread_match_eager():
+    """Steps at batch sizes 8, 5, 1, 7, 3 (a second executable after the first change, then a
+    symbolic one) interleaved with a compiled evaluation on the same parameters, while another
+    thread reads a weight in a loop: losses, evaluations, weights and .grads equal eager's."""
+    rng = np.random.default_rng(5)
+    batches = _batches(rng, [8, 8, 5, 8, 1, 5, 7, 8, 3, 8])
+    model, step, evaluate = _model_and_functions("cuda")
+    ref_model, ref_step, ref_evaluate = _model_and_functions(None)
+    stop = threading.Event()
+
+    def read_in_a_loop():
+        while not stop.is_set():
+            model[0].weight.detach().numpy().sum()
+
+    reader = threading.Thread(target=read_in_a_loop)
+    reader.start()
+    try:
+        losses, want, evaluations = [], [], []
+        for k, (x, y) in enumerate(batches):
+            losses.append(step(x, y))
+            want.append(ref_step(x, y).item())
+            if k % 3 == 2:
+                evaluations.append((evaluate(x), ref_evaluate(x).numpy()))
+    finally:
+        stop.set()
+        reader.join()
+    np.testing.assert_allclose([loss.item() for loss in losses], want, rtol=1e-4, atol=1e-5)
+    for got, expected in evaluations:
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-4, atol=1e-5)
