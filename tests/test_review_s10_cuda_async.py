@@ -7,6 +7,11 @@ Fixed here: `close()` after an asynchronous call that failed raised the failure 
 first value it fetched and freed the device state with the other values still marked, so
 every later read of the model's parameters failed ("stream ... is not a live gc_stream").
 close() now waits for the call first, fetches every value, then raises the failure.
+
+Fixed here too: a read that raised an earlier call's failure (the array stays marked) made
+the executable forget which array its state slot held, so a later call passing another array
+in that slot overwrote the value without fetching it first: the first array then read the
+second's value. The slot forgets its holder only once a fetch succeeded.
 Runs on the emulation (tests/cuda_support.py).
 """
 
@@ -105,3 +110,32 @@ def test_calls_with_retraced_batches_a_shared_evaluation_and_a_reading_thread_ma
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4,
                                    atol=1e-5)
         np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _add_one_in_place(w, x, y):
+    loss = F.cross_entropy(x @ w, y)
+    with graphc.no_grad():
+        w.add_(1.0)
+    return loss.detach()
+
+
+def test_a_failed_read_then_a_call_with_another_state_array_keeps_the_first_ones_value():
+    """A read that reports an earlier call's failure leaves the array marked; the slot must
+    still know it holds that array's value, so a call passing another array there fetches it
+    first (it dropped that, and the first array read the second's value)."""
+    step = graphc.compile(_add_one_in_place, backend="cuda")
+    rng = np.random.default_rng(2)
+    x = graphc.tensor(rng.standard_normal((4, 6)).astype(np.float32))
+    labels = graphc.tensor(np.array([0, 1, 2, 3]))
+    first = graphc.tensor(np.zeros((6, 4), np.float32))
+    second = graphc.tensor(np.full((6, 4), 100.0, np.float32))
+    for _ in range(3):
+        step(first, x, labels).item()
+    step(first, x, graphc.tensor(np.array([0, 9, 2, 3])))  # first: 4 on the device
+    with pytest.raises(IndexOutOfRangeError, match="failed in an earlier call"):
+        first.numpy()
+    step(second, x, labels)
+    step(second, x, labels)
+    assert len(step._entries) == 1  # the one executable: `second` takes `first`'s slot
+    np.testing.assert_array_equal(first.numpy(), np.full((6, 4), 4.0, np.float32))
+    np.testing.assert_array_equal(second.numpy(), np.full((6, 4), 102.0, np.float32))

@@ -557,11 +557,7 @@ class CudaExecutable:
         with self._lock:
             if self._lost is not None:  # the value went with the device (the reset said so)
                 return
-            if isinstance(slot, tuple):
-                ptr = slot[2]
-            else:
-                ptr = self._input_ptrs[slot]
-                self._holders.pop(slot, None)
+            ptr = slot[2] if isinstance(slot, tuple) else self._input_ptrs[slot]
             try:
                 self._wait()
                 if array.nbytes:
@@ -569,8 +565,12 @@ class CudaExecutable:
                     self.rt.gc_stream_synchronize(self._stream)
             except rtmod.CudaRuntimeError as error:
                 raise self._failed(error) from None
+            # only now: a failed fetch leaves the mark (residency puts it back), and the slot
+            # must still know its holder, which a call with another array there fetches first
             if isinstance(slot, tuple):
                 self._pool_give(slot)
+            else:
+                self._holders.pop(slot, None)
 
     def forget(self, slot) -> None:
         """The host array of `slot` died or was re-marked: its device buffer is free. No lock:
