@@ -12,6 +12,13 @@ Fixed here too: a read that raised an earlier call's failure (the array stays ma
 the executable forget which array its state slot held, so a later call passing another array
 in that slot overwrote the value without fetching it first: the first array then read the
 second's value. The slot forgets its holder only once a fetch succeeded.
+
+Fixed here too: a read from one thread while another called the executable lost updates
+(two threads making 30 calls of `w.add_(1)` and a reader left w at 40-46 of 52):
+graphc.backends.residency dropped the mark before the owner's fetch waited for the call in
+progress, so that call found its state array unmarked and uploaded the host's old value.
+The mark now stays until the owner has written the value (`residency.fetched`, under the
+executable's lock).
 Runs on the emulation (tests/cuda_support.py).
 """
 
@@ -139,3 +146,56 @@ def test_a_failed_read_then_a_call_with_another_state_array_keeps_the_first_ones
     assert len(step._entries) == 1  # the one executable: `second` takes `first`'s slot
     np.testing.assert_array_equal(first.numpy(), np.full((6, 4), 4.0, np.float32))
     np.testing.assert_array_equal(second.numpy(), np.full((6, 4), 102.0, np.float32))
+
+
+def _count_in_place(w, x):
+    with graphc.no_grad():
+        w.add_(1.0)
+    return (x * w.sum()).sum()
+
+
+def test_a_call_while_another_thread_reads_the_state_keeps_every_update():
+    """A read from another thread that is waiting for the executable (a call runs) must not
+    let the next call upload the host array's old value: the mark was dropped before the
+    value came, so the call found the array unmarked and lost the device's updates."""
+    step = graphc.compile(_count_in_place, backend="cuda")
+    w = graphc.tensor(np.zeros(8, np.float32))
+    x = graphc.tensor(np.ones(3, np.float32))
+    step(w, x)
+    step(w, x)  # w = 2 on the device only
+    executable = step.executable
+    with executable._lock:  # as a call in progress on another thread
+        reader = threading.Thread(target=lambda: w.numpy())
+        reader.start()
+        reader.join(0.3)  # the reader waits for the executable
+        step(w, x)  # w = 3
+    reader.join()
+    np.testing.assert_array_equal(w.numpy(), np.full(8, 3.0, np.float32))
+
+
+def test_calls_from_two_threads_and_a_reader_lose_no_update():
+    step = graphc.compile(_count_in_place, backend="cuda")
+    w = graphc.tensor(np.zeros(16, np.float32))
+    x = graphc.tensor(np.ones(3, np.float32))
+    step(w, x)
+    step(w, x)
+    losses, stop = [], threading.Event()
+
+    def call():
+        for _ in range(15):
+            losses.append(step(w, x))
+
+    def read():
+        while not stop.is_set():
+            w.numpy().sum()
+
+    threads = [threading.Thread(target=call) for _ in range(2)] + [threading.Thread(
+        target=read)]
+    for thread in threads:
+        thread.start()
+    for thread in threads[:2]:
+        thread.join()
+    stop.set()
+    threads[2].join()
+    np.testing.assert_array_equal(w.numpy(), np.full(16, 32.0, np.float32))
+    assert sorted(loss.item() for loss in losses) == [3.0 * 16 * k for k in range(3, 33)]

@@ -4,7 +4,10 @@ A backend that keeps values on its device across calls (the cuda executable keep
 buffers and optimizer state there, and returns large outputs such as `.grad`s without copying
 them) leaves the host array that stands for such a value out of date and *marks* it here:
 `mark(array, owner, slot)`. The mark is the promise that `owner.fetch(slot, array)` writes the
-current value into `array`. Nothing reads a marked array without fetching it first:
+current value into `array`; the mark stays while it does, and the owner drops it (`fetched`)
+under its own lock once the value is written, so a call of the owner never finds an array
+unmarked whose value is still on its way. Nothing reads a marked array without fetching it
+first:
 
 - `Tensor._data` (graphc/tensor.py), the one attribute through which graphc code reaches a
   tensor's array, calls `fresh(array)` while any mark exists: eager ops, conversions (numpy(),
@@ -36,7 +39,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["count_marks", "fresh", "fresh_all", "in_raw_reads", "mark", "marked_by",
+__all__ = ["count_marks", "fetched", "fresh", "fresh_all", "in_raw_reads", "mark", "marked_by",
            "raw_reads", "stale", "unmark_owner"]
 
 
@@ -99,21 +102,42 @@ def marked_by(array) -> tuple[Any, Any] | None:
 
 
 def _fetch(key: int) -> None:
-    with _lock:
-        entry = _drop(key)
-    if entry is None:
-        return
-    array = entry.ref()
-    if array is None:
-        entry.owner.forget(entry.slot)
-        return
-    try:
+    """Have the owner write the value of mark `key` into its array. The mark stays while the
+    owner fetches (it drops it, `fetched`, under its own lock once the value is written): a
+    call of the owner that runs meanwhile still finds its slot authoritative (it must not
+    upload the out-of-date host array), and a second reader finds the mark and waits for the
+    owner instead of reading the array before the value is in it."""
+    for _ in range(3):  # again only where another owner marked the array meanwhile
+        with _lock:
+            entry = stale.get(key)
+        if entry is None:
+            return
+        array = entry.ref()
+        if array is None:
+            with _lock:
+                if stale.get(key) is not entry:
+                    continue
+                _drop(key)
+            entry.owner.forget(entry.slot)
+            return
         entry.owner.fetch(entry.slot, array)
-    except BaseException:
-        with _lock:  # not fetched: the mark stays, and a later read tries again
-            stale[key] = entry
-            _by_memory.setdefault(entry.memory, set()).add(key)
-        raise
+        with _lock:
+            now = stale.get(key)
+            if now is entry:  # an owner that does not drop its marks itself
+                _drop(key)
+                return
+        if now is None or (now.owner, now.slot) == (entry.owner, entry.slot):
+            return  # fetched, or marked again by a later call of the same owner: current
+
+
+def fetched(array, owner, slot) -> None:
+    """The owner wrote its value of `slot` into `array` (under its own lock, inside
+    `owner.fetch`): the host copy is the authority again, unless a call marked it anew."""
+    with _lock:
+        entry = stale.get(id(array))
+        if entry is not None and entry.ref() is array and entry.owner is owner and \
+                entry.slot == slot:
+            _drop(id(array))
 
 
 def fresh(array) -> None:

@@ -553,9 +553,15 @@ class CudaExecutable:
 
     # ---- the residency owner protocol (graphc.backends.residency) ---------------------------
     def fetch(self, slot, array: np.ndarray) -> None:
-        """Write the device value of `slot` into `array` (a read of a marked host array)."""
+        """Write the device value of `slot` into `array` (a read of a marked host array) and
+        drop its mark, under the lock: a call cannot run between the copy and the drop, and
+        a second reader of the same array, waiting here, finds it fetched and copies nothing
+        (the output's buffer may be another call's by then)."""
         with self._lock:
+            if residency.marked_by(array) != (self, slot):
+                return  # fetched meanwhile by another thread (or marked by another owner)
             if self._lost is not None:  # the value went with the device (the reset said so)
+                residency.fetched(array, self, slot)
                 return
             ptr = slot[2] if isinstance(slot, tuple) else self._input_ptrs[slot]
             try:
@@ -565,8 +571,9 @@ class CudaExecutable:
                     self.rt.gc_stream_synchronize(self._stream)
             except rtmod.CudaRuntimeError as error:
                 raise self._failed(error) from None
-            # only now: a failed fetch leaves the mark (residency puts it back), and the slot
-            # must still know its holder, which a call with another array there fetches first
+            # only now: a failed fetch leaves the mark, and the slot must still know its
+            # holder, which a call with another array there fetches first
+            residency.fetched(array, self, slot)
             if isinstance(slot, tuple):
                 self._pool_give(slot)
             else:
