@@ -199,3 +199,21 @@ def test_calls_from_two_threads_and_a_reader_lose_no_update():
     threads[2].join()
     np.testing.assert_array_equal(w.numpy(), np.full(16, 32.0, np.float32))
     assert sorted(loss.item() for loss in losses) == [3.0 * 16 * k for k in range(3, 33)]
+
+
+def test_two_threads_reading_one_loss_while_the_executable_is_busy_both_get_its_value():
+    step = graphc.compile(_count_in_place, backend="cuda")
+    w = graphc.tensor(np.zeros(8, np.float32))
+    x = graphc.tensor(np.ones(3, np.float32))
+    for _ in range(3):
+        loss = step(w, x)  # the third: 3 * 8 * 3 = 72, on the device until read
+    got = []
+    with step.executable._lock:  # as a call in progress on another thread
+        readers = [threading.Thread(target=lambda: got.append(loss.item())) for _ in range(2)]
+        for reader in readers:
+            reader.start()
+            reader.join(0.3)  # the first waits for the executable; the second must too
+        assert got == [] or got == [72.0], got
+    for reader in readers:
+        reader.join()
+    assert got == [72.0, 72.0]
