@@ -19,6 +19,11 @@ graphc.backends.residency dropped the mark before the owner's fetch waited for t
 progress, so that call found its state array unmarked and uploaded the host's old value.
 The mark now stays until the owner has written the value (`residency.fetched`, under the
 executable's lock).
+
+Fixed here too: two executables, each taking the other's state device to device, called
+from two threads lost updates and, once marks stayed until fetched, hung (each held its own
+lock and waited for the other's). A call now takes its lock and those of the executables it
+takes values from in one order for the process.
 Runs on the emulation (tests/cuda_support.py).
 """
 
@@ -217,3 +222,37 @@ def test_two_threads_reading_one_loss_while_the_executable_is_busy_both_get_its_
     for reader in readers:
         reader.join()
     assert got == [72.0, 72.0]
+
+
+def _add_one_reading(mine, theirs):
+    with graphc.no_grad():
+        mine.add_(theirs.sum() * 0 + 1)
+    return mine.sum()
+
+
+def test_two_executables_taking_each_others_state_from_two_threads_neither_hang_nor_lose():
+    """Each step updates its own state and reads the other's (device to device from the
+    executable holding it). Each held its own lock and waited for the other's (a hang), or,
+    before the marks stayed until fetched, uploaded an out-of-date host copy (lost updates).
+    The locks of the executables a call takes from are now acquired in one order."""
+    first_step = graphc.compile(_add_one_reading, backend="cuda")
+    second_step = graphc.compile(_add_one_reading, backend="cuda")
+    a = graphc.tensor(np.zeros(16, np.float32))
+    b = graphc.tensor(np.zeros(16, np.float32))
+    for _ in range(2):
+        first_step(a, b)
+        second_step(b, a)
+
+    def calls(step, mine, theirs):
+        for _ in range(400):
+            step(mine, theirs)
+
+    threads = [threading.Thread(target=calls, args=(first_step, a, b), daemon=True),
+               threading.Thread(target=calls, args=(second_step, b, a), daemon=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads), "the two calls wait on each other"
+    np.testing.assert_array_equal(a.numpy(), np.full(16, 402.0, np.float32))
+    np.testing.assert_array_equal(b.numpy(), np.full(16, 402.0, np.float32))

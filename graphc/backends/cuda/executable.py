@@ -47,14 +47,16 @@ again. If the reset fails, every later call of every executable raises CudaDevic
 naming the first fault, without touching the device.
 
 Invariants: calls on one executable are serialised by a lock (they share the device buffer);
-fetches take the same lock; at most one call is in flight (`_in_flight`), and nothing reads or
-rewrites its pinned staging before `_wait`; the device buffer, stream, graph, pools and module
-live as long as the executable (freed by `close()`, which first fetches every value still
-marked).
+fetches take the same lock (and drop the mark under it); a call also holds the locks of the
+executables it takes values from, all acquired in one order for the process (by id); at
+most one call is in flight (`_in_flight`), and nothing reads or rewrites its pinned staging
+before `_wait`; the device buffer, stream, graph, pools and module live as long as the
+executable (freed by `close()`, which first fetches every value still marked).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import weakref
@@ -197,7 +199,7 @@ class CudaExecutable:
         # values stay on the device only for a compiled call (it reads results through
         # tensors, which fetch) and without the NaN check (it reads every value on the host)
         eager = config.check_nans() or not residency.in_raw_reads()
-        with self._lock:
+        with self._locks_with_owners(bound):
             if _unusable is not None:
                 raise rtmod.CudaDeviceLostError(
                     f"graph @{g.name}: the CUDA context has been unusable since an earlier "
@@ -214,6 +216,21 @@ class CudaExecutable:
             raise IndexOutOfRangeError(f"cuda backend: graph @{g.name} failed: "
                                        f"{self.lowered.errors[k]}")
         return outs
+
+    def _locks_with_owners(self, bound: list) -> contextlib.ExitStack:
+        """This executable's lock and those of the executables whose device values it will
+        take (`_take`), acquired in one order for the process (by id): two executables each
+        taking the other's values from two threads would otherwise each hold its own lock and
+        wait for the other's."""
+        owners = {id(self): self}
+        for a in bound:
+            found = residency.marked_by(a)
+            if found is not None and self.takes_device_value(found[0]):
+                owners[id(found[0])] = found[0]
+        stack = contextlib.ExitStack()
+        for key in sorted(owners):
+            stack.enter_context(owners[key]._lock)
+        return stack
 
     def _call(self, arrays: tuple, bound: list, eager: bool):
         rt, stream = self.rt, self._stream
