@@ -190,7 +190,8 @@ _EXP_DEGREE = {False: 7, True: 13}
 
 
 def _exp_core(m: _Emitter, x):
-    """exp(x) for x without nans; overflows to inf and underflows to 0/denormals correctly.
+    """exp(x) (nan for a nan: the compares are false for it, so it reaches the polynomial);
+    overflows to inf and underflows to 0/denormals correctly.
 
     Lanes below the clamp's low bound (where the result is +0) compute on x = 0 and select
     +0: left to underflow through the 2^k scaling, each such lane costs a floating-point
@@ -213,10 +214,10 @@ def _exp_core(m: _Emitter, x):
 
 
 def exp(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    m = _Emitter(builder, x.type)
-    nan = m.isnan(x)
-    y = _exp_core(m, m.sel(nan, m.c(0.0), x))
-    return m.sel(nan, x, y)
+    """exp(x); a nan propagates through the arithmetic (no compare and select: every lane's
+    instructions are defined for a nan, and the polynomial of a nan is nan whatever 2^k's
+    bits are)."""
+    return _exp_core(_Emitter(builder, x.type), x)
 
 
 # ---- log ------------------------------------------------------------------------------------
@@ -511,13 +512,14 @@ def gelu(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     mul renders them): the gelu derivative in a fused body computes those, and LLVM's CSE
     then computes each once. The values are the same as computing them here afresh. erf(x *
     0.70710677) emitted after it in the same block takes its erf (`_gelu_erf_of`).
+
+    A nan needs no compare and select: every comparison is false for it, so it takes the
+    positive branch, a product of nans (no instruction here is undefined for a nan).
     """
     m = _Emitter(builder, x.type)
-    nan = m.isnan(x)
-    xs = m.sel(nan, m.c(0.0), x)
-    ax = m.fabs(xs)
+    ax = m.fabs(x)
     scaled = builder.fmul(x, m.c(math.sqrt(0.5)))
-    a = m.fabs(m.sel(m.isnan(scaled), m.c(0.0), scaled))  # as erf(scaled) takes it
+    a = m.fabs(scaled)
     xt = m.min_c(ax, _ERFC_A_MAX[m.f64] * math.sqrt(2.0))
     h, lo = _square_split(m, xt)
     # exp(-h): exp(x*x*-0.5) is exp(-h) for |x| <= xt's bound and 0 (as exp(-h)) beyond
@@ -530,8 +532,7 @@ def gelu(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     positive = m.mul(half_x, m.add(m.c(1.0), erf_a))
     negative_tail = m.mul(m.mul(half_x, f), e)
     negative = m.sel(m.lt(a, m.c(0.5)), m.mul(half_x, m.sub(m.c(1.0), small)), negative_tail)
-    y = m.sel(m.lt(xs, m.c(0.0)), negative, positive)
-    return m.sel(nan, x, y)
+    return m.sel(m.lt(x, m.c(0.0)), negative, positive)
 
 
 def gelu_tanh(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
