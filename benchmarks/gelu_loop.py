@@ -2,6 +2,7 @@
 
     python -m benchmarks.gelu_loop                      # 61 interleaved rounds, host CPU
     python -m benchmarks.gelu_loop --cpu znver3 --asm-only   # count another target's loop
+    python -m benchmarks.gelu_loop --against HEAD~1     # also mathlib.py as of a revision
 
 The loop computes what linear1's fused epilogue computes for each element of h, in float32:
 gelu(h) (mathlib's `gelu`) and the derivative the backward reads, `(erf(h * 0.70710677) + 1)
@@ -11,7 +12,9 @@ loop marked `"prefer-vector-width"="512"` as scalars.WIDE_VECTOR_FUNCTIONS marks
 Variants, each lowered as itself (llvmlite at O3 for the host, or `--cpu`):
 - "own erf": the derivative's erf evaluates its own polynomials (`mathlib.ERF_AFTER_GELU`
   off: float32's degree-15 one on [1, 3.92]), as the eighth session left it;
-- "erf from gelu": it takes gelu's (the default).
+- "erf from gelu": it takes gelu's (the default);
+- with `--against REV`, "REV": mathlib.py as git revision REV has it (erf from gelu), so a
+  change to mathlib is timed in one process against the code before it.
 It prints the instructions of each variant's vector loop body (the assembly's block with the
 most registers of the widest kind), then each variant's median CPU time over interleaved
 rounds, and how far apart their derivatives are (erf's values differ within its bound; gelu's
@@ -38,13 +41,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu", help="LLVM CPU name to generate for (default: the host)")
     parser.add_argument("--asm-only", action="store_true",
                         help="count instructions only (for a --cpu this host cannot run)")
+    parser.add_argument("--against", metavar="REV",
+                        help="also time mathlib.py as git revision REV has it")
     args = parser.parse_args(argv)
     import numpy as np
 
     from benchmarks.harness import interleaved_process_times
 
+    variants = VARIANTS + ((args.against,) if args.against else ())
     kernels = {}
-    for name in VARIANTS:
+    for name in variants:
         with _variant(name):
             kernels[name], counts = _compile(args.cpu)
         total = sum(counts.values())
@@ -53,21 +59,28 @@ def main(argv: list[str] | None = None) -> None:
     if args.asm_only:
         return
     x = (np.random.default_rng(0).standard_normal(ELEMENTS) * 1.5).astype(np.float32)
-    outs = {name: (np.empty_like(x), np.empty_like(x)) for name in VARIANTS}
+    outs = {name: (np.empty_like(x), np.empty_like(x)) for name in variants}
 
     def call(name):
         gelu, derivative = outs[name]
         kernels[name](x.ctypes.data, gelu.ctypes.data, derivative.ctypes.data, x.size)
 
     times = interleaved_process_times(
-        {name: (lambda n=name: call(n)) for name in VARIANTS}, args.rounds, 0.02)
-    for name in VARIANTS:
+        {name: (lambda n=name: call(n)) for name in variants}, args.rounds, 0.02)
+    for name in variants:
         print(f"{name}: {np.median(times[name]) * 1e6:.0f} us per {ELEMENTS} elements "
               f"(median of {args.rounds})")
     (gelu_a, derivative_a), (gelu_b, derivative_b) = (outs[name] for name in VARIANTS)
     apart = np.abs(derivative_a.astype(np.float64) - derivative_b) / np.spacing(derivative_a)
     print(f"gelu same bits: {np.array_equal(gelu_a.view(np.int32), gelu_b.view(np.int32))}; "
           f"derivatives at most {apart.max():.2f} ulp apart")
+    if args.against:
+        gelu_r, derivative_r = outs[args.against]
+        for label, ours, theirs in (("gelu", gelu_b, gelu_r),
+                                    ("derivative", derivative_b, derivative_r)):
+            with np.errstate(all="ignore"):
+                ulps = np.abs(ours.astype(np.float64) - theirs) / np.spacing(np.abs(theirs))
+            print(f"{label} against {args.against}: at most {np.nanmax(ulps):.2f} ulp apart")
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
@@ -75,12 +88,37 @@ def main(argv: list[str] | None = None) -> None:
 def _variant(name: str):
     from graphc.backends.cpu import mathlib
 
+    if name not in VARIANTS:  # a git revision's mathlib.py in mathlib's place
+        import graphc.backends.cpu as cpu
+
+        cpu.mathlib = _mathlib_at(name)
+        try:
+            yield
+        finally:
+            cpu.mathlib = mathlib
+        return
     after_gelu = mathlib.ERF_AFTER_GELU
     mathlib.ERF_AFTER_GELU = name == "erf from gelu"
     try:
         yield
     finally:
         mathlib.ERF_AFTER_GELU = after_gelu
+
+
+def _mathlib_at(revision: str):
+    """graphc/backends/cpu/mathlib.py as git `revision` has it, as a module of its own."""
+    import subprocess
+    import types
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    source = subprocess.run(["git", "show", f"{revision}:graphc/backends/cpu/mathlib.py"],
+                            cwd=root, capture_output=True, text=True)
+    if source.returncode:
+        raise SystemExit(f"gelu_loop --against: no mathlib.py at {revision!r} "
+                         f"({source.stderr.strip()}); give a revision of this repository")
+    module = types.ModuleType(f"mathlib_at_{revision}")
+    exec(compile(source.stdout, f"mathlib.py@{revision}", "exec"), module.__dict__)
+    return module
 
 
 _ENGINES = []  # each engine (with its target machine: an engine owns it) lives to the end
