@@ -365,6 +365,13 @@ _ERFC_TAIL_F32 = (  # (upper bound of u, centre, coefficients), by increasing u
         -0.004651877097785473, 0.03558685630559921, -0.1287239044904709, 0.3780479431152344,
     )),
 )
+# float32 gelu: erf(x/sqrt2) for |x| < sqrt(1/2) as x * (C0 + x^2 P(x^2)), C0 = sqrt(2/pi) held
+# as hi + lo (hi rounded down, so the sum's low part is positive at x = 0 and erf(-0) = -0),
+# P of degree 3 (minimax for the relative error, float32 coefficients fitted lowest order
+# first): 0.03 half-ulps from erf, 0.68 ulp as evaluated. x^2 is the exp argument's own x * x.
+_GELU_ERF_SMALL_F32_C0 = (0.7978845238685608, 3.693430628004535e-08)
+_GELU_ERF_SMALL_F32 = (0.0002092177455779165, -0.002365806605666876, 0.01994568482041359,
+                       -0.13298068940639496)
 _ERF_SMALL_F64 = (
     5.957176147748911e-11,
     -1.1372848856791674e-09,
@@ -441,7 +448,8 @@ def _erfc_tail(m: _Emitter, u, h, lo, e=None):
     denormal range).
     """
     table = _ERFC_TAIL_F64 if m.f64 else _ERFC_TAIL_F32
-    u = m.min_c(u, table[-1][0])
+    # u beyond the widest range (a < 0.5, u = inf at a = 0) only reaches lanes whose caller
+    # picks another branch: any value there, inf or nan included, is discarded, so no clamp
     centre = m.c(table[-1][1])
     coeffs = [m.c(k) for k in table[-1][2]]
     for bound, mid, cs in reversed(table[:-1]):  # narrower ranges override, by lane
@@ -460,17 +468,18 @@ def _square_split(m: _Emitter, a):
     return hi, m.fma(a, a, m.b.fneg(hi))
 
 
-# gelu's erf(|x|/sqrt2), by basic block and x: erf(x * 0.70710677) emitted after gelu(x) in the
+# gelu's erf(x/sqrt2), by basic block and x: erf(x * 0.70710677) emitted after gelu(x) in the
 # same block (the gelu derivative in a fused body: `(erf(x * 0.70710677) + 1) * 0.5`) takes it
 # instead of evaluating its own polynomials (float32: the degree-15 one on [1, 3.92], 15 FMAs a
-# lane). gelu's value for |x|/sqrt2 >= 1 is 1 - erfc's tail from x itself: within erf's bound
-# of erf(x * 0.70710677) (`ERF_AFTER_GELU`; tests/test_cpu_mathlib.py), not the same bits.
+# lane). gelu's value is computed from x itself (float32: a polynomial of x * x below
+# |x|/sqrt2 = 0.5, 1 - erfc's tail above; float64: the tail from 1): within erf's bound of
+# erf(x * 0.70710677) (`ERF_AFTER_GELU`; tests/test_cpu_mathlib.py), not the same bits.
 _GELU_ERF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ERF_AFTER_GELU = True  # False: erf always evaluates its own (the benchmarks' A/B)
 
 
 def _gelu_erf_of(builder: ir.IRBuilder, v: ir.Value):
-    """gelu's erf(|x|/sqrt2) when v is `fmul x, 0.70710677` and gelu(x) was emitted in the
+    """gelu's erf(x/sqrt2) (signed, nan for nan) when v is `fmul x, 0.70710677` and gelu(x) was emitted in the
     builder's block, else None."""
     if not ERF_AFTER_GELU or not isinstance(v, ir.Instruction) or v.opname != "fmul":
         return None
@@ -483,11 +492,11 @@ def _gelu_erf_of(builder: ir.IRBuilder, v: ir.Value):
 
 
 def erf(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    after_gelu = _gelu_erf_of(builder, x)
+    if after_gelu is not None:  # signed, nan for a nan and +-1 at +-inf already
+        return after_gelu
     m = _Emitter(builder, x.type)
     nan = m.isnan(x)
-    after_gelu = _gelu_erf_of(builder, x)
-    if after_gelu is not None:
-        return m.sel(nan, x, m.copysign(after_gelu, x))
     a = m.fabs(m.sel(nan, m.c(0.0), x))
     if m.f64:
         at = m.min_c(a, _ERFC_A_MAX[m.f64])
@@ -502,37 +511,45 @@ def erf(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 def gelu(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """x * Phi(x) = x/2 * (1 + erf(x/sqrt2)), as x/2 * erfc(|x|/sqrt2) for x < 0 (no cancellation).
+    """x * Phi(x) = x/2 * (1 + erf(x/sqrt2)), as x/2 * erfc(|x|/sqrt2) for x <= -sqrt(1/2)
+    (no cancellation).
 
-    The tail takes exp(-x^2/2) from x itself (x*x split exactly, halved), so the rounding of
+    erf(x/sqrt2) is a polynomial of x for |x| below the small bound (float32: sqrt(1/2), in
+    x * x; float64: |x|/sqrt2 < 1, in x * 0.70710677), else 1 - erfc's tail with x's sign. The
+    tail takes exp(-x^2/2) from x itself (x*x split exactly, halved), so the rounding of
     x/sqrt2 does not cost accuracy where the result is tiny.
 
-    |x|/sqrt2, erf's polynomial of it and exp(-x^2/2) come from the very instructions that
-    `erf(x * 0.70710677)` and `exp(x * x * -0.5)` emit (unflagged fmuls, as graphc's scalar
-    mul renders them): the gelu derivative in a fused body computes those, and LLVM's CSE
-    then computes each once. The values are the same as computing them here afresh. erf(x *
-    0.70710677) emitted after it in the same block takes its erf (`_gelu_erf_of`).
+    x * x, x * 0.70710677 and exp(-x^2/2) come from the very instructions that the gelu
+    derivative's `exp(x * x * -0.5)` and `erf(x * 0.70710677)` emit (unflagged fmuls, as
+    graphc's scalar mul renders them), and LLVM's CSE then computes each once. erf(x *
+    0.70710677) emitted after it in the same block takes its erf(x/sqrt2) (`_gelu_erf_of`).
 
     A nan needs no compare and select: every comparison is false for it, so it takes the
-    positive branch, a product of nans (no instruction here is undefined for a nan).
+    erf side, a product of nans (no instruction here is undefined for a nan).
     """
     m = _Emitter(builder, x.type)
     ax = m.fabs(x)
-    scaled = builder.fmul(x, m.c(math.sqrt(0.5)))
-    a = m.fabs(scaled)
     xt = m.min_c(ax, _ERFC_A_MAX[m.f64] * math.sqrt(2.0))
-    h, lo = _square_split(m, xt)
+    _, lo = _square_split(m, xt)
+    x2 = builder.fmul(x, x)
     # exp(-h): exp(x*x*-0.5) is exp(-h) for |x| <= xt's bound and 0 (as exp(-h)) beyond
-    e = exp(builder, builder.fmul(builder.fmul(x, x), m.c(-0.5)))
+    e = exp(builder, builder.fmul(x2, m.c(-0.5)))
     e, f = _erfc_tail(m, m.div(m.c(math.sqrt(2.0)), xt), None, m.mul(lo, m.c(0.5)), e)
+    if m.f64:
+        scaled = builder.fmul(x, m.c(math.sqrt(0.5)))
+        small = _erf_small(m, scaled)  # odd: erf(scaled) with its sign
+        small_region = m.lt(m.fabs(scaled), m.c(1.0))
+    else:
+        c0_hi, c0_lo = _GELU_ERF_SMALL_F32_C0
+        low = m.fma(m.poly(x2, _GELU_ERF_SMALL_F32), x2, m.c(c0_lo))
+        small = m.fma(x, m.c(c0_hi), m.mul(x, low))
+        small_region = m.lt(ax, m.c(math.sqrt(0.5)))
+    erf_x = m.sel(small_region, small, m.copysign(m.sub(m.c(1.0), m.mul(e, f)), x))
+    _GELU_ERF.setdefault(builder.block, {})[id(x)] = (x, erf_x)
     half_x = m.mul(x, m.c(0.5))
-    small = _erf_small(m, a)
-    erf_a = m.sel(m.lt(a, m.c(1.0)), small, m.sub(m.c(1.0), m.mul(e, f)))
-    _GELU_ERF.setdefault(builder.block, {})[id(x)] = (x, erf_a)
-    positive = m.mul(half_x, m.add(m.c(1.0), erf_a))
+    cdf_side = m.mul(half_x, m.add(m.c(1.0), erf_x))
     negative_tail = m.mul(m.mul(half_x, f), e)
-    negative = m.sel(m.lt(a, m.c(0.5)), m.mul(half_x, m.sub(m.c(1.0), small)), negative_tail)
-    return m.sel(m.lt(x, m.c(0.0)), negative, positive)
+    return m.sel(m.b.fcmp_ordered("<=", x, m.c(-math.sqrt(0.5))), negative_tail, cdf_side)
 
 
 def gelu_tanh(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
