@@ -91,7 +91,7 @@ def _variant(name: str):
     if name not in VARIANTS:  # a git revision's mathlib.py in mathlib's place
         import graphc.backends.cpu as cpu
 
-        cpu.mathlib = _mathlib_at(name)
+        cpu.mathlib = mathlib_at(name)
         try:
             yield
         finally:
@@ -105,7 +105,7 @@ def _variant(name: str):
         mathlib.ERF_AFTER_GELU = after_gelu
 
 
-def _mathlib_at(revision: str):
+def mathlib_at(revision: str):
     """graphc/backends/cpu/mathlib.py as git `revision` has it, as a module of its own."""
     import subprocess
     import types

@@ -38,6 +38,9 @@ while each compiles:
 - "row_prefetch": the default: also the row programs (the LayerNorms) asking for the rows
   8 on (graphc.backends.cpu.rows `PREFETCH`; docs/performance.md, "GPT's non-GEMM kernels,
   tenth session").
+With `--mathlib-at REV`, one more variant, "mathlib@REV": the default settings with
+graphc/backends/cpu/mathlib.py as git revision REV has it (its exp, erf, gelu, ... in every
+kernel), so a change to mathlib is timed in one process against the code before it.
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
 OpenMP and OpenBLAS), then from `graphc.profile` (3 interleaved profiles of each, each
 kernel's median) the step's kernels by role: GEMMs by kind (a chunked epilogue counts with
@@ -92,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="the GPT's smoke size")
     parser.add_argument("--variant", action="append", choices=list(VARIANTS),
                         help="compare these variants only (repeatable; default: all)")
+    parser.add_argument("--mathlib-at", metavar="REV",
+                        help="add the variant mathlib@REV: mathlib.py as git revision REV")
     args = parser.parse_args(argv)
     if args.rounds < 1:  # else every variant compiles, then each median is of nothing (nan)
         parser.error(f"--rounds must be at least 1, got {args.rounds}: nothing would be timed")
@@ -99,7 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     # harness imports it), so the process starts again with them where they are not
     run_with_threads("benchmarks.gpt_gemms", 1, sys.argv[1:] if argv is None else argv)
     with cache_root("gpt_gemms.") as root:
-        _compare(args.rounds, args.quick, root, args.variant or list(VARIANTS))
+        variants = args.variant or list(VARIANTS)
+        if args.mathlib_at:
+            variants = [*variants, f"{MATHLIB_AT}{args.mathlib_at}"]
+        _compare(args.rounds, args.quick, root, variants)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
@@ -114,10 +122,23 @@ def owner(key: str):
     return importlib.import_module(f"graphc.backends.cpu.{module or 'small_gemm'}"), attr
 
 
+MATHLIB_AT = "mathlib@"  # a variant's name prefix: the default with a revision's mathlib
+# the modules that bind graphc.backends.cpu.mathlib at import (others found loaded are
+# swapped too: `_mathlib_users`)
+MATHLIB_USERS = ("graphc.backends.cpu", "graphc.backends.cpu.scalars",
+                 "graphc.backends.cpu.attention", "graphc.backends.cpu.attention_small",
+                 "graphc.backends.cpu.philox")
+
+
 @contextlib.contextmanager
 def _variant(name: str, root: str):
-    """While lowering variant `name`: its cache dir and its settings (`owner`)."""
+    """While lowering variant `name`: its cache dir and its settings (`owner`), or a
+    revision's mathlib (`MATHLIB_AT`)."""
     os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
+    if name.startswith(MATHLIB_AT):
+        with _mathlib_swapped(name[len(MATHLIB_AT):]):
+            yield
+        return
     saved = {key: getattr(*owner(key)) for key in VARIANTS[name]}
     for key, value in VARIANTS[name].items():
         setattr(*owner(key), value)
@@ -126,6 +147,35 @@ def _variant(name: str, root: str):
     finally:
         for key, value in saved.items():
             setattr(*owner(key), value)
+
+
+@contextlib.contextmanager
+def _mathlib_swapped(revision: str):
+    from benchmarks.gelu_loop import mathlib_at
+
+    users = _mathlib_users()
+    saved = [user.mathlib for user in users]
+    replacement = mathlib_at(revision)
+    for user in users:
+        user.mathlib = replacement
+    try:
+        yield
+    finally:
+        for user, module in zip(users, saved):
+            user.mathlib = module
+
+
+def _mathlib_users() -> list:
+    """MATHLIB_USERS, and any other loaded module of graphc that holds mathlib."""
+    import importlib
+
+    from graphc.backends.cpu import mathlib
+
+    users = {name: importlib.import_module(name) for name in MATHLIB_USERS}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("graphc.") and getattr(module, "mathlib", None) is mathlib:
+            users[name] = module
+    return list(users.values())
 
 
 def _compare(rounds: int, quick: bool, root: str, variants: list[str]) -> None:

@@ -30,3 +30,18 @@ def test_no_rounds_is_refused_clearly(rounds, capsys):
     with pytest.raises(SystemExit):
         gpt_gemms.main(["--rounds", rounds])
     assert f"--rounds must be at least 1, got {rounds}" in capsys.readouterr().err
+
+
+def test_the_mathlib_variant_swaps_every_user_and_puts_it_back(tmp_path, monkeypatch):
+    """mathlib@HEAD: the committed mathlib.py as a module of its own in every module that
+    bound mathlib at import (a module left out would lower with the working tree's)."""
+    import importlib
+
+    from graphc.backends.cpu import mathlib, scalars
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    users = [importlib.import_module(name) for name in gpt_gemms.MATHLIB_USERS]
+    with gpt_gemms._variant(f"{gpt_gemms.MATHLIB_AT}HEAD", str(tmp_path)):
+        assert all(user.mathlib is scalars.mathlib is not mathlib for user in users)
+        assert callable(scalars.mathlib.gelu)
+    assert all(user.mathlib is mathlib for user in users)
