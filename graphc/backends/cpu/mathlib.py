@@ -483,8 +483,8 @@ ERF_AFTER_GELU = True  # False: erf always evaluates its own (the benchmarks' A/
 
 
 def _gelu_erf_of(builder: ir.IRBuilder, v: ir.Value):
-    """gelu's erf(x/sqrt2) (signed, nan for nan) when v is `fmul x, 0.70710677` and gelu(x) was emitted in the
-    builder's block, else None."""
+    """gelu's erf(x/sqrt2) (signed, nan for nan) when v is `fmul x, 0.70710677` and gelu(x)
+    was emitted in the builder's block, else None."""
     if not ERF_AFTER_GELU or not isinstance(v, ir.Instruction) or v.opname != "fmul":
         return None
     by_input = _GELU_ERF.get(builder.block, {})
