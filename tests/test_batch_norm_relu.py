@@ -26,6 +26,7 @@ from graphc.ir.interpreter import run as interpret  # noqa: E402
 from graphc.passes import batch_norm_relu as module  # noqa: E402
 from graphc.passes.batch_norm_relu import fuse_batch_norm_relu  # noqa: E402
 from graphc.passes.plan import plan_buffers  # noqa: E402
+from tests.conftest import sgd_training_step  # noqa: E402
 
 resolve_blas()  # hands the BLAS's thread count to generated code (threads.install)
 ALL_CORES = threads.image_threads()
@@ -228,8 +229,6 @@ def test_a_training_step_is_the_same_bits_with_and_without_the_pass(monkeypatch,
 def test_a_symbolic_batch_compiles_the_fused_kernel_in_one_block(monkeypatch, tmp_path):
     """dynamic=True: the batch is a symbol, so no channel blocks (their size needs the batch);
     the step agrees with eager for every batch size."""
-    import graphc.nn.functional as F
-
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
     fused_types = []
     real = module.fuse_batch_norm_relu
@@ -242,24 +241,14 @@ def test_a_symbolic_batch_compiles_the_fused_kernel_in_one_block(monkeypatch, tm
     monkeypatch.setattr(module, "fuse_batch_norm_relu", spy)
 
     def make():
-        graphc.manual_seed(0)
         return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
                              nn.Linear(4 * 4 * 4, 3))
 
-    def step_of(model):
-        opt = graphc.optim.SGD(model.parameters(), lr=0.1)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-        return step
-
-    compiled = graphc.compile(step_of(make()), backend="cpu", dynamic=True)
-    eager = step_of(make())
+    _, step = sgd_training_step(make, lr=0.1, momentum=0.0)
+    compiled = graphc.compile(step, backend="cpu", dynamic=True)
+    _, eager = sgd_training_step(make, lr=0.1, momentum=0.0)
     for b in (4, 6, 3):
         x, y = graphc.randn(b, 2, 6, 6), graphc.randint(0, 3, (b,))
-        np.testing.assert_allclose(compiled(x, y).numpy(), eager(x, y).numpy(), rtol=1e-5)
+        np.testing.assert_allclose(compiled(x, y).detach().numpy(), eager(x, y).detach().numpy(),
+                                   rtol=1e-5)
     assert fused_types and all(t.is_symbolic for t in fused_types), fused_types

@@ -23,6 +23,7 @@ import pytest
 import graphc
 import graphc.nn as nn
 import graphc.nn.functional as F
+from tests.conftest import sgd_training_step
 
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
@@ -135,22 +136,11 @@ def test_convolutions_of_odd_shapes_forward_and_gradients_match_pytorch_float64(
                                        err_msg=f"{name} of {case}")
 
 
-def _cnn(seed: int):
-    graphc.manual_seed(seed)
-    model = nn.Sequential(
+def _cnn():
+    return sgd_training_step(lambda: nn.Sequential(
         nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
         nn.Conv2d(8, 16, 3, padding=1, groups=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-        nn.Linear(16 * 4 * 4, 5))
-    opt = graphc.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return model, step
+        nn.Linear(16 * 4 * 4, 5)))
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
@@ -158,8 +148,8 @@ def test_a_cnn_step_with_a_batch_known_per_call_matches_eager(rng, backend, requ
     if backend == "cuda":
         request.getfixturevalue("cuda_runtime_built")
         request.getfixturevalue("cuda_backend")
-    model, step = _cnn(1)
-    ref_model, ref_step = _cnn(1)
+    model, step = _cnn()
+    ref_model, ref_step = _cnn()
     compiled = graphc.compile(step, backend=backend)
     plane = int(rng.choice([15, 16, 17]))
     batches = [int(n) for n in rng.choice([2, 3, 5, 7, 13, 16, 17, 33, 65], 5)]

@@ -39,6 +39,7 @@ import graphc.nn as nn
 import graphc.nn.functional as F
 from graphc.backends import residency
 from graphc.errors import IndexOutOfRangeError
+from tests.conftest import sgd_training_step
 
 pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
 
@@ -46,16 +47,8 @@ pytestmark = pytest.mark.usefixtures("cuda_runtime_built", "cuda_backend")
 def _model_and_functions(backend: str | None):
     """(model, step, evaluate): an SGD-momentum training step and a no-grad evaluation over
     the same parameters, compiled for `backend` (None: eager, the reference)."""
-    graphc.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4))
-    opt = graphc.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    model, step = sgd_training_step(
+        lambda: nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4)), lr=0.1)
 
     def evaluate(x):
         with graphc.no_grad():
