@@ -93,22 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--torch", action="store_true",
                         help="also PyTorch eager's step, on one thread and on two")
     args = parser.parse_args(argv)
-    for flag, value in (("--blocks", args.blocks), ("--calls", args.calls)):
-        if value < 1:  # else no call is timed, and every figure is the median of nothing
-            parser.error(f"{flag} must be at least 1, got {value}")
     import graphc
     from benchmarks import models
-    from graphc.backends.cpu import threads
 
-    keep_freed_memory()
-    most = threads.most_threads()
-    print(f"most threads {most}; {load()}", flush=True)
-    if most < 2:
-        raise SystemExit("benchmarks/mlp_threads.py: one thread only here (OMP_NUM_THREADS, "
-                         "affinity or GRAPHC_BLAS_THREADS=native): nothing to compare")
-    if args.realtime:  # refused now, not after compiling
-        with realtime(True):
-            pass
+    most = two_thread_setup(parser, "mlp_threads", "", args.realtime,
+                            blocks=args.blocks, calls=args.calls)
     if args.fork:
         with cache_root("mlp_threads.") as root:
             _fork_costs(most, root, args.calls, args.realtime)
@@ -132,6 +121,28 @@ def main(argv: list[str] | None = None) -> None:
         if args.profile:
             _profiles(graphc_steps, arguments, most, root, args.realtime)
     print(f"at the end: {load()}")
+
+
+def two_thread_setup(parser, script: str, label: str, fifo: bool, **counts: int) -> int:
+    """What a two-thread benchmark checks before it compiles: every count (`--name`) at least
+    1 (else no call is timed, and every figure is the median of nothing), freed memory kept,
+    at least two threads (returned), and SCHED_FIFO allowed when `fifo` (refused now, not
+    after compiling)."""
+    for name, value in counts.items():
+        if value < 1:
+            parser.error(f"--{name} must be at least 1, got {value}")
+    from graphc.backends.cpu import threads
+
+    keep_freed_memory()
+    most = threads.most_threads()
+    print(f"{label}most threads {most}; {load()}", flush=True)
+    if most < 2:
+        raise SystemExit(f"benchmarks/{script}.py: one thread only here (OMP_NUM_THREADS, "
+                         "affinity or GRAPHC_BLAS_THREADS=native): nothing to compare")
+    if fifo:
+        with realtime(True):
+            pass
+    return most
 
 
 @contextlib.contextmanager

@@ -55,8 +55,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from benchmarks.harness import cache_root, compiled_variants, keep_freed_memory
-from benchmarks.mlp_threads import bound_arrays, load, realtime
+from benchmarks.harness import cache_root, compiled_variants
+from benchmarks.mlp_threads import bound_arrays, load, realtime, two_thread_setup
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,21 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ab", action="store_true",
                         help="step: also the variant without the unsplit Winograd forks")
     args = parser.parse_args(argv)
-    for flag, value in (("--runs", args.runs), ("--rounds", args.rounds),
-                        ("--calls", args.calls), ("--blocks", args.blocks)):
-        if value < 1:
-            parser.error(f"{flag} must be at least 1, got {value}")
-    from graphc.backends.cpu import threads
-
-    keep_freed_memory()
-    most = threads.most_threads()
-    print(f"{args.model}: most threads {most}; {load()}", flush=True)
-    if most < 2:
-        raise SystemExit("benchmarks/step_threads.py: one thread only here (OMP_NUM_THREADS, "
-                         "affinity or GRAPHC_BLAS_THREADS=native): nothing to compare")
-    if args.realtime:  # refused now, not after compiling
-        with realtime(True):
-            pass
+    most = two_thread_setup(parser, "step_threads", f"{args.model}: ", args.realtime,
+                            runs=args.runs, rounds=args.rounds, calls=args.calls,
+                            blocks=args.blocks)
     with cache_root("step_threads.") as root:
         names = VARIANTS if args.ab else VARIANTS[1:]
         steps, arguments = compiled_variants(names, lambda name: variant(name, root),
