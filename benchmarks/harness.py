@@ -127,6 +127,22 @@ def cache_root(prefix: str):
             os.environ["GRAPHC_CACHE_DIR"] = previous
 
 
+@contextlib.contextmanager
+def switched(root: str, name: str, switches: dict, on: bool):
+    """While compiling (or running) A/B variant `name`: GRAPHC_CACHE_DIR is its own folder
+    under `root` (`cache_root`), and where `on`, each module attribute of `switches`
+    ({(module, attribute name): value}) holds its value, put back afterwards."""
+    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
+    kept = {key: getattr(*key) for key in switches} if on else {}
+    try:
+        for (module, attr), value in (switches.items() if on else ()):
+            setattr(module, attr, value)
+        yield
+    finally:
+        for (module, attr), value in kept.items():
+            setattr(module, attr, value)
+
+
 def set_clock(name: str) -> None:
     """Time samples with CLOCKS[name] from now on."""
     if name not in CLOCKS:

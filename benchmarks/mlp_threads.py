@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 
-from benchmarks.harness import cache_root, compiled_variants, keep_freed_memory
+from benchmarks.harness import cache_root, compiled_variants, keep_freed_memory, switched
 
 VARIANTS = ("before", "after")
 TORCH = "torch"  # PyTorch eager's step (`--torch`): one thread and two, no chooser
@@ -64,14 +64,8 @@ def variant(name: str, root: str):
     """While compiling (or profiling) variant `name`: its cache dir and GEMM-loop weight."""
     from graphc.backends.cpu import kernels
 
-    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)
-    saved = kernels.gemm_work
-    if name == "before":
-        kernels.gemm_work = outputs_only
-    try:
+    with switched(root, name, {(kernels, "gemm_work"): outputs_only}, name == "before"):
         yield
-    finally:
-        kernels.gemm_work = saved
 
 
 def load() -> str:

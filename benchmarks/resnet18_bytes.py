@@ -146,19 +146,15 @@ def compare_steps(names, variant, rounds: int, profile_rounds: int = 3) -> str:
 def changed(root: str, name: str, settings: list[str]):
     """Under variant `name` ("default" or "changed": `settings` applied, each
     "package.module.NAME=literal"), with the variant's own GRAPHC_CACHE_DIR."""
-    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)
-    kept = []
-    try:
-        for setting in settings if name == "changed" else ():
-            target, value = setting.split("=", 1)
-            module_name, attr = target.rsplit(".", 1)
-            module = importlib.import_module(module_name)
-            kept.append((module, attr, getattr(module, attr)))
-            setattr(module, attr, ast.literal_eval(value))
+    from benchmarks.harness import switched
+
+    switches = {}
+    for setting in settings:
+        target, value = setting.split("=", 1)
+        module_name, attr = target.rsplit(".", 1)
+        switches[importlib.import_module(module_name), attr] = ast.literal_eval(value)
+    with switched(root, name, switches, name == "changed"):
         yield
-    finally:
-        for module, attr, value in reversed(kept):
-            setattr(module, attr, value)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -219,13 +219,12 @@ def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after")
     import copy
     import importlib
     import statistics
-    from contextlib import contextmanager
 
     import numpy as np
 
     import graphc
     from benchmarks import model_steps, models
-    from benchmarks.harness import compiled_variants, interleaved_process_times
+    from benchmarks.harness import compiled_variants, interleaved_process_times, switched
 
     off = TENTH_SESSION if off is None else off
     switches = {(importlib.import_module(f"graphc.backends.cpu.{m}"), a): v
@@ -235,18 +234,8 @@ def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after")
     model = model_steps.build(graphc, "resnet18", shape)
     x, y = (graphc.tensor(a) for a in model_steps.batch_of("resnet18", shape))
 
-    @contextmanager
     def variant(name: str):
-        os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)  # read at each use
-        kept = {key: getattr(*key) for key in switches}
-        if name == names[0]:
-            for (module, attr), value in switches.items():
-                setattr(module, attr, value)
-        try:
-            yield
-        finally:
-            for (module, attr), value in kept.items():
-                setattr(module, attr, value)
+        return switched(root, name, switches, name == names[0])
 
     def make():  # every variant from the same weights
         return models.graphc_step(copy.deepcopy(model)), (x, y)

@@ -48,14 +48,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import time
 from collections import defaultdict
 
 import numpy as np
 
-from benchmarks.harness import cache_root, compiled_variants
+from benchmarks.harness import cache_root, compiled_variants, switched
 from benchmarks.mlp_threads import bound_arrays, load, realtime, two_thread_setup
 
 
@@ -102,14 +101,8 @@ def variant(name: str, root: str):
     reductions stay serial)."""
     from graphc.backends.cpu import kernels
 
-    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, name)
-    saved = kernels.forks
-    if name == "before":
-        kernels.forks = never_forks
-    try:
+    with switched(root, name, {(kernels, "forks"): never_forks}, name == "before"):
         yield
-    finally:
-        kernels.forks = saved
 
 
 def never_forks(openmp: bool, work: int) -> bool:
