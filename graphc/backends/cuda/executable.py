@@ -194,12 +194,18 @@ class CudaExecutable:
             bound.append(a)
         # fetch every out-of-date array but those whose value is in their own slot here (an
         # output of this executable's last call read back as an input is fetched too) and
-        # those another executable holds (copied device to device: `_take`)
-        residency.fresh_all([a for i, a in enumerate(bound) if not self._holds_or_takes(i, a)])
+        # those another executable holds (copied device to device: `_take`), whose owners'
+        # locks the call takes with its own
+        marks = [residency.marked_by(a) for a in bound]
+        owners = {found[0] for found in marks
+                  if found is not None and self.takes_device_value(found[0])}
+        residency.fresh_all([a for i, (a, found) in enumerate(zip(bound, marks))
+                             if not (found == (self, i) and i in self._state
+                                     or found is not None and found[0] in owners)])
         # values stay on the device only for a compiled call (it reads results through
         # tensors, which fetch) and without the NaN check (it reads every value on the host)
         eager = config.check_nans() or not residency.in_raw_reads()
-        with self._locks_with_owners(bound):
+        with self._locks_with_owners(owners):
             if _unusable is not None:
                 raise rtmod.CudaDeviceLostError(
                     f"graph @{g.name}: the CUDA context has been unusable since an earlier "
@@ -217,19 +223,14 @@ class CudaExecutable:
                                        f"{self.lowered.errors[k]}")
         return outs
 
-    def _locks_with_owners(self, bound: list) -> contextlib.ExitStack:
-        """This executable's lock and those of the executables whose device values it will
-        take (`_take`), acquired in one order for the process (by id): two executables each
-        taking the other's values from two threads would otherwise each hold its own lock and
-        wait for the other's."""
-        owners = {id(self): self}
-        for a in bound:
-            found = residency.marked_by(a)
-            if found is not None and self.takes_device_value(found[0]):
-                owners[id(found[0])] = found[0]
+    def _locks_with_owners(self, owners: set) -> contextlib.ExitStack:
+        """This executable's lock and those of `owners`, the executables whose device values
+        it will take (`_take`), acquired in one order for the process (by id): two executables
+        each taking the other's values from two threads would otherwise each hold its own lock
+        and wait for the other's."""
         stack = contextlib.ExitStack()
-        for key in sorted(owners):
-            stack.enter_context(owners[key]._lock)
+        for owner in sorted(owners | {self}, key=id):
+            stack.enter_context(owner._lock)
         return stack
 
     def _call(self, arrays: tuple, bound: list, eager: bool):
@@ -397,11 +398,6 @@ class CudaExecutable:
                     if event.value:
                         rt.gc_event_destroy(event)
         return [float(t) for t in np.median(np.array(samples), axis=0)]
-
-    def _holds_or_takes(self, i: int, a: np.ndarray) -> bool:
-        found = residency.marked_by(a)
-        return found is not None and (found == (self, i) and i in self._state
-                                      or self.takes_device_value(found[0]))
 
     def takes_device_value(self, owner) -> bool:
         """Whether a value `owner` keeps on the device is copied from there (device to
