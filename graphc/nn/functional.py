@@ -32,6 +32,7 @@ from graphc.ops import nn_ops as _nn_ops
 from graphc.ops import pool as _pool
 from graphc.ops import random as _random
 from graphc.ops import sources as _sources
+from graphc.ops.grad_utils import size_value
 from graphc.ops.registry import call as _call
 from graphc.ops.registry import inplace as _inplace
 from graphc.utils import composites as _composites
@@ -475,7 +476,8 @@ def kl_div(input, target, size_average=None, reduce=None,  # noqa: A002
         safe = _elementwise.where(positive, target, 1.0)
         loss = _elementwise.where(positive, target * _elementwise.log(safe), 0.0) - target * input
     if reduction == "batchmean":
-        return loss.sum() / input.shape[0] if input.ndim else loss.sum()
+        return loss.sum() / size_value(input.shape[0], loss.dtype.name) if input.ndim \
+            else loss.sum()  # a symbolic batch stays symbolic
     return _reduce("kl_div", loss, reduction)
 
 

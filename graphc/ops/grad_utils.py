@@ -2,13 +2,14 @@
 
 `sum_to(grad, shape)` undoes broadcasting: it sums the gradient of a broadcast result back to
 the shape of the operand that was broadcast (leading dims summed away, size-1 dims summed with
-keepdim). `zeros_like`/`full_like` make constants through the `full` source op so they trace.
+keepdim). `zeros_like`/`full_like` make constants through the `full` source op so they trace;
+`size_value(n, dtype)` makes a count of elements a number that stays symbolic when it is one.
 """
 
 from __future__ import annotations
 
 from graphc.ops.registry import call
-from graphc.symbolic import same_shape
+from graphc.symbolic import Sym, same_shape
 
 
 def can_sum_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
@@ -43,3 +44,13 @@ def full_like(t, value: float, dtype=None):
 
 def zeros_like(t):
     return full_like(t, 0.0)
+
+
+def size_value(n, dtype: str):
+    """A count of elements as a number for arithmetic (a mean's divisor, BatchNorm's n/(n-1)):
+    a float, or, where the count is a symbolic size (graphc.symbolic), a 0-d `full` whose
+    value is that size per call (asking it for a float would specialise it, so one trace
+    would serve one batch size only)."""
+    if type(n) is not Sym:
+        return float(n)
+    return call("full", shape=(), value=n, dtype=dtype)

@@ -28,7 +28,7 @@ import numpy as np
 from graphc.errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError
 from graphc.errors import where as _where
 from graphc.ops.elementwise import log1p
-from graphc.ops.grad_utils import full_like
+from graphc.ops.grad_utils import full_like, size_value
 from graphc.ops.registry import (
     LOSS,
     MOVEMENT,
@@ -72,7 +72,9 @@ def _reduce(loss, reduction: str):
         return loss
     total = _sum_all(loss)
     if reduction == "mean":
-        return total / float(loss.numel()) if loss.numel() else total / 0.0  # empty: nan
+        count = numel(tuple(loss.shape))  # symbolic in a dynamic trace: stays so
+        return total / size_value(count, loss.dtype.name) if type(count) is Sym or count \
+            else total / 0.0  # empty: nan
     return total
 
 
@@ -367,7 +369,9 @@ def _cross_entropy_probs(x, target, weight, reduction, label_smoothing, class_di
     total = -_sum_all(prod)
     if reduction == "sum":
         return total
-    return total / float(x.numel() // n_classes) if x.numel() else total / 0.0
+    count = numel(tuple(x.shape)) // n_classes  # symbolic in a dynamic trace: stays so
+    return total / size_value(count, x.dtype.name) if type(count) is Sym or count \
+        else total / 0.0
 
 
 def cross_entropy(input, target, weight=None, ignore_index: int = -100,  # noqa: A002
@@ -495,21 +499,12 @@ def _bn_kernel(x, weight, bias, running_mean, running_var, training: bool, eps: 
     return out.astype(x.dtype), mean.astype(x.dtype), invstd.astype(x.dtype)
 
 
-def _size_value(n, dtype: str):
-    """A count of elements as a number for arithmetic: a float, or, where the count is a
-    symbolic size (graphc.symbolic), a 0-d `full` whose value is that size per call (asking
-    it for a float would specialise it)."""
-    if type(n) is not Sym:
-        return float(n)
-    return call("full", shape=(), value=n, dtype=dtype)
-
-
 def _bn_vjp(ctx, g, g_mean=None, g_invstd=None):
     x, weight = ctx.inputs[0], ctx.inputs[1]
     _, mean, invstd = ctx.outputs
     nd = x.ndim
     axes = (0,) + tuple(range(2, nd))
-    m = _size_value(numel(x.shape) // x.shape[1], x.dtype.name)
+    m = size_value(numel(x.shape) // x.shape[1], x.dtype.name)
     mean_b, invstd_b = _channel_view(mean, nd), _channel_view(invstd, nd)
     centred = x - mean_b
     xhat = centred * invstd_b
@@ -606,7 +601,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,  # noqa
                 _bn_update(running_mean, mean, momentum)
             if running_var is not None:
                 correction = n / (n - 1) if type(n) is not Sym else \
-                    _size_value(n, dt) / _size_value(n - 1, dt)  # n symbolic: per call
+                    size_value(n, dt) / size_value(n - 1, dt)  # n symbolic: per call
                 unbiased = (1.0 / (invstd * invstd) - float(eps)) * correction
                 _bn_update(running_var, unbiased, momentum)
     return out

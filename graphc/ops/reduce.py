@@ -29,6 +29,7 @@ import numpy as np
 
 from graphc.errors import ArgumentError, DTypeError, ShapeError, where
 from graphc.ops.elementwise import cast
+from graphc.ops.grad_utils import size_value
 from graphc.ops.registry import REDUCE, OpDef, Reduction, call, register
 from graphc.ops.shapes import normalize_axes, normalize_axis, numel
 from graphc.symbolic import Sym
@@ -120,8 +121,8 @@ def _mean_kernel(x, axes, keepdim):
 def _mean_vjp(ctx, g):
     x = ctx.input_types[0]
     axes = ctx.attrs["axes"]
-    count = numel(tuple(x.shape[a] for a in axes))
-    return (_expand_back(call("div", g, float(count)), x.shape, axes, ctx.attrs["keepdim"]),)
+    count = size_value(numel(tuple(x.shape[a] for a in axes)), g.dtype.name)  # symbolic stays
+    return (_expand_back(call("div", g, count), x.shape, axes, ctx.attrs["keepdim"]),)
 
 
 register(OpDef("reduce_mean", REDUCE, ("x",), _mean_infer, _mean_kernel, _mean_vjp,
@@ -431,7 +432,10 @@ def var(x, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
     axes = _axes("var", x, dim)
     centered = x - call("reduce_mean", x, axes=axes, keepdim=True)
     total = call("reduce_sum", centered * centered, axes=axes, keepdim=bool(keepdim))
-    return call("div", total, builtins.max(0.0, _count(x, axes) - corr))
+    count = _count(x, axes)
+    if type(count) is Sym:  # a dynamic trace: the divisor stays symbolic, clamped per call
+        return call("div", total, call("maximum", size_value(count, x.dtype.name) - corr, 0.0))
+    return call("div", total, builtins.max(0.0, count - corr))
 
 
 def std(x, dim=None, unbiased=None, keepdim: bool = False, *, correction=None):
