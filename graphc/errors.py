@@ -37,6 +37,10 @@ class IndexOutOfRangeError(ArgumentError, IndexError):
     """An index past the end of a dimension or a class target out of range (IndexError)."""
 
 
+class InputCheckError(GraphcError, AssertionError):
+    """An input PyTorch refuses with AssertionError (nn.MultiheadAttention's shape checks)."""
+
+
 class AutogradError(GraphcError, RuntimeError):
     """Misuse of autograd: saved tensors changed in place, backward twice, wrong grad count."""
 

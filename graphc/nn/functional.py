@@ -23,7 +23,7 @@ import numpy as np
 from graphc.autograd.function import Function
 from graphc.autograd.grad_mode import no_grad
 from graphc.dispatch import current_tracer
-from graphc.errors import ArgumentError, DTypeError, ShapeError
+from graphc.errors import ArgumentError, DTypeError, IndexOutOfRangeError, ShapeError, where
 from graphc.ops import conv as _conv
 from graphc.ops import elementwise as _elementwise
 from graphc.ops import linalg as _linalg
@@ -212,6 +212,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     >>> graphc.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).shape
     graphc.Size([1, 2, 3, 4])
     """
+    if attn_mask is not None and attn_mask.ndim < 2 and _takes_flash_kernel(
+            query, key, value, attn_mask, dropout_p, enable_gqa) and not _empty(query, key, value):
+        raise IndexOutOfRangeError(
+            f"{where('scaled_dot_product_attention')}: "
+            + ("Dimension specified as -2 but tensor has no dimensions" if attn_mask.ndim == 0
+               else "Dimension out of range (expected to be in range of [-1, 0], but got -2)")
+            + f" (PyTorch 2.13's wording): attn_mask is {attn_mask.ndim}-d, and for 4-d query, "
+            "key and value with dropout_p=0 PyTorch's CPU kernel reads its dim -2, the "
+            "queries'; give it one: attn_mask.reshape(1, -1) applies to every query")
     if is_causal and attn_mask is not None and not _causal_mask_combines(
             query, key, value, attn_mask, dropout_p, enable_gqa):
         raise ShapeError("_scaled_dot_product_attention: Explicit attn_mask should not be set "
@@ -237,7 +246,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             # (PyTorch's convert_boolean_attn_mask; added, it fuses as a float mask does)
             attn_mask = _call("full", shape=(), value=0.0, dtype=query.dtype.name).masked_fill(
                 attn_mask.logical_not(), -math.inf)
-        attn_mask, hidden_rows = _unhide_empty_rows(attn_mask, is_causal, length, source)
+        if not (type(source) is int and source == 0):  # no keys: zeros, as PyTorch's
+            attn_mask, hidden_rows = _unhide_empty_rows(attn_mask, is_causal, length, source)
         scores = scores + attn_mask
     if is_causal:  # with a mask too: both hide (PyTorch 2.13's CPU kernel, see above)
         scores = scores.masked_fill(_causal_hide(length, source), -math.inf)
@@ -268,24 +278,44 @@ def _unhide_empty_rows(mask, is_causal: bool, length: int, source: int):
     return mask.masked_fill(hidden, 0.0), hidden
 
 
+def _takes_flash_kernel(query, key, value, attn_mask, dropout_p: float,
+                        enable_gqa: bool) -> bool:
+    """Whether PyTorch 2.13 (CPU) checks attn_mask's shape for its flash kernel (sdp_utils_cpp's
+    checks before check_attn_mask_shape): query, key and value 4-d and not empty, of one
+    batch, key and value of one head count (the query's, or with enable_gqa a divisor of
+    it), dropout_p 0 and a mask (if any) that needs no grad. That check reads the mask's dim
+    -2, so there a mask of fewer than 2 dims raises IndexError, where the math kernel (any
+    other case) broadcasts it."""
+    if not (query.ndim == key.ndim == value.ndim == 4 and dropout_p == 0.0):
+        return False
+    if attn_mask is not None and attn_mask.requires_grad:
+        return False
+    (batch, heads), (kv_batch, kv_heads) = query.shape[:2], key.shape[:2]
+    if not (kv_batch == value.shape[0] == batch and value.shape[1] == kv_heads):
+        return False
+    return kv_heads == heads or (enable_gqa and heads % kv_heads == 0)
+
+
+def _empty(*tensors) -> bool:
+    """Whether any has no elements (PyTorch's attention then returns before choosing a
+    kernel, so no kernel's check runs)."""
+    return any(0 in tuple(t.shape) for t in tensors)
+
+
 def _causal_mask_combines(query, key, value, attn_mask, dropout_p: float,
                           enable_gqa: bool) -> bool:
     """Whether PyTorch 2.13 (CPU) takes is_causal=True with an attn_mask: its flash kernel
-    does, hiding what either hides, where query, key and value are 4-d of one batch and one
-    head size, key and value of one head count (the query's, or with enable_gqa a divisor of
-    it), the mask 2-d or 4-d, broadcast only from size 1, not requiring grad, and dropout_p
-    is 0 (sdp_utils_cpp's checks); its math kernel, taking every other case, raises
+    does, hiding what either hides, where it takes the call (`_takes_flash_kernel`), the
+    mask is 2-d or 4-d, broadcast only from size 1, and key and value have the query's head
+    size (sdp_utils_cpp's checks); its math kernel, taking every other case, raises
     RuntimeError."""
-    if not (query.ndim == key.ndim == value.ndim == 4 and attn_mask.ndim in (2, 4)
-            and dropout_p == 0.0 and not attn_mask.requires_grad):
+    if attn_mask.ndim not in (2, 4) or not _takes_flash_kernel(
+            query, key, value, attn_mask, dropout_p, enable_gqa):
         return False
-    (batch, heads, length, size), (_, kv_heads, source, _) = query.shape, key.shape
-    if not (key.shape[0] == value.shape[0] == batch and value.shape[1] == kv_heads
-            and key.shape[-1] == value.shape[-1] == size):
+    batch, heads, length, size = query.shape
+    if not key.shape[-1] == value.shape[-1] == size:
         return False
-    if kv_heads != heads and not (enable_gqa and heads % kv_heads == 0):
-        return False
-    wanted = (batch, heads, length, source)[4 - attn_mask.ndim:]
+    wanted = (batch, heads, length, key.shape[2])[4 - attn_mask.ndim:]
     return all(m == 1 or m == w for m, w in zip(attn_mask.shape, wanted))
 
 

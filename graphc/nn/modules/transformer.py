@@ -28,7 +28,7 @@ import copy
 import math
 
 import graphc
-from graphc.errors import ArgumentError, ShapeError
+from graphc.errors import ArgumentError, InputCheckError, ShapeError, where
 from graphc.nn import functional as F
 from graphc.nn import init
 from graphc.nn.module import Module
@@ -47,9 +47,63 @@ def _float_mask(mask, dtype):
     """PyTorch's `_canonical_mask`: a bool mask becomes 0 / -inf in `dtype` (True = -inf)."""
     if mask is None or mask.dtype.is_floating:
         return mask
-    if mask.dtype is not graphc.bool:
-        raise ArgumentError("only bool and floating types of masks are supported")
     return graphc.zeros(*mask.shape, dtype=dtype).masked_fill(mask, -math.inf)
+
+
+def _refuse(message: str, advice: str):
+    """What nn.MultiheadAttention refuses with AssertionError in PyTorch 2.13: its message,
+    where, and what to do."""
+    return InputCheckError(f"{where('MultiheadAttention')}: {message}; {advice}")
+
+
+def _size(shape) -> str:
+    """A size as PyTorch's messages print theirs (torch.Size([2, 3]))."""
+    return f"graphc.Size({list(shape)})"
+
+
+def _sne(t, dims: int = 3) -> str:
+    """An (N, S, E) tensor's size as PyTorch's message prints it: (S, N, E), its first dims."""
+    n, length, e = t.shape
+    return _size([length, n, e][:dims])
+
+
+def _check_mask_dtype(mask, name: str) -> None:
+    if mask is not None and mask.dtype is not graphc.bool and not mask.dtype.is_floating:
+        raise _refuse(f"only bool and floating types of {name} are supported",
+                      f"{name} is {mask.dtype.name}: pass a bool mask (True: not attended) or "
+                      "a float one (added to the scores)")
+
+
+def _check_input_shapes(query, key, value, key_padding_mask, attn_mask,
+                        num_heads: int) -> bool:
+    """PyTorch's `_mha_shape_check`, its AssertionErrors and their wording: whether the call
+    is batched (3-d query) or not (2-d)."""
+    if query.ndim not in (2, 3):
+        raise _refuse(f"query should be unbatched 2D or batched 3D tensor but received "
+                      f"{query.ndim}-D query tensor", "pass (L, E), or (N, L, E) with "
+                      "batch_first, (L, N, E) without")
+    batched = query.ndim == 3
+    kind = "batched (3-D)" if batched else "unbatched (2-D)"
+    if key.ndim != query.ndim or value.ndim != query.ndim:
+        raise _refuse(f"For {kind} `query`, expected `key` and `value` to be {query.ndim}-D but "
+                      f"found {key.ndim}-D and {value.ndim}-D tensors respectively",
+                      "give key and value the query's layout")
+    kpm_ndim = 2 if batched else 1
+    if key_padding_mask is not None and key_padding_mask.ndim != kpm_ndim:
+        raise _refuse(f"For {kind} `query`, expected `key_padding_mask` to be `None` or "
+                      f"{kpm_ndim}-D but found {key_padding_mask.ndim}-D tensor instead",
+                      "pass one row per sequence, (N, S) batched or (S,) unbatched, True at "
+                      "the keys to leave out")
+    if attn_mask is not None:
+        if attn_mask.ndim not in (2, 3):
+            raise _refuse(f"For {kind} `query`, expected `attn_mask` to be `None`, 2-D or 3-D "
+                          f"but found {attn_mask.ndim}-D tensor instead", "pass an (L, S) mask "
+                          "for every sequence and head, or (N*num_heads, L, S)")
+        expected = (num_heads, query.shape[0], key.shape[0])
+        if not batched and attn_mask.ndim == 3 and tuple(attn_mask.shape) != expected:
+            raise _refuse(f"Expected `attn_mask` shape to be {expected} but got "
+                          f"{_size(attn_mask.shape)}", "pass (num_heads, L, S) or (L, S)")
+    return batched
 
 
 class MultiheadAttention(Module):
@@ -116,10 +170,10 @@ class MultiheadAttention(Module):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
-        batched = query.ndim == 3
-        if query.ndim not in (2, 3):
-            raise ShapeError(f"query should be unbatched 2D or batched 3D tensor but received "
-                             f"{query.ndim}-D query tensor")
+        _check_mask_dtype(key_padding_mask, "key_padding_mask")
+        _check_mask_dtype(attn_mask, "attn_mask")
+        batched = _check_input_shapes(query, key, value, key_padding_mask, attn_mask,
+                                      self.num_heads)
         if not batched:  # (L, E): one sequence
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
             if key_padding_mask is not None:
@@ -151,8 +205,16 @@ class MultiheadAttention(Module):
         n, length, e = query.shape
         source = key.shape[1]
         if e != self.embed_dim:
-            raise ShapeError(f"was expecting embedding dimension of {self.embed_dim}, but got "
-                             f"{e}")
+            raise _refuse(f"was expecting embedding dimension of {self.embed_dim}, but got {e}",
+                          f"the query's last dim is the embed_dim ({self.embed_dim}) the "
+                          "module was built with")
+        if self._qkv_same_embed_dim and tuple(key.shape) != tuple(value.shape):
+            raise _refuse(f"key shape {_sne(key)} does not match value shape {_sne(value)}",
+                          "pass key and value of one shape")
+        if not self._qkv_same_embed_dim and tuple(key.shape[:2]) != tuple(value.shape[:2]):
+            raise _refuse(f"key's sequence and batch dims {_sne(key, 2)} do not match value's "
+                          f"{_sne(value, 2)}", "pass key and value of one batch and sequence "
+                          "length")
         if is_causal and attn_mask is None:
             raise ArgumentError("Need attn_mask if specifying the is_causal hint. You may use "
                                 "the Transformer module method `generate_square_subsequent_mask` "
@@ -166,20 +228,23 @@ class MultiheadAttention(Module):
             mask = _float_mask(attn_mask, query.dtype)
             if mask is not None:
                 if mask.ndim == 2 and tuple(mask.shape) != (length, source):
-                    raise ShapeError(f"The shape of the 2D attn_mask is {list(mask.shape)}, but "
-                                     f"should be {[length, source]}.")
+                    raise ShapeError(f"{where('MultiheadAttention')}: The shape of the 2D "
+                                     f"attn_mask is {_size(mask.shape)}, but should be "
+                                     f"{(length, source)}. (L, S): a row per query, a column "
+                                     "per key")
                 if mask.ndim == 3:
                     if tuple(mask.shape) != (n * h, length, source):
-                        raise ShapeError(f"The shape of the 3D attn_mask is "
-                                         f"{list(mask.shape)}, but should be "
-                                         f"{[n * h, length, source]}.")
+                        raise ShapeError(f"{where('MultiheadAttention')}: The shape of the 3D "
+                                         f"attn_mask is {_size(mask.shape)}, but should be "
+                                         f"{(n * h, length, source)}. (N*num_heads, L, S): "
+                                         "one (L, S) mask per sequence and head")
                     mask = mask.reshape(n, h, length, source)
-                elif mask.ndim != 2:
-                    raise ShapeError(f"attn_mask's dimension {mask.ndim} is not supported")
             if kpm is not None:
-                if tuple(kpm.shape) != (n, source):
-                    raise ShapeError(f"expecting key_padding_mask shape of {(n, source)}, but "
-                                     f"got {tuple(kpm.shape)}")
+                for dim, (want, got) in enumerate(zip((n, source), kpm.shape)):
+                    if want != got:
+                        raise _refuse(f"Expected key_padded_mask.shape[{dim}] to be {want}, but "
+                                      f"got {got}", "pass an (N, S) key_padding_mask: a row "
+                                      "per sequence, a column per key")
                 kpm = kpm.reshape(n, 1, 1, source)
                 mask = kpm if mask is None else mask + kpm
         q, k, v = self._project(query, key, value)
