@@ -8,10 +8,16 @@ so state_dicts interchange, the same mask conventions (a bool `attn_mask` or
 (L, N, E) inputs unless `batch_first`. Everything is a decomposition into graphc ops
 (linear, matmul, softmax, masked_fill, layer_norm), so it traces and compiles.
 
-Not matched: PyTorch's inference "fast path" (nested tensors, fused kernels) is a speed
-path only, and its results are those of the ordinary path computed here; `add_bias_kv`,
-`add_zero_attn` and `enable_nested_tensor=True` are accepted only at their defaults (the last
-is ignored).
+A query whose every key is masked gives NaN in its output row and its weights with
+need_weights=True (a plain softmax, as PyTorch's), 0 with need_weights=False (PyTorch's
+scaled_dot_product_attention). Bad input gets PyTorch's exception types (its
+`_mha_shape_check` and other refusals are AssertionErrors: `InputCheckError`).
+
+Not matched: PyTorch's inference "fast path" (nested tensors, fused kernels; eval mode, no
+grad, self-attention, batch_first, ...) is a speed path, and the results here are those of
+the ordinary path, except that its fully masked rows are NaN with need_weights=False too
+(here 0) and its errors for bad masks differ from the ordinary path's (here those).
+`enable_nested_tensor=True` is ignored.
 
 >>> import graphc
 >>> import graphc.nn as nn
