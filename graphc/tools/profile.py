@@ -11,7 +11,10 @@ same kernels; the driver reads CLOCK_MONOTONIC before every kernel and after the
 graphc.backends.cpu.codegen), and run `repeat` times on copies of the arrays the real call
 binds (its inputs, parameters and optimizer state), so profiling never changes the user's
 model. Each kernel's figure is its median over the runs. A callable that was never called is
-called once first (a real call, with its effects), to trace it.
+called once first (a real call, with its effects), to trace it. A graph with symbolic sizes
+(graphc.compile(dynamic=True)) is profiled at the sizes of the call: its runtime-sized
+executable run at them, or the graph specialised to them where the cpu backend compiles it
+per size; the rows' shapes, bytes and flops are those of the call.
 
 `Profile.table()` is a text table sorted by time: op, output shape, bytes read and written,
 GB/s, GFLOP/s (for GEMMs and convolutions) and the user's source line.
@@ -29,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from graphc.errors import GraphcError
+from graphc.symbolic import evaluate
+from graphc.types import TensorType
 
 __all__ = ["KernelTime", "Profile", "kernel_label", "profile", "profile_builder"]
 
@@ -109,7 +114,6 @@ def profile(fn, *args, repeat: int = 20, trace: str | None = None, **kwargs) -> 
     module docstring). `fn` is a graphc.compile'd callable, or a plain function (compiled
     here with backend="cpu"). `trace`: also write a Chrome trace to that path."""
     import graphc
-    from graphc.backends.cpu.executable import CpuExecutable
     from graphc.backends.cpu.threads import ThreadChooser
 
     if repeat < 1:
@@ -123,19 +127,20 @@ def profile(fn, *args, repeat: int = 20, trace: str | None = None, **kwargs) -> 
                           f"runs on {getattr(executable, 'backend', '?')!r}: compile it with "
                           "backend=\"cpu\"")
     arrays = _bound_arrays(compiled, executable, args, kwargs)
-    timed = CpuExecutable(executable.graph, {"profile": True})
+    sizes = _call_sizes(executable.graph, arrays)
+    real, timed, run = _profiling_twin(executable, sizes)
     # the thread count the real executable settled on, not a fresh exploration
-    chosen = executable.thread_chooser
+    chosen = real.thread_chooser
     timed.thread_chooser = ThreadChooser(chosen.most, fixed=chosen.current)
     stamps, totals = [], []
     for _ in range(repeat):
-        timed.run(*[a.copy() for a in arrays])
+        run(*[a.copy() for a in arrays])
         stamps.append(timed.last_stamps.copy())
         totals.append((timed.last_stamps[-1] - timed.last_stamps[0]) / 1e9)
     stamps = np.array(stamps, np.float64)
     durations = np.median(np.diff(stamps, axis=1), axis=0) / 1e9
     starts = list((stamps[0, :-1] - stamps[0, 0]) / 1e9)
-    rows = [_row(k, node, float(seconds))
+    rows = [_row(k, node, float(seconds), sizes)
             for k, (node, seconds) in enumerate(zip(timed.lowered.kernel_nodes, durations))]
     rows.sort(key=lambda r: r.seconds, reverse=True)
     result = Profile(executable.graph.name, rows, float(np.median(totals)), repeat, starts,
@@ -143,6 +148,38 @@ def profile(fn, *args, repeat: int = 20, trace: str | None = None, **kwargs) -> 
     if trace is not None:
         result.chrome_trace(trace)
     return result
+
+
+def _call_sizes(graph, arrays) -> dict[str, int]:
+    """The value of each symbol of a symbolic graph in this call ({} for a static graph)."""
+    from graphc.symbolic import bind
+
+    symbolic = [(v.type.shape, np.shape(a)) for v, a in zip(graph.inputs, arrays)
+                if v.type.is_symbolic]
+    if not symbolic:
+        return {}
+    return bind([shape for shape, _ in symbolic], [got for _, got in symbolic])
+
+
+def _profiling_twin(executable, sizes: dict[str, int]):
+    """(the executable that serves the call, its profiling twin, the twin's run): the same
+    graph compiled again with a profiling driver. A symbolic graph's call is served either by
+    its one runtime-sized executable (graphc.backends.cpu.runtime_sizes), profiled as it is
+    and run at the call's sizes, or by the graph specialised to those sizes (compiled per
+    size), profiled so."""
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.backends.cpu.runtime_sizes import RuntimeSizedExecutable
+
+    if not sizes:
+        timed = CpuExecutable(executable.graph, {"profile": True})
+        return executable, timed, timed.run
+    served = executable.executable_for(sizes)
+    if getattr(served, "generic", False):  # the runtime-sized executable at these sizes
+        real = served.executable
+        timed = RuntimeSizedExecutable(real.graph, {"profile": True}, hints=sizes)
+        return real, timed, timed.at(sizes).run
+    timed = CpuExecutable(served.graph, {"profile": True})
+    return served, timed, timed.run
 
 
 def _bound_arrays(compiled, executable, args, kwargs) -> list[np.ndarray]:
@@ -174,22 +211,26 @@ def kernel_label(node) -> str:
     return "fused(" + ",".join(ops) + ")"
 
 
-def _nbytes(values) -> int:
-    return sum(math.prod(v.type.shape) * v.type.dtype.itemsize for v in values)
+def _nbytes(values, sizes: dict[str, int]) -> int:
+    return sum(math.prod(evaluate(v.type.shape, sizes)) * v.type.dtype.itemsize
+               for v in values)
 
 
-def _row(step: int, node, seconds: float) -> KernelTime:
+def _row(step: int, node, seconds: float, sizes: dict[str, int]) -> KernelTime:
+    """One kernel's row; a symbolic graph's sizes (shapes, bytes, flops) at the call's."""
     if node is None:
         return KernelTime(step, "output copy", "", seconds, 0, 0, "")
-    shape = ", ".join(str(v.type) for v in node.outputs)
+    shape = ", ".join(str(TensorType(evaluate(v.type.shape, sizes), v.type.dtype))
+                      for v in node.outputs)
     return KernelTime(step, kernel_label(node), shape, seconds,
-                      _nbytes(node.inputs) + _nbytes(node.outputs), _flops(node),
-                      node.loc or "", tuple(v.name for v in node.outputs))
+                      _nbytes(node.inputs, sizes) + _nbytes(node.outputs, sizes),
+                      int(evaluate(_flops(node), sizes)), node.loc or "",
+                      tuple(v.name for v in node.outputs))
 
 
-def _flops(node) -> int:
+def _flops(node):
     """2 x the multiply-adds of a GEMM or a forward convolution (also as a fused node's
-    anchor); 0 for other ops (their figure is GB/s)."""
+    anchor), an int or, in a symbolic graph, a Sym; 0 for other ops (their figure is GB/s)."""
     from graphc.ops.fused import FusedBody
 
     if node.op != "fused" and node.op not in ("matmul", "conv2d"):
