@@ -115,6 +115,7 @@ class Compiled(SignatureTracer):
         self.dynamic = dynamic
         self._auto_dynamic: set[tuple] = set()  # (path, dim) seen to change: symbolic now
         self._static_dims: set[tuple] = set()  # ... that the traced code specialised
+        self._apart_dims: set[tuple] = set()  # (path, dim) kept out of duck sizing
         self.report = None  # the PipelineReport of the latest trace
         self._entries: list[Entry] = []
         self._fast: tuple | None = None  # `_fast_path()`, None until a call makes it

@@ -250,7 +250,8 @@ class SignatureTracer:
         needed a dimension the user marked dynamic to be one size (mark_dynamic)."""
         names = arg_names(self.fn, args)
         try:
-            traced = trace_call(self.fn, args, kwargs, dynamic=dynamic)
+            traced = trace_call(self.fn, args, kwargs, dynamic=dynamic,
+                                apart=frozenset(self._apart_dims))
         except GraphcError as err:
             if not dynamic:
                 raise
@@ -274,6 +275,9 @@ class SignatureTracer:
         if traced.shape_env is None:
             return traced
         pinned = traced.shape_env.specialised()
+        if self._split_duck_sizes(traced, pinned, names):
+            traced.restore()
+            return self._trace_once(args, kwargs, dynamic)
         self._keep_static(traced, pinned, args, kwargs, names)
         pin(traced.graph, pinned)  # a specialised symbol is its size in the graph
         for path, t in flatten((args, kwargs)):
@@ -285,6 +289,27 @@ class SignatureTracer:
                         f"{t._data.shape[d]}: sizes 0 and 1 are always specialised, as in "
                         "PyTorch; mark a dimension whose size is at least 2")
         return traced
+
+    def _split_duck_sizes(self, traced: TraceResult, pinned: dict, names: list[str]) -> bool:
+        """Whether the call must be traced again with dims apart: duck sizing gave dims of
+        equal size one symbol (a batch of 6 over 6x6 images), and the traced code pinned it
+        (a strided convolution specialises its spatial size), which would keep every one of
+        them static, the batch too. Traced again with each of those dims a symbol of its own
+        (`_apart_dims`, kept for later traces), only the dims the code needs at one size
+        stay static."""
+        dims_of: dict[str, list[tuple]] = {}
+        for path, d, name in traced.symbols:
+            if name in pinned:
+                dims_of.setdefault(name, []).append((path, d))
+        shared = {dim for dims in dims_of.values() if len(set(dims)) > 1 for dim in dims}
+        if not shared - self._apart_dims:
+            return False
+        self._apart_dims |= shared
+        labels = ", ".join(dim_label(path, d, names) for path, d in sorted(shared, key=str))
+        _log(f"{self.__name__}: traced again with {labels} apart: equal at this call, they "
+             "shared one symbol, which the traced code needs at one size; apart, only the "
+             "dims it needs stay static")
+        return True
 
     def _keep_static(self, traced: TraceResult, pinned: dict, args: tuple, kwargs: dict,
                      names: list[str]) -> None:

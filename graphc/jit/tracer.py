@@ -438,11 +438,13 @@ def graph_name(fn) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "graph"
 
 
-def _symbolic_arguments(args: tuple, kwargs: dict, dynamic: dict, env: ShapeEnv) -> tuple:
+def _symbolic_arguments(args: tuple, kwargs: dict, dynamic: dict, env: ShapeEnv,
+                        apart: frozenset = frozenset()) -> tuple:
     """Give the argument dimensions named in `dynamic` ({path: dims}) symbolic sizes for the
     trace: each such tensor's array is swapped for an abstract one of symbolic shape (put back
     by `_restore_arguments`). Dimensions of equal size share one symbol (PyTorch's duck
-    sizing: `x[32,784]` and `y[32]` give `s0`, and the guards then require them equal).
+    sizing: `x[32,784]` and `y[32]` give `s0`, and the guards then require them equal),
+    except those in `apart` ({(path, dim)}), which get a symbol of their own.
     Returns (swapped [(tensor, array)], symbols [(path, dim, name)])."""
     swapped, symbols, by_size, seen = [], [], {}, set()
     for path, t in flatten((args, kwargs)):
@@ -459,9 +461,11 @@ def _symbolic_arguments(args: tuple, kwargs: dict, dynamic: dict, env: ShapeEnv)
             n = shape[d]
             if n < 2:  # sizes 0 and 1 are specialised, as PyTorch does
                 continue
-            sym = by_size.get(n)
+            sym = None if (path, d) in apart else by_size.get(n)
             if sym is None:
-                sym = by_size[n] = env.new_symbol(n, _source_text(path, d))
+                sym = env.new_symbol(n, _source_text(path, d))
+                if (path, d) not in apart:
+                    by_size[n] = sym
             shape[d] = sym
             symbols.append((path, d, sym.name))
         swapped.append((t, t._data))
@@ -476,29 +480,30 @@ def _source_text(path: tuple, dim: int) -> str:
 
 def trace_call(fn: Callable, args: tuple, kwargs: dict | None = None,
                name: str | None = None, abstract: bool = True,
-               dynamic: dict | None = None) -> TraceResult:
+               dynamic: dict | None = None, apart: frozenset = frozenset()) -> TraceResult:
     """Run `fn(*args, **kwargs)` once under a Tracer; return the graph and its bindings.
 
     `abstract` (the default): in abstract evaluation, so no kernel runs and no tensor that
     existed before the call changes (see the module docstring); else every op runs eagerly.
     `dynamic` ({argument path: dims}): those argument dimensions are traced as symbolic sizes
     (graphc.symbolic) in a new ShapeEnv, active for the trace; the result's `symbols` and
-    `shape_env` say which and what the trace assumed about them. Activate
-    `result.shape_env` again while running passes over the graph."""
+    `shape_env` say which and what the trace assumed about them; equal sizes share a symbol
+    except the dims in `apart` ({(path, dim)}). Activate `result.shape_env` again while
+    running passes over the graph."""
     kwargs = kwargs or {}
     if current_tracer() is not None:
         raise TraceError("graphc.trace cannot be nested: a trace is already running")
     if dynamic:
         env = ShapeEnv()
         with env.active():
-            return _trace_symbolic(fn, args, kwargs, name, abstract, dynamic, env)
+            return _trace_symbolic(fn, args, kwargs, name, abstract, dynamic, env, apart)
     return _trace_call(fn, args, kwargs, name, abstract)
 
 
-def _trace_symbolic(fn, args, kwargs, name, abstract, dynamic, env) -> TraceResult:
+def _trace_symbolic(fn, args, kwargs, name, abstract, dynamic, env, apart) -> TraceResult:
     if not abstract:
         raise TraceError("a symbolic trace is abstract: it has no sizes to run kernels with")
-    swapped, symbols = _symbolic_arguments(args, kwargs, dynamic, env)
+    swapped, symbols = _symbolic_arguments(args, kwargs, dynamic, env, apart)
     try:
         traced = _trace_call(fn, args, kwargs, name, abstract)
     finally:
