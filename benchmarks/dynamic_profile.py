@@ -1,0 +1,86 @@
+"""The symbolic MLP step's kernels against the static step's, by graphc.profile.
+
+    python -m benchmarks.dynamic_profile                 # one thread, 7 rounds
+    python -m benchmarks.dynamic_profile --quick         # 2 rounds, few runs
+
+The MLP 784-256-256-10 batch-64 SGD training step (benchmarks.models), compiled static
+(dynamic=False) and symbolic (dynamic=True: one runtime-sized executable for every batch),
+each profiled kernel by kernel (graphc.profile, which profiles a symbolic graph at the call's
+sizes), the two in alternating order each round (benchmarks.harness.interleaved_profiles);
+medians over the rounds. Prints the native call of each, the kernels by op class (matmul-led
+fused nodes, other fused nodes, the rest), and each variant's slowest kernels. One thread
+(OMP_NUM_THREADS and OPENBLAS_NUM_THREADS set to 1 for the process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+import graphc
+from benchmarks.harness import interleaved_profiles, run_with_threads
+from benchmarks.models import MlpSizes, batch, graphc_model, graphc_step
+
+VARIANTS = ("static", "symbolic")
+
+
+def _kind(op: str) -> str:
+    if op.startswith("fused(matmul") or op == "matmul":
+        return "matmul (and its epilogue)"
+    if op.startswith("fused("):
+        return "other fused"
+    return op
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--limit", type=int, default=6, help="slowest kernels shown")
+    args = parser.parse_args()
+    run_with_threads("benchmarks.dynamic_profile", 1, sys.argv[1:])
+    rounds, repeat = (2, 5) if args.quick else (7, 20)
+    x, y = batch("mlp", 64, MlpSizes())
+    arguments = (graphc.from_numpy(x), graphc.from_numpy(y))
+    steps = {}
+    for name in VARIANTS:
+        graphc.manual_seed(0)
+        steps[name] = graphc.compile(graphc_step(graphc_model("mlp")), backend="cpu",
+                                     dynamic=name == "symbolic")
+        for _ in range(3):
+            steps[name](*arguments)
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; MLP 784-256-256-10 "
+          f"b64 training step; {rounds} rounds of {repeat} runs; one thread")
+    profiles = interleaved_profiles(steps, {n: arguments for n in VARIANTS}, rounds,
+                                    lambda name: contextlib.nullcontext(), repeat)
+    for name, (rows, seconds) in profiles.items():
+        total = sum(seconds.values())
+        kinds: dict[str, float] = {}
+        for row in rows:
+            kinds[_kind(row.op)] = kinds.get(_kind(row.op), 0.0) + seconds[row.step]
+        print(f"{name}: {len(rows)} kernels, {total * 1e6:.1f} us in kernels "
+              f"({str(steps[name].graphs[-1].inputs[0].type)})")
+        for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1]):
+            print(f"  {t * 1e6:8.1f} us  {kind}")
+        slowest = sorted(rows, key=lambda r: -seconds[r.step])[:args.limit]
+        for row in slowest:
+            print(f"    {seconds[row.step] * 1e6:8.1f} us  {row.op[:40]:<40} {row.shape[:40]}")
+    print("kernels of one op and shape in both, the largest differences (symbolic - static):")
+    by_key = {}
+    for name, (rows, seconds) in profiles.items():
+        for row in rows:  # a key met twice: its occurrences in schedule order
+            key = (row.op, row.shape)
+            by_key.setdefault(key, {}).setdefault(name, []).append(seconds[row.step])
+    pairs = [(b - a, key) for key, times in by_key.items() if len(times) == 2
+             for a, b in zip(times["static"], times["symbolic"])]
+    for gap, (op, shape) in sorted(pairs, key=lambda p: -abs(p[0]))[:args.limit]:
+        print(f"  {gap * 1e6:+8.1f} us  {op[:40]:<40} {shape[:40]}")
+    unmatched = [key for key, times in by_key.items() if len(times) == 1]
+    for op, shape in unmatched:
+        print(f"  in one variant only: {op} {shape}")
+    print(f"at the end: load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
