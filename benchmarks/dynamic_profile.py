@@ -34,12 +34,12 @@ def _kind(op: str) -> str:
     return op
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--limit", type=int, default=6, help="slowest kernels shown")
-    args = parser.parse_args()
-    run_with_threads("benchmarks.dynamic_profile", 1, sys.argv[1:])
+    args = parser.parse_args(argv)
+    run_with_threads("benchmarks.dynamic_profile", 1, sys.argv[1:] if argv is None else argv)
     rounds, repeat = (2, 5) if args.quick else (7, 20)
     x, y = batch("mlp", 64, MlpSizes())
     arguments = (graphc.from_numpy(x), graphc.from_numpy(y))
