@@ -82,3 +82,22 @@ def test_mean_gradient_divides_by_the_symbolic_count():
                                    rtol=1e-6)
     assert len(f.graphs) == 1
     assert "full[" in str(f.graphs[0]) and "s0" in str(f.graphs[0].inputs[0].type)
+
+
+def test_emulated_cuda_serves_every_batch_from_one_trace(monkeypatch, tmp_path):
+    """cuda compiles the symbolic graph per size (graphc.backends.specializing): the mean's
+    `full` of the symbol takes each call's value; one trace still serves every batch."""
+    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        from tests.cuda_support import runtime_library
+
+        runtime_library("emu")
+    except Exception as error:  # noqa: BLE001 (no g++, a failing build: say why)
+        pytest.skip(f"the cuda emulation runtime does not build here: {error}")
+    (_, step1), (_, eager) = _twin_steps(LOSSES["mean"])
+    compiled = graphc.compile(step1, backend="cuda", dynamic=True)
+    for b in (5, 7, 5):
+        x, y = graphc.randn(b, 4), graphc.randn(b, 3)
+        np.testing.assert_allclose(compiled(x, y).numpy(), eager(x, y).numpy(), rtol=1e-5)
+    assert [str(g.inputs[0].type) for g in compiled.graphs] == ["f32[s0,4]"]
