@@ -89,6 +89,31 @@ def test_fully_masked_query_as_pytorch(masks, need_weights, average, backend):
         _same_with_nans(got_w, want_w)
 
 
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_fully_masked_query_on_emulated_cuda(need_weights, monkeypatch, tmp_path):
+    """The cuda backend (its emulation here; on a GPU the lead's run) gives PyTorch's NaNs
+    and zeros too."""
+    monkeypatch.setenv("GRAPHC_CUDA", "emu")
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        from tests.cuda_support import runtime_library
+
+        runtime_library("emu")
+    except Exception as error:  # noqa: BLE001 (no g++, a failing build: say why)
+        pytest.skip(f"the cuda emulation runtime does not build here: {error}")
+    _, kpm, am = _masks()[-1]
+    ours, ref = _twins()
+    x = np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32)
+    want = ref(*(torch.tensor(x),) * 3, key_padding_mask=torch.tensor(kpm),
+               attn_mask=torch.tensor(am), need_weights=need_weights)
+    got = graphc.compile(lambda x, kpm, am: ours(x, x, x, key_padding_mask=kpm, attn_mask=am,
+                                                 need_weights=need_weights), backend="cuda")(
+        graphc.tensor(x), graphc.tensor(kpm), graphc.tensor(am))
+    _same_with_nans(got[0], want[0])
+    if need_weights:
+        _same_with_nans(got[1], want[1])
+
+
 def _outcome(fn):
     """The exception type fn raises (its PyTorch builtin base for graphc's), or "ok"."""
     try:
