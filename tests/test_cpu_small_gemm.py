@@ -17,6 +17,7 @@ pytest.importorskip("llvmlite")
 import graphc  # noqa: E402
 from graphc.backends import compile as compile_graph  # noqa: E402
 from graphc.backends.cpu import llvm, small_gemm, threads  # noqa: E402
+from graphc.backends.cpu.small_gemm_tile import K_BLOCK  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.ir import parse  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
@@ -248,7 +249,7 @@ def test_both_vector_widths_agree_with_numpy(monkeypatch, width):
 
 
 WEIGHT_GRADIENTS = [  # (x shape, dy shape): x^T @ dy, a read transposed, k = the tokens
-    ((1024, 128), (1024, 128)),  # GPT's projections: two column chunks of 64
+    ((1024, 128), (1024, 128)),  # GPT's projections: two chunks of k, merged in order
     ((1024, 128), (1024, 512)),  # GPT's second Linear: eight column chunks
     ((600, 37), (600, 96)),  # k: 256, one more block, 88 left; rows leave a last tile of 7
     ((512, 48), (512, 48)),  # one vector a panel (48 columns: three panels), no chunks
@@ -270,9 +271,12 @@ def test_weight_gradients_with_a_long_k_run_the_k_outer_kernel(x_shape, dy_shape
     text = compiled.executable.lowered.ir_text
     assert re.search(r"graphc_small_sgemm_\w+_ko", text), "no k-outer kernel"
     rows = x_shape[1] >= 2 * small_gemm.K_OUTER_ROW_CHUNK
-    chunked = dy_shape[1] >= 2 * small_gemm.COLUMN_CHUNK and not rows
+    tokens = small_gemm.K_CHUNKS >= 2 and not rows and dy_shape[1] <= small_gemm.K_CHUNK_MAX_N \
+        and x_shape[0] % (small_gemm.K_CHUNKS * K_BLOCK) == 0
+    chunked = dy_shape[1] >= 2 * small_gemm.COLUMN_CHUNK and not rows and not tokens
     assert (f"_c{dy_shape[1]}" in text) == chunked  # chunks of c's columns, rows ldc apart
-    if chunked or rows:  # even two chunks of 128 x 64 fork: each output sums k products
+    assert ("gemm_k_merge" in text) == tokens  # chunks of k, their partials merged after
+    if chunked or rows or tokens:  # even two chunks of 128 x 64 fork: each sums k products
         assert re.search(r'define[^@]*@"?\w*small_gemm\.omp', text), "no forked chunks"
     want = graphc.compile(_a_transposed, backend="interp")(x, dy).numpy()
     results = []
@@ -283,8 +287,37 @@ def test_weight_gradients_with_a_long_k_run_the_k_outer_kernel(x_shape, dy_shape
         assert_rounding_within(got, _a_transposed(x, dy).numpy(),
                                _a_transposed(x.double(), dy.double()).numpy())
         results.append(got)
-    for got in results[1:]:  # chunks of columns: the same sums on any number of threads
+    for got in results[1:]:  # chunks of columns or of k: the same sums on any thread count
         np.testing.assert_array_equal(got, results[0])
+
+
+@pytest.mark.skipif(small_gemm.lanes() != 16, reason="weight gradients are AVX-512 only")
+@pytest.mark.parametrize("count", [2, 4])
+def test_a_weight_gradient_in_chunks_of_k_adds_its_partials_in_order(monkeypatch, count):
+    """K_CHUNKS: each chunk of tokens sums its k blocks as the k-outer kernel does on that
+    chunk alone, and c is ((p0 + p1) + p2) + ... in chunk order: the same bits as the chunks'
+    products, each from the k-outer kernel, added in order (4 chunks: another order of the
+    adds gives other bits); within the float64 rule."""
+    monkeypatch.setattr(small_gemm, "K_CHUNKS", count)
+    rng = np.random.default_rng(100 + count)
+    x = rng.standard_normal((1024, 128)).astype(np.float32)
+    dy = rng.standard_normal((1024, 128)).astype(np.float32)
+    compiled = graphc.compile(_a_transposed, backend="cpu")
+    got = compiled(graphc.tensor(x), graphc.tensor(dy)).numpy()
+    assert f"graphc_gemm_k_merge_{count}x" in compiled.executable.lowered.ir_text
+    tokens = 1024 // count
+    monkeypatch.setattr(small_gemm, "K_CHUNKS", 0)  # each chunk alone, through the same kernel
+    monkeypatch.setattr(small_gemm, "LONG_K_MIN", tokens)
+    alone = graphc.compile(_a_transposed, backend="cpu")
+    partials = [alone(graphc.tensor(x[j * tokens:(j + 1) * tokens]),
+                      graphc.tensor(dy[j * tokens:(j + 1) * tokens])).numpy()
+                for j in range(count)]
+    assert re.search(r"graphc_small_sgemm_\w+_ko", alone.executable.lowered.ir_text)
+    want = partials[0]
+    for p in partials[1:]:
+        want = want + p
+    np.testing.assert_array_equal(got, want)
+    assert_rounding_within(got, x.T @ dy, x.T.astype(np.float64) @ dy.astype(np.float64))
 
 
 def test_only_weight_gradients_in_its_bounds_take_the_k_outer_kernel(monkeypatch):

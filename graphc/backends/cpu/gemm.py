@@ -16,7 +16,8 @@ deciding in order:
   that may also add a fused body's bias and residual (graphc.backends.cpu.gemm_addends), or
   run a fused body's whole elementwise epilogue after each row chunk's product
   (`gemm_with_epilogue`, graphc.backends.cpu.gemm_epilogue); a batch of them, or of a medium
-  product's row chunks, or of a weight gradient's column chunks, forks over the cores;
+  product's row chunks, or of a weight gradient's column chunks or chunks of k (partial
+  products merged in order after: graphc.backends.cpu.gemm_k_chunks), forks over the cores;
 - a single row or column through the BLAS GEMV (`_gemv`), else the BLAS GEMM
   (cblas_sgemm / cblas_dgemm, declared by `blas_function`), which threads itself.
 """
@@ -27,7 +28,7 @@ import math
 
 from llvmlite import ir
 
-from graphc.backends.cpu import gemm_epilogue, kernels, small_gemm
+from graphc.backends.cpu import gemm_epilogue, gemm_k_chunks, kernels, small_gemm
 from graphc.backends.cpu.elementwise import ElementwiseLowering
 from graphc.backends.cpu.gemm_layout import (
     fold_after_packing,
@@ -153,14 +154,22 @@ class GemmLowering(ElementwiseLowering):
         c_batch_strides = None  # c's batch strides where not contiguous chunks of m * n
         columns = None
         chunks = None
+        merged = None  # (c, partials' count) where k's chunks are summed into scratch first
         if small is not None:  # a thin product: a generated kernel instead of the BLAS
             small, b, sb = small
             small, addends = small_gemm.with_addends(small, () if batch else addends)
             chunks = small_gemm.row_chunks(small) if not batch else None
+            splits = small_gemm.k_chunks(small) if not batch else None
             columns = small_gemm.column_chunks(small) if not batch else None
             if chunks is not None:  # many rows: a batch of row chunks the cores share
                 batch, small = (chunks[0],), chunks[1]
                 m, sa_shape, sa = small.m, [chunks[0], small.m, k], [small.m * sa[-2]] + sa[-2:]
+            elif splits is not None:  # a weight gradient: chunks of k, merged in order after
+                (count, small), k = splits, splits[1].k
+                batch, sa_shape, sa = (count,), [count, m, k], [k * sa[-1]] + sa[-2:]
+                sb_shape, sb = [count, k, n], [k * sb[-2]] + sb[-2:]
+                merged = (c, count)
+                c = self.shared_scratch_loc(TensorType((count, m, n), dt))
             elif columns is not None:  # a weight gradient: chunks of c's columns, a shared
                 batch, small = (columns[0],), columns[1]
                 n, sb_shape, sb = small.n, [columns[0], k, small.n], [small.n * sb[-1]] + sb[-2:]
@@ -193,6 +202,8 @@ class GemmLowering(ElementwiseLowering):
                        work=kernels.gemm_work(heads, m, n, k) if small else None)
         if bld is None:
             self.calls.append(kb.kernel)
+            if merged is not None:
+                gemm_k_chunks.merge(self, c, *merged, small.lanes)
             return bool(small and small.addends) or epilogue is not None
         iT = I64 if self.blas.ilp64 else I32
         fty = REG[dt.name]
@@ -233,6 +244,8 @@ class GemmLowering(ElementwiseLowering):
 
         kb.nest(bld, *collapse(batch, [x.strides for x in kb.operands]), leaf)
         self.calls.append(kb.finish(bld))
+        if merged is not None:
+            gemm_k_chunks.merge(self, c, *merged, small.lanes)
         return bool(small and small.addends) or epilogue is not None
 
     def _gemv(self, m, n, k, sa, sb, lay_a, lay_b):

@@ -30,7 +30,8 @@ of k by block, each over all panels, a panel's block of b copied contiguous onto
 first and read from L1 by all the panel's row blocks, a's line 32 k ahead prefetched at
 each k (PREFETCH_A_K: x's rows lie 4 * m bytes apart, cold when the backward reads them);
 its columns come in chunks of COLUMN_CHUNK (c's rows ldc apart) that the cores share, or
-from 512 rows its rows in chunks of K_OUTER_ROW_CHUNK. A
+from 512 rows its rows in chunks of K_OUTER_ROW_CHUNK, or up to K_CHUNK_MAX_N columns its k
+in K_CHUNKS chunks (`k_chunks`: partial products merged in order after). A
 fused epilogue of only bias and residual adds (graphc.backends.cpu.gemm_addends) is added in
 the row-ordered kernel's stores of the last block of k: one pointer argument per addend
 after c (`with_addends`). For a
@@ -48,7 +49,8 @@ letter (`graphc_small_sgemm_Mx16x64_...`); see per_call_tile for how each bounds
 
 `tile_for(m, n, k, ...)` decides (None: the BLAS call stays), `row_chunks` splits a product
 of many rows into calls of ROW_CHUNK rows (a loop graphc's threads share, where the BLAS
-would have threaded the one call), `column_chunks` a weight gradient's columns, `function(cg,
+would have threaded the one call), `k_chunks` a narrow weight gradient's k, `column_chunks`
+a weight gradient's columns, `function(cg,
 ...)` emits the kernel once per module and shape. Used by graphc.backends.cpu.codegen's
 matmul lowering. The modules, dependencies pointing one way: small_gemm (the choice and the
 call's sizes) -> small_gemm_kernel (`function`: the loops over panels and row blocks, the
@@ -64,15 +66,15 @@ from llvmlite import ir
 
 from graphc.backends.cpu import gemm_panels, llvm, small_gemm_columns
 from graphc.backends.cpu.small_gemm_kernel import function
-from graphc.backends.cpu.small_gemm_tile import SmallGemm
+from graphc.backends.cpu.small_gemm_tile import K_BLOCK, SmallGemm
 from graphc.backends.cpu.traced_sizes import chunks, traced
 from graphc.backends.cpu.values import Loc, i64, size
 from graphc.types import TensorType, float32
 
 # SmallGemm and function (defined in small_gemm_tile and small_gemm_kernel) are named here
 # too: small_gemm is where its users choose a kernel and have it emitted
-__all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "function", "lanes", "operands",
-           "per_call_tile", "row_chunks", "size_arguments", "tile_for", "tile_rows",
+__all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "function", "k_chunks", "lanes",
+           "operands", "per_call_tile", "row_chunks", "size_arguments", "tile_for", "tile_rows",
            "with_addends"]
 
 # the kernel serves products whose m or n is at most this. Tried: 32 (GPT's attention
@@ -147,6 +149,12 @@ K_OUTER_ROW_CHUNK = 256
 # 415 -> 308 us, 128 x 512 1036 -> 913, 512 x 128 1387 -> 1018 (OpenBLAS 1098); hot too
 PREFETCH_A_ROWS = 0
 PREFETCH_A_K: int | None = 32
+# ...and a weight gradient of at most K_CHUNK_MAX_N columns (GPT's [128 x 1024] @ [1024 x
+# 128], 17 a step) goes in K_CHUNKS chunks of its k (the tokens), each a whole partial
+# product into scratch, merged in order after (graphc.backends.cpu.gemm_k_chunks; 0: its
+# columns in chunks): a core then reads the tokens its own core wrote, not all of x
+K_CHUNKS = 2
+K_CHUNK_MAX_N = 128
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
 NO_TRANSPOSE = 111  # CBLAS's flag for an operand read as laid out
@@ -279,6 +287,19 @@ def row_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
     rows = tile_rows(chunk, g.vectors, g.lanes)
     prefetch = g.prefetch_a and (rows - 1 + PREFETCH_A_ROWS, g.prefetch_a[1])
     return g.m // chunk, replace(g, m=chunk, rows=rows, prefetch_a=prefetch)
+
+
+def k_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
+    """(count, the kernel of one chunk) where a weight gradient's (k_outer) k splits into
+    K_CHUNKS chunks of whole K_BLOCKs, each a partial product that graphc.backends.cpu.
+    gemm_k_chunks merges in order after (the same bits on any number of threads), else None:
+    more than K_CHUNK_MAX_N columns, sizes known per call, a k that is not K_CHUNKS whole
+    blocks or more."""
+    if not g.k_outer or K_CHUNKS < 2 or not all(type(d) is int for d in (g.m, g.n, g.k)) \
+            or g.chunk_of is not None or g.ldc or g.n > K_CHUNK_MAX_N \
+            or g.k % (K_CHUNKS * K_BLOCK):
+        return None
+    return K_CHUNKS, replace(g, k=g.k // K_CHUNKS)
 
 
 def column_chunks(g: SmallGemm) -> tuple[int, SmallGemm] | None:
