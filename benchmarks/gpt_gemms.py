@@ -4,7 +4,7 @@
     python -m benchmarks.gpt_gemms --rounds 10 --quick
     python -m benchmarks.gpt_gemms --variant after --variant weights   # two of them
 
-Twelve variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+Thirteen variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
 setting graphc.backends.cpu.small_gemm's thresholds (and gemm_addends.FOLD, gemm_panels.
@@ -35,16 +35,25 @@ while each compiles:
   PREFETCH_A_K), linear1's weight gradient (m 512) still in OpenBLAS;
 - "wgrad_cold": also linear1's in the k-outer kernel (`LONG_K_MAX_M = 512`;
   docs/performance.md, "GPT's weight gradients read cold, ninth session");
-- "row_prefetch": the default: also the row programs (the LayerNorms) asking for the rows
-  8 on (graphc.backends.cpu.rows `PREFETCH`; docs/performance.md, "GPT's non-GEMM kernels,
-  tenth session").
+- "row_prefetch": also the row programs (the LayerNorms) asking for the rows 8 on
+  (graphc.backends.cpu.rows `PREFETCH`; docs/performance.md, "GPT's non-GEMM kernels,
+  tenth session");
+- "k_chunks": the default: also the [128 x 128] weight gradients in two chunks of tokens
+  merged in order (small_gemm `K_CHUNKS`, graphc.backends.cpu.gemm_k_chunks), where the
+  variants above split them by c's columns (docs/performance.md, "GPT's GEMMs, eleventh
+  session").
 With `--mathlib-at REV`, one more variant, "mathlib@REV": the default settings with
 graphc/backends/cpu/mathlib.py as git revision REV has it (its exp, erf, gelu, ... in every
 kernel), so a change to mathlib is timed in one process against the code before it.
 It prints each variant's median step time over interleaved rounds (CPU clock, one thread for
 OpenMP and OpenBLAS), then from `graphc.profile` (3 interleaved profiles of each, each
 kernel's median) the step's kernels by role: GEMMs by kind (a chunked epilogue counts with
-its GEMM), b copies ("pack"), GEMM epilogues, row programs, updates.
+its GEMM), b copies ("pack"), GEMM epilogues (a merge of k's chunks among them), row
+programs, updates. `--shapes`: also each GEMM shape of the
+step (m x n x k, what the node fuses), its count, FLOPs, time and GFLOP/s. `--threads 2`:
+instead, each variant's step at one thread and at two, wall clock (benchmarks.step_threads'
+step table: blocks of 8 calls rotating over variant and thread count; `--realtime`: each
+call under SCHED_FIFO, as if the cores were free).
 """
 
 from __future__ import annotations
@@ -57,8 +66,10 @@ from collections import defaultdict
 
 from benchmarks.harness import (
     cache_root,
+    compiled_variants,
+    interleaved_process_times,
+    interleaved_profiles,
     run_with_threads,
-    step_ab,
 )
 
 NO_LONG_K = {"LONG_K_MIN": 1 << 40}
@@ -84,7 +95,8 @@ VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, **NO_LONG_K, **NO_ADDENDS, **E
             "fused_heads": NO_PREFETCH,
             "prefetch": {"LONG_K_MAX_M": 128, **NO_ROW_PREFETCH},
             "wgrad_cold": NO_ROW_PREFETCH,
-            "row_prefetch": {}}
+            "row_prefetch": {"K_CHUNKS": 0},
+            "k_chunks": {}}
 
 PACK_SHARE = 0.3  # a GEMM node's leading rows shorter than this share of its longest: packs
 
@@ -97,17 +109,27 @@ def main(argv: list[str] | None = None) -> None:
                         help="compare these variants only (repeatable; default: all)")
     parser.add_argument("--mathlib-at", metavar="REV",
                         help="add the variant mathlib@REV: mathlib.py as git revision REV")
+    parser.add_argument("--threads", type=int, default=1, choices=(1, 2),
+                        help="2: the step only, wall clock, at one thread and two "
+                             "(benchmarks.step_threads' blocks of 8 calls; --rounds blocks)")
+    parser.add_argument("--realtime", action="store_true",
+                        help="with --threads 2: each call under SCHED_FIFO (root)")
+    parser.add_argument("--shapes", action="store_true",
+                        help="also each GEMM shape: count, FLOPs, time, GFLOP/s")
     args = parser.parse_args(argv)
     if args.rounds < 1:  # else every variant compiles, then each median is of nothing (nan)
         parser.error(f"--rounds must be at least 1, got {args.rounds}: nothing would be timed")
     # one thread for OpenMP and OpenBLAS: set before they load (numpy loads OpenBLAS when the
     # harness imports it), so the process starts again with them where they are not
-    run_with_threads("benchmarks.gpt_gemms", 1, sys.argv[1:] if argv is None else argv)
+    run_with_threads("benchmarks.gpt_gemms", args.threads,
+                     sys.argv[1:] if argv is None else argv)
+    print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
     with cache_root("gpt_gemms.") as root:
         variants = args.variant or list(VARIANTS)
         if args.mathlib_at:
             variants = [*variants, f"{MATHLIB_AT}{args.mathlib_at}"]
-        _compare(args.rounds, args.quick, root, variants)
+        _compare(args.rounds, args.quick, root, variants, args.threads, args.shapes,
+                 args.realtime)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
@@ -178,21 +200,67 @@ def _mathlib_users() -> list:
     return list(users.values())
 
 
-def _compare(rounds: int, quick: bool, root: str, variants: list[str]) -> None:
+def _compare(rounds: int, quick: bool, root: str, variants: list[str], threads: int = 1,
+             shapes: bool = False, realtime: bool = False) -> None:
     import numpy as np
 
+    import graphc
     from benchmarks import model_steps
 
-    times, profiled = step_ab(variants, lambda n: _variant(n, root),
-                              lambda: model_steps.graphc_gpt_step(quick),
-                              rounds, 3, repeat=11)
+    def variant(name: str):
+        return _variant(name, root)
+
+    steps, arguments = compiled_variants(variants, variant,
+                                         lambda: model_steps.graphc_gpt_step(quick))
+    if threads > 1:  # wall clock, blocks rotating over variants and thread counts
+        from benchmarks.step_threads import step_table
+
+        return step_table(steps, arguments, threads, rounds, 8, realtime)
+    times = interleaved_process_times(
+        {name: lambda n=name: steps[n](*arguments[n]) for name in steps}, rounds)
+    profiled = interleaved_profiles(steps, arguments, 3, variant, repeat=11)
     for name in profiled:
         rows, seconds = profiled[name]
+        graph = None
+        if shapes:
+            with variant(name):  # the profiled (fused, planned) graph: its nodes' shapes
+                graph = graphc.profile(steps[name], *arguments[name], repeat=1).graph
         roles = by_role(rows, seconds)
         print(f"gpt {name}: step {np.median(times[name]) * 1e3:.3f} ms (median of {rounds}); "
               f"{len(rows)} kernels, {sum(seconds.values()) * 1e3:.2f} ms")
         for role, (count, total) in sorted(roles.items(), key=lambda kv: -kv[1][1]):
             print(f"    {role:<44} {count:4d} kernels {total * 1e3:7.3f} ms")
+        if shapes:
+            print(f"  {name}: GEMM shapes (m x n x k, fused ops): count, GFLOP, ms, GFLOP/s")
+            for label, (count, flops, total) in sorted(gemm_shapes(rows, seconds, graph)
+                                                       .items(), key=lambda kv: -kv[1][2]):
+                print(f"    {label:<56} {count:3d} {flops / 1e9:6.3f} {total * 1e3:7.3f} "
+                      f"{flops / total / 1e9:6.1f}")
+
+
+def gemm_shapes(rows: list, seconds: dict[int, float], graph) -> dict[str, list]:
+    """{"m x n x k op": [nodes, FLOPs, seconds of their GEMM kernels]}: the GEMM kernel of
+    each group (`by_role`'s grouping: its copies of b and epilogues left out) by the shape
+    of its node's product, read from the profiled graph (a and b its first two inputs)."""
+    import math
+
+    producers = {value.name: node for node in graph.nodes for value in node.outputs}
+    shapes: dict[str, list] = defaultdict(lambda: [0, 0, 0.0])
+    for group in _groups(rows):
+        if "matmul" not in group[0].op or not group[0].values:
+            continue
+        row = group[_gemm_index(group, seconds)]
+        node = producers.get(row.values[0])
+        if node is None:
+            continue
+        a, b = (value.type.shape for value in node.inputs[:2])
+        m, k, n = math.prod(a[:-1]), a[-1], b[-1]
+        op = "matmul" if node.op == "matmul" else row.op.removesuffix(")")[:30] + "..."
+        label = f"{m} x {n} x {k} {op}"
+        shapes[label][0] += 1
+        shapes[label][1] += 2 * m * n * k
+        shapes[label][2] += seconds[row.step]
+    return dict(shapes)
 
 
 def by_role(rows: list, seconds: dict[int, float]) -> dict[str, list]:
@@ -200,20 +268,9 @@ def by_role(rows: list, seconds: dict[int, float]) -> dict[str, list]:
     output values: a copy of b first where the kernel packs it (a row under PACK_SHARE of
     the group's longest), the GEMM, then its epilogue where it has one."""
     roles: dict[str, list] = defaultdict(lambda: [0, 0.0])
-    groups: list[list] = []
-    for row in rows:
-        if groups and row.values and groups[-1][-1].values == row.values \
-                and row.step == groups[-1][-1].step + 1:
-            groups[-1].append(row)
-        else:
-            groups.append([row])
-    for group in groups:
+    for group in _groups(rows):
         if "matmul" in group[0].op:
-            # copies of b (or a) come first and are short, the GEMM next, its epilogue last
-            # (a GELU epilogue can take longer than its GEMM)
-            longest = max(seconds[row.step] for row in group)
-            gemm = next(j for j, row in enumerate(group)
-                        if seconds[row.step] >= PACK_SHARE * longest)
+            gemm = _gemm_index(group, seconds)
             for j, row in enumerate(group):
                 role = ("b copy (pack)" if j < gemm else _gemm_role(row) if j == gemm
                         else "GEMM epilogue: gelu" if "gelu" in row.op else "GEMM epilogue")
@@ -224,6 +281,26 @@ def by_role(rows: list, seconds: dict[int, float]) -> dict[str, list]:
         roles[role][0] += 1
         roles[role][1] += seconds[group[0].step]
     return dict(roles)
+
+
+def _groups(rows: list) -> list[list]:
+    """The profile's rows in runs of consecutive kernels of one node (the same outputs)."""
+    groups: list[list] = []
+    for row in rows:
+        if groups and row.values and groups[-1][-1].values == row.values \
+                and row.step == groups[-1][-1].step + 1:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+def _gemm_index(group: list, seconds: dict[int, float]) -> int:
+    """The GEMM's place in a node's kernels: copies of b (or a) come first and are short, the
+    GEMM next, its epilogue (or a merge of k's chunks) last (a GELU epilogue can take longer
+    than its GEMM)."""
+    longest = max(seconds[row.step] for row in group)
+    return next(j for j, row in enumerate(group) if seconds[row.step] >= PACK_SHARE * longest)
 
 
 def _gemm_role(row) -> str:

@@ -45,3 +45,27 @@ def test_the_mathlib_variant_swaps_every_user_and_puts_it_back(tmp_path, monkeyp
         assert all(user.mathlib is scalars.mathlib is not mathlib for user in users)
         assert callable(scalars.mathlib.gelu)
     assert all(user.mathlib is mathlib for user in users)
+
+
+def test_the_shapes_table_names_each_product_by_m_n_k():
+    """--shapes: each GEMM node's kernel labelled m x n x k from the profiled graph's
+    operands (a's leading dims folded into m), with its FLOPs."""
+    import numpy as np
+
+    import graphc
+
+    def two_products(x, w1, w2):
+        return (x @ w1) @ w2
+
+    rng = np.random.default_rng(3)
+    args = [graphc.tensor(rng.standard_normal(s).astype(np.float32))
+            for s in ((4, 64, 48), (48, 32), (32, 16))]
+    compiled = graphc.compile(two_products, backend="cpu")
+    compiled(*args)
+    report = graphc.profile(compiled, *args, repeat=2)
+    rows = sorted(report.rows, key=lambda row: row.step)  # as interleaved_profiles gives them
+    seconds = {row.step: row.seconds for row in rows}
+    shapes = gpt_gemms.gemm_shapes(rows, seconds, report.graph)
+    assert {label: (count, flops) for label, (count, flops, _) in shapes.items()} == {
+        "256 x 32 x 48 matmul": (1, 2 * 256 * 32 * 48),
+        "256 x 16 x 32 matmul": (1, 2 * 256 * 16 * 32)}
