@@ -4,7 +4,7 @@
     python -m benchmarks.gpt_gemms --rounds 10 --quick
     python -m benchmarks.gpt_gemms --variant after --variant weights   # two of them
 
-Thirteen variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+Fourteen variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
 setting graphc.backends.cpu.small_gemm's thresholds (and gemm_addends.FOLD, gemm_panels.
@@ -38,10 +38,11 @@ while each compiles:
 - "row_prefetch": also the row programs (the LayerNorms) asking for the rows 8 on
   (graphc.backends.cpu.rows `PREFETCH`; docs/performance.md, "GPT's non-GEMM kernels,
   tenth session");
-- "k_chunks": the default: also the [128 x 128] weight gradients in two chunks of tokens
-  merged in order (small_gemm `K_CHUNKS`, graphc.backends.cpu.gemm_k_chunks), where the
-  variants above split them by c's columns (docs/performance.md, "GPT's GEMMs, eleventh
-  session").
+- "k_chunks": also the [128 x 128] weight gradients in two chunks of tokens merged in
+  order (small_gemm `K_CHUNKS`, graphc.backends.cpu.gemm_k_chunks), where the variants
+  above split them by c's columns (docs/performance.md, "GPT's GEMMs, eleventh session");
+- "addend_prefetch": the default: also a residual added in a GEMM's stores asked for, each
+  tile's rows of it, before the block of k that adds it (small_gemm `PREFETCH_ADDENDS`).
 With `--mathlib-at REV`, one more variant, "mathlib@REV": the default settings with
 graphc/backends/cpu/mathlib.py as git revision REV has it (its exp, erf, gelu, ... in every
 kernel), so a change to mathlib is timed in one process against the code before it.
@@ -95,8 +96,9 @@ VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, **NO_LONG_K, **NO_ADDENDS, **E
             "fused_heads": NO_PREFETCH,
             "prefetch": {"LONG_K_MAX_M": 128, **NO_ROW_PREFETCH},
             "wgrad_cold": NO_ROW_PREFETCH,
-            "row_prefetch": {"K_CHUNKS": 0},
-            "k_chunks": {}}
+            "row_prefetch": {"K_CHUNKS": 0, "PREFETCH_ADDENDS": False},
+            "k_chunks": {"PREFETCH_ADDENDS": False},
+            "addend_prefetch": {}}
 
 PACK_SHARE = 0.3  # a GEMM node's leading rows shorter than this share of its longest: packs
 

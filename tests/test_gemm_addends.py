@@ -90,6 +90,8 @@ def test_bias_and_residual_adds_fold_into_the_kernel_with_the_same_bits(f, x_sha
     counts = sorted({1, threads.most_threads()})
     text, kernels, folded = _run(f, args, True, counts)
     assert re.search(r"graphc_small_sgemm_\w+_(row|full)", text), "no kernel with addends"
+    if re.search(r"graphc_small_sgemm_\w+_full", text):  # a residual, asked for ahead (the
+        assert re.search(r"graphc_small_sgemm_\w+_full\w*_pfadd", text)  # same bits: below)
     unfused_text, unfused_kernels, unfused = _run(f, args, False, counts[:1])
     assert not re.search(r"graphc_small_sgemm_\w+_(row|full)", unfused_text)
     assert kernels == unfused_kernels - 1  # the epilogue's kernel, and one product in each

@@ -155,6 +155,10 @@ PREFETCH_A_K: int | None = 32
 # columns in chunks): a core then reads the tokens its own core wrote, not all of x
 K_CHUNKS = 2
 K_CHUNK_MAX_N = 128
+# a residual added in a row-ordered kernel's last stores (gemm_addends' "full" kind: GPT's
+# attention projection and second Linear, their c + x) asked for, each tile's rows of it,
+# before the block of k that adds it: read at the stores, the residual's lines came late
+PREFETCH_ADDENDS = True
 MAX_WORK = 1 << 23  # m*n*k above this goes to the BLAS (its packing pays off there)
 MIN_K = 16  # below: too little work per tile to hide the tile's stores
 NO_TRANSPOSE = 111  # CBLAS's flag for an operand read as laid out
@@ -347,6 +351,9 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
 def with_addends(g: SmallGemm, addends: tuple) -> tuple[SmallGemm, tuple]:
     """(g adding `addends` (graphc.backends.cpu.gemm_addends: (kind, Loc), ...) in its last
     stores, the addends it takes): all of them, or none for the k-outer kernel. With k known
-    per call they are added after the last block (`_add_addends`: the same sums)."""
+    per call they are added after the last block (`_add_addends`: the same sums). A "full"
+    addend's tile is prefetched before the block that adds it (PREFETCH_ADDENDS, k static)."""
     taken = () if g.k_outer or "n" in g.per_call else tuple(addends)
-    return replace(g, addends=tuple(kind for kind, _ in taken)), taken
+    kinds = tuple(kind for kind, _ in taken)
+    prefetch = PREFETCH_ADDENDS and "full" in kinds and type(g.k) is int
+    return replace(g, addends=kinds, prefetch_addends=prefetch), taken

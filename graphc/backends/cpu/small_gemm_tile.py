@@ -68,6 +68,9 @@ class SmallGemm:
     # the k-outer kernel prefetches, at each k, a's element prefetch_a[0] rows below the row
     # block's first and prefetch_a[1] k ahead (PREFETCH_A_ROWS, PREFETCH_A_K); None: none
     prefetch_a: tuple[int, int] | None = None
+    # a "full" addend's lines of the tile asked for before the block of k whose stores add
+    # it (small_gemm PREFETCH_ADDENDS): its rows then arrive while the block's sums run
+    prefetch_addends: bool = False
     # one row chunk of a product whose m (this symbolic size) is known per call: m is the
     # most rows a call computes, and the call's own count comes as an argument (row_chunks)
     chunk_of: object = None
@@ -81,6 +84,7 @@ class SmallGemm:
         order += "".join(f"_{kind}" for kind in self.addends)
         if self.prefetch_a:
             order += f"_pf{self.prefetch_a[0]}_{self.prefetch_a[1]}"
+        order += "_pfadd" if self.prefetch_addends and "full" in self.addends else ""
         dims = "x".join(str(d) if type(d) is int else letter  # known per call: an argument
                         for d, letter in ((self.m, "M"), (self.n, "N"), (self.k, "K")))
         dims = f"M{dims}" if self.chunk_of is not None else dims  # at most m rows a call
@@ -149,6 +153,7 @@ def emit_tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int
         return _add_addends(b, g, c, crow, ccol, rows, addends)
     first = min(g.k, K_BLOCK)
     full, rest = divmod(g.k - first, K_BLOCK)
+    ahead = addends if g.prefetch_addends else ()  # asked for before the block adding them
     if g.triangle:  # one block of k, from/to the diagonal of the block's rows
         start, stop = i64(0), i64(g.k)
         if g.triangle == "lower":  # the block's last row sees k up to itself
@@ -158,6 +163,8 @@ def emit_tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int
             start = b.select(b.icmp_signed("<", row0, i64(g.k - 1)), row0, i64(g.k - 1))
         sums = block_sums(b, g, a, source, row0, rows, start, g.k, stop)
         return store_tile(b, g, c, crow, ccol, sums)
+    if not (full or rest):
+        _prefetch_full_addends(b, g, ahead, crow, ccol, rows)
     store_tile(b, g, c, crow, ccol, block_sums(b, g, a, source, row0, rows, i64(0), first),
            addends=() if full or rest else addends)
     looped = full - 1 if addends and full and not rest else full
@@ -167,9 +174,11 @@ def emit_tile(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: int
             sums = block_sums(b, g, a, source, row0, rows, start, K_BLOCK)
             store_tile(b, g, c, crow, ccol, sums, accumulate=True)
     if looped < full:  # the last full block, with the addends
+        _prefetch_full_addends(b, g, ahead, crow, ccol, rows)
         sums = block_sums(b, g, a, source, row0, rows, i64(first + looped * K_BLOCK), K_BLOCK)
         store_tile(b, g, c, crow, ccol, sums, accumulate=True, addends=addends)
     if rest:
+        _prefetch_full_addends(b, g, ahead, crow, ccol, rows)
         sums = block_sums(b, g, a, source, row0, rows, i64(g.k - rest), rest)
         store_tile(b, g, c, crow, ccol, sums, accumulate=True, addends=addends)
 
@@ -224,6 +233,24 @@ def _prefetch_a(b: ir.IRBuilder, g: SmallGemm, a, row0, k) -> None:
     prefetch = prefetch_intrinsic(b.module)
     pointer = b.gep(a, [at], source_etype=F32)  # not inbounds: it may lie past a
     b.call(prefetch, [pointer] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
+
+
+def _prefetch_full_addends(b: ir.IRBuilder, g: SmallGemm, addends, row0, col0,
+                           rows: int) -> None:
+    """Ask for each "full" addend's lines of the tile at (row0, col0) (c's layout: a
+    residual), a line per 64 bytes of each row, into every cache level; a "row" addend (a
+    bias) is read by every tile and stays in cache."""
+    prefetch = prefetch_intrinsic(b.module)
+    flags = [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)]
+    for kind, source in addends:
+        if kind != "full":
+            continue
+        for r in range(rows):
+            at = b.add(b.mul(b.add(row0, i64(r)), as_i64(g.ldc or g.n)), col0)
+            for offset in range(0, g.vectors * g.lanes, 16):
+                pointer = b.gep(source, [b.add(at, i64(offset))], inbounds=True,
+                                source_etype=F32)
+                b.call(prefetch, [pointer] + flags)
 
 
 def _add_addends(b: ir.IRBuilder, g: SmallGemm, c, row0, col0, rows: int, addends) -> None:
