@@ -4,7 +4,7 @@
     python -m benchmarks.gpt_gemms --rounds 10 --quick
     python -m benchmarks.gpt_gemms --variant after --variant weights   # two of them
 
-Fifteen variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+Fourteen variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
 setting graphc.backends.cpu.small_gemm's thresholds (and gemm_addends.FOLD, gemm_panels.
@@ -41,10 +41,8 @@ while each compiles:
 - "k_chunks": also the [128 x 128] weight gradients in two chunks of tokens merged in
   order (small_gemm `K_CHUNKS`, graphc.backends.cpu.gemm_k_chunks), where the variants
   above split them by c's columns (docs/performance.md, "GPT's GEMMs, eleventh session");
-- "addend_prefetch": also a residual added in a GEMM's stores asked for, each tile's rows
-  of it, before the block of k that adds it (small_gemm `PREFETCH_ADDENDS`);
-- "pack_fork": the default: also the copies of a 256 KB b (or larger) forking their panels
-  over the cores (gemm_panels `FORK_MIN_FLOATS`; one thread: the same code).
+- "addend_prefetch": the default: also a residual added in a GEMM's stores asked for, each
+  tile's rows of it, before the block of k that adds it (small_gemm `PREFETCH_ADDENDS`).
 With `--mathlib-at REV`, one more variant, "mathlib@REV": the default settings with
 graphc/backends/cpu/mathlib.py as git revision REV has it (its exp, erf, gelu, ... in every
 kernel), so a change to mathlib is timed in one process against the code before it.
@@ -77,10 +75,9 @@ from benchmarks.harness import (
 
 NO_LONG_K = {"LONG_K_MIN": 1 << 40}
 NO_ADDENDS = {"gemm_addends.FOLD": False}
-NO_PACK_FORK = {"gemm_panels.FORK_MIN_FLOATS": None}
 # the tenth session's end: the [128 x 128] weight gradients in column chunks, residuals read
-# at the stores, b's copies on one core
-TENTH = {"K_CHUNKS": 0, "PREFETCH_ADDENDS": False, **NO_PACK_FORK}
+# at the stores
+TENTH = {"K_CHUNKS": 0, "PREFETCH_ADDENDS": False}
 NO_ROW_PREFETCH = {"rows.PREFETCH": False, **TENTH}
 NO_CHUNKED = {"gemm_epilogue.FOLD": False}
 # attention at context 64 left as the unfused chain (graphc.passes.attention's one-block rule)
@@ -103,9 +100,8 @@ VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, **NO_LONG_K, **NO_ADDENDS, **E
             "prefetch": {"LONG_K_MAX_M": 128, **NO_ROW_PREFETCH},
             "wgrad_cold": NO_ROW_PREFETCH,
             "row_prefetch": TENTH,
-            "k_chunks": {"PREFETCH_ADDENDS": False, **NO_PACK_FORK},
-            "addend_prefetch": NO_PACK_FORK,
-            "pack_fork": {}}
+            "k_chunks": {"PREFETCH_ADDENDS": False},
+            "addend_prefetch": {}}
 
 PACK_SHARE = 0.3  # a GEMM node's leading rows shorter than this share of its longest: packs
 

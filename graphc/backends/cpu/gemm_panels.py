@@ -19,9 +19,8 @@ from dataclasses import replace
 
 from llvmlite import ir
 
-from graphc.backends.cpu import kernels
 from graphc.backends.cpu.kernels import KernelBuilder
-from graphc.backends.cpu.values import F32, I64, PTR, Loc, collapse, i64, loop
+from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop
 from graphc.types import TensorType
 
 __all__ = ["PANEL_MAJOR_B", "copy_columns", "copy_transposed", "count_loop", "counted", "pack",
@@ -34,36 +33,23 @@ __all__ = ["PANEL_MAJOR_B", "copy_columns", "copy_transposed", "count_loop", "co
 # (issue 14, ninth session): 1024 x 512 x 128 147-159 -> 161-170 GFLOP/s, 1024 x 128 x 128
 # 154-160 -> 173-186, 1024 x 128 x 512 152 -> 170 (OpenBLAS 132-144)
 PANEL_MAJOR_B = True
-# a copy of b of this many floats or more forks its panels over the cores (None: never):
-# GPT's 256 KB weights (W1, W2, their transposes), read from memory, ~35-40 us a copy on one
-# core; the 64 KB ones (~7-10 us) stay on one
-FORK_MIN_FLOATS: int | None = 1 << 16
-PARALLEL_WORK = kernels.PARALLEL_MIN_ELEMENTS  # what a forked copy weighs: enough to fork
 
 
 def pack(lw, tile, b: Loc, sb: list) -> tuple:
     """(tile reading b panel-major, the panels' Loc in scratch, their element strides): one
     kernel copying b (element strides `sb`: rows contiguous, or columns for a b read
-    transposed) panel by panel, appended to the Lowerer `lw`'s calls. Its loop over panels
-    forks over the cores from FORK_MIN_FLOATS (each panel copied by the same code)."""
+    transposed) panel by panel, appended to the Lowerer `lw`'s calls."""
     width = tile.vectors * tile.lanes
     k, n = tile.k, tile.n
-    count = n // width
-    panels = lw.shared_scratch_loc(TensorType((count, k, width), b.type.dtype))
-    fn = _pack_function(lw, k, width, width, tile.lanes, sb)  # one panel a call
-    kb = KernelBuilder(lw, lw.name("gemm_pack"), (count,), ("gemm_panels", fn.name, count))
-    source = kb.operand(b, (width * sb[-1],))  # panel p's first column, p * width on
-    target = kb.operand(panels, (k * width,))
-    fork = FORK_MIN_FLOATS is not None and count > 1 and k * n >= FORK_MIN_FLOATS
-    bld = kb.begin(parallel=fork, work=PARALLEL_WORK if fork else None)
+    panels = lw.shared_scratch_loc(TensorType((n // width, k, width), b.type.dtype))
+    fn = _pack_function(lw, k, n, width, tile.lanes, sb)
+    kb = KernelBuilder(lw, lw.name("gemm_pack"), (), ("gemm_panels", fn.name))
+    source, target = kb.operand(b, ()), kb.operand(panels, ())
+    bld = kb.begin()
     if bld is None:
         lw.calls.append(kb.kernel)
     else:
-        def leaf(bb, offsets):
-            bb.call(fn, [kb.pointer(bb, source, offsets[source]),
-                         kb.pointer(bb, target, offsets[target])])
-
-        kb.nest(bld, *collapse((count,), [x.strides for x in kb.operands]), leaf)
+        bld.call(fn, [kb.pointer(bld, source, i64(0)), kb.pointer(bld, target, i64(0))])
         lw.calls.append(kb.finish(bld))
     return replace(tile, ldb=width, b_panels=True), panels, [width, 1]
 
