@@ -86,11 +86,13 @@ def test_eight_lane_vectors_as_on_avx2_hosts(fuse_everything, monkeypatch, tmp_p
 
 
 @needs_kernels
-def test_query_rows_not_a_whole_vector(fuse_everything, rng):
-    """40 query rows against 48 keys: the last rows' logsumexp one by one."""
+@pytest.mark.parametrize("mode", ["none", "causal"])
+def test_query_rows_not_a_whole_vector(fuse_everything, rng, mode):
+    """40 query rows against 48 keys: the last rows' logsumexp one by one, their row sums
+    reduced as a group of fewer rows than lanes."""
     arrays = [rng.standard_normal(shape) for shape in ((2, 2, 40, 16), (2, 2, 48, 16),
                                                        (2, 2, 48, 16))] + [np.zeros(())]
-    step = attend("none")
+    step = attend(mode)
     got, compiled = run(step, arrays, np.float32, compiled=True)
     assert "attention_backward" in [n.op for n in compiled.optimized_graph.nodes]
     eager, _ = run(step, arrays, np.float32, compiled=False)

@@ -8,15 +8,18 @@ KB) that machinery is overhead: OpenBLAS packs each 64 x 64 x 32 operand on ever
 element at a time. Here, per (batch, head), everything in L1:
 
 - forward: S = Q K^T (small_gemm's kernel, K read transposed and copied panel by panel onto
-  its stack); one pass per row in vectors of the host's lanes: s * scale + mask (-inf past
-  the diagonal for a causal kernel), its maximum m, p = exp(s - m), l = sum p, P = p / l
-  back into the block, lse = m + log l; then O = P V (generated, O's rows in place);
+  its stack); then, a group of `lanes` rows at a time, three passes over its rows in vectors
+  of the host's lanes: s * scale + mask (-inf past the diagonal for a causal kernel) and
+  its maximum m; p = exp(s - m) and l = sum p; P = p * (1 / l) back into the block; lse = m +
+  log l; then O = P V (generated, O's rows in place). A group's row maxima and sums are
+  reduced together (`_Rows.reduce_group`: the same sums as one row's halves folded, in one
+  vector for lanes rows: the rows' shuffles interleave instead of one row's chain waiting);
 - backward: P recomputed from S and lse; dV = P^T dO; dP = dO V^T; D_i = rowsum(P_i * dP_i)
   (the softmax backward's sum, as the unfused chain: the blocked kernel's equal rowsum(dO_i *
   O_i) sums in another order, and where a row sees one key, a causal head's first, its dQ row
-  was rounding noise instead of 0); dS = scale * P * (dP - D_i); dQ = dS K; dK = dS^T Q: five
-  generated products, each written straight into its output (one block: nothing to
-  accumulate, nothing to zero).
+  was rounding noise instead of 0; reduced a group at a time); dS = scale * P * (dP - D_i);
+  dQ = dS K; dK = dS^T Q: five generated products, each written straight into its output
+  (one block: nothing to accumulate, nothing to zero).
 
 A causal head skips what lies past the diagonal: rows in [q * lanes, (q + 1) * lanes) work
 on their first q + 1 vectors of keys (zeros stored for the rest, no exp of hidden scores),
@@ -74,9 +77,11 @@ def fits(length, source, e: int, ev: int, mask_strides: tuple, out_strides: list
 
 
 def scratch_floats(length: int, source: int) -> int:
-    """Scratch of a kernel: the backward's two blocks (P and dS); the forward's one block,
-    each row's maximum and sum (within the same floats)."""
-    return 2 * length * source + length
+    """Scratch of a kernel: the backward's two blocks (P and dS), or the forward's one and
+    each row's maximum and sum (within the same floats); then a group's vectors to reduce
+    and its results (`_group_scratch`)."""
+    lanes = small_gemm.lanes() or 16
+    return 2 * length * source + lanes * lanes + lanes
 
 
 def forward(lw, node, locs: dict, batch: tuple, shape: tuple, mask_si_sj: tuple,
@@ -186,14 +191,48 @@ class _Rows:
     def store(self, ptr, at, value) -> None:
         self.b.store(value, self.b.gep(ptr, [at], inbounds=True, source_etype=F32), align=4)
 
-    def reduce(self, values: list, combine):
-        """One scalar from vectors: combined vector by vector, then the halves of the vector
-        folded onto each other (log2(lanes) steps: lane by lane, 15 dependent steps a row,
-        the forward spent ~4 us a 64-row head in its two reductions)."""
-        b = self.b
+    def fold(self, values: list, combine):
+        """A row's vectors combined into one, vector by vector in order."""
         acc = values[0]
         for v in values[1:]:
             acc = combine(acc, v)
+        return acc
+
+    def reduce_group(self, vectors, count: int, combine):
+        """One vector whose lane j is row j's reduction, from the group's `count` rows'
+        folded vectors (at `vectors`, `lanes` floats apart): each row's vector's halves
+        folded onto each other as a lone row's would be (lane i with lane i + half, half =
+        lanes / 2 down to 1: the same sums in the same order), two rows at a time in one
+        vector. A lone row took log2(lanes) dependent shuffles and combines (16 rows: 64 of
+        each); a group takes 2 (lanes - 1) shuffles and lanes - 1 combines, which interleave."""
+        b, lanes = self.b, self.lanes
+        loaded = [self.load(vectors, i64(j * lanes)) for j in range(count)]
+        # rows past `count` repeat the first: their lanes of the result are not read
+        parts = [(v, [j]) for j, v in enumerate(loaded + loaded[:1] * (lanes - count))]
+        half = lanes // 2
+        while len(parts) > 1:
+            joined = []
+            for (x, x_rows), (y, y_rows) in zip(parts[0::2], parts[1::2]):
+                low, high, rows = [], [], []
+                for seg in range(len(x_rows)):  # each row's segment of 2 * half lanes
+                    for first, row in ((seg * 2 * half, x_rows[seg]),
+                                       (lanes + seg * 2 * half, y_rows[seg])):
+                        low += range(first, first + half)
+                        high += range(first + half, first + 2 * half)
+                        rows.append(row)
+                pick = ir.VectorType(I32, lanes)
+                joined.append((combine(b.shuffle_vector(x, y, ir.Constant(pick, low)),
+                                       b.shuffle_vector(x, y, ir.Constant(pick, high))), rows))
+            parts, half = joined, half // 2
+        reduced, rows = parts[0]
+        order = [rows.index(j) for j in range(lanes)]
+        return b.shuffle_vector(reduced, reduced, ir.Constant(ir.VectorType(I32, lanes), order))
+
+    def reduce(self, values: list, combine):
+        """One scalar from one row's vectors: combined vector by vector, then the halves of
+        the vector folded onto each other (log2(lanes) steps)."""
+        b = self.b
+        acc = self.fold(values, combine)
         half = self.lanes // 2
         while half:
             upper = [half + lane if lane < half else lane for lane in range(self.lanes)]
@@ -201,6 +240,37 @@ class _Rows:
                 ir.VectorType(I32, self.lanes), upper)))
             half //= 2
         return b.extract_element(acc, ir.Constant(I32, 0))
+
+    def groups(self, length: int, causal: bool, group_code) -> None:
+        """group_code(r0, count, live) for each group of `count` (at most lanes) rows from
+        row r0 (an i64), whose first `live` vectors of keys hold all they see: a causal
+        group is a block of lanes rows, [q * lanes, (q + 1) * lanes), seeing q + 1 vectors."""
+        if not causal:
+            whole = length // self.lanes
+            if whole:
+                with loop(self.b, 0, whole, "group") as g:
+                    group_code(self.b.mul(g, i64(self.lanes)), self.lanes, self.count)
+            if length % self.lanes:
+                group_code(i64(whole * self.lanes), length % self.lanes, self.count)
+            return
+        for q in range(-(-length // self.lanes)):
+            group_code(i64(q * self.lanes), min(self.lanes, length - q * self.lanes),
+                       min(self.count, q + 1))
+
+    def each_row(self, r0, count: int, row_code) -> None:
+        """row_code(r, j) for the group's rows r = r0 + j, j < count."""
+        with loop(self.b, 0, count, "row") as j:
+            row_code(self.b.add(r0, j), j)
+
+    def put(self, ptr, r0, count: int, value) -> None:
+        """The group's `count` lanes of `value` stored at ptr[r0:r0 + count]."""
+        if count == self.lanes:
+            self.store(ptr, r0, value)
+            return
+        for j in range(count):
+            self.b.store(self.b.extract_element(value, ir.Constant(I32, j)),
+                         self.b.gep(ptr, [self.b.add(r0, i64(j))], inbounds=True,
+                                    source_etype=F32))
 
     def rows(self, length: int, causal: bool, row_code) -> None:
         """row_code(r, live) for each row r: its first `live` vectors of keys hold all it
@@ -239,7 +309,7 @@ class _Rows:
                 else:
                     m = self.splat(k.load(k.base["mask"], mask_row))
                 s = b.fadd(s, m)
-            if causal:
+            if causal and c == live - 1:  # the vectors before it lie left of the diagonal
                 keys = b.add(self.lane_index, ir.Constant(self.lane_index.type,
                                                           [c * self.lanes] * self.lanes))
                 hidden = b.icmp_signed(">", keys, _splat_i64(b, r, self.lanes))
@@ -253,6 +323,15 @@ def _splat_i64(b, x, lanes: int):
     v = b.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(I32, 0))
     return b.shuffle_vector(v, ir.Constant(vec, ir.Undefined),
                             ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def _group_scratch(k, length: int, source: int) -> tuple:
+    """(a group's vectors to reduce: lanes x lanes floats, its results: lanes floats) in the
+    head's scratch after the two blocks."""
+    b, lanes = k.b, small_gemm.lanes()
+    vectors = b.gep(k.base["scratch"], [i64(2 * length * source)], inbounds=True,
+                    source_etype=F32)
+    return vectors, b.gep(vectors, [i64(lanes * lanes)], inbounds=True, source_etype=F32)
 
 
 def _larger(b):
@@ -279,26 +358,55 @@ def _forward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> No
     values = _product(lw, length, ev, source, source, 1, ldb=k.row_stride("v"), ldc=ors,
                       triangle=lower)
     larger = _larger(b)
-    zero = ir.Constant(F32, 0.0)
     qb = kb_ = vb = ob = lb = mb = i64(0)  # the head's own pointers (k.base)
     b.call(scores, [k.at("q", qb), k.at("k", kb_), block])
-    def softmax_row(r, live: int) -> None:
-        s = rows.scores(block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal, scale,
-                        live)
-        m = rows.reduce(s, larger)
-        # a row hidden throughout keeps m = -inf: subtract 0 so exp gives 0, not NaN
-        safe = b.select(b.fcmp_ordered("==", m, ir.Constant(F32, -math.inf)), zero, m)
-        p = [mathlib.emit(b, "exp", [b.fsub(x, rows.splat(safe))]) for x in s]
-        total = rows.reduce(p, b.fadd)
-        inv = rows.splat(b.fdiv(ir.Constant(F32, 1.0), total))
-        row = b.mul(r, i64(source))
-        for c, x in enumerate(p):
-            rows.store(block, b.add(row, i64(c * rows.lanes)), b.fmul(x, inv))
-        rows.zeros(block, r, live)
-        k.store(maxima, r, m)
-        k.store(sums, r, total)
+    vectors, results = _group_scratch(k, length, source)
+    ninf_v = ir.Constant(rows.vec, [-math.inf] * rows.lanes)
+    zero_v = ir.Constant(rows.vec, [0.0] * rows.lanes)
+    one_v = ir.Constant(rows.vec, [1.0] * rows.lanes)
 
-    rows.rows(length, causal, softmax_row)
+    def softmax_group(r0, count: int, live: int) -> None:
+        # s * scale + mask back into the block, each row's maxima vector to reduce
+        def scores_row(r, j) -> None:
+            s = rows.scores(block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal,
+                            scale, live)
+            row = b.mul(r, i64(source))
+            for c, x in enumerate(s):
+                rows.store(block, b.add(row, i64(c * rows.lanes)), x)
+            rows.store(vectors, b.mul(j, i64(rows.lanes)), rows.fold(s, larger))
+
+        rows.each_row(r0, count, scores_row)
+        m = rows.reduce_group(vectors, count, larger)
+        rows.put(maxima, r0, count, m)
+        # a row hidden throughout keeps m = -inf: subtract 0 so exp gives 0, not NaN
+        rows.store(results, i64(0), b.select(b.fcmp_ordered("==", m, ninf_v), zero_v, m))
+
+        def exp_row(r, j) -> None:  # p = exp(s - m), each row's sum vector to reduce
+            safe = rows.splat(k.load(results, j))
+            row = b.mul(r, i64(source))
+            p = []
+            for c in range(live):
+                at = b.add(row, i64(c * rows.lanes))
+                p.append(mathlib.emit(b, "exp", [b.fsub(rows.load(block, at), safe)]))
+                rows.store(block, at, p[-1])
+            rows.store(vectors, b.mul(j, i64(rows.lanes)), rows.fold(p, b.fadd))
+
+        rows.each_row(r0, count, exp_row)
+        total = rows.reduce_group(vectors, count, b.fadd)
+        rows.put(sums, r0, count, total)
+        rows.store(results, i64(0), b.fdiv(one_v, total))
+
+        def normalise_row(r, j) -> None:  # P = p * (1 / l)
+            inv = rows.splat(k.load(results, j))
+            row = b.mul(r, i64(source))
+            for c in range(live):
+                at = b.add(row, i64(c * rows.lanes))
+                rows.store(block, at, b.fmul(rows.load(block, at), inv))
+            rows.zeros(block, r, live)
+
+        rows.each_row(r0, count, normalise_row)
+
+    rows.groups(length, causal, softmax_group)
     # lse = m + log l, a vector of rows at a time (a scalar log a row cost ~1 us a head)
     for r0 in range(0, length, rows.lanes):
         if r0 + rows.lanes <= length:
@@ -352,19 +460,32 @@ def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> N
     b.call(grad_v, [p_block, k.at("g", base["g"]), k.at("dv", base["dv"])])
     b.call(grad_p, [k.at("g", base["g"]), k.at("v", base["v"]), ds_block])
     scale_v = ir.Constant(rows.vec, [scale] * rows.lanes)
-    def gradient_row(r, live: int) -> None:  # dS = scale * P * (dP - D_i)
-        row = b.mul(r, i64(source))
-        ats = [b.add(row, i64(c * rows.lanes)) for c in range(live)]
-        ps = [rows.load(p_block, at) for at in ats]
-        dps = [rows.load(ds_block, at) for at in ats]
+    vectors, results = _group_scratch(k, length, source)
+
+    def gradient_group(r0, count: int, live: int) -> None:  # dS = scale * P * (dP - D_i)
+        def ats(r) -> list:
+            row = b.mul(r, i64(source))
+            return [b.add(row, i64(c * rows.lanes)) for c in range(live)]
+
         # D_i = rowsum(P_i * dP_i), the softmax backward's own sum (the unfused chain's):
         # where P_i is one key's 1 (a causal head's first row), dP - D_i is exactly 0; the
         # equal rowsum(dO_i * O_i) sums in another order and leaves rounding there
-        d_i = rows.splat(rows.reduce([b.fmul(p, dp) for p, dp in zip(ps, dps)], b.fadd))
-        for at, p, dp in zip(ats, ps, dps):
-            rows.store(ds_block, at, b.fmul(b.fmul(p, b.fsub(dp, d_i)), scale_v))
-        rows.zeros(ds_block, r, live)  # P is 0 there
+        def products_row(r, j) -> None:
+            terms = [b.fmul(rows.load(p_block, at), rows.load(ds_block, at)) for at in ats(r)]
+            rows.store(vectors, b.mul(j, i64(rows.lanes)), rows.fold(terms, b.fadd))
 
-    rows.rows(length, causal, gradient_row)
+        rows.each_row(r0, count, products_row)
+        rows.store(results, i64(0), rows.reduce_group(vectors, count, b.fadd))
+
+        def gradient_row(r, j) -> None:
+            d_i = rows.splat(k.load(results, j))
+            for at in ats(r):
+                p, dp = rows.load(p_block, at), rows.load(ds_block, at)
+                rows.store(ds_block, at, b.fmul(b.fmul(p, b.fsub(dp, d_i)), scale_v))
+            rows.zeros(ds_block, r, live)  # P is 0 there
+
+        rows.each_row(r0, count, gradient_row)
+
+    rows.groups(length, causal, gradient_group)
     b.call(grad_q, [ds_block, k.at("k", base["k"]), k.at("dq", base["dq"])])
     b.call(grad_k, [ds_block, k.at("q", base["q"]), k.at("dk", base["dk"])])
