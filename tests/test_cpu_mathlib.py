@@ -392,6 +392,27 @@ def test_erf_after_gelu_within_erfs_bound(dtype):
     assert got[3] == 0 and not np.signbit(got[3]) and got[4] == 0 and np.signbit(got[4])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_exp_flushed_is_exp_where_kept_and_zero_below(dtype):
+    """exp_flushed (attention's softmax): exp's very bits from the flush bound up to where
+    exp's clamp starts (the sweep and a dense range), +0 below the bound, -inf and
+    nan as exp gives them."""
+    run = _runner(_elementwise_loop_ir(f"exp_flushed_{dtype}", dtype, mathlib.exp_flushed),
+                  dtype)
+    bound = mathlib._EXP_FLUSH_BELOW[dtype == "float64"]
+    top = 88.0 if dtype == "float32" else 709.0
+    sweep = _sweep(dtype)
+    x = np.concatenate([sweep[np.isfinite(sweep) & (sweep >= bound) & (sweep <= top)],
+                        np.linspace(bound, 1.0, 400_001).astype(dtype)])
+    np.testing.assert_array_equal(run(x).view(f"u{x.itemsize}"),
+                                  _kernel("exp", dtype)(x).view(f"u{x.itemsize}"))
+    below = np.array([np.nextafter(bound, -np.inf, dtype=dtype), bound - 1, -1e4, -np.inf],
+                     dtype)
+    got = run(below)
+    assert (got == 0).all() and not np.signbit(got).any(), got
+    assert np.isnan(run(np.array([np.nan], dtype)))[0]
+
+
 def test_float64_erf_and_gelu_against_mpmath():
     mpmath = pytest.importorskip("mpmath")
     mpmath.mp.dps = 40

@@ -34,6 +34,8 @@ T and S from `lanes` to SMALL_MAX and the key count and both head sizes whole ve
 every output's rows contiguous, a mask read along keys contiguously or broadcast.
 
 Rounding: every product sums its k in order in registers (small_gemm: one block of k);
+the exps are mathlib's `exp_flushed` (exp's bits, +0 for scores more than 87 below the
+row's maximum or logsumexp, where exp's results are under 2^-125.5);
 P is normalised before P V (the unfused chain's order), where the blocked kernel divides
 O by l after; scale multiplies dS before dQ and dK, where the blocked kernel passes it to
 the BLAS as alpha. Judged by distance from a float64 run (tests/test_attention_small.py).
@@ -387,7 +389,7 @@ def _forward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> No
             p = []
             for c in range(live):
                 at = b.add(row, i64(c * rows.lanes))
-                p.append(mathlib.emit(b, "exp", [b.fsub(rows.load(block, at), safe)]))
+                p.append(mathlib.exp_flushed(b, b.fsub(rows.load(block, at), safe)))
                 rows.store(block, at, p[-1])
             rows.store(vectors, b.mul(j, i64(rows.lanes)), rows.fold(p, b.fadd))
 
@@ -453,7 +455,7 @@ def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> N
         row = b.mul(r, i64(source))
         for c, x in enumerate(s):
             rows.store(p_block, b.add(row, i64(c * rows.lanes)),
-                       mathlib.emit(b, "exp", [b.fsub(x, lse)]))
+                       mathlib.exp_flushed(b, b.fsub(x, lse)))
         rows.zeros(p_block, r, live)
 
     rows.rows(length, causal, probability_row)

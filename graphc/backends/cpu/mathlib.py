@@ -25,7 +25,8 @@ Invariants:
   inf and nan give nan.
 
 Entry point: `emit(builder, name, args, attrs=None)` with the registry's scalar op names
-(`SUPPORTED`).
+(`SUPPORTED`). Outside it, for kernels that know their arguments' range: `exp_flushed` (exp
+with results under 2^-125.5 flushed to +0; the attention kernels' softmax).
 
 Example:
     >>> from llvmlite import ir
@@ -45,8 +46,9 @@ import weakref
 
 from llvmlite import ir
 
-__all__ = ["SUPPORTED", "ACCURACY_ULP", "TRIG_ACCURATE_RANGE", "emit", "exp", "log", "log1p",
-           "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "sin", "cos", "sqrt", "rsqrt", "atan"]
+__all__ = ["SUPPORTED", "ACCURACY_ULP", "TRIG_ACCURATE_RANGE", "emit", "exp", "exp_flushed", "log",
+           "log1p", "tanh", "sigmoid", "erf", "gelu", "gelu_tanh", "sin", "cos", "sqrt", "rsqrt",
+           "atan"]
 
 _FLAGS = ("contract",)
 
@@ -222,6 +224,31 @@ def exp(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     instructions are defined for a nan, and the polynomial of a nan is nan whatever 2^k's
     bits are)."""
     return _exp_core(_Emitter(builder, x.type), x)
+
+
+# Below these exp is under 2^-125.5 (float32) / 2^-1021 (float64): exp_flushed returns +0 there,
+# and 2^k stays normal for every lane it keeps.
+_EXP_FLUSH_BELOW = {False: -87.0, True: -708.0}
+
+
+def exp_flushed(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """exp(x) for x <= 88 (float64: 709), +0 where x < -87 (float64: -708) and the result
+    would be under 2^-125.5: for softmax's exp(s - max) and exp(s - logsumexp), whose
+    arguments are at most ~0 and whose results that small are nothing against a row's sum
+    (at least 1) but, left to exp's scaling into the denormals, cost it a second product.
+
+    exp's bits wherever it keeps x (the same reduction and polynomial; p * 2^k rounds once, as
+    exp's p * 2^(k>>1) * 2^(k - k>>1) does for a normal result), in 4 fewer instructions: no
+    overflow clamp, one 2^k. A nan propagates (the compare is false for it)."""
+    m = _Emitter(builder, x.type)
+    flushed = m.lt(x, m.c(_EXP_FLUSH_BELOW[m.f64]))
+    xs = m.sel(flushed, m.c(_EXP_FLUSH_BELOW[m.f64]), x)
+    kf, k = m.round_magic(m.mul(xs, m.c(1.0 / math.log(2.0))))
+    c1, c2 = _LN2_SPLIT[m.f64]
+    r = m.fma(kf, m.c(-c1), xs)
+    r = m.fma(kf, m.c(-c2), r)
+    p = m.poly(r, _EXP_POLY[m.f64])
+    return m.sel(flushed, m.c(0.0), m.mul(p, m.pow2i(k)))
 
 
 # ---- log ------------------------------------------------------------------------------------
