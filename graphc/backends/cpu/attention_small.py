@@ -14,17 +14,19 @@ element at a time. Here, per (batch, head), everything in L1:
   log l; then O = P V (generated, O's rows in place). A group's row maxima and sums are
   reduced together (`_Rows.reduce_group`: the same sums as one row's halves folded, in one
   vector for lanes rows: the rows' shuffles interleave instead of one row's chain waiting);
-- backward: P recomputed from S and lse; dV = P^T dO; dP = dO V^T; D_i = rowsum(P_i * dP_i)
-  (the softmax backward's sum, as the unfused chain: the blocked kernel's equal rowsum(dO_i *
-  O_i) sums in another order, and where a row sees one key, a causal head's first, its dQ row
-  was rounding noise instead of 0; reduced a group at a time); dS = scale * P * (dP - D_i);
-  dQ = dS K; dK = dS^T Q: five generated products, each written straight into its output
-  (one block: nothing to accumulate, nothing to zero).
+- backward: S = Q K^T; dP = dO V^T; P recomputed from S and lse in the pass that sums
+  D_i = rowsum(P_i * dP_i) (the softmax backward's sum, as the unfused chain: the blocked
+  kernel's equal rowsum(dO_i * O_i) sums in another order, and where a row sees one key, a
+  causal head's first, its dQ row was rounding noise instead of 0; reduced a group at a
+  time); dS = scale * P * (dP - D_i); dV = P^T dO; dQ = dS K; dK = dS^T Q: five generated
+  products, each written straight into its output (one block: nothing to accumulate,
+  nothing to zero).
 
 A causal head skips what lies past the diagonal: rows in [q * lanes, (q + 1) * lanes) work
 on their first q + 1 vectors of keys (zeros stored for the rest, no exp of hidden scores),
 and the products whose a is P or dS (or a transpose) sum in each row block only the k its
 rows see (small_gemm's `triangle`, TRIANGLES): the terms skipped are exact zeros times b.
+Their tiles are CAUSAL_TILE_ROWS rows, so that tiles straddle the diagonal less.
 
 The loop over (batch, head) is a KernelBuilder nest the cores share (each head's scratch
 blocks on its thread's stack); a head's code is the same on any number of threads.
@@ -66,6 +68,10 @@ __all__ = ["SMALL_MAX", "backward", "fits", "forward", "scratch_floats"]
 
 SMALL_MAX = 64  # query rows and keys of one head at most (scores of 16 KB)
 TRIANGLES = True  # a causal head's products skip the zeros past the diagonal
+# a causal head's products in tiles of this many rows, which split each block of 16 rows
+# the diagonal steps by evenly, so fewer rows straddle it (0: small_gemm.tile_rows' choice,
+# 11 rows for 64)
+CAUSAL_TILE_ROWS = 8
 
 
 def fits(length, source, e: int, ev: int, mask_strides: tuple, out_strides: list) -> bool:
@@ -163,9 +169,12 @@ def _product(lw, m: int, n: int, depth: int, sa_row: int, sa_col: int, ldb: int 
     head's scores or dP, of which the row passes read no vector past a row's diagonal one."""
     width = small_gemm.lanes()
     vectors = 2 if (n // width) % 2 == 0 else 1
-    g = SmallGemm(m, n, depth, sa_row, sa_col, ldb, small_gemm.tile_rows(m, vectors, width),
-                  vectors, width, ldb_t=ldb_t, ldc=0 if ldc == n else ldc,
-                  triangle=triangle if TRIANGLES else "", lower_c=lower_c and TRIANGLES)
+    rows = small_gemm.tile_rows(m, vectors, width)
+    if CAUSAL_TILE_ROWS and TRIANGLES and (triangle or lower_c):
+        rows = min(rows, CAUSAL_TILE_ROWS)
+    g = SmallGemm(m, n, depth, sa_row, sa_col, ldb, rows, vectors, width, ldb_t=ldb_t,
+                  ldc=0 if ldc == n else ldc, triangle=triangle if TRIANGLES else "",
+                  lower_c=lower_c and TRIANGLES)
     return small_gemm.function(lw, g)
 
 
@@ -203,10 +212,11 @@ class _Rows:
     def reduce_group(self, vectors, count: int, combine):
         """One vector whose lane j is row j's reduction, from the group's `count` rows'
         folded vectors (at `vectors`, `lanes` floats apart): each row's vector's halves
-        folded onto each other as a lone row's would be (lane i with lane i + half, half =
-        lanes / 2 down to 1: the same sums in the same order), two rows at a time in one
-        vector. A lone row took log2(lanes) dependent shuffles and combines (16 rows: 64 of
-        each); a group takes 2 (lanes - 1) shuffles and lanes - 1 combines, which interleave."""
+        folded onto each other (lane i with lane i + half, half = lanes / 2 down to 1: the
+        sums that folding one row's vector alone makes, in the same order), two rows at a
+        time in one vector. One row at a time took log2(lanes) dependent shuffles and
+        combines (16 rows: 64 of each); a group takes 2 (lanes - 1) shuffles and lanes - 1
+        combines, which interleave."""
         b, lanes = self.b, self.lanes
         loaded = [self.load(vectors, i64(j * lanes)) for j in range(count)]
         # rows past `count` repeat the first: their lanes of the result are not read
@@ -229,19 +239,6 @@ class _Rows:
         reduced, rows = parts[0]
         order = [rows.index(j) for j in range(lanes)]
         return b.shuffle_vector(reduced, reduced, ir.Constant(ir.VectorType(I32, lanes), order))
-
-    def reduce(self, values: list, combine):
-        """One scalar from one row's vectors: combined vector by vector, then the halves of
-        the vector folded onto each other (log2(lanes) steps)."""
-        b = self.b
-        acc = self.fold(values, combine)
-        half = self.lanes // 2
-        while half:
-            upper = [half + lane if lane < half else lane for lane in range(self.lanes)]
-            acc = combine(acc, b.shuffle_vector(acc, acc, ir.Constant(
-                ir.VectorType(I32, self.lanes), upper)))
-            half //= 2
-        return b.extract_element(acc, ir.Constant(I32, 0))
 
     def groups(self, length: int, causal: bool, group_code) -> None:
         """group_code(r0, count, live) for each group of `count` (at most lanes) rows from
@@ -273,19 +270,6 @@ class _Rows:
             self.b.store(self.b.extract_element(value, ir.Constant(I32, j)),
                          self.b.gep(ptr, [self.b.add(r0, i64(j))], inbounds=True,
                                     source_etype=F32))
-
-    def rows(self, length: int, causal: bool, row_code) -> None:
-        """row_code(r, live) for each row r: its first `live` vectors of keys hold all it
-        sees. A causal row r sees keys up to r, so rows in [q * lanes, (q + 1) * lanes) need
-        q + 1 vectors (the others are -inf, their probabilities 0): the exp and the products'
-        operands are written for the live vectors, zeros stored for the rest."""
-        if not causal:
-            with loop(self.b, 0, length, "row") as r:
-                row_code(r, self.count)
-            return
-        for q in range(-(-length // self.lanes)):
-            with loop(self.b, q * self.lanes, min(length, (q + 1) * self.lanes), "row") as r:
-                row_code(r, min(self.count, q + 1))
 
     def zeros(self, block, r, live: int) -> None:
         """The hidden vectors of row r (from `live` on) set to 0."""
@@ -448,32 +432,29 @@ def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> N
     base = {x: i64(0) for x in rs}  # the head's own pointers (k.base)
     lb = mb = i64(0)
     b.call(scores, [k.at("q", base["q"]), k.at("k", base["k"]), p_block])
-    def probability_row(r, live: int) -> None:  # P = exp(s - lse_i)
-        s = rows.scores(p_block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal,
-                        scale, live)
-        lse = rows.splat(k.load(k.base["lse"], b.add(lb, b.mul(r, i64(lrs)))))
-        row = b.mul(r, i64(source))
-        for c, x in enumerate(s):
-            rows.store(p_block, b.add(row, i64(c * rows.lanes)),
-                       mathlib.exp_flushed(b, b.fsub(x, lse)))
-        rows.zeros(p_block, r, live)
-
-    rows.rows(length, causal, probability_row)
-    b.call(grad_v, [p_block, k.at("g", base["g"]), k.at("dv", base["dv"])])
     b.call(grad_p, [k.at("g", base["g"]), k.at("v", base["v"]), ds_block])
     scale_v = ir.Constant(rows.vec, [scale] * rows.lanes)
     vectors, results = _group_scratch(k, length, source)
 
-    def gradient_group(r0, count: int, live: int) -> None:  # dS = scale * P * (dP - D_i)
+    def gradient_group(r0, count: int, live: int) -> None:
         def ats(r) -> list:
             row = b.mul(r, i64(source))
             return [b.add(row, i64(c * rows.lanes)) for c in range(live)]
 
-        # D_i = rowsum(P_i * dP_i), the softmax backward's own sum (the unfused chain's):
-        # where P_i is one key's 1 (a causal head's first row), dP - D_i is exactly 0; the
-        # equal rowsum(dO_i * O_i) sums in another order and leaves rounding there
+        # P = exp(s - lse_i) into its block, and D_i = rowsum(P_i * dP_i), the softmax
+        # backward's own sum (the unfused chain's): where P_i is one key's 1 (a causal
+        # head's first row), dP - D_i is exactly 0; the equal rowsum(dO_i * O_i) sums in
+        # another order and leaves rounding there
         def products_row(r, j) -> None:
-            terms = [b.fmul(rows.load(p_block, at), rows.load(ds_block, at)) for at in ats(r)]
+            s = rows.scores(p_block, r, b.add(mb, b.mul(r, i64(si))), sj, no_mask, causal,
+                            scale, live)
+            lse = rows.splat(k.load(k.base["lse"], b.add(lb, b.mul(r, i64(lrs)))))
+            terms = []
+            for at, x in zip(ats(r), s):
+                p = mathlib.exp_flushed(b, b.fsub(x, lse))
+                rows.store(p_block, at, p)
+                terms.append(b.fmul(p, rows.load(ds_block, at)))
+            rows.zeros(p_block, r, live)
             rows.store(vectors, b.mul(j, i64(rows.lanes)), rows.fold(terms, b.fadd))
 
         rows.each_row(r0, count, products_row)
@@ -486,8 +467,9 @@ def _backward_head(k, node, shape: tuple, mask_si_sj: tuple, no_mask: bool) -> N
                 rows.store(ds_block, at, b.fmul(b.fmul(p, b.fsub(dp, d_i)), scale_v))
             rows.zeros(ds_block, r, live)  # P is 0 there
 
-        rows.each_row(r0, count, gradient_row)
+        rows.each_row(r0, count, gradient_row)  # dS = scale * P * (dP - D_i)
 
     rows.groups(length, causal, gradient_group)
+    b.call(grad_v, [p_block, k.at("g", base["g"]), k.at("dv", base["dv"])])
     b.call(grad_q, [ds_block, k.at("k", base["k"]), k.at("dq", base["dq"])])
     b.call(grad_k, [ds_block, k.at("q", base["q"]), k.at("dk", base["dk"])])
