@@ -2,6 +2,7 @@
 
     python -m benchmarks.attention_heads                    # the tree's kernels, 31 rounds
     python -m benchmarks.attention_heads --against HEAD~1   # also attention_small.py of REV
+    python -m benchmarks.attention_heads --against HEAD~1 --step   # the GPT b16 step A/B
 
 The GPT b16 step's heads ([16, 4, 64, 32], causal, benchmarks/models.py) through
 scaled_dot_product_attention, forward and backward (the gradients of q, k and v of
@@ -12,7 +13,9 @@ kernels) and, with `--against REV`, "REV" (attention_small.py as git revision RE
 attention_small's place while it compiles). It prints, per variant, the medians over
 interleaved rounds of the forward and backward kernels' own times (`graphc.profile`, 20 runs
 each round) and of the whole call (CPU time), how far apart the variants' results are, and
-the load average. One thread unless `--threads`.
+the load average. One thread unless `--threads`. With `--step`, the same variants of
+benchmarks/model_steps.py's GPT b16 training step instead (benchmarks.harness `step_ab`): the
+step's median CPU time and its attention kernels' (`graphc.profile`, 3 rounds of 11 runs).
 """
 
 from __future__ import annotations
@@ -36,8 +39,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="also time attention_small.py as git revision REV has it")
     parser.add_argument("--mode", choices=("causal", "none"), default="causal")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--step", action="store_true", help="the GPT b16 step's A/B instead")
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    from benchmarks.harness import run_with_threads
+
+    run_with_threads("benchmarks.attention_heads", args.threads,
+                     sys.argv[1:] if argv is None else argv)
+    if args.step:
+        return _step(args)
     import numpy as np
 
     import graphc
@@ -87,6 +96,32 @@ def main(argv: list[str] | None = None) -> None:
                                        results[args.against]):
             apart = np.abs(ours.astype(np.float64) - theirs).max() / np.abs(theirs).max()
             print(f"{label}: at most {apart:.2e} of its largest value apart")
+    print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
+
+
+def _step(args) -> None:
+    import numpy as np
+
+    from benchmarks import model_steps
+    from benchmarks.harness import cache_root, step_ab, switched
+
+    variants = ("tree",) + ((args.against,) if args.against else ())
+    with cache_root("attention_heads_") as root:
+        @contextlib.contextmanager
+        def variant(name):
+            with switched(root, name, {}, False), _variant(name):
+                yield
+
+        times, profiled = step_ab(variants, variant,
+                                  lambda: model_steps.graphc_gpt_step(False), args.rounds, 3,
+                                  repeat=11)
+    for name in variants:
+        rows, seconds = profiled[name]
+        heads = {op: sum(seconds[row.step] for row in rows if row.op == op)
+                 for op in ("attention", "attention_backward")}
+        print(f"{name}: step {np.median(times[name]) * 1e3:.2f} ms (median of {args.rounds}); "
+              f"attention {heads['attention'] * 1e3:.3f} ms, attention_backward "
+              f"{heads['attention_backward'] * 1e3:.3f} ms (4 layers, profiles' medians)")
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
