@@ -367,8 +367,9 @@ def sigmoid(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 # ---- erf, erfc and gelu ---------------------------------------------------------------------
-# |a| < 1: erf(a) = a * P(a^2). a >= 0.5: erfc(a) = exp(-a^2) * u * G(u) with u = 1/a and G a
-# polynomial in (u - centre) per range of u, the coefficients picked per lane by `select`.
+# |a| < 1: erf(a) = a * P(a^2). a >= 0.5 (float32, gelu's: a >= 0.75): erfc(a) = exp(-a^2) *
+# u * G(u) with u = 1/a and G a polynomial in (u - centre) per range of u, the coefficients
+# picked per lane by `select` (float32: one range, no select).
 # Fitted (Chebyshev, mpmath at 50 digits) to well under an ulp, coefficients rounded to the type.
 _ERF_SMALL_F32 = (
     -9.667044650996104e-06,
@@ -380,29 +381,29 @@ _ERF_SMALL_F32 = (
     -0.37612637877464294,
     1.128379225730896,
 )
-# float32: two ranges of u (a split at 0.7, degree 9 each, refitted low-order coefficient first
-# after rounding each to float32): max 1.5 ulp over a >= 0.5 for u * G(u) against scipy's
-# erfcx, as the three-range fit it replaced, with a third fewer constants and selects (the
-# GPT's gelu epilogue is bound by them: docs/performance.md, "GELU epilogue").
+# float32 (gelu's tail, from |x| = GELU_TAIL_FROM_F32: u <= 1.331): one range of u, degree 13
+# in u - 0.7117, least squares for the relative error on u in [0.09, 1.3334], coefficients
+# rounded to float32 lowest order first, the rest refitted after each: max 1.6 ulp for u *
+# G(u) against scipy's erfcx as evaluated in float32 (the two ranges of degree 9 it replaced,
+# split at u = 0.7 and serving u up to 2: 1.72), with no coefficient picked per lane (11
+# selects fewer: the GPT's gelu epilogue is bound by its vector instructions).
 _ERFC_TAIL_F32 = (  # (upper bound of u, centre, coefficients), by increasing u
-    (0.7, 0.3954545557498932, (
-        0.21186454594135284, 0.05634140968322754, -0.24237218499183655, 0.16957883536815643,
-        -0.015524249523878098, -0.11926238238811493, 0.1676228642463684, -0.0814536064863205,
-        -0.15513229370117188, 0.5277227163314819,
-    )),
-    (2.0, 1.350000023841858, (
-        0.00024277136253658682, -0.0007613812922500074, 0.0015427639009431005,
-        -0.0027001742273569107, 0.0038926845882087946, -0.003330810694023967,
-        -0.004651877097785473, 0.03558685630559921, -0.1287239044904709, 0.3780479431152344,
+    (1.3334, 0.7117000222206116, (
+        0.031239334493875504, -0.02791582979261875, -0.02789164148271084, 0.041260648518800735,
+        -0.019707102328538895, 0.012070107273757458, -0.004299212247133255,
+        -0.016858000308275223, 0.04186123609542847, -0.058145809918642044,
+        0.048596885055303574, 0.014254325069487095, -0.17037394642829895, 0.47468137741088867,
     )),
 )
-# float32 gelu: erf(x/sqrt2) for |x| < sqrt(1/2) as x * (C0 + x^2 P(x^2)), C0 = sqrt(2/pi) held
-# as hi + lo (hi rounded down, so the sum's low part is positive at x = 0 and erf(-0) = -0),
-# P of degree 3 (minimax for the relative error, float32 coefficients fitted lowest order
-# first): 0.03 half-ulps from erf, 0.68 ulp as evaluated. x^2 is the exp argument's own x * x.
+# float32 gelu: erf(x/sqrt2) for |x| < GELU_TAIL_FROM_F32 as x * (C0 + x^2 P(x^2)), C0 =
+# sqrt(2/pi) held as hi + lo (hi rounded down, so the sum's low part is positive at x = 0 and
+# erf(-0) = -0), P of degree 4 (least squares for the relative error on [0, 1.0625], float32
+# coefficients fitted lowest order first): 0.83 ulp as evaluated. x^2 is the exp argument's
+# own x * x. From there on (and for x <= -GELU_TAIL_FROM_F32, gelu's x/2 * erfc) the tail.
+GELU_TAIL_FROM_F32 = 1.0625
 _GELU_ERF_SMALL_F32_C0 = (0.7978845238685608, 3.693430628004535e-08)
-_GELU_ERF_SMALL_F32 = (0.0002092177455779165, -0.002365806605666876, 0.01994568482041359,
-                       -0.13298068940639496)
+_GELU_ERF_SMALL_F32 = (-1.4936426850908902e-05, 0.00022610467567574233, -0.002371974987909198,
+                       0.019946442916989326, -0.13298070430755615)
 _ERF_SMALL_F64 = (
     5.957176147748911e-11,
     -1.1372848856791674e-09,
@@ -471,16 +472,16 @@ def _erf_small(m: _Emitter, a):
 
 
 def _erfc_tail(m: _Emitter, u, h, lo, e=None):
-    """erfc(a) = e * f for a >= 0.5, given u ~ 1/a and a^2 = h + lo exactly (h <= a_max^2);
-    `e`: exp(-h) where the caller has it.
+    """erfc(a) = e * f for a >= 0.5 (float32: 0.75), given u ~ 1/a and a^2 = h + lo exactly
+    (h <= a_max^2); `e`: exp(-h) where the caller has it.
 
     Returned as two factors so a caller can multiply its own factor in before the
     possibly-denormal exp(-h) (keeps the product's last rounding the only one in the
     denormal range).
     """
     table = _ERFC_TAIL_F64 if m.f64 else _ERFC_TAIL_F32
-    # u beyond the widest range (a < 0.5, u = inf at a = 0) only reaches lanes whose caller
-    # picks another branch: any value there, inf or nan included, is discarded, so no clamp
+    # u beyond the widest range (a < 0.5 or 0.75, u = inf at a = 0) only reaches lanes whose
+    # caller picks another branch: any value there, inf or nan included, is discarded, so no clamp
     centre = m.c(table[-1][1])
     coeffs = [m.c(k) for k in table[-1][2]]
     for bound, mid, cs in reversed(table[:-1]):  # narrower ranges override, by lane
@@ -503,7 +504,7 @@ def _square_split(m: _Emitter, a):
 # same block (the gelu derivative in a fused body: `(erf(x * 0.70710677) + 1) * 0.5`) takes it
 # instead of evaluating its own polynomials (float32: the degree-15 one on [1, 3.92], 15 FMAs a
 # lane). gelu's value is computed from x itself (float32: a polynomial of x * x below
-# |x|/sqrt2 = 0.5, 1 - erfc's tail above; float64: the tail from 1): within erf's bound of
+# |x| = GELU_TAIL_FROM_F32, 1 - erfc's tail above; float64: the tail from 1): within erf's bound of
 # erf(x * 0.70710677) (`ERF_AFTER_GELU`; tests/test_cpu_mathlib.py), not the same bits.
 _GELU_ERF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ERF_AFTER_GELU = True  # False: erf always evaluates its own (the benchmarks' A/B)
@@ -542,11 +543,12 @@ def erf(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 def gelu(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """x * Phi(x) = x/2 * (1 + erf(x/sqrt2)), as x/2 * erfc(|x|/sqrt2) for x <= -sqrt(1/2)
-    (no cancellation).
+    """x * Phi(x) = x/2 * (1 + erf(x/sqrt2)), as x/2 * erfc(|x|/sqrt2) for x <= -1.0625
+    (float64: -sqrt(1/2); no cancellation: 1 + erf stays above 1/4).
 
-    erf(x/sqrt2) is a polynomial of x for |x| below the small bound (float32: sqrt(1/2), in
-    x * x; float64: |x|/sqrt2 < 1, in x * 0.70710677), else 1 - erfc's tail with x's sign. The
+    erf(x/sqrt2) is a polynomial of x for |x| below the small bound (float32:
+    GELU_TAIL_FROM_F32, in x * x; float64: |x|/sqrt2 < 1, in x * 0.70710677), else 1 - erfc's
+    tail with x's sign. The
     tail takes exp(-x^2/2) from x itself (x*x split exactly, halved), so the rounding of
     x/sqrt2 does not cost accuracy where the result is tiny.
 
@@ -574,13 +576,14 @@ def gelu(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
         c0_hi, c0_lo = _GELU_ERF_SMALL_F32_C0
         low = m.fma(m.poly(x2, _GELU_ERF_SMALL_F32), x2, m.c(c0_lo))
         small = m.fma(x, m.c(c0_hi), m.mul(x, low))
-        small_region = m.lt(ax, m.c(math.sqrt(0.5)))
+        small_region = m.lt(ax, m.c(GELU_TAIL_FROM_F32))
     erf_x = m.sel(small_region, small, m.copysign(m.sub(m.c(1.0), m.mul(e, f)), x))
     _GELU_ERF.setdefault(builder.block, {})[id(x)] = (x, erf_x)
     half_x = m.mul(x, m.c(0.5))
     cdf_side = m.mul(half_x, m.add(m.c(1.0), erf_x))
     negative_tail = m.mul(m.mul(half_x, f), e)
-    return m.sel(m.b.fcmp_ordered("<=", x, m.c(-math.sqrt(0.5))), negative_tail, cdf_side)
+    tail_from = math.sqrt(0.5) if m.f64 else GELU_TAIL_FROM_F32
+    return m.sel(m.b.fcmp_ordered("<=", x, m.c(-tail_from)), negative_tail, cdf_side)
 
 
 def gelu_tanh(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -712,7 +715,7 @@ SUPPORTED = frozenset(_UNARY) | {"gelu"}
 # against scipy's float64 erf, itself about 1 ulp off; against mpmath it is within 2 ulp.)
 ACCURACY_ULP = {
     "float32": {"exp": 0.82, "log": 0.71, "log1p": 1.44, "tanh": 1.21, "sigmoid": 2.13,
-                "erf": 2.23, "sin": 2.07, "cos": 2.48, "gelu": 3.74, "gelu_tanh": 23.6,
+                "erf": 2.23, "sin": 2.07, "cos": 2.48, "gelu": 3.31, "gelu_tanh": 23.6,
                 "sqrt": 0.5, "rsqrt": 1.32},
     "float64": {"exp": 0.77, "log": 0.70, "log1p": 1.34, "tanh": 1.13, "sigmoid": 1.86,
                 "erf": 3.0, "sin": 1.35, "cos": 1.5, "gelu": 4.0, "gelu_tanh": 26.9,
