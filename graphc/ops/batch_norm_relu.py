@@ -1,6 +1,7 @@
 """batch_norm_relu: batch norm, an optional residual add and a ReLU as one op, with the ReLU's
 mask; made only by the cpu pipeline's `fuse_batch_norm_relu` pass (graphc/passes/
-batch_norm_relu.py), never called by users.
+batch_norm_relu.py), never called by users. Also conv2d_channel_sums, the convolution that
+hands it its statistics (below).
 
     batch_norm_relu[training, eps](input, weight, bias, running_mean, running_var, *residual)
         -> (out, positive, save_mean, save_invstd)
@@ -11,24 +12,60 @@ out > 0` (bool: what the ReLU's backward reads), and save_mean, save_invstd batc
 reference kernel runs the registry's own kernels in that order (batch_norm, add, relu, gt), so
 the op means exactly the nodes it replaces and the interpreter needs nothing special. It has no
 VJP: the pass runs after the backward graph is derived.
+
+With `sums=true` (made by graphc.passes.conv_channel_sums) the input after running_var is the
+per-image shifted sums of x that `conv2d_channel_sums` returned with x, and the training
+statistics come from them instead of a walk over x:
+
+    batch_norm_relu[training=true, eps, sums=true](input, weight, bias, running_mean,
+                                                   running_var, sums, *residual)
+
+    conv2d_channel_sums[stride, padding, dilation, groups](input, weight) -> (out, sums)
+
+out is conv2d's; sums (float64 [N, 3, C]) holds, for image n and output channel c, the shift
+K = out[n, c, 0, 0] and the sums of d = out[n, c] - K and of d^2 (in float64). The channel's
+mean and variance are the images' (K + S1/S, (S2 - S1^2/S)/S) merged in image order by Chan's
+parallel-variance update, in float64 (`merged_statistics`, which the cpu kernel follows step
+for step); with one shift per image, no thread sees another's shift, and the order of the
+images fixes the bits whatever the thread count. The rounding: docs/performance.md,
+"statistics computed where the convolution writes its output".
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from graphc.errors import ShapeError
-from graphc.ops.registry import NORM, REGISTRY, OpDef, register
-from graphc.types import TensorType, bool_
+from graphc.errors import DTypeError, ShapeError
+from graphc.ops.registry import CONTRACTION, NORM, REGISTRY, OpDef, register
+from graphc.types import TensorType, bool_, float64
 
 __all__: list[str] = []
-PUBLIC: tuple[str, ...] = ()  # made by graphc.passes.batch_norm_relu, never called by users
+PUBLIC: tuple[str, ...] = ()  # made by cpu pipeline passes, never called by users
+
+
+SUM_ROWS = 3  # a sums tensor's rows: the shift K, sum(x - K), sum((x - K)^2)
+
+
+def sums_type(x: TensorType) -> TensorType:
+    """The type of the per-image sums of an (N, C, ...) tensor x: float64 [N, 3, C]."""
+    return TensorType((x.shape[0], SUM_ROWS, x.shape[1]), float64)
 
 
 def _infer(x: TensorType, weight: TensorType, bias: TensorType, running_mean: TensorType,
-           running_var: TensorType, *residual: TensorType, training: bool, eps: float):
+           running_var: TensorType, *rest: TensorType, training: bool, eps: float,
+           sums: bool = False):
     out, mean, invstd = REGISTRY["batch_norm"].infer(x, weight, bias, running_mean, running_var,
                                                      training=training, eps=eps)
+    residual = rest
+    if sums:
+        if not training or not rest or rest[0] != sums_type(x):
+            got = rest[0] if rest else "nothing"
+            raise ShapeError(f"batch_norm_relu: with sums=true expected training=true and, "
+                             f"after running_var, the per-image sums {sums_type(x)} of the "
+                             f"input {x} (conv2d_channel_sums' second output), got "
+                             f"training={training} and {got}; drop sums=true to compute the "
+                             "statistics from the input")
+        residual = rest[1:]
     if len(residual) > 1 or any(r != x for r in residual):
         got = ", ".join(str(r) for r in residual)
         raise ShapeError(f"batch_norm_relu: expected at most one residual of the input's type "
@@ -37,9 +74,15 @@ def _infer(x: TensorType, weight: TensorType, bias: TensorType, running_mean: Te
     return out, TensorType(x.shape, bool_), mean, invstd
 
 
-def _kernel(x, weight, bias, running_mean, running_var, *residual, training: bool, eps: float):
-    y, mean, invstd = REGISTRY["batch_norm"].kernel(x, weight, bias, running_mean, running_var,
-                                                    training=training, eps=eps)
+def _kernel(x, weight, bias, running_mean, running_var, *rest, training: bool, eps: float,
+            sums: bool = False):
+    residual = rest[1:] if sums else rest
+    if sums:
+        y, mean, invstd = _normalised(x, weight, bias, *merged_statistics(rest[0], x[0, 0].size),
+                                      eps)
+    else:
+        y, mean, invstd = REGISTRY["batch_norm"].kernel(x, weight, bias, running_mean,
+                                                        running_var, training=training, eps=eps)
     if residual:
         y = REGISTRY["add"].kernel(y, residual[0])
     out = REGISTRY["relu"].kernel(y)
@@ -47,7 +90,70 @@ def _kernel(x, weight, bias, running_mean, running_var, *residual, training: boo
     return out, positive, mean, invstd
 
 
+def merged_statistics(sums: np.ndarray, plane: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each channel's mean and biased variance (float64) from per-image shifted sums (float64
+    [N, 3, C]; `plane` elements an image and channel): image n's mean K + S1/S and squared
+    deviations M2 = S2 - S1 * S1/S, merged in image order by Chan's update (with m images
+    merged, delta = mean_n - mean; mean += delta / (m + 1); M2 += M2_n + delta^2 * S * m /
+    (m + 1)); var = M2 / (N * S), negative rounding residue clamped to 0."""
+    s = float(plane)
+    shift, s1, s2 = sums[:, 0], sums[:, 1], sums[:, 2]
+    means = shift + s1 / s
+    squares = s2 - s1 * (s1 / s)
+    mean, m2 = means[0].copy(), squares[0].copy()
+    for m in range(1, sums.shape[0]):
+        delta = means[m] - mean
+        mean = mean + delta / (m + 1)
+        m2 = m2 + (squares[m] + delta * delta * (s * m / (m + 1)))
+    var = m2 / (s * sums.shape[0])
+    return mean, np.where(var < 0, 0.0, var)
+
+
+def _normalised(x, weight, bias, mean, var, eps: float):
+    """batch_norm's output, mean and invstd (graphc.ops.nn_ops) from given float64 statistics."""
+    bshape = (1, -1) + (1,) * (x.ndim - 2)
+    invstd = 1.0 / np.sqrt(var + eps)
+    scale = invstd * weight
+    out = (x.astype(np.float64) - mean.reshape(bshape)) * scale.reshape(bshape) + \
+        bias.reshape(bshape)
+    return out.astype(x.dtype), mean.astype(x.dtype), invstd.astype(x.dtype)
+
+
 register(OpDef("batch_norm_relu", NORM,
                ("input", "weight", "bias", "running_mean", "running_var", "*residual"),
-               _infer, _kernel, attrs={"training": bool, "eps": float},
+               _infer, _kernel, attrs={"training": bool, "eps": float, "sums": bool},
                doc="relu(batch_norm(x) [+ residual]) and its mask, one op (cpu pipeline only)"))
+
+
+# ---- conv2d_channel_sums ---------------------------------------------------------------------
+# conv2d's attributes (graphc.ops.conv registers later: this module is imported first)
+CONV_ATTRS = {"stride": tuple, "padding": tuple, "dilation": tuple, "groups": int}
+
+
+def _sums_infer(x: TensorType, w: TensorType, **attrs):
+    out = REGISTRY["conv2d"].infer(x, w, **attrs)
+    if out.ndim != 4:
+        raise ShapeError(f"conv2d_channel_sums: expected a batched (4-D) input, got {x}; the "
+                         "sums are per image, so an unbatched conv2d keeps the plain op")
+    if out.dtype.name not in ("float32", "float64"):
+        raise DTypeError(f"conv2d_channel_sums: expected float32 or float64, got {out}")
+    return out, sums_type(out)
+
+
+def image_sums(out: np.ndarray) -> np.ndarray:
+    """The per-image shifted sums (float64 [N, 3, C]) of an (N, C, H, W) tensor: K =
+    out[n, c, 0, 0], sum(d) and sum(d^2) for d = out[n, c] - K in float64."""
+    wide = out.astype(np.float64)
+    shift = wide[:, :, 0, 0]
+    d = wide - shift[:, :, None, None]
+    return np.stack([shift, d.sum(axis=(2, 3)), (d * d).sum(axis=(2, 3))], axis=1)
+
+
+def _sums_kernel(x, w, **attrs):
+    out = REGISTRY["conv2d"].kernel(x, w, **attrs)
+    return out, image_sums(out)
+
+
+register(OpDef("conv2d_channel_sums", CONTRACTION, ("input", "weight"), _sums_infer,
+               _sums_kernel, attrs=CONV_ATTRS,
+               doc="conv2d and its output's per-image shifted sums (cpu pipeline only)"))

@@ -45,6 +45,7 @@ from graphc.backends.cpu.image_kernels import (
     contiguous_out,
     element_strides,
     fadd,
+    iadd,
     image_kernel,
     imul,
 )
@@ -76,7 +77,8 @@ def batch_norm(lw, node: Node) -> None:
     """`batch_norm`, and `batch_norm_relu` (graphc.ops.batch_norm_relu: the output walk writes
     relu(y [+ residual]) and its mask, rendered by the scalar rules of add, relu and gt)."""
     x, weight, bias, rmean, rvar = node.inputs[:5]
-    residual = node.inputs[5:]
+    with_sums = bool(node.attrs.get("sums"))  # the convolution's sums after rvar
+    residual = node.inputs[6:] if with_sums else node.inputs[5:]
     fused_relu = node.op == "batch_norm_relu"
     out, *masks, mean_v, invstd_v = node.outputs
     dt = x.type.dtype
@@ -86,6 +88,7 @@ def batch_norm(lw, node: Node) -> None:
         return _by_channel(lw, node)
     training, eps = node.attrs["training"], node.attrs["eps"]
     n, c = x.type.shape[:2]
+    sums = [contiguous_in(lw, lw.locs[node.inputs[5]])] if with_sums else []
     s = math.prod(x.type.shape[2:])
     lx = contiguous_in(lw, lw.locs[x])
     params = [lw.locs[v] for v in (weight, bias, rmean, rvar)]
@@ -98,13 +101,15 @@ def batch_norm(lw, node: Node) -> None:
     ws = workspace(lw, float64, (4, c))[0] if split is None else split.shared[0]
     extra = [contiguous_in(lw, lw.locs[v]) for v in residual]
     with contiguous_out(lw, lw.locs[out]) as lo, _maybe_out(lw, masks) as lmask:
-        locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v], ws, *lmask, *extra]
+        locs = [lx, *params, lo, lw.locs[mean_v], lw.locs[invstd_v], ws, *lmask, *extra,
+                *sums]
         kb, ids = image_kernel(lw, node.op, locs + ([] if split is None else [split.control]),
                                ("images", tuple(sorted(node.attrs.items())),
                                 split is not None, PREFETCH, len(residual),
                                 CHANNEL_BLOCK_BYTES))
         xi, wi, bi, rmi, rvi, oi, mi, ii, wsi = ids[:9]
         maski, ri = (ids[9] if fused_relu else None), (ids[10] if residual else None)
+        sumsi = ids[9 + len(lmask) + len(extra)] if with_sums else None
         ms, is_ = (element_strides(lw.locs[v])[0] for v in (mean_v, invstd_v))
         b = kb.begin()
         if b is None:  # built before for a node of the same shapes and attributes
@@ -119,14 +124,16 @@ def batch_norm(lw, node: Node) -> None:
 
         def walks(lo, hi):
             """The statistics, then the output, of channels [lo, hi)."""
-            if training:
+            if training and not with_sums:
                 with loop(b, lo, hi, "c0") as ch:
                     kb.store(b, wsi, column(SUM, ch), ir.Constant(F64, 0.0))
                     kb.store(b, wsi, column(SQUARES, ch), ir.Constant(F64, 0.0))
                     kb.store(b, wsi, column(SHIFT, ch), wide(kb.load(b, xi, imul(b, ch, s))))
                 _shifted_sums(b, kb, xi, wsi, n, c, s, lo, hi, dt)
             with loop(b, lo, hi, "c1") as ch:
-                if training:
+                if with_sums:
+                    mean, var = _merged_statistics(b, kb, sumsi, n, c, s, ch)
+                elif training:
                     m = b.sitofp(size(b, n * s), F64)
                     centre = b.fdiv(kb.load(b, wsi, column(SUM, ch)), m)
                     var = b.fsub(b.fdiv(kb.load(b, wsi, column(SQUARES, ch)), m),
@@ -160,7 +167,8 @@ def batch_norm(lw, node: Node) -> None:
                                            None if ri is None else kb.load(b, ri, at))
                     kb.store(b, oi, at, y)
 
-        block = _block_channels(n, s, dt) if training else c
+        # (with sums there is no statistics walk: one block, the output walk)
+        block = _block_channels(n, s, dt) if training and not with_sums else c
         if block >= c:
             walks(lo_c, hi_c)
         else:  # channel blocks whose N planes stay in L2 between the two walks
@@ -171,6 +179,37 @@ def batch_norm(lw, node: Node) -> None:
                 hi = b.add(lo, i64(block))
                 walks(lo, b.select(b.icmp_signed("<", hi, last), hi, last))
         lw.calls.append(called_kernel(lw, kb.finish(b), split))
+
+
+def _merged_statistics(b, kb, sumsi, n: int, c: int, s: int, ch):
+    """Channel ch's mean and biased variance (float64 values) from the per-image shifted sums
+    of operand `sumsi` ([N, 3, C]: K, S1, S2), merged in image order by Chan's update: the
+    same operations in the same order as graphc.ops.batch_norm_relu.merged_statistics."""
+    with b.goto_entry_block():
+        mean_a, m2_a = b.alloca(F64, name="mean"), b.alloca(F64, name="m2")
+    plane = ir.Constant(F64, float(s))
+
+    def image(k):
+        shift, s1, s2 = (kb.load(b, sumsi, iadd(b, imul(b, k, 3 * c), row * c, ch))
+                         for row in range(3))
+        return b.fadd(shift, b.fdiv(s1, plane)), b.fsub(s2, b.fmul(s1, b.fdiv(s1, plane)))
+
+    first_mean, first_m2 = image(0)
+    b.store(first_mean, mean_a)
+    b.store(first_m2, m2_a)
+    with loop(b, 1, n, "img") as k:
+        mean_k, m2_k = image(k)
+        kf = b.sitofp(k, F64)
+        after = b.fadd(kf, ir.Constant(F64, 1.0))
+        mean = b.load(mean_a)
+        delta = b.fsub(mean_k, mean)
+        b.store(b.fadd(mean, b.fdiv(delta, after)), mean_a)
+        weight = b.fdiv(b.fmul(plane, kf), after)
+        b.store(b.fadd(b.load(m2_a), b.fadd(m2_k, b.fmul(b.fmul(delta, delta), weight))), m2_a)
+    var = b.fdiv(b.load(m2_a), b.sitofp(size(b, n * s), F64))
+    var = b.select(b.fcmp_ordered("<", var, ir.Constant(F64, 0.0)), ir.Constant(F64, 0.0),
+                   var)  # a NaN stays
+    return b.load(mean_a), var
 
 
 def _block_channels(n: int, s: int, dt) -> int:

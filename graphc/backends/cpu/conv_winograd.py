@@ -136,13 +136,15 @@ def _applies(g, dt, ci: int, co: int, out_hw) -> bool:
             and out_hw[0] % 2 == 0 and out_hw[1] % 2 == 0 and g.n > 0)
 
 
-def conv2d(lw, node, g, x, w, out) -> bool:
-    """out = conv2d(x, w) by F(2x2, 3x3), or False."""
+def conv2d(lw, node, g, x, w, out, sums=None) -> bool:
+    """out = conv2d(x, w) by F(2x2, 3x3), or False. `sums` (a Loc: float64 [N, 3, O],
+    conv2d_channel_sums' second output): also each image's and channel's shifted sums of out,
+    added by the output transform (winograd_transforms.add_plane_sums)."""
     dt = x.type.dtype
     if not _applies(g, dt, g.c, g.o, (g.ho, g.wo)):
         return False
     _winograd(lw, node, g, x, image_strides(x), w, out, flip=False, ci=g.c, co=g.o,
-              in_hw=(g.h, g.w), out_hw=(g.ho, g.wo), pad=g.padding)
+              in_hw=(g.h, g.w), out_hw=(g.ho, g.wo), pad=g.padding, sums=sums)
     return True
 
 
@@ -159,10 +161,11 @@ def conv2d_input_grad(lw, node, g) -> bool:
     return True
 
 
-def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) -> None:
+def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad,
+              sums=None) -> None:
     """out (co x out_hw per image) = the 3x3 correlation of src (ci x in_hw per image,
     element strides `ss`, zero-padded by `pad`) with f[co, ci] (w, or w flipped and
-    transposed)."""
+    transposed); `sums`: see conv2d."""
     cv = Conv(lw, node, g, src.type.dtype)
     dt = cv.dt
     w = contiguous_in(lw, w)
@@ -185,9 +188,13 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
         macs = g.n * co * ci * 9 * out_hw[0] * out_hw[1] if units else None
         split = plan_split(lw, dt, shapes, units, macs, shared=[(nxi, u_step)])
         temps = workspace(lw, dt, (nxi, u_step), *shapes) if split is None else \
-            split.shared + split.locs + [split.control]
-        locs = [src, w, dst] + temps
-        recipe = (g.key(), flip, ci, co, in_hw, out_hw, pad)
+            split.shared + split.locs
+        # the sums (if any) after the temporaries, the split's control last (ids[-1])
+        locs = [src, w, dst] + temps + ([] if sums is None else [sums]) + \
+            ([] if split is None else [split.control])
+        sums_i = None if sums is None else 3 + len(temps)
+        recipe = (g.key(), flip, ci, co, in_hw, out_hw, pad) + \
+            (() if sums is None else ("sums",))
         # not split over images: the filter transform, where a fork pays (512 channels: 16 MB
         # of U), in a forked kernel of its own called first, as a split kernel's prelude is
         alone = split is None and kernels.forks(lw.openmp, nxi * co * ci)
@@ -230,7 +237,7 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad) ->
                         ui, xi * u_step, co if trans_u else ci,
                         vi, xi * v_step, ld, 0.0, mi, xi * m_step, ld)
             output_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), mi, m_step, co, oi,
-                         out_hw)
+                         out_hw, sums_i)
 
         def block(b, n0, count):
             _over_parts(b, part, n0, count, rows, full_parts, tail_rows)

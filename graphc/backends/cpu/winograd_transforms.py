@@ -13,7 +13,9 @@ the blocks, the layouts and the GEMMs, these the arithmetic:
   `rows_by_vectors`, 16 tiles a vector along tile rows, with no padded plane either;
 - `filter_transform`: U = G f G^T of every filter (the input gradient's flipped one, and
   U stored transposed where conv_winograd asks), `in_squares` the transposing walk;
-- `spaced`: the distance between consecutive transform-domain matrices.
+- `spaced`: the distance between consecutive transform-domain matrices;
+- `add_plane_sums`: the output's per-image, per-channel shifted sums for the batch norm after
+  the convolution (graphc.passes.conv_channel_sums), from the rows a part just wrote.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from graphc.backends.cpu.conv_blocks import block_images
-from graphc.backends.cpu.image_kernels import iadd, imul
-from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import F32, as_i64, i64, loop
+from graphc.backends.cpu.image_kernels import fadd, iadd, imul
+from graphc.backends.cpu.scalars import const, convert
+from graphc.backends.cpu.values import F32, F64, as_i64, i64, loop
+from graphc.types import float64
 
-__all__ = ["A", "ALPHA", "AT", "BT", "G", "GT", "OUT_SQUARE", "Tiles", "combine",
-           "filter_transform", "in_squares", "input_tiles", "output_planes_by_vectors",
+__all__ = ["A", "ALPHA", "AT", "BT", "G", "GT", "OUT_SQUARE", "Tiles", "add_plane_sums",
+           "combine", "filter_transform", "in_squares", "input_tiles", "output_planes_by_vectors",
            "output_tiles", "pad_plane", "planes_by_vectors", "planes_by_vectors_apply",
            "rows_by_vectors", "rows_by_vectors_apply", "sandwich", "spaced"]
 
@@ -107,11 +110,14 @@ def input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_st
                 kb.store(b, vi, iadd(b, t, xi * v_step), v[xi // ALPHA][xi % ALPHA])
 
 
-def output_tiles(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, out_hw) -> None:
+def output_tiles(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, out_hw,
+                 sums: int | None = None) -> None:
     """out[n0 + j, o] (NCHW, contiguous, planes `out_hw`) = A^T m A for every tile t of the
-    part, m[xi] = M[xi * m_step + o * ld + t]; small planes by output_planes_by_vectors."""
+    part, m[xi] = M[xi * m_step + o * ld + t]; small planes by output_planes_by_vectors.
+    `sums` (an operand: float64 [N, 3, co]): each image's and channel's shifted sums, the
+    rows of the part added while they are in L1 (`add_plane_sums`)."""
     if planes_by_vectors_apply(dt, part, (None, None, out_hw[1], 1), out_hw, whole=True):
-        return output_planes_by_vectors(b, kb, dt, part, mi, m_step, co, oi, out_hw)
+        return output_planes_by_vectors(b, kb, dt, part, mi, m_step, co, oi, out_hw, sums)
     per_image = part.nrows * part.tw
     plane_out = out_hw[0] * out_hw[1]
     n0, ld, tw, ty0 = part.n0, part.ld, part.tw, part.ty0
@@ -128,6 +134,10 @@ def output_tiles(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, out_hw) -> Non
             for r in range(2):
                 for s in range(2):
                     kb.store(b, oi, iadd(b, at, r * out_hw[1] + s), y[r][s])
+        if sums is not None:  # the part's rows of this plane, just written
+            rows_at = iadd(b, plane, imul(b, ty0, 2 * out_hw[1]))
+            add_plane_sums(b, kb, dt, oi, plane, rows_at, 2 * part.nrows * out_hw[1], sums,
+                           iadd(b, n0, j), o, co, first=_is_zero(b, ty0))
 
 
 def in_squares(b, o_range, ci: int, one) -> None:
@@ -287,11 +297,13 @@ def _concatenated(b, vectors: list):
     return vectors[0]
 
 
-def output_planes_by_vectors(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, out_hw) -> None:
+def output_planes_by_vectors(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, out_hw,
+                             sums: int | None = None) -> None:
     """output_tiles for small planes, PLANE_LANES tiles at once (planes_by_vectors'
     converse): the 16 sums of PLANE_LANES tiles loaded as vectors along M's row, A^T m A on
     vectors, and the 2x2 outputs of every tile shuffled into whole output planes, stored
-    as vectors. The same additions in the same order as the tile loop (bit for bit)."""
+    as vectors. The same additions in the same order as the tile loop (bit for bit).
+    `sums`: as output_tiles' (each plane is whole here, so its sums are written once)."""
     lanes = PLANE_LANES
     per_image = part.nrows * part.tw
     images = lanes // per_image
@@ -317,6 +329,9 @@ def output_planes_by_vectors(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, ou
             values = b.shuffle_vector(every, ir.Constant(every.type, ir.Undefined), mask)
             out_at = imul(b, iadd(b, imul(b, iadd(b, first, k), co), o), plane)
             b.store(values, kb.pointer(b, oi, out_at), align=4)
+            if sums is not None:
+                add_plane_sums(b, kb, dt, oi, out_at, out_at, plane, sums, iadd(b, first, k),
+                               o, co, first=True)
 
 
 # Large planes' input transform in vectors of PLANE_LANES tiles along tile rows (float32):
@@ -385,3 +400,48 @@ def rows_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step) 
         for xi in range(ALPHA * ALPHA):
             b.store(v[xi // ALPHA][xi % ALPHA], kb.pointer(b, vi, iadd(b, at, xi * v_step)),
                     align=4)
+
+
+# the rows of a sums operand (graphc.ops.batch_norm_relu.sums_type: [N, 3, C] float64)
+SUM_SHIFT, SUM_D, SUM_SQUARES = range(3)
+
+
+def add_plane_sums(b, kb, dt, oi, plane, start, count: int, sums: int, n, o, co: int,
+                   first) -> None:
+    """sums[n, 1, o] (+)= sum(d) and sums[n, 2, o] (+)= sum(d^2) over d = out[start + q] - K
+    (q < count, in float64), K = sums[n, 0, o], which the plane's first part (`first`: True,
+    False or an i1 value) sets to the plane's first element out[plane] (written by then) and
+    whose sums it writes rather than adds to. The elements are summed in registers
+    (reassociated: LLVM's vector lanes), in one order fixed by the code, whatever the
+    thread count (an image is one thread's)."""
+    with b.goto_entry_block():
+        acc = [b.alloca(F64, name="sum_d"), b.alloca(F64, name="sum_d2")]
+    slot = [iadd(b, imul(b, n, 3 * co), row * co, o) for row in range(3)]
+    zero = ir.Constant(F64, 0.0)
+    if first is True:
+        shift = convert(b, kb.load(b, oi, plane), dt, float64)
+    elif first is False:
+        shift = kb.load(b, sums, slot[SUM_SHIFT])
+    else:
+        shift = b.select(first, convert(b, kb.load(b, oi, plane), dt, float64),
+                         kb.load(b, sums, slot[SUM_SHIFT]))
+    for a in acc:
+        b.store(zero, a)
+    with loop(b, 0, count, "sq") as q:
+        d = b.fsub(convert(b, kb.load(b, oi, iadd(b, start, q)), dt, float64), shift)
+        b.store(fadd(b, b.load(acc[0]), d, True), acc[0])
+        b.store(fadd(b, b.load(acc[1]), b.fmul(d, d), True), acc[1])
+    if first is not False:
+        kb.store(b, sums, slot[SUM_SHIFT], shift)
+    for row, a in ((SUM_D, acc[0]), (SUM_SQUARES, acc[1])):
+        total = b.load(a)
+        if first is not True:
+            before = kb.load(b, sums, slot[row])
+            before = before if first is False else b.select(first, zero, before)
+            total = b.fadd(before, total)
+        kb.store(b, sums, slot[row], total)
+
+
+def _is_zero(b, v):
+    """v == 0 of an int (a Python bool) or an i64 value (an i1 value)."""
+    return v == 0 if isinstance(v, int) else b.icmp_signed("==", as_i64(v), i64(0))
