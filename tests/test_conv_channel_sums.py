@@ -1,0 +1,295 @@
+"""Batch norm's statistics computed where the convolution writes its output: the pass
+fuse_conv_channel_sums (graphc.passes.conv_channel_sums), the ops conv2d_channel_sums and
+batch_norm_relu[sums=true] (graphc.ops.batch_norm_relu), the Winograd output transform's sums
+(graphc.backends.cpu.winograd_transforms.add_plane_sums) and the batch norm kernel's merge
+(graphc.backends.cpu.batch_norm).
+
+The statistics are float64 sums in another order than before, so results are judged by their
+distance from a float64 run (docs/performance.md, Rounding: within 2x eager graphc's), and the
+sums must be the same bits whatever the thread count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+
+import graphc  # noqa: E402
+from graphc import nn  # noqa: E402
+from graphc.backends.cpu import conv_threads, conv_winograd, pool, threads  # noqa: E402
+from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
+from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from graphc.ir import parse  # noqa: E402
+from graphc.ir.interpreter import run as interpret  # noqa: E402
+from graphc.ops.batch_norm_relu import image_sums, merged_statistics  # noqa: E402
+from graphc.ops.registry import REGISTRY  # noqa: E402
+from graphc.passes import conv_channel_sums as module  # noqa: E402
+from graphc.passes.conv_channel_sums import fuse_conv_channel_sums  # noqa: E402
+from graphc.passes.plan import plan_buffers  # noqa: E402
+from graphc.testing.rounding import assert_rounding_within  # noqa: E402
+
+resolve_blas()  # hands the BLAS's thread count to generated code (threads.install)
+ALL_CORES = threads.image_threads()
+CONV = "conv2d[stride=({s}, {s}), padding=({p}, {p}), dilation=(1, 1), groups=1]"
+
+
+def _graph(n=2, c=16, o=16, hw=8, pad=1, stride=1, dtype="f32", training="true",
+           residual=False) -> str:
+    """conv2d then batch_norm_relu (with a residual, or not), the conv output returned too."""
+    ho = (hw + 2 * pad - 3) // stride + 1
+    t_in, t = f"{dtype}[{n},{c},{hw},{hw}]", f"{dtype}[{n},{o},{ho},{ho}]"
+    p, m = f"{dtype}[{o}]", f"bool[{n},{o},{ho},{ho}]"
+    extra = ", %r" if residual else ""
+    return f"""graph @f(%x: {t_in}, %k: {dtype}[{o},{c},3,3], %w: {p}, %b: {p}, %m: {p}, %v: {p},
+    %r: {t}) -> ({t}, {m}, {p}, {p}, {t}) {{
+  %0: {t} = {CONV.format(s=stride, p=pad)}(%x, %k)
+  %1: {t}, %2: {m}, %3: {p}, %4: {p} = batch_norm_relu[training={training}, eps=1e-05](%0, %w,
+      %b, %m, %v{extra})
+  return (%1, %2, %3, %4, %0)
+}}"""
+
+
+def _arrays(n=2, c=16, o=16, hw=8, pad=1, dtype=np.float32, seed=0, make_x=None):
+    rng = np.random.default_rng(seed)
+    ho = hw + 2 * pad - 2
+    z = rng.standard_normal((n, c, hw, hw))
+    x = z + 0.5 if make_x is None else make_x(z)
+    k = rng.uniform(-1, 1, (o, c, 3, 3)) / np.sqrt(9 * c)
+    params = [rng.uniform(0.5, 2, o), rng.uniform(-1, 1, o), np.zeros(o), np.ones(o)]
+    return [a.astype(dtype) for a in [x, k, *params, rng.standard_normal((n, o, ho, ho))]]
+
+
+def _compiled(graph, count: int = 1):
+    graph = parse(str(graph))
+    plan_buffers(graph)
+    exe = CpuExecutable(graph)
+    exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+    return exe
+
+
+def _float64_run(arrays, pad=1, residual=False):
+    """The graph's results (relu output, mean, invstd, conv output) in float64."""
+    x, k, w, b = (a.astype(np.float64) for a in arrays[:4])
+    y = REGISTRY["conv2d"].kernel(x, k, stride=(1, 1), padding=(pad, pad), dilation=(1, 1),
+                                  groups=1)
+    mean, var = y.mean(axis=(0, 2, 3)), y.var(axis=(0, 2, 3))
+    invstd = 1 / np.sqrt(var + 1e-5)
+    out = (y - mean[:, None, None]) * (invstd * w)[:, None, None] + b[:, None, None]
+    out = out + arrays[6].astype(np.float64) if residual else out
+    return np.maximum(out, 0), mean, invstd, y
+
+
+def _eager(arrays, pad=1, residual=False):
+    """The same in eager graphc's kernels (float32): conv2d, batch_norm, add, relu."""
+    y = REGISTRY["conv2d"].kernel(arrays[0], arrays[1], stride=(1, 1), padding=(pad, pad),
+                                  dilation=(1, 1), groups=1)
+    out, mean, invstd = REGISTRY["batch_norm"].kernel(y, *arrays[2:6], training=True, eps=1e-5)
+    out = out + arrays[6] if residual else out
+    return np.maximum(out, 0), mean, invstd, y
+
+
+def test_the_pass_gives_the_batch_norm_its_convolutions_sums():
+    out = fuse_conv_channel_sums(parse(_graph(residual=True)))
+    assert str(out) == """graph @f(%x: f32[2,16,8,8], %k: f32[16,16,3,3], %w: f32[16], %b: f32[16], %m: f32[16], %v: f32[16], %r: f32[2,16,8,8]) -> (f32[2,16,8,8], bool[2,16,8,8], f32[16], f32[16], f32[2,16,8,8]) {
+  %0: f32[2,16,8,8], %0_sums: f64[2,3,16] = conv2d_channel_sums[stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1](%x, %k)
+  %1: f32[2,16,8,8], %2: bool[2,16,8,8], %3: f32[16], %4: f32[16] = batch_norm_relu[training=true, eps=1e-05, sums=true](%0, %w, %b, %m, %v, %0_sums, %r)
+  return (%1, %2, %3, %4, %0)
+}"""  # noqa: E501
+    assert parse(str(out)) == out
+    assert fuse_conv_channel_sums(out) is out  # once only
+
+
+@pytest.mark.parametrize("case", [
+    {"stride": 2, "hw": 9},        # stride 2: not the Winograd kernel's form
+    {"c": 8},                      # fewer channels than the Winograd kernel takes
+    {"hw": 7},                     # an odd output plane
+    {"training": "false"},         # eval mode: the running statistics, no sums
+])
+def test_what_the_winograd_kernel_does_not_take_stays_apart(case):
+    graph = parse(_graph(**case))
+    assert fuse_conv_channel_sums(graph) is graph
+
+
+def test_the_pass_and_the_kernel_agree_on_the_least_channel_count():
+    assert module.MIN_CHANNELS == conv_winograd.MIN_CHANNELS
+
+
+def test_merged_statistics_equal_the_two_pass_ones_in_float64():
+    rng = np.random.default_rng(1)
+    for make in (lambda z: z, lambda z: 1e5 + 0.1 * z, lambda z: np.where(z > 2.5, 1e3, z)):
+        y = make(rng.standard_normal((7, 5, 6, 4)))
+        mean, var = merged_statistics(image_sums(y), 24)
+        np.testing.assert_allclose(mean, y.mean(axis=(0, 2, 3)), rtol=1e-14, atol=1e-12)
+        np.testing.assert_allclose(var, y.var(axis=(0, 2, 3)), rtol=1e-9)
+
+
+# ResNet-18's four plane sizes and their paths through the output transform: 32x32 in parts
+# of tile rows (a loop), 16x16 whole images (the tile loop), 8x8 and 4x4 16 tiles a vector
+# (wide: 256 channels); 6x6 (no vectors); a last block of fewer images; float64
+SHAPES = [
+    {"n": 2, "hw": 32}, {"n": 3, "c": 32, "o": 32, "hw": 16}, {"n": 5, "hw": 8},
+    {"n": 5, "c": 256, "o": 256, "hw": 4}, {"n": 3, "hw": 6}, {"n": 7, "c": 16, "o": 24, "hw": 8},
+]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("shape", SHAPES + [{"n": 3, "hw": 8, "dtype": "f64"}],
+                         ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_compiled_sums_within_rounding_of_float64(shape, residual):
+    """The output, the mean, invstd and the conv output within 2x eager graphc's distance from
+    a float64 run; the sums equal the reference kernel's (image_sums) to float64 rounding;
+    the interpreter's batch_norm_relu[sums] (merged_statistics) the compiled one's."""
+    dtype = np.float64 if shape.get("dtype") == "f64" else np.float32
+    dims = {k: v for k, v in shape.items() if k != "dtype"}
+    graph = fuse_conv_channel_sums(parse(_graph(**shape, residual=residual)))
+    assert [n.op for n in graph.nodes] == ["conv2d_channel_sums", "batch_norm_relu"]
+    arrays = _arrays(**dims, dtype=dtype, seed=sum(dims.values()))
+    got = _compiled(graph).run(*[a.copy() for a in arrays])
+    eager = _eager(arrays, residual=residual)
+    for g, e, want in zip([got[0], got[2], got[3], got[4]], eager,
+                          _float64_run(arrays, residual=residual)):
+        assert g.dtype == dtype
+        assert_rounding_within(g, e, want)
+    reference = interpret(graph, *[a.copy() for a in arrays])
+    for g, r in zip(got, reference):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def _sums_of(graph, arrays, count=1):
+    """The graph's outputs with conv2d_channel_sums' sums returned as well."""
+    text = str(graph).replace("-> (", "-> (f64[{}], ".format(",".join(
+        str(d) for d in graph.nodes[0].outputs[1].type.shape)), 1)
+    text = text.replace("return (", f"return (%{graph.nodes[0].outputs[1].name}, ")
+    return _compiled(parse(text), count).run(*[a.copy() for a in arrays])
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_the_transforms_sums_equal_the_reference_kernels(shape):
+    graph = fuse_conv_channel_sums(parse(_graph(**shape)))
+    arrays = _arrays(**shape, seed=3)
+    got = _sums_of(graph, arrays)
+    want = image_sums(got[-1])  # of the compiled conv output itself
+    np.testing.assert_array_equal(got[0][:, 0], want[:, 0])  # K: the plane's first element
+    np.testing.assert_allclose(got[0], want, rtol=1e-12, atol=1e-9)
+
+
+def test_a_convolution_the_kernel_declines_sums_in_a_walk_of_its_own(monkeypatch):
+    """The lowering's fallback: conv2d's other path, then a kernel that sums its output: the
+    sums of that output, and the results those of the transform's sums to rounding."""
+    graph = fuse_conv_channel_sums(parse(_graph(n=3, hw=8)))
+    arrays = _arrays(n=3, hw=8, seed=4)
+    by_transform = _sums_of(graph, arrays)
+    monkeypatch.setattr(conv_winograd, "MIN_CHANNELS", 1000)
+    by_walk = _sums_of(graph, arrays)
+    np.testing.assert_allclose(by_walk[0], image_sums(by_walk[-1]), rtol=1e-12, atol=1e-9)
+    for g, w in zip(by_walk[1:], by_transform[1:]):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+HOSTILE = {  # conv outputs that defeat unshifted sums, or whose first element is an outlier
+    "mean 1e3, deviation ~1e-2": lambda z: 1e3 + 0.1 * z,
+    "mean -3e3, deviation ~1": lambda z: -3e3 + 10 * z,
+    "first element an outlier": lambda z: np.where((np.arange(8) == 0)[:, None]
+                                                   & (np.arange(8) == 0)[None, :], 1e3, z),
+}
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+def test_hostile_statistics_stay_within_twice_eager_rounding(kind):
+    """A large mean over a small spread (positive weights summing to 1: the output is a
+    weighted mean of x) and a first element far from its channel (x[:, :, 0, 0], which only
+    output (0, 0) reads): each image's shift is its own first element and the merge is
+    Chan's, so the results stay within 2x eager graphc's distance from float64."""
+    graph = fuse_conv_channel_sums(parse(_graph(n=4, hw=8, pad=0)))
+    arrays = _arrays(n=4, hw=8, pad=0, seed=5, make_x=HOSTILE[kind])
+    if kind.startswith("mean"):
+        k = np.abs(arrays[1].astype(np.float64))
+        arrays[1] = (k / k.sum(axis=(1, 2, 3), keepdims=True)).astype(np.float32)
+    got = _compiled(graph).run(*[a.copy() for a in arrays])
+    for g, e, want in zip([got[0], got[2], got[3]], _eager(arrays, pad=0),
+                          _float64_run(arrays, pad=0)):
+        assert_rounding_within(g, e, want)
+
+
+@pytest.mark.skipif(ALL_CORES < 2, reason="one core (or a BLAS whose thread count cannot be "
+                    "held): the Winograd kernel's blocks are never split")
+@pytest.mark.parametrize("shape", SHAPES[:4], ids=lambda s: "-".join(f"{k}{v}" for k, v in
+                                                                      s.items()))
+def test_two_threads_give_the_same_bits(shape, monkeypatch):
+    """The Winograd kernel split over its blocks of images and the batch norm over its
+    channels: each image's sums are one share's, merged in image order, so the same bits."""
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(pool, "POOL_MIN_SPLIT_TAPS", 0)
+    graph = fuse_conv_channel_sums(parse(_graph(**shape)))
+    arrays = _arrays(**shape, seed=6)
+    one = _sums_of(graph, arrays, 1)
+    exe = _compiled(parse(str(graph)), ALL_CORES)  # (the split shows in the IR)
+    assert exe.lowered.ir_text.count(".split") >= 2
+    for got, want in zip(_sums_of(graph, arrays, ALL_CORES), one):
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
+                                      np.asarray(want).view(np.uint8))
+
+
+class _Block(nn.Module):
+    """conv-bn-relu, conv-bn, + the input, relu (a ResNet basic block of 16 channels: the
+    Winograd kernel's form), then a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.head = nn.Linear(16 * 8 * 8, 3)
+
+    def forward(self, x):
+        y = self.bn1(self.conv1(x)).relu()
+        y = (self.bn2(self.conv2(y)) + x).relu()
+        return self.head(y.reshape(x.shape[0], -1))
+
+
+def _steps(fuse: bool, monkeypatch, calls=3):
+    monkeypatch.setattr(module, "FUSE", fuse)
+    made = []
+    real = module.fuse_conv_channel_sums
+
+    def spy(graph):
+        out = real(graph)
+        made.extend(n for n in out.nodes if n.op == "conv2d_channel_sums")
+        return out
+
+    monkeypatch.setattr(module, "fuse_conv_channel_sums", spy)
+    graphc.manual_seed(0)
+    model = _Block()
+    opt = graphc.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def train(x, y):
+        opt.zero_grad()
+        loss = graphc.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step = graphc.compile(train, backend="cpu")
+    rng = np.random.default_rng(0)
+    x = graphc.tensor(rng.standard_normal((5, 16, 8, 8)).astype(np.float32))
+    y = graphc.tensor(rng.integers(0, 3, 5))
+    losses = [step(x, y).detach().numpy() for _ in range(calls)]
+    assert len(made) == (2 if fuse else 0)  # both batch norms take their conv's sums
+    state = [p.detach().numpy().copy() for p in model.parameters()]
+    state += [b.detach().numpy().copy() for b in (model.bn1.running_mean, model.bn1.running_var,
+                                                  model.bn2.running_mean, model.bn2.running_var)]
+    return losses, state
+
+
+def test_a_training_step_with_and_without_the_pass_agree(monkeypatch, tmp_path):
+    """Three SGD steps of a ResNet block: losses, weights, gradients' effects and the running
+    statistics agree to float32 rounding with the statistics computed either way."""
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "sums"))
+    fused = _steps(True, monkeypatch)
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "plain"))
+    plain = _steps(False, monkeypatch)
+    for got, want in zip(fused[0] + fused[1], plain[0] + plain[1]):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
