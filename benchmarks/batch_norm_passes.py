@@ -5,6 +5,7 @@ process, and their rounding on hostile inputs.
     python -m benchmarks.batch_norm_passes --rounds 3 --accuracy-only
     python -m benchmarks.batch_norm_passes --step --rounds 9   # the whole training step
     python -m benchmarks.batch_norm_passes --relu --rounds 9   # batch norm + ReLU, fused or not
+    python -m benchmarks.batch_norm_passes --conv-sums --rounds 9  # statistics in the conv
 
 For each batch-norm shape of benchmarks/model_steps.py's ResNet-18 step (batch 32: 64
 channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `batch_norm` graph
@@ -34,6 +35,12 @@ kernels by op list).
 (`fused[relu, gt]`, and `fused[add, relu, gt]` with a residual), as two kernels ("separate")
 and as one `batch_norm_relu` (graphc.passes.batch_norm_relu: "fused"), each compiled once,
 called natively in alternated rounds as above.
+
+`--conv-sums`: per layer, the 3x3 convolution (C -> C, padding 1: the Winograd kernel) alone
+and followed by its `batch_norm_relu`, each with the statistics walked by the batch norm
+("walk") and summed by the convolution's output transform (graphc.passes.conv_channel_sums:
+"in conv"), compiled once, called natively in alternated rounds as above; the pairs checked
+to agree within rounding first.
 """
 
 from __future__ import annotations
@@ -226,6 +233,78 @@ def relu_speed(root: str, rounds: int) -> list[str]:
     return lines
 
 
+def conv_sums_graph(shape: tuple, with_bn: bool, in_conv: bool):
+    """conv2d (3x3, padding 1, C -> C) [then batch_norm_relu], the conv output returned too;
+    `in_conv`: after graphc.passes.conv_channel_sums (alone: conv2d_channel_sums)."""
+    from graphc.ir import parse
+    from graphc.passes.conv_channel_sums import fuse_conv_channel_sums
+
+    n, c = shape[:2]
+    t, p, m = "f32[" + ",".join(map(str, shape)) + "]", f"f32[{c}]", "bool" + \
+        "[" + ",".join(map(str, shape)) + "]"
+    conv = "conv2d[stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1](%x, %k)"
+    if not with_bn:
+        op = "conv2d_channel_sums" if in_conv else "conv2d"
+        outs = f"%0: {t}, %s: f64[{n},3,{c}]" if in_conv else f"%0: {t}"
+        rets = ("%0, %s", f"{t}, f64[{n},3,{c}]") if in_conv else ("%0", t)
+        return parse(f"""graph @conv(%x: {t}, %k: f32[{c},{c},3,3]) -> ({rets[1]}) {{
+          {outs} = {op}{conv[6:]}
+          return ({rets[0]})
+        }}""")
+    graph = parse(f"""graph @conv_bn(%x: {t}, %k: f32[{c},{c},3,3], %w: {p}, %b: {p}, %m: {p},
+        %v: {p}) -> ({t}, {m}, {p}, {p}, {t}) {{
+      %0: {t} = {conv}
+      %1: {t}, %2: {m}, %3: {p}, %4: {p} = batch_norm_relu[training=true, eps=1e-05](%0, %w,
+          %b, %m, %v)
+      return (%1, %2, %3, %4, %0)
+    }}""")
+    return fuse_conv_channel_sums(graph) if in_conv else graph
+
+
+def conv_sums_speed(root: str, rounds: int) -> list[str]:
+    """The --conv-sums table (module docstring)."""
+    from benchmarks.profiles import native_call
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.passes.plan import plan_buffers
+
+    lines = ["| layer (N = 32) | conv, walk | conv, in conv | conv + bn, walk | "
+             "conv + bn, in conv | saved |", "|---|---|---|---|---|---|"]
+    rng = np.random.default_rng(3)
+    for channels, side in LAYERS:
+        shape = (32, channels, side, side)
+        x = rng.standard_normal(shape).astype(np.float32)
+        k = (rng.uniform(-1, 1, (channels, channels, 3, 3)) / np.sqrt(9 * channels)).astype(
+            np.float32)
+        params = [rng.uniform(0.5, 2, channels).astype(np.float32) for _ in range(4)]
+        calls, results = [], []
+        for with_bn in (False, True):
+            for in_conv in (False, True):
+                os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, f"{with_bn}{in_conv}")
+                graph = conv_sums_graph(shape, with_bn, in_conv)
+                plan_buffers(graph)
+                executable = CpuExecutable(graph)
+                args = [x, k] + (params if with_bn else [])
+                results.append(executable.run(*[a.copy() for a in args]))
+                calls.append(native_call(executable, args))
+        for a, b in zip(results[2], results[3]):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+        times: list[list[float]] = [[] for _ in calls]
+        for r in range(rounds):
+            order = list(enumerate(calls))
+            for j, call in (order if r % 2 else order[::-1]):
+                call()
+                count, start = 0, time.process_time()
+                while time.process_time() - start < 0.04:
+                    call()
+                    count += 1
+                times[j].append((time.process_time() - start) / count)
+        med = [statistics.median(t) for t in times]
+        lines.append(f"| {channels} channels, {side}x{side} | " +
+                     " | ".join(f"{m * 1e3:.3f} ms" for m in med) +
+                     f" | {(med[2] - med[3]) * 1e3:.3f} ms |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="alternated rounds (7)")
@@ -233,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step", action="store_true", help="the whole training step")
     parser.add_argument("--relu", action="store_true",
                         help="batch norm and the ReLU after it, two kernels or one")
+    parser.add_argument("--conv-sums", action="store_true",
+                        help="the statistics walked by batch norm or summed by the conv")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
                         help="which variants (all)")
     args = parser.parse_args(argv)
@@ -241,6 +322,9 @@ def main(argv: list[str] | None = None) -> None:
     run_with_threads("benchmarks.batch_norm_passes", 1, sys.argv[1:] if argv is None else argv)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
     with cache_root("batch_norm_passes.") as root:
+        if args.conv_sums:
+            print("\n".join(conv_sums_speed(root, args.rounds)), flush=True)
+            return print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
         if args.relu:
             print("\n".join(relu_speed(root, args.rounds)), flush=True)
             return print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
