@@ -10,6 +10,7 @@ import sys
 
 from graphc.ir import format_graph, parse
 from graphc.passes.batch_norm_relu import fuse_batch_norm_relu
+from graphc.passes.conv_channel_sums import fuse_conv_channel_sums
 from graphc.passes.fuse import fuse
 from graphc.passes.fuse_rows import fuse_rows
 from graphc.passes.sibling_sums import merge_sibling_sums
@@ -37,7 +38,7 @@ def ir_blocks(path: pathlib.Path) -> list[str]:
 
 def test_passes_doc_examples_are_real():
     blocks = ir_blocks(DOCS / "passes.md")
-    assert len(blocks) == 11
+    assert len(blocks) == 13
     graphs = [parse(b) for b in blocks]
     before, simplified, fused = graphs[2], graphs[3], graphs[4]
     assert format_graph(simplify(before)) == format_graph(simplified)
@@ -48,6 +49,8 @@ def test_passes_doc_examples_are_real():
     assert format_graph(merge_sibling_sums(two_sums)) == format_graph(merged)
     batch_norm_then_relu, one_node = graphs[9], graphs[10]  # fuse_batch_norm_relu
     assert format_graph(fuse_batch_norm_relu(batch_norm_then_relu)) == format_graph(one_node)
+    conv_then_bn, with_sums = graphs[11], graphs[12]  # fuse_conv_channel_sums
+    assert format_graph(fuse_conv_channel_sums(conv_then_bn)) == format_graph(with_sums)
 
 
 def test_readme_layout_names_every_package():

@@ -21,7 +21,11 @@ planes apart, so every plane began cold (docs/performance.md, "ninth session").
 `batch_norm_relu` (graphc.ops.batch_norm_relu, made by graphc.passes.batch_norm_relu): the same
 kernel, whose output walk adds the residual (if any) to the rounded y, takes the ReLU and
 stores its mask, each by the scalar rule a fused body renders (graphc.backends.cpu.scalars),
-so the result is the two kernels' bit for bit; it always walks in image order.
+so the result is the two kernels' bit for bit; it always walks in image order. With
+`sums=true` (graphc.passes.conv_channel_sums) there is no statistics walk: each channel's
+mean and variance are the convolution's per-image shifted sums merged in image order
+(`_merged_statistics`, Chan's update, the op's reference kernel step for step), then the
+output walk, one block.
 
 Invariants: a channel's sums are added in one order (image by image, a plane's elements
 reassociated in vector registers) whatever the thread count, so the kernel split over the

@@ -26,7 +26,10 @@ characters of IR, LLVM 0.17 -> 0.06 s CPU each, run time and results the same):
 - 16 GEMMs, then the output transform of every tile to its 2x2 outputs (NCHW). The 16
   are one call of a generated function (graphc.backends.cpu.winograd_gemm: register tiles,
   no packing, no per-call BLAS cost) where it takes the shape, float32, else 16 BLAS calls.
-The transforms' IR is emitted by graphc.backends.cpu.winograd_transforms.
+The transforms' IR is emitted by graphc.backends.cpu.winograd_transforms. For
+`conv2d_channel_sums` (graphc.backends.cpu.conv_channel_sums) the output transform also adds
+each image's and channel's shifted sums of the rows it has just written, for the batch norm
+after the convolution (graphc.passes.conv_channel_sums).
 On more than one core the blocks are split over the threads (graphc.backends.cpu.
 conv_threads): each thread its own padded plane, V and M; the filter transform runs once,
 before the threads, as a kernel of its own (`_filter_kernel`, itself forked over the output
