@@ -293,3 +293,73 @@ def test_a_training_step_with_and_without_the_pass_agree(monkeypatch, tmp_path):
     plain = _steps(False, monkeypatch)
     for got, want in zip(fused[0] + fused[1], plain[0] + plain[1]):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_a_step_within_twice_eager_rounding_of_a_float64_pytorch_run(monkeypatch, tmp_path):
+    """The ResNet block's forward and backward compiled with the pass (both batch norms take
+    their convolution's sums), two calls: the loss, every gradient and the running statistics
+    within 2x eager graphc's distance from the same block in PyTorch, float64."""
+    from tests.conftest import torch_or_skip
+
+    torch = torch_or_skip()
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    made = []
+    real = module.fuse_conv_channel_sums
+
+    def spy(graph):
+        out = real(graph)
+        made.extend(n.op for n in out.nodes if n.op == "conv2d_channel_sums")
+        return out
+
+    monkeypatch.setattr(module, "fuse_conv_channel_sums", spy)
+    rng = np.random.default_rng(7)
+    x = (0.5 + rng.standard_normal((5, 16, 8, 8))).astype(np.float32)
+    y = rng.integers(0, 3, 5)
+    graphc.manual_seed(1)
+    weights = {k: v.numpy().copy() for k, v in _Block().state_dict().items()}
+
+    def graphc_run(compiled: bool):
+        model = _Block()
+        model.load_state_dict({k: graphc.tensor(v) for k, v in weights.items()})
+
+        def step(xs, ys):
+            loss = graphc.nn.functional.cross_entropy(model(xs), ys)
+            loss.backward()
+            return loss
+
+        gx = graphc.tensor(x, requires_grad=True)
+        run = graphc.compile(step, backend="cpu") if compiled else step
+        run(gx, graphc.tensor(y))  # (compiled: the first call runs on the interpreter)
+        loss = run(gx, graphc.tensor(y))  # gradients add up, running statistics move twice
+        return [loss.detach().numpy(), gx.grad.numpy()] + \
+            [p.grad.numpy() for p in model.parameters()] + \
+            [b.numpy() for name, b in model.state_dict().items() if "running" in name]
+
+    got, eager = graphc_run(True), graphc_run(False)
+    assert made == ["conv2d_channel_sums"] * 2
+    t_model = torch.nn.Sequential()  # the same block in PyTorch, float64
+    t_model.conv1, t_model.bn1 = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False), \
+        torch.nn.BatchNorm2d(16)
+    t_model.conv2, t_model.bn2 = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False), \
+        torch.nn.BatchNorm2d(16)
+    t_model.head = torch.nn.Linear(16 * 8 * 8, 3)
+    t_model = t_model.double()
+    t_model.load_state_dict({k: torch.tensor(v, dtype=torch.float64 if v.dtype.kind == "f"
+                                             else None) for k, v in weights.items()})
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        h = t_model.bn1(t_model.conv1(tx)).relu()
+        h = (t_model.bn2(t_model.conv2(h)) + tx).relu()
+        t_loss = torch.nn.functional.cross_entropy(t_model.head(h.reshape(5, -1)),
+                                                   torch.tensor(y))
+        t_loss.backward()
+    want = [t_loss.detach().numpy(), tx.grad.numpy()] + \
+        [p.grad.numpy() for p in t_model.parameters()] + \
+        [b.numpy() for name, b in t_model.state_dict().items() if "running" in name]
+    assert len(got) == len(eager) == len(want) == 2 + 8 + 4
+    assert not all(np.array_equal(g, e) for g, e in zip(got, eager)), "compiled = eager?"
+    for k, (g, e, r) in enumerate(zip(got, eager, want)):
+        try:
+            assert_rounding_within(np.asarray(g, np.float32), np.asarray(e, np.float32), r)
+        except AssertionError as err:
+            raise AssertionError(f"result {k}: {err}") from None
