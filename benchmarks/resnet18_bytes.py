@@ -56,7 +56,8 @@ def _role(node) -> str | None:
     """The row's group name, or None for a convolution, GEMM or fused convolution."""
     from graphc.ops.fused import FusedBody
 
-    if node.op in ("conv2d", "conv2d_input_grad", "conv2d_weight_grad", "matmul"):
+    if node.op in ("conv2d", "conv2d_channel_sums", "conv2d_input_grad", "conv2d_weight_grad",
+                   "matmul"):
         return None
     if node.op != "fused":
         return node.op
