@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
 def _conv_class(node, by_shape: bool = False) -> tuple[str, int] | None:
     """(class, direct-convolution flops) of a convolution node or fused convolution, or
     None; `by_shape`: a stride-2 or 1x1 class per weight shape."""
-    if node.op not in PASSES:
-        return None
+    if node.op not in PASSES + ("conv2d_channel_sums",):  # (the forward, summing its output
+        return None                                      # for the batch norm: conv2d's class)
     if node.op == "conv2d_weight_grad":
         gy = node.inputs[0]
         w = node.outputs[0].type.shape
@@ -143,7 +143,8 @@ def _conv_class(node, by_shape: bool = False) -> tuple[str, int] | None:
         geometry = f"{w[2]}x{w[3]} stride {stride[0]}"
     if by_shape and geometry in ("1x1", "3x3 stride 2"):
         geometry += f" {w[1]} -> {w[0]}"
-    return f"{node.op} {geometry}", 2 * n * w[0] * w[1] * w[2] * w[3] * out_hw[0] * out_hw[1]
+    op = "conv2d" if node.op == "conv2d_channel_sums" else node.op
+    return f"{op} {geometry}", 2 * n * w[0] * w[1] * w[2] * w[3] * out_hw[0] * out_hw[1]
 
 
 def kernel_classes(repeat: int) -> str:
