@@ -112,6 +112,12 @@ def test_what_the_winograd_kernel_does_not_take_stays_apart(case):
     assert fuse_conv_channel_sums(graph) is graph
 
 
+def test_a_symbolic_graph_stays_apart():
+    """A symbolic batch anywhere: the graph's lowerings take sizes per call, the sums' not."""
+    graph = parse(_graph().replace("%r: f32[2,16,8,8]", "%r: f32[s0,16,8,8]"))
+    assert fuse_conv_channel_sums(graph) is graph
+
+
 def test_the_pass_and_the_kernel_agree_on_the_least_channel_count():
     assert module.MIN_CHANNELS == conv_winograd.MIN_CHANNELS
 

@@ -20,7 +20,8 @@ the same up to the statistics' rounding (float64 sums in another order: docs/per
 § Rounding; tests/test_conv_channel_sums.py).
 
 Run after `fuse_batch_norm_relu` and before `plan_buffers`; cpu pipeline only (the cuda backend
-refuses both ops). Static shapes only (the sums' lowering is compiled per shape). Guarantees:
+refuses both ops). Static graphs only (the sums' lowering is compiled per shape, and one
+such op in a symbolic graph would have the cpu backend compile it per size). Guarantees:
 every value read outside keeps its name; nodes in a topological order (the sums are made where
 C was, before B); the result verifies; the input graph is left unchanged.
 
@@ -72,8 +73,8 @@ def winograd_form(conv: Node) -> bool:
 def fuse_conv_channel_sums(graph: Graph) -> Graph:
     """Hand each eligible batch norm its convolution's sums (see the module docstring).
     Returns a new graph, or the same one when nothing changed."""
-    if not FUSE:
-        return graph
+    if not FUSE or any(v.type.is_symbolic for v in graph.inputs):
+        return graph  # (a symbolic graph: its lowerings take sizes per call, this one not)
     maker = {v: node for node in graph.nodes for v in node.outputs}
     names = {v.name for v in graph.inputs} | set().union(*(
         {v.name for v in node.outputs} for node in graph.nodes))
