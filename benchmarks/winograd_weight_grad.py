@@ -4,6 +4,7 @@
     python -m benchmarks.winograd_weight_grad --rounds 3 --batch 8
     python -m benchmarks.winograd_weight_grad --threads 2   # wall clock, kernels split
     python -m benchmarks.winograd_weight_grad --step --threads 2   # the whole training step
+    python -m benchmarks.winograd_weight_grad --channels 512 --variants winograd-nt winograd
 
 For each stride-1 3x3 layer shape of benchmarks/model_steps.py's ResNet-18 (CIFAR, width 64:
 64 channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `conv2d_weight_grad`
@@ -15,9 +16,11 @@ Winograd block (forward and input gradient too) as BLAS calls (graphc.backends.c
 winograd_gemm.ENABLED = False), "winograd-tile-loop" with the small planes' input
 transform as the tile loop through a padded plane (winograd_transforms.PLANE_VECTORS =
 False), "winograd-row-loop" with the large planes' (32x32, 16x16) input transform as the
-tile loop through a padded plane (winograd_transforms.ROW_VECTORS = False), and "winograd"
-(the default: one call of winograd_gemm's generated function where it takes the shape,
-small planes by vectors, large ones along tile rows); `--variants` picks.
+tile loop through a padded plane (winograd_transforms.ROW_VECTORS = False), "winograd-nt"
+also without conv_winograd_wide_grad (the 512-channel layer in conv_winograd's NT form
+through the BLAS), and "winograd" (the default: one call of winograd_gemm's generated
+function where it takes the shape, small planes by vectors, large ones along tile rows, the
+512-channel layer by conv_winograd_wide_grad); `--variants` picks, `--channels` the layers.
 Each kernel is called natively (benchmarks.profiles.native_call), the variants in
 alternation, each sample >= 40 ms of this
 process's CPU time (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, or `--threads N` of them
@@ -55,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step", action="store_true", help="the whole training step")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="what to compare (all)")
+    parser.add_argument("--channels", nargs="+", type=int, choices=[c for c, _ in LAYERS],
+                        default=[c for c, _ in LAYERS], help="the layers (all)")
     args = parser.parse_args(argv)
     for flag, value in (("--rounds", args.rounds), ("--batch", args.batch),
                         ("--threads", args.threads)):
@@ -69,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.step:
             _compare_steps(root, args.batch, args.rounds, args.variants)
         for channels, side in () if args.step else LAYERS:
+            if channels not in args.channels:
+                continue
             _compare(root, args.batch, channels, side, args.rounds, args.variants)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
@@ -81,7 +88,8 @@ def _compile(root: str, variant: str, graph):
     with _variant(variant):
         plan_buffers(graph)
         exe = CpuExecutable(graph)
-    marker = "conv2d_winograd_weight_grad" in exe.lowered.ir_text
+    marker = any(kernel in exe.lowered.ir_text for kernel in
+                 ("conv2d_winograd_weight_grad", "conv2d_winograd_wide_weight_grad"))
     assert marker == (variant != "im2col"), variant
     return exe
 
@@ -89,10 +97,17 @@ def _compile(root: str, variant: str, graph):
 @contextmanager
 def _variant(variant: str):
     """conv_winograd as `variant` wants it while a graph compiles."""
-    from graphc.backends.cpu import conv_winograd, winograd_gemm, winograd_transforms
+    from graphc.backends.cpu import (
+        conv_winograd,
+        conv_winograd_wide_grad,
+        winograd_gemm,
+        winograd_transforms,
+    )
 
     kept = conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
-        winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS, winograd_transforms.ROW_VECTORS
+        winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS, \
+        winograd_transforms.ROW_VECTORS, conv_winograd_wide_grad.WIDE_GRAD
+    conv_winograd_wide_grad.WIDE_GRAD = variant != "winograd-nt"
     if variant == "im2col":
         conv_winograd.conv2d_weight_grad = _not_taken
     conv_winograd.WEIGHT_GRAD_NN = variant != "winograd-nt"
@@ -104,7 +119,7 @@ def _variant(variant: str):
     finally:
         conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
             winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS, \
-            winograd_transforms.ROW_VECTORS = kept
+            winograd_transforms.ROW_VECTORS, conv_winograd_wide_grad.WIDE_GRAD = kept
 
 
 def _not_taken(lw, node, g) -> bool:

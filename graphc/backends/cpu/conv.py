@@ -22,7 +22,8 @@ turn, the first that takes it building the kernel; the rest take im2col + BLAS G
   adds every column entry back into its input position; a pointwise 1x1 GEMM writes the
   input gradient itself. Row slabs as the forward's, up to conv_row_split.INPUT_GRAD_MAX_N
   columns.
-- weight gradient: conv_few_channels_grad, conv_direct, conv_winograd, else per image or
+- weight gradient: conv_few_channels_grad, conv_direct, conv_winograd_wide_grad (Winograd
+  for 512 channels and more on small planes), conv_winograd, else per image or
   block im2col then `gw_g += gy_g @ cols_g^T` (beta 0 for the first, 1 after), so the batch
   accumulates inside the GEMM. Where O/g <= 128 < K the GEMM computes the transposed
   gradient `gw_g^T += cols_g @ gy_g^T` in scratch, copied out in tiles at the end: OpenBLAS
@@ -66,6 +67,7 @@ from graphc.backends.cpu import (
     conv_row_split,
     conv_threads,
     conv_winograd,
+    conv_winograd_wide_grad,
 )
 from graphc.backends.cpu.conv_blocks import block_images, images_per_block, walk_blocks
 from graphc.backends.cpu.conv_epilogue import apply_epilogue, epilogue_operands
@@ -277,6 +279,7 @@ def conv2d_weight_grad(lw, node: Node) -> None:
         return lw.fill(out, 0.0, "conv2d_weight_grad_zero")
     if conv_few_channels_grad.conv2d_weight_grad(lw, node, g) or \
             conv_direct.conv2d_weight_grad(lw, node, g) or \
+            conv_winograd_wide_grad.conv2d_weight_grad(lw, node, g) or \
             conv_winograd.conv2d_weight_grad(lw, node, g):
         return
     cv = Conv(lw, node, g, x.type.dtype)

@@ -112,18 +112,20 @@ def available() -> bool:
 def plan(m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int, a_step: int,
          b_step: int, c_step: int, accumulates: bool = False, *, vectors: int | None = None,
          k_block: int | None = None, max_k: int | None = None,
-         products: int = POSITIONS) -> BlockGemm | None:
+         products: int = POSITIONS, max_c: int | None = None) -> BlockGemm | None:
     """The generated function for a block's float32 products, or None where the BLAS calls
     stay (see the module docstring). `accumulates`: the products add to c (beta 1 in some
     calls). `vectors`, `k_block`, `max_k`: the tile's width in vector registers (default:
     4 where n allows, else 2, else 1), K_BLOCK and MAX_K, for benchmarks; `products`: how
-    many products a call runs."""
+    many products a call runs; `max_c`: the largest accumulated c taken (default
+    MAX_ACCUMULATED_C; graphc.backends.cpu.conv_winograd_wide_grad's products of 128 tiles
+    read and write their c half as often as the 64-tile blocks that limit was measured on)."""
     width = LANES if available() else 0
     if not width or not all(type(d) is int for d in (m, n, k, a_row, a_col, ldb, ldc)):
         return None
     if n % width or k > (max_k or MAX_K) or k < 1 or m < 1:
         return None
-    if accumulates and m * n > MAX_ACCUMULATED_C and max_k is None:
+    if accumulates and m * n > (max_c or MAX_ACCUMULATED_C) and max_k is None:
         return None
     panel = n // width
     if vectors is None:

@@ -1,0 +1,201 @@
+"""conv_winograd_wide_grad: the Winograd weight gradient of wide layers on small planes.
+
+conv_winograd's weight gradient (F(2x2, 3x3): `dU[xi] = sum over tiles Y[xi] V[xi]^T`,
+then `gw[o, c] = G^T dU[., o, c] G`) runs ResNet-18's 512 x 512 layer (4x4 planes: 4 tiles
+an image) as blocks of 64 tiles, 16 BLAS calls each reading V through the transpose flag and
+adding into a 1 MB dU[xi]: 10.6-10.9 ms a call at batch 32 (1 thread), its GEMMs at 113
+GFLOP/s where the same products alone run at 150. Its NN form (dU^T = V Y^T) lost the gain
+in the last transform: `G^T dU G` from a transposed dU walks [xi][c][o] against gw's
+[o][c][3][3] and took 3.8-7.4 ms instead of 1.1 (docs/performance.md, "512-channel weight
+gradient, eleventh session").
+
+This kernel computes dU in gw's own order from a *tile-major* V:
+- `Vt[xi][t][c] = (B^T d B)[xi]` for every tile t of a block's images (the input transform
+  written along the channels, each image's tiles unrolled: planes of at most
+  MAX_IMAGE_TILES tiles);
+- `Y[xi][o][t] = (A gy A^T)[xi]` as conv_winograd's NT form lays it out;
+- `dU[xi] (co x ci) (+)= Y[xi] (co x T) @ Vt[xi] (T x ci)`: one call of winograd_gemm's
+  generated function for the 16 products, blocks of BLOCK_TILES tiles (k summed in
+  chains of winograd_gemm.K_BLOCK = 64, each chain added to dU in order: the same sums as
+  conv_winograd's 64-tile blocks with beta 1, so the same distance from float64);
+- `gw = G^T dU G` by conv_winograd.weight_out, rows of dU as they lie, in a kernel of its
+  own forked over the output channels.
+On more than one core the 16 products go over the threads (8 positions a thread on two,
+each thread the only writer of its dU[xi]: no private copies of dU, no reduce kernel) and
+the last transform over the output channels; the transforms before the GEMMs stay on the
+calling thread (~0.4 ms of ~8 at 512 channels).
+
+Taken when (else conv_winograd's path): WIDE_GRAD, float32, a host where winograd_gemm
+serves, 3x3 stride 1, dilation 1, groups 1, even output planes of at most
+MAX_IMAGE_TILES tiles, conv_winograd.MIN_CHANNELS or more channels in and out, and
+WIDE_CHANNELS or more in or out; the input channels a whole number of
+vectors (winograd_gemm.plan).
+"""
+
+from __future__ import annotations
+
+from graphc.backends.cpu import conv_winograd, kernels, winograd_gemm
+from graphc.backends.cpu.conv_blocks import block_images, over_blocks
+from graphc.backends.cpu.conv_workspace import workspace
+from graphc.backends.cpu.image_kernels import (
+    contiguous_out,
+    iadd,
+    image_kernel,
+    image_strides,
+    imul,
+)
+from graphc.backends.cpu.scalars import const
+from graphc.backends.cpu.values import as_i64, i64, loop
+from graphc.backends.cpu.winograd_transforms import (
+    ALPHA,
+    BT,
+    A,
+    Tiles,
+    planes_by_vectors,
+    planes_by_vectors_apply,
+    sandwich,
+    spaced,
+)
+from graphc.types import float32
+
+__all__ = ["BLOCK_TILES", "MAX_IMAGE_TILES", "WIDE_CHANNELS", "WIDE_GRAD", "conv2d_weight_grad"]
+
+WIDE_GRAD = True  # False: conv_winograd's NT form through the BLAS (A/B runs)
+# Tiles a block's GEMMs sum: two of winograd_gemm's K_BLOCK chains, so dU[xi] is read and
+# written once per 128 tiles instead of once per 64 (512 x 512 channels at batch 32: one
+# block). Longer chains would round further (conv_winograd, WEIGHT_GRAD_TILES).
+BLOCK_TILES = 128
+MAX_IMAGE_TILES = 16  # an image's tiles are unrolled in the input transform
+# Channels in or out from which this kernel takes the weight gradient: ResNet-18's 512 x 512
+# layer (4x4 planes), where conv_winograd's NT form ran its GEMMs at 113 GFLOP/s. Narrower
+# layers keep conv_winograd's NN form (transposed dU, 16 x 16 squares in the last transform),
+# which measured faster than the NT form there.
+WIDE_CHANNELS = 512
+
+
+def conv2d_weight_grad(lw, node, g) -> bool:
+    """gw of a wide 3x3 stride-1 convolution on small planes (see the module docstring), or
+    False."""
+    gy, x = node.inputs
+    dt = x.type.dtype
+    ci, co, out_hw = g.c, g.o, (g.ho, g.wo)
+    if not (WIDE_GRAD and dt is float32 and winograd_gemm.available()
+            and all(type(d) is int for d in (ci, co, g.h, g.w, g.ho, g.wo))
+            and (g.kh, g.kw) == (3, 3) and g.stride == (1, 1) and g.dilation == (1, 1)
+            and g.groups == 1 and min(ci, co) >= conv_winograd.MIN_CHANNELS
+            and max(ci, co) >= WIDE_CHANNELS
+            and out_hw[0] % 2 == 0 and out_hw[1] % 2 == 0):
+        return False
+    th, tw = out_hw[0] // 2, out_hw[1] // 2
+    tiles = th * tw
+    if tiles > MAX_IMAGE_TILES:
+        return False
+    nb = max(1, BLOCK_TILES // tiles)
+    nb = nb if type(g.n) is not int else min(g.n, nb)
+    t_max = nb * tiles
+    nxi = ALPHA * ALPHA
+    u_step = spaced(co * ci)
+    if _gemm(co, ci, t_max, u_step) is None:
+        return False
+    xl, gl = lw.locs[x], lw.locs[gy]
+    xs, gs = image_strides(xl), image_strides(gl)
+    in_hw, pad = (g.h, g.w), g.padding
+    forked = kernels.forks(lw.openmp, kernels.gemm_work(nxi, co, ci, t_max))
+    with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
+        temps = workspace(lw, dt, (nxi, u_step), (nxi, spaced(ci * t_max)),
+                          (nxi, spaced(co * t_max)))
+        locs = [gl, xl, dst] + temps
+        recipe = (g.key(), ci, co, in_hw, out_hw, pad, forked)
+        kb, ids = image_kernel(lw, "conv2d_winograd_wide_weight_grad", locs, recipe)
+        gi, si, _, ui, vi, yi = ids
+        b = kb.begin()
+        if b is not None:
+            def block(b, n0, count):
+                ld = count * tiles
+                v_step, y_step = spaced(ci * ld), spaced(co * ld)
+                part = Tiles(n0, count, 0, th, tw, ld)
+                _input_tiles_by_channel(b, kb, dt, part, si, xs, ci, in_hw, pad, vi, v_step)
+                _output_grad_tiles(b, kb, dt, part, gi, gs, co, out_hw, yi, y_step)
+                fn = winograd_gemm.function(lw.module, _gemm(co, ci, ld, u_step), forked)
+                beta = _first_or_add(b, dt, n0)
+                b.call(fn, [kb.pointer(b, k, i64(0)) for k in (yi, vi, ui)] + [beta])
+
+            over_blocks(b, g.n, nb, block)
+        lw.calls.append(kb.kernel if b is None else kb.finish(b))
+        lw.calls.append(_weight_out_kernel(lw, locs, recipe, g, u_step))
+    return True
+
+
+def _gemm(co: int, ci: int, ld: int, u_step: int):
+    """winograd_gemm's plan for a block of `ld` tiles: dU[xi] (co x ci) (+)= Y[xi] (co x
+    ld, rows ld apart) @ Vt[xi] (ld x ci)."""
+    return winograd_gemm.plan(co, ci, ld, ld, 1, ci, ci, spaced(co * ld), spaced(ci * ld),
+                              u_step, accumulates=True, max_c=co * ci)
+
+
+def _first_or_add(b, dt, n0):
+    """The GEMMs' beta: 0 for the kernel's first block (it writes dU), 1 after."""
+    zero, one = const(dt, 0.0), const(dt, 1.0)
+    if isinstance(n0, int):
+        return zero if n0 == 0 else one
+    return b.select(b.icmp_signed("==", as_i64(n0), i64(0)), zero, one)
+
+
+def _input_tiles_by_channel(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi,
+                            v_step) -> None:
+    """Vt[xi][t][c] = (B^T d B)[xi] for every 4x4 tile d (at stride 2, zero-padded by
+    `pad`) of the part's images, channels innermost so the stores run along Vt's rows; an
+    image's tiles unrolled, so which taps fall in the padding is known here (a zero, as
+    the padded plane of winograd_transforms.input_tiles gives: the same sums)."""
+    tiles = part.nrows * part.tw
+    with block_images(b, part.count) as j, loop(b, 0, ci, "ci") as c:
+        plane = iadd(b, imul(b, iadd(b, part.n0, j), ss[0]), imul(b, c, ss[1]))
+        pixels = {}
+
+        def tap(row, col):
+            if not (0 <= row < in_hw[0] and 0 <= col < in_hw[1]):
+                return const(dt, 0.0)
+            if (row, col) not in pixels:
+                pixels[row, col] = kb.load(b, si, iadd(b, plane, row * ss[2] + col * ss[3]))
+            return pixels[row, col]
+
+        for t in range(tiles):
+            ty, tx = divmod(t, part.tw)
+            d = [[tap(2 * ty + r - pad[0], 2 * tx + s - pad[1]) for s in range(ALPHA)]
+                 for r in range(ALPHA)]
+            v = sandwich(b, dt, BT, d)
+            at = iadd(b, imul(b, iadd(b, imul(b, j, tiles), t), ci), c)
+            for xi in range(ALPHA * ALPHA):
+                kb.store(b, vi, iadd(b, at, xi * v_step), v[xi // ALPHA][xi % ALPHA])
+
+
+def _output_grad_tiles(b, kb, dt, part: Tiles, gi, gs, co, out_hw, yi, y_step) -> None:
+    """Y[xi][o][t] = (A gy A^T)[xi] for every 2x2 block of the part's output gradient:
+    planes_by_vectors where it serves (4 images of 4x4 planes a vector), else block by
+    block."""
+    if planes_by_vectors_apply(dt, part, gs, out_hw):
+        return planes_by_vectors(b, kb, dt, part, gi, gs, co, out_hw, (0, 0), yi, y_step, A)
+    tiles = part.nrows * part.tw
+    with block_images(b, part.count) as j, loop(b, 0, co, "co") as o:
+        plane = iadd(b, imul(b, iadd(b, part.n0, j), gs[0]), imul(b, o, gs[1]))
+        row = iadd(b, imul(b, o, part.ld), imul(b, j, tiles))
+        for t in range(tiles):
+            ty, tx = divmod(t, part.tw)
+            at = iadd(b, plane, 2 * ty * gs[2] + 2 * tx * gs[3])
+            d = [[kb.load(b, gi, iadd(b, at, r * gs[2] + s * gs[3])) for s in range(2)]
+                 for r in range(2)]
+            y = sandwich(b, dt, A, d)
+            for xi in range(ALPHA * ALPHA):
+                kb.store(b, yi, iadd(b, row, t + xi * y_step), y[xi // ALPHA][xi % ALPHA])
+
+
+def _weight_out_kernel(lw, locs, recipe, g, u_step):
+    """gw = G^T dU G (conv_winograd.weight_out, dU in [xi][o][c]) as a kernel of its own,
+    forked over the output channels where large enough."""
+    kb, ids = image_kernel(lw, "conv2d_winograd_wide_weight_out", locs, recipe)
+    b = kb.begin(parallel=True, work=ALPHA * ALPHA * g.o * g.c)
+    if b is None:
+        return kb.kernel
+    conv_winograd.weight_out(b, kb, locs[0].type.dtype, ids[3], u_step, ids[2],
+                             kb.outer_range(b, g.o), g.c, g.o, False)
+    return kb.finish(b)
