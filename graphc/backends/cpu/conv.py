@@ -8,7 +8,8 @@ turn, the first that takes it building the kernel; the rest take im2col + BLAS G
 - forward: at most 8 input channels at stride 1, register tiles
   (graphc.backends.cpu.conv_few_channels); depthwise convolutions and those with few output
   channels per group, direct loops (conv_direct); 3x3 stride 1 with 16 channels or more,
-  Winograd's F(2x2, 3x3) (conv_winograd); else `conv2d` (THNN's SpatialConvolutionMM,
+  Winograd's F(2x2, 3x3) (conv_winograd); 3x3 stride 2 padding 1, Winograd on the input's
+  four phases (conv_polyphase); else `conv2d` (THNN's SpatialConvolutionMM,
   ../shared/SEEDS.md section 3): im2col into scratch (`(C*kH*kW) x (H_out*W_out)` per
   image, the groups' row blocks one after the other), then one GEMM per group
   `W_g (O/g x K) @ cols_g (K x P)` writing the image's NCHW output directly. Images whose
@@ -64,6 +65,7 @@ from graphc.backends.cpu import (
     conv_direct,
     conv_few_channels,
     conv_few_channels_grad,
+    conv_polyphase,
     conv_row_split,
     conv_threads,
     conv_winograd,
@@ -150,7 +152,8 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None)
     if applied is not None:
         return applied
     if conv_direct.conv2d(lw, node, g, x, w, out) or \
-            conv_winograd.conv2d(lw, node, g, x, w, out):
+            conv_winograd.conv2d(lw, node, g, x, w, out) or \
+            conv_polyphase.conv2d(lw, node, g, x, w, out):
         return False
     cv = Conv(lw, node, g, x.type.dtype)
     w = contiguous_in(lw, w)

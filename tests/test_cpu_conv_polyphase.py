@@ -1,0 +1,169 @@
+"""3x3 stride-2 convolutions by Winograd on the input's four phases (graphc.backends.cpu.
+conv_polyphase): the phases' transforms against a direct strided correlation, then the
+forward on shapes it takes (ResNet-18's three stride-2 layers at small batches, odd input
+sizes, partial last blocks, one thread and all cores, a batch known per call) against the
+interpreter, within 2x eager's distance from float64 and the same bits on a rerun, and the
+shapes it leaves to im2col."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+
+from graphc.backends.cpu import conv_polyphase, conv_threads, threads, winograd_gemm  # noqa: E402
+from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
+from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from graphc.ir.interpreter import run as interpret  # noqa: E402
+from graphc.passes.plan import plan_buffers  # noqa: E402
+from graphc.testing import assert_rounding_within  # noqa: E402
+from tests.test_cpu_conv_paths import _graphs  # noqa: E402
+
+resolve_blas()  # hands the BLAS's thread count to generated code (threads.install)
+ALL_CORES = threads.image_threads()
+KERNEL = "conv2d_polyphase"
+needs_kernel = pytest.mark.skipif(not winograd_gemm.available(), reason="the path needs "
+                                  "winograd_gemm's generated GEMM (an AVX-512 host)")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def test_phase_transforms_compute_the_strided_correlation():
+    # one 2x2 block of outputs from its 5x5 input patch, in float64, phase by phase
+    rng = np.random.default_rng(2)
+    d, f = rng.standard_normal((5, 5)), rng.standard_normal((3, 3))
+    # output (i, j) of the block reads patch rows 2i .. 2i + 2 (input rows 4ty - 1 + ...)
+    want = np.array([[(d[2 * i:2 * i + 3, 2 * j:2 * j + 3] * f).sum() for j in range(2)]
+                     for i in range(2)])
+    got = np.zeros((2, 2))
+    for rows, cols in conv_polyphase.phase_matrices():
+        (ro, rbt, rg, rtaps, rat), (co, cbt, cg, ctaps, cat) = \
+            ((np.array(offsets), np.array(bt, float), np.array(g, float), np.array(taps),
+              np.array(at, float)) for offsets, bt, g, taps, at in (rows, cols))
+        v = rbt @ d[np.ix_(ro, co)] @ cbt.T
+        u = rg @ f[np.ix_(rtaps, ctaps)] @ cg.T
+        got += rat @ (u * v) @ cat.T
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert conv_polyphase.POSITIONS == 25
+
+
+def _compiled(graph, count):
+    plan_buffers(graph)
+    exe = CpuExecutable(graph)
+    exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+    return exe
+
+
+def check(xs, ws, taken=True):
+    """The forward on one thread and on all cores: the interpreter's within float32
+    rounding, within 2x eager's distance from float64, the same bits on a rerun."""
+    rng = np.random.default_rng(sum(xs) + 5 * sum(ws))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["fwd"], x, w)[0]
+    reference = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1, "float64")[1]["fwd"],
+                          x.astype(np.float64), w.astype(np.float64))[0]
+    for count in sorted({1, ALL_CORES}):
+        exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["fwd"], count)
+        assert (KERNEL in exe.lowered.ir_text) == taken
+        got = exe.run(x, w)[0]
+        np.testing.assert_allclose(got, eager, rtol=1e-4,
+                                   atol=1e-4 * float(np.abs(eager).max()))
+        assert_rounding_within(got, eager, reference)
+        np.testing.assert_array_equal(exe.run(x, w)[0], got, err_msg="a rerun")
+
+
+# (input, weight): ResNet-18's stride-2 layers at small batches (the 4x4 outputs: 4 images
+# a vector of the output transform), an odd input (the last row and column unread past the
+# padding), rectangular planes, more and fewer output channels
+TAKEN = [
+    ((3, 64, 32, 32), (128, 64, 3, 3)),
+    ((4, 128, 16, 16), (256, 128, 3, 3)),
+    ((8, 256, 8, 8), (512, 256, 3, 3)),
+    ((4, 16, 7, 7), (32, 16, 3, 3)),
+    ((6, 32, 8, 16), (16, 32, 3, 3)),
+    ((4, 48, 16, 12), (64, 48, 3, 3)),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", range(len(TAKEN)))
+def test_polyphase_forward(case):
+    check(*TAKEN[case])
+
+
+@needs_kernel
+def test_blocks_split_over_the_cores_with_a_partial_last_block(monkeypatch):
+    # 16 output blocks a GEMM: 1 image of 16 blocks each, 5 images over the shares; then
+    # 4 blocks an image, 4 images a block, 12 images (3 blocks), split at any size
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(conv_polyphase, "BLOCK_TILES", 16)
+    check((5, 16, 16, 16), (16, 16, 3, 3))
+    check((12, 16, 8, 8), (32, 16, 3, 3))
+
+
+@needs_kernel
+def test_one_block_forks_its_filter_and_gemms(monkeypatch):
+    from graphc.backends.cpu import kernels
+
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
+    check((8, 32, 8, 8), (32, 32, 3, 3))  # 4 blocks an image, 8 images: one block
+
+
+# left to im2col: stride 1 (Winograd's), padding 0, a 5x5 kernel, few channels, groups, an
+# odd output, a block of 4 x 2 = 8 output blocks (not a whole vector)
+LEFT = [
+    ((2, 16, 8, 8), (16, 16, 3, 3), (1, 1), (1, 1), 1),
+    ((2, 16, 9, 9), (16, 16, 3, 3), (2, 2), (0, 0), 1),
+    ((2, 16, 12, 12), (16, 16, 5, 5), (2, 2), (2, 2), 1),
+    ((2, 8, 8, 8), (16, 8, 3, 3), (2, 2), (1, 1), 1),
+    ((2, 32, 8, 8), (32, 16, 3, 3), (2, 2), (1, 1), 2),
+    ((2, 16, 10, 10), (16, 16, 3, 3), (2, 2), (1, 1), 1),
+    ((2, 16, 8, 8), (16, 16, 3, 3), (2, 2), (1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("case", range(len(LEFT)))
+def test_other_convolutions_keep_their_paths(case):
+    xs, ws, stride, padding, groups = LEFT[case]
+    exe = _compiled(_graphs(xs, ws, stride, padding, groups)[1]["fwd"], 1)
+    assert KERNEL not in exe.lowered.ir_text
+
+
+@needs_kernel
+def test_float64_and_the_switch_keep_im2col(monkeypatch):
+    xs, ws = (4, 16, 8, 8), (16, 16, 3, 3)
+    exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1, "float64")[1]["fwd"], 1)
+    assert KERNEL not in exe.lowered.ir_text
+    monkeypatch.setattr(conv_polyphase, "ENABLED", False)
+    check(xs, ws, taken=False)
+
+
+@needs_kernel
+def test_a_batch_known_per_call(monkeypatch):
+    import graphc
+    import graphc.nn as nn
+    from tests.conftest import square_loss_gradients
+
+    def model():
+        graphc.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                             nn.Flatten(), nn.Linear(32 * 8 * 8, 3))
+
+    compiled = graphc.compile(square_loss_gradients(model()), backend="cpu")
+    reference = graphc.compile(square_loss_gradients(model()), backend="interp",
+                               dynamic=False, recompile_limit=8)
+    rng = np.random.default_rng(6)
+    for batch in (8, 3, 5, 13, 2):  # 16 output blocks an image, 4 images a block, the rest
+        x = graphc.tensor(rng.standard_normal((batch, 16, 16, 16)).astype(np.float32))
+        graphc.mark_dynamic(x, 0)
+        for got, want in zip(compiled(x), reference(x)):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4,
+                                       err_msg=f"batch {batch}")
+    generic = compiled._entries[0].executable.executable_for({"s0": 8}).executable
+    assert KERNEL in generic.lowered.ir_text
