@@ -1,5 +1,6 @@
 """3x3 stride-2 convolutions by Winograd on the input's four phases (graphc.backends.cpu.
-conv_polyphase): the phases' transforms against a direct strided correlation, then the
+conv_polyphase): the phases' transforms against a direct strided correlation (forward and
+input gradient), the input gradient on ResNet-18's layers and narrow stand-ins, then the
 forward on shapes it takes (ResNet-18's three stride-2 layers at small batches, odd input
 sizes, partial last blocks, one thread and all cores, a batch known per call) against the
 interpreter, within 2x eager's distance from float64 and the same bits on a rerun, and the
@@ -52,6 +53,28 @@ def test_phase_transforms_compute_the_strided_correlation():
     assert conv_polyphase.POSITIONS == 25
 
 
+def test_input_grad_phase_transforms_compute_the_transposed_correlation():
+    # gx's 4x4 block (rows 4ty .. 4ty + 3) from gy's 3x3 patch (rows 2ty .. 2ty + 2): gy
+    # row i reaches gx rows 2i - 1 + r through tap r
+    rng = np.random.default_rng(3)
+    gy, f = rng.standard_normal((3, 3)), rng.standard_normal((3, 3))
+    full = np.zeros((7, 7))  # gx rows -1 .. 5 of the block
+    for i in range(3):
+        for j in range(3):
+            full[2 * i:2 * i + 3, 2 * j:2 * j + 3] += gy[i, j] * f
+    want = full[1:5, 1:5]
+    got = np.zeros((4, 4))
+    for rows, cols in conv_polyphase.phase_matrices(grad=True):
+        (ro, rbt, rg, rtaps, rat), (co, cbt, cg, ctaps, cat) = \
+            ((np.array(offsets), np.array(bt, float), np.array(g, float), np.array(taps),
+              np.array(at, float)) for offsets, bt, g, taps, at in (rows, cols))
+        v = rbt @ gy[np.ix_(ro, co)] @ cbt.T
+        u = rg @ f[np.ix_(rtaps, ctaps)] @ cg.T
+        pr, pc = int(len(ro) == 3), int(len(co) == 3)  # odd phases read 3 rows of gy
+        got[pr::2, pc::2] = rat @ (u * v) @ cat.T
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 def _compiled(graph, count):
     plan_buffers(graph)
     exe = CpuExecutable(graph)
@@ -59,23 +82,26 @@ def _compiled(graph, count):
     return exe
 
 
-def check(xs, ws, taken=True):
-    """The forward on one thread and on all cores: the interpreter's within float32
-    rounding, within 2x eager's distance from float64, the same bits on a rerun."""
+def check(xs, ws, taken=True, kind="fwd", rounding=True):
+    """The forward (or `kind` "gx", the input gradient) on one thread and on all cores: the
+    interpreter's within float32 rounding, within 2x eager's distance from float64 (where
+    `rounding`), the same bits on a rerun."""
     rng = np.random.default_rng(sum(xs) + 5 * sum(ws))
-    x = rng.standard_normal(xs).astype(np.float32)
-    w = rng.standard_normal(ws).astype(np.float32)
-    eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["fwd"], x, w)[0]
-    reference = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1, "float64")[1]["fwd"],
-                          x.astype(np.float64), w.astype(np.float64))[0]
+    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
+    first = rng.standard_normal(xs if kind == "fwd" else gs).astype(np.float32)
+    args = [first, rng.standard_normal(ws).astype(np.float32)]
+    eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], *args)[0]
+    reference = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1, "float64")[1][kind],
+                          *[a.astype(np.float64) for a in args])[0]
     for count in sorted({1, ALL_CORES}):
-        exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["fwd"], count)
+        exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], count)
         assert (KERNEL in exe.lowered.ir_text) == taken
-        got = exe.run(x, w)[0]
+        got = exe.run(*args)[0]
         np.testing.assert_allclose(got, eager, rtol=1e-4,
                                    atol=1e-4 * float(np.abs(eager).max()))
-        assert_rounding_within(got, eager, reference)
-        np.testing.assert_array_equal(exe.run(x, w)[0], got, err_msg="a rerun")
+        if rounding:
+            assert_rounding_within(got, eager, reference)
+        np.testing.assert_array_equal(exe.run(*args)[0], got, err_msg="a rerun")
 
 
 # (input, weight): ResNet-18's stride-2 layers at small batches (the 4x4 outputs: 4 images
@@ -113,6 +139,35 @@ def test_one_block_forks_its_filter_and_gemms(monkeypatch):
 
     monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
     check((8, 32, 8, 8), (32, 32, 3, 3))  # 4 blocks an image, 8 images: one block
+
+
+@needs_kernel
+@pytest.mark.parametrize("xs, ws", [((3, 64, 32, 32), (128, 64, 3, 3)),
+                                    ((4, 128, 16, 16), (256, 128, 3, 3))])
+def test_polyphase_input_grad_of_resnet18s_layers(xs, ws):
+    check(xs, ws, kind="gx")
+
+
+@needs_kernel
+def test_input_grad_narrow_stand_ins(monkeypatch):
+    # few output channels (their distance from float64 is past 2x eager's: not taken
+    # normally), blocks of 16 output blocks, split over the cores, rectangular planes
+    monkeypatch.setattr(conv_polyphase, "GRAD_MIN_OUT_CHANNELS", 16)
+    monkeypatch.setattr(conv_polyphase, "BLOCK_TILES", 16)
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    check((5, 16, 16, 16), (16, 16, 3, 3), kind="gx", rounding=False)
+    check((3, 32, 16, 32), (48, 32, 3, 3), kind="gx", rounding=False)
+
+
+# the input gradient left to im2col: few output channels, 4 blocks an image (ResNet-18's
+# 256 -> 512 layer), odd input sizes
+@needs_kernel
+@pytest.mark.parametrize("xs, ws", [((4, 64, 16, 16), (64, 64, 3, 3)),
+                                    ((32, 256, 8, 8), (512, 256, 3, 3)),
+                                    ((4, 64, 15, 15), (128, 64, 3, 3))])
+def test_input_grads_left_to_im2col(xs, ws):
+    gx = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["gx"], 1)
+    assert KERNEL not in gx.lowered.ir_text
 
 
 # left to im2col: stride 1 (Winograd's), padding 0, a 5x5 kernel, few channels, groups, an

@@ -18,7 +18,8 @@ turn, the first that takes it building the kernel; the rest take im2col + BLAS G
   to NCHW. A 1x1 kernel with stride 1 and no padding reads the image itself as the columns.
   One image's float32 GEMM (one group) may run as 16 row slabs in one generated call
   instead (conv_row_split: ResNet-18's stride-2 layers, where it beats OpenBLAS).
-- input gradient: conv_direct, conv_winograd, else per image or block one GEMM per group
+- input gradient: conv_direct, conv_winograd, conv_polyphase (stride 2, even input sizes),
+  else per image or block one GEMM per group
   `cols_g = W_g^T @ gy_g` (a block's gradients gathered into one matrix first), then col2im
   adds every column entry back into its input position; a pointwise 1x1 GEMM writes the
   input gradient itself. Row slabs as the forward's, up to conv_row_split.INPUT_GRAD_MAX_N
@@ -224,7 +225,8 @@ def conv2d_input_grad(lw, node: Node) -> None:
     out = lw.locs[node.outputs[0]]
     g = _geometry(out.type, w.type.shape, gy.type.shape[-2:], node.attrs)
     if conv_direct.conv2d_input_grad(lw, node, g) or \
-            conv_winograd.conv2d_input_grad(lw, node, g):
+            conv_winograd.conv2d_input_grad(lw, node, g) or \
+            conv_polyphase.conv2d_input_grad(lw, node, g):
         return
     cv = Conv(lw, node, g, gy.type.dtype)
     wl = contiguous_in(lw, lw.locs[w])

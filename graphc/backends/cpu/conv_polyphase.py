@@ -7,8 +7,8 @@ the convolution is the sum of four stride-1 correlations, one per phase pair (ro
 with the sub-filters w[1, 1] (1x1), w[1, ::2] (1x2), w[::2, 1] (2x1) and w[::2, ::2] (2x2).
 Each runs in Winograd's form for a 2x2 block of outputs: F(2, 1) (the identity, 2 points)
 along an even axis, F(2, 2) (3 points: B^T = [[1, -1, 0], [0, 1, 0], [0, -1, 1]],
-G = [[1, 0], [1, 1], [0, 1]], A^T = [[1, 1, 0], [0, 1, 1]], coefficients 0 and +-1 only, so
-the transforms round nothing) along an odd one: 4 + 6 + 6 + 9 = 25 transform-domain
+G = [[1, 0], [1, 1], [0, 1]], A^T = [[1, 1, 0], [0, 1, 1]], coefficients 0 and +-1 only:
+additions, no scaling) along an odd one: 4 + 6 + 6 + 9 = 25 transform-domain
 products per output block where im2col's GEMM spends 36, i.e. 25 GEMMs
 `M[xi] (C_out x T) = U[xi] (C_out x C_in) @ V[xi] (C_in x T)` over the T output blocks of a
 block of images (1.44x fewer multiplications than im2col's [C_out x 9 C_in] @ [9 C_in x P]).
@@ -26,17 +26,27 @@ On more than one core the blocks are split over the threads (conv_threads, as
 conv_winograd's: each share its own padded plane, V and M; U made once); a kernel whose
 batch is one block forks its filter transform and its 25 GEMMs instead.
 
-Rounding: the GEMMs sum over C_in (as conv_winograd's forward: within 2x eager's distance
-from float64; tests/test_cpu_conv_polyphase.py).
+Rounding: the GEMMs sum over C_in in 25 short chains, which im2col sums in one of 9 C_in:
+the forward measured 0.4-0.8x eager's distance from float64 (tests/test_cpu_conv_polyphase.
+py checks 2x).
 
-Taken when: ENABLED, float32, a host where winograd_gemm serves, a 3x3 kernel, stride 2,
-padding 1, dilation 1, groups 1, even output height and width, at least MIN_CHANNELS input
-and output channels, every block's GEMM a whole number of vectors wide, input channels at
-most winograd_gemm.MAX_K. Only the forward for now: the input and weight gradients keep
-im2col.
+The forward is taken when: ENABLED, float32, a host where winograd_gemm serves, a 3x3
+kernel, stride 2, padding 1, dilation 1, groups 1, even output height and width, at least
+MIN_CHANNELS and at most winograd_gemm.MAX_K channels in and out, every block's GEMM a
+whole number of vectors wide.
+
+The input gradient (`conv2d_input_grad`) is the converse: gx's four phases are stride-1
+correlations of gy (gx_E[a] = w1 gy[a], gx_O[a] = w2 gy[a] + w0 gy[a + 1] along each axis),
+so a 2x2 block of each phase reads a 3x3 patch of gy, the same 25 positions, U stored
+transposed, and each phase's A^T M A written to its own elements of gx (a 4x4 block a
+tile). Taken where gx's planes are exactly twice gy's, with GRAD_MIN_OUT_CHANNELS output
+channels and GRAD_MIN_TILES output blocks an image or more (rounding and speed, see there).
+The weight gradient keeps im2col.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from llvmlite import ir
 
@@ -58,13 +68,23 @@ from graphc.backends.cpu.values import F32, I32, i64, loop
 from graphc.backends.cpu.winograd_transforms import combine, pad_plane, spaced
 from graphc.types import float32
 
-__all__ = ["ENABLED", "MIN_CHANNELS", "POSITIONS", "conv2d", "phase_matrices"]
+__all__ = ["ENABLED", "MIN_CHANNELS", "POSITIONS", "conv2d", "conv2d_input_grad",
+           "phase_matrices"]
 
 ENABLED = True  # False: im2col + GEMM (A/B runs)
 MIN_CHANNELS = 16
 BLOCK_TILES = 64  # output blocks a GEMM's columns hold, at least (as conv_winograd's)
 WIDE_CHANNELS = 512  # from this many channels in and out together, blocks of twice as many
 LANES = 16  # output blocks a vector of the small planes' output transform holds
+# The input gradient sums over the output channels: F(2, 2)'s transforms (gy[a] - gy[a + 1]
+# and the like, cancelling in the sum) cost more against eager's short col2im sums when
+# that sum is short. Distance from float64 over eager graphc's (gy and w normal): 16 and 48
+# output channels 2.45x and 2.3x (past the 2x rule), 128: 1.20x, 256: 1.03x, 512: 0.93x.
+GRAD_MIN_OUT_CHANNELS = 128
+# ... and from this many output blocks an image: the 256 -> 512 layer's (4x4 gy planes, 4
+# blocks) took 9.7-11.3 ms against im2col's 9.3-9.5 (its filter transform 2.8 ms, its input
+# transform scalar: 1.5 ms); 64 -> 128 and 128 -> 256: 8.7 -> 7.2 and 8.2 -> 7.1 ms.
+GRAD_MIN_TILES = 16
 
 # Per axis, per phase: (input patch offsets, B^T, G's rows over the filter taps, A^T).
 # Patch offset r is input row 4ty - 1 + r of output block ty; the even phase reads rows
@@ -75,12 +95,19 @@ ODD = ((0, 2, 4), ((1, -1, 0), (0, 1, 0), (0, -1, 1)), ((1, 0), (1, 1), (0, 1)),
        ((1, 1, 0), (0, 1, 1)))
 PHASES = ((EVEN, EVEN), (EVEN, ODD), (ODD, EVEN), (ODD, ODD))
 POSITIONS = sum(len(r[1]) * len(c[1]) for r, c in PHASES)  # 4 + 6 + 6 + 9 = 25
+# The input gradient's, per axis and phase of gx: gx_E[a] = w1 gy[a], gx_O[a] = w2 gy[a] +
+# w0 gy[a + 1] (input row 2a + 1 is read by output rows a (tap 2) and a + 1 (tap 0)), so a
+# 2x2 block of a phase at a = 2ty reads gy rows 2ty .. 2ty + 2 (patch offsets 0 .. 2).
+GRAD_EVEN = ((0, 1), EVEN[1], EVEN[2], (1,), EVEN[4])
+GRAD_ODD = ((0, 1, 2), ODD[1], ODD[2], (2, 0), ODD[4])
+GRAD_PHASES = ((GRAD_EVEN, GRAD_EVEN), (GRAD_EVEN, GRAD_ODD), (GRAD_ODD, GRAD_EVEN),
+               (GRAD_ODD, GRAD_ODD))
 
 
-def phase_matrices():
+def phase_matrices(grad: bool = False):
     """[(rows, cols)] of the four phase pairs, each axis (patch offsets, B^T, G, filter
-    taps, A^T): the numbers the transforms use (for tests)."""
-    return PHASES
+    taps, A^T): the numbers the forward's (`grad`: the input gradient's) transforms use."""
+    return GRAD_PHASES if grad else PHASES
 
 
 def _two_sided(b, dt, left, d, right):
@@ -90,17 +117,71 @@ def _two_sided(b, dt, left, d, right):
     return [[combine(b, dt, r, row) for r in right] for row in rows]
 
 
+@dataclass(frozen=True)
+class _Pass:
+    """What differs between the forward and the input gradient: the phase tables, V's
+    channels (the GEMMs' k) and M's, the source and result planes, the output blocks
+    (tiles_hw), the padded source plane and where the source lies in it, the step between
+    consecutive blocks' patches in it and their side."""
+
+    grad: bool
+    phases: tuple
+    k_ch: int
+    m_ch: int
+    in_hw: tuple
+    out_hw: tuple
+    tiles_hw: tuple
+    padded: tuple
+    pad: tuple
+    step: int
+    patch: int
+
+    def gemm(self, ci: int, ld: int, u_step: int):
+        """winograd_gemm's plan for a block of `ld` output blocks: M[xi] (m_ch x ld) = U[xi]
+        (m_ch x k_ch: the forward's U[xi][o][c], the input gradient's U[xi][c][o]) @ V[xi]
+        (k_ch x ld), 25 products."""
+        a_row, a_col = (self.k_ch, 1) if self.grad else (ci, 1)
+        return winograd_gemm.plan(self.m_ch, ld, self.k_ch, a_row, a_col, ld, ld, u_step,
+                                  spaced(self.k_ch * ld), spaced(self.m_ch * ld),
+                                  products=POSITIONS)
+
+
+def _applies(g, dt) -> bool:
+    return (ENABLED and dt is float32 and winograd_gemm.available()
+            and all(type(d) is int for d in (g.c, g.o, g.h, g.w, g.ho, g.wo))
+            and (g.kh, g.kw) == (3, 3) and g.stride == (2, 2) and g.padding == (1, 1)
+            and g.dilation == (1, 1) and g.groups == 1 and min(g.c, g.o) >= MIN_CHANNELS
+            and max(g.c, g.o) <= winograd_gemm.MAX_K and g.ho % 2 == 0 and g.wo % 2 == 0)
+
+
 def conv2d(lw, node, g, x, w, out) -> bool:
     """out = conv2d(x, w) by polyphase Winograd (see the module docstring), or False."""
-    dt = x.type.dtype
-    ci, co = g.c, g.o
-    if not (ENABLED and dt is float32 and winograd_gemm.available()
-            and all(type(d) is int for d in (ci, co, g.h, g.w, g.ho, g.wo))
-            and (g.kh, g.kw) == (3, 3) and g.stride == (2, 2) and g.padding == (1, 1)
-            and g.dilation == (1, 1) and g.groups == 1 and min(ci, co) >= MIN_CHANNELS
-            and ci <= winograd_gemm.MAX_K and g.ho % 2 == 0 and g.wo % 2 == 0):
+    if not _applies(g, x.type.dtype):
         return False
     th, tw = g.ho // 2, g.wo // 2
+    p = _Pass(False, PHASES, g.c, g.o, (g.h, g.w), (g.ho, g.wo), (th, tw),
+              (4 * th + 1, 4 * tw + 1), (1, 1), 4, 5)
+    return _polyphase(lw, node, g, x, w, out, p)
+
+
+def conv2d_input_grad(lw, node, g) -> bool:
+    """gx of a stride-2 convolution by polyphase Winograd: each of gx's four phases is a
+    stride-1 correlation of gy (3x3 patches at stride 2 per 2x2 block of the phase), or
+    False. Taken where gx's planes are exactly twice gy's (even input sizes)."""
+    gy, w = node.inputs
+    if not _applies(g, gy.type.dtype) or (g.h, g.w) != (2 * g.ho, 2 * g.wo) or \
+            g.o < GRAD_MIN_OUT_CHANNELS or (g.ho // 2) * (g.wo // 2) < GRAD_MIN_TILES:
+        return False
+    th, tw = g.ho // 2, g.wo // 2
+    p = _Pass(True, GRAD_PHASES, g.o, g.c, (g.ho, g.wo), (g.h, g.w), (th, tw),
+              (g.ho + 1, g.wo + 1), (0, 0), 2, 3)
+    return _polyphase(lw, node, g, lw.locs[gy], lw.locs[w], lw.locs[node.outputs[0]], p)
+
+
+def _polyphase(lw, node, g, src, w, out, p: _Pass) -> bool:
+    dt = src.type.dtype
+    ci, co = g.c, g.o
+    th, tw = p.tiles_hw
     tiles = th * tw
     want = BLOCK_TILES * (2 if ci + co >= WIDE_CHANNELS else 1)
     nb = max(1, -(-want // tiles))
@@ -108,75 +189,73 @@ def conv2d(lw, node, g, x, w, out) -> bool:
     counts = {nb} | ({g.n % nb} - {0} if type(g.n) is int else {1})
     t_max = nb * tiles
     u_step = spaced(co * ci)
-    if any(_gemm(ci, co, n * tiles, u_step) is None for n in counts):
+    if any(p.gemm(ci, n * tiles, u_step) is None for n in counts):
         return False
-    xs = image_strides(x)
-    hp, wp = 4 * th + 1, 4 * tw + 1  # the padded plane: one zero row and column before
-    _polyphase(lw, node, g, x, xs, w, out, nb, (th, tw), (hp, wp), t_max, u_step)
-    return True
-
-
-def _gemm(ci: int, co: int, ld: int, u_step: int):
-    """winograd_gemm's plan for a block of `ld` output blocks: M[xi] (co x ld) = U[xi]
-    (co x ci) @ V[xi] (ci x ld), 25 products."""
-    return winograd_gemm.plan(co, ld, ci, ci, 1, ld, ld, u_step, spaced(ci * ld),
-                              spaced(co * ld), products=POSITIONS)
-
-
-def _polyphase(lw, node, g, x, xs, w, out, nb, tiles_hw, padded, t_max, u_step) -> None:
-    dt = x.type.dtype
-    ci, co = g.c, g.o
-    th, tw = tiles_hw
-    hp, wp = padded
+    ss = image_strides(src)
+    hp, wp = p.padded
     w = contiguous_in(lw, w)
     with contiguous_out(lw, out) as dst:
-        shapes = [(hp * wp,), (POSITIONS, spaced(ci * t_max)), (POSITIONS, spaced(co * t_max))]
+        shapes = [(hp * wp,), (POSITIONS, spaced(p.k_ch * t_max)),
+                  (POSITIONS, spaced(p.m_ch * t_max))]
         units = -(-g.n // nb) if type(g.n) is int else None
         macs = g.n * co * ci * 9 * g.ho * g.wo if units else None
         split = plan_split(lw, dt, shapes, units, macs, shared=[(POSITIONS, u_step)])
         temps = workspace(lw, dt, (POSITIONS, u_step), *shapes) if split is None else \
             split.shared + split.locs + [split.control]
-        locs = [x, w, dst] + temps
+        locs = [src, w, dst] + temps
         # not split over images (one block: 256 -> 512 channels at 8x8, batch 32): the
         # filter transform in a forked kernel of its own first, the 25 GEMMs forked
         alone = split is None and kernels.forks(lw.openmp, POSITIONS * co * ci)
-        recipe = (g.key(), split is not None, alone)
-        kb, ids = image_kernel(lw, "conv2d_polyphase", locs, recipe)
+        recipe = (g.key(), p.grad, split is not None, alone)
+        kb, ids = image_kernel(lw, "conv2d_polyphase" + ("_input_grad" if p.grad else ""),
+                               locs, recipe)
         si, wi, oi, ui, pi, vi, mi = ids[:7]
         prelude = None if split is None and not alone else \
-            _filter_kernel(lw, locs, recipe, g, u_step)
+            _filter_kernel(lw, locs, recipe, g, u_step, p.phases)
         if alone:
             lw.calls.append(prelude)
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
-            return lw.calls.append(called_kernel(lw, kb.kernel, split, prelude=prelude))
+            lw.calls.append(called_kernel(lw, kb.kernel, split, prelude=prelude))
+            return True
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
         if prelude is None:
-            _filter_transform(b, kb, dt, wi, ui, u_step, g, (i64(0), i64(co)))
+            _filter_transform(b, kb, dt, wi, ui, u_step, g, (i64(0), i64(co)), p.phases)
 
         def block(b, n0, count):
-            ld = count * th * tw
-            v_step, m_step = spaced(ci * ld), spaced(co * ld)
-            _input_transform(b, kb, dt, (n0, count), si, xs, g, pi, wp, vi, v_step, ld)
+            ld = count * tiles
+            v_step, m_step = spaced(p.k_ch * ld), spaced(p.m_ch * ld)
+            _input_transform(b, kb, dt, (n0, count), si, ss, p, pi, vi, v_step, ld)
             forked = split is None and kernels.forks(
-                lw.openmp, kernels.gemm_work(POSITIONS, co, ld, ci))
-            fn = winograd_gemm.function(lw.module, _gemm(ci, co, ld, u_step), forked)
+                lw.openmp, kernels.gemm_work(POSITIONS, p.m_ch, ld, p.k_ch))
+            fn = winograd_gemm.function(lw.module, p.gemm(ci, ld, u_step), forked)
             b.call(fn, [kb.pointer(b, k, i64(0)) for k in (ui, vi, mi)] + [const(dt, 0.0)])
-            _output_transform(b, kb, dt, (n0, count), mi, m_step, co, oi, (g.ho, g.wo), ld)
+            if p.grad:
+                _phases_out(b, kb, dt, (n0, count), mi, m_step, p, oi, ld)
+            else:
+                _output_transform(b, kb, dt, (n0, count), mi, m_step, co, oi, p.out_hw, ld)
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
         lw.calls.append(called_kernel(lw, kb.finish(b), split, prelude=prelude))
+    return True
 
 
-def _filter_transform(b, kb, dt, wi, ui, u_step, g, o_range) -> None:
-    """U[xi][o][c] of the four phases' sub-filters (G f G^T each) for o in `o_range`."""
-    with loop(b, *o_range, "wo") as o, loop(b, 0, g.c, "wc") as c:
+def _filter_transform(b, kb, dt, wi, ui, u_step, g, o_range, phases) -> None:
+    """U[xi][o][c] of the four phases' sub-filters (G f G^T each) for o in `o_range`; the
+    input gradient's (`phases` GRAD_PHASES) stored transposed, U[xi][c][o], so that its
+    GEMMs read U's rows as they lie (through a's column stride, the 256 -> 512 layer's
+    input gradient took 12.5 ms against im2col's 9.3), walked c outer so the stores run
+    along U's rows (o outer: 10.5 ms for that layer's transform, its stores 2 KB apart)."""
+    transposed = phases is GRAD_PHASES
+    outer, inner = ((0, g.c), o_range) if transposed else (o_range, (0, g.c))
+    with loop(b, *outer, "wu") as u, loop(b, *inner, "wv") as v:
+        o, c = (v, u) if transposed else (u, v)
         base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
         f = [[kb.load(b, wi, iadd(b, base, r * 3 + s)) for s in range(3)] for r in range(3)]
-        at = iadd(b, imul(b, o, g.c), c)
+        at = iadd(b, imul(b, c, g.o), o) if transposed else iadd(b, imul(b, o, g.c), c)
         xi = 0
-        for rows, cols in PHASES:
+        for rows, cols in phases:
             sub = [[f[r][s] for s in cols[3]] for r in rows[3]]
             for row in _two_sided(b, dt, rows[2], sub, cols[2]):
                 for value in row:
@@ -184,39 +263,68 @@ def _filter_transform(b, kb, dt, wi, ui, u_step, g, o_range) -> None:
                     xi += 1
 
 
-def _filter_kernel(lw, locs, recipe, g, u_step):
-    """The filter transform as a kernel of its own, run once before a split kernel's shares;
-    forked over w's output channels where large enough."""
+def _filter_kernel(lw, locs, recipe, g, u_step, phases):
+    """The filter transform as a kernel of its own, run once before a split kernel's shares
+    (or before a kernel not split); forked over w's output channels where large enough."""
     kb, ids = image_kernel(lw, "conv2d_polyphase_filter", locs, recipe)
     b = kb.begin(parallel=True, work=POSITIONS * g.o * g.c)
     if b is None:
         return kb.kernel
     _filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g,
-                      kb.outer_range(b, g.o))
+                      kb.outer_range(b, g.o), phases)
     return kb.finish(b)
 
 
-def _input_transform(b, kb, dt, images, si, ss, g, pi, wp, vi, v_step, ld) -> None:
+def _input_transform(b, kb, dt, images, si, ss, p: _Pass, pi, vi, v_step, ld) -> None:
     """V[xi][c][t] of every output block t of the images (n0, count): each channel plane
-    into the padded plane, then each block's 5x5 patch through the phases' B^T."""
+    into the padded plane, then each block's patch through the phases' B^T."""
     n0, count = images
-    th, tw = g.ho // 2, g.wo // 2
-    rows = (0, min(g.h, 4 * th))  # the source rows any patch reads
-    with block_images(b, count) as j, loop(b, 0, g.c, "ci") as c:
+    th, tw = p.tiles_hw
+    wp = p.padded[1]
+    reach = [min(p.in_hw[a], (p.tiles_hw[a] - 1) * p.step + p.patch - p.pad[a])
+             for a in range(2)]  # the source rows and columns any patch reads
+    with block_images(b, count) as j, loop(b, 0, p.k_ch, "ci") as c:
         pad_plane(b, kb, si, iadd(b, imul(b, iadd(b, n0, j), ss[0]), imul(b, c, ss[1])),
-                  ss[2:], (g.h, min(g.w, 4 * tw)), pi, wp, (1, 1), rows)
+                  ss[2:], (p.in_hw[0], reach[1]), pi, wp, p.pad, (0, reach[0]))
         row_v = iadd(b, imul(b, c, ld), imul(b, j, th * tw))
         with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
-            at = iadd(b, imul(b, ty, 4 * wp), imul(b, tx, 4))
-            d = [[kb.load(b, pi, iadd(b, at, r * wp + s)) for s in range(5)] for r in range(5)]
+            at = iadd(b, imul(b, ty, p.step * wp), imul(b, tx, p.step))
+            d = [[kb.load(b, pi, iadd(b, at, r * wp + s)) for s in range(p.patch)]
+                 for r in range(p.patch)]
             t = iadd(b, row_v, imul(b, ty, tw), tx)
             xi = 0
-            for rows_p, cols_p in PHASES:
+            for rows_p, cols_p in p.phases:
                 sub = [[d[r][s] for s in cols_p[0]] for r in rows_p[0]]
                 for row in _two_sided(b, dt, rows_p[1], sub, cols_p[1]):
                     for value in row:
                         kb.store(b, vi, iadd(b, t, xi * v_step), value)
                         xi += 1
+
+
+def _phases_out(b, kb, dt, images, mi, m_step, p: _Pass, oi, ld) -> None:
+    """gx[n0 + j, c] (NCHW, contiguous) of every block: each phase's A^T M A, 2x2 values of
+    that phase's grid (rows 4ty + 2i + parity), so every element of gx is written once."""
+    n0, count = images
+    th, tw = p.tiles_hw
+    out_h, out_w = p.out_hw
+    with block_images(b, count) as j, loop(b, 0, p.m_ch, "c") as c:
+        row_m = iadd(b, imul(b, c, ld), imul(b, j, th * tw))
+        base = imul(b, iadd(b, imul(b, iadd(b, n0, j), p.m_ch), c), out_h * out_w)
+        with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
+            t = iadd(b, row_m, imul(b, ty, tw), tx)
+            at = iadd(b, base, imul(b, ty, 4 * out_w), imul(b, tx, 4))
+            xi = 0
+            for rows_p, cols_p in p.phases:
+                m = []
+                for _ in rows_p[1]:
+                    m.append([kb.load(b, mi, iadd(b, t, (xi + k) * m_step))
+                              for k in range(len(cols_p[1]))])
+                    xi += len(cols_p[1])
+                y = _two_sided(b, dt, rows_p[4], m, cols_p[4])
+                pr, pc = int(rows_p is GRAD_ODD), int(cols_p is GRAD_ODD)
+                for r in range(2):
+                    for s in range(2):
+                        kb.store(b, oi, iadd(b, at, (2 * r + pr) * out_w + 2 * s + pc), y[r][s])
 
 
 def _phase_sum(b, dt, m_of):
