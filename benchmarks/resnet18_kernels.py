@@ -38,7 +38,10 @@ by the generated function (graphc.backends.cpu.conv_row_split) and in their BLAS
 with its own GRAPHC_CACHE_DIR; the steps timed in alternation (`--rounds` samples), then the
 stride-2 and 1x1 kernels by weight shape (graphc.profile, `--repeat` runs, 3 alternated
 rounds). `switches`: the same with the tenth session's three changes turned back by their
-switches (TENTH_SESSION) against the defaults.
+switches (TENTH_SESSION) against the defaults; `eleventh`: with the eleventh session's
+(ELEVENTH_SESSION: the 512-channel weight gradient of conv_winograd_wide_grad, the stride-2
+forward and input gradient of conv_polyphase) turned back, the stride-1 weight gradients'
+class shown too.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("classes", "transforms", "block-gemm",
                                            "plane-vectors", "row-vectors", "transform-parts",
-                                           "row-split", "row-split-kernels", "switches"),
+                                           "row-split", "row-split-kernels", "switches",
+                                           "eleventh"),
                         help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
@@ -109,6 +113,13 @@ def main(argv: list[str] | None = None) -> None:
 
         with cache_root("resnet18_kernels.") as root:
             print(switches_gain(root, args.rounds, args.repeat), flush=True)
+    if args.only == "eleventh":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            print(switches_gain(root, args.rounds, args.repeat, off=ELEVENTH_SESSION,
+                                shown=("stride 2", "1x1", "weight_grad 3x3 stride 1")),
+                  flush=True)
     if args.only == "row-split-kernels":
         from benchmarks.harness import cache_root
 
@@ -207,16 +218,20 @@ TENTH_SESSION = {("winograd_transforms", "ROW_VECTORS"): False,
                  ("conv_row_split", "SLABS"): 16,
                  ("conv_row_split", "WEIGHT_GRAD"): False,
                  ("conv_im2col", "BY_ROWS"): False}
+# The eleventh session's (`--only eleventh`): the 512-channel Winograd weight gradient from a
+# tile-major V, and the stride-2 forward and input gradient by polyphase Winograd
+ELEVENTH_SESSION = {("conv_winograd_wide_grad", "WIDE_GRAD"): False,
+                    ("conv_polyphase", "ENABLED"): False}
 
 
 def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after"),
-                  off=None) -> str:
+                  off=None, shown=("stride", "1x1")) -> str:
     """The step compiled twice, the first with graphc.backends.cpu's switches `off`
     ({(module, attribute): value}, TENTH_SESSION by default) set while it compiles, each
     with its own GRAPHC_CACHE_DIR: the steps' CPU time in alternation (`rounds` samples of
     >= 0.1 s, medians and quartiles), then the stride-2 and 1x1 kernels' time by weight
     shape and the stride-1 3x3 kernels by class (graphc.profile, `repeat` runs, 3 alternated
-    rounds, medians)."""
+    rounds, medians; the classes whose names hold one of `shown`)."""
     import copy
     import importlib
     import statistics
@@ -254,10 +269,10 @@ def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after")
                 report = graphc.profile(steps[v], *arguments[v], repeat=repeat)
             for name, (_, spent, _) in _classify(report, by_shape=True).items():
                 seconds[v][name].append(spent)
-    shown = sorted(c for c in seconds[names[0]] if "stride" in c or "1x1" in c)
+    rows = sorted(c for c in seconds[names[0]] if any(part in c for part in shown))
     lines.append("| kernel class | " + " | ".join(names) + " |")
     lines.append("|---|" + "---|" * len(names))
-    for c in shown:
+    for c in rows:
         lines.append(f"| {c} | " + " | ".join(
             f"{statistics.median(seconds[v][c]) * 1e3:.2f} ms" for v in names) + " |")
     return "\n".join(lines)
