@@ -1,7 +1,8 @@
 """3x3 stride-2 convolutions by Winograd on the input's four phases (graphc.backends.cpu.
 conv_polyphase): the phases' transforms against a direct strided correlation (forward and
-input gradient), the input gradient on ResNet-18's layers and narrow stand-ins, then the
-forward on shapes it takes (ResNet-18's three stride-2 layers at small batches, odd input
+input gradient), the input gradient on ResNet-18's layers and narrow stand-ins, the input
+transform by rows in vectors bit for bit the padded plane's, then the forward on shapes it
+takes (ResNet-18's three stride-2 layers at small batches, odd input
 sizes, partial last blocks, one thread and all cores, a batch known per call) against the
 interpreter, within 2x eager's distance from float64 and the same bits on a rerun, and the
 shapes it leaves to im2col."""
@@ -222,3 +223,42 @@ def test_a_batch_known_per_call(monkeypatch):
                                        err_msg=f"batch {batch}")
     generic = compiled._entries[0].executable.executable_for({"s0": 8}).executable
     assert KERNEL in generic.lowered.ir_text
+
+
+# the input transform with rows loaded as vectors against the padded plane's block loop:
+# (input, weight, kind), vectors of 2, 4 and 8 tile rows (one image or four)
+ROWS = [
+    ((2, 16, 32, 32), (16, 16, 3, 3), "fwd"),
+    ((4, 16, 16, 16), (32, 16, 3, 3), "fwd"),
+    ((4, 16, 8, 8), (16, 16, 3, 3), "fwd"),
+    ((2, 16, 32, 32), (128, 16, 3, 3), "gx"),
+    ((4, 16, 16, 16), (128, 16, 3, 3), "gx"),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", range(len(ROWS)))
+def test_input_rows_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
+    xs, ws, kind = ROWS[case]
+    taken = []
+    emit = conv_polyphase._input_by_rows
+
+    def recording(*args):
+        taken.append(True)
+        return emit(*args)
+
+    monkeypatch.setattr(conv_polyphase, "_input_by_rows", recording)
+    rng = np.random.default_rng(case)
+    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
+    args = [rng.standard_normal(xs if kind == "fwd" else gs).astype(np.float32),
+            rng.standard_normal(ws).astype(np.float32)]
+    outs = []
+    for on in (True, False):
+        taken.clear()
+        monkeypatch.setattr(conv_polyphase, "ROW_VECTORS", on)
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / str(on)))
+        exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], 1)
+        assert KERNEL in exe.lowered.ir_text
+        outs.append(exe.run(*args)[0])
+        assert bool(taken) == on
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -16,9 +16,10 @@ block of images (1.44x fewer multiplications than im2col's [C_out x 9 C_in] @ [9
 The kernel, per block of images (BLOCK_TILES output blocks or more, as conv_winograd's):
 - filter transform (once per call, or a forked kernel of its own before a split kernel):
   `U[xi][o][c]` for the 25 positions;
-- input transform: each channel plane copied into a zero-padded plane (one row and column
-  of zeros before it, border zeroed once per kernel), then every output block's 5x5 input
-  patch (rows 4ty - 1 .. 4ty + 3) to its 25 values `V[xi][c][t]`;
+- input transform: every output block's 5x5 input patch (rows 4ty - 1 .. 4ty + 3) to its
+  25 values `V[xi][c][t]`, 16 blocks a vector from input rows loaded as vectors where a
+  plane's rows hold a whole fraction of 16 blocks (ResNet-18's three layers: the same
+  bits, 0-0.9 ms a kernel faster), else through a zero-padded copy of each channel plane;
 - the 25 GEMMs in one call of winograd_gemm's generated function;
 - output transform: each output block's 2x2 values, the four phases' A^T M A added in a
   fixed order.
@@ -76,6 +77,9 @@ MIN_CHANNELS = 16
 BLOCK_TILES = 64  # output blocks a GEMM's columns hold, at least (as conv_winograd's)
 WIDE_CHANNELS = 512  # from this many channels in and out together, blocks of twice as many
 LANES = 16  # output blocks a vector of the small planes' output transform holds
+# The input transform LANES blocks a vector, rows loaded as vectors (_input_by_rows); False:
+# the block loop through the padded plane (for A/B runs and tests)
+ROW_VECTORS = True
 # The input gradient sums over the output channels: F(2, 2)'s transforms (gy[a] - gy[a + 1]
 # and the like, cancelling in the sum) cost more against eager's short col2im sums when
 # that sum is short. Distance from float64 over eager graphc's (gy and w normal): 16 and 48
@@ -277,9 +281,13 @@ def _filter_kernel(lw, locs, recipe, g, u_step, phases):
 
 def _input_transform(b, kb, dt, images, si, ss, p: _Pass, pi, vi, v_step, ld) -> None:
     """V[xi][c][t] of every output block t of the images (n0, count): each channel plane
-    into the padded plane, then each block's patch through the phases' B^T."""
+    into the padded plane, then each block's patch through the phases' B^T; planes whose
+    rows hold a whole fraction of LANES blocks by `_input_by_rows`."""
     n0, count = images
     th, tw = p.tiles_hw
+    if ROW_VECTORS and LANES % tw == 0 and p.in_hw[1] == p.step * tw and ss[3] == 1 \
+            and ld % LANES == 0:
+        return _input_by_rows(b, kb, dt, images, si, ss, p, vi, v_step, ld)
     wp = p.padded[1]
     reach = [min(p.in_hw[a], (p.tiles_hw[a] - 1) * p.step + p.patch - p.pad[a])
              for a in range(2)]  # the source rows and columns any patch reads
@@ -299,6 +307,61 @@ def _input_transform(b, kb, dt, images, si, ss, p: _Pass, pi, vi, v_step, ld) ->
                     for value in row:
                         kb.store(b, vi, iadd(b, t, xi * v_step), value)
                         xi += 1
+
+
+def _input_by_rows(b, kb, dt, images, si, ss, p: _Pass, vi, v_step, ld) -> None:
+    """_input_transform for LANES blocks at once, with no padded plane: the blocks of
+    LANES // tw tile rows (of one image or several), each tile row's `patch` input rows
+    loaded as vectors (a row in the padding: a zero vector), each patch element d[r][s] of
+    the LANES blocks one shuffle of the rows r and a zero vector, the phases' B^T on
+    vectors, each position's LANES values one store along V's row. The same additions in
+    the same order as the block loop (bit for bit)."""
+    n0, _ = images
+    th, tw = p.tiles_hw
+    width = p.in_hw[1]
+    per_vector = LANES // tw  # tile rows a vector holds
+    source = per_vector * width
+    row_vec = ir.VectorType(F32, width)
+    zero_row = ir.Constant(row_vec, [0.0] * width)
+    zero = ir.Constant(ir.VectorType(F32, source), [0.0] * source)
+
+    def tap(s):  # which element of the rows' concatenation (or `source`: zero) a lane reads
+        mask = []
+        for lane in range(LANES):
+            slot, tx = divmod(lane, tw)
+            col = p.step * tx - p.pad[1] + s
+            mask.append(slot * width + col if 0 <= col < width else source)
+        return ir.Constant(ir.VectorType(I32, LANES), mask)
+
+    masks = [tap(s) for s in range(p.patch)]
+    with loop(b, 0, p.k_ch, "ci") as c, loop(b, 0, ld // LANES, "tg") as group:
+        slots = []  # per tile row of the vector: its `patch` input rows
+        for i in range(per_vector):
+            tile_row = iadd(b, imul(b, group, per_vector), i)  # over the block's images
+            image = iadd(b, n0, b.udiv(tile_row, i64(th)))
+            ty = b.urem(tile_row, i64(th))
+            plane = iadd(b, imul(b, image, ss[0]), imul(b, c, ss[1]))
+            rows = []
+            for r in range(p.patch):
+                row = iadd(b, imul(b, ty, p.step), r - p.pad[0])
+                inside = b.and_(b.icmp_signed(">=", row, i64(0)),
+                                b.icmp_signed("<", row, i64(p.in_hw[0])))
+                safe = b.select(inside, row, i64(0))  # never read outside the tensor
+                loaded = b.load(kb.pointer(b, si, iadd(b, plane, imul(b, safe, ss[2]))),
+                                typ=row_vec, align=4)
+                rows.append(b.select(inside, loaded, zero_row))
+            slots.append(rows)
+        d = [[b.shuffle_vector(_concatenated(b, [slots[i][r] for i in range(per_vector)]),
+                               zero, masks[s]) for s in range(p.patch)]
+             for r in range(p.patch)]
+        at = iadd(b, imul(b, c, ld), imul(b, group, LANES))
+        xi = 0
+        for rows_p, cols_p in p.phases:
+            sub = [[d[r][s] for s in cols_p[0]] for r in rows_p[0]]
+            for row in _two_sided(b, dt, rows_p[1], sub, cols_p[1]):
+                for value in row:
+                    b.store(value, kb.pointer(b, vi, iadd(b, at, xi * v_step)), align=4)
+                    xi += 1
 
 
 def _phases_out(b, kb, dt, images, mi, m_step, p: _Pass, oi, ld) -> None:
