@@ -41,7 +41,11 @@ rounds). `switches`: the same with the tenth session's three changes turned back
 switches (TENTH_SESSION) against the defaults; `eleventh`: with the eleventh session's
 (ELEVENTH_SESSION: the 512-channel weight gradient of conv_winograd_wide_grad, the stride-2
 forward and input gradient of conv_polyphase) turned back, the stride-1 weight gradients'
-class shown too.
+class shown too. `eleventh-kernels`: the kernels those switches change (the 512-channel
+weight gradient, the three stride-2 forwards, the 64 -> 128 and 128 -> 256 input
+gradients), each as a one-op graph at batch 32 compiled with the switches off and on,
+timed natively in alternation (`--rounds` rounds), with each one's distance from a float64
+run over eager graphc's.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=("classes", "transforms", "block-gemm",
                                            "plane-vectors", "row-vectors", "transform-parts",
                                            "row-split", "row-split-kernels", "switches",
-                                           "eleventh"),
+                                           "eleventh", "eleventh-kernels"),
                         help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
@@ -120,6 +124,11 @@ def main(argv: list[str] | None = None) -> None:
             print(switches_gain(root, args.rounds, args.repeat, off=ELEVENTH_SESSION,
                                 shown=("stride 2", "1x1", "weight_grad 3x3 stride 1")),
                   flush=True)
+    if args.only == "eleventh-kernels":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            print(eleventh_kernels(root, args.rounds), flush=True)
     if args.only == "row-split-kernels":
         from benchmarks.harness import cache_root
 
@@ -275,6 +284,57 @@ def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after")
     for c in rows:
         lines.append(f"| {c} | " + " | ".join(
             f"{statistics.median(seconds[v][c]) * 1e3:.2f} ms" for v in names) + " |")
+    return "\n".join(lines)
+
+
+def eleventh_kernels(root: str, rounds: int, n: int = 32) -> str:
+    """A markdown table: each kernel ELEVENTH_SESSION's switches change, as a one-op graph
+    compiled with them off ("before") and on ("after"), timed natively in alternation, and
+    each one's distance from float64 over eager graphc's (x after a ReLU)."""
+    import importlib
+
+    import numpy as np
+
+    from benchmarks.harness import switched
+    from benchmarks.profiles import native_call
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.ir.interpreter import run as interpret
+    from graphc.passes.plan import plan_buffers
+    from graphc.testing.rounding import rounding_distance
+    from tests.test_cpu_conv_paths import _graphs
+
+    switches = {(importlib.import_module(f"graphc.backends.cpu.{m}"), a): v
+                for (m, a), v in ELEVENTH_SESSION.items()}
+    kernels = [("weight gradient 512 -> 512, 4x4", (n, 512, 4, 4), (512, 512, 3, 3), 1, "gw")]
+    kernels += [(f"{pass_} 3x3 stride 2 {c} -> {2 * c}, {side}x{side}", (n, c, side, side),
+                 (2 * c, c, 3, 3), 2, kind)
+                for pass_, kind, layers in (("forward", "fwd", LAYERS[:3]),
+                                            ("input gradient", "gx", LAYERS[:2]))
+                for c, side in layers]
+    lines = ["| kernel | before | after | distance from float64 (x eager's) |",
+             "|---|---|---|---|"]
+    rng = np.random.default_rng(11)
+    for label, xs, ws, stride, kind in kernels:
+        gs, _ = _graphs(xs, ws, (stride, stride), (1, 1), 1)
+        x = np.maximum(rng.standard_normal(xs), 0).astype(np.float32)
+        w = (rng.standard_normal(ws) / np.sqrt(ws[1] * 9)).astype(np.float32)
+        gy = (rng.standard_normal(gs) * 1e-2).astype(np.float32)
+        args = {"fwd": [x, w], "gx": [gy, w], "gw": [gy, x]}[kind]
+        exes = []
+        for name in ("before", "after"):
+            with switched(root, f"{label}-{name}", switches, name == "before"):
+                graph = _graphs(xs, ws, (stride, stride), (1, 1), 1)[1][kind]
+                plan_buffers(graph)
+                exes.append(CpuExecutable(graph))
+        before, after = (float(np.median(t)) * 1e3 for t in
+                         _alternated([native_call(e, args) for e in exes], rounds))
+        graph = _graphs(xs, ws, (stride, stride), (1, 1), 1)[1][kind]
+        wide = _graphs(xs, ws, (stride, stride), (1, 1), 1, "float64")[1][kind]
+        reference = interpret(wide, *[a.astype(np.float64) for a in args])[0]
+        eager = rounding_distance(interpret(graph, *args)[0], reference)
+        ratios = [rounding_distance(e.run(*args)[0], reference) / eager for e in exes]
+        lines.append(f"| {label} | {before:.2f} ms | {after:.2f} ms | "
+                     f"{ratios[0]:.2f} -> {ratios[1]:.2f} |")
     return "\n".join(lines)
 
 
