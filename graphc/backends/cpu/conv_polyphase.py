@@ -76,7 +76,7 @@ ENABLED = True  # False: im2col + GEMM (A/B runs)
 MIN_CHANNELS = 16
 BLOCK_TILES = 64  # output blocks a GEMM's columns hold, at least (as conv_winograd's)
 WIDE_CHANNELS = 512  # from this many channels in and out together, blocks of twice as many
-LANES = 16  # output blocks a vector of the small planes' output transform holds
+LANES = 16  # output blocks a vector holds (the input transform by rows, small planes' output)
 # The input transform LANES blocks a vector, rows loaded as vectors (_input_by_rows); False:
 # the block loop through the padded plane (for A/B runs and tests)
 ROW_VECTORS = True
