@@ -5,8 +5,9 @@ after the first compiled step only the batch goes in and the loss (and the error
 back; eager reads after compiled steps (numpy(), eager ops, `.grad`, state_dict) see the
 current values; a host write between steps is uploaded; two executables sharing parameters
 (a compiled training step and a compiled evaluation) see each other's values; GRAPHC_CHECK_NANS
-turns residency off; `close()` fetches what only the device held; and the residency
-registry's view rule (a view of a marked array fetches it).
+turns residency off; `close()` fetches what only the device held; a steady call (its state
+marked in its own slots) keeps the marks and uploads only what a host write unmarked, even
+after its check; and the residency registry's view rule (a view of a marked array fetches it).
 """
 
 from __future__ import annotations
@@ -105,6 +106,68 @@ def test_eager_reads_after_compiled_steps_see_the_current_values(rt, rng):
     for p, q in pairs:
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5,
                                    atol=1e-6)
+
+
+def test_a_steady_call_keeps_the_state_marks_and_uploads_what_a_read_unmarked(rt, rng):
+    """A compiled step runs through its first try (guard and plan under raw_reads); a call
+    whose state is all marked in its own slots (the last call's) keeps those marks as they
+    are, the same mark objects, and uploads only the batch; a parameter written on the host
+    between calls (the read took its mark) is uploaded by the next call, and only it."""
+    model, step, ref_model, ref_step = _twins()
+    for _ in range(3):
+        x, y = _batch(rng)
+        step(x, y)
+        ref_step(x, y)
+    assert step._fast  # the cuda entry's first try
+    marks = {id(p._array): residency.stale[id(p._array)] for p in model.parameters()}
+    x, y = _batch(rng)
+    batch = x.numel() * 4 + y.numel() * 8
+    rt.gc_transfer_bytes_reset()
+    loss = step(x, y)
+    assert _traffic(rt)[0] == batch
+    np.testing.assert_allclose(loss.item(), ref_step(x, y).item(), rtol=1e-5)
+    assert all(residency.stale[key] is mark for key, mark in marks.items())
+    w, w_ref = next(model.parameters()), next(ref_model.parameters())
+    with graphc.no_grad():
+        w.mul_(0.5)
+        w_ref.mul_(0.5)
+    x, y = _batch(rng)
+    rt.gc_transfer_bytes_reset()
+    loss = step(x, y)
+    assert _traffic(rt)[0] == batch + w.numel() * 4
+    np.testing.assert_allclose(loss.item(), ref_step(x, y).item(), rtol=1e-5)
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_a_fetch_after_the_steady_check_is_seen_under_the_lock(rt, rng, monkeypatch):
+    """A parameter fetched and written on the host after a call found its state marked (as
+    another thread could, before the call takes the lock) is uploaded all the same: the
+    executable counts the state marks that went, and looks again when the count moved."""
+    model, step, ref_model, ref_step = _twins()
+    for _ in range(3):
+        x, y = _batch(rng)
+        step(x, y)
+        ref_step(x, y)
+    w, w_ref = next(model.parameters()), next(ref_model.parameters())
+    with graphc.no_grad():
+        w_ref.mul_(0.5)
+    slots_of = residency.slots_of
+
+    def slots_then_a_host_write(owner, arrays):
+        slots = slots_of(owner, arrays)
+        monkeypatch.setattr(residency, "slots_of", slots_of)
+        residency.fresh_all([w._array])  # the fetch takes the mark
+        w._array *= 0.5
+        return slots
+
+    monkeypatch.setattr(residency, "slots_of", slots_then_a_host_write)
+    x, y = _batch(rng)
+    np.testing.assert_allclose(step(x, y).item(), ref_step(x, y).item(), rtol=1e-5)
+    assert residency.slots_of is slots_of  # the hook ran
+    np.testing.assert_allclose(w.detach().numpy(), w_ref.detach().numpy(), rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_gradients_accumulated_across_steps(rt, rng):

@@ -28,7 +28,10 @@ Invariants: a mark holds its array weakly (an array that dies takes its mark wit
 owner's `forget(slot)` is told); marks are found by the array and by the memory it views (a view
 of a marked array, made before or after the mark, fetches it); one lock guards the tables, and
 an owner's fetch takes the owner's own lock, so a fetch from another thread waits for a run
-in progress. Importing this module loads no backend.
+in progress; every mark that goes reaches its owner first as a `fetch` (the owner's own
+`fetched` drops it) or after as a `forget` (died, re-marked elsewhere, unmarked unfetched),
+so an owner can count its marks that went (`slots_of` then tells it in one pass which of its
+marks a call's arrays still carry). Importing this module loads no backend.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 __all__ = ["count_marks", "fetched", "fresh", "fresh_all", "in_raw_reads", "mark", "marked_by",
-           "raw_reads", "stale", "unmark_owner"]
+           "raw_reads", "slots_of", "stale", "unmark_owner"]
 
 
 @dataclass
@@ -99,6 +102,19 @@ def marked_by(array) -> tuple[Any, Any] | None:
     if entry is None or entry.ref() is not array:
         return None
     return entry.owner, entry.slot
+
+
+def slots_of(owner, arrays) -> list:
+    """Per array of `arrays`, the slot of its own mark where `owner` made it, else None
+    (unmarked, or another owner's: `marked_by` tells which); fetches nothing. One pass, for
+    an owner that checks whether every array is still where its last call left it."""
+    get = stale.get
+    slots = []
+    for array in arrays:
+        entry = get(id(array))
+        slots.append(entry.slot if entry is not None and entry.owner is owner
+                     and entry.ref() is array else None)
+    return slots
 
 
 def _fetch(key: int) -> None:

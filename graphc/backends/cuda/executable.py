@@ -23,6 +23,12 @@ Host traffic (graphc.backends.residency states the protocol):
 - Every output is a new host array each call, and every update value is its target's own
   array or a new one (`fresh_results`, unless the plan put a value in another input's slot),
   so the compiled call skips its overlap checks (graphc.jit.compiler, graphc.jit.call_plan).
+- *A steady call* (a training loop's: every state input the array the last call marked in its
+  own slot) is found in one pass (`residency.slots_of`); it looks at the true inputs alone and
+  leaves the state's marks as they are. A state mark that goes (a fetch, a forget) moves a
+  count (`_unmarks`), read before that pass and again under the lock: a moved count sends the
+  call back to the per-input checks, so a host write from another thread meanwhile is
+  uploaded.
 - A plain `run()` (not a graphc.compile'd call: `residency.in_raw_reads()` is false) keeps
   the contract of graphc.backends to the letter: every input is uploaded, every update and
   output copied back.
@@ -58,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import operator
 import threading
 import weakref
 
@@ -76,6 +83,8 @@ from graphc.ir.printer import format_node
 from graphc.ir.verifier import verify
 
 _ALIGN = 256
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
 _live: weakref.WeakSet = weakref.WeakSet()  # every executable: a device reset concerns all
 # set when a sticky error could not be recovered from (the reset failed): the first fault's
 # message, which every later call of every executable names instead of touching the device
@@ -116,6 +125,11 @@ class CudaExecutable:
             if slots.get(offset, i) == i:
                 self._state[i] = offset
         self._true_inputs = [i for i in range(len(graph.inputs)) if i not in self._state]
+        # what `residency.slots_of` reads when every state input's own slot holds its value,
+        # as a steady call's last call left them (`run`)
+        self._steady_slots = [i if i in self._state else None for i in range(len(graph.inputs))]
+        self._shapes = [shape for shape, _ in self._in_types]
+        self._dtypes = [dtype for _, dtype in self._in_types]
         self._update_input = {n_out + u: index[target.name]
                               for u, (target, _) in enumerate(graph.updates)}
         # every output is a new array each call and every update value its own target's
@@ -124,6 +138,9 @@ class CudaExecutable:
         self.fresh_results = all(layout[2] in (None, self._update_input[k])
                                  for k, layout in enumerate(self._layout) if not layout[3])
         self._lock = threading.RLock()
+        # counts the marks of state slots that went (a fetch, a forget): a call that found
+        # its state marked compares it under its lock to know the marks are still there
+        self._unmarks = 0
         self._calls = 0
         self._holders: dict[int, weakref.ref] = {}  # state input -> the array its slot holds
         self._lost: str | None = None
@@ -185,27 +202,36 @@ class CudaExecutable:
         if len(arrays) != len(self._in_types):
             raise ArgumentError(f"graph @{g.name} takes {len(self._in_types)} inputs, got "
                                 f"{len(arrays)}")
-        bound = []
-        for i, (a, (shape, dtype)) in enumerate(zip(arrays, self._in_types)):
-            a = np.asarray(a)
-            if a.shape != shape or a.dtype != dtype:
-                raise ArgumentError(f"graph @{g.name}: input %{g.inputs[i].name} expects "
-                                    f"{g.inputs[i].type}, got {a.dtype}{list(a.shape)}")
-            bound.append(a)
+        bound = list(map(np.asarray, arrays))
+        if list(map(_SHAPE, bound)) != self._shapes or list(map(_DTYPE, bound)) != self._dtypes:
+            for i, (a, (shape, dtype)) in enumerate(zip(bound, self._in_types)):
+                if a.shape != shape or a.dtype != dtype:
+                    raise ArgumentError(f"graph @{g.name}: input %{g.inputs[i].name} expects "
+                                        f"{g.inputs[i].type}, got {a.dtype}{list(a.shape)}")
+        # values stay on the device only for a compiled call (it reads results through
+        # tensors, which fetch) and without the NaN check (it reads every value on the host)
+        eager = config.check_nans() or not residency.in_raw_reads()
+        # a steady call: every state input is the array the last call marked in its own slot
+        # (read before the marks: `_call` finds the marks still there, under the lock, when
+        # no state mark went since)
+        unmarks = self._unmarks
+        steady = not eager and residency.slots_of(self, bound) == self._steady_slots
         # fetch every out-of-date array but those whose value is in their own slot here (an
         # output of this executable's last call read back as an input is fetched too) and
         # those another executable holds (copied device to device: `_take`), whose owners'
         # locks the call takes with its own
-        marks = [residency.marked_by(a) for a in bound]
+        looked_at = [bound[i] for i in self._true_inputs] if steady else bound
+        marks = [residency.marked_by(a) for a in looked_at]
         owners = {found[0] for found in marks
                   if found is not None and self.takes_device_value(found[0])}
-        residency.fresh_all([a for i, (a, found) in enumerate(zip(bound, marks))
-                             if not (found == (self, i) and i in self._state
-                                     or found is not None and found[0] in owners)])
-        # values stay on the device only for a compiled call (it reads results through
-        # tensors, which fetch) and without the NaN check (it reads every value on the host)
-        eager = config.check_nans() or not residency.in_raw_reads()
-        with self._locks_with_owners(owners):
+        if steady:
+            residency.fresh_all([a for a, found in zip(looked_at, marks)
+                                 if found is None or found[0] not in owners])
+        else:
+            residency.fresh_all([a for i, (a, found) in enumerate(zip(bound, marks))
+                                 if not (found == (self, i) and i in self._state
+                                         or found is not None and found[0] in owners)])
+        with self._locks_with_owners(owners) if owners else self._lock:
             if _unusable is not None:
                 raise rtmod.CudaDeviceLostError(
                     f"graph @{g.name}: the CUDA context has been unusable since an earlier "
@@ -214,7 +240,8 @@ class CudaExecutable:
             if self._lost is not None:
                 self._setup()
             try:
-                outs, errors = self._call(arrays, bound, eager)
+                outs, errors = self._call(arrays, bound, eager,
+                                          steady and self._unmarks == unmarks)
             except rtmod.CudaRuntimeError as error:
                 raise self._failed(error) from None
             self._calls += 1
@@ -233,13 +260,20 @@ class CudaExecutable:
             stack.enter_context(owner._lock)
         return stack
 
-    def _call(self, arrays: tuple, bound: list, eager: bool):
+    def _call(self, arrays: tuple, bound: list, eager: bool, steady: bool):
+        """The call under the lock(s). `steady`: every state input is marked in its own slot
+        (`run` found it so, and no state mark went since): only the true inputs are looked
+        at, and the state's marks are kept as they are."""
         rt, stream = self.rt, self._stream
         self._wait()  # the staging, the pools and the error words are free again
-        seen: set[int] = set()
-        shared = {id(a) for a in bound if id(a) in seen or seen.add(id(a))}  # passed twice
+        if len(set(map(id, bound))) == len(bound):
+            shared = ()
+        else:
+            seen: set[int] = set()
+            shared = {id(a) for a in bound if id(a) in seen or seen.add(id(a))}  # passed twice
         staged = self._staging.value
-        for i, a in enumerate(bound):
+        for i in self._true_inputs if steady else range(len(bound)):
+            a = bound[i]
             ptr = self._input_ptrs[i]
             if i in self._state:
                 if not eager and residency.marked_by(a) == (self, i):
@@ -286,7 +320,8 @@ class CudaExecutable:
                     a.flags.c_contiguous:  # stays on the device: the slot gets the value
                 if offset != self.lowered.input_offsets[i] and t.nbytes:
                     moves.append((self._input_ptrs[i], ptr, t.nbytes))
-                marks.append((a, i))
+                if not steady:  # (a steady call's state is marked in its slot already)
+                    marks.append((a, i))
                 outs.append(a)
                 continue
             if target is not None and isinstance(arrays[target], np.ndarray) and \
@@ -575,6 +610,7 @@ class CudaExecutable:
                 return  # fetched meanwhile by another thread (or marked by another owner)
             if self._lost is not None:  # the value went with the device (the reset said so)
                 residency.fetched(array, self, slot)
+                self._unmarks += not isinstance(slot, tuple)
                 return
             ptr = slot[2] if isinstance(slot, tuple) else self._input_ptrs[slot]
             try:
@@ -590,6 +626,7 @@ class CudaExecutable:
             if isinstance(slot, tuple):
                 self._pool_give(slot)
             else:
+                self._unmarks += 1
                 self._holders.pop(slot, None)
 
     def forget(self, slot) -> None:
@@ -597,6 +634,8 @@ class CudaExecutable:
         a collection may call this from any thread, holding any lock (list.append is atomic)."""
         if isinstance(slot, tuple):
             self._pool_give(slot)
+        else:  # after the mark went: a call that read it before sees this count move
+            self._unmarks += 1
 
     def _pool_take(self, k: int, nbytes: int) -> int:
         free = self._pools.setdefault(k, [])
