@@ -32,8 +32,9 @@ every call that imply the full signature is unchanged (see graphc.jit.guards for
 check and why that is sound). A cpu entry then runs through its `graphc.jit.call_plan.CallPlan`
 where it has one (bindings, `.grad`s and outputs laid out when the entry is made), outside
 `residency.raw_reads` (the plan reads `Tensor._array`, the executable fetches what another
-device holds); every other entry, and every entry under GRAPHC_CHECK_NANS, runs the general path
-(graphc.jit.general_path.run_entry).
+device holds); a cuda entry's first try runs its guard and plan under `raw_reads` (its
+executable keeps values on the device only there); every other entry, and every entry under
+GRAPHC_CHECK_NANS, runs the general path (graphc.jit.general_path.run_entry).
 The first try of a call runs the newest entry's compiled guard checks and its plan in the
 call's own frame (`_fast_path`: where that entry needs no other per-call check); where its
 guard fails, the guards of the older entries are tried as before.
@@ -207,6 +208,13 @@ class Compiled(SignatureTracer):
                     return result
         else:
             entry = _UNGUARDED
+            # the first try, made as the cpu branch makes it (its checks and plan run under
+            # raw_reads: `_fast_path`); busy or no entry yet: a later call
+            if self._fast is None and self._entries and self._slow_path.acquire(blocking=False):
+                try:
+                    self._fast = self._fast_path()
+                finally:
+                    self._slow_path.release()
         # arrays are bound as they are; an executable fetches what another device holds
         # (graphc.backends.residency), so binding a parameter kept on the device copies nothing
         with residency.raw_reads():
@@ -220,14 +228,19 @@ class Compiled(SignatureTracer):
         frames then run the guard, the plan and the executable: after a short native run each
         frame is a cache miss (docs/performance.md, "SGEMM 256"). Reset to None wherever an
         entry is added, removed or given a new guard; made by the next planned call."""
-        entry = self._entries[-1] if self._entries and self.backend == "cpu" else None
+        entry = self._entries[-1] if self._entries else None
         if entry is None or entry.guard is None or entry.plan is None \
                 or entry.shapes is not None or not entry.guard.implies_types(entry.typed):
             return ()
         plan = entry.plan
         run = plan.stepping or plan.run if not plan.reads_only else \
             plan.reading or plan.run_reading
-        return entry.guard.checks, run, entry
+        if self.backend == "cpu":
+            return entry.guard.checks, run, entry
+        # another backend (cuda) keeps values on its device only for a call under raw_reads
+        # and binds arrays as they are (its executable fetches what another device holds),
+        # as `_call` does
+        return _under_raw_reads(entry.guard.checks), _under_raw_reads(run), entry
 
     def _guarded(self, args: tuple, kwargs: dict, tried=None) -> Entry | None:
         """The entry the fast path runs for this call, or None: the newest entry whose guard
@@ -304,6 +317,14 @@ class Compiled(SignatureTracer):
         with interrupts_held():
             return run_entry(self.__name__, entry, args, kwargs, escaped)
 
+
+
+def _under_raw_reads(fn: Callable) -> Callable:
+    """`fn` called under `residency.raw_reads()` (the first try of a non-cpu entry)."""
+    def under_raw_reads(*args):
+        with residency.raw_reads():
+            return fn(*args)
+    return under_raw_reads
 
 
 @functools.cache
