@@ -4,8 +4,8 @@
 # PyTorch with CUDA:
 #
 #   bash benchmarks/gpu_check.sh [STAGE...]     stages: build kernels tests bench libs0 profile
-#                                               host convs variants sanitizer (default: the
-#                                               first five)
+#                                               host convs tiles variants sanitizer (default:
+#                                               the first five)
 #
 # - build: the CUDA runtime library (make -C runtime/csrc cuda, every core)
 # - kernels: runtime/csrc/tests/test_kernels_*.cu against it (make gpu-check)
@@ -17,6 +17,9 @@
 # - profile: the GPT and ResNet-18 steps again, with where their device time goes
 # - host: python -m benchmarks.gpu_host (the GPT and ResNet-18 steps' host phases)
 # - convs: python -m benchmarks.gpu_conv_shapes (ResNet-18's convolutions shape by shape)
+# - tiles: the 128-row convolution tiles bounded for one block an SM (the default) against
+#   two (GRAPHC_CUDA_TILE_BLOCKS=2, docs/backends.md), alternated: gpu_conv_shapes with
+#   graphc's kernels only, then the ResNet-18 step
 # - variants: benchmarks/cuda/elementwise_variants.cu, the elementwise chain written the ways
 #   the generator could emit it, against a copy
 # - sanitizer: the kernel test programs under compute-sanitizer memcheck and racecheck
@@ -67,6 +70,13 @@ for s in "${stages[@]}"; do
             --profile --rounds 3 ;;
         host) stage host $PY -m benchmarks.gpu_host ;;
         convs) stage convs $PY -m benchmarks.gpu_conv_shapes ;;
+        tiles) stage tiles bash -c "for blocks in 1 2 1 2; do
+                echo \"== GRAPHC_CUDA_LIBS=0 GRAPHC_CUDA_TILE_BLOCKS=\$blocks\"
+                GRAPHC_CUDA_LIBS=0 GRAPHC_CUDA_TILE_BLOCKS=\$blocks $PY -m benchmarks.gpu_conv_shapes \
+                    --repeat 10; done
+            for blocks in 1 2; do echo \"== GRAPHC_CUDA_TILE_BLOCKS=\$blocks\"
+                GRAPHC_CUDA_TILE_BLOCKS=\$blocks $PY -m benchmarks.gpu --only resnet18_b32 --rounds 3
+            done" ;;
         variants) stage variants bash -c "nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/variants \
             benchmarks/cuda/elementwise_variants.cu && /tmp/variants" ;;
         sanitizer) stage sanitizer make -C runtime/csrc gpu-check \

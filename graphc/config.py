@@ -32,6 +32,8 @@
   off by default (PyTorch's default for matmul too): full float32 GEMMs.
 - GRAPHC_CUDA_LIBS: `0` makes the CUDA runtime run graphc's own GEMM kernels even where
   cuBLAS can be loaded (read by the runtime library itself; docs/backends.md).
+- GRAPHC_CUDA_TILE_BLOCKS: `2` bounds the convolutions' 128-row GEMM tiles for two blocks an
+  SM instead of one (read once by the runtime library itself; docs/backends.md).
 - GRAPHC_EMU_STICKY: `1` makes the CUDA emulation's kernel faults sticky, as on a GPU
   (`unrecoverable`: the reset fails too); read by the emulation library (runtime/csrc/README.md).
 - GRAPHC_EMU_RACECHECK, GRAPHC_EMU_SCHEDULE: the CUDA emulation's checking modes (read by the

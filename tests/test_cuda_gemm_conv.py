@@ -186,6 +186,60 @@ def test_conv_forward_and_input_gradient_tile_shapes(rng, n, c_in, hw, c_out, gr
         assert_rounding_within(got, eager_out, reference)
 
 
+_TWO_BLOCKS_SCRIPT = """
+import sys
+import numpy as np
+from graphc.backends import compile as compile_graph
+from graphc.ir import parse
+text, inputs = open(sys.argv[1]).read(), np.load(sys.argv[2])
+ex = compile_graph(parse(text), "cuda")
+outputs = ex.run(*(inputs[f"arr_{i}"] for i in range(3)))
+np.savez(sys.argv[3], *outputs)
+print(ex.conv_providers())
+"""
+
+
+@pytest.mark.parametrize("n, c_in, hw, c_out", [
+    (1, 65, 5, 65),   # forward and input gradient: 128-row tiles, split-K
+    (2, 20, 6, 130),  # forward: 128-row tiles, K 180 unsplit
+    (2, 130, 6, 20),  # input gradient: 128-row tiles, K' 180 unsplit
+])
+def test_two_block_tiles_give_the_same_bits(rng, tmp_path, n, c_in, hw, c_out):
+    """GRAPHC_CUDA_TILE_BLOCKS=2 (read once by the runtime, so in a process of its own) runs
+    the 128-row tiles of the convolutions' implicit GEMMs bounded for two blocks an SM
+    (runtime/csrc/kernels/gemm_tile.cuh, TwoBlocksSpilling): the same sums in the same order,
+    so the same bits as the default, and the runtime names the setting."""
+    import os
+    import subprocess
+    import sys
+
+    same = "stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1"
+    x_t, w_t = f"f32[{n},{c_in},{hw},{hw}]", f"f32[{c_out},{c_in},3,3]"
+    y_t = f"f32[{n},{c_out},{hw},{hw}]"
+    text = f'''graph @f(%x: {x_t}, %w: {w_t}, %g: {y_t}) -> ({y_t}, {x_t}) {{
+  %0: {y_t} = conv2d[{same}](%x, %w)
+  %1: {x_t} = conv2d_input_grad[{same}, input_hw=({hw}, {hw})](%g, %w)
+  return (%0, %1)
+}}'''
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in (
+        (n, c_in, hw, hw), (c_out, c_in, 3, 3), (n, c_out, hw, hw))]
+    (tmp_path / "graph.gir").write_text(text)
+    np.savez(tmp_path / "inputs.npz", *inputs)
+    env = dict(os.environ, GRAPHC_CUDA_TILE_BLOCKS="2", GRAPHC_CUDA=cuda_test_kind(),
+               PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run(
+        [sys.executable, "-c", _TWO_BLOCKS_SCRIPT, str(tmp_path / "graph.gir"),
+         str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz")],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "GRAPHC_CUDA_TILE_BLOCKS=2" in result.stdout
+    two_blocks = np.load(tmp_path / "outputs.npz")
+    ex = compile_graph(parse(text), "cuda")
+    assert not any("GRAPHC_CUDA_TILE_BLOCKS" in text for text in ex.conv_providers())
+    for k, got in enumerate(ex.run(*inputs)):
+        assert got.tobytes() == two_blocks[f"arr_{k}"].tobytes()
+
+
 @pytest.mark.parametrize("m, k, n, transpose_b", [
     (37, 131, 29, False), (130, 77, 67, True), (5, 203, 3, False), (129, 24, 130, True),
     (1, 25, 1, False)])

@@ -566,6 +566,8 @@ extern "C" const char *gc_conv2d_provider(const gc_conv2d_desc *desc, gc_conv2d_
     const ConvPass p = pass == GC_CONV2D_BWD_DATA     ? ConvPass::backward_data
                        : pass == GC_CONV2D_BWD_FILTER ? ConvPass::backward_filter
                                                       : ConvPass::forward;
-    snprintf(text, sizeof text, "%s", gc_vendor::conv_provider(d, p));
+    snprintf(text, sizeof text, "%s%s", gc_vendor::conv_provider(d, p),
+             gc_kernels::two_block_tiles() ? "; graphc's 128-row implicit tiles bounded for two "
+                                             "blocks an SM (GRAPHC_CUDA_TILE_BLOCKS=2)" : "");
     return text;
 }

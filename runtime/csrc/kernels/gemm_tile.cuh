@@ -32,6 +32,9 @@
 #ifndef GC_GEMM_TILE_CUH
 #define GC_GEMM_TILE_CUH
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernel_util.cuh"
 
 namespace gc_kernels {
@@ -204,9 +207,33 @@ constexpr int tile_min_blocks() {
     return TILE_M == kTileM ? least : (least < 2 ? 2 : least);
 }
 
-/* ptxas-check: no spills for either tile shape */
-template <int TILE_M, class OpA, class OpB, class Out>
-__global__ void __launch_bounds__(kTileThreads, (tile_min_blocks<TILE_M, OpA, OpB>()))
+/* A tile kernel's register bound: its operands' (tile_min_blocks), or, opted into with
+ * GRAPHC_CUDA_TILE_BLOCKS=2 for the 128-row tiles whose operands bound them for one block
+ * (conv.cu's implicit views: 147-165 registers, 8 warps an SM), two blocks: at most 128
+ * registers, which spills 48-96 bytes a thread on sm_90 (ptxas-check exempts this variant
+ * by its name). Whether two blocks' latency hiding beats the spills is for a GPU to
+ * measure (docs/performance.md, "GPU, eleventh session"). */
+struct OperandsBound {
+    template <int TILE_M, class OpA, class OpB>
+    static constexpr int blocks() { return tile_min_blocks<TILE_M, OpA, OpB>(); }
+};
+struct TwoBlocksSpilling {
+    template <int TILE_M, class OpA, class OpB>
+    static constexpr int blocks() { return 2; }
+};
+
+/* Whether GRAPHC_CUDA_TILE_BLOCKS=2 asks for TwoBlocksSpilling (read once per process). */
+inline bool two_block_tiles() {
+    static const bool asked = [] {
+        const char *setting = getenv("GRAPHC_CUDA_TILE_BLOCKS");
+        return setting != nullptr && strcmp(setting, "2") == 0;
+    }();
+    return asked;
+}
+
+/* ptxas-check: no spills for either tile shape (with OperandsBound) */
+template <int TILE_M, class OpA, class OpB, class Out, class Bound = OperandsBound>
+__global__ void __launch_bounds__(kTileThreads, (Bound::template blocks<TILE_M, OpA, OpB>()))
 gemm_tile_kernel(OpA a, OpB b, Out out, int64_t k, int64_t z_base) {
     static_assert(TILE_M == kTileM || TILE_M == kTileMNarrow, "tile rows: 128 or 64");
     constexpr int kRowQuarters = TILE_M / 64; /* 4 x 4 quarters of the register tile in rows */
@@ -314,13 +341,20 @@ gc_status launch_tile_grid(Kernel kernel, const OpA &a, const OpB &b, const Out 
     return GC_SUCCESS;
 }
 
-/* Launch the tile kernel (launch_tile_grid) with the tile rows tile_rows(m) chooses. */
+/* Launch the tile kernel (launch_tile_grid) with the tile rows tile_rows(m) chooses (and
+ * the register bound GRAPHC_CUDA_TILE_BLOCKS asks for, where it differs). */
 template <class OpA, class OpB, class Out>
 gc_status launch_gemm_tiles(const OpA &a, const OpB &b, const Out &out, int64_t m, int64_t n,
                             int64_t k, int64_t batch, gc_stream stream, const char *what) {
     if (tile_rows(m) == kTileMNarrow)
         return launch_tile_grid<kTileMNarrow>(&gemm_tile_kernel<kTileMNarrow, OpA, OpB, Out>, a,
                                               b, out, m, n, k, batch, stream, what);
+    if constexpr (tile_min_blocks<kTileM, OpA, OpB>() < 2) {
+        if (two_block_tiles())
+            return launch_tile_grid<kTileM>(
+                &gemm_tile_kernel<kTileM, OpA, OpB, Out, TwoBlocksSpilling>, a, b, out, m, n, k,
+                batch, stream, what);
+    }
     return launch_tile_grid<kTileM>(&gemm_tile_kernel<kTileM, OpA, OpB, Out>, a, b, out, m, n,
                                     k, batch, stream, what);
 }
