@@ -245,6 +245,47 @@ def test_close_fetches_what_only_the_device_held(rt, rng):
         np.testing.assert_allclose(p._array, q.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_outputs_kept_on_the_device_leave_the_arena_in_batched_copies(rt, rng):
+    """gc_memcpy_d2d_batch, which takes a call's kept outputs out of its arena: 40 copies
+    (two launches of at most 32) of sizes 0 to 10^5 bytes, 16-byte aligned or not, give
+    the bytes of 40 plain copies; a negative size is refused before anything runs."""
+    from graphc.backends.cuda import rt as rtmod
+
+    sizes = [0, 1, 3, 16, 17, 100_003] + [int(n) for n in rng.integers(1, 5000, 34)]
+    offsets = [int(o) for o in rng.integers(0, 2, len(sizes)) * 16 + rng.integers(0, 2,
+                                                                                  len(sizes))]
+    total = sum(sizes) + 64 * len(sizes)
+    source = rng.integers(0, 256, total, dtype=np.uint8)
+    src, dst = ctypes.c_void_p(), ctypes.c_void_p()
+    rt.gc_malloc(ctypes.byref(src), total)
+    rt.gc_malloc(ctypes.byref(dst), total)
+    try:
+        rt.gc_memcpy_h2d(src, source.ctypes.data, total, None)
+        rt.gc_memset(dst, 0, total, None)
+        at, copies = 0, []
+        for size, offset in zip(sizes, offsets):
+            copies.append((dst.value + at + offset, src.value + at + (16 - offset) % 32, size))
+            at += size + 64
+        n = len(copies)
+        dsts, srcs, nbytes = zip(*copies)
+        rt.gc_memcpy_d2d_batch((ctypes.c_void_p * n)(*dsts), (ctypes.c_void_p * n)(*srcs),
+                               (ctypes.c_int64 * n)(*nbytes), n, None)
+        got = np.zeros(total, np.uint8)
+        rt.gc_memcpy_d2h(got.ctypes.data, dst, total, None)
+        rt.gc_device_synchronize()
+        want = np.zeros(total, np.uint8)
+        for d, s, size in copies:
+            want[d - dst.value:d - dst.value + size] = source[s - src.value:s - src.value + size]
+        assert got.tobytes() == want.tobytes()
+        bad = (ctypes.c_int64 * 2)(8, -1)
+        with pytest.raises(rtmod.CudaInvalidArgumentError, match=r"bytes\[1\] must be >= 0"):
+            rt.gc_memcpy_d2d_batch((ctypes.c_void_p * 2)(dst, dst), (ctypes.c_void_p * 2)(src, src),
+                                   bad, 2, None)
+    finally:
+        rt.gc_free(src)
+        rt.gc_free(dst)
+
+
 class _Owner:
     def __init__(self, value):
         self.value, self.fetched, self.forgotten = value, 0, []

@@ -17,7 +17,8 @@ Host traffic (graphc.backends.residency states the protocol):
 - *True inputs* (the batch) go host -> pinned staging -> device on the stream.
 - *Outputs*: 0-d outputs (a loss) are copied back; the others, from the second call on, are
   kept on the device in a buffer of their own (a pool per output) and their host arrays are
-  marked, so `.grad`s nobody reads never cross. The first call copies everything back (the
+  marked, so `.grad`s nobody reads never cross; they leave the arena in batched copies
+  (`_copy_batch`: one launch per 32). The first call copies everything back (the
   compiled call may read first-call outputs directly: lazily created optimizer state).
   GRAPHC_CHECK_NANS turns all of this off (the check reads every value on the host).
 - Every output is a new host array each call, and every update value is its target's own
@@ -297,6 +298,7 @@ class CudaExecutable:
         asynchronous = lazy and not config.cuda_sync()
         staged = self._errors_staged + _align(8 * max(n_errors, 1))  # then the 0-d outputs
         outs, staged_outs, marks = [], [], []
+        kept = []  # outputs kept on the device: copied out of the arena in one batch
         moves = []  # state values into their slots: after every copy out (one may read a slot)
         base = self._base.value
         for k, (offset, t, target, is_output) in enumerate(self._layout):
@@ -305,7 +307,7 @@ class CudaExecutable:
                 out = np.empty(t.shape, t.dtype.np)
                 if lazy and (t.shape or asynchronous) and out.nbytes:  # on the device until read
                     buffer = self._pool_take(k, out.nbytes)
-                    rt.gc_memcpy_d2d(buffer, ptr, out.nbytes, stream)
+                    kept.append((buffer, ptr, out.nbytes))
                     marks.append((out, ("out", k, buffer)))
                 elif out.nbytes:
                     rt.gc_memcpy_d2h(staged, ptr, out.nbytes, stream)
@@ -332,8 +334,8 @@ class CudaExecutable:
             if out.nbytes:
                 rt.gc_memcpy_d2h(out.ctypes.data, ptr, out.nbytes, stream)
             outs.append(out)
-        for dst, src, nbytes in moves:
-            rt.gc_memcpy_d2d(dst, src, nbytes, stream)
+        self._copy_batch(kept)
+        self._copy_batch(moves)
         if n_errors and asynchronous:  # read by the next _wait
             rt.gc_memcpy_d2h(self._errors_staged, self._errors_ptr, 8 * n_errors, stream)
         elif n_errors:
@@ -352,6 +354,18 @@ class CudaExecutable:
             view = np.frombuffer((ctypes.c_char * out.nbytes).from_address(at), out.dtype)
             np.copyto(out, view.reshape(out.shape))
         return outs, errors
+
+    def _copy_batch(self, copies: list) -> None:
+        """Device-to-device copies (dst, src, bytes), none writing what another reads, on the
+        stream: one runtime call (gc_memcpy_d2d_batch: one launch for up to 32 copies)
+        instead of a copy each (a ResNet-18 step keeps 63 outputs on the device)."""
+        if len(copies) == 1:
+            self.rt.gc_memcpy_d2d(*copies[0], self._stream)
+        elif copies:
+            n = len(copies)
+            dst, src, nbytes = zip(*copies)
+            self.rt.gc_memcpy_d2d_batch((ctypes.c_void_p * n)(*dst), (ctypes.c_void_p * n)(*src),
+                                        (ctypes.c_int64 * n)(*nbytes), n, self._stream)
 
     def _wait(self) -> None:
         """Wait for the call in flight, if any (under the lock), and raise the index error its

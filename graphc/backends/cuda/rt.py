@@ -195,6 +195,8 @@ SIGNATURES: list[tuple[str, type, list[tuple[str, type]]]] = [
     ("gc_copy_strided", STATUS_T, [
         ("ndim", c_int32), ("shape", P), ("src", P), ("src_strides", P), ("dst", P),
         ("element_bytes", c_int32), ("stream", P)]),
+    ("gc_memcpy_d2d_batch", STATUS_T, [("dst", P), ("src", P), ("bytes", P), ("count", c_int64),
+                                       ("stream", P)]),
 ]
 
 

@@ -278,6 +278,11 @@ gc_status gc_axpy_f32(int64_t count, float alpha, const float *x, float *y, gc_s
 gc_status gc_copy_strided(int32_t ndim, const int64_t *shape, const void *src,
                           const int64_t *src_strides, void *dst, int32_t element_bytes,
                           gc_stream stream);
+/* `count` device-to-device copies, dst[i] <- src[i] (bytes[i] each), in one launch per 32:
+ * the host arrays are read during the call (the pointers travel as kernel parameters), the
+ * copies run concurrently, so no copy may write what another of the call reads */
+gc_status gc_memcpy_d2d_batch(void *const *dst, const void *const *src, const int64_t *bytes,
+                              int64_t count, gc_stream stream);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* elementwise.cu: the fixed elementwise and data-movement kernels of graphc_rt.h: gc_fill_f32,
- * gc_axpy_f32 (y = alpha * x + y) and gc_copy_strided (a strided view gathered into a
- * contiguous buffer).
+ * gc_axpy_f32 (y = alpha * x + y), gc_copy_strided (a strided view gathered into a
+ * contiguous buffer) and gc_memcpy_d2d_batch (many device copies in one launch: a compiled
+ * call's outputs taken out of its arena cost one launch instead of one copy each).
  *
  * All are grid-stride loops over the element count (kernel_util.cuh), so any count >= 0 fits
  * a capped grid; count == 0 launches nothing. gc_copy_strided moves whole elements of 1, 2,
@@ -53,7 +54,78 @@ gc_status launch_copy(const StridedView &view, const void *src, void *dst, int64
     return GC_SUCCESS;
 }
 
+constexpr int kBatchCopies = 32; /* copies per launch (their pointers: kernel parameters) */
+#ifdef GC_EMULATION
+constexpr int64_t kBatchBlocks = 1; /* blocks run one after another there: more add fibers */
+#else
+constexpr int64_t kBatchBlocks = 128; /* blocks per copy at most */
+#endif
+
+struct CopyBatch {
+    const unsigned char *src[kBatchCopies];
+    unsigned char *dst[kBatchCopies];
+    int64_t bytes[kBatchCopies];
+};
+
+/* copy blockIdx.y of the batch; its blocks stride over it 16 bytes a thread where both ends
+ * are 16-byte aligned (moves of whole bytes: the values' bits are kept) */
+__global__ void copy_batch_kernel(CopyBatch batch) {
+    const int c = blockIdx.y;
+    const unsigned char *src = batch.src[c];
+    unsigned char *dst = batch.dst[c];
+    const int64_t bytes = batch.bytes[c];
+    const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    int64_t done = 0;
+    if ((((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
+        const int64_t vectors = bytes / 16;
+        for (int64_t i = first; i < vectors; i += step)
+            reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(src)[i];
+        done = vectors * 16;
+    }
+    for (int64_t i = done + first; i < bytes; i += step) dst[i] = src[i];
+}
+
 } /* namespace */
+
+extern "C" gc_status gc_memcpy_d2d_batch(void *const *dst, const void *const *src,
+                                         const int64_t *bytes, int64_t count,
+                                         gc_stream stream) {
+    GC_REQUIRE(count >= 0, "count must be >= 0, got %lld", (long long)count);
+    GC_REQUIRE(count == 0 || (dst != nullptr && src != nullptr && bytes != nullptr),
+               "dst, src and bytes must not be NULL for %lld copies", (long long)count);
+    for (int64_t i = 0; i < count; ++i) { /* all checked before anything is launched */
+        GC_REQUIRE(bytes[i] >= 0, "bytes[%lld] must be >= 0, got %lld", (long long)i,
+                   (long long)bytes[i]);
+        GC_REQUIRE(bytes[i] == 0 || (dst[i] != nullptr && src[i] != nullptr),
+                   "copy %lld of %lld bytes: dst and src must not be NULL (got dst = %p, "
+                   "src = %p)", (long long)i, (long long)bytes[i], dst[i], src[i]);
+    }
+    CopyBatch batch;
+    int used = 0;
+    int64_t widest = 0;
+    for (int64_t i = 0; i <= count; ++i) {
+        if (i == count || used == kBatchCopies) { /* launch what is gathered */
+            if (used > 0) {
+                int64_t blocks = (widest / 16 + kThreads - 1) / kThreads;
+                blocks = blocks < 1 ? 1 : blocks > kBatchBlocks ? kBatchBlocks : blocks;
+                GC_LAUNCH(copy_batch_kernel, dim3((unsigned)blocks, (unsigned)used, 1),
+                          dim3(kThreads, 1, 1), 0, stream)(batch);
+                GC_CHECK_LAUNCH("gc_memcpy_d2d_batch");
+            }
+            used = 0;
+            widest = 0;
+            if (i == count) break;
+        }
+        if (bytes[i] == 0) continue;
+        batch.src[used] = static_cast<const unsigned char *>(src[i]);
+        batch.dst[used] = static_cast<unsigned char *>(dst[i]);
+        batch.bytes[used] = bytes[i];
+        widest = bytes[i] > widest ? bytes[i] : widest;
+        ++used;
+    }
+    return GC_SUCCESS;
+}
 
 extern "C" gc_status gc_fill_f32(float *dst, float value, int64_t count, gc_stream stream) {
     GC_REQUIRE(count >= 0, "count must be >= 0, got %lld", (long long)count);
