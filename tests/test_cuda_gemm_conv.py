@@ -250,8 +250,9 @@ print(ex.conv_providers())
     (2, 130, 6, 20),  # input gradient: 128-row tiles, K' 180 unsplit
 ])
 def test_two_block_tiles_give_the_same_bits(rng, tmp_path, n, c_in, hw, c_out):
-    """GRAPHC_CUDA_TILE_BLOCKS=2 (read once by the runtime, so in a process of its own) runs
-    the 128-row tiles of the convolutions' implicit GEMMs bounded for two blocks an SM
+    """GRAPHC_CUDA_TILE_BLOCKS=2 (read once by the runtime, so in processes of their own,
+    both with GRAPHC_CUDA_LIBS=0: graphc's kernels whatever cuDNN would time) runs the
+    128-row tiles of the convolutions' implicit GEMMs bounded for two blocks an SM
     (runtime/csrc/kernels/gemm_tile.cuh, TwoBlocksSpilling): the same sums in the same order,
     so the same bits as the default, and the runtime names the setting."""
     import os
@@ -266,23 +267,23 @@ def test_two_block_tiles_give_the_same_bits(rng, tmp_path, n, c_in, hw, c_out):
   %1: {x_t} = conv2d_input_grad[{same}, input_hw=({hw}, {hw})](%g, %w)
   return (%0, %1)
 }}'''
-    inputs = [rng.standard_normal(s).astype(np.float32) for s in (
-        (n, c_in, hw, hw), (c_out, c_in, 3, 3), (n, c_out, hw, hw))]
     (tmp_path / "graph.gir").write_text(text)
-    np.savez(tmp_path / "inputs.npz", *inputs)
-    env = dict(os.environ, GRAPHC_CUDA_TILE_BLOCKS="2", GRAPHC_CUDA=cuda_test_kind(),
-               PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run(
-        [sys.executable, "-c", _TWO_BLOCKS_SCRIPT, str(tmp_path / "graph.gir"),
-         str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz")],
-        capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "GRAPHC_CUDA_TILE_BLOCKS=2" in result.stdout
-    two_blocks = np.load(tmp_path / "outputs.npz")
-    ex = compile_graph(parse(text), "cuda")
-    assert not any("GRAPHC_CUDA_TILE_BLOCKS" in text for text in ex.conv_providers())
-    for k, got in enumerate(ex.run(*inputs)):
-        assert got.tobytes() == two_blocks[f"arr_{k}"].tobytes()
+    np.savez(tmp_path / "inputs.npz", *[rng.standard_normal(s).astype(np.float32) for s in (
+        (n, c_in, hw, hw), (c_out, c_in, 3, 3), (n, c_out, hw, hw))])
+    outputs, said = [], []
+    for blocks in ("1", "2"):
+        env = dict(os.environ, GRAPHC_CUDA_TILE_BLOCKS=blocks, GRAPHC_CUDA_LIBS="0",
+                   GRAPHC_CUDA=cuda_test_kind(), PYTHONPATH=os.pathsep.join(sys.path))
+        result = subprocess.run(
+            [sys.executable, "-c", _TWO_BLOCKS_SCRIPT, str(tmp_path / "graph.gir"),
+             str(tmp_path / "inputs.npz"), str(tmp_path / f"outputs{blocks}.npz")],
+            capture_output=True, text=True, timeout=300, env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+        said.append("GRAPHC_CUDA_TILE_BLOCKS=2" in result.stdout)
+        outputs.append(np.load(tmp_path / f"outputs{blocks}.npz"))
+    assert said == [False, True]
+    for k in range(2):
+        assert outputs[0][f"arr_{k}"].tobytes() == outputs[1][f"arr_{k}"].tobytes()
 
 
 @pytest.mark.parametrize("m, k, n, transpose_b", [
