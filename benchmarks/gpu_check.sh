@@ -18,8 +18,8 @@
 # - host: python -m benchmarks.gpu_host (the GPT and ResNet-18 steps' host phases)
 # - convs: python -m benchmarks.gpu_conv_shapes (ResNet-18's convolutions shape by shape)
 # - tiles: the 128-row convolution tiles bounded for one block an SM (the default) against
-#   two (GRAPHC_CUDA_TILE_BLOCKS=2, docs/backends.md), alternated: gpu_conv_shapes with
-#   graphc's kernels only, then the ResNet-18 step
+#   two (GRAPHC_CUDA_TILE_BLOCKS=2, docs/backends.md), one process each: gpu_conv_shapes
+#   with graphc's kernels only, then the ResNet-18 step
 # - variants: benchmarks/cuda/elementwise_variants.cu, the elementwise chain written the ways
 #   the generator could emit it, against a copy
 # - sanitizer: the kernel test programs under compute-sanitizer memcheck and racecheck
@@ -70,7 +70,7 @@ for s in "${stages[@]}"; do
             --profile --rounds 3 ;;
         host) stage host $PY -m benchmarks.gpu_host ;;
         convs) stage convs $PY -m benchmarks.gpu_conv_shapes ;;
-        tiles) stage tiles bash -c "for blocks in 1 2 1 2; do
+        tiles) stage tiles bash -c "for blocks in 1 2; do
                 echo \"== GRAPHC_CUDA_LIBS=0 GRAPHC_CUDA_TILE_BLOCKS=\$blocks\"
                 GRAPHC_CUDA_LIBS=0 GRAPHC_CUDA_TILE_BLOCKS=\$blocks $PY -m benchmarks.gpu_conv_shapes \
                     --repeat 10; done
