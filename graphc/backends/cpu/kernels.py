@@ -151,8 +151,9 @@ def kept_outermost(sizes, strides, out: int, parts) -> tuple[list, list] | None:
     channels where they were, so a thread still walks each image's channels of its part as
     one contiguous run. The reduced loops keep their order, so every element of the result
     adds the same values in the same order as before (the same bits). Not where the only
-    kept dim is the innermost (a column sum, GPT's bias gradients: cut into one part of its
-    rows a thread, each walking half of every row, GPT's [1024 x 512] sums took 185-225 ->
+    kept dim is the innermost (a column sum, GPT's bias gradients: graphc.backends.cpu.
+    column_parts cuts its rows into parts with partial sums instead; cut into one part of
+    its columns a thread, each walking half of every row, GPT's [1024 x 512] sums took 185-225 ->
     268-345 us on one thread and gained little on two; its [1024 x 128] ones took 5-17 us,
     less than a fork). Moving the channels outermost whole instead walked a plane at a time
     C planes apart: ResNet-18's batch-norm sums 12.6 -> 18.3 ms on one thread."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from graphc.backends.cpu import rows
+from graphc.backends.cpu import column_parts, rows
 from graphc.backends.cpu.elementwise import ElementwiseLowering
 from graphc.backends.cpu.kernels import Body, KernelBuilder, reduction_loops, result_share
 from graphc.backends.cpu.prefetch import row_prefetcher
@@ -70,16 +70,21 @@ class ReductionLowering(ElementwiseLowering):
         keep = tuple(1 if d in axes else n for d, n in enumerate(domain))
         out_loc = self.locs[out_v]
         cstr = contiguous_strides(keep, 1)
-        o = kb.operand(out_loc, tuple(0 if d in axes else s for d, s in enumerate(cstr)))
+        ostr = tuple(0 if d in axes else s for d, s in enumerate(cstr))
         acc_t = out_v.type.dtype
+        # a large column sum forks over its rows into partial sums (column_parts)
+        parts = column_parts.plan(self, domain, [x.strides for x in kb.operands] + [ostr],
+                                  [acc_t], op)
+        o = kb.operand(out_loc if parts is None else parts.locs[0], ostr)
         sizes, strides = collapse(domain, [x.strides for x in kb.operands])
         # a large one forks over a kept dim (kernels.reduction_loops: the same sums)
-        sizes, strides, parallel = reduction_loops(self, domain, sizes, strides, o)
+        sizes, strides, parallel = reduction_loops(self, domain, sizes, strides, o) \
+            if parts is None else parts.loops(sizes, strides, [o])
         b = kb.begin(parallel=parallel)
         if b is None:
             return self.calls.append(kb.kernel)
         ident = reduction_identity(op, acc_t)
-        count = out_v.type.numel
+        count = out_v.type.numel if parts is None else parts.count
         results = result_share(kb, b, sizes, strides, o, count)
         with loop(b, *results, "init") as i:
             kb.store(b, o, i, ident)
@@ -120,8 +125,11 @@ class ReductionLowering(ElementwiseLowering):
                 kb.store(b, o, offsets[o], combine(b, kb.load(b, o, offsets[o]), v, False))
 
             kb.nest(b, sizes, strides, leaf)
+        n = math.prod(domain[d] for d in axes)
+        if parts is not None:  # the partial rows added in part order, a mean divided
+            self.calls.append(kb.finish(b))
+            return self.calls.append(parts.merge(self, [(out_loc, op, n)]))
         if REGISTRY[op].reduction.mean:
-            n = math.prod(domain[d] for d in axes)
             with loop(b, *results, "mean") as i:
                 divisor = const(acc_t, n) if type(n) is int else \
                     b.sitofp(size(b, n), REG[acc_t.name])  # a count known per call

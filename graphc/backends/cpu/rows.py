@@ -33,8 +33,10 @@ row reductions (pass p sums the reductions whose argument needs p levels before 
 last loop that stores the row's outputs and adds its elements into the column sums. Each loop
 recomputes the per-element values it needs from the inputs (the row is in L1 after the first
 pass) and is left to LLVM's loop vectoriser (the sums reassociate, as the reductions' do).
-A row program with column sums runs serially (the rows add into the same outputs); one
-without is split over the threads by rows. Every pass reads a row before the last one
+A row program without column sums is split over the threads by rows; one with them over
+parts of its rows, each adding into its own partial column sums, added in part order by a
+merge kernel after it (graphc.backends.cpu.column_parts: the same bits on every thread count,
+the serial order's within rounding), or runs serially where its rows do not cut so. Every pass reads a row before the last one
 writes it, and the last computes all of an element's outputs before storing any, so the
 plan may put an output in place of an input of its shape (graphc.passes.plan). Each row
 first asks for the lines of the row PREFETCH_AHEAD_ROWS on of every input and output that
@@ -49,6 +51,7 @@ import math
 
 from llvmlite import ir
 
+from graphc.backends.cpu import column_parts
 from graphc.backends.cpu.kernels import KernelBuilder, filled
 from graphc.backends.cpu.prefetch import row_prefetcher
 from graphc.backends.cpu.scalars import const, convert, reduction_combiner
@@ -260,20 +263,34 @@ def lower_row_program(lw, node, body) -> None:
     kb = KernelBuilder(lw, lw.name("rows"), domain, body.recipe("row program", 0, None))
     used = {a for ins in fb.instructions for a in ins.args} | set(fb.outputs)
     leaves = {r: kb.operand(lw.locs[node.inputs[r]]) for r in sorted(used) if r < fb.n_inputs}
-    stores = []
+    stored = {}  # ref -> its operand: the row outputs first, then the column sums
     for ref, v in zip(fb.outputs, node.outputs):
-        if ref in columns:
-            strides = (0,) * (len(domain) - 1) + (1,)
-            stores.append((ref, kb.operand(lw.locs[v], strides), v))
-        elif ref in leaves:
+        if ref in leaves:
             raise unsupported(node, "a row program returning one of its inputs")
-        else:
-            stores.append((ref, kb.operand(lw.locs[v]), v))
+        if ref not in columns:
+            stored[ref] = kb.operand(lw.locs[v])
+    column_strides = (0,) * (len(domain) - 1) + (1,)
+    column_outputs = [(ref, v) for ref, v in zip(fb.outputs, node.outputs) if ref in columns]
+    # many rows: cut into parts, each adding into partial column sums (column_parts)
+    parts = column_parts.plan(lw, domain, [o.strides for o in kb.operands] +
+                              [column_strides] * len(column_outputs),
+                              [fb.types[ref].dtype for ref, _ in column_outputs]) \
+        if column_outputs else None
+    for k, (ref, v) in enumerate(column_outputs):
+        stored[ref] = kb.operand(lw.locs[v] if parts is None else parts.locs[k],
+                                 column_strides)
+    stores = [(ref, stored[ref], v) for ref, v in zip(fb.outputs, node.outputs)]
     outer_sizes, outer_strides = collapse(domain[:-1], [o.strides[:-1] for o in kb.operands])
     row_strides = [o.strides[-1] for o in kb.operands]
-    b = kb.begin(parallel=bool(outer_sizes) and not columns)
+    if parts is not None:  # [parts, rows / parts], the parts forked
+        outer_sizes, outer_strides, _ = parts.loops(
+            outer_sizes, outer_strides, [k for ref, k, _ in stores if ref in columns])
+    b = kb.begin(parallel=bool(outer_sizes) and (not columns or parts is not None))
+    merge = None if parts is None else [(lw.locs[v], "reduce_sum", 0) for _, v in column_outputs]
     if b is None:  # built before: called with these pointers
         lw.calls.append(kb.kernel)
+        if merge:
+            lw.calls.append(parts.merge(lw, merge))
         return
     slots = {}
     with b.goto_entry_block():
@@ -281,9 +298,11 @@ def lower_row_program(lw, node, body) -> None:
             slots[ref] = b.alloca(REG[fb.types[ref].dtype.name], name=f"acc{ref}")
     add = {ref: reduction_combiner(lw.scalars, "reduce_sum", fb.types[ref].dtype)
            for ref in list(reductions) + list(columns)}
-    for ref, k, v in stores:  # column sums start at zero
+    for ref, k, v in stores:  # column sums start at zero (in parts: this share's partials)
         if ref in columns:
-            with for_range(b, width, "zero") as j:
+            first, end = (i64(0), i64(width)) if parts is None else \
+                (b.mul(x, i64(parts.padded)) for x in kb.outer_range(b, parts.parts))
+            with loop(b, first, end, "zero") as j:
                 kb.store(b, k, j, convert(b, const(fb.types[ref].dtype, 0.0),
                                           fb.types[ref].dtype, v.type.dtype))
 
@@ -363,7 +382,8 @@ def lower_row_program(lw, node, body) -> None:
                 kb.store(b, k, offs[k], value)
 
     fetch = _row_fetcher(kb, outer_sizes, outer_strides, row_strides, width,
-                         [k for ref, k, _ in stores if ref not in columns])
+                         [k for ref, k, _ in stores if ref not in columns],
+                         {k for ref, k, _ in stores if ref in columns})
 
     def fetched_row(b, offsets):
         fetch(b, offsets)
@@ -371,16 +391,20 @@ def lower_row_program(lw, node, body) -> None:
 
     kb.nest(b, outer_sizes, outer_strides, row if fetch is None else fetched_row)
     lw.calls.append(kb.finish(b))
+    if merge:  # the partial column sums added in part order
+        lw.calls.append(parts.merge(lw, merge))
 
 
-def _row_fetcher(kb, outer_sizes, outer_strides, row_strides, width: int, outputs: list):
+def _row_fetcher(kb, outer_sizes, outer_strides, row_strides, width: int, outputs: list,
+                 columns: set):
     """graphc.backends.cpu.prefetch's `row_prefetcher` for a row program's rows (`PREFETCH`):
     each row asks for the lines of the row PREFETCH_AHEAD_ROWS on, of every operand that
-    moves from row to row (not a column sum, not a per-row scalar); None where none does or
-    the domain is small."""
+    moves from row to row (not a column sum, `columns`, which moves only from part to part,
+    not a per-row scalar); None where none does or the domain is small."""
     if not PREFETCH or not outer_sizes:
         return None
-    strides = [tuple(o) + (r if any(o) else 0,) for o, r in zip(outer_strides, row_strides)]
+    strides = [tuple(o) + (r if any(o) and k not in columns else 0,)
+               for k, (o, r) in enumerate(zip(outer_strides, row_strides))]
     return row_prefetcher(kb, tuple(outer_sizes) + (width,), strides, outputs,
                           PREFETCH_AHEAD_ROWS)
 
