@@ -30,11 +30,12 @@ Kernels are listed by the time lost, then summed by op and how they run.
 
 `step`: the compiled step itself, blocks of `--calls` calls alternating one thread and two
 forced, wall clock (median over blocks of each block's median), and CPU time per call.
-`--ab`: the step compiled twice, each in its own GRAPHC_CACHE_DIR, "before" with the tenth
-session's forks off (`kernels.forks` False while compiling: a Winograd kernel not split over
-its images keeps its filter transform and 16 block GEMMs serial, reductions stay serial) and
-"after" as it is; the blocks rotate over both variants and both counts (the kernels part
-profiles "after").
+`--ab [SWITCH]`: the step compiled twice, each in its own GRAPHC_CACHE_DIR, "before" with
+SWITCH off while compiling (`SWITCHES`; `forks`, the default: the tenth session's forks,
+`kernels.forks` False: a Winograd kernel not split over its images keeps its filter
+transform and 16 block GEMMs serial, reductions stay serial; `column_parts`: column sums
+serial, not cut into forked parts) and "after" as it is; the blocks rotate over both variants
+and both counts (the kernels part profiles "after").
 
 Two threads wait for a core the OS gives to other work: read the load averages printed at
 the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
@@ -72,15 +73,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="SCHED_FIFO while timing each round or block (root)")
     parser.add_argument("--json", help="kernels: write every kernel's row to this file")
     parser.add_argument("--quick", action="store_true", help="smoke sizes (model_steps.QUICK)")
-    parser.add_argument("--ab", action="store_true",
-                        help="step: also the variant without the unsplit Winograd forks")
+    parser.add_argument("--ab", nargs="?", const="forks", choices=sorted(SWITCHES),
+                        help="step: also the variant with SWITCH off (default forks: the "
+                        "unsplit Winograd kernels' and reductions' forks)")
     args = parser.parse_args(argv)
     most = two_thread_setup(parser, "step_threads", f"{args.model}: ", args.realtime,
                             runs=args.runs, rounds=args.rounds, calls=args.calls,
                             blocks=args.blocks)
     with cache_root("step_threads.") as root:
         names = VARIANTS if args.ab else VARIANTS[1:]
-        steps, arguments = compiled_variants(names, lambda name: variant(name, root),
+        switch = args.ab or "forks"
+        steps, arguments = compiled_variants(names, lambda name: variant(name, root, switch),
                                              lambda: training_step(args.model, args.quick))
         if args.only in (None, "kernels"):
             kernel_table(steps["after"], arguments["after"], most, args.runs, args.rounds,
@@ -94,19 +97,37 @@ def main(argv: list[str] | None = None) -> None:
 VARIANTS = ("before", "after")
 
 
-@contextlib.contextmanager
-def variant(name: str, root: str):
-    """While compiling variant `name`: its cache dir; "before": kernels.forks False (a
-    Winograd kernel not split over images keeps its filter transform and GEMMs serial, and
-    reductions stay serial)."""
-    from graphc.backends.cpu import kernels
-
-    with switched(root, name, {(kernels, "forks"): never_forks}, name == "before"):
-        yield
-
-
 def never_forks(openmp: bool, work: int) -> bool:
     return False
+
+
+def _forks_off() -> dict:
+    from graphc.backends.cpu import kernels
+
+    return {(kernels, "forks"): never_forks}
+
+
+def _column_parts_off() -> dict:
+    from graphc.backends.cpu import column_parts
+
+    return {(column_parts, "SPLIT"): False}
+
+
+# --ab SWITCH: what "before" turns off while compiling ({(module, attribute): value})
+SWITCHES = {
+    # the tenth session's forks: a Winograd kernel not split over images keeps its filter
+    # transform and GEMMs serial, and reductions stay serial
+    "forks": _forks_off,
+    # the eleventh's column sums cut into forked parts (graphc.backends.cpu.column_parts)
+    "column_parts": _column_parts_off,
+}
+
+
+@contextlib.contextmanager
+def variant(name: str, root: str, switch: str = "forks"):
+    """While compiling variant `name`: its cache dir; "before": SWITCHES[switch] off."""
+    with switched(root, name, SWITCHES[switch](), name == "before"):
+        yield
 
 
 def training_step(name: str, quick: bool = False):

@@ -42,6 +42,16 @@ def test_before_turns_the_forks_off_and_puts_them_back(tmp_path, monkeypatch):
     assert kernels.forks(True, 1 << 30)
 
 
+def test_column_parts_switch_turns_the_row_parts_off_and_back(tmp_path, monkeypatch):
+    from graphc.backends.cpu import column_parts
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    with step_threads.variant("before", str(tmp_path), "column_parts"):
+        assert column_parts.SPLIT is False
+        assert kernels.forks(True, 1 << 30)  # only the named switch
+    assert column_parts.SPLIT is True
+
+
 @pytest.mark.skipif(threads.most_threads() < 2, reason="one thread here: nothing to compare")
 @pytest.mark.parametrize("model", ["gpt", "resnet18"])
 def test_smoke_sizes_print_every_part(model, capsys, tmp_path, monkeypatch):
