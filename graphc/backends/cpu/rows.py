@@ -36,11 +36,12 @@ pass) and is left to LLVM's loop vectoriser (the sums reassociate, as the reduct
 A row program without column sums is split over the threads by rows; one with them over
 parts of its rows, each adding into its own partial column sums, added in part order by a
 merge kernel after it (graphc.backends.cpu.column_parts: the same bits on every thread count,
-the serial order's within rounding), or runs serially where its rows do not cut so. Every pass reads a row before the last one
-writes it, and the last computes all of an element's outputs before storing any, so the
-plan may put an output in place of an input of its shape (graphc.passes.plan). Each row
-first asks for the lines of the row PREFETCH_AHEAD_ROWS on of every input and output that
-moves from row to row (graphc.backends.cpu.prefetch's row_prefetcher): in a training step a
+the serial order's within rounding), or runs serially where its rows do not cut so. Every
+pass reads a row before the last one writes it, and the last computes all of an element's
+outputs before storing any, so the plan may put an output in place of an input of its
+shape (graphc.passes.plan). Each row first asks for the lines of the row
+PREFETCH_AHEAD_ROWS on of every input and output that moves from row to row, not the
+partial column sums (graphc.backends.cpu.prefetch's row_prefetcher): in a training step a
 LayerNorm's rows come from memory, which the hardware's prefetchers fetched late. The hints
 change no arithmetic (the same bits: tests/test_cpu_rows.py).
 """
