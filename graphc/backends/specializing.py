@@ -57,7 +57,11 @@ class SpecializingExecutable:
                     seen.add(size.name)
                     self._reads.append((i, d, size.name))
         self._complete = seen == free_symbols(tuple(self._declared))
-        self._by_key: dict[tuple, object] = {}
+        # one symbol (a batch): its (input, dim), and its size alone is the key
+        self._first = self._reads[0][:2] if len(self._reads) == 1 else None
+        # the sizes read from `_reads` (the size alone for one symbol) -> `run(arrays)` of
+        # the executable at those sizes
+        self._by_key: dict[object, Callable] = {}
         # compiled now for the trace's sizes where a trace is on (graphc.jit compiles under
         # its ShapeEnv): the first call runs at once, and the results contract is known
         env = current_env()
@@ -100,15 +104,28 @@ class SpecializingExecutable:
         """Whether one executable serves every size (graphc.backends.cpu.runtime_sizes)."""
         return self._generic is not None
 
+    @property
+    def updates_in_place(self) -> tuple | None:
+        """Per update, whether the run returns its target's own array (graphc.jit.call_plan):
+        the executable for every size's, where there is one (a per-size one made for sizes
+        it does not serve may answer otherwise: the call plan then finds the array is not
+        its target's, and writes it back)."""
+        return getattr(self._generic, "updates_in_place", None)
+
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        if self._complete:
+            try:  # the sizes of the dims the symbols were read from: the size's executable
+                found = self._by_key.get(arrays[self._first[0]].shape[self._first[1]]
+                                         if self._first else
+                                         tuple([arrays[i].shape[d] for i, d, _ in self._reads]))
+            except (AttributeError, IndexError, TypeError):  # not arrays, or another rank
+                found = None
+            if found is not None and len(arrays) == len(self.graph.inputs):
+                # every dim but those, and every input's dtype, is the executable's check
+                return found(arrays)
         if len(arrays) != len(self.graph.inputs):
             raise GraphcError(f"graph @{self.graph.name} takes {len(self.graph.inputs)} "
                               f"inputs, got {len(arrays)}")
-        if self._complete:
-            key = tuple(np.shape(arrays[i])[d] for i, d, _ in self._reads)
-            found = self._by_key.get(key)
-            if found is not None:
-                return found.run(*arrays)
         try:
             values = bind(self._declared, [np.shape(arrays[i]) for i in self._symbolic],
                           self._names)
@@ -116,8 +133,23 @@ class SpecializingExecutable:
             raise GraphcError(f"graph @{self.graph.name} on {self.backend}: {err}") from None
         found = self.executable_for(values)
         if self._complete:
-            self._by_key[tuple(values[name] for _, _, name in self._reads)] = found
+            key = tuple(values[name] for _, _, name in self._reads)
+            self._by_key[key[0] if self._first else key] = getattr(
+                found, "run_arrays", None) or _ArraysRun(found)
         return found.run(*arrays)
+
+
+class _ArraysRun:
+    """An executable's `run` called with the arrays as one tuple (`run_arrays`, where the
+    executable has none of its own)."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, executable) -> None:
+        self.run = executable.run
+
+    def __call__(self, arrays: tuple) -> list[np.ndarray]:
+        return self.run(*arrays)
 
 
 __all__ = ["SpecializingExecutable"]

@@ -154,7 +154,12 @@ class CpuExecutable:
         self._kept_slots = [(k, shape, dtype) for k, (shape, dtype, large)
                             in enumerate(self._out_types) if large]
         # the steady call written out for this executable (graphc.backends.cpu.steady_call)
-        self._steady = compile_steady_call(self, _address, _new_address)
+        self._steady = self.write_steady_call()
+
+    def write_steady_call(self, sized=None):
+        """This executable's steady call written out (graphc.backends.cpu.steady_call), or
+        None; `sized`: a runtime-sized executable's one call size (runtime_sizes)."""
+        return compile_steady_call(self, _address, _new_address, sized)
 
     def _call_tables(self, in_input: dict[str, str]) -> None:
         """What every call reads: which results are output arrays (`_copied`: their types)

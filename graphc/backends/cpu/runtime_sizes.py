@@ -27,6 +27,7 @@ that pinned a symbol to one value is refused outright (it could serve one size o
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import sys
 
@@ -54,6 +55,9 @@ from graphc.symbolic import ShapeEnv, Sym, check_relations, evaluate, free_symbo
 
 DEFAULT_HINT = 64  # the size a symbol is lowered at where no trace gave one
 KEPT_SIZES = 256  # per-size tables (sizes table, arena bytes, types) kept at once
+# a size's steady call is written out at its second general call on one arena: a loop's
+# sizes get one after a call, a sweep over sizes seen once compiles none
+STEADY_FROM_CALL = 2
 # a Sym that reached an ir.Constant prints as its expression: `i64 s0*4`, `i32 _b3`
 _PRINTED_SYMBOL = re.compile(r"\bi(?:32|64) (-?[0-9]*\*?(?:s[0-9]+|_b[0-9]+|_c[0-9]+|_arena)\b)")
 
@@ -156,26 +160,46 @@ class RuntimeSizedExecutable(CpuExecutable):
                               for t in self._copied]))
         return _Bound(self, sized)
 
-    def run_sized(self, sized: _Sizes, arrays: tuple) -> list[np.ndarray]:
-        if len(arrays) != sized.in_types.count:
-            raise ArgumentError(f"graph @{self.graph.name} takes {sized.in_types.count} "
-                                f"inputs, got {len(arrays)}")
-        with self._lock:  # the pointer arrays and the arena are shared by every call
-            if sized.arena_bytes > self._arena_capacity:
-                self._raw = _allocate_arena(self.graph, sized.arena_bytes)
-                self._arena_capacity = sized.arena_bytes
-            if sized.arena is not self._raw:  # the driver's arguments after the tables
-                skip = -self._raw.ctypes.data % 64
-                sized.arena, sized.tail = self._raw, (
-                    ctypes.c_void_p(self._raw.ctypes.data + skip),
-                    ctypes.c_void_p(sized.dims.ctypes.data)) + (
-                    (ctypes.c_void_p(self.last_stamps.ctypes.data),) if self.profiled else ())
-            self._in_types = sized.in_types
-            try:
-                return self._call(arrays, sized.out_types, sized.tail)
-            except IndexOutOfRangeError as err:  # its text names sizes by their symbols
-                at = ", ".join(f"{n} = {v}" for n, v in sized.values.items())
-                raise IndexOutOfRangeError(f"{err} (at this call {at})") from None
+    def run_sized(self, sized: _Sizes, arrays: tuple,
+                  general: bool = False) -> list[np.ndarray]:
+        """One call at the size `sized`: its steady call where it has one (the last call's
+        input arrays again, as in a loop: graphc.backends.cpu.steady_call, written out for
+        this size), else (or with `general`) the checks one input at a time (`_call`)."""
+        try:
+            steady = sized.steady
+            if steady is not None and not general:
+                return steady(self, arrays)
+            if len(arrays) != sized.in_types.count:
+                raise ArgumentError(f"graph @{self.graph.name} takes {sized.in_types.count} "
+                                    f"inputs, got {len(arrays)}")
+            with self._lock:  # the pointer arrays and the arena are shared by every call
+                return self._sized_call(sized, arrays)
+        except IndexOutOfRangeError as err:  # its text names sizes by their symbols
+            at = ", ".join(f"{n} = {v}" for n, v in sized.values.items())
+            raise IndexOutOfRangeError(f"{err} (at this call {at})") from None
+
+    def _sized_call(self, sized: _Sizes, arrays: tuple) -> list[np.ndarray]:
+        """`run_sized`'s call under the lock by the general checks (`_call`): the arena grown
+        to the size's bytes, the size's tail made for it; the size's steady call written out
+        at its second call on one arena (a sweep over sizes seen once writes none)."""
+        if sized.arena_bytes > self._arena_capacity:
+            self._raw = _allocate_arena(self.graph, sized.arena_bytes)
+            self._arena_capacity = sized.arena_bytes
+            for other in self._sized.values():  # nothing keeps the old arena alive
+                other.arena, other.tail, other.steady = None, (), None
+        if sized.arena is not self._raw:  # the driver's arguments after the tables
+            skip = -self._raw.ctypes.data % 64
+            sized.arena, sized.tail = self._raw, (
+                ctypes.c_void_p(self._raw.ctypes.data + skip),
+                ctypes.c_void_p(sized.dims.ctypes.data)) + (
+                (ctypes.c_void_p(self.last_stamps.ctypes.data),) if self.profiled else ())
+            sized.steady, sized.calls = None, 0
+        self._in_types = sized.in_types
+        results = self._call(arrays, sized.out_types, sized.tail)
+        sized.calls += 1
+        if sized.calls == STEADY_FROM_CALL:
+            sized.steady = self.write_steady_call(sized)
+        return results
 
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
         raise ArgumentError(f"graph @{self.graph.name} has symbolic sizes: call it through "
@@ -187,14 +211,18 @@ class RuntimeSizedExecutable(CpuExecutable):
 
 class _Sizes:
     """One call size's symbols, table, arena bytes and concrete input/output types; the
-    driver's trailing arguments, made once per arena the executable has (`tail`, `arena`)."""
+    driver's trailing arguments, made once per arena the executable has (`tail`, `arena`);
+    the size's steady call on that arena (`steady`, once `calls` general calls reach
+    STEADY_FROM_CALL)."""
 
-    __slots__ = ("values", "dims", "arena_bytes", "in_types", "out_types", "arena", "tail")
+    __slots__ = ("values", "dims", "arena_bytes", "in_types", "out_types", "arena", "tail",
+                 "steady", "calls")
 
     def __init__(self, values, dims, arena_bytes, in_types, out_types) -> None:
         self.values, self.dims, self.arena_bytes = values, dims, arena_bytes
         self.in_types, self.out_types = in_types, out_types
         self.arena, self.tail = None, ()
+        self.steady, self.calls = None, 0
 
 
 class _Bound:
@@ -205,6 +233,8 @@ class _Bound:
 
     def __init__(self, executable: RuntimeSizedExecutable, sized: _Sizes) -> None:
         self.executable, self.sized = executable, sized
+        # `run` with the arrays as one tuple, one frame less (SpecializingExecutable.run)
+        self.run_arrays = functools.partial(executable.run_sized, sized)
 
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
         return self.executable.run_sized(self.sized, arrays)

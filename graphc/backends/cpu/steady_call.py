@@ -42,32 +42,49 @@ from graphc.refcounts import COUNTS_ARE_EXACT
 __all__ = ["compile_steady_call"]
 
 
-def compile_steady_call(executable, address: Callable,
-                        new_address: Callable) -> Callable | None:
+def compile_steady_call(executable, address: Callable, new_address: Callable,
+                        sized=None) -> Callable | None:
     """`steady(executable, arrays)` for this executable (see the module docstring), or None.
     `address` and `new_address` give an array's data address (graphc.backends.cpu.executable's
-    helpers). A call with another number of inputs goes to `run_general` (which says so)."""
+    helpers). A call with another number of inputs goes to `run_general` (which says so).
+
+    `sized`: a runtime-sized executable's one call size (graphc.backends.cpu.runtime_sizes'
+    `_Sizes`: its concrete input and output types, and the driver's tail, which holds that
+    size's sizes table and the arena it was made for). The function then checks, first under
+    the lock, that the executable's arena is still that one (a larger size grows it), else
+    takes `_sized_call` for the size; it sets the size's input types for `_call`'s checks;
+    and a call it does not take goes to `_call` with that size's output types and tail, or
+    to `_sized_call` for another number of inputs."""
     if executable._collectives or executable._window_views or not COUNTS_ARE_EXACT:
         return None
+    if sized is None:
+        types, out_types, tail = executable._in_types, executable._out_types, executable._tail
+    else:
+        types, out_types, tail = sized.in_types, sized.out_types, sized.tail
     names: dict[str, Any] = {"getrefcount": sys.getrefcount, "empty": np.empty,
                              "address": address, "new_address": new_address,
                              "LOCK": executable._lock,
                              "IN": executable._in_ptrs, "OUT": executable._out_ptrs,
-                             "TAIL": executable._tail}
+                             "TAIL": tail, "OUT_TYPES": out_types, "IN_TYPES": types,
+                             "SIZED": sized, "ARENA": None if sized is None else sized.arena}
 
     def name(prefix: str, value) -> str:
         key = f"{prefix}{len(names)}"
         names[key] = value
         return key
 
-    types = executable._in_types
     inputs = [f"a{i}" for i in range(types.count)]
     lines = [f"if len(arrays) != {types.count}:",
-             "    return ex.run_general(arrays)"]
+             "    return ex.run_general(arrays)" if sized is None else
+             "    return ex.run_sized(SIZED, arrays, general=True)"]
     if inputs:
         lines.append(f"{', '.join(inputs)}, = arrays")
     lines.append("with LOCK:  # the pointer tables and the arena are shared by every call")
     body = []
+    if sized is not None:  # TAIL points into this arena; `_call` checks against IN_TYPES
+        body += ["if ex._raw is not ARENA:  # grown for a larger size since",
+                 "    return ex._sized_call(SIZED, arrays)",
+                 "ex._in_types = IN_TYPES"]
     checks = ["last = ex._last_inputs"] if inputs else []
     same = [f"{a} is last[{i}]" for i, a in enumerate(inputs)]
     same += [f"{a}.shape == {name('shape', shape)}"
@@ -76,13 +93,12 @@ def compile_steady_call(executable, address: Callable,
     same += [f"a{i}.flags.writeable" for i in sorted(executable._written)]
     if same:
         checks += ["if not (" + "\n                and ".join(same) + "):",
-                   "    return ex._call(arrays, ex._out_types, ex._tail)"]
+                   "    return ex._call(arrays, OUT_TYPES, TAIL)"]
     body += checks
-    kept = [k for k, _, _ in executable._kept_slots]
-    if kept:
+    if any(large for _, _, large in out_types):
         body.append("recent = ex._recent")
     held: list[str] = []
-    for k, (shape, dtype, large) in enumerate(executable._out_types):
+    for k, (shape, dtype, large) in enumerate(out_types):
         out = f"o{k}"
         if large:  # the last call's array, unreferenced: its pair, `out`, getrefcount's
             held.append(out)
@@ -99,10 +115,10 @@ def compile_steady_call(executable, address: Callable,
                      f"    if {unused}:",
                      # `_outputs` counts references: drop ours first
                      f"        {' = '.join(held)} = None",
-                     "        return ex._call(arrays, ex._out_types, ex._tail, arrays)",
+                     "        return ex._call(arrays, OUT_TYPES, TAIL, arrays)",
                      f"    recent[{k}] = [older, kept[0]]",
                      f"    OUT[{k}] = older[1]"]
-    for k, (shape, dtype, large) in enumerate(executable._out_types):
+    for k, (shape, dtype, large) in enumerate(out_types):
         if not large:  # new, as in `_outputs`
             size = int(np.prod(shape, dtype=np.int64))
             body += [f"o{k} = empty({name('shape', shape)}, {name('dtype', dtype)})",
@@ -115,7 +131,9 @@ def compile_steady_call(executable, address: Callable,
     body.append(f"return [{', '.join(results)}]")
     lines += [f"    {line}" for line in body]
     source = "def steady(ex, arrays):\n" + "".join(f"    {line}\n" for line in lines)
-    code = compile(source, f"<graphc steady call @{executable.graph.name}>", "exec")
+    at = "" if sized is None else " at " + ", ".join(
+        f"{n}={v}" for n, v in sized.values.items())
+    code = compile(source, f"<graphc steady call @{executable.graph.name}{at}>", "exec")
     exec(code, names)  # noqa: S102
     steady = names["steady"]
     steady.__doc__ = source
