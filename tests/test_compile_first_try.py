@@ -110,12 +110,17 @@ def test_check_nans_set_after_the_first_try_was_made_checks_the_next_call(monkey
     assert len(f._entries) == 1
 
 
-def test_an_entry_with_a_shape_guard_gets_no_first_try():
+def test_an_entry_with_a_shape_guard_gets_a_first_try_that_checks_its_sizes():
     f = graphc.compile(_times_two, backend="cpu", dynamic=True)
     x = graphc.ones(3)
     _warm(f, x)
-    assert f._entries[-1].shapes is not None and f._fast == ()
+    assert f._entries[-1].shapes is not None and f._fast
+    assert ">= 2" in f._fast[0].__doc__  # graphc.jit.shape_checks: the symbol's size
     np.testing.assert_array_equal(f(graphc.ones(5)).numpy(), np.full(5, 2, np.float32))
+    assert len(f._entries) == 1
+    # size 1 is not the symbol's (sizes 0 and 1 are specialised): a new entry, not the first try
+    np.testing.assert_array_equal(f(graphc.ones(1)).numpy(), np.full(1, 2, np.float32))
+    assert len(f._entries) == 2
 
 
 def test_the_first_try_is_not_made_while_another_thread_holds_the_trace_lock():

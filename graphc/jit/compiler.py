@@ -90,6 +90,7 @@ from graphc.jit.guards import (
 from graphc.jit.pipeline import collector_paused as _collector_paused
 from graphc.jit.retrace import RecompileLimitError, SignatureTracer
 from graphc.jit.run import interrupts_held
+from graphc.jit.shape_checks import fast_checks
 from graphc.jit.tracer import graph_name
 
 _UNGUARDED = object()  # `Compiled._call`'s entry argument: the guards were not tried yet
@@ -223,24 +224,28 @@ class Compiled(SignatureTracer):
     def _fast_path(self) -> tuple:
         """(checks, run, entry) for `__call__`'s first try, or (): the newest entry's guard
         checks (`Guard.checks`) and plan run, where that entry is what `_guarded` picks
-        whenever its guard holds and needs no other check: it has a plan, no ShapeGuard, and
-        its guard implies its captured tensors' types (the newest is never shadowed). Three
+        whenever its guard holds (and its ShapeGuard, for a symbolic entry: graphc.jit.shape_checks)
+        and needs no other check: it has a plan, and its guard implies its captured tensors'
+        types (the newest is never shadowed). Three
         frames then run the guard, the plan and the executable: after a short native run each
         frame is a cache miss (docs/performance.md, "SGEMM 256"). Reset to None wherever an
         entry is added, removed or given a new guard; made by the next planned call."""
         entry = self._entries[-1] if self._entries else None
         if entry is None or entry.guard is None or entry.plan is None \
-                or entry.shapes is not None or not entry.guard.implies_types(entry.typed):
+                or not entry.guard.implies_types(entry.typed):
             return ()
         plan = entry.plan
         run = plan.stepping or plan.run if not plan.reads_only else \
             plan.reading or plan.run_reading
+        checks = entry.guard.checks
+        if entry.shapes is not None:  # a symbolic entry: its ShapeGuard after the guard
+            checks = fast_checks(checks, entry.shapes)
         if self.backend == "cpu":
-            return entry.guard.checks, run, entry
+            return checks, run, entry
         # another backend (cuda) keeps values on its device only for a call under raw_reads
         # and binds arrays as they are (its executable fetches what another device holds),
         # as `_call` does
-        return _under_raw_reads(entry.guard.checks), _under_raw_reads(run), entry
+        return _under_raw_reads(checks), _under_raw_reads(run), entry
 
     def _guarded(self, args: tuple, kwargs: dict, tried=None) -> Entry | None:
         """The entry the fast path runs for this call, or None: the newest entry whose guard

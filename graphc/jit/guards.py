@@ -165,8 +165,9 @@ def compile_checks(g: Guard):
     container's values are gathered by star-unpacking (`(*d0.values(), *s1)`), the fastest
     way Python has to read them. The checks, in order:
 
-    - grad mode, then the call: where it is positional and no dimension is dynamic, each
-      tensor argument's array shape, dtype and requires_grad, and each other argument's
+    - grad mode, then the call: where it is positional and every dynamic dimension is a
+      positional tensor's, each tensor argument's array shape (its rank and its other dims
+      where some are dynamic), dtype and requires_grad, and each other argument's
       description; else the description of the whole call (`describe_call`, masked);
     - attributes: getattr(object, name) is value, all in one map (an AttributeError fails
       the guard), or getattr(object, name, ABSENT) where it was absent; closure cells; dict
@@ -204,7 +205,7 @@ def compile_checks(g: Guard):
     # less in every call (the mode is always stored as a bool)
     lines = ["if GRAD_STATE.enabled is not GRAD_MODE:", "    return False"]
     args, kwargs = g.call
-    if g.dynamic or kwargs:
+    if kwargs or (g.dynamic and g.top_dims is None):
         lines += [f"if not {name('call', _CallDescription(g))}(args, kwargs):",
                   "    return False"]
     else:
@@ -212,8 +213,12 @@ def compile_checks(g: Guard):
         for i, d in enumerate(args):
             if is_tensor_key(d):
                 lines.append(f"a = args[{i}]")
-                lines.append(f"if not (isinstance(a, Tensor) and a._array.shape == "
-                             f"{name('shape', d[1])} and a._dtype is "
+                shape = f"a._array.shape == {name('shape', d[1])}"
+                if "*" in d[1]:  # a symbolic entry's dynamic dims (`set_dynamic`): the rank
+                    # and every other dim; the ShapeGuard checks those
+                    shape = " and ".join([f"len(a._array.shape) == {len(d[1])}"] + [
+                        f"a._array.shape[{j}] == {n}" for j, n in enumerate(d[1]) if n != "*"])
+                lines.append(f"if not (isinstance(a, Tensor) and {shape} and a._dtype is "
                              f"{name('dtype', as_dtype(d[2]))} and a._requires_grad is "
                              f"{d[3]!r}):")
             else:
