@@ -25,7 +25,9 @@ For each case (medians over ROUNDS rounds, each of enough calls to last ~20 ms):
 The performance issue's targets are <= 10 us of Python for a one-input function and <= 25 us
 for the MLP training step. The cases: `tiny` (`x * 2` on 16 floats), `sgemm_256` (`a @ b`, no_grad),
 `mlp_b1` and `mlp_b64` (MLP 784-256-256-10 SGD-momentum training steps: benchmarks.models),
-`lenet5_b64` (LeNet-5's).
+`lenet5_b64` (LeNet-5's); the `_dynamic` cases are the same steps compiled with dynamic=True
+(a symbolic batch served by the runtime-sized executable, graphc.backends.cpu.runtime_sizes;
+at batch 1 the size is specialised and the entry keeps a shape guard).
 
 `--threads N` (default 1) sets OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, restarting the process
 so the libraries read them (above one thread, the calls of an executable with parallel work,
@@ -58,7 +60,8 @@ from graphc.jit import dict_versions  # noqa: E402
 
 ROUNDS = 9
 ROUND_SECONDS = 0.02
-CASES = ("tiny", "sgemm_256", "mlp_b1", "mlp_b64", "lenet5_b64")
+CASES = ("tiny", "sgemm_256", "mlp_b1", "mlp_b64", "lenet5_b64", "mlp_b1_dynamic",
+         "mlp_b64_dynamic", "lenet5_b64_dynamic")
 TARGETS_US = {"tiny": 10.0, "mlp_b1": 25.0, "mlp_b64": 25.0}
 
 
@@ -84,12 +87,13 @@ def build(name: str):
                      for _ in range(2))
         compiled = graphc.compile(_matmul, backend="cpu")
         no_grad = True
-    elif name in ("mlp_b1", "mlp_b64", "lenet5_b64"):
+    elif name.removesuffix("_dynamic") in ("mlp_b1", "mlp_b64", "lenet5_b64"):
         model_name = name.split("_")[0]
         model = models.graphc_model(model_name)
-        x, y = models.batch(model_name, 1 if name == "mlp_b1" else 64)
+        x, y = models.batch(model_name, 1 if name.startswith("mlp_b1") else 64)
         args = (graphc.tensor(x), graphc.tensor(y))
-        compiled = graphc.compile(models.graphc_step(model), backend="cpu")
+        compiled = graphc.compile(models.graphc_step(model), backend="cpu",
+                                  dynamic=name.endswith("_dynamic"))
         no_grad = False
     else:
         raise SystemExit(f"benchmarks.call_overhead: unknown case {name!r}; the cases are "
@@ -196,6 +200,8 @@ def measure(name: str) -> Figures:
     the module docstring)."""
     call, guard, compiled = build(name)
     executable = compiled.executable
+    # a symbolic graph's one executable for every size (graphc.backends.specializing)
+    executable = getattr(executable, "_generic", None) or executable
     timer = NativeTimer(executable)
     start = now()
     call()
@@ -302,12 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.counts:
         return _print_counts(args)
     print(f"threads {args.threads}, clock {args.clock}; microseconds per call (medians)")
-    print(f"{'case':<10} {'call':>9} {'native':>9} {'overhead':>9} {'python':>9} {'guard':>8} "
+    print(f"{'case':<18} {'call':>9} {'native':>9} {'overhead':>9} {'python':>9} {'guard':>8} "
           f"{'in call':>8} {'target':>8}")
     for name in args.only or CASES:
         f = Figures(*(s * 1e6 for s in measure(name)))
         target = TARGETS_US.get(name)
-        print(f"{name:<10} {f.call:9.1f} {f.native:9.1f} {f.overhead:9.1f} {f.python:9.1f} "
+        print(f"{name:<18} {f.call:9.1f} {f.native:9.1f} {f.overhead:9.1f} {f.python:9.1f} "
               f"{f.guard:8.1f} {f.guard_in_call:8.1f} {'<= %g' % target if target else '':>8}",
               flush=True)
     load = os.getloadavg()

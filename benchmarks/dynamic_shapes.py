@@ -11,9 +11,10 @@ Parts:
   then length 8..32 at batch 4 (dynamic=None, True, then False as the baseline): traces,
   backend compiles, seconds;
 - epochs: an MLP training step over 3 epochs whose last batch is smaller: traces;
-- speed: medians of the MLP 784-256-256-10 batch-64 training step, the LeNet-5 batch-64
-  training step and the GPT forward (n_embd 128, 4 layers, length 64, batch 16; `--models`
-  picks), static (dynamic=False) against symbolic (dynamic=True) at the same shape,
+- speed: medians of the MLP 784-256-256-10 batch-64 and batch-1 training steps (`mlp`,
+  `mlp_b1`; at batch 1 dynamic=True specialises the size 1, and the entry keeps a shape
+  guard), the LeNet-5 batch-64 training step and the GPT forward (n_embd 128, 4 layers,
+  length 64, batch 16; `--models` picks), static (dynamic=False) against symbolic (dynamic=True) at the same shape,
   interleaved in one process, timed with `--clock` (wall, or the process's CPU time:
   steadier on a shared machine at one thread); `--threads 1,2`: on each
   count forced (`ThreadChooser(fixed=n)`) instead of the default chooser, the counts
@@ -169,16 +170,18 @@ def _compare(label: str, make, args, repeats: int, rounds: int, counts=(None,),
               f"ratio {ms_b / ms_a:.3f}")
 
 
-MODELS = ("mlp", "lenet", "gpt")
+MODELS = ("mlp", "mlp_b1", "lenet", "gpt")
 
 
 def speed(backend: str, quick: bool, counts=(None,), fifo: bool = False,
           models=MODELS) -> None:
     repeats, rounds = (20, 3) if quick else (50, 7)
-    for name, label in (("mlp", "MLP 784-256-256-10 b64"), ("lenet", "LeNet-5 b64")):
-        if name not in models:
+    for key, name, n, label in (("mlp", "mlp", 64, "MLP 784-256-256-10 b64"),
+                                ("mlp_b1", "mlp", 1, "MLP 784-256-256-10 b1"),
+                                ("lenet", "lenet", 64, "LeNet-5 b64")):
+        if key not in models:
             continue
-        x, y = batch(name, 64, MlpSizes())
+        x, y = batch(name, n, MlpSizes())
 
         def make_step(dynamic: bool, name=name):
             return graphc.compile(graphc_step(graphc_model(name)), backend=backend,

@@ -210,3 +210,12 @@ def test_the_written_shape_checks_answer_as_the_guard_and_shape_guard_do():
         except (AttributeError, KeyError, TypeError, ValueError):  # the fast path's: fails
             got = False
         assert got == want, [tuple(a.shape) for a in args]
+
+
+def test_the_call_overhead_benchmark_times_a_symbolic_steps_native_run():
+    """benchmarks/call_overhead.py's `_dynamic` cases (a smoke run; no timing is judged): the
+    native figure is read from the runtime-sized executable's entry point, inside the call."""
+    from benchmarks.call_overhead import measure
+
+    figures = measure("mlp_b64_dynamic")
+    assert 0 < figures.native < figures.call and figures.python > 0
