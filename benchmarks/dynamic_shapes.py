@@ -14,13 +14,14 @@ Parts:
 - speed: medians of the MLP 784-256-256-10 batch-64 and batch-1 training steps (`mlp`,
   `mlp_b1`; at batch 1 dynamic=True specialises the size 1, and the entry keeps a shape
   guard), the LeNet-5 batch-64 training step and the GPT forward (n_embd 128, 4 layers,
-  length 64, batch 16; `--models` picks), static (dynamic=False) against symbolic (dynamic=True) at the same shape,
-  interleaved in one process, timed with `--clock` (wall, or the process's CPU time:
-  steadier on a shared machine at one thread); `--threads 1,2`: on each
-  count forced (`ThreadChooser(fixed=n)`) instead of the default chooser, the counts
-  interleaved too, and the loops each build forks (`.omp` functions: the symbolic build's
-  decide per call, graphc.backends.cpu.kernels.WorkPerCall); `--realtime` (root): each timed
-  round under SCHED_FIFO (benchmarks.mlp_threads.realtime), as if a core were free.
+  length 64, batch 16; `--models` picks), static (dynamic=False) against symbolic
+  (dynamic=True) at the same shape, interleaved in one process, timed with `--clock`
+  (wall, or the process's CPU time: steadier on a shared machine at one thread);
+  `--threads 1,2`: on each count forced (`ThreadChooser(fixed=n)`) instead of the default
+  chooser, the counts interleaved too, and the loops each build forks (`.omp` functions:
+  the symbolic build's decide per call, graphc.backends.cpu.kernels.WorkPerCall);
+  `--realtime` (root): each timed round under SCHED_FIFO (benchmarks.mlp_threads.realtime),
+  as if a core were free.
 
 Counts: "traces" are the compiled callable's graphs (`len(f.graphs)`); "backend compiles"
 count the executables the backend built (a symbolic graph on cpu compiles once for every

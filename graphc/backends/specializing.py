@@ -3,6 +3,8 @@
 A backend that can lower a symbolic graph once for every size passes `generic` (the cpu
 backend: graphc.backends.cpu.runtime_sizes): its executable serves every call whose sizes
 meet the guards its lowering assumed, and only the others are compiled per size as below.
+A call reads only the dims its symbols come from, and a size seen before is one dict lookup
+away from its executable's `run_arrays` (every other dim is that executable's check).
 
 A graph with symbolic sizes (`f32[s0,784]`) runs on the interpreter as it is (it binds the
 sizes per call). A compiling backend that cannot take sizes at run time gets it through

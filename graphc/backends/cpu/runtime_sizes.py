@@ -14,6 +14,12 @@ Kernels read the table through the module's `graphc.dims` (Codegen.emit_size); l
 trip counts are symbolic stay loops over an i64 bound, and an elementwise kernel that may
 fork over the cores decides per call from its element count.
 
+Per call size (`at(values)`, kept for KEPT_SIZES sizes): the table, the concrete input and
+output types, the driver's tail for the current arena, and from its second call on that
+arena the size's steady call (graphc.backends.cpu.steady_call), so a loop at one size costs
+the Python a static executable's loop does; an arena grown for a larger size drops every
+size's tail and steady call.
+
 Which lowerings take sizes per call is codegen's `RUNTIME_SIZE_LOWERINGS`; a graph with any
 other op (randint, randperm, the collectives) raises `RuntimeSizesUnsupported` and is
 compiled per size by graphc.backends.specializing instead. The lowering runs under a

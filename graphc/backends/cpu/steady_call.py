@@ -25,6 +25,10 @@ executable as an argument and reads from it, per call, what a caller may replace
 made (types, the pointer tables, the driver's tail, the lock). It holds no reference to the
 executable, so storing it on the executable makes no cycle. Its text is its `__doc__`.
 
+A runtime-sized executable (graphc.backends.cpu.runtime_sizes) has one per call size,
+written for that size's types and driver tail (`sized`): the same checks against that size's
+constants, after one more, that the arena the tail points into is still the executable's.
+
 Not made (None) for an executable whose calls agree on collectives or return window views,
 or where reference counts cannot tell a dropped array (graphc.refcounts): `run` keeps
 those.
