@@ -34,8 +34,7 @@ forced, wall clock (median over blocks of each block's median), and CPU time per
 SWITCH off while compiling (`SWITCHES`; `forks`, the default: the tenth session's forks,
 `kernels.forks` False: a Winograd kernel not split over its images keeps its filter
 transform and 16 block GEMMs serial, reductions stay serial; `column_parts`: column sums
-serial, not cut into forked parts; `share_blocks`: a batch of one im2col block stays one
-block) and "after" as it is; the blocks rotate over both variants
+serial, not cut into forked parts) and "after" as it is; the blocks rotate over both variants
 and both counts (the kernels part profiles "after").
 
 Two threads wait for a core the OS gives to other work: read the load averages printed at
@@ -114,12 +113,6 @@ def _column_parts_off() -> dict:
     return {(column_parts, "SPLIT"): False}
 
 
-def _share_blocks_off() -> dict:
-    from graphc.backends.cpu import conv_threads
-
-    return {(conv_threads, "SHARE_BLOCKS"): False}
-
-
 # --ab SWITCH: what "before" turns off while compiling ({(module, attribute): value})
 SWITCHES = {
     # the tenth session's forks: a Winograd kernel not split over images keeps its filter
@@ -127,9 +120,6 @@ SWITCHES = {
     "forks": _forks_off,
     # the eleventh's column sums cut into forked parts (graphc.backends.cpu.column_parts)
     "column_parts": _column_parts_off,
-    # the eleventh's batch of one im2col block cut into one block a thread
-    # (conv_threads.images_per_share: ResNet-18's 4x4 stride-2 and 1x1 convolutions)
-    "share_blocks": _share_blocks_off,
 }
 
 
