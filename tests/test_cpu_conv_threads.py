@@ -14,7 +14,6 @@ pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvm
 from graphc.backends.cpu import (  # noqa: E402
     conv_blocks,
     conv_direct,
-    conv_im2col,
     conv_threads,
     kernels,
     small_gemm,
@@ -104,26 +103,6 @@ BLOCKED = [
 def test_blocked_kernels_split_equal_the_interpreter(case, split_small, monkeypatch):
     monkeypatch.setattr(conv_blocks, "BLOCK_COLUMNS", 40)
     check_split(*BLOCKED[case])
-
-
-# a batch that makes one im2col block (4x4 planes, 16 columns an image: up to 32 images a
-# block): cut into one block a thread (conv_threads.images_per_share), each share its own
-ONE_BLOCK = [
-    ((4, 8, 8, 8), (16, 8, 3, 3), (2, 2), (1, 1), 1),  # stride 2, ResNet-18's 4x4 layers' form
-    ((5, 8, 8, 8), (12, 8, 1, 1), (2, 2), (0, 0), 1),  # 1x1 stride 2, blocks of 3 and 2
-]
-
-
-@needs_cores
-@pytest.mark.parametrize("case", range(len(ONE_BLOCK)))
-def test_a_batch_of_one_block_is_cut_into_a_block_a_thread(case, split_small, monkeypatch):
-    xs, ws, stride, padding, groups = ONE_BLOCK[case]
-    g = conv_im2col.Geometry(xs[0], xs[1], xs[2], xs[3], ws[0], groups, ws[2], ws[3],
-                             4, 4, stride, padding, (1, 1))
-    assert conv_blocks.images_per_block(g) == xs[0]  # one block before the cut
-    check_split(*ONE_BLOCK[case])
-    monkeypatch.setattr(conv_threads, "SHARE_BLOCKS", False)
-    check_split(*ONE_BLOCK[case], split=False)
 
 
 @needs_cores

@@ -159,7 +159,7 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None)
     cv = Conv(lw, node, g, x.type.dtype)
     w = contiguous_in(lw, w)
     xs = image_strides(x)
-    nb = conv_threads.images_per_share(lw, g.n, images_per_block(g), g.n * g.o * g.k * g.p)
+    nb = images_per_block(g)
     direct = nb == 1 and g.pointwise and xs[3] == 1 and xs[2] == g.w and xs[1] == g.p
     with contiguous_out(lw, out) as dst:
         shapes = ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
@@ -231,7 +231,7 @@ def conv2d_input_grad(lw, node: Node) -> None:
     cv = Conv(lw, node, g, gy.type.dtype)
     wl = contiguous_in(lw, lw.locs[w])
     gl, gs = grad_image(lw, lw.locs[gy], g)
-    nb = conv_threads.images_per_share(lw, g.n, images_per_block(g), g.n * g.o * g.k * g.p)
+    nb = images_per_block(g)
     direct = nb == 1 and g.pointwise  # the columns are the image gradient itself
     with contiguous_out(lw, out) as dst:
         shapes = ([] if direct else [(g.c * g.kh * g.kw, nb * g.p)]) + \
@@ -290,7 +290,7 @@ def conv2d_weight_grad(lw, node: Node) -> None:
     cv = Conv(lw, node, g, x.type.dtype)
     xl = lw.locs[x]
     xs = image_strides(xl)
-    nb = conv_threads.images_per_share(lw, g.n, images_per_block(g), g.n * g.o * g.k * g.p)
+    nb = images_per_block(g)
     direct = nb == 1 and g.pointwise and xs[3] == 1 and xs[2] == g.w and xs[1] == g.p
     gl, gs = grad_image(lw, lw.locs[gy], g)
     # one image's gw^T += cols @ gy^T by the generated function (conv_row_split), gy^T copied

@@ -37,9 +37,7 @@ of max_pool2d_grad, channels of batch_norm):
   call as it does on one thread.
 
 Shares are built for `threads.image_threads()` (the most threads graphc's calls use) when the
-kernel's work is large enough (MIN_SPLIT_MACS) and it has two units or more (a batch that
-would be one im2col block, or fewer blocks than threads, is cut into one block a thread
-first: `images_per_share`); a batch known
+kernel's work is large enough (MIN_SPLIT_MACS) and it has two units or more; a batch known
 per call (graphc.backends.cpu.runtime_sizes: images one to a unit) is split where the
 traced batch would be (graphc.backends.cpu.traced_sizes), its units counted per call. A
 call gets min(its thread count, shares, units) shares; the team libgomp actually gives may
@@ -73,8 +71,8 @@ from graphc.backends.cpu.values import (
 )
 from graphc.types import TensorType, int64
 
-__all__ = ["MIN_SPLIT_MACS", "Split", "images_per_share", "over_units", "plan_split",
-           "temporaries", "unit_range", "units_loop"]
+__all__ = ["MIN_SPLIT_MACS", "Split", "over_units", "plan_split", "temporaries", "unit_range",
+           "units_loop"]
 
 # Below this many multiply-adds a kernel stays serial: a fork and join (a few microseconds,
 # more when the team sleeps) and holding the BLAS to one thread cost more than a core gains.
@@ -99,29 +97,6 @@ def shares_for(lw, units, macs, least: int | None = None) -> int:
         return 1
     most = threads.image_threads()
     return 1 if most < 2 else most if type(units) is not int else min(most, units)
-
-
-# False: a batch of one im2col block stays one block (benchmarks' A/B: `images_per_share`)
-SHARE_BLOCKS = True
-
-
-def images_per_share(lw, n, nb: int, macs) -> int:
-    """The images a convolution kernel's im2col block takes (`nb`: conv_blocks.
-    images_per_block's) where a batch of `n` would make fewer blocks than the threads a split
-    kernel is built for: n / threads (rounded up), so that every thread gets a block of its
-    own (`shares_for`'s conditions hold for those blocks). ResNet-18's 4x4 layers at batch
-    32 (one block of 32 images, 512 columns) ran their im2col serially and left the GEMM to
-    OpenBLAS, which split [512 x 2304] @ [2304 x 512] at 1.65x on two threads; as two blocks
-    of 16 each thread runs its own im2col and GEMM. Else `nb` as it is (a batch known per
-    call takes its images one to a unit already)."""
-    if not SHARE_BLOCKS or type(n) is not int or nb < 2:
-        return nb
-    blocks = -(-n // nb)
-    most = threads.image_threads()
-    if blocks >= most or most < 2:
-        return nb
-    smaller = -(-n // most)
-    return smaller if shares_for(lw, -(-n // smaller), macs) > 1 else nb
 
 
 @dataclass
