@@ -35,6 +35,7 @@ from graphc.ops import sources as _sources
 from graphc.ops.grad_utils import size_value
 from graphc.ops.registry import call as _call
 from graphc.ops.registry import inplace as _inplace
+from graphc.ops.shapes import broadcast_shapes as _broadcast_shapes
 from graphc.utils import composites as _composites
 
 
@@ -223,15 +224,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             "queries'; give it one: attn_mask.reshape(1, -1) applies to every query")
     if is_causal and attn_mask is not None and not _causal_mask_combines(
             query, key, value, attn_mask, dropout_p, enable_gqa):
-        raise ShapeError("_scaled_dot_product_attention: Explicit attn_mask should not be set "
-                         "when is_causal=True (PyTorch 2.13's wording: it combines the two "
-                         "only for 4-d query, key and value of one batch and head size, a "
-                         "2-d or 4-d mask that needs no grad and dropout_p=0; fold the "
+        raise ShapeError(f"{where('scaled_dot_product_attention')}: Explicit attn_mask should "
+                         "not be set when is_causal=True (PyTorch 2.13's wording: it combines "
+                         "the two only for 4-d query, key and value of one batch and head "
+                         "size, a 2-d or 4-d mask that needs no grad and dropout_p=0; fold the "
                          "triangle into attn_mask instead)")
     if attn_mask is not None and attn_mask.dtype.name not in ("bool", "float32",
                                                               query.dtype.name):
-        raise DTypeError(f"scaled_dot_product_attention: Expected attn_mask dtype to be bool or "
-                         f"float or to match query dtype, but got attn_mask.dtype: "
+        raise DTypeError(f"{where('scaled_dot_product_attention')}: Expected attn_mask dtype "
+                         f"to be bool or float or to match query dtype, but got attn_mask.dtype: "
                          f"{_C_NAMES.get(attn_mask.dtype.name, attn_mask.dtype.name)} and  "
                          f"query.dtype: {_C_NAMES.get(query.dtype.name, query.dtype.name)} "
                          "instead.")  # PyTorch's wording, its C++ type names and double space
@@ -241,6 +242,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         key, value = _repeat_heads(key, query.shape[-3]), _repeat_heads(value, query.shape[-3])
     scores = _linalg.matmul(query, key.transpose(-2, -1)) * scale
     hidden_rows = None
+    if attn_mask is not None and _enlarges(scores, attn_mask):
+        if not _empty(query, key, value):
+            raise ShapeError(
+                f"{where('scaled_dot_product_attention')}: output with shape "
+                f"{list(scores.shape)} doesn't match the broadcast shape "
+                f"{list(_broadcast_shapes('add', tuple(scores.shape), tuple(attn_mask.shape)))}"
+                " (PyTorch 2.13's wording: it adds attn_mask to the scores [..., L, S] in "
+                "place, so the mask may not add dims or grow one); give attn_mask the scores' "
+                "dims or 1s")
+        attn_mask = None  # no queries or keys: PyTorch returns before reading the mask
     if attn_mask is not None:
         if attn_mask.dtype.name == "bool":  # True takes part: 0 added, -inf where False
             # (PyTorch's convert_boolean_attn_mask; added, it fuses as a float mask does)
@@ -296,6 +307,16 @@ def _takes_flash_kernel(query, key, value, attn_mask, dropout_p: float,
     return kv_heads == heads or (enable_gqa and heads % kv_heads == 0)
 
 
+def _enlarges(scores, attn_mask) -> bool:
+    """Whether attn_mask broadcast with the scores has more dims or a larger one than they
+    (static sizes only: a symbolic one is checked by the add's own broadcast rule)."""
+    shapes = (tuple(scores.shape), tuple(attn_mask.shape))
+    if not all(type(d) is int for shape in shapes for d in shape):
+        return False
+    return attn_mask.ndim > scores.ndim or any(
+        m > s for m, s in zip(reversed(shapes[1]), reversed(shapes[0])))
+
+
 def _empty(*tensors) -> bool:
     """Whether any has no elements (PyTorch's attention then returns before choosing a
     kernel, so no kernel's check runs)."""
@@ -326,9 +347,9 @@ def _repeat_heads(t, heads: int):
     """(..., Hkv, S, E) -> (..., heads, S, E), each kv head repeated heads // Hkv times."""
     hkv = t.shape[-3]
     if heads % hkv != 0:
-        raise ShapeError(f"scaled_dot_product_attention: Number of heads in key and value "
-                         f"must divide the number of heads in query ({hkv} does not divide "
-                         f"{heads})")
+        raise ShapeError(f"{where('scaled_dot_product_attention')}: Number of heads in key and "
+                         f"value must divide the number of heads in query ({hkv} does not "
+                         f"divide {heads})")
     lead, tail = tuple(t.shape[:-3]), tuple(t.shape[-2:])
     expanded = t.unsqueeze(-3).expand(*lead, hkv, heads // hkv, *tail)
     return expanded.reshape(lead + (heads,) + tail)
