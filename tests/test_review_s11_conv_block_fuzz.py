@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import graphc
-import graphc.nn as gnn
 import graphc.nn.functional as gF
 from graphc.testing import assert_rounding_within
 
