@@ -132,3 +132,51 @@ def test_non_finite_inputs_give_the_plain_graphs_nan_pattern(kind):
     for name, got, want in zip(("out", "mask", "mean", "invstd"), fused[:4], plain[:4]):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{kind}: {name}")
         np.testing.assert_array_equal(np.isinf(got), np.isinf(want), err_msg=f"{kind}: {name}")
+
+
+@pytest.mark.parametrize("affine,track", [(False, True), (True, False), (False, False)])
+def test_batch_norms_without_weights_or_running_statistics_take_the_sums(affine, track):
+    """BatchNorm2d(affine=False) and/or track_running_stats=False after a Winograd
+    convolution: the pass still hands the sums over; the compiled step's output and gradients
+    within 2x eager graphc's distance from PyTorch in float64."""
+    import graphc
+    import graphc.nn.functional as F
+
+    torch = pytest.importorskip("torch", reason="PyTorch 2.13 CPU is the reference")
+
+    def build(lib):
+        nn = lib.nn
+        return [nn.Conv2d(16, 16, 3, padding=1, bias=False),
+                nn.Conv2d(16, 16, 3, padding=1, bias=False),
+                nn.BatchNorm2d(16, affine=affine, track_running_stats=track),
+                nn.BatchNorm2d(16, affine=affine, track_running_stats=track)]
+
+    graphc.manual_seed(0)
+    ours, ref = build(graphc), build(torch)
+    for a, b in zip(ours, ref):
+        b.load_state_dict({k: torch.tensor(v.detach().numpy()) for k, v in a.state_dict().items()})
+        b.double()
+
+    def make_step(mods, functional):
+        params = [p for m in mods for p in m.parameters()]
+
+        def step(x):
+            for p in params:
+                p.grad = None
+            h = functional.relu(mods[2](mods[0](x)))
+            y = functional.relu(mods[3](mods[1](h)) + h)
+            (y * y.sin()).sum().backward()
+            return [y.detach()] + [p.grad for p in params]
+
+        return step
+
+    x = np.random.default_rng(3).standard_normal((3, 16, 8, 8)).astype(np.float32)
+    step = make_step(ours, F)
+    compiled = graphc.compile(step, backend="cpu")
+    got = [v.numpy().copy() for v in compiled(graphc.tensor(x))]
+    assert "conv2d_channel_sums" in [n.op for n in compiled.optimized_graph.nodes]
+    eager = [v.numpy() for v in step(graphc.tensor(x))]
+    want = [v.detach().numpy() for v in make_step(ref, torch.nn.functional)(
+        torch.tensor(x).double())]
+    for g, e, w in zip(got, eager, want):
+        assert_rounding_within(g, e, w)
