@@ -136,3 +136,25 @@ def test_one_block_attention_as_pytorch_float64_on_one_and_two_threads(seed, mon
                 assert_rounding_within(_finite(g), _finite(e), _finite(r), factor=factor)
             except AssertionError as error:
                 raise AssertionError(f"{name}, {what}: {error}") from None
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_with_a_batch_known_per_call(causal):
+    """graphc.compile(dynamic=True): batches 1 to 5 from one trace, against eager graphc
+    within rounding of float64. (A symbolic graph keeps the unfused chain, so the one-block
+    kernels do not serve it: graphc.passes.attention fuses sizes known when compiling.)"""
+    rng = np.random.default_rng(7 + causal)
+    step = _step(causal, False)
+    compiled = graphc.compile(step, backend="cpu", dynamic=True)
+    mask = np.zeros((), np.float32)
+    for batch in (3, 1, 5, 2):
+        arrays = [rng.standard_normal((batch, 2, 40, 32)).astype(np.float32) for _ in range(3)]
+        got = [t.detach().numpy() for t in compiled(*_graphc_tensors(arrays, mask))]
+        eager = [t.detach().numpy() for t in step(*_graphc_tensors(arrays, mask))]
+        want = _torch_run(arrays, mask, causal, False)
+        for name, g, e, r in zip(("out", "dq", "dk", "dv"), got, eager, want):
+            try:
+                assert_rounding_within(g, e, r)
+            except AssertionError as error:
+                raise AssertionError(f"{name}, batch {batch}: {error}") from None
+    assert all("s0" in str(g.inputs[0].type) for g in compiled.graphs)  # no trace per batch
