@@ -224,11 +224,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             "queries'; give it one: attn_mask.reshape(1, -1) applies to every query")
     if is_causal and attn_mask is not None and not _causal_mask_combines(
             query, key, value, attn_mask, dropout_p, enable_gqa):
-        raise ShapeError(f"{where('scaled_dot_product_attention')}: Explicit attn_mask should "
-                         "not be set when is_causal=True (PyTorch 2.13's wording: it combines "
-                         "the two only for 4-d query, key and value of one batch and head "
-                         "size, a 2-d or 4-d mask that needs no grad and dropout_p=0; fold the "
-                         "triangle into attn_mask instead)")
+        raise ShapeError("_scaled_dot_product_attention: Explicit attn_mask should not be set "
+                         f"when is_causal=True ({where('scaled_dot_product_attention')}; "
+                         "PyTorch 2.13's wording, whole: it combines the two only for 4-d "
+                         "query, key and value of one batch and head size, a 2-d or 4-d mask "
+                         "that needs no grad and dropout_p=0; fold the triangle into attn_mask "
+                         "instead)")
     if attn_mask is not None and attn_mask.dtype.name not in ("bool", "float32",
                                                               query.dtype.name):
         raise DTypeError(f"{where('scaled_dot_product_attention')}: Expected attn_mask dtype "
