@@ -88,7 +88,7 @@ def _check(got, want, what):
         assert isinstance(got, GraphcError), f"{what}: {got!r} is not a GraphcError"
         # attention's own checks name it, its primitives' (add, matmul) themselves; both the
         # user's line
-        assert " at test_" in str(got), f"{what}: the error names no user line: {got}"
+        assert " at test_review_s11_attention" in str(got), f"{what}: no user line: {got}"
         return
     assert not isinstance(got, Exception), f"{what}: graphc raised {got!r}, PyTorch did not"
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=what)
