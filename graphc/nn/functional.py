@@ -207,6 +207,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     triangle, and with a mask too hides what either hides where PyTorch 2.13 CPU accepts both
     (`_causal_mask_combines`); dropout on the weights when dropout_p > 0. A query row whose
     every key is hidden gives 0 and no gradient, as PyTorch 2.13 CPU (`_unhide_empty_rows`).
+    A mask broadcasts to the scores [..., L, S] and may not enlarge them (PyTorch adds it in
+    place: RuntimeError, `_enlarges`).
 
     >>> import graphc
     >>> q = graphc.ones(1, 2, 3, 4)
