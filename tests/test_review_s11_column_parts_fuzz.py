@@ -106,16 +106,10 @@ def test_a_layer_norm_and_linear_step_on_one_and_two_threads():
         np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-3 * float(np.abs(e).max()))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "column_parts (h5, a7bcdb2): two column sums of one form in one graph give NaN or "
-    "~1e35 for the second (one alone, or column_parts.SPLIT = False, is right): the GPT "
-    "step's in_proj_bias gradient (three reduce_sums over [16, 64, 128] into a concat) is "
-    "463x off eager's. graphc/backends/cpu/reductions.py: where kb.begin() returns None (the "
-    "same kernel already emitted) it returns without appending parts.merge(...), so the "
-    "second sum's result is never written (rows.py appends the merge there)"))
 def test_two_column_sums_of_different_inputs_in_one_graph():
-    pytest.importorskip("graphc.backends.cpu.column_parts",
-                        reason="column_parts has not landed: nothing to check")
+    """Two column sums of one form in one graph: the second calls the kernel the first
+    emitted, then its own merge of the partial rows (it once skipped the merge, so its
+    result was never written: NaN or ~1e35, the GPT step's in_proj_bias gradient 463x off)."""
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((1024, 128)).astype(np.float32) for _ in range(2))
 

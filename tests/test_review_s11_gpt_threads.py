@@ -7,8 +7,6 @@ eager graphc's to float32 rounding.
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
@@ -21,11 +19,6 @@ from graphc.backends.cpu import threads  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 
 
-@pytest.mark.xfail(
-    importlib.util.find_spec("graphc.backends.cpu.column_parts") is not None, strict=True,
-    reason="column_parts (h5, a7bcdb2): the in_proj_bias gradient (three column sums into a "
-    "concat) is 463x off eager's: tests/test_review_s11_column_parts_fuzz.py, "
-    "test_two_column_sums_of_different_inputs_in_one_graph")
 def test_a_gpt_layers_gradients_are_the_same_bits_on_one_and_two_threads(monkeypatch, tmp_path):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
     graphc.manual_seed(0)

@@ -80,9 +80,13 @@ class ReductionLowering(ElementwiseLowering):
         # a large one forks over a kept dim (kernels.reduction_loops: the same sums)
         sizes, strides, parallel = reduction_loops(self, domain, sizes, strides, o) \
             if parts is None else parts.loops(sizes, strides, [o])
+        n = math.prod(domain[d] for d in axes)
         b = kb.begin(parallel=parallel)
-        if b is None:
-            return self.calls.append(kb.kernel)
+        if b is None:  # the same kernel emitted before: call it, then this sum's own merge
+            self.calls.append(kb.kernel)
+            if parts is not None:
+                self.calls.append(parts.merge(self, [(out_loc, op, n)]))
+            return None
         ident = reduction_identity(op, acc_t)
         count = out_v.type.numel if parts is None else parts.count
         results = result_share(kb, b, sizes, strides, o, count)
@@ -125,7 +129,6 @@ class ReductionLowering(ElementwiseLowering):
                 kb.store(b, o, offsets[o], combine(b, kb.load(b, o, offsets[o]), v, False))
 
             kb.nest(b, sizes, strides, leaf)
-        n = math.prod(domain[d] for d in axes)
         if parts is not None:  # the partial rows added in part order, a mean divided
             self.calls.append(kb.finish(b))
             return self.calls.append(parts.merge(self, [(out_loc, op, n)]))
