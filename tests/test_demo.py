@@ -65,14 +65,15 @@ def test_small_demo_prints_its_summary_and_writes_valid_files(capsys, tmp_path, 
                                      "step.3.fuse_attention.gir",
                                      "step.4.share_reshape_copies.gir", "step.5.fuse.gir",
                                      "step.6.fuse_batch_norm_relu.gir",
-                                     "step.7.fuse_rows.gir", "step.8.recompute_row_values.gir",
-                                     "step.9.fuse_rows.gir", "step.10.merge_sibling_sums.gir",
-                                     "step.11.fuse_gemm_column_sums.gir",
-                                     "step.12.lay_out_gemm_outputs.gir",
-                                     "step.13.plan_buffers.gir"]
+                                     "step.7.fuse_conv_channel_sums.gir",
+                                     "step.8.fuse_rows.gir", "step.9.recompute_row_values.gir",
+                                     "step.10.fuse_rows.gir", "step.11.merge_sibling_sums.gir",
+                                     "step.12.fuse_gemm_column_sums.gir",
+                                     "step.13.lay_out_gemm_outputs.gir",
+                                     "step.14.plan_buffers.gir"]
     graphs = [verify(parse(p.read_text())) for p in gir]
     assert len(graphs[5].nodes) < len(graphs[0].nodes)
-    assert any(node.op == "fused" for node in graphs[11].nodes)
+    assert any(node.op == "fused" for node in graphs[12].nodes)
     assert any(node.op == "conv2d" for node in graphs[0].nodes)
     svg = ElementTree.parse(out / "step.svg").getroot()
     assert svg.tag.endswith("svg")

@@ -1,6 +1,6 @@
 """The output folder of `graphc demo` (default `graphc-out/demo`).
 
-    ir/step.0.traced.gir ... ir/step.4.plan_buffers.gir   the training step's IR after each pass
+    ir/step.0.traced.gir ... ir/step.14.plan_buffers.gir  the step's IR after each pass
     step.svg          the optimized step, fused groups boxed (graphc.ir.export.render_svg)
     step.html         the same step in the interactive viewer: zoom, search, collapse
                       (graphc.tools.viewer.render_html; one file, no network)
