@@ -139,16 +139,39 @@ def test_what_may_not_fuse_stays_apart(case):
     assert fuse_batch_norm_relu(graph) is graph
 
 
-def test_a_residual_made_after_the_batch_norm_stays_apart():
+def _residual_made_after(make_r: str) -> str:
+    """_graph(residual="first") with the batch norm's mean read between it and the ReLU (%s,
+    as a running-mean update reads it) and %r made there too, by the IR lines `make_r`."""
     text = _graph(residual="first").replace("%r: f32[4,3,5,6]) ->", "%q: f32[4,3,5,6]) ->")
-    text = text.replace("  %3:", "  %r: f32[4,3,5,6] = neg(%q)\n  %3:")
-    graph = parse(text)
+    text = text.replace("  %3:", f"  %s: f32[3] = neg(%1)\n{make_r}\n  %3:")
+    return text.replace("return (%3, %4, %1, %2)", "return (%3, %4, %1, %2, %s)").replace(
+        "-> (f32[4,3,5,6], bool[4,3,5,6], f32[3], f32[3])",
+        "-> (f32[4,3,5,6], bool[4,3,5,6], f32[3], f32[3], f32[3])")
+
+
+def test_a_residual_made_after_the_batch_norm_fuses_at_the_relus_place():
+    """The node stands where the ReLU stood, and what read the batch norm's statistics in
+    between (%s) moves right after it; the same bits as the two kernels."""
+    graph = parse(_residual_made_after("  %r: f32[4,3,5,6] = neg(%q)"))
+    out = fuse_batch_norm_relu(graph)
+    assert [(n.op, n.outputs[0].name) for n in out.nodes] == [
+        ("neg", "r"), ("batch_norm_relu", "3"), ("neg", "s")]
+    assert out.nodes[1].inputs[-1].name == "r"
+    arrays = _arrays((4, 3, 5, 6))
+    _assert_same_bits(_compiled(out).run(*[a.copy() for a in arrays]),
+                      _compiled(graph).run(*[a.copy() for a in arrays]))
+
+
+def test_a_residual_that_depends_on_the_batch_norm_stays_apart():
+    graph = parse(_residual_made_after("""  %u: f32[1,3,1,1] = reshape[shape=(1, 3, 1, 1)](%s)
+  %t: f32[4,3,5,6] = broadcast_to[shape=(4, 3, 5, 6)](%u)
+  %r: f32[4,3,5,6] = add(%t, %q)"""))
     assert fuse_batch_norm_relu(graph) is graph
 
 
 def test_two_batch_norms_added_then_relu_fuse_one_of_them():
-    """A strided block: relu(bn2(a) + bn_s(b)); the first batch norm in order whose addend is
-    ready takes the ReLU, the other stays a batch_norm."""
+    """A strided block: relu(bn2(a) + bn_s(b)); the first batch norm in order takes the ReLU
+    (at the ReLU's place: its addend is made after it), the other stays a batch_norm."""
     t, c = "f32[2,3,4,4]", "f32[3]"
     full = FULL.format(value=0.0, dtype="float32")
     graph = parse(f"""graph @f(%a: {t}, %b: {t}, %w: {c}, %c: {c}, %m: {c}, %v: {c})
@@ -161,6 +184,7 @@ def test_two_batch_norms_added_then_relu_fuse_one_of_them():
 }}""")
     out = fuse_batch_norm_relu(graph)
     assert [n.op for n in out.nodes] == ["batch_norm", "batch_norm_relu"]
+    assert [v.name for v in out.nodes[1].inputs[::5]] == ["a", "3"]
     rng = np.random.default_rng(3)
     arrays = [rng.standard_normal((2, 3, 4, 4)).astype(np.float32) for _ in range(2)] + \
         [rng.uniform(0.5, 2, 3).astype(np.float32) for _ in range(4)]

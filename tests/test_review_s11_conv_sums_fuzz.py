@@ -182,12 +182,6 @@ def test_batch_norms_without_weights_or_running_statistics_take_the_sums(affine,
         assert_rounding_within(g, e, w)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "10 of ResNet-18's 13 stride-1 3x3 batch norms take the sums, not 13 as docs/performance.md "
-    "says: a downsample block's second batch norm (x = body(x) + short(x), the shortcut's "
-    "BatchNorm made after it) is the residual r of the shortcut's batch_norm_relu, so "
-    "fuse_batch_norm_relu (r must be made before B) leaves it a plain batch_norm, which "
-    "fuse_conv_channel_sums does not take"))
 def test_every_stride_1_batch_norm_of_resnet18_takes_its_convolutions_sums(tmp_path):
     import graphc
     import graphc.nn.functional as F

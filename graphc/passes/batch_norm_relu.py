@@ -12,10 +12,15 @@ The rewrite, for a `batch_norm` node B with output y, when
 - y is read by one node F only (not a graph output or update), a `fused` node whose body is
   exactly: an optional `add` of y and one other input r (either order), a `relu` of y (or of
   the add), a 0-d `full` of 0, and `gt(relu, 0)`, F's outputs being the relu and the gt;
-- r, if any, has y's type and is a graph input or made by a node before B;
+- r, if any, has y's type and does not depend on B;
 - x is float32 or float64 (what the cpu kernel lowers);
 B becomes `batch_norm_relu[training, eps](x, weight, bias, running_mean, running_var[, r])`
-with outputs (F's relu, F's gt, B's save_mean, B's save_invstd), at B's place, and F goes.
+with outputs (F's relu, F's gt, B's save_mean, B's save_invstd), and F goes. The node stands at
+B's place when r is a graph input or made before B; otherwise at F's place, the nodes between B
+and F that read B's statistics (the running-statistics updates) moving right after it. So of a
+downsample block's two batch norms, relu(bn2(conv2(h)) + bn_s(conv_s(x))), the first in order
+(the body's, after a 3x3 convolution whose sums fuse_conv_channel_sums hands over) takes the
+add and the ReLU, the shortcut's staying a `batch_norm`.
 Both orders of the add give the same bits (IEEE addition commutes), and the op's reference
 kernel runs batch_norm, add, relu and gt in that order, so the interpreter computes what the
 two nodes computed.
@@ -62,35 +67,72 @@ def fuse_batch_norm_relu(graph: Graph) -> Graph:
         for v in dict.fromkeys(node.inputs):
             readers.setdefault(v, []).append(node)
     position = {id(node): k for k, node in enumerate(graph.nodes)}
-    made_at = {v: position[id(node)] for node in graph.nodes for v in node.outputs}
+    maker = {v: node for node in graph.nodes for v in node.outputs}
     replaced: dict[int, Node] = {}
     dropped: set[int] = set()
+    after: dict[int, list[Node]] = {}  # id(F) -> the fused node and the nodes moved behind it
+    moved: set[int] = set()
     for node in graph.nodes:
-        if node.op != "batch_norm" or node.inputs[0].type.dtype not in (float32, float64):
+        if (node.op != "batch_norm" or node.inputs[0].type.dtype not in (float32, float64)
+                or id(node) in moved):
             continue
         y = node.outputs[0]
         users = readers.get(y, [])
         if (y in escaping or len(users) != 1 or users[0].op != "fused"
-                or id(users[0]) in dropped):  # a block's two batch norms added: one takes it
+                or id(users[0]) in dropped  # a block's two batch norms added: one takes it
+                or id(users[0]) in moved):
             continue
         residual = _relu_of(users[0], y)
         if residual is None:
             continue
         extra = [] if residual is True else [residual]
-        if extra and not (extra[0].type == y.type
-                          and made_at.get(extra[0], -1) < position[id(node)]):
+        if extra and (extra[0].type != y.type or id(maker.get(extra[0])) in moved):
             continue
         relu_v, mask_v = users[0].outputs
-        replaced[id(node)] = Node("batch_norm_relu", [*node.inputs, *extra], dict(node.attrs),
-                                  [relu_v, mask_v, *node.outputs[1:]], node.loc)
+        fused = Node("batch_norm_relu", [*node.inputs, *extra], dict(node.attrs),
+                     [relu_v, mask_v, *node.outputs[1:]], node.loc)
+        if not extra or extra[0] not in maker or position[id(maker[extra[0]])] < position[
+                id(node)]:
+            replaced[id(node)] = fused
+        else:
+            behind = _dependents_between(node, users[0], readers, position)
+            if (extra[0] in {v for n in behind for v in n.outputs}
+                    or any(n.op == "batch_norm" or id(n) in moved or id(n) in dropped
+                           for n in behind)):
+                continue  # r depends on B, or the nodes to move are others' to rewrite
+            after[id(users[0])] = [fused, *behind]
+            moved.update({id(node), *(id(n) for n in behind)})
         dropped.add(id(users[0]))
-    if not replaced:
+    if not dropped:
         return graph
-    nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) not in dropped]
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        if id(n) in after:
+            nodes += after[id(n)]
+        elif id(n) not in dropped and id(n) not in moved:
+            nodes.append(replaced.get(id(n), n))
     out = Graph(graph.name, list(graph.inputs), nodes, list(graph.outputs), list(graph.updates))
     out.meta = dict(graph.meta)
     verify(out)
     return out
+
+
+def _dependents_between(bn: Node, relu: Node, readers: dict[Value, list[Node]],
+                        position: dict[int, int]) -> list[Node]:
+    """The nodes after `bn` and before `relu` that read bn's outputs, directly or through one
+    another, in order (`relu` reads bn's first output only, so it is never among them)."""
+    end = position[id(relu)]
+    found: dict[int, Node] = {}
+    todo = list(bn.outputs[1:])
+    while todo:
+        for reader in readers.get(todo.pop(), []):
+            if id(reader) in found:
+                continue
+            if position[id(reader)] >= end:
+                continue  # read after the relu: the node at the relu's place comes first
+            found[id(reader)] = reader
+            todo += reader.outputs
+    return sorted(found.values(), key=lambda n: position[id(n)])
 
 
 def _relu_of(fused: Node, y: Value) -> Value | bool | None:
