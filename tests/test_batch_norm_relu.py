@@ -162,6 +162,12 @@ def test_a_residual_made_after_the_batch_norm_fuses_at_the_relus_place():
                       _compiled(graph).run(*[a.copy() for a in arrays]))
 
 
+def test_without_at_the_relu_a_residual_made_after_stays_apart(monkeypatch):
+    monkeypatch.setattr(module, "AT_THE_RELU", False)
+    graph = parse(_residual_made_after("  %r: f32[4,3,5,6] = neg(%q)"))
+    assert fuse_batch_norm_relu(graph) is graph
+
+
 def test_a_residual_that_depends_on_the_batch_norm_stays_apart():
     graph = parse(_residual_made_after("""  %u: f32[1,3,1,1] = reshape[shape=(1, 3, 1, 1)](%s)
   %t: f32[4,3,5,6] = broadcast_to[shape=(4, 3, 5, 6)](%u)

@@ -54,6 +54,9 @@ from graphc.types import float32, float64
 __all__ = ["fuse_batch_norm_relu"]
 
 FUSE = True  # False: the pass leaves every graph as it is (benchmarks' A/B)
+# False: a residual made after the batch norm leaves it apart, the other batch norm of a
+# downsample block taking the ReLU (the tenth session's rule; benchmarks' A/B)
+AT_THE_RELU = True
 
 
 def fuse_batch_norm_relu(graph: Graph) -> Graph:
@@ -94,6 +97,8 @@ def fuse_batch_norm_relu(graph: Graph) -> Graph:
         if not extra or extra[0] not in maker or position[id(maker[extra[0]])] < position[
                 id(node)]:
             replaced[id(node)] = fused
+        elif not AT_THE_RELU:
+            continue
         else:
             behind = _dependents_between(node, users[0], readers, position)
             if (extra[0] in {v for n in behind for v in n.outputs}
