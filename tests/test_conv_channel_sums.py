@@ -17,7 +17,14 @@ pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvm
 
 import graphc  # noqa: E402
 from graphc import nn  # noqa: E402
-from graphc.backends.cpu import conv_threads, conv_winograd, pool, threads  # noqa: E402
+from graphc.backends.cpu import (  # noqa: E402
+    conv_polyphase,
+    conv_threads,
+    conv_winograd,
+    pool,
+    threads,
+    winograd_gemm,
+)
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
@@ -51,9 +58,9 @@ def _graph(n=2, c=16, o=16, hw=8, pad=1, stride=1, dtype="f32", training="true",
 }}"""
 
 
-def _arrays(n=2, c=16, o=16, hw=8, pad=1, dtype=np.float32, seed=0, make_x=None):
+def _arrays(n=2, c=16, o=16, hw=8, pad=1, dtype=np.float32, seed=0, make_x=None, stride=1):
     rng = np.random.default_rng(seed)
-    ho = hw + 2 * pad - 2
+    ho = (hw + 2 * pad - 3) // stride + 1
     z = rng.standard_normal((n, c, hw, hw))
     x = z + 0.5 if make_x is None else make_x(z)
     k = rng.uniform(-1, 1, (o, c, 3, 3)) / np.sqrt(9 * c)
@@ -69,11 +76,11 @@ def _compiled(graph, count: int = 1):
     return exe
 
 
-def _float64_run(arrays, pad=1, residual=False):
+def _float64_run(arrays, pad=1, residual=False, stride=1):
     """The graph's results (relu output, mean, invstd, conv output) in float64."""
     x, k, w, b = (a.astype(np.float64) for a in arrays[:4])
-    y = REGISTRY["conv2d"].kernel(x, k, stride=(1, 1), padding=(pad, pad), dilation=(1, 1),
-                                  groups=1)
+    y = REGISTRY["conv2d"].kernel(x, k, stride=(stride, stride), padding=(pad, pad),
+                                  dilation=(1, 1), groups=1)
     mean, var = y.mean(axis=(0, 2, 3)), y.var(axis=(0, 2, 3))
     invstd = 1 / np.sqrt(var + 1e-5)
     out = (y - mean[:, None, None]) * (invstd * w)[:, None, None] + b[:, None, None]
@@ -81,10 +88,10 @@ def _float64_run(arrays, pad=1, residual=False):
     return np.maximum(out, 0), mean, invstd, y
 
 
-def _eager(arrays, pad=1, residual=False):
+def _eager(arrays, pad=1, residual=False, stride=1):
     """The same in eager graphc's kernels (float32): conv2d, batch_norm, add, relu."""
-    y = REGISTRY["conv2d"].kernel(arrays[0], arrays[1], stride=(1, 1), padding=(pad, pad),
-                                  dilation=(1, 1), groups=1)
+    y = REGISTRY["conv2d"].kernel(arrays[0], arrays[1], stride=(stride, stride),
+                                  padding=(pad, pad), dilation=(1, 1), groups=1)
     out, mean, invstd = REGISTRY["batch_norm"].kernel(y, *arrays[2:6], training=True, eps=1e-5)
     out = out + arrays[6] if residual else out
     return np.maximum(out, 0), mean, invstd, y
@@ -102,7 +109,9 @@ def test_the_pass_gives_the_batch_norm_its_convolutions_sums():
 
 
 @pytest.mark.parametrize("case", [
-    {"stride": 2, "hw": 9},        # stride 2: not the Winograd kernel's form
+    {"stride": 2, "hw": 9},        # stride 2, an odd output plane: not the polyphase form
+    {"stride": 2, "hw": 8, "pad": 0},  # stride 2 without padding: not the polyphase form
+    {"stride": 2, "hw": 8, "dtype": "f64"},  # the polyphase kernel is float32 only
     {"c": 8},                      # fewer channels than the Winograd kernel takes
     {"hw": 7},                     # an odd output plane
     {"training": "false"},         # eval mode: the running statistics, no sums
@@ -118,8 +127,9 @@ def test_a_symbolic_graph_stays_apart():
     assert fuse_conv_channel_sums(graph) is graph
 
 
-def test_the_pass_and_the_kernel_agree_on_the_least_channel_count():
-    assert module.MIN_CHANNELS == conv_winograd.MIN_CHANNELS
+def test_the_pass_and_the_kernels_agree_on_the_channel_counts():
+    assert module.MIN_CHANNELS == conv_winograd.MIN_CHANNELS == conv_polyphase.MIN_CHANNELS
+    assert module.MAX_STRIDE_2_CHANNELS == winograd_gemm.MAX_K
 
 
 def test_merged_statistics_equal_the_two_pass_ones_in_float64():
@@ -234,6 +244,52 @@ def test_two_threads_give_the_same_bits(shape, monkeypatch):
     exe = _compiled(parse(str(graph)), ALL_CORES)  # (the split shows in the IR)
     assert exe.lowered.ir_text.count(".split") >= 2
     for got, want in zip(_sums_of(graph, arrays, ALL_CORES), one):
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
+                                      np.asarray(want).view(np.uint8))
+
+
+# The stride-2 polyphase kernel's (graphc.backends.cpu.conv_polyphase) output transform paths:
+# 16x16 outputs (the tile loop), 8x8 and 4x4 (16 blocks a vector: _output_by_vectors), a last
+# block of fewer images (the kernel takes GEMMs a whole number of vectors wide only)
+STRIDE_2 = [
+    {"n": 2, "c": 16, "o": 32, "hw": 32}, {"n": 3, "c": 16, "o": 32, "hw": 16},
+    {"n": 8, "c": 32, "o": 64, "hw": 8}, {"n": 7, "c": 16, "o": 24, "hw": 16},
+]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("shape", STRIDE_2, ids=lambda s: "-".join(f"{k}{v}" for k, v in
+                                                                     s.items()))
+def test_the_polyphase_transforms_sums(shape, residual):
+    """A stride-2 convolution's batch norm takes the sums the polyphase kernel adds as it
+    writes each plane (not a walk of their own): the sums equal the reference kernel's of the
+    compiled conv output; the results within 2x eager graphc's distance from float64."""
+    graph = fuse_conv_channel_sums(parse(_graph(**shape, stride=2, residual=residual)))
+    assert [n.op for n in graph.nodes] == ["conv2d_channel_sums", "batch_norm_relu"]
+    ir_text = _compiled(graph).lowered.ir_text
+    assert "conv2d_polyphase" in ir_text and '@"conv2d_channel_sums' not in ir_text
+    arrays = _arrays(**shape, stride=2, seed=sum(shape.values()))
+    got = _sums_of(graph, arrays)
+    want = image_sums(got[-1])
+    np.testing.assert_array_equal(got[0][:, 0], want[:, 0])
+    np.testing.assert_allclose(got[0], want, rtol=1e-12, atol=1e-9)
+    for g, e, w in zip([got[1], got[3], got[4], got[5]],
+                       _eager(arrays, residual=residual, stride=2),
+                       _float64_run(arrays, residual=residual, stride=2)):
+        assert_rounding_within(g, e, w)
+
+
+@pytest.mark.skipif(ALL_CORES < 2, reason="one core (or a BLAS whose thread count cannot be "
+                    "held): the polyphase kernel's blocks are never split")
+@pytest.mark.parametrize("shape", STRIDE_2[1:3], ids=lambda s: "-".join(
+    f"{k}{v}" for k, v in s.items()))
+def test_the_polyphase_sums_are_the_same_bits_on_two_threads(shape, monkeypatch):
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(pool, "POOL_MIN_SPLIT_TAPS", 0)
+    graph = fuse_conv_channel_sums(parse(_graph(**shape, stride=2)))
+    arrays = _arrays(**shape, stride=2, seed=8)
+    assert _compiled(parse(str(graph)), ALL_CORES).lowered.ir_text.count(".split") >= 2
+    for got, want in zip(_sums_of(graph, arrays, ALL_CORES), _sums_of(graph, arrays, 1)):
         np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
                                       np.asarray(want).view(np.uint8))
 

@@ -1,12 +1,14 @@
 """fuse_conv_channel_sums: a training `batch_norm_relu` whose input a 3x3 stride-1 convolution
-makes takes its statistics from sums the convolution computes while it writes its output, so
+(or a 3x3 stride-2 one, padding 1) makes takes its statistics from sums the convolution
+computes while it writes its output, so
 the batch norm's kernel no longer walks its input once for the statistics.
 
 In a ResNet step, `conv2d` writes y (the largest tensors of the step: 8 MB a 64-channel layer
 at batch 32) and the batch norm after it reads y twice: a statistics walk (the per-channel
 shifted sums) and an output walk. The cpu backend's Winograd kernel (graphc.backends.cpu.
 conv_winograd) has each part of a plane in L1 right after its output transform, so it can sum
-it there; the batch norm's statistics walk, its one read of y from memory, goes.
+it there, and so has the stride-2 polyphase kernel (conv_polyphase); the batch norm's
+statistics walk, its one read of y from memory, goes.
 
 The rewrite, for a `batch_norm_relu` node B (training, without sums) whose input x is the
 output of a `conv2d` node C of the Winograd kernel's form (`winograd_form`),
@@ -50,21 +52,28 @@ __all__ = ["fuse_conv_channel_sums", "winograd_form"]
 
 FUSE = True  # False: the pass leaves every graph as it is (benchmarks' A/B)
 # the Winograd kernel's least channel count in and out (graphc.backends.cpu.conv_winograd.
-# MIN_CHANNELS; tests/test_conv_channel_sums.py checks the two agree)
+# MIN_CHANNELS and conv_polyphase.MIN_CHANNELS), the polyphase kernel's most (winograd_gemm.
+# MAX_K); tests/test_conv_channel_sums.py checks they agree
 MIN_CHANNELS = 16
+MAX_STRIDE_2_CHANNELS = 512
 
 
 def winograd_form(conv: Node) -> bool:
-    """Whether the cpu backend runs `conv` (a conv2d node) by its Winograd kernel, whose
-    output transform sums the channels (graphc.backends.cpu.conv_winograd `_applies`): a
-    static batched float32 or float64 3x3 convolution, stride 1, dilation 1, one group, at
-    least MIN_CHANNELS channels in and out, an even output height and width."""
+    """Whether the cpu backend runs `conv` (a conv2d node) by a Winograd kernel whose output
+    transform sums the channels: a static batched 3x3 convolution, dilation 1, one group, at
+    least MIN_CHANNELS channels in and out, an even output height and width, and either
+    stride 1, float32 or float64 (graphc.backends.cpu.conv_winograd `_applies`), or stride 2,
+    padding 1, float32, at most MAX_STRIDE_2_CHANNELS channels in and out (conv_polyphase
+    `_applies`; on a host without its GEMM the lowering sums in a walk of its own)."""
     x, w = conv.inputs
     y = conv.outputs[0]
     if x.type.is_symbolic or y.type.ndim != 4 or y.type.dtype not in (float32, float64):
         return False
     o, c, kh, kw = w.type.shape
-    return ((kh, kw) == (3, 3) and tuple(conv.attrs["stride"]) == (1, 1)
+    stride = tuple(conv.attrs["stride"])
+    stride_2 = (stride == (2, 2) and tuple(conv.attrs["padding"]) == (1, 1)
+                and y.type.dtype == float32 and max(o, c) <= MAX_STRIDE_2_CHANNELS)
+    return ((kh, kw) == (3, 3) and (stride == (1, 1) or stride_2)
             and tuple(conv.attrs["dilation"]) == (1, 1) and conv.attrs["groups"] == 1
             and min(o, c) >= MIN_CHANNELS and y.type.shape[2] % 2 == 0
             and y.type.shape[3] % 2 == 0 and y.type.shape[0] > 0)

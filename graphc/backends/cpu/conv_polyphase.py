@@ -22,7 +22,9 @@ The kernel, per block of images (BLOCK_TILES output blocks or more, as conv_wino
   bits, 0-0.9 ms a kernel faster), else through a zero-padded copy of each channel plane;
 - the 25 GEMMs in one call of winograd_gemm's generated function;
 - output transform: each output block's 2x2 values, the four phases' A^T M A added in a
-  fixed order.
+  fixed order; for `conv2d_channel_sums` (graphc.backends.cpu.conv_channel_sums) also each
+  image's and channel's shifted sums of the plane it has just written
+  (winograd_transforms.add_plane_sums), for the batch norm after the convolution.
 On more than one core the blocks are split over the threads (conv_threads, as
 conv_winograd's: each share its own padded plane, V and M; U made once); a kernel whose
 batch is one block forks its filter transform and its 25 GEMMs instead.
@@ -66,7 +68,7 @@ from graphc.backends.cpu.image_kernels import (
 )
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import F32, I32, i64, loop
-from graphc.backends.cpu.winograd_transforms import combine, pad_plane, spaced
+from graphc.backends.cpu.winograd_transforms import add_plane_sums, combine, pad_plane, spaced
 from graphc.types import float32
 
 __all__ = ["ENABLED", "MIN_CHANNELS", "POSITIONS", "conv2d", "conv2d_input_grad",
@@ -158,14 +160,16 @@ def _applies(g, dt) -> bool:
             and max(g.c, g.o) <= winograd_gemm.MAX_K and g.ho % 2 == 0 and g.wo % 2 == 0)
 
 
-def conv2d(lw, node, g, x, w, out) -> bool:
-    """out = conv2d(x, w) by polyphase Winograd (see the module docstring), or False."""
+def conv2d(lw, node, g, x, w, out, sums=None) -> bool:
+    """out = conv2d(x, w) by polyphase Winograd (see the module docstring), or False. `sums`
+    (a Loc: float64 [N, 3, O], conv2d_channel_sums' second output): also each image's and
+    channel's shifted sums of out, added by the output transform (add_plane_sums)."""
     if not _applies(g, x.type.dtype):
         return False
     th, tw = g.ho // 2, g.wo // 2
     p = _Pass(False, PHASES, g.c, g.o, (g.h, g.w), (g.ho, g.wo), (th, tw),
               (4 * th + 1, 4 * tw + 1), (1, 1), 4, 5)
-    return _polyphase(lw, node, g, x, w, out, p)
+    return _polyphase(lw, node, g, x, w, out, p, sums)
 
 
 def conv2d_input_grad(lw, node, g) -> bool:
@@ -182,7 +186,7 @@ def conv2d_input_grad(lw, node, g) -> bool:
     return _polyphase(lw, node, g, lw.locs[gy], lw.locs[w], lw.locs[node.outputs[0]], p)
 
 
-def _polyphase(lw, node, g, src, w, out, p: _Pass) -> bool:
+def _polyphase(lw, node, g, src, w, out, p: _Pass, sums=None) -> bool:
     dt = src.type.dtype
     ci, co = g.c, g.o
     th, tw = p.tiles_hw
@@ -205,12 +209,16 @@ def _polyphase(lw, node, g, src, w, out, p: _Pass) -> bool:
         macs = g.n * co * ci * 9 * g.ho * g.wo if units else None
         split = plan_split(lw, dt, shapes, units, macs, shared=[(POSITIONS, u_step)])
         temps = workspace(lw, dt, (POSITIONS, u_step), *shapes) if split is None else \
-            split.shared + split.locs + [split.control]
-        locs = [src, w, dst] + temps
+            split.shared + split.locs
+        # the sums (if any) after the temporaries, the split's control last (ids[-1])
+        sums_i = None if sums is None else 3 + len(temps)
+        locs = [src, w, dst] + temps + ([] if sums is None else [sums]) + \
+            ([] if split is None else [split.control])
         # not split over images (one block: 256 -> 512 channels at 8x8, batch 32): the
         # filter transform in a forked kernel of its own first, the 25 GEMMs forked
         alone = split is None and kernels.forks(lw.openmp, POSITIONS * co * ci)
-        recipe = (g.key(), p.grad, split is not None, alone)
+        recipe = (g.key(), p.grad, split is not None, alone) + \
+            (() if sums is None else ("sums",))
         kb, ids = image_kernel(lw, "conv2d_polyphase" + ("_input_grad" if p.grad else ""),
                                locs, recipe)
         si, wi, oi, ui, pi, vi, mi = ids[:7]
@@ -238,7 +246,8 @@ def _polyphase(lw, node, g, src, w, out, p: _Pass) -> bool:
             if p.grad:
                 _phases_out(b, kb, dt, (n0, count), mi, m_step, p, oi, ld)
             else:
-                _output_transform(b, kb, dt, (n0, count), mi, m_step, co, oi, p.out_hw, ld)
+                _output_transform(b, kb, dt, (n0, count), mi, m_step, co, oi, p.out_hw, ld,
+                                  sums_i)
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
         lw.calls.append(called_kernel(lw, kb.finish(b), split, prelude=prelude))
@@ -405,14 +414,15 @@ def _phase_sum(b, dt, m_of):
     return total
 
 
-def _output_transform(b, kb, dt, images, mi, m_step, co, oi, out_hw, ld) -> None:
+def _output_transform(b, kb, dt, images, mi, m_step, co, oi, out_hw, ld, sums=None) -> None:
     """out[n0 + j, o] (NCHW, contiguous) of every output block: the sum over the phases of
     A^T M A, in phase order (`_phase_sum`); planes of LANES blocks or a whole fraction of it
-    by `_output_by_vectors`."""
+    by `_output_by_vectors`. `sums` (a kernel argument's id, or None): each plane's shifted
+    sums added right after it is written (add_plane_sums)."""
     n0, count = images
     th, tw = out_hw[0] // 2, out_hw[1] // 2
     if LANES % (th * tw) == 0 and ld % LANES == 0:
-        return _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld)
+        return _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums)
     plane = out_hw[0] * out_hw[1]
     with block_images(b, count) as j, loop(b, 0, co, "co") as o:
         row_m = iadd(b, imul(b, o, ld), imul(b, j, th * tw))
@@ -424,9 +434,12 @@ def _output_transform(b, kb, dt, images, mi, m_step, co, oi, out_hw, ld) -> None
             for r in range(2):
                 for s in range(2):
                     kb.store(b, oi, iadd(b, at, r * out_hw[1] + s), total[r][s])
+        if sums is not None:
+            add_plane_sums(b, kb, dt, oi, base, base, plane, sums, iadd(b, n0, j), o, co,
+                           first=True)
 
 
-def _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld) -> None:
+def _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums=None) -> None:
     """_output_transform for small planes (ResNet-18's 256 -> 512 layer: 4x4 outputs, 4
     blocks an image), LANES blocks at once: each position's LANES sums one vector load along
     M's row, the phases' sum on vectors, the 2x2 outputs of every block shuffled into whole
@@ -455,6 +468,9 @@ def _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld) -> None:
             values = b.shuffle_vector(every, ir.Constant(every.type, ir.Undefined), mask)
             out_at = imul(b, iadd(b, imul(b, iadd(b, first, k), co), o), plane)
             b.store(values, kb.pointer(b, oi, out_at), align=4)
+            if sums is not None:
+                add_plane_sums(b, kb, float32, oi, out_at, out_at, plane, sums,
+                               iadd(b, first, k), o, co, first=True)
 
 
 def _concatenated(b, vectors: list):
