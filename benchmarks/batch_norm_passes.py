@@ -36,11 +36,12 @@ kernels by op list).
 and as one `batch_norm_relu` (graphc.passes.batch_norm_relu: "fused"), each compiled once,
 called natively in alternated rounds as above.
 
-`--conv-sums`: per layer, the 3x3 convolution (C -> C, padding 1: the Winograd kernel) alone
-and followed by its `batch_norm_relu`, each with the statistics walked by the batch norm
-("walk") and summed by the convolution's output transform (graphc.passes.conv_channel_sums:
-"in conv"), compiled once, called natively in alternated rounds as above; the pairs checked
-to agree within rounding first.
+`--conv-sums`: per layer, the 3x3 convolution (C -> C, padding 1: the Winograd kernel; and the
+three stride-2 ones, C -> 2C: the polyphase kernel) alone and followed by its
+`batch_norm_relu`, each with the statistics walked by the batch norm ("walk") and summed by
+the convolution's output transform (graphc.passes.conv_channel_sums: "in conv"), compiled
+once, called natively in alternated rounds as above; the pairs checked to agree within
+rounding first.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from contextlib import contextmanager
 import numpy as np
 
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
+STRIDE_2_LAYERS = ((64, 32), (128, 16), (256, 8))  # (channels in, input side): C -> 2C, stride 2
 # graphc.backends.cpu.batch_norm's settings per variant
 VARIANTS = {"by-channel": {"IMAGE_ORDER": False},
             "no-prefetch": {"PREFETCH": False, "CHANNEL_BLOCK_BYTES": None},
@@ -233,26 +235,29 @@ def relu_speed(root: str, rounds: int) -> list[str]:
     return lines
 
 
-def conv_sums_graph(shape: tuple, with_bn: bool, in_conv: bool):
-    """conv2d (3x3, padding 1, C -> C) [then batch_norm_relu], the conv output returned too;
-    `in_conv`: after graphc.passes.conv_channel_sums (alone: conv2d_channel_sums)."""
+def conv_sums_graph(shape: tuple, with_bn: bool, in_conv: bool, stride: int = 1):
+    """conv2d (3x3, padding 1, C -> C; stride 2: C -> 2C) [then batch_norm_relu], the conv
+    output returned too; `in_conv`: after graphc.passes.conv_channel_sums (alone:
+    conv2d_channel_sums)."""
     from graphc.ir import parse
     from graphc.passes.conv_channel_sums import fuse_conv_channel_sums
 
-    n, c = shape[:2]
-    t, p, m = "f32[" + ",".join(map(str, shape)) + "]", f"f32[{c}]", "bool" + \
-        "[" + ",".join(map(str, shape)) + "]"
-    conv = "conv2d[stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1](%x, %k)"
+    n, ci, side = shape[0], shape[1], shape[2]
+    c, so = ci * stride, side // stride
+    t_in = "f32[" + ",".join(map(str, shape)) + "]"
+    t, p, m = f"f32[{n},{c},{so},{so}]", f"f32[{c}]", f"bool[{n},{c},{so},{so}]"
+    conv = (f"conv2d[stride=({stride}, {stride}), padding=(1, 1), dilation=(1, 1), "
+            "groups=1](%x, %k)")
     if not with_bn:
         op = "conv2d_channel_sums" if in_conv else "conv2d"
         outs = f"%0: {t}, %s: f64[{n},3,{c}]" if in_conv else f"%0: {t}"
         rets = ("%0, %s", f"{t}, f64[{n},3,{c}]") if in_conv else ("%0", t)
-        return parse(f"""graph @conv(%x: {t}, %k: f32[{c},{c},3,3]) -> ({rets[1]}) {{
+        return parse(f"""graph @conv(%x: {t_in}, %k: f32[{c},{ci},3,3]) -> ({rets[1]}) {{
           {outs} = {op}{conv[6:]}
           return ({rets[0]})
         }}""")
-    graph = parse(f"""graph @conv_bn(%x: {t}, %k: f32[{c},{c},3,3], %w: {p}, %b: {p}, %m: {p},
-        %v: {p}) -> ({t}, {m}, {p}, {p}, {t}) {{
+    graph = parse(f"""graph @conv_bn(%x: {t_in}, %k: f32[{c},{ci},3,3], %w: {p}, %b: {p},
+        %m: {p}, %v: {p}) -> ({t}, {m}, {p}, {p}, {t}) {{
       %0: {t} = {conv}
       %1: {t}, %2: {m}, %3: {p}, %4: {p} = batch_norm_relu[training=true, eps=1e-05](%0, %w,
           %b, %m, %v)
@@ -270,17 +275,19 @@ def conv_sums_speed(root: str, rounds: int) -> list[str]:
     lines = ["| layer (N = 32) | conv, walk | conv, in conv | conv + bn, walk | "
              "conv + bn, in conv | saved |", "|---|---|---|---|---|---|"]
     rng = np.random.default_rng(3)
-    for channels, side in LAYERS:
+    layers = [(c, side, 1) for c, side in LAYERS] + [(c, side, 2) for c, side in STRIDE_2_LAYERS]
+    for channels, side, stride in layers:
         shape = (32, channels, side, side)
         x = rng.standard_normal(shape).astype(np.float32)
-        k = (rng.uniform(-1, 1, (channels, channels, 3, 3)) / np.sqrt(9 * channels)).astype(
+        co = channels * stride
+        k = (rng.uniform(-1, 1, (co, channels, 3, 3)) / np.sqrt(9 * channels)).astype(
             np.float32)
-        params = [rng.uniform(0.5, 2, channels).astype(np.float32) for _ in range(4)]
+        params = [rng.uniform(0.5, 2, co).astype(np.float32) for _ in range(4)]
         calls, results = [], []
         for with_bn in (False, True):
             for in_conv in (False, True):
                 os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, f"{with_bn}{in_conv}")
-                graph = conv_sums_graph(shape, with_bn, in_conv)
+                graph = conv_sums_graph(shape, with_bn, in_conv, stride)
                 plan_buffers(graph)
                 executable = CpuExecutable(graph)
                 args = [x, k] + (params if with_bn else [])
@@ -299,7 +306,9 @@ def conv_sums_speed(root: str, rounds: int) -> list[str]:
                     count += 1
                 times[j].append((time.process_time() - start) / count)
         med = [statistics.median(t) for t in times]
-        lines.append(f"| {channels} channels, {side}x{side} | " +
+        name = f"{channels} channels, {side}x{side}" if stride == 1 else \
+            f"{channels} -> {co}, stride 2, {side}x{side}"
+        lines.append(f"| {name} | " +
                      " | ".join(f"{m * 1e3:.3f} ms" for m in med) +
                      f" | {(med[2] - med[3]) * 1e3:.3f} ms |")
     return lines
