@@ -215,7 +215,27 @@ class _Block(nn.Module):
         return self.head(y.reshape(x.shape[0], -1))
 
 
-def _steps(fuse: bool, monkeypatch, calls=3):
+class _DownBlock(nn.Module):
+    """A downsample block: conv(stride 2)-bn-relu, conv-bn, + the shortcut's conv 1x1 (stride 2)
+    and bn, made after the body's second batch norm, relu; then a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(4, 8, 3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.short = nn.Conv2d(4, 8, 1, stride=2, bias=False)
+        self.bn_s = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8 * 3 * 3, 3)
+
+    def forward(self, x):
+        y = self.bn1(self.conv1(x)).relu()
+        y = (self.bn2(self.conv2(y)) + self.bn_s(self.short(x))).relu()
+        return self.head(y.reshape(x.shape[0], -1))
+
+
+def _steps(fuse: bool, monkeypatch, calls=3, make_model=_Block):
     monkeypatch.setattr(module, "FUSE", fuse)
     fused_nodes = []
     real = module.fuse_batch_norm_relu
@@ -227,7 +247,7 @@ def _steps(fuse: bool, monkeypatch, calls=3):
 
     monkeypatch.setattr(module, "fuse_batch_norm_relu", spy)
     graphc.manual_seed(0)
-    model = _Block()
+    model = make_model()
     opt = graphc.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     def train(x, y):
@@ -242,16 +262,25 @@ def _steps(fuse: bool, monkeypatch, calls=3):
     x = graphc.tensor(rng.standard_normal((5, 4, 6, 6)).astype(np.float32))
     y = graphc.tensor(rng.integers(0, 3, 5))
     losses = [step(x, y).detach().numpy() for _ in range(calls)]
-    # the block's two ReLUs, the second with its residual
+    # the block's two ReLUs, the second with its residual (a downsample block's: the body's
+    # batch norm takes it, at the ReLU's place)
     assert len(fused_nodes) == (2 if fuse else 0)
-    return losses, [p.detach().numpy().copy() for p in model.parameters()]
+    if fuse and make_model is _DownBlock:
+        (with_residual,) = [n for n in fused_nodes if len(n.inputs) == 6]
+        assert with_residual.inputs[1].name.endswith("bn2.weight"), with_residual.inputs[1]
+    buffers = [b.detach().numpy().copy() for b in model.buffers()]
+    return losses, [p.detach().numpy().copy() for p in model.parameters()] + buffers
 
 
-def test_a_training_step_is_the_same_bits_with_and_without_the_pass(monkeypatch, tmp_path):
+@pytest.mark.parametrize("make_model", [_Block, _DownBlock], ids=["block", "downsample"])
+def test_a_training_step_is_the_same_bits_with_and_without_the_pass(make_model, monkeypatch,
+                                                                     tmp_path):
+    """Losses, parameters and running statistics (a downsample block's body batch norm fused
+    at the ReLU's place, its running-statistics updates moved behind it)."""
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "fused"))
-    fused = _steps(True, monkeypatch)
+    fused = _steps(True, monkeypatch, make_model=make_model)
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "plain"))
-    plain = _steps(False, monkeypatch)
+    plain = _steps(False, monkeypatch, make_model=make_model)
     for got, want in zip(fused[0] + fused[1], plain[0] + plain[1]):
         _assert_same_bits([got], [want])
 
