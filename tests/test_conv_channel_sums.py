@@ -18,6 +18,7 @@ pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvm
 import graphc  # noqa: E402
 from graphc import nn  # noqa: E402
 from graphc.backends.cpu import (  # noqa: E402
+    conv_few_channels,
     conv_polyphase,
     conv_threads,
     conv_winograd,
@@ -112,7 +113,8 @@ def test_the_pass_gives_the_batch_norm_its_convolutions_sums():
     {"stride": 2, "hw": 9},        # stride 2, an odd output plane: not the polyphase form
     {"stride": 2, "hw": 8, "pad": 0},  # stride 2 without padding: not the polyphase form
     {"stride": 2, "hw": 8, "dtype": "f64"},  # the polyphase kernel is float32 only
-    {"c": 8},                      # fewer channels than the Winograd kernel takes
+    {"c": 12},                     # fewer channels than Winograd takes, more than few
+    {"c": 3, "dtype": "f64"},      # the few-channel kernel is float32 only
     {"hw": 7},                     # an odd output plane
     {"training": "false"},         # eval mode: the running statistics, no sums
 ])
@@ -130,6 +132,7 @@ def test_a_symbolic_graph_stays_apart():
 def test_the_pass_and_the_kernels_agree_on_the_channel_counts():
     assert module.MIN_CHANNELS == conv_winograd.MIN_CHANNELS == conv_polyphase.MIN_CHANNELS
     assert module.MAX_STRIDE_2_CHANNELS == winograd_gemm.MAX_K
+    assert module.FEW_CHANNELS == conv_few_channels.MAX_CHANNELS
 
 
 def test_merged_statistics_equal_the_two_pass_ones_in_float64():
@@ -277,6 +280,45 @@ def test_the_polyphase_transforms_sums(shape, residual):
                        _eager(arrays, residual=residual, stride=2),
                        _float64_run(arrays, residual=residual, stride=2)):
         assert_rounding_within(g, e, w)
+
+
+# The few-channel kernel's (graphc.backends.cpu.conv_few_channels): ResNet-18's stem, and
+# planes of one and eight channels in, an odd row width
+FEW = [{"n": 3, "c": 3, "o": 64, "hw": 32}, {"n": 2, "c": 8, "o": 16, "hw": 16},
+       {"n": 5, "c": 1, "o": 24, "hw": 17}]
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("shape", FEW, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_the_few_channel_kernels_sums(shape, residual):
+    """The stem's batch norm takes the sums the few-channel kernel adds after each image's
+    tiles: equal to the reference kernel's of the compiled conv output; the results within
+    2x eager graphc's distance from float64."""
+    graph = fuse_conv_channel_sums(parse(_graph(**shape, residual=residual)))
+    assert [n.op for n in graph.nodes] == ["conv2d_channel_sums", "batch_norm_relu"]
+    ir_text = _compiled(graph).lowered.ir_text
+    assert "conv2d_few_channels" in ir_text and '@"conv2d_channel_sums' not in ir_text
+    arrays = _arrays(**shape, seed=sum(shape.values()))
+    got = _sums_of(graph, arrays)
+    want = image_sums(got[-1])
+    np.testing.assert_array_equal(got[0][:, 0], want[:, 0])
+    np.testing.assert_allclose(got[0], want, rtol=1e-12, atol=1e-9)
+    for g, e, w in zip([got[1], got[3], got[4], got[5]], _eager(arrays, residual=residual),
+                       _float64_run(arrays, residual=residual)):
+        assert_rounding_within(g, e, w)
+
+
+@pytest.mark.skipif(ALL_CORES < 2, reason="one core (or a BLAS whose thread count cannot be "
+                    "held): the few-channel kernel's images are never split")
+def test_the_few_channel_sums_are_the_same_bits_on_two_threads(monkeypatch):
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(pool, "POOL_MIN_SPLIT_TAPS", 0)
+    graph = fuse_conv_channel_sums(parse(_graph(**FEW[0])))
+    arrays = _arrays(**FEW[0], seed=9)
+    assert _compiled(parse(str(graph)), ALL_CORES).lowered.ir_text.count(".split") >= 2
+    for got, want in zip(_sums_of(graph, arrays, ALL_CORES), _sums_of(graph, arrays, 1)):
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
+                                      np.asarray(want).view(np.uint8))
 
 
 @pytest.mark.skipif(ALL_CORES < 2, reason="one core (or a BLAS whose thread count cannot be "

@@ -201,7 +201,8 @@ def test_every_stride_1_batch_norm_of_resnet18_takes_its_convolutions_sums(tmp_p
     compiled = graphc.compile(step, backend="cpu")
     compiled(graphc.randn(2, 3, 16, 16), graphc.tensor(np.zeros(2, np.int64)))
     ops = [node.op for node in compiled.optimized_graph.nodes]
-    # 20 batch norms: the stem's and the 3 shortcuts' have no Winograd convolution before
-    # them; the other 13 (stride 1) and the 3 after stride-2 convolutions (polyphase) do
-    assert ops.count("conv2d_channel_sums") == 16, (ops.count("conv2d_channel_sums"),
+    # 20 batch norms: the 3 shortcuts' (1x1) have no convolution that sums before them; the
+    # other 13 stride-1 3x3 (Winograd), the 3 after stride-2 convolutions (polyphase) and
+    # the stem's (the few-channel kernel) do
+    assert ops.count("conv2d_channel_sums") == 17, (ops.count("conv2d_channel_sums"),
                                                     ops.count("batch_norm"))

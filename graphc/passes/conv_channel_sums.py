@@ -56,6 +56,9 @@ FUSE = True  # False: the pass leaves every graph as it is (benchmarks' A/B)
 # MAX_K); tests/test_conv_channel_sums.py checks they agree
 MIN_CHANNELS = 16
 MAX_STRIDE_2_CHANNELS = 512
+# the few-channel kernel's most input channels (graphc.backends.cpu.conv_few_channels.
+# MAX_CHANNELS: ResNet's stem, 3 -> 64)
+FEW_CHANNELS = 8
 
 
 def winograd_form(conv: Node) -> bool:
@@ -64,7 +67,9 @@ def winograd_form(conv: Node) -> bool:
     least MIN_CHANNELS channels in and out, an even output height and width, and either
     stride 1, float32 or float64 (graphc.backends.cpu.conv_winograd `_applies`), or stride 2,
     padding 1, float32, at most MAX_STRIDE_2_CHANNELS channels in and out (conv_polyphase
-    `_applies`; on a host without its GEMM the lowering sums in a walk of its own)."""
+    `_applies`; on a host without its GEMM the lowering sums in a walk of its own); or, by
+    the few-channel kernel (conv_few_channels), a float32 stride-1 one of at most
+    FEW_CHANNELS input channels, any output plane."""
     x, w = conv.inputs
     y = conv.outputs[0]
     if x.type.is_symbolic or y.type.ndim != 4 or y.type.dtype not in (float32, float64):
@@ -73,10 +78,13 @@ def winograd_form(conv: Node) -> bool:
     stride = tuple(conv.attrs["stride"])
     stride_2 = (stride == (2, 2) and tuple(conv.attrs["padding"]) == (1, 1)
                 and y.type.dtype == float32 and max(o, c) <= MAX_STRIDE_2_CHANNELS)
-    return ((kh, kw) == (3, 3) and (stride == (1, 1) or stride_2)
-            and tuple(conv.attrs["dilation"]) == (1, 1) and conv.attrs["groups"] == 1
-            and min(o, c) >= MIN_CHANNELS and y.type.shape[2] % 2 == 0
-            and y.type.shape[3] % 2 == 0 and y.type.shape[0] > 0)
+    if ((kh, kw) != (3, 3) or tuple(conv.attrs["dilation"]) != (1, 1)
+            or conv.attrs["groups"] != 1 or y.type.shape[0] == 0):
+        return False
+    if stride == (1, 1) and c <= FEW_CHANNELS and y.type.dtype == float32:
+        return True
+    return ((stride == (1, 1) or stride_2) and min(o, c) >= MIN_CHANNELS
+            and y.type.shape[2] % 2 == 0 and y.type.shape[3] % 2 == 0)
 
 
 def fuse_conv_channel_sums(graph: Graph) -> Graph:

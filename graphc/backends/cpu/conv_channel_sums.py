@@ -5,11 +5,12 @@ batch norm after it (graphc.backends.cpu.batch_norm reads them instead of walkin
 
 The Winograd kernel (graphc.backends.cpu.conv_winograd) adds the sums in its output transform,
 from the rows each part just wrote (in L1), and so does the stride-2 polyphase kernel
-(graphc.backends.cpu.conv_polyphase) from each plane it just wrote; the pass only makes the
-op for convolutions of those forms (graphc.passes.conv_channel_sums.winograd_form). Any other
-(a form the kernels decline after all) is lowered as conv2d, then a kernel that walks out
-once for the sums (`_sums_kernel`), by the same per-plane code: correct, and no faster than
-the batch norm's own statistics walk.
+(graphc.backends.cpu.conv_polyphase) from each plane it just wrote, and the few-channel kernel
+(graphc.backends.cpu.conv_few_channels: the stem) from each image's planes while they are in
+cache; the pass only makes the op for convolutions of those forms (graphc.passes.
+conv_channel_sums.winograd_form). Any other (a form the kernels decline after all) is lowered
+as conv2d, then a kernel that walks out once for the sums (`_sums_kernel`), by the same
+per-plane code: correct, and no faster than the batch norm's own statistics walk.
 
 Invariants: each image's sums are one thread's, added in one order fixed by the code, so the
 result is the same bits on any number of threads.
@@ -17,7 +18,7 @@ result is the same bits on any number of threads.
 
 from __future__ import annotations
 
-from graphc.backends.cpu import conv, conv_polyphase, conv_winograd
+from graphc.backends.cpu import conv, conv_few_channels, conv_polyphase, conv_winograd
 from graphc.backends.cpu.conv_im2col import Geometry
 from graphc.backends.cpu.image_kernels import (
     called_kernel,
@@ -46,7 +47,8 @@ def conv2d_channel_sums(lw, node: Node) -> None:
                  tuple(attrs["dilation"]))
     out = lw.locs[out_v]
     with contiguous_out(lw, lw.locs[sums_v]) as sums:
-        if conv_winograd.conv2d(lw, node, g, x, w, out, sums) or \
+        if conv_few_channels.conv2d(lw, node, g, x, w, out, None, sums) is not None or \
+                conv_winograd.conv2d(lw, node, g, x, w, out, sums) or \
                 conv_polyphase.conv2d(lw, node, g, x, w, out, sums):
             return
         conv.conv2d(lw, node, x, w, out, attrs)

@@ -21,7 +21,10 @@ The kernel, per image (split over the cores by images, graphc.backends.cpu.conv_
 - a bias (a fused `add` of a per-channel vector: the conv2d case) is added in the
   registers after the last tap, so every output element is stored once, as the sum
   conv + bias (the same rounding as the separate add); any other fused epilogue runs per
-  image after its tiles, while the image is in cache (graphc.backends.cpu.conv_epilogue).
+  image after its tiles, while the image is in cache (graphc.backends.cpu.conv_epilogue);
+  for `conv2d_channel_sums` (graphc.backends.cpu.conv_channel_sums) each of the image's
+  planes' shifted sums are added there too (winograd_transforms.add_plane_sums), for the
+  batch norm after the convolution.
 
 The weight gradient of the same convolutions: graphc.backends.cpu.conv_few_channels_grad.
 
@@ -48,6 +51,7 @@ from graphc.backends.cpu.image_kernels import (
     imul,
 )
 from graphc.backends.cpu.values import F32, I64, i64, loop
+from graphc.backends.cpu.winograd_transforms import add_plane_sums
 from graphc.types import float32
 
 __all__ = ["MAX_CHANNELS", "MAX_TAPS", "Tiling", "accumulators", "conv2d", "fma", "tiling_for"]
@@ -151,18 +155,20 @@ def bias_operand(epilogue, fused, g) -> int | None:
     return k
 
 
-def conv2d(lw, node, g, x, w, out, epilogue) -> bool | None:
+def conv2d(lw, node, g, x, w, out, epilogue, sums=None) -> bool | None:
     """out = conv2d(x, w) by register tiles (None: not this path's node); `epilogue` as in
-    conv.conv2d (a fused body to apply; returns whether it did)."""
+    conv.conv2d (a fused body to apply; returns whether it did). `sums` (a Loc: float64
+    [N, 3, O], conv2d_channel_sums' second output; no epilogue then): also each image's and
+    channel's shifted sums of out, added after the image's tiles (add_plane_sums)."""
     dt = x.type.dtype
     t = tiling_for(g, dt)
     if t is None:
         return None
     with contiguous_out(lw, out) as dst:
-        return _build(lw, g, t, x, w, dst, epilogue)
+        return _build(lw, g, t, x, w, dst, epilogue, sums)
 
 
-def _build(lw, g, t: Tiling, x, w, out, epilogue) -> bool:
+def _build(lw, g, t: Tiling, x, w, out, epilogue, sums=None) -> bool:
     dt = x.type.dtype
     xs = image_strides(x)
     w = contiguous_in(lw, w)
@@ -170,8 +176,10 @@ def _build(lw, g, t: Tiling, x, w, out, epilogue) -> bool:
     hp, wp = g.h + 2 * ph, g.w + 2 * pw
     plane = g.c * hp * wp
     split, temps = temporaries(lw, dt, [(plane,)], g.n, g.n * g.o * g.k * g.p)
-    kb, ids = image_kernel(lw, "conv2d_few_channels", [x, w, out] + temps)
-    xi, wi, oi, pi = ids[:4]
+    kb, ids = image_kernel(lw, "conv2d_few_channels",
+                           [x, w, out] + ([] if sums is None else [sums]) + temps)
+    xi, wi, oi = ids[:3]
+    si, pi = (None, ids[3]) if sums is None else ids[3:5]
     fused, extra, bias = None, None, None
     if epilogue is not None:
         from graphc.backends.cpu.conv_epilogue import epilogue_operands
@@ -181,7 +189,7 @@ def _build(lw, g, t: Tiling, x, w, out, epilogue) -> bool:
         if bias is not None:  # the sum conv + bias goes straight into the node's output
             oi = fused[1][0][1]
     kb.recipe = ("conv2d", ("few_channels", g.key(), astuple(t), split is not None, extra,
-                            bias is not None),
+                            bias is not None, sums is not None),
                  tuple((op.loc.type, op.loc.strides) for op in kb.operands))
     b = kb.begin()
     if b is None:  # built before for a node of the same geometry
@@ -199,6 +207,10 @@ def _build(lw, g, t: Tiling, x, w, out, epilogue) -> bool:
                 kb.store(b, pi, b.add(dst, q),
                          kb.load(b, xi, b.add(src, imul(b, q, xs[3]))))
         tiles.image(b, n)
+        if si is not None:  # the image's output is still in cache: its planes' sums
+            with loop(b, 0, g.o, "so") as o:
+                at = imul(b, iadd(b, imul(b, n, g.o), o), g.ho * g.wo)
+                add_plane_sums(b, kb, dt, oi, at, at, g.ho * g.wo, si, n, o, g.o, first=True)
         if fused is not None and bias is None:  # the image's output is still in cache
             from graphc.backends.cpu.conv_epilogue import apply_epilogue
 
