@@ -122,6 +122,17 @@ def test_the_key_covers_what_changes_the_result(cache_root, monkeypatch):
                              cache_root), name
 
 
+def test_the_key_covers_the_thread_counts_the_kernels_are_built_for(cache_root, monkeypatch):
+    """A kernel's split over the cores is decided when it is lowered, so an executable built
+    in a one-thread process (`benchmarks.run --threads 1`) must not serve a two-thread one:
+    it once did, and the two-thread table ran ResNet-18 and conv2d at one thread's speed."""
+    from graphc.backends.cpu import threads
+
+    most = threads.most_threads()
+    assert _misses_after(lambda: monkeypatch.setattr(threads, "most_threads", lambda: most + 1),
+                         monkeypatch, cache_root)
+
+
 def test_another_graph_or_pipeline_misses(cache_root, monkeypatch):
     from graphc.passes import default_passes
     from graphc.passes.plan import plan_buffers

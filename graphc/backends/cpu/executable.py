@@ -213,14 +213,19 @@ class CpuExecutable:
     @staticmethod
     def toolchain(graph: Graph) -> str | None:
         """What the compiled code depends on besides graphc's source and the traced graph
-        (the pipeline key's `toolchain`): the host target, llvmlite and LLVM, and the BLAS
-        when the graph calls one; None for a graph this cache does not serve (collectives:
-        their symbols are registered by the lowering, which a cached executable skips)."""
+        (the pipeline key's `toolchain`): the host target, llvmlite and LLVM, the most threads
+        the kernels are built for (a kernel's split over the cores is decided when it is
+        lowered: an executable compiled under `--threads 1` must not serve a two-thread
+        process; `image_threads` follows from it and the BLAS, and is not read here because
+        it changes once the BLAS is loaded), and the BLAS when the graph calls one; None for a graph this cache does not
+        serve (collectives: their symbols are registered by the lowering, which a cached
+        executable skips)."""
         if any(n.op in COLLECTIVE_OPS for n in graph.nodes):
             return None
         host = llvm.host_target()
         parts = [host.triple, host.cpu, host.features, llvmlite.__version__,
-                 ".".join(map(str, llvm_binding.llvm_version_info))]
+                 ".".join(map(str, llvm_binding.llvm_version_info)),
+                 f"threads {threads.most_threads()}"]
         if any(_uses_gemm(n) for n in graph.nodes):
             blas = resolve_blas()
             parts.append(f"blas {blas.path} ilp64={blas.ilp64} gemv={bool(blas.sgemv)}")
