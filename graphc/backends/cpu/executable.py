@@ -217,9 +217,9 @@ class CpuExecutable:
         the kernels are built for (a kernel's split over the cores is decided when it is
         lowered: an executable compiled under `--threads 1` must not serve a two-thread
         process; `image_threads` follows from it and the BLAS, and is not read here because
-        it changes once the BLAS is loaded), and the BLAS when the graph calls one; None for a graph this cache does not
-        serve (collectives: their symbols are registered by the lowering, which a cached
-        executable skips)."""
+        it changes once the BLAS is loaded), and the BLAS when the graph calls one; None for
+        a graph this cache does not serve (collectives: their symbols are registered by the
+        lowering, which a cached executable skips)."""
         if any(n.op in COLLECTIVE_OPS for n in graph.nodes):
             return None
         host = llvm.host_target()
