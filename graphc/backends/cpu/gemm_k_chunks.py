@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from graphc.backends.cpu.gemm_panels import counted
+from graphc.backends.cpu.gemm_panels import counted, two_pointer_function
 from graphc.backends.cpu.kernels import KernelBuilder
-from graphc.backends.cpu.values import F32, PTR, Loc, i64
+from graphc.backends.cpu.values import F32, Loc, i64
 
 __all__ = ["merge"]
 
@@ -49,15 +49,9 @@ def merge(lw, partials: Loc, c: Loc, count: int, lanes: int) -> None:
 def _merge_function(cg, count: int, elements: int, lanes: int) -> ir.Function:
     """void(ptr partials, ptr c): c[i] = ((p0[i] + p1[i]) + ...), p_j `elements` floats on."""
     name = f"graphc_gemm_k_merge_{count}x{elements}_v{lanes}"
-    existing = cg.module.globals.get(name)
-    if existing is not None:
-        return existing
-    fn = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR, PTR]), name)
-    for arg in fn.args:
-        arg.add_attribute("noalias")
-    fn.attributes.add("nounwind")
-    fn.attributes.add("noinline")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    fn, b = two_pointer_function(cg, name)
+    if b is None:
+        return fn
     partials, c = fn.args
     vec = ir.VectorType(F32, lanes)
     with counted(b, elements // lanes, "merge") as i:

@@ -24,7 +24,7 @@ from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop
 from graphc.types import TensorType
 
 __all__ = ["PANEL_MAJOR_B", "copy_columns", "copy_transposed", "count_loop", "counted", "pack",
-           "transposed"]
+           "transposed", "two_pointer_function"]
 
 # a medium product's b copied panel-major into scratch first (one copy before the row
 # chunks; `SmallGemm.b_panels`): each tile then reads its panel's rows one after another.
@@ -54,20 +54,28 @@ def pack(lw, tile, b: Loc, sb: list) -> tuple:
     return replace(tile, ldb=width, b_panels=True), panels, [width, 1]
 
 
-def _pack_function(cg, k: int, n: int, width: int, lanes: int, sb: list) -> ir.Function:
-    """void(ptr b, ptr panels): b [k, n] (element strides sb) copied panel-major."""
-    transposed_b = sb[-1] != 1
-    name = f"graphc_gemm_panels_{k}x{n}_w{width}x{lanes}_" + (
-        f"bt{sb[-1]}" if transposed_b else f"b{sb[-2]}")
+def two_pointer_function(cg, name: str) -> tuple[ir.Function, ir.IRBuilder | None]:
+    """`void name(ptr noalias, ptr noalias)` (nounwind, noinline) new in cg's module with a
+    builder at its entry, or (the function the module already has, None)."""
     existing = cg.module.globals.get(name)
     if existing is not None:
-        return existing
+        return existing, None
     fn = ir.Function(cg.module, ir.FunctionType(ir.VoidType(), [PTR, PTR]), name)
     for arg in fn.args:
         arg.add_attribute("noalias")
     fn.attributes.add("nounwind")
     fn.attributes.add("noinline")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+
+
+def _pack_function(cg, k: int, n: int, width: int, lanes: int, sb: list) -> ir.Function:
+    """void(ptr b, ptr panels): b [k, n] (element strides sb) copied panel-major."""
+    transposed_b = sb[-1] != 1
+    name = f"graphc_gemm_panels_{k}x{n}_w{width}x{lanes}_" + (
+        f"bt{sb[-1]}" if transposed_b else f"b{sb[-2]}")
+    fn, b = two_pointer_function(cg, name)
+    if b is None:
+        return fn
     source, panels = fn.args
     vec = ir.VectorType(F32, lanes)
     with counted(b, n // width, "panel") as p:
