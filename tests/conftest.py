@@ -78,6 +78,56 @@ def sgd_training_step(make_model, lr: float = 0.05, momentum: float = 0.9):
     return model, step
 
 
+def residual_block(channels: int, size: int):
+    """A ResNet basic block of `channels` on `size` x `size` planes (conv-bn-relu, conv-bn,
+    + the input, relu), then a linear head to 3 classes."""
+    from graphc import nn
+
+    class ResidualBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(channels)
+            self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(channels)
+            self.head = nn.Linear(channels * size * size, 3)
+
+        def forward(self, x):
+            y = self.bn1(self.conv1(x)).relu()
+            y = (self.bn2(self.conv2(y)) + x).relu()
+            return self.head(y.reshape(x.shape[0], -1))
+
+    return ResidualBlock()
+
+
+def pass_training_steps(pass_module, pass_name: str, op: str, fuse: bool, monkeypatch,
+                        make_model, x_shape: tuple, calls: int = 3):
+    """`calls` SGD-momentum (lr 0.1) cross-entropy steps of `make_model()` on one seeded batch
+    of `x_shape` (3 classes), compiled for the cpu with the pass `pass_module.<pass_name>` on
+    or off (its module's FUSE): (the losses, every parameter and buffer after, the `op` nodes
+    the pass made)."""
+    import graphc
+
+    monkeypatch.setattr(pass_module, "FUSE", fuse)
+    made = []
+    real = getattr(pass_module, pass_name)
+
+    def spy(graph):
+        out = real(graph)
+        made.extend(n for n in out.nodes if n.op == op)
+        return out
+
+    monkeypatch.setattr(pass_module, pass_name, spy)
+    model, train = sgd_training_step(make_model, lr=0.1)
+    step = graphc.compile(train, backend="cpu")
+    rng = np.random.default_rng(0)
+    x = graphc.tensor(rng.standard_normal(x_shape).astype(np.float32))
+    y = graphc.tensor(rng.integers(0, 3, x_shape[0]))
+    losses = [step(x, y).detach().numpy() for _ in range(calls)]
+    state = [v.detach().numpy().copy() for v in (*model.parameters(), *model.buffers())]
+    return losses, state, made
+
+
 def square_loss_gradients(model):
     """`step(x)` -> (sum(model(x) ** 2), each parameter's gradient): a forward and backward
     with no optimizer, whose every output a compiled run can be compared on."""

@@ -26,7 +26,7 @@ from graphc.ir.interpreter import run as interpret  # noqa: E402
 from graphc.passes import batch_norm_relu as module  # noqa: E402
 from graphc.passes.batch_norm_relu import fuse_batch_norm_relu  # noqa: E402
 from graphc.passes.plan import plan_buffers  # noqa: E402
-from tests.conftest import sgd_training_step  # noqa: E402
+from tests.conftest import pass_training_steps, residual_block, sgd_training_step  # noqa: E402
 
 resolve_blas()  # hands the BLAS's thread count to generated code (threads.install)
 ALL_CORES = threads.image_threads()
@@ -198,21 +198,9 @@ def test_two_batch_norms_added_then_relu_fuse_one_of_them():
                       _compiled(graph).run(*[a.copy() for a in arrays]))
 
 
-class _Block(nn.Module):
-    """conv-bn-relu, conv-bn, + the input, relu: a ResNet basic block, then a linear head."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(4, 4, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(4)
-        self.conv2 = nn.Conv2d(4, 4, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(4)
-        self.head = nn.Linear(4 * 6 * 6, 3)
-
-    def forward(self, x):
-        y = self.bn1(self.conv1(x)).relu()
-        y = (self.bn2(self.conv2(y)) + x).relu()
-        return self.head(y.reshape(x.shape[0], -1))
+def _block():
+    """A ResNet basic block of 4 channels on 6 x 6 planes."""
+    return residual_block(4, 6)
 
 
 class _DownBlock(nn.Module):
@@ -235,44 +223,20 @@ class _DownBlock(nn.Module):
         return self.head(y.reshape(x.shape[0], -1))
 
 
-def _steps(fuse: bool, monkeypatch, calls=3, make_model=_Block):
-    monkeypatch.setattr(module, "FUSE", fuse)
-    fused_nodes = []
-    real = module.fuse_batch_norm_relu
-
-    def spy(graph):
-        out = real(graph)
-        fused_nodes.extend(n for n in out.nodes if n.op == "batch_norm_relu")
-        return out
-
-    monkeypatch.setattr(module, "fuse_batch_norm_relu", spy)
-    graphc.manual_seed(0)
-    model = make_model()
-    opt = graphc.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    def train(x, y):
-        opt.zero_grad()
-        loss = graphc.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    step = graphc.compile(train, backend="cpu")
-    rng = np.random.default_rng(0)
-    x = graphc.tensor(rng.standard_normal((5, 4, 6, 6)).astype(np.float32))
-    y = graphc.tensor(rng.integers(0, 3, 5))
-    losses = [step(x, y).detach().numpy() for _ in range(calls)]
+def _steps(fuse: bool, monkeypatch, calls=3, make_model=_block):
+    losses, state, fused_nodes = pass_training_steps(
+        module, "fuse_batch_norm_relu", "batch_norm_relu", fuse, monkeypatch, make_model,
+        (5, 4, 6, 6), calls)
     # the block's two ReLUs, the second with its residual (a downsample block's: the body's
     # batch norm takes it, at the ReLU's place)
     assert len(fused_nodes) == (2 if fuse else 0)
     if fuse and make_model is _DownBlock:
         (with_residual,) = [n for n in fused_nodes if len(n.inputs) == 6]
         assert with_residual.inputs[1].name.endswith("bn2.weight"), with_residual.inputs[1]
-    buffers = [b.detach().numpy().copy() for b in model.buffers()]
-    return losses, [p.detach().numpy().copy() for p in model.parameters()] + buffers
+    return losses, state
 
 
-@pytest.mark.parametrize("make_model", [_Block, _DownBlock], ids=["block", "downsample"])
+@pytest.mark.parametrize("make_model", [_block, _DownBlock], ids=["block", "downsample"])
 def test_a_training_step_is_the_same_bits_with_and_without_the_pass(make_model, monkeypatch,
                                                                      tmp_path):
     """Losses, parameters and running statistics (a downsample block's body batch norm fused

@@ -16,7 +16,6 @@ import pytest
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
 import graphc  # noqa: E402
-from graphc import nn  # noqa: E402
 from graphc.backends.cpu import (  # noqa: E402
     conv_few_channels,
     conv_polyphase,
@@ -37,6 +36,7 @@ from graphc.passes import conv_channel_sums as module  # noqa: E402
 from graphc.passes.conv_channel_sums import fuse_conv_channel_sums  # noqa: E402
 from graphc.passes.plan import plan_buffers  # noqa: E402
 from graphc.testing.rounding import assert_rounding_within  # noqa: E402
+from tests.conftest import pass_training_steps, residual_block  # noqa: E402
 
 resolve_blas()  # hands the BLAS's thread count to generated code (threads.install)
 ALL_CORES = threads.image_threads()
@@ -336,55 +336,16 @@ def test_the_polyphase_sums_are_the_same_bits_on_two_threads(shape, monkeypatch)
                                       np.asarray(want).view(np.uint8))
 
 
-class _Block(nn.Module):
-    """conv-bn-relu, conv-bn, + the input, relu (a ResNet basic block of 16 channels: the
-    Winograd kernel's form), then a linear head."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(16)
-        self.conv2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(16)
-        self.head = nn.Linear(16 * 8 * 8, 3)
-
-    def forward(self, x):
-        y = self.bn1(self.conv1(x)).relu()
-        y = (self.bn2(self.conv2(y)) + x).relu()
-        return self.head(y.reshape(x.shape[0], -1))
+def _block():
+    """A ResNet basic block of 16 channels on 8 x 8 planes (the Winograd kernel's form)."""
+    return residual_block(16, 8)
 
 
 def _steps(fuse: bool, monkeypatch, calls=3):
-    monkeypatch.setattr(module, "FUSE", fuse)
-    made = []
-    real = module.fuse_conv_channel_sums
-
-    def spy(graph):
-        out = real(graph)
-        made.extend(n for n in out.nodes if n.op == "conv2d_channel_sums")
-        return out
-
-    monkeypatch.setattr(module, "fuse_conv_channel_sums", spy)
-    graphc.manual_seed(0)
-    model = _Block()
-    opt = graphc.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    def train(x, y):
-        opt.zero_grad()
-        loss = graphc.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    step = graphc.compile(train, backend="cpu")
-    rng = np.random.default_rng(0)
-    x = graphc.tensor(rng.standard_normal((5, 16, 8, 8)).astype(np.float32))
-    y = graphc.tensor(rng.integers(0, 3, 5))
-    losses = [step(x, y).detach().numpy() for _ in range(calls)]
+    losses, state, made = pass_training_steps(
+        module, "fuse_conv_channel_sums", "conv2d_channel_sums", fuse, monkeypatch, _block,
+        (5, 16, 8, 8), calls)
     assert len(made) == (2 if fuse else 0)  # both batch norms take their conv's sums
-    state = [p.detach().numpy().copy() for p in model.parameters()]
-    state += [b.detach().numpy().copy() for b in (model.bn1.running_mean, model.bn1.running_var,
-                                                  model.bn2.running_mean, model.bn2.running_var)]
     return losses, state
 
 
@@ -420,10 +381,10 @@ def test_a_step_within_twice_eager_rounding_of_a_float64_pytorch_run(monkeypatch
     x = (0.5 + rng.standard_normal((5, 16, 8, 8))).astype(np.float32)
     y = rng.integers(0, 3, 5)
     graphc.manual_seed(1)
-    weights = {k: v.numpy().copy() for k, v in _Block().state_dict().items()}
+    weights = {k: v.numpy().copy() for k, v in _block().state_dict().items()}
 
     def graphc_run(compiled: bool):
-        model = _Block()
+        model = _block()
         model.load_state_dict({k: graphc.tensor(v) for k, v in weights.items()})
 
         def step(xs, ys):
