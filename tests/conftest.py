@@ -57,9 +57,10 @@ def cuda_runtime_built():
     return built_test_runtime()
 
 
-def sgd_training_step(make_model, lr: float = 0.05, momentum: float = 0.9):
-    """(model, step) with `step(x, y)` one SGD-momentum cross-entropy training step; the model
-    is built after seeding graphc with 0, so two calls give identical twins."""
+def sgd_training_step(make_model, lr: float = 0.05, momentum: float = 0.9, loss_fn=None):
+    """(model, step) with `step(x, y)` one SGD-momentum training step of `loss_fn(model(x), y)`
+    (cross-entropy by default) returning the loss detached; the model is built after seeding
+    graphc with 0, so two calls give identical twins."""
     import graphc
     import graphc.nn.functional as F
     from graphc import optim
@@ -67,13 +68,14 @@ def sgd_training_step(make_model, lr: float = 0.05, momentum: float = 0.9):
     graphc.manual_seed(0)
     model = make_model()
     opt = optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    loss_fn = loss_fn or F.cross_entropy
 
     def step(x, y):
         opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
+        loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
-        return loss
+        return loss.detach()
 
     return model, step
 

@@ -10,6 +10,7 @@ import pytest
 import graphc
 import graphc.nn as nn
 import graphc.nn.functional as F
+from tests.conftest import sgd_training_step
 
 BATCHES = (5, 7, 3, 12, 5)
 
@@ -34,18 +35,9 @@ def _twin_steps(loss_fn):
 
 
 def _model_and_step(loss_fn):
-    graphc.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
-    opt = graphc.optim.SGD(model.parameters(), lr=0.1)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return model, step
+    return sgd_training_step(
+        lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)), lr=0.1, momentum=0.0,
+        loss_fn=loss_fn)
 
 
 @pytest.mark.parametrize("backend", ["interp", "cpu"])

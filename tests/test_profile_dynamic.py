@@ -12,21 +12,12 @@ pytest.importorskip("llvmlite", reason="graphc.profile times the cpu backend's k
 import graphc  # noqa: E402
 import graphc.backends  # noqa: E402
 import graphc.nn as nn  # noqa: E402
-import graphc.nn.functional as F  # noqa: E402
+from tests.conftest import sgd_training_step  # noqa: E402
 
 
 def _dynamic_step():
-    graphc.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4))
-    opt = graphc.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
+    model, step = sgd_training_step(
+        lambda: nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4)), lr=0.1)
     return model, graphc.compile(step, backend="cpu", dynamic=True)
 
 

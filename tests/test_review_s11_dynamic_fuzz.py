@@ -20,6 +20,7 @@ import pytest
 import graphc
 import graphc.nn as nn
 import graphc.nn.functional as F
+from tests.conftest import sgd_training_step
 
 
 @pytest.fixture(autouse=True)
@@ -43,18 +44,9 @@ LOSSES = {  # (out [b, t, 3], y [b, t, 3]) -> a scalar
 
 
 def _model_and_step(loss_fn, features):
-    graphc.manual_seed(0)
-    model = nn.Sequential(nn.Linear(features, 5), nn.Tanh(), nn.Linear(5, 3))
-    opt = graphc.optim.SGD(model.parameters(), lr=0.05)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return model, step
+    return sgd_training_step(
+        lambda: nn.Sequential(nn.Linear(features, 5), nn.Tanh(), nn.Linear(5, 3)), lr=0.05,
+        momentum=0.0, loss_fn=loss_fn)
 
 
 def _assert_same(got, want, what):
