@@ -67,6 +67,7 @@ from graphc.backends.cpu import (
     conv_few_channels,
     conv_few_channels_grad,
     conv_polyphase,
+    conv_polyphase_grad,
     conv_row_split,
     conv_threads,
     conv_winograd,
@@ -285,7 +286,8 @@ def conv2d_weight_grad(lw, node: Node) -> None:
     if conv_few_channels_grad.conv2d_weight_grad(lw, node, g) or \
             conv_direct.conv2d_weight_grad(lw, node, g) or \
             conv_winograd_wide_grad.conv2d_weight_grad(lw, node, g) or \
-            conv_winograd.conv2d_weight_grad(lw, node, g):
+            conv_winograd.conv2d_weight_grad(lw, node, g) or \
+            conv_polyphase_grad.conv2d_weight_grad(lw, node, g):
         return
     cv = Conv(lw, node, g, x.type.dtype)
     xl = lw.locs[x]

@@ -71,8 +71,8 @@ from graphc.backends.cpu.values import F32, I32, i64, loop
 from graphc.backends.cpu.winograd_transforms import add_plane_sums, combine, pad_plane, spaced
 from graphc.types import float32
 
-__all__ = ["ENABLED", "MIN_CHANNELS", "POSITIONS", "conv2d", "conv2d_input_grad",
-           "phase_matrices"]
+__all__ = ["ENABLED", "MIN_CHANNELS", "POSITIONS", "Pass", "applies", "conv2d",
+           "conv2d_input_grad", "input_transform", "phase_matrices", "two_sided"]
 
 ENABLED = True  # False: im2col + GEMM (A/B runs)
 MIN_CHANNELS = 16
@@ -116,7 +116,7 @@ def phase_matrices(grad: bool = False):
     return GRAD_PHASES if grad else PHASES
 
 
-def _two_sided(b, dt, left, d, right):
+def two_sided(b, dt, left, d, right):
     """left @ d @ right^T for `d` given as rows of IR values (combine's order)."""
     rows = [[combine(b, dt, r, [d[k][col] for k in range(len(d))]) for col in range(len(d[0]))]
             for r in left]
@@ -124,7 +124,7 @@ def _two_sided(b, dt, left, d, right):
 
 
 @dataclass(frozen=True)
-class _Pass:
+class Pass:
     """What differs between the forward and the input gradient: the phase tables, V's
     channels (the GEMMs' k) and M's, the source and result planes, the output blocks
     (tiles_hw), the padded source plane and where the source lies in it, the step between
@@ -152,7 +152,7 @@ class _Pass:
                                   products=POSITIONS)
 
 
-def _applies(g, dt) -> bool:
+def applies(g, dt) -> bool:
     return (ENABLED and dt is float32 and winograd_gemm.available()
             and all(type(d) is int for d in (g.c, g.o, g.h, g.w, g.ho, g.wo))
             and (g.kh, g.kw) == (3, 3) and g.stride == (2, 2) and g.padding == (1, 1)
@@ -164,10 +164,10 @@ def conv2d(lw, node, g, x, w, out, sums=None) -> bool:
     """out = conv2d(x, w) by polyphase Winograd (see the module docstring), or False. `sums`
     (a Loc: float64 [N, 3, O], conv2d_channel_sums' second output): also each image's and
     channel's shifted sums of out, added by the output transform (add_plane_sums)."""
-    if not _applies(g, x.type.dtype):
+    if not applies(g, x.type.dtype):
         return False
     th, tw = g.ho // 2, g.wo // 2
-    p = _Pass(False, PHASES, g.c, g.o, (g.h, g.w), (g.ho, g.wo), (th, tw),
+    p = Pass(False, PHASES, g.c, g.o, (g.h, g.w), (g.ho, g.wo), (th, tw),
               (4 * th + 1, 4 * tw + 1), (1, 1), 4, 5)
     return _polyphase(lw, node, g, x, w, out, p, sums)
 
@@ -177,16 +177,16 @@ def conv2d_input_grad(lw, node, g) -> bool:
     stride-1 correlation of gy (3x3 patches at stride 2 per 2x2 block of the phase), or
     False. Taken where gx's planes are exactly twice gy's (even input sizes)."""
     gy, w = node.inputs
-    if not _applies(g, gy.type.dtype) or (g.h, g.w) != (2 * g.ho, 2 * g.wo) or \
+    if not applies(g, gy.type.dtype) or (g.h, g.w) != (2 * g.ho, 2 * g.wo) or \
             g.o < GRAD_MIN_OUT_CHANNELS or (g.ho // 2) * (g.wo // 2) < GRAD_MIN_TILES:
         return False
     th, tw = g.ho // 2, g.wo // 2
-    p = _Pass(True, GRAD_PHASES, g.o, g.c, (g.ho, g.wo), (g.h, g.w), (th, tw),
+    p = Pass(True, GRAD_PHASES, g.o, g.c, (g.ho, g.wo), (g.h, g.w), (th, tw),
               (g.ho + 1, g.wo + 1), (0, 0), 2, 3)
     return _polyphase(lw, node, g, lw.locs[gy], lw.locs[w], lw.locs[node.outputs[0]], p)
 
 
-def _polyphase(lw, node, g, src, w, out, p: _Pass, sums=None) -> bool:
+def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
     dt = src.type.dtype
     ci, co = g.c, g.o
     th, tw = p.tiles_hw
@@ -238,7 +238,7 @@ def _polyphase(lw, node, g, src, w, out, p: _Pass, sums=None) -> bool:
         def block(b, n0, count):
             ld = count * tiles
             v_step, m_step = spaced(p.k_ch * ld), spaced(p.m_ch * ld)
-            _input_transform(b, kb, dt, (n0, count), si, ss, p, pi, vi, v_step, ld)
+            input_transform(b, kb, dt, (n0, count), si, ss, p, pi, vi, v_step, ld)
             forked = split is None and kernels.forks(
                 lw.openmp, kernels.gemm_work(POSITIONS, p.m_ch, ld, p.k_ch))
             fn = winograd_gemm.function(lw.module, p.gemm(ci, ld, u_step), forked)
@@ -270,7 +270,7 @@ def _filter_transform(b, kb, dt, wi, ui, u_step, g, o_range, phases) -> None:
         xi = 0
         for rows, cols in phases:
             sub = [[f[r][s] for s in cols[3]] for r in rows[3]]
-            for row in _two_sided(b, dt, rows[2], sub, cols[2]):
+            for row in two_sided(b, dt, rows[2], sub, cols[2]):
                 for value in row:
                     kb.store(b, ui, iadd(b, at, xi * u_step), value)
                     xi += 1
@@ -288,7 +288,7 @@ def _filter_kernel(lw, locs, recipe, g, u_step, phases):
     return kb.finish(b)
 
 
-def _input_transform(b, kb, dt, images, si, ss, p: _Pass, pi, vi, v_step, ld) -> None:
+def input_transform(b, kb, dt, images, si, ss, p: Pass, pi, vi, v_step, ld) -> None:
     """V[xi][c][t] of every output block t of the images (n0, count): each channel plane
     into the padded plane, then each block's patch through the phases' B^T; planes whose
     rows hold a whole fraction of LANES blocks by `_input_by_rows`."""
@@ -312,14 +312,14 @@ def _input_transform(b, kb, dt, images, si, ss, p: _Pass, pi, vi, v_step, ld) ->
             xi = 0
             for rows_p, cols_p in p.phases:
                 sub = [[d[r][s] for s in cols_p[0]] for r in rows_p[0]]
-                for row in _two_sided(b, dt, rows_p[1], sub, cols_p[1]):
+                for row in two_sided(b, dt, rows_p[1], sub, cols_p[1]):
                     for value in row:
                         kb.store(b, vi, iadd(b, t, xi * v_step), value)
                         xi += 1
 
 
-def _input_by_rows(b, kb, dt, images, si, ss, p: _Pass, vi, v_step, ld) -> None:
-    """_input_transform for LANES blocks at once, with no padded plane: the blocks of
+def _input_by_rows(b, kb, dt, images, si, ss, p: Pass, vi, v_step, ld) -> None:
+    """input_transform for LANES blocks at once, with no padded plane: the blocks of
     LANES // tw tile rows (of one image or several), each tile row's `patch` input rows
     loaded as vectors (a row in the padding: a zero vector), each patch element d[r][s] of
     the LANES blocks one shuffle of the rows r and a zero vector, the phases' B^T on
@@ -367,13 +367,13 @@ def _input_by_rows(b, kb, dt, images, si, ss, p: _Pass, vi, v_step, ld) -> None:
         xi = 0
         for rows_p, cols_p in p.phases:
             sub = [[d[r][s] for s in cols_p[0]] for r in rows_p[0]]
-            for row in _two_sided(b, dt, rows_p[1], sub, cols_p[1]):
+            for row in two_sided(b, dt, rows_p[1], sub, cols_p[1]):
                 for value in row:
                     b.store(value, kb.pointer(b, vi, iadd(b, at, xi * v_step)), align=4)
                     xi += 1
 
 
-def _phases_out(b, kb, dt, images, mi, m_step, p: _Pass, oi, ld) -> None:
+def _phases_out(b, kb, dt, images, mi, m_step, p: Pass, oi, ld) -> None:
     """gx[n0 + j, c] (NCHW, contiguous) of every block: each phase's A^T M A, 2x2 values of
     that phase's grid (rows 4ty + 2i + parity), so every element of gx is written once."""
     n0, count = images
@@ -392,7 +392,7 @@ def _phases_out(b, kb, dt, images, mi, m_step, p: _Pass, oi, ld) -> None:
                     m.append([kb.load(b, mi, iadd(b, t, (xi + k) * m_step))
                               for k in range(len(cols_p[1]))])
                     xi += len(cols_p[1])
-                y = _two_sided(b, dt, rows_p[4], m, cols_p[4])
+                y = two_sided(b, dt, rows_p[4], m, cols_p[4])
                 pr, pc = int(rows_p is GRAD_ODD), int(cols_p is GRAD_ODD)
                 for r in range(2):
                     for s in range(2):
@@ -408,7 +408,7 @@ def _phase_sum(b, dt, m_of):
         for _ in rows_p[1]:
             m.append([m_of(xi + k) for k in range(len(cols_p[1]))])
             xi += len(cols_p[1])
-        y = _two_sided(b, dt, rows_p[4], m, cols_p[4])
+        y = two_sided(b, dt, rows_p[4], m, cols_p[4])
         total = y if total is None else \
             [[b.fadd(total[r][s], y[r][s]) for s in range(2)] for r in range(2)]
     return total
