@@ -128,7 +128,8 @@ class Pass:
     """What differs between the forward and the input gradient: the phase tables, V's
     channels (the GEMMs' k) and M's, the source and result planes, the output blocks
     (tiles_hw), the padded source plane and where the source lies in it, the step between
-    consecutive blocks' patches in it and their side."""
+    consecutive blocks' patches in it and their side; `slots`: the matrix the input
+    transform stores each of the phases' positions in (None: position xi in matrix xi)."""
 
     grad: bool
     phases: tuple
@@ -141,6 +142,11 @@ class Pass:
     pad: tuple
     step: int
     patch: int
+    slots: tuple | None = None
+
+    def slot(self, xi: int) -> int:
+        """The transform-domain matrix the input transform writes position `xi` to."""
+        return xi if self.slots is None else self.slots[xi]
 
     def gemm(self, ci: int, ld: int, u_step: int):
         """winograd_gemm's plan for a block of `ld` output blocks: M[xi] (m_ch x ld) = U[xi]
@@ -314,7 +320,7 @@ def input_transform(b, kb, dt, images, si, ss, p: Pass, pi, vi, v_step, ld) -> N
                 sub = [[d[r][s] for s in cols_p[0]] for r in rows_p[0]]
                 for row in two_sided(b, dt, rows_p[1], sub, cols_p[1]):
                     for value in row:
-                        kb.store(b, vi, iadd(b, t, xi * v_step), value)
+                        kb.store(b, vi, iadd(b, t, p.slot(xi) * v_step), value)
                         xi += 1
 
 
@@ -369,7 +375,7 @@ def _input_by_rows(b, kb, dt, images, si, ss, p: Pass, vi, v_step, ld) -> None:
             sub = [[d[r][s] for s in cols_p[0]] for r in rows_p[0]]
             for row in two_sided(b, dt, rows_p[1], sub, cols_p[1]):
                 for value in row:
-                    b.store(value, kb.pointer(b, vi, iadd(b, at, xi * v_step)), align=4)
+                    b.store(value, kb.pointer(b, vi, iadd(b, at, p.slot(xi) * v_step)), align=4)
                     xi += 1
 
 

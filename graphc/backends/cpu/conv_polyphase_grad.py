@@ -45,6 +45,8 @@ the input channels a whole number of vectors (the GEMMs' n).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from llvmlite import ir
 
 from graphc.backends.cpu import conv_threads, kernels, winograd_gemm
@@ -90,17 +92,71 @@ def _y_axis(phase):
     return ((0, 1), tuple(zip(*phase[4])), phase[2], phase[3], phase[4])
 
 
-# Y's phase pairs in PHASES' order, so Y's 25 positions line up with V's
-Y_PHASES = tuple((_y_axis(rows), _y_axis(cols)) for rows, cols in PHASES)
-assert Y_PHASES[0][0][1] == ((1, 0), (0, 1)) and _y_axis(ODD)[1] == ((1, 0), (1, 1), (0, 1))
-assert _y_axis(EVEN)[0] == _y_axis(ODD)[0]
+def _combination(axis, i: int) -> int:
+    """Which of gy's row (column) combinations position i of a phase's axis reads: 0 for g0,
+    1 for g0 + g1, 2 for g1 (the even phase's A is the identity: g0, g1; the odd one's g0,
+    g0 + g1, g1)."""
+    return i if len(axis[1]) == 3 else (0, 2)[i]
 
 
-def _gemm(co: int, ci: int, ld: int, u_step: int):
-    """winograd_gemm's plan for a block of `ld` output blocks: dU[xi] (co x ci) (+)= Y[xi]
-    (co x ld, rows ld apart) @ Vt[xi] (ld x ci), 25 products."""
-    return winograd_gemm.plan(co, ci, ld, ld, 1, ci, ci, spaced(co * ld), spaced(ci * ld),
-                              u_step, accumulates=True, max_c=co * ci, products=POSITIONS)
+# Y's 9 distinct values of a 2x2 block of gy: the odd phase's A along both axes, Y[3 kr + kc]
+# with kr, kc as `_combination`; each of the 25 positions (PHASES' order) reads one of them
+Y_PHASES = ((_y_axis(ODD), _y_axis(ODD)),)
+PAIRED = tuple(3 * _combination(rows, i) + _combination(cols, j) for rows, cols in PHASES
+               for i in range(len(rows[1])) for j in range(len(cols[1])))
+# Y's matrices stored by how many positions read them (4: g0 or g1 along both axes, 2: a sum
+# along one, 1: along both), so each width's products are equally spaced for one GEMM call
+Y_ORDER = tuple(sorted(range(9), key=lambda k: (-PAIRED.count(k), k)))
+WIDTHS = tuple(PAIRED.count(k) for k in Y_ORDER)  # (4, 4, 4, 4, 2, 2, 2, 2, 1)
+assert _y_axis(ODD)[1] == ((1, 0), (1, 1), (0, 1)) and _y_axis(EVEN)[1] == ((1, 0), (0, 1))
+assert len(PAIRED) == POSITIONS and WIDTHS == (4, 4, 4, 4, 2, 2, 2, 2, 1)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each position's matrices lie for a block of `ld` output blocks: the positions
+    that read one Y matrix side by side, `Vt` (ld x width * ci) and `dU` (co x width * ci),
+    so that they are one product `dU_k (+)= Y_k (co x ld) @ Vt_k` (1.44x fewer stores of Y
+    than one matrix a position: 9 against 25)."""
+
+    ci: int
+    co: int
+    ld: int
+
+    def groups(self):
+        """(width, first Y slot, products) of each GEMM call."""
+        return [(w, Y_ORDER.index(k), WIDTHS.count(w)) for w, k in
+                ((4, Y_ORDER[0]), (2, Y_ORDER[4]), (1, Y_ORDER[8]))]
+
+    def starts(self, rows: int) -> list[int]:
+        """Each Y slot's matrix start (rows x its width * ci) in a region of such matrices
+        (Vt: rows ld; dU: rows co), then the region's size."""
+        starts = [0]
+        for w in WIDTHS:
+            starts.append(starts[-1] + spaced(rows * w * self.ci))
+        return starts
+
+    def vt(self, xi: int) -> tuple[int, int]:
+        """(start, row length) of position xi's columns in Vt."""
+        return self._place(xi, self.starts(self.ld))
+
+    def du(self, xi: int) -> tuple[int, int]:
+        """(start, row length) of position xi's columns in dU."""
+        return self._place(xi, self.starts(self.co))
+
+    def _place(self, xi: int, starts) -> tuple[int, int]:
+        slot = Y_ORDER.index(PAIRED[xi])
+        beside = PAIRED[:xi].count(PAIRED[xi])  # positions before it reading the same Y
+        return starts[slot] + beside * self.ci, WIDTHS[slot] * self.ci
+
+
+def _gemm(co: int, ci: int, ld: int, width: int, products: int):
+    """winograd_gemm's plan for one width's products: dU_k (co x width * ci) (+)= Y_k (co x
+    ld, rows ld apart) @ Vt_k (ld x width * ci)."""
+    n = width * ci
+    return winograd_gemm.plan(co, n, ld, ld, 1, n, n, spaced(co * ld), spaced(ld * n),
+                              spaced(co * n), accumulates=True, max_c=co * n,
+                              products=products)
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
@@ -118,33 +174,34 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     nb = nb if type(g.n) is not int else min(g.n, nb)
     counts = {nb} | ({g.n % nb} - {0} if type(g.n) is int else {1})
     t_max = nb * tiles
-    u_step = spaced(co * ci)
-    if any(_gemm(co, ci, n * tiles, u_step) is None for n in counts):
+    full = _Layout(ci, co, t_max)
+    if any(_gemm(co, ci, n * tiles, w, k) is None for n in counts for w, _, k in
+           full.groups()):
         return False
     xp = Pass(False, PHASES, ci, co, (g.h, g.w), (g.ho, g.wo), (th, tw),
               (4 * th + 1, 4 * tw + 1), (1, 1), 4, 5)
     yp = Pass(False, Y_PHASES, co, ci, (g.ho, g.wo), (g.ho, g.wo), (th, tw),
-              (g.ho, g.wo), (0, 0), 2, 2)
+              (g.ho, g.wo), (0, 0), 2, 2, tuple(Y_ORDER.index(k) for k in range(9)))
     xl, gl = lw.locs[x], lw.locs[gy]
     xs, gs = image_strides(xl), image_strides(gl)
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
         # dU first (a share's own, summed by the reduce kernel), the padded planes of x and
         # gy (the block loop's, where the transform is not by rows), V, Vt, Y
-        shapes = [(POSITIONS, u_step), (xp.padded[0] * xp.padded[1],), (g.ho * g.wo,),
-                  (POSITIONS, spaced(ci * t_max)), (POSITIONS, spaced(ci * t_max)),
-                  (POSITIONS, spaced(co * t_max))]
+        shapes = [(full.starts(co)[-1],), (xp.padded[0] * xp.padded[1],), (g.ho * g.wo,),
+                  (POSITIONS, spaced(ci * t_max)), (full.starts(t_max)[-1],),
+                  (9, spaced(co * t_max))]
         units = -(-g.n // nb) if type(g.n) is int else None
         macs = g.n * co * ci * 9 * g.ho * g.wo if units else None
         split = plan_split(lw, dt, shapes, units, macs, rows=co)
         temps = workspace(lw, dt, *shapes) if split is None else split.locs + [split.control]
         locs = [gl, xl, dst] + temps
-        # one block not split: its 25 products forked where a fork pays
+        # one block not split: its products forked where a fork pays
         forked = split is None and units == 1 and kernels.forks(
             lw.openmp, kernels.gemm_work(POSITIONS, co, ci, t_max))
         recipe = (g.key(), forked, None if split is None else (split.shares, split.copy_bytes))
         kb, ids = image_kernel(lw, "conv2d_polyphase_weight_grad", locs, recipe)
         gi, si, _, ui, pxi, pyi, vi, vti, yi = ids[:9]
-        out = _out_kernel(lw, locs, recipe, g, u_step, split)
+        out = _out_kernel(lw, locs, recipe, g, full, split)
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
             lw.calls.append(called_kernel(lw, kb.kernel, split, reduce=out))
@@ -157,12 +214,17 @@ def conv2d_weight_grad(lw, node, g) -> bool:
             def block(b, n0, count):
                 ld = count * tiles
                 v_step, y_step = spaced(ci * ld), spaced(co * ld)
+                layout = _Layout(ci, co, ld)
                 input_transform(b, kb, dt, (n0, count), si, xs, xp, pxi, vi, v_step, ld)
-                _tile_major(b, kb, vi, vti, ci, ld, v_step)
+                _tile_major(b, kb, vi, vti, layout, v_step)
                 input_transform(b, kb, dt, (n0, count), gi, gs, yp, pyi, yi, y_step, ld)
-                fn = winograd_gemm.function(lw.module, _gemm(co, ci, ld, u_step), forked)
-                b.call(fn, [kb.pointer(b, k, i64(0)) for k in (yi, vti, ui)] +
-                       [_first_or_add(b, dt, n0, start)])
+                beta = _first_or_add(b, dt, n0, start)
+                for width, slot, products in layout.groups():
+                    fn = winograd_gemm.function(
+                        lw.module, _gemm(co, ci, ld, width, products), forked and products > 1)
+                    at = [slot * y_step, layout.starts(ld)[slot], full.starts(co)[slot]]
+                    b.call(fn, [kb.pointer(b, k, i64(a)) for k, a in zip((yi, vti, ui), at)] +
+                           [beta])
 
             walk_blocks(b, kb, g, nb, split, ids[-1], block)
             lw.calls.append(called_kernel(lw, kb.finish(b), split, reduce=out))
@@ -180,29 +242,31 @@ def _first_or_add(b, dt, n0, start):
     return b.select(b.icmp_signed("==", as_i64(n0), as_i64(start)), zero, one)
 
 
-def _tile_major(b, kb, vi, vti, ci: int, ld: int, v_step: int) -> None:
-    """Vt[xi][t][c] = V[xi][c][t] (a block's ld columns, Vt's positions v_step apart as V's):
-    squares of SQUARE x SQUARE in registers, the columns past the last whole square one by
-    one."""
+def _tile_major(b, kb, vi, vti, layout: _Layout, v_step: int) -> None:
+    """Vt (layout.vt: position xi's columns of its Y's matrix, rows t) = V[xi][c][t] for
+    a block's ld columns: squares of SQUARE x SQUARE in registers, the columns past the last
+    whole square one by one."""
     vec = ir.VectorType(F32, SQUARE)
+    ci, ld = layout.ci, layout.ld
     whole = ld - ld % SQUARE
-    with loop(b, 0, POSITIONS, "xi") as xi, loop(b, 0, ci // SQUARE, "cs") as cs:
-        base = imul(b, xi, v_step)
-        c0 = b.mul(cs, i64(SQUARE))
-        if whole:
-            with loop(b, 0, whole // SQUARE, "ts") as ts:
-                t0 = b.mul(ts, i64(SQUARE))
-                rows = [b.load(kb.pointer(b, vi, iadd(b, base, imul(b, iadd(b, c0, r), ld),
-                                                      t0)), typ=vec, align=4)
-                        for r in range(SQUARE)]
-                for k, row in enumerate(square_transposed(b, rows)):
-                    at = iadd(b, base, imul(b, iadd(b, t0, k), ci), c0)
-                    b.store(row, kb.pointer(b, vti, at), align=4)
-        if whole < ld:
-            with loop(b, whole, ld, "t") as t, loop(b, 0, SQUARE, "c") as c:
-                cc = b.add(c0, c)
-                value = kb.load(b, vi, iadd(b, base, imul(b, cc, ld), t))
-                kb.store(b, vti, iadd(b, base, imul(b, t, ci), cc), value)
+    for xi in range(POSITIONS):
+        start, row = layout.vt(xi)
+        with loop(b, 0, ci // SQUARE, "cs") as cs:
+            c0 = b.mul(cs, i64(SQUARE))
+            if whole:
+                with loop(b, 0, whole // SQUARE, "ts") as ts:
+                    t0 = b.mul(ts, i64(SQUARE))
+                    rows = [b.load(kb.pointer(b, vi, iadd(b, imul(b, iadd(b, c0, r), ld), t0,
+                                                          xi * v_step)), typ=vec, align=4)
+                            for r in range(SQUARE)]
+                    for k, values in enumerate(square_transposed(b, rows)):
+                        at = iadd(b, imul(b, iadd(b, t0, k), row), c0, start)
+                        b.store(values, kb.pointer(b, vti, at), align=4)
+            if whole < ld:
+                with loop(b, whole, ld, "t") as t, loop(b, 0, SQUARE, "c") as c:
+                    cc = b.add(c0, c)
+                    value = kb.load(b, vi, iadd(b, imul(b, cc, ld), t, xi * v_step))
+                    kb.store(b, vti, iadd(b, imul(b, t, row), cc, start), value)
 
 
 def square_transposed(b, rows: list) -> list:
@@ -223,7 +287,7 @@ def square_transposed(b, rows: list) -> list:
     return rows
 
 
-def _out_kernel(lw, locs, recipe, g, u_step, split):
+def _out_kernel(lw, locs, recipe, g, layout: _Layout, split):
     """gw from dU (`_weight_out`) as a kernel of its own: after a kernel not split, forked
     over the output channels where large enough; after a split one, its reduce kernel,
     share 0's dU += the other shares' (share order) over its rows of output channels
@@ -234,7 +298,7 @@ def _out_kernel(lw, locs, recipe, g, u_step, split):
         b = kb.begin(parallel=True, work=POSITIONS * g.o * g.c)
         if b is None:
             return kb.kernel
-        _weight_out(b, kb, dt, ids[3], u_step, ids[2], kb.outer_range(b, g.o), g.c)
+        _weight_out(b, kb, dt, ids[3], layout, ids[2], kb.outer_range(b, g.o))
         return kb.finish(b)
     b = kb.begin()
     if b is None:
@@ -242,32 +306,42 @@ def _out_kernel(lw, locs, recipe, g, u_step, split):
     ui, ctrl = ids[3], ids[-1]
     o_range = conv_threads.unit_range(b, kb, ctrl, conv_threads.ROWS_LO)
     copy = split.copy_bytes // dt.itemsize
+    starts = layout.starts(g.o)
     with loop(b, 1, kb.load(b, ctrl, i64(conv_threads.SHARES)), "share") as s:
         frm = b.mul(s, i64(copy))
-        with loop(b, 0, POSITIONS, "xi") as xi, loop(b, *o_range, "o") as o:
-            row = iadd(b, imul(b, xi, u_step), imul(b, o, g.c))
-            with loop(b, 0, g.c, "c") as c:
-                at = b.add(row, c)
-                kb.store(b, ui, at, b.fadd(kb.load(b, ui, at), kb.load(b, ui, b.add(frm, at))))
-    _weight_out(b, kb, dt, ui, u_step, ids[2], o_range, g.c)
+        for start, width in zip(starts, WIDTHS):
+            with loop(b, *o_range, "o") as o:
+                row = iadd(b, imul(b, o, width * g.c), start)
+                with loop(b, 0, width * g.c, "c") as c:
+                    at = b.add(row, c)
+                    total = b.fadd(kb.load(b, ui, at), kb.load(b, ui, b.add(frm, at)))
+                    kb.store(b, ui, at, total)
+    _weight_out(b, kb, dt, ui, layout, ids[2], o_range)
     return kb.finish(b)
 
 
-def _weight_out(b, kb, dt, ui, u_step, oi, o_range, ci: int) -> None:
+def _weight_out(b, kb, dt, ui, layout: _Layout, oi, o_range) -> None:
     """gw[o, c] for o in `o_range`: each phase's G_r^T dU G_c (its 2x2, 2x1, 1x2 or 1x1
-    slice of the 3x3 taps), c innermost so dU's 25 rows and gw are read and written along
+    slice of the 3x3 taps), c innermost so dU's rows and gw are read and written along
     their rows."""
+    ci = layout.ci
     with loop(b, *o_range, "o") as o, loop(b, 0, ci, "c") as c:
-        at = iadd(b, imul(b, o, ci), c)
-        base = imul(b, at, 9)
+        base = imul(b, iadd(b, imul(b, o, ci), c), 9)
+        rows_at = {}  # o's row of each width's matrices, + c
+
+        def du(xi):
+            start, row = layout.du(xi)
+            if row not in rows_at:
+                rows_at[row] = iadd(b, imul(b, o, row), c)
+            return kb.load(b, ui, iadd(b, rows_at[row], start))
+
         xi = 0
         for rows, cols in PHASES:
-            du = []
+            d = []
             for _ in rows[1]:
-                du.append([kb.load(b, ui, iadd(b, at, (xi + k) * u_step))
-                           for k in range(len(cols[1]))])
+                d.append([du(xi + k) for k in range(len(cols[1]))])
                 xi += len(cols[1])
-            taps = two_sided(b, dt, tuple(zip(*rows[2])), du, tuple(zip(*cols[2])))
-            for r, row in zip(rows[3], taps):
-                for s, value in zip(cols[3], row):
+            taps = two_sided(b, dt, tuple(zip(*rows[2])), d, tuple(zip(*cols[2])))
+            for r, values in zip(rows[3], taps):
+                for s, value in zip(cols[3], values):
                     kb.store(b, oi, iadd(b, base, 3 * r + s), value)
