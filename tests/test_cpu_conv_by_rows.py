@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
-from graphc.backends.cpu import conv_im2col, conv_polyphase  # noqa: E402
+from graphc.backends.cpu import conv_im2col, conv_polyphase, conv_polyphase_grad  # noqa: E402
 from tests.test_cpu_backend import compare  # noqa: E402
 from tests.test_cpu_conv_paths import _graphs  # noqa: E402
 
@@ -45,6 +45,7 @@ def test_im2col_by_rows_bit_for_bit(case, monkeypatch, tmp_path):
 
     monkeypatch.setattr(conv_im2col.Conv, "_im2col_rows", recording)
     monkeypatch.setattr(conv_polyphase, "ENABLED", False)  # ResNet's forward: im2col here
+    monkeypatch.setattr(conv_polyphase_grad, "ENABLED", False)  # and its weight gradient
     for kind, shapes in (("fwd", (xs, ws)), ("gw", (gs, xs))):
         args = [rng.standard_normal(s).astype(dtype) for s in shapes]
         outs = []
