@@ -393,30 +393,17 @@ SQUARE = 16  # the vector transpose's squares: 16 float32 lanes (one AVX-512 reg
 
 def _transposed_squares(b, kb, g: Geometry, gi, g_img, ld, dst) -> None:
     """_transposed_image by squares of SQUARE x SQUARE: SQUARE rows of gy loaded as vectors,
-    transposed by log2(SQUARE) rounds of pairwise shuffles (round h swaps the h x h
-    off-diagonal blocks of every 2h x 2h block), stored as SQUARE rows of dst."""
+    transposed in registers (conv_polyphase.square_transposed), stored as SQUARE rows of
+    dst."""
     n = SQUARE
     vec = ir.VectorType(F32, n)
-    rounds = []
-    h = n // 2
-    while h:
-        lo = [c if not c & h else n + c - h for c in range(n)]
-        hi = [c + h if not c & h else n + c for c in range(n)]
-        rounds.append((h, *(ir.Constant(ir.VectorType(ir.IntType(32), n), m) for m in (lo, hi))))
-        h //= 2
     with loop(b, 0, g.o // n, "ot") as ot, loop(b, 0, g.p // n, "qt") as qt:
         o0, q0 = b.mul(ot, i64(n)), b.mul(qt, i64(n))
         rows = [b.load(kb.pointer(b, gi, iadd(b, g_img, imul(b, b.add(o0, i64(r)), ld), q0)),
                        typ=vec, align=4) for r in range(n)]
-        for h, lo, hi in rounds:
-            for r in range(n):
-                if r & h:
-                    continue
-                rows[r], rows[r + h] = (b.shuffle_vector(rows[r], rows[r + h], lo),
-                                        b.shuffle_vector(rows[r], rows[r + h], hi))
-        for c in range(n):
+        for c, row in enumerate(conv_polyphase.square_transposed(b, rows)):
             at = b.add(b.mul(b.add(q0, i64(c)), i64(g.o)), o0)
-            b.store(rows[c], kb.pointer(b, dst, at), align=4)
+            b.store(row, kb.pointer(b, dst, at), align=4)
 
 
 def _at_most(b, v, n: int):

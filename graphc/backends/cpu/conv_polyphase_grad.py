@@ -59,6 +59,7 @@ from graphc.backends.cpu.conv_polyphase import (
     Pass,
     applies,
     input_transform,
+    square_transposed,
     two_sided,
 )
 from graphc.backends.cpu.conv_threads import plan_split
@@ -72,10 +73,10 @@ from graphc.backends.cpu.image_kernels import (
     imul,
 )
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import F32, I32, as_i64, i64, loop
+from graphc.backends.cpu.values import F32, as_i64, i64, loop
 from graphc.backends.cpu.winograd_transforms import spaced
 
-__all__ = ["BLOCK_TILES", "ENABLED", "Y_PHASES", "conv2d_weight_grad", "square_transposed"]
+__all__ = ["BLOCK_TILES", "ENABLED", "Y_PHASES", "conv2d_weight_grad"]
 
 ENABLED = True  # False: im2col + GEMM (A/B runs)
 # Output blocks a block's GEMMs sum (k), at least: as the forward's, twice as many from
@@ -267,24 +268,6 @@ def _tile_major(b, kb, vi, vti, layout: _Layout, v_step: int) -> None:
                     cc = b.add(c0, c)
                     value = kb.load(b, vi, iadd(b, imul(b, cc, ld), t, xi * v_step))
                     kb.store(b, vti, iadd(b, imul(b, t, row), cc, start), value)
-
-
-def square_transposed(b, rows: list) -> list:
-    """The transpose of a square of n vectors of n lanes (n a power of two): log2(n) rounds
-    of pairwise shuffles, round h swapping the h x h off-diagonal blocks of every 2h x 2h
-    block."""
-    n = len(rows)
-    rows = list(rows)
-    h = n // 2
-    while h:
-        lo = ir.Constant(ir.VectorType(I32, n), [c if not c & h else n + c - h for c in range(n)])
-        hi = ir.Constant(ir.VectorType(I32, n), [c + h if not c & h else n + c for c in range(n)])
-        for r in range(n):
-            if not r & h:
-                rows[r], rows[r + h] = (b.shuffle_vector(rows[r], rows[r + h], lo),
-                                        b.shuffle_vector(rows[r], rows[r + h], hi))
-        h //= 2
-    return rows
 
 
 def _out_kernel(lw, locs, recipe, g, layout: _Layout, split):
