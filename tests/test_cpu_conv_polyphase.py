@@ -262,31 +262,3 @@ def test_input_rows_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
         outs.append(exe.run(*args)[0])
         assert bool(taken) == on
     np.testing.assert_array_equal(outs[0], outs[1])
-
-
-# the input gradient's filter transform by squares of 16 x 16 channels against the element
-# loop: inline (one thread), in a forked kernel of its own (one block), in a split's prelude
-@needs_kernel
-@pytest.mark.parametrize("xs, ws, forks", [((2, 64, 32, 32), (128, 64, 3, 3), False),
-                                           ((4, 256, 8, 8), (512, 256, 3, 3), True),
-                                           ((5, 16, 16, 16), (128, 16, 3, 3), True)])
-def test_input_grad_filter_by_squares_bit_for_bit(xs, ws, forks, monkeypatch, tmp_path):
-    from graphc.backends.cpu import kernels
-
-    monkeypatch.setattr(conv_polyphase, "GRAD_MIN_TILES", 4)
-    if forks:
-        monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
-        monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
-    rng = np.random.default_rng(sum(ws))
-    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
-    args = [rng.standard_normal(gs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)]
-    outs = []
-    for on in (True, False):
-        monkeypatch.setattr(conv_polyphase, "FILTER_SQUARES", on)
-        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / str(on)))
-        for count in sorted({1, ALL_CORES}):
-            exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["gx"], count)
-            assert KERNEL in exe.lowered.ir_text
-            outs.append(exe.run(*args)[0])
-    for got in outs[1:]:
-        np.testing.assert_array_equal(got, outs[0])

@@ -268,9 +268,6 @@ def _filter_transform(b, kb, dt, wi, ui, u_step, g, o_range, phases) -> None:
     input gradient took 12.5 ms against im2col's 9.3), walked c outer so the stores run
     along U's rows (o outer: 10.5 ms for that layer's transform, its stores 2 KB apart)."""
     transposed = phases is GRAD_PHASES
-    if transposed and _by_squares(g, dt):
-        blocks = [b.udiv(v, i64(SQUARE)) for v in o_range]
-        return _filter_by_squares(b, kb, wi, ui, u_step, g, blocks)
     outer, inner = ((0, g.c), o_range) if transposed else (o_range, (0, g.c))
     with loop(b, *outer, "wu") as u, loop(b, *inner, "wv") as v:
         o, c = (v, u) if transposed else (u, v)
@@ -293,54 +290,9 @@ def _filter_kernel(lw, locs, recipe, g, u_step, phases):
     b = kb.begin(parallel=True, work=POSITIONS * g.o * g.c)
     if b is None:
         return kb.kernel
-    dt = locs[0].type.dtype
-    if phases is GRAD_PHASES and _by_squares(g, dt):  # forked over blocks of SQUARE o's
-        _filter_by_squares(b, kb, ids[1], ids[3], u_step, g,
-                           kb.outer_range(b, g.o // SQUARE))
-    else:
-        _filter_transform(b, kb, dt, ids[1], ids[3], u_step, g, kb.outer_range(b, g.o),
-                          phases)
+    _filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g,
+                      kb.outer_range(b, g.o), phases)
     return kb.finish(b)
-
-
-SQUARE = 16  # the input gradient's filter transform: squares of 16 x 16 float32
-# The input gradient's filter transform by squares of output and input channels (False: the
-# element loop, for A/B runs and tests); 256 -> 512 channels: 2.7 ms of the kernel's 9.7
-# element by element
-FILTER_SQUARES = True
-
-
-def _by_squares(g, dt) -> bool:
-    return FILTER_SQUARES and dt is float32 and g.o % SQUARE == 0 and g.c % SQUARE == 0
-
-
-def _filter_by_squares(b, kb, wi, ui, u_step, g, blocks) -> None:
-    """The input gradient's U[xi][c][o] (as `_filter_transform`'s, the same bits) for the
-    output channels of the blocks of SQUARE in `blocks` (lo, hi), SQUARE o's a vector: per
-    square of SQUARE o's and SQUARE c's, w's rows (SQUARE c's x 9 taps, contiguous) loaded
-    as 9 vectors each, transposed nine squares at a time so every tap of every c is one
-    vector along o, the phases' G f G^T on vectors, each position's values one store along
-    U's row (the element loop's loads read 9 floats a row 9 KB apart, its stores one float)."""
-    vec = ir.VectorType(F32, SQUARE)
-    with loop(b, *blocks, "ob") as ob, loop(b, 0, g.c // SQUARE, "cb") as cb:
-        o0, c0 = b.mul(ob, i64(SQUARE)), b.mul(cb, i64(SQUARE))
-        rows = [[b.load(kb.pointer(b, wi, iadd(b, imul(b, iadd(b, imul(b, iadd(b, o0, i),
-                                                                        g.c), c0), 9),
-                                              j * SQUARE)), typ=vec, align=4)
-                 for j in range(9)] for i in range(SQUARE)]
-        taps = []  # element e = c * 9 + tap of the square's rows, a vector along o
-        for j in range(9):
-            taps += square_transposed(b, [rows[i][j] for i in range(SQUARE)])
-        for c in range(SQUARE):
-            f = [[taps[c * 9 + r * 3 + s] for s in range(3)] for r in range(3)]
-            at = iadd(b, imul(b, iadd(b, c0, c), g.o), o0)
-            xi = 0
-            for rows_p, cols_p in GRAD_PHASES:
-                sub = [[f[r][s] for s in cols_p[3]] for r in rows_p[3]]
-                for row in two_sided(b, float32, rows_p[2], sub, cols_p[2]):
-                    for value in row:
-                        b.store(value, kb.pointer(b, ui, iadd(b, at, xi * u_step)), align=4)
-                        xi += 1
 
 
 def square_transposed(b, rows: list) -> list:
