@@ -25,7 +25,8 @@ turn, the first that takes it building the kernel; the rest take im2col + BLAS G
   input gradient itself. Row slabs as the forward's, up to conv_row_split.INPUT_GRAD_MAX_N
   columns.
 - weight gradient: conv_few_channels_grad, conv_direct, conv_winograd_wide_grad (Winograd
-  for 512 channels and more on small planes), conv_winograd, else per image or
+  for 512 channels and more on small planes), conv_winograd, conv_polyphase_grad (3x3
+  stride 2 padding 1: Winograd on x's four phases), else per image or
   block im2col then `gw_g += gy_g @ cols_g^T` (beta 0 for the first, 1 after), so the batch
   accumulates inside the GEMM. Where O/g <= 128 < K the GEMM computes the transposed
   gradient `gw_g^T += cols_g @ gy_g^T` in scratch, copied out in tiles at the end: OpenBLAS

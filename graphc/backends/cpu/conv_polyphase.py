@@ -44,7 +44,9 @@ so a 2x2 block of each phase reads a 3x3 patch of gy, the same 25 positions, U s
 transposed, and each phase's A^T M A written to its own elements of gx (a 4x4 block a
 tile). Taken where gx's planes are exactly twice gy's, with GRAD_MIN_OUT_CHANNELS output
 channels and GRAD_MIN_TILES output blocks an image or more (rounding and speed, see there).
-The weight gradient keeps im2col.
+The weight gradient is graphc.backends.cpu.conv_polyphase_grad's, from this module's input
+transform (`Pass`, `input_transform`: x's patches as the forward's, gy's 2x2 blocks through
+A with `slots` placing Y's matrices).
 """
 
 from __future__ import annotations
@@ -89,8 +91,11 @@ ROW_VECTORS = True
 # output channels 2.45x and 2.3x (past the 2x rule), 128: 1.20x, 256: 1.03x, 512: 0.93x.
 GRAD_MIN_OUT_CHANNELS = 128
 # ... and from this many output blocks an image: the 256 -> 512 layer's (4x4 gy planes, 4
-# blocks) took 9.7-11.3 ms against im2col's 9.3-9.5 (its filter transform 2.8 ms, its input
-# transform scalar: 1.5 ms); 64 -> 128 and 128 -> 256: 8.7 -> 7.2 and 8.2 -> 7.1 ms.
+# blocks) took 9.7-11.3 ms against im2col's 9.3-9.5 (eleventh session), 8.4-8.8 against
+# 8.3 (twelfth: its filter transform by 16 x 16 squares of channels in registers measured
+# the same as the element loop; its U, 13 MB a call, is written and read where im2col
+# reads w's 4.7 MB);
+# 64 -> 128 and 128 -> 256: 8.7 -> 7.2 and 8.2 -> 7.1 ms.
 GRAD_MIN_TILES = 16
 
 # Per axis, per phase: (input patch offsets, B^T, G's rows over the filter taps, A^T).
