@@ -34,7 +34,8 @@ forced, wall clock (median over blocks of each block's median), and CPU time per
 SWITCH off while compiling (`SWITCHES`; `forks`, the default: the tenth session's forks,
 `kernels.forks` False: a Winograd kernel not split over its images keeps its filter
 transform and 16 block GEMMs serial, reductions stay serial; `column_parts`: column sums
-serial, not cut into forked parts) and "after" as it is; the blocks rotate over both variants
+serial, not cut into forked parts; `polyphase_grad`: the stride-2 weight gradients on
+im2col) and "after" as it is; the blocks rotate over both variants
 and both counts (the kernels part profiles "after").
 
 Two threads wait for a core the OS gives to other work: read the load averages printed at
@@ -113,6 +114,12 @@ def _column_parts_off() -> dict:
     return {(column_parts, "SPLIT"): False}
 
 
+def _polyphase_grad_off() -> dict:
+    from graphc.backends.cpu import conv_polyphase_grad
+
+    return {(conv_polyphase_grad, "ENABLED"): False}
+
+
 # --ab SWITCH: what "before" turns off while compiling ({(module, attribute): value})
 SWITCHES = {
     # the tenth session's forks: a Winograd kernel not split over images keeps its filter
@@ -120,6 +127,8 @@ SWITCHES = {
     "forks": _forks_off,
     # the eleventh's column sums cut into forked parts (graphc.backends.cpu.column_parts)
     "column_parts": _column_parts_off,
+    # the twelfth's stride-2 weight gradients by polyphase Winograd (conv_polyphase_grad)
+    "polyphase_grad": _polyphase_grad_off,
 }
 
 
