@@ -67,6 +67,7 @@ from graphc.backends.cpu import (
     conv_direct,
     conv_few_channels,
     conv_few_channels_grad,
+    conv_pointwise,
     conv_polyphase,
     conv_polyphase_grad,
     conv_row_split,
@@ -156,7 +157,8 @@ def conv2d(lw, node: Node, x: Loc, w: Loc, out: Loc, attrs: dict, epilogue=None)
         return applied
     if conv_direct.conv2d(lw, node, g, x, w, out) or \
             conv_winograd.conv2d(lw, node, g, x, w, out) or \
-            conv_polyphase.conv2d(lw, node, g, x, w, out):
+            conv_polyphase.conv2d(lw, node, g, x, w, out) or \
+            conv_pointwise.conv2d(lw, node, g, x, w, out):  # strided 1x1 (conv_pointwise)
         return False
     cv = Conv(lw, node, g, x.type.dtype)
     w = contiguous_in(lw, w)
@@ -228,7 +230,8 @@ def conv2d_input_grad(lw, node: Node) -> None:
     g = _geometry(out.type, w.type.shape, gy.type.shape[-2:], node.attrs)
     if conv_direct.conv2d_input_grad(lw, node, g) or \
             conv_winograd.conv2d_input_grad(lw, node, g) or \
-            conv_polyphase.conv2d_input_grad(lw, node, g):
+            conv_polyphase.conv2d_input_grad(lw, node, g) or \
+            conv_pointwise.conv2d_input_grad(lw, node, g):  # strided 1x1 (conv_pointwise)
         return
     cv = Conv(lw, node, g, gy.type.dtype)
     wl = contiguous_in(lw, lw.locs[w])
@@ -288,7 +291,8 @@ def conv2d_weight_grad(lw, node: Node) -> None:
             conv_direct.conv2d_weight_grad(lw, node, g) or \
             conv_winograd_wide_grad.conv2d_weight_grad(lw, node, g) or \
             conv_winograd.conv2d_weight_grad(lw, node, g) or \
-            conv_polyphase_grad.conv2d_weight_grad(lw, node, g):
+            conv_polyphase_grad.conv2d_weight_grad(lw, node, g) or \
+            conv_pointwise.conv2d_weight_grad(lw, node, g):  # strided 1x1 (conv_pointwise)
         return
     cv = Conv(lw, node, g, x.type.dtype)
     xl = lw.locs[x]

@@ -1,0 +1,94 @@
+"""ResNet-18's 1x1 stride-2 shortcut convolutions: conv.py's im2col path against
+graphc.backends.cpu.conv_pointwise's kernels, each pass a one-op graph.
+
+    python -m benchmarks.pointwise_conv --rounds 15
+
+For the three shortcuts of the CIFAR ResNet-18 step (batch 32: 64 -> 128 at 32x32 in,
+128 -> 256 at 16x16, 256 -> 512 at 8x8), forward, input gradient and weight gradient, each
+compiled twice (conv_pointwise.ENABLED off and on, each its own GRAPHC_CACHE_DIR) and
+called natively in alternated rounds (`--rounds` rounds of >= 40 ms of CPU time, medians),
+1 thread (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, set before graphc loads), CPU time.
+GFLOP/s are the GEMM's 2*N*O*C*H_out*W_out over the time; "same" says whether the two
+results are within float32 rounding of each other (max difference over max |value|).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+SHORTCUTS = ((64, 32), (128, 16), (256, 8))  # (input channels, input plane side)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15, help="alternated rounds (15)")
+    parser.add_argument("--batch", type=int, default=32, help="images (32)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    from benchmarks.harness import cache_root
+
+    print(f"load average before: {_load()}", flush=True)
+    with cache_root("pointwise_conv.") as root:
+        print(shortcut_table(root, args.rounds, args.batch), flush=True)
+    print(f"load average after: {_load()}")
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def shortcut_table(root: str, rounds: int, n: int) -> str:
+    """The markdown table of the module docstring."""
+    import numpy as np
+
+    from benchmarks.profiles import native_call
+    from benchmarks.resnet18_kernels import _alternated
+    from graphc.backends.cpu import conv_pointwise
+    from tests.test_cpu_conv_paths import _graphs
+
+    lines = ["| shortcut (N = %d) | pass | im2col | conv_pointwise | GFLOP/s | same |" % n,
+             "|---|---|---|---|---|---|"]
+    totals = [0.0, 0.0]
+    for c, side in SHORTCUTS:
+        xs, ws = (n, c, side, side), (2 * c, c, 1, 1)
+        gs, _ = _graphs(xs, ws, (2, 2), (0, 0), 1)
+        rng = np.random.default_rng(c)
+        flops = 2 * n * 2 * c * c * (side // 2) ** 2
+        for kind, shapes in (("fwd", (xs, ws)), ("gx", (gs, ws)), ("gw", (gs, xs))):
+            inputs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+            exes = []
+            for enabled in (False, True):
+                kept, conv_pointwise.ENABLED = conv_pointwise.ENABLED, enabled
+                try:
+                    graph = _graphs(xs, ws, (2, 2), (0, 0), 1)[1][kind]
+                    exes.append(_compiled(root, graph, f"{c}-{kind}-{enabled}"))
+                finally:
+                    conv_pointwise.ENABLED = kept
+            results = [e.run(*inputs)[0] for e in exes]
+            diff = float(np.abs(results[0] - results[1]).max() / np.abs(results[0]).max())
+            before, after = (float(np.median(t)) for t in
+                             _alternated([native_call(e, inputs) for e in exes], rounds))
+            totals[0] += before
+            totals[1] += after
+            lines.append(f"| {c} -> {2 * c}, {side // 2}x{side // 2} out | {kind} | "
+                         f"{before * 1e3:.3f} ms | {after * 1e3:.3f} ms | "
+                         f"{flops / before / 1e9:.0f} -> {flops / after / 1e9:.0f} | "
+                         f"{'yes' if diff < 1e-5 else f'no ({diff:.1e})'} |")
+    lines.append(f"| all nine | | {totals[0] * 1e3:.2f} ms | {totals[1] * 1e3:.2f} ms | | |")
+    return "\n".join(lines)
+
+
+def _compiled(root: str, graph, tag: str):
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.passes.plan import plan_buffers
+
+    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, tag)
+    plan_buffers(graph)
+    return CpuExecutable(graph)
+
+
+if __name__ == "__main__":
+    main()
