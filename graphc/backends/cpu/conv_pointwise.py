@@ -180,11 +180,38 @@ def gemm_function(module: ir.Module, g: PointwiseGemm) -> ir.Function:
 def _tile(b, g: PointwiseGemm, a, bm, c, row0, rows: int, kn0, kq0: int, count: int,
           b_cols, c_cols, accumulate) -> None:
     """c[row0 : row0 + rows, the panel's vectors] (+)= a @ b over `count` steps of k from
-    (kn0, kq0): the sums in registers (phi nodes through one loop), then stored or added."""
+    (kn0, kq0): the sums in registers (one loop over kq per image of the block, unrolled
+    over the images: no division in the loop), then stored or added."""
     vec = ir.VectorType(F32, g.lanes)
     zero = ir.Constant(vec, [0.0] * g.lanes)
+    sums = [[zero] * g.vectors for _ in range(rows)]
+    if count > g.kq:  # a run of whole images
+        for image in range(count // g.kq):
+            sums = _k_run(b, g, a, bm, row0, rows, b.add(kn0, i64(image)), 0, g.kq, b_cols,
+                          sums)
+    else:
+        sums = _k_run(b, g, a, bm, row0, rows, kn0, kq0, count, b_cols, sums)
+    for r, row in enumerate(sums):
+        at = b.mul(b.add(row0, i64(r)), i64(g.c_row))
+        for col, value in zip(c_cols, row):
+            pointer = b.gep(c, [b.add(at, col)], inbounds=True, source_etype=F32)
+            # beta 1 adds to c; beta 0 stores (c's old contents, maybe not numbers, unused)
+            old = b.load(pointer, typ=vec, align=4)
+            total = b.fadd(old, value)
+            if accumulate is not True:
+                total = b.select(accumulate, total, value)
+            b.store(total, pointer, align=4)
+
+
+def _k_run(b, g: PointwiseGemm, a, bm, row0, rows: int, kn, kq0: int, count: int, b_cols,
+           sums_in: list) -> list:
+    """The tile's sums `sums_in` plus a[rows, (kn, kq)] * b[(kn, kq), cols] for kq in
+    [kq0, kq0 + count), in order (phi nodes through one loop); returns the new sums."""
+    vec = ir.VectorType(F32, g.lanes)
     splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), g.lanes), [0] * g.lanes)
     fma = fma_intrinsic(b.module, vec)
+    b_image = b.mul(kn, i64(g.b_kn))
+    a_image = b.mul(kn, i64(g.a_kn))
     pre = b.block
     body = b.append_basic_block("k.body")
     b.branch(body)
@@ -192,17 +219,14 @@ def _tile(b, g: PointwiseGemm, a, bm, c, row0, rows: int, kn0, kq0: int, count: 
     t = b.phi(I64, name="t")
     t.add_incoming(i64(0), pre)
     sums = [[b.phi(vec, name=f"s{r}_{v}") for v in range(g.vectors)] for r in range(rows)]
-    for row in sums:
-        for s in row:
-            s.add_incoming(zero, pre)
-    if count > g.kq:  # a run of images: t -> (kn0 + t // kq, t % kq)
-        kn, kq = b.add(kn0, b.udiv(t, i64(g.kq))), b.urem(t, i64(g.kq))
-    else:
-        kn, kq = kn0, b.add(t, i64(kq0))
-    b_row = b.add(b.mul(kn, i64(g.b_kn)), b.mul(kq, i64(g.b_kq)))
+    for row, row_in in zip(sums, sums_in):
+        for s, s_in in zip(row, row_in):
+            s.add_incoming(s_in, pre)
+    kq = b.add(t, i64(kq0))
+    b_row = b.add(b_image, b.mul(kq, i64(g.b_kq)))
     bvecs = [b.load(b.gep(bm, [b.add(b_row, col)], inbounds=True, source_etype=F32),
                     typ=vec, align=4) for col in b_cols]
-    a_col = b.add(b.mul(kn, i64(g.a_kn)), b.mul(kq, i64(g.a_kq)))
+    a_col = b.add(a_image, b.mul(kq, i64(g.a_kq)))
     new = broadcast_fma(b, a, row0, rows, g.a_row, a_col, bvecs, sums, fma, splat_mask)
     nxt = b.add(t, i64(1), name="t.next")
     nxt.flags.append("nuw")
@@ -213,16 +237,7 @@ def _tile(b, g: PointwiseGemm, a, bm, c, row0, rows: int, kn0, kq0: int, count: 
     end = b.append_basic_block("k.end")
     b.cbranch(b.icmp_unsigned("<", nxt, i64(count)), body, end)
     b.position_at_end(end)
-    for r, row in enumerate(new):
-        at = b.mul(b.add(row0, i64(r)), i64(g.c_row))
-        for col, value in zip(c_cols, row):
-            pointer = b.gep(c, [b.add(at, col)], inbounds=True, source_etype=F32)
-            # beta 1 adds to c; beta 0 stores (c's old contents, maybe not numbers, unused)
-            old = b.load(pointer, typ=vec, align=4)
-            total = b.fadd(old, value)
-            if accumulate is not True:
-                total = b.select(accumulate, total, value)
-            b.store(total, pointer, align=4)
+    return new
 
 
 def takes(g, dt, *locs) -> bool:
