@@ -2,12 +2,14 @@
 graphc.backends.cpu.conv_pointwise's kernels, each pass a one-op graph.
 
     python -m benchmarks.pointwise_conv --rounds 15
+    python -m benchmarks.pointwise_conv --rounds 15 --threads 2     # wall clock
 
 For the three shortcuts of the CIFAR ResNet-18 step (batch 32: 64 -> 128 at 32x32 in,
 128 -> 256 at 16x16, 256 -> 512 at 8x8), forward, input gradient and weight gradient, each
 compiled twice (conv_pointwise.ENABLED off and on, each its own GRAPHC_CACHE_DIR) and
-called natively in alternated rounds (`--rounds` rounds of >= 40 ms of CPU time, medians),
-1 thread (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, set before graphc loads), CPU time.
+called natively in alternated rounds (`--rounds` rounds of >= 40 ms, medians), at
+`--threads` threads (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS, set before graphc loads; the
+kernels are built for that many shares): CPU time at one thread, wall clock at more.
 GFLOP/s are the GEMM's 2*N*O*C*H_out*W_out over the time; "same" says whether the two
 results are within float32 rounding of each other (max difference over max |value|).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 SHORTCUTS = ((64, 32), (128, 16), (256, 8))  # (input channels, input plane side)
 
@@ -24,15 +27,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="alternated rounds (15)")
     parser.add_argument("--batch", type=int, default=32, help="images (32)")
+    parser.add_argument("--threads", type=int, default=1, help="threads (1)")
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    for flag, value in (("--rounds", args.rounds), ("--threads", args.threads)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
+    os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+    clock = time.process_time if args.threads == 1 else time.perf_counter
     from benchmarks.harness import cache_root
 
     print(f"load average before: {_load()}", flush=True)
     with cache_root("pointwise_conv.") as root:
-        print(shortcut_table(root, args.rounds, args.batch), flush=True)
+        print(shortcut_table(root, args.rounds, args.batch, clock), flush=True)
     print(f"load average after: {_load()}")
 
 
@@ -40,12 +46,11 @@ def _load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def shortcut_table(root: str, rounds: int, n: int) -> str:
+def shortcut_table(root: str, rounds: int, n: int, clock=time.process_time) -> str:
     """The markdown table of the module docstring."""
     import numpy as np
 
     from benchmarks.profiles import native_call
-    from benchmarks.resnet18_kernels import _alternated
     from graphc.backends.cpu import conv_pointwise
     from tests.test_cpu_conv_paths import _graphs
 
@@ -70,7 +75,8 @@ def shortcut_table(root: str, rounds: int, n: int) -> str:
             results = [e.run(*inputs)[0] for e in exes]
             diff = float(np.abs(results[0] - results[1]).max() / np.abs(results[0]).max())
             before, after = (float(np.median(t)) for t in
-                             _alternated([native_call(e, inputs) for e in exes], rounds))
+                             _alternated([native_call(e, inputs) for e in exes], rounds,
+                                         clock))
             totals[0] += before
             totals[1] += after
             lines.append(f"| {c} -> {2 * c}, {side // 2}x{side // 2} out | {kind} | "
@@ -79,6 +85,20 @@ def shortcut_table(root: str, rounds: int, n: int) -> str:
                          f"{'yes' if diff < 1e-5 else f'no ({diff:.1e})'} |")
     lines.append(f"| all nine | | {totals[0] * 1e3:.2f} ms | {totals[1] * 1e3:.2f} ms | | |")
     return "\n".join(lines)
+
+
+def _alternated(calls, rounds: int, clock) -> list[list[float]]:
+    """Per call, one sample a round: its mean time over >= 40 ms of `clock`."""
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(rounds):
+        for call, samples in zip(calls, times):
+            call()
+            count, start = 0, clock()
+            while clock() - start < 0.04:
+                call()
+                count += 1
+            samples.append((clock() - start) / count)
+    return times
 
 
 def _compiled(root: str, graph, tag: str):

@@ -134,3 +134,112 @@ def test_disabled_keeps_im2col(monkeypatch):
     monkeypatch.setattr(conv_pointwise, "ENABLED", False)
     _check((2, 64, 16, 16), (128, 64, 1, 1), (2, 2), counts=(1,),
            taken=dict.fromkeys(KINDS, False))
+
+
+def _downsample_block(channels: int, size: int):
+    """A ResNet downsample block (3x3 stride-2 conv-bn-relu, 3x3 conv-bn, + the 1x1
+    stride-2 shortcut's conv-bn, relu), then a linear head to 3 classes."""
+    from graphc import nn
+
+    class DownsampleBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            wide = 2 * channels
+            self.conv1 = nn.Conv2d(channels, wide, 3, stride=2, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(wide)
+            self.conv2 = nn.Conv2d(wide, wide, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(wide)
+            self.short = nn.Conv2d(channels, wide, 1, stride=2, bias=False)
+            self.bn_s = nn.BatchNorm2d(wide)
+            self.head = nn.Linear(wide * (size // 2) ** 2, 3)
+
+        def forward(self, x):
+            y = self.bn1(self.conv1(x)).relu()
+            y = (self.bn2(self.conv2(y)) + self.bn_s(self.short(x))).relu()
+            return self.head(y.reshape(x.shape[0], -1))
+
+    return DownsampleBlock()
+
+
+@needs_kernel
+def test_a_downsample_blocks_step_within_twice_eager_rounding_of_float64(monkeypatch,
+                                                                         tmp_path):
+    """The block's forward and backward compiled (its shortcut's three passes by this
+    module's kernels), two calls: the loss, every gradient and the running statistics
+    within 2x eager graphc's distance from the same block in PyTorch, float64."""
+    import graphc
+    from tests.conftest import torch_or_skip
+
+    torch = torch_or_skip()
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(threads, "image_threads", lambda: 1)  # all three passes serial
+    taken = []
+
+    def spied(name: str):
+        real = getattr(conv_pointwise, name)
+
+        def spy(*args):
+            out = real(*args)
+            taken.extend([name] if out else [])
+            return out
+
+        return spy
+
+    for name in ("conv2d", "conv2d_input_grad", "conv2d_weight_grad"):
+        monkeypatch.setattr(conv_pointwise, name, spied(name))
+    channels, size, n = 16, 16, 5
+    rng = np.random.default_rng(3)
+    x = (0.5 + rng.standard_normal((n, channels, size, size))).astype(np.float32)
+    y = rng.integers(0, 3, n)
+    graphc.manual_seed(2)
+    weights = {k: v.numpy().copy() for k, v in _downsample_block(channels, size)
+               .state_dict().items()}
+
+    def graphc_run(compiled: bool):
+        model = _downsample_block(channels, size)
+        model.load_state_dict({k: graphc.tensor(v) for k, v in weights.items()})
+
+        def step(xs, ys):
+            loss = graphc.nn.functional.cross_entropy(model(xs), ys)
+            loss.backward()
+            return loss
+
+        gx = graphc.tensor(x, requires_grad=True)
+        run = graphc.compile(step, backend="cpu") if compiled else step
+        run(gx, graphc.tensor(y))  # (compiled: the first call runs on the interpreter)
+        loss = run(gx, graphc.tensor(y))  # gradients add up, running statistics move twice
+        return [loss.detach().numpy(), gx.grad.numpy()] + \
+            [p.grad.numpy() for p in model.parameters()] + \
+            [b.numpy() for name, b in model.state_dict().items() if "running" in name]
+
+    got, eager = graphc_run(True), graphc_run(False)
+    assert sorted(taken) == ["conv2d", "conv2d_input_grad", "conv2d_weight_grad"], taken
+    t_model = torch.nn.Module()  # the same block in PyTorch, float64
+    wide = 2 * channels
+    t_model.conv1 = torch.nn.Conv2d(channels, wide, 3, stride=2, padding=1, bias=False)
+    t_model.bn1 = torch.nn.BatchNorm2d(wide)
+    t_model.conv2 = torch.nn.Conv2d(wide, wide, 3, padding=1, bias=False)
+    t_model.bn2 = torch.nn.BatchNorm2d(wide)
+    t_model.short = torch.nn.Conv2d(channels, wide, 1, stride=2, bias=False)
+    t_model.bn_s = torch.nn.BatchNorm2d(wide)
+    t_model.head = torch.nn.Linear(wide * (size // 2) ** 2, 3)
+    t_model = t_model.double()
+    t_model.load_state_dict({k: torch.tensor(v, dtype=torch.float64 if v.dtype.kind == "f"
+                                             else None) for k, v in weights.items()})
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        h = t_model.bn1(t_model.conv1(tx)).relu()
+        h = (t_model.bn2(t_model.conv2(h)) + t_model.bn_s(t_model.short(tx))).relu()
+        t_loss = torch.nn.functional.cross_entropy(t_model.head(h.reshape(n, -1)),
+                                                   torch.tensor(y))
+        t_loss.backward()
+    want = [t_loss.detach().numpy(), tx.grad.numpy()] + \
+        [p.grad.numpy() for p in t_model.parameters()] + \
+        [b.numpy() for name, b in t_model.state_dict().items() if "running" in name]
+    assert len(got) == len(eager) == len(want) == 2 + 11 + 6
+    assert not all(np.array_equal(g, e) for g, e in zip(got, eager)), "compiled = eager?"
+    for k, (g, e, r) in enumerate(zip(got, eager, want)):
+        try:
+            assert_rounding_within(np.asarray(g, np.float32), np.asarray(e, np.float32), r)
+        except AssertionError as err:
+            raise AssertionError(f"result {k}: {err}") from None
