@@ -11,7 +11,12 @@ import pytest
 
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
-from graphc.backends.cpu import conv_im2col, conv_polyphase, conv_polyphase_grad  # noqa: E402
+from graphc.backends.cpu import (  # noqa: E402
+    conv_im2col,
+    conv_pointwise,
+    conv_polyphase,
+    conv_polyphase_grad,
+)
 from tests.test_cpu_backend import compare  # noqa: E402
 from tests.test_cpu_conv_paths import _graphs  # noqa: E402
 
@@ -46,6 +51,7 @@ def test_im2col_by_rows_bit_for_bit(case, monkeypatch, tmp_path):
     monkeypatch.setattr(conv_im2col.Conv, "_im2col_rows", recording)
     monkeypatch.setattr(conv_polyphase, "ENABLED", False)  # ResNet's forward: im2col here
     monkeypatch.setattr(conv_polyphase_grad, "ENABLED", False)  # and its weight gradient
+    monkeypatch.setattr(conv_pointwise, "ENABLED", False)  # ResNet's shortcut: im2col here
     for kind, shapes in (("fwd", (xs, ws)), ("gw", (gs, xs))):
         args = [rng.standard_normal(s).astype(dtype) for s in shapes]
         outs = []
@@ -91,6 +97,7 @@ def test_col2im_by_rows_bit_for_bit(case, monkeypatch, tmp_path):
         return emit(self, *rest)
 
     monkeypatch.setattr(conv_im2col.Conv, "_col2im_rows", recording)
+    monkeypatch.setattr(conv_pointwise, "ENABLED", False)  # ResNet's shortcut: col2im here
     for on in (True, False):
         monkeypatch.setattr(conv_im2col, "BY_ROWS", on)
         monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / str(on)))
