@@ -3,6 +3,7 @@ graphc.backends.cpu.conv_pointwise's kernels, each pass a one-op graph.
 
     python -m benchmarks.pointwise_conv --rounds 15
     python -m benchmarks.pointwise_conv --rounds 15 --threads 2     # wall clock
+    python -m benchmarks.pointwise_conv --step --rounds 21 --repeat 5
 
 For the three shortcuts of the CIFAR ResNet-18 step (batch 32: 64 -> 128 at 32x32 in,
 128 -> 256 at 16x16, 256 -> 512 at 8x8), forward, input gradient and weight gradient, each
@@ -12,6 +13,12 @@ called natively in alternated rounds (`--rounds` rounds of >= 40 ms, medians), a
 kernels are built for that many shares): CPU time at one thread, wall clock at more.
 GFLOP/s are the GEMM's 2*N*O*C*H_out*W_out over the time; "same" says whether the two
 results are within float32 rounding of each other (max difference over max |value|).
+
+`--step`: benchmarks/resnet18_kernels.py's `switches_gain` instead: the whole ResNet-18
+step compiled with conv_pointwise off ("im2col") and on ("pointwise"), each with its own
+GRAPHC_CACHE_DIR, the steps' CPU time in alternation (`--rounds` samples), then the 1x1
+kernels by weight shape inside the step (graphc.profile, `--repeat` runs, 3 rounds); one
+thread.
 """
 
 from __future__ import annotations
@@ -28,17 +35,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=15, help="alternated rounds (15)")
     parser.add_argument("--batch", type=int, default=32, help="images (32)")
     parser.add_argument("--threads", type=int, default=1, help="threads (1)")
+    parser.add_argument("--step", action="store_true", help="the whole step's A/B")
+    parser.add_argument("--repeat", type=int, default=5, help="--step: profiled runs (5)")
     args = parser.parse_args(argv)
-    for flag, value in (("--rounds", args.rounds), ("--threads", args.threads)):
+    for flag, value in (("--rounds", args.rounds), ("--threads", args.threads),
+                        ("--repeat", args.repeat)):
         if value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
+    if args.step and args.threads != 1:
+        parser.error("--step runs one thread (switches_gain's CPU time): drop --threads")
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
     clock = time.process_time if args.threads == 1 else time.perf_counter
     from benchmarks.harness import cache_root
 
     print(f"load average before: {_load()}", flush=True)
     with cache_root("pointwise_conv.") as root:
-        print(shortcut_table(root, args.rounds, args.batch, clock), flush=True)
+        if args.step:
+            from benchmarks.resnet18_kernels import switches_gain
+
+            print(switches_gain(root, args.rounds, args.repeat, ("im2col", "pointwise"),
+                                {("conv_pointwise", "ENABLED"): False}, shown=("1x1",)),
+                  flush=True)
+        else:
+            print(shortcut_table(root, args.rounds, args.batch, clock), flush=True)
     print(f"load average after: {_load()}")
 
 
