@@ -86,20 +86,21 @@ def test_the_three_passes(case, monkeypatch):
         serial.setattr(threads, "image_threads", lambda: 1)
         _check(*case, counts=(1,), taken=dict.fromkeys(KINDS, True))
     monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)  # two threads split the images
-    # the weight gradient is serial only: where two threads split its blocks, conv.py's
-    # kernel sums the shares
-    _check(*case, counts=(1, 2), taken={"fwd": True, "gx": True, "gw": None})
+    _check(*case, counts=(1, 2), taken=dict.fromkeys(KINDS, True))
 
 
 @needs_kernel
-def test_split_over_images(monkeypatch):
-    # blocks of one image split over two shares: the forward and input gradient take it,
-    # the weight gradient keeps conv.py's kernel (which sums the shares' partials)
+@pytest.mark.parametrize("case", [
+    ((9, 256, 8, 8), (512, 256, 1, 1), (2, 2)),  # 9 blocks: shares of 5 and 4
+    ((4, 32, 16, 16), (64, 32, 1, 1), (2, 2)),   # gw of 2048 elements: two reduce rows
+])
+def test_split_over_images(case, monkeypatch):
+    # blocks of one image split over two shares; the weight gradient's shares sum into
+    # their own partials, added in share order by the reduce kernel
     monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
     monkeypatch.setattr(threads, "image_threads", lambda: 2)  # built for two shares
     monkeypatch.setattr(conv_pointwise, "BLOCK_BYTES", 1)  # of one image each
-    _check((9, 256, 8, 8), (512, 256, 1, 1), (2, 2), counts=(1, 2),
-           taken={"fwd": True, "gx": True, "gw": False}, split=("fwd", "gx"))
+    _check(*case, counts=(1, 2), taken=dict.fromkeys(KINDS, True), split=KINDS)
 
 
 @needs_kernel
@@ -172,7 +173,6 @@ def test_a_downsample_blocks_step_within_twice_eager_rounding_of_float64(monkeyp
 
     torch = torch_or_skip()
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(threads, "image_threads", lambda: 1)  # all three passes serial
     taken = []
 
     def spied(name: str):

@@ -21,8 +21,8 @@ result or gradient is copied between layouts:
 - weight gradient: `gw (O x C) (+)= gy[n] (O x P) @ xs[n]^T (P x C)`, a block's xs^T packed
   by transposing 16 x 16 squares of subsampled vectors in registers, gy broadcast from
   where it lies; the product runs k over the block's images and positions, beta 0 for the
-  kernel's first block and 1 after. Serial only: where graphc.backends.cpu.conv_threads
-  would split the kernel over the cores, conv.py's path (with its per-share sums) stays.
+  kernel's (or share's) first block and 1 after; split over the cores, the shares' partial
+  gradients are added in share order after (as conv.py's weight gradient).
 
 Taken (`takes`) for float32 on a host with 16-float vector registers (winograd_gemm's
 AVX-512 test), stride s >= 2 equal in both dimensions, planes exactly s times the output
@@ -420,34 +420,66 @@ def conv2d_input_grad(lw, node, g) -> bool:
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
-    """gw of a strided 1x1 convolution `takes` serves, on one thread (see the module
-    docstring), or False."""
+    """gw of a strided 1x1 convolution `takes` serves (see the module docstring), or False.
+    Split over the cores, each share sums its blocks into its own partial gradient (share
+    0 into gw, share s into its copy of a workspace `partial`), added in share order by a
+    reduce kernel (`_sum_shares`), as conv.py's weight gradient does."""
     gy, x = node.inputs
     gl, xl, out = lw.locs[gy], lw.locs[x], lw.locs[node.outputs[0]]
     dt = xl.type.dtype
     if not takes(g, dt, gl, xl, out) or g.c % LANES or g.n < 1:
         return False
     nb = _images(g, g.c * g.p)
-    if conv_threads.shares_for(lw, -(-g.n // nb), g.n * g.o * g.c * g.p) > 1:
-        return False  # conv.py's kernel sums the shares' partial gradients
-    temps = workspace(lw, dt, (nb * g.p * g.c,))
-    kb, ids = image_kernel(lw, "conv2d_weight_grad_pointwise", [gl, xl, out] + temps,
-                           ("pointwise", g.key()))
-    gi, xi, oi, pi = ids
+    shapes = [(nb * g.p * g.c,)]
+    split = conv_threads.plan_split(lw, dt, shapes + [(g.o, g.c)], -(-g.n // nb),
+                                    g.n * g.o * g.c * g.p, rows=-(-g.o * g.c // SUM_CHUNK))
+    temps = workspace(lw, dt, *shapes) if split is None else split.locs + [split.control]
+    locs = [gl, xl, out] + temps
+    kb, ids = image_kernel(lw, "conv2d_weight_grad_pointwise", locs,
+                           ("pointwise", g.key(), split is not None))
+    gi, xi, oi, pi = ids[:4]
+    swap = None if split is None else (out, split.locs[-1])
+    reduce = None if split is None else _sum_shares(lw, g, locs, split)
     b = kb.begin()
     if b is None:
-        lw.calls.append(kb.kernel)
+        lw.calls.append(called_kernel(lw, kb.kernel, split, swap=swap, reduce=reduce))
         return True
+    # the first image this call walks (its share's): its block writes gw, the later add
+    first = i64(0) if split is None else \
+        b.mul(conv_threads.unit_range(b, kb, ids[-1])[0], i64(nb))
+    zero, one = ir.Constant(F32, 0.0), ir.Constant(F32, 1.0)
 
     def block(b, n0, count):
         _pack_transposed(b, kb, g, xi, n0, count, pi)
         gemm = plan_gemm(g.o, count, g.p, 1, g.c, a_row=g.p, a_kn=g.o * g.p, a_kq=1,
                          b_kn=g.p * g.c, b_kq=g.c, b_jn=0, c_row=g.c, c_jn=0)
-        zero, one = ir.Constant(F32, 0.0), ir.Constant(F32, 1.0)
-        beta = zero if isinstance(n0, int) and n0 == 0 else one if isinstance(n0, int) else \
-            b.select(b.icmp_signed("==", n0, i64(0)), zero, one)
+        beta = b.select(b.icmp_signed("==", as_i64(n0), first), zero, one)
         _gemm_call(lw, b, kb, gemm, [(gi, imul(b, n0, g.o * g.p)), (pi, 0), (oi, 0)], beta)
 
-    walk_blocks(b, kb, g, nb, None, None, block)
-    lw.calls.append(kb.finish(b))
+    walk_blocks(b, kb, g, nb, split, ids[-1], block)
+    lw.calls.append(called_kernel(lw, kb.finish(b), split, swap=swap, reduce=reduce))
     return True
+
+
+SUM_CHUNK = 1024  # elements of gw a reduce kernel's row adds (its rows split over the cores)
+
+
+def _sum_shares(lw, g, locs, split):
+    """The reduce kernel of a split weight gradient: over its rows [rows_lo, rows_hi) of
+    SUM_CHUNK elements, gw += the partial gradient of share s, for s = 1, 2, ... in order."""
+    kb, ids = image_kernel(lw, "conv2d_weight_grad_pointwise_sum", locs, ("sum", g.key()))
+    oi, part, ctrl = ids[2], ids[-2], ids[-1]
+    b = kb.begin()
+    if b is None:
+        return kb.kernel
+    lo, hi = conv_threads.unit_range(b, kb, ctrl, conv_threads.ROWS_LO)
+    shares = kb.load(b, ctrl, i64(conv_threads.SHARES))
+    total = g.o * g.c
+    end = b.mul(hi, i64(SUM_CHUNK))
+    end = b.select(b.icmp_signed("<", end, i64(total)), end, i64(total))
+    copy = split.copy_bytes // 4
+    with loop(b, 1, shares, "share") as s:
+        frm = b.mul(s, i64(copy))
+        with loop(b, b.mul(lo, i64(SUM_CHUNK)), end, "e") as e:
+            kb.store(b, oi, e, b.fadd(kb.load(b, oi, e), kb.load(b, part, b.add(frm, e))))
+    return kb.finish(b)
