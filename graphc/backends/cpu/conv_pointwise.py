@@ -57,7 +57,7 @@ from graphc.backends.cpu.values import F32, I64, PTR, as_i64, i64, loop
 from graphc.types import float32
 
 __all__ = ["ENABLED", "PointwiseGemm", "conv2d", "conv2d_input_grad", "conv2d_weight_grad",
-           "gemm_function", "takes"]
+           "gemm_function", "plan_gemm", "takes"]
 
 ENABLED = True  # False: conv.py's im2col path (A/B runs, benchmarks)
 LANES = 16  # floats a vector register (the AVX-512 hosts winograd_gemm serves)
@@ -79,9 +79,8 @@ class PointwiseGemm:
     c[r, (jn, jq)] at r * c_row + jn * c_jn + jq.
 
     m rows, kn x kq steps of k, jn x jq columns (jq a multiple of `lanes`: a vector never
-    spans two images); tiles of `rows` x `vectors`
-    registers; k summed in registers over blocks of `k_block` steps (whole kq runs of
-    k_block // kq images where kq < k_block)."""
+    spans two images); tiles of `rows` x `vectors` registers; k summed in registers over
+    blocks of `k_block` steps (whole kq runs of k_block // kq images where kq < k_block)."""
 
     m: int
     kn: int
