@@ -19,7 +19,11 @@ attention's out, dq, dk or dv, rows contiguous: ATTENTION_HEADS), is no graph
 output or update value, is read by one node only, a `permute`, and the view ops that read
 the permuted value (and their views) copy fewer times under the new layout than under
 row-major (a head merge's reshape, or the (B*T, H*E) reshape after it); and the GEMM can
-write the layout (unit stride along its rows or its columns). The numbers are
+write the layout (unit stride along its rows or its columns). The permuted value may be
+that of a chain of permutes, each the only reader of the one before: autodiff's dK comes
+as (B, H, E, T) from the transpose of K^T's gradient, then the merge's permute (0, 3, 1,
+2) makes it (B, T, H, E); laid out for the chain's last value, the GPT step's four dK
+merges (~35 us each) are views too. The numbers are
 the same: the GEMM computes the same dot products and stores them elsewhere.
 
 Run last before `plan_buffers` (a later pass that rewrote the graph could leave the
@@ -74,9 +78,8 @@ def lay_out_gemm_outputs(graph: Graph) -> Graph:
             users = [u for u in readers.get(out, []) if u.op != "attention_backward"]
             if len(users) != 1 or users[0].op != "permute" or users[0].inputs[0] is not out:
                 continue
-            strides = _merged_layout(users[0], readers)
-            if strides is not None and gemm_writable(out.type.shape, strides) and \
-                    (node.op == "matmul" or strides[-1] == 1):
+            strides = _merged_layout(users[0], readers, _writer(node, out))
+            if strides is not None:
                 chosen[out.name] = strides
     out = Graph(graph.name, list(graph.inputs), list(graph.nodes), list(graph.outputs),
                 list(graph.updates))
@@ -84,19 +87,51 @@ def lay_out_gemm_outputs(graph: Graph) -> Graph:
     return out
 
 
-def _merged_layout(permute: Node, readers: dict[Value, list[Node]]) -> tuple[int, ...] | None:
-    """Element strides of the permute's source that make the permuted value row-major, when
-    the view ops reading it (permute, reshape, ... and the views of those) copy fewer times
-    under them than under row-major; else None."""
-    src, permuted = permute.inputs[0], permute.outputs[0]
-    dims = tuple(permute.attrs["dims"])
+def _writer(node: Node, out: Value):
+    """writable(strides): whether `node` can write its output `out` at these element
+    strides (a GEMM: rows or columns of unit stride; fused attention's heads: rows)."""
+
+    def writable(strides: tuple[int, ...]) -> bool:
+        return gemm_writable(out.type.shape, strides) and \
+            (node.op == "matmul" or strides[-1] == 1)
+
+    return writable
+
+
+def _merged_layout(permute: Node, readers: dict[Value, list[Node]],
+                   writable) -> tuple[int, ...] | None:
+    """Element strides of the permute's source that make a permuted value row-major, when
+    the source's writer can write them (`writable(strides)`) and the view ops reading it
+    (permute, reshape, ... and the views of those) copy fewer times under them than under
+    row-major; else None. The permuted value is the permute's, or that of a permute reading
+    it in turn (its only reader), and so on (autodiff's dK, (B, H, T, E) -> (B, H, E, T) ->
+    (B, T, H, E)): the layout that copies least is taken, of equals the one that makes the
+    chain's later value row-major (what the readers after the chain read)."""
+    src = permute.inputs[0]
+    before = _view_copies(src, contiguous_element_strides(tuple(src.type.shape)), readers)
+    best, fewest = None, before
+    dims = tuple(range(src.type.ndim))
+    node = permute
+    while True:
+        dims = tuple(dims[d] for d in node.attrs["dims"])  # the chain's dims of src
+        strides = _row_major_after(src, dims, node.outputs[0])
+        copies = _view_copies(src, strides, readers) if writable(strides) else before
+        if copies < before and copies <= fewest:
+            best, fewest = strides, copies
+        users = readers.get(node.outputs[0], [])
+        if len(users) != 1 or users[0].op != "permute" or \
+                users[0].inputs[0] is not node.outputs[0]:
+            return best
+        node = users[0]
+
+
+def _row_major_after(src: Value, dims: tuple, permuted: Value) -> tuple[int, ...]:
+    """src's element strides that make `permuted` (src permuted by `dims`) row-major."""
     row_major = contiguous_element_strides(tuple(permuted.type.shape))
     strides = [0] * len(dims)
     for position, dim in enumerate(dims):
         strides[dim] = row_major[position]
-    before = _view_copies(src, contiguous_element_strides(tuple(src.type.shape)), readers)
-    after = _view_copies(src, tuple(strides), readers)
-    return tuple(strides) if after < before else None
+    return tuple(strides)
 
 
 def _view_copies(value: Value, strides: tuple, readers: dict[Value, list[Node]]) -> int:
