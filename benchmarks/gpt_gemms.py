@@ -4,7 +4,7 @@
     python -m benchmarks.gpt_gemms --rounds 10 --quick
     python -m benchmarks.gpt_gemms --variant after --variant weights   # two of them
 
-Fourteen variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
+Fifteen variants are compiled from the same weights (benchmarks/model_steps.py's GPT, n_embd
 128, 4 layers, context 64, batch 16; `--quick`: its smoke size), each with its own
 GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's source, the same for all), by
 setting graphc.backends.cpu.small_gemm's thresholds (and gemm_addends.FOLD, gemm_panels.
@@ -41,8 +41,11 @@ while each compiles:
 - "k_chunks": also the [128 x 128] weight gradients in two chunks of tokens merged in
   order (small_gemm `K_CHUNKS`, graphc.backends.cpu.gemm_k_chunks), where the variants
   above split them by c's columns (docs/performance.md, "GPT's GEMMs, eleventh session");
-- "addend_prefetch": the default: also a residual added in a GEMM's stores asked for, each
-  tile's rows of it, before the block of k that adds it (small_gemm `PREFETCH_ADDENDS`).
+- "addend_prefetch": also a residual added in a GEMM's stores asked for, each tile's rows
+  of it, before the block of k that adds it (small_gemm `PREFETCH_ADDENDS`);
+- "dk_view": the default: also dK's head merge a view (graphc.passes.gemm_output_layout
+  `PERMUTE_CHAINS`: attention_backward's dk laid out through its two permutes), where the
+  variants above copy it (docs/performance.md, "GPT step, twelfth session").
 With `--mathlib-at REV`, one more variant, "mathlib@REV": the default settings with
 graphc/backends/cpu/mathlib.py as git revision REV has it (its exp, erf, gelu, ... in every
 kernel), so a change to mathlib is timed in one process against the code before it.
@@ -77,7 +80,9 @@ NO_LONG_K = {"LONG_K_MIN": 1 << 40}
 NO_ADDENDS = {"gemm_addends.FOLD": False}
 # the tenth session's end: the [128 x 128] weight gradients in column chunks, residuals read
 # at the stores
-TENTH = {"K_CHUNKS": 0, "PREFETCH_ADDENDS": False}
+# the eleventh session's end: dK's merge (two permutes from the attention's dk) copied
+ELEVENTH = {"graphc.passes.gemm_output_layout.PERMUTE_CHAINS": False}
+TENTH = {"K_CHUNKS": 0, "PREFETCH_ADDENDS": False, **ELEVENTH}
 NO_ROW_PREFETCH = {"rows.PREFETCH": False, **TENTH}
 NO_CHUNKED = {"gemm_epilogue.FOLD": False}
 # attention at context 64 left as the unfused chain (graphc.passes.attention's one-block rule)
@@ -100,8 +105,9 @@ VARIANTS = {"before": {"MAX_TRANSPOSED_BLOCK": 0, **NO_LONG_K, **NO_ADDENDS, **E
             "prefetch": {"LONG_K_MAX_M": 128, **NO_ROW_PREFETCH},
             "wgrad_cold": NO_ROW_PREFETCH,
             "row_prefetch": TENTH,
-            "k_chunks": {"PREFETCH_ADDENDS": False},
-            "addend_prefetch": {}}
+            "k_chunks": {"PREFETCH_ADDENDS": False, **ELEVENTH},
+            "addend_prefetch": ELEVENTH,
+            "dk_view": {}}
 
 PACK_SHARE = 0.3  # a GEMM node's leading rows shorter than this share of its longest: packs
 

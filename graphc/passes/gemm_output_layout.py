@@ -55,6 +55,8 @@ __all__ = ["ATTENTION_HEADS", "gemm_writable", "lay_out_gemm_outputs"]
 # fused attention's per-head outputs (graphc.backends.cpu.attention: out; dq, dk, dv), which
 # its kernels write as GEMM results, rows ldc apart (the last stride 1, not c^T)
 ATTENTION_HEADS = {"attention": (0,), "attention_backward": (0, 1, 2)}
+# False: a permuted value is the first permute's only (the benchmarks' A/B)
+PERMUTE_CHAINS = True
 
 
 def lay_out_gemm_outputs(graph: Graph) -> Graph:
@@ -119,7 +121,7 @@ def _merged_layout(permute: Node, readers: dict[Value, list[Node]],
         if copies < before and copies <= fewest:
             best, fewest = strides, copies
         users = readers.get(node.outputs[0], [])
-        if len(users) != 1 or users[0].op != "permute" or \
+        if not PERMUTE_CHAINS or len(users) != 1 or users[0].op != "permute" or \
                 users[0].inputs[0] is not node.outputs[0]:
             return best
         node = users[0]
