@@ -196,7 +196,8 @@ def _classify(report, by_shape: bool = False) -> dict[str, list]:
 
     producer = {v.name: node for node in report.graph.nodes for v in node.outputs}
     classes: dict[str, list] = defaultdict(lambda: [0, 0.0, 0])
-    for row in report.rows:
+    counted = set()  # a node's flops once: a Winograd forward or input gradient is two
+    for row in report.rows:  # kernels (its filter transform's and its own)
         node = producer.get(row.values[0]) if row.values else None
         found = None
         if node is not None and node.op == "fused":
@@ -205,6 +206,8 @@ def _classify(report, by_shape: bool = False) -> dict[str, list]:
         elif node is not None:
             found = _conv_class(node, by_shape)
         name, flops = found or (row.op.split("(")[0], 0)
+        flops = 0 if id(node) in counted else flops
+        counted.add(id(node))
         entry = classes[name]
         entry[0] += 1
         entry[1] += row.seconds

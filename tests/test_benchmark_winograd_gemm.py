@@ -34,3 +34,19 @@ def test_one_block_kernel_equals_the_blas_calls(kind):
     rng = np.random.default_rng(0)
     kernel, blas = contenders["kernel"], contenders["blas"]
     assert winograd_gemm.largest_difference(shape, kernel, blas, rng) <= 1e-4
+
+
+def test_a_node_of_two_kernels_counts_its_flops_once():
+    """resnet18_kernels' classes: a Winograd forward is two kernels (its filter transform's
+    and its own); the class's GFLOP/s must count the convolution's flops once, not per row."""
+    from types import SimpleNamespace
+
+    from tests.test_cpu_conv_paths import _graphs
+
+    graph = _graphs((2, 16, 8, 8), (16, 16, 3, 3), (1, 1), (1, 1), 1)[1]["fwd"]
+    out = graph.nodes[-1].outputs[0].name
+    rows = [SimpleNamespace(values=[out], op="conv2d", seconds=s) for s in (1e-3, 2e-3)]
+    classes = resnet18_kernels._classify(SimpleNamespace(graph=graph, rows=rows))
+    count, seconds, flops = classes["conv2d 3x3 stride 1"]
+    assert (count, seconds) == (2, pytest.approx(3e-3))
+    assert flops == 2 * 2 * 16 * 16 * 9 * 8 * 8
