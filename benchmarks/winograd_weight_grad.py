@@ -16,11 +16,14 @@ Winograd block (forward and input gradient too) as BLAS calls (graphc.backends.c
 winograd_gemm.ENABLED = False), "winograd-tile-loop" with the small planes' input
 transform as the tile loop through a padded plane (winograd_transforms.PLANE_VECTORS =
 False), "winograd-row-loop" with the large planes' (32x32, 16x16) input transform as the
-tile loop through a padded plane (winograd_transforms.ROW_VECTORS = False), "winograd-nt"
+tile loop through a padded plane (winograd_transforms.ROW_VECTORS = False),
+"winograd-y-gathers" with the NN form's Y = A gy A^T as the channel loop LLVM vectorises by
+gathers (winograd_transforms.CHANNEL_VECTORS = False), "winograd-nt"
 also without conv_winograd_wide_grad (the 512-channel layer in conv_winograd's NT form
 through the BLAS), and "winograd" (the default: one call of winograd_gemm's generated
-function where it takes the shape, small planes by vectors, large ones along tile rows, the
-512-channel layer by conv_winograd_wide_grad); `--variants` picks, `--channels` the layers.
+function where it takes the shape, small planes by vectors, large ones along tile rows, Y in
+vectors of output channels, the 512-channel layer by conv_winograd_wide_grad); `--variants`
+picks, `--channels` the layers.
 Each kernel is called natively (benchmarks.profiles.native_call), the variants in
 alternation, each sample >= 40 ms of this
 process's CPU time (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, or `--threads N` of them
@@ -45,7 +48,7 @@ from contextlib import contextmanager
 
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
 VARIANTS = ("im2col", "winograd-nt", "winograd-blas", "winograd-tile-loop", "winograd-row-loop",
-            "winograd")
+            "winograd-y-gathers", "winograd")
 _clock = time.process_time
 
 
@@ -106,12 +109,15 @@ def _variant(variant: str):
 
     kept = conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
         winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS, \
-        winograd_transforms.ROW_VECTORS, conv_winograd_wide_grad.WIDE_GRAD
+        winograd_transforms.ROW_VECTORS, conv_winograd_wide_grad.WIDE_GRAD, \
+        winograd_transforms.CHANNEL_VECTORS
+    winograd_transforms.CHANNEL_VECTORS = variant != "winograd-y-gathers"
     conv_winograd_wide_grad.WIDE_GRAD = variant != "winograd-nt"
     if variant == "im2col":
         conv_winograd.conv2d_weight_grad = _not_taken
     conv_winograd.WEIGHT_GRAD_NN = variant != "winograd-nt"
-    winograd_gemm.ENABLED = variant in ("winograd", "winograd-tile-loop", "winograd-row-loop")
+    winograd_gemm.ENABLED = variant in ("winograd", "winograd-tile-loop", "winograd-row-loop",
+                                        "winograd-y-gathers")
     winograd_transforms.PLANE_VECTORS = variant != "winograd-tile-loop"
     winograd_transforms.ROW_VECTORS = variant != "winograd-row-loop"
     try:
@@ -119,7 +125,8 @@ def _variant(variant: str):
     finally:
         conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
             winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS, \
-            winograd_transforms.ROW_VECTORS, conv_winograd_wide_grad.WIDE_GRAD = kept
+            winograd_transforms.ROW_VECTORS, conv_winograd_wide_grad.WIDE_GRAD, \
+            winograd_transforms.CHANNEL_VECTORS = kept
 
 
 def _not_taken(lw, node, g) -> bool:

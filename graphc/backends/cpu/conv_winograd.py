@@ -48,7 +48,9 @@ G^T dU[., o, c] G`. Below WIDE_CHANNELS the GEMMs compute dU^T = V Y^T from a ti
 both operands as they lie (BLAS's NN form, faster on these small products), and dU stays
 transposed; wider layers read V through BLAS's transpose flag (WEIGHT_GRAD_NN). The NN
 form's 16 products go to winograd_gemm's function where it takes them (beta a call
-argument). Split over
+argument), and its Y (output channels innermost) is made 16 channels a vector with the
+taps transposed in registers (winograd_transforms.grad_tiles_by_channels; else the channel
+loop, which LLVM vectorises by gathers across channel planes). Split over
 the cores, each share sums its blocks into its own dU and a reduce kernel
 (`_weight_out_kernel`, over the output channels) adds the shares' dU in share order before
 the G^T . G transform.
@@ -96,6 +98,8 @@ from graphc.backends.cpu.winograd_transforms import (
     G,
     Tiles,
     filter_transform,
+    grad_tiles_by_channels,
+    grad_tiles_by_channels_apply,
     in_squares,
     input_tiles,
     output_tiles,
@@ -329,6 +333,8 @@ def conv2d_weight_grad(lw, node, g) -> bool:
             gy_part = Tiles(n0, count, ty0, nrows, tw, ld)
             if not nn and planes_by_vectors_apply(dt, gy_part, gs, out_hw):  # Y[xi][o][t]
                 planes_by_vectors(b, kb, dt, gy_part, gi, gs, co, out_hw, (0, 0), yi, y_step, A)
+            elif nn and grad_tiles_by_channels_apply(dt, gy_part, gs, out_hw, co):
+                grad_tiles_by_channels(b, kb, dt, gy_part, gi, gs, co, yi, y_step)
             else:
                 with block_images(b, count) as j:  # stores along Y's rows: o inner when nn
                     if nn:
