@@ -18,7 +18,9 @@ transform as the tile loop through a padded plane (winograd_transforms.PLANE_VEC
 False), "winograd-row-loop" with the large planes' (32x32, 16x16) input transform as the
 tile loop through a padded plane (winograd_transforms.ROW_VECTORS = False),
 "winograd-y-gathers" with the NN form's Y = A gy A^T as the channel loop LLVM vectorises by
-gathers (winograd_transforms.CHANNEL_VECTORS = False), "winograd-nt"
+gathers (winograd_transforms.CHANNEL_VECTORS = False), "winograd-vt-rows" with
+conv_winograd_wide_grad's Vt channel by channel and in rows of all channels (its
+CHANNEL_VECTORS and VT_PANELS False), "winograd-nt"
 also without conv_winograd_wide_grad (the 512-channel layer in conv_winograd's NT form
 through the BLAS), and "winograd" (the default: one call of winograd_gemm's generated
 function where it takes the shape, small planes by vectors, large ones along tile rows, Y in
@@ -48,7 +50,7 @@ from contextlib import contextmanager
 
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, plane side)
 VARIANTS = ("im2col", "winograd-nt", "winograd-blas", "winograd-tile-loop", "winograd-row-loop",
-            "winograd-y-gathers", "winograd")
+            "winograd-y-gathers", "winograd-vt-rows", "winograd")
 _clock = time.process_time
 
 
@@ -110,14 +112,17 @@ def _variant(variant: str):
     kept = conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
         winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS, \
         winograd_transforms.ROW_VECTORS, conv_winograd_wide_grad.WIDE_GRAD, \
-        winograd_transforms.CHANNEL_VECTORS
+        winograd_transforms.CHANNEL_VECTORS, conv_winograd_wide_grad.CHANNEL_VECTORS, \
+        conv_winograd_wide_grad.VT_PANELS
     winograd_transforms.CHANNEL_VECTORS = variant != "winograd-y-gathers"
+    conv_winograd_wide_grad.CHANNEL_VECTORS = conv_winograd_wide_grad.VT_PANELS = \
+        variant != "winograd-vt-rows"
     conv_winograd_wide_grad.WIDE_GRAD = variant != "winograd-nt"
     if variant == "im2col":
         conv_winograd.conv2d_weight_grad = _not_taken
     conv_winograd.WEIGHT_GRAD_NN = variant != "winograd-nt"
     winograd_gemm.ENABLED = variant in ("winograd", "winograd-tile-loop", "winograd-row-loop",
-                                        "winograd-y-gathers")
+                                        "winograd-y-gathers", "winograd-vt-rows")
     winograd_transforms.PLANE_VECTORS = variant != "winograd-tile-loop"
     winograd_transforms.ROW_VECTORS = variant != "winograd-row-loop"
     try:
@@ -126,7 +131,8 @@ def _variant(variant: str):
         conv_winograd.conv2d_weight_grad, conv_winograd.WEIGHT_GRAD_NN, \
             winograd_gemm.ENABLED, winograd_transforms.PLANE_VECTORS, \
             winograd_transforms.ROW_VECTORS, conv_winograd_wide_grad.WIDE_GRAD, \
-            winograd_transforms.CHANNEL_VECTORS = kept
+            winograd_transforms.CHANNEL_VECTORS, conv_winograd_wide_grad.CHANNEL_VECTORS, \
+            conv_winograd_wide_grad.VT_PANELS = kept
 
 
 def _not_taken(lw, node, g) -> bool:

@@ -155,3 +155,48 @@ def test_a_batch_known_per_call(narrow, monkeypatch):
     assert str(symbolic.graphs[0].inputs[0].type) == "f32[s0,32,4,4]"
     generic = symbolic._entries[0].executable.executable_for({"s0": 6}).executable
     assert KERNEL in generic.lowered.ir_text
+
+
+# (input, weight, padding, vectors, panels): Vt's transform 16 channels a vector from whole
+# planes (a 2x2 plane widened to 16 lanes) or channel by channel (planes of more than 16
+# elements, channels not a whole number of vectors), Vt in panels of 64 channels or in rows
+LAYOUTS = [
+    ((3, 64, 4, 4), (32, 64, 3, 3), (1, 1), True, True),
+    ((5, 64, 2, 2), (32, 64, 3, 3), (2, 2), True, True),
+    ((3, 32, 4, 8), (16, 32, 3, 3), (1, 1), False, False),
+    ((3, 48, 4, 4), (32, 48, 3, 3), (0, 0), True, False),
+]
+
+
+@pytest.mark.parametrize("case", range(len(LAYOUTS)))
+def test_vt_by_channel_vectors_and_panels_bit_for_bit(case, narrow, monkeypatch, tmp_path):
+    """CHANNEL_VECTORS and VT_PANELS on (where the shape takes them) give the bits of both
+    off; each also against the interpreter, float64 and all cores (check)."""
+    xs, ws, padding, vectors, panels = LAYOUTS[case]
+    taken = {"vectors": [], "panels": []}
+    emit, gemm = (conv_winograd_wide_grad._input_tiles_by_channel_vectors,
+                  conv_winograd_wide_grad._gemm)
+
+    def by_vectors(*args):
+        taken["vectors"].append(True)
+        return emit(*args)
+
+    def planned(*args):
+        found = gemm(*args)
+        taken["panels"].append(found.b_panel != 0)
+        return found
+
+    monkeypatch.setattr(conv_winograd_wide_grad, "_input_tiles_by_channel_vectors", by_vectors)
+    monkeypatch.setattr(conv_winograd_wide_grad, "_gemm", planned)
+    args = _inputs(xs, ws, padding)
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(conv_winograd_wide_grad, "CHANNEL_VECTORS", on)
+        monkeypatch.setattr(conv_winograd_wide_grad, "VT_PANELS", on)
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"layout-{on}"))
+        if on:
+            check(xs, ws, padding)
+            assert bool(taken["vectors"]) == vectors
+            assert any(taken["panels"]) == panels
+        outs.append(_compiled(xs, ws, padding).run(*args)[0])
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -80,6 +80,35 @@ def test_block_of_products_equals_numpy(case):
 
 
 @needs_vectors
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_b_stored_panel_by_panel(beta):
+    # b's columns in panels of PANEL_COLUMNS, each panel's k rows a block of its own (and a
+    # gap after it): the same bits as b in whole rows
+    m, k, panels = 20, 70, 3
+    width = winograd_gemm.PANEL_COLUMNS
+    n, b_panel = panels * width, k * width + 16
+    rng = np.random.default_rng(int(beta))
+    a_step, c_step = m * k + 32, m * n + 16
+    rows = winograd_gemm.plan(m, n, k, k, 1, n, n, a_step, k * n, c_step, beta != 0)
+    by_panel = winograd_gemm.plan(m, n, k, k, 1, width, n, a_step, panels * b_panel, c_step,
+                                  beta != 0, b_panel=b_panel)
+    assert by_panel is not None and by_panel.name != rows.name
+    a = rng.standard_normal(POSITIONS * a_step).astype(np.float32)
+    whole = rng.standard_normal((POSITIONS, k, n)).astype(np.float32)
+    split = np.zeros((POSITIONS, panels, b_panel), np.float32)
+    for p in range(panels):
+        split[:, p, :k * width] = whole[:, :, p * width:(p + 1) * width].reshape(POSITIONS, -1)
+    c = rng.standard_normal(POSITIONS * c_step).astype(np.float32)
+    got, want = c.copy(), c.copy()
+    _compiled(rows)(a.ctypes.data, whole.ctypes.data, want.ctypes.data, beta)
+    _compiled(by_panel)(a.ctypes.data, split.ctypes.data, got.ctypes.data, beta)
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(want, c)
+    # panels of another width than the tile's are declined
+    assert winograd_gemm.plan(m, 32, k, k, 1, 32, 32, 0, 0, 0, b_panel=k * 32) is None
+
+
+@needs_vectors
 def test_plan_declines_what_the_blas_keeps(monkeypatch):
     width = lanes()
     assert winograd_gemm.plan(64, 64, 64, 64, 1, 64, 64, 0, 0, 0) is not None

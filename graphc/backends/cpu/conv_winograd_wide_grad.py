@@ -12,7 +12,9 @@ gradient, eleventh session").
 This kernel computes dU in gw's own order from a *tile-major* V:
 - `Vt[xi][t][c] = (B^T d B)[xi]` for every tile t of a block's images (the input transform
   written along the channels, each image's tiles unrolled: planes of at most
-  MAX_IMAGE_TILES tiles);
+  MAX_IMAGE_TILES tiles; CHANNEL_VECTORS: 16 channels a vector, their whole planes
+  transposed in registers; VT_PANELS: stored in panels of 64 channels, so that the GEMM's
+  block of Vt does not crowd a few of L1's sets);
 - `Y[xi][o][t] = (A gy A^T)[xi]` as conv_winograd's NT form lays it out;
 - `dU[xi] (co x ci) (+)= Y[xi] (co x T) @ Vt[xi] (T x ci)`: one call of winograd_gemm's
   generated function for the 16 products, blocks of BLOCK_TILES tiles (k summed in
@@ -23,7 +25,7 @@ This kernel computes dU in gw's own order from a *tile-major* V:
 On more than one core the 16 products go over the threads (8 positions a thread on two,
 each thread the only writer of its dU[xi]: no private copies of dU, no reduce kernel) and
 the last transform over the output channels; the transforms before the GEMMs stay on the
-calling thread (~0.4 ms of ~8 at 512 channels).
+calling thread (~0.5 ms of ~9.7 at 512 channels).
 
 Taken when (else conv_winograd's path): WIDE_GRAD, float32, a host where winograd_gemm
 serves, 3x3 stride 1, dilation 1, groups 1, even output planes of at most
@@ -34,7 +36,9 @@ vectors (winograd_gemm.plan).
 
 from __future__ import annotations
 
-from graphc.backends.cpu import conv_winograd, kernels, winograd_gemm
+from llvmlite import ir
+
+from graphc.backends.cpu import conv_winograd, kernels, winograd_gemm, winograd_transforms
 from graphc.backends.cpu.conv_blocks import block_images, over_blocks
 from graphc.backends.cpu.conv_workspace import workspace
 from graphc.backends.cpu.image_kernels import (
@@ -45,7 +49,7 @@ from graphc.backends.cpu.image_kernels import (
     imul,
 )
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import as_i64, i64, loop
+from graphc.backends.cpu.values import F32, as_i64, i64, loop
 from graphc.backends.cpu.winograd_transforms import (
     ALPHA,
     BT,
@@ -71,6 +75,13 @@ MAX_IMAGE_TILES = 16  # an image's tiles are unrolled in the input transform
 # layers keep conv_winograd's NN form (transposed dU, 16 x 16 squares in the last transform),
 # which measured faster than the NT form there.
 WIDE_CHANNELS = 512
+# Vt's transform CHANNEL_LANES channels a vector, whole planes transposed in registers
+# (_input_tiles_by_channel_vectors; 512 channels at 4x4, batch 32: the kernel 10.81 -> 10.12
+# ms), and Vt stored in panels of winograd_gemm.PANEL_COLUMNS channels (Vt's rows of 512
+# floats put the GEMM's block of b in 8 of L1's 64 sets: 10.38 -> 9.71 ms). False: channel
+# by channel, rows of ci (A/B runs).
+CHANNEL_VECTORS = True
+VT_PANELS = True
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
@@ -114,9 +125,16 @@ def conv2d_weight_grad(lw, node, g) -> bool:
                 ld = count * tiles
                 v_step, y_step = spaced(ci * ld), spaced(co * ld)
                 part = Tiles(n0, count, 0, th, tw, ld)
-                _input_tiles_by_channel(b, kb, dt, part, si, xs, ci, in_hw, pad, vi, v_step)
+                gemm = _gemm(co, ci, ld, u_step)
+                panels = gemm.b_panel != 0
+                if _channel_vectors_apply(dt, xs, ci, in_hw):
+                    _input_tiles_by_channel_vectors(b, kb, dt, part, si, xs, ci, in_hw, pad,
+                                                    vi, v_step, panels)
+                else:
+                    _input_tiles_by_channel(b, kb, dt, part, si, xs, ci, in_hw, pad, vi,
+                                            v_step, panels)
                 _output_grad_tiles(b, kb, dt, part, gi, gs, co, out_hw, yi, y_step)
-                fn = winograd_gemm.function(lw.module, _gemm(co, ci, ld, u_step), forked)
+                fn = winograd_gemm.function(lw.module, gemm, forked)
                 beta = _first_or_add(b, dt, n0)
                 b.call(fn, [kb.pointer(b, k, i64(0)) for k in (yi, vi, ui)] + [beta])
 
@@ -128,7 +146,12 @@ def conv2d_weight_grad(lw, node, g) -> bool:
 
 def _gemm(co: int, ci: int, ld: int, u_step: int):
     """winograd_gemm's plan for a block of `ld` tiles: dU[xi] (co x ci) (+)= Y[xi] (co x
-    ld, rows ld apart) @ Vt[xi] (ld x ci)."""
+    ld, rows ld apart) @ Vt[xi] (ld x ci), Vt panel by panel where VT_PANELS."""
+    width = winograd_gemm.PANEL_COLUMNS
+    if VT_PANELS and ci % width == 0:
+        return winograd_gemm.plan(co, ci, ld, ld, 1, width, ci, spaced(co * ld),
+                                  spaced(ci * ld), u_step, accumulates=True, max_c=co * ci,
+                                  b_panel=ld * width)
     return winograd_gemm.plan(co, ci, ld, ld, 1, ci, ci, spaced(co * ld), spaced(ci * ld),
                               u_step, accumulates=True, max_c=co * ci)
 
@@ -142,7 +165,7 @@ def _first_or_add(b, dt, n0):
 
 
 def _input_tiles_by_channel(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi,
-                            v_step) -> None:
+                            v_step, panels: bool = False) -> None:
     """Vt[xi][t][c] = (B^T d B)[xi] for every 4x4 tile d (at stride 2, zero-padded by
     `pad`) of the part's images, channels innermost so the stores run along Vt's rows; an
     image's tiles unrolled, so which taps fall in the padding is known here (a zero, as
@@ -164,9 +187,69 @@ def _input_tiles_by_channel(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi,
             d = [[tap(2 * ty + r - pad[0], 2 * tx + s - pad[1]) for s in range(ALPHA)]
                  for r in range(ALPHA)]
             v = sandwich(b, dt, BT, d)
-            at = iadd(b, imul(b, iadd(b, imul(b, j, tiles), t), ci), c)
+            at = _vt_at(b, part, iadd(b, imul(b, j, tiles), t), c, ci, panels)
             for xi in range(ALPHA * ALPHA):
                 kb.store(b, vi, iadd(b, at, xi * v_step), v[xi // ALPHA][xi % ALPHA])
+
+
+def _vt_at(b, part: Tiles, tile, c, ci: int, panels: bool):
+    """Where Vt[0][tile][c] lies: rows of ci channels, or with `panels`, winograd_gemm.
+    PANEL_COLUMNS channels of every tile, then the next panel's."""
+    if not panels:
+        return iadd(b, imul(b, tile, ci), c)
+    width = winograd_gemm.PANEL_COLUMNS
+    return iadd(b, imul(b, b.udiv(c, i64(width)), part.ld * width), imul(b, tile, width),
+                b.urem(c, i64(width)))
+
+
+def _channel_vectors_apply(dt, ss, ci: int, in_hw) -> bool:
+    """Whether _input_tiles_by_channel_vectors serves: float32, whole vectors of input
+    channels, each channel's plane contiguous and of at most CHANNEL_LANES elements."""
+    lanes = winograd_transforms.CHANNEL_LANES
+    return (CHANNEL_VECTORS and dt is float32 and ci % lanes == 0 and ss[3] == 1
+            and ss[2] == in_hw[1] and in_hw[0] * in_hw[1] <= lanes)
+
+
+def _input_tiles_by_channel_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi,
+                                    v_step, panels: bool) -> None:
+    """_input_tiles_by_channel for CHANNEL_LANES channels at once: each channel's whole
+    plane loaded as one vector, the CHANNEL_LANES planes transposed in registers
+    (winograd_transforms.transposed) into one vector of channels per pixel, B^T d B on
+    those vectors (a padded tap a zero vector), and each tile's 16 sums stored along Vt's
+    row. The same additions in the same order per element (bit for bit), no scalar loads
+    or stores."""
+    lanes = winograd_transforms.CHANNEL_LANES
+    pixels = in_hw[0] * in_hw[1]
+    tiles = part.nrows * part.tw
+    zero = ir.Constant(ir.VectorType(F32, lanes), [0.0] * lanes)
+    widen = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                        list(range(pixels)) + [pixels] * (lanes - pixels))
+    with block_images(b, part.count) as j, loop(b, 0, ci // lanes, "cb") as cb:
+        c0 = imul(b, cb, lanes)
+        first = iadd(b, imul(b, iadd(b, part.n0, j), ss[0]), imul(b, c0, ss[1]))
+        planes = []
+        for o in range(lanes):
+            plane = b.load(kb.pointer(b, si, iadd(b, first, o * ss[1])),
+                           typ=ir.VectorType(F32, pixels), align=4)
+            if pixels < lanes:
+                plane = b.shuffle_vector(plane, ir.Constant(plane.type, [0.0] * pixels),
+                                         widen)
+            planes.append(plane)
+        pix = winograd_transforms.transposed(b, planes)  # pix[p]: the channels' pixel p
+
+        def tap(row, col):
+            inside = 0 <= row < in_hw[0] and 0 <= col < in_hw[1]
+            return pix[row * in_hw[1] + col] if inside else zero
+
+        for t in range(tiles):
+            ty, tx = divmod(t, part.tw)
+            d = [[tap(2 * ty + r - pad[0], 2 * tx + s - pad[1]) for s in range(ALPHA)]
+                 for r in range(ALPHA)]
+            v = sandwich(b, dt, BT, d)
+            at = _vt_at(b, part, iadd(b, imul(b, j, tiles), t), c0, ci, panels)
+            for xi in range(ALPHA * ALPHA):
+                b.store(v[xi // ALPHA][xi % ALPHA],
+                        kb.pointer(b, vi, iadd(b, at, xi * v_step)), align=4)
 
 
 def _output_grad_tiles(b, kb, dt, part: Tiles, gi, gs, co, out_hw, yi, y_step) -> None:

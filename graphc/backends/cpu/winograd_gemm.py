@@ -17,7 +17,9 @@ LANES) (LANES floats to a vector register), each tile's sums kept in registers t
 block of K_BLOCK steps of k, every step loading `vectors` vectors of b's row and
 broadcasting one element of a per tile row (any element strides for a). The panel's block
 of b stays in L1 for all its row blocks. b's rows are contiguous (leading dimension `ldb`),
-c's rows `ldc` apart; the 16 matrices of each operand `*_step` elements apart. `beta` is 0
+or b is stored panel by panel (`b_panel`: each panel's rows in a block of their own, which
+keeps wide rows' blocks from sharing a few of L1's sets), c's rows `ldc` apart; the 16
+matrices of each operand `*_step` elements apart. `beta` is 0
 (c = a @ b) or 1 (c += a @ b: the weight gradient's blocks after the first).
 
 Rounding: each element of c sums k in blocks of K_BLOCK (one chain of fused multiply-adds
@@ -70,6 +72,13 @@ LANES = 16  # AVX-512: 16 floats a vector register
 # register tiles: 24 accumulators of the 32 vector registers, the rest for b's vectors and
 # a's broadcasts (6 rows x 4 vectors where n allows)
 ACCUMULATORS = 24
+# b stored panel by panel (plan's `b_panel`): PANEL_COLUMNS columns of every row of b, then
+# the next panel's. A panel's block of b (K_BLOCK rows) is then 16 KB in a row, where rows
+# of 512 floats put its 256 lines in 8 of L1's 64 sets (rows of 256: 16 sets), 32 a set
+# against 12 ways. Taken by conv_winograd_wide_grad's Vt (rows of 512 channels: its kernel
+# 10.38 -> 9.71 ms). The NN weight gradient's Y at 256 channels gained alone ([256 x 64] @
+# [64 x 256], 123 -> 159 GFLOP/s) but not inside its kernel (Y fresh in L2): not taken there
+PANEL_COLUMNS = 64
 ENABLED = True  # False: every block keeps its BLAS calls (A/B runs, benchmarks)
 
 
@@ -95,10 +104,12 @@ class BlockGemm:
     lanes: int
     k_block: int = 0
     products: int = POSITIONS
+    b_panel: int = 0
 
     @property
     def name(self) -> str:
         count = "" if self.products == POSITIONS else f"_p{self.products}"
+        count += f"_bp{self.b_panel}" if self.b_panel else ""
         return (f"graphc_winograd_gemm_{self.m}x{self.n}x{self.k}_a{self.a_row}_{self.a_col}"
                 f"_b{self.ldb}_c{self.ldc}_s{self.a_step}_{self.b_step}_{self.c_step}"
                 f"_t{self.rows}x{self.vectors}x{self.lanes}_k{self.k_block}{count}")
@@ -112,14 +123,17 @@ def available() -> bool:
 def plan(m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int, a_step: int,
          b_step: int, c_step: int, accumulates: bool = False, *, vectors: int | None = None,
          k_block: int | None = None, max_k: int | None = None,
-         products: int = POSITIONS, max_c: int | None = None) -> BlockGemm | None:
+         products: int = POSITIONS, max_c: int | None = None,
+         b_panel: int = 0) -> BlockGemm | None:
     """The generated function for a block's float32 products, or None where the BLAS calls
     stay (see the module docstring). `accumulates`: the products add to c (beta 1 in some
     calls). `vectors`, `k_block`, `max_k`: the tile's width in vector registers (default:
     4 where n allows, else 2, else 1), K_BLOCK and MAX_K, for benchmarks; `products`: how
     many products a call runs; `max_c`: the largest accumulated c taken (default
     MAX_ACCUMULATED_C; graphc.backends.cpu.conv_winograd_wide_grad's products of 128 tiles
-    read and write their c half as often as the 64-tile blocks that limit was measured on)."""
+    read and write their c half as often as the 64-tile blocks that limit was measured on);
+    `b_panel`: b stored panel by panel (PANEL_COLUMNS columns of its k rows, rows `ldb`
+    apart, the panels b_panel elements apart; None unless the tile is PANEL_COLUMNS wide)."""
     width = LANES if available() else 0
     if not width or not all(type(d) is int for d in (m, n, k, a_row, a_col, ldb, ldc)):
         return None
@@ -130,12 +144,12 @@ def plan(m: int, n: int, k: int, a_row: int, a_col: int, ldb: int, ldc: int, a_s
     panel = n // width
     if vectors is None:
         vectors = next(v for v in (4, 2, 1) if panel % v == 0)
-    if panel % vectors:
+    if panel % vectors or (b_panel and vectors * width != PANEL_COLUMNS):
         return None
     most = ACCUMULATORS // vectors
     rows = -(-m // -(-m // most))  # as many rows as the registers hold, split evenly
     return BlockGemm(m, n, k, a_row, a_col, ldb, ldc, a_step, b_step, c_step, rows, vectors,
-                     width, min(k, k_block or K_BLOCK), products)
+                     width, min(k, k_block or K_BLOCK), products, b_panel)
 
 
 def function(module: ir.Module, gemm: BlockGemm, forked: bool = False) -> ir.Function:
@@ -221,7 +235,7 @@ def _tile(b: ir.IRBuilder, g: BlockGemm, a, bm, c, row0, col0, rows: int, k0: in
     for row in sums:
         for s in row:
             s.add_incoming(zero, pre)
-    b_row = b.add(b.mul(k, i64(g.ldb)), col0)
+    b_row = b.add(b.mul(k, i64(g.ldb)), _panel_start(b, g, col0))
     bvecs = [b.load(b.gep(bm, [b.add(b_row, i64(v * g.lanes))], inbounds=True,
                           source_etype=F32), typ=vec, align=4)
              for v in range(g.vectors)]
@@ -246,6 +260,14 @@ def _tile(b: ir.IRBuilder, g: BlockGemm, a, bm, c, row0, col0, rows: int, k0: in
             if accumulate is not True:
                 total = b.select(accumulate, total, value)
             b.store(total, pointer, align=4)
+
+
+def _panel_start(b: ir.IRBuilder, g: BlockGemm, col0):
+    """Where b's columns from col0 (a panel's first) start in b's row 0: col0 itself, or
+    with `b_panel`, the panel's own block (col0 / PANEL_COLUMNS * b_panel)."""
+    if not g.b_panel:
+        return col0
+    return b.mul(b.udiv(col0, i64(PANEL_COLUMNS)), i64(g.b_panel))
 
 
 def _prefetch_rows(b: ir.IRBuilder, g: BlockGemm, a, row0, k0: int, count: int) -> None:
