@@ -43,6 +43,12 @@ traced batch would be (graphc.backends.cpu.traced_sizes), its units counted per 
 call gets min(its thread count, shares, units) shares; the team libgomp actually gives may
 be smaller (nested, or a limit): each thread then runs shares t, t + n, ..., so every share
 still runs exactly once.
+
+A kernel with nothing to split over its images (its batch one block: ResNet-18's 512-channel
+Winograd layers) forks its steps over channels instead: `channel_kernel` builds one step (an
+input or output transform) as a kernel of its own on the same locs, its outermost loop over
+the channels forked (kernels.KernelBuilder's parallel kernels: one contiguous share of the
+channels a thread, each channel computed by the serial code: the same bits on any count).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from llvmlite import ir
 
 from graphc.backends.cpu import threads
 from graphc.backends.cpu.conv_workspace import reserve_workspace, workspace
+from graphc.backends.cpu.image_kernels import image_kernel
 from graphc.backends.cpu.kernels import Kernel
 from graphc.backends.cpu.traced_sizes import traced
 from graphc.backends.cpu.values import (
@@ -71,8 +78,8 @@ from graphc.backends.cpu.values import (
 )
 from graphc.types import TensorType, int64
 
-__all__ = ["MIN_SPLIT_MACS", "Split", "over_units", "plan_split", "temporaries", "unit_range",
-           "units_loop"]
+__all__ = ["MIN_SPLIT_MACS", "Split", "channel_kernel", "over_units", "plan_split",
+           "temporaries", "unit_range", "units_loop"]
 
 # Below this many multiply-adds a kernel stays serial: a fork and join (a few microseconds,
 # more when the team sleeps) and holding the BLAS to one thread cost more than a core gains.
@@ -209,6 +216,21 @@ def temporaries(lw, dt, shapes, units, macs) -> tuple[Split | None, list[Loc]]:
     if split is None:
         return None, workspace(lw, dt, *shapes)
     return split, split.locs + [split.control]
+
+
+def channel_kernel(lw, name: str, locs: list[Loc], recipe, channels: int, work: int,
+                   body) -> Kernel:
+    """A kernel of its own on `locs` (the driver calls it between the kernel's other
+    steps), forked over `channels` where `work` (elements written) reaches kernels'
+    threshold: `body(b, kb, ids, (lo, hi))` emits the work of channels [lo, hi), the
+    calling thread's contiguous share (all of them on one thread), the share a split kernel
+    over the same channels gets next (pool.py's batch norm after a convolution)."""
+    kb, ids = image_kernel(lw, name, locs, recipe)
+    b = kb.begin(parallel=True, work=work)
+    if b is None:  # built before for a node of the same geometry
+        return kb.kernel
+    body(b, kb, ids, kb.outer_range(b, channels))
+    return kb.finish(b)
 
 
 def _strided(b, start, stop, step, name: str):

@@ -105,6 +105,7 @@ from graphc.backends.cpu.winograd_transforms import (
     output_tiles,
     planes_by_vectors,
     planes_by_vectors_apply,
+    rows_by_vectors_apply,
     sandwich,
     spaced,
 )
@@ -123,6 +124,11 @@ MIN_CHANNELS = 16
 # than 64, forward and input gradient, two in-process A/B runs; 64 and 128 channels: equal).
 BLOCK_TILES = 64
 WIDE_CHANNELS = 512
+# A kernel whose batch is one block (not split over images) also forks its input transform
+# over the input channels and its output transform (and sums) over the output channels, each
+# a kernel of its own (conv_threads.channel_kernel), around its forked GEMMs: the same bits.
+# False: both transforms in the kernel, on the calling thread (for A/B runs).
+FORKED_TRANSFORMS = True
 # The weight gradient's GEMMs sum over a block's tiles: WEIGHT_GRAD_TILES at least (not
 # doubled for wide layers), since longer sums round further (see the module docstring).
 WEIGHT_GRAD_TILES = 64
@@ -205,8 +211,14 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad,
         # not split over images: the filter transform, where a fork pays (512 channels: 16 MB
         # of U), in a forked kernel of its own called first, as a split kernel's prelude is
         alone = split is None and kernels.forks(lw.openmp, nxi * co * ci)
+        # ... and its input and output transforms too, over the channels (conv_threads.
+        # channel_kernel), where the batch is one block of one part
+        whole = Tiles(0, g.n, 0, th, tw, g.n * tiles)
+        by_channels = alone and FORKED_TRANSFORMS and type(g.n) is int and nb >= g.n and \
+            rows == th and (planes_by_vectors_apply(dt, whole, ss, in_hw) or
+                            rows_by_vectors_apply(dt, whole, ss, in_hw))
         kb, ids = image_kernel(lw, "conv2d_winograd", locs, recipe + (split is not None,
-                                                                    alone))
+                                                                    alone, by_channels))
         si, wi, oi, ui, pi, vi, mi = ids[:7]
         # the input gradient's U stored transposed (see filter_transform)
         transposed = flip and (max(ci, co) < WIDE_CHANNELS or
@@ -215,9 +227,22 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad,
             _filter_kernel(lw, locs, recipe, u_step, g, flip, transposed)
         if alone:
             lw.calls.append(prelude)
+        v_step, m_step = spaced(ci * whole.ld), spaced(co * whole.ld)
+        if by_channels:
+            lw.calls.append(conv_threads.channel_kernel(
+                lw, "conv2d_winograd_input", locs, recipe, ci, nxi * ci * whole.ld,
+                lambda b, kb, ids, part: input_tiles(b, kb, dt, whole, ids[0], ss, ci, in_hw,
+                                                     pad, ids[4], wp, ids[5], v_step, part)))
+            out_kernel = conv_threads.channel_kernel(
+                lw, "conv2d_winograd_output", locs, recipe, co, nxi * co * whole.ld,
+                lambda b, kb, ids, part: output_tiles(b, kb, dt, whole, ids[6], m_step, co,
+                                                      ids[2], out_hw, sums_i, part))
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
-            return lw.calls.append(called_kernel(lw, kb.kernel, split, prelude=prelude))
+            lw.calls.append(called_kernel(lw, kb.kernel, split, prelude=prelude))
+            if by_channels:
+                lw.calls.append(out_kernel)
+            return
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
         if prelude is None:
@@ -229,8 +254,9 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad,
             per_image = nrows * tw
             ld = count * per_image
             v_step, m_step = spaced(ci * ld), spaced(co * ld)
-            input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, ss, ci, in_hw,
-                         pad, pi, wp, vi, v_step)
+            if not by_channels:  # else in a kernel of its own, before
+                input_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), si, ss, ci,
+                            in_hw, pad, pi, wp, vi, v_step)
             # M[xi] (co x T) = U[xi] (co x ci, or its transpose) @ V[xi] (ci x T)
             trans_u = flip and not transposed
             fast = None if trans_u else \
@@ -243,14 +269,17 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad,
                 cv.gemm(b, kb, TRANS if trans_u else NOTRANS, NOTRANS, co, ld, ci,
                         ui, xi * u_step, co if trans_u else ci,
                         vi, xi * v_step, ld, 0.0, mi, xi * m_step, ld)
-            output_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), mi, m_step, co, oi,
-                         out_hw, sums_i)
+            if not by_channels:  # else in a kernel of its own, after
+                output_tiles(b, kb, dt, Tiles(n0, count, ty0, nrows, tw, ld), mi, m_step, co,
+                             oi, out_hw, sums_i)
 
         def block(b, n0, count):
             _over_parts(b, part, n0, count, rows, full_parts, tail_rows)
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
         lw.calls.append(called_kernel(lw, kb.finish(b), split, prelude=prelude))
+        if by_channels:
+            lw.calls.append(out_kernel)
 
 
 def _over_parts(b, part, n0, count, rows: int, full_parts: int, tail_rows: int) -> None:

@@ -88,14 +88,18 @@ class Tiles:
     ld: int
 
 
-def input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_step) -> None:
+def input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_step,
+                channels=None) -> None:
     """V[xi][c][t] = (B^T d B)[xi] for every 4x4 tile d (at stride 2) of the part's images'
     channel planes c < ci of `si` (element strides `ss`), zero-padded by `pad` through the
-    padded plane `pi` (`wp` wide, its border zero)."""
+    padded plane `pi` (`wp` wide, its border zero). `channels`: only c in [lo, hi) (a
+    forked kernel's share, conv_threads.channel_kernel; the vector forms only)."""
     if planes_by_vectors_apply(dt, part, ss, in_hw):
-        return planes_by_vectors(b, kb, dt, part, si, ss, ci, in_hw, pad, vi, v_step)
+        return planes_by_vectors(b, kb, dt, part, si, ss, ci, in_hw, pad, vi, v_step, BT,
+                                 channels)
     if rows_by_vectors_apply(dt, part, ss, in_hw):
-        return rows_by_vectors(b, kb, dt, part, si, ss, ci, in_hw, pad, vi, v_step)
+        return rows_by_vectors(b, kb, dt, part, si, ss, ci, in_hw, pad, vi, v_step, channels)
+    assert channels is None, "input_tiles: a channel range needs a vector form (no padded plane)"
     per_image = part.nrows * part.tw
     # the padded rows these tiles read, and the source rows that land there
     src_rows = (_clamped(b, _twice_plus(b, part.ty0, -pad[0]), 0, in_hw[0]),
@@ -115,17 +119,19 @@ def input_tiles(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, pi, wp, vi, v_st
 
 
 def output_tiles(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, out_hw,
-                 sums: int | None = None) -> None:
+                 sums: int | None = None, channels=None) -> None:
     """out[n0 + j, o] (NCHW, contiguous, planes `out_hw`) = A^T m A for every tile t of the
     part, m[xi] = M[xi * m_step + o * ld + t]; small planes by output_planes_by_vectors.
     `sums` (an operand: float64 [N, 3, co]): each image's and channel's shifted sums, the
-    rows of the part added while they are in L1 (`add_plane_sums`)."""
+    rows of the part added while they are in L1 (`add_plane_sums`). `channels`: only o in
+    [lo, hi) (a forked kernel's share, conv_threads.channel_kernel)."""
     if planes_by_vectors_apply(dt, part, (None, None, out_hw[1], 1), out_hw, whole=True):
-        return output_planes_by_vectors(b, kb, dt, part, mi, m_step, co, oi, out_hw, sums)
+        return output_planes_by_vectors(b, kb, dt, part, mi, m_step, co, oi, out_hw, sums,
+                                        channels)
     per_image = part.nrows * part.tw
     plane_out = out_hw[0] * out_hw[1]
     n0, ld, tw, ty0 = part.n0, part.ld, part.tw, part.ty0
-    with block_images(b, part.count) as j, loop(b, 0, co, "co") as o:
+    with block_images(b, part.count) as j, loop(b, *(channels or (0, co)), "co") as o:
         row_m = iadd(b, imul(b, o, ld), imul(b, j, per_image))
         plane = imul(b, iadd(b, imul(b, iadd(b, n0, j), co), o), plane_out)
         with loop(b, 0, part.nrows, "ty") as ty, loop(b, 0, tw, "tx") as tx:
@@ -247,7 +253,7 @@ def planes_by_vectors_apply(dt, part: Tiles, ss, in_hw, whole: bool = False) -> 
 
 
 def planes_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step,
-                      mat=BT) -> None:
+                      mat=BT, channels=None) -> None:
     """V[xi][c][t] = (B^T d B)[xi] of PLANE_LANES consecutive tiles t at once, for small
     planes (ResNet-18's 4x4 and 8x8 stages: tile rows of 2 or 4 tiles, which the tile loop
     runs in scalar code): the planes those tiles lie in (whole images, contiguous) are
@@ -276,7 +282,8 @@ def planes_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step
 
     side = len(mat[0])  # taps a tile: 4 (B^T d B) or 2 (A gy A^T)
     masks = [[tap(r, s) for s in range(side)] for r in range(side)]
-    with loop(b, 0, ci, "ci") as c, loop(b, 0, part.ld // lanes, "tg") as group:
+    with loop(b, *(channels or (0, ci)), "ci") as c, \
+            loop(b, 0, part.ld // lanes, "tg") as group:
         first = iadd(b, part.n0, imul(b, group, images))
         planes = [b.load(kb.pointer(b, si, iadd(b, imul(b, iadd(b, first, k), ss[0]),
                                                 imul(b, c, ss[1]))), typ=vec, align=4)
@@ -302,7 +309,7 @@ def _concatenated(b, vectors: list):
 
 
 def output_planes_by_vectors(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, out_hw,
-                             sums: int | None = None) -> None:
+                             sums: int | None = None, channels=None) -> None:
     """output_tiles for small planes, PLANE_LANES tiles at once (planes_by_vectors'
     converse): the 16 sums of PLANE_LANES tiles loaded as vectors along M's row, A^T m A on
     vectors, and the 2x2 outputs of every tile shuffled into whole output planes, stored
@@ -320,7 +327,8 @@ def output_planes_by_vectors(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, ou
             for col in range(out_hw[1]):
                 tile = k * per_image + (row // 2) * part.tw + col // 2
                 order.append(((row % 2) * 2 + col % 2) * lanes + tile)
-    with loop(b, 0, co, "co") as o, loop(b, 0, part.ld // lanes, "tg") as group:
+    with loop(b, *(channels or (0, co)), "co") as o, \
+            loop(b, 0, part.ld // lanes, "tg") as group:
         at = iadd(b, imul(b, o, part.ld), imul(b, group, lanes))
         m = [[b.load(kb.pointer(b, mi, iadd(b, at, (r * ALPHA + s) * m_step)), typ=vec, align=4)
               for s in range(ALPHA)] for r in range(ALPHA)]
@@ -356,7 +364,8 @@ def rows_by_vectors_apply(dt, part: Tiles, ss, in_hw) -> bool:
             and per_vector * in_hw[1] <= ROW_SOURCE)
 
 
-def rows_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step) -> None:
+def rows_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step,
+                    channels=None) -> None:
     """V[xi][c][t] = (B^T d B)[xi] of PLANE_LANES consecutive tiles t at once, for planes
     whose tile rows are PLANE_LANES tiles or a whole fraction of it (ResNet-18's 32x32 and
     16x16 stages, where the tile loop first copies every plane into a padded one): the 4
@@ -383,7 +392,7 @@ def rows_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step) 
 
     masks = [tap(s) for s in range(ALPHA)]
     per_image = part.nrows * part.tw
-    with block_images(b, part.count) as j, loop(b, 0, ci, "ci") as c, \
+    with block_images(b, part.count) as j, loop(b, *(channels or (0, ci)), "ci") as c, \
             loop(b, 0, part.nrows // per_vector, "tg") as group:
         plane = iadd(b, imul(b, iadd(b, part.n0, j), ss[0]), imul(b, c, ss[1]))
         ty = iadd(b, imul(b, group, per_vector), part.ty0)
