@@ -16,6 +16,12 @@ called once first (a real call, with its effects), to trace it. A graph with sym
 executable run at them, or the graph specialised to them where the cpu backend compiles it
 per size; the rows' shapes, bytes and flops are those of the call.
 
+Threads: the runs use the thread count the real executable runs now (its ThreadChooser's
+current count), or `threads=n`. A freshly compiled executable starts on one thread and tries
+all cores only after some calls (graphc.backends.cpu.threads.ThreadChooser), so profiling a
+callable called once times its one-thread kernels even in a process with more cores: pass
+`threads=` to time another count. The report says which count it timed.
+
 `Profile.table()` is a text table sorted by time: op, output shape, bytes read and written,
 GB/s, GFLOP/s (for GEMMs and convolutions) and the user's source line.
 `Profile.chrome_trace(path)` writes a Chrome / Perfetto trace (JSON, one event per kernel of
@@ -70,10 +76,12 @@ class Profile:
     runs: int
     starts: list[float]  # one run's kernel start times (seconds from its start), by step
     graph: Any = None  # the profiled executable's graph (fused and planned)
+    threads: int = 1  # the thread count the runs used
 
     def table(self, limit: int | None = None) -> str:
         lines = [f"graph @{self.graph_name}: {len(self.rows)} kernels, native call "
-                 f"{_time(self.total)} (median of {self.runs} runs)",
+                 f"{_time(self.total)} (median of {self.runs} runs, {self.threads} "
+                 f"thread{'s' if self.threads != 1 else ''})",
                  f"{'time':>10} {'share':>6} {'GB/s':>7} {'GFLOP/s':>8}  "
                  f"{'op':<28} {'output':<28} source"]
         for row in self.rows[:limit]:
@@ -109,15 +117,21 @@ class _Captured(Exception):
     """Raised by the capturing shim to stop the real call before it runs."""
 
 
-def profile(fn, *args, repeat: int = 20, trace: str | None = None, **kwargs) -> Profile:
+def profile(fn, *args, repeat: int = 20, trace: str | None = None,
+            threads: int | None = None, **kwargs) -> Profile:
     """Time every kernel of `fn(*args, **kwargs)` compiled on the cpu backend (see the
     module docstring). `fn` is a graphc.compile'd callable, or a plain function (compiled
-    here with backend="cpu"). `trace`: also write a Chrome trace to that path."""
+    here with backend="cpu"). `trace`: also write a Chrome trace to that path. `threads`:
+    the thread count of the runs (1 to the most the executable uses); None: the count the
+    executable runs now."""
     import graphc
     from graphc.backends.cpu.threads import ThreadChooser
 
     if repeat < 1:
         raise GraphcError(f"graphc.profile: repeat must be at least 1, got {repeat}")
+    if threads is not None and (type(threads) is not int or threads < 1):
+        raise GraphcError(f"graphc.profile: threads must be a whole number of at least 1 "
+                          f"(or None: the executable's current count), got {threads!r}")
     compiled = fn if hasattr(fn, "_entries") else graphc.compile(fn, backend="cpu")
     if not compiled._entries:
         compiled(*args, **kwargs)
@@ -131,7 +145,13 @@ def profile(fn, *args, repeat: int = 20, trace: str | None = None, **kwargs) -> 
     real, timed, run = _profiling_twin(executable, sizes)
     # the thread count the real executable settled on, not a fresh exploration
     chosen = real.thread_chooser
-    timed.thread_chooser = ThreadChooser(chosen.most, fixed=chosen.current)
+    count = chosen.current if threads is None else threads
+    if count > chosen.most:
+        raise GraphcError(f"graphc.profile: threads={threads}, but this executable runs on "
+                          f"at most {chosen.most} thread(s) (none of its kernels forks, or "
+                          "libgomp's team, OMP_NUM_THREADS or the cores this process may use "
+                          f"allow no more): pass at most {chosen.most}")
+    timed.thread_chooser = ThreadChooser(chosen.most, fixed=count)
     stamps, totals = [], []
     for _ in range(repeat):
         run(*[a.copy() for a in arrays])
@@ -144,7 +164,7 @@ def profile(fn, *args, repeat: int = 20, trace: str | None = None, **kwargs) -> 
             for k, (node, seconds) in enumerate(zip(timed.lowered.kernel_nodes, durations))]
     rows.sort(key=lambda r: r.seconds, reverse=True)
     result = Profile(executable.graph.name, rows, float(np.median(totals)), repeat, starts,
-                     executable.graph)
+                     executable.graph, count)
     if trace is not None:
         result.chrome_trace(trace)
     return result
