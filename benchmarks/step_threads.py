@@ -26,7 +26,9 @@ threads' time minus half of one's), with how the kernel runs on two threads:
   winograd_gemm.function(forked=True));
 - `blas`: calls the BLAS, which splits by its own thresholds (threads.py's callback);
 - `serial`: none of these.
-Kernels are listed by the time lost, then summed by op and how they run.
+Kernels are listed by the time lost, then summed by class (`kernel_class`: a convolution's
+pass, geometry and channels, with its filter and transform kernels; a markdown table), then
+by op and how they run.
 
 `step`: the compiled step itself, blocks of `--calls` calls alternating one thread and two
 forced, wall clock (median over blocks of each block's median), and CPU time per call.
@@ -35,8 +37,9 @@ SWITCH off while compiling (`SWITCHES`; `forks`, the default: the tenth session'
 `kernels.forks` False: a Winograd kernel not split over its images keeps its filter
 transform and 16 block GEMMs serial, reductions stay serial; `column_parts`: column sums
 serial, not cut into forked parts; `polyphase_grad`: the stride-2 weight gradients on
-im2col) and "after" as it is; the blocks rotate over both variants
-and both counts (the kernels part profiles "after").
+im2col; `channel_forks`: a one-block Winograd kernel's input and output transforms inside
+it, on the calling thread) and "after" as it is; the blocks rotate over both variants and
+both counts (the kernels part profiles "after").
 
 Two threads wait for a core the OS gives to other work: read the load averages printed at
 the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
@@ -120,6 +123,12 @@ def _polyphase_grad_off() -> dict:
     return {(conv_polyphase_grad, "ENABLED"): False}
 
 
+def _channel_forks_off() -> dict:
+    from graphc.backends.cpu import conv_winograd
+
+    return {(conv_winograd, "FORKED_TRANSFORMS"): False}
+
+
 # --ab SWITCH: what "before" turns off while compiling ({(module, attribute): value})
 SWITCHES = {
     # the tenth session's forks: a Winograd kernel not split over images keeps its filter
@@ -129,6 +138,8 @@ SWITCHES = {
     "column_parts": _column_parts_off,
     # the twelfth's stride-2 weight gradients by polyphase Winograd (conv_polyphase_grad)
     "polyphase_grad": _polyphase_grad_off,
+    # the twelfth's one-block Winograd kernels' transforms forked over channels
+    "channel_forks": _channel_forks_off,
 }
 
 
@@ -207,6 +218,7 @@ def kernel_table(step, arguments, most: int, runs: int, rounds: int, top: int,
     for lost, t1, t2, label, shape, how, k in sorted(rows, reverse=True)[:top]:
         print(f"  {k:4d} {t1:8.1f} {t2:8.1f} {t1 / t2:5.2f}x {lost:7.1f}  {how:<6} "
               f"{label[:34]:<34} {shape[:40]}")
+    print(class_table(rows, lowered.kernel_nodes, most))
     groups: dict = defaultdict(lambda: [0.0, 0.0, 0])
     for _, t1, t2, label, _, how, _ in rows:
         group = groups[(label.split("(")[0] if label.startswith("fused") else label, how)]
@@ -218,6 +230,42 @@ def kernel_table(step, arguments, most: int, runs: int, rounds: int, top: int,
     for (label, how), (t1, t2, n) in ordered[:top]:
         print(f"  {label[:28]:<28} {how:<6} {n:4d} {t1 / 1e3:8.2f} {t2 / 1e3:8.2f} "
               f"{t1 / max(t2, 1e-9):5.2f}x {(t2 - t1 / 2) / 1e3:7.2f}")
+
+
+def kernel_class(node) -> str:
+    """The class of the node a kernel runs: a convolution's pass, geometry and channels
+    ("conv2d_weight_grad 3x3 s1 512x512"; conv2d_channel_sums is conv2d's forward, summing
+    its output for the batch norm), a batch norm's op and channels, else the op (fused:
+    "fused")."""
+    if node is None:
+        return "output copy"
+    op = "conv2d" if node.op == "conv2d_channel_sums" else node.op
+    if op in ("conv2d", "conv2d_input_grad", "conv2d_weight_grad"):
+        w = node.outputs[0].type.shape if op == "conv2d_weight_grad" else \
+            node.inputs[1].type.shape
+        stride = tuple(node.attrs.get("stride", (1, 1)))
+        return f"{op} {w[2]}x{w[3]} s{stride[0]} {w[0]}x{w[1]}"
+    if op.startswith("batch_norm"):
+        return f"{op} {node.inputs[0].type.shape[1]} ch"
+    return op
+
+
+def class_table(rows: list, nodes: list, most: int) -> str:
+    """A markdown table of the kernels by class (`kernel_class`: every kernel of a node, its
+    filter or transform kernels too), the most time lost to perfect scaling first."""
+    classes: dict = defaultdict(lambda: [0, 0.0, 0.0])
+    for _, t1, t2, _, _, _, k in rows:
+        entry = classes[kernel_class(nodes[k])]
+        entry[0] += 1
+        entry[1] += t1
+        entry[2] += t2
+    lines = [f"| kernel class | kernels | ms at 1 / {most} threads | speed-up | lost ms |",
+             "|---|---|---|---|---|"]
+    for name, (n, t1, t2) in sorted(classes.items(), key=lambda kv: kv[1][1] / most
+                                    - kv[1][2]):
+        lines.append(f"| {name} | {n} | {t1 / 1e3:.2f} / {t2 / 1e3:.2f} | "
+                     f"{t1 / max(t2, 1e-9):.2f}x | {(t2 - t1 / most) / 1e3:.2f} |")
+    return "\n".join(lines)
 
 
 def step_table(steps: dict, arguments: dict, most: int, blocks: int, calls: int,

@@ -52,6 +52,37 @@ def test_column_parts_switch_turns_the_row_parts_off_and_back(tmp_path, monkeypa
     assert column_parts.SPLIT is True
 
 
+def test_channel_forks_switch_keeps_the_transforms_inside_and_back(tmp_path, monkeypatch):
+    from graphc.backends.cpu import conv_winograd
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    with step_threads.variant("before", str(tmp_path), "channel_forks"):
+        assert conv_winograd.FORKED_TRANSFORMS is False
+    assert conv_winograd.FORKED_TRANSFORMS is True
+
+
+def test_kernel_classes_name_pass_geometry_and_channels():
+    from graphc.ir import parse
+
+    graph = parse('''graph @f(%x: f32[2,16,8,8], %w: f32[32,16,3,3], %g: f32[2,32,8,8]) -> (f32[2,32,8,8], f32[32,16,3,3], f32[2,32,8,8]) {
+  %0: f32[2,32,8,8] = conv2d[stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1](%x, %w)
+  %1: f32[32,16,3,3] = conv2d_weight_grad[stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, kernel_size=(3, 3)](%g, %x)
+  %2: f32[2,32,8,8] = relu(%0)
+  return (%0, %1, %2)
+}''')  # noqa: E501
+    conv, grad, relu = graph.nodes
+    assert step_threads.kernel_class(conv) == "conv2d 3x3 s1 32x16"
+    assert step_threads.kernel_class(grad) == "conv2d_weight_grad 3x3 s1 32x16"
+    assert step_threads.kernel_class(relu) == "relu"
+    assert step_threads.kernel_class(None) == "output copy"
+    # rows as kernel_table makes them: (lost, us at 1, us at 2, label, shape, how, kernel)
+    rows = [(0, 300.0, 200.0, "", "", "", 0), (0, 100.0, 50.0, "", "", "", 1),
+            (0, 100.0, 50.0, "", "", "", 2)]
+    table = step_threads.class_table(rows, [conv, conv, relu], 2).splitlines()
+    assert table[2] == "| conv2d 3x3 s1 32x16 | 2 | 0.40 / 0.25 | 1.60x | 0.05 |"
+    assert table[3] == "| relu | 1 | 0.10 / 0.05 | 2.00x | 0.00 |"
+
+
 @pytest.mark.skipif(threads.most_threads() < 2, reason="one thread here: nothing to compare")
 @pytest.mark.parametrize("model", ["gpt", "resnet18"])
 def test_smoke_sizes_print_every_part(model, capsys, tmp_path, monkeypatch):
@@ -62,6 +93,7 @@ def test_smoke_sizes_print_every_part(model, capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     assert "native call (sum of kernels): " in out
     assert "by op and how it runs" in out
+    assert "| kernel class | kernels | ms at 1 / 2 threads | speed-up | lost ms |" in out
     for name in step_threads.VARIANTS:
         for count in (1, 2):
             assert f"{name}: step on {count} thread(s): median " in out
