@@ -34,7 +34,9 @@ On more than one core the blocks are split over the threads (graphc.backends.cpu
 conv_threads): each thread its own padded plane, V and M; the filter transform runs once,
 before the threads, as a kernel of its own (`_filter_kernel`, itself forked over the output
 channels), and every thread reads U. A kernel whose batch is one block (512 channels at 4x4,
-batch 32: nothing to split) forks its filter kernel and its 16 generated GEMMs instead.
+batch 32: nothing to split) forks its filter kernel and its 16 generated GEMMs instead, and
+its input and output transforms over the channels, kernels of their own around it
+(FORKED_TRANSFORMS, conv_threads.channel_kernel).
 
 The input gradient of a stride-1 3x3 convolution with padding p <= 2 is the same correlation
 of the output gradient, padded by 2 - p, with the flipped filter and the channels swapped
