@@ -39,7 +39,8 @@ transform and 16 block GEMMs serial, reductions stay serial; `column_parts`: col
 serial, not cut into forked parts; `polyphase_grad`: the stride-2 weight gradients on
 im2col; `channel_forks`: a one-block Winograd kernel's input and output transforms inside
 it, on the calling thread) and "after" as it is; the blocks rotate over both variants and
-both counts (the kernels part profiles "after").
+both counts (the kernels part profiles "after"; `--only kernels --ab` both, "before"
+first).
 
 Two threads wait for a core the OS gives to other work: read the load averages printed at
 the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
@@ -90,9 +91,12 @@ def main(argv: list[str] | None = None) -> None:
         steps, arguments = compiled_variants(names, lambda name: variant(name, root, switch),
                                              lambda: training_step(args.model, args.quick))
         if args.only in (None, "kernels"):
-            kernel_table(steps["after"], arguments["after"], most, args.runs, args.rounds,
-                         args.top, args.realtime, args.json)
-            print(f"{load()}", flush=True)
+            for name in ("before", "after") if args.ab and args.only == "kernels" else \
+                    ("after",):
+                print(f"{name}:", flush=True)
+                kernel_table(steps[name], arguments[name], most, args.runs, args.rounds,
+                             args.top, args.realtime, args.json if name == "after" else None)
+                print(f"{load()}", flush=True)
         if args.only in (None, "step"):
             step_table(steps, arguments, most, args.blocks, args.calls, args.realtime)
     print(f"at the end: {load()}")

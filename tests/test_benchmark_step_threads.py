@@ -105,3 +105,14 @@ def test_bad_counts_are_refused(capsys):
     with pytest.raises(SystemExit):
         step_threads.main(["--model", "gpt", "--runs", "0"])
     assert "--runs must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(threads.most_threads() < 2, reason="one thread here: nothing to compare")
+def test_kernels_of_both_variants_with_ab(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    step_threads.main(["--model", "gpt", "--quick", "--ab", "channel_forks", "--only",
+                       "kernels", "--runs", "1", "--rounds", "2", "--top", "2"])
+    out = capsys.readouterr().out
+    assert out.count("native call (sum of kernels): ") == 2
+    assert out.index("before:") < out.index("after:")
+    assert "step on" not in out
