@@ -94,8 +94,10 @@ def main(argv: list[str] | None = None) -> None:
             for name in ("before", "after") if args.ab and args.only == "kernels" else \
                     ("after",):
                 print(f"{name}:", flush=True)
-                kernel_table(steps[name], arguments[name], most, args.runs, args.rounds,
-                             args.top, args.realtime, args.json if name == "after" else None)
+                with variant(name, root, switch):  # its profiling build: the same switches
+                    kernel_table(steps[name], arguments[name], most, args.runs, args.rounds,
+                                 args.top, args.realtime,
+                                 args.json if name == "after" else None)
                 print(f"{load()}", flush=True)
         if args.only in (None, "step"):
             step_table(steps, arguments, most, args.blocks, args.calls, args.realtime)

@@ -109,9 +109,20 @@ def test_bad_counts_are_refused(capsys):
 
 @pytest.mark.skipif(threads.most_threads() < 2, reason="one thread here: nothing to compare")
 def test_kernels_of_both_variants_with_ab(capsys, tmp_path, monkeypatch):
+    from graphc.backends.cpu import conv_winograd
+
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    profiled = step_threads.kernel_table
+    switch_seen = []  # each profiling build is compiled with its variant's switch
+
+    def recording(*args, **kwargs):
+        switch_seen.append(conv_winograd.FORKED_TRANSFORMS)
+        return profiled(*args, **kwargs)
+
+    monkeypatch.setattr(step_threads, "kernel_table", recording)
     step_threads.main(["--model", "gpt", "--quick", "--ab", "channel_forks", "--only",
                        "kernels", "--runs", "1", "--rounds", "2", "--top", "2"])
+    assert switch_seen == [False, True]
     out = capsys.readouterr().out
     assert out.count("native call (sum of kernels): ") == 2
     assert out.index("before:") < out.index("after:")
