@@ -6,6 +6,7 @@ process, and their rounding on hostile inputs.
     python -m benchmarks.batch_norm_passes --step --rounds 9   # the whole training step
     python -m benchmarks.batch_norm_passes --relu --rounds 9   # batch norm + ReLU, fused or not
     python -m benchmarks.batch_norm_passes --conv-sums --rounds 9  # statistics in the conv
+    python -m benchmarks.batch_norm_passes --backward --rounds 9   # the backward, fused or not
 
 For each batch-norm shape of benchmarks/model_steps.py's ResNet-18 step (batch 32: 64
 channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `batch_norm` graph
@@ -42,6 +43,15 @@ three stride-2 ones, C -> 2C: the polyphase kernel) alone and followed by its
 the convolution's output transform (graphc.passes.conv_channel_sums: "in conv"), compiled
 once, called natively in alternated rounds as above; the pairs checked to agree within
 rounding first.
+
+`--backward`: per layer, batch norm + ReLU's backward without and with the residual's
+gradient added, as the row passes leave it (two fused nodes: the sums, then the apply;
+tests.test_batch_norm_backward.backward_graph) and as one `batch_norm_relu_backward`
+(graphc.passes.batch_norm_backward) walking blocks of channels (graphc.backends.cpu.
+batch_norm_backward.CHANNEL_BLOCK_BYTES) or all channels in one block, each compiled once,
+called natively in alternated rounds as above; the fused ones checked against the two nodes
+within float32 rounding first. GB/s: the two nodes' nominal bytes (each input and output of
+each node once) over each variant's time.
 """
 
 from __future__ import annotations
@@ -314,6 +324,68 @@ def conv_sums_speed(root: str, rounds: int) -> list[str]:
     return lines
 
 
+BACKWARD_VARIANTS = {"two nodes": None, "one block": {"CHANNEL_BLOCK_BYTES": None},
+                     "blocks": {}}
+
+
+def backward_speed(root: str, rounds: int) -> list[str]:
+    """The --backward table (module docstring)."""
+    from benchmarks.profiles import native_call
+    from graphc.backends.cpu import batch_norm_backward as kernel_module
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.ir import parse
+    from graphc.passes.batch_norm_backward import fuse_batch_norm_backward
+    from graphc.passes.plan import plan_buffers
+    from tests.test_batch_norm_backward import backward_graph, backward_inputs
+
+    names = list(BACKWARD_VARIANTS)
+    lines = ["| layer (N = 32) | residual | " + " | ".join(names) + " | GB/s |",
+             "|---" * (len(names) + 3) + "|"]
+    for channels, side in LAYERS:
+        shape = (32, channels, side, side)
+        for residual in (False, True):
+            args = backward_inputs(shape, residual, seed=channels)
+            calls, results = [], []
+            for name, settings in BACKWARD_VARIANTS.items():
+                os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, "backward " + name)
+                graph = parse(backward_graph(shape, residual))
+                if settings is not None:
+                    graph = fuse_batch_norm_backward(graph)
+                kept = {key: getattr(kernel_module, key) for key in settings or {}}
+                for key, value in (settings or {}).items():
+                    setattr(kernel_module, key, value)
+                try:
+                    plan_buffers(graph)
+                    executable = CpuExecutable(graph)
+                finally:
+                    for key, value in kept.items():
+                        setattr(kernel_module, key, value)
+                results.append(executable.run(*[a.copy() for a in args]))
+                calls.append(native_call(executable, args))
+            for got in results[1:]:
+                for g, w in zip(got, results[0]):
+                    np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5)
+            times: list[list[float]] = [[] for _ in calls]
+            for r in range(rounds):
+                order = list(enumerate(calls))
+                for k, call in (order if r % 2 else order[::-1]):
+                    call()
+                    count, start = 0, time.process_time()
+                    while time.process_time() - start < 0.04:
+                        call()
+                        count += 1
+                    times[k].append((time.process_time() - start) / count)
+            medians = [statistics.median(t) for t in times]
+            big, mask = args[0].nbytes, args[1].nbytes
+            # sums: dy (+ dr) and mask and x read (g written); apply: g (or dy, mask) and x
+            nominal = (big * (4 if residual else 2) + mask * (1 if residual else 2)
+                       + big * (3 if residual else 3))
+            lines.append(f"| {channels} channels, {side}x{side} | {'yes' if residual else 'no'}"
+                         " | " + " | ".join(f"{m * 1e3:.3f} ms" for m in medians) + " | " +
+                         " -> ".join(f"{nominal / m / 1e9:.1f}" for m in medians) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="alternated rounds (7)")
@@ -323,6 +395,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="batch norm and the ReLU after it, two kernels or one")
     parser.add_argument("--conv-sums", action="store_true",
                         help="the statistics walked by batch norm or summed by the conv")
+    parser.add_argument("--backward", action="store_true",
+                        help="batch norm + ReLU's backward, two fused nodes or one")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
                         help="which variants (all)")
     args = parser.parse_args(argv)
@@ -333,6 +407,9 @@ def main(argv: list[str] | None = None) -> None:
     with cache_root("batch_norm_passes.") as root:
         if args.conv_sums:
             print("\n".join(conv_sums_speed(root, args.rounds)), flush=True)
+            return print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
+        if args.backward:
+            print("\n".join(backward_speed(root, args.rounds)), flush=True)
             return print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
         if args.relu:
             print("\n".join(relu_speed(root, args.rounds)), flush=True)

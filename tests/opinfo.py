@@ -111,6 +111,9 @@ COVERAGE_EXEMPT: dict[str, str] = {
     "attention_backward": "made by fuse_attention with attention: tests/test_fused_attention.py",
     "batch_norm_relu": "made by the cpu pipeline's fuse_batch_norm_relu pass, never called by "
                        "users: tests/test_batch_norm_relu.py checks it compiled and interpreted",
+    "batch_norm_relu_backward": "made by the cpu pipeline's fuse_batch_norm_backward pass, never "
+                                "called by users: tests/test_batch_norm_relu.py checks it "
+                                "compiled and interpreted",
     "conv2d_channel_sums": "made by the cpu pipeline's fuse_conv_channel_sums pass, never called "
                            "by users: tests/test_conv_channel_sums.py checks it compiled and "
                            "interpreted",

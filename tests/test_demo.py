@@ -68,9 +68,10 @@ def test_small_demo_prints_its_summary_and_writes_valid_files(capsys, tmp_path, 
                                      "step.7.fuse_conv_channel_sums.gir",
                                      "step.8.fuse_rows.gir", "step.9.recompute_row_values.gir",
                                      "step.10.fuse_rows.gir", "step.11.merge_sibling_sums.gir",
-                                     "step.12.fuse_gemm_column_sums.gir",
-                                     "step.13.lay_out_gemm_outputs.gir",
-                                     "step.14.plan_buffers.gir"]
+                                     "step.12.fuse_batch_norm_backward.gir",
+                                     "step.13.fuse_gemm_column_sums.gir",
+                                     "step.14.lay_out_gemm_outputs.gir",
+                                     "step.15.plan_buffers.gir"]
     graphs = [verify(parse(p.read_text())) for p in gir]
     assert len(graphs[5].nodes) < len(graphs[0].nodes)
     assert any(node.op == "fused" for node in graphs[12].nodes)

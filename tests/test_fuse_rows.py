@@ -280,10 +280,11 @@ def test_a_strided_input_row_program(rng):
 def test_run_pipeline_verifies_every_stage_of_a_layer_norm_step(rng):
     graph = parse(LAYER_NORM)
     out, report = run_pipeline(graph, default_passes(graph, "cpu"))
-    assert [r.name for r in report.records][-10:] == ["fuse", "fuse_batch_norm_relu",
+    assert [r.name for r in report.records][-11:] == ["fuse", "fuse_batch_norm_relu",
                                                        "fuse_conv_channel_sums", "fuse_rows",
                                                        "recompute_row_values", "fuse_rows",
                                                        "merge_sibling_sums",
+                                                       "fuse_batch_norm_backward",
                                                        "fuse_gemm_column_sums",
                                                        "lay_out_gemm_outputs", "plan_buffers"]
     args = _arrays(graph, rng)

@@ -517,6 +517,8 @@ REFUSED = {
     "attention": "made by the cpu pipeline's fuse_attention pass: export the traced IR",
     "batch_norm_relu": "made by the cpu pipeline's fuse_batch_norm_relu pass: export the "
                        "traced IR",
+    "batch_norm_relu_backward": "made by the cpu pipeline's fuse_batch_norm_backward pass: "
+                                "export the traced IR",
     "conv2d_channel_sums": "made by the cpu pipeline's fuse_conv_channel_sums pass: export the "
                            "traced IR",
     "attention_backward": _BACKWARD,

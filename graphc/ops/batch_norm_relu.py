@@ -29,6 +29,21 @@ parallel-variance update, in float64 (`merged_statistics`, which the cpu kernel 
 for step); with one shift per image, no thread sees another's shift, and the order of the
 images fixes the bits whatever the thread count. The rounding: docs/performance.md,
 "statistics computed where the convolution writes its output".
+
+Its backward, with the ReLU's mask and the residual's gradient (made by graphc.passes.
+batch_norm_backward from the two fused nodes autodiff and the row passes leave):
+
+    batch_norm_relu_backward[relu_grad](grad, positive, input, weight, save_mean, save_invstd,
+                                        *residual_grad)
+        -> (grad_input, grad_weight, grad_bias[, g])
+
+g = where(positive, grad [+ residual_grad], 0) (the gradient at the ReLU's input), xhat =
+(input - save_mean) * save_invstd, grad_bias = sum(g) and grad_weight = sum(g * xhat) over
+every axis but the channels', and grad_input = weight * save_invstd * (g - grad_bias / m -
+xhat * grad_weight / m) (m = N * H * W): batch_norm's VJP in training. With relu_grad=true g
+is an output too (a residual block's shortcut reads it). The reference kernel runs the
+registry's kernels in the order the replaced nodes ran them; the cpu kernel sums in float64
+(docs/performance.md, "batch norm + ReLU backward, twelfth session").
 """
 
 from __future__ import annotations
@@ -157,3 +172,57 @@ def _sums_kernel(x, w, **attrs):
 register(OpDef("conv2d_channel_sums", CONTRACTION, ("input", "weight"), _sums_infer,
                _sums_kernel, attrs=CONV_ATTRS,
                doc="conv2d and its output's per-image shifted sums (cpu pipeline only)"))
+
+
+# ---- batch_norm_relu_backward -----------------------------------------------------------------
+def _backward_infer(grad: TensorType, positive: TensorType, x: TensorType, weight: TensorType,
+                    save_mean: TensorType, save_invstd: TensorType, *residual: TensorType,
+                    relu_grad: bool):
+    op = "batch_norm_relu_backward"
+    if x.ndim < 2 or x.dtype.name not in ("float32", "float64"):
+        raise DTypeError(f"{op}: expected a float32 or float64 input of 2 or more dimensions "
+                         f"(N, C, ...), got {x}; the pass makes this op only for such inputs")
+    wrong = [(name, t) for name, t in (("grad", grad), *(("residual_grad", r) for r in residual))
+             if t != x]
+    if positive != TensorType(x.shape, bool_):
+        wrong.append(("positive", positive))
+    stat = TensorType((x.shape[1],), x.dtype)
+    wrong += [(name, t) for name, t in (("weight", weight), ("save_mean", save_mean),
+                                        ("save_invstd", save_invstd)) if t != stat]
+    if len(residual) > 1:
+        wrong.append(("residual_grad", residual[1]))
+    if wrong:
+        got = ", ".join(f"{name} {t}" for name, t in wrong)
+        raise ShapeError(f"{op}: expected grad and at most one residual_grad of the input's type "
+                         f"{x}, positive {TensorType(x.shape, bool_)} and weight, save_mean, "
+                         f"save_invstd {stat}; got {got}: pass the values batch_norm_relu "
+                         "made and read, unreshaped")
+    return (x, stat, stat) + ((x,) if relu_grad else ())
+
+
+def _backward_kernel(grad, positive, x, weight, save_mean, save_invstd, *residual,
+                     relu_grad: bool):
+    def k(op, *args, **attrs):
+        return REGISTRY[op].kernel(*args, **attrs)
+
+    axes = (0,) + tuple(range(2, x.ndim))
+    channel = (1, -1) + (1,) * (x.ndim - 2)
+    dy = k("add", grad, residual[0]) if residual else grad
+    g = k("where", positive, dy, np.zeros(x.shape, x.dtype))
+    xhat = k("mul", k("sub", x, save_mean.reshape(channel)), save_invstd.reshape(channel))
+    grad_bias = k("reduce_sum", g, axes=axes, keepdim=False)
+    grad_weight = k("reduce_sum", k("mul", g, xhat), axes=axes, keepdim=False)
+    m = np.asarray(x.size // x.shape[1], x.dtype)
+    centred = k("sub", g, k("div", grad_bias.reshape(channel), m))
+    tilt = k("div", k("mul", xhat, grad_weight.reshape(channel)), m)
+    scale = k("mul", weight.reshape(channel), save_invstd.reshape(channel))
+    grad_input = k("mul", scale, k("sub", centred, tilt))
+    return (grad_input, grad_weight, grad_bias) + ((g,) if relu_grad else ())
+
+
+register(OpDef("batch_norm_relu_backward", NORM,
+               ("grad", "positive", "input", "weight", "save_mean", "save_invstd",
+                "*residual_grad"),
+               _backward_infer, _backward_kernel, attrs={"relu_grad": bool},
+               doc="batch norm's training backward after a ReLU (and a residual's gradient "
+                   "added), one op (cpu pipeline only)"))

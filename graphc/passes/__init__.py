@@ -93,7 +93,8 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
     GEMM order its BLAS runs faster) and fuse_attention; share_reshape_copies before fuse;
     fuse_rows, recompute_row_values and fuse_rows again after it (row programs), then
     merge_sibling_sums; fuse_batch_norm_relu right after fuse (batch_norm_relu.py), then
-    fuse_conv_channel_sums (conv_channel_sums.py);
+    fuse_conv_channel_sums (conv_channel_sums.py); fuse_batch_norm_backward after
+    merge_sibling_sums (batch_norm_backward.py);
     fuse_gemm_column_sums and lay_out_gemm_outputs before the plan (docs/passes.md); for the
     "cuda" backend, share_reshape_copies and drop_output_copies before fuse."""
     from graphc.passes.attention import fuse_attention
@@ -111,6 +112,7 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
         if has_collectives(graph):
             return front + [fuse, bucket_allreduce, fuse_waits, plan_buffers]
     if backend == "cpu":  # row programs (graphc.passes.fuse_rows): the cpu backend lowers them
+        from graphc.passes.batch_norm_backward import fuse_batch_norm_backward
         from graphc.passes.batch_norm_relu import fuse_batch_norm_relu
         from graphc.passes.conv_channel_sums import fuse_conv_channel_sums
         from graphc.passes.fuse_rows import fuse_rows
@@ -126,7 +128,8 @@ def default_passes(graph: Graph | None = None, backend: str | None = None) -> li
         return front + [share_reshape_copies, fuse, fuse_batch_norm_relu,
                         fuse_conv_channel_sums, fuse_rows,
                         recompute_row_values, fuse_rows, merge_sibling_sums,
-                        fuse_gemm_column_sums, lay_out_gemm_outputs, plan_buffers]
+                        fuse_batch_norm_backward, fuse_gemm_column_sums,
+                        lay_out_gemm_outputs, plan_buffers]
     if backend == "cuda":  # a head merge reshaped twice is copied once (reshape_share.py)
         from graphc.passes.output_copies import drop_output_copies
         from graphc.passes.reshape_share import share_reshape_copies

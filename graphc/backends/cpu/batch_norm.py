@@ -157,7 +157,7 @@ def batch_norm(lw, node: Node) -> None:
                 kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
             with loop(b, 0, n, "n") as k, loop(b, lo, hi, "c") as ch:
                 base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
-                _prefetch_plane(b, kb, [(xi, False), (oi, True)]
+                prefetch_plane(b, kb, [(xi, False), (oi, True)]
                                 + ([(ri, False)] if residual else []), base, s)
                 mean = kb.load(b, wsi, column(MEAN, ch))
                 scale = kb.load(b, wsi, column(SCALE, ch))
@@ -260,7 +260,7 @@ def _shifted_sums(b, kb, xi, wsi, n: int, c: int, s: int, lo_c, hi_c, dt) -> Non
         s2 = b.alloca(F64, name="s2")
     with loop(b, 0, n, "n") as k, loop(b, lo_c, hi_c, "c") as ch:
         base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
-        _prefetch_plane(b, kb, [(xi, False)], base, s)
+        prefetch_plane(b, kb, [(xi, False)], base, s)
         shift = kb.load(b, wsi, b.add(i64(SHIFT * c), ch))
         b.store(ir.Constant(F64, 0.0), s1)
         b.store(ir.Constant(F64, 0.0), s2)
@@ -273,7 +273,7 @@ def _shifted_sums(b, kb, xi, wsi, n: int, c: int, s: int, lo_c, hi_c, dt) -> Non
             kb.store(b, wsi, at, b.fadd(kb.load(b, wsi, at), b.load(acc)))
 
 
-def _prefetch_plane(b, kb, operands, base, s: int) -> None:
+def prefetch_plane(b, kb, operands, base, s: int) -> None:
     """With PREFETCH, ask for the plane 1 KiB past element `base` of each
     (operand, for writing) in `operands` (graphc.backends.cpu.prefetch.prefetch_lines: 1 KiB)."""
     if PREFETCH:

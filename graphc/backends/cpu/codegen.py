@@ -68,6 +68,7 @@ from graphc.backends import common
 from graphc.backends.cpu import attention as attention_kernels
 from graphc.backends.cpu import (
     batch_norm,
+    batch_norm_backward,
     collective_shm,
     conv,
     conv_channel_sums,
@@ -201,6 +202,7 @@ LOWERINGS = {
     "max_pool2d_grad": pool.max_pool2d_grad, "avg_pool2d": pool.avg_pool2d,
     "avg_pool2d_grad": pool.avg_pool2d_grad, "batch_norm": batch_norm.batch_norm,
     "batch_norm_relu": batch_norm.batch_norm,
+    "batch_norm_relu_backward": batch_norm_backward.batch_norm_relu_backward,
     "conv2d_channel_sums": conv_channel_sums.conv2d_channel_sums,
     "uniform": lower_random, "normal": lower_random, "dropout": lower_random,
     "bernoulli": lower_random,

@@ -433,6 +433,9 @@ REFUSALS.update({name: "made only by the cpu pipeline's fuse_attention pass (the
 REFUSALS["batch_norm_relu"] = ("made only by the cpu pipeline's fuse_batch_norm_relu pass "
                                "(the cuda pipeline keeps batch_norm and the fused ReLU), so no "
                                "cuda graph holds it")
+REFUSALS["batch_norm_relu_backward"] = ("made only by the cpu pipeline's "
+                                        "fuse_batch_norm_backward pass (the cuda pipeline keeps "
+                                        "the fused nodes), so no cuda graph holds it")
 REFUSALS["conv2d_channel_sums"] = ("made only by the cpu pipeline's fuse_conv_channel_sums pass "
                                    "(the cuda pipeline keeps conv2d and batch_norm), so no cuda "
                                    "graph holds it")
