@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from graphc.ir import format_graph, parse
+from graphc.passes.batch_norm_backward import fuse_batch_norm_backward
 from graphc.passes.batch_norm_relu import fuse_batch_norm_relu
 from graphc.passes.conv_channel_sums import fuse_conv_channel_sums
 from graphc.passes.fuse import fuse
@@ -38,7 +39,7 @@ def ir_blocks(path: pathlib.Path) -> list[str]:
 
 def test_passes_doc_examples_are_real():
     blocks = ir_blocks(DOCS / "passes.md")
-    assert len(blocks) == 13
+    assert len(blocks) == 15
     graphs = [parse(b) for b in blocks]
     before, simplified, fused = graphs[2], graphs[3], graphs[4]
     assert format_graph(simplify(before)) == format_graph(simplified)
@@ -51,6 +52,8 @@ def test_passes_doc_examples_are_real():
     assert format_graph(fuse_batch_norm_relu(batch_norm_then_relu)) == format_graph(one_node)
     conv_then_bn, with_sums = graphs[11], graphs[12]  # fuse_conv_channel_sums
     assert format_graph(fuse_conv_channel_sums(conv_then_bn)) == format_graph(with_sums)
+    two_nodes, backward = graphs[13], graphs[14]  # fuse_batch_norm_backward
+    assert format_graph(fuse_batch_norm_backward(two_nodes)) == format_graph(backward)
 
 
 def test_readme_layout_names_every_package():
