@@ -5,18 +5,19 @@ its time inside the step, next to a copy's rate on this machine.
     python -m benchmarks.resnet18_bytes --repeat 5 --limit 40
     python -m benchmarks.resnet18_bytes --ab graphc.backends.cpu.reductions.PREFETCH_ROWS=False
 
-The step is benchmarks/model_steps.py's ResNet-18 (CIFAR, width 64, batch 32), profiled
-under graphc.profile at one thread (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1; each kernel's
-median of `--repeat` runs). Every kernel that is not a convolution or a GEMM is listed, grouped
-by its role (batch-norm statistics, the fused elementwise groups by their op lists), with its
-nominal bytes (each input and output once: graphc.profile's figure) and the time those bytes
-would take at the anchor: numpy's copy of a 16 MiB float32 array into another (one thread,
-CPU time, median of 9 rounds), counted as bytes read + written. "excess" is the kernel's time
-minus that floor: what a kernel far from memory speed could still give.
+The step is benchmarks/model_steps.py's ResNet-18 (CIFAR, width 64, batch 32), profiled under
+graphc.profile at one thread (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1, or `--threads`; each
+kernel's median of `--repeat` runs). Every kernel that is not a convolution or a GEMM is
+listed, grouped by its role (batch-norm statistics, the fused elementwise groups by their op
+lists), with its nominal bytes (each input and output once: graphc.profile's figure) and the
+time those bytes would take at the anchor: numpy's copy of a 16 MiB float32 array into another
+(one thread, CPU time, median of 9 rounds), counted as bytes read + written. "excess" is the
+kernel's time minus that floor: what a kernel far from memory speed could still give.
 
 `--ab MODULE.NAME=VALUE ...`: an in-process A/B of the step instead (`compare_steps`):
 "default" against "changed", compiled with those module attributes set (Python literals),
-each with its own GRAPHC_CACHE_DIR, `--rounds` alternated rounds. `--set MODULE.NAME=VALUE
+each with its own GRAPHC_CACHE_DIR, `--rounds` alternated rounds (with `--threads 2`, the CPU
+time of both threads: the work, not the wall clock). `--set MODULE.NAME=VALUE
 ...`: the table of the step compiled with those settings.
 """
 
@@ -165,13 +166,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ab", nargs="+", metavar="MODULE.NAME=VALUE",
                         help="an in-process step A/B: default against these settings")
     parser.add_argument("--rounds", type=int, default=9, help="A/B rounds (9)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="OMP/OpenBLAS threads (1); CPU time then counts every thread's")
     parser.add_argument("--set", nargs="+", default=[], metavar="MODULE.NAME=VALUE",
                         help="the table of the step compiled with these settings")
     args = parser.parse_args(argv)
     from benchmarks.harness import cache_root, run_with_threads
 
-    run_with_threads("benchmarks.resnet18_bytes", 1, sys.argv[1:] if argv is None else argv)
-    print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    run_with_threads("benchmarks.resnet18_bytes", args.threads,
+                     sys.argv[1:] if argv is None else argv)
+    print(f"threads: {args.threads}; load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
     if args.ab:
         with cache_root("resnet18_bytes.") as root:
             print(compare_steps(("default", "changed"),
