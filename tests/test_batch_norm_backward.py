@@ -107,6 +107,12 @@ def backward_inputs(shape, residual=False, dtype=np.float32, seed=0):
     return arrays
 
 
+@pytest.fixture(autouse=True)
+def _pass_on(monkeypatch):
+    """The pass is off by default (its FUSE: it did not pay in the step); these tests run it."""
+    monkeypatch.setattr(module, "FUSE", True)
+
+
 def _compiled(graph, count: int = 1):
     graph = parse(str(graph))
     plan_buffers(graph)

@@ -37,7 +37,10 @@ def ir_blocks(path: pathlib.Path) -> list[str]:
     return [b.strip() for b in blocks]
 
 
-def test_passes_doc_examples_are_real():
+def test_passes_doc_examples_are_real(monkeypatch):
+    from graphc.passes import batch_norm_backward
+
+    monkeypatch.setattr(batch_norm_backward, "FUSE", True)  # off by default: the doc shows it on
     blocks = ir_blocks(DOCS / "passes.md")
     assert len(blocks) == 15
     graphs = [parse(b) for b in blocks]

@@ -43,7 +43,7 @@ every axis but the channels', and grad_input = weight * save_invstd * (g - grad_
 xhat * grad_weight / m) (m = N * H * W): batch_norm's VJP in training. With relu_grad=true g
 is an output too (a residual block's shortcut reads it). The reference kernel runs the
 registry's kernels in the order the replaced nodes ran them; the cpu kernel sums in float64
-(docs/performance.md, "batch norm + ReLU backward, twelfth session").
+(docs/performance.md, "batch norm + ReLU backward as one node, twelfth session").
 """
 
 from __future__ import annotations

@@ -23,9 +23,10 @@ Anything else (a strided block's two batch norms summed in one walk, an eval bat
 symbolic size) is left as it is.
 
 Run after merge_sibling_sums and before plan_buffers; cpu pipeline only (the cuda backend
-refuses the op). Guarantees: the same values (the op's reference kernel runs the replaced
-nodes' kernels in their order; the cpu kernel sums in float64); every value read outside keeps
-its name; nodes in a topological order; the result verifies; the input graph is unchanged.
+refuses the op). Off by default (FUSE: it did not pay in the step, see FUSE's comment).
+Guarantees: the same values (the op's reference kernel runs the replaced nodes' kernels in
+their order; the cpu kernel sums in float64); every value read outside keeps its name; nodes in
+a topological order; the result verifies; the input graph is unchanged.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ from graphc.types import TensorType, bool_, float32, float64
 
 __all__ = ["fuse_batch_norm_backward"]
 
-FUSE = True  # False: the pass leaves every graph as it is (benchmarks' A/B)
+# Off: the one node's kernel is 15-30% faster than the two nodes' alone, but ResNet-18's step and
+# a residual block's were no faster with it at one thread and slower at two (docs/performance.md,
+# "batch norm + ReLU backward as one node, twelfth session"); True: the pass runs (A/B, tests).
+FUSE = False
 COMMUTATIVE = frozenset({"add", "mul"})
 
 # the templates: nested tuples (op, attrs the instruction must have, arguments...); a "$NAME"

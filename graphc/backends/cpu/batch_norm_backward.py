@@ -8,7 +8,7 @@ with, in float64 per channel, a = weight * invstd, A = a, B = -a * invstd * grad
 and C = -a * grad_bias / m (m = N * S), rounded to x's dtype: batch_norm's training VJP,
 `a * (g - grad_bias/m - xhat * grad_weight/m)`, with the per-channel factors taken out of the
 element loop and the sums more exact than the float32 sums they replace (the rounding rule:
-docs/performance.md, "batch norm + ReLU backward, twelfth session").
+docs/performance.md, "batch norm + ReLU backward as one node, twelfth session").
 
 How: channels in blocks (CHANNEL_BLOCK_BYTES of the planes the first walk reads and writes),
 each block walked twice in memory order (image by image, the block's channels within each):
