@@ -39,11 +39,11 @@ batch_norm_backward from the two fused nodes autodiff and the row passes leave):
 
 g = where(positive, grad [+ residual_grad], 0) (the gradient at the ReLU's input), xhat =
 (input - save_mean) * save_invstd, grad_bias = sum(g) and grad_weight = sum(g * xhat) over
-every axis but the channels', and grad_input = weight * save_invstd * (g - grad_bias / m -
-xhat * grad_weight / m) (m = N * H * W): batch_norm's VJP in training. With relu_grad=true g
-is an output too (a residual block's shortcut reads it). The reference kernel runs the
-registry's kernels in the order the replaced nodes ran them; the cpu kernel sums in float64
-(docs/performance.md, "batch norm + ReLU backward as one node, twelfth session").
+every axis but the channels', and grad_input = weight * save_invstd * (g - grad_bias / m - xhat
+* grad_weight / m) (m = N * H * W): batch_norm's VJP in training. With relu_grad=true g is an
+output too (a residual block's shortcut reads it). The reference kernel runs the registry's
+kernels in the order the replaced nodes ran them; the cpu kernel adds its planes' sums in
+float64 (docs/performance.md, "batch norm + ReLU backward as one node, twelfth session").
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ symbolic size) is left as it is.
 Run after merge_sibling_sums and before plan_buffers; cpu pipeline only (the cuda backend
 refuses the op). Off by default (FUSE: it did not pay in the step, see FUSE's comment).
 Guarantees: the same values (the op's reference kernel runs the replaced nodes' kernels in
-their order; the cpu kernel sums in float64); every value read outside keeps its name; nodes in
-a topological order; the result verifies; the input graph is unchanged.
+their order; the cpu kernel adds its planes' sums in float64); every value read outside keeps
+its name; nodes in a topological order; the result verifies; the input graph is unchanged.
 """
 
 from __future__ import annotations

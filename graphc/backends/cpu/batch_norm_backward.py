@@ -3,12 +3,13 @@ made by graphc.passes.batch_norm_backward), called by the Lowerer.
 
 Per channel c of an (N, C, S...) input x, with g = where(positive, grad [+ residual_grad], 0)
 (the add in x's dtype, as the fused body rendered it): grad_bias = sum(g) and grad_weight =
-invstd * sum(g * (x - mean)), both summed in float64, then grad_input = A*g + B*(x - mean) + C
-with, in float64 per channel, a = weight * invstd, A = a, B = -a * invstd * grad_weight / m
-and C = -a * grad_bias / m (m = N * S), rounded to x's dtype: batch_norm's training VJP,
-`a * (g - grad_bias/m - xhat * grad_weight/m)`, with the per-channel factors taken out of the
-element loop and the sums more exact than the float32 sums they replace (the rounding rule:
-docs/performance.md, "batch norm + ReLU backward as one node, twelfth session").
+invstd * sum(g * (x - mean)), each plane's sums in x's dtype (vector registers, reassociated)
+and the planes' added in float64, then grad_input = A*g + B*(x - mean) + C with, in float64 per
+channel, a = weight * invstd, A = a, B = -a * invstd * grad_weight / m and C = -a * grad_bias /
+m (m = N * S), rounded to x's dtype: batch_norm's training VJP, `a * (g - grad_bias/m - xhat *
+grad_weight/m)`, with the per-channel factors taken out of the element loop and the sums more
+exact than the float32 sums they replace (the rounding rule: docs/performance.md, "batch norm +
+ReLU backward as one node, twelfth session").
 
 How: channels in blocks (CHANNEL_BLOCK_BYTES of the planes the first walk reads and writes),
 each block walked twice in memory order (image by image, the block's channels within each):
@@ -160,7 +161,7 @@ def batch_norm_relu_backward(lw, node: Node) -> None:
                     b.store(fadd(b, b.load(s1), g, True), s1)
                     centred = b.fsub(kb.load(b, xi, at), mean)
                     b.store(fadd(b, b.load(s2), b.fmul(g, centred), True), s2)
-                for row, acc in ((SUM_G, s1), (SUM_GX, s2)):  # a plane's sums, in float64
+                for row, acc in ((SUM_G, s1), (SUM_GX, s2)):  # the plane's sums, added in float64
                     kb.store(b, wsi, at_ws(row, ch),
                              b.fadd(kb.load(b, wsi, at_ws(row, ch)), wide(b.load(acc))))
 
