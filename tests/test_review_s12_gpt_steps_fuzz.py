@@ -5,8 +5,9 @@ vector width (8-64), batches of 1 to 5, one or two layers; several SGD-momentum 
 carried from call to call.
 
 Each case runs the same steps compiled for the cpu on one thread and on two (each its own
-twin model, the count fixed from the first call), eagerly (graphc float32) and in PyTorch
-2.13 float64, and checks: the two thread counts give the same bits (the one-block attention
+twin model, the count fixed from the first call; a third twin switching two, one, two
+threads from call to call), eagerly (graphc float32) and in PyTorch
+2.13 float64, and checks: every thread count gives the same bits (the one-block attention
 kernels, the weight gradients' chunks of k, the column sums over row parts all promise it);
 every loss and every parameter after the steps within 2x eager graphc's distance from
 float64 (docs/performance.md, "Rounding").
@@ -70,7 +71,7 @@ def test_small_gpt_training_steps_same_bits_on_two_threads_and_within_rounding(
     shape = {k: case[k] for k in ("embed", "heads", "layers", "block")}
     what = f"{case}"
     graphc.manual_seed(seed)
-    models = [gpt(graphc, **shape) for _ in range(3)]
+    models = [gpt(graphc, **shape) for _ in range(4)]
     for twin in models[1:]:
         twin.load_state_dict(models[0].state_dict())
     reference = gpt(torch, **shape)
@@ -87,16 +88,23 @@ def test_small_gpt_training_steps_same_bits_on_two_threads_and_within_rounding(
         fixed_threads(monkeypatch, count)
         compiled = graphc.compile(_step(model, graphc), backend="cpu")
         runs[count] = [compiled(xs, ys).numpy().copy() for _ in range(STEPS)]
+    # the thread count switched between calls (as ThreadChooser's trials do): two, one, two
+    compiled = graphc.compile(_step(models[3], graphc), backend="cpu")
+    runs["switched"] = []
+    for i in range(STEPS):
+        runs["switched"].append(compiled(xs, ys).numpy().copy())
+        compiled.executable.thread_chooser.current = 1 if i % 2 == 0 else 2
     ref_step = _step(reference, torch)
     want = [ref_step(torch.tensor(idx), torch.tensor(y)).numpy() for _ in range(STEPS)]
     names = [k for k, _ in reference.named_parameters()]
     state = {key: [p.detach().numpy().copy() for p in m.parameters()]
-             for key, m in zip(("eager", 1, 2), models)}
+             for key, m in zip(("eager", 1, 2, "switched"), models)}
     want_state = [p.detach().numpy() for p in reference.parameters()]
-    for i, (a, b) in enumerate(zip(runs[1], runs[2])):
-        np.testing.assert_array_equal(a, b, err_msg=f"{what}: loss of step {i}, 1 vs 2 threads")
-    for name, a, b in zip(names, state[1], state[2]):
-        np.testing.assert_array_equal(a, b, err_msg=f"{what}: {name}, 1 vs 2 threads")
+    for other in (2, "switched"):
+        for i, (a, b) in enumerate(zip(runs[1], runs[other])):
+            np.testing.assert_array_equal(a, b, err_msg=f"{what}: loss of step {i}, 1 vs {other}")
+        for name, a, b in zip(names, state[1], state[other]):
+            np.testing.assert_array_equal(a, b, err_msg=f"{what}: {name}, 1 vs {other}")
     for i, (g, e, r) in enumerate(zip(runs[1], runs["eager"], want)):
         _within(g, e, r, f"{what}: loss of step {i}")
     for name, g, e, r in zip(names, state[1], state["eager"], want_state):

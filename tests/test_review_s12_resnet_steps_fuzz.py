@@ -6,7 +6,8 @@ pooled head; several SGD-momentum steps (state carried from call to call), then 
 eval mode.
 
 Each case runs the same steps eagerly (graphc float32), compiled for the cpu on one thread
-and on two (each its own twin model, the thread count fixed from the first call), and in
+and on two (each its own twin model, the thread count fixed from the first call; a third
+twin switching two, one, two threads from call to call), and in
 PyTorch 2.13 float64; every loss, every parameter and running statistic after the steps and
 the eval-mode logits are within 2x eager graphc's distance from float64 (docs/performance.md,
 "Rounding"). The kernels this reaches: conv_few_channels (stem, with its sums),
@@ -123,7 +124,7 @@ def test_small_resnet_training_steps_then_eval_within_rounding_on_one_and_two_th
     x = (rng.standard_normal((n, 3, h, w)) + 0.2).astype(np.float32)
     y = rng.integers(0, 3, n)
     graphc.manual_seed(seed)
-    models = [small_resnet(graphc, c, o, pooled, flat) for _ in range(3)]
+    models = [small_resnet(graphc, c, o, pooled, flat) for _ in range(4)]
     for twin in models[1:]:
         twin.load_state_dict(models[0].state_dict())
     reference = small_resnet(torch, c, o, pooled, flat)
@@ -137,6 +138,12 @@ def test_small_resnet_training_steps_then_eval_within_rounding_on_one_and_two_th
         fixed_threads(monkeypatch, count)
         compiled = graphc.compile(_step(model, graphc), backend="cpu")
         runs[count] = [compiled(xs, ys).numpy().copy() for _ in range(STEPS)]
+    # the thread count switched between calls (as ThreadChooser's trials do): two, one, two
+    compiled = graphc.compile(_step(models[3], graphc), backend="cpu")
+    runs["switched"] = []
+    for i in range(STEPS):
+        runs["switched"].append(compiled(xs, ys).numpy().copy())
+        compiled.executable.thread_chooser.current = 1 if i % 2 == 0 else 2
     ref_step = _step(reference, torch)
     xt, yt = torch.tensor(x).double(), torch.tensor(y)
     want_losses = [ref_step(xt, yt).numpy() for _ in range(STEPS)]
@@ -148,13 +155,13 @@ def test_small_resnet_training_steps_then_eval_within_rounding_on_one_and_two_th
     eager_state = _state(models[0], as_numpy)
     names = [k for k, _ in (*reference.named_parameters(), *reference.named_buffers())
              if "num_batches" not in k]
-    for count, model in zip((1, 2), models[1:]):
+    for count, model in zip((1, 2, "switched"), models[1:]):
         for i, (g, e, r) in enumerate(zip(runs[count], runs["eager"], want_losses)):
             _within(g, e, r, f"{what}: {count} thread(s), loss of step {i}")
         for name, g, e, r in zip(names, _state(model, as_numpy), eager_state, want_state):
             _within(g, e, r, f"{what}: {count} thread(s), {name} after {STEPS} steps")
     # eval mode: the running statistics' batch norm, a forward compiled of its own
-    for model in models:
+    for model in models[:3]:
         model.eval()
     reference.eval()
     with torch.no_grad():
