@@ -134,6 +134,10 @@ def batch_norm_relu_backward(lw, node: Node) -> None:
                 return None
             last = b.icmp_signed(">=", b.add(ch, i64(1)), size(b, hi))
             following = b.add(b.mul(b.add(k, i64(1)), i64(c * s)), b.mul(size(b, lo), i64(s)))
+            # the walk's last plane asks for itself: no address past the tensor (an inbounds
+            # pointer past the end is poison in LLVM's terms)
+            final = b.icmp_signed(">=", b.add(k, i64(1)), size(b, n))
+            following = b.select(final, base, following)
             at = b.select(last, following, b.add(base, i64(s)))
             for operand, write in operands:
                 prefetch_lines(kb, b, operand, at, s * kb.operands[operand].dtype.itemsize,
