@@ -200,3 +200,47 @@ def test_vt_by_channel_vectors_and_panels_bit_for_bit(case, narrow, monkeypatch,
             assert any(taken["panels"]) == panels
         outs.append(_compiled(xs, ws, padding).run(*args)[0])
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def _kernel_names(exe) -> list[str]:
+    return [k.split("_", 1)[1] for k in exe.lowered.kernels]
+
+
+def _forking(exe) -> set[str]:
+    """The kernels of `exe` that fork (their worker `<name>.omp` is defined)."""
+    text = exe.lowered.ir_text
+    return {k.split("_", 1)[1] for k in exe.lowered.kernels
+            if f'@"{k}.omp"' in text or f"@{k}.omp(" in text}
+
+
+# (input, weight, padding): one block each, Vt by channel vectors in panels, by vectors of
+# 2x2 planes, channel by channel (8-tile planes), more input channels than output ones
+ONE_BLOCK = [LAYOUTS[0][:3], LAYOUTS[1][:3], LAYOUTS[2][:3], NARROW[4]]
+
+
+@pytest.mark.parametrize("case", range(len(ONE_BLOCK)))
+def test_one_block_forks_its_transforms_with_the_same_bits(case, narrow, monkeypatch,
+                                                           tmp_path):
+    """A batch of one block: Vt's and Y's transforms in kernels of their own before the
+    GEMMs', forked over the channels on all cores (FORKED_TRANSFORMS), give the bits of
+    both inside the GEMMs' kernel, on one thread and on all cores."""
+    xs, ws, padding = ONE_BLOCK[case]
+    args = _inputs(xs, ws, padding)
+    outs = {}
+    for on in (False, True):
+        monkeypatch.setattr(conv_winograd_wide_grad, "FORKED_TRANSFORMS", on)
+        for count in sorted({1, ALL_CORES}):
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"forks-{on}-{count}"))
+            exe = _compiled(xs, ws, padding, count=count)
+            names = _kernel_names(exe)
+            own = ["conv2d_winograd_wide_input", "conv2d_winograd_wide_output_grad"]
+            if on and ALL_CORES > 1:
+                assert names[:3] == own + [KERNEL], names
+                assert set(own) <= _forking(exe), _forking(exe)
+            else:
+                assert not set(own) & set(names), names
+            outs[on, count] = exe.run(*[a.copy() for a in args])[0]
+    first = outs[True, 1]
+    for key, got in outs.items():
+        np.testing.assert_array_equal(got, first, err_msg=f"forked {key[0]}, {key[1]} threads")
+    check(xs, ws, padding)  # the forked kernels: the interpreter, float64, a rerun

@@ -24,8 +24,12 @@ This kernel computes dU in gw's own order from a *tile-major* V:
   own forked over the output channels.
 On more than one core the 16 products go over the threads (8 positions a thread on two,
 each thread the only writer of its dU[xi]: no private copies of dU, no reduce kernel) and
-the last transform over the output channels; the transforms before the GEMMs stay on the
-calling thread (~0.5 ms of ~9.7 at 512 channels).
+the last transform over the output channels. Where the batch is one block (ResNet-18's
+512 x 512 layer at batch 32: nothing to split over images) the transforms before the GEMMs
+fork too, each in a kernel of its own called first (conv_threads.channel_kernel,
+FORKED_TRANSFORMS): Vt's over the input channels (vectors of CHANNEL_LANES channels a unit),
+Y's over the output channels; each channel computed by the same code, so the same bits on any
+thread count. Else they stay on the calling thread (~0.5 ms of ~9.7 at 512 channels).
 
 Taken when (else conv_winograd's path): WIDE_GRAD, float32, a host where winograd_gemm
 serves, 3x3 stride 1, dilation 1, groups 1, even output planes of at most
@@ -38,7 +42,13 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from graphc.backends.cpu import conv_winograd, kernels, winograd_gemm, winograd_transforms
+from graphc.backends.cpu import (
+    conv_threads,
+    conv_winograd,
+    kernels,
+    winograd_gemm,
+    winograd_transforms,
+)
 from graphc.backends.cpu.conv_blocks import block_images, over_blocks
 from graphc.backends.cpu.conv_workspace import workspace
 from graphc.backends.cpu.image_kernels import (
@@ -62,7 +72,8 @@ from graphc.backends.cpu.winograd_transforms import (
 )
 from graphc.types import float32
 
-__all__ = ["BLOCK_TILES", "MAX_IMAGE_TILES", "WIDE_CHANNELS", "WIDE_GRAD", "conv2d_weight_grad"]
+__all__ = ["BLOCK_TILES", "FORKED_TRANSFORMS", "MAX_IMAGE_TILES", "WIDE_CHANNELS", "WIDE_GRAD",
+           "conv2d_weight_grad"]
 
 WIDE_GRAD = True  # False: conv_winograd's NT form through the BLAS (A/B runs)
 # Tiles a block's GEMMs sum: two of winograd_gemm's K_BLOCK chains, so dU[xi] is read and
@@ -82,6 +93,11 @@ WIDE_CHANNELS = 512
 # by channel, rows of ci (A/B runs).
 CHANNEL_VECTORS = True
 VT_PANELS = True
+# A batch of one block with forked GEMMs: Vt's transform forked over the input channels and
+# Y's over the output channels, each a kernel of its own before the GEMMs' (the same bits).
+# False: both inside the GEMMs' kernel, on the calling thread (A/B runs: benchmarks.
+# step_threads --ab wide_grad_forks).
+FORKED_TRANSFORMS = True
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
@@ -112,11 +128,18 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     xs, gs = image_strides(xl), image_strides(gl)
     in_hw, pad = (g.h, g.w), g.padding
     forked = kernels.forks(lw.openmp, kernels.gemm_work(nxi, co, ci, t_max))
+    # a batch of one block: nothing to split over images, so the transforms fork over the
+    # channels, in kernels of their own called before the GEMMs' kernel
+    by_channels = forked and FORKED_TRANSFORMS and type(g.n) is int and nb >= g.n
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
         temps = workspace(lw, dt, (nxi, u_step), (nxi, spaced(ci * t_max)),
                           (nxi, spaced(co * t_max)))
         locs = [gl, xl, dst] + temps
-        recipe = (g.key(), ci, co, in_hw, out_hw, pad, forked)
+        recipe = (g.key(), ci, co, in_hw, out_hw, pad, forked, by_channels)
+        if by_channels:
+            whole = Tiles(0, g.n, 0, th, tw, t_max)
+            lw.calls.extend(_transform_kernels(lw, locs, recipe, dt, whole, (xs, gs), ci, co,
+                                               in_hw, out_hw, pad))
         kb, ids = image_kernel(lw, "conv2d_winograd_wide_weight_grad", locs, recipe)
         gi, si, _, ui, vi, yi = ids
         b = kb.begin()
@@ -126,14 +149,10 @@ def conv2d_weight_grad(lw, node, g) -> bool:
                 v_step, y_step = spaced(ci * ld), spaced(co * ld)
                 part = Tiles(n0, count, 0, th, tw, ld)
                 gemm = _gemm(co, ci, ld, u_step)
-                panels = gemm.b_panel != 0
-                if _channel_vectors_apply(dt, xs, ci, in_hw):
-                    _input_tiles_by_channel_vectors(b, kb, dt, part, si, xs, ci, in_hw, pad,
-                                                    vi, v_step, panels)
-                else:
-                    _input_tiles_by_channel(b, kb, dt, part, si, xs, ci, in_hw, pad, vi,
-                                            v_step, panels)
-                _output_grad_tiles(b, kb, dt, part, gi, gs, co, out_hw, yi, y_step)
+                if not by_channels:  # else in kernels of their own, called before
+                    _input_transform(b, kb, dt, part, si, xs, ci, in_hw, pad, vi, v_step,
+                                     gemm.b_panel != 0)
+                    _output_grad_tiles(b, kb, dt, part, gi, gs, co, out_hw, yi, y_step)
                 fn = winograd_gemm.function(lw.module, gemm, forked)
                 beta = _first_or_add(b, dt, n0)
                 b.call(fn, [kb.pointer(b, k, i64(0)) for k in (yi, vi, ui)] + [beta])
@@ -142,6 +161,46 @@ def conv2d_weight_grad(lw, node, g) -> bool:
         lw.calls.append(kb.kernel if b is None else kb.finish(b))
         lw.calls.append(_weight_out_kernel(lw, locs, recipe, g, u_step))
     return True
+
+
+def _transform_kernels(lw, locs, recipe, dt, whole: Tiles, strides, ci, co, in_hw, out_hw,
+                       pad) -> list:
+    """The two transforms of a one-block batch `whole` as kernels of their own on `locs`
+    (conv_threads.channel_kernel): Vt's forked over the input channels (units of
+    CHANNEL_LANES channels where the vector form serves), Y's over the output channels.
+    `strides`: x's and gy's element strides."""
+    xs, gs = strides
+    nxi = ALPHA * ALPHA
+    v_step, y_step = spaced(ci * whole.ld), spaced(co * whole.ld)
+    panels = _gemm(co, ci, whole.ld, spaced(co * ci)).b_panel != 0
+    lanes = winograd_transforms.CHANNEL_LANES if _channel_vectors_apply(dt, xs, ci, in_hw) \
+        else 1
+
+    def input_share(b, kb, ids, units):
+        _input_transform(b, kb, dt, whole, ids[1], xs, ci, in_hw, pad, ids[4], v_step,
+                         panels, units)
+
+    def output_share(b, kb, ids, channels):
+        _output_grad_tiles(b, kb, dt, whole, ids[0], gs, co, out_hw, ids[5], y_step,
+                           channels)
+
+    return [conv_threads.channel_kernel(lw, "conv2d_winograd_wide_input", locs, recipe,
+                                        ci // lanes, nxi * ci * whole.ld, input_share),
+            conv_threads.channel_kernel(lw, "conv2d_winograd_wide_output_grad", locs, recipe,
+                                        co, nxi * co * whole.ld, output_share)]
+
+
+def _input_transform(b, kb, dt, part: Tiles, si, xs, ci, in_hw, pad, vi, v_step,
+                     panels: bool, units=None) -> None:
+    """Vt of the part: CHANNEL_LANES channels a vector where that serves, else channel by
+    channel. `units`: only [lo, hi) of the loop's units (vectors of channels, or channels;
+    a forked kernel's share)."""
+    if _channel_vectors_apply(dt, xs, ci, in_hw):
+        _input_tiles_by_channel_vectors(b, kb, dt, part, si, xs, ci, in_hw, pad, vi, v_step,
+                                        panels, units)
+    else:
+        _input_tiles_by_channel(b, kb, dt, part, si, xs, ci, in_hw, pad, vi, v_step, panels,
+                                units)
 
 
 def _gemm(co: int, ci: int, ld: int, u_step: int):
@@ -165,13 +224,14 @@ def _first_or_add(b, dt, n0):
 
 
 def _input_tiles_by_channel(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi,
-                            v_step, panels: bool = False) -> None:
+                            v_step, panels: bool = False, channels=None) -> None:
     """Vt[xi][t][c] = (B^T d B)[xi] for every 4x4 tile d (at stride 2, zero-padded by
     `pad`) of the part's images, channels innermost so the stores run along Vt's rows; an
     image's tiles unrolled, so which taps fall in the padding is known here (a zero, as
-    the padded plane of winograd_transforms.input_tiles gives: the same sums)."""
+    the padded plane of winograd_transforms.input_tiles gives: the same sums). `channels`:
+    only c in [lo, hi) (a forked kernel's share)."""
     tiles = part.nrows * part.tw
-    with block_images(b, part.count) as j, loop(b, 0, ci, "ci") as c:
+    with block_images(b, part.count) as j, loop(b, *(channels or (0, ci)), "ci") as c:
         plane = iadd(b, imul(b, iadd(b, part.n0, j), ss[0]), imul(b, c, ss[1]))
         pixels = {}
 
@@ -211,20 +271,21 @@ def _channel_vectors_apply(dt, ss, ci: int, in_hw) -> bool:
 
 
 def _input_tiles_by_channel_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi,
-                                    v_step, panels: bool) -> None:
+                                    v_step, panels: bool, vectors=None) -> None:
     """_input_tiles_by_channel for CHANNEL_LANES channels at once: each channel's whole
     plane loaded as one vector, the CHANNEL_LANES planes transposed in registers
     (winograd_transforms.transposed) into one vector of channels per pixel, B^T d B on
     those vectors (a padded tap a zero vector), and each tile's 16 sums stored along Vt's
     row. The same additions in the same order per element (bit for bit), no scalar loads
-    or stores."""
+    or stores. `vectors`: only the vectors of channels [lo, hi) (a forked kernel's share)."""
     lanes = winograd_transforms.CHANNEL_LANES
     pixels = in_hw[0] * in_hw[1]
     tiles = part.nrows * part.tw
     zero = ir.Constant(ir.VectorType(F32, lanes), [0.0] * lanes)
     widen = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
                         list(range(pixels)) + [pixels] * (lanes - pixels))
-    with block_images(b, part.count) as j, loop(b, 0, ci // lanes, "cb") as cb:
+    with block_images(b, part.count) as j, \
+            loop(b, *(vectors or (0, ci // lanes)), "cb") as cb:
         c0 = imul(b, cb, lanes)
         first = iadd(b, imul(b, iadd(b, part.n0, j), ss[0]), imul(b, c0, ss[1]))
         planes = []
@@ -252,14 +313,16 @@ def _input_tiles_by_channel_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, p
                         kb.pointer(b, vi, iadd(b, at, xi * v_step)), align=4)
 
 
-def _output_grad_tiles(b, kb, dt, part: Tiles, gi, gs, co, out_hw, yi, y_step) -> None:
+def _output_grad_tiles(b, kb, dt, part: Tiles, gi, gs, co, out_hw, yi, y_step,
+                       channels=None) -> None:
     """Y[xi][o][t] = (A gy A^T)[xi] for every 2x2 block of the part's output gradient:
     planes_by_vectors where it serves (4 images of 4x4 planes a vector), else block by
-    block."""
+    block. `channels`: only o in [lo, hi) (a forked kernel's share)."""
     if planes_by_vectors_apply(dt, part, gs, out_hw):
-        return planes_by_vectors(b, kb, dt, part, gi, gs, co, out_hw, (0, 0), yi, y_step, A)
+        return planes_by_vectors(b, kb, dt, part, gi, gs, co, out_hw, (0, 0), yi, y_step, A,
+                                 channels)
     tiles = part.nrows * part.tw
-    with block_images(b, part.count) as j, loop(b, 0, co, "co") as o:
+    with block_images(b, part.count) as j, loop(b, *(channels or (0, co)), "co") as o:
         plane = iadd(b, imul(b, iadd(b, part.n0, j), gs[0]), imul(b, o, gs[1]))
         row = iadd(b, imul(b, o, part.ld), imul(b, j, tiles))
         for t in range(tiles):
