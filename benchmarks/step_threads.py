@@ -38,9 +38,9 @@ SWITCH off while compiling (`SWITCHES`; `forks`, the default: the tenth session'
 transform and 16 block GEMMs serial, reductions stay serial; `column_parts`: column sums
 serial, not cut into forked parts; `polyphase_grad`: the stride-2 weight gradients on
 im2col; `channel_forks`: a one-block Winograd kernel's input and output transforms inside
-it, on the calling thread) and "after" as it is; the blocks rotate over both variants and
-both counts (the kernels part profiles "after"; `--only kernels --ab` both, "before"
-first).
+it, on the calling thread; `wide_grad_forks`: the same for conv_winograd_wide_grad's Vt and
+Y) and "after" as it is; the blocks rotate over both variants and both counts (the kernels
+part profiles "after"; `--only kernels --ab` both, "before" first).
 
 Two threads wait for a core the OS gives to other work: read the load averages printed at
 the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
@@ -135,6 +135,12 @@ def _channel_forks_off() -> dict:
     return {(conv_winograd, "FORKED_TRANSFORMS"): False}
 
 
+def _wide_grad_forks_off() -> dict:
+    from graphc.backends.cpu import conv_winograd_wide_grad
+
+    return {(conv_winograd_wide_grad, "FORKED_TRANSFORMS"): False}
+
+
 # --ab SWITCH: what "before" turns off while compiling ({(module, attribute): value})
 SWITCHES = {
     # the tenth session's forks: a Winograd kernel not split over images keeps its filter
@@ -146,6 +152,8 @@ SWITCHES = {
     "polyphase_grad": _polyphase_grad_off,
     # the twelfth's one-block Winograd kernels' transforms forked over channels
     "channel_forks": _channel_forks_off,
+    # the wide (512 x 512) Winograd weight gradient's transforms forked over channels
+    "wide_grad_forks": _wide_grad_forks_off,
 }
 
 

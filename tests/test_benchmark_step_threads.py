@@ -61,6 +61,16 @@ def test_channel_forks_switch_keeps_the_transforms_inside_and_back(tmp_path, mon
     assert conv_winograd.FORKED_TRANSFORMS is True
 
 
+def test_wide_grad_forks_switch_keeps_its_transforms_inside_and_back(tmp_path, monkeypatch):
+    from graphc.backends.cpu import conv_winograd, conv_winograd_wide_grad
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    with step_threads.variant("before", str(tmp_path), "wide_grad_forks"):
+        assert conv_winograd_wide_grad.FORKED_TRANSFORMS is False
+        assert conv_winograd.FORKED_TRANSFORMS is True  # only the named switch
+    assert conv_winograd_wide_grad.FORKED_TRANSFORMS is True
+
+
 def test_kernel_classes_name_pass_geometry_and_channels():
     from graphc.ir import parse
 
