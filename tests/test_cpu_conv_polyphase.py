@@ -262,3 +262,74 @@ def test_input_rows_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
         outs.append(exe.run(*args)[0])
         assert bool(taken) == on
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def _forking(exe) -> set[str]:
+    """The kernels of `exe` that fork (their worker `<name>.omp` is defined)."""
+    text = exe.lowered.ir_text
+    return {k.split("_", 1)[1] for k in exe.lowered.kernels
+            if f'@"{k}.omp"' in text or f"@{k}.omp(" in text}
+
+
+def _one_block_graph(op, xs, ws):
+    from tests.test_cpu_backend import one_op_graph
+
+    if op != "conv2d_channel_sums":
+        return _graphs(xs, ws, (2, 2), (1, 1), 1)[1][op]
+    return one_op_graph(op, [(xs, "float32"), (ws, "float32")], stride=(2, 2),
+                        padding=(1, 1), dilation=(1, 1), groups=1)
+
+
+# (op, input, weight): batches of one block whose input transform goes by rows: the 256 ->
+# 512 forward at batch 8 (4 output blocks an image), with its plane sums, and an input
+# gradient of 16 blocks an image
+ONE_BLOCK = [
+    ("fwd", (8, 256, 8, 8), (512, 256, 3, 3), "conv2d_polyphase"),
+    ("conv2d_channel_sums", (8, 256, 8, 8), (512, 256, 3, 3), "conv2d_polyphase"),
+    ("gx", (2, 16, 16, 16), (128, 16, 3, 3), "conv2d_polyphase_input_grad"),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", range(len(ONE_BLOCK)))
+def test_one_block_forks_its_transforms_with_the_same_bits(case, monkeypatch, tmp_path):
+    """A batch of one block: its input and output transforms in kernels of their own around
+    the GEMMs', forked over the channels on all cores (FORKED_TRANSFORMS), give the bits of
+    both inside the GEMMs' kernel, on one thread and on all cores (every output: the plane
+    sums too)."""
+    from graphc.backends.cpu import kernels
+
+    op, xs, ws, kernel = ONE_BLOCK[case]
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
+    rng = np.random.default_rng(case)
+    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
+    args = [rng.standard_normal(xs if op != "gx" else gs).astype(np.float32),
+            rng.standard_normal(ws).astype(np.float32)]
+    own = [kernel + "_in", kernel, kernel + "_out"]
+    outs = {}
+    for on in (False, True):
+        monkeypatch.setattr(conv_polyphase, "FORKED_TRANSFORMS", on)
+        for count in sorted({1, ALL_CORES}):
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"forks-{on}-{count}"))
+            exe = _compiled(_one_block_graph(op, xs, ws), count)
+            names = [k.split("_", 1)[1] for k in exe.lowered.kernels]
+            if on and ALL_CORES > 1:
+                assert names[-3:] == own, names
+                assert {own[0], own[2]} <= _forking(exe), _forking(exe)
+            else:
+                assert kernel in names and own[0] not in names and own[2] not in names, names
+            outs[on, count] = [np.array(r) for r in exe.run(*[a.copy() for a in args])]
+            # an input of its own (x scaled: an output element left unwritten, holding a
+            # freed array's values, cannot pass): against the interpreter, run after
+            probe = [args[0] * -float(len(outs)), args[1]]
+            got = [np.array(r) for r in exe.run(*probe)]
+            for k, (mine, ref) in enumerate(zip(got, interpret(_one_block_graph(op, xs, ws),
+                                                               *probe))):
+                np.testing.assert_allclose(mine, ref, rtol=1e-4,
+                                           atol=1e-4 * float(np.max(np.abs(ref))),
+                                           err_msg=f"output {k}: forked {on}, {count} threads")
+    first = outs[False, 1]
+    for key, got in outs.items():
+        for k, (one, same) in enumerate(zip(first, got)):
+            np.testing.assert_array_equal(same, one, err_msg=f"output {k}: forked {key[0]}, "
+                                          f"{key[1]} threads")

@@ -27,7 +27,11 @@ The kernel, per block of images (BLOCK_TILES output blocks or more, as conv_wino
   (winograd_transforms.add_plane_sums), for the batch norm after the convolution.
 On more than one core the blocks are split over the threads (conv_threads, as
 conv_winograd's: each share its own padded plane, V and M; U made once); a kernel whose
-batch is one block forks its filter transform and its 25 GEMMs instead.
+batch is one block (the 256 -> 512 forward at batch 32) forks its filter transform and its 25
+GEMMs instead, and, where the input transform goes by rows (no padded plane), its input and
+output transforms over the channels too, each a kernel of its own before and after
+(conv_threads.channel_kernel, FORKED_TRANSFORMS; each channel by the same code: the same
+bits on any thread count).
 
 Rounding: the GEMMs sum over C_in in 25 short chains, which im2col sums in one of 9 C_in:
 the forward measured 0.4-0.8x eager's distance from float64 (tests/test_cpu_conv_polyphase.
@@ -55,7 +59,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from graphc.backends.cpu import kernels, winograd_gemm
+from graphc.backends.cpu import conv_threads, kernels, winograd_gemm
 from graphc.backends.cpu.conv_blocks import block_images, walk_blocks
 from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.conv_workspace import workspace
@@ -73,7 +77,8 @@ from graphc.backends.cpu.values import F32, I32, i64, loop
 from graphc.backends.cpu.winograd_transforms import add_plane_sums, combine, pad_plane, spaced
 from graphc.types import float32
 
-__all__ = ["ENABLED", "MIN_CHANNELS", "POSITIONS", "Pass", "applies", "conv2d",
+__all__ = ["ENABLED", "FORKED_TRANSFORMS", "MIN_CHANNELS", "POSITIONS", "Pass", "applies",
+           "conv2d",
            "conv2d_input_grad", "input_transform", "phase_matrices", "square_transposed",
            "two_sided"]
 
@@ -85,6 +90,11 @@ LANES = 16  # output blocks a vector holds (the input transform by rows, small p
 # The input transform LANES blocks a vector, rows loaded as vectors (_input_by_rows); False:
 # the block loop through the padded plane (for A/B runs and tests)
 ROW_VECTORS = True
+# A batch of one block: the input transform (by rows) forked over V's channels and the
+# output transform over the output's, each a kernel of its own around the GEMMs' (the same
+# bits). False: both inside, on the calling thread (A/B runs: benchmarks.step_threads --ab
+# polyphase_forks).
+FORKED_TRANSFORMS = True
 # The input gradient sums over the output channels: F(2, 2)'s transforms (gy[a] - gy[a + 1]
 # and the like, cancelling in the sum) cost more against eager's short col2im sums when
 # that sum is short. Distance from float64 over eager graphc's (gy and w normal): 16 and 48
@@ -229,7 +239,10 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
         # not split over images (one block: 256 -> 512 channels at 8x8, batch 32): the
         # filter transform in a forked kernel of its own first, the 25 GEMMs forked
         alone = split is None and kernels.forks(lw.openmp, POSITIONS * co * ci)
-        recipe = (g.key(), p.grad, split is not None, alone) + \
+        # ... and, a batch of one block, its input and output transforms over the channels
+        by_channels = alone and FORKED_TRANSFORMS and type(g.n) is int and nb >= g.n and \
+            _by_rows_apply(p, ss, t_max)
+        recipe = (g.key(), p.grad, split is not None, alone, by_channels) + \
             (() if sums is None else ("sums",))
         kb, ids = image_kernel(lw, "conv2d_polyphase" + ("_input_grad" if p.grad else ""),
                                locs, recipe)
@@ -238,9 +251,15 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
             _filter_kernel(lw, locs, recipe, g, u_step, p.phases)
         if alone:
             lw.calls.append(prelude)
+        transforms = _transform_kernels(lw, locs, recipe, p, (g.n, t_max), ss, sums_i) \
+            if by_channels else (None, None)
+        if by_channels:
+            lw.calls.append(transforms[0])
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
             lw.calls.append(called_kernel(lw, kb.kernel, split, prelude=prelude))
+            if by_channels:
+                lw.calls.append(transforms[1])
             return True
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
@@ -250,20 +269,56 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
         def block(b, n0, count):
             ld = count * tiles
             v_step, m_step = spaced(p.k_ch * ld), spaced(p.m_ch * ld)
-            input_transform(b, kb, dt, (n0, count), si, ss, p, pi, vi, v_step, ld)
+            if not by_channels:  # else in a kernel of its own, before
+                input_transform(b, kb, dt, (n0, count), si, ss, p, pi, vi, v_step, ld)
             forked = split is None and kernels.forks(
                 lw.openmp, kernels.gemm_work(POSITIONS, p.m_ch, ld, p.k_ch))
             fn = winograd_gemm.function(lw.module, p.gemm(ci, ld, u_step), forked)
             b.call(fn, [kb.pointer(b, k, i64(0)) for k in (ui, vi, mi)] + [const(dt, 0.0)])
-            if p.grad:
-                _phases_out(b, kb, dt, (n0, count), mi, m_step, p, oi, ld)
-            else:
-                _output_transform(b, kb, dt, (n0, count), mi, m_step, co, oi, p.out_hw, ld,
-                                  sums_i)
+            if not by_channels:  # else in a kernel of its own, after
+                _output_by_pass(b, kb, dt, (n0, count), mi, m_step, p, oi, ld, sums_i)
 
         walk_blocks(b, kb, g, nb, split, ids[-1], block)
         lw.calls.append(called_kernel(lw, kb.finish(b), split, prelude=prelude))
+        if by_channels:
+            lw.calls.append(transforms[1])
     return True
+
+
+def _transform_kernels(lw, locs, recipe, p: Pass, whole, ss, sums_i) -> tuple:
+    """(input, output) transforms of a one-block batch (`whole`: its images and tiles) as
+    kernels of their own on `locs` (conv_threads.channel_kernel), forked over V's channels
+    (p.k_ch) and the output's (p.m_ch)."""
+    dt = locs[0].type.dtype
+    n, ld = whole
+    v_step, m_step = spaced(p.k_ch * ld), spaced(p.m_ch * ld)
+    name = "conv2d_polyphase" + ("_input_grad" if p.grad else "")
+
+    def input_share(b, kb, ids, channels):
+        input_transform(b, kb, dt, (0, n), ids[0], ss, p, ids[4], ids[5], v_step, ld,
+                        channels)
+
+    def output_share(b, kb, ids, channels):
+        _output_by_pass(b, kb, dt, (0, n), ids[6], m_step, p, ids[2], ld, sums_i, channels)
+
+    work = POSITIONS * ld
+    return (conv_threads.channel_kernel(lw, name + "_in", locs, recipe, p.k_ch,
+                                        work * p.k_ch, input_share),
+            conv_threads.channel_kernel(lw, name + "_out", locs, recipe, p.m_ch,
+                                        work * p.m_ch, output_share))
+
+
+def _output_by_pass(b, kb, dt, images, mi, m_step, p: Pass, oi, ld, sums=None,
+                     channels=None) -> None:
+    """The pass's output transform of the images (n0, count): the input gradient's phases
+    each to their own elements (_phases_out), the forward's phases summed (_output_transform,
+    with the plane sums `sums`). `channels`: only the output's channels [lo, hi) (a forked
+    kernel's share)."""
+    if p.grad:
+        _phases_out(b, kb, dt, images, mi, m_step, p, oi, ld, channels)
+    else:
+        _output_transform(b, kb, dt, images, mi, m_step, p.m_ch, oi, p.out_hw, ld, sums,
+                          channels)
 
 
 def _filter_transform(b, kb, dt, wi, ui, u_step, g, o_range, phases) -> None:
@@ -318,15 +373,26 @@ def square_transposed(b, rows: list) -> list:
     return rows
 
 
-def input_transform(b, kb, dt, images, si, ss, p: Pass, pi, vi, v_step, ld) -> None:
+def _by_rows_apply(p: Pass, ss, ld: int) -> bool:
+    """Whether input_transform goes by rows (`_input_by_rows`, no padded plane) for a block
+    of `ld` output blocks: ROW_VECTORS, rows of a whole fraction of LANES blocks that lie
+    side by side, whole vectors of blocks."""
+    tw = p.tiles_hw[1]
+    return ROW_VECTORS and LANES % tw == 0 and p.in_hw[1] == p.step * tw and ss[3] == 1 \
+        and ld % LANES == 0
+
+
+def input_transform(b, kb, dt, images, si, ss, p: Pass, pi, vi, v_step, ld,
+                    channels=None) -> None:
     """V[xi][c][t] of every output block t of the images (n0, count): each channel plane
     into the padded plane, then each block's patch through the phases' B^T; planes whose
-    rows hold a whole fraction of LANES blocks by `_input_by_rows`."""
+    rows hold a whole fraction of LANES blocks by `_input_by_rows`. `channels`: only c in
+    [lo, hi) (a forked kernel's share; by rows only: the padded plane is one for all)."""
     n0, count = images
     th, tw = p.tiles_hw
-    if ROW_VECTORS and LANES % tw == 0 and p.in_hw[1] == p.step * tw and ss[3] == 1 \
-            and ld % LANES == 0:
-        return _input_by_rows(b, kb, dt, images, si, ss, p, vi, v_step, ld)
+    if _by_rows_apply(p, ss, ld):
+        return _input_by_rows(b, kb, dt, images, si, ss, p, vi, v_step, ld, channels)
+    assert channels is None, "input_transform: a channel range needs the rows' form"
     wp = p.padded[1]
     reach = [min(p.in_hw[a], (p.tiles_hw[a] - 1) * p.step + p.patch - p.pad[a])
              for a in range(2)]  # the source rows and columns any patch reads
@@ -348,7 +414,8 @@ def input_transform(b, kb, dt, images, si, ss, p: Pass, pi, vi, v_step, ld) -> N
                         xi += 1
 
 
-def _input_by_rows(b, kb, dt, images, si, ss, p: Pass, vi, v_step, ld) -> None:
+def _input_by_rows(b, kb, dt, images, si, ss, p: Pass, vi, v_step, ld,
+                   channels=None) -> None:
     """input_transform for LANES blocks at once, with no padded plane: the blocks of
     LANES // tw tile rows (of one image or several), each tile row's `patch` input rows
     loaded as vectors (a row in the padding: a zero vector), each patch element d[r][s] of
@@ -373,7 +440,8 @@ def _input_by_rows(b, kb, dt, images, si, ss, p: Pass, vi, v_step, ld) -> None:
         return ir.Constant(ir.VectorType(I32, LANES), mask)
 
     masks = [tap(s) for s in range(p.patch)]
-    with loop(b, 0, p.k_ch, "ci") as c, loop(b, 0, ld // LANES, "tg") as group:
+    with loop(b, *(channels or (0, p.k_ch)), "ci") as c, \
+            loop(b, 0, ld // LANES, "tg") as group:
         slots = []  # per tile row of the vector: its `patch` input rows
         for i in range(per_vector):
             tile_row = iadd(b, imul(b, group, per_vector), i)  # over the block's images
@@ -403,13 +471,13 @@ def _input_by_rows(b, kb, dt, images, si, ss, p: Pass, vi, v_step, ld) -> None:
                     xi += 1
 
 
-def _phases_out(b, kb, dt, images, mi, m_step, p: Pass, oi, ld) -> None:
+def _phases_out(b, kb, dt, images, mi, m_step, p: Pass, oi, ld, channels=None) -> None:
     """gx[n0 + j, c] (NCHW, contiguous) of every block: each phase's A^T M A, 2x2 values of
     that phase's grid (rows 4ty + 2i + parity), so every element of gx is written once."""
     n0, count = images
     th, tw = p.tiles_hw
     out_h, out_w = p.out_hw
-    with block_images(b, count) as j, loop(b, 0, p.m_ch, "c") as c:
+    with block_images(b, count) as j, loop(b, *(channels or (0, p.m_ch)), "c") as c:
         row_m = iadd(b, imul(b, c, ld), imul(b, j, th * tw))
         base = imul(b, iadd(b, imul(b, iadd(b, n0, j), p.m_ch), c), out_h * out_w)
         with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
@@ -444,7 +512,8 @@ def _phase_sum(b, dt, m_of):
     return total
 
 
-def _output_transform(b, kb, dt, images, mi, m_step, co, oi, out_hw, ld, sums=None) -> None:
+def _output_transform(b, kb, dt, images, mi, m_step, co, oi, out_hw, ld, sums=None,
+                      channels=None) -> None:
     """out[n0 + j, o] (NCHW, contiguous) of every output block: the sum over the phases of
     A^T M A, in phase order (`_phase_sum`); planes of LANES blocks or a whole fraction of it
     by `_output_by_vectors`. `sums` (a kernel argument's id, or None): each plane's shifted
@@ -452,9 +521,10 @@ def _output_transform(b, kb, dt, images, mi, m_step, co, oi, out_hw, ld, sums=No
     n0, count = images
     th, tw = out_hw[0] // 2, out_hw[1] // 2
     if LANES % (th * tw) == 0 and ld % LANES == 0:
-        return _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums)
+        return _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums,
+                                  channels)
     plane = out_hw[0] * out_hw[1]
-    with block_images(b, count) as j, loop(b, 0, co, "co") as o:
+    with block_images(b, count) as j, loop(b, *(channels or (0, co)), "co") as o:
         row_m = iadd(b, imul(b, o, ld), imul(b, j, th * tw))
         base = imul(b, iadd(b, imul(b, iadd(b, n0, j), co), o), plane)
         with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
@@ -469,7 +539,8 @@ def _output_transform(b, kb, dt, images, mi, m_step, co, oi, out_hw, ld, sums=No
                            first=True)
 
 
-def _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums=None) -> None:
+def _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums=None,
+                       channels=None) -> None:
     """_output_transform for small planes (ResNet-18's 256 -> 512 layer: 4x4 outputs, 4
     blocks an image), LANES blocks at once: each position's LANES sums one vector load along
     M's row, the phases' sum on vectors, the 2x2 outputs of every block shuffled into whole
@@ -487,7 +558,7 @@ def _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums=None)
             for col in range(out_hw[1]):
                 tile = k * per_image + (row // 2) * tw + col // 2
                 order.append(((row % 2) * 2 + col % 2) * LANES + tile)
-    with loop(b, 0, co, "co") as o, loop(b, 0, ld // LANES, "tg") as group:
+    with loop(b, *(channels or (0, co)), "co") as o, loop(b, 0, ld // LANES, "tg") as group:
         at = iadd(b, imul(b, o, ld), imul(b, group, LANES))
         total = _phase_sum(b, float32, lambda xi: b.load(
             kb.pointer(b, mi, iadd(b, at, xi * m_step)), typ=vec, align=4))
