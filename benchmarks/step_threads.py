@@ -39,8 +39,9 @@ transform and 16 block GEMMs serial, reductions stay serial; `column_parts`: col
 serial, not cut into forked parts; `polyphase_grad`: the stride-2 weight gradients on
 im2col; `channel_forks`: a one-block Winograd kernel's input and output transforms inside
 it, on the calling thread; `wide_grad_forks`: the same for conv_winograd_wide_grad's Vt and
-Y) and "after" as it is; the blocks rotate over both variants and both counts (the kernels
-part profiles "after"; `--only kernels --ab` both, "before" first).
+Y; `polyphase_forks`: for conv_polyphase's; `more_channel_forks`: these two) and "after" as
+it is; the blocks rotate over both variants and both counts (the kernels part profiles
+"after"; `--only kernels --ab` both, "before" first).
 
 Two threads wait for a core the OS gives to other work: read the load averages printed at
 the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
@@ -141,6 +142,16 @@ def _wide_grad_forks_off() -> dict:
     return {(conv_winograd_wide_grad, "FORKED_TRANSFORMS"): False}
 
 
+def _polyphase_forks_off() -> dict:
+    from graphc.backends.cpu import conv_polyphase
+
+    return {(conv_polyphase, "FORKED_TRANSFORMS"): False}
+
+
+def _more_channel_forks_off() -> dict:
+    return _wide_grad_forks_off() | _polyphase_forks_off()
+
+
 # --ab SWITCH: what "before" turns off while compiling ({(module, attribute): value})
 SWITCHES = {
     # the tenth session's forks: a Winograd kernel not split over images keeps its filter
@@ -154,6 +165,10 @@ SWITCHES = {
     "channel_forks": _channel_forks_off,
     # the wide (512 x 512) Winograd weight gradient's transforms forked over channels
     "wide_grad_forks": _wide_grad_forks_off,
+    # the one-block stride-2 polyphase kernel's (256 -> 512 forward) transforms forked
+    "polyphase_forks": _polyphase_forks_off,
+    # both of these
+    "more_channel_forks": _more_channel_forks_off,
 }
 
 

@@ -71,6 +71,20 @@ def test_wide_grad_forks_switch_keeps_its_transforms_inside_and_back(tmp_path, m
     assert conv_winograd_wide_grad.FORKED_TRANSFORMS is True
 
 
+def test_more_channel_forks_switch_turns_off_both_and_back(tmp_path, monkeypatch):
+    from graphc.backends.cpu import conv_polyphase, conv_winograd_wide_grad
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    with step_threads.variant("before", str(tmp_path), "polyphase_forks"):
+        assert conv_polyphase.FORKED_TRANSFORMS is False
+        assert conv_winograd_wide_grad.FORKED_TRANSFORMS is True
+    with step_threads.variant("before", str(tmp_path), "more_channel_forks"):
+        assert conv_polyphase.FORKED_TRANSFORMS is False
+        assert conv_winograd_wide_grad.FORKED_TRANSFORMS is False
+    assert conv_polyphase.FORKED_TRANSFORMS is True
+    assert conv_winograd_wide_grad.FORKED_TRANSFORMS is True
+
+
 def test_kernel_classes_name_pass_geometry_and_channels():
     from graphc.ir import parse
 
