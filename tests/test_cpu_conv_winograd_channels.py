@@ -100,7 +100,7 @@ def test_transposed_registers():
 
     from llvmlite import ir
 
-    from graphc.backends.cpu import llvm
+    from graphc.backends.cpu import llvm, values
     from graphc.backends.cpu.values import F32, PTR
 
     n = 16
@@ -110,7 +110,7 @@ def test_transposed_registers():
     vec = ir.VectorType(F32, n)
     rows = [b.load(b.gep(fn.args[0], [ir.Constant(ir.IntType(64), i * n)], source_etype=F32),
                    typ=vec, align=4) for i in range(n)]
-    for i, v in enumerate(winograd_transforms.transposed(b, rows)):
+    for i, v in enumerate(values.square_transposed(b, rows)):
         b.store(v, b.gep(fn.args[1], [ir.Constant(ir.IntType(64), i * n)], source_etype=F32),
                 align=4)
     b.ret_void()

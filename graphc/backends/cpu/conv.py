@@ -90,7 +90,7 @@ from graphc.backends.cpu.image_kernels import (
     is_contiguous,
 )
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import F32, Loc, as_i64, i64, loop
+from graphc.backends.cpu.values import F32, Loc, as_i64, i64, loop, square_transposed
 from graphc.ir.graph import Node
 from graphc.types import TensorType, float32
 
@@ -398,15 +398,14 @@ SQUARE = 16  # the vector transpose's squares: 16 float32 lanes (one AVX-512 reg
 
 def _transposed_squares(b, kb, g: Geometry, gi, g_img, ld, dst) -> None:
     """_transposed_image by squares of SQUARE x SQUARE: SQUARE rows of gy loaded as vectors,
-    transposed in registers (conv_polyphase.square_transposed), stored as SQUARE rows of
-    dst."""
+    transposed in registers (values.square_transposed), stored as SQUARE rows of dst."""
     n = SQUARE
     vec = ir.VectorType(F32, n)
     with loop(b, 0, g.o // n, "ot") as ot, loop(b, 0, g.p // n, "qt") as qt:
         o0, q0 = b.mul(ot, i64(n)), b.mul(qt, i64(n))
         rows = [b.load(kb.pointer(b, gi, iadd(b, g_img, imul(b, b.add(o0, i64(r)), ld), q0)),
                        typ=vec, align=4) for r in range(n)]
-        for c, row in enumerate(conv_polyphase.square_transposed(b, rows)):
+        for c, row in enumerate(square_transposed(b, rows)):
             at = b.add(b.mul(b.add(q0, i64(c)), i64(g.o)), o0)
             b.store(row, kb.pointer(b, dst, at), align=4)
 

@@ -53,7 +53,16 @@ from graphc.backends.cpu.image_kernels import (
     is_contiguous,
 )
 from graphc.backends.cpu.small_gemm_tile import broadcast_fma, fma_intrinsic
-from graphc.backends.cpu.values import F32, I64, PTR, as_i64, i64, loop
+from graphc.backends.cpu.values import (
+    F32,
+    I64,
+    PTR,
+    as_i64,
+    i64,
+    lane_mask,
+    loop,
+    square_transposed,
+)
 from graphc.types import float32
 
 __all__ = ["ENABLED", "PointwiseGemm", "conv2d", "conv2d_input_grad", "conv2d_weight_grad",
@@ -271,24 +280,20 @@ def _subsampled(b, kb, x: int, g, plane, u) -> ir.Value:
         at = iadd(b, plane, imul(b, i, s * width), imul(b, j0, s))
         row = b.load(kb.pointer(b, x, at), typ=ir.VectorType(F32, LANES * s), align=4)
         return b.shuffle_vector(row, ir.Constant(row.type, ir.Undefined),
-                                _mask([lane * s for lane in range(LANES)]))
+                                lane_mask([lane * s for lane in range(LANES)]))
     per = LANES // g.wo
     row_t = ir.VectorType(F32, width)
     first = b.mul(u, i64(per))
     rows = [b.load(kb.pointer(b, x, iadd(b, plane, imul(b, b.add(first, i64(t)), s * width))),
                    typ=row_t, align=4) for t in range(per)]
     picks = [lane * s for lane in range(g.wo)]
-    parts = [b.shuffle_vector(rows[t], rows[t + 1], _mask(picks + [width + p for p in picks]))
+    parts = [b.shuffle_vector(rows[t], rows[t + 1], lane_mask(picks + [width + p for p in picks]))
              for t in range(0, per, 2)]
     while len(parts) > 1:
         n = parts[0].type.count
-        parts = [b.shuffle_vector(parts[t], parts[t + 1], _mask(list(range(2 * n))))
+        parts = [b.shuffle_vector(parts[t], parts[t + 1], lane_mask(list(range(2 * n))))
                  for t in range(0, len(parts), 2)]
     return parts[0]
-
-
-def _mask(lanes: list[int]) -> ir.Constant:
-    return ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes)
 
 
 def _pack(b, kb, g, xi: int, n0, count: int, pi: int) -> None:
@@ -314,27 +319,10 @@ def _pack_transposed(b, kb, g, xi: int, n0, count: int, pi: int) -> None:
                                 iadd(b, image, imul(b, b.add(b.mul(cg, i64(LANES)), i64(ch)),
                                                     plane_size)), u)
                     for ch in range(LANES)]
-            for lane, v in enumerate(_transposed(b, vecs)):
+            for lane, v in enumerate(square_transposed(b, vecs)):
                 q = b.add(b.mul(u, i64(LANES)), i64(lane))
                 at = iadd(b, imul(b, b.add(b.mul(j, i64(g.p)), q), g.c), imul(b, cg, LANES))
                 b.store(v, kb.pointer(b, pi, at), align=4)
-
-
-def _transposed(b, rows: list) -> list:
-    """The 16 x 16 square `rows` (16 vectors) transposed: log2(16) rounds of pairwise
-    shuffles, round h swapping the h x h off-diagonal blocks of every 2h x 2h block."""
-    n = len(rows)
-    rows = list(rows)
-    h = n // 2
-    while h:
-        lo = _mask([c if not c & h else n + c - h for c in range(n)])
-        hi = _mask([c + h if not c & h else n + c for c in range(n)])
-        for r in range(n):
-            if not r & h:
-                rows[r], rows[r + h] = (b.shuffle_vector(rows[r], rows[r + h], lo),
-                                        b.shuffle_vector(rows[r], rows[r + h], hi))
-        h //= 2
-    return rows
 
 
 def _spread(b, kb, g, ci: int, oi: int, n0, count: int) -> None:
@@ -344,7 +332,7 @@ def _spread(b, kb, g, ci: int, oi: int, n0, count: int) -> None:
     s, width, wo = g.stride[0], g.w, g.wo
     zero_in = ir.Constant(ir.VectorType(F32, wo), [0.0] * wo)
     zero_row = ir.Constant(ir.VectorType(F32, width), [0.0] * width)
-    spread = _mask([iw // s if iw % s == 0 else wo for iw in range(width)])
+    spread = lane_mask([iw // s if iw % s == 0 else wo for iw in range(width)])
     with loop(b, 0, count * g.c * g.ho, "row") as r:  # (j, c, i): the same order both sides
         v = b.load(kb.pointer(b, ci, imul(b, r, wo)), typ=zero_in.type, align=4)
         at = iadd(b, imul(b, n0, g.c * g.h * g.w), imul(b, r, s * width))

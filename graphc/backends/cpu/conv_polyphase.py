@@ -78,9 +78,7 @@ from graphc.backends.cpu.winograd_transforms import add_plane_sums, combine, pad
 from graphc.types import float32
 
 __all__ = ["ENABLED", "FORKED_TRANSFORMS", "MIN_CHANNELS", "POSITIONS", "Pass", "applies",
-           "conv2d",
-           "conv2d_input_grad", "input_transform", "phase_matrices", "square_transposed",
-           "two_sided"]
+           "conv2d", "conv2d_input_grad", "input_transform", "phase_matrices", "two_sided"]
 
 ENABLED = True  # False: im2col + GEMM (A/B runs)
 MIN_CHANNELS = 16
@@ -353,24 +351,6 @@ def _filter_kernel(lw, locs, recipe, g, u_step, phases):
     _filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g,
                       kb.outer_range(b, g.o), phases)
     return kb.finish(b)
-
-
-def square_transposed(b, rows: list) -> list:
-    """The transpose of a square of n vectors of n lanes (n a power of two): log2(n) rounds
-    of pairwise shuffles, round h swapping the h x h off-diagonal blocks of every 2h x 2h
-    block."""
-    n = len(rows)
-    rows = list(rows)
-    h = n // 2
-    while h:
-        lo = ir.Constant(ir.VectorType(I32, n), [c if not c & h else n + c - h for c in range(n)])
-        hi = ir.Constant(ir.VectorType(I32, n), [c + h if not c & h else n + c for c in range(n)])
-        for r in range(n):
-            if not r & h:
-                rows[r], rows[r + h] = (b.shuffle_vector(rows[r], rows[r + h], lo),
-                                        b.shuffle_vector(rows[r], rows[r + h], hi))
-        h //= 2
-    return rows
 
 
 def _by_rows_apply(p: Pass, ss, ld: int) -> bool:

@@ -59,7 +59,6 @@ from graphc.backends.cpu.conv_polyphase import (
     Pass,
     applies,
     input_transform,
-    square_transposed,
     two_sided,
 )
 from graphc.backends.cpu.conv_threads import plan_split
@@ -73,7 +72,7 @@ from graphc.backends.cpu.image_kernels import (
     imul,
 )
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import F32, as_i64, i64, loop
+from graphc.backends.cpu.values import F32, as_i64, i64, loop, square_transposed
 from graphc.backends.cpu.winograd_transforms import spaced
 
 __all__ = ["BLOCK_TILES", "ENABLED", "Y_PHASES", "conv2d_weight_grad"]

@@ -59,7 +59,7 @@ from graphc.backends.cpu.image_kernels import (
     imul,
 )
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import F32, as_i64, i64, loop
+from graphc.backends.cpu.values import F32, as_i64, i64, loop, square_transposed
 from graphc.backends.cpu.winograd_transforms import (
     ALPHA,
     BT,
@@ -274,7 +274,7 @@ def _input_tiles_by_channel_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, p
                                     v_step, panels: bool, vectors=None) -> None:
     """_input_tiles_by_channel for CHANNEL_LANES channels at once: each channel's whole
     plane loaded as one vector, the CHANNEL_LANES planes transposed in registers
-    (winograd_transforms.transposed) into one vector of channels per pixel, B^T d B on
+    (values.square_transposed) into one vector of channels per pixel, B^T d B on
     those vectors (a padded tap a zero vector), and each tile's 16 sums stored along Vt's
     row. The same additions in the same order per element (bit for bit), no scalar loads
     or stores. `vectors`: only the vectors of channels [lo, hi) (a forked kernel's share)."""
@@ -296,7 +296,7 @@ def _input_tiles_by_channel_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, p
                 plane = b.shuffle_vector(plane, ir.Constant(plane.type, [0.0] * pixels),
                                          widen)
             planes.append(plane)
-        pix = winograd_transforms.transposed(b, planes)  # pix[p]: the channels' pixel p
+        pix = square_transposed(b, planes)  # pix[p]: the channels' pixel p
 
         def tap(row, col):
             inside = 0 <= row < in_hw[0] and 0 <= col < in_hw[1]

@@ -20,11 +20,11 @@ from dataclasses import replace
 from llvmlite import ir
 
 from graphc.backends.cpu.kernels import KernelBuilder
-from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop
+from graphc.backends.cpu.values import F32, I64, PTR, Loc, i64, loop, square_transposed
 from graphc.types import TensorType
 
 __all__ = ["PANEL_MAJOR_B", "copy_columns", "copy_transposed", "count_loop", "counted", "pack",
-           "transposed", "two_pointer_function"]
+           "two_pointer_function"]
 
 # a medium product's b copied panel-major into scratch first (one copy before the row
 # chunks; `SmallGemm.b_panels`): each tile then reads its panel's rows one after another.
@@ -114,7 +114,7 @@ def copy_transposed(b: ir.IRBuilder, bm, ldb_t: int, col, panel_copy, k: int, wi
                 at = b.add(b.mul(b.add(b.add(col, j0), i64(j)), i64(ldb_t)), k0)
                 columns.append(b.load(b.gep(bm, [at], inbounds=True, source_etype=F32),
                                       typ=vec, align=4))
-            for kk, row in enumerate(transposed(b, columns)):
+            for kk, row in enumerate(square_transposed(b, columns)):
                 at = b.add(b.mul(b.add(k0, i64(kk)), i64(width)), j0)
                 b.store(row, b.gep(panel_copy, [at], inbounds=True, source_etype=F32),
                         align=4)
@@ -132,29 +132,6 @@ def copy_columns(b: ir.IRBuilder, bm, ldb_t: int, col, panel_copy, k: int, width
                        typ=F32, align=4)
             at = b.add(b.mul(kk, i64(width)), jj)
             b.store(x, b.gep(panel_copy, [at], inbounds=True, source_etype=F32), align=4)
-
-
-def transposed(b: ir.IRBuilder, rows: list) -> list:
-    """The square of vectors `rows` (lanes of them, lanes a power of two) transposed: at each
-    half size h, rows i and i + h swap their off-diagonal h-blocks (one two-vector shuffle
-    each), so log2(lanes) rounds of lanes shuffles."""
-    lanes = len(rows)
-    rows = list(rows)
-    h = lanes // 2
-    while h:
-        low = [lane if (lane // h) % 2 == 0 else lanes + lane - h for lane in range(lanes)]
-        high = [lane + h if (lane // h) % 2 == 0 else lanes + lane for lane in range(lanes)]
-        for i in range(lanes):
-            if (i // h) % 2 == 0:
-                x, y = rows[i], rows[i + h]
-                rows[i] = b.shuffle_vector(x, y, mask(low))
-                rows[i + h] = b.shuffle_vector(x, y, mask(high))
-        h //= 2
-    return rows
-
-
-def mask(lanes: list[int]) -> ir.Constant:
-    return ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes)
 
 
 class counted:

@@ -22,6 +22,8 @@ imports nothing else from the backend.
   loops are long and vectorise), `transpose_tiles` (a transposing 2-D walk in square tiles, so
   the strided side stays in L1), `broadcast_strides` (element strides of an operand read
   over a larger domain, graphc.backends.common's).
+- Registers: `square_transposed` (a square of vectors transposed by shuffles, the kernels'
+  in-register transposes), `lane_mask` (a shuffle's lane numbers).
 - `CpuLoweringError` / `unsupported`: what every layer raises for a graph it cannot lower
   (graphc.backends.common.LoweringError's wording).
 """
@@ -244,3 +246,25 @@ def transpose_tiles(sizes: list[int], strides: list[tuple[int, ...]]):
     return ([m // t, n // t, t, t],
             [(s[0] * t, s[1] * t, s[0], s[1]) for s in strides])
 
+
+def lane_mask(lanes: list[int]) -> ir.Constant:
+    """A shufflevector mask: the i32 lane numbers `lanes`."""
+    return ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes)
+
+
+def square_transposed(b: ir.IRBuilder, rows: list) -> list:
+    """The transpose of n vectors of n lanes (n a power of two): lane l of result i is lane i
+    of rows[l]. For h = n/2, ..., 1, rows i and i + h (bit h of i clear) swap their
+    off-diagonal h x h blocks, one two-source shuffle each: log2(n) rounds of n shuffles."""
+    n = len(rows)
+    rows = list(rows)
+    h = n // 2
+    while h:
+        low = lane_mask([k if not k & h else n + k - h for k in range(n)])
+        high = lane_mask([k + h if not k & h else n + k for k in range(n)])
+        for i in range(n):
+            if not i & h:
+                x, y = rows[i], rows[i + h]
+                rows[i], rows[i + h] = b.shuffle_vector(x, y, low), b.shuffle_vector(x, y, high)
+        h //= 2
+    return rows

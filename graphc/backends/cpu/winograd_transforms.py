@@ -15,7 +15,7 @@ the blocks, the layouts and the GEMMs, these the arithmetic:
   U stored transposed where conv_winograd asks), `in_squares` the transposing walk;
 - `grad_tiles_by_channels`: the weight gradient's Y = A gy A^T in its NN form's tile-major
   layout (output channels innermost), 16 channels a vector: each channel's gy rows loaded
-  as vectors and the taps transposed in registers (`transposed`), no gathers;
+  as vectors and the taps transposed in registers (values.square_transposed), no gathers;
 - `spaced`: the distance between consecutive transform-domain matrices;
 - `add_plane_sums`: the output's per-image, per-channel shifted sums for the batch norm after
   the convolution (graphc.passes.conv_channel_sums), from the rows a part just wrote.
@@ -30,14 +30,14 @@ from llvmlite import ir
 from graphc.backends.cpu.conv_blocks import block_images
 from graphc.backends.cpu.image_kernels import fadd, iadd, imul
 from graphc.backends.cpu.scalars import const, convert
-from graphc.backends.cpu.values import F32, F64, as_i64, i64, loop
+from graphc.backends.cpu.values import F32, F64, as_i64, i64, loop, square_transposed
 from graphc.types import float64
 
 __all__ = ["A", "ALPHA", "AT", "BT", "G", "GT", "OUT_SQUARE", "Tiles", "add_plane_sums",
            "combine", "filter_transform", "in_squares", "input_tiles", "output_planes_by_vectors",
            "output_tiles", "pad_plane", "planes_by_vectors", "planes_by_vectors_apply",
            "rows_by_vectors", "rows_by_vectors_apply", "sandwich", "spaced",
-           "grad_tiles_by_channels", "grad_tiles_by_channels_apply", "transposed"]
+           "grad_tiles_by_channels", "grad_tiles_by_channels_apply"]
 
 # F(2, 3) by Toom-Cook on the points 0, 1, -1, infinity (the 1/2 of the interpolation moved
 # into G): `y = AT @ ((G @ g) * (BT @ d))` is the correlation y[i] = sum_k d[i + k] g[k].
@@ -479,8 +479,8 @@ def grad_tiles_by_channels(b, kb, dt, part: Tiles, gi, gs, co: int, yi, y_step) 
     """Y[xi][t][o] = (A gy A^T)[xi] of the part's 2x2 blocks t, CHANNEL_LANES output
     channels o a vector: for each tile row and CHUNK columns, each channel's two rows of
     gy there are loaded as one vector (contiguous loads, no gather), the CHANNEL_LANES
-    vectors transposed in registers (`transposed`) into one vector of channels per tap
-    position, the transform run on those vectors, and each of a tile's 16 sums stored
+    vectors transposed in registers (values.square_transposed) into one vector of channels
+    per tap position, the transform run on those vectors, and each of a tile's 16 sums stored
     along Y's row. The same additions in the same order per element as the element loop
     (bit for bit); only the taps are transposed, 4 values a tile against its 16 sums."""
     lanes, half = CHANNEL_LANES, CHUNK
@@ -498,7 +498,7 @@ def grad_tiles_by_channels(b, kb, dt, part: Tiles, gi, gs, co: int, yi, y_step) 
             pair = [b.load(kb.pointer(b, gi, iadd(b, at, r * gs[2])), typ=row_vec, align=4)
                     for r in range(2)]
             rows.append(b.shuffle_vector(pair[0], pair[1], both))
-        taps = transposed(b, rows)  # taps[r * half + x]: channels' gy at row r, column x
+        taps = square_transposed(b, rows)  # taps[r * half + x]: channels' gy at row r, column x
         first = iadd(b, imul(b, j, per_image), imul(b, ty, part.tw), imul(b, q, half // 2))
         for k in range(half // 2):  # the chunk's tiles
             d = [[taps[r * half + 2 * k + c] for c in range(2)] for r in range(2)]
@@ -507,23 +507,3 @@ def grad_tiles_by_channels(b, kb, dt, part: Tiles, gi, gs, co: int, yi, y_step) 
             for xi in range(ALPHA * ALPHA):
                 b.store(y[xi // ALPHA][xi % ALPHA], kb.pointer(b, yi, iadd(b, at, xi * y_step)),
                         align=4)
-
-
-def transposed(b, vectors: list) -> list:
-    """The transpose of n vectors of n lanes (n a power of two): lane l of result i is lane
-    i of vectors[l]. Blockwise: for h = n/2, ..., 1, vectors i and i + h (bit h of i clear)
-    swap their off-diagonal h x h blocks, one two-source shuffle each."""
-    n = len(vectors)
-    out = list(vectors)
-    h = n // 2
-    while h:
-        low = ir.Constant(ir.VectorType(ir.IntType(32), n),
-                          [k if not k & h else n + k - h for k in range(n)])
-        high = ir.Constant(ir.VectorType(ir.IntType(32), n),
-                           [k + h if not k & h else n + k for k in range(n)])
-        for i in range(n):
-            if not i & h:
-                a, c = out[i], out[i + h]
-                out[i], out[i + h] = b.shuffle_vector(a, c, low), b.shuffle_vector(a, c, high)
-        h //= 2
-    return out
