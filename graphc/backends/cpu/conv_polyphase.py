@@ -238,8 +238,9 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
         # filter transform in a forked kernel of its own first, the 25 GEMMs forked
         alone = split is None and kernels.forks(lw.openmp, POSITIONS * co * ci)
         # ... and, a batch of one block, its input and output transforms over the channels
-        by_channels = alone and FORKED_TRANSFORMS and type(g.n) is int and nb >= g.n and \
-            _by_rows_apply(p, ss, t_max)
+        # (more than one thread only: on one they stay inside, no V or M through memory)
+        by_channels = alone and FORKED_TRANSFORMS and lw.most_threads() > 1 and \
+            type(g.n) is int and nb >= g.n and _by_rows_apply(p, ss, t_max)
         recipe = (g.key(), p.grad, split is not None, alone, by_channels) + \
             (() if sums is None else ("sums",))
         kb, ids = image_kernel(lw, "conv2d_polyphase" + ("_input_grad" if p.grad else ""),

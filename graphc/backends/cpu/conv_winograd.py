@@ -214,9 +214,11 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad,
         # of U), in a forked kernel of its own called first, as a split kernel's prelude is
         alone = split is None and kernels.forks(lw.openmp, nxi * co * ci)
         # ... and its input and output transforms too, over the channels (conv_threads.
-        # channel_kernel), where the batch is one block of one part
+        # channel_kernel), where the batch is one block of one part and a second thread can
+        # take a share (on one, the transforms stay inside: no V or M through memory)
         whole = Tiles(0, g.n, 0, th, tw, g.n * tiles)
-        by_channels = alone and FORKED_TRANSFORMS and type(g.n) is int and nb >= g.n and \
+        by_channels = alone and FORKED_TRANSFORMS and lw.most_threads() > 1 and \
+            type(g.n) is int and nb >= g.n and \
             rows == th and (planes_by_vectors_apply(dt, whole, ss, in_hw) or
                             rows_by_vectors_apply(dt, whole, ss, in_hw))
         kb, ids = image_kernel(lw, "conv2d_winograd", locs, recipe + (split is not None,

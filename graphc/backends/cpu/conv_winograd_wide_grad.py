@@ -129,8 +129,10 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     in_hw, pad = (g.h, g.w), g.padding
     forked = kernels.forks(lw.openmp, kernels.gemm_work(nxi, co, ci, t_max))
     # a batch of one block: nothing to split over images, so the transforms fork over the
-    # channels, in kernels of their own called before the GEMMs' kernel
-    by_channels = forked and FORKED_TRANSFORMS and type(g.n) is int and nb >= g.n
+    # channels, in kernels of their own called before the GEMMs' kernel (more than one
+    # thread only: on one they stay inside it)
+    by_channels = forked and FORKED_TRANSFORMS and lw.most_threads() > 1 and \
+        type(g.n) is int and nb >= g.n
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
         temps = workspace(lw, dt, (nxi, u_step), (nxi, spaced(ci * t_max)),
                           (nxi, spaced(co * t_max)))
