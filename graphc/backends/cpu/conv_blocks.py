@@ -9,6 +9,9 @@ The im2col lowerings (graphc.backends.cpu.conv) and the Winograd kernels
 - `over_blocks`: the block loop of a serial kernel: whole blocks, then the partial last one,
   so every GEMM has constant sizes (a batch known per call: its whole blocks, then the rest
   image by image);
+- `tile_blocks`: how many images a Winograd-family kernel's block holds (its GEMMs sum a
+  block's tiles: BLOCK_TILES wanted, twice as many for wide layers), and the block sizes
+  its GEMMs must serve;
 - `walk_blocks`: that loop, or in a range kernel split over the cores its share's blocks
   (graphc.backends.cpu.conv_threads, `over_units`); `block_images`: the images of a block.
 """
@@ -24,7 +27,7 @@ from graphc.backends.cpu.conv_im2col import Geometry
 from graphc.backends.cpu.values import i64, loop, size
 
 __all__ = ["BLOCK_COLUMNS", "THIN_COLUMNS", "block_images", "images_per_block", "over_blocks",
-           "walk_blocks"]
+           "tile_blocks", "walk_blocks"]
 
 # Images per GEMM: one image's GEMM with fewer than THIN_COLUMNS output positions (columns)
 # runs at half of BLAS's speed (ResNet's 4x4 layer: [512 x 4608] @ [4608 x 16] at 62 GFLOP/s,
@@ -43,6 +46,16 @@ def images_per_block(g: Geometry) -> int:
     if type(g.n) is not int:  # a batch known per call: over_blocks takes its whole blocks
         return per_block
     return min(g.n, per_block)
+
+
+def tile_blocks(n, tiles: int, want: int) -> tuple[int, set[int]]:
+    """(images a block, the block sizes a kernel meets) for `n` images of `tiles` tiles, a
+    block of at least `want` tiles: whole images, at most the batch where it is known; the
+    sizes are a whole block and the partial last one (1 too where the batch is known per
+    call: over_blocks then takes the rest image by image)."""
+    nb = max(1, -(-want // tiles))
+    nb = nb if type(n) is not int else min(n, nb)
+    return nb, {nb} | ({n % nb} - {0} if type(n) is int else {1})
 
 
 def over_blocks(b, n: int, nb: int, body) -> None:

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from graphc.backends.cpu import conv_threads, kernels, winograd_gemm
-from graphc.backends.cpu.conv_blocks import block_images, walk_blocks
+from graphc.backends.cpu.conv_blocks import block_images, tile_blocks, walk_blocks
 from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.conv_workspace import workspace
 from graphc.backends.cpu.image_kernels import (
@@ -211,10 +211,7 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
     ci, co = g.c, g.o
     th, tw = p.tiles_hw
     tiles = th * tw
-    want = BLOCK_TILES * (2 if ci + co >= WIDE_CHANNELS else 1)
-    nb = max(1, -(-want // tiles))
-    nb = nb if type(g.n) is not int else min(g.n, nb)
-    counts = {nb} | ({g.n % nb} - {0} if type(g.n) is int else {1})
+    nb, counts = tile_blocks(g.n, tiles, BLOCK_TILES * (2 if ci + co >= WIDE_CHANNELS else 1))
     t_max = nb * tiles
     u_step = spaced(co * ci)
     if any(p.gemm(ci, n * tiles, u_step) is None for n in counts):

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from graphc.backends.cpu import conv_threads, kernels, winograd_gemm
-from graphc.backends.cpu.conv_blocks import walk_blocks
+from graphc.backends.cpu.conv_blocks import tile_blocks, walk_blocks
 from graphc.backends.cpu.conv_polyphase import (
     EVEN,
     ODD,
@@ -169,10 +169,7 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     ci, co = g.c, g.o
     th, tw = g.ho // 2, g.wo // 2
     tiles = th * tw
-    want = BLOCK_TILES * (2 if ci + co >= WIDE_CHANNELS else 1)
-    nb = max(1, -(-want // tiles))
-    nb = nb if type(g.n) is not int else min(g.n, nb)
-    counts = {nb} | ({g.n % nb} - {0} if type(g.n) is int else {1})
+    nb, counts = tile_blocks(g.n, tiles, BLOCK_TILES * (2 if ci + co >= WIDE_CHANNELS else 1))
     t_max = nb * tiles
     full = _Layout(ci, co, t_max)
     if any(_gemm(co, ci, n * tiles, w, k) is None for n in counts for w, _, k in

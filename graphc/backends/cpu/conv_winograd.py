@@ -76,7 +76,7 @@ the GEMM saves), float32 or float64.
 from __future__ import annotations
 
 from graphc.backends.cpu import conv_threads, kernels, winograd_gemm
-from graphc.backends.cpu.conv_blocks import block_images, walk_blocks
+from graphc.backends.cpu.conv_blocks import block_images, tile_blocks, walk_blocks
 from graphc.backends.cpu.conv_im2col import NOTRANS, TRANS, Conv
 from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.conv_workspace import workspace
@@ -188,8 +188,7 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad,
     tiles = th * tw
     hp, wp = out_hw[0] + 2, out_hw[1] + 2
     want = BLOCK_TILES * (2 if ci + co >= WIDE_CHANNELS else 1)
-    nb = max(1, -(-want // tiles))
-    nb = nb if type(g.n) is not int else min(g.n, nb)  # a batch per call: see over_blocks
+    nb, _ = tile_blocks(g.n, tiles, want)
     # an image with more tiles than a block wants goes in parts of `rows` tile rows
     rows = th if nb > 1 or tiles < 2 * want else max(1, want // tw)
     full_parts, tail_rows = divmod(th, rows)
@@ -313,8 +312,7 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     tiles = th * tw
     hp, wp = out_hw[0] + 2, out_hw[1] + 2
     want = WEIGHT_GRAD_TILES
-    nb = max(1, -(-want // tiles))
-    nb = nb if type(g.n) is not int else min(g.n, nb)
+    nb, _ = tile_blocks(g.n, tiles, want)
     rows = th if nb > 1 or tiles < 2 * want else max(1, want // tw)
     full_parts, tail_rows = divmod(th, rows)
     t_max = nb * rows * tw
