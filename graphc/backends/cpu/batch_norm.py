@@ -59,7 +59,7 @@ from graphc.backends.cpu.values import F64, i64, loop, size, unsupported
 from graphc.ir.graph import Node
 from graphc.types import bool_, float32, float64
 
-__all__ = ["batch_norm"]
+__all__ = ["batch_norm", "by_channel_blocks", "prefetch_plane"]
 
 # Walk x in memory order (the module docstring); False: the channel-by-channel kernel of
 # before (benchmarks' A/B: benchmarks/batch_norm_passes.py).
@@ -173,16 +173,22 @@ def batch_norm(lw, node: Node) -> None:
 
         # (with sums there is no statistics walk: one block, the output walk)
         block = _block_channels(n, s, dt) if training and not with_sums else c
-        if block >= c:
-            walks(lo_c, hi_c)
-        else:  # channel blocks whose N planes stay in L2 between the two walks
-            first, last = size(b, lo_c), size(b, hi_c)
-            blocks = b.sdiv(b.add(b.sub(last, first), i64(block - 1)), i64(block))
-            with loop(b, 0, blocks, "block") as j:
-                lo = b.add(first, b.mul(j, i64(block)))
-                hi = b.add(lo, i64(block))
-                walks(lo, b.select(b.icmp_signed("<", hi, last), hi, last))
+        by_channel_blocks(b, lo_c, hi_c, block, c, walks)
         lw.calls.append(called_kernel(lw, kb.finish(b), split))
+
+
+def by_channel_blocks(b, lo_c, hi_c, block: int, c: int, walks) -> None:
+    """`walks(lo, hi)` over the channels [lo_c, hi_c) at once where `block` >= `c`, else
+    block by block (the last one partial), so that a block's N planes stay in L2 between the
+    walks."""
+    if block >= c:
+        return walks(lo_c, hi_c)
+    first, last = size(b, lo_c), size(b, hi_c)
+    blocks = b.sdiv(b.add(b.sub(last, first), i64(block - 1)), i64(block))
+    with loop(b, 0, blocks, "block") as j:
+        lo = b.add(first, b.mul(j, i64(block)))
+        hi = b.add(lo, i64(block))
+        walks(lo, b.select(b.icmp_signed("<", hi, last), hi, last))
 
 
 def _merged_statistics(b, kb, sumsi, n: int, c: int, s: int, ch):

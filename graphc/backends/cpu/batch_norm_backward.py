@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from llvmlite import ir
 
 from graphc.backends.cpu import conv_threads, pool
-from graphc.backends.cpu.batch_norm import prefetch_plane
+from graphc.backends.cpu.batch_norm import by_channel_blocks, prefetch_plane
 from graphc.backends.cpu.conv_workspace import workspace
 from graphc.backends.cpu.image_kernels import (
     called_kernel,
@@ -205,15 +205,7 @@ def batch_norm_relu_backward(lw, node: Node) -> None:
 
         block = _block_channels(n, s, [lw.locs[v] for v in (grad, positive, x, *residual,
                                                             *g_out)])
-        if block >= c:
-            walks(lo_c, hi_c)
-        else:  # channel blocks whose planes stay in L2 between the two walks
-            first, last = size(b, lo_c), size(b, hi_c)
-            blocks = b.sdiv(b.add(b.sub(last, first), i64(block - 1)), i64(block))
-            with loop(b, 0, blocks, "block") as j:
-                lo = b.add(first, b.mul(j, i64(block)))
-                hi = b.add(lo, i64(block))
-                walks(lo, b.select(b.icmp_signed("<", hi, last), hi, last))
+        by_channel_blocks(b, lo_c, hi_c, block, c, walks)
         lw.calls.append(called_kernel(lw, kb.finish(b), split))
 
 
