@@ -79,7 +79,7 @@ def fuse_batch_norm_backward(graph: Graph) -> Graph:
     for node in graph.nodes:
         for v in dict.fromkeys(node.inputs):
             readers.setdefault(v, []).append(node)
-    maker = {v: node for node in graph.nodes for v in node.outputs}
+    maker = graph.producers()
     position = {id(node): k for k, node in enumerate(graph.nodes)}
     placed: dict[int, Node] = {}  # id(S or A) -> the new node at its place
     gone: set[int] = set()

@@ -70,7 +70,7 @@ def fuse_batch_norm_relu(graph: Graph) -> Graph:
         for v in dict.fromkeys(node.inputs):
             readers.setdefault(v, []).append(node)
     position = {id(node): k for k, node in enumerate(graph.nodes)}
-    maker = {v: node for node in graph.nodes for v in node.outputs}
+    maker = graph.producers()
     replaced: dict[int, Node] = {}
     dropped: set[int] = set()
     after: dict[int, list[Node]] = {}  # id(F) -> the fused node and the nodes moved behind it

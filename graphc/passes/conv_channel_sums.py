@@ -92,7 +92,7 @@ def fuse_conv_channel_sums(graph: Graph) -> Graph:
     Returns a new graph, or the same one when nothing changed."""
     if not FUSE or any(v.type.is_symbolic for v in graph.inputs):
         return graph  # (a symbolic graph: its lowerings take sizes per call, this one not)
-    maker = {v: node for node in graph.nodes for v in node.outputs}
+    maker = graph.producers()
     names = {v.name for v in graph.inputs} | set().union(*(
         {v.name for v in node.outputs} for node in graph.nodes))
     replaced: dict[int, Node] = {}
