@@ -305,16 +305,7 @@ def conv_sums_speed(root: str, rounds: int) -> list[str]:
                 calls.append(native_call(executable, args))
         for a, b in zip(results[2], results[3]):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
-        times: list[list[float]] = [[] for _ in calls]
-        for r in range(rounds):
-            order = list(enumerate(calls))
-            for j, call in (order if r % 2 else order[::-1]):
-                call()
-                count, start = 0, time.process_time()
-                while time.process_time() - start < 0.04:
-                    call()
-                    count += 1
-                times[j].append((time.process_time() - start) / count)
+        times = _alternated(calls, rounds)
         med = [statistics.median(t) for t in times]
         name = f"{channels} channels, {side}x{side}" if stride == 1 else \
             f"{channels} -> {co}, stride 2, {side}x{side}"
@@ -368,16 +359,7 @@ def backward_speed(root: str, rounds: int) -> list[str]:
             for got in results[1:]:
                 for g, w in zip(got, results[0]):
                     np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5)
-            times: list[list[float]] = [[] for _ in calls]
-            for r in range(rounds):
-                order = list(enumerate(calls))
-                for k, call in (order if r % 2 else order[::-1]):
-                    call()
-                    count, start = 0, time.process_time()
-                    while time.process_time() - start < 0.04:
-                        call()
-                        count += 1
-                    times[k].append((time.process_time() - start) / count)
+            times = _alternated(calls, rounds)
             medians = [statistics.median(t) for t in times]
             big, mask = args[0].nbytes, args[1].nbytes
             # sums: dy (+ dr) and mask and x read (g written); apply: g (or dy, mask) and x
@@ -427,6 +409,22 @@ def main(argv: list[str] | None = None) -> None:
             print("\n".join(speed(root, args.rounds, args.variants)), flush=True)
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
+
+
+def _alternated(calls, rounds: int) -> list[list[float]]:
+    """Each call's CPU seconds per run, one sample per call per round (>= 40 ms of runs after
+    one untimed run), the calls' order reversed every other round."""
+    times: list[list[float]] = [[] for _ in calls]
+    for r in range(rounds):
+        order = list(enumerate(calls))
+        for k, call in (order if r % 2 else order[::-1]):
+            call()
+            count, start = 0, time.process_time()
+            while time.process_time() - start < 0.04:
+                call()
+                count += 1
+            times[k].append((time.process_time() - start) / count)
+    return times
 
 if __name__ == "__main__":
     main()
