@@ -59,6 +59,20 @@ def test_a_plain_function_is_compiled_and_profiled():
     assert report.rows[0].seconds >= report.rows[-1].seconds
 
 
+def test_a_forward_whose_outputs_need_gradients_profiles_its_forward_part():
+    # outputs that need a grad_fn run the entry's forward part, an executable of its own
+    # under autograd; the profile times that one (it used to say the call "traced again")
+    graphc.manual_seed(0)
+    layer = nn.ConvTranspose2d(8, 4, 4, 2, 1)
+    forward = graphc.compile(lambda x: layer(x).relu(), backend="cpu")
+    x = graphc.randn(2, 8, 4, 4)
+    forward(x)
+    report = graphc.profile(forward, x, repeat=3)
+    assert report.graph_name.endswith("_forward")
+    assert [r.op for r in report.rows].count("conv2d_input_grad") == 1
+    assert forward(x).requires_grad  # the call still runs under autograd afterwards
+
+
 def test_only_the_cpu_backend_is_profiled():
     f = graphc.compile(lambda a: a * 2, backend="interp")
     with pytest.raises(GraphcError, match="compile it with backend=\"cpu\""):

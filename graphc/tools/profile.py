@@ -140,7 +140,7 @@ def profile(fn, *args, repeat: int = 20, trace: str | None = None,
         raise GraphcError(f"graphc.profile times the cpu backend's kernels; this callable "
                           f"runs on {getattr(executable, 'backend', '?')!r}: compile it with "
                           "backend=\"cpu\"")
-    arrays = _bound_arrays(compiled, executable, args, kwargs)
+    executable, arrays = _bound_arrays(compiled, executable, args, kwargs)
     sizes = _call_sizes(executable.graph, arrays)
     real, timed, run = _profiling_twin(executable, sizes)
     # the thread count the real executable settled on, not a fresh exploration
@@ -202,25 +202,34 @@ def _profiling_twin(executable, sizes: dict[str, int]):
     return served, timed, timed.run
 
 
-def _bound_arrays(compiled, executable, args, kwargs) -> list[np.ndarray]:
-    """Copies of the arrays a call binds to the executable, caught before it runs."""
+def _bound_arrays(compiled, executable, args, kwargs) -> tuple:
+    """(the executable this call runs, copies of the arrays the call binds to it), caught
+    before it runs. A call whose outputs need a grad_fn runs its entry's forward part (an
+    executable of its own, under autograd: graphc.jit.general_path.run_with_gradient), so
+    that one is caught too."""
     captured: list = []
+    gradient = compiled._entries[-1].gradient
+    candidates = [executable] + ([gradient.forward] if gradient is not None else [])
 
-    def capture(*arrays):
-        captured.extend(np.array(a, copy=True) for a in arrays)
-        raise _Captured
+    def capturing(candidate):
+        def capture(*arrays):
+            captured.append((candidate, [np.array(a, copy=True) for a in arrays]))
+            raise _Captured
+        return capture
 
-    executable.run = capture  # an instance attribute shadows the method for one call
+    for candidate in candidates:  # an instance attribute shadows the method for one call
+        candidate.run = capturing(candidate)
     try:
         compiled(*args, **kwargs)
     except _Captured:
         pass
     finally:
-        del executable.run
+        for candidate in candidates:
+            del candidate.run
     if not captured or compiled.executable is not executable:
         raise GraphcError("graphc.profile: these arguments do not replay the compiled entry "
                           "(they traced again); call the function with them once first")
-    return captured
+    return captured[0]
 
 
 def kernel_label(node) -> str:
