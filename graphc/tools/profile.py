@@ -14,7 +14,9 @@ model. Each kernel's figure is its median over the runs. A callable that was nev
 called once first (a real call, with its effects), to trace it. A graph with symbolic sizes
 (graphc.compile(dynamic=True)) is profiled at the sizes of the call: its runtime-sized
 executable run at them, or the graph specialised to them where the cpu backend compiles it
-per size; the rows' shapes, bytes and flops are those of the call.
+per size; the rows' shapes, bytes and flops are those of the call. A call whose outputs need
+a grad_fn (a module's forward with gradients on) runs its entry's forward part, a graph of its
+own (named `<fn>_forward`): that graph is the one profiled.
 
 Threads: the runs use the thread count the real executable runs now (its ThreadChooser's
 current count), or `threads=n`. A freshly compiled executable starts on one thread and tries
