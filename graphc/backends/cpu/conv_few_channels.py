@@ -54,7 +54,8 @@ from graphc.backends.cpu.values import F32, I64, i64, loop
 from graphc.backends.cpu.winograd_transforms import add_plane_sums
 from graphc.types import float32
 
-__all__ = ["MAX_CHANNELS", "MAX_TAPS", "Tiling", "accumulators", "conv2d", "fma", "tiling_for"]
+__all__ = ["MAX_CHANNELS", "MAX_TAPS", "Tiling", "accumulators", "conv2d", "fma", "splat",
+           "tiling_for"]
 
 # Which convolutions this path serves (measured against im2col + GEMM, 1-thread CPU time,
 # in-process A/B, docs/performance.md "Convolution (CPU)", seventh session): up to 8 input
@@ -278,7 +279,7 @@ class _Tiles:
                 for k, (start, vec) in enumerate(zip(starts, vecs)):
                     v = sums[o][r][k]
                     if self.bias is not None:
-                        v = b.fadd(v, _splat(b, value, vec))
+                        v = b.fadd(v, splat(b, value, vec))
                     ptr = kb.pointer(b, self.oi, b.add(at, i64(start)))
                     b.store(v, ptr, align=4)
 
@@ -310,7 +311,7 @@ class _Tiles:
             tap = b.add(b.mul(t, i64(g.kw)), i64(j))
             for o, w_row in enumerate(w_rows):
                 weight = kb.load(b, self.wi, b.add(w_row, tap))
-                splats = {vec: _splat(b, weight, vec) for vec in dict.fromkeys(vecs)}
+                splats = {vec: splat(b, weight, vec) for vec in dict.fromkeys(vecs)}
                 for r in range(rows):
                     for k, (vec, x) in enumerate(zip(vecs, inputs[r])):
                         new[o][r][k] = fma(b, splats[vec], x, new[o][r][k])
@@ -339,7 +340,8 @@ def _zeros(vec):
     return ir.Constant(vec, 0.0 if vec is F32 else [0.0] * vec.count)
 
 
-def _splat(b, scalar, vec):
+def splat(b, scalar, vec):
+    """`scalar` in every lane of `vec` (the scalar itself where `vec` is F32)."""
     if vec is F32:
         return scalar
     one = b.insert_element(ir.Constant(vec, ir.Undefined), scalar, i64(0))

@@ -3,6 +3,9 @@
 - `max_pool2d` (values and int64 flat H*W indices), `max_pool2d_grad` (a scatter-add by the
   indices; an index out of the plane makes the call fail clearly), `avg_pool2d` and
   `avg_pool2d_grad` (PyTorch's divisors: count_include_pad, divisor_override, ceil_mode).
+- Max pooling's common shapes (windows inside the plane, at most `stride` taps along a row;
+  gradients whose indices lie in blocks that tile the plane) take whole rows of outputs as
+  vectors (graphc.backends.cpu.pool_vectors); a plane whose indices do not is scattered.
 
 Invariants: a window's taps and the divisors are computed in Python (graphc.backends.cpu.
 image_kernels: `window_taps`, `Table`) and passed to the kernels as constant tables, so no
@@ -18,7 +21,7 @@ from contextlib import contextmanager
 
 from llvmlite import ir
 
-from graphc.backends.cpu import conv_threads
+from graphc.backends.cpu import conv_threads, pool_vectors
 from graphc.backends.cpu.image_kernels import (
     Table,
     called_kernel,
@@ -122,7 +125,7 @@ def max_pool2d(lw, node: Node) -> None:
         best = b.alloca(REG[dt.name], name="best")
         where = b.alloca(I64, name="where")
 
-    def better(v, m):
+    def better(b, v, m):
         if dt.is_floating:
             return b.or_(b.fcmp_ordered(">", v, m), b.fcmp_unordered("!=", v, v))
         return b.icmp_signed(">", v, m)
@@ -130,8 +133,13 @@ def max_pool2d(lw, node: Node) -> None:
     full = all(t.uniform for t in rows + cols) and (rows[0].values[0], rows[1].values[0],
                                                     cols[0].values[0], cols[1].values[0]) \
         == (0, a["kernel_size"][0], 0, a["kernel_size"][1])
+    vectors = pool_vectors.ENABLED and \
+        pool_vectors.forward_fits(full, (h, w), (ho, wo), a, (xsw, vsw, isw))
     with _over_planes(b, sizes, [xs, vs, is_], first) as (xo, vo, io):
-        if full:  # every tap of every window is inside: all taps of an output in registers,
+        if vectors:  # whole rows of outputs as vectors (pool_vectors)
+            pool_vectors.max_pool_rows(b, kb, dt, (xi, vi, ii), (xo, vo, io), (xsh, vsh, ish),
+                                       w, (ho, wo), a, better)
+        elif full:  # every tap of every window is inside: all taps of an output in registers,
             # selects instead of branches, the loop over output columns vectorised
             with loop(b, 0, ho, "oh") as oh, loop(b, 0, wo, "ow") as ow:
                 m = at = None
@@ -144,7 +152,7 @@ def max_pool2d(lw, node: Node) -> None:
                         if m is None:
                             m, at = v, flat
                         else:
-                            up = better(v, m)
+                            up = better(b, v, m)
                             m, at = b.select(up, v, m), b.select(up, flat, at)
                 kb.store(b, vi, iadd(b, vo, imul(b, oh, vsh), imul(b, ow, vsw)), m)
                 kb.store(b, ii, iadd(b, io, imul(b, oh, ish), imul(b, ow, isw)), at)
@@ -165,7 +173,7 @@ def max_pool2d(lw, node: Node) -> None:
                             iw = iadd(b, iw0, imul(b, j, dw))
                             v = kb.load(b, xi, iadd(b, xo, imul(b, ih, xsh), imul(b, iw, xsw)))
                             m = b.load(best)
-                            up = better(v, m)
+                            up = better(b, v, m)
                             b.store(b.select(up, v, m), best)
                             b.store(b.select(up, iadd(b, imul(b, ih, w), iw), b.load(where)),
                                     where)
@@ -198,12 +206,10 @@ def max_pool2d_grad(lw, node: Node) -> None:
             status = b.alloca(I32, name="status")
         b.store(ir.Constant(I32, 0), status)
         first = None if split is None else conv_threads.unit_range(b, kb, control[0])
-        image = out.type.numel // (sizes[0] if sizes else 1)
-        span = (0, out.type.numel) if first is None else (imul(b, first[0], image),
-                                                           imul(b, first[1], image))
-        with loop(b, *span, "zero") as q:
-            kb.store(b, oi, q, const(dt, 0.0))
-        with _over_planes(b, sizes, [gs, is_, os_], first) as (go, io, oo):
+
+        def scatter(go, io, oo):  # the plane zeroed, then each gradient added at its index
+            with loop(b, 0, h * w, "zero") as q:
+                kb.store(b, oi, iadd(b, oo, q), const(dt, 0.0))
             with loop(b, 0, ho, "oh") as oh:
                 with loop(b, 0, wo, "ow") as ow:
                     k = kb.load(b, ii, iadd(b, io, imul(b, oh, ish), imul(b, ow, isw)))
@@ -214,6 +220,17 @@ def max_pool2d_grad(lw, node: Node) -> None:
                     at = as_i64(iadd(b, oo, b.select(inside, k, i64(0))))
                     v = b.select(inside, v, const(dt, 0.0))
                     kb.store(b, oi, at, b.fadd(kb.load(b, oi, at), v))
+
+        gather = pool_vectors.ENABLED and \
+            pool_vectors.grad_fits(dt, (h, w), (ho, wo), (gsw, isw))
+        with _over_planes(b, sizes, [gs, is_, os_], first) as (go, io, oo):
+            if gather:  # each input position gathers from its block's window (pool_vectors)
+                matched = pool_vectors.max_pool_grad_rows(b, kb, dt, (gi, ii, oi), (go, io, oo),
+                                                          (gsh, ish), (h, w), (ho, wo))
+                with b.if_then(b.icmp_unsigned("!=", matched, i64(ho * wo)), likely=False):
+                    scatter(go, io, oo)  # an index outside its block: the plane again
+            else:
+                scatter(go, io, oo)
         b.ret(b.load(status))
         lw.calls.append(called_kernel(lw, kb.kernel, split))
 
