@@ -25,7 +25,10 @@ import sys
 
 from benchmarks.harness import cache_root, interleaved_process_times, run_with_threads, step_ab
 
-VARIANTS = {"before": {("graphc.backends.cpu.pool_vectors", "ENABLED"): False}, "after": {}}
+VARIANTS = {"before": {("graphc.backends.cpu.pool_vectors", "ENABLED"): False,
+                       ("graphc.backends.cpu.conv_channel_lanes", "ENABLED"): False},
+            "pools": {("graphc.backends.cpu.conv_channel_lanes", "ENABLED"): False},
+            "after": {}}
 POOLS = ((64, 6, 28, 28), (64, 16, 10, 10))  # max_pool2d inputs, 2x2 windows
 WINDOW = dict(kernel_size=(2, 2), stride=(2, 2), padding=(0, 0), dilation=(1, 1),
               ceil_mode=False)
@@ -84,7 +87,8 @@ def _kernels(rounds: int, root: str) -> None:
                     plan_buffers(graph)
                     exes[name] = CpuExecutable(graph)
             outs = {name: exe.run(*args) for name, exe in exes.items()}
-            same = all(np.array_equal(a, b) for a, b in zip(*outs.values()))
+            first, *rest = outs.values()
+            same = all(np.array_equal(a, b) for other in rest for a, b in zip(first, other))
             times = interleaved_process_times(
                 {name: native_call(exe, args) for name, exe in exes.items()}, rounds, 0.05)
             cells = "  ".join(f"{name} {np.median(t) * 1e6:7.1f} us" for name, t in

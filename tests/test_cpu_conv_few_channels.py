@@ -291,3 +291,42 @@ def test_weight_grad_kernel_stays_compact(lanes, monkeypatch):
         sizes.append(len(_function_text(text, GRAD_MARKER)))
     assert max(sizes) < 64_000, f"weight-gradient kernels of {sizes} characters of LLVM IR"
     assert sizes[0] < 2 * sizes[1], f"150 taps: {sizes[0]} characters, 25 taps: {sizes[1]}"
+
+
+CHANNEL_CASES = [  # (input, weight, padding): conv_channel_lanes' tiles, what each exercises
+    ((3, 6, 14, 14), (16, 6, 5, 5), (0, 0)),  # LeNet's second layer: 2 rows x 10 a tile
+    ((2, 3, 9, 13), (32, 3, 3, 3), (1, 1)),  # 2 vectors a position: 12 + 1 columns
+    ((2, 2, 7, 30), (64, 2, 3, 3), (0, 1)),  # 4 vectors: 6 columns a tile, rows one by one
+    ((1, 5, 14), (16, 1, 3, 3), (1, 1)),  # unbatched, one input channel
+]
+
+
+@needs_vectors
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("case", range(len(CHANNEL_CASES)))
+def test_channel_lanes_forward(case, count, monkeypatch):
+    """Rows too narrow for the lanes with O a multiple of 16: the output channels in the
+    lanes (conv_channel_lanes), + bias in registers, then relu and its mask per image; within
+    2x eager's distance from float64, every output written (scaled inputs)."""
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    if small_gemm.lanes() != 16:
+        pytest.skip("the channel tiles are AVX-512's (16 lanes)")
+    xs, ws, padding = CHANNEL_CASES[case]
+    rng = np.random.default_rng(case + 10 * count)
+    arrays = [(rng.standard_normal(s) * 100).astype(np.float32) for s in (xs, ws, ws[:1])]
+
+    def conv(x, w, b):
+        return graphc.conv2d(x, w, b, padding=padding)
+
+    def conv_relu(x, w, b):
+        y = conv(x, w, b)
+        return y.relu(), y > 0
+
+    for f in (conv, conv_relu):
+        exe, want, got = _fused_run(f, arrays, count)
+        assert "ctaps.body" in exe.lowered.ir_text
+        wide = [a.astype(np.float64) for a in arrays]
+        reference = interpret(fuse(graphc.trace(f, *[graphc.tensor(a) for a in wide])),
+                              *wide)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-1)
+        assert_rounding_within(got[0], want[0], reference[0])

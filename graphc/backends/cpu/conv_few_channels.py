@@ -26,6 +26,10 @@ The kernel, per image (split over the cores by images, graphc.backends.cpu.conv_
   planes' shifted sums are added there too (winograd_transforms.add_plane_sums), for the
   batch norm after the convolution.
 
+Where a row fills the lanes too poorly for these tiles and O is a multiple of 16 (LeNet-5's
+second layer, 6 -> 16 channels on rows of 10), the tiles hold the output channels in the
+lanes instead (graphc.backends.cpu.conv_channel_lanes), the rest of the kernel as here.
+
 The weight gradient of the same convolutions: graphc.backends.cpu.conv_few_channels_grad.
 
 Rounding: each output sums its taps in order (c, i, j) by fused multiply-adds, not in
@@ -39,7 +43,7 @@ from dataclasses import astuple, dataclass
 
 from llvmlite import ir
 
-from graphc.backends.cpu import conv_direct, small_gemm
+from graphc.backends.cpu import conv_channel_lanes, conv_direct, small_gemm
 from graphc.backends.cpu.conv_threads import temporaries, units_loop
 from graphc.backends.cpu.image_kernels import (
     called_kernel,
@@ -163,20 +167,25 @@ def conv2d(lw, node, g, x, w, out, epilogue, sums=None) -> bool | None:
     channel's shifted sums of out, added after the image's tiles (add_plane_sums)."""
     dt = x.type.dtype
     t = tiling_for(g, dt)
+    if t is None and g.c <= MAX_CHANNELS:  # rows too narrow for the lanes (any taps)
+        t = conv_channel_lanes.channel_tiling(g, dt)
     if t is None:
         return None
     with contiguous_out(lw, out) as dst:
         return _build(lw, g, t, x, w, dst, epilogue, sums)
 
 
-def _build(lw, g, t: Tiling, x, w, out, epilogue, sums=None) -> bool:
+def _build(lw, g, t: Tiling | conv_channel_lanes.ChannelTiling, x, w, out, epilogue,
+           sums=None) -> bool:
     dt = x.type.dtype
     xs = image_strides(x)
     w = contiguous_in(lw, w)
     (ph, pw) = g.padding
     hp, wp = g.h + 2 * ph, g.w + 2 * pw
     plane = g.c * hp * wp
-    split, temps = temporaries(lw, dt, [(plane,)], g.n, g.n * g.o * g.k * g.p)
+    lanes_hold_channels = isinstance(t, conv_channel_lanes.ChannelTiling)
+    shapes = [(plane,)] + (conv_channel_lanes.temporary_shapes(g) if lanes_hold_channels else [])
+    split, temps = temporaries(lw, dt, shapes, g.n, g.n * g.o * g.k * g.p)
     kb, ids = image_kernel(lw, "conv2d_few_channels",
                            [x, w, out] + ([] if sums is None else [sums]) + temps)
     xi, wi, oi = ids[:3]
@@ -197,7 +206,13 @@ def _build(lw, g, t: Tiling, x, w, out, epilogue, sums=None) -> bool:
         lw.calls.append(called_kernel(lw, kb.kernel, split))
         return fused is not None
     bias_stride = None if bias is None else fused[2][bias][1]
-    tiles = _Tiles(kb, t, g, wi, pi, oi, bias, bias_stride)
+    if lanes_hold_channels:
+        wt, image_sums = ids[ids.index(pi) + 1:ids.index(pi) + 3]
+        tiles = conv_channel_lanes.ChannelTiles(kb, t, g, wi, pi, oi, wt, image_sums, bias,
+                                                bias_stride, fma, splat)
+        tiles.transpose_weights(b)
+    else:
+        tiles = _Tiles(kb, t, g, wi, pi, oi, bias, bias_stride)
     with loop(b, 0, plane, "zero") as q:
         kb.store(b, pi, q, ir.Constant(F32, 0.0))
     with units_loop(b, kb, split, ids[-1], g.n, "n") as n:
