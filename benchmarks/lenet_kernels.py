@@ -6,7 +6,9 @@ process (docs/performance.md, "thirteenth session: LeNet-5 at one thread").
 
 Variants, each compiled with its own GRAPHC_CACHE_DIR (the pipeline cache keys on graphc's
 source, the same for both) with these module settings while it compiles:
-- "before": graphc.backends.cpu.pool_vectors.ENABLED = False (the scalar pooling kernels);
+- "before": ENABLED = False in graphc.backends.cpu.pool_vectors (the scalar pooling
+  kernels), conv_channel_lanes and conv_input_grad_lanes (im2col + GEMM for LeNet-5's
+  second convolution, forward and input gradient);
 - "after": the code as it stands.
 The kernels are one-op graphs at the step's shapes (max_pool2d of [64, 6, 28, 28] and of
 [64, 16, 10, 10] by 2x2 windows, and their gradients, fed the indices max_pool2d returns:
@@ -25,9 +27,8 @@ import sys
 
 from benchmarks.harness import cache_root, interleaved_process_times, run_with_threads, step_ab
 
-VARIANTS = {"before": {("graphc.backends.cpu.pool_vectors", "ENABLED"): False,
-                       ("graphc.backends.cpu.conv_channel_lanes", "ENABLED"): False},
-            "pools": {("graphc.backends.cpu.conv_channel_lanes", "ENABLED"): False},
+PATHS = ("pool_vectors", "conv_channel_lanes", "conv_input_grad_lanes")
+VARIANTS = {"before": {(f"graphc.backends.cpu.{m}", "ENABLED"): False for m in PATHS},
             "after": {}}
 POOLS = ((64, 6, 28, 28), (64, 16, 10, 10))  # max_pool2d inputs, 2x2 windows
 WINDOW = dict(kernel_size=(2, 2), stride=(2, 2), padding=(0, 0), dilation=(1, 1),

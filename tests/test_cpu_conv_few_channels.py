@@ -47,10 +47,10 @@ def _geometry(xs, ws, padding=(1, 1), stride=(1, 1), groups=1, dilation=(1, 1)):
 
 
 def test_row_pieces_cover_the_row_in_halving_widths():
-    assert conv_few_channels._pieces(32, 16) == [16, 16]
-    assert conv_few_channels._pieces(28, 16) == [16, 8, 4]
-    assert conv_few_channels._pieces(31, 8) == [8, 8, 8, 4, 2, 1]
-    assert conv_few_channels._pieces(3, 16) == [2, 1]
+    assert conv_few_channels.pieces(32, 16) == [16, 16]
+    assert conv_few_channels.pieces(28, 16) == [16, 8, 4]
+    assert conv_few_channels.pieces(31, 8) == [8, 8, 8, 4, 2, 1]
+    assert conv_few_channels.pieces(3, 16) == [2, 1]
 
 
 @needs_vectors

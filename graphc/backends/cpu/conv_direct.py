@@ -28,7 +28,9 @@ graphc.backends.cpu.conv_few_channels (forward) and conv_few_channels_grad (weig
 gradient) instead, whose explicit vector tiles (several output channels sharing each input
 load) run 1.8-2.5x faster than these loops or im2col + GEMM; these loops, vectorised by
 LLVM one output channel at a time, ran at 52 GFLOP/s there against 70 for im2col + GEMM.
-The few-rows loops still serve groups, strides and C_in > 8.
+The few-rows loops still serve groups, strides and C_in > 8. The input gradient of other
+convolutions with C_in <= 8 and at most 32 output channels (stride 1, no padding: LeNet-5's
+second layer) is graphc.backends.cpu.conv_input_grad_lanes' (called from here, first).
 
 Sums run in tap order (c, i, j), not in numpy's order: results are judged by distance from
 a float64 run (docs/performance.md, "Rounding"; tests/test_cpu_conv_paths.py).
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from graphc.backends.cpu import conv_input_grad_lanes
 from graphc.backends.cpu.conv_im2col import grad_image
 from graphc.backends.cpu.conv_threads import temporaries, units_loop
 from graphc.backends.cpu.image_kernels import (
@@ -209,8 +212,8 @@ def conv2d_input_grad(lw, node, g) -> bool:
     dt = gy.type.dtype
     (dh, dw), (ph, pw) = g.dilation, g.padding
     top, left = (g.kh - 1) * dh - ph, (g.kw - 1) * dw - pw
-    if not _depthwise(g, dt):
-        return False
+    if not _depthwise(g, dt):  # few channels: conv_input_grad_lanes, else im2col + GEMM
+        return conv_input_grad_lanes.conv2d_input_grad(lw, node, g)
     if not (g.stride == (1, 1) and top >= 0 and left >= 0):
         _depthwise_input_grad_scatter(lw, node, g, dt)
         return True

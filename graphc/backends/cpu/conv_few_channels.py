@@ -58,7 +58,8 @@ from graphc.backends.cpu.values import F32, I64, i64, loop
 from graphc.backends.cpu.winograd_transforms import add_plane_sums
 from graphc.types import float32
 
-__all__ = ["MAX_CHANNELS", "MAX_TAPS", "Tiling", "accumulators", "conv2d", "fma", "splat",
+__all__ = ["MAX_CHANNELS", "MAX_TAPS", "Tiling", "accumulators", "conv2d", "fma", "pieces",
+           "splat",
            "tiling_for"]
 
 # Which convolutions this path serves (measured against im2col + GEMM, 1-thread CPU time,
@@ -88,7 +89,7 @@ class Tiling:
     tail: tuple[int, ...]
 
 
-def _pieces(width: int, lanes: int) -> list[int]:
+def pieces(width: int, lanes: int) -> list[int]:
     """`width` floats as vectors of `lanes`, then of halving widths (binary remainder)."""
     out = [lanes] * (width // lanes)
     rest, piece = width % lanes, lanes // 2
@@ -115,13 +116,13 @@ def tiling_for(g, dt) -> Tiling | None:
             not all(type(d) is int for d in (g.c, g.h, g.w, g.o, g.ho, g.wo)) or \
             min(g.o, g.ho, g.wo) < 1:
         return None
-    pieces = _pieces(g.wo, lanes)
-    if g.wo < MIN_LANE_USE * len(pieces) * lanes and g.o >= conv_direct.FEW_ROWS:
+    row = pieces(g.wo, lanes)
+    if g.wo < MIN_LANE_USE * len(row) * lanes and g.o >= conv_direct.FEW_ROWS:
         return None
     full_vectors = g.wo // lanes
     segments = full_vectors // SEGMENT_VECTORS
     full = (lanes,) * SEGMENT_VECTORS if segments else ()
-    tail = tuple(pieces[segments * SEGMENT_VECTORS:])
+    tail = tuple(row[segments * SEGMENT_VECTORS:])
     widest = max(len(full), len(tail))
     budget = accumulators(lanes)
     if g.o * widest >= budget:
