@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
 from graphc.backends.cpu import conv_threads, small_gemm, threads  # noqa: E402
+from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.ir.interpreter import run as interpret  # noqa: E402
@@ -21,6 +22,7 @@ from graphc.testing import assert_rounding_within  # noqa: E402
 from tests.test_cpu_conv_paths import _graphs  # noqa: E402
 
 MARKER = "conv2d_input_grad_lanes"
+resolve_blas()  # hands the BLAS's thread count to generated code (threads.install)
 COUNTS = sorted({1, threads.image_threads()})
 pytestmark = pytest.mark.skipif(small_gemm.lanes() != 16,
                                 reason="the path's tiles are AVX-512's (16 lanes)")
@@ -62,6 +64,8 @@ def test_input_grad_lanes(case, count, monkeypatch):
     xs, ws, dilation = CASES[case]
     exe, got, eager, reference = _run(xs, ws, dilation, count, case)
     assert MARKER in exe.lowered.ir_text
+    split = COUNTS[-1] > 1 and len(xs) == 4  # over images, on hosts with two cores or more
+    assert (".split" in exe.lowered.ir_text) == split
     np.testing.assert_allclose(got, eager, rtol=1e-4, atol=1e-4 * np.abs(eager).max())
     assert_rounding_within(got, eager, reference)
 
