@@ -144,7 +144,8 @@ def test_one_block_forks_its_filter_and_gemms(monkeypatch):
 
 @needs_kernel
 @pytest.mark.parametrize("xs, ws", [((3, 64, 32, 32), (128, 64, 3, 3)),
-                                    ((4, 128, 16, 16), (256, 128, 3, 3))])
+                                    ((4, 128, 16, 16), (256, 128, 3, 3)),
+                                    ((8, 256, 8, 8), (512, 256, 3, 3))])
 def test_polyphase_input_grad_of_resnet18s_layers(xs, ws):
     check(xs, ws, kind="gx")
 
@@ -158,13 +159,16 @@ def test_input_grad_narrow_stand_ins(monkeypatch):
     monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
     check((5, 16, 16, 16), (16, 16, 3, 3), kind="gx", rounding=False)
     check((3, 32, 16, 32), (48, 32, 3, 3), kind="gx", rounding=False)
+    # 4 blocks an image (gy 4x4), 8 images a block, 12 images: the last block of 4
+    monkeypatch.setattr(conv_polyphase, "BLOCK_TILES", 32)
+    check((12, 16, 8, 8), (32, 16, 3, 3), kind="gx", rounding=False)
 
 
-# the input gradient left to im2col: few output channels, 4 blocks an image (ResNet-18's
-# 256 -> 512 layer), odd input sizes
+# the input gradient left to im2col: few output channels, 1 block an image (gy 2x2), odd
+# input sizes
 @needs_kernel
 @pytest.mark.parametrize("xs, ws", [((4, 64, 16, 16), (64, 64, 3, 3)),
-                                    ((32, 256, 8, 8), (512, 256, 3, 3)),
+                                    ((4, 256, 4, 4), (512, 256, 3, 3)),
                                     ((4, 64, 15, 15), (128, 64, 3, 3))])
 def test_input_grads_left_to_im2col(xs, ws):
     gx = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["gx"], 1)

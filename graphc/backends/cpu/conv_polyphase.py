@@ -99,12 +99,11 @@ FORKED_TRANSFORMS = True
 # output channels 2.45x and 2.3x (past the 2x rule), 128: 1.20x, 256: 1.03x, 512: 0.93x.
 GRAD_MIN_OUT_CHANNELS = 128
 # ... and from this many output blocks an image: the 256 -> 512 layer's (4x4 gy planes, 4
-# blocks) took 9.7-11.3 ms against im2col's 9.3-9.5 (eleventh session), 8.4-8.8 against
-# 8.3 (twelfth: its filter transform by 16 x 16 squares of channels in registers measured
-# the same as the element loop; its U, 13 MB a call, is written and read where im2col
-# reads w's 4.7 MB);
-# 64 -> 128 and 128 -> 256: 8.7 -> 7.2 and 8.2 -> 7.1 ms.
-GRAD_MIN_TILES = 16
+# blocks; its U, 13 MB a call, is written and read where im2col reads w's 4.7 MB) lost to
+# im2col on the Intel host's good BLAS (9.7-11.3 against 9.3-9.5 ms, eleventh session; 8.4
+# against 8.3, twelfth) and wins on the Zen 5 host's OpenBLAS (5.1 against 9.8 ms,
+# thirteenth); 64 -> 128 and 128 -> 256: 8.7 -> 7.2 and 8.2 -> 7.1 ms (Intel).
+GRAD_MIN_TILES = 4
 
 # Per axis, per phase: (input patch offsets, B^T, G's rows over the filter taps, A^T).
 # Patch offset r is input row 4ty - 1 + r of output block ty; the even phase reads rows
