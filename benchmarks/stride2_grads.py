@@ -5,7 +5,7 @@
         --ab graphc.backends.cpu.conv_polyphase.GRAD_MIN_TILES=4
 
 Each kernel (the three stride-2 weight gradients, 64 -> 128 at 32x32, 128 -> 256 at 16x16,
-256 -> 512 at 8x8, and the input gradients; batch 32) is compiled as a one-op graph
+256 -> 512 at 8x8, the input gradients and the forwards; batch 32) is compiled as a one-op graph
 (tests/test_cpu_conv_paths `_graphs`) twice, each with its own GRAPHC_CACHE_DIR: "before"
 with the `--ab` settings (MODULE.NAME=VALUE; default: the polyphase weight gradient off,
 graphc.backends.cpu.conv_polyphase_grad.ENABLED=False) set while it compiles, and "after"
@@ -65,7 +65,7 @@ def kernel_table(root: str, switches: dict, kinds, threads: int, rounds: int,
             x = np.maximum(rng.standard_normal(xs), 0).astype(np.float32)
             w = (rng.standard_normal(ws) / np.sqrt(c * 9)).astype(np.float32)
             gy = (rng.standard_normal(gs) * 1e-2).astype(np.float32)
-            args = {"gx": [gy, w], "gw": [gy, x]}[kind]
+            args = {"fwd": [x, w], "gx": [gy, w], "gw": [gy, x]}[kind]
             exes = []
             for name in ("before", "after"):
                 with switched(root, f"{kind}{c}-{name}", switches, name == "before"):
@@ -90,7 +90,7 @@ def kernel_table(root: str, switches: dict, kinds, threads: int, rounds: int,
             reference = interpret(wide, *[a.astype(np.float64) for a in args])[0]
             eager = rounding_distance(interpret(graph, *args)[0], reference)
             ratios = [rounding_distance(e.run(*args)[0], reference) / eager for e in exes]
-            label = {"gw": "weight gradient", "gx": "input gradient"}[kind]
+            label = {"fwd": "forward", "gw": "weight gradient", "gx": "input gradient"}[kind]
             lines.append(f"| {label} {c} -> {2 * c}, {side}x{side} | {before:.2f} ms | "
                          f"{after:.2f} ms | {ratios[0]:.2f} -> {ratios[1]:.2f} |")
             print(lines[-1], flush=True)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="threads a call uses (1)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     parser.add_argument("--rounds", type=int, default=15, help="alternated samples (15)")
-    parser.add_argument("--kinds", nargs="+", choices=("gw", "gx"), default=["gw"])
+    parser.add_argument("--kinds", nargs="+", choices=("fwd", "gw", "gx"), default=["gw"])
     parser.add_argument("--ab", nargs="+", metavar="MODULE.NAME=VALUE", default=DEFAULT_AB,
                         help="the settings of 'before' (default: " + DEFAULT_AB[0] + ")")
     args = parser.parse_args(argv)

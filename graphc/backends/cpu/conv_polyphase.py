@@ -27,7 +27,7 @@ The kernel, per block of images (BLOCK_TILES output blocks or more, as conv_wino
   (winograd_transforms.add_plane_sums), for the batch norm after the convolution.
 On more than one core the blocks are split over the threads (conv_threads, as
 conv_winograd's: each share its own padded plane, V and M; U made once); a kernel whose
-batch is one block (the 256 -> 512 forward at batch 32) forks its filter transform and its 25
+batch is one block (the 256 -> 512 forward at batch 16) forks its filter transform and its 25
 GEMMs instead, and, where the input transform goes by rows (no padded plane), its input and
 output transforms over the channels too, each a kernel of its own before and after
 (conv_threads.channel_kernel, FORKED_TRANSFORMS; each channel by the same code: the same
@@ -82,8 +82,11 @@ __all__ = ["ENABLED", "FORKED_TRANSFORMS", "MIN_CHANNELS", "POSITIONS", "Pass", 
 
 ENABLED = True  # False: im2col + GEMM (A/B runs)
 MIN_CHANNELS = 16
-BLOCK_TILES = 64  # output blocks a GEMM's columns hold, at least (as conv_winograd's)
-WIDE_CHANNELS = 512  # from this many channels in and out together, blocks of twice as many
+# Output blocks a GEMM's columns hold, at least (as conv_winograd's). The Intel host took
+# twice as many from 512 channels in and out together; on the Zen 5 host (1 MB L2) the
+# 256 -> 512 layer's forward and input gradient ran 5.62 -> 5.28 and 5.13 -> 4.86 ms with
+# 64 (two blocks at batch 32; thirteenth session).
+BLOCK_TILES = 64
 LANES = 16  # output blocks a vector holds (the input transform by rows, small planes' output)
 # The input transform LANES blocks a vector, rows loaded as vectors (_input_by_rows); False:
 # the block loop through the padded plane (for A/B runs and tests)
@@ -210,7 +213,7 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
     ci, co = g.c, g.o
     th, tw = p.tiles_hw
     tiles = th * tw
-    nb, counts = tile_blocks(g.n, tiles, BLOCK_TILES * (2 if ci + co >= WIDE_CHANNELS else 1))
+    nb, counts = tile_blocks(g.n, tiles, BLOCK_TILES)
     t_max = nb * tiles
     u_step = spaced(co * ci)
     if any(p.gemm(ci, n * tiles, u_step) is None for n in counts):
@@ -230,7 +233,7 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
         sums_i = None if sums is None else 3 + len(temps)
         locs = [src, w, dst] + temps + ([] if sums is None else [sums]) + \
             ([] if split is None else [split.control])
-        # not split over images (one block: 256 -> 512 channels at 8x8, batch 32): the
+        # not split over images (one block: 256 -> 512 channels at 8x8, batch 16): the
         # filter transform in a forked kernel of its own first, the 25 GEMMs forked
         alone = split is None and kernels.forks(lw.openmp, POSITIONS * co * ci)
         # ... and, a batch of one block, its input and output transforms over the channels
