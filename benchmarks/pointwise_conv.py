@@ -4,6 +4,7 @@ graphc.backends.cpu.conv_pointwise's kernels, each pass a one-op graph.
     python -m benchmarks.pointwise_conv --rounds 15
     python -m benchmarks.pointwise_conv --rounds 15 --threads 2     # wall clock
     python -m benchmarks.pointwise_conv --step --rounds 21 --repeat 5
+    python -m benchmarks.pointwise_conv --ab graphc.backends.cpu.conv_pointwise.K_BLOCK=64
 
 For the three shortcuts of the CIFAR ResNet-18 step (batch 32: 64 -> 128 at 32x32 in,
 128 -> 256 at 16x16, 256 -> 512 at 8x8), forward, input gradient and weight gradient, each
@@ -13,6 +14,8 @@ called natively in alternated rounds (`--rounds` rounds of >= 40 ms, medians), a
 kernels are built for that many shares): CPU time at one thread, wall clock at more.
 GFLOP/s are the GEMM's 2*N*O*C*H_out*W_out over the time; "same" says whether the two
 results are within float32 rounding of each other (max difference over max |value|).
+`--ab MODULE.NAME=VALUE ...`: the first column compiled with those settings (as
+benchmarks.stride2_grads') instead of conv_pointwise off.
 
 `--step`: benchmarks/resnet18_kernels.py's `switches_gain` instead: the whole ResNet-18
 step compiled with conv_pointwise off ("im2col") and on ("pointwise"), each with its own
@@ -28,6 +31,7 @@ import os
 import time
 
 SHORTCUTS = ((64, 32), (128, 16), (256, 8))  # (input channels, input plane side)
+DEFAULT_AB = ["graphc.backends.cpu.conv_pointwise.ENABLED=False"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,6 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=32, help="images (32)")
     parser.add_argument("--threads", type=int, default=1, help="threads (1)")
     parser.add_argument("--step", action="store_true", help="the whole step's A/B")
+    parser.add_argument("--ab", nargs="+", metavar="MODULE.NAME=VALUE", default=DEFAULT_AB,
+                        help="the first column's settings (default: " + DEFAULT_AB[0] + ")")
     parser.add_argument("--repeat", type=int, default=5, help="--step: profiled runs (5)")
     args = parser.parse_args(argv)
     for flag, value in (("--rounds", args.rounds), ("--threads", args.threads),
@@ -57,7 +63,10 @@ def main(argv: list[str] | None = None) -> None:
                                 {("conv_pointwise", "ENABLED"): False}, shown=("1x1",)),
                   flush=True)
         else:
-            print(shortcut_table(root, args.rounds, args.batch, clock), flush=True)
+            from benchmarks.stride2_grads import settings
+
+            print(shortcut_table(root, args.rounds, args.batch, clock, settings(args.ab)),
+                  flush=True)
     print(f"load average after: {_load()}")
 
 
@@ -65,13 +74,20 @@ def _load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def shortcut_table(root: str, rounds: int, n: int, clock=time.process_time) -> str:
-    """The markdown table of the module docstring."""
+def shortcut_table(root: str, rounds: int, n: int, clock=time.process_time,
+                   switches: dict | None = None) -> str:
+    """The markdown table of the module docstring; `switches` ({(module, attribute):
+    value}) set while the first column compiles (default: conv_pointwise off)."""
     import numpy as np
 
+    from benchmarks.harness import switched
     from benchmarks.profiles import native_call
     from graphc.backends.cpu import conv_pointwise
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.passes.plan import plan_buffers
     from tests.test_cpu_conv_paths import _graphs
+
+    switches = switches or {(conv_pointwise, "ENABLED"): False}
 
     lines = ["| shortcut (N = %d) | pass | im2col | conv_pointwise | GFLOP/s | same |" % n,
              "|---|---|---|---|---|---|"]
@@ -84,13 +100,11 @@ def shortcut_table(root: str, rounds: int, n: int, clock=time.process_time) -> s
         for kind, shapes in (("fwd", (xs, ws)), ("gx", (gs, ws)), ("gw", (gs, xs))):
             inputs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
             exes = []
-            for enabled in (False, True):
-                kept, conv_pointwise.ENABLED = conv_pointwise.ENABLED, enabled
-                try:
+            for name in ("before", "after"):
+                with switched(root, f"{c}-{kind}-{name}", switches, name == "before"):
                     graph = _graphs(xs, ws, (2, 2), (0, 0), 1)[1][kind]
-                    exes.append(_compiled(root, graph, f"{c}-{kind}-{enabled}"))
-                finally:
-                    conv_pointwise.ENABLED = kept
+                    plan_buffers(graph)
+                    exes.append(CpuExecutable(graph))
             results = [e.run(*inputs)[0] for e in exes]
             diff = float(np.abs(results[0] - results[1]).max() / np.abs(results[0]).max())
             before, after = (float(np.median(t)) for t in
@@ -118,15 +132,6 @@ def _alternated(calls, rounds: int, clock) -> list[list[float]]:
                 count += 1
             samples.append((clock() - start) / count)
     return times
-
-
-def _compiled(root: str, graph, tag: str):
-    from graphc.backends.cpu.executable import CpuExecutable
-    from graphc.passes.plan import plan_buffers
-
-    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, tag)
-    plan_buffers(graph)
-    return CpuExecutable(graph)
 
 
 if __name__ == "__main__":

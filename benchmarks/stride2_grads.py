@@ -25,7 +25,7 @@ LAYERS = ((64, 32), (128, 16), (256, 8))  # (input channels, input side): out = 
 DEFAULT_AB = ["graphc.backends.cpu.conv_polyphase_grad.ENABLED=False"]
 
 
-def _settings(pairs: list[str]) -> dict:
+def settings(pairs: list[str]) -> dict:
     """{(module, attribute): value} from MODULE.NAME=VALUE strings (VALUE a Python literal)."""
     import ast
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()), flush=True)
     with cache_root("stride2_grads.") as root:
-        print(kernel_table(root, _settings(args.ab), args.kinds, args.threads, args.rounds))
+        print(kernel_table(root, settings(args.ab), args.kinds, args.threads, args.rounds))
     print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
