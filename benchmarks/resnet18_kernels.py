@@ -46,6 +46,10 @@ weight gradient, the three stride-2 forwards, the 64 -> 128 and 128 -> 256 input
 gradients), each as a one-op graph at batch 32 compiled with the switches off and on,
 timed natively in alternation (`--rounds` rounds), with each one's distance from a float64
 run over eager graphc's.
+`switch`: each pass of the `--channels` layers (batch 32) compiled with a module-level
+switch under graphc.backends.cpu (`--switch winograd_transforms.FILTER_VECTORS`) set to each
+of `--values` (default False, True), timed natively in alternation (`--rounds` rounds), with
+each build's largest difference from the first's (relative to the largest output).
 """
 
 from __future__ import annotations
@@ -64,11 +68,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=("classes", "transforms", "block-gemm",
                                            "plane-vectors", "row-vectors", "transform-parts",
                                            "row-split", "row-split-kernels", "switches",
-                                           "eleventh", "eleventh-kernels"),
+                                           "eleventh", "eleventh-kernels", "switch"),
                         help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
                         "rounds (15)")
+    parser.add_argument("--switch", help="switch: a module.NAME under graphc.backends.cpu")
+    parser.add_argument("--values", nargs="+", default=["False", "True"],
+                        help="switch: the values to compare (Python literals)")
+    parser.add_argument("--channels", type=int, nargs="+", default=[c for c, _ in LAYERS],
+                        help="switch: the layers (channels) to time")
     args = parser.parse_args(argv)
     for flag, value in (("--repeat", args.repeat), ("--rounds", args.rounds)):
         if value < 1:  # else the step compiles, then every figure is the median of nothing
@@ -88,6 +97,14 @@ def main(argv: list[str] | None = None) -> None:
         with cache_root("resnet18_kernels.") as root:
             for channels, side in LAYERS:
                 print(block_gemm_gain(root, channels, side, args.rounds), flush=True)
+    if args.only == "switch":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            for channels, side in LAYERS:
+                if channels in args.channels:
+                    print(switch_gain(root, channels, side, args.rounds, args.switch,
+                                      args.values), flush=True)
     if args.only == "transform-parts":
         from benchmarks.harness import cache_root
 
@@ -417,6 +434,46 @@ def transform_parts(root: str, channels: int, side: int, rounds: int, n: int = 3
             f"{part} {times[0] - t:.2f}" for part, t in zip(parts[1:], times[1:])))
     return f"{channels} channels {side}x{side}, no GEMMs, then what each part takes: " + \
         "; ".join(lines)
+
+
+def switch_gain(root: str, channels: int, side: int, rounds: int, switch: str,
+                values: list[str], n: int = 32) -> str:
+    """One line: each pass of the layer compiled with `switch` ("module.NAME" under graphc.
+    backends.cpu) set to each of `values` (Python literals), timed natively in alternation
+    (`rounds` rounds, medians), with each build's largest difference from the first's."""
+    import ast
+    import importlib
+
+    import numpy as np
+
+    from benchmarks.profiles import native_call
+    module_name, name = switch.rsplit(".", 1)
+    module = importlib.import_module(f"graphc.backends.cpu.{module_name}")
+    kept = getattr(module, name)
+    parts = []
+    for kind, fresh, args in _layer_passes(channels, side, n):
+        exes = []
+        for value in values:
+            setattr(module, name, ast.literal_eval(value))
+            try:
+                exes.append(_compiled(root, fresh(), f"{channels}-{kind}-{name}-{value}", True))
+            finally:
+                setattr(module, name, kept)
+        results = [_first_output(e.run(*args)) for e in exes]
+        scale = float(np.max(np.abs(results[0]))) or 1.0
+        times = [float(np.median(t)) * 1e3 for t in
+                 _alternated([native_call(e, args) for e in exes], rounds)]
+        parts.append(f"{kind} " + " / ".join(f"{t:.2f}" for t in times) + " ms (max diff "
+                     + ", ".join(f"{float(np.max(np.abs(r - results[0]))) / scale:.1e}"
+                                 for r in results[1:]) + ")")
+    return (f"{channels} channels {side}x{side}, {switch} = " + " / ".join(values) + ": "
+            + "; ".join(parts))
+
+
+def _first_output(outputs):
+    import numpy as np
+
+    return np.asarray(outputs[0] if isinstance(outputs, (list, tuple)) else outputs)
 
 
 def _without(part, root: str, graph, tag: str):

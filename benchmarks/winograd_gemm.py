@@ -13,7 +13,7 @@ the same operands, in alternation, each sample >= 20 ms of this process's CPU ti
 GFLOP/s (2*m*n*k*16 a block) and the largest difference between the two results. Shapes
 that winograd_gemm.plan leaves to the BLAS show the BLAS alone, unless `--all`;
 `--vectors` and `--k-block` set the kernel's tile width and block of k (winograd_gemm.
-plan's arguments).
+plan's arguments; several `--k-block` values: one kernel each, all alternated).
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ def block_shape(kind: str, c: int, t: int) -> dict:
                 b_step=spaced(c * t), c_step=spaced(c * t), beta=0.0)
 
 
-def build(shapes: list[dict], vectors: int | None, k_block: int | None,
+def build(shapes: list[dict], vectors: int | None, k_blocks: list[int | None],
           max_k: int | None = None) -> list[dict]:
     """One compiled module: per shape, {"blas": its 16 BLAS calls, "kernel": the generated
-    function, absent where winograd_gemm.plan declines (`max_k` given: every shape)}."""
+    function (with several `k_blocks`, "kernel k<K>" for each), absent where winograd_gemm.
+    plan declines (`max_k` given: every shape)}."""
     from llvmlite import ir
 
     from graphc.backends.cpu import llvm, winograd_gemm
@@ -78,11 +79,14 @@ def build(shapes: list[dict], vectors: int | None, k_block: int | None,
                            ir.Constant(iT, s["ldc"])])
         b.ret_void()
         found = {"blas": f"blas_{i}"}
-        g = winograd_gemm.plan(*(s[f] for f in ("m", "n", "k", "a_row", "a_col", "ldb", "ldc",
-                                                "a_step", "b_step", "c_step")),
-                               s["beta"] != 0.0, vectors=vectors, k_block=k_block, max_k=max_k)
-        if g is not None:
-            found["kernel"] = winograd_gemm.function(module, g).name
+        for k_block in k_blocks:
+            g = winograd_gemm.plan(*(s[f] for f in ("m", "n", "k", "a_row", "a_col", "ldb",
+                                                    "ldc", "a_step", "b_step", "c_step")),
+                                   s["beta"] != 0.0, vectors=vectors, k_block=k_block,
+                                   max_k=max_k)
+            if g is not None:
+                label = "kernel" if len(k_blocks) == 1 else f"kernel k{k_block}"
+                found[label] = winograd_gemm.function(module, g).name
         names.append(found)
     library = llvm.compile_module(str(module), "winograd_gemm_bench", use_cache=False)
     argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float)
@@ -102,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="alternated rounds (7)")
     parser.add_argument("--vectors", type=int, default=None, help="tile width in vectors")
-    parser.add_argument("--k-block", type=int, default=None, help="k summed per block")
+    parser.add_argument("--k-block", type=int, nargs="+", default=[None],
+                        help="k summed per block (several: one kernel each, alternated)")
     parser.add_argument("--all", action="store_true", help="the kernel for every shape, "
                         "also those winograd_gemm.plan leaves to the BLAS")
     args = parser.parse_args(argv)

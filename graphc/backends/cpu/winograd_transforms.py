@@ -30,7 +30,15 @@ from llvmlite import ir
 from graphc.backends.cpu.conv_blocks import block_images
 from graphc.backends.cpu.image_kernels import fadd, iadd, imul
 from graphc.backends.cpu.scalars import const, convert
-from graphc.backends.cpu.values import F32, F64, as_i64, i64, loop, square_transposed
+from graphc.backends.cpu.values import (
+    F32,
+    F64,
+    as_i64,
+    i64,
+    lane_mask,
+    loop,
+    square_transposed,
+)
 from graphc.types import float64
 
 __all__ = ["A", "ALPHA", "AT", "BT", "G", "GT", "OUT_SQUARE", "Tiles", "add_plane_sums",
@@ -49,6 +57,10 @@ A = tuple(zip(*AT))
 GT = tuple(zip(*G))
 ALPHA = 4  # tile side: 2 outputs + 3 taps - 1
 
+# float32 filters transformed FILTER_LANES a vector (filter_transform); False: one by one
+# (for A/B runs)
+FILTER_VECTORS = True
+FILTER_LANES = 16
 OUT_SQUARE = 16  # transposing walks in squares of channels (in_squares)
 
 
@@ -59,7 +71,10 @@ def combine(b, dt, row, vals):
         if c == 0:
             continue
         if c not in (1, -1):
-            v = b.fmul(const(dt, float(c)), v)
+            scale = const(dt, float(c))
+            if isinstance(v.type, ir.VectorType):
+                scale = ir.Constant(v.type, [scale.constant] * v.type.count)
+            v = b.fmul(scale, v)
         if acc is None:
             acc = v if c != -1 else b.fneg(v)
         else:
@@ -180,21 +195,76 @@ def filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False,
     From WIDE_CHANNELS on only where the generated GEMM serves: at 512 x 512
     channels the transposing walk took ~2-2.5 ms more than the row walk (reads 18 KB
     apart), which the generated GEMM repays (4 x 4 planes, batch 32: 12.8 -> 11.0 ms
-    against U^T through BLAS's transpose flag) and the BLAS's NN form does not."""
+    against U^T through BLAS's transpose flag) and the BLAS's NN form does not.
+    float32 filters go FILTER_LANES a vector along U's rows where they can
+    (`_filters_by_vectors`); the rest one by one."""
     def one(b, o, c):
         base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
-        f = [[kb.load(b, wi, iadd(b, base, (2 - r if flip else r) * 3 + (2 - s if flip else s)))
-              for s in range(3)] for r in range(3)]
-        u = sandwich(b, dt, G, f)
-        at = iadd(b, imul(b, c, g.o), o) if transposed else iadd(b, imul(b, o, g.c), c)
-        for xi in range(ALPHA * ALPHA):
-            kb.store(b, ui, iadd(b, at, xi * step), u[xi // ALPHA][xi % ALPHA])
+        f = [[kb.load(b, wi, iadd(b, base, _tap(r, s, flip))) for s in range(3)]
+             for r in range(3)]
+        _store_filter(b, kb, dt, ui, step, f, _filter_at(b, g, o, c, transposed))
 
-    o_range = o_range or (i64(0), i64(g.o))  # a forked kernel's share of the o
-    if transposed:
-        return in_squares(b, o_range, g.c, one)
-    with loop(b, *o_range, "wo") as o, loop(b, 0, g.c, "wc") as c:
-        one(b, o, c)
+    lo, hi = o_range or (i64(0), i64(g.o))  # a forked kernel's share of the o
+    vectors = FILTER_VECTORS and dt is not float64
+    if transposed:  # FILTER_LANES output channels a vector, the share's rest one by one
+        rest = lo
+        if vectors:
+            blocks = b.udiv(b.sub(as_i64(hi), as_i64(lo)), i64(FILTER_LANES))
+            with loop(b, 0, g.c, "wc") as c, loop(b, 0, blocks, "wob") as ob:
+                o0 = b.add(as_i64(lo), b.mul(ob, i64(FILTER_LANES)))
+                _filters_by_vectors(b, kb, dt, wi, ui, step, g, flip, o0, c, transposed)
+            rest = b.add(as_i64(lo), b.mul(blocks, i64(FILTER_LANES)))
+        in_squares(b, (rest, hi), g.c, one)
+    elif vectors and g.c % FILTER_LANES == 0:  # FILTER_LANES input channels a vector
+        with loop(b, lo, hi, "wo") as o, loop(b, 0, g.c // FILTER_LANES, "wcv") as cv:
+            _filters_by_vectors(b, kb, dt, wi, ui, step, g, flip, o,
+                                b.mul(cv, i64(FILTER_LANES)), transposed)
+    else:
+        with loop(b, lo, hi, "wo") as o, loop(b, 0, g.c, "wc") as c:
+            one(b, o, c)
+
+
+def _tap(r: int, s: int, flip: bool) -> int:
+    """Where tap (r, s) of the transformed filter lies in w's 3x3 (flipped: (2-r, 2-s))."""
+    return (2 - r if flip else r) * 3 + (2 - s if flip else s)
+
+
+def _filter_at(b, g, o, c, transposed: bool):
+    """U's element of filter (o, c) in matrix 0: o * C + c, or c * O + o transposed."""
+    return iadd(b, imul(b, c, g.o), o) if transposed else iadd(b, imul(b, o, g.c), c)
+
+
+def _store_filter(b, kb, dt, ui, step, f, at) -> None:
+    """U[xi * step + at] = (G f G^T)[xi] for the 16 xi: f's 3x3 taps scalars, or vectors
+    (one filter a lane, stored along U's row from `at`)."""
+    u = sandwich(b, dt, G, f)
+    for xi in range(ALPHA * ALPHA):
+        value, at_xi = u[xi // ALPHA][xi % ALPHA], iadd(b, at, xi * step)
+        if isinstance(value.type, ir.VectorType):
+            b.store(value, kb.pointer(b, ui, at_xi), align=4)
+        else:
+            kb.store(b, ui, at_xi, value)
+
+
+def _filters_by_vectors(b, kb, dt, wi, ui, step, g, flip, o, c, transposed: bool) -> None:
+    """FILTER_LANES filters at once, one a lane: (o, c + j) for j < FILTER_LANES, or
+    transposed (o + j, c), the lanes along U's row either way. Each filter's 9 taps are one
+    load (contiguous in w), the FILTER_LANES loads transposed in registers (values.
+    square_transposed) into one vector per tap: no gathers (LLVM vectorised the filter loop
+    with 18 gathers per 16 filters: 512 x 512 channels took ~3.3 ms, ~8 GB/s). The same
+    operations in the same order per filter as `one` (bit for bit)."""
+    lanes = FILTER_LANES
+    taps_type = ir.VectorType(F32, 9)
+    widen = lane_mask(list(range(9)) + [0] * (lanes - 9))  # lanes past the 9 taps unused
+    first = imul(b, iadd(b, imul(b, o, g.c), c), 9)
+    apart = 9 * (g.c if transposed else 1)  # filter j's taps from first + j * apart
+    rows = []
+    for j in range(lanes):
+        taps = b.load(kb.pointer(b, wi, iadd(b, first, j * apart)), typ=taps_type, align=4)
+        rows.append(b.shuffle_vector(taps, taps, widen))
+    tap = square_transposed(b, rows)  # tap[t]: the filters' tap t, one filter a lane
+    f = [[tap[_tap(r, s, flip)] for s in range(3)] for r in range(3)]
+    _store_filter(b, kb, dt, ui, step, f, _filter_at(b, g, o, c, transposed))
 
 
 def _twice_plus(b, v, k: int):

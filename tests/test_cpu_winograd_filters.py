@@ -1,0 +1,100 @@
+"""The Winograd kernels' filter transform FILTER_LANES filters a vector (graphc.backends.cpu.
+winograd_transforms.filter_transform, `_filters_by_vectors`): the forward's U along its
+input channels where they are a whole number of vectors (else one by one), the input
+gradient's transposed U along the output channels in blocks with the rest one by one, and
+a forked filter kernel's shares (whose ranges need not be whole vectors): against the
+interpreter, within 2x eager's distance from a float64 run, and the same bits as the filter
+loop one filter at a time (FILTER_VECTORS off)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+
+from graphc.backends import compile as compile_graph  # noqa: E402
+from graphc.backends.cpu import threads, winograd_transforms  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from tests.test_cpu_backend import compare, one_op_graph  # noqa: E402
+from tests.test_cpu_conv_paths import _graphs  # noqa: E402
+from tests.test_cpu_conv_winograd import check_winograd  # noqa: E402
+
+ATTRS = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "groups": 1}
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _recording(monkeypatch) -> list:
+    """The `transposed` flag of every _filters_by_vectors call emitted from now on."""
+    taken = []
+    emit = winograd_transforms._filters_by_vectors
+
+    def recording(*args):
+        taken.append(args[-1])
+        return emit(*args)
+
+    monkeypatch.setattr(winograd_transforms, "_filters_by_vectors", recording)
+    return taken
+
+
+# (input, weight, the vector forms taken: forward's rows, input gradient's transposed)
+CASES = [
+    ((2, 32, 4, 4), (40, 32, 3, 3), {False, True}),  # 2 vectors of c; 40 o: 2 blocks + 8
+    ((2, 20, 4, 6), (16, 20, 3, 3), {True}),  # 20 c: one by one; 16 o: one block, no rest
+    ((1, 16, 6, 4), (24, 16, 3, 3), {False, True}),  # 24 o: one block + 8 one by one
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_filters_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
+    xs, ws, forms = CASES[case]
+    taken = _recording(monkeypatch)
+    check_winograd(xs, ws, (1, 1), (1, 1), 1)
+    assert set(taken) == forms, taken
+    rng = np.random.default_rng(case)
+    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    for kind, shapes in {"fwd": [xs, ws], "gx": [gs, ws]}.items():
+        # scaled: a U element left unwritten (the arena's old values) cannot pass
+        arrays = [rng.standard_normal(s).astype(np.float32) * (3.0 + case) for s in shapes]
+        outs = []
+        for on in (True, False):
+            monkeypatch.setattr(winograd_transforms, "FILTER_VECTORS", on)
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{kind}-{on}"))
+            outs.append(compare(_graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind], arrays,
+                                rtol=1e-4).run(*arrays)[0])
+        np.testing.assert_array_equal(outs[0], outs[1], err_msg=kind)
+
+
+# 128 -> 40 channels at 4x4, batch 8: one block, so the filter transform is a kernel of its
+# own, forked over its output channels (16 x 40 x 128 elements, kernels.
+# PARALLEL_MIN_ELEMENTS): on two cores shares of 20 output channels, one vector block and 4
+# one by one each
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_input_grad"])
+def test_forked_filter_shares_with_a_rest(op, monkeypatch, tmp_path):
+    rng = np.random.default_rng(len(op))
+    n, ci, co, hw = 8, 128, 40, 4
+    w = rng.standard_normal((co, ci, 3, 3)).astype(np.float32)
+    if op == "conv2d":
+        first, extra = (n, ci, hw, hw), {}
+    else:
+        first, extra = (n, co, hw, hw), {"input_hw": (hw, hw)}
+    args = [rng.standard_normal(first).astype(np.float32) * 5.0, w]
+    graph = one_op_graph(op, [(first, "float32"), (w.shape, "float32")], **extra, **ATTRS)
+    taken = _recording(monkeypatch)
+    want = compare(graph, args, rtol=1e-4).run(*args)[0]
+    results = []
+    for on in (True, False):
+        monkeypatch.setattr(winograd_transforms, "FILTER_VECTORS", on)
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"cache_{on}"))
+        exe = compile_graph(graph, "cpu")
+        assert "conv2d_winograd_filter" in exe.lowered.ir_text
+        for count in (1, threads.most_threads()):
+            exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+            results.append(np.array(exe.run(*[a.copy() for a in args])[0]))
+    assert taken == [op == "conv2d_input_grad"] * len(taken) and taken, taken
+    for got in results:
+        np.testing.assert_array_equal(got, want)
