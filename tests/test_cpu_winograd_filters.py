@@ -1,10 +1,11 @@
-"""The Winograd kernels' filter transform FILTER_LANES filters a vector (graphc.backends.cpu.
-winograd_transforms.filter_transform, `_filters_by_vectors`): the forward's U along its
-input channels where they are a whole number of vectors (else one by one), the input
-gradient's transposed U along the output channels in blocks with the rest one by one, and
-a forked filter kernel's shares (whose ranges need not be whole vectors): against the
-interpreter, within 2x eager's distance from a float64 run, and the same bits as the filter
-loop one filter at a time (FILTER_VECTORS off)."""
+"""The Winograd kernels' filter transforms FILTER_LANES filters a vector (graphc.backends.cpu.
+winograd_transforms.filters_by_vectors): the forward's U along its input channels where
+they are a whole number of vectors (else one by one), the input gradient's transposed U
+along the output channels in blocks with the rest one by one, the weight gradient's
+gw = G^T dU G (conv_winograd.weight_out) from dU in either layout, and a forked filter
+kernel's shares (whose ranges need not be whole vectors): against the interpreter, within
+2x eager's distance from a float64 run, and the same bits as the loops one filter at a time
+(FILTER_VECTORS off)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
 from graphc.backends import compile as compile_graph  # noqa: E402
-from graphc.backends.cpu import threads, winograd_transforms  # noqa: E402
+from graphc.backends.cpu import conv_winograd, threads, winograd_transforms  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from tests.test_cpu_backend import compare, one_op_graph  # noqa: E402
 from tests.test_cpu_conv_paths import _graphs  # noqa: E402
@@ -28,36 +29,46 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def _recording(monkeypatch) -> list:
-    """The `transposed` flag of every _filters_by_vectors call emitted from now on."""
+def _recording(monkeypatch, name: str = "filter_taps", flag: int = -1) -> list:
+    """The `along_o` flag (argument `flag`) of every winograd_transforms.`name` call (the
+    vectors' loads of w's taps, or stores of gw's) emitted from now on."""
     taken = []
-    emit = winograd_transforms._filters_by_vectors
+    emit = getattr(winograd_transforms, name)
 
     def recording(*args):
-        taken.append(args[-1])
+        taken.append(args[flag])
         return emit(*args)
 
-    monkeypatch.setattr(winograd_transforms, "_filters_by_vectors", recording)
+    monkeypatch.setattr(winograd_transforms, name, recording)
+    monkeypatch.setattr(conv_winograd, name, recording, raising=False)
     return taken
 
 
-# (input, weight, the vector forms taken: forward's rows, input gradient's transposed)
+# (input, weight, WEIGHT_GRAD_NN, the vector forms taken: (along_o of w's taps: forward's
+# rows, input gradient's transposed), (along_o of gw's stores: dU transposed by the NN form))
 CASES = [
-    ((2, 32, 4, 4), (40, 32, 3, 3), {False, True}),  # 2 vectors of c; 40 o: 2 blocks + 8
-    ((2, 20, 4, 6), (16, 20, 3, 3), {True}),  # 20 c: one by one; 16 o: one block, no rest
-    ((1, 16, 6, 4), (24, 16, 3, 3), {False, True}),  # 24 o: one block + 8 one by one
+    ((2, 32, 4, 4), (40, 32, 3, 3), True, {False, True}, {True}),  # 2 vectors of c; 40 o:
+    # 2 blocks + 8 one by one
+    ((2, 20, 4, 6), (16, 20, 3, 3), True, {True}, {True}),  # 20 c: one by one; 16 o: one
+    # block, no rest
+    ((1, 16, 6, 4), (24, 16, 3, 3), True, {False, True}, {True}),  # 24 o: a block + 8
+    ((2, 32, 4, 4), (24, 32, 3, 3), False, {False, True}, {False}),  # dU [xi][o][c]: gw
+    # along c (the 512-channel layers' form)
+    ((2, 24, 4, 4), (16, 24, 3, 3), False, {True}, set()),  # 24 c: gw one by one
 ]
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_filters_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
-    xs, ws, forms = CASES[case]
+    xs, ws, nn, loads, stores = CASES[case]
+    monkeypatch.setattr(conv_winograd, "WEIGHT_GRAD_NN", nn)
     taken = _recording(monkeypatch)
+    stored = _recording(monkeypatch, "store_filter_taps", -2)
     check_winograd(xs, ws, (1, 1), (1, 1), 1)
-    assert set(taken) == forms, taken
+    assert set(taken) == loads and set(stored) == stores, (taken, stored)
     rng = np.random.default_rng(case)
     gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
-    for kind, shapes in {"fwd": [xs, ws], "gx": [gs, ws]}.items():
+    for kind, shapes in {"fwd": [xs, ws], "gx": [gs, ws], "gw": [gs, xs]}.items():
         # scaled: a U element left unwritten (the arena's old values) cannot pass
         arrays = [rng.standard_normal(s).astype(np.float32) * (3.0 + case) for s in shapes]
         outs = []

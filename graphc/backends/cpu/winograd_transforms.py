@@ -41,11 +41,12 @@ from graphc.backends.cpu.values import (
 )
 from graphc.types import float64
 
-__all__ = ["A", "ALPHA", "AT", "BT", "G", "GT", "OUT_SQUARE", "Tiles", "add_plane_sums",
-           "combine", "filter_transform", "in_squares", "input_tiles", "output_planes_by_vectors",
-           "output_tiles", "pad_plane", "planes_by_vectors", "planes_by_vectors_apply",
-           "rows_by_vectors", "rows_by_vectors_apply", "sandwich", "spaced",
-           "grad_tiles_by_channels", "grad_tiles_by_channels_apply"]
+__all__ = ["A", "ALPHA", "AT", "BT", "FILTER_VECTOR", "G", "GT", "OUT_SQUARE", "Tiles",
+           "add_plane_sums", "combine", "filter_at", "filter_taps", "filter_transform",
+           "filters_by_vectors", "grad_tiles_by_channels", "grad_tiles_by_channels_apply",
+           "in_squares", "input_tiles", "output_planes_by_vectors", "output_tiles",
+           "pad_plane", "planes_by_vectors", "planes_by_vectors_apply", "rows_by_vectors",
+           "rows_by_vectors_apply", "sandwich", "spaced", "store_filter_taps"]
 
 # F(2, 3) by Toom-Cook on the points 0, 1, -1, infinity (the 1/2 of the interpolation moved
 # into G): `y = AT @ ((G @ g) * (BT @ d))` is the correlation y[i] = sum_k d[i + k] g[k].
@@ -61,6 +62,8 @@ ALPHA = 4  # tile side: 2 outputs + 3 taps - 1
 # (for A/B runs)
 FILTER_VECTORS = True
 FILTER_LANES = 16
+TAPS = ir.VectorType(F32, 9)  # a 3x3 filter's taps, one load or store
+FILTER_VECTOR = ir.VectorType(F32, FILTER_LANES)  # one float32 filter a lane
 OUT_SQUARE = 16  # transposing walks in squares of channels (in_squares)
 
 
@@ -197,30 +200,46 @@ def filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False,
     apart), which the generated GEMM repays (4 x 4 planes, batch 32: 12.8 -> 11.0 ms
     against U^T through BLAS's transpose flag) and the BLAS's NN form does not.
     float32 filters go FILTER_LANES a vector along U's rows where they can
-    (`_filters_by_vectors`); the rest one by one."""
+    (`filters_by_vectors`); the rest one by one."""
     def one(b, o, c):
         base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
         f = [[kb.load(b, wi, iadd(b, base, _tap(r, s, flip))) for s in range(3)]
              for r in range(3)]
-        _store_filter(b, kb, dt, ui, step, f, _filter_at(b, g, o, c, transposed))
+        _store_filter(b, kb, dt, ui, step, f, filter_at(b, g.o, g.c, o, c, transposed))
 
-    lo, hi = o_range or (i64(0), i64(g.o))  # a forked kernel's share of the o
+    def vector(b, o, c):  # FILTER_LANES filters, one a lane (see filters_by_vectors)
+        tap = filter_taps(b, kb, wi, g.c, o, c, transposed)
+        f = [[tap[_tap(r, s, flip)] for s in range(3)] for r in range(3)]
+        _store_filter(b, kb, dt, ui, step, f, filter_at(b, g.o, g.c, o, c, transposed))
+
+    filters_by_vectors(b, dt, o_range or (i64(0), i64(g.o)), g.c, transposed, one, vector)
+
+
+def filters_by_vectors(b, dt, o_range, ci: int, along_o: bool, one, vector) -> None:
+    """one(b, o, c) for every filter (o, c), o in `o_range` (a forked kernel's share), c <
+    ci; float32 filters FILTER_LANES at a time where they can, `vector(b, o, c)` for filters
+    (o, c + j), or (o + j, c) `along_o`, j < FILTER_LANES: along c where ci is a whole
+    number of vectors, along o in blocks of the range with its rest one by one (in_squares,
+    the transposing walk, as `along_o` one by one). The vectors' loads and stores of the
+    filters' 9 taps go through registers transposed (`filter_taps`, `store_filter_taps`):
+    LLVM vectorised the loops with a gather or scatter per tap and 16 filters (the forward
+    filter transform at 512 x 512 channels took ~3.3 ms, ~8 GB/s)."""
+    lanes = FILTER_LANES
+    lo, hi = o_range
     vectors = FILTER_VECTORS and dt is not float64
-    if transposed:  # FILTER_LANES output channels a vector, the share's rest one by one
+    if along_o:
         rest = lo
         if vectors:
-            blocks = b.udiv(b.sub(as_i64(hi), as_i64(lo)), i64(FILTER_LANES))
-            with loop(b, 0, g.c, "wc") as c, loop(b, 0, blocks, "wob") as ob:
-                o0 = b.add(as_i64(lo), b.mul(ob, i64(FILTER_LANES)))
-                _filters_by_vectors(b, kb, dt, wi, ui, step, g, flip, o0, c, transposed)
-            rest = b.add(as_i64(lo), b.mul(blocks, i64(FILTER_LANES)))
-        in_squares(b, (rest, hi), g.c, one)
-    elif vectors and g.c % FILTER_LANES == 0:  # FILTER_LANES input channels a vector
-        with loop(b, lo, hi, "wo") as o, loop(b, 0, g.c // FILTER_LANES, "wcv") as cv:
-            _filters_by_vectors(b, kb, dt, wi, ui, step, g, flip, o,
-                                b.mul(cv, i64(FILTER_LANES)), transposed)
+            blocks = b.udiv(b.sub(as_i64(hi), as_i64(lo)), i64(lanes))
+            with loop(b, 0, ci, "fc") as c, loop(b, 0, blocks, "fob") as ob:
+                vector(b, b.add(as_i64(lo), b.mul(ob, i64(lanes))), c)
+            rest = b.add(as_i64(lo), b.mul(blocks, i64(lanes)))
+        in_squares(b, (rest, hi), ci, one)
+    elif vectors and ci % lanes == 0:
+        with loop(b, lo, hi, "fo") as o, loop(b, 0, ci // lanes, "fcv") as cv:
+            vector(b, o, b.mul(cv, i64(lanes)))
     else:
-        with loop(b, lo, hi, "wo") as o, loop(b, 0, g.c, "wc") as c:
+        with loop(b, lo, hi, "fo") as o, loop(b, 0, ci, "fc") as c:
             one(b, o, c)
 
 
@@ -229,9 +248,10 @@ def _tap(r: int, s: int, flip: bool) -> int:
     return (2 - r if flip else r) * 3 + (2 - s if flip else s)
 
 
-def _filter_at(b, g, o, c, transposed: bool):
-    """U's element of filter (o, c) in matrix 0: o * C + c, or c * O + o transposed."""
-    return iadd(b, imul(b, c, g.o), o) if transposed else iadd(b, imul(b, o, g.c), c)
+def filter_at(b, co: int, ci: int, o, c, transposed: bool):
+    """A transform-domain matrix's element of filter (o, c): o * ci + c, or c * co + o
+    transposed."""
+    return iadd(b, imul(b, c, co), o) if transposed else iadd(b, imul(b, o, ci), c)
 
 
 def _store_filter(b, kb, dt, ui, step, f, at) -> None:
@@ -246,25 +266,37 @@ def _store_filter(b, kb, dt, ui, step, f, at) -> None:
             kb.store(b, ui, at_xi, value)
 
 
-def _filters_by_vectors(b, kb, dt, wi, ui, step, g, flip, o, c, transposed: bool) -> None:
-    """FILTER_LANES filters at once, one a lane: (o, c + j) for j < FILTER_LANES, or
-    transposed (o + j, c), the lanes along U's row either way. Each filter's 9 taps are one
-    load (contiguous in w), the FILTER_LANES loads transposed in registers (values.
-    square_transposed) into one vector per tap: no gathers (LLVM vectorised the filter loop
-    with 18 gathers per 16 filters: 512 x 512 channels took ~3.3 ms, ~8 GB/s). The same
-    operations in the same order per filter as `one` (bit for bit)."""
+def _filter_rows(b, ci: int, o, c, along_o: bool):
+    """(where filter (o, c)'s 9 taps start in a [O][ci][3][3] array, how far apart the
+    FILTER_LANES filters of a vector's taps start)."""
+    return imul(b, iadd(b, imul(b, o, ci), c), 9), 9 * (ci if along_o else 1)
+
+
+def filter_taps(b, kb, wi, ci: int, o, c, along_o: bool) -> list:
+    """The 9 taps (row-major 3x3) of FILTER_LANES float32 filters of w ([O][ci][3][3]), one
+    vector each, filter j in lane j: (o, c + j), or (o + j, c) `along_o`. Each filter's taps
+    one load, the loads transposed in registers (values.square_transposed)."""
     lanes = FILTER_LANES
-    taps_type = ir.VectorType(F32, 9)
+    first, apart = _filter_rows(b, ci, o, c, along_o)
     widen = lane_mask(list(range(9)) + [0] * (lanes - 9))  # lanes past the 9 taps unused
-    first = imul(b, iadd(b, imul(b, o, g.c), c), 9)
-    apart = 9 * (g.c if transposed else 1)  # filter j's taps from first + j * apart
     rows = []
     for j in range(lanes):
-        taps = b.load(kb.pointer(b, wi, iadd(b, first, j * apart)), typ=taps_type, align=4)
+        taps = b.load(kb.pointer(b, wi, iadd(b, first, j * apart)), typ=TAPS, align=4)
         rows.append(b.shuffle_vector(taps, taps, widen))
-    tap = square_transposed(b, rows)  # tap[t]: the filters' tap t, one filter a lane
-    f = [[tap[_tap(r, s, flip)] for s in range(3)] for r in range(3)]
-    _store_filter(b, kb, dt, ui, step, f, _filter_at(b, g, o, c, transposed))
+    return square_transposed(b, rows)[:9]
+
+
+def store_filter_taps(b, kb, oi, ci: int, o, c, along_o: bool, taps: list) -> None:
+    """The inverse of `filter_taps`: the 9 vectors of taps stored as FILTER_LANES filters
+    of gw ([O][ci][3][3]), each filter's 9 taps one store."""
+    lanes = FILTER_LANES
+    first, apart = _filter_rows(b, ci, o, c, along_o)
+    zero = ir.Constant(taps[0].type, [0.0] * lanes)  # rows past the taps, never stored
+    rows = square_transposed(b, list(taps) + [zero] * (lanes - 9))
+    nine = lane_mask(list(range(9)))
+    for j, row in enumerate(rows):
+        b.store(b.shuffle_vector(row, row, nine), kb.pointer(b, oi, iadd(b, first, j * apart)),
+                align=4)
 
 
 def _twice_plus(b, v, k: int):
