@@ -50,6 +50,9 @@ run over eager graphc's.
 switch under graphc.backends.cpu (`--switch winograd_transforms.FILTER_VECTORS`) set to each
 of `--values` (default False, True), timed natively in alternation (`--rounds` rounds), with
 each build's largest difference from the first's (relative to the largest output).
+`thirteenth`: as `switches` with the thirteenth session's switches (THIRTEENTH_SESSION: the
+Winograd filter transforms one filter at a time) against the defaults, the stride-1 3x3
+classes shown.
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=("classes", "transforms", "block-gemm",
                                            "plane-vectors", "row-vectors", "transform-parts",
                                            "row-split", "row-split-kernels", "switches",
-                                           "eleventh", "eleventh-kernels", "switch"),
+                                           "eleventh", "eleventh-kernels", "switch",
+                                           "thirteenth"),
                         help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
@@ -97,6 +101,12 @@ def main(argv: list[str] | None = None) -> None:
         with cache_root("resnet18_kernels.") as root:
             for channels, side in LAYERS:
                 print(block_gemm_gain(root, channels, side, args.rounds), flush=True)
+    if args.only == "thirteenth":
+        from benchmarks.harness import cache_root
+
+        with cache_root("resnet18_kernels.") as root:
+            print(switches_gain(root, args.rounds, args.repeat, off=THIRTEENTH_SESSION,
+                                shown=("3x3 stride 1",)), flush=True)
     if args.only == "switch":
         from benchmarks.harness import cache_root
 
@@ -251,6 +261,9 @@ TENTH_SESSION = {("winograd_transforms", "ROW_VECTORS"): False,
 # tile-major V, and the stride-2 forward and input gradient by polyphase Winograd
 ELEVENTH_SESSION = {("conv_winograd_wide_grad", "WIDE_GRAD"): False,
                     ("conv_polyphase", "ENABLED"): False}
+# The thirteenth session's (`--only thirteenth`): the Winograd filter transforms (U and
+# gw = G^T dU G) 16 filters a vector
+THIRTEENTH_SESSION = {("winograd_transforms", "FILTER_VECTORS"): False}
 
 
 def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after"),
