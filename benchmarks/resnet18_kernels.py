@@ -47,7 +47,7 @@ gradients), each as a one-op graph at batch 32 compiled with the switches off an
 timed natively in alternation (`--rounds` rounds), with each one's distance from a float64
 run over eager graphc's.
 `switch`: each pass of the `--channels` layers (batch 32) compiled with a module-level
-switch under graphc.backends.cpu (`--switch winograd_transforms.FILTER_VECTORS`) set to each
+switch under graphc.backends.cpu (`--switch winograd_filters.FILTER_VECTORS`) set to each
 of `--values` (default False, True), timed natively in alternation (`--rounds` rounds), with
 each build's largest difference from the first's (relative to the largest output).
 `thirteenth`: as `switches` with the thirteenth session's switches (THIRTEENTH_SESSION: the
@@ -263,7 +263,7 @@ ELEVENTH_SESSION = {("conv_winograd_wide_grad", "WIDE_GRAD"): False,
                     ("conv_polyphase", "ENABLED"): False}
 # The thirteenth session's (`--only thirteenth`): the Winograd filter transforms (U and
 # gw = G^T dU G) 16 filters a vector
-THIRTEENTH_SESSION = {("winograd_transforms", "FILTER_VECTORS"): False}
+THIRTEENTH_SESSION = {("winograd_filters", "FILTER_VECTORS"): False}
 
 
 def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after"),

@@ -1,5 +1,5 @@
 """The Winograd kernels' filter transforms FILTER_LANES filters a vector (graphc.backends.cpu.
-winograd_transforms.filters_by_vectors): the forward's U along its input channels where
+winograd_filters.filters_by_vectors): the forward's U along its input channels where
 they are a whole number of vectors (else one by one), the input gradient's transposed U
 along the output channels in blocks with the rest one by one, the weight gradient's
 gw = G^T dU G (conv_winograd.weight_out) from dU in either layout, and a forked filter
@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
 
 from graphc.backends import compile as compile_graph  # noqa: E402
-from graphc.backends.cpu import conv_winograd, threads, winograd_transforms  # noqa: E402
+from graphc.backends.cpu import conv_winograd, threads, winograd_filters  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from tests.test_cpu_backend import compare, one_op_graph  # noqa: E402
 from tests.test_cpu_conv_paths import _graphs  # noqa: E402
@@ -30,16 +30,16 @@ def _private_cache(tmp_path, monkeypatch):
 
 
 def _recording(monkeypatch, name: str = "filter_taps", flag: int = -1) -> list:
-    """The `along_o` flag (argument `flag`) of every winograd_transforms.`name` call (the
+    """The `along_o` flag (argument `flag`) of every winograd_filters.`name` call (the
     vectors' loads of w's taps, or stores of gw's) emitted from now on."""
     taken = []
-    emit = getattr(winograd_transforms, name)
+    emit = getattr(winograd_filters, name)
 
     def recording(*args):
         taken.append(args[flag])
         return emit(*args)
 
-    monkeypatch.setattr(winograd_transforms, name, recording)
+    monkeypatch.setattr(winograd_filters, name, recording)
     monkeypatch.setattr(conv_winograd, name, recording, raising=False)
     return taken
 
@@ -73,7 +73,7 @@ def test_filters_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
         arrays = [rng.standard_normal(s).astype(np.float32) * (3.0 + case) for s in shapes]
         outs = []
         for on in (True, False):
-            monkeypatch.setattr(winograd_transforms, "FILTER_VECTORS", on)
+            monkeypatch.setattr(winograd_filters, "FILTER_VECTORS", on)
             monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{kind}-{on}"))
             outs.append(compare(_graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind], arrays,
                                 rtol=1e-4).run(*arrays)[0])
@@ -99,7 +99,7 @@ def test_forked_filter_shares_with_a_rest(op, monkeypatch, tmp_path):
     want = compare(graph, args, rtol=1e-4).run(*args)[0]
     results = []
     for on in (True, False):
-        monkeypatch.setattr(winograd_transforms, "FILTER_VECTORS", on)
+        monkeypatch.setattr(winograd_filters, "FILTER_VECTORS", on)
         monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"cache_{on}"))
         exe = compile_graph(graph, "cpu")
         assert "conv2d_winograd_filter" in exe.lowered.ir_text

@@ -26,7 +26,8 @@ characters of IR, LLVM 0.17 -> 0.06 s CPU each, run time and results the same):
 - 16 GEMMs, then the output transform of every tile to its 2x2 outputs (NCHW). The 16
   are one call of a generated function (graphc.backends.cpu.winograd_gemm: register tiles,
   no packing, no per-call BLAS cost) where it takes the shape, float32, else 16 BLAS calls.
-The transforms' IR is emitted by graphc.backends.cpu.winograd_transforms. For
+The transforms' IR is emitted by graphc.backends.cpu.winograd_transforms (the filters'
+by winograd_filters). For
 `conv2d_channel_sums` (graphc.backends.cpu.conv_channel_sums) the output transform also adds
 each image's and channel's shifted sums of the rows it has just written, for the batch norm
 after the convolution (graphc.passes.conv_channel_sums).
@@ -91,18 +92,21 @@ from graphc.backends.cpu.image_kernels import (
 )
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import as_i64, i64, loop
+from graphc.backends.cpu.winograd_filters import (
+    FILTER_VECTOR,
+    filter_at,
+    filter_transform,
+    filters_by_vectors,
+    store_filter_taps,
+)
 from graphc.backends.cpu.winograd_transforms import (
     ALPHA,
     AT,
     BT,
-    FILTER_VECTOR,
     GT,
     A,
     G,
     Tiles,
-    filter_at,
-    filter_transform,
-    filters_by_vectors,
     grad_tiles_by_channels,
     grad_tiles_by_channels_apply,
     input_tiles,
@@ -112,7 +116,6 @@ from graphc.backends.cpu.winograd_transforms import (
     rows_by_vectors_apply,
     sandwich,
     spaced,
-    store_filter_taps,
 )
 from graphc.types import float32, float64
 
@@ -460,12 +463,11 @@ def _weight_out_kernel(lw, locs, recipe, split, co, ci, u_step, nn):
 def weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
     """gw[o, c] = G^T dU[., o, c] G (3x3 from the 16 transform-domain sums) for the output
     channels o in `o_range`. `nn`: dU stored transposed, at [xi][c][o], walked in squares of
-    OUT_SQUARE channels so that neither its reads nor gw's writes stride over the whole
-    matrix (512 x 512 channels, c inner: 16 streams 2 KiB apart per step; the whole kernel
-    took 22 ms, 15 ms in squares). float32 filters FILTER_LANES a vector where they can
-    (winograd_transforms.filters_by_vectors: along dU's rows, each filter's 9 taps one store
-    after a transpose in registers); the 512-channel weight gradient's weight_out kernel
-    2.4 -> ~1.1 ms."""
+    winograd_filters.OUT_SQUARE channels so that neither its reads nor gw's writes stride
+    over the whole matrix (512 x 512 channels, c inner: 16 streams 2 KiB apart per step; the
+    whole kernel took 22 ms, 15 ms in squares). float32 filters FILTER_LANES a vector where
+    they can (winograd_filters.filters_by_vectors: along dU's rows, each filter's 9 taps one
+    store after a transpose in registers): the 512-channel weight gradient 7.0 -> 5.4 ms."""
     def sums(b, o, c, vector: bool = False):  # filter (o, c)'s 16 sums, or FILTER_LANES'
         du = filter_at(b, co, ci, o, c, nn)
         at = [[iadd(b, du, (r * ALPHA + s) * u_step) for s in range(ALPHA)] for r in range(ALPHA)]

@@ -11,8 +11,6 @@ the blocks, the layouts and the GEMMs, these the arithmetic:
   LLVM leaves scalar) by `planes_by_vectors`, 16 tiles a vector, with no padded plane;
   large planes whose tile rows hold 16 tiles or a whole fraction of it (32x32, 16x16) by
   `rows_by_vectors`, 16 tiles a vector along tile rows, with no padded plane either;
-- `filter_transform`: U = G f G^T of every filter (the input gradient's flipped one, and
-  U stored transposed where conv_winograd asks), `in_squares` the transposing walk;
 - `grad_tiles_by_channels`: the weight gradient's Y = A gy A^T in its NN form's tile-major
   layout (output channels innermost), 16 channels a vector: each channel's gy rows loaded
   as vectors and the taps transposed in registers (values.square_transposed), no gathers;
@@ -35,18 +33,16 @@ from graphc.backends.cpu.values import (
     F64,
     as_i64,
     i64,
-    lane_mask,
     loop,
     square_transposed,
 )
 from graphc.types import float64
 
-__all__ = ["A", "ALPHA", "AT", "BT", "FILTER_VECTOR", "G", "GT", "OUT_SQUARE", "Tiles",
-           "add_plane_sums", "combine", "filter_at", "filter_taps", "filter_transform",
-           "filters_by_vectors", "grad_tiles_by_channels", "grad_tiles_by_channels_apply",
-           "in_squares", "input_tiles", "output_planes_by_vectors", "output_tiles",
-           "pad_plane", "planes_by_vectors", "planes_by_vectors_apply", "rows_by_vectors",
-           "rows_by_vectors_apply", "sandwich", "spaced", "store_filter_taps"]
+__all__ = ["A", "ALPHA", "AT", "BT", "G", "GT", "Tiles", "add_plane_sums", "combine",
+           "grad_tiles_by_channels", "grad_tiles_by_channels_apply", "input_tiles",
+           "output_planes_by_vectors", "output_tiles", "pad_plane", "planes_by_vectors",
+           "planes_by_vectors_apply", "rows_by_vectors", "rows_by_vectors_apply", "sandwich",
+           "spaced"]
 
 # F(2, 3) by Toom-Cook on the points 0, 1, -1, infinity (the 1/2 of the interpolation moved
 # into G): `y = AT @ ((G @ g) * (BT @ d))` is the correlation y[i] = sum_k d[i + k] g[k].
@@ -57,14 +53,6 @@ AT = ((1, 1, 1, 0), (0, 1, -1, 1))
 A = tuple(zip(*AT))
 GT = tuple(zip(*G))
 ALPHA = 4  # tile side: 2 outputs + 3 taps - 1
-
-# float32 filters transformed FILTER_LANES a vector (filter_transform); False: one by one
-# (for A/B runs)
-FILTER_VECTORS = True
-FILTER_LANES = 16
-TAPS = ir.VectorType(F32, 9)  # a 3x3 filter's taps, one load or store
-FILTER_VECTOR = ir.VectorType(F32, FILTER_LANES)  # one float32 filter a lane
-OUT_SQUARE = 16  # transposing walks in squares of channels (in_squares)
 
 
 def combine(b, dt, row, vals):
@@ -166,137 +154,6 @@ def output_tiles(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, out_hw,
             rows_at = iadd(b, plane, imul(b, ty0, 2 * out_hw[1]))
             add_plane_sums(b, kb, dt, oi, plane, rows_at, 2 * part.nrows * out_hw[1], sums,
                            iadd(b, n0, j), o, co, first=_is_zero(b, ty0))
-
-
-def in_squares(b, o_range, ci: int, one) -> None:
-    """one(b, o, c) for o in `o_range`, c < ci, in squares of OUT_SQUARE x OUT_SQUARE
-    channels (c outer, o inner in each): for the transposes between [o][c] and [c][o]
-    layouts, so that neither side strides over the whole matrix."""
-    lo, hi = (as_i64(v) for v in o_range)
-    side = OUT_SQUARE
-    squares = b.udiv(b.add(b.sub(hi, lo), i64(side - 1)), i64(side))
-    with loop(b, 0, squares, "ob") as ob, loop(b, 0, -(-ci // side), "cb") as cb:
-        o_lo = b.add(lo, b.mul(ob, i64(side)))
-        c_lo = b.mul(cb, i64(side))
-        o_hi, c_hi = _at_most(b, b.add(o_lo, i64(side)), hi), \
-            _at_most(b, b.add(c_lo, i64(side)), i64(ci))
-        with loop(b, c_lo, c_hi, "c") as c, loop(b, o_lo, o_hi, "o") as o:
-            one(b, o, c)
-
-
-def _at_most(b, v, hi):
-    return b.select(b.icmp_signed(">", v, hi), hi, v)
-
-
-def filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False,
-                     o_range=None) -> None:
-    """U[xi * step + o * C + c] = (G f G^T)[xi] for f = w[o, c], or for the input
-    gradient's f = w[o, c, ::-1, ::-1] when `flip`; `transposed`: stored at U[xi * step +
-    c * O + o], so that the input gradient's GEMMs read U as laid out (the generated block
-    GEMM broadcasts a's elements along a row, not O apart), in squares of channels
-    (in_squares). `o_range`: only w's output channels [lo, hi) (a forked kernel's share).
-    From WIDE_CHANNELS on only where the generated GEMM serves: at 512 x 512
-    channels the transposing walk took ~2-2.5 ms more than the row walk (reads 18 KB
-    apart), which the generated GEMM repays (4 x 4 planes, batch 32: 12.8 -> 11.0 ms
-    against U^T through BLAS's transpose flag) and the BLAS's NN form does not.
-    float32 filters go FILTER_LANES a vector along U's rows where they can
-    (`filters_by_vectors`); the rest one by one."""
-    def one(b, o, c):
-        base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
-        f = [[kb.load(b, wi, iadd(b, base, _tap(r, s, flip))) for s in range(3)]
-             for r in range(3)]
-        _store_filter(b, kb, dt, ui, step, f, filter_at(b, g.o, g.c, o, c, transposed))
-
-    def vector(b, o, c):  # FILTER_LANES filters, one a lane (see filters_by_vectors)
-        tap = filter_taps(b, kb, wi, g.c, o, c, transposed)
-        f = [[tap[_tap(r, s, flip)] for s in range(3)] for r in range(3)]
-        _store_filter(b, kb, dt, ui, step, f, filter_at(b, g.o, g.c, o, c, transposed))
-
-    filters_by_vectors(b, dt, o_range or (i64(0), i64(g.o)), g.c, transposed, one, vector)
-
-
-def filters_by_vectors(b, dt, o_range, ci: int, along_o: bool, one, vector) -> None:
-    """one(b, o, c) for every filter (o, c), o in `o_range` (a forked kernel's share), c <
-    ci; float32 filters FILTER_LANES at a time where they can, `vector(b, o, c)` for filters
-    (o, c + j), or (o + j, c) `along_o`, j < FILTER_LANES: along c where ci is a whole
-    number of vectors, along o in blocks of the range with its rest one by one (in_squares,
-    the transposing walk, as `along_o` one by one). The vectors' loads and stores of the
-    filters' 9 taps go through registers transposed (`filter_taps`, `store_filter_taps`):
-    LLVM vectorised the loops with a gather or scatter per tap and 16 filters (the forward
-    filter transform at 512 x 512 channels took ~3.3 ms, ~8 GB/s)."""
-    lanes = FILTER_LANES
-    lo, hi = o_range
-    vectors = FILTER_VECTORS and dt is not float64
-    if along_o:
-        rest = lo
-        if vectors:
-            blocks = b.udiv(b.sub(as_i64(hi), as_i64(lo)), i64(lanes))
-            with loop(b, 0, ci, "fc") as c, loop(b, 0, blocks, "fob") as ob:
-                vector(b, b.add(as_i64(lo), b.mul(ob, i64(lanes))), c)
-            rest = b.add(as_i64(lo), b.mul(blocks, i64(lanes)))
-        in_squares(b, (rest, hi), ci, one)
-    elif vectors and ci % lanes == 0:
-        with loop(b, lo, hi, "fo") as o, loop(b, 0, ci // lanes, "fcv") as cv:
-            vector(b, o, b.mul(cv, i64(lanes)))
-    else:
-        with loop(b, lo, hi, "fo") as o, loop(b, 0, ci, "fc") as c:
-            one(b, o, c)
-
-
-def _tap(r: int, s: int, flip: bool) -> int:
-    """Where tap (r, s) of the transformed filter lies in w's 3x3 (flipped: (2-r, 2-s))."""
-    return (2 - r if flip else r) * 3 + (2 - s if flip else s)
-
-
-def filter_at(b, co: int, ci: int, o, c, transposed: bool):
-    """A transform-domain matrix's element of filter (o, c): o * ci + c, or c * co + o
-    transposed."""
-    return iadd(b, imul(b, c, co), o) if transposed else iadd(b, imul(b, o, ci), c)
-
-
-def _store_filter(b, kb, dt, ui, step, f, at) -> None:
-    """U[xi * step + at] = (G f G^T)[xi] for the 16 xi: f's 3x3 taps scalars, or vectors
-    (one filter a lane, stored along U's row from `at`)."""
-    u = sandwich(b, dt, G, f)
-    for xi in range(ALPHA * ALPHA):
-        value, at_xi = u[xi // ALPHA][xi % ALPHA], iadd(b, at, xi * step)
-        if isinstance(value.type, ir.VectorType):
-            b.store(value, kb.pointer(b, ui, at_xi), align=4)
-        else:
-            kb.store(b, ui, at_xi, value)
-
-
-def _filter_rows(b, ci: int, o, c, along_o: bool):
-    """(where filter (o, c)'s 9 taps start in a [O][ci][3][3] array, how far apart the
-    FILTER_LANES filters of a vector's taps start)."""
-    return imul(b, iadd(b, imul(b, o, ci), c), 9), 9 * (ci if along_o else 1)
-
-
-def filter_taps(b, kb, wi, ci: int, o, c, along_o: bool) -> list:
-    """The 9 taps (row-major 3x3) of FILTER_LANES float32 filters of w ([O][ci][3][3]), one
-    vector each, filter j in lane j: (o, c + j), or (o + j, c) `along_o`. Each filter's taps
-    one load, the loads transposed in registers (values.square_transposed)."""
-    lanes = FILTER_LANES
-    first, apart = _filter_rows(b, ci, o, c, along_o)
-    widen = lane_mask(list(range(9)) + [0] * (lanes - 9))  # lanes past the 9 taps unused
-    rows = []
-    for j in range(lanes):
-        taps = b.load(kb.pointer(b, wi, iadd(b, first, j * apart)), typ=TAPS, align=4)
-        rows.append(b.shuffle_vector(taps, taps, widen))
-    return square_transposed(b, rows)[:9]
-
-
-def store_filter_taps(b, kb, oi, ci: int, o, c, along_o: bool, taps: list) -> None:
-    """The inverse of `filter_taps`: the 9 vectors of taps stored as FILTER_LANES filters
-    of gw ([O][ci][3][3]), each filter's 9 taps one store."""
-    lanes = FILTER_LANES
-    first, apart = _filter_rows(b, ci, o, c, along_o)
-    zero = ir.Constant(taps[0].type, [0.0] * lanes)  # rows past the taps, never stored
-    rows = square_transposed(b, list(taps) + [zero] * (lanes - 9))
-    nine = lane_mask(list(range(9)))
-    for j, row in enumerate(rows):
-        b.store(b.shuffle_vector(row, row, nine), kb.pointer(b, oi, iadd(b, first, j * apart)),
-                align=4)
 
 
 def _twice_plus(b, v, k: int):
