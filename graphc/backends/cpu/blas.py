@@ -11,6 +11,13 @@ them with the llvm layer as `graphc_blas_sgemm`/`graphc_blas_dgemm` (and `..gemv
 hands the library's threads to graphc's one pool (graphc.backends.cpu.threads). A graph that
 needs GEMM where no BLAS is found is refused with a GraphcError that says what was tried and
 what to do.
+
+`avx512_unused(blas)`: the host has AVX-512 but the BLAS is an OpenBLAS whose kernels (its
+`openblas_get_corename()`, kept as `Blas.core`) use none, as numpy's OpenBLAS 0.3.31 picks
+Haswell's AVX2 kernels on an AMD Zen 5 it does not know: SGEMM at ~130 GFLOP/s a core where
+graphc's generated kernels run ~230 (docs/performance.md, "thirteenth session: graphc's own
+GEMM"). graphc.backends.cpu.small_gemm then takes large float32 products too. An OpenBLAS
+with AVX-512 kernels (SkylakeX, Cooperlake, SapphireRapids) or MKL (no core name) keeps them.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from graphc import config
 from graphc.backends.cpu import llvm, threads
 from graphc.errors import GraphcError
 
-__all__ = ["Blas", "blas_libraries", "mkl_library", "resolve_blas"]
+__all__ = ["AVX512_CORES", "Blas", "avx512_unused", "blas_libraries", "mkl_library",
+           "resolve_blas"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class Blas:
     ilp64: bool  # 64-bit integer arguments
     sgemv: int = 0  # 0 where the library has no cblas_?gemv: GEMM serves single rows too
     dgemv: int = 0
+    core: str = ""  # OpenBLAS's kernel family (openblas_get_corename); "" for other BLAS
 
     def symbol(self, dtype: str, routine: str = "gemm") -> str | None:
         if routine == "gemv" and not self.sgemv:
@@ -54,6 +63,32 @@ _SYMBOLS = (("cblas_sgemm_64", "cblas_dgemm_64", True),  # MKL's ILP64 names
             ("cblas_sgemm64_", "cblas_dgemm64_", True),
             ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
             ("cblas_sgemm", "cblas_dgemm", False))
+
+
+# OpenBLAS's core names (lower case) whose SGEMM kernels use AVX-512
+AVX512_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+# where an OpenBLAS says which kernels it runs: the plain name, then numpy's and scipy's
+# renamed builds (ILP64, LP64)
+_CORENAME_SYMBOLS = ("openblas_get_corename", "scipy_openblas_get_corename64_",
+                     "scipy_openblas_get_corename")
+
+
+def avx512_unused(blas: Blas | None) -> bool:
+    """True where the host has AVX-512 and `blas` is an OpenBLAS running kernels without
+    it (see the module docstring); False for MKL, an AVX-512 core, or a host without it."""
+    if blas is None or not blas.core or blas.core.lower() in AVX512_CORES:
+        return False
+    return llvm.host_target().has_feature("avx512f")
+
+
+def _core_name(lib: ctypes.CDLL) -> str:
+    """OpenBLAS's name of the kernels it picked for this host, or "" (not an OpenBLAS)."""
+    for symbol in _CORENAME_SYMBOLS:
+        corename = getattr(lib, symbol, None)
+        if corename is not None:
+            corename.restype = ctypes.c_char_p
+            return (corename() or b"").decode(errors="replace")
+    return ""
 
 
 def mkl_library() -> str | None:
@@ -128,7 +163,8 @@ def resolve_blas() -> Blas:
             sgemv, dgemv = (ctypes.cast(f, ctypes.c_void_p).value if f is not None and
                             all(gemv) else 0 for f in gemv)
             blas = Blas(path, ctypes.cast(sgemm, ctypes.c_void_p).value,
-                        ctypes.cast(dgemm, ctypes.c_void_p).value, ilp64, sgemv, dgemv)
+                        ctypes.cast(dgemm, ctypes.c_void_p).value, ilp64, sgemv, dgemv,
+                        _core_name(lib))
             addresses = {("float32", "gemm"): blas.sgemm, ("float64", "gemm"): blas.dgemm,
                          ("float32", "gemv"): blas.sgemv, ("float64", "gemv"): blas.dgemv}
             for (dtype, routine), address in addresses.items():

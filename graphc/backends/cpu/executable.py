@@ -228,7 +228,8 @@ class CpuExecutable:
                  f"threads {threads.most_threads()}"]
         if any(_uses_gemm(n) for n in graph.nodes):
             blas = resolve_blas()
-            parts.append(f"blas {blas.path} ilp64={blas.ilp64} gemv={bool(blas.sgemv)}")
+            parts.append(f"blas {blas.path} ilp64={blas.ilp64} gemv={bool(blas.sgemv)} "
+                         f"core={blas.core}")  # the core: small_gemm.large_products
         return "\n".join(parts)
 
     def sections(self) -> dict[str, bytes] | None:

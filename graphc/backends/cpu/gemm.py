@@ -134,20 +134,16 @@ class GemmLowering(ElementwiseLowering):
             return self.gemm(node, packed, b, c)
         lay_a = gemm_layout(m, k, sa[-2], sa[-1])
         if lay_a is None:  # no BLAS layout reads it: a contiguous copy in scratch
-            t = TensorType(tuple(sa_shape), dt)
-            src = Loc(a.base, a.index, a.offset, tuple(s * item for s in sa), t)
-            a = self.scratch_loc(t)
-            self.copy(src, a, "gemm_pack")
-            sa = [s // item for s in a.strides]
+            a, sa = self._contiguous_copy(a, sa_shape, sa)
             lay_a = gemm_layout(m, k, sa[-2], sa[-1])
         lay_b = gemm_layout(k, n, sb[-2], sb[-1])
         if lay_b is None:
-            t = TensorType(tuple(sb_shape), dt)
-            src = Loc(b.base, b.index, b.offset, tuple(s * item for s in sb), t)
-            b = self.scratch_loc(t)
-            self.copy(src, b, "gemm_pack")
-            sb = [s // item for s in b.strides]
+            b, sb = self._contiguous_copy(b, sb_shape, sb)
             lay_b = gemm_layout(k, n, sb[-2], sb[-1])
+        if not strided and not batch and \
+                small_gemm.copies_a(self, dt, m, n, k, sa, lay_b):  # a^T row-major first
+            a, sa = self._contiguous_copy(a, sa_shape, sa)
+            lay_a = gemm_layout(m, k, sa[-2], sa[-1])
         # a strided c (rows ldc apart: graphc.passes.gemm_output_layout) takes the BLAS GEMM
         small = None if strided else \
             small_gemm.operands(self, dt, m, n, k, sa, b, sb, sb_shape, lay_b)
@@ -247,6 +243,16 @@ class GemmLowering(ElementwiseLowering):
         if merged is not None:
             gemm_k_chunks.merge(self, c, *merged, small.lanes)
         return bool(small and small.addends) or epilogue is not None
+
+    def _contiguous_copy(self, x: Loc, shape: list, strides: list) -> tuple[Loc, list]:
+        """(x, read through element `strides`, copied contiguous into scratch; the copy's
+        element strides)."""
+        dt = x.type.dtype
+        t = TensorType(tuple(shape), dt)
+        copy = self.scratch_loc(t)
+        self.copy(Loc(x.base, x.index, x.offset, tuple(s * dt.itemsize for s in strides), t),
+                  copy, "gemm_pack")
+        return copy, [s // dt.itemsize for s in copy.strides]
 
     def _gemv(self, m, n, k, sa, sb, lay_a, lay_b):
         """A single-row or single-column product as one GEMV (OpenBLAS's GEMM is slow at

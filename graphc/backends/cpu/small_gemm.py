@@ -65,6 +65,7 @@ from dataclasses import replace
 from llvmlite import ir
 
 from graphc.backends.cpu import gemm_panels, llvm, small_gemm_columns
+from graphc.backends.cpu.blas import avx512_unused
 from graphc.backends.cpu.small_gemm_kernel import function
 from graphc.backends.cpu.small_gemm_tile import K_BLOCK, SmallGemm
 from graphc.backends.cpu.traced_sizes import chunks, traced
@@ -73,9 +74,9 @@ from graphc.types import TensorType, float32
 
 # SmallGemm and function (defined in small_gemm_tile and small_gemm_kernel) are named here
 # too: small_gemm is where its users choose a kernel and have it emitted
-__all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "function", "k_chunks", "lanes",
-           "operands", "per_call_tile", "row_chunks", "size_arguments", "tile_for", "tile_rows",
-           "with_addends"]
+__all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "copies_a", "function", "k_chunks", "lanes",
+           "large_products", "operands", "per_call_tile", "row_chunks", "size_arguments",
+           "tile_for", "tile_rows", "with_addends"]
 
 # the kernel serves products whose m or n is at most this. Tried: 32 (GPT's attention
 # heads, 64 x 64 x 32, with their transposed operands packed; MobileNet's classifier):
@@ -113,6 +114,12 @@ PANEL_COPY_MAX_K = 256
 MEDIUM_N = 512
 MEDIUM_K = 1024
 MEDIUM_B_BYTES = 256 << 10
+# ...without those three bounds (any n, k and b) where the BLAS leaves the host's AVX-512
+# unused (graphc.backends.cpu.blas.avx512_unused: numpy's OpenBLAS runs Haswell's kernels
+# on AMD Zen 5): SGEMM 1024 and 2048 ~128 -> ~230 GFLOP/s, one thread (docs/performance.md,
+# "thirteenth session: graphc's own GEMM"). "auto": as the resolved BLAS says; "on" / "off"
+# force the choice (tests, benchmarks' A/B; a string, so the pipeline cache's key sees it)
+LARGE_PRODUCTS = "auto"
 MEDIUM_A_BYTES = 1 << 20  # a's rows beyond this come in whole ROW_CHUNKs (each in cache)
 ROW_CHUNK = 128  # rows of a medium product per kernel call: the calls fork over the cores
 # ...and, on AVX-512 hosts, a weight gradient: a read transposed (x^T, its m contiguous) with
@@ -175,13 +182,23 @@ def lanes() -> int:
     return 0
 
 
+def large_products(blas) -> bool:
+    """Whether medium products go without MEDIUM_N, MEDIUM_K and MEDIUM_B_BYTES's bounds:
+    LARGE_PRODUCTS "on", or "auto" where `blas` leaves AVX-512 unused."""
+    if LARGE_PRODUCTS not in ("auto", "on", "off"):
+        raise ValueError(f"small_gemm.LARGE_PRODUCTS: 'auto', 'on' or 'off', "
+                         f"not {LARGE_PRODUCTS!r}")
+    return LARGE_PRODUCTS == "on" or (LARGE_PRODUCTS == "auto" and avx512_unused(blas))
+
+
 def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
-             b_transposed: bool = False) -> SmallGemm | None:
+             b_transposed: bool = False, large: bool = False) -> SmallGemm | None:
     """The generated kernel for this float32 product, or None where the BLAS call stays:
     sizes known per call, a single row (a GEMV), n not a whole number of vectors, a product
     neither thin (m and n both above MAX_THIN, or too large: MAX_WORK) nor a small block
     with b read transposed (`b_transposed`, m and n both at most MAX_TRANSPOSED_BLOCK) nor
-    medium (MEDIUM_N, MEDIUM_K, 2 * ROW_CHUNK rows or more, a read row by row, AVX-512),
+    medium (MEDIUM_N, MEDIUM_K, 2 * ROW_CHUNK rows or more, a read row by row, AVX-512;
+    `large`: any n and k),
     with too short a k (MIN_K), a host without AVX2/FMA. A batch known per call as m or k
     (a symbolic size, the others static) takes the kernel the trace's size would take, built
     for every size (`per_call_tile`)."""
@@ -195,8 +212,8 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
     if m < 2 or n % width:
         return None
     small = min(m, n) <= MAX_THIN or (b_transposed and max(m, n) <= MAX_TRANSPOSED_BLOCK)
-    medium = (width == 16 and sa_col == 1 and n <= MEDIUM_N and k <= MEDIUM_K
-              and k * n * 4 <= MEDIUM_B_BYTES
+    bounded = n <= MEDIUM_N and k <= MEDIUM_K and k * n * 4 <= MEDIUM_B_BYTES
+    medium = (width == 16 and sa_col == 1 and (bounded or large)
               and m >= 2 * ROW_CHUNK and (m % ROW_CHUNK == 0 or m * k * 4 <= MEDIUM_A_BYTES))
     tokens = (width == 16 and sa_row == 1 and not b_transposed and k >= LONG_K_MIN
               and m <= LONG_K_MAX_M and n <= LONG_K_MAX_N)
@@ -326,7 +343,8 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
     if dt is not float32 or lay_b is None:
         return None
     packed = lay_b[0] != NO_TRANSPOSE
-    tile = tile_for(m, n, k, sa[-2], sa[-1], n if packed else lay_b[1], packed)
+    tile = tile_for(m, n, k, sa[-2], sa[-1], n if packed else lay_b[1], packed,
+                    large_products(lw.blas))
     if tile is None:
         return None
     if "n" in tile.per_call:  # b's panels copied, the last one padded with zeros
@@ -346,6 +364,22 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
         lw.copy(src, b, "gemm_pack")
         sb = [s // item for s in b.strides]
     return replace(tile, ldb=sb[-2]), b, sb
+
+
+def copies_a(lw, dt, m, n, k, sa: list, lay_b: tuple | None) -> bool:
+    """Whether a float32 product with a read transposed (its m contiguous: a convolution's
+    input gradient w^T @ dy) that no generated kernel takes as it lies, but a large one
+    (`large_products`) takes with a row-major, is computed so: a copied first (m * k floats
+    moved where the product does 2 * m * n * k flops)."""
+    if dt is not float32 or lay_b is None or sa[-1] == 1 or not large_products(lw.blas) \
+            or not all(type(d) is int for d in (m, n, k, *sa)):
+        return False
+    ldb = n if lay_b[0] != NO_TRANSPOSE else lay_b[1]
+    b_transposed = lay_b[0] != NO_TRANSPOSE
+    if tile_for(m, n, k, sa[-2], sa[-1], ldb, b_transposed, True) is not None:
+        return False
+    tile = tile_for(m, n, k, k, 1, ldb, b_transposed, True)
+    return tile is not None and not tile.k_outer and min(m, n) > MAX_THIN
 
 
 def with_addends(g: SmallGemm, addends: tuple) -> tuple[SmallGemm, tuple]:

@@ -1,0 +1,118 @@
+"""Large float32 products in graphc's generated panel GEMM (small_gemm.LARGE_PRODUCTS, taken
+where the BLAS leaves the host's AVX-512 unused: blas.avx512_unused) and on the BLAS, both
+paths forced: against numpy in float64 for odd sizes, transposed, strided and batched
+operands, and the rule that picks them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite")
+
+import graphc  # noqa: E402
+from graphc.backends.cpu import blas, small_gemm, threads  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from graphc.testing import assert_rounding_within  # noqa: E402
+
+needs_avx512 = pytest.mark.skipif(small_gemm.lanes() != 16,
+                                  reason="medium and large products are AVX-512 only")
+
+# (a's shape as stored, b's, a read transposed, b read transposed, a's columns used): n past
+# MEDIUM_N in odd panels (528, 33 vectors); k past MEDIUM_K with a remainder of K_BLOCK and
+# not whole squares of lanes for the transposing copy (1100); rows not whole ROW_CHUNKs
+# (300); a read transposed (copied first, small_gemm.copies_a); a batch folded into the rows
+# (2 x 200); a strided a (its rows 320 floats apart, 300 used)
+PRODUCTS = [
+    ((256, 64), (64, 528), False, False, None),
+    ((384, 1100), (512, 1100), False, True, None),
+    ((300, 520), (520, 640), False, False, None),
+    ((300, 640), (300, 576), True, False, None),
+    ((2, 200, 300), (300, 1040), False, False, None),
+    ((256, 320), (300, 1024), False, False, 300),
+]
+IDS = ["n528", "k1100-bt", "m300", "at", "batch", "strided-a"]
+
+
+def _product(a_t: bool, b_t: bool, columns):
+    def product(a, b):
+        a = a[..., :columns] if columns else a
+        return (a.transpose(-1, -2) if a_t else a) @ (b.transpose(-1, -2) if b_t else b)
+    return product
+
+
+@needs_avx512
+@pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.parametrize("a_shape, b_shape, a_t, b_t, columns", PRODUCTS, ids=IDS)
+def test_large_products_match_float64(a_shape, b_shape, a_t, b_t, columns, mode,
+                                      monkeypatch):
+    monkeypatch.setattr(small_gemm, "LARGE_PRODUCTS", mode)
+    rng = np.random.default_rng(sum(a_shape) + len(mode))
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in (a_shape, b_shape)]
+    a, b = (graphc.tensor(x) for x in arrays)
+    product = _product(a_t, b_t, columns)
+    compiled = graphc.compile(product, backend="cpu")
+    with graphc.no_grad():
+        compiled(a, b)
+        text = compiled.executable.lowered.ir_text
+        assert ("graphc_small_sgemm_" in text) == (mode == "on")
+        exact = product(*(graphc.tensor(x.astype(np.float64)) for x in arrays)).numpy()
+        eager = product(a, b).numpy()
+        runs = []
+        for count in sorted({1, threads.most_threads()}):
+            compiled.executable.thread_chooser = ThreadChooser(threads.most_threads(),
+                                                               fixed=count)
+            runs.append(compiled(a, b).numpy())
+    assert runs[0].shape == exact.shape
+    assert_rounding_within(runs[0], eager, exact)
+    if mode == "on":  # row chunks forked or not: the same instructions per element
+        for other in runs[1:]:
+            np.testing.assert_array_equal(other, runs[0])
+
+
+@needs_avx512
+def test_float64_and_small_products_keep_their_paths(monkeypatch):
+    monkeypatch.setattr(small_gemm, "LARGE_PRODUCTS", "on")
+    rng = np.random.default_rng(7)
+    a = graphc.tensor(rng.standard_normal((512, 600)))  # float64: the BLAS's dgemm
+    b = graphc.tensor(rng.standard_normal((600, 1024)))
+    compiled = graphc.compile(lambda x, y: x @ y, backend="cpu")
+    with graphc.no_grad():
+        np.testing.assert_allclose(compiled(a, b).numpy(), a.numpy() @ b.numpy(), rtol=1e-12)
+    assert "graphc_small_sgemm_" not in compiled.executable.lowered.ir_text
+    assert small_gemm.tile_for(255, 1024, 1024, 1024, 1, 1024, large=True) is None  # 255 rows
+    assert small_gemm.tile_for(256, 1000, 1024, 1024, 1, 1000, large=True) is None  # n % 16
+
+
+class _Host:
+    def __init__(self, avx512: bool) -> None:
+        self.avx512 = avx512
+
+    def has_feature(self, name: str) -> bool:
+        return self.avx512 and name == "avx512f"
+
+
+@pytest.mark.parametrize("core, avx512, unused", [
+    ("Haswell", True, True),  # numpy's OpenBLAS 0.3.31 on AMD Zen 5
+    ("Zen", True, True),
+    ("SkylakeX", True, False),
+    ("SapphireRapids", True, False),
+    ("Haswell", False, False),  # an AVX2 host: nothing left unused
+    ("", True, False),  # MKL: no core name
+])
+def test_the_rule_reads_openblas_core_and_the_host(core, avx512, unused, monkeypatch):
+    monkeypatch.setattr(blas.llvm, "host_target", lambda: _Host(avx512))
+    library = blas.Blas("libopenblas.so", 1, 2, True, core=core)
+    assert blas.avx512_unused(library) is unused
+    for mode, expected in (("auto", unused), ("on", True), ("off", False)):
+        monkeypatch.setattr(small_gemm, "LARGE_PRODUCTS", mode)
+        assert small_gemm.large_products(library) is expected
+    monkeypatch.setattr(small_gemm, "LARGE_PRODUCTS", "yes")
+    with pytest.raises(ValueError, match="LARGE_PRODUCTS"):
+        small_gemm.large_products(library)
+
+
+def test_the_resolved_blas_names_its_core():
+    resolved = blas.resolve_blas()
+    if "openblas" in resolved.path.lower():
+        assert resolved.core  # OpenBLAS says which kernels it runs
