@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 
 import numpy as np
 
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int)
     args = parser.parse_args(argv)
-    run_with_threads("benchmarks.own_gemm", args.threads, argv or [])
+    run_with_threads("benchmarks.own_gemm", args.threads,
+                     sys.argv[1:] if argv is None else argv)
     with cache_root("graphc-own-gemm-") as root:
         def variant(name):
             return switched(root, name, switches(name), True)

@@ -116,3 +116,43 @@ def test_the_resolved_blas_names_its_core():
     resolved = blas.resolve_blas()
     if "openblas" in resolved.path.lower():
         assert resolved.core  # OpenBLAS says which kernels it runs
+
+
+# (input, weight, stride, padding, the kinds lowered through im2col): convolutions whose
+# GEMMs (forward NN, input gradient TN: Conv.gemm) take small_gemm.in_place's kernel where
+# "on": 5x5 kernels (16 x 16 planes, 256 columns an image: k = 800; 12 x 12 planes, 144
+# columns: 9 one-vector panels; its forward takes another path)
+CONVS = [((3, 32, 16, 16), (64, 32, 5, 5), (1, 1), (2, 2), ("fwd", "gx")),
+         ((2, 24, 12, 12), (48, 24, 5, 5), (1, 1), (2, 2), ("gx",))]
+
+
+@needs_avx512
+@pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.parametrize("xs, ws, stride, padding, im2col", CONVS, ids=["5x5-16", "5x5-12"])
+def test_im2col_convolutions_match_float64(xs, ws, stride, padding, im2col, mode,
+                                           monkeypatch, tmp_path):
+    from graphc.ir.interpreter import run as interpret
+    from graphc.ops.conv import conv_output_hw
+    from tests.test_cpu_backend import compare, one_op_graph
+
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(small_gemm, "LARGE_PRODUCTS", mode)
+    attrs = dict(stride=stride, padding=padding, dilation=(1, 1), groups=1)
+    gs = (xs[0], ws[0]) + conv_output_hw(xs[-2:], ws[2:], stride, padding, (1, 1))
+
+    def graphs(dtype):
+        return {"fwd": one_op_graph("conv2d", [(xs, dtype), (ws, dtype)], **attrs),
+                "gx": one_op_graph("conv2d_input_grad", [(gs, dtype), (ws, dtype)],
+                                   input_hw=xs[-2:], **attrs)}
+
+    rng = np.random.default_rng(sum(xs) + len(mode))
+    x, w, gy = (rng.standard_normal(s).astype(np.float32) for s in (xs, ws, gs))
+    args = {"fwd": [x, w], "gx": [gy, w]}
+    wide = graphs("float64")
+    for kind, graph in graphs("float32").items():
+        exe = compare(graph, args[kind], rtol=1e-4)
+        reference = interpret(wide[kind], *[a.astype(np.float64) for a in args[kind]])[0]
+        assert_rounding_within(exe.run(*args[kind])[0], interpret(graph, *args[kind])[0],
+                               reference)
+        generated = "graphc_small_sgemm_" in exe.lowered.ir_text
+        assert generated == (mode == "on" and kind in im2col), f"{kind}: {generated}"

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from graphc.backends.cpu import small_gemm
 from graphc.backends.cpu.image_kernels import (
     Table,
     contiguous_in,
@@ -112,14 +113,40 @@ class Conv:
 
     def gemm(self, b, kb, trans_a, trans_b, m, n, k, a, a_off, lda, bb, b_off, ldb, beta, c,
              c_off, ldc):
+        """c = a @ b + beta * c (beta 0.0, 1.0 or an f32/f64 value of the two), a and b
+        read as TRANS/NOTRANS say: a generated kernel where small_gemm.in_place takes it
+        (b read as laid out; beta known here, or one call of each, chosen per call), else
+        the BLAS."""
+        pointers = [kb.pointer(b, x, as_i64(offset)) for x, offset in
+                    ((a, a_off), (bb, b_off), (c, c_off))]
+        a_strides = (1, lda) if trans_a == TRANS else (lda, 1)
+        tile = None if trans_b == TRANS or beta not in (0.0, 1.0) and \
+            isinstance(beta, float) else \
+            small_gemm.in_place(self.lw, self.dt, m, n, k, *a_strides, ldb, ldc)
+        if tile is not None:
+            return self._generated_gemm(b, tile, pointers, beta)
         iT, fty = self.iT, self.fty
         beta = ir.Constant(fty, beta) if isinstance(beta, float) else beta
         b.call(self.gemm_fn, [
             ir.Constant(I32, ROW_MAJOR), ir.Constant(I32, trans_a), ir.Constant(I32, trans_b),
             ir.Constant(iT, m), ir.Constant(iT, n), ir.Constant(iT, k), ir.Constant(fty, 1.0),
-            kb.pointer(b, a, as_i64(a_off)), ir.Constant(iT, lda),
-            kb.pointer(b, bb, as_i64(b_off)), ir.Constant(iT, ldb), beta,
-            kb.pointer(b, c, as_i64(c_off)), ir.Constant(iT, ldc)])
+            pointers[0], ir.Constant(iT, lda), pointers[1], ir.Constant(iT, ldb), beta,
+            pointers[2], ir.Constant(iT, ldc)])
+
+    def _generated_gemm(self, b, tile, pointers: list, beta) -> None:
+        """The call of `tile`'s kernel (small_gemm.function): c stored (beta 0.0) or added
+        to (1.0); beta a value: each kernel, chosen by it at run time."""
+        if isinstance(beta, float):
+            fn = small_gemm.function(self.lw, dataclasses.replace(tile, accumulate=beta == 1.0))
+            b.call(fn, pointers)
+            return
+        stored, added = (small_gemm.function(self.lw, dataclasses.replace(tile, accumulate=x))
+                         for x in (False, True))
+        with b.if_else(b.fcmp_ordered("==", beta, ir.Constant(beta.type, 0.0))) as (zero, one):
+            with zero:
+                b.call(stored, pointers)
+            with one:
+                b.call(added, pointers)
 
     def _rows(self, b, fn):
         """fn(b, row, c, i, j) for every column row (c, i, j), row = (c*kH + i)*kW + j."""

@@ -74,9 +74,9 @@ from graphc.types import TensorType, float32
 
 # SmallGemm and function (defined in small_gemm_tile and small_gemm_kernel) are named here
 # too: small_gemm is where its users choose a kernel and have it emitted
-__all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "copies_a", "function", "k_chunks", "lanes",
-           "large_products", "operands", "per_call_tile", "row_chunks", "size_arguments",
-           "tile_for", "tile_rows", "with_addends"]
+__all__ = ["MAX_THIN", "SmallGemm", "column_chunks", "copies_a", "function", "in_place",
+           "k_chunks", "lanes", "large_products", "operands", "per_call_tile", "row_chunks",
+           "size_arguments", "tile_for", "tile_rows", "with_addends"]
 
 # the kernel serves products whose m or n is at most this. Tried: 32 (GPT's attention
 # heads, 64 x 64 x 32, with their transposed operands packed; MobileNet's classifier):
@@ -380,6 +380,21 @@ def copies_a(lw, dt, m, n, k, sa: list, lay_b: tuple | None) -> bool:
         return False
     tile = tile_for(m, n, k, k, 1, ldb, b_transposed, True)
     return tile is not None and not tile.k_outer and min(m, n) > MAX_THIN
+
+
+def in_place(lw, dt, m, n, k, sa_row, sa_col, ldb, ldc) -> SmallGemm | None:
+    """The k-outer kernel for a float32 product inside another kernel (a convolution's
+    im2col GEMM, graphc.backends.cpu.conv_im2col's Conv.gemm) where `large_products`: b
+    read in place (rows ldb apart, each panel's block of k copied onto the stack first),
+    c's rows ldc apart; else None (the BLAS call stays): sizes not static, n not whole
+    vectors, k under MIN_K, m of one row."""
+    if dt is not float32 or lanes() != 16 or not large_products(lw.blas) \
+            or not all(type(d) is int for d in (m, n, k, sa_row, sa_col, ldb, ldc)) \
+            or m < 2 or n % 16 or k < MIN_K:
+        return None
+    vectors = 2 if (n // 16) % 2 == 0 else 1
+    return SmallGemm(m, n, k, sa_row, sa_col, ldb, tile_rows(m, vectors, 16), vectors, 16,
+                     k_outer=True, ldc=ldc if ldc != n else 0)
 
 
 def with_addends(g: SmallGemm, addends: tuple) -> tuple[SmallGemm, tuple]:

@@ -45,6 +45,8 @@ def function(cg, gemm: SmallGemm) -> ir.Function:
         return existing
     if gemm.addends and gemm.k_outer:
         raise ValueError(f"small_gemm {gemm.name}: addends are for the row-ordered kernel")
+    if gemm.accumulate and not gemm.k_outer:
+        raise ValueError(f"small_gemm {gemm.name}: accumulate is for the k-outer kernel")
     if gemm.triangle and (gemm.k_outer or gemm.k > K_BLOCK or gemm.addends or gemm.per_call):
         raise ValueError(f"small_gemm {gemm.name}: a triangular a is for the row-ordered "
                          f"kernel with k in one block, without addends, sizes all static")
@@ -162,10 +164,11 @@ def _tile_needed(b: ir.IRBuilder, g: SmallGemm, a, source, c, row0, col0, rows: 
 
 def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
     """Panels of c (runtime loop); in each, k block by block (K_BLOCK, the first block
-    stored, the others added), each block over all the panel's row blocks: the panel's
-    block of b (K_BLOCK x vectors x lanes floats, 32 KB) is read from memory once and from
-    L1 by the other row blocks, where _emit's order reads all of k per row block. Each
-    element of c sums the same blocks in the same order as _emit's (same rounding)."""
+    stored, or added where g.accumulate, the others added), each block over all the panel's
+    row blocks: the panel's block of b (K_BLOCK x vectors x lanes floats, 32 KB) is read
+    from memory once and from L1 by the other row blocks, where _emit's order reads all of
+    k per row block. Each element of c sums the same blocks in the same order as _emit's
+    (same rounding)."""
     width = g.vectors * g.lanes
     panels = g.n // width
 
@@ -176,7 +179,7 @@ def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
 
     if type(g.k) is not int:  # the same blocks, counted at run time
         first, full, rest = per_call_k_blocks(b, g.k)
-        every_panel(i64(0), first, False)
+        every_panel(i64(0), first, g.accumulate)
         with loop(b, 0, full, "kblock") as block:
             every_panel(b.add(b.mul(block, i64(K_BLOCK)), first), K_BLOCK, True)
         with b.if_then(b.icmp_unsigned("!=", rest, i64(0))):
@@ -184,7 +187,7 @@ def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
         return
     first = min(g.k, K_BLOCK)
     full, rest = divmod(g.k - first, K_BLOCK)
-    every_panel(i64(0), first, False)
+    every_panel(i64(0), first, g.accumulate)
     if full:
         with counted(b, full, "kblock") as block:
             every_panel(b.add(b.mul(block, i64(K_BLOCK)), i64(first)), K_BLOCK, True)

@@ -74,6 +74,9 @@ class SmallGemm:
     # one row chunk of a product whose m (this symbolic size) is known per call: m is the
     # most rows a call computes, and the call's own count comes as an argument (row_chunks)
     chunk_of: object = None
+    # the first block of k added to what c holds too (a BLAS's beta 1: a convolution's
+    # weight gradient summed over the batch's images); the k-outer kernel only
+    accumulate: bool = False
 
     @property
     def name(self) -> str:
@@ -81,6 +84,7 @@ class SmallGemm:
         order = ("_ko" if self.k_outer else "") + (f"_c{self.ldc}" if self.ldc else "")
         order += f"_{self.triangle}" if self.triangle else ""
         order += "_lowc" if self.lower_c else ""
+        order += "_acc" if self.accumulate else ""
         order += "".join(f"_{kind}" for kind in self.addends)
         if self.prefetch_a:
             order += f"_pf{self.prefetch_a[0]}_{self.prefetch_a[1]}"
