@@ -119,16 +119,20 @@ def test_the_resolved_blas_names_its_core():
 
 
 # (input, weight, stride, padding, the kinds lowered through im2col): convolutions whose
-# GEMMs (forward NN, input gradient TN: Conv.gemm) take small_gemm.in_place's kernel where
-# "on": 5x5 kernels (16 x 16 planes, 256 columns an image: k = 800; 12 x 12 planes, 144
-# columns: 9 one-vector panels; its forward takes another path)
+# GEMMs (forward NN, input gradient TN, weight gradient NT: Conv.gemm) take small_gemm.
+# in_place's kernel where "on": 5x5 kernels (16 x 16 planes, 256 columns an image: k = 800; 12 x 12 planes, 144
+# columns: 9 one-vector panels; its forward takes another path), a 1x1 one (its weight
+# gradient gy @ x^T: b read transposed, copied by squares into the stack, beta 1 after the
+# first image)
 CONVS = [((3, 32, 16, 16), (64, 32, 5, 5), (1, 1), (2, 2), ("fwd", "gx")),
-         ((2, 24, 12, 12), (48, 24, 5, 5), (1, 1), (2, 2), ("gx",))]
+         ((2, 24, 12, 12), (48, 24, 5, 5), (1, 1), (2, 2), ("gx",)),
+         ((3, 32, 16, 16), (64, 32, 1, 1), (1, 1), (0, 0), ("fwd", "gx", "gw"))]
 
 
 @needs_avx512
 @pytest.mark.parametrize("mode", ["on", "off"])
-@pytest.mark.parametrize("xs, ws, stride, padding, im2col", CONVS, ids=["5x5-16", "5x5-12"])
+@pytest.mark.parametrize("xs, ws, stride, padding, im2col", CONVS,
+                         ids=["5x5-16", "5x5-12", "1x1"])
 def test_im2col_convolutions_match_float64(xs, ws, stride, padding, im2col, mode,
                                            monkeypatch, tmp_path):
     from graphc.ir.interpreter import run as interpret
@@ -143,11 +147,13 @@ def test_im2col_convolutions_match_float64(xs, ws, stride, padding, im2col, mode
     def graphs(dtype):
         return {"fwd": one_op_graph("conv2d", [(xs, dtype), (ws, dtype)], **attrs),
                 "gx": one_op_graph("conv2d_input_grad", [(gs, dtype), (ws, dtype)],
-                                   input_hw=xs[-2:], **attrs)}
+                                   input_hw=xs[-2:], **attrs),
+                "gw": one_op_graph("conv2d_weight_grad", [(gs, dtype), (xs, dtype)],
+                                   kernel_size=ws[2:], **attrs)}
 
     rng = np.random.default_rng(sum(xs) + len(mode))
     x, w, gy = (rng.standard_normal(s).astype(np.float32) for s in (xs, ws, gs))
-    args = {"fwd": [x, w], "gx": [gy, w]}
+    args = {"fwd": [x, w], "gx": [gy, w], "gw": [gy, x]}
     wide = graphs("float64")
     for kind, graph in graphs("float32").items():
         exe = compare(graph, args[kind], rtol=1e-4)

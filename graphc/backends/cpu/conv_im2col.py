@@ -115,14 +115,13 @@ class Conv:
              c_off, ldc):
         """c = a @ b + beta * c (beta 0.0, 1.0 or an f32/f64 value of the two), a and b
         read as TRANS/NOTRANS say: a generated kernel where small_gemm.in_place takes it
-        (b read as laid out; beta known here, or one call of each, chosen per call), else
-        the BLAS."""
+        (beta known here, or one call of each, chosen per call), else the BLAS."""
         pointers = [kb.pointer(b, x, as_i64(offset)) for x, offset in
                     ((a, a_off), (bb, b_off), (c, c_off))]
         a_strides = (1, lda) if trans_a == TRANS else (lda, 1)
-        tile = None if trans_b == TRANS or beta not in (0.0, 1.0) and \
-            isinstance(beta, float) else \
-            small_gemm.in_place(self.lw, self.dt, m, n, k, *a_strides, ldb, ldc)
+        tile = None if isinstance(beta, float) and beta not in (0.0, 1.0) else \
+            small_gemm.in_place(self.lw, self.dt, m, n, k, *a_strides, ldb, ldc,
+                                trans_b == TRANS)
         if tile is not None:
             return self._generated_gemm(b, tile, pointers, beta)
         iT, fty = self.iT, self.fty

@@ -382,18 +382,20 @@ def copies_a(lw, dt, m, n, k, sa: list, lay_b: tuple | None) -> bool:
     return tile is not None and not tile.k_outer and min(m, n) > MAX_THIN
 
 
-def in_place(lw, dt, m, n, k, sa_row, sa_col, ldb, ldc) -> SmallGemm | None:
+def in_place(lw, dt, m, n, k, sa_row, sa_col, ldb, ldc,
+             b_transposed: bool = False) -> SmallGemm | None:
     """The k-outer kernel for a float32 product inside another kernel (a convolution's
     im2col GEMM, graphc.backends.cpu.conv_im2col's Conv.gemm) where `large_products`: b
-    read in place (rows ldb apart, each panel's block of k copied onto the stack first),
-    c's rows ldc apart; else None (the BLAS call stays): sizes not static, n not whole
-    vectors, k under MIN_K, m of one row."""
+    read in place (rows ldb apart, or `b_transposed`: columns ldb apart), each panel's
+    block of k copied onto the stack first; c's rows ldc apart; else None (the BLAS call
+    stays): sizes not static, n not whole vectors, k under MIN_K, m of one row."""
     if dt is not float32 or lanes() != 16 or not large_products(lw.blas) \
             or not all(type(d) is int for d in (m, n, k, sa_row, sa_col, ldb, ldc)) \
             or m < 2 or n % 16 or k < MIN_K:
         return None
     vectors = 2 if (n // 16) % 2 == 0 else 1
-    return SmallGemm(m, n, k, sa_row, sa_col, ldb, tile_rows(m, vectors, 16), vectors, 16,
+    return SmallGemm(m, n, k, sa_row, sa_col, 0 if b_transposed else ldb,
+                     tile_rows(m, vectors, 16), vectors, 16, ldb_t=ldb if b_transposed else 0,
                      k_outer=True, ldc=ldc if ldc != n else 0)
 
 

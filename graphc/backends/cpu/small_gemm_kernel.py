@@ -198,7 +198,24 @@ def _emit_k_outer(b: ir.IRBuilder, g: SmallGemm, a, bm, c, panel_copy) -> None:
 def _packed_row_blocks(b: ir.IRBuilder, g: SmallGemm, a, bm, c, col, panel_copy, start,
                        count, accumulate: bool) -> None:
     """b's rows [start, start + count) of the panel at column `col` copied contiguous into
-    `panel_copy` (count x vectors x lanes floats), then every row block over them."""
+    `panel_copy` (count x vectors x lanes floats), then every row block over them. A b read
+    transposed (`ldb_t`, a static count) is copied by gemm_panels.copy_transposed from its
+    element (start, 0) on."""
+    width = g.vectors * g.lanes
+    if g.ldb_t:
+        first = b.gep(bm, [start], inbounds=True, source_etype=F32)
+        copy_transposed(b, first, g.ldb_t, col, panel_copy, count, width, g.lanes)
+    else:
+        _copy_rows(b, g, bm, col, panel_copy, start, count)
+    # the packed block's row kk holds b's row start + kk: k's row is at (k - start) * width,
+    # one inbounds gep from the block itself (a base pointer `start` rows before the stack
+    # buffer would lie outside it, and an inbounds gep from there is poison in LLVM)
+    offset = b.sub(i64(0), b.mul(start, i64(width)))
+    _row_blocks(b, g, a, (panel_copy, width, offset), c, start, count, accumulate, col)
+
+
+def _copy_rows(b: ir.IRBuilder, g: SmallGemm, bm, col, panel_copy, start, count) -> None:
+    """panel_copy[kk, :] = b's row start + kk, columns [col, col + vectors x lanes)."""
     width = g.vectors * g.lanes
     vec = ir.VectorType(F32, g.lanes)
     with count_loop(b, count, "pk") as kk:
@@ -209,11 +226,6 @@ def _packed_row_blocks(b: ir.IRBuilder, g: SmallGemm, a, bm, c, col, panel_copy,
                              source_etype=F32), typ=vec, align=4)
             b.store(x, b.gep(panel_copy, [b.add(dst, i64(v * g.lanes))], inbounds=True,
                              source_etype=F32), align=64)
-    # the packed block's row kk holds b's row start + kk: k's row is at (k - start) * width,
-    # one inbounds gep from the block itself (a base pointer `start` rows before the stack
-    # buffer would lie outside it, and an inbounds gep from there is poison in LLVM)
-    offset = b.sub(i64(0), b.mul(start, i64(width)))
-    _row_blocks(b, g, a, (panel_copy, width, offset), c, start, count, accumulate, col)
 
 
 def _row_blocks(b: ir.IRBuilder, g: SmallGemm, a, source, c, start, count,
