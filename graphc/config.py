@@ -21,6 +21,10 @@
   node that produced a NaN or an Inf (its op, its IR line, the user source line it was traced
   from), before anything is written back (see graphc.jit.nan_check). The first call of a signature
   then runs the compiled graph too (its eager run is undone). Off by default, and free when off.
+- GRAPHC_POISON: `1` makes every CPU executable made afterwards fill its output arrays (NaN,
+  the smallest integer, or True) and its whole arena (0xFF bytes: NaN in every float width)
+  before each run, so an element a kernel fails to write cannot pass for a right value left
+  by an earlier array (graphc.backends.cpu.poison). For tests and debugging; off by default.
 - GRAPHC_CUDA: which library the cuda backend runs on: `cuda` (or `gpu`, or unset) the GPU
   build, `emu` (or `emulation`) the CPU emulation of graphc's CUDA runtime (every CUDA thread
   a fiber on the host; slow, for machines without a GPU); anything else is an error.
@@ -150,6 +154,11 @@ def check_nans() -> bool:
         return os.environ.get(_CHECK_NANS, "") not in ("", "0")
     value = items.get(_CHECK_NANS_KEY)
     return value is not None and value not in _OFF
+
+
+def poison() -> bool:
+    """Whether GRAPHC_POISON is set to something other than "" or "0"."""
+    return os.environ.get("GRAPHC_POISON", "") not in ("", "0")
 
 
 def recompile_limit() -> int:

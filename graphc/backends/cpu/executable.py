@@ -68,9 +68,11 @@ import llvmlite
 import numpy as np
 from llvmlite import binding as llvm_binding
 
+from graphc import config
 from graphc.backends.common import planned
 from graphc.backends.cpu import llvm, threads, window_layout, workers
 from graphc.backends.cpu.blas import resolve_blas
+from graphc.backends.cpu.poison import poisoned
 from graphc.backends.cpu.steady_call import compile_steady_call
 from graphc.errors import ArgumentError, GraphcError, IndexOutOfRangeError
 from graphc.ir.graph import Graph
@@ -155,6 +157,13 @@ class CpuExecutable:
                             in enumerate(self._out_types) if large]
         # the steady call written out for this executable (graphc.backends.cpu.steady_call)
         self._steady = self.write_steady_call()
+        if config.poison():  # every run's outputs and arena poisoned first (cpu.poison)
+            self._run = poisoned(self._run, self.written_layout)
+
+    def written_layout(self, tail: tuple) -> tuple[list, dict, int]:
+        """For the driver's arguments after the pointer tables: the output types, the
+        outputs that are window views and the arena's bytes (graphc.backends.cpu.poison)."""
+        return self._out_types, self._window_views, self.lowered.arena_bytes
 
     def write_steady_call(self, sized=None):
         """This executable's steady call written out (graphc.backends.cpu.steady_call), or

@@ -50,6 +50,7 @@ from graphc.backends.cpu.executable import (
     _uses_gemm,
     output_types,
 )
+from graphc.backends.cpu.poison import poisoned
 from graphc.backends.cpu.traced_sizes import derived_values
 from graphc.backends.cpu.values import CpuLoweringError
 from graphc.errors import ArgumentError, IndexOutOfRangeError
@@ -143,6 +144,13 @@ class RuntimeSizedExecutable(CpuExecutable):
         self._arena_capacity = -1
         self._call_tables(plan.in_input)  # output types stay symbolic: `at` sizes them
         self._collectives = ()
+        if config.poison():  # every run's outputs and arena poisoned first (cpu.poison)
+            self._run = poisoned(self._run, self.written_layout)
+
+    def written_layout(self, tail: tuple) -> tuple[list, dict, int]:
+        """CpuExecutable.written_layout for the call size whose driver tail this is."""
+        sized = next(s for s in self._sized.values() if s.tail and s.tail[1] is tail[1])
+        return sized.out_types, {}, sized.arena_bytes
 
     # ---- per call --------------------------------------------------------------------------
     def accepts(self, values: dict[str, int]) -> bool:
