@@ -44,8 +44,7 @@ def _fits(g, dt) -> bool:
     return ENABLED and small_gemm.lanes() == 16 and dt is float32 and g.groups == 1 and \
         g.stride == (1, 1) and g.padding == (0, 0) and g.c <= conv_few_channels.MAX_CHANNELS \
         and g.o <= MAX_OUT_CHANNELS and \
-        all(type(d) is int for d in (g.n, g.c, g.h, g.w, g.o, g.ho, g.wo)) and \
-        min(g.ho, g.wo, g.n) >= 1
+        all(type(d) is int for d in (g.c, g.h, g.w, g.o, g.ho, g.wo)) and min(g.ho, g.wo) >= 1
 
 
 def _vector(width: int):
