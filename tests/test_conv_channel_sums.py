@@ -150,6 +150,7 @@ def test_merged_statistics_equal_the_two_pass_ones_in_float64():
 SHAPES = [
     {"n": 2, "hw": 32}, {"n": 3, "c": 32, "o": 32, "hw": 16}, {"n": 5, "hw": 8},
     {"n": 5, "c": 256, "o": 256, "hw": 4}, {"n": 3, "hw": 6}, {"n": 7, "c": 16, "o": 24, "hw": 8},
+    {"n": 3, "c": 3, "o": 16, "hw": 5},  # rows of 5 outputs: conv_channel_lanes' tiles
 ]
 
 
