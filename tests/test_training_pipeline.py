@@ -5,8 +5,9 @@ at batch 64: the interpreter backend runs the simplified, fused and planned grap
   of all intermediates;
 - the fused graph has at most half as many kernels (nodes that are not views) as the traced
   graph has ops;
-- ten compiled steps track ten eager steps within 1e-5 relative on every parameter and on
-  the optimizer state.
+- ten compiled steps track ten eager steps on every parameter, buffer and optimizer state:
+  the compiled run is as close to the same steps in float64 as eager float32 is, within 2x
+  (or 1e-6 of the tensor's scale).
 """
 
 from __future__ import annotations
@@ -48,8 +49,21 @@ OPTIMIZERS = {
 MODELS = {"mlp": _mlp, "lenet5": _lenet, "lenet5_bn": _lenet_bn}
 
 
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6))) if a.size else 0.0
+def _tracks(triples: list, what: str) -> None:
+    """For each (compiled, eager, exact) of one kind of tensor (parameters, buffers, one
+    optimizer state): the compiled value is as close to `exact` (the same steps in float64)
+    as eager float32 graphc's is, within 2x, or within 1e-6 of the largest magnitude of
+    that kind across the model: the criterion for float32 rounding in another operand order
+    (docs/performance.md). Ten steps amplify an ulp into far more than 1e-5 of an element
+    near zero, and a conv bias before batch norm has no gradient but rounding (its momentum
+    and Adam moments are that rounding, ~1e-19 where the float64 run's are ~0), so neither
+    float32 run can be held to the other element by element, nor such a tensor to its own
+    scale."""
+    arrays = [[np.asarray(a, np.float64) for a in t] for t in triples]
+    scale = max((float(np.max(np.abs(exact))) for _, _, exact in arrays), default=0.0)
+    for i, (got, eager, exact) in enumerate(arrays):
+        error, eager_error = np.max(np.abs(got - exact)), np.max(np.abs(eager - exact))
+        assert error <= 2 * eager_error + 1e-6 * scale, (what, i, error, eager_error, scale)
 
 
 @pytest.mark.parametrize("model_name", list(MODELS))
@@ -57,9 +71,9 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 def test_compiled_training_step_meets_the_issue_targets(model_name, opt_name):
     graphc.manual_seed(0)
     model = MODELS[model_name]()
-    reference = copy.deepcopy(model)
-    opt, ref_opt = OPTIMIZERS[opt_name](model.parameters()), OPTIMIZERS[opt_name](
-        reference.parameters())
+    reference, exact = copy.deepcopy(model), copy.deepcopy(model).double()
+    opt, ref_opt, exact_opt = (OPTIMIZERS[opt_name](m.parameters())
+                               for m in (model, reference, exact))
     loss_fn = nn.CrossEntropyLoss()
 
     def step(x, y):
@@ -69,27 +83,30 @@ def test_compiled_training_step_meets_the_issue_targets(model_name, opt_name):
         opt.step()
         return loss
 
-    def eager_step(x, y):
-        ref_opt.zero_grad()
-        loss = loss_fn(reference(x), y)
+    def eager_step(m, o, x, y):
+        o.zero_grad()
+        loss = loss_fn(m(x), y)
         loss.backward()
-        ref_opt.step()
+        o.step()
         return loss
 
     compiled = graphc.compile(step, backend="interp")
     x, y = graphc.randn(64, 1, 28, 28), graphc.randint(0, 10, (64,))
+    losses = []
     for _ in range(10):
-        got, want = compiled(x, y), eager_step(x, y)
-        assert _rel(got.detach().numpy(), want.detach().numpy()) <= 1e-5
+        got, want = compiled(x, y), eager_step(reference, ref_opt, x, y)
+        losses.append((got.detach().numpy(), want.detach().numpy(),
+                       eager_step(exact, exact_opt, x.double(), y).detach().numpy()))
     assert len(compiled.graphs) == 2  # the first step creates optimizer state: one retrace
 
-    for p, q in zip(model.parameters(), reference.parameters()):
-        assert _rel(p.detach().numpy(), q.detach().numpy()) <= 1e-5
-    for b, c in zip(model.buffers(), reference.buffers()):
-        assert _rel(b.numpy().astype(np.float64), c.numpy().astype(np.float64)) <= 1e-5
-    for p, q in zip(model.parameters(), reference.parameters()):
-        for key, value in opt.state[p].items():
-            assert _rel(value.numpy(), ref_opt.state[q][key].numpy()) <= 1e-5, key
+    trio = list(zip(model.parameters(), reference.parameters(), exact.parameters()))
+    _tracks(losses, "loss")
+    _tracks([[t.detach().numpy() for t in ts] for ts in trio], "parameters")
+    _tracks([[b.numpy() for b in bs] for bs in zip(model.buffers(), reference.buffers(),
+                                                  exact.buffers())], "buffers")
+    for key in opt.state[trio[0][0]]:
+        _tracks([[o.state[t][key].numpy() for o, t in zip((opt, ref_opt, exact_opt), ts)]
+                 for ts in trio], key)
 
     optimized = compiled.optimized_graph
     ops = len(compiled.graph.nodes)
