@@ -1,8 +1,12 @@
 """The user's OpenBLAS as the thread-count tests reach it: numpy's library through ctypes, its
-own setter and getter (`OpenBLAS`), and a fixture that gives the count back after a test."""
+own setter and getter (`OpenBLAS`), and a fixture that gives the count back after a test; and
+whether the BLAS graphc calls gives the same bits on one thread and on two
+(`blas_keeps_bits_across_threads`)."""
 
 import ctypes
+import functools
 
+import numpy as np
 import pytest
 
 from graphc.backends.cpu import blas, threads
@@ -36,3 +40,30 @@ def openblas():
     before = library.get()
     yield library
     library.set(before)
+
+
+@functools.cache
+def blas_keeps_bits_across_threads() -> bool:
+    """Whether a float32 GEMM graphc hands to the BLAS ([120,48] @ [48,192], the FFN of
+    tests/test_review_s12_gpt_steps_fuzz's case 1) gives the same bits on one thread and on
+    two. Not everywhere: numpy's OpenBLAS 0.3.31 runs its
+    Haswell kernels on an AMD Zen 5 (the thirteenth session's host), where 3,693 of this
+    product's 23,040 elements round otherwise on two threads, so a test that promises a model
+    step the same bits on any thread count can hold it only where this is true."""
+    from graphc.backends import compile as backend_compile
+    from graphc.ir import parse
+
+    if threads.most_threads() < 2:
+        return True
+    executable = backend_compile(parse('''graph @blas_bits(%a: f32[120,48], %b: f32[48,192])
+      -> (f32[120,192]) {
+      %0: f32[120,192] = matmul(%a, %b)
+      return (%0)
+    }'''), "cpu")
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((120, 48), (48, 192)))
+    results = []
+    for count in (1, 2):
+        executable.thread_chooser = threads.ThreadChooser(2, fixed=count)
+        results.append(executable.run(a, b)[0])
+    return bool(np.array_equal(*results))

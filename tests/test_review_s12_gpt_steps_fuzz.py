@@ -8,9 +8,11 @@ Each case runs the same steps compiled for the cpu on one thread and on two (eac
 twin model, the count fixed from the first call; a third twin switching two, one, two
 threads from call to call), eagerly (graphc float32) and in PyTorch
 2.13 float64, and checks: every thread count gives the same bits (the one-block attention
-kernels, the weight gradients' chunks of k, the column sums over row parts all promise it);
-every loss and every parameter after the steps within 2x eager graphc's distance from
-float64 (docs/performance.md, "Rounding").
+kernels, the weight gradients' chunks of k, the column sums over row parts all promise it)
+where the BLAS does (tests/blas_threads_support.blas_keeps_bits_across_threads: not numpy's
+OpenBLAS on a Zen 5, where each count is checked on its own instead); every loss and every
+parameter after the steps within 2x eager graphc's distance from float64
+(docs/performance.md, "Rounding").
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import graphc  # noqa: E402
 from benchmarks.model_steps import VOCAB, gpt  # noqa: E402
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
+from tests.blas_threads_support import blas_keeps_bits_across_threads  # noqa: E402
 from tests.test_review_s12_resnet_steps_fuzz import fixed_threads  # noqa: E402
 
 resolve_blas()
@@ -100,15 +103,18 @@ def test_small_gpt_training_steps_same_bits_on_two_threads_and_within_rounding(
     state = {key: [p.detach().numpy().copy() for p in m.parameters()]
              for key, m in zip(("eager", 1, 2, "switched"), models)}
     want_state = [p.detach().numpy() for p in reference.parameters()]
-    for other in (2, "switched"):
+    same_bits = blas_keeps_bits_across_threads()
+    for other in (2, "switched") if same_bits else ():
         for i, (a, b) in enumerate(zip(runs[1], runs[other])):
             np.testing.assert_array_equal(a, b, err_msg=f"{what}: loss of step {i}, 1 vs {other}")
         for name, a, b in zip(names, state[1], state[other]):
             np.testing.assert_array_equal(a, b, err_msg=f"{what}: {name}, 1 vs {other}")
-    for i, (g, e, r) in enumerate(zip(runs[1], runs["eager"], want)):
-        _within(g, e, r, f"{what}: loss of step {i}")
-    for name, g, e, r in zip(names, state[1], state["eager"], want_state):
-        _within(g, e, r, f"{what}: {name} after {STEPS} steps")
+    # where the BLAS rounds otherwise on two threads, each count is judged on its own
+    for count in (1,) if same_bits else (1, 2, "switched"):
+        for i, (g, e, r) in enumerate(zip(runs[count], runs["eager"], want)):
+            _within(g, e, r, f"{what}: {count} thread(s), loss of step {i}")
+        for name, g, e, r in zip(names, state[count], state["eager"], want_state):
+            _within(g, e, r, f"{what}: {count} thread(s), {name} after {STEPS} steps")
 
 
 def _within(got, eager, want, what: str) -> None:
