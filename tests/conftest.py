@@ -1,12 +1,21 @@
 """Shared fixtures: a numpy Generator seeded from the test id, the optional torch module, and
-the cuda backend's environment (`cuda_backend`, `cuda_runtime_built`)."""
+the cuda backend's environment (`cuda_backend`, `cuda_runtime_built`).
+
+The suite runs with GRAPHC_POISON=1 unless the environment sets it (`GRAPHC_POISON=0 pytest`
+to run without): every cpu executable fills its outputs and arena with NaN / sentinels before
+each run (graphc.backends.cpu.poison), so an element a kernel never writes fails a comparison
+instead of passing on a value an earlier array left behind. Set here, at import, so that it
+holds for every executable the suite makes, and for the processes tests start."""
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import numpy as np
 import pytest
+
+os.environ.setdefault("GRAPHC_POISON", "1")
 
 
 @pytest.fixture
