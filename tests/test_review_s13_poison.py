@@ -12,6 +12,8 @@ input, a runtime-sized graph at two sizes), and that the switch is off where uns
 from __future__ import annotations
 
 import ctypes
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -74,7 +76,7 @@ def test_the_driver_finds_every_output_and_arena_byte_poisoned(monkeypatch, rng)
                      _memory(tail[0].value, arena_bytes, np.uint8)))
         return real(in_ptrs, out_ptrs, *tail)
 
-    ex._run = poisoned(inspecting, ex.written_layout)
+    ex._run = poisoned(inspecting, ex)
     inputs = _inputs(rng)
     expected = Interpreter(parse(MIXED)).run(*inputs)
     for _ in range(3):  # the first call's outputs come back recycled, holding right values
@@ -142,3 +144,19 @@ def test_off_unless_set(monkeypatch):
     monkeypatch.setenv("GRAPHC_POISON", "0")
     ex = backend_compile(parse(MIXED), "cpu")
     assert isinstance(ex._run, ctypes._CFuncPtr)
+
+
+def test_a_poisoned_executable_goes_when_dropped_with_the_collector_off(monkeypatch, rng):
+    """The wrapper is stored on the executable and holds it weakly: no reference cycle."""
+    monkeypatch.setenv("GRAPHC_POISON", "1")
+    ex = backend_compile(parse(MIXED), "cpu")
+    ex.run(*_inputs(rng))
+    gone = weakref.ref(ex)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del ex
+        assert gone() is None
+    finally:
+        if enabled:
+            gc.enable()

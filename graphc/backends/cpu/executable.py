@@ -158,7 +158,7 @@ class CpuExecutable:
         # the steady call written out for this executable (graphc.backends.cpu.steady_call)
         self._steady = self.write_steady_call()
         if config.poison():  # every run's outputs and arena poisoned first (cpu.poison)
-            self._run = poisoned(self._run, self.written_layout)
+            self._run = poisoned(self._run, self)
 
     def written_layout(self, tail: tuple) -> tuple[list, dict, int]:
         """For the driver's arguments after the pointer tables: the output types, the

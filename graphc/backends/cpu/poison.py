@@ -28,6 +28,7 @@ was made under.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -55,14 +56,17 @@ def _fill(address: int, shape: tuple, dtype: np.dtype) -> None:
         np.frombuffer(memory, dtype).fill(sentinel(dtype))
 
 
-def poisoned(driver: Callable, layout: Callable) -> Callable:
+def poisoned(driver: Callable, executable) -> Callable:
     """`driver` (the module's `run(inputs, outputs, arena, ...)`) wrapped to poison its
-    outputs and arena first (see the module docstring). `layout(tail)` gives, for the driver's
-    arguments after the pointer tables, the output types ((shape, dtype, kept) each), the
-    output slots not to poison (window views) and the arena's bytes."""
+    outputs and arena first (see the module docstring). `executable.written_layout(tail)`
+    gives, for the driver's arguments after the pointer tables, the output types ((shape,
+    dtype, kept) each), the output slots not to poison (window views) and the arena's bytes.
+    The wrapper is stored on the executable, so it holds it weakly (no reference cycle: an
+    executable dropped goes at once, as without poisoning)."""
+    owner = weakref.ref(executable)
 
     def run(in_ptrs, out_ptrs, *tail):
-        out_types, spared, arena_bytes = layout(tail)
+        out_types, spared, arena_bytes = owner().written_layout(tail)
         for k, (shape, dtype, _) in enumerate(out_types):
             if k not in spared:
                 _fill(out_ptrs[k], shape, dtype)

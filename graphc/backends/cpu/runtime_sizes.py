@@ -145,7 +145,7 @@ class RuntimeSizedExecutable(CpuExecutable):
         self._call_tables(plan.in_input)  # output types stay symbolic: `at` sizes them
         self._collectives = ()
         if config.poison():  # every run's outputs and arena poisoned first (cpu.poison)
-            self._run = poisoned(self._run, self.written_layout)
+            self._run = poisoned(self._run, self)
 
     def written_layout(self, tail: tuple) -> tuple[list, dict, int]:
         """CpuExecutable.written_layout for the call size whose driver tail this is."""
