@@ -67,3 +67,15 @@ def blas_keeps_bits_across_threads() -> bool:
         executable.thread_chooser = threads.ThreadChooser(2, fixed=count)
         results.append(executable.run(a, b)[0])
     return bool(np.array_equal(*results))
+
+
+def assert_same_bits_across_threads(got, want, err_msg: str = "") -> None:
+    """`got` (a run on two threads) has `want`'s (one thread's) bits, where the BLAS keeps
+    them (`blas_keeps_bits_across_threads`); elsewhere `got` is within float32 rounding of a
+    sum taken in another order (rtol 1e-4, atol 1e-5 of the magnitude), NaN-free."""
+    if blas_keeps_bits_across_threads():
+        np.testing.assert_array_equal(got, want, err_msg=err_msg)
+        return
+    want = np.asarray(want)
+    scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale, err_msg=err_msg)

@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch", reason="PyTorch 2.13 CPU is the reference")
 
 from graphc.backends.cpu import kernels, threads  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from tests.blas_threads_support import assert_same_bits_across_threads  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -119,7 +120,7 @@ def test_a_stride_2_block_as_pytorch_float64_on_one_and_two_threads(seed):
         for i, (a, b) in enumerate(zip(got[:-6], results[0][:-6])):
             if i == 1:  # the stride-2 weight gradient by im2col sums its images per share,
                 continue  # then the shares (conv_threads: documented, judged by rounding)
-            np.testing.assert_array_equal(a, b, err_msg=f"{what}: result {i}, 1 vs 2 threads")
+            assert_same_bits_across_threads(a, b, err_msg=f"{what}: result {i}, 1 vs 2 threads")
     for m in norms_g:  # eager from the running statistics' start, as the compiled first call
         m.reset_running_stats()
     eager = [t.numpy().copy() for t in step(graphc.tensor(x), graphc.tensor(y))]
