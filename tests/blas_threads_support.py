@@ -44,28 +44,34 @@ def openblas():
 
 @functools.cache
 def blas_keeps_bits_across_threads() -> bool:
-    """Whether a float32 GEMM graphc hands to the BLAS ([120,48] @ [48,192], the FFN of
-    tests/test_review_s12_gpt_steps_fuzz's case 1) gives the same bits on one thread and on
-    two. Not everywhere: numpy's OpenBLAS 0.3.31 runs its
-    Haswell kernels on an AMD Zen 5 (the thirteenth session's host), where 3,693 of this
-    product's 23,040 elements round otherwise on two threads, so a test that promises a model
-    step the same bits on any thread count can hold it only where this is true."""
-    from graphc.backends import compile as backend_compile
-    from graphc.ir import parse
-
+    """Whether the BLAS graphc calls (blas.resolve_blas: its cblas_sgemm, through ctypes)
+    gives the same bits for a [120,48] @ [48,192] product (the FFN of
+    tests/test_review_s12_gpt_steps_fuzz's case 1) on one thread and on two (threads.use).
+    Not everywhere: numpy's OpenBLAS 0.3.31 runs its Haswell kernels on an AMD Zen 5 (the
+    thirteenth session's host), where 3,693 of the 23,040 elements round otherwise on two
+    threads, so a test that promises a step the same bits on any thread count can hold it
+    only where this is true. The BLAS is called directly: which products graphc hands it
+    depends on graphc's own GEMM rules."""
     if threads.most_threads() < 2:
         return True
-    executable = backend_compile(parse('''graph @blas_bits(%a: f32[120,48], %b: f32[48,192])
-      -> (f32[120,192]) {
-      %0: f32[120,192] = matmul(%a, %b)
-      return (%0)
-    }'''), "cpu")
+    found = blas.resolve_blas()
+    size = ctypes.c_int64 if found.ilp64 else ctypes.c_int
+    sgemm = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, size, size, size,
+                             ctypes.c_float, ctypes.c_void_p, size, ctypes.c_void_p, size,
+                             ctypes.c_float, ctypes.c_void_p, size)(found.sgemm)
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(s).astype(np.float32) for s in ((120, 48), (48, 192)))
     results = []
     for count in (1, 2):
-        executable.thread_chooser = threads.ThreadChooser(2, fixed=count)
-        results.append(executable.run(a, b)[0])
+        c = np.zeros((120, 192), np.float32)
+        given = threads.use(count, openmp=False)
+        try:  # row major (101), neither transposed (111)
+            sgemm(101, 111, 111, 120, 192, 48, 1.0, a.ctypes.data, 48, b.ctypes.data, 192,
+                  0.0, c.ctypes.data, 192)
+        finally:
+            if given is not None:
+                threads.restore(given)
+        results.append(c)
     return bool(np.array_equal(*results))
 
 
