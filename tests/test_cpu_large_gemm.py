@@ -120,10 +120,10 @@ def test_the_resolved_blas_names_its_core():
 
 # (input, weight, stride, padding, the kinds lowered through im2col): convolutions whose
 # GEMMs (forward NN, input gradient TN, weight gradient NT: Conv.gemm) take small_gemm.
-# in_place's kernel where "on": 5x5 kernels (16 x 16 planes, 256 columns an image: k = 800; 12 x 12 planes, 144
-# columns: 9 one-vector panels; its forward takes another path), a 1x1 one (its weight
-# gradient gy @ x^T: b read transposed, copied by squares into the stack, beta 1 after the
-# first image)
+# in_place's kernel where "on": 5x5 kernels (16 x 16 planes, 256 columns an image: k = 800;
+# 12 x 12 planes, 144 columns: 9 one-vector panels; its forward takes another path), a 1x1
+# one (its weight gradient gy @ x^T: b read transposed, copied by squares onto the stack,
+# beta 1 after the first image)
 CONVS = [((3, 32, 16, 16), (64, 32, 5, 5), (1, 1), (2, 2), ("fwd", "gx")),
          ((2, 24, 12, 12), (48, 24, 5, 5), (1, 1), (2, 2), ("gx",)),
          ((3, 32, 16, 16), (64, 32, 1, 1), (1, 1), (0, 0), ("fwd", "gx", "gw"))]
