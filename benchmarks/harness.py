@@ -356,19 +356,20 @@ def as_json(cases: list[CaseResult]) -> list[dict]:
             for case in cases]
 
 
-def interleaved_process_times(calls: dict, rounds: int,
-                              seconds: float = 0.1) -> dict[str, list[float]]:
+def interleaved_process_times(calls: dict, rounds: int, seconds: float = 0.1,
+                              clock=time.process_time) -> dict[str, list[float]]:
     """{name: CPU seconds per call, one sample a round} for in-process A/Bs: each round runs
     every call in a loop for `seconds` of this process's CPU time, the order alternating
-    each round so neither variant always follows the other."""
+    each round so neither variant always follows the other. `clock`: another clock's
+    seconds (time.perf_counter: wall time, for steps on several threads)."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     for r in range(rounds):
         for name in (list(calls) if r % 2 else list(calls)[::-1]):
-            start, count = time.process_time(), 0
-            while time.process_time() - start < seconds:
+            start, count = clock(), 0
+            while clock() - start < seconds:
                 calls[name]()
                 count += 1
-            times[name].append((time.process_time() - start) / count)
+            times[name].append((clock() - start) / count)
     return times
 
 

@@ -2,14 +2,16 @@
 
     python -m benchmarks.own_gemm --threads 1                     # the products alone
     python -m benchmarks.own_gemm --threads 1 --step lenet5_b64 --step resnet18_b32
+    python -m benchmarks.own_gemm --threads 2 --clock wall --step dcgan_b32
 
 "before" compiles with `switches` off (graphc.backends.cpu.small_gemm.LARGE_PRODUCTS "off":
 large float32 products on the BLAS, as before the thirteenth session), "after" with them on
-(the generated panel GEMM for them too), each with its own GRAPHC_CACHE_DIR. Products: a
-compiled `a @ b` per shape of PRODUCTS, GFLOP/s medians over `--rounds` interleaved rounds
-(CPU clock). Steps: benchmarks/model_steps.py's and family_steps.py's training steps, ms
-medians. Each line prints after / before; `uptime`'s load closes the report. Where the BLAS
-already runs AVX-512 kernels, "auto" keeps the BLAS: this benchmark shows what forcing it
+(the generated panel GEMM for them too, and Conv.gemm's), each with its own
+GRAPHC_CACHE_DIR. Products: a compiled `a @ b` per shape of PRODUCTS, GFLOP/s medians over
+`--rounds` interleaved rounds (CPU clock; `--clock wall` for several threads). Steps:
+benchmarks/model_steps.py's and family_steps.py's training steps, ms medians. Each line
+prints after / before; the load average closes the report. Where the BLAS already runs
+AVX-512 kernels, "auto" keeps the BLAS: this benchmark shows what forcing it
 would gain or lose (docs/performance.md, "thirteenth session: graphc's own GEMM").
 """
 
@@ -19,6 +21,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 import numpy as np
 
@@ -85,7 +88,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step", action="append", choices=STEPS)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="CPU time (one thread) or wall time (several)")
     args = parser.parse_args(argv)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     run_with_threads("benchmarks.own_gemm", args.threads,
                      sys.argv[1:] if argv is None else argv)
     with cache_root("graphc-own-gemm-") as root:
@@ -94,14 +100,14 @@ def main(argv: list[str] | None = None) -> None:
 
         if args.step:
             for name in args.step:
-                _time_step(name, variant, args.rounds)
+                _time_step(name, variant, args.rounds, clock)
         else:
             for shape in PRODUCTS:
-                _time_product(shape, variant, args.rounds)
+                _time_product(shape, variant, args.rounds, clock)
     print("load:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
-def _time_product(shape, variant, rounds: int) -> None:
+def _time_product(shape, variant, rounds: int, clock) -> None:
     calls, errors = {}, {}
     for name in VARIANTS:
         with variant(name):
@@ -109,7 +115,7 @@ def _time_product(shape, variant, rounds: int) -> None:
             out = call().numpy()
             errors[name] = float(np.abs(out - reference).max() / np.abs(reference).max())
         calls[name] = call
-    times = interleaved_process_times(calls, rounds)
+    times = interleaved_process_times(calls, rounds, clock=clock)
     flops = 2.0 * shape[0] * shape[1] * shape[2]
     rates = {name: flops / statistics.median(t) / 1e9 for name, t in times.items()}
     label = "x".join(map(str, shape[:3])) + (" a^T" if shape[3] else "") + \
@@ -119,7 +125,7 @@ def _time_product(shape, variant, rounds: int) -> None:
           f"{errors['after']:.1e}")
 
 
-def _time_step(name: str, variant, rounds: int) -> None:
+def _time_step(name: str, variant, rounds: int, clock) -> None:
     steps = {}
     for v in VARIANTS:
         with variant(v):
@@ -128,7 +134,7 @@ def _time_step(name: str, variant, rounds: int) -> None:
                 step(*arguments)
         steps[v] = (step, arguments)
     times = interleaved_process_times({v: lambda v=v: steps[v][0](*steps[v][1])
-                                       for v in VARIANTS}, rounds, seconds=0.3)
+                                       for v in VARIANTS}, rounds, 0.3, clock)
     ms = {v: statistics.median(t) * 1e3 for v, t in times.items()}
     print(f"{name:16s} before {ms['before']:8.2f}  after {ms['after']:8.2f} ms  "
           f"{ms['after'] / ms['before']:.3f}x")

@@ -120,6 +120,11 @@ MEDIUM_B_BYTES = 256 << 10
 # "thirteenth session: graphc's own GEMM"). "auto": as the resolved BLAS says; "on" / "off"
 # force the choice (tests, benchmarks' A/B; a string, so the pipeline cache's key sees it)
 LARGE_PRODUCTS = "auto"
+# ...and from this many rows, not 2 * ROW_CHUNK (one call, no row chunks below that): alone,
+# one thread, OpenBLAS Haswell -> the kernel, GFLOP/s: LeNet-5's 64 x 400 x 120 103 -> 180,
+# its weight gradient 120 x 400 x 64 (a^T) 104 -> 174, 64 x 256 x 784 111 -> 202, 32 x 1024
+# x 256 93 -> 149, 128 x 128 x 256 (a^T) 109 -> 179
+LARGE_MIN_ROWS = 32
 MEDIUM_A_BYTES = 1 << 20  # a's rows beyond this come in whole ROW_CHUNKs (each in cache)
 ROW_CHUNK = 128  # rows of a medium product per kernel call: the calls fork over the cores
 # ...and, on AVX-512 hosts, a weight gradient: a read transposed (x^T, its m contiguous) with
@@ -198,7 +203,7 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
     neither thin (m and n both above MAX_THIN, or too large: MAX_WORK) nor a small block
     with b read transposed (`b_transposed`, m and n both at most MAX_TRANSPOSED_BLOCK) nor
     medium (MEDIUM_N, MEDIUM_K, 2 * ROW_CHUNK rows or more, a read row by row, AVX-512;
-    `large`: any n and k),
+    `large`: any n and k, LARGE_MIN_ROWS rows or more),
     with too short a k (MIN_K), a host without AVX2/FMA. A batch known per call as m or k
     (a symbolic size, the others static) takes the kernel the trace's size would take, built
     for every size (`per_call_tile`)."""
@@ -214,7 +219,8 @@ def tile_for(m: int, n: int, k: int, sa_row: int, sa_col: int, ldb: int,
     small = min(m, n) <= MAX_THIN or (b_transposed and max(m, n) <= MAX_TRANSPOSED_BLOCK)
     bounded = n <= MEDIUM_N and k <= MEDIUM_K and k * n * 4 <= MEDIUM_B_BYTES
     medium = (width == 16 and sa_col == 1 and (bounded or large)
-              and m >= 2 * ROW_CHUNK and (m % ROW_CHUNK == 0 or m * k * 4 <= MEDIUM_A_BYTES))
+              and m >= (LARGE_MIN_ROWS if large else 2 * ROW_CHUNK)
+              and (m % ROW_CHUNK == 0 or m * k * 4 <= MEDIUM_A_BYTES))
     tokens = (width == 16 and sa_row == 1 and not b_transposed and k >= LONG_K_MIN
               and m <= LONG_K_MAX_M and n <= LONG_K_MAX_N)
     long_k = tokens or (width == 16 and sa_row == 1 and not b_transposed
@@ -354,7 +360,8 @@ def operands(lw, dt, m: int, n: int, k: int, sa: list, b, sb: list, sb_shape: li
             and type(tile.k) is int:
         return replace(tile, ldb=0, ldb_t=sb[-1]), b, sb  # each panel copied in the kernel
     if gemm_panels.PANEL_MAJOR_B and len(sb_shape) == 2 and not tile.k_outer \
-            and min(m, n) > MAX_THIN and m >= 2 * ROW_CHUNK and type(tile.k) is int:
+            and min(m, n) > MAX_THIN and type(tile.k) is int \
+            and m >= (LARGE_MIN_ROWS if large_products(lw.blas) else 2 * ROW_CHUNK):
         return gemm_panels.pack(lw, tile, b, sb)  # medium: b's panels contiguous
     if packed:
         t = TensorType(tuple(sb_shape), dt)
