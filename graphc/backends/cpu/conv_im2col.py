@@ -7,7 +7,8 @@
   output positions of one image) and `key()`, its part of a kernel recipe.
 - `Conv`: the code the GEMM-based kernels share (the im2col lowerings of
   graphc.backends.cpu.conv, and conv_winograd's GEMMs): `gemm` (a call of the BLAS's cblas
-  GEMM, row-major, NOTRANS/TRANS, on kernel operands), `im2col` (one image's columns:
+  GEMM, row-major, NOTRANS/TRANS, on kernel operands; graphc's own k-outer kernel where
+  graphc.backends.cpu.small_gemm.in_place takes the product), `im2col` (one image's columns:
   `cols[(c*kH + i)*kW + j, oh*W_out + ow] = x[c, oh*s - p + i*d, ow*s - p + j*d]`, 0 in the
   padding) and `col2im` (the reverse scatter-add into a zeroed input gradient, overlaps
   accumulating in the kernel offset order of the numpy kernel). Both take input rows up to

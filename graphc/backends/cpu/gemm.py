@@ -12,7 +12,9 @@ deciding in order:
   scratch first;
 - thin float32 products (m or n <= 16), small blocks with b read transposed (attention's
   heads), medium ones (n <= 512, b copied panel-major first: graphc.backends.cpu.
-  gemm_panels) and weight gradients in generated kernels (graphc.backends.cpu.small_gemm)
+  gemm_panels; any n and k, from 32 rows, where the BLAS leaves the host's AVX-512 unused:
+  small_gemm.large_products, a read transposed then copied row-major first: small_gemm.
+  copies_a) and weight gradients in generated kernels (graphc.backends.cpu.small_gemm)
   that may also add a fused body's bias and residual (graphc.backends.cpu.gemm_addends), or
   run a fused body's whole elementwise epilogue after each row chunk's product
   (`gemm_with_epilogue`, graphc.backends.cpu.gemm_epilogue); a batch of them, or of a medium

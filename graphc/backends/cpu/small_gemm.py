@@ -47,6 +47,11 @@ m, n, k may be symbolic (`per_call_tile`): the tile is the one the trace's size 
 kernel takes that size as a trailing i64 argument (`size_arguments`) and is named with its
 letter (`graphc_small_sgemm_Mx16x64_...`); see per_call_tile for how each bounds its loops.
 
+Where the BLAS leaves the host's AVX-512 unused (graphc.backends.cpu.blas.avx512_unused:
+numpy's OpenBLAS on AMD Zen 5), medium products have no bounds on n and k and start at
+LARGE_MIN_ROWS rows (`large_products`), a read transposed is copied first (`copies_a`), and
+a convolution's GEMMs take the k-outer kernel (`in_place`, graphc.backends.cpu.conv_im2col).
+
 `tile_for(m, n, k, ...)` decides (None: the BLAS call stays), `row_chunks` splits a product
 of many rows into calls of ROW_CHUNK rows (a loop graphc's threads share, where the BLAS
 would have threaded the one call), `k_chunks` a narrow weight gradient's k, `column_chunks`
