@@ -169,16 +169,7 @@ def speed(root: str, rounds: int, names) -> list[str]:
         shape = (32, channels, side, side)
         args = arguments(rng, shape, "normal")
         calls = [native_call(compiled(root, name, shape), args) for name in names]
-        times: list[list[float]] = [[] for _ in calls]
-        for r in range(rounds):
-            order = list(enumerate(calls))
-            for k, call in (order if r % 2 else order[::-1]):
-                call()
-                count, start = 0, time.process_time()
-                while time.process_time() - start < 0.04:
-                    call()
-                    count += 1
-                times[k].append((time.process_time() - start) / count)
+        times = _alternated(calls, rounds)
         medians = [statistics.median(t) for t in times]
         nominal = 2 * args[0].nbytes
         lines.append(f"| {channels} channels, {side}x{side} | " +
@@ -230,15 +221,7 @@ def relu_speed(root: str, rounds: int) -> list[str]:
                 calls.append(native_call(executable, args))
             if not all(np.array_equal(a, b) for a, b in zip(*results)):
                 raise AssertionError(f"{shape}: the fused kernel's bits differ")
-            times: list[list[float]] = [[], []]
-            for r in range(rounds):
-                for k in ((0, 1) if r % 2 else (1, 0)):
-                    calls[k]()
-                    count, start = 0, time.process_time()
-                    while time.process_time() - start < 0.04:
-                        calls[k]()
-                        count += 1
-                    times[k].append((time.process_time() - start) / count)
+            times = _alternated(calls, rounds)
             a, b = (statistics.median(t) for t in times)
             lines.append(f"| {channels} channels, {side}x{side} | {'yes' if residual else 'no'} "
                          f"| {a * 1e3:.3f} ms | {b * 1e3:.3f} ms | {(a - b) * 1e3:.3f} ms |")
@@ -425,6 +408,7 @@ def _alternated(calls, rounds: int) -> list[list[float]]:
                 count += 1
             times[k].append((time.process_time() - start) / count)
     return times
+
 
 if __name__ == "__main__":
     main()
