@@ -66,18 +66,12 @@ def cuda_runtime_built():
     return built_test_runtime()
 
 
-def sgd_training_step(make_model, lr: float = 0.05, momentum: float = 0.9, loss_fn=None):
-    """(model, step) with `step(x, y)` one SGD-momentum training step of `loss_fn(model(x), y)`
-    (cross-entropy by default) returning the loss detached; the model is built after seeding
-    graphc with 0, so two calls give identical twins."""
-    import graphc
-    import graphc.nn.functional as F
-    from graphc import optim
-
-    graphc.manual_seed(0)
-    model = make_model()
-    opt = optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    loss_fn = loss_fn or F.cross_entropy
+def sgd_step(lib, model, lr: float = 0.05, momentum: float = 0.9, loss_fn=None):
+    """`step(x, y)`: one SGD-momentum training step of `loss_fn(model(x), y)` (`lib`'s
+    cross-entropy by default) with `lib`'s optimizer, graphc's or PyTorch's, returning the
+    loss detached."""
+    opt = lib.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    loss_fn = loss_fn or lib.nn.functional.cross_entropy
 
     def step(x, y):
         opt.zero_grad()
@@ -86,7 +80,17 @@ def sgd_training_step(make_model, lr: float = 0.05, momentum: float = 0.9, loss_
         opt.step()
         return loss.detach()
 
-    return model, step
+    return step
+
+
+def sgd_training_step(make_model, lr: float = 0.05, momentum: float = 0.9, loss_fn=None):
+    """(model, step) with `step` graphc's `sgd_step` of the model; the model is built after
+    seeding graphc with 0, so two calls give identical twins."""
+    import graphc
+
+    graphc.manual_seed(0)
+    model = make_model()
+    return model, sgd_step(graphc, model, lr, momentum, loss_fn)
 
 
 def residual_block(channels: int, size: int):

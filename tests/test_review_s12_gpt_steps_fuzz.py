@@ -28,6 +28,7 @@ from benchmarks.model_steps import VOCAB, gpt  # noqa: E402
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
 from tests.blas_threads_support import blas_keeps_bits_across_threads  # noqa: E402
+from tests.conftest import sgd_step  # noqa: E402
 from tests.test_review_s12_resnet_steps_fuzz import fixed_threads  # noqa: E402
 
 resolve_blas()
@@ -53,20 +54,6 @@ def _case(seed: int) -> dict:
             "block": block, "batch": batch, "data": int(rng.integers(1 << 30))}
 
 
-def _step(model, lib, lr=0.05):
-    opt = lib.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    functional = lib.nn.functional
-
-    def step(idx, y):
-        opt.zero_grad()
-        loss = functional.cross_entropy(model(idx), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return step
-
-
 @pytest.mark.parametrize("seed", range(5))
 def test_small_gpt_training_steps_same_bits_on_two_threads_and_within_rounding(
         seed, monkeypatch):
@@ -85,19 +72,19 @@ def test_small_gpt_training_steps_same_bits_on_two_threads_and_within_rounding(
     idx = rng.integers(0, VOCAB, (case["batch"], case["block"]))
     y = rng.integers(0, VOCAB, case["batch"] * case["block"])
     xs, ys = graphc.tensor(idx), graphc.tensor(y)
-    eager_step = _step(models[0], graphc)
+    eager_step = sgd_step(graphc, models[0])
     runs = {"eager": [eager_step(xs, ys).numpy().copy() for _ in range(STEPS)]}
     for count, model in zip((1, 2), models[1:]):
         fixed_threads(monkeypatch, count)
-        compiled = graphc.compile(_step(model, graphc), backend="cpu")
+        compiled = graphc.compile(sgd_step(graphc, model), backend="cpu")
         runs[count] = [compiled(xs, ys).numpy().copy() for _ in range(STEPS)]
     # the thread count switched between calls (as ThreadChooser's trials do): two, one, two
-    compiled = graphc.compile(_step(models[3], graphc), backend="cpu")
+    compiled = graphc.compile(sgd_step(graphc, models[3]), backend="cpu")
     runs["switched"] = []
     for i in range(STEPS):
         runs["switched"].append(compiled(xs, ys).numpy().copy())
         compiled.executable.thread_chooser.current = 1 if i % 2 == 0 else 2
-    ref_step = _step(reference, torch)
+    ref_step = sgd_step(torch, reference)
     want = [ref_step(torch.tensor(idx), torch.tensor(y)).numpy() for _ in range(STEPS)]
     names = [k for k, _ in reference.named_parameters()]
     state = {key: [p.detach().numpy().copy() for p in m.parameters()]

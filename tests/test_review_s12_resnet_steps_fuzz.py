@@ -28,6 +28,7 @@ import graphc  # noqa: E402
 from graphc.backends.cpu import threads  # noqa: E402
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
+from tests.conftest import sgd_step  # noqa: E402
 
 resolve_blas()
 STEPS = 3
@@ -95,20 +96,6 @@ def _cases(seed: int):
     return rng, c, o, n, h, w, bool(rng.integers(2))
 
 
-def _step(model, lib, lr=0.05):
-    opt = lib.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    functional = lib.nn.functional
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return step
-
-
 def _state(model, to_numpy) -> list:
     """Every parameter and buffer but the batch counts, as numpy arrays."""
     return [to_numpy(v) for k, v in (*model.named_parameters(), *model.named_buffers())
@@ -136,19 +123,19 @@ def test_small_resnet_training_steps_then_eval_within_rounding_on_one_and_two_th
                                for k, v in models[0].state_dict().items()})
     reference.double()
     xs, ys = graphc.tensor(x), graphc.tensor(y)
-    eager_step = _step(models[0], graphc)
+    eager_step = sgd_step(graphc, models[0])
     runs = {"eager": [eager_step(xs, ys).numpy().copy() for _ in range(STEPS)]}
     for count, model in zip((1, 2), models[1:]):
         fixed_threads(monkeypatch, count)
-        compiled = graphc.compile(_step(model, graphc), backend="cpu")
+        compiled = graphc.compile(sgd_step(graphc, model), backend="cpu")
         runs[count] = [compiled(xs, ys).numpy().copy() for _ in range(STEPS)]
     # the thread count switched between calls (as ThreadChooser's trials do): two, one, two
-    compiled = graphc.compile(_step(models[3], graphc), backend="cpu")
+    compiled = graphc.compile(sgd_step(graphc, models[3]), backend="cpu")
     runs["switched"] = []
     for i in range(STEPS):
         runs["switched"].append(compiled(xs, ys).numpy().copy())
         compiled.executable.thread_chooser.current = 1 if i % 2 == 0 else 2
-    ref_step = _step(reference, torch)
+    ref_step = sgd_step(torch, reference)
     xt, yt = torch.tensor(x).double(), torch.tensor(y)
     want_losses = [ref_step(xt, yt).numpy() for _ in range(STEPS)]
 

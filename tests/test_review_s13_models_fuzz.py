@@ -41,6 +41,7 @@ from benchmarks import family_steps, models  # noqa: E402
 from benchmarks.model_steps import VOCAB, gpt, mobilenet  # noqa: E402
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
+from tests.conftest import sgd_step  # noqa: E402
 from tests.test_review_s12_resnet_steps_fuzz import fixed_threads, small_resnet  # noqa: E402
 
 resolve_blas()
@@ -62,21 +63,6 @@ class Case:
     step: Callable
     args: tuple
     what: str
-
-
-def sgd_cross_entropy(lib, model):
-    """Cross-entropy and SGD momentum, returning the loss."""
-    opt = lib.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    functional = lib.nn.functional
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    return step
 
 
 def _pooled(size: int, pool: str) -> int:
@@ -103,7 +89,7 @@ def lenet_case(rng) -> Case:
                              nn.Linear(24, CLASSES))
 
     x = rng.standard_normal((batch, cin, size, size)).astype(np.float32)
-    return Case(build, sgd_cross_entropy, (x, rng.integers(0, CLASSES, batch)),
+    return Case(build, sgd_step, (x, rng.integers(0, CLASSES, batch)),
                 f"LeNet x[{batch},{cin},{size},{size}] {c1}-{c2} channels {k}x{k}, {pool}")
 
 
@@ -114,7 +100,7 @@ def lenet5_case(rng) -> Case:
         return models.lenet5(lib.nn)
 
     x = rng.standard_normal((64, 1, 28, 28)).astype(np.float32)
-    return Case(build, sgd_cross_entropy, (x, rng.integers(0, CLASSES, 64)),
+    return Case(build, sgd_step, (x, rng.integers(0, CLASSES, 64)),
                 "LeNet-5 x[64,1,28,28]")
 
 
@@ -128,7 +114,7 @@ def resnet_case(rng) -> Case:
         return small_resnet(lib, c, o, pooled, flat)
 
     x = (rng.standard_normal((batch, 3, h, w)) + 0.2).astype(np.float32)
-    return Case(build, sgd_cross_entropy, (x, rng.integers(0, 3, batch)),
+    return Case(build, sgd_step, (x, rng.integers(0, 3, batch)),
                 f"ResNet x[{batch},3,{h},{w}] {c} -> {o} channels, "
                 f"{'pooled' if pooled else 'flattened'}")
 
@@ -143,7 +129,7 @@ def gpt_case(rng) -> Case:
         return gpt(lib, embed=embed, layers=1, heads=heads, block=block)
 
     idx = rng.integers(0, VOCAB, (batch, block))
-    return Case(build, sgd_cross_entropy, (idx, rng.integers(0, VOCAB, batch * block)),
+    return Case(build, sgd_step, (idx, rng.integers(0, VOCAB, batch * block)),
                 f"GPT embed {embed}, {heads} heads, context {block}, batch {batch}")
 
 
@@ -166,7 +152,7 @@ def mobilenet_case(rng) -> Case:
         return mobilenet(lib, width=width)
 
     x = rng.standard_normal((batch, 3, size, size)).astype(np.float32)
-    return Case(build, sgd_cross_entropy, (x, rng.integers(0, CLASSES, batch)),
+    return Case(build, sgd_step, (x, rng.integers(0, CLASSES, batch)),
                 f"MobileNet width {width}, x[{batch},3,{size},{size}]")
 
 
@@ -180,7 +166,7 @@ def mlp_case(rng) -> Case:
                              nn.GELU(), nn.Linear(hidden, CLASSES))
 
     x = rng.standard_normal((batch, features)).astype(np.float32)
-    return Case(build, sgd_cross_entropy, (x, rng.integers(0, CLASSES, batch)),
+    return Case(build, sgd_step, (x, rng.integers(0, CLASSES, batch)),
                 f"MLP {features}-{hidden}-{hidden}-{CLASSES}, batch {batch}")
 
 
