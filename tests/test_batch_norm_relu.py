@@ -129,6 +129,44 @@ def test_split_over_channels_equals_one_thread(residual, monkeypatch):
     assert ".split" in exe.lowered.ir_text
 
 
+def _sums_graph(shape, residual: bool) -> str:
+    """batch_norm_relu[sums=true] alone: the statistics from given per-image shifted sums
+    (graphc.passes.conv_channel_sums makes such nodes)."""
+    t, c = f"f32[{','.join(map(str, shape))}]", f"f32[{shape[1]}]"
+    m, r = "bool" + t[3:], ", %r" if residual else ""
+    return f"""graph @f(%x: {t}, %w: {c}, %b: {c}, %m: {c}, %v: {c}, %s: f64[{shape[0]},3,{shape[1]}],
+    %r: {t}) -> ({t}, {m}, {c}, {c}) {{
+  %1: {t}, %2: {m}, %3: {c}, %4: {c} = batch_norm_relu[training=true, eps=1e-05, sums=true](%x,
+      %w, %b, %m, %v, %s{r})
+  return (%1, %2, %3, %4)
+}}"""  # noqa: E501
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("shape", [(5, 37, 4, 3), (3, 70, 2, 2), (1, 19, 3, 3)])
+def test_statistics_from_sums_equal_the_interpreters_bit_for_bit(shape, residual,
+                                                                  monkeypatch):
+    """With sums=true the kernel merges the per-image sums by Chan's update, image by image
+    over a vector of channels (graphc.backends.cpu.batch_norm._merged_statistics): the
+    operations of graphc.ops.batch_norm_relu.merged_statistics per channel, so the mean,
+    invstd and output have its bits, on one thread and split over the channels; channel
+    counts off the vector width, one image, a channel of zero variance."""
+    monkeypatch.setattr(pool, "POOL_MIN_SPLIT_TAPS", 0)
+    arrays = _arrays(shape, seed=shape[1])
+    x = arrays[0]
+    x[:, 2] = 1.5  # a constant channel: the merged M2 rounds to ~0 (clamped if below)
+    planes = x.reshape(shape[0], shape[1], -1).astype(np.float64)
+    shift = planes[:, :, :1]
+    sums = np.stack([shift[:, :, 0], (planes - shift).sum(-1), ((planes - shift) ** 2).sum(-1)],
+                    axis=1)
+    arrays = arrays[:5] + [sums] + arrays[5:]
+    graph = parse(_sums_graph(shape, residual))
+    want = interpret(graph, *[a.copy() for a in arrays])
+    _assert_same_bits(_compiled(graph, 1).run(*[a.copy() for a in arrays]), want)
+    if ALL_CORES >= 2:
+        _assert_same_bits(_compiled(graph, ALL_CORES).run(*[a.copy() for a in arrays]), want)
+
+
 @pytest.mark.parametrize("case", [
     {"extra_reader": True},            # y is read by another node too
     {"value": 1.0},                    # gt against 1, not the ReLU's mask
