@@ -66,6 +66,12 @@ __all__ = ["batch_norm", "by_channel_blocks", "prefetch_plane"]
 IMAGE_ORDER = True
 # Each plane's walk first asks for the lines of x (and of the output) 1 KiB ahead.
 PREFETCH = True
+# The same in the output walk of a kernel given its sums (sums=true: that walk alone, x not
+# read before). False: the hardware's prefetchers alone, which did better there (Zen 5, x
+# cold: 64 channels 0.62 -> 0.54 ms, with a residual 0.96 -> 0.75; docs/performance.md,
+# fourteenth session); the walks of the two-walk kernel keep theirs (128 channels 0.31 ms
+# with, 0.36 without).
+PREFETCH_SUMS_WALK = False
 # In training, channels in blocks of this many bytes of x (its N planes a channel), each
 # block's statistics walk then its output walk, so that the second reads x from L2 (2 MiB a
 # core here), not memory; None: one block (the two walks over the whole of x). 256 KiB: of
@@ -109,7 +115,7 @@ def batch_norm(lw, node: Node) -> None:
                 *sums]
         kb, ids = image_kernel(lw, node.op, locs + ([] if split is None else [split.control]),
                                ("images", tuple(sorted(node.attrs.items())),
-                                split is not None, PREFETCH, len(residual),
+                                split is not None, PREFETCH, PREFETCH_SUMS_WALK, len(residual),
                                 CHANNEL_BLOCK_BYTES))
         xi, wi, bi, rmi, rvi, oi, mi, ii, wsi = ids[:9]
         maski, ri = (ids[9] if fused_relu else None), (ids[10] if residual else None)
@@ -160,8 +166,9 @@ def batch_norm(lw, node: Node) -> None:
                 kb.store(b, ii, imul(b, ch, is_), convert(b, invstd, float64, dt))
             with loop(b, 0, n, "n") as k, loop(b, lo, hi, "c") as ch:
                 base = b.add(b.mul(k, i64(c * s)), b.mul(ch, i64(s)))
-                prefetch_plane(b, kb, [(xi, False), (oi, True)]
-                                + ([(ri, False)] if residual else []), base, s)
+                if PREFETCH_SUMS_WALK or not with_sums:
+                    prefetch_plane(b, kb, [(xi, False), (oi, True)]
+                                    + ([(ri, False)] if residual else []), base, s)
                 mean = kb.load(b, wsi, column(MEAN, ch))
                 scale = kb.load(b, wsi, column(SCALE, ch))
                 shift = kb.load(b, wsi, column(BIAS, ch))
