@@ -18,7 +18,7 @@ pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvm
 import graphc  # noqa: E402
 from graphc import nn  # noqa: E402
 from graphc.backends.cpu import batch_norm_backward as kernel_module  # noqa: E402
-from graphc.backends.cpu import pool, threads  # noqa: E402
+from graphc.backends.cpu import pool, prefetch, threads  # noqa: E402
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
 from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
@@ -180,6 +180,28 @@ def test_the_kernel_is_within_twice_eager_rounding_of_float64(residual, shape, d
     reference = interpret(wide, *[a.astype(np.float64) if a.dtype != bool else a
                                   for a in arrays])
     assert not any(np.isnan(g).any() for g in got)
+    for k, (g, e, r) in enumerate(zip(got, eager, reference, strict=True)):
+        try:
+            assert_rounding_within(g, e, r)
+        except AssertionError as err:
+            raise AssertionError(f"output {k}: {err}") from None
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("block", [256, 16, None])
+def test_the_two_nodes_long_rows_within_twice_eager_rounding_of_float64(residual, block,
+                                                                       monkeypatch):
+    """The two nodes as the cpu pipeline compiles them (FUSE off): the sums node's rows (planes
+    of 2048) summed a block at a time (graphc.backends.cpu.prefetch.blocked_rows: 256, 16, or
+    whole rows), within 2x eager graphc's distance from the same graph in float64."""
+    monkeypatch.setattr(prefetch, "REDUCED_ROW_BLOCK", block)
+    shape = (3, 4, 32, 64)
+    graph = parse(backward_graph(shape, residual))
+    arrays = backward_inputs(shape, residual, seed=7 + residual)
+    got = _compiled(graph).run(*[a.copy() for a in arrays])
+    eager = interpret(graph, *[a.copy() for a in arrays])
+    reference = interpret(parse(backward_graph(shape, residual, "f64")),
+                          *[a.astype(np.float64) if a.dtype != bool else a for a in arrays])
     for k, (g, e, r) in enumerate(zip(got, eager, reference, strict=True)):
         try:
             assert_rounding_within(g, e, r)

@@ -50,6 +50,10 @@ PREFETCH_AHEAD_BYTES = 1024
 # Below this many elements (256 KiB of float32, within the L2 cache) the hardware keeps up.
 PREFETCH_MIN_ELEMENTS = 1 << 16
 CACHE_LINE_BYTES = 64
+# Reduced rows longer than this many elements are summed a block at a time (`blocked_rows`;
+# graphc.backends.cpu.reductions and sibling_sums); None: whole rows. 256 float32 are 1 KiB,
+# PREFETCH_AHEAD_BYTES.
+REDUCED_ROW_BLOCK: int | None = 256
 # Rows longer than this (bytes) are not prefetched row by row (one hint per line at the row's
 # start would run too far ahead); ResNet-18's planes are 64 bytes to 4 KiB.
 PREFETCH_ROW_MAX_BYTES = 1 << 14
@@ -108,6 +112,25 @@ def row_prefetcher(kb, sizes, strides, outputs=(), rows_ahead: int | None = None
                            ahead=None if rows_ahead is None else rows_ahead * row_bytes)
 
     return fetch
+
+
+def blocked_rows(kb, sizes, strides):
+    """The collapsed `sizes`/`strides` of a loop nest (more than one loop) whose innermost
+    loop runs along rows of more than REDUCED_ROW_BLOCK elements (a multiple of it) with that
+    loop cut in two, [row / block, block], each operand's stride s becoming (s * block, s);
+    else as they are (REDUCED_ROW_BLOCK None included, and rows of `kb`'s operands past
+    PREFETCH_ROW_MAX_BYTES, left to the hardware as before). For a reduction whose rows are summed
+    in registers: a row's sum then goes to its output a block at a time, and
+    `row_prefetcher`'s hints at each block's start spread over the row instead of a burst of
+    a whole long row's lines at its start (4 KiB rows, ResNet-18's 64-channel planes: the
+    batch-norm backward's sums 0.78 -> 0.59 ms with x, dy and the mask cold)."""
+    block = REDUCED_ROW_BLOCK
+    n = sizes[-1] if sizes else None
+    if block is None or len(sizes) < 2 or type(n) is not int or n <= block or n % block or \
+            n * max(op.dtype.itemsize for op in kb.operands) > PREFETCH_ROW_MAX_BYTES:
+        return sizes, strides
+    return list(sizes[:-1]) + [n // block, block], \
+        [tuple(s[:-1]) + (s[-1] * block, s[-1]) for s in strides]
 
 
 def prefetch_lines(kb, b, k: int, offset, nbytes: int, write: bool = False,

@@ -21,7 +21,7 @@ import math
 from graphc.backends.cpu import column_parts, rows
 from graphc.backends.cpu.elementwise import ElementwiseLowering
 from graphc.backends.cpu.kernels import Body, KernelBuilder, reduction_loops, result_share
-from graphc.backends.cpu.prefetch import row_prefetcher
+from graphc.backends.cpu.prefetch import blocked_rows, row_prefetcher
 from graphc.backends.cpu.scalars import const, convert, reduction_combiner, reduction_identity
 from graphc.backends.cpu.values import (
     I1,
@@ -104,6 +104,7 @@ class ReductionLowering(ElementwiseLowering):
 
         inner_reduced = bool(sizes) and strides[o][-1] == 0
         if inner_reduced:
+            sizes, strides = blocked_rows(kb, sizes, strides)  # long rows a block at a time
             with b.goto_entry_block():
                 acc = b.alloca(REG[acc_t.name] if acc_t is not bool_ else I1, name="acc")
             # short rows C rows apart (a channel's planes): each row's start prefetches it

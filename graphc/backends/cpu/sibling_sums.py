@@ -17,13 +17,15 @@ several accumulators: float32 rounding of the order, no more.
 from __future__ import annotations
 
 from graphc.backends.cpu.kernels import Body, KernelBuilder, reduction_loops, result_share
-from graphc.backends.cpu.prefetch import row_prefetcher
+from graphc.backends.cpu.prefetch import blocked_rows, row_prefetcher
 from graphc.backends.cpu.scalars import convert, reduction_combiner, reduction_identity
 from graphc.backends.cpu.values import REG, collapse, contiguous_strides, loop, unsupported
 from graphc.ir.graph import Node
 from graphc.passes.sibling_sums import trailing_sums
 
 __all__ = ["lower_sibling_sums"]
+
+PREFETCH_ROWS = True  # graphc.backends.cpu.prefetch.row_prefetcher; False: benchmarks' A/B
 
 
 def lower_sibling_sums(lw, node: Node, body: Body) -> None:
@@ -74,9 +76,11 @@ def lower_sibling_sums(lw, node: Node, body: Body) -> None:
 
     o0 = outs[0][0]
     if sizes and strides[o0][-1] == 0:  # the innermost loop is reduced: sums in registers
+        sizes, strides = blocked_rows(kb, sizes, strides)
         with b.goto_entry_block():
             accs = [b.alloca(REG[t.name], name=f"acc{j}") for j, (_, t) in enumerate(outs)]
-        fetch = row_prefetcher(kb, sizes, strides, {k for _, k, _ in stores})
+        fetch = row_prefetcher(kb, sizes, strides, {k for _, k, _ in stores}) \
+            if PREFETCH_ROWS else None
 
         def before(b, offsets):
             if fetch is not None:
