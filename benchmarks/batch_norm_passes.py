@@ -7,6 +7,7 @@ process, and their rounding on hostile inputs.
     python -m benchmarks.batch_norm_passes --relu --rounds 9   # batch norm + ReLU, fused or not
     python -m benchmarks.batch_norm_passes --conv-sums --rounds 9  # statistics in the conv
     python -m benchmarks.batch_norm_passes --backward --rounds 9   # the backward, fused or not
+    python -m benchmarks.batch_norm_passes --cold --rounds 64      # two kernels, caches cold
 
 For each batch-norm shape of benchmarks/model_steps.py's ResNet-18 step (batch 32: 64
 channels at 32x32, 128 at 16x16, 256 at 8x8, 512 at 4x4) the one-op `batch_norm` graph
@@ -52,6 +53,15 @@ batch_norm_backward.CHANNEL_BLOCK_BYTES) or all channels in one block, each comp
 called natively in alternated rounds as above; the fused ones checked against the two nodes
 within float32 rounding first. GB/s: the two nodes' nominal bytes (each input and output of
 each node once) over each variant's time.
+
+`--cold`: per layer, with and without a residual, two kernels as they run in the step, where
+their inputs come from memory: `batch_norm_relu[sums=true]` alone (given per-image sums; its
+output walk with and without prefetch hints, graphc.backends.cpu.batch_norm.
+PREFETCH_SUMS_WALK) and the backward's sums node alone (the two-node form of `--backward`:
+its rows of 1024 summed whole or 256 at a time, graphc.backends.cpu.prefetch.
+REDUCED_ROW_BLOCK). Each call is timed alone (CPU time) after 48 MB are written (past the
+32 MB L3), the variants alternated, `--rounds` samples, medians; the variants' results are
+checked to agree within float32 rounding first.
 """
 
 from __future__ import annotations
@@ -354,6 +364,109 @@ def backward_speed(root: str, rounds: int) -> list[str]:
     return lines
 
 
+def sums_relu_graph(shape: tuple, residual: bool) -> str:
+    """batch_norm_relu[sums=true] alone (graphc.passes.conv_channel_sums makes it)."""
+    n, c = shape[:2]
+    t, p = "f32[" + ",".join(map(str, shape)) + "]", f"f32[{c}]"
+    r, extra = (f", %r: {t}", ", %r") if residual else ("", "")
+    return f"""graph @f(%x: {t}, %w: {p}, %b: {p}, %m: {p}, %v: {p}, %s: f64[{n},3,{c}]{r})
+        -> ({t}, bool{t[3:]}, {p}, {p}) {{
+      %1: {t}, %2: bool{t[3:]}, %3: {p}, %4: {p} = batch_norm_relu[training=true, eps=1e-05,
+          sums=true](%x, %w, %b, %m, %v, %s{extra})
+      return (%1, %2, %3, %4)
+    }}"""
+
+
+def sums_relu_inputs(shape: tuple, residual: bool, seed: int) -> list[np.ndarray]:
+    """x, the parameters, x's per-image shifted sums (K, S1, S2: [N, 3, C]) [and r]."""
+    rng = np.random.default_rng(seed)
+    n, c = shape[:2]
+    x = (2 * rng.standard_normal(shape) + 1).astype(np.float32)
+    planes = x.reshape(n, c, -1).astype(np.float64)
+    d = planes - planes[:, :, :1]
+    sums = np.stack([planes[:, :, 0], d.sum(-1), (d * d).sum(-1)], axis=1)
+    params = [rng.uniform(0.5, 2, c).astype(np.float32) for _ in range(4)]
+    return [x, *params, sums] + ([rng.standard_normal(shape).astype(np.float32)]
+                                 if residual else [])
+
+
+def backward_sums_graph(shape: tuple, residual: bool) -> str:
+    """The sums node of tests.test_batch_norm_backward.backward_graph alone (its outputs
+    returned, the apply node dropped)."""
+    from tests.test_batch_norm_backward import backward_graph
+
+    t, c = "f32[" + ",".join(map(str, shape)) + "]", f"f32[{shape[1]}]"
+    lines = [line for line in backward_graph(shape, residual).splitlines()
+             if not any(name in line for name in ("%wr", "%sgr", "%sgxr", "%dx", "return"))]
+    lines[0] = lines[0][:lines[0].index("-> (")] + \
+        (f"-> ({c}, {c}, {t}) {{" if residual else f"-> ({c}, {c}) {{")
+    return "\n".join(lines[:-1] + ["  return (%sgx, %sg" + (", %g)" if residual else ")"),
+                                    "}"])
+
+
+COLD_CASES = {  # name: (graph, inputs, module, switch, (before, after))
+    "batch_norm_relu[sums]": (sums_relu_graph, sums_relu_inputs, "batch_norm",
+                              "PREFETCH_SUMS_WALK", (True, False)),
+    "backward sums": (backward_sums_graph, None, "prefetch", "REDUCED_ROW_BLOCK", (None, 256)),
+}
+
+
+def cold_speed(root: str, rounds: int) -> list[str]:
+    """The --cold table (module docstring)."""
+    import importlib
+
+    from benchmarks.profiles import native_call
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.ir import parse
+    from graphc.passes.plan import plan_buffers
+    from tests.test_batch_norm_backward import backward_inputs
+
+    lines = ["| kernel | switch: before -> after | layer (N = 32) | residual | before | after |",
+             "|---|---|---|---|---|---|"]
+    for case, (make, inputs, module_name, switch, values) in COLD_CASES.items():
+        module = importlib.import_module(f"graphc.backends.cpu.{module_name}")
+        for channels, side in LAYERS:
+            shape = (32, channels, side, side)
+            for residual in (False, True):
+                args = inputs(shape, residual, channels) if inputs else \
+                    backward_inputs(shape, residual, seed=channels)
+                calls, results = [], []
+                for value in values:
+                    os.environ["GRAPHC_CACHE_DIR"] = os.path.join(root, f"{case} {value}")
+                    kept = getattr(module, switch)
+                    setattr(module, switch, value)
+                    try:
+                        graph = parse(make(shape, residual))
+                        plan_buffers(graph)
+                        executable = CpuExecutable(graph)
+                    finally:
+                        setattr(module, switch, kept)
+                    results.append(executable.run(*[a.copy() for a in args]))
+                    calls.append(native_call(executable, args))
+                for got, want in zip(*results):
+                    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+                before, after = (statistics.median(t) for t in _cold(calls, rounds))
+                lines.append(f"| {case} | {switch}: {values[0]} -> {values[1]} | {channels} "
+                             f"channels, {side}x{side} | {'yes' if residual else 'no'} | "
+                             f"{before * 1e3:.3f} ms | {after * 1e3:.3f} ms |")
+    return lines
+
+
+def _cold(calls, rounds: int) -> list[list[float]]:
+    """Each call's CPU seconds, one call a sample after 48 MB written (the caches cold),
+    `rounds` samples a call, the calls' order reversed every other round."""
+    flush = np.zeros(12 << 20, np.float32)
+    times: list[list[float]] = [[] for _ in calls]
+    for r in range(rounds):
+        order = list(enumerate(calls))
+        for k, call in (order if r % 2 else order[::-1]):
+            flush += 1.0
+            start = time.process_time()
+            call()
+            times[k].append(time.process_time() - start)
+    return times
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="alternated rounds (7)")
@@ -365,6 +478,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the statistics walked by batch norm or summed by the conv")
     parser.add_argument("--backward", action="store_true",
                         help="batch norm + ReLU's backward, two fused nodes or one")
+    parser.add_argument("--cold", action="store_true",
+                        help="batch_norm_relu[sums] and the backward's sums, caches cold")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
                         help="which variants (all)")
     args = parser.parse_args(argv)
@@ -375,6 +490,9 @@ def main(argv: list[str] | None = None) -> None:
     with cache_root("batch_norm_passes.") as root:
         if args.conv_sums:
             print("\n".join(conv_sums_speed(root, args.rounds)), flush=True)
+            return print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
+        if args.cold:
+            print("\n".join(cold_speed(root, args.rounds)), flush=True)
             return print("load average:", " ".join(f"{v:.2f}" for v in os.getloadavg()))
         if args.backward:
             print("\n".join(backward_speed(root, args.rounds)), flush=True)

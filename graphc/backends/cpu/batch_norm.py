@@ -24,8 +24,9 @@ stores its mask, each by the scalar rule a fused body renders (graphc.backends.c
 so the result is the two kernels' bit for bit; it always walks in image order. With
 `sums=true` (graphc.passes.conv_channel_sums) there is no statistics walk: each channel's
 mean and variance are the convolution's per-image shifted sums merged in image order
-(`_merged_statistics`, Chan's update, the op's reference kernel step for step), then the
-output walk, one block.
+(`_merged_statistics`, Chan's update, the op's reference kernel step for step, image by
+image over a vector of channels), then the output walk, one block, its hints left to the
+hardware (PREFETCH_SUMS_WALK).
 
 Invariants: a channel's sums are added in one order (image by image, a plane's elements
 reassociated in vector registers) whatever the thread count, so the kernel split over the

@@ -24,13 +24,19 @@ False, emitting nothing, for any other domain, and the caller nests as before.
 loop runs along short contiguous rows (a reduction over a channel's planes, reductions.py:
 rows of 16 to 1024 float32 that lie C rows apart, where the hardware's prefetchers stop at
 each row's page): a function to call at each row's start, asking for the row's cache lines
-PREFETCH_AHEAD_BYTES ahead. `prefetch_lines` is the one place that emits the hint.
+PREFETCH_AHEAD_BYTES ahead. `blocked_rows` cuts such a nest's rows longer than
+REDUCED_ROW_BLOCK elements into blocks, so that those hints come a block at a time rather than
+a whole 4 KiB row's 64 lines an operand at its start (on the Zen 5 host, with the operands
+in memory, the burst cost the batch-norm backward's sums a third of their time).
+`prefetch_lines` is the one place that emits the hint.
 
 Invariants: each element is computed by the same `leaf` code as in `KernelBuilder.nest`, so
-results are bit for bit the same. A prefetch never faults (past the end of an array it only
-fetches a line no one reads). graphc.backends.cpu.codegen nests DDP's fused waits (their
-reads `combined` from the ranks' shared windows, their outputs stored non-temporally) as
-before: prefetching the windows was slower (docs/distributed.md).
+results are bit for bit the same (`blocked_rows` aside: a row's sum goes to its output in
+parts, float32 rounding of the order, judged by the float64 rule of docs/performance.md).
+A prefetch never faults (past the end of an array it only fetches a line no one reads).
+graphc.backends.cpu.codegen nests DDP's fused waits (their reads `combined` from the ranks'
+shared windows, their outputs stored non-temporally) as before: prefetching the windows was
+slower (docs/distributed.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ Part of the top layer of the CPU code generator (values <- scalars <- kernels <-
   ending a fused body (the body's elementwise instructions from `start` rendered per element
   read, its other outputs stored on the way): the output first set to the reduction's
   identity, then combined element by element (in a register across an innermost reduced
-  loop, short rows prefetched: graphc.backends.cpu.prefetch.row_prefetcher), a mean
+  loop, short rows prefetched: graphc.backends.cpu.prefetch.row_prefetcher, long ones a
+  block at a time: prefetch.blocked_rows), a mean
   divided by the count at the end (a count known per call in a symbolic graph);
 - `_rows`: softmax and log_softmax along `dim` (a fused body may feed them): in vector
   registers where the output row is contiguous (graphc.backends.cpu.rows), else three

@@ -7,8 +7,9 @@ arguments of one shape D, none read inside the body (graphc.passes.sibling_sums.
 is_sibling_sums). The kernel walks D
 once, as graphc.backends.cpu.reductions walks a single reduction: each element's
 instructions rendered once, the body's D-shaped outputs stored on the way, each sum
-accumulated in its own register across an innermost reduced loop (short rows prefetched,
-graphc.backends.cpu.prefetch.row_prefetcher) and added to its output after it. Each sum adds
+accumulated in its own register across an innermost reduced loop (rows prefetched,
+graphc.backends.cpu.prefetch.row_prefetcher; rows past REDUCED_ROW_BLOCK elements a block
+at a time, prefetch.blocked_rows) and added to its output after it. Each sum adds
 the same values as the single-reduction kernel would, row by row in the same order; within a
 row the additions are reassociated (vector registers), which LLVM may group otherwise with
 several accumulators: float32 rounding of the order, no more.
