@@ -17,7 +17,8 @@ back per round, the rounds alternating one thread and two (`ThreadChooser(fixed=
 untimed runs first in each round. Back to back, not as graphc.profile runs them: it copies
 the arrays before every run, long enough for libgomp's team to fall asleep, so its first
 forked kernel would carry a wake-up that a loop of steps does not pay. Per kernel: the
-median at one thread and at two, the speed-up, and the time lost to perfect scaling (two
+median (or `--quantile q` of its runs: 0.1 leaves out the runs another task interrupted) at
+one thread and at two, the speed-up, and the time lost to perfect scaling (two
 threads' time minus half of one's), with how the kernel runs on two threads:
 - `omp`: a generated kernel that forks its outer loop (kernels.py: elementwise over
   PARALLEL_MIN_ELEMENTS, loops of generated GEMMs over `gemm_work`);
@@ -45,9 +46,18 @@ it is; the blocks rotate over both variants and both counts (the kernels part pr
 
 Two threads wait for a core the OS gives to other work: read the load averages printed at
 the start and the end (docs/performance.md, "Threads: one owner of the cores"). `--realtime`
-(root) runs each round under SCHED_FIFO (benchmarks.mlp_threads.realtime) as if the machine
-were idle; a round is `--runs` steps (a ResNet-18 step is ~0.3-0.5 s: keep its rounds short,
-Linux leaves other tasks 5% of every second meanwhile).
+(root) runs each timed run or call under SCHED_FIFO (benchmarks.mlp_threads.realtime) as if
+the machine were idle: one untimed run and the timed one in a stretch, then a pause as long
+(`fifo_stretch`: Linux parks SCHED_FIFO tasks that ran 0.95 s of a second). `--json PATH`
+also writes every run's kernel times to PATH.npz (`us_1`, `us_2`: runs x kernels).
+
+FIFO keeps the other tasks of this machine off the cores, not what shares the host with it:
+on the Zen 5 host (fourteenth session) the same build's kernel sums read 284 / 143 ms at one
+/ two threads (1.98x) with the other helpers just starting, 265-290 / 149-161 ms (1.72-
+1.80x) half an hour later, with no change of code; the kernels that lose are the ones that
+stream memory (the 512-channel filter transforms, the weight updates, batch norm), and the
+rest lose ~10% alike. Compare variants alternated in one process (`--ab`), never runs made
+at different times.
 """
 
 from __future__ import annotations
@@ -77,12 +87,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=30, help="kernels listed (30)")
     parser.add_argument("--realtime", action="store_true",
                         help="SCHED_FIFO while timing each round or block (root)")
+    parser.add_argument("--quantile", type=float, default=0.5,
+                        help="kernels: the quantile of each kernel's runs (0.5: the median; "
+                        "0.2: the runs no other task interrupted)")
     parser.add_argument("--json", help="kernels: write every kernel's row to this file")
     parser.add_argument("--quick", action="store_true", help="smoke sizes (model_steps.QUICK)")
     parser.add_argument("--ab", nargs="?", const="forks", choices=sorted(SWITCHES),
                         help="step: also the variant with SWITCH off (default forks: the "
                         "unsplit Winograd kernels' and reductions' forks)")
     args = parser.parse_args(argv)
+    if not 0 <= args.quantile <= 1:
+        parser.error(f"--quantile must be in [0, 1], got {args.quantile}")
     most = two_thread_setup(parser, "step_threads", f"{args.model}: ", args.realtime,
                             runs=args.runs, rounds=args.rounds, calls=args.calls,
                             blocks=args.blocks)
@@ -98,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
                 with variant(name, root, switch):  # its profiling build: the same switches
                     kernel_table(steps[name], arguments[name], most, args.runs, args.rounds,
                                  args.top, args.realtime,
-                                 args.json if name == "after" else None)
+                                 args.json if name == "after" else None,
+                                 args.quantile)
                 print(f"{load()}", flush=True)
         if args.only in (None, "step"):
             step_table(steps, arguments, most, args.blocks, args.calls, args.realtime)
@@ -208,7 +224,7 @@ def how_it_runs(kernel: str, ir_text: str) -> str:
 
 
 def kernel_table(step, arguments, most: int, runs: int, rounds: int, top: int,
-                 fifo: bool, path: str | None = None) -> None:
+                 fifo: bool, path: str | None = None, quantile: float = 0.5) -> None:
     from graphc.backends.cpu import threads
     from graphc.backends.cpu.executable import CpuExecutable
     from graphc.tools.profile import kernel_label
@@ -219,13 +235,16 @@ def kernel_table(step, arguments, most: int, runs: int, rounds: int, top: int,
     for round_ in range(rounds):
         count = 1 if round_ % 2 == 0 else most
         timed.thread_chooser = threads.ThreadChooser(most, fixed=count)
-        with realtime(fifo):
+        if not fifo:
             for _ in range(2):
                 timed.run(*arrays)
-            for _ in range(runs):
+        for _ in range(runs):
+            with fifo_stretch(fifo):
+                if fifo:  # wake or park the team inside the same SCHED_FIFO stretch
+                    timed.run(*arrays)
                 timed.run(*arrays)
-                stamps[count].append(np.diff(timed.last_stamps) / 1e3)
-    one, two = (np.median(np.array(stamps[c]), axis=0) for c in (1, most))
+            stamps[count].append(np.diff(timed.last_stamps) / 1e3)
+    one, two = (np.quantile(np.array(stamps[c]), quantile, axis=0) for c in (1, most))
     lowered = timed.lowered
     rows = []
     for k, node in enumerate(lowered.kernel_nodes):
@@ -234,13 +253,15 @@ def kernel_table(step, arguments, most: int, runs: int, rounds: int, top: int,
         rows.append((two[k] - one[k] / 2, one[k], two[k], label, shape,
                      how_it_runs(lowered.kernels[k], lowered.ir_text), k))
     if path is not None:
+        np.savez(path + ".npz", **{f"us_{c}": np.array(stamps[c]) for c in (1, most)},
+                 kernels=np.array(timed.lowered.kernels))
         with open(path, "w") as f:
             json.dump([{"step": k, "one_us": t1, "all_us": t2, "op": label, "shape": shape,
                         "runs_as": how, "kernel": lowered.kernels[k]}
                        for _, t1, t2, label, shape, how, k in rows], f, indent=1)
     total1, total2 = one.sum(), two.sum()
     print(f"native call (sum of kernels): {total1 / 1e3:.2f} ms at 1 thread, "
-          f"{total2 / 1e3:.2f} ms at {most} ({total1 / total2:.2f}x); medians of "
+          f"{total2 / 1e3:.2f} ms at {most} ({total1 / total2:.2f}x); quantile {quantile} of "
           f"{runs * ((rounds + 1) // 2)} / {runs * (rounds // 2)} runs; lost to perfect "
           f"scaling {(total2 - total1 / most) / 1e3:.2f} ms")
     print(f"  the {top} kernels losing most: step, us at 1 / {most} threads, speed-up, lost")
@@ -259,6 +280,21 @@ def kernel_table(step, arguments, most: int, runs: int, rounds: int, top: int,
     for (label, how), (t1, t2, n) in ordered[:top]:
         print(f"  {label[:28]:<28} {how:<6} {n:4d} {t1 / 1e3:8.2f} {t2 / 1e3:8.2f} "
               f"{t1 / max(t2, 1e-9):5.2f}x {(t2 - t1 / 2) / 1e3:7.2f}")
+
+
+# Linux lets SCHED_FIFO tasks run 0.95 s of every second (sched_rt_runtime_us) and then
+# parks them for the rest of it: a stretch under `realtime` is one untimed and one timed run
+# (at most ~0.6 s of a ResNet-18 step at one thread), and a pause as long as the stretch
+# follows, which gives the budget back. A round of `--runs` steps under one stretch ran past
+# the budget (five ResNet-18 steps at one thread: 1.4 s), and Linux would park it mid-kernel.
+@contextlib.contextmanager
+def fifo_stretch(fifo: bool):
+    """`realtime(fifo)` for one stretch, then (fifo) a pause as long as the stretch."""
+    start = time.perf_counter()
+    with realtime(fifo):
+        yield
+    if fifo:
+        time.sleep(time.perf_counter() - start)
 
 
 def kernel_class(node) -> str:
@@ -308,10 +344,13 @@ def step_table(steps: dict, arguments: dict, most: int, blocks: int, calls: int,
         for name, count in order[shift:] + order[:shift]:
             step, args = steps[name], arguments[name]
             step.executable.thread_chooser = threads.ThreadChooser(most, fixed=count)
-            step(*args)  # wake or park the team; not timed
+            if not fifo:
+                step(*args)  # wake or park the team; not timed
             seconds, cpu = [], 0.0
             for _ in range(calls):
-                with realtime(fifo):  # one call at a time: a ResNet-18 step is ~0.3-0.5 s
+                with fifo_stretch(fifo):
+                    if fifo:  # wake or park the team inside the same SCHED_FIFO stretch
+                        step(*args)
                     start, used = time.perf_counter(), time.process_time()
                     step(*args)
                     seconds.append(time.perf_counter() - start)

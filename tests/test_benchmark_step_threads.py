@@ -122,6 +122,10 @@ def test_smoke_sizes_print_every_part(model, capsys, tmp_path, monkeypatch):
         for count in (1, 2):
             assert f"{name}: step on {count} thread(s): median " in out
     assert (tmp_path / "kernels.json").read_text().startswith("[")
+    import numpy as np
+
+    runs = np.load(tmp_path / "kernels.json.npz")  # every run's kernel times, each count
+    assert runs["us_1"].shape == runs["us_2"].shape == (1, len(runs["kernels"]))
     assert "at the end: load average" in out
 
 
@@ -129,6 +133,31 @@ def test_bad_counts_are_refused(capsys):
     with pytest.raises(SystemExit):
         step_threads.main(["--model", "gpt", "--runs", "0"])
     assert "--runs must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        step_threads.main(["--model", "gpt", "--quantile", "1.5"])
+    assert "--quantile must be in [0, 1], got 1.5" in capsys.readouterr().err
+
+
+def test_a_fifo_stretch_is_followed_by_a_pause_as_long(monkeypatch):
+    import contextlib
+
+    entered, slept = [], []
+    clock = iter([10.0, 10.25, 20.0, 20.5])  # the first stretch: 0.25 s
+
+    @contextlib.contextmanager
+    def fake_realtime(on):
+        entered.append(on)
+        yield
+
+    monkeypatch.setattr(step_threads, "realtime", fake_realtime)
+    monkeypatch.setattr(step_threads.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(step_threads.time, "sleep", slept.append)
+    with step_threads.fifo_stretch(True):
+        pass
+    assert entered == [True] and slept == [0.25]
+    with step_threads.fifo_stretch(False):  # no SCHED_FIFO: no pause
+        pass
+    assert entered == [True, False] and slept == [0.25]
 
 
 @pytest.mark.skipif(threads.most_threads() < 2, reason="one thread here: nothing to compare")
