@@ -40,7 +40,8 @@ transform and 16 block GEMMs serial, reductions stay serial; `column_parts`: col
 serial, not cut into forked parts; `polyphase_grad`: the stride-2 weight gradients on
 im2col; `channel_forks`: a one-block Winograd kernel's input and output transforms inside
 it, on the calling thread; `wide_grad_forks`: the same for conv_winograd_wide_grad's Vt and
-Y; `polyphase_forks`: for conv_polyphase's; `more_channel_forks`: these two) and "after" as
+Y; `polyphase_forks`: for conv_polyphase's; `more_channel_forks`: these two;
+`polyphase_grad_forks`: conv_polyphase_grad's x and gy transforms) and "after" as
 it is; the blocks rotate over both variants and both counts (the kernels part profiles
 "after"; `--only kernels --ab` both, "before" first).
 
@@ -164,6 +165,12 @@ def _polyphase_forks_off() -> dict:
     return {(conv_polyphase, "FORKED_TRANSFORMS"): False}
 
 
+def _polyphase_grad_forks_off() -> dict:
+    from graphc.backends.cpu import conv_polyphase_grad
+
+    return {(conv_polyphase_grad, "FORKED_TRANSFORMS"): False}
+
+
 def _more_channel_forks_off() -> dict:
     return _wide_grad_forks_off() | _polyphase_forks_off()
 
@@ -185,6 +192,8 @@ SWITCHES = {
     "polyphase_forks": _polyphase_forks_off,
     # both of these
     "more_channel_forks": _more_channel_forks_off,
+    # the one-block stride-2 weight gradient's (256 -> 512) x and gy transforms forked
+    "polyphase_grad_forks": _polyphase_grad_forks_off,
 }
 
 

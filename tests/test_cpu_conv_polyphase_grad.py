@@ -147,6 +147,31 @@ def test_one_block_forks_its_products(monkeypatch):
     check((8, 32, 8, 8), (32, 32, 3, 3))  # 4 blocks an image, 8 images: one block
 
 
+@needs_kernel
+@pytest.mark.skipif(ALL_CORES < 2, reason="one thread here: the transforms stay inside")
+@pytest.mark.parametrize("forked", [True, False])
+def test_one_block_forks_its_transforms_over_channels(monkeypatch, forked):
+    # x's and gy's transforms in kernels of their own, forked over channels: the same bits on
+    # one thread and on all cores (each channel by the same code); the switch keeps them in
+    from graphc.backends.cpu import kernels
+
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(conv_polyphase_grad, "FORKED_TRANSFORMS", forked)
+    xs, ws = (8, 32, 8, 8), (32, 32, 3, 3)
+    check(xs, ws)
+    rng = np.random.default_rng(3)
+    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
+    args = [rng.standard_normal(gs).astype(np.float32),
+            rng.standard_normal(xs).astype(np.float32)]
+    got = []
+    for count in (1, ALL_CORES):
+        exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["gw"], count)
+        for step in ("_x", "_y"):
+            assert (f"{KERNEL}{step}" in exe.lowered.ir_text) == forked
+        got.append(exe.run(*args)[0])
+    np.testing.assert_array_equal(got[0], got[1], err_msg="one thread against all cores")
+
+
 # left to the other paths: input channels not a whole number of vectors, few channels,
 # stride 1, padding 0, groups, an odd output, float64
 LEFT = [

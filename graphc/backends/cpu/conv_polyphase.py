@@ -78,7 +78,8 @@ from graphc.backends.cpu.winograd_transforms import add_plane_sums, combine, pad
 from graphc.types import float32
 
 __all__ = ["ENABLED", "FORKED_TRANSFORMS", "MIN_CHANNELS", "POSITIONS", "Pass", "applies",
-           "conv2d", "conv2d_input_grad", "input_transform", "phase_matrices", "two_sided"]
+           "by_rows_apply", "conv2d", "conv2d_input_grad", "input_transform", "phase_matrices",
+           "two_sided"]
 
 ENABLED = True  # False: im2col + GEMM (A/B runs)
 MIN_CHANNELS = 16
@@ -239,7 +240,7 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
         # ... and, a batch of one block, its input and output transforms over the channels
         # (more than one thread only: on one they stay inside, no V or M through memory)
         by_channels = alone and FORKED_TRANSFORMS and lw.most_threads() > 1 and \
-            type(g.n) is int and nb >= g.n and _by_rows_apply(p, ss, t_max)
+            type(g.n) is int and nb >= g.n and by_rows_apply(p, ss, t_max)
         recipe = (g.key(), p.grad, split is not None, alone, by_channels) + \
             (() if sums is None else ("sums",))
         kb, ids = image_kernel(lw, "conv2d_polyphase" + ("_input_grad" if p.grad else ""),
@@ -353,7 +354,7 @@ def _filter_kernel(lw, locs, recipe, g, u_step, phases):
     return kb.finish(b)
 
 
-def _by_rows_apply(p: Pass, ss, ld: int) -> bool:
+def by_rows_apply(p: Pass, ss, ld: int) -> bool:
     """Whether input_transform goes by rows (`_input_by_rows`, no padded plane) for a block
     of `ld` output blocks: ROW_VECTORS, rows of a whole fraction of LANES blocks that lie
     side by side, whole vectors of blocks."""
@@ -370,7 +371,7 @@ def input_transform(b, kb, dt, images, si, ss, p: Pass, pi, vi, v_step, ld,
     [lo, hi) (a forked kernel's share; by rows only: the padded plane is one for all)."""
     n0, count = images
     th, tw = p.tiles_hw
-    if _by_rows_apply(p, ss, ld):
+    if by_rows_apply(p, ss, ld):
         return _input_by_rows(b, kb, dt, images, si, ss, p, vi, v_step, ld, channels)
     assert channels is None, "input_transform: a channel range needs the rows' form"
     wp = p.padded[1]

@@ -58,6 +58,7 @@ from graphc.backends.cpu.conv_polyphase import (
     POSITIONS,
     Pass,
     applies,
+    by_rows_apply,
     input_transform,
     two_sided,
 )
@@ -78,6 +79,11 @@ from graphc.backends.cpu.winograd_transforms import spaced
 __all__ = ["BLOCK_TILES", "ENABLED", "Y_PHASES", "conv2d_weight_grad"]
 
 ENABLED = True  # False: im2col + GEMM (A/B runs)
+# A batch of one block on more than one thread: x's and gy's input transforms (and Vt's
+# transpose) forked over their channels, kernels of their own before the forked GEMMs (the
+# same bits); inside, on the calling thread, they were ~0.9 of the 256 -> 512 layer's 4.1 ms
+# (2 threads: 2.5 ms, fourteenth session). False: inside (A/B runs).
+FORKED_TRANSFORMS = True
 # Output blocks a block's GEMMs sum (k), at least: as the forward's, twice as many from
 # WIDE_CHANNELS channels in and out together (the 256 -> 512 layer: its 32 images of 4x4
 # outputs one block of 128, dU (13 MB) written once)
@@ -195,10 +201,16 @@ def conv2d_weight_grad(lw, node, g) -> bool:
         # one block not split: its products forked where a fork pays
         forked = split is None and units == 1 and kernels.forks(
             lw.openmp, kernels.gemm_work(POSITIONS, co, ci, t_max))
-        recipe = (g.key(), forked, None if split is None else (split.shares, split.copy_bytes))
+        by_channels = forked and FORKED_TRANSFORMS and lw.most_threads() > 1 and \
+            type(g.n) is int and nb >= g.n and by_rows_apply(xp, xs, t_max) and \
+            by_rows_apply(yp, gs, t_max)
+        recipe = (g.key(), forked, None if split is None else (split.shares, split.copy_bytes),
+                  by_channels)
         kb, ids = image_kernel(lw, "conv2d_polyphase_weight_grad", locs, recipe)
         gi, si, _, ui, pxi, pyi, vi, vti, yi = ids[:9]
         out = _out_kernel(lw, locs, recipe, g, full, split)
+        if by_channels:
+            lw.calls.extend(_transform_kernels(lw, locs, recipe, g.n, (xp, xs), (yp, gs), full))
         b = kb.begin()
         if b is None:  # built before for a node of the same geometry
             lw.calls.append(called_kernel(lw, kb.kernel, split, reduce=out))
@@ -212,9 +224,10 @@ def conv2d_weight_grad(lw, node, g) -> bool:
                 ld = count * tiles
                 v_step, y_step = spaced(ci * ld), spaced(co * ld)
                 layout = _Layout(ci, co, ld)
-                input_transform(b, kb, dt, (n0, count), si, xs, xp, pxi, vi, v_step, ld)
-                _tile_major(b, kb, vi, vti, layout, v_step)
-                input_transform(b, kb, dt, (n0, count), gi, gs, yp, pyi, yi, y_step, ld)
+                if not by_channels:  # else in kernels of their own, before
+                    input_transform(b, kb, dt, (n0, count), si, xs, xp, pxi, vi, v_step, ld)
+                    _tile_major(b, kb, vi, vti, layout, v_step)
+                    input_transform(b, kb, dt, (n0, count), gi, gs, yp, pyi, yi, y_step, ld)
                 beta = _first_or_add(b, dt, n0, start)
                 for width, slot, products in layout.groups():
                     fn = winograd_gemm.function(
@@ -239,16 +252,41 @@ def _first_or_add(b, dt, n0, start):
     return b.select(b.icmp_signed("==", as_i64(n0), as_i64(start)), zero, one)
 
 
-def _tile_major(b, kb, vi, vti, layout: _Layout, v_step: int) -> None:
+def _transform_kernels(lw, locs, recipe, n: int, x_pass, y_pass, layout: _Layout) -> list:
+    """A one-block batch's (`n` images) transforms as kernels of their own on `locs`
+    (conv_threads.channel_kernel), forked over x's channels by squares of SQUARE (V and its
+    Vt) and over gy's channels (Y); `x_pass`, `y_pass`: (Pass, the source's strides)."""
+    dt = locs[0].type.dtype
+    ci, co, ld = layout.ci, layout.co, layout.ld
+    v_step, y_step = spaced(ci * ld), spaced(co * ld)
+    (xp, xs), (yp, gs) = x_pass, y_pass
+
+    def x_share(b, kb, ids, squares):
+        channels = tuple(b.mul(k, i64(SQUARE)) for k in squares)
+        input_transform(b, kb, dt, (0, n), ids[1], xs, xp, ids[4], ids[6], v_step, ld, channels)
+        _tile_major(b, kb, ids[6], ids[7], layout, v_step, squares)
+
+    def y_share(b, kb, ids, channels):
+        input_transform(b, kb, dt, (0, n), ids[0], gs, yp, ids[5], ids[8], y_step, ld, channels)
+
+    name = "conv2d_polyphase_weight_grad"
+    return [conv_threads.channel_kernel(lw, name + "_x", locs, recipe, ci // SQUARE,
+                                        POSITIONS * ld * ci, x_share),
+            conv_threads.channel_kernel(lw, name + "_y", locs, recipe, co, 9 * ld * co,
+                                        y_share)]
+
+
+def _tile_major(b, kb, vi, vti, layout: _Layout, v_step: int, squares=None) -> None:
     """Vt (layout.vt: position xi's columns of its Y's matrix, rows t) = V[xi][c][t] for
     a block's ld columns: squares of SQUARE x SQUARE in registers, the columns past the last
-    whole square one by one."""
+    whole square one by one. `squares`: only the channel squares [lo, hi) (a forked kernel's
+    share)."""
     vec = ir.VectorType(F32, SQUARE)
     ci, ld = layout.ci, layout.ld
     whole = ld - ld % SQUARE
     for xi in range(POSITIONS):
         start, row = layout.vt(xi)
-        with loop(b, 0, ci // SQUARE, "cs") as cs:
+        with loop(b, *(squares or (0, ci // SQUARE)), "cs") as cs:
             c0 = b.mul(cs, i64(SQUARE))
             if whole:
                 with loop(b, 0, whole // SQUARE, "ts") as ts:
