@@ -109,6 +109,34 @@ def test_b_stored_panel_by_panel(beta):
 
 
 @needs_vectors
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_rows_over_panels_same_bits(beta, monkeypatch):
+    # two panels: each row block over both panels (ROWS_OVER_PANELS), or each panel over all
+    # row blocks: other code, the same sums (k in three blocks, a partial row tile)
+    m, n, k = 33, 128, 150
+    rng = np.random.default_rng(5 + int(beta))
+    a_step, b_step, c_step = m * k + 32, k * n + 48, m * n + 16
+    gemm = winograd_gemm.plan(m, n, k, k, 1, n, n, a_step, b_step, c_step, beta != 0)
+    assert gemm is not None and gemm.n // (gemm.vectors * gemm.lanes) == 2
+    a, b, c = (rng.standard_normal(POSITIONS * s).astype(np.float32)
+               for s in (a_step, b_step, c_step))
+    results, texts = [], set()
+    for over in (winograd_gemm.ROWS_OVER_PANELS, 0):
+        monkeypatch.setattr(winograd_gemm, "ROWS_OVER_PANELS", over)
+        from llvmlite import ir
+
+        module = ir.Module(name="winograd_gemm_test")
+        winograd_gemm.function(module, gemm)
+        texts.add(str(module))
+        got = c.copy()
+        _compiled(gemm)(a.ctypes.data, b.ctypes.data, got.ctypes.data, beta)
+        results.append(got)
+    assert len(texts) == 2  # the switch changed the loops
+    np.testing.assert_array_equal(results[0], results[1])
+    assert not np.array_equal(results[0], c)
+
+
+@needs_vectors
 def test_plan_declines_what_the_blas_keeps(monkeypatch):
     width = lanes()
     assert winograd_gemm.plan(64, 64, 64, 64, 1, 64, 64, 0, 0, 0) is not None

@@ -79,6 +79,15 @@ ACCUMULATORS = 24
 # 10.38 -> 9.71 ms). The NN weight gradient's Y at 256 channels gained alone ([256 x 64] @
 # [64 x 256], 123 -> 159 GFLOP/s) but not inside its kernel (Y fresh in L2): not taken there
 PANEL_COLUMNS = 64
+# A product of 2 to ROWS_OVER_PANELS panels runs, per block of k, each row block over all
+# its panels (a's block of the row block read from memory once, the panels' blocks of b,
+# 2 x 16 KB, kept in L1), not each panel over all row blocks (a read once per panel). At
+# 512 channels (M = U @ V, [512 x 512] @ [512 x 128], U 16 MB from memory, read twice):
+# alone 180 -> 229 GFLOP/s; the forward's and input gradient's kernels (batch 32, 1 thread)
+# 6.78 -> 6.40 and 6.98 -> 6.80 ms; 256 channels ([256 x 256] @ [256 x 128]) the same within
+# the noise. Wider products (conv_winograd_wide_grad's 8 panels of Vt) keep panels outermost.
+# 0: panels outermost everywhere (A/B runs)
+ROWS_OVER_PANELS = 2
 ENABLED = True  # False: every block keeps its BLAS calls (A/B runs, benchmarks)
 
 
@@ -195,20 +204,40 @@ def _product(b: ir.IRBuilder, g: BlockGemm, a, bm, c, accumulate) -> None:
     block the full row blocks (runtime loop), then the remaining rows (one smaller tile):
     the panel's block of b (K_BLOCK x vectors x lanes floats) stays in L1 for its row
     blocks. (Row blocks outermost, each over all panels, measured the same within the
-    noise: docs/performance.md, "ResNet-18, ninth session".)"""
+    noise: docs/performance.md, "ResNet-18, ninth session".) With 2 to ROWS_OVER_PANELS
+    panels, k blocks outermost, in each the row blocks, each over all panels. Either order
+    sums each element of c the same way: the same bits."""
     width = g.vectors * g.lanes
-    full, rest = divmod(g.m, g.rows)
-    with counted(b, g.n // width, "panel") as panel:
-        col = b.mul(panel, i64(width))
-        for k0 in range(0, g.k, g.k_block):
-            count = min(g.k_block, g.k - k0)
-            adding = accumulate if k0 == 0 else True
-            if full:
-                with counted(b, full, "block") as block:
-                    _tile(b, g, a, bm, c, b.mul(block, i64(g.rows)), col, g.rows, k0, count,
+    panels = g.n // width
+    k_blocks = [(k0, min(g.k_block, g.k - k0), accumulate if k0 == 0 else True)
+                for k0 in range(0, g.k, g.k_block)]
+    if 1 < panels <= ROWS_OVER_PANELS:
+        for k0, count, adding in k_blocks:
+            def over_panels(row0, rows: int, k0=k0, count=count, adding=adding) -> None:
+                with counted(b, panels, "panel") as panel:
+                    _tile(b, g, a, bm, c, row0, b.mul(panel, i64(width)), rows, k0, count,
                           adding)
-            if rest:
-                _tile(b, g, a, bm, c, i64(full * g.rows), col, rest, k0, count, adding)
+
+            _row_blocks(b, g, over_panels)
+        return
+    with counted(b, panels, "panel") as panel:
+        col = b.mul(panel, i64(width))
+        for k0, count, adding in k_blocks:
+            def in_panel(row0, rows: int, k0=k0, count=count, adding=adding) -> None:
+                _tile(b, g, a, bm, c, row0, col, rows, k0, count, adding)
+
+            _row_blocks(b, g, in_panel)
+
+
+def _row_blocks(b: ir.IRBuilder, g: BlockGemm, emit) -> None:
+    """`emit(first row, rows)` for the full row blocks (a runtime loop), then the remaining
+    rows (one smaller tile)."""
+    full, rest = divmod(g.m, g.rows)
+    if full:
+        with counted(b, full, "block") as block:
+            emit(b.mul(block, i64(g.rows)), g.rows)
+    if rest:
+        emit(i64(full * g.rows), rest)
 
 
 def _tile(b: ir.IRBuilder, g: BlockGemm, a, bm, c, row0, col0, rows: int, k0: int,
