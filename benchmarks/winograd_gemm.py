@@ -2,6 +2,7 @@
 
     python -m benchmarks.winograd_gemm                 # ResNet-18's shapes, 7 rounds
     python -m benchmarks.winograd_gemm --rounds 3 --vectors 2
+    python -m benchmarks.winograd_gemm --switch ROWS_OVER_PANELS --values 0 2
 
 For each block shape conv_winograd runs in ResNet-18's training step (CIFAR, width 64,
 batch 32: forward and input gradient `M = U @ V`, weight gradient `dU^T (+)= V @ Y`, at
@@ -14,6 +15,8 @@ GFLOP/s (2*m*n*k*16 a block) and the largest difference between the two results.
 that winograd_gemm.plan leaves to the BLAS show the BLAS alone, unless `--all`;
 `--vectors` and `--k-block` set the kernel's tile width and block of k (winograd_gemm.
 plan's arguments; several `--k-block` values: one kernel each, all alternated).
+`--switch NAME --values V ...`: one kernel per value of winograd_gemm's module constant
+NAME (set while it is generated), all alternated with the BLAS, each labelled NAME=V.
 """
 
 from __future__ import annotations
@@ -94,6 +97,30 @@ def build(shapes: list[dict], vectors: int | None, k_blocks: list[int | None],
             for found in names]
 
 
+def switched_builds(shapes: list[dict], vectors: int | None, max_k: int | None, switch: str,
+                    values: list[str]) -> list[dict]:
+    """As `build`, one module per value of winograd_gemm's constant `switch` (a Python
+    literal each, set while that module is generated): per shape {"blas": the first
+    module's BLAS calls, "<switch>=<value>": that module's generated function}."""
+    import ast
+
+    from graphc.backends.cpu import winograd_gemm
+
+    kept = getattr(winograd_gemm, switch)  # an unknown name fails here, before compiling
+    merged: list[dict] = [{} for _ in shapes]
+    for value in values:
+        setattr(winograd_gemm, switch, ast.literal_eval(value))
+        try:
+            built = build(shapes, vectors, [None], max_k)
+        finally:
+            setattr(winograd_gemm, switch, kept)
+        for found, new in zip(merged, built):
+            found.setdefault("blas", new["blas"])
+            if "kernel" in new:
+                found[f"{switch}={value}"] = new["kernel"]
+    return merged
+
+
 def operands(s: dict, rng):
     import numpy as np
 
@@ -110,6 +137,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="k summed per block (several: one kernel each, alternated)")
     parser.add_argument("--all", action="store_true", help="the kernel for every shape, "
                         "also those winograd_gemm.plan leaves to the BLAS")
+    parser.add_argument("--switch", help="a module constant of graphc.backends.cpu."
+                        "winograd_gemm (ROWS_OVER_PANELS): one kernel per --values")
+    parser.add_argument("--values", nargs="+", default=["False", "True"],
+                        help="--switch's values (Python literals)")
     args = parser.parse_args(argv)
     if args.rounds < 1:  # else every figure is the median of nothing (nan)
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -117,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
 
     shapes = [block_shape(*case) for case in CASES]
-    functions = build(shapes, args.vectors, args.k_block, 512 if args.all else None)
+    max_k = 512 if args.all else None
+    functions = build(shapes, args.vectors, args.k_block, max_k) if args.switch is None else \
+        switched_builds(shapes, args.vectors, max_k, args.switch, args.values)
     rng = np.random.default_rng(0)
     for case, s, contenders in zip(CASES, shapes, functions):
         a, bm, c = operands(s, rng)

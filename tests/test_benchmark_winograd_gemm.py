@@ -50,3 +50,40 @@ def test_a_node_of_two_kernels_counts_its_flops_once():
     count, seconds, flops = classes["conv2d 3x3 stride 1"]
     assert (count, seconds) == (2, pytest.approx(3e-3))
     assert flops == 2 * 2 * 16 * 16 * 9 * 8 * 8
+
+
+@pytest.mark.skipif(lanes() != 16, reason="no AVX-512: no generated function")
+def test_switched_builds_one_kernel_per_value():
+    # --switch ROWS_OVER_PANELS --values 0 2: two kernels for a block of two panels, labelled
+    # by value, the same bits (either loop order sums alike), the constant put back
+    import ctypes
+
+    import numpy as np
+
+    from graphc.backends.cpu import winograd_gemm as generated
+
+    kept = generated.ROWS_OVER_PANELS
+    shape = winograd_gemm.block_shape("fwd", 32, 128)
+    [contenders] = winograd_gemm.switched_builds([shape], None, None, "ROWS_OVER_PANELS",
+                                                 ["0", "2"])
+    assert set(contenders) == {"blas", "ROWS_OVER_PANELS=0", "ROWS_OVER_PANELS=2"}
+    assert generated.ROWS_OVER_PANELS == kept
+    a, b, c = winograd_gemm.operands(shape, np.random.default_rng(3))
+    results = []
+    for label in ("ROWS_OVER_PANELS=0", "ROWS_OVER_PANELS=2"):
+        out = c.copy()
+        contenders[label](a.ctypes.data, b.ctypes.data, out.ctypes.data, ctypes.c_float(0.0))
+        results.append(out)
+    np.testing.assert_array_equal(results[0], results[1])
+    assert not np.array_equal(results[0], c)
+    # a constant that changes the sums (k = 32 in blocks of 16, or one block): other bits
+    [blocks] = winograd_gemm.switched_builds([shape], None, None, "K_BLOCK", ["16", "32"])
+    sums = []
+    for label in ("K_BLOCK=16", "K_BLOCK=32"):
+        out = c.copy()
+        blocks[label](a.ctypes.data, b.ctypes.data, out.ctypes.data, ctypes.c_float(0.0))
+        sums.append(out)
+    assert not np.array_equal(sums[0], sums[1])
+    np.testing.assert_allclose(sums[0], sums[1], rtol=1e-4, atol=1e-4)
+    with pytest.raises(AttributeError):
+        winograd_gemm.switched_builds([shape], None, None, "NO_SUCH_SWITCH", ["0"])
