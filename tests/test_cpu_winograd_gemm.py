@@ -227,6 +227,7 @@ def test_wide_input_grad(enabled, monkeypatch):
     if enabled and lanes() != 16:
         pytest.skip("no AVX-512 on this host: the BLAS serves every block")
     monkeypatch.setattr(conv_winograd, "WIDE_CHANNELS", 16)
+    monkeypatch.setattr(conv_winograd, "DOUBLED_BLOCKS", 16)  # wide layers' blocks too
     monkeypatch.setattr(winograd_gemm, "ENABLED", enabled)
     forms, emit = [], conv_im2col.Conv.gemm
 

@@ -132,6 +132,12 @@ MIN_CHANNELS = 16
 # than 64, forward and input gradient, two in-process A/B runs; 64 and 128 channels: equal).
 BLOCK_TILES = 64
 WIDE_CHANNELS = 512
+# ... on the Zen 5 host (1 MB of L2) only from DOUBLED_BLOCKS channels in and out together
+# (the 512-channel layers): 256 channels 8x8 in blocks of 64 tiles, not 128 (batch 32, 1
+# thread, 15 alternated rounds, two runs, load 5-8, the same bits): input gradient 6.16,
+# 6.25 -> 5.92, 5.97 and 5.54, 5.45 -> 5.28, 5.40 ms; forward 5.61, 5.49 -> 5.53, 5.53 and
+# 5.44, 5.49 -> 5.37, 5.41. 512: the 256-channel layers doubled (A/B runs).
+DOUBLED_BLOCKS = 1024
 # A kernel whose batch is one block (not split over images) also forks its input transform
 # over the input channels and its output transform (and sums) over the output channels, each
 # a kernel of its own (conv_threads.channel_kernel), around its forked GEMMs: the same bits.
@@ -193,7 +199,7 @@ def _winograd(lw, node, g, src, ss, w, out, flip, ci, co, in_hw, out_hw, pad,
     th, tw = out_hw[0] // 2, out_hw[1] // 2
     tiles = th * tw
     hp, wp = out_hw[0] + 2, out_hw[1] + 2
-    want = BLOCK_TILES * (2 if ci + co >= WIDE_CHANNELS else 1)
+    want = BLOCK_TILES * (2 if ci + co >= DOUBLED_BLOCKS else 1)
     nb, _ = tile_blocks(g.n, tiles, want)
     # an image with more tiles than a block wants goes in parts of `rows` tile rows
     rows = th if nb > 1 or tiles < 2 * want else max(1, want // tw)
