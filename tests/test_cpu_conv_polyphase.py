@@ -337,3 +337,43 @@ def test_one_block_forks_its_transforms_with_the_same_bits(case, monkeypatch, tm
         for k, (one, same) in enumerate(zip(first, got)):
             np.testing.assert_array_equal(same, one, err_msg=f"output {k}: forked {key[0]}, "
                                           f"{key[1]} threads")
+
+
+# the filter transform 16 filters a vector (winograd_filters.filters_by_vectors) against one
+# by one: (input, weight, kind): along U's rows of input channels (C_in whole vectors, and
+# not: one by one), the input gradient's U^T along the output channels with a rest of 8
+# (136), each on one thread and all cores with the filter kernel forked (shares of output
+# channels that are not whole vectors)
+FILTERS = [
+    ((2, 16, 16, 16), (40, 16, 3, 3), "fwd"),
+    ((2, 24, 16, 16), (32, 24, 3, 3), "fwd"),
+    ((2, 16, 16, 16), (136, 16, 3, 3), "gx"),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", range(len(FILTERS)))
+def test_filters_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
+    from graphc.backends.cpu import kernels, winograd_filters
+
+    xs, ws, kind = FILTERS[case]
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    rng = np.random.default_rng(case)
+    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
+    args = [rng.standard_normal(xs if kind == "fwd" else gs).astype(np.float32),
+            rng.standard_normal(ws).astype(np.float32)]
+    outs = {}
+    for on in (True, False):
+        monkeypatch.setattr(winograd_filters, "FILTER_VECTORS", on)
+        for count in sorted({1, ALL_CORES}):
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{on}-{count}"))
+            exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], count)
+            assert KERNEL in exe.lowered.ir_text
+            outs[on, count] = exe.run(*args)[0]
+    for count in sorted({1, ALL_CORES}):
+        np.testing.assert_array_equal(outs[True, count], outs[False, count],
+                                      err_msg=f"{count} threads")
+    eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], *args)[0]
+    np.testing.assert_allclose(outs[True, 1], eager, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(eager).max()))

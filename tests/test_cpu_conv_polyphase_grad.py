@@ -251,3 +251,35 @@ def test_a_batch_known_per_call():
                                        err_msg=f"batch {batch}")
     generic = compiled._entries[0].executable.executable_for({"s0": 8}).executable
     assert KERNEL in generic.lowered.ir_text
+
+
+@needs_kernel
+@pytest.mark.parametrize("xs, ws", [((2, 16, 16, 16), (40, 16, 3, 3)),
+                                    ((8, 32, 8, 8), (24, 32, 3, 3))])
+def test_weight_out_by_vectors_bit_for_bit(xs, ws, monkeypatch, tmp_path):
+    # gw = G^T dU G 16 filters a vector (winograd_filters.store_filter_taps) against one by
+    # one, on one thread and all cores (the forked output kernel, and the reduce kernel of
+    # a split one: shares of output channels that are not whole vectors)
+    from graphc.backends.cpu import kernels, winograd_filters
+
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(conv_polyphase_grad, "BLOCK_TILES", 16)
+    rng = np.random.default_rng(sum(xs))
+    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
+    args = [rng.standard_normal(gs).astype(np.float32),
+            rng.standard_normal(xs).astype(np.float32)]
+    outs = {}
+    for on in (True, False):
+        monkeypatch.setattr(winograd_filters, "FILTER_VECTORS", on)
+        for count in sorted({1, ALL_CORES}):
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{on}-{count}"))
+            exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["gw"], count)
+            assert KERNEL in exe.lowered.ir_text
+            outs[on, count] = exe.run(*args)[0]
+    for count in sorted({1, ALL_CORES}):
+        np.testing.assert_array_equal(outs[True, count], outs[False, count],
+                                      err_msg=f"{count} threads")
+    eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["gw"], *args)[0]
+    np.testing.assert_allclose(outs[True, 1], eager, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(eager).max()))
