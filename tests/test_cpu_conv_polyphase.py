@@ -377,3 +377,68 @@ def test_filters_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
     eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], *args)[0]
     np.testing.assert_allclose(outs[True, 1], eager, rtol=1e-4,
                                atol=1e-4 * float(np.abs(eager).max()))
+
+
+def test_positions_that_share_a_u_matrix_read_equal_ones():
+    # U of each position from a random filter (float64): positions given one matrix by
+    # u_slots have equal U; the calls of gemm_calls run every position once, with its own
+    from graphc.backends.cpu import conv_polyphase_filters as filters
+
+    f = np.random.default_rng(4).standard_normal((3, 3))
+    for grad in (False, True):
+        phases = conv_polyphase.phase_matrices(grad)
+        u = []
+        for rows, cols in phases:
+            rg, cg = np.array(rows[2], float), np.array(cols[2], float)
+            full = rg @ f[np.ix_(rows[3], cols[3])] @ cg.T
+            u.extend(full.ravel())
+        slots, count = filters.u_slots(phases)
+        assert count == 16 and len(slots) == conv_polyphase.POSITIONS == len(u)
+        for xi, slot in enumerate(slots):
+            assert u[xi] == u[slots.index(slot)], (grad, xi)
+        assert len({u[slots.index(s)] for s in range(count)}) == count  # all distinct
+        seen = []
+        for first, slot, products, step, slot_step in filters.gemm_calls(slots):
+            for k in range(products):
+                seen.append(first + k * step)
+                assert slots[first + k * step] == slot + k * slot_step
+        assert sorted(seen) == list(range(conv_polyphase.POSITIONS))
+
+
+# (input, weight, kind): one U matrix for the positions that read equal ones against one a
+# position, bit for bit, on one thread and all cores: ResNet-18's layers at small batches
+# (4 images, 8 of the 256 -> 512 layer: one block, its products forked)
+SHARED = [
+    ((4, 64, 32, 32), (128, 64, 3, 3), "fwd"),
+    ((8, 256, 8, 8), (512, 256, 3, 3), "fwd"),
+    ((4, 128, 16, 16), (256, 128, 3, 3), "gx"),
+    ((8, 256, 8, 8), (512, 256, 3, 3), "gx"),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", range(len(SHARED)))
+def test_shared_u_matrices_bit_for_bit(case, monkeypatch, tmp_path):
+    from graphc.backends.cpu import conv_polyphase_filters, kernels
+
+    xs, ws, kind = SHARED[case]
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
+    rng = np.random.default_rng(case)
+    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
+    args = [rng.standard_normal(xs if kind == "fwd" else gs).astype(np.float32),
+            rng.standard_normal(ws).astype(np.float32)]
+    outs = {}
+    for on in (True, False):
+        monkeypatch.setattr(conv_polyphase_filters, "SHARED_U", on)
+        for count in sorted({1, ALL_CORES}):
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{on}-{count}"))
+            exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], count)
+            assert KERNEL in exe.lowered.ir_text
+            assert (exe.lowered.ir_text.count("_p25") > 0) == (not on)
+            outs[on, count] = exe.run(*args)[0]
+    for count in sorted({1, ALL_CORES}):
+        np.testing.assert_array_equal(outs[True, count], outs[False, count],
+                                      err_msg=f"{count} threads")
+    eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], *args)[0]
+    np.testing.assert_allclose(outs[True, 1], eager, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(eager).max()))

@@ -15,12 +15,14 @@ block of images (1.44x fewer multiplications than im2col's [C_out x 9 C_in] @ [9
 
 The kernel, per block of images (BLOCK_TILES output blocks or more, as conv_winograd's):
 - filter transform (once per call, or a forked kernel of its own before a split kernel):
-  `U[xi][o][c]` for the 25 positions;
+  `U[slot][o][c]`, the 16 distinct matrices of the 25 positions (graphc.backends.cpu.
+  conv_polyphase_filters: along an even axis both points read the same tap);
 - input transform: every output block's 5x5 input patch (rows 4ty - 1 .. 4ty + 3) to its
   25 values `V[xi][c][t]`, 16 blocks a vector from input rows loaded as vectors where a
   plane's rows hold a whole fraction of 16 blocks (ResNet-18's three layers: the same
   bits, 0-0.9 ms a kernel faster), else through a zero-padded copy of each channel plane;
-- the 25 GEMMs in one call of winograd_gemm's generated function;
+- the 25 GEMMs in 8 calls of winograd_gemm's generated functions, the positions that
+  read one U matrix one after the other (conv_polyphase_filters.gemm_calls);
 - output transform: each output block's 2x2 values, the four phases' A^T M A added in a
   fixed order; for `conv2d_channel_sums` (graphc.backends.cpu.conv_channel_sums) also each
   image's and channel's shifted sums of the plane it has just written
@@ -61,6 +63,13 @@ from llvmlite import ir
 
 from graphc.backends.cpu import conv_threads, kernels, winograd_gemm
 from graphc.backends.cpu.conv_blocks import block_images, tile_blocks, walk_blocks
+from graphc.backends.cpu.conv_polyphase_filters import (
+    filter_kernel,
+    filter_transform,
+    gemm_calls,
+    two_sided,
+    u_slots,
+)
 from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.conv_workspace import workspace
 from graphc.backends.cpu.image_kernels import (
@@ -74,13 +83,11 @@ from graphc.backends.cpu.image_kernels import (
 )
 from graphc.backends.cpu.scalars import const
 from graphc.backends.cpu.values import F32, I32, i64, loop
-from graphc.backends.cpu.winograd_filters import filter_at, filter_taps, filters_by_vectors
-from graphc.backends.cpu.winograd_transforms import add_plane_sums, combine, pad_plane, spaced
+from graphc.backends.cpu.winograd_transforms import add_plane_sums, pad_plane, spaced
 from graphc.types import float32
 
 __all__ = ["ENABLED", "FORKED_TRANSFORMS", "MIN_CHANNELS", "POSITIONS", "Pass", "applies",
-           "by_rows_apply", "conv2d", "conv2d_input_grad", "input_transform", "phase_matrices",
-           "two_sided"]
+           "by_rows_apply", "conv2d", "conv2d_input_grad", "input_transform", "phase_matrices"]
 
 ENABLED = True  # False: im2col + GEMM (A/B runs)
 MIN_CHANNELS = 16
@@ -134,13 +141,6 @@ def phase_matrices(grad: bool = False):
     return GRAD_PHASES if grad else PHASES
 
 
-def two_sided(b, dt, left, d, right):
-    """left @ d @ right^T for `d` given as rows of IR values (combine's order)."""
-    rows = [[combine(b, dt, r, [d[k][col] for k in range(len(d))]) for col in range(len(d[0]))]
-            for r in left]
-    return [[combine(b, dt, r, row) for r in right] for row in rows]
-
-
 @dataclass(frozen=True)
 class Pass:
     """What differs between the forward and the input gradient: the phase tables, V's
@@ -166,14 +166,18 @@ class Pass:
         """The transform-domain matrix the input transform writes position `xi` to."""
         return xi if self.slots is None else self.slots[xi]
 
-    def gemm(self, ci: int, ld: int, u_step: int):
-        """winograd_gemm's plan for a block of `ld` output blocks: M[xi] (m_ch x ld) = U[xi]
-        (m_ch x k_ch: the forward's U[xi][o][c], the input gradient's U[xi][c][o]) @ V[xi]
-        (k_ch x ld), 25 products."""
+    def gemms(self, ci: int, ld: int, u_step: int) -> list:
+        """[(winograd_gemm's plan, first position, first U matrix)] for a block of `ld` output
+        blocks: M[xi] (m_ch x ld) = U[slot of xi] (m_ch x k_ch: the forward's U[.][o][c],
+        the input gradient's U[.][c][o]) @ V[xi] (k_ch x ld), the 25 products in the calls
+        of conv_polyphase_filters.gemm_calls (a plan None: the shape is not served)."""
         a_row, a_col = (self.k_ch, 1) if self.grad else (ci, 1)
-        return winograd_gemm.plan(self.m_ch, ld, self.k_ch, a_row, a_col, ld, ld, u_step,
-                                  spaced(self.k_ch * ld), spaced(self.m_ch * ld),
-                                  products=POSITIONS)
+        v_step, m_step = spaced(self.k_ch * ld), spaced(self.m_ch * ld)
+        return [(winograd_gemm.plan(self.m_ch, ld, self.k_ch, a_row, a_col, ld, ld,
+                                    slot_step * u_step, step * v_step, step * m_step,
+                                    products=products), first, slot)
+                for first, slot, products, step, slot_step in
+                gemm_calls(u_slots(self.phases)[0])]
 
 
 def applies(g, dt) -> bool:
@@ -218,7 +222,7 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
     nb, counts = tile_blocks(g.n, tiles, BLOCK_TILES)
     t_max = nb * tiles
     u_step = spaced(co * ci)
-    if any(p.gemm(ci, n * tiles, u_step) is None for n in counts):
+    if any(plan is None for n in counts for plan, _, _ in p.gemms(ci, n * tiles, u_step)):
         return False
     ss = image_strides(src)
     hp, wp = p.padded
@@ -228,8 +232,9 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
                   (POSITIONS, spaced(p.m_ch * t_max))]
         units = -(-g.n // nb) if type(g.n) is int else None
         macs = g.n * co * ci * 9 * g.ho * g.wo if units else None
-        split = plan_split(lw, dt, shapes, units, macs, shared=[(POSITIONS, u_step)])
-        temps = workspace(lw, dt, (POSITIONS, u_step), *shapes) if split is None else \
+        u_shape = (u_slots(p.phases)[1], u_step)  # the distinct matrices of U
+        split = plan_split(lw, dt, shapes, units, macs, shared=[u_shape])
+        temps = workspace(lw, dt, u_shape, *shapes) if split is None else \
             split.shared + split.locs
         # the sums (if any) after the temporaries, the split's control last (ids[-1])
         sums_i = None if sums is None else 3 + len(temps)
@@ -248,7 +253,7 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
                                locs, recipe)
         si, wi, oi, ui, pi, vi, mi = ids[:7]
         prelude = None if split is None and not alone else \
-            _filter_kernel(lw, locs, recipe, g, u_step, p.phases)
+            filter_kernel(lw, locs, recipe, g, u_step, p.phases, p.grad)
         if alone:
             lw.calls.append(prelude)
         transforms = _transform_kernels(lw, locs, recipe, p, (g.n, t_max), ss, sums_i) \
@@ -264,7 +269,8 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
         with loop(b, 0, hp * wp, "zero") as q:
             kb.store(b, pi, q, const(dt, 0.0))
         if prelude is None:
-            _filter_transform(b, kb, dt, wi, ui, u_step, g, (i64(0), i64(co)), p.phases)
+            filter_transform(b, kb, dt, wi, ui, u_step, g, (i64(0), i64(co)), p.phases,
+                             p.grad)
 
         def block(b, n0, count):
             ld = count * tiles
@@ -273,8 +279,11 @@ def _polyphase(lw, node, g, src, w, out, p: Pass, sums=None) -> bool:
                 input_transform(b, kb, dt, (n0, count), si, ss, p, pi, vi, v_step, ld)
             forked = split is None and kernels.forks(
                 lw.openmp, kernels.gemm_work(POSITIONS, p.m_ch, ld, p.k_ch))
-            fn = winograd_gemm.function(lw.module, p.gemm(ci, ld, u_step), forked)
-            b.call(fn, [kb.pointer(b, k, i64(0)) for k in (ui, vi, mi)] + [const(dt, 0.0)])
+            for plan, first, slot in p.gemms(ci, ld, u_step):
+                fn = winograd_gemm.function(lw.module, plan, forked and plan.products > 1)
+                at = (slot * u_step, first * v_step, first * m_step)
+                b.call(fn, [kb.pointer(b, k, i64(a)) for k, a in zip((ui, vi, mi), at)] +
+                       [const(dt, 0.0)])
             if not by_channels:  # else in a kernel of its own, after
                 _output_by_pass(b, kb, dt, (n0, count), mi, m_step, p, oi, ld, sums_i)
 
@@ -319,54 +328,6 @@ def _output_by_pass(b, kb, dt, images, mi, m_step, p: Pass, oi, ld, sums=None,
     else:
         _output_transform(b, kb, dt, images, mi, m_step, p.m_ch, oi, p.out_hw, ld, sums,
                           channels)
-
-
-def _filter_transform(b, kb, dt, wi, ui, u_step, g, o_range, phases) -> None:
-    """U[xi][o][c] of the four phases' sub-filters (G f G^T each) for o in `o_range`; the
-    input gradient's (`phases` GRAD_PHASES) stored transposed, U[xi][c][o], so that its
-    GEMMs read U's rows as they lie (through a's column stride, the 256 -> 512 layer's
-    input gradient took 12.5 ms against im2col's 9.3), walked c outer so the stores run
-    along U's rows (o outer: 10.5 ms for that layer's transform, its stores 2 KB apart).
-    float32 filters go winograd_filters.FILTER_LANES a vector along U's rows
-    (filters_by_vectors: each filter's 9 taps one load, transposed in registers; the same
-    operations per filter, the same bits): LLVM's own vectorisation of the one-by-one loop
-    gathered every tap, and the 256 -> 512 forward's transform (13 MB of U) took ~1.8 ms
-    of its ~6.4 (fourteenth session)."""
-    transposed = phases is GRAD_PHASES
-
-    def store(b, f, o, c):
-        at = filter_at(b, g.o, g.c, o, c, transposed)
-        xi = 0
-        for rows, cols in phases:
-            sub = [[f[r][s] for s in cols[3]] for r in rows[3]]
-            for row in two_sided(b, dt, rows[2], sub, cols[2]):
-                for value in row:
-                    pointer = kb.pointer(b, ui, iadd(b, at, xi * u_step))
-                    b.store(value, pointer, align=4)
-                    xi += 1
-
-    def one(b, o, c):
-        base = imul(b, iadd(b, imul(b, o, g.c), c), 9)
-        store(b, [[kb.load(b, wi, iadd(b, base, r * 3 + s)) for s in range(3)]
-                  for r in range(3)], o, c)
-
-    def vector(b, o, c):  # FILTER_LANES filters, one a lane
-        taps = filter_taps(b, kb, wi, g.c, o, c, transposed)
-        store(b, [[taps[r * 3 + s] for s in range(3)] for r in range(3)], o, c)
-
-    filters_by_vectors(b, dt, o_range, g.c, transposed, one, vector)
-
-
-def _filter_kernel(lw, locs, recipe, g, u_step, phases):
-    """The filter transform as a kernel of its own, run once before a split kernel's shares
-    (or before a kernel not split); forked over w's output channels where large enough."""
-    kb, ids = image_kernel(lw, "conv2d_polyphase_filter", locs, recipe)
-    b = kb.begin(parallel=True, work=POSITIONS * g.o * g.c)
-    if b is None:
-        return kb.kernel
-    _filter_transform(b, kb, locs[0].type.dtype, ids[1], ids[3], u_step, g,
-                      kb.outer_range(b, g.o), phases)
-    return kb.finish(b)
 
 
 def by_rows_apply(p: Pass, ss, ld: int) -> bool:

@@ -60,8 +60,8 @@ from graphc.backends.cpu.conv_polyphase import (
     applies,
     by_rows_apply,
     input_transform,
-    two_sided,
 )
+from graphc.backends.cpu.conv_polyphase_filters import two_sided
 from graphc.backends.cpu.conv_threads import plan_split
 from graphc.backends.cpu.conv_workspace import workspace
 from graphc.backends.cpu.image_kernels import (
