@@ -109,3 +109,34 @@ def test_forked_filter_shares_with_a_rest(op, monkeypatch, tmp_path):
     assert taken == [op == "conv2d_input_grad"] * len(taken) and taken, taken
     for got in results:
         np.testing.assert_array_equal(got, want)
+
+
+# A streamed U (winograd_filters.streamed: stored non-temporally, the transposing walk a
+# block of output channels at a time), taken here by lowering STREAMED_U_BYTES: the same bits
+# as U stored as any array, the forward (vectors along c, 64-byte aligned) and the input
+# gradient (vectors along o: aligned from 0 at one thread; a forked share of 20 output
+# channels starts unaligned, stored by 8-byte movnti), in the kernel and forked
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_input_grad"])
+@pytest.mark.parametrize("shape", [(8, 128, 40, 4), (2, 32, 48, 6)])
+def test_streamed_u_bit_for_bit(op, shape, monkeypatch, tmp_path):
+    n, ci, co, hw = shape
+    rng = np.random.default_rng(ci + co + len(op))
+    w = rng.standard_normal((co, ci, 3, 3)).astype(np.float32)
+    if op == "conv2d":
+        first, extra = (n, ci, hw, hw), {}
+    else:
+        first, extra = (n, co, hw, hw), {"input_hw": (hw, hw)}
+    args = [rng.standard_normal(first).astype(np.float32) * 5.0, w]
+    graph = one_op_graph(op, [(first, "float32"), (w.shape, "float32")], **extra, **ATTRS)
+    want = compare(graph, args, rtol=1e-4).run(*args)[0]
+    results = []
+    for streamed in (True, False):
+        monkeypatch.setattr(winograd_filters, "STREAMED_U_BYTES", 0 if streamed else 1 << 40)
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"cache_{streamed}"))
+        exe = compile_graph(graph, "cpu")
+        assert ("!nontemporal" in exe.lowered.ir_text) == streamed
+        for count in (1, threads.most_threads()):
+            exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+            results.append(np.array(exe.run(*[a.copy() for a in args])[0]))
+    for got in results:
+        np.testing.assert_array_equal(got, want)
