@@ -84,6 +84,26 @@ def test_parts_of_tile_rows_and_a_partial_block(taken, monkeypatch, tmp_path):
     assert any(part.count == 3 for part in taken) and any(part.count == 2 for part in taken)
 
 
+def test_row_prefetches_keep_the_bits(taken, monkeypatch, tmp_path):
+    # rows_by_vectors asks for its rows ROW_PREFETCH planes ahead (past the last channel's
+    # plane too, which never faults): the same bits as without, each pass
+    xs, ws = (2, 24, 16, 16), (16, 24, 3, 3)
+    rng = np.random.default_rng(5)
+    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    for kind, shapes in {"fwd": [xs, ws], "gx": [gs, ws], "gw": [gs, xs]}.items():
+        arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        outs, prefetches = [], []
+        for ahead in (0, 3):
+            monkeypatch.setattr(winograd_transforms, "ROW_PREFETCH", ahead)
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{kind}-{ahead}"))
+            exe = compare(_graphs(xs, ws, (1, 1), (1, 1), 1)[1][kind], arrays, rtol=1e-4)
+            prefetches.append(exe.lowered.ir_text.count('call void @"llvm.prefetch'))
+            outs.append(exe.run(*arrays)[0])
+        assert prefetches[1] > prefetches[0], (kind, prefetches)  # (the GEMMs' own too)
+        np.testing.assert_array_equal(outs[0], outs[1], err_msg=kind)
+    assert taken, "rows_by_vectors not taken"
+
+
 def test_strided_views(monkeypatch, tmp_path):
     # rows apart by more than their width take it; a transposed view (columns apart) not
     import graphc

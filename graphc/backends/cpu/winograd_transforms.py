@@ -8,9 +8,11 @@ the blocks, the layouts and the GEMMs, these the arithmetic:
   the same order of operations wherever it is emitted (the results' rounding depends on it);
 - `input_tiles`: V = B^T d B of every 4x4 tile of a part of a block's images, through a
   zero-padded plane (`pad_plane`); small planes (4x4, 8x8: tile rows of 2 or 4 tiles, which
-  LLVM leaves scalar) by `planes_by_vectors`, 16 tiles a vector, with no padded plane;
+  LLVM leaves scalar) by `planes_by_vectors`, 16 tiles a vector, with no padded plane,
+  the channels inside each group of images (PLANE_CHANNELS_INNER);
   large planes whose tile rows hold 16 tiles or a whole fraction of it (32x32, 16x16) by
-  `rows_by_vectors`, 16 tiles a vector along tile rows, with no padded plane either;
+  `rows_by_vectors`, 16 tiles a vector along tile rows, with no padded plane either, its
+  rows prefetched ROW_PREFETCH channels ahead;
 - `grad_tiles_by_channels`: the weight gradient's Y = A gy A^T in its NN form's tile-major
   layout (output channels innermost), 16 channels a vector: each channel's gy rows loaded
   as vectors and the taps transposed in registers (values.square_transposed), no gathers;
@@ -21,12 +23,14 @@ the blocks, the layouts and the GEMMs, these the arithmetic:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from llvmlite import ir
 
 from graphc.backends.cpu.conv_blocks import block_images
 from graphc.backends.cpu.image_kernels import fadd, iadd, imul
+from graphc.backends.cpu.prefetch import prefetch_lines
 from graphc.backends.cpu.scalars import const, convert
 from graphc.backends.cpu.values import (
     F32,
@@ -241,8 +245,8 @@ def planes_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step
 
     side = len(mat[0])  # taps a tile: 4 (B^T d B) or 2 (A gy A^T)
     masks = [[tap(r, s) for s in range(side)] for r in range(side)]
-    with loop(b, *(channels or (0, ci)), "ci") as c, \
-            loop(b, 0, part.ld // lanes, "tg") as group:
+    with _nest(b, (channels or (0, ci), "ci"), ((0, part.ld // lanes), "tg"),
+               PLANE_CHANNELS_INNER) as (c, group):
         first = iadd(b, part.n0, imul(b, group, images))
         planes = [b.load(kb.pointer(b, si, iadd(b, imul(b, iadd(b, first, k), ss[0]),
                                                 imul(b, c, ss[1]))), typ=vec, align=4)
@@ -255,6 +259,26 @@ def planes_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step
         for xi in range(ALPHA * ALPHA):
             b.store(v[xi // ALPHA][xi % ALPHA], kb.pointer(b, vi, iadd(b, at, xi * v_step)),
                     align=4)
+
+
+# planes_by_vectors and output_planes_by_vectors walk the channels inside the groups of
+# images (consecutive planes of an image: one stream of lines) rather than the images of
+# each channel (a line per image, C planes apart: 32 KB at 512 channels 4x4, one of L1's
+# sets). ResNet-18, batch 32, 1 thread, 21 alternated rounds (benchmarks/resnet18_kernels.py
+# --only switch --switch winograd_transforms.PLANE_CHANNELS_INNER --channels 256 512):
+# 512 channels 4x4 forward 5.91 -> 5.70 ms, input gradient 6.28 -> 6.07; 256 channels 8x8
+# 4.91 -> 4.85, 5.06 -> 4.95; the weight gradients' Y within the noise. The same bits.
+# False: channels outside (A/B runs).
+PLANE_CHANNELS_INNER = True
+
+
+@contextmanager
+def _nest(b, outer, inner, swapped: bool):
+    """Two loops ((lo, hi), name) each, yielding their values (outer's, inner's); `swapped`:
+    inner's loop outside."""
+    first, second = (inner, outer) if swapped else (outer, inner)
+    with loop(b, *first[0], first[1]) as i, loop(b, *second[0], second[1]) as k:
+        yield (k, i) if swapped else (i, k)
 
 
 def _concatenated(b, vectors: list):
@@ -286,8 +310,8 @@ def output_planes_by_vectors(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, ou
             for col in range(out_hw[1]):
                 tile = k * per_image + (row // 2) * part.tw + col // 2
                 order.append(((row % 2) * 2 + col % 2) * lanes + tile)
-    with loop(b, *(channels or (0, co)), "co") as o, \
-            loop(b, 0, part.ld // lanes, "tg") as group:
+    with _nest(b, (channels or (0, co), "co"), ((0, part.ld // lanes), "tg"),
+               PLANE_CHANNELS_INNER) as (o, group):
         at = iadd(b, imul(b, o, part.ld), imul(b, group, lanes))
         m = [[b.load(kb.pointer(b, mi, iadd(b, at, (r * ALPHA + s) * m_step)), typ=vec, align=4)
               for s in range(ALPHA)] for r in range(ALPHA)]
@@ -308,6 +332,15 @@ def output_planes_by_vectors(b, kb, dt, part: Tiles, mi, m_step, co: int, oi, ou
 # Large planes' input transform in vectors of PLANE_LANES tiles along tile rows (float32):
 # see rows_by_vectors. False: the tile loop through the padded plane (for A/B runs).
 ROW_VECTORS = True
+# rows_by_vectors asks for the rows it loads ROW_PREFETCH channel planes ahead (llvm.
+# prefetch; the planes a part reads lie C * H * W apart per image and H * W per channel,
+# short streams the hardware's prefetchers miss). ResNet-18, batch 32, 1 thread, 21
+# alternated rounds (benchmarks/resnet18_kernels.py --only switch --switch
+# winograd_transforms.ROW_PREFETCH --values 0 4 --channels 64 128): 128 channels 16x16
+# forward 5.40 -> 5.04 ms, input gradient 5.45 -> 5.06, weight gradient 5.75 -> 5.40 (2 and
+# 8 planes ahead the same); 64 channels 32x32 within the noise (-0.0 to -0.1). The same
+# bits (a prefetch only warms the caches). 0: no prefetches (A/B runs).
+ROW_PREFETCH = 4
 ROW_SOURCE = 64  # at most this many elements of input rows feed one tap's shuffle
 
 
@@ -362,8 +395,10 @@ def rows_by_vectors(b, kb, dt, part: Tiles, si, ss, ci, in_hw, pad, vi, v_step,
             inside = b.and_(b.icmp_signed(">=", row, i64(0)),
                             b.icmp_signed("<", row, i64(in_hw[0])))
             safe = b.select(inside, row, i64(0))  # never read outside the tensor
-            loaded = b.load(kb.pointer(b, si, iadd(b, plane, imul(b, safe, ss[2]))),
-                            typ=row_vec, align=4)
+            row_at = iadd(b, plane, imul(b, safe, ss[2]))
+            if ROW_PREFETCH and isinstance(ss[1], int):
+                prefetch_lines(kb, b, si, row_at, width * 4, ahead=ROW_PREFETCH * ss[1] * 4)
+            loaded = b.load(kb.pointer(b, si, row_at), typ=row_vec, align=4)
             rows.append(b.select(inside, loaded, zero_row))
         d = [[b.shuffle_vector(_concatenated(b, [rows[r + 2 * i] for i in range(per_vector)]),
                                zero, masks[s]) for s in range(ALPHA)] for r in range(ALPHA)]
