@@ -35,9 +35,9 @@ def _recording(monkeypatch, name: str = "filter_taps", flag: int = -1) -> list:
     taken = []
     emit = getattr(winograd_filters, name)
 
-    def recording(*args):
+    def recording(*args, **kwargs):
         taken.append(args[flag])
-        return emit(*args)
+        return emit(*args, **kwargs)
 
     monkeypatch.setattr(winograd_filters, name, recording)
     monkeypatch.setattr(conv_winograd, name, recording, raising=False)
@@ -140,3 +140,32 @@ def test_streamed_u_bit_for_bit(op, shape, monkeypatch, tmp_path):
             results.append(np.array(exe.run(*[a.copy() for a in args])[0]))
     for got in results:
         np.testing.assert_array_equal(got, want)
+
+
+# A streamed gw (conv_winograd.weight_out, STREAMED_GW: each filter's 9 taps stored
+# non-temporally, 36 bytes at any 4-byte boundary) from dU in either layout, and the wide
+# weight gradient's (conv_winograd_wide_grad, WIDE_CHANNELS lowered): the same bits as gw
+# stored as any array, at one thread and forked
+@pytest.mark.parametrize("form", ["nn", "nt", "wide"])
+def test_streamed_gw_bit_for_bit(form, monkeypatch, tmp_path):
+    from graphc.backends.cpu import conv_winograd_wide_grad
+
+    monkeypatch.setattr(conv_winograd, "WEIGHT_GRAD_NN", form == "nn")
+    monkeypatch.setattr(conv_winograd_wide_grad, "WIDE_CHANNELS",
+                        32 if form == "wide" else conv_winograd_wide_grad.WIDE_CHANNELS)
+    xs, ws = (4, 32, 4, 4), (48, 32, 3, 3)
+    rng = np.random.default_rng(len(form))
+    gs, _ = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    arrays = [rng.standard_normal(s).astype(np.float32) * 3.0 for s in (gs, xs)]
+    results = []
+    for streamed in (True, False):
+        monkeypatch.setattr(winograd_filters, "STREAMED_U_BYTES", 0 if streamed else 1 << 40)
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"cache_{streamed}"))
+        exe = compare(_graphs(xs, ws, (1, 1), (1, 1), 1)[1]["gw"], arrays, rtol=1e-4)
+        assert ("wide" in exe.lowered.ir_text) == (form == "wide")
+        assert ("!nontemporal" in exe.lowered.ir_text) == streamed
+        for count in (1, threads.most_threads()):
+            exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+            results.append(np.array(exe.run(*[a.copy() for a in arrays])[0]))
+    for got in results[1:]:
+        np.testing.assert_array_equal(got, results[0])

@@ -98,6 +98,7 @@ from graphc.backends.cpu.winograd_filters import (
     filter_transform,
     filters_by_vectors,
     store_filter_taps,
+    streamed,
 )
 from graphc.backends.cpu.winograd_transforms import (
     ALPHA,
@@ -155,6 +156,12 @@ WEIGHT_GRAD_TILES = 64
 # 9.5 -> 9.4, but 512 channels at 4x4 11.3 -> 15.0 (so wide layers keep the NT form).
 # False keeps the NT form everywhere (for A/B runs).
 WEIGHT_GRAD_NN = True
+# weight_out stores gw non-temporally where dU is large (winograd_filters.streamed: 512 x
+# 512 channels, gw 9.4 MB, read next by the optimizer's update, after the rest of the
+# backward). 1 thread, batch 32, 21 alternated rounds (benchmarks/resnet18_kernels.py --only
+# switch --switch conv_winograd.STREAMED_GW --channels 512): the weight gradient 6.46 ->
+# 6.24 ms. False: stored as any (A/B runs).
+STREAMED_GW = True
 
 
 def _applies(g, dt, ci: int, co: int, out_hw) -> bool:
@@ -473,7 +480,8 @@ def weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
     over the whole matrix (512 x 512 channels, c inner: 16 streams 2 KiB apart per step; the
     whole kernel took 22 ms, 15 ms in squares). float32 filters FILTER_LANES a vector where
     they can (winograd_filters.filters_by_vectors: along dU's rows, each filter's 9 taps one
-    store after a transpose in registers): the 512-channel weight gradient 7.0 -> 5.4 ms."""
+    store after a transpose in registers): the 512-channel weight gradient 7.0 -> 5.4 ms.
+    A large gw is stored non-temporally (STREAMED_GW), drained before the kernel goes on."""
     def sums(b, o, c, vector: bool = False):  # filter (o, c)'s 16 sums, or FILTER_LANES'
         du = filter_at(b, co, ci, o, c, nn)
         at = [[iadd(b, du, (r * ALPHA + s) * u_step) for s in range(ALPHA)] for r in range(ALPHA)]
@@ -489,11 +497,16 @@ def weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
             for s in range(3):
                 kb.store(b, oi, iadd(b, base, r * 3 + s), w[r][s])
 
+    stream = STREAMED_GW and streamed(dt, co, ci)
+
     def vector(b, o, c):
         w = sandwich(b, dt, GT, sums(b, o, c, vector=True))
-        store_filter_taps(b, kb, oi, ci, o, c, nn, [v for row in w for v in row])
+        store_filter_taps(b, kb, oi, ci, o, c, nn, [v for row in w for v in row],
+                          streaming=stream)
 
     filters_by_vectors(b, dt, o_range, ci, nn, one, vector)
+    if stream:
+        kb.drain(b)
 
 
 def _filter_kernel(lw, locs, recipe, u_step, g, flip, transposed):

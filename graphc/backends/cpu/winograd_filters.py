@@ -98,7 +98,7 @@ def filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False,
     (`filters_by_vectors`); the rest one by one. A large U is stored non-temporally
     (`streamed`), and drained before the kernel goes on."""
     o_range = o_range or (i64(0), i64(g.o))
-    stream = streamed(dt, g.o, g.c)
+    stream = STREAMED_U and streamed(dt, g.o, g.c)
     # the vectors' alignment in U (64-byte aligned, its matrices whole lines apart): along
     # c from a multiple of FILTER_LANES; along o from the range's start (a share's: unknown)
     aligned = g.c % FILTER_LANES == 0 if not transposed else \
@@ -115,7 +115,7 @@ def filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False,
         tap = filter_taps(b, kb, wi, g.c, o, c, transposed)
         f = [[tap[_tap(r, s, flip)] for s in range(3)] for r in range(3)]
         _store_filter(b, kb, dt, ui, step, f, filter_at(b, g.o, g.c, o, c, transposed),
-                      (64 if aligned else 8) if stream else None)
+                      (64 if aligned else 4) if stream else None)
 
     filters_by_vectors(b, dt, o_range, g.c, transposed, one, vector, blocks_outer=stream)
     if stream:
@@ -123,9 +123,10 @@ def filter_transform(b, kb, dt, wi, ui, step, g, flip, transposed=False,
 
 
 def streamed(dt, co: int, ci: int) -> bool:
-    """Whether filter_transform stores U (co x ci filters, 16 positions) non-temporally:
-    float32 vectors, STREAMED_U_BYTES or more, a host with such stores (x86-64)."""
-    return (STREAMED_U and FILTER_VECTORS and dt.name == "float32"
+    """Whether the filters of a U of co x ci filters (16 positions) are large enough to be
+    stored non-temporally, theirs or the gradient's (STREAMED_U, conv_winograd.STREAMED_GW):
+    float32 vectors, a U of STREAMED_U_BYTES or more, a host with such stores (x86-64)."""
+    return (FILTER_VECTORS and dt.name == "float32"
             and ALPHA * ALPHA * co * ci * dt.itemsize >= STREAMED_U_BYTES and streaming_stores())
 
 
@@ -177,8 +178,8 @@ def filter_at(b, co: int, ci: int, o, c, transposed: bool):
 def _store_filter(b, kb, dt, ui, step, f, at, streaming: int | None = None) -> None:
     """U[xi * step + at] = (G f G^T)[xi] for the 16 xi: f's 3x3 taps scalars, or vectors
     (one filter a lane, stored along U's row from `at`). `streaming`: the vectors stored
-    non-temporally, that many bytes aligned (64: one movntps a vector; less: LLVM lowers
-    the store to 8-byte movnti, which x86 allows at any address)."""
+    non-temporally, that many bytes aligned (64: one movntps a vector; 4: LLVM lowers the
+    store to 8-byte movntsd or movnti, which x86 allows at any address)."""
     u = sandwich(b, dt, G, f)
     for xi in range(ALPHA * ALPHA):
         value, at_xi = u[xi // ALPHA][xi % ALPHA], iadd(b, at, xi * step)
@@ -211,14 +212,19 @@ def filter_taps(b, kb, wi, ci: int, o, c, along_o: bool) -> list:
     return square_transposed(b, rows)[:9]
 
 
-def store_filter_taps(b, kb, oi, ci: int, o, c, along_o: bool, taps: list) -> None:
+def store_filter_taps(b, kb, oi, ci: int, o, c, along_o: bool, taps: list,
+                      streaming: bool = False) -> None:
     """The inverse of `filter_taps`: the 9 vectors of taps stored as FILTER_LANES filters
-    of gw ([O][ci][3][3]), each filter's 9 taps one store."""
+    of gw ([O][ci][3][3]), each filter's 9 taps one store (`streaming`: non-temporal, 36
+    bytes at any 4-byte boundary: 8-byte movnti / movntsd and a 4-byte one; the caller
+    drains)."""
     lanes = FILTER_LANES
     first, apart = _filter_rows(b, ci, o, c, along_o)
     zero = ir.Constant(taps[0].type, [0.0] * lanes)  # rows past the taps, never stored
     rows = square_transposed(b, list(taps) + [zero] * (lanes - 9))
     nine = lane_mask(list(range(9)))
     for j, row in enumerate(rows):
-        b.store(b.shuffle_vector(row, row, nine), kb.pointer(b, oi, iadd(b, first, j * apart)),
-                align=4)
+        store = b.store(b.shuffle_vector(row, row, nine),
+                        kb.pointer(b, oi, iadd(b, first, j * apart)), align=4)
+        if streaming:
+            store.set_metadata("nontemporal", b.module.add_metadata([ir.Constant(I32, 1)]))
