@@ -52,7 +52,8 @@ of `--values` (default False, True), timed natively in alternation (`--rounds` r
 each build's largest difference from the first's (relative to the largest output).
 `thirteenth`: as `switches` with the thirteenth session's switches (THIRTEENTH_SESSION: the
 Winograd filter transforms one filter at a time) against the defaults, the stride-1 3x3
-classes shown.
+classes shown; `fourteenth` the same with the fourteenth session's (FOURTEENTH_SESSION:
+the stride-1 Winograd transforms' streamed stores, loop order, prefetches and sums).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
                                            "plane-vectors", "row-vectors", "transform-parts",
                                            "row-split", "row-split-kernels", "switches",
                                            "eleventh", "eleventh-kernels", "switch",
-                                           "thirteenth"),
+                                           "thirteenth", "fourteenth"),
                         help="one of them (default: classes and transforms)")
     parser.add_argument("--repeat", type=int, default=5, help="profiled runs (5)")
     parser.add_argument("--rounds", type=int, default=15, help="block-gemm: alternated "
@@ -101,11 +102,12 @@ def main(argv: list[str] | None = None) -> None:
         with cache_root("resnet18_kernels.") as root:
             for channels, side in LAYERS:
                 print(block_gemm_gain(root, channels, side, args.rounds), flush=True)
-    if args.only == "thirteenth":
+    if args.only in ("thirteenth", "fourteenth"):
         from benchmarks.harness import cache_root
 
+        off = THIRTEENTH_SESSION if args.only == "thirteenth" else FOURTEENTH_SESSION
         with cache_root("resnet18_kernels.") as root:
-            print(switches_gain(root, args.rounds, args.repeat, off=THIRTEENTH_SESSION,
+            print(switches_gain(root, args.rounds, args.repeat, off=off,
                                 shown=("3x3 stride 1",)), flush=True)
     if args.only == "switch":
         from benchmarks.harness import cache_root
@@ -264,6 +266,14 @@ ELEVENTH_SESSION = {("conv_winograd_wide_grad", "WIDE_GRAD"): False,
 # The thirteenth session's (`--only thirteenth`): the Winograd filter transforms (U and
 # gw = G^T dU G) 16 filters a vector
 THIRTEENTH_SESSION = {("winograd_filters", "FILTER_VECTORS"): False}
+# The fourteenth session's (`--only fourteenth`): the large U and gw stored non-temporally,
+# the small planes' transforms with the channels inside, the large planes' rows prefetched,
+# the output transforms' sums one channel behind
+FOURTEENTH_SESSION = {("winograd_filters", "STREAMED_U"): False,
+                      ("conv_winograd", "STREAMED_GW"): False,
+                      ("winograd_transforms", "PLANE_CHANNELS_INNER"): False,
+                      ("winograd_transforms", "ROW_PREFETCH"): 0,
+                      ("winograd_transforms", "SUMS_BEHIND"): False}
 
 
 def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after"),

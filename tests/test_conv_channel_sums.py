@@ -24,6 +24,7 @@ from graphc.backends.cpu import (  # noqa: E402
     pool,
     threads,
     winograd_gemm,
+    winograd_transforms,
 )
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
 from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
@@ -194,6 +195,27 @@ def test_the_transforms_sums_equal_the_reference_kernels(shape):
     want = image_sums(got[-1])  # of the compiled conv output itself
     np.testing.assert_array_equal(got[0][:, 0], want[:, 0])  # K: the plane's first element
     np.testing.assert_allclose(got[0], want, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:4] + [{"n": 32, "c": 32, "o": 40, "hw": 4}],
+                         ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_sums_one_channel_behind(shape, monkeypatch, tmp_path):
+    """The Winograd output transform adds a plane's sums after the next channel's tiles
+    (winograd_transforms.SUMS_BEHIND), then the last channel's after the loop: the same
+    output bits as the sums right after each plane, the sums to float64 rounding, at one
+    thread and on all cores (the last shape: one block, the output transform forked over
+    the channels)."""
+    graph = fuse_conv_channel_sums(parse(_graph(**shape)))
+    arrays = _arrays(**shape, seed=8)
+    runs = {}
+    for behind in (True, False):
+        monkeypatch.setattr(winograd_transforms, "SUMS_BEHIND", behind)
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"cache_{behind}"))
+        runs[behind] = [_sums_of(graph, arrays, count) for count in (1, ALL_CORES)]
+    for got, want in zip(runs[True], runs[False]):
+        np.testing.assert_array_equal(got[-1], want[-1])  # the conv output
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-9)  # the sums
+        np.testing.assert_allclose(got[0], image_sums(got[-1]), rtol=1e-12, atol=1e-9)
 
 
 def test_a_convolution_the_kernel_declines_sums_in_a_walk_of_its_own(monkeypatch):
