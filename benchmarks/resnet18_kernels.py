@@ -273,7 +273,8 @@ FOURTEENTH_SESSION = {("winograd_filters", "STREAMED_U"): False,
                       ("conv_winograd", "STREAMED_GW"): False,
                       ("winograd_transforms", "PLANE_CHANNELS_INNER"): False,
                       ("winograd_transforms", "ROW_PREFETCH"): 0,
-                      ("winograd_transforms", "SUMS_BEHIND"): False}
+                      ("winograd_transforms", "SUMS_BEHIND"): False,
+                      ("conv_winograd", "WEIGHT_OUT_BLOCKS"): False}
 
 
 def switches_gain(root: str, rounds: int, repeat: int, names=("before", "after"),

@@ -162,6 +162,14 @@ WEIGHT_GRAD_NN = True
 # switch --switch conv_winograd.STREAMED_GW --channels 512): the weight gradient 6.46 ->
 # 6.24 ms. False: stored as any (A/B runs).
 STREAMED_GW = True
+# weight_out from the NN form's transposed dU walks a block of 16 output channels over all
+# input channels (gw's 16 filters then 16 sequential streams of stores; winograd_filters.
+# filters_by_vectors' `blocks_outer`) rather than each input channel over all blocks (16
+# filters' stores 9 x C floats apart). 256 channels 8x8, batch 32, 1 thread (benchmarks/
+# resnet18_kernels.py --only switch --switch conv_winograd.WEIGHT_OUT_BLOCKS, 15 and 25
+# alternated rounds, load 5-6): the weight gradient 5.21 -> 5.05 and 5.13 -> 4.90 ms; 64
+# and 128 channels within the noise. The same bits. False: the walk by input channels.
+WEIGHT_OUT_BLOCKS = True
 
 
 def _applies(g, dt, ci: int, co: int, out_hw) -> bool:
@@ -481,7 +489,8 @@ def weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
     whole kernel took 22 ms, 15 ms in squares). float32 filters FILTER_LANES a vector where
     they can (winograd_filters.filters_by_vectors: along dU's rows, each filter's 9 taps one
     store after a transpose in registers): the 512-channel weight gradient 7.0 -> 5.4 ms.
-    A large gw is stored non-temporally (STREAMED_GW), drained before the kernel goes on."""
+    A large gw is stored non-temporally (STREAMED_GW), drained before the kernel goes on;
+    from a transposed dU, a block of output channels at a time (WEIGHT_OUT_BLOCKS)."""
     def sums(b, o, c, vector: bool = False):  # filter (o, c)'s 16 sums, or FILTER_LANES'
         du = filter_at(b, co, ci, o, c, nn)
         at = [[iadd(b, du, (r * ALPHA + s) * u_step) for s in range(ALPHA)] for r in range(ALPHA)]
@@ -504,7 +513,7 @@ def weight_out(b, kb, dt, ui, u_step, oi, o_range, ci, co, nn) -> None:
         store_filter_taps(b, kb, oi, ci, o, c, nn, [v for row in w for v in row],
                           streaming=stream)
 
-    filters_by_vectors(b, dt, o_range, ci, nn, one, vector)
+    filters_by_vectors(b, dt, o_range, ci, nn, one, vector, blocks_outer=WEIGHT_OUT_BLOCKS)
     if stream:
         kb.drain(b)
 
