@@ -315,6 +315,33 @@ def test_the_polyphase_transforms_sums(shape, residual):
         assert_rounding_within(g, e, w)
 
 
+@pytest.mark.parametrize("shape", STRIDE_2[:3] + [{"n": 16, "c": 32, "o": 64, "hw": 8}],
+                         ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_the_polyphase_sums_behind_and_from_vectors(shape, monkeypatch, tmp_path):
+    """The polyphase output transform adds a plane's sums one channel behind (the tile loop:
+    conv_polyphase.SUMS_BEHIND), or from the vector it has just stored (4x4 planes:
+    VECTOR_SUMS): the same output bits as the sums right after each plane from memory, the
+    sums to float64 rounding, at one thread and on all cores (the last shape: a batch of one
+    block)."""
+    graph = fuse_conv_channel_sums(parse(_graph(**shape, stride=2)))
+    arrays = _arrays(**shape, stride=2, seed=5)
+    runs = {}
+    for new in (True, False):
+        monkeypatch.setattr(conv_polyphase, "SUMS_BEHIND", new)
+        monkeypatch.setattr(conv_polyphase, "VECTOR_SUMS", new)
+        monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"cache_{new}"))
+        runs[new] = [_sums_of(graph, arrays, count) for count in (1, ALL_CORES)]
+    for got, want in zip(runs[True], runs[False]):
+        np.testing.assert_array_equal(got[-1], want[-1])  # the conv output
+        np.testing.assert_array_equal(got[0][:, 0], want[0][:, 0])  # K: the first element
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-9)  # the sums
+        np.testing.assert_allclose(got[0], image_sums(got[-1]), rtol=1e-12, atol=1e-9)
+    for got in runs[True][1:]:  # all cores: the same bits as one thread
+        for g, w in zip(got, runs[True][0]):
+            np.testing.assert_array_equal(np.asarray(g).view(np.uint8),
+                                          np.asarray(w).view(np.uint8))
+
+
 # The few-channel kernel's (graphc.backends.cpu.conv_few_channels): ResNet-18's stem, and
 # planes of one and eight channels in, an odd row width
 FEW = [{"n": 3, "c": 3, "o": 64, "hw": 32}, {"n": 2, "c": 8, "o": 16, "hw": 16},

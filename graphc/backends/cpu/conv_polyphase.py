@@ -81,9 +81,10 @@ from graphc.backends.cpu.image_kernels import (
     image_strides,
     imul,
 )
+from graphc.backends.cpu.plane_sums import add_plane_sums, add_vector_sums
 from graphc.backends.cpu.scalars import const
-from graphc.backends.cpu.values import F32, I32, i64, loop
-from graphc.backends.cpu.winograd_transforms import add_plane_sums, pad_plane, spaced
+from graphc.backends.cpu.values import F32, I32, as_i64, i64, loop
+from graphc.backends.cpu.winograd_transforms import pad_plane, spaced
 from graphc.types import float32
 
 __all__ = ["ENABLED", "FORKED_TRANSFORMS", "MIN_CHANNELS", "POSITIONS", "Pass", "applies",
@@ -116,6 +117,16 @@ GRAD_MIN_OUT_CHANNELS = 128
 # against 8.3, twelfth) and wins on the Zen 5 host's OpenBLAS (5.1 against 9.8 ms,
 # thirteenth); 64 -> 128 and 128 -> 256: 8.7 -> 7.2 and 8.2 -> 7.1 ms (Intel).
 GRAD_MIN_TILES = 4
+# The tile loop's output transform (planes of more than LANES blocks: ResNet-18's 16x16
+# outputs) adds a plane's batch-norm sums (conv2d_channel_sums: add_plane_sums) one channel
+# behind, after the next one's stores, as winograd_transforms.SUMS_BEHIND does for the
+# stride-1 kernels (the sums' loads then no longer wait on the stores just made). False:
+# each plane's sums right after it (A/B runs).
+SUMS_BEHIND = True
+# Planes of LANES blocks or a fraction (8x8 and 4x4 outputs: a plane one vector, stored
+# whole) take their sums from that vector (plane_sums.add_vector_sums: no loads, no wait on
+# the store). False: add_plane_sums from memory right after the store (A/B runs).
+VECTOR_SUMS = True
 
 # Per axis, per phase: (input patch offsets, B^T, G's rows over the filter taps, A^T).
 # Patch offset r is input row 4ty - 1 + r of output block ty; the even phase reads rows
@@ -481,19 +492,33 @@ def _output_transform(b, kb, dt, images, mi, m_step, co, oi, out_hw, ld, sums=No
         return _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums,
                                   channels)
     plane = out_hw[0] * out_hw[1]
-    with block_images(b, count) as j, loop(b, *(channels or (0, co)), "co") as o:
-        row_m = iadd(b, imul(b, o, ld), imul(b, j, th * tw))
+    lo, hi = (as_i64(v) for v in (channels or (0, co)))
+    behind = sums is not None and SUMS_BEHIND
+
+    def plane_sums(b, j, o):  # plane (j, o), written by now
         base = imul(b, iadd(b, imul(b, iadd(b, n0, j), co), o), plane)
-        with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
-            t = iadd(b, row_m, imul(b, ty, tw), tx)
-            total = _phase_sum(b, dt, lambda xi: kb.load(b, mi, iadd(b, t, xi * m_step)))
-            at = iadd(b, base, imul(b, ty, 2 * out_hw[1]), imul(b, tx, 2))
-            for r in range(2):
-                for s in range(2):
-                    kb.store(b, oi, iadd(b, at, r * out_hw[1] + s), total[r][s])
-        if sums is not None:
-            add_plane_sums(b, kb, dt, oi, base, base, plane, sums, iadd(b, n0, j), o, co,
-                           first=True)
+        add_plane_sums(b, kb, dt, oi, base, base, plane, sums, iadd(b, n0, j), o, co,
+                       first=True)
+
+    with block_images(b, count) as j:
+        with loop(b, lo, hi, "co") as o:
+            row_m = iadd(b, imul(b, o, ld), imul(b, j, th * tw))
+            base = imul(b, iadd(b, imul(b, iadd(b, n0, j), co), o), plane)
+            with loop(b, 0, th, "ty") as ty, loop(b, 0, tw, "tx") as tx:
+                t = iadd(b, row_m, imul(b, ty, tw), tx)
+                total = _phase_sum(b, dt, lambda xi: kb.load(b, mi, iadd(b, t, xi * m_step)))
+                at = iadd(b, base, imul(b, ty, 2 * out_hw[1]), imul(b, tx, 2))
+                for r in range(2):
+                    for s in range(2):
+                        kb.store(b, oi, iadd(b, at, r * out_hw[1] + s), total[r][s])
+            if behind:  # the previous channel's
+                with b.if_then(b.icmp_signed(">", o, lo)):
+                    plane_sums(b, j, b.sub(o, i64(1)))
+            elif sums is not None:
+                plane_sums(b, j, o)
+        if behind:
+            with b.if_then(b.icmp_signed(">", hi, lo)):
+                plane_sums(b, j, b.sub(hi, i64(1)))
 
 
 def _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums=None,
@@ -502,7 +527,8 @@ def _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums=None,
     blocks an image), LANES blocks at once: each position's LANES sums one vector load along
     M's row, the phases' sum on vectors, the 2x2 outputs of every block shuffled into whole
     output planes and stored as vectors (the same additions in the same order as the block
-    loop, which LLVM leaves scalar at 2 blocks a row: 1.1 ms of the kernel's 9.8)."""
+    loop, which LLVM leaves scalar at 2 blocks a row: 1.1 ms of the kernel's 9.8). `sums`:
+    each plane's from the vector just stored (VECTOR_SUMS), else add_plane_sums."""
     n0, _ = images
     tw = out_hw[1] // 2
     per_image = (out_hw[0] // 2) * tw
@@ -515,6 +541,7 @@ def _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums=None,
             for col in range(out_hw[1]):
                 tile = k * per_image + (row // 2) * tw + col // 2
                 order.append(((row % 2) * 2 + col % 2) * LANES + tile)
+    by_vector = sums is not None and VECTOR_SUMS
     with loop(b, *(channels or (0, co)), "co") as o, loop(b, 0, ld // LANES, "tg") as group:
         at = iadd(b, imul(b, o, ld), imul(b, group, LANES))
         total = _phase_sum(b, float32, lambda xi: b.load(
@@ -526,7 +553,9 @@ def _output_by_vectors(b, kb, images, mi, m_step, co, oi, out_hw, ld, sums=None,
             values = b.shuffle_vector(every, ir.Constant(every.type, ir.Undefined), mask)
             out_at = imul(b, iadd(b, imul(b, iadd(b, first, k), co), o), plane)
             b.store(values, kb.pointer(b, oi, out_at), align=4)
-            if sums is not None:
+            if by_vector:
+                add_vector_sums(b, kb, values, sums, iadd(b, first, k), o, co)
+            elif sums is not None:
                 add_plane_sums(b, kb, float32, oi, out_at, out_at, plane, sums,
                                iadd(b, first, k), o, co, first=True)
 

@@ -6,7 +6,9 @@ K) and sum((out - K)^2). The kernels that write out add them from the rows they 
 written, while those are in cache: the Winograd output transforms (graphc.backends.cpu.
 winograd_transforms, one channel behind: SUMS_BEHIND there), the stride-2 polyphase kernel
 and the few-channel kernel (conv_polyphase, conv_few_channels), and the fallback walk of
-graphc.backends.cpu.conv_channel_sums. `add_plane_sums` emits that sum, in one place.
+graphc.backends.cpu.conv_channel_sums. `add_plane_sums` emits that sum, in one place;
+`add_vector_sums` the same sums of a whole plane held in one vector register (the polyphase
+kernel's 4x4 planes), with no loads.
 (winograd_transforms re-exports it, where those kernels import it from.)
 """
 
@@ -16,10 +18,10 @@ from llvmlite import ir
 
 from graphc.backends.cpu.image_kernels import fadd, iadd, imul
 from graphc.backends.cpu.scalars import convert
-from graphc.backends.cpu.values import F64, loop
+from graphc.backends.cpu.values import F64, I32, loop
 from graphc.types import float64
 
-__all__ = ["SUM_D", "SUM_SHIFT", "SUM_SQUARES", "add_plane_sums"]
+__all__ = ["SUM_D", "SUM_SHIFT", "SUM_SQUARES", "add_plane_sums", "add_vector_sums"]
 
 # the rows of a sums operand (graphc.ops.batch_norm_relu.sums_type: [N, 3, C] float64)
 SUM_SHIFT, SUM_D, SUM_SQUARES = range(3)
@@ -59,3 +61,32 @@ def add_plane_sums(b, kb, dt, oi, plane, start, count: int, sums: int, n, o, co:
             before = before if first is False else b.select(first, zero, before)
             total = b.fadd(before, total)
         kb.store(b, sums, slot[row], total)
+
+
+def add_vector_sums(b, kb, values, sums: int, n, o, co: int) -> None:
+    """add_plane_sums (first=True) of a plane that is the whole of `values` (a float32 vector,
+    computed and stored just before): K = values[0], sum(d) and sum(d^2) of d = values - K in
+    float64, from the registers (no loads of the stores just made, which wait on them),
+    summed as a pairwise tree of the lanes: one order fixed by the code."""
+    count = values.type.count
+    wide = b.fpext(values, ir.VectorType(F64, count))
+    shift = b.extract_element(wide, ir.Constant(I32, 0))
+    splat = b.shuffle_vector(wide, ir.Constant(wide.type, ir.Undefined),
+                             ir.Constant(ir.VectorType(I32, count), [0] * count))
+    d = b.fsub(wide, splat)
+    slot = [iadd(b, imul(b, n, 3 * co), row * co, o) for row in range(3)]
+    kb.store(b, sums, slot[SUM_SHIFT], shift)
+    kb.store(b, sums, slot[SUM_D], _lanes_sum(b, d))
+    kb.store(b, sums, slot[SUM_SQUARES], _lanes_sum(b, b.fmul(d, d)))
+
+
+def _lanes_sum(b, v):
+    """The sum of a vector's lanes (a power of two of them), halves added pairwise."""
+    while v.type.count > 1:
+        half = v.type.count // 2
+        lo, hi = (b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
+                                   ir.Constant(ir.VectorType(I32, half),
+                                               list(range(k, k + half))))
+                  for k in (0, half))
+        v = b.fadd(lo, hi)
+    return b.extract_element(v, ir.Constant(I32, 0))
