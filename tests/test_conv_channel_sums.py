@@ -19,6 +19,7 @@ import graphc  # noqa: E402
 from graphc.backends.cpu import (  # noqa: E402
     conv_few_channels,
     conv_polyphase,
+    conv_polyphase_outputs,
     conv_threads,
     conv_winograd,
     pool,
@@ -319,7 +320,7 @@ def test_the_polyphase_transforms_sums(shape, residual):
                          ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
 def test_the_polyphase_sums_behind_and_from_vectors(shape, monkeypatch, tmp_path):
     """The polyphase output transform adds a plane's sums one channel behind (the tile loop:
-    conv_polyphase.SUMS_BEHIND), or from the vector it has just stored (4x4 planes:
+    conv_polyphase_outputs.SUMS_BEHIND), or from the vector it has just stored (4x4 planes:
     VECTOR_SUMS): the same output bits as the sums right after each plane from memory, the
     sums to float64 rounding, at one thread and on all cores (the last shape: a batch of one
     block)."""
@@ -327,8 +328,8 @@ def test_the_polyphase_sums_behind_and_from_vectors(shape, monkeypatch, tmp_path
     arrays = _arrays(**shape, stride=2, seed=5)
     runs = {}
     for new in (True, False):
-        monkeypatch.setattr(conv_polyphase, "SUMS_BEHIND", new)
-        monkeypatch.setattr(conv_polyphase, "VECTOR_SUMS", new)
+        monkeypatch.setattr(conv_polyphase_outputs, "SUMS_BEHIND", new)
+        monkeypatch.setattr(conv_polyphase_outputs, "VECTOR_SUMS", new)
         monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"cache_{new}"))
         runs[new] = [_sums_of(graph, arrays, count) for count in (1, ALL_CORES)]
     for got, want in zip(runs[True], runs[False]):
