@@ -36,7 +36,11 @@ LANES = 16  # output blocks a vector holds (the input transform by rows, small p
 SUMS_BEHIND = True
 # Planes of LANES blocks or a fraction (8x8 and 4x4 outputs: a plane one vector, stored
 # whole) take their sums from that vector (plane_sums.add_vector_sums: no loads, no wait on
-# the store). False: add_plane_sums from memory right after the store (A/B runs).
+# the store; one-behind there measured 4.32 -> 4.42 ms at 256 -> 512). False: add_plane_sums
+# from memory right after the store (A/B runs). Both together, conv2d_channel_sums one-op,
+# batch 32, 1 thread, 21 rounds (benchmarks/stride2_grads.py --kinds fwd sums --ab ...=False):
+# 64 -> 128 4.61 -> 4.47 ms, 128 -> 256 3.93 -> 3.89, 256 -> 512 4.40 -> 4.34 (load 0.8);
+# 5.18 -> 5.04, 4.70 -> 4.53, 5.69 -> 5.39 (load 7.5). The same output bits.
 VECTOR_SUMS = True
 
 
