@@ -244,3 +244,41 @@ def test_one_block_forks_its_transforms_with_the_same_bits(case, narrow, monkeyp
     for key, got in outs.items():
         np.testing.assert_array_equal(got, first, err_msg=f"forked {key[0]}, {key[1]} threads")
     check(xs, ws, padding)  # the forked kernels: the interpreter, float64, a rerun
+
+
+# (input, weight, padding, panel channels): ResNet-18's layer at batch 9 in panels of 16,
+# narrow one-block stand-ins in panels of 8 and 16 (several panels a thread), one panel of
+# all output channels, and output channels not a whole number of panels (PANELS not taken)
+PANEL_CASES = [
+    ((9, 512, 4, 4), (512, 512, 3, 3), (1, 1), 16),
+    (LAYOUTS[0][0], LAYOUTS[0][1], (1, 1), 8),
+    (NARROW[0][0], NARROW[0][1], (1, 1), 16),
+    (NARROW[4][0], NARROW[4][1], (1, 1), 32),
+    (NARROW[0][0], NARROW[0][1], (1, 1), 32),
+]
+
+
+@pytest.mark.parametrize("case", range(len(PANEL_CASES)))
+def test_panels_give_the_whole_products_bits(case, narrow, monkeypatch, tmp_path):
+    """dU and gw by panels of output channels (PANELS), on one thread and forked over the
+    panels on all cores, give the bits of the whole products then weight_out's kernel; the
+    panels' kernel is the only one after the transforms."""
+    xs, ws, padding, panel = PANEL_CASES[case]
+    monkeypatch.setattr(conv_winograd_wide_grad, "PANEL_CHANNELS", panel)
+    args = _inputs(xs, ws, padding)
+    outs = {}
+    for on in (False, True):
+        monkeypatch.setattr(conv_winograd_wide_grad, "PANELS", on)
+        for count in sorted({1, 2, ALL_CORES}):  # (2 forks where image_threads says 1)
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"panels-{on}-{count}"))
+            exe = _compiled(xs, ws, padding, count=count)
+            names = _kernel_names(exe)
+            taken = on and ws[0] % panel == 0
+            assert ("conv2d_winograd_wide_weight_out" in names) != taken, names
+            if taken and count > 1:
+                assert KERNEL in _forking(exe), _forking(exe)
+            outs[on, count] = exe.run(*[a.copy() for a in args])[0]
+    first = outs[False, 1]
+    for key, got in outs.items():
+        np.testing.assert_array_equal(got, first, err_msg=f"panels {key[0]}, {key[1]} threads")
+    check(xs, ws, padding)

@@ -21,10 +21,16 @@ This kernel computes dU in gw's own order from a *tile-major* V:
   chains of winograd_gemm.K_BLOCK = 64, each chain added to dU in order: the same sums as
   conv_winograd's 64-tile blocks with beta 1, so the same distance from float64);
 - `gw = G^T dU G` by conv_winograd.weight_out, rows of dU as they lie, in a kernel of its
-  own forked over the output channels.
+  own forked over the output channels;
+- or, where the batch is one block (PANELS), both a panel of PANEL_CHANNELS output
+  channels at a time in one kernel: the panel's products into a window of the workspace
+  that stays in L2, transformed to gw right away, so dU (16.8 MB at 512 x 512) is never
+  written to memory and read back, at the price of reading Vt (4 MB) once a panel (the
+  512-channel weight gradient, batch 32, 1 thread: ~0.35 ms of ~6.9 a call).
 On more than one core the 16 products go over the threads (8 positions a thread on two,
 each thread the only writer of its dU[xi]: no private copies of dU, no reduce kernel) and
-the last transform over the output channels. Where the batch is one block (ResNet-18's
+the last transform over the output channels; with PANELS the panels go over the threads,
+each share in a window of its own. Where the batch is one block (ResNet-18's
 512 x 512 layer at batch 32: nothing to split over images) the transforms before the GEMMs
 fork too, each in a kernel of its own called first (conv_threads.channel_kernel,
 FORKED_TRANSFORMS): Vt's over the input channels (vectors of CHANNEL_LANES channels a unit),
@@ -72,8 +78,8 @@ from graphc.backends.cpu.winograd_transforms import (
 )
 from graphc.types import float32
 
-__all__ = ["BLOCK_TILES", "FORKED_TRANSFORMS", "MAX_IMAGE_TILES", "WIDE_CHANNELS", "WIDE_GRAD",
-           "conv2d_weight_grad"]
+__all__ = ["BLOCK_TILES", "FORKED_TRANSFORMS", "MAX_IMAGE_TILES", "PANELS", "PANEL_CHANNELS",
+           "WIDE_CHANNELS", "WIDE_GRAD", "conv2d_weight_grad"]
 
 WIDE_GRAD = True  # False: conv_winograd's NT form through the BLAS (A/B runs)
 # Tiles a block's GEMMs sum: two of winograd_gemm's K_BLOCK chains, so dU[xi] is read and
@@ -98,6 +104,14 @@ VT_PANELS = True
 # False: both inside the GEMMs' kernel, on the calling thread (A/B runs: benchmarks.
 # step_threads --ab wide_grad_forks).
 FORKED_TRANSFORMS = True
+# A batch of one block: dU computed and transformed to gw a panel of PANEL_CHANNELS output
+# channels at a time (_panels_kernel), the panel's 16 x PANEL_CHANNELS x ci sums kept in one
+# window of the workspace that every panel reuses (512 KB at 16 x 512: in L2), so the
+# 16.8 MB dU is never written to memory and read back; Vt (4 MB at 512 x 128 tiles) is
+# read once a panel. On more than one core the panels go over the threads (each its own
+# window). False: the 16 products of the whole dU, then weight_out's kernel (A/B runs).
+PANELS = True
+PANEL_CHANNELS = 16
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
@@ -131,17 +145,26 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     # a batch of one block: nothing to split over images, so the transforms fork over the
     # channels, in kernels of their own called before the GEMMs' kernel (more than one
     # thread only: on one they stay inside it)
-    by_channels = forked and FORKED_TRANSFORMS and lw.most_threads() > 1 and \
-        type(g.n) is int and nb >= g.n
+    one_block = type(g.n) is int and nb >= g.n
+    by_channels = forked and FORKED_TRANSFORMS and lw.most_threads() > 1 and one_block
+    panel = PANEL_CHANNELS if PANELS and one_block and co % PANEL_CHANNELS == 0 else 0
+    if panel:  # one window of dU a panel (a thread's share), else the whole dU
+        u_step = spaced(panel * ci)
+        du = (co // panel if by_channels else 1, nxi, u_step)
+    else:
+        du = (nxi, u_step)
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
-        temps = workspace(lw, dt, (nxi, u_step), (nxi, spaced(ci * t_max)),
-                          (nxi, spaced(co * t_max)))
+        temps = workspace(lw, dt, du, (nxi, spaced(ci * t_max)), (nxi, spaced(co * t_max)))
         locs = [gl, xl, dst] + temps
-        recipe = (g.key(), ci, co, in_hw, out_hw, pad, forked, by_channels)
+        recipe = (g.key(), ci, co, in_hw, out_hw, pad, forked, by_channels, panel)
+        whole = Tiles(0, g.n, 0, th, tw, t_max)
         if by_channels:
-            whole = Tiles(0, g.n, 0, th, tw, t_max)
             lw.calls.extend(_transform_kernels(lw, locs, recipe, dt, whole, (xs, gs), ci, co,
                                                in_hw, out_hw, pad))
+        if panel:
+            lw.calls.append(_panels_kernel(lw, locs, recipe, dt, whole, (xs, gs), g, panel,
+                                           by_channels))
+            return True
         kb, ids = image_kernel(lw, "conv2d_winograd_wide_weight_grad", locs, recipe)
         gi, si, _, ui, vi, yi = ids
         b = kb.begin()
@@ -163,6 +186,63 @@ def conv2d_weight_grad(lw, node, g) -> bool:
         lw.calls.append(kb.kernel if b is None else kb.finish(b))
         lw.calls.append(_weight_out_kernel(lw, locs, recipe, g, u_step))
     return True
+
+
+def _panels_kernel(lw, locs, recipe, dt, whole: Tiles, strides, g, panel: int,
+                   by_channels: bool):
+    """A one-block batch's dU and gw by panels of `panel` output channels (PANELS): the
+    panel's 16 products `dU[xi][o0 : o0 + panel] = Y[xi][o0 : o0 + panel] @ Vt[xi]` (rows
+    of dU ci apart, the 16 matrices spaced(panel * ci) apart) into the share's window of
+    the workspace, then conv_winograd.weight_out on those output channels. With
+    `by_channels` (the transforms ran before, in kernels of their own) forked over the
+    panels, each share's window at its first panel's place; else the transforms first,
+    then every panel, on the calling thread. Each dU element is the same two chains of
+    K_BLOCK tiles as the whole products', in the same order: the same bits."""
+    xs, gs = strides
+    ci, co, nxi = g.c, g.o, ALPHA * ALPHA
+    u_step = spaced(panel * ci)
+    gemm = _gemm(co, ci, whole.ld, u_step, panel)
+    kb, ids = image_kernel(lw, "conv2d_winograd_wide_weight_grad", locs, recipe)
+    gi, si, oi, ui, vi, yi = ids
+    b = kb.begin(parallel=by_channels, work=kernels.gemm_work(nxi, co, ci, whole.ld))
+    if b is None:
+        return kb.kernel
+    if not by_channels:
+        _input_transform(b, kb, dt, whole, si, xs, ci, (g.h, g.w), g.padding, vi,
+                         spaced(ci * whole.ld), gemm.b_panel != 0)
+        _output_grad_tiles(b, kb, dt, whole, gi, gs, co, (g.ho, g.wo), yi,
+                           spaced(co * whole.ld))
+    lo, hi = kb.outer_range(b, co // panel)
+    window = imul(b, lo, nxi * u_step)  # the share's window: its first panel's place
+    fn = winograd_gemm.function(lw.module, gemm)
+    with loop(b, lo, hi, "panel") as p:
+        o0 = imul(b, p, panel)
+        b.call(fn, [kb.pointer(b, yi, imul(b, o0, whole.ld)), kb.pointer(b, vi, i64(0)),
+                    kb.pointer(b, ui, window), const(dt, 0.0)])
+        in_window = _Shifted(kb, ui, b.sub(window, imul(b, o0, ci)))
+        conv_winograd.weight_out(b, in_window, dt, ui, u_step, oi, (o0, iadd(b, o0, panel)),
+                                 ci, co, False)
+    return kb.finish(b)
+
+
+class _Shifted:
+    """A kernel builder whose operand `k` is addressed `shift` elements further on:
+    conv_winograd.weight_out's dU[xi][o][c] (o the output channel) read from a panel's
+    window, which holds only the panel's rows."""
+
+    def __init__(self, kb, k: int, shift) -> None:
+        self._kb, self._k, self._shift = kb, k, shift
+
+    def __getattr__(self, name):
+        return getattr(self._kb, name)
+
+    def pointer(self, b, k: int, offset):
+        return self._kb.pointer(b, k, iadd(b, offset, self._shift) if k == self._k else offset)
+
+    def load(self, b, k: int, offset):
+        if k != self._k:
+            return self._kb.load(b, k, offset)
+        return b.load(self.pointer(b, k, offset), typ=F32)
 
 
 def _transform_kernels(lw, locs, recipe, dt, whole: Tiles, strides, ci, co, in_hw, out_hw,
@@ -205,15 +285,17 @@ def _input_transform(b, kb, dt, part: Tiles, si, xs, ci, in_hw, pad, vi, v_step,
                                 units)
 
 
-def _gemm(co: int, ci: int, ld: int, u_step: int):
+def _gemm(co: int, ci: int, ld: int, u_step: int, rows: int | None = None):
     """winograd_gemm's plan for a block of `ld` tiles: dU[xi] (co x ci) (+)= Y[xi] (co x
-    ld, rows ld apart) @ Vt[xi] (ld x ci), Vt panel by panel where VT_PANELS."""
+    ld, rows ld apart) @ Vt[xi] (ld x ci), Vt panel by panel where VT_PANELS; `rows`: only
+    that many of dU's rows (a panel of output channels, _panels_kernel)."""
     width = winograd_gemm.PANEL_COLUMNS
+    m = rows or co
     if VT_PANELS and ci % width == 0:
-        return winograd_gemm.plan(co, ci, ld, ld, 1, width, ci, spaced(co * ld),
+        return winograd_gemm.plan(m, ci, ld, ld, 1, width, ci, spaced(co * ld),
                                   spaced(ci * ld), u_step, accumulates=True, max_c=co * ci,
                                   b_panel=ld * width)
-    return winograd_gemm.plan(co, ci, ld, ld, 1, ci, ci, spaced(co * ld), spaced(ci * ld),
+    return winograd_gemm.plan(m, ci, ld, ld, 1, ci, ci, spaced(co * ld), spaced(ci * ld),
                               u_step, accumulates=True, max_c=co * ci)
 
 
