@@ -112,6 +112,11 @@ FORKED_TRANSFORMS = True
 # window). False: the 16 products of the whole dU, then weight_out's kernel (A/B runs).
 PANELS = True
 PANEL_CHANNELS = 16
+# With PANELS, Y's transform too a panel at a time, right before the panel's products, into
+# a window of its own (16 x PANEL_CHANNELS x tiles: 128 KB at 128 tiles), so Y (4 MB at 512
+# channels) is not written to memory and read back either; on more than one core inside the
+# panels' shares (no kernel of its own). False: Y of all output channels first (A/B runs).
+PANEL_Y = True
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
@@ -148,22 +153,25 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     one_block = type(g.n) is int and nb >= g.n
     by_channels = forked and FORKED_TRANSFORMS and lw.most_threads() > 1 and one_block
     panel = PANEL_CHANNELS if PANELS and one_block and co % PANEL_CHANNELS == 0 else 0
-    if panel:  # one window of dU a panel (a thread's share), else the whole dU
+    panel_y = bool(panel) and PANEL_Y
+    du, y = (nxi, u_step), (nxi, spaced(co * t_max))
+    if panel:  # windows of a panel (one a thread's share), else the whole dU (and Y)
+        slots = co // panel if by_channels else 1
         u_step = spaced(panel * ci)
-        du = (co // panel if by_channels else 1, nxi, u_step)
-    else:
-        du = (nxi, u_step)
+        du = (slots, nxi, u_step)
+        y = (slots, nxi, spaced(panel * t_max)) if panel_y else y
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
-        temps = workspace(lw, dt, du, (nxi, spaced(ci * t_max)), (nxi, spaced(co * t_max)))
+        temps = workspace(lw, dt, du, (nxi, spaced(ci * t_max)), y)
         locs = [gl, xl, dst] + temps
-        recipe = (g.key(), ci, co, in_hw, out_hw, pad, forked, by_channels, panel)
+        recipe = (g.key(), ci, co, in_hw, out_hw, pad, forked, by_channels, panel, panel_y)
         whole = Tiles(0, g.n, 0, th, tw, t_max)
         if by_channels:
-            lw.calls.extend(_transform_kernels(lw, locs, recipe, dt, whole, (xs, gs), ci, co,
-                                               in_hw, out_hw, pad))
+            transforms = _transform_kernels(lw, locs, recipe, dt, whole, (xs, gs), ci, co,
+                                            in_hw, out_hw, pad)
+            lw.calls.extend(transforms[:1] if panel_y else transforms)
         if panel:
             lw.calls.append(_panels_kernel(lw, locs, recipe, dt, whole, (xs, gs), g, panel,
-                                           by_channels))
+                                           by_channels, panel_y))
             return True
         kb, ids = image_kernel(lw, "conv2d_winograd_wide_weight_grad", locs, recipe)
         gi, si, _, ui, vi, yi = ids
@@ -189,7 +197,7 @@ def conv2d_weight_grad(lw, node, g) -> bool:
 
 
 def _panels_kernel(lw, locs, recipe, dt, whole: Tiles, strides, g, panel: int,
-                   by_channels: bool):
+                   by_channels: bool, panel_y: bool):
     """A one-block batch's dU and gw by panels of `panel` output channels (PANELS): the
     panel's 16 products `dU[xi][o0 : o0 + panel] = Y[xi][o0 : o0 + panel] @ Vt[xi]` (rows
     of dU ci apart, the 16 matrices spaced(panel * ci) apart) into the share's window of
@@ -197,11 +205,13 @@ def _panels_kernel(lw, locs, recipe, dt, whole: Tiles, strides, g, panel: int,
     `by_channels` (the transforms ran before, in kernels of their own) forked over the
     panels, each share's window at its first panel's place; else the transforms first,
     then every panel, on the calling thread. Each dU element is the same two chains of
-    K_BLOCK tiles as the whole products', in the same order: the same bits."""
+    K_BLOCK tiles as the whole products', in the same order: the same bits. `panel_y`
+    (PANEL_Y): the panel's Y computed first, into a window of its own."""
     xs, gs = strides
     ci, co, nxi = g.c, g.o, ALPHA * ALPHA
     u_step = spaced(panel * ci)
-    gemm = _gemm(co, ci, whole.ld, u_step, panel)
+    y_step = spaced(panel * whole.ld) if panel_y else spaced(co * whole.ld)
+    gemm = _gemm(co, ci, whole.ld, u_step, panel, y_step)
     kb, ids = image_kernel(lw, "conv2d_winograd_wide_weight_grad", locs, recipe)
     gi, si, oi, ui, vi, yi = ids
     b = kb.begin(parallel=by_channels, work=kernels.gemm_work(nxi, co, ci, whole.ld))
@@ -210,25 +220,32 @@ def _panels_kernel(lw, locs, recipe, dt, whole: Tiles, strides, g, panel: int,
     if not by_channels:
         _input_transform(b, kb, dt, whole, si, xs, ci, (g.h, g.w), g.padding, vi,
                          spaced(ci * whole.ld), gemm.b_panel != 0)
-        _output_grad_tiles(b, kb, dt, whole, gi, gs, co, (g.ho, g.wo), yi,
-                           spaced(co * whole.ld))
+    if not (by_channels or panel_y):
+        _output_grad_tiles(b, kb, dt, whole, gi, gs, co, (g.ho, g.wo), yi, y_step)
     lo, hi = kb.outer_range(b, co // panel)
-    window = imul(b, lo, nxi * u_step)  # the share's window: its first panel's place
+    window = imul(b, lo, nxi * u_step)  # the share's windows: its first panel's place
+    y_window = imul(b, lo, nxi * y_step) if panel_y else None
     fn = winograd_gemm.function(lw.module, gemm)
     with loop(b, lo, hi, "panel") as p:
         o0 = imul(b, p, panel)
-        b.call(fn, [kb.pointer(b, yi, imul(b, o0, whole.ld)), kb.pointer(b, vi, i64(0)),
+        channels = (o0, iadd(b, o0, panel))
+        if panel_y:
+            y_at = y_window
+            _output_grad_tiles(b, _Shifted(kb, yi, b.sub(y_window, imul(b, o0, whole.ld))),
+                               dt, whole, gi, gs, co, (g.ho, g.wo), yi, y_step, channels)
+        else:
+            y_at = imul(b, o0, whole.ld)
+        b.call(fn, [kb.pointer(b, yi, y_at), kb.pointer(b, vi, i64(0)),
                     kb.pointer(b, ui, window), const(dt, 0.0)])
         in_window = _Shifted(kb, ui, b.sub(window, imul(b, o0, ci)))
-        conv_winograd.weight_out(b, in_window, dt, ui, u_step, oi, (o0, iadd(b, o0, panel)),
-                                 ci, co, False)
+        conv_winograd.weight_out(b, in_window, dt, ui, u_step, oi, channels, ci, co, False)
     return kb.finish(b)
 
 
 class _Shifted:
-    """A kernel builder whose operand `k` is addressed `shift` elements further on:
-    conv_winograd.weight_out's dU[xi][o][c] (o the output channel) read from a panel's
-    window, which holds only the panel's rows."""
+    """A kernel builder whose operand `k` is addressed `shift` elements further on: a
+    panel's window, which holds only the panel's rows, addressed by code that indexes by
+    output channel (conv_winograd.weight_out's dU[xi][o][c], _output_grad_tiles' Y[xi][o][t])."""
 
     def __init__(self, kb, k: int, shift) -> None:
         self._kb, self._k, self._shift = kb, k, shift
@@ -236,13 +253,17 @@ class _Shifted:
     def __getattr__(self, name):
         return getattr(self._kb, name)
 
+    def _at(self, b, k: int, offset):
+        return iadd(b, offset, self._shift) if k == self._k else offset
+
     def pointer(self, b, k: int, offset):
-        return self._kb.pointer(b, k, iadd(b, offset, self._shift) if k == self._k else offset)
+        return self._kb.pointer(b, k, self._at(b, k, offset))
 
     def load(self, b, k: int, offset):
-        if k != self._k:
-            return self._kb.load(b, k, offset)
-        return b.load(self.pointer(b, k, offset), typ=F32)
+        return self._kb.load(b, k, self._at(b, k, offset))
+
+    def store(self, b, k: int, offset, value, streaming: bool = False) -> None:
+        self._kb.store(b, k, self._at(b, k, offset), value, streaming)
 
 
 def _transform_kernels(lw, locs, recipe, dt, whole: Tiles, strides, ci, co, in_hw, out_hw,
@@ -285,18 +306,20 @@ def _input_transform(b, kb, dt, part: Tiles, si, xs, ci, in_hw, pad, vi, v_step,
                                 units)
 
 
-def _gemm(co: int, ci: int, ld: int, u_step: int, rows: int | None = None):
+def _gemm(co: int, ci: int, ld: int, u_step: int, rows: int | None = None,
+          y_step: int | None = None):
     """winograd_gemm's plan for a block of `ld` tiles: dU[xi] (co x ci) (+)= Y[xi] (co x
     ld, rows ld apart) @ Vt[xi] (ld x ci), Vt panel by panel where VT_PANELS; `rows`: only
-    that many of dU's rows (a panel of output channels, _panels_kernel)."""
+    that many of dU's rows (a panel of output channels, _panels_kernel), Y's matrices
+    `y_step` apart (default spaced(co * ld))."""
     width = winograd_gemm.PANEL_COLUMNS
-    m = rows or co
+    m, y_step = rows or co, y_step or spaced(co * ld)
     if VT_PANELS and ci % width == 0:
-        return winograd_gemm.plan(m, ci, ld, ld, 1, width, ci, spaced(co * ld),
-                                  spaced(ci * ld), u_step, accumulates=True, max_c=co * ci,
+        return winograd_gemm.plan(m, ci, ld, ld, 1, width, ci, y_step, spaced(ci * ld),
+                                  u_step, accumulates=True, max_c=co * ci,
                                   b_panel=ld * width)
-    return winograd_gemm.plan(m, ci, ld, ld, 1, ci, ci, spaced(co * ld), spaced(ci * ld),
-                              u_step, accumulates=True, max_c=co * ci)
+    return winograd_gemm.plan(m, ci, ld, ld, 1, ci, ci, y_step, spaced(ci * ld), u_step,
+                              accumulates=True, max_c=co * ci)
 
 
 def _first_or_add(b, dt, n0):
