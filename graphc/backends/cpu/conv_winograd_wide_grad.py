@@ -117,6 +117,12 @@ PANEL_CHANNELS = 16
 # channels) is not written to memory and read back either; on more than one core inside the
 # panels' shares (no kernel of its own). False: Y of all output channels first (A/B runs).
 PANEL_Y = True
+# The panels' windows lie at the start of the room the whole dU and Y take without PANELS,
+# so the module's convolution workspace (the arena) keeps its size: with windows only
+# (a smaller arena) the step's *other* convolutions measured slower
+# (conv2d_channel_sums +7 ms, conv2d_input_grad +2.7; the step 281 -> 287 ms, graphc.profile,
+# 5 alternated rounds), with the same room faster (the kernels 266.7 -> 262.9 ms); the
+# arena's size, not this kernel, moved them (cause not found).
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
@@ -154,14 +160,14 @@ def conv2d_weight_grad(lw, node, g) -> bool:
     by_channels = forked and FORKED_TRANSFORMS and lw.most_threads() > 1 and one_block
     panel = PANEL_CHANNELS if PANELS and one_block and co % PANEL_CHANNELS == 0 else 0
     panel_y = bool(panel) and PANEL_Y
-    du, y = (nxi, u_step), (nxi, spaced(co * t_max))
-    if panel:  # windows of a panel (one a thread's share), else the whole dU (and Y)
+    du, y = nxi * u_step, nxi * spaced(co * t_max)
+    if panel:  # windows of a panel (one a thread's share) in the whole dU's (and Y's) room
         slots = co // panel if by_channels else 1
         u_step = spaced(panel * ci)
-        du = (slots, nxi, u_step)
-        y = (slots, nxi, spaced(panel * t_max)) if panel_y else y
+        du = max(du, slots * nxi * u_step)  # (see PANEL_Y: the arena keeps its size)
+        y = max(y, slots * nxi * spaced(panel * t_max)) if panel_y else y
     with contiguous_out(lw, lw.locs[node.outputs[0]]) as dst:
-        temps = workspace(lw, dt, du, (nxi, spaced(ci * t_max)), y)
+        temps = workspace(lw, dt, (du,), (nxi, spaced(ci * t_max)), (y,))
         locs = [gl, xl, dst] + temps
         recipe = (g.key(), ci, co, in_hw, out_hw, pad, forked, by_channels, panel, panel_y)
         whole = Tiles(0, g.n, 0, th, tw, t_max)
