@@ -119,10 +119,10 @@ PANEL_CHANNELS = 16
 PANEL_Y = True
 # The panels' windows lie at the start of the room the whole dU and Y take without PANELS,
 # so the module's convolution workspace (the arena) keeps its size: with windows only
-# (a smaller arena) the step's *other* convolutions measured slower
-# (conv2d_channel_sums +7 ms, conv2d_input_grad +2.7; the step 281 -> 287 ms, graphc.profile,
-# 5 alternated rounds), with the same room faster (the kernels 266.7 -> 262.9 ms); the
-# arena's size, not this kernel, moved them (cause not found).
+# (a smaller arena) the step's *other* convolutions measured slower once
+# (conv2d_channel_sums +7 ms, conv2d_input_grad +2.7; graphc.profile, 5 alternated rounds,
+# load 3-4), with the same room not (the kernels 266.7 -> 262.9 ms); one run each, so
+# maybe noise, but keeping the arena's size costs nothing.
 
 
 def conv2d_weight_grad(lw, node, g) -> bool:
