@@ -83,6 +83,30 @@ def _compiled(graph, count):
     return exe
 
 
+def switched_bits(monkeypatch, tmp_path, module, name, xs, ws, kind, args, kernel=KERNEL,
+                  ir_check=None):
+    """`kind`'s graph (tests.test_cpu_conv_paths._graphs: "fwd", "gx" or "gw") compiled with
+    module.NAME on and off, on one thread and on all cores: the same bits on and off at each
+    count, and the one-thread result within 1e-4 of the interpreter's; `ir_check(ir, on)`
+    may look at each module's IR."""
+    outs = {}
+    for on in (True, False):
+        monkeypatch.setattr(module, name, on)
+        for count in sorted({1, ALL_CORES}):
+            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{on}-{count}"))
+            exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], count)
+            assert kernel in exe.lowered.ir_text
+            if ir_check is not None:
+                ir_check(exe.lowered.ir_text, on)
+            outs[on, count] = exe.run(*args)[0]
+    for count in sorted({1, ALL_CORES}):
+        np.testing.assert_array_equal(outs[True, count], outs[False, count],
+                                      err_msg=f"{count} threads")
+    eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], *args)[0]
+    np.testing.assert_allclose(outs[True, 1], eager, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(eager).max()))
+
+
 def check(xs, ws, taken=True, kind="fwd", rounding=True):
     """The forward (or `kind` "gx", the input gradient) on one thread and on all cores: the
     interpreter's within float32 rounding, within 2x eager's distance from float64 (where
@@ -363,20 +387,7 @@ def test_filters_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
     gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
     args = [rng.standard_normal(xs if kind == "fwd" else gs).astype(np.float32),
             rng.standard_normal(ws).astype(np.float32)]
-    outs = {}
-    for on in (True, False):
-        monkeypatch.setattr(winograd_filters, "FILTER_VECTORS", on)
-        for count in sorted({1, ALL_CORES}):
-            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{on}-{count}"))
-            exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], count)
-            assert KERNEL in exe.lowered.ir_text
-            outs[on, count] = exe.run(*args)[0]
-    for count in sorted({1, ALL_CORES}):
-        np.testing.assert_array_equal(outs[True, count], outs[False, count],
-                                      err_msg=f"{count} threads")
-    eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], *args)[0]
-    np.testing.assert_allclose(outs[True, 1], eager, rtol=1e-4,
-                               atol=1e-4 * float(np.abs(eager).max()))
+    switched_bits(monkeypatch, tmp_path, winograd_filters, "FILTER_VECTORS", xs, ws, kind, args)
 
 
 def test_positions_that_share_a_u_matrix_read_equal_ones():
@@ -427,18 +438,9 @@ def test_shared_u_matrices_bit_for_bit(case, monkeypatch, tmp_path):
     gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
     args = [rng.standard_normal(xs if kind == "fwd" else gs).astype(np.float32),
             rng.standard_normal(ws).astype(np.float32)]
-    outs = {}
-    for on in (True, False):
-        monkeypatch.setattr(conv_polyphase_filters, "SHARED_U", on)
-        for count in sorted({1, ALL_CORES}):
-            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{on}-{count}"))
-            exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], count)
-            assert KERNEL in exe.lowered.ir_text
-            assert (exe.lowered.ir_text.count("_p25") > 0) == (not on)
-            outs[on, count] = exe.run(*args)[0]
-    for count in sorted({1, ALL_CORES}):
-        np.testing.assert_array_equal(outs[True, count], outs[False, count],
-                                      err_msg=f"{count} threads")
-    eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1][kind], *args)[0]
-    np.testing.assert_allclose(outs[True, 1], eager, rtol=1e-4,
-                               atol=1e-4 * float(np.abs(eager).max()))
+
+    def one_call_a_position_when_off(ir, on):  # 25 products in one call without sharing
+        assert (ir.count("_p25") > 0) == (not on)
+
+    switched_bits(monkeypatch, tmp_path, conv_polyphase_filters, "SHARED_U", xs, ws, kind, args,
+                  ir_check=one_call_a_position_when_off)

@@ -30,6 +30,7 @@ from graphc.ir.interpreter import run as interpret  # noqa: E402
 from graphc.passes.plan import plan_buffers  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
 from tests.test_cpu_conv_paths import _graphs  # noqa: E402
+from tests.test_cpu_conv_polyphase import switched_bits  # noqa: E402
 
 resolve_blas()  # hands the BLAS's thread count to generated code (threads.install)
 ALL_CORES = threads.image_threads()
@@ -269,17 +270,5 @@ def test_weight_out_by_vectors_bit_for_bit(xs, ws, monkeypatch, tmp_path):
     gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
     args = [rng.standard_normal(gs).astype(np.float32),
             rng.standard_normal(xs).astype(np.float32)]
-    outs = {}
-    for on in (True, False):
-        monkeypatch.setattr(winograd_filters, "FILTER_VECTORS", on)
-        for count in sorted({1, ALL_CORES}):
-            monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"{on}-{count}"))
-            exe = _compiled(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["gw"], count)
-            assert KERNEL in exe.lowered.ir_text
-            outs[on, count] = exe.run(*args)[0]
-    for count in sorted({1, ALL_CORES}):
-        np.testing.assert_array_equal(outs[True, count], outs[False, count],
-                                      err_msg=f"{count} threads")
-    eager = interpret(_graphs(xs, ws, (2, 2), (1, 1), 1)[1]["gw"], *args)[0]
-    np.testing.assert_allclose(outs[True, 1], eager, rtol=1e-4,
-                               atol=1e-4 * float(np.abs(eager).max()))
+    switched_bits(monkeypatch, tmp_path, winograd_filters, "FILTER_VECTORS", xs, ws, "gw", args,
+                  kernel=KERNEL)

@@ -80,21 +80,26 @@ def test_filters_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
         np.testing.assert_array_equal(outs[0], outs[1], err_msg=kind)
 
 
-# 128 -> 40 channels at 4x4, batch 8: one block, so the filter transform is a kernel of its
-# own, forked over its output channels (16 x 40 x 128 elements, kernels.
-# PARALLEL_MIN_ELEMENTS): on two cores shares of 20 output channels, one vector block and 4
-# one by one each
-@pytest.mark.parametrize("op", ["conv2d", "conv2d_input_grad"])
-def test_forked_filter_shares_with_a_rest(op, monkeypatch, tmp_path):
-    rng = np.random.default_rng(len(op))
-    n, ci, co, hw = 8, 128, 40, 4
+def _one_conv(op, shape, rng):
+    """A one-op 3x3 `op` graph ("conv2d" or "conv2d_input_grad") of `shape` (n, c_in, c_out,
+    plane) and its random arguments (the first scaled by 5)."""
+    n, ci, co, hw = shape
     w = rng.standard_normal((co, ci, 3, 3)).astype(np.float32)
     if op == "conv2d":
         first, extra = (n, ci, hw, hw), {}
     else:
         first, extra = (n, co, hw, hw), {"input_hw": (hw, hw)}
     args = [rng.standard_normal(first).astype(np.float32) * 5.0, w]
-    graph = one_op_graph(op, [(first, "float32"), (w.shape, "float32")], **extra, **ATTRS)
+    return one_op_graph(op, [(first, "float32"), (w.shape, "float32")], **extra, **ATTRS), args
+
+
+# 128 -> 40 channels at 4x4, batch 8: one block, so the filter transform is a kernel of its
+# own, forked over its output channels (16 x 40 x 128 elements, kernels.
+# PARALLEL_MIN_ELEMENTS): on two cores shares of 20 output channels, one vector block and 4
+# one by one each
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_input_grad"])
+def test_forked_filter_shares_with_a_rest(op, monkeypatch, tmp_path):
+    graph, args = _one_conv(op, (8, 128, 40, 4), np.random.default_rng(len(op)))
     taken = _recording(monkeypatch)
     want = compare(graph, args, rtol=1e-4).run(*args)[0]
     results = []
@@ -119,15 +124,7 @@ def test_forked_filter_shares_with_a_rest(op, monkeypatch, tmp_path):
 @pytest.mark.parametrize("op", ["conv2d", "conv2d_input_grad"])
 @pytest.mark.parametrize("shape", [(8, 128, 40, 4), (2, 32, 48, 6)])
 def test_streamed_u_bit_for_bit(op, shape, monkeypatch, tmp_path):
-    n, ci, co, hw = shape
-    rng = np.random.default_rng(ci + co + len(op))
-    w = rng.standard_normal((co, ci, 3, 3)).astype(np.float32)
-    if op == "conv2d":
-        first, extra = (n, ci, hw, hw), {}
-    else:
-        first, extra = (n, co, hw, hw), {"input_hw": (hw, hw)}
-    args = [rng.standard_normal(first).astype(np.float32) * 5.0, w]
-    graph = one_op_graph(op, [(first, "float32"), (w.shape, "float32")], **extra, **ATTRS)
+    graph, args = _one_conv(op, shape, np.random.default_rng(shape[1] + shape[2] + len(op)))
     want = compare(graph, args, rtol=1e-4).run(*args)[0]
     results = []
     for streamed in (True, False):
