@@ -1,0 +1,261 @@
+"""Review of the fourteenth session's stride-1 Winograd kernel changes, at their edges.
+
+- winograd_filters.STREAMED_U / conv_winograd.STREAMED_GW (U or dU of STREAMED_U_BYTES or
+  more stored non-temporally): the real threshold (512 x 256 channels: U exactly 8 MiB), input
+  or output channels not a whole number of vectors (the unaligned 4-byte non-temporal stores
+  and the one-by-one rest), the filter transform forked over output channels (shares that
+  start off a multiple of 16), a batch split over the cores; against the interpreter and
+  within 2x eager graphc's distance from float64, the same bits at one and two threads and
+  with the switches off.
+- winograd_transforms.PLANE_CHANNELS_INNER, ROW_PREFETCH, SUMS_BEHIND: the conv output and
+  the batch norm's per-image sums (conv2d_channel_sums) with an image in parts of tile rows,
+  small planes 16 tiles a vector, the output transform forked over channels (a batch of one
+  block on two threads); the same output bits with each switch off, the sums to float64
+  rounding.
+- winograd_gemm.ROWS_OVER_PANELS (a row block over two panels): products of two panels,
+  b stored panel by panel, a read with a column stride, several k blocks, a partial row
+  tile, beta 0 and 1, the forked function; against float64 numpy and the same bits as the
+  panels-outermost order.
+- a whole small SGD training step through these kernels (ResNet basic blocks at 256 and
+  512 channels, 2x2 planes) against the interpreter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvmlite")
+
+from graphc.backends.cpu import (  # noqa: E402
+    conv_winograd,
+    kernels,
+    threads,
+    winograd_filters,
+    winograd_gemm,
+    winograd_transforms,
+)
+from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
+from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
+from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
+from graphc.ir import parse  # noqa: E402
+from graphc.ir.interpreter import run as interpret  # noqa: E402
+from graphc.passes.conv_channel_sums import fuse_conv_channel_sums  # noqa: E402
+from graphc.passes.plan import plan_buffers  # noqa: E402
+from graphc.testing import assert_rounding_within  # noqa: E402
+from graphc.types import float32  # noqa: E402
+from tests.test_conv_channel_sums import _arrays, _eager, _float64_run, _graph  # noqa: E402
+from tests.test_cpu_conv_paths import _graphs  # noqa: E402
+
+resolve_blas()
+TWO = min(2, threads.most_threads())
+needs_vectors = pytest.mark.skipif(not winograd_gemm.available(), reason="winograd_gemm's "
+                                   "generated GEMM needs AVX-512")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _executable(graph, count: int) -> CpuExecutable:
+    graph = parse(str(graph))
+    plan_buffers(graph)
+    exe = CpuExecutable(graph)
+    exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
+    return exe
+
+
+def _conv_case(kind: str, xs, ws, seed: int):
+    """(the graph, its float32 arguments, the interpreter's float32 result, the float64
+    one) of one convolution op."""
+    rng = np.random.default_rng(seed)
+    gs, graphs = _graphs(xs, ws, (1, 1), (1, 1), 1)
+    x, w, gy = (rng.standard_normal(s).astype(np.float32) for s in (xs, ws, gs))
+    args = {"fwd": [x, w], "gx": [gy, w], "gw": [gy, x]}[kind]
+    eager = interpret(graphs[kind], *[a.copy() for a in args])[0]
+    wide = _graphs(xs, ws, (1, 1), (1, 1), 1, "float64")[1][kind]
+    reference = interpret(wide, *[a.astype(np.float64) for a in args])[0]
+    return graphs[kind], args, eager, reference
+
+
+# (output channels, input channels): U (or dU) of 16 x O x C float32 at or past 8 MiB; the
+# first exactly 8 MiB (>=); then channels 8 off a multiple of 16 on either side
+STREAMED = [(512, 256), (520, 264), (264, 520)]
+
+
+@needs_vectors
+@pytest.mark.parametrize("kind", ["fwd", "gx", "gw"])
+@pytest.mark.parametrize("channels", STREAMED, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_streamed_filters_at_the_real_threshold(kind, channels, monkeypatch):
+    co, ci = channels
+    xs, ws = (1, ci, 4, 4), (co, ci, 3, 3)  # a batch of one block: the filter kernel forked
+    graph, args, eager, reference = _conv_case(kind, xs, ws, seed=co + ci + len(kind))
+    streamed = getattr(winograd_filters, "streamed", None)  # (before h1's branch: none)
+    assert streamed is None or streamed(float32, co, ci), "meant to be past the threshold"
+    results = []
+    for on in (True, False):
+        monkeypatch.setattr(winograd_filters, "STREAMED_U", on, raising=False)
+        monkeypatch.setattr(conv_winograd, "STREAMED_GW", on, raising=False)
+        for count in sorted({1, TWO}):
+            exe = _executable(graph, count)
+            assert "conv2d_winograd" in exe.lowered.ir_text
+            got = exe.run(*[a.copy() for a in args])[0]
+            assert_rounding_within(got, eager, reference)
+            results.append((on, count, got))
+    # the same bits with the switches off; across thread counts where winograd_gemm serves
+    # (past MAX_K the BLAS serves, whose bits vary with its threads: so on main already)
+    served = max(co, ci) <= winograd_gemm.MAX_K
+    for on, count, got in results:
+        first = next(r for o, c, r in results if c == count or served)
+        np.testing.assert_array_equal(got, first, err_msg=f"streamed {on}, {count} threads")
+
+
+@needs_vectors
+@pytest.mark.parametrize("kind", ["fwd", "gx"])
+def test_streamed_u_in_a_batch_split_over_the_cores(kind, monkeypatch):
+    """Several blocks split over the images: U in the split's shared region, written by the
+    filter kernel run before the shares (forked over output channels)."""
+    monkeypatch.setattr(conv_winograd, "BLOCK_TILES", 4)
+    monkeypatch.setattr(winograd_filters, "STREAMED_U_BYTES", 16 * 40 * 48 * 4, raising=False)
+    xs, ws = (5, 48, 4, 4), (40, 48, 3, 3)
+    graph, args, eager, reference = _conv_case(kind, xs, ws, seed=11 + len(kind))
+    got = []
+    for count in sorted({1, TWO}):
+        exe = _executable(graph, count)
+        assert "!nontemporal" in exe.lowered.ir_text or \
+            not hasattr(winograd_filters, "STREAMED_U")
+        got.append(exe.run(*[a.copy() for a in args])[0])
+        assert_rounding_within(got[-1], eager, reference)
+    np.testing.assert_array_equal(got[-1], got[0])
+
+
+# ResNet-18's output-transform paths (test_conv_channel_sums.SHAPES' kinds): 32x32 in parts of
+# tile rows, 16x16 the tile loop, 8x8 / 4x4 16 tiles a vector; odd batches
+SUMS_SHAPES = [
+    {"n": 3, "c": 16, "o": 24, "hw": 32},
+    {"n": 3, "c": 32, "o": 48, "hw": 16},
+    {"n": 5, "c": 16, "o": 40, "hw": 8},
+    {"n": 1, "c": 48, "o": 80, "hw": 4},
+    {"n": 4, "c": 16, "o": 16, "hw": 4},
+]
+SWITCHES = [("PLANE_CHANNELS_INNER", False), ("SUMS_BEHIND", False), ("ROW_PREFETCH", 0)]
+
+
+def _with_sums(graph):
+    """The fused graph with conv2d_channel_sums' sums returned first."""
+    sums = graph.nodes[0].outputs[1]
+    text = str(graph).replace("-> (", "-> (f64[{}], ".format(
+        ",".join(str(d) for d in sums.type.shape)), 1)
+    return parse(text.replace("return (", f"return (%{sums.name}, "))
+
+
+@pytest.mark.parametrize("shape", SUMS_SHAPES, ids=lambda s: "-".join(f"{k}{v}"
+                                                                     for k, v in s.items()))
+def test_transforms_and_sums_the_same_with_each_switch_off(shape, monkeypatch):
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)  # small shapes fork too
+    graph = _with_sums(fuse_conv_channel_sums(parse(_graph(**shape, residual=True))))
+    assert graph.nodes[0].op == "conv2d_channel_sums"
+    arrays = _arrays(**shape, seed=sum(shape.values()))
+    runs = {}
+    for switch in [None] + SWITCHES:
+        with monkeypatch.context() as m:
+            if switch is not None:
+                m.setattr(winograd_transforms, *switch, raising=False)
+            for count in sorted({1, TWO}):
+                runs[(switch, count)] = _executable(graph, count).run(*[a.copy() for a in
+                                                                         arrays])
+    base = runs[(None, 1)]
+    planes = base[-1].astype(np.float64).reshape(shape["n"], shape["o"], -1)
+    shift = planes[:, :, :1]
+    image_sums = np.stack([shift[:, :, 0], (planes - shift).sum(-1),
+                           ((planes - shift) ** 2).sum(-1)], axis=1)
+    np.testing.assert_array_equal(base[0][:, 0], image_sums[:, 0])
+    np.testing.assert_allclose(base[0], image_sums, rtol=1e-12, atol=1e-9)
+    eager, wide = _eager(arrays, residual=True), _float64_run(arrays, residual=True)
+    for g, e, w in zip([base[1], base[3], base[4], base[5]], eager, wide, strict=True):
+        assert_rounding_within(g, e, w)
+    for key, got in runs.items():
+        for k, (g, b) in enumerate(zip(got, base)):
+            if k == 0:  # the sums: the same additions, LLVM may reassociate the short ones
+                np.testing.assert_allclose(g, b, rtol=1e-13, atol=1e-10, err_msg=str(key))
+            else:
+                np.testing.assert_array_equal(g, b, err_msg=f"{key}: output {k}")
+
+
+# (m, n, k, a_row, a_col, vectors, b_panel): two panels of 64 (4 vectors) or of 16 (1
+# vector), a partial row tile, k over several K_BLOCKs, a read along its columns
+GEMMS = [
+    (33, 128, 150, 150, 1, None, 0),
+    (24, 128, 64, 64, 1, None, 64 * 64 + 16),
+    (19, 32, 70, 1, 19, 1, 0),
+    (50, 128, 512, 512, 1, None, 0),
+]
+
+
+@needs_vectors
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+@pytest.mark.parametrize("case", range(len(GEMMS)))
+def test_rows_over_panels_against_float64(case, beta, monkeypatch):
+    from tests.test_cpu_winograd_gemm import _compiled
+
+    m, n, k, a_row, a_col, vectors, b_panel = GEMMS[case]
+    positions = winograd_gemm.POSITIONS
+    ldb = n if not b_panel else 64
+    a_step = m * k + 16
+    b_step = (k * n if not b_panel else b_panel * (n // 64)) + 32
+    c_step = m * n + 48
+    gemm = winograd_gemm.plan(m, n, k, a_row, a_col, ldb, n, a_step, b_step, c_step,
+                              beta != 0, vectors=vectors, b_panel=b_panel,
+                              max_c=1 << 30)
+    assert gemm is not None and gemm.n // (gemm.vectors * gemm.lanes) == 2, gemm
+    rng = np.random.default_rng(case)
+    a, b, c = (rng.standard_normal(positions * s).astype(np.float32)
+               for s in (a_step, b_step, c_step))
+    results = []
+    for over in (2, 0):
+        monkeypatch.setattr(winograd_gemm, "ROWS_OVER_PANELS", over, raising=False)
+        got = c.copy()
+        _compiled(gemm)(a.ctypes.data, b.ctypes.data, got.ctypes.data, beta)
+        results.append(got)
+    np.testing.assert_array_equal(results[0], results[1])
+    for xi in range(positions):
+        am = np.lib.stride_tricks.as_strided(
+            a[xi * a_step:].astype(np.float64), (m, k), (8 * a_row, 8 * a_col))
+        if b_panel:
+            panels = [b[xi * b_step + p * b_panel:][:k * 64].reshape(k, 64)
+                      for p in range(n // 64)]
+            bm = np.concatenate(panels, axis=1).astype(np.float64)
+        else:
+            bm = b[xi * b_step:][:k * n].reshape(k, n).astype(np.float64)
+        want = am @ bm + beta * c[xi * c_step:][:m * n].reshape(m, n)
+        got = results[0][xi * c_step:][:m * n].reshape(m, n)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+        # nothing written past c's matrices (the gaps between them)
+        gap = results[0][xi * c_step + m * n:(xi + 1) * c_step]
+        np.testing.assert_array_equal(gap, c[xi * c_step + m * n:(xi + 1) * c_step])
+
+
+@pytest.mark.parametrize("channels", [256, 512])
+def test_a_training_step_of_wide_residual_blocks(channels):
+    """Three SGD-momentum steps of a ResNet basic block (conv-bn-relu, conv-bn, + x, relu, a
+    linear head) at `channels` on 4x4 planes, batch 8, compiled (at 512 the streamed U and
+    gw and a batch of one block of 128 tiles: the two-panel GEMMs; the batch norm's sums
+    from 16-tile vectors) against the same steps eager: the losses and every parameter
+    after."""
+    import graphc
+    from tests.conftest import residual_block, sgd_training_step
+
+    rng = np.random.default_rng(channels)
+    x = rng.standard_normal((8, channels, 4, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 8)
+    runs = []
+    for compiled in (True, False):
+        model, step = sgd_training_step(lambda: residual_block(channels, 4), lr=0.1)
+        run = graphc.compile(step, backend="cpu") if compiled else step
+        losses = [float(run(graphc.tensor(x), graphc.tensor(y)).numpy()) for _ in range(3)]
+        runs.append((losses, [p.detach().numpy().copy() for p in model.parameters()]))
+    (got_losses, got), (want_losses, want) = runs
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4)
