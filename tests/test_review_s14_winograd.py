@@ -80,8 +80,9 @@ def _conv_case(kind: str, xs, ws, seed: int):
 
 
 # (output channels, input channels): U (or dU) of 16 x O x C float32 at or past 8 MiB; the
-# first exactly 8 MiB (>=); then channels 8 off a multiple of 16 on either side
-STREAMED = [(512, 256), (520, 264), (264, 520)]
+# first exactly 8 MiB (>=); then channels off a multiple of 16 on either side (511: the
+# transposed walk's blocks and a rest of 15; 520: past MAX_K, the BLAS's GEMMs)
+STREAMED = [(512, 256), (511, 264), (264, 520)]
 
 
 @needs_vectors
@@ -138,6 +139,8 @@ SUMS_SHAPES = [
     {"n": 5, "c": 16, "o": 40, "hw": 8},
     {"n": 1, "c": 48, "o": 80, "hw": 4},
     {"n": 4, "c": 16, "o": 16, "hw": 4},
+    {"n": 3, "c": 16, "o": 24, "hw": 16, "dtype": "f64"},
+    {"n": 2, "c": 16, "o": 24, "hw": 32, "dtype": "f64"},
 ]
 SWITCHES = [("PLANE_CHANNELS_INNER", False), ("SUMS_BEHIND", False), ("ROW_PREFETCH", 0)]
 
@@ -156,7 +159,9 @@ def test_transforms_and_sums_the_same_with_each_switch_off(shape, monkeypatch):
     monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)  # small shapes fork too
     graph = _with_sums(fuse_conv_channel_sums(parse(_graph(**shape, residual=True))))
     assert graph.nodes[0].op == "conv2d_channel_sums"
-    arrays = _arrays(**shape, seed=sum(shape.values()))
+    dims = {k: v for k, v in shape.items() if k != "dtype"}
+    wide = "dtype" in shape
+    arrays = _arrays(**dims, seed=sum(dims.values()), dtype=np.float64 if wide else np.float32)
     runs = {}
     for switch in [None] + SWITCHES:
         with monkeypatch.context() as m:
@@ -166,15 +171,18 @@ def test_transforms_and_sums_the_same_with_each_switch_off(shape, monkeypatch):
                 runs[(switch, count)] = _executable(graph, count).run(*[a.copy() for a in
                                                                          arrays])
     base = runs[(None, 1)]
-    planes = base[-1].astype(np.float64).reshape(shape["n"], shape["o"], -1)
+    planes = base[-1].astype(np.float64).reshape(dims["n"], dims["o"], -1)
     shift = planes[:, :, :1]
     image_sums = np.stack([shift[:, :, 0], (planes - shift).sum(-1),
                            ((planes - shift) ** 2).sum(-1)], axis=1)
     np.testing.assert_array_equal(base[0][:, 0], image_sums[:, 0])
     np.testing.assert_allclose(base[0], image_sums, rtol=1e-12, atol=1e-9)
-    eager, wide = _eager(arrays, residual=True), _float64_run(arrays, residual=True)
-    for g, e, w in zip([base[1], base[3], base[4], base[5]], eager, wide, strict=True):
-        assert_rounding_within(g, e, w)
+    eager, reference = _eager(arrays, residual=True), _float64_run(arrays, residual=True)
+    for g, e, r in zip([base[1], base[3], base[4], base[5]], eager, reference, strict=True):
+        if wide:
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10)
+        else:
+            assert_rounding_within(g, e, r)
     for key, got in runs.items():
         for k, (g, b) in enumerate(zip(got, base)):
             if k == 0:  # the sums: the same additions, LLVM may reassociate the short ones
@@ -259,3 +267,140 @@ def test_a_training_step_of_wide_residual_blocks(channels):
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4)
+
+
+def test_a_batch_known_per_call_through_the_streamed_and_polyphase_kernels():
+    """dynamic=True: one executable for every batch size (the symbolic batch's arena offsets
+    and scratch), through a 256 -> 512 stride-1 convolution (U of 8 MiB: streamed), a 512 ->
+    32 stride-2 one (polyphase) and their gradients: the forward and every gradient against
+    the interpreter's at batches 2, 5 and 1 (specialised), on one thread and two."""
+    import graphc
+    from graphc import nn
+    from tests.conftest import square_loss_gradients
+
+    def model():
+        graphc.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(256, 512, 3, padding=1, bias=False), nn.ReLU(),
+                             nn.Conv2d(512, 32, 3, stride=2, padding=1, bias=False))
+
+    symbolic = graphc.compile(square_loss_gradients(model()), backend="cpu", dynamic=True)
+    reference = graphc.compile(square_loss_gradients(model()), backend="interp",
+                               dynamic=False, recompile_limit=8)
+    rng = np.random.default_rng(2)
+    for batch in (2, 5, 1, 2):
+        x = graphc.tensor(rng.standard_normal((batch, 256, 4, 4)).astype(np.float32))
+        want = [t.numpy() for t in reference(x)]
+        got = [t.numpy() for t in symbolic(x)]
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            scale = float(np.abs(w).max())
+            np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5 * scale,
+                                       err_msg=f"batch {batch}, output {k}")
+    assert any("s0" in str(g.inputs[0].type) for g in symbolic.graphs)
+
+
+@pytest.mark.parametrize("hw", [32, 16, 8, 4])
+def test_strided_input_through_the_transforms_switches(hw, monkeypatch, tmp_path):
+    """A convolution of every other channel of x (a view: its channel planes 2 H W apart),
+    with its gradients: rows_by_vectors (32x32, 16x16, ROW_PREFETCH's hints ss[1] apart) and
+    planes_by_vectors (8x8, 4x4, PLANE_CHANNELS_INNER, also the weight gradient's Y) on a
+    strided source; the same bits with each switch off, and against eager graphc."""
+    import graphc
+    from graphc import nn
+    from tests.conftest import square_loss_gradients
+
+    class EveryOther(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 32, 3, padding=1, bias=False)
+
+        def forward(self, x):
+            return self.conv(x[:, ::2]).relu()
+
+    rng = np.random.default_rng(hw)
+    x = rng.standard_normal((8, 32, hw, hw)).astype(np.float32)
+    results = []
+    for k, switch in enumerate([None] + SWITCHES):
+        with monkeypatch.context() as m:
+            m.setenv("GRAPHC_CACHE_DIR", str(tmp_path / f"cache{k}"))
+            if switch is not None:
+                m.setattr(winograd_transforms, *switch, raising=False)
+            graphc.manual_seed(0)
+            step = graphc.compile(square_loss_gradients(EveryOther()), backend="cpu")
+            step(graphc.tensor(x))  # the first call traces (on the interpreter)
+            results.append([t.numpy() for t in step(graphc.tensor(x))])
+    graphc.manual_seed(0)
+    eager = [t.numpy() for t in square_loss_gradients(EveryOther())(graphc.tensor(x))]
+    for g, e in zip(results[0], eager, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4 * float(np.abs(e).max()))
+    for switch, got in zip(SWITCHES, results[1:]):
+        for g, b in zip(got, results[0], strict=True):
+            np.testing.assert_array_equal(g, b, err_msg=f"{switch}")
+
+
+def test_a_downsampling_block_step_against_torch_float64():
+    """One forward and backward of a ResNet downsampling stage (a 256 -> 512 stride-2 conv:
+    polyphase fwd / gx / gw with shared U; bn, relu; a 512 -> 512 conv: streamed U and gw,
+    two-panel GEMMs; bn, + a 1x1 stride-2 shortcut, relu; a linear head), batch 4 of 8x8:
+    the loss and every parameter's gradient, compiled, within 2x eager graphc's distance from
+    PyTorch's float64 run of the same weights."""
+    torch = pytest.importorskip("torch")
+    import graphc
+    from graphc import nn
+
+    class Down(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(256, 512, 3, stride=2, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(512)
+            self.conv2 = nn.Conv2d(512, 512, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(512)
+            self.short = nn.Conv2d(256, 512, 1, stride=2, bias=False)
+            self.head = nn.Linear(512 * 16, 3)
+
+        def forward(self, x):
+            y = self.bn1(self.conv1(x)).relu()
+            y = (self.bn2(self.conv2(y)) + self.short(x)).relu()
+            return self.head(y.reshape(x.shape[0], -1))
+
+    def grads(model, x, y, lib):
+        for p in model.parameters():
+            p.grad = None
+        loss = lib.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return [loss.detach()] + [p.grad for p in model.parameters()]
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 256, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 4)
+    graphc.manual_seed(0)
+    model = Down()
+    weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    step = graphc.compile(lambda a, b: grads(model, a, b, graphc), backend="cpu")
+    step(graphc.tensor(x), graphc.tensor(y))  # the first call traces
+    got = [t.numpy() for t in step(graphc.tensor(x), graphc.tensor(y))]
+    eager = [t.numpy() for t in grads(model, graphc.tensor(x), graphc.tensor(y), graphc)]
+
+    t_model = torch.nn.Module()
+    for name in ("conv1", "bn1", "conv2", "bn2", "short", "head"):
+        setattr(t_model, name, {"conv1": torch.nn.Conv2d(256, 512, 3, 2, 1, bias=False),
+                                "bn1": torch.nn.BatchNorm2d(512),
+                                "conv2": torch.nn.Conv2d(512, 512, 3, 1, 1, bias=False),
+                                "bn2": torch.nn.BatchNorm2d(512),
+                                "short": torch.nn.Conv2d(256, 512, 1, 2, bias=False),
+                                "head": torch.nn.Linear(512 * 16, 3)}[name])
+    t_model = t_model.double()
+    t_model.load_state_dict({k: torch.tensor(v, dtype=torch.float64 if v.dtype.kind == "f"
+                                             else None) for k, v in weights.items()})
+    tx = torch.tensor(x, dtype=torch.float64)
+    h = t_model.bn1(t_model.conv1(tx)).relu()
+    h = (t_model.bn2(t_model.conv2(h)) + t_model.short(tx)).relu()
+    loss = torch.nn.functional.cross_entropy(t_model.head(h.reshape(4, -1)), torch.tensor(y))
+    loss.backward()
+    names = [n for n, _ in model.named_parameters()]
+    t_params = dict(t_model.named_parameters())
+    reference = [loss.detach().numpy()] + [t_params[n].grad.numpy() for n in names]
+    for k, (g, e, r) in enumerate(zip(got, eager, reference, strict=True)):
+        try:
+            assert_rounding_within(g, e, r)
+        except AssertionError as err:
+            raise AssertionError(f"output {k} ({(['loss'] + names)[k]}): {err}") from None
