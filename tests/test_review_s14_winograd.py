@@ -404,3 +404,28 @@ def test_a_downsampling_block_step_against_torch_float64():
             assert_rounding_within(g, e, r)
         except AssertionError as err:
             raise AssertionError(f"output {k} ({(['loss'] + names)[k]}): {err}") from None
+
+
+# (x's shape, w's shape): the NN weight gradient's weight_out from a transposed dU, blocks
+# of 16 output channels over all input channels (WEIGHT_OUT_BLOCKS): output channels a
+# whole number of blocks, with a rest of 8 (one by one), a rest of 15; forked over output
+# channels (shares that start off a multiple of 16); 264 x 256: past STREAMED_U_BYTES too
+WEIGHT_OUT = [((4, 48, 8, 8), (40, 48, 3, 3)), ((2, 32, 4, 4), (63, 32, 3, 3)),
+              ((1, 256, 4, 4), (264, 256, 3, 3))]
+
+
+@pytest.mark.parametrize("case", range(len(WEIGHT_OUT)))
+def test_weight_out_blocks_same_bits(case, monkeypatch):
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)  # weight_out forked too
+    xs, ws = WEIGHT_OUT[case]
+    graph, args, eager, reference = _conv_case("gw", xs, ws, seed=case)
+    results = []
+    for blocks in (True, False):
+        monkeypatch.setattr(conv_winograd, "WEIGHT_OUT_BLOCKS", blocks, raising=False)
+        for count in sorted({1, TWO}):
+            exe = _executable(graph, count)
+            got = exe.run(*[a.copy() for a in args])[0]
+            assert_rounding_within(got, eager, reference)
+            results.append((blocks, count, got))
+    for blocks, count, got in results:  # one block of images: the same sums at any count
+        np.testing.assert_array_equal(got, results[0][2], err_msg=f"{blocks}, {count}")
