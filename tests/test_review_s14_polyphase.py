@@ -178,3 +178,66 @@ def test_shared_u_slots_cover_every_position_once():
             for xi, yi in ((a, b) for a in range(len(keys)) for b in range(len(keys))):
                 assert (slots[xi] == slots[yi]) == (keys[xi] == keys[yi] if shared
                                                     else xi == yi)
+
+
+# conv2d_channel_sums at stride 2 (the polyphase forward's output transform adds the batch
+# norm's per-image sums): 2x2 outputs (a plane of one block: 4 values), 4x4 (4 blocks), 8x8
+# (16 blocks: a plane one vector), 16x16 (the tile loop); batches of one block and several
+STRIDE2_SUMS = [
+    {"n": 16, "c": 32, "o": 48, "hw": 4},
+    {"n": 4, "c": 16, "o": 32, "hw": 8},
+    {"n": 20, "c": 16, "o": 16, "hw": 8},
+    {"n": 2, "c": 16, "o": 24, "hw": 16},
+    {"n": 2, "c": 16, "o": 24, "hw": 32},
+]
+
+
+def _outputs_module():
+    """h7's conv_polyphase_outputs (SUMS_BEHIND, VECTOR_SUMS), or None before that branch."""
+    try:
+        return importlib.import_module("graphc.backends.cpu.conv_polyphase_outputs")
+    except ImportError:
+        return None
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", STRIDE2_SUMS, ids=lambda s: "-".join(f"{k}{v}"
+                                                                       for k, v in s.items()))
+def test_stride2_channel_sums(shape, monkeypatch):
+    """The sums against image_sums of the compiled output (K exact, the rest to float64
+    rounding), the outputs within 2x eager's distance from float64; the same output bits
+    and sums at one and two threads and with the output transforms' switches off."""
+    from graphc.ops.batch_norm_relu import image_sums
+    from graphc.passes.conv_channel_sums import fuse_conv_channel_sums
+    from tests.test_conv_channel_sums import _arrays, _eager, _float64_run, _graph
+    from tests.test_review_s14_winograd import _with_sums
+
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
+    graph = _with_sums(fuse_conv_channel_sums(parse(_graph(**shape, stride=2,
+                                                           residual=True))))
+    assert graph.nodes[0].op == "conv2d_channel_sums"
+    arrays = _arrays(**shape, stride=2, seed=sum(shape.values()))
+    outputs = _outputs_module()
+    switches = [None] + ([] if outputs is None else
+                         [(outputs, "SUMS_BEHIND", False), (outputs, "VECTOR_SUMS", False)])
+    runs = {}
+    for switch in switches:
+        with monkeypatch.context() as m:
+            if switch is not None:
+                m.setattr(*switch)
+            for count in sorted({1, TWO}):
+                exe = _executable(graph, count)
+                assert "conv2d_polyphase" in exe.lowered.ir_text
+                runs[(switch and switch[1], count)] = exe.run(*[a.copy() for a in arrays])
+    base = runs[(None, 1)]
+    want = image_sums(base[-1])
+    np.testing.assert_array_equal(base[0][:, 0], want[:, 0])
+    np.testing.assert_allclose(base[0], want, rtol=1e-12, atol=1e-9)
+    eager = _eager(arrays, residual=True, stride=2)
+    reference = _float64_run(arrays, residual=True, stride=2)
+    for g, e, r in zip([base[1], base[3], base[4], base[5]], eager, reference, strict=True):
+        assert_rounding_within(g, e, r)
+    for key, got in runs.items():
+        np.testing.assert_allclose(got[0], base[0], rtol=1e-13, atol=1e-10, err_msg=str(key))
+        for k, (g, b) in enumerate(zip(got[1:], base[1:], strict=True)):
+            np.testing.assert_array_equal(g, b, err_msg=f"{key}: output {k + 1}")
