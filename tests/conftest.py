@@ -155,3 +155,18 @@ def square_loss_gradients(model):
         return (loss.detach(),) + tuple(p.grad for p in model.parameters())
 
     return step
+
+
+def cpu_executable_on(graph, count: int):
+    """`graph` (a Graph or its text) parsed afresh, its buffers planned, compiled by the CPU
+    backend with its calls held to `count` threads."""
+    from graphc.backends.cpu import threads
+    from graphc.backends.cpu.executable import CpuExecutable
+    from graphc.ir import parse
+    from graphc.passes.plan import plan_buffers
+
+    graph = parse(str(graph))
+    plan_buffers(graph)
+    exe = CpuExecutable(graph)
+    exe.thread_chooser = threads.ThreadChooser(threads.most_threads(), fixed=count)
+    return exe

@@ -32,12 +32,10 @@ from graphc.backends.cpu import (  # noqa: E402
     winograd_gemm,
 )
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
-from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
-from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.ir import parse  # noqa: E402
 from graphc.ir.interpreter import run as interpret  # noqa: E402
-from graphc.passes.plan import plan_buffers  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
+from tests.conftest import cpu_executable_on  # noqa: E402
 from tests.test_cpu_conv_paths import _graphs  # noqa: E402
 
 resolve_blas()
@@ -58,14 +56,6 @@ def _filters_module():
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def _executable(graph, count: int) -> CpuExecutable:
-    graph = parse(str(graph))
-    plan_buffers(graph)
-    exe = CpuExecutable(graph)
-    exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
-    return exe
 
 
 def _case(kind: str, xs, ws, seed: int):
@@ -115,7 +105,7 @@ def test_polyphase_at_the_edges(case, kind, monkeypatch):
         with monkeypatch.context() as m:
             if switch is not None:
                 m.setattr(*switch)
-            exe = _executable(graph, count)
+            exe = cpu_executable_on(graph, count)
             assert MARKER[kind] in exe.lowered.ir_text, f"{kind} {xs} {ws}: not polyphase"
             got = exe.run(*[a.copy() for a in args])[0]
         assert_rounding_within(got, eager, reference)
@@ -142,7 +132,7 @@ def test_weight_grad_forked_transforms_uneven_channels(shapes, forked, monkeypat
     graph, args, eager, reference = _case("gw", xs, ws, seed=sum(xs) + sum(ws))
     got = []
     for count in sorted({1, TWO}):
-        exe = _executable(graph, count)
+        exe = cpu_executable_on(graph, count)
         assert MARKER["gw"] in exe.lowered.ir_text
         got.append(exe.run(*[a.copy() for a in args])[0])
         assert_rounding_within(got[-1], eager, reference)
@@ -226,7 +216,7 @@ def test_stride2_channel_sums(shape, monkeypatch):
             if switch is not None:
                 m.setattr(*switch)
             for count in sorted({1, TWO}):
-                exe = _executable(graph, count)
+                exe = cpu_executable_on(graph, count)
                 assert "conv2d_polyphase" in exe.lowered.ir_text
                 runs[(switch and switch[1], count)] = exe.run(*[a.copy() for a in arrays])
     base = runs[(None, 1)]

@@ -21,12 +21,10 @@ pytest.importorskip("llvmlite", reason="the CPU backend generates code with llvm
 
 from graphc.backends.cpu import kernels, pool, prefetch, threads  # noqa: E402
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
-from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
-from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.ir import parse  # noqa: E402
 from graphc.ir.interpreter import run as interpret  # noqa: E402
-from graphc.passes.plan import plan_buffers  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
+from tests.conftest import cpu_executable_on  # noqa: E402
 from tests.test_batch_norm_backward import backward_graph, backward_inputs  # noqa: E402
 
 resolve_blas()
@@ -36,14 +34,6 @@ TWO = min(2, threads.most_threads())
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def _executable(graph, count: int) -> CpuExecutable:
-    graph = parse(str(graph))
-    plan_buffers(graph)
-    exe = CpuExecutable(graph)
-    exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
-    return exe
 
 
 def _reduction_graph(rows: int, n: int, dt: str) -> str:
@@ -81,7 +71,7 @@ def test_reduced_rows_at_the_block_edges(n, dt, monkeypatch):
     for block in (prefetch.REDUCED_ROW_BLOCK, None):
         monkeypatch.setattr(prefetch, "REDUCED_ROW_BLOCK", block)
         for count in sorted({1, TWO}):
-            runs[(block, count)] = _executable(graph, count).run(x.copy())
+            runs[(block, count)] = cpu_executable_on(graph, count).run(x.copy())
     for key, got in runs.items():
         for k, (g, e, r) in enumerate(zip(got, eager, reference, strict=True)):
             assert g.shape == e.shape and g.dtype == e.dtype
@@ -110,7 +100,7 @@ def test_batch_norm_backward_sums_at_the_block_edges(shape, residual, monkeypatc
     eager = interpret(graph, *[a.copy() for a in arrays])
     reference = interpret(parse(backward_graph(shape, residual, "f64")),
                           *[a.astype(np.float64) if a.dtype != bool else a for a in arrays])
-    runs = [_executable(graph, count).run(*[a.copy() for a in arrays])
+    runs = [cpu_executable_on(graph, count).run(*[a.copy() for a in arrays])
             for count in sorted({1, TWO})]
     for got in runs:
         for k, (g, e, r) in enumerate(zip(got, eager, reference, strict=True)):

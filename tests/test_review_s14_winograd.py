@@ -36,14 +36,12 @@ from graphc.backends.cpu import (  # noqa: E402
     winograd_transforms,
 )
 from graphc.backends.cpu.blas import resolve_blas  # noqa: E402
-from graphc.backends.cpu.executable import CpuExecutable  # noqa: E402
-from graphc.backends.cpu.threads import ThreadChooser  # noqa: E402
 from graphc.ir import parse  # noqa: E402
 from graphc.ir.interpreter import run as interpret  # noqa: E402
 from graphc.passes.conv_channel_sums import fuse_conv_channel_sums  # noqa: E402
-from graphc.passes.plan import plan_buffers  # noqa: E402
 from graphc.testing import assert_rounding_within  # noqa: E402
 from graphc.types import float32  # noqa: E402
+from tests.conftest import cpu_executable_on  # noqa: E402
 from tests.test_conv_channel_sums import _arrays, _eager, _float64_run, _graph  # noqa: E402
 from tests.test_cpu_conv_paths import _graphs  # noqa: E402
 
@@ -56,14 +54,6 @@ needs_vectors = pytest.mark.skipif(not winograd_gemm.available(), reason="winogr
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
-def _executable(graph, count: int) -> CpuExecutable:
-    graph = parse(str(graph))
-    plan_buffers(graph)
-    exe = CpuExecutable(graph)
-    exe.thread_chooser = ThreadChooser(threads.most_threads(), fixed=count)
-    return exe
 
 
 def _conv_case(kind: str, xs, ws, seed: int):
@@ -99,7 +89,7 @@ def test_streamed_filters_at_the_real_threshold(kind, channels, monkeypatch):
         monkeypatch.setattr(winograd_filters, "STREAMED_U", on, raising=False)
         monkeypatch.setattr(conv_winograd, "STREAMED_GW", on, raising=False)
         for count in sorted({1, TWO}):
-            exe = _executable(graph, count)
+            exe = cpu_executable_on(graph, count)
             assert "conv2d_winograd" in exe.lowered.ir_text
             got = exe.run(*[a.copy() for a in args])[0]
             assert_rounding_within(got, eager, reference)
@@ -123,7 +113,7 @@ def test_streamed_u_in_a_batch_split_over_the_cores(kind, monkeypatch):
     graph, args, eager, reference = _conv_case(kind, xs, ws, seed=11 + len(kind))
     got = []
     for count in sorted({1, TWO}):
-        exe = _executable(graph, count)
+        exe = cpu_executable_on(graph, count)
         assert "!nontemporal" in exe.lowered.ir_text or \
             not hasattr(winograd_filters, "STREAMED_U")
         got.append(exe.run(*[a.copy() for a in args])[0])
@@ -168,7 +158,7 @@ def test_transforms_and_sums_the_same_with_each_switch_off(shape, monkeypatch):
             if switch is not None:
                 m.setattr(winograd_transforms, *switch, raising=False)
             for count in sorted({1, TWO}):
-                runs[(switch, count)] = _executable(graph, count).run(*[a.copy() for a in
+                runs[(switch, count)] = cpu_executable_on(graph, count).run(*[a.copy() for a in
                                                                          arrays])
     base = runs[(None, 1)]
     planes = base[-1].astype(np.float64).reshape(dims["n"], dims["o"], -1)
@@ -423,7 +413,7 @@ def test_weight_out_blocks_same_bits(case, monkeypatch):
     for blocks in (True, False):
         monkeypatch.setattr(conv_winograd, "WEIGHT_OUT_BLOCKS", blocks, raising=False)
         for count in sorted({1, TWO}):
-            exe = _executable(graph, count)
+            exe = cpu_executable_on(graph, count)
             got = exe.run(*[a.copy() for a in args])[0]
             assert_rounding_within(got, eager, reference)
             results.append((blocks, count, got))
