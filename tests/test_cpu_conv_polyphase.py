@@ -83,12 +83,17 @@ def _compiled(graph, count):
     return exe
 
 
-def switched_bits(monkeypatch, tmp_path, module, name, xs, ws, kind, args, kernel=KERNEL,
-                  ir_check=None):
-    """`kind`'s graph (tests.test_cpu_conv_paths._graphs: "fwd", "gx" or "gw") compiled with
+def switched_bits(monkeypatch, tmp_path, module, name, xs, ws, kind, seed: int,
+                  kernel=KERNEL, ir_check=None):
+    """`kind`'s graph (tests.test_cpu_conv_paths._graphs: "fwd" on (x, w), "gx" on (gy, w),
+    "gw" on (gy, x)) on standard normal arguments drawn from `seed`, compiled with
     module.NAME on and off, on one thread and on all cores: the same bits on and off at each
     count, and the one-thread result within 1e-4 of the interpreter's; `ir_check(ir, on)`
     may look at each module's IR."""
+    rng = np.random.default_rng(seed)
+    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
+    shapes = {"fwd": (xs, ws), "gx": (gs, ws), "gw": (gs, xs)}[kind]
+    args = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
     outs = {}
     for on in (True, False):
         monkeypatch.setattr(module, name, on)
@@ -383,11 +388,7 @@ def test_filters_by_vectors_bit_for_bit(case, monkeypatch, tmp_path):
     xs, ws, kind = FILTERS[case]
     monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
     monkeypatch.setattr(conv_threads, "MIN_SPLIT_MACS", 0)
-    rng = np.random.default_rng(case)
-    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
-    args = [rng.standard_normal(xs if kind == "fwd" else gs).astype(np.float32),
-            rng.standard_normal(ws).astype(np.float32)]
-    switched_bits(monkeypatch, tmp_path, winograd_filters, "FILTER_VECTORS", xs, ws, kind, args)
+    switched_bits(monkeypatch, tmp_path, winograd_filters, "FILTER_VECTORS", xs, ws, kind, case)
 
 
 def test_positions_that_share_a_u_matrix_read_equal_ones():
@@ -434,13 +435,8 @@ def test_shared_u_matrices_bit_for_bit(case, monkeypatch, tmp_path):
 
     xs, ws, kind = SHARED[case]
     monkeypatch.setattr(kernels, "PARALLEL_MIN_ELEMENTS", 1)
-    rng = np.random.default_rng(case)
-    gs, _ = _graphs(xs, ws, (2, 2), (1, 1), 1)
-    args = [rng.standard_normal(xs if kind == "fwd" else gs).astype(np.float32),
-            rng.standard_normal(ws).astype(np.float32)]
-
     def one_call_a_position_when_off(ir, on):  # 25 products in one call without sharing
         assert (ir.count("_p25") > 0) == (not on)
 
-    switched_bits(monkeypatch, tmp_path, conv_polyphase_filters, "SHARED_U", xs, ws, kind, args,
+    switched_bits(monkeypatch, tmp_path, conv_polyphase_filters, "SHARED_U", xs, ws, kind, case,
                   ir_check=one_call_a_position_when_off)
